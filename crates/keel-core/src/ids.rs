@@ -1,0 +1,116 @@
+//! Typed identifiers, so a task id can never be passed where a thread id is expected.
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// A fresh, time-ordered (UUID v7) identifier.
+            pub fn new() -> Self {
+                Self(uuid::Uuid::now_v7().to_string())
+            }
+
+            /// The identifier as a string slice.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// The identifier as an owned string.
+            pub fn into_string(self) -> String {
+                self.0
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(value: String) -> Self {
+                Self(value)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(value: &str) -> Self {
+                Self(value.to_owned())
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+    };
+}
+
+id_type!(
+    /// Identifies a [`Task`](crate::Task). Over A2A the server creates it.
+    TaskId
+);
+id_type!(
+    /// Identifies a thread: one ordered conversation (A2A `contextId`, a legacy `session_id`).
+    ThreadId
+);
+id_type!(
+    /// Identifies one run: an execution attempt of a task.
+    RunId
+);
+id_type!(
+    /// Identifies a [`Message`](crate::Message).
+    MessageId
+);
+id_type!(
+    /// Identifies an [`Artifact`](crate::Artifact).
+    ArtifactId
+);
+id_type!(
+    /// Identifies a [`RunAction`](crate::RunAction): one side-effecting operation.
+    ActionId
+);
+id_type!(
+    /// Correlates observability data across runs and agents.
+    TraceId
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_serialize_as_plain_strings() {
+        let id = TaskId::from("t-1");
+        assert_eq!(serde_json::to_string(&id).unwrap(), "\"t-1\"");
+        let back: TaskId = serde_json::from_str("\"t-1\"").unwrap();
+        assert_eq!(back, id);
+    }
+
+    #[test]
+    fn fresh_ids_are_unique() {
+        assert_ne!(ThreadId::new(), ThreadId::new());
+    }
+}

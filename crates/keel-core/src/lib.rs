@@ -1,0 +1,49 @@
+//! Keel's vocabulary: tasks and their lifecycle, messages and parts, agent cards, the run
+//! context and budgets, the shared value types of policy and events, and the one error type.
+//!
+//! Everything here is a plain value. This crate does no I/O, never spawns and knows no
+//! transport or storage, so it builds and tests without an async runtime. Its serde form is
+//! Keel's own stable JSON (what stores, events and run reports persist); the A2A wire form
+//! lives in `keel-transport`.
+//!
+//! ```
+//! use keel_core::{Message, Task, TaskState};
+//!
+//! let mut task = Task::create(Message::user("What is the weather?"));
+//! task.complete("Sunny.")?;
+//! assert_eq!(task.state(), TaskState::Completed);
+//! // submitted -> working -> completed, both changes recorded.
+//! assert_eq!(task.state_history.len(), 2);
+//! # Ok::<(), keel_core::AgentError>(())
+//! ```
+
+mod artifact;
+mod card;
+mod context;
+mod error;
+mod event;
+mod ids;
+mod message;
+mod part;
+pub mod stored;
+mod task;
+mod values;
+
+pub use artifact::Artifact;
+pub use card::{
+    AgentCapabilities, AgentCard, AgentRole, AgentSkill, SecurityScheme, TransportKind,
+};
+pub use context::{RunBudget, RunContext, RUN_CONTEXT_KEY};
+pub use error::{AgentError, AgentResult, ErrorKind};
+pub use event::TaskEvent;
+pub use ids::{ActionId, ArtifactId, MessageId, RunId, TaskId, ThreadId, TraceId};
+pub use message::{Message, Role};
+pub use part::{FileContent, Part, PartContent, RouteDecision};
+pub use task::{StateTransition, Task, TaskState, TaskStatus};
+pub use values::{
+    ApprovalDecision, ApprovalOutcome, ApprovalRequest, BudgetLimit, BudgetUsage, ContextItem,
+    ContextManifest, RunAction,
+};
+
+/// A JSON object: the shape of every `metadata` field in Keel.
+pub type Metadata = serde_json::Map<String, serde_json::Value>;

@@ -1,0 +1,132 @@
+//! Messages: one unit of communication between a user and an agent.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::{MessageId, Metadata, Part, TaskId, ThreadId};
+
+/// Who sent a message. Over A2A these are `ROLE_USER` and `ROLE_AGENT`; system and tool
+/// turns are model-side (`LlmMessage`) and never travel as messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// A human or a calling application.
+    User,
+    /// The agent.
+    Agent,
+}
+
+/// A message: a role, one or more parts, and the ids that place it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// The message's id.
+    pub message_id: MessageId,
+    /// Who sent it.
+    pub role: Role,
+    /// Its content.
+    pub parts: Vec<Part>,
+    /// The task it belongs to, once known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<TaskId>,
+    /// The thread it belongs to, once known.
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "session_id")]
+    pub thread_id: Option<ThreadId>,
+    /// Ids of other tasks this message refers to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reference_task_ids: Vec<TaskId>,
+    /// Application metadata.
+    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
+    pub metadata: Metadata,
+    /// When it was created.
+    pub timestamp: DateTime<Utc>,
+}
+
+impl Message {
+    /// A message with the given role and parts.
+    pub fn new(role: Role, parts: Vec<Part>) -> Self {
+        Self {
+            message_id: MessageId::new(),
+            role,
+            parts,
+            task_id: None,
+            thread_id: None,
+            reference_task_ids: Vec::new(),
+            metadata: Metadata::new(),
+            timestamp: Utc::now(),
+        }
+    }
+
+    /// A user message with one text part.
+    ///
+    /// ```
+    /// let msg = keel_core::Message::user("What's the weather?");
+    /// assert_eq!(msg.text(), "What's the weather?");
+    /// ```
+    pub fn user(text: impl Into<String>) -> Self {
+        Self::new(Role::User, vec![Part::text(text)])
+    }
+
+    /// An agent message with one text part.
+    pub fn agent(text: impl Into<String>) -> Self {
+        Self::new(Role::Agent, vec![Part::text(text)])
+    }
+
+    /// Add a text part.
+    #[must_use]
+    pub fn with_text(mut self, text: impl Into<String>) -> Self {
+        self.parts.push(Part::text(text));
+        self
+    }
+
+    /// Add any part.
+    #[must_use]
+    pub fn with_part(mut self, part: Part) -> Self {
+        self.parts.push(part);
+        self
+    }
+
+    /// Place the message in a thread.
+    #[must_use]
+    pub fn in_thread(mut self, thread_id: impl Into<ThreadId>) -> Self {
+        self.thread_id = Some(thread_id.into());
+        self
+    }
+
+    /// The text of all text parts, joined by newlines.
+    pub fn text(&self) -> String {
+        self.parts
+            .iter()
+            .filter_map(Part::as_text)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_round_trips_with_every_part_kind() {
+        let msg = Message::user("hi")
+            .with_part(Part::json(serde_json::json!({"a": 1})))
+            .with_part(Part::tool_call(
+                "c1",
+                "get_weather",
+                serde_json::json!({"city": "Athens"}),
+            ))
+            .in_thread("th-1");
+        let json = serde_json::to_value(&msg).unwrap();
+        assert_eq!(json["role"], "user");
+        let back: Message = serde_json::from_value(json).unwrap();
+        assert_eq!(back, msg);
+    }
+
+    #[test]
+    fn text_joins_text_parts_only() {
+        let msg = Message::agent("a")
+            .with_part(Part::json(serde_json::json!(1)))
+            .with_text("b");
+        assert_eq!(msg.text(), "a\nb");
+    }
+}

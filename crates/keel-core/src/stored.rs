@@ -1,0 +1,63 @@
+//! Keel's versioned stored-JSON envelope: what stores write so that data written by one
+//! version of Keel can be recognised, migrated or refused with a clear error by another.
+//!
+//! ```
+//! use keel_core::{stored, Message};
+//! let json = stored::encode(&Message::user("hi"))?;
+//! assert_eq!(json["format"], stored::FORMAT_VERSION);
+//! let back: Message = stored::decode(json)?;
+//! assert_eq!(back.text(), "hi");
+//! # Ok::<(), keel_core::AgentError>(())
+//! ```
+
+use serde::{de::DeserializeOwned, Serialize};
+use serde_json::{json, Value};
+
+use crate::{AgentError, AgentResult};
+
+/// The current version of Keel's stored JSON.
+pub const FORMAT_VERSION: u64 = 1;
+
+/// Wrap a value as `{"format": FORMAT_VERSION, "data": ...}`.
+pub fn encode<T: Serialize>(value: &T) -> AgentResult<Value> {
+    let data = serde_json::to_value(value).map_err(AgentError::internal)?;
+    Ok(json!({ "format": FORMAT_VERSION, "data": data }))
+}
+
+/// Unwrap and decode a stored value. A missing or newer format, or data of the wrong shape,
+/// is [`AgentError::Storage`] saying which.
+pub fn decode<T: DeserializeOwned>(stored: Value) -> AgentResult<T> {
+    let Value::Object(mut map) = stored else {
+        return Err(AgentError::storage("stored record is not a JSON object"));
+    };
+    let format = map
+        .get("format")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| AgentError::storage("stored record has no `format` version"))?;
+    if format > FORMAT_VERSION {
+        return Err(AgentError::storage(format!(
+            "stored record has format {format}, newer than this Keel understands ({FORMAT_VERSION})"
+        )));
+    }
+    let data = map.remove("data").unwrap_or(Value::Null);
+    serde_json::from_value(data)
+        .map_err(|e| AgentError::storage(format!("stored record is malformed: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Task;
+
+    #[test]
+    fn newer_format_is_refused_with_a_clear_error() {
+        let err = decode::<Task>(json!({"format": 99, "data": {}})).unwrap_err();
+        assert!(err.to_string().contains("newer"));
+    }
+
+    #[test]
+    fn malformed_data_is_a_storage_error() {
+        let err = decode::<Task>(json!({"format": 1, "data": {"id": 3}})).unwrap_err();
+        assert!(matches!(err, AgentError::Storage { .. }));
+    }
+}

@@ -1,0 +1,259 @@
+//! Value types shared by policy, events and models (decision 8 of the design brief): context
+//! manifests, actions, approvals and budget figures. They live here so that `keel-policy`,
+//! `keel-events` and `keel-llm` can share them without depending on each other.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{ActionId, Artifact, Metadata, RunId, ThreadId};
+
+/// One section of a prepared model context with its estimated size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextItem {
+    /// `system`, `tools`, `history` or `user`.
+    pub section: String,
+    /// Estimated tokens.
+    pub tokens: u64,
+}
+
+/// An estimate of what is about to enter a model, prepared before every call.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ContextManifest {
+    /// The run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<RunId>,
+    /// The thread.
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "session_id")]
+    pub thread_id: Option<ThreadId>,
+    /// The agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_name: Option<String>,
+    /// Model provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Model name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// System instructions.
+    pub system_tokens: u64,
+    /// Tool and delegation declarations.
+    pub tool_prompt_tokens: u64,
+    /// Prior conversation.
+    pub history_tokens: u64,
+    /// The current query.
+    pub user_tokens: u64,
+    /// Sum of the sections; what input-token budgets check.
+    pub total_estimated_tokens: u64,
+    /// The model's context window, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+    /// Per-section records.
+    #[serde(default)]
+    pub context_items: Vec<ContextItem>,
+}
+
+/// One concrete side-effecting operation, prepared for policy before it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunAction {
+    /// Stable id, correlating events, approvals and artifacts.
+    pub id: ActionId,
+    /// Extensible kind: `tool_call`, `delegation`, ...
+    pub kind: String,
+    /// What runs (the tool's name, the target agent).
+    pub name: String,
+    /// The complete input.
+    #[serde(default)]
+    pub payload: Value,
+    /// Capabilities the action needs (`records.write`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    /// A preview shown before execution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview: Option<Artifact>,
+    /// What the action produced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Artifact>,
+    /// The action this one is part of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_action_id: Option<ActionId>,
+    /// Application metadata.
+    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
+    pub metadata: Metadata,
+}
+
+impl RunAction {
+    /// A tool-call action.
+    pub fn tool_call(name: impl Into<String>, payload: Value) -> Self {
+        Self {
+            id: ActionId::new(),
+            kind: "tool_call".into(),
+            name: name.into(),
+            payload,
+            capabilities: Vec::new(),
+            preview: None,
+            result: None,
+            parent_action_id: None,
+            metadata: Metadata::new(),
+        }
+    }
+}
+
+/// A request for an application to approve an action.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequest {
+    /// Correlates the decision.
+    pub request_id: String,
+    /// The action awaiting approval.
+    pub action: RunAction,
+    /// Why approval is needed.
+    pub reason: String,
+    /// The run asking.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<RunId>,
+    /// When it was asked.
+    pub requested_at: DateTime<Utc>,
+}
+
+/// What an approver decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalOutcome {
+    /// Run the action.
+    Approved,
+    /// Do not run it.
+    Denied,
+}
+
+/// An approver's answer to an [`ApprovalRequest`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalDecision {
+    /// The request answered.
+    pub request_id: String,
+    /// The outcome.
+    pub outcome: ApprovalOutcome,
+    /// Why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Who decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    /// When.
+    pub decided_at: DateTime<Utc>,
+}
+
+/// Which budget limit a figure refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetLimit {
+    /// `max_steps`.
+    MaxSteps,
+    /// `max_llm_calls`.
+    MaxLlmCalls,
+    /// `max_tool_calls`.
+    MaxToolCalls,
+    /// `max_input_tokens`.
+    MaxInputTokens,
+    /// `max_output_tokens`.
+    MaxOutputTokens,
+    /// `max_runtime_seconds`.
+    MaxRuntimeSeconds,
+}
+
+impl BudgetLimit {
+    /// The limit's field name in [`RunBudget`](crate::RunBudget).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BudgetLimit::MaxSteps => "max_steps",
+            BudgetLimit::MaxLlmCalls => "max_llm_calls",
+            BudgetLimit::MaxToolCalls => "max_tool_calls",
+            BudgetLimit::MaxInputTokens => "max_input_tokens",
+            BudgetLimit::MaxOutputTokens => "max_output_tokens",
+            BudgetLimit::MaxRuntimeSeconds => "max_runtime_seconds",
+        }
+    }
+}
+
+/// What a run has used so far.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BudgetUsage {
+    /// Steps begun.
+    pub steps: u32,
+    /// Model calls made.
+    pub llm_calls: u32,
+    /// Tool calls made.
+    pub tool_calls: u32,
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Seconds elapsed.
+    pub runtime_seconds: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn shared_values_round_trip() {
+        let action = RunAction::tool_call("write", json!({"path": "/x"}));
+        let request = ApprovalRequest {
+            request_id: "r1".into(),
+            action: action.clone(),
+            reason: "records.write requires approval".into(),
+            run_id: Some(RunId::from("run")),
+            requested_at: Utc::now(),
+        };
+        let decision = ApprovalDecision {
+            request_id: "r1".into(),
+            outcome: ApprovalOutcome::Denied,
+            reason: Some("no".into()),
+            decided_by: Some("ops".into()),
+            decided_at: Utc::now(),
+        };
+        let manifest = ContextManifest {
+            system_tokens: 10,
+            user_tokens: 5,
+            total_estimated_tokens: 15,
+            context_items: vec![ContextItem {
+                section: "system".into(),
+                tokens: 10,
+            }],
+            ..Default::default()
+        };
+        let usage = BudgetUsage {
+            steps: 2,
+            runtime_seconds: 0.5,
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::from_value::<RunAction>(serde_json::to_value(&action).unwrap()).unwrap(),
+            action
+        );
+        assert_eq!(
+            serde_json::from_value::<ApprovalRequest>(serde_json::to_value(&request).unwrap())
+                .unwrap(),
+            request
+        );
+        assert_eq!(
+            serde_json::from_value::<ApprovalDecision>(serde_json::to_value(&decision).unwrap())
+                .unwrap(),
+            decision
+        );
+        assert_eq!(
+            serde_json::from_value::<ContextManifest>(serde_json::to_value(&manifest).unwrap())
+                .unwrap(),
+            manifest
+        );
+        assert_eq!(
+            serde_json::from_value::<BudgetUsage>(serde_json::to_value(&usage).unwrap()).unwrap(),
+            usage
+        );
+        assert_eq!(
+            serde_json::to_value(BudgetLimit::MaxSteps).unwrap(),
+            "max_steps"
+        );
+    }
+}
