@@ -1,1 +1,114 @@
-//! keel-runtime
+//! Keel's service hub: the [`Runtime`] trait through which the engine reaches every service
+//! (auth and tenancy, tasks and their event logs, memory, logging, the default model), the
+//! store traits, and their in-memory implementations.
+//!
+//! Every store method takes an [`AuthContext`]: data is namespaced by tenant, so one tenant
+//! can never read, list or overwrite another's records, whatever ids it sends.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use keel_core::{Message, Task};
+//! use keel_llm::MockLlm;
+//! use keel_runtime::{InMemoryRuntime, Runtime};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), keel_core::AgentError> {
+//! let runtime = InMemoryRuntime::new(Arc::new(MockLlm::new()));
+//! let auth = runtime.auth_service().auth_context();
+//! let task = Task::create(Message::user("hi"));
+//! runtime.task_manager().save_task(&auth, &task).await?;
+//! assert!(runtime.task_manager().get_task(&auth, &task.id).await?.is_some());
+//! # Ok(())
+//! # }
+//! ```
+
+mod auth;
+mod logging;
+mod memory;
+mod task_manager;
+
+use std::sync::Arc;
+
+pub use auth::{AuthContext, AuthService, StaticAuthService};
+use keel_llm::Llm;
+pub use logging::{LogLevel, LoggingService, TracingLoggingService};
+pub use memory::{InMemoryMemoryService, MemoryService};
+pub use task_manager::{
+    load_task_with_history, InMemoryTaskManager, ListTasksFilter, Page, TaskManager,
+};
+
+/// The service hub: everything an agent run needs from its environment. Implement it to run
+/// Keel's engine on your own infrastructure; the engine never reaches storage another way.
+pub trait Runtime: Send + Sync {
+    /// Authentication and tenancy.
+    fn auth_service(&self) -> Arc<dyn AuthService>;
+    /// Tasks and their event logs.
+    fn task_manager(&self) -> Arc<dyn TaskManager>;
+    /// Tenant-namespaced key-value memory.
+    fn memory_service(&self) -> Arc<dyn MemoryService>;
+    /// Structured logging.
+    fn logging_service(&self) -> Arc<dyn LoggingService>;
+    /// The model used by agents that do not bring their own.
+    fn default_llm(&self) -> Arc<dyn Llm>;
+}
+
+/// A [`Runtime`] whose services all live in process memory. Nothing survives a restart.
+#[derive(Clone)]
+pub struct InMemoryRuntime {
+    auth: Arc<dyn AuthService>,
+    tasks: Arc<dyn TaskManager>,
+    memory: Arc<dyn MemoryService>,
+    logging: Arc<dyn LoggingService>,
+    llm: Arc<dyn Llm>,
+}
+
+impl InMemoryRuntime {
+    /// In-memory services, a static tenant and `llm` as the default model.
+    pub fn new(llm: Arc<dyn Llm>) -> Self {
+        Self {
+            auth: Arc::new(StaticAuthService::default()),
+            tasks: Arc::new(InMemoryTaskManager::new()),
+            memory: Arc::new(InMemoryMemoryService::new()),
+            logging: Arc::new(TracingLoggingService),
+            llm,
+        }
+    }
+
+    /// Replace the auth service.
+    #[must_use]
+    pub fn with_auth_service(mut self, auth: impl AuthService + 'static) -> Self {
+        self.auth = Arc::new(auth);
+        self
+    }
+
+    /// Replace the task manager.
+    #[must_use]
+    pub fn with_task_manager(mut self, tasks: Arc<dyn TaskManager>) -> Self {
+        self.tasks = tasks;
+        self
+    }
+
+    /// Replace the memory service.
+    #[must_use]
+    pub fn with_memory_service(mut self, memory: Arc<dyn MemoryService>) -> Self {
+        self.memory = memory;
+        self
+    }
+}
+
+impl Runtime for InMemoryRuntime {
+    fn auth_service(&self) -> Arc<dyn AuthService> {
+        self.auth.clone()
+    }
+    fn task_manager(&self) -> Arc<dyn TaskManager> {
+        self.tasks.clone()
+    }
+    fn memory_service(&self) -> Arc<dyn MemoryService> {
+        self.memory.clone()
+    }
+    fn logging_service(&self) -> Arc<dyn LoggingService> {
+        self.logging.clone()
+    }
+    fn default_llm(&self) -> Arc<dyn Llm> {
+        self.llm.clone()
+    }
+}

@@ -1,0 +1,385 @@
+//! Task persistence: a snapshot per task plus an append-only event log, from which the
+//! task's message history is rebuilt on demand.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, TaskState, ThreadId};
+
+use crate::AuthContext;
+
+/// Which tasks to list, and which page.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListTasksFilter {
+    /// Only tasks of this thread.
+    pub thread_id: Option<ThreadId>,
+    /// Only tasks in this state.
+    pub state: Option<TaskState>,
+    /// At most this many per page (default 50, at most 100).
+    pub page_size: Option<u32>,
+    /// Where to continue, from a previous [`Page::next_page_token`].
+    pub page_token: Option<String>,
+}
+
+impl ListTasksFilter {
+    /// The default page size.
+    pub const DEFAULT_PAGE_SIZE: u32 = 50;
+    /// The largest page size honoured.
+    pub const MAX_PAGE_SIZE: u32 = 100;
+
+    /// The effective page size; zero is [`AgentError::InvalidInput`].
+    pub fn effective_page_size(&self) -> AgentResult<usize> {
+        match self.page_size {
+            None => Ok(Self::DEFAULT_PAGE_SIZE as usize),
+            Some(0) => Err(AgentError::invalid_input("page_size", "must be at least 1")),
+            Some(n) => Ok(n.min(Self::MAX_PAGE_SIZE) as usize),
+        }
+    }
+}
+
+/// One page of results.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page<T> {
+    /// The items, oldest first.
+    pub items: Vec<T>,
+    /// Pass this back to get the next page; `None` on the last page.
+    pub next_page_token: Option<String>,
+    /// How many items match the filter in all.
+    pub total_size: usize,
+}
+
+/// Persists tasks (as snapshots) and their event logs, namespaced by tenant.
+///
+/// Snapshots do not carry the message history: messages live in the event log as
+/// [`TaskEvent::Message`] and [`load_task_with_history`] rebuilds the history.
+#[async_trait]
+pub trait TaskManager: Send + Sync {
+    /// The task's snapshot, or `Ok(None)` when this tenant has no such task.
+    async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>>;
+    /// The tenant's tasks matching `filter`, oldest first, one page at a time.
+    async fn list_tasks(
+        &self,
+        auth: &AuthContext,
+        filter: &ListTasksFilter,
+    ) -> AgentResult<Page<Task>>;
+    /// Insert or replace the task's snapshot (its `history` is not stored).
+    async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()>;
+    /// Append to the task's event log; [`AgentError::TaskNotFound`] if the task is unknown.
+    async fn add_task_event(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        event: &TaskEvent,
+    ) -> AgentResult<()>;
+    /// The task's events in the order they were added; [`AgentError::TaskNotFound`] if the
+    /// task is unknown.
+    async fn get_task_events(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<Vec<TaskEvent>>;
+}
+
+/// The task with its history rebuilt from the event log, keeping only the last
+/// `history_length` messages when given. `Ok(None)` when the task is unknown.
+pub async fn load_task_with_history(
+    tasks: &dyn TaskManager,
+    auth: &AuthContext,
+    task_id: &TaskId,
+    history_length: Option<usize>,
+) -> AgentResult<Option<Task>> {
+    let Some(mut task) = tasks.get_task(auth, task_id).await? else {
+        return Ok(None);
+    };
+    let events = tasks.get_task_events(auth, task_id).await?;
+    let mut history: Vec<_> = events
+        .into_iter()
+        .filter_map(|event| match event {
+            TaskEvent::Message { message } => Some(message),
+            _ => None,
+        })
+        .collect();
+    if let Some(keep) = history_length {
+        let skip = history.len().saturating_sub(keep);
+        history.drain(..skip);
+    }
+    task.history = history;
+    Ok(Some(task))
+}
+
+struct Entry {
+    seq: u64,
+    task: Task,
+    events: Vec<TaskEvent>,
+}
+
+/// A [`TaskManager`] over a concurrent hash map. Nothing survives a restart.
+#[derive(Default)]
+pub struct InMemoryTaskManager {
+    entries: DashMap<(String, TaskId), Entry>,
+    next_seq: AtomicU64,
+}
+
+impl InMemoryTaskManager {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn key(auth: &AuthContext, task_id: &TaskId) -> (String, TaskId) {
+        (auth.namespace(), task_id.clone())
+    }
+}
+
+fn parse_page_token(token: Option<&str>) -> AgentResult<usize> {
+    match token {
+        None | Some("") => Ok(0),
+        Some(token) => token.parse().map_err(|_| {
+            AgentError::invalid_input(
+                "page_token",
+                format!("`{token}` is not a token this server issued"),
+            )
+        }),
+    }
+}
+
+#[async_trait]
+impl TaskManager for InMemoryTaskManager {
+    async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
+        Ok(self
+            .entries
+            .get(&Self::key(auth, task_id))
+            .map(|e| e.task.clone()))
+    }
+
+    async fn list_tasks(
+        &self,
+        auth: &AuthContext,
+        filter: &ListTasksFilter,
+    ) -> AgentResult<Page<Task>> {
+        let page_size = filter.effective_page_size()?;
+        let offset = parse_page_token(filter.page_token.as_deref())?;
+        let namespace = auth.namespace();
+        let mut matching: Vec<(u64, Task)> = self
+            .entries
+            .iter()
+            .filter(|e| e.key().0 == namespace)
+            .filter(|e| {
+                filter
+                    .thread_id
+                    .as_ref()
+                    .is_none_or(|t| &e.task.thread_id == t)
+            })
+            .filter(|e| filter.state.is_none_or(|s| e.task.state() == s))
+            .map(|e| (e.seq, e.task.clone()))
+            .collect();
+        matching.sort_by_key(|(seq, _)| *seq);
+        let total_size = matching.len();
+        if offset > total_size {
+            return Err(AgentError::invalid_input(
+                "page_token",
+                "points past the end of the list",
+            ));
+        }
+        let items: Vec<Task> = matching
+            .into_iter()
+            .skip(offset)
+            .take(page_size)
+            .map(|(_, t)| t)
+            .collect();
+        let next = offset + items.len();
+        Ok(Page {
+            next_page_token: (next < total_size).then(|| next.to_string()),
+            items,
+            total_size,
+        })
+    }
+
+    async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
+        let mut snapshot = task.clone();
+        snapshot.history.clear();
+        self.entries
+            .entry(Self::key(auth, &task.id))
+            .and_modify(|e| e.task = snapshot.clone())
+            .or_insert_with(|| Entry {
+                seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
+                task: snapshot,
+                events: Vec::new(),
+            });
+        Ok(())
+    }
+
+    async fn add_task_event(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        event: &TaskEvent,
+    ) -> AgentResult<()> {
+        let mut entry = self
+            .entries
+            .get_mut(&Self::key(auth, task_id))
+            .ok_or_else(|| AgentError::TaskNotFound {
+                task_id: task_id.clone(),
+            })?;
+        entry.events.push(event.clone());
+        Ok(())
+    }
+
+    async fn get_task_events(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<Vec<TaskEvent>> {
+        self.entries
+            .get(&Self::key(auth, task_id))
+            .map(|e| e.events.clone())
+            .ok_or_else(|| AgentError::TaskNotFound {
+                task_id: task_id.clone(),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_core::Message;
+
+    fn tenant(user: &str) -> AuthContext {
+        AuthContext::new("app", user)
+    }
+
+    #[tokio::test]
+    async fn history_is_rebuilt_from_the_event_log() {
+        let store = InMemoryTaskManager::new();
+        let auth = tenant("a");
+        let mut task = Task::create(Message::user("q"));
+        store.save_task(&auth, &task).await.unwrap();
+        for message in [
+            task.history[0].clone(),
+            Message::agent("a1"),
+            Message::agent("a2"),
+        ] {
+            store
+                .add_task_event(&auth, &task.id, &TaskEvent::Message { message })
+                .await
+                .unwrap();
+        }
+        task.complete("done").unwrap();
+        store.save_task(&auth, &task).await.unwrap();
+        let stored = store.get_task(&auth, &task.id).await.unwrap().unwrap();
+        assert!(stored.history.is_empty(), "snapshots carry no history");
+        let full = load_task_with_history(&store, &auth, &task.id, None)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            full.history.iter().map(Message::text).collect::<Vec<_>>(),
+            ["q", "a1", "a2"]
+        );
+        let last = load_task_with_history(&store, &auth, &task.id, Some(1))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(last.history.len(), 1);
+        assert_eq!(last.history[0].text(), "a2");
+    }
+
+    #[tokio::test]
+    async fn one_tenant_cannot_see_anothers_tasks() {
+        let store = InMemoryTaskManager::new();
+        let task = Task::create(Message::user("secret"));
+        store.save_task(&tenant("a"), &task).await.unwrap();
+        assert!(store
+            .get_task(&tenant("b"), &task.id)
+            .await
+            .unwrap()
+            .is_none());
+        let page = store
+            .list_tasks(&tenant("b"), &ListTasksFilter::default())
+            .await
+            .unwrap();
+        assert_eq!(page.total_size, 0);
+        let err = store
+            .add_task_event(
+                &tenant("b"),
+                &task.id,
+                &TaskEvent::Message {
+                    message: Message::user("x"),
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, AgentError::TaskNotFound { .. }));
+    }
+
+    #[tokio::test]
+    async fn listing_filters_by_thread_and_paginates_in_order() {
+        let store = InMemoryTaskManager::new();
+        let auth = tenant("a");
+        let thread = ThreadId::from("th");
+        let mut ids = Vec::new();
+        for _ in 0..5 {
+            let task = Task::new(thread.clone());
+            ids.push(task.id.clone());
+            store.save_task(&auth, &task).await.unwrap();
+        }
+        store
+            .save_task(&auth, &Task::new(ThreadId::from("other")))
+            .await
+            .unwrap();
+        let mut filter = ListTasksFilter {
+            thread_id: Some(thread),
+            page_size: Some(2),
+            ..Default::default()
+        };
+        let mut seen = Vec::new();
+        loop {
+            let page = store.list_tasks(&auth, &filter).await.unwrap();
+            assert_eq!(page.total_size, 5);
+            seen.extend(page.items.into_iter().map(|t| t.id));
+            match page.next_page_token {
+                Some(token) => filter.page_token = Some(token),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ids);
+    }
+
+    #[tokio::test]
+    async fn bad_page_token_and_zero_page_size_are_invalid_input() {
+        let store = InMemoryTaskManager::new();
+        let auth = tenant("a");
+        let bad = ListTasksFilter {
+            page_token: Some("zzz".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            store.list_tasks(&auth, &bad).await,
+            Err(AgentError::InvalidInput { .. })
+        ));
+        let zero = ListTasksFilter {
+            page_size: Some(0),
+            ..Default::default()
+        };
+        assert!(matches!(
+            store.list_tasks(&auth, &zero).await,
+            Err(AgentError::InvalidInput { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn events_of_unknown_task_are_task_not_found() {
+        let store = InMemoryTaskManager::new();
+        let err = store
+            .get_task_events(&tenant("a"), &TaskId::from("nope"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            AgentError::TaskNotFound {
+                task_id: TaskId::from("nope")
+            }
+        );
+    }
+}
