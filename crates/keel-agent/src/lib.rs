@@ -1,1 +1,38 @@
-//! keel-agent
+//! Keel's execution engine: [`Agent`]s built from a card, instructions, a model and
+//! [`Tool`]s, and the [`AgentExecutor`] that runs them on tasks.
+//!
+//! A run moves its task to working, calls the model, executes the returned tool calls in
+//! order (a failing tool becomes a tool result the model sees, never a crash), calls the model
+//! again with the results, and stops on a final answer or the step limit. Every message and
+//! tool result is appended to the task's durable event log before the run continues, and the
+//! engine reaches storage only through the [`Runtime`](keel_runtime::Runtime) traits.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use keel_agent::{Agent, AgentExecutor, SendOptions};
+//! use keel_core::{AgentCard, Message, TaskState};
+//! use keel_llm::MockLlm;
+//! use keel_runtime::{InMemoryRuntime, Runtime};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), keel_core::AgentError> {
+//! let agent = Agent::builder(AgentCard::new("echo", "Echoes", "http://127.0.0.1:0"))
+//!     .instructions("Repeat what the user says.")
+//!     .build()?;
+//! let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+//! let auth = runtime.auth_service().auth_context();
+//! let executor = AgentExecutor::new(agent, runtime);
+//! let task = executor.send_message(&auth, Message::user("hi"), SendOptions::default()).await?;
+//! assert_eq!(task.state(), TaskState::Completed);
+//! assert_eq!(task.status().message.as_ref().unwrap().text(), "You said: hi");
+//! # Ok(())
+//! # }
+//! ```
+
+mod agent;
+mod conversation;
+mod executor;
+mod tool;
+
+pub use agent::{Agent, AgentBuilder};
+pub use executor::{AgentExecutor, SendOptions};
+pub use tool::{FnTool, Tool, ToolContext};

@@ -252,12 +252,18 @@ impl Task {
         message: Option<Message>,
     ) -> AgentResult<&mut Self> {
         self.update_state(next)?;
-        if let Some(mut message) = message {
-            message.task_id = Some(self.id.clone());
-            message.thread_id = Some(self.thread_id.clone());
-            self.status.message = Some(message);
+        if let Some(message) = message {
+            self.set_status_message(message);
         }
         Ok(self)
+    }
+
+    /// Attach a message to the current status without changing the state.
+    pub fn set_status_message(&mut self, mut message: Message) -> &mut Self {
+        message.task_id = Some(self.id.clone());
+        message.thread_id = Some(self.thread_id.clone());
+        self.status.message = Some(message);
+        self
     }
 
     /// Mark the task as being worked on.

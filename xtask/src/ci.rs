@@ -1,0 +1,213 @@
+//! `cargo xtask ci`: the whole gate, step by step, stopping at the first failure.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use crate::util::{cargo, status, workspace_root};
+
+/// How a step ended, for the summary.
+enum Outcome {
+    Passed,
+    Skipped(String),
+    Failed(String),
+}
+
+/// Runs steps with a header and timing each, and remembers them for the summary.
+struct Runner {
+    started: Instant,
+    done: Vec<(String, Outcome, f64)>,
+}
+
+impl Runner {
+    /// Runs one step; `Ok(Some(note))` from the body means the step was skipped.
+    fn step(
+        &mut self,
+        name: &str,
+        body: impl FnOnce() -> Result<Option<String>, String>,
+    ) -> Result<(), String> {
+        println!("\n==> {name}");
+        let t = Instant::now();
+        let result = body();
+        let secs = t.elapsed().as_secs_f64();
+        let (outcome, ret) = match result {
+            Ok(None) => (Outcome::Passed, Ok(())),
+            Ok(Some(note)) => {
+                println!("    skipped: {note}");
+                (Outcome::Skipped(note), Ok(()))
+            }
+            Err(e) => (
+                Outcome::Failed(e.clone()),
+                Err(format!("step `{name}` failed: {e}")),
+            ),
+        };
+        println!("    ({secs:.1} s) {name}");
+        self.done.push((name.to_owned(), outcome, secs));
+        ret
+    }
+
+    /// Prints one line per step and the total time.
+    fn summary(&self) {
+        println!("\n==> summary");
+        for (name, outcome, secs) in &self.done {
+            let (label, note) = match outcome {
+                Outcome::Passed => ("ok     ", String::new()),
+                Outcome::Skipped(note) => ("skipped", format!(" ({note})")),
+                Outcome::Failed(e) => ("FAILED ", format!(": {e}")),
+            };
+            println!("    {label} {secs:7.1} s  {name}{note}");
+        }
+        println!("    total {:.1} s", self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// Entry point of `cargo xtask ci`.
+pub fn run() -> ExitCode {
+    let mut runner = Runner {
+        started: Instant::now(),
+        done: Vec::new(),
+    };
+    // `redis` lives until the end of this function, so a server we started is
+    // killed on success and on failure alike.
+    let mut redis = None;
+    let result = steps(&mut runner, &mut redis);
+    drop(redis);
+    runner.summary();
+    match result {
+        Ok(()) => {
+            println!("\nci: all steps passed");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("\nci: FAILED — {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The steps, in order.
+fn steps(r: &mut Runner, redis: &mut Option<crate::redis::Redis>) -> Result<(), String> {
+    r.step("cargo fmt --check", || {
+        exec(cargo(&[]).args(["fmt", "--all", "--", "--check"]))
+    })?;
+    r.step(
+        "cargo clippy (workspace, all targets, all features)",
+        || {
+            exec(
+                cargo(&[])
+                    .args(["clippy", "--workspace", "--all-targets", "--all-features"])
+                    .args(["--", "-D", "warnings"]),
+            )
+        },
+    )?;
+
+    let mut test_env: Vec<(&str, OsString)> = Vec::new();
+    r.step("python A2A SDK venv", || match crate::py_sdk::ensure() {
+        Ok(python) => {
+            println!("    KEEL_PYTHON={}", python.display());
+            test_env.push(("KEEL_PYTHON", python.into_os_string()));
+            Ok(None)
+        }
+        Err(e) => {
+            println!("\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+            println!("WARNING: could not create the Python A2A SDK venv: {e}");
+            println!("WARNING: KEEL_PYTHON is NOT set; the Python interop test will fail.");
+            println!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n");
+            Ok(Some("venv unavailable (see warning above)".to_owned()))
+        }
+    })?;
+    r.step("redis", || {
+        *redis = crate::redis::ensure();
+        match redis {
+            Some(found) => {
+                test_env.push(("REDIS_URL", found.url.clone().into()));
+                Ok(None)
+            }
+            None => Ok(Some("no Redis available".to_owned())),
+        }
+    })?;
+
+    r.step("cargo test (workspace, all features)", || {
+        exec(cargo(&test_env).args(["test", "--workspace", "--all-features"]))
+    })?;
+
+    let featured = crates_with_features()?;
+    if featured.is_empty() {
+        println!("\nno crate declares [features]; no per-crate default-feature checks");
+    }
+    for name in featured {
+        r.step(
+            &format!("cargo clippy -p {name} (default features)"),
+            || {
+                exec(
+                    cargo(&[])
+                        .args(["clippy", "-p", &name, "--all-targets"])
+                        .args(["--", "-D", "warnings"]),
+                )
+            },
+        )?;
+        r.step(&format!("cargo test -p {name} (default features)"), || {
+            exec(cargo(&test_env).args(["test", "-p", &name]))
+        })?;
+    }
+
+    let check_layers = workspace_root().join("../shared/tools/check-layers");
+    r.step("check-layers", || {
+        if check_layers.is_file() {
+            exec(Command::new(&check_layers).current_dir(workspace_root()))
+        } else {
+            Ok(Some(format!("{} not found", check_layers.display())))
+        }
+    })?;
+    Ok(())
+}
+
+/// Runs a command as a step body.
+fn exec(cmd: &mut Command) -> Result<Option<String>, String> {
+    status(cmd).map(|()| None)
+}
+
+/// Package names of the `crates/*` whose manifest has a `[features]` table, sorted.
+fn crates_with_features() -> Result<Vec<String>, String> {
+    let dir = workspace_root().join("crates");
+    let entries = std::fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    let mut manifests: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("Cargo.toml"))
+        .filter(|p| p.is_file())
+        .collect();
+    manifests.sort();
+    let mut names = Vec::new();
+    for manifest in manifests {
+        let text = std::fs::read_to_string(&manifest)
+            .map_err(|e| format!("reading {}: {e}", manifest.display()))?;
+        if !text
+            .lines()
+            .any(|l| l.trim_start().starts_with("[features]"))
+        {
+            continue;
+        }
+        let name = package_name(&text)
+            .ok_or_else(|| format!("no [package] name in {}", manifest.display()))?;
+        names.push(name);
+    }
+    Ok(names)
+}
+
+/// The `name = "..."` of the `[package]` table in a manifest.
+fn package_name(manifest: &str) -> Option<String> {
+    let mut in_package = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_package = line == "[package]";
+        } else if in_package {
+            if let Some(value) = line.strip_prefix("name").map(str::trim_start) {
+                if let Some(value) = value.strip_prefix('=') {
+                    return Some(value.trim().trim_matches('"').to_owned());
+                }
+            }
+        }
+    }
+    None
+}
