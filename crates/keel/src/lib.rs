@@ -1,1 +1,38 @@
-//! keel
+//! Keel: an agent runtime framework. This facade crate is what applications depend on: it
+//! re-exports the layers below, provides [`DefaultRuntime`] (the service hub with Keel's
+//! built-in stores and model), the [`demo`] agent served by `keel serve`, and a [`prelude`].
+//!
+//! ```
+//! use keel::prelude::*;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), AgentError> {
+//! let runtime = std::sync::Arc::new(DefaultRuntime::offline());
+//! let auth = runtime.auth_service().auth_context();
+//! let executor = AgentExecutor::new(keel::demo::agent()?, runtime);
+//! let task = executor.send_message(&auth, Message::user("hello"), SendOptions::default()).await?;
+//! assert_eq!(task.state(), TaskState::Completed);
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod demo;
+mod runtime;
+
+pub use keel_agent as agent;
+pub use keel_core as core;
+pub use keel_llm as llm;
+pub use keel_runtime as services;
+pub use keel_transport as transport;
+pub use runtime::{DefaultRuntime, DefaultRuntimeBuilder};
+
+/// The names most applications need, in one import.
+pub mod prelude {
+    pub use crate::DefaultRuntime;
+    pub use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions, Tool, ToolContext};
+    pub use keel_core::{
+        AgentCard, AgentError, AgentResult, AgentSkill, Artifact, Message, Part, RunBudget,
+        RunContext, Task, TaskId, TaskState, ThreadId,
+    };
+    pub use keel_llm::{Llm, MockLlm};
+    pub use keel_runtime::{AuthContext, Runtime};
+}

@@ -1,0 +1,173 @@
+//! The demo agent that `keel serve` runs: it works offline with the built-in model and shows
+//! the tool loop and live cancellation.
+//!
+//! With the offline model, a message `/<tool> {json}` calls a tool; anything else is echoed:
+//! - `/clock` answers the current UTC time;
+//! - `/word_count {"text": "..."}` counts words;
+//! - `/sleep {"seconds": 30}` waits (at most 300 s) and stops at once when the task is
+//!   canceled, which makes it handy for trying `CancelTask`.
+
+use std::time::Duration;
+
+use keel_agent::{Agent, FnTool};
+use keel_core::{AgentCard, AgentError, AgentResult, AgentSkill};
+use serde_json::json;
+
+/// The longest `/sleep` the demo agent accepts, in seconds.
+pub const MAX_SLEEP_SECONDS: u64 = 300;
+
+/// The demo agent's card (its URL is filled in by the server).
+pub fn card() -> AgentCard {
+    let mut card = AgentCard::new(
+        "keel-demo",
+        "Keel's demo agent: echoes messages and runs a few offline tools.",
+        "http://127.0.0.1:8080/",
+    )
+    .with_skill(
+        AgentSkill::new("echo", "Answers with what you said.")
+            .with_tags(["demo"])
+            .with_example("hello"),
+    )
+    .with_skill(
+        AgentSkill::new(
+            "tools",
+            "Runs a tool: /clock, /word_count {\"text\": ...}, /sleep {\"seconds\": N}.",
+        )
+        .with_tags(["demo", "tools"])
+        .with_example("/sleep {\"seconds\": 5}"),
+    )
+    .with_tags(["demo"]);
+    card.capabilities.has_llm = true;
+    card
+}
+
+/// The demo agent.
+///
+/// ```
+/// let agent = keel::demo::agent()?;
+/// assert_eq!(agent.card().name, "keel-demo");
+/// # Ok::<(), keel::core::AgentError>(())
+/// ```
+pub fn agent() -> AgentResult<Agent> {
+    let clock = FnTool::new(
+        "clock",
+        "The current UTC time.",
+        json!({"type": "object"}),
+        |_args, _ctx| async { Ok(json!(chrono::Utc::now().to_rfc3339())) },
+    );
+    let word_count = FnTool::new(
+        "word_count",
+        "Count the words of a text.",
+        json!({
+            "type": "object",
+            "properties": {"text": {"type": "string"}},
+            "required": ["text"],
+            "additionalProperties": false
+        }),
+        |args, _ctx| async move {
+            let text = args["text"].as_str().unwrap_or_default();
+            Ok(json!(text.split_whitespace().count()))
+        },
+    );
+    let sleep = FnTool::new(
+        "sleep",
+        "Wait for a number of seconds, stopping early if the task is canceled.",
+        json!({
+            "type": "object",
+            "properties": {"seconds": {"type": "number", "minimum": 0, "maximum": MAX_SLEEP_SECONDS}},
+            "required": ["seconds"],
+            "additionalProperties": false
+        }),
+        |args, ctx| async move {
+            let seconds = args["seconds"].as_f64().unwrap_or(0.0);
+            tokio::select! {
+                () = ctx.cancel.cancelled() => Err(AgentError::Canceled { reason: "task canceled".into() }),
+                () = tokio::time::sleep(Duration::from_secs_f64(seconds)) => Ok(json!(format!("slept {seconds} s"))),
+            }
+        },
+    );
+    Agent::builder(card())
+        .instructions(
+            "You are Keel's demo agent. Answer briefly; use a tool when the user asks for one.",
+        )
+        .tool(clock)
+        .tool(word_count)
+        .tool(sleep)
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use keel_agent::{AgentExecutor, SendOptions};
+    use keel_core::{Message, TaskState};
+    use keel_runtime::Runtime;
+
+    use crate::DefaultRuntime;
+
+    fn executor() -> (AgentExecutor, keel_runtime::AuthContext) {
+        let runtime = Arc::new(DefaultRuntime::offline());
+        let auth = runtime.auth_service().auth_context();
+        (AgentExecutor::new(super::agent().unwrap(), runtime), auth)
+    }
+
+    #[tokio::test]
+    async fn demo_agent_echoes_and_counts_words_offline() {
+        let (exec, auth) = executor();
+        let task = exec
+            .send_message(&auth, Message::user("hello"), SendOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            task.status().message.as_ref().unwrap().text(),
+            "You said: hello"
+        );
+        let task = exec
+            .send_message(
+                &auth,
+                Message::user(r#"/word_count {"text": "one two three"}"#),
+                SendOptions::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(task.state(), TaskState::Completed);
+        assert_eq!(
+            task.status().message.as_ref().unwrap().text(),
+            "Tool results:\nword_count: 3"
+        );
+    }
+
+    #[tokio::test]
+    async fn demo_sleep_stops_when_the_task_is_canceled() {
+        let (exec, auth) = executor();
+        let task = exec
+            .send_message(
+                &auth,
+                Message::user(r#"/sleep {"seconds": 300}"#),
+                SendOptions {
+                    return_immediately: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let canceled = exec.cancel_task(&auth, &task.id, None).await.unwrap();
+        assert_eq!(canceled.state(), TaskState::Canceled);
+    }
+
+    #[tokio::test]
+    async fn demo_sleep_refuses_more_than_the_cap() {
+        let (exec, auth) = executor();
+        let task = exec
+            .send_message(
+                &auth,
+                Message::user(r#"/sleep {"seconds": 100000}"#),
+                SendOptions::default(),
+            )
+            .await
+            .unwrap();
+        let answer = task.status().message.as_ref().unwrap().text();
+        assert!(answer.contains("arguments of `sleep`"), "{answer}");
+    }
+}
