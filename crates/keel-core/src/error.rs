@@ -80,6 +80,14 @@ pub enum AgentError {
         /// What went wrong.
         message: String,
     },
+    /// The caller's lease on a thread has expired or was taken over, so its write was refused.
+    #[error("lease on thread {thread_id} lost (fencing token {token} is stale or expired)")]
+    LeaseLost {
+        /// The thread.
+        thread_id: crate::ThreadId,
+        /// The stale fencing token.
+        token: u64,
+    },
     /// A store could not read or write, or found data it cannot decode.
     #[error("storage error: {message}")]
     Storage {
@@ -116,6 +124,8 @@ pub enum ErrorKind {
     Canceled,
     /// An upstream model failed.
     Upstream,
+    /// Another writer holds the resource.
+    Conflict,
     /// Storage failed.
     Storage,
     /// Anything else.
@@ -141,6 +151,7 @@ impl AgentError {
             Self::BudgetExceeded { .. } => ErrorKind::Budget,
             Self::Canceled { .. } => ErrorKind::Canceled,
             Self::Llm { .. } => ErrorKind::Upstream,
+            Self::LeaseLost { .. } => ErrorKind::Conflict,
             Self::Storage { .. } => ErrorKind::Storage,
             Self::Internal { .. } => ErrorKind::Internal,
         }

@@ -22,19 +22,32 @@
 //! ```
 
 mod auth;
+mod lease;
 mod logging;
 mod memory;
+mod run_store;
 mod task_manager;
+#[cfg(feature = "testing")]
+pub mod testing;
+mod thread;
+mod thread_memory;
 
 use std::sync::Arc;
 
 pub use auth::{AuthContext, AuthService, StaticAuthService};
 use keel_llm::Llm;
+pub use lease::{Lease, ThreadLeases};
 pub use logging::{LogLevel, LoggingService, TracingLoggingService};
 pub use memory::{InMemoryMemoryService, MemoryService};
+pub use run_store::{InMemoryRunStore, RunQuery, RunRecord, RunStore, TaskRecord};
 pub use task_manager::{
     load_task_with_history, InMemoryTaskManager, ListTasksFilter, Page, TaskManager,
 };
+pub use thread::{
+    ChildThread, HistoryEntry, KvLimits, QueuedItem, SubagentRegistry, ThreadHistory, ThreadKv,
+    ThreadQueue, ThreadStore,
+};
+pub use thread_memory::InMemoryThreadStore;
 
 /// The service hub: everything an agent run needs from its environment. Implement it to run
 /// Keel's engine on your own infrastructure; the engine never reaches storage another way.
@@ -49,6 +62,10 @@ pub trait Runtime: Send + Sync {
     fn logging_service(&self) -> Arc<dyn LoggingService>;
     /// The model used by agents that do not bring their own.
     fn default_llm(&self) -> Arc<dyn Llm>;
+    /// Thread history, queues, key-value stores, the subagent registry and leases.
+    fn thread_store(&self) -> Arc<dyn ThreadStore>;
+    /// Task snapshots and run reports.
+    fn run_store(&self) -> Arc<dyn RunStore>;
 }
 
 /// A [`Runtime`] whose services all live in process memory. Nothing survives a restart.
@@ -59,6 +76,8 @@ pub struct InMemoryRuntime {
     memory: Arc<dyn MemoryService>,
     logging: Arc<dyn LoggingService>,
     llm: Arc<dyn Llm>,
+    threads: Arc<dyn ThreadStore>,
+    runs: Arc<dyn RunStore>,
 }
 
 impl InMemoryRuntime {
@@ -70,6 +89,8 @@ impl InMemoryRuntime {
             memory: Arc::new(InMemoryMemoryService::new()),
             logging: Arc::new(TracingLoggingService),
             llm,
+            threads: Arc::new(InMemoryThreadStore::new()),
+            runs: Arc::new(InMemoryRunStore::new()),
         }
     }
 
@@ -84,6 +105,20 @@ impl InMemoryRuntime {
     #[must_use]
     pub fn with_task_manager(mut self, tasks: Arc<dyn TaskManager>) -> Self {
         self.tasks = tasks;
+        self
+    }
+
+    /// Replace the thread store.
+    #[must_use]
+    pub fn with_thread_store(mut self, threads: Arc<dyn ThreadStore>) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// Replace the run store.
+    #[must_use]
+    pub fn with_run_store(mut self, runs: Arc<dyn RunStore>) -> Self {
+        self.runs = runs;
         self
     }
 
@@ -110,5 +145,11 @@ impl Runtime for InMemoryRuntime {
     }
     fn default_llm(&self) -> Arc<dyn Llm> {
         self.llm.clone()
+    }
+    fn thread_store(&self) -> Arc<dyn ThreadStore> {
+        self.threads.clone()
+    }
+    fn run_store(&self) -> Arc<dyn RunStore> {
+        self.runs.clone()
     }
 }

@@ -1,5 +1,7 @@
 //! Tenant-namespaced key-value memory for skills: caches, state, knowledge.
 
+use std::time::{Duration, Instant};
+
 use async_trait::async_trait;
 use dashmap::DashMap;
 use keel_core::AgentResult;
@@ -7,13 +9,21 @@ use serde_json::Value;
 
 use crate::AuthContext;
 
-/// JSON values by key, namespaced by tenant.
+/// JSON values by key, namespaced by tenant, optionally expiring.
 #[async_trait]
 pub trait MemoryService: Send + Sync {
     /// Store `value` under `key` for this tenant, replacing what was there.
     async fn save_serialized(&self, auth: &AuthContext, key: &str, value: Value)
         -> AgentResult<()>;
-    /// The value under `key` for this tenant, if any.
+    /// Like [`MemoryService::save_serialized`], but the value expires after `ttl`.
+    async fn save_serialized_with_ttl(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: Value,
+        ttl: Duration,
+    ) -> AgentResult<()>;
+    /// The value under `key` for this tenant, if any and not expired.
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>>;
     /// Remove `key`; answers whether it existed.
     async fn delete(&self, auth: &AuthContext, key: &str) -> AgentResult<bool>;
@@ -22,7 +32,7 @@ pub trait MemoryService: Send + Sync {
 /// A [`MemoryService`] over a concurrent hash map.
 #[derive(Debug, Default)]
 pub struct InMemoryMemoryService {
-    values: DashMap<(String, String), Value>,
+    values: DashMap<(String, String), (Value, Option<Instant>)>,
 }
 
 impl InMemoryMemoryService {
@@ -41,22 +51,38 @@ impl MemoryService for InMemoryMemoryService {
         value: Value,
     ) -> AgentResult<()> {
         self.values
-            .insert((auth.namespace(), key.to_owned()), value);
+            .insert((auth.namespace(), key.to_owned()), (value, None));
+        Ok(())
+    }
+
+    async fn save_serialized_with_ttl(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: Value,
+        ttl: Duration,
+    ) -> AgentResult<()> {
+        let expires = Instant::now().checked_add(ttl);
+        self.values
+            .insert((auth.namespace(), key.to_owned()), (value, expires));
         Ok(())
     }
 
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>> {
-        Ok(self
-            .values
-            .get(&(auth.namespace(), key.to_owned()))
-            .map(|v| v.clone()))
+        let key = (auth.namespace(), key.to_owned());
+        let now = Instant::now();
+        // Expired entries are removed on read, so a TTL frees memory without a sweeper.
+        self.values
+            .remove_if(&key, |_, (_, expires)| expires.is_some_and(|e| e <= now));
+        Ok(self.values.get(&key).map(|v| v.0.clone()))
     }
 
     async fn delete(&self, auth: &AuthContext, key: &str) -> AgentResult<bool> {
+        let now = Instant::now();
         Ok(self
             .values
             .remove(&(auth.namespace(), key.to_owned()))
-            .is_some())
+            .is_some_and(|(_, (_, expires))| expires.is_none_or(|e| e > now)))
     }
 }
 

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use keel_llm::{Llm, MockLlm};
 use keel_runtime::{
-    AuthService, InMemoryRuntime, LoggingService, MemoryService, Runtime, StaticAuthService,
-    TaskManager,
+    AuthService, InMemoryRuntime, LoggingService, MemoryService, RunStore, Runtime,
+    StaticAuthService, TaskManager, ThreadStore,
 };
 
 /// The out-of-the-box [`Runtime`]: a static tenant, in-process task and memory stores,
@@ -59,6 +59,12 @@ impl Runtime for DefaultRuntime {
     }
     fn default_llm(&self) -> Arc<dyn Llm> {
         self.services.default_llm()
+    }
+    fn thread_store(&self) -> Arc<dyn ThreadStore> {
+        self.services.thread_store()
+    }
+    fn run_store(&self) -> Arc<dyn RunStore> {
+        self.services.run_store()
     }
 }
 

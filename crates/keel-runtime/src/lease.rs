@@ -1,0 +1,53 @@
+//! Per-thread leases: at most one flow executes on a thread at a time, across processes.
+//!
+//! A lease has an expiry and a fencing token that grows with every acquisition of the
+//! thread. Writes made under a lease carry it, and a store refuses a write whose token is not
+//! the thread's current one or whose lease has expired, so a holder that stalled past its
+//! expiry cannot overwrite the work of the next holder.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use keel_core::{AgentResult, ThreadId};
+use serde::{Deserialize, Serialize};
+
+use crate::AuthContext;
+
+/// A held lease on one thread.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The thread.
+    pub thread_id: ThreadId,
+    /// Who holds it (a process or worker id).
+    pub holder: String,
+    /// The fencing token: strictly greater than every earlier token of this thread.
+    pub token: u64,
+    /// When it lapses unless renewed.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Acquire, renew and release thread leases.
+#[async_trait]
+pub trait ThreadLeases: Send + Sync {
+    /// Take the thread's lease for `ttl`, or `Ok(None)` when someone else holds a live one.
+    async fn acquire_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> AgentResult<Option<Lease>>;
+
+    /// Extend a held lease by `ttl` from now, keeping its token. An expired or taken-over
+    /// lease is [`AgentError::LeaseLost`](keel_core::AgentError::LeaseLost).
+    async fn renew_lease(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> AgentResult<Lease>;
+
+    /// Give the lease up. Releasing a lease that was already lost is not an error.
+    async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()>;
+}

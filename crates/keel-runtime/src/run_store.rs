@@ -1,0 +1,285 @@
+//! The persistent run store: task snapshots and run reports, indexed by task, run, thread,
+//! trace, agent and time, and searchable.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use keel_core::{
+    AgentError, AgentResult, RunContext, RunId, Task, TaskId, TaskState, ThreadId, TraceId,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::AuthContext;
+
+/// A task snapshot with the fields it is indexed by.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// The task.
+    pub task_id: TaskId,
+    /// Its thread.
+    pub thread_id: ThreadId,
+    /// Its state when recorded.
+    pub state: TaskState,
+    /// The run that recorded it.
+    pub run_id: Option<RunId>,
+    /// The trace.
+    pub trace_id: Option<TraceId>,
+    /// The agent.
+    pub agent_name: Option<String>,
+    /// When the record was written.
+    pub recorded_at: DateTime<Utc>,
+    /// The snapshot.
+    pub task: Task,
+}
+
+impl TaskRecord {
+    /// A record of `task`, indexed by its run context when it has one.
+    pub fn of(task: &Task, agent_name: Option<&str>) -> AgentResult<TaskRecord> {
+        let ctx = RunContext::from_task(task)?;
+        Ok(TaskRecord {
+            task_id: task.id.clone(),
+            thread_id: task.thread_id.clone(),
+            state: task.state(),
+            run_id: ctx.as_ref().map(|c| c.run_id.clone()),
+            trace_id: ctx.as_ref().map(|c| c.trace_id.clone()),
+            agent_name: agent_name.map(str::to_owned),
+            recorded_at: Utc::now(),
+            task: task.clone(),
+        })
+    }
+}
+
+/// A run report (its JSON form, as `keel-events` defines it) with the fields it is indexed by.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The run.
+    pub run_id: RunId,
+    /// The task it ran.
+    pub task_id: Option<TaskId>,
+    /// The thread.
+    pub thread_id: Option<ThreadId>,
+    /// The trace.
+    pub trace_id: Option<TraceId>,
+    /// The agent.
+    pub agent_name: Option<String>,
+    /// When the report was written.
+    pub recorded_at: DateTime<Utc>,
+    /// The report.
+    pub report: Value,
+}
+
+/// Which records to find. Every set field must match; `contains` searches the record's JSON
+/// text (case-sensitive substring). Results are newest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunQuery {
+    /// Only this task.
+    pub task_id: Option<TaskId>,
+    /// Only this run.
+    pub run_id: Option<RunId>,
+    /// Only this thread.
+    pub thread_id: Option<ThreadId>,
+    /// Only this trace.
+    pub trace_id: Option<TraceId>,
+    /// Only this agent.
+    pub agent_name: Option<String>,
+    /// Recorded at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Recorded before.
+    pub until: Option<DateTime<Utc>>,
+    /// Text the record's JSON must contain.
+    pub contains: Option<String>,
+    /// At most this many (default 100, at most 1,000).
+    pub limit: Option<usize>,
+}
+
+impl RunQuery {
+    /// The effective limit; zero is [`AgentError::InvalidInput`].
+    pub fn effective_limit(&self) -> AgentResult<usize> {
+        match self.limit {
+            None => Ok(100),
+            Some(0) => Err(AgentError::invalid_input("limit", "must be at least 1")),
+            Some(n) => Ok(n.min(1000)),
+        }
+    }
+
+    /// Whether a record with these index fields matches (the `contains` check is separate).
+    #[allow(clippy::too_many_arguments)] // one argument per indexed field keeps backends uniform
+    pub fn matches(
+        &self,
+        task_id: Option<&TaskId>,
+        run_id: Option<&RunId>,
+        thread_id: Option<&ThreadId>,
+        trace_id: Option<&TraceId>,
+        agent_name: Option<&str>,
+        recorded_at: DateTime<Utc>,
+    ) -> bool {
+        fn eq<T: PartialEq + ?Sized>(want: Option<&T>, have: Option<&T>) -> bool {
+            want.is_none() || want == have
+        }
+        eq(self.task_id.as_ref(), task_id)
+            && eq(self.run_id.as_ref(), run_id)
+            && eq(self.thread_id.as_ref(), thread_id)
+            && eq(self.trace_id.as_ref(), trace_id)
+            && eq(self.agent_name.as_deref(), agent_name)
+            && self.since.is_none_or(|s| recorded_at >= s)
+            && self.until.is_none_or(|u| recorded_at < u)
+    }
+}
+
+/// Durable task snapshots and run reports.
+#[async_trait]
+pub trait RunStore: Send + Sync {
+    /// Record a task snapshot (every call adds a record; the history of a task's snapshots is
+    /// kept).
+    async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()>;
+    /// Task records matching `query`, newest first.
+    async fn find_task_records(
+        &self,
+        auth: &AuthContext,
+        query: &RunQuery,
+    ) -> AgentResult<Vec<TaskRecord>>;
+    /// Record (or replace) a run report.
+    async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()>;
+    /// The report of a run, if recorded.
+    async fn get_run_report(
+        &self,
+        auth: &AuthContext,
+        run_id: &RunId,
+    ) -> AgentResult<Option<RunRecord>>;
+    /// Run reports matching `query`, newest first.
+    async fn find_run_reports(
+        &self,
+        auth: &AuthContext,
+        query: &RunQuery,
+    ) -> AgentResult<Vec<RunRecord>>;
+}
+
+/// A [`RunStore`] in process memory, keeping at most `capacity` records of each kind per
+/// store (oldest dropped first), so memory stays flat under load.
+pub struct InMemoryRunStore {
+    tasks: std::sync::Mutex<std::collections::VecDeque<(String, TaskRecord)>>,
+    runs: std::sync::Mutex<std::collections::VecDeque<(String, RunRecord)>>,
+    capacity: usize,
+}
+
+impl Default for InMemoryRunStore {
+    fn default() -> Self {
+        Self::with_capacity(10_000)
+    }
+}
+
+impl InMemoryRunStore {
+    /// A store keeping the default 10,000 records of each kind.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A store keeping at most `capacity` records of each kind.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            tasks: Default::default(),
+            runs: Default::default(),
+            capacity: capacity.max(1),
+        }
+    }
+}
+
+fn json_contains<T: Serialize>(record: &T, needle: Option<&str>) -> bool {
+    match needle {
+        None => true,
+        Some(needle) => serde_json::to_string(record).is_ok_and(|text| text.contains(needle)),
+    }
+}
+
+#[async_trait]
+impl RunStore for InMemoryRunStore {
+    async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()> {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        if tasks.len() >= self.capacity {
+            tasks.pop_front();
+        }
+        tasks.push_back((auth.namespace(), record.clone()));
+        Ok(())
+    }
+
+    async fn find_task_records(
+        &self,
+        auth: &AuthContext,
+        query: &RunQuery,
+    ) -> AgentResult<Vec<TaskRecord>> {
+        let limit = query.effective_limit()?;
+        let namespace = auth.namespace();
+        let tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(tasks
+            .iter()
+            .rev()
+            .filter(|(ns, _)| *ns == namespace)
+            .map(|(_, r)| r)
+            .filter(|r| {
+                query.matches(
+                    Some(&r.task_id),
+                    r.run_id.as_ref(),
+                    Some(&r.thread_id),
+                    r.trace_id.as_ref(),
+                    r.agent_name.as_deref(),
+                    r.recorded_at,
+                ) && json_contains(r, query.contains.as_deref())
+            })
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
+        let namespace = auth.namespace();
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        runs.retain(|(ns, r)| !(*ns == namespace && r.run_id == record.run_id));
+        if runs.len() >= self.capacity {
+            runs.pop_front();
+        }
+        runs.push_back((namespace, record.clone()));
+        Ok(())
+    }
+
+    async fn get_run_report(
+        &self,
+        auth: &AuthContext,
+        run_id: &RunId,
+    ) -> AgentResult<Option<RunRecord>> {
+        let namespace = auth.namespace();
+        let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(runs
+            .iter()
+            .find(|(ns, r)| *ns == namespace && &r.run_id == run_id)
+            .map(|(_, r)| r.clone()))
+    }
+
+    async fn find_run_reports(
+        &self,
+        auth: &AuthContext,
+        query: &RunQuery,
+    ) -> AgentResult<Vec<RunRecord>> {
+        let limit = query.effective_limit()?;
+        let namespace = auth.namespace();
+        let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut found: Vec<RunRecord> = runs
+            .iter()
+            .filter(|(ns, _)| *ns == namespace)
+            .map(|(_, r)| r)
+            .filter(|r| {
+                query.matches(
+                    r.task_id.as_ref(),
+                    Some(&r.run_id),
+                    r.thread_id.as_ref(),
+                    r.trace_id.as_ref(),
+                    r.agent_name.as_deref(),
+                    r.recorded_at,
+                ) && json_contains(r, query.contains.as_deref())
+            })
+            .cloned()
+            .collect();
+        found.sort_by_key(|r| std::cmp::Reverse(r.recorded_at));
+        found.truncate(limit);
+        Ok(found)
+    }
+}

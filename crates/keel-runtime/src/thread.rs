@@ -1,0 +1,244 @@
+//! Thread storage: a thread's durable history, its FIFO queue of pending work, its private
+//! key-value store, and the parent/child registry of subagent threads.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use keel_core::{AgentError, AgentResult, Metadata, ThreadId};
+use keel_llm::LlmMessage;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{AuthContext, Lease};
+
+/// One entry of a thread's history with its position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    /// Position in the thread, starting at 1, without gaps.
+    pub seq: u64,
+    /// The message or tool result.
+    pub message: LlmMessage,
+}
+
+/// A thread's conversation as the model sees it (messages and tool results), appended before
+/// the engine continues.
+#[async_trait]
+pub trait ThreadHistory: Send + Sync {
+    /// Append `messages` in order, as the holder of `lease`. A stale or expired lease is
+    /// [`AgentError::LeaseLost`] and nothing is written. Returns the seq of the last entry.
+    async fn append_history(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        messages: &[LlmMessage],
+    ) -> AgentResult<u64>;
+
+    /// Up to `limit` entries with `seq > after_seq`, in order.
+    async fn read_history(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        after_seq: u64,
+        limit: usize,
+    ) -> AgentResult<Vec<HistoryEntry>>;
+}
+
+/// Work waiting for a thread: a user message, a tool call, a callback.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueuedItem {
+    /// Unique id, for acknowledging and de-duplicating.
+    pub id: String,
+    /// Position in the queue (increasing).
+    pub seq: u64,
+    /// What is queued.
+    pub payload: Value,
+    /// When it was queued.
+    pub enqueued_at: DateTime<Utc>,
+}
+
+/// A durable FIFO queue per thread. Items are read with [`ThreadQueue::peek_queue`] and
+/// removed with [`ThreadQueue::ack_queue`] once their effect is persisted, so a crash in
+/// between delivers an item again rather than losing it.
+#[async_trait]
+pub trait ThreadQueue: Send + Sync {
+    /// Add `payload` at the back of the thread's queue.
+    async fn push_queue(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        payload: Value,
+    ) -> AgentResult<QueuedItem>;
+
+    /// Up to `limit` items from the front, oldest first, without removing them.
+    async fn peek_queue(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        limit: usize,
+    ) -> AgentResult<Vec<QueuedItem>>;
+
+    /// Remove the items with these ids, as the holder of `lease` (a stale lease is
+    /// [`AgentError::LeaseLost`]). Unknown ids are ignored, so an ack can be repeated.
+    async fn ack_queue(&self, auth: &AuthContext, lease: &Lease, ids: &[String])
+        -> AgentResult<()>;
+
+    /// How many items wait.
+    async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize>;
+}
+
+/// Caps of the per-thread key-value store. Exceeding one is [`AgentError::InvalidInput`]
+/// whose reason names the cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLimits {
+    /// Longest key, in bytes (UTF-8).
+    pub max_key_bytes: usize,
+    /// Largest value, in bytes of its JSON encoding.
+    pub max_value_bytes: usize,
+    /// Most keys per thread.
+    pub max_keys: usize,
+}
+
+impl KvLimits {
+    /// The documented defaults: 256-byte keys, 64 KiB values, 1,000 keys per thread.
+    pub const DEFAULT: KvLimits = KvLimits {
+        max_key_bytes: 256,
+        max_value_bytes: 64 * 1024,
+        max_keys: 1000,
+    };
+
+    /// Check a key and the encoded value against the caps (not the key count).
+    pub fn check(&self, key: &str, encoded_value: &str) -> AgentResult<()> {
+        if key.is_empty() {
+            return Err(AgentError::invalid_input("key", "must not be empty"));
+        }
+        if key.len() > self.max_key_bytes {
+            return Err(AgentError::invalid_input(
+                "key",
+                format!(
+                    "is {} bytes; the cap max_key_bytes is {}",
+                    key.len(),
+                    self.max_key_bytes
+                ),
+            ));
+        }
+        if encoded_value.len() > self.max_value_bytes {
+            return Err(AgentError::invalid_input(
+                "value",
+                format!(
+                    "is {} bytes as JSON; the cap max_value_bytes is {}",
+                    encoded_value.len(),
+                    self.max_value_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The error for a thread that already holds `max_keys` keys.
+    pub fn too_many_keys(&self) -> AgentError {
+        AgentError::invalid_input(
+            "key",
+            format!(
+                "the thread already holds {} keys; the cap max_keys is {}",
+                self.max_keys, self.max_keys
+            ),
+        )
+    }
+}
+
+impl Default for KvLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// A durable key-value store private to each thread (Standard Agents §14): values round-trip
+/// as JSON, `null` deletes, and no thread can read another's keys.
+#[async_trait]
+pub trait ThreadKv: Send + Sync {
+    /// The value, or `None` when unset or deleted.
+    async fn kv_get(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        key: &str,
+    ) -> AgentResult<Option<Value>>;
+    /// Set `key`; `Value::Null` deletes it. Durable before it returns.
+    async fn kv_set(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        key: &str,
+        value: Value,
+    ) -> AgentResult<()>;
+    /// The thread's keys, sorted.
+    async fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>>;
+}
+
+/// A subagent thread as its parent sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildThread {
+    /// The child's thread.
+    pub thread_id: ThreadId,
+    /// Its parent's thread.
+    pub parent_thread_id: ThreadId,
+    /// Display name.
+    pub name: String,
+    /// The child's agent.
+    pub agent: String,
+    /// Free-form status the child reports (`running`, `completed`, ...).
+    pub status: String,
+    /// Whether the parent can message it again.
+    pub resumable: bool,
+    /// When it was registered.
+    pub created_at: DateTime<Utc>,
+    /// Extra data.
+    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
+    pub metadata: Metadata,
+}
+
+/// The parent/child registry of subagent threads.
+#[async_trait]
+pub trait SubagentRegistry: Send + Sync {
+    /// Register (or replace) a child under its parent.
+    async fn register_child(&self, auth: &AuthContext, child: &ChildThread) -> AgentResult<()>;
+    /// A parent's children, oldest first.
+    async fn children(
+        &self,
+        auth: &AuthContext,
+        parent: &ThreadId,
+    ) -> AgentResult<Vec<ChildThread>>;
+    /// The child's entry, if registered.
+    async fn child(&self, auth: &AuthContext, child: &ThreadId)
+        -> AgentResult<Option<ChildThread>>;
+    /// Update a child's status; an unregistered child is [`AgentError::InvalidInput`].
+    async fn set_child_status(
+        &self,
+        auth: &AuthContext,
+        child: &ThreadId,
+        status: &str,
+    ) -> AgentResult<()>;
+}
+
+/// Everything a thread needs from a store, as one object.
+pub trait ThreadStore:
+    ThreadHistory + ThreadQueue + ThreadKv + SubagentRegistry + crate::ThreadLeases
+{
+}
+
+impl<T> ThreadStore for T where
+    T: ThreadHistory + ThreadQueue + ThreadKv + SubagentRegistry + crate::ThreadLeases
+{
+}
+
+/// A lease time-to-live must be positive and at most a day.
+pub(crate) fn check_ttl(ttl: Duration) -> AgentResult<()> {
+    if ttl.is_zero() || ttl > Duration::from_secs(86_400) {
+        return Err(AgentError::invalid_input(
+            "ttl",
+            "must be between 1 ms and 24 h",
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,326 @@
+//! In-memory thread storage: history, queue, key-value store, subagent registry and leases.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use dashmap::DashMap;
+use keel_core::{AgentError, AgentResult, ThreadId};
+use keel_llm::LlmMessage;
+use serde_json::Value;
+
+use crate::thread::check_ttl;
+use crate::{
+    AuthContext, ChildThread, HistoryEntry, KvLimits, Lease, QueuedItem, SubagentRegistry,
+    ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
+};
+
+#[derive(Default)]
+struct ThreadData {
+    history: Vec<LlmMessage>,
+    queue: VecDeque<QueuedItem>,
+    next_queue_seq: u64,
+    kv: BTreeMap<String, Value>,
+    lease: Option<Lease>,
+    last_token: u64,
+}
+
+impl ThreadData {
+    /// Whether `lease` is this thread's current, unexpired lease.
+    fn check_fence(&self, lease: &Lease) -> AgentResult<()> {
+        match &self.lease {
+            Some(current) if current.token == lease.token && current.expires_at > Utc::now() => {
+                Ok(())
+            }
+            _ => Err(AgentError::LeaseLost {
+                thread_id: lease.thread_id.clone(),
+                token: lease.token,
+            }),
+        }
+    }
+}
+
+/// Thread storage in process memory: nothing survives a restart.
+#[derive(Default)]
+pub struct InMemoryThreadStore {
+    threads: DashMap<(String, ThreadId), ThreadData>,
+    children: DashMap<(String, ThreadId), ChildThread>,
+    kv_limits: KvLimits,
+}
+
+impl InMemoryThreadStore {
+    /// An empty store with the default [`KvLimits`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Use other key-value caps.
+    #[must_use]
+    pub fn with_kv_limits(mut self, limits: KvLimits) -> Self {
+        self.kv_limits = limits;
+        self
+    }
+
+    fn key(auth: &AuthContext, thread_id: &ThreadId) -> (String, ThreadId) {
+        (auth.namespace(), thread_id.clone())
+    }
+}
+
+#[async_trait]
+impl ThreadHistory for InMemoryThreadStore {
+    async fn append_history(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        messages: &[LlmMessage],
+    ) -> AgentResult<u64> {
+        let mut thread = self
+            .threads
+            .entry(Self::key(auth, &lease.thread_id))
+            .or_default();
+        thread.check_fence(lease)?;
+        thread.history.extend_from_slice(messages);
+        Ok(thread.history.len() as u64)
+    }
+
+    async fn read_history(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        after_seq: u64,
+        limit: usize,
+    ) -> AgentResult<Vec<HistoryEntry>> {
+        let Some(thread) = self.threads.get(&Self::key(auth, thread_id)) else {
+            return Ok(Vec::new());
+        };
+        let start = usize::try_from(after_seq)
+            .unwrap_or(usize::MAX)
+            .min(thread.history.len());
+        Ok(thread.history[start..]
+            .iter()
+            .take(limit)
+            .enumerate()
+            .map(|(i, message)| HistoryEntry {
+                seq: (start + i + 1) as u64,
+                message: message.clone(),
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl ThreadQueue for InMemoryThreadStore {
+    async fn push_queue(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        payload: Value,
+    ) -> AgentResult<QueuedItem> {
+        let mut thread = self.threads.entry(Self::key(auth, thread_id)).or_default();
+        thread.next_queue_seq += 1;
+        let item = QueuedItem {
+            id: uuid::Uuid::now_v7().to_string(),
+            seq: thread.next_queue_seq,
+            payload,
+            enqueued_at: Utc::now(),
+        };
+        thread.queue.push_back(item.clone());
+        Ok(item)
+    }
+
+    async fn peek_queue(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        limit: usize,
+    ) -> AgentResult<Vec<QueuedItem>> {
+        Ok(self
+            .threads
+            .get(&Self::key(auth, thread_id))
+            .map(|t| t.queue.iter().take(limit).cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn ack_queue(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ids: &[String],
+    ) -> AgentResult<()> {
+        let mut thread = self
+            .threads
+            .entry(Self::key(auth, &lease.thread_id))
+            .or_default();
+        thread.check_fence(lease)?;
+        thread.queue.retain(|item| !ids.contains(&item.id));
+        Ok(())
+    }
+
+    async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
+        Ok(self
+            .threads
+            .get(&Self::key(auth, thread_id))
+            .map(|t| t.queue.len())
+            .unwrap_or(0))
+    }
+}
+
+#[async_trait]
+impl ThreadKv for InMemoryThreadStore {
+    async fn kv_get(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        key: &str,
+    ) -> AgentResult<Option<Value>> {
+        Ok(self
+            .threads
+            .get(&Self::key(auth, thread_id))
+            .and_then(|t| t.kv.get(key).cloned()))
+    }
+
+    async fn kv_set(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        key: &str,
+        value: Value,
+    ) -> AgentResult<()> {
+        let encoded = serde_json::to_string(&value).map_err(AgentError::internal)?;
+        self.kv_limits.check(key, &encoded)?;
+        let mut thread = self.threads.entry(Self::key(auth, thread_id)).or_default();
+        if value.is_null() {
+            thread.kv.remove(key);
+            return Ok(());
+        }
+        if !thread.kv.contains_key(key) && thread.kv.len() >= self.kv_limits.max_keys {
+            return Err(self.kv_limits.too_many_keys());
+        }
+        thread.kv.insert(key.to_owned(), value);
+        Ok(())
+    }
+
+    async fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>> {
+        Ok(self
+            .threads
+            .get(&Self::key(auth, thread_id))
+            .map(|t| t.kv.keys().cloned().collect())
+            .unwrap_or_default())
+    }
+}
+
+#[async_trait]
+impl SubagentRegistry for InMemoryThreadStore {
+    async fn register_child(&self, auth: &AuthContext, child: &ChildThread) -> AgentResult<()> {
+        self.children
+            .insert(Self::key(auth, &child.thread_id), child.clone());
+        Ok(())
+    }
+
+    async fn children(
+        &self,
+        auth: &AuthContext,
+        parent: &ThreadId,
+    ) -> AgentResult<Vec<ChildThread>> {
+        let namespace = auth.namespace();
+        let mut children: Vec<ChildThread> = self
+            .children
+            .iter()
+            .filter(|c| c.key().0 == namespace && &c.parent_thread_id == parent)
+            .map(|c| c.value().clone())
+            .collect();
+        children.sort_by(|a, b| (a.created_at, &a.thread_id).cmp(&(b.created_at, &b.thread_id)));
+        Ok(children)
+    }
+
+    async fn child(
+        &self,
+        auth: &AuthContext,
+        child: &ThreadId,
+    ) -> AgentResult<Option<ChildThread>> {
+        Ok(self
+            .children
+            .get(&Self::key(auth, child))
+            .map(|c| c.clone()))
+    }
+
+    async fn set_child_status(
+        &self,
+        auth: &AuthContext,
+        child: &ThreadId,
+        status: &str,
+    ) -> AgentResult<()> {
+        let mut entry = self
+            .children
+            .get_mut(&Self::key(auth, child))
+            .ok_or_else(|| {
+                AgentError::invalid_input(
+                    "child",
+                    format!("thread {child} is not a registered subagent"),
+                )
+            })?;
+        entry.status = status.to_owned();
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ThreadLeases for InMemoryThreadStore {
+    async fn acquire_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> AgentResult<Option<Lease>> {
+        check_ttl(ttl)?;
+        let mut thread = self.threads.entry(Self::key(auth, thread_id)).or_default();
+        let now = Utc::now();
+        if thread.lease.as_ref().is_some_and(|l| l.expires_at > now) {
+            return Ok(None);
+        }
+        thread.last_token += 1;
+        let lease = Lease {
+            thread_id: thread_id.clone(),
+            holder: holder.to_owned(),
+            token: thread.last_token,
+            expires_at: now + ttl,
+        };
+        thread.lease = Some(lease.clone());
+        Ok(Some(lease))
+    }
+
+    async fn renew_lease(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> AgentResult<Lease> {
+        check_ttl(ttl)?;
+        let mut thread = self
+            .threads
+            .entry(Self::key(auth, &lease.thread_id))
+            .or_default();
+        thread.check_fence(lease)?;
+        let renewed = Lease {
+            expires_at: Utc::now() + ttl,
+            ..lease.clone()
+        };
+        thread.lease = Some(renewed.clone());
+        Ok(renewed)
+    }
+
+    async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {
+        if let Some(mut thread) = self.threads.get_mut(&Self::key(auth, &lease.thread_id)) {
+            if thread
+                .lease
+                .as_ref()
+                .is_some_and(|l| l.token == lease.token)
+            {
+                thread.lease = None;
+            }
+        }
+        Ok(())
+    }
+}

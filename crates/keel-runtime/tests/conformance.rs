@@ -1,0 +1,24 @@
+//! The in-memory stores pass the backend conformance suite.
+
+use std::sync::Arc;
+
+use keel_runtime::{
+    testing, InMemoryMemoryService, InMemoryRunStore, InMemoryTaskManager, InMemoryThreadStore,
+    KvLimits,
+};
+
+#[tokio::test]
+async fn in_memory_stores_pass_the_conformance_suite() {
+    let limits = KvLimits {
+        max_keys: 16,
+        ..KvLimits::DEFAULT
+    };
+    testing::run_all(
+        &InMemoryTaskManager::new(),
+        &InMemoryMemoryService::new(),
+        Arc::new(InMemoryThreadStore::new().with_kv_limits(limits)),
+        limits,
+        &InMemoryRunStore::new(),
+    )
+    .await;
+}
