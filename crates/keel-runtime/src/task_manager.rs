@@ -112,19 +112,67 @@ struct Entry {
     seq: u64,
     task: Task,
     events: Vec<TaskEvent>,
+    /// Whether the task is already in the finished queue of the retention policy.
+    counted_finished: bool,
 }
 
 /// A [`TaskManager`] over a concurrent hash map. Nothing survives a restart.
-#[derive(Default)]
+///
+/// Retention is bounded so memory stays flat under load: once more than
+/// [`InMemoryTaskManager::DEFAULT_FINISHED_CAP`] (or the configured number of) tasks have
+/// reached a terminal state, the oldest finished ones are evicted with their event logs.
+/// Tasks that are not terminal are never evicted.
 pub struct InMemoryTaskManager {
     entries: DashMap<(String, TaskId), Entry>,
     next_seq: AtomicU64,
+    finished: std::sync::Mutex<std::collections::VecDeque<(String, TaskId)>>,
+    finished_cap: usize,
+}
+
+impl Default for InMemoryTaskManager {
+    fn default() -> Self {
+        Self::with_finished_cap(Self::DEFAULT_FINISHED_CAP)
+    }
 }
 
 impl InMemoryTaskManager {
-    /// An empty store.
+    /// How many finished tasks are kept by default.
+    pub const DEFAULT_FINISHED_CAP: usize = 10_000;
+
+    /// An empty store with the default retention.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store keeping at most `cap` finished tasks (at least 1).
+    pub fn with_finished_cap(cap: usize) -> Self {
+        Self {
+            entries: DashMap::new(),
+            next_seq: AtomicU64::new(0),
+            finished: Default::default(),
+            finished_cap: cap.max(1),
+        }
+    }
+
+    /// How many tasks (of every tenant) are held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no task is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn note_finished(&self, key: (String, TaskId)) {
+        let mut finished = self.finished.lock().unwrap_or_else(|p| p.into_inner());
+        finished.push_back(key);
+        while finished.len() > self.finished_cap {
+            if let Some(oldest) = finished.pop_front() {
+                self.entries
+                    .remove_if(&oldest, |_, e| e.task.state().is_terminal());
+            }
+        }
     }
 
     fn key(auth: &AuthContext, task_id: &TaskId) -> (String, TaskId) {
@@ -199,14 +247,22 @@ impl TaskManager for InMemoryTaskManager {
     async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
         let mut snapshot = task.clone();
         snapshot.history.clear();
-        self.entries
-            .entry(Self::key(auth, &task.id))
-            .and_modify(|e| e.task = snapshot.clone())
-            .or_insert_with(|| Entry {
+        let key = Self::key(auth, &task.id);
+        let newly_finished = {
+            let mut entry = self.entries.entry(key.clone()).or_insert_with(|| Entry {
                 seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
-                task: snapshot,
+                task: snapshot.clone(),
                 events: Vec::new(),
+                counted_finished: false,
             });
+            entry.task = snapshot;
+            let newly = entry.task.state().is_terminal() && !entry.counted_finished;
+            entry.counted_finished |= newly;
+            newly
+        };
+        if newly_finished {
+            self.note_finished(key);
+        }
         Ok(())
     }
 
@@ -366,6 +422,35 @@ mod tests {
             store.list_tasks(&auth, &zero).await,
             Err(AgentError::InvalidInput { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn retention_evicts_only_the_oldest_finished_tasks() {
+        let store = InMemoryTaskManager::with_finished_cap(2);
+        let auth = tenant("a");
+        let live = Task::new(ThreadId::new());
+        store.save_task(&auth, &live).await.unwrap();
+        let mut finished = Vec::new();
+        for _ in 0..4 {
+            let mut task = Task::new(ThreadId::new());
+            store.save_task(&auth, &task).await.unwrap();
+            task.complete("done").unwrap();
+            store.save_task(&auth, &task).await.unwrap();
+            // Saving a finished task again must not count it twice.
+            store.save_task(&auth, &task).await.unwrap();
+            finished.push(task.id);
+        }
+        assert_eq!(
+            store.len(),
+            3,
+            "one live task plus the two newest finished ones"
+        );
+        assert!(
+            store.get_task(&auth, &live.id).await.unwrap().is_some(),
+            "live tasks are never evicted"
+        );
+        assert!(store.get_task(&auth, &finished[0]).await.unwrap().is_none());
+        assert!(store.get_task(&auth, &finished[3]).await.unwrap().is_some());
     }
 
     #[tokio::test]
