@@ -1,1 +1,124 @@
-fn main() {}
+//! `keel`: serve Keel agents over the A2A protocol.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use keel::agent::AgentExecutor;
+use keel::transport::A2aServer;
+use keel::DefaultRuntime;
+
+/// Keel: an agent runtime. `keel serve` runs the demo agent over A2A with the built-in
+/// offline model, so it works with no API key and no network.
+#[derive(Debug, Parser)]
+#[command(name = "keel", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the demo agent over A2A v1.0 JSON-RPC until Ctrl-C.
+    ///
+    /// The agent card is at /.well-known/agent-card.json and the JSON-RPC endpoint at /.
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1", env = "KEEL_HOST")]
+        host: String,
+        /// Port to listen on (0 picks a free one; the URL printed says which).
+        #[arg(long, default_value_t = 8080, env = "KEEL_PORT")]
+        port: u16,
+        /// URL that clients should use, when it differs from the listening address
+        /// (behind a proxy). Written into the agent card.
+        #[arg(long, env = "KEEL_PUBLIC_URL")]
+        public_url: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("keel: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Command::Serve {
+            host,
+            port,
+            public_url,
+        } => runtime.block_on(serve(host, port, public_url)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("keel: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(host: String, port: u16, public_url: Option<String>) -> Result<(), String> {
+    let addr: SocketAddr = format!("{host}:{port}")
+        .parse()
+        .or_else(|_| format!("[{host}]:{port}").parse())
+        .map_err(|_| {
+            format!("`{host}` is not an IP address to listen on (try 127.0.0.1 or 0.0.0.0)")
+        })?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|err| format!("cannot listen on {addr}: {err}"))?;
+    let local = listener.local_addr().map_err(|err| err.to_string())?;
+    let agent = keel::demo::agent().map_err(|err| err.to_string())?;
+    let executor = AgentExecutor::new(agent, Arc::new(DefaultRuntime::offline()));
+    let mut url = public_url.unwrap_or_else(|| format!("http://{local}/"));
+    if !url.ends_with('/') {
+        url.push('/');
+    }
+    let server = A2aServer::new(executor).with_public_url(url.clone());
+    // The first stdout line is the contract for scripts and tests that start `keel serve`.
+    println!("keel: serving agent `keel-demo` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
+    server
+        .serve(listener, shutdown_signal())
+        .await
+        .map_err(|err| format!("server error: {err}"))?;
+    eprintln!("keel: stopped");
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or, on Unix, SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    eprintln!("keel: shutting down: finishing open requests, canceling running tasks");
+}

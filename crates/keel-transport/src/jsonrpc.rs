@@ -1,0 +1,350 @@
+//! JSON-RPC 2.0 as A2A uses it: the error codes, the one mapping between Keel errors and codes
+//! (both directions), and the response envelope.
+//!
+//! | Keel error ([`ErrorKind`]) | code |
+//! |---|---|
+//! | `NotFound` (`TaskNotFound`) | [`TASK_NOT_FOUND`] -32001 |
+//! | `NotCancelable` (`TaskNotCancelable`) | [`TASK_NOT_CANCELABLE`] -32002 |
+//! | `InvalidInput` | [`INVALID_PARAMS`] -32602 |
+//! | `InvalidTransition` | [`INVALID_PARAMS`] -32602 (see [`error_code`]) |
+//! | `Unsupported` | [`UNSUPPORTED_OPERATION`] -32004 |
+//! | anything else | [`INTERNAL_ERROR`] -32603, message `internal error` |
+//!
+//! Every error object carries `data`: an array with one `google.rpc.ErrorInfo` (`@type`,
+//! `reason`, `domain`, and string `metadata` such as `taskId`, `state` or `field`).
+
+use keel_core::{AgentError, ErrorKind, TaskId, TaskState};
+use serde_json::{json, Map, Value};
+
+use crate::wire;
+
+/// Invalid JSON was received.
+pub const PARSE_ERROR: i32 = -32700;
+/// The JSON sent is not a valid request object.
+pub const INVALID_REQUEST: i32 = -32600;
+/// The method does not exist.
+pub const METHOD_NOT_FOUND: i32 = -32601;
+/// Invalid method parameters.
+pub const INVALID_PARAMS: i32 = -32602;
+/// An internal error; the message never carries internals.
+pub const INTERNAL_ERROR: i32 = -32603;
+/// A2A: no task with this id.
+pub const TASK_NOT_FOUND: i32 = -32001;
+/// A2A: the task is terminal and cannot be canceled.
+pub const TASK_NOT_CANCELABLE: i32 = -32002;
+/// A2A: push notifications are not offered.
+pub const PUSH_NOTIFICATION_NOT_SUPPORTED: i32 = -32003;
+/// A2A: the operation is not offered.
+pub const UNSUPPORTED_OPERATION: i32 = -32004;
+/// A2A: no extended agent card is configured.
+pub const EXTENDED_CARD_NOT_CONFIGURED: i32 = -32007;
+/// A2A: the `A2A-Version` the client asked for is not spoken here.
+pub const VERSION_NOT_SUPPORTED: i32 = -32009;
+
+/// The `@type` of the `google.rpc.ErrorInfo` entries in `error.data`.
+pub const ERROR_INFO_TYPE: &str = "type.googleapis.com/google.rpc.ErrorInfo";
+/// The `domain` of A2A's `ErrorInfo` entries.
+pub const ERROR_DOMAIN: &str = "a2a-protocol.org";
+
+/// The JSON-RPC error code for a Keel error. This is the one place the mapping lives.
+///
+/// `InvalidTransition` maps to invalid params (-32602), not internal error: the engine lets it
+/// reach a caller only when the request asks for a lifecycle change that the task's current
+/// state forbids (the state may have moved since the caller last looked). That is a request
+/// that is invalid *now*; repeating it will not help, which -32603 would wrongly suggest, and
+/// A2A has no conflict code besides -32002, which is specific to cancellation.
+///
+/// ```
+/// use keel_core::AgentError;
+/// use keel_transport::jsonrpc::{error_code, TASK_NOT_FOUND};
+/// let err = AgentError::TaskNotFound { task_id: "t-1".into() };
+/// assert_eq!(error_code(&err), TASK_NOT_FOUND);
+/// ```
+pub fn error_code(err: &AgentError) -> i32 {
+    match err.kind() {
+        ErrorKind::NotFound => TASK_NOT_FOUND,
+        ErrorKind::NotCancelable => TASK_NOT_CANCELABLE,
+        ErrorKind::InvalidInput | ErrorKind::InvalidTransition => INVALID_PARAMS,
+        ErrorKind::Unsupported => UNSUPPORTED_OPERATION,
+        _ => INTERNAL_ERROR,
+    }
+}
+
+/// The `ErrorInfo.reason` for a code (A2A's names).
+fn reason(code: i32) -> &'static str {
+    match code {
+        PARSE_ERROR => "PARSE_ERROR",
+        INVALID_REQUEST => "INVALID_REQUEST",
+        METHOD_NOT_FOUND => "METHOD_NOT_FOUND",
+        INVALID_PARAMS => "INVALID_PARAMS",
+        TASK_NOT_FOUND => "TASK_NOT_FOUND",
+        TASK_NOT_CANCELABLE => "TASK_NOT_CANCELABLE",
+        PUSH_NOTIFICATION_NOT_SUPPORTED => "PUSH_NOTIFICATION_NOT_SUPPORTED",
+        UNSUPPORTED_OPERATION => "UNSUPPORTED_OPERATION",
+        EXTENDED_CARD_NOT_CONFIGURED => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
+        VERSION_NOT_SUPPORTED => "VERSION_NOT_SUPPORTED",
+        _ => "INTERNAL_ERROR",
+    }
+}
+
+/// A JSON-RPC error to answer with.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RpcError {
+    pub code: i32,
+    pub message: String,
+    /// `ErrorInfo.metadata`: string values only, as `google.rpc.ErrorInfo` requires.
+    pub metadata: Map<String, Value>,
+}
+
+impl RpcError {
+    pub fn new(code: i32, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            metadata: Map::new(),
+        }
+    }
+
+    #[must_use]
+    pub fn with(mut self, key: &str, value: impl Into<String>) -> Self {
+        self.metadata
+            .insert(key.into(), Value::String(value.into()));
+        self
+    }
+
+    /// The JSON-RPC error for a Keel error. Internal errors are logged here and answered
+    /// without their details.
+    pub fn from_agent_error(err: &AgentError) -> Self {
+        let code = error_code(err);
+        if code == INTERNAL_ERROR {
+            tracing::error!(error = %err, "request failed with an internal error");
+            return Self::new(code, "internal error");
+        }
+        let rpc = Self::new(code, err.to_string());
+        match err {
+            AgentError::TaskNotFound { task_id } => rpc.with("taskId", task_id.as_str()),
+            AgentError::TaskNotCancelable { task_id, state } => rpc
+                .with("taskId", task_id.as_str())
+                .with("state", wire::state_name(*state)),
+            AgentError::InvalidInput { field, reason } => rpc
+                .with("field", field.as_str())
+                .with("description", reason.as_str()),
+            AgentError::InvalidTransition { from, to } => rpc
+                .with("from", wire::state_name(*from))
+                .with("to", wire::state_name(*to)),
+            _ => rpc,
+        }
+    }
+
+    /// The error object, with `data` = `[ErrorInfo]`.
+    pub fn to_json(&self) -> Value {
+        let mut info = json!({
+            "@type": ERROR_INFO_TYPE,
+            "reason": reason(self.code),
+            "domain": ERROR_DOMAIN,
+        });
+        if !self.metadata.is_empty() {
+            info["metadata"] = Value::Object(self.metadata.clone());
+        }
+        json!({"code": self.code, "message": self.message, "data": [info]})
+    }
+}
+
+/// A success response.
+pub(crate) fn success(id: Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+/// An error response.
+pub(crate) fn failure(id: Value, error: &RpcError) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": error.to_json()})
+}
+
+/// The Keel error for a JSON-RPC error object received from a remote agent. `task_id` is the
+/// task the call was about, used when the error does not name one.
+///
+/// -32002 carries no state in A2A; a Keel server adds it to `ErrorInfo.metadata.state`, and
+/// without it the state is [`TaskState::Unspecified`] (meaning "unknown").
+pub(crate) fn agent_error_from_rpc(error: &Value, task_id: Option<&TaskId>) -> AgentError {
+    let code = error.get("code").and_then(Value::as_i64).unwrap_or(0);
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let info = error
+        .get("data")
+        .and_then(Value::as_array)
+        .and_then(|data| {
+            data.iter()
+                .find(|d| d.get("@type").and_then(Value::as_str) == Some(ERROR_INFO_TYPE))
+        })
+        .and_then(|d| d.get("metadata"))
+        .and_then(Value::as_object);
+    let meta = |key: &str| {
+        info.and_then(|m| m.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let task = || {
+        meta("taskId")
+            .map(TaskId::from)
+            .or_else(|| task_id.cloned())
+            .unwrap_or_else(|| TaskId::from(""))
+    };
+    match i32::try_from(code).unwrap_or(INTERNAL_ERROR) {
+        TASK_NOT_FOUND => AgentError::TaskNotFound { task_id: task() },
+        TASK_NOT_CANCELABLE => AgentError::TaskNotCancelable {
+            task_id: task(),
+            state: meta("state")
+                .and_then(|s| wire::state_from_name(&s))
+                .unwrap_or(TaskState::Unspecified),
+        },
+        INVALID_PARAMS => AgentError::InvalidInput {
+            field: meta("field").unwrap_or_else(|| "params".into()),
+            reason: meta("description").unwrap_or(message),
+        },
+        UNSUPPORTED_OPERATION
+        | PUSH_NOTIFICATION_NOT_SUPPORTED
+        | METHOD_NOT_FOUND
+        | EXTENDED_CARD_NOT_CONFIGURED
+        | VERSION_NOT_SUPPORTED => AgentError::Unsupported {
+            what: format!("{message} ({code})"),
+        },
+        _ => AgentError::internal(format!("the remote agent answered error {code}: {message}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_error() -> Vec<(AgentError, i32)> {
+        vec![
+            (
+                AgentError::TaskNotFound {
+                    task_id: "t".into(),
+                },
+                TASK_NOT_FOUND,
+            ),
+            (
+                AgentError::TaskNotCancelable {
+                    task_id: "t".into(),
+                    state: TaskState::Completed,
+                },
+                TASK_NOT_CANCELABLE,
+            ),
+            (AgentError::invalid_input("message", "bad"), INVALID_PARAMS),
+            (
+                AgentError::InvalidTransition {
+                    from: TaskState::Completed,
+                    to: TaskState::Working,
+                },
+                INVALID_PARAMS,
+            ),
+            (
+                AgentError::Unsupported {
+                    what: "streaming".into(),
+                },
+                UNSUPPORTED_OPERATION,
+            ),
+            (
+                AgentError::internal("db password is hunter2"),
+                INTERNAL_ERROR,
+            ),
+            (AgentError::storage("disk full at /var/x"), INTERNAL_ERROR),
+            (
+                AgentError::Llm {
+                    model: "m".into(),
+                    message: "key sk-123 rejected".into(),
+                },
+                INTERNAL_ERROR,
+            ),
+            (
+                AgentError::ToolFailed {
+                    tool: "t".into(),
+                    message: "x".into(),
+                },
+                INTERNAL_ERROR,
+            ),
+            (AgentError::Canceled { reason: "x".into() }, INTERNAL_ERROR),
+            (
+                AgentError::BudgetExceeded {
+                    limit: "max_steps".into(),
+                    used: 1,
+                    max: 1,
+                },
+                INTERNAL_ERROR,
+            ),
+        ]
+    }
+
+    #[test]
+    fn every_error_kind_maps_to_its_code() {
+        for (err, code) in every_error() {
+            assert_eq!(error_code(&err), code, "{err:?}");
+            assert_eq!(RpcError::from_agent_error(&err).code, code);
+        }
+    }
+
+    #[test]
+    fn internal_errors_do_not_leak_details() {
+        for (err, code) in every_error() {
+            if code == INTERNAL_ERROR {
+                let body = RpcError::from_agent_error(&err).to_json().to_string();
+                assert!(
+                    !body.contains("hunter2")
+                        && !body.contains("sk-123")
+                        && !body.contains("/var/x"),
+                    "{body}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn error_data_is_an_array_of_typed_objects() {
+        for (err, _) in every_error() {
+            let json = RpcError::from_agent_error(&err).to_json();
+            let data = json["data"].as_array().unwrap();
+            assert!(!data.is_empty());
+            for entry in data {
+                assert_eq!(entry["@type"], ERROR_INFO_TYPE);
+                for value in entry["metadata"].as_object().into_iter().flatten() {
+                    assert!(value.1.is_string(), "ErrorInfo metadata values are strings");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn domain_errors_come_back_as_the_same_keel_errors() {
+        for (err, code) in every_error() {
+            if code == INTERNAL_ERROR {
+                continue;
+            }
+            let json = RpcError::from_agent_error(&err).to_json();
+            let back = agent_error_from_rpc(&json, None);
+            match (&err, &back) {
+                (AgentError::Unsupported { .. }, AgentError::Unsupported { .. }) => {}
+                (AgentError::InvalidTransition { .. }, AgentError::InvalidInput { .. }) => {}
+                _ => assert_eq!(back, err),
+            }
+        }
+    }
+
+    #[test]
+    fn not_cancelable_without_state_reports_unspecified() {
+        let err = agent_error_from_rpc(
+            &json!({"code": -32002, "message": "nope"}),
+            Some(&TaskId::from("t9")),
+        );
+        assert_eq!(
+            err,
+            AgentError::TaskNotCancelable {
+                task_id: "t9".into(),
+                state: TaskState::Unspecified
+            }
+        );
+    }
+}

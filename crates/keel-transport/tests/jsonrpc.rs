@@ -1,0 +1,768 @@
+//! A2A v1.0 over JSON-RPC against a real server on 127.0.0.1:0: the card, the methods, the
+//! error codes and envelope rules (the same checks as `shared/tools/a2a-probe`), and the
+//! Keel client round trip.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_agent::{Agent, AgentExecutor, FnTool};
+use keel_core::{AgentCard, AgentError, AgentSkill, Message, Role, TaskId, TaskState};
+use keel_llm::MockLlm;
+use keel_runtime::InMemoryRuntime;
+use keel_transport::{A2aClient, A2aServer, SendMessageOptions};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const SLEEP_30: &str = "/sleep {\"seconds\": 30}";
+
+fn agent() -> Agent {
+    let card = AgentCard::new("echo", "Echoes what it hears", "http://unused").with_skill(
+        AgentSkill::new("echo", "Repeat the message")
+            .with_tags(["demo"])
+            .with_example("hello"),
+    );
+    let sleep = FnTool::new(
+        "sleep",
+        "Sleep for some seconds; stops early when the run is canceled",
+        json!({
+            "type": "object",
+            "properties": {"seconds": {"type": "number"}},
+            "required": ["seconds"]
+        }),
+        |args, ctx| async move {
+            let seconds = args["seconds"].as_f64().unwrap_or(0.0);
+            tokio::select! {
+                () = ctx.cancel.cancelled() => Ok(json!("interrupted")),
+                () = tokio::time::sleep(Duration::from_secs_f64(seconds)) => Ok(json!("slept")),
+            }
+        },
+    );
+    Agent::builder(card)
+        .instructions("Repeat what the user says.")
+        .tool(sleep)
+        .build()
+        .expect("the test agent builds")
+}
+
+struct TestServer {
+    base: String,
+    http: reqwest::Client,
+    executor: AgentExecutor,
+    stop: Option<oneshot::Sender<()>>,
+    serving: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestServer {
+    async fn start() -> Self {
+        let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+        let executor = AgentExecutor::new(agent(), runtime);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let serving = tokio::spawn(
+            A2aServer::new(executor.clone()).serve(listener, async move {
+                let _ = stopped.await;
+            }),
+        );
+        Self {
+            base,
+            http: reqwest::Client::new(),
+            executor,
+            stop: Some(stop),
+            serving: Some(serving),
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(serving) = self.serving.take() {
+            serving.await.unwrap().unwrap();
+        }
+    }
+
+    /// POST raw bytes to `path` with `A2A-Version: 1.0` (unless `version` says otherwise).
+    async fn post_raw(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        version: Option<&str>,
+    ) -> (StatusCode, Option<Value>) {
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(version) = version {
+            request = request.header("A2A-Version", version);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let bytes = response.bytes().await.unwrap();
+        let body = (!bytes.is_empty()).then(|| serde_json::from_slice(&bytes).unwrap());
+        (status, body)
+    }
+
+    /// POST a JSON body to `/` and check the JSON-RPC envelope of the answer.
+    async fn post(&self, body: Value) -> Value {
+        let expected_id = body
+            .get("id")
+            .cloned()
+            .filter(|id| id.is_string() || id.is_number())
+            .unwrap_or(Value::Null);
+        let (status, answer) = self
+            .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
+            .await;
+        let answer = answer.expect("a JSON-RPC answer");
+        assert_envelope(status, &answer, &expected_id);
+        answer
+    }
+
+    async fn call(&self, method: &str, params: Value) -> Value {
+        self.post(json!({"jsonrpc": "2.0", "id": "req-1", "method": method, "params": params}))
+            .await
+    }
+
+    async fn send(&self, text: &str, configuration: Value) -> Value {
+        let answer = self
+            .call(
+                "SendMessage",
+                json!({"message": user_message(text), "configuration": configuration}),
+            )
+            .await;
+        answer["result"]["task"].clone()
+    }
+}
+
+fn user_message(text: &str) -> Value {
+    json!({
+        "messageId": format!("m-{}", uuid_like()),
+        "role": "ROLE_USER",
+        "parts": [{"text": text}]
+    })
+}
+
+fn uuid_like() -> u128 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    u128::from(NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// JSON-RPC 2.0 envelope and A2A error shape: HTTP 200, `jsonrpc: "2.0"`, the id echoed with
+/// its type, exactly one of result/error, integer code, string message, and `data` (when
+/// present) an array of objects that each carry `@type`.
+fn assert_envelope(status: StatusCode, answer: &Value, expected_id: &Value) {
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["jsonrpc"], "2.0", "{answer}");
+    assert_eq!(answer.get("id"), Some(expected_id), "{answer}");
+    assert_ne!(
+        answer.get("result").is_some(),
+        answer.get("error").is_some(),
+        "{answer}"
+    );
+    if let Some(error) = answer.get("error") {
+        assert!(error["code"].is_i64(), "{answer}");
+        assert!(error["message"].is_string(), "{answer}");
+        if let Some(data) = error.get("data") {
+            let data = data.as_array().expect("error.data is an array");
+            for entry in data {
+                assert!(entry.get("@type").is_some(), "{answer}");
+            }
+        }
+    }
+}
+
+fn code(answer: &Value) -> i64 {
+    answer["error"]["code"].as_i64().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn agent_card_declares_a_jsonrpc_1_0_interface_and_no_streaming() {
+    let server = TestServer::start().await;
+    let card: Value = server
+        .http
+        .get(format!("{}/.well-known/agent-card.json", server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(card["name"], "echo");
+    assert_eq!(card["description"], "Echoes what it hears");
+    assert!(card["version"].is_string());
+    assert_eq!(
+        card["supportedInterfaces"],
+        json!([{"url": format!("{}/", server.base), "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}])
+    );
+    assert_eq!(card["capabilities"]["streaming"], false);
+    assert_eq!(card["capabilities"]["pushNotifications"], false);
+    assert_eq!(card["defaultInputModes"], json!(["text/plain"]));
+    assert_eq!(card["defaultOutputModes"], json!(["text/plain"]));
+    assert_eq!(card["skills"][0]["id"], "echo");
+    assert_eq!(card["skills"][0]["tags"], json!(["demo"]));
+    assert_eq!(card["skills"][0]["examples"], json!(["hello"]));
+    assert_eq!(
+        card["capabilities"]["extensions"][0]["uri"],
+        keel_transport::KEEL_CARD_EXTENSION_URI
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn blocking_send_message_completes_with_the_echo_and_an_artifact() {
+    let server = TestServer::start().await;
+    let task = server.send("hello", json!({})).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let answer = &task["status"]["message"];
+    assert_eq!(answer["role"], "ROLE_AGENT");
+    assert_eq!(answer["parts"][0]["text"], "You said: hello");
+    assert_eq!(task["artifacts"][0]["parts"][0]["text"], "You said: hello");
+    assert!(task["id"].is_string() && task["contextId"].is_string());
+    assert!(task["metadata"]["run_context"].is_object(), "{task}");
+
+    let got = server.call("GetTask", json!({"id": task["id"]})).await;
+    assert_eq!(got["result"]["id"], task["id"]);
+    assert_eq!(got["result"]["status"]["state"], "TASK_STATE_COMPLETED");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn missing_configuration_or_return_immediately_means_blocking() {
+    let server = TestServer::start().await;
+    let answer = server
+        .call("SendMessage", json!({"message": user_message("hi")}))
+        .await;
+    assert_eq!(
+        answer["result"]["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    let task = server.send("hi", json!({"historyLength": 5})).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn return_immediately_answers_at_once_and_cancel_ends_the_task_canceled() {
+    let server = TestServer::start().await;
+    let task = server
+        .send(SLEEP_30, json!({"returnImmediately": true}))
+        .await;
+    let state = task["status"]["state"].as_str().unwrap();
+    assert!(
+        state == "TASK_STATE_SUBMITTED" || state == "TASK_STATE_WORKING",
+        "{state}"
+    );
+    // The cancel itself waits for the run to stop.
+    let canceled = server
+        .call(
+            "CancelTask",
+            json!({"id": task["id"], "metadata": {"reason": "enough"}}),
+        )
+        .await;
+    assert_eq!(
+        canceled["result"]["status"]["state"], "TASK_STATE_CANCELED",
+        "{canceled}"
+    );
+    assert_eq!(canceled["result"]["metadata"]["cancel_reason"], "enough");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_of_a_completed_task_is_not_cancelable() {
+    let server = TestServer::start().await;
+    let task = server.send("hello", json!({})).await;
+    let answer = server.call("CancelTask", json!({"id": task["id"]})).await;
+    assert_eq!(code(&answer), -32002, "{answer}");
+    let info = &answer["error"]["data"][0];
+    assert_eq!(info["reason"], "TASK_NOT_CANCELABLE");
+    assert_eq!(info["metadata"]["state"], "TASK_STATE_COMPLETED");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_task_is_task_not_found_for_get_and_cancel() {
+    let server = TestServer::start().await;
+    for method in ["GetTask", "CancelTask"] {
+        let answer = server.call(method, json!({"id": "no-such-task"})).await;
+        assert_eq!(code(&answer), -32001, "{method}: {answer}");
+        assert_eq!(
+            answer["error"]["data"][0]["metadata"]["taskId"],
+            "no-such-task"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_json_is_a_parse_error_with_null_id() {
+    let server = TestServer::start().await;
+    let (status, answer) = server
+        .post_raw("/", b"{not json".to_vec(), Some("1.0"))
+        .await;
+    let answer = answer.unwrap();
+    assert_envelope(status, &answer, &Value::Null);
+    assert_eq!(code(&answer), -32700);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn request_without_method_is_an_invalid_request_echoing_the_id() {
+    let server = TestServer::start().await;
+    let answer = server
+        .post(json!({"jsonrpc": "2.0", "id": "probe-nomethod", "params": {}}))
+        .await;
+    assert_eq!(code(&answer), -32600);
+    let answer = server
+        .post(json!({"jsonrpc": "2.0", "id": 5, "method": 7}))
+        .await;
+    assert_eq!(code(&answer), -32600);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn jsonrpc_other_than_2_0_is_an_invalid_request() {
+    let server = TestServer::start().await;
+    let answer = server
+        .post(json!({"jsonrpc": "1.0", "id": 77, "method": "GetTask", "params": {"id": "x"}}))
+        .await;
+    assert_eq!(code(&answer), -32600);
+    let answer = server
+        .post(json!({"id": 78, "method": "GetTask", "params": {"id": "x"}}))
+        .await;
+    assert_eq!(code(&answer), -32600);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn non_object_requests_batches_and_bad_ids_are_invalid_requests_with_null_id() {
+    let server = TestServer::start().await;
+    for body in [
+        json!([{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}]),
+        json!([]),
+        json!("GetTask"),
+        json!(42),
+        json!({"jsonrpc": "2.0", "id": {"x": 1}, "method": "GetTask"}),
+        json!({"jsonrpc": "2.0", "id": [1], "method": "GetTask"}),
+    ] {
+        let (status, answer) = server
+            .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
+            .await;
+        let answer = answer.unwrap();
+        assert_envelope(status, &answer, &Value::Null);
+        assert_eq!(code(&answer), -32600, "{body}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_method_is_method_not_found() {
+    let server = TestServer::start().await;
+    let answer = server.call("NoSuchMethod", json!({})).await;
+    assert_eq!(code(&answer), -32601);
+    // Old v0.3 names are unknown to the v1.0 handlers.
+    let answer = server.call("message/send", json!({})).await;
+    assert_eq!(code(&answer), -32601);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unimplemented_a2a_methods_are_unsupported_not_unknown() {
+    let server = TestServer::start().await;
+    for (method, expected) in [
+        ("SendStreamingMessage", -32004),
+        ("SubscribeToTask", -32004),
+        ("ListTasks", -32004),
+        ("CreateTaskPushNotificationConfig", -32003),
+        ("GetExtendedAgentCard", -32007),
+    ] {
+        let answer = server.call(method, json!({})).await;
+        assert_eq!(code(&answer), expected, "{method}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_params_are_invalid_params() {
+    let server = TestServer::start().await;
+    let ok = user_message("hi");
+    let cases = [
+        ("SendMessage", json!({"message": 42}), "message"),
+        ("SendMessage", json!({}), "message"),
+        ("SendMessage", json!([ok.clone()]), "params"),
+        (
+            "SendMessage",
+            json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": []}}),
+            "message.parts",
+        ),
+        (
+            "SendMessage",
+            json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": 3}]}}),
+            "params",
+        ),
+        (
+            "SendMessage",
+            json!({"message": {"messageId": "m", "role": "ROLE_UNSPECIFIED", "parts": [{"text": "x"}]}}),
+            "message.role",
+        ),
+        (
+            "SendMessage",
+            json!({"message": {"messageId": "m", "parts": [{"text": "x"}]}}),
+            "params",
+        ),
+        (
+            "SendMessage",
+            json!({"message": {"messageId": "m", "role": "ROLE_AGENT", "parts": [{"text": "x"}]}}),
+            "message.role",
+        ),
+        (
+            "SendMessage",
+            json!({"message": ok, "configuration": {"historyLength": -1}}),
+            "configuration.historyLength",
+        ),
+        (
+            "SendMessage",
+            json!({"message": ok, "configuration": {"returnImmediately": "yes"}}),
+            "params",
+        ),
+        ("GetTask", json!({}), "params"),
+        ("GetTask", json!({"id": 5}), "params"),
+        (
+            "GetTask",
+            json!({"id": "x", "historyLength": -2}),
+            "historyLength",
+        ),
+        ("CancelTask", json!({"id": ""}), "id"),
+    ];
+    for (method, params, field) in cases {
+        let answer = server.call(method, params.clone()).await;
+        assert_eq!(code(&answer), -32602, "{method} {params}: {answer}");
+        assert_eq!(
+            answer["error"]["data"][0]["metadata"]["field"], field,
+            "{method} {params}: {answer}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn push_notification_config_is_not_supported() {
+    let server = TestServer::start().await;
+    let answer = server
+        .call(
+            "SendMessage",
+            json!({
+                "message": user_message("hi"),
+                "configuration": {"taskPushNotificationConfig": {"url": "https://example.com/hook"}}
+            }),
+        )
+        .await;
+    assert_eq!(code(&answer), -32003);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unsupported_a2a_version_is_version_not_supported() {
+    let server = TestServer::start().await;
+    let body = serde_json::to_vec(
+        &json!({"jsonrpc": "2.0", "id": "v", "method": "GetTask", "params": {"id": "x"}}),
+    )
+    .unwrap();
+    for version in ["9.9", "2.0", "0.9", "1.1"] {
+        let (status, answer) = server.post_raw("/", body.clone(), Some(version)).await;
+        let answer = answer.unwrap();
+        assert_envelope(status, &answer, &json!("v"));
+        assert_eq!(code(&answer), -32009, "{version}");
+    }
+    // 1.0, 1.0.x and (for now, as v0.3 clients send none) no header reach the handlers.
+    for version in [Some("1.0"), Some("1.0.2"), None] {
+        let (status, answer) = server.post_raw("/", body.clone(), version).await;
+        let answer = answer.unwrap();
+        assert_envelope(status, &answer, &json!("v"));
+        assert_eq!(code(&answer), -32001, "{version:?}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn request_ids_are_echoed_with_their_type() {
+    let server = TestServer::start().await;
+    for id in [json!(42), json!("a-string-id"), json!(0), json!(-7)] {
+        let answer = server
+            .post(json!({"jsonrpc": "2.0", "id": id, "method": "GetTask", "params": {"id": "x"}}))
+            .await;
+        assert_eq!(answer["id"], id);
+    }
+    let answer = server
+        .post(json!({"jsonrpc": "2.0", "id": 9, "method": "SendMessage", "params": {"message": user_message("hi")}}))
+        .await;
+    assert_eq!(answer["id"], 9);
+    assert!(answer["result"]["task"].is_object());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn notifications_are_processed_without_an_answer() {
+    let server = TestServer::start().await;
+    let body = json!({"jsonrpc": "2.0", "method": "GetTask", "params": {"id": "x"}});
+    let (status, answer) = server
+        .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert!(answer.is_none());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn oversized_body_is_answered_with_a_json_rpc_error() {
+    let server = TestServer::start().await;
+    let big = "x".repeat(keel_transport::DEFAULT_BODY_LIMIT + 1);
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": user_message(&big)}});
+    let (status, answer) = server
+        .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
+        .await;
+    let answer = answer.unwrap();
+    assert_envelope(status, &answer, &Value::Null);
+    assert_eq!(code(&answer), -32600);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn server_keeps_serving_after_every_bad_request() {
+    let server = TestServer::start().await;
+    let bad_bodies: Vec<Vec<u8>> = vec![
+        b"{not json".to_vec(),
+        b"".to_vec(),
+        b"null".to_vec(),
+        b"[1,2".to_vec(),
+        vec![0xff, 0xfe, 0x00],
+        br#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","role":"ROLE_USER","parts":[{"data":null,"metadata":{"keel.partType":"tool_call"}}]}}}"#.to_vec(),
+        br#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","role":"ROLE_USER","parts":[{"raw":"!!!"}]}}}"#.to_vec(),
+        br#"{"jsonrpc":"2.0","id":1.5,"method":"GetTask","params":{"id":"x"}}"#.to_vec(),
+        br#"{"jsonrpc":"2.0","id":1,"method":"GetTask","params":"x"}"#.to_vec(),
+    ];
+    for body in bad_bodies {
+        let (status, answer) = server.post_raw("/", body.clone(), Some("1.0")).await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+        let answer = answer.expect("bad input gets an answer");
+        assert!(answer["error"]["code"].is_i64(), "{answer}");
+        let task = server.send("still there?", json!({})).await;
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn history_length_limits_the_history() {
+    let server = TestServer::start().await;
+    let full = server.send("hello", json!({})).await;
+    let full_len = full["history"].as_array().map_or(0, Vec::len);
+    assert!(full_len >= 2, "{full}");
+    let one = server.send("hello", json!({"historyLength": 1})).await;
+    assert_eq!(one["history"].as_array().map_or(0, Vec::len), 1, "{one}");
+    assert_eq!(one["history"][0]["role"], "ROLE_AGENT");
+    let got = server
+        .call("GetTask", json!({"id": full["id"], "historyLength": 1}))
+        .await;
+    assert_eq!(got["result"]["history"].as_array().map_or(0, Vec::len), 1);
+    let got = server
+        .call("GetTask", json!({"id": full["id"], "historyLength": 0}))
+        .await;
+    assert_eq!(got["result"]["history"].as_array().map_or(0, Vec::len), 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn endpoint_answers_with_and_without_a_trailing_slash() {
+    let server = TestServer::start().await;
+    let body = serde_json::to_vec(
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": user_message("hi")}}),
+    )
+    .unwrap();
+    // The card's url is `<base>/`; a client may also post to `<base>`.
+    for url in [format!("{}/", server.base), server.base.clone()] {
+        let response = server
+            .http
+            .post(&url)
+            .header("A2A-Version", "1.0")
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(
+            answer["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+            "{url}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn continuing_a_task_that_is_not_waiting_for_input_is_invalid_params() {
+    let server = TestServer::start().await;
+    let task = server.send("hello", json!({})).await;
+    let mut message = user_message("more");
+    message["taskId"] = task["id"].clone();
+    let answer = server
+        .call("SendMessage", json!({"message": message}))
+        .await;
+    assert_eq!(code(&answer), -32602, "{answer}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn keel_client_round_trips_against_the_server() {
+    let server = TestServer::start().await;
+    let client = A2aClient::new(server.base.clone());
+
+    let card = client.get_card().await.unwrap();
+    assert_eq!(card.name, "echo");
+    assert_eq!(card.url, format!("{}/", server.base));
+    assert_eq!(card.protocol_version, "1.0");
+    assert_eq!(card.skills[0].examples, vec!["hello".to_owned()]);
+    assert!(!card.capabilities.streaming);
+
+    let task = client
+        .send_message(Message::user("hello"), SendMessageOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    let answer = task.status().message.clone().unwrap();
+    assert_eq!(answer.role, Role::Agent);
+    assert_eq!(answer.text(), "You said: hello");
+    assert_eq!(task.artifacts[0].name.as_deref(), Some("answer"));
+    assert!(task.state_history.len() >= 2);
+
+    let got = client.get_task(&task.id, Some(1)).await.unwrap();
+    assert_eq!(got.id, task.id);
+    assert_eq!(got.history.len(), 1);
+
+    // Typed errors come back.
+    let err = client.cancel_task(&task.id, None).await.unwrap_err();
+    assert_eq!(
+        err,
+        AgentError::TaskNotCancelable {
+            task_id: task.id.clone(),
+            state: TaskState::Completed
+        }
+    );
+    let missing = TaskId::from("no-such-task");
+    let err = client.get_task(&missing, None).await.unwrap_err();
+    assert_eq!(err, AgentError::TaskNotFound { task_id: missing });
+    let err = client
+        .send_message(
+            Message::new(Role::User, Vec::new()),
+            SendMessageOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::InvalidInput { field, .. } if field == "message.parts"),
+        "{err:?}"
+    );
+
+    // Return at once, then cancel: the run stops and the task ends canceled.
+    let running = client
+        .send_message(
+            Message::user(SLEEP_30),
+            SendMessageOptions {
+                return_immediately: true,
+                history_length: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(!running.state().is_terminal());
+    let canceled = client
+        .cancel_task(&running.id, Some("test over".into()))
+        .await
+        .unwrap();
+    assert_eq!(canceled.state(), TaskState::Canceled);
+    assert_eq!(canceled.metadata["cancel_reason"], "test over");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn client_with_an_explicit_endpoint_skips_discovery() {
+    let server = TestServer::start().await;
+    let client = A2aClient::new("http://127.0.0.1:9").with_endpoint(format!("{}/", server.base));
+    let task = client
+        .send_message(Message::user("hi"), SendMessageOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn client_reports_an_unreachable_agent_as_an_error_not_a_panic() {
+    let client = A2aClient::new("http://127.0.0.1:9");
+    let err = client.get_card().await.unwrap_err();
+    assert!(matches!(err, AgentError::Internal { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn shutdown_cancels_running_tasks_and_persists_them() {
+    let server = TestServer::start().await;
+    let task = server
+        .send(SLEEP_30, json!({"returnImmediately": true}))
+        .await;
+    let task_id = TaskId::from(task["id"].as_str().unwrap());
+    let executor = server.executor.clone();
+    server.stop().await;
+    let auth = executor.runtime().auth_service().auth_context();
+    let task = executor.get_task(&auth, &task_id, None).await.unwrap();
+    assert_eq!(task.state(), TaskState::Canceled);
+}
+
+#[tokio::test]
+async fn shutdown_lets_a_blocked_send_message_answer_with_a_canceled_task() {
+    let server = TestServer::start().await;
+    let http = server.http.clone();
+    let url = format!("{}/", server.base);
+    let blocked = tokio::spawn(async move {
+        http.post(url)
+            .header("A2A-Version", "1.0")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": user_message(SLEEP_30)}}))
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    });
+    // Wait until the run is in flight (the task exists and is running).
+    let executor = server.executor.clone();
+    let auth = executor.runtime().auth_service().auth_context();
+    let mut running = false;
+    for _ in 0..200 {
+        let tasks = executor
+            .runtime()
+            .task_manager()
+            .list_tasks(&auth, &Default::default())
+            .await
+            .unwrap();
+        if tasks
+            .items
+            .iter()
+            .any(|t| executor.is_running(&auth, &t.id))
+        {
+            running = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(running, "the blocked request started a run");
+    server.stop().await;
+    let answer = blocked.await.unwrap();
+    assert_eq!(
+        answer["result"]["task"]["status"]["state"], "TASK_STATE_CANCELED",
+        "{answer}"
+    );
+}

@@ -1,0 +1,74 @@
+//! The `keel` binary: it documents itself, serves the demo agent, and stops cleanly.
+
+mod support;
+
+use std::process::Command;
+
+use support::KeelServer;
+
+#[test]
+fn help_documents_the_serve_command_and_its_flags() {
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("serve"), "{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in ["--host", "--port", "--public-url"] {
+        assert!(text.contains(flag), "serve --help lacks {flag}: {text}");
+    }
+}
+
+#[test]
+fn serve_rejects_a_host_that_is_not_an_address() {
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["serve", "--host", "not an address", "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not an IP address"));
+}
+
+#[tokio::test]
+async fn serve_answers_send_message_and_exits_cleanly_on_sigterm() {
+    let server = KeelServer::start(&[]);
+    let client = reqwest::Client::new();
+    let card: serde_json::Value = client
+        .get(format!("{}.well-known/agent-card.json", server.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(card["name"], "keel-demo");
+    let body = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hello"}]}}
+    });
+    let answer: serde_json::Value = client
+        .post(&server.url)
+        .header("A2A-Version", "1.0")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer["result"]["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    #[cfg(unix)]
+    {
+        let status = server.terminate();
+        assert!(status.success(), "keel serve exited with {status}");
+    }
+}
