@@ -212,9 +212,8 @@ impl AgentExecutor {
                 wait_done(run.done.clone()).await;
             }
             None => {
-                task.cancel(reason.as_deref())?;
                 let reason = reason.unwrap_or_else(|| "canceled by request".into());
-                task.set_status_message(Message::agent(format!("Canceled: {reason}")));
+                mark_canceled(&mut task, &reason)?;
                 self.inner.persist_final(auth, &task).await?;
             }
         }
@@ -424,8 +423,7 @@ impl Inner {
                     .unwrap_or_else(|p| p.into_inner())
                     .clone()
                     .unwrap_or_else(|| "canceled by request".into());
-                task.cancel(Some(&reason))?;
-                task.set_status_message(Message::agent(format!("Canceled: {reason}")));
+                mark_canceled(&mut task, &reason)?;
             }
         }
         self.persist_final(auth, &task).await
@@ -548,6 +546,16 @@ impl Inner {
             }),
         }
     }
+}
+
+/// End a task `canceled` with its reason in `metadata.cancel_reason`, in the status message,
+/// and in the task's run context (marked canceled with the same reason).
+fn mark_canceled(task: &mut Task, reason: &str) -> AgentResult<()> {
+    task.cancel(Some(reason))?;
+    task.set_status_message(Message::agent(format!("Canceled: {reason}")));
+    let mut ctx = RunContext::ensure_task_context(task)?;
+    ctx.cancel(reason);
+    ctx.attach_to_task(task)
 }
 
 /// The tool calls of a message made only of `tool_call` parts.
