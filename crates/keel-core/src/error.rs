@@ -66,6 +66,27 @@ pub enum AgentError {
         /// The configured maximum.
         max: u64,
     },
+    /// Policy denied an action (or an approver did).
+    #[error("action {action_id} denied: {reason}")]
+    ActionDenied {
+        /// The denied action.
+        action_id: crate::ActionId,
+        /// Why.
+        reason: String,
+    },
+    /// An action needs approval and no approval handler could decide it. The request is
+    /// serializable, so an application can persist it and resume when a decision arrives.
+    #[error("action {} requires approval: {}", .request.action.id, .request.reason)]
+    ApprovalRequired {
+        /// The pending request.
+        request: Box<crate::ApprovalRequest>,
+    },
+    /// The thread was terminated; it accepts no more work.
+    #[error("thread {thread_id} is terminated and accepts no more work")]
+    ThreadTerminated {
+        /// The thread.
+        thread_id: crate::ThreadId,
+    },
     /// The run was canceled.
     #[error("canceled: {reason}")]
     Canceled {
@@ -120,6 +141,12 @@ pub enum ErrorKind {
     Tool,
     /// A budget limit stops the operation.
     Budget,
+    /// Policy or an approver refused the action.
+    Denied,
+    /// The action waits for an approval decision.
+    ApprovalRequired,
+    /// The thread accepts no more work.
+    Terminated,
     /// The work was canceled.
     Canceled,
     /// An upstream model failed.
@@ -149,6 +176,9 @@ impl AgentError {
             Self::Unsupported { .. } => ErrorKind::Unsupported,
             Self::ToolFailed { .. } => ErrorKind::Tool,
             Self::BudgetExceeded { .. } => ErrorKind::Budget,
+            Self::ActionDenied { .. } => ErrorKind::Denied,
+            Self::ApprovalRequired { .. } => ErrorKind::ApprovalRequired,
+            Self::ThreadTerminated { .. } => ErrorKind::Terminated,
             Self::Canceled { .. } => ErrorKind::Canceled,
             Self::Llm { .. } => ErrorKind::Upstream,
             Self::LeaseLost { .. } => ErrorKind::Conflict,

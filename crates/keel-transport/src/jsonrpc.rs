@@ -65,7 +65,8 @@ pub fn error_code(err: &AgentError) -> i32 {
         ErrorKind::NotFound => TASK_NOT_FOUND,
         ErrorKind::NotCancelable => TASK_NOT_CANCELABLE,
         ErrorKind::InvalidInput | ErrorKind::InvalidTransition => INVALID_PARAMS,
-        ErrorKind::Unsupported => UNSUPPORTED_OPERATION,
+        // A terminated thread refuses new work: the operation is not available on it.
+        ErrorKind::Unsupported | ErrorKind::Terminated => UNSUPPORTED_OPERATION,
         _ => INTERNAL_ERROR,
     }
 }
