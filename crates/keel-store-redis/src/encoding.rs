@@ -1,0 +1,49 @@
+//! Records as Keel's versioned stored JSON ([`keel_core::stored`]) in Redis strings, and the
+//! reverse with errors that name the key that held bad data.
+
+use keel_core::{stored, AgentError, AgentResult};
+use serde::{de::DeserializeOwned, Serialize};
+
+/// `value` as stored-JSON text.
+pub(crate) fn encode<T: Serialize>(value: &T) -> AgentResult<String> {
+    serde_json::to_string(&stored::encode(value)?).map_err(AgentError::internal)
+}
+
+/// Decode the stored-JSON text found at `key`. Anything else is [`AgentError::Storage`].
+pub(crate) fn decode<T: DeserializeOwned>(key: &str, text: &str) -> AgentResult<T> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        AgentError::storage(format!(
+            "Redis key `{key}` does not hold Keel's stored JSON ({e}); was it written by \
+             something other than Keel?"
+        ))
+    })?;
+    stored::decode(value).map_err(|e| match e {
+        AgentError::Storage { message } => {
+            AgentError::storage(format!("Redis key `{key}`: {message}"))
+        }
+        other => other,
+    })
+}
+
+/// A Redis score for a time: microseconds since the epoch. Exact in an `f64` until the year
+/// 2255, and fine enough that records a few microseconds apart keep their order.
+pub(crate) fn micros(at: chrono::DateTime<chrono::Utc>) -> i64 {
+    at.timestamp_micros()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_core::Message;
+
+    #[test]
+    fn round_trip_and_garbage_is_storage_naming_the_key() {
+        let text = encode(&Message::user("hi")).unwrap();
+        let back: Message = decode("k", &text).unwrap();
+        assert_eq!(back.text(), "hi");
+        let err = decode::<Message>("the-key", "garbage").unwrap_err();
+        assert!(matches!(err, AgentError::Storage { ref message } if message.contains("the-key")));
+        let err = decode::<Message>("k2", r#"{"format":1,"data":{"x":1}}"#).unwrap_err();
+        assert!(matches!(err, AgentError::Storage { ref message } if message.contains("k2")));
+    }
+}

@@ -1,0 +1,110 @@
+//! [`ThreadLeases`] over Redis: the lease is a key set with `SET NX PX`, holding
+//! `<token>:<holder>`; the token comes from a per-thread `INCR` counter that is never deleted,
+//! so tokens grow strictly even across release and expiry. Redis expires the key itself, so
+//! an expired lease is simply a missing key and every fenced script refuses it.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use keel_core::{AgentError, AgentResult, ThreadId};
+use keel_runtime::{AuthContext, Lease, ThreadLeases};
+
+use crate::keys::kind;
+use crate::scripts;
+use crate::RedisStore;
+
+/// A lease TTL must be positive and at most a day (as `keel-runtime`'s stores require).
+fn check_ttl(ttl: Duration) -> AgentResult<u64> {
+    if ttl.is_zero() || ttl > Duration::from_secs(86_400) {
+        return Err(AgentError::invalid_input(
+            "ttl",
+            "must be between 1 ms and 24 h",
+        ));
+    }
+    // Redis counts whole milliseconds; round up so a sub-millisecond TTL is not zero.
+    Ok(u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(86_400_000))
+}
+
+/// The expiry the server computed (its clock, in ms since the epoch).
+fn expiry(millis: i64) -> AgentResult<DateTime<Utc>> {
+    DateTime::from_timestamp_millis(millis).ok_or_else(|| {
+        AgentError::storage(format!(
+            "Redis reported a lease expiry of {millis} ms, which is not a valid time"
+        ))
+    })
+}
+
+/// The lost-lease error for `lease`.
+pub(crate) fn lease_lost(lease: &Lease) -> AgentError {
+    AgentError::LeaseLost {
+        thread_id: lease.thread_id.clone(),
+        token: lease.token,
+    }
+}
+
+#[async_trait]
+impl ThreadLeases for RedisStore {
+    async fn acquire_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> AgentResult<Option<Lease>> {
+        let ttl_ms = check_ttl(ttl)?;
+        let keys = self.keys(auth);
+        let granted: Option<(u64, i64)> = scripts::ACQUIRE_LEASE
+            .key(keys.of(kind::LEASE, thread_id.as_str()))
+            .key(keys.of(kind::LEASE_TOKEN, thread_id.as_str()))
+            .arg(holder)
+            .arg(ttl_ms)
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("acquire lease", &e))?;
+        granted
+            .map(|(token, expires_ms)| {
+                Ok(Lease {
+                    thread_id: thread_id.clone(),
+                    holder: holder.to_owned(),
+                    token,
+                    expires_at: expiry(expires_ms)?,
+                })
+            })
+            .transpose()
+    }
+
+    async fn renew_lease(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> AgentResult<Lease> {
+        let ttl_ms = check_ttl(ttl)?;
+        let expires_ms: i64 = scripts::RENEW_LEASE
+            .key(self.keys(auth).of(kind::LEASE, lease.thread_id.as_str()))
+            .arg(lease.token)
+            .arg(ttl_ms)
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("renew lease", &e))?;
+        if expires_ms < 0 {
+            return Err(lease_lost(lease));
+        }
+        Ok(Lease {
+            expires_at: expiry(expires_ms)?,
+            ..lease.clone()
+        })
+    }
+
+    async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {
+        // Only the holder's own lease is deleted; a lost lease releases nothing, quietly.
+        scripts::RELEASE_LEASE
+            .key(self.keys(auth).of(kind::LEASE, lease.thread_id.as_str()))
+            .arg(lease.token)
+            .invoke_async::<i64>(&mut self.con())
+            .await
+            .map_err(|e| self.fail("release lease", &e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,86 @@
+//! [`MemoryService`] over Redis: one string key per value; a TTL is Redis's own `PX` expiry,
+//! so expired values disappear without a sweeper.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use keel_core::AgentResult;
+use keel_runtime::{AuthContext, MemoryService};
+use serde_json::Value;
+
+use crate::encoding::{decode, encode};
+use crate::keys::kind;
+use crate::RedisStore;
+
+/// TTLs beyond this are stored without expiry: Redis rejects expiry times that overflow, and
+/// a value kept for a century is, for every practical purpose, kept.
+const LONGEST_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+#[async_trait]
+impl MemoryService for RedisStore {
+    async fn save_serialized(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: Value,
+    ) -> AgentResult<()> {
+        let key = self.keys(auth).of(kind::MEMORY, key);
+        redis::cmd("SET")
+            .arg(&key)
+            .arg(encode(&value)?)
+            .query_async::<()>(&mut self.con())
+            .await
+            .map_err(|e| self.fail("SET memory", &e))
+    }
+
+    async fn save_serialized_with_ttl(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: Value,
+        ttl: Duration,
+    ) -> AgentResult<()> {
+        if ttl > LONGEST_TTL {
+            return self.save_serialized(auth, key, value).await;
+        }
+        let key = self.keys(auth).of(kind::MEMORY, key);
+        if ttl.is_zero() {
+            // Already expired: what was there is replaced by nothing.
+            return redis::cmd("DEL")
+                .arg(&key)
+                .query_async::<()>(&mut self.con())
+                .await
+                .map_err(|e| self.fail("DEL memory", &e));
+        }
+        // Redis counts in whole milliseconds; round up so a value never expires early.
+        let millis = ttl.as_nanos().div_ceil(1_000_000);
+        redis::cmd("SET")
+            .arg(&key)
+            .arg(encode(&value)?)
+            .arg("PX")
+            .arg(u64::try_from(millis).unwrap_or(u64::MAX))
+            .query_async::<()>(&mut self.con())
+            .await
+            .map_err(|e| self.fail("SET memory", &e))
+    }
+
+    async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>> {
+        let key = self.keys(auth).of(kind::MEMORY, key);
+        let text: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("GET memory", &e))?;
+        text.map(|text| decode(&key, &text)).transpose()
+    }
+
+    async fn delete(&self, auth: &AuthContext, key: &str) -> AgentResult<bool> {
+        let key = self.keys(auth).of(kind::MEMORY, key);
+        let removed: i64 = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("DEL memory", &e))?;
+        Ok(removed > 0)
+    }
+}

@@ -1,0 +1,280 @@
+//! [`RunStore`] over Redis: records in a per-tenant hash, found through sorted-set indexes
+//! (one per index field value, plus one per tenant) scored by `recorded_at` in microseconds.
+//!
+//! A query reads the most selective index it names, newest first within its `since`/`until`
+//! window, in batches; the other fields and the `contains` text are checked client-side on
+//! the decoded records until `limit` match. That costs one decode per candidate the index
+//! yields, which is what the crate docs warn about.
+
+use async_trait::async_trait;
+use keel_core::{AgentResult, RunId};
+use keel_runtime::{AuthContext, RunQuery, RunRecord, RunStore, TaskRecord};
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::encoding::{decode, encode, micros};
+use crate::keys::{fixed, kind, TenantKeys};
+use crate::scripts;
+use crate::RedisStore;
+
+/// The record kinds a query can search, with where each keeps its data and indexes.
+struct Family {
+    data: &'static str,
+    by_time: &'static str,
+    by_task: &'static str,
+    by_run: Option<&'static str>,
+    by_thread: &'static str,
+    by_trace: &'static str,
+    by_agent: &'static str,
+}
+
+const TASK_RECORDS: Family = Family {
+    data: fixed::TASK_RECORDS,
+    by_time: fixed::TASK_RECORDS_BY_TIME,
+    by_task: kind::TASK_RECORDS_BY_TASK,
+    by_run: Some(kind::TASK_RECORDS_BY_RUN),
+    by_thread: kind::TASK_RECORDS_BY_THREAD,
+    by_trace: kind::TASK_RECORDS_BY_TRACE,
+    by_agent: kind::TASK_RECORDS_BY_AGENT,
+};
+
+const RUN_REPORTS: Family = Family {
+    data: fixed::RUN_REPORTS,
+    by_time: fixed::RUN_REPORTS_BY_TIME,
+    by_task: kind::RUN_REPORTS_BY_TASK,
+    // A run's report is found by its run id directly: the data hash is keyed by it.
+    by_run: None,
+    by_thread: kind::RUN_REPORTS_BY_THREAD,
+    by_trace: kind::RUN_REPORTS_BY_TRACE,
+    by_agent: kind::RUN_REPORTS_BY_AGENT,
+};
+
+/// The index fields of a record, uniformly for both kinds.
+struct Indexed<'a> {
+    task: Option<&'a str>,
+    run: Option<&'a str>,
+    thread: Option<&'a str>,
+    trace: Option<&'a str>,
+    agent: Option<&'a str>,
+}
+
+impl Family {
+    /// Every index key a record with these fields belongs to.
+    fn index_keys(&self, keys: &TenantKeys, fields: &Indexed<'_>) -> Vec<String> {
+        let mut out = vec![keys.fixed(self.by_time)];
+        let mut add = |kind: Option<&str>, value: Option<&str>| {
+            if let (Some(kind), Some(value)) = (kind, value) {
+                out.push(keys.of(kind, value));
+            }
+        };
+        add(Some(self.by_task), fields.task);
+        add(self.by_run, fields.run);
+        add(Some(self.by_thread), fields.thread);
+        add(Some(self.by_trace), fields.trace);
+        add(Some(self.by_agent), fields.agent);
+        out
+    }
+
+    /// The narrowest index `query` names. Exact ids (task, run) beat groups (thread, trace,
+    /// agent); with none, the tenant's time index.
+    fn index_for(&self, keys: &TenantKeys, query: &RunQuery) -> String {
+        if let Some(task) = &query.task_id {
+            return keys.of(self.by_task, task.as_str());
+        }
+        if let (Some(by_run), Some(run)) = (self.by_run, &query.run_id) {
+            return keys.of(by_run, run.as_str());
+        }
+        if let Some(thread) = &query.thread_id {
+            return keys.of(self.by_thread, thread.as_str());
+        }
+        if let Some(trace) = &query.trace_id {
+            return keys.of(self.by_trace, trace.as_str());
+        }
+        if let Some(agent) = &query.agent_name {
+            return keys.of(self.by_agent, agent);
+        }
+        keys.fixed(self.by_time)
+    }
+}
+
+/// Whether `record`'s JSON contains `needle` (as the in-memory store checks it: the record
+/// itself, not the stored envelope, so `"format"` does not match every record).
+fn json_contains<T: Serialize>(record: &T, needle: Option<&str>) -> bool {
+    match needle {
+        None => true,
+        Some(needle) => serde_json::to_string(record).is_ok_and(|text| text.contains(needle)),
+    }
+}
+
+impl RedisStore {
+    /// Records of `family` matching `query`, newest first: walk the chosen index in batches,
+    /// decode, filter with `keep`, stop at the limit.
+    async fn find<T: DeserializeOwned + Send>(
+        &self,
+        auth: &AuthContext,
+        family: &Family,
+        query: &RunQuery,
+        keep: impl Fn(&T) -> bool + Send,
+    ) -> AgentResult<Vec<T>> {
+        let limit = query.effective_limit()?;
+        let keys = self.keys(auth);
+        let index = family.index_for(&keys, query);
+        let data = keys.fixed(family.data);
+        // The window is applied by score to narrow the walk; `keep` re-checks it exactly
+        // (scores are microseconds, times are nanoseconds).
+        let max = query
+            .until
+            .map_or_else(|| "+inf".to_owned(), |u| micros(u).to_string());
+        let min = query
+            .since
+            .map_or_else(|| "-inf".to_owned(), |s| micros(s).to_string());
+        let batch = (limit * 2).clamp(32, 1000);
+        let mut found = Vec::new();
+        let mut offset = 0usize;
+        loop {
+            let members: Vec<String> = redis::cmd("ZREVRANGEBYSCORE")
+                .arg(&index)
+                .arg(&max)
+                .arg(&min)
+                .arg("LIMIT")
+                .arg(offset)
+                .arg(batch)
+                .query_async(&mut self.con())
+                .await
+                .map_err(|e| self.fail("read run-store index", &e))?;
+            if members.is_empty() {
+                break;
+            }
+            let texts: Vec<Option<String>> = redis::cmd("HMGET")
+                .arg(&data)
+                .arg(&members)
+                .query_async(&mut self.con())
+                .await
+                .map_err(|e| self.fail("read run-store records", &e))?;
+            // A member without data was removed between the two reads; nothing to return.
+            for text in texts.into_iter().flatten() {
+                let record: T = decode(&data, &text)?;
+                if keep(&record) {
+                    found.push(record);
+                    if found.len() == limit {
+                        return Ok(found);
+                    }
+                }
+            }
+            if members.len() < batch {
+                break;
+            }
+            offset += members.len();
+        }
+        Ok(found)
+    }
+}
+
+#[async_trait]
+impl RunStore for RedisStore {
+    async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()> {
+        let keys = self.keys(auth);
+        let index_keys = TASK_RECORDS.index_keys(
+            &keys,
+            &Indexed {
+                task: Some(record.task_id.as_str()),
+                run: record.run_id.as_ref().map(RunId::as_str),
+                thread: Some(record.thread_id.as_str()),
+                trace: record.trace_id.as_ref().map(|t| t.as_str()),
+                agent: record.agent_name.as_deref(),
+            },
+        );
+        // A script, because the record's id is a counter Redis assigns in the same step.
+        let mut call = scripts::SAVE_TASK_RECORD.prepare_invoke();
+        call.key(keys.fixed(fixed::TASK_RECORD_SEQ))
+            .key(keys.fixed(fixed::TASK_RECORDS));
+        for key in &index_keys {
+            call.key(key);
+        }
+        call.arg(encode(record)?).arg(micros(record.recorded_at));
+        call.invoke_async::<i64>(&mut self.con())
+            .await
+            .map_err(|e| self.fail("save task record", &e))?;
+        Ok(())
+    }
+
+    async fn find_task_records(
+        &self,
+        auth: &AuthContext,
+        query: &RunQuery,
+    ) -> AgentResult<Vec<TaskRecord>> {
+        self.find(auth, &TASK_RECORDS, query, |r: &TaskRecord| {
+            query.matches(
+                Some(&r.task_id),
+                r.run_id.as_ref(),
+                Some(&r.thread_id),
+                r.trace_id.as_ref(),
+                r.agent_name.as_deref(),
+                r.recorded_at,
+            ) && json_contains(r, query.contains.as_deref())
+        })
+        .await
+    }
+
+    async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
+        let keys = self.keys(auth);
+        let index_keys = RUN_REPORTS.index_keys(
+            &keys,
+            &Indexed {
+                task: record.task_id.as_ref().map(|t| t.as_str()),
+                run: None,
+                thread: record.thread_id.as_ref().map(|t| t.as_str()),
+                trace: record.trace_id.as_ref().map(|t| t.as_str()),
+                agent: record.agent_name.as_deref(),
+            },
+        );
+        let score = micros(record.recorded_at);
+        let run = record.run_id.as_str();
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .hset(keys.fixed(fixed::RUN_REPORTS), run, encode(record)?)
+            .ignore();
+        for key in &index_keys {
+            pipe.zadd(key, run, score).ignore();
+        }
+        pipe.query_async::<()>(&mut self.con())
+            .await
+            .map_err(|e| self.fail("save run report", &e))
+    }
+
+    async fn get_run_report(
+        &self,
+        auth: &AuthContext,
+        run_id: &RunId,
+    ) -> AgentResult<Option<RunRecord>> {
+        let data = self.keys(auth).fixed(fixed::RUN_REPORTS);
+        let text: Option<String> = redis::cmd("HGET")
+            .arg(&data)
+            .arg(run_id.as_str())
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("read run report", &e))?;
+        text.map(|text| decode(&data, &text)).transpose()
+    }
+
+    async fn find_run_reports(
+        &self,
+        auth: &AuthContext,
+        query: &RunQuery,
+    ) -> AgentResult<Vec<RunRecord>> {
+        let mut found = self
+            .find(auth, &RUN_REPORTS, query, |r: &RunRecord| {
+                query.matches(
+                    r.task_id.as_ref(),
+                    Some(&r.run_id),
+                    r.thread_id.as_ref(),
+                    r.trace_id.as_ref(),
+                    r.agent_name.as_deref(),
+                    r.recorded_at,
+                ) && json_contains(r, query.contains.as_deref())
+            })
+            .await?;
+        // Scores are microseconds; restore the exact newest-first order.
+        found.sort_by_key(|r| std::cmp::Reverse(r.recorded_at));
+        Ok(found)
+    }
+}

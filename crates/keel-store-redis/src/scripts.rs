@@ -1,0 +1,266 @@
+//! The Lua scripts: every check-then-write (and every multi-key write that needs a value
+//! Redis computes, such as a counter) runs as one script, so it is atomic and one round trip.
+//!
+//! Conventions: scripts signal a refused write with a negative integer (never an error
+//! reply), so the Rust side maps it to the precise [`keel_core::AgentError`]. A lease key holds
+//! `<token>:<holder>`; `string.match(value, '^%d+')` is its token. Writes of many arguments
+//! go in chunks because Lua's `unpack` has a stack limit of a few thousand values.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Take a thread's lease if nobody holds a live one.
+///
+/// KEYS: lease, token counter. ARGV: holder, ttl ms.
+/// Returns nil when held, else `{token, expires_at_ms}` (server clock).
+pub(crate) static ACQUIRE_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+-- The counter is never deleted, so tokens grow even across release and expiry.
+local token = redis.call('INCR', KEYS[2])
+local value = string.format('%d', token) .. ':' .. ARGV[1]
+if not redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then return false end
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+return {token, now_ms + tonumber(ARGV[2])}
+",
+    )
+});
+
+/// Extend a held lease.
+///
+/// KEYS: lease. ARGV: token, ttl ms. Returns -1 when lost, else the new expiry in ms.
+pub(crate) static RENEW_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local current = redis.call('GET', KEYS[1])
+if not current or string.match(current, '^%d+') ~= ARGV[1] then return -1 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local now = redis.call('TIME')
+return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[2])
+",
+    )
+});
+
+/// Give a lease up, only if it is still the caller's.
+///
+/// KEYS: lease. ARGV: token. Returns 1 when released, 0 when it was not held.
+pub(crate) static RELEASE_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local current = redis.call('GET', KEYS[1])
+if not current or string.match(current, '^%d+') ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+",
+    )
+});
+
+/// Append messages to a thread's history under its lease.
+///
+/// KEYS: lease, history list. ARGV: token, message... Returns -1 when the lease is lost,
+/// else the history's length (the seq of the last entry).
+pub(crate) static APPEND_HISTORY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local current = redis.call('GET', KEYS[1])
+if not current or string.match(current, '^%d+') ~= ARGV[1] then return -1 end
+for i = 2, #ARGV, 1000 do
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+return redis.call('LLEN', KEYS[2])
+",
+    )
+});
+
+/// Remove acknowledged items from a thread's queue under its lease.
+///
+/// KEYS: lease, queue zset, items hash. ARGV: token, id... Returns -1 when the lease is
+/// lost, else 0.
+pub(crate) static ACK_QUEUE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local current = redis.call('GET', KEYS[1])
+if not current or string.match(current, '^%d+') ~= ARGV[1] then return -1 end
+for i = 2, #ARGV, 1000 do
+  local last = math.min(i + 999, #ARGV)
+  redis.call('ZREM', KEYS[2], unpack(ARGV, i, last))
+  redis.call('HDEL', KEYS[3], unpack(ARGV, i, last))
+end
+return 0
+",
+    )
+});
+
+/// Queue an item at the back.
+///
+/// KEYS: seq counter, queue zset, items hash. ARGV: id, item. Returns the item's seq.
+pub(crate) static PUSH_QUEUE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local seq = redis.call('INCR', KEYS[1])
+redis.call('ZADD', KEYS[2], seq, ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+return seq
+",
+    )
+});
+
+/// The front of a queue, without removing it.
+///
+/// KEYS: queue zset, items hash. ARGV: last index (limit - 1).
+/// Returns `{{id, seq, item}, ...}`, oldest first.
+pub(crate) static PEEK_QUEUE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local ids = redis.call('ZRANGE', KEYS[1], 0, ARGV[1], 'WITHSCORES')
+local out = {}
+for i = 1, #ids, 2 do
+  out[#out + 1] = {ids[i], ids[i + 1], redis.call('HGET', KEYS[2], ids[i])}
+end
+return out
+",
+    )
+});
+
+/// Set a key-value entry unless that would exceed the thread's key count.
+///
+/// KEYS: kv hash. ARGV: field, value, max keys. Returns 1 when set, 0 when full.
+pub(crate) static KV_SET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0
+   and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+",
+    )
+});
+
+/// Insert or replace a task snapshot, give a new task its creation seq, and move the task
+/// between the thread and state indexes.
+///
+/// KEYS: snapshot, meta hash, seq counter, tenant index, thread index, state index,
+/// thread-state index. ARGV: snapshot, task id, thread, state, tenant key base.
+pub(crate) static SAVE_TASK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local id, thread, state, base = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local seq = redis.call('HGET', KEYS[2], 'seq')
+if seq then
+  -- A re-save keeps its seq (its place in every listing) but may change state or thread.
+  local old = redis.call('HMGET', KEYS[2], 'thread', 'state')
+  if old[1] and old[2] and (old[1] ~= thread or old[2] ~= state) then
+    redis.call('ZREM', base .. 'tasks-by-thread:' .. old[1], id)
+    redis.call('ZREM', base .. 'tasks-by-state:' .. old[2], id)
+    redis.call('ZREM', base .. 'tasks-by-thread-state:' .. old[2] .. ':' .. old[1], id)
+  end
+else
+  seq = redis.call('INCR', KEYS[3])
+  redis.call('ZADD', KEYS[4], seq, id)
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], 'seq', seq, 'thread', thread, 'state', state)
+redis.call('ZADD', KEYS[5], seq, id)
+redis.call('ZADD', KEYS[6], seq, id)
+redis.call('ZADD', KEYS[7], seq, id)
+return 1
+",
+    )
+});
+
+/// One page of a task index with the total count, as a consistent snapshot.
+///
+/// KEYS: index zset. ARGV: exclusive lower seq, how many, snapshot key prefix.
+/// Returns `{total, {{seq, snapshot}, ...}}`.
+pub(crate) static LIST_TASKS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local total = redis.call('ZCARD', KEYS[1])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf',
+  'WITHSCORES', 'LIMIT', 0, ARGV[2])
+local page = {}
+for i = 1, #ids, 2 do
+  page[#page + 1] = {ids[i], ids[i + 1], redis.call('GET', ARGV[3] .. ids[i])}
+end
+return {total, page}
+",
+    )
+});
+
+/// Append to a task's event log only if the task exists.
+///
+/// KEYS: snapshot, events list. ARGV: event. Returns -1 for an unknown task, else the
+/// log's length.
+pub(crate) static ADD_TASK_EVENT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+return redis.call('RPUSH', KEYS[2], ARGV[1])
+",
+    )
+});
+
+/// Register (or replace) a child under its parent, leaving a previous parent's list.
+///
+/// KEYS: child hash, parent's children zset. ARGV: record, status, parent, score, child id,
+/// children key prefix.
+pub(crate) static REGISTER_CHILD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local old = redis.call('HGET', KEYS[1], 'parent')
+if old and old ~= ARGV[3] then redis.call('ZREM', ARGV[6] .. old, ARGV[5]) end
+redis.call('HSET', KEYS[1], 'record', ARGV[1], 'status', ARGV[2], 'parent', ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
+return 1
+",
+    )
+});
+
+/// Update a registered child's status. KEYS: child hash. ARGV: status.
+/// Returns 0 when the child is not registered.
+pub(crate) static SET_CHILD_STATUS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[1])
+return 1
+",
+    )
+});
+
+/// A parent's children with their current status.
+///
+/// KEYS: children zset. ARGV: child key prefix. Returns `{{id, record, status}, ...}`.
+pub(crate) static CHILDREN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
+local out = {}
+for i = 1, #ids do
+  local fields = redis.call('HMGET', ARGV[1] .. ids[i], 'record', 'status')
+  out[#out + 1] = {ids[i], fields[1], fields[2]}
+end
+return out
+",
+    )
+});
+
+/// Add a task record under a fresh seq and index it.
+///
+/// KEYS: seq counter, records hash, index zsets... ARGV: record, score.
+pub(crate) static SAVE_TASK_RECORD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local seq = redis.call('INCR', KEYS[1])
+-- Zero-padded, so records with equal scores sort by save order.
+local member = string.format('%020d', seq)
+redis.call('HSET', KEYS[2], member, ARGV[1])
+for i = 3, #KEYS do redis.call('ZADD', KEYS[i], ARGV[2], member) end
+return seq
+",
+    )
+});

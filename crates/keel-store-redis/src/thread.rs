@@ -1,0 +1,358 @@
+//! Thread storage over Redis: history (a list), the FIFO queue (a sorted set of ids plus a
+//! hash of items), the key-value store (a hash) and the subagent registry (a hash per child,
+//! a sorted set per parent). Writes under a lease are fenced scripts (see `scripts`).
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use keel_core::{AgentError, AgentResult, ThreadId};
+use keel_llm::LlmMessage;
+use keel_runtime::{
+    AuthContext, ChildThread, HistoryEntry, Lease, QueuedItem, SubagentRegistry, ThreadHistory,
+    ThreadKv, ThreadQueue,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::encoding::{decode, encode, micros};
+use crate::keys::kind;
+use crate::lease::lease_lost;
+use crate::scripts;
+use crate::RedisStore;
+
+/// A queued item as stored: its seq is the score in the queue's sorted set, assigned by
+/// Redis when the item is pushed, so it is not repeated here.
+#[derive(Serialize, Deserialize)]
+struct StoredQueueItem {
+    id: String,
+    payload: Value,
+    enqueued_at: DateTime<Utc>,
+}
+
+/// A Redis list index (signed 64-bit) for a position, saturating.
+fn list_index(position: u64) -> i64 {
+    i64::try_from(position).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl ThreadHistory for RedisStore {
+    async fn append_history(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        messages: &[LlmMessage],
+    ) -> AgentResult<u64> {
+        let keys = self.keys(auth);
+        let thread = lease.thread_id.as_str();
+        let mut call = scripts::APPEND_HISTORY.prepare_invoke();
+        call.key(keys.of(kind::LEASE, thread))
+            .key(keys.of(kind::HISTORY, thread))
+            .arg(lease.token);
+        for message in messages {
+            call.arg(encode(message)?);
+        }
+        // The whole step's messages go in one fenced EVALSHA: all land, or none.
+        let length: i64 = call
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("append history", &e))?;
+        u64::try_from(length).map_err(|_| lease_lost(lease))
+    }
+
+    async fn read_history(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        after_seq: u64,
+        limit: usize,
+    ) -> AgentResult<Vec<HistoryEntry>> {
+        if limit == 0 || after_seq >= i64::MAX as u64 {
+            return Ok(Vec::new());
+        }
+        let key = self.keys(auth).of(kind::HISTORY, thread_id.as_str());
+        // Entry seq n sits at list index n - 1, so `seq > after_seq` starts at index after_seq.
+        let start = list_index(after_seq);
+        let stop = start.saturating_add(list_index(limit as u64) - 1);
+        let texts: Vec<String> = redis::cmd("LRANGE")
+            .arg(&key)
+            .arg(start)
+            .arg(stop)
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("read history", &e))?;
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                Ok(HistoryEntry {
+                    seq: after_seq + i as u64 + 1,
+                    message: decode(&key, text)?,
+                })
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl ThreadQueue for RedisStore {
+    async fn push_queue(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        payload: Value,
+    ) -> AgentResult<QueuedItem> {
+        let keys = self.keys(auth);
+        let thread = thread_id.as_str();
+        let stored = StoredQueueItem {
+            id: uuid::Uuid::now_v7().to_string(),
+            payload,
+            enqueued_at: Utc::now(),
+        };
+        let seq: u64 = scripts::PUSH_QUEUE
+            .key(keys.of(kind::QUEUE_SEQ, thread))
+            .key(keys.of(kind::QUEUE, thread))
+            .key(keys.of(kind::QUEUE_ITEMS, thread))
+            .arg(&stored.id)
+            .arg(encode(&stored)?)
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("push to queue", &e))?;
+        Ok(QueuedItem {
+            id: stored.id,
+            seq,
+            payload: stored.payload,
+            enqueued_at: stored.enqueued_at,
+        })
+    }
+
+    async fn peek_queue(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        limit: usize,
+    ) -> AgentResult<Vec<QueuedItem>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let keys = self.keys(auth);
+        let items_key = keys.of(kind::QUEUE_ITEMS, thread_id.as_str());
+        let rows: Vec<(String, u64, Option<String>)> = scripts::PEEK_QUEUE
+            .key(keys.of(kind::QUEUE, thread_id.as_str()))
+            .key(&items_key)
+            .arg(list_index(limit as u64) - 1)
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("peek queue", &e))?;
+        rows.into_iter()
+            .map(|(id, seq, text)| {
+                let text = text.ok_or_else(|| {
+                    AgentError::storage(format!(
+                        "Redis hash `{items_key}` lacks queued item {id} that the queue lists; \
+                         were keys under Keel's prefix changed by hand?"
+                    ))
+                })?;
+                let stored: StoredQueueItem = decode(&items_key, &text)?;
+                Ok(QueuedItem {
+                    id: stored.id,
+                    seq,
+                    payload: stored.payload,
+                    enqueued_at: stored.enqueued_at,
+                })
+            })
+            .collect()
+    }
+
+    async fn ack_queue(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ids: &[String],
+    ) -> AgentResult<()> {
+        let keys = self.keys(auth);
+        let thread = lease.thread_id.as_str();
+        let mut call = scripts::ACK_QUEUE.prepare_invoke();
+        call.key(keys.of(kind::LEASE, thread))
+            .key(keys.of(kind::QUEUE, thread))
+            .key(keys.of(kind::QUEUE_ITEMS, thread))
+            .arg(lease.token);
+        for id in ids {
+            call.arg(id);
+        }
+        let outcome: i64 = call
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("acknowledge queue items", &e))?;
+        if outcome < 0 {
+            return Err(lease_lost(lease));
+        }
+        Ok(())
+    }
+
+    async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
+        let len: u64 = redis::cmd("ZCARD")
+            .arg(self.keys(auth).of(kind::QUEUE, thread_id.as_str()))
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("count queue", &e))?;
+        Ok(usize::try_from(len).unwrap_or(usize::MAX))
+    }
+}
+
+#[async_trait]
+impl ThreadKv for RedisStore {
+    async fn kv_get(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        key: &str,
+    ) -> AgentResult<Option<Value>> {
+        let hash = self.keys(auth).of(kind::KV, thread_id.as_str());
+        let text: Option<String> = redis::cmd("HGET")
+            .arg(&hash)
+            .arg(key)
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("read key-value entry", &e))?;
+        text.map(|text| decode(&hash, &text)).transpose()
+    }
+
+    async fn kv_set(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        key: &str,
+        value: Value,
+    ) -> AgentResult<()> {
+        // The caps apply to the value's own JSON, as in every Keel store, not to the envelope.
+        let json = serde_json::to_string(&value).map_err(AgentError::internal)?;
+        self.kv_limits.check(key, &json)?;
+        let hash = self.keys(auth).of(kind::KV, thread_id.as_str());
+        if value.is_null() {
+            return redis::cmd("HDEL")
+                .arg(&hash)
+                .arg(key)
+                .query_async::<()>(&mut self.con())
+                .await
+                .map_err(|e| self.fail("delete key-value entry", &e));
+        }
+        // Count check and write in one script, so concurrent writers cannot overshoot the cap.
+        let stored: i64 = scripts::KV_SET
+            .key(&hash)
+            .arg(key)
+            .arg(encode(&value)?)
+            .arg(self.kv_limits.max_keys)
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("write key-value entry", &e))?;
+        if stored == 0 {
+            return Err(self.kv_limits.too_many_keys());
+        }
+        Ok(())
+    }
+
+    async fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>> {
+        let mut keys: Vec<String> = redis::cmd("HKEYS")
+            .arg(self.keys(auth).of(kind::KV, thread_id.as_str()))
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("list key-value keys", &e))?;
+        keys.sort();
+        Ok(keys)
+    }
+}
+
+#[async_trait]
+impl SubagentRegistry for RedisStore {
+    async fn register_child(&self, auth: &AuthContext, child: &ChildThread) -> AgentResult<()> {
+        let keys = self.keys(auth);
+        scripts::REGISTER_CHILD
+            .key(keys.of(kind::CHILD, child.thread_id.as_str()))
+            .key(keys.of(kind::CHILDREN, child.parent_thread_id.as_str()))
+            .arg(encode(child)?)
+            .arg(&child.status)
+            .arg(child.parent_thread_id.as_str())
+            .arg(micros(child.created_at))
+            .arg(child.thread_id.as_str())
+            .arg(keys.of(kind::CHILDREN, ""))
+            .invoke_async::<i64>(&mut self.con())
+            .await
+            .map_err(|e| self.fail("register subagent", &e))?;
+        Ok(())
+    }
+
+    async fn children(
+        &self,
+        auth: &AuthContext,
+        parent: &ThreadId,
+    ) -> AgentResult<Vec<ChildThread>> {
+        let keys = self.keys(auth);
+        let child_prefix = keys.of(kind::CHILD, "");
+        let rows: Vec<(String, Option<String>, Option<String>)> = scripts::CHILDREN
+            .key(keys.of(kind::CHILDREN, parent.as_str()))
+            .arg(&child_prefix)
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("list subagents", &e))?;
+        let mut children = Vec::with_capacity(rows.len());
+        for (id, record, status) in rows {
+            let key = format!("{child_prefix}{id}");
+            let Some(record) = record else {
+                return Err(AgentError::storage(format!(
+                    "Redis key `{key}` is missing although its parent lists it; were keys \
+                     under Keel's prefix deleted by hand?"
+                )));
+            };
+            let mut child: ChildThread = decode(&key, &record)?;
+            if let Some(status) = status {
+                child.status = status;
+            }
+            children.push(child);
+        }
+        // The score orders by microseconds; this restores the exact (created_at, id) order.
+        children.sort_by(|a, b| (a.created_at, &a.thread_id).cmp(&(b.created_at, &b.thread_id)));
+        Ok(children)
+    }
+
+    async fn child(
+        &self,
+        auth: &AuthContext,
+        child: &ThreadId,
+    ) -> AgentResult<Option<ChildThread>> {
+        let key = self.keys(auth).of(kind::CHILD, child.as_str());
+        let (record, status): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(&key)
+            .arg("record")
+            .arg("status")
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("read subagent", &e))?;
+        let Some(record) = record else {
+            return Ok(None);
+        };
+        let mut child: ChildThread = decode(&key, &record)?;
+        if let Some(status) = status {
+            child.status = status;
+        }
+        Ok(Some(child))
+    }
+
+    async fn set_child_status(
+        &self,
+        auth: &AuthContext,
+        child: &ThreadId,
+        status: &str,
+    ) -> AgentResult<()> {
+        let updated: i64 = scripts::SET_CHILD_STATUS
+            .key(self.keys(auth).of(kind::CHILD, child.as_str()))
+            .arg(status)
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("update subagent status", &e))?;
+        if updated == 0 {
+            return Err(AgentError::invalid_input(
+                "child",
+                format!("thread {child} is not a registered subagent"),
+            ));
+        }
+        Ok(())
+    }
+}

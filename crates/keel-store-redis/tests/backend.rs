@@ -1,0 +1,458 @@
+//! Redis-specific behaviour: several stores (like several Keel processes) sharing one Redis,
+//! lease contention across them, corrupted data, tenancy in the raw key space, and
+//! connection failures.
+
+mod support;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_core::{AgentError, Message, Task, TaskEvent, TaskId, TaskState, ThreadId};
+use keel_llm::LlmMessage;
+use keel_runtime::{
+    AuthContext, ChildThread, KvLimits, ListTasksFilter, MemoryService, SubagentRegistry,
+    TaskManager, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue, ThreadStore,
+};
+use keel_store_redis::RedisStore;
+use serde_json::json;
+
+fn tenant(user: &str) -> AuthContext {
+    AuthContext::new(format!("app-{}", uuid::Uuid::new_v4().simple()), user)
+}
+
+fn fresh_thread() -> ThreadId {
+    ThreadId::from(format!("thread-{}", uuid::Uuid::new_v4().simple()))
+}
+
+/// The raw key of a task snapshot, as the crate docs lay it out.
+fn task_key(prefix: &str, auth: &AuthContext, task: &TaskId) -> String {
+    format!("{prefix}{{{}}}:task:{task}", auth.namespace())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_saved_by_one_store_is_read_by_another() {
+    let prefix = support::fresh_prefix();
+    let (a, b) = (support::store(&prefix).await, support::store(&prefix).await);
+    let auth = tenant("shared");
+    let task = Task::create(Message::user("hello from a"));
+    a.save_task(&auth, &task).await.unwrap();
+    a.add_task_event(
+        &auth,
+        &task.id,
+        &TaskEvent::Message {
+            message: task.history[0].clone(),
+        },
+    )
+    .await
+    .unwrap();
+    let seen = b.get_task(&auth, &task.id).await.unwrap().unwrap();
+    assert_eq!(seen.id, task.id);
+    assert!(seen.history.is_empty(), "snapshots carry no history");
+    assert_eq!(b.get_task_events(&auth, &task.id).await.unwrap().len(), 1);
+    let listed = b
+        .list_tasks(&auth, &ListTasksFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(listed.total_size, 1);
+    support::clean_up(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stores_with_different_prefixes_share_nothing() {
+    let (p1, p2) = (support::fresh_prefix(), support::fresh_prefix());
+    let (a, b) = (support::store(&p1).await, support::store(&p2).await);
+    let auth = tenant("same-tenant");
+    let task = Task::create(Message::user("only under p1"));
+    a.save_task(&auth, &task).await.unwrap();
+    assert_eq!(b.get_task(&auth, &task.id).await.unwrap(), None);
+    support::clean_up(&p1).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lease_contention_across_two_stores_has_exactly_one_winner() {
+    let prefix = support::fresh_prefix();
+    let stores: [Arc<dyn ThreadStore>; 2] = [
+        Arc::new(support::store(&prefix).await),
+        Arc::new(support::store(&prefix).await),
+    ];
+    let auth = tenant("racers");
+    let thread = fresh_thread();
+    let mut racers = Vec::new();
+    for i in 0..64 {
+        let store = stores[i % 2].clone();
+        let (auth, thread) = (auth.clone(), thread.clone());
+        racers.push(tokio::spawn(async move {
+            store
+                .acquire_lease(&auth, &thread, &format!("w{i}"), Duration::from_secs(30))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut winners = Vec::new();
+    for racer in racers {
+        winners.extend(racer.await.unwrap());
+    }
+    assert_eq!(winners.len(), 1, "exactly one racer holds the lease");
+    support::clean_up(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_holder_on_one_store_cannot_write_after_another_store_takes_over() {
+    let prefix = support::fresh_prefix();
+    let (a, b) = (support::store(&prefix).await, support::store(&prefix).await);
+    let auth = tenant("fencing");
+    let thread = fresh_thread();
+    let old = a
+        .acquire_lease(&auth, &thread, "a", Duration::from_millis(30))
+        .await
+        .unwrap()
+        .unwrap();
+    // Wait (bounded) until the short lease has lapsed and b can take the thread.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let new = loop {
+        if let Some(lease) = b
+            .acquire_lease(&auth, &thread, "b", Duration::from_secs(30))
+            .await
+            .unwrap()
+        {
+            break lease;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease must lapse"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(new.token > old.token, "tokens grow across stores");
+    let err = a
+        .append_history(&auth, &old, &[LlmMessage::user("late")])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AgentError::LeaseLost { .. }), "{err:?}");
+    b.append_history(
+        &auth,
+        &new,
+        &[LlmMessage::user("b1"), LlmMessage::user("b2")],
+    )
+    .await
+    .unwrap();
+    let history = a.read_history(&auth, &thread, 0, 10).await.unwrap();
+    assert_eq!(history.len(), 2, "only the current holder's writes landed");
+
+    b.release_lease(&auth, &new).await.unwrap();
+    let again = a
+        .acquire_lease(&auth, &thread, "a", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(again.token > new.token, "tokens grow even across release");
+    support::clean_up(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_key_count_cap_holds_under_concurrent_writers_on_two_stores() {
+    let prefix = support::fresh_prefix();
+    let limits = KvLimits {
+        max_keys: 10,
+        ..KvLimits::DEFAULT
+    };
+    let stores = [
+        support::store(&prefix).await.with_kv_limits(limits),
+        support::store(&prefix).await.with_kv_limits(limits),
+    ];
+    let auth = tenant("kv");
+    let thread = fresh_thread();
+    let mut writers = Vec::new();
+    for i in 0..40 {
+        let store = stores[i % 2].clone();
+        let (auth, thread) = (auth.clone(), thread.clone());
+        writers.push(tokio::spawn(async move {
+            store
+                .kv_set(&auth, &thread, &format!("k{i}"), json!(i))
+                .await
+        }));
+    }
+    let mut stored = 0;
+    for writer in writers {
+        match writer.await.unwrap() {
+            Ok(()) => stored += 1,
+            Err(err) => assert!(err.to_string().contains("max_keys"), "{err}"),
+        }
+    }
+    assert_eq!(stored, 10, "exactly max_keys writes succeed");
+    assert_eq!(stores[0].kv_keys(&auth, &thread).await.unwrap().len(), 10);
+    support::clean_up(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn queue_items_pushed_through_two_stores_are_each_queued_once() {
+    let prefix = support::fresh_prefix();
+    let (a, b) = (support::store(&prefix).await, support::store(&prefix).await);
+    let auth = tenant("queue");
+    let thread = fresh_thread();
+    for i in 0..10 {
+        let store = if i % 2 == 0 { &a } else { &b };
+        store
+            .push_queue(&auth, &thread, json!({ "i": i }))
+            .await
+            .unwrap();
+    }
+    let items = b.peek_queue(&auth, &thread, 100).await.unwrap();
+    let order: Vec<i64> = items
+        .iter()
+        .map(|item| item.payload["i"].as_i64().unwrap())
+        .collect();
+    assert_eq!(order, (0..10).collect::<Vec<_>>(), "one FIFO across stores");
+    let ids: HashSet<_> = items.iter().map(|i| &i.id).collect();
+    assert_eq!(ids.len(), 10);
+    support::clean_up(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_stored_data_is_a_storage_error() {
+    let prefix = support::fresh_prefix();
+    let store = support::store(&prefix).await;
+    let auth = tenant("corrupt");
+    let task = Task::create(Message::user("soon garbage"));
+    store.save_task(&auth, &task).await.unwrap();
+    let key = task_key(&prefix, &auth, &task.id);
+    let mut raw = support::raw().await;
+
+    redis::cmd("SET")
+        .arg(&key)
+        .arg("garbage {")
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    let err = store.get_task(&auth, &task.id).await.unwrap_err();
+    assert!(
+        matches!(err, AgentError::Storage { ref message } if message.contains(&key)),
+        "garbage names its key: {err:?}"
+    );
+    let err = store
+        .list_tasks(&auth, &ListTasksFilter::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+
+    // Valid JSON of a format from the future is refused with a clear error, not misread.
+    redis::cmd("SET")
+        .arg(&key)
+        .arg(r#"{"format": 99, "data": {}}"#)
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    let err = store.get_task(&auth, &task.id).await.unwrap_err();
+    assert!(
+        matches!(err, AgentError::Storage { ref message } if message.contains("newer")),
+        "{err:?}"
+    );
+
+    // A key of the wrong Redis type is a storage error too, with a hint.
+    redis::cmd("DEL")
+        .arg(&key)
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    redis::cmd("RPUSH")
+        .arg(&key)
+        .arg("x")
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    let err = store.get_task(&auth, &task.id).await.unwrap_err();
+    assert!(
+        matches!(err, AgentError::Storage { ref message } if message.contains("WRONGTYPE")),
+        "{err:?}"
+    );
+
+    // Corrupt memory values and history entries the same way.
+    let memory_key = format!("{prefix}{{{}}}:memory:m", auth.namespace());
+    redis::cmd("SET")
+        .arg(&memory_key)
+        .arg("[1, 2")
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.load_serialized(&auth, "m").await,
+        Err(AgentError::Storage { .. })
+    ));
+    support::clean_up(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_cannot_read_anothers_keys() {
+    let prefix = support::fresh_prefix();
+    let store = support::store(&prefix).await;
+    let (alice, mallory) = (tenant("alice"), tenant("mallory"));
+    let thread = fresh_thread();
+    let task = Task::new(thread.clone());
+    store.save_task(&alice, &task).await.unwrap();
+    store
+        .save_serialized(&alice, "secret", json!("alice's"))
+        .await
+        .unwrap();
+    store
+        .kv_set(&alice, &thread, "secret", json!(1))
+        .await
+        .unwrap();
+    let lease = store
+        .acquire_lease(&alice, &thread, "alice", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .append_history(&alice, &lease, &[LlmMessage::user("private")])
+        .await
+        .unwrap();
+    store.push_queue(&alice, &thread, json!(1)).await.unwrap();
+
+    assert_eq!(store.get_task(&mallory, &task.id).await.unwrap(), None);
+    assert_eq!(
+        store.load_serialized(&mallory, "secret").await.unwrap(),
+        None
+    );
+    assert_eq!(
+        store.kv_get(&mallory, &thread, "secret").await.unwrap(),
+        None
+    );
+    assert!(store
+        .read_history(&mallory, &thread, 0, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(store.queue_len(&mallory, &thread).await.unwrap(), 0);
+    // Alice's lease does not fence Mallory's thread of the same id, nor the reverse.
+    let err = store
+        .append_history(&mallory, &lease, &[LlmMessage::user("forged")])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AgentError::LeaseLost { .. }), "{err:?}");
+
+    // Every key Alice's data produced sits under her namespace.
+    let namespace = format!("{prefix}{{{}}}:", alice.namespace());
+    let keys = support::keys_under(&prefix).await;
+    assert!(!keys.is_empty());
+    for key in &keys {
+        assert!(key.starts_with(&namespace), "{key} is outside {namespace}");
+    }
+    support::clean_up(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connecting_to_a_closed_port_is_a_storage_error() {
+    let err = RedisStore::connect("redis://127.0.0.1:1")
+        .await
+        .unwrap_err();
+    match err {
+        AgentError::Storage { message } => {
+            assert!(
+                message.contains("127.0.0.1:1"),
+                "names the server: {message}"
+            );
+        }
+        other => panic!("expected Storage, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connection_errors_never_show_the_password() {
+    let err = RedisStore::connect("redis://keel:hunter2@127.0.0.1:1/0")
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, AgentError::Storage { .. }));
+    assert!(!text.contains("hunter2"), "{text}");
+    assert!(text.contains("keel:***@127.0.0.1:1"), "{text}");
+
+    let err = RedisStore::connect("not a url hunter2").await.unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+}
+
+/// How many tasks a listing with this thread and state filter counts.
+async fn count(
+    store: &RedisStore,
+    auth: &AuthContext,
+    thread: Option<&ThreadId>,
+    state: Option<TaskState>,
+) -> usize {
+    store
+        .list_tasks(
+            auth,
+            &ListTasksFilter {
+                thread_id: thread.cloned(),
+                state,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .total_size
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resaved_task_moves_between_state_and_thread_indexes() {
+    let prefix = support::fresh_prefix();
+    let store = support::store(&prefix).await;
+    let auth = tenant("indexes");
+    let (thread, other) = (fresh_thread(), fresh_thread());
+    let earlier = Task::new(thread.clone());
+    store.save_task(&auth, &earlier).await.unwrap();
+    let mut task = Task::new(thread.clone());
+    store.save_task(&auth, &task).await.unwrap();
+    let submitted = Some(TaskState::Submitted);
+    let completed = Some(TaskState::Completed);
+    assert_eq!(count(&store, &auth, Some(&thread), submitted).await, 2);
+
+    task.complete("done").unwrap();
+    store.save_task(&auth, &task).await.unwrap();
+    assert_eq!(count(&store, &auth, None, submitted).await, 1);
+    assert_eq!(count(&store, &auth, None, completed).await, 1);
+    assert_eq!(count(&store, &auth, Some(&thread), submitted).await, 1);
+    assert_eq!(count(&store, &auth, Some(&thread), completed).await, 1);
+
+    task.thread_id = other.clone();
+    store.save_task(&auth, &task).await.unwrap();
+    assert_eq!(count(&store, &auth, Some(&thread), None).await, 1);
+    assert_eq!(count(&store, &auth, Some(&thread), completed).await, 0);
+    assert_eq!(count(&store, &auth, Some(&other), completed).await, 1);
+    assert_eq!(count(&store, &auth, None, None).await, 2);
+
+    // A re-save keeps the creation order.
+    store.save_task(&auth, &earlier).await.unwrap();
+    let all = store
+        .list_tasks(&auth, &ListTasksFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        all.items.iter().map(|t| &t.id).collect::<Vec<_>>(),
+        [&earlier.id, &task.id]
+    );
+    support::clean_up(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_child_registered_under_a_new_parent_leaves_the_old_one() {
+    let prefix = support::fresh_prefix();
+    let store = support::store(&prefix).await;
+    let auth = tenant("children");
+    let (first, second) = (fresh_thread(), fresh_thread());
+    let mut child = ChildThread {
+        thread_id: fresh_thread(),
+        parent_thread_id: first.clone(),
+        name: "helper".into(),
+        agent: "helper".into(),
+        status: "running".into(),
+        resumable: true,
+        created_at: chrono::Utc::now(),
+        metadata: Default::default(),
+    };
+    store.register_child(&auth, &child).await.unwrap();
+    child.parent_thread_id = second.clone();
+    store.register_child(&auth, &child).await.unwrap();
+    assert!(store.children(&auth, &first).await.unwrap().is_empty());
+    assert_eq!(store.children(&auth, &second).await.unwrap(), [child]);
+    support::clean_up(&prefix).await;
+}

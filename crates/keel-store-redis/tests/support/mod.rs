@@ -1,0 +1,74 @@
+//! What the Redis tests share: the server from `REDIS_URL`, a fresh key prefix per test, and
+//! cleanup of that prefix's keys (never `FLUSHALL`: the server may hold other data).
+
+#![allow(dead_code)] // each test file uses a different subset
+
+use keel_store_redis::RedisStore;
+
+/// The server under test: `REDIS_URL`, default `redis://127.0.0.1:6379`.
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A prefix no other test uses.
+pub fn fresh_prefix() -> String {
+    format!("keel-test-{}:", uuid::Uuid::new_v4().simple())
+}
+
+/// A store on the test server under `prefix`. A server that does not answer fails the test:
+/// CI always provides Redis, so a silent skip would hide a broken setup.
+pub async fn store(prefix: &str) -> RedisStore {
+    match RedisStore::connect(&redis_url()).await {
+        Ok(store) => store.with_prefix(prefix),
+        Err(err) => panic!(
+            "the Redis tests need a server at REDIS_URL ({}), and it did not answer: {err}\n\
+             start one (e.g. `redis-server --appendonly yes`) or point REDIS_URL at one",
+            redis_url()
+        ),
+    }
+}
+
+/// A raw connection, for inspecting and corrupting keys behind the store's back.
+pub async fn raw() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(redis_url())
+        .expect("REDIS_URL parses")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection to the test Redis")
+}
+
+/// Every key under `prefix`.
+pub async fn keys_under(prefix: &str) -> Vec<String> {
+    let mut con = raw().await;
+    let mut cursor: u64 = 0;
+    let mut keys = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(500)
+            .query_async(&mut con)
+            .await
+            .expect("SCAN");
+        keys.extend(batch);
+        if next == 0 {
+            return keys;
+        }
+        cursor = next;
+    }
+}
+
+/// Delete every key under `prefix` (SCAN + DEL; the prefix is unique to the test).
+pub async fn clean_up(prefix: &str) {
+    let keys = keys_under(prefix).await;
+    let mut con = raw().await;
+    for chunk in keys.chunks(500) {
+        redis::cmd("DEL")
+            .arg(chunk)
+            .query_async::<()>(&mut con)
+            .await
+            .expect("DEL");
+    }
+}

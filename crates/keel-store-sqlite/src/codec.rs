@@ -1,0 +1,108 @@
+//! Conversions between Keel values and SQLite columns: the versioned JSON envelope for Keel's
+//! own records, plain JSON text for callers' values, timestamps as integers, and SQLite
+//! errors as [`AgentError::Storage`] with context.
+
+use chrono::{DateTime, Utc};
+use keel_core::{stored, AgentError, AgentResult};
+use serde::{de::DeserializeOwned, Serialize};
+use serde_json::Value;
+
+/// Attach what was being done to a SQLite error, so a `Storage` error can be acted on.
+pub(crate) trait SqlContext<T> {
+    /// Map the error to [`AgentError::Storage`] naming `what` failed.
+    fn context(self, what: &str) -> AgentResult<T>;
+}
+
+impl<T> SqlContext<T> for rusqlite::Result<T> {
+    fn context(self, what: &str) -> AgentResult<T> {
+        self.map_err(|e| AgentError::storage(format!("SQLite failed while {what}: {e}")))
+    }
+}
+
+/// A Keel record (task snapshot, event, message, ...) as the versioned stored-JSON envelope
+/// text. Encoding happens on the caller's task, so the writer thread only runs SQL.
+pub(crate) fn encode_record<T: Serialize>(value: &T) -> AgentResult<String> {
+    serde_json::to_string(&stored::encode(value)?).map_err(AgentError::internal)
+}
+
+/// Decode an envelope read from the column; `what` names the record in the error
+/// (`task t-1`), since a corrupt row is only fixable if the operator can find it.
+pub(crate) fn decode_record<T: DeserializeOwned>(text: &str, what: &str) -> AgentResult<T> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| AgentError::storage(format!("stored {what} is not valid JSON: {e}")))?;
+    stored::decode(value).map_err(|e| match e {
+        AgentError::Storage { message } => AgentError::storage(format!("{what}: {message}")),
+        other => other,
+    })
+}
+
+/// A caller's JSON value (memory, key-value store, queue payload) as text. These are not
+/// Keel types, so there is no format for the envelope to version: they are stored as given.
+pub(crate) fn encode_value(value: &Value) -> AgentResult<String> {
+    serde_json::to_string(value).map_err(AgentError::internal)
+}
+
+/// Parse a caller's JSON value read from the column.
+pub(crate) fn decode_value(text: &str, what: &str) -> AgentResult<Value> {
+    serde_json::from_str(text)
+        .map_err(|e| AgentError::storage(format!("stored {what} is not valid JSON: {e}")))
+}
+
+/// A timestamp as the integer stored in columns: nanoseconds since the Unix epoch, UTC.
+///
+/// Nanoseconds keep chrono's full precision, so comparisons in SQL (lease expiry, time
+/// windows, ordering of children) agree exactly with comparisons of the `DateTime`s the
+/// in-memory store makes. Times outside 1677–2262 saturate, which keeps the order.
+pub(crate) fn to_nanos(at: DateTime<Utc>) -> i64 {
+    at.timestamp_nanos_opt().unwrap_or(if at.timestamp() < 0 {
+        i64::MIN
+    } else {
+        i64::MAX
+    })
+}
+
+/// The timestamp stored as `nanos` by [`to_nanos`].
+pub(crate) fn from_nanos(nanos: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_nanos(nanos)
+}
+
+/// A sequence number or token from Keel's `u64` to SQLite's `i64`, saturating: values past
+/// `i64::MAX` are never issued, so saturating keeps comparisons right.
+pub(crate) fn to_sql_int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A count or limit from `usize` to SQLite's `i64`, saturating.
+pub(crate) fn usize_to_sql(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A stored sequence number, token or count back to Keel's `u64`; a negative value is
+/// corrupt data.
+pub(crate) fn from_sql_int(n: i64, what: &str) -> AgentResult<u64> {
+    u64::try_from(n).map_err(|_| AgentError::storage(format!("stored {what} is negative ({n})")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nanosecond_timestamps_round_trip_exactly() {
+        let now = Utc::now();
+        assert_eq!(from_nanos(to_nanos(now)), now);
+    }
+
+    #[test]
+    fn out_of_range_timestamps_saturate_in_order() {
+        assert_eq!(to_nanos(DateTime::<Utc>::MIN_UTC), i64::MIN);
+        assert_eq!(to_nanos(DateTime::<Utc>::MAX_UTC), i64::MAX);
+    }
+
+    #[test]
+    fn malformed_record_is_a_storage_error_naming_it() {
+        let err = decode_record::<keel_core::Task>("{not json", "task t-1").unwrap_err();
+        assert!(matches!(err, AgentError::Storage { .. }));
+        assert!(err.to_string().contains("task t-1"), "{err}");
+    }
+}

@@ -1,0 +1,173 @@
+//! [`ThreadLeases`] over SQLite, and the fence that every lease-holder write checks.
+//!
+//! Every lease operation runs as one job on the writer thread, so "look at the current lease,
+//! decide, write" happens inside one transaction: two racers (in this process or, through
+//! SQLite's write lock, in another) can never both see the thread free.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use keel_core::{AgentError, AgentResult, ThreadId};
+use keel_runtime::{AuthContext, Lease, ThreadLeases};
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::codec::{from_sql_int, to_nanos, SqlContext};
+use crate::SqliteStore;
+
+/// A lease time-to-live must be positive and at most a day — the rule (and message) of the
+/// in-memory store, whose check is private to `keel-runtime`.
+fn check_ttl(ttl: Duration) -> AgentResult<()> {
+    if ttl.is_zero() || ttl > Duration::from_secs(86_400) {
+        return Err(AgentError::invalid_input(
+            "ttl",
+            "must be between 1 ms and 24 h",
+        ));
+    }
+    Ok(())
+}
+
+fn lease_lost(lease: &Lease) -> AgentError {
+    AgentError::LeaseLost {
+        thread_id: lease.thread_id.clone(),
+        token: lease.token,
+    }
+}
+
+/// Refuse unless `lease` is the thread's current lease and has not expired. Runs inside the
+/// writer's transaction, before the write it guards, so the check and the write are atomic.
+pub(crate) fn check_fence(conn: &Connection, tenant: &str, lease: &Lease) -> AgentResult<()> {
+    let now = to_nanos(Utc::now());
+    let current: Option<(i64, i64)> = conn
+        .prepare_cached("SELECT token, expires_at FROM leases WHERE tenant = ?1 AND thread_id = ?2")
+        .and_then(|mut stmt| {
+            stmt.query_row(params![tenant, lease.thread_id.as_str()], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .optional()
+        })
+        .context("reading a thread's lease")?;
+    match current {
+        Some((token, expires_at))
+            if i64::try_from(lease.token).is_ok_and(|t| t == token) && expires_at > now =>
+        {
+            Ok(())
+        }
+        _ => Err(lease_lost(lease)),
+    }
+}
+
+#[async_trait]
+impl ThreadLeases for SqliteStore {
+    async fn acquire_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> AgentResult<Option<Lease>> {
+        check_ttl(ttl)?;
+        let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
+        let (tenant, thread_id, holder) = (auth.namespace(), thread_id.clone(), holder.to_owned());
+        self.write(move |conn| {
+            let now = Utc::now();
+            let held_until: Option<i64> = conn
+                .prepare_cached("SELECT expires_at FROM leases WHERE tenant = ?1 AND thread_id = ?2")
+                .and_then(|mut stmt| {
+                    stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
+                        .optional()
+                })
+                .context("reading a thread's lease")?;
+            if held_until.is_some_and(|expires_at| expires_at > to_nanos(now)) {
+                return Ok(None);
+            }
+            // The token counter lives in `threads`, not in the lease row, so it keeps growing
+            // across release (which deletes the lease row).
+            let token: i64 = conn
+                .prepare_cached(
+                    "INSERT INTO threads (tenant, thread_id, last_lease_token) VALUES (?1, ?2, 1) \
+                     ON CONFLICT (tenant, thread_id) DO UPDATE SET \
+                     last_lease_token = last_lease_token + 1 \
+                     RETURNING last_lease_token",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
+                })
+                .context("issuing a lease token")?;
+            let expires_at = now + ttl;
+            conn.prepare_cached(
+                "INSERT INTO leases (tenant, thread_id, holder, token, expires_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT (tenant, thread_id) DO UPDATE SET \
+                 holder = excluded.holder, token = excluded.token, expires_at = excluded.expires_at",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    tenant,
+                    thread_id.as_str(),
+                    holder,
+                    token,
+                    to_nanos(expires_at)
+                ])
+            })
+            .context("writing a lease")?;
+            Ok(Some(Lease {
+                thread_id,
+                holder,
+                token: from_sql_int(token, "lease token")?,
+                expires_at,
+            }))
+        })
+        .await
+    }
+
+    async fn renew_lease(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> AgentResult<Lease> {
+        check_ttl(ttl)?;
+        let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
+        let (tenant, lease) = (auth.namespace(), lease.clone());
+        self.write(move |conn| {
+            check_fence(conn, &tenant, &lease)?;
+            let expires_at = Utc::now() + ttl;
+            conn.prepare_cached(
+                "UPDATE leases SET expires_at = ?3 WHERE tenant = ?1 AND thread_id = ?2",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    tenant,
+                    lease.thread_id.as_str(),
+                    to_nanos(expires_at)
+                ])
+            })
+            .context("renewing a lease")?;
+            Ok(Lease {
+                expires_at,
+                ..lease
+            })
+        })
+        .await
+    }
+
+    async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {
+        // A token past i64 was never issued, so there is nothing of it to release.
+        let Ok(token) = i64::try_from(lease.token) else {
+            return Ok(());
+        };
+        let (tenant, thread_id) = (auth.namespace(), lease.thread_id.clone());
+        self.write(move |conn| {
+            // Only the current holder's lease goes: releasing a stale lease must not free the
+            // thread under its new holder.
+            conn.prepare_cached(
+                "DELETE FROM leases WHERE tenant = ?1 AND thread_id = ?2 AND token = ?3",
+            )
+            .and_then(|mut stmt| stmt.execute(params![tenant, thread_id.as_str(), token]))
+            .context("releasing a lease")?;
+            Ok(())
+        })
+        .await
+    }
+}

@@ -1,0 +1,190 @@
+//! [`RunStore`] over SQLite: task records and run reports, each row with its index columns
+//! beside the stored JSON body that `contains` searches.
+
+use async_trait::async_trait;
+use keel_core::{AgentResult, RunId};
+use keel_runtime::{AuthContext, RunQuery, RunRecord, RunStore, TaskRecord};
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{params, params_from_iter, OptionalExtension};
+use serde::de::DeserializeOwned;
+
+use crate::codec::{decode_record, encode_record, to_nanos, usize_to_sql, SqlContext};
+use crate::SqliteStore;
+
+/// The WHERE clause (after the tenant) and its arguments for `query`, in parameter order.
+///
+/// `contains` is `instr(body, ?) > 0`, not LIKE: a `%` or `_` in the needle is then plain text,
+/// as in the in-memory store's substring match, and the match is case-sensitive. The body is
+/// the record's stored JSON (the versioned envelope, with object keys in sorted order), so a
+/// needle is matched against compact JSON text as the in-memory store does.
+fn where_clause(tenant: String, query: &RunQuery) -> (String, Vec<SqlValue>) {
+    let mut clauses = vec!["tenant = ?"];
+    let mut args = vec![SqlValue::Text(tenant)];
+    let mut text = |clause: &'static str, value: Option<&str>| {
+        if let Some(value) = value {
+            clauses.push(clause);
+            args.push(SqlValue::Text(value.to_owned()));
+        }
+    };
+    text("task_id = ?", query.task_id.as_ref().map(|v| v.as_str()));
+    text("run_id = ?", query.run_id.as_ref().map(|v| v.as_str()));
+    text(
+        "thread_id = ?",
+        query.thread_id.as_ref().map(|v| v.as_str()),
+    );
+    text("trace_id = ?", query.trace_id.as_ref().map(|v| v.as_str()));
+    text("agent_name = ?", query.agent_name.as_deref());
+    text("instr(body, ?) > 0", query.contains.as_deref());
+    if let Some(since) = query.since {
+        clauses.push("recorded_at >= ?");
+        args.push(SqlValue::Integer(to_nanos(since)));
+    }
+    if let Some(until) = query.until {
+        clauses.push("recorded_at < ?");
+        args.push(SqlValue::Integer(to_nanos(until)));
+    }
+    (clauses.join(" AND "), args)
+}
+
+impl SqliteStore {
+    /// Run a record query: `select` is the statement up to `WHERE`, `order` what follows it.
+    async fn find_records<T>(
+        &self,
+        auth: &AuthContext,
+        query: &RunQuery,
+        table: &'static str,
+        order: &'static str,
+        what: &'static str,
+    ) -> AgentResult<Vec<T>>
+    where
+        T: DeserializeOwned + Send + 'static,
+    {
+        let limit = query.effective_limit()?;
+        let (filter, mut args) = where_clause(auth.namespace(), query);
+        args.push(SqlValue::Integer(usize_to_sql(limit)));
+        self.read(move |conn| {
+            let rows: Vec<(i64, String)> = conn
+                .prepare_cached(&format!(
+                    "SELECT id, body FROM {table} WHERE {filter} ORDER BY {order} LIMIT ?"
+                ))
+                .and_then(|mut stmt| {
+                    stmt.query_map(params_from_iter(&args), |row| {
+                        Ok((row.get(0)?, row.get(1)?))
+                    })?
+                    .collect()
+                })
+                .context(&format!("searching {what}s"))?;
+            rows.into_iter()
+                .map(|(id, body)| decode_record(&body, &format!("{what} (row {id})")))
+                .collect()
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl RunStore for SqliteStore {
+    async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()> {
+        let body = encode_record(record)?;
+        let tenant = auth.namespace();
+        let record = record.clone();
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO task_records (tenant, task_id, thread_id, state, run_id, trace_id, \
+                 agent_name, recorded_at, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    tenant,
+                    record.task_id.as_str(),
+                    record.thread_id.as_str(),
+                    record.state.as_str(),
+                    record.run_id.as_ref().map(|v| v.as_str()),
+                    record.trace_id.as_ref().map(|v| v.as_str()),
+                    record.agent_name,
+                    to_nanos(record.recorded_at),
+                    body
+                ])
+            })
+            .context("saving a task record")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn find_task_records(
+        &self,
+        auth: &AuthContext,
+        query: &RunQuery,
+    ) -> AgentResult<Vec<TaskRecord>> {
+        // Newest first means most recently saved, as in the in-memory store.
+        self.find_records(auth, query, "task_records", "id DESC", "task record")
+            .await
+    }
+
+    async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
+        let body = encode_record(record)?;
+        let tenant = auth.namespace();
+        let record = record.clone();
+        self.write(move |conn| {
+            // REPLACE deletes the old row and inserts a new one (with a new `id`), so a
+            // replaced report counts as the newest among reports of equal time.
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO run_records (tenant, run_id, task_id, thread_id, \
+                 trace_id, agent_name, recorded_at, body) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    tenant,
+                    record.run_id.as_str(),
+                    record.task_id.as_ref().map(|v| v.as_str()),
+                    record.thread_id.as_ref().map(|v| v.as_str()),
+                    record.trace_id.as_ref().map(|v| v.as_str()),
+                    record.agent_name,
+                    to_nanos(record.recorded_at),
+                    body
+                ])
+            })
+            .context("saving a run report")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_run_report(
+        &self,
+        auth: &AuthContext,
+        run_id: &RunId,
+    ) -> AgentResult<Option<RunRecord>> {
+        let (tenant, run_id) = (auth.namespace(), run_id.clone());
+        self.read(move |conn| {
+            let body: Option<String> = conn
+                .prepare_cached("SELECT body FROM run_records WHERE tenant = ?1 AND run_id = ?2")
+                .and_then(|mut stmt| {
+                    stmt.query_row(params![tenant, run_id.as_str()], |row| row.get(0))
+                        .optional()
+                })
+                .context("reading a run report")?;
+            body.map(|body| decode_record(&body, &format!("run report {run_id}")))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn find_run_reports(
+        &self,
+        auth: &AuthContext,
+        query: &RunQuery,
+    ) -> AgentResult<Vec<RunRecord>> {
+        // Newest first by the report's own time, as in the in-memory store.
+        self.find_records(
+            auth,
+            query,
+            "run_records",
+            "recorded_at DESC, id DESC",
+            "run report",
+        )
+        .await
+    }
+}

@@ -1,0 +1,289 @@
+//! The database schema, its versioned migrations, and the connection settings Keel relies on.
+//!
+//! The schema version lives in SQLite's `PRAGMA user_version`. Migrations are an ordered list
+//! of SQL steps; step `i` takes the schema from version `i` to `i + 1`. Opening applies every
+//! missing step in one `IMMEDIATE` transaction (so two processes opening the same new file
+//! cannot both migrate it), and refuses a database whose version is newer than this code
+//! knows rather than guess at its meaning.
+
+use std::time::Duration;
+
+use keel_core::{AgentError, AgentResult};
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::codec::SqlContext;
+
+/// How long a connection waits for another process's lock before failing with "database is
+/// locked". Long enough to ride out another process's commit or checkpoint.
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One schema change.
+struct Migration {
+    /// What it does, for logs.
+    description: &'static str,
+    /// The statements.
+    sql: &'static str,
+}
+
+/// Every migration, oldest first. Append only: a released step is never edited, because
+/// databases in the field already ran it.
+const MIGRATIONS: &[Migration] = &[Migration {
+    description: "initial schema",
+    sql: V1,
+}];
+
+/// The schema version this code creates and understands.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// Version 1. Every table is keyed by `tenant` (the [`AuthContext::namespace`] string) first,
+/// so no query can reach another tenant's rows without naming it. Timestamps are INTEGER
+/// nanoseconds since the Unix epoch (UTC); Keel records are TEXT in the versioned stored-JSON
+/// envelope; callers' values are plain JSON TEXT. Tables are STRICT so a type slip in the
+/// code is an error instead of silently stored data.
+///
+/// [`AuthContext::namespace`]: keel_runtime::AuthContext::namespace
+const V1: &str = r#"
+-- Task snapshots (without history). `seq` is the creation order used for listing and page
+-- tokens; an upsert keeps it, so re-saving a task does not move it.
+CREATE TABLE tasks (
+    seq       INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant    TEXT NOT NULL,
+    task_id   TEXT NOT NULL,
+    thread_id TEXT NOT NULL,
+    state     TEXT NOT NULL,
+    body      TEXT NOT NULL,
+    UNIQUE (tenant, task_id)
+) STRICT;
+CREATE INDEX tasks_by_tenant ON tasks (tenant, seq);
+CREATE INDEX tasks_by_thread ON tasks (tenant, thread_id, seq);
+CREATE INDEX tasks_by_state ON tasks (tenant, state, seq);
+
+-- Each task's append-only event log; `seq` counts from 1 per task.
+CREATE TABLE task_events (
+    tenant  TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    seq     INTEGER NOT NULL,
+    body    TEXT NOT NULL,
+    PRIMARY KEY (tenant, task_id, seq),
+    FOREIGN KEY (tenant, task_id) REFERENCES tasks (tenant, task_id)
+) STRICT, WITHOUT ROWID;
+
+-- Tenant memory; `expires_at` NULL means never.
+CREATE TABLE memory (
+    tenant     TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    value      TEXT NOT NULL,
+    expires_at INTEGER,
+    PRIMARY KEY (tenant, key)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX memory_by_expiry ON memory (expires_at) WHERE expires_at IS NOT NULL;
+
+-- Per-thread counters that must outlive the rows they number: the queue's last seq (items
+-- are deleted on ack, seqs must still only grow) and the last lease token (a released lease
+-- is deleted, tokens must still only grow).
+CREATE TABLE threads (
+    tenant           TEXT NOT NULL,
+    thread_id        TEXT NOT NULL,
+    last_queue_seq   INTEGER NOT NULL DEFAULT 0,
+    last_lease_token INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, thread_id)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE thread_history (
+    tenant    TEXT NOT NULL,
+    thread_id TEXT NOT NULL,
+    seq       INTEGER NOT NULL,
+    body      TEXT NOT NULL,
+    PRIMARY KEY (tenant, thread_id, seq)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE thread_queue (
+    tenant      TEXT NOT NULL,
+    thread_id   TEXT NOT NULL,
+    seq         INTEGER NOT NULL,
+    id          TEXT NOT NULL,
+    payload     TEXT NOT NULL,
+    enqueued_at INTEGER NOT NULL,
+    PRIMARY KEY (tenant, thread_id, seq)
+) STRICT, WITHOUT ROWID;
+CREATE UNIQUE INDEX thread_queue_by_id ON thread_queue (tenant, thread_id, id);
+
+CREATE TABLE thread_kv (
+    tenant    TEXT NOT NULL,
+    thread_id TEXT NOT NULL,
+    key       TEXT NOT NULL,
+    value     TEXT NOT NULL,
+    PRIMARY KEY (tenant, thread_id, key)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE subagents (
+    tenant           TEXT NOT NULL,
+    thread_id        TEXT NOT NULL,
+    parent_thread_id TEXT NOT NULL,
+    created_at       INTEGER NOT NULL,
+    body             TEXT NOT NULL,
+    PRIMARY KEY (tenant, thread_id)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX subagents_by_parent ON subagents (tenant, parent_thread_id, created_at, thread_id);
+
+-- The current lease of each thread, if any. Released leases are deleted; the token counter
+-- lives in `threads`.
+CREATE TABLE leases (
+    tenant     TEXT NOT NULL,
+    thread_id  TEXT NOT NULL,
+    holder     TEXT NOT NULL,
+    token      INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (tenant, thread_id)
+) STRICT, WITHOUT ROWID;
+
+-- Task snapshots kept by the run store: every save adds a row; `id` is insertion order.
+CREATE TABLE task_records (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant      TEXT NOT NULL,
+    task_id     TEXT NOT NULL,
+    thread_id   TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    run_id      TEXT,
+    trace_id    TEXT,
+    agent_name  TEXT,
+    recorded_at INTEGER NOT NULL,
+    body        TEXT NOT NULL
+) STRICT;
+CREATE INDEX task_records_by_task ON task_records (tenant, task_id, id);
+CREATE INDEX task_records_by_run ON task_records (tenant, run_id, id);
+CREATE INDEX task_records_by_thread ON task_records (tenant, thread_id, id);
+CREATE INDEX task_records_by_trace ON task_records (tenant, trace_id, id);
+CREATE INDEX task_records_by_agent ON task_records (tenant, agent_name, id);
+CREATE INDEX task_records_by_time ON task_records (tenant, recorded_at);
+
+-- Run reports, one per run (a save replaces).
+CREATE TABLE run_records (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant      TEXT NOT NULL,
+    run_id      TEXT NOT NULL,
+    task_id     TEXT,
+    thread_id   TEXT,
+    trace_id    TEXT,
+    agent_name  TEXT,
+    recorded_at INTEGER NOT NULL,
+    body        TEXT NOT NULL,
+    UNIQUE (tenant, run_id)
+) STRICT;
+CREATE INDEX run_records_by_task ON run_records (tenant, task_id);
+CREATE INDEX run_records_by_thread ON run_records (tenant, thread_id);
+CREATE INDEX run_records_by_trace ON run_records (tenant, trace_id);
+CREATE INDEX run_records_by_agent ON run_records (tenant, agent_name);
+CREATE INDEX run_records_by_time ON run_records (tenant, recorded_at);
+"#;
+
+/// The schema version recorded in the database.
+fn user_version(conn: &Connection) -> AgentResult<u32> {
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .context("reading the schema version")?;
+    // user_version is a signed 32-bit header field; a negative value was not written by Keel.
+    u32::try_from(version).map_err(|_| {
+        AgentError::storage(format!(
+            "the database's schema version {version} is not one Keel writes"
+        ))
+    })
+}
+
+/// Refuse a schema newer than [`SCHEMA_VERSION`]: its tables may mean something this code
+/// would misread or damage.
+fn refuse_newer(version: u32, location: &str) -> AgentResult<()> {
+    if version > SCHEMA_VERSION {
+        return Err(AgentError::storage(format!(
+            "the SQLite database at {location} has schema version {version}, newer than this \
+             Keel understands ({SCHEMA_VERSION}); upgrade Keel or open another file"
+        )));
+    }
+    Ok(())
+}
+
+/// Settings every connection needs. `busy_timeout` first, so the pragmas below already
+/// wait for a lock held by another process instead of failing.
+pub(crate) fn configure_reader(conn: &Connection) -> AgentResult<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .context("setting busy_timeout")?;
+    // Readers never write: enforce it, so a bug cannot bypass the writer and its fencing.
+    conn.pragma_update(None, "query_only", true)
+        .context("setting query_only")?;
+    Ok(())
+}
+
+/// Configure the writer connection and bring the schema up to date. `location` names the
+/// database in errors (the path, or `:memory:`).
+pub(crate) fn prepare_writer(conn: &mut Connection, location: &str, file: bool) -> AgentResult<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .context("setting busy_timeout")?;
+    // Check before changing anything: a newer database is left exactly as it was.
+    refuse_newer(user_version(conn)?, location)?;
+    // WAL lets readers run beside the writer; the mode is persistent in the file.
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .context("switching to WAL journal mode")?;
+    if file && !mode.eq_ignore_ascii_case("wal") {
+        // Still correct (readers wait on the busy timeout instead), just slower: some file
+        // systems, such as network mounts, cannot do WAL.
+        tracing::warn!(%location, %mode, "SQLite could not switch to WAL journal mode");
+    }
+    // FULL: a commit is on disk (the WAL fsynced) before it returns, so an acknowledged write
+    // survives power loss. This is the brief's "persisted before acknowledged"; group commit
+    // pays the fsync once per batch.
+    conn.pragma_update(None, "synchronous", "FULL")
+        .context("setting synchronous=FULL")?;
+    conn.pragma_update(None, "foreign_keys", true)
+        .context("enabling foreign keys")?;
+    migrate(conn, location)
+}
+
+/// Apply every missing migration in one transaction.
+fn migrate(conn: &mut Connection, location: &str) -> AgentResult<()> {
+    // IMMEDIATE takes the write lock before reading the version, so a concurrent opener waits
+    // and then sees the migrated version instead of migrating twice.
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .context("starting the migration transaction")?;
+    let current = user_version(&tx)?;
+    refuse_newer(current, location)?;
+    for (index, step) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let version = index + 1;
+        tracing::info!(%location, version, description = step.description, "migrating SQLite schema");
+        tx.execute_batch(step.sql).context(&format!(
+            "applying schema migration {version} ({})",
+            step.description
+        ))?;
+    }
+    if current < SCHEMA_VERSION {
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .context("recording the schema version")?;
+    }
+    tx.commit().context("committing the schema migration")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrating_twice_is_a_no_op() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        prepare_writer(&mut conn, ":memory:", false).unwrap();
+        prepare_writer(&mut conn, ":memory:", false).unwrap();
+        assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_untouched() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+        let err = prepare_writer(&mut conn, "db.sqlite", false).unwrap_err();
+        assert!(matches!(err, AgentError::Storage { .. }));
+        assert!(err.to_string().contains("newer"), "{err}");
+        assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION + 1);
+    }
+}

@@ -1,0 +1,215 @@
+//! [`TaskManager`] over SQLite: task snapshots in `tasks`, their event logs in `task_events`.
+
+use async_trait::async_trait;
+use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
+use keel_runtime::{AuthContext, ListTasksFilter, Page, TaskManager};
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
+
+use crate::codec::{decode_record, encode_record, usize_to_sql, SqlContext};
+use crate::SqliteStore;
+
+/// Page tokens are the creation `seq` of the last task returned (keyset pagination): unlike
+/// an offset, a token stays right when tasks are added while a client pages.
+fn parse_page_token(token: Option<&str>) -> AgentResult<i64> {
+    match token {
+        None | Some("") => Ok(0),
+        Some(token) => token
+            .parse::<u64>()
+            .ok()
+            .and_then(|seq| i64::try_from(seq).ok())
+            .ok_or_else(|| {
+                AgentError::invalid_input(
+                    "page_token",
+                    format!("`{token}` is not a token this server issued"),
+                )
+            }),
+    }
+}
+
+fn task_exists(conn: &Connection, tenant: &str, task_id: &TaskId) -> AgentResult<bool> {
+    conn.prepare_cached("SELECT 1 FROM tasks WHERE tenant = ?1 AND task_id = ?2")
+        .and_then(|mut stmt| stmt.exists(params![tenant, task_id.as_str()]))
+        .context("looking up a task")
+}
+
+#[async_trait]
+impl TaskManager for SqliteStore {
+    async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
+        let (tenant, task_id) = (auth.namespace(), task_id.clone());
+        self.read(move |conn| {
+            let body: Option<String> = conn
+                .prepare_cached("SELECT body FROM tasks WHERE tenant = ?1 AND task_id = ?2")
+                .and_then(|mut stmt| {
+                    stmt.query_row(params![tenant, task_id.as_str()], |row| row.get(0))
+                        .optional()
+                })
+                .context("reading a task")?;
+            body.map(|body| decode_record(&body, &format!("task {task_id}")))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn list_tasks(
+        &self,
+        auth: &AuthContext,
+        filter: &ListTasksFilter,
+    ) -> AgentResult<Page<Task>> {
+        let page_size = filter.effective_page_size()?;
+        let after = parse_page_token(filter.page_token.as_deref())?;
+        // Only the filters that are set become SQL, so each query can use its index.
+        let mut clauses = vec!["tenant = ?"];
+        let mut args = vec![SqlValue::Text(auth.namespace())];
+        if let Some(thread_id) = &filter.thread_id {
+            clauses.push("thread_id = ?");
+            args.push(SqlValue::Text(thread_id.as_str().to_owned()));
+        }
+        if let Some(state) = filter.state {
+            clauses.push("state = ?");
+            args.push(SqlValue::Text(state.as_str().to_owned()));
+        }
+        let filter_sql = clauses.join(" AND ");
+        self.read(move |conn| {
+            let total: i64 = conn
+                .prepare_cached(&format!("SELECT COUNT(*) FROM tasks WHERE {filter_sql}"))
+                .and_then(|mut stmt| stmt.query_row(params_from_iter(&args), |row| row.get(0)))
+                .context("counting tasks")?;
+            // One row more than the page tells whether another page follows.
+            let mut page_args = args;
+            page_args.push(SqlValue::Integer(after));
+            page_args.push(SqlValue::Integer(usize_to_sql(page_size).saturating_add(1)));
+            let rows: Vec<(i64, String)> = conn
+                .prepare_cached(&format!(
+                    "SELECT seq, body FROM tasks WHERE {filter_sql} AND seq > ? \
+                     ORDER BY seq LIMIT ?"
+                ))
+                .and_then(|mut stmt| {
+                    stmt.query_map(params_from_iter(&page_args), |row| {
+                        Ok((row.get(0)?, row.get(1)?))
+                    })?
+                    .collect()
+                })
+                .context("listing tasks")?;
+            let more = rows.len() > page_size;
+            let mut items = Vec::with_capacity(page_size.min(rows.len()));
+            let mut last_seq = after;
+            for (seq, body) in rows.into_iter().take(page_size) {
+                items.push(decode_record(&body, &format!("task (row {seq})"))?);
+                last_seq = seq;
+            }
+            Ok(Page {
+                items,
+                next_page_token: more.then(|| last_seq.to_string()),
+                total_size: usize::try_from(total).unwrap_or(0),
+            })
+        })
+        .await
+    }
+
+    async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
+        // Snapshots never carry the history: it is rebuilt from the event log.
+        let mut snapshot = task.clone();
+        snapshot.history.clear();
+        let body = encode_record(&snapshot)?;
+        let (tenant, task_id, thread_id, state) = (
+            auth.namespace(),
+            task.id.clone(),
+            task.thread_id.clone(),
+            task.state().as_str(),
+        );
+        self.write(move |conn| {
+            // An upsert, not REPLACE: the row (and its creation `seq`) is kept, so re-saving a
+            // task does not move it in listings.
+            conn.prepare_cached(
+                "INSERT INTO tasks (tenant, task_id, thread_id, state, body) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT (tenant, task_id) DO UPDATE SET \
+                 thread_id = excluded.thread_id, state = excluded.state, body = excluded.body",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    tenant,
+                    task_id.as_str(),
+                    thread_id.as_str(),
+                    state,
+                    body
+                ])
+            })
+            .context("saving a task")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn add_task_event(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        event: &TaskEvent,
+    ) -> AgentResult<()> {
+        let body = encode_record(event)?;
+        let (tenant, task_id) = (auth.namespace(), task_id.clone());
+        self.write(move |conn| {
+            if !task_exists(conn, &tenant, &task_id)? {
+                return Err(AgentError::TaskNotFound { task_id });
+            }
+            conn.prepare_cached(
+                "INSERT INTO task_events (tenant, task_id, seq, body) \
+                 SELECT ?1, ?2, COALESCE(MAX(seq), 0) + 1, ?3 FROM task_events \
+                 WHERE tenant = ?1 AND task_id = ?2",
+            )
+            .and_then(|mut stmt| stmt.execute(params![tenant, task_id.as_str(), body]))
+            .context("appending a task event")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_task_events(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<Vec<TaskEvent>> {
+        let (tenant, task_id) = (auth.namespace(), task_id.clone());
+        self.read(move |conn| {
+            if !task_exists(conn, &tenant, &task_id)? {
+                return Err(AgentError::TaskNotFound { task_id });
+            }
+            let rows: Vec<(i64, String)> = conn
+                .prepare_cached(
+                    "SELECT seq, body FROM task_events WHERE tenant = ?1 AND task_id = ?2 \
+                     ORDER BY seq",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map(params![tenant, task_id.as_str()], |row| {
+                        Ok((row.get(0)?, row.get(1)?))
+                    })?
+                    .collect()
+                })
+                .context("reading task events")?;
+            rows.into_iter()
+                .map(|(seq, body)| decode_record(&body, &format!("event {seq} of task {task_id}")))
+                .collect()
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_tokens_are_non_negative_integers() {
+        assert_eq!(parse_page_token(None).unwrap(), 0);
+        assert_eq!(parse_page_token(Some("")).unwrap(), 0);
+        assert_eq!(parse_page_token(Some("17")).unwrap(), 17);
+        for bad in ["-1", "x", "18446744073709551615"] {
+            assert!(
+                matches!(parse_page_token(Some(bad)), Err(AgentError::InvalidInput { ref field, .. }) if field == "page_token"),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,443 @@
+//! Thread storage over SQLite: history ([`ThreadHistory`]), the durable FIFO queue
+//! ([`ThreadQueue`]), the per-thread key-value store ([`ThreadKv`]) and the subagent registry
+//! ([`SubagentRegistry`]).
+
+use async_trait::async_trait;
+use chrono::Utc;
+use keel_core::{AgentError, AgentResult, ThreadId};
+use keel_llm::LlmMessage;
+use keel_runtime::{
+    AuthContext, ChildThread, HistoryEntry, Lease, QueuedItem, SubagentRegistry, ThreadHistory,
+    ThreadKv, ThreadQueue,
+};
+use rusqlite::{params, OptionalExtension};
+use serde_json::Value;
+
+use crate::codec::{
+    decode_record, decode_value, encode_record, encode_value, from_nanos, from_sql_int, to_nanos,
+    to_sql_int, usize_to_sql, SqlContext,
+};
+use crate::leases::check_fence;
+use crate::SqliteStore;
+
+#[async_trait]
+impl ThreadHistory for SqliteStore {
+    async fn append_history(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        messages: &[LlmMessage],
+    ) -> AgentResult<u64> {
+        let bodies = messages
+            .iter()
+            .map(encode_record)
+            .collect::<AgentResult<Vec<_>>>()?;
+        let (tenant, lease) = (auth.namespace(), lease.clone());
+        self.write(move |conn| {
+            // The fence and the append share the transaction: a lease that lapses or is taken
+            // over can never interleave with the write.
+            check_fence(conn, &tenant, &lease)?;
+            let thread_id = lease.thread_id.as_str();
+            let last: i64 = conn
+                .prepare_cached(
+                    "SELECT COALESCE(MAX(seq), 0) FROM thread_history \
+                     WHERE tenant = ?1 AND thread_id = ?2",
+                )
+                .and_then(|mut stmt| stmt.query_row(params![tenant, thread_id], |row| row.get(0)))
+                .context("reading a thread's history length")?;
+            let mut stmt = conn
+                .prepare_cached(
+                    "INSERT INTO thread_history (tenant, thread_id, seq, body) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                )
+                .context("appending to a thread's history")?;
+            let mut seq = last;
+            for body in bodies {
+                seq += 1;
+                stmt.execute(params![tenant, thread_id, seq, body])
+                    .context("appending to a thread's history")?;
+            }
+            from_sql_int(seq, "history seq")
+        })
+        .await
+    }
+
+    async fn read_history(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        after_seq: u64,
+        limit: usize,
+    ) -> AgentResult<Vec<HistoryEntry>> {
+        let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
+        self.read(move |conn| {
+            let rows: Vec<(i64, String)> = conn
+                .prepare_cached(
+                    "SELECT seq, body FROM thread_history \
+                     WHERE tenant = ?1 AND thread_id = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map(
+                        params![
+                            tenant,
+                            thread_id.as_str(),
+                            to_sql_int(after_seq),
+                            usize_to_sql(limit)
+                        ],
+                        |row| Ok((row.get(0)?, row.get(1)?)),
+                    )?
+                    .collect()
+                })
+                .context("reading a thread's history")?;
+            rows.into_iter()
+                .map(|(seq, body)| {
+                    Ok(HistoryEntry {
+                        seq: from_sql_int(seq, "history seq")?,
+                        message: decode_record(
+                            &body,
+                            &format!("history entry {seq} of thread {thread_id}"),
+                        )?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl ThreadQueue for SqliteStore {
+    async fn push_queue(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        payload: Value,
+    ) -> AgentResult<QueuedItem> {
+        let text = encode_value(&payload)?;
+        let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
+        let id = uuid::Uuid::now_v7().to_string();
+        self.write(move |conn| {
+            // The counter in `threads` survives acks, so seqs only grow even when the queue
+            // empties.
+            let seq: i64 = conn
+                .prepare_cached(
+                    "INSERT INTO threads (tenant, thread_id, last_queue_seq) VALUES (?1, ?2, 1) \
+                     ON CONFLICT (tenant, thread_id) DO UPDATE SET \
+                     last_queue_seq = last_queue_seq + 1 \
+                     RETURNING last_queue_seq",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
+                })
+                .context("numbering a queued item")?;
+            let enqueued_at = Utc::now();
+            conn.prepare_cached(
+                "INSERT INTO thread_queue (tenant, thread_id, seq, id, payload, enqueued_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    tenant,
+                    thread_id.as_str(),
+                    seq,
+                    id,
+                    text,
+                    to_nanos(enqueued_at)
+                ])
+            })
+            .context("queueing an item")?;
+            Ok(QueuedItem {
+                id,
+                seq: from_sql_int(seq, "queue seq")?,
+                payload,
+                enqueued_at,
+            })
+        })
+        .await
+    }
+
+    async fn peek_queue(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        limit: usize,
+    ) -> AgentResult<Vec<QueuedItem>> {
+        let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
+        self.read(move |conn| {
+            let rows: Vec<(String, i64, String, i64)> = conn
+                .prepare_cached(
+                    "SELECT id, seq, payload, enqueued_at FROM thread_queue \
+                     WHERE tenant = ?1 AND thread_id = ?2 ORDER BY seq LIMIT ?3",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map(
+                        params![tenant, thread_id.as_str(), usize_to_sql(limit)],
+                        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+                    )?
+                    .collect()
+                })
+                .context("reading a thread's queue")?;
+            rows.into_iter()
+                .map(|(id, seq, payload, enqueued_at)| {
+                    Ok(QueuedItem {
+                        payload: decode_value(&payload, &format!("queued item {id}"))?,
+                        id,
+                        seq: from_sql_int(seq, "queue seq")?,
+                        enqueued_at: from_nanos(enqueued_at),
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn ack_queue(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ids: &[String],
+    ) -> AgentResult<()> {
+        let (tenant, lease, ids) = (auth.namespace(), lease.clone(), ids.to_vec());
+        self.write(move |conn| {
+            check_fence(conn, &tenant, &lease)?;
+            let mut stmt = conn
+                .prepare_cached(
+                    "DELETE FROM thread_queue WHERE tenant = ?1 AND thread_id = ?2 AND id = ?3",
+                )
+                .context("acknowledging queued items")?;
+            for id in &ids {
+                stmt.execute(params![tenant, lease.thread_id.as_str(), id])
+                    .context("acknowledging queued items")?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
+        let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
+        self.read(move |conn| {
+            let n: i64 = conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM thread_queue WHERE tenant = ?1 AND thread_id = ?2",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
+                })
+                .context("counting a thread's queue")?;
+            Ok(usize::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl ThreadKv for SqliteStore {
+    async fn kv_get(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        key: &str,
+    ) -> AgentResult<Option<Value>> {
+        let (tenant, thread_id, key) = (auth.namespace(), thread_id.clone(), key.to_owned());
+        self.read(move |conn| {
+            let text: Option<String> = conn
+                .prepare_cached(
+                    "SELECT value FROM thread_kv WHERE tenant = ?1 AND thread_id = ?2 AND key = ?3",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_row(params![tenant, thread_id.as_str(), key], |row| row.get(0))
+                        .optional()
+                })
+                .context("reading a thread key")?;
+            text.map(|text| decode_value(&text, &format!("key `{key}` of thread {thread_id}")))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn kv_set(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        key: &str,
+        value: Value,
+    ) -> AgentResult<()> {
+        let text = encode_value(&value)?;
+        // The size caps need no database: refuse before queueing a write.
+        let limits = self.kv_limits();
+        limits.check(key, &text)?;
+        let (tenant, thread_id, key) = (auth.namespace(), thread_id.clone(), key.to_owned());
+        self.write(move |conn| {
+            if value.is_null() {
+                conn.prepare_cached(
+                    "DELETE FROM thread_kv WHERE tenant = ?1 AND thread_id = ?2 AND key = ?3",
+                )
+                .and_then(|mut stmt| stmt.execute(params![tenant, thread_id.as_str(), key]))
+                .context("deleting a thread key")?;
+                return Ok(());
+            }
+            // The count and the insert share the transaction, so concurrent writers cannot
+            // together pass the cap.
+            let exists = conn
+                .prepare_cached(
+                    "SELECT 1 FROM thread_kv WHERE tenant = ?1 AND thread_id = ?2 AND key = ?3",
+                )
+                .and_then(|mut stmt| stmt.exists(params![tenant, thread_id.as_str(), key]))
+                .context("reading a thread key")?;
+            if !exists {
+                let count: i64 = conn
+                    .prepare_cached(
+                        "SELECT COUNT(*) FROM thread_kv WHERE tenant = ?1 AND thread_id = ?2",
+                    )
+                    .and_then(|mut stmt| {
+                        stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
+                    })
+                    .context("counting a thread's keys")?;
+                if count >= usize_to_sql(limits.max_keys) {
+                    return Err(limits.too_many_keys());
+                }
+            }
+            conn.prepare_cached(
+                "INSERT INTO thread_kv (tenant, thread_id, key, value) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT (tenant, thread_id, key) DO UPDATE SET value = excluded.value",
+            )
+            .and_then(|mut stmt| stmt.execute(params![tenant, thread_id.as_str(), key, text]))
+            .context("writing a thread key")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>> {
+        let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
+        self.read(move |conn| {
+            // SQLite's default BINARY collation compares UTF-8 bytes, which is Rust's order
+            // for strings: the keys come back sorted as the trait promises.
+            conn.prepare_cached(
+                "SELECT key FROM thread_kv WHERE tenant = ?1 AND thread_id = ?2 ORDER BY key",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_map(params![tenant, thread_id.as_str()], |row| row.get(0))?
+                    .collect()
+            })
+            .context("listing a thread's keys")
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl SubagentRegistry for SqliteStore {
+    async fn register_child(&self, auth: &AuthContext, child: &ChildThread) -> AgentResult<()> {
+        let body = encode_record(child)?;
+        let (tenant, thread_id, parent, created_at) = (
+            auth.namespace(),
+            child.thread_id.clone(),
+            child.parent_thread_id.clone(),
+            to_nanos(child.created_at),
+        );
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO subagents (tenant, thread_id, parent_thread_id, created_at, body) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT (tenant, thread_id) DO UPDATE SET \
+                 parent_thread_id = excluded.parent_thread_id, \
+                 created_at = excluded.created_at, body = excluded.body",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    tenant,
+                    thread_id.as_str(),
+                    parent.as_str(),
+                    created_at,
+                    body
+                ])
+            })
+            .context("registering a subagent")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn children(
+        &self,
+        auth: &AuthContext,
+        parent: &ThreadId,
+    ) -> AgentResult<Vec<ChildThread>> {
+        let (tenant, parent) = (auth.namespace(), parent.clone());
+        self.read(move |conn| {
+            let rows: Vec<(String, String)> = conn
+                .prepare_cached(
+                    "SELECT thread_id, body FROM subagents \
+                     WHERE tenant = ?1 AND parent_thread_id = ?2 ORDER BY created_at, thread_id",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map(params![tenant, parent.as_str()], |row| {
+                        Ok((row.get(0)?, row.get(1)?))
+                    })?
+                    .collect()
+                })
+                .context("listing subagents")?;
+            rows.into_iter()
+                .map(|(thread_id, body)| decode_record(&body, &format!("subagent {thread_id}")))
+                .collect()
+        })
+        .await
+    }
+
+    async fn child(
+        &self,
+        auth: &AuthContext,
+        child: &ThreadId,
+    ) -> AgentResult<Option<ChildThread>> {
+        let (tenant, child) = (auth.namespace(), child.clone());
+        self.read(move |conn| {
+            let body: Option<String> = conn
+                .prepare_cached("SELECT body FROM subagents WHERE tenant = ?1 AND thread_id = ?2")
+                .and_then(|mut stmt| {
+                    stmt.query_row(params![tenant, child.as_str()], |row| row.get(0))
+                        .optional()
+                })
+                .context("reading a subagent")?;
+            body.map(|body| decode_record(&body, &format!("subagent {child}")))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn set_child_status(
+        &self,
+        auth: &AuthContext,
+        child: &ThreadId,
+        status: &str,
+    ) -> AgentResult<()> {
+        let (tenant, child, status) = (auth.namespace(), child.clone(), status.to_owned());
+        self.write(move |conn| {
+            // Read, change and write back in one transaction, so no concurrent update is lost.
+            let body: Option<String> = conn
+                .prepare_cached("SELECT body FROM subagents WHERE tenant = ?1 AND thread_id = ?2")
+                .and_then(|mut stmt| {
+                    stmt.query_row(params![tenant, child.as_str()], |row| row.get(0))
+                        .optional()
+                })
+                .context("reading a subagent")?;
+            let Some(body) = body else {
+                return Err(AgentError::invalid_input(
+                    "child",
+                    format!("thread {child} is not a registered subagent"),
+                ));
+            };
+            let mut entry: ChildThread = decode_record(&body, &format!("subagent {child}"))?;
+            entry.status = status;
+            let body = encode_record(&entry)?;
+            conn.prepare_cached(
+                "UPDATE subagents SET body = ?3 WHERE tenant = ?1 AND thread_id = ?2",
+            )
+            .and_then(|mut stmt| stmt.execute(params![tenant, child.as_str(), body]))
+            .context("updating a subagent's status")?;
+            Ok(())
+        })
+        .await
+    }
+}

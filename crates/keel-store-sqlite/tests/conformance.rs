@@ -1,0 +1,121 @@
+//! The backend conformance suite of `keel-runtime`, run against a real SQLite file.
+//!
+//! Each check is its own test (so a failure names the broken contract), on its own file; one
+//! more test runs the whole suite on one shared file, as a deployment would use it.
+
+use std::sync::Arc;
+
+use keel_runtime::{testing, KvLimits, ThreadStore};
+use keel_store_sqlite::SqliteStore;
+use tempfile::TempDir;
+
+/// A small key-count cap, so the suite exercises `max_keys` (it does when the cap is ≤ 64).
+const LIMITS: KvLimits = KvLimits {
+    max_keys: 16,
+    ..KvLimits::DEFAULT
+};
+
+/// A store on a fresh file; keep the directory alive as long as the store.
+fn file_store() -> (TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(dir.path().join("keel.db"))
+        .expect("open SQLite store")
+        .with_kv_limits(LIMITS);
+    (dir, store)
+}
+
+fn threads(store: &SqliteStore) -> Arc<dyn ThreadStore> {
+    Arc::new(store.clone())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_all_on_one_file() {
+    let (_dir, store) = file_store();
+    testing::run_all(&store, &store, threads(&store), LIMITS, &store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_all_in_memory() {
+    let store = SqliteStore::open_in_memory()
+        .expect("open in-memory store")
+        .with_kv_limits(LIMITS);
+    testing::run_all(&store, &store, threads(&store), LIMITS, &store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn task_manager_round_trip() {
+    let (_dir, store) = file_store();
+    testing::task_manager_round_trip(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn task_manager_events_in_order() {
+    let (_dir, store) = file_store();
+    testing::task_manager_events_in_order(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn task_manager_pagination() {
+    let (_dir, store) = file_store();
+    testing::task_manager_pagination(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn task_manager_tenant_isolation() {
+    let (_dir, store) = file_store();
+    testing::task_manager_tenant_isolation(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_round_trip() {
+    let (_dir, store) = file_store();
+    testing::memory_round_trip(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_ttl() {
+    let (_dir, store) = file_store();
+    testing::memory_ttl(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn history_append_and_read() {
+    let (_dir, store) = file_store();
+    testing::history_append_and_read(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lease_exclusive_under_contention() {
+    let (_dir, store) = file_store();
+    testing::lease_exclusive_under_contention(threads(&store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lease_fencing() {
+    let (_dir, store) = file_store();
+    testing::lease_fencing(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn queue_fifo_under_concurrent_producers() {
+    let (_dir, store) = file_store();
+    testing::queue_fifo_under_concurrent_producers(threads(&store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kv_semantics() {
+    let (_dir, store) = file_store();
+    testing::kv_semantics(&store, LIMITS).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn subagent_registry() {
+    let (_dir, store) = file_store();
+    testing::subagent_registry(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_store_index_and_search() {
+    let (_dir, store) = file_store();
+    testing::run_store_index_and_search(&store).await;
+}

@@ -1,0 +1,401 @@
+//! Behaviour specific to the SQLite backend: durability across reopening, refusal of data and
+//! schemas it cannot read, group commit, and errors that name the file.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_core::{AgentError, Message, RunContext, Task, TaskEvent};
+use keel_llm::LlmMessage;
+use keel_runtime::{
+    load_task_with_history, AuthContext, ListTasksFilter, MemoryService, TaskManager,
+    ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
+};
+use keel_store_sqlite::{SqliteStore, SCHEMA_VERSION};
+use rusqlite::Connection;
+use serde_json::json;
+use tempfile::TempDir;
+
+fn tenant() -> AuthContext {
+    AuthContext::new("app", format!("user-{}", uuid::Uuid::new_v4().simple()))
+}
+
+fn db_path(dir: &TempDir) -> std::path::PathBuf {
+    dir.path().join("keel.db")
+}
+
+/// Wait, bounded, for a condition that depends on other tasks making progress.
+async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Another connection holding SQLite's write lock, as another process could: writes sent
+/// meanwhile pile up in the writer's queue.
+fn hold_write_lock(path: &Path) -> Connection {
+    let conn = Connection::open(path).expect("raw connection");
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    conn
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn data_survives_reopening_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let auth = tenant();
+    let mut task = Task::create(Message::user("remember me"));
+    RunContext::new().attach_to_task(&mut task).unwrap();
+    let thread = task.thread_id.clone();
+    let said = LlmMessage::user("hello");
+    let (queued, token) = {
+        let store = SqliteStore::open(db_path(&dir)).unwrap();
+        store.save_task(&auth, &task).await.unwrap();
+        store
+            .add_task_event(
+                &auth,
+                &task.id,
+                &TaskEvent::Message {
+                    message: task.history[0].clone(),
+                },
+            )
+            .await
+            .unwrap();
+        store
+            .kv_set(&auth, &thread, "plan", json!({"step": 2}))
+            .await
+            .unwrap();
+        store
+            .save_serialized(&auth, "cache", json!([1, 2, 3]))
+            .await
+            .unwrap();
+        let queued = store
+            .push_queue(&auth, &thread, json!({"say": "next"}))
+            .await
+            .unwrap();
+        let lease = store
+            .acquire_lease(&auth, &thread, "w1", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        store
+            .append_history(&auth, &lease, std::slice::from_ref(&said))
+            .await
+            .unwrap();
+        store.release_lease(&auth, &lease).await.unwrap();
+        (queued, lease.token)
+        // The store (and its writer thread) is dropped here.
+    };
+
+    let store = SqliteStore::open(db_path(&dir)).unwrap();
+    let back = load_task_with_history(&store, &auth, &task.id, None)
+        .await
+        .unwrap()
+        .expect("task survives");
+    assert_eq!(back.id, task.id);
+    assert_eq!(back.metadata, task.metadata);
+    assert_eq!(back.history, task.history, "events survive");
+    assert_eq!(
+        store.kv_get(&auth, &thread, "plan").await.unwrap(),
+        Some(json!({"step": 2}))
+    );
+    assert_eq!(
+        store.load_serialized(&auth, "cache").await.unwrap(),
+        Some(json!([1, 2, 3]))
+    );
+    assert_eq!(
+        store.peek_queue(&auth, &thread, 10).await.unwrap(),
+        vec![queued.clone()],
+        "queued items survive, timestamps included"
+    );
+    let history = store.read_history(&auth, &thread, 0, 10).await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].message, said, "history survives");
+    let lease = store
+        .acquire_lease(&auth, &thread, "w2", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        lease.token > token,
+        "lease tokens keep growing across reopening"
+    );
+    let next = store.push_queue(&auth, &thread, json!(2)).await.unwrap();
+    assert!(
+        next.seq > queued.seq,
+        "queue seqs keep growing across reopening"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn corrupt_stored_json_is_a_storage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db_path(&dir)).unwrap();
+    let auth = tenant();
+    let task = Task::create(Message::user("q"));
+    store.save_task(&auth, &task).await.unwrap();
+    store
+        .add_task_event(
+            &auth,
+            &task.id,
+            &TaskEvent::Message {
+                message: Message::agent("a"),
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .kv_set(&auth, &task.thread_id, "k", json!(1))
+        .await
+        .unwrap();
+
+    let raw = Connection::open(db_path(&dir)).unwrap();
+    // Valid JSON of the wrong shape in the envelope, and text that is not JSON at all.
+    raw.execute(
+        "UPDATE tasks SET body = '{\"format\":1,\"data\":{\"id\":3}}'",
+        [],
+    )
+    .unwrap();
+    raw.execute("UPDATE task_events SET body = 'not json'", [])
+        .unwrap();
+    raw.execute("UPDATE thread_kv SET value = '{'", []).unwrap();
+    drop(raw);
+
+    let err = store.get_task(&auth, &task.id).await.unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(task.id.as_str()),
+        "the error names the record: {err}"
+    );
+    let err = store
+        .list_tasks(&auth, &ListTasksFilter::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    let err = store.get_task_events(&auth, &task.id).await.unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    let err = store.kv_get(&auth, &task.thread_id, "k").await.unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_of_a_newer_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db_path(&dir)).unwrap();
+    let auth = tenant();
+    let task = Task::create(Message::user("q"));
+    store.save_task(&auth, &task).await.unwrap();
+    let raw = Connection::open(db_path(&dir)).unwrap();
+    raw.execute(
+        "UPDATE tasks SET body = json_set(body, '$.format', 999)",
+        [],
+    )
+    .unwrap();
+    let err = store.get_task(&auth, &task.id).await.unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    assert!(err.to_string().contains("newer"), "{err}");
+}
+
+#[tokio::test]
+async fn a_newer_schema_version_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(SqliteStore::open(db_path(&dir)).unwrap());
+    let raw = Connection::open(db_path(&dir)).unwrap();
+    raw.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .unwrap();
+    drop(raw);
+    let err = SqliteStore::open(db_path(&dir)).unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("newer"), "{text}");
+    assert!(
+        text.contains(&(SCHEMA_VERSION + 1).to_string()),
+        "names the version: {text}"
+    );
+    assert!(
+        text.contains(&db_path(&dir).display().to_string()),
+        "names the file: {text}"
+    );
+}
+
+#[tokio::test]
+async fn opening_in_a_missing_directory_names_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no").join("such").join("keel.db");
+    let err = SqliteStore::open(&path).unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "the error names the path: {err}"
+    );
+}
+
+#[tokio::test]
+async fn opening_a_file_that_is_not_a_database_names_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    std::fs::write(&path, vec![b'x'; 4096]).unwrap();
+    let err = SqliteStore::open(&path).unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "the error names the path: {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writes_share_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(db_path(&dir)).unwrap());
+    let auth = tenant();
+    let before = store.stats();
+    const WRITES: u64 = 64;
+
+    let blocker = hold_write_lock(&db_path(&dir));
+    let mut writers = Vec::new();
+    for i in 0..WRITES {
+        let (store, auth) = (store.clone(), auth.clone());
+        writers.push(tokio::spawn(async move {
+            let thread = format!("thread-{i}").into();
+            store.kv_set(&auth, &thread, "n", json!(i)).await
+        }));
+    }
+    wait_until("every write is queued", || {
+        store.stats().writes_submitted - before.writes_submitted == WRITES
+    })
+    .await;
+    blocker.execute_batch("COMMIT").unwrap();
+    for writer in writers {
+        writer.await.unwrap().unwrap();
+    }
+
+    let after = store.stats();
+    let commits = after.commits - before.commits;
+    assert_eq!(after.writes_finished - before.writes_finished, WRITES);
+    assert!(
+        commits < WRITES,
+        "{WRITES} concurrent writes must share commits, took {commits}"
+    );
+    for i in 0..WRITES {
+        let thread = format!("thread-{i}").into();
+        assert_eq!(
+            store.kv_get(&auth, &thread, "n").await.unwrap(),
+            Some(json!(i)),
+            "every acknowledged write is stored"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_write_in_a_batch_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(db_path(&dir)).unwrap());
+    let auth = tenant();
+    let thread: keel_core::ThreadId = "contended".into();
+    let stale = store
+        .acquire_lease(&auth, &thread, "old", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    store.release_lease(&auth, &stale).await.unwrap();
+    let before = store.stats();
+
+    let blocker = hold_write_lock(&db_path(&dir));
+    let mut good = Vec::new();
+    let mut bad = Vec::new();
+    for i in 0..16 {
+        let (queue_store, queue_auth) = (store.clone(), auth.clone());
+        good.push(tokio::spawn(async move {
+            queue_store
+                .push_queue(&queue_auth, &"contended".into(), json!(i))
+                .await
+        }));
+        let (history_store, history_auth, stale) = (store.clone(), auth.clone(), stale.clone());
+        bad.push(tokio::spawn(async move {
+            history_store
+                .append_history(&history_auth, &stale, &[LlmMessage::user("late")])
+                .await
+        }));
+    }
+    wait_until("every write is queued", || {
+        store.stats().writes_submitted - before.writes_submitted == 32
+    })
+    .await;
+    blocker.execute_batch("COMMIT").unwrap();
+    for push in good {
+        push.await.unwrap().unwrap();
+    }
+    for append in bad {
+        let err = append.await.unwrap().unwrap_err();
+        assert!(matches!(err, AgentError::LeaseLost { .. }), "{err:?}");
+    }
+    assert_eq!(store.queue_len(&auth, &thread).await.unwrap(), 16);
+    assert!(store
+        .read_history(&auth, &thread, 0, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store.stats().commits - before.commits < 32);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_stores_on_one_file_share_leases_like_two_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = SqliteStore::open(db_path(&dir)).unwrap();
+    let second = SqliteStore::open(db_path(&dir)).unwrap();
+    let auth = tenant();
+    let thread = "shared".into();
+    let lease = first
+        .acquire_lease(&auth, &thread, "process-1", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        second
+            .acquire_lease(&auth, &thread, "process-2", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_none(),
+        "the other process sees the live lease"
+    );
+    first.release_lease(&auth, &lease).await.unwrap();
+    let taken = second
+        .acquire_lease(&auth, &thread, "process-2", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(taken.token > lease.token);
+    let err = first
+        .append_history(&auth, &lease, &[LlmMessage::user("stale")])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AgentError::LeaseLost { .. }), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expired_memory_values_are_swept_on_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db_path(&dir)).unwrap();
+    let auth = tenant();
+    store
+        .save_serialized_with_ttl(&auth, "brief", json!(1), Duration::from_millis(1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store
+        .save_serialized(&auth, "other", json!(2))
+        .await
+        .unwrap();
+    let raw = Connection::open(db_path(&dir)).unwrap();
+    let rows: i64 = raw
+        .query_row("SELECT COUNT(*) FROM memory WHERE key = 'brief'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(rows, 0, "the expired row is gone from disk");
+}
