@@ -41,6 +41,47 @@ impl RegisteredTool {
     }
 }
 
+/// When a run stops, besides a final answer (Standard Agents §6). Checked in this order:
+/// the lifecycle tools (`session_stop` / `session_fail`), the stop tool, stop-on-response,
+/// then the safety limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopRules {
+    /// Offer the lifecycle tools `session_stop` (ends the task completed with its `result`)
+    /// and `session_fail` (ends it failed with its `error`).
+    pub lifecycle_tools: bool,
+    /// A tool whose successful call ends the task completed with the tool's output.
+    pub stop_tool: Option<String>,
+    /// End the task when the model answers without tool calls (the default). When off, the
+    /// answer is kept in the history and the loop goes on until another rule stops it.
+    pub stop_on_response: bool,
+    /// The most model steps one task may take.
+    pub max_steps: u32,
+    /// The most turns (user messages) a thread may hold; the next task on it fails.
+    pub max_session_turns: Option<u32>,
+    /// How many identical invalid tool calls the model may repeat before the run stops.
+    pub max_invalid_repeats: u32,
+}
+
+impl Default for StopRules {
+    fn default() -> Self {
+        Self {
+            lifecycle_tools: false,
+            stop_tool: None,
+            stop_on_response: true,
+            max_steps: Agent::DEFAULT_MAX_STEPS,
+            max_session_turns: None,
+            max_invalid_repeats: 3,
+        }
+    }
+}
+
+/// The name of the lifecycle tool that ends a task completed.
+pub const SESSION_STOP_TOOL: &str = "session_stop";
+/// The name of the lifecycle tool that ends a task failed.
+pub const SESSION_FAIL_TOOL: &str = "session_fail";
+/// The name of the hand-off tool that asks the human for input.
+pub const ASK_HUMAN_TOOL: &str = "ask_human";
+
 /// An agent definition. Build one with [`Agent::builder`].
 pub struct Agent {
     card: AgentCard,
@@ -48,7 +89,8 @@ pub struct Agent {
     llm: Option<Arc<dyn Llm>>,
     tools: Vec<RegisteredTool>,
     tool_index: HashMap<String, usize>,
-    max_steps: u32,
+    stop: StopRules,
+    human_handoff: bool,
 }
 
 impl fmt::Debug for Agent {
@@ -56,7 +98,7 @@ impl fmt::Debug for Agent {
         f.debug_struct("Agent")
             .field("name", &self.card.name)
             .field("tools", &self.tool_index.keys().collect::<Vec<_>>())
-            .field("max_steps", &self.max_steps)
+            .field("stop", &self.stop)
             .finish_non_exhaustive()
     }
 }
@@ -72,7 +114,8 @@ impl Agent {
             instructions: String::new(),
             llm: None,
             tools: Vec::new(),
-            max_steps: Self::DEFAULT_MAX_STEPS,
+            stop: StopRules::default(),
+            human_handoff: false,
         }
     }
 
@@ -93,19 +136,62 @@ impl Agent {
 
     /// The most model steps one run may take.
     pub fn max_steps(&self) -> u32 {
-        self.max_steps
+        self.stop.max_steps
     }
 
-    /// The tools as offered to a model.
+    /// The stop rules.
+    pub fn stop_rules(&self) -> &StopRules {
+        &self.stop
+    }
+
+    /// Whether the `ask_human` hand-off tool is offered.
+    pub fn human_handoff(&self) -> bool {
+        self.human_handoff
+    }
+
+    /// The tools as offered to a model, built-in ones included.
     pub fn tool_specs(&self) -> Vec<ToolSpec> {
-        self.tools
+        let mut specs: Vec<ToolSpec> = self
+            .tools
             .iter()
             .map(|t| ToolSpec {
                 name: t.tool.name().to_owned(),
                 description: t.tool.description().to_owned(),
                 parameters: t.tool.parameters(),
             })
-            .collect()
+            .collect();
+        if self.stop.lifecycle_tools {
+            specs.push(ToolSpec {
+                name: SESSION_STOP_TOOL.into(),
+                description: "Finish the task successfully with a final result.".into(),
+                parameters: serde_json::json!({
+                    "type": "object",
+                    "properties": {"result": {"type": "string"}},
+                    "required": ["result"]
+                }),
+            });
+            specs.push(ToolSpec {
+                name: SESSION_FAIL_TOOL.into(),
+                description: "Give up on the task, explaining why.".into(),
+                parameters: serde_json::json!({
+                    "type": "object",
+                    "properties": {"error": {"type": "string"}},
+                    "required": ["error"]
+                }),
+            });
+        }
+        if self.human_handoff {
+            specs.push(ToolSpec {
+                name: ASK_HUMAN_TOOL.into(),
+                description: "Ask the human a question and wait for the answer.".into(),
+                parameters: serde_json::json!({
+                    "type": "object",
+                    "properties": {"question": {"type": "string"}},
+                    "required": ["question"]
+                }),
+            });
+        }
+        specs
     }
 
     pub(crate) fn tool(&self, name: &str) -> Option<&RegisteredTool> {
@@ -120,7 +206,8 @@ pub struct AgentBuilder {
     instructions: String,
     llm: Option<Arc<dyn Llm>>,
     tools: Vec<Arc<dyn Tool>>,
-    max_steps: u32,
+    stop: StopRules,
+    human_handoff: bool,
 }
 
 impl AgentBuilder {
@@ -156,22 +243,65 @@ impl AgentBuilder {
 
     /// The most model steps one run may take (at least 1).
     pub fn max_steps(mut self, max_steps: u32) -> Self {
-        self.max_steps = max_steps;
+        self.stop.max_steps = max_steps;
+        self
+    }
+
+    /// All stop rules at once.
+    pub fn stop_rules(mut self, stop: StopRules) -> Self {
+        self.stop = stop;
+        self
+    }
+
+    /// Offer the `session_stop` / `session_fail` lifecycle tools.
+    pub fn lifecycle_tools(mut self, on: bool) -> Self {
+        self.stop.lifecycle_tools = on;
+        self
+    }
+
+    /// End the task when this tool has run successfully.
+    pub fn stop_tool(mut self, name: impl Into<String>) -> Self {
+        self.stop.stop_tool = Some(name.into());
+        self
+    }
+
+    /// Whether a text answer ends the task (default true).
+    pub fn stop_on_response(mut self, on: bool) -> Self {
+        self.stop.stop_on_response = on;
+        self
+    }
+
+    /// The most turns a thread may hold.
+    pub fn max_session_turns(mut self, turns: u32) -> Self {
+        self.stop.max_session_turns = Some(turns);
+        self
+    }
+
+    /// Offer the `ask_human` tool: the task waits in `input-required` for the human's answer.
+    pub fn human_handoff(mut self, on: bool) -> Self {
+        self.human_handoff = on;
         self
     }
 
     /// Check and build. A tool with an invalid JSON schema, a duplicate tool name or a zero
     /// step limit is [`AgentError::InvalidInput`].
     pub fn build(self) -> AgentResult<Agent> {
-        if self.max_steps == 0 {
+        if self.stop.max_steps == 0 {
             return Err(AgentError::invalid_input("max_steps", "must be at least 1"));
         }
+        const RESERVED: [&str; 3] = [SESSION_STOP_TOOL, SESSION_FAIL_TOOL, ASK_HUMAN_TOOL];
         let mut tools = Vec::with_capacity(self.tools.len());
         let mut tool_index = HashMap::new();
         for tool in self.tools {
             let name = tool.name().to_owned();
             if name.is_empty() {
                 return Err(AgentError::invalid_input("tool.name", "must not be empty"));
+            }
+            if RESERVED.contains(&name.as_str()) {
+                return Err(AgentError::invalid_input(
+                    "tool.name",
+                    format!("`{name}` is reserved for a built-in tool"),
+                ));
             }
             let validator = jsonschema::validator_for(&tool.parameters()).map_err(|e| {
                 AgentError::invalid_input(format!("parameters of tool `{name}`"), e.to_string())
@@ -184,6 +314,14 @@ impl AgentBuilder {
             }
             tools.push(RegisteredTool { tool, validator });
         }
+        if let Some(stop_tool) = &self.stop.stop_tool {
+            if !tool_index.contains_key(stop_tool) {
+                return Err(AgentError::invalid_input(
+                    "stop_tool",
+                    format!("`{stop_tool}` is not one of the agent's tools"),
+                ));
+            }
+        }
         let mut card = self.card;
         card.capabilities.tool_calling |= !tools.is_empty();
         Ok(Agent {
@@ -192,7 +330,8 @@ impl AgentBuilder {
             llm: self.llm,
             tools,
             tool_index,
-            max_steps: self.max_steps,
+            stop: self.stop,
+            human_handoff: self.human_handoff,
         })
     }
 }

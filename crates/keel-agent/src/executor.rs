@@ -1,23 +1,40 @@
-//! The engine that runs an [`Agent`] on tasks: the step loop, persistence after every step,
-//! and live cancellation.
+//! The thread engine: runs an [`Agent`] on threads, one flow at a time per thread, with the
+//! step cycle of Standard Agents §3, durable queues, stop rules, live cancellation (from any
+//! process) and crash recovery.
+//!
+//! A message creates a task and is queued on its thread (the A2A `contextId`); the thread's
+//! worker holds the thread's fenced lease from the store and processes queued work in FIFO
+//! order, so a busy thread queues new work instead of running it concurrently, across
+//! processes too. Each step drains queued messages and tools, assembles the context from the
+//! thread's durable history, calls the model, persists the assistant message, runs the tool
+//! calls in order persisting each result, and evaluates the stop rules.
 
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
 
+use chrono::Utc;
 use dashmap::DashMap;
 use keel_core::{
     AgentError, AgentResult, Artifact, Message, Part, PartContent, Role, RunContext, Task,
-    TaskEvent, TaskId, TaskState,
+    TaskEvent, TaskId, TaskState, ThreadId,
 };
-use keel_llm::{LlmRequest, ToolCall};
-use keel_runtime::{load_task_with_history, AuthContext, Runtime};
+use keel_llm::{LlmMessage, LlmRequest, LlmRole, ToolCall};
+use keel_runtime::{load_task_with_history, AuthContext, Lease, ListTasksFilter, Runtime};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::conversation::{llm_messages, render};
-use crate::{Agent, ToolContext};
+use crate::agent::{ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL};
+use crate::{Agent, ThreadState, ToolContext};
+
+/// Metadata keys Keel puts on thread history entries.
+const META_TASK: &str = "keel.task_id";
+const META_MESSAGE: &str = "keel.message_id";
+const META_QUEUE_ITEM: &str = "keel.queue_item";
 
 /// How [`AgentExecutor::send_message`] should behave.
 #[derive(Debug, Clone, Default)]
@@ -30,44 +47,141 @@ pub struct SendOptions {
     pub run_context: Option<RunContext>,
 }
 
+/// Tuning of an [`AgentExecutor`].
+#[derive(Debug, Clone)]
+pub struct ExecutorConfig {
+    /// How long a thread lease lasts without renewal; a crashed process's threads are taken
+    /// over after this long.
+    pub lease_ttl: Duration,
+    /// How many threads this process runs at once; more wait for a slot.
+    pub max_concurrent_threads: usize,
+    /// How often to look again at work another process holds (its lease, its task state).
+    pub poll_interval: Duration,
+    /// This process's name in leases.
+    pub holder: String,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        Self {
+            lease_ttl: Duration::from_secs(30),
+            max_concurrent_threads: 64,
+            poll_interval: Duration::from_millis(200),
+            holder: format!("keel-{}-{}", std::process::id(), uuid_suffix()),
+        }
+    }
+}
+
+fn uuid_suffix() -> String {
+    keel_core::RunId::new()
+        .as_str()
+        .chars()
+        .rev()
+        .take(8)
+        .collect()
+}
+
+/// Work waiting in a thread's durable queue.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum QueuedWork {
+    /// Run (or continue) this task.
+    Task { task_id: TaskId },
+    /// A queued user message (`ThreadState::queue_message`).
+    Message { message: Message },
+    /// A queued tool call (`ThreadState::queue_tool`).
+    Tool { call: ToolCall },
+}
+
 /// A run in progress in this process.
 struct ActiveRun {
+    thread_id: ThreadId,
     token: CancellationToken,
     reason: Mutex<Option<String>>,
-    done: watch::Receiver<bool>,
 }
 
-type RunKey = (String, TaskId);
+type TaskKey = (String, TaskId);
+type ThreadKey = (String, ThreadId);
 
-struct Inner {
-    agent: Agent,
-    runtime: Arc<dyn Runtime>,
-    active: DashMap<RunKey, Arc<ActiveRun>>,
+pub(crate) struct Inner {
+    pub(crate) agent: Agent,
+    pub(crate) runtime: Arc<dyn Runtime>,
+    config: ExecutorConfig,
+    me: Weak<Inner>,
+    active: DashMap<TaskKey, Arc<ActiveRun>>,
+    workers: DashMap<ThreadKey, Arc<Notify>>,
+    /// Bumped whenever this process persists a task status, to wake local waiters.
+    changed: watch::Sender<u64>,
     tracker: TaskTracker,
+    shutting_down: CancellationToken,
+    slots: Arc<Semaphore>,
 }
 
-/// Runs one [`Agent`] on tasks, persisting through a [`Runtime`]. Cheap to clone.
+/// Runs one [`Agent`] on threads, persisting through a [`Runtime`]. Cheap to clone.
 #[derive(Clone)]
 pub struct AgentExecutor {
     inner: Arc<Inner>,
 }
 
+/// The lease a worker holds, kept fresh by a renewal task.
+struct Flow {
+    auth: AuthContext,
+    thread_id: ThreadId,
+    lease: Arc<RwLock<Lease>>,
+    lost: CancellationToken,
+}
+
+impl Flow {
+    fn lease(&self) -> Lease {
+        self.lease.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 /// How a run ended, before it is written to the task.
 enum Outcome {
-    Answer(String),
-    Failed(AgentError),
-    Canceled,
+    /// Completed with this answer; `recorded` says whether the answer message is already in
+    /// the task's log.
+    Answer {
+        text: String,
+        reason: &'static str,
+        recorded: bool,
+    },
+    Failed {
+        error: AgentError,
+        reason: String,
+    },
+    InputRequired {
+        question: String,
+    },
+    Canceled {
+        reason: String,
+    },
+    /// The lease was lost: another process owns the thread now and will finish the task.
+    Abandoned,
 }
 
 impl AgentExecutor {
-    /// An executor for `agent`, storing through `runtime`.
+    /// An executor for `agent`, storing through `runtime`, with the default configuration.
     pub fn new(agent: Agent, runtime: Arc<dyn Runtime>) -> Self {
+        Self::with_config(agent, runtime, ExecutorConfig::default())
+    }
+
+    /// An executor with explicit tuning.
+    pub fn with_config(agent: Agent, runtime: Arc<dyn Runtime>, config: ExecutorConfig) -> Self {
+        let (changed, _) = watch::channel(0);
+        let slots = Arc::new(Semaphore::new(config.max_concurrent_threads.max(1)));
         Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|me| Inner {
                 agent,
                 runtime,
+                config,
+                me: me.clone(),
                 active: DashMap::new(),
+                workers: DashMap::new(),
+                changed,
                 tracker: TaskTracker::new(),
+                shutting_down: CancellationToken::new(),
+                slots,
             }),
         }
     }
@@ -82,9 +196,20 @@ impl AgentExecutor {
         &self.inner.runtime
     }
 
-    /// Accept a user message: start a new task in the message's thread (or a new thread), or
-    /// continue the task it names when that task is waiting for input. The message is
-    /// persisted before this returns. Blocking by default; see [`SendOptions`].
+    /// The handle of one thread, for application code.
+    pub fn thread(&self, auth: &AuthContext, thread_id: ThreadId) -> ThreadState {
+        ThreadState {
+            auth: auth.clone(),
+            thread_id,
+            inner: self.inner.clone(),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// Accept a user message: a new task in the message's thread (or a new thread), or the
+    /// continuation of the task it names when that task waits for input. The message is
+    /// persisted and queued on its thread before this returns; the thread's worker runs it
+    /// when the thread is free. Blocking by default: see [`SendOptions`].
     pub async fn send_message(
         &self,
         auth: &AuthContext,
@@ -137,6 +262,9 @@ impl AgentExecutor {
             }
             None => Task::new(message.thread_id.clone().unwrap_or_default()),
         };
+        self.thread(auth, task.thread_id.clone())
+            .ensure_open()
+            .await?;
         message.task_id = Some(task.id.clone());
         message.thread_id = Some(task.thread_id.clone());
         match options.run_context {
@@ -149,12 +277,19 @@ impl AgentExecutor {
         tasks
             .add_task_event(auth, &task.id, &TaskEvent::Message { message })
             .await?;
+        self.inner
+            .enqueue(
+                auth,
+                &task.thread_id,
+                QueuedWork::Task {
+                    task_id: task.id.clone(),
+                },
+            )
+            .await?;
 
-        let done = self.start_run(auth.clone(), task.id.clone());
-        if options.return_immediately {
-            return self.get_task(auth, &task.id, options.history_length).await;
+        if !options.return_immediately {
+            self.inner.wait_until_resting(auth, &task.id).await?;
         }
-        wait_done(done).await;
         self.get_task(auth, &task.id, options.history_length).await
     }
 
@@ -177,17 +312,19 @@ impl AgentExecutor {
         })
     }
 
-    /// Cancel a task. A running task is stopped live and ends `canceled` with `reason`; a
-    /// terminal task is [`AgentError::TaskNotCancelable`]; an unknown one
-    /// [`AgentError::TaskNotFound`].
+    /// Cancel a task wherever it is: queued, waiting for input, running here (stopped live),
+    /// or running in another process sharing the store (which sees the request at its next
+    /// checkpoint). Ends `canceled` with `reason`; a terminal task is
+    /// [`AgentError::TaskNotCancelable`], an unknown one [`AgentError::TaskNotFound`].
     pub async fn cancel_task(
         &self,
         auth: &AuthContext,
         task_id: &TaskId,
         reason: Option<String>,
     ) -> AgentResult<Task> {
-        let tasks = self.inner.runtime.task_manager();
-        let mut task =
+        let inner = &self.inner;
+        let tasks = inner.runtime.task_manager();
+        let task =
             tasks
                 .get_task(auth, task_id)
                 .await?
@@ -200,23 +337,51 @@ impl AgentExecutor {
                 state: task.state(),
             });
         }
-        let active = self
-            .inner
+        let reason = reason.unwrap_or_else(|| "canceled by request".into());
+        // The durable flag reaches a run in any process at its next checkpoint.
+        inner
+            .runtime
+            .memory_service()
+            .save_serialized_with_ttl(
+                auth,
+                &cancel_key(task_id),
+                json!(reason),
+                Duration::from_secs(86_400),
+            )
+            .await?;
+        let local = inner
             .active
             .get(&(auth.namespace(), task_id.clone()))
             .map(|a| a.clone());
-        match active {
-            Some(run) => {
-                *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = reason;
-                run.token.cancel();
-                wait_done(run.done.clone()).await;
-            }
-            None => {
-                let reason = reason.unwrap_or_else(|| "canceled by request".into());
-                mark_canceled(&mut task, &reason)?;
-                self.inner.persist_final(auth, &task).await?;
-            }
+        if let Some(run) = local {
+            *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+            run.token.cancel();
+        } else if task.state() != TaskState::Working {
+            // Queued or waiting for input: no run holds it, so end it here. A worker that
+            // picks its queue item up later skips it.
+            inner.cancel_at_rest(auth, task_id, &reason).await?;
+        } else if let Some(lease) = inner
+            .runtime
+            .thread_store()
+            .acquire_lease(
+                auth,
+                &task.thread_id,
+                &inner.config.holder,
+                inner.config.lease_ttl,
+            )
+            .await?
+        {
+            // Working, but nobody holds its thread: its process died. End it here.
+            let result = inner.cancel_at_rest(auth, task_id, &reason).await;
+            inner
+                .runtime
+                .thread_store()
+                .release_lease(auth, &lease)
+                .await?;
+            inner.schedule(auth, &task.thread_id);
+            result?;
         }
+        inner.wait_until_resting(auth, task_id).await?;
         let task = self.get_task(auth, task_id, None).await?;
         if task.state() != TaskState::Canceled {
             return Err(AgentError::TaskNotCancelable {
@@ -234,9 +399,51 @@ impl AgentExecutor {
             .contains_key(&(auth.namespace(), task_id.clone()))
     }
 
-    /// Cancel every running task (reason `shutdown`) and wait until each has persisted its
-    /// final state.
+    /// Resume what a dead process left behind for this tenant: every task that is queued or
+    /// working gets its thread scheduled (a working task resumes at its last persisted step),
+    /// and a task whose queue entry was lost is queued again.
+    pub async fn recover(&self, auth: &AuthContext) -> AgentResult<usize> {
+        let tasks = self.inner.runtime.task_manager();
+        let threads = self.inner.runtime.thread_store();
+        let mut resumed = 0;
+        for state in [TaskState::Working, TaskState::Submitted] {
+            let mut filter = ListTasksFilter {
+                state: Some(state),
+                page_size: Some(100),
+                ..Default::default()
+            };
+            loop {
+                let page = tasks.list_tasks(auth, &filter).await?;
+                for task in &page.items {
+                    let queued = threads
+                        .peek_queue(auth, &task.thread_id, usize::MAX)
+                        .await?;
+                    let in_queue = queued.iter().any(|item| {
+                        matches!(serde_json::from_value(item.payload.clone()), Ok(QueuedWork::Task { task_id }) if task_id == task.id)
+                    });
+                    if !in_queue {
+                        let payload = serde_json::to_value(QueuedWork::Task {
+                            task_id: task.id.clone(),
+                        })
+                        .map_err(AgentError::internal)?;
+                        threads.push_queue(auth, &task.thread_id, payload).await?;
+                    }
+                    self.inner.schedule(auth, &task.thread_id);
+                    resumed += 1;
+                }
+                match page.next_page_token {
+                    Some(token) => filter.page_token = Some(token),
+                    None => break,
+                }
+            }
+        }
+        Ok(resumed)
+    }
+
+    /// Cancel every run of this process (reason `server shutting down`), stop taking new
+    /// work, and wait until each run has persisted its final state.
     pub async fn shutdown(&self) {
+        self.inner.shutting_down.cancel();
         for run in self.inner.active.iter() {
             *run.reason.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some("server shutting down".into());
@@ -245,55 +452,247 @@ impl AgentExecutor {
         self.inner.tracker.close();
         self.inner.tracker.wait().await;
     }
-
-    fn start_run(&self, auth: AuthContext, task_id: TaskId) -> watch::Receiver<bool> {
-        let (done_tx, done_rx) = watch::channel(false);
-        let run = Arc::new(ActiveRun {
-            token: CancellationToken::new(),
-            reason: Mutex::new(None),
-            done: done_rx.clone(),
-        });
-        let key = (auth.namespace(), task_id.clone());
-        self.inner.active.insert(key.clone(), run.clone());
-        let inner = self.inner.clone();
-        let span = tracing::info_span!("run", task_id = %task_id, agent = %inner.agent.card().name);
-        self.inner.tracker.spawn(
-            async move {
-                // The run itself is a separate task so that a panic in it (or in a tool) is
-                // contained here and still ends the task.
-                let worker = {
-                    let inner = inner.clone();
-                    let auth = auth.clone();
-                    let task_id = task_id.clone();
-                    let run = run.clone();
-                    tokio::spawn(
-                        async move { inner.run(&auth, &task_id, &run).await }.in_current_span(),
-                    )
-                };
-                let result = match worker.await {
-                    Ok(result) => result,
-                    Err(join) => Err(AgentError::internal(format!("the run panicked: {join}"))),
-                };
-                if let Err(err) = result {
-                    tracing::error!(error = %err, "run ended with an error; failing the task");
-                    inner.fail_after_error(&auth, &task_id, &err).await;
-                }
-                inner.active.remove(&key);
-                let _ = done_tx.send(true);
-            }
-            .instrument(span),
-        );
-        done_rx
-    }
 }
 
-async fn wait_done(mut done: watch::Receiver<bool>) {
-    // An error means the sender is gone, which only happens once the run has finished.
-    let _ = done.wait_for(|finished| *finished).await;
+fn cancel_key(task_id: &TaskId) -> String {
+    format!("keel:cancel:{task_id}")
+}
+
+fn is_resting(state: TaskState) -> bool {
+    state.is_terminal() || matches!(state, TaskState::InputRequired | TaskState::AuthRequired)
 }
 
 impl Inner {
-    async fn persist_final(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
+    async fn enqueue(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        work: QueuedWork,
+    ) -> AgentResult<()> {
+        let payload = serde_json::to_value(&work).map_err(AgentError::internal)?;
+        self.runtime
+            .thread_store()
+            .push_queue(auth, thread_id, payload)
+            .await?;
+        self.schedule(auth, thread_id);
+        Ok(())
+    }
+
+    /// Make sure a local driver looks after the thread: wake the one that exists or start one.
+    pub(crate) fn schedule(&self, auth: &AuthContext, thread_id: &ThreadId) {
+        if self.shutting_down.is_cancelled() {
+            return;
+        }
+        let Some(me) = self.me.upgrade() else { return };
+        let key = (auth.namespace(), thread_id.clone());
+        match self.workers.entry(key.clone()) {
+            dashmap::mapref::entry::Entry::Occupied(worker) => worker.get().notify_one(),
+            dashmap::mapref::entry::Entry::Vacant(slot) => {
+                let notify = Arc::new(Notify::new());
+                slot.insert(notify.clone());
+                let (auth, thread_id) = (auth.clone(), thread_id.clone());
+                let span = tracing::info_span!("thread", thread_id = %thread_id);
+                self.tracker.spawn(
+                    async move { me.drive_thread(auth, thread_id, key, notify).await }
+                        .instrument(span),
+                );
+            }
+        }
+    }
+
+    /// Take the thread's lease and work its queue; while another process holds the lease,
+    /// look again now and then, so that work is taken over if that process dies.
+    async fn drive_thread(
+        self: Arc<Self>,
+        auth: AuthContext,
+        thread_id: ThreadId,
+        key: ThreadKey,
+        notify: Arc<Notify>,
+    ) {
+        let store = self.runtime.thread_store();
+        loop {
+            if self.shutting_down.is_cancelled() {
+                break;
+            }
+            match store.queue_len(&auth, &thread_id).await {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(err) => tracing::warn!(error = %err, "cannot read the thread queue"),
+            }
+            match store
+                .acquire_lease(
+                    &auth,
+                    &thread_id,
+                    &self.config.holder,
+                    self.config.lease_ttl,
+                )
+                .await
+            {
+                Ok(Some(lease)) => {
+                    let Ok(_permit) = self.slots.clone().acquire_owned().await else {
+                        break;
+                    };
+                    self.work_queue(&auth, lease).await;
+                    continue;
+                }
+                Ok(None) => {}
+                Err(err) => tracing::warn!(error = %err, "cannot take the thread lease"),
+            }
+            tokio::select! {
+                () = notify.notified() => {}
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+                () = self.shutting_down.cancelled() => break,
+            }
+        }
+        self.workers.remove(&key);
+        // Work queued between the last look and the removal must not be stranded.
+        if !self.shutting_down.is_cancelled()
+            && store.queue_len(&auth, &thread_id).await.unwrap_or(0) > 0
+        {
+            self.schedule(&auth, &thread_id);
+        }
+    }
+
+    /// Holding the lease: process queued work in FIFO order until the queue is empty.
+    async fn work_queue(&self, auth: &AuthContext, lease: Lease) {
+        let store = self.runtime.thread_store();
+        let flow = Flow {
+            auth: auth.clone(),
+            thread_id: lease.thread_id.clone(),
+            lease: Arc::new(RwLock::new(lease)),
+            lost: CancellationToken::new(),
+        };
+        let renewer = {
+            let (store, auth, lease, lost) = (
+                store.clone(),
+                auth.clone(),
+                flow.lease.clone(),
+                flow.lost.clone(),
+            );
+            let period = self.config.lease_ttl / 3;
+            let ttl = self.config.lease_ttl;
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(period).await;
+                    let current = lease.read().unwrap_or_else(|p| p.into_inner()).clone();
+                    match store.renew_lease(&auth, &current, ttl).await {
+                        Ok(renewed) => *lease.write().unwrap_or_else(|p| p.into_inner()) = renewed,
+                        Err(err) => {
+                            tracing::warn!(error = %err, "thread lease lost; stopping the flow");
+                            lost.cancel();
+                            return;
+                        }
+                    }
+                }
+            })
+        };
+        loop {
+            if flow.lost.is_cancelled() || self.shutting_down.is_cancelled() {
+                break;
+            }
+            let items = match store.peek_queue(auth, &flow.thread_id, 1).await {
+                Ok(items) => items,
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot read the thread queue");
+                    break;
+                }
+            };
+            let Some(item) = items.into_iter().next() else {
+                break;
+            };
+            let result = match serde_json::from_value::<QueuedWork>(item.payload.clone()) {
+                Err(err) => {
+                    tracing::error!(error = %err, item = %item.id, "dropping malformed queued work");
+                    Ok(())
+                }
+                Ok(QueuedWork::Task { task_id }) => self.run_task(&flow, &task_id).await,
+                Ok(QueuedWork::Message { message }) => {
+                    self.start_turn(&flow, message, &item.id).await
+                }
+                Ok(QueuedWork::Tool { call }) => {
+                    let message = Message::new(
+                        Role::User,
+                        vec![Part::tool_call(
+                            &call.id,
+                            &call.name,
+                            call.arguments.clone(),
+                        )],
+                    )
+                    .in_thread(flow.thread_id.clone());
+                    self.start_turn(&flow, message, &item.id).await
+                }
+            };
+            if let Err(err) = result {
+                if matches!(err, AgentError::LeaseLost { .. }) {
+                    break;
+                }
+                tracing::error!(error = %err, "queued work failed");
+            }
+            if flow.lost.is_cancelled() {
+                break;
+            }
+            if let Err(err) = store
+                .ack_queue(auth, &flow.lease(), std::slice::from_ref(&item.id))
+                .await
+            {
+                tracing::warn!(error = %err, "cannot acknowledge queued work");
+                break;
+            }
+        }
+        renewer.abort();
+        if let Err(err) = store.release_lease(auth, &flow.lease()).await {
+            tracing::warn!(error = %err, "cannot release the thread lease");
+        }
+    }
+
+    /// Work queued while the thread was idle starts a turn of its own: a task in the thread.
+    async fn start_turn(
+        &self,
+        flow: &Flow,
+        mut message: Message,
+        item_id: &str,
+    ) -> AgentResult<()> {
+        let tasks = self.runtime.task_manager();
+        let mut task = Task::new(flow.thread_id.clone());
+        // The task id derives from the queue item, so a redelivered item continues its task.
+        task.id = TaskId::from(format!("queued-{item_id}"));
+        if tasks.get_task(&flow.auth, &task.id).await?.is_none() {
+            RunContext::ensure_task_context(&mut task)?;
+            message.task_id = Some(task.id.clone());
+            message.thread_id = Some(task.thread_id.clone());
+            tasks.save_task(&flow.auth, &task).await?;
+            tasks
+                .add_task_event(&flow.auth, &task.id, &TaskEvent::Message { message })
+                .await?;
+        }
+        self.run_task(flow, &task.id).await
+    }
+
+    /// Wait until the task rests (terminal or waiting for input). Local changes wake the
+    /// waiter at once; a task run by another process is looked at every poll interval.
+    async fn wait_until_resting(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<()> {
+        let mut changed = self.changed.subscribe();
+        loop {
+            changed.borrow_and_update();
+            let task = self
+                .runtime
+                .task_manager()
+                .get_task(auth, task_id)
+                .await?
+                .ok_or_else(|| AgentError::TaskNotFound {
+                    task_id: task_id.clone(),
+                })?;
+            if is_resting(task.state()) {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = changed.changed() => {}
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+    }
+
+    async fn persist_status(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
         let tasks = self.runtime.task_manager();
         tasks.save_task(auth, task).await?;
         tasks
@@ -307,17 +706,168 @@ impl Inner {
                     is_final: task.state().is_terminal(),
                 },
             )
-            .await
+            .await?;
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        Ok(())
     }
 
-    async fn record(
+    /// Cancel a task no run holds.
+    async fn cancel_at_rest(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        reason: &str,
+    ) -> AgentResult<()> {
+        let Some(mut task) = self.runtime.task_manager().get_task(auth, task_id).await? else {
+            return Ok(());
+        };
+        if task.state().is_terminal() {
+            return Ok(());
+        }
+        mark_canceled(&mut task, reason)?;
+        self.persist_status(auth, &task).await
+    }
+
+    pub(crate) fn cancel_thread_runs(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        reason: &str,
+    ) {
+        let namespace = auth.namespace();
+        for run in self.active.iter() {
+            if run.key().0 == namespace && &run.thread_id == thread_id {
+                *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_owned());
+                run.token.cancel();
+            }
+        }
+    }
+
+    /// Whether the run must stop: canceled here, canceled through the store by another
+    /// process, or the thread's lease lost.
+    async fn stop_requested(
+        &self,
+        flow: &Flow,
+        task_id: &TaskId,
+        run: &ActiveRun,
+    ) -> Option<Outcome> {
+        if flow.lost.is_cancelled() {
+            return Some(Outcome::Abandoned);
+        }
+        if run.token.is_cancelled() {
+            return Some(Outcome::Canceled {
+                reason: run_reason(run),
+            });
+        }
+        match self
+            .runtime
+            .memory_service()
+            .load_serialized(&flow.auth, &cancel_key(task_id))
+            .await
+        {
+            Ok(Some(reason)) => {
+                let reason = reason.as_str().unwrap_or("canceled by request").to_owned();
+                *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
+                run.token.cancel();
+                Some(Outcome::Canceled { reason })
+            }
+            _ => None,
+        }
+    }
+
+    /// Run (or resume) one task on the thread `flow` holds.
+    async fn run_task(&self, flow: &Flow, task_id: &TaskId) -> AgentResult<()> {
+        let auth = &flow.auth;
+        let Some(mut task) = self.runtime.task_manager().get_task(auth, task_id).await? else {
+            return Ok(());
+        };
+        if is_resting(task.state()) && !self.has_unseen_input(flow, &task).await? {
+            return Ok(());
+        }
+        let key = (auth.namespace(), task_id.clone());
+        let run = Arc::new(ActiveRun {
+            thread_id: flow.thread_id.clone(),
+            token: CancellationToken::new(),
+            reason: Mutex::new(None),
+        });
+        self.active.insert(key.clone(), run.clone());
+        let span = tracing::info_span!("run", task_id = %task_id, agent = %self.agent.card().name);
+        let result = self
+            .run_task_inner(flow, &mut task, &run)
+            .instrument(span)
+            .await;
+        self.active.remove(&key);
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        match result {
+            Ok(()) => Ok(()),
+            Err(err @ AgentError::LeaseLost { .. }) => Err(err),
+            Err(err) => {
+                tracing::error!(error = %err, "run failed; failing the task");
+                if let Ok(Some(mut task)) =
+                    self.runtime.task_manager().get_task(auth, task_id).await
+                {
+                    if !task.state().is_terminal() && task.fail(err.to_string()).is_ok() {
+                        self.persist_status(auth, &task).await?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether a resting task has user input that the thread history has not seen (an
+    /// input-required task that got its answer).
+    async fn has_unseen_input(&self, flow: &Flow, task: &Task) -> AgentResult<bool> {
+        if !matches!(
+            task.state(),
+            TaskState::InputRequired | TaskState::AuthRequired
+        ) {
+            return Ok(false);
+        }
+        let history = self.read_history(flow).await?;
+        let seen = seen_message_ids(&history);
+        let events = self
+            .runtime
+            .task_manager()
+            .get_task_events(&flow.auth, &task.id)
+            .await?;
+        let unseen = user_messages(&events).any(|m| !seen.contains(m.message_id.as_str()));
+        Ok(unseen)
+    }
+
+    async fn read_history(&self, flow: &Flow) -> AgentResult<Vec<LlmMessage>> {
+        Ok(self
+            .runtime
+            .thread_store()
+            .read_history(&flow.auth, &flow.thread_id, 0, usize::MAX)
+            .await?
+            .into_iter()
+            .map(|entry| entry.message)
+            .collect())
+    }
+
+    /// Persist to the thread history under the lease, and mirror locally.
+    async fn append(
+        &self,
+        flow: &Flow,
+        history: &mut Vec<LlmMessage>,
+        messages: Vec<LlmMessage>,
+    ) -> AgentResult<()> {
+        self.runtime
+            .thread_store()
+            .append_history(&flow.auth, &flow.lease(), &messages)
+            .await?;
+        history.extend(messages);
+        Ok(())
+    }
+
+    async fn record_event(
         &self,
         auth: &AuthContext,
         task: &Task,
-        message: Message,
-        history: &mut Vec<Message>,
-    ) -> AgentResult<()> {
-        let mut message = message;
+        parts: Vec<Part>,
+    ) -> AgentResult<Message> {
+        let mut message = Message::new(Role::Agent, parts);
         message.task_id = Some(task.id.clone());
         message.thread_id = Some(task.thread_id.clone());
         self.runtime
@@ -330,67 +880,611 @@ impl Inner {
                 },
             )
             .await?;
-        history.push(message);
-        Ok(())
+        Ok(message)
     }
 
-    /// A run that ended in an error it could not record: fail the task if it is not terminal.
-    async fn fail_after_error(&self, auth: &AuthContext, task_id: &TaskId, err: &AgentError) {
-        let tasks = self.runtime.task_manager();
-        let Ok(Some(mut task)) = tasks.get_task(auth, task_id).await else {
-            return;
-        };
-        if task.state().is_terminal() {
-            return;
-        }
-        if task.fail(err.to_string()).is_ok() {
-            if let Err(e) = self.persist_final(auth, &task).await {
-                tracing::error!(error = %e, "could not record the failure of task {task_id}");
-            }
-        }
-    }
-
-    async fn run(
+    async fn run_task_inner(
         &self,
-        auth: &AuthContext,
-        task_id: &TaskId,
-        active: &ActiveRun,
+        flow: &Flow,
+        task: &mut Task,
+        run: &ActiveRun,
     ) -> AgentResult<()> {
-        let mut task =
-            load_task_with_history(self.runtime.task_manager().as_ref(), auth, task_id, None)
-                .await?
-                .ok_or_else(|| AgentError::TaskNotFound {
-                    task_id: task_id.clone(),
-                })?;
-        let mut history = std::mem::take(&mut task.history);
-        task.begin()?;
-        self.persist_final(auth, &task).await?;
-
-        let run_context = RunContext::ensure_task_context(&mut task)?;
+        let auth = &flow.auth;
+        let thread = ThreadState {
+            auth: auth.clone(),
+            thread_id: flow.thread_id.clone(),
+            inner: self
+                .me
+                .upgrade()
+                .ok_or_else(|| AgentError::internal("executor dropped"))?,
+            cancel: run.token.clone(),
+        };
+        // A task whose thread was terminated after it was queued never starts.
+        if thread.is_terminated().await? {
+            mark_canceled(task, "thread terminated")?;
+            return self.persist_status(auth, task).await;
+        }
+        if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
+            return self.finish(flow, task, outcome).await;
+        }
+        if task.state() != TaskState::Working {
+            task.begin()?;
+            self.persist_status(auth, task).await?;
+        }
+        let run_context = RunContext::ensure_task_context(task)?;
+        let started = Instant::now();
         let ctx = ToolContext {
             auth: auth.clone(),
-            run: run_context,
+            run: run_context.clone(),
             task_id: task.id.clone(),
             thread_id: task.thread_id.clone(),
-            cancel: active.token.clone(),
+            thread,
+            cancel: run.token.clone(),
             runtime: self.runtime.clone(),
         };
-        let outcome = match direct_tool_calls(history.last()) {
+
+        // The task's user messages join the thread history once each (a resumed run finds
+        // them there already).
+        let mut history = self.read_history(flow).await?;
+        let seen = seen_message_ids(&history);
+        let events = self
+            .runtime
+            .task_manager()
+            .get_task_events(auth, &task.id)
+            .await?;
+        let mut new_input = Vec::new();
+        for message in user_messages(&events) {
+            if !seen.contains(message.message_id.as_str()) {
+                let mut entry = LlmMessage::user(message.text());
+                tag(&mut entry, &task.id);
+                entry
+                    .metadata
+                    .insert(META_MESSAGE.into(), json!(message.message_id.as_str()));
+                new_input.push(entry);
+            }
+        }
+        let direct = direct_tool_calls(user_messages(&events).last());
+        if !new_input.is_empty() {
+            self.append(flow, &mut history, new_input).await?;
+        }
+        if let Some(max_turns) = self.agent.stop_rules().max_session_turns {
+            let turns = history
+                .iter()
+                .filter(|m| m.role == LlmRole::User && m.metadata.contains_key(META_MESSAGE))
+                .count() as u64;
+            if turns > u64::from(max_turns) {
+                let error = AgentError::BudgetExceeded {
+                    limit: "max_session_turns".into(),
+                    used: turns,
+                    max: u64::from(max_turns),
+                };
+                return self
+                    .finish(
+                        flow,
+                        task,
+                        Outcome::Failed {
+                            error,
+                            reason: "max_session_turns".into(),
+                        },
+                    )
+                    .await;
+            }
+        }
+
+        let outcome = match direct {
             Some(calls) => {
-                self.run_direct(auth, &task, calls, &ctx, &mut history)
+                self.run_direct(flow, task, calls, &ctx, run, &mut history)
                     .await?
             }
             None => {
-                self.run_model_loop(auth, &mut task, &ctx, &mut history)
+                self.resume_interrupted_calls(flow, task, &ctx, run, &mut history)
+                    .await?;
+                self.step_loop(flow, task, &ctx, run, &mut history, started, &run_context)
                     .await?
             }
         };
+        self.finish(flow, task, outcome).await
+    }
 
-        match outcome {
-            Outcome::Answer(text) => {
-                let answer = Message::agent(text.clone());
-                self.record(auth, &task, answer.clone(), &mut history)
+    /// After a crash: tool calls of this task with no persisted result are re-run when the
+    /// tool is idempotent, otherwise answered with an "interrupted" error the model sees.
+    async fn resume_interrupted_calls(
+        &self,
+        flow: &Flow,
+        task: &Task,
+        ctx: &ToolContext,
+        run: &ActiveRun,
+        history: &mut Vec<LlmMessage>,
+    ) -> AgentResult<()> {
+        let answered: HashSet<String> = history
+            .iter()
+            .filter_map(|m| m.tool_call_id.clone())
+            .collect();
+        let dangling: Vec<ToolCall> = history
+            .iter()
+            .filter(|m| m.role == LlmRole::Assistant && is_tagged(m, &task.id))
+            .flat_map(|m| m.tool_calls.clone())
+            .filter(|c| !answered.contains(&c.id))
+            .collect();
+        for call in dangling {
+            let idempotent = self
+                .agent
+                .tool(&call.name)
+                .is_some_and(|t| t.tool.idempotent());
+            let (output, is_error) = if idempotent {
+                match self.call_tool(&call, ctx, run).await {
+                    Some(result) => result,
+                    None => return Ok(()),
+                }
+            } else {
+                (
+                    json!(format!(
+                        "tool call `{}` was interrupted by a restart and not run again",
+                        call.name
+                    )),
+                    true,
+                )
+            };
+            self.persist_tool_result(flow, task, &call, output, is_error, history)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn persist_tool_result(
+        &self,
+        flow: &Flow,
+        task: &Task,
+        call: &ToolCall,
+        output: Value,
+        is_error: bool,
+        history: &mut Vec<LlmMessage>,
+    ) -> AgentResult<()> {
+        let mut result = LlmMessage::tool_result(call, render(&output));
+        tag(&mut result, &task.id);
+        if is_error {
+            result.metadata.insert("keel.is_error".into(), json!(true));
+        }
+        self.append(flow, history, vec![result]).await?;
+        self.record_event(
+            &flow.auth,
+            task,
+            vec![Part::tool_output(&call.id, &call.name, output, is_error)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Queued messages and tools are injected before the next model call (§9).
+    async fn inject_queued(
+        &self,
+        flow: &Flow,
+        task: &Task,
+        ctx: &ToolContext,
+        run: &ActiveRun,
+        history: &mut Vec<LlmMessage>,
+    ) -> AgentResult<()> {
+        let store = self.runtime.thread_store();
+        let items = store.peek_queue(&flow.auth, &flow.thread_id, 64).await?;
+        let seen: HashSet<String> = history
+            .iter()
+            .filter_map(|m| {
+                m.metadata
+                    .get(META_QUEUE_ITEM)
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .collect();
+        let mut injected = Vec::new();
+        for item in items {
+            let Ok(work) = serde_json::from_value::<QueuedWork>(item.payload.clone()) else {
+                continue;
+            };
+            if !seen.contains(&item.id) {
+                match work {
+                    QueuedWork::Task { .. } => continue,
+                    QueuedWork::Message { message } => {
+                        let mut entry = LlmMessage::user(message.text());
+                        tag(&mut entry, &task.id);
+                        entry
+                            .metadata
+                            .insert(META_QUEUE_ITEM.into(), json!(item.id));
+                        self.append(flow, history, vec![entry]).await?;
+                        let mut shown = message;
+                        shown.task_id = Some(task.id.clone());
+                        shown.thread_id = Some(task.thread_id.clone());
+                        self.runtime
+                            .task_manager()
+                            .add_task_event(
+                                &flow.auth,
+                                &task.id,
+                                &TaskEvent::Message { message: shown },
+                            )
+                            .await?;
+                    }
+                    QueuedWork::Tool { call } => {
+                        let mut request = LlmMessage::assistant("", vec![call.clone()]);
+                        tag(&mut request, &task.id);
+                        request
+                            .metadata
+                            .insert(META_QUEUE_ITEM.into(), json!(item.id));
+                        self.append(flow, history, vec![request]).await?;
+                        let Some((output, is_error)) = self.call_tool(&call, ctx, run).await else {
+                            return Ok(());
+                        };
+                        self.persist_tool_result(flow, task, &call, output, is_error, history)
+                            .await?;
+                    }
+                }
+            } else if matches!(work, QueuedWork::Task { .. }) {
+                continue;
+            }
+            injected.push(item.id);
+        }
+        if !injected.is_empty() {
+            tracing::debug!(count = injected.len(), "queued work injected");
+            store
+                .ack_queue(&flow.auth, &flow.lease(), &injected)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn system_prompt(&self, ctx: &ToolContext) -> String {
+        let mut prompt = self.agent.instructions().to_owned();
+        if !prompt.contains("{{") {
+            return prompt;
+        }
+        let builtins = [
+            ("agent_name", self.agent.card().name.clone()),
+            ("thread_id", ctx.thread_id.to_string()),
+            ("task_id", ctx.task_id.to_string()),
+            ("date", Utc::now().format("%Y-%m-%d").to_string()),
+        ];
+        for (name, value) in builtins {
+            prompt = prompt.replace(&format!("{{{{{name}}}}}"), &value);
+        }
+        // Remaining placeholders come from the thread's key-value store.
+        let mut rest = prompt.clone();
+        while let Some(start) = rest.find("{{") {
+            let Some(len) = rest[start + 2..].find("}}") else {
+                break;
+            };
+            let name = rest[start + 2..start + 2 + len].trim().to_owned();
+            if let Ok(Some(value)) = ctx.thread.get_value(&name).await {
+                prompt = prompt.replace(&format!("{{{{{name}}}}}"), &render(&value));
+            }
+            rest = rest[start + 2 + len + 2..].to_owned();
+        }
+        prompt
+    }
+
+    #[allow(clippy::too_many_arguments)] // the loop's state, passed explicitly rather than bundled
+    async fn step_loop(
+        &self,
+        flow: &Flow,
+        task: &Task,
+        ctx: &ToolContext,
+        run: &ActiveRun,
+        history: &mut Vec<LlmMessage>,
+        started: Instant,
+        run_context: &RunContext,
+    ) -> AgentResult<Outcome> {
+        let llm = self
+            .agent
+            .llm()
+            .cloned()
+            .unwrap_or_else(|| self.runtime.default_llm());
+        let tools = self.agent.tool_specs();
+        let rules = self.agent.stop_rules().clone();
+        let mut invalid_calls: HashMap<String, u32> = HashMap::new();
+        // A resumed run continues counting from the steps already in the history.
+        let done = history
+            .iter()
+            .filter(|m| m.role == LlmRole::Assistant && is_tagged(m, &task.id))
+            .count() as u32;
+        for step in done + 1..=rules.max_steps {
+            if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
+                return Ok(outcome);
+            }
+            if let Some(max) = run_context.budget.max_runtime_seconds {
+                let used = started.elapsed().as_secs_f64();
+                if used >= max {
+                    let error = AgentError::BudgetExceeded {
+                        limit: "max_runtime_seconds".into(),
+                        used: used as u64,
+                        max: max as u64,
+                    };
+                    return Ok(Outcome::Failed {
+                        error,
+                        reason: "max_runtime_seconds".into(),
+                    });
+                }
+            }
+            self.inject_queued(flow, task, ctx, run, history).await?;
+            let mut messages = Vec::with_capacity(history.len() + 1);
+            let system = self.system_prompt(ctx).await;
+            if !system.is_empty() {
+                messages.push(LlmMessage::system(system));
+            }
+            messages.extend(history.iter().cloned());
+            let request = LlmRequest::new(messages).with_tools(tools.clone());
+            let response = tokio::select! {
+                biased;
+                () = run.token.cancelled() => return Ok(Outcome::Canceled { reason: run_reason(run) }),
+                () = flow.lost.cancelled() => return Ok(Outcome::Abandoned),
+                response = llm.complete(request).instrument(tracing::info_span!("step", step)) => response,
+            };
+            let response = match response {
+                Ok(response) => response,
+                Err(error) => {
+                    return Ok(Outcome::Failed {
+                        error,
+                        reason: "model_error".into(),
+                    })
+                }
+            };
+            if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
+                return Ok(outcome);
+            }
+            // Persist the assistant response before anything runs.
+            let content = response.content.clone().unwrap_or_default();
+            let mut assistant = LlmMessage::assistant(content.clone(), response.tool_calls.clone());
+            tag(&mut assistant, &task.id);
+            self.append(flow, history, vec![assistant]).await?;
+            let mut parts: Vec<Part> = if content.is_empty() {
+                Vec::new()
+            } else {
+                vec![Part::text(&content)]
+            };
+            parts.extend(
+                response
+                    .tool_calls
+                    .iter()
+                    .map(|c| Part::tool_call(&c.id, &c.name, c.arguments.clone())),
+            );
+            if !parts.is_empty() {
+                self.record_event(&flow.auth, task, parts).await?;
+            }
+            if response.tool_calls.is_empty() {
+                if rules.stop_on_response {
+                    return Ok(Outcome::Answer {
+                        text: content,
+                        reason: "response",
+                        recorded: true,
+                    });
+                }
+                continue;
+            }
+
+            let mut lifecycle: Option<Outcome> = None;
+            let mut stop_tool_output: Option<String> = None;
+            let mut handoff: Option<String> = None;
+            let mut repeated_invalid: Option<String> = None;
+            for call in &response.tool_calls {
+                if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
+                    return Ok(outcome);
+                }
+                let (output, is_error) = match call.name.as_str() {
+                    SESSION_STOP_TOOL if rules.lifecycle_tools => {
+                        let result = call.arguments.get("result").map(render).unwrap_or_default();
+                        lifecycle.get_or_insert(Outcome::Answer {
+                            text: result,
+                            reason: "session_stop",
+                            recorded: false,
+                        });
+                        (json!("the task will end as completed"), false)
+                    }
+                    SESSION_FAIL_TOOL if rules.lifecycle_tools => {
+                        let error = call
+                            .arguments
+                            .get("error")
+                            .map(render)
+                            .unwrap_or_else(|| "the agent gave up".into());
+                        lifecycle.get_or_insert(Outcome::Failed {
+                            error: AgentError::ToolFailed {
+                                tool: SESSION_FAIL_TOOL.into(),
+                                message: error,
+                            },
+                            reason: "session_fail".into(),
+                        });
+                        (json!("the task will end as failed"), false)
+                    }
+                    ASK_HUMAN_TOOL if self.agent.human_handoff() => {
+                        let question = call
+                            .arguments
+                            .get("question")
+                            .map(render)
+                            .unwrap_or_default();
+                        handoff.get_or_insert(question);
+                        (json!("the question was sent to the human; their answer follows as a user message"), false)
+                    }
+                    _ => {
+                        let Some(result) = self.call_tool(call, ctx, run).await else {
+                            return Ok(Outcome::Canceled {
+                                reason: run_reason(run),
+                            });
+                        };
+                        result
+                    }
+                };
+                if is_error
+                    && output
+                        .as_str()
+                        .is_some_and(|o| o.starts_with("invalid arguments"))
+                {
+                    let key = format!("{}:{}", call.name, call.arguments);
+                    let count = invalid_calls.entry(key).or_default();
+                    *count += 1;
+                    if *count > rules.max_invalid_repeats {
+                        repeated_invalid.get_or_insert_with(|| call.name.clone());
+                    }
+                }
+                if !is_error && rules.stop_tool.as_deref() == Some(call.name.as_str()) {
+                    stop_tool_output.get_or_insert_with(|| render(&output));
+                }
+                self.persist_tool_result(flow, task, call, output, is_error, history)
                     .await?;
+            }
+            // Stop rules, in the seed's order.
+            if let Some(outcome) = lifecycle {
+                return Ok(outcome);
+            }
+            if let Some(text) = stop_tool_output {
+                return Ok(Outcome::Answer {
+                    text,
+                    reason: "stop_tool",
+                    recorded: false,
+                });
+            }
+            if let Some(tool) = repeated_invalid {
+                let error = AgentError::ToolFailed {
+                    tool: tool.clone(),
+                    message: format!(
+                        "the model repeated the same invalid call more than {} times",
+                        rules.max_invalid_repeats
+                    ),
+                };
+                return Ok(Outcome::Failed {
+                    error,
+                    reason: "invalid_tool_repeats".into(),
+                });
+            }
+            if let Some(question) = handoff {
+                return Ok(Outcome::InputRequired { question });
+            }
+        }
+        let error = AgentError::BudgetExceeded {
+            limit: "max_steps".into(),
+            used: u64::from(rules.max_steps),
+            max: u64::from(rules.max_steps),
+        };
+        Ok(Outcome::Failed {
+            error,
+            reason: "max_steps".into(),
+        })
+    }
+
+    /// Decision 6: a message made only of tool calls runs them with no model, and the task
+    /// fails when one fails.
+    async fn run_direct(
+        &self,
+        flow: &Flow,
+        task: &Task,
+        calls: Vec<ToolCall>,
+        ctx: &ToolContext,
+        run: &ActiveRun,
+        history: &mut Vec<LlmMessage>,
+    ) -> AgentResult<Outcome> {
+        let answered: HashSet<String> = history
+            .iter()
+            .filter_map(|m| m.tool_call_id.clone())
+            .collect();
+        let mut outputs = Vec::new();
+        for call in &calls {
+            if answered.contains(&call.id) {
+                continue;
+            }
+            if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
+                return Ok(outcome);
+            }
+            let mut request = LlmMessage::assistant("", vec![call.clone()]);
+            tag(&mut request, &task.id);
+            self.append(flow, history, vec![request]).await?;
+            let Some((output, is_error)) = self.call_tool(call, ctx, run).await else {
+                return Ok(Outcome::Canceled {
+                    reason: run_reason(run),
+                });
+            };
+            self.persist_tool_result(flow, task, call, output.clone(), is_error, history)
+                .await?;
+            if is_error {
+                let error = AgentError::ToolFailed {
+                    tool: call.name.clone(),
+                    message: render(&output),
+                };
+                return Ok(Outcome::Failed {
+                    error,
+                    reason: "tool_failed".into(),
+                });
+            }
+            outputs.push(render(&output));
+        }
+        Ok(Outcome::Answer {
+            text: outputs.join("\n"),
+            reason: "direct_tool_calls",
+            recorded: false,
+        })
+    }
+
+    /// Run one tool call: `None` when the run was canceled meanwhile, else the output and
+    /// whether it is an error. Unknown tools, invalid arguments, failures and panics all
+    /// become error outputs.
+    async fn call_tool(
+        &self,
+        call: &ToolCall,
+        ctx: &ToolContext,
+        run: &ActiveRun,
+    ) -> Option<(Value, bool)> {
+        let span = tracing::info_span!("tool", name = %call.name, call_id = %call.id);
+        let Some(registered) = self.agent.tool(&call.name) else {
+            return Some((json!(format!("unknown tool `{}`", call.name)), true));
+        };
+        if let Err(err) = registered.validate(&call.arguments) {
+            return Some((json!(format!("invalid arguments: {err}")), true));
+        }
+        let tool = registered.tool.clone();
+        let args = call.arguments.clone();
+        let tool_ctx = ctx.clone();
+        let mut handle =
+            tokio::spawn(async move { tool.call(args, &tool_ctx).await }.instrument(span));
+        tokio::select! {
+            biased;
+            () = run.token.cancelled() => {
+                handle.abort();
+                None
+            }
+            joined = &mut handle => Some(match joined {
+                Ok(Ok(value)) => (value, false),
+                Ok(Err(err)) => (json!(err.to_string()), true),
+                Err(join) => (json!(format!("tool `{}` panicked: {join}", call.name)), true),
+            }),
+        }
+    }
+
+    /// Write how the run ended: the task's final (or resting) state, its answer, artifact and
+    /// stop reason.
+    async fn finish(&self, flow: &Flow, task: &mut Task, outcome: Outcome) -> AgentResult<()> {
+        let auth = &flow.auth;
+        // The cancel flag has done its job once the run ends, whatever the ending.
+        let _ = self
+            .runtime
+            .memory_service()
+            .delete(auth, &cancel_key(&task.id))
+            .await;
+        match outcome {
+            Outcome::Abandoned => return Ok(()),
+            Outcome::Answer {
+                text,
+                reason,
+                recorded,
+            } => {
+                let answer = if recorded {
+                    let mut m = Message::agent(text.clone());
+                    m.task_id = Some(task.id.clone());
+                    m
+                } else {
+                    let mut entry = LlmMessage::assistant(text.clone(), vec![]);
+                    tag(&mut entry, &task.id);
+                    if reason != "response" {
+                        self.runtime
+                            .thread_store()
+                            .append_history(auth, &flow.lease(), &[entry])
+                            .await?;
+                    }
+                    self.record_event(auth, task, vec![Part::text(&text)])
+                        .await?
+                };
                 let artifact = Artifact::text(text).named("answer");
                 self.runtime
                     .task_manager()
@@ -407,145 +1501,74 @@ impl Inner {
                     )
                     .await?;
                 task.add_artifact(artifact);
+                task.metadata.insert("stop_reason".into(), json!(reason));
                 task.update_status(TaskState::Completed, Some(answer))?;
             }
-            Outcome::Failed(err) => {
-                if let AgentError::BudgetExceeded { limit, .. } = &err {
-                    task.metadata
-                        .insert("stop_reason".into(), Value::String(limit.clone()));
-                }
-                task.fail(err.to_string())?;
+            Outcome::Failed { error, reason } => {
+                task.metadata.insert("stop_reason".into(), json!(reason));
+                task.fail(error.to_string())?;
             }
-            Outcome::Canceled => {
-                let reason = active
-                    .reason
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone()
-                    .unwrap_or_else(|| "canceled by request".into());
-                mark_canceled(&mut task, &reason)?;
-            }
-        }
-        self.persist_final(auth, &task).await
-    }
-
-    async fn run_model_loop(
-        &self,
-        auth: &AuthContext,
-        task: &mut Task,
-        ctx: &ToolContext,
-        history: &mut Vec<Message>,
-    ) -> AgentResult<Outcome> {
-        let llm = self
-            .agent
-            .llm()
-            .cloned()
-            .unwrap_or_else(|| self.runtime.default_llm());
-        let tools = self.agent.tool_specs();
-        let max_steps = self.agent.max_steps();
-        for step in 1..=max_steps {
-            let request = LlmRequest::new(llm_messages(self.agent.instructions(), history))
-                .with_tools(tools.clone());
-            let response = tokio::select! {
-                biased;
-                () = ctx.cancel.cancelled() => return Ok(Outcome::Canceled),
-                response = llm.complete(request).instrument(tracing::info_span!("step", step)) => response,
-            };
-            let response = match response {
-                Ok(response) => response,
-                Err(err) => return Ok(Outcome::Failed(err)),
-            };
-            if response.is_final() {
-                return Ok(Outcome::Answer(response.content.unwrap_or_default()));
-            }
-            let mut parts: Vec<Part> = response
-                .content
-                .iter()
-                .filter(|t| !t.is_empty())
-                .map(Part::text)
-                .collect();
-            parts.extend(
-                response
-                    .tool_calls
-                    .iter()
-                    .map(|c| Part::tool_call(&c.id, &c.name, c.arguments.clone())),
-            );
-            self.record(auth, task, Message::new(Role::Agent, parts), history)
-                .await?;
-            for call in &response.tool_calls {
-                let Some((output, is_error)) = self.call_tool(call, ctx).await else {
-                    return Ok(Outcome::Canceled);
-                };
-                let part = Part::tool_output(&call.id, &call.name, output, is_error);
-                self.record(auth, task, Message::new(Role::Agent, vec![part]), history)
+            Outcome::InputRequired { question } => {
+                task.metadata
+                    .insert("stop_reason".into(), json!("input_required"));
+                let message = self
+                    .record_event(auth, task, vec![Part::text(&question)])
                     .await?;
+                task.update_status(TaskState::InputRequired, Some(message))?;
+            }
+            Outcome::Canceled { reason } => {
+                task.metadata
+                    .insert("stop_reason".into(), json!("canceled"));
+                mark_canceled(task, &reason)?;
             }
         }
-        Ok(Outcome::Failed(AgentError::BudgetExceeded {
-            limit: "max_steps".into(),
-            used: u64::from(max_steps),
-            max: u64::from(max_steps),
-        }))
+        self.persist_status(auth, task).await
     }
+}
 
-    /// Decision 6: a message that asks for tool calls directly runs them with no model, and
-    /// the task fails when one fails.
-    async fn run_direct(
-        &self,
-        auth: &AuthContext,
-        task: &Task,
-        calls: Vec<ToolCall>,
-        ctx: &ToolContext,
-        history: &mut Vec<Message>,
-    ) -> AgentResult<Outcome> {
-        let mut outputs = Vec::new();
-        for call in &calls {
-            let Some((output, is_error)) = self.call_tool(call, ctx).await else {
-                return Ok(Outcome::Canceled);
-            };
-            let part = Part::tool_output(&call.id, &call.name, output.clone(), is_error);
-            self.record(auth, task, Message::new(Role::Agent, vec![part]), history)
-                .await?;
-            if is_error {
-                return Ok(Outcome::Failed(AgentError::ToolFailed {
-                    tool: call.name.clone(),
-                    message: render(&output),
-                }));
-            }
-            outputs.push(render(&output));
-        }
-        Ok(Outcome::Answer(outputs.join("\n")))
+/// A JSON value as the model sees it: strings bare, everything else as JSON.
+fn render(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
     }
+}
 
-    /// Run one tool call: `None` when the run was canceled meanwhile, else the output and
-    /// whether it is an error. Unknown tools, invalid arguments, failures and panics all
-    /// become error outputs.
-    async fn call_tool(&self, call: &ToolCall, ctx: &ToolContext) -> Option<(Value, bool)> {
-        let span = tracing::info_span!("tool", name = %call.name, call_id = %call.id);
-        let Some(registered) = self.agent.tool(&call.name) else {
-            return Some((json!(format!("unknown tool `{}`", call.name)), true));
-        };
-        if let Err(err) = registered.validate(&call.arguments) {
-            return Some((json!(err.to_string()), true));
-        }
-        let tool = registered.tool.clone();
-        let args = call.arguments.clone();
-        let tool_ctx = ctx.clone();
-        let mut handle =
-            tokio::spawn(async move { tool.call(args, &tool_ctx).await }.instrument(span));
-        tokio::select! {
-            biased;
-            () = ctx.cancel.cancelled() => {
-                handle.abort();
-                None
-            }
-            joined = &mut handle => Some(match joined {
-                Ok(Ok(value)) => (value, false),
-                Ok(Err(err)) => (json!(err.to_string()), true),
-                Err(join) => (json!(format!("tool `{}` panicked: {join}", call.name)), true),
-            }),
-        }
-    }
+fn run_reason(run: &ActiveRun) -> String {
+    run.reason
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .unwrap_or_else(|| "canceled by request".into())
+}
+
+fn tag(message: &mut LlmMessage, task_id: &TaskId) {
+    message
+        .metadata
+        .insert(META_TASK.into(), json!(task_id.as_str()));
+}
+
+fn is_tagged(message: &LlmMessage, task_id: &TaskId) -> bool {
+    message.metadata.get(META_TASK).and_then(Value::as_str) == Some(task_id.as_str())
+}
+
+fn seen_message_ids(history: &[LlmMessage]) -> HashSet<String> {
+    history
+        .iter()
+        .filter_map(|m| {
+            m.metadata
+                .get(META_MESSAGE)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+fn user_messages(events: &[TaskEvent]) -> impl Iterator<Item = &Message> {
+    events
+        .iter()
+        .filter_map(TaskEvent::as_message)
+        .filter(|m| m.role == Role::User)
 }
 
 /// End a task `canceled` with its reason in `metadata.cancel_reason`, in the status message,
@@ -560,7 +1583,7 @@ fn mark_canceled(task: &mut Task, reason: &str) -> AgentResult<()> {
 
 /// The tool calls of a message made only of `tool_call` parts.
 fn direct_tool_calls(message: Option<&Message>) -> Option<Vec<ToolCall>> {
-    let message = message.filter(|m| m.role == Role::User)?;
+    let message = message?;
     let calls: Vec<ToolCall> = message
         .parts
         .iter()

@@ -29,10 +29,13 @@
 //! ```
 
 mod agent;
-mod conversation;
 mod executor;
+mod thread_state;
 mod tool;
 
-pub use agent::{Agent, AgentBuilder};
-pub use executor::{AgentExecutor, SendOptions};
-pub use tool::{FnTool, Tool, ToolContext};
+pub use agent::{
+    Agent, AgentBuilder, StopRules, ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL,
+};
+pub use executor::{AgentExecutor, ExecutorConfig, SendOptions};
+pub use thread_state::{ThreadState, RESERVED_KEY_PREFIX};
+pub use tool::{FnTool, PromptTool, Tool, ToolContext};

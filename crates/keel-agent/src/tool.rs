@@ -21,6 +21,8 @@ pub struct ToolContext {
     pub task_id: TaskId,
     /// Its thread.
     pub thread_id: ThreadId,
+    /// The thread's handle: its key-value store, queue, parent and status.
+    pub thread: crate::ThreadState,
     /// Fires when the run is canceled; long-running tools should stop when it does.
     pub cancel: CancellationToken,
     /// The service hub.
@@ -38,6 +40,12 @@ pub trait Tool: Send + Sync {
     fn parameters(&self) -> Value;
     /// Run it. An error becomes a tool result the model sees.
     async fn call(&self, args: Value, ctx: &ToolContext) -> AgentResult<Value>;
+    /// Whether running it twice with the same arguments is harmless. After a crash, a call
+    /// that started but has no persisted result is re-run only for idempotent tools; for the
+    /// others the model sees an "interrupted" tool error instead.
+    fn idempotent(&self) -> bool {
+        false
+    }
 }
 
 type ToolFuture = Pin<Box<dyn Future<Output = AgentResult<Value>> + Send>>;
@@ -65,6 +73,7 @@ pub struct FnTool {
     name: String,
     description: String,
     parameters: Value,
+    idempotent: bool,
     run: Box<ToolFn>,
 }
 
@@ -84,8 +93,16 @@ impl FnTool {
             name: name.into(),
             description: description.into(),
             parameters,
+            idempotent: false,
             run: Box::new(move |args, ctx| Box::pin(run(args, ctx))),
         }
+    }
+
+    /// Declare the tool idempotent (see [`Tool::idempotent`]).
+    #[must_use]
+    pub fn idempotent(mut self) -> Self {
+        self.idempotent = true;
+        self
     }
 }
 
@@ -102,5 +119,96 @@ impl Tool for FnTool {
     }
     async fn call(&self, args: Value, ctx: &ToolContext) -> AgentResult<Value> {
         (self.run)(args, ctx.clone()).await
+    }
+    fn idempotent(&self) -> bool {
+        self.idempotent
+    }
+}
+
+/// A tool that runs its own prompt against a model and returns the model's answer
+/// (Standard Agents' prompt tools). `{{name}}` placeholders in the prompt are replaced by the
+/// string (or JSON) value of the argument `name`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use keel_agent::PromptTool;
+/// let summarize = PromptTool::new(
+///     "summarize",
+///     "Summarize a text in one sentence.",
+///     serde_json::json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
+///     "Summarize in one sentence: {{text}}",
+/// );
+/// # let _ = summarize;
+/// ```
+pub struct PromptTool {
+    name: String,
+    description: String,
+    parameters: Value,
+    prompt: String,
+    llm: Option<Arc<dyn keel_llm::Llm>>,
+}
+
+impl PromptTool {
+    /// A prompt tool using the runtime's default model.
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        parameters: Value,
+        prompt: impl Into<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+            prompt: prompt.into(),
+            llm: None,
+        }
+    }
+
+    /// Use this model instead of the runtime's default.
+    #[must_use]
+    pub fn with_llm(mut self, llm: Arc<dyn keel_llm::Llm>) -> Self {
+        self.llm = Some(llm);
+        self
+    }
+
+    fn render(&self, args: &Value) -> String {
+        let mut prompt = self.prompt.clone();
+        if let Value::Object(map) = args {
+            for (key, value) in map {
+                let text = match value {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                prompt = prompt.replace(&format!("{{{{{key}}}}}"), &text);
+            }
+        }
+        prompt
+    }
+}
+
+#[async_trait]
+impl Tool for PromptTool {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn description(&self) -> &str {
+        &self.description
+    }
+    fn parameters(&self) -> Value {
+        self.parameters.clone()
+    }
+    async fn call(&self, args: Value, ctx: &ToolContext) -> AgentResult<Value> {
+        let llm = self
+            .llm
+            .clone()
+            .unwrap_or_else(|| ctx.runtime.default_llm());
+        let request =
+            keel_llm::LlmRequest::new(vec![keel_llm::LlmMessage::user(self.render(&args))]);
+        let response = llm.complete(request).await?;
+        Ok(Value::String(response.content.unwrap_or_default()))
+    }
+    fn idempotent(&self) -> bool {
+        true
     }
 }

@@ -1,0 +1,203 @@
+//! [`ThreadState`]: the handle that tools, hooks and application code get for one thread.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use keel_core::{AgentError, AgentResult, Message, ThreadId};
+use keel_llm::ToolCall;
+use keel_runtime::{AuthContext, ChildThread, HistoryEntry, QueuedItem, Runtime};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::executor::{Inner, QueuedWork};
+
+/// Keys of the thread key-value store that Keel itself uses start with this prefix.
+pub const RESERVED_KEY_PREFIX: &str = "keel:";
+pub(crate) const TERMINATED_KEY: &str = "keel:terminated_at";
+
+/// One thread as its tools and the application see it: its history, its durable queue, its
+/// private key-value store (Standard Agents §14), its place among subagents, and the live
+/// cancellation token of the run that holds it (if any).
+#[derive(Clone)]
+pub struct ThreadState {
+    pub(crate) auth: AuthContext,
+    pub(crate) thread_id: ThreadId,
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for ThreadState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadState")
+            .field("thread_id", &self.thread_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ThreadState {
+    fn runtime(&self) -> &Arc<dyn Runtime> {
+        &self.inner.runtime
+    }
+
+    /// The thread's id.
+    pub fn thread_id(&self) -> &ThreadId {
+        &self.thread_id
+    }
+
+    /// The name of the agent running the thread.
+    pub fn agent_name(&self) -> &str {
+        &self.inner.agent.card().name
+    }
+
+    /// Fires when the run holding the thread is canceled.
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// The thread's history, oldest first.
+    pub async fn history(&self) -> AgentResult<Vec<HistoryEntry>> {
+        self.runtime()
+            .thread_store()
+            .read_history(&self.auth, &self.thread_id, 0, usize::MAX)
+            .await
+    }
+
+    /// Queue a user message: injected before the next model call when the thread is active,
+    /// or starting a new turn when it is idle (§9).
+    pub async fn queue_message(&self, text: impl Into<String>) -> AgentResult<QueuedItem> {
+        let message = Message::user(text).in_thread(self.thread_id.clone());
+        self.queue(QueuedWork::Message { message }).await
+    }
+
+    /// Queue a tool call: run before the next model call when the thread is active, or on its
+    /// own when it is idle.
+    pub async fn queue_tool(
+        &self,
+        name: impl Into<String>,
+        arguments: Value,
+    ) -> AgentResult<QueuedItem> {
+        self.queue(QueuedWork::Tool {
+            call: ToolCall::new(name, arguments),
+        })
+        .await
+    }
+
+    async fn queue(&self, work: QueuedWork) -> AgentResult<QueuedItem> {
+        self.ensure_open().await?;
+        let payload = serde_json::to_value(&work).map_err(AgentError::internal)?;
+        let item = self
+            .runtime()
+            .thread_store()
+            .push_queue(&self.auth, &self.thread_id, payload)
+            .await?;
+        self.inner.schedule(&self.auth, &self.thread_id);
+        Ok(item)
+    }
+
+    /// A value of the thread's key-value store, `None` when unset.
+    pub async fn get_value(&self, key: &str) -> AgentResult<Option<Value>> {
+        self.runtime()
+            .thread_store()
+            .kv_get(&self.auth, &self.thread_id, key)
+            .await
+    }
+
+    /// Set a value; `Value::Null` deletes it. Keys starting with `keel:` are reserved.
+    pub async fn set_value(&self, key: &str, value: Value) -> AgentResult<()> {
+        if key.starts_with(RESERVED_KEY_PREFIX) {
+            return Err(AgentError::invalid_input(
+                "key",
+                format!("keys starting with `{RESERVED_KEY_PREFIX}` are reserved for Keel"),
+            ));
+        }
+        self.runtime()
+            .thread_store()
+            .kv_set(&self.auth, &self.thread_id, key, value)
+            .await
+    }
+
+    /// Whether the thread was terminated.
+    pub async fn is_terminated(&self) -> AgentResult<bool> {
+        Ok(self
+            .runtime()
+            .thread_store()
+            .kv_get(&self.auth, &self.thread_id, TERMINATED_KEY)
+            .await?
+            .is_some())
+    }
+
+    pub(crate) async fn ensure_open(&self) -> AgentResult<()> {
+        if self.is_terminated().await? {
+            return Err(AgentError::ThreadTerminated {
+                thread_id: self.thread_id.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Soft shutdown (§10): record the termination time, abort the run in flight, refuse
+    /// every later message, queued work and execution on this thread, and mark the thread
+    /// `terminated` in its parent's registry when it is a subagent.
+    pub async fn terminate(&self) -> AgentResult<()> {
+        let store = self.runtime().thread_store();
+        store
+            .kv_set(
+                &self.auth,
+                &self.thread_id,
+                TERMINATED_KEY,
+                json!(Utc::now().to_rfc3339()),
+            )
+            .await?;
+        self.inner
+            .cancel_thread_runs(&self.auth, &self.thread_id, "thread terminated");
+        if store.child(&self.auth, &self.thread_id).await?.is_some() {
+            store
+                .set_child_status(&self.auth, &self.thread_id, "terminated")
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Report a status to the parent's registry without ending this thread (§8.3).
+    pub async fn set_status(&self, status: &str) -> AgentResult<()> {
+        self.runtime()
+            .thread_store()
+            .set_child_status(&self.auth, &self.thread_id, status)
+            .await
+    }
+
+    /// The parent thread, when this thread is a subagent.
+    pub async fn parent(&self) -> AgentResult<Option<ThreadId>> {
+        Ok(self
+            .runtime()
+            .thread_store()
+            .child(&self.auth, &self.thread_id)
+            .await?
+            .map(|c| c.parent_thread_id))
+    }
+
+    /// This thread's registered subagents.
+    pub async fn children(&self) -> AgentResult<Vec<ChildThread>> {
+        self.runtime()
+            .thread_store()
+            .children(&self.auth, &self.thread_id)
+            .await
+    }
+
+    /// Queue a message to the parent thread (§8.2, explicit parent communication). A thread
+    /// that is not a subagent has no parent: [`AgentError::InvalidInput`].
+    pub async fn notify_parent(&self, content: &str) -> AgentResult<QueuedItem> {
+        let parent = self.parent().await?.ok_or_else(|| {
+            AgentError::invalid_input("thread", format!("thread {} has no parent", self.thread_id))
+        })?;
+        let parent_state = ThreadState {
+            auth: self.auth.clone(),
+            thread_id: parent,
+            inner: self.inner.clone(),
+            cancel: CancellationToken::new(),
+        };
+        parent_state
+            .queue_message(format!("[from subagent {}] {content}", self.thread_id))
+            .await
+    }
+}
