@@ -1,0 +1,548 @@
+//! The payload of each event type, as typed structs, and the [`RunEvent`] constructors that
+//! build them. The engine emits through these constructors and the
+//! [`RunRecorder`](crate::RunRecorder) reads the same structs back, so the two cannot drift.
+//!
+//! | type | payload | envelope fields set |
+//! |---|---|---|
+//! | `task.status` | [`TaskStatusPayload`] | `final` when the state is terminal or interrupted |
+//! | `task.artifact` | [`TaskArtifactPayload`] | `action_id` from the artifact |
+//! | `context.prepared` | [`ContextPreparedPayload`] | |
+//! | `llm.call.started` | [`LlmCallStartedPayload`] | |
+//! | `llm.call.completed` | [`LlmCallCompletedPayload`] | |
+//! | `llm.stream` | [`LlmStreamPayload`] | |
+//! | `budget.warning`, `budget.exceeded` | [`BudgetPayload`] | severity warning / error |
+//! | `action.requested`, `action.started` | [`ActionPayload`] | `action_id`, `parent_action_id` |
+//! | `action.policy` | [`ActionPolicyPayload`] | `action_id` |
+//! | `action.completed` | [`ActionCompletedPayload`] | `action_id` |
+//! | `action.denied` | [`ActionDeniedPayload`] | `action_id`, severity warning |
+//! | `action.failed` | [`ActionFailedPayload`] | `action_id`, severity error |
+//! | `approval.required` | [`ApprovalRequiredPayload`] | `action_id` |
+//! | `approval.decided` | [`ApprovalDecidedPayload`] | `action_id` |
+//!
+//! Every field a reader does not need is optional or defaulted, so events written by an
+//! older Keel still read.
+
+use keel_core::{
+    ActionId, ApprovalDecision, ApprovalOutcome, ApprovalRequest, Artifact, BudgetUsage,
+    ContextManifest, RunAction, Task, TaskState,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{EventType, RunEvent, RunEventBuilder, Severity};
+
+/// `task.status`: the task's new state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskStatusPayload {
+    /// The new state.
+    pub state: TaskState,
+    /// The status message's text, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The serialized task (Keel JSON), carried by the final status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<Value>,
+}
+
+/// `task.artifact`: an artifact or a chunk of one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskArtifactPayload {
+    /// The artifact (or chunk).
+    pub artifact: Artifact,
+    /// Whether this chunk extends an earlier one with the same id.
+    #[serde(default)]
+    pub append: bool,
+    /// Whether it is the artifact's last chunk.
+    #[serde(default)]
+    pub last_chunk: bool,
+}
+
+/// `context.prepared`: what is about to enter the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextPreparedPayload {
+    /// The estimate.
+    pub manifest: ContextManifest,
+}
+
+/// `llm.call.started`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LlmCallStartedPayload {
+    /// Model provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Model name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The manifest's `total_estimated_tokens`.
+    #[serde(default)]
+    pub estimated_input_tokens: u64,
+}
+
+/// `llm.call.completed`: usage and latency of one call.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LlmCallCompletedPayload {
+    /// Model provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Model name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Input tokens (provider usage, or a local estimate).
+    #[serde(default)]
+    pub input_tokens: u64,
+    /// Output tokens.
+    #[serde(default)]
+    pub output_tokens: u64,
+    /// Wall-clock latency of the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u64>,
+    /// Why the model stopped (`stop`, `tool_calls`, `length`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+}
+
+/// `llm.stream`: a chunk of model output.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LlmStreamPayload {
+    /// The text added.
+    pub delta: String,
+}
+
+/// `budget.warning` and `budget.exceeded`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BudgetPayload {
+    /// The limit's field name (`max_steps`, ...), as `BudgetLimit::as_str` spells it.
+    pub limit: String,
+    /// How much is used.
+    pub used: u64,
+    /// The configured maximum.
+    pub max: u64,
+    /// The run's whole usage at that moment, when the emitter knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<BudgetUsage>,
+}
+
+/// `action.requested` and `action.started`: the complete action.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionPayload {
+    /// The action.
+    pub action: RunAction,
+}
+
+/// `action.policy`: the combined policy decision. `decision` is `allow`, `deny` or
+/// `require_approval` — the serde form of `keel_policy::PolicyDecision` flattened next to
+/// the action id, so a policy decision serialized into this payload reads back as-is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionPolicyPayload {
+    /// The action judged.
+    pub action_id: ActionId,
+    /// `allow`, `deny` or `require_approval`.
+    pub decision: String,
+    /// Why (deny and require approval).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The capability that caused it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability: Option<String>,
+}
+
+/// `action.completed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionCompletedPayload {
+    /// The action.
+    pub action_id: ActionId,
+    /// What it returned (a tool's JSON output, a delegated agent's answer).
+    #[serde(default)]
+    pub output: Value,
+    /// Artifacts it produced.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<Artifact>,
+    /// How long it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+}
+
+/// `action.denied`: refused by policy or an approver; it did not run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionDeniedPayload {
+    /// The action.
+    pub action_id: ActionId,
+    /// Why.
+    pub reason: String,
+}
+
+/// `action.failed`: it ran and failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionFailedPayload {
+    /// The action.
+    pub action_id: ActionId,
+    /// What went wrong.
+    pub error: String,
+    /// How long it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+}
+
+/// `approval.required`: the request handed to the approver.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequiredPayload {
+    /// The request (with the complete action).
+    pub request: ApprovalRequest,
+}
+
+/// `approval.decided`: the approver's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalDecidedPayload {
+    /// The action the request was about.
+    pub action_id: ActionId,
+    /// The decision (its `request_id` correlates it with the request).
+    pub decision: ApprovalDecision,
+}
+
+/// Serialize a payload. The payload structs hold only string-keyed JSON, which cannot
+/// fail to serialize; should a future field break that, the event still goes out and
+/// says why its payload is missing instead of aborting the run.
+fn to_payload<T: Serialize>(payload: &T) -> Value {
+    serde_json::to_value(payload)
+        .unwrap_or_else(|e| serde_json::json!({ "payload_error": e.to_string() }))
+}
+
+impl RunEvent {
+    /// `task.status`; final when the state is terminal, input-required or auth-required.
+    pub fn task_status(payload: TaskStatusPayload) -> RunEventBuilder {
+        let state = payload.state;
+        let is_final = state.is_terminal()
+            || matches!(state, TaskState::InputRequired | TaskState::AuthRequired);
+        let severity = match state {
+            TaskState::Failed => Severity::Error,
+            _ => Severity::Info,
+        };
+        RunEvent::builder(EventType::TASK_STATUS, format!("task {state}"))
+            .payload(to_payload(&payload))
+            .severity(severity)
+            .final_boundary(is_final)
+    }
+
+    /// `task.status` for a task's current state, carrying the serialized task.
+    pub fn task_status_of(task: &Task) -> RunEventBuilder {
+        RunEvent::task_status(TaskStatusPayload {
+            state: task.state(),
+            message: None,
+            task: serde_json::to_value(task).ok(),
+        })
+        .task(task.id.clone())
+    }
+
+    /// `task.artifact`.
+    pub fn task_artifact(artifact: &Artifact, append: bool, last_chunk: bool) -> RunEventBuilder {
+        let name = artifact.name.as_deref().unwrap_or(artifact.kind.as_str());
+        let mut builder = RunEvent::builder(EventType::TASK_ARTIFACT, format!("artifact {name}"))
+            .payload(to_payload(&TaskArtifactPayload {
+                artifact: artifact.clone(),
+                append,
+                last_chunk,
+            }));
+        if let Some(action_id) = &artifact.action_id {
+            builder = builder.action(action_id.clone());
+        }
+        builder
+    }
+
+    /// `context.prepared`.
+    pub fn context_prepared(manifest: &ContextManifest) -> RunEventBuilder {
+        RunEvent::builder(
+            EventType::CONTEXT_PREPARED,
+            format!(
+                "context prepared: ~{} tokens",
+                manifest.total_estimated_tokens
+            ),
+        )
+        .payload(to_payload(&ContextPreparedPayload {
+            manifest: manifest.clone(),
+        }))
+    }
+
+    /// `llm.call.started`.
+    pub fn llm_call_started(payload: LlmCallStartedPayload) -> RunEventBuilder {
+        let model = payload.model.as_deref().unwrap_or("model");
+        RunEvent::builder(EventType::LLM_CALL_STARTED, format!("calling {model}"))
+            .payload(to_payload(&payload))
+    }
+
+    /// `llm.call.completed`.
+    pub fn llm_call_completed(payload: LlmCallCompletedPayload) -> RunEventBuilder {
+        let model = payload.model.as_deref().unwrap_or("model");
+        let summary = format!(
+            "{model} answered: {} in / {} out tokens",
+            payload.input_tokens, payload.output_tokens
+        );
+        RunEvent::builder(EventType::LLM_CALL_COMPLETED, summary).payload(to_payload(&payload))
+    }
+
+    /// `llm.stream`.
+    pub fn llm_stream(delta: impl Into<String>) -> RunEventBuilder {
+        RunEvent::builder(EventType::LLM_STREAM, "model output").payload(to_payload(
+            &LlmStreamPayload {
+                delta: delta.into(),
+            },
+        ))
+    }
+
+    /// `budget.warning`.
+    pub fn budget_warning(payload: BudgetPayload) -> RunEventBuilder {
+        let summary = format!(
+            "budget {} at {} of {}",
+            payload.limit, payload.used, payload.max
+        );
+        RunEvent::builder(EventType::BUDGET_WARNING, summary)
+            .payload(to_payload(&payload))
+            .severity(Severity::Warning)
+    }
+
+    /// `budget.exceeded`.
+    pub fn budget_exceeded(payload: BudgetPayload) -> RunEventBuilder {
+        let summary = format!(
+            "budget {} exceeded: used {} of {}",
+            payload.limit, payload.used, payload.max
+        );
+        RunEvent::builder(EventType::BUDGET_EXCEEDED, summary)
+            .payload(to_payload(&payload))
+            .severity(Severity::Error)
+    }
+
+    fn for_action(event_type: EventType, summary: String, action: &RunAction) -> RunEventBuilder {
+        let mut builder = RunEvent::builder(event_type, summary)
+            .payload(to_payload(&ActionPayload {
+                action: action.clone(),
+            }))
+            .action(action.id.clone());
+        if let Some(parent) = &action.parent_action_id {
+            builder = builder.parent_action(parent.clone());
+        }
+        builder
+    }
+
+    /// `action.requested`.
+    pub fn action_requested(action: &RunAction) -> RunEventBuilder {
+        let summary = format!("{} `{}` requested", action.kind, action.name);
+        RunEvent::for_action(EventType::ACTION_REQUESTED, summary, action)
+    }
+
+    /// `action.started`.
+    pub fn action_started(action: &RunAction) -> RunEventBuilder {
+        let summary = format!("{} `{}` started", action.kind, action.name);
+        RunEvent::for_action(EventType::ACTION_STARTED, summary, action)
+    }
+
+    /// `action.policy`.
+    pub fn action_policy(payload: ActionPolicyPayload) -> RunEventBuilder {
+        let summary = match &payload.reason {
+            Some(reason) => format!("policy: {} ({reason})", payload.decision),
+            None => format!("policy: {}", payload.decision),
+        };
+        let severity = if payload.decision == "deny" {
+            Severity::Warning
+        } else {
+            Severity::Info
+        };
+        RunEvent::builder(EventType::ACTION_POLICY, summary)
+            .action(payload.action_id.clone())
+            .payload(to_payload(&payload))
+            .severity(severity)
+    }
+
+    /// `action.completed`.
+    pub fn action_completed(payload: ActionCompletedPayload) -> RunEventBuilder {
+        RunEvent::builder(EventType::ACTION_COMPLETED, "action completed")
+            .action(payload.action_id.clone())
+            .payload(to_payload(&payload))
+    }
+
+    /// `action.denied`.
+    pub fn action_denied(action_id: ActionId, reason: impl Into<String>) -> RunEventBuilder {
+        let payload = ActionDeniedPayload {
+            action_id,
+            reason: reason.into(),
+        };
+        RunEvent::builder(
+            EventType::ACTION_DENIED,
+            format!("action denied: {}", payload.reason),
+        )
+        .action(payload.action_id.clone())
+        .payload(to_payload(&payload))
+        .severity(Severity::Warning)
+    }
+
+    /// `action.failed`.
+    pub fn action_failed(payload: ActionFailedPayload) -> RunEventBuilder {
+        RunEvent::builder(
+            EventType::ACTION_FAILED,
+            format!("action failed: {}", payload.error),
+        )
+        .action(payload.action_id.clone())
+        .payload(to_payload(&payload))
+        .severity(Severity::Error)
+    }
+
+    /// `approval.required`. Redact the request before persisting it elsewhere
+    /// ([`RedactionPolicy::redact_approval_request`](crate::RedactionPolicy::redact_approval_request)).
+    pub fn approval_required(request: &ApprovalRequest) -> RunEventBuilder {
+        let summary = format!(
+            "approval required for `{}`: {}",
+            request.action.name, request.reason
+        );
+        RunEvent::builder(EventType::APPROVAL_REQUIRED, summary)
+            .action(request.action.id.clone())
+            .payload(to_payload(&ApprovalRequiredPayload {
+                request: request.clone(),
+            }))
+    }
+
+    /// `approval.decided`, for the decision answering `request`.
+    pub fn approval_decided(
+        request: &ApprovalRequest,
+        decision: &ApprovalDecision,
+    ) -> RunEventBuilder {
+        let (verb, severity) = match decision.outcome {
+            ApprovalOutcome::Approved => ("approved", Severity::Info),
+            ApprovalOutcome::Denied => ("denied", Severity::Warning),
+        };
+        RunEvent::builder(
+            EventType::APPROVAL_DECIDED,
+            format!("`{}` {verb}", request.action.name),
+        )
+        .action(request.action.id.clone())
+        .payload(to_payload(&ApprovalDecidedPayload {
+            action_id: request.action.id.clone(),
+            decision: decision.clone(),
+        }))
+        .severity(severity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Utc;
+    use keel_core::{Message, RunContext};
+    use serde_json::json;
+
+    use crate::{EventEmitter, EventSink, InMemoryEventSink};
+
+    #[test]
+    fn every_constructor_builds_its_type_and_a_payload_that_reads_back() {
+        let action = RunAction::tool_call("t", json!({"a": 1}));
+        let request = ApprovalRequest {
+            request_id: "r".into(),
+            action: action.clone(),
+            reason: "why".into(),
+            run_id: None,
+            requested_at: Utc::now(),
+        };
+        let decision = ApprovalDecision {
+            request_id: "r".into(),
+            outcome: ApprovalOutcome::Denied,
+            reason: None,
+            decided_by: None,
+            decided_at: Utc::now(),
+        };
+        let mut task = Task::create(Message::user("x"));
+        task.fail("boom").unwrap_or_else(|e| panic!("{e}"));
+        let budget = BudgetPayload {
+            limit: "max_steps".into(),
+            used: 1,
+            max: 1,
+            usage: None,
+        };
+        let emitter = EventEmitter::new(
+            &RunContext::new(),
+            std::sync::Arc::new(InMemoryEventSink::new()),
+        );
+        let cases: Vec<(RunEventBuilder, &str)> = vec![
+            (RunEvent::task_status_of(&task), "task.status"),
+            (
+                RunEvent::task_artifact(&Artifact::text("a"), false, true),
+                "task.artifact",
+            ),
+            (
+                RunEvent::context_prepared(&ContextManifest::default()),
+                "context.prepared",
+            ),
+            (
+                RunEvent::llm_call_started(Default::default()),
+                "llm.call.started",
+            ),
+            (
+                RunEvent::llm_call_completed(Default::default()),
+                "llm.call.completed",
+            ),
+            (RunEvent::llm_stream("d"), "llm.stream"),
+            (RunEvent::budget_warning(budget.clone()), "budget.warning"),
+            (RunEvent::budget_exceeded(budget), "budget.exceeded"),
+            (RunEvent::action_requested(&action), "action.requested"),
+            (
+                RunEvent::action_policy(ActionPolicyPayload {
+                    action_id: action.id.clone(),
+                    decision: "allow".into(),
+                    reason: None,
+                    capability: None,
+                }),
+                "action.policy",
+            ),
+            (RunEvent::action_started(&action), "action.started"),
+            (
+                RunEvent::action_completed(ActionCompletedPayload {
+                    action_id: action.id.clone(),
+                    output: json!(1),
+                    artifacts: vec![],
+                    duration_ms: None,
+                }),
+                "action.completed",
+            ),
+            (
+                RunEvent::action_denied(action.id.clone(), "no"),
+                "action.denied",
+            ),
+            (
+                RunEvent::action_failed(ActionFailedPayload {
+                    action_id: action.id.clone(),
+                    error: "e".into(),
+                    duration_ms: None,
+                }),
+                "action.failed",
+            ),
+            (RunEvent::approval_required(&request), "approval.required"),
+            (
+                RunEvent::approval_decided(&request, &decision),
+                "approval.decided",
+            ),
+        ];
+        for (builder, name) in cases {
+            let event = emitter.create(builder);
+            let json = serde_json::to_value(&event).unwrap();
+            assert_eq!(json["type"], name);
+            assert!(json["payload"].get("payload_error").is_none(), "{name}");
+            if name.starts_with("action.") || name.starts_with("approval.") {
+                assert_eq!(event.action_id.as_ref(), Some(&action.id), "{name}");
+            }
+        }
+        // The failed task's status is final and an error.
+        let status = emitter.create(RunEvent::task_status_of(&task));
+        assert!(status.is_final);
+        assert_eq!(status.severity, Severity::Error);
+        let p: TaskStatusPayload = status.payload_as().unwrap();
+        assert_eq!(p.state, TaskState::Failed);
+    }
+
+    #[tokio::test]
+    async fn broadcast_without_subscribers_is_not_an_error() {
+        let sink = crate::BroadcastEventSink::new(0);
+        let emitter = EventEmitter::new(
+            &RunContext::new(),
+            std::sync::Arc::new(InMemoryEventSink::new()),
+        );
+        let event = emitter.create(RunEvent::llm_stream("x"));
+        assert!(sink.emit(&event).await.is_ok());
+        assert_eq!(sink.subscriber_count(), 0);
+    }
+}

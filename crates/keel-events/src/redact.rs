@@ -1,0 +1,283 @@
+//! [`RedactionPolicy`]: masks credentials in JSON before it is persisted or leaves the
+//! process. Apply it to every run report, approval request, context manifest or telemetry
+//! payload that is stored — Keel's own persistence does so, and applications should too.
+
+use keel_core::{AgentError, AgentResult, ApprovalRequest};
+use serde::{de::DeserializeOwned, Serialize};
+use serde_json::Value;
+
+/// The text that replaces a masked value.
+pub const REDACTED: &str = "[REDACTED]";
+
+/// Key fragments masked by default (matched case-insensitively, as substrings).
+pub const DEFAULT_SENSITIVE_KEYS: [&str; 10] = [
+    "key",
+    "token",
+    "password",
+    "secret",
+    "authorization",
+    "credential",
+    "api_key",
+    "apikey",
+    "cookie",
+    "passwd",
+];
+
+/// Value prefixes masked by default wherever they appear (case-insensitively).
+pub const DEFAULT_SENSITIVE_PREFIXES: [&str; 1] = ["bearer "];
+
+/// Which JSON values to mask.
+///
+/// - A value whose **key** contains a sensitive fragment (case-insensitive substring:
+///   `key`, `token`, `password`, `secret`, `authorization`, `credential(s)`, `api_key`,
+///   `apikey`, `cookie`, `passwd`, plus configured extras) is replaced by [`REDACTED`],
+///   whatever it is (a string, an object, an array).
+/// - **Exception, token counts:** a *number* under a key ending in `tokens`
+///   (`input_tokens`, `total_estimated_tokens`) is kept — it is a count, not a secret, and
+///   reports need it. A string or object under such a key is still masked.
+/// - A **string value** starting with a sensitive prefix (`Bearer ...` by default, plus
+///   configured extras) is masked wherever it appears, whatever its key.
+/// - `null` stays `null` (there is nothing to hide), and keys listed with
+///   [`allow_key`](Self::allow_key) are never masked.
+///
+/// Objects and arrays are walked recursively.
+///
+/// ```
+/// use keel_events::RedactionPolicy;
+/// use serde_json::json;
+/// let mut value = json!({
+///     "headers": {"Authorization": "Bearer abc"},
+///     "calls": [{"api_key": "k-1", "input_tokens": 120}],
+///     "note": "bearer xyz",
+/// });
+/// RedactionPolicy::default().redact_value(&mut value);
+/// assert_eq!(value, json!({
+///     "headers": {"Authorization": "[REDACTED]"},
+///     "calls": [{"api_key": "[REDACTED]", "input_tokens": 120}],
+///     "note": "[REDACTED]",
+/// }));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedactionPolicy {
+    keys: Vec<String>,
+    prefixes: Vec<String>,
+    allowed_keys: Vec<String>,
+}
+
+impl Default for RedactionPolicy {
+    fn default() -> Self {
+        Self {
+            keys: DEFAULT_SENSITIVE_KEYS
+                .iter()
+                .map(|k| (*k).to_owned())
+                .collect(),
+            prefixes: DEFAULT_SENSITIVE_PREFIXES
+                .iter()
+                .map(|p| (*p).to_owned())
+                .collect(),
+            allowed_keys: Vec::new(),
+        }
+    }
+}
+
+impl RedactionPolicy {
+    /// The default policy.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Also mask values under keys containing `fragment` (case-insensitive).
+    #[must_use]
+    pub fn with_key(mut self, fragment: impl Into<String>) -> Self {
+        self.keys.push(fragment.into().to_lowercase());
+        self
+    }
+
+    /// Also mask string values starting with `prefix` (case-insensitive).
+    #[must_use]
+    pub fn with_value_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefixes.push(prefix.into().to_lowercase());
+        self
+    }
+
+    /// Never mask values under exactly this key (case-insensitive), e.g. `token_type`.
+    #[must_use]
+    pub fn allow_key(mut self, key: impl Into<String>) -> Self {
+        self.allowed_keys.push(key.into().to_lowercase());
+        self
+    }
+
+    fn key_is_sensitive(&self, key: &str) -> bool {
+        let key = key.to_lowercase();
+        !self.allowed_keys.contains(&key) && self.keys.iter().any(|k| key.contains(k.as_str()))
+    }
+
+    fn value_is_sensitive(&self, value: &str) -> bool {
+        let head: String = value.chars().take(64).collect::<String>().to_lowercase();
+        self.prefixes.iter().any(|p| head.starts_with(p.as_str()))
+    }
+
+    /// Mask `value` in place.
+    pub fn redact_value(&self, value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                for (key, child) in map.iter_mut() {
+                    let token_count = child.is_number() && key.to_lowercase().ends_with("tokens");
+                    if self.key_is_sensitive(key) && !child.is_null() && !token_count {
+                        *child = Value::String(REDACTED.to_owned());
+                    } else {
+                        self.redact_value(child);
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|item| self.redact_value(item)),
+            Value::String(s) if self.value_is_sensitive(s) => *s = REDACTED.to_owned(),
+            _ => {}
+        }
+    }
+
+    /// A masked copy of `value`.
+    pub fn redacted(&self, value: &Value) -> Value {
+        let mut copy = value.clone();
+        self.redact_value(&mut copy);
+        copy
+    }
+
+    /// A masked copy of any serializable value of a type whose masked JSON still reads as
+    /// that type. Fails (rather than returning something unmasked) when it does not.
+    pub fn redact_serializable<T: Serialize + DeserializeOwned>(
+        &self,
+        value: &T,
+    ) -> AgentResult<T> {
+        let mut json = serde_json::to_value(value).map_err(AgentError::internal)?;
+        self.redact_value(&mut json);
+        serde_json::from_value(json).map_err(|e| {
+            AgentError::internal(format!(
+                "redaction masked a structural field, so the value no longer reads: {e}"
+            ))
+        })
+    }
+
+    /// A masked copy of an approval request (the action's payload, metadata and preview),
+    /// for persisting it or sending it to an approval service.
+    pub fn redact_approval_request(
+        &self,
+        request: &ApprovalRequest,
+    ) -> AgentResult<ApprovalRequest> {
+        self.redact_serializable(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn each_default_field_is_masked_at_depth_and_inside_arrays() {
+        let keys = [
+            "key",
+            "access_token",
+            "Password",
+            "client_secret",
+            "Authorization",
+            "credentials",
+            "credential",
+            "api_key",
+            "apiKey",
+            "Set-Cookie",
+        ];
+        for key in keys {
+            let mut value = json!({
+                "outer": {"list": [{"inner": {key: "s3cr3t"}}, {key: {"nested": "x"}}]},
+                key: ["a", "b"],
+            });
+            RedactionPolicy::default().redact_value(&mut value);
+            assert_eq!(value["outer"]["list"][0]["inner"][key], REDACTED, "{key}");
+            assert_eq!(value["outer"]["list"][1][key], REDACTED, "{key}");
+            assert_eq!(value[key], REDACTED, "{key}");
+            assert!(!value.to_string().contains("s3cr3t"), "{key}");
+        }
+    }
+
+    #[test]
+    fn bearer_values_are_masked_under_any_key() {
+        let mut value = json!({"headers": [["x-auth", "Bearer abc.def"]], "msg": "hello"});
+        RedactionPolicy::default().redact_value(&mut value);
+        assert_eq!(
+            value,
+            json!({"headers": [["x-auth", REDACTED]], "msg": "hello"})
+        );
+    }
+
+    #[test]
+    fn token_counts_and_nulls_are_kept() {
+        let mut value = json!({
+            "input_tokens": 10, "total_estimated_tokens": 5, "token": 7,
+            "access_tokens": ["t1"], "password": null,
+        });
+        RedactionPolicy::default().redact_value(&mut value);
+        assert_eq!(
+            value,
+            json!({
+                "input_tokens": 10, "total_estimated_tokens": 5, "token": REDACTED,
+                "access_tokens": REDACTED, "password": null,
+            })
+        );
+    }
+
+    #[test]
+    fn extra_keys_prefixes_and_allowed_keys_are_configurable() {
+        let policy = RedactionPolicy::new()
+            .with_key("SSN")
+            .with_value_prefix("sk-")
+            .allow_key("token_type");
+        let mut value = json!({"user_ssn": "123", "note": "sk-live-1", "token_type": "bearer-ish"});
+        policy.redact_value(&mut value);
+        assert_eq!(
+            value,
+            json!({"user_ssn": REDACTED, "note": REDACTED, "token_type": "bearer-ish"})
+        );
+    }
+
+    #[test]
+    fn approval_requests_are_redacted_for_persistence() {
+        let mut action = keel_core::RunAction::tool_call(
+            "call_api",
+            json!({"url": "https://x", "headers": {"Authorization": "Bearer t"}}),
+        );
+        action
+            .metadata
+            .insert("session_cookie".into(), json!("abc"));
+        let request = ApprovalRequest {
+            request_id: "r-1".into(),
+            action,
+            reason: "network".into(),
+            run_id: None,
+            requested_at: chrono::Utc::now(),
+        };
+        let safe = RedactionPolicy::default()
+            .redact_approval_request(&request)
+            .unwrap();
+        assert_eq!(safe.action.payload["headers"]["Authorization"], REDACTED);
+        assert_eq!(safe.action.payload["url"], "https://x");
+        assert_eq!(safe.action.metadata["session_cookie"], REDACTED);
+        assert_eq!(safe.request_id, "r-1");
+    }
+
+    #[test]
+    fn masking_a_structural_field_is_an_error_not_a_leak() {
+        let request = ApprovalRequest {
+            request_id: "r-1".into(),
+            action: keel_core::RunAction::tool_call("t", json!({})),
+            reason: "why".into(),
+            run_id: None,
+            requested_at: chrono::Utc::now(),
+        };
+        let err = RedactionPolicy::new()
+            .with_key("action")
+            .redact_approval_request(&request)
+            .unwrap_err();
+        assert_eq!(err.kind(), keel_core::ErrorKind::Internal);
+    }
+}

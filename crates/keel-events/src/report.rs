@@ -1,0 +1,520 @@
+//! [`RunRecorder`] and the [`RunReport`] it builds: the durable, app-facing summary of a
+//! run, computed purely from its events.
+//!
+//! What the report reads, by event type (payload structs from [`crate::payload`]):
+//!
+//! | type | read into |
+//! |---|---|
+//! | any | `run_id`, `task_id`, `thread_id`, `agent_name` (first seen), `started_at` (first timestamp), `event_count`, `events`, `budget.usage.steps` (highest `step`) |
+//! | `task.status` | `final_state` (`state`), `final_task` (`task`, last one carried), `finished_at` (a `final` event's timestamp) |
+//! | `task.artifact` | `artifacts` (`artifact`; `append` extends the earlier one's parts) |
+//! | `context.prepared` | `context_manifests` (`manifest`) |
+//! | `llm.call.started` | `model.started_calls` |
+//! | `llm.call.completed` | `model` (`input_tokens`, `output_tokens`, `latency_ms`, `model`) |
+//! | `budget.warning` / `budget.exceeded` | `budget.warnings` / `budget.exceeded` |
+//! | `action.requested` | a new [`ActionRecord`] (`action`) |
+//! | `action.policy` | its `policy` |
+//! | `approval.required` | `approvals`, and the action record's `approval_request` |
+//! | `approval.decided` | the matching approval's (and action's) `decision`, by `request_id` |
+//! | `action.started` / `completed` / `denied` / `failed` | the action's `status`, `output`, `artifacts`, `error`; `budget.usage.tool_calls` counts `action.started` |
+//!
+//! Other types are kept in `events` and otherwise ignored. A payload that does not read
+//! is noted in `problems`, never a panic.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use keel_core::{
+    ActionId, AgentResult, ApprovalDecision, ApprovalRequest, Artifact, BudgetUsage,
+    ContextManifest, Metadata, RunAction, RunId, TaskId, TaskState, ThreadId,
+};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::payload::{
+    ActionCompletedPayload, ActionDeniedPayload, ActionFailedPayload, ActionPayload,
+    ActionPolicyPayload, ApprovalDecidedPayload, ApprovalRequiredPayload, BudgetPayload,
+    ContextPreparedPayload, LlmCallCompletedPayload, TaskArtifactPayload, TaskStatusPayload,
+};
+use crate::{EventSink, EventType, RedactionPolicy, RunEvent};
+
+/// The version of the [`RunReport`] shape.
+pub const RUN_REPORT_VERSION: u32 = 1;
+
+/// Where an action got to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionStatus {
+    /// Requested; no outcome seen.
+    #[default]
+    Requested,
+    /// Authorized and started.
+    Started,
+    /// Completed successfully.
+    Completed,
+    /// Refused by policy or an approver.
+    Denied,
+    /// Ran and failed.
+    Failed,
+}
+
+/// The policy decision recorded for an action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyRecord {
+    /// `allow`, `deny` or `require_approval`.
+    pub decision: String,
+    /// Why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The capability that caused it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability: Option<String>,
+}
+
+/// One action's story: what it was, what policy and the approver said, how it ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionRecord {
+    /// The action's id.
+    pub action_id: ActionId,
+    /// The action, from `action.requested` (or `action.started` when no request was seen).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<RunAction>,
+    /// The policy decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyRecord>,
+    /// The approval request, when one was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_request: Option<ApprovalRequest>,
+    /// The approver's decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalDecision>,
+    /// Where it got to.
+    pub status: ActionStatus,
+    /// What it returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    /// What it produced.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<Artifact>,
+    /// The denial reason or the failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// How long it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+}
+
+impl ActionRecord {
+    fn new(action_id: ActionId) -> Self {
+        Self {
+            action_id,
+            action: None,
+            policy: None,
+            approval_request: None,
+            approval: None,
+            status: ActionStatus::Requested,
+            output: None,
+            artifacts: Vec::new(),
+            error: None,
+            duration_ms: None,
+        }
+    }
+}
+
+/// One approval checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRecord {
+    /// The request.
+    pub request: ApprovalRequest,
+    /// The decision, once one arrived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<ApprovalDecision>,
+}
+
+/// Model usage over the run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelMetrics {
+    /// `llm.call.started` events.
+    pub started_calls: u32,
+    /// `llm.call.completed` events.
+    pub calls: u32,
+    /// Sum of reported input tokens.
+    pub input_tokens: u64,
+    /// Sum of reported output tokens.
+    pub output_tokens: u64,
+    /// Sum of reported latencies (calls without one add nothing).
+    pub latency_ms: u64,
+    /// Models seen, in first-use order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
+}
+
+/// Budget facts of the run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BudgetReport {
+    /// What the run used, derived from the events: steps (highest step), model calls
+    /// (started), tool calls (`action.started`), input tokens (reported by completed calls,
+    /// or the manifests' estimates when none reported any), output tokens, runtime (first
+    /// event to the final one, or to the last when none is final).
+    pub usage: BudgetUsage,
+    /// Warnings raised.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<BudgetPayload>,
+    /// The limit that stopped the run, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exceeded: Option<BudgetPayload>,
+}
+
+/// The durable summary of a run. Persist it through
+/// [`RunReport::redacted`] — action payloads and model context often carry credentials.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    /// Report shape version ([`RUN_REPORT_VERSION`]).
+    pub version: u32,
+    /// The run (absent only for a report of no events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<RunId>,
+    /// The task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<TaskId>,
+    /// The thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_id: Option<ThreadId>,
+    /// The agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_name: Option<String>,
+    /// The first event's time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    /// The final event's time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The last task state seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_state: Option<TaskState>,
+    /// The last serialized task carried by a status event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_task: Option<Value>,
+    /// Every context prepared for a model, in order.
+    #[serde(default)]
+    pub context_manifests: Vec<ContextManifest>,
+    /// Every action, in request order.
+    #[serde(default)]
+    pub actions: Vec<ActionRecord>,
+    /// Every approval checkpoint, in order.
+    #[serde(default)]
+    pub approvals: Vec<ApprovalRecord>,
+    /// Task artifacts, chunks merged.
+    #[serde(default)]
+    pub artifacts: Vec<Artifact>,
+    /// Model usage.
+    #[serde(default)]
+    pub model: ModelMetrics,
+    /// Budget facts.
+    #[serde(default)]
+    pub budget: BudgetReport,
+    /// How many events the report was built from.
+    pub event_count: u64,
+    /// The events themselves, in sequence order (what [`RunReplay`](crate::RunReplay) reads).
+    #[serde(default)]
+    pub events: Vec<RunEvent>,
+    /// Payloads that could not be read, by event.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+    /// Application metadata.
+    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
+    pub metadata: Metadata,
+}
+
+impl RunReport {
+    /// Build a report from events (sorted by sequence first; arrival order does not matter).
+    pub fn from_events(events: &[RunEvent]) -> RunReport {
+        let mut sorted = events.to_vec();
+        sorted.sort_by_key(|e| e.sequence);
+        let mut builder = ReportBuilder::default();
+        for event in &sorted {
+            builder.read(event);
+        }
+        builder.finish(sorted)
+    }
+
+    /// A copy with `policy` applied to everything free-form (event payloads, action
+    /// payloads, outputs, the final task, metadata). Apply it whenever a report is
+    /// persisted or leaves the process.
+    ///
+    /// Fails only when a configured extra key masks a structural field of the report (for
+    /// instance `action`), so that the result would no longer be a report; use
+    /// [`redacted_json`](Self::redacted_json) then.
+    pub fn redacted(&self, policy: &RedactionPolicy) -> AgentResult<RunReport> {
+        policy.redact_serializable(self)
+    }
+
+    /// The report as JSON with `policy` applied; never fails on content.
+    pub fn redacted_json(&self, policy: &RedactionPolicy) -> AgentResult<Value> {
+        let mut value = serde_json::to_value(self).map_err(keel_core::AgentError::internal)?;
+        policy.redact_value(&mut value);
+        Ok(value)
+    }
+}
+
+#[derive(Default)]
+struct ReportBuilder {
+    report: RunReport,
+    action_index: HashMap<ActionId, usize>,
+    manifest_tokens: u64,
+    max_step: u32,
+    tool_calls: u32,
+    last_timestamp: Option<DateTime<Utc>>,
+}
+
+impl ReportBuilder {
+    fn payload<T: DeserializeOwned>(&mut self, event: &RunEvent) -> Option<T> {
+        match event.payload_as::<T>() {
+            Ok(payload) => Some(payload),
+            Err(e) => {
+                self.report.problems.push(e.to_string());
+                None
+            }
+        }
+    }
+
+    fn action(&mut self, action_id: &ActionId) -> &mut ActionRecord {
+        let index = match self.action_index.get(action_id) {
+            Some(&i) => i,
+            None => {
+                self.report
+                    .actions
+                    .push(ActionRecord::new(action_id.clone()));
+                let i = self.report.actions.len() - 1;
+                self.action_index.insert(action_id.clone(), i);
+                i
+            }
+        };
+        &mut self.report.actions[index]
+    }
+
+    fn read(&mut self, event: &RunEvent) {
+        let r = &mut self.report;
+        r.run_id.get_or_insert_with(|| event.run_id.clone());
+        if r.task_id.is_none() {
+            r.task_id = event.task_id.clone();
+        }
+        if r.thread_id.is_none() {
+            r.thread_id = event.thread_id.clone();
+        }
+        if r.agent_name.is_none() {
+            r.agent_name = event.agent_name.clone();
+        }
+        r.started_at.get_or_insert(event.timestamp);
+        self.last_timestamp = Some(event.timestamp);
+        if let Some(step) = event.step {
+            self.max_step = self.max_step.max(step);
+        }
+        if event.is_final {
+            self.report.finished_at = Some(event.timestamp);
+        }
+
+        let t = &event.event_type;
+        if *t == EventType::TASK_STATUS {
+            if let Some(p) = self.payload::<TaskStatusPayload>(event) {
+                self.report.final_state = Some(p.state);
+                if p.task.is_some() {
+                    self.report.final_task = p.task;
+                }
+            }
+        } else if *t == EventType::TASK_ARTIFACT {
+            if let Some(p) = self.payload::<TaskArtifactPayload>(event) {
+                let artifacts = &mut self.report.artifacts;
+                match artifacts.iter_mut().find(|a| a.id == p.artifact.id) {
+                    Some(existing) if p.append => existing.parts.extend(p.artifact.parts),
+                    Some(existing) => *existing = p.artifact,
+                    None => artifacts.push(p.artifact),
+                }
+            }
+        } else if *t == EventType::CONTEXT_PREPARED {
+            if let Some(p) = self.payload::<ContextPreparedPayload>(event) {
+                self.manifest_tokens += p.manifest.total_estimated_tokens;
+                self.report.context_manifests.push(p.manifest);
+            }
+        } else if *t == EventType::LLM_CALL_STARTED {
+            self.report.model.started_calls += 1;
+        } else if *t == EventType::LLM_CALL_COMPLETED {
+            if let Some(p) = self.payload::<LlmCallCompletedPayload>(event) {
+                let m = &mut self.report.model;
+                m.calls += 1;
+                m.input_tokens += p.input_tokens;
+                m.output_tokens += p.output_tokens;
+                m.latency_ms += p.latency_ms.unwrap_or(0);
+                if let Some(model) = p.model {
+                    if !m.models.contains(&model) {
+                        m.models.push(model);
+                    }
+                }
+            }
+        } else if *t == EventType::BUDGET_WARNING {
+            if let Some(p) = self.payload::<BudgetPayload>(event) {
+                self.report.budget.warnings.push(p);
+            }
+        } else if *t == EventType::BUDGET_EXCEEDED {
+            if let Some(p) = self.payload::<BudgetPayload>(event) {
+                self.report.budget.exceeded = Some(p);
+            }
+        } else if *t == EventType::ACTION_REQUESTED {
+            if let Some(p) = self.payload::<ActionPayload>(event) {
+                let id = p.action.id.clone();
+                self.action(&id).action = Some(p.action);
+            }
+        } else if *t == EventType::ACTION_POLICY {
+            if let Some(p) = self.payload::<ActionPolicyPayload>(event) {
+                self.action(&p.action_id).policy = Some(PolicyRecord {
+                    decision: p.decision,
+                    reason: p.reason,
+                    capability: p.capability,
+                });
+            }
+        } else if *t == EventType::APPROVAL_REQUIRED {
+            if let Some(p) = self.payload::<ApprovalRequiredPayload>(event) {
+                let id = p.request.action.id.clone();
+                self.action(&id).approval_request = Some(p.request.clone());
+                self.report.approvals.push(ApprovalRecord {
+                    request: p.request,
+                    decision: None,
+                });
+            }
+        } else if *t == EventType::APPROVAL_DECIDED {
+            if let Some(p) = self.payload::<ApprovalDecidedPayload>(event) {
+                if let Some(record) = self
+                    .report
+                    .approvals
+                    .iter_mut()
+                    .rev()
+                    .find(|a| a.request.request_id == p.decision.request_id)
+                {
+                    record.decision = Some(p.decision.clone());
+                }
+                self.action(&p.action_id).approval = Some(p.decision);
+            }
+        } else if *t == EventType::ACTION_STARTED {
+            if let Some(p) = self.payload::<ActionPayload>(event) {
+                self.tool_calls += 1;
+                let id = p.action.id.clone();
+                let record = self.action(&id);
+                record.status = ActionStatus::Started;
+                record.action.get_or_insert(p.action);
+            }
+        } else if *t == EventType::ACTION_COMPLETED {
+            if let Some(p) = self.payload::<ActionCompletedPayload>(event) {
+                let record = self.action(&p.action_id);
+                record.status = ActionStatus::Completed;
+                record.output = Some(p.output);
+                record.artifacts.extend(p.artifacts);
+                record.duration_ms = p.duration_ms;
+            }
+        } else if *t == EventType::ACTION_DENIED {
+            if let Some(p) = self.payload::<ActionDeniedPayload>(event) {
+                let record = self.action(&p.action_id);
+                record.status = ActionStatus::Denied;
+                record.error = Some(p.reason);
+            }
+        } else if *t == EventType::ACTION_FAILED {
+            if let Some(p) = self.payload::<ActionFailedPayload>(event) {
+                let record = self.action(&p.action_id);
+                record.status = ActionStatus::Failed;
+                record.error = Some(p.error);
+                record.duration_ms = p.duration_ms;
+            }
+        }
+    }
+
+    fn finish(mut self, events: Vec<RunEvent>) -> RunReport {
+        let r = &mut self.report;
+        r.version = RUN_REPORT_VERSION;
+        r.event_count = events.len() as u64;
+        let end = r.finished_at.or(self.last_timestamp);
+        let runtime = match (r.started_at, end) {
+            (Some(start), Some(end)) => (end - start).num_milliseconds().max(0) as f64 / 1000.0,
+            _ => 0.0,
+        };
+        let input_tokens = if r.model.input_tokens > 0 {
+            r.model.input_tokens
+        } else {
+            self.manifest_tokens
+        };
+        r.budget.usage = BudgetUsage {
+            steps: self.max_step,
+            llm_calls: r.model.started_calls.max(r.model.calls),
+            tool_calls: self.tool_calls,
+            input_tokens,
+            output_tokens: r.model.output_tokens,
+            runtime_seconds: runtime,
+        };
+        r.events = events;
+        self.report
+    }
+}
+
+/// An [`EventSink`] that keeps a run's events and builds its [`RunReport`] on demand.
+///
+/// ```
+/// use std::sync::Arc;
+/// use keel_core::{RunContext, Task, Message};
+/// use keel_events::{EventEmitter, RunEvent, RunRecorder};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let recorder = Arc::new(RunRecorder::new());
+/// let emitter = EventEmitter::new(&RunContext::new(), recorder.clone());
+/// let mut task = Task::create(Message::user("hi"));
+/// task.complete("hello")?;
+/// emitter.emit(RunEvent::task_status_of(&task)).await?;
+/// let report = recorder.report();
+/// assert_eq!(report.final_state, Some(keel_core::TaskState::Completed));
+/// assert!(report.final_task.is_some());
+/// # Ok::<(), keel_core::AgentError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Default)]
+pub struct RunRecorder {
+    events: Mutex<Vec<RunEvent>>,
+    metadata: Metadata,
+}
+
+impl RunRecorder {
+    /// An empty recorder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Attach application metadata to the reports.
+    #[must_use]
+    pub fn with_metadata(mut self, metadata: Metadata) -> Self {
+        self.metadata = metadata;
+        self
+    }
+
+    /// The events recorded so far.
+    pub fn events(&self) -> Vec<RunEvent> {
+        self.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The report of the events recorded so far.
+    pub fn report(&self) -> RunReport {
+        let mut report = RunReport::from_events(&self.events());
+        report.metadata = self.metadata.clone();
+        report
+    }
+}
+
+#[async_trait]
+impl EventSink for RunRecorder {
+    async fn emit(&self, event: &RunEvent) -> AgentResult<()> {
+        self.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(event.clone());
+        Ok(())
+    }
+}

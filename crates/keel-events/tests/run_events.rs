@@ -1,0 +1,533 @@
+//! Whole-crate behaviour: numbering across sinks, recording, replay, assertions,
+//! redaction and golden normalization over a scripted run.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use chrono::Utc;
+use keel_core::{
+    ActionId, AgentError, AgentResult, ApprovalDecision, ApprovalOutcome, ApprovalRequest,
+    Artifact, BudgetLimit, ContextManifest, Message, RunAction, RunContext, Task, TaskState,
+    ThreadId,
+};
+use keel_events::payload::{
+    ActionCompletedPayload, ActionFailedPayload, ActionPolicyPayload, BudgetPayload,
+    LlmCallCompletedPayload, LlmCallStartedPayload,
+};
+use keel_events::{
+    assert_budget_under, assert_no_denied_actions, assert_run_events, normalize, ActionStatus,
+    BroadcastEventSink, EventEmitter, EventSink, EventType, InMemoryEventSink, Match, MultiSink,
+    RedactionPolicy, RunEvent, RunRecorder, RunReplay, RunReport, REDACTED,
+};
+use serde_json::json;
+
+/// Ids and times fixed by the script, so two runs differ only where the engine's would.
+struct Script {
+    context: RunContext,
+    task: Task,
+    write: RunAction,
+    delete: RunAction,
+    request: ApprovalRequest,
+}
+
+fn script() -> Script {
+    let context = RunContext::new()
+        .with_thread(ThreadId::new())
+        .with_agent("clerk");
+    let mut task = Task::create(Message::user("publish record 42"));
+    task.begin().expect("submitted -> working");
+    let mut write = RunAction::tool_call(
+        "publish_record",
+        json!({"record_id": "42", "api_key": "sk-live-123"}),
+    );
+    write.capabilities = vec!["records.write".into()];
+    let mut delete = RunAction::tool_call("delete_record", json!({"record_id": "7"}));
+    delete.capabilities = vec!["records.delete".into()];
+    let request = ApprovalRequest {
+        request_id: uuid_like(),
+        action: write.clone(),
+        reason: "capability `records.write` is approval-gated".into(),
+        run_id: Some(context.run_id.clone()),
+        requested_at: Utc::now(),
+    };
+    Script {
+        context,
+        task,
+        write,
+        delete,
+        request,
+    }
+}
+
+fn uuid_like() -> String {
+    ActionId::new().into_string()
+}
+
+/// Emit a complete run: one step that writes (approved) and deletes (denied), then a
+/// second step that answers; the task completes.
+async fn run_script(s: &mut Script, emitter: &EventEmitter) -> AgentResult<()> {
+    let manifest = ContextManifest {
+        system_tokens: 100,
+        user_tokens: 20,
+        total_estimated_tokens: 120,
+        ..Default::default()
+    };
+    emitter
+        .emit(RunEvent::task_status_of(&s.task).summary("task working"))
+        .await?;
+    emitter
+        .emit(RunEvent::context_prepared(&manifest).step(1))
+        .await?;
+    emitter
+        .emit(
+            RunEvent::llm_call_started(LlmCallStartedPayload {
+                model: Some("mock".into()),
+                estimated_input_tokens: 120,
+                ..Default::default()
+            })
+            .step(1),
+        )
+        .await?;
+    emitter
+        .emit(
+            RunEvent::llm_call_completed(LlmCallCompletedPayload {
+                model: Some("mock".into()),
+                input_tokens: 118,
+                output_tokens: 30,
+                latency_ms: Some(12),
+                ..Default::default()
+            })
+            .step(1),
+        )
+        .await?;
+    // The approved write.
+    emitter
+        .emit(RunEvent::action_requested(&s.write).step(1))
+        .await?;
+    emitter
+        .emit(
+            RunEvent::action_policy(ActionPolicyPayload {
+                action_id: s.write.id.clone(),
+                decision: "require_approval".into(),
+                reason: Some(s.request.reason.clone()),
+                capability: Some("records.write".into()),
+            })
+            .step(1),
+        )
+        .await?;
+    emitter
+        .emit(RunEvent::approval_required(&s.request).step(1))
+        .await?;
+    let decision = ApprovalDecision {
+        request_id: s.request.request_id.clone(),
+        outcome: ApprovalOutcome::Approved,
+        reason: None,
+        decided_by: Some("operator".into()),
+        decided_at: Utc::now(),
+    };
+    emitter
+        .emit(RunEvent::approval_decided(&s.request, &decision).step(1))
+        .await?;
+    emitter
+        .emit(RunEvent::action_started(&s.write).step(1))
+        .await?;
+    let artifact = Artifact::text("published").for_action(s.write.id.clone());
+    emitter
+        .emit(
+            RunEvent::action_completed(ActionCompletedPayload {
+                action_id: s.write.id.clone(),
+                output: json!({"status": "published"}),
+                artifacts: vec![artifact.clone()],
+                duration_ms: Some(3),
+            })
+            .step(1),
+        )
+        .await?;
+    // The denied delete.
+    emitter
+        .emit(RunEvent::action_requested(&s.delete).step(1))
+        .await?;
+    emitter
+        .emit(
+            RunEvent::action_policy(ActionPolicyPayload {
+                action_id: s.delete.id.clone(),
+                decision: "deny".into(),
+                reason: Some("deletes are not allowed".into()),
+                capability: Some("records.delete".into()),
+            })
+            .step(1),
+        )
+        .await?;
+    emitter
+        .emit(RunEvent::action_denied(s.delete.id.clone(), "deletes are not allowed").step(1))
+        .await?;
+    // Second step: a budget warning and the answer.
+    emitter
+        .emit(
+            RunEvent::budget_warning(BudgetPayload {
+                limit: "max_steps".into(),
+                used: 2,
+                max: 2,
+                usage: None,
+            })
+            .step(2),
+        )
+        .await?;
+    emitter
+        .emit(
+            RunEvent::llm_call_completed(LlmCallCompletedPayload {
+                model: Some("mock".into()),
+                input_tokens: 200,
+                output_tokens: 10,
+                latency_ms: Some(8),
+                ..Default::default()
+            })
+            .step(2),
+        )
+        .await?;
+    emitter
+        .emit(RunEvent::task_artifact(&artifact, false, true))
+        .await?;
+    s.task.complete("done")?;
+    emitter.emit(RunEvent::task_status_of(&s.task)).await?;
+    Ok(())
+}
+
+fn expected_types() -> Vec<&'static str> {
+    vec![
+        "task.status",
+        "context.prepared",
+        "llm.call.started",
+        "llm.call.completed",
+        "action.requested",
+        "action.policy",
+        "approval.required",
+        "approval.decided",
+        "action.started",
+        "action.completed",
+        "action.requested",
+        "action.policy",
+        "action.denied",
+        "budget.warning",
+        "llm.call.completed",
+        "task.artifact",
+        "task.status",
+    ]
+}
+
+async fn recorded_run() -> (Script, Vec<RunEvent>) {
+    let mut s = script();
+    let sink = Arc::new(InMemoryEventSink::new());
+    let emitter = EventEmitter::new(&s.context, sink.clone()).with_task(s.task.id.clone());
+    run_script(&mut s, &emitter).await.expect("script runs");
+    (s, sink.events())
+}
+
+fn panics(f: impl FnOnce()) -> String {
+    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
+    err.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn sequence_starts_at_one_and_every_sink_sees_the_same_numbers() {
+    let mut s = script();
+    let a = Arc::new(InMemoryEventSink::new());
+    let b = Arc::new(RunRecorder::new());
+    let live = BroadcastEventSink::new(64);
+    let mut subscriber = live.subscribe();
+    let sink = MultiSink::new()
+        .with(a.clone())
+        .with(b.clone())
+        .with(Arc::new(live));
+    let emitter = EventEmitter::new(&s.context, Arc::new(sink));
+    run_script(&mut s, &emitter).await.unwrap();
+
+    let from_a = a.events();
+    let from_b = b.events();
+    let numbers: Vec<u64> = from_a.iter().map(|e| e.sequence).collect();
+    assert_eq!(numbers, (1..=from_a.len() as u64).collect::<Vec<_>>());
+    assert_eq!(from_a, from_b);
+    let mut from_live = Vec::new();
+    while let Ok(event) = subscriber.try_recv() {
+        from_live.push(event);
+    }
+    assert_eq!(from_live, from_a);
+    assert_eq!(emitter.last_sequence(), from_a.len() as u64);
+}
+
+#[tokio::test]
+async fn concurrent_emits_reach_the_sink_in_sequence_order() {
+    let sink = Arc::new(InMemoryEventSink::new());
+    let emitter = Arc::new(EventEmitter::new(&RunContext::new(), sink.clone()));
+    let mut handles = Vec::new();
+    for i in 0..50 {
+        let emitter = emitter.clone();
+        handles.push(tokio::spawn(async move {
+            emitter.emit(RunEvent::llm_stream(format!("{i}"))).await
+        }));
+    }
+    for h in handles {
+        h.await.unwrap().unwrap();
+    }
+    let numbers: Vec<u64> = sink.events().iter().map(|e| e.sequence).collect();
+    assert_eq!(numbers, (1..=50).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn resumed_run_continues_numbering() {
+    let sink = Arc::new(InMemoryEventSink::new());
+    let emitter = EventEmitter::new(&RunContext::new(), sink.clone()).continuing_after(41);
+    let event = emitter.emit(RunEvent::llm_stream("x")).await.unwrap();
+    assert_eq!(event.sequence, 42);
+}
+
+struct FailingSink;
+
+#[async_trait::async_trait]
+impl EventSink for FailingSink {
+    async fn emit(&self, _event: &RunEvent) -> AgentResult<()> {
+        Err(AgentError::storage("disk full"))
+    }
+}
+
+#[tokio::test]
+async fn multi_sink_delivers_to_all_and_reports_the_first_error() {
+    let ok = Arc::new(InMemoryEventSink::new());
+    let sink = MultiSink::new()
+        .with(Arc::new(FailingSink))
+        .with(ok.clone());
+    let emitter = EventEmitter::new(&RunContext::new(), Arc::new(sink));
+    let err = emitter.emit(RunEvent::llm_stream("x")).await.unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }));
+    assert_eq!(ok.len(), 1);
+}
+
+#[tokio::test]
+async fn recorder_builds_the_report_from_a_scripted_run() {
+    let mut s = script();
+    let recorder = Arc::new(
+        RunRecorder::new().with_metadata(
+            json!({"source": "test"})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        ),
+    );
+    let emitter = EventEmitter::new(&s.context, recorder.clone()).with_task(s.task.id.clone());
+    run_script(&mut s, &emitter).await.unwrap();
+    let report = recorder.report();
+
+    assert_eq!(report.run_id.as_ref(), Some(&s.context.run_id));
+    assert_eq!(report.task_id.as_ref(), Some(&s.task.id));
+    assert_eq!(report.thread_id, s.context.thread_id);
+    assert_eq!(report.agent_name.as_deref(), Some("clerk"));
+    assert_eq!(report.event_count, expected_types().len() as u64);
+    assert_eq!(report.final_state, Some(TaskState::Completed));
+    assert_eq!(
+        report.final_task.as_ref().and_then(|t| t["id"].as_str()),
+        Some(s.task.id.as_str())
+    );
+    assert!(report.started_at.is_some() && report.finished_at.is_some());
+    assert_eq!(report.context_manifests.len(), 1);
+    assert_eq!(report.context_manifests[0].total_estimated_tokens, 120);
+
+    assert_eq!(report.actions.len(), 2);
+    let write = &report.actions[0];
+    assert_eq!(write.action.as_ref(), Some(&s.write));
+    assert_eq!(write.status, ActionStatus::Completed);
+    assert_eq!(
+        write.policy.as_ref().map(|p| p.decision.as_str()),
+        Some("require_approval")
+    );
+    assert_eq!(write.approval_request.as_ref(), Some(&s.request));
+    assert_eq!(
+        write.approval.as_ref().map(|d| d.outcome),
+        Some(ApprovalOutcome::Approved)
+    );
+    assert_eq!(write.output, Some(json!({"status": "published"})));
+    assert_eq!(write.artifacts.len(), 1);
+    let delete = &report.actions[1];
+    assert_eq!(delete.status, ActionStatus::Denied);
+    assert_eq!(delete.error.as_deref(), Some("deletes are not allowed"));
+
+    assert_eq!(report.approvals.len(), 1);
+    assert!(report.approvals[0].decision.is_some());
+    assert_eq!(report.artifacts.len(), 1);
+
+    assert_eq!(report.model.started_calls, 1);
+    assert_eq!(report.model.calls, 2);
+    assert_eq!(report.model.input_tokens, 318);
+    assert_eq!(report.model.output_tokens, 40);
+    assert_eq!(report.model.latency_ms, 20);
+    assert_eq!(report.model.models, ["mock"]);
+
+    let usage = &report.budget.usage;
+    assert_eq!((usage.steps, usage.llm_calls, usage.tool_calls), (2, 2, 1));
+    assert_eq!(report.budget.warnings.len(), 1);
+    assert!(report.budget.exceeded.is_none());
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(report.metadata["source"], "test");
+}
+
+#[test]
+fn unreadable_payloads_are_noted_not_fatal() {
+    let emitter = EventEmitter::new(&RunContext::new(), Arc::new(InMemoryEventSink::new()));
+    let bad = emitter.create(RunEvent::builder(EventType::ACTION_POLICY, "?").payload(json!(3)));
+    let report = RunReport::from_events(&[bad]);
+    assert_eq!(report.event_count, 1);
+    assert_eq!(report.problems.len(), 1);
+    assert!(report.problems[0].contains("action.policy"));
+}
+
+#[tokio::test]
+async fn replay_reads_events_and_reports_without_an_engine() {
+    let (_, mut events) = recorded_run().await;
+    // Arrival order does not matter: the replay sorts by sequence.
+    events.reverse();
+    let replay = RunReplay::from_events(events);
+    let types: Vec<&str> = replay.event_types().iter().map(|t| t.as_str()).collect();
+    assert_eq!(types, expected_types());
+    assert_eq!(replay.find_events("action.requested").len(), 2);
+    assert_eq!(replay.find_events("queue.injected").len(), 0);
+    let last = replay.final_event().expect("a final event");
+    assert_eq!(last.event_type, EventType::TASK_STATUS);
+    assert_eq!(last.sequence, replay.len() as u64);
+    assert_eq!(replay.iter().count(), replay.len());
+
+    // From a persisted report, and from its JSON.
+    let report = replay.report();
+    let from_report = RunReplay::from_report(&report);
+    assert_eq!(from_report, replay);
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(RunReplay::from_json(&json).unwrap(), replay);
+    let events_json = serde_json::to_value(replay.events()).unwrap();
+    assert_eq!(RunReplay::from_json(&events_json).unwrap(), replay);
+    assert!(RunReplay::from_json(&json!("nope")).is_err());
+    assert!(RunReplay::from_json(&json!({"events": 3})).is_err());
+}
+
+#[tokio::test]
+async fn assert_run_events_passes_and_fails_as_documented() {
+    let (_, events) = recorded_run().await;
+    assert_run_events(&events, &expected_types(), Match::Exact);
+    assert_run_events(
+        &events,
+        &["context.prepared", "approval.decided", "task.status"],
+        Match::Subsequence,
+    );
+    assert_run_events(&events, &[], Match::Subsequence);
+
+    let msg = panics(|| assert_run_events(&events, &["task.status"], Match::Exact));
+    assert!(msg.contains("expected") && msg.contains("actual"), "{msg}");
+    // Out of order is not a subsequence.
+    panics(|| {
+        assert_run_events(
+            &events,
+            &["approval.decided", "approval.required"],
+            Match::Subsequence,
+        )
+    });
+    panics(|| assert_run_events(&events, &["subagent.created"], Match::Subsequence));
+}
+
+#[tokio::test]
+async fn assert_no_denied_actions_passes_and_fails_as_documented() {
+    let (_, events) = recorded_run().await;
+    // The script denies a delete: action.policy deny comes first.
+    let msg = panics(|| assert_no_denied_actions(&events));
+    assert!(msg.contains("action.policy"), "{msg}");
+    // Without the delete's events the run is clean.
+    let clean: Vec<RunEvent> = events
+        .iter()
+        .filter(|e| e.action_id.as_ref() != Some(&script_delete_id(&events)))
+        .cloned()
+        .collect();
+    assert_no_denied_actions(&clean);
+    // An approver's denial alone also counts.
+    let emitter = EventEmitter::new(&RunContext::new(), Arc::new(InMemoryEventSink::new()));
+    let s = script();
+    let denied = ApprovalDecision {
+        request_id: s.request.request_id.clone(),
+        outcome: ApprovalOutcome::Denied,
+        reason: Some("no".into()),
+        decided_by: None,
+        decided_at: Utc::now(),
+    };
+    let only = vec![emitter.create(RunEvent::approval_decided(&s.request, &denied))];
+    let msg = panics(|| assert_no_denied_actions(&only));
+    assert!(msg.contains("approval.decided"), "{msg}");
+    let only = vec![emitter.create(RunEvent::action_denied(ActionId::new(), "no"))];
+    panics(|| assert_no_denied_actions(&only));
+    // A failure is not a denial.
+    let only = vec![emitter.create(RunEvent::action_failed(ActionFailedPayload {
+        action_id: ActionId::new(),
+        error: "boom".into(),
+        duration_ms: None,
+    }))];
+    assert_no_denied_actions(&only);
+}
+
+fn script_delete_id(events: &[RunEvent]) -> ActionId {
+    events
+        .iter()
+        .find(|e| e.event_type == EventType::ACTION_DENIED)
+        .and_then(|e| e.action_id.clone())
+        .expect("the script denies an action")
+}
+
+#[tokio::test]
+async fn assert_budget_under_passes_and_fails_as_documented() {
+    let (_, events) = recorded_run().await;
+    let report = RunReport::from_events(&events);
+    assert_budget_under(&events, BudgetLimit::MaxSteps, 2);
+    assert_budget_under(&report, BudgetLimit::MaxLlmCalls, 2);
+    assert_budget_under(&report, BudgetLimit::MaxToolCalls, 1);
+    assert_budget_under(&report, BudgetLimit::MaxInputTokens, 318);
+    assert_budget_under(&report, BudgetLimit::MaxOutputTokens, 40);
+    assert_budget_under(&report, BudgetLimit::MaxRuntimeSeconds, 60);
+
+    let msg = panics(|| assert_budget_under(&report, BudgetLimit::MaxSteps, 1));
+    assert!(msg.contains("max_steps"), "{msg}");
+    panics(|| assert_budget_under(&events, BudgetLimit::MaxInputTokens, 317));
+    panics(|| assert_budget_under(&events, BudgetLimit::MaxOutputTokens, 39));
+}
+
+#[tokio::test]
+async fn redacted_report_masks_credentials_and_keeps_its_shape() {
+    let (_, events) = recorded_run().await;
+    let report = RunReport::from_events(&events);
+    let redacted = report.redacted(&RedactionPolicy::default()).unwrap();
+    // The write's payload carried an api_key, in the action record and in the events.
+    let write = redacted.actions[0].action.as_ref().unwrap();
+    assert_eq!(write.payload["api_key"], REDACTED);
+    assert_eq!(write.payload["record_id"], "42");
+    let requested = &redacted.events[4];
+    assert_eq!(requested.payload["action"]["payload"]["api_key"], REDACTED);
+    // Token counts survive.
+    assert_eq!(redacted.model.input_tokens, 318);
+    assert_eq!(redacted.context_manifests[0].total_estimated_tokens, 120);
+    // And nothing else changed.
+    assert_eq!(redacted.actions.len(), report.actions.len());
+    assert_eq!(redacted.final_state, report.final_state);
+}
+
+#[tokio::test]
+async fn golden_normalization_is_stable_across_runs() {
+    let (_, first) = recorded_run().await;
+    let (_, second) = recorded_run().await;
+    assert_ne!(first[0].run_id, second[0].run_id);
+    let a = normalize(&first);
+    let b = normalize(&second);
+    assert_eq!(a, b);
+    // No timestamps remain, ids are placeholders, and correlations are kept.
+    let text = serde_json::to_string(&a).unwrap();
+    assert!(!text.contains("timestamp") && !text.contains("requested_at"));
+    assert!(!text.contains(first[0].run_id.as_str()));
+    assert_eq!(a[4]["action_id"], a[9]["action_id"]);
+    assert_ne!(a[4]["action_id"], a[10]["action_id"]);
+    assert_eq!(a[0]["sequence"], 1);
+    assert_eq!(a[16]["final"], true);
+}
