@@ -1,5 +1,8 @@
-//! Keel's model interface: the [`Llm`] trait, the provider-neutral [`LlmMessage`], and
-//! [`MockLlm`], a deterministic offline model for tests, examples and the demo agent.
+//! Keel's model interface: the [`Llm`] trait, the provider-neutral [`LlmMessage`],
+//! [`ConversationHistory`] with its compaction, [`ContextManifest`](keel_core::ContextManifest)
+//! preparation, and [`MockLlm`], a deterministic offline model for tests, examples and the demo
+//! agent. Real providers (OpenAI-compatible, Anthropic, Gemini) sit behind the `openai`,
+//! `anthropic` and `gemini` features (`providers` enables all three).
 //!
 //! ```
 //! use keel_llm::{Llm, LlmMessage, LlmRequest, MockLlm};
@@ -11,16 +14,38 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! **Architecture invariant:** only the provider modules know a provider's wire format; the
+//! rest of Keel sees [`LlmRequest`], [`LlmResponse`] and [`LlmStreamEvent`] alone.
 
+mod compaction;
+mod error;
+mod history;
+mod manifest;
 mod message;
 mod mock;
+mod profile;
+#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
+pub mod providers;
+mod spec;
+mod stream;
 
+pub use compaction::{
+    compact_history, CompactionStrategy, HistoryCompactionRequest, HistoryCompactionResult,
+};
+pub use error::{LlmError, LlmErrorKind};
+pub use history::ConversationHistory;
+pub use manifest::{estimate_message_tokens, prepare_manifest, ManifestIds};
 pub use message::{LlmMessage, LlmRole, ToolCall, ToolSpec};
 pub use mock::{MockLlm, MockResponse};
+pub use profile::ModelProfile;
+pub use spec::llm_from_spec;
+pub use stream::{collect_stream, LlmStream, LlmStreamEvent};
 
 use async_trait::async_trait;
 use keel_core::AgentResult;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// Token usage reported (or estimated) for one model call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +64,17 @@ pub struct LlmRequest {
     /// Tools offered to the model.
     #[serde(default)]
     pub tools: Vec<ToolSpec>,
+    /// A JSON schema the text answer must match (structured output), where the provider
+    /// offers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+    /// The most tokens the model may produce; providers that require a figure fall back to
+    /// the model profile's `max_output_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    /// Sampling temperature; the provider's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
 }
 
 impl LlmRequest {
@@ -46,7 +82,7 @@ impl LlmRequest {
     pub fn new(messages: Vec<LlmMessage>) -> Self {
         Self {
             messages,
-            tools: Vec::new(),
+            ..Self::default()
         }
     }
 
@@ -54,6 +90,34 @@ impl LlmRequest {
     #[must_use]
     pub fn with_tools(mut self, tools: Vec<ToolSpec>) -> Self {
         self.tools = tools;
+        self
+    }
+
+    /// Ask for a text answer matching this JSON schema.
+    ///
+    /// ```
+    /// use keel_llm::{LlmMessage, LlmRequest};
+    /// let schema = serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}});
+    /// let request = LlmRequest::new(vec![LlmMessage::user("where?")]).with_output_schema(schema);
+    /// assert!(request.output_schema.is_some());
+    /// ```
+    #[must_use]
+    pub fn with_output_schema(mut self, schema: Value) -> Self {
+        self.output_schema = Some(schema);
+        self
+    }
+
+    /// Cap the answer's length in tokens.
+    #[must_use]
+    pub fn with_max_output_tokens(mut self, max: u64) -> Self {
+        self.max_output_tokens = Some(max);
+        self
+    }
+
+    /// Set the sampling temperature.
+    #[must_use]
+    pub fn with_temperature(mut self, temperature: f64) -> Self {
+        self.temperature = Some(temperature);
         self
     }
 }
@@ -95,6 +159,31 @@ pub trait Llm: Send + Sync {
 
     /// Complete the conversation once.
     async fn complete(&self, request: LlmRequest) -> AgentResult<LlmResponse>;
+
+    /// Complete the conversation once, as a stream of [`LlmStreamEvent`]s ending in
+    /// [`LlmStreamEvent::Done`] (or an error).
+    ///
+    /// The default calls [`Llm::complete`] and replays its answer as events, so every model
+    /// can be streamed; providers override it to stream for real.
+    ///
+    /// ```
+    /// use keel_llm::{collect_stream, Llm, LlmMessage, LlmRequest, MockLlm};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keel_core::AgentError> {
+    /// let llm = MockLlm::new();
+    /// let response = collect_stream(llm.stream(LlmRequest::new(vec![LlmMessage::user("hi")]))).await?;
+    /// assert_eq!(response.content.as_deref(), Some("You said: hi"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn stream(&self, request: LlmRequest) -> LlmStream<'_> {
+        stream::replay_completion(self.complete(request))
+    }
+
+    /// What is known about the model: provider, context window, capabilities.
+    fn profile(&self) -> ModelProfile {
+        ModelProfile::new("unknown", self.model_name())
+    }
 }
 
 /// A rough token estimate (about four characters per token), used where a provider gives no

@@ -3,28 +3,39 @@
 //! Unscripted, it answers sensibly with no network: a user message `/tool {json}` naming an
 //! offered tool becomes a call of that tool; tool results are summarised; anything else is
 //! echoed (`You said: ...`). Scripted, it plays back responses in order, so tests can drive
-//! exact tool-call sequences and failures.
+//! exact tool-call sequences, streamed chunks and failures of every [`LlmErrorKind`]. It can
+//! also wait before answering (latency) and report fixed usage figures.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::stream::{self, StreamExt};
 use keel_core::{AgentError, AgentResult};
 use serde_json::Value;
 
-use crate::{estimate_tokens, Llm, LlmRequest, LlmResponse, LlmRole, ToolCall, Usage};
+use crate::stream::response_events;
+use crate::{
+    estimate_message_tokens, estimate_tokens, Llm, LlmError, LlmErrorKind, LlmRequest, LlmResponse,
+    LlmRole, LlmStream, LlmStreamEvent, ModelProfile, ToolCall, Usage,
+};
 
 /// One scripted answer of a [`MockLlm`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum MockResponse {
-    /// Answer with text.
+    /// Answer with text (streamed word by word).
     Text(String),
     /// Ask for these tool calls.
     ToolCalls(Vec<ToolCall>),
     /// Answer with this exact response.
     Response(LlmResponse),
+    /// Answer with the text of these chunks, streamed as exactly these deltas.
+    Chunks(Vec<String>),
     /// Fail with [`AgentError::Llm`] carrying this message.
     Error(String),
+    /// Fail with an [`LlmError`] of this kind and message.
+    Fail(LlmErrorKind, String),
 }
 
 /// A deterministic offline model; see the module docs for its unscripted behaviour.
@@ -47,7 +58,14 @@ pub enum MockResponse {
 pub struct MockLlm {
     script: Option<Mutex<VecDeque<MockResponse>>>,
     requests: Mutex<Vec<LlmRequest>>,
+    latency: Option<Duration>,
+    chunk_delay: Option<Duration>,
+    usage: Option<Usage>,
+    profile: Option<ModelProfile>,
 }
+
+/// A mock answer before it is returned or streamed: the response and its text deltas.
+type Answer = (LlmResponse, Vec<String>);
 
 impl MockLlm {
     /// The unscripted offline model.
@@ -59,8 +77,38 @@ impl MockLlm {
     pub fn scripted(responses: Vec<MockResponse>) -> Self {
         Self {
             script: Some(Mutex::new(responses.into())),
-            requests: Mutex::new(Vec::new()),
+            ..Self::default()
         }
+    }
+
+    /// Wait this long before answering (use tokio's paused time in tests).
+    #[must_use]
+    pub fn with_latency(mut self, latency: Duration) -> Self {
+        self.latency = Some(latency);
+        self
+    }
+
+    /// Wait this long between streamed events.
+    #[must_use]
+    pub fn with_chunk_delay(mut self, delay: Duration) -> Self {
+        self.chunk_delay = Some(delay);
+        self
+    }
+
+    /// Report these usage figures instead of estimating them (scripted
+    /// [`MockResponse::Response`]s keep their own).
+    #[must_use]
+    pub fn with_usage(mut self, usage: Usage) -> Self {
+        self.usage = Some(usage);
+        self
+    }
+
+    /// Describe the model with this profile (the default is provider `mock`, model `mock`,
+    /// no known context window).
+    #[must_use]
+    pub fn with_profile(mut self, profile: ModelProfile) -> Self {
+        self.profile = Some(profile);
+        self
     }
 
     /// Every request received so far, oldest first.
@@ -117,39 +165,55 @@ impl MockLlm {
         };
         Some(ToolCall::new(name, arguments))
     }
-}
 
-#[async_trait]
-impl Llm for MockLlm {
-    fn model_name(&self) -> &str {
-        "mock"
-    }
-
-    async fn complete(&self, request: LlmRequest) -> AgentResult<LlmResponse> {
+    /// Record the request and work out the answer (or the scripted failure).
+    async fn answer(&self, request: LlmRequest) -> AgentResult<Answer> {
         self.requests
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .push(request.clone());
-        let mut response = match &self.script {
-            None => Self::unscripted(&request),
+        if let Some(latency) = self.latency {
+            tokio::time::sleep(latency).await;
+        }
+        let (mut response, chunks) = match &self.script {
+            None => {
+                let response = Self::unscripted(&request);
+                let chunks = word_chunks(response.content.as_deref().unwrap_or_default());
+                (response, chunks)
+            }
             Some(script) => {
                 let next = script
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .pop_front();
                 match next {
-                    Some(MockResponse::Text(text)) => LlmResponse::text(text),
-                    Some(MockResponse::ToolCalls(calls)) => LlmResponse {
-                        content: None,
-                        tool_calls: calls,
-                        usage: Usage::default(),
-                    },
-                    Some(MockResponse::Response(response)) => return Ok(response),
+                    Some(MockResponse::Text(text)) => {
+                        let chunks = word_chunks(&text);
+                        (LlmResponse::text(text), chunks)
+                    }
+                    Some(MockResponse::Chunks(chunks)) => {
+                        (LlmResponse::text(chunks.concat()), chunks)
+                    }
+                    Some(MockResponse::ToolCalls(calls)) => (
+                        LlmResponse {
+                            content: None,
+                            tool_calls: calls,
+                            usage: Usage::default(),
+                        },
+                        Vec::new(),
+                    ),
+                    Some(MockResponse::Response(response)) => {
+                        let chunks = word_chunks(response.content.as_deref().unwrap_or_default());
+                        return Ok((response, chunks));
+                    }
                     Some(MockResponse::Error(message)) => {
                         return Err(AgentError::Llm {
                             model: "mock".into(),
                             message,
                         })
+                    }
+                    Some(MockResponse::Fail(kind, message)) => {
+                        return Err(LlmError::new(kind, "mock", message).into())
                     }
                     None => {
                         return Err(AgentError::Llm {
@@ -160,15 +224,103 @@ impl Llm for MockLlm {
                 }
             }
         };
-        response.usage = Usage {
-            input_tokens: request
-                .messages
-                .iter()
-                .map(|m| estimate_tokens(&m.content))
-                .sum(),
+        response.usage = self.usage.unwrap_or_else(|| Usage {
+            input_tokens: request.messages.iter().map(estimate_message_tokens).sum(),
             output_tokens: estimate_tokens(response.content.as_deref().unwrap_or_default()),
-        };
-        Ok(response)
+        });
+        Ok((response, chunks))
+    }
+}
+
+/// Split text into word-sized deltas that join back to it exactly (spaces go with the word
+/// that follows them).
+fn word_chunks(text: &str) -> Vec<String> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    for (index, ch) in text.char_indices() {
+        if ch.is_whitespace() && index > start && !text[start..index].trim().is_empty() {
+            chunks.push(text[start..index].to_owned());
+            start = index;
+        }
+    }
+    if start < text.len() {
+        chunks.push(text[start..].to_owned());
+    }
+    chunks
+}
+
+/// The events that stream `response` with `chunks` as its text deltas: each tool call as two
+/// argument fragments and then whole, usage, done.
+fn streamed_events(response: LlmResponse, chunks: Vec<String>) -> Vec<LlmStreamEvent> {
+    let mut events: Vec<LlmStreamEvent> = chunks
+        .into_iter()
+        .filter(|c| !c.is_empty())
+        .map(|text| LlmStreamEvent::TextDelta { text })
+        .collect();
+    for (index, call) in response.tool_calls.iter().enumerate() {
+        let arguments = call.arguments.to_string();
+        let middle = arguments
+            .char_indices()
+            .map(|(i, _)| i)
+            .nth(arguments.chars().count() / 2)
+            .unwrap_or(0);
+        events.push(LlmStreamEvent::ToolCallDelta {
+            index,
+            id: Some(call.id.clone()),
+            name: Some(call.name.clone()),
+            arguments_delta: arguments[..middle].to_owned(),
+        });
+        events.push(LlmStreamEvent::ToolCallDelta {
+            index,
+            id: None,
+            name: None,
+            arguments_delta: arguments[middle..].to_owned(),
+        });
+    }
+    // The closing events (calls, usage, done) are the same as for any finished response.
+    events.extend(
+        response_events(response)
+            .into_iter()
+            .filter(|e| !matches!(e, LlmStreamEvent::TextDelta { .. })),
+    );
+    events
+}
+
+#[async_trait]
+impl Llm for MockLlm {
+    fn model_name(&self) -> &str {
+        self.profile.as_ref().map_or("mock", |p| p.model.as_str())
+    }
+
+    async fn complete(&self, request: LlmRequest) -> AgentResult<LlmResponse> {
+        self.answer(request).await.map(|(response, _)| response)
+    }
+
+    fn stream(&self, request: LlmRequest) -> LlmStream<'_> {
+        let delay = self.chunk_delay;
+        stream::once(self.answer(request))
+            .flat_map(move |answer| {
+                let events: Vec<AgentResult<LlmStreamEvent>> = match answer {
+                    Ok((response, chunks)) => streamed_events(response, chunks)
+                        .into_iter()
+                        .map(Ok)
+                        .collect(),
+                    Err(error) => vec![Err(error)],
+                };
+                stream::iter(events).then(move |event| async move {
+                    if let Some(delay) = delay {
+                        tokio::time::sleep(delay).await;
+                    }
+                    event
+                })
+            })
+            .boxed()
+    }
+
+    fn profile(&self) -> ModelProfile {
+        self.profile
+            .clone()
+            .unwrap_or_else(|| ModelProfile::new("mock", "mock"))
     }
 }
 
@@ -232,5 +384,107 @@ mod tests {
         let err = llm.complete(LlmRequest::default()).await.unwrap_err();
         assert!(err.to_string().contains("no more responses"));
         assert_eq!(llm.requests().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn scripted_text_streams_as_several_deltas() {
+        let llm = MockLlm::scripted(vec![
+            MockResponse::Text("the quick brown fox".into()),
+            MockResponse::Chunks(vec!["ab".into(), "cd".into()]),
+        ]);
+        let events: Vec<LlmStreamEvent> = llm
+            .stream(LlmRequest::default())
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        let deltas: Vec<&str> = events
+            .iter()
+            .filter_map(|e| match e {
+                LlmStreamEvent::TextDelta { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(deltas, ["the", " quick", " brown", " fox"]);
+        assert!(
+            matches!(events.last(), Some(LlmStreamEvent::Done { response })
+            if response.content.as_deref() == Some("the quick brown fox"))
+        );
+        let response = crate::collect_stream(llm.stream(LlmRequest::default()))
+            .await
+            .unwrap();
+        assert_eq!(response.content.as_deref(), Some("abcd"));
+    }
+
+    #[tokio::test]
+    async fn streamed_tool_calls_arrive_as_fragments_then_whole() {
+        let call = ToolCall::new("add", json!({"a": 1, "b": 2}));
+        let llm = MockLlm::scripted(vec![MockResponse::ToolCalls(vec![call.clone()])]);
+        let events: Vec<LlmStreamEvent> = llm
+            .stream(LlmRequest::default())
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        let fragments: String = events
+            .iter()
+            .filter_map(|e| match e {
+                LlmStreamEvent::ToolCallDelta {
+                    arguments_delta, ..
+                } => Some(arguments_delta.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            serde_json::from_str::<Value>(&fragments).unwrap(),
+            call.arguments
+        );
+        assert!(events.contains(&LlmStreamEvent::ToolCall { call }));
+    }
+
+    #[tokio::test]
+    async fn failures_of_every_kind_are_typed() {
+        for kind in [
+            LlmErrorKind::Auth,
+            LlmErrorKind::RateLimit,
+            LlmErrorKind::ContextOverflow,
+            LlmErrorKind::BadResponse,
+            LlmErrorKind::Transport,
+            LlmErrorKind::Timeout,
+        ] {
+            let llm = MockLlm::scripted(vec![
+                MockResponse::Fail(kind, "scripted".into()),
+                MockResponse::Fail(kind, "scripted".into()),
+            ]);
+            let err = llm.complete(LlmRequest::default()).await.unwrap_err();
+            assert_eq!(LlmErrorKind::of(&err), Some(kind));
+            let err = crate::collect_stream(llm.stream(LlmRequest::default()))
+                .await
+                .unwrap_err();
+            assert_eq!(LlmErrorKind::of(&err), Some(kind));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latency_and_usage_are_configurable() {
+        let usage = Usage {
+            input_tokens: 100,
+            output_tokens: 7,
+        };
+        let llm = MockLlm::new()
+            .with_latency(Duration::from_secs(30))
+            .with_usage(usage);
+        let started = tokio::time::Instant::now();
+        let response = llm
+            .complete(LlmRequest::new(vec![LlmMessage::user("hi")]))
+            .await
+            .unwrap();
+        assert!(started.elapsed() >= Duration::from_secs(30));
+        assert_eq!(response.usage, usage);
+    }
+
+    #[test]
+    fn word_chunks_join_back_exactly() {
+        for text in ["", "one", "  lead", "a  b c ", "héllo wörld"] {
+            assert_eq!(word_chunks(text).concat(), text);
+        }
     }
 }

@@ -1,0 +1,128 @@
+//! [`ModelProfile`]: what is known about a model (provider, context window, capabilities),
+//! used to size context manifests and to fill provider defaults.
+
+use serde::{Deserialize, Serialize};
+
+/// What is known about a model. Figures are `None` where unknown rather than guessed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelProfile {
+    /// The provider (`openai`, `anthropic`, `gemini`, `openai-compatible`, `mock`).
+    pub provider: String,
+    /// The model's name as the provider knows it.
+    pub model: String,
+    /// How many tokens the model reads at most (prompt plus answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+    /// How many tokens the model writes at most in one answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    /// Whether the model reads images.
+    #[serde(default)]
+    pub supports_vision: bool,
+    /// Whether the model calls tools.
+    #[serde(default = "default_true")]
+    pub supports_tools: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl ModelProfile {
+    /// A profile with unknown figures: no context window, tools supported, no vision.
+    ///
+    /// ```
+    /// use keel_llm::ModelProfile;
+    /// let profile = ModelProfile::new("openai", "gpt-4o").with_context_window(128_000);
+    /// assert_eq!(profile.context_window, Some(128_000));
+    /// ```
+    pub fn new(provider: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            provider: provider.into(),
+            model: model.into(),
+            context_window: None,
+            max_output_tokens: None,
+            supports_vision: false,
+            supports_tools: true,
+        }
+    }
+
+    /// Set the context window.
+    #[must_use]
+    pub fn with_context_window(mut self, tokens: u64) -> Self {
+        self.context_window = Some(tokens);
+        self
+    }
+
+    /// Set the answer length limit.
+    #[must_use]
+    pub fn with_max_output_tokens(mut self, tokens: u64) -> Self {
+        self.max_output_tokens = Some(tokens);
+        self
+    }
+
+    /// Set whether the model reads images.
+    #[must_use]
+    pub fn with_vision(mut self, supported: bool) -> Self {
+        self.supports_vision = supported;
+        self
+    }
+
+    /// Set whether the model calls tools.
+    #[must_use]
+    pub fn with_tools(mut self, supported: bool) -> Self {
+        self.supports_tools = supported;
+        self
+    }
+
+    /// A profile for a well-known model family, with its published limits; unknown models
+    /// get [`ModelProfile::new`]'s unknown figures. The table is deliberately small: a
+    /// deployment that needs exact figures sets them on the provider's builder.
+    pub fn known(provider: &str, model: &str) -> Self {
+        let base = Self::new(provider, model);
+        let m = model.to_ascii_lowercase();
+        // Ordered most specific first: `gpt-4o-mini` must not fall into a shorter prefix.
+        let (window, output, vision) = if m.starts_with("gpt-4.1") {
+            (1_047_576, 32_768, true)
+        } else if m.starts_with("gpt-4o") {
+            (128_000, 16_384, true)
+        } else if m.starts_with("gpt-5") {
+            (400_000, 128_000, true)
+        } else if m.starts_with("o1") || m.starts_with("o3") || m.starts_with("o4") {
+            (200_000, 100_000, true)
+        } else if m.starts_with("claude-3-5-haiku") || m.starts_with("claude-3-haiku") {
+            (200_000, 8_192, true)
+        } else if m.starts_with("claude") {
+            (200_000, 32_000, true)
+        } else if m.starts_with("gemini-1.5-pro") {
+            (2_097_152, 8_192, true)
+        } else if m.starts_with("gemini") {
+            (1_048_576, 65_536, true)
+        } else {
+            return base;
+        };
+        base.with_context_window(window)
+            .with_max_output_tokens(output)
+            .with_vision(vision)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_models_have_windows_and_unknown_ones_do_not() {
+        assert_eq!(
+            ModelProfile::known("openai", "gpt-4o-mini").context_window,
+            Some(128_000)
+        );
+        assert_eq!(
+            ModelProfile::known("anthropic", "claude-sonnet-4-5").context_window,
+            Some(200_000)
+        );
+        let local = ModelProfile::known("openai-compatible", "llama3.2:3b");
+        assert_eq!(local.context_window, None);
+        assert!(local.supports_tools);
+    }
+}

@@ -1,0 +1,177 @@
+//! [`ResponseAssembler`]: turns a provider's streamed deltas into [`LlmStreamEvent`]s and the
+//! final [`LlmResponse`], so each provider only decodes its own wire format.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::{LlmError, LlmErrorKind, LlmResponse, LlmStreamEvent, ToolCall, Usage};
+
+#[derive(Debug, Default)]
+struct PartialCall {
+    id: Option<String>,
+    name: Option<String>,
+    arguments: String,
+    /// Set when the provider sent the arguments whole (Gemini) rather than as JSON text.
+    complete: Option<Value>,
+}
+
+/// Accumulates a streamed answer: text, tool calls by index, usage.
+#[derive(Debug, Default)]
+pub(crate) struct ResponseAssembler {
+    text: String,
+    calls: BTreeMap<usize, PartialCall>,
+    usage: Usage,
+}
+
+impl ResponseAssembler {
+    /// Record a text delta and return its event (none for empty text).
+    pub(crate) fn text(&mut self, text: &str) -> Option<LlmStreamEvent> {
+        if text.is_empty() {
+            return None;
+        }
+        self.text.push_str(text);
+        Some(LlmStreamEvent::TextDelta { text: text.into() })
+    }
+
+    /// Record a fragment of tool call `index` and return its event.
+    #[cfg_attr(not(any(feature = "openai", feature = "anthropic")), allow(dead_code))]
+    pub(crate) fn tool_delta(
+        &mut self,
+        index: usize,
+        id: Option<String>,
+        name: Option<String>,
+        arguments: &str,
+    ) -> LlmStreamEvent {
+        let call = self.calls.entry(index).or_default();
+        if id.is_some() {
+            call.id.clone_from(&id);
+        }
+        if name.is_some() {
+            call.name.clone_from(&name);
+        }
+        call.arguments.push_str(arguments);
+        LlmStreamEvent::ToolCallDelta {
+            index,
+            id,
+            name,
+            arguments_delta: arguments.into(),
+        }
+    }
+
+    /// Record a tool call that arrived whole.
+    #[cfg_attr(not(feature = "gemini"), allow(dead_code))]
+    pub(crate) fn whole_tool_call(&mut self, call: ToolCall) {
+        let index = self.calls.len();
+        self.calls.insert(
+            index,
+            PartialCall {
+                id: Some(call.id),
+                name: Some(call.name),
+                arguments: String::new(),
+                complete: Some(call.arguments),
+            },
+        );
+    }
+
+    /// Replace the input-token figure (providers report it once, or cumulatively).
+    pub(crate) fn set_input_tokens(&mut self, tokens: u64) {
+        self.usage.input_tokens = tokens;
+    }
+
+    /// Replace the output-token figure (providers report it cumulatively).
+    pub(crate) fn set_output_tokens(&mut self, tokens: u64) {
+        self.usage.output_tokens = tokens;
+    }
+
+    /// The closing events: each assembled tool call, usage, and done.
+    pub(crate) fn finish(self, model: &str) -> Result<Vec<LlmStreamEvent>, LlmError> {
+        let mut tool_calls = Vec::with_capacity(self.calls.len());
+        for (index, call) in self.calls {
+            let name = call.name.ok_or_else(|| {
+                LlmError::new(
+                    LlmErrorKind::BadResponse,
+                    model,
+                    format!("streamed tool call {index} has no name"),
+                )
+            })?;
+            let arguments = match call.complete {
+                Some(arguments) => arguments,
+                None => parse_arguments(&call.arguments),
+            };
+            let mut tool_call = ToolCall::new(name, arguments);
+            if let Some(id) = call.id.filter(|id| !id.is_empty()) {
+                tool_call.id = id;
+            }
+            tool_calls.push(tool_call);
+        }
+        let response = LlmResponse {
+            content: (!self.text.is_empty()).then_some(self.text),
+            tool_calls,
+            usage: self.usage,
+        };
+        let mut events: Vec<LlmStreamEvent> = response
+            .tool_calls
+            .iter()
+            .map(|call| LlmStreamEvent::ToolCall { call: call.clone() })
+            .collect();
+        events.push(LlmStreamEvent::Usage {
+            usage: response.usage,
+        });
+        events.push(LlmStreamEvent::Done { response });
+        Ok(events)
+    }
+}
+
+/// Tool arguments from the JSON text a model wrote. Empty text means no arguments. Text that
+/// is not JSON is kept as a string rather than failing the whole call: the tool's argument
+/// validation then tells the model what was wrong, which it can fix on the next step.
+pub(crate) fn parse_arguments(text: &str) -> Value {
+    if text.trim().is_empty() {
+        return Value::Object(Default::default());
+    }
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.into()))
+}
+
+/// The error for a body that ended before the provider's final event.
+pub(crate) fn ended_early(model: &str) -> LlmError {
+    LlmError::new(
+        LlmErrorKind::Transport,
+        model,
+        "the stream ended before the final event (connection dropped?)",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn assembler_joins_argument_fragments_in_index_order() {
+        let mut a = ResponseAssembler::default();
+        a.text("Hel");
+        a.text("lo");
+        a.tool_delta(1, Some("b".into()), Some("second".into()), "");
+        a.tool_delta(0, Some("a".into()), Some("first".into()), "{\"x\":");
+        a.tool_delta(0, None, None, "1}");
+        a.set_input_tokens(3);
+        a.set_output_tokens(4);
+        let events = a.finish("m").unwrap();
+        let Some(LlmStreamEvent::Done { response }) = events.last() else {
+            panic!("no done event: {events:?}");
+        };
+        assert_eq!(response.content.as_deref(), Some("Hello"));
+        assert_eq!(response.tool_calls[0].name, "first");
+        assert_eq!(response.tool_calls[0].arguments, json!({"x": 1}));
+        assert_eq!(response.tool_calls[1].arguments, json!({}));
+        assert_eq!(response.usage.output_tokens, 4);
+    }
+
+    #[test]
+    fn a_nameless_call_is_a_bad_response() {
+        let mut a = ResponseAssembler::default();
+        a.tool_delta(0, Some("a".into()), None, "{}");
+        assert_eq!(a.finish("m").unwrap_err().kind(), LlmErrorKind::BadResponse);
+    }
+}

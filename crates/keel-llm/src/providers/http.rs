@@ -1,0 +1,593 @@
+//! The HTTP plumbing every provider shares: timeouts, retries with exponential backoff and
+//! jitter honouring `Retry-After`, error classification, secret-safe messages, and SSE
+//! decoding driven into an [`LlmStream`].
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use eventsource_stream::{Event, Eventsource};
+use futures::stream::{self, BoxStream, Stream, StreamExt};
+use keel_core::AgentResult;
+use serde_json::Value;
+use tracing::Instrument;
+
+use crate::{LlmError, LlmErrorKind, LlmStream, LlmStreamEvent};
+
+/// Timeouts and retry behaviour of a provider's HTTP client.
+///
+/// ```
+/// use std::time::Duration;
+/// use keel_llm::providers::HttpOptions;
+/// let options = HttpOptions::default()
+///     .with_max_attempts(5)
+///     .with_backoff(Duration::from_millis(200), Duration::from_secs(10));
+/// assert_eq!(options.max_attempts, 5);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpOptions {
+    /// Longest wait to establish a connection.
+    pub connect_timeout: Duration,
+    /// Longest a whole non-streaming call may take (streams are bounded by `read_timeout`
+    /// instead, since a long answer may legitimately stream for minutes).
+    pub request_timeout: Duration,
+    /// Longest wait for the next piece of a response body.
+    pub read_timeout: Duration,
+    /// Attempts per call, the first included (1 disables retries).
+    pub max_attempts: u32,
+    /// The first retry's backoff; each later one doubles, with jitter.
+    pub backoff_base: Duration,
+    /// The longest backoff.
+    pub backoff_max: Duration,
+    /// The longest `Retry-After` honoured; a provider asking for more fails the call at once
+    /// with the delay recorded on the error, so the caller can decide.
+    pub max_retry_after: Duration,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(600),
+            read_timeout: Duration::from_secs(120),
+            max_attempts: 3,
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+            max_retry_after: Duration::from_secs(60),
+        }
+    }
+}
+
+impl HttpOptions {
+    /// Set the connect and whole-request timeouts.
+    #[must_use]
+    pub fn with_timeouts(mut self, connect: Duration, request: Duration) -> Self {
+        self.connect_timeout = connect;
+        self.request_timeout = request;
+        self
+    }
+
+    /// Set the timeout between pieces of a response body.
+    #[must_use]
+    pub fn with_read_timeout(mut self, read: Duration) -> Self {
+        self.read_timeout = read;
+        self
+    }
+
+    /// Set the attempts per call (at least 1).
+    #[must_use]
+    pub fn with_max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Set the first and the longest backoff.
+    #[must_use]
+    pub fn with_backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff_base = base;
+        self.backoff_max = max;
+        self
+    }
+
+    /// Set the longest `Retry-After` honoured.
+    #[must_use]
+    pub fn with_max_retry_after(mut self, max: Duration) -> Self {
+        self.max_retry_after = max;
+        self
+    }
+
+    /// The backoff before retry number `retry` (1-based): doubling from the base, capped,
+    /// with "equal jitter" (half fixed, half random) so that clients rate-limited together
+    /// do not retry together.
+    fn backoff(&self, retry: u32) -> Duration {
+        let factor = 2u32.saturating_pow(retry.saturating_sub(1));
+        let full = self
+            .backoff_base
+            .saturating_mul(factor)
+            .min(self.backoff_max);
+        let half = full / 2;
+        let jitter_nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+        half + Duration::from_nanos(fastrand::u64(0..=jitter_nanos))
+    }
+}
+
+/// An API key. Its `Debug` prints `***`, and it has no `Display`, so it cannot reach a log
+/// or an error message by accident.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct ApiKey(String);
+
+impl ApiKey {
+    pub(crate) fn new(key: impl Into<String>) -> Option<Self> {
+        let key = key.into();
+        let key = key.trim();
+        (!key.is_empty()).then(|| Self(key.to_owned()))
+    }
+
+    /// The first set variable among `names`.
+    pub(crate) fn from_env(names: &[&str]) -> Option<Self> {
+        names
+            .iter()
+            .find_map(|name| std::env::var(name).ok().and_then(Self::new))
+    }
+
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// Who is being called, for errors, spans and provider-specific classification.
+pub(crate) struct CallSite<'a> {
+    pub(crate) provider: &'static str,
+    pub(crate) model: &'a str,
+    pub(crate) key: Option<&'a ApiKey>,
+    /// Provider-specific reading of an error answer (context overflow, odd auth codes).
+    pub(crate) classify: fn(u16, &Value, &str) -> Option<LlmErrorKind>,
+}
+
+impl CallSite<'_> {
+    fn error(&self, kind: LlmErrorKind, message: impl Into<String>) -> LlmError {
+        LlmError::new(kind, self.model, self.redact(message.into()))
+    }
+
+    /// Remove the key from text that may echo it (some providers quote a bad key back).
+    fn redact(&self, text: String) -> String {
+        match self.key {
+            Some(key) if !key.expose().is_empty() => text.replace(key.expose(), "***"),
+            _ => text,
+        }
+    }
+
+    fn transport(&self, error: reqwest::Error) -> LlmError {
+        // `without_url`: a URL may carry a query parameter a provider treats as secret.
+        let timeout = error.is_timeout();
+        let error = error.without_url();
+        let mut message = error.to_string();
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            message.push_str(": ");
+            message.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        let kind = if timeout {
+            LlmErrorKind::Timeout
+        } else {
+            LlmErrorKind::Transport
+        };
+        self.error(kind, format!("{} request failed: {message}", self.provider))
+    }
+}
+
+/// A shared HTTP client with its options.
+#[derive(Debug, Clone)]
+pub(crate) struct HttpClient {
+    client: reqwest::Client,
+    pub(crate) options: HttpOptions,
+}
+
+/// A successful response's body, its first chunk already received.
+pub(crate) struct OpenedBody {
+    chunks: BoxStream<'static, Result<Vec<u8>, reqwest::Error>>,
+}
+
+impl HttpClient {
+    pub(crate) fn new(options: HttpOptions, model: &str) -> Result<Self, LlmError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(options.connect_timeout)
+            .read_timeout(options.read_timeout)
+            .build()
+            .map_err(|e| {
+                LlmError::new(
+                    LlmErrorKind::Config,
+                    model,
+                    format!("cannot build the HTTP client: {}", e.without_url()),
+                )
+            })?;
+        Ok(Self { client, options })
+    }
+
+    pub(crate) fn post(&self, url: &str) -> reqwest::RequestBuilder {
+        self.client.post(url)
+    }
+
+    /// Send a request, retrying 408/429/5xx answers and connection failures that happened
+    /// before any byte of the body arrived; return the body once its first chunk is in.
+    ///
+    /// `whole_call_timeout` bounds the whole call by `request_timeout` (non-streaming calls).
+    pub(crate) async fn send(
+        &self,
+        site: &CallSite<'_>,
+        request: impl Fn() -> reqwest::RequestBuilder,
+        whole_call_timeout: bool,
+    ) -> Result<OpenedBody, LlmError> {
+        let attempts = self.options.max_attempts.max(1);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut builder = request();
+            if whole_call_timeout {
+                builder = builder.timeout(self.options.request_timeout);
+            }
+            let (error, retry_after, retryable) = match builder.send().await {
+                Err(error) => {
+                    // A timeout already waited the configured time; retrying would multiply
+                    // it. Anything else failed before the provider saw the request whole.
+                    let retryable = !error.is_timeout();
+                    (site.transport(error), None, retryable)
+                }
+                Ok(response) if response.status().is_success() => {
+                    let mut chunks = response
+                        .bytes_stream()
+                        .map(|chunk| chunk.map(|bytes| bytes.to_vec()));
+                    match chunks.next().await {
+                        Some(Err(error)) => {
+                            let retryable = !error.is_timeout();
+                            (site.transport(error), None, retryable)
+                        }
+                        first => {
+                            return Ok(OpenedBody {
+                                chunks: stream::iter(first).chain(chunks).boxed(),
+                            })
+                        }
+                    }
+                }
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    let retry_after = retry_after(response.headers(), Utc::now());
+                    // The error body is small; a failure to read it only loses detail.
+                    let body = response.text().await.unwrap_or_default();
+                    let error = classify(site, status, &body).with_retry_after(retry_after);
+                    let retryable = matches!(status, 408 | 429 | 500..=599);
+                    (error, retry_after, retryable)
+                }
+            };
+            if !retryable || attempt >= attempts {
+                return Err(if retryable && attempts > 1 {
+                    let message = format!("{} (after {attempt} attempts)", error.message());
+                    LlmError::new(error.kind(), error.model(), message)
+                        .with_retry_after(error.retry_after())
+                        .with_status_opt(error.status())
+                } else {
+                    error
+                });
+            }
+            let delay = match retry_after {
+                Some(wait) if wait > self.options.max_retry_after => return Err(error),
+                Some(wait) => wait,
+                None => self.options.backoff(attempt),
+            };
+            tracing::warn!(
+                provider = site.provider,
+                model = site.model,
+                attempt,
+                status = error.status(),
+                delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                error = %error,
+                "model call failed; retrying"
+            );
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+impl LlmError {
+    fn with_status_opt(self, status: Option<u16>) -> Self {
+        match status {
+            Some(status) => self.with_status(status),
+            None => self,
+        }
+    }
+}
+
+impl OpenedBody {
+    /// Read the whole body as JSON.
+    pub(crate) async fn json(mut self, site: &CallSite<'_>) -> Result<Value, LlmError> {
+        let mut body = Vec::new();
+        while let Some(chunk) = self.chunks.next().await {
+            body.extend(chunk.map_err(|e| site.transport(e))?);
+        }
+        serde_json::from_slice(&body).map_err(|e| {
+            site.error(
+                LlmErrorKind::BadResponse,
+                format!("{} answered JSON that cannot be parsed: {e}", site.provider),
+            )
+        })
+    }
+
+    /// Decode the body as server-sent events.
+    pub(crate) fn events(
+        self,
+        site: &CallSite<'_>,
+    ) -> impl Stream<Item = Result<Event, LlmError>> + Send + 'static {
+        let model = site.model.to_owned();
+        let provider = site.provider;
+        self.chunks.eventsource().map(move |event| {
+            event.map_err(|error| match error {
+                eventsource_stream::EventStreamError::Transport(error) => {
+                    let kind = if error.is_timeout() {
+                        LlmErrorKind::Timeout
+                    } else {
+                        LlmErrorKind::Transport
+                    };
+                    LlmError::new(
+                        kind,
+                        model.as_str(),
+                        format!("{provider} stream broke: {}", error.without_url()),
+                    )
+                }
+                other => LlmError::new(
+                    LlmErrorKind::BadResponse,
+                    model.as_str(),
+                    format!("{provider} sent an invalid event stream: {other}"),
+                ),
+            })
+        })
+    }
+}
+
+/// An error answer as an [`LlmError`]: provider-specific kinds first, then by status.
+fn classify(site: &CallSite<'_>, status: u16, body: &str) -> LlmError {
+    let json: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    let detail = error_detail(&json, body);
+    let kind = (site.classify)(status, &json, &detail).unwrap_or(match status {
+        401 | 403 => LlmErrorKind::Auth,
+        429 => LlmErrorKind::RateLimit,
+        _ => LlmErrorKind::Api,
+    });
+    site.error(
+        kind,
+        format!("{} answered HTTP {status}: {detail}", site.provider),
+    )
+    .with_status(status)
+}
+
+/// The human-readable part of an error body, shortened for logs.
+pub(crate) fn error_detail(json: &Value, raw: &str) -> String {
+    let text = json
+        .pointer("/error/message")
+        .or_else(|| json.get("error").filter(|e| e.is_string()))
+        .or_else(|| json.get("message"))
+        .or_else(|| json.get("detail"))
+        .and_then(Value::as_str)
+        .unwrap_or(raw)
+        .trim();
+    const LIMIT: usize = 500;
+    match text.char_indices().nth(LIMIT) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None if text.is_empty() => "(no detail)".into(),
+        None => text.to_owned(),
+    }
+}
+
+/// The delay a response asks for: `retry-after-ms`, or `Retry-After` as seconds or an HTTP
+/// date.
+pub(crate) fn retry_after(
+    headers: &reqwest::header::HeaderMap,
+    now: DateTime<Utc>,
+) -> Option<Duration> {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
+        return Duration::try_from_secs_f64(ms / 1000.0).ok();
+    }
+    parse_retry_after(header("retry-after")?, now)
+}
+
+/// `Retry-After`'s value: delay seconds (integer or decimal) or an HTTP date (a date in the
+/// past means now).
+pub(crate) fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Duration> {
+    if let Ok(seconds) = value.parse::<f64>() {
+        return Duration::try_from_secs_f64(seconds).ok();
+    }
+    let date = DateTime::parse_from_rfc2822(value).ok()?;
+    Some(
+        (date.with_timezone(&Utc) - now)
+            .to_std()
+            .unwrap_or(Duration::ZERO),
+    )
+}
+
+/// A provider's reading of server-sent events.
+pub(crate) trait SseDecoder: Send + 'static {
+    /// Handle one event, pushing stream events; `Ok(true)` once the final event arrived.
+    fn event(&mut self, event: &Event, out: &mut Vec<LlmStreamEvent>) -> Result<bool, LlmError>;
+
+    /// The body ended without the final event: close the answer if it is complete anyway,
+    /// or fail.
+    fn end(&mut self, out: &mut Vec<LlmStreamEvent>) -> Result<(), LlmError>;
+}
+
+struct Drive<S, D> {
+    events: S,
+    decoder: D,
+    queue: VecDeque<AgentResult<LlmStreamEvent>>,
+    finished: bool,
+    span: tracing::Span,
+}
+
+/// Turn a provider's SSE events into an [`LlmStream`] through its decoder. The stream stops
+/// after the final event or the first error, and never hangs on a body that ended early.
+pub(crate) fn drive_sse<S, D>(events: S, decoder: D, span: tracing::Span) -> LlmStream<'static>
+where
+    S: Stream<Item = Result<Event, LlmError>> + Send + Unpin + 'static,
+    D: SseDecoder,
+{
+    let state = Drive {
+        events,
+        decoder,
+        queue: VecDeque::new(),
+        finished: false,
+        span,
+    };
+    stream::unfold(state, |mut state| async move {
+        let span = state.span.clone();
+        async move {
+            loop {
+                if let Some(item) = state.queue.pop_front() {
+                    return Some((item, state));
+                }
+                if state.finished {
+                    return None;
+                }
+                let mut out = Vec::new();
+                let result = match state.events.next().await {
+                    None => {
+                        state.finished = true;
+                        state.decoder.end(&mut out)
+                    }
+                    Some(Err(error)) => Err(error),
+                    Some(Ok(event)) => state.decoder.event(&event, &mut out).map(|last| {
+                        state.finished |= last;
+                    }),
+                };
+                state.queue.extend(out.into_iter().map(Ok));
+                if let Err(error) = result {
+                    tracing::warn!(error = %error, "model stream failed");
+                    state.finished = true;
+                    state.queue.push_back(Err(error.into()));
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    })
+    .boxed()
+}
+
+/// Open a streaming call and drive its events; errors opening it become the stream's only
+/// item.
+pub(crate) fn open_stream<F>(opening: F) -> LlmStream<'static>
+where
+    F: std::future::Future<Output = Result<LlmStream<'static>, LlmError>> + Send + 'static,
+{
+    stream::once(opening)
+        .flat_map(|opened| match opened {
+            Ok(events) => events,
+            Err(error) => stream::once(async move { Err(error.into()) }).boxed(),
+        })
+        .boxed()
+}
+
+/// Text of a JSON string field, or empty.
+pub(crate) fn str_at<'a>(value: &'a Value, pointer: &str) -> &'a str {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+/// A JSON number field as u64, or 0.
+pub(crate) fn u64_at(value: &Value, pointer: &str) -> u64 {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_u64)
+        .unwrap_or_default()
+}
+
+/// Join a base URL and a path with exactly one slash.
+pub(crate) fn join_url(base: &str, path: &str) -> String {
+    format!(
+        "{}/{}",
+        base.trim_end_matches('/'),
+        path.trim_start_matches('/')
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates() {
+        let now = Utc.with_ymd_and_hms(2015, 10, 21, 7, 28, 0).unwrap();
+        assert_eq!(parse_retry_after("2", now), Some(Duration::from_secs(2)));
+        assert_eq!(
+            parse_retry_after("0.5", now),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-1", now), None);
+    }
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_is_capped() {
+        let options = HttpOptions::default()
+            .with_backoff(Duration::from_millis(100), Duration::from_millis(350));
+        for _ in 0..50 {
+            let first = options.backoff(1);
+            assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+            let second = options.backoff(2);
+            assert!(second >= Duration::from_millis(100) && second <= Duration::from_millis(200));
+            let capped = options.backoff(30);
+            assert!(capped >= Duration::from_millis(175) && capped <= Duration::from_millis(350));
+        }
+    }
+
+    #[test]
+    fn api_keys_never_print() {
+        let key = ApiKey::new("sk-secret").unwrap();
+        assert_eq!(format!("{key:?}"), "***");
+        assert!(ApiKey::new("  ").is_none());
+        let site = CallSite {
+            provider: "openai",
+            model: "m",
+            key: Some(&key),
+            classify: |_, _, _| None,
+        };
+        let err = classify(
+            &site,
+            401,
+            r#"{"error": {"message": "Incorrect API key provided: sk-secret"}}"#,
+        );
+        assert_eq!(err.kind(), LlmErrorKind::Auth);
+        assert!(!err.to_string().contains("sk-secret"), "{err}");
+    }
+
+    #[test]
+    fn error_detail_prefers_the_providers_message_and_is_bounded() {
+        let json = serde_json::json!({"error": {"message": "bad"}});
+        assert_eq!(error_detail(&json, "raw"), "bad");
+        assert_eq!(error_detail(&Value::Null, "plain text"), "plain text");
+        assert_eq!(error_detail(&Value::Null, ""), "(no detail)");
+        assert!(error_detail(&Value::Null, &"x".repeat(2000)).len() < 600);
+    }
+}

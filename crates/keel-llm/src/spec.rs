@@ -1,0 +1,215 @@
+//! [`llm_from_spec`]: build a model from a short text spec such as `openai:gpt-4o`, for
+//! command lines and configuration files.
+
+use std::sync::Arc;
+
+use keel_core::{AgentError, AgentResult};
+
+use crate::{Llm, MockLlm};
+
+/// Build a model from a spec:
+///
+/// | spec | model |
+/// |---|---|
+/// | `mock` | [`MockLlm::new`] |
+/// | `openai:MODEL` | OpenAI; key from `OPENAI_API_KEY` (feature `openai`) |
+/// | `anthropic:MODEL` | Anthropic; key from `ANTHROPIC_API_KEY` (feature `anthropic`) |
+/// | `gemini:MODEL` | Gemini; key from `GEMINI_API_KEY` or `GOOGLE_API_KEY` (feature `gemini`) |
+/// | `openai-compatible:URL:MODEL` | an OpenAI-compatible server at `URL` (Ollama, vLLM, llama.cpp, Groq, OpenRouter); key from `OPENAI_COMPATIBLE_API_KEY` if set (feature `openai`) |
+///
+/// In `openai-compatible:URL:MODEL` the URL's own colons (scheme, port) are skipped, so
+/// `openai-compatible:http://localhost:11434/v1:llama3.2:3b` names model `llama3.2:3b`.
+/// `OPENAI_API_KEY` is deliberately not sent to a compatible server, which may be another
+/// party's host.
+///
+/// An unknown kind, a missing model, or a provider whose feature is off is
+/// [`AgentError::InvalidInput`]; a missing API key is an `LlmError` of kind `config`.
+///
+/// ```
+/// use keel_llm::llm_from_spec;
+/// assert_eq!(llm_from_spec("mock").unwrap().model_name(), "mock");
+/// assert!(llm_from_spec("parrot:polly").is_err());
+/// ```
+pub fn llm_from_spec(spec: &str) -> AgentResult<Arc<dyn Llm>> {
+    let spec = spec.trim();
+    if spec == "mock" {
+        return Ok(Arc::new(MockLlm::new()));
+    }
+    if let Some(rest) = spec.strip_prefix("openai-compatible:") {
+        let (url, model) = split_url_and_model(rest).ok_or_else(|| {
+            invalid(format!(
+                "`{spec}` must be `openai-compatible:URL:MODEL`, e.g. \
+                 `openai-compatible:http://localhost:11434/v1:llama3.2`"
+            ))
+        })?;
+        return openai_compatible(url, model);
+    }
+    let (kind, model) = spec
+        .split_once(':')
+        .ok_or_else(|| invalid(format!("`{spec}` must be `mock` or `KIND:MODEL`")))?;
+    if model.trim().is_empty() {
+        return Err(invalid(format!("`{spec}` names no model")));
+    }
+    match kind {
+        "openai" => openai(model),
+        "anthropic" => anthropic(model),
+        "gemini" => gemini(model),
+        other => Err(invalid(format!(
+            "unknown model kind `{other}`; expected mock, openai, anthropic, gemini or \
+             openai-compatible"
+        ))),
+    }
+}
+
+fn invalid(reason: String) -> AgentError {
+    AgentError::invalid_input("llm", reason)
+}
+
+#[allow(dead_code)] // Used only when a provider feature is off.
+fn feature_off(feature: &str) -> AgentError {
+    invalid(format!(
+        "the `{feature}` provider is not compiled in; enable keel-llm's `{feature}` feature"
+    ))
+}
+
+/// Split `URL:MODEL` at the first colon that is neither the scheme's nor the port's.
+fn split_url_and_model(rest: &str) -> Option<(&str, &str)> {
+    let scheme_end = rest.find("://")? + 3;
+    let mut authority = true;
+    let bytes = rest.as_bytes();
+    let mut index = scheme_end;
+    while index < bytes.len() {
+        match bytes[index] {
+            b'/' => authority = false,
+            b':' => {
+                let digits = bytes[index + 1..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_digit())
+                    .count();
+                let after = bytes.get(index + 1 + digits);
+                let is_port = authority && digits > 0 && matches!(after, None | Some(b'/' | b':'));
+                if is_port {
+                    authority = false;
+                    index += 1 + digits;
+                    continue;
+                }
+                let (url, model) = (&rest[..index], &rest[index + 1..]);
+                return (!model.is_empty() && url.len() > scheme_end).then_some((url, model));
+            }
+            _ => {}
+        }
+        index += 1;
+    }
+    None
+}
+
+#[cfg(feature = "openai")]
+fn openai(model: &str) -> AgentResult<Arc<dyn Llm>> {
+    Ok(Arc::new(
+        crate::providers::OpenAiLlm::builder(model).build()?,
+    ))
+}
+
+#[cfg(not(feature = "openai"))]
+fn openai(_model: &str) -> AgentResult<Arc<dyn Llm>> {
+    Err(feature_off("openai"))
+}
+
+#[cfg(feature = "openai")]
+fn openai_compatible(url: &str, model: &str) -> AgentResult<Arc<dyn Llm>> {
+    let mut builder = crate::providers::OpenAiLlm::compatible(url, model);
+    if let Ok(key) = std::env::var("OPENAI_COMPATIBLE_API_KEY") {
+        builder = builder.with_api_key(key);
+    }
+    Ok(Arc::new(builder.build()?))
+}
+
+#[cfg(not(feature = "openai"))]
+fn openai_compatible(_url: &str, _model: &str) -> AgentResult<Arc<dyn Llm>> {
+    Err(feature_off("openai"))
+}
+
+#[cfg(feature = "anthropic")]
+fn anthropic(model: &str) -> AgentResult<Arc<dyn Llm>> {
+    Ok(Arc::new(
+        crate::providers::AnthropicLlm::builder(model).build()?,
+    ))
+}
+
+#[cfg(not(feature = "anthropic"))]
+fn anthropic(_model: &str) -> AgentResult<Arc<dyn Llm>> {
+    Err(feature_off("anthropic"))
+}
+
+#[cfg(feature = "gemini")]
+fn gemini(model: &str) -> AgentResult<Arc<dyn Llm>> {
+    Ok(Arc::new(
+        crate::providers::GeminiLlm::builder(model).build()?,
+    ))
+}
+
+#[cfg(not(feature = "gemini"))]
+fn gemini(_model: &str) -> AgentResult<Arc<dyn Llm>> {
+    Err(feature_off("gemini"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_core::ErrorKind;
+
+    #[test]
+    fn url_and_model_split_past_scheme_and_port_colons() {
+        let cases = [
+            (
+                "http://localhost:11434/v1:llama3.2",
+                Some(("http://localhost:11434/v1", "llama3.2")),
+            ),
+            (
+                "http://localhost:11434/v1:llama3.2:3b",
+                Some(("http://localhost:11434/v1", "llama3.2:3b")),
+            ),
+            (
+                "http://127.0.0.1:8080:qwen",
+                Some(("http://127.0.0.1:8080", "qwen")),
+            ),
+            (
+                "https://api.groq.com/openai/v1:llama-3.1-8b-instant",
+                Some(("https://api.groq.com/openai/v1", "llama-3.1-8b-instant")),
+            ),
+            (
+                "https://openrouter.ai/api/v1:openai/gpt-4o",
+                Some(("https://openrouter.ai/api/v1", "openai/gpt-4o")),
+            ),
+            ("http://host:8000:123", Some(("http://host:8000", "123"))),
+            ("http://localhost:11434/v1", None),
+            ("http://localhost:11434/v1:", None),
+            ("localhost:11434", None),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(split_url_and_model(input), expected, "{input}");
+        }
+    }
+
+    #[test]
+    fn bad_specs_are_invalid_input() {
+        for spec in [
+            "",
+            "parrot:polly",
+            "openai",
+            "openai:",
+            "openai-compatible:nope",
+        ] {
+            let err = llm_from_spec(spec).err().expect(spec);
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{spec}: {err}");
+        }
+    }
+
+    #[cfg(not(feature = "openai"))]
+    #[test]
+    fn a_provider_whose_feature_is_off_names_the_feature() {
+        let err = llm_from_spec("openai:gpt-4o").err().expect("feature off");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("`openai` feature"));
+    }
+}

@@ -1,0 +1,310 @@
+//! The Anthropic provider against a local server replaying the Messages API's documented
+//! request, response and streaming formats.
+#![cfg(feature = "anthropic")]
+
+mod support;
+
+use futures::StreamExt;
+use keel_llm::providers::AnthropicLlm;
+use keel_llm::{
+    collect_stream, Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent, ToolSpec,
+};
+use serde_json::{json, Value};
+use support::{fast_retries, frames, serve, split_at, Reply};
+
+const KEY: &str = "sk-ant-test-secret";
+
+fn llm(url: &str) -> AnthropicLlm {
+    AnthropicLlm::builder("claude-sonnet-4-5")
+        .with_base_url(url)
+        .with_api_key(KEY)
+        .with_http_options(fast_retries())
+        .build()
+        .unwrap()
+}
+
+fn weather_tool() -> ToolSpec {
+    ToolSpec {
+        name: "get_weather".into(),
+        description: "Current weather for a city".into(),
+        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+    }
+}
+
+fn message(content: Value, stop: &str) -> Value {
+    json!({
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+        "content": content, "stop_reason": stop, "stop_sequence": null,
+        "usage": {"input_tokens": 25, "output_tokens": 12}
+    })
+}
+
+#[tokio::test]
+async fn completion_sends_system_messages_tools_and_key_headers_and_reads_usage() {
+    let server = serve(vec![Reply::Json(
+        200,
+        vec![],
+        message(json!([{"type": "text", "text": "Hello!"}]), "end_turn"),
+    )])
+    .await;
+    let request = LlmRequest::new(vec![
+        LlmMessage::system("Be brief."),
+        LlmMessage::user("Hi"),
+    ])
+    .with_tools(vec![weather_tool()]);
+    let response = llm(&server.url).complete(request).await.unwrap();
+    assert_eq!(response.content.as_deref(), Some("Hello!"));
+    assert_eq!(
+        (response.usage.input_tokens, response.usage.output_tokens),
+        (25, 12)
+    );
+
+    let sent = &server.requests()[0];
+    assert_eq!(sent.uri, "/v1/messages");
+    assert_eq!(sent.header("x-api-key"), KEY);
+    assert_eq!(sent.header("anthropic-version"), "2023-06-01");
+    assert_eq!(sent.body["model"], "claude-sonnet-4-5");
+    assert_eq!(sent.body["system"], "Be brief.");
+    assert_eq!(sent.body["max_tokens"], 32_000, "from the model profile");
+    assert_eq!(
+        sent.body["messages"],
+        json!([{"role": "user", "content": [{"type": "text", "text": "Hi"}]}])
+    );
+    assert_eq!(
+        sent.body["tools"],
+        json!([{"name": "get_weather", "description": "Current weather for a city", "input_schema": weather_tool().parameters}])
+    );
+}
+
+#[tokio::test]
+async fn tool_use_round_trips_and_results_share_one_user_turn() {
+    let server = serve(vec![
+        Reply::Json(
+            200,
+            vec![],
+            message(
+                json!([
+                    {"type": "text", "text": "Checking both."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                    {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome"}}
+                ]),
+                "tool_use",
+            ),
+        ),
+        Reply::Json(200, vec![], message(json!([{"type": "text", "text": "Both sunny."}]), "end_turn")),
+    ])
+    .await;
+    let llm = llm(&server.url);
+    let mut messages = vec![LlmMessage::user("Paris and Rome?")];
+    let first = llm
+        .complete(LlmRequest::new(messages.clone()).with_tools(vec![weather_tool()]))
+        .await
+        .unwrap();
+    assert_eq!(first.content.as_deref(), Some("Checking both."));
+    assert_eq!(first.tool_calls.len(), 2);
+    assert_eq!(first.tool_calls[0].id, "toolu_1");
+    assert_eq!(first.tool_calls[1].arguments, json!({"city": "Rome"}));
+
+    messages.push(LlmMessage::assistant(
+        "Checking both.",
+        first.tool_calls.clone(),
+    ));
+    messages.push(LlmMessage::tool_result(&first.tool_calls[0], "20C"));
+    messages.push(LlmMessage::tool_result(&first.tool_calls[1], "25C"));
+    llm.complete(LlmRequest::new(messages).with_tools(vec![weather_tool()]))
+        .await
+        .unwrap();
+    let sent = &server.requests()[1].body["messages"];
+    assert_eq!(
+        sent[1],
+        json!({"role": "assistant", "content": [
+            {"type": "text", "text": "Checking both."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+            {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome"}}
+        ]})
+    );
+    assert_eq!(
+        sent[2],
+        json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "20C"},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "25C"}
+        ]})
+    );
+    assert_eq!(sent.as_array().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn output_schema_is_answered_through_a_forced_tool() {
+    let server = serve(vec![Reply::Json(
+        200,
+        vec![],
+        message(
+            json!([{"type": "tool_use", "id": "toolu_9", "name": "structured_output", "input": {"city": "Paris"}}]),
+            "tool_use",
+        ),
+    )])
+    .await;
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+    let response = llm(&server.url)
+        .complete(
+            LlmRequest::new(vec![LlmMessage::user("Where?")]).with_output_schema(schema.clone()),
+        )
+        .await
+        .unwrap();
+    assert!(response.tool_calls.is_empty());
+    let answer: Value = serde_json::from_str(response.content.as_deref().unwrap()).unwrap();
+    assert_eq!(answer, json!({"city": "Paris"}));
+    let sent = &server.requests()[0].body;
+    assert_eq!(
+        sent["tool_choice"],
+        json!({"type": "tool", "name": "structured_output"})
+    );
+    assert_eq!(sent["tools"][0]["input_schema"], schema);
+}
+
+#[tokio::test]
+async fn errors_are_typed_auth_rate_limit_and_context_overflow() {
+    let server = serve(vec![
+        Reply::Json(401, vec![], json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}})),
+        Reply::Json(
+            429,
+            vec![("retry-after", "0".into())],
+            json!({"type": "error", "error": {"type": "rate_limit_error", "message": "Number of request tokens has exceeded your per-minute rate limit"}}),
+        ),
+        Reply::Json(529, vec![], json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})),
+        Reply::Json(200, vec![], message(json!([{"type": "text", "text": "ok"}]), "end_turn")),
+        Reply::Json(
+            400,
+            vec![],
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 208310 tokens > 200000 maximum"}}),
+        ),
+    ])
+    .await;
+    let llm = llm(&server.url);
+    let ask = || LlmRequest::new(vec![LlmMessage::user("Hi")]);
+    let err = llm.complete(ask()).await.unwrap_err();
+    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Auth));
+    assert!(!err.to_string().contains(KEY));
+    // 429 with Retry-After 0, then 529 overloaded with backoff, then success.
+    assert_eq!(
+        llm.complete(ask()).await.unwrap().content.as_deref(),
+        Some("ok")
+    );
+    let err = llm.complete(ask()).await.unwrap_err();
+    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::ContextOverflow));
+    assert_eq!(server.requests().len(), 5);
+}
+
+fn sse_body() -> String {
+    frames(&[
+        (
+            Some("message_start"),
+            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "claude-sonnet-4-5", "stop_reason": null, "usage": {"input_tokens": 472, "output_tokens": 2}}}),
+        ),
+        (
+            Some("content_block_start"),
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
+        (Some("ping"), json!({"type": "ping"})),
+        (
+            Some("content_block_delta"),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Okay, let me "}}),
+        ),
+        (
+            Some("content_block_delta"),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "check."}}),
+        ),
+        (
+            Some("content_block_stop"),
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        (
+            Some("content_block_start"),
+            json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {}}}),
+        ),
+        (
+            Some("content_block_delta"),
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": ""}}),
+        ),
+        (
+            Some("content_block_delta"),
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"city\": \"San"}}),
+        ),
+        (
+            Some("content_block_delta"),
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": " Francisco\"}"}}),
+        ),
+        (
+            Some("content_block_stop"),
+            json!({"type": "content_block_stop", "index": 1}),
+        ),
+        (
+            Some("message_delta"),
+            json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"output_tokens": 89}}),
+        ),
+        (Some("message_stop"), json!({"type": "message_stop"})),
+    ])
+}
+
+#[tokio::test]
+async fn stream_reassembles_split_frames_and_tool_input_deltas() {
+    let body = sse_body();
+    let cuts: Vec<usize> = (1..12).map(|i| i * body.len() / 12).collect();
+    let server = serve(vec![Reply::Chunks(split_at(&body, &cuts))]).await;
+    let events: Vec<LlmStreamEvent> = llm(&server.url)
+        .stream(
+            LlmRequest::new(vec![LlmMessage::user("Weather?")]).with_tools(vec![weather_tool()]),
+        )
+        .map(Result::unwrap)
+        .collect()
+        .await;
+    let Some(LlmStreamEvent::Done { response }) = events.last() else {
+        panic!("no done: {events:?}");
+    };
+    assert_eq!(response.content.as_deref(), Some("Okay, let me check."));
+    assert_eq!(response.tool_calls[0].id, "toolu_01");
+    assert_eq!(
+        response.tool_calls[0].arguments,
+        json!({"city": "San Francisco"})
+    );
+    assert_eq!(
+        (response.usage.input_tokens, response.usage.output_tokens),
+        (472, 89)
+    );
+    let deltas = events
+        .iter()
+        .filter(|e| matches!(e, LlmStreamEvent::ToolCallDelta { .. }))
+        .count();
+    assert_eq!(deltas, 4, "start plus three input_json_delta fragments");
+    assert_eq!(server.requests()[0].body["stream"], true);
+}
+
+#[tokio::test]
+async fn a_stream_cut_before_message_stop_is_a_transport_error() {
+    let body = sse_body();
+    let cut = body.find("event: message_delta").unwrap();
+    let server = serve(vec![Reply::Chunks(vec![body[..cut].to_owned()])]).await;
+    let err =
+        collect_stream(llm(&server.url).stream(LlmRequest::new(vec![LlmMessage::user("Hi")])))
+            .await
+            .unwrap_err();
+    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Transport));
+}
+
+#[tokio::test]
+async fn a_mid_stream_error_event_is_typed() {
+    let mut body = sse_body();
+    let cut = body.find("event: content_block_start").unwrap();
+    body.truncate(cut);
+    body.push_str(&frames(&[(
+        Some("error"),
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    )]));
+    let server = serve(vec![Reply::Chunks(vec![body])]).await;
+    let err =
+        collect_stream(llm(&server.url).stream(LlmRequest::new(vec![LlmMessage::user("Hi")])))
+            .await
+            .unwrap_err();
+    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Api));
+    assert!(err.to_string().contains("Overloaded"));
+}
