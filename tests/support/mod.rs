@@ -6,6 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 /// A running `keel serve`, killed when dropped.
 pub struct KeelServer {
@@ -15,9 +16,16 @@ pub struct KeelServer {
 }
 
 impl KeelServer {
-    /// Start `keel serve --port 0` with extra arguments and wait for the line that names
-    /// its URL (the server is listening once it is printed).
+    /// Start `keel serve --port 0 --store memory` and wait for the line naming its URL (the
+    /// server is listening once it is printed).
     pub fn start(extra: &[&str]) -> KeelServer {
+        let mut args = vec!["--store", "memory"];
+        args.extend_from_slice(extra);
+        Self::start_with(&args)
+    }
+
+    /// Start `keel serve --port 0` with exactly these extra arguments.
+    pub fn start_with(extra: &[&str]) -> KeelServer {
         let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
             .args(["serve", "--host", "127.0.0.1", "--port", "0"])
             .args(extra)
@@ -42,15 +50,28 @@ impl KeelServer {
     /// Send SIGTERM and wait for the exit status.
     #[cfg(unix)]
     pub fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        let status = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM failed");
+        self.signal("-TERM");
         let status = self.child.wait().expect("wait for keel");
         std::mem::forget(self);
         status
+    }
+
+    /// SIGKILL: the process gets no chance to clean up.
+    #[cfg(unix)]
+    pub fn kill_hard(mut self) {
+        self.signal("-KILL");
+        let _ = self.child.wait();
+        std::mem::forget(self);
+    }
+
+    #[cfg(unix)]
+    fn signal(&mut self, signal: &str) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} failed");
     }
 }
 
@@ -79,4 +100,104 @@ pub fn sdk_python() -> PathBuf {
         "the Python a2a-sdk venv is missing: run `cargo xtask py-sdk` (or `cargo xtask ci`, which creates it)"
     );
     venv
+}
+
+/// A JSON-RPC client for the A2A endpoint of a running server.
+pub struct Rpc {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl Rpc {
+    /// A client for `server`.
+    pub fn new(server: &KeelServer) -> Rpc {
+        Rpc {
+            http: reqwest::Client::new(),
+            url: server.url.clone(),
+        }
+    }
+
+    /// Call `method`; answers the whole JSON-RPC response.
+    pub async fn call(&self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        let body =
+            serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        self.http
+            .post(&self.url)
+            .header("A2A-Version", "1.0")
+            .json(&body)
+            .send()
+            .await
+            .expect("send")
+            .json()
+            .await
+            .expect("JSON answer")
+    }
+
+    /// SendMessage with `text` (in `context_id` when given); answers the task.
+    pub async fn send(
+        &self,
+        text: &str,
+        context_id: Option<&str>,
+        return_immediately: bool,
+    ) -> serde_json::Value {
+        let mut message = serde_json::json!({
+            "messageId": uuid_like(), "role": "ROLE_USER", "parts": [{"text": text}]
+        });
+        if let Some(context) = context_id {
+            message["contextId"] = serde_json::json!(context);
+        }
+        let answer = self
+            .call("SendMessage", serde_json::json!({"message": message, "configuration": {"returnImmediately": return_immediately}}))
+            .await;
+        answer["result"]["task"].clone()
+    }
+
+    /// GetTask; answers the task (or the error object).
+    pub async fn get(&self, task_id: &str) -> serde_json::Value {
+        let answer = self
+            .call("GetTask", serde_json::json!({"id": task_id}))
+            .await;
+        if answer.get("error").is_some() {
+            return answer;
+        }
+        answer["result"].clone()
+    }
+
+    /// GetTask until `done(state)` holds, looking every 50 ms for at most `within`.
+    pub async fn wait_for(
+        &self,
+        task_id: &str,
+        within: Duration,
+        done: impl Fn(&str) -> bool,
+    ) -> serde_json::Value {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let task = self.get(task_id).await;
+            if let Some(state) = task["status"]["state"].as_str() {
+                if done(state) {
+                    return task;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "task {task_id} never reached the expected state: {task}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A fresh id for messages and prefixes.
+pub fn uuid_like() -> String {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{nanos:x}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
 }

@@ -791,11 +791,38 @@ impl Inner {
             reason: Mutex::new(None),
         });
         self.active.insert(key.clone(), run.clone());
+        // A cancel accepted by another process arrives as a durable flag; watch for it while
+        // a model or tool call is in flight, so that the call is dropped at once.
+        let watcher = {
+            let (memory, auth, task_id, run) = (
+                self.runtime.memory_service(),
+                auth.clone(),
+                task_id.clone(),
+                run.clone(),
+            );
+            let period = self.config.poll_interval;
+            tokio::spawn(async move {
+                while !run.token.is_cancelled() {
+                    tokio::select! {
+                        () = run.token.cancelled() => return,
+                        () = tokio::time::sleep(period) => {}
+                    }
+                    if let Ok(Some(reason)) =
+                        memory.load_serialized(&auth, &cancel_key(&task_id)).await
+                    {
+                        let reason = reason.as_str().unwrap_or("canceled by request").to_owned();
+                        *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+                        run.token.cancel();
+                    }
+                }
+            })
+        };
         let span = tracing::info_span!("run", task_id = %task_id, agent = %self.agent.card().name);
         let result = self
             .run_task_inner(flow, &mut task, &run)
             .instrument(span)
             .await;
+        watcher.abort();
         self.active.remove(&key);
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
         match result {

@@ -5,9 +5,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use keel::agent::AgentExecutor;
+use std::time::Duration;
+
+use keel::agent::{AgentExecutor, ExecutorConfig};
+use keel::services::Runtime;
 use keel::transport::A2aServer;
-use keel::DefaultRuntime;
+use keel::{DefaultRuntime, StoreConfig};
 
 /// Keel: an agent runtime. `keel serve` runs the demo agent over A2A with the built-in
 /// offline model, so it works with no API key and no network.
@@ -34,6 +37,17 @@ enum Command {
         /// (behind a proxy). Written into the agent card.
         #[arg(long, env = "KEEL_PUBLIC_URL")]
         public_url: Option<String>,
+        /// Where tasks and threads are kept: `sqlite:PATH`, `redis://HOST:PORT` (shared by
+        /// several `keel serve` processes) or `memory`.
+        #[arg(long, default_value = "sqlite:./keel.db", env = "KEEL_STORE")]
+        store: String,
+        /// Prefix of every Redis key, to keep deployments sharing one Redis apart.
+        #[arg(long, default_value = "keel:", env = "KEEL_REDIS_PREFIX")]
+        redis_prefix: String,
+        /// Seconds a thread lease lasts unless renewed: how long the work of a crashed
+        /// process waits before another process (or this one, restarted) takes it over.
+        #[arg(long, default_value_t = 30.0, env = "KEEL_LEASE_TTL")]
+        lease_ttl: f64,
     },
 }
 
@@ -59,7 +73,17 @@ fn main() -> ExitCode {
             host,
             port,
             public_url,
-        } => runtime.block_on(serve(host, port, public_url)),
+            store,
+            redis_prefix,
+            lease_ttl,
+        } => runtime.block_on(serve(ServeOptions {
+            host,
+            port,
+            public_url,
+            store,
+            redis_prefix,
+            lease_ttl,
+        })),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -70,7 +94,33 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(host: String, port: u16, public_url: Option<String>) -> Result<(), String> {
+struct ServeOptions {
+    host: String,
+    port: u16,
+    public_url: Option<String>,
+    store: String,
+    redis_prefix: String,
+    lease_ttl: f64,
+}
+
+async fn serve(options: ServeOptions) -> Result<(), String> {
+    let ServeOptions {
+        host,
+        port,
+        public_url,
+        store,
+        redis_prefix,
+        lease_ttl,
+    } = options;
+    if !(lease_ttl.is_finite() && (0.1..=86_400.0).contains(&lease_ttl)) {
+        return Err(format!(
+            "--lease-ttl {lease_ttl} is out of range: use 0.1 to 86400 seconds"
+        ));
+    }
+    let mut store = StoreConfig::parse(&store).map_err(|err| err.to_string())?;
+    if let StoreConfig::Redis { prefix, .. } = &mut store {
+        *prefix = redis_prefix;
+    }
     let addr: SocketAddr = format!("{host}:{port}")
         .parse()
         .or_else(|_| format!("[{host}]:{port}").parse())
@@ -82,7 +132,25 @@ async fn serve(host: String, port: u16, public_url: Option<String>) -> Result<()
         .map_err(|err| format!("cannot listen on {addr}: {err}"))?;
     let local = listener.local_addr().map_err(|err| err.to_string())?;
     let agent = keel::demo::agent().map_err(|err| err.to_string())?;
-    let executor = AgentExecutor::new(agent, Arc::new(DefaultRuntime::offline()));
+    let runtime = DefaultRuntime::builder()
+        .store(store.clone())
+        .build()
+        .await
+        .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
+    let auth = runtime.auth_service().auth_context();
+    let config = ExecutorConfig {
+        lease_ttl: Duration::from_secs_f64(lease_ttl),
+        ..ExecutorConfig::default()
+    };
+    let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);
+    // Work a dead process left behind (queued or mid-run tasks) resumes now.
+    let resumed = executor
+        .recover(&auth)
+        .await
+        .map_err(|err| format!("cannot recover unfinished tasks: {err}"))?;
+    if resumed > 0 {
+        tracing::info!(resumed, "resuming unfinished tasks");
+    }
     let mut url = public_url.unwrap_or_else(|| format!("http://{local}/"));
     if !url.ends_with('/') {
         url.push('/');

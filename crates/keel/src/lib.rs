@@ -22,12 +22,18 @@ pub use keel_agent as agent;
 pub use keel_core as core;
 pub use keel_llm as llm;
 pub use keel_runtime as services;
+/// The Redis store (feature `redis`).
+#[cfg(feature = "redis")]
+pub use keel_store_redis as redis;
+/// The SQLite store (feature `sqlite`).
+#[cfg(feature = "sqlite")]
+pub use keel_store_sqlite as sqlite;
 pub use keel_transport as transport;
-pub use runtime::{DefaultRuntime, DefaultRuntimeBuilder};
+pub use runtime::{DefaultRuntime, DefaultRuntimeBuilder, StoreConfig};
 
 /// The names most applications need, in one import.
 pub mod prelude {
-    pub use crate::DefaultRuntime;
+    pub use crate::{DefaultRuntime, StoreConfig};
     pub use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions, Tool, ToolContext};
     pub use keel_core::{
         AgentCard, AgentError, AgentResult, AgentSkill, Artifact, Message, Part, RunBudget,

@@ -1,14 +1,74 @@
-//! [`DefaultRuntime`]: the service hub with Keel's built-in services.
+//! [`DefaultRuntime`]: the service hub with Keel's built-in services, and [`StoreConfig`],
+//! which chooses where it keeps its data.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use keel_core::{AgentError, AgentResult};
 use keel_llm::{Llm, MockLlm};
 use keel_runtime::{
     AuthService, InMemoryRuntime, LoggingService, MemoryService, RunStore, Runtime,
     StaticAuthService, TaskManager, ThreadStore,
 };
 
-/// The out-of-the-box [`Runtime`]: a static tenant, in-process task and memory stores,
+/// Where a [`DefaultRuntime`] keeps tasks, threads, memory and run records.
+///
+/// ```
+/// use keel::StoreConfig;
+/// assert_eq!(StoreConfig::parse("memory")?, StoreConfig::Memory);
+/// assert_eq!(StoreConfig::parse("sqlite:./keel.db")?, StoreConfig::Sqlite("./keel.db".into()));
+/// assert!(StoreConfig::parse("postgres://x").is_err());
+/// # Ok::<(), keel::core::AgentError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreConfig {
+    /// In process memory: nothing survives a restart.
+    Memory,
+    /// A SQLite file (feature `sqlite`, on by default).
+    Sqlite(PathBuf),
+    /// A Redis server shared by several processes (feature `redis`), with a key prefix.
+    Redis {
+        /// `redis://[:password@]host:port[/db]`.
+        url: String,
+        /// Prefix of every key (`keel:` by default).
+        prefix: String,
+    },
+}
+
+impl StoreConfig {
+    /// The default store of `keel serve`: SQLite at `./keel.db`.
+    pub fn default_sqlite() -> Self {
+        StoreConfig::Sqlite(PathBuf::from("./keel.db"))
+    }
+
+    /// Parse `memory`, `sqlite:PATH` or `redis://…` / `rediss://…`.
+    pub fn parse(spec: &str) -> AgentResult<Self> {
+        if spec == "memory" {
+            Ok(StoreConfig::Memory)
+        } else if let Some(path) = spec.strip_prefix("sqlite:") {
+            if path.is_empty() {
+                return Err(AgentError::invalid_input(
+                    "store",
+                    "`sqlite:` needs a path, e.g. sqlite:./keel.db",
+                ));
+            }
+            Ok(StoreConfig::Sqlite(PathBuf::from(path)))
+        } else if spec.starts_with("redis://") || spec.starts_with("rediss://") {
+            Ok(StoreConfig::Redis {
+                url: spec.to_owned(),
+                prefix: "keel:".into(),
+            })
+        } else {
+            Err(AgentError::invalid_input(
+                "store",
+                format!("`{spec}` is not a store; use memory, sqlite:PATH or redis://HOST:PORT"),
+            ))
+        }
+    }
+}
+
+/// The out-of-the-box [`Runtime`]: a static tenant, the stores chosen by [`StoreConfig`],
 /// `tracing` logs, and a default model.
 ///
 /// ```
@@ -16,7 +76,7 @@ use keel_runtime::{
 /// let runtime = DefaultRuntime::builder()
 ///     .llm(MockLlm::new())
 ///     .auth(keel::services::StaticAuthService::new(AuthContext::new("acme", "ops")))
-///     .build();
+///     .build_in_memory();
 /// assert_eq!(runtime.auth_service().auth_context().app_name, "acme");
 /// ```
 #[derive(Clone)]
@@ -25,14 +85,14 @@ pub struct DefaultRuntime {
 }
 
 impl DefaultRuntime {
-    /// The default services with `llm` as the default model.
+    /// In-memory services with `llm` as the default model.
     pub fn new(llm: impl Llm + 'static) -> Self {
-        Self::builder().llm(llm).build()
+        Self::builder().llm(llm).build_in_memory()
     }
 
-    /// The default services with the offline [`MockLlm`]: no API key, no network.
+    /// In-memory services with the offline [`MockLlm`]: no API key, no network, no files.
     pub fn offline() -> Self {
-        Self::builder().build()
+        Self::builder().build_in_memory()
     }
 
     /// Choose the services one by one.
@@ -40,6 +100,7 @@ impl DefaultRuntime {
         DefaultRuntimeBuilder {
             llm: None,
             auth: None,
+            store: StoreConfig::Memory,
         }
     }
 }
@@ -73,6 +134,7 @@ impl Runtime for DefaultRuntime {
 pub struct DefaultRuntimeBuilder {
     llm: Option<Arc<dyn Llm>>,
     auth: Option<StaticAuthService>,
+    store: StoreConfig,
 }
 
 impl DefaultRuntimeBuilder {
@@ -82,19 +144,81 @@ impl DefaultRuntimeBuilder {
         self
     }
 
+    /// The default model, shared.
+    pub fn llm_shared(mut self, llm: Arc<dyn Llm>) -> Self {
+        self.llm = Some(llm);
+        self
+    }
+
     /// The tenant every request runs as.
     pub fn auth(mut self, auth: StaticAuthService) -> Self {
         self.auth = Some(auth);
         self
     }
 
-    /// The runtime.
-    pub fn build(self) -> DefaultRuntime {
-        let llm = self.llm.unwrap_or_else(|| Arc::new(MockLlm::new()));
+    /// Where data is kept (in memory unless set).
+    pub fn store(mut self, store: StoreConfig) -> Self {
+        self.store = store;
+        self
+    }
+
+    fn base(&mut self) -> InMemoryRuntime {
+        let llm = self.llm.take().unwrap_or_else(|| Arc::new(MockLlm::new()));
         let mut services = InMemoryRuntime::new(llm);
-        if let Some(auth) = self.auth {
+        if let Some(auth) = self.auth.take() {
             services = services.with_auth_service(auth);
         }
-        DefaultRuntime { services }
+        services
+    }
+
+    /// The runtime with in-memory stores, whatever [`DefaultRuntimeBuilder::store`] says.
+    pub fn build_in_memory(mut self) -> DefaultRuntime {
+        DefaultRuntime {
+            services: self.base(),
+        }
+    }
+
+    /// Open the configured store and build the runtime. A store whose Cargo feature is off,
+    /// or that cannot be opened, is an error that says which.
+    pub async fn build(mut self) -> AgentResult<DefaultRuntime> {
+        let services = self.base();
+        let services = match self.store.clone() {
+            StoreConfig::Memory => services,
+            #[cfg(feature = "sqlite")]
+            StoreConfig::Sqlite(path) => {
+                let store =
+                    tokio::task::spawn_blocking(move || keel_store_sqlite::SqliteStore::open(path))
+                        .await
+                        .map_err(AgentError::internal)??;
+                let store = Arc::new(store);
+                services
+                    .with_task_manager(store.clone())
+                    .with_memory_service(store.clone())
+                    .with_thread_store(store.clone())
+                    .with_run_store(store)
+            }
+            #[cfg(feature = "redis")]
+            StoreConfig::Redis { url, prefix } => {
+                let store = Arc::new(
+                    keel_store_redis::RedisStore::connect(&url)
+                        .await?
+                        .with_prefix(prefix),
+                );
+                services
+                    .with_task_manager(store.clone())
+                    .with_memory_service(store.clone())
+                    .with_thread_store(store.clone())
+                    .with_run_store(store)
+            }
+            #[allow(unreachable_patterns)] // reachable exactly when a store feature is off
+            other => {
+                return Err(AgentError::Unsupported {
+                    what: format!(
+                    "store {other:?}: this build of Keel lacks its Cargo feature (sqlite / redis)"
+                ),
+                })
+            }
+        };
+        Ok(DefaultRuntime { services })
     }
 }

@@ -1,0 +1,102 @@
+//! Two `keel serve` processes on one Redis serve the same agent safely: a thread's work never
+//! runs concurrently, and a task accepted by one is readable and cancelable through the other.
+
+mod support;
+
+use std::time::Duration;
+
+use keel::core::ThreadId;
+use keel::services::{AuthContext, ThreadHistory};
+use support::{uuid_like, KeelServer, Rpc};
+
+fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+fn two_servers(prefix: &str) -> (KeelServer, KeelServer) {
+    let url = redis_url();
+    let args = ["--store", url.as_str(), "--redis-prefix", prefix];
+    (KeelServer::start_with(&args), KeelServer::start_with(&args))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_accepted_by_one_process_is_read_and_canceled_through_the_other() {
+    let prefix = format!("keel-test-{}:", uuid_like());
+    let (a, b) = two_servers(&prefix);
+    let (rpc_a, rpc_b) = (Rpc::new(&a), Rpc::new(&b));
+    let task = rpc_a.send(r#"/sleep {"seconds": 300}"#, None, true).await;
+    let id = task["id"].as_str().unwrap().to_owned();
+    let seen = rpc_b.get(&id).await;
+    assert_eq!(
+        seen["id"],
+        id.as_str(),
+        "process B reads the task process A accepted: {seen}"
+    );
+    // Wait until A is running it, then cancel through B: A's run must stop.
+    rpc_b
+        .wait_for(&id, Duration::from_secs(10), |s| s == "TASK_STATE_WORKING")
+        .await;
+    let canceled = rpc_b
+        .call(
+            "CancelTask",
+            serde_json::json!({"id": id, "metadata": {"reason": "from B"}}),
+        )
+        .await;
+    assert_eq!(
+        canceled["result"]["status"]["state"], "TASK_STATE_CANCELED",
+        "{canceled}"
+    );
+    let on_a = rpc_a.get(&id).await;
+    assert_eq!(on_a["status"]["state"], "TASK_STATE_CANCELED");
+    assert_eq!(on_a["metadata"]["cancel_reason"], "from B");
+    // Exactly one final status: a second cancel is refused.
+    let again = rpc_a
+        .call("CancelTask", serde_json::json!({"id": id}))
+        .await;
+    assert_eq!(again["error"]["code"], -32002, "{again}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_threads_work_never_runs_concurrently_across_processes() {
+    let prefix = format!("keel-test-{}:", uuid_like());
+    let (a, b) = two_servers(&prefix);
+    let (rpc_a, rpc_b) = (Rpc::new(&a), Rpc::new(&b));
+    let thread = format!("thread-{}", uuid_like());
+    let mut sends = Vec::new();
+    for i in 0..16 {
+        let (rpc, thread) = (if i % 2 == 0 { &rpc_a } else { &rpc_b }, thread.clone());
+        sends.push(async move { rpc.send(&format!("turn {i}"), Some(&thread), false).await });
+    }
+    let tasks = futures::future::join_all(sends).await;
+    for task in &tasks {
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    }
+    // Different threads progress on both processes meanwhile.
+    let other = rpc_b.send("elsewhere", None, false).await;
+    assert_eq!(other["status"]["state"], "TASK_STATE_COMPLETED");
+
+    // The thread's durable history is a clean sequence: each task's user message directly
+    // followed by its answer, never interleaved with another task's.
+    let store = keel::redis::RedisStore::connect(&redis_url())
+        .await
+        .unwrap()
+        .with_prefix(prefix);
+    let auth = AuthContext::new("default-app", "default-user");
+    let history = store
+        .read_history(&auth, &ThreadId::from(thread), 0, 1000)
+        .await
+        .unwrap();
+    assert_eq!(history.len(), 32, "16 turns of user + answer");
+    for pair in history.chunks(2) {
+        let (user, answer) = (&pair[0].message, &pair[1].message);
+        assert_eq!(
+            answer.content,
+            format!("You said: {}", user.content),
+            "interleaved history: {history:#?}"
+        );
+        assert_eq!(
+            user.metadata["keel.task_id"],
+            answer.metadata["keel.task_id"]
+        );
+    }
+}
