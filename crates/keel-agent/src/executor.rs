@@ -392,6 +392,14 @@ impl AgentExecutor {
         Ok(task)
     }
 
+    /// A signal bumped whenever this process appends to a task's event log or changes a
+    /// task's status, so that streams can follow tasks without polling the store. Work done
+    /// by other processes sharing the store does not bump it: followers of such tasks look
+    /// at the store now and then.
+    pub fn task_updates(&self) -> watch::Receiver<u64> {
+        self.inner.changed.subscribe()
+    }
+
     /// Whether a run of this task is executing in this process.
     pub fn is_running(&self, auth: &AuthContext, task_id: &TaskId) -> bool {
         self.inner
@@ -907,6 +915,7 @@ impl Inner {
                 },
             )
             .await?;
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
         Ok(message)
     }
 
