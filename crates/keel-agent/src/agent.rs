@@ -91,6 +91,7 @@ pub struct Agent {
     tool_index: HashMap<String, usize>,
     stop: StopRules,
     human_handoff: bool,
+    authorizer: Arc<keel_policy::ActionAuthorizer>,
 }
 
 impl fmt::Debug for Agent {
@@ -116,6 +117,8 @@ impl Agent {
             tools: Vec::new(),
             stop: StopRules::default(),
             human_handoff: false,
+            policy: None,
+            approval_handler: None,
         }
     }
 
@@ -147,6 +150,11 @@ impl Agent {
     /// Whether the `ask_human` hand-off tool is offered.
     pub fn human_handoff(&self) -> bool {
         self.human_handoff
+    }
+
+    /// The agent's policy and approval handler, which judge every action its runs prepare.
+    pub fn authorizer(&self) -> &Arc<keel_policy::ActionAuthorizer> {
+        &self.authorizer
     }
 
     /// The tools as offered to a model, built-in ones included.
@@ -208,6 +216,8 @@ pub struct AgentBuilder {
     tools: Vec<Arc<dyn Tool>>,
     stop: StopRules,
     human_handoff: bool,
+    policy: Option<Arc<dyn keel_policy::Policy>>,
+    approval_handler: Option<Arc<dyn keel_policy::ApprovalHandler>>,
 }
 
 impl AgentBuilder {
@@ -277,6 +287,24 @@ impl AgentBuilder {
         self
     }
 
+    /// The policy that judges every action (allow all when not set). A run's
+    /// `RunContext.permissions` can narrow it, never widen it.
+    pub fn policy(mut self, policy: impl keel_policy::Policy + 'static) -> Self {
+        self.policy = Some(Arc::new(policy));
+        self
+    }
+
+    /// Who decides actions that need approval. Without one, such an action stops the run
+    /// (fail closed): the task waits in `input-required` with the pending request until
+    /// `AgentExecutor::decide_approval` answers it.
+    pub fn approval_handler(
+        mut self,
+        handler: impl keel_policy::ApprovalHandler + 'static,
+    ) -> Self {
+        self.approval_handler = Some(Arc::new(handler));
+        self
+    }
+
     /// Offer the `ask_human` tool: the task waits in `input-required` for the human's answer.
     pub fn human_handoff(mut self, on: bool) -> Self {
         self.human_handoff = on;
@@ -332,6 +360,16 @@ impl AgentBuilder {
             tool_index,
             stop: self.stop,
             human_handoff: self.human_handoff,
+            authorizer: {
+                let policy = self
+                    .policy
+                    .unwrap_or_else(|| Arc::new(keel_policy::CapabilityPolicy::new()));
+                let mut authorizer = keel_policy::ActionAuthorizer::from_arc(policy);
+                if let Some(handler) = self.approval_handler {
+                    authorizer = authorizer.with_approval_handler_arc(handler);
+                }
+                Arc::new(authorizer)
+            },
         })
     }
 }

@@ -29,12 +29,23 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::agent::{ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL};
+use crate::observe::RunObs;
 use crate::{Agent, ThreadState, ToolContext};
+use keel_core::{ApprovalDecision, ApprovalOutcome, ApprovalRequest, RunAction};
+use keel_events::payload::{
+    ActionCompletedPayload, ActionFailedPayload, LlmCallCompletedPayload, LlmCallStartedPayload,
+};
+use keel_events::{EventSink, RedactionPolicy, RunEvent};
+use keel_llm::{prepare_manifest, ManifestIds};
+use keel_runtime::{RunRecord, TaskRecord};
 
 /// Metadata keys Keel puts on thread history entries.
 const META_TASK: &str = "keel.task_id";
 const META_MESSAGE: &str = "keel.message_id";
 const META_QUEUE_ITEM: &str = "keel.queue_item";
+/// Task metadata keys of an action waiting for approval and of the decision about it.
+const META_PENDING_APPROVAL: &str = "pending_approval";
+const META_APPROVAL_DECISION: &str = "approval_decision";
 
 /// How [`AgentExecutor::send_message`] should behave.
 #[derive(Debug, Clone, Default)]
@@ -113,6 +124,8 @@ pub(crate) struct Inner {
     /// Bumped whenever this process persists a task status, to wake local waiters.
     changed: watch::Sender<u64>,
     tracker: TaskTracker,
+    /// Where every run's events go (besides its own recorder).
+    sinks: RwLock<Vec<Arc<dyn EventSink>>>,
     shutting_down: CancellationToken,
     slots: Arc<Semaphore>,
 }
@@ -153,6 +166,11 @@ enum Outcome {
     InputRequired {
         question: String,
     },
+    /// An action needs a decision nobody could make in-process: the task waits for
+    /// [`AgentExecutor::decide_approval`].
+    AwaitingApproval {
+        request: Box<ApprovalRequest>,
+    },
     Canceled {
         reason: String,
     },
@@ -180,6 +198,7 @@ impl AgentExecutor {
                 workers: DashMap::new(),
                 changed,
                 tracker: TaskTracker::new(),
+                sinks: RwLock::new(Vec::new()),
                 shutting_down: CancellationToken::new(),
                 slots,
             }),
@@ -390,6 +409,165 @@ impl AgentExecutor {
             });
         }
         Ok(task)
+    }
+
+    /// Send every run's normalized events (`keel-events`) to `sink` too, from now on.
+    pub fn add_event_sink(&self, sink: Arc<dyn EventSink>) {
+        self.inner
+            .sinks
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(sink);
+    }
+
+    /// Answer an action that waits for approval (the task is `input-required` with
+    /// `metadata.pending_approval`). The decision must carry the pending request's id. The
+    /// task resumes: an approved action runs, a denied one becomes a tool error the model
+    /// sees. This works after a restart too, since the pending request is persisted.
+    /// Answers the task once it rests again.
+    pub async fn decide_approval(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        decision: ApprovalDecision,
+    ) -> AgentResult<Task> {
+        let tasks = self.inner.runtime.task_manager();
+        let mut task =
+            tasks
+                .get_task(auth, task_id)
+                .await?
+                .ok_or_else(|| AgentError::TaskNotFound {
+                    task_id: task_id.clone(),
+                })?;
+        let pending: ApprovalRequest = task
+            .metadata
+            .get(META_PENDING_APPROVAL)
+            .filter(|_| task.state() == TaskState::InputRequired)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .ok_or_else(|| {
+                AgentError::invalid_input(
+                    "task_id",
+                    format!("task {task_id} has no action waiting for approval"),
+                )
+            })?;
+        if pending.request_id != decision.request_id {
+            return Err(AgentError::invalid_input(
+                "approval_decision.request_id",
+                format!(
+                    "`{}` does not answer the pending request `{}`",
+                    decision.request_id, pending.request_id
+                ),
+            ));
+        }
+        task.metadata.insert(
+            META_APPROVAL_DECISION.into(),
+            serde_json::to_value(&decision).map_err(AgentError::internal)?,
+        );
+        tasks.save_task(auth, &task).await?;
+        self.inner
+            .enqueue(
+                auth,
+                &task.thread_id,
+                QueuedWork::Task {
+                    task_id: task.id.clone(),
+                },
+            )
+            .await?;
+        // Wait for the run to pick the decision up and rest again.
+        let mut changed = self.inner.changed.subscribe();
+        loop {
+            changed.borrow_and_update();
+            let current = self.get_task(auth, task_id, None).await?;
+            if is_resting(current.state()) && !current.metadata.contains_key(META_APPROVAL_DECISION)
+            {
+                return Ok(current);
+            }
+            tokio::select! {
+                _ = changed.changed() => {}
+                () = tokio::time::sleep(self.inner.config.poll_interval) => {}
+            }
+        }
+    }
+
+    /// Call one tool directly, with no model (a deterministic path), through the same
+    /// argument validation, policy, approvals and budget as a model-chosen call. A denial is
+    /// [`AgentError::ActionDenied`]; an approval nobody can give in-process is
+    /// [`AgentError::ApprovalRequired`] carrying the request; a failing tool is
+    /// [`AgentError::ToolFailed`]. Events go to the executor's sinks under `context`'s run.
+    pub async fn call_tool_in_context(
+        &self,
+        auth: &AuthContext,
+        thread_id: ThreadId,
+        name: &str,
+        arguments: Value,
+        context: RunContext,
+    ) -> AgentResult<Value> {
+        let inner = &self.inner;
+        let registered = inner.agent.tool(name).ok_or_else(|| {
+            AgentError::invalid_input("tool", format!("the agent has no tool `{name}`"))
+        })?;
+        registered.validate(&arguments)?;
+        let call = ToolCall::new(name, arguments);
+        let task_id = TaskId::new();
+        let sinks = inner
+            .sinks
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let obs = RunObs::new(
+            &sinks,
+            &context,
+            &task_id,
+            &inner.agent.card().name,
+            inner.agent.authorizer().clone(),
+        );
+        let action = tool_action(registered.tool.as_ref(), &call);
+        obs.emit(RunEvent::action_requested(&action)).await;
+        if let Err(err) = obs.authorize(&action).await {
+            if let AgentError::ActionDenied { reason, .. } = &err {
+                obs.emit(RunEvent::action_denied(action.id.clone(), reason.clone()))
+                    .await;
+            }
+            return Err(err);
+        }
+        obs.budget(|b| b.check_tool_call()).await?;
+        registered.validate(&call.arguments)?;
+        obs.emit(RunEvent::action_started(&action)).await;
+        let ctx = ToolContext {
+            auth: auth.clone(),
+            run: context,
+            task_id,
+            thread_id: thread_id.clone(),
+            thread: self.thread(auth, thread_id),
+            cancel: CancellationToken::new(),
+            runtime: inner.runtime.clone(),
+        };
+        let started = Instant::now();
+        let duration_ms = || Some(started.elapsed().as_millis() as u64);
+        match registered.tool.call(call.arguments.clone(), &ctx).await {
+            Ok(output) => {
+                obs.emit(RunEvent::action_completed(ActionCompletedPayload {
+                    action_id: action.id.clone(),
+                    output: output.clone(),
+                    artifacts: Vec::new(),
+                    duration_ms: duration_ms(),
+                }))
+                .await;
+                Ok(output)
+            }
+            Err(err) => {
+                obs.emit(RunEvent::action_failed(ActionFailedPayload {
+                    action_id: action.id.clone(),
+                    error: err.to_string(),
+                    duration_ms: duration_ms(),
+                }))
+                .await;
+                Err(AgentError::ToolFailed {
+                    tool: name.to_owned(),
+                    message: err.to_string(),
+                })
+            }
+        }
     }
 
     /// A signal bumped whenever this process appends to a task's event log or changes a
@@ -789,7 +967,10 @@ impl Inner {
         let Some(mut task) = self.runtime.task_manager().get_task(auth, task_id).await? else {
             return Ok(());
         };
-        if is_resting(task.state()) && !self.has_unseen_input(flow, &task).await? {
+        if is_resting(task.state())
+            && !task.metadata.contains_key(META_APPROVAL_DECISION)
+            && !self.has_unseen_input(flow, &task).await?
+        {
             return Ok(());
         }
         let key = (auth.namespace(), task_id.clone());
@@ -940,15 +1121,23 @@ impl Inner {
             mark_canceled(task, "thread terminated")?;
             return self.persist_status(auth, task).await;
         }
+        let run_context = RunContext::ensure_task_context(task)?;
+        let sinks = self.sinks.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let obs = RunObs::new(
+            &sinks,
+            &run_context,
+            &task.id,
+            &self.agent.card().name,
+            self.agent.authorizer().clone(),
+        );
         if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
-            return self.finish(flow, task, outcome).await;
+            return self.finish(flow, &obs, task, outcome).await;
         }
         if task.state() != TaskState::Working {
             task.begin()?;
             self.persist_status(auth, task).await?;
+            obs.emit(RunEvent::task_status_of(task)).await;
         }
-        let run_context = RunContext::ensure_task_context(task)?;
-        let started = Instant::now();
         let ctx = ToolContext {
             auth: auth.clone(),
             run: run_context.clone(),
@@ -957,6 +1146,12 @@ impl Inner {
             thread,
             cancel: run.token.clone(),
             runtime: self.runtime.clone(),
+        };
+        let scope = Scope {
+            flow,
+            ctx: &ctx,
+            run,
+            obs: &obs,
         };
 
         // The task's user messages join the thread history once each (a resumed run finds
@@ -997,6 +1192,7 @@ impl Inner {
                 return self
                     .finish(
                         flow,
+                        &obs,
                         task,
                         Outcome::Failed {
                             error,
@@ -1008,30 +1204,27 @@ impl Inner {
         }
 
         let outcome = match direct {
-            Some(calls) => {
-                self.run_direct(flow, task, calls, &ctx, run, &mut history)
-                    .await?
-            }
-            None => {
-                self.resume_interrupted_calls(flow, task, &ctx, run, &mut history)
-                    .await?;
-                self.step_loop(flow, task, &ctx, run, &mut history, started, &run_context)
-                    .await?
-            }
+            Some(calls) => self.run_direct(&scope, task, calls, &mut history).await?,
+            None => match self
+                .resume_interrupted_calls(&scope, task, &mut history)
+                .await?
+            {
+                Some(outcome) => outcome,
+                None => self.step_loop(&scope, task, &mut history).await?,
+            },
         };
-        self.finish(flow, task, outcome).await
+        self.finish(flow, &obs, task, outcome).await
     }
 
-    /// After a crash: tool calls of this task with no persisted result are re-run when the
-    /// tool is idempotent, otherwise answered with an "interrupted" error the model sees.
+    /// After a crash or an approval: tool calls of this task with no persisted result. A
+    /// call waiting for an approval runs (or is refused) as decided; otherwise it is re-run
+    /// when the tool is idempotent and answered with an "interrupted" error when not.
     async fn resume_interrupted_calls(
         &self,
-        flow: &Flow,
-        task: &Task,
-        ctx: &ToolContext,
-        run: &ActiveRun,
+        scope: &Scope<'_>,
+        task: &mut Task,
         history: &mut Vec<LlmMessage>,
-    ) -> AgentResult<()> {
+    ) -> AgentResult<Option<Outcome>> {
         let answered: HashSet<String> = history
             .iter()
             .filter_map(|m| m.tool_call_id.clone())
@@ -1042,29 +1235,90 @@ impl Inner {
             .flat_map(|m| m.tool_calls.clone())
             .filter(|c| !answered.contains(&c.id))
             .collect();
+        let pending: Option<ApprovalRequest> = task
+            .metadata
+            .get(META_PENDING_APPROVAL)
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        let decision: Option<ApprovalDecision> = task
+            .metadata
+            .get(META_APPROVAL_DECISION)
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
         for call in dangling {
-            let idempotent = self
-                .agent
-                .tool(&call.name)
-                .is_some_and(|t| t.tool.idempotent());
-            let (output, is_error) = if idempotent {
-                match self.call_tool(&call, ctx, run).await {
-                    Some(result) => result,
-                    None => return Ok(()),
+            let awaited = pending.as_ref().filter(|p| {
+                p.action.metadata.get("call_id").and_then(Value::as_str) == Some(call.id.as_str())
+            });
+            let result = match (awaited, &decision) {
+                (Some(request), Some(decision)) if decision.request_id == request.request_id => {
+                    scope
+                        .obs
+                        .emit(RunEvent::approval_decided(request, decision))
+                        .await;
+                    if decision.outcome == ApprovalOutcome::Approved {
+                        self.call_tool(scope, &call, true).await
+                    } else {
+                        let reason = decision
+                            .reason
+                            .clone()
+                            .unwrap_or_else(|| "denied by the approver".into());
+                        scope
+                            .obs
+                            .emit(RunEvent::action_denied(
+                                request.action.id.clone(),
+                                reason.clone(),
+                            ))
+                            .await;
+                        ToolRun::Done {
+                            output: json!(format!("denied: {reason}")),
+                            is_error: true,
+                        }
+                    }
                 }
-            } else {
-                (
-                    json!(format!(
+                (Some(request), _) => {
+                    return Ok(Some(Outcome::AwaitingApproval {
+                        request: Box::new(request.clone()),
+                    }))
+                }
+                (None, _)
+                    if self
+                        .agent
+                        .tool(&call.name)
+                        .is_some_and(|t| t.tool.idempotent()) =>
+                {
+                    self.call_tool(scope, &call, false).await
+                }
+                (None, _) => ToolRun::Done {
+                    output: json!(format!(
                         "tool call `{}` was interrupted by a restart and not run again",
                         call.name
                     )),
-                    true,
-                )
+                    is_error: true,
+                },
             };
-            self.persist_tool_result(flow, task, &call, output, is_error, history)
+            match result {
+                ToolRun::Done { output, is_error } => {
+                    self.persist_tool_result(scope.flow, task, &call, output, is_error, history)
+                        .await?;
+                }
+                ToolRun::Canceled => {
+                    return Ok(Some(Outcome::Canceled {
+                        reason: run_reason(scope.run),
+                    }))
+                }
+                ToolRun::Approval(request) => {
+                    return Ok(Some(Outcome::AwaitingApproval { request }))
+                }
+                ToolRun::Stop(error) => return Ok(Some(budget_failure(error))),
+            }
+        }
+        if task.metadata.remove(META_PENDING_APPROVAL).is_some()
+            | task.metadata.remove(META_APPROVAL_DECISION).is_some()
+        {
+            self.runtime
+                .task_manager()
+                .save_task(&scope.flow.auth, task)
                 .await?;
         }
-        Ok(())
+        Ok(None)
     }
 
     async fn persist_tool_result(
@@ -1094,12 +1348,11 @@ impl Inner {
     /// Queued messages and tools are injected before the next model call (§9).
     async fn inject_queued(
         &self,
-        flow: &Flow,
+        scope: &Scope<'_>,
         task: &Task,
-        ctx: &ToolContext,
-        run: &ActiveRun,
         history: &mut Vec<LlmMessage>,
-    ) -> AgentResult<()> {
+    ) -> AgentResult<Option<Outcome>> {
+        let flow = scope.flow;
         let store = self.runtime.thread_store();
         let items = store.peek_queue(&flow.auth, &flow.thread_id, 64).await?;
         let seen: HashSet<String> = history
@@ -1112,10 +1365,14 @@ impl Inner {
             })
             .collect();
         let mut injected = Vec::new();
+        let mut outcome = None;
         for item in items {
             let Ok(work) = serde_json::from_value::<QueuedWork>(item.payload.clone()) else {
                 continue;
             };
+            if matches!(work, QueuedWork::Task { .. }) {
+                continue;
+            }
             if !seen.contains(&item.id) {
                 match work {
                     QueuedWork::Task { .. } => continue,
@@ -1145,17 +1402,30 @@ impl Inner {
                             .metadata
                             .insert(META_QUEUE_ITEM.into(), json!(item.id));
                         self.append(flow, history, vec![request]).await?;
-                        let Some((output, is_error)) = self.call_tool(&call, ctx, run).await else {
-                            return Ok(());
-                        };
-                        self.persist_tool_result(flow, task, &call, output, is_error, history)
-                            .await?;
+                        match self.call_tool(scope, &call, false).await {
+                            ToolRun::Done { output, is_error } => {
+                                self.persist_tool_result(
+                                    flow, task, &call, output, is_error, history,
+                                )
+                                .await?;
+                            }
+                            ToolRun::Canceled => {
+                                outcome = Some(Outcome::Canceled {
+                                    reason: run_reason(scope.run),
+                                })
+                            }
+                            ToolRun::Approval(request) => {
+                                outcome = Some(Outcome::AwaitingApproval { request })
+                            }
+                            ToolRun::Stop(error) => outcome = Some(budget_failure(error)),
+                        }
                     }
                 }
-            } else if matches!(work, QueuedWork::Task { .. }) {
-                continue;
             }
             injected.push(item.id);
+            if outcome.is_some() {
+                break;
+            }
         }
         if !injected.is_empty() {
             tracing::debug!(count = injected.len(), "queued work injected");
@@ -1163,7 +1433,7 @@ impl Inner {
                 .ack_queue(&flow.auth, &flow.lease(), &injected)
                 .await?;
         }
-        Ok(())
+        Ok(outcome)
     }
 
     async fn system_prompt(&self, ctx: &ToolContext) -> String {
@@ -1195,22 +1465,19 @@ impl Inner {
         prompt
     }
 
-    #[allow(clippy::too_many_arguments)] // the loop's state, passed explicitly rather than bundled
     async fn step_loop(
         &self,
-        flow: &Flow,
+        scope: &Scope<'_>,
         task: &Task,
-        ctx: &ToolContext,
-        run: &ActiveRun,
         history: &mut Vec<LlmMessage>,
-        started: Instant,
-        run_context: &RunContext,
     ) -> AgentResult<Outcome> {
+        let (flow, ctx, run, obs) = (scope.flow, scope.ctx, scope.run, scope.obs);
         let llm = self
             .agent
             .llm()
             .cloned()
             .unwrap_or_else(|| self.runtime.default_llm());
+        let profile = llm.profile();
         let tools = self.agent.tool_specs();
         let rules = self.agent.stop_rules().clone();
         let mut invalid_calls: HashMap<String, u32> = HashMap::new();
@@ -1223,21 +1490,12 @@ impl Inner {
             if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
                 return Ok(outcome);
             }
-            if let Some(max) = run_context.budget.max_runtime_seconds {
-                let used = started.elapsed().as_secs_f64();
-                if used >= max {
-                    let error = AgentError::BudgetExceeded {
-                        limit: "max_runtime_seconds".into(),
-                        used: used as u64,
-                        max: max as u64,
-                    };
-                    return Ok(Outcome::Failed {
-                        error,
-                        reason: "max_runtime_seconds".into(),
-                    });
-                }
+            if let Err(error) = obs.budget(|b| b.check_step()).await {
+                return Ok(budget_failure(error));
             }
-            self.inject_queued(flow, task, ctx, run, history).await?;
+            if let Some(outcome) = self.inject_queued(scope, task, history).await? {
+                return Ok(outcome);
+            }
             let mut messages = Vec::with_capacity(history.len() + 1);
             let system = self.system_prompt(ctx).await;
             if !system.is_empty() {
@@ -1245,6 +1503,26 @@ impl Inner {
             }
             messages.extend(history.iter().cloned());
             let request = LlmRequest::new(messages).with_tools(tools.clone());
+            let manifest = prepare_manifest(
+                &request,
+                &profile,
+                ManifestIds::from_run_context(&ctx.run, Some(&self.agent.card().name)),
+            );
+            obs.emit(RunEvent::context_prepared(&manifest).step(step))
+                .await;
+            if let Err(error) = obs.budget(|b| b.check_llm_call(&manifest)).await {
+                return Ok(budget_failure(error));
+            }
+            obs.emit(
+                RunEvent::llm_call_started(LlmCallStartedPayload {
+                    provider: Some(profile.provider.clone()),
+                    model: Some(llm.model_name().to_owned()),
+                    estimated_input_tokens: manifest.total_estimated_tokens,
+                })
+                .step(step),
+            )
+            .await;
+            let called = Instant::now();
             let response = tokio::select! {
                 biased;
                 () = run.token.cancelled() => return Ok(Outcome::Canceled { reason: run_reason(run) }),
@@ -1260,6 +1538,19 @@ impl Inner {
                     })
                 }
             };
+            obs.record_llm_usage(response.usage.input_tokens, response.usage.output_tokens);
+            obs.emit(
+                RunEvent::llm_call_completed(LlmCallCompletedPayload {
+                    provider: Some(profile.provider.clone()),
+                    model: Some(llm.model_name().to_owned()),
+                    input_tokens: response.usage.input_tokens,
+                    output_tokens: response.usage.output_tokens,
+                    latency_ms: Some(called.elapsed().as_millis() as u64),
+                    finish_reason: None,
+                })
+                .step(step),
+            )
+            .await;
             if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
                 return Ok(outcome);
             }
@@ -1281,6 +1572,9 @@ impl Inner {
             );
             if !parts.is_empty() {
                 self.record_event(&flow.auth, task, parts).await?;
+            }
+            if let Err(error) = obs.budget(|b| b.check_output_tokens()).await {
+                return Ok(budget_failure(error));
             }
             if response.tool_calls.is_empty() {
                 if rules.stop_on_response {
@@ -1335,22 +1629,28 @@ impl Inner {
                         handoff.get_or_insert(question);
                         (json!("the question was sent to the human; their answer follows as a user message"), false)
                     }
-                    _ => {
-                        let Some(result) = self.call_tool(call, ctx, run).await else {
+                    _ => match self.call_tool(scope, call, false).await {
+                        ToolRun::Done { output, is_error } => (output, is_error),
+                        ToolRun::Canceled => {
                             return Ok(Outcome::Canceled {
                                 reason: run_reason(run),
-                            });
-                        };
-                        result
-                    }
+                            })
+                        }
+                        // The call stays unanswered in the history until the decision arrives.
+                        ToolRun::Approval(request) => {
+                            return Ok(Outcome::AwaitingApproval { request })
+                        }
+                        ToolRun::Stop(error) => return Ok(budget_failure(error)),
+                    },
                 };
                 if is_error
                     && output
                         .as_str()
                         .is_some_and(|o| o.starts_with("invalid arguments"))
                 {
-                    let key = format!("{}:{}", call.name, call.arguments);
-                    let count = invalid_calls.entry(key).or_default();
+                    let count = invalid_calls
+                        .entry(format!("{}:{}", call.name, call.arguments))
+                        .or_default();
                     *count += 1;
                     if *count > rules.max_invalid_repeats {
                         repeated_invalid.get_or_insert_with(|| call.name.clone());
@@ -1375,7 +1675,7 @@ impl Inner {
             }
             if let Some(tool) = repeated_invalid {
                 let error = AgentError::ToolFailed {
-                    tool: tool.clone(),
+                    tool,
                     message: format!(
                         "the model repeated the same invalid call more than {} times",
                         rules.max_invalid_repeats
@@ -1405,13 +1705,12 @@ impl Inner {
     /// fails when one fails.
     async fn run_direct(
         &self,
-        flow: &Flow,
+        scope: &Scope<'_>,
         task: &Task,
         calls: Vec<ToolCall>,
-        ctx: &ToolContext,
-        run: &ActiveRun,
         history: &mut Vec<LlmMessage>,
     ) -> AgentResult<Outcome> {
+        let flow = scope.flow;
         let answered: HashSet<String> = history
             .iter()
             .filter_map(|m| m.tool_call_id.clone())
@@ -1421,16 +1720,21 @@ impl Inner {
             if answered.contains(&call.id) {
                 continue;
             }
-            if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
+            if let Some(outcome) = self.stop_requested(flow, &task.id, scope.run).await {
                 return Ok(outcome);
             }
             let mut request = LlmMessage::assistant("", vec![call.clone()]);
             tag(&mut request, &task.id);
             self.append(flow, history, vec![request]).await?;
-            let Some((output, is_error)) = self.call_tool(call, ctx, run).await else {
-                return Ok(Outcome::Canceled {
-                    reason: run_reason(run),
-                });
+            let (output, is_error) = match self.call_tool(scope, call, false).await {
+                ToolRun::Done { output, is_error } => (output, is_error),
+                ToolRun::Canceled => {
+                    return Ok(Outcome::Canceled {
+                        reason: run_reason(scope.run),
+                    })
+                }
+                ToolRun::Approval(request) => return Ok(Outcome::AwaitingApproval { request }),
+                ToolRun::Stop(error) => return Ok(budget_failure(error)),
             };
             self.persist_tool_result(flow, task, call, output.clone(), is_error, history)
                 .await?;
@@ -1453,44 +1757,106 @@ impl Inner {
         })
     }
 
-    /// Run one tool call: `None` when the run was canceled meanwhile, else the output and
-    /// whether it is an error. Unknown tools, invalid arguments, failures and panics all
-    /// become error outputs.
-    async fn call_tool(
-        &self,
-        call: &ToolCall,
-        ctx: &ToolContext,
-        run: &ActiveRun,
-    ) -> Option<(Value, bool)> {
-        let span = tracing::info_span!("tool", name = %call.name, call_id = %call.id);
+    /// Prepare, judge and run one tool call. Arguments are checked before the action is
+    /// prepared and again right before the tool runs; unknown tools, invalid arguments,
+    /// denials, failures and panics all become error outputs the model sees.
+    async fn call_tool(&self, scope: &Scope<'_>, call: &ToolCall, preapproved: bool) -> ToolRun {
+        let (ctx, run, obs) = (scope.ctx, scope.run, scope.obs);
         let Some(registered) = self.agent.tool(&call.name) else {
-            return Some((json!(format!("unknown tool `{}`", call.name)), true));
+            return ToolRun::Done {
+                output: json!(format!("unknown tool `{}`", call.name)),
+                is_error: true,
+            };
         };
         if let Err(err) = registered.validate(&call.arguments) {
-            return Some((json!(format!("invalid arguments: {err}")), true));
+            return ToolRun::Done {
+                output: json!(format!("invalid arguments: {err}")),
+                is_error: true,
+            };
         }
+        let action = tool_action(registered.tool.as_ref(), call);
+        obs.emit(RunEvent::action_requested(&action)).await;
+        if !preapproved {
+            match obs.authorize(&action).await {
+                Ok(_) => {}
+                Err(AgentError::ActionDenied { reason, .. }) => {
+                    obs.emit(RunEvent::action_denied(action.id.clone(), reason.clone()))
+                        .await;
+                    return ToolRun::Done {
+                        output: json!(format!("denied: {reason}")),
+                        is_error: true,
+                    };
+                }
+                Err(AgentError::ApprovalRequired { request }) => return ToolRun::Approval(request),
+                Err(err) => {
+                    // Fail closed: an action that could not be judged does not run.
+                    obs.emit(RunEvent::action_denied(action.id.clone(), err.to_string()))
+                        .await;
+                    return ToolRun::Done {
+                        output: json!(format!("denied: {err}")),
+                        is_error: true,
+                    };
+                }
+            }
+        }
+        if let Err(error) = obs.budget(|b| b.check_tool_call()).await {
+            return ToolRun::Stop(error);
+        }
+        if let Err(err) = registered.validate(&call.arguments) {
+            return ToolRun::Done {
+                output: json!(format!("invalid arguments: {err}")),
+                is_error: true,
+            };
+        }
+        obs.emit(RunEvent::action_started(&action)).await;
+        let started = Instant::now();
+        let span = tracing::info_span!("tool", name = %call.name, call_id = %call.id);
         let tool = registered.tool.clone();
         let args = call.arguments.clone();
         let tool_ctx = ctx.clone();
         let mut handle =
             tokio::spawn(async move { tool.call(args, &tool_ctx).await }.instrument(span));
-        tokio::select! {
+        let (output, is_error) = tokio::select! {
             biased;
             () = run.token.cancelled() => {
                 handle.abort();
-                None
+                return ToolRun::Canceled;
             }
-            joined = &mut handle => Some(match joined {
+            joined = &mut handle => match joined {
                 Ok(Ok(value)) => (value, false),
                 Ok(Err(err)) => (json!(err.to_string()), true),
                 Err(join) => (json!(format!("tool `{}` panicked: {join}", call.name)), true),
-            }),
+            },
+        };
+        let duration_ms = Some(started.elapsed().as_millis() as u64);
+        if is_error {
+            obs.emit(RunEvent::action_failed(ActionFailedPayload {
+                action_id: action.id.clone(),
+                error: render(&output),
+                duration_ms,
+            }))
+            .await;
+        } else {
+            obs.emit(RunEvent::action_completed(ActionCompletedPayload {
+                action_id: action.id.clone(),
+                output: output.clone(),
+                artifacts: Vec::new(),
+                duration_ms,
+            }))
+            .await;
         }
+        ToolRun::Done { output, is_error }
     }
 
     /// Write how the run ended: the task's final (or resting) state, its answer, artifact and
-    /// stop reason.
-    async fn finish(&self, flow: &Flow, task: &mut Task, outcome: Outcome) -> AgentResult<()> {
+    /// stop reason, then the run's report and task record.
+    async fn finish(
+        &self,
+        flow: &Flow,
+        obs: &RunObs,
+        task: &mut Task,
+        outcome: Outcome,
+    ) -> AgentResult<()> {
         let auth = &flow.auth;
         // The cancel flag has done its job once the run ends, whatever the ending.
         let _ = self
@@ -1512,12 +1878,10 @@ impl Inner {
                 } else {
                     let mut entry = LlmMessage::assistant(text.clone(), vec![]);
                     tag(&mut entry, &task.id);
-                    if reason != "response" {
-                        self.runtime
-                            .thread_store()
-                            .append_history(auth, &flow.lease(), &[entry])
-                            .await?;
-                    }
+                    self.runtime
+                        .thread_store()
+                        .append_history(auth, &flow.lease(), &[entry])
+                        .await?;
                     self.record_event(auth, task, vec![Part::text(&text)])
                         .await?
                 };
@@ -1536,6 +1900,8 @@ impl Inner {
                         },
                     )
                     .await?;
+                obs.emit(RunEvent::task_artifact(&artifact, false, true))
+                    .await;
                 task.add_artifact(artifact);
                 task.metadata.insert("stop_reason".into(), json!(reason));
                 task.update_status(TaskState::Completed, Some(answer))?;
@@ -1552,14 +1918,103 @@ impl Inner {
                     .await?;
                 task.update_status(TaskState::InputRequired, Some(message))?;
             }
+            Outcome::AwaitingApproval { request } => {
+                // Persisted redacted, so it can wait across restarts without keeping secrets.
+                let stored = RedactionPolicy::default().redact_approval_request(&request)?;
+                task.metadata.insert(
+                    META_PENDING_APPROVAL.into(),
+                    serde_json::to_value(&stored).map_err(AgentError::internal)?,
+                );
+                task.metadata
+                    .insert("stop_reason".into(), json!("approval_required"));
+                let message = self
+                    .record_event(
+                        auth,
+                        task,
+                        vec![Part::text(format!(
+                            "Approval required for `{}`: {}",
+                            request.action.name, request.reason
+                        ))],
+                    )
+                    .await?;
+                task.update_status(TaskState::InputRequired, Some(message))?;
+            }
             Outcome::Canceled { reason } => {
                 task.metadata
                     .insert("stop_reason".into(), json!("canceled"));
                 mark_canceled(task, &reason)?;
             }
         }
-        self.persist_status(auth, task).await
+        self.persist_status(auth, task).await?;
+        obs.emit(RunEvent::task_status_of(task)).await;
+        self.save_records(auth, obs, task).await;
+        Ok(())
     }
+
+    /// The run report (redacted) and a task snapshot go to the run store. A failure here is
+    /// logged: the task itself is already persisted.
+    async fn save_records(&self, auth: &AuthContext, obs: &RunObs, task: &Task) {
+        let runs = self.runtime.run_store();
+        let ctx = RunContext::from_task(task).ok().flatten();
+        let result = async {
+            runs.save_task_record(auth, &TaskRecord::of(task, Some(&self.agent.card().name))?)
+                .await?;
+            if let Some(ctx) = ctx {
+                let report = obs.report().redacted_json(&RedactionPolicy::default())?;
+                runs.save_run_report(
+                    auth,
+                    &RunRecord {
+                        run_id: ctx.run_id.clone(),
+                        task_id: Some(task.id.clone()),
+                        thread_id: Some(task.thread_id.clone()),
+                        trace_id: Some(ctx.trace_id.clone()),
+                        agent_name: Some(self.agent.card().name.clone()),
+                        recorded_at: Utc::now(),
+                        report,
+                    },
+                )
+                .await?;
+            }
+            AgentResult::Ok(())
+        }
+        .await;
+        if let Err(err) = result {
+            tracing::warn!(error = %err, "could not save the run report");
+        }
+    }
+}
+
+/// Per-run handles, passed together through the step loop.
+struct Scope<'a> {
+    flow: &'a Flow,
+    ctx: &'a ToolContext,
+    run: &'a ActiveRun,
+    obs: &'a RunObs,
+}
+
+/// How one tool call went.
+enum ToolRun {
+    Done { output: Value, is_error: bool },
+    Canceled,
+    Approval(Box<ApprovalRequest>),
+    Stop(AgentError),
+}
+
+fn budget_failure(error: AgentError) -> Outcome {
+    let reason = match &error {
+        AgentError::BudgetExceeded { limit, .. } => limit.clone(),
+        _ => "budget".into(),
+    };
+    Outcome::Failed { error, reason }
+}
+
+/// The action prepared for a tool call: the tool's declared capabilities always included.
+fn tool_action(tool: &dyn crate::Tool, call: &ToolCall) -> RunAction {
+    let mut action = RunAction::tool_call(&call.name, call.arguments.clone());
+    action.capabilities = tool.capabilities();
+    action.preview = tool.preview(&call.arguments);
+    action.metadata.insert("call_id".into(), json!(call.id));
+    action
 }
 
 /// A JSON value as the model sees it: strings bare, everything else as JSON.

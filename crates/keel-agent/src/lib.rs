@@ -30,6 +30,7 @@
 
 mod agent;
 mod executor;
+mod observe;
 mod thread_state;
 mod tool;
 

@@ -46,6 +46,15 @@ pub trait Tool: Send + Sync {
     fn idempotent(&self) -> bool {
         false
     }
+    /// Capabilities the tool needs (`records.write`), always part of the action prepared for
+    /// each call, so policy sees them whatever else the action says.
+    fn capabilities(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// A preview of what a call would do, shown to policy and approvers before it runs.
+    fn preview(&self, _args: &Value) -> Option<keel_core::Artifact> {
+        None
+    }
 }
 
 type ToolFuture = Pin<Box<dyn Future<Output = AgentResult<Value>> + Send>>;
@@ -74,8 +83,12 @@ pub struct FnTool {
     description: String,
     parameters: Value,
     idempotent: bool,
+    capabilities: Vec<String>,
+    preview: Option<Box<PreviewFn>>,
     run: Box<ToolFn>,
 }
+
+type PreviewFn = dyn Fn(&Value) -> Option<keel_core::Artifact> + Send + Sync;
 
 impl FnTool {
     /// A tool named `name` that runs `run`.
@@ -94,8 +107,31 @@ impl FnTool {
             description: description.into(),
             parameters,
             idempotent: false,
+            capabilities: Vec::new(),
+            preview: None,
             run: Box::new(move |args, ctx| Box::pin(run(args, ctx))),
         }
+    }
+
+    /// Declare the capabilities the tool needs.
+    #[must_use]
+    pub fn with_capabilities<I: IntoIterator<Item = S>, S: Into<String>>(
+        mut self,
+        capabilities: I,
+    ) -> Self {
+        self.capabilities
+            .extend(capabilities.into_iter().map(Into::into));
+        self
+    }
+
+    /// Build a preview artifact for each call.
+    #[must_use]
+    pub fn with_preview(
+        mut self,
+        preview: impl Fn(&Value) -> Option<keel_core::Artifact> + Send + Sync + 'static,
+    ) -> Self {
+        self.preview = Some(Box::new(preview));
+        self
     }
 
     /// Declare the tool idempotent (see [`Tool::idempotent`]).
@@ -122,6 +158,12 @@ impl Tool for FnTool {
     }
     fn idempotent(&self) -> bool {
         self.idempotent
+    }
+    fn capabilities(&self) -> Vec<String> {
+        self.capabilities.clone()
+    }
+    fn preview(&self, args: &Value) -> Option<keel_core::Artifact> {
+        self.preview.as_ref().and_then(|preview| preview(args))
     }
 }
 

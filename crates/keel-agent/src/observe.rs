@@ -1,0 +1,160 @@
+//! What a run reports and what it asks permission for: the run's event emitter (every sink
+//! plus a [`RunRecorder`] sees each event with the same sequence number), its budget, and its
+//! action authorizer, bundled so the step loop calls them at the seed's checkpoints.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use keel_core::{
+    AgentError, AgentResult, ApprovalDecision, ApprovalRequest, RunAction, RunContext, TaskId,
+};
+use keel_events::payload::{ActionPolicyPayload, BudgetPayload};
+use keel_events::{
+    EventEmitter, EventSink, MultiSink, RunEvent, RunEventBuilder, RunRecorder, RunReport,
+};
+use keel_policy::{
+    ActionAuthorizer, Authorization, AuthorizationObserver, BudgetEnforcer, BudgetWarning,
+    PolicyDecision,
+};
+
+/// The observability and control plane of one run.
+pub(crate) struct RunObs {
+    emitter: EventEmitter,
+    recorder: Arc<RunRecorder>,
+    budget: Mutex<BudgetEnforcer>,
+    authorizer: Arc<ActionAuthorizer>,
+    context: RunContext,
+}
+
+impl RunObs {
+    pub(crate) fn new(
+        sinks: &[Arc<dyn EventSink>],
+        context: &RunContext,
+        task_id: &TaskId,
+        agent_name: &str,
+        authorizer: Arc<ActionAuthorizer>,
+    ) -> Self {
+        let recorder = Arc::new(RunRecorder::new());
+        let mut fan_out = MultiSink::new().with(recorder.clone());
+        for sink in sinks {
+            fan_out = fan_out.with(sink.clone());
+        }
+        Self {
+            emitter: EventEmitter::new(context, Arc::new(fan_out))
+                .with_task(task_id.clone())
+                .with_agent_name(agent_name),
+            recorder,
+            budget: Mutex::new(BudgetEnforcer::new(context.budget.clone())),
+            authorizer,
+            context: context.clone(),
+        }
+    }
+
+    /// Emit an event. A sink failing never stops the run (only authorization checkpoints
+    /// fail closed); it is logged.
+    pub(crate) async fn emit(&self, event: RunEventBuilder) {
+        if let Err(err) = self.emitter.emit(event).await {
+            tracing::warn!(error = %err, "an event sink failed");
+        }
+    }
+
+    /// Run a budget check: warnings become `budget.warning` events, an exceeded limit a
+    /// `budget.exceeded` event and the error.
+    pub(crate) async fn budget(
+        &self,
+        check: impl FnOnce(&mut BudgetEnforcer) -> AgentResult<Vec<BudgetWarning>>,
+    ) -> AgentResult<()> {
+        let (result, usage) = {
+            let mut budget = self.budget.lock().unwrap_or_else(|p| p.into_inner());
+            let result = check(&mut budget);
+            (result, budget.usage())
+        };
+        match result {
+            Ok(warnings) => {
+                for warning in warnings {
+                    self.emit(RunEvent::budget_warning(BudgetPayload {
+                        limit: warning.limit.as_str().into(),
+                        used: warning.used,
+                        max: warning.max,
+                        usage: Some(usage.clone()),
+                    }))
+                    .await;
+                }
+                Ok(())
+            }
+            Err(err) => {
+                if let AgentError::BudgetExceeded { limit, used, max } = &err {
+                    self.emit(RunEvent::budget_exceeded(BudgetPayload {
+                        limit: limit.clone(),
+                        used: *used,
+                        max: *max,
+                        usage: Some(usage),
+                    }))
+                    .await;
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Record model usage after a call.
+    pub(crate) fn record_llm_usage(&self, input: u64, output: u64) {
+        self.budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record_llm_usage(input, output);
+    }
+
+    /// Judge an action with the agent's policy narrowed by the run's permissions, emitting
+    /// `action.policy`, `approval.required` and `approval.decided` as they happen.
+    pub(crate) async fn authorize(&self, action: &RunAction) -> AgentResult<Authorization> {
+        self.authorizer
+            .authorize_observed(action, &self.context, &EmitObserver(&self.emitter))
+            .await
+    }
+
+    /// The run report built from every event so far.
+    pub(crate) fn report(&self) -> RunReport {
+        self.recorder.report()
+    }
+}
+
+/// Emits the authorization checkpoints; an emit failure stops the action (fail closed).
+struct EmitObserver<'a>(&'a EventEmitter);
+
+#[async_trait]
+impl AuthorizationObserver for EmitObserver<'_> {
+    async fn policy_decided(
+        &self,
+        action: &RunAction,
+        decision: &PolicyDecision,
+    ) -> AgentResult<()> {
+        self.0
+            .emit(RunEvent::action_policy(ActionPolicyPayload {
+                action_id: action.id.clone(),
+                decision: decision.as_str().into(),
+                reason: decision.reason().map(Into::into),
+                capability: decision.capability().map(Into::into),
+            }))
+            .await
+            .map(|_| ())
+    }
+
+    async fn approval_required(&self, request: &ApprovalRequest) -> AgentResult<()> {
+        self.0
+            .emit(RunEvent::approval_required(request))
+            .await
+            .map(|_| ())
+    }
+
+    async fn approval_decided(
+        &self,
+        request: &ApprovalRequest,
+        decision: &ApprovalDecision,
+    ) -> AgentResult<()> {
+        self.0
+            .emit(RunEvent::approval_decided(request, decision))
+            .await
+            .map(|_| ())
+    }
+}

@@ -1,0 +1,443 @@
+//! Every side effect is prepared, judged and recorded: the engine's wiring of policy,
+//! approvals, budgets and the normalized event stream.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
+use keel_core::{AgentCard, AgentError, Message, RunBudget, RunContext, TaskState, ThreadId};
+use keel_events::{
+    assert_no_denied_actions, assert_run_events, normalize, InMemoryEventSink, Match, RunEvent,
+};
+use keel_llm::{MockLlm, MockResponse, ToolCall};
+use keel_policy::{approve_request, deny_request, ApprovalFn, CapabilityPolicy, CapabilityRule};
+use keel_runtime::{AuthContext, InMemoryRuntime, RunQuery, Runtime};
+use serde_json::{json, Value};
+
+fn card() -> AgentCard {
+    AgentCard::new("records", "keeps records", "http://127.0.0.1:0")
+}
+
+fn write_tool(writes: Arc<AtomicUsize>) -> FnTool {
+    FnTool::new(
+        "write_record",
+        "Write a record",
+        json!({"type": "object", "properties": {"id": {"type": "string"}, "api_key": {"type": "string"}}, "required": ["id"]}),
+        move |args, _ctx| {
+            let writes = writes.clone();
+            async move {
+                writes.fetch_add(1, Ordering::SeqCst);
+                Ok(json!(format!("wrote {}", args["id"].as_str().unwrap_or_default())))
+            }
+        },
+    )
+    .with_capabilities(["records.write"])
+    .with_preview(|args| Some(keel_core::Artifact::text(format!("will write record {}", args["id"])).of_kind("preview")))
+}
+
+fn script(calls: usize) -> Arc<MockLlm> {
+    let mut responses: Vec<MockResponse> = (0..calls)
+        .map(|i| {
+            MockResponse::ToolCalls(vec![ToolCall::new(
+                "write_record",
+                json!({"id": format!("r{i}"), "api_key": "sk-secret"}),
+            )])
+        })
+        .collect();
+    responses.push(MockResponse::Text("done".into()));
+    Arc::new(MockLlm::scripted(responses))
+}
+
+fn executor(agent: Agent) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>) {
+    let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+    let auth = runtime.auth_service().auth_context();
+    let exec = AgentExecutor::new(agent, runtime);
+    let sink = Arc::new(InMemoryEventSink::new());
+    exec.add_event_sink(sink.clone());
+    (exec, auth, sink)
+}
+
+fn types(events: &[RunEvent]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e.event_type.as_str().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn an_allowed_tool_call_emits_the_normalized_sequence_and_a_persisted_report() {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder(card())
+        .llm_shared(script(1))
+        .tool(write_tool(writes.clone()))
+        .build()
+        .unwrap();
+    let (exec, auth, sink) = executor(agent);
+    let task = exec
+        .send_message(&auth, Message::user("write r0"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    let events = sink.events();
+    assert_run_events(
+        events.as_slice(),
+        &[
+            "task.status",
+            "context.prepared",
+            "llm.call.started",
+            "llm.call.completed",
+            "action.requested",
+            "action.policy",
+            "action.started",
+            "action.completed",
+            "context.prepared",
+            "llm.call.started",
+            "llm.call.completed",
+            "task.artifact",
+            "task.status",
+        ],
+        Match::Exact,
+    );
+    assert_no_denied_actions(events.as_slice());
+    // One sequence per run, from 1, without gaps.
+    let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>());
+    // The golden form of the run is stable (ids and times normalized away).
+    let golden = normalize(&events);
+    assert_eq!(golden.as_array().unwrap().len(), events.len());
+
+    // The report is persisted through the run store, redacted.
+    let ctx = RunContext::from_task(&task).unwrap().unwrap();
+    let stored = exec
+        .runtime()
+        .run_store()
+        .get_run_report(&auth, &ctx.run_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let text = stored.report.to_string();
+    assert!(
+        !text.contains("sk-secret"),
+        "the api_key must be redacted in the persisted report"
+    );
+    assert!(text.contains("write_record"));
+    let records = exec
+        .runtime()
+        .run_store()
+        .find_task_records(
+            &auth,
+            &RunQuery {
+                task_id: Some(task.id.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(records[0].state, TaskState::Completed);
+}
+
+#[tokio::test]
+async fn a_denied_action_never_runs_and_the_model_sees_the_denial() {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder(card())
+        .llm_shared(script(1))
+        .tool(write_tool(writes.clone()))
+        .policy(CapabilityPolicy::new().with_rule("records.*", CapabilityRule::Deny))
+        .build()
+        .unwrap();
+    let (exec, auth, sink) = executor(agent);
+    let task = exec
+        .send_message(&auth, Message::user("write"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(writes.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        task.state(),
+        TaskState::Completed,
+        "a denial is a tool result, not a crash"
+    );
+    let outputs: Vec<String> = task
+        .history
+        .iter()
+        .flat_map(|m| &m.parts)
+        .filter_map(|p| match &p.content {
+            keel_core::PartContent::ToolOutput { output, .. } => Some(output.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert!(outputs[0].contains("denied"), "{outputs:?}");
+    assert!(types(&sink.events()).contains(&"action.denied".to_owned()));
+}
+
+#[tokio::test]
+async fn run_permissions_narrow_the_agent_policy_but_never_widen_it() {
+    let writes = Arc::new(AtomicUsize::new(0));
+    // The agent allows writes; this run's permissions deny them.
+    let agent = Agent::builder(card())
+        .llm_shared(script(1))
+        .tool(write_tool(writes.clone()))
+        .build()
+        .unwrap();
+    let (exec, auth, _) = executor(agent);
+    let mut ctx = RunContext::new();
+    ctx.permissions
+        .insert("records.write".into(), json!("deny"));
+    exec.send_message(
+        &auth,
+        Message::user("write"),
+        SendOptions {
+            run_context: Some(ctx),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(writes.load(Ordering::SeqCst), 0, "a run can narrow");
+
+    // The agent denies writes; this run's permissions try to allow them.
+    let writes = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder(card())
+        .llm_shared(script(1))
+        .tool(write_tool(writes.clone()))
+        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::Deny))
+        .build()
+        .unwrap();
+    let (exec, auth, _) = executor(agent);
+    let mut ctx = RunContext::new();
+    ctx.permissions
+        .insert("records.write".into(), json!("allow"));
+    exec.send_message(
+        &auth,
+        Message::user("write"),
+        SendOptions {
+            run_context: Some(ctx),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(writes.load(Ordering::SeqCst), 0, "a run can never widen");
+}
+
+#[tokio::test]
+async fn an_approval_handler_decides_in_process() {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder(card())
+        .llm_shared(script(2))
+        .tool(write_tool(writes.clone()))
+        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
+        .approval_handler(ApprovalFn::new(
+            |request: keel_core::ApprovalRequest, _ctx: RunContext| async move {
+                // Approve the first record only.
+                Ok(if request.action.payload["id"] == "r0" {
+                    approve_request(&request, "ops")
+                } else {
+                    deny_request(&request, "one is enough")
+                })
+            },
+        ))
+        .build()
+        .unwrap();
+    let (exec, auth, sink) = executor(agent);
+    let task = exec
+        .send_message(&auth, Message::user("write two"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    assert_eq!(
+        writes.load(Ordering::SeqCst),
+        1,
+        "only the approved write ran"
+    );
+    let t = types(&sink.events());
+    assert_eq!(t.iter().filter(|t| *t == "approval.required").count(), 2);
+    assert_eq!(t.iter().filter(|t| *t == "approval.decided").count(), 2);
+    assert!(t.contains(&"action.denied".to_owned()));
+}
+
+#[tokio::test]
+async fn without_a_handler_approval_fails_closed_and_waits_durably_for_a_decision() {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder(card())
+        .llm_shared(script(1))
+        .tool(write_tool(writes.clone()))
+        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
+        .build()
+        .unwrap();
+    let (exec, auth, _) = executor(agent);
+    let task = exec
+        .send_message(&auth, Message::user("write"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        task.state(),
+        TaskState::InputRequired,
+        "waiting for approval"
+    );
+    assert_eq!(writes.load(Ordering::SeqCst), 0, "fail closed: nothing ran");
+    let pending: keel_core::ApprovalRequest =
+        serde_json::from_value(task.metadata["pending_approval"].clone()).unwrap();
+    assert_eq!(
+        pending.action.capabilities,
+        ["records.write"],
+        "the tool's capabilities are part of the action"
+    );
+    assert!(
+        pending.action.preview.is_some(),
+        "the preview travels with the request"
+    );
+    assert_eq!(
+        pending.action.payload["api_key"], "[REDACTED]",
+        "the persisted request is redacted"
+    );
+
+    // A decision for another request is refused.
+    let mut wrong = approve_request(&pending, "ops");
+    wrong.request_id = "someone-else".into();
+    let err = exec
+        .decide_approval(&auth, &task.id, wrong)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AgentError::InvalidInput { .. }));
+
+    let done = exec
+        .decide_approval(&auth, &task.id, approve_request(&pending, "ops"))
+        .await
+        .unwrap();
+    assert_eq!(done.state(), TaskState::Completed, "{:?}", done.status());
+    assert_eq!(
+        writes.load(Ordering::SeqCst),
+        1,
+        "the approved action ran once"
+    );
+    assert!(!done.metadata.contains_key("pending_approval"));
+}
+
+#[tokio::test]
+async fn a_denied_approval_becomes_a_tool_error() {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder(card())
+        .llm_shared(script(1))
+        .tool(write_tool(writes.clone()))
+        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
+        .build()
+        .unwrap();
+    let (exec, auth, _) = executor(agent);
+    let task = exec
+        .send_message(&auth, Message::user("write"), SendOptions::default())
+        .await
+        .unwrap();
+    let pending: keel_core::ApprovalRequest =
+        serde_json::from_value(task.metadata["pending_approval"].clone()).unwrap();
+    let done = exec
+        .decide_approval(&auth, &task.id, deny_request(&pending, "not today"))
+        .await
+        .unwrap();
+    assert_eq!(done.state(), TaskState::Completed);
+    assert_eq!(writes.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn budget_limits_stop_the_run_before_the_protected_operation() {
+    for (budget, limit) in [
+        (
+            RunBudget {
+                max_llm_calls: Some(1),
+                ..Default::default()
+            },
+            "max_llm_calls",
+        ),
+        (
+            RunBudget {
+                max_tool_calls: Some(1),
+                ..Default::default()
+            },
+            "max_tool_calls",
+        ),
+        (
+            RunBudget {
+                max_steps: Some(1),
+                ..Default::default()
+            },
+            "max_steps",
+        ),
+        (
+            RunBudget {
+                max_input_tokens: Some(1),
+                ..Default::default()
+            },
+            "max_input_tokens",
+        ),
+    ] {
+        let writes = Arc::new(AtomicUsize::new(0));
+        let agent = Agent::builder(card())
+            .llm_shared(script(2))
+            .tool(write_tool(writes.clone()))
+            .build()
+            .unwrap();
+        let (exec, auth, sink) = executor(agent);
+        let ctx = RunContext::new().with_budget(budget);
+        let task = exec
+            .send_message(
+                &auth,
+                Message::user("write"),
+                SendOptions {
+                    run_context: Some(ctx),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(task.state(), TaskState::Failed, "{limit}");
+        assert_eq!(task.metadata["stop_reason"], limit);
+        let exceeded: Vec<RunEvent> = sink
+            .events()
+            .into_iter()
+            .filter(|e| e.is("budget.exceeded"))
+            .collect();
+        assert_eq!(exceeded.len(), 1, "{limit}");
+        assert_eq!(exceeded[0].payload["limit"], limit);
+    }
+}
+
+#[tokio::test]
+async fn the_deterministic_call_path_goes_through_the_same_policy() {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder(card())
+        .tool(write_tool(writes.clone()))
+        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
+        .build()
+        .unwrap();
+    let (exec, auth, sink) = executor(agent);
+    let err = exec
+        .call_tool_in_context(
+            &auth,
+            ThreadId::new(),
+            "write_record",
+            json!({"id": "x"}),
+            RunContext::new(),
+        )
+        .await
+        .unwrap_err();
+    let AgentError::ApprovalRequired { request } = err else {
+        panic!("expected ApprovalRequired")
+    };
+    assert_eq!(request.action.name, "write_record");
+    assert_eq!(writes.load(Ordering::SeqCst), 0);
+    let err = exec
+        .call_tool_in_context(
+            &auth,
+            ThreadId::new(),
+            "write_record",
+            json!({"id": 3}),
+            RunContext::new(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::InvalidInput { .. }),
+        "arguments are validated first"
+    );
+    assert!(types(&sink.events()).contains(&"approval.required".to_owned()));
+    let _: Value = json!(null);
+}
