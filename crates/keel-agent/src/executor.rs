@@ -1945,10 +1945,11 @@ impl Inner {
                 mark_canceled(task, &reason)?;
             }
         }
-        self.persist_status(auth, task).await?;
+        // The final event and the records come before the status is persisted: persisting
+        // wakes whoever waits for the task, and they must find the run fully reported.
         obs.emit(RunEvent::task_status_of(task)).await;
         self.save_records(auth, obs, task).await;
-        Ok(())
+        self.persist_status(auth, task).await
     }
 
     /// The run report (redacted) and a task snapshot go to the run store. A failure here is

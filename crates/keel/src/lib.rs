@@ -20,7 +20,9 @@ mod runtime;
 
 pub use keel_agent as agent;
 pub use keel_core as core;
+pub use keel_events as events;
 pub use keel_llm as llm;
+pub use keel_policy as policy;
 pub use keel_runtime as services;
 /// The Redis store (feature `redis`).
 #[cfg(feature = "redis")]
