@@ -292,10 +292,17 @@ impl AgentExecutor {
                 RunContext::ensure_task_context(&mut task)?;
             }
         }
+        let continuing = task.state() != TaskState::Submitted;
         tasks.save_task(auth, &task).await?;
         tasks
             .add_task_event(auth, &task.id, &TaskEvent::Message { message })
             .await?;
+        if continuing {
+            // The answer is in: the task works again (and a blocking caller waits for the run
+            // rather than finding the task still waiting for input).
+            task.begin()?;
+            self.inner.persist_status(auth, &task).await?;
+        }
         self.inner
             .enqueue(
                 auth,
