@@ -3,17 +3,16 @@
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-
-use clap::{Parser, Subcommand};
 use std::time::Duration;
 
+use clap::{Args, Parser, Subcommand};
 use keel::agent::{AgentExecutor, ExecutorConfig};
 use keel::services::Runtime;
 use keel::transport::A2aServer;
 use keel::{DefaultRuntime, StoreConfig};
 
-/// Keel: an agent runtime. `keel serve` runs the demo agent over A2A with the built-in
-/// offline model, so it works with no API key and no network.
+/// Keel: an agent runtime. `keel serve` runs the demo agent over A2A; with the default
+/// offline model it works with no API key and no network.
 #[derive(Debug, Parser)]
 #[command(name = "keel", version, about, long_about = None)]
 struct Cli {
@@ -26,29 +25,37 @@ enum Command {
     /// Serve the demo agent over A2A v1.0 JSON-RPC until Ctrl-C.
     ///
     /// The agent card is at /.well-known/agent-card.json and the JSON-RPC endpoint at /.
-    Serve {
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1", env = "KEEL_HOST")]
-        host: String,
-        /// Port to listen on (0 picks a free one; the URL printed says which).
-        #[arg(long, default_value_t = 8080, env = "KEEL_PORT")]
-        port: u16,
-        /// URL that clients should use, when it differs from the listening address
-        /// (behind a proxy). Written into the agent card.
-        #[arg(long, env = "KEEL_PUBLIC_URL")]
-        public_url: Option<String>,
-        /// Where tasks and threads are kept: `sqlite:PATH`, `redis://HOST:PORT` (shared by
-        /// several `keel serve` processes) or `memory`.
-        #[arg(long, default_value = "sqlite:./keel.db", env = "KEEL_STORE")]
-        store: String,
-        /// Prefix of every Redis key, to keep deployments sharing one Redis apart.
-        #[arg(long, default_value = "keel:", env = "KEEL_REDIS_PREFIX")]
-        redis_prefix: String,
-        /// Seconds a thread lease lasts unless renewed: how long the work of a crashed
-        /// process waits before another process (or this one, restarted) takes it over.
-        #[arg(long, default_value_t = 30.0, env = "KEEL_LEASE_TTL")]
-        lease_ttl: f64,
-    },
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1", env = "KEEL_HOST")]
+    host: String,
+    /// Port to listen on (0 picks a free one; the URL printed says which).
+    #[arg(long, default_value_t = 8080, env = "KEEL_PORT")]
+    port: u16,
+    /// URL that clients should use, when it differs from the listening address (behind a
+    /// proxy). Written into the agent card.
+    #[arg(long, env = "KEEL_PUBLIC_URL")]
+    public_url: Option<String>,
+    /// Where tasks and threads are kept: `sqlite:PATH`, `redis://HOST:PORT` (shared by several
+    /// `keel serve` processes) or `memory`.
+    #[arg(long, default_value = "sqlite:./keel.db", env = "KEEL_STORE")]
+    store: String,
+    /// Prefix of every Redis key, to keep deployments sharing one Redis apart.
+    #[arg(long, default_value = "keel:", env = "KEEL_REDIS_PREFIX")]
+    redis_prefix: String,
+    /// The model: `mock` (offline, the default), `openai:MODEL`, `anthropic:MODEL`,
+    /// `gemini:MODEL` or `openai-compatible:URL:MODEL`. Keys come from the environment
+    /// (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY, OPENAI_COMPATIBLE_API_KEY).
+    #[arg(long, default_value = "mock", env = "KEEL_LLM")]
+    llm: String,
+    /// Seconds a thread lease lasts unless renewed: how long the work of a crashed process
+    /// waits before another process (or this one, restarted) takes it over.
+    #[arg(long, default_value_t = 30.0, env = "KEEL_LEASE_TTL")]
+    lease_ttl: f64,
 }
 
 fn main() -> ExitCode {
@@ -69,21 +76,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Serve {
-            host,
-            port,
-            public_url,
-            store,
-            redis_prefix,
-            lease_ttl,
-        } => runtime.block_on(serve(ServeOptions {
-            host,
-            port,
-            public_url,
-            store,
-            redis_prefix,
-            lease_ttl,
-        })),
+        Command::Serve(args) => runtime.block_on(serve(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -94,36 +87,22 @@ fn main() -> ExitCode {
     }
 }
 
-struct ServeOptions {
-    host: String,
-    port: u16,
-    public_url: Option<String>,
-    store: String,
-    redis_prefix: String,
-    lease_ttl: f64,
-}
-
-async fn serve(options: ServeOptions) -> Result<(), String> {
-    let ServeOptions {
-        host,
-        port,
-        public_url,
-        store,
-        redis_prefix,
-        lease_ttl,
-    } = options;
-    if !(lease_ttl.is_finite() && (0.1..=86_400.0).contains(&lease_ttl)) {
+async fn serve(args: ServeArgs) -> Result<(), String> {
+    if !(args.lease_ttl.is_finite() && (0.1..=86_400.0).contains(&args.lease_ttl)) {
         return Err(format!(
-            "--lease-ttl {lease_ttl} is out of range: use 0.1 to 86400 seconds"
+            "--lease-ttl {} is out of range: use 0.1 to 86400 seconds",
+            args.lease_ttl
         ));
     }
-    let mut store = StoreConfig::parse(&store).map_err(|err| err.to_string())?;
+    let mut store = StoreConfig::parse(&args.store).map_err(|err| err.to_string())?;
     if let StoreConfig::Redis { prefix, .. } = &mut store {
-        *prefix = redis_prefix;
+        prefix.clone_from(&args.redis_prefix);
     }
-    let addr: SocketAddr = format!("{host}:{port}")
+    let llm = keel::llm::llm_from_spec(&args.llm).map_err(|err| err.to_string())?;
+    let host = &args.host;
+    let addr: SocketAddr = format!("{host}:{}", args.port)
         .parse()
-        .or_else(|_| format!("[{host}]:{port}").parse())
+        .or_else(|_| format!("[{host}]:{}", args.port).parse())
         .map_err(|_| {
             format!("`{host}` is not an IP address to listen on (try 127.0.0.1 or 0.0.0.0)")
         })?;
@@ -133,13 +112,14 @@ async fn serve(options: ServeOptions) -> Result<(), String> {
     let local = listener.local_addr().map_err(|err| err.to_string())?;
     let agent = keel::demo::agent().map_err(|err| err.to_string())?;
     let runtime = DefaultRuntime::builder()
+        .llm_shared(llm)
         .store(store.clone())
         .build()
         .await
         .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
     let auth = runtime.auth_service().auth_context();
     let config = ExecutorConfig {
-        lease_ttl: Duration::from_secs_f64(lease_ttl),
+        lease_ttl: Duration::from_secs_f64(args.lease_ttl),
         ..ExecutorConfig::default()
     };
     let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);
@@ -151,7 +131,9 @@ async fn serve(options: ServeOptions) -> Result<(), String> {
     if resumed > 0 {
         tracing::info!(resumed, "resuming unfinished tasks");
     }
-    let mut url = public_url.unwrap_or_else(|| format!("http://{local}/"));
+    let mut url = args
+        .public_url
+        .unwrap_or_else(|| format!("http://{local}/"));
     if !url.ends_with('/') {
         url.push('/');
     }
