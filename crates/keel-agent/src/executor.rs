@@ -31,12 +31,13 @@ use tracing::Instrument;
 use crate::agent::{ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL};
 use crate::observe::RunObs;
 use crate::{Agent, ThreadState, ToolContext};
+use futures::StreamExt;
 use keel_core::{ApprovalDecision, ApprovalOutcome, ApprovalRequest, RunAction};
 use keel_events::payload::{
     ActionCompletedPayload, ActionFailedPayload, LlmCallCompletedPayload, LlmCallStartedPayload,
 };
 use keel_events::{EventSink, RedactionPolicy, RunEvent};
-use keel_llm::{prepare_manifest, ManifestIds};
+use keel_llm::{prepare_manifest, LlmStreamEvent, ManifestIds};
 use keel_runtime::{RunRecord, TaskRecord};
 
 /// Metadata keys Keel puts on thread history entries.
@@ -1530,11 +1531,29 @@ impl Inner {
             )
             .await;
             let called = Instant::now();
+            // The model answers as a stream: text deltas become `llm.stream` events as they
+            // arrive; the final response closes it.
+            let streamed = async {
+                let mut events = llm.stream(request);
+                while let Some(event) = events.next().await {
+                    match event? {
+                        LlmStreamEvent::TextDelta { text } => {
+                            obs.emit(RunEvent::llm_stream(text).step(step)).await
+                        }
+                        LlmStreamEvent::Done { response } => return Ok(response),
+                        _ => {}
+                    }
+                }
+                Err(AgentError::Llm {
+                    model: llm.model_name().to_owned(),
+                    message: "the response stream ended without a final response".into(),
+                })
+            };
             let response = tokio::select! {
                 biased;
                 () = run.token.cancelled() => return Ok(Outcome::Canceled { reason: run_reason(run) }),
                 () = flow.lost.cancelled() => return Ok(Outcome::Abandoned),
-                response = llm.complete(request).instrument(tracing::info_span!("step", step)) => response,
+                response = streamed.instrument(tracing::info_span!("step", step)) => response,
             };
             let response = match response {
                 Ok(response) => response,
