@@ -21,19 +21,29 @@ fn executor(agent: Agent) -> (AgentExecutor, AuthContext) {
 }
 
 fn echo_tool() -> FnTool {
-    FnTool::new("echo", "Echo the input", json!({"type": "object"}), |args, _| async move { Ok(args) })
+    FnTool::new(
+        "echo",
+        "Echo the input",
+        json!({"type": "object"}),
+        |args, _| async move { Ok(args) },
+    )
 }
 
 /// A tool that announces it started, then waits for `release`.
 fn gate_tool(started: Arc<Notify>, release: Arc<Notify>) -> FnTool {
-    FnTool::new("gate", "Wait for the test", json!({"type": "object"}), move |_a, _c| {
-        let (started, release) = (started.clone(), release.clone());
-        async move {
-            started.notify_one();
-            release.notified().await;
-            Ok(json!("released"))
-        }
-    })
+    FnTool::new(
+        "gate",
+        "Wait for the test",
+        json!({"type": "object"}),
+        move |_a, _c| {
+            let (started, release) = (started.clone(), release.clone());
+            async move {
+                started.notify_one();
+                release.notified().await;
+                Ok(json!("released"))
+            }
+        },
+    )
 }
 
 fn stop_reason(task: &keel_core::Task) -> &str {
@@ -43,48 +53,101 @@ fn stop_reason(task: &keel_core::Task) -> &str {
 #[tokio::test]
 async fn a_message_to_a_busy_thread_is_queued_and_runs_after_the_current_one() {
     let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let agent = Agent::builder(card()).tool(gate_tool(started.clone(), release.clone())).build().unwrap();
+    let agent = Agent::builder(card())
+        .tool(gate_tool(started.clone(), release.clone()))
+        .build()
+        .unwrap();
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
     let first = exec
-        .send_message(&auth, Message::user("/gate").in_thread(thread.clone()), SendOptions { return_immediately: true, ..Default::default() })
+        .send_message(
+            &auth,
+            Message::user("/gate").in_thread(thread.clone()),
+            SendOptions {
+                return_immediately: true,
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     started.notified().await;
     let second = exec
-        .send_message(&auth, Message::user("after").in_thread(thread.clone()), SendOptions { return_immediately: true, ..Default::default() })
+        .send_message(
+            &auth,
+            Message::user("after").in_thread(thread.clone()),
+            SendOptions {
+                return_immediately: true,
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     let waiting = exec.get_task(&auth, &second.id, None).await.unwrap();
-    assert_eq!(waiting.state(), TaskState::Submitted, "queued, not run concurrently");
+    assert_eq!(
+        waiting.state(),
+        TaskState::Submitted,
+        "queued, not run concurrently"
+    );
     assert!(!exec.is_running(&auth, &second.id));
     release.notify_one();
     // Blocking on the second message's answer: it runs once the first is done.
     let mut done = Message::user("third").in_thread(thread.clone());
     done.task_id = None;
-    let third = exec.send_message(&auth, done, SendOptions::default()).await.unwrap();
+    let third = exec
+        .send_message(&auth, done, SendOptions::default())
+        .await
+        .unwrap();
     assert_eq!(third.state(), TaskState::Completed);
     for id in [&first.id, &second.id] {
-        assert_eq!(exec.get_task(&auth, id, None).await.unwrap().state(), TaskState::Completed);
+        assert_eq!(
+            exec.get_task(&auth, id, None).await.unwrap().state(),
+            TaskState::Completed
+        );
     }
     // The thread's history is one clean sequence: first's turn, then second's, then third's.
-    let history = exec.runtime().thread_store().read_history(&auth, &thread, 0, 100).await.unwrap();
-    let users: Vec<String> = history.iter().filter(|e| e.message.role == LlmRole::User).map(|e| e.message.content.clone()).collect();
+    let history = exec
+        .runtime()
+        .thread_store()
+        .read_history(&auth, &thread, 0, 100)
+        .await
+        .unwrap();
+    let users: Vec<String> = history
+        .iter()
+        .filter(|e| e.message.role == LlmRole::User)
+        .map(|e| e.message.content.clone())
+        .collect();
     assert_eq!(users, ["/gate", "after", "third"]);
 }
 
 #[tokio::test]
 async fn different_threads_run_concurrently() {
     let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let agent = Agent::builder(card()).tool(gate_tool(started.clone(), release.clone())).build().unwrap();
+    let agent = Agent::builder(card())
+        .tool(gate_tool(started.clone(), release.clone()))
+        .build()
+        .unwrap();
     let (exec, auth) = executor(agent);
     let blocked = exec
-        .send_message(&auth, Message::user("/gate"), SendOptions { return_immediately: true, ..Default::default() })
+        .send_message(
+            &auth,
+            Message::user("/gate"),
+            SendOptions {
+                return_immediately: true,
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     started.notified().await;
-    let other = exec.send_message(&auth, Message::user("hello"), SendOptions::default()).await.unwrap();
-    assert_eq!(other.state(), TaskState::Completed, "another thread is not blocked");
+    let other = exec
+        .send_message(&auth, Message::user("hello"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        other.state(),
+        TaskState::Completed,
+        "another thread is not blocked"
+    );
     assert!(exec.is_running(&auth, &blocked.id));
     release.notify_one();
 }
@@ -92,34 +155,76 @@ async fn different_threads_run_concurrently() {
 #[tokio::test]
 async fn the_thread_history_carries_the_conversation_across_tasks() {
     let llm = Arc::new(MockLlm::new());
-    let agent = Agent::builder(card()).llm_shared(llm.clone()).build().unwrap();
+    let agent = Agent::builder(card())
+        .llm_shared(llm.clone())
+        .build()
+        .unwrap();
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
-    exec.send_message(&auth, Message::user("my name is Ada").in_thread(thread.clone()), SendOptions::default()).await.unwrap();
-    exec.send_message(&auth, Message::user("what is my name?").in_thread(thread.clone()), SendOptions::default()).await.unwrap();
+    exec.send_message(
+        &auth,
+        Message::user("my name is Ada").in_thread(thread.clone()),
+        SendOptions::default(),
+    )
+    .await
+    .unwrap();
+    exec.send_message(
+        &auth,
+        Message::user("what is my name?").in_thread(thread.clone()),
+        SendOptions::default(),
+    )
+    .await
+    .unwrap();
     let last = llm.requests().pop().unwrap();
     let contents: Vec<&str> = last.messages.iter().map(|m| m.content.as_str()).collect();
-    assert_eq!(contents, ["my name is Ada", "You said: my name is Ada", "what is my name?"]);
+    assert_eq!(
+        contents,
+        [
+            "my name is Ada",
+            "You said: my name is Ada",
+            "what is my name?"
+        ]
+    );
 }
 
 #[tokio::test]
 async fn work_queued_while_active_is_injected_before_the_next_model_call() {
-    let queue_from_tool = FnTool::new("note", "Queue a note", json!({"type": "object"}), |_a, ctx| async move {
-        ctx.thread.queue_message("a note queued mid-run").await?;
-        Ok(json!("queued"))
-    });
+    let queue_from_tool = FnTool::new(
+        "note",
+        "Queue a note",
+        json!({"type": "object"}),
+        |_a, ctx| async move {
+            ctx.thread.queue_message("a note queued mid-run").await?;
+            Ok(json!("queued"))
+        },
+    );
     let llm = Arc::new(MockLlm::scripted(vec![
         MockResponse::ToolCalls(vec![ToolCall::new("note", json!({}))]),
         MockResponse::Text("saw the note".into()),
     ]));
-    let agent = Agent::builder(card()).llm_shared(llm.clone()).tool(queue_from_tool).build().unwrap();
+    let agent = Agent::builder(card())
+        .llm_shared(llm.clone())
+        .tool(queue_from_tool)
+        .build()
+        .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec.send_message(&auth, Message::user("go"), SendOptions::default()).await.unwrap();
+    let task = exec
+        .send_message(&auth, Message::user("go"), SendOptions::default())
+        .await
+        .unwrap();
     assert_eq!(task.state(), TaskState::Completed);
     let second_call = &llm.requests()[1];
     let last = second_call.messages.last().unwrap();
-    assert_eq!((last.role, last.content.as_str()), (LlmRole::User, "a note queued mid-run"));
-    let queue = exec.runtime().thread_store().queue_len(&auth, &task.thread_id).await.unwrap();
+    assert_eq!(
+        (last.role, last.content.as_str()),
+        (LlmRole::User, "a note queued mid-run")
+    );
+    let queue = exec
+        .runtime()
+        .thread_store()
+        .queue_len(&auth, &task.thread_id)
+        .await
+        .unwrap();
     assert_eq!(queue, 0, "injected work is acknowledged");
 }
 
@@ -134,14 +239,27 @@ async fn a_message_queued_while_idle_starts_a_turn() {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         let page = tasks
-            .list_tasks(&auth, &keel_runtime::ListTasksFilter { thread_id: Some(thread.clone()), state: Some(TaskState::Completed), ..Default::default() })
+            .list_tasks(
+                &auth,
+                &keel_runtime::ListTasksFilter {
+                    thread_id: Some(thread.clone()),
+                    state: Some(TaskState::Completed),
+                    ..Default::default()
+                },
+            )
             .await
             .unwrap();
         if let Some(task) = page.items.first() {
-            assert_eq!(task.status().message.as_ref().unwrap().text(), "You said: wake up");
+            assert_eq!(
+                task.status().message.as_ref().unwrap().text(),
+                "You said: wake up"
+            );
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "the queued message never started a turn");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the queued message never started a turn"
+        );
         tokio::task::yield_now().await;
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
@@ -150,13 +268,32 @@ async fn a_message_queued_while_idle_starts_a_turn() {
 #[tokio::test]
 async fn session_stop_and_session_fail_end_the_task_by_the_lifecycle_tools() {
     for (tool, args, state, reason) in [
-        ("session_stop", json!({"result": "all done"}), TaskState::Completed, "session_stop"),
-        ("session_fail", json!({"error": "cannot"}), TaskState::Failed, "session_fail"),
+        (
+            "session_stop",
+            json!({"result": "all done"}),
+            TaskState::Completed,
+            "session_stop",
+        ),
+        (
+            "session_fail",
+            json!({"error": "cannot"}),
+            TaskState::Failed,
+            "session_fail",
+        ),
     ] {
-        let llm = MockLlm::scripted(vec![MockResponse::ToolCalls(vec![ToolCall::new(tool, args)])]);
-        let agent = Agent::builder(card()).llm(llm).lifecycle_tools(true).build().unwrap();
+        let llm = MockLlm::scripted(vec![MockResponse::ToolCalls(vec![ToolCall::new(
+            tool, args,
+        )])]);
+        let agent = Agent::builder(card())
+            .llm(llm)
+            .lifecycle_tools(true)
+            .build()
+            .unwrap();
         let (exec, auth) = executor(agent);
-        let task = exec.send_message(&auth, Message::user("go"), SendOptions::default()).await.unwrap();
+        let task = exec
+            .send_message(&auth, Message::user("go"), SendOptions::default())
+            .await
+            .unwrap();
         assert_eq!(task.state(), state, "{tool}");
         assert_eq!(stop_reason(&task), reason);
     }
@@ -164,10 +301,21 @@ async fn session_stop_and_session_fail_end_the_task_by_the_lifecycle_tools() {
 
 #[tokio::test]
 async fn the_stop_tool_ends_the_task_with_its_output() {
-    let llm = MockLlm::scripted(vec![MockResponse::ToolCalls(vec![ToolCall::new("echo", json!({"x": 1}))])]);
-    let agent = Agent::builder(card()).llm(llm).tool(echo_tool()).stop_tool("echo").build().unwrap();
+    let llm = MockLlm::scripted(vec![MockResponse::ToolCalls(vec![ToolCall::new(
+        "echo",
+        json!({"x": 1}),
+    )])]);
+    let agent = Agent::builder(card())
+        .llm(llm)
+        .tool(echo_tool())
+        .stop_tool("echo")
+        .build()
+        .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec.send_message(&auth, Message::user("go"), SendOptions::default()).await.unwrap();
+    let task = exec
+        .send_message(&auth, Message::user("go"), SendOptions::default())
+        .await
+        .unwrap();
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(stop_reason(&task), "stop_tool");
     assert_eq!(task.status().message.as_ref().unwrap().text(), r#"{"x":1}"#);
@@ -179,100 +327,217 @@ async fn when_two_stop_rules_fire_at_once_the_lifecycle_tool_wins() {
         ToolCall::new("echo", json!({})),
         ToolCall::new("session_fail", json!({"error": "gave up"})),
     ])]);
-    let agent = Agent::builder(card()).llm(llm).tool(echo_tool()).stop_tool("echo").lifecycle_tools(true).build().unwrap();
+    let agent = Agent::builder(card())
+        .llm(llm)
+        .tool(echo_tool())
+        .stop_tool("echo")
+        .lifecycle_tools(true)
+        .build()
+        .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec.send_message(&auth, Message::user("go"), SendOptions::default()).await.unwrap();
+    let task = exec
+        .send_message(&auth, Message::user("go"), SendOptions::default())
+        .await
+        .unwrap();
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(stop_reason(&task), "session_fail");
 }
 
 #[tokio::test]
 async fn without_stop_on_response_the_loop_runs_to_the_step_limit() {
-    let llm = MockLlm::scripted((0..3).map(|i| MockResponse::Text(format!("thought {i}"))).collect());
-    let agent = Agent::builder(card()).llm(llm).stop_on_response(false).max_steps(3).build().unwrap();
+    let llm = MockLlm::scripted(
+        (0..3)
+            .map(|i| MockResponse::Text(format!("thought {i}")))
+            .collect(),
+    );
+    let agent = Agent::builder(card())
+        .llm(llm)
+        .stop_on_response(false)
+        .max_steps(3)
+        .build()
+        .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec.send_message(&auth, Message::user("think"), SendOptions::default()).await.unwrap();
+    let task = exec
+        .send_message(&auth, Message::user("think"), SendOptions::default())
+        .await
+        .unwrap();
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(stop_reason(&task), "max_steps");
 }
 
 #[tokio::test]
 async fn a_thread_past_its_turn_limit_fails_the_next_task() {
-    let agent = Agent::builder(card()).stop_rules(StopRules { max_session_turns: Some(2), ..StopRules::default() }).build().unwrap();
+    let agent = Agent::builder(card())
+        .stop_rules(StopRules {
+            max_session_turns: Some(2),
+            ..StopRules::default()
+        })
+        .build()
+        .unwrap();
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
     for i in 0..2 {
-        let task = exec.send_message(&auth, Message::user(format!("turn {i}")).in_thread(thread.clone()), SendOptions::default()).await.unwrap();
+        let task = exec
+            .send_message(
+                &auth,
+                Message::user(format!("turn {i}")).in_thread(thread.clone()),
+                SendOptions::default(),
+            )
+            .await
+            .unwrap();
         assert_eq!(task.state(), TaskState::Completed);
     }
-    let task = exec.send_message(&auth, Message::user("one more").in_thread(thread), SendOptions::default()).await.unwrap();
+    let task = exec
+        .send_message(
+            &auth,
+            Message::user("one more").in_thread(thread),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(stop_reason(&task), "max_session_turns");
 }
 
 #[tokio::test]
 async fn repeating_the_same_invalid_call_past_the_cap_stops_the_run() {
-    let strict = FnTool::new("strict", "Needs n", json!({"type": "object", "required": ["n"]}), |_a, _c| async { Ok(Value::Null) });
-    let llm = MockLlm::scripted((0..5).map(|_| MockResponse::ToolCalls(vec![ToolCall::new("strict", json!({}))])).collect());
+    let strict = FnTool::new(
+        "strict",
+        "Needs n",
+        json!({"type": "object", "required": ["n"]}),
+        |_a, _c| async { Ok(Value::Null) },
+    );
+    let llm = MockLlm::scripted(
+        (0..5)
+            .map(|_| MockResponse::ToolCalls(vec![ToolCall::new("strict", json!({}))]))
+            .collect(),
+    );
     let agent = Agent::builder(card())
         .llm(llm)
         .tool(strict)
-        .stop_rules(StopRules { max_invalid_repeats: 2, ..StopRules::default() })
+        .stop_rules(StopRules {
+            max_invalid_repeats: 2,
+            ..StopRules::default()
+        })
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec.send_message(&auth, Message::user("go"), SendOptions::default()).await.unwrap();
+    let task = exec
+        .send_message(&auth, Message::user("go"), SendOptions::default())
+        .await
+        .unwrap();
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(stop_reason(&task), "invalid_tool_repeats");
-    let first_error = task.history.iter().flat_map(|m| &m.parts).find_map(|p| match &p.content {
-        keel_core::PartContent::ToolOutput { output, .. } => output.as_str().map(str::to_owned),
-        _ => None,
-    });
-    assert!(first_error.unwrap().contains("\"n\" is a required property"), "the model is told which field is wrong");
+    let first_error = task
+        .history
+        .iter()
+        .flat_map(|m| &m.parts)
+        .find_map(|p| match &p.content {
+            keel_core::PartContent::ToolOutput { output, .. } => output.as_str().map(str::to_owned),
+            _ => None,
+        });
+    assert!(
+        first_error
+            .unwrap()
+            .contains("\"n\" is a required property"),
+        "the model is told which field is wrong"
+    );
 }
 
 #[tokio::test]
 async fn ask_human_waits_in_input_required_and_the_answer_resumes_the_same_task() {
     let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("ask_human", json!({"question": "Which city?"}))]),
+        MockResponse::ToolCalls(vec![ToolCall::new(
+            "ask_human",
+            json!({"question": "Which city?"}),
+        )]),
         MockResponse::Text("Booked in Lisbon.".into()),
     ]));
-    let agent = Agent::builder(card()).llm_shared(llm.clone()).human_handoff(true).build().unwrap();
+    let agent = Agent::builder(card())
+        .llm_shared(llm.clone())
+        .human_handoff(true)
+        .build()
+        .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec.send_message(&auth, Message::user("book a hotel"), SendOptions::default()).await.unwrap();
+    let task = exec
+        .send_message(&auth, Message::user("book a hotel"), SendOptions::default())
+        .await
+        .unwrap();
     assert_eq!(task.state(), TaskState::InputRequired);
-    assert_eq!(task.status().message.as_ref().unwrap().text(), "Which city?");
+    assert_eq!(
+        task.status().message.as_ref().unwrap().text(),
+        "Which city?"
+    );
     let mut answer = Message::user("Lisbon");
     answer.task_id = Some(task.id.clone());
-    let done = exec.send_message(&auth, answer, SendOptions::default()).await.unwrap();
+    let done = exec
+        .send_message(&auth, answer, SendOptions::default())
+        .await
+        .unwrap();
     assert_eq!(done.id, task.id);
     assert_eq!(done.state(), TaskState::Completed);
     let last_request = llm.requests().pop().unwrap();
-    assert_eq!(last_request.messages.last().unwrap().content, "Lisbon", "the model sees the human's answer");
+    assert_eq!(
+        last_request.messages.last().unwrap().content,
+        "Lisbon",
+        "the model sees the human's answer"
+    );
 }
 
 #[tokio::test]
 async fn the_key_value_store_and_prompt_variables_are_per_thread() {
-    let remember = FnTool::new("remember", "Store the city", json!({"type": "object"}), |args, ctx| async move {
-        ctx.thread.set_value("city", args["city"].clone()).await?;
-        let reserved = ctx.thread.set_value("keel:x", json!(1)).await;
-        assert!(reserved.is_err(), "keel: keys are reserved");
-        Ok(json!("ok"))
-    });
+    let remember = FnTool::new(
+        "remember",
+        "Store the city",
+        json!({"type": "object"}),
+        |args, ctx| async move {
+            ctx.thread.set_value("city", args["city"].clone()).await?;
+            let reserved = ctx.thread.set_value("keel:x", json!(1)).await;
+            assert!(reserved.is_err(), "keel: keys are reserved");
+            Ok(json!("ok"))
+        },
+    );
     let llm = Arc::new(MockLlm::scripted(vec![
         MockResponse::ToolCalls(vec![ToolCall::new("remember", json!({"city": "Oslo"}))]),
         MockResponse::Text("noted".into()),
         MockResponse::Text("again".into()),
     ]));
-    let agent = Agent::builder(card()).llm_shared(llm.clone()).instructions("User city: {{city}}. Agent {{agent_name}}.").tool(remember).build().unwrap();
+    let agent = Agent::builder(card())
+        .llm_shared(llm.clone())
+        .instructions("User city: {{city}}. Agent {{agent_name}}.")
+        .tool(remember)
+        .build()
+        .unwrap();
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
-    exec.send_message(&auth, Message::user("I live in Oslo").in_thread(thread.clone()), SendOptions::default()).await.unwrap();
-    exec.send_message(&auth, Message::user("hi").in_thread(thread.clone()), SendOptions::default()).await.unwrap();
+    exec.send_message(
+        &auth,
+        Message::user("I live in Oslo").in_thread(thread.clone()),
+        SendOptions::default(),
+    )
+    .await
+    .unwrap();
+    exec.send_message(
+        &auth,
+        Message::user("hi").in_thread(thread.clone()),
+        SendOptions::default(),
+    )
+    .await
+    .unwrap();
     let system = llm.requests().pop().unwrap().messages[0].content.clone();
     assert_eq!(system, "User city: Oslo. Agent threads.");
-    assert_eq!(exec.thread(&auth, thread).get_value("city").await.unwrap(), Some(json!("Oslo")));
-    assert_eq!(exec.thread(&auth, ThreadId::new()).get_value("city").await.unwrap(), None, "isolated per thread");
+    assert_eq!(
+        exec.thread(&auth, thread).get_value("city").await.unwrap(),
+        Some(json!("Oslo"))
+    );
+    assert_eq!(
+        exec.thread(&auth, ThreadId::new())
+            .get_value("city")
+            .await
+            .unwrap(),
+        None,
+        "isolated per thread"
+    );
 }
 
 #[tokio::test]
@@ -299,12 +564,31 @@ async fn a_terminated_thread_refuses_work_and_updates_its_parent_registry() {
     let state = exec.thread(&auth, child.clone());
     state.notify_parent("halfway there").await.unwrap();
     state.terminate().await.unwrap();
-    let err = exec.send_message(&auth, Message::user("more").in_thread(child.clone()), SendOptions::default()).await.unwrap_err();
+    let err = exec
+        .send_message(
+            &auth,
+            Message::user("more").in_thread(child.clone()),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap_err();
     assert!(matches!(err, AgentError::ThreadTerminated { .. }));
-    assert!(matches!(state.queue_message("x").await, Err(AgentError::ThreadTerminated { .. })));
-    let entry = exec.runtime().thread_store().child(&auth, &child).await.unwrap().unwrap();
+    assert!(matches!(
+        state.queue_message("x").await,
+        Err(AgentError::ThreadTerminated { .. })
+    ));
+    let entry = exec
+        .runtime()
+        .thread_store()
+        .child(&auth, &child)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(entry.status, "terminated");
-    assert_eq!(exec.thread(&auth, child).parent().await.unwrap(), Some(parent));
+    assert_eq!(
+        exec.thread(&auth, child).parent().await.unwrap(),
+        Some(parent)
+    );
 }
 
 fn chrono_now() -> chrono::DateTime<chrono::Utc> {
