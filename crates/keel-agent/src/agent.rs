@@ -92,6 +92,7 @@ pub struct Agent {
     stop: StopRules,
     human_handoff: bool,
     authorizer: Arc<keel_policy::ActionAuthorizer>,
+    negotiator: Arc<dyn crate::Negotiator>,
 }
 
 impl fmt::Debug for Agent {
@@ -119,6 +120,7 @@ impl Agent {
             human_handoff: false,
             policy: None,
             approval_handler: None,
+            negotiator: None,
         }
     }
 
@@ -150,6 +152,11 @@ impl Agent {
     /// Whether the `ask_human` hand-off tool is offered.
     pub fn human_handoff(&self) -> bool {
         self.human_handoff
+    }
+
+    /// Who decides, before a task starts, whether the agent takes it on.
+    pub fn negotiator(&self) -> &Arc<dyn crate::Negotiator> {
+        &self.negotiator
     }
 
     /// The agent's policy and approval handler, which judge every action its runs prepare.
@@ -218,6 +225,7 @@ pub struct AgentBuilder {
     human_handoff: bool,
     policy: Option<Arc<dyn keel_policy::Policy>>,
     approval_handler: Option<Arc<dyn keel_policy::ApprovalHandler>>,
+    negotiator: Option<Arc<dyn crate::Negotiator>>,
 }
 
 impl AgentBuilder {
@@ -305,6 +313,13 @@ impl AgentBuilder {
         self
     }
 
+    /// Decide about each new task before it starts (accept, ask for input, reject); the
+    /// default accepts everything. [`LlmNegotiator`](crate::LlmNegotiator) asks a model.
+    pub fn negotiator(mut self, negotiator: impl crate::Negotiator + 'static) -> Self {
+        self.negotiator = Some(Arc::new(negotiator));
+        self
+    }
+
     /// Offer the `ask_human` tool: the task waits in `input-required` for the human's answer.
     pub fn human_handoff(mut self, on: bool) -> Self {
         self.human_handoff = on;
@@ -370,6 +385,9 @@ impl AgentBuilder {
                 }
                 Arc::new(authorizer)
             },
+            negotiator: self
+                .negotiator
+                .unwrap_or_else(|| Arc::new(crate::AcceptAll)),
         })
     }
 }

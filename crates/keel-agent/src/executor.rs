@@ -30,13 +30,13 @@ use tracing::Instrument;
 
 use crate::agent::{ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL};
 use crate::observe::RunObs;
-use crate::{Agent, ThreadState, ToolContext};
+use crate::{Agent, Negotiation, ThreadState, ToolContext};
 use futures::StreamExt;
 use keel_core::{ApprovalDecision, ApprovalOutcome, ApprovalRequest, RunAction};
 use keel_events::payload::{
     ActionCompletedPayload, ActionFailedPayload, LlmCallCompletedPayload, LlmCallStartedPayload,
 };
-use keel_events::{EventSink, RedactionPolicy, RunEvent};
+use keel_events::{EventSink, EventType, RedactionPolicy, RunEvent};
 use keel_llm::{prepare_manifest, LlmStreamEvent, ManifestIds};
 use keel_runtime::{RunRecord, TaskRecord};
 
@@ -294,6 +294,48 @@ impl AgentExecutor {
             }
         }
         let continuing = task.state() != TaskState::Submitted;
+        if !continuing {
+            match self
+                .inner
+                .agent
+                .negotiator()
+                .negotiate(self.inner.agent.card(), &message)
+                .await?
+            {
+                Negotiation::Accept { skill } => {
+                    if let Some(skill) = skill {
+                        task.metadata.insert("skill".into(), json!(skill));
+                    }
+                }
+                Negotiation::AskInput { question } => {
+                    // The task exists and waits; the answer (a message naming it) starts it.
+                    tasks.save_task(auth, &task).await?;
+                    tasks
+                        .add_task_event(auth, &task.id, &TaskEvent::Message { message })
+                        .await?;
+                    let ask = self
+                        .inner
+                        .record_event(auth, &task, vec![Part::text(&question)])
+                        .await?;
+                    task.require_input(Some(ask))?;
+                    task.metadata
+                        .insert("stop_reason".into(), json!("negotiation"));
+                    self.inner.persist_status(auth, &task).await?;
+                    return self.get_task(auth, &task.id, options.history_length).await;
+                }
+                Negotiation::Reject { reason } => {
+                    tasks.save_task(auth, &task).await?;
+                    tasks
+                        .add_task_event(auth, &task.id, &TaskEvent::Message { message })
+                        .await?;
+                    task.update_status(TaskState::Rejected, Some(Message::agent(&reason)))?;
+                    task.metadata
+                        .insert("stop_reason".into(), json!("rejected"));
+                    self.inner.persist_status(auth, &task).await?;
+                    return self.get_task(auth, &task.id, options.history_length).await;
+                }
+            }
+        }
         tasks.save_task(auth, &task).await?;
         tasks
             .add_task_event(auth, &task.id, &TaskEvent::Message { message })
@@ -1437,6 +1479,16 @@ impl Inner {
         }
         if !injected.is_empty() {
             tracing::debug!(count = injected.len(), "queued work injected");
+            scope
+                .obs
+                .emit(
+                    RunEvent::builder(
+                        EventType::new("queue.injected"),
+                        format!("{} queued item(s) injected", injected.len()),
+                    )
+                    .payload(json!({ "items": injected })),
+                )
+                .await;
             store
                 .ack_queue(&flow.auth, &flow.lease(), &injected)
                 .await?;
@@ -1970,6 +2022,16 @@ impl Inner {
                     .insert("stop_reason".into(), json!("canceled"));
                 mark_canceled(task, &reason)?;
             }
+        }
+        if let Some(reason) = task.metadata.get("stop_reason").cloned() {
+            obs.emit(
+                RunEvent::builder(
+                    EventType::new("run.stopped"),
+                    format!("run stopped: {}", render(&reason)),
+                )
+                .payload(json!({ "reason": reason, "state": task.state() })),
+            )
+            .await;
         }
         // The final event and the records come before the status is persisted: persisting
         // wakes whoever waits for the task, and they must find the run fully reported.

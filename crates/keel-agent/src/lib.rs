@@ -30,6 +30,7 @@
 
 mod agent;
 mod executor;
+mod negotiator;
 mod observe;
 mod thread_state;
 mod tool;
@@ -38,5 +39,6 @@ pub use agent::{
     Agent, AgentBuilder, StopRules, ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL,
 };
 pub use executor::{AgentExecutor, ExecutorConfig, SendOptions};
+pub use negotiator::{AcceptAll, LlmNegotiator, Negotiation, Negotiator};
 pub use thread_state::{ThreadState, RESERVED_KEY_PREFIX};
 pub use tool::{FnTool, PromptTool, Tool, ToolContext};

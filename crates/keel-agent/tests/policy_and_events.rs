@@ -95,6 +95,7 @@ async fn an_allowed_tool_call_emits_the_normalized_sequence_and_a_persisted_repo
             "llm.stream",
             "llm.call.completed",
             "task.artifact",
+            "run.stopped",
             "task.status",
         ],
         Match::Exact,

@@ -594,3 +594,103 @@ async fn a_terminated_thread_refuses_work_and_updates_its_parent_registry() {
 fn chrono_now() -> chrono::DateTime<chrono::Utc> {
     chrono::Utc::now()
 }
+
+struct NoSpam;
+
+#[async_trait::async_trait]
+impl keel_agent::Negotiator for NoSpam {
+    async fn negotiate(
+        &self,
+        _card: &AgentCard,
+        message: &Message,
+    ) -> keel_core::AgentResult<keel_agent::Negotiation> {
+        let text = message.text();
+        Ok(if text.contains("spam") {
+            keel_agent::Negotiation::Reject {
+                reason: "no spam, please".into(),
+            }
+        } else if text.len() < 3 {
+            keel_agent::Negotiation::AskInput {
+                question: "Could you say more?".into(),
+            }
+        } else {
+            keel_agent::Negotiation::Accept {
+                skill: Some("echo".into()),
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_negotiator_accepts_asks_or_rejects_before_a_task_starts() {
+    let llm = Arc::new(MockLlm::new());
+    let agent = Agent::builder(card())
+        .llm_shared(llm.clone())
+        .negotiator(NoSpam)
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    let rejected = exec
+        .send_message(&auth, Message::user("buy spam now"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(rejected.state(), TaskState::Rejected);
+    assert_eq!(
+        rejected.status().message.as_ref().unwrap().text(),
+        "no spam, please"
+    );
+    assert!(
+        llm.requests().is_empty(),
+        "a rejected task never reaches the model"
+    );
+
+    let asked = exec
+        .send_message(&auth, Message::user("hi"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(asked.state(), TaskState::InputRequired);
+    let mut answer = Message::user("hello there, agent");
+    answer.task_id = Some(asked.id.clone());
+    let done = exec
+        .send_message(&auth, answer, SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(done.state(), TaskState::Completed);
+
+    let accepted = exec
+        .send_message(
+            &auth,
+            Message::user("a fine request"),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(accepted.metadata["skill"], "echo");
+}
+
+#[tokio::test]
+async fn the_model_negotiator_reads_a_json_verdict() {
+    let router = Arc::new(MockLlm::scripted(vec![MockResponse::Text(
+        r#"{"decision": "reject", "reason": "off-topic"}"#.into(),
+    )]));
+    let agent = Agent::builder(card())
+        .negotiator(keel_agent::LlmNegotiator::new(router.clone()))
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    let task = exec
+        .send_message(
+            &auth,
+            Message::user("tell me a joke"),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Rejected);
+    assert!(
+        router.requests()[0].messages[0]
+            .content
+            .contains("Agent: threads"),
+        "the model sees the card"
+    );
+}
