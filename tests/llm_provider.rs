@@ -29,11 +29,7 @@ async fn fake_openai(requests: Arc<Mutex<Vec<Value>>>) -> String {
                         "function": {"name": "word_count", "arguments": "{\"text\": \"one two three\"}"}
                     }]})
                 };
-                Json(json!({
-                    "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "fake-model",
-                    "choices": [{"index": 0, "message": message, "finish_reason": if has_tool_result { "stop" } else { "tool_calls" }}],
-                    "usage": {"prompt_tokens": 12, "completion_tokens": 6, "total_tokens": 18}
-                }))
+                support::openai_reply(&body, message)
             }
         }),
     );

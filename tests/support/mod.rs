@@ -26,9 +26,15 @@ impl KeelServer {
 
     /// Start `keel serve --port 0` with exactly these extra arguments.
     pub fn start_with(extra: &[&str]) -> KeelServer {
+        Self::start_with_env(extra, &[])
+    }
+
+    /// Start `keel serve --port 0` with these arguments and environment variables.
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> KeelServer {
         let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
             .args(["serve", "--host", "127.0.0.1", "--port", "0"])
             .args(extra)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -200,4 +206,65 @@ pub fn uuid_like() -> String {
         std::process::id(),
         NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     )
+}
+
+/// Answer an OpenAI chat-completions request with `message` (an assistant message), as a
+/// server-sent event stream when the request asked for `"stream": true`, else as one JSON
+/// body — what a fake OpenAI-compatible model in a test needs.
+pub fn openai_reply(
+    request: &serde_json::Value,
+    message: serde_json::Value,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let usage =
+        serde_json::json!({"prompt_tokens": 12, "completion_tokens": 6, "total_tokens": 18});
+    let finish = if message.get("tool_calls").is_some() {
+        "tool_calls"
+    } else {
+        "stop"
+    };
+    if request["stream"] != true {
+        let body = serde_json::json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": request["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": usage
+        });
+        return axum::Json(body).into_response();
+    }
+    let mut delta = serde_json::json!({"role": "assistant"});
+    if let Some(content) = message["content"].as_str() {
+        delta["content"] = serde_json::json!(content);
+    }
+    if let Some(calls) = message["tool_calls"].as_array() {
+        let calls: Vec<serde_json::Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(index, call)| {
+                let mut call = call.clone();
+                call["index"] = serde_json::json!(index);
+                call
+            })
+            .collect();
+        delta["tool_calls"] = serde_json::json!(calls);
+    }
+    let chunk = |choices: serde_json::Value, usage: Option<&serde_json::Value>| {
+        let mut chunk = serde_json::json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": request["model"], "choices": choices});
+        if let Some(usage) = usage {
+            chunk["usage"] = usage.clone();
+        }
+        format!("data: {chunk}\n\n")
+    };
+    let body = [
+        chunk(
+            serde_json::json!([{"index": 0, "delta": delta, "finish_reason": null}]),
+            None,
+        ),
+        chunk(
+            serde_json::json!([{"index": 0, "delta": {}, "finish_reason": finish}]),
+            Some(&usage),
+        ),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    ([("content-type", "text/event-stream")], body).into_response()
 }

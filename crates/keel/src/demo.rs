@@ -5,7 +5,11 @@
 //! - `/clock` answers the current UTC time;
 //! - `/word_count {"text": "..."}` counts words;
 //! - `/sleep {"seconds": 30}` waits (at most 300 s) and stops at once when the task is
-//!   canceled, which makes it handy for trying `CancelTask`.
+//!   canceled, which makes it handy for trying `CancelTask`;
+//! - when the environment variable `KEEL_DEMO_JOURNAL` names a file, `append_line
+//!   {"line": "..."}` appends a line to it: a visible side effect for trying crash
+//!   recovery (the tool is not idempotent, so a call interrupted by a crash is not run
+//!   again).
 
 use std::time::Duration;
 
@@ -86,14 +90,54 @@ pub fn agent() -> AgentResult<Agent> {
             }
         },
     );
-    Agent::builder(card())
+    let mut builder = Agent::builder(card())
         .instructions(
             "You are Keel's demo agent. Answer briefly; use a tool when the user asks for one.",
         )
         .tool(clock)
         .tool(word_count)
-        .tool(sleep)
-        .build()
+        .tool(sleep);
+    if let Some(journal) = std::env::var_os("KEEL_DEMO_JOURNAL") {
+        builder = builder.tool(journal_tool(std::path::PathBuf::from(journal)));
+    }
+    builder.build()
+}
+
+/// `append_line`: append one line to the journal file.
+fn journal_tool(path: std::path::PathBuf) -> FnTool {
+    FnTool::new(
+        "append_line",
+        "Append a line to the journal.",
+        json!({
+            "type": "object",
+            "properties": {"line": {"type": "string"}},
+            "required": ["line"],
+            "additionalProperties": false
+        }),
+        move |args, _ctx| {
+            let path = path.clone();
+            async move {
+                let line = args["line"].as_str().unwrap_or_default().replace('\n', " ");
+                let write = tokio::task::spawn_blocking(move || {
+                    use std::io::Write;
+                    let mut file = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&path)?;
+                    writeln!(file, "{line}")?;
+                    file.sync_all()
+                });
+                write
+                    .await
+                    .map_err(AgentError::internal)?
+                    .map_err(|e| AgentError::ToolFailed {
+                        tool: "append_line".into(),
+                        message: e.to_string(),
+                    })?;
+                Ok(json!("appended"))
+            }
+        },
+    )
 }
 
 #[cfg(test)]
