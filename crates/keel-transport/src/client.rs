@@ -1,15 +1,19 @@
-//! The A2A v1.0 client (JSON-RPC over reqwest): talks to a Keel agent or any A2A v1.0 agent and
-//! answers in Keel's models and errors.
+//! The A2A v1.0 client (JSON-RPC or HTTP+JSON over reqwest, streams over Server-Sent Events):
+//! talks to a Keel agent or any A2A v1.0 agent and answers in Keel's models and errors.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use eventsource_stream::Eventsource;
+use futures::stream::{self, BoxStream, StreamExt};
 use keel_core::{AgentCard, AgentError, AgentResult, Message, Task, TaskId};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use tokio::sync::OnceCell;
 use tracing::Instrument;
 
 use crate::jsonrpc;
 use crate::server::{AGENT_CARD_PATH, VERSION_HEADER};
+use crate::stream::StreamEvent;
+use crate::task_list::{TaskList, TaskListQuery};
 use crate::wire;
 
 /// How [`A2aClient::send_message`] should behave.
@@ -22,32 +26,81 @@ pub struct SendMessageOptions {
     pub history_length: Option<usize>,
 }
 
+/// The protocol binding a client uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Binding {
+    /// JSON-RPC 2.0 (the card's `JSONRPC` interface).
+    #[default]
+    JsonRpc,
+    /// HTTP+JSON, A2A's REST binding (the card's `HTTP+JSON` interface).
+    HttpJson,
+}
+
+/// A stream of task events from [`A2aClient::send_streaming_message`] or
+/// [`A2aClient::subscribe`]. It ends after the final event; an error ends it too.
+pub type TaskEventStream = BoxStream<'static, AgentResult<StreamEvent>>;
+
 /// A client for one remote A2A agent.
 ///
-/// The JSON-RPC endpoint is the URL of the `JSONRPC` interface in the agent's card, fetched on
-/// first use from `<base_url>/.well-known/agent-card.json`, unless given with
-/// [`A2aClient::with_endpoint`]. Requests carry `A2A-Version: 1.0`. JSON-RPC errors come back
-/// as typed [`AgentError`]s: -32001 is [`AgentError::TaskNotFound`], -32002
+/// The endpoint is the URL of the card's interface for the client's [`Binding`] (JSON-RPC
+/// unless [`A2aClient::with_binding`] says otherwise), fetched on first use from
+/// `<base_url>/.well-known/agent-card.json`, unless given with [`A2aClient::with_endpoint`].
+/// Requests carry `A2A-Version: 1.0`. A2A errors come back as typed [`AgentError`]s on either
+/// binding: -32001 (HTTP 404) is [`AgentError::TaskNotFound`], -32002
 /// [`AgentError::TaskNotCancelable`] (its state is [`keel_core::TaskState::Unspecified`] when
 /// the agent does not say), -32602 [`AgentError::InvalidInput`], the "not offered" codes
-/// (-32601, -32003, -32004, -32007, -32009) [`AgentError::Unsupported`], and everything else,
-/// including transport failures and malformed answers, [`AgentError::Internal`].
+/// (-32601, -32003, -32004, -32005, -32007, -32009) [`AgentError::Unsupported`], and
+/// everything else, including transport failures and malformed answers,
+/// [`AgentError::Internal`].
 ///
 /// ```no_run
+/// use futures::StreamExt;
 /// use keel_core::Message;
-/// use keel_transport::{A2aClient, SendMessageOptions};
+/// use keel_transport::{A2aClient, SendMessageOptions, StreamEvent};
 /// # async fn demo() -> keel_core::AgentResult<()> {
 /// let client = A2aClient::new("http://127.0.0.1:8080");
 /// let task = client.send_message(Message::user("hi"), SendMessageOptions::default()).await?;
 /// println!("{}: {:?}", task.state(), task.status().message.as_ref().map(Message::text));
+///
+/// let mut events = client.send_streaming_message(Message::user("and now?")).await?;
+/// while let Some(event) = events.next().await {
+///     if let StreamEvent::StatusUpdate { status, .. } = event? {
+///         println!("now {}", status.state);
+///     }
+/// }
 /// # Ok(())
 /// # }
 /// ```
 pub struct A2aClient {
     http: reqwest::Client,
     base_url: String,
+    binding: Binding,
     endpoint: OnceCell<String>,
     next_id: AtomicU64,
+}
+
+/// One operation, as each binding names it.
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    SendMessage,
+    SendStreamingMessage,
+    GetTask,
+    ListTasks,
+    CancelTask,
+    SubscribeToTask,
+}
+
+impl Call {
+    fn method(self) -> &'static str {
+        match self {
+            Call::SendMessage => "SendMessage",
+            Call::SendStreamingMessage => "SendStreamingMessage",
+            Call::GetTask => "GetTask",
+            Call::ListTasks => "ListTasks",
+            Call::CancelTask => "CancelTask",
+            Call::SubscribeToTask => "SubscribeToTask",
+        }
+    }
 }
 
 impl A2aClient {
@@ -56,12 +109,19 @@ impl A2aClient {
         Self {
             http: reqwest::Client::new(),
             base_url: base_url.into().trim_end_matches('/').to_owned(),
+            binding: Binding::default(),
             endpoint: OnceCell::new(),
             next_id: AtomicU64::new(1),
         }
     }
 
-    /// Use this JSON-RPC endpoint instead of discovering it from the card.
+    /// Use this binding (its interface is looked up in the card unless an endpoint is given).
+    #[must_use]
+    pub fn with_binding(self, binding: Binding) -> Self {
+        Self { binding, ..self }
+    }
+
+    /// Use this endpoint (for the client's binding) instead of discovering it from the card.
     #[must_use]
     pub fn with_endpoint(self, endpoint: impl Into<String>) -> Self {
         Self {
@@ -75,7 +135,7 @@ impl A2aClient {
         Ok(self.fetch_card().await?.0)
     }
 
-    async fn fetch_card(&self) -> AgentResult<(AgentCard, Option<String>)> {
+    async fn fetch_card(&self) -> AgentResult<(AgentCard, wire::Endpoints)> {
         let url = format!("{}{AGENT_CARD_PATH}", self.base_url);
         let response = self
             .http
@@ -99,9 +159,13 @@ impl A2aClient {
     async fn endpoint(&self) -> AgentResult<&str> {
         self.endpoint
             .get_or_try_init(|| async {
-                let (card, endpoint) = self.fetch_card().await?;
+                let (card, endpoints) = self.fetch_card().await?;
+                let (endpoint, name) = match self.binding {
+                    Binding::JsonRpc => (endpoints.jsonrpc, "JSONRPC"),
+                    Binding::HttpJson => (endpoints.http_json, "HTTP+JSON"),
+                };
                 endpoint.ok_or_else(|| AgentError::Unsupported {
-                    what: format!("agent `{}` has no JSONRPC interface in its card", card.name),
+                    what: format!("agent `{}` has no {name} interface in its card", card.name),
                 })
             })
             .await
@@ -118,7 +182,7 @@ impl A2aClient {
         let params =
             wire::encode_send_message(&message, options.return_immediately, options.history_length);
         let result = self
-            .call("SendMessage", params, message.task_id.as_ref())
+            .unary(Call::SendMessage, params, message.task_id.as_ref())
             .await?;
         wire::decode_send_message_result(result)
     }
@@ -130,57 +194,271 @@ impl A2aClient {
         history_length: Option<usize>,
     ) -> AgentResult<Task> {
         let params = wire::encode_get_task(task_id, history_length);
-        wire::decode_task(self.call("GetTask", params, Some(task_id)).await?)
+        wire::decode_task(self.unary(Call::GetTask, params, Some(task_id)).await?)
+    }
+
+    /// One page of the agent's tasks, most recently updated first.
+    pub async fn list_tasks(&self, query: &TaskListQuery) -> AgentResult<TaskList> {
+        let params = wire::encode_list_tasks(query);
+        wire::decode_list_tasks_result(self.unary(Call::ListTasks, params, None).await?)
     }
 
     /// Cancel a task; `reason` travels as `metadata.reason`.
     pub async fn cancel_task(&self, task_id: &TaskId, reason: Option<String>) -> AgentResult<Task> {
         let params = wire::encode_cancel_task(task_id, reason.as_deref());
-        wire::decode_task(self.call("CancelTask", params, Some(task_id)).await?)
+        wire::decode_task(self.unary(Call::CancelTask, params, Some(task_id)).await?)
     }
 
-    async fn call(
+    /// Send a message and follow its task: the stream starts with the task, carries its status
+    /// and artifact updates, and ends after its final (terminal or interrupted) status.
+    pub async fn send_streaming_message(&self, message: Message) -> AgentResult<TaskEventStream> {
+        let params = wire::encode_send_message(&message, false, None);
+        self.open_stream(Call::SendStreamingMessage, params, message.task_id.as_ref())
+            .await
+    }
+
+    /// Follow a task that is not terminal: the stream starts with the task as it stands, then
+    /// carries its updates until its final status. A terminal task is
+    /// [`AgentError::Unsupported`] (A2A's UnsupportedOperationError).
+    pub async fn subscribe(&self, task_id: &TaskId) -> AgentResult<TaskEventStream> {
+        let params = wire::encode_subscribe(task_id);
+        self.open_stream(Call::SubscribeToTask, params, Some(task_id))
+            .await
+    }
+
+    /// The HTTP request of a call on the client's binding.
+    async fn request(
         &self,
-        method: &str,
+        call: Call,
+        params: Value,
+    ) -> AgentResult<(reqwest::RequestBuilder, String)> {
+        let endpoint = self.endpoint().await?;
+        let builder = match self.binding {
+            Binding::JsonRpc => {
+                let id = format!("keel-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+                let request =
+                    json!({"jsonrpc": "2.0", "id": id, "method": call.method(), "params": params});
+                (self.http.post(endpoint).json(&request), endpoint.to_owned())
+            }
+            Binding::HttpJson => {
+                let base = endpoint.trim_end_matches('/');
+                let mut params = match params {
+                    Value::Object(map) => map,
+                    _ => Map::new(),
+                };
+                let mut id = || {
+                    params
+                        .remove("id")
+                        .and_then(|v| v.as_str().map(percent_encode))
+                        .unwrap_or_default()
+                };
+                let (method, path) = match call {
+                    Call::SendMessage => (reqwest::Method::POST, "/message:send".to_owned()),
+                    Call::SendStreamingMessage => {
+                        (reqwest::Method::POST, "/message:stream".to_owned())
+                    }
+                    Call::GetTask => (reqwest::Method::GET, format!("/tasks/{}", id())),
+                    Call::ListTasks => (reqwest::Method::GET, "/tasks".to_owned()),
+                    Call::CancelTask => (reqwest::Method::POST, format!("/tasks/{}:cancel", id())),
+                    Call::SubscribeToTask => {
+                        (reqwest::Method::GET, format!("/tasks/{}:subscribe", id()))
+                    }
+                };
+                let url = format!("{base}{path}");
+                let builder = if method == reqwest::Method::GET {
+                    let query: Vec<(String, String)> = params
+                        .into_iter()
+                        .map(|(k, v)| {
+                            let v = match v {
+                                Value::String(s) => s,
+                                other => other.to_string(),
+                            };
+                            (k, v)
+                        })
+                        .collect();
+                    self.http.get(&url).query(&query)
+                } else {
+                    self.http
+                        .post(&url)
+                        .header("content-type", "application/a2a+json")
+                        .body(Value::Object(params).to_string())
+                };
+                (builder, url)
+            }
+        };
+        Ok((
+            builder.0.header(VERSION_HEADER, wire::PROTOCOL_VERSION),
+            builder.1,
+        ))
+    }
+
+    async fn unary(
+        &self,
+        call: Call,
         params: Value,
         task_id: Option<&TaskId>,
     ) -> AgentResult<Value> {
-        let endpoint = self.endpoint().await?;
-        let id = format!("keel-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
-        let span = tracing::debug_span!("a2a.call", method, id = %id, endpoint);
-        let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let method = call.method();
+        let (request, url) = self.request(call, params).await?;
+        let span = tracing::debug_span!("a2a.call", method, url = %url);
         async {
-            let response = self
-                .http
-                .post(endpoint)
-                .header(VERSION_HEADER, wire::PROTOCOL_VERSION)
-                .json(&request)
-                .send()
-                .await
-                .map_err(|e| transport_error(endpoint, e))?;
+            let response = request.send().await.map_err(|e| transport_error(&url, e))?;
             let status = response.status();
             let body = response
                 .bytes()
                 .await
-                .map_err(|e| transport_error(endpoint, e))?;
+                .map_err(|e| transport_error(&url, e))?;
             let Ok(mut body) = serde_json::from_slice::<Value>(&body) else {
                 return Err(AgentError::internal(format!(
-                    "{method} to {endpoint} answered HTTP {status} without a JSON-RPC response"
+                    "{method} to {url} answered HTTP {status} without JSON"
                 )));
             };
-            if let Some(error) = body.get("error") {
-                return Err(jsonrpc::agent_error_from_rpc(error, task_id));
+            if let Some(error) = self.error_of(&body) {
+                return Err(jsonrpc::agent_error_from_rpc(&error, task_id));
             }
-            match body.get_mut("result").map(Value::take) {
+            let result = match self.binding {
+                Binding::JsonRpc => body.get_mut("result").map(Value::take),
+                Binding::HttpJson => Some(body),
+            };
+            match result {
                 Some(result) if status.is_success() => Ok(result),
                 _ => Err(AgentError::internal(format!(
-                    "{method} to {endpoint} answered HTTP {status} without a result"
+                    "{method} to {url} answered HTTP {status} without a result"
                 ))),
             }
         }
         .instrument(span)
         .await
     }
+
+    /// The error in an answer, as a JSON-RPC error object (`code`, `message`, `data`).
+    fn error_of(&self, body: &Value) -> Option<Value> {
+        let error = body.get("error")?;
+        match self.binding {
+            Binding::JsonRpc => Some(error.clone()),
+            Binding::HttpJson => Some(rest_error_as_rpc(error)),
+        }
+    }
+
+    async fn open_stream(
+        &self,
+        call: Call,
+        params: Value,
+        task_id: Option<&TaskId>,
+    ) -> AgentResult<TaskEventStream> {
+        let method = call.method();
+        let (request, url) = self.request(call, params).await?;
+        let response = request
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .map_err(|e| transport_error(&url, e))?;
+        let status = response.status();
+        let is_sse = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if !is_sse {
+            // An error before the stream started comes as a plain JSON answer.
+            let body = response
+                .bytes()
+                .await
+                .map_err(|e| transport_error(&url, e))?;
+            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            return Err(match self.error_of(&body) {
+                Some(error) => jsonrpc::agent_error_from_rpc(&error, task_id),
+                None => AgentError::internal(format!(
+                    "{method} to {url} answered HTTP {status} without an event stream"
+                )),
+            });
+        }
+        let binding = self.binding;
+        let task_id = task_id.cloned();
+        let events = response.bytes_stream().eventsource();
+        let state = (events.boxed(), false);
+        Ok(stream::unfold(state, move |(mut events, done)| {
+            let task_id = task_id.clone();
+            async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    let event = match events.next().await? {
+                        Ok(event) => event,
+                        Err(err) => {
+                            let err =
+                                AgentError::internal(format!("the event stream broke: {err}"));
+                            return Some((Err(err), (events, true)));
+                        }
+                    };
+                    if event.data.trim().is_empty() {
+                        continue;
+                    }
+                    let item = decode_sse(binding, &event.event, &event.data, task_id.as_ref());
+                    let done = item.as_ref().map_or(true, StreamEvent::is_final);
+                    return Some((item, (events, done)));
+                }
+            }
+        })
+        .boxed())
+    }
+}
+
+/// One SSE event of a stream on `binding`.
+fn decode_sse(
+    binding: Binding,
+    name: &str,
+    data: &str,
+    task_id: Option<&TaskId>,
+) -> AgentResult<StreamEvent> {
+    let value: Value = serde_json::from_str(data)
+        .map_err(|e| AgentError::internal(format!("a stream event is not JSON: {e}")))?;
+    match binding {
+        Binding::JsonRpc => {
+            if let Some(error) = value.get("error") {
+                return Err(jsonrpc::agent_error_from_rpc(error, task_id));
+            }
+            let result = value.get("result").cloned().ok_or_else(|| {
+                AgentError::internal("a stream event carries neither result nor error")
+            })?;
+            wire::decode_stream_event(result)
+        }
+        Binding::HttpJson => {
+            if name == "error" || value.get("error").is_some() {
+                let error = value.get("error").map_or(Value::Null, rest_error_as_rpc);
+                return Err(jsonrpc::agent_error_from_rpc(&error, task_id));
+            }
+            wire::decode_stream_event(value)
+        }
+    }
+}
+
+/// A REST error object (`google.rpc.Status` JSON) as a JSON-RPC error object: the code comes
+/// from the `ErrorInfo` reason.
+fn rest_error_as_rpc(error: &Value) -> Value {
+    let details = error.get("details").cloned().unwrap_or(Value::Null);
+    let code = details
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.get("reason").and_then(Value::as_str))
+        .find_map(jsonrpc::code_from_reason)
+        .unwrap_or(jsonrpc::INTERNAL_ERROR);
+    json!({"code": code, "message": error.get("message").cloned().unwrap_or(Value::Null), "data": details})
+}
+
+fn percent_encode(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 fn transport_error(url: &str, err: reqwest::Error) -> AgentError {

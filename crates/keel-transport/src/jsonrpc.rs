@@ -36,6 +36,8 @@ pub const TASK_NOT_CANCELABLE: i32 = -32002;
 pub const PUSH_NOTIFICATION_NOT_SUPPORTED: i32 = -32003;
 /// A2A: the operation is not offered.
 pub const UNSUPPORTED_OPERATION: i32 = -32004;
+/// A2A: a media type in the request is not supported.
+pub const CONTENT_TYPE_NOT_SUPPORTED: i32 = -32005;
 /// A2A: no extended agent card is configured.
 pub const EXTENDED_CARD_NOT_CONFIGURED: i32 = -32007;
 /// A2A: the `A2A-Version` the client asked for is not spoken here.
@@ -82,22 +84,49 @@ fn reason(code: i32) -> &'static str {
         TASK_NOT_CANCELABLE => "TASK_NOT_CANCELABLE",
         PUSH_NOTIFICATION_NOT_SUPPORTED => "PUSH_NOTIFICATION_NOT_SUPPORTED",
         UNSUPPORTED_OPERATION => "UNSUPPORTED_OPERATION",
+        CONTENT_TYPE_NOT_SUPPORTED => "CONTENT_TYPE_NOT_SUPPORTED",
         EXTENDED_CARD_NOT_CONFIGURED => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
         VERSION_NOT_SUPPORTED => "VERSION_NOT_SUPPORTED",
         _ => "INTERNAL_ERROR",
     }
 }
 
-/// A JSON-RPC error to answer with.
+/// The code of an `ErrorInfo.reason` (A2A's names), for errors that arrive without a code
+/// (the HTTP+JSON binding).
+pub(crate) fn code_from_reason(reason: &str) -> Option<i32> {
+    [
+        PARSE_ERROR,
+        INVALID_REQUEST,
+        METHOD_NOT_FOUND,
+        INVALID_PARAMS,
+        INTERNAL_ERROR,
+        TASK_NOT_FOUND,
+        TASK_NOT_CANCELABLE,
+        PUSH_NOTIFICATION_NOT_SUPPORTED,
+        UNSUPPORTED_OPERATION,
+        CONTENT_TYPE_NOT_SUPPORTED,
+        EXTENDED_CARD_NOT_CONFIGURED,
+        VERSION_NOT_SUPPORTED,
+    ]
+    .into_iter()
+    .find(|code| self::reason(*code) == reason)
+}
+
+/// An A2A error to answer with: its JSON-RPC code, message and `ErrorInfo` metadata. The
+/// JSON-RPC binding sends [`RpcError::to_json`], the HTTP+JSON binding
+/// [`RpcError::to_rest_json`] with the status of [`rest_status`].
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct RpcError {
+pub struct RpcError {
+    /// The JSON-RPC error code.
     pub code: i32,
+    /// The human-readable message.
     pub message: String,
     /// `ErrorInfo.metadata`: string values only, as `google.rpc.ErrorInfo` requires.
     pub metadata: Map<String, Value>,
 }
 
 impl RpcError {
+    /// An error with this code and message.
     pub fn new(code: i32, message: impl Into<String>) -> Self {
         Self {
             code,
@@ -106,6 +135,7 @@ impl RpcError {
         }
     }
 
+    /// Add a string entry to the `ErrorInfo` metadata.
     #[must_use]
     pub fn with(mut self, key: &str, value: impl Into<String>) -> Self {
         self.metadata
@@ -148,6 +178,44 @@ impl RpcError {
             info["metadata"] = Value::Object(self.metadata.clone());
         }
         json!({"code": self.code, "message": self.message, "data": [info]})
+    }
+}
+
+/// The HTTP status and `google.rpc.Code` name of an A2A error code on the HTTP+JSON binding
+/// (A2A v1.0, section 5.4; the JSON-RPC standard errors as `google.rpc` maps them).
+///
+/// ```
+/// use keel_transport::jsonrpc::{rest_status, TASK_NOT_CANCELABLE, TASK_NOT_FOUND};
+/// assert_eq!(rest_status(TASK_NOT_FOUND), (404, "NOT_FOUND"));
+/// assert_eq!(rest_status(TASK_NOT_CANCELABLE), (409, "FAILED_PRECONDITION"));
+/// ```
+pub fn rest_status(code: i32) -> (u16, &'static str) {
+    match code {
+        TASK_NOT_FOUND => (404, "NOT_FOUND"),
+        TASK_NOT_CANCELABLE => (409, "FAILED_PRECONDITION"),
+        PUSH_NOTIFICATION_NOT_SUPPORTED | UNSUPPORTED_OPERATION | VERSION_NOT_SUPPORTED => {
+            (400, "UNIMPLEMENTED")
+        }
+        EXTENDED_CARD_NOT_CONFIGURED => (400, "FAILED_PRECONDITION"),
+        CONTENT_TYPE_NOT_SUPPORTED => (415, "INVALID_ARGUMENT"),
+        PARSE_ERROR | INVALID_REQUEST | INVALID_PARAMS => (400, "INVALID_ARGUMENT"),
+        METHOD_NOT_FOUND => (404, "NOT_FOUND"),
+        _ => (500, "INTERNAL"),
+    }
+}
+
+impl RpcError {
+    /// The HTTP+JSON error body (AIP-193, `google.rpc.Status` in JSON):
+    /// `{"error": {"code": <HTTP status>, "status": "NOT_FOUND", "message": .., "details": [ErrorInfo]}}`.
+    pub fn to_rest_json(&self) -> Value {
+        let (http, status) = rest_status(self.code);
+        let rpc = self.to_json();
+        json!({"error": {
+            "code": http,
+            "status": status,
+            "message": self.message,
+            "details": rpc["data"],
+        }})
     }
 }
 
@@ -209,6 +277,7 @@ pub(crate) fn agent_error_from_rpc(error: &Value, task_id: Option<&TaskId>) -> A
         | PUSH_NOTIFICATION_NOT_SUPPORTED
         | METHOD_NOT_FOUND
         | EXTENDED_CARD_NOT_CONFIGURED
+        | CONTENT_TYPE_NOT_SUPPORTED
         | VERSION_NOT_SUPPORTED => AgentError::Unsupported {
             what: format!("{message} ({code})"),
         },

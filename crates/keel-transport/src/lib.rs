@@ -1,6 +1,7 @@
-//! Keel's A2A transport: the A2A v1.0 server on axum ([`A2aServer`], JSON-RPC binding), the
-//! A2A client ([`A2aClient`], reqwest), and the mapping between Keel's models and A2A's wire
-//! form.
+//! Keel's A2A transport: the A2A server on axum ([`A2aServer`]: A2A v1.0 over JSON-RPC and
+//! HTTP+JSON, with Server-Sent Events for streams, and A2A v0.3 JSON-RPC through a
+//! compatibility layer), the A2A client ([`A2aClient`], reqwest), and the mapping between
+//! Keel's models and A2A's wire form.
 //!
 //! Only this crate knows HTTP routes, JSON-RPC and A2A. Inside it, only the private `wire`
 //! module names the official `a2a-lf` types; the server and the client speak Keel's models
@@ -9,18 +10,30 @@
 //! card extras in the [`KEEL_CARD_EXTENSION_URI`] extension), so a stranger's A2A client
 //! talks to a Keel agent and a Keel client to a stranger's agent.
 //!
-//! What this first cut serves: the card at `/.well-known/agent-card.json`, and `SendMessage`,
-//! `GetTask` and `CancelTask` over JSON-RPC at `/`. Not yet: streaming, push notifications,
-//! `ListTasks`, the REST binding, the v0.3 compatibility layer (requests without an
-//! `A2A-Version` header are handled as v1.0 for now) and JSON-RPC batches.
+//! The code map: `handlers` holds the operations that every binding calls (so bindings cannot
+//! drift apart); `server` the JSON-RPC binding, the card and the version selection; `rest` the
+//! HTTP+JSON binding; `compat_v03` the v0.3 method names and JSON shapes; `stream` the
+//! follower that turns a task's durable event log into a stream; `wire` the v1.0 JSON.
+//!
+//! What it serves: the card at `/.well-known/agent-card.json`; SendMessage,
+//! SendStreamingMessage, GetTask, ListTasks, CancelTask and SubscribeToTask on both bindings.
+//! Not yet: push notifications (answered with -32003), an extended card (-32004),
+//! authentication beyond the runtime's auth service, and JSON-RPC batches.
 //!
 //! See [`A2aServer`] for a complete example that serves an agent and talks to it.
 
 mod client;
+mod compat_v03;
+mod handlers;
 pub mod jsonrpc;
+mod rest;
 mod server;
+mod stream;
+mod task_list;
 mod wire;
 
-pub use client::{A2aClient, SendMessageOptions};
+pub use client::{A2aClient, Binding, SendMessageOptions, TaskEventStream};
 pub use server::{A2aServer, AGENT_CARD_PATH, DEFAULT_BODY_LIMIT};
+pub use stream::{StreamEvent, POLL_INTERVAL};
+pub use task_list::{TaskList, TaskListQuery};
 pub use wire::KEEL_CARD_EXTENSION_URI;

@@ -1,26 +1,32 @@
-//! The A2A v1.0 server on axum: the agent card at `/.well-known/agent-card.json` and the
-//! JSON-RPC endpoint at `/`.
+//! The A2A server on axum: the agent card at `/.well-known/agent-card.json`, the JSON-RPC
+//! binding at `/` (A2A v1.0, and v0.3 through the compatibility layer), and the HTTP+JSON
+//! binding (see the `rest` module). Both bindings call the same `handlers`.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use keel_agent::{AgentExecutor, SendOptions};
-use keel_core::AgentError;
+use futures::{Stream, StreamExt};
+use keel_agent::AgentExecutor;
 use serde_json::Value;
+use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::compat_v03;
+use crate::handlers::{Handlers, Operation, Reply};
 use crate::jsonrpc::{
-    self, RpcError, EXTENDED_CARD_NOT_CONFIGURED, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
-    PUSH_NOTIFICATION_NOT_SUPPORTED, UNSUPPORTED_OPERATION, VERSION_NOT_SUPPORTED,
+    self, RpcError, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, VERSION_NOT_SUPPORTED,
 };
-use crate::wire;
+use crate::rest;
+use crate::wire::{self, Binding, Interface};
 
 /// The header in which a client names the A2A version it speaks.
 pub(crate) const VERSION_HEADER: &str = "A2A-Version";
@@ -31,11 +37,19 @@ pub const AGENT_CARD_PATH: &str = "/.well-known/agent-card.json";
 /// The default request body limit: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
-/// Serves one agent over A2A v1.0 (JSON-RPC binding).
+/// Serves one agent over A2A: v1.0 on the JSON-RPC and HTTP+JSON bindings, and v0.3 JSON-RPC.
 ///
-/// Routes: `GET /.well-known/agent-card.json` (the card) and `POST /` (JSON-RPC: `SendMessage`,
-/// `GetTask`, `CancelTask`). JSON-RPC errors are always answered with HTTP 200, as A2A clients
-/// expect. Streaming and push notifications are not offered yet, and the card says so.
+/// Routes: `GET /.well-known/agent-card.json` (the card), `POST /` (JSON-RPC: every v1.0
+/// method, and the v0.3 `message/send`, `message/stream`, `tasks/get`, `tasks/cancel`,
+/// `tasks/resubscribe`), and the HTTP+JSON routes of A2A's proto (`POST /message:send`,
+/// `GET /tasks/{id}`, ..., each also under `/{tenant}/`). JSON-RPC errors are answered with
+/// HTTP 200, as A2A clients expect; HTTP+JSON errors with the status A2A assigns.
+/// `SendStreamingMessage` and `SubscribeToTask` answer with Server-Sent Events. Push
+/// notifications are not offered, and the card says so.
+///
+/// The `A2A-Version` header (or query parameter) picks the protocol of a JSON-RPC request:
+/// `1.0`/`1.0.x` the v1.0 methods, `0.3` the v0.3 ones, none either (dispatched by method
+/// name, since v0.3 clients send no header); anything else is -32009.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -72,7 +86,7 @@ pub struct A2aServer {
 }
 
 struct ServerState {
-    executor: AgentExecutor,
+    handlers: Handlers,
     card: Value,
 }
 
@@ -107,28 +121,54 @@ impl A2aServer {
         &self.executor
     }
 
-    /// The card as served: the agent's card with the JSON-RPC interface at
-    /// `<public_base_url>/`, protocol version 1.0, and streaming and push notifications off
-    /// (not implemented yet; a client that sees streaming on would try to stream).
+    /// The card as served: the agent's card listing, in order of preference, JSON-RPC 1.0 at
+    /// `<public_base_url>/`, HTTP+JSON 1.0 at `<public_base_url>`, and JSON-RPC 0.3 at
+    /// `<public_base_url>/`; streaming on, push notifications off.
     fn served_card(&self, public_base_url: &str) -> Value {
+        let base = public_base_url.trim_end_matches('/');
         let mut card = self.executor.agent().card().clone();
-        card.url = format!("{}/", public_base_url.trim_end_matches('/'));
+        card.url = format!("{base}/");
         card.protocol_version = wire::PROTOCOL_VERSION.into();
-        card.capabilities.streaming = false;
+        card.capabilities.streaming = true;
         card.capabilities.push_notifications = false;
-        wire::encode_card(&card)
+        let interfaces = [
+            Interface {
+                url: format!("{base}/"),
+                binding: Binding::JsonRpc,
+                protocol_version: wire::PROTOCOL_VERSION.into(),
+            },
+            Interface {
+                url: base.to_owned(),
+                binding: Binding::HttpJson,
+                protocol_version: wire::PROTOCOL_VERSION.into(),
+            },
+            Interface {
+                url: format!("{base}/"),
+                binding: Binding::JsonRpc,
+                protocol_version: compat_v03::PROTOCOL_VERSION.into(),
+            },
+        ];
+        wire::encode_card_with(&card, &interfaces)
     }
 
     /// The axum router, advertising `public_base_url` in the card. Use it to mount the agent
-    /// in a larger application; [`A2aServer::serve`] is the all-in-one alternative.
+    /// in a larger application; [`A2aServer::serve`] is the all-in-one alternative (it also
+    /// ends open streams when it shuts down).
     pub fn router(&self, public_base_url: impl Into<String>) -> Router {
+        // Never closing: streams end when their task rests or their client goes away.
+        let (_closing, closed) = watch::channel(false);
+        self.router_with(&public_base_url.into(), closed)
+    }
+
+    fn router_with(&self, public_base_url: &str, closing: watch::Receiver<bool>) -> Router {
         let state = Arc::new(ServerState {
-            executor: self.executor.clone(),
-            card: self.served_card(&public_base_url.into()),
+            handlers: Handlers::new(self.executor.clone(), closing),
+            card: self.served_card(public_base_url),
         });
         Router::new()
             .route(AGENT_CARD_PATH, get(agent_card))
             .route("/", post(json_rpc))
+            .fallback(rest_binding)
             .layer(DefaultBodyLimit::max(self.body_limit))
             .with_state(state)
     }
@@ -137,8 +177,10 @@ impl A2aServer {
     ///
     /// The public URL is [`A2aServer::with_public_url`]'s, or `http://<listener address>`.
     /// When `shutdown` fires, running tasks are canceled (so blocked `SendMessage` calls
-    /// answer with a canceled task), the server drains its connections, and this returns
-    /// once every task has persisted its final state.
+    /// answer with a canceled task and open streams end with the final status), the server
+    /// drains its connections (streams following tasks of other processes end once this
+    /// process's runs have stopped), and this returns once every task has persisted its
+    /// final state.
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
@@ -149,15 +191,20 @@ impl A2aServer {
             .public_url
             .clone()
             .unwrap_or_else(|| format!("http://{address}"));
-        let router = self.router(base_url.clone());
+        let (closing, closed) = watch::channel(false);
+        let router = self.router_with(&base_url, closed);
         let executor = self.executor.clone();
         let signal = {
             let executor = executor.clone();
             async move {
                 shutdown.await;
                 tracing::info!("A2A server shutting down; canceling running tasks");
-                // Cancel runs while connections drain, so that blocking requests can finish.
-                tokio::spawn(async move { executor.shutdown().await });
+                // Cancel runs while connections drain, so that blocking requests can finish;
+                // then let open streams read their logs one last time and end.
+                tokio::spawn(async move {
+                    executor.shutdown().await;
+                    let _ = closing.send(true);
+                });
             }
         };
         tracing::info!(%address, %base_url, "A2A server listening");
@@ -174,12 +221,53 @@ async fn agent_card(State(state): State<Arc<ServerState>>) -> Json<Value> {
     Json(state.card.clone())
 }
 
+/// The protocol version a request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Version {
+    /// A2A 1.0 (`1.0`, `1.0.x`).
+    V1,
+    /// A2A 0.3 (`0.3`, `0.3.x`).
+    V03,
+}
+
 /// Whether a client's `A2A-Version` is one this server speaks: `1.0` or `1.0.x`.
 fn version_supported(version: &str) -> bool {
+    is_version(version, "1", "0")
+}
+
+fn is_version(version: &str, major: &str, minor: &str) -> bool {
     let mut parts = version.trim().split('.');
-    parts.next() == Some("1")
-        && parts.next() == Some("0")
+    parts.next() == Some(major)
+        && parts.next() == Some(minor)
         && parts.all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The version named by the `A2A-Version` header, or else by the query parameter of that
+/// name; `Ok(None)` when neither is given, `Err` (VersionNotSupported) for anything but 1.0
+/// and 0.3.
+pub(crate) fn requested_version(
+    headers: &HeaderMap,
+    query: &[(String, String)],
+) -> Result<Option<Version>, RpcError> {
+    let named = headers
+        .get(VERSION_HEADER)
+        .map(|v| v.to_str().unwrap_or("").to_owned())
+        .or_else(|| {
+            query
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(VERSION_HEADER))
+                .map(|(_, v)| v.clone())
+        });
+    match named {
+        None => Ok(None),
+        Some(v) if version_supported(&v) => Ok(Some(Version::V1)),
+        Some(v) if is_version(&v, "0", "3") => Ok(Some(Version::V03)),
+        Some(v) => Err(RpcError::new(
+            VERSION_NOT_SUPPORTED,
+            format!("A2A version `{v}` is not supported; this server speaks 1.0 and 0.3"),
+        )
+        .with("supportedVersions", "1.0, 0.3")),
+    }
 }
 
 fn answer(body: Value) -> Response {
@@ -190,9 +278,22 @@ fn answer_error(id: Value, error: &RpcError) -> Response {
     answer(jsonrpc::failure(id, error))
 }
 
+/// A Server-Sent Events response, one `data:` line of JSON per item.
+pub(crate) fn sse(events: impl Stream<Item = Event> + Send + 'static) -> Response {
+    Sse::new(events.map(Ok::<_, Infallible>))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// An SSE event carrying one JSON value.
+pub(crate) fn sse_json(value: &Value) -> Event {
+    Event::default().data(value.to_string())
+}
+
 async fn json_rpc(
     State(state): State<Arc<ServerState>>,
     headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let body = match body {
@@ -257,97 +358,87 @@ async fn json_rpc(
             &RpcError::new(INVALID_REQUEST, "method must be a string"),
         );
     };
-    // No header means a v0.3 client. For this first cut such requests are handled by the same
-    // v1.0 handlers; the v0.3 compatibility layer (`message/send`, `kind`) comes later.
-    if let Some(version) = headers.get(VERSION_HEADER) {
-        let version = version.to_str().unwrap_or("");
-        if !version_supported(version) {
-            return answer_error(
-                reply_id,
-                &RpcError::new(
-                    VERSION_NOT_SUPPORTED,
-                    format!("A2A version `{version}` is not supported; this server speaks 1.0"),
-                )
-                .with("supportedVersions", wire::PROTOCOL_VERSION),
-            );
-        }
-    }
+    let query = query.map(|Query(q)| q).unwrap_or_default();
+    let version = match requested_version(&headers, &query) {
+        Ok(version) => version,
+        Err(error) => return answer_error(reply_id, &error),
+    };
+    // v0.3 clients send no version: without one, the method name picks the protocol.
+    let v03 = || compat_v03::operation(&method).map(|op| (op, Version::V03));
+    let v1 = || Operation::from_method(&method).map(|op| (op, Version::V1));
+    let resolved = match version {
+        Some(Version::V1) => v1(),
+        Some(Version::V03) => v03(),
+        None => v03().or_else(v1),
+    };
+    let Some((operation, protocol)) = resolved else {
+        return answer_error(
+            reply_id,
+            &RpcError::new(METHOD_NOT_FOUND, format!("method not found: {method}")),
+        );
+    };
     let params = request.remove("params").unwrap_or(Value::Null);
+    let params = match protocol {
+        Version::V1 => Ok(params),
+        Version::V03 => compat_v03::params_to_v1(operation, params),
+    };
 
-    let span = tracing::info_span!("a2a.request", method = %method, id = %reply_id);
-    let outcome = dispatch(&state, &method, params).instrument(span).await;
-    match (id, outcome) {
-        (None, _) => StatusCode::NO_CONTENT.into_response(),
-        (Some(id), Ok(result)) => answer(jsonrpc::success(id, result)),
-        (Some(id), Err(error)) => answer_error(id, &error),
+    let span =
+        tracing::info_span!("a2a.request", binding = "jsonrpc", method = %method, id = %reply_id);
+    let outcome = match params {
+        Ok(params) => {
+            state
+                .handlers
+                .handle(operation, params)
+                .instrument(span)
+                .await
+        }
+        Err(error) => Err(error),
+    };
+    let Some(id) = id else {
+        return StatusCode::NO_CONTENT.into_response();
+    };
+    match outcome {
+        Err(error) => answer_error(id, &error),
+        Ok(Reply::Unary(result)) => {
+            let result = match protocol {
+                Version::V1 => result,
+                Version::V03 => compat_v03::result_from_v1(operation, result),
+            };
+            answer(jsonrpc::success(id, result))
+        }
+        Ok(Reply::Stream(events)) => sse(events.map(move |item| {
+            let envelope = match item {
+                Ok(event) => {
+                    let event = match protocol {
+                        Version::V1 => event,
+                        Version::V03 => compat_v03::stream_event_from_v1(event),
+                    };
+                    jsonrpc::success(id.clone(), event)
+                }
+                Err(error) => jsonrpc::failure(id.clone(), &error),
+            };
+            sse_json(&envelope)
+        })),
     }
 }
 
-async fn dispatch(state: &ServerState, method: &str, params: Value) -> Result<Value, RpcError> {
-    let executor = &state.executor;
-    let auth = executor.runtime().auth_service().auth_context();
-    let agent_error = |err: AgentError| RpcError::from_agent_error(&err);
-    match method {
-        "SendMessage" => {
-            let call = wire::decode_send_message(params).map_err(agent_error)?;
-            if call.wants_push_notifications {
-                return Err(RpcError::new(
-                    PUSH_NOTIFICATION_NOT_SUPPORTED,
-                    "push notifications are not supported",
-                ));
-            }
-            let options = SendOptions {
-                return_immediately: call.return_immediately,
-                history_length: call.history_length,
-                run_context: None,
-            };
-            let task = executor
-                .send_message(&auth, call.message, options)
-                .await
-                .map_err(agent_error)?;
-            tracing::debug!(task_id = %task.id, state = %task.state(), "SendMessage answered");
-            Ok(wire::encode_send_message_result(&task))
-        }
-        "GetTask" => {
-            let (task_id, history_length) = wire::decode_get_task(params).map_err(agent_error)?;
-            let task = executor
-                .get_task(&auth, &task_id, history_length)
-                .await
-                .map_err(agent_error)?;
-            Ok(wire::encode_task(&task))
-        }
-        "CancelTask" => {
-            let (task_id, reason) = wire::decode_cancel_task(params).map_err(agent_error)?;
-            let task = executor
-                .cancel_task(&auth, &task_id, reason)
-                .await
-                .map_err(agent_error)?;
-            Ok(wire::encode_task(&task))
-        }
-        "SendStreamingMessage" | "SubscribeToTask" => Err(RpcError::new(
-            UNSUPPORTED_OPERATION,
-            "streaming is not supported by this agent",
-        )),
-        "ListTasks" => Err(RpcError::new(
-            UNSUPPORTED_OPERATION,
-            "ListTasks is not supported yet",
-        )),
-        "CreateTaskPushNotificationConfig"
-        | "GetTaskPushNotificationConfig"
-        | "ListTaskPushNotificationConfigs"
-        | "DeleteTaskPushNotificationConfig" => Err(RpcError::new(
-            PUSH_NOTIFICATION_NOT_SUPPORTED,
-            "push notifications are not supported",
-        )),
-        "GetExtendedAgentCard" => Err(RpcError::new(
-            EXTENDED_CARD_NOT_CONFIGURED,
-            "no extended agent card is configured",
-        )),
-        other => Err(RpcError::new(
-            METHOD_NOT_FOUND,
-            format!("method not found: {other}"),
-        )),
-    }
+async fn rest_binding(
+    State(state): State<Arc<ServerState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let request = rest::RestRequest {
+        method,
+        path: uri.path().to_owned(),
+        query: query.map(|Query(q)| q),
+        headers,
+        body,
+    };
+    rest::handle(&state.handlers, request).await
 }
 
 #[cfg(test)]
@@ -362,5 +453,20 @@ mod tests {
         for bad in ["", "1", "1.1", "2.0", "0.9", "0.3", "1.0.", "1.0.x", "9.9"] {
             assert!(!version_supported(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn version_comes_from_the_header_or_the_query_and_selects_the_protocol() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(requested_version(&headers, &[]), Ok(None));
+        let query = vec![("A2A-Version".to_owned(), "0.3".to_owned())];
+        assert_eq!(requested_version(&headers, &query), Ok(Some(Version::V03)));
+        headers.insert(VERSION_HEADER, "1.0".parse().unwrap());
+        assert_eq!(requested_version(&headers, &query), Ok(Some(Version::V1)));
+        headers.insert(VERSION_HEADER, "0.2".parse().unwrap());
+        assert_eq!(
+            requested_version(&headers, &[]).unwrap_err().code,
+            VERSION_NOT_SUPPORTED
+        );
     }
 }

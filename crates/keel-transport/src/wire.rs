@@ -32,6 +32,9 @@ use keel_core::{
 };
 use serde_json::{Map, Value};
 
+use crate::stream::StreamEvent;
+use crate::task_list::{TaskList, TaskListQuery};
+
 /// The URI of the agent-card extension that carries Keel's card extras (role, tags, transport,
 /// capability flags, skill input/output schemas) in its `params`.
 pub const KEEL_CARD_EXTENSION_URI: &str = "https://keel.dev/extensions/card/v1";
@@ -41,6 +44,34 @@ pub(crate) const PROTOCOL_VERSION: &str = "1.0";
 
 /// The protocol binding of the JSON-RPC interface in `supportedInterfaces`.
 const JSONRPC_BINDING: &str = a2a::TRANSPORT_PROTOCOL_JSONRPC;
+/// The protocol binding of the REST interface in `supportedInterfaces`.
+const HTTP_JSON_BINDING: &str = a2a::TRANSPORT_PROTOCOL_HTTP_JSON;
+
+/// A protocol binding a server offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Binding {
+    /// JSON-RPC 2.0 over HTTP.
+    JsonRpc,
+    /// HTTP+JSON (REST).
+    HttpJson,
+}
+
+/// One entry of a card's `supportedInterfaces`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Interface {
+    pub url: String,
+    pub binding: Binding,
+    pub protocol_version: String,
+}
+
+/// Where a card says its interfaces are, for a client that speaks A2A 1.0.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Endpoints {
+    /// The JSON-RPC interface (a 1.x one when the card lists several).
+    pub jsonrpc: Option<String>,
+    /// The HTTP+JSON interface (a 1.x one when the card lists several).
+    pub http_json: Option<String>,
+}
 
 const PART_TYPE_KEY: &str = "keel.partType";
 const TIMESTAMP_KEY: &str = "keel.timestamp";
@@ -390,15 +421,10 @@ fn task_to_wire(task: &Task) -> a2a::Task {
         metadata.insert(STATE_HISTORY_KEY.into(), to_json(&task.state_history));
     }
     metadata.insert(CREATED_AT_KEY.into(), to_json(&task.created_at));
-    let status = task.status();
     a2a::Task {
         id: task.id.to_string(),
         context_id: task.thread_id.to_string(),
-        status: a2a::TaskStatus {
-            state: state_to_wire(status.state),
-            message: status.message.as_ref().map(message_to_wire),
-            timestamp: Some(status.timestamp),
-        },
+        status: status_to_wire(task.status()),
         artifacts: (!task.artifacts.is_empty())
             .then(|| task.artifacts.iter().map(artifact_to_wire).collect()),
         history: (!task.history.is_empty())
@@ -407,16 +433,27 @@ fn task_to_wire(task: &Task) -> a2a::Task {
     }
 }
 
-fn task_from_wire(task: a2a::Task) -> AgentResult<Task> {
-    let status = TaskStatus {
-        state: state_from_wire(task.status.state),
-        message: task
-            .status
+fn status_to_wire(status: &TaskStatus) -> a2a::TaskStatus {
+    a2a::TaskStatus {
+        state: state_to_wire(status.state),
+        message: status.message.as_ref().map(message_to_wire),
+        timestamp: Some(status.timestamp),
+    }
+}
+
+fn status_from_wire(status: a2a::TaskStatus, field: &str) -> AgentResult<TaskStatus> {
+    Ok(TaskStatus {
+        state: state_from_wire(status.state),
+        message: status
             .message
-            .map(|m| message_from_wire(m, "task.status.message"))
+            .map(|m| message_from_wire(m, &format!("{field}.message")))
             .transpose()?,
-        timestamp: task.status.timestamp.unwrap_or_else(Utc::now),
-    };
+        timestamp: status.timestamp.unwrap_or_else(Utc::now),
+    })
+}
+
+fn task_from_wire(task: a2a::Task) -> AgentResult<Task> {
+    let status = status_from_wire(task.status, "task.status")?;
     let mut out = Task::from_parts(task.id.into(), task.context_id.into(), status);
     out.history = task
         .history
@@ -552,7 +589,19 @@ fn card_extension(card: &AgentCard) -> a2a::AgentExtension {
     }
 }
 
+#[cfg(test)]
 fn card_to_wire(card: &AgentCard) -> a2a::AgentCard {
+    card_to_wire_with(
+        card,
+        &[Interface {
+            url: card.url.clone(),
+            binding: Binding::JsonRpc,
+            protocol_version: card.protocol_version.clone(),
+        }],
+    )
+}
+
+fn card_to_wire_with(card: &AgentCard, interfaces: &[Interface]) -> a2a::AgentCard {
     let skills = card
         .skills
         .iter()
@@ -576,12 +625,18 @@ fn card_to_wire(card: &AgentCard) -> a2a::AgentCard {
         name: card.name.clone(),
         description: card.description.clone(),
         version: card.version.clone(),
-        supported_interfaces: vec![a2a::AgentInterface {
-            url: card.url.clone(),
-            protocol_binding: JSONRPC_BINDING.into(),
-            protocol_version: card.protocol_version.clone(),
-            tenant: None,
-        }],
+        supported_interfaces: interfaces
+            .iter()
+            .map(|i| a2a::AgentInterface {
+                url: i.url.clone(),
+                protocol_binding: match i.binding {
+                    Binding::JsonRpc => JSONRPC_BINDING.into(),
+                    Binding::HttpJson => HTTP_JSON_BINDING.into(),
+                },
+                protocol_version: i.protocol_version.clone(),
+                tenant: None,
+            })
+            .collect(),
         capabilities: a2a::AgentCapabilities {
             streaming: Some(card.capabilities.streaming),
             push_notifications: Some(card.capabilities.push_notifications),
@@ -600,13 +655,29 @@ fn card_to_wire(card: &AgentCard) -> a2a::AgentCard {
     }
 }
 
-/// Keel's view of a wire card, and the URL of its JSON-RPC interface if it has one.
-fn card_from_wire(card: a2a::AgentCard) -> (AgentCard, Option<String>) {
-    let jsonrpc = card
-        .supported_interfaces
-        .iter()
-        .find(|i| i.protocol_binding.eq_ignore_ascii_case(JSONRPC_BINDING));
-    let endpoint = jsonrpc.map(|i| i.url.clone());
+/// The interface of this binding, preferring one that speaks A2A 1.x.
+fn find_interface<'a>(
+    interfaces: &'a [a2a::AgentInterface],
+    binding: &str,
+) -> Option<&'a a2a::AgentInterface> {
+    let of_binding = || {
+        interfaces
+            .iter()
+            .filter(move |i| i.protocol_binding.eq_ignore_ascii_case(binding))
+    };
+    of_binding()
+        .find(|i| i.protocol_version.starts_with("1."))
+        .or_else(|| of_binding().next())
+}
+
+/// Keel's view of a wire card, and where its interfaces are.
+fn card_from_wire(card: a2a::AgentCard) -> (AgentCard, Endpoints) {
+    let jsonrpc = find_interface(&card.supported_interfaces, JSONRPC_BINDING);
+    let endpoints = Endpoints {
+        jsonrpc: jsonrpc.map(|i| i.url.clone()),
+        http_json: find_interface(&card.supported_interfaces, HTTP_JSON_BINDING)
+            .map(|i| i.url.clone()),
+    };
     let interface = jsonrpc.or_else(|| card.supported_interfaces.first());
     let mut out = AgentCard::new(
         card.name,
@@ -660,7 +731,7 @@ fn card_from_wire(card: a2a::AgentCard) -> (AgentCard, Option<String>) {
         .into_iter()
         .map(|(name, scheme)| (name, security_scheme_from_wire(scheme)))
         .collect::<BTreeMap<_, _>>();
-    (out, endpoint)
+    (out, endpoints)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -762,8 +833,14 @@ pub(crate) fn encode_send_message_result(task: &Task) -> Value {
 }
 
 /// A card as the wire `AgentCard` object.
+#[cfg(test)]
 pub(crate) fn encode_card(card: &AgentCard) -> Value {
     to_json(&card_to_wire(card))
+}
+
+/// A card as the wire `AgentCard` object, listing these interfaces.
+pub(crate) fn encode_card_with(card: &AgentCard, interfaces: &[Interface]) -> Value {
+    to_json(&card_to_wire_with(card, interfaces))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -845,11 +922,170 @@ pub(crate) fn decode_send_message_result(result: Value) -> AgentResult<Task> {
     }
 }
 
-/// A wire `AgentCard` as Keel's card, with the URL of its JSON-RPC interface if it has one.
-pub(crate) fn decode_card(card: Value) -> AgentResult<(AgentCard, Option<String>)> {
+/// A wire `AgentCard` as Keel's card, with where its interfaces are.
+pub(crate) fn decode_card(card: Value) -> AgentResult<(AgentCard, Endpoints)> {
     let card: a2a::AgentCard =
         serde_json::from_value(card).map_err(|e| bad_answer("agent card", e))?;
     Ok(card_from_wire(card))
+}
+
+// ---------------------------------------------------------------------------------------------
+// ListTasks
+
+fn page_size(value: Option<i32>) -> AgentResult<Option<u32>> {
+    match value {
+        None => Ok(None),
+        Some(n) if (1..=TaskListQuery::MAX_PAGE_SIZE as i32).contains(&n) => {
+            Ok(Some(n.unsigned_abs()))
+        }
+        Some(_) => Err(invalid(
+            "pageSize",
+            format!("must be between 1 and {}", TaskListQuery::MAX_PAGE_SIZE),
+        )),
+    }
+}
+
+/// Decode `ListTasks` params (a `ListTasksRequest`).
+pub(crate) fn decode_list_tasks(params: Value) -> AgentResult<TaskListQuery> {
+    let request: a2a::ListTasksRequest = decode(params_object(params)?)?;
+    Ok(TaskListQuery {
+        thread_id: request.context_id.filter(|c| !c.is_empty()).map(Into::into),
+        state: request
+            .status
+            .map(state_from_wire)
+            .filter(|s| *s != TaskState::Unspecified),
+        page_size: page_size(request.page_size)?,
+        page_token: request.page_token.filter(|t| !t.is_empty()),
+        history_length: history_length(request.history_length, "historyLength")?,
+        status_timestamp_after: request.status_timestamp_after,
+        include_artifacts: request.include_artifacts.unwrap_or(false),
+    })
+}
+
+/// A page of tasks as a `ListTasksResponse` (`nextPageToken` is `""` on the last page).
+pub(crate) fn encode_list_tasks_result(list: &TaskList) -> Value {
+    to_json(&a2a::ListTasksResponse {
+        tasks: list.tasks.iter().map(task_to_wire).collect(),
+        next_page_token: list.next_page_token.clone().unwrap_or_default(),
+        page_size: i32::try_from(list.page_size).unwrap_or(i32::MAX),
+        total_size: i32::try_from(list.total_size).unwrap_or(i32::MAX),
+    })
+}
+
+/// `ListTasks` params for a query.
+pub(crate) fn encode_list_tasks(query: &TaskListQuery) -> Value {
+    to_json(&a2a::ListTasksRequest {
+        context_id: query.thread_id.as_ref().map(ToString::to_string),
+        status: query.state.map(state_to_wire),
+        page_size: query
+            .page_size
+            .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
+        page_token: query.page_token.clone(),
+        history_length: query
+            .history_length
+            .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
+        status_timestamp_after: query.status_timestamp_after,
+        include_artifacts: query.include_artifacts.then_some(true),
+        tenant: None,
+    })
+}
+
+/// A `ListTasksResponse` as a page of Keel tasks.
+pub(crate) fn decode_list_tasks_result(result: Value) -> AgentResult<TaskList> {
+    let response: a2a::ListTasksResponse =
+        serde_json::from_value(result).map_err(|e| bad_answer("ListTasks result", e))?;
+    Ok(TaskList {
+        tasks: response
+            .tasks
+            .into_iter()
+            .map(task_from_wire)
+            .collect::<AgentResult<_>>()
+            .map_err(|e| bad_answer("task", e))?,
+        next_page_token: Some(response.next_page_token).filter(|t| !t.is_empty()),
+        page_size: u32::try_from(response.page_size).unwrap_or(0),
+        total_size: usize::try_from(response.total_size).unwrap_or(0),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams
+
+/// Decode `SubscribeToTask` params: the task id.
+pub(crate) fn decode_subscribe(params: Value) -> AgentResult<keel_core::TaskId> {
+    let request: a2a::SubscribeToTaskRequest = decode(params_object(params)?)?;
+    if request.id.is_empty() {
+        return Err(invalid("id", "must not be empty"));
+    }
+    Ok(request.id.into())
+}
+
+/// `SubscribeToTask` params.
+pub(crate) fn encode_subscribe(task_id: &keel_core::TaskId) -> Value {
+    to_json(&a2a::SubscribeToTaskRequest {
+        id: task_id.to_string(),
+        tenant: None,
+    })
+}
+
+/// A stream event as a `StreamResponse` (`{"task": ..}`, `{"statusUpdate": ..}`, ...).
+pub(crate) fn encode_stream_event(event: &StreamEvent) -> Value {
+    let response = match event {
+        StreamEvent::Task(task) => a2a::StreamResponse::Task(task_to_wire(task)),
+        StreamEvent::Message(message) => a2a::StreamResponse::Message(message_to_wire(message)),
+        StreamEvent::StatusUpdate {
+            task_id,
+            thread_id,
+            status,
+        } => a2a::StreamResponse::StatusUpdate(a2a::TaskStatusUpdateEvent {
+            task_id: task_id.to_string(),
+            context_id: thread_id.to_string(),
+            status: status_to_wire(status),
+            metadata: None,
+        }),
+        StreamEvent::ArtifactUpdate {
+            task_id,
+            thread_id,
+            artifact,
+            append,
+            last_chunk,
+        } => a2a::StreamResponse::ArtifactUpdate(a2a::TaskArtifactUpdateEvent {
+            task_id: task_id.to_string(),
+            context_id: thread_id.to_string(),
+            artifact: artifact_to_wire(artifact),
+            append: append.then_some(true),
+            last_chunk: last_chunk.then_some(true),
+            metadata: None,
+        }),
+    };
+    to_json(&response)
+}
+
+/// A `StreamResponse` as a Keel stream event.
+pub(crate) fn decode_stream_event(value: Value) -> AgentResult<StreamEvent> {
+    let response: a2a::StreamResponse =
+        serde_json::from_value(value).map_err(|e| bad_answer("stream event", e))?;
+    let bad = |e: AgentError| bad_answer("stream event", e);
+    Ok(match response {
+        a2a::StreamResponse::Task(task) => {
+            StreamEvent::Task(Box::new(task_from_wire(task).map_err(bad)?))
+        }
+        a2a::StreamResponse::Message(message) => StreamEvent::Message(Box::new(
+            message_from_wire(message, "message").map_err(bad)?,
+        )),
+        a2a::StreamResponse::StatusUpdate(update) => StreamEvent::StatusUpdate {
+            task_id: update.task_id.into(),
+            thread_id: update.context_id.into(),
+            status: status_from_wire(update.status, "statusUpdate.status").map_err(bad)?,
+        },
+        a2a::StreamResponse::ArtifactUpdate(update) => StreamEvent::ArtifactUpdate {
+            task_id: update.task_id.into(),
+            thread_id: update.context_id.into(),
+            artifact: artifact_from_wire(update.artifact, "artifactUpdate.artifact")
+                .map_err(bad)?,
+            append: update.append.unwrap_or(false),
+            last_chunk: update.last_chunk.unwrap_or(false),
+        },
+    })
 }
 
 #[cfg(test)]
@@ -1192,9 +1428,10 @@ mod tests {
     fn card_round_trips_through_the_wire() {
         for card in [AgentCard::new("a", "b", "http://x/"), full_card()] {
             let wire = through_wire_json(card_to_wire(&card));
-            let (back, endpoint) = card_from_wire(wire);
+            let (back, endpoints) = card_from_wire(wire);
             assert_eq!(back, card);
-            assert_eq!(endpoint.as_deref(), Some(card.url.as_str()));
+            assert_eq!(endpoints.jsonrpc.as_deref(), Some(card.url.as_str()));
+            assert_eq!(endpoints.http_json, None);
         }
     }
 

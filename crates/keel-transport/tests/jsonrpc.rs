@@ -180,7 +180,7 @@ fn code(answer: &Value) -> i64 {
 }
 
 #[tokio::test]
-async fn agent_card_declares_a_jsonrpc_1_0_interface_and_no_streaming() {
+async fn agent_card_declares_jsonrpc_and_rest_1_0_and_jsonrpc_0_3_and_streaming() {
     let server = TestServer::start().await;
     let card: Value = server
         .http
@@ -196,9 +196,13 @@ async fn agent_card_declares_a_jsonrpc_1_0_interface_and_no_streaming() {
     assert!(card["version"].is_string());
     assert_eq!(
         card["supportedInterfaces"],
-        json!([{"url": format!("{}/", server.base), "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}])
+        json!([
+            {"url": format!("{}/", server.base), "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+            {"url": server.base, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
+            {"url": format!("{}/", server.base), "protocolBinding": "JSONRPC", "protocolVersion": "0.3"}
+        ])
     );
-    assert_eq!(card["capabilities"]["streaming"], false);
+    assert_eq!(card["capabilities"]["streaming"], true);
     assert_eq!(card["capabilities"]["pushNotifications"], false);
     assert_eq!(card["defaultInputModes"], json!(["text/plain"]));
     assert_eq!(card["defaultOutputModes"], json!(["text/plain"]));
@@ -373,11 +377,12 @@ async fn unknown_method_is_method_not_found() {
 async fn unimplemented_a2a_methods_are_unsupported_not_unknown() {
     let server = TestServer::start().await;
     for (method, expected) in [
-        ("SendStreamingMessage", -32004),
-        ("SubscribeToTask", -32004),
-        ("ListTasks", -32004),
         ("CreateTaskPushNotificationConfig", -32003),
-        ("GetExtendedAgentCard", -32007),
+        ("GetTaskPushNotificationConfig", -32003),
+        ("ListTaskPushNotificationConfigs", -32003),
+        ("DeleteTaskPushNotificationConfig", -32003),
+        // The card says `extendedAgentCard: false`: A2A answers UnsupportedOperationError.
+        ("GetExtendedAgentCard", -32004),
     ] {
         let answer = server.call(method, json!({})).await;
         assert_eq!(code(&answer), expected, "{method}");
@@ -477,7 +482,8 @@ async fn unsupported_a2a_version_is_version_not_supported() {
         assert_envelope(status, &answer, &json!("v"));
         assert_eq!(code(&answer), -32009, "{version}");
     }
-    // 1.0, 1.0.x and (for now, as v0.3 clients send none) no header reach the handlers.
+    // 1.0, 1.0.x and no header (v0.3 clients send none; a v1.0 name picks v1.0) reach the
+    // handlers.
     for version in [Some("1.0"), Some("1.0.2"), None] {
         let (status, answer) = server.post_raw("/", body.clone(), version).await;
         let answer = answer.unwrap();
@@ -626,7 +632,7 @@ async fn keel_client_round_trips_against_the_server() {
     assert_eq!(card.url, format!("{}/", server.base));
     assert_eq!(card.protocol_version, "1.0");
     assert_eq!(card.skills[0].examples, vec!["hello".to_owned()]);
-    assert!(!card.capabilities.streaming);
+    assert!(card.capabilities.streaming);
 
     let task = client
         .send_message(Message::user("hello"), SendMessageOptions::default())

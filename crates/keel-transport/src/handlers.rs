@@ -1,0 +1,346 @@
+//! The one handler layer behind every binding: JSON-RPC (v1.0 and the v0.3 compatibility
+//! layer) and HTTP+JSON decode their requests into an [`Operation`] and its params (A2A v1.0
+//! request JSON), call [`Handlers::handle`], and frame the [`Reply`] (v1.0 result JSON, or a
+//! stream of v1.0 `StreamResponse` JSON) their own way. The typed operations underneath
+//! (`send_message`, `list_tasks`, `subscribe`, ...) speak Keel's models; the `wire` module
+//! converts. So the bindings cannot drift apart: they share everything but their framing.
+
+use futures::stream::{self, BoxStream, StreamExt};
+use keel_agent::{AgentExecutor, SendOptions};
+use keel_core::{AgentError, AgentResult, Task, TaskId};
+use keel_runtime::{AuthContext, ListTasksFilter};
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::jsonrpc::{RpcError, PUSH_NOTIFICATION_NOT_SUPPORTED, UNSUPPORTED_OPERATION};
+use crate::stream::{Follower, Start, StreamEvent};
+use crate::task_list::{TaskList, TaskListQuery};
+use crate::wire::{self, SendMessageCall};
+
+/// An A2A operation, whatever binding or protocol version named it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Operation {
+    SendMessage,
+    SendStreamingMessage,
+    GetTask,
+    ListTasks,
+    CancelTask,
+    SubscribeToTask,
+    CreatePushConfig,
+    GetPushConfig,
+    ListPushConfigs,
+    DeletePushConfig,
+    GetExtendedAgentCard,
+}
+
+impl Operation {
+    /// The operation of an A2A v1.0 JSON-RPC method name.
+    pub(crate) fn from_method(method: &str) -> Option<Self> {
+        Some(match method {
+            "SendMessage" => Self::SendMessage,
+            "SendStreamingMessage" => Self::SendStreamingMessage,
+            "GetTask" => Self::GetTask,
+            "ListTasks" => Self::ListTasks,
+            "CancelTask" => Self::CancelTask,
+            "SubscribeToTask" => Self::SubscribeToTask,
+            "CreateTaskPushNotificationConfig" => Self::CreatePushConfig,
+            "GetTaskPushNotificationConfig" => Self::GetPushConfig,
+            "ListTaskPushNotificationConfigs" => Self::ListPushConfigs,
+            "DeleteTaskPushNotificationConfig" => Self::DeletePushConfig,
+            "GetExtendedAgentCard" => Self::GetExtendedAgentCard,
+            _ => return None,
+        })
+    }
+}
+
+/// A stream of v1.0 `StreamResponse` JSON values; an error ends it.
+pub(crate) type ReplyStream = BoxStream<'static, Result<Value, RpcError>>;
+
+/// What an operation answers, in A2A v1.0 JSON.
+pub(crate) enum Reply {
+    /// One result.
+    Unary(Value),
+    /// A stream of events.
+    Stream(ReplyStream),
+}
+
+/// A stream of typed events; an error ends it.
+pub(crate) type EventStream = BoxStream<'static, AgentResult<StreamEvent>>;
+
+/// The operations, over one executor.
+#[derive(Clone)]
+pub(crate) struct Handlers {
+    executor: AgentExecutor,
+    /// Flips to true once the server is shutting down and its runs have stopped: open streams
+    /// then read the log one last time and end.
+    closing: watch::Receiver<bool>,
+}
+
+fn rpc(err: AgentError) -> RpcError {
+    RpcError::from_agent_error(&err)
+}
+
+impl Handlers {
+    pub(crate) fn new(executor: AgentExecutor, closing: watch::Receiver<bool>) -> Self {
+        Self { executor, closing }
+    }
+
+    fn auth(&self) -> AuthContext {
+        self.executor.runtime().auth_service().auth_context()
+    }
+
+    /// Run `operation` with its A2A v1.0 params.
+    pub(crate) async fn handle(
+        &self,
+        operation: Operation,
+        params: Value,
+    ) -> Result<Reply, RpcError> {
+        match operation {
+            Operation::SendMessage => {
+                let call = wire::decode_send_message(params).map_err(rpc)?;
+                let task = self.send_message(call).await?;
+                tracing::debug!(task_id = %task.id, state = %task.state(), "SendMessage answered");
+                Ok(Reply::Unary(wire::encode_send_message_result(&task)))
+            }
+            Operation::GetTask => {
+                let (task_id, history_length) = wire::decode_get_task(params).map_err(rpc)?;
+                let task = self.get_task(&task_id, history_length).await.map_err(rpc)?;
+                Ok(Reply::Unary(wire::encode_task(&task)))
+            }
+            Operation::ListTasks => {
+                let query = wire::decode_list_tasks(params).map_err(rpc)?;
+                let list = self.list_tasks(query).await.map_err(rpc)?;
+                Ok(Reply::Unary(wire::encode_list_tasks_result(&list)))
+            }
+            Operation::CancelTask => {
+                let (task_id, reason) = wire::decode_cancel_task(params).map_err(rpc)?;
+                let task = self.cancel_task(&task_id, reason).await.map_err(rpc)?;
+                Ok(Reply::Unary(wire::encode_task(&task)))
+            }
+            Operation::SendStreamingMessage => {
+                let call = wire::decode_send_message(params).map_err(rpc)?;
+                Ok(Reply::Stream(encode_stream(
+                    self.send_streaming_message(call).await?,
+                )))
+            }
+            Operation::SubscribeToTask => {
+                let task_id = wire::decode_subscribe(params).map_err(rpc)?;
+                Ok(Reply::Stream(encode_stream(
+                    self.subscribe(&task_id).await?,
+                )))
+            }
+            Operation::CreatePushConfig
+            | Operation::GetPushConfig
+            | Operation::ListPushConfigs
+            | Operation::DeletePushConfig => Err(push_not_supported()),
+            // The card says `extendedAgentCard: false`: A2A v1.0 (3.3.4) answers that with
+            // UnsupportedOperationError; -32007 is for agents that declare one but lack it.
+            Operation::GetExtendedAgentCard => Err(RpcError::new(
+                UNSUPPORTED_OPERATION,
+                "this agent offers no extended agent card",
+            )
+            .with("extendedAgentCard", "false")),
+        }
+    }
+
+    /// `SendMessage`: blocking unless `return_immediately`.
+    pub(crate) async fn send_message(&self, call: SendMessageCall) -> Result<Task, RpcError> {
+        if call.wants_push_notifications {
+            return Err(push_not_supported());
+        }
+        let options = SendOptions {
+            return_immediately: call.return_immediately,
+            history_length: call.history_length,
+            run_context: None,
+        };
+        self.executor
+            .send_message(&self.auth(), call.message, options)
+            .await
+            .map_err(rpc)
+    }
+
+    /// `GetTask`.
+    pub(crate) async fn get_task(
+        &self,
+        task_id: &TaskId,
+        history_length: Option<usize>,
+    ) -> AgentResult<Task> {
+        self.executor
+            .get_task(&self.auth(), task_id, history_length)
+            .await
+    }
+
+    /// `CancelTask`.
+    pub(crate) async fn cancel_task(
+        &self,
+        task_id: &TaskId,
+        reason: Option<String>,
+    ) -> AgentResult<Task> {
+        self.executor
+            .cancel_task(&self.auth(), task_id, reason)
+            .await
+    }
+
+    /// `ListTasks`: most recently updated first (by status timestamp), as A2A requires.
+    ///
+    /// The store lists oldest first and cannot filter by time, so this reads every task that
+    /// matches the thread and state filters, then filters by `statusTimestampAfter`, sorts,
+    /// and pages itself; the page token is the offset into that order. The cost grows with
+    /// the tenant's task count (bounded by the store's retention), and a task that changes
+    /// between two page requests can move between pages.
+    pub(crate) async fn list_tasks(&self, query: TaskListQuery) -> AgentResult<TaskList> {
+        let auth = self.auth();
+        let page_size = query
+            .page_size
+            .unwrap_or(TaskListQuery::DEFAULT_PAGE_SIZE)
+            .clamp(1, TaskListQuery::MAX_PAGE_SIZE);
+        let offset: usize = match query.page_token.as_deref() {
+            None | Some("") => 0,
+            Some(token) => token.parse().map_err(|_| {
+                AgentError::invalid_input("pageToken", "is not a token this server issued")
+            })?,
+        };
+        let tasks = self.executor.runtime().task_manager();
+        let mut filter = ListTasksFilter {
+            thread_id: query.thread_id.clone(),
+            state: query.state,
+            page_size: Some(ListTasksFilter::MAX_PAGE_SIZE),
+            page_token: None,
+        };
+        let mut all = Vec::new();
+        loop {
+            let page = tasks.list_tasks(&auth, &filter).await?;
+            all.extend(page.items);
+            match page.next_page_token {
+                Some(token) => filter.page_token = Some(token),
+                None => break,
+            }
+        }
+        if let Some(after) = query.status_timestamp_after {
+            all.retain(|t| t.status().timestamp >= after);
+        }
+        all.sort_by_key(|t| std::cmp::Reverse(t.status().timestamp));
+        let total_size = all.len();
+        if offset > total_size {
+            return Err(AgentError::invalid_input(
+                "pageToken",
+                "points past the end of the list",
+            ));
+        }
+        let mut page = Vec::new();
+        for task in all.iter().skip(offset).take(page_size as usize) {
+            let mut task = match self
+                .executor
+                .get_task(&auth, &task.id, query.history_length)
+                .await
+            {
+                Ok(task) => task,
+                // Evicted between the listing and now: leave it out.
+                Err(AgentError::TaskNotFound { .. }) => continue,
+                Err(err) => return Err(err),
+            };
+            if !query.include_artifacts {
+                task.artifacts.clear();
+            }
+            page.push(task);
+        }
+        let next = offset + (page_size as usize).min(total_size - offset);
+        Ok(TaskList {
+            tasks: page,
+            next_page_token: (next < total_size).then(|| next.to_string()),
+            page_size,
+            total_size,
+        })
+    }
+
+    /// `SendStreamingMessage`: accept the message (the run goes on in the engine) and follow
+    /// the task from this turn on.
+    pub(crate) async fn send_streaming_message(
+        &self,
+        call: SendMessageCall,
+    ) -> Result<EventStream, RpcError> {
+        if call.wants_push_notifications {
+            return Err(push_not_supported());
+        }
+        let auth = self.auth();
+        let message_id = call.message.message_id.clone();
+        let options = SendOptions {
+            return_immediately: true,
+            history_length: None,
+            run_context: None,
+        };
+        let task = self
+            .executor
+            .send_message(&auth, call.message, options)
+            .await
+            .map_err(rpc)?;
+        tracing::debug!(task_id = %task.id, "SendStreamingMessage accepted");
+        Ok(self.follow(auth, task.id, call.history_length, Start::Turn(message_id)))
+    }
+
+    /// `SubscribeToTask`: a terminal task is UnsupportedOperationError (A2A v1.0, 3.1.6).
+    pub(crate) async fn subscribe(&self, task_id: &TaskId) -> Result<EventStream, RpcError> {
+        let auth = self.auth();
+        let task = self
+            .executor
+            .runtime()
+            .task_manager()
+            .get_task(&auth, task_id)
+            .await
+            .map_err(rpc)?
+            .ok_or_else(|| {
+                rpc(AgentError::TaskNotFound {
+                    task_id: task_id.clone(),
+                })
+            })?;
+        if task.state().is_terminal() {
+            return Err(RpcError::new(
+                UNSUPPORTED_OPERATION,
+                format!(
+                    "task {task_id} is {} (terminal): there is nothing to subscribe to",
+                    task.state()
+                ),
+            )
+            .with("taskId", task_id.as_str())
+            .with("state", wire::state_name(task.state())));
+        }
+        Ok(self.follow(auth, task_id.clone(), None, Start::Subscription))
+    }
+
+    fn follow(
+        &self,
+        auth: AuthContext,
+        task_id: TaskId,
+        history_length: Option<usize>,
+        start: Start,
+    ) -> EventStream {
+        let follower = Follower::new(
+            self.executor.clone(),
+            auth,
+            task_id,
+            history_length,
+            start,
+            self.closing.clone(),
+        );
+        stream::unfold(follower, |mut follower| async move {
+            follower.next().await.map(|item| (item, follower))
+        })
+        .boxed()
+    }
+}
+
+fn encode_stream(events: EventStream) -> ReplyStream {
+    events
+        .map(|item| {
+            item.map(|event| wire::encode_stream_event(&event))
+                .map_err(rpc)
+        })
+        .boxed()
+}
+
+fn push_not_supported() -> RpcError {
+    RpcError::new(
+        PUSH_NOTIFICATION_NOT_SUPPORTED,
+        "push notifications are not supported",
+    )
+}

@@ -1,0 +1,346 @@
+//! Task streams (`SendStreamingMessage`, `SubscribeToTask`): the typed events, and the follower
+//! that turns a task's durable event log into a gap-free, duplicate-free stream.
+//!
+//! # What a stream carries
+//!
+//! 1. `Task`: the task as it stands when the stream starts (its history, artifacts and the
+//!    latest status the log holds).
+//! 2. Then, in log order, one `StatusUpdate` per status change and one `ArtifactUpdate` per
+//!    artifact (or chunk, with `append` / `last_chunk`) recorded after that point.
+//! 3. The stream ends after the first status that is terminal (completed, failed, canceled,
+//!    rejected) or interrupted (input-required, auth-required), as A2A v1.0 says. When the
+//!    `Task` event itself already holds such a status (for `SendStreamingMessage`: one reached
+//!    by this turn), the stream ends right after it.
+//!
+//! Messages in the log (the user's message, tool calls and results) are the task's history;
+//! they travel in the `Task` event's `history`, not as stream events: A2A reserves a `Message`
+//! stream event for agents that answer without a task.
+//!
+//! # How it follows
+//!
+//! The follower reads the task's snapshot, then its event log, and remembers the log index it
+//! has seen (the index is the event's sequence number). It then waits for the executor's local
+//! signal ([`keel_agent::AgentExecutor::task_updates`]) or at most [`POLL_INTERVAL`] (so a task
+//! run by another process sharing the store is followed too) and reads the log again from that
+//! index. A status change is saved to the snapshot before its event is appended, so a status
+//! can appear in the snapshot before the log; status updates not newer than the status already
+//! sent are skipped. Nothing that the stream consumer does (including going away) touches the
+//! run: the run is the engine's.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use keel_agent::AgentExecutor;
+use keel_core::{
+    AgentError, AgentResult, Artifact, Message, MessageId, Task, TaskEvent, TaskId, TaskState,
+    TaskStatus, ThreadId,
+};
+use keel_runtime::AuthContext;
+use tokio::sync::watch;
+
+/// How often a follower re-reads the store when no local signal arrives.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// One event of a task stream, in Keel's models (A2A `StreamResponse`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    /// The task as it stands (always the first event of a task stream).
+    Task(Box<Task>),
+    /// A message from an agent that answered without a task (the only event of its stream).
+    Message(Box<Message>),
+    /// The task's status changed.
+    StatusUpdate {
+        /// The task.
+        task_id: TaskId,
+        /// Its thread (A2A `contextId`).
+        thread_id: ThreadId,
+        /// The new status.
+        status: TaskStatus,
+    },
+    /// An artifact was produced, or a chunk of one.
+    ArtifactUpdate {
+        /// The task.
+        task_id: TaskId,
+        /// Its thread (A2A `contextId`).
+        thread_id: ThreadId,
+        /// The artifact (or chunk).
+        artifact: Artifact,
+        /// Whether this chunk extends an earlier one with the same artifact id.
+        append: bool,
+        /// Whether this is the artifact's last chunk.
+        last_chunk: bool,
+    },
+}
+
+impl StreamEvent {
+    /// Whether a stream ends after this event: a bare message, or a task or status that is
+    /// terminal or interrupted.
+    ///
+    /// ```
+    /// use keel_core::{TaskState, TaskStatus};
+    /// use keel_transport::StreamEvent;
+    /// let done = StreamEvent::StatusUpdate {
+    ///     task_id: "t".into(),
+    ///     thread_id: "c".into(),
+    ///     status: TaskStatus {
+    ///         state: TaskState::InputRequired,
+    ///         message: None,
+    ///         timestamp: chrono::Utc::now(),
+    ///     },
+    /// };
+    /// assert!(done.is_final());
+    /// ```
+    pub fn is_final(&self) -> bool {
+        match self {
+            StreamEvent::Task(task) => ends_stream(task.state()),
+            StreamEvent::Message(_) => true,
+            StreamEvent::StatusUpdate { status, .. } => ends_stream(status.state),
+            StreamEvent::ArtifactUpdate { .. } => false,
+        }
+    }
+}
+
+/// Whether a stream ends at this state: terminal or interrupted.
+pub(crate) fn ends_stream(state: TaskState) -> bool {
+    state.is_terminal() || matches!(state, TaskState::InputRequired | TaskState::AuthRequired)
+}
+
+/// Where a follower starts.
+pub(crate) enum Start {
+    /// After `SendStreamingMessage`: the turn began with this (persisted) user message; only a
+    /// status recorded after it ends the stream.
+    Turn(MessageId),
+    /// `SubscribeToTask`: any terminal or interrupted status ends the stream, including the
+    /// one the task holds when the stream starts.
+    Subscription,
+}
+
+enum Phase {
+    Start,
+    Follow,
+    Done,
+}
+
+/// Follows one task's event log. Drive it with [`Follower::next`].
+pub(crate) struct Follower {
+    executor: AgentExecutor,
+    auth: AuthContext,
+    task_id: TaskId,
+    history_length: Option<usize>,
+    start: Start,
+    updates: watch::Receiver<u64>,
+    closing: watch::Receiver<bool>,
+    phase: Phase,
+    cursor: usize,
+    last_status: Option<TaskStatus>,
+    pending: VecDeque<StreamEvent>,
+}
+
+impl Follower {
+    pub(crate) fn new(
+        executor: AgentExecutor,
+        auth: AuthContext,
+        task_id: TaskId,
+        history_length: Option<usize>,
+        start: Start,
+        closing: watch::Receiver<bool>,
+    ) -> Self {
+        let mut updates = executor.task_updates();
+        updates.borrow_and_update();
+        Self {
+            executor,
+            auth,
+            task_id,
+            history_length,
+            start,
+            updates,
+            closing,
+            phase: Phase::Start,
+            cursor: 0,
+            last_status: None,
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// The next event; `None` once the stream has ended. An error ends the stream.
+    pub(crate) async fn next(&mut self) -> Option<AgentResult<StreamEvent>> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Some(Ok(event));
+            }
+            let step = match self.phase {
+                Phase::Done => return None,
+                Phase::Start => self.begin().await,
+                Phase::Follow => self.follow().await,
+            };
+            if let Err(err) = step {
+                self.phase = Phase::Done;
+                return Some(Err(err));
+            }
+        }
+    }
+
+    /// Read the snapshot and the log, queue the `Task` event.
+    async fn begin(&mut self) -> AgentResult<()> {
+        let tasks = self.executor.runtime().task_manager();
+        // Snapshot first, then the log: everything the snapshot shows is then either in the
+        // log prefix read below or (a status saved before its event) skipped by timestamp.
+        let mut task = tasks
+            .get_task(&self.auth, &self.task_id)
+            .await?
+            .ok_or_else(|| AgentError::TaskNotFound {
+                task_id: self.task_id.clone(),
+            })?;
+        let events = tasks.get_task_events(&self.auth, &self.task_id).await?;
+        let turn_start = match &self.start {
+            Start::Turn(message_id) => events
+                .iter()
+                .position(|e| matches!(e, TaskEvent::Message { message } if &message.message_id == message_id))
+                .map(|i| i + 1),
+            Start::Subscription => Some(0),
+        };
+        let mut history = Vec::new();
+        let mut turn_ended = false;
+        let mut log_status: Option<TaskStatus> = None;
+        let known: Vec<_> = task.artifacts.iter().map(|a| a.id.clone()).collect();
+        for (index, event) in events.iter().enumerate() {
+            match event {
+                TaskEvent::Message { message } => history.push(message.clone()),
+                TaskEvent::StatusUpdate { status, .. } => {
+                    if turn_start.is_some_and(|start| index >= start) && ends_stream(status.state) {
+                        turn_ended = true;
+                    }
+                    log_status = Some(status.clone());
+                }
+                TaskEvent::ArtifactUpdate {
+                    artifact, append, ..
+                } => {
+                    if !known.contains(&artifact.id) {
+                        merge_artifact(&mut task.artifacts, artifact, *append);
+                    }
+                }
+            }
+        }
+        if let Some(status) = log_status {
+            if status.timestamp > task.status().timestamp {
+                task = with_status(task, status);
+            }
+        }
+        if let Some(keep) = self.history_length {
+            history.drain(..history.len().saturating_sub(keep));
+        }
+        task.history = history;
+        self.cursor = events.len();
+        self.last_status = Some(task.status().clone());
+        let ends = match self.start {
+            Start::Turn(_) => turn_ended && ends_stream(task.state()),
+            Start::Subscription => ends_stream(task.state()),
+        };
+        self.pending.push_back(StreamEvent::Task(Box::new(task)));
+        self.phase = if ends { Phase::Done } else { Phase::Follow };
+        Ok(())
+    }
+
+    /// Read the log from the cursor; wait for a change when it held nothing new.
+    async fn follow(&mut self) -> AgentResult<()> {
+        let draining = *self.closing.borrow();
+        self.read_log().await?;
+        if !self.pending.is_empty() || matches!(self.phase, Phase::Done) {
+            return Ok(());
+        }
+        if draining {
+            // The server is shutting down and its runs have stopped: nothing more will come
+            // from this process, and the stream must not hold the shutdown up.
+            self.phase = Phase::Done;
+            return Ok(());
+        }
+        let updates = &mut self.updates;
+        let closing = &mut self.closing;
+        tokio::select! {
+            () = changed(updates) => {}
+            () = changed(closing) => {}
+            () = tokio::time::sleep(POLL_INTERVAL) => {}
+        }
+        Ok(())
+    }
+
+    async fn read_log(&mut self) -> AgentResult<()> {
+        let events = self
+            .executor
+            .runtime()
+            .task_manager()
+            .get_task_events(&self.auth, &self.task_id)
+            .await?;
+        for event in events.into_iter().skip(self.cursor) {
+            self.cursor += 1;
+            match event {
+                TaskEvent::StatusUpdate {
+                    task_id,
+                    thread_id,
+                    status,
+                    ..
+                } => {
+                    if self
+                        .last_status
+                        .as_ref()
+                        .is_some_and(|last| status.timestamp <= last.timestamp)
+                    {
+                        continue;
+                    }
+                    self.last_status = Some(status.clone());
+                    let ends = ends_stream(status.state);
+                    self.pending.push_back(StreamEvent::StatusUpdate {
+                        task_id,
+                        thread_id,
+                        status,
+                    });
+                    if ends {
+                        self.phase = Phase::Done;
+                        return Ok(());
+                    }
+                }
+                TaskEvent::ArtifactUpdate {
+                    task_id,
+                    thread_id,
+                    artifact,
+                    append,
+                    last_chunk,
+                } => self.pending.push_back(StreamEvent::ArtifactUpdate {
+                    task_id,
+                    thread_id,
+                    artifact,
+                    append,
+                    last_chunk,
+                }),
+                TaskEvent::Message { .. } => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Wait for a change; a closed channel never changes again.
+async fn changed<T>(receiver: &mut watch::Receiver<T>) {
+    if receiver.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn merge_artifact(artifacts: &mut Vec<Artifact>, artifact: &Artifact, append: bool) {
+    match artifacts.iter_mut().find(|a| a.id == artifact.id) {
+        Some(existing) if append => existing.parts.extend(artifact.parts.iter().cloned()),
+        Some(existing) => *existing = artifact.clone(),
+        None => artifacts.push(artifact.clone()),
+    }
+}
+
+/// The task with another current status (the snapshot lagging behind its log).
+fn with_status(task: Task, status: TaskStatus) -> Task {
+    let mut out = Task::from_parts(task.id, task.thread_id, status);
+    out.history = task.history;
+    out.artifacts = task.artifacts;
+    out.metadata = task.metadata;
+    out.state_history = task.state_history;
+    out.created_at = task.created_at;
+    out
+}

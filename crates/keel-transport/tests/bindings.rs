@@ -1,0 +1,510 @@
+//! The same operations on every binding: ListTasks, the HTTP+JSON (REST) routes and errors,
+//! one scenario run over JSON-RPC and REST with the results compared, and the v0.3
+//! compatibility layer.
+
+mod support;
+
+use keel_core::{AgentError, Message, TaskState};
+use keel_transport::{A2aClient, Binding, SendMessageOptions, TaskListQuery};
+use serde_json::{json, Value};
+use support::{sse_events, user_message, TestServer};
+
+fn in_thread(text: &str, thread: &str) -> Value {
+    let mut message = user_message(text);
+    message["contextId"] = json!(thread);
+    message
+}
+
+#[tokio::test]
+async fn list_tasks_filters_pages_and_puts_the_most_recent_first() {
+    let server = TestServer::start().await;
+    let mut ids = Vec::new();
+    for text in ["one", "two", "three"] {
+        let answer = server
+            .rpc("SendMessage", json!({"message": in_thread(text, "th-a")}))
+            .await;
+        ids.push(answer["result"]["task"]["id"].clone());
+    }
+    server
+        .rpc(
+            "SendMessage",
+            json!({"message": in_thread("other", "th-b")}),
+        )
+        .await;
+
+    let page = server
+        .rpc("ListTasks", json!({"contextId": "th-a", "pageSize": 2}))
+        .await["result"]
+        .clone();
+    assert_eq!(page["totalSize"], 3, "{page}");
+    assert_eq!(page["pageSize"], 2);
+    assert_eq!(
+        page["tasks"][0]["id"], ids[2],
+        "most recently updated first"
+    );
+    assert_eq!(page["tasks"][1]["id"], ids[1]);
+    assert!(
+        page["tasks"][0].get("artifacts").is_none(),
+        "artifacts are left out by default"
+    );
+    let token = page["nextPageToken"].as_str().unwrap();
+    assert!(!token.is_empty());
+    let last = server
+        .rpc(
+            "ListTasks",
+            json!({"contextId": "th-a", "pageSize": 2, "pageToken": token, "includeArtifacts": true, "historyLength": 1}),
+        )
+        .await["result"]
+        .clone();
+    assert_eq!(last["tasks"][0]["id"], ids[0]);
+    assert_eq!(last["nextPageToken"], "", "{last}");
+    assert!(last["tasks"][0]["artifacts"].is_array());
+    assert_eq!(last["tasks"][0]["history"].as_array().unwrap().len(), 1);
+
+    let all = server.rpc("ListTasks", json!({})).await["result"].clone();
+    assert_eq!(all["totalSize"], 4);
+    assert_eq!(all["pageSize"], 50);
+    let completed = server
+        .rpc("ListTasks", json!({"status": "TASK_STATE_COMPLETED"}))
+        .await["result"]
+        .clone();
+    assert_eq!(completed["totalSize"], 4);
+    let working = server
+        .rpc("ListTasks", json!({"status": "TASK_STATE_WORKING"}))
+        .await["result"]
+        .clone();
+    assert_eq!(working["totalSize"], 0);
+    assert_eq!(working["tasks"], json!([]));
+    let future = server
+        .rpc(
+            "ListTasks",
+            json!({"statusTimestampAfter": "2999-01-01T00:00:00Z"}),
+        )
+        .await["result"]
+        .clone();
+    assert_eq!(future["totalSize"], 0);
+    let past = server
+        .rpc(
+            "ListTasks",
+            json!({"statusTimestampAfter": "2000-01-01T00:00:00Z"}),
+        )
+        .await["result"]
+        .clone();
+    assert_eq!(past["totalSize"], 4);
+
+    for (params, field) in [
+        (json!({"pageSize": 0}), "pageSize"),
+        (json!({"pageSize": 101}), "pageSize"),
+        (json!({"historyLength": -1}), "historyLength"),
+        (json!({"pageToken": "not-ours"}), "pageToken"),
+    ] {
+        let answer = server.rpc("ListTasks", params.clone()).await;
+        assert_eq!(answer["error"]["code"], -32602, "{params}: {answer}");
+        assert_eq!(answer["error"]["data"][0]["metadata"]["field"], field);
+    }
+    server.stop().await;
+}
+
+/// One operation on one binding: the result, or the error's `ErrorInfo.reason`.
+async fn call(
+    server: &TestServer,
+    rest: bool,
+    operation: &str,
+    params: Value,
+) -> Result<Value, String> {
+    if !rest {
+        let answer = server.rpc(operation, params).await;
+        return match answer.get("error") {
+            Some(error) => Err(error["data"][0]["reason"].as_str().unwrap().to_owned()),
+            None => Ok(answer["result"].clone()),
+        };
+    }
+    let id = params["id"].as_str().unwrap_or("").to_owned();
+    let url = |path: &str| format!("{}/tenant-x{path}", server.base);
+    let request = match operation {
+        "SendMessage" => server.http.post(url("/message:send")).json(&params),
+        "GetTask" => server.http.get(url(&format!("/tasks/{id}"))).query(
+            &params
+                .get("historyLength")
+                .map(|n| vec![("historyLength", n.to_string())])
+                .unwrap_or_default(),
+        ),
+        "ListTasks" => server.http.get(url("/tasks")).query(
+            &params
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().map_or(v.to_string(), str::to_owned)))
+                .collect::<Vec<_>>(),
+        ),
+        "CancelTask" => server.http.post(url(&format!("/tasks/{id}:cancel"))),
+        other => panic!("{other}"),
+    };
+    let response = request.header("A2A-Version", "1.0").send().await.unwrap();
+    let status = response.status();
+    let body: Value = response.json().await.unwrap();
+    match body.get("error") {
+        Some(error) => {
+            let reason = error["details"][0]["reason"].as_str().unwrap().to_owned();
+            let expected = match reason.as_str() {
+                "TASK_NOT_FOUND" => 404,
+                "TASK_NOT_CANCELABLE" => 409,
+                _ => 400,
+            };
+            assert_eq!(status.as_u16(), expected, "{body}");
+            assert_eq!(error["code"], expected);
+            assert!(error["status"].is_string());
+            Err(reason)
+        }
+        None => {
+            assert_eq!(status, 200);
+            Ok(body)
+        }
+    }
+}
+
+/// Drop what differs between two runs: ids, timestamps, Keel's metadata.
+fn normalize(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for key in [
+                "id",
+                "contextId",
+                "taskId",
+                "messageId",
+                "artifactId",
+                "timestamp",
+                "metadata",
+                "nextPageToken",
+            ] {
+                map.remove(key);
+            }
+            map.values_mut().for_each(normalize);
+        }
+        Value::Array(items) => items.iter_mut().for_each(normalize),
+        _ => {}
+    }
+}
+
+async fn scenario(server: &TestServer, rest: bool, thread: &str) -> Vec<Result<Value, String>> {
+    let mut out = Vec::new();
+    let sent = call(
+        server,
+        rest,
+        "SendMessage",
+        json!({"message": in_thread("hello", thread)}),
+    )
+    .await;
+    let id = sent.as_ref().unwrap()["task"]["id"].clone();
+    out.push(sent);
+    out.push(
+        call(
+            server,
+            rest,
+            "GetTask",
+            json!({"id": id, "historyLength": 1}),
+        )
+        .await,
+    );
+    out.push(call(server, rest, "ListTasks", json!({"contextId": thread})).await);
+    out.push(call(server, rest, "CancelTask", json!({"id": id})).await);
+    out.push(call(server, rest, "GetTask", json!({"id": "no-such-task"})).await);
+    out.push(
+        call(
+            server,
+            rest,
+            "SendMessage",
+            json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": []}}),
+        )
+        .await,
+    );
+    out.iter_mut().flatten().for_each(normalize);
+    out
+}
+
+#[tokio::test]
+async fn jsonrpc_and_rest_answer_the_same_scenario_the_same_way() {
+    let server = TestServer::start().await;
+    let over_jsonrpc = scenario(&server, false, "th-rpc").await;
+    let over_rest = scenario(&server, true, "th-rest").await;
+    assert_eq!(over_jsonrpc, over_rest);
+    assert_eq!(over_rest[3], Err("TASK_NOT_CANCELABLE".to_owned()));
+    assert_eq!(over_rest[4], Err("TASK_NOT_FOUND".to_owned()));
+    assert_eq!(over_rest[5], Err("INVALID_PARAMS".to_owned()));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn rest_errors_are_status_objects_with_the_a2a_http_status() {
+    let server = TestServer::start().await;
+    let http = &server.http;
+    let base = &server.base;
+    let cases = [
+        (
+            http.get(format!("{base}/tasks/nope")),
+            404,
+            "TASK_NOT_FOUND",
+        ),
+        (http.get(format!("{base}/nowhere")), 404, "METHOD_NOT_FOUND"),
+        (
+            http.delete(format!("{base}/tasks/t/pushNotificationConfigs/c")),
+            400,
+            "PUSH_NOTIFICATION_NOT_SUPPORTED",
+        ),
+        (
+            http.get(format!("{base}/extendedAgentCard")),
+            400,
+            "UNSUPPORTED_OPERATION",
+        ),
+        (
+            http.get(format!("{base}/tasks?pageSize=abc")),
+            400,
+            "INVALID_PARAMS",
+        ),
+        (
+            http.post(format!("{base}/message:send"))
+                .header("content-type", "text/plain")
+                .body("hi"),
+            415,
+            "CONTENT_TYPE_NOT_SUPPORTED",
+        ),
+        (
+            http.post(format!("{base}/message:send"))
+                .header("content-type", "application/json")
+                .body("{oops"),
+            400,
+            "PARSE_ERROR",
+        ),
+        (
+            http.get(format!("{base}/tasks"))
+                .header("A2A-Version", "7.0"),
+            400,
+            "VERSION_NOT_SUPPORTED",
+        ),
+    ];
+    for (request, status, reason) in cases {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), status, "{reason}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], status, "{body}");
+        assert_eq!(body["error"]["details"][0]["reason"], reason, "{body}");
+        assert_eq!(body["error"]["details"][0]["domain"], "a2a-protocol.org");
+        assert!(body["error"]["message"].is_string());
+    }
+    // Still serving.
+    let response = http
+        .post(format!("{base}/message:send"))
+        .header("content-type", "application/json")
+        .body(json!({"message": user_message("still here")}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn keel_client_speaks_rest_with_typed_errors() {
+    let server = TestServer::start().await;
+    let client = A2aClient::new(server.base.clone()).with_binding(Binding::HttpJson);
+    let task = client
+        .send_message(
+            Message::user("hello").in_thread("th-c"),
+            SendMessageOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    assert_eq!(
+        client
+            .get_task(&task.id, Some(1))
+            .await
+            .unwrap()
+            .history
+            .len(),
+        1
+    );
+    let list = client
+        .list_tasks(&TaskListQuery {
+            thread_id: Some("th-c".into()),
+            include_artifacts: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(list.total_size, 1);
+    assert_eq!(list.tasks[0].id, task.id);
+    assert_eq!(list.tasks[0].artifacts.len(), 1);
+    assert_eq!(list.next_page_token, None);
+    let err = client.cancel_task(&task.id, None).await.unwrap_err();
+    assert_eq!(
+        err,
+        AgentError::TaskNotCancelable {
+            task_id: task.id.clone(),
+            state: TaskState::Completed
+        }
+    );
+    let missing = "missing".into();
+    let err = client.get_task(&missing, None).await.unwrap_err();
+    assert_eq!(err, AgentError::TaskNotFound { task_id: missing });
+
+    let over_jsonrpc = A2aClient::new(server.base.clone())
+        .list_tasks(&TaskListQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(over_jsonrpc.total_size, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn v0_3_clients_without_a_version_header_get_v0_3_shapes() {
+    let server = TestServer::start().await;
+    let message = json!({
+        "kind": "message", "messageId": "v03-1", "role": "user",
+        "parts": [{"kind": "text", "text": "hello"}]
+    });
+    let answer: Value = server
+        .rpc_with(None, "message/send", json!({"message": message}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let task = &answer["result"];
+    assert_eq!(task["kind"], "task", "{answer}");
+    assert_eq!(task["status"]["state"], "completed");
+    assert_eq!(task["status"]["message"]["kind"], "message");
+    assert_eq!(task["status"]["message"]["role"], "agent");
+    assert_eq!(
+        task["status"]["message"]["parts"][0],
+        json!({"kind": "text", "text": "You said: hello"})
+    );
+    assert_eq!(task["artifacts"][0]["parts"][0]["kind"], "text");
+
+    let got: Value = server
+        .rpc_with(
+            None,
+            "tasks/get",
+            json!({"id": task["id"], "historyLength": 1}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["result"]["kind"], "task");
+    assert_eq!(got["result"]["history"].as_array().unwrap().len(), 1);
+    let canceled: Value = server
+        .rpc_with(Some("0.3"), "tasks/cancel", json!({"id": task["id"]}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(canceled["error"]["code"], -32002, "{canceled}");
+
+    // Non-blocking, then canceled through v0.3.
+    let running: Value = server
+        .rpc_with(
+            None,
+            "message/send",
+            json!({"message": {"kind": "message", "messageId": "v03-2", "role": "user", "parts": [{"kind": "text", "text": support::SLEEP_30}]},
+                   "configuration": {"blocking": false}}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let state = running["result"]["status"]["state"].as_str().unwrap();
+    assert!(state == "submitted" || state == "working", "{running}");
+    let canceled: Value = server
+        .rpc_with(None, "tasks/cancel", json!({"id": running["result"]["id"]}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        canceled["result"]["status"]["state"], "canceled",
+        "{canceled}"
+    );
+
+    // A v1.0 name without a header is still v1.0.
+    let v1: Value = server
+        .rpc_with(None, "GetTask", json!({"id": task["id"]}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v1["result"]["status"]["state"], "TASK_STATE_COMPLETED");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn v0_3_stream_events_carry_kinds_and_final() {
+    let server = TestServer::start().await;
+    let response = server
+        .rpc_with(
+            None,
+            "message/stream",
+            json!({"message": {"kind": "message", "messageId": "v03-s", "role": "user", "parts": [{"kind": "text", "text": "hi"}]}}),
+        )
+        .await;
+    let events = sse_events(response).await;
+    let results: Vec<&Value> = events.iter().map(|(_, e)| &e["result"]).collect();
+    assert_eq!(results[0]["kind"], "task", "{results:?}");
+    let last = results.last().unwrap();
+    assert_eq!(last["kind"], "status-update");
+    assert_eq!(last["status"]["state"], "completed");
+    assert_eq!(last["final"], true);
+    assert!(results.iter().any(|r| r["kind"] == "artifact-update"));
+    assert!(results[1..results.len() - 1]
+        .iter()
+        .all(|r| r["final"] != true));
+
+    let resubscribe: Value = server
+        .rpc_with(None, "tasks/resubscribe", json!({"id": results[0]["id"]}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        resubscribe["error"]["code"], -32004,
+        "a finished task: {resubscribe}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn version_header_selects_the_protocol_and_unknown_versions_are_refused() {
+    let server = TestServer::start().await;
+    let message = json!({"kind": "message", "messageId": "x", "role": "user", "parts": [{"kind": "text", "text": "hi"}]});
+    let cases = [
+        (Some("0.3"), "SendMessage", -32601),
+        (Some("1.0"), "message/send", -32601),
+        (Some("0.2"), "message/send", -32009),
+        (Some("2.0"), "SendMessage", -32009),
+        (None, "tasks/pushNotificationConfig/set", -32003),
+    ];
+    for (version, method, code) in cases {
+        let answer: Value = server
+            .rpc_with(version, method, json!({"message": message}))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            answer["error"]["code"], code,
+            "{version:?} {method}: {answer}"
+        );
+    }
+    // The version may also come as a query parameter.
+    let answer: Value = server
+        .http
+        .post(format!("{}/?A2A-Version=9.9", server.base))
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["error"]["code"], -32009);
+    server.stop().await;
+}

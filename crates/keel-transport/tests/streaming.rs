@@ -1,0 +1,270 @@
+//! Streams by A2A v1.0's rules, against a real server: SendStreamingMessage and SubscribeToTask
+//! over SSE (JSON-RPC and HTTP+JSON), and the Keel client's typed streams.
+
+mod support;
+
+use futures::StreamExt;
+use keel_core::{AgentError, Message, TaskState};
+use keel_transport::{A2aClient, Binding, SendMessageOptions, StreamEvent};
+use serde_json::{json, Value};
+use support::{sse_events, user_message, TestServer, SLEEP_30};
+
+fn state_of(result: &Value) -> Option<&str> {
+    result["statusUpdate"]["status"]["state"]
+        .as_str()
+        .or_else(|| result["task"]["status"]["state"].as_str())
+}
+
+#[tokio::test]
+async fn jsonrpc_stream_starts_with_the_task_carries_updates_and_ends_after_completed() {
+    let server = TestServer::start().await;
+    let response = server
+        .rpc_with(
+            Some("1.0"),
+            "SendStreamingMessage",
+            json!({"message": user_message("hello")}),
+        )
+        .await;
+    let events = sse_events(response).await;
+    assert!(events.len() >= 3, "{events:?}");
+    for (_, envelope) in &events {
+        assert_eq!(envelope["jsonrpc"], "2.0");
+        assert_eq!(envelope["id"], "req-1");
+        assert!(envelope.get("result").is_some(), "{envelope}");
+    }
+    let results: Vec<&Value> = events.iter().map(|(_, e)| &e["result"]).collect();
+    let task = &results[0]["task"];
+    assert!(
+        task["id"].is_string(),
+        "the first event is the task: {}",
+        results[0]
+    );
+    assert_eq!(task["history"][0]["parts"][0]["text"], "hello");
+    let last = results.last().unwrap();
+    assert_eq!(state_of(last), Some("TASK_STATE_COMPLETED"), "{last}");
+    assert_eq!(last["statusUpdate"]["taskId"], task["id"]);
+    assert_eq!(last["statusUpdate"]["contextId"], task["contextId"]);
+    let artifact = results
+        .iter()
+        .find(|r| r.get("artifactUpdate").is_some())
+        .expect("an artifact update");
+    assert_eq!(
+        artifact["artifactUpdate"]["artifact"]["parts"][0]["text"],
+        "You said: hello"
+    );
+    assert_eq!(artifact["artifactUpdate"]["lastChunk"], true);
+    // No status is sent twice, and only the last one is final.
+    let states: Vec<&str> = results.iter().filter_map(|r| state_of(r)).collect();
+    let mut seen = states.clone();
+    seen.dedup();
+    assert_eq!(seen, states, "{states:?}");
+    assert_eq!(
+        states
+            .iter()
+            .filter(|s| **s == "TASK_STATE_COMPLETED")
+            .count(),
+        1,
+        "{states:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn stream_ends_at_an_interrupted_state_and_continues_on_the_next_turn() {
+    let server = TestServer::start().await;
+    let client = A2aClient::new(server.base.clone());
+    let mut events = client
+        .send_streaming_message(Message::user("/ask_human {\"question\": \"which city?\"}"))
+        .await
+        .unwrap();
+    let mut last = None;
+    let mut task_id = None;
+    while let Some(event) = events.next().await {
+        let event = event.unwrap();
+        if let StreamEvent::Task(task) = &event {
+            task_id = Some(task.id.clone());
+        }
+        last = Some(event);
+    }
+    let Some(StreamEvent::StatusUpdate { status, .. }) = last else {
+        panic!("the stream ends with a status update: {last:?}");
+    };
+    assert_eq!(status.state, TaskState::InputRequired);
+
+    // The answer continues the same task; its stream starts with the task still waiting and
+    // does not end there, but after this turn's final status.
+    let mut answer = Message::user("Athens");
+    answer.task_id = task_id.clone();
+    let mut events = client.send_streaming_message(answer).await.unwrap();
+    let mut states = Vec::new();
+    while let Some(event) = events.next().await {
+        match event.unwrap() {
+            StreamEvent::Task(task) => assert_eq!(Some(&task.id), task_id.as_ref()),
+            StreamEvent::StatusUpdate { status, .. } => states.push(status.state),
+            _ => {}
+        }
+    }
+    assert_eq!(states.last(), Some(&TaskState::Completed), "{states:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
+    let server = TestServer::start().await;
+    for binding in [Binding::JsonRpc, Binding::HttpJson] {
+        let client = A2aClient::new(server.base.clone()).with_binding(binding);
+        let running = client
+            .send_message(
+                Message::user(SLEEP_30),
+                SendMessageOptions {
+                    return_immediately: true,
+                    history_length: None,
+                },
+            )
+            .await
+            .unwrap();
+        let mut events = client.subscribe(&running.id).await.unwrap();
+        let Some(Ok(StreamEvent::Task(first))) = events.next().await else {
+            panic!("{binding:?}: the first event is the task");
+        };
+        assert_eq!(first.id, running.id);
+        assert!(!first.state().is_terminal());
+        assert_eq!(first.history[0].text(), SLEEP_30);
+
+        let canceled = client.cancel_task(&running.id, None).await.unwrap();
+        assert_eq!(canceled.state(), TaskState::Canceled);
+        let mut finals = Vec::new();
+        while let Some(event) = events.next().await {
+            if let StreamEvent::StatusUpdate { status, .. } = event.unwrap() {
+                if status.state.is_terminal() {
+                    finals.push(status.state);
+                }
+            }
+        }
+        assert_eq!(finals, vec![TaskState::Canceled], "{binding:?}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn subscribe_to_a_terminal_task_is_unsupported_operation_before_any_stream() {
+    let server = TestServer::start().await;
+    let done = server
+        .rpc("SendMessage", json!({"message": user_message("hi")}))
+        .await["result"]["task"]
+        .clone();
+    let response = server
+        .rpc_with(Some("1.0"), "SubscribeToTask", json!({"id": done["id"]}))
+        .await;
+    assert!(response
+        .headers()
+        .get("content-type")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("application/json"));
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["error"]["code"], -32004, "{answer}");
+    assert_eq!(
+        answer["error"]["data"][0]["metadata"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+
+    let response = server
+        .http
+        .get(format!(
+            "{}/tasks/{}:subscribe",
+            server.base,
+            done["id"].as_str().unwrap()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(
+        answer["error"]["details"][0]["reason"],
+        "UNSUPPORTED_OPERATION"
+    );
+
+    let client = A2aClient::new(server.base.clone());
+    let id = done["id"].as_str().unwrap().into();
+    let err = client.subscribe(&id).await.err().expect("an error");
+    assert!(matches!(err, AgentError::Unsupported { .. }), "{err:?}");
+    let missing = "no-such-task".into();
+    let err = client.subscribe(&missing).await.err().expect("an error");
+    assert_eq!(err, AgentError::TaskNotFound { task_id: missing });
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_going_away_never_cancels_the_task() {
+    let server = TestServer::start().await;
+    let client = A2aClient::new(server.base.clone());
+    let mut events = client
+        .send_streaming_message(Message::user("/sleep {\"seconds\": 0.5}"))
+        .await
+        .unwrap();
+    let Some(Ok(StreamEvent::Task(task))) = events.next().await else {
+        panic!("the first event is the task");
+    };
+    drop(events);
+    // Follow it again: the run goes on and completes.
+    let mut events = client.subscribe(&task.id).await.unwrap();
+    let mut last = None;
+    while let Some(event) = events.next().await {
+        last = Some(event.unwrap());
+    }
+    let state = match last.unwrap() {
+        StreamEvent::StatusUpdate { status, .. } => status.state,
+        StreamEvent::Task(task) => task.state(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(state, TaskState::Completed);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn rest_stream_events_are_bare_stream_responses() {
+    let server = TestServer::start().await;
+    let response = server
+        .http
+        .post(format!("{}/message:stream", server.base))
+        .header("content-type", "application/a2a+json")
+        .body(json!({"message": user_message("hi")}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let events = sse_events(response).await;
+    assert!(events[0].1["task"]["id"].is_string(), "{events:?}");
+    assert_eq!(
+        state_of(&events.last().unwrap().1),
+        Some("TASK_STATE_COMPLETED")
+    );
+    assert!(events.iter().all(|(name, _)| name == "message"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_ends_open_streams_with_the_canceled_status() {
+    let server = TestServer::start().await;
+    let client = A2aClient::new(server.base.clone());
+    let mut events = client
+        .send_streaming_message(Message::user(SLEEP_30))
+        .await
+        .unwrap();
+    assert!(matches!(
+        events.next().await,
+        Some(Ok(StreamEvent::Task(_)))
+    ));
+    let stopping = tokio::spawn(server.stop());
+    let mut last = None;
+    while let Some(event) = events.next().await {
+        last = Some(event.unwrap());
+    }
+    assert!(
+        matches!(&last, Some(StreamEvent::StatusUpdate { status, .. }) if status.state == TaskState::Canceled),
+        "{last:?}"
+    );
+    stopping.await.unwrap();
+}

@@ -1,0 +1,149 @@
+//! A real A2A server on 127.0.0.1:0 for the integration tests: the echo agent with a
+//! cancellable `sleep` tool and the `ask_human` hand-off, and helpers to read SSE answers.
+
+#![allow(dead_code)] // each test file uses a different subset
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_agent::{Agent, AgentExecutor, FnTool};
+use keel_core::{AgentCard, AgentSkill};
+use keel_llm::MockLlm;
+use keel_runtime::InMemoryRuntime;
+use keel_transport::A2aServer;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A message that makes the agent sleep 30 s (until canceled).
+pub const SLEEP_30: &str = "/sleep {\"seconds\": 30}";
+
+pub fn agent() -> Agent {
+    let card = AgentCard::new("echo", "Echoes what it hears", "http://unused")
+        .with_skill(AgentSkill::new("echo", "Repeat the message"));
+    let sleep = FnTool::new(
+        "sleep",
+        "Sleep for some seconds; stops early when the run is canceled",
+        json!({
+            "type": "object",
+            "properties": {"seconds": {"type": "number"}},
+            "required": ["seconds"]
+        }),
+        |args, ctx| async move {
+            let seconds = args["seconds"].as_f64().unwrap_or(0.0);
+            tokio::select! {
+                () = ctx.cancel.cancelled() => Ok(json!("interrupted")),
+                () = tokio::time::sleep(Duration::from_secs_f64(seconds)) => Ok(json!("slept")),
+            }
+        },
+    );
+    Agent::builder(card)
+        .instructions("Repeat what the user says.")
+        .tool(sleep)
+        .human_handoff(true)
+        .build()
+        .expect("the test agent builds")
+}
+
+pub struct TestServer {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub executor: AgentExecutor,
+    stop: Option<oneshot::Sender<()>>,
+    serving: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+        let executor = AgentExecutor::new(agent(), runtime);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let serving = tokio::spawn(
+            A2aServer::new(executor.clone()).serve(listener, async move {
+                let _ = stopped.await;
+            }),
+        );
+        Self {
+            base,
+            http: reqwest::Client::new(),
+            executor,
+            stop: Some(stop),
+            serving: Some(serving),
+        }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(serving) = self.serving.take() {
+            serving.await.unwrap().unwrap();
+        }
+    }
+
+    /// A JSON-RPC call with `A2A-Version: 1.0` (or the given version, or none).
+    pub async fn rpc_with(
+        &self,
+        version: Option<&str>,
+        method: &str,
+        params: Value,
+    ) -> reqwest::Response {
+        let mut request = self
+            .http
+            .post(format!("{}/", self.base))
+            .json(&json!({"jsonrpc": "2.0", "id": "req-1", "method": method, "params": params}));
+        if let Some(version) = version {
+            request = request.header("A2A-Version", version);
+        }
+        request.send().await.unwrap()
+    }
+
+    /// A unary JSON-RPC v1.0 call; the whole response.
+    pub async fn rpc(&self, method: &str, params: Value) -> Value {
+        self.rpc_with(Some("1.0"), method, params)
+            .await
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+pub fn user_message(text: &str) -> Value {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    json!({
+        "messageId": format!("m-{}", NEXT.fetch_add(1, Ordering::Relaxed)),
+        "role": "ROLE_USER",
+        "parts": [{"text": text}]
+    })
+}
+
+/// The SSE events of a finished response: `(event name, data as JSON)`.
+pub async fn sse_events(response: reqwest::Response) -> Vec<(String, Value)> {
+    assert!(
+        response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream")),
+        "not an event stream: {:?}",
+        response.headers()
+    );
+    let text = response.text().await.unwrap();
+    text.split("\n\n")
+        .filter_map(|block| {
+            let mut name = "message".to_owned();
+            let mut data = Vec::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    name = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push(v.trim_start().to_owned());
+                }
+            }
+            (!data.is_empty()).then(|| (name, serde_json::from_str(&data.join("\n")).unwrap()))
+        })
+        .collect()
+}
