@@ -1,4 +1,4 @@
-//! The engine's rules, end to end on the in-memory runtime with the offline model.
+// The engine's rules, end to end on the in-memory runtime with the offline model.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -6,7 +6,7 @@ use std::sync::Arc;
 use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
 use keel_core::{AgentCard, AgentError, Message, Part, PartContent, Role, TaskId, TaskState};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
-use keel_runtime::{AuthContext, InMemoryRuntime, Runtime};
+use keel_runtime::AuthContext;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
@@ -53,7 +53,7 @@ fn blocking_tool(started: Arc<Notify>) -> FnTool {
 }
 
 fn executor(agent: Agent) -> (AgentExecutor, AuthContext) {
-    let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+    let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
     (AgentExecutor::new(agent, runtime), auth)
 }
