@@ -12,7 +12,9 @@ usage: cargo xtask <command>
 
 commands:
   ci               fmt, clippy, tests (with Redis and the Python A2A SDK), per-crate default-feature checks
-  bench [args...]  cargo bench --workspace [args...] (figures are printed, never asserted)
+  bench [args...]  every benchmark: cargo bench --workspace [args...]
+  bench stores     the store backends: persisted steps/s beside raw SQLite/Redis ceilings
+                   (KEEL_BENCH_SECS, KEEL_BENCH_DIR, REDIS_URL; figures are printed, never asserted)
   py-sdk           create/refresh the cached Python A2A SDK venv and print its python path
   help             print this message";
 
@@ -43,12 +45,49 @@ fn main() -> ExitCode {
     }
 }
 
-/// `cargo xtask bench [args...]`: a thin wrapper over `cargo bench --workspace`.
-fn bench(extra: &[String]) -> ExitCode {
+/// The named benchmarks: `cargo xtask bench <name>` runs one bench target of one package.
+const BENCHES: &[NamedBench] = &[NamedBench {
+    name: "stores",
+    package: "store-bench",
+    target: "stores",
+}];
+
+/// A bench target `cargo xtask bench` knows by name.
+struct NamedBench {
+    name: &'static str,
+    package: &'static str,
+    target: &'static str,
+}
+
+/// `cargo xtask bench <name> [args...]` runs the named bench (args go to the bench binary);
+/// `cargo xtask bench [args...]` runs every bench: `cargo bench --workspace [args...]`.
+/// Either way a Redis is found or started for the benches that use one, as for CI.
+fn bench(args: &[String]) -> ExitCode {
     println!("note: benchmark figures are printed for humans, never asserted");
-    let mut cmd = util::cargo(&[]);
-    cmd.args(["bench", "--workspace"]).args(extra);
-    match util::status(&mut cmd) {
+    let named = args
+        .first()
+        .and_then(|first| BENCHES.iter().find(|b| b.name == first.as_str()));
+    let redis = redis::ensure();
+    let env: Vec<(&str, std::ffi::OsString)> = redis
+        .as_ref()
+        .map(|r| ("REDIS_URL", r.url.clone().into()))
+        .into_iter()
+        .collect();
+    let mut cmd = util::cargo(&env);
+    match named {
+        Some(bench) => {
+            cmd.args(["bench", "-p", bench.package, "--bench", bench.target]);
+            if args.len() > 1 {
+                cmd.arg("--").args(&args[1..]);
+            }
+        }
+        None => {
+            cmd.args(["bench", "--workspace"]).args(args);
+        }
+    }
+    let outcome = util::status(&mut cmd);
+    drop(redis);
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("xtask bench: {e}");

@@ -31,6 +31,8 @@ pub struct Lease {
 #[async_trait]
 pub trait ThreadLeases: Send + Sync {
     /// Take the thread's lease for `ttl`, or `Ok(None)` when someone else holds a live one.
+    /// A `ttl` outside 1 ms ..= 24 h is [`AgentError::InvalidInput`](keel_core::AgentError::InvalidInput)
+    /// naming `ttl` ([`check_lease_ttl`](crate::check_lease_ttl)).
     async fn acquire_lease(
         &self,
         auth: &AuthContext,
@@ -39,8 +41,9 @@ pub trait ThreadLeases: Send + Sync {
         ttl: Duration,
     ) -> AgentResult<Option<Lease>>;
 
-    /// Extend a held lease by `ttl` from now, keeping its token. An expired or taken-over
-    /// lease is [`AgentError::LeaseLost`](keel_core::AgentError::LeaseLost).
+    /// Extend a held lease by `ttl` from now, keeping its token. An expired, released or
+    /// taken-over lease is [`AgentError::LeaseLost`](keel_core::AgentError::LeaseLost); `ttl`
+    /// has the bounds of [`ThreadLeases::acquire_lease`].
     async fn renew_lease(
         &self,
         auth: &AuthContext,
@@ -48,6 +51,8 @@ pub trait ThreadLeases: Send + Sync {
         ttl: Duration,
     ) -> AgentResult<Lease>;
 
-    /// Give the lease up. Releasing a lease that was already lost is not an error.
+    /// Give the lease up. Releasing a lease that was already lost is not an error. After a
+    /// release the lease is dead like an expired one: writing or renewing with it is
+    /// [`AgentError::LeaseLost`](keel_core::AgentError::LeaseLost).
     async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()>;
 }

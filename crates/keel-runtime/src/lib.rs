@@ -43,6 +43,7 @@ pub use run_store::{InMemoryRunStore, RunQuery, RunRecord, RunStore, TaskRecord}
 pub use task_manager::{
     load_task_with_history, InMemoryTaskManager, ListTasksFilter, Page, TaskManager,
 };
+pub use thread::check_ttl as check_lease_ttl;
 pub use thread::{
     ChildThread, HistoryEntry, KvLimits, QueuedItem, SubagentRegistry, ThreadHistory, ThreadKv,
     ThreadQueue, ThreadStore,

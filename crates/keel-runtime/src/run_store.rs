@@ -68,8 +68,32 @@ pub struct RunRecord {
     pub report: Value,
 }
 
-/// Which records to find. Every set field must match; `contains` searches the record's JSON
-/// text (case-sensitive substring). Results are newest first.
+/// Which records to find. Every set field must match. Results are newest first.
+///
+/// # What `contains` searches
+///
+/// `contains` is a case-sensitive substring match over the record's *stored JSON*: the text
+/// of [`keel_core::stored::encode`] applied to the [`TaskRecord`] or [`RunRecord`], i.e.
+/// `{"data":<the record>,"format":<version>}`, compact, with every object's keys in sorted
+/// order, exactly as `stored::encode(&record)?.to_string()` prints it. Every backend matches
+/// against that same text, so a query finds the same records everywhere. Consequences:
+///
+/// - the needle is matched against JSON, not against the plain values: a `"` or `\` inside
+///   a string value must be written escaped, as JSON writes it (`\"`, `\\`); non-ASCII text is
+///   matched as is (JSON text keeps it unescaped);
+/// - `%` and `_` are plain characters (no SQL `LIKE` patterns);
+/// - key names and the envelope are part of the text: `"format"` or `"state"` match every
+///   record, so search for values, or for `"key":"value"` pairs.
+///
+/// ```
+/// use keel_core::{stored, Message, Task};
+/// use keel_runtime::TaskRecord;
+/// let record = TaskRecord::of(&Task::create(Message::user("find me")), Some("alpha"))?;
+/// let text = stored::encode(&record)?.to_string();
+/// assert!(text.contains(r#""agent_name":"alpha""#));
+/// assert!(text.contains("find me"));
+/// # Ok::<(), keel_core::AgentError>(())
+/// ```
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunQuery {
     /// Only this task.
@@ -84,9 +108,10 @@ pub struct RunQuery {
     pub agent_name: Option<String>,
     /// Recorded at or after.
     pub since: Option<DateTime<Utc>>,
-    /// Recorded before.
+    /// Recorded strictly before (the bound is exclusive, so consecutive windows
+    /// `[a, b)`, `[b, c)` never share a record).
     pub until: Option<DateTime<Utc>>,
-    /// Text the record's JSON must contain.
+    /// Text the record's stored JSON must contain (see [`RunQuery`] for exactly which text).
     pub contains: Option<String>,
     /// At most this many (default 100, at most 1,000).
     pub limit: Option<usize>,
@@ -184,10 +209,14 @@ impl InMemoryRunStore {
     }
 }
 
+/// Whether `record`'s stored JSON (see [`RunQuery`]) contains `needle`. The text is built per
+/// search rather than kept beside each record: searches are rare, memory is bounded.
 fn json_contains<T: Serialize>(record: &T, needle: Option<&str>) -> bool {
     match needle {
         None => true,
-        Some(needle) => serde_json::to_string(record).is_ok_and(|text| text.contains(needle)),
+        Some(needle) => {
+            keel_core::stored::encode(record).is_ok_and(|json| json.to_string().contains(needle))
+        }
     }
 }
 

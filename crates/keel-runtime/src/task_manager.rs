@@ -18,7 +18,8 @@ pub struct ListTasksFilter {
     pub state: Option<TaskState>,
     /// At most this many per page (default 50, at most 100).
     pub page_size: Option<u32>,
-    /// Where to continue, from a previous [`Page::next_page_token`].
+    /// Where to continue, from a previous [`Page::next_page_token`] (see
+    /// [`TaskManager::list_tasks`] for what a token means when the list changes).
     pub page_token: Option<String>,
 }
 
@@ -57,7 +58,17 @@ pub struct Page<T> {
 pub trait TaskManager: Send + Sync {
     /// The task's snapshot, or `Ok(None)` when this tenant has no such task.
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>>;
-    /// The tenant's tasks matching `filter`, oldest first, one page at a time.
+    /// The tenant's tasks matching `filter`, oldest first (by when each task was first
+    /// saved; re-saving does not move a task), one page at a time. Items carry no history.
+    ///
+    /// Page tokens are opaque, and a token stays meaningful while the list changes under a
+    /// client that pages: it marks a position after the last task returned, so the next page
+    /// neither repeats a task nor skips one that still matches, even when tasks were added or
+    /// left the filter (a state change) in between. A well-formed token past the end (every
+    /// task after it has left the filter) yields an empty last page: no items, no
+    /// `next_page_token`, and `total_size` counting the current matches. A token this store
+    /// could not have issued is [`AgentError::InvalidInput`] naming `page_token`; a zero
+    /// `page_size` is [`AgentError::InvalidInput`] naming `page_size`.
     async fn list_tasks(
         &self,
         auth: &AuthContext,
@@ -148,7 +159,8 @@ impl InMemoryTaskManager {
     pub fn with_finished_cap(cap: usize) -> Self {
         Self {
             entries: DashMap::new(),
-            next_seq: AtomicU64::new(0),
+            // Seqs start at 1, so the page token "0" (or none) means "from the start".
+            next_seq: AtomicU64::new(1),
             finished: Default::default(),
             finished_cap: cap.max(1),
         }
@@ -180,7 +192,10 @@ impl InMemoryTaskManager {
     }
 }
 
-fn parse_page_token(token: Option<&str>) -> AgentResult<usize> {
+/// A page token is the creation seq of the last task of the previous page (keyset
+/// pagination, as in Keel's durable stores): unlike an offset, it neither repeats nor skips
+/// tasks when earlier ones leave the filter.
+fn parse_page_token(token: Option<&str>) -> AgentResult<u64> {
     match token {
         None | Some("") => Ok(0),
         Some(token) => token.parse().map_err(|_| {
@@ -207,7 +222,7 @@ impl TaskManager for InMemoryTaskManager {
         filter: &ListTasksFilter,
     ) -> AgentResult<Page<Task>> {
         let page_size = filter.effective_page_size()?;
-        let offset = parse_page_token(filter.page_token.as_deref())?;
+        let after = parse_page_token(filter.page_token.as_deref())?;
         let namespace = auth.namespace();
         let mut matching: Vec<(u64, Task)> = self
             .entries
@@ -224,22 +239,12 @@ impl TaskManager for InMemoryTaskManager {
             .collect();
         matching.sort_by_key(|(seq, _)| *seq);
         let total_size = matching.len();
-        if offset > total_size {
-            return Err(AgentError::invalid_input(
-                "page_token",
-                "points past the end of the list",
-            ));
-        }
-        let items: Vec<Task> = matching
-            .into_iter()
-            .skip(offset)
-            .take(page_size)
-            .map(|(_, t)| t)
-            .collect();
-        let next = offset + items.len();
+        let mut rest = matching.into_iter().filter(|(seq, _)| *seq > after);
+        let page: Vec<(u64, Task)> = rest.by_ref().take(page_size).collect();
+        let more = rest.next().is_some();
         Ok(Page {
-            next_page_token: (next < total_size).then(|| next.to_string()),
-            items,
+            next_page_token: page.last().filter(|_| more).map(|(seq, _)| seq.to_string()),
+            items: page.into_iter().map(|(_, t)| t).collect(),
             total_size,
         })
     }

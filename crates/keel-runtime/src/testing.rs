@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 
 use crate::{
     load_task_with_history, AuthContext, ChildThread, KvLimits, ListTasksFilter, MemoryService,
-    RunQuery, RunRecord, RunStore, TaskManager, TaskRecord, ThreadStore,
+    Page, RunQuery, RunRecord, RunStore, TaskManager, TaskRecord, ThreadStore,
 };
 
 /// A tenant no other test uses.
@@ -59,16 +59,27 @@ pub async fn run_all(
     task_manager_round_trip(tasks).await;
     task_manager_events_in_order(tasks).await;
     task_manager_pagination(tasks).await;
+    task_manager_page_token_survives_changes(tasks).await;
+    task_manager_state_filter_follows_saves(tasks).await;
+    task_manager_listed_tasks_carry_no_history(tasks).await;
     task_manager_tenant_isolation(tasks).await;
     memory_round_trip(memory).await;
     memory_ttl(memory).await;
+    memory_delete_of_expired_key_is_false(memory).await;
     history_append_and_read(threads.as_ref()).await;
+    history_and_queue_limit_zero_is_empty(threads.as_ref()).await;
     lease_exclusive_under_contention(threads.clone()).await;
     lease_fencing(threads.as_ref()).await;
+    lease_is_dead_after_release(threads.as_ref()).await;
+    lease_ttl_bounds(threads.as_ref()).await;
     queue_fifo_under_concurrent_producers(threads.clone()).await;
+    queue_seqs_grow_after_the_queue_empties(threads.as_ref()).await;
     kv_semantics(threads.as_ref(), kv_limits).await;
     subagent_registry(threads.as_ref()).await;
+    subagent_reparenting_leaves_the_old_parent(threads.as_ref()).await;
     run_store_index_and_search(runs).await;
+    run_store_time_window_is_half_open(runs).await;
+    run_store_contains_searches_the_stored_json(runs).await;
 }
 
 /// Unknown ids read as `None`; save is an upsert; snapshots round-trip (without history).
@@ -961,4 +972,605 @@ pub async fn run_store_index_and_search(runs: &dyn RunStore) {
         None,
         "tenant isolation"
     );
+}
+
+/// The ids of a page's items, for comparing listings.
+fn ids(page: &Page<Task>) -> Vec<TaskId> {
+    page.items.iter().map(|t| t.id.clone()).collect()
+}
+
+/// A page token keeps its place while the list changes: the next page neither repeats nor
+/// skips a task that still matches when earlier tasks leave the filter, and a well-formed
+/// token past the end (every later task left the filter) yields an empty last page with no
+/// next token, not an error.
+pub async fn task_manager_page_token_survives_changes(tasks: &dyn TaskManager) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let mut all = Vec::new();
+    for _ in 0..6 {
+        let task = Task::new(thread.clone());
+        tasks.save_task(&auth, &task).await.unwrap();
+        all.push(task);
+    }
+    let submitted = |page_token: Option<String>| ListTasksFilter {
+        thread_id: Some(thread.clone()),
+        state: Some(TaskState::Submitted),
+        page_size: Some(2),
+        page_token,
+    };
+    let first = tasks.list_tasks(&auth, &submitted(None)).await.unwrap();
+    assert_eq!(ids(&first), [all[0].id.clone(), all[1].id.clone()]);
+    let token = first
+        .next_page_token
+        .expect("six tasks need more than one page");
+
+    // A task before the token leaves the filter: the next page must still start at task 2.
+    all[0].complete("done").unwrap();
+    tasks.save_task(&auth, &all[0]).await.unwrap();
+    let second = tasks
+        .list_tasks(&auth, &submitted(Some(token)))
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&second),
+        [all[2].id.clone(), all[3].id.clone()],
+        "a page token must not skip tasks when earlier ones leave the filter"
+    );
+    assert_eq!(
+        second.total_size, 5,
+        "total_size counts the current matches"
+    );
+    let token = second.next_page_token.expect("two tasks still follow");
+
+    // Every task after the token leaves the filter: the token now points past the end.
+    for task in &mut all[4..] {
+        task.complete("done").unwrap();
+        tasks.save_task(&auth, task).await.unwrap();
+    }
+    let past = tasks
+        .list_tasks(&auth, &submitted(Some(token)))
+        .await
+        .unwrap_or_else(|e| panic!("a well-formed token past the end is not an error: {e}"));
+    assert!(
+        past.items.is_empty(),
+        "a token past the end yields an empty page"
+    );
+    assert_eq!(past.next_page_token, None, "and it is the last page");
+    assert_eq!(past.total_size, 3, "total_size counts the current matches");
+}
+
+/// Listing by state reflects the latest save: a task whose state changed leaves the old
+/// state's listing and joins the new one, with or without a thread filter, and keeps its
+/// place in unfiltered listings.
+pub async fn task_manager_state_filter_follows_saves(tasks: &dyn TaskManager) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let (mut a, b) = (Task::new(thread.clone()), Task::new(thread.clone()));
+    tasks.save_task(&auth, &a).await.unwrap();
+    tasks.save_task(&auth, &b).await.unwrap();
+    let listing = |state: Option<TaskState>, thread_id: Option<ThreadId>| ListTasksFilter {
+        thread_id,
+        state,
+        ..Default::default()
+    };
+    for thread_id in [None, Some(thread.clone())] {
+        let page = tasks
+            .list_tasks(
+                &auth,
+                &listing(Some(TaskState::Submitted), thread_id.clone()),
+            )
+            .await
+            .unwrap();
+        assert_eq!(ids(&page), [a.id.clone(), b.id.clone()]);
+        let page = tasks
+            .list_tasks(&auth, &listing(Some(TaskState::Working), thread_id))
+            .await
+            .unwrap();
+        assert_eq!(page.total_size, 0);
+    }
+
+    a.begin().unwrap();
+    tasks.save_task(&auth, &a).await.unwrap();
+    a.complete("done").unwrap();
+    tasks.save_task(&auth, &a).await.unwrap();
+    for thread_id in [None, Some(thread.clone())] {
+        let what = if thread_id.is_some() {
+            "with a thread filter"
+        } else {
+            "by state alone"
+        };
+        let page = tasks
+            .list_tasks(
+                &auth,
+                &listing(Some(TaskState::Submitted), thread_id.clone()),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            ids(&page),
+            std::slice::from_ref(&b.id),
+            "a re-saved task leaves its old state's listing ({what})"
+        );
+        assert_eq!(page.total_size, 1, "{what}");
+        let page = tasks
+            .list_tasks(&auth, &listing(Some(TaskState::Working), thread_id.clone()))
+            .await
+            .unwrap();
+        assert_eq!(
+            page.total_size, 0,
+            "a state passed through is not listed ({what})"
+        );
+        let page = tasks
+            .list_tasks(&auth, &listing(Some(TaskState::Completed), thread_id))
+            .await
+            .unwrap();
+        assert_eq!(
+            ids(&page),
+            std::slice::from_ref(&a.id),
+            "a re-saved task joins its new state's listing ({what})"
+        );
+        assert_eq!(page.total_size, 1, "{what}");
+    }
+    let page = tasks
+        .list_tasks(&auth, &listing(None, Some(thread)))
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&page),
+        [a.id.clone(), b.id.clone()],
+        "a state change does not move a task in unfiltered listings"
+    );
+}
+
+/// Listed tasks are snapshots without history, as `get_task` returns them.
+pub async fn task_manager_listed_tasks_carry_no_history(tasks: &dyn TaskManager) {
+    let auth = fresh_tenant();
+    let mut task = Task::create(Message::user("question"));
+    task.add_message(Message::agent("answer"));
+    assert_eq!(task.history.len(), 2);
+    tasks.save_task(&auth, &task).await.unwrap();
+    for filter in [
+        ListTasksFilter::default(),
+        ListTasksFilter {
+            thread_id: Some(task.thread_id.clone()),
+            state: Some(TaskState::Submitted),
+            ..Default::default()
+        },
+    ] {
+        let page = tasks.list_tasks(&auth, &filter).await.unwrap();
+        assert_eq!(page.items.len(), 1, "{filter:?}");
+        assert!(
+            page.items[0].history.is_empty(),
+            "listed tasks carry no history ({filter:?})"
+        );
+    }
+}
+
+/// Deleting a key whose TTL has run out reports that nothing was there, even when nothing
+/// read the key since it expired.
+pub async fn memory_delete_of_expired_key_is_false(memory: &dyn MemoryService) {
+    let auth = fresh_tenant();
+    memory
+        .save_serialized_with_ttl(&auth, "short", json!("goes"), Duration::from_millis(20))
+        .await
+        .unwrap();
+    // Wait out the TTL on the wall clock only: a read could remove the key by itself.
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert!(
+        !memory.delete(&auth, "short").await.unwrap(),
+        "delete of an expired key must answer false"
+    );
+    assert_eq!(memory.load_serialized(&auth, "short").await.unwrap(), None);
+}
+
+/// A limit of 0 reads nothing, from history and queue alike.
+pub async fn history_and_queue_limit_zero_is_empty(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let lease = threads
+        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    threads
+        .append_history(
+            &auth,
+            &lease,
+            &[LlmMessage::user("a"), LlmMessage::user("b")],
+        )
+        .await
+        .unwrap();
+    threads
+        .push_queue(&auth, &thread, json!({"n": 1}))
+        .await
+        .unwrap();
+    assert!(
+        threads
+            .read_history(&auth, &thread, 0, 0)
+            .await
+            .unwrap()
+            .is_empty(),
+        "read_history with limit 0"
+    );
+    assert!(
+        threads
+            .read_history(&auth, &thread, 1, 0)
+            .await
+            .unwrap()
+            .is_empty(),
+        "read_history with limit 0 from the middle"
+    );
+    assert!(
+        threads
+            .peek_queue(&auth, &thread, 0)
+            .await
+            .unwrap()
+            .is_empty(),
+        "peek_queue with limit 0"
+    );
+    assert_eq!(
+        threads
+            .read_history(&auth, &thread, 0, 1)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        threads.peek_queue(&auth, &thread, 1).await.unwrap().len(),
+        1
+    );
+}
+
+/// A released lease is dead: writing, acknowledging and renewing with it are `LeaseLost`,
+/// nothing lands, and the thread can be leased again with a larger token.
+pub async fn lease_is_dead_after_release(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let lease = threads
+        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let item = threads
+        .push_queue(&auth, &thread, json!("pending"))
+        .await
+        .unwrap();
+    threads.release_lease(&auth, &lease).await.unwrap();
+    let err = threads
+        .append_history(&auth, &lease, &[LlmMessage::user("after release")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::LeaseLost { .. }),
+        "write after release: {err:?}"
+    );
+    let err = threads
+        .ack_queue(&auth, &lease, std::slice::from_ref(&item.id))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::LeaseLost { .. }),
+        "ack after release: {err:?}"
+    );
+    let err = threads
+        .renew_lease(&auth, &lease, Duration::from_secs(30))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::LeaseLost { .. }),
+        "renew after release: {err:?}"
+    );
+    assert!(
+        threads
+            .read_history(&auth, &thread, 0, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing was written after release"
+    );
+    assert_eq!(
+        threads.queue_len(&auth, &thread).await.unwrap(),
+        1,
+        "nothing was acknowledged after release"
+    );
+    let again = threads
+        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("a released thread can be leased again");
+    assert!(
+        again.token > lease.token,
+        "fencing tokens grow across release"
+    );
+}
+
+/// Lease TTLs must lie in 1 ms ..= 24 h (see [`crate::check_lease_ttl`]); anything else is
+/// `InvalidInput` naming `ttl`, for acquire and renew alike, and changes nothing.
+pub async fn lease_ttl_bounds(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let bad = [
+        Duration::ZERO,
+        Duration::from_micros(1),
+        Duration::from_micros(999),
+        Duration::from_secs(86_400) + Duration::from_millis(1),
+    ];
+    let is_ttl_error =
+        |err: &AgentError| matches!(err, AgentError::InvalidInput { field, .. } if field == "ttl");
+    for ttl in bad {
+        let err = threads
+            .acquire_lease(&auth, &thread, "w", ttl)
+            .await
+            .unwrap_err();
+        assert!(is_ttl_error(&err), "acquire with ttl {ttl:?}: {err:?}");
+    }
+    let lease = threads
+        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("rejected acquisitions must not hold the thread");
+    for ttl in bad {
+        let err = threads.renew_lease(&auth, &lease, ttl).await.unwrap_err();
+        assert!(is_ttl_error(&err), "renew with ttl {ttl:?}: {err:?}");
+    }
+    threads
+        .append_history(&auth, &lease, &[LlmMessage::user("still held")])
+        .await
+        .expect("a rejected renewal leaves the lease as it was");
+    threads
+        .renew_lease(&auth, &lease, Duration::from_secs(86_400))
+        .await
+        .expect("24 h is allowed");
+    threads.release_lease(&auth, &lease).await.unwrap();
+    threads
+        .acquire_lease(&auth, &fresh_thread(), "w", Duration::from_millis(1))
+        .await
+        .expect("1 ms is allowed")
+        .expect("a fresh thread is free");
+}
+
+/// Queue seqs only grow: after every item is acknowledged and the queue is empty, the next
+/// item gets a larger seq than any before it.
+pub async fn queue_seqs_grow_after_the_queue_empties(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let lease = threads
+        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut last_seq = 0;
+    for round in 0..3 {
+        let mut acked = Vec::new();
+        for i in 0..2 {
+            let item = threads
+                .push_queue(&auth, &thread, json!({"round": round, "i": i}))
+                .await
+                .unwrap();
+            assert!(
+                item.seq > last_seq,
+                "queue seqs must grow, even after the queue emptied (round {round}: {} after {last_seq})",
+                item.seq
+            );
+            last_seq = item.seq;
+            acked.push(item.id);
+        }
+        threads.ack_queue(&auth, &lease, &acked).await.unwrap();
+        assert_eq!(threads.queue_len(&auth, &thread).await.unwrap(), 0);
+        assert!(threads
+            .peek_queue(&auth, &thread, 10)
+            .await
+            .unwrap()
+            .is_empty());
+    }
+}
+
+/// Re-registering a child under another parent moves it: the old parent no longer lists it.
+pub async fn subagent_reparenting_leaves_the_old_parent(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let (old_parent, new_parent) = (fresh_thread(), fresh_thread());
+    let sibling = ChildThread {
+        thread_id: fresh_thread(),
+        parent_thread_id: old_parent.clone(),
+        name: "stays".into(),
+        agent: "researcher".into(),
+        status: "running".into(),
+        resumable: true,
+        created_at: Utc::now(),
+        metadata: Default::default(),
+    };
+    let mut child = ChildThread {
+        thread_id: fresh_thread(),
+        name: "moves".into(),
+        created_at: Utc::now() + chrono::Duration::milliseconds(1),
+        ..sibling.clone()
+    };
+    threads.register_child(&auth, &sibling).await.unwrap();
+    threads.register_child(&auth, &child).await.unwrap();
+    assert_eq!(
+        threads.children(&auth, &old_parent).await.unwrap(),
+        [sibling.clone(), child.clone()]
+    );
+
+    child.parent_thread_id = new_parent.clone();
+    child.status = "handed over".into();
+    threads.register_child(&auth, &child).await.unwrap();
+    assert_eq!(
+        threads.children(&auth, &old_parent).await.unwrap(),
+        [sibling],
+        "a re-registered child leaves its old parent's list"
+    );
+    assert_eq!(
+        threads.children(&auth, &new_parent).await.unwrap(),
+        [child.clone()],
+        "and joins its new parent's"
+    );
+    assert_eq!(
+        threads.child(&auth, &child.thread_id).await.unwrap(),
+        Some(child),
+        "the entry is replaced"
+    );
+}
+
+/// `since` is inclusive and `until` exclusive: a record at exactly `until` is not found, one at
+/// exactly `since` is, so adjacent windows never share a record. Checked for task records and
+/// run reports.
+pub async fn run_store_time_window_is_half_open(runs: &dyn RunStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let t0 = Utc::now();
+    let t1 = t0 + chrono::Duration::milliseconds(1);
+    let nanosecond = chrono::Duration::nanoseconds(1);
+    let mut task = Task::new(thread.clone());
+    for (at, text) in [(t0, "first"), (t1, "second")] {
+        let mut record = TaskRecord::of(&task, None).unwrap();
+        record.recorded_at = at;
+        record.task.metadata.insert("which".into(), json!(text));
+        runs.save_task_record(&auth, &record).await.unwrap();
+        let report = RunRecord {
+            run_id: RunId::new(),
+            task_id: Some(task.id.clone()),
+            thread_id: Some(thread.clone()),
+            trace_id: None,
+            agent_name: None,
+            recorded_at: at,
+            report: json!({"which": text}),
+        };
+        runs.save_run_report(&auth, &report).await.unwrap();
+    }
+    task.metadata.clear();
+
+    let window = |since, until| RunQuery {
+        thread_id: Some(thread.clone()),
+        since,
+        until,
+        ..Default::default()
+    };
+    let cases = [
+        (window(None, Some(t0)), vec![], "until is exclusive"),
+        (
+            window(None, Some(t0 + nanosecond)),
+            vec!["first"],
+            "one nanosecond later includes it",
+        ),
+        (
+            window(Some(t0), Some(t1)),
+            vec!["first"],
+            "[t0, t1) holds only the first",
+        ),
+        (
+            window(Some(t1), Some(t1 + nanosecond)),
+            vec!["second"],
+            "since is inclusive",
+        ),
+        (
+            window(Some(t0), None),
+            vec!["second", "first"],
+            "open-ended, newest first",
+        ),
+    ];
+    for (query, expected, rule) in cases {
+        let found: Vec<Value> = runs
+            .find_task_records(&auth, &query)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.task.metadata["which"].clone())
+            .collect();
+        assert_eq!(found, expected, "task records: {rule}");
+        let found: Vec<Value> = runs
+            .find_run_reports(&auth, &query)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.report["which"].clone())
+            .collect();
+        assert_eq!(found, expected, "run reports: {rule}");
+    }
+}
+
+/// `contains` is a case-sensitive substring of the record's stored JSON, the same text on
+/// every backend (see [`RunQuery`]): compact, keys sorted, strings JSON-escaped, non-ASCII as
+/// is, `%` and `_` literal, the envelope included.
+pub async fn run_store_contains_searches_the_stored_json(runs: &dyn RunStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let notes = [
+        "Grüße: 50%_off, say \"hi\" C:\\tmp",
+        "grüße: 50 percent off",
+    ];
+    for note in notes {
+        let mut task = Task::new(thread.clone());
+        task.metadata.insert("note".into(), json!(note));
+        runs.save_task_record(&auth, &TaskRecord::of(&task, Some("gamma")).unwrap())
+            .await
+            .unwrap();
+        let report = RunRecord {
+            run_id: RunId::new(),
+            task_id: Some(task.id.clone()),
+            thread_id: Some(thread.clone()),
+            trace_id: None,
+            agent_name: Some("gamma".into()),
+            recorded_at: Utc::now(),
+            report: json!({"note": note, "zeta": 1, "alpha": 2}),
+        };
+        runs.save_run_report(&auth, &report).await.unwrap();
+    }
+    let envelope = format!("\"format\":{}", keel_core::stored::FORMAT_VERSION);
+    let cases: [(&str, usize, &str); 12] = [
+        ("Grüße", 1, "case-sensitive, non-ASCII matched as is"),
+        ("grüße", 1, "case-sensitive"),
+        ("GRÜSSE", 0, "no case folding"),
+        ("50%_off", 1, "% and _ are literal"),
+        ("5_%", 0, "% and _ are not patterns"),
+        ("50%", 1, "% is literal"),
+        (r#"say \"hi\""#, 1, "quotes are matched JSON-escaped"),
+        (
+            r#"say "hi""#,
+            0,
+            "unescaped quotes are not in the JSON text",
+        ),
+        (r"C:\\tmp", 1, "backslashes are matched JSON-escaped"),
+        (
+            r#""agent_name":"gamma","recorded_at""#,
+            2,
+            "compact JSON with keys in sorted order",
+        ),
+        (&envelope, 2, "the stored envelope is part of the text"),
+        ("no such text", 0, "absent text"),
+    ];
+    for (needle, expected, rule) in cases {
+        let query = RunQuery {
+            thread_id: Some(thread.clone()),
+            contains: Some(needle.to_owned()),
+            ..Default::default()
+        };
+        assert_eq!(
+            runs.find_task_records(&auth, &query).await.unwrap().len(),
+            expected,
+            "task records containing {needle:?}: {rule}"
+        );
+    }
+    for (needle, expected, rule) in [
+        ("Grüße", 1, "non-ASCII matched as is"),
+        (r#""alpha":2,"note""#, 2, "report keys in sorted order"),
+        (r#""zeta":1,"alpha""#, 0, "not in insertion order"),
+        (
+            envelope.as_str(),
+            2,
+            "the stored envelope is part of the text",
+        ),
+    ] {
+        let query = RunQuery {
+            thread_id: Some(thread.clone()),
+            contains: Some(needle.to_owned()),
+            ..Default::default()
+        };
+        assert_eq!(
+            runs.find_run_reports(&auth, &query).await.unwrap().len(),
+            expected,
+            "run reports containing {needle:?}: {rule}"
+        );
+    }
 }

@@ -232,13 +232,31 @@ impl<T> ThreadStore for T where
 {
 }
 
-/// A lease time-to-live must be positive and at most a day.
-pub(crate) fn check_ttl(ttl: Duration) -> AgentResult<()> {
-    if ttl.is_zero() || ttl > Duration::from_secs(86_400) {
+/// Check a lease time-to-live: at least 1 ms and at most 24 h, else
+/// [`AgentError::InvalidInput`] naming `ttl`. Every [`crate::ThreadLeases`] implementation
+/// applies it to `acquire_lease` and `renew_lease`, so the bounds are the same on every
+/// backend; a custom backend should call it too (it is re-exported as
+/// `keel_runtime::check_lease_ttl`).
+///
+/// ```
+/// use std::time::Duration;
+/// use keel_runtime::check_lease_ttl;
+/// assert!(check_lease_ttl(Duration::from_secs(30)).is_ok());
+/// assert!(check_lease_ttl(Duration::from_millis(1)).is_ok());
+/// assert!(check_lease_ttl(Duration::from_micros(999)).is_err());
+/// assert!(check_lease_ttl(Duration::from_secs(86_400 + 1)).is_err());
+/// ```
+pub fn check_ttl(ttl: Duration) -> AgentResult<()> {
+    if ttl < MIN_LEASE_TTL || ttl > MAX_LEASE_TTL {
         return Err(AgentError::invalid_input(
             "ttl",
-            "must be between 1 ms and 24 h",
+            format!("must be between 1 ms and 24 h, got {ttl:?}"),
         ));
     }
     Ok(())
 }
+
+/// The shortest lease TTL [`check_ttl`] accepts.
+const MIN_LEASE_TTL: Duration = Duration::from_millis(1);
+/// The longest lease TTL [`check_ttl`] accepts.
+const MAX_LEASE_TTL: Duration = Duration::from_secs(86_400);

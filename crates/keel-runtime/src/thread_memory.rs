@@ -33,10 +33,7 @@ impl ThreadData {
             Some(current) if current.token == lease.token && current.expires_at > Utc::now() => {
                 Ok(())
             }
-            _ => Err(AgentError::LeaseLost {
-                thread_id: lease.thread_id.clone(),
-                token: lease.token,
-            }),
+            _ => Err(lease_lost(lease)),
         }
     }
 }
@@ -65,6 +62,30 @@ impl InMemoryThreadStore {
     fn key(auth: &AuthContext, thread_id: &ThreadId) -> (String, ThreadId) {
         (auth.namespace(), thread_id.clone())
     }
+
+    /// The thread's data, locked for writing, when `lease` is its current, unexpired lease;
+    /// [`AgentError::LeaseLost`] otherwise. A thread that was never leased has no entry, and
+    /// a refused write must not create one: a client sending made-up leases would otherwise
+    /// grow the map without bound.
+    fn fenced(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+    ) -> AgentResult<dashmap::mapref::one::RefMut<'_, (String, ThreadId), ThreadData>> {
+        let thread = self
+            .threads
+            .get_mut(&Self::key(auth, &lease.thread_id))
+            .ok_or_else(|| lease_lost(lease))?;
+        thread.check_fence(lease)?;
+        Ok(thread)
+    }
+}
+
+fn lease_lost(lease: &Lease) -> AgentError {
+    AgentError::LeaseLost {
+        thread_id: lease.thread_id.clone(),
+        token: lease.token,
+    }
 }
 
 #[async_trait]
@@ -75,11 +96,7 @@ impl ThreadHistory for InMemoryThreadStore {
         lease: &Lease,
         messages: &[LlmMessage],
     ) -> AgentResult<u64> {
-        let mut thread = self
-            .threads
-            .entry(Self::key(auth, &lease.thread_id))
-            .or_default();
-        thread.check_fence(lease)?;
+        let mut thread = self.fenced(auth, lease)?;
         thread.history.extend_from_slice(messages);
         Ok(thread.history.len() as u64)
     }
@@ -148,11 +165,7 @@ impl ThreadQueue for InMemoryThreadStore {
         lease: &Lease,
         ids: &[String],
     ) -> AgentResult<()> {
-        let mut thread = self
-            .threads
-            .entry(Self::key(auth, &lease.thread_id))
-            .or_default();
-        thread.check_fence(lease)?;
+        let mut thread = self.fenced(auth, lease)?;
         thread.queue.retain(|item| !ids.contains(&item.id));
         Ok(())
     }
@@ -298,11 +311,7 @@ impl ThreadLeases for InMemoryThreadStore {
         ttl: Duration,
     ) -> AgentResult<Lease> {
         check_ttl(ttl)?;
-        let mut thread = self
-            .threads
-            .entry(Self::key(auth, &lease.thread_id))
-            .or_default();
-        thread.check_fence(lease)?;
+        let mut thread = self.fenced(auth, lease)?;
         let renewed = Lease {
             expires_at: Utc::now() + ttl,
             ..lease.clone()
@@ -322,5 +331,37 @@ impl ThreadLeases for InMemoryThreadStore {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn writes_with_a_made_up_lease_create_no_thread() {
+        let store = InMemoryThreadStore::new();
+        let auth = AuthContext::new("app", "mallory");
+        for i in 0..10 {
+            let bogus = Lease {
+                thread_id: ThreadId::from(format!("never-leased-{i}")),
+                holder: "mallory".into(),
+                token: 1,
+                expires_at: Utc::now() + chrono::Duration::hours(1),
+            };
+            let err = store
+                .append_history(&auth, &bogus, &[LlmMessage::user("x")])
+                .await
+                .unwrap_err();
+            assert!(matches!(err, AgentError::LeaseLost { .. }), "{err:?}");
+            let err = store.ack_queue(&auth, &bogus, &[]).await.unwrap_err();
+            assert!(matches!(err, AgentError::LeaseLost { .. }), "{err:?}");
+            let err = store
+                .renew_lease(&auth, &bogus, Duration::from_secs(1))
+                .await
+                .unwrap_err();
+            assert!(matches!(err, AgentError::LeaseLost { .. }), "{err:?}");
+        }
+        assert_eq!(store.threads.len(), 0, "refused writes must not allocate");
     }
 }

@@ -8,21 +8,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult, ThreadId};
-use keel_runtime::{AuthContext, Lease, ThreadLeases};
+use keel_runtime::{check_lease_ttl, AuthContext, Lease, ThreadLeases};
 
 use crate::keys::kind;
 use crate::scripts;
 use crate::RedisStore;
 
-/// A lease TTL must be positive and at most a day (as `keel-runtime`'s stores require).
-fn check_ttl(ttl: Duration) -> AgentResult<u64> {
-    if ttl.is_zero() || ttl > Duration::from_secs(86_400) {
-        return Err(AgentError::invalid_input(
-            "ttl",
-            "must be between 1 ms and 24 h",
-        ));
-    }
-    // Redis counts whole milliseconds; round up so a sub-millisecond TTL is not zero.
+/// The lease TTL in whole milliseconds (what `PX` takes), once `keel-runtime`'s shared bounds
+/// (1 ms ..= 24 h) accept it. Rounded up, so a lease never lapses before the time asked for.
+fn ttl_millis(ttl: Duration) -> AgentResult<u64> {
+    check_lease_ttl(ttl)?;
     Ok(u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(86_400_000))
 }
 
@@ -52,7 +47,7 @@ impl ThreadLeases for RedisStore {
         holder: &str,
         ttl: Duration,
     ) -> AgentResult<Option<Lease>> {
-        let ttl_ms = check_ttl(ttl)?;
+        let ttl_ms = ttl_millis(ttl)?;
         let keys = self.keys(auth);
         let granted: Option<(u64, i64)> = scripts::ACQUIRE_LEASE
             .key(keys.of(kind::LEASE, thread_id.as_str()))
@@ -80,7 +75,7 @@ impl ThreadLeases for RedisStore {
         lease: &Lease,
         ttl: Duration,
     ) -> AgentResult<Lease> {
-        let ttl_ms = check_ttl(ttl)?;
+        let ttl_ms = ttl_millis(ttl)?;
         let expires_ms: i64 = scripts::RENEW_LEASE
             .key(self.keys(auth).of(kind::LEASE, lease.thread_id.as_str()))
             .arg(lease.token)

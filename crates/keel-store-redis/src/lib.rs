@@ -111,8 +111,9 @@
 //! - `list_tasks` is `O(log n + page)`: every filter combination has its own index.
 //! - `find_task_records` / `find_run_reports` narrow candidates with the most selective index
 //!   the query names (task, run, thread, trace, agent, else the tenant's time index) and the
-//!   `since`/`until` window, then decode the candidates newest first and check the remaining
-//!   fields and the `contains` text client-side until `limit` records match. A query whose
+//!   `since`/`until` window, then, newest first and client-side, match the `contains` text on
+//!   each candidate's stored JSON, decode it and check the remaining fields, until `limit`
+//!   records match. A query whose
 //!   other fields reject most candidates of the chosen index reads many records.
 //! - A run report replaced with different index fields stays listed in its old indexes; the
 //!   client-side check drops it there.

@@ -2,14 +2,15 @@
 //! (one per index field value, plus one per tenant) scored by `recorded_at` in microseconds.
 //!
 //! A query reads the most selective index it names, newest first within its `since`/`until`
-//! window, in batches; the other fields and the `contains` text are checked client-side on
-//! the decoded records until `limit` match. That costs one decode per candidate the index
-//! yields, which is what the crate docs warn about.
+//! window, in batches, and checks the rest client-side until `limit` records match: the
+//! `contains` text on the stored JSON as read (exactly the text `RunQuery` documents), then the
+//! other fields on the decoded record. That costs one decode per candidate that passes
+//! `contains`, which is what the crate docs warn about.
 
 use async_trait::async_trait;
 use keel_core::{AgentResult, RunId};
 use keel_runtime::{AuthContext, RunQuery, RunRecord, RunStore, TaskRecord};
-use serde::{de::DeserializeOwned, Serialize};
+use serde::de::DeserializeOwned;
 
 use crate::encoding::{decode, encode, micros};
 use crate::keys::{fixed, kind, TenantKeys};
@@ -96,18 +97,10 @@ impl Family {
     }
 }
 
-/// Whether `record`'s JSON contains `needle` (as the in-memory store checks it: the record
-/// itself, not the stored envelope, so `"format"` does not match every record).
-fn json_contains<T: Serialize>(record: &T, needle: Option<&str>) -> bool {
-    match needle {
-        None => true,
-        Some(needle) => serde_json::to_string(record).is_ok_and(|text| text.contains(needle)),
-    }
-}
-
 impl RedisStore {
     /// Records of `family` matching `query`, newest first: walk the chosen index in batches,
-    /// decode, filter with `keep`, stop at the limit.
+    /// match `contains` on the stored text (the stored JSON `RunQuery` documents, exactly as
+    /// written), decode the rest, filter with `keep`, stop at the limit.
     async fn find<T: DeserializeOwned + Send>(
         &self,
         auth: &AuthContext,
@@ -152,6 +145,13 @@ impl RedisStore {
                 .map_err(|e| self.fail("read run-store records", &e))?;
             // A member without data was removed between the two reads; nothing to return.
             for text in texts.into_iter().flatten() {
+                if query
+                    .contains
+                    .as_deref()
+                    .is_some_and(|needle| !text.contains(needle))
+                {
+                    continue;
+                }
                 let record: T = decode(&data, &text)?;
                 if keep(&record) {
                     found.push(record);
@@ -210,7 +210,7 @@ impl RunStore for RedisStore {
                 r.trace_id.as_ref(),
                 r.agent_name.as_deref(),
                 r.recorded_at,
-            ) && json_contains(r, query.contains.as_deref())
+            )
         })
         .await
     }
@@ -270,7 +270,7 @@ impl RunStore for RedisStore {
                     r.trace_id.as_ref(),
                     r.agent_name.as_deref(),
                     r.recorded_at,
-                ) && json_contains(r, query.contains.as_deref())
+                )
             })
             .await?;
         // Scores are microseconds; restore the exact newest-first order.

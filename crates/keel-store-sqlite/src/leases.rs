@@ -9,23 +9,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::Utc;
 use keel_core::{AgentError, AgentResult, ThreadId};
-use keel_runtime::{AuthContext, Lease, ThreadLeases};
+use keel_runtime::{check_lease_ttl, AuthContext, Lease, ThreadLeases};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::codec::{from_sql_int, to_nanos, SqlContext};
 use crate::SqliteStore;
-
-/// A lease time-to-live must be positive and at most a day — the rule (and message) of the
-/// in-memory store, whose check is private to `keel-runtime`.
-fn check_ttl(ttl: Duration) -> AgentResult<()> {
-    if ttl.is_zero() || ttl > Duration::from_secs(86_400) {
-        return Err(AgentError::invalid_input(
-            "ttl",
-            "must be between 1 ms and 24 h",
-        ));
-    }
-    Ok(())
-}
 
 fn lease_lost(lease: &Lease) -> AgentError {
     AgentError::LeaseLost {
@@ -66,7 +54,7 @@ impl ThreadLeases for SqliteStore {
         holder: &str,
         ttl: Duration,
     ) -> AgentResult<Option<Lease>> {
-        check_ttl(ttl)?;
+        check_lease_ttl(ttl)?;
         let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
         let (tenant, thread_id, holder) = (auth.namespace(), thread_id.clone(), holder.to_owned());
         self.write(move |conn| {
@@ -127,7 +115,7 @@ impl ThreadLeases for SqliteStore {
         lease: &Lease,
         ttl: Duration,
     ) -> AgentResult<Lease> {
-        check_ttl(ttl)?;
+        check_lease_ttl(ttl)?;
         let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
         let (tenant, lease) = (auth.namespace(), lease.clone());
         self.write(move |conn| {

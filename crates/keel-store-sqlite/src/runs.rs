@@ -13,10 +13,10 @@ use crate::SqliteStore;
 
 /// The WHERE clause (after the tenant) and its arguments for `query`, in parameter order.
 ///
-/// `contains` is `instr(body, ?) > 0`, not LIKE: a `%` or `_` in the needle is then plain text,
-/// as in the in-memory store's substring match, and the match is case-sensitive. The body is
-/// the record's stored JSON (the versioned envelope, with object keys in sorted order), so a
-/// needle is matched against compact JSON text as the in-memory store does.
+/// `contains` is `instr(body, ?) > 0`, not LIKE: a `%` or `_` in the needle is then plain text
+/// and the match is case-sensitive. The body is the record's stored JSON (the versioned
+/// envelope, compact, object keys in sorted order), which is exactly the text `RunQuery`
+/// documents `contains` as searching, on every backend.
 fn where_clause(tenant: String, query: &RunQuery) -> (String, Vec<SqlValue>) {
     let mut clauses = vec!["tenant = ?"];
     let mut args = vec![SqlValue::Text(tenant)];

@@ -195,9 +195,9 @@ fn commit_batch(conn: &Connection, batch: Vec<Job>, counters: &Counters) {
                 "SQLite could not start a write transaction (is another process holding the \
                  database's write lock?): {e}"
             ));
-            finish_all(batch, Err(error));
             counters.failed_batches.fetch_add(1, Ordering::Relaxed);
             counters.finished.fetch_add(size, Ordering::Relaxed);
+            finish_all(batch, Err(error));
             return;
         }
         Ok(()) => run_jobs(conn, batch),
@@ -228,8 +228,9 @@ fn commit_batch(conn: &Connection, batch: Vec<Job>, counters: &Counters) {
     } else {
         tracing::trace!(size, "SQLite write batch committed");
     }
-    finish_all(done, outcome);
+    // Counted before answering, so a caller that sees its answer also sees it counted.
     counters.finished.fetch_add(size, Ordering::Relaxed);
+    finish_all(done, outcome);
 }
 
 /// Run each job in its own savepoint. Returns the jobs (to be answered after the commit) and,

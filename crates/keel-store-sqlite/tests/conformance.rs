@@ -119,3 +119,69 @@ async fn run_store_index_and_search() {
     let (_dir, store) = file_store();
     testing::run_store_index_and_search(&store).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn task_manager_page_token_survives_changes() {
+    let (_dir, store) = file_store();
+    testing::task_manager_page_token_survives_changes(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn task_manager_state_filter_follows_saves() {
+    let (_dir, store) = file_store();
+    testing::task_manager_state_filter_follows_saves(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn task_manager_listed_tasks_carry_no_history() {
+    let (_dir, store) = file_store();
+    testing::task_manager_listed_tasks_carry_no_history(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_delete_of_expired_key_is_false() {
+    let (_dir, store) = file_store();
+    testing::memory_delete_of_expired_key_is_false(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn history_and_queue_limit_zero_is_empty() {
+    let (_dir, store) = file_store();
+    testing::history_and_queue_limit_zero_is_empty(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lease_is_dead_after_release() {
+    let (_dir, store) = file_store();
+    testing::lease_is_dead_after_release(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lease_ttl_bounds() {
+    let (_dir, store) = file_store();
+    testing::lease_ttl_bounds(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn queue_seqs_grow_after_the_queue_empties() {
+    let (_dir, store) = file_store();
+    testing::queue_seqs_grow_after_the_queue_empties(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn subagent_reparenting_leaves_the_old_parent() {
+    let (_dir, store) = file_store();
+    testing::subagent_reparenting_leaves_the_old_parent(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_store_time_window_is_half_open() {
+    let (_dir, store) = file_store();
+    testing::run_store_time_window_is_half_open(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_store_contains_searches_the_stored_json() {
+    let (_dir, store) = file_store();
+    testing::run_store_contains_searches_the_stored_json(&store).await;
+}
