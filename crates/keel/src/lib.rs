@@ -15,6 +15,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "sandbox")]
+pub mod code;
 pub mod demo;
 mod runtime;
 
@@ -24,6 +26,9 @@ pub use keel_events as events;
 pub use keel_llm as llm;
 pub use keel_policy as policy;
 pub use keel_runtime as services;
+/// Sandboxed code execution (feature `sandbox`).
+#[cfg(feature = "sandbox")]
+pub use keel_sandbox as sandbox;
 /// The Redis store (feature `redis`).
 #[cfg(feature = "redis")]
 pub use keel_store_redis as redis;
