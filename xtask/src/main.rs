@@ -14,6 +14,7 @@ commands:
   ci               fmt, clippy, tests (with Redis and the Python A2A SDK), per-crate default-feature checks
   bench [args...]  every benchmark: cargo bench --workspace [args...]
   bench stores     the store backends: persisted steps/s beside raw SQLite/Redis ceilings
+  bench engine     the thread engine: overhead per step, persisted steps/s per backend
                    (KEEL_BENCH_SECS, KEEL_BENCH_DIR, REDIS_URL; figures are printed, never asserted)
   py-sdk           create/refresh the cached Python A2A SDK venv and print its python path
   help             print this message";
@@ -46,11 +47,18 @@ fn main() -> ExitCode {
 }
 
 /// The named benchmarks: `cargo xtask bench <name>` runs one bench target of one package.
-const BENCHES: &[NamedBench] = &[NamedBench {
-    name: "stores",
-    package: "store-bench",
-    target: "stores",
-}];
+const BENCHES: &[NamedBench] = &[
+    NamedBench {
+        name: "stores",
+        package: "store-bench",
+        target: "stores",
+    },
+    NamedBench {
+        name: "engine",
+        package: "store-bench",
+        target: "engine",
+    },
+];
 
 /// A bench target `cargo xtask bench` knows by name.
 struct NamedBench {

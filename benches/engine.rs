@@ -1,0 +1,165 @@
+//! `cargo xtask bench engine`: what the thread engine costs per step. With the offline model
+//! and the in-memory store it prints the engine's own overhead per step (one model call plus
+//! one tool call, every message persisted, every event emitted); on SQLite and Redis it prints
+//! persisted steps/s at 1 and 64 concurrent threads, to read beside `cargo xtask bench
+//! stores` (the raw store ceilings). Asserts nothing.
+//!
+//! Settings: `KEEL_BENCH_SECS` (seconds per figure, default 2), `REDIS_URL`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
+use keel_core::{AgentCard, AgentResult, Message, ThreadId};
+use keel_llm::{Llm, LlmRequest, LlmResponse, LlmRole, ToolCall};
+use keel_runtime::{InMemoryRuntime, Runtime};
+use serde_json::{json, Value};
+
+/// Steps per task: each step is one model call that asks for the `noop` tool.
+const STEPS_PER_TASK: usize = 10;
+
+/// A model that asks for `noop` until the task has had its steps, then answers.
+struct LoopLlm;
+
+#[async_trait]
+impl Llm for LoopLlm {
+    fn model_name(&self) -> &str {
+        "loop"
+    }
+    async fn complete(&self, request: LlmRequest) -> AgentResult<LlmResponse> {
+        // Count the tool results since the last user message: the current task's steps.
+        let done = request
+            .messages
+            .iter()
+            .rev()
+            .take_while(|m| m.role != LlmRole::User)
+            .filter(|m| m.role == LlmRole::Tool)
+            .count();
+        Ok(if done < STEPS_PER_TASK {
+            LlmResponse {
+                content: None,
+                tool_calls: vec![ToolCall::new("noop", json!({}))],
+                usage: Default::default(),
+            }
+        } else {
+            LlmResponse::text("done")
+        })
+    }
+}
+
+fn agent() -> Agent {
+    let noop = FnTool::new(
+        "noop",
+        "Do nothing",
+        json!({"type": "object"}),
+        |_a, _c| async { Ok(Value::Null) },
+    );
+    Agent::builder(AgentCard::new("bench", "bench", "http://127.0.0.1:0"))
+        .llm(LoopLlm)
+        .tool(noop)
+        .max_steps(STEPS_PER_TASK as u32 + 1)
+        .build()
+        .expect("a valid agent")
+}
+
+/// Run tasks on `threads` threads for `duration`; answers steps/s.
+async fn measure(runtime: Arc<dyn Runtime>, threads: usize, duration: Duration) -> f64 {
+    let executor = AgentExecutor::new(agent(), runtime.clone());
+    let auth = runtime.auth_service().auth_context();
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..threads {
+        let (executor, auth) = (executor.clone(), auth.clone());
+        workers.push(tokio::spawn(async move {
+            // A fresh thread per task: what is measured is the engine per step, not a
+            // conversation growing without bound (each step sends the whole history).
+            let mut steps = 0usize;
+            while started.elapsed() < duration {
+                let message = Message::user("go").in_thread(ThreadId::new());
+                if executor
+                    .send_message(&auth, message, SendOptions::default())
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                steps += STEPS_PER_TASK;
+            }
+            steps
+        }));
+    }
+    let mut steps = 0;
+    for worker in workers {
+        steps += worker.await.unwrap_or(0);
+    }
+    executor.shutdown().await;
+    steps as f64 / started.elapsed().as_secs_f64()
+}
+
+fn memory() -> Arc<dyn Runtime> {
+    Arc::new(InMemoryRuntime::new(Arc::new(LoopLlm)))
+}
+
+fn with_store<S>(store: Arc<S>) -> Arc<dyn Runtime>
+where
+    S: keel_runtime::TaskManager
+        + keel_runtime::MemoryService
+        + keel_runtime::ThreadStore
+        + keel_runtime::RunStore
+        + 'static,
+{
+    Arc::new(
+        InMemoryRuntime::new(Arc::new(LoopLlm))
+            .with_task_manager(store.clone())
+            .with_memory_service(store.clone())
+            .with_thread_store(store.clone())
+            .with_run_store(store),
+    )
+}
+
+fn main() -> ExitCode {
+    let secs = std::env::var("KEEL_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .unwrap_or(2.0);
+    let duration = Duration::from_secs_f64(secs);
+    let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    else {
+        eprintln!("engine bench: cannot start a tokio runtime");
+        return ExitCode::FAILURE;
+    };
+    rt.block_on(async {
+        println!("engine: {STEPS_PER_TASK} steps per task (model call + tool call, all persisted, events emitted)");
+        println!("{:<8} {:>8} {:>14} {:>16}", "backend", "threads", "steps/s", "per step");
+        let row = |backend: &str, threads: usize, steps_per_sec: f64| {
+            let per_step = if steps_per_sec > 0.0 { format!("{:.1} µs", 1e6 / steps_per_sec) } else { "-".into() };
+            println!("{backend:<8} {threads:>8} {steps_per_sec:>14.0} {per_step:>16}");
+        };
+        for threads in [1, 64] {
+            row("memory", threads, measure(memory(), threads, duration).await);
+        }
+        let dir = tempfile::tempdir().expect("a temp dir");
+        for threads in [1, 64] {
+            let path = dir.path().join(format!("engine-{threads}.db"));
+            match keel_store_sqlite::SqliteStore::open(&path) {
+                Ok(store) => row("sqlite", threads, measure(with_store(Arc::new(store)), threads, duration).await),
+                Err(e) => println!("sqlite   {threads:>8} skipped ({e})"),
+            }
+        }
+        for threads in [1, 64] {
+            let prefix = format!("keel-bench-{}:", uuid::Uuid::new_v4().simple());
+            match keel_store_redis::RedisStore::connect(&redis_url).await {
+                Ok(store) => row("redis", threads, measure(with_store(Arc::new(store.with_prefix(prefix))), threads, duration).await),
+                Err(_) => println!("redis    {threads:>8} skipped (no Redis at {redis_url})"),
+            }
+        }
+        println!("(single-thread per-step time on memory is the engine's own overhead; compare the store rows with `cargo xtask bench stores`)");
+    });
+    ExitCode::SUCCESS
+}
