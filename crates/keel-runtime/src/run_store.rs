@@ -183,8 +183,16 @@ pub trait RunStore: Send + Sync {
 /// store (oldest dropped first), so memory stays flat under load.
 pub struct InMemoryRunStore {
     tasks: std::sync::Mutex<std::collections::VecDeque<(String, TaskRecord)>>,
-    runs: std::sync::Mutex<std::collections::VecDeque<(String, RunRecord)>>,
+    runs: std::sync::Mutex<RunIndex>,
     capacity: usize,
+}
+
+/// Run reports by (tenant, run id), with their insertion order for eviction: saving a report
+/// is O(1) whatever the number of records held.
+#[derive(Default)]
+struct RunIndex {
+    by_run: std::collections::HashMap<(String, RunId), RunRecord>,
+    order: std::collections::VecDeque<(String, RunId)>,
 }
 
 impl Default for InMemoryRunStore {
@@ -260,13 +268,16 @@ impl RunStore for InMemoryRunStore {
     }
 
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
-        let namespace = auth.namespace();
+        let key = (auth.namespace(), record.run_id.clone());
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        runs.retain(|(ns, r)| !(*ns == namespace && r.run_id == record.run_id));
-        if runs.len() >= self.capacity {
-            runs.pop_front();
+        if runs.by_run.insert(key.clone(), record.clone()).is_none() {
+            runs.order.push_back(key);
+            while runs.order.len() > self.capacity {
+                if let Some(oldest) = runs.order.pop_front() {
+                    runs.by_run.remove(&oldest);
+                }
+            }
         }
-        runs.push_back((namespace, record.clone()));
         Ok(())
     }
 
@@ -275,12 +286,11 @@ impl RunStore for InMemoryRunStore {
         auth: &AuthContext,
         run_id: &RunId,
     ) -> AgentResult<Option<RunRecord>> {
-        let namespace = auth.namespace();
         let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
         Ok(runs
-            .iter()
-            .find(|(ns, r)| *ns == namespace && &r.run_id == run_id)
-            .map(|(_, r)| r.clone()))
+            .by_run
+            .get(&(auth.namespace(), run_id.clone()))
+            .cloned())
     }
 
     async fn find_run_reports(
@@ -292,8 +302,9 @@ impl RunStore for InMemoryRunStore {
         let namespace = auth.namespace();
         let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
         let mut found: Vec<RunRecord> = runs
+            .by_run
             .iter()
-            .filter(|(ns, _)| *ns == namespace)
+            .filter(|((ns, _), _)| *ns == namespace)
             .map(|(_, r)| r)
             .filter(|r| {
                 query.matches(
