@@ -93,6 +93,8 @@ pub struct Agent {
     human_handoff: bool,
     authorizer: Arc<keel_policy::ActionAuthorizer>,
     negotiator: Arc<dyn crate::Negotiator>,
+    // Subagents: the kinds of child agents this agent may create (see `subagents`).
+    pub(crate) subagents: crate::subagents::Specs,
 }
 
 impl fmt::Debug for Agent {
@@ -121,6 +123,7 @@ impl Agent {
             policy: None,
             approval_handler: None,
             negotiator: None,
+            subagents: Vec::new(),
         }
     }
 
@@ -226,9 +229,17 @@ pub struct AgentBuilder {
     policy: Option<Arc<dyn keel_policy::Policy>>,
     approval_handler: Option<Arc<dyn keel_policy::ApprovalHandler>>,
     negotiator: Option<Arc<dyn crate::Negotiator>>,
+    subagents: Vec<crate::SubagentSpec>,
 }
 
 impl AgentBuilder {
+    /// Let the model create subagents of this kind (adds the built-in `subagent_create`
+    /// tool, and `subagent_message` when a kind is resumable).
+    pub fn subagent(mut self, spec: crate::SubagentSpec) -> Self {
+        self.subagents.push(spec);
+        self
+    }
+
     /// The system instructions.
     pub fn instructions(mut self, instructions: impl Into<String>) -> Self {
         self.instructions = instructions.into();
@@ -332,15 +343,26 @@ impl AgentBuilder {
         if self.stop.max_steps == 0 {
             return Err(AgentError::invalid_input("max_steps", "must be at least 1"));
         }
-        const RESERVED: [&str; 3] = [SESSION_STOP_TOOL, SESSION_FAIL_TOOL, ASK_HUMAN_TOOL];
+        const RESERVED: [&str; 5] = [
+            SESSION_STOP_TOOL,
+            SESSION_FAIL_TOOL,
+            ASK_HUMAN_TOOL,
+            crate::SUBAGENT_CREATE_TOOL,
+            crate::SUBAGENT_MESSAGE_TOOL,
+        ];
         let mut tools = Vec::with_capacity(self.tools.len());
         let mut tool_index = HashMap::new();
-        for tool in self.tools {
+        // Subagents: the built-in lifecycle tools join the checked tools below.
+        let subagents = Arc::new(self.subagents);
+        let builtin = crate::subagents::builtin_tools(&subagents)?;
+        let declared = self.tools.len();
+        for (i, tool) in self.tools.into_iter().chain(builtin).enumerate() {
+            let is_builtin = i >= declared;
             let name = tool.name().to_owned();
             if name.is_empty() {
                 return Err(AgentError::invalid_input("tool.name", "must not be empty"));
             }
-            if RESERVED.contains(&name.as_str()) {
+            if !is_builtin && RESERVED.contains(&name.as_str()) {
                 return Err(AgentError::invalid_input(
                     "tool.name",
                     format!("`{name}` is reserved for a built-in tool"),
@@ -388,6 +410,7 @@ impl AgentBuilder {
             negotiator: self
                 .negotiator
                 .unwrap_or_else(|| Arc::new(crate::AcceptAll)),
+            subagents,
         })
     }
 }

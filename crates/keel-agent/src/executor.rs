@@ -71,6 +71,12 @@ pub struct ExecutorConfig {
     pub poll_interval: Duration,
     /// This process's name in leases.
     pub holder: String,
+    /// Asynchronous tools: the base URL callbacks are POSTed to (`{base}/callbacks/{call_id}`,
+    /// the route `keel-transport` serves). Without it asynchronous tools cannot be dispatched.
+    pub callback_base_url: Option<String>,
+    /// Asynchronous tools: how long a pending call waits for its callback when the tool sets
+    /// no timeout of its own.
+    pub async_tool_timeout: Duration,
 }
 
 impl Default for ExecutorConfig {
@@ -80,6 +86,8 @@ impl Default for ExecutorConfig {
             max_concurrent_threads: 64,
             poll_interval: Duration::from_millis(200),
             holder: format!("keel-{}-{}", std::process::id(), uuid_suffix()),
+            callback_base_url: None,
+            async_tool_timeout: Duration::from_secs(3600),
         }
     }
 }
@@ -177,6 +185,11 @@ enum Outcome {
     },
     /// The lease was lost: another process owns the thread now and will finish the task.
     Abandoned,
+    /// Asynchronous tools: a call waits for its callback; the task stays working and the
+    /// thread is released.
+    AwaitingTool {
+        call_id: String,
+    },
 }
 
 impl AgentExecutor {
@@ -461,6 +474,100 @@ impl AgentExecutor {
         Ok(task)
     }
 
+    /// Asynchronous tools: deliver a callback's result for the pending call `call_id`. The
+    /// secret must be the one sent with the invocation. An unknown call, a wrong secret, a
+    /// late result (past the deadline, or the task already ended) and a second delivery are
+    /// refused with a [`CallbackError`](crate::CallbackError) and change nothing. A good one is
+    /// recorded and its task queued on its thread, where it resumes in order; returns the task
+    /// id.
+    pub async fn deliver_tool_result(
+        &self,
+        auth: &AuthContext,
+        call_id: &str,
+        secret: &str,
+        output: Value,
+        is_error: bool,
+    ) -> Result<TaskId, crate::CallbackError> {
+        use crate::async_tools::{self as at, PendingCall, PendingState};
+        use crate::CallbackError;
+        let inner = &self.inner;
+        let unknown = || CallbackError::UnknownCall {
+            call_id: call_id.to_owned(),
+        };
+        let thread_id = inner
+            .runtime
+            .memory_service()
+            .load_serialized(auth, &at::index_key(call_id))
+            .await?
+            .and_then(|v| v.as_str().map(ThreadId::from))
+            .ok_or_else(unknown)?;
+        let store = inner.runtime.thread_store();
+        let key = at::pending_key(call_id);
+        let mut record: PendingCall = store
+            .kv_get(auth, &thread_id, &key)
+            .await?
+            .and_then(|v| serde_json::from_value(v).ok())
+            .ok_or_else(unknown)?;
+        if !at::same(&at::hash_secret(secret), &record.secret_sha256) {
+            return Err(CallbackError::Forbidden {
+                call_id: call_id.to_owned(),
+            });
+        }
+        let late = CallbackError::Late {
+            call_id: call_id.to_owned(),
+        };
+        match record.state {
+            PendingState::Delivered => {
+                return Err(CallbackError::Duplicate {
+                    call_id: call_id.to_owned(),
+                })
+            }
+            PendingState::Expired => return Err(late),
+            PendingState::Pending if Utc::now() >= record.deadline => return Err(late),
+            PendingState::Pending => {}
+        }
+        let task = inner
+            .runtime
+            .task_manager()
+            .get_task(auth, &record.task_id)
+            .await?;
+        if task.is_none_or(|t| t.state().is_terminal()) {
+            return Err(late);
+        }
+        record.state = PendingState::Delivered;
+        record.output = Some(output);
+        record.is_error = is_error;
+        store
+            .kv_set(
+                auth,
+                &thread_id,
+                &key,
+                serde_json::to_value(&record).map_err(AgentError::internal)?,
+            )
+            .await?;
+        inner
+            .enqueue(
+                auth,
+                &thread_id,
+                QueuedWork::Task {
+                    task_id: record.task_id.clone(),
+                },
+            )
+            .await?;
+        Ok(record.task_id)
+    }
+
+    // Subagents: a parent's subagent tools wait for a child's task through this.
+    /// Wait until the task rests (terminal, or waiting for input or approval) and return it.
+    pub(crate) async fn wait_for_rest(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<Task> {
+        self.inner.wait_until_resting(auth, task_id).await?;
+        self.get_task(auth, task_id, None).await
+    }
+
     /// Send every run's normalized events (`keel-events`) to `sink` too, from now on.
     pub fn add_event_sink(&self, sink: Arc<dyn EventSink>) {
         self.inner
@@ -699,7 +806,7 @@ fn is_resting(state: TaskState) -> bool {
 }
 
 impl Inner {
-    async fn enqueue(
+    pub(crate) async fn enqueue(
         &self,
         auth: &AuthContext,
         thread_id: &ThreadId,
@@ -1279,11 +1386,19 @@ impl Inner {
             .iter()
             .filter_map(|m| m.tool_call_id.clone())
             .collect();
-        let dangling: Vec<ToolCall> = history
+        // Calls run in order and each persists its result before the next starts, so only the
+        // first unanswered call of a step can have started; the later ones never ran.
+        let dangling: Vec<(ToolCall, bool)> = history
             .iter()
             .filter(|m| m.role == LlmRole::Assistant && is_tagged(m, &task.id))
-            .flat_map(|m| m.tool_calls.clone())
-            .filter(|c| !answered.contains(&c.id))
+            .flat_map(|m| {
+                m.tool_calls
+                    .iter()
+                    .filter(|c| !answered.contains(&c.id))
+                    .enumerate()
+                    .map(|(i, c)| (c.clone(), i == 0))
+                    .collect::<Vec<_>>()
+            })
             .collect();
         let pending: Option<ApprovalRequest> = task
             .metadata
@@ -1293,11 +1408,16 @@ impl Inner {
             .metadata
             .get(META_APPROVAL_DECISION)
             .and_then(|v| serde_json::from_value(v.clone()).ok());
-        for call in dangling {
+        for (call, may_have_started) in dangling {
             let awaited = pending.as_ref().filter(|p| {
                 p.action.metadata.get("call_id").and_then(Value::as_str) == Some(call.id.as_str())
             });
+            // Asynchronous tools: a call still waiting, answered by callback, or timed out.
+            let asynchronous = self.async_result(scope.flow, &call).await?;
             let result = match (awaited, &decision) {
+                _ if asynchronous.is_some() => asynchronous.unwrap_or(ToolRun::Pending {
+                    call_id: call.id.clone(),
+                }),
                 (Some(request), Some(decision)) if decision.request_id == request.request_id => {
                     scope
                         .obs
@@ -1329,10 +1449,11 @@ impl Inner {
                     }))
                 }
                 (None, _)
-                    if self
-                        .agent
-                        .tool(&call.name)
-                        .is_some_and(|t| t.tool.idempotent()) =>
+                    if !may_have_started
+                        || self
+                            .agent
+                            .tool(&call.name)
+                            .is_some_and(|t| t.tool.idempotent()) =>
                 {
                     self.call_tool(scope, &call, false).await
                 }
@@ -1358,6 +1479,7 @@ impl Inner {
                     return Ok(Some(Outcome::AwaitingApproval { request }))
                 }
                 ToolRun::Stop(error) => return Ok(Some(budget_failure(error))),
+                ToolRun::Pending { call_id } => return Ok(Some(Outcome::AwaitingTool { call_id })),
             }
         }
         if task.metadata.remove(META_PENDING_APPROVAL).is_some()
@@ -1369,6 +1491,169 @@ impl Inner {
                 .await?;
         }
         Ok(None)
+    }
+
+    // ---- Asynchronous tools (seed 004): dispatch, callback results, timeouts. ----
+
+    /// Dispatch an asynchronous call: persist the pending record (before the tool can call
+    /// back), send the invocation, and arm a local timer for the deadline.
+    async fn dispatch_async(
+        &self,
+        scope: &Scope<'_>,
+        call: &ToolCall,
+        dispatch: &dyn crate::AsyncDispatch,
+    ) -> ToolRun {
+        use crate::async_tools::{self as at, PendingCall, PendingState};
+        let failed = |message: String| ToolRun::Done {
+            output: json!(message),
+            is_error: true,
+        };
+        let Some(base) = self.config.callback_base_url.as_deref() else {
+            return failed(format!(
+                "`{}` is asynchronous but no callback URL is configured",
+                call.name
+            ));
+        };
+        let (auth, ctx) = (&scope.flow.auth, scope.ctx);
+        let secret = at::new_secret();
+        let timeout = dispatch.timeout().unwrap_or(self.config.async_tool_timeout);
+        let deadline =
+            Utc::now() + chrono::Duration::from_std(timeout).unwrap_or(chrono::Duration::MAX);
+        let record = PendingCall {
+            task_id: ctx.task_id.clone(),
+            thread_id: ctx.thread_id.clone(),
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            secret_sha256: at::hash_secret(&secret),
+            deadline,
+            state: PendingState::Pending,
+            output: None,
+            is_error: false,
+        };
+        let store = self.runtime.thread_store();
+        let persisted = async {
+            store
+                .kv_set(
+                    auth,
+                    &ctx.thread_id,
+                    &at::pending_key(&call.id),
+                    serde_json::to_value(&record).map_err(AgentError::internal)?,
+                )
+                .await?;
+            self.runtime
+                .memory_service()
+                .save_serialized(
+                    auth,
+                    &at::index_key(&call.id),
+                    json!(ctx.thread_id.as_str()),
+                )
+                .await
+        }
+        .await;
+        if let Err(err) = persisted {
+            return failed(format!("cannot record the pending call: {err}"));
+        }
+        let invocation = crate::AsyncInvocation {
+            tool: call.name.clone(),
+            call_id: call.id.clone(),
+            arguments: call.arguments.clone(),
+            callback_url: format!("{}/callbacks/{}", base.trim_end_matches('/'), call.id),
+            callback_secret: secret,
+            group_id: ctx.thread_id.as_str().to_owned(),
+            user_id: Some(auth.user_name.clone()),
+        };
+        scope
+            .obs
+            .emit(
+                RunEvent::builder(
+                    EventType::new("tool.async.dispatched"),
+                    format!("asynchronous tool `{}` dispatched", call.name),
+                )
+                .payload(json!({"call_id": call.id, "tool": call.name, "deadline": deadline})),
+            )
+            .await;
+        if let Err(err) = dispatch.dispatch(&invocation).await {
+            let _ = store
+                .kv_set(
+                    auth,
+                    &ctx.thread_id,
+                    &at::pending_key(&call.id),
+                    Value::Null,
+                )
+                .await;
+            return failed(err.to_string());
+        }
+        scope
+            .obs
+            .emit(
+                RunEvent::builder(
+                    EventType::new("tool.async.acknowledged"),
+                    format!("asynchronous tool `{}` acknowledged", call.name),
+                )
+                .payload(json!({"call_id": call.id})),
+            )
+            .await;
+        // Best effort in this process: at the deadline the task runs again and the call ends
+        // as a timeout (any later run of the task sees the deadline too).
+        if let Some(me) = self.me.upgrade() {
+            let (auth, thread_id, task_id) =
+                (auth.clone(), ctx.thread_id.clone(), ctx.task_id.clone());
+            let stop = self.shutting_down.clone();
+            self.tracker.spawn(async move {
+                tokio::select! {
+                    () = tokio::time::sleep(timeout) => {}
+                    () = stop.cancelled() => return,
+                }
+                let _ = me
+                    .enqueue(&auth, &thread_id, QueuedWork::Task { task_id })
+                    .await;
+            });
+        }
+        ToolRun::Pending {
+            call_id: call.id.clone(),
+        }
+    }
+
+    /// The state of an asynchronous call on resume: `None` when it is not one; `Pending`
+    /// while it waits; its result when delivered; a timeout error past its deadline.
+    async fn async_result(&self, flow: &Flow, call: &ToolCall) -> AgentResult<Option<ToolRun>> {
+        use crate::async_tools::{self as at, PendingCall, PendingState};
+        let store = self.runtime.thread_store();
+        let key = at::pending_key(&call.id);
+        let Some(value) = store.kv_get(&flow.auth, &flow.thread_id, &key).await? else {
+            return Ok(None);
+        };
+        let Ok(mut record) = serde_json::from_value::<PendingCall>(value) else {
+            return Ok(None);
+        };
+        let run = match record.state {
+            PendingState::Delivered => ToolRun::Done {
+                output: record.output.clone().unwrap_or(Value::Null),
+                is_error: record.is_error,
+            },
+            PendingState::Pending if Utc::now() < record.deadline => ToolRun::Pending {
+                call_id: call.id.clone(),
+            },
+            PendingState::Pending | PendingState::Expired => {
+                record.state = PendingState::Expired;
+                store
+                    .kv_set(
+                        &flow.auth,
+                        &flow.thread_id,
+                        &key,
+                        serde_json::to_value(&record).map_err(AgentError::internal)?,
+                    )
+                    .await?;
+                ToolRun::Done {
+                    output: json!(format!(
+                        "asynchronous tool `{}` timed out: no result arrived by {}",
+                        call.name, record.deadline
+                    )),
+                    is_error: true,
+                }
+            }
+        };
+        Ok(Some(run))
     }
 
     async fn persist_tool_result(
@@ -1468,6 +1753,9 @@ impl Inner {
                                 outcome = Some(Outcome::AwaitingApproval { request })
                             }
                             ToolRun::Stop(error) => outcome = Some(budget_failure(error)),
+                            ToolRun::Pending { call_id } => {
+                                outcome = Some(Outcome::AwaitingTool { call_id })
+                            }
                         }
                     }
                 }
@@ -1719,6 +2007,9 @@ impl Inner {
                             return Ok(Outcome::AwaitingApproval { request })
                         }
                         ToolRun::Stop(error) => return Ok(budget_failure(error)),
+                        ToolRun::Pending { call_id } => {
+                            return Ok(Outcome::AwaitingTool { call_id })
+                        }
                     },
                 };
                 if is_error
@@ -1813,6 +2104,7 @@ impl Inner {
                 }
                 ToolRun::Approval(request) => return Ok(Outcome::AwaitingApproval { request }),
                 ToolRun::Stop(error) => return Ok(budget_failure(error)),
+                ToolRun::Pending { call_id } => return Ok(Outcome::AwaitingTool { call_id }),
             };
             self.persist_tool_result(flow, task, call, output.clone(), is_error, history)
                 .await?;
@@ -1887,6 +2179,10 @@ impl Inner {
             };
         }
         obs.emit(RunEvent::action_started(&action)).await;
+        // Asynchronous tools: dispatch, persist the pending call, and wait for the callback.
+        if let Some(dispatch) = registered.tool.asynchronous() {
+            return self.dispatch_async(scope, call, dispatch).await;
+        }
         let started = Instant::now();
         let span = tracing::info_span!("tool", name = %call.name, call_id = %call.id);
         let tool = registered.tool.clone();
@@ -1944,6 +2240,25 @@ impl Inner {
             .await;
         match outcome {
             Outcome::Abandoned => return Ok(()),
+            Outcome::AwaitingTool { call_id } => {
+                // The task stays working; the callback queues it again.
+                task.metadata
+                    .insert("stop_reason".into(), json!("awaiting_tool"));
+                task.metadata
+                    .insert("awaiting_tool_call".into(), json!(call_id));
+                obs.emit(
+                    RunEvent::builder(
+                        EventType::new("run.stopped"),
+                        "run stopped: awaiting_tool".to_owned(),
+                    )
+                    .payload(json!({ "reason": "awaiting_tool", "call_id": call_id, "state": task.state() })),
+                )
+                .await;
+                self.save_records(auth, obs, task).await;
+                self.runtime.task_manager().save_task(auth, task).await?;
+                self.changed.send_modify(|n| *n = n.wrapping_add(1));
+                return Ok(());
+            }
             Outcome::Answer {
                 text,
                 reason,
@@ -2083,7 +2398,14 @@ struct Scope<'a> {
 
 /// How one tool call went.
 enum ToolRun {
-    Done { output: Value, is_error: bool },
+    Done {
+        output: Value,
+        is_error: bool,
+    },
+    /// Asynchronous tools: dispatched and acknowledged; the result comes by callback.
+    Pending {
+        call_id: String,
+    },
     Canceled,
     Approval(Box<ApprovalRequest>),
     Stop(AgentError),
@@ -2099,9 +2421,17 @@ fn budget_failure(error: AgentError) -> Outcome {
 
 /// The action prepared for a tool call: the tool's declared capabilities always included.
 fn tool_action(tool: &dyn crate::Tool, call: &ToolCall) -> RunAction {
-    let mut action = RunAction::tool_call(&call.name, call.arguments.clone());
-    action.capabilities = tool.capabilities();
-    action.preview = tool.preview(&call.arguments);
+    let mut action = tool
+        .prepare_action(&call.arguments)
+        .unwrap_or_else(|| RunAction::tool_call(&call.name, call.arguments.clone()));
+    for capability in tool.capabilities() {
+        if !action.capabilities.contains(&capability) {
+            action.capabilities.push(capability);
+        }
+    }
+    if action.preview.is_none() {
+        action.preview = tool.preview(&call.arguments);
+    }
     action.metadata.insert("call_id".into(), json!(call.id));
     action
 }

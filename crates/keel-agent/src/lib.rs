@@ -29,16 +29,24 @@
 //! ```
 
 mod agent;
+mod async_tools;
 mod executor;
 mod negotiator;
 mod observe;
+mod subagents;
 mod thread_state;
 mod tool;
 
 pub use agent::{
     Agent, AgentBuilder, StopRules, ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL,
 };
+pub use async_tools::{
+    AsyncDispatch, AsyncHttpTool, AsyncInvocation, CallbackError, CALLBACK_SECRET_HEADER,
+};
 pub use executor::{AgentExecutor, ExecutorConfig, SendOptions};
 pub use negotiator::{AcceptAll, LlmNegotiator, Negotiation, Negotiator};
+pub use subagents::{
+    ParentCommunication, SubagentSpec, SUBAGENT_CREATE_TOOL, SUBAGENT_MESSAGE_TOOL,
+};
 pub use thread_state::{ThreadState, RESERVED_KEY_PREFIX};
 pub use tool::{FnTool, PromptTool, Tool, ToolContext};

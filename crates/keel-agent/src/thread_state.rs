@@ -155,6 +155,16 @@ impl ThreadState {
                 .set_child_status(&self.auth, &self.thread_id, "terminated")
                 .await?;
         }
+        // Subagents: a terminated parent terminates its children (best effort).
+        if !self.inner.agent.subagents.is_empty() {
+            let children = store.children(&self.auth, &self.thread_id).await?;
+            Box::pin(crate::subagents::terminate_children(
+                &self.inner.agent.subagents,
+                &self.auth,
+                children,
+            ))
+            .await;
+        }
         Ok(())
     }
 

@@ -55,6 +55,17 @@ pub trait Tool: Send + Sync {
     fn preview(&self, _args: &Value) -> Option<keel_core::Artifact> {
         None
     }
+    /// A custom action for this call (a domain-specific kind, name or payload for policy to
+    /// judge). The tool's declared [`Tool::capabilities`] are always merged into it, so a
+    /// custom action can add capabilities but never drop the declared ones.
+    fn prepare_action(&self, _args: &Value) -> Option<keel_core::RunAction> {
+        None
+    }
+    /// For an asynchronous tool (seed 004), how its calls are dispatched: inside a model's
+    /// step the engine dispatches instead of calling, and waits durably for the callback.
+    fn asynchronous(&self) -> Option<&dyn crate::AsyncDispatch> {
+        None
+    }
 }
 
 type ToolFuture = Pin<Box<dyn Future<Output = AgentResult<Value>> + Send>>;

@@ -20,6 +20,12 @@ mod memory {
     mod thread_engine {
         include!("rules/thread_engine.rs");
     }
+    mod subagents {
+        include!("rules/subagents.rs");
+    }
+    mod async_tools {
+        include!("rules/async_tools.rs");
+    }
 }
 
 mod sqlite {
@@ -46,5 +52,11 @@ mod sqlite {
     }
     mod thread_engine {
         include!("rules/thread_engine.rs");
+    }
+    mod subagents {
+        include!("rules/subagents.rs");
+    }
+    mod async_tools {
+        include!("rules/async_tools.rs");
     }
 }

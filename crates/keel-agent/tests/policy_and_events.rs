@@ -456,3 +456,68 @@ async fn the_deterministic_call_path_goes_through_the_same_policy() {
     assert!(types(&sink.events()).contains(&"approval.required".to_owned()));
     let _: Value = json!(null);
 }
+
+/// A tool that prepares its own action: a custom kind and capability, and (on purpose) not
+/// its declared one.
+struct Transfer;
+
+#[async_trait::async_trait]
+impl keel_agent::Tool for Transfer {
+    fn name(&self) -> &str {
+        "transfer"
+    }
+    fn description(&self) -> &str {
+        "Move money"
+    }
+    fn parameters(&self) -> Value {
+        json!({"type": "object", "properties": {"amount": {"type": "number"}}, "required": ["amount"]})
+    }
+    fn capabilities(&self) -> Vec<String> {
+        vec!["payments.write".into()]
+    }
+    fn prepare_action(&self, args: &Value) -> Option<keel_core::RunAction> {
+        let mut action = keel_core::RunAction::tool_call("transfer", args.clone());
+        action.kind = "payment".into();
+        action.capabilities = vec!["payments.large".into()];
+        Some(action)
+    }
+    async fn call(
+        &self,
+        _args: Value,
+        _ctx: &keel_agent::ToolContext,
+    ) -> keel_core::AgentResult<Value> {
+        Ok(json!("sent"))
+    }
+}
+
+#[tokio::test]
+async fn the_tools_declared_capabilities_are_merged_into_a_custom_action() {
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("transfer", json!({"amount": 10}))]),
+        MockResponse::Text("ok".into()),
+    ]));
+    // Policy denies the declared capability; the custom action tried to leave it out.
+    let agent = Agent::builder(card())
+        .llm_shared(llm)
+        .tool(Transfer)
+        .policy(CapabilityPolicy::new().with_rule("payments.write", CapabilityRule::Deny))
+        .build()
+        .unwrap();
+    let (exec, auth, sink) = executor(agent);
+    exec.send_message(&auth, Message::user("pay"), SendOptions::default())
+        .await
+        .unwrap();
+    let requested = sink
+        .events()
+        .into_iter()
+        .find(|e| e.is("action.requested"))
+        .unwrap();
+    let action: keel_core::RunAction =
+        serde_json::from_value(requested.payload["action"].clone()).unwrap();
+    assert_eq!(action.kind, "payment");
+    assert_eq!(action.capabilities, ["payments.large", "payments.write"]);
+    assert!(
+        types(&sink.events()).contains(&"action.denied".to_owned()),
+        "the declared capability still counts"
+    );
+}

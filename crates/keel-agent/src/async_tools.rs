@@ -1,0 +1,254 @@
+//! Asynchronous tools (seed 004, RAP): tools that acknowledge a call at once and deliver the
+//! result later through a callback, while the runtime holds no process open for them.
+//!
+//! When the model calls an asynchronous tool, the engine persists a pending record in the
+//! thread's key-value store (`keel:pending:<call_id>`: task, a hash of a per-call secret, a
+//! deadline), dispatches the invocation, and ends the run without holding the thread: the task
+//! stays `working` with `stop_reason = awaiting_tool`. A callback goes through
+//! [`AgentExecutor::deliver_tool_result`](crate::AgentExecutor::deliver_tool_result), which
+//! checks the secret, records the result and queues the task on its thread; the thread's
+//! worker appends the tool result and the step goes on (decision 7: the later calls of that
+//! step run after it). A pending call past its deadline ends as a tool error the model sees.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use keel_core::{AgentError, AgentResult, TaskId, ThreadId};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::{Tool, ToolContext};
+
+/// The header a callback carries its per-call secret in.
+pub const CALLBACK_SECRET_HEADER: &str = "x-keel-callback-secret";
+
+/// What an asynchronous tool's endpoint receives (RAP's invocation, plus the secret the
+/// callback must present in [`CALLBACK_SECRET_HEADER`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AsyncInvocation {
+    /// The tool's name.
+    pub tool: String,
+    /// The call's id; the callback names it.
+    pub call_id: String,
+    /// The model's arguments, already checked against the tool's schema.
+    pub arguments: Value,
+    /// Where to POST the result.
+    pub callback_url: String,
+    /// Secret to present with the callback.
+    pub callback_secret: String,
+    /// The thread (RAP's `group_id`).
+    pub group_id: String,
+    /// The user, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+}
+
+/// How an asynchronous tool sends an invocation out. The dispatch must only acknowledge:
+/// the result comes back through the callback.
+#[async_trait]
+pub trait AsyncDispatch: Send + Sync {
+    /// Send the invocation; `Ok` means the tool acknowledged it.
+    async fn dispatch(&self, invocation: &AsyncInvocation) -> AgentResult<()>;
+    /// How long to wait for the callback (else the executor's default).
+    fn timeout(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// An asynchronous tool served over HTTP: each call is POSTed as an [`AsyncInvocation`] to
+/// `endpoint`, which must answer 2xx at once and call back later.
+///
+/// ```
+/// use keel_agent::AsyncHttpTool;
+/// let tool = AsyncHttpTool::new(
+///     "render_video",
+///     "Render a video; the result arrives later.",
+///     serde_json::json!({"type": "object", "properties": {"script": {"type": "string"}}}),
+///     "http://127.0.0.1:9000/invoke",
+/// );
+/// # let _ = tool;
+/// ```
+pub struct AsyncHttpTool {
+    name: String,
+    description: String,
+    parameters: Value,
+    endpoint: String,
+    timeout: Option<Duration>,
+    client: reqwest::Client,
+}
+
+impl AsyncHttpTool {
+    /// A tool named `name` whose calls are POSTed to `endpoint`.
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        parameters: Value,
+        endpoint: impl Into<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+            endpoint: endpoint.into(),
+            timeout: None,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    /// How long to wait for the callback before the call ends as a tool error.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+#[async_trait]
+impl Tool for AsyncHttpTool {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn description(&self) -> &str {
+        &self.description
+    }
+    fn parameters(&self) -> Value {
+        self.parameters.clone()
+    }
+    async fn call(&self, _args: Value, _ctx: &ToolContext) -> AgentResult<Value> {
+        Err(AgentError::Unsupported {
+            what: format!(
+                "`{}` is asynchronous and answers only inside a model's step",
+                self.name
+            ),
+        })
+    }
+    fn asynchronous(&self) -> Option<&dyn AsyncDispatch> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl AsyncDispatch for AsyncHttpTool {
+    async fn dispatch(&self, invocation: &AsyncInvocation) -> AgentResult<()> {
+        let response = self
+            .client
+            .post(&self.endpoint)
+            .json(invocation)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .map_err(|err| AgentError::ToolFailed {
+                tool: self.name.clone(),
+                message: format!("dispatch to {} failed: {err}", self.endpoint),
+            })?;
+        if !response.status().is_success() {
+            return Err(AgentError::ToolFailed {
+                tool: self.name.clone(),
+                message: format!(
+                    "{} did not acknowledge the call: HTTP {}",
+                    self.endpoint,
+                    response.status()
+                ),
+            });
+        }
+        Ok(())
+    }
+    fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+}
+
+/// Why a callback was refused. Each refusal changes nothing.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CallbackError {
+    /// No pending call has this id (never existed, or another tenant's).
+    #[error("no asynchronous tool call `{call_id}` is pending")]
+    UnknownCall {
+        /// The call id.
+        call_id: String,
+    },
+    /// The call timed out (or its task ended) before the result arrived.
+    #[error("asynchronous tool call `{call_id}` is no longer waiting for a result")]
+    Late {
+        /// The call id.
+        call_id: String,
+    },
+    /// The secret does not match the call's.
+    #[error("wrong secret for asynchronous tool call `{call_id}`")]
+    Forbidden {
+        /// The call id.
+        call_id: String,
+    },
+    /// The result was already delivered.
+    #[error("asynchronous tool call `{call_id}` already has its result")]
+    Duplicate {
+        /// The call id.
+        call_id: String,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+}
+
+/// The state of a pending call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum PendingState {
+    Pending,
+    Delivered,
+    Expired,
+}
+
+/// A pending call as persisted in the thread's key-value store.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PendingCall {
+    pub(crate) task_id: TaskId,
+    pub(crate) thread_id: ThreadId,
+    pub(crate) call_id: String,
+    pub(crate) tool: String,
+    pub(crate) secret_sha256: String,
+    pub(crate) deadline: DateTime<Utc>,
+    pub(crate) state: PendingState,
+    #[serde(default)]
+    pub(crate) output: Option<Value>,
+    #[serde(default)]
+    pub(crate) is_error: bool,
+}
+
+/// Thread key of a pending call.
+pub(crate) fn pending_key(call_id: &str) -> String {
+    format!("keel:pending:{call_id}")
+}
+
+/// Tenant key (memory service) that finds a pending call's thread from its id.
+pub(crate) fn index_key(call_id: &str) -> String {
+    format!("keel:pending_call:{call_id}")
+}
+
+/// A fresh per-call secret (two UUIDs' worth of randomness).
+pub(crate) fn new_secret() -> String {
+    format!(
+        "{}{}",
+        keel_core::RunId::new().as_str().replace('-', ""),
+        keel_core::TraceId::new().as_str().replace('-', "")
+    )
+}
+
+/// The hex SHA-256 of a secret, as stored.
+pub(crate) fn hash_secret(secret: &str) -> String {
+    Sha256::digest(secret.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Compare two strings in time independent of where they differ.
+pub(crate) fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
