@@ -1,5 +1,9 @@
 //! Authentication and tenancy: who owns the data a request touches.
 
+use std::collections::HashMap;
+use std::fmt;
+
+use keel_core::AgentResult;
 use serde::{Deserialize, Serialize};
 
 /// The tenant of a request. Every stored key is namespaced by it.
@@ -39,10 +43,57 @@ impl AuthContext {
     }
 }
 
-/// Identifies the tenant of the current execution.
+/// What a caller presented to prove who it is, as a transport found it (e.g. the
+/// `X-API-Key` header, the token of `Authorization: Bearer`, and the A2A `tenant` it routed
+/// to). Secrets are redacted from `Debug`.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    /// An API key.
+    pub api_key: Option<String>,
+    /// A bearer token.
+    pub bearer: Option<String>,
+    /// The tenant the caller addressed (A2A `tenant`), a routing hint: an [`AuthService`]
+    /// decides whether it means anything; it must never let it widen what the credentials grant.
+    pub tenant: Option<String>,
+}
+
+impl Credentials {
+    /// Whether the caller presented any secret at all.
+    pub fn is_empty(&self) -> bool {
+        self.api_key.is_none() && self.bearer.is_none()
+    }
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redact = |v: &Option<String>| v.as_ref().map(|_| "<redacted>");
+        f.debug_struct("Credentials")
+            .field("api_key", &redact(&self.api_key))
+            .field("bearer", &redact(&self.bearer))
+            .field("tenant", &self.tenant)
+            .finish()
+    }
+}
+
+/// Identifies the tenant of the current execution, and turns a caller's credentials into one.
 pub trait AuthService: Send + Sync {
-    /// The tenant.
+    /// The tenant of work that has no caller (local runs, recovery).
     fn auth_context(&self) -> AuthContext;
+
+    /// The tenant that `credentials` prove, or `None` when they prove nobody (missing or
+    /// wrong). The default ignores the credentials and answers [`AuthService::auth_context`]:
+    /// a single-tenant service that trusts every caller.
+    ///
+    /// ```
+    /// use keel_runtime::{AuthService, Credentials, StaticAuthService};
+    /// let auth = StaticAuthService::default();
+    /// let ctx = auth.authenticate(&Credentials::default()).unwrap();
+    /// assert_eq!(ctx, Some(auth.auth_context()));
+    /// ```
+    fn authenticate(&self, credentials: &Credentials) -> AgentResult<Option<AuthContext>> {
+        let _ = credentials;
+        Ok(Some(self.auth_context()))
+    }
 }
 
 /// An [`AuthService`] that always answers the same tenant.
@@ -67,5 +118,103 @@ impl Default for StaticAuthService {
 impl AuthService for StaticAuthService {
     fn auth_context(&self) -> AuthContext {
         self.context.clone()
+    }
+}
+
+/// An [`AuthService`] that maps API keys (or bearer tokens: both are looked up in the same
+/// table) to tenants. Unknown or missing keys prove nobody. The `tenant` a caller routes to
+/// is ignored: the key alone decides whose data a request sees.
+///
+/// ```
+/// use keel_runtime::{ApiKeyAuthService, AuthContext, AuthService, Credentials};
+/// let auth = ApiKeyAuthService::new(AuthContext::new("local", "operator"))
+///     .with_key("k-alice", AuthContext::new("acme", "alice"));
+/// let alice = Credentials { api_key: Some("k-alice".into()), ..Credentials::default() };
+/// assert_eq!(auth.authenticate(&alice).unwrap(), Some(AuthContext::new("acme", "alice")));
+/// assert_eq!(auth.authenticate(&Credentials::default()).unwrap(), None);
+/// ```
+#[derive(Clone)]
+pub struct ApiKeyAuthService {
+    local: AuthContext,
+    keys: HashMap<String, AuthContext>,
+}
+
+impl ApiKeyAuthService {
+    /// No keys yet; `local` is the tenant of work without a caller.
+    pub fn new(local: AuthContext) -> Self {
+        Self {
+            local,
+            keys: HashMap::new(),
+        }
+    }
+
+    /// Accept `key` (as an API key or a bearer token) for `tenant`.
+    #[must_use]
+    pub fn with_key(mut self, key: impl Into<String>, tenant: AuthContext) -> Self {
+        self.keys.insert(key.into(), tenant);
+        self
+    }
+}
+
+impl fmt::Debug for ApiKeyAuthService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiKeyAuthService")
+            .field("local", &self.local)
+            .field("keys", &self.keys.len())
+            .finish()
+    }
+}
+
+impl AuthService for ApiKeyAuthService {
+    fn auth_context(&self) -> AuthContext {
+        self.local.clone()
+    }
+
+    fn authenticate(&self, credentials: &Credentials) -> AgentResult<Option<AuthContext>> {
+        let found = [&credentials.api_key, &credentials.bearer]
+            .into_iter()
+            .flatten()
+            .find_map(|key| self.keys.get(key));
+        Ok(found.cloned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_keys_map_to_their_tenants_and_unknown_keys_to_nobody() {
+        let a = AuthContext::new("a", "u");
+        let b = AuthContext::new("b", "u");
+        let auth = ApiKeyAuthService::new(AuthContext::new("local", "op"))
+            .with_key("ka", a.clone())
+            .with_key("kb", b.clone());
+        let with =
+            |api_key: Option<&str>, bearer: Option<&str>, tenant: Option<&str>| Credentials {
+                api_key: api_key.map(Into::into),
+                bearer: bearer.map(Into::into),
+                tenant: tenant.map(Into::into),
+            };
+        assert_eq!(
+            auth.authenticate(&with(Some("ka"), None, None)).unwrap(),
+            Some(a.clone())
+        );
+        assert_eq!(
+            auth.authenticate(&with(None, Some("kb"), None)).unwrap(),
+            Some(b)
+        );
+        // The routed tenant never widens what the key grants.
+        assert_eq!(
+            auth.authenticate(&with(Some("ka"), None, Some("b")))
+                .unwrap(),
+            Some(a)
+        );
+        assert_eq!(
+            auth.authenticate(&with(Some("nope"), None, None)).unwrap(),
+            None
+        );
+        assert_eq!(auth.authenticate(&Credentials::default()).unwrap(), None);
+        assert!(!format!("{:?}", with(Some("ka"), None, None)).contains("ka"));
     }
 }

@@ -34,7 +34,7 @@ mod thread_memory;
 
 use std::sync::Arc;
 
-pub use auth::{AuthContext, AuthService, StaticAuthService};
+pub use auth::{ApiKeyAuthService, AuthContext, AuthService, Credentials, StaticAuthService};
 use keel_llm::Llm;
 pub use lease::{Lease, ThreadLeases};
 pub use logging::{LogLevel, LoggingService, TracingLoggingService};

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `message/send`, `message/stream` | `SendMessage`, `SendStreamingMessage` |
 //! | `tasks/get`, `tasks/cancel`, `tasks/resubscribe` | `GetTask`, `CancelTask`, `SubscribeToTask` |
-//! | `tasks/pushNotificationConfig/{set,get,list,delete}` | the push config operations (not offered: -32003) |
+//! | `tasks/pushNotificationConfig/{set,get,list,delete}` | the push config operations (`{taskId, pushNotificationConfig}` ⇄ `TaskPushNotificationConfig`; `authentication.schemes[0]` ⇄ `scheme`) |
 //! | `agent/getAuthenticatedExtendedCard` | `GetExtendedAgentCard` |
 //! | part `{"kind":"text","text"}` / `{"kind":"data","data"}` / `{"kind":"file","file":{"bytes" or "uri","mimeType","name"}}` | `{"text"}` / `{"data"}` / `{"raw" or "url","mediaType","filename"}` |
 //! | `{"kind":"message","role":"user" or "agent"}` | `{"role":"ROLE_USER" or "ROLE_AGENT"}` |
@@ -21,7 +21,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::handlers::Operation;
-use crate::jsonrpc::{RpcError, INVALID_PARAMS, PUSH_NOTIFICATION_NOT_SUPPORTED};
+use crate::jsonrpc::{RpcError, INVALID_PARAMS};
 use crate::stream::ends_stream;
 use crate::wire;
 
@@ -71,16 +71,16 @@ pub(crate) fn params_to_v1(operation: Operation, params: Value) -> Result<Value,
             }
             if let Some(config) = params.remove("configuration") {
                 let mut config = object(config, "configuration")?;
-                if config
-                    .remove("pushNotificationConfig")
-                    .is_some_and(|c| !c.is_null())
-                {
-                    return Err(RpcError::new(
-                        PUSH_NOTIFICATION_NOT_SUPPORTED,
-                        "push notifications are not supported",
-                    ));
-                }
                 let mut out = Map::new();
+                match config.remove("pushNotificationConfig") {
+                    None | Some(Value::Null) => {}
+                    Some(push) => {
+                        out.insert(
+                            "taskPushNotificationConfig".into(),
+                            Value::Object(push_config_to_v1(push, None)?),
+                        );
+                    }
+                }
                 if let Some(blocking) = config.remove("blocking") {
                     match blocking {
                         Value::Bool(b) => {
@@ -102,9 +102,68 @@ pub(crate) fn params_to_v1(operation: Operation, params: Value) -> Result<Value,
         Operation::GetTask | Operation::SubscribeToTask => {
             params.remove("metadata");
         }
+        // v0.3: `{taskId, pushNotificationConfig: {id, url, token, authentication}}`.
+        Operation::CreatePushConfig => {
+            let task_id = params.remove("taskId").unwrap_or(Value::Null);
+            let config = params
+                .remove("pushNotificationConfig")
+                .ok_or_else(|| invalid("pushNotificationConfig is required"))?;
+            return Ok(Value::Object(push_config_to_v1(config, Some(task_id))?));
+        }
+        // v0.3: `{id: <task id>, pushNotificationConfigId}`.
+        Operation::GetPushConfig | Operation::DeletePushConfig | Operation::ListPushConfigs => {
+            let mut out = Map::new();
+            if let Some(task_id) = params.remove("id") {
+                out.insert("taskId".into(), task_id);
+            }
+            if let Some(config_id) = params.remove("pushNotificationConfigId") {
+                out.insert("id".into(), config_id);
+            }
+            return Ok(Value::Object(out));
+        }
         _ => {}
     }
     Ok(Value::Object(params))
+}
+
+/// A v0.3 `PushNotificationConfig` (authentication with a `schemes` list) as v1.0
+/// `TaskPushNotificationConfig` fields.
+fn push_config_to_v1(
+    config: Value,
+    task_id: Option<Value>,
+) -> Result<Map<String, Value>, RpcError> {
+    let mut config = object(config, "pushNotificationConfig")?;
+    if let Some(Value::Object(mut auth)) = config.remove("authentication") {
+        let scheme = match auth.remove("schemes") {
+            Some(Value::Array(schemes)) => schemes.into_iter().next().unwrap_or(Value::Null),
+            _ => auth.remove("scheme").unwrap_or(Value::Null),
+        };
+        let mut out = Map::new();
+        out.insert("scheme".into(), scheme);
+        if let Some(credentials) = auth.remove("credentials") {
+            out.insert("credentials".into(), credentials);
+        }
+        config.insert("authentication".into(), Value::Object(out));
+    }
+    if let Some(task_id) = task_id {
+        config.insert("taskId".into(), task_id);
+    }
+    Ok(config)
+}
+
+/// A v1.0 `TaskPushNotificationConfig` as v0.3 `TaskPushNotificationConfig`.
+fn push_config_from_v1(config: Value) -> Value {
+    let Value::Object(mut config) = config else {
+        return config;
+    };
+    let task_id = config.remove("taskId").unwrap_or(Value::Null);
+    config.remove("tenant");
+    if let Some(Value::Object(mut auth)) = config.remove("authentication") {
+        let scheme = auth.remove("scheme").unwrap_or(Value::Null);
+        auth.insert("schemes".into(), json!([scheme]));
+        config.insert("authentication".into(), Value::Object(auth));
+    }
+    json!({"taskId": task_id, "pushNotificationConfig": config})
 }
 
 fn message_to_v1(message: Value) -> Result<Value, RpcError> {
@@ -181,6 +240,14 @@ pub(crate) fn result_from_v1(operation: Operation, result: Value) -> Value {
     match operation {
         Operation::SendMessage => stream_event_from_v1(result),
         Operation::GetTask | Operation::CancelTask => task_from_v1(result),
+        Operation::CreatePushConfig | Operation::GetPushConfig => push_config_from_v1(result),
+        Operation::ListPushConfigs => match result.get("configs") {
+            Some(Value::Array(configs)) => {
+                Value::Array(configs.iter().cloned().map(push_config_from_v1).collect())
+            }
+            _ => json!([]),
+        },
+        Operation::DeletePushConfig => Value::Null,
         _ => result,
     }
 }
@@ -375,13 +442,32 @@ mod tests {
     }
 
     #[test]
-    fn v0_3_push_config_is_not_supported() {
+    fn v0_3_push_configs_map_to_v1_and_back() {
         let params = json!({
             "message": {"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "text", "text": "x"}]},
-            "configuration": {"pushNotificationConfig": {"url": "https://x"}}
+            "configuration": {"pushNotificationConfig": {"url": "https://x", "token": "t",
+                "authentication": {"schemes": ["Bearer"], "credentials": "c"}}}
         });
-        let err = params_to_v1(Operation::SendMessage, params).unwrap_err();
-        assert_eq!(err.code, PUSH_NOTIFICATION_NOT_SUPPORTED);
+        let v1 = params_to_v1(Operation::SendMessage, params).unwrap();
+        assert_eq!(
+            v1["configuration"]["taskPushNotificationConfig"],
+            json!({"url": "https://x", "token": "t", "authentication": {"scheme": "Bearer", "credentials": "c"}})
+        );
+        let set =
+            json!({"taskId": "t1", "pushNotificationConfig": {"id": "p", "url": "https://x"}});
+        let v1 = params_to_v1(Operation::CreatePushConfig, set).unwrap();
+        assert_eq!(v1, json!({"taskId": "t1", "id": "p", "url": "https://x"}));
+        let get = json!({"id": "t1", "pushNotificationConfigId": "p"});
+        let v1 = params_to_v1(Operation::GetPushConfig, get).unwrap();
+        assert_eq!(v1, json!({"taskId": "t1", "id": "p"}));
+        let back = result_from_v1(
+            Operation::GetPushConfig,
+            json!({"taskId": "t1", "id": "p", "url": "https://x", "authentication": {"scheme": "Bearer"}}),
+        );
+        assert_eq!(
+            back,
+            json!({"taskId": "t1", "pushNotificationConfig": {"id": "p", "url": "https://x", "authentication": {"schemes": ["Bearer"]}}})
+        );
     }
 
     #[test]

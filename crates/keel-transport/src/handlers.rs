@@ -5,14 +5,19 @@
 //! (`send_message`, `list_tasks`, `subscribe`, ...) speak Keel's models; the `wire` module
 //! converts. So the bindings cannot drift apart: they share everything but their framing.
 
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use futures::stream::{self, BoxStream, StreamExt};
 use keel_agent::{AgentExecutor, SendOptions};
-use keel_core::{AgentError, AgentResult, Task, TaskId};
+use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
 use keel_runtime::{AuthContext, ListTasksFilter};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::jsonrpc::{RpcError, PUSH_NOTIFICATION_NOT_SUPPORTED, UNSUPPORTED_OPERATION};
+use crate::jsonrpc::{self, RpcError, UNSUPPORTED_OPERATION};
+use crate::push::Push;
+use crate::security::{self, Denied, Security};
 use crate::stream::{Follower, Start, StreamEvent};
 use crate::task_list::{TaskList, TaskListQuery};
 use crate::wire::{self, SendMessageCall};
@@ -51,6 +56,11 @@ impl Operation {
             _ => return None,
         })
     }
+
+    /// Whether the operation answers with a stream.
+    pub(crate) fn is_streaming(self) -> bool {
+        matches!(self, Self::SendStreamingMessage | Self::SubscribeToTask)
+    }
 }
 
 /// A stream of v1.0 `StreamResponse` JSON values; an error ends it.
@@ -74,6 +84,12 @@ pub(crate) struct Handlers {
     /// Flips to true once the server is shutting down and its runs have stopped: open streams
     /// then read the log one last time and end.
     closing: watch::Receiver<bool>,
+    /// The schemes callers must use; `None`: the runtime's auth service decides alone.
+    security: Option<Security>,
+    /// The extended card (A2A v1.0 JSON), for authenticated callers.
+    extended_card: Option<Value>,
+    /// Push notification configs and their deliverer.
+    push: Push,
 }
 
 fn rpc(err: AgentError) -> RpcError {
@@ -81,104 +97,223 @@ fn rpc(err: AgentError) -> RpcError {
 }
 
 impl Handlers {
-    pub(crate) fn new(executor: AgentExecutor, closing: watch::Receiver<bool>) -> Self {
-        Self { executor, closing }
+    pub(crate) fn new(
+        executor: AgentExecutor,
+        closing: watch::Receiver<bool>,
+        security: Option<Security>,
+        extended_card: Option<Value>,
+        push: Push,
+    ) -> Self {
+        Self {
+            executor,
+            closing,
+            security,
+            extended_card,
+            push,
+        }
     }
 
-    fn auth(&self) -> AuthContext {
-        self.executor.runtime().auth_service().auth_context()
+    /// The caller's tenant, from the request's credentials (and the tenant it routed to), or
+    /// the HTTP 401 answer (`json_rpc` picks the body's shape).
+    pub(crate) fn caller(
+        &self,
+        headers: &HeaderMap,
+        tenant: Option<String>,
+        json_rpc: bool,
+    ) -> Result<AuthContext, Box<Response>> {
+        let credentials = security::credentials(headers, self.security.as_ref(), tenant);
+        let auth = self.executor.runtime().auth_service();
+        match security::authenticate(auth.as_ref(), self.security.as_ref(), &credentials) {
+            Ok(context) => Ok(context),
+            Err(Denied::Unauthenticated(reason)) => {
+                tracing::debug!(reason, "request not authenticated");
+                Err(Box::new(security::unauthorized(
+                    self.security.as_ref(),
+                    reason,
+                    json_rpc,
+                )))
+            }
+            Err(Denied::Failed(error)) => Err(Box::new(if json_rpc {
+                (StatusCode::OK, Json(jsonrpc::failure(Value::Null, &error))).into_response()
+            } else {
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    Json(error.to_rest_json()),
+                )
+                    .into_response()
+            })),
+        }
     }
 
-    /// Run `operation` with its A2A v1.0 params.
+    /// Run `operation` with its A2A v1.0 params, for the tenant `auth`.
     pub(crate) async fn handle(
         &self,
+        auth: &AuthContext,
         operation: Operation,
         params: Value,
     ) -> Result<Reply, RpcError> {
         match operation {
             Operation::SendMessage => {
                 let call = wire::decode_send_message(params).map_err(rpc)?;
-                let task = self.send_message(call).await?;
+                let task = self.send_message(auth, call).await?;
                 tracing::debug!(task_id = %task.id, state = %task.state(), "SendMessage answered");
                 Ok(Reply::Unary(wire::encode_send_message_result(&task)))
             }
             Operation::GetTask => {
                 let (task_id, history_length) = wire::decode_get_task(params).map_err(rpc)?;
-                let task = self.get_task(&task_id, history_length).await.map_err(rpc)?;
+                let task = self
+                    .get_task(auth, &task_id, history_length)
+                    .await
+                    .map_err(rpc)?;
                 Ok(Reply::Unary(wire::encode_task(&task)))
             }
             Operation::ListTasks => {
                 let query = wire::decode_list_tasks(params).map_err(rpc)?;
-                let list = self.list_tasks(query).await.map_err(rpc)?;
+                let list = self.list_tasks(auth, query).await.map_err(rpc)?;
                 Ok(Reply::Unary(wire::encode_list_tasks_result(&list)))
             }
             Operation::CancelTask => {
                 let (task_id, reason) = wire::decode_cancel_task(params).map_err(rpc)?;
-                let task = self.cancel_task(&task_id, reason).await.map_err(rpc)?;
+                let task = self
+                    .cancel_task(auth, &task_id, reason)
+                    .await
+                    .map_err(rpc)?;
                 Ok(Reply::Unary(wire::encode_task(&task)))
             }
             Operation::SendStreamingMessage => {
                 let call = wire::decode_send_message(params).map_err(rpc)?;
                 Ok(Reply::Stream(encode_stream(
-                    self.send_streaming_message(call).await?,
+                    self.send_streaming_message(auth, call).await?,
                 )))
             }
             Operation::SubscribeToTask => {
                 let task_id = wire::decode_subscribe(params).map_err(rpc)?;
                 Ok(Reply::Stream(encode_stream(
-                    self.subscribe(&task_id).await?,
+                    self.subscribe(auth, &task_id).await?,
                 )))
             }
-            Operation::CreatePushConfig
-            | Operation::GetPushConfig
-            | Operation::ListPushConfigs
-            | Operation::DeletePushConfig => Err(push_not_supported()),
+            Operation::CreatePushConfig => {
+                let config = wire::decode_create_push_config(params).map_err(rpc)?;
+                let config = self.push.create(auth, config, None).await?;
+                Ok(Reply::Unary(wire::encode_push_config(&config)))
+            }
+            Operation::GetPushConfig => {
+                let (task_id, config_id) = wire::decode_push_config_ref(params).map_err(rpc)?;
+                let config = self.push.get(auth, &task_id, &config_id).await?;
+                Ok(Reply::Unary(wire::encode_push_config(&config)))
+            }
+            Operation::ListPushConfigs => {
+                let task_id = wire::decode_list_push_configs(params).map_err(rpc)?;
+                let configs = self.push.list(auth, &task_id).await?;
+                Ok(Reply::Unary(wire::encode_list_push_configs(&configs)))
+            }
+            Operation::DeletePushConfig => {
+                let (task_id, config_id) = wire::decode_push_config_ref(params).map_err(rpc)?;
+                self.push.delete(auth, &task_id, &config_id).await?;
+                Ok(Reply::Unary(Value::Object(serde_json::Map::new())))
+            }
             // The card says `extendedAgentCard: false`: A2A v1.0 (3.3.4) answers that with
             // UnsupportedOperationError; -32007 is for agents that declare one but lack it.
-            Operation::GetExtendedAgentCard => Err(RpcError::new(
-                UNSUPPORTED_OPERATION,
-                "this agent offers no extended agent card",
-            )
-            .with("extendedAgentCard", "false")),
+            Operation::GetExtendedAgentCard => match &self.extended_card {
+                Some(card) => Ok(Reply::Unary(card.clone())),
+                None => Err(RpcError::new(
+                    UNSUPPORTED_OPERATION,
+                    "this agent offers no extended agent card",
+                )
+                .with("extendedAgentCard", "false")),
+            },
         }
     }
 
     /// `SendMessage`: blocking unless `return_immediately`.
-    pub(crate) async fn send_message(&self, call: SendMessageCall) -> Result<Task, RpcError> {
-        if call.wants_push_notifications {
-            return Err(push_not_supported());
+    pub(crate) async fn send_message(
+        &self,
+        auth: &AuthContext,
+        call: SendMessageCall,
+    ) -> Result<Task, RpcError> {
+        let Some(push_config) = call.push_config.clone() else {
+            let options = SendOptions {
+                return_immediately: call.return_immediately,
+                history_length: call.history_length,
+                run_context: None,
+            };
+            return self
+                .executor
+                .send_message(auth, call.message, options)
+                .await
+                .map_err(rpc);
+        };
+        // With a push config: accept the message, register the config from this turn's
+        // message on, then (when blocking) wait for the turn to end as a stream would.
+        self.push.check_url(&push_config.url).await?;
+        let message_id = call.message.message_id.clone();
+        let history_length = call.history_length;
+        let blocking = !call.return_immediately;
+        let task = self.accept_with_push(auth, call, push_config).await?;
+        if !blocking {
+            return Ok(task);
         }
+        let mut turn = self.follow(auth.clone(), task.id.clone(), None, Start::Turn(message_id));
+        while let Some(event) = turn.next().await {
+            event.map_err(rpc)?;
+        }
+        self.get_task(auth, &task.id, history_length)
+            .await
+            .map_err(rpc)
+    }
+
+    /// Accept a message (without waiting for its run) and register its push config, which
+    /// then delivers every update from the message on.
+    async fn accept_with_push(
+        &self,
+        auth: &AuthContext,
+        call: SendMessageCall,
+        mut push_config: crate::push::PushConfig,
+    ) -> Result<Task, RpcError> {
+        let message_id = call.message.message_id.clone();
         let options = SendOptions {
-            return_immediately: call.return_immediately,
+            return_immediately: true,
             history_length: call.history_length,
             run_context: None,
         };
-        self.executor
-            .send_message(&self.auth(), call.message, options)
+        let task = self
+            .executor
+            .send_message(auth, call.message, options)
             .await
-            .map_err(rpc)
+            .map_err(rpc)?;
+        let events = self
+            .executor
+            .runtime()
+            .task_manager()
+            .get_task_events(auth, &task.id)
+            .await
+            .map_err(rpc)?;
+        let from = events.iter().position(
+            |e| matches!(e, TaskEvent::Message { message } if message.message_id == message_id),
+        );
+        push_config.task_id = task.id.clone();
+        self.push.create(auth, push_config, from).await?;
+        Ok(task)
     }
 
     /// `GetTask`.
     pub(crate) async fn get_task(
         &self,
+        auth: &AuthContext,
         task_id: &TaskId,
         history_length: Option<usize>,
     ) -> AgentResult<Task> {
-        self.executor
-            .get_task(&self.auth(), task_id, history_length)
-            .await
+        self.executor.get_task(auth, task_id, history_length).await
     }
 
     /// `CancelTask`.
     pub(crate) async fn cancel_task(
         &self,
+        auth: &AuthContext,
         task_id: &TaskId,
         reason: Option<String>,
     ) -> AgentResult<Task> {
-        self.executor
-            .cancel_task(&self.auth(), task_id, reason)
-            .await
+        self.executor.cancel_task(auth, task_id, reason).await
     }
 
     /// `ListTasks`: most recently updated first (by status timestamp), as A2A requires.
@@ -188,8 +323,11 @@ impl Handlers {
     /// and pages itself; the page token is the offset into that order. The cost grows with
     /// the tenant's task count (bounded by the store's retention), and a task that changes
     /// between two page requests can move between pages.
-    pub(crate) async fn list_tasks(&self, query: TaskListQuery) -> AgentResult<TaskList> {
-        let auth = self.auth();
+    pub(crate) async fn list_tasks(
+        &self,
+        auth: &AuthContext,
+        query: TaskListQuery,
+    ) -> AgentResult<TaskList> {
         let page_size = query
             .page_size
             .unwrap_or(TaskListQuery::DEFAULT_PAGE_SIZE)
@@ -209,7 +347,7 @@ impl Handlers {
         };
         let mut all = Vec::new();
         loop {
-            let page = tasks.list_tasks(&auth, &filter).await?;
+            let page = tasks.list_tasks(auth, &filter).await?;
             all.extend(page.items);
             match page.next_page_token {
                 Some(token) => filter.page_token = Some(token),
@@ -231,7 +369,7 @@ impl Handlers {
         for task in all.iter().skip(offset).take(page_size as usize) {
             let mut task = match self
                 .executor
-                .get_task(&auth, &task.id, query.history_length)
+                .get_task(auth, &task.id, query.history_length)
                 .await
             {
                 Ok(task) => task,
@@ -257,30 +395,40 @@ impl Handlers {
     /// the task from this turn on.
     pub(crate) async fn send_streaming_message(
         &self,
+        auth: &AuthContext,
         call: SendMessageCall,
     ) -> Result<EventStream, RpcError> {
-        if call.wants_push_notifications {
-            return Err(push_not_supported());
-        }
-        let auth = self.auth();
+        let auth = auth.clone();
         let message_id = call.message.message_id.clone();
-        let options = SendOptions {
-            return_immediately: true,
-            history_length: None,
-            run_context: None,
+        let history_length = call.history_length;
+        let task = match call.push_config.clone() {
+            Some(push_config) => {
+                self.push.check_url(&push_config.url).await?;
+                self.accept_with_push(&auth, call, push_config).await?
+            }
+            None => {
+                let options = SendOptions {
+                    return_immediately: true,
+                    history_length: None,
+                    run_context: None,
+                };
+                self.executor
+                    .send_message(&auth, call.message, options)
+                    .await
+                    .map_err(rpc)?
+            }
         };
-        let task = self
-            .executor
-            .send_message(&auth, call.message, options)
-            .await
-            .map_err(rpc)?;
         tracing::debug!(task_id = %task.id, "SendStreamingMessage accepted");
-        Ok(self.follow(auth, task.id, call.history_length, Start::Turn(message_id)))
+        Ok(self.follow(auth, task.id, history_length, Start::Turn(message_id)))
     }
 
     /// `SubscribeToTask`: a terminal task is UnsupportedOperationError (A2A v1.0, 3.1.6).
-    pub(crate) async fn subscribe(&self, task_id: &TaskId) -> Result<EventStream, RpcError> {
-        let auth = self.auth();
+    pub(crate) async fn subscribe(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> Result<EventStream, RpcError> {
+        let auth = auth.clone();
         let task = self
             .executor
             .runtime()
@@ -336,11 +484,4 @@ fn encode_stream(events: EventStream) -> ReplyStream {
                 .map_err(rpc)
         })
         .boxed()
-}
-
-fn push_not_supported() -> RpcError {
-    RpcError::new(
-        PUSH_NOTIFICATION_NOT_SUPPORTED,
-        "push notifications are not supported",
-    )
 }

@@ -15,25 +15,32 @@
 //! HTTP+JSON binding; `compat_v03` the v0.3 method names and JSON shapes; `stream` the
 //! follower that turns a task's durable event log into a stream; `wire` the v1.0 JSON.
 //!
-//! What it serves: the card at `/.well-known/agent-card.json`; SendMessage,
-//! SendStreamingMessage, GetTask, ListTasks, CancelTask and SubscribeToTask on both bindings.
-//! Not yet: push notifications (answered with -32003), an extended card (-32004),
-//! authentication beyond the runtime's auth service, and JSON-RPC batches.
+//! What it serves: the card at `/.well-known/agent-card.json` (with `Cache-Control` and an
+//! `ETag`); SendMessage, SendStreamingMessage, GetTask, ListTasks, CancelTask, SubscribeToTask,
+//! the four push notification config operations (with webhook delivery, `push`) and
+//! GetExtendedAgentCard on both bindings; JSON-RPC 2.0 batches and notifications; and, with
+//! [`A2aServer::with_security`], API key and bearer authentication through the runtime's
+//! auth service (`security`), every operation running as the tenant the credentials prove.
 //!
 //! See [`A2aServer`] for a complete example that serves an agent and talks to it.
 
+pub mod callbacks;
 mod client;
 mod compat_v03;
 mod handlers;
 pub mod jsonrpc;
+mod push;
 mod rest;
+mod security;
 mod server;
 mod stream;
 mod task_list;
 mod wire;
 
 pub use client::{A2aClient, Binding, SendMessageOptions, TaskEventStream};
-pub use server::{A2aServer, AGENT_CARD_PATH, DEFAULT_BODY_LIMIT};
+pub use push::{DELIVERY_LOG_LIMIT, NOTIFICATION_TOKEN_HEADER};
+pub use security::{Security, API_KEY_HEADER};
+pub use server::{A2aServer, AGENT_CARD_PATH, DEFAULT_BODY_LIMIT, DEFAULT_CARD_MAX_AGE};
 pub use stream::{StreamEvent, POLL_INTERVAL};
 pub use task_list::{TaskList, TaskListQuery};
 pub use wire::KEEL_CARD_EXTENSION_URI;

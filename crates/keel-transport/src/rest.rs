@@ -9,7 +9,7 @@
 //! | `GET /tasks` (`?contextId=&status=&pageSize=&pageToken=&historyLength=&statusTimestampAfter=&includeArtifacts=`) | ListTasks |
 //! | `POST /tasks/{id}:cancel` | CancelTask |
 //! | `GET /tasks/{id}:subscribe` (the proto), also `POST` (the SDKs) | SubscribeToTask (SSE) |
-//! | `POST`/`GET /tasks/{id}/pushNotificationConfigs`, `GET`/`DELETE /tasks/{id}/pushNotificationConfigs/{configId}` | push config operations (not offered) |
+//! | `POST`/`GET /tasks/{id}/pushNotificationConfigs`, `GET`/`DELETE /tasks/{id}/pushNotificationConfigs/{configId}` | push config operations |
 //! | `GET /extendedAgentCard` | GetExtendedAgentCard |
 //!
 //! Request bodies are `application/a2a+json` or `application/json` (a body without a content
@@ -19,8 +19,8 @@
 //! `StreamResponse`. Errors are `google.rpc.Status` JSON (AIP-193,
 //! [`RpcError::to_rest_json`]) with the HTTP status of [`rest_status`]; an error after a
 //! stream has started is an SSE event named `error` carrying the same object. The tenant is
-//! routed and passed to the handlers as the request's `tenant`; it does not select the
-//! tenant's data yet (the runtime's auth service does). This binding speaks A2A 1.0 only: an
+//! routed and passed to the runtime's auth service as a hint beside the request's credentials;
+//! the auth service alone decides whose data the request sees. This binding speaks A2A 1.0 only: an
 //! `A2A-Version: 0.3` request is VersionNotSupported.
 
 use axum::body::Bytes;
@@ -53,6 +53,8 @@ pub(crate) struct RestRequest {
 struct Route {
     operation: Operation,
     task_id: Option<String>,
+    /// A push notification config's id.
+    config_id: Option<String>,
     tenant: Option<String>,
 }
 
@@ -69,6 +71,7 @@ fn route(method: &Method, path: &str) -> Option<Route> {
         return Some(Route {
             operation,
             task_id,
+            config_id: config_id(&segments),
             tenant: None,
         });
     }
@@ -78,9 +81,18 @@ fn route(method: &Method, path: &str) -> Option<Route> {
             Some(Route {
                 operation,
                 task_id,
+                config_id: config_id(rest),
                 tenant: Some((*tenant).to_owned()),
             })
         }
+        _ => None,
+    }
+}
+
+/// The config id of `tasks/{id}/pushNotificationConfigs/{configId}`.
+fn config_id(segments: &[&str]) -> Option<String> {
+    match segments {
+        ["tasks", _, "pushNotificationConfigs", config] => Some((*config).to_owned()),
         _ => None,
     }
 }
@@ -277,15 +289,35 @@ async fn answer(handlers: &Handlers, request: RestRequest) -> Result<Response, R
         | Operation::CreatePushConfig => body_params(&request.headers, request.body)?,
         _ => query_params(&query)?,
     };
-    if let Some(task_id) = route.task_id {
-        params.insert("id".into(), Value::String(task_id));
+    let auth = match handlers.caller(&request.headers, route.tenant.clone(), false) {
+        Ok(auth) => auth,
+        Err(denied) => return Ok(*denied),
+    };
+    match route.operation {
+        // The push config messages name the task `taskId` and the config `id`.
+        Operation::CreatePushConfig
+        | Operation::GetPushConfig
+        | Operation::ListPushConfigs
+        | Operation::DeletePushConfig => {
+            if let Some(task_id) = route.task_id {
+                params.insert("taskId".into(), Value::String(task_id));
+            }
+            if let Some(config_id) = route.config_id {
+                params.insert("id".into(), Value::String(config_id));
+            }
+        }
+        _ => {
+            if let Some(task_id) = route.task_id {
+                params.insert("id".into(), Value::String(task_id));
+            }
+        }
     }
     if let Some(tenant) = route.tenant {
         params.insert("tenant".into(), Value::String(tenant));
     }
     let span = tracing::info_span!("a2a.request", binding = "rest", operation = ?route.operation, path = %request.path);
     let reply = handlers
-        .handle(route.operation, Value::Object(params))
+        .handle(&auth, route.operation, Value::Object(params))
         .instrument(span)
         .await?;
     Ok(match reply {

@@ -9,23 +9,28 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Query, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::{Stream, StreamExt};
 use keel_agent::AgentExecutor;
+use keel_core::AgentCard;
+use keel_runtime::AuthContext;
 use serde_json::Value;
 use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::compat_v03;
-use crate::handlers::{Handlers, Operation, Reply};
+use crate::handlers::{Handlers, Operation, Reply, ReplyStream};
 use crate::jsonrpc::{
-    self, RpcError, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, VERSION_NOT_SUPPORTED,
+    self, RpcError, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, UNSUPPORTED_OPERATION,
+    VERSION_NOT_SUPPORTED,
 };
+use crate::push::{Push, RetryPolicy};
 use crate::rest;
+use crate::security::Security;
 use crate::wire::{self, Binding, Interface};
 
 /// The header in which a client names the A2A version it speaks.
@@ -45,7 +50,9 @@ pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 /// `GET /tasks/{id}`, ..., each also under `/{tenant}/`). JSON-RPC errors are answered with
 /// HTTP 200, as A2A clients expect; HTTP+JSON errors with the status A2A assigns.
 /// `SendStreamingMessage` and `SubscribeToTask` answer with Server-Sent Events. Push
-/// notifications are not offered, and the card says so.
+/// notification configs are stored per tenant through the runtime's memory service and
+/// their webhooks receive every status and artifact update (see
+/// [`A2aServer::allow_private_push_targets`] for the SSRF guard).
 ///
 /// The `A2A-Version` header (or query parameter) picks the protocol of a JSON-RPC request:
 /// `1.0`/`1.0.x` the v1.0 methods, `0.3` the v0.3 ones, none either (dispatched by method
@@ -83,12 +90,23 @@ pub struct A2aServer {
     executor: AgentExecutor,
     public_url: Option<String>,
     body_limit: usize,
+    security: Option<Security>,
+    extended_card: Option<AgentCard>,
+    card_max_age: u64,
+    allow_private_push_targets: bool,
+    push_retry: RetryPolicy,
 }
 
 struct ServerState {
     handlers: Handlers,
     card: Value,
+    /// A strong validator of `card`: a hash of its JSON, quoted.
+    card_etag: String,
+    card_cache_control: String,
 }
+
+/// How long clients and caches may keep the public card, by default (`max-age`, seconds).
+pub const DEFAULT_CARD_MAX_AGE: u64 = 300;
 
 impl A2aServer {
     /// A server for the agent that `executor` runs.
@@ -97,7 +115,63 @@ impl A2aServer {
             executor,
             public_url: None,
             body_limit: DEFAULT_BODY_LIMIT,
+            security: None,
+            extended_card: None,
+            card_max_age: DEFAULT_CARD_MAX_AGE,
+            allow_private_push_targets: false,
+            push_retry: RetryPolicy::default(),
         }
+    }
+
+    /// Whether push notification webhooks may be loopback, private or link-local addresses
+    /// (off by default: such URLs are refused when a config is created and at delivery, so
+    /// that a caller cannot make the agent reach into its own network). Turn on for local
+    /// development and tests.
+    #[must_use]
+    pub fn allow_private_push_targets(mut self, allow: bool) -> Self {
+        self.allow_private_push_targets = allow;
+        self
+    }
+
+    /// How failed push deliveries are retried: `max_attempts` per event and webhook (the
+    /// first included, at least 1), waiting `base_delay` (doubled per further attempt, capped
+    /// at 30 s, half of it random) in between. The default is 5 attempts from 500 ms.
+    #[must_use]
+    pub fn with_push_retry(mut self, max_attempts: u32, base_delay: std::time::Duration) -> Self {
+        self.push_retry = RetryPolicy {
+            max_attempts: max_attempts.max(1),
+            base_delay,
+            ..RetryPolicy::default()
+        };
+        self
+    }
+
+    /// Require authentication: the card declares `security`'s schemes (API key in the
+    /// `X-API-Key` header, bearer token) and requires one of them; every request except the
+    /// public card must carry credentials that the runtime's
+    /// [`AuthService::authenticate`](keel_runtime::AuthService::authenticate) accepts, and
+    /// runs as the tenant they prove. Others are answered HTTP 401 with `WWW-Authenticate`.
+    #[must_use]
+    pub fn with_security(mut self, security: Security) -> Self {
+        self.security = Some(security);
+        self
+    }
+
+    /// Offer an extended card (A2A `GetExtendedAgentCard`) to authenticated callers: the
+    /// public card then says `extendedAgentCard: true`. The served extended card lists the
+    /// same interfaces and security as the public one.
+    #[must_use]
+    pub fn with_extended_card(mut self, card: AgentCard) -> Self {
+        self.extended_card = Some(card);
+        self
+    }
+
+    /// How long the public card may be cached (`Cache-Control: public, max-age=<seconds>`;
+    /// [`DEFAULT_CARD_MAX_AGE`] unless set).
+    #[must_use]
+    pub fn with_card_max_age(mut self, seconds: u64) -> Self {
+        self.card_max_age = seconds;
+        self
     }
 
     /// The base URL that clients use to reach this server (e.g. behind a proxy). Without it,
@@ -125,12 +199,15 @@ impl A2aServer {
     /// `<public_base_url>/`, HTTP+JSON 1.0 at `<public_base_url>`, and JSON-RPC 0.3 at
     /// `<public_base_url>/`; streaming on, push notifications off.
     fn served_card(&self, public_base_url: &str) -> Value {
+        self.serve_card(self.executor.agent().card().clone(), public_base_url)
+    }
+
+    fn serve_card(&self, mut card: AgentCard, public_base_url: &str) -> Value {
         let base = public_base_url.trim_end_matches('/');
-        let mut card = self.executor.agent().card().clone();
         card.url = format!("{base}/");
         card.protocol_version = wire::PROTOCOL_VERSION.into();
         card.capabilities.streaming = true;
-        card.capabilities.push_notifications = false;
+        card.capabilities.push_notifications = true;
         let interfaces = [
             Interface {
                 url: format!("{base}/"),
@@ -148,22 +225,58 @@ impl A2aServer {
                 protocol_version: compat_v03::PROTOCOL_VERSION.into(),
             },
         ];
-        wire::encode_card_with(&card, &interfaces)
+        let requirements = self.security.map(|security| security.declare(&mut card));
+        let mut json = wire::encode_card_with(&card, &interfaces);
+        if let Some(requirements) = requirements {
+            json["securityRequirements"] = requirements;
+        }
+        if self.extended_card.is_some() {
+            json["capabilities"]["extendedAgentCard"] = Value::Bool(true);
+        }
+        json
     }
 
     /// The axum router, advertising `public_base_url` in the card. Use it to mount the agent
     /// in a larger application; [`A2aServer::serve`] is the all-in-one alternative (it also
     /// ends open streams when it shuts down).
     pub fn router(&self, public_base_url: impl Into<String>) -> Router {
-        // Never closing: streams end when their task rests or their client goes away.
+        // Never closing: streams end when their task rests or their client goes away; push
+        // deliveries go on as long as the process does.
         let (_closing, closed) = watch::channel(false);
-        self.router_with(&public_base_url.into(), closed)
+        let (_stop, stopped) = watch::channel(false);
+        self.router_with(&public_base_url.into(), closed, stopped)
     }
 
-    fn router_with(&self, public_base_url: &str, closing: watch::Receiver<bool>) -> Router {
+    fn router_with(
+        &self,
+        public_base_url: &str,
+        closing: watch::Receiver<bool>,
+        stopped: watch::Receiver<bool>,
+    ) -> Router {
+        let push = Push::new(
+            self.executor.clone(),
+            self.allow_private_push_targets,
+            self.push_retry,
+            stopped,
+        );
+        // Deliveries that a previous process left pending go on from their cursors.
+        push.resume();
+        let card = self.served_card(public_base_url);
+        let extended_card = self
+            .extended_card
+            .clone()
+            .map(|extended| self.serve_card(extended, public_base_url));
         let state = Arc::new(ServerState {
-            handlers: Handlers::new(self.executor.clone(), closing),
-            card: self.served_card(public_base_url),
+            handlers: Handlers::new(
+                self.executor.clone(),
+                closing,
+                self.security,
+                extended_card,
+                push,
+            ),
+            card_etag: etag(&card),
+            card_cache_control: format!("public, max-age={}", self.card_max_age),
+            card,
         });
         Router::new()
             .route(AGENT_CARD_PATH, get(agent_card))
@@ -171,6 +284,7 @@ impl A2aServer {
             .fallback(rest_binding)
             .layer(DefaultBodyLimit::max(self.body_limit))
             .with_state(state)
+            .merge(crate::callbacks::router(self.executor.clone()))
     }
 
     /// Serve on `listener` until `shutdown` completes.
@@ -192,7 +306,8 @@ impl A2aServer {
             .clone()
             .unwrap_or_else(|| format!("http://{address}"));
         let (closing, closed) = watch::channel(false);
-        let router = self.router_with(&base_url, closed);
+        let (stop_push, push_stopped) = watch::channel(false);
+        let router = self.router_with(&base_url, closed, push_stopped);
         let executor = self.executor.clone();
         let signal = {
             let executor = executor.clone();
@@ -213,12 +328,47 @@ impl A2aServer {
             .await;
         // Runs started by requests that raced the signal are canceled here too.
         executor.shutdown().await;
+        // Push deliveries stop where they are; their cursors are persisted, and the next
+        // server on the same store delivers the rest.
+        let _ = stop_push.send(true);
         served
     }
 }
 
-async fn agent_card(State(state): State<Arc<ServerState>>) -> Json<Value> {
-    Json(state.card.clone())
+/// The public card, with `Cache-Control` and an `ETag`; `If-None-Match` naming the current
+/// tag (or `*`) is answered 304 with no body.
+async fn agent_card(State(state): State<Arc<ServerState>>, headers: HeaderMap) -> Response {
+    let fresh = headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|tag| tag.trim().trim_start_matches("W/"))
+        .any(|tag| tag == "*" || tag == state.card_etag);
+    let mut response = if fresh {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        Json(state.card.clone()).into_response()
+    };
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(&state.card_etag) {
+        headers.insert(header::ETAG, value);
+    }
+    if let Ok(value) = HeaderValue::from_str(&state.card_cache_control) {
+        headers.insert(header::CACHE_CONTROL, value);
+    }
+    response
+}
+
+/// A strong entity tag for a JSON value: FNV-1a (64 bits) of its serialization, quoted. The
+/// same card gives the same tag in every process and release, so replicas agree.
+fn etag(value: &Value) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in value.to_string().bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("\"{hash:016x}\"")
 }
 
 /// The protocol version a request asks for.
@@ -317,51 +467,134 @@ async fn json_rpc(
             )
         }
     };
-    let mut request = match request {
-        Value::Object(request) => request,
-        // Batches are not supported yet: the whole array is one invalid request.
-        Value::Array(_) => {
-            return answer_error(
-                Value::Null,
-                &RpcError::new(INVALID_REQUEST, "batch requests are not supported"),
-            )
+    let query = query.map(|Query(q)| q).unwrap_or_default();
+    match request {
+        // JSON-RPC 2.0 batch: one answer entry per request that has an id, in any order (this
+        // server keeps the request order); none at all is no body. The requests run
+        // concurrently, for the one tenant that the HTTP request's credentials prove.
+        Value::Array(requests) => {
+            if requests.is_empty() {
+                return answer_error(
+                    Value::Null,
+                    &RpcError::new(INVALID_REQUEST, "a batch must hold at least one request"),
+                );
+            }
+            let auth = match state.handlers.caller(&headers, None, true) {
+                Ok(auth) => auth,
+                Err(denied) => return *denied,
+            };
+            let calls = requests
+                .into_iter()
+                .map(|request| call(&state, &headers, &query, &auth, request, true));
+            let answers: Vec<Value> = futures::future::join_all(calls)
+                .await
+                .into_iter()
+                .filter_map(|outcome| match outcome {
+                    Outcome::Answer(answer) => Some(answer),
+                    Outcome::Silent | Outcome::Stream { .. } => None,
+                })
+                .collect();
+            if answers.is_empty() {
+                StatusCode::NO_CONTENT.into_response()
+            } else {
+                answer(Value::Array(answers))
+            }
         }
-        _ => {
-            return answer_error(
-                Value::Null,
-                &RpcError::new(INVALID_REQUEST, "a request must be a JSON object"),
-            )
+        request => {
+            let tenant = request
+                .get("params")
+                .and_then(|p| p.get("tenant"))
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            let auth = match state.handlers.caller(&headers, tenant, true) {
+                Ok(auth) => auth,
+                Err(denied) => return *denied,
+            };
+            match call(&state, &headers, &query, &auth, request, false).await {
+                Outcome::Silent => StatusCode::NO_CONTENT.into_response(),
+                Outcome::Answer(body) => answer(body),
+                Outcome::Stream {
+                    id,
+                    protocol,
+                    events,
+                } => sse(events.map(move |item| {
+                    let envelope = match item {
+                        Ok(event) => {
+                            let event = match protocol {
+                                Version::V1 => event,
+                                Version::V03 => compat_v03::stream_event_from_v1(event),
+                            };
+                            jsonrpc::success(id.clone(), event)
+                        }
+                        Err(error) => jsonrpc::failure(id.clone(), &error),
+                    };
+                    sse_json(&envelope)
+                })),
+            }
         }
+    }
+}
+
+/// What one JSON-RPC request comes to.
+enum Outcome {
+    /// A notification: no answer.
+    Silent,
+    /// A response object.
+    Answer(Value),
+    /// A stream of results for request `id`.
+    Stream {
+        id: Value,
+        protocol: Version,
+        events: ReplyStream,
+    },
+}
+
+/// Decode, run and answer one JSON-RPC request. In a batch, streaming methods are answered
+/// UnsupportedOperation without running: a batch answers with one JSON array, which has no
+/// room for a stream.
+async fn call(
+    state: &ServerState,
+    headers: &HeaderMap,
+    query: &[(String, String)],
+    auth: &AuthContext,
+    request: Value,
+    in_batch: bool,
+) -> Outcome {
+    let failure = |id: Value, error: RpcError| Outcome::Answer(jsonrpc::failure(id, &error));
+    let Value::Object(mut request) = request else {
+        return failure(
+            Value::Null,
+            RpcError::new(INVALID_REQUEST, "a request must be a JSON object"),
+        );
     };
 
-    // A request without `id` is a notification: processed, answered with no body.
+    // A request without `id` is a notification: processed, answered with nothing.
     let id = match request.remove("id") {
         None => None,
         Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => Some(id),
         Some(_) => {
-            return answer_error(
+            return failure(
                 Value::Null,
-                &RpcError::new(INVALID_REQUEST, "id must be a string, a number or null"),
+                RpcError::new(INVALID_REQUEST, "id must be a string, a number or null"),
             )
         }
     };
     let reply_id = id.clone().unwrap_or(Value::Null);
     if request.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return answer_error(
+        return failure(
             reply_id,
-            &RpcError::new(INVALID_REQUEST, "jsonrpc must be \"2.0\""),
+            RpcError::new(INVALID_REQUEST, "jsonrpc must be \"2.0\""),
         );
     }
     let Some(Value::String(method)) = request.remove("method") else {
-        return answer_error(
+        return failure(
             reply_id,
-            &RpcError::new(INVALID_REQUEST, "method must be a string"),
+            RpcError::new(INVALID_REQUEST, "method must be a string"),
         );
     };
-    let query = query.map(|Query(q)| q).unwrap_or_default();
-    let version = match requested_version(&headers, &query) {
+    let version = match requested_version(headers, query) {
         Ok(version) => version,
-        Err(error) => return answer_error(reply_id, &error),
+        Err(error) => return failure(reply_id, error),
     };
     // v0.3 clients send no version: without one, the method name picks the protocol.
     let v03 = || compat_v03::operation(&method).map(|op| (op, Version::V03));
@@ -372,11 +605,23 @@ async fn json_rpc(
         None => v03().or_else(v1),
     };
     let Some((operation, protocol)) = resolved else {
-        return answer_error(
+        return failure(
             reply_id,
-            &RpcError::new(METHOD_NOT_FOUND, format!("method not found: {method}")),
+            RpcError::new(METHOD_NOT_FOUND, format!("method not found: {method}")),
         );
     };
+    if in_batch && operation.is_streaming() {
+        return match id {
+            None => Outcome::Silent,
+            Some(id) => failure(
+                id,
+                RpcError::new(
+                    UNSUPPORTED_OPERATION,
+                    format!("{method} streams its answer and cannot be part of a batch"),
+                ),
+            ),
+        };
+    }
     let params = request.remove("params").unwrap_or(Value::Null);
     let params = match protocol {
         Version::V1 => Ok(params),
@@ -389,37 +634,29 @@ async fn json_rpc(
         Ok(params) => {
             state
                 .handlers
-                .handle(operation, params)
+                .handle(auth, operation, params)
                 .instrument(span)
                 .await
         }
         Err(error) => Err(error),
     };
     let Some(id) = id else {
-        return StatusCode::NO_CONTENT.into_response();
+        return Outcome::Silent;
     };
     match outcome {
-        Err(error) => answer_error(id, &error),
+        Err(error) => failure(id, error),
         Ok(Reply::Unary(result)) => {
             let result = match protocol {
                 Version::V1 => result,
                 Version::V03 => compat_v03::result_from_v1(operation, result),
             };
-            answer(jsonrpc::success(id, result))
+            Outcome::Answer(jsonrpc::success(id, result))
         }
-        Ok(Reply::Stream(events)) => sse(events.map(move |item| {
-            let envelope = match item {
-                Ok(event) => {
-                    let event = match protocol {
-                        Version::V1 => event,
-                        Version::V03 => compat_v03::stream_event_from_v1(event),
-                    };
-                    jsonrpc::success(id.clone(), event)
-                }
-                Err(error) => jsonrpc::failure(id.clone(), &error),
-            };
-            sse_json(&envelope)
-        })),
+        Ok(Reply::Stream(events)) => Outcome::Stream {
+            id,
+            protocol,
+            events,
+        },
     }
 }
 

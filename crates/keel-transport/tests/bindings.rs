@@ -248,8 +248,8 @@ async fn rest_errors_are_status_objects_with_the_a2a_http_status() {
         (http.get(format!("{base}/nowhere")), 404, "METHOD_NOT_FOUND"),
         (
             http.delete(format!("{base}/tasks/t/pushNotificationConfigs/c")),
-            400,
-            "PUSH_NOTIFICATION_NOT_SUPPORTED",
+            404,
+            "TASK_NOT_FOUND",
         ),
         (
             http.get(format!("{base}/extendedAgentCard")),
@@ -480,7 +480,7 @@ async fn version_header_selects_the_protocol_and_unknown_versions_are_refused() 
         (Some("1.0"), "message/send", -32601),
         (Some("0.2"), "message/send", -32009),
         (Some("2.0"), "SendMessage", -32009),
-        (None, "tasks/pushNotificationConfig/set", -32003),
+        (None, "tasks/pushNotificationConfig/set", -32602),
     ];
     for (version, method, code) in cases {
         let answer: Value = server

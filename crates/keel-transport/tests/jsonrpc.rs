@@ -203,7 +203,7 @@ async fn agent_card_declares_jsonrpc_and_rest_1_0_and_jsonrpc_0_3_and_streaming(
         ])
     );
     assert_eq!(card["capabilities"]["streaming"], true);
-    assert_eq!(card["capabilities"]["pushNotifications"], false);
+    assert_eq!(card["capabilities"]["pushNotifications"], true);
     assert_eq!(card["defaultInputModes"], json!(["text/plain"]));
     assert_eq!(card["defaultOutputModes"], json!(["text/plain"]));
     assert_eq!(card["skills"][0]["id"], "echo");
@@ -342,10 +342,9 @@ async fn jsonrpc_other_than_2_0_is_an_invalid_request() {
 }
 
 #[tokio::test]
-async fn non_object_requests_batches_and_bad_ids_are_invalid_requests_with_null_id() {
+async fn non_object_requests_empty_batches_and_bad_ids_are_invalid_requests_with_null_id() {
     let server = TestServer::start().await;
     for body in [
-        json!([{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}]),
         json!([]),
         json!("GetTask"),
         json!(42),
@@ -374,13 +373,14 @@ async fn unknown_method_is_method_not_found() {
 }
 
 #[tokio::test]
-async fn unimplemented_a2a_methods_are_unsupported_not_unknown() {
+async fn push_config_methods_check_their_params_and_the_extended_card_is_unsupported() {
     let server = TestServer::start().await;
     for (method, expected) in [
-        ("CreateTaskPushNotificationConfig", -32003),
-        ("GetTaskPushNotificationConfig", -32003),
-        ("ListTaskPushNotificationConfigs", -32003),
-        ("DeleteTaskPushNotificationConfig", -32003),
+        // Known methods whose required params are missing.
+        ("CreateTaskPushNotificationConfig", -32602),
+        ("GetTaskPushNotificationConfig", -32602),
+        ("ListTaskPushNotificationConfigs", -32602),
+        ("DeleteTaskPushNotificationConfig", -32602),
         // The card says `extendedAgentCard: false`: A2A answers UnsupportedOperationError.
         ("GetExtendedAgentCard", -32004),
     ] {
@@ -454,18 +454,26 @@ async fn bad_params_are_invalid_params() {
 }
 
 #[tokio::test]
-async fn push_notification_config_is_not_supported() {
+async fn push_to_a_private_target_is_refused_before_the_message_is_accepted() {
     let server = TestServer::start().await;
-    let answer = server
-        .call(
-            "SendMessage",
-            json!({
-                "message": user_message("hi"),
-                "configuration": {"taskPushNotificationConfig": {"url": "https://example.com/hook"}}
-            }),
-        )
-        .await;
-    assert_eq!(code(&answer), -32003);
+    for url in [
+        "http://127.0.0.1:9/hook",
+        "http://169.254.169.254/",
+        "file:///etc/passwd",
+    ] {
+        let answer = server
+            .call(
+                "SendMessage",
+                json!({
+                    "message": user_message("hi"),
+                    "configuration": {"taskPushNotificationConfig": {"url": url}}
+                }),
+            )
+            .await;
+        assert_eq!(code(&answer), -32602, "{url}: {answer}");
+    }
+    let list = server.call("ListTasks", json!({})).await;
+    assert_eq!(list["result"]["tasks"], json!([]), "{list}");
     server.stop().await;
 }
 
@@ -771,4 +779,101 @@ async fn shutdown_lets_a_blocked_send_message_answer_with_a_canceled_task() {
         answer["result"]["task"]["status"]["state"], "TASK_STATE_CANCELED",
         "{answer}"
     );
+}
+
+#[tokio::test]
+async fn a_batch_answers_one_entry_per_request_with_an_id_and_none_for_notifications() {
+    let server = TestServer::start().await;
+    let task = server.send("hi", json!({})).await;
+    let task_id = task["id"].as_str().unwrap();
+    let body = json!([
+        {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}},
+        {"jsonrpc": "2.0", "method": "GetTask", "params": {"id": task_id}},
+        {"jsonrpc": "2.0", "id": "two", "method": "GetTask", "params": {"id": "missing"}},
+        {"jsonrpc": "2.0", "id": 3, "method": "NoSuchMethod"},
+        42,
+        {"jsonrpc": "2.0", "id": 4, "method": "SubscribeToTask", "params": {"id": task_id}},
+        {"jsonrpc": "2.0", "id": 5, "method": "SendStreamingMessage", "params": {"message": user_message("x")}}
+    ]);
+    let (status, answer) = server
+        .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let answers = answer.unwrap();
+    let answers = answers.as_array().expect("a batch answers with an array");
+    assert_eq!(answers.len(), 6, "{answers:?}");
+    for entry in answers {
+        assert_eq!(entry["jsonrpc"], "2.0");
+    }
+    let by_id = |id: Value| answers.iter().find(|a| a["id"] == id).unwrap().clone();
+    assert_eq!(by_id(json!(1))["result"]["id"], task_id);
+    assert_eq!(code(&by_id(json!("two"))), -32001);
+    assert_eq!(code(&by_id(json!(3))), -32601);
+    assert_eq!(code(&by_id(Value::Null)), -32600);
+    assert_eq!(code(&by_id(json!(4))), -32004);
+    assert_eq!(code(&by_id(json!(5))), -32004);
+    // The streaming request in the batch was refused, not run: still one task only.
+    let list = server.call("ListTasks", json!({})).await;
+    assert_eq!(
+        list["result"]["tasks"].as_array().unwrap().len(),
+        1,
+        "{list}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_batch_of_notifications_is_answered_with_no_content() {
+    let server = TestServer::start().await;
+    let body = json!([
+        {"jsonrpc": "2.0", "method": "GetTask", "params": {"id": "x"}},
+        {"jsonrpc": "2.0", "method": "ListTasks", "params": {}}
+    ]);
+    let (status, answer) = server
+        .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert!(answer.is_none());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_card_is_cacheable_and_revalidates_with_its_etag() {
+    let server = TestServer::start().await;
+    let url = format!("{}/.well-known/agent-card.json", server.base);
+    let first = server.http.get(&url).send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let cache = first.headers()["cache-control"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(cache.starts_with("public, max-age="), "{cache}");
+    let etag = first.headers()["etag"].to_str().unwrap().to_owned();
+    assert!(etag.starts_with('"') && etag.ends_with('"'), "{etag}");
+    // The same card, the same tag.
+    let again = server.http.get(&url).send().await.unwrap();
+    assert_eq!(again.headers()["etag"].to_str().unwrap(), etag);
+
+    let fresh = server
+        .http
+        .get(&url)
+        .header("If-None-Match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fresh.status(), StatusCode::NOT_MODIFIED);
+    assert_eq!(fresh.headers()["etag"].to_str().unwrap(), etag);
+    assert!(fresh.bytes().await.unwrap().is_empty());
+
+    let stale = server
+        .http
+        .get(&url)
+        .header("If-None-Match", "\"something-else\"")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stale.status(), StatusCode::OK);
+    let card: Value = stale.json().await.unwrap();
+    assert_eq!(card["name"], "echo");
+    server.stop().await;
 }

@@ -56,15 +56,24 @@ pub struct TestServer {
 impl TestServer {
     pub async fn start() -> Self {
         let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+        Self::start_with(runtime, |server| server).await
+    }
+
+    /// A server over `runtime`, configured by `configure`.
+    pub async fn start_with(
+        runtime: Arc<dyn keel_runtime::Runtime>,
+        configure: impl FnOnce(A2aServer) -> A2aServer,
+    ) -> Self {
         let executor = AgentExecutor::new(agent(), runtime);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
-        let serving = tokio::spawn(
-            A2aServer::new(executor.clone()).serve(listener, async move {
+        let serving = tokio::spawn(configure(A2aServer::new(executor.clone())).serve(
+            listener,
+            async move {
                 let _ = stopped.await;
-            }),
-        );
+            },
+        ));
         Self {
             base,
             http: reqwest::Client::new(),
