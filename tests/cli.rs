@@ -72,3 +72,79 @@ async fn serve_answers_send_message_and_exits_cleanly_on_sigterm() {
         assert!(status.success(), "keel serve exited with {status}");
     }
 }
+
+#[tokio::test]
+async fn serve_with_api_keys_requires_a_key_and_keeps_tenants_apart() {
+    let server = KeelServer::start(&[
+        "--api-key",
+        "alice-key=acme/alice",
+        "--api-key",
+        "bob-key=acme/bob",
+    ]);
+    let client = reqwest::Client::new();
+    let card = client
+        .get(format!("{}.well-known/agent-card.json", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(card.status(), 200, "the public card needs no key");
+    let body = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hello"}]}}
+    });
+    let anonymous = client
+        .post(&server.url)
+        .header("A2A-Version", "1.0")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+    assert!(anonymous.headers().contains_key("www-authenticate"));
+    let answer: serde_json::Value = client
+        .post(&server.url)
+        .header("A2A-Version", "1.0")
+        .header("X-API-Key", "alice-key")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let task_id = answer["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let get = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "GetTask", "params": {"id": task_id}});
+    let as_bob: serde_json::Value = client
+        .post(&server.url)
+        .header("A2A-Version", "1.0")
+        .header("Authorization", "Bearer bob-key")
+        .json(&get)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        as_bob["error"]["code"], -32001,
+        "another tenant cannot see the task: {as_bob}"
+    );
+}
+
+#[test]
+fn a_malformed_api_key_flag_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--store",
+            "memory",
+            "--api-key",
+            "nokeytenant",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("KEY=APP/USER"));
+}

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use keel::agent::{AgentExecutor, ExecutorConfig};
-use keel::services::Runtime;
-use keel::transport::A2aServer;
+use keel::services::{ApiKeyAuthService, AuthContext, Runtime};
+use keel::transport::{A2aServer, Security};
 use keel::{DefaultRuntime, StoreConfig};
 
 /// Keel: an agent runtime. `keel serve` runs the demo agent over A2A; with the default
@@ -52,6 +52,20 @@ struct ServeArgs {
     /// (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY, OPENAI_COMPATIBLE_API_KEY).
     #[arg(long, default_value = "mock", env = "KEEL_LLM")]
     llm: String,
+    /// Require an API key (header `X-API-Key`, or `Authorization: Bearer KEY`) and map it to
+    /// a tenant: `KEY=APP/USER`. Repeat for several keys; each tenant sees only its own tasks.
+    /// Without any, every caller is the one default tenant.
+    #[arg(
+        long = "api-key",
+        value_name = "KEY=APP/USER",
+        env = "KEEL_API_KEYS",
+        value_delimiter = ','
+    )]
+    api_keys: Vec<String>,
+    /// Let push notifications go to loopback, private and link-local addresses (refused by
+    /// default, to keep webhooks from reaching internal services).
+    #[arg(long)]
+    allow_private_push_targets: bool,
     /// Seconds a thread lease lasts unless renewed: how long the work of a crashed process
     /// waits before another process (or this one, restarted) takes it over.
     #[arg(long, default_value_t = 30.0, env = "KEEL_LEASE_TTL")]
@@ -111,9 +125,18 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .map_err(|err| format!("cannot listen on {addr}: {err}"))?;
     let local = listener.local_addr().map_err(|err| err.to_string())?;
     let agent = keel::demo::agent().map_err(|err| err.to_string())?;
-    let runtime = DefaultRuntime::builder()
+    let keys = parse_api_keys(&args.api_keys)?;
+    let mut builder = DefaultRuntime::builder()
         .llm_shared(llm)
-        .store(store.clone())
+        .store(store.clone());
+    if !keys.is_empty() {
+        let mut auth = ApiKeyAuthService::new(AuthContext::new("default-app", "default-user"));
+        for (key, tenant) in keys {
+            auth = auth.with_key(key, tenant);
+        }
+        builder = builder.auth(auth);
+    }
+    let runtime = builder
         .build()
         .await
         .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
@@ -137,7 +160,12 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     if !url.ends_with('/') {
         url.push('/');
     }
-    let server = A2aServer::new(executor).with_public_url(url.clone());
+    let mut server = A2aServer::new(executor)
+        .with_public_url(url.clone())
+        .allow_private_push_targets(args.allow_private_push_targets);
+    if !args.api_keys.is_empty() {
+        server = server.with_security(Security::api_key_and_bearer());
+    }
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     println!("keel: serving agent `keel-demo` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
     server
@@ -146,6 +174,29 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .map_err(|err| format!("server error: {err}"))?;
     eprintln!("keel: stopped");
     Ok(())
+}
+
+/// `KEY=APP/USER` pairs, each key once.
+fn parse_api_keys(specs: &[String]) -> Result<Vec<(String, AuthContext)>, String> {
+    let mut keys = Vec::new();
+    for spec in specs.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        let parsed = spec.split_once('=').and_then(|(key, tenant)| {
+            let (app, user) = tenant.split_once('/')?;
+            (!key.is_empty() && !app.is_empty() && !user.is_empty())
+                .then(|| (key.to_owned(), AuthContext::new(app, user)))
+        });
+        let Some((key, tenant)) = parsed else {
+            return Err(format!(
+                "--api-key must look like KEY=APP/USER (got `{}`)",
+                spec.split('=').next().unwrap_or_default()
+            ));
+        };
+        if keys.iter().any(|(k, _)| *k == key) {
+            return Err("--api-key: the same key is given twice".into());
+        }
+        keys.push((key, tenant));
+    }
+    Ok(keys)
 }
 
 /// Resolves on Ctrl-C or, on Unix, SIGTERM.

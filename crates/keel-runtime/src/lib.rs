@@ -102,6 +102,13 @@ impl InMemoryRuntime {
         self
     }
 
+    /// Replace the auth service, shared.
+    #[must_use]
+    pub fn with_auth_service_shared(mut self, auth: Arc<dyn AuthService>) -> Self {
+        self.auth = auth;
+        self
+    }
+
     /// Replace the task manager.
     #[must_use]
     pub fn with_task_manager(mut self, tasks: Arc<dyn TaskManager>) -> Self {

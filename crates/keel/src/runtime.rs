@@ -7,8 +7,8 @@ use std::sync::Arc;
 use keel_core::{AgentError, AgentResult};
 use keel_llm::{Llm, MockLlm};
 use keel_runtime::{
-    AuthService, InMemoryRuntime, LoggingService, MemoryService, RunStore, Runtime,
-    StaticAuthService, TaskManager, ThreadStore,
+    AuthService, InMemoryRuntime, LoggingService, MemoryService, RunStore, Runtime, TaskManager,
+    ThreadStore,
 };
 
 /// Where a [`DefaultRuntime`] keeps tasks, threads, memory and run records.
@@ -133,7 +133,7 @@ impl Runtime for DefaultRuntime {
 #[must_use]
 pub struct DefaultRuntimeBuilder {
     llm: Option<Arc<dyn Llm>>,
-    auth: Option<StaticAuthService>,
+    auth: Option<Arc<dyn AuthService>>,
     store: StoreConfig,
 }
 
@@ -150,9 +150,10 @@ impl DefaultRuntimeBuilder {
         self
     }
 
-    /// The tenant every request runs as.
-    pub fn auth(mut self, auth: StaticAuthService) -> Self {
-        self.auth = Some(auth);
+    /// Who the callers are: a [`StaticAuthService`](keel_runtime::StaticAuthService) (one tenant for everyone, the default)
+    /// or an [`ApiKeyAuthService`](keel_runtime::ApiKeyAuthService) mapping keys to tenants.
+    pub fn auth(mut self, auth: impl AuthService + 'static) -> Self {
+        self.auth = Some(Arc::new(auth));
         self
     }
 
@@ -166,7 +167,7 @@ impl DefaultRuntimeBuilder {
         let llm = self.llm.take().unwrap_or_else(|| Arc::new(MockLlm::new()));
         let mut services = InMemoryRuntime::new(llm);
         if let Some(auth) = self.auth.take() {
-            services = services.with_auth_service(auth);
+            services = services.with_auth_service_shared(auth);
         }
         services
     }
