@@ -93,6 +93,7 @@ pub struct Agent {
     human_handoff: bool,
     authorizer: Arc<keel_policy::ActionAuthorizer>,
     negotiator: Arc<dyn crate::Negotiator>,
+    code_runner: Option<Arc<dyn crate::CodeRunner>>,
     // Subagents: the kinds of child agents this agent may create (see `subagents`).
     pub(crate) subagents: crate::subagents::Specs,
 }
@@ -123,6 +124,7 @@ impl Agent {
             policy: None,
             approval_handler: None,
             negotiator: None,
+            code_runner: None,
             subagents: Vec::new(),
         }
     }
@@ -160,6 +162,11 @@ impl Agent {
     /// Who decides, before a task starts, whether the agent takes it on.
     pub fn negotiator(&self) -> &Arc<dyn crate::Negotiator> {
         &self.negotiator
+    }
+
+    /// What runs model-written code for [`ThreadState::run_code`](crate::ThreadState::run_code).
+    pub fn code_runner(&self) -> Option<&Arc<dyn crate::CodeRunner>> {
+        self.code_runner.as_ref()
     }
 
     /// The agent's policy and approval handler, which judge every action its runs prepare.
@@ -229,6 +236,7 @@ pub struct AgentBuilder {
     policy: Option<Arc<dyn keel_policy::Policy>>,
     approval_handler: Option<Arc<dyn keel_policy::ApprovalHandler>>,
     negotiator: Option<Arc<dyn crate::Negotiator>>,
+    code_runner: Option<Arc<dyn crate::CodeRunner>>,
     subagents: Vec<crate::SubagentSpec>,
 }
 
@@ -331,6 +339,13 @@ impl AgentBuilder {
         self
     }
 
+    /// What runs code for [`ThreadState::run_code`](crate::ThreadState::run_code) (the `keel`
+    /// facade's `sandbox` feature offers one).
+    pub fn code_runner(mut self, runner: impl crate::CodeRunner + 'static) -> Self {
+        self.code_runner = Some(Arc::new(runner));
+        self
+    }
+
     /// Offer the `ask_human` tool: the task waits in `input-required` for the human's answer.
     pub fn human_handoff(mut self, on: bool) -> Self {
         self.human_handoff = on;
@@ -410,6 +425,7 @@ impl AgentBuilder {
             negotiator: self
                 .negotiator
                 .unwrap_or_else(|| Arc::new(crate::AcceptAll)),
+            code_runner: self.code_runner,
             subagents,
         })
     }

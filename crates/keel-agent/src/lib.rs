@@ -30,6 +30,7 @@
 
 mod agent;
 mod async_tools;
+mod code;
 mod executor;
 mod negotiator;
 mod observe;
@@ -43,6 +44,7 @@ pub use agent::{
 pub use async_tools::{
     AsyncDispatch, AsyncHttpTool, AsyncInvocation, CallbackError, CALLBACK_SECRET_HEADER,
 };
+pub use code::{CodeRequest, CodeRun, CodeRunner};
 pub use executor::{AgentExecutor, ExecutorConfig, SendOptions};
 pub use negotiator::{AcceptAll, LlmNegotiator, Negotiation, Negotiator};
 pub use subagents::{

@@ -54,6 +54,20 @@ impl ThreadState {
         &self.cancel
     }
 
+    /// Start running model-written code with the agent's [`CodeRunner`](crate::CodeRunner);
+    /// the handle's [`terminate`](crate::CodeRun::terminate) stops it. An agent without a
+    /// runner answers [`AgentError::Unsupported`].
+    pub fn run_code(&self, request: crate::CodeRequest) -> AgentResult<Box<dyn crate::CodeRun>> {
+        let runner = self
+            .inner
+            .agent
+            .code_runner()
+            .ok_or_else(|| AgentError::Unsupported {
+                what: format!("agent `{}` has no code runner", self.agent_name()),
+            })?;
+        runner.start(request)
+    }
+
     /// The thread's history, oldest first.
     pub async fn history(&self) -> AgentResult<Vec<HistoryEntry>> {
         self.runtime()

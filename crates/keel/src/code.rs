@@ -2,24 +2,74 @@
 //! in a fresh sandbox isolate (`keel-sandbox`), its result and console returned as the tool's
 //! output. The run's cancellation terminates the code at once.
 
-use keel_agent::FnTool;
-use keel_core::AgentError;
-use keel_sandbox::{run_code, CodeExecutionRequest, Language};
-use serde_json::json;
+use async_trait::async_trait;
+use keel_agent::{AgentBuilder, CodeRequest, CodeRun, CodeRunner, FnTool};
+use keel_core::{AgentError, AgentResult};
+use keel_sandbox::{run_code, CodeExecution, CodeExecutionRequest, Language};
+use serde_json::{json, Value};
 
 /// The name of the tool.
 pub const RUN_CODE_TOOL: &str = "run_code";
 
-/// A `run_code` tool: `{"source": "...", "language": "typescript" | "javascript"}`. The
-/// module's default export (a value, or a function that is called) is the result; the
-/// output is the sandbox's `CodeExecutionResult` (status, result, error with line and
-/// column, console lines).
+/// A [`CodeRunner`] over `keel-sandbox`: a fresh isolate per run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SandboxRunner;
+
+struct SandboxRun(CodeExecution);
+
+#[async_trait]
+impl CodeRun for SandboxRun {
+    async fn result(&self) -> Value {
+        let result = self.0.result().await;
+        serde_json::to_value(&result).unwrap_or_else(
+            |e| json!({"status": "error", "error": {"name": "Error", "message": e.to_string()}}),
+        )
+    }
+    fn terminate(&self, reason: Option<&str>) {
+        self.0.terminate(reason);
+    }
+}
+
+impl CodeRunner for SandboxRunner {
+    fn start(&self, request: CodeRequest) -> AgentResult<Box<dyn CodeRun>> {
+        let language = match request.language.as_deref() {
+            None | Some("typescript") | Some("ts") => Language::Typescript,
+            Some("javascript") | Some("js") => Language::Javascript,
+            Some(other) => {
+                return Err(AgentError::invalid_input(
+                    "language",
+                    format!("`{other}` is not typescript or javascript"),
+                ))
+            }
+        };
+        let mut sandbox = CodeExecutionRequest::new(request.source).with_language(language);
+        if let Some(filename) = request.filename {
+            sandbox = sandbox.with_filename(filename);
+        }
+        if let Some(limit) = request.memory_limit_bytes {
+            sandbox = sandbox.with_memory_limit_bytes(limit);
+        }
+        Ok(Box::new(SandboxRun(run_code(sandbox))))
+    }
+}
+
+/// Give an agent code execution: the [`SandboxRunner`] behind `ThreadState::run_code` and
+/// the model-facing [`run_code_tool`].
+pub fn with_run_code(builder: AgentBuilder) -> AgentBuilder {
+    builder.code_runner(SandboxRunner).tool(run_code_tool())
+}
+
+/// A `run_code` tool: `{"source": "...", "language": "typescript" | "javascript"}`, run
+/// through the thread's [`ThreadState::run_code`](keel_agent::ThreadState::run_code) (so the
+/// agent needs a code runner: see [`with_run_code`]). The module's default export (a value,
+/// or a function that is called) is the result; the output is the run's result (status,
+/// result, error with line and column, console lines). Canceling the run terminates the code.
 ///
 /// ```
-/// let tool = keel::code::run_code_tool();
-/// let agent = keel::agent::Agent::builder(keel::core::AgentCard::new("coder", "runs code", "http://x"))
-///     .tool(tool)
-///     .build()?;
+/// let agent = keel::code::with_run_code(keel::agent::Agent::builder(
+///     keel::core::AgentCard::new("coder", "runs code", "http://x"),
+/// ))
+/// .build()?;
 /// # let _ = agent;
 /// # Ok::<(), keel::core::AgentError>(())
 /// ```
@@ -38,20 +88,20 @@ pub fn run_code_tool() -> FnTool {
             "additionalProperties": false
         }),
         |args, ctx| async move {
-            let language = match args["language"].as_str() {
-                Some("javascript") => Language::Javascript,
-                _ => Language::Typescript,
+            let request = CodeRequest {
+                source: args["source"].as_str().unwrap_or_default().to_owned(),
+                language: args["language"].as_str().map(str::to_owned),
+                ..CodeRequest::default()
             };
-            let source = args["source"].as_str().unwrap_or_default().to_owned();
-            let execution = run_code(CodeExecutionRequest::new(source).with_language(language));
+            let run = ctx.thread.run_code(request)?;
             let result = tokio::select! {
-                result = execution.result() => result,
+                result = run.result() => result,
                 () = ctx.cancel.cancelled() => {
-                    execution.terminate(Some("the run was canceled"));
-                    execution.result().await
+                    run.terminate(Some("the run was canceled"));
+                    run.result().await
                 }
             };
-            serde_json::to_value(&result).map_err(AgentError::internal)
+            Ok(result)
         },
     )
 }
@@ -77,11 +127,11 @@ mod tests {
             )]),
             MockResponse::Text("the sum is 6".into()),
         ]);
-        let agent = Agent::builder(AgentCard::new("coder", "runs code", "http://x"))
-            .llm(llm)
-            .tool(super::run_code_tool())
-            .build()
-            .unwrap();
+        let agent = super::with_run_code(
+            Agent::builder(AgentCard::new("coder", "runs code", "http://x")).llm(llm),
+        )
+        .build()
+        .unwrap();
         let runtime = Arc::new(DefaultRuntime::offline());
         let auth = runtime.auth_service().auth_context();
         let exec = AgentExecutor::new(agent, runtime);
