@@ -1670,13 +1670,40 @@ impl Inner {
         if is_error {
             result.metadata.insert("keel.is_error".into(), json!(true));
         }
-        self.append(flow, history, vec![result]).await?;
-        self.record_event(
-            &flow.auth,
-            task,
-            vec![Part::tool_output(&call.id, &call.name, output, is_error)],
-        )
-        .await?;
+        let part = Part::tool_output(&call.id, &call.name, output, is_error);
+        self.persist_point(flow, history, vec![result], task, vec![part])
+            .await
+    }
+
+    /// One persist point of a step: history entries under the lease and the matching agent
+    /// message in the task's log, in one round trip when the runtime has a step store.
+    async fn persist_point(
+        &self,
+        flow: &Flow,
+        history: &mut Vec<LlmMessage>,
+        messages: Vec<LlmMessage>,
+        task: &Task,
+        parts: Vec<Part>,
+    ) -> AgentResult<()> {
+        let Some(steps) = self.runtime.step_store() else {
+            self.append(flow, history, messages).await?;
+            self.record_event(&flow.auth, task, parts).await?;
+            return Ok(());
+        };
+        let mut message = Message::new(Role::Agent, parts);
+        message.task_id = Some(task.id.clone());
+        message.thread_id = Some(task.thread_id.clone());
+        steps
+            .persist_step(
+                &flow.auth,
+                &flow.lease(),
+                &messages,
+                &task.id,
+                &[TaskEvent::Message { message }],
+            )
+            .await?;
+        history.extend(messages);
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
         Ok(())
     }
 
@@ -1924,7 +1951,6 @@ impl Inner {
             let content = response.content.clone().unwrap_or_default();
             let mut assistant = LlmMessage::assistant(content.clone(), response.tool_calls.clone());
             tag(&mut assistant, &task.id);
-            self.append(flow, history, vec![assistant]).await?;
             let mut parts: Vec<Part> = if content.is_empty() {
                 Vec::new()
             } else {
@@ -1936,8 +1962,11 @@ impl Inner {
                     .iter()
                     .map(|c| Part::tool_call(&c.id, &c.name, c.arguments.clone())),
             );
-            if !parts.is_empty() {
-                self.record_event(&flow.auth, task, parts).await?;
+            if parts.is_empty() {
+                self.append(flow, history, vec![assistant]).await?;
+            } else {
+                self.persist_point(flow, history, vec![assistant], task, parts)
+                    .await?;
             }
             if let Err(error) = obs.budget(|b| b.check_output_tokens()).await {
                 return Ok(budget_failure(error));

@@ -26,6 +26,7 @@ mod lease;
 mod logging;
 mod memory;
 mod run_store;
+mod step;
 mod task_manager;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -40,6 +41,7 @@ pub use lease::{Lease, ThreadLeases};
 pub use logging::{LogLevel, LoggingService, TracingLoggingService};
 pub use memory::{InMemoryMemoryService, MemoryService};
 pub use run_store::{InMemoryRunStore, RunQuery, RunRecord, RunStore, TaskRecord};
+pub use step::StepStore;
 pub use task_manager::{
     load_task_with_history, InMemoryTaskManager, ListTasksFilter, Page, TaskManager,
 };
@@ -67,6 +69,11 @@ pub trait Runtime: Send + Sync {
     fn thread_store(&self) -> Arc<dyn ThreadStore>;
     /// Task snapshots and run reports.
     fn run_store(&self) -> Arc<dyn RunStore>;
+    /// A store that writes one persist point of a step (history and task log) in one round
+    /// trip, when the backend offers one; `None` makes the engine write them separately.
+    fn step_store(&self) -> Option<Arc<dyn StepStore>> {
+        None
+    }
 }
 
 /// A [`Runtime`] whose services all live in process memory. Nothing survives a restart.
@@ -79,6 +86,7 @@ pub struct InMemoryRuntime {
     llm: Arc<dyn Llm>,
     threads: Arc<dyn ThreadStore>,
     runs: Arc<dyn RunStore>,
+    steps: Option<Arc<dyn StepStore>>,
 }
 
 impl InMemoryRuntime {
@@ -92,6 +100,7 @@ impl InMemoryRuntime {
             llm,
             threads: Arc::new(InMemoryThreadStore::new()),
             runs: Arc::new(InMemoryRunStore::new()),
+            steps: None,
         }
     }
 
@@ -120,6 +129,14 @@ impl InMemoryRuntime {
     #[must_use]
     pub fn with_thread_store(mut self, threads: Arc<dyn ThreadStore>) -> Self {
         self.threads = threads;
+        self
+    }
+
+    /// Write each persist point of a step through `steps` (one round trip on backends that
+    /// offer it).
+    #[must_use]
+    pub fn with_step_store(mut self, steps: Arc<dyn StepStore>) -> Self {
+        self.steps = Some(steps);
         self
     }
 
@@ -159,5 +176,8 @@ impl Runtime for InMemoryRuntime {
     }
     fn run_store(&self) -> Arc<dyn RunStore> {
         self.runs.clone()
+    }
+    fn step_store(&self) -> Option<Arc<dyn StepStore>> {
+        self.steps.clone()
     }
 }

@@ -74,6 +74,26 @@ return redis.call('LLEN', KEYS[2])
     )
 });
 
+/// One persist point of an engine step: history entries under the lease and the task's log
+/// entries, in one round trip and atomically.
+///
+/// KEYS: lease, history list, task snapshot, task events list. ARGV: token, number of history
+/// entries, history..., events... Returns -1 when the lease is lost, -2 for an unknown task,
+/// else 0; nothing is written unless it returns 0.
+pub(crate) static PERSIST_STEP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local current = redis.call('GET', KEYS[1])
+if not current or string.match(current, '^%d+') ~= ARGV[1] then return -1 end
+if redis.call('EXISTS', KEYS[3]) == 0 then return -2 end
+local n = tonumber(ARGV[2])
+for i = 3, 2 + n do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+for i = 3 + n, #ARGV do redis.call('RPUSH', KEYS[4], ARGV[i]) end
+return 0
+",
+    )
+});
+
 /// Remove acknowledged items from a thread's queue under its lease.
 ///
 /// KEYS: lease, queue zset, items hash. ARGV: token, id... Returns -1 when the lease is

@@ -356,3 +356,43 @@ impl SubagentRegistry for RedisStore {
         Ok(())
     }
 }
+
+#[async_trait]
+impl keel_runtime::StepStore for RedisStore {
+    async fn persist_step(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        history: &[LlmMessage],
+        task_id: &keel_core::TaskId,
+        events: &[keel_core::TaskEvent],
+    ) -> AgentResult<()> {
+        let keys = self.keys(auth);
+        let thread = lease.thread_id.as_str();
+        let mut call = scripts::PERSIST_STEP.prepare_invoke();
+        call.key(keys.of(kind::LEASE, thread))
+            .key(keys.of(kind::HISTORY, thread))
+            .key(keys.of(kind::TASK, task_id.as_str()))
+            .key(keys.of(kind::TASK_EVENTS, task_id.as_str()))
+            .arg(lease.token)
+            .arg(history.len());
+        for message in history {
+            call.arg(encode(message)?);
+        }
+        for event in events {
+            call.arg(encode(event)?);
+        }
+        // History and task log of one persist point in one EVALSHA: both land, or neither.
+        let outcome: i64 = call
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("persist step", &e))?;
+        match outcome {
+            -1 => Err(lease_lost(lease)),
+            -2 => Err(AgentError::TaskNotFound {
+                task_id: task_id.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}

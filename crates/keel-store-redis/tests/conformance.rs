@@ -17,5 +17,6 @@ async fn redis_store_passes_the_conformance_suite() {
     let store = support::store(&prefix).await.with_kv_limits(limits);
     let threads: Arc<dyn ThreadStore> = Arc::new(store.clone());
     testing::run_all(&store, &store, threads, limits, &store).await;
+    testing::step_store_writes_history_and_log_together(&store, &store, &store).await;
     support::clean_up(&prefix).await;
 }
