@@ -31,8 +31,14 @@ impl KeelServer {
 
     /// Start `keel serve --port 0` with these arguments and environment variables.
     pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> KeelServer {
+        Self::start_on(0, extra, env)
+    }
+
+    /// Start `keel serve` on `port` (0 picks a free one) with these arguments and
+    /// environment variables.
+    pub fn start_on(port: u16, extra: &[&str], env: &[(&str, &str)]) -> KeelServer {
         let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
-            .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+            .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
             .args(extra)
             .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
@@ -267,4 +273,66 @@ pub fn openai_reply(
     ]
     .concat();
     ([("content-type", "text/event-stream")], body).into_response()
+}
+
+/// What a finished `keel run-once` process left behind.
+pub struct RunOnceOutput {
+    /// Its exit status.
+    pub status: std::process::ExitStatus,
+    /// Its stdout.
+    pub stdout: String,
+    /// Its stderr.
+    pub stderr: String,
+}
+
+/// Runs `keel run-once` as a fresh process per input, with fixed arguments and environment.
+pub struct RunOnce {
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl RunOnce {
+    /// `keel run-once ARGS...` with these environment variables added.
+    pub fn new(args: Vec<String>, env: Vec<(String, String)>) -> RunOnce {
+        RunOnce { args, env }
+    }
+
+    /// Run one process with `extra` arguments to its end (at most 120 s), off the async
+    /// runtime's threads.
+    pub async fn run_raw(&self, extra: &[&str]) -> RunOnceOutput {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        command
+            .arg("run-once")
+            .args(&self.args)
+            .args(extra)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null());
+        let output = tokio::time::timeout(
+            Duration::from_secs(120),
+            tokio::task::spawn_blocking(move || command.output()),
+        )
+        .await
+        .expect("keel run-once finished within 120 s")
+        .expect("join")
+        .expect("start keel run-once");
+        RunOnceOutput {
+            status: output.status,
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Run one process that must succeed; answers the JSON it printed.
+    pub async fn run(&self, extra: &[&str]) -> serde_json::Value {
+        let out = self.run_raw(extra).await;
+        assert!(
+            out.status.success(),
+            "keel run-once {extra:?} failed: {}\n{}",
+            out.status,
+            out.stderr
+        );
+        serde_json::from_str(out.stdout.trim())
+            .unwrap_or_else(|err| panic!("run-once printed no JSON ({err}): {:?}", out.stdout))
+    }
 }

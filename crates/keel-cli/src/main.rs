@@ -26,6 +26,58 @@ enum Command {
     ///
     /// The agent card is at /.well-known/agent-card.json and the JSON-RPC endpoint at /.
     Serve(ServeArgs),
+    /// Process one input and exit (the ephemeral runtime): a user message (`--thread`,
+    /// `--message`) or an asynchronous tool's result (`--callback`, `--secret`, `--result`).
+    ///
+    /// The thread runs until it must wait (final answer, pending asynchronous tool, approval,
+    /// input); everything is persisted in the store, and the task's state is printed as one
+    /// JSON object on stdout.
+    RunOnce(RunOnceArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunOnceArgs {
+    /// Where tasks and threads are kept: `sqlite:PATH` or `redis://HOST:PORT` (`memory`
+    /// forgets everything at exit).
+    #[arg(long, default_value = "sqlite:./keel.db", env = "KEEL_STORE")]
+    store: String,
+    /// Prefix of every Redis key.
+    #[arg(long, default_value = "keel:", env = "KEEL_REDIS_PREFIX")]
+    redis_prefix: String,
+    /// The model, as for `keel serve`.
+    #[arg(long, default_value = "mock", env = "KEEL_LLM")]
+    llm: String,
+    /// The thread the message belongs to.
+    #[arg(long, requires = "message", conflicts_with = "callback")]
+    thread: Option<String>,
+    /// The task the message answers, when that task waits for input.
+    #[arg(long, requires = "message")]
+    task: Option<String>,
+    /// The user message.
+    #[arg(long, requires = "thread")]
+    message: Option<String>,
+    /// The id of the pending asynchronous tool call whose result this is.
+    #[arg(long, requires_all = ["secret", "result"], conflicts_with = "message")]
+    callback: Option<String>,
+    /// The call's secret (sent with the invocation).
+    #[arg(long, requires = "callback")]
+    secret: Option<String>,
+    /// The tool's output, as JSON.
+    #[arg(long, requires = "callback")]
+    result: Option<String>,
+    /// The output is an error.
+    #[arg(long, requires = "callback")]
+    error: bool,
+    /// Base URL asynchronous tools call back to (`{base}/callbacks/{call_id}`, served by
+    /// `keel serve`).
+    #[arg(long, env = "KEEL_CALLBACK_BASE_URL")]
+    callback_base_url: Option<String>,
+    /// Seconds to wait at most for the thread to rest.
+    #[arg(long, default_value_t = 600.0)]
+    timeout: f64,
+    /// Seconds a thread lease lasts unless renewed.
+    #[arg(long, default_value_t = 30.0, env = "KEEL_LEASE_TTL")]
+    lease_ttl: f64,
 }
 
 #[derive(Debug, Args)]
@@ -91,6 +143,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::RunOnce(args) => runtime.block_on(run_once(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -101,17 +154,93 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(args: ServeArgs) -> Result<(), String> {
-    if !(args.lease_ttl.is_finite() && (0.1..=86_400.0).contains(&args.lease_ttl)) {
+/// `--lease-ttl` as a duration, when in range.
+fn lease_ttl(seconds: f64) -> Result<Duration, String> {
+    if !(seconds.is_finite() && (0.1..=86_400.0).contains(&seconds)) {
         return Err(format!(
-            "--lease-ttl {} is out of range: use 0.1 to 86400 seconds",
-            args.lease_ttl
+            "--lease-ttl {seconds} is out of range: use 0.1 to 86400 seconds"
         ));
     }
-    let mut store = StoreConfig::parse(&args.store).map_err(|err| err.to_string())?;
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// `--store` with the Redis prefix applied.
+fn store_config(spec: &str, redis_prefix: &str) -> Result<StoreConfig, String> {
+    let mut store = StoreConfig::parse(spec).map_err(|err| err.to_string())?;
     if let StoreConfig::Redis { prefix, .. } = &mut store {
-        prefix.clone_from(&args.redis_prefix);
+        redis_prefix.clone_into(prefix);
     }
+    Ok(store)
+}
+
+async fn run_once(args: RunOnceArgs) -> Result<(), String> {
+    use keel::ephemeral::{process_once_with, Input};
+    let lease_ttl = lease_ttl(args.lease_ttl)?;
+    if !(args.timeout.is_finite() && args.timeout > 0.0 && args.timeout <= 86_400.0) {
+        return Err(format!(
+            "--timeout {} is out of range: use more than 0 and at most 86400 seconds",
+            args.timeout
+        ));
+    }
+    let input = match (args.message, args.callback) {
+        (Some(text), None) => {
+            let thread = args.thread.unwrap_or_default();
+            if thread.trim().is_empty() {
+                return Err("--thread must not be empty".into());
+            }
+            Input::Message {
+                thread_id: thread.into(),
+                task_id: args.task.map(Into::into),
+                text,
+            }
+        }
+        (None, Some(call_id)) => {
+            let raw = args.result.unwrap_or_default();
+            let output = serde_json::from_str::<serde_json::Value>(&raw)
+                .map_err(|err| format!("--result must be JSON (e.g. '\"done\"'): {err}"))?;
+            Input::ToolResult {
+                call_id,
+                secret: args.secret.unwrap_or_default(),
+                output,
+                is_error: args.error,
+            }
+        }
+        _ => {
+            return Err(
+                "give either --thread and --message, or --callback, --secret and --result".into(),
+            )
+        }
+    };
+    let store = store_config(&args.store, &args.redis_prefix)?;
+    let llm = keel::llm::llm_from_spec(&args.llm).map_err(|err| err.to_string())?;
+    let agent = keel::demo::agent().map_err(|err| err.to_string())?;
+    let runtime = DefaultRuntime::builder()
+        .llm_shared(llm)
+        .store(store.clone())
+        .build()
+        .await
+        .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
+    let config = ExecutorConfig {
+        lease_ttl,
+        callback_base_url: args.callback_base_url,
+        ..ExecutorConfig::default()
+    };
+    let outcome = process_once_with(
+        Arc::new(runtime),
+        agent,
+        config,
+        input,
+        Duration::from_secs_f64(args.timeout),
+    )
+    .await
+    .map_err(|err| err.to_string())?;
+    println!("{}", outcome.to_json());
+    Ok(())
+}
+
+async fn serve(args: ServeArgs) -> Result<(), String> {
+    let lease_ttl = lease_ttl(args.lease_ttl)?;
+    let store = store_config(&args.store, &args.redis_prefix)?;
     let llm = keel::llm::llm_from_spec(&args.llm).map_err(|err| err.to_string())?;
     let host = &args.host;
     let addr: SocketAddr = format!("{host}:{}", args.port)
@@ -141,8 +270,16 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .await
         .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
     let auth = runtime.auth_service().auth_context();
+    let mut url = args
+        .public_url
+        .unwrap_or_else(|| format!("http://{local}/"));
+    if !url.ends_with('/') {
+        url.push('/');
+    }
     let config = ExecutorConfig {
-        lease_ttl: Duration::from_secs_f64(args.lease_ttl),
+        lease_ttl,
+        // Asynchronous tools call back to the server's own callback route.
+        callback_base_url: Some(url.trim_end_matches('/').to_owned()),
         ..ExecutorConfig::default()
     };
     let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);
@@ -153,12 +290,6 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .map_err(|err| format!("cannot recover unfinished tasks: {err}"))?;
     if resumed > 0 {
         tracing::info!(resumed, "resuming unfinished tasks");
-    }
-    let mut url = args
-        .public_url
-        .unwrap_or_else(|| format!("http://{local}/"));
-    if !url.ends_with('/') {
-        url.push('/');
     }
     let mut server = A2aServer::new(executor)
         .with_public_url(url.clone())

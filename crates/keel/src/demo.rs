@@ -9,7 +9,11 @@
 //! - when the environment variable `KEEL_DEMO_JOURNAL` names a file, `append_line
 //!   {"line": "..."}` appends a line to it: a visible side effect for trying crash
 //!   recovery (the tool is not idempotent, so a call interrupted by a crash is not run
-//!   again).
+//!   again);
+//! - when the environment variable `KEEL_DEMO_ASYNC_TOOL_URL` names an HTTP endpoint,
+//!   `background_job {"job": "..."}` is an asynchronous tool (seed 004): each call is POSTed
+//!   there, acknowledged at once, and its result arrives later through the callback route
+//!   (or `keel run-once --callback`).
 
 use std::time::Duration;
 
@@ -100,7 +104,30 @@ pub fn agent() -> AgentResult<Agent> {
     if let Some(journal) = std::env::var_os("KEEL_DEMO_JOURNAL") {
         builder = builder.tool(journal_tool(std::path::PathBuf::from(journal)));
     }
+    if let Ok(endpoint) = std::env::var(ASYNC_TOOL_URL_ENV) {
+        if !endpoint.trim().is_empty() {
+            builder = builder.tool(background_job_tool(endpoint.trim()));
+        }
+    }
     builder.build()
+}
+
+/// The environment variable naming the endpoint of the demo's asynchronous tool.
+pub const ASYNC_TOOL_URL_ENV: &str = "KEEL_DEMO_ASYNC_TOOL_URL";
+
+/// `background_job`: an asynchronous tool served at `endpoint`.
+fn background_job_tool(endpoint: &str) -> keel_agent::AsyncHttpTool {
+    keel_agent::AsyncHttpTool::new(
+        "background_job",
+        "Start a long-running job; its result arrives later.",
+        json!({
+            "type": "object",
+            "properties": {"job": {"type": "string"}},
+            "required": ["job"],
+            "additionalProperties": false
+        }),
+        endpoint,
+    )
 }
 
 /// `append_line`: append one line to the journal file.

@@ -17,7 +17,9 @@
 
 #[cfg(feature = "sandbox")]
 pub mod code;
+pub mod delegation;
 pub mod demo;
+pub mod ephemeral;
 mod runtime;
 
 pub use keel_agent as agent;

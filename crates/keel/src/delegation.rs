@@ -1,0 +1,213 @@
+//! Remote delegation: a remote A2A agent used as a tool. Each call sends the model's message
+//! to the remote agent through [`keel_transport::A2aClient`], with the child run's
+//! [`RunContext`] (`ctx.run.child(name)`: new run id, same trace, workspace, permissions and
+//! budget, `parent_run_id`, extended `agent_chain`) in the message's metadata under
+//! [`RUN_CONTEXT_KEY`](keel_core::RUN_CONTEXT_KEY), waits for the remote task to rest and
+//! answers its result. When the parent run is canceled (or the call is abandoned), the remote
+//! task gets a `CancelTask`.
+//!
+//! ```no_run
+//! use keel::delegation::RemoteAgentTool;
+//! let researcher = RemoteAgentTool::new(
+//!     "researcher",
+//!     "Ask the research agent; it answers with a summary.",
+//!     "http://127.0.0.1:8081",
+//! );
+//! # let _ = researcher;
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use keel_agent::{Tool, ToolContext};
+use keel_core::{AgentError, AgentResult, Message, Task, TaskId, TaskState, RUN_CONTEXT_KEY};
+use keel_transport::{A2aClient, SendMessageOptions};
+use serde_json::{json, Value};
+
+/// How often a delegation looks at the remote task by default.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The reason sent with the `CancelTask` of a remote child whose parent run was canceled.
+pub const PARENT_CANCELED_REASON: &str = "parent run canceled";
+
+/// A tool that delegates to a remote A2A agent. Arguments: `{"message": "..."}`. The output
+/// is `{"task_id", "state", "answer", "artifacts"}` when the remote task completes or asks for
+/// input; a failed, rejected or canceled remote task is a tool error.
+pub struct RemoteAgentTool {
+    name: String,
+    description: String,
+    client: Arc<A2aClient>,
+    poll_interval: Duration,
+}
+
+impl RemoteAgentTool {
+    /// A tool named `name` that delegates to the A2A agent at `base_url` (its card is read
+    /// from `<base_url>/.well-known/agent-card.json`).
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        base_url: impl Into<String>,
+    ) -> Self {
+        Self::with_client(name, description, A2aClient::new(base_url))
+    }
+
+    /// A tool that delegates through an already configured client.
+    pub fn with_client(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        client: A2aClient,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            description: description.into(),
+            client: Arc::new(client),
+            poll_interval: DEFAULT_POLL_INTERVAL,
+        }
+    }
+
+    /// How often to look at the remote task while it works.
+    #[must_use]
+    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    fn failed(&self, message: impl Into<String>) -> AgentError {
+        AgentError::ToolFailed {
+            tool: self.name.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// The tool's output for a remote task that rests.
+    fn result_of(&self, task: &Task) -> AgentResult<Value> {
+        let answer = task.status().message.as_ref().map(Message::text);
+        match task.state() {
+            TaskState::Completed | TaskState::InputRequired | TaskState::AuthRequired => {
+                let artifacts: Vec<Value> = task
+                    .artifacts
+                    .iter()
+                    .map(|a| {
+                        let text: String = a.parts.iter().filter_map(|p| p.as_text()).collect();
+                        json!({"name": a.name, "text": text})
+                    })
+                    .collect();
+                Ok(json!({
+                    "task_id": task.id.as_str(),
+                    "state": task.state().to_string(),
+                    "answer": answer,
+                    "artifacts": artifacts,
+                }))
+            }
+            state => Err(self.failed(format!(
+                "remote task {} ended {state}{}",
+                task.id,
+                answer.map(|a| format!(": {a}")).unwrap_or_default()
+            ))),
+        }
+    }
+}
+
+/// Sends `CancelTask` for the remote task when dropped while armed: the engine aborts a
+/// canceled run's tool, so the cancel must not depend on the tool's future running on.
+struct CancelOnDrop {
+    client: Arc<A2aClient>,
+    task_id: Option<TaskId>,
+}
+
+impl CancelOnDrop {
+    fn disarm(&mut self) {
+        self.task_id = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(task_id) = self.task_id.take() else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = self.client.clone();
+        handle.spawn(async move {
+            match client
+                .cancel_task(&task_id, Some(PARENT_CANCELED_REASON.into()))
+                .await
+            {
+                Ok(_) | Err(AgentError::TaskNotCancelable { .. }) => {}
+                Err(err) => {
+                    tracing::warn!(task_id = %task_id, error = %err, "cannot cancel the remote child task");
+                }
+            }
+        });
+    }
+}
+
+fn is_resting(state: TaskState) -> bool {
+    state.is_terminal() || matches!(state, TaskState::InputRequired | TaskState::AuthRequired)
+}
+
+#[async_trait]
+impl Tool for RemoteAgentTool {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn description(&self) -> &str {
+        &self.description
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {"message": {"type": "string", "description": "What to ask the remote agent."}},
+            "required": ["message"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, args: Value, ctx: &ToolContext) -> AgentResult<Value> {
+        let text = args["message"].as_str().unwrap_or_default();
+        if text.trim().is_empty() {
+            return Err(AgentError::invalid_input("message", "must not be empty"));
+        }
+        let child = ctx.run.child(self.name.clone());
+        let mut message = Message::user(text);
+        message.metadata.insert(
+            RUN_CONTEXT_KEY.into(),
+            serde_json::to_value(&child).map_err(AgentError::internal)?,
+        );
+        let options = SendMessageOptions {
+            return_immediately: true,
+            history_length: Some(0),
+        };
+        let sent = tokio::select! {
+            biased;
+            () = ctx.cancel.cancelled() => {
+                return Err(AgentError::Canceled { reason: PARENT_CANCELED_REASON.into() });
+            }
+            sent = self.client.send_message(message, options) => sent?,
+        };
+        let mut guard = CancelOnDrop {
+            client: self.client.clone(),
+            task_id: Some(sent.id.clone()),
+        };
+        let mut task = sent;
+        while !is_resting(task.state()) {
+            tokio::select! {
+                biased;
+                () = ctx.cancel.cancelled() => {
+                    // Dropping the armed guard sends CancelTask to the child.
+                    drop(guard);
+                    return Err(AgentError::Canceled { reason: PARENT_CANCELED_REASON.into() });
+                }
+                () = tokio::time::sleep(self.poll_interval) => {}
+            }
+            task = self.client.get_task(&task.id, Some(0)).await?;
+        }
+        guard.disarm();
+        self.result_of(&task)
+    }
+}
