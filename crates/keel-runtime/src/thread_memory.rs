@@ -20,10 +20,8 @@ use crate::{
 struct ThreadData {
     history: Vec<LlmMessage>,
     queue: VecDeque<QueuedItem>,
-    next_queue_seq: u64,
     kv: BTreeMap<String, Value>,
     lease: Option<Lease>,
-    last_token: u64,
 }
 
 impl ThreadData {
@@ -39,17 +37,99 @@ impl ThreadData {
 }
 
 /// Thread storage in process memory: nothing survives a restart.
-#[derive(Default)]
+///
+/// Retention is bounded so memory stays flat under load: past
+/// [`InMemoryThreadStore::DEFAULT_MAX_THREADS`] (or the configured number of) threads, the
+/// oldest idle ones (no live lease, nothing queued) are evicted with their history and
+/// key-value store. Busy threads are never evicted. Fencing tokens and queue seqs come from
+/// store-wide counters, so a thread created again after eviction never reuses one.
 pub struct InMemoryThreadStore {
     threads: DashMap<(String, ThreadId), ThreadData>,
     children: DashMap<(String, ThreadId), ChildThread>,
     kv_limits: KvLimits,
+    order: std::sync::Mutex<VecDeque<(String, ThreadId)>>,
+    max_threads: usize,
+    next_token: std::sync::atomic::AtomicU64,
+    next_queue_seq: std::sync::atomic::AtomicU64,
+}
+
+impl Default for InMemoryThreadStore {
+    fn default() -> Self {
+        Self {
+            threads: DashMap::new(),
+            children: DashMap::new(),
+            kv_limits: KvLimits::default(),
+            order: Default::default(),
+            max_threads: Self::DEFAULT_MAX_THREADS,
+            next_token: Default::default(),
+            next_queue_seq: Default::default(),
+        }
+    }
 }
 
 impl InMemoryThreadStore {
+    /// How many threads are kept by default.
+    pub const DEFAULT_MAX_THREADS: usize = 10_000;
+
     /// An empty store with the default [`KvLimits`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Keep at most `max` threads (at least 1), evicting idle ones beyond it.
+    #[must_use]
+    pub fn with_max_threads(mut self, max: usize) -> Self {
+        self.max_threads = max.max(1);
+        self
+    }
+
+    /// How many threads are held.
+    pub fn len(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Whether no thread is held.
+    pub fn is_empty(&self) -> bool {
+        self.threads.is_empty()
+    }
+
+    /// The thread's data for writing, created (and counted for retention) when new.
+    fn thread_entry(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+    ) -> dashmap::mapref::one::RefMut<'_, (String, ThreadId), ThreadData> {
+        let key = Self::key(auth, thread_id);
+        if !self.threads.contains_key(&key) {
+            // Evict before taking the entry: holding a map reference while removing other
+            // keys could deadlock on a shared shard.
+            self.evict_idle();
+            self.order
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_back(key.clone());
+        }
+        self.threads.entry(key).or_default()
+    }
+
+    fn evict_idle(&self) {
+        let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Utc::now();
+        let mut looked = 0;
+        while order.len() >= self.max_threads && looked < order.len() {
+            let Some(oldest) = order.pop_front() else {
+                break;
+            };
+            let idle = |t: &ThreadData| {
+                t.queue.is_empty() && t.lease.as_ref().is_none_or(|l| l.expires_at <= now)
+            };
+            let gone = !self.threads.contains_key(&oldest)
+                || self.threads.remove_if(&oldest, |_, t| idle(t)).is_some();
+            if !gone {
+                order.push_back(oldest);
+                looked += 1;
+            }
+        }
     }
 
     /// Use other key-value caps.
@@ -134,11 +214,14 @@ impl ThreadQueue for InMemoryThreadStore {
         thread_id: &ThreadId,
         payload: Value,
     ) -> AgentResult<QueuedItem> {
-        let mut thread = self.threads.entry(Self::key(auth, thread_id)).or_default();
-        thread.next_queue_seq += 1;
+        let seq = self
+            .next_queue_seq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let mut thread = self.thread_entry(auth, thread_id);
         let item = QueuedItem {
             id: uuid::Uuid::now_v7().to_string(),
-            seq: thread.next_queue_seq,
+            seq,
             payload,
             enqueued_at: Utc::now(),
         };
@@ -202,7 +285,7 @@ impl ThreadKv for InMemoryThreadStore {
     ) -> AgentResult<()> {
         let encoded = serde_json::to_string(&value).map_err(AgentError::internal)?;
         self.kv_limits.check(key, &encoded)?;
-        let mut thread = self.threads.entry(Self::key(auth, thread_id)).or_default();
+        let mut thread = self.thread_entry(auth, thread_id);
         if value.is_null() {
             thread.kv.remove(key);
             return Ok(());
@@ -288,16 +371,19 @@ impl ThreadLeases for InMemoryThreadStore {
         ttl: Duration,
     ) -> AgentResult<Option<Lease>> {
         check_ttl(ttl)?;
-        let mut thread = self.threads.entry(Self::key(auth, thread_id)).or_default();
+        let mut thread = self.thread_entry(auth, thread_id);
         let now = Utc::now();
         if thread.lease.as_ref().is_some_and(|l| l.expires_at > now) {
             return Ok(None);
         }
-        thread.last_token += 1;
+        let token = self
+            .next_token
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
         let lease = Lease {
             thread_id: thread_id.clone(),
             holder: holder.to_owned(),
-            token: thread.last_token,
+            token,
             expires_at: now + ttl,
         };
         thread.lease = Some(lease.clone());
@@ -363,5 +449,61 @@ mod tests {
             assert!(matches!(err, AgentError::LeaseLost { .. }), "{err:?}");
         }
         assert_eq!(store.threads.len(), 0, "refused writes must not allocate");
+    }
+}
+
+#[cfg(test)]
+mod retention_tests {
+    use super::*;
+    use crate::{ThreadKv, ThreadLeases};
+
+    #[tokio::test]
+    async fn idle_threads_are_evicted_past_the_cap_and_busy_ones_are_kept() {
+        let store = InMemoryThreadStore::new().with_max_threads(3);
+        let auth = AuthContext::new("app", "user");
+        let busy = ThreadId::from("busy");
+        let lease = store
+            .acquire_lease(&auth, &busy, "w", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+        for i in 0..10 {
+            store
+                .kv_set(
+                    &auth,
+                    &ThreadId::from(format!("t{i}")),
+                    "k",
+                    serde_json::json!(i),
+                )
+                .await
+                .unwrap();
+        }
+        assert!(store.len() <= 3, "held {} threads", store.len());
+        assert_eq!(
+            store
+                .kv_get(&auth, &ThreadId::from("t9"), "k")
+                .await
+                .unwrap(),
+            Some(serde_json::json!(9))
+        );
+        assert_eq!(
+            store
+                .kv_get(&auth, &ThreadId::from("t0"), "k")
+                .await
+                .unwrap(),
+            None,
+            "the oldest idle thread went"
+        );
+        store
+            .renew_lease(&auth, &lease, Duration::from_secs(60))
+            .await
+            .expect("a busy thread is never evicted");
+        // A thread created again gets a fresh, larger token: no stale lease can pass its fence.
+        let again = store
+            .acquire_lease(&auth, &ThreadId::from("t0"), "w", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(again.token > lease.token);
     }
 }
