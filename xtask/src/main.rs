@@ -15,6 +15,7 @@ commands:
   bench [args...]  every benchmark: cargo bench --workspace [args...]
   bench stores     the store backends: persisted steps/s beside raw SQLite/Redis ceilings
   bench engine     the thread engine: overhead per step, persisted steps/s per backend
+  bench a2a        the A2A server: SendMessage/GetTask req/s beside a bare axum handler, RSS over 100k sends
                    (KEEL_BENCH_SECS, KEEL_BENCH_DIR, REDIS_URL; figures are printed, never asserted)
   py-sdk           create/refresh the cached Python A2A SDK venv and print its python path
   help             print this message";
@@ -57,6 +58,11 @@ const BENCHES: &[NamedBench] = &[
         name: "engine",
         package: "store-bench",
         target: "engine",
+    },
+    NamedBench {
+        name: "a2a",
+        package: "store-bench",
+        target: "a2a",
     },
 ];
 

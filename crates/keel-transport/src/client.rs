@@ -2,6 +2,7 @@
 //! talks to a Keel agent or any A2A v1.0 agent and answers in Keel's models and errors.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use eventsource_stream::Eventsource;
 use futures::stream::{self, BoxStream, StreamExt};
@@ -77,6 +78,62 @@ pub struct A2aClient {
     binding: Binding,
     endpoint: OnceCell<String>,
     next_id: AtomicU64,
+    retry: ClientRetry,
+}
+
+/// How an [`A2aClient`] retries idempotent calls after a connection loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ClientRetry {
+    /// Attempts per call, the first included (at least 1).
+    max_attempts: u32,
+    /// The wait before the first retry; doubled per further retry.
+    base_delay: Duration,
+}
+
+impl ClientRetry {
+    /// The longest wait between two attempts.
+    const MAX_DELAY: Duration = Duration::from_secs(5);
+
+    /// The wait after failed attempt `attempt` (from 1): exponential, capped, half of it
+    /// random.
+    fn backoff(self, attempt: u32) -> Duration {
+        let exponential = self
+            .base_delay
+            .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
+            .min(Self::MAX_DELAY);
+        let millis = u64::try_from(exponential.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(millis / 2 + fastrand::u64(0..=millis / 2))
+    }
+}
+
+impl Default for ClientRetry {
+    fn default() -> Self {
+        Self {
+            max_attempts: A2aClient::DEFAULT_RETRY_ATTEMPTS,
+            base_delay: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Why one attempt failed: a lost or refused connection (worth another attempt when the call
+/// is idempotent) or an answer (final).
+enum Failure {
+    Connection(AgentError),
+    Answer(AgentError),
+}
+
+impl Failure {
+    fn into_error(self) -> AgentError {
+        match self {
+            Failure::Connection(err) | Failure::Answer(err) => err,
+        }
+    }
+}
+
+impl From<AgentError> for Failure {
+    fn from(err: AgentError) -> Self {
+        Failure::Answer(err)
+    }
 }
 
 /// One operation, as each binding names it.
@@ -101,6 +158,13 @@ impl Call {
             Call::SubscribeToTask => "SubscribeToTask",
         }
     }
+
+    /// Whether repeating the call cannot do anything twice: reads and cancel (canceling a
+    /// canceled task changes nothing). SendMessage is not: a lost answer may hide a
+    /// delivered message.
+    fn is_idempotent(self) -> bool {
+        matches!(self, Call::GetTask | Call::ListTasks | Call::CancelTask)
+    }
 }
 
 impl A2aClient {
@@ -112,6 +176,55 @@ impl A2aClient {
             binding: Binding::default(),
             endpoint: OnceCell::new(),
             next_id: AtomicU64::new(1),
+            retry: ClientRetry::default(),
+        }
+    }
+
+    /// Send requests with this reqwest client (for its timeouts, proxy, TLS or pool settings)
+    /// instead of a default one.
+    #[must_use]
+    pub fn with_http_client(self, http: reqwest::Client) -> Self {
+        Self { http, ..self }
+    }
+
+    /// How many attempts an idempotent call gets by default (the first included).
+    pub const DEFAULT_RETRY_ATTEMPTS: u32 = 3;
+
+    /// Retry idempotent calls (GetTask, ListTasks, CancelTask and the card fetch) whose
+    /// connection failed or was lost before an answer arrived: up to `max_attempts` attempts
+    /// in all (at least 1; 1 turns retries off), waiting `base_delay` before the first retry,
+    /// doubled for each further one (capped at 5 s, half of it random). SendMessage and the
+    /// streams are never retried. The default is [`A2aClient::DEFAULT_RETRY_ATTEMPTS`]
+    /// attempts from 100 ms. An answer, even an error or a non-JSON one, is never retried.
+    #[must_use]
+    pub fn with_retries(self, max_attempts: u32, base_delay: Duration) -> Self {
+        Self {
+            retry: ClientRetry {
+                max_attempts: max_attempts.max(1),
+                base_delay,
+            },
+            ..self
+        }
+    }
+
+    /// Run `attempt` up to the retry policy's count while it fails on the connection.
+    async fn retrying<T, F, Fut>(&self, what: &str, mut attempt: F) -> AgentResult<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, Failure>>,
+    {
+        let mut tried = 1;
+        loop {
+            match attempt().await {
+                Ok(value) => return Ok(value),
+                Err(Failure::Connection(err)) if tried < self.retry.max_attempts => {
+                    let wait = self.retry.backoff(tried);
+                    tracing::debug!(what, attempt = tried, ?wait, error = %err, "connection lost; retrying");
+                    tokio::time::sleep(wait).await;
+                    tried += 1;
+                }
+                Err(failure) => return Err(failure.into_error()),
+            }
         }
     }
 
@@ -137,23 +250,34 @@ impl A2aClient {
 
     async fn fetch_card(&self) -> AgentResult<(AgentCard, wire::Endpoints)> {
         let url = format!("{}{AGENT_CARD_PATH}", self.base_url);
+        let card = self
+            .retrying("agent card", || self.fetch_card_once(&url))
+            .await?;
+        wire::decode_card(card)
+    }
+
+    async fn fetch_card_once(&self, url: &str) -> Result<Value, Failure> {
         let response = self
             .http
-            .get(&url)
+            .get(url)
             .send()
             .await
-            .map_err(|e| transport_error(&url, e))?;
+            .map_err(|e| connection_failure(url, e))?;
         let status = response.status();
         if !status.is_success() {
-            return Err(AgentError::internal(format!(
+            return Err(Failure::Answer(AgentError::internal(format!(
                 "GET {url} answered HTTP {status}"
-            )));
+            ))));
         }
-        let card: Value = response
-            .json()
+        let body = response
+            .bytes()
             .await
-            .map_err(|e| transport_error(&url, e))?;
-        wire::decode_card(card)
+            .map_err(|e| connection_failure(url, e))?;
+        serde_json::from_slice(&body).map_err(|e| {
+            Failure::Answer(AgentError::internal(format!(
+                "GET {url} answered a card that is not JSON: {e}"
+            )))
+        })
     }
 
     async fn endpoint(&self) -> AgentResult<&str> {
@@ -292,29 +416,53 @@ impl A2aClient {
         ))
     }
 
+    /// A unary call; an idempotent one is retried when its connection fails.
     async fn unary(
         &self,
         call: Call,
         params: Value,
         task_id: Option<&TaskId>,
     ) -> AgentResult<Value> {
+        if !call.is_idempotent() {
+            return self
+                .unary_once(call, params, task_id)
+                .await
+                .map_err(Failure::into_error);
+        }
+        self.retrying(call.method(), || {
+            self.unary_once(call, params.clone(), task_id)
+        })
+        .await
+    }
+
+    async fn unary_once(
+        &self,
+        call: Call,
+        params: Value,
+        task_id: Option<&TaskId>,
+    ) -> Result<Value, Failure> {
         let method = call.method();
         let (request, url) = self.request(call, params).await?;
         let span = tracing::debug_span!("a2a.call", method, url = %url);
         async {
-            let response = request.send().await.map_err(|e| transport_error(&url, e))?;
+            let response = request
+                .send()
+                .await
+                .map_err(|e| connection_failure(&url, e))?;
             let status = response.status();
             let body = response
                 .bytes()
                 .await
-                .map_err(|e| transport_error(&url, e))?;
+                .map_err(|e| connection_failure(&url, e))?;
             let Ok(mut body) = serde_json::from_slice::<Value>(&body) else {
-                return Err(AgentError::internal(format!(
+                return Err(Failure::Answer(AgentError::internal(format!(
                     "{method} to {url} answered HTTP {status} without JSON"
-                )));
+                ))));
             };
             if let Some(error) = self.error_of(&body) {
-                return Err(jsonrpc::agent_error_from_rpc(&error, task_id));
+                return Err(Failure::Answer(jsonrpc::agent_error_from_rpc(
+                    &error, task_id,
+                )));
             }
             let result = match self.binding {
                 Binding::JsonRpc => body.get_mut("result").map(Value::take),
@@ -322,9 +470,9 @@ impl A2aClient {
             };
             match result {
                 Some(result) if status.is_success() => Ok(result),
-                _ => Err(AgentError::internal(format!(
+                _ => Err(Failure::Answer(AgentError::internal(format!(
                     "{method} to {url} answered HTTP {status} without a result"
-                ))),
+                )))),
             }
         }
         .instrument(span)
@@ -461,6 +609,54 @@ fn percent_encode(segment: &str) -> String {
         .collect()
 }
 
+/// A failed request: a connection that could not be made or was lost (or timed out) before
+/// the whole answer arrived is a connection failure; anything else (a bad URL, a redirect
+/// loop) is final.
+fn connection_failure(url: &str, err: reqwest::Error) -> Failure {
+    let lost = err.is_connect() || err.is_request() || err.is_body() || err.is_timeout();
+    let err = transport_error(url, err);
+    if lost {
+        Failure::Connection(err)
+    } else {
+        Failure::Answer(err)
+    }
+}
+
 fn transport_error(url: &str, err: reqwest::Error) -> AgentError {
     AgentError::internal(format!("request to {url} failed: {err}"))
+}
+
+#[async_trait::async_trait]
+impl crate::transport::AgentTransport for A2aClient {
+    async fn get_card(&self) -> AgentResult<AgentCard> {
+        A2aClient::get_card(self).await
+    }
+
+    async fn send_message(
+        &self,
+        message: Message,
+        options: SendMessageOptions,
+    ) -> AgentResult<Task> {
+        A2aClient::send_message(self, message, options).await
+    }
+
+    async fn get_task(&self, task_id: &TaskId, history_length: Option<usize>) -> AgentResult<Task> {
+        A2aClient::get_task(self, task_id, history_length).await
+    }
+
+    async fn list_tasks(&self, query: &TaskListQuery) -> AgentResult<TaskList> {
+        A2aClient::list_tasks(self, query).await
+    }
+
+    async fn cancel_task(&self, task_id: &TaskId, reason: Option<String>) -> AgentResult<Task> {
+        A2aClient::cancel_task(self, task_id, reason).await
+    }
+
+    async fn send_streaming_message(&self, message: Message) -> AgentResult<TaskEventStream> {
+        A2aClient::send_streaming_message(self, message).await
+    }
+
+    async fn subscribe(&self, task_id: &TaskId) -> AgentResult<TaskEventStream> {
+        A2aClient::subscribe(self, task_id).await
+    }
 }

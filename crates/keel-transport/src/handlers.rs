@@ -113,6 +113,11 @@ impl Handlers {
         }
     }
 
+    /// A receiver of the server's closing flag (true once its runs have stopped).
+    pub(crate) fn closing(&self) -> watch::Receiver<bool> {
+        self.closing.clone()
+    }
+
     /// The caller's tenant, from the request's credentials (and the tenant it routed to), or
     /// the HTTP 401 answer (`json_rpc` picks the body's shape).
     pub(crate) fn caller(

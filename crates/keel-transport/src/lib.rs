@@ -13,7 +13,9 @@
 //! The code map: `handlers` holds the operations that every binding calls (so bindings cannot
 //! drift apart); `server` the JSON-RPC binding, the card and the version selection; `rest` the
 //! HTTP+JSON binding; `compat_v03` the v0.3 method names and JSON shapes; `stream` the
-//! follower that turns a task's durable event log into a stream; `wire` the v1.0 JSON.
+//! follower that turns a task's durable event log into a stream; `wire` the v1.0 JSON; `ws`
+//! JSON-RPC over a WebSocket at [`WS_PATH`], streams included; `in_process` the in-process
+//! transport; `transport` the [`AgentTransport`] trait both clients implement.
 //!
 //! What it serves: the card at `/.well-known/agent-card.json` (with `Cache-Control` and an
 //! `ETag`); SendMessage, SendStreamingMessage, GetTask, ListTasks, CancelTask, SubscribeToTask,
@@ -22,12 +24,17 @@
 //! [`A2aServer::with_security`], API key and bearer authentication through the runtime's
 //! auth service (`security`), every operation running as the tenant the credentials prove.
 //!
+//! [`AgentTransport`] is the one typed interface to an agent: [`A2aClient`] implements it over
+//! HTTP, [`InProcessClient`] (the in-process transport) for an agent in this process, through
+//! the same handler layer and with no HTTP.
+//!
 //! See [`A2aServer`] for a complete example that serves an agent and talks to it.
 
 pub mod callbacks;
 mod client;
 mod compat_v03;
 mod handlers;
+mod in_process;
 pub mod jsonrpc;
 mod push;
 mod rest;
@@ -35,12 +42,17 @@ mod security;
 mod server;
 mod stream;
 mod task_list;
+mod transport;
 mod wire;
+mod ws;
 
 pub use client::{A2aClient, Binding, SendMessageOptions, TaskEventStream};
+pub use in_process::InProcessClient;
 pub use push::{DELIVERY_LOG_LIMIT, NOTIFICATION_TOKEN_HEADER};
 pub use security::{Security, API_KEY_HEADER};
 pub use server::{A2aServer, AGENT_CARD_PATH, DEFAULT_BODY_LIMIT, DEFAULT_CARD_MAX_AGE};
 pub use stream::{StreamEvent, POLL_INTERVAL};
 pub use task_list::{TaskList, TaskListQuery};
+pub use transport::AgentTransport;
 pub use wire::KEEL_CARD_EXTENSION_URI;
+pub use ws::{WS_MAX_IN_FLIGHT, WS_PATH};

@@ -47,7 +47,9 @@ pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 /// Routes: `GET /.well-known/agent-card.json` (the card), `POST /` (JSON-RPC: every v1.0
 /// method, and the v0.3 `message/send`, `message/stream`, `tasks/get`, `tasks/cancel`,
 /// `tasks/resubscribe`), and the HTTP+JSON routes of A2A's proto (`POST /message:send`,
-/// `GET /tasks/{id}`, ..., each also under `/{tenant}/`). JSON-RPC errors are answered with
+/// `GET /tasks/{id}`, ..., each also under `/{tenant}/`), and `GET /ws` (JSON-RPC over a
+/// WebSocket: one request or response per frame, a stream as several response frames with the
+/// request's id; see [`WS_PATH`](crate::WS_PATH)). JSON-RPC errors are answered with
 /// HTTP 200, as A2A clients expect; HTTP+JSON errors with the status A2A assigns.
 /// `SendStreamingMessage` and `SubscribeToTask` answer with Server-Sent Events. Push
 /// notification configs are stored per tenant through the runtime's memory service and
@@ -97,8 +99,10 @@ pub struct A2aServer {
     push_retry: RetryPolicy,
 }
 
-struct ServerState {
-    handlers: Handlers,
+pub(crate) struct ServerState {
+    pub(crate) handlers: Handlers,
+    /// The largest WebSocket message accepted (the body limit).
+    pub(crate) ws_message_limit: usize,
     card: Value,
     /// A strong validator of `card`: a hash of its JSON, quoted.
     card_etag: String,
@@ -274,6 +278,7 @@ impl A2aServer {
                 extended_card,
                 push,
             ),
+            ws_message_limit: self.body_limit,
             card_etag: etag(&card),
             card_cache_control: format!("public, max-age={}", self.card_max_age),
             card,
@@ -281,6 +286,7 @@ impl A2aServer {
         Router::new()
             .route(AGENT_CARD_PATH, get(agent_card))
             .route("/", post(json_rpc))
+            .route(crate::ws::WS_PATH, get(crate::ws::upgrade))
             .fallback(rest_binding)
             .layer(DefaultBodyLimit::max(self.body_limit))
             .with_state(state)
@@ -517,26 +523,32 @@ async fn json_rpc(
                     id,
                     protocol,
                     events,
-                } => sse(events.map(move |item| {
-                    let envelope = match item {
-                        Ok(event) => {
-                            let event = match protocol {
-                                Version::V1 => event,
-                                Version::V03 => compat_v03::stream_event_from_v1(event),
-                            };
-                            jsonrpc::success(id.clone(), event)
-                        }
-                        Err(error) => jsonrpc::failure(id.clone(), &error),
-                    };
-                    sse_json(&envelope)
-                })),
+                } => sse(events.map(move |item| sse_json(&stream_envelope(&id, protocol, item)))),
             }
         }
     }
 }
 
+/// One item of a JSON-RPC stream as the response object that carries it (request `id`).
+pub(crate) fn stream_envelope(
+    id: &Value,
+    protocol: Version,
+    item: Result<Value, RpcError>,
+) -> Value {
+    match item {
+        Ok(event) => {
+            let event = match protocol {
+                Version::V1 => event,
+                Version::V03 => compat_v03::stream_event_from_v1(event),
+            };
+            jsonrpc::success(id.clone(), event)
+        }
+        Err(error) => jsonrpc::failure(id.clone(), &error),
+    }
+}
+
 /// What one JSON-RPC request comes to.
-enum Outcome {
+pub(crate) enum Outcome {
     /// A notification: no answer.
     Silent,
     /// A response object.
@@ -552,7 +564,7 @@ enum Outcome {
 /// Decode, run and answer one JSON-RPC request. In a batch, streaming methods are answered
 /// UnsupportedOperation without running: a batch answers with one JSON array, which has no
 /// room for a stream.
-async fn call(
+pub(crate) async fn call(
     state: &ServerState,
     headers: &HeaderMap,
     query: &[(String, String)],

@@ -1,0 +1,247 @@
+//! JSON-RPC over the WebSocket at `/ws`: unary calls, streams as several response frames
+//! with the request's id, errors that keep the socket open, requests that run concurrently on
+//! one socket, and cancellation from a separate control connection (another socket, or HTTP)
+//! that ends the stream it stops.
+
+mod support;
+
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use keel_core::TaskState;
+use keel_transport::A2aClient;
+use serde_json::{json, Value};
+use support::{user_message, TestServer, SLEEP_30};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+async fn connect(server: &TestServer) -> Socket {
+    let url = format!("{}/ws", server.base.replacen("http://", "ws://", 1));
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("A2A-Version", "1.0".parse().unwrap());
+    let (socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    socket
+}
+
+async fn send(socket: &mut Socket, id: &str, method: &str, params: Value) {
+    let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    socket
+        .send(Message::text(request.to_string()))
+        .await
+        .unwrap();
+}
+
+/// The next JSON-RPC frame (within 10 s).
+async fn next(socket: &mut Socket) -> Value {
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(10), socket.next())
+            .await
+            .expect("a frame within 10 s")
+            .expect("the socket is open")
+            .unwrap();
+        if let Message::Text(text) = frame {
+            return serde_json::from_str(text.as_str()).unwrap();
+        }
+    }
+}
+
+fn state_of(result: &Value) -> Option<&str> {
+    result
+        .get("task")
+        .and_then(|t| t["status"]["state"].as_str())
+        .or_else(|| result["statusUpdate"]["status"]["state"].as_str())
+}
+
+#[tokio::test]
+async fn unary_calls_and_errors_share_one_socket() {
+    let server = TestServer::start().await;
+    let mut socket = connect(&server).await;
+    send(
+        &mut socket,
+        "s1",
+        "SendMessage",
+        json!({"message": user_message("hello")}),
+    )
+    .await;
+    let sent = next(&mut socket).await;
+    assert_eq!(sent["id"], "s1", "{sent}");
+    let task_id = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(state_of(&sent["result"]), Some("TASK_STATE_COMPLETED"));
+
+    send(&mut socket, "g1", "GetTask", json!({"id": task_id})).await;
+    let got = next(&mut socket).await;
+    assert_eq!(got["id"], "g1");
+    assert_eq!(got["result"]["id"], task_id.as_str());
+
+    send(&mut socket, "g2", "GetTask", json!({"id": "no-such-task"})).await;
+    let missing = next(&mut socket).await;
+    assert_eq!(missing["id"], "g2");
+    assert_eq!(missing["error"]["code"], -32001, "{missing}");
+
+    send(&mut socket, "x", "NoSuchMethod", json!({})).await;
+    assert_eq!(next(&mut socket).await["error"]["code"], -32601);
+    socket.send(Message::text("{not json")).await.unwrap();
+    let parse = next(&mut socket).await;
+    assert_eq!(parse["error"]["code"], -32700);
+    assert_eq!(parse["id"], Value::Null);
+    socket.send(Message::text("[]")).await.unwrap();
+    assert_eq!(next(&mut socket).await["error"]["code"], -32600);
+
+    // Still serving after every error.
+    send(&mut socket, "l1", "ListTasks", json!({})).await;
+    let list = next(&mut socket).await;
+    assert_eq!(list["result"]["totalSize"], 1, "{list}");
+    socket.close(None).await.unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_is_several_frames_with_the_request_id_ending_at_the_final_status() {
+    let server = TestServer::start().await;
+    let mut socket = connect(&server).await;
+    send(
+        &mut socket,
+        "stream-1",
+        "SendStreamingMessage",
+        json!({"message": user_message("stream this")}),
+    )
+    .await;
+    let mut frames = Vec::new();
+    loop {
+        let frame = next(&mut socket).await;
+        assert_eq!(frame["id"], "stream-1", "{frame}");
+        let done = state_of(&frame["result"]) == Some("TASK_STATE_COMPLETED");
+        frames.push(frame);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        frames[0]["result"].get("task").is_some(),
+        "starts with the task"
+    );
+    // The socket goes on serving after the stream.
+    send(&mut socket, "after", "ListTasks", json!({})).await;
+    assert_eq!(next(&mut socket).await["id"], "after");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_on_a_control_connection_ends_the_stream_it_stops() {
+    let server = TestServer::start().await;
+    let mut streaming = connect(&server).await;
+    send(
+        &mut streaming,
+        "long",
+        "SendStreamingMessage",
+        json!({"message": user_message(SLEEP_30)}),
+    )
+    .await;
+    let first = next(&mut streaming).await;
+    let task_id = first["result"]["task"]["id"].as_str().unwrap().to_owned();
+
+    // The same socket still answers while its stream is open.
+    send(&mut streaming, "peek", "GetTask", json!({"id": task_id})).await;
+    let peek = loop {
+        let frame = next(&mut streaming).await;
+        if frame["id"] == "peek" {
+            break frame;
+        }
+    };
+    assert!(peek.get("result").is_some(), "{peek}");
+
+    // Cancel from a second socket: answered at once, not behind the stream.
+    let mut control = connect(&server).await;
+    send(&mut control, "c1", "CancelTask", json!({"id": task_id})).await;
+    let canceled = next(&mut control).await;
+    assert_eq!(canceled["id"], "c1");
+    assert_eq!(
+        canceled["result"]["status"]["state"], "TASK_STATE_CANCELED",
+        "{canceled}"
+    );
+
+    let last = loop {
+        let frame = next(&mut streaming).await;
+        assert_eq!(frame["id"], "long", "{frame}");
+        if frame["result"]["statusUpdate"]["status"]["state"] == "TASK_STATE_CANCELED" {
+            break frame;
+        }
+    };
+    assert_eq!(last["result"]["statusUpdate"]["taskId"], task_id.as_str());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_over_http_ends_a_websocket_stream_and_a_hang_up_cancels_nothing() {
+    let server = TestServer::start().await;
+    let mut streaming = connect(&server).await;
+    send(
+        &mut streaming,
+        "long",
+        "SendStreamingMessage",
+        json!({"message": user_message(SLEEP_30)}),
+    )
+    .await;
+    let first = next(&mut streaming).await;
+    let task_id = first["result"]["task"]["id"].as_str().unwrap().to_owned();
+
+    // A second stream on another socket, whose client hangs up: the task goes on.
+    let mut watcher = connect(&server).await;
+    send(
+        &mut watcher,
+        "sub",
+        "SubscribeToTask",
+        json!({"id": task_id}),
+    )
+    .await;
+    assert_eq!(next(&mut watcher).await["id"], "sub");
+    drop(watcher);
+    let client = A2aClient::new(&server.base);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let running = client
+        .get_task(&task_id.clone().into(), None)
+        .await
+        .unwrap();
+    assert_eq!(running.state(), TaskState::Working);
+
+    let canceled = client
+        .cancel_task(&task_id.clone().into(), None)
+        .await
+        .unwrap();
+    assert_eq!(canceled.state(), TaskState::Canceled);
+    loop {
+        let frame = next(&mut streaming).await;
+        if frame["result"]["statusUpdate"]["status"]["state"] == "TASK_STATE_CANCELED" {
+            break;
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_upgrade_without_credentials_is_refused_when_security_is_on() {
+    let runtime = std::sync::Arc::new(keel_runtime::InMemoryRuntime::new(std::sync::Arc::new(
+        keel_llm::MockLlm::new(),
+    )));
+    let server = TestServer::start_with(runtime, |s| {
+        s.with_security(keel_transport::Security::api_key_and_bearer())
+    })
+    .await;
+    let url = format!("{}/ws", server.base.replacen("http://", "ws://", 1));
+    let err = tokio_tungstenite::connect_async(url)
+        .await
+        .expect_err("no credentials, no socket");
+    match err {
+        tokio_tungstenite::tungstenite::Error::Http(response) => {
+            assert_eq!(response.status(), 401);
+        }
+        other => panic!("expected HTTP 401, got {other:?}"),
+    }
+    server.stop().await;
+}
