@@ -1,6 +1,7 @@
 //! `cargo xtask`: Keel's project tasks (CI gate, benchmarks, Python A2A SDK venv).
 
 mod ci;
+mod fuzz;
 mod py_sdk;
 mod redis;
 mod util;
@@ -17,6 +18,7 @@ commands:
   bench engine     the thread engine: overhead per step, persisted steps/s per backend
   bench a2a        the A2A server: SendMessage/GetTask req/s beside a bare axum handler, RSS over 100k sends
                    (KEEL_BENCH_SECS, KEEL_BENCH_DIR, REDIS_URL; figures are printed, never asserted)
+  fuzz [SECONDS]   run each fuzz target of fuzz/ for SECONDS (default 60; needs nightly and cargo-fuzz)
   py-sdk           create/refresh the cached Python A2A SDK venv and print its python path
   help             print this message";
 
@@ -26,6 +28,7 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("ci") if args.len() == 1 => ci::run(),
         Some("bench") => bench(&args[1..]),
+        Some("fuzz") => fuzz::run(&args[1..]),
         Some("py-sdk") if args.len() == 1 => match py_sdk::ensure() {
             Ok(python) => {
                 println!("{}", python.display());
