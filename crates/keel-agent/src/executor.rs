@@ -631,19 +631,13 @@ impl AgentExecutor {
             )
             .await?;
         // Wait for the run to pick the decision up and rest again.
-        let mut changed = self.inner.changed.subscribe();
-        loop {
-            changed.borrow_and_update();
-            let current = self.get_task(auth, task_id, None).await?;
-            if is_resting(current.state()) && !current.metadata.contains_key(META_APPROVAL_DECISION)
-            {
-                return Ok(current);
-            }
-            tokio::select! {
-                _ = changed.changed() => {}
-                () = tokio::time::sleep(self.inner.config.poll_interval) => {}
-            }
-        }
+        self.inner
+            .wait_until(auth, task_id, |task| {
+                is_resting(task.state()) && !task.metadata.contains_key(META_APPROVAL_DECISION)
+            })
+            .await?;
+        // Answered with its history, like every task this API hands out.
+        self.get_task(auth, task_id, None).await
     }
 
     /// Call one tool directly, with no model (a deterministic path), through the same
@@ -1011,9 +1005,21 @@ impl Inner {
         self.run_task(flow, &task.id).await
     }
 
-    /// Wait until the task rests (terminal or waiting for input). Local changes wake the
-    /// waiter at once; a task run by another process is looked at every poll interval.
+    /// Wait until the task rests (terminal or waiting for input).
     async fn wait_until_resting(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<()> {
+        self.wait_until(auth, task_id, |task| is_resting(task.state()))
+            .await
+            .map(|_| ())
+    }
+
+    /// Wait until the stored task satisfies `done`, and answer it. Local changes wake the
+    /// waiter at once; a task run by another process is looked at every poll interval.
+    async fn wait_until(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        done: impl Fn(&Task) -> bool,
+    ) -> AgentResult<Task> {
         let mut changed = self.changed.subscribe();
         loop {
             changed.borrow_and_update();
@@ -1025,8 +1031,8 @@ impl Inner {
                 .ok_or_else(|| AgentError::TaskNotFound {
                     task_id: task_id.clone(),
                 })?;
-            if is_resting(task.state()) {
-                return Ok(());
+            if done(&task) {
+                return Ok(task);
             }
             tokio::select! {
                 _ = changed.changed() => {}
