@@ -96,6 +96,7 @@ pub struct Agent {
     code_runner: Option<Arc<dyn crate::CodeRunner>>,
     // Subagents: the kinds of child agents this agent may create (see `subagents`).
     pub(crate) subagents: crate::subagents::Specs,
+    environment: crate::Environment,
 }
 
 impl fmt::Debug for Agent {
@@ -126,7 +127,13 @@ impl Agent {
             negotiator: None,
             code_runner: None,
             subagents: Vec::new(),
+            environment: crate::Environment::process(),
         }
+    }
+
+    /// Where the agent reads flags (`optional` subagents) and scoped variables.
+    pub fn environment(&self) -> &crate::Environment {
+        &self.environment
     }
 
     /// The agent's card.
@@ -238,6 +245,7 @@ pub struct AgentBuilder {
     negotiator: Option<Arc<dyn crate::Negotiator>>,
     code_runner: Option<Arc<dyn crate::CodeRunner>>,
     subagents: Vec<crate::SubagentSpec>,
+    environment: crate::Environment,
 }
 
 impl AgentBuilder {
@@ -245,6 +253,13 @@ impl AgentBuilder {
     /// tool, and `subagent_message` when a kind is resumable).
     pub fn subagent(mut self, spec: crate::SubagentSpec) -> Self {
         self.subagents.push(spec);
+        self
+    }
+
+    /// Where the agent reads its flags and scoped variables (default: the process
+    /// environment). `optional` subagent kinds are decided against it when the agent is built.
+    pub fn environment(mut self, environment: crate::Environment) -> Self {
+        self.environment = environment;
         self
     }
 
@@ -368,7 +383,10 @@ impl AgentBuilder {
         let mut tools = Vec::with_capacity(self.tools.len());
         let mut tool_index = HashMap::new();
         // Subagents: the built-in lifecycle tools join the checked tools below.
-        let subagents = Arc::new(self.subagents);
+        let subagents = Arc::new(crate::subagents::enabled_specs(
+            self.subagents,
+            &self.environment,
+        ));
         let builtin = crate::subagents::builtin_tools(&subagents)?;
         let declared = self.tools.len();
         for (i, tool) in self.tools.into_iter().chain(builtin).enumerate() {
@@ -427,6 +445,7 @@ impl AgentBuilder {
                 .unwrap_or_else(|| Arc::new(crate::AcceptAll)),
             code_runner: self.code_runner,
             subagents,
+            environment: self.environment,
         })
     }
 }

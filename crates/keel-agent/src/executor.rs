@@ -665,13 +665,13 @@ impl AgentExecutor {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let obs = RunObs::new(
+        let obs = Arc::new(RunObs::new(
             &sinks,
             &context,
             &task_id,
             &inner.agent.card().name,
             inner.agent.authorizer().clone(),
-        );
+        ));
         let action = tool_action(registered.tool.as_ref(), &call);
         obs.emit(RunEvent::action_requested(&action)).await;
         if let Err(err) = obs.authorize(&action).await {
@@ -692,6 +692,7 @@ impl AgentExecutor {
             thread: self.thread(auth, thread_id),
             cancel: CancellationToken::new(),
             runtime: inner.runtime.clone(),
+            events: Some(obs.clone()),
         };
         let started = Instant::now();
         let duration_ms = || Some(started.elapsed().as_millis() as u64);
@@ -1286,13 +1287,13 @@ impl Inner {
         }
         let run_context = RunContext::ensure_task_context(task)?;
         let sinks = self.sinks.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let obs = RunObs::new(
+        let obs = Arc::new(RunObs::new(
             &sinks,
             &run_context,
             &task.id,
             &self.agent.card().name,
             self.agent.authorizer().clone(),
-        );
+        ));
         if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
             return self.finish(flow, &obs, task, outcome).await;
         }
@@ -1309,6 +1310,7 @@ impl Inner {
             thread,
             cancel: run.token.clone(),
             runtime: self.runtime.clone(),
+            events: Some(obs.clone()),
         };
         let scope = Scope {
             flow,
@@ -1366,6 +1368,10 @@ impl Inner {
             }
         }
 
+        // Subagents: `immediate` kinds are queued to run before the thread's first model step.
+        if direct.is_none() {
+            crate::subagents::activate_immediate(&self.agent, &ctx, &history).await?;
+        }
         let outcome = match direct {
             Some(calls) => self.run_direct(&scope, task, calls, &mut history).await?,
             None => match self

@@ -30,7 +30,9 @@
 
 mod agent;
 mod async_tools;
+mod attachments;
 mod code;
+mod environment;
 mod executor;
 mod negotiator;
 mod observe;
@@ -44,11 +46,14 @@ pub use agent::{
 pub use async_tools::{
     AsyncDispatch, AsyncHttpTool, AsyncInvocation, CallbackError, CALLBACK_SECRET_HEADER,
 };
+pub use attachments::{attachment_uri, ATTACHMENT_URI_SCHEME};
 pub use code::{CodeRequest, CodeRun, CodeRunner};
+pub use environment::{Environment, SECRETS_KEY_VAR};
 pub use executor::{AgentExecutor, ExecutorConfig, SendOptions};
 pub use negotiator::{AcceptAll, LlmNegotiator, Negotiation, Negotiator};
 pub use subagents::{
-    ParentCommunication, SubagentSpec, SUBAGENT_CREATE_TOOL, SUBAGENT_MESSAGE_TOOL,
+    ImmediateEnv, ParentCommunication, PendingVariables, SessionStatusTool, SubagentSpec,
+    SESSION_STATUS_TOOL, SUBAGENT_CREATE_TOOL, SUBAGENT_MESSAGE_TOOL,
 };
 pub use thread_state::{ThreadState, RESERVED_KEY_PREFIX};
 pub use tool::{FnTool, PromptTool, Tool, ToolContext};

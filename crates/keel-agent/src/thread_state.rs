@@ -96,6 +96,52 @@ impl ThreadState {
         .await
     }
 
+    /// Queue a whole user message (text and file parts), like [`ThreadState::queue_message`].
+    pub(crate) async fn queue_user_message(&self, message: Message) -> AgentResult<QueuedItem> {
+        let message = message.in_thread(self.thread_id.clone());
+        self.queue(QueuedWork::Message { message }).await
+    }
+
+    fn attachment_store(&self) -> crate::attachments::AttachmentStore<'_> {
+        crate::attachments::AttachmentStore {
+            runtime: self.runtime().as_ref(),
+            auth: &self.auth,
+            thread_id: &self.thread_id,
+        }
+    }
+
+    /// Store a file in this thread's attachment store (§8.1) and answer its file part, whose
+    /// `uri` (`keel-attachment://{thread_id}/{path}`) is valid in this thread only.
+    pub async fn put_attachment(
+        &self,
+        name: &str,
+        media_type: Option<&str>,
+        bytes: &[u8],
+    ) -> AgentResult<keel_core::FileContent> {
+        self.attachment_store().put(name, media_type, bytes).await
+    }
+
+    /// A file of this thread's attachment store with its bytes, by URI or bare path; `None`
+    /// when there is none. Another thread's URI is [`AgentError::InvalidInput`].
+    pub async fn read_attachment(
+        &self,
+        uri: &str,
+    ) -> AgentResult<Option<(keel_core::FileContent, Vec<u8>)>> {
+        self.attachment_store().read(uri).await
+    }
+
+    /// Every file of this thread's attachment store.
+    pub async fn attachments(&self) -> AgentResult<Vec<keel_core::FileContent>> {
+        self.attachment_store().list().await
+    }
+
+    /// A scoped variable handed to this thread (a subagent) by its parent (§7.4–§7.5):
+    /// stored sealed, opened here with the key of the agent's
+    /// [`Environment`](crate::Environment). Never put it into a prompt.
+    pub async fn scoped_variable(&self, name: &str) -> AgentResult<Option<String>> {
+        crate::subagents::read_scoped(self, name).await
+    }
+
     async fn queue(&self, work: QueuedWork) -> AgentResult<QueuedItem> {
         self.ensure_open().await?;
         let payload = serde_json::to_value(&work).map_err(AgentError::internal)?;

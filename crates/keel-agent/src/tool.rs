@@ -27,6 +27,18 @@ pub struct ToolContext {
     pub cancel: CancellationToken,
     /// The service hub.
     pub runtime: Arc<dyn Runtime>,
+    /// The run's event stream, when the call happens inside a run.
+    pub(crate) events: Option<Arc<crate::observe::RunObs>>,
+}
+
+impl ToolContext {
+    /// Add an event to the calling run's normalized stream (numbered like every other event
+    /// of the run); a call made outside a run has no stream and the event is dropped.
+    pub async fn emit(&self, event: keel_events::RunEventBuilder) {
+        if let Some(events) = &self.events {
+            events.emit(event).await;
+        }
+    }
 }
 
 /// A tool. Its arguments are checked against [`Tool::parameters`] before [`Tool::call`] runs.
