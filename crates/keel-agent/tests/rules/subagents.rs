@@ -349,3 +349,569 @@ async fn canceling_the_parent_cancels_the_child_it_waits_for() {
     })
     .await;
 }
+
+// ---- attachments, optional/immediate kinds, scoped variables, status, markers ----
+
+const SECRETS_KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+fn sink_of(exec: &AgentExecutor) -> Arc<keel_events::InMemoryEventSink> {
+    let sink = Arc::new(keel_events::InMemoryEventSink::new());
+    exec.add_event_sink(sink.clone());
+    sink
+}
+
+fn events_named(sink: &keel_events::InMemoryEventSink, name: &str) -> Vec<serde_json::Value> {
+    sink.events()
+        .into_iter()
+        .filter(|e| e.is(name))
+        .map(|e| e.payload)
+        .collect()
+}
+
+/// A tool that hands the scoped variable `var` of its thread to the test.
+fn scoped_reader(var: &'static str, seen: Arc<std::sync::Mutex<Vec<Option<String>>>>) -> FnTool {
+    FnTool::new("check_token", "Checks the token", json!({"type": "object"}), move |_a, ctx| {
+        let seen = seen.clone();
+        async move {
+            let value = ctx.thread.scoped_variable(var).await?;
+            seen.lock().unwrap().push(value);
+            Ok(json!("checked"))
+        }
+    })
+}
+
+async fn send_in(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId, text: &str) -> Task {
+    exec.send_message(
+        auth,
+        Message::user(text).in_thread(thread.clone()),
+        SendOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_parents_attachments_are_copied_into_the_childs_own_store() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let child_exec = child_executor(&runtime);
+    let thread = ThreadId::new();
+    let parent_state = child_exec.thread(&auth, thread.clone());
+    let file = parent_state
+        .put_attachment("notes.txt", Some("text/plain"), b"the parent's notes")
+        .await
+        .unwrap();
+    let parent_uri = file.uri.clone().unwrap();
+    assert!(parent_uri.starts_with(&format!("keel-attachment://{thread}/")));
+    let spec = SubagentSpec::new("researcher", child_exec.clone());
+    let exec = parent(
+        &runtime,
+        spec,
+        vec![
+            MockResponse::ToolCalls(vec![ToolCall::new(
+                "subagent_create",
+                json!({"name": "alpha", "message": format!("read {parent_uri}"),
+                       "attachments": [parent_uri]}),
+            )]),
+            MockResponse::Text("ok".into()),
+        ],
+    );
+    let task = send_in(&exec, &auth, &thread, "go").await;
+    assert_eq!(task.state(), TaskState::Completed);
+    let child = exec.thread(&auth, thread.clone()).children().await.unwrap()[0].clone();
+    let child_state = child_exec.thread(&auth, child.thread_id.clone());
+    let files = child_state.attachments().await.unwrap();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let child_uri = files[0].uri.clone().unwrap();
+    assert!(child_uri.starts_with(&format!("keel-attachment://{}/", child.thread_id)));
+    let (meta, bytes) = child_state.read_attachment(&child_uri).await.unwrap().unwrap();
+    assert_eq!(bytes, b"the parent's notes");
+    assert_eq!(meta.media_type.as_deref(), Some("text/plain"));
+    // The parent's reference is not valid in the child's thread.
+    assert!(child_state.read_attachment(&parent_uri).await.is_err());
+    // The child's message refers to its own copy only, as text and as a file part.
+    let child_history = history(&child_exec, &auth, &child.thread_id).await;
+    let first = &child_history.iter().find(|m| m.role == LlmRole::User).unwrap().content;
+    assert!(first.contains(&child_uri), "{first}");
+    assert!(!first.contains(&parent_uri), "{first}");
+    let child_task = &child_tasks(&runtime, &auth, &child).await[0];
+    let events = runtime
+        .task_manager()
+        .get_task_events(&auth, &child_task.id)
+        .await
+        .unwrap();
+    let parts: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            keel_core::TaskEvent::Message { message } => Some(message.clone()),
+            _ => None,
+        })
+        .flat_map(|m| m.parts)
+        .filter_map(|p| match p.content {
+            keel_core::PartContent::File { file } => file.uri,
+            _ => None,
+        })
+        .collect();
+    assert_eq!(parts, [child_uri]);
+}
+
+#[tokio::test]
+async fn an_unknown_attachment_is_a_tool_error_and_creates_nothing() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let spec = SubagentSpec::new("researcher", child_executor(&runtime));
+    let exec = parent(
+        &runtime,
+        spec,
+        vec![
+            MockResponse::ToolCalls(vec![ToolCall::new(
+                "subagent_create",
+                json!({"name": "alpha", "message": "read", "attachments": ["missing.txt"]}),
+            )]),
+            MockResponse::Text("ok".into()),
+        ],
+    );
+    let task = ask(&exec, &auth, "go").await;
+    let results = tool_results(&exec, &auth, &task.thread_id).await;
+    assert!(results[0].contains("missing.txt"), "{results:?}");
+    assert!(exec.thread(&auth, task.thread_id).children().await.unwrap().is_empty());
+}
+
+/// A child whose only step writes `report.txt` into its own store and ends with the file's
+/// reference as its answer (the stop tool's output).
+fn reporting_child(runtime: &Arc<dyn Runtime>, responses: usize) -> AgentExecutor {
+    let write = FnTool::new("write_report", "Writes the report", json!({"type": "object"}), |_a, ctx| async move {
+        let file = ctx
+            .thread
+            .put_attachment("report.txt", Some("text/plain"), b"findings: 42")
+            .await?;
+        Ok(json!(format!("the report is at {}", file.uri.unwrap())))
+    });
+    let script = (0..responses)
+        .map(|_| MockResponse::ToolCalls(vec![ToolCall::new("write_report", json!({}))]))
+        .collect();
+    let agent = Agent::builder(card("researcher"))
+        .llm(MockLlm::scripted(script))
+        .tool(write)
+        .stop_tool("write_report")
+        .build()
+        .unwrap();
+    AgentExecutor::new(agent, runtime.clone())
+}
+
+#[tokio::test]
+async fn a_childs_result_brings_its_attachments_into_the_parents_store() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let spec = SubagentSpec::new("researcher", reporting_child(&runtime, 1));
+    let exec = parent(
+        &runtime,
+        spec,
+        vec![create("alpha", "write it"), MockResponse::Text("ok".into())],
+    );
+    let sink = sink_of(&exec);
+    let task = ask(&exec, &auth, "go").await;
+    assert_eq!(task.state(), TaskState::Completed);
+    let parent_state = exec.thread(&auth, task.thread_id.clone());
+    let files = parent_state.attachments().await.unwrap();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let parent_uri = files[0].uri.clone().unwrap();
+    assert!(parent_uri.starts_with(&format!("keel-attachment://{}/", task.thread_id)));
+    let (_, bytes) = parent_state.read_attachment(&parent_uri).await.unwrap().unwrap();
+    assert_eq!(bytes, b"findings: 42");
+    // The tool result the parent's model sees refers to the parent's copy.
+    let results = tool_results(&exec, &auth, &task.thread_id).await;
+    assert!(results[0].contains(&parent_uri), "{results:?}");
+    let child = &parent_state.children().await.unwrap()[0];
+    assert!(!results[0].contains(&format!("keel-attachment://{}/", child.thread_id)));
+    let returned = events_named(&sink, "subagent.returned");
+    assert_eq!(returned.len(), 1);
+    assert_eq!(returned[0]["attachments"][0]["uri"], json!(parent_uri));
+}
+
+#[tokio::test]
+async fn a_background_childs_queued_result_carries_its_copied_attachments() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let spec = SubagentSpec::new("researcher", reporting_child(&runtime, 1));
+    let exec = parent(
+        &runtime,
+        spec,
+        vec![
+            MockResponse::ToolCalls(vec![ToolCall::new(
+                "subagent_create",
+                json!({"name": "alpha", "message": "write it", "wait": false}),
+            )]),
+            MockResponse::Text("started".into()),
+            MockResponse::Text("got it".into()),
+        ],
+    );
+    let task = ask(&exec, &auth, "go").await;
+    let thread = task.thread_id.clone();
+    let prefix = format!("keel-attachment://{thread}/");
+    eventually(|| {
+        let (exec, auth, thread, prefix) = (exec.clone(), auth.clone(), thread.clone(), prefix.clone());
+        async move {
+            history(&exec, &auth, &thread).await.iter().any(|m| {
+                m.role == LlmRole::User
+                    && m.content.contains("[subagent alpha] completed")
+                    && m.content.contains(&prefix)
+            })
+        }
+    })
+    .await;
+    let files = exec.thread(&auth, thread).attachments().await.unwrap();
+    assert_eq!(files.len(), 1);
+}
+
+#[tokio::test]
+async fn optional_kinds_exist_only_when_their_flag_is_true_one_or_yes() {
+    let runtime = super::runtime();
+    let build = |value: Option<&str>| {
+        let mut env = keel_agent::Environment::isolated();
+        if let Some(value) = value {
+            env = env.with_var("RESEARCH_ENABLED", value);
+        }
+        Agent::builder(card("lead"))
+            .environment(env)
+            .subagent(SubagentSpec::new("researcher", child_executor(&runtime)).optional("RESEARCH_ENABLED"))
+            .build()
+            .unwrap()
+    };
+    let offers = |agent: &Agent| agent.tool_specs().iter().any(|t| t.name == "subagent_create");
+    for on in ["true", "TRUE", "1", "yes", "Yes"] {
+        assert!(offers(&build(Some(on))), "{on}");
+    }
+    for off in ["false", "0", "no", "on", ""] {
+        assert!(!offers(&build(Some(off))), "{off}");
+    }
+    assert!(!offers(&build(None)));
+}
+
+#[tokio::test]
+async fn immediate_kinds_run_before_the_first_model_step_recursively_and_once_per_thread() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let grandchild = AgentExecutor::new(Agent::builder(card("scout")).build().unwrap(), runtime.clone());
+    let child = AgentExecutor::new(
+        Agent::builder(card("researcher"))
+            .subagent(SubagentSpec::new("scout", grandchild.clone()).immediate(true))
+            .build()
+            .unwrap(),
+        runtime.clone(),
+    );
+    let model = Arc::new(MockLlm::scripted(vec![
+        MockResponse::Text("done".into()),
+        MockResponse::Text("again".into()),
+    ]));
+    let exec = AgentExecutor::new(
+        Agent::builder(card("lead"))
+            .llm_shared(model.clone())
+            .subagent(SubagentSpec::new("researcher", child.clone()).immediate(true))
+            .build()
+            .unwrap(),
+        runtime.clone(),
+    );
+    let sink = sink_of(&exec);
+    let thread = ThreadId::new();
+    let task = send_in(&exec, &auth, &thread, "study the sea").await;
+    assert_eq!(task.state(), TaskState::Completed);
+    // The first model call already saw the child's result.
+    let first = &model.requests()[0];
+    let tool_result = first
+        .messages
+        .iter()
+        .find(|m| m.role == LlmRole::Tool)
+        .expect("the immediate call's result precedes the first model step");
+    assert!(tool_result.content.contains("study the sea"), "{}", tool_result.content);
+    let children = exec.thread(&auth, thread.clone()).children().await.unwrap();
+    assert_eq!(children.len(), 1);
+    assert_eq!(children[0].name, "researcher");
+    // Recursively: the child's own immediate kind ran on the child's thread.
+    let grandchildren = child
+        .thread(&auth, children[0].thread_id.clone())
+        .children()
+        .await
+        .unwrap();
+    assert_eq!(grandchildren.len(), 1);
+    assert_eq!(grandchildren[0].name, "scout");
+    assert_eq!(events_named(&sink, "subagent.created").len(), 1);
+    // A later task on the same thread does not activate them again.
+    send_in(&exec, &auth, &thread, "and the sky").await;
+    assert_eq!(exec.thread(&auth, thread).children().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn scoped_variables_reach_the_child_sealed_and_never_a_prompt() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let secret = "tok-SECRET-123";
+    let env = keel_agent::Environment::isolated()
+        .with_var(keel_agent::SECRETS_KEY_VAR, SECRETS_KEY)
+        .with_var("SCOUT_NAME", "scout")
+        .with_var("SCOUT_TASK", "survey the field")
+        .with_var("SCOUT_TOKEN", secret);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let child_model = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("check_token", json!({}))]),
+        MockResponse::Text("surveyed".into()),
+    ]));
+    let child = AgentExecutor::new(
+        Agent::builder(card("researcher"))
+            .environment(env.clone())
+            .llm_shared(child_model.clone())
+            .tool(scoped_reader("SCOUT_TOKEN", seen.clone()))
+            .build()
+            .unwrap(),
+        runtime.clone(),
+    );
+    let parent_model = Arc::new(MockLlm::scripted(vec![MockResponse::Text("done".into())]));
+    let exec = AgentExecutor::new(
+        Agent::builder(card("lead"))
+            .environment(env)
+            .llm_shared(parent_model.clone())
+            .subagent(
+                SubagentSpec::new("researcher", child.clone()).immediate_with(
+                    keel_agent::ImmediateEnv::new()
+                        .name_env("SCOUT_NAME")
+                        .description_env("SCOUT_TASK")
+                        .scoped_env(["SCOUT_TOKEN"]),
+                ),
+            )
+            .build()
+            .unwrap(),
+        runtime.clone(),
+    );
+    let task = ask(&exec, &auth, "go").await;
+    assert_eq!(task.state(), TaskState::Completed);
+    assert_eq!(seen.lock().unwrap().as_slice(), [Some(secret.to_owned())]);
+    let kid = exec.thread(&auth, task.thread_id.clone()).children().await.unwrap()[0].clone();
+    // nameEnv and descriptionEnv are model-visible hints.
+    assert_eq!(kid.name, "scout");
+    let child_history = history(&child, &auth, &kid.thread_id).await;
+    assert_eq!(child_history[0].content, "survey the field");
+    // The value never reached a model, a history or the store in the clear.
+    for model in [&parent_model, &child_model] {
+        let sent = serde_json::to_string(&model.requests().iter().map(|r| &r.messages).collect::<Vec<_>>()).unwrap();
+        assert!(!sent.contains(secret));
+    }
+    for (thread, exec) in [(&task.thread_id, &exec), (&kid.thread_id, &child)] {
+        let all = serde_json::to_string(&history(exec, &auth, thread).await).unwrap();
+        assert!(!all.contains(secret));
+        let store = runtime.thread_store();
+        for key in store.kv_keys(&auth, thread).await.unwrap() {
+            let value = store.kv_get(&auth, thread, &key).await.unwrap();
+            assert!(!serde_json::to_string(&value).unwrap().contains(secret), "{key}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn missing_scoped_variables_defer_the_subagent_until_they_are_provided() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let env = keel_agent::Environment::isolated().with_var(keel_agent::SECRETS_KEY_VAR, SECRETS_KEY);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let child = AgentExecutor::new(
+        Agent::builder(card("researcher"))
+            .environment(env.clone())
+            .llm(MockLlm::scripted(vec![
+                MockResponse::ToolCalls(vec![ToolCall::new("check_token", json!({}))]),
+                MockResponse::Text("found A".into()),
+            ]))
+            .tool(scoped_reader("API_TOKEN", seen.clone()))
+            .build()
+            .unwrap(),
+        runtime.clone(),
+    );
+    let exec = AgentExecutor::new(
+        Agent::builder(card("lead"))
+            .environment(env)
+            .llm(MockLlm::scripted(vec![
+                create("alpha", "find A"),
+                MockResponse::Text("waiting".into()),
+                MockResponse::Text("got it".into()),
+            ]))
+            .subagent(SubagentSpec::new("researcher", child.clone()).scoped_env(["API_TOKEN"]))
+            .build()
+            .unwrap(),
+        runtime.clone(),
+    );
+    let sink = sink_of(&exec);
+    let task = ask(&exec, &auth, "go").await;
+    let thread = task.thread_id.clone();
+    let results = tool_results(&exec, &auth, &thread).await;
+    assert!(results[0].contains("scoped_variables_missing"), "{results:?}");
+    assert!(results[0].contains("API_TOKEN"), "{results:?}");
+    assert!(exec.thread(&auth, thread.clone()).children().await.unwrap().is_empty());
+    let bootstrap = events_named(&sink, "subagent.bootstrap_required");
+    assert_eq!(bootstrap.len(), 1);
+    let request_id = bootstrap[0]["request_id"].as_str().unwrap().to_owned();
+    assert!(results[0].contains(&request_id));
+
+    let pending = exec.pending_variables(&auth, &thread, &request_id).await.unwrap().unwrap();
+    assert_eq!(pending.missing, ["API_TOKEN"]);
+    assert_eq!(pending.name, "alpha");
+    assert_eq!(pending.parent_thread_id, thread);
+    assert_eq!(exec.pending_variables(&auth, &thread, "nope").await.unwrap(), None);
+
+    let empty = std::collections::HashMap::new();
+    let err = exec.provide_variables(&auth, &thread, &request_id, &empty).await.unwrap_err();
+    assert_eq!(err.kind(), keel_core::ErrorKind::InvalidInput);
+    assert!(err.to_string().contains("API_TOKEN"), "{err}");
+
+    let values = std::collections::HashMap::from([("API_TOKEN".to_owned(), "tok-42".to_owned())]);
+    let started = exec.provide_variables(&auth, &thread, &request_id, &values).await.unwrap().unwrap();
+    assert_eq!(started.name, "alpha");
+    assert_eq!(started.parent_thread_id, thread);
+    // The request is used up.
+    assert_eq!(exec.pending_variables(&auth, &thread, &request_id).await.unwrap(), None);
+    assert_eq!(exec.provide_variables(&auth, &thread, &request_id, &values).await.unwrap(), None);
+    // The child ran with the value, and its result reached the parent (auto communication).
+    eventually(|| {
+        let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
+        async move {
+            history(&exec, &auth, &thread)
+                .await
+                .iter()
+                .any(|m| m.role == LlmRole::User && m.content.contains("[subagent alpha] completed: found A"))
+        }
+    })
+    .await;
+    assert_eq!(seen.lock().unwrap().as_slice(), [Some("tok-42".to_owned())]);
+}
+
+#[tokio::test]
+async fn session_status_updates_the_registry_without_ending_the_child() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let release = Arc::new(Notify::new());
+    let gate = {
+        let release = release.clone();
+        FnTool::new("gate", "Waits for the test", json!({"type": "object"}), move |_a, _c| {
+            let release = release.clone();
+            async move {
+                release.notified().await;
+                Ok(json!("released"))
+            }
+        })
+    };
+    let child = AgentExecutor::new(
+        Agent::builder(card("researcher"))
+            .llm(MockLlm::scripted(vec![
+                MockResponse::ToolCalls(vec![ToolCall::new("session_status", json!({"status": "halfway"}))]),
+                MockResponse::ToolCalls(vec![ToolCall::new("gate", json!({}))]),
+                MockResponse::Text("finished".into()),
+            ]))
+            .tool(keel_agent::SessionStatusTool)
+            .tool(gate)
+            .build()
+            .unwrap(),
+        runtime.clone(),
+    );
+    let child_sink = sink_of(&child);
+    let spec = SubagentSpec::new("researcher", child.clone()).resumable(true);
+    let exec = parent(
+        &runtime,
+        spec,
+        vec![
+            MockResponse::ToolCalls(vec![ToolCall::new(
+                "subagent_create",
+                json!({"name": "alpha", "message": "work", "wait": false}),
+            )]),
+            MockResponse::Text("started".into()),
+            MockResponse::Text("noted".into()),
+        ],
+    );
+    let task = ask(&exec, &auth, "go").await;
+    let state = exec.thread(&auth, task.thread_id.clone());
+    eventually(|| {
+        let state = state.clone();
+        async move { state.children().await.unwrap()[0].status == "halfway" }
+    })
+    .await;
+    let kid = state.children().await.unwrap()[0].clone();
+    let running = child_tasks(&runtime, &auth, &kid).await;
+    assert!(running.iter().all(|t| !t.state().is_terminal()), "the child goes on");
+    let status = events_named(&child_sink, "subagent.status");
+    assert_eq!(status.len(), 1);
+    assert_eq!(status[0]["status"], "halfway");
+    release.notify_one();
+    eventually(|| {
+        let state = state.clone();
+        async move { state.children().await.unwrap()[0].status == "completed" }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn session_status_outside_a_subagent_is_a_tool_error() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let exec = AgentExecutor::new(
+        Agent::builder(card("solo"))
+            .llm(MockLlm::scripted(vec![
+                MockResponse::ToolCalls(vec![ToolCall::new("session_status", json!({"status": "x"}))]),
+                MockResponse::Text("ok".into()),
+            ]))
+            .tool(keel_agent::SessionStatusTool)
+            .build()
+            .unwrap(),
+        runtime.clone(),
+    );
+    let task = ask(&exec, &auth, "go").await;
+    assert_eq!(task.state(), TaskState::Completed);
+    let results = tool_results(&exec, &auth, &task.thread_id).await;
+    assert!(results[0].contains("not a subagent"), "{results:?}");
+}
+
+#[tokio::test]
+async fn subagent_lifecycle_markers_appear_in_the_parents_event_stream() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let child = AgentExecutor::new(
+        Agent::builder(card("researcher"))
+            .llm(MockLlm::scripted(vec![
+                MockResponse::Text("fine".into()),
+                MockResponse::Text("again".into()),
+                MockResponse::ToolCalls(vec![ToolCall::new("session_fail", json!({"error": "no luck"}))]),
+            ]))
+            .lifecycle_tools(true)
+            .build()
+            .unwrap(),
+        runtime.clone(),
+    );
+    let spec = SubagentSpec::new("researcher", child).resumable(true);
+    let exec = parent(
+        &runtime,
+        spec,
+        vec![
+            create("alpha", "find A"),
+            MockResponse::ToolCalls(vec![ToolCall::new(
+                "subagent_message",
+                json!({"name": "alpha", "message": "more"}),
+            )]),
+            create("beta", "find B"),
+            MockResponse::Text("done".into()),
+        ],
+    );
+    let sink = sink_of(&exec);
+    let task = ask(&exec, &auth, "go").await;
+    assert_eq!(task.state(), TaskState::Completed);
+    let names = |kind: &str| -> Vec<String> {
+        events_named(&sink, kind)
+            .iter()
+            .map(|p| p["name"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(names("subagent.created"), ["alpha", "beta"]);
+    assert_eq!(names("subagent.messaged"), ["alpha"]);
+    assert_eq!(names("subagent.returned"), ["alpha", "alpha"]);
+    assert_eq!(names("subagent.failed"), ["beta"]);
+    let failed = &events_named(&sink, "subagent.failed")[0];
+    assert_eq!(failed["state"], "failed");
+    // The markers are part of the run's numbered stream and its report.
+    let run = sink.events();
+    let created = run.iter().find(|e| e.is("subagent.created")).unwrap();
+    assert_eq!(created.task_id.as_ref(), Some(&task.id));
+}
