@@ -43,6 +43,7 @@ mod server;
 mod stream;
 mod task_list;
 mod transport;
+mod variables;
 mod wire;
 mod ws;
 
@@ -54,5 +55,6 @@ pub use server::{A2aServer, AGENT_CARD_PATH, DEFAULT_BODY_LIMIT, DEFAULT_CARD_MA
 pub use stream::{StreamEvent, POLL_INTERVAL};
 pub use task_list::{TaskList, TaskListQuery};
 pub use transport::AgentTransport;
+pub use variables::VARIABLES_PATH;
 pub use wire::KEEL_CARD_EXTENSION_URI;
 pub use ws::{WS_MAX_IN_FLIGHT, WS_PATH};

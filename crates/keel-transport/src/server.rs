@@ -291,6 +291,10 @@ impl A2aServer {
             .layer(DefaultBodyLimit::max(self.body_limit))
             .with_state(state)
             .merge(crate::callbacks::router(self.executor.clone()))
+            .merge(crate::variables::router(
+                self.executor.clone(),
+                self.security,
+            ))
     }
 
     /// Serve on `listener` until `shutdown` completes.
