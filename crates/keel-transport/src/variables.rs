@@ -64,21 +64,21 @@ fn caller(
     state: &VariablesState,
     headers: &HeaderMap,
     tenant: Option<String>,
-) -> Result<AuthContext, Response> {
+) -> Result<AuthContext, Box<Response>> {
     let credentials = security::credentials(headers, state.security.as_ref(), tenant);
     let auth = state.executor.runtime().auth_service();
     match security::authenticate(auth.as_ref(), state.security.as_ref(), &credentials) {
         Ok(context) => Ok(context),
-        Err(Denied::Unauthenticated(reason)) => Err(security::unauthorized(
+        Err(Denied::Unauthenticated(reason)) => Err(Box::new(security::unauthorized(
             state.security.as_ref(),
             reason,
             false,
-        )),
-        Err(Denied::Failed(error)) => Err(refuse(
+        ))),
+        Err(Denied::Failed(error)) => Err(Box::new(refuse(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             error.message,
-        )),
+        ))),
     }
 }
 
@@ -136,7 +136,7 @@ async fn describe_as(
 ) -> Response {
     let auth = match caller(&state, &headers, tenant) {
         Ok(auth) => auth,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     match state
         .executor
@@ -178,7 +178,7 @@ async fn provide_as(
     // Credentials are checked before the body is looked at.
     let auth = match caller(&state, &headers, tenant) {
         Ok(auth) => auth,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let Some(Json(body)) = body else {
         return refuse(
