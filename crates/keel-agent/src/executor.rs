@@ -137,12 +137,15 @@ pub(crate) struct Inner {
     sinks: RwLock<Vec<Arc<dyn EventSink>>>,
     shutting_down: CancellationToken,
     slots: Arc<Semaphore>,
+    /// Subagents: the executors whose agents use this one as a child kind, woken when a
+    /// child's result is queued on their thread.
+    pub(crate) parents: RwLock<Vec<Weak<Inner>>>,
 }
 
 /// Runs one [`Agent`] on threads, persisting through a [`Runtime`]. Cheap to clone.
 #[derive(Clone)]
 pub struct AgentExecutor {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 /// The lease a worker holds, kept fresh by a renewal task.
@@ -202,7 +205,7 @@ impl AgentExecutor {
     pub fn with_config(agent: Agent, runtime: Arc<dyn Runtime>, config: ExecutorConfig) -> Self {
         let (changed, _) = watch::channel(0);
         let slots = Arc::new(Semaphore::new(config.max_concurrent_threads.max(1)));
-        Self {
+        let executor = Self {
             inner: Arc::new_cyclic(|me| Inner {
                 agent,
                 runtime,
@@ -215,8 +218,11 @@ impl AgentExecutor {
                 sinks: RwLock::new(Vec::new()),
                 shutting_down: CancellationToken::new(),
                 slots,
+                parents: RwLock::new(Vec::new()),
             }),
-        }
+        };
+        crate::subagents::link_parent(&executor.inner);
+        executor
     }
 
     /// The agent.
@@ -2393,6 +2399,10 @@ impl Inner {
         // wakes whoever waits for the task, and they must find the run fully reported.
         obs.emit(RunEvent::task_status_of(task)).await;
         self.save_records(auth, obs, task).await;
+        // Subagents: a background child's result goes to its parent from here, durably.
+        if let Some(me) = self.me.upgrade() {
+            crate::subagents::child_task_rested(&me, auth, task).await;
+        }
         self.persist_status(auth, task).await
     }
 

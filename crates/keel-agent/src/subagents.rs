@@ -52,6 +52,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::attachments::{copy_attachment, parse_uri, references_in};
+use crate::executor::{Inner, QueuedWork};
 use crate::observe::RunObs;
 use crate::{AgentExecutor, Environment, SendOptions, ThreadState, Tool, ToolContext};
 
@@ -72,6 +73,10 @@ const SCOPED_PREFIX: &str = "keel:scoped:";
 const PENDING_PREFIX: &str = "keel:variables:";
 /// Parent thread key-value store: set once the immediate kinds were started.
 const IMMEDIATE_KEY: &str = "keel:immediate_activated";
+/// Run-context metadata of a child task the parent does not wait for: where its result
+/// goes. It travels in the child task's own snapshot, so the child's completion path can
+/// deliver the result whichever process finishes it.
+const META_DELIVERY: &str = "keel.subagent_delivery";
 
 /// The marker types this module emits.
 const EVENT_CREATED: &str = "subagent.created";
@@ -1017,8 +1022,166 @@ impl Tool for MessageTool {
     }
 }
 
+/// Where a background child's result goes (stored under [`META_DELIVERY`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct DeliveryMarker {
+    parent_thread_id: ThreadId,
+    subagent: String,
+    name: String,
+    communication: String,
+}
+
+/// Register `inner` as a parent of each of its kinds' executors, so that a child's result
+/// queued on a parent thread wakes the executor that runs that thread.
+pub(crate) fn link_parent(inner: &Arc<Inner>) {
+    for spec in inner.agent.subagents.iter() {
+        let mut parents = spec
+            .executor
+            .inner
+            .parents
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        parents.retain(|p| p.strong_count() > 0);
+        parents.push(Arc::downgrade(inner));
+    }
+}
+
+/// Queue `message` on the parent thread of a child run by `child_inner`, durably, and wake
+/// the parent's executor in this process if there is one (otherwise the message waits in the
+/// parent's queue for the next work on that thread). The parent's executor, never the
+/// child's, runs it.
+pub(crate) async fn queue_on_parent(
+    child_inner: &Arc<Inner>,
+    auth: &AuthContext,
+    parent_thread: &ThreadId,
+    kind: &str,
+    message: Message,
+) -> AgentResult<keel_runtime::QueuedItem> {
+    let store = child_inner.runtime.thread_store();
+    if store
+        .kv_get(auth, parent_thread, crate::thread_state::TERMINATED_KEY)
+        .await?
+        .is_some()
+    {
+        return Err(AgentError::ThreadTerminated {
+            thread_id: parent_thread.clone(),
+        });
+    }
+    let work = QueuedWork::Message {
+        message: message.in_thread(parent_thread.clone()),
+    };
+    let payload = serde_json::to_value(&work).map_err(AgentError::internal)?;
+    let item = store.push_queue(auth, parent_thread, payload).await?;
+    let parents: Vec<Arc<Inner>> = child_inner
+        .parents
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .collect();
+    if let Some(parent) = parents.iter().find(|p| {
+        p.agent
+            .subagents
+            .iter()
+            .any(|s| s.name == kind && Arc::ptr_eq(&s.executor.inner, child_inner))
+    }) {
+        parent.schedule(auth, parent_thread);
+    }
+    Ok(item)
+}
+
+/// Called by the child's executor when one of its tasks rests: a task the parent did not
+/// wait for delivers its result from here (registry status, attachments copied to the
+/// parent, the message queued on the parent with auto communication, a non-resumable child
+/// terminated). Failures are logged; the task's own state is persisted regardless.
+pub(crate) async fn child_task_rested(inner: &Arc<Inner>, auth: &AuthContext, task: &Task) {
+    let Ok(Some(run)) = RunContext::from_task(task) else {
+        return;
+    };
+    let Some(marker) = run.metadata.get(META_DELIVERY) else {
+        return;
+    };
+    let marker: DeliveryMarker = match serde_json::from_value(marker.clone()) {
+        Ok(marker) => marker,
+        Err(err) => {
+            tracing::warn!(error = %err, task = %task.id, "malformed subagent delivery marker");
+            return;
+        }
+    };
+    if let Err(err) = deliver_from_child(inner, auth, task, &marker).await {
+        tracing::warn!(error = %err, task = %task.id, "could not deliver a subagent's result");
+    }
+}
+
+async fn deliver_from_child(
+    inner: &Arc<Inner>,
+    auth: &AuthContext,
+    task: &Task,
+    marker: &DeliveryMarker,
+) -> AgentResult<()> {
+    let store = inner.runtime.thread_store();
+    let Some(child) = store.child(auth, &task.thread_id).await? else {
+        return Ok(());
+    };
+    store
+        .set_child_status(auth, &child.thread_id, &task.state().to_string())
+        .await?;
+    if marker.communication == ParentCommunication::Auto.as_str() {
+        let result = bring_back(
+            inner.runtime.as_ref(),
+            auth,
+            &marker.parent_thread_id,
+            &child,
+            task,
+        )
+        .await;
+        let verb = match task.state() {
+            TaskState::Completed => "completed",
+            TaskState::Failed => "failed",
+            TaskState::Canceled => "was canceled",
+            _ => "needs input",
+        };
+        let message = with_files(
+            Message::user(format!(
+                "[subagent {}] {verb}: {}",
+                marker.name, result.text
+            )),
+            result.files,
+        );
+        queue_on_parent(
+            inner,
+            auth,
+            &marker.parent_thread_id,
+            &marker.subagent,
+            message,
+        )
+        .await?;
+    }
+    if !child.resumable && task.state().is_terminal() {
+        // The child's only run is ending here: mark the thread terminated without canceling
+        // that run (ThreadState::terminate would).
+        store
+            .kv_set(
+                auth,
+                &child.thread_id,
+                crate::thread_state::TERMINATED_KEY,
+                json!(Utc::now().to_rfc3339()),
+            )
+            .await?;
+        store
+            .set_child_status(auth, &child.thread_id, "terminated")
+            .await?;
+        if !inner.agent.subagents.is_empty() {
+            let children = store.children(auth, &child.thread_id).await?;
+            Box::pin(terminate_children(&inner.agent.subagents, auth, children)).await;
+        }
+    }
+    Ok(())
+}
+
 /// Send `message` to the child and deliver its result: as the tool result when the parent
-/// waits, else (auto communication) as a message queued on the parent thread.
+/// waits, else as a message queued on the parent thread by the child's own completion path
+/// (auto communication; see [`child_task_rested`]).
 async fn deliver(
     spec: &SubagentSpec,
     origin: &Origin,
@@ -1029,6 +1192,20 @@ async fn deliver(
     let child_exec = spec.executor.clone();
     let mut run = origin.run.child(child.agent.clone());
     run.thread_id = Some(child.thread_id.clone());
+    // A delivery marker is this child's alone, never inherited by its own children.
+    run.metadata.remove(META_DELIVERY);
+    if !wait {
+        let marker = DeliveryMarker {
+            parent_thread_id: origin.parent.thread_id.clone(),
+            subagent: spec.name.clone(),
+            name: child.name.clone(),
+            communication: spec.parent_communication.as_str().to_owned(),
+        };
+        run.metadata.insert(
+            META_DELIVERY.into(),
+            serde_json::to_value(&marker).map_err(AgentError::internal)?,
+        );
+    }
     let message = message.in_thread(child.thread_id.clone());
     let submitted = child_exec
         .send_message(
@@ -1062,7 +1239,7 @@ async fn deliver(
         let outcome = child_exec.wait_for_rest(&origin.auth, &task_id).await;
         cancel_watch.abort();
         let task = outcome?;
-        let result = settle(spec, origin, child, &task, false).await?;
+        let result = settle(spec, origin, child, &task).await?;
         let attachments: Vec<Value> = result.files.iter().map(file_json).collect();
         return match task.state() {
             TaskState::Completed => Ok(json!({
@@ -1076,18 +1253,15 @@ async fn deliver(
             )),
         };
     }
-    // Not waiting: the child's end is delivered to the parent thread later.
+    // Not waiting: the child's completion path delivers its end to the parent thread. This
+    // watcher only marks it in the parent run's event stream while this process lives.
     let name = child.name.clone();
     let (spec, origin, child) = (spec.clone(), origin.clone(), child.clone());
     tokio::spawn(async move {
         let outcome = spec.executor.wait_for_rest(&origin.auth, &task_id).await;
         cancel_watch.abort();
         match outcome {
-            Ok(task) => {
-                if let Err(err) = settle(&spec, &origin, &child, &task, true).await {
-                    tracing::warn!(error = %err, child = %child.thread_id, "could not deliver a subagent's result");
-                }
-            }
+            Ok(task) => mark_end(&spec, &origin, &child, &task, summary(&task), &[]).await,
             Err(err) => tracing::warn!(error = %err, "lost track of a subagent's task"),
         }
     });
@@ -1109,19 +1283,49 @@ struct ChildResult {
     files: Vec<FileContent>,
 }
 
-/// After the child's task rests: update the registry, bring the result's attachments into
-/// the parent's store, mark it in the parent's event stream, queue it on the parent when
-/// asked to (background, auto communication), and terminate a non-resumable child.
+/// After the child's task rests, for a parent that waited: update the registry, bring the
+/// result's attachments into the parent's store, mark it in the parent's event stream, and
+/// terminate a non-resumable child.
 async fn settle(
     spec: &SubagentSpec,
     origin: &Origin,
     child: &ChildThread,
     task: &Task,
-    background: bool,
 ) -> AgentResult<ChildResult> {
     let child_state = spec.executor.thread(&origin.auth, child.thread_id.clone());
     child_state.set_status(&task.state().to_string()).await?;
-    let result = bring_back(origin, child, task).await;
+    let result = bring_back(
+        origin.runtime(),
+        &origin.auth,
+        &origin.parent.thread_id,
+        child,
+        task,
+    )
+    .await;
+    mark_end(
+        spec,
+        origin,
+        child,
+        task,
+        result.text.clone(),
+        &result.files,
+    )
+    .await;
+    if !spec.resumable && task.state().is_terminal() {
+        child_state.terminate().await?;
+    }
+    Ok(result)
+}
+
+/// `subagent.returned` or `subagent.failed` in the parent run's event stream.
+async fn mark_end(
+    spec: &SubagentSpec,
+    origin: &Origin,
+    child: &ChildThread,
+    task: &Task,
+    text: String,
+    files: &[FileContent],
+) {
     let completed = task.state() == TaskState::Completed;
     origin
         .emit(
@@ -1137,35 +1341,24 @@ async fn settle(
                 "child_thread_id": child.thread_id,
                 "task_id": task.id,
                 "state": task.state().to_string(),
-                "result": result.text,
-                "attachments": result.files.iter().map(file_json).collect::<Vec<_>>(),
+                "result": text,
+                "attachments": files.iter().map(file_json).collect::<Vec<_>>(),
             }),
         )
         .await;
-    if background && spec.parent_communication == ParentCommunication::Auto {
-        let verb = match task.state() {
-            TaskState::Completed => "completed",
-            TaskState::Failed => "failed",
-            TaskState::Canceled => "was canceled",
-            _ => "needs input",
-        };
-        let message = with_files(
-            Message::user(format!("[subagent {}] {verb}: {}", child.name, result.text)),
-            result.files.clone(),
-        );
-        origin.parent.queue_user_message(message).await?;
-    }
-    if !spec.resumable && task.state().is_terminal() {
-        child_state.terminate().await?;
-    }
-    Ok(result)
 }
 
 /// Copy every attachment of the child's thread that its result refers to (in the answer's
 /// text, or as file parts of the answer or the artifacts) into the parent's store, and
 /// rewrite the text to refer to the copies. A reference that cannot be copied is left as it
 /// is (and logged): the answer still reaches the parent.
-async fn bring_back(origin: &Origin, child: &ChildThread, task: &Task) -> ChildResult {
+async fn bring_back(
+    runtime: &dyn keel_runtime::Runtime,
+    auth: &AuthContext,
+    parent_thread: &ThreadId,
+    child: &ChildThread,
+    task: &Task,
+) -> ChildResult {
     let mut text = summary(task);
     let mut references = references_in(&text, &child.thread_id);
     let parts = task
@@ -1186,15 +1379,7 @@ async fn bring_back(origin: &Origin, child: &ChildThread, task: &Task) -> ChildR
     }
     let mut files = Vec::new();
     for uri in references {
-        match copy_attachment(
-            origin.runtime(),
-            &origin.auth,
-            &child.thread_id,
-            &origin.parent.thread_id,
-            &uri,
-        )
-        .await
-        {
+        match copy_attachment(runtime, auth, &child.thread_id, parent_thread, &uri).await {
             Ok(copy) => {
                 if let Some(new_uri) = &copy.uri {
                     text = text.replace(&uri, new_uri);

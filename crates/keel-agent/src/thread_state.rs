@@ -96,12 +96,6 @@ impl ThreadState {
         .await
     }
 
-    /// Queue a whole user message (text and file parts), like [`ThreadState::queue_message`].
-    pub(crate) async fn queue_user_message(&self, message: Message) -> AgentResult<QueuedItem> {
-        let message = message.in_thread(self.thread_id.clone());
-        self.queue(QueuedWork::Message { message }).await
-    }
-
     fn attachment_store(&self) -> crate::attachments::AttachmentStore<'_> {
         crate::attachments::AttachmentStore {
             runtime: self.runtime().as_ref(),
@@ -257,17 +251,31 @@ impl ThreadState {
     /// Queue a message to the parent thread (§8.2, explicit parent communication). A thread
     /// that is not a subagent has no parent: [`AgentError::InvalidInput`].
     pub async fn notify_parent(&self, content: &str) -> AgentResult<QueuedItem> {
-        let parent = self.parent().await?.ok_or_else(|| {
-            AgentError::invalid_input("thread", format!("thread {} has no parent", self.thread_id))
-        })?;
-        let parent_state = ThreadState {
-            auth: self.auth.clone(),
-            thread_id: parent,
-            inner: self.inner.clone(),
-            cancel: CancellationToken::new(),
-        };
-        parent_state
-            .queue_message(format!("[from subagent {}] {content}", self.thread_id))
-            .await
+        let child = self
+            .runtime()
+            .thread_store()
+            .child(&self.auth, &self.thread_id)
+            .await?
+            .ok_or_else(|| {
+                AgentError::invalid_input(
+                    "thread",
+                    format!("thread {} has no parent", self.thread_id),
+                )
+            })?;
+        let kind = child
+            .metadata
+            .get("subagent")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        // Queued through the store and run by the parent's executor: this thread's executor
+        // runs another agent and must never drive the parent's thread.
+        crate::subagents::queue_on_parent(
+            &self.inner,
+            &self.auth,
+            &child.parent_thread_id,
+            kind,
+            Message::user(format!("[from subagent {}] {content}", self.thread_id)),
+        )
+        .await
     }
 }

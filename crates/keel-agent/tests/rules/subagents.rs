@@ -915,3 +915,102 @@ async fn subagent_lifecycle_markers_appear_in_the_parents_event_stream() {
     let created = run.iter().find(|e| e.is("subagent.created")).unwrap();
     assert_eq!(created.task_id.as_ref(), Some(&task.id));
 }
+
+#[tokio::test]
+async fn a_background_childs_result_reaches_the_parent_after_the_spawning_process_is_gone() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let build = |script: Vec<MockResponse>| {
+        let child = child_executor(&runtime);
+        let parent = AgentExecutor::new(
+            Agent::builder(card("lead"))
+                .llm(MockLlm::scripted(script))
+                .subagent(SubagentSpec::new("researcher", child.clone()))
+                .build()
+                .unwrap(),
+            runtime.clone(),
+        );
+        (parent, child)
+    };
+    // Process one: its child executor takes no work any more, so the child's task is only
+    // persisted and queued when the parent's tool sends it; then the process goes away.
+    let (first, first_child) = build(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new(
+            "subagent_create",
+            json!({"name": "alpha", "message": "find A", "wait": false}),
+        )]),
+        MockResponse::Text("started".into()),
+    ]);
+    first_child.shutdown().await;
+    let task = ask(&first, &auth, "go").await;
+    assert_eq!(task.state(), TaskState::Completed);
+    let thread = task.thread_id.clone();
+    let kid = first.thread(&auth, thread.clone()).children().await.unwrap()[0].clone();
+    assert!(child_tasks(&runtime, &auth, &kid)
+        .await
+        .iter()
+        .all(|t| !t.state().is_terminal()));
+    first.shutdown().await;
+    drop((first, first_child));
+
+    // Process two: fresh executors on the same store. The child's task is recovered and its
+    // own completion path queues the result on the parent, whose executor runs it.
+    let (second, second_child) = build(vec![MockResponse::Text("thanks, alpha".into())]);
+    assert_eq!(second_child.recover(&auth).await.unwrap(), 1);
+    eventually(|| {
+        let (exec, auth, thread) = (second.clone(), auth.clone(), thread.clone());
+        async move {
+            let history = history(&exec, &auth, &thread).await;
+            history.iter().any(|m| m.content.contains("[subagent alpha] completed: You said: find A"))
+                && history.iter().any(|m| m.role == LlmRole::Assistant && m.content == "thanks, alpha")
+        }
+    })
+    .await;
+    let kid = second.thread(&auth, thread).children().await.unwrap()[0].clone();
+    assert_eq!(kid.status, "terminated");
+}
+
+#[tokio::test]
+async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let notify = FnTool::new("notify", "Tells the parent", json!({"type": "object"}), |_a, ctx| async move {
+        ctx.thread.notify_parent("progress: 50%").await?;
+        Ok(json!("told"))
+    });
+    let child = AgentExecutor::new(
+        Agent::builder(card("researcher"))
+            .llm(MockLlm::scripted(vec![
+                MockResponse::ToolCalls(vec![ToolCall::new("notify", json!({}))]),
+                MockResponse::Text("child done".into()),
+            ]))
+            .tool(notify)
+            .build()
+            .unwrap(),
+        runtime.clone(),
+    );
+    let spec = SubagentSpec::new("researcher", child).parent_communication(ParentCommunication::Explicit);
+    let exec = parent(
+        &runtime,
+        spec,
+        vec![
+            MockResponse::ToolCalls(vec![ToolCall::new(
+                "subagent_create",
+                json!({"name": "alpha", "message": "work", "wait": false}),
+            )]),
+            MockResponse::Text("started".into()),
+            MockResponse::Text("parent saw it".into()),
+        ],
+    );
+    let task = ask(&exec, &auth, "go").await;
+    let thread = task.thread_id.clone();
+    eventually(|| {
+        let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
+        async move {
+            let history = history(&exec, &auth, &thread).await;
+            let at = history.iter().position(|m| m.content.contains("progress: 50%"));
+            at.is_some_and(|i| history[i + 1..].iter().any(|m| m.role == LlmRole::Assistant && m.content == "parent saw it"))
+        }
+    })
+    .await;
+}
