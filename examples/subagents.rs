@@ -1,7 +1,9 @@
 //! Subagents: a lead agent delegates two research subtasks to two instances of a
 //! `researcher` subagent, each on a child thread of its own, and merges their answers.
-//! Everything runs offline with scripted models. Prints the parent's subagent registry,
-//! each child's answer as the parent's model saw it, and the merged answer.
+//! The lead's brief (a file in its thread's attachment store) is handed to the first child,
+//! which gets a copy in its own store. Everything runs offline with scripted models. Prints
+//! the parent's subagent registry, where each child's copy of the brief lives, each child's
+//! answer as the parent's model saw it, and the merged answer.
 //!
 //! Run with `cargo run -p keel --example subagents`.
 
@@ -32,6 +34,19 @@ async fn main() -> Result<(), AgentError> {
     .build()?;
     let researchers = AgentExecutor::new(researcher, runtime.clone());
 
+    // The lead's thread holds a brief; only a copy of it ever reaches a child's thread.
+    let thread_id = ThreadId::new();
+    let brief = researchers
+        .thread(&auth, thread_id.clone())
+        .put_attachment(
+            "brief.txt",
+            Some("text/plain"),
+            b"Focus on production services.",
+        )
+        .await?;
+    let brief_uri = brief.uri.unwrap_or_default();
+    println!("the lead's brief: {brief_uri}");
+
     // The parent: delegates both subtasks in one step, then merges.
     let lead = Agent::builder(AgentCard::new(
         "lead",
@@ -43,7 +58,9 @@ async fn main() -> Result<(), AgentError> {
         MockResponse::ToolCalls(vec![
             ToolCall::new(
                 "subagent_create",
-                json!({"name": "runtime-research", "message": "Which async runtime do Rust services use?"}),
+                json!({"name": "runtime-research",
+                       "message": "Which async runtime do Rust services use? See the brief.",
+                       "attachments": [brief_uri]}),
             ),
             ToolCall::new(
                 "subagent_create",
@@ -57,7 +74,7 @@ async fn main() -> Result<(), AgentError> {
         ),
     ]))
     .subagent(
-        SubagentSpec::new("researcher", researchers)
+        SubagentSpec::new("researcher", researchers.clone())
             .max_instances(2)
             .resumable(true),
     )
@@ -67,7 +84,7 @@ async fn main() -> Result<(), AgentError> {
     let task = executor
         .send_message(
             &auth,
-            Message::user("How do people build web services in Rust?"),
+            Message::user("How do people build web services in Rust?").in_thread(thread_id),
             SendOptions::default(),
         )
         .await?;
@@ -80,6 +97,13 @@ async fn main() -> Result<(), AgentError> {
             "  {:<18} agent={} status={} resumable={} thread={}",
             child.name, child.agent, child.status, child.resumable, child.thread_id
         );
+        for file in researchers
+            .thread(&auth, child.thread_id.clone())
+            .attachments()
+            .await?
+        {
+            println!("    its copy: {}", file.uri.unwrap_or_default());
+        }
     }
 
     println!("\nchild answers, as the lead's model saw them:");

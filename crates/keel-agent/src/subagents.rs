@@ -1240,13 +1240,14 @@ async fn deliver(
         cancel_watch.abort();
         let task = outcome?;
         let result = settle(spec, origin, child, &task).await?;
-        let attachments: Vec<Value> = result.files.iter().map(file_json).collect();
         return match task.state() {
-            TaskState::Completed => Ok(json!({
-                "subagent": child.name,
-                "result": result.text,
-                "attachments": attachments,
-            })),
+            TaskState::Completed => {
+                let mut answer = json!({"subagent": child.name, "result": result.text});
+                if !result.files.is_empty() {
+                    answer["attachments"] = result.files.iter().map(file_json).collect();
+                }
+                Ok(answer)
+            }
             state => Err(tool_error(
                 SUBAGENT_CREATE_TOOL,
                 format!("subagent `{}` ended {state}: {}", child.name, result.text),
