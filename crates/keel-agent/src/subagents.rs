@@ -1120,9 +1120,21 @@ async fn deliver_from_child(
     marker: &DeliveryMarker,
 ) -> AgentResult<()> {
     let store = inner.runtime.thread_store();
+    // The registry, not the marker (which a caller could have put into a run context),
+    // says who the parent is: a marker pointing elsewhere is ignored.
     let Some(child) = store.child(auth, &task.thread_id).await? else {
         return Ok(());
     };
+    if child.parent_thread_id != marker.parent_thread_id {
+        tracing::warn!(task = %task.id, "a subagent delivery marker names another parent; ignored");
+        return Ok(());
+    }
+    let kind = child
+        .metadata
+        .get(META_SPEC)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
     store
         .set_child_status(auth, &child.thread_id, &task.state().to_string())
         .await?;
@@ -1130,7 +1142,7 @@ async fn deliver_from_child(
         let result = bring_back(
             inner.runtime.as_ref(),
             auth,
-            &marker.parent_thread_id,
+            &child.parent_thread_id,
             &child,
             task,
         )
@@ -1148,14 +1160,12 @@ async fn deliver_from_child(
             )),
             result.files,
         );
-        queue_on_parent(
-            inner,
-            auth,
-            &marker.parent_thread_id,
-            &marker.subagent,
-            message,
-        )
-        .await?;
+        // A parent that is gone (terminated) does not keep the child alive.
+        if let Err(err) =
+            queue_on_parent(inner, auth, &child.parent_thread_id, &kind, message).await
+        {
+            tracing::warn!(error = %err, child = %child.thread_id, "could not queue a subagent's result on its parent");
+        }
     }
     if !child.resumable && task.state().is_terminal() {
         // The child's only run is ending here: mark the thread terminated without canceling

@@ -1014,3 +1014,50 @@ async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_forged_delivery_marker_queues_nothing_on_another_thread() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let child_exec = child_executor(&runtime);
+    let (real_parent, victim, child_thread) = (ThreadId::new(), ThreadId::new(), ThreadId::new());
+    runtime
+        .thread_store()
+        .register_child(
+            &auth,
+            &ChildThread {
+                thread_id: child_thread.clone(),
+                parent_thread_id: real_parent.clone(),
+                name: "alpha".into(),
+                agent: "researcher".into(),
+                status: "running".into(),
+                resumable: true,
+                created_at: chrono::Utc::now(),
+                metadata: Default::default(),
+            },
+        )
+        .await
+        .unwrap();
+    // A caller's own run context claims the child's result belongs to another thread.
+    let mut run = RunContext::new();
+    run.metadata.insert(
+        "keel.subagent_delivery".into(),
+        json!({"parent_thread_id": victim, "subagent": "researcher", "name": "alpha",
+               "communication": "auto"}),
+    );
+    let task = child_exec
+        .send_message(
+            &auth,
+            Message::user("hi").in_thread(child_thread),
+            SendOptions {
+                run_context: Some(run),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    for thread in [&victim, &real_parent] {
+        assert_eq!(runtime.thread_store().queue_len(&auth, thread).await.unwrap(), 0);
+    }
+}
