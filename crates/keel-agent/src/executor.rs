@@ -1081,6 +1081,10 @@ impl Inner {
             return Ok(());
         }
         mark_canceled(&mut task, reason)?;
+        // Subagents: a background child canceled before it ran still reports to its parent.
+        if let Some(me) = self.me.upgrade() {
+            crate::subagents::child_task_rested(&me, auth, &task).await;
+        }
         self.persist_status(auth, &task).await
     }
 

@@ -1061,3 +1061,42 @@ async fn a_forged_delivery_marker_queues_nothing_on_another_thread() {
         assert_eq!(runtime.thread_store().queue_len(&auth, thread).await.unwrap(), 0);
     }
 }
+
+#[tokio::test]
+async fn a_background_child_canceled_before_it_ran_still_reports_to_its_parent() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let child = child_executor(&runtime);
+    // The child's executor takes no work, so its task stays queued until it is canceled.
+    child.shutdown().await;
+    let exec = parent(
+        &runtime,
+        SubagentSpec::new("researcher", child.clone()),
+        vec![
+            MockResponse::ToolCalls(vec![ToolCall::new(
+                "subagent_create",
+                json!({"name": "alpha", "message": "find A", "wait": false}),
+            )]),
+            MockResponse::Text("started".into()),
+            MockResponse::Text("alpha is gone".into()),
+        ],
+    );
+    let task = ask(&exec, &auth, "go").await;
+    let thread = task.thread_id.clone();
+    let kid = exec.thread(&auth, thread.clone()).children().await.unwrap()[0].clone();
+    let queued = child_tasks(&runtime, &auth, &kid).await[0].clone();
+    let canceled = child.cancel_task(&auth, &queued.id, Some("not needed".into())).await.unwrap();
+    assert_eq!(canceled.state(), TaskState::Canceled);
+    eventually(|| {
+        let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
+        async move {
+            history(&exec, &auth, &thread)
+                .await
+                .iter()
+                .any(|m| m.content.contains("[subagent alpha] was canceled"))
+        }
+    })
+    .await;
+    let kid = exec.thread(&auth, thread).children().await.unwrap()[0].clone();
+    assert_eq!(kid.status, "terminated");
+}
