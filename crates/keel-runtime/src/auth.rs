@@ -52,7 +52,7 @@ impl AuthContext {
     /// assert_eq!(AuthContext::from_namespace("3:ab/1:c"), None);
     /// ```
     pub fn from_namespace(namespace: &str) -> Option<AuthContext> {
-        fn field<'a>(text: &'a str, end: Option<char>) -> Option<(&'a str, &'a str)> {
+        fn field(text: &str, end: Option<char>) -> Option<(&str, &str)> {
             let (len, rest) = text.split_once(':')?;
             if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) {
                 return None;
