@@ -12,8 +12,10 @@
 //! conversation before its next model call. A terminated thread never fires: its timer is
 //! dropped with an `effect.dropped` marker.
 //!
-//! Firing is at least once: a process that dies after claiming a timer and before queueing
-//! it leaves the claim to lapse after [`EFFECT_CLAIM_TTL`], and another scheduler fires it.
+//! Firing is at least once: a timer is removed only after its handler ran. A process that
+//! dies after claiming it leaves the claim to lapse after [`EFFECT_CLAIM_TTL`]; the next
+//! claimer queues it again, or, when it already waits in the thread's queue, makes sure a
+//! worker drives that thread. Canceling works until the handler runs.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -45,6 +47,26 @@ pub const EFFECT_CLAIM_TTL: Duration = Duration::from_secs(60);
 /// other processes sharing it are not missed. (Timers scheduled by this process wake it at
 /// once.)
 pub const EFFECT_RECHECK: Duration = Duration::from_secs(5);
+
+/// Tuning of the effect scheduler ([`AgentExecutor::start_effects_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EffectConfig {
+    /// How long a claimed timer is reserved for this scheduler (default
+    /// [`EFFECT_CLAIM_TTL`]); after a crash, the timers this process claimed fire elsewhere
+    /// after this long.
+    pub claim_ttl: Duration,
+    /// The longest sleep between looks at the store (default [`EFFECT_RECHECK`]).
+    pub recheck: Duration,
+}
+
+impl Default for EffectConfig {
+    fn default() -> Self {
+        Self {
+            claim_ttl: EFFECT_CLAIM_TTL,
+            recheck: EFFECT_RECHECK,
+        }
+    }
+}
 
 /// How many due timers one claim takes.
 const CLAIM_BATCH: usize = 64;
@@ -197,6 +219,20 @@ impl AgentExecutor {
     /// on [`AgentExecutor::shutdown`] or when the executor is dropped. A runtime without
     /// thread timers is [`AgentError::Unsupported`].
     pub fn start_effects(&self) -> AgentResult<()> {
+        self.start_effects_with(EffectConfig::default())
+    }
+
+    /// [`AgentExecutor::start_effects`] with explicit tuning. A claim TTL outside
+    /// 1 ms ..= 24 h or a zero recheck is [`AgentError::InvalidInput`].
+    pub fn start_effects_with(&self, config: EffectConfig) -> AgentResult<()> {
+        // The claim TTL has the bounds of a lease TTL; a zero recheck would spin.
+        keel_runtime::check_lease_ttl(config.claim_ttl)?;
+        if config.recheck.is_zero() {
+            return Err(AgentError::invalid_input(
+                "recheck",
+                "must be longer than zero",
+            ));
+        }
         let inner = &self.inner;
         let timers = timers(inner)?;
         if inner
@@ -211,7 +247,7 @@ impl AgentExecutor {
         let stop = inner.shutting_down.clone();
         let span = tracing::info_span!("effects", agent = %inner.agent.card().name);
         inner.tracker.spawn(tracing::Instrument::instrument(
-            run_scheduler(me, timers, wake, stop),
+            run_scheduler(me, timers, wake, stop, config),
             span,
         ));
         Ok(())
@@ -233,6 +269,7 @@ async fn run_scheduler(
     timers: Arc<dyn ThreadTimers>,
     wake: Arc<Notify>,
     stop: CancellationToken,
+    config: EffectConfig,
 ) {
     loop {
         if stop.is_cancelled() {
@@ -241,7 +278,7 @@ async fn run_scheduler(
         let Some(inner) = me.upgrade() else { break };
         let mut pause = Duration::ZERO;
         match timers
-            .claim_due_timers(Utc::now(), CLAIM_BATCH, EFFECT_CLAIM_TTL)
+            .claim_due_timers(Utc::now(), CLAIM_BATCH, config.claim_ttl)
             .await
         {
             Ok(claimed) => {
@@ -255,7 +292,7 @@ async fn run_scheduler(
             }
             Err(err) => {
                 tracing::warn!(error = %err, "cannot claim due timers");
-                pause = EFFECT_RECHECK;
+                pause = config.recheck;
             }
         }
         drop(inner);
@@ -265,11 +302,11 @@ async fn run_scheduler(
                 // Due already (scheduled while we claimed, or another process's claim just
                 // moved): look again soon, but never spin.
                 .unwrap_or(Duration::from_millis(10))
-                .min(EFFECT_RECHECK),
-            Ok(None) => EFFECT_RECHECK,
+                .min(config.recheck),
+            Ok(None) => config.recheck,
             Err(err) => {
                 tracing::warn!(error = %err, "cannot read the next timer");
-                EFFECT_RECHECK
+                config.recheck
             }
         }
         .max(pause);
@@ -283,9 +320,11 @@ async fn run_scheduler(
 }
 
 impl Inner {
-    /// A claimed timer goes to its thread's queue (or is dropped when the thread is
-    /// terminated), then is completed. A failure leaves the claim to lapse, so the timer is
-    /// tried again.
+    /// A claimed timer goes to its thread's queue, unless it is already there (an earlier
+    /// claim queued it and lapsed while it waited): then its thread only gets a driver, which
+    /// also covers a queue a dead process left with nobody working it. The timer stays
+    /// stored until its handler has run, so a crash anywhere before that fires it again
+    /// rather than losing it. A terminated thread's timer is removed with a marker.
     async fn deliver_effect(&self, claim: ClaimedTimer) {
         let timer = &claim.timer;
         let (auth, thread_id) = (&timer.auth, &timer.thread_id);
@@ -296,9 +335,38 @@ impl Inner {
             inner: me,
             cancel: CancellationToken::new(),
         };
-        let terminated = match thread.is_terminated().await {
-            Ok(true) => true,
+        match thread.is_terminated().await {
+            Ok(true) => {
+                let Ok(timers) = timers(self) else { return };
+                if let Err(err) = timers.complete_timer(&claim).await {
+                    tracing::warn!(error = %err, timer = %timer.id, "cannot remove a timer");
+                    return;
+                }
+                self.drop_effect(auth, thread_id, &timer.id, &timer.name, "thread terminated")
+                    .await;
+            }
             Ok(false) => {
+                let queued = match self
+                    .runtime
+                    .thread_store()
+                    .peek_queue(auth, thread_id, usize::MAX)
+                    .await
+                {
+                    Ok(items) => items.iter().any(|item| {
+                        matches!(
+                            serde_json::from_value(item.payload.clone()),
+                            Ok(QueuedWork::Effect(QueuedEffect { timer_id, .. })) if timer_id == timer.id
+                        )
+                    }),
+                    Err(err) => {
+                        tracing::warn!(error = %err, timer = %timer.id, "cannot read the effect's queue");
+                        return;
+                    }
+                };
+                if queued {
+                    self.schedule(auth, thread_id);
+                    return;
+                }
                 let work = QueuedWork::Effect(QueuedEffect {
                     timer_id: timer.id.clone(),
                     name: timer.name.clone(),
@@ -307,31 +375,17 @@ impl Inner {
                 });
                 if let Err(err) = self.enqueue(auth, thread_id, work).await {
                     tracing::warn!(error = %err, timer = %timer.id, "cannot queue a due effect");
-                    return;
                 }
-                false
             }
             Err(err) => {
                 tracing::warn!(error = %err, timer = %timer.id, "cannot check the effect's thread");
-                return;
             }
-        };
-        let Ok(timers) = timers(self) else { return };
-        match timers.complete_timer(&claim).await {
-            Ok(true) => {}
-            Ok(false) => tracing::warn!(
-                timer = %timer.id,
-                "the effect's claim lapsed before it was completed; it may fire again"
-            ),
-            Err(err) => tracing::warn!(error = %err, timer = %timer.id, "cannot complete a timer"),
-        }
-        if terminated {
-            self.drop_effect(auth, thread_id, &timer.id, &timer.name, "thread terminated")
-                .await;
         }
     }
 
-    /// Run a queued effect's handler on the thread, as the holder of its lease.
+    /// Run a queued effect's handler on the thread, as the holder of its lease, then remove
+    /// its timer. An effect whose timer is gone (canceled while it waited in the queue, or
+    /// already fired through a duplicate queue entry) does nothing.
     pub(crate) async fn fire_effect(
         &self,
         auth: &AuthContext,
@@ -341,34 +395,32 @@ impl Inner {
         let Some(me) = self.me.upgrade() else {
             return Ok(());
         };
+        let timers = timers(self)?;
+        let pending = timers.thread_timers(auth, thread_id).await?;
+        if !pending.iter().any(|t| t.id == effect.timer_id) {
+            tracing::debug!(timer = %effect.timer_id, "a queued effect is no longer pending");
+            return Ok(());
+        }
         let thread = ThreadState {
             auth: auth.clone(),
             thread_id: thread_id.clone(),
             inner: me,
             cancel: CancellationToken::new(),
         };
-        if thread.is_terminated().await? {
-            self.drop_effect(
-                auth,
-                thread_id,
-                &effect.timer_id,
-                &effect.name,
-                "thread terminated",
-            )
-            .await;
+        let dropped = if thread.is_terminated().await? {
+            Some("thread terminated")
+        } else if !self.agent.effects.contains_key(&effect.name) {
+            Some("the agent has no handler for it")
+        } else {
+            None
+        };
+        if let Some(reason) = dropped {
+            timers.cancel_timer(auth, &effect.timer_id).await?;
+            self.drop_effect(auth, thread_id, &effect.timer_id, &effect.name, reason)
+                .await;
             return Ok(());
         }
-        let Some(handler) = self.agent.effects.get(&effect.name).cloned() else {
-            self.drop_effect(
-                auth,
-                thread_id,
-                &effect.timer_id,
-                &effect.name,
-                "the agent has no handler for it",
-            )
-            .await;
-            return Ok(());
-        };
+        let handler = self.agent.effects[&effect.name].clone();
         // A handler's panic or error is the handler's failure, not the thread's: it is
         // reported and the queue goes on.
         let outcome = AssertUnwindSafe(handler(thread, effect.payload.clone()))
@@ -382,6 +434,7 @@ impl Inner {
         if let Some(error) = &error {
             tracing::warn!(effect = %effect.name, %error, "an effect handler failed");
         }
+        timers.cancel_timer(auth, &effect.timer_id).await?;
         self.effect_marker(
             auth,
             thread_id,

@@ -46,7 +46,7 @@ pub use async_tools::{
     AsyncDispatch, AsyncHttpTool, AsyncInvocation, CallbackError, CALLBACK_SECRET_HEADER,
 };
 pub use code::{CodeRequest, CodeRun, CodeRunner};
-pub use effects::{EFFECT_CLAIM_TTL, EFFECT_RECHECK};
+pub use effects::{EffectConfig, EFFECT_CLAIM_TTL, EFFECT_RECHECK};
 pub use executor::{AgentExecutor, ExecutorConfig, SendOptions};
 pub use negotiator::{AcceptAll, LlmNegotiator, Negotiation, Negotiator};
 pub use subagents::{

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use keel_agent::{Agent, AgentExecutor, ExecutorConfig, SendOptions};
+use keel_agent::{Agent, AgentExecutor, EffectConfig, ExecutorConfig, SendOptions};
 use keel_core::{AgentCard, Message, Task, TaskState, ThreadId};
 use keel_llm::MockLlm;
 use keel_runtime::{AuthContext, InMemoryRuntime, ListTasksFilter, Runtime};
@@ -299,4 +299,72 @@ async fn two_executors_on_one_redis_fire_each_due_effect_exactly_once() {
     a.shutdown().await;
     b.shutdown().await;
     clean_up(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_effect_queued_by_a_process_that_stopped_before_firing_it_fires_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let auth = AuthContext::new("acme", "queued");
+    let thread = ThreadId::new();
+    let short = EffectConfig {
+        claim_ttl: Duration::from_millis(300),
+        ..EffectConfig::default()
+    };
+    {
+        // A dead process holds the thread, so the due effect is queued but cannot run here.
+        let runtime = sqlite_runtime(&path);
+        runtime
+            .thread_store()
+            .acquire_lease(&auth, &thread, "dead-process", Duration::from_millis(500))
+            .await
+            .unwrap()
+            .expect("the lease is free");
+        let exec = AgentExecutor::new(agent(Counts::default()), runtime.clone());
+        exec.start_effects_with(short).unwrap();
+        exec.thread(&auth, thread.clone())
+            .schedule_effect(
+                "remind",
+                json!({"tag": "queued", "reply": true}),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+        let store = runtime.thread_store();
+        wait_for("the effect in the thread's queue", || {
+            let (store, auth, thread) = (store.clone(), auth.clone(), thread.clone());
+            async move {
+                let items = store.peek_queue(&auth, &thread, 16).await.unwrap();
+                items
+                    .iter()
+                    .any(|i| i.payload["kind"] == "effect")
+                    .then_some(())
+            }
+        })
+        .await;
+        exec.shutdown().await;
+    }
+    // Nothing but the stored timer says this thread has work: the next process must find it.
+    let counts = Counts::default();
+    let runtime = sqlite_runtime(&path);
+    let exec = AgentExecutor::new(agent(counts.clone()), runtime.clone());
+    exec.start_effects_with(short).unwrap();
+    let task = wait_for("the effect's turn", || {
+        task_in_state(&runtime, &auth, &thread, TaskState::Completed)
+    })
+    .await;
+    assert_eq!(
+        task.status().message.as_ref().unwrap().text(),
+        "You said: reminder queued"
+    );
+    assert_eq!(counts.lock().unwrap().get("queued"), Some(&1), "fired once");
+    assert!(
+        exec.thread(&auth, thread.clone())
+            .scheduled_effects()
+            .await
+            .unwrap()
+            .is_empty(),
+        "the timer is removed once fired"
+    );
+    exec.shutdown().await;
 }
