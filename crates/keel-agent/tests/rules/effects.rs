@@ -247,3 +247,31 @@ async fn an_effect_due_while_the_thread_is_busy_is_injected_before_the_next_mode
     let last = second_call.messages.last().unwrap();
     assert_eq!((last.role, last.content.as_str()), (LlmRole::User, "reminder busy"));
 }
+
+#[tokio::test]
+async fn scheduling_a_nearer_effect_wakes_the_sleeping_scheduler() {
+    let fired = Fired::default();
+    let (exec, auth, _sink) = unstarted(reminding(Agent::builder(card()), fired.clone()));
+    let thread = ThreadId::new();
+    let state = exec.thread(&auth, thread.clone());
+    state
+        .schedule_effect("remind", json!({"tag": "far"}), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    // The scheduler would sleep an hour (until the far timer, and it never rechecks sooner):
+    // only the wake-up from scheduling the near one can make it fire.
+    exec.start_effects_with(keel_agent::EffectConfig {
+        recheck: Duration::from_secs(3600),
+        ..Default::default()
+    })
+    .unwrap();
+    tokio::task::yield_now().await;
+    state
+        .schedule_effect("remind", json!({"tag": "near"}), Duration::from_millis(20))
+        .await
+        .unwrap();
+    let task = completed_turn(&exec, &auth, &thread).await;
+    assert_eq!(task.status().message.as_ref().unwrap().text(), "You said: reminder near");
+    assert_eq!(*fired.lock().unwrap(), ["near"]);
+    assert_eq!(state.scheduled_effects().await.unwrap().len(), 1, "the far one still waits");
+}
