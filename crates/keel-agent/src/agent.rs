@@ -97,6 +97,8 @@ pub struct Agent {
     // Subagents: the kinds of child agents this agent may create (see `subagents`).
     pub(crate) subagents: crate::subagents::Specs,
     environment: crate::Environment,
+    /// Scheduled effects: the handler of each effect name.
+    pub(crate) effects: HashMap<String, crate::effects::EffectFn>,
 }
 
 impl fmt::Debug for Agent {
@@ -128,6 +130,7 @@ impl Agent {
             code_runner: None,
             subagents: Vec::new(),
             environment: crate::Environment::process(),
+            effects: HashMap::new(),
         }
     }
 
@@ -246,9 +249,39 @@ pub struct AgentBuilder {
     code_runner: Option<Arc<dyn crate::CodeRunner>>,
     subagents: Vec<crate::SubagentSpec>,
     environment: crate::Environment,
+    effects: HashMap<String, crate::effects::EffectFn>,
 }
 
 impl AgentBuilder {
+    /// Handle the scheduled effect `name` (replacing an earlier handler of that name): when a
+    /// timer scheduled with [`ThreadState::schedule_effect`](crate::ThreadState::schedule_effect)
+    /// fires, `handler` runs on the thread, holding its lease, with the timer's payload; what
+    /// it queues ([`ThreadState::queue_message`](crate::ThreadState::queue_message),
+    /// [`queue_tool`](crate::ThreadState::queue_tool)) starts a turn or is injected into the
+    /// running one. An error or panic of the handler is reported on the `effect.fired` event.
+    ///
+    /// ```
+    /// use keel_agent::Agent;
+    /// use keel_core::AgentCard;
+    /// let agent = Agent::builder(AgentCard::new("a", "reminders", "http://127.0.0.1:0"))
+    ///     .effect("remind", |thread, payload| async move {
+    ///         thread.queue_message(format!("Reminder: {payload}")).await?;
+    ///         Ok(())
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = agent;
+    /// ```
+    pub fn effect<F, Fut>(mut self, name: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(crate::ThreadState, serde_json::Value) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = AgentResult<()>> + Send + 'static,
+    {
+        self.effects
+            .insert(name.into(), crate::effects::effect_fn(handler));
+        self
+    }
+
     /// Let the model create subagents of this kind (adds the built-in `subagent_create`
     /// tool, and `subagent_message` when a kind is resumable).
     pub fn subagent(mut self, spec: crate::SubagentSpec) -> Self {
@@ -446,6 +479,7 @@ impl AgentBuilder {
             code_runner: self.code_runner,
             subagents,
             environment: self.environment,
+            effects: self.effects,
         })
     }
 }

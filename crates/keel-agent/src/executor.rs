@@ -111,6 +111,8 @@ pub(crate) enum QueuedWork {
     Message { message: Message },
     /// A queued tool call (`ThreadState::queue_tool`).
     Tool { call: ToolCall },
+    /// A scheduled effect whose timer fired (see `effects`).
+    Effect(crate::effects::QueuedEffect),
 }
 
 /// A run in progress in this process.
@@ -127,19 +129,21 @@ pub(crate) struct Inner {
     pub(crate) agent: Agent,
     pub(crate) runtime: Arc<dyn Runtime>,
     config: ExecutorConfig,
-    me: Weak<Inner>,
+    pub(crate) me: Weak<Inner>,
     active: DashMap<TaskKey, Arc<ActiveRun>>,
     workers: DashMap<ThreadKey, Arc<Notify>>,
     /// Bumped whenever this process persists a task status, to wake local waiters.
     changed: watch::Sender<u64>,
-    tracker: TaskTracker,
+    pub(crate) tracker: TaskTracker,
     /// Where every run's events go (besides its own recorder).
-    sinks: RwLock<Vec<Arc<dyn EventSink>>>,
-    shutting_down: CancellationToken,
+    pub(crate) sinks: RwLock<Vec<Arc<dyn EventSink>>>,
+    pub(crate) shutting_down: CancellationToken,
     slots: Arc<Semaphore>,
     /// Subagents: the executors whose agents use this one as a child kind, woken when a
     /// child's result is queued on their thread.
     pub(crate) parents: RwLock<Vec<Weak<Inner>>>,
+    /// Scheduled effects: what wakes the scheduler.
+    pub(crate) effects: crate::effects::EffectScheduler,
 }
 
 /// Runs one [`Agent`] on threads, persisting through a [`Runtime`]. Cheap to clone.
@@ -219,6 +223,7 @@ impl AgentExecutor {
                 shutting_down: CancellationToken::new(),
                 slots,
                 parents: RwLock::new(Vec::new()),
+                effects: Default::default(),
             }),
         };
         crate::subagents::link_parent(&executor.inner);
@@ -784,6 +789,25 @@ impl AgentExecutor {
         Ok(resumed)
     }
 
+    /// Resume what a dead process left behind for every tenant the task store knows
+    /// ([`TaskManager::tenants`](keel_runtime::TaskManager::tenants)), as
+    /// [`AgentExecutor::recover`] does for one; a store that cannot list tenants recovers the
+    /// default tenant only. Returns how many tasks were resumed.
+    pub async fn recover_all(&self) -> AgentResult<usize> {
+        let tenants = match self.inner.runtime.task_manager().tenants().await {
+            Ok(tenants) => tenants,
+            Err(AgentError::Unsupported { .. }) => {
+                vec![self.inner.runtime.auth_service().auth_context()]
+            }
+            Err(err) => return Err(err),
+        };
+        let mut resumed = 0;
+        for auth in &tenants {
+            resumed += self.recover(auth).await?;
+        }
+        Ok(resumed)
+    }
+
     /// Cancel every run of this process (reason `server shutting down`), stop taking new
     /// work, and wait until each run has persisted its final state.
     pub async fn shutdown(&self) {
@@ -964,6 +988,9 @@ impl Inner {
                     )
                     .in_thread(flow.thread_id.clone());
                     self.start_turn(&flow, message, &item.id).await
+                }
+                Ok(QueuedWork::Effect(effect)) => {
+                    self.fire_effect(auth, &flow.thread_id, effect).await
                 }
             };
             if let Err(err) = result {
@@ -1738,7 +1765,14 @@ impl Inner {
     ) -> AgentResult<Option<Outcome>> {
         let flow = scope.flow;
         let store = self.runtime.thread_store();
-        let items = store.peek_queue(&flow.auth, &flow.thread_id, 64).await?;
+        let mut items = store.peek_queue(&flow.auth, &flow.thread_id, 64).await?;
+        // Effects run first; what they queue is injected in this same pass.
+        if self
+            .fire_queued_effects(&flow.auth, &flow.lease(), &items)
+            .await?
+        {
+            items = store.peek_queue(&flow.auth, &flow.thread_id, 64).await?;
+        }
         let seen: HashSet<String> = history
             .iter()
             .filter_map(|m| {
@@ -1754,12 +1788,12 @@ impl Inner {
             let Ok(work) = serde_json::from_value::<QueuedWork>(item.payload.clone()) else {
                 continue;
             };
-            if matches!(work, QueuedWork::Task { .. }) {
+            if matches!(work, QueuedWork::Task { .. } | QueuedWork::Effect(_)) {
                 continue;
             }
             if !seen.contains(&item.id) {
                 match work {
-                    QueuedWork::Task { .. } => continue,
+                    QueuedWork::Task { .. } | QueuedWork::Effect(_) => continue,
                     QueuedWork::Message { message } => {
                         let mut entry = LlmMessage::user(message.text());
                         tag(&mut entry, &task.id);

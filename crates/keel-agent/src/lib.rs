@@ -32,6 +32,7 @@ mod agent;
 mod async_tools;
 mod attachments;
 mod code;
+mod effects;
 mod environment;
 mod executor;
 mod negotiator;
@@ -48,6 +49,7 @@ pub use async_tools::{
 };
 pub use attachments::{attachment_uri, ATTACHMENT_URI_SCHEME};
 pub use code::{CodeRequest, CodeRun, CodeRunner};
+pub use effects::{EffectConfig, EFFECT_CLAIM_TTL, EFFECT_RECHECK};
 pub use environment::{Environment, SECRETS_KEY_VAR};
 pub use executor::{AgentExecutor, ExecutorConfig, SendOptions};
 pub use negotiator::{AcceptAll, LlmNegotiator, Negotiation, Negotiator};

@@ -26,6 +26,9 @@ mod memory {
     mod async_tools {
         include!("rules/async_tools.rs");
     }
+    mod effects {
+        include!("rules/effects.rs");
+    }
 }
 
 mod sqlite {
@@ -43,6 +46,7 @@ mod sqlite {
                 .with_task_manager(store.clone())
                 .with_memory_service(store.clone())
                 .with_thread_store(store.clone())
+                .with_thread_timers(store.clone())
                 .with_run_store(store),
         )
     }
@@ -58,5 +62,8 @@ mod sqlite {
     }
     mod async_tools {
         include!("rules/async_tools.rs");
+    }
+    mod effects {
+        include!("rules/effects.rs");
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use keel::agent::{AgentExecutor, ExecutorConfig};
-use keel::services::{ApiKeyAuthService, AuthContext, Runtime};
+use keel::services::{ApiKeyAuthService, AuthContext};
 use keel::transport::{A2aServer, Security};
 use keel::{DefaultRuntime, StoreConfig};
 
@@ -269,7 +269,6 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .build()
         .await
         .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
-    let auth = runtime.auth_service().auth_context();
     let mut url = args
         .public_url
         .unwrap_or_else(|| format!("http://{local}/"));
@@ -283,14 +282,18 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         ..ExecutorConfig::default()
     };
     let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);
-    // Work a dead process left behind (queued or mid-run tasks) resumes now.
+    // Work a dead process left behind (queued or mid-run tasks) resumes now, for every tenant.
     let resumed = executor
-        .recover(&auth)
+        .recover_all()
         .await
         .map_err(|err| format!("cannot recover unfinished tasks: {err}"))?;
     if resumed > 0 {
         tracing::info!(resumed, "resuming unfinished tasks");
     }
+    // Scheduled effects: timers due while no process ran fire now, later ones when due.
+    executor
+        .start_effects()
+        .map_err(|err| format!("cannot start the effect scheduler: {err}"))?;
     let mut server = A2aServer::new(executor)
         .with_public_url(url.clone())
         .allow_private_push_targets(args.allow_private_push_targets);

@@ -41,6 +41,34 @@ impl AuthContext {
             self.user_name
         )
     }
+
+    /// The tenant whose [`AuthContext::namespace`] is `namespace`, or `None` when the text is
+    /// not a namespace. Stores that index by namespace use it to list tenants.
+    ///
+    /// ```
+    /// use keel_runtime::AuthContext;
+    /// let tenant = AuthContext::new("a:b/1:x", "ü");
+    /// assert_eq!(AuthContext::from_namespace(&tenant.namespace()), Some(tenant));
+    /// assert_eq!(AuthContext::from_namespace("3:ab/1:c"), None);
+    /// ```
+    pub fn from_namespace(namespace: &str) -> Option<AuthContext> {
+        fn field(text: &str, end: Option<char>) -> Option<(&str, &str)> {
+            let (len, rest) = text.split_once(':')?;
+            if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let len: usize = len.parse().ok()?;
+            let value = rest.get(..len)?;
+            let rest = &rest[len..];
+            match end {
+                Some(sep) => Some((value, rest.strip_prefix(sep)?)),
+                None => rest.is_empty().then_some((value, rest)),
+            }
+        }
+        let (app, rest) = field(namespace, Some('/'))?;
+        let (user, _) = field(rest, None)?;
+        Some(AuthContext::new(app, user))
+    }
 }
 
 /// What a caller presented to prove who it is, as a transport found it (e.g. the

@@ -32,6 +32,7 @@ mod task_manager;
 pub mod testing;
 mod thread;
 mod thread_memory;
+mod timers;
 
 use std::sync::Arc;
 
@@ -51,6 +52,10 @@ pub use thread::{
     ThreadQueue, ThreadStore,
 };
 pub use thread_memory::InMemoryThreadStore;
+pub use timers::{
+    claim_expiry as timer_claim_expiry, new_timer_id, ClaimedTimer, InMemoryThreadTimers,
+    ThreadTimers, TimerRecord,
+};
 
 /// The service hub: everything an agent run needs from its environment. Implement it to run
 /// Keel's engine on your own infrastructure; the engine never reaches storage another way.
@@ -74,6 +79,11 @@ pub trait Runtime: Send + Sync {
     fn step_store(&self) -> Option<Arc<dyn StepStore>> {
         None
     }
+    /// Durable thread timers (scheduled effects); `None` when this runtime keeps none, and
+    /// scheduling an effect is then [`keel_core::AgentError::Unsupported`].
+    fn thread_timers(&self) -> Option<Arc<dyn ThreadTimers>> {
+        None
+    }
 }
 
 /// A [`Runtime`] whose services all live in process memory. Nothing survives a restart.
@@ -87,6 +97,7 @@ pub struct InMemoryRuntime {
     threads: Arc<dyn ThreadStore>,
     runs: Arc<dyn RunStore>,
     steps: Option<Arc<dyn StepStore>>,
+    timers: Arc<dyn ThreadTimers>,
 }
 
 impl InMemoryRuntime {
@@ -101,6 +112,7 @@ impl InMemoryRuntime {
             threads: Arc::new(InMemoryThreadStore::new()),
             runs: Arc::new(InMemoryRunStore::new()),
             steps: None,
+            timers: Arc::new(InMemoryThreadTimers::new()),
         }
     }
 
@@ -137,6 +149,13 @@ impl InMemoryRuntime {
     #[must_use]
     pub fn with_step_store(mut self, steps: Arc<dyn StepStore>) -> Self {
         self.steps = Some(steps);
+        self
+    }
+
+    /// Replace the thread timers (scheduled effects).
+    #[must_use]
+    pub fn with_thread_timers(mut self, timers: Arc<dyn ThreadTimers>) -> Self {
+        self.timers = timers;
         self
     }
 
@@ -179,5 +198,8 @@ impl Runtime for InMemoryRuntime {
     }
     fn step_store(&self) -> Option<Arc<dyn StepStore>> {
         self.steps.clone()
+    }
+    fn thread_timers(&self) -> Option<Arc<dyn ThreadTimers>> {
+        Some(self.timers.clone())
     }
 }

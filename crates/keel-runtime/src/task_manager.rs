@@ -90,6 +90,17 @@ pub trait TaskManager: Send + Sync {
         auth: &AuthContext,
         task_id: &TaskId,
     ) -> AgentResult<Vec<TaskEvent>>;
+
+    /// Every tenant that has saved a task in this store (in no particular order), so that a
+    /// restarted process can recover the unfinished work of all of them. A system-level call:
+    /// it exposes tenant names, never their data. Stores that cannot list tenants answer
+    /// [`AgentError::Unsupported`] (the default), and recovery then covers the default tenant
+    /// only.
+    async fn tenants(&self) -> AgentResult<Vec<AuthContext>> {
+        Err(AgentError::Unsupported {
+            what: "listing the tenants of this task manager".into(),
+        })
+    }
 }
 
 /// The task with its history rebuilt from the event log, keeping only the last
@@ -209,6 +220,15 @@ fn parse_page_token(token: Option<&str>) -> AgentResult<u64> {
 
 #[async_trait]
 impl TaskManager for InMemoryTaskManager {
+    async fn tenants(&self) -> AgentResult<Vec<AuthContext>> {
+        let namespaces: std::collections::BTreeSet<String> =
+            self.entries.iter().map(|e| e.key().0.clone()).collect();
+        Ok(namespaces
+            .iter()
+            .filter_map(|ns| AuthContext::from_namespace(ns))
+            .collect())
+    }
+
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
         Ok(self
             .entries

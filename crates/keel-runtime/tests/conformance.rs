@@ -22,3 +22,12 @@ async fn in_memory_stores_pass_the_conformance_suite() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn in_memory_timers_and_tenants_pass_the_conformance_suite() {
+    testing::run_all_system(
+        Arc::new(keel_runtime::InMemoryThreadTimers::new()),
+        &InMemoryTaskManager::new(),
+    )
+    .await;
+}

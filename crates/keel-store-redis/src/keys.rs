@@ -87,6 +87,21 @@ pub(crate) mod fixed {
     ];
 }
 
+/// System-level keys, shared by every tenant: thread timers (claimed across tenants by
+/// schedulers) and the list of tenants. They live under `<prefix>{keel-system}:`; a tenant
+/// base is `<prefix>{<digits>:...}:` (a namespace starts with a length), so the two never meet.
+pub(crate) mod system {
+    pub(crate) const BASE: &str = "{keel-system}:";
+    /// Sorted set of timer ids, score = when each becomes claimable (µs).
+    pub(crate) const TIMERS_DUE: &str = "timers-due";
+    /// Hash per timer: `owner`, `thread`, `body`, `attempts`, `claim`.
+    pub(crate) const TIMER: &str = "timer:";
+    /// Sorted set per tenant and thread (`<namespace>:<thread>`), score = due time (µs).
+    pub(crate) const TIMERS_OF: &str = "timers-of:";
+    /// Set of tenant namespaces that saved a task.
+    pub(crate) const TENANTS: &str = "tenants";
+}
+
 /// The keys of one tenant under one prefix.
 pub(crate) struct TenantKeys {
     base: String,

@@ -82,6 +82,16 @@
 //! | `run-reports-by-time` | sorted set | run ids, score = `recorded_at` (µs) |
 //! | `run-reports-by-{task,thread,trace,agent}:<id>` | sorted set | the same, one index value |
 //!
+//! System-level keys (not a tenant's) live under `<prefix>{keel-system}:`; a tenant's base
+//! starts with a digit inside the braces, so the two never meet:
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `timers-due` | sorted set | every timer id, score = when it becomes claimable (µs): its due time, then its claim's expiry |
+//! | `timer:<id>` | hash | a timer: `owner` (namespace), `thread`, `body`, `attempts`, `claim` |
+//! | `timers-of:<namespace>:<thread>` | sorted set | one thread's timer ids, score = due time (µs) |
+//! | `tenants` | set | namespaces of tenants that saved a task (for recovery of all tenants) |
+//!
 //! Records are Keel's versioned stored JSON ([`keel_core::stored`]); a record that does not
 //! decode is [`AgentError::Storage`] naming its key.
 //!
@@ -127,6 +137,7 @@ mod runs;
 mod scripts;
 mod tasks;
 mod thread;
+mod timers;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -147,7 +158,7 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Keel's stores over one Redis server: implements every store trait (`TaskManager`,
 /// `MemoryService`, `ThreadHistory`, `ThreadQueue`, `ThreadKv`, `SubagentRegistry`,
-/// `ThreadLeases`, `RunStore`), so one value can back a whole runtime.
+/// `ThreadLeases`, `RunStore`, `ThreadTimers`), so one value can back a whole runtime.
 ///
 /// Clones share one multiplexed connection that reconnects by itself after a network error
 /// (the call that saw the error fails with [`AgentError::Storage`]; later calls use the new
@@ -158,6 +169,8 @@ pub struct RedisStore {
     prefix: Arc<str>,
     kv_limits: KvLimits,
     server: ServerName,
+    /// Tenants this process already added to the system tenant set.
+    known_tenants: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -218,6 +231,7 @@ impl RedisStore {
             prefix: Arc::from(Self::DEFAULT_PREFIX),
             kv_limits: KvLimits::DEFAULT,
             server,
+            known_tenants: Arc::default(),
         })
     }
 
@@ -227,6 +241,7 @@ impl RedisStore {
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = Arc::from(prefix.into());
+        self.known_tenants = Arc::default();
         self
     }
 

@@ -284,3 +284,84 @@ return seq
 ",
     )
 });
+
+/// Store a timer: its record hash and its place in the due index and the thread's index.
+///
+/// KEYS: due zset, timer hash, thread's timer zset. ARGV: id, due score (µs), owner
+/// namespace, thread, body.
+pub(crate) static SCHEDULE_TIMER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('HSET', KEYS[2], 'owner', ARGV[3], 'thread', ARGV[4], 'body', ARGV[5], 'attempts', 0)
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+return 1
+",
+    )
+});
+
+/// Remove a timer, only for its owner (`ARGV[2]` set) or only under its claim (`ARGV[3]`
+/// set); the thread index key is derived from the record.
+///
+/// KEYS: due zset, timer hash. ARGV: id, owner namespace or '', claim token or '', system
+/// key base. Returns 1 when removed, else 0.
+pub(crate) static REMOVE_TIMER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local owner = redis.call('HGET', KEYS[2], 'owner')
+if not owner then return 0 end
+if ARGV[2] ~= '' and owner ~= ARGV[2] then return 0 end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[2], 'claim') ~= ARGV[3] then return 0 end
+local thread = redis.call('HGET', KEYS[2], 'thread')
+redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', ARGV[4] .. 'timers-of:' .. owner .. ':' .. thread, ARGV[1])
+return 1
+",
+    )
+});
+
+/// Claim due timers: each gets a claim token, one more attempt, and moves in the due index to
+/// the claim's expiry, so it is claimable again only once the claim lapses.
+///
+/// KEYS: due zset. ARGV: now (µs), limit, claim expiry (µs), system key base, token prefix.
+/// Returns `{{id, body, attempts, token}, ...}`, soonest first.
+pub(crate) static CLAIM_TIMERS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local out = {}
+for i, id in ipairs(ids) do
+  local key = ARGV[4] .. 'timer:' .. id
+  local body = redis.call('HGET', key, 'body')
+  if body then
+    local token = ARGV[5] .. ':' .. i
+    local attempts = redis.call('HINCRBY', key, 'attempts', 1)
+    redis.call('HSET', key, 'claim', token)
+    redis.call('ZADD', KEYS[1], ARGV[3], id)
+    table.insert(out, {id, body, attempts, token})
+  else
+    redis.call('ZREM', KEYS[1], id)
+  end
+end
+return out
+",
+    )
+});
+
+/// A thread's timers, soonest first.
+///
+/// KEYS: thread's timer zset. ARGV: system key base. Returns `{{id, body, attempts}, ...}`.
+pub(crate) static THREAD_TIMERS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
+local out = {}
+for _, id in ipairs(ids) do
+  local v = redis.call('HMGET', ARGV[1] .. 'timer:' .. id, 'body', 'attempts')
+  if v[1] then table.insert(out, {id, v[1], tonumber(v[2])}) end
+end
+return out
+",
+    )
+});

@@ -86,7 +86,13 @@ impl TaskManager for RedisStore {
         })
     }
 
+    async fn tenants(&self) -> AgentResult<Vec<AuthContext>> {
+        self.list_tenants().await
+    }
+
     async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
+        // Noted before the save, so the tenant list never misses a tenant with tasks.
+        self.note_tenant(auth).await?;
         let keys = self.keys(auth);
         let mut snapshot = task.clone();
         snapshot.history.clear();

@@ -20,3 +20,47 @@ async fn redis_store_passes_the_conformance_suite() {
     testing::step_store_writes_history_and_log_together(&store, &store, &store).await;
     support::clean_up(&prefix).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_timers_and_tenants_pass_the_conformance_suite() {
+    let prefix = support::fresh_prefix();
+    let store = support::store(&prefix).await;
+    testing::run_all_system(Arc::new(store.clone()), &store).await;
+    support::clean_up(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_connections_claim_a_due_timer_once() {
+    use keel_runtime::ThreadTimers;
+    let prefix = support::fresh_prefix();
+    let (a, b) = (support::store(&prefix).await, support::store(&prefix).await);
+    let auth = testing::fresh_tenant();
+    let timer = a
+        .schedule_timer(
+            &auth,
+            &keel_core::ThreadId::new(),
+            "t",
+            serde_json::json!(1),
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap();
+    let now = chrono::Utc::now();
+    let ttl = std::time::Duration::from_secs(60);
+    let (x, y) = tokio::join!(
+        a.claim_due_timers(now, 10, ttl),
+        b.claim_due_timers(now, 10, ttl)
+    );
+    let ids: Vec<String> = x
+        .unwrap()
+        .into_iter()
+        .chain(y.unwrap())
+        .map(|c| c.timer.id)
+        .collect();
+    assert_eq!(
+        ids,
+        vec![timer.id],
+        "exactly one connection claims the timer"
+    );
+    support::clean_up(&prefix).await;
+}

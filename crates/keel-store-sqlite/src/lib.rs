@@ -2,8 +2,9 @@
 //!
 //! One [`SqliteStore`] implements every store trait of `keel-runtime` — [`TaskManager`],
 //! [`MemoryService`], [`ThreadHistory`], [`ThreadQueue`], [`ThreadKv`], [`SubagentRegistry`],
-//! [`ThreadLeases`] (so also [`ThreadStore`]) and [`RunStore`] — over one database file, with
-//! the same semantics as the in-memory stores (the shared conformance suite checks it).
+//! [`ThreadLeases`] (so also [`ThreadStore`]), [`RunStore`] and [`ThreadTimers`] — over one
+//! database file, with the same semantics as the in-memory stores (the shared conformance
+//! suite checks it).
 //!
 //! # Durability and concurrency
 //!
@@ -61,6 +62,7 @@
 //! [`ThreadLeases`]: keel_runtime::ThreadLeases
 //! [`ThreadStore`]: keel_runtime::ThreadStore
 //! [`RunStore`]: keel_runtime::RunStore
+//! [`ThreadTimers`]: keel_runtime::ThreadTimers
 
 mod codec;
 mod leases;
@@ -70,6 +72,7 @@ mod runs;
 mod schema;
 mod tasks;
 mod threads;
+mod timers;
 mod writer;
 
 use std::path::{Path, PathBuf};

@@ -27,10 +27,16 @@ struct Migration {
 
 /// Every migration, oldest first. Append only: a released step is never edited, because
 /// databases in the field already ran it.
-const MIGRATIONS: &[Migration] = &[Migration {
-    description: "initial schema",
-    sql: V1,
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        description: "initial schema",
+        sql: V1,
+    },
+    Migration {
+        description: "thread timers",
+        sql: V2,
+    },
+];
 
 /// The schema version this code creates and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -175,6 +181,26 @@ CREATE INDEX run_records_by_thread ON run_records (tenant, thread_id);
 CREATE INDEX run_records_by_trace ON run_records (tenant, trace_id);
 CREATE INDEX run_records_by_agent ON run_records (tenant, agent_name);
 CREATE INDEX run_records_by_time ON run_records (tenant, recorded_at);
+"#;
+
+/// Version 2: durable thread timers (scheduled effects). Unlike every other table these rows
+/// are read across tenants (a scheduler claims due timers of all of them), so the tenant is
+/// a column beside the id rather than the leading key; the record's body carries the tenant's
+/// names. `ready_at` is when the row may be claimed: its due time, then the end of each
+/// claim, so one index serves both "what is due" and "what claim lapsed".
+const V2: &str = r#"
+CREATE TABLE thread_timers (
+    id        TEXT PRIMARY KEY,
+    tenant    TEXT NOT NULL,
+    thread_id TEXT NOT NULL,
+    due_at    INTEGER NOT NULL,
+    ready_at  INTEGER NOT NULL,
+    claim     TEXT,
+    attempts  INTEGER NOT NULL DEFAULT 0,
+    body      TEXT NOT NULL
+) STRICT;
+CREATE INDEX thread_timers_by_ready ON thread_timers (ready_at, id);
+CREATE INDEX thread_timers_by_thread ON thread_timers (tenant, thread_id, due_at, id);
 "#;
 
 /// The schema version recorded in the database.

@@ -35,6 +35,24 @@ fn task_exists(conn: &Connection, tenant: &str, task_id: &TaskId) -> AgentResult
 
 #[async_trait]
 impl TaskManager for SqliteStore {
+    async fn tenants(&self) -> AgentResult<Vec<AuthContext>> {
+        self.read(|conn| {
+            let namespaces: Vec<String> = conn
+                .prepare_cached("SELECT DISTINCT tenant FROM tasks")
+                .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
+                .context("listing tenants")?;
+            namespaces
+                .iter()
+                .map(|ns| {
+                    AuthContext::from_namespace(ns).ok_or_else(|| {
+                        AgentError::storage(format!("stored tenant `{ns}` is not a namespace"))
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
         let (tenant, task_id) = (auth.namespace(), task_id.clone());
         self.read(move |conn| {

@@ -185,3 +185,42 @@ async fn run_store_contains_searches_the_stored_json() {
     let (_dir, store) = file_store();
     testing::run_store_contains_searches_the_stored_json(&store).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timers_and_tenants_on_one_file() {
+    let (_dir, store) = file_store();
+    testing::run_all_system(Arc::new(store.clone()), &store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timers_are_claimed_once_by_two_stores_on_one_file() {
+    // Two stores on one file are two writers, as two processes would be.
+    let (dir, store) = file_store();
+    let other = SqliteStore::open(dir.path().join("keel.db")).expect("open the file again");
+    let auth = testing::fresh_tenant();
+    let thread = keel_core::ThreadId::new();
+    use keel_runtime::ThreadTimers;
+    let timer = store
+        .schedule_timer(
+            &auth,
+            &thread,
+            "t",
+            serde_json::json!(1),
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap();
+    let now = chrono::Utc::now();
+    let ttl = std::time::Duration::from_secs(60);
+    let (a, b) = tokio::join!(
+        store.claim_due_timers(now, 10, ttl),
+        other.claim_due_timers(now, 10, ttl)
+    );
+    let ids: Vec<String> = a
+        .unwrap()
+        .into_iter()
+        .chain(b.unwrap())
+        .map(|c| c.timer.id)
+        .collect();
+    assert_eq!(ids, vec![timer.id], "exactly one store claims the timer");
+}

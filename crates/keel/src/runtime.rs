@@ -8,7 +8,7 @@ use keel_core::{AgentError, AgentResult};
 use keel_llm::{Llm, MockLlm};
 use keel_runtime::{
     AuthService, InMemoryRuntime, LoggingService, MemoryService, RunStore, Runtime, StepStore,
-    TaskManager, ThreadStore,
+    TaskManager, ThreadStore, ThreadTimers,
 };
 
 /// Where a [`DefaultRuntime`] keeps tasks, threads, memory and run records.
@@ -130,6 +130,9 @@ impl Runtime for DefaultRuntime {
     fn step_store(&self) -> Option<Arc<dyn StepStore>> {
         self.services.step_store()
     }
+    fn thread_timers(&self) -> Option<Arc<dyn ThreadTimers>> {
+        self.services.thread_timers()
+    }
 }
 
 /// Builds a [`DefaultRuntime`].
@@ -199,6 +202,7 @@ impl DefaultRuntimeBuilder {
                     .with_task_manager(store.clone())
                     .with_memory_service(store.clone())
                     .with_thread_store(store.clone())
+                    .with_thread_timers(store.clone())
                     .with_run_store(store)
             }
             #[cfg(feature = "redis")]
@@ -213,6 +217,7 @@ impl DefaultRuntimeBuilder {
                     .with_memory_service(store.clone())
                     .with_thread_store(store.clone())
                     .with_step_store(store.clone())
+                    .with_thread_timers(store.clone())
                     .with_run_store(store)
             }
             #[allow(unreachable_patterns)] // reachable exactly when a store feature is off

@@ -1,0 +1,552 @@
+//! Scheduled effects (Standard Agents §2: "a scheduled effect alarm fires"): a named effect
+//! with a JSON payload, stored as a durable timer in the runtime's
+//! [`ThreadTimers`](keel_runtime::ThreadTimers), that fires after a restart too.
+//!
+//! An agent registers a handler per effect name ([`AgentBuilder::effect`](crate::AgentBuilder::effect)).
+//! The executor's scheduler ([`AgentExecutor::start_effects`]) sleeps until the nearest timer
+//! is due (woken early when this process schedules a nearer one, and looking again at least
+//! every [`EFFECT_RECHECK`] for timers other processes scheduled), claims due timers of every
+//! tenant, and puts each on its thread's durable queue. The thread's worker, holding the
+//! thread's lease, then runs the handler with the thread's [`ThreadState`]: what the handler
+//! queues starts a turn when the thread is idle, or is injected into the running
+//! conversation before its next model call. A terminated thread never fires: its timer is
+//! dropped with an `effect.dropped` marker.
+//!
+//! Firing is at least once: a timer is removed only after its handler ran. A process that
+//! dies after claiming it leaves the claim to lapse after [`EFFECT_CLAIM_TTL`]; the next
+//! claimer queues it again, or, when it already waits in the thread's queue, makes sure a
+//! worker drives that thread. Canceling works until the handler runs.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use keel_core::{AgentError, AgentResult, RunContext, ThreadId};
+use keel_events::{
+    EventEmitter, EventSink, EventType, MultiSink, RedactionPolicy, RunEvent, RunRecorder,
+};
+use keel_runtime::{AuthContext, ClaimedTimer, RunRecord, ThreadTimers, TimerRecord};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::executor::{Inner, QueuedWork};
+use crate::{AgentExecutor, ThreadState};
+
+/// How long a claimed timer is reserved for the scheduler that claimed it. Claiming, queueing
+/// and completing take a few store round trips; past this a claim is presumed dead and the
+/// timer is fired again.
+pub const EFFECT_CLAIM_TTL: Duration = Duration::from_secs(60);
+
+/// The longest the scheduler sleeps without looking at the store, so timers scheduled by
+/// other processes sharing it are not missed. (Timers scheduled by this process wake it at
+/// once.)
+pub const EFFECT_RECHECK: Duration = Duration::from_secs(5);
+
+/// Tuning of the effect scheduler ([`AgentExecutor::start_effects_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EffectConfig {
+    /// How long a claimed timer is reserved for this scheduler (default
+    /// [`EFFECT_CLAIM_TTL`]); after a crash, the timers this process claimed fire elsewhere
+    /// after this long.
+    pub claim_ttl: Duration,
+    /// The longest sleep between looks at the store (default [`EFFECT_RECHECK`]).
+    pub recheck: Duration,
+}
+
+impl Default for EffectConfig {
+    fn default() -> Self {
+        Self {
+            claim_ttl: EFFECT_CLAIM_TTL,
+            recheck: EFFECT_RECHECK,
+        }
+    }
+}
+
+/// How many due timers one claim takes.
+const CLAIM_BATCH: usize = 64;
+
+/// An effect handler: gets the thread and the payload, and may queue messages and tools.
+pub(crate) type EffectFn =
+    Arc<dyn Fn(ThreadState, Value) -> BoxFuture<'static, AgentResult<()>> + Send + Sync>;
+
+/// Wrap a closure as an [`EffectFn`].
+pub(crate) fn effect_fn<F, Fut>(handler: F) -> EffectFn
+where
+    F: Fn(ThreadState, Value) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = AgentResult<()>> + Send + 'static,
+{
+    Arc::new(move |thread, payload| handler(thread, payload).boxed())
+}
+
+/// A fired timer as it waits in the thread's queue.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct QueuedEffect {
+    pub(crate) timer_id: String,
+    pub(crate) name: String,
+    pub(crate) payload: Value,
+    pub(crate) due_at: DateTime<Utc>,
+}
+
+/// The executor's scheduler state: what wakes it.
+#[derive(Default)]
+pub(crate) struct EffectScheduler {
+    wake: Arc<Notify>,
+    started: std::sync::atomic::AtomicBool,
+}
+
+impl ThreadState {
+    /// Schedule effect `name` (a handler the agent registered) to fire on this thread with
+    /// `payload` after `delay`. Durable: it fires after a restart too. A terminated thread is
+    /// [`AgentError::ThreadTerminated`], an unknown effect [`AgentError::InvalidInput`], and a
+    /// runtime without [`ThreadTimers`] [`AgentError::Unsupported`].
+    pub async fn schedule_effect(
+        &self,
+        name: &str,
+        payload: Value,
+        delay: Duration,
+    ) -> AgentResult<TimerRecord> {
+        let delay = chrono::Duration::from_std(delay)
+            .map_err(|_| AgentError::invalid_input("delay", "is too long"))?;
+        self.schedule_effect_at(name, payload, Utc::now() + delay)
+            .await
+    }
+
+    /// Schedule effect `name` to fire at `at` (a time in the past fires at once); see
+    /// [`ThreadState::schedule_effect`].
+    pub async fn schedule_effect_at(
+        &self,
+        name: &str,
+        payload: Value,
+        at: DateTime<Utc>,
+    ) -> AgentResult<TimerRecord> {
+        if !self.inner.agent.effects.contains_key(name) {
+            return Err(AgentError::invalid_input(
+                "effect",
+                format!(
+                    "agent `{}` has no handler for effect `{name}`",
+                    self.agent_name()
+                ),
+            ));
+        }
+        self.ensure_open().await?;
+        let timer = timers(&self.inner)?
+            .schedule_timer(&self.auth, &self.thread_id, name, payload, at)
+            .await?;
+        self.inner.effects.wake.notify_one();
+        self.inner
+            .effect_marker(
+                &self.auth,
+                &self.thread_id,
+                "effect.scheduled",
+                format!(
+                    "effect `{name}` scheduled for {}",
+                    timer.due_at.to_rfc3339()
+                ),
+                json!({ "timer_id": timer.id, "name": name, "due_at": timer.due_at }),
+            )
+            .await;
+        Ok(timer)
+    }
+
+    /// Cancel one of this thread's scheduled effects; `false` when the thread has no such
+    /// pending effect (unknown, another thread's, or already fired).
+    pub async fn cancel_effect(&self, timer_id: &str) -> AgentResult<bool> {
+        let timers = timers(&self.inner)?;
+        let pending = timers.thread_timers(&self.auth, &self.thread_id).await?;
+        let Some(timer) = pending.into_iter().find(|t| t.id == timer_id) else {
+            return Ok(false);
+        };
+        let canceled = timers.cancel_timer(&self.auth, timer_id).await?;
+        if canceled {
+            self.inner
+                .effect_marker(
+                    &self.auth,
+                    &self.thread_id,
+                    "effect.canceled",
+                    format!("effect `{}` canceled", timer.name),
+                    json!({ "timer_id": timer.id, "name": timer.name }),
+                )
+                .await;
+        }
+        Ok(canceled)
+    }
+
+    /// This thread's pending effects, soonest first.
+    pub async fn scheduled_effects(&self) -> AgentResult<Vec<TimerRecord>> {
+        timers(&self.inner)?
+            .thread_timers(&self.auth, &self.thread_id)
+            .await
+    }
+}
+
+impl AgentExecutor {
+    /// Schedule effect `name` on a thread at `at`; the library form of
+    /// [`ThreadState::schedule_effect_at`].
+    pub async fn schedule_effect(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        name: &str,
+        payload: Value,
+        at: DateTime<Utc>,
+    ) -> AgentResult<TimerRecord> {
+        self.thread(auth, thread_id.clone())
+            .schedule_effect_at(name, payload, at)
+            .await
+    }
+
+    /// Cancel a scheduled effect of a thread; see [`ThreadState::cancel_effect`].
+    pub async fn cancel_effect(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        timer_id: &str,
+    ) -> AgentResult<bool> {
+        self.thread(auth, thread_id.clone())
+            .cancel_effect(timer_id)
+            .await
+    }
+
+    /// Start this executor's effect scheduler (once; later calls do nothing). It fires the
+    /// due timers of every tenant in the runtime's store, so start it on executors of one
+    /// agent per store: a timer whose effect this agent does not know is dropped. It stops
+    /// on [`AgentExecutor::shutdown`] or when the executor is dropped. A runtime without
+    /// thread timers is [`AgentError::Unsupported`].
+    pub fn start_effects(&self) -> AgentResult<()> {
+        self.start_effects_with(EffectConfig::default())
+    }
+
+    /// [`AgentExecutor::start_effects`] with explicit tuning. A claim TTL outside
+    /// 1 ms ..= 24 h or a zero recheck is [`AgentError::InvalidInput`].
+    pub fn start_effects_with(&self, config: EffectConfig) -> AgentResult<()> {
+        // The claim TTL has the bounds of a lease TTL; a zero recheck would spin.
+        keel_runtime::check_lease_ttl(config.claim_ttl)?;
+        if config.recheck.is_zero() {
+            return Err(AgentError::invalid_input(
+                "recheck",
+                "must be longer than zero",
+            ));
+        }
+        let inner = &self.inner;
+        let timers = timers(inner)?;
+        if inner
+            .effects
+            .started
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        let me = Arc::downgrade(inner);
+        let wake = inner.effects.wake.clone();
+        let stop = inner.shutting_down.clone();
+        let span = tracing::info_span!("effects", agent = %inner.agent.card().name);
+        inner.tracker.spawn(tracing::Instrument::instrument(
+            run_scheduler(me, timers, wake, stop, config),
+            span,
+        ));
+        Ok(())
+    }
+}
+
+fn timers(inner: &Inner) -> AgentResult<Arc<dyn ThreadTimers>> {
+    inner
+        .runtime
+        .thread_timers()
+        .ok_or_else(|| AgentError::Unsupported {
+            what: "scheduled effects: this runtime keeps no thread timers".into(),
+        })
+}
+
+/// The scheduler loop. It holds the executor only weakly, so dropping the executor ends it.
+async fn run_scheduler(
+    me: Weak<Inner>,
+    timers: Arc<dyn ThreadTimers>,
+    wake: Arc<Notify>,
+    stop: CancellationToken,
+    config: EffectConfig,
+) {
+    loop {
+        if stop.is_cancelled() {
+            break;
+        }
+        let Some(inner) = me.upgrade() else { break };
+        let mut pause = Duration::ZERO;
+        match timers
+            .claim_due_timers(Utc::now(), CLAIM_BATCH, config.claim_ttl)
+            .await
+        {
+            Ok(claimed) => {
+                let full = claimed.len() == CLAIM_BATCH;
+                for claim in claimed {
+                    inner.deliver_effect(claim).await;
+                }
+                if full {
+                    continue;
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot claim due timers");
+                pause = config.recheck;
+            }
+        }
+        drop(inner);
+        let sleep = match timers.next_timer_at().await {
+            Ok(Some(next)) => (next - Utc::now())
+                .to_std()
+                // Due already (scheduled while we claimed, or another process's claim just
+                // moved): look again soon, but never spin.
+                .unwrap_or(Duration::from_millis(10))
+                .min(config.recheck),
+            Ok(None) => config.recheck,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read the next timer");
+                config.recheck
+            }
+        }
+        .max(pause);
+        tokio::select! {
+            () = tokio::time::sleep(sleep) => {}
+            () = wake.notified() => {}
+            () = stop.cancelled() => break,
+        }
+    }
+    tracing::debug!("effect scheduler stopped");
+}
+
+impl Inner {
+    /// A claimed timer goes to its thread's queue, unless it is already there (an earlier
+    /// claim queued it and lapsed while it waited): then its thread only gets a driver, which
+    /// also covers a queue a dead process left with nobody working it. The timer stays
+    /// stored until its handler has run, so a crash anywhere before that fires it again
+    /// rather than losing it. A terminated thread's timer is removed with a marker.
+    async fn deliver_effect(&self, claim: ClaimedTimer) {
+        let timer = &claim.timer;
+        let (auth, thread_id) = (&timer.auth, &timer.thread_id);
+        let Some(me) = self.me.upgrade() else { return };
+        let thread = ThreadState {
+            auth: auth.clone(),
+            thread_id: thread_id.clone(),
+            inner: me,
+            cancel: CancellationToken::new(),
+        };
+        match thread.is_terminated().await {
+            Ok(true) => {
+                let Ok(timers) = timers(self) else { return };
+                if let Err(err) = timers.complete_timer(&claim).await {
+                    tracing::warn!(error = %err, timer = %timer.id, "cannot remove a timer");
+                    return;
+                }
+                self.drop_effect(auth, thread_id, &timer.id, &timer.name, "thread terminated")
+                    .await;
+            }
+            Ok(false) => {
+                let queued = match self
+                    .runtime
+                    .thread_store()
+                    .peek_queue(auth, thread_id, usize::MAX)
+                    .await
+                {
+                    Ok(items) => items.iter().any(|item| {
+                        matches!(
+                            serde_json::from_value(item.payload.clone()),
+                            Ok(QueuedWork::Effect(QueuedEffect { timer_id, .. })) if timer_id == timer.id
+                        )
+                    }),
+                    Err(err) => {
+                        tracing::warn!(error = %err, timer = %timer.id, "cannot read the effect's queue");
+                        return;
+                    }
+                };
+                if queued {
+                    self.schedule(auth, thread_id);
+                    return;
+                }
+                let work = QueuedWork::Effect(QueuedEffect {
+                    timer_id: timer.id.clone(),
+                    name: timer.name.clone(),
+                    payload: timer.payload.clone(),
+                    due_at: timer.due_at,
+                });
+                if let Err(err) = self.enqueue(auth, thread_id, work).await {
+                    tracing::warn!(error = %err, timer = %timer.id, "cannot queue a due effect");
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, timer = %timer.id, "cannot check the effect's thread");
+            }
+        }
+    }
+
+    /// Run a queued effect's handler on the thread, as the holder of its lease, then remove
+    /// its timer. An effect whose timer is gone (canceled while it waited in the queue, or
+    /// already fired through a duplicate queue entry) does nothing.
+    pub(crate) async fn fire_effect(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        effect: QueuedEffect,
+    ) -> AgentResult<()> {
+        let Some(me) = self.me.upgrade() else {
+            return Ok(());
+        };
+        let timers = timers(self)?;
+        let pending = timers.thread_timers(auth, thread_id).await?;
+        if !pending.iter().any(|t| t.id == effect.timer_id) {
+            tracing::debug!(timer = %effect.timer_id, "a queued effect is no longer pending");
+            return Ok(());
+        }
+        let thread = ThreadState {
+            auth: auth.clone(),
+            thread_id: thread_id.clone(),
+            inner: me,
+            cancel: CancellationToken::new(),
+        };
+        let dropped = if thread.is_terminated().await? {
+            Some("thread terminated")
+        } else if !self.agent.effects.contains_key(&effect.name) {
+            Some("the agent has no handler for it")
+        } else {
+            None
+        };
+        if let Some(reason) = dropped {
+            timers.cancel_timer(auth, &effect.timer_id).await?;
+            self.drop_effect(auth, thread_id, &effect.timer_id, &effect.name, reason)
+                .await;
+            return Ok(());
+        }
+        let handler = self.agent.effects[&effect.name].clone();
+        // A handler's panic or error is the handler's failure, not the thread's: it is
+        // reported and the queue goes on.
+        let outcome = AssertUnwindSafe(handler(thread, effect.payload.clone()))
+            .catch_unwind()
+            .await;
+        let error = match outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(err)) => Some(err.to_string()),
+            Err(_) => Some("the effect handler panicked".to_owned()),
+        };
+        if let Some(error) = &error {
+            tracing::warn!(effect = %effect.name, %error, "an effect handler failed");
+        }
+        timers.cancel_timer(auth, &effect.timer_id).await?;
+        self.effect_marker(
+            auth,
+            thread_id,
+            "effect.fired",
+            format!("effect `{}` fired", effect.name),
+            json!({
+                "timer_id": effect.timer_id,
+                "name": effect.name,
+                "due_at": effect.due_at,
+                "error": error,
+            }),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Fire the effects among `items` (queued work peeked by a running flow) and acknowledge
+    /// them; `true` when any fired, so the caller looks at the queue again for what they
+    /// queued.
+    pub(crate) async fn fire_queued_effects(
+        &self,
+        auth: &AuthContext,
+        lease: &keel_runtime::Lease,
+        items: &[keel_runtime::QueuedItem],
+    ) -> AgentResult<bool> {
+        let mut fired = Vec::new();
+        for item in items {
+            if let Ok(QueuedWork::Effect(effect)) = serde_json::from_value(item.payload.clone()) {
+                self.fire_effect(auth, &lease.thread_id, effect).await?;
+                fired.push(item.id.clone());
+            }
+        }
+        if fired.is_empty() {
+            return Ok(false);
+        }
+        self.runtime
+            .thread_store()
+            .ack_queue(auth, lease, &fired)
+            .await?;
+        Ok(true)
+    }
+
+    async fn drop_effect(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        timer_id: &str,
+        name: &str,
+        reason: &str,
+    ) {
+        self.effect_marker(
+            auth,
+            thread_id,
+            "effect.dropped",
+            format!("effect `{name}` dropped: {reason}"),
+            json!({ "timer_id": timer_id, "name": name, "reason": reason }),
+        )
+        .await;
+    }
+
+    /// Report an effect's life (`effect.scheduled`, `.fired`, `.canceled`, `.dropped`): a
+    /// normalized event to every sink of the executor, and a run record of the thread in the
+    /// run store, so the marker is durable like a run's events. Failures are logged: a
+    /// marker never stops the effect.
+    pub(crate) async fn effect_marker(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        event_type: &'static str,
+        summary: String,
+        payload: Value,
+    ) {
+        let agent_name = self.agent.card().name.clone();
+        let context = RunContext::new()
+            .with_thread(thread_id.clone())
+            .with_agent(agent_name.clone());
+        let recorder = Arc::new(RunRecorder::new());
+        let mut sinks = MultiSink::new().with(recorder.clone());
+        for sink in self.sinks.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            sinks = sinks.with(Arc::clone(sink) as Arc<dyn EventSink>);
+        }
+        let emitter =
+            EventEmitter::new(&context, Arc::new(sinks)).with_agent_name(agent_name.clone());
+        if let Err(err) = emitter
+            .emit(RunEvent::builder(EventType::new(event_type), summary).payload(payload))
+            .await
+        {
+            tracing::warn!(error = %err, "an event sink failed");
+        }
+        let result = async {
+            let report = recorder
+                .report()
+                .redacted_json(&RedactionPolicy::default())?;
+            self.runtime
+                .run_store()
+                .save_run_report(
+                    auth,
+                    &RunRecord {
+                        run_id: context.run_id.clone(),
+                        task_id: None,
+                        thread_id: Some(thread_id.clone()),
+                        trace_id: Some(context.trace_id.clone()),
+                        agent_name: Some(agent_name),
+                        recorded_at: Utc::now(),
+                        report,
+                    },
+                )
+                .await
+        }
+        .await;
+        if let Err(err) = result {
+            tracing::warn!(error = %err, "could not record an effect marker");
+        }
+    }
+}

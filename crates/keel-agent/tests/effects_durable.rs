@@ -1,0 +1,370 @@
+//! Scheduled effects and recovery across restarts and processes: a timer scheduled by one
+//! executor fires in the next one built on the same SQLite file; two executors sharing one
+//! Redis fire each due timer exactly once; `recover_all` resumes a tenant other than the
+//! default one.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_agent::{Agent, AgentExecutor, EffectConfig, ExecutorConfig, SendOptions};
+use keel_core::{AgentCard, Message, Task, TaskState, ThreadId};
+use keel_llm::MockLlm;
+use keel_runtime::{AuthContext, InMemoryRuntime, ListTasksFilter, Runtime};
+use serde_json::{json, Value};
+
+fn card() -> AgentCard {
+    AgentCard::new("effects", "durable effect tests", "http://127.0.0.1:0")
+}
+
+/// Fire counts by payload tag.
+type Counts = Arc<Mutex<HashMap<String, usize>>>;
+
+/// An agent whose `remind` effect counts its tag and queues a message when asked to.
+fn agent(counts: Counts) -> Agent {
+    Agent::builder(card())
+        .effect("remind", move |thread, payload: Value| {
+            let counts = counts.clone();
+            async move {
+                let tag = payload["tag"].as_str().unwrap_or_default().to_owned();
+                *counts.lock().unwrap().entry(tag.clone()).or_default() += 1;
+                if payload["reply"] == json!(true) {
+                    thread.queue_message(format!("reminder {tag}")).await?;
+                }
+                Ok(())
+            }
+        })
+        .build()
+        .unwrap()
+}
+
+fn sqlite_runtime(path: &Path) -> Arc<dyn Runtime> {
+    let store = Arc::new(keel_store_sqlite::SqliteStore::open(path).expect("open SQLite"));
+    Arc::new(
+        InMemoryRuntime::new(Arc::new(MockLlm::new()))
+            .with_task_manager(store.clone())
+            .with_memory_service(store.clone())
+            .with_thread_store(store.clone())
+            .with_thread_timers(store.clone())
+            .with_run_store(store),
+    )
+}
+
+async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn task_in_state(
+    runtime: &Arc<dyn Runtime>,
+    auth: &AuthContext,
+    thread: &ThreadId,
+    state: TaskState,
+) -> Option<Task> {
+    runtime
+        .task_manager()
+        .list_tasks(
+            auth,
+            &ListTasksFilter {
+                thread_id: Some(thread.clone()),
+                state: Some(state),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .next()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_effect_scheduled_before_a_restart_fires_in_the_next_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let auth = AuthContext::new("acme", "restart");
+    let thread = ThreadId::new();
+    let first_counts = Counts::default();
+    {
+        let runtime = sqlite_runtime(&path);
+        let exec = AgentExecutor::new(agent(first_counts.clone()), runtime);
+        exec.start_effects().unwrap();
+        exec.thread(&auth, thread.clone())
+            .schedule_effect(
+                "remind",
+                json!({"tag": "later", "reply": true}),
+                Duration::from_millis(300),
+            )
+            .await
+            .unwrap();
+        // The process goes away before the timer is due.
+    }
+    let counts = Counts::default();
+    let runtime = sqlite_runtime(&path);
+    let exec = AgentExecutor::new(agent(counts.clone()), runtime.clone());
+    exec.start_effects().unwrap();
+    let task = wait_for("the effect's turn", || {
+        task_in_state(&runtime, &auth, &thread, TaskState::Completed)
+    })
+    .await;
+    assert_eq!(
+        task.status().message.as_ref().unwrap().text(),
+        "You said: reminder later"
+    );
+    assert_eq!(counts.lock().unwrap().get("later"), Some(&1));
+    assert!(
+        first_counts.lock().unwrap().is_empty(),
+        "the dropped executor never fired it"
+    );
+    exec.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn recover_all_resumes_a_task_of_a_non_default_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let tenant = AuthContext::new("other-app", "bob");
+    let thread = ThreadId::new();
+    let config = ExecutorConfig {
+        lease_ttl: Duration::from_millis(300),
+        ..ExecutorConfig::default()
+    };
+    {
+        // A dead process still holds the thread's lease, so the message waits queued.
+        let runtime = sqlite_runtime(&path);
+        runtime
+            .thread_store()
+            .acquire_lease(&tenant, &thread, "dead-process", Duration::from_millis(300))
+            .await
+            .unwrap()
+            .expect("the lease is free");
+        let exec =
+            AgentExecutor::with_config(agent(Counts::default()), runtime.clone(), config.clone());
+        let task = exec
+            .send_message(
+                &tenant,
+                Message::user("hello").in_thread(thread.clone()),
+                SendOptions {
+                    return_immediately: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(task.state(), TaskState::Submitted);
+        exec.shutdown().await;
+    }
+    let runtime = sqlite_runtime(&path);
+    let exec = AgentExecutor::with_config(agent(Counts::default()), runtime.clone(), config);
+    let default = runtime.auth_service().auth_context();
+    assert_ne!(default, tenant);
+    assert_eq!(
+        exec.recover(&default).await.unwrap(),
+        0,
+        "the default tenant has nothing"
+    );
+    assert_eq!(
+        exec.recover_all().await.unwrap(),
+        1,
+        "the other tenant's task is found"
+    );
+    let task = wait_for("the recovered task", || {
+        task_in_state(&runtime, &tenant, &thread, TaskState::Completed)
+    })
+    .await;
+    assert_eq!(
+        task.status().message.as_ref().unwrap().text(),
+        "You said: hello"
+    );
+    exec.shutdown().await;
+}
+
+fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+async fn redis_runtime(prefix: &str) -> Arc<dyn Runtime> {
+    let store = Arc::new(
+        keel_store_redis::RedisStore::connect(&redis_url())
+            .await
+            .expect("the Redis tests need a server at REDIS_URL")
+            .with_prefix(prefix),
+    );
+    Arc::new(
+        InMemoryRuntime::new(Arc::new(MockLlm::new()))
+            .with_task_manager(store.clone())
+            .with_memory_service(store.clone())
+            .with_thread_store(store.clone())
+            .with_step_store(store.clone())
+            .with_thread_timers(store.clone())
+            .with_run_store(store),
+    )
+}
+
+/// Delete every key under the test's prefix.
+async fn clean_up(prefix: &str) {
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    for chunk in keys.chunks(500) {
+        redis::cmd("DEL")
+            .arg(chunk)
+            .query_async::<()>(&mut con)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_executors_on_one_redis_fire_each_due_effect_exactly_once() {
+    let prefix = format!("keel-test-{}:", uuid::Uuid::new_v4().simple());
+    let counts = Counts::default();
+    let (a_runtime, b_runtime) = (redis_runtime(&prefix).await, redis_runtime(&prefix).await);
+    let a = AgentExecutor::new(agent(counts.clone()), a_runtime.clone());
+    let b = AgentExecutor::new(agent(counts.clone()), b_runtime);
+    a.start_effects().unwrap();
+    b.start_effects().unwrap();
+    let auth = AuthContext::new("acme", "redis");
+    // The same due time for all, half scheduled through each, so both schedulers wake for
+    // them and race to claim.
+    let due = chrono::Utc::now() + chrono::Duration::milliseconds(200);
+    let mut threads = Vec::new();
+    for i in 0..12 {
+        let thread = ThreadId::new();
+        let exec = if i % 2 == 0 { &a } else { &b };
+        exec.schedule_effect(
+            &auth,
+            &thread,
+            "remind",
+            json!({"tag": format!("t{i}")}),
+            due,
+        )
+        .await
+        .unwrap();
+        threads.push(thread);
+    }
+    let store = a_runtime.thread_store();
+    let timers = a_runtime.thread_timers().unwrap();
+    wait_for("every effect fired and nothing pending", || {
+        let (counts, store, timers, threads, auth) = (
+            counts.clone(),
+            store.clone(),
+            timers.clone(),
+            threads.clone(),
+            auth.clone(),
+        );
+        async move {
+            if counts.lock().unwrap().len() < threads.len() {
+                return None;
+            }
+            for thread in &threads {
+                if !timers
+                    .thread_timers(&auth, thread)
+                    .await
+                    .unwrap()
+                    .is_empty()
+                    || store.queue_len(&auth, thread).await.unwrap() > 0
+                {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await;
+    let counts = counts.lock().unwrap().clone();
+    assert_eq!(counts.len(), 12);
+    assert!(
+        counts.values().all(|&n| n == 1),
+        "each effect fired exactly once: {counts:?}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+    clean_up(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_effect_queued_by_a_process_that_stopped_before_firing_it_fires_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let auth = AuthContext::new("acme", "queued");
+    let thread = ThreadId::new();
+    let short = EffectConfig {
+        claim_ttl: Duration::from_millis(300),
+        ..EffectConfig::default()
+    };
+    {
+        // A dead process holds the thread, so the due effect is queued but cannot run here.
+        let runtime = sqlite_runtime(&path);
+        runtime
+            .thread_store()
+            .acquire_lease(&auth, &thread, "dead-process", Duration::from_millis(500))
+            .await
+            .unwrap()
+            .expect("the lease is free");
+        let exec = AgentExecutor::new(agent(Counts::default()), runtime.clone());
+        exec.start_effects_with(short).unwrap();
+        exec.thread(&auth, thread.clone())
+            .schedule_effect(
+                "remind",
+                json!({"tag": "queued", "reply": true}),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+        let store = runtime.thread_store();
+        wait_for("the effect in the thread's queue", || {
+            let (store, auth, thread) = (store.clone(), auth.clone(), thread.clone());
+            async move {
+                let items = store.peek_queue(&auth, &thread, 16).await.unwrap();
+                items
+                    .iter()
+                    .any(|i| i.payload["kind"] == "effect")
+                    .then_some(())
+            }
+        })
+        .await;
+        exec.shutdown().await;
+    }
+    // Nothing but the stored timer says this thread has work: the next process must find it.
+    let counts = Counts::default();
+    let runtime = sqlite_runtime(&path);
+    let exec = AgentExecutor::new(agent(counts.clone()), runtime.clone());
+    exec.start_effects_with(short).unwrap();
+    let task = wait_for("the effect's turn", || {
+        task_in_state(&runtime, &auth, &thread, TaskState::Completed)
+    })
+    .await;
+    assert_eq!(
+        task.status().message.as_ref().unwrap().text(),
+        "You said: reminder queued"
+    );
+    assert_eq!(counts.lock().unwrap().get("queued"), Some(&1), "fired once");
+    assert!(
+        exec.thread(&auth, thread.clone())
+            .scheduled_effects()
+            .await
+            .unwrap()
+            .is_empty(),
+        "the timer is removed once fired"
+    );
+    exec.shutdown().await;
+}

@@ -1,0 +1,277 @@
+// Scheduled effects (Standard Agents §2): durable timers that fire on their thread, start a
+// turn when it is idle, are injected when it is busy, and never fire once canceled or once
+// the thread is terminated.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
+use keel_core::{AgentCard, AgentError, Message, Task, TaskState, ThreadId};
+use keel_events::{EventSink, InMemoryEventSink};
+use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
+use keel_runtime::{AuthContext, ListTasksFilter, RunQuery};
+use serde_json::{json, Value};
+
+fn card() -> AgentCard {
+    AgentCard::new("effects", "scheduled effect tests", "http://127.0.0.1:0")
+}
+
+/// Which effects fired, by payload `tag`.
+type Fired = Arc<Mutex<Vec<String>>>;
+
+/// An agent whose `remind` effect records its payload's tag and queues a message.
+fn reminding(builder: keel_agent::AgentBuilder, fired: Fired) -> Agent {
+    builder
+        .effect("remind", move |thread, payload: Value| {
+            let fired = fired.clone();
+            async move {
+                let tag = payload["tag"].as_str().unwrap_or_default().to_owned();
+                fired.lock().unwrap().push(tag.clone());
+                thread.queue_message(format!("reminder {tag}")).await?;
+                Ok(())
+            }
+        })
+        .build()
+        .unwrap()
+}
+
+/// An executor with an event sink, its scheduler not started yet.
+fn unstarted(agent: Agent) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>) {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let exec = AgentExecutor::new(agent, runtime);
+    let sink = Arc::new(InMemoryEventSink::new());
+    exec.add_event_sink(sink.clone() as Arc<dyn EventSink>);
+    (exec, auth, sink)
+}
+
+fn started(agent: Agent) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>) {
+    let (exec, auth, sink) = unstarted(agent);
+    exec.start_effects().unwrap();
+    (exec, auth, sink)
+}
+
+/// Poll `check` until it answers `Some`, failing after a generous deadline.
+async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn completed_turn(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId) -> Task {
+    wait_for("a completed turn", || async {
+        exec.runtime()
+            .task_manager()
+            .list_tasks(
+                auth,
+                &ListTasksFilter {
+                    thread_id: Some(thread.clone()),
+                    state: Some(TaskState::Completed),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .next()
+    })
+    .await
+}
+
+fn event_types(sink: &InMemoryEventSink) -> Vec<String> {
+    sink.events()
+        .iter()
+        .map(|e| e.event_type.as_str().to_owned())
+        .filter(|t| t.starts_with("effect."))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_due_effect_fires_on_its_thread_and_starts_a_turn() {
+    let fired = Fired::default();
+    let (exec, auth, sink) = started(reminding(Agent::builder(card()), fired.clone()));
+    let thread = ThreadId::new();
+    let state = exec.thread(&auth, thread.clone());
+    let timer = state
+        .schedule_effect("remind", json!({"tag": "a"}), Duration::from_millis(30))
+        .await
+        .unwrap();
+    assert_eq!(state.scheduled_effects().await.unwrap(), vec![timer.clone()]);
+    let task = completed_turn(&exec, &auth, &thread).await;
+    assert_eq!(task.status().message.as_ref().unwrap().text(), "You said: reminder a");
+    assert_eq!(*fired.lock().unwrap(), ["a"]);
+    assert!(state.scheduled_effects().await.unwrap().is_empty(), "a fired timer is gone");
+    assert_eq!(event_types(&sink), ["effect.scheduled", "effect.fired"]);
+    // The markers are durable: each is a run record of the thread in the run store.
+    let records = exec
+        .runtime()
+        .run_store()
+        .find_run_reports(
+            &auth,
+            &RunQuery {
+                thread_id: Some(thread.clone()),
+                contains: Some("effect.fired".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 1, "the fired marker is in the run store");
+}
+
+#[tokio::test]
+async fn a_canceled_effect_never_fires() {
+    let fired = Fired::default();
+    // Scheduled and canceled before the scheduler starts, so the test does not race it.
+    let (exec, auth, sink) = unstarted(reminding(Agent::builder(card()), fired.clone()));
+    let thread = ThreadId::new();
+    let state = exec.thread(&auth, thread.clone());
+    let now = chrono::Utc::now();
+    let canceled = state
+        .schedule_effect_at("remind", json!({"tag": "canceled"}), now)
+        .await
+        .unwrap();
+    // Due after the canceled one: once it fired, the canceled one would have fired first.
+    state
+        .schedule_effect_at(
+            "remind",
+            json!({"tag": "kept"}),
+            now + chrono::Duration::milliseconds(1),
+        )
+        .await
+        .unwrap();
+    assert!(state.cancel_effect(&canceled.id).await.unwrap());
+    assert!(!state.cancel_effect(&canceled.id).await.unwrap(), "canceled once");
+    let other = exec.thread(&auth, ThreadId::new());
+    assert!(
+        !other.cancel_effect(&canceled.id).await.unwrap(),
+        "another thread cannot cancel it"
+    );
+    exec.start_effects().unwrap();
+    completed_turn(&exec, &auth, &thread).await;
+    assert_eq!(*fired.lock().unwrap(), ["kept"]);
+    assert_eq!(
+        event_types(&sink),
+        ["effect.scheduled", "effect.scheduled", "effect.canceled", "effect.fired"]
+    );
+}
+
+#[tokio::test]
+async fn a_terminated_threads_effect_is_dropped_and_never_fires() {
+    let fired = Fired::default();
+    let (exec, auth, sink) = unstarted(reminding(Agent::builder(card()), fired.clone()));
+    let doomed = exec.thread(&auth, ThreadId::new());
+    let timer = doomed
+        .schedule_effect("remind", json!({"tag": "doomed"}), Duration::ZERO)
+        .await
+        .unwrap();
+    doomed.terminate().await.unwrap();
+    exec.start_effects().unwrap();
+    let dropped = wait_for("the dropped marker", || async {
+        sink.events()
+            .into_iter()
+            .find(|e| e.event_type.as_str() == "effect.dropped")
+    })
+    .await;
+    assert_eq!(dropped.payload["timer_id"], json!(timer.id));
+    assert!(fired.lock().unwrap().is_empty(), "the handler never ran");
+    assert!(doomed.scheduled_effects().await.unwrap().is_empty(), "the timer is gone");
+    let err = doomed
+        .schedule_effect("remind", json!({}), Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AgentError::ThreadTerminated { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn an_unknown_effect_is_invalid_input() {
+    let (exec, auth, _sink) = started(reminding(Agent::builder(card()), Fired::default()));
+    let err = exec
+        .schedule_effect(&auth, &ThreadId::new(), "nope", json!({}), chrono::Utc::now())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AgentError::InvalidInput { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn an_effect_due_while_the_thread_is_busy_is_injected_before_the_next_model_call() {
+    let fired = Fired::default();
+    let runtime = super::runtime();
+    let store = runtime.thread_store();
+    // The tool schedules an effect due at once and holds the step until it is queued on the
+    // thread: the effect then fires inside the running flow.
+    let tool = FnTool::new("soon", "Schedule now", json!({"type": "object"}), move |_a, ctx| {
+        let store = store.clone();
+        async move {
+            ctx.thread
+                .schedule_effect("remind", json!({"tag": "busy"}), Duration::ZERO)
+                .await?;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let queued = store.peek_queue(&ctx.auth, ctx.thread.thread_id(), 16).await?;
+                if queued.iter().any(|i| i.payload["kind"] == "effect") {
+                    return Ok(json!("queued"));
+                }
+                if tokio::time::Instant::now() > deadline {
+                    return Ok(json!("never queued"));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    });
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("soon", json!({}))]),
+        MockResponse::Text("saw it".into()),
+    ]));
+    let agent = reminding(Agent::builder(card()).llm_shared(llm.clone()).tool(tool), fired.clone());
+    let auth = runtime.auth_service().auth_context();
+    let exec = AgentExecutor::new(agent, runtime);
+    exec.start_effects().unwrap();
+    let task = exec
+        .send_message(&auth, Message::user("go"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    assert_eq!(*fired.lock().unwrap(), ["busy"]);
+    let second_call = &llm.requests()[1];
+    let last = second_call.messages.last().unwrap();
+    assert_eq!((last.role, last.content.as_str()), (LlmRole::User, "reminder busy"));
+}
+
+#[tokio::test]
+async fn scheduling_a_nearer_effect_wakes_the_sleeping_scheduler() {
+    let fired = Fired::default();
+    let (exec, auth, _sink) = unstarted(reminding(Agent::builder(card()), fired.clone()));
+    let thread = ThreadId::new();
+    let state = exec.thread(&auth, thread.clone());
+    state
+        .schedule_effect("remind", json!({"tag": "far"}), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    // The scheduler would sleep an hour (until the far timer, and it never rechecks sooner):
+    // only the wake-up from scheduling the near one can make it fire.
+    exec.start_effects_with(keel_agent::EffectConfig {
+        recheck: Duration::from_secs(3600),
+        ..Default::default()
+    })
+    .unwrap();
+    tokio::task::yield_now().await;
+    state
+        .schedule_effect("remind", json!({"tag": "near"}), Duration::from_millis(20))
+        .await
+        .unwrap();
+    let task = completed_turn(&exec, &auth, &thread).await;
+    assert_eq!(task.status().message.as_ref().unwrap().text(), "You said: reminder near");
+    assert_eq!(*fired.lock().unwrap(), ["near"]);
+    assert_eq!(state.scheduled_effects().await.unwrap().len(), 1, "the far one still waits");
+}

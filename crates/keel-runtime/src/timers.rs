@@ -1,0 +1,245 @@
+//! Durable thread timers: the store behind scheduled effects (Standard Agents §2, "a scheduled
+//! effect alarm fires"). A timer belongs to one tenant's thread and survives restarts; any
+//! process sharing the store may fire it, and a claim makes sure only one does at a time.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use keel_core::{AgentError, AgentResult, ThreadId};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::AuthContext;
+
+/// One scheduled timer: fire effect `name` with `payload` on a thread at `due_at`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimerRecord {
+    /// The timer's id (a UUID v7 string, given by the store).
+    pub id: String,
+    /// The tenant that owns the thread; claims across tenants carry it to the firing.
+    pub auth: AuthContext,
+    /// The thread the effect runs on.
+    pub thread_id: ThreadId,
+    /// The effect's name (a handler the agent registered).
+    pub name: String,
+    /// What the handler gets.
+    pub payload: Value,
+    /// When it is due.
+    pub due_at: DateTime<Utc>,
+    /// When it was scheduled.
+    pub created_at: DateTime<Utc>,
+    /// How many times it has been claimed (0 until the first claim); more than one means a
+    /// claimer died before completing it and the timer is fired again.
+    #[serde(default)]
+    pub attempts: u32,
+}
+
+/// A timer claimed by [`ThreadTimers::claim_due_timers`]: nobody else can claim it until
+/// `claim_expires_at`, and only this claim can complete it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedTimer {
+    /// The timer (with `attempts` counting this claim).
+    pub timer: TimerRecord,
+    /// The claim's token, unique per claim.
+    pub claim: String,
+    /// When the claim lapses and the timer becomes claimable again.
+    pub claim_expires_at: DateTime<Utc>,
+}
+
+/// Durable timers of threads, across tenants.
+///
+/// Tenant-scoped calls (`schedule`, `cancel`, `list`) take an [`AuthContext`] like every store;
+/// claiming and completing are system-level: a scheduler claims due timers of every tenant,
+/// and each record carries its tenant. Firing is at least once: a claim that is not completed
+/// within its TTL (the claimer died) lets the timer be claimed again, so a timer is never lost,
+/// and while a claim lives no other claimer gets the timer, so two processes sharing one store
+/// do not fire it twice in the normal case.
+#[async_trait]
+pub trait ThreadTimers: Send + Sync {
+    /// Store a timer for `thread_id` due at `due_at` (a time in the past is due at once) and
+    /// return it with its new id.
+    async fn schedule_timer(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        name: &str,
+        payload: Value,
+        due_at: DateTime<Utc>,
+    ) -> AgentResult<TimerRecord>;
+
+    /// Remove the tenant's timer `id`, claimed or not; `false` when this tenant has no such
+    /// timer (unknown, already fired, or another tenant's).
+    async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool>;
+
+    /// The thread's pending timers (claimed ones included), soonest first.
+    async fn thread_timers(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+    ) -> AgentResult<Vec<TimerRecord>>;
+
+    /// Atomically claim up to `limit` timers of any tenant that are due at `now` and not
+    /// under a live claim, soonest first, each for `claim_ttl`. A `claim_ttl` outside
+    /// 1 ms ..= 24 h is [`AgentError::InvalidInput`] naming `ttl`.
+    async fn claim_due_timers(
+        &self,
+        now: DateTime<Utc>,
+        limit: usize,
+        claim_ttl: Duration,
+    ) -> AgentResult<Vec<ClaimedTimer>>;
+
+    /// Remove a timer that was fired under `claim`. `false` (and nothing changes) when the
+    /// claim is no longer the timer's (it lapsed and was claimed again) or the timer is gone.
+    async fn complete_timer(&self, claim: &ClaimedTimer) -> AgentResult<bool>;
+
+    /// The earliest time any timer becomes claimable (its due time, or the end of its live
+    /// claim), of any tenant; `None` when no timer is stored. Schedulers sleep until then.
+    async fn next_timer_at(&self) -> AgentResult<Option<DateTime<Utc>>>;
+}
+
+/// A fresh timer id: UUID v7, so ids sort by creation time (decision 5).
+pub fn new_timer_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// A claim TTL as a chrono duration, checked like a lease TTL.
+pub fn claim_expiry(now: DateTime<Utc>, claim_ttl: Duration) -> AgentResult<DateTime<Utc>> {
+    crate::check_lease_ttl(claim_ttl)?;
+    let ttl = chrono::Duration::from_std(claim_ttl).map_err(AgentError::internal)?;
+    Ok(now + ttl)
+}
+
+struct MemoryTimer {
+    namespace: String,
+    record: TimerRecord,
+    /// When it may be claimed: the due time, then the end of each claim.
+    ready_at: DateTime<Utc>,
+    claim: Option<String>,
+}
+
+/// [`ThreadTimers`] in process memory: nothing survives a restart.
+#[derive(Default)]
+pub struct InMemoryThreadTimers {
+    timers: Mutex<HashMap<String, MemoryTimer>>,
+}
+
+impl InMemoryThreadTimers {
+    /// No timers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, MemoryTimer>> {
+        self.timers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl ThreadTimers for InMemoryThreadTimers {
+    async fn schedule_timer(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        name: &str,
+        payload: Value,
+        due_at: DateTime<Utc>,
+    ) -> AgentResult<TimerRecord> {
+        let record = TimerRecord {
+            id: new_timer_id(),
+            auth: auth.clone(),
+            thread_id: thread_id.clone(),
+            name: name.to_owned(),
+            payload,
+            due_at,
+            created_at: Utc::now(),
+            attempts: 0,
+        };
+        self.lock().insert(
+            record.id.clone(),
+            MemoryTimer {
+                namespace: auth.namespace(),
+                record: record.clone(),
+                ready_at: due_at,
+                claim: None,
+            },
+        );
+        Ok(record)
+    }
+
+    async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool> {
+        let mut timers = self.lock();
+        match timers.get(id) {
+            Some(timer) if timer.namespace == auth.namespace() => {
+                timers.remove(id);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn thread_timers(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+    ) -> AgentResult<Vec<TimerRecord>> {
+        let namespace = auth.namespace();
+        let mut found: Vec<TimerRecord> = self
+            .lock()
+            .values()
+            .filter(|t| t.namespace == namespace && &t.record.thread_id == thread_id)
+            .map(|t| t.record.clone())
+            .collect();
+        found.sort_by(|a, b| (a.due_at, &a.id).cmp(&(b.due_at, &b.id)));
+        Ok(found)
+    }
+
+    async fn claim_due_timers(
+        &self,
+        now: DateTime<Utc>,
+        limit: usize,
+        claim_ttl: Duration,
+    ) -> AgentResult<Vec<ClaimedTimer>> {
+        let expires = claim_expiry(now, claim_ttl)?;
+        let mut timers = self.lock();
+        let mut due: Vec<(DateTime<Utc>, String)> = timers
+            .values()
+            .filter(|t| t.ready_at <= now)
+            .map(|t| (t.ready_at, t.record.id.clone()))
+            .collect();
+        due.sort();
+        let mut claimed = Vec::new();
+        for (_, id) in due.into_iter().take(limit) {
+            let Some(timer) = timers.get_mut(&id) else {
+                continue;
+            };
+            let claim = uuid::Uuid::new_v4().simple().to_string();
+            timer.ready_at = expires;
+            timer.claim = Some(claim.clone());
+            timer.record.attempts += 1;
+            claimed.push(ClaimedTimer {
+                timer: timer.record.clone(),
+                claim,
+                claim_expires_at: expires,
+            });
+        }
+        Ok(claimed)
+    }
+
+    async fn complete_timer(&self, claim: &ClaimedTimer) -> AgentResult<bool> {
+        let mut timers = self.lock();
+        match timers.get(&claim.timer.id) {
+            Some(timer) if timer.claim.as_deref() == Some(claim.claim.as_str()) => {
+                timers.remove(&claim.timer.id);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn next_timer_at(&self) -> AgentResult<Option<DateTime<Utc>>> {
+        Ok(self.lock().values().map(|t| t.ready_at).min())
+    }
+}

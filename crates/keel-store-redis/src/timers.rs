@@ -1,0 +1,217 @@
+//! [`ThreadTimers`] over Redis, and the list of tenants for recovery: system-level keys under
+//! `<prefix>{keel-system}:` (one hash tag, so every timer script touches one slot). Due
+//! timers sit in one sorted set scored by when each becomes claimable (its due time, then
+//! its claim's expiry); a Lua script claims atomically, so processes sharing the server never
+//! get the same timer while a claim lives.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use keel_core::{AgentError, AgentResult, ThreadId};
+use keel_runtime::{
+    new_timer_id, timer_claim_expiry, AuthContext, ClaimedTimer, ThreadTimers, TimerRecord,
+};
+use serde_json::Value;
+
+use crate::encoding::{decode, encode, micros};
+use crate::keys::system;
+use crate::scripts;
+use crate::RedisStore;
+
+impl RedisStore {
+    /// `<prefix>{keel-system}:`, the base of every system-level key.
+    pub(crate) fn system_base(&self) -> String {
+        format!("{}{}", self.prefix, system::BASE)
+    }
+
+    fn timer_key(&self, id: &str) -> String {
+        format!("{}{}{id}", self.system_base(), system::TIMER)
+    }
+
+    fn thread_timers_key(&self, auth: &AuthContext, thread_id: &ThreadId) -> String {
+        // The namespace is length-prefixed, so namespace + thread never collide.
+        format!(
+            "{}{}{}:{}",
+            self.system_base(),
+            system::TIMERS_OF,
+            auth.namespace(),
+            thread_id.as_str()
+        )
+    }
+
+    fn due_key(&self) -> String {
+        format!("{}{}", self.system_base(), system::TIMERS_DUE)
+    }
+
+    /// Record that `auth` has tasks, once per tenant and process: the set only grows, so a
+    /// repeated `SADD` would be wasted round trips on the hot path of saving a task.
+    pub(crate) async fn note_tenant(&self, auth: &AuthContext) -> AgentResult<()> {
+        let namespace = auth.namespace();
+        if self
+            .known_tenants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&namespace)
+        {
+            return Ok(());
+        }
+        redis::cmd("SADD")
+            .arg(format!("{}{}", self.system_base(), system::TENANTS))
+            .arg(&namespace)
+            .query_async::<()>(&mut self.con())
+            .await
+            .map_err(|e| self.fail("SADD tenants", &e))?;
+        self.known_tenants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(namespace);
+        Ok(())
+    }
+
+    /// Every tenant that saved a task through any process sharing this server and prefix.
+    pub(crate) async fn list_tenants(&self) -> AgentResult<Vec<AuthContext>> {
+        let key = format!("{}{}", self.system_base(), system::TENANTS);
+        let namespaces: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(&key)
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("SMEMBERS tenants", &e))?;
+        namespaces
+            .iter()
+            .map(|ns| {
+                AuthContext::from_namespace(ns).ok_or_else(|| {
+                    AgentError::storage(format!("Redis key `{key}` holds `{ns}`, not a tenant"))
+                })
+            })
+            .collect()
+    }
+
+    fn timer_of(&self, id: &str, body: &str, attempts: i64) -> AgentResult<TimerRecord> {
+        let mut timer: TimerRecord = decode(&self.timer_key(id), body)?;
+        timer.attempts = u32::try_from(attempts).unwrap_or(u32::MAX);
+        Ok(timer)
+    }
+
+    async fn remove_timer(&self, id: &str, owner: &str, claim: &str) -> AgentResult<bool> {
+        let removed: i64 = scripts::REMOVE_TIMER
+            .key(self.due_key())
+            .key(self.timer_key(id))
+            .arg(id)
+            .arg(owner)
+            .arg(claim)
+            .arg(self.system_base())
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("remove timer", &e))?;
+        Ok(removed == 1)
+    }
+}
+
+#[async_trait]
+impl ThreadTimers for RedisStore {
+    async fn schedule_timer(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        name: &str,
+        payload: Value,
+        due_at: DateTime<Utc>,
+    ) -> AgentResult<TimerRecord> {
+        let timer = TimerRecord {
+            id: new_timer_id(),
+            auth: auth.clone(),
+            thread_id: thread_id.clone(),
+            name: name.to_owned(),
+            payload,
+            due_at,
+            created_at: Utc::now(),
+            attempts: 0,
+        };
+        scripts::SCHEDULE_TIMER
+            .key(self.due_key())
+            .key(self.timer_key(&timer.id))
+            .key(self.thread_timers_key(auth, thread_id))
+            .arg(&timer.id)
+            .arg(micros(due_at))
+            .arg(auth.namespace())
+            .arg(thread_id.as_str())
+            .arg(encode(&timer)?)
+            .invoke_async::<i64>(&mut self.con())
+            .await
+            .map_err(|e| self.fail("schedule timer", &e))?;
+        Ok(timer)
+    }
+
+    async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool> {
+        self.remove_timer(id, &auth.namespace(), "").await
+    }
+
+    async fn thread_timers(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+    ) -> AgentResult<Vec<TimerRecord>> {
+        let rows: Vec<(String, String, i64)> = scripts::THREAD_TIMERS
+            .key(self.thread_timers_key(auth, thread_id))
+            .arg(self.system_base())
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("list timers", &e))?;
+        rows.iter()
+            .map(|(id, body, attempts)| self.timer_of(id, body, *attempts))
+            .collect()
+    }
+
+    async fn claim_due_timers(
+        &self,
+        now: DateTime<Utc>,
+        limit: usize,
+        claim_ttl: Duration,
+    ) -> AgentResult<Vec<ClaimedTimer>> {
+        let expires = timer_claim_expiry(now, claim_ttl)?;
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let prefix = uuid::Uuid::new_v4().simple().to_string();
+        let rows: Vec<(String, String, i64, String)> = scripts::CLAIM_TIMERS
+            .key(self.due_key())
+            .arg(micros(now))
+            .arg(limit)
+            .arg(micros(expires))
+            .arg(self.system_base())
+            .arg(&prefix)
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("claim timers", &e))?;
+        rows.into_iter()
+            .map(|(id, body, attempts, claim)| {
+                Ok(ClaimedTimer {
+                    timer: self.timer_of(&id, &body, attempts)?,
+                    claim,
+                    claim_expires_at: expires,
+                })
+            })
+            .collect()
+    }
+
+    async fn complete_timer(&self, claim: &ClaimedTimer) -> AgentResult<bool> {
+        self.remove_timer(&claim.timer.id, "", &claim.claim).await
+    }
+
+    async fn next_timer_at(&self) -> AgentResult<Option<DateTime<Utc>>> {
+        let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(self.due_key())
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("ZRANGE timers", &e))?;
+        Ok(first.first().and_then(|(_, score)| {
+            // Scores are whole microseconds (exact in an f64 until 2255).
+            #[allow(clippy::cast_possible_truncation)] // see above
+            DateTime::from_timestamp_micros(*score as i64)
+        }))
+    }
+}

@@ -1,0 +1,168 @@
+//! [`ThreadTimers`] over SQLite: the `thread_timers` table. Claims run in the writer's
+//! transaction (and under SQLite's write lock across processes), so two claimers never get
+//! the same timer while its claim lives.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use keel_core::{AgentResult, ThreadId};
+use keel_runtime::{
+    new_timer_id, timer_claim_expiry, AuthContext, ClaimedTimer, ThreadTimers, TimerRecord,
+};
+use rusqlite::{params, OptionalExtension};
+use serde_json::Value;
+
+use crate::codec::{decode_record, encode_record, from_nanos, to_nanos, usize_to_sql, SqlContext};
+use crate::SqliteStore;
+
+/// A stored timer with its claim count from the column (the body keeps the scheduled form).
+fn timer_of(body: &str, attempts: i64, id: &str) -> AgentResult<TimerRecord> {
+    let mut timer: TimerRecord = decode_record(body, &format!("timer {id}"))?;
+    timer.attempts = u32::try_from(attempts).unwrap_or(u32::MAX);
+    Ok(timer)
+}
+
+#[async_trait]
+impl ThreadTimers for SqliteStore {
+    async fn schedule_timer(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        name: &str,
+        payload: Value,
+        due_at: DateTime<Utc>,
+    ) -> AgentResult<TimerRecord> {
+        let timer = TimerRecord {
+            id: new_timer_id(),
+            auth: auth.clone(),
+            thread_id: thread_id.clone(),
+            name: name.to_owned(),
+            payload,
+            due_at,
+            created_at: Utc::now(),
+            attempts: 0,
+        };
+        let body = encode_record(&timer)?;
+        let (id, tenant, thread) = (
+            timer.id.clone(),
+            auth.namespace(),
+            thread_id.as_str().to_owned(),
+        );
+        let due = to_nanos(due_at);
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO thread_timers (id, tenant, thread_id, due_at, ready_at, body) \
+                 VALUES (?1, ?2, ?3, ?4, ?4, ?5)",
+            )
+            .and_then(|mut stmt| stmt.execute(params![id, tenant, thread, due, body]))
+            .context("scheduling a timer")?;
+            Ok(())
+        })
+        .await?;
+        Ok(timer)
+    }
+
+    async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool> {
+        let (tenant, id) = (auth.namespace(), id.to_owned());
+        self.write(move |conn| {
+            let removed = conn
+                .prepare_cached("DELETE FROM thread_timers WHERE id = ?1 AND tenant = ?2")
+                .and_then(|mut stmt| stmt.execute(params![id, tenant]))
+                .context("canceling a timer")?;
+            Ok(removed > 0)
+        })
+        .await
+    }
+
+    async fn thread_timers(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+    ) -> AgentResult<Vec<TimerRecord>> {
+        let (tenant, thread) = (auth.namespace(), thread_id.as_str().to_owned());
+        self.read(move |conn| {
+            let rows: Vec<(String, String, i64)> = conn
+                .prepare_cached(
+                    "SELECT id, body, attempts FROM thread_timers \
+                     WHERE tenant = ?1 AND thread_id = ?2 ORDER BY due_at, id",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map(params![tenant, thread], |row| {
+                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                    })?
+                    .collect()
+                })
+                .context("listing a thread's timers")?;
+            rows.iter()
+                .map(|(id, body, attempts)| timer_of(body, *attempts, id))
+                .collect()
+        })
+        .await
+    }
+
+    async fn claim_due_timers(
+        &self,
+        now: DateTime<Utc>,
+        limit: usize,
+        claim_ttl: Duration,
+    ) -> AgentResult<Vec<ClaimedTimer>> {
+        let expires = timer_claim_expiry(now, claim_ttl)?;
+        let (now_n, expires_n, limit) = (to_nanos(now), to_nanos(expires), usize_to_sql(limit));
+        self.write(move |conn| {
+            let rows: Vec<(String, String, i64)> = conn
+                .prepare_cached(
+                    "SELECT id, body, attempts FROM thread_timers WHERE ready_at <= ?1 \
+                     ORDER BY ready_at, id LIMIT ?2",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map(params![now_n, limit], |row| {
+                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                    })?
+                    .collect()
+                })
+                .context("finding due timers")?;
+            let mut claimed = Vec::with_capacity(rows.len());
+            for (id, body, attempts) in rows {
+                let claim = uuid::Uuid::new_v4().simple().to_string();
+                conn.prepare_cached(
+                    "UPDATE thread_timers SET ready_at = ?2, claim = ?3, attempts = attempts + 1 \
+                     WHERE id = ?1",
+                )
+                .and_then(|mut stmt| stmt.execute(params![id, expires_n, claim]))
+                .context("claiming a timer")?;
+                claimed.push(ClaimedTimer {
+                    timer: timer_of(&body, attempts + 1, &id)?,
+                    claim,
+                    claim_expires_at: expires,
+                });
+            }
+            Ok(claimed)
+        })
+        .await
+    }
+
+    async fn complete_timer(&self, claim: &ClaimedTimer) -> AgentResult<bool> {
+        let (id, token) = (claim.timer.id.clone(), claim.claim.clone());
+        self.write(move |conn| {
+            let removed = conn
+                .prepare_cached("DELETE FROM thread_timers WHERE id = ?1 AND claim = ?2")
+                .and_then(|mut stmt| stmt.execute(params![id, token]))
+                .context("completing a timer")?;
+            Ok(removed > 0)
+        })
+        .await
+    }
+
+    async fn next_timer_at(&self) -> AgentResult<Option<DateTime<Utc>>> {
+        self.read(|conn| {
+            let next: Option<i64> = conn
+                .prepare_cached("SELECT MIN(ready_at) FROM thread_timers")
+                .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)).optional())
+                .context("reading the next timer")?
+                .flatten();
+            Ok(next.map(from_nanos))
+        })
+        .await
+    }
+}
