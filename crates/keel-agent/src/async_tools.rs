@@ -1,20 +1,26 @@
 //! Asynchronous tools (seed 004, RAP): tools that acknowledge a call at once and deliver the
 //! result later through a callback, while the runtime holds no process open for them.
 //!
-//! When the model calls an asynchronous tool, the engine persists a pending record in the
-//! thread's key-value store (`keel:pending:<call_id>`: task, a hash of a per-call secret, a
-//! deadline), dispatches the invocation, and ends the run without holding the thread: the task
-//! stays `working` with `stop_reason = awaiting_tool`. A callback goes through
+//! When the model calls an asynchronous tool, the engine gives the call a fresh id, persists
+//! it in the runtime's [`AsyncCallStore`](keel_runtime::AsyncCallStore) (tenant, thread, task,
+//! a hash of a per-call secret, a deadline) and links the model's tool call to it in the
+//! thread's key-value store (`keel:pending:<tool call id>`), dispatches the invocation, and
+//! ends the run without holding the thread: the task stays `working` with
+//! `stop_reason = awaiting_tool`. A callback goes through
 //! [`AgentExecutor::deliver_tool_result`](crate::AgentExecutor::deliver_tool_result), which
-//! checks the secret, records the result and queues the task on its thread; the thread's
-//! worker appends the tool result and the step goes on (decision 7: the later calls of that
-//! step run after it). A pending call past its deadline ends as a tool error the model sees.
+//! finds the call by id alone (the secret is the credential, so any tenant's call can be
+//! answered and no caller can name a tenant), checks the secret, moves the call from pending
+//! to delivered with one compare-and-set in the store (so of concurrent duplicates exactly one
+//! is accepted) and queues the task on its thread; the thread's worker appends the tool result
+//! and the step goes on (decision 7: the later calls of that step run after it). A pending
+//! call past its deadline ends as a tool error the model sees.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult, TaskId, ThreadId};
+use keel_runtime::AuthContext;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -30,7 +36,8 @@ pub const CALLBACK_SECRET_HEADER: &str = "x-keel-callback-secret";
 pub struct AsyncInvocation {
     /// The tool's name.
     pub tool: String,
-    /// The call's id; the callback names it.
+    /// The call's id, unique across threads and tenants; the callback URL names it. (The
+    /// model's own id of the tool call stays inside the runtime.)
     pub call_id: String,
     /// The model's arguments, already checked against the tool's schema.
     pub arguments: Value,
@@ -163,7 +170,7 @@ impl AsyncDispatch for AsyncHttpTool {
 /// Why a callback was refused. Each refusal changes nothing.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CallbackError {
-    /// No pending call has this id (never existed, or another tenant's).
+    /// No asynchronous call has this id.
     #[error("no asynchronous tool call `{call_id}` is pending")]
     UnknownCall {
         /// The call id.
@@ -192,39 +199,45 @@ pub enum CallbackError {
     Agent(#[from] AgentError),
 }
 
-/// The state of a pending call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum PendingState {
-    Pending,
-    Delivered,
-    Expired,
+/// What an accepted callback reached: the call's tenant (found from the call, never from the
+/// caller), its thread and its task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AcceptedCallback {
+    /// The tenant that owns the call.
+    pub auth: AuthContext,
+    /// The call's thread.
+    pub thread_id: ThreadId,
+    /// The task that waits for the result; it is queued on its thread.
+    pub task_id: TaskId,
 }
 
-/// A pending call as persisted in the thread's key-value store.
+/// The engine's record of an asynchronous call, kept in the runtime's
+/// [`AsyncCallStore`](keel_runtime::AsyncCallStore) under the call's id (its state is the
+/// store's).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct PendingCall {
     pub(crate) task_id: TaskId,
-    pub(crate) thread_id: ThreadId,
-    pub(crate) call_id: String,
+    /// The model's id of the tool call, which the result answers in the history.
+    pub(crate) tool_call_id: String,
     pub(crate) tool: String,
     pub(crate) secret_sha256: String,
     pub(crate) deadline: DateTime<Utc>,
-    pub(crate) state: PendingState,
     #[serde(default)]
     pub(crate) output: Option<Value>,
     #[serde(default)]
     pub(crate) is_error: bool,
 }
 
-/// Thread key of a pending call.
-pub(crate) fn pending_key(call_id: &str) -> String {
-    format!("keel:pending:{call_id}")
+/// Thread key linking a model's tool call to its asynchronous call's id. Model call ids are
+/// only unique within a conversation (some models number them), so the callback names a
+/// fresh id of Keel's instead.
+pub(crate) fn link_key(tool_call_id: &str) -> String {
+    format!("keel:pending:{tool_call_id}")
 }
 
-/// Tenant key (memory service) that finds a pending call's thread from its id.
-pub(crate) fn index_key(call_id: &str) -> String {
-    format!("keel:pending_call:{call_id}")
+/// A fresh id for an asynchronous call, unique across tenants and threads.
+pub(crate) fn new_call_id() -> String {
+    format!("acall-{}", keel_core::RunId::new().as_str())
 }
 
 /// A fresh per-call secret (two UUIDs' worth of randomness).

@@ -474,87 +474,95 @@ impl AgentExecutor {
         Ok(task)
     }
 
-    /// Asynchronous tools: deliver a callback's result for the pending call `call_id`. The
-    /// secret must be the one sent with the invocation. An unknown call, a wrong secret, a
-    /// late result (past the deadline, or the task already ended) and a second delivery are
-    /// refused with a [`CallbackError`](crate::CallbackError) and change nothing. A good one is
-    /// recorded and its task queued on its thread, where it resumes in order; returns the task
-    /// id.
+    /// Asynchronous tools: deliver a callback's result for the call `call_id`, in whichever
+    /// tenant dispatched it: the call is found by its id alone and the secret, the one sent
+    /// with the invocation, is the credential. An unknown call, a wrong secret, a late result
+    /// (past the deadline, or the task already ended) and a second delivery are refused with a
+    /// [`CallbackError`](crate::CallbackError) and change nothing; of concurrent deliveries
+    /// exactly one is accepted (a compare-and-set in the store). An accepted one is recorded
+    /// and its task queued on its thread, where it resumes in order.
     pub async fn deliver_tool_result(
         &self,
-        auth: &AuthContext,
         call_id: &str,
         secret: &str,
         output: Value,
         is_error: bool,
-    ) -> Result<TaskId, crate::CallbackError> {
-        use crate::async_tools::{self as at, PendingCall, PendingState};
+    ) -> Result<crate::AcceptedCallback, crate::CallbackError> {
+        use crate::async_tools::{self as at, PendingCall};
         use crate::CallbackError;
+        use keel_runtime::AsyncCallState;
         let inner = &self.inner;
-        let unknown = || CallbackError::UnknownCall {
-            call_id: call_id.to_owned(),
+        let calls = inner.runtime.async_call_store();
+        let Some(call) = calls.find_async_call(call_id).await? else {
+            return Err(CallbackError::UnknownCall {
+                call_id: call_id.to_owned(),
+            });
         };
-        let thread_id = inner
-            .runtime
-            .memory_service()
-            .load_serialized(auth, &at::index_key(call_id))
-            .await?
-            .and_then(|v| v.as_str().map(ThreadId::from))
-            .ok_or_else(unknown)?;
-        let store = inner.runtime.thread_store();
-        let key = at::pending_key(call_id);
-        let mut record: PendingCall = store
-            .kv_get(auth, &thread_id, &key)
-            .await?
-            .and_then(|v| serde_json::from_value(v).ok())
-            .ok_or_else(unknown)?;
+        let mut record: PendingCall = serde_json::from_value(call.record.clone()).map_err(|e| {
+            AgentError::storage(format!("asynchronous call `{call_id}` is malformed: {e}"))
+        })?;
+        // The secret first: without it a caller learns nothing about the call's state.
         if !at::same(&at::hash_secret(secret), &record.secret_sha256) {
             return Err(CallbackError::Forbidden {
                 call_id: call_id.to_owned(),
             });
         }
-        let late = CallbackError::Late {
+        let late = || CallbackError::Late {
             call_id: call_id.to_owned(),
         };
-        match record.state {
-            PendingState::Delivered => {
-                return Err(CallbackError::Duplicate {
-                    call_id: call_id.to_owned(),
-                })
-            }
-            PendingState::Expired => return Err(late),
-            PendingState::Pending if Utc::now() >= record.deadline => return Err(late),
-            PendingState::Pending => {}
+        let refusal = |state: AsyncCallState| match state {
+            AsyncCallState::Delivered => CallbackError::Duplicate {
+                call_id: call_id.to_owned(),
+            },
+            _ => late(),
+        };
+        if call.state != AsyncCallState::Pending {
+            return Err(refusal(call.state));
+        }
+        if Utc::now() >= record.deadline {
+            return Err(late());
         }
         let task = inner
             .runtime
             .task_manager()
-            .get_task(auth, &record.task_id)
+            .get_task(&call.auth, &record.task_id)
             .await?;
         if task.is_none_or(|t| t.state().is_terminal()) {
-            return Err(late);
+            return Err(late());
         }
-        record.state = PendingState::Delivered;
         record.output = Some(output);
         record.is_error = is_error;
-        store
-            .kv_set(
-                auth,
-                &thread_id,
-                &key,
+        let moved = calls
+            .transition_async_call(
+                &call.auth,
+                call_id,
+                AsyncCallState::Pending,
+                AsyncCallState::Delivered,
                 serde_json::to_value(&record).map_err(AgentError::internal)?,
             )
             .await?;
+        if !moved {
+            // Another delivery (or the timeout) got there first; say which.
+            let now = calls
+                .find_async_call(call_id)
+                .await?
+                .map_or(AsyncCallState::Expired, |c| c.state);
+            return Err(refusal(now));
+        }
         inner
             .enqueue(
-                auth,
-                &thread_id,
+                &call.auth,
+                &call.thread_id,
                 QueuedWork::Task {
                     task_id: record.task_id.clone(),
                 },
             )
             .await?;
-        Ok(record.task_id)
+        Ok(crate::AcceptedCallback {
+            auth: call.auth,
+            thread_id: call.thread_id,
+            task_id: record.task_id,
+        })
     }
 
     // Subagents: a parent's subagent tools wait for a child's task through this.
@@ -1419,7 +1427,7 @@ impl Inner {
                 p.action.metadata.get("call_id").and_then(Value::as_str) == Some(call.id.as_str())
             });
             // Asynchronous tools: a call still waiting, answered by callback, or timed out.
-            let asynchronous = self.async_result(scope.flow, &call).await?;
+            let asynchronous = self.async_result(scope, &call).await?;
             let result = match (awaited, &decision) {
                 _ if asynchronous.is_some() => asynchronous.unwrap_or(ToolRun::Pending {
                     call_id: call.id.clone(),
@@ -1501,15 +1509,17 @@ impl Inner {
 
     // ---- Asynchronous tools (seed 004): dispatch, callback results, timeouts. ----
 
-    /// Dispatch an asynchronous call: persist the pending record (before the tool can call
-    /// back), send the invocation, and arm a local timer for the deadline.
+    /// Dispatch an asynchronous call: persist the pending call and its link from the model's
+    /// tool call (before the tool can call back), send the invocation, and arm a local timer
+    /// for the deadline.
     async fn dispatch_async(
         &self,
         scope: &Scope<'_>,
         call: &ToolCall,
         dispatch: &dyn crate::AsyncDispatch,
     ) -> ToolRun {
-        use crate::async_tools::{self as at, PendingCall, PendingState};
+        use crate::async_tools::{self as at, PendingCall};
+        use keel_runtime::{AsyncCall, AsyncCallState};
         let failed = |message: String| ToolRun::Done {
             output: json!(message),
             is_error: true,
@@ -1522,36 +1532,36 @@ impl Inner {
         };
         let (auth, ctx) = (&scope.flow.auth, scope.ctx);
         let secret = at::new_secret();
+        let call_id = at::new_call_id();
         let timeout = dispatch.timeout().unwrap_or(self.config.async_tool_timeout);
         let deadline =
             Utc::now() + chrono::Duration::from_std(timeout).unwrap_or(chrono::Duration::MAX);
         let record = PendingCall {
             task_id: ctx.task_id.clone(),
-            thread_id: ctx.thread_id.clone(),
-            call_id: call.id.clone(),
+            tool_call_id: call.id.clone(),
             tool: call.name.clone(),
             secret_sha256: at::hash_secret(&secret),
             deadline,
-            state: PendingState::Pending,
             output: None,
             is_error: false,
         };
+        let calls = self.runtime.async_call_store();
         let store = self.runtime.thread_store();
         let persisted = async {
+            let pending = AsyncCall {
+                call_id: call_id.clone(),
+                auth: auth.clone(),
+                thread_id: ctx.thread_id.clone(),
+                state: AsyncCallState::Pending,
+                record: serde_json::to_value(&record).map_err(AgentError::internal)?,
+            };
+            calls.put_async_call(&pending).await?;
             store
                 .kv_set(
                     auth,
                     &ctx.thread_id,
-                    &at::pending_key(&call.id),
-                    serde_json::to_value(&record).map_err(AgentError::internal)?,
-                )
-                .await?;
-            self.runtime
-                .memory_service()
-                .save_serialized(
-                    auth,
-                    &at::index_key(&call.id),
-                    json!(ctx.thread_id.as_str()),
+                    &at::link_key(&call.id),
+                    json!({ "call_id": call_id }),
                 )
                 .await
         }
@@ -1561,9 +1571,9 @@ impl Inner {
         }
         let invocation = crate::AsyncInvocation {
             tool: call.name.clone(),
-            call_id: call.id.clone(),
+            call_id: call_id.clone(),
             arguments: call.arguments.clone(),
-            callback_url: format!("{}/callbacks/{}", base.trim_end_matches('/'), call.id),
+            callback_url: format!("{}/callbacks/{}", base.trim_end_matches('/'), call_id),
             callback_secret: secret,
             group_id: ctx.thread_id.as_str().to_owned(),
             user_id: Some(auth.user_name.clone()),
@@ -1575,17 +1585,28 @@ impl Inner {
                     EventType::new("tool.async.dispatched"),
                     format!("asynchronous tool `{}` dispatched", call.name),
                 )
-                .payload(json!({"call_id": call.id, "tool": call.name, "deadline": deadline})),
+                .payload(json!({
+                    "call_id": call_id,
+                    "tool_call_id": call.id,
+                    "tool": call.name,
+                    "deadline": deadline,
+                })),
             )
             .await;
         if let Err(err) = dispatch.dispatch(&invocation).await {
-            let _ = store
-                .kv_set(
+            // Not acknowledged: the call is over (a callback for it is late) and the model
+            // sees the failure now.
+            let _ = calls
+                .transition_async_call(
                     auth,
-                    &ctx.thread_id,
-                    &at::pending_key(&call.id),
-                    Value::Null,
+                    &call_id,
+                    AsyncCallState::Pending,
+                    AsyncCallState::Expired,
+                    serde_json::to_value(&record).unwrap_or(Value::Null),
                 )
+                .await;
+            let _ = store
+                .kv_set(auth, &ctx.thread_id, &at::link_key(&call.id), Value::Null)
                 .await;
             return failed(err.to_string());
         }
@@ -1596,7 +1617,7 @@ impl Inner {
                     EventType::new("tool.async.acknowledged"),
                     format!("asynchronous tool `{}` acknowledged", call.name),
                 )
-                .payload(json!({"call_id": call.id})),
+                .payload(json!({"call_id": call_id, "tool_call_id": call.id, "tool": call.name})),
             )
             .await;
         // Best effort in this process: at the deadline the task runs again and the call ends
@@ -1615,41 +1636,106 @@ impl Inner {
                     .await;
             });
         }
-        ToolRun::Pending {
-            call_id: call.id.clone(),
-        }
+        ToolRun::Pending { call_id }
     }
 
     /// The state of an asynchronous call on resume: `None` when it is not one; `Pending`
-    /// while it waits; its result when delivered; a timeout error past its deadline.
-    async fn async_result(&self, flow: &Flow, call: &ToolCall) -> AgentResult<Option<ToolRun>> {
-        use crate::async_tools::{self as at, PendingCall, PendingState};
-        let store = self.runtime.thread_store();
-        let key = at::pending_key(&call.id);
-        let Some(value) = store.kv_get(&flow.auth, &flow.thread_id, &key).await? else {
+    /// while it waits; its result when delivered (event `tool.async.result`); a timeout error
+    /// past its deadline (event `tool.async.timed_out`).
+    async fn async_result(
+        &self,
+        scope: &Scope<'_>,
+        call: &ToolCall,
+    ) -> AgentResult<Option<ToolRun>> {
+        use crate::async_tools::{self as at, PendingCall};
+        use keel_runtime::AsyncCallState;
+        let flow = scope.flow;
+        let link = self
+            .runtime
+            .thread_store()
+            .kv_get(&flow.auth, &flow.thread_id, &at::link_key(&call.id))
+            .await?;
+        let Some(call_id) = link
+            .as_ref()
+            .and_then(|v| v.get("call_id"))
+            .and_then(Value::as_str)
+        else {
             return Ok(None);
         };
-        let Ok(mut record) = serde_json::from_value::<PendingCall>(value) else {
+        let calls = self.runtime.async_call_store();
+        let Some(mut pending) = calls.find_async_call(call_id).await? else {
             return Ok(None);
         };
-        let run = match record.state {
-            PendingState::Delivered => ToolRun::Done {
-                output: record.output.clone().unwrap_or(Value::Null),
-                is_error: record.is_error,
+        let record: PendingCall = serde_json::from_value(pending.record.clone()).map_err(|e| {
+            AgentError::storage(format!("asynchronous call `{call_id}` is malformed: {e}"))
+        })?;
+        if pending.state == AsyncCallState::Pending && Utc::now() >= record.deadline {
+            // Expire with the same compare-and-set a delivery uses: if a result won the race,
+            // it is the one the model sees.
+            let expired = calls
+                .transition_async_call(
+                    &flow.auth,
+                    call_id,
+                    AsyncCallState::Pending,
+                    AsyncCallState::Expired,
+                    pending.record.clone(),
+                )
+                .await?;
+            if !expired {
+                pending = calls.find_async_call(call_id).await?.ok_or_else(|| {
+                    AgentError::storage(format!("asynchronous call `{call_id}` vanished"))
+                })?;
+            } else {
+                pending.state = AsyncCallState::Expired;
+            }
+        }
+        let run = match pending.state {
+            AsyncCallState::Pending => ToolRun::Pending {
+                call_id: call_id.to_owned(),
             },
-            PendingState::Pending if Utc::now() < record.deadline => ToolRun::Pending {
-                call_id: call.id.clone(),
-            },
-            PendingState::Pending | PendingState::Expired => {
-                record.state = PendingState::Expired;
-                store
-                    .kv_set(
-                        &flow.auth,
-                        &flow.thread_id,
-                        &key,
-                        serde_json::to_value(&record).map_err(AgentError::internal)?,
+            AsyncCallState::Delivered => {
+                let delivered: PendingCall = serde_json::from_value(pending.record.clone())
+                    .map_err(|e| {
+                        AgentError::storage(format!(
+                            "asynchronous call `{call_id}` is malformed: {e}"
+                        ))
+                    })?;
+                scope
+                    .obs
+                    .emit(
+                        RunEvent::builder(
+                            EventType::new("tool.async.result"),
+                            format!("asynchronous tool `{}` called back", call.name),
+                        )
+                        .payload(json!({
+                            "call_id": call_id,
+                            "tool_call_id": call.id,
+                            "tool": call.name,
+                            "is_error": delivered.is_error,
+                        })),
                     )
-                    .await?;
+                    .await;
+                ToolRun::Done {
+                    output: delivered.output.unwrap_or(Value::Null),
+                    is_error: delivered.is_error,
+                }
+            }
+            AsyncCallState::Expired => {
+                scope
+                    .obs
+                    .emit(
+                        RunEvent::builder(
+                            EventType::new("tool.async.timed_out"),
+                            format!("asynchronous tool `{}` timed out", call.name),
+                        )
+                        .payload(json!({
+                            "call_id": call_id,
+                            "tool_call_id": call.id,
+                            "tool": call.name,
+                            "deadline": record.deadline,
+                        })),
+                    )
+                    .await;
                 ToolRun::Done {
                     output: json!(format!(
                         "asynchronous tool `{}` timed out: no result arrived by {}",

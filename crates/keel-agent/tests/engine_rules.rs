@@ -43,6 +43,7 @@ mod sqlite {
                 .with_task_manager(store.clone())
                 .with_memory_service(store.clone())
                 .with_thread_store(store.clone())
+                .with_async_call_store(store.clone())
                 .with_run_store(store),
         )
     }

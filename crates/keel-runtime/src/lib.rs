@@ -21,6 +21,7 @@
 //! # }
 //! ```
 
+mod async_calls;
 mod auth;
 mod lease;
 mod logging;
@@ -35,6 +36,7 @@ mod thread_memory;
 
 use std::sync::Arc;
 
+pub use async_calls::{AsyncCall, AsyncCallState, AsyncCallStore, InMemoryAsyncCallStore};
 pub use auth::{ApiKeyAuthService, AuthContext, AuthService, Credentials, StaticAuthService};
 use keel_llm::Llm;
 pub use lease::{Lease, ThreadLeases};
@@ -74,6 +76,8 @@ pub trait Runtime: Send + Sync {
     fn step_store(&self) -> Option<Arc<dyn StepStore>> {
         None
     }
+    /// Pending asynchronous tool calls, found by id alone when their callback arrives.
+    fn async_call_store(&self) -> Arc<dyn AsyncCallStore>;
 }
 
 /// A [`Runtime`] whose services all live in process memory. Nothing survives a restart.
@@ -87,6 +91,7 @@ pub struct InMemoryRuntime {
     threads: Arc<dyn ThreadStore>,
     runs: Arc<dyn RunStore>,
     steps: Option<Arc<dyn StepStore>>,
+    async_calls: Arc<dyn AsyncCallStore>,
 }
 
 impl InMemoryRuntime {
@@ -101,6 +106,7 @@ impl InMemoryRuntime {
             threads: Arc::new(InMemoryThreadStore::new()),
             runs: Arc::new(InMemoryRunStore::new()),
             steps: None,
+            async_calls: Arc::new(InMemoryAsyncCallStore::new()),
         }
     }
 
@@ -147,6 +153,13 @@ impl InMemoryRuntime {
         self
     }
 
+    /// Replace the store of pending asynchronous tool calls.
+    #[must_use]
+    pub fn with_async_call_store(mut self, calls: Arc<dyn AsyncCallStore>) -> Self {
+        self.async_calls = calls;
+        self
+    }
+
     /// Replace the memory service.
     #[must_use]
     pub fn with_memory_service(mut self, memory: Arc<dyn MemoryService>) -> Self {
@@ -179,5 +192,8 @@ impl Runtime for InMemoryRuntime {
     }
     fn step_store(&self) -> Option<Arc<dyn StepStore>> {
         self.steps.clone()
+    }
+    fn async_call_store(&self) -> Arc<dyn AsyncCallStore> {
+        self.async_calls.clone()
     }
 }

@@ -82,6 +82,11 @@
 //! | `run-reports-by-time` | sorted set | run ids, score = `recorded_at` (µs) |
 //! | `run-reports-by-{task,thread,trace,agent}:<id>` | sorted set | the same, one index value |
 //!
+//! One kind of key is not a tenant's: `<prefix>async-call:<call>` (hash: `tenant`,
+//! `app_name`, `user_name`, `thread_id`, `state`, `record`) indexes asynchronous tool calls
+//! by id alone, because a callback names only its call; its fields say whose it is, and a
+//! transition compares them (and the state) in one script.
+//!
 //! Records are Keel's versioned stored JSON ([`keel_core::stored`]); a record that does not
 //! decode is [`AgentError::Storage`] naming its key.
 //!
@@ -118,6 +123,7 @@
 //! - A run report replaced with different index fields stays listed in its old indexes; the
 //!   client-side check drops it there.
 
+mod async_calls;
 mod encoding;
 mod error;
 mod keys;

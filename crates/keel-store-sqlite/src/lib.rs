@@ -2,7 +2,7 @@
 //!
 //! One [`SqliteStore`] implements every store trait of `keel-runtime` — [`TaskManager`],
 //! [`MemoryService`], [`ThreadHistory`], [`ThreadQueue`], [`ThreadKv`], [`SubagentRegistry`],
-//! [`ThreadLeases`] (so also [`ThreadStore`]) and [`RunStore`] — over one database file, with
+//! [`ThreadLeases`] (so also [`ThreadStore`]), [`RunStore`] and [`AsyncCallStore`] — over one database file, with
 //! the same semantics as the in-memory stores (the shared conformance suite checks it).
 //!
 //! # Durability and concurrency
@@ -61,7 +61,9 @@
 //! [`ThreadLeases`]: keel_runtime::ThreadLeases
 //! [`ThreadStore`]: keel_runtime::ThreadStore
 //! [`RunStore`]: keel_runtime::RunStore
+//! [`AsyncCallStore`]: keel_runtime::AsyncCallStore
 
+mod async_calls;
 mod codec;
 mod leases;
 mod memory;

@@ -27,10 +27,16 @@ struct Migration {
 
 /// Every migration, oldest first. Append only: a released step is never edited, because
 /// databases in the field already ran it.
-const MIGRATIONS: &[Migration] = &[Migration {
-    description: "initial schema",
-    sql: V1,
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        description: "initial schema",
+        sql: V1,
+    },
+    Migration {
+        description: "asynchronous tool calls",
+        sql: ASYNC_CALLS,
+    },
+];
 
 /// The schema version this code creates and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -175,6 +181,22 @@ CREATE INDEX run_records_by_thread ON run_records (tenant, thread_id);
 CREATE INDEX run_records_by_trace ON run_records (tenant, trace_id);
 CREATE INDEX run_records_by_agent ON run_records (tenant, agent_name);
 CREATE INDEX run_records_by_time ON run_records (tenant, recorded_at);
+"#;
+
+/// Pending asynchronous tool calls, keyed by call id alone: a callback names only the call, and
+/// the row says which tenant owns it (`tenant` is the namespace string; `app_name` and
+/// `user_name` rebuild the `AuthContext`). `record` is the engine's JSON, stored as given.
+/// `IF NOT EXISTS` keeps the step harmless if it is ever reordered with another.
+const ASYNC_CALLS: &str = r#"
+CREATE TABLE IF NOT EXISTS async_calls (
+    call_id   TEXT NOT NULL PRIMARY KEY,
+    tenant    TEXT NOT NULL,
+    app_name  TEXT NOT NULL,
+    user_name TEXT NOT NULL,
+    thread_id TEXT NOT NULL,
+    state     TEXT NOT NULL,
+    record    TEXT NOT NULL
+) STRICT, WITHOUT ROWID;
 "#;
 
 /// The schema version recorded in the database.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use keel_core::{AgentError, AgentResult};
 use keel_llm::{Llm, MockLlm};
 use keel_runtime::{
-    AuthService, InMemoryRuntime, LoggingService, MemoryService, RunStore, Runtime, StepStore,
-    TaskManager, ThreadStore,
+    AsyncCallStore, AuthService, InMemoryRuntime, LoggingService, MemoryService, RunStore, Runtime,
+    StepStore, TaskManager, ThreadStore,
 };
 
 /// Where a [`DefaultRuntime`] keeps tasks, threads, memory and run records.
@@ -130,6 +130,9 @@ impl Runtime for DefaultRuntime {
     fn step_store(&self) -> Option<Arc<dyn StepStore>> {
         self.services.step_store()
     }
+    fn async_call_store(&self) -> Arc<dyn AsyncCallStore> {
+        self.services.async_call_store()
+    }
 }
 
 /// Builds a [`DefaultRuntime`].
@@ -199,6 +202,7 @@ impl DefaultRuntimeBuilder {
                     .with_task_manager(store.clone())
                     .with_memory_service(store.clone())
                     .with_thread_store(store.clone())
+                    .with_async_call_store(store.clone())
                     .with_run_store(store)
             }
             #[cfg(feature = "redis")]
@@ -213,6 +217,7 @@ impl DefaultRuntimeBuilder {
                     .with_memory_service(store.clone())
                     .with_thread_store(store.clone())
                     .with_step_store(store.clone())
+                    .with_async_call_store(store.clone())
                     .with_run_store(store)
             }
             #[allow(unreachable_patterns)] // reachable exactly when a store feature is off
