@@ -192,6 +192,29 @@ enum Outcome {
     },
 }
 
+/// Attach a caller's run context to `task`. On a task that already has one, the context can
+/// only narrow: the budget becomes the tighter of the two; permissions left empty keep the
+/// task's, and a different non-empty set is refused, since with most-specific-wins rules no
+/// merge of two sets is sure to only narrow.
+fn adopt_run_context(task: &mut Task, mut incoming: RunContext) -> AgentResult<()> {
+    if let Some(existing) = RunContext::from_task(task)? {
+        if incoming.permissions.is_empty() {
+            incoming.permissions = existing.permissions;
+        } else if incoming.permissions != existing.permissions && !existing.permissions.is_empty() {
+            return Err(AgentError::invalid_input(
+                "message.metadata.run_context.permissions",
+                format!(
+                    "task {} already runs with other permissions; a continuing task's \
+                     permissions cannot change",
+                    task.id
+                ),
+            ));
+        }
+        incoming.budget = existing.budget.narrowed_by(&incoming.budget);
+    }
+    incoming.attach_to_task(task)
+}
+
 impl AgentExecutor {
     /// An executor for `agent`, storing through `runtime`, with the default configuration.
     pub fn new(agent: Agent, runtime: Arc<dyn Runtime>) -> Self {
@@ -301,7 +324,7 @@ impl AgentExecutor {
         message.task_id = Some(task.id.clone());
         message.thread_id = Some(task.thread_id.clone());
         match options.run_context {
-            Some(ctx) => ctx.attach_to_task(&mut task)?,
+            Some(ctx) => adopt_run_context(&mut task, ctx)?,
             None => {
                 RunContext::ensure_task_context(&mut task)?;
             }
@@ -2632,4 +2655,69 @@ fn direct_tool_calls(message: Option<&Message>) -> Option<Vec<ToolCall>> {
         })
         .collect::<Option<_>>()?;
     (!calls.is_empty()).then_some(calls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_core::RunBudget;
+
+    fn with_context(permissions: Value, max_steps: Option<u32>) -> Task {
+        let mut task = Task::create(Message::user("hi"));
+        let mut ctx = RunContext::new().with_budget(RunBudget {
+            max_steps,
+            ..Default::default()
+        });
+        ctx.permissions = serde_json::from_value(permissions).unwrap();
+        ctx.attach_to_task(&mut task).unwrap();
+        task
+    }
+
+    fn incoming(permissions: Value, max_steps: Option<u32>) -> RunContext {
+        let mut ctx = RunContext::new().with_budget(RunBudget {
+            max_steps,
+            ..Default::default()
+        });
+        ctx.permissions = serde_json::from_value(permissions).unwrap();
+        ctx
+    }
+
+    #[test]
+    fn a_new_task_adopts_the_callers_context() {
+        let mut task = Task::create(Message::user("hi"));
+        let ctx = incoming(json!({"records.*": "deny"}), Some(3));
+        adopt_run_context(&mut task, ctx.clone()).unwrap();
+        let adopted = RunContext::from_task(&task).unwrap().unwrap();
+        assert_eq!(adopted.run_id, ctx.run_id);
+        assert_eq!(adopted.permissions, ctx.permissions);
+        assert_eq!(adopted.budget.max_steps, Some(3));
+    }
+
+    #[test]
+    fn a_continuing_task_context_only_narrows() {
+        // The budget takes the tighter limit, whichever side sets it.
+        let mut task = with_context(json!({"records.*": "deny"}), Some(3));
+        adopt_run_context(&mut task, incoming(json!({}), Some(10))).unwrap();
+        let ctx = RunContext::from_task(&task).unwrap().unwrap();
+        assert_eq!(ctx.budget.max_steps, Some(3));
+        // Permissions left empty keep the task's (empty would mean "no narrowing").
+        assert_eq!(ctx.permissions["records.*"], json!("deny"));
+
+        // Other permissions are refused, naming the field, and change nothing.
+        let before = task.metadata.clone();
+        let err = adopt_run_context(&mut task, incoming(json!({"records.read": "allow"}), None))
+            .unwrap_err();
+        assert!(
+            matches!(&err, AgentError::InvalidInput { field, .. } if field == "message.metadata.run_context.permissions"),
+            "{err:?}"
+        );
+        assert_eq!(task.metadata, before);
+
+        // A task without permissions may take some: that only narrows.
+        let mut open = with_context(json!({}), None);
+        adopt_run_context(&mut open, incoming(json!({"records.*": false}), Some(2))).unwrap();
+        let ctx = RunContext::from_task(&open).unwrap().unwrap();
+        assert_eq!(ctx.permissions["records.*"], json!(false));
+        assert_eq!(ctx.budget.max_steps, Some(2));
+    }
 }
