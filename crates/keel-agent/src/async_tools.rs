@@ -15,11 +15,13 @@
 //! and the step goes on (decision 7: the later calls of that step run after it). A pending
 //! call past its deadline ends as a tool error the model sees.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult, TaskId, ThreadId};
+use keel_llm::{LlmMessage, LlmRole, ToolCall};
 use keel_runtime::AuthContext;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -264,4 +266,109 @@ pub(crate) fn same(a: &str, b: &str) -> bool {
             .zip(b.bytes())
             .fold(0u8, |acc, (x, y)| acc | (x ^ y))
             == 0
+}
+
+/// The thread's history as the model is shown it. Providers require each tool call to be
+/// answered right after the assistant message that made it, but an asynchronous call's result
+/// can arrive after other messages (the user may write while it is pending). So a call with
+/// no result right after its message gets a placeholder result saying the result will come
+/// later, and a result that arrives after other messages is shown where it arrived, as a
+/// user-role note naming the call. The stored history is left as it happened.
+pub(crate) fn model_view(history: &[LlmMessage]) -> Vec<LlmMessage> {
+    let mut view = Vec::with_capacity(history.len());
+    // Calls whose results may still follow directly (the run of tool messages after them).
+    let mut open: Vec<ToolCall> = Vec::new();
+    // Calls answered by a placeholder: their real result, when it comes, is a note.
+    let mut deferred: HashSet<String> = HashSet::new();
+    let close =
+        |open: &mut Vec<ToolCall>, view: &mut Vec<LlmMessage>, deferred: &mut HashSet<String>| {
+            for call in open.drain(..) {
+                view.push(LlmMessage::tool_result(
+                    &call,
+                    format!(
+                        "`{}` is asynchronous: its result has not arrived yet and will be added \
+                     to the conversation when it does",
+                        call.name
+                    ),
+                ));
+                deferred.insert(call.id);
+            }
+        };
+    for message in history {
+        if message.role == LlmRole::Tool {
+            let id = message.tool_call_id.as_deref().unwrap_or_default();
+            if let Some(at) = open.iter().position(|c| c.id == id) {
+                open.remove(at);
+                view.push(message.clone());
+                continue;
+            }
+            if deferred.remove(id) {
+                let name = message.tool_name.as_deref().unwrap_or("tool");
+                view.push(LlmMessage::user(format!(
+                    "[result of the asynchronous tool call `{name}` ({id}), arrived now]\n{}",
+                    message.content
+                )));
+                continue;
+            }
+            view.push(message.clone());
+            continue;
+        }
+        close(&mut open, &mut view, &mut deferred);
+        view.push(message.clone());
+        if message.role == LlmRole::Assistant {
+            open.extend(message.tool_calls.iter().cloned());
+        }
+    }
+    // Calls still open at the end are the current step's: left as they are.
+    view
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_result_arriving_after_other_messages_is_a_note_and_its_call_gets_a_placeholder() {
+        let call = ToolCall::new("render", json!({}));
+        let history = vec![
+            LlmMessage::user("render it"),
+            LlmMessage::assistant("", vec![call.clone()]),
+            LlmMessage::user("are you there?"),
+            LlmMessage::assistant("still rendering", vec![]),
+            LlmMessage::tool_result(&call, "v.mp4"),
+        ];
+        let view = model_view(&history);
+        let roles: Vec<LlmRole> = view.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [
+                LlmRole::User,
+                LlmRole::Assistant,
+                LlmRole::Tool,
+                LlmRole::User,
+                LlmRole::Assistant,
+                LlmRole::User
+            ]
+        );
+        assert_eq!(view[2].tool_call_id.as_deref(), Some(call.id.as_str()));
+        assert!(view[2].content.contains("not arrived yet"));
+        assert!(view[5].content.contains("v.mp4") && view[5].content.contains(&call.id));
+    }
+
+    #[test]
+    fn results_right_after_their_calls_are_shown_as_they_are() {
+        let (a, b) = (ToolCall::new("a", json!({})), ToolCall::new("b", json!({})));
+        let history = vec![
+            LlmMessage::user("go"),
+            LlmMessage::assistant("", vec![a.clone(), b.clone()]),
+            LlmMessage::tool_result(&a, "1"),
+            LlmMessage::tool_result(&b, "2"),
+            LlmMessage::assistant("done", vec![]),
+        ];
+        assert_eq!(model_view(&history), history);
+        // The current step's unanswered calls stay open (the step is still running them).
+        let open = &history[..3];
+        assert_eq!(model_view(open), open.to_vec());
+    }
 }

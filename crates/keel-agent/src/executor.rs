@@ -1991,7 +1991,7 @@ impl Inner {
             if !system.is_empty() {
                 messages.push(LlmMessage::system(system));
             }
-            messages.extend(history.iter().cloned());
+            messages.extend(crate::async_tools::model_view(history));
             let request = LlmRequest::new(messages).with_tools(tools.clone());
             let manifest = prepare_manifest(
                 &request,

@@ -398,3 +398,78 @@ async fn dispatch_acknowledgement_callback_and_timeout_are_in_the_event_stream()
         ["tool.async.dispatched", "tool.async.acknowledged", "tool.async.timed_out"]
     );
 }
+
+#[tokio::test]
+async fn a_user_message_while_a_result_is_pending_is_answered_and_the_model_sees_both_in_order() {
+    let (endpoint, mut invocations) = tool_server(StatusCode::ACCEPTED).await;
+    let runtime: Arc<dyn Runtime> = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("render", json!({}))]),
+        MockResponse::Text("still rendering; noted".into()),
+        MockResponse::Text("rendered, and you asked meanwhile".into()),
+    ]));
+    let agent = Agent::builder(AgentCard::new("rap", "async tools", "http://127.0.0.1:0"))
+        .llm_shared(llm.clone())
+        .tool(AsyncHttpTool::new("render", "Render", json!({"type": "object"}), &endpoint))
+        .build()
+        .unwrap();
+    let config = ExecutorConfig {
+        callback_base_url: Some("http://127.0.0.1:9".into()),
+        ..ExecutorConfig::default()
+    };
+    let exec = AgentExecutor::with_config(agent, runtime, config);
+    let first = start(&exec, &auth).await;
+    let inv = invocations.recv().await.unwrap();
+    wait_for(&exec, &auth, &first, |t| {
+        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
+    })
+    .await;
+
+    // The user writes while the result is pending: answered at once, in the same thread.
+    let meanwhile = exec
+        .send_message(
+            &auth,
+            Message::user("are you there?").in_thread(first.thread_id.clone()),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    let meanwhile = wait_for(&exec, &auth, &meanwhile, |t| t.state().is_terminal()).await;
+    assert_eq!(meanwhile.state(), TaskState::Completed);
+    assert_eq!(
+        meanwhile.status().message.as_ref().unwrap().text(),
+        "still rendering; noted"
+    );
+
+    exec.deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("v.mp4"), false)
+        .await
+        .unwrap();
+    let done = wait_for(&exec, &auth, &first, |t| t.state().is_terminal()).await;
+    assert_eq!(done.state(), TaskState::Completed);
+
+    // The last model call saw the user's message and then the tool's result, in that order,
+    // in a shape every provider accepts: the call answered at once by a placeholder, the
+    // result a note where it arrived.
+    let requests = llm.requests();
+    let last = &requests.last().unwrap().messages;
+    let call_at = last
+        .iter()
+        .position(|m| !m.tool_calls.is_empty())
+        .expect("the tool call");
+    assert_eq!(last[call_at + 1].role, LlmRole::Tool, "{last:?}");
+    assert!(last[call_at + 1].content.contains("not arrived yet"), "{last:?}");
+    let asked = last
+        .iter()
+        .position(|m| m.role == LlmRole::User && m.content == "are you there?")
+        .expect("the user's message");
+    let result = last
+        .iter()
+        .position(|m| m.role == LlmRole::User && m.content.contains("v.mp4"))
+        .expect("the tool result");
+    assert!(call_at < asked && asked < result, "{last:?}");
+    // The meanwhile turn's model call had the placeholder too.
+    let middle = &requests[1].messages;
+    let call_at = middle.iter().position(|m| !m.tool_calls.is_empty()).unwrap();
+    assert_eq!(middle[call_at + 1].role, LlmRole::Tool, "{middle:?}");
+}
