@@ -365,3 +365,73 @@ async fn of_concurrent_duplicate_callbacks_to_two_processes_one_is_accepted_on_r
     let prefix = format!("keel-test-{}:", support::uuid_like());
     concurrent_duplicates_accept_exactly_one(url, &["--redis-prefix", &prefix]).await;
 }
+
+/// A call whose tool never calls back times out in a process started after the dispatching
+/// one exited, before the deadline: the model sees the timeout as the tool's error.
+async fn a_pending_call_times_out_in_a_fresh_process(store: String, extra: &[&str]) {
+    let llm = format!("openai-compatible:{}:scripted", scripted_model().await);
+    // Never told to go: this tool never calls back.
+    let log = Arc::new(Mutex::new(ToolLog::default()));
+    let tool_url = tool_server(log.clone(), Arc::new(Notify::new())).await;
+    let mut args = vec![
+        "--store",
+        store.as_str(),
+        "--llm",
+        llm.as_str(),
+        "--async-tool-timeout",
+        "3",
+    ];
+    args.extend_from_slice(extra);
+    let env = [("KEEL_DEMO_ASYNC_TOOL_URL", tool_url.as_str())];
+    let first = KeelServer::start_with_env(&args, &env);
+    let rpc = support::Rpc::new(&first);
+    let task = rpc.send("render my video", None, true).await;
+    let id = task["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{task}"))
+        .to_owned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let task = rpc.get(&id).await;
+        if task["metadata"]["stop_reason"] == "awaiting_tool" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never waited: {task}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(first.terminate().success());
+
+    // A fresh process picks the task up (still pending) and ends the call at its deadline.
+    let second = KeelServer::start_with_env(&args, &env);
+    let done = support::Rpc::new(&second)
+        .wait_for(&id, Duration::from_secs(30), |s| {
+            s == "TASK_STATE_COMPLETED" || s == "TASK_STATE_FAILED"
+        })
+        .await;
+    assert_eq!(done["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
+    let answer = done["status"]["message"]["parts"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(answer.starts_with("job done: "), "{answer}");
+    assert!(answer.contains("timed out"), "{answer}");
+    assert_eq!(log.lock().unwrap().invocations.len(), 1, "dispatched once");
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pending_call_times_out_in_a_fresh_process_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("keel.db").display());
+    a_pending_call_times_out_in_a_fresh_process(store, &[]).await;
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pending_call_times_out_in_a_fresh_process_on_redis() {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let prefix = format!("keel-test-{}:", support::uuid_like());
+    a_pending_call_times_out_in_a_fresh_process(url, &["--redis-prefix", &prefix]).await;
+}

@@ -1557,8 +1557,11 @@ impl Inner {
         let secret = at::new_secret();
         let call_id = at::new_call_id();
         let timeout = dispatch.timeout().unwrap_or(self.config.async_tool_timeout);
-        let deadline =
-            Utc::now() + chrono::Duration::from_std(timeout).unwrap_or(chrono::Duration::MAX);
+        // A timeout too long to represent never ends (rather than overflowing the clock).
+        let deadline = chrono::Duration::from_std(timeout)
+            .ok()
+            .and_then(|t| Utc::now().checked_add_signed(t))
+            .unwrap_or(chrono::DateTime::<Utc>::MAX_UTC);
         let record = PendingCall {
             task_id: ctx.task_id.clone(),
             tool_call_id: call.id.clone(),
@@ -1643,23 +1646,36 @@ impl Inner {
                 .payload(json!({"call_id": call_id, "tool_call_id": call.id, "tool": call.name})),
             )
             .await;
-        // Best effort in this process: at the deadline the task runs again and the call ends
-        // as a timeout (any later run of the task sees the deadline too).
-        if let Some(me) = self.me.upgrade() {
-            let (auth, thread_id, task_id) =
-                (auth.clone(), ctx.thread_id.clone(), ctx.task_id.clone());
-            let stop = self.shutting_down.clone();
-            self.tracker.spawn(async move {
-                tokio::select! {
-                    () = tokio::time::sleep(timeout) => {}
-                    () = stop.cancelled() => return,
-                }
-                let _ = me
-                    .enqueue(&auth, &thread_id, QueuedWork::Task { task_id })
-                    .await;
-            });
-        }
+        self.arm_deadline(auth, &ctx.thread_id, &ctx.task_id, deadline);
         ToolRun::Pending { call_id }
+    }
+
+    /// Best effort in this process: at `deadline` the task runs again and a call still pending
+    /// ends as a timeout. Armed at dispatch and again whenever a run finds the call still
+    /// pending (so a process that starts after the dispatching one exited times it out too);
+    /// any later run of the task sees the deadline as well.
+    fn arm_deadline(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        task_id: &TaskId,
+        deadline: chrono::DateTime<Utc>,
+    ) {
+        let Some(me) = self.me.upgrade() else {
+            return;
+        };
+        let wait = (deadline - Utc::now()).to_std().unwrap_or_default();
+        let (auth, thread_id, task_id) = (auth.clone(), thread_id.clone(), task_id.clone());
+        let stop = self.shutting_down.clone();
+        self.tracker.spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = stop.cancelled() => return,
+            }
+            let _ = me
+                .enqueue(&auth, &thread_id, QueuedWork::Task { task_id })
+                .await;
+        });
     }
 
     /// The state of an asynchronous call on resume: `None` when it is not one; `Pending`
@@ -1713,9 +1729,17 @@ impl Inner {
             }
         }
         let run = match pending.state {
-            AsyncCallState::Pending => ToolRun::Pending {
-                call_id: call_id.to_owned(),
-            },
+            AsyncCallState::Pending => {
+                self.arm_deadline(
+                    &flow.auth,
+                    &flow.thread_id,
+                    &record.task_id,
+                    record.deadline,
+                );
+                ToolRun::Pending {
+                    call_id: call_id.to_owned(),
+                }
+            }
             AsyncCallState::Delivered => {
                 let delivered: PendingCall = serde_json::from_value(pending.record.clone())
                     .map_err(|e| {
