@@ -540,6 +540,13 @@ impl AgentExecutor {
             _ => late(),
         };
         if call.state != AsyncCallState::Pending {
+            if call.state == AsyncCallState::Delivered {
+                // A process that accepted the result may have died before it queued the
+                // task; the tool's retry (same secret) queues it again. Harmless otherwise.
+                inner
+                    .requeue_if_waiting_for(&call.auth, &call.thread_id, &record.task_id, call_id)
+                    .await?;
+            }
             return Err(refusal(call.state));
         }
         if Utc::now() >= record.deadline {
@@ -831,6 +838,33 @@ fn is_resting(state: TaskState) -> bool {
 }
 
 impl Inner {
+    /// Queue `task_id` again if it still rests waiting for the asynchronous call `call_id`.
+    async fn requeue_if_waiting_for(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        task_id: &TaskId,
+        call_id: &str,
+    ) -> AgentResult<()> {
+        let Some(task) = self.runtime.task_manager().get_task(auth, task_id).await? else {
+            return Ok(());
+        };
+        let waiting = task.state() == TaskState::Working
+            && task.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
+            && task.metadata.get("awaiting_tool_call") == Some(&json!(call_id));
+        if waiting {
+            self.enqueue(
+                auth,
+                thread_id,
+                QueuedWork::Task {
+                    task_id: task_id.clone(),
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
     pub(crate) async fn enqueue(
         &self,
         auth: &AuthContext,

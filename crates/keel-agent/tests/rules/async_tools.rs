@@ -473,3 +473,40 @@ async fn a_user_message_while_a_result_is_pending_is_answered_and_the_model_sees
     let call_at = middle.iter().position(|m| !m.tool_calls.is_empty()).unwrap();
     assert_eq!(middle[call_at + 1].role, LlmRole::Tool, "{middle:?}");
 }
+
+#[tokio::test]
+async fn a_retried_callback_requeues_a_task_whose_accepting_process_died_before_queuing_it() {
+    let (endpoint, mut invocations) = tool_server(StatusCode::ACCEPTED).await;
+    let (exec, auth) = executor(&endpoint, None, script());
+    let task = start(&exec, &auth).await;
+    let inv = invocations.recv().await.unwrap();
+    wait_for(&exec, &auth, &task, |t| {
+        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
+    })
+    .await;
+    // As if a process accepted the result (the store moved the call) and died before it
+    // queued the task.
+    let calls = exec.runtime().async_call_store();
+    let call = calls.find_async_call(&inv.call_id).await.unwrap().unwrap();
+    let mut record = call.record.clone();
+    record["output"] = json!("accepted before the crash");
+    assert!(calls
+        .transition_async_call(
+            &call.auth,
+            &inv.call_id,
+            keel_runtime::AsyncCallState::Pending,
+            keel_runtime::AsyncCallState::Delivered,
+            record,
+        )
+        .await
+        .unwrap());
+
+    // The tool retries: it is told the result is already there, and the task goes on.
+    let retry = exec
+        .deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("retry"), false)
+        .await;
+    assert!(matches!(retry, Err(CallbackError::Duplicate { .. })), "{retry:?}");
+    let done = wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
+    assert_eq!(done.state(), TaskState::Completed);
+    assert!(tool_results(&exec, &auth, &task).await[0].contains("accepted before the crash"));
+}
