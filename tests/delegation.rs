@@ -1,7 +1,9 @@
 //! Remote delegation: a parent agent whose tool is a remote A2A agent, with two real
-//! `A2aServer`s on 127.0.0.1 in this process. The child run's `RunContext` travels in the
-//! message metadata under `run_context`, and canceling the parent task cancels the remote
-//! child task (`CancelTask`).
+//! `A2aServer`s on 127.0.0.1 in this process, talking HTTP. The child run's `RunContext`
+//! travels in the message metadata under `run_context` and the remote server adopts it for
+//! its run (same trace, `parent_run_id`, extended `agent_chain`; its run report and events say
+//! so); a malformed one is InvalidParams naming the field; and canceling the parent task
+//! cancels the remote child task (`CancelTask`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +11,8 @@ use std::time::Duration;
 use keel::agent::{Agent, AgentExecutor, SendOptions};
 use keel::core::{AgentCard, Message, RunContext, Task, TaskState, RUN_CONTEXT_KEY};
 use keel::delegation::RemoteAgentTool;
-use keel::services::{AuthContext, ListTasksFilter, Runtime};
+use keel::events::InMemoryEventSink;
+use keel::services::{AuthContext, ListTasksFilter, RunQuery, Runtime};
 use keel::transport::A2aServer;
 use keel::DefaultRuntime;
 use tokio::sync::oneshot;
@@ -19,6 +22,7 @@ struct Served {
     url: String,
     executor: AgentExecutor,
     auth: AuthContext,
+    events: Arc<InMemoryEventSink>,
     _stop: oneshot::Sender<()>,
 }
 
@@ -26,6 +30,8 @@ async fn serve(agent: Agent) -> Served {
     let runtime = Arc::new(DefaultRuntime::offline());
     let auth = runtime.auth_service().auth_context();
     let executor = AgentExecutor::new(agent, runtime);
+    let events = Arc::new(InMemoryEventSink::new());
+    executor.add_event_sink(events.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/", listener.local_addr().unwrap());
     let (stop, stopped) = oneshot::channel::<()>();
@@ -40,6 +46,7 @@ async fn serve(agent: Agent) -> Served {
         url,
         executor,
         auth,
+        events,
         _stop: stop,
     }
 }
@@ -104,15 +111,100 @@ async fn a_parent_delegates_to_a_remote_agent_with_the_child_run_context() {
         .iter()
         .find(|m| m.text() == "hello child")
         .expect("the delegated message");
-    let ctx: RunContext =
-        serde_json::from_value(sent.metadata[RUN_CONTEXT_KEY].clone()).expect("a run context");
+    // The context left the message for the task: it is the child run's, not the message's.
+    assert!(
+        !sent.metadata.contains_key(RUN_CONTEXT_KEY),
+        "{:?}",
+        sent.metadata
+    );
+    let ctx = RunContext::from_task(&remote)
+        .unwrap()
+        .expect("the adopted run context");
     let parent_ctx = RunContext::from_task(&task)
         .unwrap()
         .expect("parent context");
     assert_eq!(ctx.parent_run_id.as_ref(), Some(&parent_ctx.run_id));
     assert_ne!(ctx.run_id, parent_ctx.run_id);
     assert_eq!(ctx.trace_id, parent_ctx.trace_id);
-    assert_eq!(ctx.agent_chain.last().map(String::as_str), Some("delegate"));
+    assert_eq!(ctx.workspace_uri, parent_ctx.workspace_uri);
+    assert_eq!(ctx.budget, parent_ctx.budget);
+    assert_eq!(ctx.permissions, parent_ctx.permissions);
+    assert_eq!(ctx.agent_chain, ["delegate", "keel-demo"]);
+    // The child's run lives in its own thread; the parent's is kept for correlation.
+    assert_eq!(ctx.thread_id.as_ref(), Some(&remote.thread_id));
+    assert_eq!(
+        ctx.metadata["parent_thread_id"],
+        serde_json::json!(task.thread_id.as_str())
+    );
+
+    // The child's run report carries the parent's trace and the parent run.
+    let reports = child
+        .executor
+        .runtime()
+        .run_store()
+        .find_run_reports(
+            &child.auth,
+            &RunQuery {
+                task_id: Some(remote.id.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert_eq!(reports[0].run_id, ctx.run_id);
+    assert_eq!(reports[0].trace_id.as_ref(), Some(&parent_ctx.trace_id));
+    assert_eq!(
+        reports[0].report["final_task"]["metadata"]["run_context"]["parent_run_id"],
+        serde_json::json!(parent_ctx.run_id.as_str())
+    );
+    // And so are its events: every one is stamped with the run the parent named.
+    let events = child.events.events();
+    assert!(!events.is_empty());
+    assert!(events.iter().all(|e| e.run_id == ctx.run_id), "{events:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_malformed_run_context_is_invalid_params_naming_the_field() {
+    let child = child().await;
+    let send = |run_context: serde_json::Value| {
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+            "message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "hi"}],
+                        "metadata": {"run_context": run_context}}
+        }});
+        let url = child.url.clone();
+        async move {
+            let answer: serde_json::Value = reqwest::Client::new()
+                .post(url)
+                .header("A2A-Version", "1.0")
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            answer
+        }
+    };
+    let bad_budget = send(serde_json::json!({
+        "run_id": "r-1", "trace_id": "t-1", "budget": {"max_steps": "three"}
+    }))
+    .await;
+    assert_eq!(bad_budget["error"]["code"], -32602, "{bad_budget}");
+    assert_eq!(
+        bad_budget["error"]["data"][0]["metadata"]["field"],
+        "message.metadata.run_context.budget.max_steps",
+        "{bad_budget}"
+    );
+    let not_an_object = send(serde_json::json!("yes")).await;
+    assert_eq!(not_an_object["error"]["code"], -32602, "{not_an_object}");
+    assert_eq!(
+        not_an_object["error"]["data"][0]["metadata"]["field"], "message.metadata.run_context",
+        "{not_an_object}"
+    );
+    // Nothing was accepted.
+    assert!(child_tasks(&child).await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]

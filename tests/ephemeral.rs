@@ -134,7 +134,6 @@ async fn conversation_in_fresh_processes(store: String, extra: Vec<String>) {
         .await;
     assert_eq!(first["state"], "working", "{first}");
     assert_eq!(first["rest"], "awaiting_tool", "{first}");
-    assert_eq!(first["awaiting_tool_call"], "call_job", "{first}");
     let task_id = first["task_id"].as_str().unwrap().to_owned();
     let invocation = {
         let seen = invocations.lock().unwrap();
@@ -142,12 +141,15 @@ async fn conversation_in_fresh_processes(store: String, extra: Vec<String>) {
         seen[0].clone()
     };
     assert_eq!(invocation["tool"], "background_job");
-    assert_eq!(invocation["call_id"], "call_job");
     assert_eq!(invocation["group_id"], thread.as_str());
     assert_eq!(invocation["arguments"]["job"], "render the intro");
+    // The callback names Keel's id of the call (unique across threads), not the model's.
+    let call_id = invocation["call_id"].as_str().unwrap().to_owned();
+    assert_ne!(call_id, "call_job");
+    assert_eq!(first["awaiting_tool_call"], call_id.as_str(), "{first}");
     assert_eq!(
         invocation["callback_url"],
-        "http://127.0.0.1:9/keel/callbacks/call_job"
+        format!("http://127.0.0.1:9/keel/callbacks/{call_id}")
     );
     let secret = invocation["callback_secret"].as_str().unwrap().to_owned();
 
@@ -158,7 +160,7 @@ async fn conversation_in_fresh_processes(store: String, extra: Vec<String>) {
     let forged = keel
         .run_raw(&[
             "--callback",
-            "call_job",
+            &call_id,
             "--secret",
             "not-the-secret",
             "--result",
@@ -172,7 +174,7 @@ async fn conversation_in_fresh_processes(store: String, extra: Vec<String>) {
     let second = keel
         .run(&[
             "--callback",
-            "call_job",
+            &call_id,
             "--secret",
             &secret,
             "--result",
@@ -190,7 +192,7 @@ async fn conversation_in_fresh_processes(store: String, extra: Vec<String>) {
     let duplicate = keel
         .run_raw(&[
             "--callback",
-            "call_job",
+            &call_id,
             "--secret",
             &secret,
             "--result",

@@ -1,20 +1,28 @@
 //! Asynchronous tools (seed 004, RAP): tools that acknowledge a call at once and deliver the
 //! result later through a callback, while the runtime holds no process open for them.
 //!
-//! When the model calls an asynchronous tool, the engine persists a pending record in the
-//! thread's key-value store (`keel:pending:<call_id>`: task, a hash of a per-call secret, a
-//! deadline), dispatches the invocation, and ends the run without holding the thread: the task
-//! stays `working` with `stop_reason = awaiting_tool`. A callback goes through
+//! When the model calls an asynchronous tool, the engine gives the call a fresh id, persists
+//! it in the runtime's [`AsyncCallStore`](keel_runtime::AsyncCallStore) (tenant, thread, task,
+//! a hash of a per-call secret, a deadline) and links the model's tool call to it in the
+//! thread's key-value store (`keel:pending:<tool call id>`), dispatches the invocation, and
+//! ends the run without holding the thread: the task stays `working` with
+//! `stop_reason = awaiting_tool`. A callback goes through
 //! [`AgentExecutor::deliver_tool_result`](crate::AgentExecutor::deliver_tool_result), which
-//! checks the secret, records the result and queues the task on its thread; the thread's
-//! worker appends the tool result and the step goes on (decision 7: the later calls of that
-//! step run after it). A pending call past its deadline ends as a tool error the model sees.
+//! finds the call by id alone (the secret is the credential, so any tenant's call can be
+//! answered and no caller can name a tenant), checks the secret, moves the call from pending
+//! to delivered with one compare-and-set in the store (so of concurrent duplicates exactly one
+//! is accepted) and queues the task on its thread; the thread's worker appends the tool result
+//! and the step goes on (decision 7: the later calls of that step run after it). A pending
+//! call past its deadline ends as a tool error the model sees.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult, TaskId, ThreadId};
+use keel_llm::{LlmMessage, LlmRole, ToolCall};
+use keel_runtime::AuthContext;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -30,7 +38,8 @@ pub const CALLBACK_SECRET_HEADER: &str = "x-keel-callback-secret";
 pub struct AsyncInvocation {
     /// The tool's name.
     pub tool: String,
-    /// The call's id; the callback names it.
+    /// The call's id, unique across threads and tenants; the callback URL names it. (The
+    /// model's own id of the tool call stays inside the runtime.)
     pub call_id: String,
     /// The model's arguments, already checked against the tool's schema.
     pub arguments: Value,
@@ -163,7 +172,7 @@ impl AsyncDispatch for AsyncHttpTool {
 /// Why a callback was refused. Each refusal changes nothing.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CallbackError {
-    /// No pending call has this id (never existed, or another tenant's).
+    /// No asynchronous call has this id.
     #[error("no asynchronous tool call `{call_id}` is pending")]
     UnknownCall {
         /// The call id.
@@ -192,39 +201,45 @@ pub enum CallbackError {
     Agent(#[from] AgentError),
 }
 
-/// The state of a pending call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum PendingState {
-    Pending,
-    Delivered,
-    Expired,
+/// What an accepted callback reached: the call's tenant (found from the call, never from the
+/// caller), its thread and its task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AcceptedCallback {
+    /// The tenant that owns the call.
+    pub auth: AuthContext,
+    /// The call's thread.
+    pub thread_id: ThreadId,
+    /// The task that waits for the result; it is queued on its thread.
+    pub task_id: TaskId,
 }
 
-/// A pending call as persisted in the thread's key-value store.
+/// The engine's record of an asynchronous call, kept in the runtime's
+/// [`AsyncCallStore`](keel_runtime::AsyncCallStore) under the call's id (its state is the
+/// store's).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct PendingCall {
     pub(crate) task_id: TaskId,
-    pub(crate) thread_id: ThreadId,
-    pub(crate) call_id: String,
+    /// The model's id of the tool call, which the result answers in the history.
+    pub(crate) tool_call_id: String,
     pub(crate) tool: String,
     pub(crate) secret_sha256: String,
     pub(crate) deadline: DateTime<Utc>,
-    pub(crate) state: PendingState,
     #[serde(default)]
     pub(crate) output: Option<Value>,
     #[serde(default)]
     pub(crate) is_error: bool,
 }
 
-/// Thread key of a pending call.
-pub(crate) fn pending_key(call_id: &str) -> String {
-    format!("keel:pending:{call_id}")
+/// Thread key linking a model's tool call to its asynchronous call's id. Model call ids are
+/// only unique within a conversation (some models number them), so the callback names a
+/// fresh id of Keel's instead.
+pub(crate) fn link_key(tool_call_id: &str) -> String {
+    format!("keel:pending:{tool_call_id}")
 }
 
-/// Tenant key (memory service) that finds a pending call's thread from its id.
-pub(crate) fn index_key(call_id: &str) -> String {
-    format!("keel:pending_call:{call_id}")
+/// A fresh id for an asynchronous call, unique across tenants and threads.
+pub(crate) fn new_call_id() -> String {
+    format!("acall-{}", keel_core::RunId::new().as_str())
 }
 
 /// A fresh per-call secret (two UUIDs' worth of randomness).
@@ -251,4 +266,109 @@ pub(crate) fn same(a: &str, b: &str) -> bool {
             .zip(b.bytes())
             .fold(0u8, |acc, (x, y)| acc | (x ^ y))
             == 0
+}
+
+/// The thread's history as the model is shown it. Providers require each tool call to be
+/// answered right after the assistant message that made it, but an asynchronous call's result
+/// can arrive after other messages (the user may write while it is pending). So a call with
+/// no result right after its message gets a placeholder result saying the result will come
+/// later, and a result that arrives after other messages is shown where it arrived, as a
+/// user-role note naming the call. The stored history is left as it happened.
+pub(crate) fn model_view(history: &[LlmMessage]) -> Vec<LlmMessage> {
+    let mut view = Vec::with_capacity(history.len());
+    // Calls whose results may still follow directly (the run of tool messages after them).
+    let mut open: Vec<ToolCall> = Vec::new();
+    // Calls answered by a placeholder: their real result, when it comes, is a note.
+    let mut deferred: HashSet<String> = HashSet::new();
+    let close =
+        |open: &mut Vec<ToolCall>, view: &mut Vec<LlmMessage>, deferred: &mut HashSet<String>| {
+            for call in open.drain(..) {
+                view.push(LlmMessage::tool_result(
+                    &call,
+                    format!(
+                        "`{}` is asynchronous: its result has not arrived yet and will be added \
+                     to the conversation when it does",
+                        call.name
+                    ),
+                ));
+                deferred.insert(call.id);
+            }
+        };
+    for message in history {
+        if message.role == LlmRole::Tool {
+            let id = message.tool_call_id.as_deref().unwrap_or_default();
+            if let Some(at) = open.iter().position(|c| c.id == id) {
+                open.remove(at);
+                view.push(message.clone());
+                continue;
+            }
+            if deferred.remove(id) {
+                let name = message.tool_name.as_deref().unwrap_or("tool");
+                view.push(LlmMessage::user(format!(
+                    "[result of the asynchronous tool call `{name}` ({id}), arrived now]\n{}",
+                    message.content
+                )));
+                continue;
+            }
+            view.push(message.clone());
+            continue;
+        }
+        close(&mut open, &mut view, &mut deferred);
+        view.push(message.clone());
+        if message.role == LlmRole::Assistant {
+            open.extend(message.tool_calls.iter().cloned());
+        }
+    }
+    // Calls still open at the end are the current step's: left as they are.
+    view
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_result_arriving_after_other_messages_is_a_note_and_its_call_gets_a_placeholder() {
+        let call = ToolCall::new("render", json!({}));
+        let history = vec![
+            LlmMessage::user("render it"),
+            LlmMessage::assistant("", vec![call.clone()]),
+            LlmMessage::user("are you there?"),
+            LlmMessage::assistant("still rendering", vec![]),
+            LlmMessage::tool_result(&call, "v.mp4"),
+        ];
+        let view = model_view(&history);
+        let roles: Vec<LlmRole> = view.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [
+                LlmRole::User,
+                LlmRole::Assistant,
+                LlmRole::Tool,
+                LlmRole::User,
+                LlmRole::Assistant,
+                LlmRole::User
+            ]
+        );
+        assert_eq!(view[2].tool_call_id.as_deref(), Some(call.id.as_str()));
+        assert!(view[2].content.contains("not arrived yet"));
+        assert!(view[5].content.contains("v.mp4") && view[5].content.contains(&call.id));
+    }
+
+    #[test]
+    fn results_right_after_their_calls_are_shown_as_they_are() {
+        let (a, b) = (ToolCall::new("a", json!({})), ToolCall::new("b", json!({})));
+        let history = vec![
+            LlmMessage::user("go"),
+            LlmMessage::assistant("", vec![a.clone(), b.clone()]),
+            LlmMessage::tool_result(&a, "1"),
+            LlmMessage::tool_result(&b, "2"),
+            LlmMessage::assistant("done", vec![]),
+        ];
+        assert_eq!(model_view(&history), history);
+        // The current step's unanswered calls stay open (the step is still running them).
+        let open = &history[..3];
+        assert_eq!(model_view(open), open.to_vec());
+    }
 }

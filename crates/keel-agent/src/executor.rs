@@ -199,6 +199,29 @@ enum Outcome {
     },
 }
 
+/// Attach a caller's run context to `task`. On a task that already has one, the context can
+/// only narrow: the budget becomes the tighter of the two; permissions left empty keep the
+/// task's, and a different non-empty set is refused, since with most-specific-wins rules no
+/// merge of two sets is sure to only narrow.
+fn adopt_run_context(task: &mut Task, mut incoming: RunContext) -> AgentResult<()> {
+    if let Some(existing) = RunContext::from_task(task)? {
+        if incoming.permissions.is_empty() {
+            incoming.permissions = existing.permissions;
+        } else if incoming.permissions != existing.permissions && !existing.permissions.is_empty() {
+            return Err(AgentError::invalid_input(
+                "message.metadata.run_context.permissions",
+                format!(
+                    "task {} already runs with other permissions; a continuing task's \
+                     permissions cannot change",
+                    task.id
+                ),
+            ));
+        }
+        incoming.budget = existing.budget.narrowed_by(&incoming.budget);
+    }
+    incoming.attach_to_task(task)
+}
+
 impl AgentExecutor {
     /// An executor for `agent`, storing through `runtime`, with the default configuration.
     pub fn new(agent: Agent, runtime: Arc<dyn Runtime>) -> Self {
@@ -312,7 +335,7 @@ impl AgentExecutor {
         message.task_id = Some(task.id.clone());
         message.thread_id = Some(task.thread_id.clone());
         match options.run_context {
-            Some(ctx) => ctx.attach_to_task(&mut task)?,
+            Some(ctx) => adopt_run_context(&mut task, ctx)?,
             None => {
                 RunContext::ensure_task_context(&mut task)?;
             }
@@ -485,87 +508,102 @@ impl AgentExecutor {
         Ok(task)
     }
 
-    /// Asynchronous tools: deliver a callback's result for the pending call `call_id`. The
-    /// secret must be the one sent with the invocation. An unknown call, a wrong secret, a
-    /// late result (past the deadline, or the task already ended) and a second delivery are
-    /// refused with a [`CallbackError`](crate::CallbackError) and change nothing. A good one is
-    /// recorded and its task queued on its thread, where it resumes in order; returns the task
-    /// id.
+    /// Asynchronous tools: deliver a callback's result for the call `call_id`, in whichever
+    /// tenant dispatched it: the call is found by its id alone and the secret, the one sent
+    /// with the invocation, is the credential. An unknown call, a wrong secret, a late result
+    /// (past the deadline, or the task already ended) and a second delivery are refused with a
+    /// [`CallbackError`](crate::CallbackError) and change nothing; of concurrent deliveries
+    /// exactly one is accepted (a compare-and-set in the store). An accepted one is recorded
+    /// and its task queued on its thread, where it resumes in order.
     pub async fn deliver_tool_result(
         &self,
-        auth: &AuthContext,
         call_id: &str,
         secret: &str,
         output: Value,
         is_error: bool,
-    ) -> Result<TaskId, crate::CallbackError> {
-        use crate::async_tools::{self as at, PendingCall, PendingState};
+    ) -> Result<crate::AcceptedCallback, crate::CallbackError> {
+        use crate::async_tools::{self as at, PendingCall};
         use crate::CallbackError;
+        use keel_runtime::AsyncCallState;
         let inner = &self.inner;
-        let unknown = || CallbackError::UnknownCall {
-            call_id: call_id.to_owned(),
+        let calls = inner.runtime.async_call_store();
+        let Some(call) = calls.find_async_call(call_id).await? else {
+            return Err(CallbackError::UnknownCall {
+                call_id: call_id.to_owned(),
+            });
         };
-        let thread_id = inner
-            .runtime
-            .memory_service()
-            .load_serialized(auth, &at::index_key(call_id))
-            .await?
-            .and_then(|v| v.as_str().map(ThreadId::from))
-            .ok_or_else(unknown)?;
-        let store = inner.runtime.thread_store();
-        let key = at::pending_key(call_id);
-        let mut record: PendingCall = store
-            .kv_get(auth, &thread_id, &key)
-            .await?
-            .and_then(|v| serde_json::from_value(v).ok())
-            .ok_or_else(unknown)?;
+        let mut record: PendingCall = serde_json::from_value(call.record.clone()).map_err(|e| {
+            AgentError::storage(format!("asynchronous call `{call_id}` is malformed: {e}"))
+        })?;
+        // The secret first: without it a caller learns nothing about the call's state.
         if !at::same(&at::hash_secret(secret), &record.secret_sha256) {
             return Err(CallbackError::Forbidden {
                 call_id: call_id.to_owned(),
             });
         }
-        let late = CallbackError::Late {
+        let late = || CallbackError::Late {
             call_id: call_id.to_owned(),
         };
-        match record.state {
-            PendingState::Delivered => {
-                return Err(CallbackError::Duplicate {
-                    call_id: call_id.to_owned(),
-                })
+        let refusal = |state: AsyncCallState| match state {
+            AsyncCallState::Delivered => CallbackError::Duplicate {
+                call_id: call_id.to_owned(),
+            },
+            _ => late(),
+        };
+        if call.state != AsyncCallState::Pending {
+            if call.state == AsyncCallState::Delivered {
+                // A process that accepted the result may have died before it queued the
+                // task; the tool's retry (same secret) queues it again. Harmless otherwise.
+                inner
+                    .requeue_if_waiting_for(&call.auth, &call.thread_id, &record.task_id, call_id)
+                    .await?;
             }
-            PendingState::Expired => return Err(late),
-            PendingState::Pending if Utc::now() >= record.deadline => return Err(late),
-            PendingState::Pending => {}
+            return Err(refusal(call.state));
+        }
+        if Utc::now() >= record.deadline {
+            return Err(late());
         }
         let task = inner
             .runtime
             .task_manager()
-            .get_task(auth, &record.task_id)
+            .get_task(&call.auth, &record.task_id)
             .await?;
         if task.is_none_or(|t| t.state().is_terminal()) {
-            return Err(late);
+            return Err(late());
         }
-        record.state = PendingState::Delivered;
         record.output = Some(output);
         record.is_error = is_error;
-        store
-            .kv_set(
-                auth,
-                &thread_id,
-                &key,
+        let moved = calls
+            .transition_async_call(
+                &call.auth,
+                call_id,
+                AsyncCallState::Pending,
+                AsyncCallState::Delivered,
                 serde_json::to_value(&record).map_err(AgentError::internal)?,
             )
             .await?;
+        if !moved {
+            // Another delivery (or the timeout) got there first; say which.
+            let now = calls
+                .find_async_call(call_id)
+                .await?
+                .map_or(AsyncCallState::Expired, |c| c.state);
+            return Err(refusal(now));
+        }
         inner
             .enqueue(
-                auth,
-                &thread_id,
+                &call.auth,
+                &call.thread_id,
                 QueuedWork::Task {
                     task_id: record.task_id.clone(),
                 },
             )
             .await?;
-        Ok(record.task_id)
+        Ok(crate::AcceptedCallback {
+            auth: call.auth,
+            thread_id: call.thread_id,
+            task_id: record.task_id,
+        })
     }
 
     // Subagents: a parent's subagent tools wait for a child's task through this.
@@ -831,6 +869,33 @@ fn is_resting(state: TaskState) -> bool {
 }
 
 impl Inner {
+    /// Queue `task_id` again if it still rests waiting for the asynchronous call `call_id`.
+    async fn requeue_if_waiting_for(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        task_id: &TaskId,
+        call_id: &str,
+    ) -> AgentResult<()> {
+        let Some(task) = self.runtime.task_manager().get_task(auth, task_id).await? else {
+            return Ok(());
+        };
+        let waiting = task.state() == TaskState::Working
+            && task.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
+            && task.metadata.get("awaiting_tool_call") == Some(&json!(call_id));
+        if waiting {
+            self.enqueue(
+                auth,
+                thread_id,
+                QueuedWork::Task {
+                    task_id: task_id.clone(),
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
     pub(crate) async fn enqueue(
         &self,
         auth: &AuthContext,
@@ -1462,7 +1527,7 @@ impl Inner {
                 p.action.metadata.get("call_id").and_then(Value::as_str) == Some(call.id.as_str())
             });
             // Asynchronous tools: a call still waiting, answered by callback, or timed out.
-            let asynchronous = self.async_result(scope.flow, &call).await?;
+            let asynchronous = self.async_result(scope, &call).await?;
             let result = match (awaited, &decision) {
                 _ if asynchronous.is_some() => asynchronous.unwrap_or(ToolRun::Pending {
                     call_id: call.id.clone(),
@@ -1544,15 +1609,17 @@ impl Inner {
 
     // ---- Asynchronous tools (seed 004): dispatch, callback results, timeouts. ----
 
-    /// Dispatch an asynchronous call: persist the pending record (before the tool can call
-    /// back), send the invocation, and arm a local timer for the deadline.
+    /// Dispatch an asynchronous call: persist the pending call and its link from the model's
+    /// tool call (before the tool can call back), send the invocation, and arm a local timer
+    /// for the deadline.
     async fn dispatch_async(
         &self,
         scope: &Scope<'_>,
         call: &ToolCall,
         dispatch: &dyn crate::AsyncDispatch,
     ) -> ToolRun {
-        use crate::async_tools::{self as at, PendingCall, PendingState};
+        use crate::async_tools::{self as at, PendingCall};
+        use keel_runtime::{AsyncCall, AsyncCallState};
         let failed = |message: String| ToolRun::Done {
             output: json!(message),
             is_error: true,
@@ -1565,36 +1632,39 @@ impl Inner {
         };
         let (auth, ctx) = (&scope.flow.auth, scope.ctx);
         let secret = at::new_secret();
+        let call_id = at::new_call_id();
         let timeout = dispatch.timeout().unwrap_or(self.config.async_tool_timeout);
-        let deadline =
-            Utc::now() + chrono::Duration::from_std(timeout).unwrap_or(chrono::Duration::MAX);
+        // A timeout too long to represent never ends (rather than overflowing the clock).
+        let deadline = chrono::Duration::from_std(timeout)
+            .ok()
+            .and_then(|t| Utc::now().checked_add_signed(t))
+            .unwrap_or(chrono::DateTime::<Utc>::MAX_UTC);
         let record = PendingCall {
             task_id: ctx.task_id.clone(),
-            thread_id: ctx.thread_id.clone(),
-            call_id: call.id.clone(),
+            tool_call_id: call.id.clone(),
             tool: call.name.clone(),
             secret_sha256: at::hash_secret(&secret),
             deadline,
-            state: PendingState::Pending,
             output: None,
             is_error: false,
         };
+        let calls = self.runtime.async_call_store();
         let store = self.runtime.thread_store();
         let persisted = async {
+            let pending = AsyncCall {
+                call_id: call_id.clone(),
+                auth: auth.clone(),
+                thread_id: ctx.thread_id.clone(),
+                state: AsyncCallState::Pending,
+                record: serde_json::to_value(&record).map_err(AgentError::internal)?,
+            };
+            calls.put_async_call(&pending).await?;
             store
                 .kv_set(
                     auth,
                     &ctx.thread_id,
-                    &at::pending_key(&call.id),
-                    serde_json::to_value(&record).map_err(AgentError::internal)?,
-                )
-                .await?;
-            self.runtime
-                .memory_service()
-                .save_serialized(
-                    auth,
-                    &at::index_key(&call.id),
-                    json!(ctx.thread_id.as_str()),
+                    &at::link_key(&call.id),
+                    json!({ "call_id": call_id }),
                 )
                 .await
         }
@@ -1604,9 +1674,9 @@ impl Inner {
         }
         let invocation = crate::AsyncInvocation {
             tool: call.name.clone(),
-            call_id: call.id.clone(),
+            call_id: call_id.clone(),
             arguments: call.arguments.clone(),
-            callback_url: format!("{}/callbacks/{}", base.trim_end_matches('/'), call.id),
+            callback_url: format!("{}/callbacks/{}", base.trim_end_matches('/'), call_id),
             callback_secret: secret,
             group_id: ctx.thread_id.as_str().to_owned(),
             user_id: Some(auth.user_name.clone()),
@@ -1618,17 +1688,28 @@ impl Inner {
                     EventType::new("tool.async.dispatched"),
                     format!("asynchronous tool `{}` dispatched", call.name),
                 )
-                .payload(json!({"call_id": call.id, "tool": call.name, "deadline": deadline})),
+                .payload(json!({
+                    "call_id": call_id,
+                    "tool_call_id": call.id,
+                    "tool": call.name,
+                    "deadline": deadline,
+                })),
             )
             .await;
         if let Err(err) = dispatch.dispatch(&invocation).await {
-            let _ = store
-                .kv_set(
+            // Not acknowledged: the call is over (a callback for it is late) and the model
+            // sees the failure now.
+            let _ = calls
+                .transition_async_call(
                     auth,
-                    &ctx.thread_id,
-                    &at::pending_key(&call.id),
-                    Value::Null,
+                    &call_id,
+                    AsyncCallState::Pending,
+                    AsyncCallState::Expired,
+                    serde_json::to_value(&record).unwrap_or(Value::Null),
                 )
+                .await;
+            let _ = store
+                .kv_set(auth, &ctx.thread_id, &at::link_key(&call.id), Value::Null)
                 .await;
             return failed(err.to_string());
         }
@@ -1639,60 +1720,146 @@ impl Inner {
                     EventType::new("tool.async.acknowledged"),
                     format!("asynchronous tool `{}` acknowledged", call.name),
                 )
-                .payload(json!({"call_id": call.id})),
+                .payload(json!({"call_id": call_id, "tool_call_id": call.id, "tool": call.name})),
             )
             .await;
-        // Best effort in this process: at the deadline the task runs again and the call ends
-        // as a timeout (any later run of the task sees the deadline too).
-        if let Some(me) = self.me.upgrade() {
-            let (auth, thread_id, task_id) =
-                (auth.clone(), ctx.thread_id.clone(), ctx.task_id.clone());
-            let stop = self.shutting_down.clone();
-            self.tracker.spawn(async move {
-                tokio::select! {
-                    () = tokio::time::sleep(timeout) => {}
-                    () = stop.cancelled() => return,
-                }
-                let _ = me
-                    .enqueue(&auth, &thread_id, QueuedWork::Task { task_id })
-                    .await;
-            });
-        }
-        ToolRun::Pending {
-            call_id: call.id.clone(),
-        }
+        self.arm_deadline(auth, &ctx.thread_id, &ctx.task_id, deadline);
+        ToolRun::Pending { call_id }
+    }
+
+    /// Best effort in this process: at `deadline` the task runs again and a call still pending
+    /// ends as a timeout. Armed at dispatch and again whenever a run finds the call still
+    /// pending (so a process that starts after the dispatching one exited times it out too);
+    /// any later run of the task sees the deadline as well.
+    fn arm_deadline(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        task_id: &TaskId,
+        deadline: chrono::DateTime<Utc>,
+    ) {
+        let Some(me) = self.me.upgrade() else {
+            return;
+        };
+        let wait = (deadline - Utc::now()).to_std().unwrap_or_default();
+        let (auth, thread_id, task_id) = (auth.clone(), thread_id.clone(), task_id.clone());
+        let stop = self.shutting_down.clone();
+        self.tracker.spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = stop.cancelled() => return,
+            }
+            let _ = me
+                .enqueue(&auth, &thread_id, QueuedWork::Task { task_id })
+                .await;
+        });
     }
 
     /// The state of an asynchronous call on resume: `None` when it is not one; `Pending`
-    /// while it waits; its result when delivered; a timeout error past its deadline.
-    async fn async_result(&self, flow: &Flow, call: &ToolCall) -> AgentResult<Option<ToolRun>> {
-        use crate::async_tools::{self as at, PendingCall, PendingState};
-        let store = self.runtime.thread_store();
-        let key = at::pending_key(&call.id);
-        let Some(value) = store.kv_get(&flow.auth, &flow.thread_id, &key).await? else {
+    /// while it waits; its result when delivered (event `tool.async.result`); a timeout error
+    /// past its deadline (event `tool.async.timed_out`).
+    async fn async_result(
+        &self,
+        scope: &Scope<'_>,
+        call: &ToolCall,
+    ) -> AgentResult<Option<ToolRun>> {
+        use crate::async_tools::{self as at, PendingCall};
+        use keel_runtime::AsyncCallState;
+        let flow = scope.flow;
+        let link = self
+            .runtime
+            .thread_store()
+            .kv_get(&flow.auth, &flow.thread_id, &at::link_key(&call.id))
+            .await?;
+        let Some(call_id) = link
+            .as_ref()
+            .and_then(|v| v.get("call_id"))
+            .and_then(Value::as_str)
+        else {
             return Ok(None);
         };
-        let Ok(mut record) = serde_json::from_value::<PendingCall>(value) else {
+        let calls = self.runtime.async_call_store();
+        let Some(mut pending) = calls.find_async_call(call_id).await? else {
             return Ok(None);
         };
-        let run = match record.state {
-            PendingState::Delivered => ToolRun::Done {
-                output: record.output.clone().unwrap_or(Value::Null),
-                is_error: record.is_error,
-            },
-            PendingState::Pending if Utc::now() < record.deadline => ToolRun::Pending {
-                call_id: call.id.clone(),
-            },
-            PendingState::Pending | PendingState::Expired => {
-                record.state = PendingState::Expired;
-                store
-                    .kv_set(
-                        &flow.auth,
-                        &flow.thread_id,
-                        &key,
-                        serde_json::to_value(&record).map_err(AgentError::internal)?,
+        let record: PendingCall = serde_json::from_value(pending.record.clone()).map_err(|e| {
+            AgentError::storage(format!("asynchronous call `{call_id}` is malformed: {e}"))
+        })?;
+        if pending.state == AsyncCallState::Pending && Utc::now() >= record.deadline {
+            // Expire with the same compare-and-set a delivery uses: if a result won the race,
+            // it is the one the model sees.
+            let expired = calls
+                .transition_async_call(
+                    &flow.auth,
+                    call_id,
+                    AsyncCallState::Pending,
+                    AsyncCallState::Expired,
+                    pending.record.clone(),
+                )
+                .await?;
+            if !expired {
+                pending = calls.find_async_call(call_id).await?.ok_or_else(|| {
+                    AgentError::storage(format!("asynchronous call `{call_id}` vanished"))
+                })?;
+            } else {
+                pending.state = AsyncCallState::Expired;
+            }
+        }
+        let run = match pending.state {
+            AsyncCallState::Pending => {
+                self.arm_deadline(
+                    &flow.auth,
+                    &flow.thread_id,
+                    &record.task_id,
+                    record.deadline,
+                );
+                ToolRun::Pending {
+                    call_id: call_id.to_owned(),
+                }
+            }
+            AsyncCallState::Delivered => {
+                let delivered: PendingCall = serde_json::from_value(pending.record.clone())
+                    .map_err(|e| {
+                        AgentError::storage(format!(
+                            "asynchronous call `{call_id}` is malformed: {e}"
+                        ))
+                    })?;
+                scope
+                    .obs
+                    .emit(
+                        RunEvent::builder(
+                            EventType::new("tool.async.result"),
+                            format!("asynchronous tool `{}` called back", call.name),
+                        )
+                        .payload(json!({
+                            "call_id": call_id,
+                            "tool_call_id": call.id,
+                            "tool": call.name,
+                            "is_error": delivered.is_error,
+                        })),
                     )
-                    .await?;
+                    .await;
+                ToolRun::Done {
+                    output: delivered.output.unwrap_or(Value::Null),
+                    is_error: delivered.is_error,
+                }
+            }
+            AsyncCallState::Expired => {
+                scope
+                    .obs
+                    .emit(
+                        RunEvent::builder(
+                            EventType::new("tool.async.timed_out"),
+                            format!("asynchronous tool `{}` timed out", call.name),
+                        )
+                        .payload(json!({
+                            "call_id": call_id,
+                            "tool_call_id": call.id,
+                            "tool": call.name,
+                            "deadline": record.deadline,
+                        })),
+                    )
+                    .await;
                 ToolRun::Done {
                     output: json!(format!(
                         "asynchronous tool `{}` timed out: no result arrived by {}",
@@ -1932,7 +2099,7 @@ impl Inner {
             if !system.is_empty() {
                 messages.push(LlmMessage::system(system));
             }
-            messages.extend(history.iter().cloned());
+            messages.extend(crate::async_tools::model_view(history));
             let request = LlmRequest::new(messages).with_tools(tools.clone());
             let manifest = prepare_manifest(
                 &request,
@@ -2600,4 +2767,69 @@ fn direct_tool_calls(message: Option<&Message>) -> Option<Vec<ToolCall>> {
         })
         .collect::<Option<_>>()?;
     (!calls.is_empty()).then_some(calls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_core::RunBudget;
+
+    fn with_context(permissions: Value, max_steps: Option<u32>) -> Task {
+        let mut task = Task::create(Message::user("hi"));
+        let mut ctx = RunContext::new().with_budget(RunBudget {
+            max_steps,
+            ..Default::default()
+        });
+        ctx.permissions = serde_json::from_value(permissions).unwrap();
+        ctx.attach_to_task(&mut task).unwrap();
+        task
+    }
+
+    fn incoming(permissions: Value, max_steps: Option<u32>) -> RunContext {
+        let mut ctx = RunContext::new().with_budget(RunBudget {
+            max_steps,
+            ..Default::default()
+        });
+        ctx.permissions = serde_json::from_value(permissions).unwrap();
+        ctx
+    }
+
+    #[test]
+    fn a_new_task_adopts_the_callers_context() {
+        let mut task = Task::create(Message::user("hi"));
+        let ctx = incoming(json!({"records.*": "deny"}), Some(3));
+        adopt_run_context(&mut task, ctx.clone()).unwrap();
+        let adopted = RunContext::from_task(&task).unwrap().unwrap();
+        assert_eq!(adopted.run_id, ctx.run_id);
+        assert_eq!(adopted.permissions, ctx.permissions);
+        assert_eq!(adopted.budget.max_steps, Some(3));
+    }
+
+    #[test]
+    fn a_continuing_task_context_only_narrows() {
+        // The budget takes the tighter limit, whichever side sets it.
+        let mut task = with_context(json!({"records.*": "deny"}), Some(3));
+        adopt_run_context(&mut task, incoming(json!({}), Some(10))).unwrap();
+        let ctx = RunContext::from_task(&task).unwrap().unwrap();
+        assert_eq!(ctx.budget.max_steps, Some(3));
+        // Permissions left empty keep the task's (empty would mean "no narrowing").
+        assert_eq!(ctx.permissions["records.*"], json!("deny"));
+
+        // Other permissions are refused, naming the field, and change nothing.
+        let before = task.metadata.clone();
+        let err = adopt_run_context(&mut task, incoming(json!({"records.read": "allow"}), None))
+            .unwrap_err();
+        assert!(
+            matches!(&err, AgentError::InvalidInput { field, .. } if field == "message.metadata.run_context.permissions"),
+            "{err:?}"
+        );
+        assert_eq!(task.metadata, before);
+
+        // A task without permissions may take some: that only narrows.
+        let mut open = with_context(json!({}), None);
+        adopt_run_context(&mut open, incoming(json!({"records.*": false}), Some(2))).unwrap();
+        let ctx = RunContext::from_task(&open).unwrap().unwrap();
+        assert_eq!(ctx.permissions["records.*"], json!(false));
+        assert_eq!(ctx.budget.max_steps, Some(2));
+    }
 }

@@ -45,7 +45,8 @@ pub use agent::{
     Agent, AgentBuilder, StopRules, ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL,
 };
 pub use async_tools::{
-    AsyncDispatch, AsyncHttpTool, AsyncInvocation, CallbackError, CALLBACK_SECRET_HEADER,
+    AcceptedCallback, AsyncDispatch, AsyncHttpTool, AsyncInvocation, CallbackError,
+    CALLBACK_SECRET_HEADER,
 };
 pub use attachments::{attachment_uri, ATTACHMENT_URI_SCHEME};
 pub use code::{CodeRequest, CodeRun, CodeRunner};

@@ -47,6 +47,7 @@ mod sqlite {
                 .with_memory_service(store.clone())
                 .with_thread_store(store.clone())
                 .with_thread_timers(store.clone())
+                .with_async_call_store(store.clone())
                 .with_run_store(store),
         )
     }

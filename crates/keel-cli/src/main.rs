@@ -78,6 +78,10 @@ struct RunOnceArgs {
     /// Seconds a thread lease lasts unless renewed.
     #[arg(long, default_value_t = 30.0, env = "KEEL_LEASE_TTL")]
     lease_ttl: f64,
+    /// Seconds an asynchronous tool call waits for its callback before it ends as a tool
+    /// error the model sees (tools may set their own).
+    #[arg(long, default_value_t = 3600.0, env = "KEEL_ASYNC_TOOL_TIMEOUT")]
+    async_tool_timeout: f64,
 }
 
 #[derive(Debug, Args)]
@@ -122,6 +126,10 @@ struct ServeArgs {
     /// waits before another process (or this one, restarted) takes it over.
     #[arg(long, default_value_t = 30.0, env = "KEEL_LEASE_TTL")]
     lease_ttl: f64,
+    /// Seconds an asynchronous tool call waits for its callback before it ends as a tool
+    /// error the model sees (tools may set their own).
+    #[arg(long, default_value_t = 3600.0, env = "KEEL_ASYNC_TOOL_TIMEOUT")]
+    async_tool_timeout: f64,
 }
 
 fn main() -> ExitCode {
@@ -159,6 +167,16 @@ fn lease_ttl(seconds: f64) -> Result<Duration, String> {
     if !(seconds.is_finite() && (0.1..=86_400.0).contains(&seconds)) {
         return Err(format!(
             "--lease-ttl {seconds} is out of range: use 0.1 to 86400 seconds"
+        ));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// `--async-tool-timeout`, checked.
+fn async_tool_timeout(seconds: f64) -> Result<Duration, String> {
+    if !(seconds.is_finite() && (0.001..=31_536_000.0).contains(&seconds)) {
+        return Err(format!(
+            "--async-tool-timeout {seconds} is out of range: use 0.001 to 31536000 seconds"
         ));
     }
     Ok(Duration::from_secs_f64(seconds))
@@ -223,6 +241,7 @@ async fn run_once(args: RunOnceArgs) -> Result<(), String> {
     let config = ExecutorConfig {
         lease_ttl,
         callback_base_url: args.callback_base_url,
+        async_tool_timeout: async_tool_timeout(args.async_tool_timeout)?,
         ..ExecutorConfig::default()
     };
     let outcome = process_once_with(
@@ -279,6 +298,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         lease_ttl,
         // Asynchronous tools call back to the server's own callback route.
         callback_base_url: Some(url.trim_end_matches('/').to_owned()),
+        async_tool_timeout: async_tool_timeout(args.async_tool_timeout)?,
         ..ExecutorConfig::default()
     };
     let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);

@@ -21,6 +21,7 @@
 //! # }
 //! ```
 
+mod async_calls;
 mod auth;
 mod lease;
 mod logging;
@@ -36,6 +37,7 @@ mod timers;
 
 use std::sync::Arc;
 
+pub use async_calls::{AsyncCall, AsyncCallState, AsyncCallStore, InMemoryAsyncCallStore};
 pub use auth::{ApiKeyAuthService, AuthContext, AuthService, Credentials, StaticAuthService};
 use keel_llm::Llm;
 pub use lease::{Lease, ThreadLeases};
@@ -84,6 +86,8 @@ pub trait Runtime: Send + Sync {
     fn thread_timers(&self) -> Option<Arc<dyn ThreadTimers>> {
         None
     }
+    /// Pending asynchronous tool calls, found by id alone when their callback arrives.
+    fn async_call_store(&self) -> Arc<dyn AsyncCallStore>;
 }
 
 /// A [`Runtime`] whose services all live in process memory. Nothing survives a restart.
@@ -98,6 +102,7 @@ pub struct InMemoryRuntime {
     runs: Arc<dyn RunStore>,
     steps: Option<Arc<dyn StepStore>>,
     timers: Arc<dyn ThreadTimers>,
+    async_calls: Arc<dyn AsyncCallStore>,
 }
 
 impl InMemoryRuntime {
@@ -113,6 +118,7 @@ impl InMemoryRuntime {
             runs: Arc::new(InMemoryRunStore::new()),
             steps: None,
             timers: Arc::new(InMemoryThreadTimers::new()),
+            async_calls: Arc::new(InMemoryAsyncCallStore::new()),
         }
     }
 
@@ -166,6 +172,13 @@ impl InMemoryRuntime {
         self
     }
 
+    /// Replace the store of pending asynchronous tool calls.
+    #[must_use]
+    pub fn with_async_call_store(mut self, calls: Arc<dyn AsyncCallStore>) -> Self {
+        self.async_calls = calls;
+        self
+    }
+
     /// Replace the memory service.
     #[must_use]
     pub fn with_memory_service(mut self, memory: Arc<dyn MemoryService>) -> Self {
@@ -201,5 +214,8 @@ impl Runtime for InMemoryRuntime {
     }
     fn thread_timers(&self) -> Option<Arc<dyn ThreadTimers>> {
         Some(self.timers.clone())
+    }
+    fn async_call_store(&self) -> Arc<dyn AsyncCallStore> {
+        self.async_calls.clone()
     }
 }

@@ -20,6 +20,10 @@
 //! against one store of each kind. Malformed stored data cannot be injected generically:
 //! each backend's own tests corrupt a record and expect [`AgentError::Storage`].
 
+mod async_calls;
+
+pub use async_calls::*;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;

@@ -31,3 +31,8 @@ async fn in_memory_timers_and_tenants_pass_the_conformance_suite() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn in_memory_async_call_store_passes_the_conformance_suite() {
+    testing::async_call_store_all(Arc::new(keel_runtime::InMemoryAsyncCallStore::new())).await;
+}

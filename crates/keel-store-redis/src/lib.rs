@@ -91,6 +91,10 @@
 //! | `timer:<id>` | hash | a timer: `owner` (namespace), `thread`, `body`, `attempts`, `claim` |
 //! | `timers-of:<namespace>:<thread>` | sorted set | one thread's timer ids, score = due time (µs) |
 //! | `tenants` | set | namespaces of tenants that saved a task (for recovery of all tenants) |
+//! One kind of key is not a tenant's: `<prefix>async-call:<call>` (hash: `tenant`,
+//! `app_name`, `user_name`, `thread_id`, `state`, `record`) indexes asynchronous tool calls
+//! by id alone, because a callback names only its call; its fields say whose it is, and a
+//! transition compares them (and the state) in one script.
 //!
 //! Records are Keel's versioned stored JSON ([`keel_core::stored`]); a record that does not
 //! decode is [`AgentError::Storage`] naming its key.
@@ -128,6 +132,7 @@
 //! - A run report replaced with different index fields stays listed in its old indexes; the
 //!   client-side check drops it there.
 
+mod async_calls;
 mod encoding;
 mod error;
 mod keys;

@@ -2,9 +2,9 @@
 //!
 //! One [`SqliteStore`] implements every store trait of `keel-runtime` — [`TaskManager`],
 //! [`MemoryService`], [`ThreadHistory`], [`ThreadQueue`], [`ThreadKv`], [`SubagentRegistry`],
-//! [`ThreadLeases`] (so also [`ThreadStore`]), [`RunStore`] and [`ThreadTimers`] — over one
-//! database file, with the same semantics as the in-memory stores (the shared conformance
-//! suite checks it).
+//! [`ThreadLeases`] (so also [`ThreadStore`]), [`RunStore`], [`ThreadTimers`] and
+//! [`AsyncCallStore`] — over one database file, with the same semantics as the in-memory
+//! stores (the shared conformance suite checks it).
 //!
 //! # Durability and concurrency
 //!
@@ -63,7 +63,9 @@
 //! [`ThreadStore`]: keel_runtime::ThreadStore
 //! [`RunStore`]: keel_runtime::RunStore
 //! [`ThreadTimers`]: keel_runtime::ThreadTimers
+//! [`AsyncCallStore`]: keel_runtime::AsyncCallStore
 
+mod async_calls;
 mod codec;
 mod leases;
 mod memory;

@@ -36,6 +36,10 @@ const MIGRATIONS: &[Migration] = &[
         description: "thread timers",
         sql: V2,
     },
+    Migration {
+        description: "asynchronous tool calls",
+        sql: ASYNC_CALLS,
+    },
 ];
 
 /// The schema version this code creates and understands.
@@ -201,6 +205,22 @@ CREATE TABLE thread_timers (
 ) STRICT;
 CREATE INDEX thread_timers_by_ready ON thread_timers (ready_at, id);
 CREATE INDEX thread_timers_by_thread ON thread_timers (tenant, thread_id, due_at, id);
+"#;
+
+/// Version 3: pending asynchronous tool calls, keyed by call id alone: a callback names only the call, and
+/// the row says which tenant owns it (`tenant` is the namespace string; `app_name` and
+/// `user_name` rebuild the `AuthContext`). `record` is the engine's JSON, stored as given.
+/// `IF NOT EXISTS` keeps the step harmless if it is ever reordered with another.
+const ASYNC_CALLS: &str = r#"
+CREATE TABLE IF NOT EXISTS async_calls (
+    call_id   TEXT NOT NULL PRIMARY KEY,
+    tenant    TEXT NOT NULL,
+    app_name  TEXT NOT NULL,
+    user_name TEXT NOT NULL,
+    thread_id TEXT NOT NULL,
+    state     TEXT NOT NULL,
+    record    TEXT NOT NULL
+) STRICT, WITHOUT ROWID;
 "#;
 
 /// The schema version recorded in the database.

@@ -2,6 +2,10 @@
 //! with the call's secret in the `x-keel-callback-secret` header and a JSON body
 //! `{"output": <any>, "is_error": <bool, default false>}`.
 //!
+//! The route needs no other credentials and works for every tenant: the call is found by its
+//! id alone and the per-call secret proves the caller is the tool that got the invocation, so
+//! the result lands in the tenant that dispatched the call (never one the caller names).
+//!
 //! Answers `202 Accepted` when the result is recorded and its task queued; an unknown call is
 //! `404`, a wrong or missing secret `401`, a late or duplicate result `409`, each with a JSON
 //! body `{"error": {"code": "...", "message": "..."}}`, and none of them changes anything.
@@ -24,8 +28,7 @@ struct CallbackBody {
     is_error: bool,
 }
 
-/// The callback routes for `executor`'s asynchronous tools. Callbacks are routed in the
-/// runtime's default tenant.
+/// The callback routes for `executor`'s asynchronous tools, for calls of every tenant.
 pub fn router(executor: AgentExecutor) -> Router {
     Router::new()
         .route("/callbacks/{call_id}", post(deliver))
@@ -63,14 +66,13 @@ async fn deliver(
             "the body must be JSON: {\"output\": ..., \"is_error\": false}".into(),
         );
     };
-    let auth = executor.runtime().auth_service().auth_context();
     match executor
-        .deliver_tool_result(&auth, &call_id, secret, body.output, body.is_error)
+        .deliver_tool_result(&call_id, secret, body.output, body.is_error)
         .await
     {
-        Ok(task_id) => (
+        Ok(accepted) => (
             StatusCode::ACCEPTED,
-            Json(json!({"call_id": call_id, "task_id": task_id.as_str(), "status": "accepted"})),
+            Json(json!({"call_id": call_id, "task_id": accepted.task_id.as_str(), "status": "accepted"})),
         )
             .into_response(),
         Err(err) => {

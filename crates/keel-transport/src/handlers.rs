@@ -10,7 +10,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, BoxStream, StreamExt};
 use keel_agent::{AgentExecutor, SendOptions};
-use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
+use keel_core::{
+    AgentError, AgentResult, Message, RunContext, Task, TaskEvent, TaskId, RUN_CONTEXT_KEY,
+};
 use keel_runtime::{AuthContext, ListTasksFilter};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -230,6 +232,46 @@ impl Handlers {
         }
     }
 
+    /// Remote delegation: a delegating Keel agent sends its child run's context in the
+    /// message's metadata under `run_context` (brief decision 2). Take it out of the message
+    /// and adopt it for the run here: same trace, workspace, permissions, budget and
+    /// `parent_run_id`, this agent appended to `agent_chain`. The run's thread is this task's
+    /// own A2A context; the sender's thread is kept as `metadata.parent_thread_id`. A context
+    /// that does not decode is InvalidParams naming the field
+    /// (`message.metadata.run_context.budget.max_steps`). Permissions only narrow: they combine
+    /// with this agent's policy by the most restrictive result (decision 13), and the engine
+    /// refuses a context that would change a continuing task's permissions.
+    fn take_run_context(&self, message: &mut Message) -> Result<Option<RunContext>, RpcError> {
+        let Some(value) = message.metadata.remove(RUN_CONTEXT_KEY) else {
+            return Ok(None);
+        };
+        if value.is_null() {
+            return Ok(None);
+        }
+        let mut ctx: RunContext = serde_path_to_error::deserialize(&value).map_err(|err| {
+            let path = err.path().to_string();
+            let field = if path == "." {
+                format!("message.metadata.{RUN_CONTEXT_KEY}")
+            } else {
+                format!("message.metadata.{RUN_CONTEXT_KEY}.{path}")
+            };
+            rpc(AgentError::invalid_input(field, err.inner().to_string()))
+        })?;
+        // Cancellation is the sender's CancelTask, never a flag it sets on a new run.
+        ctx.canceled = false;
+        ctx.cancel_reason = None;
+        if let Some(parent_thread) = ctx.thread_id.take() {
+            ctx.metadata
+                .entry("parent_thread_id")
+                .or_insert_with(|| Value::String(parent_thread.as_str().to_owned()));
+        }
+        let agent = &self.executor.agent().card().name;
+        if ctx.agent_chain.last() != Some(agent) {
+            ctx.agent_chain.push(agent.clone());
+        }
+        Ok(Some(ctx))
+    }
+
     /// `SendMessage`: blocking unless `return_immediately`.
     pub(crate) async fn send_message(
         &self,
@@ -237,10 +279,11 @@ impl Handlers {
         call: SendMessageCall,
     ) -> Result<Task, RpcError> {
         let Some(push_config) = call.push_config.clone() else {
+            let mut call = call;
             let options = SendOptions {
                 return_immediately: call.return_immediately,
                 history_length: call.history_length,
-                run_context: None,
+                run_context: self.take_run_context(&mut call.message)?,
             };
             return self
                 .executor
@@ -272,14 +315,14 @@ impl Handlers {
     async fn accept_with_push(
         &self,
         auth: &AuthContext,
-        call: SendMessageCall,
+        mut call: SendMessageCall,
         mut push_config: crate::push::PushConfig,
     ) -> Result<Task, RpcError> {
         let message_id = call.message.message_id.clone();
         let options = SendOptions {
             return_immediately: true,
             history_length: call.history_length,
-            run_context: None,
+            run_context: self.take_run_context(&mut call.message)?,
         };
         let task = self
             .executor
@@ -412,10 +455,11 @@ impl Handlers {
                 self.accept_with_push(&auth, call, push_config).await?
             }
             None => {
+                let mut call = call;
                 let options = SendOptions {
                     return_immediately: true,
                     history_length: None,
-                    run_context: None,
+                    run_context: self.take_run_context(&mut call.message)?,
                 };
                 self.executor
                     .send_message(&auth, call.message, options)

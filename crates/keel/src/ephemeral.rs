@@ -137,8 +137,8 @@ impl Outcome {
 /// How long [`process_once`] waits for the task to rest by default.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(600);
 
-/// Process `input` with a fresh executor for `agent` over `runtime` (in the runtime's default
-/// tenant), wait until the task rests, stop the executor and return where the task stands.
+/// Process `input` with a fresh executor for `agent` over `runtime` (a message in the
+/// runtime's default tenant; a tool result in the tenant of its call), wait until the task rests, stop the executor and return where the task stands.
 pub async fn process_once(
     runtime: Arc<dyn Runtime>,
     agent: Agent,
@@ -172,7 +172,8 @@ pub async fn process_once_with(
 }
 
 /// Process `input` on an existing executor and wait until its task rests (at most
-/// `max_wait`); the executor keeps running.
+/// `max_wait`); the executor keeps running. A message is sent as `auth`; a tool result goes to
+/// the tenant that dispatched its call, whatever `auth` is.
 pub async fn process(
     executor: &AgentExecutor,
     auth: &AuthContext,
@@ -200,15 +201,22 @@ pub async fn process(
             output,
             is_error,
         } => {
-            let task_id = executor
-                .deliver_tool_result(auth, &call_id, &secret, output, is_error)
+            // The call's own tenant, whoever runs this process: the secret is the credential.
+            let accepted = executor
+                .deliver_tool_result(&call_id, &secret, output, is_error)
                 .await
                 .map_err(|err| match err {
                     CallbackError::Agent(err) => err,
                     other => AgentError::invalid_input("callback", other.to_string()),
                 })?;
-            let task = executor.get_task(auth, &task_id, Some(0)).await?;
-            (task_id, task.thread_id)
+            return wait_for_rest(
+                executor,
+                &accepted.auth,
+                &accepted.task_id,
+                &accepted.thread_id,
+                max_wait,
+            )
+            .await;
         }
     };
     wait_for_rest(executor, auth, &task_id, &thread_id, max_wait).await

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use keel_core::{AgentError, AgentResult};
 use keel_llm::{Llm, MockLlm};
 use keel_runtime::{
-    AuthService, InMemoryRuntime, LoggingService, MemoryService, RunStore, Runtime, StepStore,
-    TaskManager, ThreadStore, ThreadTimers,
+    AsyncCallStore, AuthService, InMemoryRuntime, LoggingService, MemoryService, RunStore, Runtime,
+    StepStore, TaskManager, ThreadStore, ThreadTimers,
 };
 
 /// Where a [`DefaultRuntime`] keeps tasks, threads, memory and run records.
@@ -133,6 +133,9 @@ impl Runtime for DefaultRuntime {
     fn thread_timers(&self) -> Option<Arc<dyn ThreadTimers>> {
         self.services.thread_timers()
     }
+    fn async_call_store(&self) -> Arc<dyn AsyncCallStore> {
+        self.services.async_call_store()
+    }
 }
 
 /// Builds a [`DefaultRuntime`].
@@ -203,6 +206,7 @@ impl DefaultRuntimeBuilder {
                     .with_memory_service(store.clone())
                     .with_thread_store(store.clone())
                     .with_thread_timers(store.clone())
+                    .with_async_call_store(store.clone())
                     .with_run_store(store)
             }
             #[cfg(feature = "redis")]
@@ -218,6 +222,7 @@ impl DefaultRuntimeBuilder {
                     .with_thread_store(store.clone())
                     .with_step_store(store.clone())
                     .with_thread_timers(store.clone())
+                    .with_async_call_store(store.clone())
                     .with_run_store(store)
             }
             #[allow(unreachable_patterns)] // reachable exactly when a store feature is off

@@ -131,20 +131,22 @@ async fn an_async_tool_result_arrives_by_callback_and_the_step_goes_on_in_order(
 
     // Forged and unknown callbacks change nothing.
     let forged = exec
-        .deliver_tool_result(&auth, &inv.call_id, "not-the-secret", json!("x"), false)
+        .deliver_tool_result(&inv.call_id, "not-the-secret", json!("x"), false)
         .await;
     assert!(matches!(forged, Err(CallbackError::Forbidden { .. })), "{forged:?}");
     let unknown = exec
-        .deliver_tool_result(&auth, "no-such-call", &inv.callback_secret, json!("x"), false)
+        .deliver_tool_result("no-such-call", &inv.callback_secret, json!("x"), false)
         .await;
     assert!(matches!(unknown, Err(CallbackError::UnknownCall { .. })), "{unknown:?}");
     assert!(tool_results(&exec, &auth, &task).await.is_empty());
 
     let delivered = exec
-        .deliver_tool_result(&auth, &inv.call_id, &inv.callback_secret, json!({"video": "v.mp4"}), false)
+        .deliver_tool_result(&inv.call_id, &inv.callback_secret, json!({"video": "v.mp4"}), false)
         .await
         .unwrap();
-    assert_eq!(delivered, task.id);
+    assert_eq!(delivered.task_id, task.id);
+    assert_eq!(delivered.auth, auth);
+    assert_eq!(delivered.thread_id, task.thread_id);
     let done = wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
     assert_eq!(done.state(), TaskState::Completed);
     let results = tool_results(&exec, &auth, &task).await;
@@ -153,7 +155,7 @@ async fn an_async_tool_result_arrives_by_callback_and_the_step_goes_on_in_order(
     assert!(results[1].contains("render"), "{results:?}");
 
     let duplicate = exec
-        .deliver_tool_result(&auth, &inv.call_id, &inv.callback_secret, json!("again"), false)
+        .deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("again"), false)
         .await;
     assert!(matches!(duplicate, Err(CallbackError::Duplicate { .. })), "{duplicate:?}");
 }
@@ -169,7 +171,7 @@ async fn a_pending_call_past_its_deadline_is_a_tool_error_and_a_late_callback_is
     let results = tool_results(&exec, &auth, &task).await;
     assert!(results[0].contains("timed out"), "{results:?}");
     let late = exec
-        .deliver_tool_result(&auth, &inv.call_id, &inv.callback_secret, json!("x"), false)
+        .deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("x"), false)
         .await;
     assert!(matches!(late, Err(CallbackError::Late { .. })), "{late:?}");
 }
@@ -219,10 +221,292 @@ async fn a_callback_is_handled_by_a_fresh_executor_after_the_first_one_stopped()
 
     let second = build(vec![MockResponse::Text("finished later".into())]);
     second
-        .deliver_tool_result(&auth, &inv.call_id, &inv.callback_secret, json!("rendered"), false)
+        .deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("rendered"), false)
         .await
         .unwrap();
     let done = wait_for(&second, &auth, &task, |t| t.state().is_terminal()).await;
     assert_eq!(done.state(), TaskState::Completed);
     assert_eq!(done.status().message.as_ref().unwrap().text(), "finished later");
+}
+
+#[tokio::test]
+async fn a_task_of_any_tenant_is_resumed_by_its_callback_found_by_call_id_alone() {
+    let (endpoint, mut invocations) = tool_server(StatusCode::ACCEPTED).await;
+    let (exec, default) = executor(&endpoint, None, script());
+    let tenant = AuthContext::new("acme", "bob");
+    assert_ne!(tenant, default);
+    let task = start(&exec, &tenant).await;
+    let inv = invocations.recv().await.unwrap();
+    assert_eq!(inv.user_id.as_deref(), Some("bob"));
+    wait_for(&exec, &tenant, &task, |t| {
+        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
+    })
+    .await;
+
+    // A wrong secret for this very call: refused, the task keeps waiting with no result.
+    let forged = exec
+        .deliver_tool_result(&inv.call_id, "not-the-secret", json!("forged"), false)
+        .await;
+    assert!(matches!(forged, Err(CallbackError::Forbidden { .. })), "{forged:?}");
+    assert!(tool_results(&exec, &tenant, &task).await.is_empty());
+    let still = exec.get_task(&tenant, &task.id, None).await.unwrap();
+    assert_eq!(still.state(), TaskState::Working);
+
+    let accepted = exec
+        .deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("rendered"), false)
+        .await
+        .unwrap();
+    assert_eq!(accepted.auth, tenant, "the call's own tenant, not the default one");
+    let done = wait_for(&exec, &tenant, &task, |t| t.state().is_terminal()).await;
+    assert_eq!(done.state(), TaskState::Completed);
+    assert!(tool_results(&exec, &tenant, &task).await[0].contains("rendered"));
+    // Nothing of it is visible in the default tenant.
+    assert!(exec.get_task(&default, &task.id, None).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn of_concurrent_duplicate_callbacks_exactly_one_is_accepted_and_persisted_once() {
+    let (endpoint, mut invocations) = tool_server(StatusCode::ACCEPTED).await;
+    let (exec, auth) = executor(&endpoint, None, script());
+    let task = start(&exec, &auth).await;
+    let inv = invocations.recv().await.unwrap();
+    wait_for(&exec, &auth, &task, |t| {
+        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
+    })
+    .await;
+    let attempts: Vec<_> = (0..8)
+        .map(|i| {
+            let (exec, inv) = (exec.clone(), inv.clone());
+            tokio::spawn(async move {
+                exec.deliver_tool_result(&inv.call_id, &inv.callback_secret, json!({"attempt": i}), false)
+                    .await
+                    .map(|_| i)
+            })
+        })
+        .collect();
+    let mut accepted = Vec::new();
+    for attempt in attempts {
+        match attempt.await.unwrap() {
+            Ok(i) => accepted.push(i),
+            Err(CallbackError::Duplicate { .. }) => {}
+            Err(other) => panic!("a losing duplicate must be Duplicate, got {other:?}"),
+        }
+    }
+    assert_eq!(accepted.len(), 1, "{accepted:?}");
+    let done = wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
+    assert_eq!(done.state(), TaskState::Completed);
+    let results = tool_results(&exec, &auth, &task).await;
+    assert_eq!(results.len(), 2, "one render result and the echo: {results:?}");
+    assert!(results[0].contains(&format!("\"attempt\":{}", accepted[0])), "{results:?}");
+}
+
+#[tokio::test]
+async fn threads_whose_model_numbers_calls_alike_get_distinct_async_calls() {
+    let (endpoint, mut invocations) = tool_server(StatusCode::ACCEPTED).await;
+    // Some models number calls per conversation: both threads' calls are `call_0`.
+    let numbered = || {
+        MockResponse::ToolCalls(vec![ToolCall {
+            id: "call_0".into(),
+            name: "render".into(),
+            arguments: json!({}),
+        }])
+    };
+    let script = vec![
+        numbered(),
+        numbered(),
+        MockResponse::Text("done".into()),
+        MockResponse::Text("done".into()),
+    ];
+    let (exec, auth) = executor(&endpoint, None, script);
+    let awaiting = |t: &Task| t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"));
+    let first = start(&exec, &auth).await;
+    let first_inv = invocations.recv().await.unwrap();
+    wait_for(&exec, &auth, &first, awaiting).await;
+    let second = start(&exec, &auth).await;
+    let second_inv = invocations.recv().await.unwrap();
+    wait_for(&exec, &auth, &second, awaiting).await;
+    assert_ne!(first.thread_id, second.thread_id);
+    assert_ne!(first_inv.call_id, second_inv.call_id);
+    assert_ne!(first_inv.call_id, "call_0");
+    exec.deliver_tool_result(&second_inv.call_id, &second_inv.callback_secret, json!("two"), false)
+        .await
+        .unwrap();
+    wait_for(&exec, &auth, &second, |t| t.state().is_terminal()).await;
+    exec.deliver_tool_result(&first_inv.call_id, &first_inv.callback_secret, json!("one"), false)
+        .await
+        .unwrap();
+    for (task, result) in [(&first, "one"), (&second, "two")] {
+        let done = wait_for(&exec, &auth, task, |t| t.state().is_terminal()).await;
+        assert_eq!(done.state(), TaskState::Completed);
+        assert_eq!(tool_results(&exec, &auth, task).await, vec![result.to_owned()]);
+    }
+}
+
+#[tokio::test]
+async fn dispatch_acknowledgement_callback_and_timeout_are_in_the_event_stream() {
+    use keel_events::InMemoryEventSink;
+    let kinds = |sink: &InMemoryEventSink| -> Vec<String> {
+        sink.events()
+            .iter()
+            .map(|e| e.event_type.as_str().to_owned())
+            .filter(|t| t.starts_with("tool.async."))
+            .collect()
+    };
+    let (endpoint, mut invocations) = tool_server(StatusCode::ACCEPTED).await;
+    let (exec, auth) = executor(&endpoint, None, script());
+    let sink = Arc::new(InMemoryEventSink::new());
+    exec.add_event_sink(sink.clone());
+    let task = start(&exec, &auth).await;
+    let inv = invocations.recv().await.unwrap();
+    wait_for(&exec, &auth, &task, |t| {
+        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
+    })
+    .await;
+    assert_eq!(kinds(&sink), ["tool.async.dispatched", "tool.async.acknowledged"]);
+    let dispatched = sink
+        .events()
+        .into_iter()
+        .find(|e| e.event_type.as_str() == "tool.async.dispatched")
+        .unwrap();
+    assert_eq!(dispatched.payload["call_id"], json!(inv.call_id));
+    assert_eq!(dispatched.payload["tool"], json!("render"));
+    exec.deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("ok"), false)
+        .await
+        .unwrap();
+    wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
+    assert_eq!(
+        kinds(&sink),
+        ["tool.async.dispatched", "tool.async.acknowledged", "tool.async.result"]
+    );
+    let result = sink
+        .events()
+        .into_iter()
+        .find(|e| e.event_type.as_str() == "tool.async.result")
+        .unwrap();
+    assert_eq!(result.payload["call_id"], json!(inv.call_id));
+    assert_eq!(result.payload["is_error"], json!(false));
+
+    // A call whose deadline passes: the timeout is an event too.
+    let (endpoint, _invocations) = tool_server(StatusCode::ACCEPTED).await;
+    let (exec, auth) = executor(&endpoint, Some(Duration::from_millis(100)), script());
+    let sink = Arc::new(InMemoryEventSink::new());
+    exec.add_event_sink(sink.clone());
+    let task = start(&exec, &auth).await;
+    wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
+    assert_eq!(
+        kinds(&sink),
+        ["tool.async.dispatched", "tool.async.acknowledged", "tool.async.timed_out"]
+    );
+}
+
+#[tokio::test]
+async fn a_user_message_while_a_result_is_pending_is_answered_and_the_model_sees_both_in_order() {
+    let (endpoint, mut invocations) = tool_server(StatusCode::ACCEPTED).await;
+    let runtime: Arc<dyn Runtime> = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("render", json!({}))]),
+        MockResponse::Text("still rendering; noted".into()),
+        MockResponse::Text("rendered, and you asked meanwhile".into()),
+    ]));
+    let agent = Agent::builder(AgentCard::new("rap", "async tools", "http://127.0.0.1:0"))
+        .llm_shared(llm.clone())
+        .tool(AsyncHttpTool::new("render", "Render", json!({"type": "object"}), &endpoint))
+        .build()
+        .unwrap();
+    let config = ExecutorConfig {
+        callback_base_url: Some("http://127.0.0.1:9".into()),
+        ..ExecutorConfig::default()
+    };
+    let exec = AgentExecutor::with_config(agent, runtime, config);
+    let first = start(&exec, &auth).await;
+    let inv = invocations.recv().await.unwrap();
+    wait_for(&exec, &auth, &first, |t| {
+        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
+    })
+    .await;
+
+    // The user writes while the result is pending: answered at once, in the same thread.
+    let meanwhile = exec
+        .send_message(
+            &auth,
+            Message::user("are you there?").in_thread(first.thread_id.clone()),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    let meanwhile = wait_for(&exec, &auth, &meanwhile, |t| t.state().is_terminal()).await;
+    assert_eq!(meanwhile.state(), TaskState::Completed);
+    assert_eq!(
+        meanwhile.status().message.as_ref().unwrap().text(),
+        "still rendering; noted"
+    );
+
+    exec.deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("v.mp4"), false)
+        .await
+        .unwrap();
+    let done = wait_for(&exec, &auth, &first, |t| t.state().is_terminal()).await;
+    assert_eq!(done.state(), TaskState::Completed);
+
+    // The last model call saw the user's message and then the tool's result, in that order,
+    // in a shape every provider accepts: the call answered at once by a placeholder, the
+    // result a note where it arrived.
+    let requests = llm.requests();
+    let last = &requests.last().unwrap().messages;
+    let call_at = last
+        .iter()
+        .position(|m| !m.tool_calls.is_empty())
+        .expect("the tool call");
+    assert_eq!(last[call_at + 1].role, LlmRole::Tool, "{last:?}");
+    assert!(last[call_at + 1].content.contains("not arrived yet"), "{last:?}");
+    let asked = last
+        .iter()
+        .position(|m| m.role == LlmRole::User && m.content == "are you there?")
+        .expect("the user's message");
+    let result = last
+        .iter()
+        .position(|m| m.role == LlmRole::User && m.content.contains("v.mp4"))
+        .expect("the tool result");
+    assert!(call_at < asked && asked < result, "{last:?}");
+    // The meanwhile turn's model call had the placeholder too.
+    let middle = &requests[1].messages;
+    let call_at = middle.iter().position(|m| !m.tool_calls.is_empty()).unwrap();
+    assert_eq!(middle[call_at + 1].role, LlmRole::Tool, "{middle:?}");
+}
+
+#[tokio::test]
+async fn a_retried_callback_requeues_a_task_whose_accepting_process_died_before_queuing_it() {
+    let (endpoint, mut invocations) = tool_server(StatusCode::ACCEPTED).await;
+    let (exec, auth) = executor(&endpoint, None, script());
+    let task = start(&exec, &auth).await;
+    let inv = invocations.recv().await.unwrap();
+    wait_for(&exec, &auth, &task, |t| {
+        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
+    })
+    .await;
+    // As if a process accepted the result (the store moved the call) and died before it
+    // queued the task.
+    let calls = exec.runtime().async_call_store();
+    let call = calls.find_async_call(&inv.call_id).await.unwrap().unwrap();
+    let mut record = call.record.clone();
+    record["output"] = json!("accepted before the crash");
+    assert!(calls
+        .transition_async_call(
+            &call.auth,
+            &inv.call_id,
+            keel_runtime::AsyncCallState::Pending,
+            keel_runtime::AsyncCallState::Delivered,
+            record,
+        )
+        .await
+        .unwrap());
+
+    // The tool retries: it is told the result is already there, and the task goes on.
+    let retry = exec
+        .deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("retry"), false)
+        .await;
+    assert!(matches!(retry, Err(CallbackError::Duplicate { .. })), "{retry:?}");
+    let done = wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
+    assert_eq!(done.state(), TaskState::Completed);
+    assert!(tool_results(&exec, &auth, &task).await[0].contains("accepted before the crash"));
 }
