@@ -34,6 +34,7 @@ mod code;
 mod executor;
 mod negotiator;
 mod observe;
+mod rest;
 mod subagents;
 mod thread_state;
 mod tool;
@@ -47,6 +48,7 @@ pub use async_tools::{
 pub use code::{CodeRequest, CodeRun, CodeRunner};
 pub use executor::{AgentExecutor, ExecutorConfig, SendOptions};
 pub use negotiator::{AcceptAll, LlmNegotiator, Negotiation, Negotiator};
+pub use rest::TaskRest;
 pub use subagents::{
     ParentCommunication, SubagentSpec, SUBAGENT_CREATE_TOOL, SUBAGENT_MESSAGE_TOOL,
 };
