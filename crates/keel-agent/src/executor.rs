@@ -2503,7 +2503,9 @@ impl Inner {
             runs.save_task_record(auth, &TaskRecord::of(task, Some(&self.agent.card().name))?)
                 .await?;
             if let Some(ctx) = ctx {
-                let report = obs.report().redacted_json(&RedactionPolicy::default())?;
+                let report = obs
+                    .take_report()
+                    .redacted_json(&RedactionPolicy::default())?;
                 runs.save_run_report(
                     auth,
                     &RunRecord {
