@@ -30,7 +30,7 @@ use tracing::Instrument;
 
 use crate::agent::{ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL};
 use crate::observe::RunObs;
-use crate::{Agent, Negotiation, ThreadState, ToolContext};
+use crate::{Agent, Negotiation, TaskRest, ThreadState, ToolContext};
 use futures::StreamExt;
 use keel_core::{ApprovalDecision, ApprovalOutcome, ApprovalRequest, RunAction};
 use keel_events::payload::{
@@ -44,6 +44,9 @@ use keel_runtime::{RunRecord, TaskRecord};
 const META_TASK: &str = "keel.task_id";
 const META_MESSAGE: &str = "keel.message_id";
 const META_QUEUE_ITEM: &str = "keel.queue_item";
+/// History metadata key: the agent (side) that wrote an assistant or tool entry, so that two
+/// agents sharing a thread each see the other as the user (dual_ai, §4).
+const META_SIDE: &str = "keel.side";
 /// Task metadata keys of an action waiting for approval and of the decision about it.
 const META_PENDING_APPROVAL: &str = "pending_approval";
 const META_APPROVAL_DECISION: &str = "approval_decision";
@@ -387,6 +390,19 @@ impl AgentExecutor {
         tasks
             .add_task_event(auth, &task.id, &TaskEvent::Message { message })
             .await?;
+        if !continuing {
+            // Two agents may share a thread (dual_ai): each runs only its own tasks.
+            self.inner
+                .runtime
+                .thread_store()
+                .kv_set(
+                    auth,
+                    &task.thread_id,
+                    &owner_key(&task.id),
+                    json!(self.inner.agent.card().name),
+                )
+                .await?;
+        }
         if continuing {
             // The answer is in: the task works again (and a blocking caller waits for the run
             // rather than finding the task still waiting for input).
@@ -607,7 +623,8 @@ impl AgentExecutor {
     }
 
     // Subagents: a parent's subagent tools wait for a child's task through this.
-    /// Wait until the task rests (terminal, or waiting for input or approval) and return it.
+    /// Wait until the task rests with an answer (terminal, or waiting for input or approval:
+    /// see [`TaskRest::answers`]) and return it.
     pub(crate) async fn wait_for_rest(
         &self,
         auth: &AuthContext,
@@ -680,11 +697,7 @@ impl AgentExecutor {
             )
             .await?;
         // Wait for the run to pick the decision up and rest again.
-        self.inner
-            .wait_until(auth, task_id, |task| {
-                is_resting(task.state()) && !task.metadata.contains_key(META_APPROVAL_DECISION)
-            })
-            .await?;
+        self.inner.wait_until(auth, task_id, answered).await?;
         // Answered with its history, like every task this API hands out.
         self.get_task(auth, task_id, None).await
     }
@@ -860,12 +873,20 @@ impl AgentExecutor {
     }
 }
 
+/// Thread key-value key naming the agent a task was sent to.
+fn owner_key(task_id: &TaskId) -> String {
+    format!("keel:agent:{task_id}")
+}
+
 fn cancel_key(task_id: &TaskId) -> String {
     format!("keel:cancel:{task_id}")
 }
 
-fn is_resting(state: TaskState) -> bool {
-    state.is_terminal() || matches!(state, TaskState::InputRequired | TaskState::AuthRequired)
+/// Whether a caller waiting for the task's answer stops here: the task rests
+/// ([`TaskRest`]), and not for an asynchronous tool, which calls back by itself. A decision
+/// waiting to be applied is no rest, so an approval's caller waits for the run to take it.
+fn answered(task: &Task) -> bool {
+    TaskRest::of(task, 0).is_some_and(|rest| rest.answers())
 }
 
 impl Inner {
@@ -965,7 +986,12 @@ impl Inner {
                     let Ok(_permit) = self.slots.clone().acquire_owned().await else {
                         break;
                     };
-                    self.work_queue(&auth, lease).await;
+                    if self.work_queue(&auth, lease).await == Worked::LeftForAnotherAgent {
+                        // That agent's executor takes the thread (its driver polls for the
+                        // lease); looking again here would only take the lease from it.
+                        self.workers.remove(&key);
+                        return;
+                    }
                     continue;
                 }
                 Ok(None) => {}
@@ -986,8 +1012,9 @@ impl Inner {
         }
     }
 
-    /// Holding the lease: process queued work in FIFO order until the queue is empty.
-    async fn work_queue(&self, auth: &AuthContext, lease: Lease) {
+    /// Holding the lease: process queued work in FIFO order until the queue is empty, or
+    /// until the next item is a task of another agent sharing the thread.
+    async fn work_queue(&self, auth: &AuthContext, lease: Lease) -> Worked {
         let store = self.runtime.thread_store();
         let flow = Flow {
             auth: auth.clone(),
@@ -1019,6 +1046,7 @@ impl Inner {
                 }
             })
         };
+        let mut worked = Worked::Done;
         loop {
             if flow.lost.is_cancelled() || self.shutting_down.is_cancelled() {
                 break;
@@ -1038,7 +1066,13 @@ impl Inner {
                     tracing::error!(error = %err, item = %item.id, "dropping malformed queued work");
                     Ok(())
                 }
-                Ok(QueuedWork::Task { task_id }) => self.run_task(&flow, &task_id).await,
+                Ok(QueuedWork::Task { task_id }) => {
+                    if self.owned_by_another_agent(&flow, &task_id).await {
+                        worked = Worked::LeftForAnotherAgent;
+                        break;
+                    }
+                    self.run_task(&flow, &task_id).await
+                }
                 Ok(QueuedWork::Message { message }) => {
                     self.start_turn(&flow, message, &item.id).await
                 }
@@ -1079,6 +1113,21 @@ impl Inner {
         if let Err(err) = store.release_lease(auth, &flow.lease()).await {
             tracing::warn!(error = %err, "cannot release the thread lease");
         }
+        worked
+    }
+
+    /// Whether the task was sent to another agent's executor on this thread (a task with no
+    /// recorded owner is anyone's).
+    async fn owned_by_another_agent(&self, flow: &Flow, task_id: &TaskId) -> bool {
+        match self
+            .runtime
+            .thread_store()
+            .kv_get(&flow.auth, &flow.thread_id, &owner_key(task_id))
+            .await
+        {
+            Ok(Some(owner)) => owner.as_str() != Some(self.agent.card().name.as_str()),
+            _ => false,
+        }
     }
 
     /// Work queued while the thread was idle starts a turn of its own: a task in the thread.
@@ -1104,11 +1153,9 @@ impl Inner {
         self.run_task(flow, &task.id).await
     }
 
-    /// Wait until the task rests (terminal or waiting for input).
+    /// Wait until the task rests with an answer ([`answered`]).
     async fn wait_until_resting(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<()> {
-        self.wait_until(auth, task_id, |task| is_resting(task.state()))
-            .await
-            .map(|_| ())
+        self.wait_until(auth, task_id, answered).await.map(|_| ())
     }
 
     /// Wait until the stored task satisfies `done`, and answer it. Local changes wake the
@@ -1233,8 +1280,9 @@ impl Inner {
         let Some(mut task) = self.runtime.task_manager().get_task(auth, task_id).await? else {
             return Ok(());
         };
-        if is_resting(task.state())
-            && !task.metadata.contains_key(META_APPROVAL_DECISION)
+        // Nothing to do for a task at rest, unless it waits for a tool (this queue item is its
+        // callback or its deadline) or got the input it waited for.
+        if TaskRest::of(&task, 0).is_some_and(|rest| rest.answers())
             && !self.has_unseen_input(flow, &task).await?
         {
             return Ok(());
@@ -1333,14 +1381,26 @@ impl Inner {
         &self,
         flow: &Flow,
         history: &mut Vec<LlmMessage>,
-        messages: Vec<LlmMessage>,
+        mut messages: Vec<LlmMessage>,
     ) -> AgentResult<()> {
+        self.mark_side(&mut messages);
         self.runtime
             .thread_store()
             .append_history(&flow.auth, &flow.lease(), &messages)
             .await?;
         history.extend(messages);
         Ok(())
+    }
+
+    /// Mark the entries this agent speaks (assistant messages, tool results) with its side.
+    fn mark_side(&self, messages: &mut [LlmMessage]) {
+        for message in messages {
+            if matches!(message.role, LlmRole::Assistant | LlmRole::Tool) {
+                message
+                    .metadata
+                    .insert(META_SIDE.into(), json!(self.agent.card().name));
+            }
+        }
     }
 
     async fn record_event(
@@ -1433,7 +1493,7 @@ impl Inner {
         let mut new_input = Vec::new();
         for message in user_messages(&events) {
             if !seen.contains(message.message_id.as_str()) {
-                let mut entry = LlmMessage::user(message.text());
+                let mut entry = user_entry(message);
                 tag(&mut entry, &task.id);
                 entry
                     .metadata
@@ -1897,15 +1957,17 @@ impl Inner {
         &self,
         flow: &Flow,
         history: &mut Vec<LlmMessage>,
-        messages: Vec<LlmMessage>,
+        mut messages: Vec<LlmMessage>,
         task: &Task,
         parts: Vec<Part>,
     ) -> AgentResult<()> {
         let Some(steps) = self.runtime.step_store() else {
+            // `append` marks the side.
             self.append(flow, history, messages).await?;
             self.record_event(&flow.auth, task, parts).await?;
             return Ok(());
         };
+        self.mark_side(&mut messages);
         let mut message = Message::new(Role::Agent, parts);
         message.task_id = Some(task.id.clone());
         message.thread_id = Some(task.thread_id.clone());
@@ -1962,7 +2024,7 @@ impl Inner {
                 match work {
                     QueuedWork::Task { .. } | QueuedWork::Effect(_) => continue,
                     QueuedWork::Message { message } => {
-                        let mut entry = LlmMessage::user(message.text());
+                        let mut entry = user_entry(&message);
                         tag(&mut entry, &task.id);
                         entry
                             .metadata
@@ -2094,12 +2156,25 @@ impl Inner {
             if let Some(outcome) = self.inject_queued(scope, task, history).await? {
                 return Ok(outcome);
             }
+            obs.emit(
+                RunEvent::builder(EventType::new("queue.drained"), "queue drained").step(step),
+            )
+            .await;
             let mut messages = Vec::with_capacity(history.len() + 1);
             let system = self.system_prompt(ctx).await;
             if !system.is_empty() {
                 messages.push(LlmMessage::system(system));
             }
-            messages.extend(crate::async_tools::model_view(history));
+            // The agent's side of the thread first (dual_ai filtering, images), then the
+            // shape providers accept for asynchronous results that arrived late.
+            let mut own_view = Vec::with_capacity(history.len());
+            assemble_context(
+                history,
+                &self.agent.card().name,
+                profile.supports_vision,
+                &mut own_view,
+            );
+            messages.extend(crate::async_tools::model_view(&own_view));
             let request = LlmRequest::new(messages).with_tools(tools.clone());
             let manifest = prepare_manifest(
                 &request,
@@ -2191,11 +2266,22 @@ impl Inner {
                 self.persist_point(flow, history, vec![assistant], task, parts)
                     .await?;
             }
+            obs.emit(
+                RunEvent::builder(
+                    EventType::new("message.persisted"),
+                    "assistant message persisted",
+                )
+                .payload(json!({"role": "assistant", "tool_calls": response.tool_calls.len()}))
+                .step(step),
+            )
+            .await;
             if let Err(error) = obs.budget(|b| b.check_output_tokens()).await {
                 return Ok(budget_failure(error));
             }
             if response.tool_calls.is_empty() {
-                if rules.stop_on_response {
+                let stop = rules.stop_on_response;
+                stop_evaluated(obs, step, stop.then_some("response")).await;
+                if stop {
                     return Ok(Outcome::Answer {
                         text: content,
                         reason: "response",
@@ -2282,8 +2368,29 @@ impl Inner {
                 }
                 self.persist_tool_result(flow, task, call, output, is_error, history)
                     .await?;
+                obs.emit(
+                    RunEvent::builder(
+                        EventType::new("tool_result.persisted"),
+                        "tool result persisted",
+                    )
+                    .payload(json!({"call_id": call.id, "tool": call.name, "is_error": is_error}))
+                    .step(step),
+                )
+                .await;
             }
             // Stop rules, in the seed's order.
+            let fired = if lifecycle.is_some() {
+                Some("lifecycle_tool")
+            } else if stop_tool_output.is_some() {
+                Some("stop_tool")
+            } else if repeated_invalid.is_some() {
+                Some("invalid_tool_repeats")
+            } else if handoff.is_some() {
+                Some("input_required")
+            } else {
+                None
+            };
+            stop_evaluated(obs, step, fired).await;
             if let Some(outcome) = lifecycle {
                 return Ok(outcome);
             }
@@ -2523,6 +2630,7 @@ impl Inner {
                 } else {
                     let mut entry = LlmMessage::assistant(text.clone(), vec![]);
                     tag(&mut entry, &task.id);
+                    self.mark_side(std::slice::from_mut(&mut entry));
                     self.runtime
                         .thread_store()
                         .append_history(auth, &flow.lease(), &[entry])
@@ -2620,7 +2728,9 @@ impl Inner {
             runs.save_task_record(auth, &TaskRecord::of(task, Some(&self.agent.card().name))?)
                 .await?;
             if let Some(ctx) = ctx {
-                let report = obs.report().redacted_json(&RedactionPolicy::default())?;
+                let report = obs
+                    .take_report()
+                    .redacted_json(&RedactionPolicy::default())?;
                 runs.save_run_report(
                     auth,
                     &RunRecord {
@@ -2642,6 +2752,15 @@ impl Inner {
             tracing::warn!(error = %err, "could not save the run report");
         }
     }
+}
+
+/// How a worker left the thread's queue.
+#[derive(Debug, PartialEq, Eq)]
+enum Worked {
+    /// Empty, or stopped (lease lost, shutdown, store error).
+    Done,
+    /// The next item is a task of another agent sharing the thread.
+    LeftForAnotherAgent,
 }
 
 /// Per-run handles, passed together through the step loop.
@@ -2767,6 +2886,61 @@ fn direct_tool_calls(message: Option<&Message>) -> Option<Vec<ToolCall>> {
         })
         .collect::<Option<_>>()?;
     (!calls.is_empty()).then_some(calls)
+}
+
+/// The step's stop evaluation is done: which rule fired, if any (§6 order).
+async fn stop_evaluated(obs: &RunObs, step: u32, fired: Option<&str>) {
+    obs.emit(
+        RunEvent::builder(EventType::new("stop.evaluated"), "stop rules evaluated")
+            .payload(json!({ "stop": fired }))
+            .step(step),
+    )
+    .await;
+}
+
+/// A user message as a history entry: its text, and its files as attachments.
+fn user_entry(message: &Message) -> LlmMessage {
+    let mut entry = LlmMessage::user(message.text());
+    entry.attachments = message
+        .parts
+        .iter()
+        .filter_map(|p| match &p.content {
+            PartContent::File { file } => Some(file.clone()),
+            _ => None,
+        })
+        .collect();
+    entry
+}
+
+/// Context assembly (Standard Agents §4): the model's view of the thread history for the
+/// agent `side`, appended to `out`. Entries another agent spoke on this thread (dual_ai) are
+/// the other side: its assistant text appears as `user`, and its tool calls and tool results
+/// are left out. Without vision, image attachments are replaced by a note at request time;
+/// the stored history keeps them.
+fn assemble_context(history: &[LlmMessage], side: &str, vision: bool, out: &mut Vec<LlmMessage>) {
+    for entry in history {
+        let other = entry
+            .metadata
+            .get(META_SIDE)
+            .and_then(Value::as_str)
+            .is_some_and(|s| s != side);
+        let mut message = if !other {
+            entry.clone()
+        } else if entry.role == LlmRole::Assistant && !entry.content.is_empty() {
+            let mut said = LlmMessage::user(entry.content.clone());
+            said.id.clone_from(&entry.id);
+            said.created_at = entry.created_at;
+            said.attachments.clone_from(&entry.attachments);
+            said.metadata.clone_from(&entry.metadata);
+            said
+        } else {
+            continue;
+        };
+        if !vision {
+            message.drop_images();
+        }
+        out.push(message);
+    }
 }
 
 #[cfg(test)]

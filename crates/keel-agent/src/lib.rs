@@ -37,6 +37,7 @@ mod environment;
 mod executor;
 mod negotiator;
 mod observe;
+mod rest;
 mod subagents;
 mod thread_state;
 mod tool;
@@ -54,6 +55,7 @@ pub use effects::{EffectConfig, EFFECT_CLAIM_TTL, EFFECT_RECHECK};
 pub use environment::{Environment, SECRETS_KEY_VAR};
 pub use executor::{AgentExecutor, ExecutorConfig, SendOptions};
 pub use negotiator::{AcceptAll, LlmNegotiator, Negotiation, Negotiator};
+pub use rest::TaskRest;
 pub use subagents::{
     ImmediateEnv, ParentCommunication, PendingVariables, SessionStatusTool, SubagentSpec,
     SESSION_STATUS_TOOL, SUBAGENT_CREATE_TOOL, SUBAGENT_MESSAGE_TOOL,

@@ -113,9 +113,10 @@ impl RunObs {
             .await
     }
 
-    /// The run report built from every event so far.
-    pub(crate) fn report(&self) -> RunReport {
-        self.recorder.report()
+    /// The run report built from every event so far, taking the recorded events: the run
+    /// is over when its report is saved, and the events are not copied for it.
+    pub(crate) fn take_report(&self) -> RunReport {
+        self.recorder.take_report()
     }
 }
 

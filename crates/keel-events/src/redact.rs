@@ -107,14 +107,50 @@ impl RedactionPolicy {
         self
     }
 
+    // Redaction walks every key and string of every persisted report, so the common case
+    // (ASCII keys and values) compares without allocating; anything else takes the general
+    // Unicode path, which gives the same answers.
     fn key_is_sensitive(&self, key: &str) -> bool {
+        if key.is_ascii() {
+            return !self
+                .allowed_keys
+                .iter()
+                .any(|k| k.as_bytes().eq_ignore_ascii_case(key.as_bytes()))
+                && self.keys.iter().any(|k| contains_ignore_ascii_case(key, k));
+        }
         let key = key.to_lowercase();
         !self.allowed_keys.contains(&key) && self.keys.iter().any(|k| key.contains(k.as_str()))
     }
 
     fn value_is_sensitive(&self, value: &str) -> bool {
-        let head: String = value.chars().take(64).collect::<String>().to_lowercase();
-        self.prefixes.iter().any(|p| head.starts_with(p.as_str()))
+        self.prefixes.iter().any(|p| {
+            // When the first `p.len()` bytes are ASCII, their lowercase is exactly what the
+            // general path would compare against the prefix.
+            match value.as_bytes().get(..p.len()) {
+                Some(head) if head.is_ascii() => {
+                    p.chars().count() <= 64 && head.eq_ignore_ascii_case(p.as_bytes())
+                }
+                Some(_) => {
+                    let head: String = value.chars().take(64).collect::<String>().to_lowercase();
+                    head.starts_with(p.as_str())
+                }
+                // Shorter than the prefix: only a non-ASCII value could grow when lowercased.
+                None if value.is_ascii() => false,
+                None => {
+                    let head: String = value.chars().take(64).collect::<String>().to_lowercase();
+                    head.starts_with(p.as_str())
+                }
+            }
+        })
+    }
+
+    fn is_token_count_key(key: &str) -> bool {
+        if key.is_ascii() {
+            let tail = "tokens".len();
+            return key.len() >= tail
+                && key.as_bytes()[key.len() - tail..].eq_ignore_ascii_case(b"tokens");
+        }
+        key.to_lowercase().ends_with("tokens")
     }
 
     /// Mask `value` in place.
@@ -122,7 +158,7 @@ impl RedactionPolicy {
         match value {
             Value::Object(map) => {
                 for (key, child) in map.iter_mut() {
-                    let token_count = child.is_number() && key.to_lowercase().ends_with("tokens");
+                    let token_count = child.is_number() && Self::is_token_count_key(key);
                     if self.key_is_sensitive(key) && !child.is_null() && !token_count {
                         *child = Value::String(REDACTED.to_owned());
                     } else {
@@ -166,6 +202,15 @@ impl RedactionPolicy {
     ) -> AgentResult<ApprovalRequest> {
         self.redact_serializable(request)
     }
+}
+
+/// Whether ASCII `haystack` contains the lowercase `needle`, ignoring ASCII case.
+fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
+    let (hay, needle) = (haystack.as_bytes(), needle.as_bytes());
+    needle.is_empty()
+        || hay
+            .windows(needle.len())
+            .any(|window| window.eq_ignore_ascii_case(needle))
 }
 
 #[cfg(test)]
@@ -279,5 +324,59 @@ mod tests {
             .redact_approval_request(&request)
             .unwrap_err();
         assert_eq!(err.kind(), keel_core::ErrorKind::Internal);
+    }
+
+    #[test]
+    fn the_allocation_free_checks_agree_with_unicode_lowercasing() {
+        let policy = RedactionPolicy::default()
+            .with_key("Stra\u{df}e")
+            .allow_key("Token_Type");
+        let slow_key = |key: &str| {
+            let key = key.to_lowercase();
+            !policy.allowed_keys.contains(&key)
+                && policy.keys.iter().any(|k| key.contains(k.as_str()))
+        };
+        let slow_value = |value: &str| {
+            let head: String = value.chars().take(64).collect::<String>().to_lowercase();
+            policy.prefixes.iter().any(|p| head.starts_with(p.as_str()))
+        };
+        let samples = [
+            "",
+            "k",
+            "KEY",
+            "my_Api_Key",
+            "token_type",
+            "TOKEN_TYPE",
+            "monkey",
+            "input_tokens",
+            "name",
+            "\u{212a}ey",
+            "stra\u{df}e",
+            "STRA\u{df}E",
+            "Bearer abc",
+            "bearer",
+            "BEARER x",
+            "bear",
+            "\u{130}bearer x",
+            "Be\u{301}arer",
+            "caf\u{e9}",
+        ];
+        for sample in samples {
+            assert_eq!(
+                policy.key_is_sensitive(sample),
+                slow_key(sample),
+                "key {sample:?}"
+            );
+            assert_eq!(
+                policy.value_is_sensitive(sample),
+                slow_value(sample),
+                "value {sample:?}"
+            );
+            assert_eq!(
+                RedactionPolicy::is_token_count_key(sample),
+                sample.to_lowercase().ends_with("tokens"),
+                "{sample:?}"
+            );
+        }
     }
 }

@@ -231,7 +231,11 @@ pub struct RunReport {
 impl RunReport {
     /// Build a report from events (sorted by sequence first; arrival order does not matter).
     pub fn from_events(events: &[RunEvent]) -> RunReport {
-        let mut sorted = events.to_vec();
+        Self::from_owned_events(events.to_vec())
+    }
+
+    /// [`from_events`](Self::from_events) taking the events by value, sparing a copy.
+    pub fn from_owned_events(mut sorted: Vec<RunEvent>) -> RunReport {
         sorted.sort_by_key(|e| e.sequence);
         let mut builder = ReportBuilder::default();
         for event in &sorted {
@@ -500,9 +504,19 @@ impl RunRecorder {
             .clone()
     }
 
+    /// The report of the events recorded so far, leaving the recorder empty: for the end of
+    /// a run, when the events are not needed again (it spares copying them all).
+    pub fn take_report(&self) -> RunReport {
+        let events =
+            std::mem::take(&mut *self.events.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut report = RunReport::from_owned_events(events);
+        report.metadata = self.metadata.clone();
+        report
+    }
+
     /// The report of the events recorded so far.
     pub fn report(&self) -> RunReport {
-        let mut report = RunReport::from_events(&self.events());
+        let mut report = RunReport::from_owned_events(self.events());
         report.metadata = self.metadata.clone();
         report
     }

@@ -1,7 +1,7 @@
 //! Provider-neutral conversation messages, tool declarations and tool calls.
 
 use chrono::{DateTime, Utc};
-use keel_core::Metadata;
+use keel_core::{FileContent, Metadata};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -73,6 +73,10 @@ pub struct LlmMessage {
     /// For a tool message: the tool's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_name: Option<String>,
+    /// Files attached to the message (images, documents), kept as they arrived; a provider
+    /// sends them as multimodal content where the model reads them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<FileContent>,
     /// Application metadata.
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]
     pub metadata: Metadata,
@@ -91,6 +95,7 @@ impl LlmMessage {
             tool_calls: Vec::new(),
             tool_call_id: None,
             tool_name: None,
+            attachments: Vec::new(),
             metadata: Metadata::new(),
             created_at: Utc::now(),
         }
@@ -113,6 +118,55 @@ impl LlmMessage {
         message
     }
 
+    /// The same message with `file` attached.
+    #[must_use]
+    pub fn with_attachment(mut self, file: FileContent) -> Self {
+        self.attachments.push(file);
+        self
+    }
+
+    /// Whether any attachment is an image.
+    pub fn has_images(&self) -> bool {
+        self.attachments.iter().any(is_image)
+    }
+
+    /// Request-time filtering for a model that reads no images (Standard Agents §4): image
+    /// attachments are removed and a short note naming each one is appended to the text, so
+    /// the model knows a file was there. Other attachments stay. The stored message is not
+    /// touched: call this on the copy that goes into the request.
+    ///
+    /// ```
+    /// use keel_core::FileContent;
+    /// use keel_llm::LlmMessage;
+    /// let photo = FileContent { name: Some("cat.png".into()), media_type: Some("image/png".into()), ..Default::default() };
+    /// let mut sent = LlmMessage::user("look").with_attachment(photo);
+    /// sent.drop_images();
+    /// assert!(sent.attachments.is_empty());
+    /// assert_eq!(sent.content, "look\n[image `cat.png` omitted: this model does not read images]");
+    /// ```
+    pub fn drop_images(&mut self) {
+        if !self.has_images() {
+            return;
+        }
+        let (images, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.attachments)
+            .into_iter()
+            .partition(is_image);
+        self.attachments = kept;
+        for image in images {
+            if !self.content.is_empty() {
+                self.content.push('\n');
+            }
+            let name = image
+                .name
+                .as_deref()
+                .or(image.uri.as_deref())
+                .unwrap_or("unnamed");
+            self.content.push_str(&format!(
+                "[image `{name}` omitted: this model does not read images]"
+            ));
+        }
+    }
+
     /// A tool result answering `call`.
     pub fn tool_result(call: &ToolCall, content: impl Into<String>) -> Self {
         let mut message = Self::new(LlmRole::Tool, content);
@@ -120,6 +174,27 @@ impl LlmMessage {
         message.tool_name = Some(call.name.clone());
         message
     }
+}
+
+/// Whether a file is an image: by its media type, else by its name's extension.
+fn is_image(file: &FileContent) -> bool {
+    if let Some(media_type) = &file.media_type {
+        return media_type.to_ascii_lowercase().starts_with("image/");
+    }
+    let name = file
+        .name
+        .as_deref()
+        .or(file.uri.as_deref())
+        .unwrap_or_default();
+    let ext = name
+        .rsplit('.')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    matches!(
+        ext.as_str(),
+        "png" | "jpg" | "jpeg" | "gif" | "webp" | "bmp" | "tiff" | "heic"
+    )
 }
 
 #[cfg(test)]
@@ -139,5 +214,30 @@ mod tests {
                 serde_json::from_value(serde_json::to_value(&msg).unwrap()).unwrap();
             assert_eq!(back, msg);
         }
+    }
+
+    #[test]
+    fn drop_images_keeps_other_files_and_names_each_image() {
+        let doc = FileContent {
+            name: Some("notes.pdf".into()),
+            media_type: Some("application/pdf".into()),
+            ..Default::default()
+        };
+        let photo = FileContent {
+            uri: Some("https://example.com/a.JPG".into()),
+            ..Default::default()
+        };
+        let mut message = LlmMessage::user("")
+            .with_attachment(doc.clone())
+            .with_attachment(photo);
+        message.drop_images();
+        assert_eq!(message.attachments, [doc]);
+        assert_eq!(
+            message.content,
+            "[image `https://example.com/a.JPG` omitted: this model does not read images]"
+        );
+        let back: LlmMessage =
+            serde_json::from_value(serde_json::to_value(&message).unwrap()).unwrap();
+        assert_eq!(back, message);
     }
 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use keel_agent::{Tool, ToolContext};
+use keel_agent::{TaskRest, Tool, ToolContext};
 use keel_core::{AgentError, AgentResult, Message, Task, TaskId, TaskState, RUN_CONTEXT_KEY};
 use keel_transport::{A2aClient, SendMessageOptions};
 use serde_json::{json, Value};
@@ -145,8 +145,12 @@ impl Drop for CancelOnDrop {
     }
 }
 
-fn is_resting(state: TaskState) -> bool {
-    state.is_terminal() || matches!(state, TaskState::InputRequired | TaskState::AuthRequired)
+/// Whether the remote task has an answer for the delegating tool: it rests by the engine's
+/// definition, and not for an asynchronous tool of its own (that one calls back and the
+/// remote run goes on). The remote queue is not visible from here; its length only matters
+/// for that last rest, which does not end the wait anyway.
+fn is_resting(task: &Task) -> bool {
+    TaskRest::of(task, 0).is_some_and(|rest| rest.answers())
 }
 
 #[async_trait]
@@ -195,7 +199,7 @@ impl Tool for RemoteAgentTool {
             task_id: Some(sent.id.clone()),
         };
         let mut task = sent;
-        while !is_resting(task.state()) {
+        while !is_resting(&task) {
             tokio::select! {
                 biased;
                 () = ctx.cancel.cancelled() => {

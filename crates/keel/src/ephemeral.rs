@@ -2,9 +2,12 @@
 //! tool's callback — run its thread until it must wait, persist, and return, so that a process
 //! can handle one input and exit while the store keeps everything.
 //!
-//! The task rests when it is terminal, waits for input or an approval (`input-required`,
-//! `auth-required`), or waits for an asynchronous tool (`working` with
-//! `metadata.stop_reason == "awaiting_tool"`), and the thread's queue is empty.
+//! The process returns once the task rests by the engine's one definition,
+//! [`TaskRest`](keel_agent::TaskRest): terminal, waiting for input or an approval
+//! (`input-required`, `auth-required`), or waiting for an asynchronous tool (`working` with
+//! `metadata.stop_reason == "awaiting_tool"` and an empty thread queue); unlike the engine's
+//! blocking calls it stops at that last rest too (decision 23), and it also waits until no run
+//! of the task is active here.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -22,8 +25,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_agent::{Agent, AgentExecutor, CallbackError, ExecutorConfig, SendOptions};
-use keel_core::{AgentError, AgentResult, Message, Task, TaskId, TaskState, ThreadId};
+use keel_agent::{Agent, AgentExecutor, CallbackError, ExecutorConfig, SendOptions, TaskRest};
+use keel_core::{AgentError, AgentResult, Message, Task, TaskId, ThreadId};
 use keel_runtime::{AuthContext, Runtime};
 use serde_json::{json, Value};
 
@@ -77,33 +80,8 @@ impl Input {
     }
 }
 
-/// Why the task rests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Rest {
-    /// It ended: completed, failed, canceled or rejected.
-    Finished,
-    /// It waits for the user's input (a message naming the task).
-    InputRequired,
-    /// It waits for an approval decision.
-    AwaitingApproval,
-    /// It waits for an asynchronous tool's callback.
-    AwaitingTool {
-        /// The pending call.
-        call_id: String,
-    },
-}
-
-impl Rest {
-    /// A short name: `finished`, `input_required`, `awaiting_approval`, `awaiting_tool`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Rest::Finished => "finished",
-            Rest::InputRequired => "input_required",
-            Rest::AwaitingApproval => "awaiting_approval",
-            Rest::AwaitingTool { .. } => "awaiting_tool",
-        }
-    }
-}
+/// Why the task rests: the engine's one definition ([`TaskRest`]).
+pub type Rest = TaskRest;
 
 /// Where the task stands once it rests.
 #[derive(Debug, Clone)]
@@ -242,7 +220,7 @@ async fn wait_for_rest(
             .queue_len(auth, thread_id)
             .await?;
         if queued == 0 && !executor.is_running(auth, task_id) {
-            if let Some(rest) = rest_of(&task) {
+            if let Some(rest) = TaskRest::of(&task, queued) {
                 let answer = task.status().message.as_ref().map(Message::text);
                 return Ok(Outcome { task, rest, answer });
             }
@@ -257,35 +235,5 @@ async fn wait_for_rest(
             _ = changed.changed() => {}
             () = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
-    }
-}
-
-/// Why `task` rests, if it does.
-fn rest_of(task: &Task) -> Option<Rest> {
-    let state = task.state();
-    if state.is_terminal() {
-        return Some(Rest::Finished);
-    }
-    match state {
-        TaskState::InputRequired | TaskState::AuthRequired => {
-            if task.metadata.contains_key("pending_approval") {
-                Some(Rest::AwaitingApproval)
-            } else {
-                Some(Rest::InputRequired)
-            }
-        }
-        TaskState::Working
-            if task.metadata.get("stop_reason").and_then(Value::as_str)
-                == Some("awaiting_tool") =>
-        {
-            let call_id = task
-                .metadata
-                .get("awaiting_tool_call")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
-            Some(Rest::AwaitingTool { call_id })
-        }
-        _ => None,
     }
 }

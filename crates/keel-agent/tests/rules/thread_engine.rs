@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions, StopRules};
-use keel_core::{AgentCard, AgentError, Message, TaskState, ThreadId};
-use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
+use keel_core::{AgentCard, AgentError, FileContent, Message, Part, TaskState, ThreadId};
+use keel_llm::{LlmRole, MockLlm, MockResponse, ModelProfile, ToolCall};
 use keel_runtime::{AuthContext, ChildThread};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
@@ -696,4 +696,272 @@ async fn the_model_negotiator_reads_a_json_verdict() {
             .contains("Agent: threads"),
         "the model sees the card"
     );
+}
+
+/// Roles and texts of a request, system prompt left out.
+fn roles(request: &keel_llm::LlmRequest) -> Vec<(LlmRole, String)> {
+    request
+        .messages
+        .iter()
+        .filter(|m| m.role != LlmRole::System)
+        .map(|m| (m.role, m.content.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn two_agents_on_one_thread_each_see_the_other_as_the_user_without_its_tools() {
+    // dual_ai (§4): alpha and beta take turns on one thread. Each side's own turns are
+    // `assistant`; the other side's text is `user`; the other side's tool calls and tool
+    // results are not sent at all.
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let alpha_llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("echo", json!({"x": 1}))]),
+        MockResponse::Text("alpha: hello beta".into()),
+        MockResponse::Text("alpha: thanks".into()),
+    ]));
+    let beta_llm = Arc::new(MockLlm::scripted(vec![MockResponse::Text(
+        "beta: hi alpha".into(),
+    )]));
+    let side = |name: &str, llm: Arc<MockLlm>| {
+        let agent = Agent::builder(AgentCard::new(name, "a side", "http://127.0.0.1:0"))
+            .llm_shared(llm)
+            .tool(echo_tool())
+            .build()
+            .unwrap();
+        AgentExecutor::new(agent, runtime.clone())
+    };
+    let (alpha, beta) = (side("alpha", alpha_llm.clone()), side("beta", beta_llm.clone()));
+    let thread = ThreadId::new();
+    let say = |exec: &AgentExecutor, text: &str| {
+        let (exec, auth, message) = (
+            exec.clone(),
+            auth.clone(),
+            Message::user(text).in_thread(thread.clone()),
+        );
+        async move {
+            exec.send_message(&auth, message, SendOptions::default())
+                .await
+                .unwrap()
+        }
+    };
+
+    let first = say(&alpha, "start").await;
+    assert_eq!(first.state(), TaskState::Completed);
+    let second = say(&beta, "reply to alpha").await;
+    assert_eq!(second.state(), TaskState::Completed);
+    let text = |s: &str| s.to_owned();
+    assert_eq!(
+        roles(&beta_llm.requests()[0]),
+        [
+            (LlmRole::User, text("start")),
+            (LlmRole::User, text("alpha: hello beta")),
+            (LlmRole::User, text("reply to alpha")),
+        ]
+    );
+    assert!(beta_llm.requests()[0]
+        .messages
+        .iter()
+        .all(|m| m.tool_calls.is_empty() && m.tool_call_id.is_none()));
+
+    let third = say(&alpha, "wrap up").await;
+    assert_eq!(third.state(), TaskState::Completed);
+    let request = &alpha_llm.requests()[2];
+    assert_eq!(
+        roles(request),
+        [
+            (LlmRole::User, text("start")),
+            (LlmRole::Assistant, text("")),
+            (LlmRole::Tool, text(r#"{"x":1}"#)),
+            (LlmRole::Assistant, text("alpha: hello beta")),
+            (LlmRole::User, text("reply to alpha")),
+            (LlmRole::User, text("beta: hi alpha")),
+            (LlmRole::User, text("wrap up")),
+        ]
+    );
+    let own_calls: usize = request.messages.iter().map(|m| m.tool_calls.len()).sum();
+    assert_eq!(own_calls, 1, "alpha's own call is shown");
+
+    // The stored history is one conversation, both sides as they spoke.
+    let stored: Vec<_> = runtime
+        .thread_store()
+        .read_history(&auth, &thread, 0, usize::MAX)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.message.role, e.message.content))
+        .collect();
+    assert!(stored.contains(&(LlmRole::Assistant, text("beta: hi alpha"))));
+}
+
+fn image() -> FileContent {
+    FileContent {
+        name: Some("cat.png".into()),
+        media_type: Some("image/png".into()),
+        bytes: Some("aGk=".into()),
+        ..Default::default()
+    }
+}
+
+fn document() -> FileContent {
+    FileContent {
+        name: Some("notes.pdf".into()),
+        media_type: Some("application/pdf".into()),
+        uri: Some("https://example.com/notes.pdf".into()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn images_reach_only_a_model_with_vision_and_the_history_keeps_them() {
+    for vision in [false, true] {
+        let llm = Arc::new(
+            MockLlm::scripted(vec![MockResponse::Text("seen".into())])
+                .with_profile(ModelProfile::new("mock", "mock").with_vision(vision)),
+        );
+        let agent = Agent::builder(card()).llm_shared(llm.clone()).build().unwrap();
+        let (exec, auth) = executor(agent);
+        let message = Message::user("what is this?")
+            .with_part(Part::file(image()))
+            .with_part(Part::file(document()));
+        let task = exec
+            .send_message(&auth, message, SendOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(task.state(), TaskState::Completed);
+
+        let sent = llm.requests()[0].messages.last().unwrap().clone();
+        if vision {
+            assert_eq!(sent.attachments, [image(), document()]);
+            assert_eq!(sent.content, "what is this?");
+        } else {
+            assert_eq!(sent.attachments, [document()], "the image is filtered out");
+            assert_eq!(
+                sent.content,
+                "what is this?\n[image `cat.png` omitted: this model does not read images]"
+            );
+        }
+        // The stored message keeps both files either way.
+        let history = exec
+            .runtime()
+            .thread_store()
+            .read_history(&auth, &task.thread_id, 0, usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(history[0].message.attachments, [image(), document()]);
+        assert_eq!(history[0].message.content, "what is this?");
+    }
+}
+
+#[tokio::test]
+async fn each_step_drains_assembles_calls_persists_runs_tools_in_order_then_evaluates_stops() {
+    // §3: one run of two steps. Step 1's model asks for two tools (the first queues a
+    // message); step 2 answers. The markers of each step must come in exactly the seed's order.
+    let queue_from_tool = FnTool::new(
+        "note",
+        "Queue a note",
+        json!({"type": "object"}),
+        |_a, ctx| async move {
+            ctx.thread.queue_message("a note queued mid-run").await?;
+            Ok(json!("queued"))
+        },
+    );
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![
+            ToolCall::new("note", json!({})),
+            ToolCall::new("echo", json!({"n": 2})),
+        ]),
+        MockResponse::Text("done".into()),
+    ]));
+    let agent = Agent::builder(card())
+        .llm_shared(llm.clone())
+        .tool(queue_from_tool)
+        .tool(echo_tool())
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    let sink = Arc::new(keel_events::InMemoryEventSink::new());
+    exec.add_event_sink(sink.clone());
+    let task = exec
+        .send_message(&auth, Message::user("go"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+
+    let markers: Vec<String> = sink
+        .events()
+        .iter()
+        .filter_map(|e| {
+            let kind = e.event_type.as_str();
+            let step = e.step.map(|s| format!("{s}:")).unwrap_or_default();
+            match kind {
+                "queue.drained" | "queue.injected" | "context.prepared" | "llm.call.started"
+                | "llm.call.completed" | "message.persisted" | "stop.evaluated" => {
+                    Some(format!("{step}{kind}"))
+                }
+                "action.started" => Some(format!("{kind} {}", e.summary)),
+                "action.completed" => Some(kind.to_owned()),
+                "tool_result.persisted" => Some(format!("{step}{kind} {}", e.payload["tool"])),
+                _ => None,
+            }
+        })
+        .collect();
+    assert_eq!(
+        markers,
+        [
+            "1:queue.drained",
+            "1:context.prepared",
+            "1:llm.call.started",
+            "1:llm.call.completed",
+            "1:message.persisted",
+            "action.started tool_call `note` started",
+            "action.completed",
+            "1:tool_result.persisted \"note\"",
+            "action.started tool_call `echo` started",
+            "action.completed",
+            "1:tool_result.persisted \"echo\"",
+            "1:stop.evaluated",
+            "queue.injected",
+            "2:queue.drained",
+            "2:context.prepared",
+            "2:llm.call.started",
+            "2:llm.call.completed",
+            "2:message.persisted",
+            "2:stop.evaluated",
+        ]
+    );
+    let stops: Vec<Value> = sink
+        .events()
+        .iter()
+        .filter(|e| e.event_type.as_str() == "stop.evaluated")
+        .map(|e| e.payload["stop"].clone())
+        .collect();
+    assert_eq!(stops, [Value::Null, json!("response")]);
+
+    // What each marker stands for is in the store in the same order, and the model's second
+    // call saw the results in call order, then the message drained at the top of step 2.
+    let history: Vec<_> = exec
+        .runtime()
+        .thread_store()
+        .read_history(&auth, &task.thread_id, 0, usize::MAX)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.message.role, e.message.tool_name, e.message.content))
+        .collect();
+    let entry = |role, tool: Option<&str>, content: &str| {
+        (role, tool.map(str::to_owned), content.to_owned())
+    };
+    assert_eq!(
+        history,
+        [
+            entry(LlmRole::User, None, "go"),
+            entry(LlmRole::Assistant, None, ""),
+            entry(LlmRole::Tool, Some("note"), "queued"),
+            entry(LlmRole::Tool, Some("echo"), r#"{"n":2}"#),
+            entry(LlmRole::User, None, "a note queued mid-run"),
+            entry(LlmRole::Assistant, None, "done"),
+        ]
+    );
+    assert_eq!(roles(&llm.requests()[1]).len(), 5);
 }
