@@ -45,6 +45,7 @@ mod task_list;
 mod transport;
 mod wire;
 mod ws;
+mod ws_client;
 
 pub use client::{A2aClient, Binding, SendMessageOptions, TaskEventStream};
 pub use in_process::InProcessClient;
@@ -56,3 +57,4 @@ pub use task_list::{TaskList, TaskListQuery};
 pub use transport::AgentTransport;
 pub use wire::KEEL_CARD_EXTENSION_URI;
 pub use ws::{WS_MAX_IN_FLIGHT, WS_PATH};
+pub use ws_client::A2aWsClient;
