@@ -21,7 +21,7 @@ use axum::{Json, Router};
 use keel_agent::{Agent, AgentExecutor};
 use keel_core::AgentCard;
 use keel_llm::MockLlm;
-use keel_runtime::InMemoryRuntime;
+use keel_runtime::{InMemoryRuntime, InMemoryTaskManager, InMemoryThreadStore};
 use keel_transport::A2aServer;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -102,9 +102,34 @@ async fn serve_bare() -> std::io::Result<Served> {
     Ok(Served { url, stop, serving })
 }
 
-async fn serve_keel() -> Result<Served, Box<dyn std::error::Error>> {
+/// The in-memory stores of a bench server, held to report how many records they keep.
+#[derive(Clone)]
+struct Held {
+    tasks: Arc<InMemoryTaskManager>,
+    threads: Arc<InMemoryThreadStore>,
+}
+
+impl Held {
+    fn describe(&self) -> String {
+        format!(
+            "{} tasks, {} threads held",
+            self.tasks.len(),
+            self.threads.len()
+        )
+    }
+}
+
+async fn serve_keel() -> Result<(Served, Held), Box<dyn std::error::Error>> {
     let agent = Agent::builder(AgentCard::new("echo", "Echoes", "http://127.0.0.1:0")).build()?;
-    let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+    let held = Held {
+        tasks: Arc::new(InMemoryTaskManager::new()),
+        threads: Arc::new(InMemoryThreadStore::new()),
+    };
+    let runtime = Arc::new(
+        InMemoryRuntime::new(Arc::new(MockLlm::new()))
+            .with_task_manager(held.tasks.clone())
+            .with_thread_store(held.threads.clone()),
+    );
     let server = A2aServer::new(AgentExecutor::new(agent, runtime));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/", listener.local_addr()?);
@@ -119,7 +144,7 @@ async fn serve_keel() -> Result<Served, Box<dyn std::error::Error>> {
             eprintln!("a2a bench: the Keel server failed: {err}");
         }
     });
-    Ok(Served { url, stop, serving })
+    Ok((Served { url, stop, serving }, held))
 }
 
 async fn stop(served: Served) {
@@ -230,7 +255,7 @@ async fn run(
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .build()?;
-    let keel = serve_keel().await?;
+    let (keel, _) = serve_keel().await?;
     let bare = serve_bare().await?;
     let keel_task = one_task(&http, &keel.url)
         .await
@@ -290,7 +315,7 @@ async fn run(
 
     // Memory: a fresh Keel server, so the figure is of `sends` sends from a known start.
     stop(keel).await;
-    let keel = serve_keel().await?;
+    let (keel, held) = serve_keel().await?;
     let warm = load(
         &http,
         &keel.url,
@@ -313,7 +338,7 @@ async fn run(
         let l = load(&http, &keel.url, body, concurrency, Duration::MAX, n).await;
         failed += l.failed;
         done += n;
-        rows.push((done, rss_kib()));
+        rows.push((done, rss_kib(), held.describe()));
     }
     let elapsed = started.elapsed();
     stop(keel).await;
@@ -324,8 +349,8 @@ async fn run(
     );
     println!("{:>10} {:>12}", "sends", "rss");
     println!("{:>10} {:>12}", 0, mib(before));
-    for (done, rss) in rows {
-        println!("{done:>10} {:>12}", mib(rss));
+    for (done, rss, held) in rows {
+        println!("{done:>10} {:>12}   {held}", mib(rss));
     }
     Ok(())
 }

@@ -103,20 +103,32 @@ fn steps(r: &mut Runner, redis: &mut Option<crate::redis::Redis>) -> Result<(), 
     )?;
 
     let mut test_env: Vec<(&str, OsString)> = Vec::new();
-    r.step("python A2A SDK venv", || match crate::py_sdk::ensure() {
-        Ok(python) => {
-            println!("    KEEL_PYTHON={}", python.display());
-            test_env.push(("KEEL_PYTHON", python.into_os_string()));
-            Ok(None)
-        }
-        Err(e) => {
-            println!("\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
-            println!("WARNING: could not create the Python A2A SDK venv: {e}");
-            println!("WARNING: KEEL_PYTHON is NOT set; the Python interop test will fail.");
-            println!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n");
-            Ok(Some("venv unavailable (see warning above)".to_owned()))
-        }
-    })?;
+    for (venv, what) in [
+        (crate::py_sdk::V1, "python A2A SDK 1.x venv"),
+        (crate::py_sdk::V03, "python A2A SDK 0.3.x venv"),
+    ] {
+        r.step(what, || match venv.ensure() {
+            Ok(python) => {
+                println!("    {}={}", venv.env_var, python.display());
+                test_env.push((venv.env_var, python.into_os_string()));
+                Ok(None)
+            }
+            Err(e) => {
+                println!(
+                    "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+                );
+                println!("WARNING: could not create the {what}: {e}");
+                println!(
+                    "WARNING: {} is NOT set; the Python interop tests that need it fail or skip.",
+                    venv.env_var
+                );
+                println!(
+                    "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+                );
+                Ok(Some("venv unavailable (see warning above)".to_owned()))
+            }
+        })?;
+    }
     r.step("redis", || {
         *redis = crate::redis::ensure();
         match redis {

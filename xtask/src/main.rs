@@ -19,7 +19,8 @@ commands:
   bench a2a        the A2A server: SendMessage/GetTask req/s beside a bare axum handler, RSS over 100k sends
                    (KEEL_BENCH_SECS, KEEL_BENCH_DIR, REDIS_URL; figures are printed, never asserted)
   fuzz [SECONDS]   run each fuzz target of fuzz/ for SECONDS (default 60; needs nightly and cargo-fuzz)
-  py-sdk           create/refresh the cached Python A2A SDK venv and print its python path
+  py-sdk           create/refresh the cached Python A2A SDK venvs (1.x, 0.3.x) and print
+                   KEEL_PYTHON=... and KEEL_PYTHON_V03=... lines
   help             print this message";
 
 /// Parses the subcommand and dispatches; every task returns its exit code.
@@ -29,16 +30,18 @@ fn main() -> ExitCode {
         Some("ci") if args.len() == 1 => ci::run(),
         Some("bench") => bench(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
-        Some("py-sdk") if args.len() == 1 => match py_sdk::ensure() {
-            Ok(python) => {
-                println!("{}", python.display());
-                ExitCode::SUCCESS
+        Some("py-sdk") if args.len() == 1 => {
+            for venv in [py_sdk::V1, py_sdk::V03] {
+                match venv.ensure() {
+                    Ok(python) => println!("{}={}", venv.env_var, python.display()),
+                    Err(e) => {
+                        eprintln!("xtask py-sdk: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
             }
-            Err(e) => {
-                eprintln!("xtask py-sdk: {e}");
-                ExitCode::FAILURE
-            }
-        },
+            ExitCode::SUCCESS
+        }
         Some("help" | "-h" | "--help") => {
             println!("{USAGE}");
             ExitCode::SUCCESS

@@ -27,6 +27,25 @@ pub trait MemoryService: Send + Sync {
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>>;
     /// Remove `key`; answers whether it existed.
     async fn delete(&self, auth: &AuthContext, key: &str) -> AgentResult<bool>;
+
+    /// Store `value` under `key`, expiring after `ttl`, only if the key holds no live value;
+    /// answers whether it was stored. This is a claim: of several callers (in any process
+    /// on the store) racing for one key, exactly one gets `true` until the value expires or
+    /// is deleted. The default reads then writes, which is atomic only within one process
+    /// that serializes its calls; every shared backend overrides it with one atomic step.
+    async fn save_if_absent(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: Value,
+        ttl: Duration,
+    ) -> AgentResult<bool> {
+        if self.load_serialized(auth, key).await?.is_some() {
+            return Ok(false);
+        }
+        self.save_serialized_with_ttl(auth, key, value, ttl).await?;
+        Ok(true)
+    }
 }
 
 /// A [`MemoryService`] over a concurrent hash map.
@@ -84,6 +103,32 @@ impl MemoryService for InMemoryMemoryService {
             .remove(&(auth.namespace(), key.to_owned()))
             .is_some_and(|(_, (_, expires))| expires.is_none_or(|e| e > now)))
     }
+
+    async fn save_if_absent(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: Value,
+        ttl: Duration,
+    ) -> AgentResult<bool> {
+        let now = Instant::now();
+        let expires = now.checked_add(ttl);
+        // The entry's shard lock makes the check and the write one step.
+        match self.values.entry((auth.namespace(), key.to_owned())) {
+            dashmap::Entry::Occupied(mut held) => {
+                if held.get().1.is_some_and(|e| e <= now) {
+                    held.insert((value, expires));
+                    Ok(true)
+                } else {
+                    Ok(false)
+                }
+            }
+            dashmap::Entry::Vacant(free) => {
+                free.insert((value, expires));
+                Ok(true)
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -108,5 +153,44 @@ mod tests {
         assert!(!store.delete(&bob, "k").await.unwrap());
         assert!(store.delete(&alice, "k").await.unwrap());
         assert_eq!(store.load_serialized(&alice, "k").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn save_if_absent_claims_a_key_once_until_it_expires_or_is_deleted() {
+        let store = InMemoryMemoryService::new();
+        let alice = AuthContext::new("app", "alice");
+        let bob = AuthContext::new("app", "bob");
+        let long = Duration::from_secs(60);
+        assert!(store
+            .save_if_absent(&alice, "c", json!(1), long)
+            .await
+            .unwrap());
+        assert!(!store
+            .save_if_absent(&alice, "c", json!(2), long)
+            .await
+            .unwrap());
+        assert_eq!(
+            store.load_serialized(&alice, "c").await.unwrap(),
+            Some(json!(1))
+        );
+        // Another tenant's key is another key.
+        assert!(store
+            .save_if_absent(&bob, "c", json!(3), long)
+            .await
+            .unwrap());
+        assert!(store.delete(&alice, "c").await.unwrap());
+        assert!(store
+            .save_if_absent(&alice, "c", json!(4), Duration::ZERO)
+            .await
+            .unwrap());
+        // Expired at once: free to claim again.
+        assert!(store
+            .save_if_absent(&alice, "c", json!(5), long)
+            .await
+            .unwrap());
+        assert_eq!(
+            store.load_serialized(&alice, "c").await.unwrap(),
+            Some(json!(5))
+        );
     }
 }

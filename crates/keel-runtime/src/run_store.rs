@@ -191,8 +191,48 @@ pub struct InMemoryRunStore {
 /// is O(1) whatever the number of records held.
 #[derive(Default)]
 struct RunIndex {
-    by_run: std::collections::HashMap<(String, RunId), RunRecord>,
+    by_run: std::collections::HashMap<(String, RunId), HeldRun>,
     order: std::collections::VecDeque<(String, RunId)>,
+}
+
+/// A run record as held in memory: its index fields, and the report as JSON text. A report
+/// as a `serde_json::Value` tree costs several times its text (a map node per object, an
+/// allocation per key and string), and ten thousand of them made most of a busy in-memory
+/// server's heap; the text is parsed again only when a record is read.
+struct HeldRun {
+    /// The record, its `report` left `Null`.
+    index: RunRecord,
+    report: Box<str>,
+}
+
+impl HeldRun {
+    fn new(record: &RunRecord) -> Self {
+        Self {
+            index: record.clone_without_report(),
+            report: record.report.to_string().into_boxed_str(),
+        }
+    }
+
+    fn record(&self) -> RunRecord {
+        let mut record = self.index.clone();
+        // The text was written from a `Value`, so it parses back to the same one.
+        record.report = serde_json::from_str(&self.report).unwrap_or(Value::Null);
+        record
+    }
+}
+
+impl RunRecord {
+    fn clone_without_report(&self) -> RunRecord {
+        RunRecord {
+            run_id: self.run_id.clone(),
+            task_id: self.task_id.clone(),
+            thread_id: self.thread_id.clone(),
+            trace_id: self.trace_id.clone(),
+            agent_name: self.agent_name.clone(),
+            recorded_at: self.recorded_at,
+            report: Value::Null,
+        }
+    }
 }
 
 impl Default for InMemoryRunStore {
@@ -270,7 +310,11 @@ impl RunStore for InMemoryRunStore {
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
         let key = (auth.namespace(), record.run_id.clone());
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        if runs.by_run.insert(key.clone(), record.clone()).is_none() {
+        if runs
+            .by_run
+            .insert(key.clone(), HeldRun::new(record))
+            .is_none()
+        {
             runs.order.push_back(key);
             while runs.order.len() > self.capacity {
                 if let Some(oldest) = runs.order.pop_front() {
@@ -290,7 +334,7 @@ impl RunStore for InMemoryRunStore {
         Ok(runs
             .by_run
             .get(&(auth.namespace(), run_id.clone()))
-            .cloned())
+            .map(HeldRun::record))
     }
 
     async fn find_run_reports(
@@ -305,8 +349,9 @@ impl RunStore for InMemoryRunStore {
             .by_run
             .iter()
             .filter(|((ns, _), _)| *ns == namespace)
-            .map(|(_, r)| r)
-            .filter(|r| {
+            .map(|(_, held)| held)
+            .filter(|held| {
+                let r = &held.index;
                 query.matches(
                     r.task_id.as_ref(),
                     Some(&r.run_id),
@@ -314,9 +359,10 @@ impl RunStore for InMemoryRunStore {
                     r.trace_id.as_ref(),
                     r.agent_name.as_deref(),
                     r.recorded_at,
-                ) && json_contains(r, query.contains.as_deref())
+                )
             })
-            .cloned()
+            .map(HeldRun::record)
+            .filter(|r| json_contains(r, query.contains.as_deref()))
             .collect();
         found.sort_by_key(|r| std::cmp::Reverse(r.recorded_at));
         found.truncate(limit);

@@ -70,6 +70,7 @@ pub async fn run_all(
     memory_round_trip(memory).await;
     memory_ttl(memory).await;
     memory_delete_of_expired_key_is_false(memory).await;
+    memory_save_if_absent_claims_once(memory).await;
     history_append_and_read(threads.as_ref()).await;
     history_and_queue_limit_zero_is_empty(threads.as_ref()).await;
     lease_exclusive_under_contention(threads.clone()).await;
@@ -355,6 +356,42 @@ pub async fn memory_round_trip(memory: &dyn MemoryService) {
         "second delete finds nothing"
     );
     assert_eq!(memory.load_serialized(&alice, "k").await.unwrap(), None);
+}
+
+/// `save_if_absent` is a claim: of many concurrent callers exactly one stores its value,
+/// the key stays taken until deleted (or expired), and tenants claim separately.
+pub async fn memory_save_if_absent_claims_once(memory: &dyn MemoryService) {
+    let (alice, bob) = (fresh_tenant(), fresh_tenant());
+    let long = Duration::from_secs(3600);
+    let claim = |n: usize| memory.save_if_absent(&alice, "claim", json!(n), long);
+    let (a, b, c, d) = tokio::join!(claim(0), claim(1), claim(2), claim(3));
+    let won: Vec<bool> = [a, b, c, d].into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        won.iter().filter(|w| **w).count(),
+        1,
+        "exactly one concurrent claim wins: {won:?}"
+    );
+    let winner = won.iter().position(|w| *w).unwrap();
+    assert_eq!(
+        memory.load_serialized(&alice, "claim").await.unwrap(),
+        Some(json!(winner)),
+        "the winner's value is stored"
+    );
+    assert!(
+        memory
+            .save_if_absent(&bob, "claim", json!("bob"), long)
+            .await
+            .unwrap(),
+        "another tenant's key is free"
+    );
+    assert!(memory.delete(&alice, "claim").await.unwrap());
+    assert!(
+        memory
+            .save_if_absent(&alice, "claim", json!("again"), long)
+            .await
+            .unwrap(),
+        "a deleted claim can be taken again"
+    );
 }
 
 /// A value saved with a TTL is readable until it expires and gone after.

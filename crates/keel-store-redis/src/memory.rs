@@ -74,6 +74,28 @@ impl MemoryService for RedisStore {
         text.map(|text| decode(&key, &text)).transpose()
     }
 
+    async fn save_if_absent(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: Value,
+        ttl: Duration,
+    ) -> AgentResult<bool> {
+        let key = self.keys(auth).of(kind::MEMORY, key);
+        // `SET NX PX`: one atomic step for every process on this Redis.
+        let millis = ttl.min(LONGEST_TTL).as_nanos().div_ceil(1_000_000).max(1);
+        let stored: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(encode(&value)?)
+            .arg("NX")
+            .arg("PX")
+            .arg(u64::try_from(millis).unwrap_or(u64::MAX))
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("SET NX memory", &e))?;
+        Ok(stored.is_some())
+    }
+
     async fn delete(&self, auth: &AuthContext, key: &str) -> AgentResult<bool> {
         let key = self.keys(auth).of(kind::MEMORY, key);
         let removed: i64 = redis::cmd("DEL")

@@ -97,6 +97,35 @@ impl MemoryService for SqliteStore {
         .await
     }
 
+    async fn save_if_absent(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: Value,
+        ttl: Duration,
+    ) -> AgentResult<bool> {
+        let text = encode_value(&value)?;
+        let (tenant, key) = (auth.namespace(), key.to_owned());
+        // The one writer thread runs the sweep and the insert back to back: an expired value
+        // is gone before the insert, and a live one makes it do nothing.
+        self.write(move |conn| {
+            let now = to_nanos(Utc::now());
+            let expires_at = i64::try_from(ttl.as_nanos())
+                .ok()
+                .and_then(|ttl| now.checked_add(ttl));
+            sweep_expired(conn, now)?;
+            let inserted = conn
+                .prepare_cached(
+                    "INSERT INTO memory (tenant, key, value, expires_at) VALUES (?1, ?2, ?3, ?4) \
+                     ON CONFLICT (tenant, key) DO NOTHING",
+                )
+                .and_then(|mut stmt| stmt.execute(params![tenant, key, text, expires_at]))
+                .context("claiming a memory key")?;
+            Ok(inserted > 0)
+        })
+        .await
+    }
+
     async fn delete(&self, auth: &AuthContext, key: &str) -> AgentResult<bool> {
         let (tenant, key) = (auth.namespace(), key.to_owned());
         self.write(move |conn| {

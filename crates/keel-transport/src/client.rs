@@ -260,6 +260,7 @@ impl A2aClient {
         let response = self
             .http
             .get(url)
+            .header(VERSION_HEADER, wire::PROTOCOL_VERSION)
             .send()
             .await
             .map_err(|e| connection_failure(url, e))?;

@@ -248,8 +248,120 @@ pub(crate) fn result_from_v1(operation: Operation, result: Value) -> Value {
             _ => json!([]),
         },
         Operation::DeletePushConfig => Value::Null,
+        Operation::GetExtendedAgentCard => card_from_v1(result),
         _ => result,
     }
+}
+
+/// A v1.0 agent card with the v0.3 fields a v0.3 client needs added: `protocolVersion`
+/// (`0.3.0`), `url` and `preferredTransport` naming the card's JSON-RPC 0.3 interface (the
+/// only binding this server speaks v0.3 on, so `additionalInterfaces` lists just it),
+/// `supportsAuthenticatedExtendedCard`, `security`, each skill's `security` and `tags`, and
+/// the security schemes in v0.3's `type`-tagged shape. The v1.0 fields stay
+/// (`supportedInterfaces` lists every interface with its `protocolVersion`), so a v1.0 client
+/// that fetches the card without `A2A-Version` still finds its interfaces: the v1.0 SDKs
+/// read v0.3-shaped schemes (decision 40).
+pub(crate) fn card_from_v1(card: Value) -> Value {
+    let Value::Object(mut card) = card else {
+        return card;
+    };
+    let interfaces = card
+        .get("supportedInterfaces")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let v03 = interfaces.iter().find(|i| {
+        i.get("protocolBinding").and_then(Value::as_str) == Some(wire::JSONRPC_BINDING)
+            && i.get("protocolVersion")
+                .and_then(Value::as_str)
+                .is_some_and(|v| v.starts_with("0.3"))
+    });
+    let url = v03
+        .or_else(|| interfaces.first())
+        .and_then(|i| i.get("url"))
+        .cloned()
+        .unwrap_or_else(|| json!(""));
+    card.insert("protocolVersion".into(), json!(PROTOCOL_VERSION_FULL));
+    card.insert("url".into(), url.clone());
+    card.insert("preferredTransport".into(), json!(wire::JSONRPC_BINDING));
+    card.insert(
+        "additionalInterfaces".into(),
+        json!([{"url": url, "transport": wire::JSONRPC_BINDING}]),
+    );
+    let extended = card
+        .get("capabilities")
+        .and_then(|c| c.get("extendedAgentCard"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    card.insert("supportsAuthenticatedExtendedCard".into(), json!(extended));
+    for field in ["defaultInputModes", "defaultOutputModes", "skills"] {
+        card.entry(field).or_insert_with(|| json!([]));
+    }
+    if let Some(Value::Array(skills)) = card.get_mut("skills") {
+        for skill in skills.iter_mut().filter_map(Value::as_object_mut) {
+            skill.entry("tags").or_insert_with(|| json!([]));
+            if let Some(requirements) = skill.get("securityRequirements") {
+                let security = security_from_v1(requirements);
+                skill.insert("security".into(), security);
+            }
+        }
+    }
+    if let Some(requirements) = card.get("securityRequirements") {
+        let security = security_from_v1(requirements);
+        card.insert("security".into(), security);
+    }
+    if let Some(Value::Object(schemes)) = card.get_mut("securitySchemes") {
+        for scheme in schemes.values_mut() {
+            *scheme = security_scheme_from_v1(scheme.take());
+        }
+    }
+    Value::Object(card)
+}
+
+/// The full protocol version a v0.3 card names.
+const PROTOCOL_VERSION_FULL: &str = "0.3.0";
+
+/// v1.0 `securityRequirements` (`[{"schemes": {name: {"list": [scopes]}}}]`) as v0.3
+/// `security` (`[{name: [scopes]}]`).
+fn security_from_v1(requirements: &Value) -> Value {
+    let requirements = requirements.as_array().into_iter().flatten();
+    Value::Array(
+        requirements
+            .map(|requirement| {
+                let schemes = requirement.get("schemes").and_then(Value::as_object);
+                let entries = schemes.into_iter().flatten().map(|(name, scopes)| {
+                    let scopes = scopes.get("list").cloned().unwrap_or_else(|| json!([]));
+                    (name.clone(), scopes)
+                });
+                Value::Object(entries.collect())
+            })
+            .collect(),
+    )
+}
+
+/// A v1.0 security scheme (`{"apiKeySecurityScheme": {..}}`, ...) as v0.3's `type`-tagged
+/// object; an unknown shape is left as it is.
+fn security_scheme_from_v1(scheme: Value) -> Value {
+    let Value::Object(scheme) = scheme else {
+        return scheme;
+    };
+    let Some((kind, Value::Object(fields))) = scheme.iter().next() else {
+        return Value::Object(scheme);
+    };
+    let kind = match kind.as_str() {
+        "apiKeySecurityScheme" => "apiKey",
+        "httpAuthSecurityScheme" => "http",
+        "oauth2SecurityScheme" => "oauth2",
+        "openIdConnectSecurityScheme" => "openIdConnect",
+        "mtlsSecurityScheme" => "mutualTLS",
+        _ => return Value::Object(scheme),
+    };
+    let mut out = fields.clone();
+    if let Some(location) = out.remove("location") {
+        out.insert("in".into(), location);
+    }
+    out.insert("type".into(), json!(kind));
+    Value::Object(out)
 }
 
 /// A v1.0 `StreamResponse` (or `SendMessageResponse`) as the v0.3 event object.

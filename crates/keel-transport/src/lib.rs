@@ -14,8 +14,9 @@
 //! drift apart); `server` the JSON-RPC binding, the card and the version selection; `rest` the
 //! HTTP+JSON binding; `compat_v03` the v0.3 method names and JSON shapes; `stream` the
 //! follower that turns a task's durable event log into a stream; `wire` the v1.0 JSON; `ws`
-//! JSON-RPC over a WebSocket at [`WS_PATH`], streams included; `in_process` the in-process
-//! transport; `transport` the [`AgentTransport`] trait both clients implement.
+//! JSON-RPC over a WebSocket at [`WS_PATH`], streams included; `ws_client` the client side of
+//! it ([`A2aWsClient`]); `in_process` the in-process transport; `transport` the
+//! [`AgentTransport`] trait every client implements.
 //!
 //! What it serves: the card at `/.well-known/agent-card.json` (with `Cache-Control` and an
 //! `ETag`); SendMessage, SendStreamingMessage, GetTask, ListTasks, CancelTask, SubscribeToTask,
@@ -25,7 +26,7 @@
 //! auth service (`security`), every operation running as the tenant the credentials prove.
 //!
 //! [`AgentTransport`] is the one typed interface to an agent: [`A2aClient`] implements it over
-//! HTTP, [`InProcessClient`] (the in-process transport) for an agent in this process, through
+//! HTTP, [`A2aWsClient`] over the WebSocket, [`InProcessClient`] (the in-process transport) for an agent in this process, through
 //! the same handler layer and with no HTTP.
 //!
 //! See [`A2aServer`] for a complete example that serves an agent and talks to it.
@@ -46,6 +47,7 @@ mod transport;
 mod variables;
 mod wire;
 mod ws;
+mod ws_client;
 
 pub use client::{A2aClient, Binding, SendMessageOptions, TaskEventStream};
 pub use in_process::InProcessClient;
@@ -58,3 +60,4 @@ pub use transport::AgentTransport;
 pub use variables::VARIABLES_PATH;
 pub use wire::KEEL_CARD_EXTENSION_URI;
 pub use ws::{WS_MAX_IN_FLIGHT, WS_PATH};
+pub use ws_client::A2aWsClient;

@@ -18,6 +18,7 @@
 //! | `keel:push:{task_id}` | the index: the task's config ids |
 //! | `keel:push-cursor:{task_id}` | how many of the task's log events have been delivered |
 //! | `keel:push-log:{task_id}` | the delivery log: the last [`DELIVERY_LOG_LIMIT`] attempts' outcomes |
+//! | `keel:push-claim:{task_id}:{config_id}:{index}` | who delivers log event `index` to the config, then that it was delivered |
 //!
 //! and, in the deliverer's own namespace ([`deliverer_context`]), `keel:push:active`: the
 //! tenants and tasks with configs whose deliveries are not finished. A server resumes them
@@ -36,6 +37,17 @@
 //! retried with exponential backoff and full jitter; other answers are final. The cursor
 //! advances once an event has been offered to every config. The watcher ends once the task
 //! is terminal and delivered, or has no configs left.
+//!
+//! # Once across processes
+//!
+//! Every process on a shared store may watch the same task (each one that created a config
+//! for it, and each that resumed it at start). Each (config, event) delivery is claimed first
+//! with [`MemoryService::save_if_absent`] (one atomic step on the store: `SET NX` on Redis):
+//! the winner delivers and then marks the claim done (kept for a day); a watcher that finds
+//! it done skips the event, and one that finds it held by another process waits, so each
+//! config still receives its events in order. A claim lapses after the longest a delivery
+//! with all its retries can take, so the events of a process that died mid-delivery are
+//! delivered by another: once in the normal case, at least once across a crash.
 //!
 //! # SSRF guard
 //!
@@ -150,6 +162,26 @@ fn cursor_key(task_id: &TaskId) -> String {
 fn log_key(task_id: &TaskId) -> String {
     format!("keel:push-log:{task_id}")
 }
+fn claim_key(task_id: &TaskId, config_id: &str, index: usize) -> String {
+    format!("keel:push-claim:{task_id}:{config_id}:{index}")
+}
+
+/// How long the record that an event was delivered to a config is kept: any watcher still
+/// behind it (another process, a resumed server) has long caught up by then.
+const DONE_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// The timeout of one POST to a webhook.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Who delivers one event to one config.
+enum Claim {
+    /// This process: deliver it.
+    Mine,
+    /// Someone delivered it already (or gave up on it): skip it.
+    Done,
+    /// Another process is delivering it now.
+    Held,
+}
 
 /// An active delivery: a tenant's task.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -184,6 +216,8 @@ struct Inner {
     http: reqwest::Client,
     /// The tasks a watcher in this process follows.
     watching: Mutex<HashSet<Active>>,
+    /// This deliverer's id in delivery claims (random per process).
+    owner: String,
     /// Serializes read-modify-write of index, log and active keys in this process.
     writes: tokio::sync::Mutex<()>,
     /// Flips to true when the server stops: watchers end (their cursors stay where they are).
@@ -199,7 +233,7 @@ impl Push {
     ) -> Self {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_secs(10))
+            .timeout(DELIVERY_TIMEOUT)
             .build()
             .unwrap_or_default();
         Self {
@@ -209,6 +243,7 @@ impl Push {
                 retry,
                 http,
                 watching: Mutex::new(HashSet::new()),
+                owner: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
                 writes: tokio::sync::Mutex::new(()),
                 stopped,
             }),
@@ -541,10 +576,36 @@ impl Push {
                     _ => "statusUpdate",
                 };
                 for config in &configs {
+                    match self.claim(auth, task_id, &config.id, index).await? {
+                        Claim::Mine => {}
+                        Claim::Done => continue,
+                        // Another process is delivering it: wait for it to finish (or for
+                        // its claim to lapse, should that process die) before going on, so
+                        // that each config still receives the events in order.
+                        Claim::Held => {
+                            memory
+                                .save_serialized(auth, &cursor_key(task_id), json!(cursor))
+                                .await?;
+                            return Ok(Progress::Waiting);
+                        }
+                    }
                     let Some(outcome) = self.deliver(config, &body).await else {
+                        // Stopped mid-delivery: let the claim go, so another process (or the
+                        // next server) delivers this event without waiting for it to lapse.
+                        let _ = memory
+                            .delete(auth, &claim_key(task_id, &config.id, index))
+                            .await;
                         return Ok(Progress::Stopped);
                     };
                     self.log(auth, task_id, config, kind, index, outcome)
+                        .await?;
+                    memory
+                        .save_serialized_with_ttl(
+                            auth,
+                            &claim_key(task_id, &config.id, index),
+                            json!({"done": true}),
+                            DONE_TTL,
+                        )
                         .await?;
                 }
             }
@@ -564,6 +625,45 @@ impl Push {
         } else {
             Progress::Waiting
         })
+    }
+
+    /// Claim the delivery of log event `index` to config `config_id` for this process.
+    async fn claim(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        config_id: &str,
+        index: usize,
+    ) -> AgentResult<Claim> {
+        let memory = self.memory();
+        let key = claim_key(task_id, config_id, index);
+        let mine = json!({"owner": self.inner.owner});
+        for _ in 0..2 {
+            if memory
+                .save_if_absent(auth, &key, mine.clone(), self.claim_ttl())
+                .await?
+            {
+                return Ok(Claim::Mine);
+            }
+            match memory.load_serialized(auth, &key).await? {
+                // Lapsed or released between the two calls: try once more.
+                None => continue,
+                Some(claim) if claim.get("done") == Some(&Value::Bool(true)) => {
+                    return Ok(Claim::Done)
+                }
+                Some(claim) if claim == mine => return Ok(Claim::Mine),
+                Some(_) => return Ok(Claim::Held),
+            }
+        }
+        Ok(Claim::Held)
+    }
+
+    /// How long a claim holds before another process may take the delivery over: longer than
+    /// every attempt of one delivery with its backoffs.
+    fn claim_ttl(&self) -> Duration {
+        let retry = self.inner.retry;
+        (DELIVERY_TIMEOUT + retry.max_delay).saturating_mul(retry.max_attempts.max(1))
+            + Duration::from_secs(30)
     }
 
     /// POST `body` to the config's webhook with retries; `None` when the server stopped first.
@@ -634,7 +734,7 @@ impl Push {
         let client = match (domain, pinned.first()) {
             (Some(domain), Some(address)) => reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
-                .timeout(Duration::from_secs(10))
+                .timeout(DELIVERY_TIMEOUT)
                 .resolve(domain, *address)
                 .build()
                 .map_err(|e| Attempt::Failed(e.to_string()))?,

@@ -103,10 +103,28 @@ pub(crate) struct ServerState {
     pub(crate) handlers: Handlers,
     /// The largest WebSocket message accepted (the body limit).
     pub(crate) ws_message_limit: usize,
-    card: Value,
-    /// A strong validator of `card`: a hash of its JSON, quoted.
-    card_etag: String,
+    /// The v1.0 card, for callers that send `A2A-Version: 1.0`.
+    card: ServedCard,
+    /// The card for callers without a version (v0.3 clients by the spec): the v1.0 card plus
+    /// the v0.3 fields (`compat_v03::card_from_v1`).
+    card_v03: ServedCard,
     card_cache_control: String,
+}
+
+/// One variant of the public card and its entity tag.
+struct ServedCard {
+    json: Value,
+    /// A strong validator of `json`: a hash of it, quoted.
+    etag: String,
+}
+
+impl ServedCard {
+    fn new(json: Value) -> Self {
+        Self {
+            etag: etag(&json),
+            json,
+        }
+    }
 }
 
 /// How long clients and caches may keep the public card, by default (`max-age`, seconds).
@@ -279,9 +297,9 @@ impl A2aServer {
                 push,
             ),
             ws_message_limit: self.body_limit,
-            card_etag: etag(&card),
+            card_v03: ServedCard::new(compat_v03::card_from_v1(card.clone())),
+            card: ServedCard::new(card),
             card_cache_control: format!("public, max-age={}", self.card_max_age),
-            card,
         });
         Router::new()
             .route(AGENT_CARD_PATH, get(agent_card))
@@ -346,24 +364,36 @@ impl A2aServer {
 }
 
 /// The public card, with `Cache-Control` and an `ETag`; `If-None-Match` naming the current
-/// tag (or `*`) is answered 304 with no body.
-async fn agent_card(State(state): State<Arc<ServerState>>, headers: HeaderMap) -> Response {
+/// tag (or `*`) is answered 304 with no body. A caller that names A2A 1.0 (header or query
+/// parameter, as for `POST /`) gets the v1.0 card; any other caller the card with the v0.3
+/// fields added, since a v0.3 client sends no version (`Vary: A2A-Version`).
+async fn agent_card(
+    State(state): State<Arc<ServerState>>,
+    headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Response {
+    let query = query.map(|Query(q)| q).unwrap_or_default();
+    let card = match requested_version(&headers, &query) {
+        Ok(Some(Version::V1)) => &state.card,
+        _ => &state.card_v03,
+    };
     let fresh = headers
         .get_all(header::IF_NONE_MATCH)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(|tag| tag.trim().trim_start_matches("W/"))
-        .any(|tag| tag == "*" || tag == state.card_etag);
+        .any(|tag| tag == "*" || tag == card.etag);
     let mut response = if fresh {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        Json(state.card.clone()).into_response()
+        Json(card.json.clone()).into_response()
     };
     let headers = response.headers_mut();
-    if let Ok(value) = HeaderValue::from_str(&state.card_etag) {
+    if let Ok(value) = HeaderValue::from_str(&card.etag) {
         headers.insert(header::ETAG, value);
     }
+    headers.insert(header::VARY, HeaderValue::from_static(VERSION_HEADER));
     if let Ok(value) = HeaderValue::from_str(&state.card_cache_control) {
         headers.insert(header::CACHE_CONTROL, value);
     }

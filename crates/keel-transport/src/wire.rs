@@ -44,7 +44,7 @@ pub const KEEL_CARD_EXTENSION_URI: &str = "https://keel.dev/extensions/card/v1";
 pub(crate) const PROTOCOL_VERSION: &str = "1.0";
 
 /// The protocol binding of the JSON-RPC interface in `supportedInterfaces`.
-const JSONRPC_BINDING: &str = a2a::TRANSPORT_PROTOCOL_JSONRPC;
+pub(crate) const JSONRPC_BINDING: &str = a2a::TRANSPORT_PROTOCOL_JSONRPC;
 /// The protocol binding of the REST interface in `supportedInterfaces`.
 const HTTP_JSON_BINDING: &str = a2a::TRANSPORT_PROTOCOL_HTTP_JSON;
 

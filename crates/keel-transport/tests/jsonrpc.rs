@@ -185,6 +185,7 @@ async fn agent_card_declares_jsonrpc_and_rest_1_0_and_jsonrpc_0_3_and_streaming(
     let card: Value = server
         .http
         .get(format!("{}/.well-known/agent-card.json", server.base))
+        .header("A2A-Version", "1.0")
         .send()
         .await
         .unwrap()
@@ -213,6 +214,65 @@ async fn agent_card_declares_jsonrpc_and_rest_1_0_and_jsonrpc_0_3_and_streaming(
         card["capabilities"]["extensions"][0]["uri"],
         keel_transport::KEEL_CARD_EXTENSION_URI
     );
+    // A v1.0 caller gets the v1.0 card only.
+    for v03_field in [
+        "url",
+        "protocolVersion",
+        "preferredTransport",
+        "additionalInterfaces",
+    ] {
+        assert!(card.get(v03_field).is_none(), "{v03_field} in {card}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_caller_without_a2a_version_gets_the_card_with_the_v0_3_fields() {
+    let server = TestServer::start().await;
+    let url = format!("{}/.well-known/agent-card.json", server.base);
+    let response = server.http.get(&url).send().await.unwrap();
+    assert_eq!(response.headers()["vary"], "A2A-Version");
+    let v03_etag = response.headers()["etag"].to_str().unwrap().to_owned();
+    let card: Value = response.json().await.unwrap();
+    // What a v0.3 client reads to reach the agent: the JSON-RPC 0.3 endpoint.
+    assert_eq!(card["protocolVersion"], "0.3.0");
+    assert_eq!(card["url"], format!("{}/", server.base));
+    assert_eq!(card["preferredTransport"], "JSONRPC");
+    assert_eq!(
+        card["additionalInterfaces"],
+        json!([{"url": format!("{}/", server.base), "transport": "JSONRPC"}])
+    );
+    assert_eq!(card["supportsAuthenticatedExtendedCard"], false);
+    assert_eq!(card["capabilities"]["streaming"], true);
+    assert_eq!(card["capabilities"]["pushNotifications"], true);
+    assert_eq!(card["skills"][0]["tags"], json!(["demo"]));
+    assert_eq!(card["defaultInputModes"], json!(["text/plain"]));
+    // The v1.0 discovery stays, every interface with its protocol version.
+    let versions: Vec<&str> = card["supportedInterfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["protocolVersion"].as_str().unwrap())
+        .collect();
+    assert_eq!(versions, ["1.0", "1.0", "0.3"]);
+
+    // Each variant has its own tag.
+    let v1 = server
+        .http
+        .get(&url)
+        .header("A2A-Version", "1.0")
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(v1.headers()["etag"].to_str().unwrap(), v03_etag);
+    let explicit = server
+        .http
+        .get(&url)
+        .header("A2A-Version", "0.3")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(explicit.headers()["etag"].to_str().unwrap(), v03_etag);
     server.stop().await;
 }
 

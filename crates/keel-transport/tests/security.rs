@@ -95,6 +95,7 @@ async fn the_card_is_public_and_declares_api_key_and_bearer_schemes() {
     let card: Value = server
         .http
         .get(format!("{}/.well-known/agent-card.json", server.base))
+        .header("A2A-Version", "1.0")
         .send()
         .await
         .unwrap()
@@ -118,6 +119,26 @@ async fn the_card_is_public_and_declares_api_key_and_bearer_schemes() {
     assert!(requirements.contains(&json!({"schemes": {"apiKey": {"list": []}}})));
     assert!(requirements.contains(&json!({"schemes": {"bearer": {"list": []}}})));
     assert_eq!(card["capabilities"]["extendedAgentCard"], false);
+
+    // A v0.3 caller (no A2A-Version) sees the same schemes in v0.3's shape.
+    let card: Value = server
+        .http
+        .get(format!("{}/.well-known/agent-card.json", server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let schemes = &card["securitySchemes"];
+    assert_eq!(schemes["apiKey"]["type"], "apiKey", "{card}");
+    assert_eq!(schemes["apiKey"]["in"], "header");
+    assert_eq!(schemes["apiKey"]["name"], "X-API-Key");
+    assert_eq!(schemes["bearer"]["type"], "http");
+    assert_eq!(schemes["bearer"]["scheme"], "Bearer");
+    let security = card["security"].as_array().unwrap();
+    assert!(security.contains(&json!({"apiKey": []})));
+    assert!(security.contains(&json!({"bearer": []})));
     server.stop().await;
 }
 
