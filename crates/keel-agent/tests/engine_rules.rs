@@ -133,9 +133,14 @@ mod redis {
     }
 
     async fn raw() -> ::redis::aio::MultiplexedConnection {
+        // The client's default 500 ms reply timeout is too short for SCAN on a busy shared
+        // server (several test binaries at once), and a timed-out cleanup leaves keys behind.
+        let config = ::redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(10)))
+            .set_response_timeout(Some(Duration::from_secs(30)));
         ::redis::Client::open(redis_url())
             .expect("REDIS_URL parses")
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .expect("a raw connection to REDIS_URL")
     }
