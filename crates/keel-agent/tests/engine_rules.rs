@@ -1,6 +1,7 @@
-//! The engine's rules, proven on every durable backend the engine can run on: the same tests
-//! run against the in-memory store and against SQLite (a real file). The cross-process rules
-//! are proven on Redis by keel-cli's multi-process tests.
+//! The engine's rules, proven on every backend the engine can run on: the same tests run
+//! against the in-memory store, against SQLite (a real file) and against Redis (the server at
+//! `REDIS_URL`, default `redis://127.0.0.1:6379`, each test under its own key prefix). The
+//! cross-process rules are also proven on Redis by keel-cli's multi-process tests.
 
 use std::sync::Arc;
 
@@ -50,6 +51,238 @@ mod sqlite {
                 .with_async_call_store(store.clone())
                 .with_run_store(store),
         )
+    }
+
+    mod engine {
+        include!("rules/engine.rs");
+    }
+    mod thread_engine {
+        include!("rules/thread_engine.rs");
+    }
+    mod subagents {
+        include!("rules/subagents.rs");
+    }
+    mod async_tools {
+        include!("rules/async_tools.rs");
+    }
+    mod effects {
+        include!("rules/effects.rs");
+    }
+}
+
+mod redis {
+    //! Redis: the server at `REDIS_URL`, which CI always provides (`cargo xtask ci` starts
+    //! one when none answers); without one every test here fails naming `REDIS_URL`.
+
+    use super::*;
+
+    use std::sync::OnceLock;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use keel_llm::Llm;
+    use keel_runtime::{
+        AsyncCallStore, AuthService, LoggingService, MemoryService, RunStore, StepStore,
+        TaskManager, ThreadStore, ThreadTimers,
+    };
+    use keel_store_redis::RedisStore;
+
+    /// What every test prefix starts with; the sweep below only ever touches such keys.
+    const PREFIX_ROOT: &str = "keel-rules-";
+    /// Keys of a prefix older than this are a crashed run's leftovers and are deleted.
+    const STALE_AFTER: Duration = Duration::from_secs(3600);
+
+    fn redis_url() -> String {
+        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+    }
+
+    /// The connected store and the runtime driving its connection. The rule tests each build
+    /// their own tokio runtime (and drop it at the end), while `runtime()` is synchronous; the
+    /// connection therefore lives on a runtime of its own that outlives every test, and each
+    /// test shares it under a prefix of its own, as one process's services share one store.
+    struct Shared {
+        driver: tokio::runtime::Runtime,
+        store: RedisStore,
+    }
+
+    fn shared() -> &'static Shared {
+        static SHARED: OnceLock<Shared> = OnceLock::new();
+        // Set up on a thread of its own: a test calls this from inside its tokio runtime,
+        // where `block_on` is refused.
+        SHARED.get_or_init(|| {
+            std::thread::spawn(|| {
+                let driver = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .enable_all()
+                    .build()
+                    .expect("a tokio runtime for the Redis connection");
+                let url = redis_url();
+                let store = match driver.block_on(RedisStore::connect(&url)) {
+                    Ok(store) => store,
+                    Err(err) => panic!(
+                        "the engine's Redis rule tests need a server at REDIS_URL ({url}), and \
+                         it did not answer: {err}\nstart one (e.g. `redis-server --appendonly \
+                         yes`), point REDIS_URL at one, or run `cargo xtask ci`, which starts one"
+                    ),
+                };
+                driver.block_on(sweep_stale_prefixes());
+                Shared { driver, store }
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    async fn raw() -> ::redis::aio::MultiplexedConnection {
+        // The client's default 500 ms reply timeout is too short for SCAN on a busy shared
+        // server (several test binaries at once), and a timed-out cleanup leaves keys behind.
+        let config = ::redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(10)))
+            .set_response_timeout(Some(Duration::from_secs(30)));
+        ::redis::Client::open(redis_url())
+            .expect("REDIS_URL parses")
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .expect("a raw connection to REDIS_URL")
+    }
+
+    /// Every key matching `pattern` (SCAN, never KEYS: the server may hold much else).
+    async fn keys_matching(
+        con: &mut ::redis::aio::MultiplexedConnection,
+        pattern: &str,
+    ) -> Vec<String> {
+        let mut cursor: u64 = 0;
+        let mut keys = Vec::new();
+        loop {
+            let (next, batch): (u64, Vec<String>) = ::redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(con)
+                .await
+                .expect("SCAN");
+            keys.extend(batch);
+            if next == 0 {
+                return keys;
+            }
+            cursor = next;
+        }
+    }
+
+    async fn delete(con: &mut ::redis::aio::MultiplexedConnection, keys: &[String]) {
+        for chunk in keys.chunks(500) {
+            ::redis::cmd("DEL")
+                .arg(chunk)
+                .query_async::<()>(con)
+                .await
+                .expect("DEL");
+        }
+    }
+
+    /// Delete what runs that died before cleaning up left behind: their prefixes carry the
+    /// time they were made, and no rule test runs for an hour.
+    async fn sweep_stale_prefixes() {
+        let mut con = raw().await;
+        let keys = keys_matching(&mut con, &format!("{PREFIX_ROOT}*")).await;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let stale: Vec<String> = keys
+            .into_iter()
+            .filter(|key| {
+                key[PREFIX_ROOT.len()..]
+                    .split('-')
+                    .next()
+                    .and_then(|secs| secs.parse::<u64>().ok())
+                    .is_some_and(|made| now.saturating_sub(made) > STALE_AFTER.as_secs())
+            })
+            .collect();
+        delete(&mut con, &stale).await;
+    }
+
+    /// A runtime wired as `DefaultRuntime` wires Redis (task manager, memory, thread store,
+    /// step store, thread timers, async call store, run store) under a fresh key prefix, so
+    /// tests and parallel runs never see each other's data, system keys included. The keys
+    /// are deleted when the last handle on the runtime goes.
+    pub(crate) fn runtime() -> Arc<dyn Runtime> {
+        let made = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let prefix = format!("{PREFIX_ROOT}{made}-{}:", uuid::Uuid::new_v4().simple());
+        let store = Arc::new(shared().store.clone().with_prefix(prefix.clone()));
+        let services = InMemoryRuntime::new(Arc::new(MockLlm::new()))
+            .with_task_manager(store.clone())
+            .with_memory_service(store.clone())
+            .with_thread_store(store.clone())
+            .with_step_store(store.clone())
+            .with_thread_timers(store.clone())
+            .with_async_call_store(store.clone())
+            .with_run_store(store);
+        Arc::new(PrefixedRuntime { services, prefix })
+    }
+
+    /// The Redis services of one test, deleting its keys when dropped.
+    struct PrefixedRuntime {
+        services: InMemoryRuntime,
+        prefix: String,
+    }
+
+    impl Drop for PrefixedRuntime {
+        fn drop(&mut self) {
+            let pattern = format!("{}*", self.prefix);
+            let driver = shared().driver.handle().clone();
+            // Dropped inside the test's runtime (often as it shuts down): block a thread of
+            // our own on the driver instead.
+            let cleaned = std::thread::spawn(move || {
+                driver.block_on(async move {
+                    let mut con = raw().await;
+                    let keys = keys_matching(&mut con, &pattern).await;
+                    delete(&mut con, &keys).await;
+                })
+            })
+            .join();
+            if cleaned.is_err() {
+                // Not a rule failure, and a panic here could abort the runtime's shutdown;
+                // the next run's sweep deletes them once they are stale.
+                eprintln!("could not delete the test's keys under {}", self.prefix);
+            }
+        }
+    }
+
+    impl Runtime for PrefixedRuntime {
+        fn auth_service(&self) -> Arc<dyn AuthService> {
+            self.services.auth_service()
+        }
+        fn task_manager(&self) -> Arc<dyn TaskManager> {
+            self.services.task_manager()
+        }
+        fn memory_service(&self) -> Arc<dyn MemoryService> {
+            self.services.memory_service()
+        }
+        fn logging_service(&self) -> Arc<dyn LoggingService> {
+            self.services.logging_service()
+        }
+        fn default_llm(&self) -> Arc<dyn Llm> {
+            self.services.default_llm()
+        }
+        fn thread_store(&self) -> Arc<dyn ThreadStore> {
+            self.services.thread_store()
+        }
+        fn run_store(&self) -> Arc<dyn RunStore> {
+            self.services.run_store()
+        }
+        fn step_store(&self) -> Option<Arc<dyn StepStore>> {
+            self.services.step_store()
+        }
+        fn thread_timers(&self) -> Option<Arc<dyn ThreadTimers>> {
+            self.services.thread_timers()
+        }
+        fn async_call_store(&self) -> Arc<dyn AsyncCallStore> {
+            self.services.async_call_store()
+        }
     }
 
     mod engine {

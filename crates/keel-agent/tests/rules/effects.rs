@@ -9,8 +9,12 @@ use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
 use keel_core::{AgentCard, AgentError, Message, Task, TaskState, ThreadId};
 use keel_events::{EventSink, InMemoryEventSink};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
-use keel_runtime::{AuthContext, ListTasksFilter, RunQuery};
+use keel_runtime::{
+    AuthContext, ClaimedTimer, InMemoryRuntime, ListTasksFilter, RunQuery, Runtime, ThreadTimers,
+    TimerRecord,
+};
 use serde_json::{json, Value};
+use tokio::sync::watch;
 
 fn card() -> AgentCard {
     AgentCard::new("effects", "scheduled effect tests", "http://127.0.0.1:0")
@@ -99,7 +103,9 @@ fn event_types(sink: &InMemoryEventSink) -> Vec<String> {
 #[tokio::test]
 async fn a_due_effect_fires_on_its_thread_and_starts_a_turn() {
     let fired = Fired::default();
-    let (exec, auth, sink) = started(reminding(Agent::builder(card()), fired.clone()));
+    // The scheduler starts only after the pending timer is listed: a slow store or a busy
+    // machine would otherwise let it fire before the listing.
+    let (exec, auth, sink) = unstarted(reminding(Agent::builder(card()), fired.clone()));
     let thread = ThreadId::new();
     let state = exec.thread(&auth, thread.clone());
     let timer = state
@@ -107,6 +113,7 @@ async fn a_due_effect_fires_on_its_thread_and_starts_a_turn() {
         .await
         .unwrap();
     assert_eq!(state.scheduled_effects().await.unwrap(), vec![timer.clone()]);
+    exec.start_effects().unwrap();
     let task = completed_turn(&exec, &auth, &thread).await;
     assert_eq!(task.status().message.as_ref().unwrap().text(), "You said: reminder a");
     assert_eq!(*fired.lock().unwrap(), ["a"]);
@@ -248,10 +255,87 @@ async fn an_effect_due_while_the_thread_is_busy_is_injected_before_the_next_mode
     assert_eq!((last.role, last.content.as_str()), (LlmRole::User, "reminder busy"));
 }
 
+/// What the scheduler's last `next_timer_at` answered (`None` before its first read).
+type NextReads = watch::Receiver<Option<Option<chrono::DateTime<chrono::Utc>>>>;
+
+/// The backend's timers, reporting every answer of `next_timer_at`: the scheduler reads it
+/// right before it sleeps, so a test can tell the scheduler has gone to sleep toward a timer
+/// whatever the store's latency.
+struct WatchedTimers {
+    inner: Arc<dyn ThreadTimers>,
+    next_read: watch::Sender<Option<Option<chrono::DateTime<chrono::Utc>>>>,
+    /// The runtime the timers come from, kept alive as long as they are used.
+    _runtime: Arc<dyn Runtime>,
+}
+
+#[async_trait::async_trait]
+impl ThreadTimers for WatchedTimers {
+    async fn schedule_timer(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        name: &str,
+        payload: Value,
+        due_at: chrono::DateTime<chrono::Utc>,
+    ) -> keel_core::AgentResult<TimerRecord> {
+        self.inner.schedule_timer(auth, thread_id, name, payload, due_at).await
+    }
+    async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> keel_core::AgentResult<bool> {
+        self.inner.cancel_timer(auth, id).await
+    }
+    async fn thread_timers(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+    ) -> keel_core::AgentResult<Vec<TimerRecord>> {
+        self.inner.thread_timers(auth, thread_id).await
+    }
+    async fn claim_due_timers(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+        claim_ttl: Duration,
+    ) -> keel_core::AgentResult<Vec<ClaimedTimer>> {
+        self.inner.claim_due_timers(now, limit, claim_ttl).await
+    }
+    async fn complete_timer(&self, claim: &ClaimedTimer) -> keel_core::AgentResult<bool> {
+        self.inner.complete_timer(claim).await
+    }
+    async fn next_timer_at(&self) -> keel_core::AgentResult<Option<chrono::DateTime<chrono::Utc>>> {
+        let next = self.inner.next_timer_at().await?;
+        self.next_read.send_replace(Some(next));
+        Ok(next)
+    }
+}
+
+/// `super::runtime()` with its timers watched (see [`WatchedTimers`]).
+fn with_watched_timers(runtime: Arc<dyn Runtime>) -> (Arc<dyn Runtime>, NextReads) {
+    let (next_read, reads) = watch::channel(None);
+    let timers = WatchedTimers {
+        inner: runtime.thread_timers().expect("the backend keeps thread timers"),
+        next_read,
+        _runtime: runtime.clone(),
+    };
+    let mut watched = InMemoryRuntime::new(runtime.default_llm())
+        .with_auth_service_shared(runtime.auth_service())
+        .with_task_manager(runtime.task_manager())
+        .with_memory_service(runtime.memory_service())
+        .with_thread_store(runtime.thread_store())
+        .with_run_store(runtime.run_store())
+        .with_async_call_store(runtime.async_call_store())
+        .with_thread_timers(Arc::new(timers));
+    if let Some(steps) = runtime.step_store() {
+        watched = watched.with_step_store(steps);
+    }
+    (Arc::new(watched), reads)
+}
+
 #[tokio::test]
 async fn scheduling_a_nearer_effect_wakes_the_sleeping_scheduler() {
     let fired = Fired::default();
-    let (exec, auth, _sink) = unstarted(reminding(Agent::builder(card()), fired.clone()));
+    let (runtime, mut next_reads) = with_watched_timers(super::runtime());
+    let auth = runtime.auth_service().auth_context();
+    let exec = AgentExecutor::new(reminding(Agent::builder(card()), fired.clone()), runtime);
     let thread = ThreadId::new();
     let state = exec.thread(&auth, thread.clone());
     state
@@ -265,7 +349,13 @@ async fn scheduling_a_nearer_effect_wakes_the_sleeping_scheduler() {
         ..Default::default()
     })
     .unwrap();
-    tokio::task::yield_now().await;
+    // Only once the scheduler has read the far timer as the next one is it asleep toward it;
+    // scheduling the near one earlier would let it simply read the near one.
+    let asleep = next_reads.wait_for(|read| matches!(read, Some(Some(_))));
+    tokio::time::timeout(Duration::from_secs(10), asleep)
+        .await
+        .expect("the scheduler reads the next timer")
+        .unwrap();
     state
         .schedule_effect("remind", json!({"tag": "near"}), Duration::from_millis(20))
         .await
