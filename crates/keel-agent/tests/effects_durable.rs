@@ -368,3 +368,87 @@ async fn an_effect_queued_by_a_process_that_stopped_before_firing_it_fires_after
     );
     exec.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_left_in_an_idle_threads_queue_runs_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let auth = AuthContext::new("acme", "left-behind");
+    let thread = ThreadId::new();
+    let config = ExecutorConfig {
+        lease_ttl: Duration::from_millis(300),
+        ..ExecutorConfig::default()
+    };
+    {
+        // A dead process still holds the thread, so the queued message cannot run here;
+        // then this process goes away too. No task records the message: only the queue.
+        let runtime = sqlite_runtime(&path);
+        runtime
+            .thread_store()
+            .acquire_lease(&auth, &thread, "dead-process", Duration::from_millis(300))
+            .await
+            .unwrap()
+            .expect("the lease is free");
+        let exec =
+            AgentExecutor::with_config(agent(Counts::default()), runtime.clone(), config.clone());
+        exec.start_effects().unwrap();
+        exec.thread(&auth, thread.clone())
+            .queue_message("left behind")
+            .await
+            .unwrap();
+        exec.shutdown().await;
+        assert_eq!(
+            runtime
+                .thread_store()
+                .queue_len(&auth, &thread)
+                .await
+                .unwrap(),
+            1
+        );
+        assert!(
+            task_in_state(&runtime, &auth, &thread, TaskState::Submitted)
+                .await
+                .is_none(),
+            "no task says the thread has work"
+        );
+    }
+    // The next process recovers as `keel serve` does; the message runs without other input.
+    let runtime = sqlite_runtime(&path);
+    let exec = AgentExecutor::with_config(agent(Counts::default()), runtime.clone(), config);
+    assert_eq!(
+        exec.recover_all().await.unwrap(),
+        0,
+        "no task was left working"
+    );
+    // A short claim TTL so the wake, kept while the queue held work, is looked at again soon.
+    exec.start_effects_with(EffectConfig {
+        claim_ttl: Duration::from_millis(300),
+        ..EffectConfig::default()
+    })
+    .unwrap();
+    let task = wait_for("the queued message's turn", || {
+        task_in_state(&runtime, &auth, &thread, TaskState::Completed)
+    })
+    .await;
+    assert_eq!(
+        task.status().message.as_ref().unwrap().text(),
+        "You said: left behind"
+    );
+    let store = runtime.thread_store();
+    let timers = runtime.thread_timers().unwrap();
+    wait_for("the wake removed once the queue is empty", || {
+        let (store, timers, auth, thread) =
+            (store.clone(), timers.clone(), auth.clone(), thread.clone());
+        async move {
+            (store.queue_len(&auth, &thread).await.unwrap() == 0
+                && timers
+                    .thread_timers(&auth, &thread)
+                    .await
+                    .unwrap()
+                    .is_empty())
+            .then_some(())
+        }
+    })
+    .await;
+    exec.shutdown().await;
+}

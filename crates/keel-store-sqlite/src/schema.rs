@@ -40,6 +40,10 @@ const MIGRATIONS: &[Migration] = &[
         description: "asynchronous tool calls",
         sql: ASYNC_CALLS,
     },
+    Migration {
+        description: "timer owners",
+        sql: TIMER_AGENTS,
+    },
 ];
 
 /// The schema version this code creates and understands.
@@ -221,6 +225,14 @@ CREATE TABLE IF NOT EXISTS async_calls (
     state     TEXT NOT NULL,
     record    TEXT NOT NULL
 ) STRICT, WITHOUT ROWID;
+"#;
+
+/// Version 4: each timer names the agent whose scheduler claims it (its card name); rows
+/// stored before have `''`, which any agent's scheduler claims. The index serves a claim of
+/// one agent's (and the ownerless) due timers in due order.
+const TIMER_AGENTS: &str = r#"
+ALTER TABLE thread_timers ADD COLUMN agent TEXT NOT NULL DEFAULT '';
+CREATE INDEX thread_timers_by_agent ON thread_timers (agent, ready_at, id);
 "#;
 
 /// The schema version recorded in the database.
