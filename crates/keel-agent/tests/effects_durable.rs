@@ -1,7 +1,8 @@
 //! Scheduled effects and recovery across restarts and processes: a timer scheduled by one
 //! executor fires in the next one built on the same SQLite file; two executors sharing one
 //! Redis fire each due timer exactly once; `recover_all` resumes a tenant other than the
-//! default one.
+//! default one; a message a stopped process left in an idle thread's queue runs in the next
+//! process (SQLite and Redis) through its wake.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -373,6 +374,27 @@ async fn an_effect_queued_by_a_process_that_stopped_before_firing_it_fires_after
 async fn a_message_left_in_an_idle_threads_queue_runs_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keel.db");
+    left_behind_message_runs_in_the_next_process(sqlite_runtime(&path), sqlite_runtime(&path))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_left_by_one_redis_process_runs_in_another() {
+    let prefix = format!("keel-test-{}:", uuid::Uuid::new_v4().simple());
+    left_behind_message_runs_in_the_next_process(
+        redis_runtime(&prefix).await,
+        redis_runtime(&prefix).await,
+    )
+    .await;
+    clean_up(&prefix).await;
+}
+
+/// A message queued on an idle thread by a process that stops before running it is run by
+/// the next process on the same store, without any other input.
+async fn left_behind_message_runs_in_the_next_process(
+    first: Arc<dyn Runtime>,
+    second: Arc<dyn Runtime>,
+) {
     let auth = AuthContext::new("acme", "left-behind");
     let thread = ThreadId::new();
     let config = ExecutorConfig {
@@ -382,7 +404,7 @@ async fn a_message_left_in_an_idle_threads_queue_runs_after_a_restart() {
     {
         // A dead process still holds the thread, so the queued message cannot run here;
         // then this process goes away too. No task records the message: only the queue.
-        let runtime = sqlite_runtime(&path);
+        let runtime = first;
         runtime
             .thread_store()
             .acquire_lease(&auth, &thread, "dead-process", Duration::from_millis(300))
@@ -413,7 +435,7 @@ async fn a_message_left_in_an_idle_threads_queue_runs_after_a_restart() {
         );
     }
     // The next process recovers as `keel serve` does; the message runs without other input.
-    let runtime = sqlite_runtime(&path);
+    let runtime = second;
     let exec = AgentExecutor::with_config(agent(Counts::default()), runtime.clone(), config);
     assert_eq!(
         exec.recover_all().await.unwrap(),
