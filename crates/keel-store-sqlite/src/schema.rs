@@ -335,6 +335,33 @@ mod tests {
     }
 
     #[test]
+    fn timers_stored_before_owners_become_ownerless() {
+        // A version-3 database with a timer in it, as an older Keel left it.
+        let mut conn = Connection::open_in_memory().unwrap();
+        for step in &MIGRATIONS[..3] {
+            conn.execute_batch(step.sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 3).unwrap();
+        conn.execute(
+            "INSERT INTO thread_timers (id, tenant, thread_id, due_at, ready_at, body) \
+             VALUES ('t1', 'ns', 'th', 1, 1, '{}')",
+            [],
+        )
+        .unwrap();
+        prepare_writer(&mut conn, ":memory:", false).unwrap();
+        assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
+        let agent: String = conn
+            .query_row("SELECT agent FROM thread_timers WHERE id = 't1'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(
+            agent, "",
+            "an existing timer has no owner, so any agent claims it"
+        );
+    }
+
+    #[test]
     fn a_newer_schema_is_refused_untouched() {
         let mut conn = Connection::open_in_memory().unwrap();
         conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
