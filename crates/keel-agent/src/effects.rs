@@ -16,6 +16,15 @@
 //! dies after claiming it leaves the claim to lapse after [`EFFECT_CLAIM_TTL`]; the next
 //! claimer queues it again, or, when it already waits in the thread's queue, makes sure a
 //! worker drives that thread. Canceling works until the handler runs.
+//!
+//! Timers belong to an agent (its card name): a scheduler claims only its own agent's, so
+//! agents sharing a store (a parent and its subagent kinds, or unrelated agents) each fire
+//! their own effects. The same timers carry *wakes*: a timer with the reserved name
+//! [`WAKE_EFFECT`] has no handler; its claimer starts a worker for the thread if the thread's
+//! queue holds work, and keeps it until it finds the queue empty. Work queued where nobody
+//! may run it at once (a child's result queued on a parent whose executor lives in another
+//! process, or work a process left when it stopped) is thereby picked up by the owning
+//! agent's scheduler, in whatever process claims the wake.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -67,6 +76,10 @@ impl Default for EffectConfig {
         }
     }
 }
+
+/// The reserved effect name of a wake timer: no handler runs; the claimer makes sure a
+/// worker drives the thread while its queue holds work.
+pub const WAKE_EFFECT: &str = "keel:wake";
 
 /// How many due timers one claim takes.
 const CLAIM_BATCH: usize = 64;
@@ -136,7 +149,14 @@ impl ThreadState {
         }
         self.ensure_open().await?;
         let timer = timers(&self.inner)?
-            .schedule_timer(&self.auth, &self.thread_id, name, payload, at)
+            .schedule_timer(
+                &self.auth,
+                &self.thread_id,
+                &self.inner.agent.card().name,
+                name,
+                payload,
+                at,
+            )
             .await?;
         self.inner.effects.wake.notify_one();
         self.inner
@@ -159,7 +179,10 @@ impl ThreadState {
     pub async fn cancel_effect(&self, timer_id: &str) -> AgentResult<bool> {
         let timers = timers(&self.inner)?;
         let pending = timers.thread_timers(&self.auth, &self.thread_id).await?;
-        let Some(timer) = pending.into_iter().find(|t| t.id == timer_id) else {
+        let Some(timer) = pending
+            .into_iter()
+            .find(|t| t.id == timer_id && t.name != WAKE_EFFECT)
+        else {
             return Ok(false);
         };
         let canceled = timers.cancel_timer(&self.auth, timer_id).await?;
@@ -177,11 +200,14 @@ impl ThreadState {
         Ok(canceled)
     }
 
-    /// This thread's pending effects, soonest first.
+    /// This thread's pending effects, soonest first (wakes, which are the runtime's, are
+    /// not listed).
     pub async fn scheduled_effects(&self) -> AgentResult<Vec<TimerRecord>> {
-        timers(&self.inner)?
+        let mut pending = timers(&self.inner)?
             .thread_timers(&self.auth, &self.thread_id)
-            .await
+            .await?;
+        pending.retain(|t| t.name != WAKE_EFFECT);
+        Ok(pending)
     }
 }
 
@@ -213,11 +239,12 @@ impl AgentExecutor {
             .await
     }
 
-    /// Start this executor's effect scheduler (once; later calls do nothing). It fires the
-    /// due timers of every tenant in the runtime's store, so start it on executors of one
-    /// agent per store: a timer whose effect this agent does not know is dropped. It stops
-    /// on [`AgentExecutor::shutdown`] or when the executor is dropped. A runtime without
-    /// thread timers is [`AgentError::Unsupported`].
+    /// Start this executor's effect scheduler (once; later calls do nothing), and those of
+    /// its subagent kinds' executors. It fires the due timers this agent owns (by card name)
+    /// in every tenant of the runtime's store, and the wakes of its threads; other agents'
+    /// timers are left to their own schedulers. It stops on [`AgentExecutor::shutdown`] or
+    /// when the executor is dropped. A runtime without thread timers is
+    /// [`AgentError::Unsupported`].
     pub fn start_effects(&self) -> AgentResult<()> {
         self.start_effects_with(EffectConfig::default())
     }
@@ -242,12 +269,20 @@ impl AgentExecutor {
         {
             return Ok(());
         }
+        // A subagent kind is another agent whose timers (its effects, the wakes of its
+        // threads) only its own scheduler claims.
+        for spec in inner.agent.subagents.iter() {
+            if let Err(err) = spec.executor().start_effects_with(config) {
+                tracing::warn!(error = %err, kind = %spec.name(), "cannot start a subagent kind's effect scheduler");
+            }
+        }
         let me = Arc::downgrade(inner);
         let wake = inner.effects.wake.clone();
         let stop = inner.shutting_down.clone();
-        let span = tracing::info_span!("effects", agent = %inner.agent.card().name);
+        let agent = inner.agent.card().name.clone();
+        let span = tracing::info_span!("effects", agent = %agent);
         inner.tracker.spawn(tracing::Instrument::instrument(
-            run_scheduler(me, timers, wake, stop, config),
+            run_scheduler(me, agent, timers, wake, stop, config),
             span,
         ));
         Ok(())
@@ -266,6 +301,7 @@ fn timers(inner: &Inner) -> AgentResult<Arc<dyn ThreadTimers>> {
 /// The scheduler loop. It holds the executor only weakly, so dropping the executor ends it.
 async fn run_scheduler(
     me: Weak<Inner>,
+    agent: String,
     timers: Arc<dyn ThreadTimers>,
     wake: Arc<Notify>,
     stop: CancellationToken,
@@ -278,7 +314,7 @@ async fn run_scheduler(
         let Some(inner) = me.upgrade() else { break };
         let mut pause = Duration::ZERO;
         match timers
-            .claim_due_timers(Utc::now(), CLAIM_BATCH, config.claim_ttl)
+            .claim_due_timers(&agent, Utc::now(), CLAIM_BATCH, config.claim_ttl)
             .await
         {
             Ok(claimed) => {
@@ -296,7 +332,7 @@ async fn run_scheduler(
             }
         }
         drop(inner);
-        let sleep = match timers.next_timer_at().await {
+        let sleep = match timers.next_timer_at(&agent).await {
             Ok(Some(next)) => (next - Utc::now())
                 .to_std()
                 // Due already (scheduled while we claimed, or another process's claim just
@@ -326,6 +362,10 @@ impl Inner {
     /// stored until its handler has run, so a crash anywhere before that fires it again
     /// rather than losing it. A terminated thread's timer is removed with a marker.
     async fn deliver_effect(&self, claim: ClaimedTimer) {
+        if claim.timer.name == WAKE_EFFECT {
+            self.deliver_wake(&claim).await;
+            return;
+        }
         let timer = &claim.timer;
         let (auth, thread_id) = (&timer.auth, &timer.thread_id);
         let Some(me) = self.me.upgrade() else { return };
@@ -381,6 +421,68 @@ impl Inner {
                 tracing::warn!(error = %err, timer = %timer.id, "cannot check the effect's thread");
             }
         }
+    }
+
+    /// A claimed wake: while the thread's queue holds work, make sure a worker drives it and
+    /// keep the claim, which lapses after the claim TTL and brings the wake back to look
+    /// again (so a crash of this process before the work ran strands nothing); once the
+    /// queue is seen empty, the wake is done.
+    async fn deliver_wake(&self, claim: &ClaimedTimer) {
+        let (auth, thread_id) = (&claim.timer.auth, &claim.timer.thread_id);
+        match self.runtime.thread_store().queue_len(auth, thread_id).await {
+            Ok(0) => {
+                let Ok(timers) = timers(self) else { return };
+                if let Err(err) = timers.complete_timer(claim).await {
+                    tracing::warn!(error = %err, timer = %claim.timer.id, "cannot remove a wake");
+                }
+            }
+            Ok(_) => self.schedule(auth, thread_id),
+            Err(err) => {
+                tracing::warn!(error = %err, timer = %claim.timer.id, "cannot read a woken thread's queue");
+            }
+        }
+    }
+
+    /// Durably ask `agent`'s scheduler, in whatever process claims the wake, to drive the
+    /// thread from `at` on while its queue holds work (see [`WAKE_EFFECT`]). A runtime
+    /// without timers has nothing durable to record this in: the work then waits for the
+    /// next work on its thread, as before. Failures are logged: the work itself is queued.
+    pub(crate) async fn request_wake(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        agent: &str,
+        at: DateTime<Utc>,
+    ) {
+        let Ok(timers) = timers(self) else { return };
+        match timers
+            .schedule_timer(auth, thread_id, agent, WAKE_EFFECT, Value::Null, at)
+            .await
+        {
+            Ok(_) if agent == self.agent.card().name => self.effects.wake.notify_one(),
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, thread = %thread_id, "cannot record a wake for queued work");
+            }
+        }
+    }
+
+    /// After this executor queued work that no task record would bring back (a message or a
+    /// tool call), record a wake due when a crashed holder's lease would have lapsed, so the
+    /// work runs even if this process stops before its worker takes it. Only an executor
+    /// whose scheduler runs records one: without a scheduler nothing would ever remove it.
+    pub(crate) async fn guard_queued(&self, auth: &AuthContext, thread_id: &ThreadId) {
+        if !self
+            .effects
+            .started
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let after = chrono::Duration::from_std(self.config.lease_ttl)
+            .unwrap_or_else(|_| chrono::Duration::seconds(30));
+        self.request_wake(auth, thread_id, &self.agent.card().name, Utc::now() + after)
+            .await;
     }
 
     /// Run a queued effect's handler on the thread, as the holder of its lease, then remove

@@ -131,7 +131,7 @@ type ThreadKey = (String, ThreadId);
 pub(crate) struct Inner {
     pub(crate) agent: Agent,
     pub(crate) runtime: Arc<dyn Runtime>,
-    config: ExecutorConfig,
+    pub(crate) config: ExecutorConfig,
     pub(crate) me: Weak<Inner>,
     active: DashMap<TaskKey, Arc<ActiveRun>>,
     workers: DashMap<ThreadKey, Arc<Notify>>,

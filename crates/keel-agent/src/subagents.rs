@@ -65,6 +65,9 @@ pub const SESSION_STATUS_TOOL: &str = "session_status";
 
 /// Registry metadata key: the spec a child was created from.
 const META_SPEC: &str = "subagent";
+/// Registry metadata key: the parent's agent (card name), whose scheduler wakes the parent
+/// thread when a result is queued on it from another process.
+const META_PARENT_AGENT: &str = "parent_agent";
 /// Registry metadata key: how the child talks back to its parent.
 const META_COMMUNICATION: &str = "parent_communication";
 /// Child thread key-value store: sealed scoped variables, one key each.
@@ -804,6 +807,10 @@ async fn start_child(
     let mut metadata = keel_core::Metadata::default();
     metadata.insert(META_SPEC.into(), json!(spec.name));
     metadata.insert(
+        META_PARENT_AGENT.into(),
+        json!(origin.parent.inner.agent.card().name),
+    );
+    metadata.insert(
         META_COMMUNICATION.into(),
         json!(spec.parent_communication.as_str()),
     );
@@ -1046,17 +1053,23 @@ pub(crate) fn link_parent(inner: &Arc<Inner>) {
     }
 }
 
-/// Queue `message` on the parent thread of a child run by `child_inner`, durably, and wake
-/// the parent's executor in this process if there is one (otherwise the message waits in the
-/// parent's queue for the next work on that thread). The parent's executor, never the
-/// child's, runs it.
+/// Queue `message` on the parent thread of `child` (run by `child_inner`), durably, and make
+/// sure the parent's executor runs it: woken at once when it lives in this process, and in
+/// any case through a wake timer of the parent's agent (decision 53), which that agent's
+/// scheduler, in whatever process claims it, turns into a worker for the parent thread. The
+/// parent's executor, never the child's, runs it.
 pub(crate) async fn queue_on_parent(
     child_inner: &Arc<Inner>,
     auth: &AuthContext,
-    parent_thread: &ThreadId,
-    kind: &str,
+    child: &ChildThread,
     message: Message,
 ) -> AgentResult<keel_runtime::QueuedItem> {
+    let parent_thread = &child.parent_thread_id;
+    let kind = child
+        .metadata
+        .get(META_SPEC)
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let store = child_inner.runtime.thread_store();
     if store
         .kv_get(auth, parent_thread, crate::thread_state::TERMINATED_KEY)
@@ -1079,13 +1092,43 @@ pub(crate) async fn queue_on_parent(
         .iter()
         .filter_map(std::sync::Weak::upgrade)
         .collect();
-    if let Some(parent) = parents.iter().find(|p| {
+    let local = parents.iter().find(|p| {
         p.agent
             .subagents
             .iter()
             .any(|s| s.name == kind && Arc::ptr_eq(&s.executor.inner, child_inner))
-    }) {
+    });
+    if let Some(parent) = local {
         parent.schedule(auth, parent_thread);
+    }
+    // The registry names the parent's agent (written by the parent when it created the
+    // child); a record from before that falls back to the local parent, if any.
+    let parent_agent = child
+        .metadata
+        .get(META_PARENT_AGENT)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .or_else(|| local.map(|p| p.agent.card().name.clone()));
+    match parent_agent {
+        // Woken here already: the wake only guards against this process stopping before the
+        // parent ran it, so it is due when a dead holder's lease would have lapsed.
+        Some(agent) => {
+            let at = match local {
+                Some(parent) => {
+                    Utc::now()
+                        + chrono::Duration::from_std(parent.config.lease_ttl)
+                            .unwrap_or_else(|_| chrono::Duration::seconds(30))
+                }
+                None => Utc::now(),
+            };
+            child_inner
+                .request_wake(auth, parent_thread, &agent, at)
+                .await;
+        }
+        None => tracing::debug!(
+            parent = %parent_thread,
+            "no parent agent known: the message waits for the next work on its thread"
+        ),
     }
     Ok(item)
 }
@@ -1129,12 +1172,6 @@ async fn deliver_from_child(
         tracing::warn!(task = %task.id, "a subagent delivery marker names another parent; ignored");
         return Ok(());
     }
-    let kind = child
-        .metadata
-        .get(META_SPEC)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
     store
         .set_child_status(auth, &child.thread_id, &task.state().to_string())
         .await?;
@@ -1161,9 +1198,7 @@ async fn deliver_from_child(
             result.files,
         );
         // A parent that is gone (terminated) does not keep the child alive.
-        if let Err(err) =
-            queue_on_parent(inner, auth, &child.parent_thread_id, &kind, message).await
-        {
+        if let Err(err) = queue_on_parent(inner, auth, &child, message).await {
             tracing::warn!(error = %err, child = %child.thread_id, "could not queue a subagent's result on its parent");
         }
     }

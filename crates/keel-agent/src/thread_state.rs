@@ -145,6 +145,8 @@ impl ThreadState {
             .push_queue(&self.auth, &self.thread_id, payload)
             .await?;
         self.inner.schedule(&self.auth, &self.thread_id);
+        // Only the queue holds this work: a wake brings it back if this process stops first.
+        self.inner.guard_queued(&self.auth, &self.thread_id).await;
         Ok(item)
     }
 
@@ -262,18 +264,12 @@ impl ThreadState {
                     format!("thread {} has no parent", self.thread_id),
                 )
             })?;
-        let kind = child
-            .metadata
-            .get("subagent")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
         // Queued through the store and run by the parent's executor: this thread's executor
         // runs another agent and must never drive the parent's thread.
         crate::subagents::queue_on_parent(
             &self.inner,
             &self.auth,
-            &child.parent_thread_id,
-            kind,
+            &child,
             Message::user(format!("[from subagent {}] {content}", self.thread_id)),
         )
         .await

@@ -1,7 +1,8 @@
 //! Scheduled effects and recovery across restarts and processes: a timer scheduled by one
 //! executor fires in the next one built on the same SQLite file; two executors sharing one
 //! Redis fire each due timer exactly once; `recover_all` resumes a tenant other than the
-//! default one.
+//! default one; a message a stopped process left in an idle thread's queue runs in the next
+//! process (SQLite and Redis) through its wake.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -366,5 +367,110 @@ async fn an_effect_queued_by_a_process_that_stopped_before_firing_it_fires_after
             .is_empty(),
         "the timer is removed once fired"
     );
+    exec.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_left_in_an_idle_threads_queue_runs_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    left_behind_message_runs_in_the_next_process(sqlite_runtime(&path), sqlite_runtime(&path))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_left_by_one_redis_process_runs_in_another() {
+    let prefix = format!("keel-test-{}:", uuid::Uuid::new_v4().simple());
+    left_behind_message_runs_in_the_next_process(
+        redis_runtime(&prefix).await,
+        redis_runtime(&prefix).await,
+    )
+    .await;
+    clean_up(&prefix).await;
+}
+
+/// A message queued on an idle thread by a process that stops before running it is run by
+/// the next process on the same store, without any other input.
+async fn left_behind_message_runs_in_the_next_process(
+    first: Arc<dyn Runtime>,
+    second: Arc<dyn Runtime>,
+) {
+    let auth = AuthContext::new("acme", "left-behind");
+    let thread = ThreadId::new();
+    let config = ExecutorConfig {
+        lease_ttl: Duration::from_millis(300),
+        ..ExecutorConfig::default()
+    };
+    {
+        // A dead process still holds the thread, so the queued message cannot run here;
+        // then this process goes away too. No task records the message: only the queue.
+        let runtime = first;
+        runtime
+            .thread_store()
+            .acquire_lease(&auth, &thread, "dead-process", Duration::from_millis(300))
+            .await
+            .unwrap()
+            .expect("the lease is free");
+        let exec =
+            AgentExecutor::with_config(agent(Counts::default()), runtime.clone(), config.clone());
+        exec.start_effects().unwrap();
+        exec.thread(&auth, thread.clone())
+            .queue_message("left behind")
+            .await
+            .unwrap();
+        exec.shutdown().await;
+        assert_eq!(
+            runtime
+                .thread_store()
+                .queue_len(&auth, &thread)
+                .await
+                .unwrap(),
+            1
+        );
+        assert!(
+            task_in_state(&runtime, &auth, &thread, TaskState::Submitted)
+                .await
+                .is_none(),
+            "no task says the thread has work"
+        );
+    }
+    // The next process recovers as `keel serve` does; the message runs without other input.
+    let runtime = second;
+    let exec = AgentExecutor::with_config(agent(Counts::default()), runtime.clone(), config);
+    assert_eq!(
+        exec.recover_all().await.unwrap(),
+        0,
+        "no task was left working"
+    );
+    // A short claim TTL so the wake, kept while the queue held work, is looked at again soon.
+    exec.start_effects_with(EffectConfig {
+        claim_ttl: Duration::from_millis(300),
+        ..EffectConfig::default()
+    })
+    .unwrap();
+    let task = wait_for("the queued message's turn", || {
+        task_in_state(&runtime, &auth, &thread, TaskState::Completed)
+    })
+    .await;
+    assert_eq!(
+        task.status().message.as_ref().unwrap().text(),
+        "You said: left behind"
+    );
+    let store = runtime.thread_store();
+    let timers = runtime.thread_timers().unwrap();
+    wait_for("the wake removed once the queue is empty", || {
+        let (store, timers, auth, thread) =
+            (store.clone(), timers.clone(), auth.clone(), thread.clone());
+        async move {
+            (store.queue_len(&auth, &thread).await.unwrap() == 0
+                && timers
+                    .thread_timers(&auth, &thread)
+                    .await
+                    .unwrap()
+                    .is_empty())
+            .then_some(())
+        }
+    })
+    .await;
     exec.shutdown().await;
 }

@@ -55,8 +55,8 @@ pub use thread::{
 };
 pub use thread_memory::InMemoryThreadStore;
 pub use timers::{
-    claim_expiry as timer_claim_expiry, new_timer_id, ClaimedTimer, InMemoryThreadTimers,
-    ThreadTimers, TimerRecord,
+    claim_expiry as timer_claim_expiry, new_timer_id, timer_claimable_by, ClaimedTimer,
+    InMemoryThreadTimers, ThreadTimers, TimerRecord,
 };
 
 /// The service hub: everything an agent run needs from its environment. Implement it to run

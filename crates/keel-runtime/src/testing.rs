@@ -1726,8 +1726,12 @@ pub async fn run_all_system(timers: Arc<dyn crate::ThreadTimers>, tasks: &dyn Ta
     timers_schedule_list_and_cancel(timers.as_ref()).await;
     timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(timers.as_ref()).await;
     timers_are_claimed_once_under_contention(timers.clone()).await;
+    timers_are_claimed_only_by_their_agent(timers.as_ref()).await;
     task_manager_lists_every_tenant(tasks).await;
 }
+
+/// The agent the timer checks schedule for (the one that claims them).
+const TIMER_AGENT: &str = "conformance-agent";
 
 /// The claims of `claimed` that belong to `auth` (a shared store may hold other tests' timers).
 fn claims_of(claimed: Vec<crate::ClaimedTimer>, auth: &AuthContext) -> Vec<crate::ClaimedTimer> {
@@ -1747,6 +1751,7 @@ pub async fn timers_schedule_list_and_cancel(timers: &dyn crate::ThreadTimers) {
         .schedule_timer(
             &auth,
             &thread,
+            TIMER_AGENT,
             "later",
             json!({"n": 2}),
             now + chrono::Duration::hours(2),
@@ -1757,6 +1762,7 @@ pub async fn timers_schedule_list_and_cancel(timers: &dyn crate::ThreadTimers) {
         .schedule_timer(
             &auth,
             &thread,
+            TIMER_AGENT,
             "sooner",
             json!({"n": [1, "ü"]}),
             now + chrono::Duration::hours(1),
@@ -1813,6 +1819,7 @@ pub async fn timers_schedule_list_and_cancel(timers: &dyn crate::ThreadTimers) {
     let claimed = claims_of(
         timers
             .claim_due_timers(
+                TIMER_AGENT,
                 now + chrono::Duration::hours(3),
                 1000,
                 Duration::from_secs(60),
@@ -1849,11 +1856,11 @@ pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
     let now = Utc::now();
     let due_at = now + chrono::Duration::hours(1);
     let timer = timers
-        .schedule_timer(&auth, &thread, "ping", json!(null), due_at)
+        .schedule_timer(&auth, &thread, TIMER_AGENT, "ping", json!(null), due_at)
         .await
         .unwrap();
     let next = timers
-        .next_timer_at()
+        .next_timer_at(TIMER_AGENT)
         .await
         .unwrap()
         .expect("a timer is stored");
@@ -1864,7 +1871,10 @@ pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
     let ttl = Duration::from_secs(60);
     assert!(
         claims_of(
-            timers.claim_due_timers(now, 1000, ttl).await.unwrap(),
+            timers
+                .claim_due_timers(TIMER_AGENT, now, 1000, ttl)
+                .await
+                .unwrap(),
             &auth
         )
         .is_empty(),
@@ -1872,13 +1882,21 @@ pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
     );
     assert!(
         matches!(
-            timers.claim_due_timers(now, 10, Duration::ZERO).await,
+            timers
+                .claim_due_timers(TIMER_AGENT, now, 10, Duration::ZERO)
+                .await,
             Err(AgentError::InvalidInput { .. })
         ),
         "a zero claim TTL is invalid input"
     );
     let at = due_at + chrono::Duration::seconds(1);
-    let first = claims_of(timers.claim_due_timers(at, 1000, ttl).await.unwrap(), &auth);
+    let first = claims_of(
+        timers
+            .claim_due_timers(TIMER_AGENT, at, 1000, ttl)
+            .await
+            .unwrap(),
+        &auth,
+    );
     assert_eq!(first.len(), 1, "a due timer is claimed");
     assert_eq!(first[0].timer.id, timer.id);
     assert_eq!(first[0].timer.attempts, 1, "the first claim is attempt 1");
@@ -1886,7 +1904,7 @@ pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
     assert!(
         claims_of(
             timers
-                .claim_due_timers(at + chrono::Duration::seconds(30), 1000, ttl)
+                .claim_due_timers(TIMER_AGENT, at + chrono::Duration::seconds(30), 1000, ttl)
                 .await
                 .unwrap(),
             &auth
@@ -1901,7 +1919,10 @@ pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
     );
     let lapsed = at + chrono::Duration::seconds(61);
     let second = claims_of(
-        timers.claim_due_timers(lapsed, 1000, ttl).await.unwrap(),
+        timers
+            .claim_due_timers(TIMER_AGENT, lapsed, 1000, ttl)
+            .await
+            .unwrap(),
         &auth,
     );
     assert_eq!(
@@ -1947,6 +1968,7 @@ pub async fn timers_are_claimed_once_under_contention(timers: Arc<dyn crate::Thr
             .schedule_timer(
                 &auth,
                 &fresh_thread(),
+                TIMER_AGENT,
                 "tick",
                 json!(i),
                 now - chrono::Duration::seconds(1),
@@ -1963,7 +1985,7 @@ pub async fn timers_are_claimed_once_under_contention(timers: Arc<dyn crate::Thr
                 for _ in 0..10 {
                     got.extend(
                         timers
-                            .claim_due_timers(now, 3, Duration::from_secs(600))
+                            .claim_due_timers(TIMER_AGENT, now, 3, Duration::from_secs(600))
                             .await
                             .unwrap(),
                     );
@@ -1983,6 +2005,124 @@ pub async fn timers_are_claimed_once_under_contention(timers: Arc<dyn crate::Thr
     for claim in &claimed {
         assert!(timers.complete_timer(claim).await.unwrap());
     }
+}
+
+/// A scheduler claims only its own agent's timers (and ownerless ones): two agents sharing a
+/// store each get theirs, and `next_timer_at` looks only at what the agent would claim.
+pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTimers) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let unique = uuid::Uuid::new_v4().simple().to_string();
+    let (a, b, idle) = (
+        format!("agent-a-{unique}"),
+        format!("agent-b-{unique}"),
+        format!("agent-idle-{unique}"),
+    );
+    let now = Utc::now();
+    let past = now - chrono::Duration::seconds(1);
+    let ta = timers
+        .schedule_timer(&auth, &thread, &a, "tick", json!("a"), past)
+        .await
+        .unwrap();
+    assert_eq!(ta.agent, a, "the record names its agent");
+    let tb = timers
+        .schedule_timer(&auth, &thread, &b, "tick", json!("b"), past)
+        .await
+        .unwrap();
+    let far = now + chrono::Duration::hours(1);
+    let ta_far = timers
+        .schedule_timer(&auth, &thread, &a, "later", json!("a2"), far)
+        .await
+        .unwrap();
+    assert_eq!(
+        timers.next_timer_at(&idle).await.unwrap(),
+        None,
+        "an agent with no timers has nothing to wait for"
+    );
+    let next_b = timers
+        .next_timer_at(&b)
+        .await
+        .unwrap()
+        .expect("b has a timer");
+    assert!(
+        next_b <= tb.due_at,
+        "next_timer_at sees the agent's own timer"
+    );
+    let ttl = Duration::from_secs(60);
+    assert!(
+        claims_of(
+            timers
+                .claim_due_timers(&idle, now, 1000, ttl)
+                .await
+                .unwrap(),
+            &auth
+        )
+        .is_empty(),
+        "an agent claims no other agent's timers"
+    );
+    let got_a = claims_of(
+        timers.claim_due_timers(&a, now, 1000, ttl).await.unwrap(),
+        &auth,
+    );
+    assert_eq!(
+        got_a
+            .iter()
+            .map(|c| c.timer.id.as_str())
+            .collect::<Vec<_>>(),
+        [ta.id.as_str()],
+        "agent a claims its due timer only"
+    );
+    assert_eq!(got_a[0].timer.agent, a, "a claimed timer names its agent");
+    let next_a = timers
+        .next_timer_at(&a)
+        .await
+        .unwrap()
+        .expect("a has timers");
+    assert!(
+        next_a > now,
+        "next_timer_at ignores other agents' due timers (b's is due, a's are claimed or later)"
+    );
+    let got_b = claims_of(
+        timers.claim_due_timers(&b, now, 1000, ttl).await.unwrap(),
+        &auth,
+    );
+    assert_eq!(
+        got_b
+            .iter()
+            .map(|c| c.timer.id.as_str())
+            .collect::<Vec<_>>(),
+        [tb.id.as_str()],
+        "agent b claims its own timer, untouched by a's claim"
+    );
+    // An ownerless timer (stored before timers had owners) goes to whichever agent claims.
+    let legacy = timers
+        .schedule_timer(&auth, &thread, "", "old", json!(null), past)
+        .await
+        .unwrap();
+    let got_legacy = claims_of(
+        timers
+            .claim_due_timers(&idle, now, 1000, ttl)
+            .await
+            .unwrap(),
+        &auth,
+    );
+    assert_eq!(
+        got_legacy
+            .iter()
+            .map(|c| c.timer.id.as_str())
+            .collect::<Vec<_>>(),
+        [legacy.id.as_str()],
+        "any agent claims an ownerless timer"
+    );
+    for claim in got_a.iter().chain(&got_b).chain(&got_legacy) {
+        assert!(timers.complete_timer(claim).await.unwrap());
+    }
+    assert!(timers.cancel_timer(&auth, &ta_far.id).await.unwrap());
+    assert_eq!(
+        timers.next_timer_at(&b).await.unwrap(),
+        None,
+        "b's timer is gone"
+    );
 }
 
 /// `tenants` lists every tenant that saved a task, with names that round-trip exactly.

@@ -23,6 +23,11 @@ pub struct TimerRecord {
     pub auth: AuthContext,
     /// The thread the effect runs on.
     pub thread_id: ThreadId,
+    /// The agent (its card name) whose scheduler fires it: only that agent's
+    /// [`ThreadTimers::claim_due_timers`] claims it. Empty in timers stored before timers had
+    /// owners; any agent's scheduler claims those.
+    #[serde(default)]
+    pub agent: String,
     /// The effect's name (a handler the agent registered).
     pub name: String,
     /// What the handler gets.
@@ -53,18 +58,22 @@ pub struct ClaimedTimer {
 ///
 /// Tenant-scoped calls (`schedule`, `cancel`, `list`) take an [`AuthContext`] like every store;
 /// claiming and completing are system-level: a scheduler claims due timers of every tenant,
-/// and each record carries its tenant. Firing is at least once: a claim that is not completed
+/// and each record carries its tenant. Each timer belongs to one agent (the card name of the
+/// agent that runs its thread), and a scheduler claims only its own agent's timers, so agents
+/// sharing a store (a parent and its subagent kinds, or unrelated agents) never take each
+/// other's. Firing is at least once: a claim that is not completed
 /// within its TTL (the claimer died) lets the timer be claimed again, so a timer is never lost,
 /// and while a claim lives no other claimer gets the timer, so two processes sharing one store
 /// do not fire it twice in the normal case.
 #[async_trait]
 pub trait ThreadTimers: Send + Sync {
-    /// Store a timer for `thread_id` due at `due_at` (a time in the past is due at once) and
-    /// return it with its new id.
+    /// Store a timer for `thread_id`, fired by `agent`'s scheduler, due at `due_at` (a time in
+    /// the past is due at once) and return it with its new id.
     async fn schedule_timer(
         &self,
         auth: &AuthContext,
         thread_id: &ThreadId,
+        agent: &str,
         name: &str,
         payload: Value,
         due_at: DateTime<Utc>,
@@ -81,11 +90,13 @@ pub trait ThreadTimers: Send + Sync {
         thread_id: &ThreadId,
     ) -> AgentResult<Vec<TimerRecord>>;
 
-    /// Atomically claim up to `limit` timers of any tenant that are due at `now` and not
-    /// under a live claim, soonest first, each for `claim_ttl`. A `claim_ttl` outside
-    /// 1 ms ..= 24 h is [`AgentError::InvalidInput`] naming `ttl`.
+    /// Atomically claim up to `limit` of `agent`'s timers (and ownerless ones, see
+    /// [`TimerRecord::agent`]) of any tenant that are due at `now` and not under a live claim,
+    /// soonest first, each for `claim_ttl`. A `claim_ttl` outside 1 ms ..= 24 h is
+    /// [`AgentError::InvalidInput`] naming `ttl`.
     async fn claim_due_timers(
         &self,
+        agent: &str,
         now: DateTime<Utc>,
         limit: usize,
         claim_ttl: Duration,
@@ -95,14 +106,20 @@ pub trait ThreadTimers: Send + Sync {
     /// claim is no longer the timer's (it lapsed and was claimed again) or the timer is gone.
     async fn complete_timer(&self, claim: &ClaimedTimer) -> AgentResult<bool>;
 
-    /// The earliest time any timer becomes claimable (its due time, or the end of its live
-    /// claim), of any tenant; `None` when no timer is stored. Schedulers sleep until then.
-    async fn next_timer_at(&self) -> AgentResult<Option<DateTime<Utc>>>;
+    /// The earliest time any timer `agent` would claim becomes claimable (its due time, or
+    /// the end of its live claim), of any tenant; `None` when there is none. Schedulers sleep
+    /// until then.
+    async fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>>;
 }
 
 /// A fresh timer id: UUID v7, so ids sort by creation time (decision 5).
 pub fn new_timer_id() -> String {
     uuid::Uuid::now_v7().to_string()
+}
+
+/// Whether `agent`'s scheduler claims `timer`: its own, or an ownerless one.
+pub fn timer_claimable_by(timer: &TimerRecord, agent: &str) -> bool {
+    timer.agent == agent || timer.agent.is_empty()
 }
 
 /// A claim TTL as a chrono duration, checked like a lease TTL.
@@ -143,6 +160,7 @@ impl ThreadTimers for InMemoryThreadTimers {
         &self,
         auth: &AuthContext,
         thread_id: &ThreadId,
+        agent: &str,
         name: &str,
         payload: Value,
         due_at: DateTime<Utc>,
@@ -151,6 +169,7 @@ impl ThreadTimers for InMemoryThreadTimers {
             id: new_timer_id(),
             auth: auth.clone(),
             thread_id: thread_id.clone(),
+            agent: agent.to_owned(),
             name: name.to_owned(),
             payload,
             due_at,
@@ -198,6 +217,7 @@ impl ThreadTimers for InMemoryThreadTimers {
 
     async fn claim_due_timers(
         &self,
+        agent: &str,
         now: DateTime<Utc>,
         limit: usize,
         claim_ttl: Duration,
@@ -206,7 +226,7 @@ impl ThreadTimers for InMemoryThreadTimers {
         let mut timers = self.lock();
         let mut due: Vec<(DateTime<Utc>, String)> = timers
             .values()
-            .filter(|t| t.ready_at <= now)
+            .filter(|t| t.ready_at <= now && timer_claimable_by(&t.record, agent))
             .map(|t| (t.ready_at, t.record.id.clone()))
             .collect();
         due.sort();
@@ -239,7 +259,12 @@ impl ThreadTimers for InMemoryThreadTimers {
         }
     }
 
-    async fn next_timer_at(&self) -> AgentResult<Option<DateTime<Utc>>> {
-        Ok(self.lock().values().map(|t| t.ready_at).min())
+    async fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>> {
+        Ok(self
+            .lock()
+            .values()
+            .filter(|t| timer_claimable_by(&t.record, agent))
+            .map(|t| t.ready_at)
+            .min())
     }
 }

@@ -92,9 +92,12 @@ pub(crate) mod fixed {
 /// base is `<prefix>{<digits>:...}:` (a namespace starts with a length), so the two never meet.
 pub(crate) mod system {
     pub(crate) const BASE: &str = "{keel-system}:";
-    /// Sorted set of timer ids, score = when each becomes claimable (µs).
+    /// Sorted set of timer ids, score = when each becomes claimable (µs): `timers-due:<agent>`
+    /// per owning agent, and `timers-due` for timers without an agent (stored before timers
+    /// had owners), which every agent claims.
     pub(crate) const TIMERS_DUE: &str = "timers-due";
-    /// Hash per timer: `owner`, `thread`, `body`, `attempts`, `claim`.
+    /// Hash per timer: `owner` (the tenant namespace), `thread`, `body`, `attempts`, `claim`,
+    /// `agent`.
     pub(crate) const TIMER: &str = "timer:";
     /// Sorted set per tenant and thread (`<namespace>:<thread>`), score = due time (µs).
     pub(crate) const TIMERS_OF: &str = "timers-of:";

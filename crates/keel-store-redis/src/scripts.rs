@@ -287,12 +287,12 @@ return seq
 
 /// Store a timer: its record hash and its place in the due index and the thread's index.
 ///
-/// KEYS: due zset, timer hash, thread's timer zset. ARGV: id, due score (µs), owner
-/// namespace, thread, body.
+/// KEYS: the agent's due zset, timer hash, thread's timer zset. ARGV: id, due score (µs),
+/// owner namespace, thread, body, agent.
 pub(crate) static SCHEDULE_TIMER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-redis.call('HSET', KEYS[2], 'owner', ARGV[3], 'thread', ARGV[4], 'body', ARGV[5], 'attempts', 0)
+redis.call('HSET', KEYS[2], 'owner', ARGV[3], 'thread', ARGV[4], 'body', ARGV[5], 'attempts', 0, 'agent', ARGV[6])
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 return 1
@@ -301,47 +301,66 @@ return 1
 });
 
 /// Remove a timer, only for its owner (`ARGV[2]` set) or only under its claim (`ARGV[3]`
-/// set); the thread index key is derived from the record.
+/// set); the thread index key and the agent's due zset are derived from the record (a timer
+/// without an agent sits in the ownerless due zset, `timers-due`).
 ///
-/// KEYS: due zset, timer hash. ARGV: id, owner namespace or '', claim token or '', system
-/// key base. Returns 1 when removed, else 0.
+/// KEYS: timer hash. ARGV: id, owner namespace or '', claim token or '', system key base.
+/// Returns 1 when removed, else 0.
 pub(crate) static REMOVE_TIMER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local owner = redis.call('HGET', KEYS[2], 'owner')
+local owner = redis.call('HGET', KEYS[1], 'owner')
 if not owner then return 0 end
 if ARGV[2] ~= '' and owner ~= ARGV[2] then return 0 end
-if ARGV[3] ~= '' and redis.call('HGET', KEYS[2], 'claim') ~= ARGV[3] then return 0 end
-local thread = redis.call('HGET', KEYS[2], 'thread')
-redis.call('DEL', KEYS[2])
-redis.call('ZREM', KEYS[1], ARGV[1])
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'claim') ~= ARGV[3] then return 0 end
+local thread = redis.call('HGET', KEYS[1], 'thread')
+local agent = redis.call('HGET', KEYS[1], 'agent')
+local due = ARGV[4] .. 'timers-due'
+if agent and agent ~= '' then due = due .. ':' .. agent end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', due, ARGV[1])
 redis.call('ZREM', ARGV[4] .. 'timers-of:' .. owner .. ':' .. thread, ARGV[1])
 return 1
 ",
     )
 });
 
-/// Claim due timers: each gets a claim token, one more attempt, and moves in the due index to
-/// the claim's expiry, so it is claimable again only once the claim lapses.
+/// Claim due timers of one agent and ownerless ones: each gets a claim token, one more
+/// attempt, and moves in its due index to the claim's expiry, so it is claimable again only
+/// once the claim lapses. The two indexes are merged by score, so the soonest are claimed
+/// first whichever index holds them.
 ///
-/// KEYS: due zset. ARGV: now (µs), limit, claim expiry (µs), system key base, token prefix.
+/// KEYS: the agent's due zset, the ownerless due zset (the same key for the empty agent).
+/// ARGV: now (µs), limit, claim expiry (µs), system key base, token prefix.
 /// Returns `{{id, body, attempts, token}, ...}`, soonest first.
 pub(crate) static CLAIM_TIMERS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local limit = tonumber(ARGV[2])
+local keys = {KEYS[1]}
+if KEYS[2] ~= KEYS[1] then table.insert(keys, KEYS[2]) end
+local due = {}
+for _, k in ipairs(keys) do
+  local r = redis.call('ZRANGEBYSCORE', k, '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, limit)
+  for i = 1, #r, 2 do table.insert(due, {r[i], tonumber(r[i + 1]), k}) end
+end
+table.sort(due, function(a, b)
+  if a[2] ~= b[2] then return a[2] < b[2] end
+  return a[1] < b[1]
+end)
 local out = {}
-for i, id in ipairs(ids) do
+for i = 1, math.min(#due, limit) do
+  local id, index = due[i][1], due[i][3]
   local key = ARGV[4] .. 'timer:' .. id
   local body = redis.call('HGET', key, 'body')
   if body then
     local token = ARGV[5] .. ':' .. i
     local attempts = redis.call('HINCRBY', key, 'attempts', 1)
     redis.call('HSET', key, 'claim', token)
-    redis.call('ZADD', KEYS[1], ARGV[3], id)
+    redis.call('ZADD', index, ARGV[3], id)
     table.insert(out, {id, body, attempts, token})
   else
-    redis.call('ZREM', KEYS[1], id)
+    redis.call('ZREM', index, id)
   end
 end
 return out

@@ -40,8 +40,14 @@ impl RedisStore {
         )
     }
 
-    fn due_key(&self) -> String {
-        format!("{}{}", self.system_base(), system::TIMERS_DUE)
+    /// The due index of `agent`'s timers; the empty agent's (timers stored before timers had
+    /// owners) is the original `timers-due`, which every agent's claim also reads.
+    fn due_key(&self, agent: &str) -> String {
+        if agent.is_empty() {
+            format!("{}{}", self.system_base(), system::TIMERS_DUE)
+        } else {
+            format!("{}{}:{agent}", self.system_base(), system::TIMERS_DUE)
+        }
     }
 
     /// Record that `auth` has tasks, once per tenant and process: the set only grows, so a
@@ -95,7 +101,6 @@ impl RedisStore {
 
     async fn remove_timer(&self, id: &str, owner: &str, claim: &str) -> AgentResult<bool> {
         let removed: i64 = scripts::REMOVE_TIMER
-            .key(self.due_key())
             .key(self.timer_key(id))
             .arg(id)
             .arg(owner)
@@ -114,6 +119,7 @@ impl ThreadTimers for RedisStore {
         &self,
         auth: &AuthContext,
         thread_id: &ThreadId,
+        agent: &str,
         name: &str,
         payload: Value,
         due_at: DateTime<Utc>,
@@ -122,6 +128,7 @@ impl ThreadTimers for RedisStore {
             id: new_timer_id(),
             auth: auth.clone(),
             thread_id: thread_id.clone(),
+            agent: agent.to_owned(),
             name: name.to_owned(),
             payload,
             due_at,
@@ -129,7 +136,7 @@ impl ThreadTimers for RedisStore {
             attempts: 0,
         };
         scripts::SCHEDULE_TIMER
-            .key(self.due_key())
+            .key(self.due_key(agent))
             .key(self.timer_key(&timer.id))
             .key(self.thread_timers_key(auth, thread_id))
             .arg(&timer.id)
@@ -137,6 +144,7 @@ impl ThreadTimers for RedisStore {
             .arg(auth.namespace())
             .arg(thread_id.as_str())
             .arg(encode(&timer)?)
+            .arg(agent)
             .invoke_async::<i64>(&mut self.con())
             .await
             .map_err(|e| self.fail("schedule timer", &e))?;
@@ -165,6 +173,7 @@ impl ThreadTimers for RedisStore {
 
     async fn claim_due_timers(
         &self,
+        agent: &str,
         now: DateTime<Utc>,
         limit: usize,
         claim_ttl: Duration,
@@ -175,7 +184,8 @@ impl ThreadTimers for RedisStore {
         }
         let prefix = uuid::Uuid::new_v4().simple().to_string();
         let rows: Vec<(String, String, i64, String)> = scripts::CLAIM_TIMERS
-            .key(self.due_key())
+            .key(self.due_key(agent))
+            .key(self.due_key(""))
             .arg(micros(now))
             .arg(limit)
             .arg(micros(expires))
@@ -199,19 +209,23 @@ impl ThreadTimers for RedisStore {
         self.remove_timer(&claim.timer.id, "", &claim.claim).await
     }
 
-    async fn next_timer_at(&self) -> AgentResult<Option<DateTime<Utc>>> {
-        let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(self.due_key())
-            .arg(0)
-            .arg(0)
-            .arg("WITHSCORES")
+    async fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>> {
+        let mut pipe = redis::pipe();
+        for key in [self.due_key(agent), self.due_key("")] {
+            pipe.cmd("ZRANGE").arg(key).arg(0).arg(0).arg("WITHSCORES");
+        }
+        let firsts: Vec<Vec<(String, f64)>> = pipe
             .query_async(&mut self.con())
             .await
             .map_err(|e| self.fail("ZRANGE timers", &e))?;
-        Ok(first.first().and_then(|(_, score)| {
-            // Scores are whole microseconds (exact in an f64 until 2255).
-            #[allow(clippy::cast_possible_truncation)] // see above
-            DateTime::from_timestamp_micros(*score as i64)
-        }))
+        Ok(firsts
+            .iter()
+            .filter_map(|first| first.first())
+            .filter_map(|(_, score)| {
+                // Scores are whole microseconds (exact in an f64 until 2255).
+                #[allow(clippy::cast_possible_truncation)] // see above
+                DateTime::from_timestamp_micros(*score as i64)
+            })
+            .min())
     }
 }

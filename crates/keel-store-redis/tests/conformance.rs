@@ -39,6 +39,7 @@ async fn two_connections_claim_a_due_timer_once() {
         .schedule_timer(
             &auth,
             &keel_core::ThreadId::new(),
+            "agent",
             "t",
             serde_json::json!(1),
             chrono::Utc::now(),
@@ -48,8 +49,8 @@ async fn two_connections_claim_a_due_timer_once() {
     let now = chrono::Utc::now();
     let ttl = std::time::Duration::from_secs(60);
     let (x, y) = tokio::join!(
-        a.claim_due_timers(now, 10, ttl),
-        b.claim_due_timers(now, 10, ttl)
+        a.claim_due_timers("agent", now, 10, ttl),
+        b.claim_due_timers("agent", now, 10, ttl)
     );
     let ids: Vec<String> = x
         .unwrap()

@@ -40,6 +40,10 @@ const MIGRATIONS: &[Migration] = &[
         description: "asynchronous tool calls",
         sql: ASYNC_CALLS,
     },
+    Migration {
+        description: "timer owners",
+        sql: TIMER_AGENTS,
+    },
 ];
 
 /// The schema version this code creates and understands.
@@ -223,6 +227,14 @@ CREATE TABLE IF NOT EXISTS async_calls (
 ) STRICT, WITHOUT ROWID;
 "#;
 
+/// Version 4: each timer names the agent whose scheduler claims it (its card name); rows
+/// stored before have `''`, which any agent's scheduler claims. The index serves a claim of
+/// one agent's (and the ownerless) due timers in due order.
+const TIMER_AGENTS: &str = r#"
+ALTER TABLE thread_timers ADD COLUMN agent TEXT NOT NULL DEFAULT '';
+CREATE INDEX thread_timers_by_agent ON thread_timers (agent, ready_at, id);
+"#;
+
 /// The schema version recorded in the database.
 fn user_version(conn: &Connection) -> AgentResult<u32> {
     let version: i64 = conn
@@ -320,6 +332,33 @@ mod tests {
         prepare_writer(&mut conn, ":memory:", false).unwrap();
         prepare_writer(&mut conn, ":memory:", false).unwrap();
         assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn timers_stored_before_owners_become_ownerless() {
+        // A version-3 database with a timer in it, as an older Keel left it.
+        let mut conn = Connection::open_in_memory().unwrap();
+        for step in &MIGRATIONS[..3] {
+            conn.execute_batch(step.sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 3).unwrap();
+        conn.execute(
+            "INSERT INTO thread_timers (id, tenant, thread_id, due_at, ready_at, body) \
+             VALUES ('t1', 'ns', 'th', 1, 1, '{}')",
+            [],
+        )
+        .unwrap();
+        prepare_writer(&mut conn, ":memory:", false).unwrap();
+        assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
+        let agent: String = conn
+            .query_row("SELECT agent FROM thread_timers WHERE id = 't1'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(
+            agent, "",
+            "an existing timer has no owner, so any agent claims it"
+        );
     }
 
     #[test]

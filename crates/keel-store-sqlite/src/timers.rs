@@ -29,6 +29,7 @@ impl ThreadTimers for SqliteStore {
         &self,
         auth: &AuthContext,
         thread_id: &ThreadId,
+        agent: &str,
         name: &str,
         payload: Value,
         due_at: DateTime<Utc>,
@@ -37,6 +38,7 @@ impl ThreadTimers for SqliteStore {
             id: new_timer_id(),
             auth: auth.clone(),
             thread_id: thread_id.clone(),
+            agent: agent.to_owned(),
             name: name.to_owned(),
             payload,
             due_at,
@@ -44,18 +46,19 @@ impl ThreadTimers for SqliteStore {
             attempts: 0,
         };
         let body = encode_record(&timer)?;
-        let (id, tenant, thread) = (
+        let (id, tenant, thread, agent) = (
             timer.id.clone(),
             auth.namespace(),
             thread_id.as_str().to_owned(),
+            agent.to_owned(),
         );
         let due = to_nanos(due_at);
         self.write(move |conn| {
             conn.prepare_cached(
-                "INSERT INTO thread_timers (id, tenant, thread_id, due_at, ready_at, body) \
-                 VALUES (?1, ?2, ?3, ?4, ?4, ?5)",
+                "INSERT INTO thread_timers (id, tenant, thread_id, due_at, ready_at, body, agent) \
+                 VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6)",
             )
-            .and_then(|mut stmt| stmt.execute(params![id, tenant, thread, due, body]))
+            .and_then(|mut stmt| stmt.execute(params![id, tenant, thread, due, body, agent]))
             .context("scheduling a timer")?;
             Ok(())
         })
@@ -103,20 +106,24 @@ impl ThreadTimers for SqliteStore {
 
     async fn claim_due_timers(
         &self,
+        agent: &str,
         now: DateTime<Utc>,
         limit: usize,
         claim_ttl: Duration,
     ) -> AgentResult<Vec<ClaimedTimer>> {
         let expires = timer_claim_expiry(now, claim_ttl)?;
         let (now_n, expires_n, limit) = (to_nanos(now), to_nanos(expires), usize_to_sql(limit));
+        let agent = agent.to_owned();
         self.write(move |conn| {
+            // '' marks a timer stored before timers had owners: any agent claims it.
             let rows: Vec<(String, String, i64)> = conn
                 .prepare_cached(
-                    "SELECT id, body, attempts FROM thread_timers WHERE ready_at <= ?1 \
+                    "SELECT id, body, attempts FROM thread_timers \
+                     WHERE agent IN (?3, '') AND ready_at <= ?1 \
                      ORDER BY ready_at, id LIMIT ?2",
                 )
                 .and_then(|mut stmt| {
-                    stmt.query_map(params![now_n, limit], |row| {
+                    stmt.query_map(params![now_n, limit, agent], |row| {
                         Ok((row.get(0)?, row.get(1)?, row.get(2)?))
                     })?
                     .collect()
@@ -154,11 +161,12 @@ impl ThreadTimers for SqliteStore {
         .await
     }
 
-    async fn next_timer_at(&self) -> AgentResult<Option<DateTime<Utc>>> {
-        self.read(|conn| {
+    async fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>> {
+        let agent = agent.to_owned();
+        self.read(move |conn| {
             let next: Option<i64> = conn
-                .prepare_cached("SELECT MIN(ready_at) FROM thread_timers")
-                .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)).optional())
+                .prepare_cached("SELECT MIN(ready_at) FROM thread_timers WHERE agent IN (?1, '')")
+                .and_then(|mut stmt| stmt.query_row([agent], |row| row.get(0)).optional())
                 .context("reading the next timer")?
                 .flatten();
             Ok(next.map(from_nanos))

@@ -204,6 +204,7 @@ async fn timers_are_claimed_once_by_two_stores_on_one_file() {
         .schedule_timer(
             &auth,
             &thread,
+            "agent",
             "t",
             serde_json::json!(1),
             chrono::Utc::now(),
@@ -213,8 +214,8 @@ async fn timers_are_claimed_once_by_two_stores_on_one_file() {
     let now = chrono::Utc::now();
     let ttl = std::time::Duration::from_secs(60);
     let (a, b) = tokio::join!(
-        store.claim_due_timers(now, 10, ttl),
-        other.claim_due_timers(now, 10, ttl)
+        store.claim_due_timers("agent", now, 10, ttl),
+        other.claim_due_timers("agent", now, 10, ttl)
     );
     let ids: Vec<String> = a
         .unwrap()

@@ -365,3 +365,79 @@ async fn scheduling_a_nearer_effect_wakes_the_sleeping_scheduler() {
     assert_eq!(*fired.lock().unwrap(), ["near"]);
     assert_eq!(state.scheduled_effects().await.unwrap().len(), 1, "the far one still waits");
 }
+
+#[tokio::test]
+async fn two_agents_on_one_store_each_fire_only_their_own_effects() {
+    // One store, two agents, the same effect name: each timer belongs to the agent that
+    // scheduled it, so one agent's scheduler never takes (and drops, or runs with its own
+    // handler) the other's.
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let fired = Fired::default();
+    let agent = |name: &str| {
+        let (fired, tag) = (fired.clone(), name.to_owned());
+        Agent::builder(AgentCard::new(name, "two agents", "http://127.0.0.1:0"))
+            .effect("ping", move |_thread, payload: Value| {
+                let (fired, tag) = (fired.clone(), tag.clone());
+                async move {
+                    fired.lock().unwrap().push(format!("{tag}:{}", payload["for"].as_str().unwrap_or_default()));
+                    Ok(())
+                }
+            })
+            .build()
+            .unwrap()
+    };
+    let alpha = AgentExecutor::new(agent("alpha"), runtime.clone());
+    let beta = AgentExecutor::new(agent("beta"), runtime.clone());
+    let beta_sink = Arc::new(InMemoryEventSink::new());
+    beta.add_event_sink(beta_sink.clone() as Arc<dyn EventSink>);
+    let alpha_sink = Arc::new(InMemoryEventSink::new());
+    alpha.add_event_sink(alpha_sink.clone() as Arc<dyn EventSink>);
+    let (alpha_thread, beta_thread) = (ThreadId::new(), ThreadId::new());
+    // Beta's timer is due first, while only alpha's scheduler runs.
+    let beta_timer = beta
+        .thread(&auth, beta_thread.clone())
+        .schedule_effect("ping", json!({"for": "beta"}), Duration::ZERO)
+        .await
+        .unwrap();
+    alpha
+        .thread(&auth, alpha_thread.clone())
+        .schedule_effect("ping", json!({"for": "alpha"}), Duration::from_millis(20))
+        .await
+        .unwrap();
+    alpha.start_effects().unwrap();
+    wait_for("alpha's effect", || async {
+        event_types(&alpha_sink).contains(&"effect.fired".to_owned()).then_some(())
+    })
+    .await;
+    wait_for("alpha's timer removed", || async {
+        alpha
+            .thread(&auth, alpha_thread.clone())
+            .scheduled_effects()
+            .await
+            .unwrap()
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(*fired.lock().unwrap(), ["alpha:alpha"], "alpha fired its own effect only");
+    assert!(
+        !event_types(&alpha_sink).contains(&"effect.dropped".to_owned()),
+        "alpha dropped nothing: {:?}",
+        event_types(&alpha_sink)
+    );
+    assert_eq!(
+        beta.thread(&auth, beta_thread.clone()).scheduled_effects().await.unwrap(),
+        vec![beta_timer],
+        "beta's due timer waits for beta's scheduler, unclaimed"
+    );
+    beta.start_effects().unwrap();
+    wait_for("beta's effect", || async {
+        event_types(&beta_sink).contains(&"effect.fired".to_owned()).then_some(())
+    })
+    .await;
+    assert_eq!(*fired.lock().unwrap(), ["alpha:alpha", "beta:beta"]);
+    assert_eq!(event_types(&beta_sink), ["effect.scheduled", "effect.fired"]);
+    alpha.shutdown().await;
+    beta.shutdown().await;
+}

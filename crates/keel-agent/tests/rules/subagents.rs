@@ -1100,3 +1100,62 @@ async fn a_background_child_canceled_before_it_ran_still_reports_to_its_parent()
     let kid = exec.thread(&auth, thread).children().await.unwrap()[0].clone();
     assert_eq!(kid.status, "terminated");
 }
+
+#[tokio::test]
+async fn a_background_childs_result_wakes_a_parent_executor_in_another_process() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let parent_of = |script: Vec<MockResponse>, child: AgentExecutor| {
+        AgentExecutor::new(
+            Agent::builder(card("lead"))
+                .llm(MockLlm::scripted(script))
+                .subagent(SubagentSpec::new("researcher", child))
+                .build()
+                .unwrap(),
+            runtime.clone(),
+        )
+    };
+    // Process one creates the background child and goes away before the child ran.
+    let first_child = child_executor(&runtime);
+    first_child.shutdown().await;
+    let first = parent_of(
+        vec![
+            MockResponse::ToolCalls(vec![ToolCall::new(
+                "subagent_create",
+                json!({"name": "alpha", "message": "find A", "wait": false}),
+            )]),
+            MockResponse::Text("started".into()),
+        ],
+        first_child.clone(),
+    );
+    let task = ask(&first, &auth, "go").await;
+    assert_eq!(task.state(), TaskState::Completed);
+    let thread = task.thread_id.clone();
+    first.shutdown().await;
+    drop((first, first_child));
+
+    // Process two runs the parent's agent (and its effect scheduler) and nothing else.
+    let second = parent_of(vec![MockResponse::Text("thanks, alpha".into())], child_executor(&runtime));
+    second
+        .start_effects_with(keel_agent::EffectConfig {
+            recheck: Duration::from_millis(20),
+            ..Default::default()
+        })
+        .unwrap();
+    // Process three runs only the child's agent: no parent executor lives here, so the
+    // result it queues on the parent thread must reach process two through the store.
+    let third_child = child_executor(&runtime);
+    assert_eq!(third_child.recover(&auth).await.unwrap(), 1);
+    eventually(|| {
+        let (exec, auth, thread) = (second.clone(), auth.clone(), thread.clone());
+        async move {
+            let history = history(&exec, &auth, &thread).await;
+            history.iter().any(|m| m.content.contains("[subagent alpha] completed: You said: find A"))
+                && history.iter().any(|m| m.role == LlmRole::Assistant && m.content == "thanks, alpha")
+        }
+    })
+    .await;
+    assert_eq!(runtime.thread_store().queue_len(&auth, &thread).await.unwrap(), 0);
+    second.shutdown().await;
+    third_child.shutdown().await;
+}
