@@ -274,11 +274,14 @@ impl ThreadTimers for WatchedTimers {
         &self,
         auth: &AuthContext,
         thread_id: &ThreadId,
+        agent: &str,
         name: &str,
         payload: Value,
         due_at: chrono::DateTime<chrono::Utc>,
     ) -> keel_core::AgentResult<TimerRecord> {
-        self.inner.schedule_timer(auth, thread_id, name, payload, due_at).await
+        self.inner
+            .schedule_timer(auth, thread_id, agent, name, payload, due_at)
+            .await
     }
     async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> keel_core::AgentResult<bool> {
         self.inner.cancel_timer(auth, id).await
@@ -292,17 +295,21 @@ impl ThreadTimers for WatchedTimers {
     }
     async fn claim_due_timers(
         &self,
+        agent: &str,
         now: chrono::DateTime<chrono::Utc>,
         limit: usize,
         claim_ttl: Duration,
     ) -> keel_core::AgentResult<Vec<ClaimedTimer>> {
-        self.inner.claim_due_timers(now, limit, claim_ttl).await
+        self.inner.claim_due_timers(agent, now, limit, claim_ttl).await
     }
     async fn complete_timer(&self, claim: &ClaimedTimer) -> keel_core::AgentResult<bool> {
         self.inner.complete_timer(claim).await
     }
-    async fn next_timer_at(&self) -> keel_core::AgentResult<Option<chrono::DateTime<chrono::Utc>>> {
-        let next = self.inner.next_timer_at().await?;
+    async fn next_timer_at(
+        &self,
+        agent: &str,
+    ) -> keel_core::AgentResult<Option<chrono::DateTime<chrono::Utc>>> {
+        let next = self.inner.next_timer_at(agent).await?;
         self.next_read.send_replace(Some(next));
         Ok(next)
     }
