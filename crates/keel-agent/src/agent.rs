@@ -406,6 +406,20 @@ impl AgentBuilder {
         if self.stop.max_steps == 0 {
             return Err(AgentError::invalid_input("max_steps", "must be at least 1"));
         }
+        // Effect names under `keel:` are the runtime's own (the wake timer is `keel:wake`);
+        // a handler registered there would never run.
+        if let Some(name) = self
+            .effects
+            .keys()
+            .find(|name| name.is_empty() || name.starts_with("keel:"))
+        {
+            return Err(AgentError::invalid_input(
+                "effect.name",
+                format!(
+                    "`{name}` is not allowed: effect names are non-empty and `keel:` is reserved"
+                ),
+            ));
+        }
         const RESERVED: [&str; 5] = [
             SESSION_STOP_TOOL,
             SESSION_FAIL_TOOL,

@@ -211,6 +211,21 @@ async fn an_unknown_effect_is_invalid_input() {
 }
 
 #[tokio::test]
+async fn an_effect_name_under_keel_is_refused_when_the_agent_is_built() {
+    // `keel:wake` is the runtime's own timer: a handler registered there would never run.
+    for name in ["keel:wake", ""] {
+        let err = Agent::builder(card())
+            .effect(name, |_thread, _payload| async { Ok(()) })
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&err, AgentError::InvalidInput { field, .. } if field == "effect.name"),
+            "{name:?}: {err:?}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn an_effect_due_while_the_thread_is_busy_is_injected_before_the_next_model_call() {
     let fired = Fired::default();
     let runtime = super::runtime();
