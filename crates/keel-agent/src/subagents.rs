@@ -72,6 +72,8 @@ const META_PARENT_AGENT: &str = "parent_agent";
 const META_COMMUNICATION: &str = "parent_communication";
 /// Child thread key-value store: sealed scoped variables, one key each.
 const SCOPED_PREFIX: &str = "keel:scoped:";
+/// How long a completion of scoped variables holds its request against concurrent ones.
+const VARIABLES_CLAIM_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 /// Parent thread key-value store: pending scoped-variable requests, one key each.
 const PENDING_PREFIX: &str = "keel:variables:";
 /// Parent thread key-value store: set once the immediate kinds were started.
@@ -1667,6 +1669,22 @@ impl AgentExecutor {
                     AgentError::invalid_input("variables", format!("`{var}` is missing"))
                 })?;
             scoped.push((var.clone(), value));
+        }
+        // Concurrent completions (two POSTs at once, in any process on the store) race for
+        // one claim; only its winner consumes the request and starts the child. A claim left
+        // by a process that died here lapses, and the request can be completed again.
+        let claimed = self
+            .runtime()
+            .memory_service()
+            .save_if_absent(
+                auth,
+                &format!("keel:variables-claim:{parent_thread_id}:{request_id}"),
+                Value::Bool(true),
+                VARIABLES_CLAIM_TTL,
+            )
+            .await?;
+        if !claimed {
+            return Ok(None);
         }
         // The request is consumed before the child starts, so a repeated POST cannot start a
         // second one.

@@ -761,7 +761,14 @@ async fn missing_scoped_variables_defer_the_subagent_until_they_are_provided() {
     assert!(err.to_string().contains("API_TOKEN"), "{err}");
 
     let values = std::collections::HashMap::from([("API_TOKEN".to_owned(), "tok-42".to_owned())]);
-    let started = exec.provide_variables(&auth, &thread, &request_id, &values).await.unwrap().unwrap();
+    // Concurrent completions: exactly one starts the child.
+    let attempts = futures::future::join_all(
+        (0..8).map(|_| exec.provide_variables(&auth, &thread, &request_id, &values)),
+    )
+    .await;
+    let mut started: Vec<_> = attempts.into_iter().filter_map(|r| r.unwrap()).collect();
+    assert_eq!(started.len(), 1, "one completion starts the child");
+    let started = started.pop().unwrap();
     assert_eq!(started.name, "alpha");
     assert_eq!(started.parent_thread_id, thread);
     // The request is used up.
