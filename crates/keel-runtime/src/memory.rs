@@ -1,5 +1,6 @@
 //! Tenant-namespaced key-value memory for skills: caches, state, knowledge.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -52,12 +53,38 @@ pub trait MemoryService: Send + Sync {
 #[derive(Debug, Default)]
 pub struct InMemoryMemoryService {
     values: DashMap<(String, String), (Value, Option<Instant>)>,
+    /// Expiring writes since the last sweep.
+    expiring_writes: AtomicU64,
 }
+
+/// Every this many expiring writes, expired values are swept, so keys written once with a
+/// TTL and never read again (claims, cursors) do not pile up.
+const SWEEP_EVERY: u64 = 1024;
 
 impl InMemoryMemoryService {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Count an expiring write; every [`SWEEP_EVERY`]th drops the expired values (amortized
+    /// O(1) per write).
+    fn after_expiring_write(&self) {
+        if self.expiring_writes.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            let now = Instant::now();
+            self.values
+                .retain(|_, (_, expires)| expires.is_none_or(|e| e > now));
+        }
+    }
+
+    /// How many values the store holds, expired ones not yet swept included.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether the store holds no value at all.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
     }
 }
 
@@ -84,6 +111,7 @@ impl MemoryService for InMemoryMemoryService {
         let expires = Instant::now().checked_add(ttl);
         self.values
             .insert((auth.namespace(), key.to_owned()), (value, expires));
+        self.after_expiring_write();
         Ok(())
     }
 
@@ -114,20 +142,25 @@ impl MemoryService for InMemoryMemoryService {
         let now = Instant::now();
         let expires = now.checked_add(ttl);
         // The entry's shard lock makes the check and the write one step.
-        match self.values.entry((auth.namespace(), key.to_owned())) {
+        let stored = match self.values.entry((auth.namespace(), key.to_owned())) {
             dashmap::Entry::Occupied(mut held) => {
                 if held.get().1.is_some_and(|e| e <= now) {
                     held.insert((value, expires));
-                    Ok(true)
+                    true
                 } else {
-                    Ok(false)
+                    false
                 }
             }
             dashmap::Entry::Vacant(free) => {
                 free.insert((value, expires));
-                Ok(true)
+                true
             }
+        };
+        // Outside the entry's lock: the sweep takes every shard's.
+        if stored {
+            self.after_expiring_write();
         }
+        Ok(stored)
     }
 }
 
@@ -135,6 +168,29 @@ impl MemoryService for InMemoryMemoryService {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[tokio::test]
+    async fn expired_values_never_read_again_are_swept() {
+        let store = InMemoryMemoryService::new();
+        let auth = AuthContext::new("app", "alice");
+        store
+            .save_serialized(&auth, "kept", json!(1))
+            .await
+            .unwrap();
+        for i in 0..SWEEP_EVERY {
+            let claimed = store
+                .save_if_absent(&auth, &format!("claim:{i}"), json!(true), Duration::ZERO)
+                .await
+                .unwrap();
+            assert!(claimed);
+        }
+        // Every claim expired at once; the sweep left only the value without a TTL.
+        assert_eq!(store.len(), 1);
+        assert_eq!(
+            store.load_serialized(&auth, "kept").await.unwrap(),
+            Some(json!(1))
+        );
+    }
 
     #[tokio::test]
     async fn values_are_isolated_per_tenant() {
