@@ -42,6 +42,31 @@ pub struct TimerRecord {
     pub attempts: u32,
 }
 
+impl TimerRecord {
+    /// A new, never claimed timer with a fresh id, as a store records it when
+    /// [`ThreadTimers::schedule_timer`] is called.
+    pub fn new(
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        agent: &str,
+        name: &str,
+        payload: Value,
+        due_at: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            id: new_timer_id(),
+            auth: auth.clone(),
+            thread_id: thread_id.clone(),
+            agent: agent.to_owned(),
+            name: name.to_owned(),
+            payload,
+            due_at,
+            created_at: Utc::now(),
+            attempts: 0,
+        }
+    }
+}
+
 /// A timer claimed by [`ThreadTimers::claim_due_timers`]: nobody else can claim it until
 /// `claim_expires_at`, and only this claim can complete it.
 #[derive(Debug, Clone, PartialEq)]
@@ -165,17 +190,7 @@ impl ThreadTimers for InMemoryThreadTimers {
         payload: Value,
         due_at: DateTime<Utc>,
     ) -> AgentResult<TimerRecord> {
-        let record = TimerRecord {
-            id: new_timer_id(),
-            auth: auth.clone(),
-            thread_id: thread_id.clone(),
-            agent: agent.to_owned(),
-            name: name.to_owned(),
-            payload,
-            due_at,
-            created_at: Utc::now(),
-            attempts: 0,
-        };
+        let record = TimerRecord::new(auth, thread_id, agent, name, payload, due_at);
         self.lock().insert(
             record.id.clone(),
             MemoryTimer {

@@ -7,9 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::{AgentResult, ThreadId};
-use keel_runtime::{
-    new_timer_id, timer_claim_expiry, AuthContext, ClaimedTimer, ThreadTimers, TimerRecord,
-};
+use keel_runtime::{timer_claim_expiry, AuthContext, ClaimedTimer, ThreadTimers, TimerRecord};
 use rusqlite::{params, OptionalExtension};
 use serde_json::Value;
 
@@ -34,17 +32,7 @@ impl ThreadTimers for SqliteStore {
         payload: Value,
         due_at: DateTime<Utc>,
     ) -> AgentResult<TimerRecord> {
-        let timer = TimerRecord {
-            id: new_timer_id(),
-            auth: auth.clone(),
-            thread_id: thread_id.clone(),
-            agent: agent.to_owned(),
-            name: name.to_owned(),
-            payload,
-            due_at,
-            created_at: Utc::now(),
-            attempts: 0,
-        };
+        let timer = TimerRecord::new(auth, thread_id, agent, name, payload, due_at);
         let body = encode_record(&timer)?;
         let (id, tenant, thread, agent) = (
             timer.id.clone(),
