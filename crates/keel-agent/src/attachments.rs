@@ -23,6 +23,13 @@ const CHUNK_PREFIX: &str = "keel:attachment-chunk:";
 const CHUNK_BYTES: usize = 32 * 1024;
 /// Longest path kept (the key-value store caps keys at 256 bytes).
 const MAX_PATH_BYTES: usize = 160;
+/// Largest stored image loaded into a model request: about the smallest per-image limit of
+/// the providers (Anthropic's 5 MB). A larger one stays a reference, which the provider names
+/// in a note.
+const MAX_REQUEST_IMAGE_BYTES: u64 = 5 * 1024 * 1024;
+/// Largest other stored file loaded into a request: providers show small text files as text
+/// (up to 32 KiB) and only name the others, whose bytes would be read for nothing.
+const MAX_REQUEST_FILE_BYTES: u64 = 32 * 1024;
 
 /// A stored attachment's record (its bytes are in chunks beside it).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -208,6 +215,52 @@ impl AttachmentStore<'_> {
         Ok(files)
     }
 
+    /// Give the request copy of the thread's messages the bytes of the files they name in
+    /// this store (`keel-attachment://` references, which no provider can fetch), so a vision
+    /// model sees a stored image and a model reads a stored text file. Files too large, of
+    /// another thread or gone stay references; a store error is logged and leaves the
+    /// reference too: the provider then names the file in a note rather than failing the step.
+    pub(crate) async fn load_request_bytes(&self, messages: &mut [keel_llm::LlmMessage]) {
+        for file in messages.iter_mut().flat_map(|m| m.attachments.iter_mut()) {
+            if file.bytes.is_some() {
+                continue;
+            }
+            let Some(uri) = file.uri.clone() else {
+                continue;
+            };
+            match parse_uri(&uri) {
+                Some((thread, path)) if &thread == self.thread_id => {
+                    if let Err(error) = self.load_bytes(file, &uri, &path).await {
+                        tracing::warn!(%error, %uri, "a stored attachment could not be read for the model");
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    async fn load_bytes(&self, file: &mut FileContent, uri: &str, path: &str) -> AgentResult<()> {
+        let Some(record) = self.record(path).await? else {
+            return Ok(());
+        };
+        let media_type = record.media_type.as_deref().or(file.media_type.as_deref());
+        let limit = if media_type.map_or_else(|| looks_like_image(&record.name), is_image_type) {
+            MAX_REQUEST_IMAGE_BYTES
+        } else {
+            MAX_REQUEST_FILE_BYTES
+        };
+        if record.size > limit {
+            return Ok(());
+        }
+        if let Some((_, bytes)) = self.read(uri).await? {
+            file.bytes = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
+            if file.media_type.is_none() {
+                file.media_type = record.media_type;
+            }
+        }
+        Ok(())
+    }
+
     fn local_path(&self, uri: &str) -> AgentResult<String> {
         match parse_uri(uri) {
             Some((thread, path)) if &thread == self.thread_id => Ok(path),
@@ -227,6 +280,20 @@ impl AttachmentStore<'_> {
             )),
         }
     }
+}
+
+fn is_image_type(media_type: &str) -> bool {
+    media_type.to_ascii_lowercase().starts_with("image/")
+}
+
+fn looks_like_image(name: &str) -> bool {
+    let ext = name
+        .rsplit_once('.')
+        .map(|(_, ext)| ext.to_ascii_lowercase());
+    matches!(
+        ext.as_deref(),
+        Some("png" | "jpg" | "jpeg" | "gif" | "webp" | "bmp" | "tif" | "tiff" | "heic" | "heif")
+    )
 }
 
 /// Copy the file `uri` (of `from`) into `to`'s store and answer the new file part. A

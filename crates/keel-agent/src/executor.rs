@@ -2174,6 +2174,8 @@ impl Inner {
                 profile.supports_vision,
                 &mut own_view,
             );
+            // Stored files are references no provider can fetch: the request carries bytes.
+            ctx.thread.load_attachment_bytes(&mut own_view).await;
             messages.extend(crate::async_tools::model_view(&own_view));
             let request = LlmRequest::new(messages).with_tools(tools.clone());
             let manifest = prepare_manifest(

@@ -124,6 +124,12 @@ impl ThreadState {
         self.attachment_store().read(uri).await
     }
 
+    /// Load the bytes of this thread's stored files named by `messages` (a request copy), so
+    /// providers can send them; see `AttachmentStore::load_request_bytes`.
+    pub(crate) async fn load_attachment_bytes(&self, messages: &mut [keel_llm::LlmMessage]) {
+        self.attachment_store().load_request_bytes(messages).await;
+    }
+
     /// Every file of this thread's attachment store.
     pub async fn attachments(&self) -> AgentResult<Vec<keel_core::FileContent>> {
         self.attachment_store().list().await

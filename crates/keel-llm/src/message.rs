@@ -176,25 +176,59 @@ impl LlmMessage {
     }
 }
 
-/// Whether a file is an image: by its media type, else by its name's extension.
-fn is_image(file: &FileContent) -> bool {
-    if let Some(media_type) = &file.media_type {
-        return media_type.to_ascii_lowercase().starts_with("image/");
+/// Whether a file is an image: by its media type, else by a data URL's type or its name's
+/// extension.
+pub(crate) fn is_image(file: &FileContent) -> bool {
+    media_type_of(file).is_some_and(|m| m.starts_with("image/"))
+}
+
+/// A file's media type, lowercased and without parameters (`image/jpg` read as
+/// `image/jpeg`); else a data URL's; else guessed from its name's (or URI's) extension.
+pub(crate) fn media_type_of(file: &FileContent) -> Option<String> {
+    let declared = file.media_type.clone().or_else(|| {
+        file.uri
+            .as_deref()
+            .and_then(|uri| uri.strip_prefix("data:"))
+            .and_then(|rest| rest.split([';', ',']).next())
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned)
+    });
+    if let Some(declared) = declared {
+        let essence = declared
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase();
+        return Some(match essence.as_str() {
+            "image/jpg" => "image/jpeg".to_owned(),
+            _ => essence,
+        });
     }
-    let name = file
-        .name
-        .as_deref()
-        .or(file.uri.as_deref())
-        .unwrap_or_default();
-    let ext = name
-        .rsplit('.')
-        .next()
-        .unwrap_or_default()
-        .to_ascii_lowercase();
-    matches!(
-        ext.as_str(),
-        "png" | "jpg" | "jpeg" | "gif" | "webp" | "bmp" | "tiff" | "heic"
-    )
+    let name = file.name.as_deref().or(file.uri.as_deref())?;
+    let path = name.split(['?', '#']).next().unwrap_or_default();
+    let (_, ext) = path.rsplit_once('.')?;
+    let guessed = match ext.to_ascii_lowercase().as_str() {
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        "bmp" => "image/bmp",
+        "tif" | "tiff" => "image/tiff",
+        "heic" => "image/heic",
+        "heif" => "image/heif",
+        "txt" | "log" => "text/plain",
+        "md" | "markdown" => "text/markdown",
+        "csv" => "text/csv",
+        "html" | "htm" => "text/html",
+        "json" => "application/json",
+        "yaml" | "yml" => "application/yaml",
+        "xml" => "application/xml",
+        "toml" => "application/toml",
+        "pdf" => "application/pdf",
+        _ => return None,
+    };
+    Some(guessed.to_owned())
 }
 
 #[cfg(test)]

@@ -78,32 +78,54 @@ impl ModelProfile {
     /// A profile for a well-known model family, with its published limits; unknown models
     /// get [`ModelProfile::new`]'s unknown figures. The table is deliberately small: a
     /// deployment that needs exact figures sets them on the provider's builder.
+    ///
+    /// Vision follows the family (GPT-4o, 4.1 and 5, o1, o3 and o4-mini, Claude 3 and
+    /// later, Gemini 1.5 and later read images; o1-mini and o3-mini do not). For
+    /// `openai-compatible` it is off whatever the model's name: whether the server passes
+    /// images to the model it runs is not known, so a deployment turns it on explicitly.
+    ///
+    /// ```
+    /// use keel_llm::ModelProfile;
+    /// assert!(ModelProfile::known("openai", "gpt-4o").supports_vision);
+    /// assert!(!ModelProfile::known("openai", "o3-mini").supports_vision);
+    /// assert!(!ModelProfile::known("openai-compatible", "gpt-4o").supports_vision);
+    /// ```
     pub fn known(provider: &str, model: &str) -> Self {
         let base = Self::new(provider, model);
         let m = model.to_ascii_lowercase();
+        let m = m.strip_prefix("models/").unwrap_or(&m);
+        let text_only = m.starts_with("o1-mini") || m.starts_with("o3-mini");
         // Ordered most specific first: `gpt-4o-mini` must not fall into a shorter prefix.
-        let (window, output, vision) = if m.starts_with("gpt-4.1") {
-            (1_047_576, 32_768, true)
+        let (window, output) = if m.starts_with("gpt-4.1") {
+            (1_047_576, 32_768)
         } else if m.starts_with("gpt-4o") {
-            (128_000, 16_384, true)
+            (128_000, 16_384)
         } else if m.starts_with("gpt-5") {
-            (400_000, 128_000, true)
+            (400_000, 128_000)
+        } else if m.starts_with("o1-mini") {
+            (128_000, 65_536)
         } else if m.starts_with("o1") || m.starts_with("o3") || m.starts_with("o4") {
-            (200_000, 100_000, true)
+            (200_000, 100_000)
         } else if m.starts_with("claude-3-5-haiku") || m.starts_with("claude-3-haiku") {
-            (200_000, 8_192, true)
+            (200_000, 8_192)
+        } else if m.starts_with("claude-2") || m.starts_with("claude-instant") {
+            // Text-only predecessors of Claude 3: figures vary by version, so unknown.
+            return base;
         } else if m.starts_with("claude") {
-            (200_000, 32_000, true)
+            (200_000, 32_000)
         } else if m.starts_with("gemini-1.5-pro") {
-            (2_097_152, 8_192, true)
+            (2_097_152, 8_192)
+        } else if m.starts_with("gemini-1.0") || m == "gemini-pro" {
+            // Gemini 1.0 Pro read text only.
+            return base;
         } else if m.starts_with("gemini") {
-            (1_048_576, 65_536, true)
+            (1_048_576, 65_536)
         } else {
             return base;
         };
         base.with_context_window(window)
             .with_max_output_tokens(output)
-            .with_vision(vision)
+            .with_vision(!text_only && provider != "openai-compatible")
     }
 }
 
@@ -124,5 +146,50 @@ mod tests {
         let local = ModelProfile::known("openai-compatible", "llama3.2:3b");
         assert_eq!(local.context_window, None);
         assert!(local.supports_tools);
+    }
+
+    #[test]
+    fn vision_is_reported_per_model_family() {
+        let vision =
+            |provider: &str, model: &str| ModelProfile::known(provider, model).supports_vision;
+        for model in [
+            "gpt-4o-mini",
+            "gpt-4.1-nano",
+            "gpt-5",
+            "o1",
+            "o3",
+            "o4-mini",
+        ] {
+            assert!(vision("openai", model), "{model}");
+        }
+        for model in [
+            "o1-mini",
+            "o3-mini",
+            "gpt-3.5-turbo",
+            "text-embedding-3-small",
+        ] {
+            assert!(!vision("openai", model), "{model}");
+        }
+        for model in [
+            "claude-3-haiku-20240307",
+            "claude-sonnet-4-5",
+            "claude-opus-4-1",
+        ] {
+            assert!(vision("anthropic", model), "{model}");
+        }
+        for model in ["claude-2.1", "claude-instant-1.2"] {
+            assert!(!vision("anthropic", model), "{model}");
+        }
+        for model in [
+            "gemini-2.5-flash",
+            "models/gemini-1.5-pro",
+            "gemini-2.0-flash-lite",
+        ] {
+            assert!(vision("gemini", model), "{model}");
+        }
+        assert!(!vision("gemini", "gemini-1.0-pro"));
+        // A compatible server's model is text-only until the deployment says otherwise.
+        assert!(!vision("openai-compatible", "gpt-4o"));
+        assert!(!vision("openai-compatible", "llava"));
     }
 }

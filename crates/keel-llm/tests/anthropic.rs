@@ -308,3 +308,43 @@ async fn a_mid_stream_error_event_is_typed() {
     assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Api));
     assert!(err.to_string().contains("Overloaded"));
 }
+
+#[tokio::test]
+async fn images_travel_as_base64_and_url_image_blocks_before_the_text() {
+    let server = serve(vec![Reply::Json(
+        200,
+        vec![],
+        message(json!([{"type": "text", "text": "Two pets."}]), "end_turn"),
+    )])
+    .await;
+    let photo = keel_core::FileContent {
+        name: Some("cat.png".into()),
+        media_type: Some("image/png".into()),
+        bytes: Some("iVBORw0KGgo=".into()),
+        ..Default::default()
+    };
+    let linked = keel_core::FileContent {
+        uri: Some("https://example.com/dog.jpg".into()),
+        ..Default::default()
+    };
+    let bitmap = keel_core::FileContent {
+        name: Some("scan.bmp".into()),
+        media_type: Some("image/bmp".into()),
+        bytes: Some("Qk0=".into()),
+        ..Default::default()
+    };
+    let request = LlmRequest::new(vec![LlmMessage::user("What are these?")
+        .with_attachment(photo)
+        .with_attachment(linked)
+        .with_attachment(bitmap)]);
+    llm(&server.url).complete(request).await.unwrap();
+    assert_eq!(
+        server.requests()[0].body["messages"],
+        json!([{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/dog.jpg"}},
+            {"type": "text", "text": "[image `scan.bmp` (image/bmp) attached; this model does not accept that format]"},
+            {"type": "text", "text": "What are these?"},
+        ]}])
+    );
+}

@@ -230,3 +230,37 @@ async fn a_stream_cut_before_the_finish_reason_is_a_transport_error() {
             .unwrap_err();
     assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Transport));
 }
+
+#[tokio::test]
+async fn images_travel_as_inline_data_and_file_data_parts_before_the_text() {
+    let server = serve(vec![Reply::Json(
+        200,
+        vec![],
+        answer(json!([{"text": "Two pets."}]), Some("STOP")),
+    )])
+    .await;
+    let photo = keel_core::FileContent {
+        name: Some("cat.png".into()),
+        media_type: Some("image/png".into()),
+        bytes: Some("iVBORw0KGgo=".into()),
+        ..Default::default()
+    };
+    let linked = keel_core::FileContent {
+        name: Some("dog".into()),
+        media_type: Some("image/jpeg".into()),
+        uri: Some("https://example.com/dog".into()),
+        ..Default::default()
+    };
+    let request = LlmRequest::new(vec![LlmMessage::user("What are these?")
+        .with_attachment(photo)
+        .with_attachment(linked)]);
+    llm(&server.url).complete(request).await.unwrap();
+    assert_eq!(
+        server.requests()[0].body["contents"],
+        json!([{"role": "user", "parts": [
+            {"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}},
+            {"fileData": {"mimeType": "image/jpeg", "fileUri": "https://example.com/dog"}},
+            {"text": "What are these?"},
+        ]}])
+    );
+}

@@ -443,3 +443,87 @@ fn spec_builds_an_openai_compatible_model() {
     assert_eq!(llm.model_name(), "llama3.2:3b");
     assert_eq!(llm.profile().provider, "openai-compatible");
 }
+
+/// A PNG's first bytes, base64: what an attached image carries inline.
+const PNG_B64: &str = "iVBORw0KGgo=";
+
+fn photo_bytes() -> keel_core::FileContent {
+    keel_core::FileContent {
+        name: Some("cat.png".into()),
+        media_type: Some("image/png".into()),
+        bytes: Some(PNG_B64.into()),
+        ..Default::default()
+    }
+}
+
+fn photo_url() -> keel_core::FileContent {
+    keel_core::FileContent {
+        name: Some("dog.jpg".into()),
+        uri: Some("https://example.com/dog.jpg".into()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn images_travel_as_image_url_parts_and_other_files_as_text() {
+    let server = serve(vec![Reply::Json(
+        200,
+        vec![],
+        completion(json!({"role": "assistant", "content": "Two pets."}), "stop"),
+    )])
+    .await;
+    let notes = keel_core::FileContent {
+        name: Some("notes.txt".into()),
+        media_type: Some("text/plain".into()),
+        bytes: Some("aGVsbG8=".into()), // "hello"
+        ..Default::default()
+    };
+    let report = keel_core::FileContent {
+        name: Some("report.pdf".into()),
+        media_type: Some("application/pdf".into()),
+        bytes: Some("JVBERi0xLjc=".into()), // "%PDF-1.7"
+        ..Default::default()
+    };
+    let request = LlmRequest::new(vec![
+        LlmMessage::user("What are these?")
+            .with_attachment(photo_bytes())
+            .with_attachment(photo_url())
+            .with_attachment(notes)
+            .with_attachment(report),
+        LlmMessage::assistant("Two pets.", vec![]),
+        LlmMessage::user("Thanks"),
+    ]);
+    llm(&server.url).complete(request).await.unwrap();
+    assert_eq!(
+        server.requests()[0].body["messages"],
+        json!([
+            {"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{PNG_B64}")}},
+                {"type": "image_url", "image_url": {"url": "https://example.com/dog.jpg"}},
+                {"type": "text", "text": "[file `notes.txt` (text/plain)]\nhello\n[end of file `notes.txt`]"},
+                {"type": "text", "text": "[file `report.pdf` (application/pdf, 8 bytes) attached; its contents are not shown to the model]"},
+                {"type": "text", "text": "What are these?"},
+            ]},
+            {"role": "assistant", "content": "Two pets."},
+            {"role": "user", "content": "Thanks"},
+        ])
+    );
+}
+
+#[test]
+fn a_compatible_server_reads_images_only_when_configured() {
+    let plain = OpenAiLlm::compatible("http://localhost:11434/v1", "gpt-4o")
+        .build()
+        .unwrap();
+    assert!(!plain.profile().supports_vision);
+    let llava = OpenAiLlm::compatible("http://localhost:11434/v1", "llava")
+        .with_vision(true)
+        .build()
+        .unwrap();
+    assert!(llava.profile().supports_vision);
+    let openai = OpenAiLlm::builder("gpt-4o")
+        .with_api_key(KEY)
+        .build()
+        .unwrap();
+    assert!(openai.profile().supports_vision);
+}

@@ -854,6 +854,64 @@ async fn images_reach_only_a_model_with_vision_and_the_history_keeps_them() {
 }
 
 #[tokio::test]
+async fn stored_attachments_reach_the_model_as_bytes_and_stay_references_in_the_history() {
+    // A file of the thread's own store is a `keel-attachment://` reference no provider can
+    // fetch: the request copy carries its bytes, the stored message only the reference.
+    let llm = Arc::new(
+        MockLlm::scripted(vec![MockResponse::Text("seen".into())])
+            .with_profile(ModelProfile::new("mock", "mock").with_vision(true)),
+    );
+    let agent = Agent::builder(card()).llm_shared(llm.clone()).build().unwrap();
+    let (exec, auth) = executor(agent);
+    let thread = ThreadId::new();
+    let state = exec.thread(&auth, thread.clone());
+    let photo = state
+        .put_attachment("cat.png", Some("image/png"), b"png!")
+        .await
+        .unwrap();
+    let notes = state
+        .put_attachment("notes.txt", Some("text/plain"), b"hi")
+        .await
+        .unwrap();
+    let big = state
+        .put_attachment("big.log", None, &vec![b'x'; 64 * 1024])
+        .await
+        .unwrap();
+    let message = Message::user("look")
+        .in_thread(thread.clone())
+        .with_part(Part::file(photo.clone()))
+        .with_part(Part::file(notes.clone()))
+        .with_part(Part::file(big.clone()));
+    let task = exec
+        .send_message(&auth, message, SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+
+    let sent = llm.requests()[0].messages.last().unwrap().clone();
+    let with_bytes = |file: &FileContent, bytes: &str| FileContent {
+        bytes: Some(bytes.into()),
+        ..file.clone()
+    };
+    assert_eq!(
+        sent.attachments,
+        [
+            with_bytes(&photo, "cG5nIQ=="),
+            with_bytes(&notes, "aGk="),
+            big.clone()
+        ],
+        "a file too large to be shown stays a reference"
+    );
+    let history = exec
+        .runtime()
+        .thread_store()
+        .read_history(&auth, &thread, 0, usize::MAX)
+        .await
+        .unwrap();
+    assert_eq!(history[0].message.attachments, [photo, notes, big]);
+}
+
+#[tokio::test]
 async fn each_step_drains_assembles_calls_persists_runs_tools_in_order_then_evaluates_stops() {
     // §3: one run of two steps. Step 1's model asks for two tools (the first queues a
     // message); step 2 answers. The markers of each step must come in exactly the seed's order.

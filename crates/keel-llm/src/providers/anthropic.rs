@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use tracing::Instrument;
 
 use super::assembler::{ended_early, ResponseAssembler};
+use super::attachments::{attachment, text_with_attachments, Attachment};
 use super::http::{
     drive_sse, error_detail, join_url, open_stream, str_at, u64_at, ApiKey, CallSite, HttpClient,
     HttpOptions, SseDecoder,
@@ -26,6 +27,8 @@ const ANTHROPIC_VERSION: &str = "2023-06-01";
 const OUTPUT_TOOL: &str = "structured_output";
 /// `max_tokens` is required by the API; used when neither request nor profile sets it.
 const DEFAULT_MAX_TOKENS: u64 = 4096;
+/// The image formats Messages accepts.
+const IMAGE_FORMATS: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
 
 /// Builds an [`AnthropicLlm`].
 #[derive(Debug, Clone)]
@@ -165,17 +168,18 @@ impl Inner {
 
         // Messages takes instructions apart from the turns; system messages anywhere in the
         // conversation (a compaction summary, a late note) join them in order.
-        let mut system: Vec<&str> = request
+        let mut system: Vec<String> = request
             .messages
             .iter()
-            .filter(|m| m.role == LlmRole::System && !m.content.is_empty())
-            .map(|m| m.content.as_str())
+            .filter(|m| m.role == LlmRole::System)
+            .map(text_with_attachments)
+            .filter(|text| !text.is_empty())
             .collect();
-        let schema_note;
         if let (Some(schema), false) = (&request.output_schema, Self::uses_output_tool(request)) {
             // With other tools offered the output tool cannot be forced; say it instead.
-            schema_note = format!("Answer with JSON only, matching this JSON schema: {schema}");
-            system.push(&schema_note);
+            system.push(format!(
+                "Answer with JSON only, matching this JSON schema: {schema}"
+            ));
         }
         if !system.is_empty() {
             body.insert("system".into(), json!(system.join("\n\n")));
@@ -227,9 +231,9 @@ fn wire_messages(messages: &[LlmMessage]) -> Vec<Value> {
     for message in messages {
         let (role, blocks) = match message.role {
             LlmRole::System => continue,
-            LlmRole::User => ("user", text_block(&message.content)),
+            LlmRole::User => ("user", user_blocks(message)),
             LlmRole::Assistant => {
-                let mut blocks = text_block(&message.content);
+                let mut blocks = text_block(&text_with_attachments(message));
                 blocks.extend(message.tool_calls.iter().map(|call| {
                     json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments})
                 }));
@@ -240,7 +244,7 @@ fn wire_messages(messages: &[LlmMessage]) -> Vec<Value> {
                 vec![json!({
                     "type": "tool_result",
                     "tool_use_id": message.tool_call_id.as_deref().unwrap_or_default(),
-                    "content": message.content,
+                    "content": text_with_attachments(message),
                 })],
             ),
         };
@@ -256,6 +260,27 @@ fn wire_messages(messages: &[LlmMessage]) -> Vec<Value> {
         .into_iter()
         .map(|(role, content)| json!({"role": role, "content": content}))
         .collect()
+}
+
+/// A user turn's blocks: each attachment (an `image` block, or text), then the text, the
+/// order Anthropic advises for images.
+fn user_blocks(message: &LlmMessage) -> Vec<Value> {
+    let mut blocks: Vec<Value> = message
+        .attachments
+        .iter()
+        .map(|file| match attachment(file, IMAGE_FORMATS) {
+            Attachment::InlineImage { media_type, data } => json!({
+                "type": "image",
+                "source": {"type": "base64", "media_type": media_type, "data": data},
+            }),
+            Attachment::ImageUrl { url, .. } => {
+                json!({"type": "image", "source": {"type": "url", "url": url}})
+            }
+            Attachment::Text(text) => json!({"type": "text", "text": text}),
+        })
+        .collect();
+    blocks.extend(text_block(&message.content));
+    blocks
 }
 
 /// A text block, or none: the API rejects empty text blocks.

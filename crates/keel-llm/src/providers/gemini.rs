@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use tracing::Instrument;
 
 use super::assembler::{ended_early, ResponseAssembler};
+use super::attachments::{attachment, text_with_attachments, Attachment};
 use super::http::{
     drive_sse, error_detail, join_url, open_stream, str_at, u64_at, ApiKey, CallSite, HttpClient,
     HttpOptions, SseDecoder,
@@ -21,6 +22,14 @@ use crate::{
 };
 
 const GEMINI_BASE_URL: &str = "https://generativelanguage.googleapis.com/v1beta";
+/// The image formats Gemini accepts.
+const IMAGE_FORMATS: &[&str] = &[
+    "image/png",
+    "image/jpeg",
+    "image/webp",
+    "image/heic",
+    "image/heif",
+];
 
 /// Builds a [`GeminiLlm`].
 #[derive(Debug, Clone)]
@@ -161,8 +170,10 @@ impl Inner {
         let system: Vec<Value> = request
             .messages
             .iter()
-            .filter(|m| m.role == LlmRole::System && !m.content.is_empty())
-            .map(|m| json!({"text": m.content}))
+            .filter(|m| m.role == LlmRole::System)
+            .map(text_with_attachments)
+            .filter(|text| !text.is_empty())
+            .map(|text| json!({"text": text}))
             .collect();
         if !system.is_empty() {
             body.insert("systemInstruction".into(), json!({"parts": system}));
@@ -215,9 +226,9 @@ fn wire_contents(messages: &[LlmMessage]) -> Vec<Value> {
     for message in messages {
         let (role, parts) = match message.role {
             LlmRole::System => continue,
-            LlmRole::User => ("user", text_part(&message.content)),
+            LlmRole::User => ("user", user_parts(message)),
             LlmRole::Assistant => {
-                let mut parts = text_part(&message.content);
+                let mut parts = text_part(&text_with_attachments(message));
                 parts.extend(message.tool_calls.iter().map(
                     |call| json!({"functionCall": {"name": call.name, "args": call.arguments}}),
                 ));
@@ -225,9 +236,10 @@ fn wire_contents(messages: &[LlmMessage]) -> Vec<Value> {
             }
             LlmRole::Tool => {
                 // `response` must be an object; a plain result is wrapped.
-                let response = match serde_json::from_str::<Value>(&message.content) {
+                let content = text_with_attachments(message);
+                let response = match serde_json::from_str::<Value>(&content) {
                     Ok(Value::Object(object)) => Value::Object(object),
-                    _ => json!({"result": message.content}),
+                    _ => json!({"result": content}),
                 };
                 let name = message.tool_name.as_deref().unwrap_or_default();
                 (
@@ -248,6 +260,26 @@ fn wire_contents(messages: &[LlmMessage]) -> Vec<Value> {
         .into_iter()
         .map(|(role, parts)| json!({"role": role, "parts": parts}))
         .collect()
+}
+
+/// A user turn's parts: each attachment (`inlineData`, `fileData` or text), then the text,
+/// the order Gemini's guide advises for images.
+fn user_parts(message: &LlmMessage) -> Vec<Value> {
+    let mut parts: Vec<Value> = message
+        .attachments
+        .iter()
+        .map(|file| match attachment(file, IMAGE_FORMATS) {
+            Attachment::InlineImage { media_type, data } => {
+                json!({"inlineData": {"mimeType": media_type, "data": data}})
+            }
+            Attachment::ImageUrl { media_type, url } => {
+                json!({"fileData": {"mimeType": media_type, "fileUri": url}})
+            }
+            Attachment::Text(text) => json!({"text": text}),
+        })
+        .collect();
+    parts.extend(text_part(&message.content));
+    parts
 }
 
 fn text_part(text: &str) -> Vec<Value> {

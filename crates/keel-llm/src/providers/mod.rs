@@ -7,6 +7,7 @@
 //! **Invariant:** an API key never reaches a log, a `Debug` print or an error message.
 
 mod assembler;
+mod attachments;
 mod http;
 
 #[cfg(feature = "anthropic")]

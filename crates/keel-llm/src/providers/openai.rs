@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use tracing::Instrument;
 
 use super::assembler::{ended_early, parse_arguments, ResponseAssembler};
+use super::attachments::{attachment, text_with_attachments, Attachment};
 use super::http::{
     drive_sse, join_url, open_stream, str_at, u64_at, ApiKey, CallSite, HttpClient, HttpOptions,
     SseDecoder,
@@ -21,6 +22,8 @@ use crate::{
 };
 
 const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+/// The image formats chat completions accept (compatible servers take the same set).
+const IMAGE_FORMATS: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
 
 /// Builds an [`OpenAiLlm`].
 #[derive(Debug, Clone)]
@@ -32,6 +35,7 @@ pub struct OpenAiBuilder {
     read_env: bool,
     options: HttpOptions,
     profile: Option<ModelProfile>,
+    vision: Option<bool>,
 }
 
 impl OpenAiBuilder {
@@ -64,6 +68,16 @@ impl OpenAiBuilder {
         self
     }
 
+    /// Say whether the model reads images, over the profile's answer. A compatible server's
+    /// model is taken as text-only unless this (or a profile) says it reads images (e.g.
+    /// `llava` on Ollama, a vision model on vLLM or OpenRouter); without vision the engine
+    /// replaces images with a note before the request.
+    #[must_use]
+    pub fn with_vision(mut self, supported: bool) -> Self {
+        self.vision = Some(supported);
+        self
+    }
+
     /// Build the client. OpenAI itself needs a key (from the builder or `OPENAI_API_KEY`);
     /// a compatible server is called without one unless one was given.
     pub fn build(self) -> AgentResult<OpenAiLlm> {
@@ -85,9 +99,12 @@ impl OpenAiBuilder {
         } else {
             "openai-compatible"
         };
-        let profile = self
+        let mut profile = self
             .profile
             .unwrap_or_else(|| ModelProfile::known(provider, &self.model));
+        if let Some(vision) = self.vision {
+            profile.supports_vision = vision;
+        }
         let http = HttpClient::new(self.options, &self.model)?;
         // Only OpenAI itself insists on the newer field; compatible servers know `max_tokens`.
         let max_tokens_field = if self.base_url.trim_end_matches('/') == OPENAI_BASE_URL {
@@ -146,6 +163,7 @@ impl OpenAiLlm {
             read_env: true,
             options: HttpOptions::default(),
             profile: None,
+            vision: None,
         }
     }
 
@@ -227,18 +245,19 @@ impl Inner {
 /// One Keel message in OpenAI's chat format.
 fn wire_message(message: &LlmMessage) -> Value {
     match message.role {
-        LlmRole::System => json!({"role": "system", "content": message.content}),
+        LlmRole::System => json!({"role": "system", "content": text_with_attachments(message)}),
         LlmRole::User => {
-            let mut wire = json!({"role": "user", "content": message.content});
+            let mut wire = json!({"role": "user", "content": user_content(message)});
             if let Some(name) = &message.name {
                 wire["name"] = json!(name);
             }
             wire
         }
         LlmRole::Assistant => {
-            let mut wire = json!({"role": "assistant", "content": message.content});
+            let content = text_with_attachments(message);
+            let mut wire = json!({"role": "assistant", "content": content});
             if !message.tool_calls.is_empty() {
-                if message.content.is_empty() {
+                if content.is_empty() {
                     wire["content"] = Value::Null;
                 }
                 wire["tool_calls"] = message
@@ -258,9 +277,35 @@ fn wire_message(message: &LlmMessage) -> Value {
         LlmRole::Tool => json!({
             "role": "tool",
             "tool_call_id": message.tool_call_id.as_deref().unwrap_or_default(),
-            "content": message.content,
+            "content": text_with_attachments(message),
         }),
     }
+}
+
+/// A user turn's content: its text alone, or with attachments an array of content parts,
+/// each file (as an `image_url` part or as text) and then the text (files before the
+/// question, the order every provider's guide shows; decision 60).
+fn user_content(message: &LlmMessage) -> Value {
+    if message.attachments.is_empty() {
+        return json!(message.content);
+    }
+    let mut parts = Vec::with_capacity(message.attachments.len() + 1);
+    for file in &message.attachments {
+        parts.push(match attachment(file, IMAGE_FORMATS) {
+            Attachment::InlineImage { media_type, data } => json!({
+                "type": "image_url",
+                "image_url": {"url": format!("data:{media_type};base64,{data}")},
+            }),
+            Attachment::ImageUrl { url, .. } => {
+                json!({"type": "image_url", "image_url": {"url": url}})
+            }
+            Attachment::Text(text) => json!({"type": "text", "text": text}),
+        });
+    }
+    if !message.content.is_empty() {
+        parts.push(json!({"type": "text", "text": message.content}));
+    }
+    Value::Array(parts)
 }
 
 /// Context overflow as OpenAI and the common compatible servers report it.
