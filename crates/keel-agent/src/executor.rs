@@ -2166,15 +2166,15 @@ impl Inner {
                 messages.push(LlmMessage::system(system));
             }
             // The agent's side of the thread first (dual_ai filtering, images), then the
-            // shape providers accept for asynchronous results that arrived late.
-            let mut own_view = Vec::with_capacity(history.len());
+            // shape providers accept for asynchronous results that arrived late. The history
+            // is copied once, into the request's own messages.
             assemble_context(
                 history,
                 &self.agent.card().name,
                 profile.supports_vision,
-                &mut own_view,
+                &mut messages,
             );
-            messages.extend(crate::async_tools::model_view(&own_view));
+            let messages = crate::async_tools::model_view(messages);
             let request = LlmRequest::new(messages).with_tools(tools.clone());
             let manifest = prepare_manifest(
                 &request,
@@ -2728,9 +2728,8 @@ impl Inner {
             runs.save_task_record(auth, &TaskRecord::of(task, Some(&self.agent.card().name))?)
                 .await?;
             if let Some(ctx) = ctx {
-                let report = obs
-                    .take_report()
-                    .redacted_json(&RedactionPolicy::default())?;
+                // Redacted as each event was recorded (the run's recorder masks them).
+                let report = obs.take_report_json()?;
                 runs.save_run_report(
                     auth,
                     &RunRecord {
