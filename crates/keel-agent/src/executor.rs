@@ -2728,19 +2728,21 @@ impl Inner {
             runs.save_task_record(auth, &TaskRecord::of(task, Some(&self.agent.card().name))?)
                 .await?;
             if let Some(ctx) = ctx {
-                // Redacted as each event was recorded (the run's recorder masks them).
+                // Redacted as each event was recorded (the run's recorder masks them), and
+                // written as text, which the in-memory store keeps as it is.
                 let report = obs.take_report_json()?;
-                runs.save_run_report(
+                runs.save_run_report_json(
                     auth,
-                    &RunRecord {
+                    RunRecord {
                         run_id: ctx.run_id.clone(),
                         task_id: Some(task.id.clone()),
                         thread_id: Some(task.thread_id.clone()),
                         trace_id: Some(ctx.trace_id.clone()),
                         agent_name: Some(self.agent.card().name.clone()),
                         recorded_at: Utc::now(),
-                        report,
+                        report: Value::Null,
                     },
+                    report,
                 )
                 .await?;
             }

@@ -16,7 +16,6 @@ use keel_policy::{
     ActionAuthorizer, Authorization, AuthorizationObserver, BudgetEnforcer, BudgetWarning,
     PolicyDecision,
 };
-use serde_json::Value;
 
 /// The observability and control plane of one run.
 pub(crate) struct RunObs {
@@ -116,10 +115,10 @@ impl RunObs {
             .await
     }
 
-    /// The run report built from every event so far, redacted, as the JSON the run store
-    /// keeps, taking the recorded events: the run is over when its report is saved, and the
-    /// events are not copied for it.
-    pub(crate) fn take_report_json(&self) -> AgentResult<Value> {
+    /// The run report built from every event so far, redacted, as the JSON text the run
+    /// store keeps, taking the recorded events: the run is over when its report is saved,
+    /// and the events are not copied for it.
+    pub(crate) fn take_report_json(&self) -> AgentResult<String> {
         self.recorder.take_report_json()
     }
 }

@@ -23,8 +23,8 @@
 //!
 //! The engine persists a report per run, so the path from events to stored JSON is kept
 //! cheap: a [`RunRecorder::redacting`] recorder masks each event as it arrives (instead of
-//! walking the whole report at the end), and [`RunRecorder::take_report_json`] moves the
-//! event payloads into the JSON instead of copying them.
+//! walking the whole report at the end), and [`RunRecorder::take_report_json`] writes the
+//! events as JSON text straight from their structs, without a JSON tree of the report.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -297,37 +297,32 @@ impl RunReport {
         Ok(value)
     }
 
-    /// The report as JSON (what `serde_json::to_value` gives), consuming it: the events'
-    /// payloads are moved into the JSON rather than copied.
-    pub fn into_json(self) -> AgentResult<Value> {
-        self.into_json_redacting_summary(None)
-    }
-
-    /// [`into_json`](Self::into_json), with `policy` applied to everything but the events
-    /// (which the caller has masked already, as a redacting recorder does).
-    fn into_json_redacting_summary(
-        mut self,
-        policy: Option<&RedactionPolicy>,
-    ) -> AgentResult<Value> {
+    /// The report as JSON text (what `serde_json::to_string` gives), with `policy`, if
+    /// any, applied to everything but the events (which the caller has masked already, as a
+    /// redacting recorder does). The events are written straight from their structs: no
+    /// JSON tree of the whole report is built (only of its summary, for the masking).
+    fn into_json_text(mut self, policy: Option<&RedactionPolicy>) -> AgentResult<String> {
+        /// The summary's fields and then the events, as one JSON object.
+        #[derive(Serialize)]
+        struct Text<'a> {
+            #[serde(flatten)]
+            summary: &'a Value,
+            events: &'a [RunEvent],
+        }
         let internal = keel_core::AgentError::internal;
         let events = std::mem::take(&mut self.events);
-        let mut value = serde_json::to_value(&self).map_err(internal)?;
+        let mut summary = serde_json::to_value(&self).map_err(internal)?;
         if let Some(policy) = policy {
-            policy.redact_value(&mut value);
+            policy.redact_value(&mut summary);
         }
-        let mut items = Vec::with_capacity(events.len());
-        for mut event in events {
-            let payload = std::mem::take(&mut event.payload);
-            let mut item = serde_json::to_value(&event).map_err(internal)?;
-            if let Value::Object(map) = &mut item {
-                map.insert("payload".to_owned(), payload);
-            }
-            items.push(item);
+        if let Value::Object(map) = &mut summary {
+            map.remove("events");
         }
-        if let Value::Object(map) = &mut value {
-            map.insert("events".to_owned(), Value::Array(items));
-        }
-        Ok(value)
+        serde_json::to_string(&Text {
+            summary: &summary,
+            events: &events,
+        })
+        .map_err(internal)
     }
 }
 
@@ -594,15 +589,11 @@ impl RunRecorder {
         report
     }
 
-    /// [`take_report`](Self::take_report) as JSON, ready to persist: a redacting recorder's
-    /// events are already masked, the rest of the report (metadata included) is masked here,
-    /// and the event payloads are moved into the JSON, not copied.
-    pub fn take_report_json(&self) -> AgentResult<Value> {
-        let report = self.take_report();
-        match &self.redaction {
-            Some(policy) => report.into_json_redacting_summary(Some(policy)),
-            None => report.into_json(),
-        }
+    /// [`take_report`](Self::take_report) as JSON text, ready to persist: a redacting
+    /// recorder's events are already masked, the rest of the report (metadata included) is
+    /// masked here, and the events are written as text straight from their structs.
+    pub fn take_report_json(&self) -> AgentResult<String> {
+        self.take_report().into_json_text(self.redaction.as_ref())
     }
 
     /// The report of the events recorded so far.
