@@ -8,7 +8,8 @@
 //!
 //! Settings: `KEEL_BENCH_SECS` (seconds per figure, default 2), `KEEL_BENCH_CONCURRENCY`
 //! (client tasks, default 32), `KEEL_BENCH_SENDS` (sends of the memory figure, default
-//! 100000).
+//! 100000), `KEEL_BENCH_ROWS` (memory rows printed over those sends, default 8: growth that
+//! levels off after the stores fill is the allocator settling, steady growth a leak).
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -251,6 +252,7 @@ async fn run(
     duration: Duration,
     concurrency: usize,
     sends: u64,
+    row_count: u64,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
@@ -327,7 +329,7 @@ async fn run(
     .await;
     let before = rss_kib();
     let mut rows = Vec::new();
-    let step = (sends / 4).max(1);
+    let step = (sends / row_count.max(1)).max(1);
     let mut done = 0;
     let started = Instant::now();
     let mut failed = warm.failed;
@@ -359,6 +361,7 @@ fn main() -> ExitCode {
     let duration = Duration::from_secs_f64(env_number("KEEL_BENCH_SECS", 2.0));
     let concurrency = env_number("KEEL_BENCH_CONCURRENCY", 32.0) as usize;
     let sends = env_number("KEEL_BENCH_SENDS", 100_000.0) as u64;
+    let rows = env_number("KEEL_BENCH_ROWS", 8.0) as u64;
     let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -366,7 +369,7 @@ fn main() -> ExitCode {
         eprintln!("a2a bench: cannot start a tokio runtime");
         return ExitCode::FAILURE;
     };
-    match rt.block_on(run(duration, concurrency, sends)) {
+    match rt.block_on(run(duration, concurrency, sends, rows)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("a2a bench: {err}");
