@@ -274,7 +274,10 @@ pub(crate) fn same(a: &str, b: &str) -> bool {
 /// no result right after its message gets a placeholder result saying the result will come
 /// later, and a result that arrives after other messages is shown where it arrived, as a
 /// user-role note naming the call. The stored history is left as it happened.
-pub(crate) fn model_view(history: &[LlmMessage]) -> Vec<LlmMessage> {
+///
+/// It takes the messages by value (the request's own copy, built once per step) and moves
+/// them into the view rather than copying the history a second time.
+pub(crate) fn model_view(history: Vec<LlmMessage>) -> Vec<LlmMessage> {
     let mut view = Vec::with_capacity(history.len());
     // Calls whose results may still follow directly (the run of tool messages after them).
     let mut open: Vec<ToolCall> = Vec::new();
@@ -299,7 +302,7 @@ pub(crate) fn model_view(history: &[LlmMessage]) -> Vec<LlmMessage> {
             let id = message.tool_call_id.as_deref().unwrap_or_default();
             if let Some(at) = open.iter().position(|c| c.id == id) {
                 open.remove(at);
-                view.push(message.clone());
+                view.push(message);
                 continue;
             }
             if deferred.remove(id) {
@@ -310,14 +313,14 @@ pub(crate) fn model_view(history: &[LlmMessage]) -> Vec<LlmMessage> {
                 )));
                 continue;
             }
-            view.push(message.clone());
+            view.push(message);
             continue;
         }
         close(&mut open, &mut view, &mut deferred);
-        view.push(message.clone());
         if message.role == LlmRole::Assistant {
             open.extend(message.tool_calls.iter().cloned());
         }
+        view.push(message);
     }
     // Calls still open at the end are the current step's: left as they are.
     view
@@ -338,7 +341,7 @@ mod tests {
             LlmMessage::assistant("still rendering", vec![]),
             LlmMessage::tool_result(&call, "v.mp4"),
         ];
-        let view = model_view(&history);
+        let view = model_view(history);
         let roles: Vec<LlmRole> = view.iter().map(|m| m.role).collect();
         assert_eq!(
             roles,
@@ -366,9 +369,9 @@ mod tests {
             LlmMessage::tool_result(&b, "2"),
             LlmMessage::assistant("done", vec![]),
         ];
-        assert_eq!(model_view(&history), history);
+        assert_eq!(model_view(history.clone()), history);
         // The current step's unanswered calls stay open (the step is still running them).
         let open = &history[..3];
-        assert_eq!(model_view(open), open.to_vec());
+        assert_eq!(model_view(open.to_vec()), open.to_vec());
     }
 }

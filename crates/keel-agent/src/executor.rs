@@ -2166,17 +2166,17 @@ impl Inner {
                 messages.push(LlmMessage::system(system));
             }
             // The agent's side of the thread first (dual_ai filtering, images), then the
-            // shape providers accept for asynchronous results that arrived late.
-            let mut own_view = Vec::with_capacity(history.len());
+            // shape providers accept for asynchronous results that arrived late. The history
+            // is copied once, into the request's own messages.
             assemble_context(
                 history,
                 &self.agent.card().name,
                 profile.supports_vision,
-                &mut own_view,
+                &mut messages,
             );
             // Stored files are references no provider can fetch: the request carries bytes.
-            ctx.thread.load_attachment_bytes(&mut own_view).await;
-            messages.extend(crate::async_tools::model_view(&own_view));
+            ctx.thread.load_attachment_bytes(&mut messages).await;
+            let messages = crate::async_tools::model_view(messages);
             let request = LlmRequest::new(messages).with_tools(tools.clone());
             let manifest = prepare_manifest(
                 &request,
@@ -2730,20 +2730,21 @@ impl Inner {
             runs.save_task_record(auth, &TaskRecord::of(task, Some(&self.agent.card().name))?)
                 .await?;
             if let Some(ctx) = ctx {
-                let report = obs
-                    .take_report()
-                    .redacted_json(&RedactionPolicy::default())?;
-                runs.save_run_report(
+                // Redacted as each event was recorded (the run's recorder masks them), and
+                // written as text, which the in-memory store keeps as it is.
+                let report = obs.take_report_json()?;
+                runs.save_run_report_json(
                     auth,
-                    &RunRecord {
+                    RunRecord {
                         run_id: ctx.run_id.clone(),
                         task_id: Some(task.id.clone()),
                         thread_id: Some(task.thread_id.clone()),
                         trace_id: Some(ctx.trace_id.clone()),
                         agent_name: Some(self.agent.card().name.clone()),
                         recorded_at: Utc::now(),
-                        report,
+                        report: Value::Null,
                     },
+                    report,
                 )
                 .await?;
             }

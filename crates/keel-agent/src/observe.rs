@@ -10,7 +10,7 @@ use keel_core::{
 };
 use keel_events::payload::{ActionPolicyPayload, BudgetPayload};
 use keel_events::{
-    EventEmitter, EventSink, MultiSink, RunEvent, RunEventBuilder, RunRecorder, RunReport,
+    EventEmitter, EventSink, MultiSink, RedactionPolicy, RunEvent, RunEventBuilder, RunRecorder,
 };
 use keel_policy::{
     ActionAuthorizer, Authorization, AuthorizationObserver, BudgetEnforcer, BudgetWarning,
@@ -34,7 +34,9 @@ impl RunObs {
         agent_name: &str,
         authorizer: Arc<ActionAuthorizer>,
     ) -> Self {
-        let recorder = Arc::new(RunRecorder::new());
+        // The report is persisted redacted; masking each event as it is recorded spares a
+        // walk over the whole report when the run ends.
+        let recorder = Arc::new(RunRecorder::new().redacting(RedactionPolicy::default()));
         let mut fan_out = MultiSink::new().with(recorder.clone());
         for sink in sinks {
             fan_out = fan_out.with(sink.clone());
@@ -113,10 +115,11 @@ impl RunObs {
             .await
     }
 
-    /// The run report built from every event so far, taking the recorded events: the run
-    /// is over when its report is saved, and the events are not copied for it.
-    pub(crate) fn take_report(&self) -> RunReport {
-        self.recorder.take_report()
+    /// The run report built from every event so far, redacted, as the JSON text the run
+    /// store keeps, taking the recorded events: the run is over when its report is saved,
+    /// and the events are not copied for it.
+    pub(crate) fn take_report_json(&self) -> AgentResult<String> {
+        self.recorder.take_report_json()
     }
 }
 

@@ -3,6 +3,8 @@
 //! payload that is stored — Keel's own persistence does so, and applications should too.
 
 use keel_core::{AgentError, AgentResult, ApprovalRequest};
+
+use crate::RunEvent;
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
 
@@ -169,6 +171,37 @@ impl RedactionPolicy {
             Value::Array(items) => items.iter_mut().for_each(|item| self.redact_value(item)),
             Value::String(s) if self.value_is_sensitive(s) => *s = REDACTED.to_owned(),
             _ => {}
+        }
+    }
+
+    /// Mask one event in place, as masking it inside a report's JSON would: its payload is
+    /// walked like any value, and its free-text envelope fields (`summary`, `agent_name`,
+    /// `span_id`, `parent_span_id`, `delegation_id`) are masked when their value (or, with
+    /// configured extra keys, their key) is sensitive. Ids, type, sequence and times are
+    /// Keel's own and kept. [`RunRecorder::redacting`](crate::RunRecorder::redacting) applies
+    /// it to each event as it is recorded.
+    pub fn redact_event(&self, event: &mut RunEvent) {
+        let key = |name: &str| self.key_is_sensitive(name);
+        let mask = |name: &str, text: &mut String| {
+            if key(name) || self.value_is_sensitive(text) {
+                REDACTED.clone_into(text);
+            }
+        };
+        mask("summary", &mut event.summary);
+        for (name, field) in [
+            ("agent_name", &mut event.agent_name),
+            ("span_id", &mut event.span_id),
+            ("parent_span_id", &mut event.parent_span_id),
+            ("delegation_id", &mut event.delegation_id),
+        ] {
+            if let Some(text) = field {
+                mask(name, text);
+            }
+        }
+        if key("payload") && !event.payload.is_null() {
+            event.payload = Value::String(REDACTED.to_owned());
+        } else {
+            self.redact_value(&mut event.payload);
         }
     }
 

@@ -8,7 +8,7 @@
 //! | any | `run_id`, `task_id`, `thread_id`, `agent_name` (first seen), `started_at` (first timestamp), `event_count`, `events`, `budget.usage.steps` (highest `step`) |
 //! | `task.status` | `final_state` (`state`), `final_task` (`task`, last one carried), `finished_at` (a `final` event's timestamp) |
 //! | `task.artifact` | `artifacts` (`artifact`; `append` extends the earlier one's parts) |
-//! | `context.prepared` | `context_manifests` (`manifest`) |
+//! | `context.prepared` | `context_manifests` (`manifest`; not repeated in the report's JSON, see [`RunReport::context_manifests`]) |
 //! | `llm.call.started` | `model.started_calls` |
 //! | `llm.call.completed` | `model` (`input_tokens`, `output_tokens`, `latency_ms`, `model`) |
 //! | `budget.warning` / `budget.exceeded` | `budget.warnings` / `budget.exceeded` |
@@ -20,6 +20,11 @@
 //!
 //! Other types are kept in `events` and otherwise ignored. A payload that does not read
 //! is noted in `problems`, never a panic.
+//!
+//! The engine persists a report per run, so the path from events to stored JSON is kept
+//! cheap: a [`RunRecorder::redacting`] recorder masks each event as it arrives (instead of
+//! walking the whole report at the end), and [`RunRecorder::take_report_json`] writes the
+//! events as JSON text straight from their structs, without a JSON tree of the report.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -40,8 +45,10 @@ use crate::payload::{
 };
 use crate::{EventSink, EventType, RedactionPolicy, RunEvent};
 
-/// The version of the [`RunReport`] shape.
-pub const RUN_REPORT_VERSION: u32 = 1;
+/// The version of the [`RunReport`] shape. Version 2 leaves `context_manifests` out of the
+/// JSON (they are the `context.prepared` events' payloads, rebuilt from them when a report is
+/// read); a version 1 report, which has them, still reads.
+pub const RUN_REPORT_VERSION: u32 = 2;
 
 /// Where an action got to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,7 +176,10 @@ pub struct BudgetReport {
 
 /// The durable summary of a run. Persist it through
 /// [`RunReport::redacted`] — action payloads and model context often carry credentials.
+// `remote = "Self"`: the derived code becomes `RunReport::serialize`/`deserialize`, wrapped by
+// the trait impls below, which rebuild `context_manifests` from the events on reading.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct RunReport {
     /// Report shape version ([`RUN_REPORT_VERSION`]).
     pub version: u32,
@@ -197,8 +207,10 @@ pub struct RunReport {
     /// The last serialized task carried by a status event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_task: Option<Value>,
-    /// Every context prepared for a model, in order.
-    #[serde(default)]
+    /// Every context prepared for a model, in order. Each is also the payload of its
+    /// `context.prepared` event, so the JSON form leaves this out (each step's manifest
+    /// once, not twice) and reading a report rebuilds it from `events`.
+    #[serde(default, skip_serializing)]
     pub context_manifests: Vec<ContextManifest>,
     /// Every action, in request order.
     #[serde(default)]
@@ -226,6 +238,29 @@ pub struct RunReport {
     /// Application metadata.
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]
     pub metadata: Metadata,
+}
+
+impl Serialize for RunReport {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        RunReport::serialize(self, serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RunReport {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut report = RunReport::deserialize(deserializer)?;
+        if report.context_manifests.is_empty() {
+            // Version 2 JSON: the manifests are the `context.prepared` payloads.
+            report.context_manifests = report
+                .events
+                .iter()
+                .filter(|e| e.event_type == EventType::CONTEXT_PREPARED)
+                .filter_map(|e| e.payload_as::<ContextPreparedPayload>().ok())
+                .map(|p| p.manifest)
+                .collect();
+        }
+        Ok(report)
+    }
 }
 
 impl RunReport {
@@ -260,6 +295,34 @@ impl RunReport {
         let mut value = serde_json::to_value(self).map_err(keel_core::AgentError::internal)?;
         policy.redact_value(&mut value);
         Ok(value)
+    }
+
+    /// The report as JSON text (what `serde_json::to_string` gives), with `policy`, if
+    /// any, applied to everything but the events (which the caller has masked already, as a
+    /// redacting recorder does). The events are written straight from their structs: no
+    /// JSON tree of the whole report is built (only of its summary, for the masking).
+    fn into_json_text(mut self, policy: Option<&RedactionPolicy>) -> AgentResult<String> {
+        /// The summary's fields and then the events, as one JSON object.
+        #[derive(Serialize)]
+        struct Text<'a> {
+            #[serde(flatten)]
+            summary: &'a Value,
+            events: &'a [RunEvent],
+        }
+        let internal = keel_core::AgentError::internal;
+        let events = std::mem::take(&mut self.events);
+        let mut summary = serde_json::to_value(&self).map_err(internal)?;
+        if let Some(policy) = policy {
+            policy.redact_value(&mut summary);
+        }
+        if let Value::Object(map) = &mut summary {
+            map.remove("events");
+        }
+        serde_json::to_string(&Text {
+            summary: &summary,
+            events: &events,
+        })
+        .map_err(internal)
     }
 }
 
@@ -481,6 +544,7 @@ impl ReportBuilder {
 pub struct RunRecorder {
     events: Mutex<Vec<RunEvent>>,
     metadata: Metadata,
+    redaction: Option<RedactionPolicy>,
 }
 
 impl RunRecorder {
@@ -493,6 +557,17 @@ impl RunRecorder {
     #[must_use]
     pub fn with_metadata(mut self, metadata: Metadata) -> Self {
         self.metadata = metadata;
+        self
+    }
+
+    /// Mask every event with `policy` as it is recorded ([`RedactionPolicy::redact_event`]),
+    /// so [`events`](Self::events), the reports and [`take_report_json`](Self::take_report_json)
+    /// hold no credentials, and persisting the report needs no walk over all of it. For the
+    /// default policy the report equals the one [`RunReport::redacted_json`] makes of the
+    /// unmasked events.
+    #[must_use]
+    pub fn redacting(mut self, policy: RedactionPolicy) -> Self {
+        self.redaction = Some(policy);
         self
     }
 
@@ -514,6 +589,13 @@ impl RunRecorder {
         report
     }
 
+    /// [`take_report`](Self::take_report) as JSON text, ready to persist: a redacting
+    /// recorder's events are already masked, the rest of the report (metadata included) is
+    /// masked here, and the events are written as text straight from their structs.
+    pub fn take_report_json(&self) -> AgentResult<String> {
+        self.take_report().into_json_text(self.redaction.as_ref())
+    }
+
     /// The report of the events recorded so far.
     pub fn report(&self) -> RunReport {
         let mut report = RunReport::from_owned_events(self.events());
@@ -525,10 +607,14 @@ impl RunRecorder {
 #[async_trait]
 impl EventSink for RunRecorder {
     async fn emit(&self, event: &RunEvent) -> AgentResult<()> {
+        let mut event = event.clone();
+        if let Some(policy) = &self.redaction {
+            policy.redact_event(&mut event);
+        }
         self.events
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(event.clone());
+            .push(event);
         Ok(())
     }
 }

@@ -531,3 +531,92 @@ async fn golden_normalization_is_stable_across_runs() {
     assert_eq!(a[0]["sequence"], 1);
     assert_eq!(a[16]["final"], true);
 }
+
+#[tokio::test]
+async fn a_redacting_recorder_gives_the_redacted_report_without_a_final_walk() {
+    let (_, events) = recorded_run().await;
+    let policy = RedactionPolicy::default();
+    let plain = RunRecorder::new().with_metadata(
+        json!({"note": "Bearer t-1"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    );
+    let redacting = RunRecorder::new()
+        .with_metadata(plain.report().metadata)
+        .redacting(policy.clone());
+    for event in &events {
+        plain.emit(event).await.unwrap();
+        redacting.emit(event).await.unwrap();
+    }
+    // The same JSON as redacting the whole report at the end.
+    let expected = plain.report().redacted_json(&policy).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&redacting.take_report_json().unwrap()).unwrap();
+    assert_eq!(json, expected);
+    assert!(!json.to_string().contains("sk-live-123"));
+    assert_eq!(json["metadata"]["note"], REDACTED);
+    // Events are masked as they arrive, and taking the report empties the recorder.
+    assert!(redacting.events().is_empty());
+    let events_json = serde_json::to_string(&events).unwrap();
+    assert!(
+        events_json.contains("sk-live-123"),
+        "the sink's copy is untouched"
+    );
+    // Without a policy the JSON is the report's own.
+    let unmasked = RunRecorder::new();
+    for event in &events {
+        unmasked.emit(event).await.unwrap();
+    }
+    let report = unmasked.report();
+    let text = unmasked.take_report_json().unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+        serde_json::to_value(&report).unwrap()
+    );
+    assert_eq!(serde_json::from_str::<RunReport>(&text).unwrap(), report);
+}
+
+#[tokio::test]
+async fn report_json_holds_each_context_manifest_once_and_reads_back_whole() {
+    let (_, events) = recorded_run().await;
+    let report = RunReport::from_events(&events);
+    assert_eq!(report.context_manifests.len(), 1);
+    let json = serde_json::to_value(&report).unwrap();
+    assert!(json.get("context_manifests").is_none());
+    assert_eq!(json["version"], 2);
+    let text = json.to_string();
+    assert_eq!(text.matches("\"total_estimated_tokens\":120").count(), 1);
+    // Reading it back rebuilds the manifests from the `context.prepared` events.
+    let back: RunReport = serde_json::from_value(json.clone()).unwrap();
+    assert_eq!(back, report);
+    // A version 1 report, which carried them, reads as it is.
+    let mut v1 = json;
+    v1["version"] = json!(1);
+    v1["context_manifests"] = serde_json::to_value(&report.context_manifests).unwrap();
+    let old: RunReport = serde_json::from_value(v1).unwrap();
+    assert_eq!(old.context_manifests, report.context_manifests);
+}
+
+#[test]
+fn redact_event_masks_the_payload_and_free_text_like_the_report_walk() {
+    let emitter = EventEmitter::new(&RunContext::new(), Arc::new(InMemoryEventSink::new()));
+    let mut event = emitter.create(
+        RunEvent::builder(EventType::new("custom.note"), "Bearer abc")
+            .payload(json!({"headers": {"Authorization": "x"}, "n": 1, "input_tokens": 3})),
+    );
+    let mut walked = serde_json::to_value(&event).unwrap();
+    let policy = RedactionPolicy::default();
+    policy.redact_value(&mut walked);
+    policy.redact_event(&mut event);
+    assert_eq!(serde_json::to_value(&event).unwrap(), walked);
+    assert_eq!(event.summary, REDACTED);
+    assert_eq!(event.payload["headers"]["Authorization"], REDACTED);
+    // A configured key naming the payload masks all of it, as the walk would.
+    let mut all =
+        emitter.create(RunEvent::builder(EventType::new("x"), "ok").payload(json!({"a": 1})));
+    RedactionPolicy::new()
+        .with_key("payload")
+        .redact_event(&mut all);
+    assert_eq!(all.payload, json!(REDACTED));
+}

@@ -57,7 +57,7 @@ pub enum MockResponse {
 #[derive(Debug, Default)]
 pub struct MockLlm {
     script: Option<Mutex<VecDeque<MockResponse>>>,
-    requests: Mutex<Vec<LlmRequest>>,
+    requests: Mutex<VecDeque<LlmRequest>>,
     latency: Option<Duration>,
     chunk_delay: Option<Duration>,
     usage: Option<Usage>,
@@ -68,6 +68,10 @@ pub struct MockLlm {
 type Answer = (LlmResponse, Vec<String>);
 
 impl MockLlm {
+    /// How many of the latest requests [`requests`](Self::requests) keeps. The offline model
+    /// also serves `keel serve` with the `mock` model, so its record must stay bounded.
+    pub const RECORDED_REQUESTS: usize = 1_000;
+
     /// The unscripted offline model.
     pub fn new() -> Self {
         Self::default()
@@ -111,12 +115,15 @@ impl MockLlm {
         self
     }
 
-    /// Every request received so far, oldest first.
+    /// The requests received so far, oldest first: all of them, or the latest
+    /// [`RECORDED_REQUESTS`](Self::RECORDED_REQUESTS) when there were more.
     pub fn requests(&self) -> Vec<LlmRequest> {
         self.requests
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+            .iter()
+            .cloned()
+            .collect()
     }
 
     fn unscripted(request: &LlmRequest) -> LlmResponse {
@@ -168,10 +175,16 @@ impl MockLlm {
 
     /// Record the request and work out the answer (or the scripted failure).
     async fn answer(&self, request: LlmRequest) -> AgentResult<Answer> {
-        self.requests
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(request.clone());
+        {
+            let mut requests = self
+                .requests
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if requests.len() >= Self::RECORDED_REQUESTS {
+                requests.pop_front();
+            }
+            requests.push_back(request.clone());
+        }
         if let Some(latency) = self.latency {
             tokio::time::sleep(latency).await;
         }
@@ -374,6 +387,19 @@ mod tests {
         ]);
         let r = MockLlm::new().complete(req).await.unwrap();
         assert_eq!(r.content.as_deref(), Some("Tool results:\nclock: 12:00"));
+    }
+
+    #[tokio::test]
+    async fn only_the_latest_requests_are_kept() {
+        let llm = MockLlm::new();
+        let extra = 5;
+        for n in 0..MockLlm::RECORDED_REQUESTS + extra {
+            let request = LlmRequest::new(vec![LlmMessage::user(format!("m{n}"))]);
+            llm.complete(request).await.unwrap();
+        }
+        let kept = llm.requests();
+        assert_eq!(kept.len(), MockLlm::RECORDED_REQUESTS);
+        assert_eq!(kept[0].messages[0].content, format!("m{extra}"));
     }
 
     #[tokio::test]

@@ -165,6 +165,18 @@ pub trait RunStore: Send + Sync {
     ) -> AgentResult<Vec<TaskRecord>>;
     /// Record (or replace) a run report.
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()>;
+    /// [`save_run_report`](Self::save_run_report) with the report given as JSON text
+    /// (`record.report` is ignored): the engine writes its reports straight to text, which a
+    /// store that keeps text takes as it is. The default parses the text and saves the record.
+    async fn save_run_report_json(
+        &self,
+        auth: &AuthContext,
+        mut record: RunRecord,
+        report: String,
+    ) -> AgentResult<()> {
+        record.report = serde_json::from_str(&report).map_err(AgentError::internal)?;
+        self.save_run_report(auth, &record).await
+    }
     /// The report of a run, if recorded.
     async fn get_run_report(
         &self,
@@ -257,6 +269,22 @@ impl InMemoryRunStore {
     }
 }
 
+impl InMemoryRunStore {
+    /// Keep a run record, replacing the run's earlier one, dropping the oldest beyond capacity.
+    fn hold(&self, auth: &AuthContext, held: HeldRun) {
+        let key = (auth.namespace(), held.index.run_id.clone());
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        if runs.by_run.insert(key.clone(), held).is_none() {
+            runs.order.push_back(key);
+            while runs.order.len() > self.capacity {
+                if let Some(oldest) = runs.order.pop_front() {
+                    runs.by_run.remove(&oldest);
+                }
+            }
+        }
+    }
+}
+
 /// Whether `record`'s stored JSON (see [`RunQuery`]) contains `needle`. The text is built per
 /// search rather than kept beside each record: searches are rare, memory is bounded.
 fn json_contains<T: Serialize>(record: &T, needle: Option<&str>) -> bool {
@@ -308,20 +336,26 @@ impl RunStore for InMemoryRunStore {
     }
 
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
-        let key = (auth.namespace(), record.run_id.clone());
-        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        if runs
-            .by_run
-            .insert(key.clone(), HeldRun::new(record))
-            .is_none()
-        {
-            runs.order.push_back(key);
-            while runs.order.len() > self.capacity {
-                if let Some(oldest) = runs.order.pop_front() {
-                    runs.by_run.remove(&oldest);
-                }
-            }
-        }
+        self.hold(auth, HeldRun::new(record));
+        Ok(())
+    }
+
+    async fn save_run_report_json(
+        &self,
+        auth: &AuthContext,
+        mut record: RunRecord,
+        report: String,
+    ) -> AgentResult<()> {
+        // Kept as given: the text must read back as the report, so refuse what does not.
+        serde_json::from_str::<serde::de::IgnoredAny>(&report).map_err(AgentError::internal)?;
+        record.report = Value::Null;
+        self.hold(
+            auth,
+            HeldRun {
+                index: record,
+                report: report.into_boxed_str(),
+            },
+        );
         Ok(())
     }
 
