@@ -1,8 +1,9 @@
 //! `cargo xtask bench engine`: what the thread engine costs per step. With the offline model
 //! and the in-memory store it prints the engine's own overhead per step (one model call plus
 //! one tool call, every message persisted, every event emitted); on SQLite and Redis it prints
-//! persisted steps/s at 1 and 64 concurrent threads, to read beside `cargo xtask bench
-//! stores` (the raw store ceilings). Asserts nothing.
+//! persisted steps/s at 1 and 64 concurrent threads, each beside the raw store ceiling
+//! measured in the same run (SQLite commits/s on one connection, Redis `SET`s/s at the same
+//! concurrency; see `store_bench::ceiling`). Asserts nothing.
 //!
 //! Settings: `KEEL_BENCH_SECS` (seconds per figure, default 2), `REDIS_URL`.
 
@@ -136,30 +137,47 @@ fn main() -> ExitCode {
     };
     rt.block_on(async {
         println!("engine: {STEPS_PER_TASK} steps per task (model call + tool call, all persisted, events emitted)");
-        println!("{:<8} {:>8} {:>14} {:>16}", "backend", "threads", "steps/s", "per step");
-        let row = |backend: &str, threads: usize, steps_per_sec: f64| {
+        println!("{:<8} {:>8} {:>14} {:>16}   raw ceiling (same run)", "backend", "threads", "steps/s", "per step");
+        let row = |backend: &str, threads: usize, steps_per_sec: f64, ceiling: String| {
             let per_step = if steps_per_sec > 0.0 { format!("{:.1} µs", 1e6 / steps_per_sec) } else { "-".into() };
-            println!("{backend:<8} {threads:>8} {steps_per_sec:>14.0} {per_step:>16}");
+            println!("{backend:<8} {threads:>8} {steps_per_sec:>14.0} {per_step:>16}   {ceiling}");
         };
         for threads in [1, 64] {
-            row("memory", threads, measure(memory(), threads, duration).await);
+            row("memory", threads, measure(memory(), threads, duration).await, "-".into());
         }
         let dir = tempfile::tempdir().expect("a temp dir");
         for threads in [1, 64] {
             let path = dir.path().join(format!("engine-{threads}.db"));
             match keel_store_sqlite::SqliteStore::open(&path) {
-                Ok(store) => row("sqlite", threads, measure(with_store(Arc::new(store)), threads, duration).await),
+                Ok(store) => {
+                    let steps = measure(with_store(Arc::new(store)), threads, duration).await;
+                    let raw = dir.path().join(format!("raw-{threads}.db"));
+                    let ceiling = match tokio::task::spawn_blocking(move || store_bench::ceiling::sqlite_commits(&raw, duration)).await {
+                        Ok(Ok(rate)) => format!("{:.0} SQLite commits/s", rate.per_sec()),
+                        Ok(Err(e)) => format!("SQLite ceiling failed: {e}"),
+                        Err(e) => format!("SQLite ceiling failed: {e}"),
+                    };
+                    row("sqlite", threads, steps, ceiling);
+                }
                 Err(e) => println!("sqlite   {threads:>8} skipped ({e})"),
             }
         }
         for threads in [1, 64] {
             let prefix = format!("keel-bench-{}:", uuid::Uuid::new_v4().simple());
             match keel_store_redis::RedisStore::connect(&redis_url).await {
-                Ok(store) => row("redis", threads, measure(with_store(Arc::new(store.with_prefix(prefix))), threads, duration).await),
+                Ok(store) => {
+                    let steps = measure(with_store(Arc::new(store.with_prefix(prefix.clone()))), threads, duration).await;
+                    let ceiling = match store_bench::ceiling::redis_sets(&redis_url, &prefix, threads, duration).await {
+                        Ok(rate) => format!("{:.0} Redis SETs/s ({threads} concurrent)", rate.per_sec()),
+                        Err(e) => format!("Redis ceiling failed: {e}"),
+                    };
+                    let _ = store_bench::ceiling::delete_keys(&redis_url, &prefix).await;
+                    row("redis", threads, steps, ceiling);
+                }
                 Err(_) => println!("redis    {threads:>8} skipped (no Redis at {redis_url})"),
             }
         }
-        println!("(single-thread per-step time on memory is the engine's own overhead; compare the store rows with `cargo xtask bench stores`)");
+        println!("(single-thread per-step time on memory is the engine's own overhead; a persisted step writes several records, so steps/s sits below the raw ceiling)");
     });
     ExitCode::SUCCESS
 }
