@@ -5,7 +5,10 @@
 //! measured in the same run (SQLite commits/s on one connection, Redis `SET`s/s at the same
 //! concurrency; see `store_bench::ceiling`). Asserts nothing.
 //!
-//! Settings: `KEEL_BENCH_SECS` (seconds per figure, default 2), `REDIS_URL`.
+//! Settings: `KEEL_BENCH_SECS` (seconds per figure, default 2), `KEEL_BENCH_STEPS` (steps per
+//! task, default 10), `KEEL_BENCH_BACKENDS` (a
+//! comma-separated subset of `memory,sqlite,redis`, default all; handy under a profiler),
+//! `REDIS_URL`.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -18,8 +21,20 @@ use keel_llm::{Llm, LlmRequest, LlmResponse, LlmRole, ToolCall};
 use keel_runtime::{InMemoryRuntime, Runtime};
 use serde_json::{json, Value};
 
-/// Steps per task: each step is one model call that asks for the `noop` tool.
-const STEPS_PER_TASK: usize = 10;
+/// Steps per task: each step is one model call that asks for the `noop` tool. Set once from
+/// `KEEL_BENCH_STEPS` (default 10): comparing 1 with 10 separates what a task costs once from
+/// what each step costs.
+static STEPS_PER_TASK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+fn steps_per_task() -> usize {
+    *STEPS_PER_TASK.get_or_init(|| {
+        std::env::var("KEEL_BENCH_STEPS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(10)
+    })
+}
 
 /// A model that asks for `noop` until the task has had its steps, then answers.
 struct LoopLlm;
@@ -38,7 +53,7 @@ impl Llm for LoopLlm {
             .take_while(|m| m.role != LlmRole::User)
             .filter(|m| m.role == LlmRole::Tool)
             .count();
-        Ok(if done < STEPS_PER_TASK {
+        Ok(if done < steps_per_task() {
             LlmResponse {
                 content: None,
                 tool_calls: vec![ToolCall::new("noop", json!({}))],
@@ -60,7 +75,7 @@ fn agent() -> Agent {
     Agent::builder(AgentCard::new("bench", "bench", "http://127.0.0.1:0"))
         .llm(LoopLlm)
         .tool(noop)
-        .max_steps(STEPS_PER_TASK as u32 + 1)
+        .max_steps(steps_per_task() as u32 + 1)
         .build()
         .expect("a valid agent")
 }
@@ -86,7 +101,7 @@ async fn measure(runtime: Arc<dyn Runtime>, threads: usize, duration: Duration) 
                 {
                     break;
                 }
-                steps += STEPS_PER_TASK;
+                steps += steps_per_task();
             }
             steps
         }));
@@ -127,6 +142,8 @@ fn main() -> ExitCode {
         .filter(|s| *s > 0.0)
         .unwrap_or(2.0);
     let duration = Duration::from_secs_f64(secs);
+    let backends = std::env::var("KEEL_BENCH_BACKENDS").unwrap_or_default();
+    let wanted = |name: &str| backends.is_empty() || backends.split(',').any(|b| b.trim() == name);
     let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -136,17 +153,17 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     };
     rt.block_on(async {
-        println!("engine: {STEPS_PER_TASK} steps per task (model call + tool call, all persisted, events emitted)");
+        println!("engine: {} steps per task (model call + tool call, all persisted, events emitted)", steps_per_task());
         println!("{:<8} {:>8} {:>14} {:>16}   raw ceiling (same run)", "backend", "threads", "steps/s", "per step");
         let row = |backend: &str, threads: usize, steps_per_sec: f64, ceiling: String| {
             let per_step = if steps_per_sec > 0.0 { format!("{:.1} µs", 1e6 / steps_per_sec) } else { "-".into() };
             println!("{backend:<8} {threads:>8} {steps_per_sec:>14.0} {per_step:>16}   {ceiling}");
         };
-        for threads in [1, 64] {
+        for threads in [1, 64].into_iter().filter(|_| wanted("memory")) {
             row("memory", threads, measure(memory(), threads, duration).await, "-".into());
         }
         let dir = tempfile::tempdir().expect("a temp dir");
-        for threads in [1, 64] {
+        for threads in [1, 64].into_iter().filter(|_| wanted("sqlite")) {
             let path = dir.path().join(format!("engine-{threads}.db"));
             match keel_store_sqlite::SqliteStore::open(&path) {
                 Ok(store) => {
@@ -162,7 +179,7 @@ fn main() -> ExitCode {
                 Err(e) => println!("sqlite   {threads:>8} skipped ({e})"),
             }
         }
-        for threads in [1, 64] {
+        for threads in [1, 64].into_iter().filter(|_| wanted("redis")) {
             let prefix = format!("keel-bench-{}:", uuid::Uuid::new_v4().simple());
             match keel_store_redis::RedisStore::connect(&redis_url).await {
                 Ok(store) => {

@@ -31,7 +31,7 @@ use tracing::Instrument;
 use crate::agent::{ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL};
 use crate::observe::RunObs;
 use crate::{Agent, Negotiation, TaskRest, ThreadState, ToolContext};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use keel_core::{ApprovalDecision, ApprovalOutcome, ApprovalRequest, RunAction};
 use keel_events::payload::{
     ActionCompletedPayload, ActionFailedPayload, LlmCallCompletedPayload, LlmCallStartedPayload,
@@ -135,8 +135,13 @@ pub(crate) struct Inner {
     pub(crate) me: Weak<Inner>,
     active: DashMap<TaskKey, Arc<ActiveRun>>,
     workers: DashMap<ThreadKey, Arc<Notify>>,
-    /// Bumped whenever this process persists a task status, to wake local waiters.
+    /// Bumped whenever this process persists a task status or a message of a task, to wake
+    /// local watchers of a task's events (streams, push delivery).
     changed: watch::Sender<u64>,
+    /// Bumped whenever this process saves a task record (its status or metadata), to wake
+    /// the callers waiting for a task to rest. Kept apart from `changed` so that a blocking
+    /// send is not woken, and does not read its task again, at every persisted message.
+    rested: watch::Sender<u64>,
     pub(crate) tracker: TaskTracker,
     /// Where every run's events go (besides its own recorder).
     pub(crate) sinks: RwLock<Vec<Arc<dyn EventSink>>>,
@@ -234,6 +239,7 @@ impl AgentExecutor {
     /// An executor with explicit tuning.
     pub fn with_config(agent: Agent, runtime: Arc<dyn Runtime>, config: ExecutorConfig) -> Self {
         let (changed, _) = watch::channel(0);
+        let (rested, _) = watch::channel(0);
         let slots = Arc::new(Semaphore::new(config.max_concurrent_threads.max(1)));
         let executor = Self {
             inner: Arc::new_cyclic(|me| Inner {
@@ -244,6 +250,7 @@ impl AgentExecutor {
                 active: DashMap::new(),
                 workers: DashMap::new(),
                 changed,
+                rested,
                 tracker: TaskTracker::new(),
                 sinks: RwLock::new(Vec::new()),
                 shutting_down: CancellationToken::new(),
@@ -1166,7 +1173,7 @@ impl Inner {
         task_id: &TaskId,
         done: impl Fn(&Task) -> bool,
     ) -> AgentResult<Task> {
-        let mut changed = self.changed.subscribe();
+        let mut changed = self.rested.subscribe();
         loop {
             changed.borrow_and_update();
             let task = self
@@ -1202,8 +1209,14 @@ impl Inner {
                 },
             )
             .await?;
-        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        self.task_saved();
         Ok(())
+    }
+
+    /// Wake local waiters after a task record was saved (see `rested`), and event watchers.
+    pub(crate) fn task_saved(&self) {
+        self.rested.send_modify(|n| *n = n.wrapping_add(1));
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Cancel a task no run holds.
@@ -1327,7 +1340,7 @@ impl Inner {
             .await;
         watcher.abort();
         self.active.remove(&key);
-        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        self.task_saved();
         match result {
             Ok(()) => Ok(()),
             Err(err @ AgentError::LeaseLost { .. }) => Err(err),
@@ -1663,6 +1676,7 @@ impl Inner {
                 .task_manager()
                 .save_task(&scope.flow.auth, task)
                 .await?;
+            self.task_saved();
         }
         Ok(None)
     }
@@ -2533,12 +2547,6 @@ impl Inner {
         if let Err(error) = obs.budget(|b| b.check_tool_call()).await {
             return ToolRun::Stop(error);
         }
-        if let Err(err) = registered.validate(&call.arguments) {
-            return ToolRun::Done {
-                output: json!(format!("invalid arguments: {err}")),
-                is_error: true,
-            };
-        }
         obs.emit(RunEvent::action_started(&action)).await;
         // Asynchronous tools: dispatch, persist the pending call, and wait for the callback.
         if let Some(dispatch) = registered.tool.asynchronous() {
@@ -2546,21 +2554,24 @@ impl Inner {
         }
         let started = Instant::now();
         let span = tracing::info_span!("tool", name = %call.name, call_id = %call.id);
-        let tool = registered.tool.clone();
-        let args = call.arguments.clone();
-        let tool_ctx = ctx.clone();
-        let mut handle =
-            tokio::spawn(async move { tool.call(args, &tool_ctx).await }.instrument(span));
+        // The call runs in this task: a spawned task would cost a cross-thread hand-off per
+        // tool call for nothing, since the run waits for it anyway. Canceling drops the
+        // future (the same as aborting a spawned one); a panic is caught and becomes the
+        // tool's error, as a spawned task's would have.
+        let call_future =
+            std::panic::AssertUnwindSafe(registered.tool.call(call.arguments.clone(), ctx))
+                .catch_unwind()
+                .instrument(span);
         let (output, is_error) = tokio::select! {
             biased;
-            () = run.token.cancelled() => {
-                handle.abort();
-                return ToolRun::Canceled;
-            }
-            joined = &mut handle => match joined {
+            () = run.token.cancelled() => return ToolRun::Canceled,
+            joined = call_future => match joined {
                 Ok(Ok(value)) => (value, false),
                 Ok(Err(err)) => (json!(err.to_string()), true),
-                Err(join) => (json!(format!("tool `{}` panicked: {join}", call.name)), true),
+                Err(panic) => (
+                    json!(format!("tool `{}` panicked: {}", call.name, panic_message(&*panic))),
+                    true,
+                ),
             },
         };
         let duration_ms = Some(started.elapsed().as_millis() as u64);
@@ -2617,7 +2628,7 @@ impl Inner {
                 .await;
                 self.save_records(auth, obs, task).await;
                 self.runtime.task_manager().save_task(auth, task).await?;
-                self.changed.send_modify(|n| *n = n.wrapping_add(1));
+                self.task_saved();
                 return Ok(());
             }
             Outcome::Answer {
@@ -2787,6 +2798,15 @@ enum ToolRun {
     Canceled,
     Approval(Box<ApprovalRequest>),
     Stop(AgentError),
+}
+
+/// The message a panic carried (`panic!` with a literal or a formatted string).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }
 
 fn budget_failure(error: AgentError) -> Outcome {

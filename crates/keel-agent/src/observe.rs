@@ -36,8 +36,10 @@ impl RunObs {
     ) -> Self {
         // The report is persisted redacted; masking each event as it is recorded spares a
         // walk over the whole report when the run ends.
+        // The recorder is handed each event after the sinks (`emit_recorded`), so it keeps
+        // the event itself rather than a copy.
         let recorder = Arc::new(RunRecorder::new().redacting(RedactionPolicy::default()));
-        let mut fan_out = MultiSink::new().with(recorder.clone());
+        let mut fan_out = MultiSink::new();
         for sink in sinks {
             fan_out = fan_out.with(sink.clone());
         }
@@ -55,7 +57,7 @@ impl RunObs {
     /// Emit an event. A sink failing never stops the run (only authorization checkpoints
     /// fail closed); it is logged.
     pub(crate) async fn emit(&self, event: RunEventBuilder) {
-        if let Err(err) = self.emitter.emit(event).await {
+        if let Err(err) = self.emitter.emit_recorded(event, &self.recorder).await {
             tracing::warn!(error = %err, "an event sink failed");
         }
     }
@@ -111,7 +113,7 @@ impl RunObs {
     /// `action.policy`, `approval.required` and `approval.decided` as they happen.
     pub(crate) async fn authorize(&self, action: &RunAction) -> AgentResult<Authorization> {
         self.authorizer
-            .authorize_observed(action, &self.context, &EmitObserver(&self.emitter))
+            .authorize_observed(action, &self.context, &EmitObserver(self))
             .await
     }
 
@@ -124,7 +126,13 @@ impl RunObs {
 }
 
 /// Emits the authorization checkpoints; an emit failure stops the action (fail closed).
-struct EmitObserver<'a>(&'a EventEmitter);
+struct EmitObserver<'a>(&'a RunObs);
+
+impl EmitObserver<'_> {
+    async fn emit(&self, event: RunEventBuilder) -> AgentResult<()> {
+        self.0.emitter.emit_recorded(event, &self.0.recorder).await
+    }
+}
 
 #[async_trait]
 impl AuthorizationObserver for EmitObserver<'_> {
@@ -133,22 +141,17 @@ impl AuthorizationObserver for EmitObserver<'_> {
         action: &RunAction,
         decision: &PolicyDecision,
     ) -> AgentResult<()> {
-        self.0
-            .emit(RunEvent::action_policy(ActionPolicyPayload {
-                action_id: action.id.clone(),
-                decision: decision.as_str().into(),
-                reason: decision.reason().map(Into::into),
-                capability: decision.capability().map(Into::into),
-            }))
-            .await
-            .map(|_| ())
+        self.emit(RunEvent::action_policy(ActionPolicyPayload {
+            action_id: action.id.clone(),
+            decision: decision.as_str().into(),
+            reason: decision.reason().map(Into::into),
+            capability: decision.capability().map(Into::into),
+        }))
+        .await
     }
 
     async fn approval_required(&self, request: &ApprovalRequest) -> AgentResult<()> {
-        self.0
-            .emit(RunEvent::approval_required(request))
-            .await
-            .map(|_| ())
+        self.emit(RunEvent::approval_required(request)).await
     }
 
     async fn approval_decided(
@@ -156,9 +159,7 @@ impl AuthorizationObserver for EmitObserver<'_> {
         request: &ApprovalRequest,
         decision: &ApprovalDecision,
     ) -> AgentResult<()> {
-        self.0
-            .emit(RunEvent::approval_decided(request, decision))
+        self.emit(RunEvent::approval_decided(request, decision))
             .await
-            .map(|_| ())
     }
 }

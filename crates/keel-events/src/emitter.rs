@@ -132,4 +132,20 @@ impl EventEmitter {
         self.sink.emit(&event).await?;
         Ok(event)
     }
+
+    /// [`emit`](Self::emit) to the sink, then hand the event itself to `recorder`, in the
+    /// same order as the sink saw it. A run's own recorder keeps every event; giving it the
+    /// event rather than a reference spares a copy of each. The recorder gets the event even
+    /// when the sink fails (the sink's error is returned).
+    pub async fn emit_recorded(
+        &self,
+        builder: RunEventBuilder,
+        recorder: &crate::RunRecorder,
+    ) -> AgentResult<()> {
+        let _order = self.delivery.lock().await;
+        let event = self.create(builder);
+        let delivered = self.sink.emit(&event).await;
+        recorder.record(event);
+        delivered
+    }
 }

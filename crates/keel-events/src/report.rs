@@ -602,12 +602,11 @@ impl RunRecorder {
         report.metadata = self.metadata.clone();
         report
     }
-}
 
-#[async_trait]
-impl EventSink for RunRecorder {
-    async fn emit(&self, event: &RunEvent) -> AgentResult<()> {
-        let mut event = event.clone();
+    /// Keep `event` (masked first when the recorder is [`redacting`](Self::redacting)),
+    /// taking it by value: what [`EventEmitter::emit_recorded`](crate::EventEmitter::emit_recorded)
+    /// uses so that a run's own recorder needs no copy of each event.
+    pub fn record(&self, mut event: RunEvent) {
         if let Some(policy) = &self.redaction {
             policy.redact_event(&mut event);
         }
@@ -615,6 +614,13 @@ impl EventSink for RunRecorder {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(event);
+    }
+}
+
+#[async_trait]
+impl EventSink for RunRecorder {
+    async fn emit(&self, event: &RunEvent) -> AgentResult<()> {
+        self.record(event.clone());
         Ok(())
     }
 }
