@@ -6,9 +6,9 @@
 //! concurrency; see `store_bench::ceiling`). Asserts nothing.
 //!
 //! Settings: `KEEL_BENCH_SECS` (seconds per figure, default 2), `KEEL_BENCH_STEPS` (steps per
-//! task, default 10), `KEEL_BENCH_BACKENDS` (a
-//! comma-separated subset of `memory,sqlite,redis`, default all; handy under a profiler),
-//! `REDIS_URL`.
+//! task, default 10), `KEEL_BENCH_BACKENDS` (a comma-separated subset of
+//! `memory,sqlite,redis`, default all) and `KEEL_BENCH_THREADS` (the concurrencies, default
+//! `1,64`): the last two pick one row to run under a profiler. `REDIS_URL`.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -144,6 +144,16 @@ fn main() -> ExitCode {
     let duration = Duration::from_secs_f64(secs);
     let backends = std::env::var("KEEL_BENCH_BACKENDS").unwrap_or_default();
     let wanted = |name: &str| backends.is_empty() || backends.split(',').any(|b| b.trim() == name);
+    let concurrencies: Vec<usize> = std::env::var("KEEL_BENCH_THREADS")
+        .ok()
+        .map(|s| {
+            s.split(',')
+                .filter_map(|n| n.trim().parse().ok())
+                .filter(|n| *n > 0)
+                .collect()
+        })
+        .filter(|list: &Vec<usize>| !list.is_empty())
+        .unwrap_or_else(|| vec![1, 64]);
     let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -159,11 +169,11 @@ fn main() -> ExitCode {
             let per_step = if steps_per_sec > 0.0 { format!("{:.1} µs", 1e6 / steps_per_sec) } else { "-".into() };
             println!("{backend:<8} {threads:>8} {steps_per_sec:>14.0} {per_step:>16}   {ceiling}");
         };
-        for threads in [1, 64].into_iter().filter(|_| wanted("memory")) {
+        for threads in concurrencies.iter().copied().filter(|_| wanted("memory")) {
             row("memory", threads, measure(memory(), threads, duration).await, "-".into());
         }
         let dir = tempfile::tempdir().expect("a temp dir");
-        for threads in [1, 64].into_iter().filter(|_| wanted("sqlite")) {
+        for threads in concurrencies.iter().copied().filter(|_| wanted("sqlite")) {
             let path = dir.path().join(format!("engine-{threads}.db"));
             match keel_store_sqlite::SqliteStore::open(&path) {
                 Ok(store) => {
@@ -179,7 +189,7 @@ fn main() -> ExitCode {
                 Err(e) => println!("sqlite   {threads:>8} skipped ({e})"),
             }
         }
-        for threads in [1, 64].into_iter().filter(|_| wanted("redis")) {
+        for threads in concurrencies.iter().copied().filter(|_| wanted("redis")) {
             let prefix = format!("keel-bench-{}:", uuid::Uuid::new_v4().simple());
             match keel_store_redis::RedisStore::connect(&redis_url).await {
                 Ok(store) => {

@@ -120,7 +120,7 @@ impl RunObs {
     /// The run report built from every event so far, redacted, as the JSON text the run
     /// store keeps, taking the recorded events: the run is over when its report is saved,
     /// and the events are not copied for it.
-    pub(crate) fn take_report_json(&self) -> AgentResult<String> {
+    pub(crate) fn take_report_json(&self) -> AgentResult<keel_core::stored::JsonText> {
         self.recorder.take_report_json()
     }
 }

@@ -44,6 +44,58 @@ pub fn decode<T: DeserializeOwned>(stored: Value) -> AgentResult<T> {
         .map_err(|e| AgentError::storage(format!("stored record is malformed: {e}")))
 }
 
+/// JSON text that is known to be well-formed: written by serializing a value, or checked
+/// by parsing. A store can keep it as given, with no second parse to check it.
+///
+/// ```
+/// use keel_core::stored::JsonText;
+/// let text = JsonText::of(&serde_json::json!({"a": 1}))?;
+/// assert_eq!(text.as_str(), r#"{"a":1}"#);
+/// assert!(JsonText::parse("{not json").is_err());
+/// # Ok::<(), keel_core::AgentError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonText(String);
+
+impl JsonText {
+    /// `value` serialized (compact).
+    pub fn of<T: Serialize + ?Sized>(value: &T) -> AgentResult<JsonText> {
+        serde_json::to_string(value)
+            .map(JsonText)
+            .map_err(AgentError::internal)
+    }
+
+    /// `text`, once it has parsed as JSON; otherwise [`AgentError::InvalidInput`] saying where
+    /// it stops being JSON.
+    pub fn parse(text: impl Into<String>) -> AgentResult<JsonText> {
+        let text = text.into();
+        serde_json::from_str::<serde::de::IgnoredAny>(&text)
+            .map_err(|e| AgentError::invalid_input("json", format!("is not JSON: {e}")))?;
+        Ok(JsonText(text))
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The text, owned.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+
+    /// The JSON value the text holds.
+    pub fn to_value(&self) -> AgentResult<Value> {
+        serde_json::from_str(&self.0).map_err(AgentError::internal)
+    }
+}
+
+impl std::fmt::Display for JsonText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -198,6 +198,7 @@ pub struct RunEvent {
     #[serde(rename = "final", default)]
     pub is_final: bool,
     /// When the event was created.
+    #[serde(serialize_with = "crate::time::serialize")]
     pub timestamp: DateTime<Utc>,
 }
 

@@ -41,6 +41,7 @@ mod redact;
 mod replay;
 mod report;
 mod sink;
+mod time;
 
 pub use assertions::{assert_budget_under, assert_no_denied_actions, assert_run_events, Match};
 pub use emitter::EventEmitter;

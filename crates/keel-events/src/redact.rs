@@ -118,7 +118,7 @@ impl RedactionPolicy {
                 .allowed_keys
                 .iter()
                 .any(|k| k.as_bytes().eq_ignore_ascii_case(key.as_bytes()))
-                && self.keys.iter().any(|k| contains_ignore_ascii_case(key, k));
+                && contains_any_ignore_ascii_case(key, &self.keys);
         }
         let key = key.to_lowercase();
         !self.allowed_keys.contains(&key) && self.keys.iter().any(|k| key.contains(k.as_str()))
@@ -238,12 +238,24 @@ impl RedactionPolicy {
 }
 
 /// Whether ASCII `haystack` contains the lowercase `needle`, ignoring ASCII case.
-fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
-    let (hay, needle) = (haystack.as_bytes(), needle.as_bytes());
-    needle.is_empty()
-        || hay
-            .windows(needle.len())
-            .any(|window| window.eq_ignore_ascii_case(needle))
+/// Whether an ASCII `key` contains any of `fragments` (lowercase), ignoring ASCII case: one
+/// pass over the key, comparing a fragment only where its first byte matches. Every key of
+/// every persisted event goes through this, most of them matching nothing.
+fn contains_any_ignore_ascii_case(key: &str, fragments: &[String]) -> bool {
+    let hay = key.as_bytes();
+    if fragments.iter().any(String::is_empty) {
+        return true;
+    }
+    (0..hay.len()).any(|start| {
+        let first = hay[start].to_ascii_lowercase();
+        let rest = &hay[start..];
+        fragments.iter().any(|fragment| {
+            let fragment = fragment.as_bytes();
+            fragment[0] == first
+                && rest.len() >= fragment.len()
+                && rest[..fragment.len()].eq_ignore_ascii_case(fragment)
+        })
+    })
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ use std::sync::{Mutex, PoisonError};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use keel_core::stored::JsonText;
 use keel_core::{
     ActionId, AgentResult, ApprovalDecision, ApprovalRequest, Artifact, BudgetUsage,
     ContextManifest, Metadata, RunAction, RunId, TaskId, TaskState, ThreadId,
@@ -270,9 +271,16 @@ impl RunReport {
     }
 
     /// [`from_events`](Self::from_events) taking the events by value, sparing a copy.
-    pub fn from_owned_events(mut sorted: Vec<RunEvent>) -> RunReport {
+    pub fn from_owned_events(sorted: Vec<RunEvent>) -> RunReport {
+        Self::build(sorted, false)
+    }
+
+    fn build(mut sorted: Vec<RunEvent>, skip_manifests: bool) -> RunReport {
         sorted.sort_by_key(|e| e.sequence);
-        let mut builder = ReportBuilder::default();
+        let mut builder = ReportBuilder {
+            skip_manifests,
+            ..ReportBuilder::default()
+        };
         for event in &sorted {
             builder.read(event);
         }
@@ -297,37 +305,30 @@ impl RunReport {
         Ok(value)
     }
 
-    /// The report as JSON text (what `serde_json::to_string` gives), with `policy`, if
-    /// any, applied to everything but the events (which the caller has masked already, as a
-    /// redacting recorder does). The events are written straight from their structs: no
-    /// JSON tree of the whole report is built (only of its summary, for the masking).
-    fn into_json_text(mut self, policy: Option<&RedactionPolicy>) -> AgentResult<String> {
-        /// The summary's fields and then the events, as one JSON object.
-        #[derive(Serialize)]
-        struct Text<'a> {
-            #[serde(flatten)]
-            summary: &'a Value,
-            events: &'a [RunEvent],
-        }
-        let internal = keel_core::AgentError::internal;
-        let events = std::mem::take(&mut self.events);
-        let mut summary = serde_json::to_value(&self).map_err(internal)?;
+    /// The report as JSON text (what `serde_json::to_string` gives) of events the caller
+    /// has masked with `policy` already, as a redacting recorder does. The summary is read
+    /// from those masked events, so only the metadata, which no event carries, is masked
+    /// here; and everything is written straight from the structs, with no JSON tree of the
+    /// report in between.
+    fn into_json_text(mut self, policy: Option<&RedactionPolicy>) -> AgentResult<JsonText> {
         if let Some(policy) = policy {
-            policy.redact_value(&mut summary);
+            if !self.metadata.is_empty() {
+                let mut metadata = Value::Object(std::mem::take(&mut self.metadata));
+                policy.redact_value(&mut metadata);
+                if let Value::Object(map) = metadata {
+                    self.metadata = map;
+                }
+            }
         }
-        if let Value::Object(map) = &mut summary {
-            map.remove("events");
-        }
-        serde_json::to_string(&Text {
-            summary: &summary,
-            events: &events,
-        })
-        .map_err(internal)
+        JsonText::of(&self)
     }
 }
 
 #[derive(Default)]
 struct ReportBuilder {
+    /// Leave `context_manifests` empty (only their token counts are read): for a report
+    /// that is written straight to JSON, which does not hold them.
+    skip_manifests: bool,
     report: RunReport,
     action_index: HashMap<ActionId, usize>,
     manifest_tokens: u64,
@@ -400,6 +401,20 @@ impl ReportBuilder {
                     None => artifacts.push(p.artifact),
                 }
             }
+        } else if *t == EventType::CONTEXT_PREPARED && self.skip_manifests {
+            let tokens = event
+                .payload
+                .get("manifest")
+                .and_then(|m| m.get("total_estimated_tokens"));
+            match tokens.map(|t| t.as_u64()) {
+                Some(Some(tokens)) => self.manifest_tokens += tokens,
+                // Not a manifest: the full read notes the problem.
+                _ => {
+                    if let Some(p) = self.payload::<ContextPreparedPayload>(event) {
+                        self.manifest_tokens += p.manifest.total_estimated_tokens;
+                    }
+                }
+            }
         } else if *t == EventType::CONTEXT_PREPARED {
             if let Some(p) = self.payload::<ContextPreparedPayload>(event) {
                 self.manifest_tokens += p.manifest.total_estimated_tokens;
@@ -464,7 +479,17 @@ impl ReportBuilder {
                 self.action(&p.action_id).approval = Some(p.decision);
             }
         } else if *t == EventType::ACTION_STARTED {
-            if let Some(p) = self.payload::<ActionPayload>(event) {
+            // An action read from its `action.requested` event already only changes status:
+            // its payload (the same action again) need not be decoded a second time.
+            let known = event
+                .action_id
+                .as_ref()
+                .and_then(|id| self.action_index.get(id).copied())
+                .filter(|&i| self.report.actions[i].action.is_some());
+            if let Some(i) = known {
+                self.tool_calls += 1;
+                self.report.actions[i].status = ActionStatus::Started;
+            } else if let Some(p) = self.payload::<ActionPayload>(event) {
                 self.tool_calls += 1;
                 let id = p.action.id.clone();
                 let record = self.action(&id);
@@ -592,8 +617,14 @@ impl RunRecorder {
     /// [`take_report`](Self::take_report) as JSON text, ready to persist: a redacting
     /// recorder's events are already masked, the rest of the report (metadata included) is
     /// masked here, and the events are written as text straight from their structs.
-    pub fn take_report_json(&self) -> AgentResult<String> {
-        self.take_report().into_json_text(self.redaction.as_ref())
+    pub fn take_report_json(&self) -> AgentResult<JsonText> {
+        let events =
+            std::mem::take(&mut *self.events.lock().unwrap_or_else(PoisonError::into_inner));
+        // The JSON leaves the manifests out (they are the events' payloads), so they are
+        // not decoded for it.
+        let mut report = RunReport::build(events, true);
+        report.metadata = self.metadata.clone();
+        report.into_json_text(self.redaction.as_ref())
     }
 
     /// The report of the events recorded so far.

@@ -552,7 +552,7 @@ async fn a_redacting_recorder_gives_the_redacted_report_without_a_final_walk() {
     // The same JSON as redacting the whole report at the end.
     let expected = plain.report().redacted_json(&policy).unwrap();
     let json: serde_json::Value =
-        serde_json::from_str(&redacting.take_report_json().unwrap()).unwrap();
+        serde_json::from_str(redacting.take_report_json().unwrap().as_str()).unwrap();
     assert_eq!(json, expected);
     assert!(!json.to_string().contains("sk-live-123"));
     assert_eq!(json["metadata"]["note"], REDACTED);
@@ -569,7 +569,7 @@ async fn a_redacting_recorder_gives_the_redacted_report_without_a_final_walk() {
         unmasked.emit(event).await.unwrap();
     }
     let report = unmasked.report();
-    let text = unmasked.take_report_json().unwrap();
+    let text = unmasked.take_report_json().unwrap().into_string();
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&text).unwrap(),
         serde_json::to_value(&report).unwrap()

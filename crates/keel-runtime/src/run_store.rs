@@ -9,6 +9,8 @@ use keel_core::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use keel_core::stored::JsonText;
+
 use crate::AuthContext;
 
 /// A task snapshot with the fields it is indexed by.
@@ -167,14 +169,15 @@ pub trait RunStore: Send + Sync {
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()>;
     /// [`save_run_report`](Self::save_run_report) with the report given as JSON text
     /// (`record.report` is ignored): the engine writes its reports straight to text, which a
-    /// store that keeps text takes as it is. The default parses the text and saves the record.
+    /// store that keeps text takes as it is ([`JsonText`] is well-formed by construction, so
+    /// it needs no check). The default parses the text and saves the record.
     async fn save_run_report_json(
         &self,
         auth: &AuthContext,
         mut record: RunRecord,
-        report: String,
+        report: JsonText,
     ) -> AgentResult<()> {
-        record.report = serde_json::from_str(&report).map_err(AgentError::internal)?;
+        record.report = report.to_value()?;
         self.save_run_report(auth, &record).await
     }
     /// The report of a run, if recorded.
@@ -344,16 +347,15 @@ impl RunStore for InMemoryRunStore {
         &self,
         auth: &AuthContext,
         mut record: RunRecord,
-        report: String,
+        report: JsonText,
     ) -> AgentResult<()> {
-        // Kept as given: the text must read back as the report, so refuse what does not.
-        serde_json::from_str::<serde::de::IgnoredAny>(&report).map_err(AgentError::internal)?;
+        // Kept as given: `JsonText` is well-formed, so it reads back as the report.
         record.report = Value::Null;
         self.hold(
             auth,
             HeldRun {
                 index: record,
-                report: report.into_boxed_str(),
+                report: report.into_string().into_boxed_str(),
             },
         );
         Ok(())

@@ -1,0 +1,136 @@
+//! Event times as JSON, written without the formatting machinery: every persisted event
+//! carries one, so a run report writes a hundred or more of them per run.
+
+use chrono::{DateTime, Datelike, Timelike, Utc};
+use serde::Serializer;
+
+/// Serialize `time` exactly as chrono's own `Serialize` does (RFC 3339, `Z`, the fraction
+/// in 0, 3, 6 or 9 digits, whichever is shortest without loss), straight into a small buffer.
+/// Times chrono writes differently (leap seconds, years outside 0..=9999) go through chrono.
+pub(crate) fn serialize<S: Serializer>(
+    time: &DateTime<Utc>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match format(time) {
+        Some((buffer, len)) => match std::str::from_utf8(&buffer[..len]) {
+            Ok(text) => serializer.serialize_str(text),
+            Err(_) => serde::Serialize::serialize(time, serializer),
+        },
+        None => serde::Serialize::serialize(time, serializer),
+    }
+}
+
+/// The text and its length, or `None` for a time chrono writes in another shape.
+fn format(time: &DateTime<Utc>) -> Option<([u8; 30], usize)> {
+    let year = time.year();
+    let nanos = time.nanosecond();
+    if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
+        return None;
+    }
+    let mut out = Text::default();
+    out.digits(year.unsigned_abs(), 4);
+    for (before, value) in [
+        (b'-', time.month()),
+        (b'-', time.day()),
+        (b'T', time.hour()),
+        (b':', time.minute()),
+        (b':', time.second()),
+    ] {
+        out.byte(before);
+        out.digits(value, 2);
+    }
+    let (fraction, digits) = if nanos == 0 {
+        (0, 0)
+    } else if nanos % 1_000_000 == 0 {
+        (nanos / 1_000_000, 3)
+    } else if nanos % 1_000 == 0 {
+        (nanos / 1_000, 6)
+    } else {
+        (nanos, 9)
+    };
+    if digits > 0 {
+        out.byte(b'.');
+        out.digits(fraction, digits);
+    }
+    out.byte(b'Z');
+    Some((out.bytes, out.len))
+}
+
+/// A fixed buffer long enough for the longest time written (`YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ`).
+#[derive(Default)]
+struct Text {
+    bytes: [u8; 30],
+    len: usize,
+}
+
+impl Text {
+    fn byte(&mut self, byte: u8) {
+        self.bytes[self.len] = byte;
+        self.len += 1;
+    }
+
+    /// `value` in exactly `width` decimal digits, zero-padded.
+    fn digits(&mut self, mut value: u32, width: usize) {
+        for i in (0..width).rev() {
+            self.bytes[self.len + i] = b'0' + (value % 10) as u8;
+            value /= 10;
+        }
+        self.len += width;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+
+    fn ours(time: &DateTime<Utc>) -> String {
+        let mut out = Vec::new();
+        serialize(time, &mut serde_json::Serializer::new(&mut out)).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn writes_what_chrono_writes() {
+        let base = Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap();
+        for nanos in [
+            0,
+            1,
+            999,
+            1_000,
+            120_000,
+            5_000_000,
+            123_000_000,
+            123_456_000,
+            123_456_789,
+            999_999_999,
+        ] {
+            let time = base + chrono::Duration::nanoseconds(nanos);
+            assert_eq!(
+                ours(&time),
+                serde_json::to_string(&time).unwrap(),
+                "{nanos} ns"
+            );
+        }
+        for time in [
+            Utc.with_ymd_and_hms(1, 12, 31, 23, 59, 59).unwrap(),
+            Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap(),
+            Utc::now(),
+        ] {
+            assert_eq!(ours(&time), serde_json::to_string(&time).unwrap());
+        }
+    }
+
+    #[test]
+    fn times_chrono_writes_differently_are_left_to_chrono() {
+        let far = Utc.with_ymd_and_hms(12000, 1, 1, 0, 0, 0).unwrap();
+        assert_eq!(ours(&far), serde_json::to_string(&far).unwrap());
+        let leap = chrono::NaiveDate::from_ymd_opt(2016, 12, 31)
+            .unwrap()
+            .and_hms_nano_opt(23, 59, 59, 1_500_000_000)
+            .unwrap()
+            .and_utc();
+        assert_eq!(ours(&leap), serde_json::to_string(&leap).unwrap());
+    }
+}
