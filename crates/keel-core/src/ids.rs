@@ -1,16 +1,22 @@
 //! Typed identifiers, so a task id can never be passed where a thread id is expected.
+//!
+//! An id is shared text (`Arc<str>`): ids are copied into every event, message, record and
+//! log line of a run, and a copy is a reference count, not an allocation.
 
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
         #[serde(transparent)]
-        pub struct $name(String);
+        pub struct $name(std::sync::Arc<str>);
 
         impl $name {
             /// A fresh, time-ordered (UUID v7) identifier.
             pub fn new() -> Self {
-                Self(uuid::Uuid::now_v7().to_string())
+                let mut text = uuid::Uuid::encode_buffer();
+                Self(std::sync::Arc::from(
+                    &*uuid::Uuid::now_v7().hyphenated().encode_lower(&mut text),
+                ))
             }
 
             /// The identifier as a string slice.
@@ -20,7 +26,7 @@ macro_rules! id_type {
 
             /// The identifier as an owned string.
             pub fn into_string(self) -> String {
-                self.0
+                self.0.to_string()
             }
         }
 
@@ -38,13 +44,13 @@ macro_rules! id_type {
 
         impl From<String> for $name {
             fn from(value: String) -> Self {
-                Self(value)
+                Self(value.into())
             }
         }
 
         impl From<&str> for $name {
             fn from(value: &str) -> Self {
-                Self(value.to_owned())
+                Self(value.into())
             }
         }
 
@@ -56,13 +62,13 @@ macro_rules! id_type {
 
         impl PartialEq<str> for $name {
             fn eq(&self, other: &str) -> bool {
-                self.0 == other
+                &*self.0 == other
             }
         }
 
         impl PartialEq<&str> for $name {
             fn eq(&self, other: &&str) -> bool {
-                self.0 == *other
+                &*self.0 == *other
             }
         }
     };

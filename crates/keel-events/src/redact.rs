@@ -2,6 +2,9 @@
 //! process. Apply it to every run report, approval request, context manifest or telemetry
 //! payload that is stored — Keel's own persistence does so, and applications should too.
 
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+
 use keel_core::{AgentError, AgentResult, ApprovalRequest};
 
 use crate::RunEvent;
@@ -64,7 +67,59 @@ pub struct RedactionPolicy {
     keys: Vec<String>,
     prefixes: Vec<String>,
     allowed_keys: Vec<String>,
+    verdicts: KeyVerdicts,
 }
+
+/// Answers of `key_is_sensitive` already worked out, shared by a policy's clones and by
+/// every default policy. The keys of persisted events come mostly from a small vocabulary
+/// (Keel's payload fields, a tool's argument names), and looking one up costs far less than
+/// matching it against every fragment again, event after event. At most
+/// [`KeyVerdicts::CAPACITY`] keys are kept, so keys made of data (ids as keys) cannot grow it
+/// without bound; past that, keys are matched as before.
+#[derive(Clone, Default)]
+struct KeyVerdicts(Arc<RwLock<HashMap<Box<str>, bool>>>);
+
+impl KeyVerdicts {
+    const CAPACITY: usize = 4096;
+
+    /// The cache of the default policy, the one the engine uses for every run.
+    fn of_default_policy() -> KeyVerdicts {
+        static DEFAULT: OnceLock<KeyVerdicts> = OnceLock::new();
+        DEFAULT.get_or_init(KeyVerdicts::default).clone()
+    }
+
+    fn get_or_insert_with(&self, key: &str, verdict: impl FnOnce() -> bool) -> bool {
+        if let Some(&known) = self
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+        {
+            return known;
+        }
+        let verdict = verdict();
+        let mut map = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if map.len() < Self::CAPACITY {
+            map.insert(key.into(), verdict);
+        }
+        verdict
+    }
+}
+
+impl std::fmt::Debug for KeyVerdicts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyVerdicts")
+    }
+}
+
+/// A cache says nothing about what a policy masks: policies are equal by their rules.
+impl PartialEq for KeyVerdicts {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for KeyVerdicts {}
 
 impl Default for RedactionPolicy {
     fn default() -> Self {
@@ -78,6 +133,7 @@ impl Default for RedactionPolicy {
                 .map(|p| (*p).to_owned())
                 .collect(),
             allowed_keys: Vec::new(),
+            verdicts: KeyVerdicts::of_default_policy(),
         }
     }
 }
@@ -92,6 +148,7 @@ impl RedactionPolicy {
     #[must_use]
     pub fn with_key(mut self, fragment: impl Into<String>) -> Self {
         self.keys.push(fragment.into().to_lowercase());
+        self.verdicts = KeyVerdicts::default();
         self
     }
 
@@ -106,6 +163,7 @@ impl RedactionPolicy {
     #[must_use]
     pub fn allow_key(mut self, key: impl Into<String>) -> Self {
         self.allowed_keys.push(key.into().to_lowercase());
+        self.verdicts = KeyVerdicts::default();
         self
     }
 
@@ -113,6 +171,11 @@ impl RedactionPolicy {
     // (ASCII keys and values) compares without allocating; anything else takes the general
     // Unicode path, which gives the same answers.
     fn key_is_sensitive(&self, key: &str) -> bool {
+        self.verdicts
+            .get_or_insert_with(key, || self.match_key(key))
+    }
+
+    fn match_key(&self, key: &str) -> bool {
         if key.is_ascii() {
             return !self
                 .allowed_keys
