@@ -21,7 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult, TaskId, ThreadId};
-use keel_llm::{LlmMessage, LlmRole, ToolCall};
+use keel_llm::{LlmMessage, LlmRole};
 use keel_runtime::AuthContext;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -278,29 +278,37 @@ pub(crate) fn same(a: &str, b: &str) -> bool {
 /// It takes the messages by value (the request's own copy, built once per step) and moves
 /// them into the view rather than copying the history a second time.
 pub(crate) fn model_view(history: Vec<LlmMessage>) -> Vec<LlmMessage> {
-    let mut view = Vec::with_capacity(history.len());
-    // Calls whose results may still follow directly (the run of tool messages after them).
-    let mut open: Vec<ToolCall> = Vec::new();
+    let mut view: Vec<LlmMessage> = Vec::with_capacity(history.len());
+    // Calls whose results may still follow directly (the run of tool messages after them),
+    // as (index in `view` of the assistant message, index of the call in it): the calls are
+    // looked up where they are rather than copied.
+    let mut open: Vec<(usize, usize)> = Vec::new();
     // Calls answered by a placeholder: their real result, when it comes, is a note.
     let mut deferred: HashSet<String> = HashSet::new();
-    let close =
-        |open: &mut Vec<ToolCall>, view: &mut Vec<LlmMessage>, deferred: &mut HashSet<String>| {
-            for call in open.drain(..) {
-                view.push(LlmMessage::tool_result(
-                    &call,
-                    format!(
-                        "`{}` is asynchronous: its result has not arrived yet and will be added \
+    let close = |open: &mut Vec<(usize, usize)>,
+                 view: &mut Vec<LlmMessage>,
+                 deferred: &mut HashSet<String>| {
+        for (at, index) in open.drain(..) {
+            let call = &view[at].tool_calls[index];
+            let placeholder = LlmMessage::tool_result(
+                call,
+                format!(
+                    "`{}` is asynchronous: its result has not arrived yet and will be added \
                      to the conversation when it does",
-                        call.name
-                    ),
-                ));
-                deferred.insert(call.id);
-            }
-        };
+                    call.name
+                ),
+            );
+            deferred.insert(call.id.clone());
+            view.push(placeholder);
+        }
+    };
     for message in history {
         if message.role == LlmRole::Tool {
             let id = message.tool_call_id.as_deref().unwrap_or_default();
-            if let Some(at) = open.iter().position(|c| c.id == id) {
+            if let Some(at) = open
+                .iter()
+                .position(|&(at, index)| view[at].tool_calls[index].id == id)
+            {
                 open.remove(at);
                 view.push(message);
                 continue;
@@ -318,7 +326,8 @@ pub(crate) fn model_view(history: Vec<LlmMessage>) -> Vec<LlmMessage> {
         }
         close(&mut open, &mut view, &mut deferred);
         if message.role == LlmRole::Assistant {
-            open.extend(message.tool_calls.iter().cloned());
+            let at = view.len();
+            open.extend((0..message.tool_calls.len()).map(|index| (at, index)));
         }
         view.push(message);
     }
@@ -329,6 +338,7 @@ pub(crate) fn model_view(history: Vec<LlmMessage>) -> Vec<LlmMessage> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_llm::ToolCall;
     use serde_json::json;
 
     #[test]

@@ -123,6 +123,9 @@ struct ActiveRun {
     thread_id: ThreadId,
     token: CancellationToken,
     reason: Mutex<Option<String>>,
+    /// Where another process leaves a cancel request for this task (`cancel_key`), read at
+    /// every checkpoint.
+    cancel_key: String,
 }
 
 type TaskKey = (String, TaskId);
@@ -1257,12 +1260,7 @@ impl Inner {
 
     /// Whether the run must stop: canceled here, canceled through the store by another
     /// process, or the thread's lease lost.
-    async fn stop_requested(
-        &self,
-        flow: &Flow,
-        task_id: &TaskId,
-        run: &ActiveRun,
-    ) -> Option<Outcome> {
+    async fn stop_requested(&self, flow: &Flow, run: &ActiveRun) -> Option<Outcome> {
         if flow.lost.is_cancelled() {
             return Some(Outcome::Abandoned);
         }
@@ -1274,7 +1272,7 @@ impl Inner {
         match self
             .runtime
             .memory_service()
-            .load_serialized(&flow.auth, &cancel_key(task_id))
+            .load_serialized(&flow.auth, &run.cancel_key)
             .await
         {
             Ok(Some(reason)) => {
@@ -1305,6 +1303,7 @@ impl Inner {
             thread_id: flow.thread_id.clone(),
             token: CancellationToken::new(),
             reason: Mutex::new(None),
+            cancel_key: cancel_key(task_id),
         });
         self.active.insert(key.clone(), run.clone());
         // A cancel accepted by another process arrives as a durable flag; watch for it while
@@ -1469,7 +1468,7 @@ impl Inner {
             &self.agent.card().name,
             self.agent.authorizer().clone(),
         ));
-        if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
+        if let Some(outcome) = self.stop_requested(flow, run).await {
             return self.finish(flow, &obs, task, outcome).await;
         }
         if task.state() != TaskState::Working {
@@ -2161,7 +2160,7 @@ impl Inner {
             .filter(|m| m.role == LlmRole::Assistant && is_tagged(m, &task.id))
             .count() as u32;
         for step in done + 1..=rules.max_steps {
-            if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
+            if let Some(outcome) = self.stop_requested(flow, run).await {
                 return Ok(outcome);
             }
             if let Err(error) = obs.budget(|b| b.check_step()).await {
@@ -2258,7 +2257,7 @@ impl Inner {
                 .step(step),
             )
             .await;
-            if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
+            if let Some(outcome) = self.stop_requested(flow, run).await {
                 return Ok(outcome);
             }
             // Persist the assistant response before anything runs.
@@ -2312,7 +2311,7 @@ impl Inner {
             let mut handoff: Option<String> = None;
             let mut repeated_invalid: Option<String> = None;
             for call in &response.tool_calls {
-                if let Some(outcome) = self.stop_requested(flow, &task.id, run).await {
+                if let Some(outcome) = self.stop_requested(flow, run).await {
                     return Ok(outcome);
                 }
                 let (output, is_error) = match call.name.as_str() {
@@ -2464,7 +2463,7 @@ impl Inner {
             if answered.contains(&call.id) {
                 continue;
             }
-            if let Some(outcome) = self.stop_requested(flow, &task.id, scope.run).await {
+            if let Some(outcome) = self.stop_requested(flow, scope.run).await {
                 return Ok(outcome);
             }
             let mut request = LlmMessage::assistant("", vec![call.clone()]);
@@ -2940,6 +2939,46 @@ fn user_entry(message: &Message) -> LlmMessage {
 /// the other side: its assistant text appears as `user`, and its tool calls and tool results
 /// are left out. Without vision, image attachments are replaced by a note at request time;
 /// the stored history keeps them.
+/// A history entry as a model request carries it: everything but Keel's own bookkeeping
+/// metadata (`keel.*`: side, task, queue item), which no provider sends and which would
+/// otherwise be copied, entry by entry, into every step's request.
+fn request_copy(entry: &LlmMessage) -> LlmMessage {
+    // Destructured in full, so a new field cannot be left out silently.
+    let LlmMessage {
+        id,
+        role,
+        content,
+        name,
+        tool_calls,
+        tool_call_id,
+        tool_name,
+        attachments,
+        metadata,
+        created_at,
+    } = entry;
+    LlmMessage {
+        id: id.clone(),
+        role: *role,
+        content: content.clone(),
+        name: name.clone(),
+        tool_calls: tool_calls.clone(),
+        tool_call_id: tool_call_id.clone(),
+        tool_name: tool_name.clone(),
+        attachments: attachments.clone(),
+        metadata: application_metadata(metadata),
+        created_at: *created_at,
+    }
+}
+
+/// `metadata` without Keel's `keel.*` keys.
+fn application_metadata(metadata: &keel_core::Metadata) -> keel_core::Metadata {
+    metadata
+        .iter()
+        .filter(|(key, _)| !key.starts_with("keel."))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect()
+}
+
 fn assemble_context(history: &[LlmMessage], side: &str, vision: bool, out: &mut Vec<LlmMessage>) {
     for entry in history {
         let other = entry
@@ -2948,13 +2987,13 @@ fn assemble_context(history: &[LlmMessage], side: &str, vision: bool, out: &mut 
             .and_then(Value::as_str)
             .is_some_and(|s| s != side);
         let mut message = if !other {
-            entry.clone()
+            request_copy(entry)
         } else if entry.role == LlmRole::Assistant && !entry.content.is_empty() {
             let mut said = LlmMessage::user(entry.content.clone());
             said.id.clone_from(&entry.id);
             said.created_at = entry.created_at;
             said.attachments.clone_from(&entry.attachments);
-            said.metadata.clone_from(&entry.metadata);
+            said.metadata = application_metadata(&entry.metadata);
             said
         } else {
             continue;

@@ -77,7 +77,7 @@ pub struct RedactionPolicy {
 /// [`KeyVerdicts::CAPACITY`] keys are kept, so keys made of data (ids as keys) cannot grow it
 /// without bound; past that, keys are matched as before.
 #[derive(Clone, Default)]
-struct KeyVerdicts(Arc<RwLock<HashMap<Box<str>, bool>>>);
+struct KeyVerdicts(Arc<RwLock<HashMap<Box<str>, bool, foldhash::fast::RandomState>>>);
 
 impl KeyVerdicts {
     const CAPACITY: usize = 4096;

@@ -118,10 +118,21 @@ impl MemoryService for InMemoryMemoryService {
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>> {
         let key = (auth.namespace(), key.to_owned());
         let now = Instant::now();
-        // Expired entries are removed on read, so a TTL frees memory without a sweeper.
+        let expired = |expires: &Option<Instant>| expires.is_some_and(|e| e <= now);
+        // A read takes the shard's read lock only; the write lock is for removing an expired
+        // entry (removed on read, so a TTL frees memory without a sweeper).
+        match self.values.get(&key) {
+            Some(entry) if !expired(&entry.1) => return Ok(Some(entry.0.clone())),
+            Some(_) => {}
+            None => return Ok(None),
+        }
         self.values
-            .remove_if(&key, |_, (_, expires)| expires.is_some_and(|e| e <= now));
-        Ok(self.values.get(&key).map(|v| v.0.clone()))
+            .remove_if(&key, |_, (_, expires)| expired(expires));
+        Ok(self
+            .values
+            .get(&key)
+            .filter(|entry| !expired(&entry.1))
+            .map(|entry| entry.0.clone()))
     }
 
     async fn delete(&self, auth: &AuthContext, key: &str) -> AgentResult<bool> {
