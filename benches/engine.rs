@@ -10,6 +10,19 @@
 //! `memory,sqlite,redis`, default all) and `KEEL_BENCH_THREADS` (the concurrencies, default
 //! `1,64`): the last two pick one row to run under a profiler. `REDIS_URL`.
 
+/// The allocator `keel serve` runs on, so the figures are the server's (feature `mimalloc`,
+/// on by default; `--no-default-features` measures the system allocator).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Which allocator the figures are for.
+const ALLOCATOR_NAME: &str = if cfg!(feature = "mimalloc") {
+    "mimalloc, as keel serve"
+} else {
+    "the system allocator"
+};
+
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -163,7 +176,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     };
     rt.block_on(async {
-        println!("engine: {} steps per task (model call + tool call, all persisted, events emitted)", steps_per_task());
+        println!("engine: {} steps per task (model call + tool call, all persisted, events emitted); allocator: {ALLOCATOR_NAME}", steps_per_task());
         println!("{:<8} {:>8} {:>14} {:>16}   raw ceiling (same run)", "backend", "threads", "steps/s", "per step");
         let row = |backend: &str, threads: usize, steps_per_sec: f64, ceiling: String| {
             let per_step = if steps_per_sec > 0.0 { format!("{:.1} µs", 1e6 / steps_per_sec) } else { "-".into() };

@@ -202,6 +202,15 @@ pub struct ApprovalDecidedPayload {
 /// Serialize a payload. The payload structs hold only string-keyed JSON, which cannot
 /// fail to serialize; should a future field break that, the event still goes out and
 /// says why its payload is missing instead of aborting the run.
+/// `ContextPreparedPayload` and `ActionPayload` written from a borrowed part: the same JSON,
+/// without copying the manifest or the action (and its arguments) first.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Borrowed<'a> {
+    Manifest { manifest: &'a ContextManifest },
+    Action { action: &'a RunAction },
+}
+
 fn to_payload<T: Serialize>(payload: &T) -> Value {
     serde_json::to_value(payload)
         .unwrap_or_else(|e| serde_json::json!({ "payload_error": e.to_string() }))
@@ -257,9 +266,7 @@ impl RunEvent {
                 manifest.total_estimated_tokens
             ),
         )
-        .payload(to_payload(&ContextPreparedPayload {
-            manifest: manifest.clone(),
-        }))
+        .payload(to_payload(&Borrowed::Manifest { manifest }))
     }
 
     /// `llm.call.started`.
@@ -312,9 +319,7 @@ impl RunEvent {
 
     fn for_action(event_type: EventType, summary: String, action: &RunAction) -> RunEventBuilder {
         let mut builder = RunEvent::builder(event_type, summary)
-            .payload(to_payload(&ActionPayload {
-                action: action.clone(),
-            }))
+            .payload(to_payload(&Borrowed::Action { action }))
             .action(action.id.clone());
         if let Some(parent) = &action.parent_action_id {
             builder = builder.parent_action(parent.clone());

@@ -67,21 +67,28 @@ impl RunReplay {
     /// A replay of persisted JSON: either a report (an object with `events`) or an array
     /// of events. Malformed input is [`AgentError::InvalidInput`].
     pub fn from_json(json: &Value) -> AgentResult<Self> {
-        let events = match json {
-            Value::Array(_) => json,
-            Value::Object(map) => map.get("events").ok_or_else(|| {
-                AgentError::invalid_input("run_replay", "a report object has no `events`")
-            })?,
-            _ => {
-                return Err(AgentError::invalid_input(
-                    "run_replay",
-                    "expected a report object or an array of events",
-                ))
+        let invalid =
+            |e: serde_json::Error| AgentError::invalid_input("run_replay.events", e.to_string());
+        match json {
+            Value::Array(_) => {
+                let events: Vec<RunEvent> =
+                    serde_json::from_value(json.clone()).map_err(invalid)?;
+                Ok(Self::from_events(events))
             }
-        };
-        let events: Vec<RunEvent> = serde_json::from_value(events.clone())
-            .map_err(|e| AgentError::invalid_input("run_replay.events", e.to_string()))?;
-        Ok(Self::from_events(events))
+            Value::Object(map) if !map.contains_key("events") => Err(AgentError::invalid_input(
+                "run_replay",
+                "a report object has no `events`",
+            )),
+            // Read as a report: a version 3 report's events leave out what the report says.
+            Value::Object(_) => {
+                let report: RunReport = serde_json::from_value(json.clone()).map_err(invalid)?;
+                Ok(Self::from_events(report.events))
+            }
+            _ => Err(AgentError::invalid_input(
+                "run_replay",
+                "expected a report object or an array of events",
+            )),
+        }
     }
 
     /// The events, in sequence order.

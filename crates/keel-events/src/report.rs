@@ -48,8 +48,11 @@ use crate::{EventSink, EventType, RedactionPolicy, RunEvent};
 
 /// The version of the [`RunReport`] shape. Version 2 leaves `context_manifests` out of the
 /// JSON (they are the `context.prepared` events' payloads, rebuilt from them when a report is
-/// read); a version 1 report, which has them, still reads.
-pub const RUN_REPORT_VERSION: u32 = 2;
+/// read). Version 3 also leaves out of each event the envelope fields that repeat the
+/// report's own (`version`, `run_id`, `task_id`, `thread_id`, `agent_name`; an event whose
+/// optional field is empty while the report's is not says `null`), and reading fills them in
+/// again. Reports of versions 1 and 2 still read.
+pub const RUN_REPORT_VERSION: u32 = 3;
 
 /// Where an action got to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -231,7 +234,8 @@ pub struct RunReport {
     /// How many events the report was built from.
     pub event_count: u64,
     /// The events themselves, in sequence order (what [`RunReplay`](crate::RunReplay) reads).
-    #[serde(default)]
+    /// Written and read by the trait impls below (version 3 shortens each event).
+    #[serde(skip)]
     pub events: Vec<RunEvent>,
     /// Payloads that could not be read, by event.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -243,13 +247,185 @@ pub struct RunReport {
 
 impl Serialize for RunReport {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        RunReport::serialize(self, serializer)
+        /// The summary's fields, then the events, shortened against the summary.
+        #[derive(Serialize)]
+        struct Wire<'a> {
+            #[serde(flatten, serialize_with = "summary")]
+            report: &'a RunReport,
+            events: ShortEvents<'a>,
+        }
+        fn summary<S: serde::Serializer>(report: &&RunReport, s: S) -> Result<S::Ok, S::Error> {
+            RunReport::serialize(report, s)
+        }
+        Wire {
+            report: self,
+            events: ShortEvents(self),
+        }
+        .serialize(serializer)
+    }
+}
+
+/// A report's events as version 3 writes them.
+struct ShortEvents<'a>(&'a RunReport);
+
+impl Serialize for ShortEvents<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(
+            self.0
+                .events
+                .iter()
+                .map(|event| ShortEvent::of(event, self.0)),
+        )
+    }
+}
+
+/// One event without the envelope fields that repeat its report's. An outer `None` leaves a
+/// field out (the reader takes the report's); `Some(None)` writes `null`.
+#[derive(Serialize)]
+struct ShortEvent<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<u32>,
+    #[serde(rename = "type")]
+    event_type: &'a EventType,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run_id: Option<&'a RunId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task_id: Option<Option<&'a TaskId>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thread_id: Option<Option<&'a ThreadId>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent_name: Option<Option<&'a str>>,
+    sequence: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    span_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent_span_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    action_id: Option<&'a ActionId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent_action_id: Option<&'a ActionId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delegation_id: Option<&'a str>,
+    severity: crate::Severity,
+    summary: &'a str,
+    payload: &'a Value,
+    #[serde(rename = "final")]
+    is_final: bool,
+    #[serde(serialize_with = "short_time")]
+    timestamp: &'a DateTime<Utc>,
+}
+
+fn short_time<S: serde::Serializer>(time: &&DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+    crate::time::serialize(time, s)
+}
+
+impl<'a> ShortEvent<'a> {
+    fn of(event: &'a RunEvent, report: &RunReport) -> Self {
+        // Destructured in full, so a field added to events cannot be left out here.
+        let RunEvent {
+            version,
+            event_type,
+            run_id,
+            task_id,
+            thread_id,
+            agent_name,
+            sequence,
+            step,
+            span_id,
+            parent_span_id,
+            action_id,
+            parent_action_id,
+            delegation_id,
+            severity,
+            summary,
+            payload,
+            is_final,
+            timestamp,
+        } = event;
+        /// `None` when the event says what the report says.
+        fn unless_same<'a, T: PartialEq + ?Sized>(
+            own: Option<&'a T>,
+            report: Option<&T>,
+        ) -> Option<Option<&'a T>> {
+            (own != report).then_some(own)
+        }
+        ShortEvent {
+            version: (*version != crate::RUN_EVENT_VERSION).then_some(*version),
+            event_type,
+            run_id: (Some(run_id) != report.run_id.as_ref()).then_some(run_id),
+            task_id: unless_same(task_id.as_ref(), report.task_id.as_ref()),
+            thread_id: unless_same(thread_id.as_ref(), report.thread_id.as_ref()),
+            agent_name: unless_same(agent_name.as_deref(), report.agent_name.as_deref()),
+            sequence: *sequence,
+            step: *step,
+            span_id: span_id.as_deref(),
+            parent_span_id: parent_span_id.as_deref(),
+            action_id: action_id.as_ref(),
+            parent_action_id: parent_action_id.as_ref(),
+            delegation_id: delegation_id.as_deref(),
+            severity: *severity,
+            summary,
+            payload,
+            is_final: *is_final,
+            timestamp,
+        }
+    }
+}
+
+/// Fill in what a version 3 report left out of its events: the report's own envelope fields.
+fn restore_event(event: &mut Value, report: &RunReport) {
+    let Value::Object(fields) = event else {
+        return;
+    };
+    let fill = [
+        ("version", Some(Value::from(crate::RUN_EVENT_VERSION))),
+        (
+            "run_id",
+            report.run_id.as_ref().map(|v| Value::from(v.as_str())),
+        ),
+        (
+            "task_id",
+            report.task_id.as_ref().map(|v| Value::from(v.as_str())),
+        ),
+        (
+            "thread_id",
+            report.thread_id.as_ref().map(|v| Value::from(v.as_str())),
+        ),
+        ("agent_name", report.agent_name.as_deref().map(Value::from)),
+    ];
+    for (key, value) in fill {
+        if let Some(value) = value {
+            fields.entry(key).or_insert(value);
+        }
     }
 }
 
 impl<'de> Deserialize<'de> for RunReport {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut report = RunReport::deserialize(deserializer)?;
+        use serde::de::Error;
+        let mut value = Value::deserialize(deserializer)?;
+        let events = match &mut value {
+            Value::Object(fields) => fields.remove("events"),
+            _ => None,
+        };
+        let mut report = RunReport::deserialize(value).map_err(D::Error::custom)?;
+        if let Some(events) = events {
+            let Value::Array(events) = events else {
+                return Err(D::Error::custom("a report's `events` must be an array"));
+            };
+            let short = report.version >= 3;
+            report.events = events
+                .into_iter()
+                .map(|mut event| {
+                    if short {
+                        restore_event(&mut event, &report);
+                    }
+                    serde_json::from_value::<RunEvent>(event).map_err(D::Error::custom)
+                })
+                .collect::<Result<_, _>>()?;
+        }
         if report.context_manifests.is_empty() {
             // Version 2 JSON: the manifests are the `context.prepared` payloads.
             report.context_manifests = report

@@ -584,18 +584,56 @@ async fn report_json_holds_each_context_manifest_once_and_reads_back_whole() {
     assert_eq!(report.context_manifests.len(), 1);
     let json = serde_json::to_value(&report).unwrap();
     assert!(json.get("context_manifests").is_none());
-    assert_eq!(json["version"], 2);
+    assert_eq!(json["version"], 3);
     let text = json.to_string();
     assert_eq!(text.matches("\"total_estimated_tokens\":120").count(), 1);
     // Reading it back rebuilds the manifests from the `context.prepared` events.
     let back: RunReport = serde_json::from_value(json.clone()).unwrap();
     assert_eq!(back, report);
-    // A version 1 report, which carried them, reads as it is.
+    // A version 1 report, which carried them (and whole events), reads as it is.
     let mut v1 = json;
     v1["version"] = json!(1);
     v1["context_manifests"] = serde_json::to_value(&report.context_manifests).unwrap();
+    v1["events"] = serde_json::to_value(&report.events).unwrap();
     let old: RunReport = serde_json::from_value(v1).unwrap();
     assert_eq!(old.context_manifests, report.context_manifests);
+}
+
+#[tokio::test]
+async fn report_json_events_leave_out_what_the_report_says_and_read_back_whole() {
+    let (_, mut events) = recorded_run().await;
+    // One event of another agent and one with no task: they must say so.
+    events[1].agent_name = Some("helper".into());
+    events[2].task_id = None;
+    let report = RunReport::from_events(&events);
+    let json = serde_json::to_value(&report).unwrap();
+    let written = json["events"].as_array().unwrap();
+    assert_eq!(written.len(), events.len());
+    for (field, value) in [
+        ("run_id", json!(report.run_id)),
+        ("task_id", json!(report.task_id)),
+        ("thread_id", json!(report.thread_id)),
+        ("agent_name", json!(report.agent_name)),
+    ] {
+        assert!(!value.is_null(), "{field} is in the summary");
+        let repeated = written.iter().filter(|e| e.get(field).is_some()).count();
+        assert!(repeated <= 1, "{field} is written only where it differs");
+    }
+    assert!(written.iter().all(|e| e.get("version").is_none()));
+    assert_eq!(written[1]["agent_name"], "helper");
+    assert!(written[2]["task_id"].is_null() && written[2].get("task_id").is_some());
+    // Reading fills them in again, exactly.
+    let back: RunReport = serde_json::from_value(json.clone()).unwrap();
+    assert_eq!(back.events, report.events);
+    assert_eq!(back, report);
+    assert_eq!(
+        RunReplay::from_json(&json).unwrap().events(),
+        &report.events[..]
+    );
+    // Events that are not an array are an error, not an empty report.
+    let mut broken = json;
+    broken["events"] = json!(3);
+    assert!(serde_json::from_value::<RunReport>(broken).is_err());
 }
 
 #[test]

@@ -33,13 +33,30 @@ impl AuthContext {
     /// assert_ne!(a.namespace(), b.namespace());
     /// ```
     pub fn namespace(&self) -> String {
-        format!(
-            "{}:{}/{}:{}",
-            self.app_name.len(),
-            self.app_name,
-            self.user_name.len(),
-            self.user_name
-        )
+        // Every store operation keys by it, so it is built directly, without `format!`.
+        fn push_len(out: &mut String, len: usize) {
+            let mut digits = [0u8; 20];
+            let (mut at, mut rest) = (digits.len(), len);
+            loop {
+                at -= 1;
+                digits[at] = b'0' + (rest % 10) as u8;
+                rest /= 10;
+                if rest == 0 {
+                    break;
+                }
+            }
+            out.extend(digits[at..].iter().map(|&d| char::from(d)));
+        }
+        let (app, user) = (&self.app_name, &self.user_name);
+        let mut out = String::with_capacity(app.len() + user.len() + 12);
+        push_len(&mut out, app.len());
+        out.push(':');
+        out.push_str(app);
+        out.push('/');
+        push_len(&mut out, user.len());
+        out.push(':');
+        out.push_str(user);
+        out
     }
 
     /// The tenant whose [`AuthContext::namespace`] is `namespace`, or `None` when the text is
@@ -210,6 +227,25 @@ impl AuthService for ApiKeyAuthService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn namespaces_keep_their_stored_form() {
+        // Stored keys are prefixed with it: its form must never change.
+        let long = "x".repeat(1234);
+        for (app, user, expected) in [
+            ("app", "user", "3:app/4:user".to_owned()),
+            ("", "", "0:/0:".to_owned()),
+            ("a:b", "c/d", "3:a:b/3:c/d".to_owned()),
+            ("é", &long, format!("2:é/1234:{long}")),
+        ] {
+            let ns = AuthContext::new(app, user).namespace();
+            assert_eq!(ns, expected);
+            assert_eq!(
+                AuthContext::from_namespace(&ns),
+                Some(AuthContext::new(app, user))
+            );
+        }
+    }
 
     #[test]
     fn api_keys_map_to_their_tenants_and_unknown_keys_to_nobody() {
