@@ -1333,10 +1333,10 @@ impl Inner {
             })
         };
         let span = tracing::info_span!("run", task_id = %task_id, agent = %self.agent.card().name);
-        let result = self
-            .run_task_inner(flow, &mut task, &run)
-            .instrument(span)
-            .await;
+        // Boxed: the run's state machine (step loop, tool calls, persistence) is large, and
+        // inline it would make every thread worker's future that large, copied whole when
+        // the worker is spawned.
+        let result = Box::pin(self.run_task_inner(flow, &mut task, &run).instrument(span)).await;
         watcher.abort();
         self.active.remove(&key);
         self.task_saved();
