@@ -1974,25 +1974,34 @@ impl Inner {
         task: &Task,
         parts: Vec<Part>,
     ) -> AgentResult<()> {
-        let Some(steps) = self.runtime.step_store() else {
-            // `append` marks the side.
-            self.append(flow, history, messages).await?;
-            self.record_event(&flow.auth, task, parts).await?;
-            return Ok(());
-        };
         self.mark_side(&mut messages);
         let mut message = Message::new(Role::Agent, parts);
         message.task_id = Some(task.id.clone());
         message.thread_id = Some(task.thread_id.clone());
-        steps
-            .persist_step(
-                &flow.auth,
-                &flow.lease(),
-                &messages,
-                &task.id,
-                &[TaskEvent::Message { message }],
-            )
-            .await?;
+        let event = TaskEvent::Message { message };
+        match self.runtime.step_store() {
+            Some(steps) => {
+                steps
+                    .persist_step(
+                        &flow.auth,
+                        &flow.lease(),
+                        &messages,
+                        &task.id,
+                        std::slice::from_ref(&event),
+                    )
+                    .await?
+            }
+            None => {
+                self.runtime
+                    .thread_store()
+                    .append_history(&flow.auth, &flow.lease(), &messages)
+                    .await?;
+                self.runtime
+                    .task_manager()
+                    .add_task_event(&flow.auth, &task.id, &event)
+                    .await?;
+            }
+        }
         history.extend(messages);
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
         Ok(())

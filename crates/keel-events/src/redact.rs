@@ -3,7 +3,7 @@
 //! payload that is stored — Keel's own persistence does so, and applications should too.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use keel_core::{AgentError, AgentResult, ApprovalRequest};
 
@@ -70,39 +70,63 @@ pub struct RedactionPolicy {
     verdicts: KeyVerdicts,
 }
 
-/// Answers of `key_is_sensitive` already worked out, shared by a policy's clones and by
-/// every default policy. The keys of persisted events come mostly from a small vocabulary
-/// (Keel's payload fields, a tool's argument names), and looking one up costs far less than
-/// matching it against every fragment again, event after event. At most
-/// [`KeyVerdicts::CAPACITY`] keys are kept, so keys made of data (ids as keys) cannot grow it
-/// without bound; past that, keys are matched as before.
-#[derive(Clone, Default)]
-struct KeyVerdicts(Arc<RwLock<HashMap<Box<str>, bool, foldhash::fast::RandomState>>>);
+/// Answers of `key_is_sensitive` already worked out. The keys of persisted events come
+/// mostly from a small vocabulary (Keel's payload fields, a tool's argument names), and
+/// looking one up costs far less than matching it against every fragment again, event after
+/// event. The default policy (the one the engine makes for every run) keeps its answers per
+/// thread, so a lookup takes no lock; a configured policy shares its answers among its clones.
+/// At most [`KeyVerdicts::CAPACITY`] keys are kept per cache, so keys made of data (ids as
+/// keys) cannot grow it without bound; past that, keys are matched as before.
+#[derive(Clone)]
+enum KeyVerdicts {
+    /// The default policy's answers, in a thread-local map.
+    Default,
+    /// A configured policy's answers, shared by its clones.
+    Shared(Arc<RwLock<VerdictMap>>),
+}
+
+type VerdictMap = HashMap<Box<str>, bool, foldhash::fast::RandomState>;
+
+thread_local! {
+    static DEFAULT_VERDICTS: std::cell::RefCell<VerdictMap> = std::cell::RefCell::default();
+}
 
 impl KeyVerdicts {
     const CAPACITY: usize = 4096;
 
-    /// The cache of the default policy, the one the engine uses for every run.
-    fn of_default_policy() -> KeyVerdicts {
-        static DEFAULT: OnceLock<KeyVerdicts> = OnceLock::new();
-        DEFAULT.get_or_init(KeyVerdicts::default).clone()
+    /// A fresh cache for a policy whose rules differ from the default's.
+    fn configured() -> KeyVerdicts {
+        KeyVerdicts::Shared(Arc::default())
     }
 
     fn get_or_insert_with(&self, key: &str, verdict: impl FnOnce() -> bool) -> bool {
-        if let Some(&known) = self
-            .0
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-        {
-            return known;
+        fn remember(map: &mut VerdictMap, key: &str, verdict: bool) {
+            if map.len() < KeyVerdicts::CAPACITY {
+                map.insert(key.into(), verdict);
+            }
         }
-        let verdict = verdict();
-        let mut map = self.0.write().unwrap_or_else(PoisonError::into_inner);
-        if map.len() < Self::CAPACITY {
-            map.insert(key.into(), verdict);
+        match self {
+            KeyVerdicts::Default => DEFAULT_VERDICTS.with(|map| {
+                if let Some(&known) = map.borrow().get(key) {
+                    return known;
+                }
+                let verdict = verdict();
+                remember(&mut map.borrow_mut(), key, verdict);
+                verdict
+            }),
+            KeyVerdicts::Shared(map) => {
+                if let Some(&known) = map.read().unwrap_or_else(PoisonError::into_inner).get(key) {
+                    return known;
+                }
+                let verdict = verdict();
+                remember(
+                    &mut map.write().unwrap_or_else(PoisonError::into_inner),
+                    key,
+                    verdict,
+                );
+                verdict
+            }
         }
-        verdict
     }
 }
 
@@ -133,7 +157,7 @@ impl Default for RedactionPolicy {
                 .map(|p| (*p).to_owned())
                 .collect(),
             allowed_keys: Vec::new(),
-            verdicts: KeyVerdicts::of_default_policy(),
+            verdicts: KeyVerdicts::Default,
         }
     }
 }
@@ -148,7 +172,7 @@ impl RedactionPolicy {
     #[must_use]
     pub fn with_key(mut self, fragment: impl Into<String>) -> Self {
         self.keys.push(fragment.into().to_lowercase());
-        self.verdicts = KeyVerdicts::default();
+        self.verdicts = KeyVerdicts::configured();
         self
     }
 
@@ -163,7 +187,7 @@ impl RedactionPolicy {
     #[must_use]
     pub fn allow_key(mut self, key: impl Into<String>) -> Self {
         self.allowed_keys.push(key.into().to_lowercase());
-        self.verdicts = KeyVerdicts::default();
+        self.verdicts = KeyVerdicts::configured();
         self
     }
 
@@ -189,6 +213,14 @@ impl RedactionPolicy {
 
     fn value_is_sensitive(&self, value: &str) -> bool {
         self.prefixes.iter().any(|p| {
+            // Most values differ from the prefix at once: an ASCII first byte that is not the
+            // prefix's settles it (a non-ASCII one may lowercase to ASCII, so it goes on).
+            if let (Some(&first), Some(&wanted)) = (value.as_bytes().first(), p.as_bytes().first())
+            {
+                if first.is_ascii() && wanted.is_ascii() && first.to_ascii_lowercase() != wanted {
+                    return false;
+                }
+            }
             // When the first `p.len()` bytes are ASCII, their lowercase is exactly what the
             // general path would compare against the prefix.
             match value.as_bytes().get(..p.len()) {
