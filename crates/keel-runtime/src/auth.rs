@@ -45,7 +45,8 @@ impl AuthContext {
                     break;
                 }
             }
-            out.extend(digits[at..].iter().map(|&d| char::from(d)));
+            // ASCII digits, so always UTF-8.
+            out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
         }
         let (app, user) = (&self.app_name, &self.user_name);
         let mut out = String::with_capacity(app.len() + user.len() + 12);
