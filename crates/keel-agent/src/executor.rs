@@ -1217,7 +1217,7 @@ impl Inner {
     }
 
     /// Wake local waiters after a task record was saved (see `rested`), and event watchers.
-    pub(crate) fn task_saved(&self) {
+    fn task_saved(&self) {
         self.rested.send_modify(|n| *n = n.wrapping_add(1));
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
@@ -2943,11 +2943,6 @@ fn user_entry(message: &Message) -> LlmMessage {
     entry
 }
 
-/// Context assembly (Standard Agents §4): the model's view of the thread history for the
-/// agent `side`, appended to `out`. Entries another agent spoke on this thread (dual_ai) are
-/// the other side: its assistant text appears as `user`, and its tool calls and tool results
-/// are left out. Without vision, image attachments are replaced by a note at request time;
-/// the stored history keeps them.
 /// A history entry as a model request carries it: everything but Keel's own bookkeeping
 /// metadata (`keel.*`: side, task, queue item), which no provider sends and which would
 /// otherwise be copied, entry by entry, into every step's request.
@@ -2988,6 +2983,11 @@ fn application_metadata(metadata: &keel_core::Metadata) -> keel_core::Metadata {
         .collect()
 }
 
+/// Context assembly (Standard Agents §4): the model's view of the thread history for the
+/// agent `side`, appended to `out`. Entries another agent spoke on this thread (dual_ai) are
+/// the other side: its assistant text appears as `user`, and its tool calls and tool results
+/// are left out. Without vision, image attachments are replaced by a note at request time;
+/// the stored history keeps them.
 fn assemble_context(history: &[LlmMessage], side: &str, vision: bool, out: &mut Vec<LlmMessage>) {
     for entry in history {
         let other = entry

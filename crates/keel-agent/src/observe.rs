@@ -35,9 +35,9 @@ impl RunObs {
         authorizer: Arc<ActionAuthorizer>,
     ) -> Self {
         // The report is persisted redacted; masking each event as it is recorded spares a
-        // walk over the whole report when the run ends.
-        // The recorder is handed each event after the sinks (`emit_recorded`), so it keeps
-        // the event itself rather than a copy.
+        // walk over the whole report when the run ends. The recorder is not one of the
+        // sinks: `emit_recorded` hands it each event after them, so it keeps the event
+        // itself rather than a copy.
         let recorder = Arc::new(RunRecorder::new().redacting(RedactionPolicy::default()));
         let mut fan_out = MultiSink::new();
         for sink in sinks {

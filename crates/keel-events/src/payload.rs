@@ -199,9 +199,6 @@ pub struct ApprovalDecidedPayload {
     pub decision: ApprovalDecision,
 }
 
-/// Serialize a payload. The payload structs hold only string-keyed JSON, which cannot
-/// fail to serialize; should a future field break that, the event still goes out and
-/// says why its payload is missing instead of aborting the run.
 /// `ContextPreparedPayload` and `ActionPayload` written from a borrowed part: the same JSON,
 /// without copying the manifest or the action (and its arguments) first.
 #[derive(Serialize)]
@@ -211,6 +208,9 @@ enum Borrowed<'a> {
     Action { action: &'a RunAction },
 }
 
+/// Serialize a payload. The payload structs hold only string-keyed JSON, which cannot
+/// fail to serialize; should a future field break that, the event still goes out and
+/// says why its payload is missing instead of aborting the run.
 fn to_payload<T: Serialize>(payload: &T) -> Value {
     serde_json::to_value(payload)
         .unwrap_or_else(|e| serde_json::json!({ "payload_error": e.to_string() }))

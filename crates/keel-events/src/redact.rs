@@ -332,7 +332,6 @@ impl RedactionPolicy {
     }
 }
 
-/// Whether ASCII `haystack` contains the lowercase `needle`, ignoring ASCII case.
 /// Whether an ASCII `key` contains any of `fragments` (lowercase), ignoring ASCII case: one
 /// pass over the key, comparing a fragment only where its first byte matches. Every key of
 /// every persisted event goes through this, most of them matching nothing.

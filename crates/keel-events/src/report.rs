@@ -578,14 +578,12 @@ impl ReportBuilder {
                 }
             }
         } else if *t == EventType::CONTEXT_PREPARED && self.skip_manifests {
-            let tokens = event
-                .payload
-                .get("manifest")
-                .and_then(|m| m.get("total_estimated_tokens"));
-            match tokens.map(|t| t.as_u64()) {
-                Some(Some(tokens)) => self.manifest_tokens += tokens,
-                // Not a manifest: the full read notes the problem.
-                _ => {
+            // Only the token count is needed; anything else falls to the full read below,
+            // which notes a payload that is not a manifest.
+            let tokens = event.payload["manifest"]["total_estimated_tokens"].as_u64();
+            match tokens {
+                Some(tokens) => self.manifest_tokens += tokens,
+                None => {
                     if let Some(p) = self.payload::<ContextPreparedPayload>(event) {
                         self.manifest_tokens += p.manifest.total_estimated_tokens;
                     }
