@@ -8,7 +8,9 @@
 //! Settings: `KEEL_BENCH_SECS` (seconds per figure, default 2), `KEEL_BENCH_STEPS` (steps per
 //! task, default 10), `KEEL_BENCH_BACKENDS` (a comma-separated subset of
 //! `memory,sqlite,redis`, default all) and `KEEL_BENCH_THREADS` (the concurrencies, default
-//! `1,64`): the last two pick one row to run under a profiler. `REDIS_URL`.
+//! `1,64`): the last two pick one row to run under a profiler. `KEEL_BENCH_REPORT=path` writes
+//! one task's run report there and prints its size; `KEEL_BENCH_WORKERS=1` runs everything on
+//! one tokio thread (a current-thread runtime), leaving out cross-thread wake-ups. `REDIS_URL`.
 
 /// The allocator `keel serve` runs on, so the figures are the server's (feature `mimalloc`,
 /// on by default; `--no-default-features` measures the system allocator).
@@ -93,19 +95,55 @@ fn agent() -> Agent {
         .expect("a valid agent")
 }
 
-/// Run tasks on `threads` threads for `duration`, after a warm-up of a quarter of it (at most
-/// half a second, not counted: the first tasks of a process pay for growing its heap and the
-/// stores' tables); answers steps/s.
-async fn measure(runtime: Arc<dyn Runtime>, threads: usize, duration: Duration) -> f64 {
+/// Run tasks on `threads` threads for `duration`, after a warm-up (not counted) of a quarter
+/// of it, at most half a second, and at least `warm_tasks` tasks: the first tasks of a
+/// process pay for growing its heap and the stores' tables, which a server does once, so the
+/// figure is the steady state's. Answers steps/s.
+async fn measure(
+    runtime: Arc<dyn Runtime>,
+    threads: usize,
+    duration: Duration,
+    warm_tasks: usize,
+) -> f64 {
     let executor = AgentExecutor::new(agent(), runtime.clone());
     let auth = runtime.auth_service().auth_context();
     let warm_up = (duration / 4).min(Duration::from_millis(500));
-    run_for(&executor, &auth, threads, warm_up).await;
+    let mut warmed = run_for(&executor, &auth, threads, warm_up).await;
+    while warmed / steps_per_task() < warm_tasks {
+        warmed += run_for(&executor, &auth, threads, warm_up).await;
+    }
     let started = Instant::now();
     let steps = run_for(&executor, &auth, threads, duration).await;
     let rate = steps as f64 / started.elapsed().as_secs_f64();
     executor.shutdown().await;
+    if let Ok(path) = std::env::var("KEEL_BENCH_REPORT") {
+        write_one_report(runtime.as_ref(), &auth, &path).await;
+    }
     rate
+}
+
+/// Write the newest run report to `path` (pretty) and print its size: what a step costs to
+/// report is most of what it costs to run.
+async fn write_one_report(runtime: &dyn Runtime, auth: &keel_runtime::AuthContext, path: &str) {
+    let query = keel_runtime::RunQuery::default();
+    match runtime.run_store().find_run_reports(auth, &query).await {
+        Ok(records) => match records.first() {
+            Some(record) => {
+                let compact = record.report.to_string();
+                println!(
+                    "report: {} bytes for one task of {} steps, written to {path}",
+                    compact.len(),
+                    steps_per_task()
+                );
+                let pretty = serde_json::to_string_pretty(&record.report).unwrap_or_default();
+                if let Err(e) = std::fs::write(path, pretty) {
+                    eprintln!("engine bench: cannot write {path}: {e}");
+                }
+            }
+            None => eprintln!("engine bench: no run report was saved"),
+        },
+        Err(e) => eprintln!("engine bench: cannot read run reports: {e}"),
+    }
 }
 
 /// Tasks on `threads` threads until `duration` has passed; answers the steps run.
@@ -144,8 +182,25 @@ async fn run_for(
     steps
 }
 
+/// How many finished tasks, threads and run records the in-memory stores keep in the bench
+/// (the defaults keep 10,000 of each): the warm-up runs past it, so what is measured is a
+/// heap that has stopped growing (recycling evicted records), not the kernel zeroing the
+/// pages of a heap on its way to its steady size.
+const MEMORY_RETAINED: usize = 1_000;
+
 fn memory() -> Arc<dyn Runtime> {
-    Arc::new(InMemoryRuntime::new(Arc::new(LoopLlm)))
+    Arc::new(
+        InMemoryRuntime::new(Arc::new(LoopLlm))
+            .with_task_manager(Arc::new(
+                keel_runtime::InMemoryTaskManager::with_finished_cap(MEMORY_RETAINED),
+            ))
+            .with_thread_store(Arc::new(
+                keel_runtime::InMemoryThreadStore::new().with_max_threads(MEMORY_RETAINED),
+            ))
+            .with_run_store(Arc::new(keel_runtime::InMemoryRunStore::with_capacity(
+                MEMORY_RETAINED,
+            ))),
+    )
 }
 
 fn with_store<S>(store: Arc<S>) -> Arc<dyn Runtime>
@@ -185,10 +240,13 @@ fn main() -> ExitCode {
         .filter(|list: &Vec<usize>| !list.is_empty())
         .unwrap_or_else(|| vec![1, 64]);
     let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    else {
+    let one_worker = std::env::var("KEEL_BENCH_WORKERS").is_ok_and(|w| w.trim() == "1");
+    let mut builder = if one_worker {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let Ok(rt) = builder.enable_all().build() else {
         eprintln!("engine bench: cannot start a tokio runtime");
         return ExitCode::FAILURE;
     };
@@ -200,14 +258,15 @@ fn main() -> ExitCode {
             println!("{backend:<8} {threads:>8} {steps_per_sec:>14.0} {per_step:>16}   {ceiling}");
         };
         for threads in concurrencies.iter().copied().filter(|_| wanted("memory")) {
-            row("memory", threads, measure(memory(), threads, duration).await, "-".into());
+            let steps = measure(memory(), threads, duration, 2 * MEMORY_RETAINED).await;
+            row("memory", threads, steps, "-".into());
         }
         let dir = tempfile::tempdir().expect("a temp dir");
         for threads in concurrencies.iter().copied().filter(|_| wanted("sqlite")) {
             let path = dir.path().join(format!("engine-{threads}.db"));
             match keel_store_sqlite::SqliteStore::open(&path) {
                 Ok(store) => {
-                    let steps = measure(with_store(Arc::new(store)), threads, duration).await;
+                    let steps = measure(with_store(Arc::new(store)), threads, duration, 0).await;
                     let raw = dir.path().join(format!("raw-{threads}.db"));
                     let ceiling = match tokio::task::spawn_blocking(move || store_bench::ceiling::sqlite_commits(&raw, duration)).await {
                         Ok(Ok(rate)) => format!("{:.0} SQLite commits/s", rate.per_sec()),
@@ -223,7 +282,7 @@ fn main() -> ExitCode {
             let prefix = format!("keel-bench-{}:", uuid::Uuid::new_v4().simple());
             match keel_store_redis::RedisStore::connect(&redis_url).await {
                 Ok(store) => {
-                    let steps = measure(with_store(Arc::new(store.with_prefix(prefix.clone()))), threads, duration).await;
+                    let steps = measure(with_store(Arc::new(store.with_prefix(prefix.clone()))), threads, duration, 0).await;
                     let ceiling = match store_bench::ceiling::redis_sets(&redis_url, &prefix, threads, duration).await {
                         Ok(rate) => format!("{:.0} Redis SETs/s ({threads} concurrent)", rate.per_sec()),
                         Err(e) => format!("Redis ceiling failed: {e}"),
