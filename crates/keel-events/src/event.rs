@@ -140,6 +140,17 @@ pub enum Severity {
     Error,
 }
 
+impl Severity {
+    /// The name as it is serialized: `info`, `warning` or `error`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        }
+    }
+}
+
 /// One normalized, versioned event of a run: what a terminal renderer, a web client, a
 /// test recorder and the durable log all consume.
 ///

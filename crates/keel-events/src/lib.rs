@@ -36,6 +36,7 @@ mod assertions;
 mod emitter;
 mod event;
 mod golden;
+mod json_text;
 pub mod payload;
 mod redact;
 mod replay;

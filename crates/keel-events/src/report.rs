@@ -374,6 +374,77 @@ impl<'a> ShortEvent<'a> {
     }
 }
 
+impl ShortEvent<'_> {
+    /// Append the event as compact JSON: what its `Serialize` writes, field for field, without
+    /// going through a serializer (see [`json_text`](crate::json_text)).
+    fn write_json(&self, out: &mut String) {
+        use crate::json_text::{write_key, write_str, write_u64, write_value};
+        fn write_opt_str(out: &mut String, text: Option<&str>) {
+            match text {
+                Some(text) => write_str(out, text),
+                None => out.push_str("null"),
+            }
+        }
+        let first = &mut true;
+        out.push('{');
+        if let Some(version) = self.version {
+            write_key(out, first, "version");
+            write_u64(out, u64::from(version));
+        }
+        write_key(out, first, "type");
+        write_str(out, self.event_type.as_str());
+        if let Some(run_id) = self.run_id {
+            write_key(out, first, "run_id");
+            write_str(out, run_id.as_str());
+        }
+        if let Some(task_id) = self.task_id {
+            write_key(out, first, "task_id");
+            write_opt_str(out, task_id.map(TaskId::as_str));
+        }
+        if let Some(thread_id) = self.thread_id {
+            write_key(out, first, "thread_id");
+            write_opt_str(out, thread_id.map(ThreadId::as_str));
+        }
+        if let Some(agent_name) = self.agent_name {
+            write_key(out, first, "agent_name");
+            write_opt_str(out, agent_name);
+        }
+        write_key(out, first, "sequence");
+        write_u64(out, self.sequence);
+        if let Some(step) = self.step {
+            write_key(out, first, "step");
+            write_u64(out, u64::from(step));
+        }
+        let optional = [
+            ("span_id", self.span_id),
+            ("parent_span_id", self.parent_span_id),
+            ("action_id", self.action_id.map(ActionId::as_str)),
+            (
+                "parent_action_id",
+                self.parent_action_id.map(ActionId::as_str),
+            ),
+            ("delegation_id", self.delegation_id),
+        ];
+        for (key, text) in optional {
+            if let Some(text) = text {
+                write_key(out, first, key);
+                write_str(out, text);
+            }
+        }
+        write_key(out, first, "severity");
+        write_str(out, self.severity.as_str());
+        write_key(out, first, "summary");
+        write_str(out, self.summary);
+        write_key(out, first, "payload");
+        write_value(out, self.payload);
+        write_key(out, first, "final");
+        out.push_str(if self.is_final { "true" } else { "false" });
+        write_key(out, first, "timestamp");
+        crate::time::write_json(out, self.timestamp);
+        out.push('}');
+    }
+}
+
 /// Fill in what a version 3 report left out of its events: the report's own envelope fields.
 fn restore_event(event: &mut Value, report: &RunReport) {
     let Value::Object(fields) = event else {
@@ -496,7 +567,34 @@ impl RunReport {
                 }
             }
         }
-        JsonText::of(&self)
+        // The summary through serde (it is small), the events written directly: the text is
+        // what `serde_json::to_string(&self)` gives (a test holds it to that).
+        let summary =
+            serde_json::to_string(&Summary(&self)).map_err(keel_core::AgentError::internal)?;
+        let mut out = String::with_capacity(summary.len() + 16 + 400 * self.events.len());
+        out.push_str(summary.strip_suffix('}').unwrap_or(&summary));
+        out.push_str(if summary == "{}" {
+            "\"events\":["
+        } else {
+            ",\"events\":["
+        });
+        for (i, event) in self.events.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            ShortEvent::of(event, &self).write_json(&mut out);
+        }
+        out.push_str("]}");
+        Ok(JsonText::assume_valid(out))
+    }
+}
+
+/// A report's summary alone: its fields without the events.
+struct Summary<'a>(&'a RunReport);
+
+impl Serialize for Summary<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        RunReport::serialize(self.0, serializer)
     }
 }
 

@@ -20,6 +20,23 @@ pub(crate) fn serialize<S: Serializer>(
     }
 }
 
+/// Append `time` as a JSON string, as [`serialize`] writes it.
+pub(crate) fn write_json(out: &mut String, time: &DateTime<Utc>) {
+    if let Some((buffer, len)) = format(time) {
+        if let Ok(text) = std::str::from_utf8(&buffer[..len]) {
+            out.push('"');
+            out.push_str(text);
+            out.push('"');
+            return;
+        }
+    }
+    match serde_json::to_string(time) {
+        Ok(text) => out.push_str(&text),
+        // chrono writes every time it holds; keep the output JSON whatever happens.
+        Err(_) => out.push_str("null"),
+    }
+}
+
 /// The text and its length, or `None` for a time chrono writes in another shape.
 fn format(time: &DateTime<Utc>) -> Option<([u8; 30], usize)> {
     let year = time.year();
@@ -85,10 +102,15 @@ mod tests {
 
     use super::*;
 
+    /// What `serialize` writes, checked to be what `write_json` writes too.
     fn ours(time: &DateTime<Utc>) -> String {
         let mut out = Vec::new();
         serialize(time, &mut serde_json::Serializer::new(&mut out)).unwrap();
-        String::from_utf8(out).unwrap()
+        let serialized = String::from_utf8(out).unwrap();
+        let mut written = String::new();
+        write_json(&mut written, time);
+        assert_eq!(written, serialized);
+        serialized
     }
 
     #[test]

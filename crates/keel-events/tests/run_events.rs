@@ -570,6 +570,8 @@ async fn a_redacting_recorder_gives_the_redacted_report_without_a_final_walk() {
     }
     let report = unmasked.report();
     let text = unmasked.take_report_json().unwrap().into_string();
+    // Byte for byte what serde_json writes: the recorder writes events without serde.
+    assert_eq!(text, serde_json::to_string(&report).unwrap());
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&text).unwrap(),
         serde_json::to_value(&report).unwrap()
@@ -657,4 +659,35 @@ fn redact_event_masks_the_payload_and_free_text_like_the_report_walk() {
         .with_key("payload")
         .redact_event(&mut all);
     assert_eq!(all.payload, json!(REDACTED));
+}
+
+#[tokio::test]
+async fn report_text_matches_serde_for_every_envelope_shape() {
+    let (_, events) = recorded_run().await;
+    let mut odd = events.clone();
+    // Envelopes unlike the report's own: another run and version, fields absent or set,
+    // every severity, text that needs escaping, floats and nesting in the payload.
+    odd[1].version = 99;
+    odd[1].run_id = keel_core::RunId::new();
+    odd[2].task_id = None;
+    odd[2].thread_id = Some(ThreadId::new());
+    odd[2].agent_name = None;
+    odd[3].span_id = Some("span \"1\"\n".into());
+    odd[3].parent_span_id = Some("\u{1}parent".into());
+    odd[3].delegation_id = Some("delegation/é".into());
+    odd[3].parent_action_id = Some(ActionId::new());
+    odd[3].severity = keel_events::Severity::Warning;
+    odd[4].severity = keel_events::Severity::Error;
+    odd[4].summary = "tab\tquote\"backslash\\ bell\u{7}".into();
+    odd[5].payload = json!({"f": [0.5, -2.5e-9, 1e300], "n": -3, "big": u64::MAX, "s": "\r\n"});
+    odd[6].step = None;
+    odd[6].is_final = true;
+    let recorder = RunRecorder::new();
+    for event in &odd {
+        recorder.emit(event).await.unwrap();
+    }
+    let report = recorder.report();
+    let text = recorder.take_report_json().unwrap().into_string();
+    assert_eq!(text, serde_json::to_string(&report).unwrap());
+    assert_eq!(serde_json::from_str::<RunReport>(&text).unwrap(), report);
 }
