@@ -1474,7 +1474,8 @@ impl Inner {
         if task.state() != TaskState::Working {
             task.begin()?;
             self.persist_status(auth, task).await?;
-            obs.emit(RunEvent::task_status_of(task)).await;
+            // The whole task rides on the final status only (the payload's contract).
+            obs.emit(RunEvent::task_state_of(task)).await;
         }
         let ctx = ToolContext {
             auth: auth.clone(),

@@ -6,9 +6,24 @@
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+        #[derive(Debug, Clone, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
         #[serde(transparent)]
         pub struct $name(std::sync::Arc<str>);
+
+        // Most comparisons are of copies of one id (an event's run id against its report's),
+        // which share their text: those are equal without reading it.
+        impl PartialEq for $name {
+            fn eq(&self, other: &Self) -> bool {
+                std::sync::Arc::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
+            }
+        }
+
+        // By the text, as equality is.
+        impl std::hash::Hash for $name {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.0.hash(state);
+            }
+        }
 
         impl $name {
             /// A fresh, time-ordered (UUID v7) identifier.
@@ -113,6 +128,19 @@ mod tests {
         assert_eq!(serde_json::to_string(&id).unwrap(), "\"t-1\"");
         let back: TaskId = serde_json::from_str("\"t-1\"").unwrap();
         assert_eq!(back, id);
+    }
+
+    #[test]
+    fn ids_are_equal_by_text_whether_or_not_they_share_it() {
+        use std::collections::HashSet;
+        let id = TaskId::new();
+        let copy = id.clone();
+        let rebuilt = TaskId::from(id.as_str());
+        assert_eq!(id, copy);
+        assert_eq!(id, rebuilt);
+        assert_ne!(id, TaskId::new());
+        let set: HashSet<TaskId> = [id, copy, rebuilt].into_iter().collect();
+        assert_eq!(set.len(), 1);
     }
 
     #[test]

@@ -242,6 +242,18 @@ impl RunEvent {
         .task(task.id.clone())
     }
 
+    /// `task.status` for a task's current state without the serialized task: for a status
+    /// that is not the run's last (the task starting to work), where a copy of the whole
+    /// task would be written into the run's report only to be superseded.
+    pub fn task_state_of(task: &Task) -> RunEventBuilder {
+        RunEvent::task_status(TaskStatusPayload {
+            state: task.state(),
+            message: None,
+            task: None,
+        })
+        .task(task.id.clone())
+    }
+
     /// `task.artifact`.
     pub fn task_artifact(artifact: &Artifact, append: bool, last_chunk: bool) -> RunEventBuilder {
         let name = artifact.name.as_deref().unwrap_or(artifact.kind.as_str());
