@@ -8,6 +8,7 @@ use serde_json::{Map, Number, Value};
 
 /// Append `text` as a JSON string, escaped as `serde_json` escapes it: `"` and `\`, the
 /// short escapes `\b \t \n \f \r`, other control characters as `\u00XX`, nothing else.
+#[inline]
 pub(crate) fn write_str(out: &mut String, text: &str) {
     out.reserve(text.len() + 2);
     out.push('"');
@@ -103,12 +104,15 @@ fn write_number(out: &mut String, number: &Number) {
 }
 
 /// Append an unsigned integer.
+#[inline]
 pub(crate) fn write_u64(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// Append `,"key":` (or `"key":` for the first field of an object): `key` is a literal
-/// that needs no escape.
+/// that needs no escape. Inlined, so that the key's length is a constant and copying it
+/// needs no call to `memcpy`.
+#[inline(always)]
 pub(crate) fn write_key(out: &mut String, first: &mut bool, key: &str) {
     debug_assert!(!needs_escape(key.as_bytes()));
     if !std::mem::take(first) {
