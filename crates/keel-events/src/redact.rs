@@ -68,6 +68,9 @@ pub struct RedactionPolicy {
     prefixes: Vec<String>,
     allowed_keys: Vec<String>,
     verdicts: KeyVerdicts,
+    /// The verdicts for the event envelope's field names ([`ENVELOPE_FIELDS`]): fixed by
+    /// the keys, so masking an event looks none of them up.
+    envelope: [bool; ENVELOPE_FIELDS.len()],
 }
 
 /// Answers of `key_is_sensitive` already worked out. The keys of persisted events come
@@ -145,6 +148,17 @@ impl PartialEq for KeyVerdicts {
 
 impl Eq for KeyVerdicts {}
 
+/// The envelope fields [`RedactionPolicy::redact_event`] judges by name, in the order of
+/// [`RedactionPolicy::envelope`]'s verdicts.
+const ENVELOPE_FIELDS: [&str; 6] = [
+    "summary",
+    "agent_name",
+    "span_id",
+    "parent_span_id",
+    "delegation_id",
+    "payload",
+];
+
 impl Default for RedactionPolicy {
     fn default() -> Self {
         Self {
@@ -158,7 +172,9 @@ impl Default for RedactionPolicy {
                 .collect(),
             allowed_keys: Vec::new(),
             verdicts: KeyVerdicts::Default,
+            envelope: [false; ENVELOPE_FIELDS.len()],
         }
+        .with_envelope_verdicts()
     }
 }
 
@@ -173,7 +189,7 @@ impl RedactionPolicy {
     pub fn with_key(mut self, fragment: impl Into<String>) -> Self {
         self.keys.push(fragment.into().to_lowercase());
         self.verdicts = KeyVerdicts::configured();
-        self
+        self.with_envelope_verdicts()
     }
 
     /// Also mask string values starting with `prefix` (case-insensitive).
@@ -188,6 +204,12 @@ impl RedactionPolicy {
     pub fn allow_key(mut self, key: impl Into<String>) -> Self {
         self.allowed_keys.push(key.into().to_lowercase());
         self.verdicts = KeyVerdicts::configured();
+        self.with_envelope_verdicts()
+    }
+
+    /// Judge the envelope's field names again, after the keys changed.
+    fn with_envelope_verdicts(mut self) -> Self {
+        self.envelope = ENVELOPE_FIELDS.map(|field| self.match_key(field));
         self
     }
 
@@ -276,24 +298,24 @@ impl RedactionPolicy {
     /// Keel's own and kept. [`RunRecorder::redacting`](crate::RunRecorder::redacting) applies
     /// it to each event as it is recorded.
     pub fn redact_event(&self, event: &mut RunEvent) {
-        let key = |name: &str| self.key_is_sensitive(name);
-        let mask = |name: &str, text: &mut String| {
-            if key(name) || self.value_is_sensitive(text) {
+        let [summary, agent_name, span_id, parent_span_id, delegation_id, payload] = self.envelope;
+        let mask = |key_is_sensitive: bool, text: &mut String| {
+            if key_is_sensitive || self.value_is_sensitive(text) {
                 REDACTED.clone_into(text);
             }
         };
-        mask("summary", &mut event.summary);
-        for (name, field) in [
-            ("agent_name", &mut event.agent_name),
-            ("span_id", &mut event.span_id),
-            ("parent_span_id", &mut event.parent_span_id),
-            ("delegation_id", &mut event.delegation_id),
+        mask(summary, &mut event.summary);
+        for (key_is_sensitive, field) in [
+            (agent_name, &mut event.agent_name),
+            (span_id, &mut event.span_id),
+            (parent_span_id, &mut event.parent_span_id),
+            (delegation_id, &mut event.delegation_id),
         ] {
             if let Some(text) = field {
-                mask(name, text);
+                mask(key_is_sensitive, text);
             }
         }
-        if key("payload") && !event.payload.is_null() {
+        if payload && !event.payload.is_null() {
             event.payload = Value::String(REDACTED.to_owned());
         } else {
             self.redact_value(&mut event.payload);

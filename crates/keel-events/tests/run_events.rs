@@ -659,6 +659,24 @@ fn redact_event_masks_the_payload_and_free_text_like_the_report_walk() {
         .with_key("payload")
         .redact_event(&mut all);
     assert_eq!(all.payload, json!(REDACTED));
+    // Envelope names follow the configured keys too, allowed keys included.
+    let mut named = emitter.create(
+        RunEvent::builder(EventType::new("x"), "plain").span("span-1", Some("span-0".into())),
+    );
+    let policy = RedactionPolicy::new().with_key("summary").with_key("span");
+    policy.redact_event(&mut named);
+    assert_eq!(
+        (named.summary.as_str(), named.span_id.as_deref()),
+        (REDACTED, Some(REDACTED))
+    );
+    assert_eq!(named.parent_span_id.as_deref(), Some(REDACTED));
+    let mut allowed =
+        emitter.create(RunEvent::builder(EventType::new("x"), "plain").payload(json!({"a": 1})));
+    policy
+        .clone()
+        .allow_key("summary")
+        .redact_event(&mut allowed);
+    assert_eq!(allowed.summary, "plain");
 }
 
 #[tokio::test]
