@@ -377,7 +377,7 @@ impl<'a> ShortEvent<'a> {
 impl ShortEvent<'_> {
     /// Append the event as compact JSON: what its `Serialize` writes, field for field, without
     /// going through a serializer (see [`json_text`](crate::json_text)).
-    fn write_json(&self, out: &mut String) {
+    fn write_json(&self, out: &mut String, times: &mut crate::time::TimeWriter) {
         use crate::json_text::{write_key, write_str, write_u64, write_value};
         fn write_opt_str(out: &mut String, text: Option<&str>) {
             match text {
@@ -440,7 +440,7 @@ impl ShortEvent<'_> {
         write_key(out, first, "final");
         out.push_str(if self.is_final { "true" } else { "false" });
         write_key(out, first, "timestamp");
-        crate::time::write_json(out, self.timestamp);
+        times.write(out, self.timestamp);
         out.push('}');
     }
 }
@@ -578,11 +578,12 @@ impl RunReport {
         } else {
             ",\"events\":["
         });
+        let mut times = crate::time::TimeWriter::default();
         for (i, event) in self.events.iter().enumerate() {
             if i > 0 {
                 out.push(',');
             }
-            ShortEvent::of(event, &self).write_json(&mut out);
+            ShortEvent::of(event, &self).write_json(&mut out, &mut times);
         }
         out.push_str("]}");
         Ok(JsonText::assume_valid(out))

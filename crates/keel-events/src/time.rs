@@ -56,21 +56,51 @@ fn format(time: &DateTime<Utc>) -> Option<([u8; 30], usize)> {
         out.byte(before);
         out.digits(value, 2);
     }
-    let (fraction, digits) = if nanos == 0 {
-        (0, 0)
-    } else if nanos % 1_000_000 == 0 {
-        (nanos / 1_000_000, 3)
-    } else if nanos % 1_000 == 0 {
-        (nanos / 1_000, 6)
-    } else {
-        (nanos, 9)
-    };
-    if digits > 0 {
-        out.byte(b'.');
-        out.digits(fraction, digits);
-    }
-    out.byte(b'Z');
+    out.fraction(nanos);
     Some((out.bytes, out.len))
+}
+
+/// The length of `YYYY-MM-DDTHH:MM:SS`, the part of a time shared by its whole second.
+const SECOND_LEN: usize = 19;
+
+/// Writes a sequence of times as [`write_json`] does, remembering the text of the last
+/// second written: a run's events mostly fall within one second, so after the first each
+/// needs only its fraction formatted.
+#[derive(Default)]
+pub(crate) struct TimeWriter {
+    second: Option<i64>,
+    prefix: [u8; SECOND_LEN],
+}
+
+impl TimeWriter {
+    pub(crate) fn write(&mut self, out: &mut String, time: &DateTime<Utc>) {
+        let nanos = time.timestamp_subsec_nanos();
+        let second = time.timestamp();
+        if self.second != Some(second) || nanos >= 1_000_000_000 {
+            self.second = None;
+            if nanos < 1_000_000_000 {
+                if let Some((buffer, _)) = format(time) {
+                    self.prefix.copy_from_slice(&buffer[..SECOND_LEN]);
+                    self.second = Some(second);
+                }
+            }
+        }
+        if self.second.is_none() {
+            return write_json(out, time);
+        }
+        let mut text = Text::default();
+        text.bytes[..SECOND_LEN].copy_from_slice(&self.prefix);
+        text.len = SECOND_LEN;
+        text.fraction(nanos);
+        match std::str::from_utf8(&text.bytes[..text.len]) {
+            Ok(text) => {
+                out.push('"');
+                out.push_str(text);
+                out.push('"');
+            }
+            Err(_) => write_json(out, time),
+        }
+    }
 }
 
 /// A fixed buffer long enough for the longest time written (`YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ`).
@@ -81,6 +111,25 @@ struct Text {
 }
 
 impl Text {
+    /// The fraction of a second (none, or 3, 6 or 9 digits, the shortest without loss, as
+    /// chrono writes it) and the closing `Z`.
+    fn fraction(&mut self, nanos: u32) {
+        let (fraction, digits) = if nanos == 0 {
+            (0, 0)
+        } else if nanos % 1_000_000 == 0 {
+            (nanos / 1_000_000, 3)
+        } else if nanos % 1_000 == 0 {
+            (nanos / 1_000, 6)
+        } else {
+            (nanos, 9)
+        };
+        if digits > 0 {
+            self.byte(b'.');
+            self.digits(fraction, digits);
+        }
+        self.byte(b'Z');
+    }
+
     fn byte(&mut self, byte: u8) {
         self.bytes[self.len] = byte;
         self.len += 1;
@@ -110,7 +159,37 @@ mod tests {
         let mut written = String::new();
         write_json(&mut written, time);
         assert_eq!(written, serialized);
+        // And what a `TimeWriter` writes, fresh and after a time in the same second.
+        for writer in [&mut TimeWriter::default(), &mut warm_writer(time)] {
+            let mut written = String::new();
+            writer.write(&mut written, time);
+            assert_eq!(written, serialized);
+        }
         serialized
+    }
+
+    /// A writer that has just written another time of `time`'s second, when there is one.
+    fn warm_writer(time: &DateTime<Utc>) -> TimeWriter {
+        let mut writer = TimeWriter::default();
+        let start = time.with_nanosecond(0).unwrap_or(*time);
+        writer.write(&mut String::new(), &start);
+        writer
+    }
+
+    #[test]
+    fn a_time_writer_follows_seconds_as_they_change() {
+        let base = Utc.with_ymd_and_hms(2026, 12, 31, 23, 59, 58).unwrap();
+        let mut writer = TimeWriter::default();
+        for millis in [0, 1, 999, 1_000, 1_500, 2_000, 1_000, 86_400_000] {
+            let time = base + chrono::Duration::milliseconds(millis);
+            let mut written = String::new();
+            writer.write(&mut written, &time);
+            assert_eq!(
+                written,
+                serde_json::to_string(&time).unwrap(),
+                "{millis} ms"
+            );
+        }
     }
 
     #[test]
