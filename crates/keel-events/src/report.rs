@@ -12,7 +12,7 @@
 //! | `llm.call.started` | `model.started_calls` |
 //! | `llm.call.completed` | `model` (`input_tokens`, `output_tokens`, `latency_ms`, `model`) |
 //! | `budget.warning` / `budget.exceeded` | `budget.warnings` / `budget.exceeded` |
-//! | `action.requested` | a new [`ActionRecord`] (`action`) |
+//! | `action.requested` | a new [`ActionRecord`] (`action`; the records are not repeated in the report's JSON, see [`RunReport::actions`]) |
 //! | `action.policy` | its `policy` |
 //! | `approval.required` | `approvals`, and the action record's `approval_request` |
 //! | `approval.decided` | the matching approval's (and action's) `decision`, by `request_id` |
@@ -51,8 +51,10 @@ use crate::{EventSink, EventType, RedactionPolicy, RunEvent};
 /// read). Version 3 also leaves out of each event the envelope fields that repeat the
 /// report's own (`version`, `run_id`, `task_id`, `thread_id`, `agent_name`; an event whose
 /// optional field is empty while the report's is not says `null`), and reading fills them in
-/// again. Reports of versions 1 and 2 still read.
-pub const RUN_REPORT_VERSION: u32 = 3;
+/// again. Version 4 leaves out `actions` too (each action is already in its `action.*`
+/// events, twice over), rebuilt from the events when a report is read. Reports of versions
+/// 1 to 3 still read.
+pub const RUN_REPORT_VERSION: u32 = 4;
 
 /// Where an action got to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -216,8 +218,9 @@ pub struct RunReport {
     /// once, not twice) and reading a report rebuilds it from `events`.
     #[serde(default, skip_serializing)]
     pub context_manifests: Vec<ContextManifest>,
-    /// Every action, in request order.
-    #[serde(default)]
+    /// Every action, in request order. Read from the `action.*` events, so the JSON form
+    /// leaves this out (version 4) and reading a report rebuilds it from `events`.
+    #[serde(default, skip_serializing)]
     pub actions: Vec<ActionRecord>,
     /// Every approval checkpoint, in order.
     #[serde(default)]
@@ -497,6 +500,16 @@ impl<'de> Deserialize<'de> for RunReport {
                 })
                 .collect::<Result<_, _>>()?;
         }
+        if report.version >= 4 {
+            let (actions, problems) = RunReport::actions_of(&report.events);
+            report.actions = actions;
+            // The JSON's own list does not cover action payloads (its summary reads none).
+            for problem in problems {
+                if !report.problems.contains(&problem) {
+                    report.problems.push(problem);
+                }
+            }
+        }
         if report.context_manifests.is_empty() {
             // Version 2 JSON: the manifests are the `context.prepared` payloads.
             report.context_manifests = report
@@ -522,10 +535,20 @@ impl RunReport {
         Self::build(sorted, false)
     }
 
-    fn build(mut sorted: Vec<RunEvent>, skip_manifests: bool) -> RunReport {
+    /// The action records of `events` (in sequence order), as [`build`](Self::build) makes
+    /// them, and the payloads that did not read: what reading a version 4 report rebuilds.
+    fn actions_of(events: &[RunEvent]) -> (Vec<ActionRecord>, Vec<String>) {
+        let mut builder = ReportBuilder::default();
+        for event in events {
+            builder.read(event);
+        }
+        (builder.report.actions, builder.report.problems)
+    }
+
+    fn build(mut sorted: Vec<RunEvent>, json_only: bool) -> RunReport {
         sorted.sort_by_key(|e| e.sequence);
         let mut builder = ReportBuilder {
-            skip_manifests,
+            json_only,
             ..ReportBuilder::default()
         };
         for event in &sorted {
@@ -601,9 +624,11 @@ impl Serialize for Summary<'_> {
 
 #[derive(Default)]
 struct ReportBuilder {
-    /// Leave `context_manifests` empty (only their token counts are read): for a report
-    /// that is written straight to JSON, which does not hold them.
-    skip_manifests: bool,
+    /// Build only what the report's JSON holds: leave `context_manifests` (only their token
+    /// counts are read) and `actions` (only `action.started` is counted) empty, for a report
+    /// written straight to JSON. An action payload that does not read is noted when the
+    /// report is read back, not in the JSON's `problems`.
+    json_only: bool,
     report: RunReport,
     action_index: HashMap<ActionId, usize>,
     manifest_tokens: u64,
@@ -676,7 +701,7 @@ impl ReportBuilder {
                     None => artifacts.push(p.artifact),
                 }
             }
-        } else if *t == EventType::CONTEXT_PREPARED && self.skip_manifests {
+        } else if *t == EventType::CONTEXT_PREPARED && self.json_only {
             // Only the token count is needed; anything else falls to the full read below,
             // which notes a payload that is not a manifest.
             let tokens = event.payload["manifest"]["total_estimated_tokens"].as_u64();
@@ -716,6 +741,19 @@ impl ReportBuilder {
             if let Some(p) = self.payload::<BudgetPayload>(event) {
                 self.report.budget.exceeded = Some(p);
             }
+        } else if self.json_only && *t == EventType::ACTION_STARTED {
+            self.tool_calls += 1;
+        } else if self.json_only
+            && [
+                EventType::ACTION_REQUESTED,
+                EventType::ACTION_POLICY,
+                EventType::ACTION_COMPLETED,
+                EventType::ACTION_DENIED,
+                EventType::ACTION_FAILED,
+            ]
+            .contains(t)
+        {
+            // Only the action records read these, and the JSON holds none.
         } else if *t == EventType::ACTION_REQUESTED {
             if let Some(p) = self.payload::<ActionPayload>(event) {
                 let id = p.action.id.clone();
@@ -731,8 +769,10 @@ impl ReportBuilder {
             }
         } else if *t == EventType::APPROVAL_REQUIRED {
             if let Some(p) = self.payload::<ApprovalRequiredPayload>(event) {
-                let id = p.request.action.id.clone();
-                self.action(&id).approval_request = Some(p.request.clone());
+                if !self.json_only {
+                    let id = p.request.action.id.clone();
+                    self.action(&id).approval_request = Some(p.request.clone());
+                }
                 self.report.approvals.push(ApprovalRecord {
                     request: p.request,
                     decision: None,
@@ -749,7 +789,9 @@ impl ReportBuilder {
                 {
                     record.decision = Some(p.decision.clone());
                 }
-                self.action(&p.action_id).approval = Some(p.decision);
+                if !self.json_only {
+                    self.action(&p.action_id).approval = Some(p.decision);
+                }
             }
         } else if *t == EventType::ACTION_STARTED {
             // An action read from its `action.requested` event already only changes status:

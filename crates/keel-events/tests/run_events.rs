@@ -586,7 +586,7 @@ async fn report_json_holds_each_context_manifest_once_and_reads_back_whole() {
     assert_eq!(report.context_manifests.len(), 1);
     let json = serde_json::to_value(&report).unwrap();
     assert!(json.get("context_manifests").is_none());
-    assert_eq!(json["version"], 3);
+    assert_eq!(json["version"], 4);
     let text = json.to_string();
     assert_eq!(text.matches("\"total_estimated_tokens\":120").count(), 1);
     // Reading it back rebuilds the manifests from the `context.prepared` events.
@@ -697,7 +697,10 @@ async fn report_text_matches_serde_for_every_envelope_shape() {
     odd[3].severity = keel_events::Severity::Warning;
     odd[4].severity = keel_events::Severity::Error;
     odd[4].summary = "tab\tquote\"backslash\\ bell\u{7}".into();
-    odd[5].payload = json!({"f": [0.5, -2.5e-9, 1e300], "n": -3, "big": u64::MAX, "s": "\r\n"});
+    // On an event whose payload the report does not read, so it stays well-formed.
+    let started = odd.iter().position(|e| e.is("llm.call.started")).unwrap();
+    odd[started].payload =
+        json!({"f": [0.5, -2.5e-9, 1e300], "n": -3, "big": u64::MAX, "s": "\r\n"});
     odd[6].step = None;
     odd[6].is_final = true;
     let recorder = RunRecorder::new();
@@ -708,4 +711,41 @@ async fn report_text_matches_serde_for_every_envelope_shape() {
     let text = recorder.take_report_json().unwrap().into_string();
     assert_eq!(text, serde_json::to_string(&report).unwrap());
     assert_eq!(serde_json::from_str::<RunReport>(&text).unwrap(), report);
+}
+
+#[tokio::test]
+async fn report_json_leaves_actions_out_and_reading_rebuilds_them() {
+    let (_, events) = recorded_run().await;
+    let recorder = RunRecorder::new();
+    for event in &events {
+        recorder.emit(event).await.unwrap();
+    }
+    let report = recorder.report();
+    assert_eq!(report.actions.len(), 2);
+    let text = recorder.take_report_json().unwrap().into_string();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["version"], 4);
+    assert!(json.get("actions").is_none());
+    let back: RunReport = serde_json::from_str(&text).unwrap();
+    assert_eq!(back.actions, report.actions);
+    // A version 3 report carried them, and reads as it is.
+    let mut v3 = json;
+    v3["version"] = json!(3);
+    v3["actions"] = serde_json::to_value(&report.actions).unwrap();
+    let old: RunReport = serde_json::from_value(v3).unwrap();
+    assert_eq!(old.actions, report.actions);
+    // An action payload that does not read is noted when the report is read back.
+    let mut broken = events.clone();
+    let policy = broken.iter().position(|e| e.is("action.policy")).unwrap();
+    broken[policy].payload = json!({"decision": "allow"});
+    let recorder = RunRecorder::new();
+    for event in &broken {
+        recorder.emit(event).await.unwrap();
+    }
+    let full = recorder.report();
+    assert_eq!(full.problems.len(), 1);
+    let back: RunReport =
+        serde_json::from_str(recorder.take_report_json().unwrap().as_str()).unwrap();
+    assert_eq!(back.problems, full.problems);
+    assert_eq!(back.actions, full.actions);
 }
