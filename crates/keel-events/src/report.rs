@@ -501,10 +501,11 @@ impl<'de> Deserialize<'de> for RunReport {
                 .collect::<Result<_, _>>()?;
         }
         if report.version >= 4 {
-            let (actions, problems) = RunReport::actions_of(&report.events);
-            report.actions = actions;
+            let rebuilt = RunReport::summary_of(&report.events);
+            report.actions = rebuilt.actions;
+            report.context_manifests = rebuilt.context_manifests;
             // The JSON's own list does not cover action payloads (its summary reads none).
-            for problem in problems {
+            for problem in rebuilt.problems {
                 if !report.problems.contains(&problem) {
                     report.problems.push(problem);
                 }
@@ -535,14 +536,15 @@ impl RunReport {
         Self::build(sorted, false)
     }
 
-    /// The action records of `events` (in sequence order), as [`build`](Self::build) makes
-    /// them, and the payloads that did not read: what reading a version 4 report rebuilds.
-    fn actions_of(events: &[RunEvent]) -> (Vec<ActionRecord>, Vec<String>) {
+    /// The summary [`build`](Self::build) reads from `events` (in sequence order), without
+    /// the events: where reading a version 4 report takes the action records and context
+    /// manifests its JSON leaves out.
+    fn summary_of(events: &[RunEvent]) -> RunReport {
         let mut builder = ReportBuilder::default();
         for event in events {
             builder.read(event);
         }
-        (builder.report.actions, builder.report.problems)
+        builder.report
     }
 
     fn build(mut sorted: Vec<RunEvent>, json_only: bool) -> RunReport {

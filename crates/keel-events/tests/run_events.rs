@@ -564,10 +564,7 @@ async fn a_redacting_recorder_gives_the_redacted_report_without_a_final_walk() {
         "the sink's copy is untouched"
     );
     // Without a policy the JSON is the report's own.
-    let unmasked = RunRecorder::new();
-    for event in &events {
-        unmasked.emit(event).await.unwrap();
-    }
+    let unmasked = recorder_of(&events).await;
     let report = unmasked.report();
     let text = unmasked.take_report_json().unwrap().into_string();
     // Byte for byte what serde_json writes: the recorder writes events without serde.
@@ -703,10 +700,7 @@ async fn report_text_matches_serde_for_every_envelope_shape() {
         json!({"f": [0.5, -2.5e-9, 1e300], "n": -3, "big": u64::MAX, "s": "\r\n"});
     odd[6].step = None;
     odd[6].is_final = true;
-    let recorder = RunRecorder::new();
-    for event in &odd {
-        recorder.emit(event).await.unwrap();
-    }
+    let recorder = recorder_of(&odd).await;
     let report = recorder.report();
     let text = recorder.take_report_json().unwrap().into_string();
     assert_eq!(text, serde_json::to_string(&report).unwrap());
@@ -716,10 +710,7 @@ async fn report_text_matches_serde_for_every_envelope_shape() {
 #[tokio::test]
 async fn report_json_leaves_actions_out_and_reading_rebuilds_them() {
     let (_, events) = recorded_run().await;
-    let recorder = RunRecorder::new();
-    for event in &events {
-        recorder.emit(event).await.unwrap();
-    }
+    let recorder = recorder_of(&events).await;
     let report = recorder.report();
     assert_eq!(report.actions.len(), 2);
     let text = recorder.take_report_json().unwrap().into_string();
@@ -738,14 +729,20 @@ async fn report_json_leaves_actions_out_and_reading_rebuilds_them() {
     let mut broken = events.clone();
     let policy = broken.iter().position(|e| e.is("action.policy")).unwrap();
     broken[policy].payload = json!({"decision": "allow"});
-    let recorder = RunRecorder::new();
-    for event in &broken {
-        recorder.emit(event).await.unwrap();
-    }
+    let recorder = recorder_of(&broken).await;
     let full = recorder.report();
     assert_eq!(full.problems.len(), 1);
     let back: RunReport =
         serde_json::from_str(recorder.take_report_json().unwrap().as_str()).unwrap();
     assert_eq!(back.problems, full.problems);
     assert_eq!(back.actions, full.actions);
+}
+
+/// A recorder that has recorded `events`.
+async fn recorder_of(events: &[RunEvent]) -> RunRecorder {
+    let recorder = RunRecorder::new();
+    for event in events {
+        recorder.emit(event).await.unwrap();
+    }
+    recorder
 }
