@@ -597,12 +597,9 @@ impl RunReport {
         let summary =
             serde_json::to_string(&Summary(&self)).map_err(keel_core::AgentError::internal)?;
         let mut out = String::with_capacity(summary.len() + 16 + 400 * self.events.len());
+        // The summary always holds `version` and `event_count`, so `events` follows a comma.
         out.push_str(summary.strip_suffix('}').unwrap_or(&summary));
-        out.push_str(if summary == "{}" {
-            "\"events\":["
-        } else {
-            ",\"events\":["
-        });
+        out.push_str(",\"events\":[");
         let mut times = crate::time::TimeWriter::default();
         for (i, event) in self.events.iter().enumerate() {
             if i > 0 {

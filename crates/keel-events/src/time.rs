@@ -20,23 +20,6 @@ pub(crate) fn serialize<S: Serializer>(
     }
 }
 
-/// Append `time` as a JSON string, as [`serialize`] writes it.
-pub(crate) fn write_json(out: &mut String, time: &DateTime<Utc>) {
-    if let Some((buffer, len)) = format(time) {
-        if let Ok(text) = std::str::from_utf8(&buffer[..len]) {
-            out.push('"');
-            out.push_str(text);
-            out.push('"');
-            return;
-        }
-    }
-    match serde_json::to_string(time) {
-        Ok(text) => out.push_str(&text),
-        // chrono writes every time it holds; keep the output JSON whatever happens.
-        Err(_) => out.push_str("null"),
-    }
-}
-
 /// The text and its length, or `None` for a time chrono writes in another shape.
 fn format(time: &DateTime<Utc>) -> Option<([u8; 30], usize)> {
     let year = time.year();
@@ -63,9 +46,9 @@ fn format(time: &DateTime<Utc>) -> Option<([u8; 30], usize)> {
 /// The length of `YYYY-MM-DDTHH:MM:SS`, the part of a time shared by its whole second.
 const SECOND_LEN: usize = 19;
 
-/// Writes a sequence of times as [`write_json`] does, remembering the text of the last
-/// second written: a run's events mostly fall within one second, so after the first each
-/// needs only its fraction formatted.
+/// Writes a sequence of times as JSON strings, as [`serialize`] writes each, remembering
+/// the text of the last second written: a run's events mostly fall within one second, so
+/// after the first each needs only its fraction formatted.
 #[derive(Default)]
 pub(crate) struct TimeWriter {
     second: Option<i64>,
@@ -74,32 +57,48 @@ pub(crate) struct TimeWriter {
 
 impl TimeWriter {
     pub(crate) fn write(&mut self, out: &mut String, time: &DateTime<Utc>) {
-        let nanos = time.timestamp_subsec_nanos();
-        let second = time.timestamp();
-        if self.second != Some(second) || nanos >= 1_000_000_000 {
-            self.second = None;
-            if nanos < 1_000_000_000 {
-                if let Some((buffer, _)) = format(time) {
-                    self.prefix.copy_from_slice(&buffer[..SECOND_LEN]);
-                    self.second = Some(second);
-                }
+        let (second, nanos) = (time.timestamp(), time.timestamp_subsec_nanos());
+        // A leap second shares the timestamp of the second before it, so it never reuses it.
+        if self.second == Some(second) && nanos < 1_000_000_000 {
+            let mut text = Text::default();
+            text.bytes[..SECOND_LEN].copy_from_slice(&self.prefix);
+            text.len = SECOND_LEN;
+            text.fraction(nanos);
+            return push_quoted(out, &text.bytes[..text.len], time);
+        }
+        match format(time) {
+            Some((buffer, len)) => {
+                self.prefix.copy_from_slice(&buffer[..SECOND_LEN]);
+                self.second = Some(second);
+                push_quoted(out, &buffer[..len], time);
+            }
+            None => {
+                self.second = None;
+                push_chrono(out, time);
             }
         }
-        if self.second.is_none() {
-            return write_json(out, time);
+    }
+}
+
+/// Append formatted time text as a JSON string.
+fn push_quoted(out: &mut String, text: &[u8], time: &DateTime<Utc>) {
+    match std::str::from_utf8(text) {
+        Ok(text) => {
+            out.push('"');
+            out.push_str(text);
+            out.push('"');
         }
-        let mut text = Text::default();
-        text.bytes[..SECOND_LEN].copy_from_slice(&self.prefix);
-        text.len = SECOND_LEN;
-        text.fraction(nanos);
-        match std::str::from_utf8(&text.bytes[..text.len]) {
-            Ok(text) => {
-                out.push('"');
-                out.push_str(text);
-                out.push('"');
-            }
-            Err(_) => write_json(out, time),
-        }
+        // ASCII digits and separators, always UTF-8; chrono's text if that ever changes.
+        Err(_) => push_chrono(out, time),
+    }
+}
+
+/// Append `time` as chrono serializes it: for the times [`format`] leaves to chrono.
+fn push_chrono(out: &mut String, time: &DateTime<Utc>) {
+    match serde_json::to_string(time) {
+        Ok(text) => out.push_str(&text),
+        // chrono writes every time it holds; keep the output JSON whatever happens.
+        Err(_) => out.push_str("null"),
     }
 }
 
@@ -151,14 +150,11 @@ mod tests {
 
     use super::*;
 
-    /// What `serialize` writes, checked to be what `write_json` writes too.
+    /// What `serialize` writes, checked to be what a `TimeWriter` writes too.
     fn ours(time: &DateTime<Utc>) -> String {
         let mut out = Vec::new();
         serialize(time, &mut serde_json::Serializer::new(&mut out)).unwrap();
         let serialized = String::from_utf8(out).unwrap();
-        let mut written = String::new();
-        write_json(&mut written, time);
-        assert_eq!(written, serialized);
         // And what a `TimeWriter` writes, fresh and after a time in the same second.
         for writer in [&mut TimeWriter::default(), &mut warm_writer(time)] {
             let mut written = String::new();
