@@ -2750,8 +2750,8 @@ impl Inner {
             runs.save_task_record(auth, &TaskRecord::of(task, Some(&self.agent.card().name))?)
                 .await?;
             if let Some(ctx) = ctx {
-                // Redacted as each event was recorded (the run's recorder masks them), and
-                // written as text, which the in-memory store keeps as it is.
+                // Masked and written as text while the run went (the run's report writer),
+                // which the in-memory store keeps as it is.
                 let report = obs.take_report_json()?;
                 runs.save_run_report_json(
                     auth,

@@ -1,5 +1,5 @@
 //! What a run reports and what it asks permission for: the run's event emitter (every sink
-//! plus a [`RunRecorder`] sees each event with the same sequence number), its budget, and its
+//! plus a [`ReportWriter`] sees each event with the same sequence number), its budget, and its
 //! action authorizer, bundled so the step loop calls them at the seed's checkpoints.
 
 use std::sync::{Arc, Mutex};
@@ -10,7 +10,7 @@ use keel_core::{
 };
 use keel_events::payload::{ActionPolicyPayload, BudgetPayload};
 use keel_events::{
-    EventEmitter, EventSink, MultiSink, RedactionPolicy, RunEvent, RunEventBuilder, RunRecorder,
+    EventEmitter, EventSink, MultiSink, RedactionPolicy, ReportWriter, RunEvent, RunEventBuilder,
 };
 use keel_policy::{
     ActionAuthorizer, Authorization, AuthorizationObserver, BudgetEnforcer, BudgetWarning,
@@ -20,7 +20,7 @@ use keel_policy::{
 /// The observability and control plane of one run.
 pub(crate) struct RunObs {
     emitter: EventEmitter,
-    recorder: Arc<RunRecorder>,
+    report: ReportWriter,
     budget: Mutex<BudgetEnforcer>,
     authorizer: Arc<ActionAuthorizer>,
     context: RunContext,
@@ -34,11 +34,10 @@ impl RunObs {
         agent_name: &str,
         authorizer: Arc<ActionAuthorizer>,
     ) -> Self {
-        // The report is persisted redacted; masking each event as it is recorded spares a
-        // walk over the whole report when the run ends. The recorder is not one of the
-        // sinks: `emit_recorded` hands it each event after them, so it keeps the event
-        // itself rather than a copy.
-        let recorder = Arc::new(RunRecorder::new().redacting(RedactionPolicy::default()));
+        // The report is persisted redacted. It is written as the run goes, each event masked
+        // and written as it arrives; it is not one of the sinks, so with no sink listening
+        // `emit_reported` writes the builder straight into it and makes no event at all.
+        let report = ReportWriter::new().redacting(RedactionPolicy::default());
         let mut fan_out = MultiSink::new();
         for sink in sinks {
             fan_out = fan_out.with(sink.clone());
@@ -47,7 +46,7 @@ impl RunObs {
             emitter: EventEmitter::new(context, Arc::new(fan_out))
                 .with_task(task_id.clone())
                 .with_agent_name(agent_name),
-            recorder,
+            report,
             budget: Mutex::new(BudgetEnforcer::new(context.budget.clone())),
             authorizer,
             context: context.clone(),
@@ -57,7 +56,7 @@ impl RunObs {
     /// Emit an event. A sink failing never stops the run (only authorization checkpoints
     /// fail closed); it is logged.
     pub(crate) async fn emit(&self, event: RunEventBuilder) {
-        if let Err(err) = self.emitter.emit_recorded(event, &self.recorder).await {
+        if let Err(err) = self.emitter.emit_reported(event, &self.report).await {
             tracing::warn!(error = %err, "an event sink failed");
         }
     }
@@ -121,7 +120,7 @@ impl RunObs {
     /// store keeps, taking the recorded events: the run is over when its report is saved,
     /// and the events are not copied for it.
     pub(crate) fn take_report_json(&self) -> AgentResult<keel_core::stored::JsonText> {
-        self.recorder.take_report_json()
+        self.report.take_json()
     }
 }
 
@@ -130,7 +129,7 @@ struct EmitObserver<'a>(&'a RunObs);
 
 impl EmitObserver<'_> {
     async fn emit(&self, event: RunEventBuilder) -> AgentResult<()> {
-        self.0.emitter.emit_recorded(event, &self.0.recorder).await
+        self.0.emitter.emit_reported(event, &self.0.report).await
     }
 }
 

@@ -117,7 +117,7 @@ impl EventEmitter {
             delegation_id: builder.delegation_id,
             severity: builder.severity,
             summary: builder.summary,
-            payload: builder.payload,
+            payload: builder.payload.into_value(),
             is_final: builder.is_final,
             timestamp: Utc::now(),
         }
@@ -133,19 +133,45 @@ impl EventEmitter {
         Ok(event)
     }
 
-    /// [`emit`](Self::emit) to the sink, then hand the event itself to `recorder`, in the
-    /// same order as the sink saw it. A run's own recorder keeps every event; giving it the
-    /// event rather than a reference spares a copy of each. The recorder gets the event even
-    /// when the sink fails (the sink's error is returned).
-    pub async fn emit_recorded(
+    /// [`emit`](Self::emit) to the sink, then write the event into `report`, in the same
+    /// order as the sink saw it. When the sink listens to nothing (an empty
+    /// [`MultiSink`](crate::MultiSink), see [`EventSink::is_listening`]), no event is made at
+    /// all: the report writes the builder's fields and its typed payload straight to text.
+    /// The report gets the event even when the sink fails (the sink's error is returned).
+    pub async fn emit_reported(
         &self,
         builder: RunEventBuilder,
-        recorder: &crate::RunRecorder,
+        report: &crate::ReportWriter,
     ) -> AgentResult<()> {
         let _order = self.delivery.lock().await;
-        let event = self.create(builder);
-        let delivered = self.sink.emit(&event).await;
-        recorder.record(event);
-        delivered
+        if self.sink.is_listening() {
+            let event = self.create(builder);
+            let delivered = self.sink.emit(&event).await;
+            report.record(&event);
+            return delivered;
+        }
+        let sequence = self.last.fetch_add(1, Ordering::SeqCst) + 1;
+        let timestamp = Utc::now();
+        report.write(&crate::report::EventView {
+            version: RUN_EVENT_VERSION,
+            event_type: &builder.event_type,
+            run_id: &self.run_id,
+            task_id: builder.task_id.as_ref().or(self.task_id.as_ref()),
+            thread_id: self.thread_id.as_ref(),
+            agent_name: self.agent_name.as_deref(),
+            sequence,
+            step: builder.step,
+            span_id: builder.span_id.as_deref(),
+            parent_span_id: builder.parent_span_id.as_deref(),
+            action_id: builder.action_id.as_ref(),
+            parent_action_id: builder.parent_action_id.as_ref(),
+            delegation_id: builder.delegation_id.as_deref(),
+            severity: builder.severity,
+            summary: &builder.summary,
+            payload: builder.payload.as_ref(),
+            is_final: builder.is_final,
+            timestamp: &timestamp,
+        });
+        Ok(())
     }
 }

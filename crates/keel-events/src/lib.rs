@@ -37,6 +37,7 @@ mod emitter;
 mod event;
 mod golden;
 mod json_text;
+mod masked;
 pub mod payload;
 mod redact;
 mod replay;
@@ -52,6 +53,6 @@ pub use redact::{RedactionPolicy, DEFAULT_SENSITIVE_KEYS, DEFAULT_SENSITIVE_PREF
 pub use replay::{EventSource, RunReplay};
 pub use report::{
     ActionRecord, ActionStatus, ApprovalRecord, BudgetReport, ModelMetrics, PolicyRecord,
-    RunRecorder, RunReport, RUN_REPORT_VERSION,
+    ReportWriter, RunRecorder, RunReport, RUN_REPORT_VERSION,
 };
 pub use sink::{BroadcastEventSink, EventSink, InMemoryEventSink, MultiSink};

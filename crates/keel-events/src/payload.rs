@@ -199,19 +199,10 @@ pub struct ApprovalDecidedPayload {
     pub decision: ApprovalDecision,
 }
 
-/// `ContextPreparedPayload` and `ActionPayload` written from a borrowed part: the same JSON,
-/// without copying the manifest or the action (and its arguments) first.
-#[derive(Serialize)]
-#[serde(untagged)]
-enum Borrowed<'a> {
-    Manifest { manifest: &'a ContextManifest },
-    Action { action: &'a RunAction },
-}
-
 /// Serialize a payload. The payload structs hold only string-keyed JSON, which cannot
 /// fail to serialize; should a future field break that, the event still goes out and
 /// says why its payload is missing instead of aborting the run.
-fn to_payload<T: Serialize>(payload: &T) -> Value {
+pub(crate) fn to_payload<T: Serialize + ?Sized>(payload: &T) -> Value {
     serde_json::to_value(payload)
         .unwrap_or_else(|e| serde_json::json!({ "payload_error": e.to_string() }))
 }
@@ -227,7 +218,7 @@ impl RunEvent {
             _ => Severity::Info,
         };
         RunEvent::builder(EventType::TASK_STATUS, format!("task {state}"))
-            .payload(to_payload(&payload))
+            .payload_from(payload)
             .severity(severity)
             .final_boundary(is_final)
     }
@@ -258,11 +249,11 @@ impl RunEvent {
     pub fn task_artifact(artifact: &Artifact, append: bool, last_chunk: bool) -> RunEventBuilder {
         let name = artifact.name.as_deref().unwrap_or(artifact.kind.as_str());
         let mut builder = RunEvent::builder(EventType::TASK_ARTIFACT, format!("artifact {name}"))
-            .payload(to_payload(&TaskArtifactPayload {
+            .payload_from(TaskArtifactPayload {
                 artifact: artifact.clone(),
                 append,
                 last_chunk,
-            }));
+            });
         if let Some(action_id) = &artifact.action_id {
             builder = builder.action(action_id.clone());
         }
@@ -278,14 +269,16 @@ impl RunEvent {
                 manifest.total_estimated_tokens
             ),
         )
-        .payload(to_payload(&Borrowed::Manifest { manifest }))
+        .payload_from(ContextPreparedPayload {
+            manifest: manifest.clone(),
+        })
     }
 
     /// `llm.call.started`.
     pub fn llm_call_started(payload: LlmCallStartedPayload) -> RunEventBuilder {
         let model = payload.model.as_deref().unwrap_or("model");
         RunEvent::builder(EventType::LLM_CALL_STARTED, format!("calling {model}"))
-            .payload(to_payload(&payload))
+            .payload_from(payload)
     }
 
     /// `llm.call.completed`.
@@ -295,16 +288,14 @@ impl RunEvent {
             "{model} answered: {} in / {} out tokens",
             payload.input_tokens, payload.output_tokens
         );
-        RunEvent::builder(EventType::LLM_CALL_COMPLETED, summary).payload(to_payload(&payload))
+        RunEvent::builder(EventType::LLM_CALL_COMPLETED, summary).payload_from(payload)
     }
 
     /// `llm.stream`.
     pub fn llm_stream(delta: impl Into<String>) -> RunEventBuilder {
-        RunEvent::builder(EventType::LLM_STREAM, "model output").payload(to_payload(
-            &LlmStreamPayload {
-                delta: delta.into(),
-            },
-        ))
+        RunEvent::builder(EventType::LLM_STREAM, "model output").payload_from(LlmStreamPayload {
+            delta: delta.into(),
+        })
     }
 
     /// `budget.warning`.
@@ -314,7 +305,7 @@ impl RunEvent {
             payload.limit, payload.used, payload.max
         );
         RunEvent::builder(EventType::BUDGET_WARNING, summary)
-            .payload(to_payload(&payload))
+            .payload_from(payload)
             .severity(Severity::Warning)
     }
 
@@ -325,13 +316,15 @@ impl RunEvent {
             payload.limit, payload.used, payload.max
         );
         RunEvent::builder(EventType::BUDGET_EXCEEDED, summary)
-            .payload(to_payload(&payload))
+            .payload_from(payload)
             .severity(Severity::Error)
     }
 
     fn for_action(event_type: EventType, summary: String, action: &RunAction) -> RunEventBuilder {
         let mut builder = RunEvent::builder(event_type, summary)
-            .payload(to_payload(&Borrowed::Action { action }))
+            .payload_from(ActionPayload {
+                action: action.clone(),
+            })
             .action(action.id.clone());
         if let Some(parent) = &action.parent_action_id {
             builder = builder.parent_action(parent.clone());
@@ -364,7 +357,7 @@ impl RunEvent {
         };
         RunEvent::builder(EventType::ACTION_POLICY, summary)
             .action(payload.action_id.clone())
-            .payload(to_payload(&payload))
+            .payload_from(payload)
             .severity(severity)
     }
 
@@ -372,7 +365,7 @@ impl RunEvent {
     pub fn action_completed(payload: ActionCompletedPayload) -> RunEventBuilder {
         RunEvent::builder(EventType::ACTION_COMPLETED, "action completed")
             .action(payload.action_id.clone())
-            .payload(to_payload(&payload))
+            .payload_from(payload)
     }
 
     /// `action.denied`.
@@ -386,7 +379,7 @@ impl RunEvent {
             format!("action denied: {}", payload.reason),
         )
         .action(payload.action_id.clone())
-        .payload(to_payload(&payload))
+        .payload_from(payload)
         .severity(Severity::Warning)
     }
 
@@ -397,7 +390,7 @@ impl RunEvent {
             format!("action failed: {}", payload.error),
         )
         .action(payload.action_id.clone())
-        .payload(to_payload(&payload))
+        .payload_from(payload)
         .severity(Severity::Error)
     }
 
@@ -410,9 +403,9 @@ impl RunEvent {
         );
         RunEvent::builder(EventType::APPROVAL_REQUIRED, summary)
             .action(request.action.id.clone())
-            .payload(to_payload(&ApprovalRequiredPayload {
+            .payload_from(ApprovalRequiredPayload {
                 request: request.clone(),
-            }))
+            })
     }
 
     /// `approval.decided`, for the decision answering `request`.
@@ -429,10 +422,10 @@ impl RunEvent {
             format!("`{}` {verb}", request.action.name),
         )
         .action(request.action.id.clone())
-        .payload(to_payload(&ApprovalDecidedPayload {
+        .payload_from(ApprovalDecidedPayload {
             action_id: request.action.id.clone(),
             decision: decision.clone(),
-        }))
+        })
         .severity(severity)
     }
 }

@@ -148,6 +148,19 @@ impl PartialEq for KeyVerdicts {
 
 impl Eq for KeyVerdicts {}
 
+/// An event's envelope field, as masking sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Envelope {
+    Summary,
+    AgentName,
+    SpanId,
+    ParentSpanId,
+    DelegationId,
+    Payload,
+    /// Ids, type, sequence, times: Keel's own, never masked.
+    Kept,
+}
+
 /// The envelope fields [`RedactionPolicy::redact_event`] judges by name, in the order of
 /// [`RedactionPolicy::envelope`]'s verdicts.
 const ENVELOPE_FIELDS: [&str; 6] = [
@@ -216,7 +229,7 @@ impl RedactionPolicy {
     // Redaction walks every key and string of every persisted report, so the common case
     // (ASCII keys and values) compares without allocating; anything else takes the general
     // Unicode path, which gives the same answers.
-    fn key_is_sensitive(&self, key: &str) -> bool {
+    pub(crate) fn key_is_sensitive(&self, key: &str) -> bool {
         self.verdicts
             .get_or_insert_with(key, || self.match_key(key))
     }
@@ -233,7 +246,7 @@ impl RedactionPolicy {
         !self.allowed_keys.contains(&key) && self.keys.iter().any(|k| key.contains(k.as_str()))
     }
 
-    fn value_is_sensitive(&self, value: &str) -> bool {
+    pub(crate) fn value_is_sensitive(&self, value: &str) -> bool {
         self.prefixes.iter().any(|p| {
             // Most values differ from the prefix at once: an ASCII first byte that is not the
             // prefix's settles it (a non-ASCII one may lowercase to ASCII, so it goes on).
@@ -263,7 +276,7 @@ impl RedactionPolicy {
         })
     }
 
-    fn is_token_count_key(key: &str) -> bool {
+    pub(crate) fn is_token_count_key(key: &str) -> bool {
         if key.is_ascii() {
             let tail = "tokens".len();
             return key.len() >= tail
@@ -320,6 +333,22 @@ impl RedactionPolicy {
         } else {
             self.redact_value(&mut event.payload);
         }
+    }
+
+    /// Whether an envelope field of an event is masked, as [`redact_event`](Self::redact_event)
+    /// decides: by its name or its text; the payload by its name only (its content is walked).
+    pub(crate) fn envelope_field_is_sensitive(&self, field: Envelope, text: &str) -> bool {
+        let [summary, agent_name, span_id, parent_span_id, delegation_id, payload] = self.envelope;
+        let by_name = match field {
+            Envelope::Kept => return false,
+            Envelope::Payload => return payload,
+            Envelope::Summary => summary,
+            Envelope::AgentName => agent_name,
+            Envelope::SpanId => span_id,
+            Envelope::ParentSpanId => parent_span_id,
+            Envelope::DelegationId => delegation_id,
+        };
+        by_name || self.value_is_sensitive(text)
     }
 
     /// A masked copy of `value`.

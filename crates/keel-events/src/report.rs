@@ -44,6 +44,7 @@ use crate::payload::{
     ActionPolicyPayload, ApprovalDecidedPayload, ApprovalRequiredPayload, BudgetPayload,
     ContextPreparedPayload, LlmCallCompletedPayload, TaskArtifactPayload, TaskStatusPayload,
 };
+use crate::event::PayloadRef;
 use crate::{EventSink, EventType, RedactionPolicy, RunEvent};
 
 /// The version of the [`RunReport`] shape. Version 2 leaves `context_manifests` out of the
@@ -277,7 +278,7 @@ impl Serialize for ShortEvents<'_> {
             self.0
                 .events
                 .iter()
-                .map(|event| ShortEvent::of(event, self.0)),
+                .map(|event| ShortEvent::of(&EventView::of(event), &Head::of(self.0), false)),
         )
     }
 }
@@ -313,7 +314,7 @@ struct ShortEvent<'a> {
     delegation_id: Option<&'a str>,
     severity: crate::Severity,
     summary: &'a str,
-    payload: &'a Value,
+    payload: PayloadRef<'a>,
     #[serde(rename = "final")]
     is_final: bool,
     #[serde(serialize_with = "short_time")]
@@ -324,8 +325,41 @@ fn short_time<S: serde::Serializer>(time: &&DateTime<Utc>, s: S) -> Result<S::Ok
     crate::time::serialize(time, s)
 }
 
-impl<'a> ShortEvent<'a> {
-    fn of(event: &'a RunEvent, report: &RunReport) -> Self {
+impl Serialize for PayloadRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            PayloadRef::Json(value) => value.serialize(serializer),
+            PayloadRef::Typed(typed) => typed.to_value().serialize(serializer),
+        }
+    }
+}
+
+/// One event as the report reads and writes it: a [`RunEvent`]'s fields, borrowed either
+/// from an event or, for a [`ReportWriter`] fed by its emitter, from the builder and the
+/// emitter themselves (so no event is made only to be written and dropped).
+pub(crate) struct EventView<'a> {
+    pub(crate) version: u32,
+    pub(crate) event_type: &'a EventType,
+    pub(crate) run_id: &'a RunId,
+    pub(crate) task_id: Option<&'a TaskId>,
+    pub(crate) thread_id: Option<&'a ThreadId>,
+    pub(crate) agent_name: Option<&'a str>,
+    pub(crate) sequence: u64,
+    pub(crate) step: Option<u32>,
+    pub(crate) span_id: Option<&'a str>,
+    pub(crate) parent_span_id: Option<&'a str>,
+    pub(crate) action_id: Option<&'a ActionId>,
+    pub(crate) parent_action_id: Option<&'a ActionId>,
+    pub(crate) delegation_id: Option<&'a str>,
+    pub(crate) severity: crate::Severity,
+    pub(crate) summary: &'a str,
+    pub(crate) payload: PayloadRef<'a>,
+    pub(crate) is_final: bool,
+    pub(crate) timestamp: &'a DateTime<Utc>,
+}
+
+impl<'a> EventView<'a> {
+    pub(crate) fn of(event: &'a RunEvent) -> Self {
         // Destructured in full, so a field added to events cannot be left out here.
         let RunEvent {
             version,
@@ -347,20 +381,13 @@ impl<'a> ShortEvent<'a> {
             is_final,
             timestamp,
         } = event;
-        /// `None` when the event says what the report says.
-        fn unless_same<'a, T: PartialEq + ?Sized>(
-            own: Option<&'a T>,
-            report: Option<&T>,
-        ) -> Option<Option<&'a T>> {
-            (own != report).then_some(own)
-        }
-        ShortEvent {
-            version: (*version != crate::RUN_EVENT_VERSION).then_some(*version),
+        EventView {
+            version: *version,
             event_type,
-            run_id: (Some(run_id) != report.run_id.as_ref()).then_some(run_id),
-            task_id: unless_same(task_id.as_ref(), report.task_id.as_ref()),
-            thread_id: unless_same(thread_id.as_ref(), report.thread_id.as_ref()),
-            agent_name: unless_same(agent_name.as_deref(), report.agent_name.as_deref()),
+            run_id,
+            task_id: task_id.as_ref(),
+            thread_id: thread_id.as_ref(),
+            agent_name: agent_name.as_deref(),
             sequence: *sequence,
             step: *step,
             span_id: span_id.as_deref(),
@@ -370,9 +397,78 @@ impl<'a> ShortEvent<'a> {
             delegation_id: delegation_id.as_deref(),
             severity: *severity,
             summary,
-            payload,
+            payload: PayloadRef::Json(payload),
             is_final: *is_final,
             timestamp,
+        }
+    }
+
+    /// The payload read as `T`, or the problem a report notes.
+    fn payload_as<T: DeserializeOwned + Clone + 'static>(&self) -> Result<T, String> {
+        self.payload.read::<T>().map_err(|e| {
+            keel_core::AgentError::invalid_input(
+                "run_event.payload",
+                format!("{} event #{}: {e}", self.event_type, self.sequence),
+            )
+            .to_string()
+        })
+    }
+}
+
+/// The envelope fields a report states once for all its events.
+#[derive(Clone, Copy)]
+struct Head<'a> {
+    run_id: Option<&'a RunId>,
+    task_id: Option<&'a TaskId>,
+    thread_id: Option<&'a ThreadId>,
+    agent_name: Option<&'a str>,
+}
+
+impl<'a> Head<'a> {
+    fn of(report: &'a RunReport) -> Self {
+        Head {
+            run_id: report.run_id.as_ref(),
+            task_id: report.task_id.as_ref(),
+            thread_id: report.thread_id.as_ref(),
+            agent_name: report.agent_name.as_deref(),
+        }
+    }
+}
+
+impl<'a> ShortEvent<'a> {
+    /// The event shortened against `head`. With `only_stated`, a field is left out only
+    /// when the head states it (some value, the same): what a report written while its
+    /// events arrive needs, since its head is the first event's and a later event may
+    /// state what the first did not.
+    fn of(event: &EventView<'a>, head: &Head<'_>, only_stated: bool) -> Self {
+        /// `None` when the event says what the report says.
+        fn unless_same<'a, T: PartialEq + ?Sized>(
+            own: Option<&'a T>,
+            report: Option<&T>,
+            only_stated: bool,
+        ) -> Option<Option<&'a T>> {
+            let same = own == report && !(only_stated && report.is_none());
+            (!same).then_some(own)
+        }
+        ShortEvent {
+            version: (event.version != crate::RUN_EVENT_VERSION).then_some(event.version),
+            event_type: event.event_type,
+            run_id: (Some(event.run_id) != head.run_id).then_some(event.run_id),
+            task_id: unless_same(event.task_id, head.task_id, only_stated),
+            thread_id: unless_same(event.thread_id, head.thread_id, only_stated),
+            agent_name: unless_same(event.agent_name, head.agent_name, only_stated),
+            sequence: event.sequence,
+            step: event.step,
+            span_id: event.span_id,
+            parent_span_id: event.parent_span_id,
+            action_id: event.action_id,
+            parent_action_id: event.parent_action_id,
+            delegation_id: event.delegation_id,
+            severity: event.severity,
+            summary: event.summary,
+            payload: event.payload,
+            is_final: event.is_final,
+            timestamp: event.timestamp,
         }
     }
 }
@@ -380,14 +476,32 @@ impl<'a> ShortEvent<'a> {
 impl ShortEvent<'_> {
     /// Append the event as compact JSON: what its `Serialize` writes, field for field, without
     /// going through a serializer (see [`json_text`](crate::json_text)).
-    fn write_json(&self, out: &mut String, times: &mut crate::time::TimeWriter) {
-        use crate::json_text::{write_key, write_str, write_u64, write_value};
-        fn write_opt_str(out: &mut String, text: Option<&str>) {
-            match text {
-                Some(text) => write_str(out, text),
-                None => out.push_str("null"),
+    ///
+    /// With a `policy`, the event is masked as it is written, as
+    /// [`RedactionPolicy::redact_event`] masks an event: its free-text envelope fields and
+    /// its payload.
+    fn write_json(
+        &self,
+        out: &mut String,
+        times: &mut crate::time::TimeWriter,
+        policy: Option<&RedactionPolicy>,
+    ) {
+        use crate::json_text::{write_key, write_str, write_u64};
+        use crate::redact::Envelope;
+        let masked = |field: Envelope, text: &str| {
+            policy.is_some_and(|p| p.envelope_field_is_sensitive(field, text))
+        };
+        let write_text = |out: &mut String, field: Envelope, text: &str| {
+            if masked(field, text) {
+                write_str(out, crate::REDACTED);
+            } else {
+                write_str(out, text);
             }
-        }
+        };
+        let write_opt_str = |out: &mut String, field: Envelope, text: Option<&str>| match text {
+            Some(text) => write_text(out, field, text),
+            None => out.push_str("null"),
+        };
         let first = &mut true;
         out.push('{');
         if let Some(version) = self.version {
@@ -402,15 +516,15 @@ impl ShortEvent<'_> {
         }
         if let Some(task_id) = self.task_id {
             write_key(out, first, "task_id");
-            write_opt_str(out, task_id.map(TaskId::as_str));
+            write_opt_str(out, Envelope::Kept, task_id.map(TaskId::as_str));
         }
         if let Some(thread_id) = self.thread_id {
             write_key(out, first, "thread_id");
-            write_opt_str(out, thread_id.map(ThreadId::as_str));
+            write_opt_str(out, Envelope::Kept, thread_id.map(ThreadId::as_str));
         }
         if let Some(agent_name) = self.agent_name {
             write_key(out, first, "agent_name");
-            write_opt_str(out, agent_name);
+            write_opt_str(out, Envelope::AgentName, agent_name);
         }
         write_key(out, first, "sequence");
         write_u64(out, self.sequence);
@@ -419,27 +533,43 @@ impl ShortEvent<'_> {
             write_u64(out, u64::from(step));
         }
         let optional = [
-            ("span_id", self.span_id),
-            ("parent_span_id", self.parent_span_id),
-            ("action_id", self.action_id.map(ActionId::as_str)),
+            ("span_id", Envelope::SpanId, self.span_id),
+            (
+                "parent_span_id",
+                Envelope::ParentSpanId,
+                self.parent_span_id,
+            ),
+            (
+                "action_id",
+                Envelope::Kept,
+                self.action_id.map(ActionId::as_str),
+            ),
             (
                 "parent_action_id",
+                Envelope::Kept,
                 self.parent_action_id.map(ActionId::as_str),
             ),
-            ("delegation_id", self.delegation_id),
+            ("delegation_id", Envelope::DelegationId, self.delegation_id),
         ];
-        for (key, text) in optional {
+        for (key, field, text) in optional {
             if let Some(text) = text {
                 write_key(out, first, key);
-                write_str(out, text);
+                write_text(out, field, text);
             }
         }
         write_key(out, first, "severity");
         write_str(out, self.severity.as_str());
         write_key(out, first, "summary");
-        write_str(out, self.summary);
+        write_text(out, Envelope::Summary, self.summary);
         write_key(out, first, "payload");
-        write_value(out, self.payload);
+        let start = out.len();
+        self.payload.write(out, policy);
+        if policy.is_some_and(|p| p.envelope_field_is_sensitive(Envelope::Payload, ""))
+            && &out[start..] != "null"
+        {
+            out.truncate(start);
+            write_str(out, crate::REDACTED);
+        }
         write_key(out, first, "final");
         out.push_str(if self.is_final { "true" } else { "false" });
         write_key(out, first, "timestamp");
@@ -542,7 +672,7 @@ impl RunReport {
     fn summary_of(events: &[RunEvent]) -> RunReport {
         let mut builder = ReportBuilder::default();
         for event in events {
-            builder.read(event);
+            builder.read(&EventView::of(event));
         }
         builder.report
     }
@@ -554,7 +684,7 @@ impl RunReport {
             ..ReportBuilder::default()
         };
         for event in &sorted {
-            builder.read(event);
+            builder.read(&EventView::of(event));
         }
         builder.finish(sorted)
     }
@@ -605,7 +735,11 @@ impl RunReport {
             if i > 0 {
                 out.push(',');
             }
-            ShortEvent::of(event, &self).write_json(&mut out, &mut times);
+            ShortEvent::of(&EventView::of(event), &Head::of(&self), false).write_json(
+                &mut out,
+                &mut times,
+                None,
+            );
         }
         out.push_str("]}");
         Ok(JsonText::assume_valid(out))
@@ -637,11 +771,11 @@ struct ReportBuilder {
 }
 
 impl ReportBuilder {
-    fn payload<T: DeserializeOwned>(&mut self, event: &RunEvent) -> Option<T> {
+    fn payload<T: DeserializeOwned + Clone + 'static>(&mut self, event: &EventView) -> Option<T> {
         match event.payload_as::<T>() {
             Ok(payload) => Some(payload),
-            Err(e) => {
-                self.report.problems.push(e.to_string());
+            Err(problem) => {
+                self.report.problems.push(problem);
                 None
             }
         }
@@ -662,28 +796,28 @@ impl ReportBuilder {
         &mut self.report.actions[index]
     }
 
-    fn read(&mut self, event: &RunEvent) {
+    fn read(&mut self, event: &EventView) {
         let r = &mut self.report;
         r.run_id.get_or_insert_with(|| event.run_id.clone());
         if r.task_id.is_none() {
-            r.task_id = event.task_id.clone();
+            r.task_id = event.task_id.cloned();
         }
         if r.thread_id.is_none() {
-            r.thread_id = event.thread_id.clone();
+            r.thread_id = event.thread_id.cloned();
         }
         if r.agent_name.is_none() {
-            r.agent_name = event.agent_name.clone();
+            r.agent_name = event.agent_name.map(str::to_owned);
         }
-        r.started_at.get_or_insert(event.timestamp);
-        self.last_timestamp = Some(event.timestamp);
+        r.started_at.get_or_insert(*event.timestamp);
+        self.last_timestamp = Some(*event.timestamp);
         if let Some(step) = event.step {
             self.max_step = self.max_step.max(step);
         }
         if event.is_final {
-            self.report.finished_at = Some(event.timestamp);
+            self.report.finished_at = Some(*event.timestamp);
         }
 
-        let t = &event.event_type;
+        let t = event.event_type;
         if *t == EventType::TASK_STATUS {
             if let Some(p) = self.payload::<TaskStatusPayload>(event) {
                 self.report.final_state = Some(p.state);
@@ -703,7 +837,13 @@ impl ReportBuilder {
         } else if *t == EventType::CONTEXT_PREPARED && self.json_only {
             // Only the token count is needed; anything else falls to the full read below,
             // which notes a payload that is not a manifest.
-            let tokens = event.payload["manifest"]["total_estimated_tokens"].as_u64();
+            let tokens = match event.payload {
+                PayloadRef::Json(payload) => payload["manifest"]["total_estimated_tokens"].as_u64(),
+                PayloadRef::Typed(typed) => typed
+                    .as_any()
+                    .downcast_ref::<ContextPreparedPayload>()
+                    .map(|p| p.manifest.total_estimated_tokens),
+            };
             match tokens {
                 Some(tokens) => self.manifest_tokens += tokens,
                 None => {
@@ -834,10 +974,18 @@ impl ReportBuilder {
         }
     }
 
-    fn finish(mut self, events: Vec<RunEvent>) -> RunReport {
+    fn finish(self, events: Vec<RunEvent>) -> RunReport {
+        let count = events.len() as u64;
+        let mut report = self.finish_counted(count);
+        report.events = events;
+        report
+    }
+
+    /// The summary of `event_count` events read, without the events.
+    fn finish_counted(mut self, event_count: u64) -> RunReport {
         let r = &mut self.report;
         r.version = RUN_REPORT_VERSION;
-        r.event_count = events.len() as u64;
+        r.event_count = event_count;
         let end = r.finished_at.or(self.last_timestamp);
         let runtime = match (r.started_at, end) {
             (Some(start), Some(end)) => (end - start).num_milliseconds().max(0) as f64 / 1000.0,
@@ -856,8 +1004,178 @@ impl ReportBuilder {
             output_tokens: r.model.output_tokens,
             runtime_seconds: runtime,
         };
-        r.events = events;
         self.report
+    }
+}
+
+/// Writes a run's report as JSON text while the run goes, for persisting it when the run
+/// ends: each event is masked (with a [`redacting`](Self::redacting) writer) and written
+/// the moment it arrives, then let go, and the summary is kept as events arrive. The text
+/// is the report [`RunReport::redacted_json`] makes of the same events (keys of a payload
+/// in the order its struct declares them). The engine keeps one per run; unlike a
+/// [`RunRecorder`] it keeps no events to hand back.
+///
+/// Events must arrive in sequence order, as
+/// [`EventEmitter::emit_reported`](crate::EventEmitter::emit_reported) delivers them.
+///
+/// ```
+/// use keel_core::{Message, RunContext, Task};
+/// use keel_events::{EventEmitter, MultiSink, RedactionPolicy, ReportWriter, RunEvent, RunReport};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let emitter = EventEmitter::new(&RunContext::new(), std::sync::Arc::new(MultiSink::new()));
+/// let writer = ReportWriter::new().redacting(RedactionPolicy::default());
+/// let action = keel_core::RunAction::tool_call("login", serde_json::json!({"password": "hunter2"}));
+/// emitter.emit_reported(RunEvent::action_requested(&action), &writer).await?;
+/// let mut task = Task::create(Message::user("hi"));
+/// task.complete("hello")?;
+/// emitter.emit_reported(RunEvent::task_status_of(&task), &writer).await?;
+/// let text = writer.take_json()?;
+/// assert!(!text.as_str().contains("hunter2"));
+/// let report: RunReport = serde_json::from_str(text.as_str()).unwrap();
+/// assert_eq!(report.final_state, Some(keel_core::TaskState::Completed));
+/// assert_eq!(report.actions.len(), 1);
+/// # Ok::<(), keel_core::AgentError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct ReportWriter {
+    state: Mutex<WriterState>,
+    metadata: Metadata,
+    redaction: Option<RedactionPolicy>,
+}
+
+#[derive(Default)]
+struct WriterState {
+    summary: ReportBuilder,
+    /// The first event's envelope, which later events are shortened against.
+    head: Option<OwnedHead>,
+    /// The events written so far, comma-separated.
+    events: String,
+    count: u64,
+    times: crate::time::TimeWriter,
+}
+
+impl std::fmt::Debug for WriterState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriterState")
+            .field("count", &self.count)
+            .field("bytes", &self.events.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl WriterState {
+    fn new() -> Self {
+        WriterState {
+            summary: ReportBuilder {
+                json_only: true,
+                ..ReportBuilder::default()
+            },
+            ..WriterState::default()
+        }
+    }
+}
+
+struct OwnedHead {
+    run_id: RunId,
+    task_id: Option<TaskId>,
+    thread_id: Option<ThreadId>,
+    agent_name: Option<String>,
+}
+
+impl OwnedHead {
+    fn head(&self) -> Head<'_> {
+        Head {
+            run_id: Some(&self.run_id),
+            task_id: self.task_id.as_ref(),
+            thread_id: self.thread_id.as_ref(),
+            agent_name: self.agent_name.as_deref(),
+        }
+    }
+}
+
+impl Default for ReportWriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ReportWriter {
+    /// A writer that masks nothing.
+    pub fn new() -> Self {
+        ReportWriter {
+            state: Mutex::new(WriterState::new()),
+            metadata: Metadata::new(),
+            redaction: None,
+        }
+    }
+
+    /// Mask every event with `policy` as it is written, and the summary when the report is
+    /// taken.
+    #[must_use]
+    pub fn redacting(mut self, policy: RedactionPolicy) -> Self {
+        self.redaction = Some(policy);
+        self
+    }
+
+    /// Attach application metadata to the report.
+    #[must_use]
+    pub fn with_metadata(mut self, metadata: Metadata) -> Self {
+        self.metadata = metadata;
+        self
+    }
+
+    /// Write one more event.
+    pub fn record(&self, event: &RunEvent) {
+        self.write(&EventView::of(event));
+    }
+
+    pub(crate) fn write(&self, event: &EventView) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = &mut *state;
+        state.summary.read(event);
+        let head = state.head.get_or_insert_with(|| OwnedHead {
+            run_id: event.run_id.clone(),
+            task_id: event.task_id.cloned(),
+            thread_id: event.thread_id.cloned(),
+            agent_name: event.agent_name.map(str::to_owned),
+        });
+        if state.count > 0 {
+            state.events.push(',');
+        }
+        ShortEvent::of(event, &head.head(), true).write_json(
+            &mut state.events,
+            &mut state.times,
+            self.redaction.as_ref(),
+        );
+        state.count += 1;
+    }
+
+    /// The report of the events written so far, as JSON text, leaving the writer empty.
+    pub fn take_json(&self) -> AgentResult<JsonText> {
+        let state = std::mem::replace(
+            &mut *self.state.lock().unwrap_or_else(PoisonError::into_inner),
+            WriterState::new(),
+        );
+        let mut report = state.summary.finish_counted(state.count);
+        report.metadata = self.metadata.clone();
+        let mut out = String::with_capacity(state.events.len() + 512);
+        crate::masked::write_masked(&mut out, &Summary(&report), self.redaction.as_ref())
+            .map_err(keel_core::AgentError::internal)?;
+        // The summary always holds `version` and `event_count`, so `events` follows a comma.
+        out.pop();
+        out.push_str(",\"events\":[");
+        out.push_str(&state.events);
+        out.push_str("]}");
+        Ok(JsonText::assume_valid(out))
+    }
+}
+
+#[async_trait]
+impl EventSink for ReportWriter {
+    async fn emit(&self, event: &RunEvent) -> AgentResult<()> {
+        self.record(event);
+        Ok(())
     }
 }
 
