@@ -2296,7 +2296,10 @@ impl Inner {
                     EventType::new("message.persisted"),
                     "assistant message persisted",
                 )
-                .payload(json!({"role": "assistant", "tool_calls": response.tool_calls.len()}))
+                .payload_from(MessagePersisted {
+                    role: "assistant",
+                    tool_calls: response.tool_calls.len(),
+                })
                 .step(step),
             )
             .await;
@@ -2398,7 +2401,11 @@ impl Inner {
                         EventType::new("tool_result.persisted"),
                         "tool result persisted",
                     )
-                    .payload(json!({"call_id": call.id, "tool": call.name, "is_error": is_error}))
+                    .payload_from(ToolResultPersisted {
+                        call_id: call.id.clone(),
+                        is_error,
+                        tool: call.name.clone(),
+                    })
                     .step(step),
                 )
                 .await;
@@ -2921,13 +2928,37 @@ fn direct_tool_calls(message: Option<&Message>) -> Option<Vec<ToolCall>> {
 }
 
 /// The step's stop evaluation is done: which rule fired, if any (§6 order).
-async fn stop_evaluated(obs: &RunObs, step: u32, fired: Option<&str>) {
+async fn stop_evaluated(obs: &RunObs, step: u32, fired: Option<&'static str>) {
     obs.emit(
         RunEvent::builder(EventType::new("stop.evaluated"), "stop rules evaluated")
-            .payload(json!({ "stop": fired }))
+            .payload_from(StopEvaluated { stop: fired })
             .step(step),
     )
     .await;
+}
+
+// The payloads of the step markers every step emits, typed so that they are written into
+// the run's report as text without a JSON tree in between.
+
+/// `message.persisted`.
+#[derive(Serialize)]
+struct MessagePersisted {
+    role: &'static str,
+    tool_calls: usize,
+}
+
+/// `tool_result.persisted`.
+#[derive(Serialize)]
+struct ToolResultPersisted {
+    call_id: String,
+    is_error: bool,
+    tool: String,
+}
+
+/// `stop.evaluated`: the rule that fired, if any.
+#[derive(Serialize)]
+struct StopEvaluated {
+    stop: Option<&'static str>,
 }
 
 /// A user message as a history entry: its text, and its files as attachments.

@@ -72,6 +72,16 @@ impl Writer<'_> {
         }
     }
 
+    /// [`judge`](Self::judge) for a struct's field name.
+    fn judge_field(&self, key: &'static str) -> KeyVerdict {
+        match self.policy {
+            Some(policy) if policy.field_is_sensitive(key) => KeyVerdict::Sensitive {
+                token_count: RedactionPolicy::is_token_count_key(key),
+            },
+            _ => KeyVerdict::Plain,
+        }
+    }
+
     /// Write the value of an entry whose key got `verdict`: a sensitive key's value is
     /// replaced unless it is `null` or a token count (a number under a `...tokens` key).
     fn entry_value<V: Serialize + ?Sized>(
@@ -330,11 +340,15 @@ impl<'b, 'a> Compound<'b, 'a> {
         Ok(())
     }
 
-    fn field<T: Serialize + ?Sized>(&mut self, key: &str, value: &T) -> Result<(), Error> {
+    fn field<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), Error> {
         self.comma();
         write_str(self.writer.out, key);
         self.writer.out.push(':');
-        let verdict = self.writer.judge(key);
+        let verdict = self.writer.judge_field(key);
         self.writer.entry_value(verdict, value)
     }
 }

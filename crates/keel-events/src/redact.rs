@@ -92,7 +92,15 @@ type VerdictMap = HashMap<Box<str>, bool, foldhash::fast::RandomState>;
 
 thread_local! {
     static DEFAULT_VERDICTS: std::cell::RefCell<VerdictMap> = std::cell::RefCell::default();
+    /// The default policy's verdicts on struct field names, by the address of the name:
+    /// a payload struct's fields are the same `&'static str`s event after event, so one
+    /// comparison of address and length finds the verdict, with no hashing of the text.
+    static FIELD_VERDICTS: std::cell::RefCell<[(usize, usize, bool); FIELD_SLOTS]> =
+        const { std::cell::RefCell::new([(0, 0, false); FIELD_SLOTS]) };
 }
+
+/// Slots of the field-name cache (a power of two).
+const FIELD_SLOTS: usize = 256;
 
 impl KeyVerdicts {
     const CAPACITY: usize = 4096;
@@ -229,6 +237,27 @@ impl RedactionPolicy {
     // Redaction walks every key and string of every persisted report, so the common case
     // (ASCII keys and values) compares without allocating; anything else takes the general
     // Unicode path, which gives the same answers.
+    /// [`key_is_sensitive`](Self::key_is_sensitive) for a name that lives for the whole
+    /// program (a struct's field name), which the default policy looks up by address.
+    pub(crate) fn field_is_sensitive(&self, key: &'static str) -> bool {
+        if !matches!(self.verdicts, KeyVerdicts::Default) {
+            return self.key_is_sensitive(key);
+        }
+        let address = key.as_ptr() as usize;
+        // Names are at least byte-aligned and mostly sit apart; mixing in the length keeps
+        // two names at nearby addresses out of one slot.
+        let slot = (address ^ (address >> 8) ^ key.len()) & (FIELD_SLOTS - 1);
+        FIELD_VERDICTS.with(|cache| {
+            let (cached_address, cached_len, verdict) = cache.borrow()[slot];
+            if cached_address == address && cached_len == key.len() {
+                return verdict;
+            }
+            let verdict = self.key_is_sensitive(key);
+            cache.borrow_mut()[slot] = (address, key.len(), verdict);
+            verdict
+        })
+    }
+
     pub(crate) fn key_is_sensitive(&self, key: &str) -> bool {
         self.verdicts
             .get_or_insert_with(key, || self.match_key(key))

@@ -1076,6 +1076,9 @@ impl WriterState {
     }
 }
 
+/// The size of the last report a [`ReportWriter`] wrote, which the next one starts with.
+static LAST_REPORT_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 struct OwnedHead {
     run_id: RunId,
     task_id: Option<TaskId>,
@@ -1142,6 +1145,13 @@ impl ReportWriter {
         });
         if state.count > 0 {
             state.events.push(',');
+        } else {
+            // Sized like the last report this process wrote, so the text is not copied
+            // over and over as it grows.
+            state
+                .events
+                .reserve(LAST_REPORT_BYTES.load(std::sync::atomic::Ordering::Relaxed));
+            state.events.push_str("{\"events\":[");
         }
         ShortEvent::of(event, &head.head(), true).write_json(
             &mut state.events,
@@ -1159,14 +1169,19 @@ impl ReportWriter {
         );
         let mut report = state.summary.finish_counted(state.count);
         report.metadata = self.metadata.clone();
-        let mut out = String::with_capacity(state.events.len() + 512);
+        // The events come first, so the text written while the run went is not copied: the
+        // summary follows them (the order of an object's fields means nothing to a reader).
+        let mut out = state.events;
+        if state.count == 0 {
+            out.push_str("{\"events\":[");
+        }
+        out.push_str("],");
+        let summary_at = out.len();
         crate::masked::write_masked(&mut out, &Summary(&report), self.redaction.as_ref())
             .map_err(keel_core::AgentError::internal)?;
-        // The summary always holds `version` and `event_count`, so `events` follows a comma.
-        out.pop();
-        out.push_str(",\"events\":[");
-        out.push_str(&state.events);
-        out.push_str("]}");
+        // Drop the summary's own `{`; it always holds `version` and `event_count`.
+        out.remove(summary_at);
+        LAST_REPORT_BYTES.store(out.len().min(1 << 18), std::sync::atomic::Ordering::Relaxed);
         Ok(JsonText::assume_valid(out))
     }
 }
