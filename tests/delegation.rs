@@ -154,8 +154,11 @@ async fn a_parent_delegates_to_a_remote_agent_with_the_child_run_context() {
     assert_eq!(reports.len(), 1, "{reports:?}");
     assert_eq!(reports[0].run_id, ctx.run_id);
     assert_eq!(reports[0].trace_id.as_ref(), Some(&parent_ctx.trace_id));
+    let report: keel::events::RunReport =
+        serde_json::from_value(reports[0].report.clone()).expect("a run report");
+    let final_task = report.final_task.expect("the final task");
     assert_eq!(
-        reports[0].report["final_task"]["metadata"]["run_context"]["parent_run_id"],
+        final_task["metadata"]["run_context"]["parent_run_id"],
         serde_json::json!(parent_ctx.run_id.as_str())
     );
     // And so are its events: every one is stamped with the run the parent named.

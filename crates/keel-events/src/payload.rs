@@ -44,6 +44,14 @@ pub struct TaskStatusPayload {
     pub task: Option<Value>,
 }
 
+/// A [`TaskStatusPayload`] carrying the task itself rather than its JSON: what
+/// [`RunEvent::task_status_of`] makes; it serializes to the same JSON.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TaskStatusOf {
+    pub(crate) state: TaskState,
+    pub(crate) task: Task,
+}
+
 /// `task.artifact`: an artifact or a chunk of one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskArtifactPayload {
@@ -225,12 +233,20 @@ impl RunEvent {
 
     /// `task.status` for a task's current state, carrying the serialized task.
     pub fn task_status_of(task: &Task) -> RunEventBuilder {
-        RunEvent::task_status(TaskStatusPayload {
-            state: task.state(),
+        let state = task.state();
+        // The same event `task_status` makes of a `TaskStatusPayload` with the task as JSON,
+        // but holding the task itself, which a report writes as text with no JSON tree.
+        let builder = RunEvent::task_status(TaskStatusPayload {
+            state,
             message: None,
-            task: serde_json::to_value(task).ok(),
-        })
-        .task(task.id.clone())
+            task: None,
+        });
+        builder
+            .payload_from(TaskStatusOf {
+                state,
+                task: task.clone(),
+            })
+            .task(task.id.clone())
     }
 
     /// `task.status` for a task's current state without the serialized task: for a status

@@ -53,9 +53,10 @@ use crate::{EventSink, EventType, RedactionPolicy, RunEvent};
 /// report's own (`version`, `run_id`, `task_id`, `thread_id`, `agent_name`; an event whose
 /// optional field is empty while the report's is not says `null`), and reading fills them in
 /// again. Version 4 leaves out `actions` too (each action is already in its `action.*`
-/// events, twice over), rebuilt from the events when a report is read. Reports of versions
-/// 1 to 3 still read.
-pub const RUN_REPORT_VERSION: u32 = 4;
+/// events, twice over), rebuilt from the events when a report is read. Version 5 leaves out
+/// `final_task` (the last `task.status` event carries it), rebuilt the same way. Reports of
+/// versions 1 to 4 still read.
+pub const RUN_REPORT_VERSION: u32 = 5;
 
 /// Where an action got to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -211,8 +212,10 @@ pub struct RunReport {
     /// The last task state seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_state: Option<TaskState>,
-    /// The last serialized task carried by a status event.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The last serialized task carried by a status event. It is also that event's
+    /// payload, so the JSON form leaves it out (version 5) and reading a report rebuilds it
+    /// from `events`.
+    #[serde(default, skip_serializing)]
     pub final_task: Option<Value>,
     /// Every context prepared for a model, in order. Each is also the payload of its
     /// `context.prepared` event, so the JSON form leaves this out (each step's manifest
@@ -634,6 +637,9 @@ impl<'de> Deserialize<'de> for RunReport {
             let rebuilt = RunReport::summary_of(&report.events);
             report.actions = rebuilt.actions;
             report.context_manifests = rebuilt.context_manifests;
+            if report.version >= 5 {
+                report.final_task = rebuilt.final_task;
+            }
             // The JSON's own list does not cover action payloads (its summary reads none).
             for problem in rebuilt.problems {
                 if !report.problems.contains(&problem) {
@@ -818,7 +824,26 @@ impl ReportBuilder {
         }
 
         let t = event.event_type;
-        if *t == EventType::TASK_STATUS {
+        if *t == EventType::TASK_STATUS && self.json_only {
+            // Only the state: the JSON leaves `final_task` out (version 5).
+            let state = match event.payload {
+                PayloadRef::Json(payload) => payload.get("state").cloned().map(serde_json::from_value),
+                PayloadRef::Typed(typed) => {
+                    let any = typed.as_any();
+                    any.downcast_ref::<TaskStatusPayload>()
+                        .map(|p| Ok(p.state))
+                        .or_else(|| any.downcast_ref::<crate::payload::TaskStatusOf>().map(|p| Ok(p.state)))
+                        .or_else(|| Some(serde_json::from_value(typed.to_value()["state"].take())))
+                }
+            };
+            match state {
+                Some(Ok(state)) => self.report.final_state = Some(state),
+                _ => {
+                    // Not a status: note it as the full read would.
+                    let _ = self.payload::<TaskStatusPayload>(event);
+                }
+            }
+        } else if *t == EventType::TASK_STATUS {
             if let Some(p) = self.payload::<TaskStatusPayload>(event) {
                 self.report.final_state = Some(p.state);
                 if p.task.is_some() {

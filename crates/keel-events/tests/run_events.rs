@@ -17,11 +17,13 @@ use keel_events::payload::{
 use keel_events::{
     assert_budget_under, assert_no_denied_actions, assert_run_events, normalize, ActionStatus,
     BroadcastEventSink, EventEmitter, EventSink, EventType, InMemoryEventSink, Match, MultiSink,
-    RedactionPolicy, RunEvent, RunRecorder, RunReplay, RunReport, REDACTED,
+    RedactionPolicy, ReportWriter, RunEvent, RunEventBuilder, RunRecorder, RunReplay, RunReport,
+    REDACTED, RUN_REPORT_VERSION,
 };
 use serde_json::json;
 
 /// Ids and times fixed by the script, so two runs differ only where the engine's would.
+#[derive(Clone)]
 struct Script {
     context: RunContext,
     task: Task,
@@ -65,7 +67,7 @@ fn uuid_like() -> String {
 
 /// Emit a complete run: one step that writes (approved) and deletes (denied), then a
 /// second step that answers; the task completes.
-async fn run_script(s: &mut Script, emitter: &EventEmitter) -> AgentResult<()> {
+async fn run_script(s: &mut Script, emitter: &impl ScriptOut) -> AgentResult<()> {
     let manifest = ContextManifest {
         system_tokens: 100,
         user_tokens: 20,
@@ -191,6 +193,29 @@ async fn run_script(s: &mut Script, emitter: &EventEmitter) -> AgentResult<()> {
     s.task.complete("done")?;
     emitter.emit(RunEvent::task_status_of(&s.task)).await?;
     Ok(())
+}
+
+/// Where a script's events go: an emitter's sink, or (with no sink listening) a report
+/// writer fed straight from the builders.
+#[async_trait::async_trait]
+trait ScriptOut: Sync {
+    async fn emit(&self, event: RunEventBuilder) -> AgentResult<()>;
+}
+
+#[async_trait::async_trait]
+impl ScriptOut for EventEmitter {
+    async fn emit(&self, event: RunEventBuilder) -> AgentResult<()> {
+        EventEmitter::emit(self, event).await.map(|_| ())
+    }
+}
+
+struct Reported<'a>(&'a EventEmitter, &'a ReportWriter);
+
+#[async_trait::async_trait]
+impl ScriptOut for Reported<'_> {
+    async fn emit(&self, event: RunEventBuilder) -> AgentResult<()> {
+        self.0.emit_reported(event, self.1).await
+    }
 }
 
 fn expected_types() -> Vec<&'static str> {
@@ -583,7 +608,7 @@ async fn report_json_holds_each_context_manifest_once_and_reads_back_whole() {
     assert_eq!(report.context_manifests.len(), 1);
     let json = serde_json::to_value(&report).unwrap();
     assert!(json.get("context_manifests").is_none());
-    assert_eq!(json["version"], 4);
+    assert_eq!(json["version"], RUN_REPORT_VERSION);
     let text = json.to_string();
     assert_eq!(text.matches("\"total_estimated_tokens\":120").count(), 1);
     // Reading it back rebuilds the manifests from the `context.prepared` events.
@@ -715,7 +740,7 @@ async fn report_json_leaves_actions_out_and_reading_rebuilds_them() {
     assert_eq!(report.actions.len(), 2);
     let text = recorder.take_report_json().unwrap().into_string();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(json["version"], 4);
+    assert_eq!(json["version"], RUN_REPORT_VERSION);
     assert!(json.get("actions").is_none());
     let back: RunReport = serde_json::from_str(&text).unwrap();
     assert_eq!(back.actions, report.actions);
@@ -736,6 +761,104 @@ async fn report_json_leaves_actions_out_and_reading_rebuilds_them() {
         serde_json::from_str(recorder.take_report_json().unwrap().as_str()).unwrap();
     assert_eq!(back.problems, full.problems);
     assert_eq!(back.actions, full.actions);
+}
+
+/// `json` without what differs between two runs of one script: times, and the ids of the
+/// artifacts and messages the script makes as it runs.
+fn timeless(mut json: serde_json::Value) -> serde_json::Value {
+    fn strip(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                map.retain(|k, _| {
+                    !(k.ends_with("_at")
+                        || ["timestamp", "runtime_seconds", "id", "message_id"].contains(&k.as_str()))
+                });
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut json);
+    json
+}
+
+#[tokio::test]
+async fn a_report_writer_writes_the_redacted_report_of_its_events() {
+    let policy = RedactionPolicy::default();
+    let s = script();
+    // The reference: the script's events through a sink, reported and redacted at the end.
+    let sink = Arc::new(InMemoryEventSink::new());
+    let emitter = EventEmitter::new(&s.context, sink.clone()).with_task(s.task.id.clone());
+    run_script(&mut s.clone(), &emitter).await.unwrap();
+    let events = sink.events();
+    let plain = recorder_of(&events).await;
+    let expected = plain.report().redacted_json(&policy).unwrap();
+
+    // Fed the same events, a writer writes that report.
+    let writer = ReportWriter::new().redacting(policy.clone());
+    for event in &events {
+        writer.record(event);
+    }
+    let text = writer.take_json().unwrap().into_string();
+    assert!(!text.contains("sk-live-123"));
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json, expected);
+    // Taking the report leaves the writer empty.
+    let empty: RunReport = serde_json::from_str(writer.take_json().unwrap().as_str()).unwrap();
+    assert_eq!(empty.event_count, 0);
+
+    // Fed by its emitter with no sink listening, it writes the same report from the
+    // builders (no event is made), up to the times.
+    let writer = ReportWriter::new().redacting(policy.clone());
+    let emitter =
+        EventEmitter::new(&s.context, Arc::new(MultiSink::new())).with_task(s.task.id.clone());
+    run_script(&mut s.clone(), &Reported(&emitter, &writer))
+        .await
+        .unwrap();
+    let text = writer.take_json().unwrap().into_string();
+    assert!(!text.contains("sk-live-123"));
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(timeless(json), timeless(expected));
+
+    // Unmasked, it reads back as the report of the events.
+    let writer = ReportWriter::new();
+    let emitter =
+        EventEmitter::new(&s.context, Arc::new(MultiSink::new())).with_task(s.task.id.clone());
+    run_script(&mut s.clone(), &Reported(&emitter, &writer))
+        .await
+        .unwrap();
+    let back: RunReport = serde_json::from_str(writer.take_json().unwrap().as_str()).unwrap();
+    let report = plain.report();
+    assert_eq!(back.final_state, report.final_state);
+    assert_eq!(
+        back.final_task.as_ref().map(|t| &t["id"]),
+        report.final_task.as_ref().map(|t| &t["id"])
+    );
+    assert_eq!(back.actions.len(), report.actions.len());
+    assert_eq!(back.context_manifests, report.context_manifests);
+    assert_eq!(back.event_count, report.event_count);
+    assert_eq!(
+        timeless(serde_json::to_value(&back.events).unwrap()),
+        timeless(serde_json::to_value(&report.events).unwrap())
+    );
+}
+
+#[tokio::test]
+async fn report_json_leaves_the_final_task_out_and_reading_rebuilds_it() {
+    let (_, events) = recorded_run().await;
+    let report = RunReport::from_events(&events);
+    assert!(report.final_task.is_some());
+    let json = serde_json::to_value(&report).unwrap();
+    assert!(json.get("final_task").is_none());
+    let back: RunReport = serde_json::from_value(json.clone()).unwrap();
+    assert_eq!(back.final_task, report.final_task);
+    // A version 4 report carried it, and reads as it is.
+    let mut v4 = json;
+    v4["version"] = json!(4);
+    v4["final_task"] = json!({"id": "from-the-summary"});
+    let old: RunReport = serde_json::from_value(v4).unwrap();
+    assert_eq!(old.final_task, Some(json!({"id": "from-the-summary"})));
 }
 
 /// A recorder that has recorded `events`.
