@@ -2037,7 +2037,15 @@ impl Inner {
         let mut injected = Vec::new();
         let mut outcome = None;
         for item in items {
-            let Ok(work) = serde_json::from_value::<QueuedWork>(item.payload.clone()) else {
+            // The run's own queue item (its task) heads the queue at every step: judged by
+            // its kind, it need not be decoded.
+            if matches!(
+                item.payload.get("kind").and_then(Value::as_str),
+                Some("task" | "effect")
+            ) {
+                continue;
+            }
+            let Ok(work) = QueuedWork::deserialize(&item.payload) else {
                 continue;
             };
             if matches!(work, QueuedWork::Task { .. } | QueuedWork::Effect(_)) {

@@ -34,27 +34,16 @@ impl AuthContext {
     /// ```
     pub fn namespace(&self) -> String {
         // Every store operation keys by it, so it is built directly, without `format!`.
-        fn push_len(out: &mut String, len: usize) {
-            let mut digits = [0u8; 20];
-            let (mut at, mut rest) = (digits.len(), len);
-            loop {
-                at -= 1;
-                digits[at] = b'0' + (rest % 10) as u8;
-                rest /= 10;
-                if rest == 0 {
-                    break;
-                }
-            }
-            // ASCII digits, so always UTF-8.
-            out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
-        }
         let (app, user) = (&self.app_name, &self.user_name);
-        let mut out = String::with_capacity(app.len() + user.len() + 12);
-        push_len(&mut out, app.len());
+        let (mut app_len, mut user_len) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (app_len, user_len) = (app_len.format(app.len()), user_len.format(user.len()));
+        let mut out =
+            String::with_capacity(app_len.len() + user_len.len() + app.len() + user.len() + 3);
+        out.push_str(app_len);
         out.push(':');
         out.push_str(app);
         out.push('/');
-        push_len(&mut out, user.len());
+        out.push_str(user_len);
         out.push(':');
         out.push_str(user);
         out
