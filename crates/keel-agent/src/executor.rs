@@ -136,8 +136,8 @@ pub(crate) struct Inner {
     pub(crate) runtime: Arc<dyn Runtime>,
     pub(crate) config: ExecutorConfig,
     pub(crate) me: Weak<Inner>,
-    active: DashMap<TaskKey, Arc<ActiveRun>>,
-    workers: DashMap<ThreadKey, Arc<Notify>>,
+    active: DashMap<TaskKey, Arc<ActiveRun>, foldhash::fast::RandomState>,
+    workers: DashMap<ThreadKey, Arc<Notify>, foldhash::fast::RandomState>,
     /// Bumped whenever this process persists a task status or a message of a task, to wake
     /// local watchers of a task's events (streams, push delivery).
     changed: watch::Sender<u64>,
@@ -250,8 +250,8 @@ impl AgentExecutor {
                 runtime,
                 config,
                 me: me.clone(),
-                active: DashMap::new(),
-                workers: DashMap::new(),
+                active: DashMap::default(),
+                workers: DashMap::default(),
                 changed,
                 rested,
                 tracker: TaskTracker::new(),

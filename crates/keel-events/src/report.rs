@@ -1173,9 +1173,8 @@ impl ReportWriter {
         } else {
             // Sized like the last report this process wrote, so the text is not copied
             // over and over as it grows.
-            state
-                .events
-                .reserve(LAST_REPORT_BYTES.load(std::sync::atomic::Ordering::Relaxed));
+            let last = LAST_REPORT_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+            state.events.reserve(last + last / 8);
             state.events.push_str("{\"events\":[");
         }
         ShortEvent::of(event, &head.head(), true).write_json(

@@ -52,7 +52,8 @@ const SECOND_LEN: usize = 19;
 #[derive(Default)]
 pub(crate) struct TimeWriter {
     second: Option<i64>,
-    prefix: [u8; SECOND_LEN],
+    /// `"YYYY-MM-DDTHH:MM:SS` of that second, opening quote included.
+    prefix: String,
 }
 
 impl TimeWriter {
@@ -60,17 +61,23 @@ impl TimeWriter {
         let (second, nanos) = (time.timestamp(), time.timestamp_subsec_nanos());
         // A leap second shares the timestamp of the second before it, so it never reuses it.
         if self.second == Some(second) && nanos < 1_000_000_000 {
-            let mut text = Text::default();
-            text.bytes[..SECOND_LEN].copy_from_slice(&self.prefix);
-            text.len = SECOND_LEN;
-            text.fraction(nanos);
-            return push_quoted(out, &text.bytes[..text.len], time);
+            out.push_str(&self.prefix);
+            push_fraction(out, nanos);
+            out.push_str("Z\"");
+            return;
         }
-        match format(time) {
-            Some((buffer, len)) => {
-                self.prefix.copy_from_slice(&buffer[..SECOND_LEN]);
+        match format(time).and_then(|(buffer, len)| {
+            let text = std::str::from_utf8(&buffer[..len]).ok()?;
+            Some(text.get(..SECOND_LEN)?.to_owned()).map(|prefix| (prefix, text.to_owned()))
+        }) {
+            Some((prefix, text)) => {
+                self.prefix.clear();
+                self.prefix.push('"');
+                self.prefix.push_str(&prefix);
                 self.second = Some(second);
-                push_quoted(out, &buffer[..len], time);
+                out.push('"');
+                out.push_str(&text);
+                out.push('"');
             }
             None => {
                 self.second = None;
@@ -80,17 +87,22 @@ impl TimeWriter {
     }
 }
 
-/// Append formatted time text as a JSON string.
-fn push_quoted(out: &mut String, text: &[u8], time: &DateTime<Utc>) {
-    match std::str::from_utf8(text) {
-        Ok(text) => {
-            out.push('"');
-            out.push_str(text);
-            out.push('"');
-        }
-        // ASCII digits and separators, always UTF-8; chrono's text if that ever changes.
-        Err(_) => push_chrono(out, time),
-    }
+/// Append the fraction of a second as [`Text::fraction`] writes it, without its `Z`: the
+/// digits come from `itoa` with a leading 1 that keeps their zeros, then is left out.
+fn push_fraction(out: &mut String, nanos: u32) {
+    let (fraction, scale) = if nanos == 0 {
+        return;
+    } else if nanos % 1_000_000 == 0 {
+        (nanos / 1_000_000, 1_000)
+    } else if nanos % 1_000 == 0 {
+        (nanos / 1_000, 1_000_000)
+    } else {
+        (nanos, 1_000_000_000)
+    };
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(scale + fraction);
+    out.push('.');
+    out.push_str(digits.get(1..).unwrap_or_default());
 }
 
 /// Append `time` as chrono serializes it: for the times [`format`] leaves to chrono.

@@ -101,7 +101,7 @@ pub trait AsyncCallStore: Send + Sync {
 /// An [`AsyncCallStore`] over a concurrent hash map.
 #[derive(Debug, Default)]
 pub struct InMemoryAsyncCallStore {
-    calls: DashMap<String, AsyncCall>,
+    calls: DashMap<String, AsyncCall, foldhash::fast::RandomState>,
 }
 
 impl InMemoryAsyncCallStore {

@@ -52,7 +52,7 @@ pub trait MemoryService: Send + Sync {
 /// A [`MemoryService`] over a concurrent hash map.
 #[derive(Debug, Default)]
 pub struct InMemoryMemoryService {
-    values: DashMap<(String, String), (Value, Option<Instant>)>,
+    values: DashMap<(String, String), (Value, Option<Instant>), foldhash::fast::RandomState>,
     /// Expiring writes since the last sweep.
     expiring_writes: AtomicU64,
 }

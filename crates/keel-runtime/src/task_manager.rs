@@ -145,7 +145,7 @@ struct Entry {
 /// reached a terminal state, the oldest finished ones are evicted with their event logs.
 /// Tasks that are not terminal are never evicted.
 pub struct InMemoryTaskManager {
-    entries: DashMap<(String, TaskId), Entry>,
+    entries: DashMap<(String, TaskId), Entry, foldhash::fast::RandomState>,
     next_seq: AtomicU64,
     finished: std::sync::Mutex<std::collections::VecDeque<(String, TaskId)>>,
     finished_cap: usize,
@@ -169,7 +169,7 @@ impl InMemoryTaskManager {
     /// An empty store keeping at most `cap` finished tasks (at least 1).
     pub fn with_finished_cap(cap: usize) -> Self {
         Self {
-            entries: DashMap::new(),
+            entries: DashMap::default(),
             // Seqs start at 1, so the page token "0" (or none) means "from the start".
             next_seq: AtomicU64::new(1),
             finished: Default::default(),

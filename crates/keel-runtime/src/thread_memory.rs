@@ -44,8 +44,8 @@ impl ThreadData {
 /// key-value store. Busy threads are never evicted. Fencing tokens and queue seqs come from
 /// store-wide counters, so a thread created again after eviction never reuses one.
 pub struct InMemoryThreadStore {
-    threads: DashMap<(String, ThreadId), ThreadData>,
-    children: DashMap<(String, ThreadId), ChildThread>,
+    threads: DashMap<(String, ThreadId), ThreadData, foldhash::fast::RandomState>,
+    children: DashMap<(String, ThreadId), ChildThread, foldhash::fast::RandomState>,
     kv_limits: KvLimits,
     order: std::sync::Mutex<VecDeque<(String, ThreadId)>>,
     max_threads: usize,
@@ -56,8 +56,8 @@ pub struct InMemoryThreadStore {
 impl Default for InMemoryThreadStore {
     fn default() -> Self {
         Self {
-            threads: DashMap::new(),
-            children: DashMap::new(),
+            threads: DashMap::default(),
+            children: DashMap::default(),
             kv_limits: KvLimits::default(),
             order: Default::default(),
             max_threads: Self::DEFAULT_MAX_THREADS,
