@@ -744,7 +744,7 @@ impl AgentExecutor {
             &inner.agent.card().name,
             inner.agent.authorizer().clone(),
         ));
-        let action = tool_action(registered.tool.as_ref(), &call);
+        let action = Arc::new(tool_action(registered.tool.as_ref(), &call));
         obs.emit(RunEvent::action_requested(&action)).await;
         if let Err(err) = obs.authorize(&action).await {
             if let AgentError::ActionDenied { reason, .. } = &err {
@@ -2209,11 +2209,12 @@ impl Inner {
             ctx.thread.load_attachment_bytes(&mut messages).await;
             let messages = crate::async_tools::model_view(messages);
             let request = LlmRequest::new(messages).with_tools(tools.clone());
-            let manifest = prepare_manifest(
+            // Shared with its `context.prepared` event rather than copied for it.
+            let manifest = Arc::new(prepare_manifest(
                 &request,
                 &profile,
                 ManifestIds::from_run_context(&ctx.run, Some(&self.agent.card().name)),
-            );
+            ));
             obs.emit(RunEvent::context_prepared(&manifest).step(step))
                 .await;
             if let Err(error) = obs.budget(|b| b.check_llm_call(&manifest)).await {
@@ -2543,7 +2544,8 @@ impl Inner {
                 is_error: true,
             };
         }
-        let action = tool_action(registered.tool.as_ref(), call);
+        // Shared by its `action.requested` and `action.started` events, not copied for each.
+        let action = Arc::new(tool_action(registered.tool.as_ref(), call));
         obs.emit(RunEvent::action_requested(&action)).await;
         if !preapproved {
             match obs.authorize(&action).await {

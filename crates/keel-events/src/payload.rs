@@ -44,6 +44,60 @@ pub struct TaskStatusPayload {
     pub task: Option<Value>,
 }
 
+/// A value as the constructors that put it in a payload take it: a reference (copied once)
+/// or an `Arc` (shared, not copied), for a caller that keeps using the value or puts it in
+/// more than one event (an action's `action.requested` and `action.started`).
+pub trait IntoShared<T> {
+    /// The value, shared.
+    fn into_shared(self) -> std::sync::Arc<T>;
+}
+
+impl<T: Clone> IntoShared<T> for &T {
+    fn into_shared(self) -> std::sync::Arc<T> {
+        std::sync::Arc::new(self.clone())
+    }
+}
+
+impl<T> IntoShared<T> for std::sync::Arc<T> {
+    fn into_shared(self) -> std::sync::Arc<T> {
+        self
+    }
+}
+
+impl<T> IntoShared<T> for &std::sync::Arc<T> {
+    fn into_shared(self) -> std::sync::Arc<T> {
+        self.clone()
+    }
+}
+
+/// A [`ContextPreparedPayload`] sharing its manifest: the same JSON.
+pub(crate) struct SharedManifestPayload {
+    pub(crate) manifest: std::sync::Arc<ContextManifest>,
+}
+
+impl Serialize for SharedManifestPayload {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut payload = serializer.serialize_struct("ContextPreparedPayload", 1)?;
+        payload.serialize_field("manifest", &*self.manifest)?;
+        payload.end()
+    }
+}
+
+/// An [`ActionPayload`] sharing its action: the same JSON.
+struct SharedActionPayload {
+    action: std::sync::Arc<RunAction>,
+}
+
+impl Serialize for SharedActionPayload {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut payload = serializer.serialize_struct("ActionPayload", 1)?;
+        payload.serialize_field("action", &*self.action)?;
+        payload.end()
+    }
+}
+
 /// A [`TaskStatusPayload`] carrying the task itself rather than its JSON: what
 /// [`RunEvent::task_status_of`] makes; it serializes to the same JSON.
 #[derive(Debug, Clone, Serialize)]
@@ -276,8 +330,10 @@ impl RunEvent {
         builder
     }
 
-    /// `context.prepared`.
-    pub fn context_prepared(manifest: &ContextManifest) -> RunEventBuilder {
+    /// `context.prepared`. Pass an `Arc<ContextManifest>` to share the manifest rather
+    /// than copy it.
+    pub fn context_prepared(manifest: impl IntoShared<ContextManifest>) -> RunEventBuilder {
+        let manifest = manifest.into_shared();
         RunEvent::builder(
             EventType::CONTEXT_PREPARED,
             format!(
@@ -285,9 +341,7 @@ impl RunEvent {
                 manifest.total_estimated_tokens
             ),
         )
-        .payload_from(ContextPreparedPayload {
-            manifest: manifest.clone(),
-        })
+        .payload_from(SharedManifestPayload { manifest })
     }
 
     /// `llm.call.started`.
@@ -336,28 +390,29 @@ impl RunEvent {
             .severity(Severity::Error)
     }
 
-    fn for_action(event_type: EventType, summary: String, action: &RunAction) -> RunEventBuilder {
-        let mut builder = RunEvent::builder(event_type, summary)
-            .payload_from(ActionPayload {
-                action: action.clone(),
-            })
-            .action(action.id.clone());
+    fn for_action(
+        event_type: EventType,
+        verb: &str,
+        action: impl IntoShared<RunAction>,
+    ) -> RunEventBuilder {
+        let action = action.into_shared();
+        let summary = format!("{} `{}` {verb}", action.kind, action.name);
+        let mut builder = RunEvent::builder(event_type, summary).action(action.id.clone());
         if let Some(parent) = &action.parent_action_id {
             builder = builder.parent_action(parent.clone());
         }
-        builder
+        builder.payload_from(SharedActionPayload { action })
     }
 
-    /// `action.requested`.
-    pub fn action_requested(action: &RunAction) -> RunEventBuilder {
-        let summary = format!("{} `{}` requested", action.kind, action.name);
-        RunEvent::for_action(EventType::ACTION_REQUESTED, summary, action)
+    /// `action.requested`. Pass an `Arc<RunAction>` (or a reference to one) to share the
+    /// action with the events that follow instead of copying it for each.
+    pub fn action_requested(action: impl IntoShared<RunAction>) -> RunEventBuilder {
+        RunEvent::for_action(EventType::ACTION_REQUESTED, "requested", action)
     }
 
-    /// `action.started`.
-    pub fn action_started(action: &RunAction) -> RunEventBuilder {
-        let summary = format!("{} `{}` started", action.kind, action.name);
-        RunEvent::for_action(EventType::ACTION_STARTED, summary, action)
+    /// `action.started`; see [`RunEvent::action_requested`].
+    pub fn action_started(action: impl IntoShared<RunAction>) -> RunEventBuilder {
+        RunEvent::for_action(EventType::ACTION_STARTED, "started", action)
     }
 
     /// `action.policy`.

@@ -864,10 +864,15 @@ impl ReportBuilder {
             // which notes a payload that is not a manifest.
             let tokens = match event.payload {
                 PayloadRef::Json(payload) => payload["manifest"]["total_estimated_tokens"].as_u64(),
-                PayloadRef::Typed(typed) => typed
-                    .as_any()
-                    .downcast_ref::<ContextPreparedPayload>()
-                    .map(|p| p.manifest.total_estimated_tokens),
+                PayloadRef::Typed(typed) => {
+                    let any = typed.as_any();
+                    any.downcast_ref::<crate::payload::SharedManifestPayload>()
+                        .map(|p| p.manifest.total_estimated_tokens)
+                        .or_else(|| {
+                            any.downcast_ref::<ContextPreparedPayload>()
+                                .map(|p| p.manifest.total_estimated_tokens)
+                        })
+                }
             };
             match tokens {
                 Some(tokens) => self.manifest_tokens += tokens,
