@@ -340,11 +340,7 @@ impl<'b, 'a> Compound<'b, 'a> {
         Ok(())
     }
 
-    fn field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), Error> {
+    fn field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Error> {
         self.comma();
         write_str(self.writer.out, key);
         self.writer.out.push(':');
@@ -702,19 +698,27 @@ mod tests {
     #[test]
     fn unmasked_text_is_what_serde_json_writes() {
         let value = sample();
-        assert_eq!(written(&value, None), serde_json::to_string(&value).unwrap());
+        assert_eq!(
+            written(&value, None),
+            serde_json::to_string(&value).unwrap()
+        );
         let tree = serde_json::to_value(&value).unwrap();
         assert_eq!(written(&tree, None), serde_json::to_string(&tree).unwrap());
         // An f32 is written as the tree holds it (widened to f64).
         let tree = serde_json::to_value(0.1f32).unwrap();
-        assert_eq!(written(&0.1f32, None), serde_json::to_string(&tree).unwrap());
+        assert_eq!(
+            written(&0.1f32, None),
+            serde_json::to_string(&tree).unwrap()
+        );
     }
 
     #[test]
     fn masked_text_reads_as_the_masked_tree() {
         for policy in [
             RedactionPolicy::default(),
-            RedactionPolicy::default().with_key("name").allow_key("api_key"),
+            RedactionPolicy::default()
+                .with_key("name")
+                .allow_key("api_key"),
             RedactionPolicy::default().with_value_prefix("y"),
         ] {
             let value = sample();

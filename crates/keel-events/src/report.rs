@@ -39,12 +39,12 @@ use keel_core::{
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::event::PayloadRef;
 use crate::payload::{
     ActionCompletedPayload, ActionDeniedPayload, ActionFailedPayload, ActionPayload,
     ActionPolicyPayload, ApprovalDecidedPayload, ApprovalRequiredPayload, BudgetPayload,
     ContextPreparedPayload, LlmCallCompletedPayload, TaskArtifactPayload, TaskStatusPayload,
 };
-use crate::event::PayloadRef;
 use crate::{EventSink, EventType, RedactionPolicy, RunEvent};
 
 /// The version of the [`RunReport`] shape. Version 2 leaves `context_manifests` out of the
@@ -741,11 +741,8 @@ impl RunReport {
             if i > 0 {
                 out.push(',');
             }
-            ShortEvent::of(&EventView::of(event), &Head::of(&self), false).write_json(
-                &mut out,
-                &mut times,
-                None,
-            );
+            ShortEvent::of(&EventView::of(event), &Head::of(&self), false)
+                .write_json(&mut out, &mut times, None);
         }
         out.push_str("]}");
         Ok(JsonText::assume_valid(out))
@@ -827,12 +824,17 @@ impl ReportBuilder {
         if *t == EventType::TASK_STATUS && self.json_only {
             // Only the state: the JSON leaves `final_task` out (version 5).
             let state = match event.payload {
-                PayloadRef::Json(payload) => payload.get("state").cloned().map(serde_json::from_value),
+                PayloadRef::Json(payload) => {
+                    payload.get("state").cloned().map(serde_json::from_value)
+                }
                 PayloadRef::Typed(typed) => {
                     let any = typed.as_any();
                     any.downcast_ref::<TaskStatusPayload>()
                         .map(|p| Ok(p.state))
-                        .or_else(|| any.downcast_ref::<crate::payload::TaskStatusOf>().map(|p| Ok(p.state)))
+                        .or_else(|| {
+                            any.downcast_ref::<crate::payload::TaskStatusOf>()
+                                .map(|p| Ok(p.state))
+                        })
                         .or_else(|| Some(serde_json::from_value(typed.to_value()["state"].take())))
                 }
             };

@@ -771,7 +771,8 @@ fn timeless(mut json: serde_json::Value) -> serde_json::Value {
             serde_json::Value::Object(map) => {
                 map.retain(|k, _| {
                     !(k.ends_with("_at")
-                        || ["timestamp", "runtime_seconds", "id", "message_id"].contains(&k.as_str()))
+                        || ["timestamp", "runtime_seconds", "id", "message_id"]
+                            .contains(&k.as_str()))
                 });
                 map.values_mut().for_each(strip);
             }
