@@ -270,17 +270,22 @@ impl TaskManager for InMemoryTaskManager {
     }
 
     async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
-        let mut snapshot = task.clone();
-        snapshot.history.clear();
+        let snapshot = task.clone_without_history();
         let key = Self::key(auth, &task.id);
         let newly_finished = {
-            let mut entry = self.entries.entry(key.clone()).or_insert_with(|| Entry {
-                seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
-                task: snapshot.clone(),
-                events: Vec::new(),
-                counted_finished: false,
-            });
-            entry.task = snapshot;
+            let mut entry = match self.entries.entry(key.clone()) {
+                dashmap::mapref::entry::Entry::Occupied(occupied) => {
+                    let mut entry = occupied.into_ref();
+                    entry.task = snapshot;
+                    entry
+                }
+                dashmap::mapref::entry::Entry::Vacant(vacant) => vacant.insert(Entry {
+                    seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
+                    task: snapshot,
+                    events: Vec::new(),
+                    counted_finished: false,
+                }),
+            };
             let newly = entry.task.state().is_terminal() && !entry.counted_finished;
             entry.counted_finished |= newly;
             newly
