@@ -278,6 +278,9 @@ pub(crate) fn same(a: &str, b: &str) -> bool {
 /// It takes the messages by value (the request's own copy, built once per step) and moves
 /// them into the view rather than copying the history a second time.
 pub(crate) fn model_view(history: Vec<LlmMessage>) -> Vec<LlmMessage> {
+    if !reshaped(&history) {
+        return history;
+    }
     let mut view: Vec<LlmMessage> = Vec::with_capacity(history.len());
     // Calls whose results may still follow directly (the run of tool messages after them),
     // as (index in `view` of the assistant message, index of the call in it): the calls are
@@ -335,6 +338,29 @@ pub(crate) fn model_view(history: Vec<LlmMessage>) -> Vec<LlmMessage> {
     view
 }
 
+/// Whether [`model_view`] changes anything: only when a message other than a tool result
+/// follows a call still unanswered (a placeholder goes in, and its late result becomes a
+/// note). The common history, every call answered at once, is used as it is.
+fn reshaped(history: &[LlmMessage]) -> bool {
+    let mut open: Vec<&str> = Vec::new();
+    for message in history {
+        if message.role == LlmRole::Tool {
+            let id = message.tool_call_id.as_deref().unwrap_or_default();
+            if let Some(at) = open.iter().position(|call| *call == id) {
+                open.remove(at);
+            }
+            continue;
+        }
+        if !open.is_empty() {
+            return true;
+        }
+        if message.role == LlmRole::Assistant {
+            open.extend(message.tool_calls.iter().map(|call| call.id.as_str()));
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,6 +377,7 @@ mod tests {
             LlmMessage::assistant("still rendering", vec![]),
             LlmMessage::tool_result(&call, "v.mp4"),
         ];
+        assert!(reshaped(&history));
         let view = model_view(history);
         let roles: Vec<LlmRole> = view.iter().map(|m| m.role).collect();
         assert_eq!(
@@ -379,6 +406,8 @@ mod tests {
             LlmMessage::tool_result(&b, "2"),
             LlmMessage::assistant("done", vec![]),
         ];
+        // Nothing to reshape: the history is used as it is, not rebuilt.
+        assert!(!reshaped(&history));
         assert_eq!(model_view(history.clone()), history);
         // The current step's unanswered calls stay open (the step is still running them).
         let open = &history[..3];

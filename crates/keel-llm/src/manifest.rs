@@ -32,9 +32,32 @@ pub fn estimate_message_tokens(message: &LlmMessage) -> u64 {
     let calls: u64 = message
         .tool_calls
         .iter()
-        .map(|call| estimate_tokens(&call.name) + estimate_tokens(&call.arguments.to_string()))
+        .map(|call| estimate_tokens(&call.name) + estimate_json_tokens(&call.arguments))
         .sum();
     estimate_tokens(&message.content) + calls
+}
+
+/// [`estimate_tokens`] of `value`'s compact JSON, counted as it is written rather than from a
+/// copy of the text: a step estimates every message of the history and the tool specs, and
+/// writing each out only to count it was most of preparing a manifest. A value that does not
+/// serialize counts as nothing.
+fn estimate_json_tokens<T: serde::Serialize + ?Sized>(value: &T) -> u64 {
+    /// Counts the characters written: every byte that does not continue a UTF-8 sequence.
+    struct Chars(u64);
+    impl std::io::Write for Chars {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.iter().filter(|b| (**b & 0xC0) != 0x80).count() as u64;
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut chars = Chars(0);
+    match serde_json::to_writer(&mut chars, value) {
+        Ok(()) => chars.0.div_ceil(4),
+        Err(_) => 0,
+    }
 }
 
 /// Prepare the [`ContextManifest`] of `request` for the model described by `profile`.
@@ -90,12 +113,10 @@ pub fn prepare_manifest(
     } else {
         // The specs serialise infallibly (strings and JSON values only); an empty estimate
         // would only under-count, never fail the call.
-        serde_json::to_string(&request.tools)
-            .map(|json| estimate_tokens(&json))
-            .unwrap_or_default()
+        estimate_json_tokens(&request.tools)
     };
     if let Some(schema) = &request.output_schema {
-        tool_prompt_tokens += estimate_tokens(&schema.to_string());
+        tool_prompt_tokens += estimate_json_tokens(schema);
     }
 
     let total = system_tokens + tool_prompt_tokens + history_tokens + user_tokens;
@@ -129,6 +150,21 @@ mod tests {
     use super::*;
     use crate::{ToolCall, ToolSpec};
     use serde_json::json;
+
+    #[test]
+    fn json_is_counted_as_its_text_would_be() {
+        for value in [
+            json!({}),
+            json!({"q": "weather in Paris", "n": [1, 2.5, null, true]}),
+            json!({"ключ": "日本語のテキスト", "emoji": "🦀🦀", "esc": "a\"b\\c\n"}),
+        ] {
+            assert_eq!(
+                estimate_json_tokens(&value),
+                estimate_tokens(&value.to_string()),
+                "{value}"
+            );
+        }
+    }
 
     #[test]
     fn sections_split_system_tools_history_and_the_last_user_message() {
