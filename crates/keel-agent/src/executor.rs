@@ -167,12 +167,14 @@ pub struct AgentExecutor {
 struct Flow {
     auth: AuthContext,
     thread_id: ThreadId,
-    lease: Arc<RwLock<Lease>>,
+    lease: Arc<RwLock<Arc<Lease>>>,
     lost: CancellationToken,
 }
 
 impl Flow {
-    fn lease(&self) -> Lease {
+    /// The current lease, shared: every persist point passes it to the store, and copying it
+    /// each time (its strings) was an allocation per write.
+    fn lease(&self) -> Arc<Lease> {
         self.lease.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
@@ -1029,7 +1031,7 @@ impl Inner {
         let flow = Flow {
             auth: auth.clone(),
             thread_id: lease.thread_id.clone(),
-            lease: Arc::new(RwLock::new(lease)),
+            lease: Arc::new(RwLock::new(Arc::new(lease))),
             lost: CancellationToken::new(),
         };
         let renewer = {
@@ -1046,7 +1048,9 @@ impl Inner {
                     tokio::time::sleep(period).await;
                     let current = lease.read().unwrap_or_else(|p| p.into_inner()).clone();
                     match store.renew_lease(&auth, &current, ttl).await {
-                        Ok(renewed) => *lease.write().unwrap_or_else(|p| p.into_inner()) = renewed,
+                        Ok(renewed) => {
+                            *lease.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(renewed)
+                        }
                         Err(err) => {
                             tracing::warn!(error = %err, "thread lease lost; stopping the flow");
                             lost.cancel();
