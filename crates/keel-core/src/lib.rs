@@ -27,6 +27,7 @@ mod message;
 mod part;
 pub mod stored;
 mod task;
+pub mod time;
 mod values;
 
 pub use artifact::Artifact;

@@ -118,6 +118,7 @@ pub struct StateTransition {
     /// The state after it.
     pub new_state: TaskState,
     /// When it happened.
+    #[serde(serialize_with = "crate::time::serialize")]
     pub timestamp: DateTime<Utc>,
 }
 
@@ -131,6 +132,7 @@ pub struct TaskStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<Message>,
     /// When the state was entered.
+    #[serde(serialize_with = "crate::time::serialize")]
     pub timestamp: DateTime<Utc>,
 }
 
@@ -161,6 +163,7 @@ pub struct Task {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub state_history: Vec<StateTransition>,
     /// When the task was created.
+    #[serde(serialize_with = "crate::time::serialize")]
     pub created_at: DateTime<Utc>,
 }
 

@@ -64,9 +64,10 @@ pub const DEFAULT_SENSITIVE_PREFIXES: [&str; 1] = ["bearer "];
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedactionPolicy {
-    keys: Vec<String>,
-    prefixes: Vec<String>,
-    allowed_keys: Vec<String>,
+    // Shared among clones (the engine makes a policy per run), copied when one is changed.
+    keys: Arc<Vec<String>>,
+    prefixes: Arc<Vec<String>>,
+    allowed_keys: Arc<Vec<String>>,
     verdicts: KeyVerdicts,
     /// The verdicts for the event envelope's field names ([`ENVELOPE_FIELDS`]): fixed by
     /// the keys, so masking an event looks none of them up.
@@ -180,22 +181,31 @@ const ENVELOPE_FIELDS: [&str; 6] = [
     "payload",
 ];
 
-impl Default for RedactionPolicy {
-    fn default() -> Self {
-        Self {
-            keys: DEFAULT_SENSITIVE_KEYS
+/// The default policy, built once: a clone shares its lists.
+static DEFAULT_POLICY: std::sync::LazyLock<RedactionPolicy> = std::sync::LazyLock::new(|| {
+    RedactionPolicy {
+        keys: Arc::new(
+            DEFAULT_SENSITIVE_KEYS
                 .iter()
                 .map(|k| (*k).to_owned())
                 .collect(),
-            prefixes: DEFAULT_SENSITIVE_PREFIXES
+        ),
+        prefixes: Arc::new(
+            DEFAULT_SENSITIVE_PREFIXES
                 .iter()
                 .map(|p| (*p).to_owned())
                 .collect(),
-            allowed_keys: Vec::new(),
-            verdicts: KeyVerdicts::Default,
-            envelope: [false; ENVELOPE_FIELDS.len()],
-        }
-        .with_envelope_verdicts()
+        ),
+        allowed_keys: Arc::default(),
+        verdicts: KeyVerdicts::Default,
+        envelope: [false; ENVELOPE_FIELDS.len()],
+    }
+    .with_envelope_verdicts()
+});
+
+impl Default for RedactionPolicy {
+    fn default() -> Self {
+        DEFAULT_POLICY.clone()
     }
 }
 
@@ -208,7 +218,7 @@ impl RedactionPolicy {
     /// Also mask values under keys containing `fragment` (case-insensitive).
     #[must_use]
     pub fn with_key(mut self, fragment: impl Into<String>) -> Self {
-        self.keys.push(fragment.into().to_lowercase());
+        Arc::make_mut(&mut self.keys).push(fragment.into().to_lowercase());
         self.verdicts = KeyVerdicts::configured();
         self.with_envelope_verdicts()
     }
@@ -216,14 +226,14 @@ impl RedactionPolicy {
     /// Also mask string values starting with `prefix` (case-insensitive).
     #[must_use]
     pub fn with_value_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefixes.push(prefix.into().to_lowercase());
+        Arc::make_mut(&mut self.prefixes).push(prefix.into().to_lowercase());
         self
     }
 
     /// Never mask values under exactly this key (case-insensitive), e.g. `token_type`.
     #[must_use]
     pub fn allow_key(mut self, key: impl Into<String>) -> Self {
-        self.allowed_keys.push(key.into().to_lowercase());
+        Arc::make_mut(&mut self.allowed_keys).push(key.into().to_lowercase());
         self.verdicts = KeyVerdicts::configured();
         self.with_envelope_verdicts()
     }

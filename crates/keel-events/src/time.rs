@@ -1,47 +1,9 @@
 //! Event times as JSON, written without the formatting machinery: every persisted event
 //! carries one, so a run report writes a hundred or more of them per run.
 
-use chrono::{DateTime, Datelike, Timelike, Utc};
-use serde::Serializer;
+use chrono::{DateTime, Utc};
 
-/// Serialize `time` exactly as chrono's own `Serialize` does (RFC 3339, `Z`, the fraction
-/// in 0, 3, 6 or 9 digits, whichever is shortest without loss), straight into a small buffer.
-/// Times chrono writes differently (leap seconds, years outside 0..=9999) go through chrono.
-pub(crate) fn serialize<S: Serializer>(
-    time: &DateTime<Utc>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    match format(time) {
-        Some((buffer, len)) => match std::str::from_utf8(&buffer[..len]) {
-            Ok(text) => serializer.serialize_str(text),
-            Err(_) => serde::Serialize::serialize(time, serializer),
-        },
-        None => serde::Serialize::serialize(time, serializer),
-    }
-}
-
-/// The text and its length, or `None` for a time chrono writes in another shape.
-fn format(time: &DateTime<Utc>) -> Option<([u8; 30], usize)> {
-    let year = time.year();
-    let nanos = time.nanosecond();
-    if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
-        return None;
-    }
-    let mut out = Text::default();
-    out.digits(year.unsigned_abs(), 4);
-    for (before, value) in [
-        (b'-', time.month()),
-        (b'-', time.day()),
-        (b'T', time.hour()),
-        (b':', time.minute()),
-        (b':', time.second()),
-    ] {
-        out.byte(before);
-        out.digits(value, 2);
-    }
-    out.fraction(nanos);
-    Some((out.bytes, out.len))
-}
+pub(crate) use keel_core::time::serialize;
 
 /// The length of `YYYY-MM-DDTHH:MM:SS`, the part of a time shared by its whole second.
 const SECOND_LEN: usize = 19;
@@ -66,20 +28,18 @@ impl TimeWriter {
             out.push_str("Z\"");
             return;
         }
-        match format(time).and_then(|(buffer, len)| {
-            let text = std::str::from_utf8(&buffer[..len]).ok()?;
-            Some(text.get(..SECOND_LEN)?.to_owned()).map(|prefix| (prefix, text.to_owned()))
-        }) {
-            Some((prefix, text)) => {
+        match keel_core::time::Rfc3339::of(time) {
+            Some(text) if text.as_str().len() > SECOND_LEN => {
+                let text = text.as_str();
                 self.prefix.clear();
                 self.prefix.push('"');
-                self.prefix.push_str(&prefix);
+                self.prefix.push_str(&text[..SECOND_LEN]);
                 self.second = Some(second);
                 out.push('"');
-                out.push_str(&text);
+                out.push_str(text);
                 out.push('"');
             }
-            None => {
+            _ => {
                 self.second = None;
                 push_chrono(out, time);
             }
@@ -114,51 +74,9 @@ fn push_chrono(out: &mut String, time: &DateTime<Utc>) {
     }
 }
 
-/// A fixed buffer long enough for the longest time written (`YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ`).
-#[derive(Default)]
-struct Text {
-    bytes: [u8; 30],
-    len: usize,
-}
-
-impl Text {
-    /// The fraction of a second (none, or 3, 6 or 9 digits, the shortest without loss, as
-    /// chrono writes it) and the closing `Z`.
-    fn fraction(&mut self, nanos: u32) {
-        let (fraction, digits) = if nanos == 0 {
-            (0, 0)
-        } else if nanos % 1_000_000 == 0 {
-            (nanos / 1_000_000, 3)
-        } else if nanos % 1_000 == 0 {
-            (nanos / 1_000, 6)
-        } else {
-            (nanos, 9)
-        };
-        if digits > 0 {
-            self.byte(b'.');
-            self.digits(fraction, digits);
-        }
-        self.byte(b'Z');
-    }
-
-    fn byte(&mut self, byte: u8) {
-        self.bytes[self.len] = byte;
-        self.len += 1;
-    }
-
-    /// `value` in exactly `width` decimal digits, zero-padded.
-    fn digits(&mut self, mut value: u32, width: usize) {
-        for i in (0..width).rev() {
-            self.bytes[self.len + i] = b'0' + (value % 10) as u8;
-            value /= 10;
-        }
-        self.len += width;
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use chrono::TimeZone;
+    use chrono::{TimeZone, Timelike};
 
     use super::*;
 
