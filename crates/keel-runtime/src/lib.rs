@@ -27,6 +27,7 @@ mod lease;
 mod logging;
 mod memory;
 mod run_store;
+mod scoped;
 mod step;
 mod task_manager;
 #[cfg(feature = "testing")]

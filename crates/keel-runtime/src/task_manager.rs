@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use dashmap::DashMap;
+
+use crate::scoped::{scoped, Scoped, ScopedParts};
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, TaskState, ThreadId};
 
 use crate::AuthContext;
@@ -145,9 +147,9 @@ struct Entry {
 /// reached a terminal state, the oldest finished ones are evicted with their event logs.
 /// Tasks that are not terminal are never evicted.
 pub struct InMemoryTaskManager {
-    entries: DashMap<(String, TaskId), Entry, foldhash::fast::RandomState>,
+    entries: DashMap<Scoped<TaskId>, Entry, foldhash::fast::RandomState>,
     next_seq: AtomicU64,
-    finished: std::sync::Mutex<std::collections::VecDeque<(String, TaskId)>>,
+    finished: std::sync::Mutex<std::collections::VecDeque<Scoped<TaskId>>>,
     finished_cap: usize,
 }
 
@@ -187,7 +189,7 @@ impl InMemoryTaskManager {
         self.entries.is_empty()
     }
 
-    fn note_finished(&self, key: (String, TaskId)) {
+    fn note_finished(&self, key: Scoped<TaskId>) {
         let mut finished = self.finished.lock().unwrap_or_else(|p| p.into_inner());
         finished.push_back(key);
         while finished.len() > self.finished_cap {
@@ -198,8 +200,8 @@ impl InMemoryTaskManager {
         }
     }
 
-    fn key(auth: &AuthContext, task_id: &TaskId) -> (String, TaskId) {
-        (auth.namespace(), task_id.clone())
+    fn key(auth: &AuthContext, task_id: &TaskId) -> Scoped<TaskId> {
+        Scoped::new(auth, task_id.clone())
     }
 }
 
@@ -221,18 +223,15 @@ fn parse_page_token(token: Option<&str>) -> AgentResult<u64> {
 #[async_trait]
 impl TaskManager for InMemoryTaskManager {
     async fn tenants(&self) -> AgentResult<Vec<AuthContext>> {
-        let namespaces: std::collections::BTreeSet<String> =
-            self.entries.iter().map(|e| e.key().0.clone()).collect();
-        Ok(namespaces
-            .iter()
-            .filter_map(|ns| AuthContext::from_namespace(ns))
-            .collect())
+        let tenants: std::collections::HashSet<AuthContext> =
+            self.entries.iter().map(|e| e.key().tenant()).collect();
+        Ok(tenants.into_iter().collect())
     }
 
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
         Ok(self
             .entries
-            .get(&Self::key(auth, task_id))
+            .get(&scoped(auth, task_id) as &dyn ScopedParts<TaskId>)
             .map(|e| e.task.clone()))
     }
 
@@ -243,11 +242,10 @@ impl TaskManager for InMemoryTaskManager {
     ) -> AgentResult<Page<Task>> {
         let page_size = filter.effective_page_size()?;
         let after = parse_page_token(filter.page_token.as_deref())?;
-        let namespace = auth.namespace();
         let mut matching: Vec<(u64, Task)> = self
             .entries
             .iter()
-            .filter(|e| e.key().0 == namespace)
+            .filter(|e| e.key().is_of(auth))
             .filter(|e| {
                 filter
                     .thread_id
@@ -304,7 +302,7 @@ impl TaskManager for InMemoryTaskManager {
     ) -> AgentResult<()> {
         let mut entry = self
             .entries
-            .get_mut(&Self::key(auth, task_id))
+            .get_mut(&scoped(auth, task_id) as &dyn ScopedParts<TaskId>)
             .ok_or_else(|| AgentError::TaskNotFound {
                 task_id: task_id.clone(),
             })?;
@@ -318,7 +316,7 @@ impl TaskManager for InMemoryTaskManager {
         task_id: &TaskId,
     ) -> AgentResult<Vec<TaskEvent>> {
         self.entries
-            .get(&Self::key(auth, task_id))
+            .get(&scoped(auth, task_id) as &dyn ScopedParts<TaskId>)
             .map(|e| e.events.clone())
             .ok_or_else(|| AgentError::TaskNotFound {
                 task_id: task_id.clone(),

@@ -6,6 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::Utc;
 use dashmap::DashMap;
+
+use crate::scoped::{scoped, Scoped, ScopedParts};
 use keel_core::{AgentError, AgentResult, ThreadId};
 use keel_llm::LlmMessage;
 use serde_json::Value;
@@ -44,10 +46,10 @@ impl ThreadData {
 /// key-value store. Busy threads are never evicted. Fencing tokens and queue seqs come from
 /// store-wide counters, so a thread created again after eviction never reuses one.
 pub struct InMemoryThreadStore {
-    threads: DashMap<(String, ThreadId), ThreadData, foldhash::fast::RandomState>,
-    children: DashMap<(String, ThreadId), ChildThread, foldhash::fast::RandomState>,
+    threads: DashMap<Scoped<ThreadId>, ThreadData, foldhash::fast::RandomState>,
+    children: DashMap<Scoped<ThreadId>, ChildThread, foldhash::fast::RandomState>,
     kv_limits: KvLimits,
-    order: std::sync::Mutex<VecDeque<(String, ThreadId)>>,
+    order: std::sync::Mutex<VecDeque<Scoped<ThreadId>>>,
     max_threads: usize,
     next_token: std::sync::atomic::AtomicU64,
     next_queue_seq: std::sync::atomic::AtomicU64,
@@ -98,17 +100,21 @@ impl InMemoryThreadStore {
         &self,
         auth: &AuthContext,
         thread_id: &ThreadId,
-    ) -> dashmap::mapref::one::RefMut<'_, (String, ThreadId), ThreadData> {
-        let key = Self::key(auth, thread_id);
-        if !self.threads.contains_key(&key) {
-            // Evict before taking the entry: holding a map reference while removing other
-            // keys could deadlock on a shared shard.
-            self.evict_idle();
-            self.order
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push_back(key.clone());
+    ) -> dashmap::mapref::one::RefMut<'_, Scoped<ThreadId>, ThreadData> {
+        if let Some(thread) = self
+            .threads
+            .get_mut(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
+        {
+            return thread;
         }
+        let key = Self::key(auth, thread_id);
+        // Evict before taking the entry: holding a map reference while removing other keys
+        // could deadlock on a shared shard.
+        self.evict_idle();
+        self.order
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(key.clone());
         self.threads.entry(key).or_default()
     }
 
@@ -139,8 +145,8 @@ impl InMemoryThreadStore {
         self
     }
 
-    fn key(auth: &AuthContext, thread_id: &ThreadId) -> (String, ThreadId) {
-        (auth.namespace(), thread_id.clone())
+    fn key(auth: &AuthContext, thread_id: &ThreadId) -> Scoped<ThreadId> {
+        Scoped::new(auth, thread_id.clone())
     }
 
     /// The thread's data, locked for writing, when `lease` is its current, unexpired lease;
@@ -151,10 +157,10 @@ impl InMemoryThreadStore {
         &self,
         auth: &AuthContext,
         lease: &Lease,
-    ) -> AgentResult<dashmap::mapref::one::RefMut<'_, (String, ThreadId), ThreadData>> {
+    ) -> AgentResult<dashmap::mapref::one::RefMut<'_, Scoped<ThreadId>, ThreadData>> {
         let thread = self
             .threads
-            .get_mut(&Self::key(auth, &lease.thread_id))
+            .get_mut(&scoped(auth, &lease.thread_id) as &dyn ScopedParts<ThreadId>)
             .ok_or_else(|| lease_lost(lease))?;
         thread.check_fence(lease)?;
         Ok(thread)
@@ -188,7 +194,10 @@ impl ThreadHistory for InMemoryThreadStore {
         after_seq: u64,
         limit: usize,
     ) -> AgentResult<Vec<HistoryEntry>> {
-        let Some(thread) = self.threads.get(&Self::key(auth, thread_id)) else {
+        let Some(thread) = self
+            .threads
+            .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
+        else {
             return Ok(Vec::new());
         };
         let start = usize::try_from(after_seq)
@@ -237,7 +246,7 @@ impl ThreadQueue for InMemoryThreadStore {
     ) -> AgentResult<Vec<QueuedItem>> {
         Ok(self
             .threads
-            .get(&Self::key(auth, thread_id))
+            .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
             .map(|t| t.queue.iter().take(limit).cloned().collect())
             .unwrap_or_default())
     }
@@ -256,7 +265,7 @@ impl ThreadQueue for InMemoryThreadStore {
     async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
         Ok(self
             .threads
-            .get(&Self::key(auth, thread_id))
+            .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
             .map(|t| t.queue.len())
             .unwrap_or(0))
     }
@@ -272,7 +281,7 @@ impl ThreadKv for InMemoryThreadStore {
     ) -> AgentResult<Option<Value>> {
         Ok(self
             .threads
-            .get(&Self::key(auth, thread_id))
+            .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
             .and_then(|t| t.kv.get(key).cloned()))
     }
 
@@ -300,7 +309,7 @@ impl ThreadKv for InMemoryThreadStore {
     async fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>> {
         Ok(self
             .threads
-            .get(&Self::key(auth, thread_id))
+            .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
             .map(|t| t.kv.keys().cloned().collect())
             .unwrap_or_default())
     }
@@ -319,11 +328,10 @@ impl SubagentRegistry for InMemoryThreadStore {
         auth: &AuthContext,
         parent: &ThreadId,
     ) -> AgentResult<Vec<ChildThread>> {
-        let namespace = auth.namespace();
         let mut children: Vec<ChildThread> = self
             .children
             .iter()
-            .filter(|c| c.key().0 == namespace && &c.parent_thread_id == parent)
+            .filter(|c| c.key().is_of(auth) && &c.parent_thread_id == parent)
             .map(|c| c.value().clone())
             .collect();
         children.sort_by(|a, b| (a.created_at, &a.thread_id).cmp(&(b.created_at, &b.thread_id)));
@@ -337,7 +345,7 @@ impl SubagentRegistry for InMemoryThreadStore {
     ) -> AgentResult<Option<ChildThread>> {
         Ok(self
             .children
-            .get(&Self::key(auth, child))
+            .get(&scoped(auth, child) as &dyn ScopedParts<ThreadId>)
             .map(|c| c.clone()))
     }
 
@@ -349,7 +357,7 @@ impl SubagentRegistry for InMemoryThreadStore {
     ) -> AgentResult<()> {
         let mut entry = self
             .children
-            .get_mut(&Self::key(auth, child))
+            .get_mut(&scoped(auth, child) as &dyn ScopedParts<ThreadId>)
             .ok_or_else(|| {
                 AgentError::invalid_input(
                     "child",
@@ -407,7 +415,10 @@ impl ThreadLeases for InMemoryThreadStore {
     }
 
     async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {
-        if let Some(mut thread) = self.threads.get_mut(&Self::key(auth, &lease.thread_id)) {
+        if let Some(mut thread) = self
+            .threads
+            .get_mut(&scoped(auth, &lease.thread_id) as &dyn ScopedParts<ThreadId>)
+        {
             if thread
                 .lease
                 .as_ref()
