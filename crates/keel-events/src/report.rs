@@ -1313,8 +1313,8 @@ impl RunRecorder {
     }
 
     /// Keep `event` (masked first when the recorder is [`redacting`](Self::redacting)),
-    /// taking it by value: what [`EventEmitter::emit_recorded`](crate::EventEmitter::emit_recorded)
-    /// uses so that a run's own recorder needs no copy of each event.
+    /// taking it by value, for a caller that has no further use for it and so need not copy
+    /// it (as the recorder's [`EventSink::emit`] must).
     pub fn record(&self, mut event: RunEvent) {
         if let Some(policy) = &self.redaction {
             policy.redact_event(&mut event);
