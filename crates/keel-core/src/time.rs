@@ -24,6 +24,26 @@ pub fn serialize<S: Serializer>(time: &DateTime<Utc>, serializer: S) -> Result<S
     }
 }
 
+/// The fraction of a second as chrono writes it: `None` for none, or the value and its
+/// digits (3, 6 or 9, the fewest without loss), e.g. `Some((5, 3))` for `.005`.
+///
+/// ```
+/// assert_eq!(keel_core::time::fraction(0), None);
+/// assert_eq!(keel_core::time::fraction(5_000_000), Some((5, 3)));
+/// assert_eq!(keel_core::time::fraction(1_500), Some((1_500, 9)));
+/// ```
+pub fn fraction(nanos: u32) -> Option<(u32, usize)> {
+    if nanos == 0 {
+        None
+    } else if nanos % 1_000_000 == 0 {
+        Some((nanos / 1_000_000, 3))
+    } else if nanos % 1_000 == 0 {
+        Some((nanos / 1_000, 6))
+    } else {
+        Some((nanos, 9))
+    }
+}
+
 /// A time's RFC 3339 text as chrono writes it, in a fixed buffer.
 #[derive(Debug, Clone, Copy)]
 pub struct Rfc3339 {
@@ -79,16 +99,7 @@ impl Text {
     /// The fraction of a second (none, or 3, 6 or 9 digits, the shortest without loss, as
     /// chrono writes it) and the closing `Z`.
     fn fraction(&mut self, nanos: u32) {
-        let (fraction, digits) = if nanos == 0 {
-            (0, 0)
-        } else if nanos % 1_000_000 == 0 {
-            (nanos / 1_000_000, 3)
-        } else if nanos % 1_000 == 0 {
-            (nanos / 1_000, 6)
-        } else {
-            (nanos, 9)
-        };
-        if digits > 0 {
+        if let Some((fraction, digits)) = fraction(nanos) {
             self.byte(b'.');
             self.digits(fraction, digits);
         }

@@ -272,7 +272,15 @@ pub(crate) fn to_payload<T: Serialize + ?Sized>(payload: &T) -> Value {
 impl RunEvent {
     /// `task.status`; final when the state is terminal, input-required or auth-required.
     pub fn task_status(payload: TaskStatusPayload) -> RunEventBuilder {
-        let state = payload.state;
+        RunEvent::status_event(payload.state, payload)
+    }
+
+    /// `task.status` for `state`, with `payload` (a `TaskStatusPayload`, or a payload that
+    /// serializes as one).
+    fn status_event<P: Serialize + Send + Sync + 'static>(
+        state: TaskState,
+        payload: P,
+    ) -> RunEventBuilder {
         let is_final = state.is_terminal()
             || matches!(state, TaskState::InputRequired | TaskState::AuthRequired);
         let severity = match state {
@@ -288,19 +296,16 @@ impl RunEvent {
     /// `task.status` for a task's current state, carrying the serialized task.
     pub fn task_status_of(task: &Task) -> RunEventBuilder {
         let state = task.state();
-        // The same event `task_status` makes of a `TaskStatusPayload` with the task as JSON,
-        // but holding the task itself, which a report writes as text with no JSON tree.
-        let builder = RunEvent::task_status(TaskStatusPayload {
+        // Holding the task itself rather than its JSON: a report writes it as text, with no
+        // JSON tree in between.
+        RunEvent::status_event(
             state,
-            message: None,
-            task: None,
-        });
-        builder
-            .payload_from(TaskStatusOf {
+            TaskStatusOf {
                 state,
                 task: task.clone(),
-            })
-            .task(task.id.clone())
+            },
+        )
+        .task(task.id.clone())
     }
 
     /// `task.status` for a task's current state without the serialized task: for a status

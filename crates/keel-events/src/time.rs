@@ -47,25 +47,19 @@ impl TimeWriter {
     }
 }
 
-/// Append the fraction of a second as [`Text::fraction`] writes it, without its `Z`: the
+/// Append the fraction of a second as `keel_core::time` writes it, without its `Z`: the
 /// digits come from `itoa` with a leading 1 that keeps their zeros, then is left out.
 fn push_fraction(out: &mut String, nanos: u32) {
-    let (fraction, scale) = if nanos == 0 {
+    let Some((fraction, digits)) = keel_core::time::fraction(nanos) else {
         return;
-    } else if nanos % 1_000_000 == 0 {
-        (nanos / 1_000_000, 1_000)
-    } else if nanos % 1_000 == 0 {
-        (nanos / 1_000, 1_000_000)
-    } else {
-        (nanos, 1_000_000_000)
     };
-    let mut digits = itoa::Buffer::new();
-    let digits = digits.format(scale + fraction);
+    let mut text = itoa::Buffer::new();
+    let text = text.format(10u32.pow(digits as u32) + fraction);
     out.push('.');
-    out.push_str(digits.get(1..).unwrap_or_default());
+    out.push_str(text.get(1..).unwrap_or_default());
 }
 
-/// Append `time` as chrono serializes it: for the times [`format`] leaves to chrono.
+/// Append `time` as chrono serializes it: for the times `keel_core::time` leaves to chrono.
 fn push_chrono(out: &mut String, time: &DateTime<Utc>) {
     match serde_json::to_string(time) {
         Ok(text) => out.push_str(&text),

@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dashmap::DashMap;
+
+use crate::scoped::{scoped, Scoped, ScopedParts};
 use keel_core::AgentResult;
 use serde_json::Value;
 
@@ -52,88 +54,10 @@ pub trait MemoryService: Send + Sync {
 /// A [`MemoryService`] over a concurrent hash map.
 #[derive(Debug, Default)]
 pub struct InMemoryMemoryService {
-    values: DashMap<ScopedKey, (Value, Option<Instant>), foldhash::fast::RandomState>,
+    values: DashMap<Scoped<String>, (Value, Option<Instant>), foldhash::fast::RandomState>,
     /// Expiring writes since the last sweep.
     expiring_writes: AtomicU64,
 }
-
-/// A value's key: its tenant's two names and its own key, kept apart (no tenant's names can
-/// be mistaken for another's) so that a read borrows all three: the engine reads a cancel
-/// flag at every checkpoint of a run, and building a namespace string for each was an
-/// allocation per read.
-#[derive(Debug)]
-struct ScopedKey {
-    app: String,
-    user: String,
-    key: String,
-}
-
-impl ScopedKey {
-    fn new(auth: &AuthContext, key: &str) -> Self {
-        ScopedKey {
-            app: auth.app_name.clone(),
-            user: auth.user_name.clone(),
-            key: key.to_owned(),
-        }
-    }
-}
-
-/// A key's three parts, owned or borrowed: what the map hashes and compares.
-trait KeyParts {
-    fn parts(&self) -> (&str, &str, &str);
-}
-
-impl KeyParts for ScopedKey {
-    fn parts(&self) -> (&str, &str, &str) {
-        (&self.app, &self.user, &self.key)
-    }
-}
-
-impl KeyParts for (&str, &str, &str) {
-    fn parts(&self) -> (&str, &str, &str) {
-        *self
-    }
-}
-
-/// The key of a read: borrowed, nothing allocated.
-fn lookup<'a>(auth: &'a AuthContext, key: &'a str) -> (&'a str, &'a str, &'a str) {
-    (&auth.app_name, &auth.user_name, key)
-}
-
-impl<'a> std::borrow::Borrow<dyn KeyParts + 'a> for ScopedKey {
-    fn borrow(&self) -> &(dyn KeyParts + 'a) {
-        self
-    }
-}
-
-impl std::hash::Hash for dyn KeyParts + '_ {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.parts().hash(state);
-    }
-}
-
-impl PartialEq for dyn KeyParts + '_ {
-    fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
-    }
-}
-
-impl Eq for dyn KeyParts + '_ {}
-
-// The owned key hashes and compares as its borrowed form does, as `Borrow` requires.
-impl std::hash::Hash for ScopedKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.parts().hash(state);
-    }
-}
-
-impl PartialEq for ScopedKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
-    }
-}
-
-impl Eq for ScopedKey {}
 
 /// Every this many expiring writes, expired values are swept, so keys written once with a
 /// TTL and never read again (claims, cursors) do not pile up.
@@ -174,7 +98,8 @@ impl MemoryService for InMemoryMemoryService {
         key: &str,
         value: Value,
     ) -> AgentResult<()> {
-        self.values.insert(ScopedKey::new(auth, key), (value, None));
+        self.values
+            .insert(Scoped::new(auth, key.to_owned()), (value, None));
         Ok(())
     }
 
@@ -187,14 +112,15 @@ impl MemoryService for InMemoryMemoryService {
     ) -> AgentResult<()> {
         let expires = Instant::now().checked_add(ttl);
         self.values
-            .insert(ScopedKey::new(auth, key), (value, expires));
+            .insert(Scoped::new(auth, key.to_owned()), (value, expires));
         self.after_expiring_write();
         Ok(())
     }
 
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>> {
-        let parts = lookup(auth, key);
-        let key: &dyn KeyParts = &parts;
+        let parts = scoped(auth, key);
+        // A read of a cancel flag at every checkpoint of a run: nothing is allocated for it.
+        let key: &dyn ScopedParts<str> = &parts;
         let now = Instant::now();
         let expired = |expires: &Option<Instant>| expires.is_some_and(|e| e <= now);
         // A read takes the shard's read lock only; the write lock is for removing an expired
@@ -217,7 +143,7 @@ impl MemoryService for InMemoryMemoryService {
         let now = Instant::now();
         Ok(self
             .values
-            .remove(&lookup(auth, key) as &dyn KeyParts)
+            .remove(&scoped(auth, key) as &dyn ScopedParts<str>)
             .is_some_and(|(_, (_, expires))| expires.is_none_or(|e| e > now)))
     }
 
@@ -231,7 +157,7 @@ impl MemoryService for InMemoryMemoryService {
         let now = Instant::now();
         let expires = now.checked_add(ttl);
         // The entry's shard lock makes the check and the write one step.
-        let stored = match self.values.entry(ScopedKey::new(auth, key)) {
+        let stored = match self.values.entry(Scoped::new(auth, key.to_owned())) {
             dashmap::Entry::Occupied(mut held) => {
                 if held.get().1.is_some_and(|e| e <= now) {
                     held.insert((value, expires));

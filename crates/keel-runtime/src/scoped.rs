@@ -40,9 +40,9 @@ pub(crate) trait ScopedParts<K: ?Sized> {
     fn parts(&self) -> (&str, &str, &K);
 }
 
-impl<K> ScopedParts<K> for Scoped<K> {
-    fn parts(&self) -> (&str, &str, &K) {
-        (&self.app, &self.user, &self.key)
+impl<K: Borrow<Q>, Q: ?Sized> ScopedParts<Q> for Scoped<K> {
+    fn parts(&self) -> (&str, &str, &Q) {
+        (&self.app, &self.user, self.key.borrow())
     }
 }
 
@@ -53,7 +53,8 @@ impl<K: ?Sized> ScopedParts<K> for (&str, &str, &K) {
 }
 
 /// The borrowed key of `key` in `auth`'s tenant, for a lookup: `map.get(&scoped(a, k) as &dyn
-/// ScopedParts<K>)`.
+/// ScopedParts<Q>)`, where the map's keys are `Scoped<K>` and `K` borrows as `Q` (`String`
+/// as `str`).
 pub(crate) fn scoped<'a, K: ?Sized>(
     auth: &'a AuthContext,
     key: &'a K,
@@ -61,8 +62,8 @@ pub(crate) fn scoped<'a, K: ?Sized>(
     (&auth.app_name, &auth.user_name, key)
 }
 
-impl<'a, K: 'a> Borrow<dyn ScopedParts<K> + 'a> for Scoped<K> {
-    fn borrow(&self) -> &(dyn ScopedParts<K> + 'a) {
+impl<'a, K: Borrow<Q> + 'a, Q: ?Sized + 'a> Borrow<dyn ScopedParts<Q> + 'a> for Scoped<K> {
+    fn borrow(&self) -> &(dyn ScopedParts<Q> + 'a) {
         self
     }
 }
@@ -81,16 +82,17 @@ impl<K: PartialEq + ?Sized> PartialEq for dyn ScopedParts<K> + '_ {
 
 impl<K: Eq + ?Sized> Eq for dyn ScopedParts<K> + '_ {}
 
-// The owned key hashes and compares as its borrowed form does, as `Borrow` requires.
+// The owned key hashes and compares as its borrowed form does, as `Borrow` requires (a key
+// and its borrowed form hash alike, by `Borrow`'s own contract).
 impl<K: Hash> Hash for Scoped<K> {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.parts().hash(state);
+        (self.app.as_str(), self.user.as_str(), &self.key).hash(state);
     }
 }
 
 impl<K: PartialEq> PartialEq for Scoped<K> {
     fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
+        (&self.app, &self.user, &self.key) == (&other.app, &other.user, &other.key)
     }
 }
 
@@ -106,9 +108,9 @@ mod tests {
         let (a, b) = (AuthContext::new("ab", "c"), AuthContext::new("a", "bc"));
         let mut map: HashMap<Scoped<String>, u32> = HashMap::new();
         map.insert(Scoped::new(&a, "k".to_owned()), 1);
-        let found = map.get(&scoped(&a, &"k".to_owned()) as &dyn ScopedParts<String>);
+        let found = map.get(&scoped(&a, "k") as &dyn ScopedParts<str>);
         assert_eq!(found, Some(&1));
-        let other = map.get(&scoped(&b, &"k".to_owned()) as &dyn ScopedParts<String>);
+        let other = map.get(&scoped(&b, "k") as &dyn ScopedParts<str>);
         assert_eq!(other, None);
         let key = map.keys().next().unwrap();
         assert!(key.is_of(&a) && !key.is_of(&b));
