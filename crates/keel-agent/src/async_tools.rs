@@ -341,7 +341,7 @@ pub(crate) fn model_view(history: Vec<LlmMessage>) -> Vec<LlmMessage> {
 /// Whether [`model_view`] changes anything: only when a message other than a tool result
 /// follows a call still unanswered (a placeholder goes in, and its late result becomes a
 /// note). The common history, every call answered at once, is used as it is.
-fn reshaped(history: &[LlmMessage]) -> bool {
+pub(crate) fn reshaped(history: &[LlmMessage]) -> bool {
     let mut open: Vec<&str> = Vec::new();
     for message in history {
         if message.role == LlmRole::Tool {

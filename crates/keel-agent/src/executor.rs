@@ -2176,6 +2176,7 @@ impl Inner {
         let tools = self.agent.tool_specs();
         let rules = self.agent.stop_rules().clone();
         let mut invalid_calls: HashMap<String, u32> = HashMap::new();
+        let mut view = ModelView::default();
         // A resumed run continues counting from the steps already in the history.
         let done = history
             .iter()
@@ -2195,23 +2196,16 @@ impl Inner {
                 RunEvent::builder(EventType::new("queue.drained"), "queue drained").step(step),
             )
             .await;
-            let mut messages = Vec::with_capacity(history.len() + 1);
             let system = self.system_prompt(ctx).await;
-            if !system.is_empty() {
-                messages.push(LlmMessage::system(system));
-            }
-            // The agent's side of the thread first (dual_ai filtering, images), then the
-            // shape providers accept for asynchronous results that arrived late. The history
-            // is copied once, into the request's own messages.
-            assemble_context(
-                history,
-                &self.agent.card().name,
-                profile.supports_vision,
-                &mut messages,
-            );
-            // Stored files are references no provider can fetch: the request carries bytes.
-            ctx.thread.load_attachment_bytes(&mut messages).await;
-            let messages = crate::async_tools::model_view(messages);
+            let messages = view
+                .messages(
+                    system,
+                    history,
+                    &self.agent.card().name,
+                    profile.supports_vision,
+                    &ctx.thread,
+                )
+                .await;
             let request = LlmRequest::new(messages).with_tools(tools.clone());
             // Shared with its `context.prepared` event rather than copied for it.
             let manifest = Arc::new(prepare_manifest(
@@ -3027,6 +3021,89 @@ fn application_metadata(metadata: &keel_core::Metadata) -> keel_core::Metadata {
         .filter(|(key, _)| !key.starts_with("keel."))
         .map(|(key, value)| (key.clone(), value.clone()))
         .collect()
+}
+
+/// The model's view of a thread during one run: the messages of the last request, kept so
+/// the next step adds only what the history gained since (its model call and tool results)
+/// instead of assembling and copying the whole history again. The request shares them (an
+/// `Arc`): once the model has answered and dropped its request, the view is the only owner
+/// again and grows in place.
+#[derive(Default)]
+struct ModelView {
+    /// The system prompt (when there is one), then the assembled history.
+    messages: Arc<Vec<LlmMessage>>,
+    /// Whether `messages` starts with the system prompt.
+    system: bool,
+    /// How many history entries `messages` holds, and the id of the last: a history that
+    /// is not the one assembled plus new entries is assembled again from the start.
+    seen: usize,
+    last_id: Option<String>,
+    /// Cleared when an assembled message read a file from the attachment store (the file
+    /// may change before the next step) or the view had to be reshaped for a late
+    /// asynchronous result: such a view is assembled again at each step, as it used to be.
+    reusable: bool,
+}
+
+impl ModelView {
+    /// The messages of this step's request: `system` then the thread's history as the agent
+    /// `side` sees it (see [`assemble_context`]), with stored files' bytes loaded and late
+    /// asynchronous results reshaped (see [`crate::async_tools::model_view`]).
+    async fn messages(
+        &mut self,
+        system: String,
+        history: &[LlmMessage],
+        side: &str,
+        vision: bool,
+        thread: &crate::ThreadState,
+    ) -> Arc<Vec<LlmMessage>> {
+        let continues = self.reusable
+            && self.seen <= history.len()
+            && self.system != system.is_empty()
+            && (self.seen == 0
+                || history[self.seen - 1].id.as_str()
+                    == self.last_id.as_deref().unwrap_or_default());
+        if !continues {
+            *self = ModelView {
+                messages: Arc::new(Vec::with_capacity(history.len() + 1)),
+                system: !system.is_empty(),
+                seen: 0,
+                last_id: None,
+                reusable: true,
+            };
+        }
+        // A request still held elsewhere (a model that keeps what it was sent) is copied
+        // here, once; otherwise this is the view's own vector.
+        let messages = Arc::make_mut(&mut self.messages);
+        if self.system {
+            // A view that goes on starts with the previous step's prompt; it changes only
+            // when a variable it names did.
+            match messages.first_mut() {
+                Some(first) if first.content == system => {}
+                Some(first) => *first = LlmMessage::system(system),
+                None => messages.push(LlmMessage::system(system)),
+            }
+        }
+        let start = messages.len();
+        assemble_context(&history[self.seen..], side, vision, messages);
+        let added = &mut messages[start..];
+        // Stored files are references no provider can fetch: the request carries bytes.
+        if added
+            .iter()
+            .flat_map(|m| &m.attachments)
+            .any(|file| file.bytes.is_none() && file.uri.is_some())
+        {
+            self.reusable = false;
+            thread.load_attachment_bytes(added).await;
+        }
+        self.seen = history.len();
+        self.last_id = history.last().map(|m| m.id.clone());
+        if crate::async_tools::reshaped(messages) {
+            self.reusable = false;
+            let assembled = Arc::unwrap_or_clone(std::mem::take(&mut self.messages));
+            return Arc::new(crate::async_tools::model_view(assembled));
+        }
+        Arc::clone(&self.messages)
+    }
 }
 
 /// Context assembly (Standard Agents §4): the model's view of the thread history for the

@@ -42,6 +42,8 @@ pub use profile::ModelProfile;
 pub use spec::llm_from_spec;
 pub use stream::{collect_stream, LlmStream, LlmStreamEvent};
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use keel_core::AgentResult;
 use serde::{Deserialize, Serialize};
@@ -59,8 +61,11 @@ pub struct Usage {
 /// One completion request: the conversation so far and the tools the model may call.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LlmRequest {
-    /// The conversation, system prompt first.
-    pub messages: Vec<LlmMessage>,
+    /// The conversation, system prompt first. Shared rather than owned: the thread engine
+    /// keeps the model's view of a thread from one step to the next and hands each request
+    /// the same messages, so a step adds its new messages instead of copying the whole
+    /// history (a provider only reads them; `Arc::make_mut` gives a private copy to change).
+    pub messages: Arc<Vec<LlmMessage>>,
     /// Tools offered to the model.
     #[serde(default)]
     pub tools: Vec<ToolSpec>,
@@ -78,10 +83,11 @@ pub struct LlmRequest {
 }
 
 impl LlmRequest {
-    /// A request with these messages and no tools.
-    pub fn new(messages: Vec<LlmMessage>) -> Self {
+    /// A request with these messages and no tools: a `Vec<LlmMessage>`, or messages
+    /// already shared (`Arc<Vec<LlmMessage>>`).
+    pub fn new(messages: impl Into<Arc<Vec<LlmMessage>>>) -> Self {
         Self {
-            messages,
+            messages: messages.into(),
             ..Self::default()
         }
     }

@@ -594,6 +594,105 @@ async fn a_terminated_thread_refuses_work_and_updates_its_parent_registry() {
     );
 }
 
+/// A model that notes what each request said (role and text) and lets the request go, as a
+/// provider does, so the engine's view of the thread is never held elsewhere.
+struct Noting {
+    script: std::sync::Mutex<Vec<keel_llm::LlmResponse>>,
+    seen: std::sync::Mutex<Vec<Vec<(LlmRole, String)>>>,
+}
+
+#[async_trait::async_trait]
+impl keel_llm::Llm for Noting {
+    fn model_name(&self) -> &str {
+        "noting"
+    }
+    async fn complete(
+        &self,
+        request: keel_llm::LlmRequest,
+    ) -> keel_core::AgentResult<keel_llm::LlmResponse> {
+        let said = request
+            .messages
+            .iter()
+            .map(|m| (m.role, m.content.clone()))
+            .collect();
+        self.seen.lock().unwrap().push(said);
+        Ok(self.script.lock().unwrap().remove(0))
+    }
+}
+
+#[tokio::test]
+async fn each_step_sends_the_whole_history_and_the_prompt_as_it_is_now() {
+    let relocate = FnTool::new(
+        "relocate",
+        "Store the city",
+        json!({"type": "object"}),
+        |args, ctx| async move {
+            ctx.thread.set_value("city", args["city"].clone()).await?;
+            Ok(json!("moved"))
+        },
+    );
+    let call = |city: &str| keel_llm::LlmResponse {
+        content: None,
+        tool_calls: vec![ToolCall::new("relocate", json!({ "city": city }))],
+        usage: Default::default(),
+    };
+    let llm = Arc::new(Noting {
+        script: std::sync::Mutex::new(vec![
+            call("Oslo"),
+            call("Bergen"),
+            keel_llm::LlmResponse::text("settled"),
+            keel_llm::LlmResponse::text("still here"),
+        ]),
+        seen: Default::default(),
+    });
+    let agent = Agent::builder(card())
+        .llm_shared(llm.clone())
+        .instructions("City: {{city}}.")
+        .tool(relocate)
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    let thread = ThreadId::new();
+    for text in ["move me", "and now?"] {
+        exec.send_message(
+            &auth,
+            Message::user(text).in_thread(thread.clone()),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    }
+    let seen = llm.seen.lock().unwrap().clone();
+    let system: Vec<&str> = seen.iter().map(|r| r[0].1.as_str()).collect();
+    // The prompt follows the variable a tool changed during the same run.
+    assert_eq!(
+        system,
+        ["City: {{city}}.", "City: Oslo.", "City: Bergen.", "City: Bergen."]
+    );
+    let roles: Vec<Vec<LlmRole>> = seen
+        .iter()
+        .map(|r| r.iter().map(|(role, _)| *role).collect())
+        .collect();
+    use LlmRole::{Assistant as A, System as S, Tool as T, User as U};
+    assert_eq!(
+        roles,
+        [
+            vec![S, U],
+            vec![S, U, A, T],
+            vec![S, U, A, T, A, T],
+            vec![S, U, A, T, A, T, A, U],
+        ]
+    );
+    // Each request is the previous one plus what the thread gained since.
+    for pair in seen.windows(2) {
+        assert_eq!(pair[0][1..], pair[1][1..pair[0].len()]);
+    }
+    let last = &seen[3];
+    assert_eq!(last[1].1, "move me");
+    assert_eq!(last[6].1, "settled");
+    assert_eq!(last[7].1, "and now?");
+}
+
 fn chrono_now() -> chrono::DateTime<chrono::Utc> {
     chrono::Utc::now()
 }
