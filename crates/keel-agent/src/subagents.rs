@@ -1657,7 +1657,19 @@ impl AgentExecutor {
             })?;
         let parent = self.thread(auth, parent_thread_id.clone());
         parent.ensure_open().await?;
-        check_room(spec, &parent, &record.name).await?;
+        if let Err(error) = check_room(spec, &parent, &record.name).await {
+            // A concurrent completion may have started the child since the request was read
+            // (it consumes the request first): the request is used up, which answers `None`
+            // here as it would have a moment later, not a name conflict with that child.
+            if self
+                .pending_record(auth, parent_thread_id, request_id)
+                .await?
+                .is_none()
+            {
+                return Ok(None);
+            }
+            return Err(error);
+        }
         let environment = self.agent().environment();
         let mut scoped = Vec::new();
         for var in &spec.scoped_env {
