@@ -37,7 +37,7 @@ use keel_events::payload::{
     ActionCompletedPayload, ActionFailedPayload, LlmCallCompletedPayload, LlmCallStartedPayload,
 };
 use keel_events::{EventSink, EventType, RedactionPolicy, RunEvent};
-use keel_llm::{prepare_manifest, LlmStreamEvent, ManifestIds};
+use keel_llm::{prepare_manifest_reusing, LlmStreamEvent, ManifestEstimates, ManifestIds};
 use keel_runtime::{RunRecord, TaskRecord};
 
 /// Metadata keys Keel puts on thread history entries.
@@ -2173,10 +2173,13 @@ impl Inner {
             .cloned()
             .unwrap_or_else(|| self.runtime.default_llm());
         let profile = llm.profile();
-        let tools = self.agent.tool_specs();
+        let tools = Arc::new(self.agent.tool_specs());
         let rules = self.agent.stop_rules().clone();
         let mut invalid_calls: HashMap<String, u32> = HashMap::new();
+        // The model's view of the thread and its token estimates, carried from one step to
+        // the next so a step works on what it adds (decision 82).
         let mut view = ModelView::default();
+        let mut estimates = ManifestEstimates::default();
         // A resumed run continues counting from the steps already in the history.
         let done = history
             .iter()
@@ -2208,10 +2211,11 @@ impl Inner {
                 .await;
             let request = LlmRequest::new(messages).with_tools(tools.clone());
             // Shared with its `context.prepared` event rather than copied for it.
-            let manifest = Arc::new(prepare_manifest(
+            let manifest = Arc::new(prepare_manifest_reusing(
                 &request,
                 &profile,
                 ManifestIds::from_run_context(&ctx.run, Some(&self.agent.card().name)),
+                &mut estimates,
             ));
             obs.emit(RunEvent::context_prepared(&manifest).step(step))
                 .await;

@@ -35,7 +35,10 @@ pub use compaction::{
 };
 pub use error::{LlmError, LlmErrorKind};
 pub use history::ConversationHistory;
-pub use manifest::{estimate_message_tokens, prepare_manifest, ManifestIds};
+pub use manifest::{
+    estimate_message_tokens, prepare_manifest, prepare_manifest_reusing, ManifestEstimates,
+    ManifestIds,
+};
 pub use message::{LlmMessage, LlmRole, ToolCall, ToolSpec};
 pub use mock::{MockLlm, MockResponse};
 pub use profile::ModelProfile;
@@ -66,9 +69,10 @@ pub struct LlmRequest {
     /// the same messages, so a step adds its new messages instead of copying the whole
     /// history (a provider only reads them; `Arc::make_mut` gives a private copy to change).
     pub messages: Arc<Vec<LlmMessage>>,
-    /// Tools offered to the model.
+    /// Tools offered to the model, shared as the messages are: an agent offers the same
+    /// specs at every step.
     #[serde(default)]
-    pub tools: Vec<ToolSpec>,
+    pub tools: Arc<Vec<ToolSpec>>,
     /// A JSON schema the text answer must match (structured output), where the provider
     /// offers it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -92,10 +96,10 @@ impl LlmRequest {
         }
     }
 
-    /// Offer tools to the model.
+    /// Offer tools to the model: a `Vec<ToolSpec>`, or specs already shared.
     #[must_use]
-    pub fn with_tools(mut self, tools: Vec<ToolSpec>) -> Self {
-        self.tools = tools;
+    pub fn with_tools(mut self, tools: impl Into<Arc<Vec<ToolSpec>>>) -> Self {
+        self.tools = tools.into();
         self
     }
 

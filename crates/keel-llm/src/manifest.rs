@@ -1,9 +1,11 @@
 //! Context manifests: an estimate, per section, of what is about to enter a model, prepared
 //! before every call so budgets can be checked before tokens are spent.
 
+use std::sync::Arc;
+
 use keel_core::{ContextItem, ContextManifest, RunContext, RunId, ThreadId};
 
-use crate::{estimate_tokens, LlmMessage, LlmRequest, LlmRole, ModelProfile};
+use crate::{estimate_tokens, LlmMessage, LlmRequest, LlmRole, ModelProfile, ToolSpec};
 
 /// The correlation ids a manifest carries.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -88,6 +90,76 @@ pub fn prepare_manifest(
     profile: &ModelProfile,
     ids: ManifestIds,
 ) -> ContextManifest {
+    prepare_manifest_reusing(request, profile, ids, &mut ManifestEstimates::default())
+}
+
+/// The estimates [`prepare_manifest_reusing`] keeps between the requests of one
+/// conversation: each message's (known by its id and position) and the tool specs'. A
+/// request that repeats the previous one's messages and tools and adds a few is estimated
+/// for what it adds, not for the whole conversation again.
+#[derive(Debug, Clone, Default)]
+pub struct ManifestEstimates {
+    /// Per message of the last request: its id and estimate.
+    messages: Vec<(String, u64)>,
+    /// The last request's tool specs and their estimate.
+    tools: Option<(Arc<Vec<ToolSpec>>, u64)>,
+}
+
+impl ManifestEstimates {
+    fn message(&mut self, index: usize, message: &LlmMessage) -> u64 {
+        if let Some((id, tokens)) = self.messages.get(index) {
+            if *id == message.id {
+                return *tokens;
+            }
+            self.messages.truncate(index);
+        }
+        let tokens = estimate_message_tokens(message);
+        self.messages.push((message.id.clone(), tokens));
+        tokens
+    }
+
+    fn tools(&mut self, tools: &Arc<Vec<ToolSpec>>) -> u64 {
+        if tools.is_empty() {
+            return 0;
+        }
+        match &self.tools {
+            // The same shared specs, or equal ones.
+            Some((known, tokens)) if Arc::ptr_eq(known, tools) || known == tools => *tokens,
+            _ => {
+                // The specs serialise infallibly (strings and JSON values only); an empty
+                // estimate would only under-count, never fail the call.
+                let tokens = estimate_json_tokens(tools.as_slice());
+                self.tools = Some((Arc::clone(tools), tokens));
+                tokens
+            }
+        }
+    }
+}
+
+/// [`prepare_manifest`] for one request of a conversation whose earlier requests were
+/// estimated into `estimates`: a message with the id and position it had there, and the
+/// same tool specs, are not estimated again. The manifest is the one `prepare_manifest`
+/// prepares.
+///
+/// ```
+/// use keel_llm::{prepare_manifest, prepare_manifest_reusing, LlmMessage, LlmRequest, ManifestEstimates, ManifestIds, ModelProfile};
+/// let profile = ModelProfile::new("mock", "mock");
+/// let mut estimates = ManifestEstimates::default();
+/// let mut messages = vec![LlmMessage::user("first question")];
+/// for answer in ["an answer", "another"] {
+///     let request = LlmRequest::new(messages.clone());
+///     let reused = prepare_manifest_reusing(&request, &profile, ManifestIds::default(), &mut estimates);
+///     assert_eq!(reused, prepare_manifest(&request, &profile, ManifestIds::default()));
+///     messages.push(LlmMessage::assistant(answer, vec![]));
+///     messages.push(LlmMessage::user("and then?"));
+/// }
+/// ```
+pub fn prepare_manifest_reusing(
+    request: &LlmRequest,
+    profile: &ModelProfile,
+    ids: ManifestIds,
+    estimates: &mut ManifestEstimates,
+) -> ContextManifest {
     let messages = &request.messages;
     let leading_system = messages
         .iter()
@@ -99,7 +171,7 @@ pub fn prepare_manifest(
     let mut history_tokens = 0;
     let mut user_tokens = 0;
     for (index, message) in messages.iter().enumerate() {
-        let tokens = estimate_message_tokens(message);
+        let tokens = estimates.message(index, message);
         if index < leading_system {
             system_tokens += tokens;
         } else if Some(index) == last_user {
@@ -108,13 +180,8 @@ pub fn prepare_manifest(
             history_tokens += tokens;
         }
     }
-    let mut tool_prompt_tokens = if request.tools.is_empty() {
-        0
-    } else {
-        // The specs serialise infallibly (strings and JSON values only); an empty estimate
-        // would only under-count, never fail the call.
-        estimate_json_tokens(&request.tools)
-    };
+    estimates.messages.truncate(messages.len());
+    let mut tool_prompt_tokens = estimates.tools(&request.tools);
     if let Some(schema) = &request.output_schema {
         tool_prompt_tokens += estimate_json_tokens(schema);
     }
@@ -163,6 +230,50 @@ mod tests {
                 estimate_tokens(&value.to_string()),
                 "{value}"
             );
+        }
+    }
+
+    #[test]
+    fn reused_estimates_follow_the_messages_by_id_and_position() {
+        let profile = ModelProfile::new("mock", "mock");
+        let ids = ManifestIds::default;
+        let mut estimates = ManifestEstimates::default();
+        let spec = |name: &str, parameters| ToolSpec {
+            name: name.into(),
+            description: format!("the {name} tool"),
+            parameters,
+        };
+        let tool = spec("echo", json!({"type": "object"}));
+        let mut messages = vec![
+            LlmMessage::system("be brief"),
+            LlmMessage::user("hello there"),
+        ];
+        let request = LlmRequest::new(messages.clone()).with_tools(vec![tool.clone()]);
+        let first = prepare_manifest_reusing(&request, &profile, ids(), &mut estimates);
+        assert_eq!(first, prepare_manifest(&request, &profile, ids()));
+
+        // A message known by its id and position is not estimated again (here its text
+        // changed under the same id, which the engine never does, to show the reuse).
+        messages[1].content = "a much longer greeting than before".into();
+        let request = LlmRequest::new(messages.clone()).with_tools(vec![tool.clone()]);
+        let reused = prepare_manifest_reusing(&request, &profile, ids(), &mut estimates);
+        assert_eq!(reused.user_tokens, first.user_tokens);
+
+        // A new system prompt (a new message) and other tools are estimated afresh, and a
+        // shorter conversation drops what it no longer has.
+        messages[0] = LlmMessage::system("be very brief, and polite, and precise");
+        messages[1] = LlmMessage::user("hi");
+        let other = spec(
+            "lookup",
+            json!({"type": "object", "properties": {"word": {"type": "string"}}}),
+        );
+        for request in [
+            LlmRequest::new(messages.clone()).with_tools(vec![other.clone()]),
+            LlmRequest::new(messages[..1].to_vec()),
+            LlmRequest::new(messages.clone()).with_tools(vec![tool, other]),
+        ] {
+            let reused = prepare_manifest_reusing(&request, &profile, ids(), &mut estimates);
+            assert_eq!(reused, prepare_manifest(&request, &profile, ids()));
         }
     }
 
