@@ -418,6 +418,12 @@ impl RunEventBuilder {
         self
     }
 
+    /// A payload with its own way of being written (see [`TypedPayload`]).
+    pub(crate) fn payload_typed(mut self, payload: impl TypedPayload) -> Self {
+        self.payload = BuiltPayload::Typed(Arc::new(payload));
+        self
+    }
+
     /// Replace the summary.
     #[must_use]
     pub fn summary(mut self, summary: impl Into<String>) -> Self {

@@ -53,7 +53,118 @@ struct Writer<'a> {
     policy: Option<&'a RedactionPolicy>,
 }
 
+/// Append a context manifest's event payload (`{"manifest": {...}}`), written field by field
+/// rather than through `Serialize`: the manifest is the largest payload of every step, and
+/// this writes exactly what [`write_masked`] writes for its derived `Serialize` (the tests
+/// hold the two to the same text under several policies) in about a third of the work.
+pub(crate) fn write_manifest_payload(
+    out: &mut String,
+    manifest: &keel_core::ContextManifest,
+    policy: Option<&RedactionPolicy>,
+) {
+    let keel_core::ContextManifest {
+        run_id,
+        thread_id,
+        agent_name,
+        provider,
+        model,
+        system_tokens,
+        tool_prompt_tokens,
+        history_tokens,
+        user_tokens,
+        total_estimated_tokens,
+        context_window,
+        context_items,
+    } = manifest;
+    let mut writer = Writer { out, policy };
+    Fields::object(&mut writer, |payload| {
+        payload.field("manifest", |writer| {
+            Fields::object(writer, |m| {
+                let texts = [
+                    ("run_id", run_id.as_ref().map(|id| id.as_str())),
+                    ("thread_id", thread_id.as_ref().map(|id| id.as_str())),
+                    ("agent_name", agent_name.as_deref()),
+                    ("provider", provider.as_deref()),
+                    ("model", model.as_deref()),
+                ];
+                for (key, text) in texts {
+                    if let Some(text) = text {
+                        m.field(key, |w| w.string(text));
+                    }
+                }
+                let counts = [
+                    ("system_tokens", *system_tokens),
+                    ("tool_prompt_tokens", *tool_prompt_tokens),
+                    ("history_tokens", *history_tokens),
+                    ("user_tokens", *user_tokens),
+                    ("total_estimated_tokens", *total_estimated_tokens),
+                ];
+                for (key, count) in counts {
+                    m.field(key, |w| w.u64(count));
+                }
+                if let Some(window) = context_window {
+                    m.field("context_window", |w| w.u64(*window));
+                }
+                m.field("context_items", |w| {
+                    w.out.push('[');
+                    for (index, item) in context_items.iter().enumerate() {
+                        if index > 0 {
+                            w.out.push(',');
+                        }
+                        Fields::object(w, |i| {
+                            i.field("section", |w| w.string(&item.section));
+                            i.field("tokens", |w| w.u64(item.tokens));
+                        });
+                    }
+                    w.out.push(']');
+                });
+            });
+        });
+    });
+}
+
+/// A JSON object written field by field, each field masked as a derived `Serialize` struct's
+/// field is in [`Compound`]: its name judged by the policy, and the value written under a
+/// sensitive name replaced unless it is kept (see [`keeps_sensitive`]).
+struct Fields<'w, 'a> {
+    writer: &'w mut Writer<'a>,
+    first: bool,
+}
+
+impl<'w, 'a> Fields<'w, 'a> {
+    fn object(writer: &'w mut Writer<'a>, fields: impl FnOnce(&mut Fields<'_, 'a>)) {
+        writer.out.push('{');
+        let mut object = Fields {
+            writer,
+            first: true,
+        };
+        fields(&mut object);
+        object.writer.out.push('}');
+    }
+
+    fn field(&mut self, key: &'static str, value: impl FnOnce(&mut Writer<'a>)) {
+        if !std::mem::take(&mut self.first) {
+            self.writer.out.push(',');
+        }
+        write_str(self.writer.out, key);
+        self.writer.out.push(':');
+        let verdict = self.writer.judge_field(key);
+        let start = self.writer.out.len();
+        value(self.writer);
+        if let KeyVerdict::Sensitive { token_count } = verdict {
+            if !keeps_sensitive(&self.writer.out[start..], token_count) {
+                self.writer.out.truncate(start);
+                write_str(self.writer.out, REDACTED);
+            }
+        }
+    }
+}
+
 impl Writer<'_> {
+    fn u64(&mut self, value: u64) {
+        self.out.push_str(itoa::Buffer::new().format(value));
+    }
+
     fn string(&mut self, text: &str) {
         if self.policy.is_some_and(|p| p.value_is_sensitive(text)) {
             write_str(self.out, REDACTED);
@@ -626,6 +737,65 @@ mod tests {
         let mut out = String::new();
         write_masked(&mut out, value, policy).unwrap();
         out
+    }
+
+    #[test]
+    fn a_manifest_payload_is_written_as_its_serialize_writes_it() {
+        use keel_core::{ContextItem, ContextManifest, RunId, ThreadId};
+        #[derive(Serialize)]
+        struct Payload<'a> {
+            manifest: &'a ContextManifest,
+        }
+        let item = |section: &str, tokens| ContextItem {
+            section: section.into(),
+            tokens,
+        };
+        let full = ContextManifest {
+            run_id: Some(RunId::new()),
+            thread_id: Some(ThreadId::new()),
+            agent_name: Some("Bearer agent \"quoted\"\n".into()),
+            provider: Some("openai".into()),
+            model: Some("gpt-x".into()),
+            system_tokens: 3,
+            tool_prompt_tokens: 19,
+            history_tokens: 120,
+            user_tokens: 4,
+            total_estimated_tokens: 146,
+            context_window: Some(128_000),
+            context_items: vec![item("system", 3), item("history", 120)],
+        };
+        let policies = [
+            None,
+            Some(RedactionPolicy::default()),
+            Some(RedactionPolicy::new().with_key("model")),
+            Some(RedactionPolicy::new().with_key("manifest")),
+            Some(
+                RedactionPolicy::new()
+                    .with_key("section")
+                    .with_key("window"),
+            ),
+            Some(RedactionPolicy::new().with_key("items")),
+            Some(
+                RedactionPolicy::new()
+                    .with_value_prefix("gpt")
+                    .with_value_prefix("hist"),
+            ),
+            Some(
+                RedactionPolicy::new()
+                    .allow_key("total_estimated_tokens")
+                    .with_key("id"),
+            ),
+        ];
+        for manifest in [full, ContextManifest::default()] {
+            for policy in &policies {
+                let mut direct = String::new();
+                write_manifest_payload(&mut direct, &manifest, policy.as_ref());
+                let payload = Payload {
+                    manifest: &manifest,
+                };
+                assert_eq!(direct, written(&payload, policy.as_ref()), "{policy:?}");
+            }
+        }
     }
 
     #[derive(Serialize)]

@@ -70,17 +70,34 @@ impl<T> IntoShared<T> for &std::sync::Arc<T> {
     }
 }
 
-/// A [`ContextPreparedPayload`] sharing its manifest: the same JSON.
+/// A [`ContextPreparedPayload`] sharing its manifest: the same JSON, written into a run
+/// report by hand ([`crate::masked::write_manifest_payload`]) rather than through `Serialize`.
 pub(crate) struct SharedManifestPayload {
     pub(crate) manifest: std::sync::Arc<ContextManifest>,
 }
 
-impl Serialize for SharedManifestPayload {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeStruct;
-        let mut payload = serializer.serialize_struct("ContextPreparedPayload", 1)?;
-        payload.serialize_field("manifest", &*self.manifest)?;
-        payload.end()
+/// The JSON of a [`SharedManifestPayload`], as a tree.
+#[derive(Serialize)]
+struct ManifestJson<'a> {
+    manifest: &'a ContextManifest,
+}
+
+impl crate::event::TypedPayload for SharedManifestPayload {
+    fn to_value(&self) -> Value {
+        to_payload(&ManifestJson {
+            manifest: &self.manifest,
+        })
+    }
+    fn write(
+        &self,
+        out: &mut String,
+        policy: Option<&crate::RedactionPolicy>,
+    ) -> Result<(), crate::masked::Error> {
+        crate::masked::write_manifest_payload(out, &self.manifest, policy);
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -346,7 +363,7 @@ impl RunEvent {
                 manifest.total_estimated_tokens
             ),
         )
-        .payload_from(SharedManifestPayload { manifest })
+        .payload_typed(SharedManifestPayload { manifest })
     }
 
     /// `llm.call.started`.
