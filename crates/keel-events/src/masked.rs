@@ -149,14 +149,11 @@ impl<'w, 'a> Fields<'w, 'a> {
         write_str(self.writer.out, key);
         self.writer.out.push(':');
         let verdict = self.writer.judge_field(key);
-        let start = self.writer.out.len();
-        value(self.writer);
-        if let KeyVerdict::Sensitive { token_count } = verdict {
-            if !keeps_sensitive(&self.writer.out[start..], token_count) {
-                self.writer.out.truncate(start);
-                write_str(self.writer.out, REDACTED);
-            }
-        }
+        // Cannot fail: the value is written by hand, not serialized.
+        let _written = self.writer.entry_with(verdict, |writer| {
+            value(writer);
+            Ok(())
+        });
     }
 }
 
@@ -200,11 +197,20 @@ impl Writer<'_> {
         verdict: KeyVerdict,
         value: &V,
     ) -> Result<(), Error> {
+        self.entry_with(verdict, |writer| value.serialize(writer))
+    }
+
+    /// [`entry_value`](Self::entry_value) for a value `write` appends itself.
+    fn entry_with(
+        &mut self,
+        verdict: KeyVerdict,
+        write: impl FnOnce(&mut Self) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         let KeyVerdict::Sensitive { token_count } = verdict else {
-            return value.serialize(self);
+            return write(self);
         };
         let start = self.out.len();
-        value.serialize(&mut *self)?;
+        write(self)?;
         if !keeps_sensitive(&self.out[start..], token_count) {
             self.out.truncate(start);
             write_str(self.out, REDACTED);
