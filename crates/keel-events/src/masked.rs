@@ -123,6 +123,60 @@ pub(crate) fn write_manifest_payload(
     });
 }
 
+/// Append an action event's payload (`{"action": {...}}`) as [`write_manifest_payload`]
+/// does a manifest's: the action's own fields by hand, its input, metadata and artifacts
+/// through [`write_masked`]'s serializer. Two of every step's events carry the action. On an
+/// error nothing is appended.
+pub(crate) fn write_action_payload(
+    out: &mut String,
+    action: &keel_core::RunAction,
+    policy: Option<&RedactionPolicy>,
+) -> Result<(), Error> {
+    let keel_core::RunAction {
+        id,
+        kind,
+        name,
+        payload,
+        capabilities,
+        preview,
+        result,
+        parent_action_id,
+        metadata,
+    } = action;
+    let start = out.len();
+    let mut writer = Writer { out, policy };
+    let mut outcome = Ok(());
+    Fields::object(&mut writer, |fields| {
+        fields.field("action", |writer| {
+            Fields::object(writer, |a| {
+                a.field("id", |w| w.string(id.as_str()));
+                a.field("kind", |w| w.string(kind));
+                a.field("name", |w| w.string(name));
+                outcome = a.serialized("payload", payload);
+                if outcome.is_ok() && !capabilities.is_empty() {
+                    outcome = a.serialized("capabilities", capabilities);
+                }
+                if let (Ok(()), Some(preview)) = (&outcome, preview) {
+                    outcome = a.serialized("preview", preview);
+                }
+                if let (Ok(()), Some(result)) = (&outcome, result) {
+                    outcome = a.serialized("result", result);
+                }
+                if let Some(parent) = parent_action_id {
+                    a.field("parent_action_id", |w| w.string(parent.as_str()));
+                }
+                if outcome.is_ok() && !metadata.is_empty() {
+                    outcome = a.serialized("metadata", metadata);
+                }
+            });
+        });
+    });
+    if outcome.is_err() {
+        writer.out.truncate(start);
+    }
+    outcome
+}
+
 /// A JSON object written field by field, each field masked as a derived `Serialize` struct's
 /// field is in [`Compound`]: its name judged by the policy, and the value written under a
 /// sensitive name replaced unless it is kept (see [`keeps_sensitive`]).
@@ -143,17 +197,34 @@ impl<'w, 'a> Fields<'w, 'a> {
     }
 
     fn field(&mut self, key: &'static str, value: impl FnOnce(&mut Writer<'a>)) {
+        // Cannot fail: the value is written by hand, not serialized.
+        let _written = self.entry(key, |writer| {
+            value(writer);
+            Ok(())
+        });
+    }
+
+    /// A field whose value goes through the masking serializer.
+    fn serialized<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), Error> {
+        self.entry(key, |writer| value.serialize(writer))
+    }
+
+    fn entry(
+        &mut self,
+        key: &'static str,
+        value: impl FnOnce(&mut Writer<'a>) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         if !std::mem::take(&mut self.first) {
             self.writer.out.push(',');
         }
         write_str(self.writer.out, key);
         self.writer.out.push(':');
         let verdict = self.writer.judge_field(key);
-        // Cannot fail: the value is written by hand, not serialized.
-        let _written = self.writer.entry_with(verdict, |writer| {
-            value(writer);
-            Ok(())
-        });
+        self.writer.entry_with(verdict, value)
     }
 }
 
@@ -799,6 +870,61 @@ mod tests {
                 let payload = Payload {
                     manifest: &manifest,
                 };
+                assert_eq!(direct, written(&payload, policy.as_ref()), "{policy:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_action_payload_is_written_as_its_serialize_writes_it() {
+        use keel_core::{ActionId, Artifact, RunAction};
+        #[derive(Serialize)]
+        struct Payload<'a> {
+            action: &'a RunAction,
+        }
+        let plain = RunAction::tool_call("noop", json!({}));
+        let mut full = RunAction::tool_call(
+            "http \"fetch\"",
+            json!({"url": "https://x", "api_key": "k-1", "auth": "Bearer abc", "n": [1, {"token": 2}]}),
+        );
+        full.capabilities = vec!["net.fetch".into(), "Bearer-ish".into()];
+        full.preview = Some(Artifact::text("the diff, token sk-1").named("preview"));
+        full.result = Some(Artifact::text("Bearer done").named("result"));
+        full.parent_action_id = Some(ActionId::new());
+        full.metadata.insert("call_id".into(), json!("call_1"));
+        full.metadata
+            .insert("secret_note".into(), json!({"inner": "x"}));
+        let policies = [
+            None,
+            Some(RedactionPolicy::default()),
+            Some(
+                RedactionPolicy::new()
+                    .with_key("name")
+                    .with_key("capabilities"),
+            ),
+            Some(RedactionPolicy::new().with_key("action")),
+            Some(
+                RedactionPolicy::new()
+                    .with_key("payload")
+                    .with_key("metadata"),
+            ),
+            Some(
+                RedactionPolicy::new()
+                    .with_key("preview")
+                    .with_key("parent"),
+            ),
+            Some(
+                RedactionPolicy::new()
+                    .with_value_prefix("tool")
+                    .with_value_prefix("net"),
+            ),
+            Some(RedactionPolicy::new().allow_key("api_key").with_key("id")),
+        ];
+        for action in [plain, full] {
+            for policy in &policies {
+                let mut direct = String::new();
+                write_action_payload(&mut direct, &action, policy.as_ref()).unwrap();
+                let payload = Payload { action: &action };
                 assert_eq!(direct, written(&payload, policy.as_ref()), "{policy:?}");
             }
         }

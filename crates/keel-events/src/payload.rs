@@ -101,17 +101,33 @@ impl crate::event::TypedPayload for SharedManifestPayload {
     }
 }
 
-/// An [`ActionPayload`] sharing its action: the same JSON.
+/// An [`ActionPayload`] sharing its action: the same JSON, written into a run report by
+/// [`crate::masked::write_action_payload`].
 struct SharedActionPayload {
     action: std::sync::Arc<RunAction>,
 }
 
-impl Serialize for SharedActionPayload {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeStruct;
-        let mut payload = serializer.serialize_struct("ActionPayload", 1)?;
-        payload.serialize_field("action", &*self.action)?;
-        payload.end()
+/// The JSON of a [`SharedActionPayload`], as a tree.
+#[derive(Serialize)]
+struct ActionJson<'a> {
+    action: &'a RunAction,
+}
+
+impl crate::event::TypedPayload for SharedActionPayload {
+    fn to_value(&self) -> Value {
+        to_payload(&ActionJson {
+            action: &self.action,
+        })
+    }
+    fn write(
+        &self,
+        out: &mut String,
+        policy: Option<&crate::RedactionPolicy>,
+    ) -> Result<(), crate::masked::Error> {
+        crate::masked::write_action_payload(out, &self.action, policy)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -423,7 +439,7 @@ impl RunEvent {
         if let Some(parent) = &action.parent_action_id {
             builder = builder.parent_action(parent.clone());
         }
-        builder.payload_from(SharedActionPayload { action })
+        builder.payload_typed(SharedActionPayload { action })
     }
 
     /// `action.requested`. Pass an `Arc<RunAction>` (or a reference to one) to share the
