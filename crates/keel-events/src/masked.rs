@@ -132,6 +132,22 @@ pub(crate) fn write_action_payload(
     action: &keel_core::RunAction,
     policy: Option<&RedactionPolicy>,
 ) -> Result<(), Error> {
+    let start = out.len();
+    let mut writer = Writer { out, policy };
+    let mut outcome = Ok(());
+    Fields::object(&mut writer, |payload| {
+        payload.field("action", |writer| {
+            Fields::object(writer, |fields| outcome = action_fields(fields, action));
+        });
+    });
+    if outcome.is_err() {
+        writer.out.truncate(start);
+    }
+    outcome
+}
+
+/// The fields of a [`keel_core::RunAction`], in its `Serialize` order.
+fn action_fields(fields: &mut Fields<'_, '_>, action: &keel_core::RunAction) -> Result<(), Error> {
     let keel_core::RunAction {
         id,
         kind,
@@ -143,38 +159,26 @@ pub(crate) fn write_action_payload(
         parent_action_id,
         metadata,
     } = action;
-    let start = out.len();
-    let mut writer = Writer { out, policy };
-    let mut outcome = Ok(());
-    Fields::object(&mut writer, |fields| {
-        fields.field("action", |writer| {
-            Fields::object(writer, |a| {
-                a.field("id", |w| w.string(id.as_str()));
-                a.field("kind", |w| w.string(kind));
-                a.field("name", |w| w.string(name));
-                outcome = a.serialized("payload", payload);
-                if outcome.is_ok() && !capabilities.is_empty() {
-                    outcome = a.serialized("capabilities", capabilities);
-                }
-                if let (Ok(()), Some(preview)) = (&outcome, preview) {
-                    outcome = a.serialized("preview", preview);
-                }
-                if let (Ok(()), Some(result)) = (&outcome, result) {
-                    outcome = a.serialized("result", result);
-                }
-                if let Some(parent) = parent_action_id {
-                    a.field("parent_action_id", |w| w.string(parent.as_str()));
-                }
-                if outcome.is_ok() && !metadata.is_empty() {
-                    outcome = a.serialized("metadata", metadata);
-                }
-            });
-        });
-    });
-    if outcome.is_err() {
-        writer.out.truncate(start);
+    fields.field("id", |w| w.string(id.as_str()));
+    fields.field("kind", |w| w.string(kind));
+    fields.field("name", |w| w.string(name));
+    fields.serialized("payload", payload)?;
+    if !capabilities.is_empty() {
+        fields.serialized("capabilities", capabilities)?;
     }
-    outcome
+    if let Some(preview) = preview {
+        fields.serialized("preview", preview)?;
+    }
+    if let Some(result) = result {
+        fields.serialized("result", result)?;
+    }
+    if let Some(parent) = parent_action_id {
+        fields.field("parent_action_id", |w| w.string(parent.as_str()));
+    }
+    if !metadata.is_empty() {
+        fields.serialized("metadata", metadata)?;
+    }
+    Ok(())
 }
 
 /// A JSON object written field by field, each field masked as a derived `Serialize` struct's
@@ -818,11 +822,8 @@ mod tests {
 
     #[test]
     fn a_manifest_payload_is_written_as_its_serialize_writes_it() {
+        use crate::payload::ManifestJson;
         use keel_core::{ContextItem, ContextManifest, RunId, ThreadId};
-        #[derive(Serialize)]
-        struct Payload<'a> {
-            manifest: &'a ContextManifest,
-        }
         let item = |section: &str, tokens| ContextItem {
             section: section.into(),
             tokens,
@@ -867,7 +868,7 @@ mod tests {
             for policy in &policies {
                 let mut direct = String::new();
                 write_manifest_payload(&mut direct, &manifest, policy.as_ref());
-                let payload = Payload {
+                let payload = ManifestJson {
                     manifest: &manifest,
                 };
                 assert_eq!(direct, written(&payload, policy.as_ref()), "{policy:?}");
@@ -877,11 +878,8 @@ mod tests {
 
     #[test]
     fn an_action_payload_is_written_as_its_serialize_writes_it() {
+        use crate::payload::ActionJson;
         use keel_core::{ActionId, Artifact, RunAction};
-        #[derive(Serialize)]
-        struct Payload<'a> {
-            action: &'a RunAction,
-        }
         let plain = RunAction::tool_call("noop", json!({}));
         let mut full = RunAction::tool_call(
             "http \"fetch\"",
@@ -924,7 +922,7 @@ mod tests {
             for policy in &policies {
                 let mut direct = String::new();
                 write_action_payload(&mut direct, &action, policy.as_ref()).unwrap();
-                let payload = Payload { action: &action };
+                let payload = ActionJson { action: &action };
                 assert_eq!(direct, written(&payload, policy.as_ref()), "{policy:?}");
             }
         }

@@ -78,8 +78,8 @@ pub(crate) struct SharedManifestPayload {
 
 /// The JSON of a [`SharedManifestPayload`], as a tree.
 #[derive(Serialize)]
-struct ManifestJson<'a> {
-    manifest: &'a ContextManifest,
+pub(crate) struct ManifestJson<'a> {
+    pub(crate) manifest: &'a ContextManifest,
 }
 
 impl crate::event::TypedPayload for SharedManifestPayload {
@@ -109,8 +109,8 @@ struct SharedActionPayload {
 
 /// The JSON of a [`SharedActionPayload`], as a tree.
 #[derive(Serialize)]
-struct ActionJson<'a> {
-    action: &'a RunAction,
+pub(crate) struct ActionJson<'a> {
+    pub(crate) action: &'a RunAction,
 }
 
 impl crate::event::TypedPayload for SharedActionPayload {
