@@ -564,7 +564,12 @@ impl Inner {
     ) -> AgentResult<bool> {
         let mut fired = Vec::new();
         for item in items {
-            if let Ok(QueuedWork::Effect(effect)) = serde_json::from_value(item.payload.clone()) {
+            // Every step looks at the queue, whose head is usually the run's own task: only
+            // an effect is decoded.
+            if item.payload.get("kind").and_then(Value::as_str) != Some("effect") {
+                continue;
+            }
+            if let Ok(QueuedWork::Effect(effect)) = QueuedWork::deserialize(&item.payload) {
                 self.fire_effect(auth, &lease.thread_id, effect).await?;
                 fired.push(item.id.clone());
             }

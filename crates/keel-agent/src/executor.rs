@@ -2029,15 +2029,9 @@ impl Inner {
         {
             items = store.peek_queue(&flow.auth, &flow.thread_id, 64).await?;
         }
-        let seen: HashSet<String> = history
-            .iter()
-            .filter_map(|m| {
-                m.metadata
-                    .get(META_QUEUE_ITEM)
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-            })
-            .collect();
+        // The items already in the history, worked out only when some item is not the run's
+        // own: at most steps there is none, and the history only grows.
+        let mut seen: Option<HashSet<String>> = None;
         let mut injected = Vec::new();
         let mut outcome = None;
         for item in items {
@@ -2055,6 +2049,17 @@ impl Inner {
             if matches!(work, QueuedWork::Task { .. } | QueuedWork::Effect(_)) {
                 continue;
             }
+            let seen = seen.get_or_insert_with(|| {
+                history
+                    .iter()
+                    .filter_map(|m| {
+                        m.metadata
+                            .get(META_QUEUE_ITEM)
+                            .and_then(Value::as_str)
+                            .map(str::to_owned)
+                    })
+                    .collect()
+            });
             if !seen.contains(&item.id) {
                 match work {
                     QueuedWork::Task { .. } | QueuedWork::Effect(_) => continue,

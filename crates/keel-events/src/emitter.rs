@@ -116,7 +116,7 @@ impl EventEmitter {
             parent_action_id: builder.parent_action_id,
             delegation_id: builder.delegation_id,
             severity: builder.severity,
-            summary: builder.summary,
+            summary: builder.summary.into_owned(),
             payload: builder.payload.into_value(),
             is_final: builder.is_final,
             timestamp: Utc::now(),

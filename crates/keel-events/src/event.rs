@@ -219,9 +219,9 @@ impl RunEvent {
     /// friends in [`crate::payload`]) fill in payload, summary and correlation for you.
     pub fn builder(
         event_type: impl Into<EventType>,
-        summary: impl Into<String>,
+        summary: impl Into<Cow<'static, str>>,
     ) -> RunEventBuilder {
-        RunEventBuilder::new(event_type.into(), summary.into())
+        RunEventBuilder::new(event_type.into(), summary)
     }
 
     /// The payload read as `T` (one of the [`crate::payload`] structs).
@@ -354,7 +354,8 @@ impl PayloadRef<'_> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunEventBuilder {
     pub(crate) event_type: EventType,
-    pub(crate) summary: String,
+    /// Borrowed when it is a literal: most summaries are, and a step makes a dozen.
+    pub(crate) summary: Cow<'static, str>,
     pub(crate) severity: Severity,
     pub(crate) payload: BuiltPayload,
     pub(crate) task_id: Option<TaskId>,
@@ -369,10 +370,10 @@ pub struct RunEventBuilder {
 
 impl RunEventBuilder {
     /// An info event with an empty payload.
-    pub fn new(event_type: EventType, summary: String) -> Self {
+    pub fn new(event_type: EventType, summary: impl Into<Cow<'static, str>>) -> Self {
         Self {
             event_type,
-            summary,
+            summary: summary.into(),
             severity: Severity::Info,
             payload: BuiltPayload::Json(Value::Object(Default::default())),
             task_id: None,
@@ -426,7 +427,7 @@ impl RunEventBuilder {
 
     /// Replace the summary.
     #[must_use]
-    pub fn summary(mut self, summary: impl Into<String>) -> Self {
+    pub fn summary(mut self, summary: impl Into<Cow<'static, str>>) -> Self {
         self.summary = summary.into();
         self
     }

@@ -320,7 +320,7 @@ impl RunEvent {
             TaskState::Failed => Severity::Error,
             _ => Severity::Info,
         };
-        RunEvent::builder(EventType::TASK_STATUS, format!("task {state}"))
+        RunEvent::builder(EventType::TASK_STATUS, joined(&["task ", state.as_str()]))
             .payload_from(payload)
             .severity(severity)
             .final_boundary(is_final)
@@ -356,7 +356,7 @@ impl RunEvent {
     /// `task.artifact`.
     pub fn task_artifact(artifact: &Artifact, append: bool, last_chunk: bool) -> RunEventBuilder {
         let name = artifact.name.as_deref().unwrap_or(artifact.kind.as_str());
-        let mut builder = RunEvent::builder(EventType::TASK_ARTIFACT, format!("artifact {name}"))
+        let mut builder = RunEvent::builder(EventType::TASK_ARTIFACT, joined(&["artifact ", name]))
             .payload_from(TaskArtifactPayload {
                 artifact: artifact.clone(),
                 append,
@@ -374,10 +374,11 @@ impl RunEvent {
         let manifest = manifest.into_shared();
         RunEvent::builder(
             EventType::CONTEXT_PREPARED,
-            format!(
-                "context prepared: ~{} tokens",
-                manifest.total_estimated_tokens
-            ),
+            joined(&[
+                "context prepared: ~",
+                itoa::Buffer::new().format(manifest.total_estimated_tokens),
+                " tokens",
+            ]),
         )
         .payload_typed(SharedManifestPayload { manifest })
     }
@@ -385,17 +386,21 @@ impl RunEvent {
     /// `llm.call.started`.
     pub fn llm_call_started(payload: LlmCallStartedPayload) -> RunEventBuilder {
         let model = payload.model.as_deref().unwrap_or("model");
-        RunEvent::builder(EventType::LLM_CALL_STARTED, format!("calling {model}"))
+        RunEvent::builder(EventType::LLM_CALL_STARTED, joined(&["calling ", model]))
             .payload_from(payload)
     }
 
     /// `llm.call.completed`.
     pub fn llm_call_completed(payload: LlmCallCompletedPayload) -> RunEventBuilder {
         let model = payload.model.as_deref().unwrap_or("model");
-        let summary = format!(
-            "{model} answered: {} in / {} out tokens",
-            payload.input_tokens, payload.output_tokens
-        );
+        let summary = joined(&[
+            model,
+            " answered: ",
+            itoa::Buffer::new().format(payload.input_tokens),
+            " in / ",
+            itoa::Buffer::new().format(payload.output_tokens),
+            " out tokens",
+        ]);
         RunEvent::builder(EventType::LLM_CALL_COMPLETED, summary).payload_from(payload)
     }
 
@@ -434,7 +439,7 @@ impl RunEvent {
         action: impl IntoShared<RunAction>,
     ) -> RunEventBuilder {
         let action = action.into_shared();
-        let summary = format!("{} `{}` {verb}", action.kind, action.name);
+        let summary = joined(&[&action.kind, " `", &action.name, "` ", verb]);
         let mut builder = RunEvent::builder(event_type, summary).action(action.id.clone());
         if let Some(parent) = &action.parent_action_id {
             builder = builder.parent_action(parent.clone());
@@ -456,8 +461,8 @@ impl RunEvent {
     /// `action.policy`.
     pub fn action_policy(payload: ActionPolicyPayload) -> RunEventBuilder {
         let summary = match &payload.reason {
-            Some(reason) => format!("policy: {} ({reason})", payload.decision),
-            None => format!("policy: {}", payload.decision),
+            Some(reason) => joined(&["policy: ", &payload.decision, " (", reason, ")"]),
+            None => joined(&["policy: ", &payload.decision]),
         };
         let severity = if payload.decision == "deny" {
             Severity::Warning
@@ -539,6 +544,16 @@ impl RunEvent {
     }
 }
 
+/// A summary from its pieces, allocated once at its final size: `format!` costs several
+/// times more, and a step makes about a dozen summaries.
+fn joined(parts: &[&str]) -> String {
+    let mut summary = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for part in parts {
+        summary.push_str(part);
+    }
+    summary
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -547,6 +562,67 @@ mod tests {
     use serde_json::json;
 
     use crate::{EventEmitter, EventSink, InMemoryEventSink};
+
+    #[test]
+    fn summaries_read_as_their_pieces_say() {
+        let action = RunAction::tool_call("noop", json!({}));
+        let manifest = ContextManifest {
+            total_estimated_tokens: 20,
+            ..Default::default()
+        };
+        let completed = LlmCallCompletedPayload {
+            provider: None,
+            model: Some("loop".into()),
+            input_tokens: 12,
+            output_tokens: 3,
+            latency_ms: None,
+            finish_reason: None,
+        };
+        let policy = |reason: Option<&str>| ActionPolicyPayload {
+            action_id: action.id.clone(),
+            decision: "deny".into(),
+            reason: reason.map(Into::into),
+            capability: None,
+        };
+        let cases = [
+            (
+                RunEvent::context_prepared(&manifest),
+                "context prepared: ~20 tokens",
+            ),
+            (
+                RunEvent::llm_call_started(LlmCallStartedPayload {
+                    provider: None,
+                    model: None,
+                    estimated_input_tokens: 0,
+                }),
+                "calling model",
+            ),
+            (
+                RunEvent::llm_call_completed(completed),
+                "loop answered: 12 in / 3 out tokens",
+            ),
+            (
+                RunEvent::action_requested(&action),
+                "tool_call `noop` requested",
+            ),
+            (
+                RunEvent::action_started(&action),
+                "tool_call `noop` started",
+            ),
+            (RunEvent::action_policy(policy(None)), "policy: deny"),
+            (
+                RunEvent::action_policy(policy(Some("no network"))),
+                "policy: deny (no network)",
+            ),
+            (
+                RunEvent::task_state_of(&keel_core::Task::new(keel_core::ThreadId::new())),
+                "task submitted",
+            ),
+        ];
+        for (builder, summary) in cases {
+            assert_eq!(builder.summary, summary);
+        }
+    }
 
     #[test]
     fn every_constructor_builds_its_type_and_a_payload_that_reads_back() {

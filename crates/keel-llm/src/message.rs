@@ -45,7 +45,14 @@ impl ToolCall {
     /// A call with a fresh id.
     pub fn new(name: impl Into<String>, arguments: Value) -> Self {
         Self {
-            id: format!("call_{}", uuid::Uuid::now_v7().simple()),
+            id: {
+                let mut buffer = uuid::Uuid::encode_buffer();
+                let simple = uuid::Uuid::now_v7().simple();
+                let mut id = String::with_capacity(5 + uuid::fmt::Simple::LENGTH);
+                id.push_str("call_");
+                id.push_str(simple.encode_lower(&mut buffer));
+                id
+            },
             name: name.into(),
             arguments,
         }
@@ -88,7 +95,12 @@ impl LlmMessage {
     /// A message with a role and text.
     pub fn new(role: LlmRole, content: impl Into<String>) -> Self {
         Self {
-            id: uuid::Uuid::now_v7().to_string(),
+            // Encoded by hand: `to_string` goes through the formatting machinery, several
+            // times the cost, and every persisted message gets an id.
+            id: (*uuid::Uuid::now_v7()
+                .hyphenated()
+                .encode_lower(&mut uuid::Uuid::encode_buffer()))
+            .to_owned(),
             role,
             content: content.into(),
             name: None,
@@ -234,6 +246,18 @@ pub(crate) fn media_type_of(file: &FileContent) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fresh_ids_are_uuids_as_before() {
+        let call = ToolCall::new("noop", Value::Null);
+        let hex = call.id.strip_prefix("call_").expect("a call_ prefix");
+        assert_eq!(hex.len(), 32);
+        assert!(hex.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        let message = LlmMessage::user("hi");
+        let id = uuid::Uuid::parse_str(&message.id).expect("a UUID");
+        assert_eq!(id.get_version_num(), 7);
+        assert_eq!(message.id, id.hyphenated().to_string());
+    }
 
     #[test]
     fn messages_round_trip() {
