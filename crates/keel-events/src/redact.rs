@@ -67,6 +67,10 @@ pub struct RedactionPolicy {
     // Shared among clones (the engine makes a policy per run), copied when one is changed.
     keys: Arc<Vec<String>>,
     prefixes: Arc<Vec<String>>,
+    /// Which ASCII bytes some prefix starts with (bit `b`), or all bits when a prefix is
+    /// empty or starts with a non-ASCII character: most values are told apart by their first
+    /// byte alone, and every string of every persisted event is checked.
+    prefix_starts: u128,
     allowed_keys: Arc<Vec<String>>,
     verdicts: KeyVerdicts,
     /// The verdicts for the event envelope's field names ([`ENVELOPE_FIELDS`]): fixed by
@@ -196,11 +200,13 @@ static DEFAULT_POLICY: std::sync::LazyLock<RedactionPolicy> = std::sync::LazyLoc
                 .map(|p| (*p).to_owned())
                 .collect(),
         ),
+        prefix_starts: 0,
         allowed_keys: Arc::default(),
         verdicts: KeyVerdicts::Default,
         envelope: [false; ENVELOPE_FIELDS.len()],
     }
     .with_envelope_verdicts()
+    .with_prefix_starts()
 });
 
 impl Default for RedactionPolicy {
@@ -227,7 +233,7 @@ impl RedactionPolicy {
     #[must_use]
     pub fn with_value_prefix(mut self, prefix: impl Into<String>) -> Self {
         Arc::make_mut(&mut self.prefixes).push(prefix.into().to_lowercase());
-        self
+        self.with_prefix_starts()
     }
 
     /// Never mask values under exactly this key (case-insensitive), e.g. `token_type`.
@@ -236,6 +242,18 @@ impl RedactionPolicy {
         Arc::make_mut(&mut self.allowed_keys).push(key.into().to_lowercase());
         self.verdicts = KeyVerdicts::configured();
         self.with_envelope_verdicts()
+    }
+
+    /// Work out [`prefix_starts`](Self::prefix_starts) again, after the prefixes changed.
+    fn with_prefix_starts(mut self) -> Self {
+        self.prefix_starts =
+            self.prefixes
+                .iter()
+                .fold(0, |starts, prefix| match prefix.as_bytes().first() {
+                    Some(&first) if first.is_ascii() => starts | (1u128 << first),
+                    _ => u128::MAX,
+                });
+        self
     }
 
     /// Judge the envelope's field names again, after the keys changed.
@@ -286,6 +304,12 @@ impl RedactionPolicy {
     }
 
     pub(crate) fn value_is_sensitive(&self, value: &str) -> bool {
+        // An ASCII first byte that starts no prefix (in either case) settles it.
+        if let Some(&first) = value.as_bytes().first() {
+            if first.is_ascii() && self.prefix_starts & (1u128 << first.to_ascii_lowercase()) == 0 {
+                return false;
+            }
+        }
         self.prefixes.iter().any(|p| {
             // Most values differ from the prefix at once: an ASCII first byte that is not the
             // prefix's settles it (a non-ASCII one may lowercase to ASCII, so it goes on).
@@ -606,6 +630,23 @@ mod tests {
                 sample.to_lowercase().ends_with("tokens"),
                 "{sample:?}"
             );
+        }
+        // The first-byte shortcut, under prefixes that start with other letters, with a
+        // non-ASCII letter, and an empty one (which masks every string).
+        for extra in ["SK-", "\u{e9}t\u{e9}", "k", ""] {
+            let policy = RedactionPolicy::default().with_value_prefix(extra);
+            for sample in samples
+                .iter()
+                .chain(&["sk-123", "Sk-9", "\u{c9}T\u{c9} x", "\u{e9}"])
+            {
+                let head: String = sample.chars().take(64).collect::<String>().to_lowercase();
+                let slow = policy.prefixes.iter().any(|p| head.starts_with(p.as_str()));
+                assert_eq!(
+                    policy.value_is_sensitive(sample),
+                    slow,
+                    "value {sample:?} with prefix {extra:?}"
+                );
+            }
         }
     }
 }

@@ -1167,7 +1167,28 @@ impl ReportWriter {
 
     pub(crate) fn write(&self, event: &EventView) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let state = &mut *state;
+        self.write_into(&mut state, event);
+    }
+
+    /// [`write`](Self::write) an event that `stamp` numbers and times under the writer's
+    /// lock: events written from several tasks at once land in the order of their numbers,
+    /// with no other lock around them.
+    pub(crate) fn write_stamped(
+        &self,
+        event: EventView<'_>,
+        stamp: impl FnOnce() -> (u64, DateTime<Utc>),
+    ) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let (sequence, timestamp) = stamp();
+        let event = EventView {
+            sequence,
+            timestamp: &timestamp,
+            ..event
+        };
+        self.write_into(&mut state, &event);
+    }
+
+    fn write_into(&self, state: &mut WriterState, event: &EventView) {
         state.summary.read(event);
         let head = state.head.get_or_insert_with(|| OwnedHead {
             run_id: event.run_id.clone(),

@@ -870,3 +870,40 @@ async fn recorder_of(events: &[RunEvent]) -> RunRecorder {
     }
     recorder
 }
+
+/// With no sink listening, reported events are numbered under the report's own lock: events
+/// emitted from several threads at once still land in the report in the order of their
+/// numbers, each number once, and their times never go back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_reported_events_land_in_sequence_order() {
+    let emitter = Arc::new(EventEmitter::new(
+        &RunContext::new().with_agent("worker"),
+        Arc::new(MultiSink::new()),
+    ));
+    let report = Arc::new(ReportWriter::new());
+    let (tasks, per_task) = (8u64, 200u64);
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (emitter, report) = (emitter.clone(), report.clone());
+        handles.push(tokio::spawn(async move {
+            for i in 0..per_task {
+                let event = RunEvent::builder("test.tick", format!("{t}/{i}"));
+                emitter
+                    .emit_reported(event, &report)
+                    .await
+                    .expect("reported");
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    for handle in handles {
+        handle.await.expect("no panic");
+    }
+    let text = report.take_json().expect("a report");
+    let events = serde_json::from_str::<RunReport>(text.as_str())
+        .expect("the report reads")
+        .events;
+    let numbers: Vec<u64> = events.iter().map(|e| e.sequence).collect();
+    assert_eq!(numbers, (1..=tasks * per_task).collect::<Vec<_>>());
+    assert!(events.windows(2).all(|w| w[0].timestamp <= w[1].timestamp));
+}

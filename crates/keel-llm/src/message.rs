@@ -252,7 +252,9 @@ mod tests {
         let call = ToolCall::new("noop", Value::Null);
         let hex = call.id.strip_prefix("call_").expect("a call_ prefix");
         assert_eq!(hex.len(), 32);
-        assert!(hex.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(hex
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         let message = LlmMessage::user("hi");
         let id = uuid::Uuid::parse_str(&message.id).expect("a UUID");
         assert_eq!(id.get_version_num(), 7);
