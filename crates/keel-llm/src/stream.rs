@@ -93,15 +93,13 @@ pub(crate) fn response_events(response: LlmResponse) -> Vec<LlmStreamEvent> {
 pub(crate) fn replay_completion<'a>(
     completion: impl Future<Output = AgentResult<LlmResponse>> + Send + 'a,
 ) -> LlmStream<'a> {
-    // One list of results, not a list of events mapped into a second one: every model call
-    // of every step goes through here.
     stream::once(completion)
         .flat_map(|result| {
-            let (events, error) = match result {
-                Ok(response) => (response_events(response), None),
-                Err(error) => (Vec::new(), Some(error)),
+            let events: Vec<AgentResult<LlmStreamEvent>> = match result {
+                Ok(response) => response_events(response).into_iter().map(Ok).collect(),
+                Err(error) => vec![Err(error)],
             };
-            stream::iter(events.into_iter().map(Ok).chain(error.map(Err)))
+            stream::iter(events)
         })
         .boxed()
 }
