@@ -182,7 +182,8 @@ impl RunContext {
     pub fn from_task(task: &Task) -> AgentResult<Option<RunContext>> {
         match task.metadata.get(RUN_CONTEXT_KEY) {
             None | Some(Value::Null) => Ok(None),
-            Some(value) => serde_json::from_value(value.clone())
+            // Read from the stored value in place: a run reads its context several times.
+            Some(value) => RunContext::deserialize(value)
                 .map(Some)
                 .map_err(|e| AgentError::invalid_input("metadata.run_context", e.to_string())),
         }
