@@ -1220,7 +1220,6 @@ impl Inner {
         Ok(())
     }
 
-    /// Wake local waiters after a task record was saved (see `rested`), and event watchers.
     /// Tell [`AgentExecutor::task_updates`] subscribers that a task changed. Nobody listens
     /// most of the time, and a watch wakes its (absent) waiters at a cost even then: twice a
     /// step. A subscriber arriving later sees only later changes either way.
@@ -1230,6 +1229,7 @@ impl Inner {
         }
     }
 
+    /// Wake local waiters after a task record was saved (see `rested`), and event watchers.
     fn task_saved(&self) {
         self.rested.send_modify(|n| *n = n.wrapping_add(1));
         self.task_changed();
@@ -1380,7 +1380,7 @@ impl Inner {
             return Ok(false);
         }
         let history = self.read_history(flow).await?;
-        let seen = seen_message_ids(&history);
+        let seen = tag_values(&history, META_MESSAGE);
         let events = self
             .runtime
             .task_manager()
@@ -1510,7 +1510,7 @@ impl Inner {
         // The task's user messages join the thread history once each (a resumed run finds
         // them there already).
         let mut history = self.read_history(flow).await?;
-        let seen = seen_message_ids(&history);
+        let seen = tag_values(&history, META_MESSAGE);
         let events = self
             .runtime
             .task_manager()
@@ -2058,17 +2058,7 @@ impl Inner {
             if matches!(work, QueuedWork::Task { .. } | QueuedWork::Effect(_)) {
                 continue;
             }
-            let seen = seen.get_or_insert_with(|| {
-                history
-                    .iter()
-                    .filter_map(|m| {
-                        m.metadata
-                            .get(META_QUEUE_ITEM)
-                            .and_then(Value::as_str)
-                            .map(str::to_owned)
-                    })
-                    .collect()
-            });
+            let seen = seen.get_or_insert_with(|| tag_values(history, META_QUEUE_ITEM));
             if !seen.contains(&item.id) {
                 match work {
                     QueuedWork::Task { .. } | QueuedWork::Effect(_) => continue,
@@ -2902,12 +2892,13 @@ fn is_tagged(message: &LlmMessage, task_id: &TaskId) -> bool {
     message.metadata.get(META_TASK).and_then(Value::as_str) == Some(task_id.as_str())
 }
 
-fn seen_message_ids(history: &[LlmMessage]) -> HashSet<String> {
+/// The values of the text tag `key` across the history (the ids its entries came from).
+fn tag_values(history: &[LlmMessage], key: &str) -> HashSet<String> {
     history
         .iter()
         .filter_map(|m| {
             m.metadata
-                .get(META_MESSAGE)
+                .get(key)
                 .and_then(Value::as_str)
                 .map(str::to_owned)
         })
