@@ -11,7 +11,9 @@
 //! `1,64`): the last two pick one row to run under a profiler. With the memory backend and a
 //! concurrency of 1, it first prints the engine's overhead alone: one task at a time on one
 //! tokio thread, tasks of `KEEL_BENCH_STEPS` steps against tasks of one step, which separates
-//! what a step costs from what a task costs besides its steps. `KEEL_BENCH_REPORT=path`
+//! what a step costs from what a task costs besides its steps; `KEEL_BENCH_REPEAT=N` runs
+//! that section N times and prints each figure's minimum and median, which a noisy machine
+//! needs (the same build's single readings differ by a third there). `KEEL_BENCH_REPORT=path`
 //! writes one task's run report there and prints its size; `KEEL_BENCH_WORKERS=1` runs the
 //! table on one tokio thread too (a current-thread runtime), leaving out cross-thread
 //! wake-ups. `REDIS_URL`.
@@ -262,22 +264,76 @@ fn engine_overhead(duration: Duration) -> Result<(), String> {
             f64::NAN
         }
     };
-    let many = per_task_of(steps);
+    let repeats = repeats();
     println!("engine overhead (in-memory store, one task at a time on one tokio thread):");
-    println!(
-        "  tasks of {steps} steps: {:.1} µs per step ({many:.0} µs per task)",
-        many / steps as f64
-    );
-    if steps > 1 {
-        let one = per_task_of(1);
-        let step = (many - one) / (steps - 1) as f64;
-        println!("  tasks of 1 step: {one:.1} µs per task");
+    // Per run: µs per step of tasks of `steps` steps, and (with more than one step) what one
+    // more step costs and what a task costs besides its steps.
+    let mut runs: Vec<[f64; 3]> = Vec::new();
+    for run in 1..=repeats {
+        if repeats > 1 {
+            println!("  run {run} of {repeats}:");
+        }
+        let many = per_task_of(steps);
         println!(
-            "  so one more step costs {step:.1} µs, and a task {:.1} µs besides its steps (target: 20 µs per step)",
-            one - step
+            "  tasks of {steps} steps: {:.1} µs per step ({many:.0} µs per task)",
+            many / steps as f64
         );
+        let (mut step, mut task) = (f64::NAN, f64::NAN);
+        if steps > 1 {
+            let one = per_task_of(1);
+            step = (many - one) / (steps - 1) as f64;
+            task = one - step;
+            println!("  tasks of 1 step: {one:.1} µs per task");
+            println!(
+                "  so one more step costs {step:.1} µs, and a task {task:.1} µs besides its steps (target: 20 µs per step)"
+            );
+        }
+        runs.push([many / steps as f64, step, task]);
+    }
+    if repeats > 1 {
+        let names = [
+            format!("per step, tasks of {steps} steps"),
+            "one more step".to_owned(),
+            "a task besides its steps".to_owned(),
+        ];
+        println!("  over {repeats} runs (a busy machine reads high, so the minimum and median say more than the mean):");
+        for (index, name) in names.iter().enumerate() {
+            let mut figures: Vec<f64> = runs
+                .iter()
+                .map(|run| run[index])
+                .filter(|f| f.is_finite())
+                .collect();
+            if figures.is_empty() {
+                continue;
+            }
+            figures.sort_by(f64::total_cmp);
+            println!(
+                "    {name}: min {:.1} µs, median {:.1} µs",
+                figures[0],
+                median(&figures)
+            );
+        }
     }
     Ok(())
+}
+
+/// How many times the overhead section runs: `KEEL_BENCH_REPEAT` (default 1).
+fn repeats() -> usize {
+    std::env::var("KEEL_BENCH_REPEAT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(1)
+}
+
+/// The median of sorted, non-empty figures.
+fn median(sorted: &[f64]) -> f64 {
+    let mid = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[mid]
+    } else {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    }
 }
 
 fn main() -> ExitCode {
