@@ -48,13 +48,16 @@ use serde_json::{json, Value};
 static STEPS_PER_TASK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
 fn steps_per_task() -> usize {
-    *STEPS_PER_TASK.get_or_init(|| {
-        std::env::var("KEEL_BENCH_STEPS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .filter(|n| *n > 0)
-            .unwrap_or(10)
-    })
+    *STEPS_PER_TASK.get_or_init(|| count_from_env("KEEL_BENCH_STEPS", 10))
+}
+
+/// A positive count from the environment variable `name`, else `default`.
+fn count_from_env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(default)
 }
 
 /// A model that asks for `noop` until the task has had `steps` steps, then answers.
@@ -264,7 +267,8 @@ fn engine_overhead(duration: Duration) -> Result<(), String> {
             f64::NAN
         }
     };
-    let repeats = repeats();
+    // How many times the section runs: `KEEL_BENCH_REPEAT` (default 1).
+    let repeats = count_from_env("KEEL_BENCH_REPEAT", 1);
     println!("engine overhead (in-memory store, one task at a time on one tokio thread):");
     // Per run: µs per step of tasks of `steps` steps, and (with more than one step) what one
     // more step costs and what a task costs besides its steps.
@@ -315,15 +319,6 @@ fn engine_overhead(duration: Duration) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// How many times the overhead section runs: `KEEL_BENCH_REPEAT` (default 1).
-fn repeats() -> usize {
-    std::env::var("KEEL_BENCH_REPEAT")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(1)
 }
 
 /// The median of sorted, non-empty figures.
