@@ -2768,10 +2768,15 @@ impl Inner {
     /// logged: the task itself is already persisted.
     async fn save_records(&self, auth: &AuthContext, obs: &RunObs, task: &Task) {
         let runs = self.runtime.run_store();
-        let ctx = RunContext::from_task(task).ok().flatten();
+        let agent_name = Some(self.agent.card().name.as_str());
         let result = async {
-            runs.save_task_record(auth, &TaskRecord::of(task, Some(&self.agent.card().name))?)
-                .await?;
+            // Read once: it indexes both records.
+            let ctx = RunContext::from_task(task)?;
+            runs.save_task_record(
+                auth,
+                &TaskRecord::with_context(task, ctx.as_ref(), agent_name),
+            )
+            .await?;
             if let Some(ctx) = ctx {
                 // Masked and written as text while the run went (the run's report writer),
                 // which the in-memory store keeps as it is.
@@ -2779,11 +2784,11 @@ impl Inner {
                 runs.save_run_report_json(
                     auth,
                     RunRecord {
-                        run_id: ctx.run_id.clone(),
+                        run_id: ctx.run_id,
                         task_id: Some(task.id.clone()),
                         thread_id: Some(task.thread_id.clone()),
-                        trace_id: Some(ctx.trace_id.clone()),
-                        agent_name: Some(self.agent.card().name.clone()),
+                        trace_id: Some(ctx.trace_id),
+                        agent_name: agent_name.map(str::to_owned),
                         recorded_at: Utc::now(),
                         report: Value::Null,
                     },

@@ -156,6 +156,14 @@ async fn an_allowed_tool_call_emits_the_normalized_sequence_and_a_persisted_repo
         .await
         .unwrap();
     assert_eq!(records[0].state, TaskState::Completed);
+    // Both records are indexed by the run's context and name the agent.
+    assert_eq!(records[0].run_id.as_ref(), Some(&ctx.run_id));
+    assert_eq!(records[0].trace_id.as_ref(), Some(&ctx.trace_id));
+    assert_eq!(records[0].agent_name.as_deref(), Some("records"));
+    assert_eq!(stored.task_id.as_ref(), Some(&task.id));
+    assert_eq!(stored.thread_id.as_ref(), Some(&task.thread_id));
+    assert_eq!(stored.trace_id.as_ref(), Some(&ctx.trace_id));
+    assert_eq!(stored.agent_name.as_deref(), Some("records"));
 }
 
 #[tokio::test]

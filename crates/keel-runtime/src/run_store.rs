@@ -38,16 +38,26 @@ impl TaskRecord {
     /// A record of `task`, indexed by its run context when it has one.
     pub fn of(task: &Task, agent_name: Option<&str>) -> AgentResult<TaskRecord> {
         let ctx = RunContext::from_task(task)?;
-        Ok(TaskRecord {
+        Ok(TaskRecord::with_context(task, ctx.as_ref(), agent_name))
+    }
+
+    /// A record of `task` indexed by `ctx`: for a caller that has read the task's run
+    /// context already (reading it parses the task's metadata).
+    pub fn with_context(
+        task: &Task,
+        ctx: Option<&RunContext>,
+        agent_name: Option<&str>,
+    ) -> TaskRecord {
+        TaskRecord {
             task_id: task.id.clone(),
             thread_id: task.thread_id.clone(),
             state: task.state(),
-            run_id: ctx.as_ref().map(|c| c.run_id.clone()),
-            trace_id: ctx.as_ref().map(|c| c.trace_id.clone()),
+            run_id: ctx.map(|c| c.run_id.clone()),
+            trace_id: ctx.map(|c| c.trace_id.clone()),
             agent_name: agent_name.map(str::to_owned),
             recorded_at: Utc::now(),
             task: task.clone(),
-        })
+        }
     }
 }
 
