@@ -164,14 +164,10 @@ fn steps(r: &mut Runner, redis: &mut Option<crate::redis::Redis>) -> Result<(), 
         })?;
     }
 
-    let check_layers = workspace_root().join("../shared/tools/check-layers");
-    r.step("check-layers", || {
-        if check_layers.is_file() {
-            exec(Command::new(&check_layers).current_dir(workspace_root()))
-        } else {
-            Ok(Some(format!("{} not found", check_layers.display())))
-        }
-    })?;
+    r.step(
+        "layers (docs/architecture.md's table against cargo metadata)",
+        || crate::layers::check().map(|()| None),
+    )?;
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 
 mod ci;
 mod fuzz;
+mod layers;
 mod py_sdk;
 mod redis;
 mod util;
@@ -18,6 +19,7 @@ commands:
   bench engine     the thread engine: overhead per step, persisted steps/s per backend
   bench a2a        the A2A server: SendMessage/GetTask req/s beside a bare axum handler, RSS over 100k sends
                    (KEEL_BENCH_SECS, KEEL_BENCH_DIR, REDIS_URL; figures are printed, never asserted)
+  layers           check that each crate depends only on lower layers (docs/architecture.md)
   fuzz [SECONDS]   run each fuzz target of fuzz/ for SECONDS (default 60; needs nightly and cargo-fuzz)
   py-sdk           create/refresh the cached Python A2A SDK venvs (1.x, 0.3.x) and print
                    KEEL_PYTHON=... and KEEL_PYTHON_V03=... lines
@@ -30,6 +32,13 @@ fn main() -> ExitCode {
         Some("ci") if args.len() == 1 => ci::run(),
         Some("bench") => bench(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
+        Some("layers") if args.len() == 1 => match layers::check() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("xtask layers: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Some("py-sdk") if args.len() == 1 => {
             for venv in [py_sdk::V1, py_sdk::V03] {
                 match venv.ensure() {
