@@ -32,6 +32,7 @@ const ALLOCATOR_NAME: &str = if cfg!(feature = "mimalloc") {
 };
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -91,12 +92,19 @@ impl Llm for LoopLlm {
     }
 }
 
+/// Steps this process has run (one per `noop` call), printed at the end so that
+/// `cargo xtask bench engine` can divide callgrind's instruction count by it.
+static STEPS_RUN: AtomicU64 = AtomicU64::new(0);
+
 fn agent(steps: usize) -> Agent {
     let noop = FnTool::new(
         "noop",
         "Do nothing",
         json!({"type": "object"}),
-        |_a, _c| async { Ok(Value::Null) },
+        |_a, _c| async {
+            STEPS_RUN.fetch_add(1, Ordering::Relaxed);
+            Ok(Value::Null)
+        },
     );
     Agent::builder(AgentCard::new("bench", "bench", "http://127.0.0.1:0"))
         .llm(LoopLlm { steps })
@@ -415,5 +423,6 @@ fn main() -> ExitCode {
         }
         println!("(a persisted step writes several records, so steps/s sits below the raw ceiling)");
     });
+    println!("steps run in all: {}", STEPS_RUN.load(Ordering::Relaxed));
     ExitCode::SUCCESS
 }

@@ -2,6 +2,7 @@
 
 mod ci;
 mod fuzz;
+mod instructions;
 mod layers;
 mod py_sdk;
 mod redis;
@@ -16,7 +17,9 @@ commands:
   ci               fmt, clippy, tests (with Redis and the Python A2A SDK), per-crate default-feature checks
   bench [args...]  every benchmark: cargo bench --workspace [args...]
   bench stores     the store backends: persisted steps/s beside raw SQLite/Redis ceilings
-  bench engine     the thread engine: overhead per step, persisted steps/s per backend
+  bench engine     the thread engine: overhead per step, persisted steps/s per backend, and
+                   instructions per step under callgrind (when valgrind is installed;
+                   KEEL_BENCH_CALLGRIND=0 skips it)
   bench a2a        the A2A server: SendMessage/GetTask req/s beside a bare axum handler, RSS over 100k sends
                    (KEEL_BENCH_SECS, KEEL_BENCH_DIR, REDIS_URL; figures are printed, never asserted)
   layers           check that each crate depends only on lower layers (docs/architecture.md)
@@ -114,7 +117,10 @@ fn bench(args: &[String]) -> ExitCode {
             cmd.args(["bench", "--workspace"]).args(args);
         }
     }
-    let outcome = util::status(&mut cmd);
+    let mut outcome = util::status(&mut cmd);
+    if outcome.is_ok() && named.is_some_and(|b| b.name == "engine") {
+        outcome = instructions::engine_per_step();
+    }
     drop(redis);
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
