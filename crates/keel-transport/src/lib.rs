@@ -38,6 +38,7 @@ mod handlers;
 mod in_process;
 pub mod jsonrpc;
 mod push;
+mod push_config;
 mod rest;
 mod security;
 mod server;

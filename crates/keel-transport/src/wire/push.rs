@@ -5,7 +5,7 @@ use keel_core::{AgentResult, TaskId};
 use serde_json::Value;
 
 use super::codec::{decode, invalid, params_object, to_json};
-use crate::push::{PushAuthentication, PushConfig};
+use crate::push_config::{PushAuthentication, PushConfig};
 
 pub(super) fn push_config_from_wire(config: a2a::TaskPushNotificationConfig) -> PushConfig {
     PushConfig {

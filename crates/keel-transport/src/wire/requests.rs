@@ -12,7 +12,7 @@ use super::task::{
     message_from_wire, message_to_wire, state_from_wire, state_to_wire, task_from_wire,
     task_to_wire,
 };
-use crate::push::PushConfig;
+use crate::push_config::PushConfig;
 use crate::task_list::{TaskList, TaskListQuery};
 
 /// A decoded `SendMessage` request.
