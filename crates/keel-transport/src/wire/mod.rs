@@ -81,6 +81,6 @@ mod tests {
         assert_eq!(VERSION_NOT_SUPPORTED, a2a_code::VERSION_NOT_SUPPORTED);
         assert_eq!(ERROR_INFO_TYPE, a2a::ERROR_INFO_TYPE);
         assert_eq!(ERROR_DOMAIN, a2a::PROTOCOL_DOMAIN);
-        assert_eq!(crate::server::VERSION_HEADER, a2a::SVC_PARAM_VERSION);
+        assert_eq!(crate::version::VERSION_HEADER, a2a::SVC_PARAM_VERSION);
     }
 }
