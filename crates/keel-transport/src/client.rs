@@ -5,27 +5,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use eventsource_stream::Eventsource;
-use futures::stream::{self, BoxStream, StreamExt};
+use futures::stream::{self, StreamExt};
 use keel_core::{AgentCard, AgentError, AgentResult, Message, Task, TaskId};
 use serde_json::{json, Map, Value};
 use tokio::sync::OnceCell;
 use tracing::Instrument;
 
 use crate::jsonrpc;
-use crate::server::{AGENT_CARD_PATH, VERSION_HEADER};
+use crate::server::AGENT_CARD_PATH;
 use crate::stream::StreamEvent;
 use crate::task_list::{TaskList, TaskListQuery};
+use crate::transport::{SendMessageOptions, TaskEventStream};
+use crate::version::VERSION_HEADER;
 use crate::wire;
-
-/// How [`A2aClient::send_message`] should behave.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SendMessageOptions {
-    /// Ask the agent to answer at once with the submitted task instead of waiting for it to
-    /// finish (A2A `returnImmediately`).
-    pub return_immediately: bool,
-    /// Keep only this many most recent messages in the returned task's history.
-    pub history_length: Option<usize>,
-}
 
 /// The protocol binding a client uses.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,10 +28,6 @@ pub enum Binding {
     /// HTTP+JSON, A2A's REST binding (the card's `HTTP+JSON` interface).
     HttpJson,
 }
-
-/// A stream of task events from [`A2aClient::send_streaming_message`] or
-/// [`A2aClient::subscribe`]. It ends after the final event; an error ends it too.
-pub type TaskEventStream = BoxStream<'static, AgentResult<StreamEvent>>;
 
 /// A client for one remote A2A agent.
 ///

@@ -316,7 +316,7 @@ impl Handlers {
         &self,
         auth: &AuthContext,
         mut call: SendMessageCall,
-        mut push_config: crate::push::PushConfig,
+        mut push_config: crate::push_config::PushConfig,
     ) -> Result<Task, RpcError> {
         let message_id = call.message.message_id.clone();
         let options = SendOptions {

@@ -9,12 +9,12 @@ use keel_core::{AgentCard, AgentError, AgentResult, Message, Task, TaskId};
 use keel_runtime::{AuthContext, Credentials};
 use tokio::sync::watch;
 
-use crate::client::{SendMessageOptions, TaskEventStream};
 use crate::handlers::Handlers;
 use crate::jsonrpc::{self, RpcError};
 use crate::push::{Push, RetryPolicy};
 use crate::task_list::{TaskList, TaskListQuery};
 use crate::transport::AgentTransport;
+use crate::transport::{SendMessageOptions, TaskEventStream};
 use crate::wire::SendMessageCall;
 
 /// A client for an agent running in this process: every call goes through the server's

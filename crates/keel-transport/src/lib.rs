@@ -11,12 +11,14 @@
 //! talks to a Keel agent and a Keel client to a stranger's agent.
 //!
 //! The code map: `handlers` holds the operations that every binding calls (so bindings cannot
-//! drift apart); `server` the JSON-RPC binding, the card and the version selection; `rest` the
-//! HTTP+JSON binding; `compat_v03` the v0.3 method names and JSON shapes; `stream` the
-//! follower that turns a task's durable event log into a stream; `wire` the v1.0 JSON; `ws`
-//! JSON-RPC over a WebSocket at [`WS_PATH`], streams included; `ws_client` the client side of
-//! it ([`A2aWsClient`]); `in_process` the in-process transport; `transport` the
-//! [`AgentTransport`] trait every client implements.
+//! drift apart); `server` the routes and the card; `dispatch` one JSON-RPC request (over HTTP
+//! or a WebSocket frame); `version` the `A2A-Version` selection; `rest` the HTTP+JSON binding;
+//! `sse` Server-Sent Events answers; `compat_v03` the v0.3 method names and JSON shapes;
+//! `stream` the follower that turns a task's durable event log into a stream; `wire` the v1.0
+//! JSON; `ws` JSON-RPC over a WebSocket at [`WS_PATH`], streams included; `push` and
+//! `push_config` push notifications; `client`, `ws_client` and `in_process` the clients;
+//! `transport` the [`AgentTransport`] trait every client implements and the types its
+//! operations share.
 //!
 //! What it serves: the card at `/.well-known/agent-card.json` (with `Cache-Control` and an
 //! `ETag`); SendMessage, SendStreamingMessage, GetTask, ListTasks, CancelTask, SubscribeToTask,
@@ -34,29 +36,33 @@
 pub mod callbacks;
 mod client;
 mod compat_v03;
+mod dispatch;
 mod handlers;
 mod in_process;
 pub mod jsonrpc;
 mod push;
+mod push_config;
 mod rest;
 mod security;
 mod server;
+mod sse;
 mod stream;
 mod task_list;
 mod transport;
 mod variables;
+mod version;
 mod wire;
 mod ws;
 mod ws_client;
 
-pub use client::{A2aClient, Binding, SendMessageOptions, TaskEventStream};
+pub use client::{A2aClient, Binding};
 pub use in_process::InProcessClient;
 pub use push::{DELIVERY_LOG_LIMIT, NOTIFICATION_TOKEN_HEADER};
 pub use security::{Security, API_KEY_HEADER};
 pub use server::{A2aServer, AGENT_CARD_PATH, DEFAULT_BODY_LIMIT, DEFAULT_CARD_MAX_AGE};
 pub use stream::{StreamEvent, POLL_INTERVAL};
 pub use task_list::{TaskList, TaskListQuery};
-pub use transport::AgentTransport;
+pub use transport::{AgentTransport, SendMessageOptions, TaskEventStream};
 pub use variables::VARIABLES_PATH;
 pub use wire::KEEL_CARD_EXTENSION_URI;
 pub use ws::{WS_MAX_IN_FLIGHT, WS_PATH};

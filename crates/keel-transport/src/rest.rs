@@ -37,7 +37,8 @@ use crate::jsonrpc::{
     rest_status, RpcError, CONTENT_TYPE_NOT_SUPPORTED, INVALID_PARAMS, METHOD_NOT_FOUND,
     PARSE_ERROR, VERSION_NOT_SUPPORTED,
 };
-use crate::server::{requested_version, sse, sse_json, Version};
+use crate::sse::{sse, sse_json};
+use crate::version::{requested_version, Version};
 
 /// A request that reached the REST binding.
 pub(crate) struct RestRequest {

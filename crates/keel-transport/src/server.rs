@@ -2,7 +2,6 @@
 //! binding at `/` (A2A v1.0, and v0.3 through the compatibility layer), and the HTTP+JSON
 //! binding (see the `rest` module). Both bindings call the same `handlers`.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -10,31 +9,25 @@ use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use keel_agent::AgentExecutor;
 use keel_core::AgentCard;
-use keel_runtime::AuthContext;
 use serde_json::Value;
 use tokio::sync::watch;
-use tracing::Instrument;
 
 use crate::compat_v03;
-use crate::handlers::{Handlers, Operation, Reply, ReplyStream};
-use crate::jsonrpc::{
-    self, RpcError, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, UNSUPPORTED_OPERATION,
-    VERSION_NOT_SUPPORTED,
-};
+use crate::dispatch::{call, stream_envelope, Outcome};
+use crate::handlers::Handlers;
+use crate::jsonrpc::{self, RpcError, INVALID_REQUEST, PARSE_ERROR};
 use crate::push::{Push, RetryPolicy};
 use crate::rest;
 use crate::security::Security;
+use crate::sse::{sse, sse_json};
+use crate::version::{requested_version, Version, VERSION_HEADER};
 use crate::wire::{self, Binding, Interface};
-
-/// The header in which a client names the A2A version it speaks.
-pub(crate) const VERSION_HEADER: &str = "A2A-Version";
 
 /// The path of the public agent card.
 pub const AGENT_CARD_PATH: &str = "/.well-known/agent-card.json";
@@ -99,10 +92,8 @@ pub struct A2aServer {
     push_retry: RetryPolicy,
 }
 
-pub(crate) struct ServerState {
-    pub(crate) handlers: Handlers,
-    /// The largest WebSocket message accepted (the body limit).
-    pub(crate) ws_message_limit: usize,
+struct ServerState {
+    handlers: Handlers,
     /// The v1.0 card, for callers that send `A2A-Version: 1.0`.
     card: ServedCard,
     /// The card for callers without a version (v0.3 clients by the spec): the v1.0 card plus
@@ -288,15 +279,16 @@ impl A2aServer {
             .extended_card
             .clone()
             .map(|extended| self.serve_card(extended, public_base_url));
+        let handlers = Handlers::new(
+            self.executor.clone(),
+            closing,
+            self.security,
+            extended_card,
+            push,
+        );
+        let socket = crate::ws::router(handlers.clone(), self.body_limit);
         let state = Arc::new(ServerState {
-            handlers: Handlers::new(
-                self.executor.clone(),
-                closing,
-                self.security,
-                extended_card,
-                push,
-            ),
-            ws_message_limit: self.body_limit,
+            handlers,
             card_v03: ServedCard::new(compat_v03::card_from_v1(card.clone())),
             card: ServedCard::new(card),
             card_cache_control: format!("public, max-age={}", self.card_max_age),
@@ -304,10 +296,10 @@ impl A2aServer {
         Router::new()
             .route(AGENT_CARD_PATH, get(agent_card))
             .route("/", post(json_rpc))
-            .route(crate::ws::WS_PATH, get(crate::ws::upgrade))
             .fallback(rest_binding)
             .layer(DefaultBodyLimit::max(self.body_limit))
             .with_state(state)
+            .merge(socket)
             .merge(crate::callbacks::router(self.executor.clone()))
             .merge(crate::variables::router(
                 self.executor.clone(),
@@ -411,73 +403,12 @@ fn etag(value: &Value) -> String {
     format!("\"{hash:016x}\"")
 }
 
-/// The protocol version a request asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Version {
-    /// A2A 1.0 (`1.0`, `1.0.x`).
-    V1,
-    /// A2A 0.3 (`0.3`, `0.3.x`).
-    V03,
-}
-
-/// Whether a client's `A2A-Version` is one this server speaks: `1.0` or `1.0.x`.
-fn version_supported(version: &str) -> bool {
-    is_version(version, "1", "0")
-}
-
-fn is_version(version: &str, major: &str, minor: &str) -> bool {
-    let mut parts = version.trim().split('.');
-    parts.next() == Some(major)
-        && parts.next() == Some(minor)
-        && parts.all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-}
-
-/// The version named by the `A2A-Version` header, or else by the query parameter of that
-/// name; `Ok(None)` when neither is given, `Err` (VersionNotSupported) for anything but 1.0
-/// and 0.3.
-pub(crate) fn requested_version(
-    headers: &HeaderMap,
-    query: &[(String, String)],
-) -> Result<Option<Version>, RpcError> {
-    let named = headers
-        .get(VERSION_HEADER)
-        .map(|v| v.to_str().unwrap_or("").to_owned())
-        .or_else(|| {
-            query
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(VERSION_HEADER))
-                .map(|(_, v)| v.clone())
-        });
-    match named {
-        None => Ok(None),
-        Some(v) if version_supported(&v) => Ok(Some(Version::V1)),
-        Some(v) if is_version(&v, "0", "3") => Ok(Some(Version::V03)),
-        Some(v) => Err(RpcError::new(
-            VERSION_NOT_SUPPORTED,
-            format!("A2A version `{v}` is not supported; this server speaks 1.0 and 0.3"),
-        )
-        .with("supportedVersions", "1.0, 0.3")),
-    }
-}
-
 fn answer(body: Value) -> Response {
     (StatusCode::OK, Json(body)).into_response()
 }
 
 fn answer_error(id: Value, error: &RpcError) -> Response {
     answer(jsonrpc::failure(id, error))
-}
-
-/// A Server-Sent Events response, one `data:` line of JSON per item.
-pub(crate) fn sse(events: impl Stream<Item = Event> + Send + 'static) -> Response {
-    Sse::new(events.map(Ok::<_, Infallible>))
-        .keep_alive(KeepAlive::default())
-        .into_response()
-}
-
-/// An SSE event carrying one JSON value.
-pub(crate) fn sse_json(value: &Value) -> Event {
-    Event::default().data(value.to_string())
 }
 
 async fn json_rpc(
@@ -525,7 +456,7 @@ async fn json_rpc(
             };
             let calls = requests
                 .into_iter()
-                .map(|request| call(&state, &headers, &query, &auth, request, true));
+                .map(|request| call(&state.handlers, &headers, &query, &auth, request, true));
             let answers: Vec<Value> = futures::future::join_all(calls)
                 .await
                 .into_iter()
@@ -550,7 +481,7 @@ async fn json_rpc(
                 Ok(auth) => auth,
                 Err(denied) => return *denied,
             };
-            match call(&state, &headers, &query, &auth, request, false).await {
+            match call(&state.handlers, &headers, &query, &auth, request, false).await {
                 Outcome::Silent => StatusCode::NO_CONTENT.into_response(),
                 Outcome::Answer(body) => answer(body),
                 Outcome::Stream {
@@ -560,149 +491,6 @@ async fn json_rpc(
                 } => sse(events.map(move |item| sse_json(&stream_envelope(&id, protocol, item)))),
             }
         }
-    }
-}
-
-/// One item of a JSON-RPC stream as the response object that carries it (request `id`).
-pub(crate) fn stream_envelope(
-    id: &Value,
-    protocol: Version,
-    item: Result<Value, RpcError>,
-) -> Value {
-    match item {
-        Ok(event) => {
-            let event = match protocol {
-                Version::V1 => event,
-                Version::V03 => compat_v03::stream_event_from_v1(event),
-            };
-            jsonrpc::success(id.clone(), event)
-        }
-        Err(error) => jsonrpc::failure(id.clone(), &error),
-    }
-}
-
-/// What one JSON-RPC request comes to.
-pub(crate) enum Outcome {
-    /// A notification: no answer.
-    Silent,
-    /// A response object.
-    Answer(Value),
-    /// A stream of results for request `id`.
-    Stream {
-        id: Value,
-        protocol: Version,
-        events: ReplyStream,
-    },
-}
-
-/// Decode, run and answer one JSON-RPC request. In a batch, streaming methods are answered
-/// UnsupportedOperation without running: a batch answers with one JSON array, which has no
-/// room for a stream.
-pub(crate) async fn call(
-    state: &ServerState,
-    headers: &HeaderMap,
-    query: &[(String, String)],
-    auth: &AuthContext,
-    request: Value,
-    in_batch: bool,
-) -> Outcome {
-    let failure = |id: Value, error: RpcError| Outcome::Answer(jsonrpc::failure(id, &error));
-    let Value::Object(mut request) = request else {
-        return failure(
-            Value::Null,
-            RpcError::new(INVALID_REQUEST, "a request must be a JSON object"),
-        );
-    };
-
-    // A request without `id` is a notification: processed, answered with nothing.
-    let id = match request.remove("id") {
-        None => None,
-        Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => Some(id),
-        Some(_) => {
-            return failure(
-                Value::Null,
-                RpcError::new(INVALID_REQUEST, "id must be a string, a number or null"),
-            )
-        }
-    };
-    let reply_id = id.clone().unwrap_or(Value::Null);
-    if request.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return failure(
-            reply_id,
-            RpcError::new(INVALID_REQUEST, "jsonrpc must be \"2.0\""),
-        );
-    }
-    let Some(Value::String(method)) = request.remove("method") else {
-        return failure(
-            reply_id,
-            RpcError::new(INVALID_REQUEST, "method must be a string"),
-        );
-    };
-    let version = match requested_version(headers, query) {
-        Ok(version) => version,
-        Err(error) => return failure(reply_id, error),
-    };
-    // v0.3 clients send no version: without one, the method name picks the protocol.
-    let v03 = || compat_v03::operation(&method).map(|op| (op, Version::V03));
-    let v1 = || Operation::from_method(&method).map(|op| (op, Version::V1));
-    let resolved = match version {
-        Some(Version::V1) => v1(),
-        Some(Version::V03) => v03(),
-        None => v03().or_else(v1),
-    };
-    let Some((operation, protocol)) = resolved else {
-        return failure(
-            reply_id,
-            RpcError::new(METHOD_NOT_FOUND, format!("method not found: {method}")),
-        );
-    };
-    if in_batch && operation.is_streaming() {
-        return match id {
-            None => Outcome::Silent,
-            Some(id) => failure(
-                id,
-                RpcError::new(
-                    UNSUPPORTED_OPERATION,
-                    format!("{method} streams its answer and cannot be part of a batch"),
-                ),
-            ),
-        };
-    }
-    let params = request.remove("params").unwrap_or(Value::Null);
-    let params = match protocol {
-        Version::V1 => Ok(params),
-        Version::V03 => compat_v03::params_to_v1(operation, params),
-    };
-
-    let span =
-        tracing::info_span!("a2a.request", binding = "jsonrpc", method = %method, id = %reply_id);
-    let outcome = match params {
-        Ok(params) => {
-            state
-                .handlers
-                .handle(auth, operation, params)
-                .instrument(span)
-                .await
-        }
-        Err(error) => Err(error),
-    };
-    let Some(id) = id else {
-        return Outcome::Silent;
-    };
-    match outcome {
-        Err(error) => failure(id, error),
-        Ok(Reply::Unary(result)) => {
-            let result = match protocol {
-                Version::V1 => result,
-                Version::V03 => compat_v03::result_from_v1(operation, result),
-            };
-            Outcome::Answer(jsonrpc::success(id, result))
-        }
-        Ok(Reply::Stream(events)) => Outcome::Stream {
-            id,
-            protocol,
-            events,
-        },
     }
 }
 
@@ -722,34 +510,4 @@ async fn rest_binding(
         body,
     };
     rest::handle(&state.handlers, request).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn versions_1_0_and_1_0_x_are_supported_others_are_not() {
-        for ok in ["1.0", "1.0.0", "1.0.12", " 1.0 "] {
-            assert!(version_supported(ok), "{ok}");
-        }
-        for bad in ["", "1", "1.1", "2.0", "0.9", "0.3", "1.0.", "1.0.x", "9.9"] {
-            assert!(!version_supported(bad), "{bad}");
-        }
-    }
-
-    #[test]
-    fn version_comes_from_the_header_or_the_query_and_selects_the_protocol() {
-        let mut headers = HeaderMap::new();
-        assert_eq!(requested_version(&headers, &[]), Ok(None));
-        let query = vec![("A2A-Version".to_owned(), "0.3".to_owned())];
-        assert_eq!(requested_version(&headers, &query), Ok(Some(Version::V03)));
-        headers.insert(VERSION_HEADER, "1.0".parse().unwrap());
-        assert_eq!(requested_version(&headers, &query), Ok(Some(Version::V1)));
-        headers.insert(VERSION_HEADER, "0.2".parse().unwrap());
-        assert_eq!(
-            requested_version(&headers, &[]).unwrap_err().code,
-            VERSION_NOT_SUPPORTED
-        );
-    }
 }

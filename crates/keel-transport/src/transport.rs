@@ -4,10 +4,25 @@
 //! delegation work with either.
 
 use async_trait::async_trait;
+use futures::stream::BoxStream;
 use keel_core::{AgentCard, AgentResult, Message, Task, TaskId};
 
-use crate::client::{SendMessageOptions, TaskEventStream};
+use crate::stream::StreamEvent;
 use crate::task_list::{TaskList, TaskListQuery};
+
+/// How [`AgentTransport::send_message`] should behave.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SendMessageOptions {
+    /// Ask the agent to answer at once with the submitted task instead of waiting for it to
+    /// finish (A2A `returnImmediately`).
+    pub return_immediately: bool,
+    /// Keep only this many most recent messages in the returned task's history.
+    pub history_length: Option<usize>,
+}
+
+/// A stream of task events from [`AgentTransport::send_streaming_message`] or
+/// [`AgentTransport::subscribe`]. It ends after the final event; an error ends it too.
+pub type TaskEventStream = BoxStream<'static, AgentResult<StreamEvent>>;
 
 /// The A2A operations on one agent, in Keel's models and errors.
 ///

@@ -14,14 +14,17 @@ use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
 use futures::{SinkExt, StreamExt};
 use keel_runtime::AuthContext;
 use serde_json::Value;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 
+use crate::dispatch::{self, Outcome};
+use crate::handlers::Handlers;
 use crate::jsonrpc::{self, RpcError, INVALID_REQUEST, PARSE_ERROR};
-use crate::server::{self, Outcome, ServerState};
 
 /// The path of the WebSocket endpoint.
 pub const WS_PATH: &str = "/ws";
@@ -33,28 +36,46 @@ pub const WS_MAX_IN_FLIGHT: usize = 64;
 /// Frames queued for the socket before the requests that produce them wait.
 const OUTBOX: usize = 64;
 
+/// The route of the socket endpoint: `GET` [`WS_PATH`], with messages up to `message_limit`
+/// bytes.
+pub(crate) fn router(handlers: Handlers, message_limit: usize) -> Router {
+    Router::new()
+        .route(WS_PATH, get(upgrade))
+        .with_state(Arc::new(SocketState {
+            handlers,
+            message_limit,
+        }))
+}
+
+/// What the socket endpoint serves with.
+struct SocketState {
+    handlers: Handlers,
+    /// The largest WebSocket message accepted (the server's body limit).
+    message_limit: usize,
+}
+
 /// `GET /ws`: authenticate the upgrade request (401 as `POST /` would answer), then speak
 /// JSON-RPC on the socket as that tenant. The `A2A-Version` header or query parameter of the
 /// upgrade request selects the protocol for every frame, as it does for `POST /`.
-pub(crate) async fn upgrade(
-    State(state): State<Arc<ServerState>>,
+async fn upgrade(
+    State(endpoint): State<Arc<SocketState>>,
     headers: HeaderMap,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
     ws: WebSocketUpgrade,
 ) -> Response {
-    let auth = match state.handlers.caller(&headers, None, true) {
+    let auth = match endpoint.handlers.caller(&headers, None, true) {
         Ok(auth) => auth,
         Err(denied) => return *denied,
     };
     let query = query.map(|Query(q)| q).unwrap_or_default();
-    let limit = state.ws_message_limit;
+    let limit = endpoint.message_limit;
     ws.max_message_size(limit)
         .max_frame_size(limit)
         .on_upgrade(move |socket| {
             serve_socket(
                 socket,
                 Connection {
-                    state,
+                    handlers: endpoint.handlers.clone(),
                     headers,
                     query,
                     auth,
@@ -65,7 +86,7 @@ pub(crate) async fn upgrade(
 
 /// What every request of one socket shares.
 struct Connection {
-    state: Arc<ServerState>,
+    handlers: Handlers,
     headers: HeaderMap,
     query: Vec<(String, String)>,
     auth: AuthContext,
@@ -85,7 +106,7 @@ async fn serve_socket(socket: WebSocket, connection: Connection) {
     });
     let in_flight = Arc::new(Semaphore::new(WS_MAX_IN_FLIGHT));
     let mut requests = JoinSet::new();
-    let mut closing = connection.state.handlers.closing();
+    let mut closing = connection.handlers.closing();
     let server_closing = loop {
         let frame = tokio::select! {
             frame = source.next() => frame,
@@ -158,8 +179,8 @@ async fn answer(connection: &Connection, text: &str, outbox: &mpsc::Sender<Messa
         let _ = send(outbox, &jsonrpc::failure(Value::Null, &error)).await;
         return;
     }
-    let outcome = server::call(
-        &connection.state,
+    let outcome = dispatch::call(
+        &connection.handlers,
         &connection.headers,
         &connection.query,
         &connection.auth,
@@ -178,7 +199,7 @@ async fn answer(connection: &Connection, text: &str, outbox: &mpsc::Sender<Messa
             mut events,
         } => {
             while let Some(item) = events.next().await {
-                let response = server::stream_envelope(&id, protocol, item);
+                let response = dispatch::stream_envelope(&id, protocol, item);
                 if send(outbox, &response).await.is_err() {
                     return;
                 }

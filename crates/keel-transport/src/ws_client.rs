@@ -15,11 +15,12 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::{HeaderName, HeaderValue};
 use tokio_tungstenite::tungstenite::Message as Frame;
 
-use crate::client::{SendMessageOptions, TaskEventStream};
 use crate::jsonrpc;
-use crate::server::{AGENT_CARD_PATH, VERSION_HEADER};
+use crate::server::AGENT_CARD_PATH;
 use crate::stream::StreamEvent;
 use crate::task_list::{TaskList, TaskListQuery};
+use crate::transport::{SendMessageOptions, TaskEventStream};
+use crate::version::VERSION_HEADER;
 use crate::wire;
 use crate::ws::WS_PATH;
 

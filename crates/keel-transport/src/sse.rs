@@ -1,0 +1,20 @@
+//! Server-Sent Events answers: how both HTTP bindings stream a task's events.
+
+use std::convert::Infallible;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::{Stream, StreamExt};
+use serde_json::Value;
+
+/// A Server-Sent Events response, one `data:` line of JSON per item.
+pub(crate) fn sse(events: impl Stream<Item = Event> + Send + 'static) -> Response {
+    Sse::new(events.map(Ok::<_, Infallible>))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// An SSE event carrying one JSON value.
+pub(crate) fn sse_json(value: &Value) -> Event {
+    Event::default().data(value.to_string())
+}

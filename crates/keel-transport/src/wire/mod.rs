@@ -1,0 +1,86 @@
+//! The A2A v1.0 wire mapping: the only module that names `a2a-lf` types.
+//!
+//! Everything else in the crate speaks Keel's models (`keel-core`) and plain JSON values; this
+//! module converts between them and the protobuf-JSON shapes of A2A v1.0 (camelCase fields,
+//! `ROLE_USER`, `TASK_STATE_COMPLETED`).
+//!
+//! Keel fields that A2A lacks travel in A2A's own slots (brief, decision 2), under keys with the
+//! reserved `keel.` prefix:
+//!
+//! | Keel | on the wire |
+//! |---|---|
+//! | typed part (`tool_call`, `tool_output`, `infer`, `infer_output`, `error`, `status`, `route`, `decision`) | data part: `data` = the part's fields (Keel JSON), `metadata["keel.partType"]` = the type |
+//! | `json` part | data part: `data` = the document, `metadata["keel.partType"] = "json"` |
+//! | file part that A2A cannot hold (both or neither of `uri`/`bytes`, non-canonical base64) | data part with `keel.partType = "file"` |
+//! | `Message.timestamp`, `Artifact.timestamp` | `metadata["keel.timestamp"]` |
+//! | `Artifact.kind` (when not `result`), `uri`, `action_id`, `media_type` | `metadata["keel.kind"]`, `["keel.uri"]`, `["keel.actionId"]`, `["keel.mediaType"]` |
+//! | `Task.state_history`, `Task.created_at` | `metadata["keel.stateHistory"]`, `["keel.createdAt"]` |
+//! | `Task.metadata` (`run_context`, `cancel_reason`, `error`, ...) | `metadata`, as is |
+//! | card role, tags, transport, capability flags, skill schemas | params of the [`KEEL_CARD_EXTENSION_URI`] extension in `capabilities.extensions` |
+//!
+//! Decoding removes the `keel.` keys it understands and leaves everything else in `metadata`.
+//!
+//! By concern: `parts`, `task` (roles, states, messages, artifacts, tasks), `card`, `requests`
+//! (the params and results of the task operations), `push` (push notification configs) and
+//! `stream` (stream events); `codec` holds what they share.
+
+mod card;
+mod codec;
+#[cfg(test)]
+mod fixtures;
+mod parts;
+mod push;
+mod requests;
+mod stream;
+mod task;
+
+pub use card::KEEL_CARD_EXTENSION_URI;
+pub(crate) use card::{
+    decode_card, encode_card_with, Binding, Endpoints, Interface, JSONRPC_BINDING,
+};
+pub(crate) use push::{
+    decode_create_push_config, decode_list_push_configs, decode_push_config_ref,
+    encode_list_push_configs, encode_push_config,
+};
+pub(crate) use requests::{
+    decode_cancel_task, decode_get_task, decode_list_tasks, decode_list_tasks_result,
+    decode_send_message, decode_send_message_result, decode_task, encode_cancel_task,
+    encode_get_task, encode_list_tasks, encode_list_tasks_result, encode_send_message,
+    encode_send_message_result, encode_task, SendMessageCall,
+};
+pub(crate) use stream::{
+    decode_stream_event, decode_subscribe, encode_stream_event, encode_subscribe,
+};
+pub(crate) use task::{state_from_name, state_name};
+
+/// The A2A protocol version this mapping speaks.
+pub(crate) const PROTOCOL_VERSION: &str = "1.0";
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn our_error_codes_are_a2a_error_codes() {
+        use crate::jsonrpc::*;
+        use a2a::error_code as a2a_code;
+        assert_eq!(PARSE_ERROR, a2a_code::PARSE_ERROR);
+        assert_eq!(INVALID_REQUEST, a2a_code::INVALID_REQUEST);
+        assert_eq!(METHOD_NOT_FOUND, a2a_code::METHOD_NOT_FOUND);
+        assert_eq!(INVALID_PARAMS, a2a_code::INVALID_PARAMS);
+        assert_eq!(INTERNAL_ERROR, a2a_code::INTERNAL_ERROR);
+        assert_eq!(TASK_NOT_FOUND, a2a_code::TASK_NOT_FOUND);
+        assert_eq!(TASK_NOT_CANCELABLE, a2a_code::TASK_NOT_CANCELABLE);
+        assert_eq!(
+            PUSH_NOTIFICATION_NOT_SUPPORTED,
+            a2a_code::PUSH_NOTIFICATION_NOT_SUPPORTED
+        );
+        assert_eq!(UNSUPPORTED_OPERATION, a2a_code::UNSUPPORTED_OPERATION);
+        assert_eq!(
+            EXTENDED_CARD_NOT_CONFIGURED,
+            a2a_code::EXTENDED_CARD_NOT_CONFIGURED
+        );
+        assert_eq!(VERSION_NOT_SUPPORTED, a2a_code::VERSION_NOT_SUPPORTED);
+        assert_eq!(ERROR_INFO_TYPE, a2a::ERROR_INFO_TYPE);
+        assert_eq!(ERROR_DOMAIN, a2a::PROTOCOL_DOMAIN);
+        assert_eq!(crate::version::VERSION_HEADER, a2a::SVC_PARAM_VERSION);
+    }
+}
