@@ -2249,10 +2249,10 @@ impl Inner {
                         _ => {}
                     }
                 }
-                Err(AgentError::Llm {
-                    model: llm.model_name().to_owned(),
-                    message: "the response stream ended without a final response".into(),
-                })
+                Err(AgentError::llm(
+                    llm.model_name(),
+                    "the response stream ended without a final response",
+                ))
             };
             let response = tokio::select! {
                 biased;

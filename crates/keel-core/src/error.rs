@@ -3,6 +3,11 @@
 //! Core only classifies errors ([`ErrorKind`]); the transport maps each kind to an HTTP
 //! status and an A2A error code, in one place.
 
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
 use crate::{TaskId, TaskState};
 
 /// Result alias used across Keel.
@@ -93,13 +98,21 @@ pub enum AgentError {
         /// Why, as given by whoever canceled it.
         reason: String,
     },
-    /// The model provider failed or answered something unusable.
-    #[error("model `{model}` failed: {message}")]
+    /// The model provider failed or answered something unusable. The provider layer fills in
+    /// what it knows as fields (the failure's kind, the HTTP status, the delay it asked for),
+    /// so a caller acts on them without reading the message.
+    #[error("model `{model}` failed: {}", llm_text(*.kind, .message))]
     Llm {
         /// The model (or provider) that failed.
         model: String,
+        /// What kind of failure this is, when the provider layer classified it.
+        kind: Option<LlmErrorKind>,
         /// What went wrong.
         message: String,
+        /// The HTTP status the provider answered, if it answered one.
+        status: Option<u16>,
+        /// How long the provider asked callers to wait (`Retry-After`), if it said.
+        retry_after: Option<Duration>,
     },
     /// The caller's lease on a thread has expired or was taken over, so its write was refused.
     #[error("lease on thread {thread_id} lost (fencing token {token} is stale or expired)")]
@@ -121,6 +134,103 @@ pub enum AgentError {
         /// What went wrong.
         message: String,
     },
+}
+
+/// What kind of failure a model call met: the part of an [`AgentError::Llm`] a caller acts on
+/// (retry later, fix the key, shorten the prompt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LlmErrorKind {
+    /// The provider refused the credentials (HTTP 401/403, or an invalid-key answer).
+    Auth,
+    /// The provider is rate limiting and retries did not get through (HTTP 429).
+    RateLimit,
+    /// The prompt does not fit the model's context window.
+    ContextOverflow,
+    /// The provider answered something that cannot be parsed or lacks required fields.
+    BadResponse,
+    /// The connection failed or broke (including a stream that ended early).
+    Transport,
+    /// A configured timeout elapsed.
+    Timeout,
+    /// Any other error status from the provider (a bad request, a server error after
+    /// retries).
+    Api,
+    /// The client is misconfigured (a missing API key, an invalid base URL).
+    Config,
+}
+
+impl LlmErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [LlmErrorKind; 8] = [
+        Self::Auth,
+        Self::RateLimit,
+        Self::ContextOverflow,
+        Self::BadResponse,
+        Self::Transport,
+        Self::Timeout,
+        Self::Api,
+        Self::Config,
+    ];
+
+    /// The kind's stable snake_case name (`rate_limit`), which prefixes the text of the
+    /// [`AgentError::Llm`] it is part of.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auth => "auth",
+            Self::RateLimit => "rate_limit",
+            Self::ContextOverflow => "context_overflow",
+            Self::BadResponse => "bad_response",
+            Self::Transport => "transport",
+            Self::Timeout => "timeout",
+            Self::Api => "api",
+            Self::Config => "config",
+        }
+    }
+
+    /// The kind named by [`LlmErrorKind::as_str`], if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+
+    /// The kind of a model failure, read from its field; `None` for any other error and for
+    /// a model failure nobody classified.
+    ///
+    /// ```
+    /// use keel_core::{AgentError, LlmErrorKind};
+    /// let err = AgentError::Llm {
+    ///     model: "gpt-4o".into(),
+    ///     kind: Some(LlmErrorKind::RateLimit),
+    ///     message: "slow down".into(),
+    ///     status: Some(429),
+    ///     retry_after: None,
+    /// };
+    /// assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::RateLimit));
+    /// assert_eq!(err.to_string(), "model `gpt-4o` failed: rate_limit: slow down");
+    /// assert_eq!(LlmErrorKind::of(&AgentError::llm("mock", "no more answers")), None);
+    /// assert_eq!(LlmErrorKind::of(&AgentError::internal("x")), None);
+    /// ```
+    pub fn of(error: &AgentError) -> Option<Self> {
+        match error {
+            AgentError::Llm { kind, .. } => *kind,
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for LlmErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A model failure's text: its kind (when known) before the message, as `rate_limit: ...`.
+fn llm_text(kind: Option<LlmErrorKind>, message: &str) -> String {
+    match kind {
+        Some(kind) => format!("{kind}: {message}"),
+        None => message.to_owned(),
+    }
 }
 
 /// The coarse class of an [`AgentError`], which is what protocols map onto codes.
@@ -192,6 +302,18 @@ impl AgentError {
         Self::InvalidInput {
             field: field.into(),
             reason: reason.into(),
+        }
+    }
+
+    /// Shorthand for an [`AgentError::Llm`] that carries only a message: no kind, status or
+    /// delay.
+    pub fn llm(model: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Llm {
+            model: model.into(),
+            kind: None,
+            message: message.into(),
+            status: None,
+            retry_after: None,
         }
     }
 

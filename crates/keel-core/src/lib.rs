@@ -35,7 +35,7 @@ pub use card::{
     AgentCapabilities, AgentCard, AgentRole, AgentSkill, SecurityScheme, TransportKind,
 };
 pub use context::{RunBudget, RunContext, RUN_CONTEXT_KEY};
-pub use error::{AgentError, AgentResult, ErrorKind};
+pub use error::{AgentError, AgentResult, ErrorKind, LlmErrorKind};
 pub use event::TaskEvent;
 pub use ids::{ActionId, ArtifactId, MessageId, RunId, TaskId, ThreadId, TraceId};
 pub use message::{Message, Role};

@@ -1,96 +1,11 @@
 //! [`LlmError`]: typed model-call failures (auth, rate limit, context overflow, bad response,
-//! transport, ...) that fold into [`AgentError::Llm`] and can be recovered from it by kind.
+//! transport, ...) that fold into [`AgentError::Llm`], their kind, status and retry-after
+//! carried as its fields.
 
-use std::fmt;
 use std::time::Duration;
 
 use keel_core::AgentError;
-use serde::{Deserialize, Serialize};
-
-/// What kind of failure a model call met; the part of an [`LlmError`] a caller acts on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum LlmErrorKind {
-    /// The provider refused the credentials (HTTP 401/403, or an invalid-key answer).
-    Auth,
-    /// The provider is rate limiting and retries did not get through (HTTP 429).
-    RateLimit,
-    /// The prompt does not fit the model's context window.
-    ContextOverflow,
-    /// The provider answered something that cannot be parsed or lacks required fields.
-    BadResponse,
-    /// The connection failed or broke (including a stream that ended early).
-    Transport,
-    /// A configured timeout elapsed.
-    Timeout,
-    /// Any other error status from the provider (a bad request, a server error after
-    /// retries).
-    Api,
-    /// The client is misconfigured (a missing API key, an invalid base URL).
-    Config,
-}
-
-impl LlmErrorKind {
-    const ALL: [LlmErrorKind; 8] = [
-        Self::Auth,
-        Self::RateLimit,
-        Self::ContextOverflow,
-        Self::BadResponse,
-        Self::Transport,
-        Self::Timeout,
-        Self::Api,
-        Self::Config,
-    ];
-
-    /// The kind's stable snake_case name (`rate_limit`), which prefixes the message of the
-    /// [`AgentError::Llm`] it becomes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auth => "auth",
-            Self::RateLimit => "rate_limit",
-            Self::ContextOverflow => "context_overflow",
-            Self::BadResponse => "bad_response",
-            Self::Transport => "transport",
-            Self::Timeout => "timeout",
-            Self::Api => "api",
-            Self::Config => "config",
-        }
-    }
-
-    /// The kind named by [`LlmErrorKind::as_str`], if any.
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
-    }
-
-    /// The kind of an [`AgentError`] that came from an [`LlmError`].
-    ///
-    /// `AgentError::Llm` carries only a message, so the kind travels as its prefix; this reads
-    /// it back.
-    ///
-    /// ```
-    /// use keel_core::AgentError;
-    /// use keel_llm::{LlmError, LlmErrorKind};
-    /// let err: AgentError = LlmError::new(LlmErrorKind::RateLimit, "gpt-4o", "slow down").into();
-    /// assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::RateLimit));
-    /// assert_eq!(LlmErrorKind::of(&AgentError::internal("x")), None);
-    /// ```
-    pub fn of(error: &AgentError) -> Option<Self> {
-        match error {
-            AgentError::Llm { message, .. } => {
-                let (name, _) = message.split_once(": ")?;
-                Self::parse(name)
-            }
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for LlmErrorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use keel_core::LlmErrorKind;
 
 /// A failed model call: its kind, the model, a message fit for logs (never a secret), and the
 /// HTTP status and `Retry-After` delay where the provider gave them.
@@ -159,8 +74,11 @@ impl LlmError {
 impl From<LlmError> for AgentError {
     fn from(error: LlmError) -> Self {
         AgentError::Llm {
-            message: error.to_string(),
             model: error.model,
+            kind: Some(error.kind),
+            message: error.message,
+            status: error.status,
+            retry_after: error.retry_after,
         }
     }
 }
@@ -176,17 +94,43 @@ mod tests {
                 .with_status(500)
                 .into();
             assert_eq!(LlmErrorKind::of(&err), Some(kind));
-            assert!(err.to_string().contains(kind.as_str()));
-            assert!(matches!(err, AgentError::Llm { ref model, .. } if model == "m"));
+            assert_eq!(
+                err.to_string(),
+                format!("model `m` failed: {}: it broke: badly", kind.as_str())
+            );
+            assert!(matches!(
+                err,
+                AgentError::Llm { ref model, status: Some(500), retry_after: None, .. }
+                    if model == "m"
+            ));
         }
     }
 
     #[test]
-    fn plain_llm_messages_have_no_kind() {
-        let err = AgentError::Llm {
-            model: "mock".into(),
-            message: "rate limited".into(),
+    fn status_and_retry_after_travel_as_fields() {
+        let err: AgentError = LlmError::new(LlmErrorKind::RateLimit, "m", "slow down")
+            .with_status(429)
+            .with_retry_after(Some(Duration::from_secs(7)))
+            .into();
+        let AgentError::Llm {
+            kind,
+            message,
+            status,
+            retry_after,
+            ..
+        } = err
+        else {
+            panic!("not a model failure: {err:?}");
         };
+        assert_eq!(kind, Some(LlmErrorKind::RateLimit));
+        assert_eq!(message, "slow down");
+        assert_eq!(status, Some(429));
+        assert_eq!(retry_after, Some(Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn plain_llm_messages_have_no_kind() {
+        let err = AgentError::llm("mock", "rate_limit: slow down");
         assert_eq!(LlmErrorKind::of(&err), None);
     }
 }

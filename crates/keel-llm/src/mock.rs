@@ -220,19 +220,16 @@ impl MockLlm {
                         return Ok((response, chunks));
                     }
                     Some(MockResponse::Error(message)) => {
-                        return Err(AgentError::Llm {
-                            model: "mock".into(),
-                            message,
-                        })
+                        return Err(AgentError::llm("mock", message))
                     }
                     Some(MockResponse::Fail(kind, message)) => {
                         return Err(LlmError::new(kind, "mock", message).into())
                     }
                     None => {
-                        return Err(AgentError::Llm {
-                            model: "mock".into(),
-                            message: "the script has no more responses".into(),
-                        })
+                        return Err(AgentError::llm(
+                            "mock",
+                            "the script has no more responses",
+                        ))
                     }
                 }
             }

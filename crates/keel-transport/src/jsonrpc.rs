@@ -324,10 +324,7 @@ mod tests {
             ),
             (AgentError::storage("disk full at /var/x"), INTERNAL_ERROR),
             (
-                AgentError::Llm {
-                    model: "m".into(),
-                    message: "key sk-123 rejected".into(),
-                },
+                AgentError::llm("m", "key sk-123 rejected"),
                 INTERNAL_ERROR,
             ),
             (

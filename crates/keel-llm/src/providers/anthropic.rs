@@ -12,9 +12,10 @@ use tracing::Instrument;
 
 use super::assembler::{ended_early, ResponseAssembler};
 use super::attachments::{attachment, text_with_attachments, Attachment};
+use super::builder::ProviderBuilder;
 use super::http::{
     drive_sse, error_detail, join_url, open_stream, str_at, u64_at, ApiKey, CallSite, HttpClient,
-    HttpOptions, SseDecoder,
+    SseDecoder,
 };
 use crate::{
     Llm, LlmError, LlmErrorKind, LlmMessage, LlmRequest, LlmResponse, LlmRole, LlmStream,
@@ -30,62 +31,17 @@ const DEFAULT_MAX_TOKENS: u64 = 4096;
 /// The image formats Messages accepts.
 const IMAGE_FORMATS: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
 
-/// Builds an [`AnthropicLlm`].
-#[derive(Debug, Clone)]
-pub struct AnthropicBuilder {
-    model: String,
-    base_url: String,
-    api_key: Option<ApiKey>,
-    options: HttpOptions,
-    profile: Option<ModelProfile>,
-}
+/// Builds an [`AnthropicLlm`]: the shared [`ProviderBuilder`], whose `build` is below.
+pub type AnthropicBuilder = ProviderBuilder<AnthropicLlm>;
 
 impl AnthropicBuilder {
-    /// Use this API key instead of `ANTHROPIC_API_KEY`.
-    #[must_use]
-    pub fn with_api_key(mut self, key: impl Into<String>) -> Self {
-        self.api_key = ApiKey::new(key);
-        self
-    }
-
-    /// Talk to this server instead of `https://api.anthropic.com` (`/v1/messages` is
-    /// appended).
-    #[must_use]
-    pub fn with_base_url(mut self, url: impl Into<String>) -> Self {
-        self.base_url = url.into();
-        self
-    }
-
-    /// Set timeouts and retries.
-    #[must_use]
-    pub fn with_http_options(mut self, options: HttpOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Describe the model (context window, limits) instead of the built-in table.
-    #[must_use]
-    pub fn with_profile(mut self, profile: ModelProfile) -> Self {
-        self.profile = Some(profile);
-        self
-    }
-
     /// Build the client; fails without a key (from the builder or `ANTHROPIC_API_KEY`).
     pub fn build(self) -> AgentResult<AnthropicLlm> {
-        let api_key = self
-            .api_key
-            .or_else(|| ApiKey::from_env(&["ANTHROPIC_API_KEY"]))
-            .ok_or_else(|| {
-                LlmError::new(
-                    LlmErrorKind::Config,
-                    self.model.as_str(),
-                    "no Anthropic API key: set ANTHROPIC_API_KEY or give one to the builder",
-                )
-            })?;
-        let profile = self
-            .profile
-            .unwrap_or_else(|| ModelProfile::known("anthropic", &self.model));
-        let http = HttpClient::new(self.options, &self.model)?;
+        let api_key = self.required_key(
+            "no Anthropic API key: set ANTHROPIC_API_KEY or give one to the builder",
+        )?;
+        let profile = self.profile("anthropic");
+        let http = self.http()?;
         Ok(AnthropicLlm {
             inner: Arc::new(Inner {
                 url: join_url(&self.base_url, "v1/messages"),
@@ -122,15 +78,10 @@ struct Inner {
 }
 
 impl AnthropicLlm {
-    /// A builder for `model`, keyed from `ANTHROPIC_API_KEY` unless given one.
+    /// A builder for `model`, keyed from `ANTHROPIC_API_KEY` unless given one (the path
+    /// `/v1/messages` is appended to a base URL it is given).
     pub fn builder(model: impl Into<String>) -> AnthropicBuilder {
-        AnthropicBuilder {
-            model: model.into(),
-            base_url: ANTHROPIC_BASE_URL.into(),
-            api_key: None,
-            options: HttpOptions::default(),
-            profile: None,
-        }
+        ProviderBuilder::new(model, ANTHROPIC_BASE_URL, &["ANTHROPIC_API_KEY"])
     }
 }
 

@@ -12,9 +12,10 @@ use tracing::Instrument;
 
 use super::assembler::{ended_early, ResponseAssembler};
 use super::attachments::{attachment, text_with_attachments, Attachment};
+use super::builder::ProviderBuilder;
 use super::http::{
     drive_sse, error_detail, join_url, open_stream, str_at, u64_at, ApiKey, CallSite, HttpClient,
-    HttpOptions, SseDecoder,
+    SseDecoder,
 };
 use crate::{
     Llm, LlmError, LlmErrorKind, LlmMessage, LlmRequest, LlmResponse, LlmRole, LlmStream,
@@ -31,65 +32,19 @@ const IMAGE_FORMATS: &[&str] = &[
     "image/heif",
 ];
 
-/// Builds a [`GeminiLlm`].
-#[derive(Debug, Clone)]
-pub struct GeminiBuilder {
-    model: String,
-    base_url: String,
-    api_key: Option<ApiKey>,
-    options: HttpOptions,
-    profile: Option<ModelProfile>,
-}
+/// Builds a [`GeminiLlm`]: the shared [`ProviderBuilder`], whose `build` is below.
+pub type GeminiBuilder = ProviderBuilder<GeminiLlm>;
 
 impl GeminiBuilder {
-    /// Use this API key instead of `GEMINI_API_KEY` / `GOOGLE_API_KEY`.
-    #[must_use]
-    pub fn with_api_key(mut self, key: impl Into<String>) -> Self {
-        self.api_key = ApiKey::new(key);
-        self
-    }
-
-    /// Talk to this server instead of
-    /// `https://generativelanguage.googleapis.com/v1beta` (`/models/MODEL:generateContent`
-    /// is appended).
-    #[must_use]
-    pub fn with_base_url(mut self, url: impl Into<String>) -> Self {
-        self.base_url = url.into();
-        self
-    }
-
-    /// Set timeouts and retries.
-    #[must_use]
-    pub fn with_http_options(mut self, options: HttpOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Describe the model (context window, limits) instead of the built-in table.
-    #[must_use]
-    pub fn with_profile(mut self, profile: ModelProfile) -> Self {
-        self.profile = Some(profile);
-        self
-    }
-
     /// Build the client; fails without a key (from the builder, `GEMINI_API_KEY` or
     /// `GOOGLE_API_KEY`).
     pub fn build(self) -> AgentResult<GeminiLlm> {
-        let api_key = self
-            .api_key
-            .or_else(|| ApiKey::from_env(&["GEMINI_API_KEY", "GOOGLE_API_KEY"]))
-            .ok_or_else(|| {
-                LlmError::new(
-                    LlmErrorKind::Config,
-                    self.model.as_str(),
-                    "no Gemini API key: set GEMINI_API_KEY (or GOOGLE_API_KEY) or give one to \
-                     the builder",
-                )
-            })?;
-        let profile = self
-            .profile
-            .unwrap_or_else(|| ModelProfile::known("gemini", &self.model));
-        let http = HttpClient::new(self.options, &self.model)?;
+        let api_key = self.required_key(
+            "no Gemini API key: set GEMINI_API_KEY (or GOOGLE_API_KEY) or give one to the \
+             builder",
+        )?;
+        let profile = self.profile("gemini");
+        let http = self.http()?;
         // Accept `gemini-2.5-flash` and `models/gemini-2.5-flash` alike.
         let path = self.model.trim_start_matches("models/");
         Ok(GeminiLlm {
@@ -134,15 +89,13 @@ struct Inner {
 
 impl GeminiLlm {
     /// A builder for `model`, keyed from `GEMINI_API_KEY` or `GOOGLE_API_KEY` unless given
-    /// one.
+    /// one (`/models/MODEL:generateContent` is appended to a base URL it is given).
     pub fn builder(model: impl Into<String>) -> GeminiBuilder {
-        GeminiBuilder {
-            model: model.into(),
-            base_url: GEMINI_BASE_URL.into(),
-            api_key: None,
-            options: HttpOptions::default(),
-            profile: None,
-        }
+        ProviderBuilder::new(
+            model,
+            GEMINI_BASE_URL,
+            &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
+        )
     }
 }
 

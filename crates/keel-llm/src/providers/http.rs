@@ -6,6 +6,9 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use backon::{ExponentialBuilder, Retryable};
 use chrono::{DateTime, Utc};
 use eventsource_stream::{Event, Eventsource};
 use futures::stream::{self, BoxStream, Stream, StreamExt};
@@ -97,18 +100,15 @@ impl HttpOptions {
         self
     }
 
-    /// The backoff before retry number `retry` (1-based): doubling from the base, capped,
-    /// with "equal jitter" (half fixed, half random) so that clients rate-limited together
-    /// do not retry together.
-    fn backoff(&self, retry: u32) -> Duration {
-        let factor = 2u32.saturating_pow(retry.saturating_sub(1));
-        let full = self
-            .backoff_base
-            .saturating_mul(factor)
-            .min(self.backoff_max);
-        let half = full / 2;
-        let jitter_nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
-        half + Duration::from_nanos(fastrand::u64(0..=jitter_nanos))
+    /// The retry schedule: doubling from the base, capped, with "equal jitter" (half fixed,
+    /// half random) so that clients rate-limited together do not retry together. backon adds
+    /// a random part of up to the delay itself, so it is given half of each bound.
+    fn backoff(&self) -> ExponentialBuilder {
+        ExponentialBuilder::default()
+            .with_min_delay(self.backoff_base / 2)
+            .with_max_delay(self.backoff_max / 2)
+            .with_max_times(self.max_attempts.max(1).saturating_sub(1) as usize)
+            .with_jitter()
     }
 }
 
@@ -219,7 +219,9 @@ impl HttpClient {
     /// Send a request, retrying 408/429/5xx answers and connection failures that happened
     /// before any byte of the body arrived; return the body once its first chunk is in.
     ///
-    /// `whole_call_timeout` bounds the whole call by `request_timeout` (non-streaming calls).
+    /// A `Retry-After` replaces the backoff; one longer than `max_retry_after` fails the call
+    /// at once. `whole_call_timeout` bounds the whole call by `request_timeout`
+    /// (non-streaming calls).
     pub(crate) async fn send(
         &self,
         site: &CallSite<'_>,
@@ -227,73 +229,91 @@ impl HttpClient {
         whole_call_timeout: bool,
     ) -> Result<OpenedBody, LlmError> {
         let attempts = self.options.max_attempts.max(1);
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let mut builder = request();
-            if whole_call_timeout {
-                builder = builder.timeout(self.options.request_timeout);
-            }
-            let (error, retry_after, retryable) = match builder.send().await {
-                Err(error) => {
-                    // A timeout already waited the configured time; retrying would multiply
-                    // it. Anything else failed before the provider saw the request whole.
-                    let retryable = !error.is_timeout();
-                    (site.transport(error), None, retryable)
-                }
-                Ok(response) if response.status().is_success() => {
-                    let mut chunks = response
-                        .bytes_stream()
-                        .map(|chunk| chunk.map(|bytes| bytes.to_vec()));
-                    match chunks.next().await {
-                        Some(Err(error)) => {
-                            let retryable = !error.is_timeout();
-                            (site.transport(error), None, retryable)
-                        }
-                        first => {
-                            return Ok(OpenedBody {
-                                chunks: stream::iter(first).chain(chunks).boxed(),
-                            })
-                        }
-                    }
-                }
-                Ok(response) => {
-                    let status = response.status().as_u16();
-                    let retry_after = retry_after(response.headers(), Utc::now());
-                    // The error body is small; a failure to read it only loses detail.
-                    let body = response.text().await.unwrap_or_default();
-                    let error = classify(site, status, &body).with_retry_after(retry_after);
-                    let retryable = matches!(status, 408 | 429 | 500..=599);
-                    (error, retry_after, retryable)
-                }
-            };
-            if !retryable || attempt >= attempts {
-                return Err(if retryable && attempts > 1 {
-                    let message = format!("{} (after {attempt} attempts)", error.message());
-                    LlmError::new(error.kind(), error.model(), message)
-                        .with_retry_after(error.retry_after())
-                        .with_status_opt(error.status())
-                } else {
-                    error
-                });
-            }
-            let delay = match retry_after {
-                Some(wait) if wait > self.options.max_retry_after => return Err(error),
-                Some(wait) => wait,
-                None => self.options.backoff(attempt),
-            };
+        let made = AtomicU32::new(0);
+        let result = (|| {
+            made.fetch_add(1, Ordering::Relaxed);
+            self.attempt(site, &request, whole_call_timeout)
+        })
+        .retry(self.options.backoff())
+        .sleep(tokio::time::sleep)
+        .when(|failure: &Failure| failure.retryable)
+        .adjust(|failure, backoff| match failure.error.retry_after() {
+            Some(wait) if wait > self.options.max_retry_after => None,
+            // Honoured only while attempts remain (`backoff` is `None` once they ran out).
+            Some(wait) => backoff.map(|_| wait),
+            None => backoff,
+        })
+        .notify(|failure, delay| {
             tracing::warn!(
                 provider = site.provider,
                 model = site.model,
-                attempt,
-                status = error.status(),
+                attempt = made.load(Ordering::Relaxed),
+                status = failure.error.status(),
                 delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                error = %error,
+                error = %failure.error,
                 "model call failed; retrying"
             );
-            tokio::time::sleep(delay).await;
+        })
+        .await;
+        let Failure { error, retryable } = match result {
+            Ok(body) => return Ok(body),
+            Err(failure) => failure,
+        };
+        let made = made.load(Ordering::Relaxed);
+        Err(if retryable && attempts > 1 && made >= attempts {
+            let message = format!("{} (after {made} attempts)", error.message());
+            LlmError::new(error.kind(), error.model(), message)
+                .with_retry_after(error.retry_after())
+                .with_status_opt(error.status())
+        } else {
+            error
+        })
+    }
+
+    /// One try: the opened body, or the error and whether another try may succeed.
+    async fn attempt(
+        &self,
+        site: &CallSite<'_>,
+        request: &impl Fn() -> reqwest::RequestBuilder,
+        whole_call_timeout: bool,
+    ) -> Result<OpenedBody, Failure> {
+        let mut builder = request();
+        if whole_call_timeout {
+            builder = builder.timeout(self.options.request_timeout);
+        }
+        // A timeout already waited the configured time; retrying would multiply it. Any other
+        // transport failure happened before the provider saw the request whole.
+        let transport = |error: reqwest::Error| Failure {
+            retryable: !error.is_timeout(),
+            error: site.transport(error),
+        };
+        let response = builder.send().await.map_err(transport)?;
+        if !response.status().is_success() {
+            let status = response.status().as_u16();
+            let retry_after = retry_after(response.headers(), Utc::now());
+            // The error body is small; a failure to read it only loses detail.
+            let body = response.text().await.unwrap_or_default();
+            return Err(Failure {
+                error: classify(site, status, &body).with_retry_after(retry_after),
+                retryable: matches!(status, 408 | 429 | 500..=599),
+            });
+        }
+        let mut chunks = response
+            .bytes_stream()
+            .map(|chunk| chunk.map(|bytes| bytes.to_vec()));
+        match chunks.next().await {
+            Some(Err(error)) => Err(transport(error)),
+            first => Ok(OpenedBody {
+                chunks: stream::iter(first).chain(chunks).boxed(),
+            }),
         }
     }
+}
+
+/// A failed try of [`HttpClient::send`].
+struct Failure {
+    error: LlmError,
+    retryable: bool,
 }
 
 impl LlmError {
@@ -526,6 +546,7 @@ pub(crate) fn join_url(base: &str, path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use backon::BackoffBuilder;
     use chrono::TimeZone;
 
     #[test]
@@ -551,15 +572,23 @@ mod tests {
     #[test]
     fn backoff_doubles_with_jitter_and_is_capped() {
         let options = HttpOptions::default()
+            .with_max_attempts(31)
             .with_backoff(Duration::from_millis(100), Duration::from_millis(350));
+        let between = |delay: Duration, low: u64, high: u64| {
+            assert!(
+                delay >= Duration::from_millis(low) && delay <= Duration::from_millis(high),
+                "{delay:?} is not within {low}..={high} ms"
+            );
+        };
         for _ in 0..50 {
-            let first = options.backoff(1);
-            assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
-            let second = options.backoff(2);
-            assert!(second >= Duration::from_millis(100) && second <= Duration::from_millis(200));
-            let capped = options.backoff(30);
-            assert!(capped >= Duration::from_millis(175) && capped <= Duration::from_millis(350));
+            let delays: Vec<Duration> = options.backoff().build().collect();
+            assert_eq!(delays.len(), 30, "one delay before each retry");
+            between(delays[0], 50, 100);
+            between(delays[1], 100, 200);
+            between(delays[29], 175, 350);
         }
+        let once = HttpOptions::default().with_max_attempts(1);
+        assert_eq!(once.backoff().build().count(), 0, "one attempt never waits");
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! Real model providers over HTTP, each behind its Cargo feature: an OpenAI-compatible chat
 //! completions client (`openai`), Anthropic Messages (`anthropic`) and Google Gemini
-//! (`gemini`). They share one HTTP layer: configurable timeouts, retries with exponential
-//! backoff and jitter that honour `Retry-After`, typed [`LlmError`](crate::LlmError)s, and
-//! incremental SSE decoding.
+//! (`gemini`). They share one builder ([`ProviderBuilder`]) and one HTTP layer: configurable
+//! timeouts, retries with exponential backoff and jitter that honour `Retry-After`, typed
+//! [`LlmError`](crate::LlmError)s, and incremental SSE decoding.
 //!
 //! **Invariant:** an API key never reaches a log, a `Debug` print or an error message.
 
 mod assembler;
 mod attachments;
+mod builder;
 mod http;
 
 #[cfg(feature = "anthropic")]
@@ -21,6 +22,7 @@ mod openai;
 pub use anthropic::{AnthropicBuilder, AnthropicLlm};
 #[cfg(feature = "gemini")]
 pub use gemini::{GeminiBuilder, GeminiLlm};
+pub use builder::ProviderBuilder;
 pub use http::HttpOptions;
 #[cfg(feature = "openai")]
 pub use openai::{OpenAiBuilder, OpenAiLlm};

@@ -12,9 +12,9 @@ use tracing::Instrument;
 
 use super::assembler::{ended_early, parse_arguments, ResponseAssembler};
 use super::attachments::{attachment, text_with_attachments, Attachment};
+use super::builder::ProviderBuilder;
 use super::http::{
-    drive_sse, join_url, open_stream, str_at, u64_at, ApiKey, CallSite, HttpClient, HttpOptions,
-    SseDecoder,
+    drive_sse, join_url, open_stream, str_at, u64_at, ApiKey, CallSite, HttpClient, SseDecoder,
 };
 use crate::{
     Llm, LlmError, LlmErrorKind, LlmMessage, LlmRequest, LlmResponse, LlmRole, LlmStream,
@@ -25,87 +25,31 @@ const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
 /// The image formats chat completions accept (compatible servers take the same set).
 const IMAGE_FORMATS: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
 
-/// Builds an [`OpenAiLlm`].
-#[derive(Debug, Clone)]
-pub struct OpenAiBuilder {
-    model: String,
-    base_url: String,
-    api_key: Option<ApiKey>,
-    key_required: bool,
-    read_env: bool,
-    options: HttpOptions,
-    profile: Option<ModelProfile>,
-    vision: Option<bool>,
-}
+/// Builds an [`OpenAiLlm`]: the shared [`ProviderBuilder`], whose `build` is below.
+pub type OpenAiBuilder = ProviderBuilder<OpenAiLlm>;
 
 impl OpenAiBuilder {
-    /// Use this API key instead of `OPENAI_API_KEY`.
-    #[must_use]
-    pub fn with_api_key(mut self, key: impl Into<String>) -> Self {
-        self.api_key = ApiKey::new(key);
-        self
-    }
-
-    /// Talk to this server (e.g. `http://localhost:11434/v1` for Ollama); the path
-    /// `/chat/completions` is appended.
-    #[must_use]
-    pub fn with_base_url(mut self, url: impl Into<String>) -> Self {
-        self.base_url = url.into();
-        self
-    }
-
-    /// Set timeouts and retries.
-    #[must_use]
-    pub fn with_http_options(mut self, options: HttpOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Describe the model (context window, limits) instead of the built-in table.
-    #[must_use]
-    pub fn with_profile(mut self, profile: ModelProfile) -> Self {
-        self.profile = Some(profile);
-        self
-    }
-
-    /// Say whether the model reads images, over the profile's answer. A compatible server's
-    /// model is taken as text-only unless this (or a profile) says it reads images (e.g.
-    /// `llava` on Ollama, a vision model on vLLM or OpenRouter); without vision the engine
-    /// replaces images with a note before the request.
-    #[must_use]
-    pub fn with_vision(mut self, supported: bool) -> Self {
-        self.vision = Some(supported);
-        self
-    }
-
     /// Build the client. OpenAI itself needs a key (from the builder or `OPENAI_API_KEY`);
-    /// a compatible server is called without one unless one was given.
+    /// a compatible server is called without one unless one was given. A compatible
+    /// server's model is taken as text-only unless [`with_vision`](Self::with_vision) (or a
+    /// profile) says it reads images (e.g. `llava` on Ollama, a vision model on vLLM or
+    /// OpenRouter).
     pub fn build(self) -> AgentResult<OpenAiLlm> {
-        let api_key = self.api_key.or_else(|| {
-            self.read_env
-                .then(|| ApiKey::from_env(&["OPENAI_API_KEY"]))
-                .flatten()
-        });
-        if self.key_required && api_key.is_none() {
-            return Err(LlmError::new(
-                LlmErrorKind::Config,
-                self.model.as_str(),
+        let key_required = self.reads_key_env();
+        let api_key = if key_required {
+            Some(self.required_key(
                 "no OpenAI API key: set OPENAI_API_KEY or give one to the builder",
-            )
-            .into());
-        }
-        let provider = if self.key_required {
+            )?)
+        } else {
+            self.key()
+        };
+        let provider = if key_required {
             "openai"
         } else {
             "openai-compatible"
         };
-        let mut profile = self
-            .profile
-            .unwrap_or_else(|| ModelProfile::known(provider, &self.model));
-        if let Some(vision) = self.vision {
-            profile.supports_vision = vision;
-        }
-        let http = HttpClient::new(self.options, &self.model)?;
+        let profile = self.profile(provider);
+        let http = self.http()?;
         // Only OpenAI itself insists on the newer field; compatible servers know `max_tokens`.
         let max_tokens_field = if self.base_url.trim_end_matches('/') == OPENAI_BASE_URL {
             "max_completion_tokens"
@@ -153,29 +97,17 @@ struct Inner {
 }
 
 impl OpenAiLlm {
-    /// A builder for OpenAI's `model`, keyed from `OPENAI_API_KEY` unless given one.
+    /// A builder for OpenAI's `model`, keyed from `OPENAI_API_KEY` unless given one (the
+    /// path `/chat/completions` is appended to a base URL it is given).
     pub fn builder(model: impl Into<String>) -> OpenAiBuilder {
-        OpenAiBuilder {
-            model: model.into(),
-            base_url: OPENAI_BASE_URL.into(),
-            api_key: None,
-            key_required: true,
-            read_env: true,
-            options: HttpOptions::default(),
-            profile: None,
-            vision: None,
-        }
+        ProviderBuilder::new(model, OPENAI_BASE_URL, &["OPENAI_API_KEY"])
     }
 
-    /// A builder for `model` on an OpenAI-compatible server at `base_url`. It never reads
-    /// `OPENAI_API_KEY`: that key is not sent to another host unless given explicitly.
+    /// A builder for `model` on an OpenAI-compatible server at `base_url` (e.g.
+    /// `http://localhost:11434/v1` for Ollama). It never reads `OPENAI_API_KEY`: that key is
+    /// not sent to another host unless given explicitly.
     pub fn compatible(base_url: impl Into<String>, model: impl Into<String>) -> OpenAiBuilder {
-        OpenAiBuilder {
-            base_url: base_url.into(),
-            key_required: false,
-            read_env: false,
-            ..Self::builder(model)
-        }
+        ProviderBuilder::new(model, base_url, &[])
     }
 }
 
