@@ -3,12 +3,12 @@
 
 use chrono::Utc;
 use keel_core::{AgentError, AgentResult, TaskId, TaskState, ThreadId};
+use keel_events::{EventType, RunEvent};
 use keel_llm::ToolCall;
 use keel_runtime::AuthContext;
 use serde_json::{json, Value};
 
 use super::state::*;
-use keel_events::{EventType, RunEvent};
 
 impl Inner {
     /// Queue `task_id` again if it still rests waiting for the asynchronous call `call_id`.

@@ -7,6 +7,7 @@ use std::sync::{Arc, RwLock};
 use keel_core::{
     AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, ThreadId,
 };
+use keel_events::{EventType, RunEvent};
 use keel_llm::LlmMessage;
 use keel_runtime::{AuthContext, Lease};
 use serde::Deserialize;
@@ -16,7 +17,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::state::*;
-use keel_events::{EventType, RunEvent};
 
 impl Inner {
     pub(crate) async fn enqueue(
@@ -193,7 +193,7 @@ impl Inner {
                     self.start_turn(&flow, message, &item.id).await
                 }
                 Ok(QueuedWork::Effect(effect)) => {
-                    self.fire_effect(auth, &flow.thread_id, effect).await
+                    crate::effects::fire_effect(self, auth, &flow.thread_id, effect).await
                 }
             };
             if let Err(err) = result {
@@ -306,10 +306,7 @@ impl Inner {
         let store = self.runtime.thread_store();
         let mut items = store.peek_queue(&flow.auth, &flow.thread_id, 64).await?;
         // Effects run first; what they queue is injected in this same pass.
-        if self
-            .fire_queued_effects(&flow.auth, &flow.lease(), &items)
-            .await?
-        {
+        if crate::effects::fire_queued_effects(self, &flow.auth, &flow.lease(), &items).await? {
             items = store.peek_queue(&flow.auth, &flow.thread_id, 64).await?;
         }
         // The items already in the history, worked out only when some item is not the run's

@@ -10,18 +10,19 @@
 //! calls in order persisting each result, and evaluates the stop rules.
 
 mod async_tools;
-mod config;
+pub(crate) mod config;
 mod context;
 mod driver;
+mod features;
+mod host;
 mod run;
 mod state;
 mod step;
 
 pub use config::{ExecutorConfig, SendOptions};
 pub use state::AgentExecutor;
-pub(crate) use state::{Inner, QueuedWork};
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -35,6 +36,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::thread_state::ThreadHost;
 use crate::{Agent, Negotiation, ThreadState};
 use keel_core::{ApprovalDecision, ApprovalRequest};
 use keel_events::EventSink;
@@ -92,7 +94,8 @@ impl AgentExecutor {
                 effects: Default::default(),
             }),
         };
-        crate::subagents::link_parent(&executor.inner);
+        let host: Weak<dyn ThreadHost> = executor.inner.me.clone();
+        executor.inner.agent.hooks.attached(host);
         executor
     }
 
@@ -111,7 +114,7 @@ impl AgentExecutor {
         ThreadState {
             auth: auth.clone(),
             thread_id,
-            inner: self.inner.clone(),
+            host: self.inner.clone(),
             cancel: CancellationToken::new(),
         }
     }

@@ -9,18 +9,19 @@ use keel_core::{
     AgentError, AgentResult, Artifact, Message, Part, PartContent, Role, RunContext, Task,
     TaskEvent, TaskId, TaskState, ThreadId,
 };
+use keel_core::{ApprovalDecision, ApprovalOutcome, ApprovalRequest};
+use keel_events::{EventType, RedactionPolicy, RunEvent};
 use keel_llm::{LlmMessage, LlmRole, ToolCall};
 use keel_runtime::AuthContext;
+use keel_runtime::{RunRecord, TaskRecord};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::state::*;
 use crate::observe::RunObs;
+use crate::thread_state::ThreadHost;
 use crate::{TaskRest, ThreadState, ToolContext};
-use keel_core::{ApprovalDecision, ApprovalOutcome, ApprovalRequest};
-use keel_events::{EventType, RedactionPolicy, RunEvent};
-use keel_runtime::{RunRecord, TaskRecord};
 
 impl Inner {
     pub(super) async fn persist_status(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
@@ -72,9 +73,7 @@ impl Inner {
         }
         mark_canceled(&mut task, reason)?;
         // Subagents: a background child canceled before it ran still reports to its parent.
-        if let Some(me) = self.me.upgrade() {
-            crate::subagents::child_task_rested(&me, auth, &task).await;
-        }
+        self.agent.hooks.on_rest(self, auth, &task).await;
         self.persist_status(auth, &task).await
     }
 
@@ -245,9 +244,8 @@ impl Inner {
         let thread = ThreadState {
             auth: auth.clone(),
             thread_id: flow.thread_id.clone(),
-            inner: self
-                .me
-                .upgrade()
+            host: self
+                .shared()
                 .ok_or_else(|| AgentError::internal("executor dropped"))?,
             cancel: run.token.clone(),
         };
@@ -342,7 +340,7 @@ impl Inner {
 
         // Subagents: `immediate` kinds are queued to run before the thread's first model step.
         if direct.is_none() {
-            crate::subagents::activate_immediate(&self.agent, &ctx, &history).await?;
+            self.agent.hooks.before_first_step(&ctx, &history).await?;
         }
         let outcome = match direct {
             Some(calls) => self.run_direct(&scope, task, calls, &mut history).await?,
@@ -610,9 +608,7 @@ impl Inner {
         obs.emit(RunEvent::task_status_of(task)).await;
         self.save_records(auth, obs, task).await;
         // Subagents: a background child's result goes to its parent from here, durably.
-        if let Some(me) = self.me.upgrade() {
-            crate::subagents::child_task_rested(&me, auth, task).await;
-        }
+        self.agent.hooks.on_rest(self, auth, task).await;
         self.persist_status(auth, task).await
     }
 

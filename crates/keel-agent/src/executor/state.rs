@@ -5,13 +5,14 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use dashmap::DashMap;
+use keel_core::ApprovalRequest;
 use keel_core::{
     AgentError, AgentResult, Message, PartContent, Role, RunContext, Task, TaskEvent, TaskId,
     ThreadId,
 };
-use keel_llm::{LlmMessage, ToolCall};
+use keel_events::EventSink;
+use keel_llm::LlmMessage;
 use keel_runtime::{AuthContext, Lease, Runtime};
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -19,9 +20,11 @@ use tokio_util::task::TaskTracker;
 
 use super::config::*;
 use crate::observe::RunObs;
+use crate::thread_state::ThreadHost;
+use crate::work::EffectScheduler;
 use crate::{Agent, TaskRest, ToolContext};
-use keel_core::ApprovalRequest;
-use keel_events::EventSink;
+
+pub(super) use crate::work::QueuedWork;
 
 /// Metadata keys Keel puts on thread history entries.
 pub(super) const META_TASK: &str = "keel.task_id";
@@ -33,20 +36,6 @@ pub(super) const META_SIDE: &str = "keel.side";
 /// Task metadata keys of an action waiting for approval and of the decision about it.
 pub(super) const META_PENDING_APPROVAL: &str = "pending_approval";
 pub(super) const META_APPROVAL_DECISION: &str = "approval_decision";
-
-/// Work waiting in a thread's durable queue.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub(crate) enum QueuedWork {
-    /// Run (or continue) this task.
-    Task { task_id: TaskId },
-    /// A queued user message (`ThreadState::queue_message`).
-    Message { message: Message },
-    /// A queued tool call (`ThreadState::queue_tool`).
-    Tool { call: ToolCall },
-    /// A scheduled effect whose timer fired (see `effects`).
-    Effect(crate::effects::QueuedEffect),
-}
 
 /// A run in progress in this process.
 pub(super) struct ActiveRun {
@@ -61,11 +50,11 @@ pub(super) struct ActiveRun {
 pub(super) type TaskKey = (String, TaskId);
 pub(super) type ThreadKey = (String, ThreadId);
 
-pub(crate) struct Inner {
-    pub(crate) agent: Agent,
-    pub(crate) runtime: Arc<dyn Runtime>,
-    pub(crate) config: ExecutorConfig,
-    pub(crate) me: Weak<Inner>,
+pub(super) struct Inner {
+    pub(super) agent: Agent,
+    pub(super) runtime: Arc<dyn Runtime>,
+    pub(super) config: ExecutorConfig,
+    pub(super) me: Weak<Inner>,
     pub(super) active: DashMap<TaskKey, Arc<ActiveRun>, foldhash::fast::RandomState>,
     pub(super) workers: DashMap<ThreadKey, Arc<Notify>, foldhash::fast::RandomState>,
     /// Bumped whenever this process persists a task status or a message of a task, to wake
@@ -75,22 +64,22 @@ pub(crate) struct Inner {
     /// the callers waiting for a task to rest. Kept apart from `changed` so that a blocking
     /// send is not woken, and does not read its task again, at every persisted message.
     pub(super) rested: watch::Sender<u64>,
-    pub(crate) tracker: TaskTracker,
+    pub(super) tracker: TaskTracker,
     /// Where every run's events go (besides its own recorder).
-    pub(crate) sinks: RwLock<Vec<Arc<dyn EventSink>>>,
-    pub(crate) shutting_down: CancellationToken,
+    pub(super) sinks: RwLock<Vec<Arc<dyn EventSink>>>,
+    pub(super) shutting_down: CancellationToken,
     pub(super) slots: Arc<Semaphore>,
     /// Subagents: the executors whose agents use this one as a child kind, woken when a
     /// child's result is queued on their thread.
-    pub(crate) parents: RwLock<Vec<Weak<Inner>>>,
+    pub(super) parents: RwLock<Vec<(String, Weak<dyn ThreadHost>)>>,
     /// Scheduled effects: what wakes the scheduler.
-    pub(crate) effects: crate::effects::EffectScheduler,
+    pub(super) effects: EffectScheduler,
 }
 
 /// Runs one [`Agent`] on threads, persisting through a [`Runtime`]. Cheap to clone.
 #[derive(Clone)]
 pub struct AgentExecutor {
-    pub(crate) inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
 /// The lease a worker holds, kept fresh by a renewal task.

@@ -5,7 +5,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::{FutureExt, StreamExt};
+use keel_core::RunAction;
 use keel_core::{AgentError, AgentResult, Part, RunContext, Task, TaskId, ThreadId};
+use keel_events::payload::{
+    ActionCompletedPayload, ActionFailedPayload, LlmCallCompletedPayload, LlmCallStartedPayload,
+};
+use keel_events::{EventType, RunEvent};
+use keel_llm::{prepare_manifest_reusing, LlmStreamEvent, ManifestEstimates, ManifestIds};
 use keel_llm::{LlmMessage, LlmRequest, LlmRole, ToolCall};
 use keel_runtime::AuthContext;
 use serde::Serialize;
@@ -18,13 +25,6 @@ use super::state::*;
 use crate::agent::{ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL};
 use crate::observe::RunObs;
 use crate::ToolContext;
-use futures::{FutureExt, StreamExt};
-use keel_core::RunAction;
-use keel_events::payload::{
-    ActionCompletedPayload, ActionFailedPayload, LlmCallCompletedPayload, LlmCallStartedPayload,
-};
-use keel_events::{EventType, RunEvent};
-use keel_llm::{prepare_manifest_reusing, LlmStreamEvent, ManifestEstimates, ManifestIds};
 
 impl Inner {
     pub(super) async fn step_loop(

@@ -1,7 +1,7 @@
 //! Creating a child thread, sending it a message, and delivering its result to the parent:
 //! as the tool result when the parent waits, else queued on the parent thread.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use chrono::Utc;
 use keel_core::{
@@ -17,9 +17,11 @@ use tokio_util::sync::CancellationToken;
 use super::keys::*;
 use super::spec::*;
 use crate::attachments::{copy_attachment, parse_uri, references_in};
-use crate::executor::{Inner, QueuedWork};
+use crate::executor::config::SendOptions;
 use crate::observe::RunObs;
-use crate::{SendOptions, ThreadState, ToolContext};
+use crate::thread_state::{ThreadHost, ThreadState, TERMINATED_KEY};
+use crate::tool::ToolContext;
+use crate::work::QueuedWork;
 
 /// Terminate every registered child of `parent` whose spec is known (best effort): called
 /// when the parent thread is terminated.
@@ -36,7 +38,7 @@ pub(crate) async fn terminate_children(
             continue;
         };
         if let Err(err) = spec
-            .executor
+            .child()
             .thread(auth, child.thread_id.clone())
             .terminate()
             .await
@@ -84,7 +86,7 @@ impl Origin {
     }
 
     pub(super) fn runtime(&self) -> &dyn keel_runtime::Runtime {
-        self.parent.inner.runtime.as_ref()
+        self.parent.host.runtime().as_ref()
     }
 }
 
@@ -158,25 +160,20 @@ pub(super) async fn start_child(
     let child_thread = ThreadId::new();
     // Everything the child needs is in its thread before it is registered or messaged.
     let message = child_message(origin, &child_thread, text, attachments).await?;
-    let environment = origin.parent.inner.agent.environment();
+    let environment = origin.parent.host.environment();
     for (var, value) in scoped {
         let sealed = environment.seal(&scoped_context(&child_thread, var), value)?;
         origin
             .runtime()
             .thread_store()
-            .kv_set(
-                &origin.auth,
-                &child_thread,
-                &format!("{SCOPED_PREFIX}{var}"),
-                json!(sealed),
-            )
+            .kv_set(&origin.auth, &child_thread, &scoped_key(var), json!(sealed))
             .await?;
     }
     let mut metadata = keel_core::Metadata::default();
     metadata.insert(META_SPEC.into(), json!(spec.name));
     metadata.insert(
         META_PARENT_AGENT.into(),
-        json!(origin.parent.inner.agent.card().name),
+        json!(origin.parent.host.agent_name()),
     );
     metadata.insert(
         META_COMMUNICATION.into(),
@@ -186,7 +183,7 @@ pub(super) async fn start_child(
         thread_id: child_thread.clone(),
         parent_thread_id: origin.parent.thread_id.clone(),
         name: name.to_owned(),
-        agent: spec.executor.agent().card().name.clone(),
+        agent: spec.child().agent_card().name.clone(),
         status: "running".into(),
         resumable: spec.resumable,
         created_at: Utc::now(),
@@ -291,28 +288,21 @@ pub(super) struct DeliveryMarker {
     pub(super) communication: String,
 }
 
-/// Register `inner` as a parent of each of its kinds' executors, so that a child's result
-/// queued on a parent thread wakes the executor that runs that thread.
-pub(crate) fn link_parent(inner: &Arc<Inner>) {
-    for spec in inner.agent.subagents.iter() {
-        let mut parents = spec
-            .executor
-            .inner
-            .parents
-            .write()
-            .unwrap_or_else(|p| p.into_inner());
-        parents.retain(|p| p.strong_count() > 0);
-        parents.push(Arc::downgrade(inner));
+/// Register the executor `host` as a parent on each of its kinds' executors, so that a
+/// child's result queued on a parent thread wakes the executor that runs that thread.
+pub(crate) fn link_parent(specs: &Specs, host: &Weak<dyn ThreadHost>) {
+    for spec in specs.iter() {
+        spec.child().add_parent(&spec.name, host.clone());
     }
 }
 
-/// Queue `message` on the parent thread of `child` (run by `child_inner`), durably, and make
+/// Queue `message` on the parent thread of `child` (run by `child_host`), durably, and make
 /// sure the parent's executor runs it: woken at once when it lives in this process, and in
 /// any case through a wake timer of the parent's agent (decision 53), which that agent's
 /// scheduler, in whatever process claims it, turns into a worker for the parent thread. The
 /// parent's executor, never the child's, runs it.
 pub(crate) async fn queue_on_parent(
-    child_inner: &Arc<Inner>,
+    child_host: &dyn ThreadHost,
     auth: &AuthContext,
     child: &ChildThread,
     message: Message,
@@ -323,9 +313,9 @@ pub(crate) async fn queue_on_parent(
         .get(META_SPEC)
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let store = child_inner.runtime.thread_store();
+    let store = child_host.runtime().thread_store();
     if store
-        .kv_get(auth, parent_thread, crate::thread_state::TERMINATED_KEY)
+        .kv_get(auth, parent_thread, TERMINATED_KEY)
         .await?
         .is_some()
     {
@@ -338,20 +328,8 @@ pub(crate) async fn queue_on_parent(
     };
     let payload = serde_json::to_value(&work).map_err(AgentError::internal)?;
     let item = store.push_queue(auth, parent_thread, payload).await?;
-    let parents: Vec<Arc<Inner>> = child_inner
-        .parents
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .filter_map(std::sync::Weak::upgrade)
-        .collect();
-    let local = parents.iter().find(|p| {
-        p.agent
-            .subagents
-            .iter()
-            .any(|s| s.name == kind && Arc::ptr_eq(&s.executor.inner, child_inner))
-    });
-    if let Some(parent) = local {
+    let local = child_host.local_parent(kind);
+    if let Some(parent) = &local {
         parent.schedule(auth, parent_thread);
     }
     // The registry names the parent's agent (written by the parent when it created the
@@ -361,22 +339,20 @@ pub(crate) async fn queue_on_parent(
         .get(META_PARENT_AGENT)
         .and_then(Value::as_str)
         .map(str::to_owned)
-        .or_else(|| local.map(|p| p.agent.card().name.clone()));
+        .or_else(|| local.as_ref().map(|p| p.agent_name().to_owned()));
     match parent_agent {
         // Woken here already: the wake only guards against this process stopping before the
         // parent ran it, so it is due when a dead holder's lease would have lapsed.
         Some(agent) => {
-            let at = match local {
+            let at = match &local {
                 Some(parent) => {
                     Utc::now()
-                        + chrono::Duration::from_std(parent.config.lease_ttl)
+                        + chrono::Duration::from_std(parent.lease_ttl())
                             .unwrap_or_else(|_| chrono::Duration::seconds(30))
                 }
                 None => Utc::now(),
             };
-            child_inner
-                .request_wake(auth, parent_thread, &agent, at)
-                .await;
+            crate::effects::request_wake(child_host, auth, parent_thread, &agent, at).await;
         }
         None => tracing::debug!(
             parent = %parent_thread,
@@ -390,7 +366,12 @@ pub(crate) async fn queue_on_parent(
 /// wait for delivers its result from here (registry status, attachments copied to the
 /// parent, the message queued on the parent with auto communication, a non-resumable child
 /// terminated). Failures are logged; the task's own state is persisted regardless.
-pub(crate) async fn child_task_rested(inner: &Arc<Inner>, auth: &AuthContext, task: &Task) {
+pub(crate) async fn child_task_rested(
+    host: &dyn ThreadHost,
+    specs: &Specs,
+    auth: &AuthContext,
+    task: &Task,
+) {
     let Ok(Some(run)) = RunContext::from_task(task) else {
         return;
     };
@@ -404,18 +385,19 @@ pub(crate) async fn child_task_rested(inner: &Arc<Inner>, auth: &AuthContext, ta
             return;
         }
     };
-    if let Err(err) = deliver_from_child(inner, auth, task, &marker).await {
+    if let Err(err) = deliver_from_child(host, specs, auth, task, &marker).await {
         tracing::warn!(error = %err, task = %task.id, "could not deliver a subagent's result");
     }
 }
 
 pub(super) async fn deliver_from_child(
-    inner: &Arc<Inner>,
+    host: &dyn ThreadHost,
+    specs: &Specs,
     auth: &AuthContext,
     task: &Task,
     marker: &DeliveryMarker,
 ) -> AgentResult<()> {
-    let store = inner.runtime.thread_store();
+    let store = host.runtime().thread_store();
     // The registry, not the marker (which a caller could have put into a run context),
     // says who the parent is: a marker pointing elsewhere is ignored.
     let Some(child) = store.child(auth, &task.thread_id).await? else {
@@ -430,7 +412,7 @@ pub(super) async fn deliver_from_child(
         .await?;
     if marker.communication == ParentCommunication::Auto.as_str() {
         let result = bring_back(
-            inner.runtime.as_ref(),
+            host.runtime().as_ref(),
             auth,
             &child.parent_thread_id,
             &child,
@@ -451,7 +433,7 @@ pub(super) async fn deliver_from_child(
             result.files,
         );
         // A parent that is gone (terminated) does not keep the child alive.
-        if let Err(err) = queue_on_parent(inner, auth, &child, message).await {
+        if let Err(err) = queue_on_parent(host, auth, &child, message).await {
             tracing::warn!(error = %err, child = %child.thread_id, "could not queue a subagent's result on its parent");
         }
     }
@@ -469,9 +451,9 @@ pub(super) async fn deliver_from_child(
         store
             .set_child_status(auth, &child.thread_id, "terminated")
             .await?;
-        if !inner.agent.subagents.is_empty() {
+        if !specs.is_empty() {
             let children = store.children(auth, &child.thread_id).await?;
-            Box::pin(terminate_children(&inner.agent.subagents, auth, children)).await;
+            Box::pin(terminate_children(specs, auth, children)).await;
         }
     }
     Ok(())

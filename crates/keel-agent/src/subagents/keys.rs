@@ -6,7 +6,7 @@ use keel_core::ThreadId;
 pub const SUBAGENT_CREATE_TOOL: &str = "subagent_create";
 /// The name of the built-in tool that messages an existing (resumable) subagent.
 pub const SUBAGENT_MESSAGE_TOOL: &str = "subagent_message";
-/// The name of [`SessionStatusTool`].
+/// The name of [`SessionStatusTool`](crate::SessionStatusTool).
 pub const SESSION_STATUS_TOOL: &str = "session_status";
 
 /// Registry metadata key: the spec a child was created from.
@@ -37,6 +37,11 @@ pub(super) const EVENT_FAILED: &str = "subagent.failed";
 pub(super) const EVENT_STATUS: &str = "subagent.status";
 pub(super) const EVENT_BOOTSTRAP: &str = "subagent.bootstrap_required";
 
-pub(super) fn scoped_context(thread: &ThreadId, var: &str) -> String {
+pub(crate) fn scoped_context(thread: &ThreadId, var: &str) -> String {
     format!("{thread}/{var}")
+}
+
+/// The child thread's key of the sealed scoped variable `var`.
+pub(crate) fn scoped_key(var: &str) -> String {
+    format!("{SCOPED_PREFIX}{var}")
 }

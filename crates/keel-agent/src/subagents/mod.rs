@@ -33,18 +33,21 @@
 //! `subagent.status` in its own run.
 //!
 //! Non-resumable children are terminated once they delivered. Canceling the parent's run while
+//! it waits cancels the child's task; terminating the parent thread terminates its children.
 
 mod delivery;
-mod keys;
+mod hooks;
+pub(crate) mod keys;
 mod scoped;
 mod spec;
 mod tools;
 
-pub(crate) use delivery::{child_task_rested, link_parent, queue_on_parent, terminate_children};
+pub(crate) use delivery::queue_on_parent;
+pub(crate) use hooks::SubagentHooks;
 pub use keys::{SESSION_STATUS_TOOL, SUBAGENT_CREATE_TOOL, SUBAGENT_MESSAGE_TOOL};
-pub(crate) use scoped::read_scoped;
 pub use scoped::PendingVariables;
-pub(crate) use spec::{enabled_specs, Specs};
+pub(crate) use scoped::{pending_variables, provide_variables};
+pub(crate) use spec::{enabled_specs, ChildExecutor, Specs};
 pub use spec::{ImmediateEnv, ParentCommunication, SubagentSpec};
+pub(crate) use tools::builtin_tools;
 pub use tools::SessionStatusTool;
-pub(crate) use tools::{activate_immediate, builtin_tools};

@@ -4,40 +4,15 @@
 use std::collections::HashMap;
 
 use keel_core::{AgentError, AgentResult, RunContext, ThreadId};
-use keel_runtime::{AuthContext, ChildThread};
+use keel_runtime::ChildThread;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::delivery::*;
 use super::keys::*;
-use crate::{AgentExecutor, ThreadState};
-
-/// Read a sealed scoped variable of `thread`.
-pub(crate) async fn read_scoped(thread: &ThreadState, var: &str) -> AgentResult<Option<String>> {
-    let Some(sealed) = thread
-        .inner
-        .runtime
-        .thread_store()
-        .kv_get(
-            &thread.auth,
-            &thread.thread_id,
-            &format!("{SCOPED_PREFIX}{var}"),
-        )
-        .await?
-    else {
-        return Ok(None);
-    };
-    let sealed = sealed.as_str().ok_or_else(|| AgentError::Storage {
-        message: format!("scoped variable `{var}` is not a sealed string"),
-    })?;
-    thread
-        .inner
-        .agent
-        .environment()
-        .open(&scoped_context(&thread.thread_id, var), sealed)
-        .map(Some)
-}
+use super::spec::Specs;
+use crate::ThreadState;
 
 /// A scoped-variable request as stored in the parent thread (§7.5).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -85,165 +60,145 @@ impl From<&PendingRecord> for PendingVariables {
     }
 }
 
-impl AgentExecutor {
-    async fn pending_record(
-        &self,
-        auth: &AuthContext,
-        parent_thread_id: &ThreadId,
-        request_id: &str,
-    ) -> AgentResult<Option<PendingRecord>> {
-        if request_id.is_empty() || request_id.contains(char::is_whitespace) {
-            return Ok(None);
-        }
-        let Some(value) = self
-            .runtime()
-            .thread_store()
-            .kv_get(
-                auth,
-                parent_thread_id,
-                &format!("{PENDING_PREFIX}{request_id}"),
-            )
-            .await?
-        else {
-            return Ok(None);
-        };
-        serde_json::from_value(value)
-            .map(Some)
-            .map_err(|e| AgentError::Storage {
-                message: format!("scoped-variable request {request_id} is malformed: {e}"),
-            })
+/// The stored request `request_id` of the parent thread, if any.
+async fn pending_record(
+    parent: &ThreadState,
+    request_id: &str,
+) -> AgentResult<Option<PendingRecord>> {
+    if request_id.is_empty() || request_id.contains(char::is_whitespace) {
+        return Ok(None);
     }
+    let Some(value) = parent
+        .host
+        .runtime()
+        .thread_store()
+        .kv_get(
+            &parent.auth,
+            &parent.thread_id,
+            &format!("{PENDING_PREFIX}{request_id}"),
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    serde_json::from_value(value)
+        .map(Some)
+        .map_err(|e| AgentError::Storage {
+            message: format!("scoped-variable request {request_id} is malformed: {e}"),
+        })
+}
 
-    /// The pending scoped-variable request `request_id` of `parent_thread_id` (§7.5): which
-    /// variables a deferred subagent still needs. `None` when there is no such request (or it
-    /// was completed).
-    pub async fn pending_variables(
-        &self,
-        auth: &AuthContext,
-        parent_thread_id: &ThreadId,
-        request_id: &str,
-    ) -> AgentResult<Option<PendingVariables>> {
-        Ok(self
-            .pending_record(auth, parent_thread_id, request_id)
-            .await?
-            .as_ref()
-            .map(PendingVariables::from))
+/// The pending scoped-variable request `request_id` of the `parent` thread (see
+/// [`AgentExecutor::pending_variables`](crate::AgentExecutor::pending_variables)).
+pub(crate) async fn pending_variables(
+    parent: &ThreadState,
+    request_id: &str,
+) -> AgentResult<Option<PendingVariables>> {
+    Ok(pending_record(parent, request_id)
+        .await?
+        .as_ref()
+        .map(PendingVariables::from))
+}
+
+/// Complete a scoped-variable request of the `parent` thread, whose agent offers the kinds
+/// `specs` (see [`AgentExecutor::provide_variables`](crate::AgentExecutor::provide_variables)).
+pub(crate) async fn provide_variables(
+    parent: ThreadState,
+    specs: &Specs,
+    request_id: &str,
+    values: &HashMap<String, String>,
+) -> AgentResult<Option<ChildThread>> {
+    let (auth, parent_thread_id) = (parent.auth.clone(), parent.thread_id.clone());
+    let runtime = parent.host.runtime().clone();
+    let Some(record) = pending_record(&parent, request_id).await? else {
+        return Ok(None);
+    };
+    let still_missing: Vec<&str> = record
+        .missing
+        .iter()
+        .filter(|var| values.get(*var).is_none_or(|v| v.is_empty()))
+        .map(String::as_str)
+        .collect();
+    if !still_missing.is_empty() {
+        return Err(AgentError::invalid_input(
+            "variables",
+            format!(
+                "these variables are still missing: {}",
+                still_missing.join(", ")
+            ),
+        ));
     }
-
-    /// Complete a scoped-variable request (§7.5): store the values (sealed, in the new child's
-    /// thread) and start the deferred subagent at once, in the background; its result reaches
-    /// the parent thread as a queued message (auto communication). Answers the new child, or
-    /// `None` when there is no such request. A missing or empty value is
-    /// [`AgentError::InvalidInput`] naming the variables, and nothing changes.
-    pub async fn provide_variables(
-        &self,
-        auth: &AuthContext,
-        parent_thread_id: &ThreadId,
-        request_id: &str,
-        values: &HashMap<String, String>,
-    ) -> AgentResult<Option<ChildThread>> {
-        let Some(record) = self
-            .pending_record(auth, parent_thread_id, request_id)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let still_missing: Vec<&str> = record
-            .missing
-            .iter()
-            .filter(|var| values.get(*var).is_none_or(|v| v.is_empty()))
-            .map(String::as_str)
-            .collect();
-        if !still_missing.is_empty() {
-            return Err(AgentError::invalid_input(
-                "variables",
-                format!(
-                    "these variables are still missing: {}",
-                    still_missing.join(", ")
-                ),
-            ));
-        }
-        let specs = &self.agent().subagents;
-        let spec = specs
-            .iter()
-            .find(|s| s.name == record.subagent)
-            .ok_or_else(|| {
-                AgentError::invalid_input(
-                    "request",
-                    format!("subagent kind `{}` is no longer offered", record.subagent),
-                )
-            })?;
-        let parent = self.thread(auth, parent_thread_id.clone());
-        parent.ensure_open().await?;
-        if let Err(error) = check_room(spec, &parent, &record.name).await {
-            // A concurrent completion may have started the child since the request was read
-            // (it consumes the request first): the request is used up, which answers `None`
-            // here as it would have a moment later, not a name conflict with that child.
-            if self
-                .pending_record(auth, parent_thread_id, request_id)
-                .await?
-                .is_none()
-            {
-                return Ok(None);
-            }
-            return Err(error);
-        }
-        let environment = self.agent().environment();
-        let mut scoped = Vec::new();
-        for var in &spec.scoped_env {
-            let value = values
-                .get(var)
-                .cloned()
-                .or_else(|| environment.var(var))
-                .ok_or_else(|| {
-                    AgentError::invalid_input("variables", format!("`{var}` is missing"))
-                })?;
-            scoped.push((var.clone(), value));
-        }
-        // Concurrent completions (two POSTs at once, in any process on the store) race for
-        // one claim; only its winner consumes the request and starts the child. A claim left
-        // by a process that died here lapses, and the request can be completed again.
-        let claimed = self
-            .runtime()
-            .memory_service()
-            .save_if_absent(
-                auth,
-                &format!("keel:variables-claim:{parent_thread_id}:{request_id}"),
-                Value::Bool(true),
-                VARIABLES_CLAIM_TTL,
+    let spec = specs
+        .iter()
+        .find(|s| s.name == record.subagent)
+        .ok_or_else(|| {
+            AgentError::invalid_input(
+                "request",
+                format!("subagent kind `{}` is no longer offered", record.subagent),
             )
-            .await?;
-        if !claimed {
+        })?;
+    parent.ensure_open().await?;
+    if let Err(error) = check_room(spec, &parent, &record.name).await {
+        // A concurrent completion may have started the child since the request was read
+        // (it consumes the request first): the request is used up, which answers `None`
+        // here as it would have a moment later, not a name conflict with that child.
+        if pending_record(&parent, request_id).await?.is_none() {
             return Ok(None);
         }
-        // The request is consumed before the child starts, so a repeated POST cannot start a
-        // second one.
-        self.runtime()
-            .thread_store()
-            .kv_set(
-                auth,
-                parent_thread_id,
-                &format!("{PENDING_PREFIX}{request_id}"),
-                Value::Null,
-            )
-            .await?;
-        let origin = Origin {
-            auth: auth.clone(),
-            run: record.run.clone(),
-            parent,
-            cancel: CancellationToken::new(),
-            events: None,
-        };
-        let (child, _) = start_child(
-            spec,
-            &origin,
-            &record.name,
-            record.message.clone(),
-            &record.attachments,
-            &scoped,
-            false,
+        return Err(error);
+    }
+    let environment = parent.host.environment();
+    let mut scoped = Vec::new();
+    for var in &spec.scoped_env {
+        let value = values
+            .get(var)
+            .cloned()
+            .or_else(|| environment.var(var))
+            .ok_or_else(|| AgentError::invalid_input("variables", format!("`{var}` is missing")))?;
+        scoped.push((var.clone(), value));
+    }
+    // Concurrent completions (two POSTs at once, in any process on the store) race for
+    // one claim; only its winner consumes the request and starts the child. A claim left
+    // by a process that died here lapses, and the request can be completed again.
+    let claimed = runtime
+        .memory_service()
+        .save_if_absent(
+            &auth,
+            &format!("keel:variables-claim:{parent_thread_id}:{request_id}"),
+            Value::Bool(true),
+            VARIABLES_CLAIM_TTL,
         )
         .await?;
-        Ok(Some(child))
+    if !claimed {
+        return Ok(None);
     }
+    // The request is consumed before the child starts, so a repeated POST cannot start a
+    // second one.
+    runtime
+        .thread_store()
+        .kv_set(
+            &auth,
+            &parent_thread_id,
+            &format!("{PENDING_PREFIX}{request_id}"),
+            Value::Null,
+        )
+        .await?;
+    let origin = Origin {
+        auth,
+        run: record.run.clone(),
+        parent,
+        cancel: CancellationToken::new(),
+        events: None,
+    };
+    let (child, _) = start_child(
+        spec,
+        &origin,
+        &record.name,
+        record.message.clone(),
+        &record.attachments,
+        &scoped,
+        false,
+    )
+    .await?;
+    Ok(Some(child))
 }

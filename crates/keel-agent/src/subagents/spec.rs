@@ -1,12 +1,51 @@
 //! Subagent kinds: [`SubagentSpec`] and its options, as a parent agent declares them.
 
-use std::sync::Arc;
+use std::any::Any;
+use std::sync::{Arc, Weak};
 
-use keel_runtime::ChildThread;
+use async_trait::async_trait;
+use keel_core::{AgentCard, AgentResult, Message, Task, TaskId, ThreadId};
+use keel_runtime::{AuthContext, ChildThread};
 use serde_json::Value;
 
 use super::keys::*;
-use crate::{AgentExecutor, Environment};
+use crate::effects::EffectConfig;
+use crate::environment::Environment;
+use crate::executor::config::SendOptions;
+use crate::thread_state::{ThreadHost, ThreadState};
+
+/// What subagents need of a child kind's executor. The executor implements it; subagents
+/// never name the executor itself, so the executor can use them without an import loop.
+#[async_trait]
+pub(crate) trait ChildExecutor: Send + Sync {
+    /// The child agent's card.
+    fn agent_card(&self) -> &AgentCard;
+    /// The handle of one of the child's threads.
+    fn thread(&self, auth: &AuthContext, thread_id: ThreadId) -> ThreadState;
+    /// Send a message to the child (see `AgentExecutor::send_message`).
+    async fn send_message(
+        &self,
+        auth: &AuthContext,
+        message: Message,
+        options: SendOptions,
+    ) -> AgentResult<Task>;
+    /// Wait until the child's task rests with an answer, and answer it.
+    async fn wait_for_rest(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Task>;
+    /// Cancel the child's task.
+    async fn cancel_task(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        reason: Option<String>,
+    ) -> AgentResult<Task>;
+    /// Start the child's effect scheduler (and its own kinds').
+    fn start_effects_with(&self, config: EffectConfig) -> AgentResult<()>;
+    /// Register `parent` as an executor that runs `kind` children on this one, so that a
+    /// result queued on a parent thread wakes it.
+    fn add_parent(&self, kind: &str, parent: Weak<dyn ThreadHost>);
+    /// The executor itself, for [`SubagentSpec::executor`].
+    fn as_any(&self) -> &dyn Any;
+}
 
 /// How a child's completion or failure reaches its parent when the parent does not wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -105,7 +144,7 @@ impl ImmediateEnv {
 pub struct SubagentSpec {
     pub(super) name: String,
     pub(super) description: String,
-    pub(super) executor: AgentExecutor,
+    pub(super) executor: Arc<dyn ChildExecutor>,
     pub(super) max_instances: Option<usize>,
     pub(super) resumable: bool,
     pub(super) parent_communication: ParentCommunication,
@@ -121,7 +160,7 @@ impl std::fmt::Debug for SubagentSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SubagentSpec")
             .field("name", &self.name)
-            .field("agent", &self.executor.agent().card().name)
+            .field("agent", &self.executor.agent_card().name)
             .field("max_instances", &self.max_instances)
             .field("resumable", &self.resumable)
             .field("parent_communication", &self.parent_communication)
@@ -133,12 +172,11 @@ impl std::fmt::Debug for SubagentSpec {
 }
 
 impl SubagentSpec {
-    /// A subagent kind named `name`, run by `executor` (which should share the parent's
-    /// runtime, so that the registry and both threads live in the same store).
-    pub fn new(name: impl Into<String>, executor: AgentExecutor) -> Self {
-        let description = executor.agent().card().description.clone();
+    /// A kind named `name` whose children `executor` runs (see `SubagentSpec::new`).
+    pub(crate) fn with_executor(name: String, executor: Arc<dyn ChildExecutor>) -> Self {
+        let description = executor.agent_card().description.clone();
         Self {
-            name: name.into(),
+            name,
             description,
             executor,
             max_instances: None,
@@ -250,9 +288,9 @@ impl SubagentSpec {
         &self.name
     }
 
-    /// The child's executor.
-    pub fn executor(&self) -> &AgentExecutor {
-        &self.executor
+    /// The child's executor, as subagents reach it.
+    pub(crate) fn child(&self) -> &dyn ChildExecutor {
+        self.executor.as_ref()
     }
 }
 

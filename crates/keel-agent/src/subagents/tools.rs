@@ -14,7 +14,7 @@ use super::delivery::*;
 use super::keys::*;
 use super::scoped::*;
 use super::spec::*;
-use crate::{Tool, ToolContext};
+use crate::tool::{Tool, ToolContext};
 
 /// Check the specs and build the built-in tools for them.
 pub(crate) fn builtin_tools(specs: &Specs) -> AgentResult<Vec<Arc<dyn Tool>>> {
@@ -58,15 +58,11 @@ pub(crate) fn builtin_tools(specs: &Specs) -> AgentResult<Vec<Arc<dyn Tool>>> {
 /// called. A child whose own agent has immediate kinds does the same on its first run, so
 /// activation is recursive. Runs once per thread.
 pub(crate) async fn activate_immediate(
-    agent: &crate::Agent,
+    specs: &Specs,
     ctx: &ToolContext,
     history: &[LlmMessage],
 ) -> AgentResult<()> {
-    let immediate: Vec<&SubagentSpec> = agent
-        .subagents
-        .iter()
-        .filter(|s| s.immediate.is_some())
-        .collect();
+    let immediate: Vec<&SubagentSpec> = specs.iter().filter(|s| s.immediate.is_some()).collect();
     if immediate.is_empty() {
         return Ok(());
     }
@@ -91,7 +87,7 @@ pub(crate) async fn activate_immediate(
         .iter()
         .find(|m| m.role == LlmRole::User)
         .map(|m| m.content.clone());
-    let environment = agent.environment();
+    let environment = ctx.thread.host.environment();
     for spec in immediate {
         let bootstrap = spec.immediate.as_ref().cloned().unwrap_or_default();
         // Only nameEnv and descriptionEnv reach the call's arguments (model-visible);
@@ -254,7 +250,7 @@ impl Tool for CreateTool {
 
         // Scoped variables come from the parent's environment; a missing one defers the
         // creation to a completion request (§7.5).
-        let environment = origin.parent.inner.agent.environment().clone();
+        let environment = origin.parent.host.environment().clone();
         let mut scoped = Vec::new();
         let mut missing = Vec::new();
         for var in &spec.scoped_env {
