@@ -8,6 +8,10 @@ use keel_core::{AgentCard, AgentError, AgentResult};
 use keel_llm::{Llm, ToolSpec};
 use serde_json::Value;
 
+use crate::effects::effect_fn;
+use crate::hooks::RunHooks;
+use crate::subagents::{builtin_tools, enabled_specs, Specs, SubagentHooks};
+use crate::thread_state::EffectFn;
 use crate::Tool;
 
 pub(crate) struct RegisteredTool {
@@ -95,10 +99,12 @@ pub struct Agent {
     negotiator: Arc<dyn crate::Negotiator>,
     code_runner: Option<Arc<dyn crate::CodeRunner>>,
     // Subagents: the kinds of child agents this agent may create (see `subagents`).
-    pub(crate) subagents: crate::subagents::Specs,
+    pub(crate) subagents: Specs,
+    /// What the executor calls at fixed points of a thread's life (subagents).
+    pub(crate) hooks: Arc<dyn RunHooks>,
     environment: crate::Environment,
     /// Scheduled effects: the handler of each effect name.
-    pub(crate) effects: HashMap<String, crate::effects::EffectFn>,
+    pub(crate) effects: HashMap<String, EffectFn>,
 }
 
 impl fmt::Debug for Agent {
@@ -249,7 +255,7 @@ pub struct AgentBuilder {
     code_runner: Option<Arc<dyn crate::CodeRunner>>,
     subagents: Vec<crate::SubagentSpec>,
     environment: crate::Environment,
-    effects: HashMap<String, crate::effects::EffectFn>,
+    effects: HashMap<String, EffectFn>,
 }
 
 impl AgentBuilder {
@@ -277,8 +283,7 @@ impl AgentBuilder {
         F: Fn(crate::ThreadState, serde_json::Value) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = AgentResult<()>> + Send + 'static,
     {
-        self.effects
-            .insert(name.into(), crate::effects::effect_fn(handler));
+        self.effects.insert(name.into(), effect_fn(handler));
         self
     }
 
@@ -430,11 +435,8 @@ impl AgentBuilder {
         let mut tools = Vec::with_capacity(self.tools.len());
         let mut tool_index = HashMap::new();
         // Subagents: the built-in lifecycle tools join the checked tools below.
-        let subagents = Arc::new(crate::subagents::enabled_specs(
-            self.subagents,
-            &self.environment,
-        ));
-        let builtin = crate::subagents::builtin_tools(&subagents)?;
+        let subagents = Arc::new(enabled_specs(self.subagents, &self.environment));
+        let builtin = builtin_tools(&subagents)?;
         let declared = self.tools.len();
         for (i, tool) in self.tools.into_iter().chain(builtin).enumerate() {
             let is_builtin = i >= declared;
@@ -491,6 +493,7 @@ impl AgentBuilder {
                 .negotiator
                 .unwrap_or_else(|| Arc::new(crate::AcceptAll)),
             code_runner: self.code_runner,
+            hooks: Arc::new(SubagentHooks::new(subagents.clone())),
             subagents,
             environment: self.environment,
             effects: self.effects,

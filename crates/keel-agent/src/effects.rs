@@ -32,20 +32,19 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::future::BoxFuture;
 use futures::FutureExt;
 use keel_core::{AgentError, AgentResult, RunContext, ThreadId};
 use keel_events::{
     EventEmitter, EventSink, EventType, MultiSink, RedactionPolicy, RunEvent, RunRecorder,
 };
 use keel_runtime::{AuthContext, ClaimedTimer, RunRecord, ThreadTimers, TimerRecord};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::executor::{Inner, QueuedWork};
-use crate::{AgentExecutor, ThreadState};
+use crate::thread_state::{EffectFn, ThreadHost, ThreadState};
+use crate::work::{QueuedEffect, QueuedWork};
 
 /// How long a claimed timer is reserved for the scheduler that claimed it. Claiming, queueing
 /// and completing take a few store round trips; past this a claim is presumed dead and the
@@ -84,10 +83,6 @@ pub const WAKE_EFFECT: &str = "keel:wake";
 /// How many due timers one claim takes.
 const CLAIM_BATCH: usize = 64;
 
-/// An effect handler: gets the thread and the payload, and may queue messages and tools.
-pub(crate) type EffectFn =
-    Arc<dyn Fn(ThreadState, Value) -> BoxFuture<'static, AgentResult<()>> + Send + Sync>;
-
 /// Wrap a closure as an [`EffectFn`].
 pub(crate) fn effect_fn<F, Fut>(handler: F) -> EffectFn
 where
@@ -95,22 +90,6 @@ where
     Fut: Future<Output = AgentResult<()>> + Send + 'static,
 {
     Arc::new(move |thread, payload| handler(thread, payload).boxed())
-}
-
-/// A fired timer as it waits in the thread's queue.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct QueuedEffect {
-    pub(crate) timer_id: String,
-    pub(crate) name: String,
-    pub(crate) payload: Value,
-    pub(crate) due_at: DateTime<Utc>,
-}
-
-/// The executor's scheduler state: what wakes it.
-#[derive(Default)]
-pub(crate) struct EffectScheduler {
-    wake: Arc<Notify>,
-    started: std::sync::atomic::AtomicBool,
 }
 
 impl ThreadState {
@@ -138,7 +117,7 @@ impl ThreadState {
         payload: Value,
         at: DateTime<Utc>,
     ) -> AgentResult<TimerRecord> {
-        if !self.inner.agent.effects.contains_key(name) {
+        if self.host.effect_handler(name).is_none() {
             return Err(AgentError::invalid_input(
                 "effect",
                 format!(
@@ -148,36 +127,36 @@ impl ThreadState {
             ));
         }
         self.ensure_open().await?;
-        let timer = timers(&self.inner)?
+        let timer = timers(self.host.as_ref())?
             .schedule_timer(
                 &self.auth,
                 &self.thread_id,
-                &self.inner.agent.card().name,
+                self.host.agent_name(),
                 name,
                 payload,
                 at,
             )
             .await?;
-        self.inner.effects.wake.notify_one();
-        self.inner
-            .effect_marker(
-                &self.auth,
-                &self.thread_id,
-                "effect.scheduled",
-                format!(
-                    "effect `{name}` scheduled for {}",
-                    timer.due_at.to_rfc3339()
-                ),
-                json!({ "timer_id": timer.id, "name": name, "due_at": timer.due_at }),
-            )
-            .await;
+        self.host.effect_scheduler().wake();
+        effect_marker(
+            self.host.as_ref(),
+            &self.auth,
+            &self.thread_id,
+            "effect.scheduled",
+            format!(
+                "effect `{name}` scheduled for {}",
+                timer.due_at.to_rfc3339()
+            ),
+            json!({ "timer_id": timer.id, "name": name, "due_at": timer.due_at }),
+        )
+        .await;
         Ok(timer)
     }
 
     /// Cancel one of this thread's scheduled effects; `false` when the thread has no such
     /// pending effect (unknown, another thread's, or already fired).
     pub async fn cancel_effect(&self, timer_id: &str) -> AgentResult<bool> {
-        let timers = timers(&self.inner)?;
+        let timers = timers(self.host.as_ref())?;
         let pending = timers.thread_timers(&self.auth, &self.thread_id).await?;
         let Some(timer) = pending
             .into_iter()
@@ -187,15 +166,15 @@ impl ThreadState {
         };
         let canceled = timers.cancel_timer(&self.auth, timer_id).await?;
         if canceled {
-            self.inner
-                .effect_marker(
-                    &self.auth,
-                    &self.thread_id,
-                    "effect.canceled",
-                    format!("effect `{}` canceled", timer.name),
-                    json!({ "timer_id": timer.id, "name": timer.name }),
-                )
-                .await;
+            effect_marker(
+                self.host.as_ref(),
+                &self.auth,
+                &self.thread_id,
+                "effect.canceled",
+                format!("effect `{}` canceled", timer.name),
+                json!({ "timer_id": timer.id, "name": timer.name }),
+            )
+            .await;
         }
         Ok(canceled)
     }
@@ -203,7 +182,7 @@ impl ThreadState {
     /// This thread's pending effects, soonest first (wakes, which are the runtime's, are
     /// not listed).
     pub async fn scheduled_effects(&self) -> AgentResult<Vec<TimerRecord>> {
-        let mut pending = timers(&self.inner)?
+        let mut pending = timers(self.host.as_ref())?
             .thread_timers(&self.auth, &self.thread_id)
             .await?;
         pending.retain(|t| t.name != WAKE_EFFECT);
@@ -211,87 +190,40 @@ impl ThreadState {
     }
 }
 
-impl AgentExecutor {
-    /// Schedule effect `name` on a thread at `at`; the library form of
-    /// [`ThreadState::schedule_effect_at`].
-    pub async fn schedule_effect(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        name: &str,
-        payload: Value,
-        at: DateTime<Utc>,
-    ) -> AgentResult<TimerRecord> {
-        self.thread(auth, thread_id.clone())
-            .schedule_effect_at(name, payload, at)
-            .await
-    }
-
-    /// Cancel a scheduled effect of a thread; see [`ThreadState::cancel_effect`].
-    pub async fn cancel_effect(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        timer_id: &str,
-    ) -> AgentResult<bool> {
-        self.thread(auth, thread_id.clone())
-            .cancel_effect(timer_id)
-            .await
-    }
-
-    /// Start this executor's effect scheduler (once; later calls do nothing), and those of
-    /// its subagent kinds' executors. It fires the due timers this agent owns (by card name)
-    /// in every tenant of the runtime's store, and the wakes of its threads; other agents'
-    /// timers are left to their own schedulers. It stops on [`AgentExecutor::shutdown`] or
-    /// when the executor is dropped. A runtime without thread timers is
-    /// [`AgentError::Unsupported`].
-    pub fn start_effects(&self) -> AgentResult<()> {
-        self.start_effects_with(EffectConfig::default())
-    }
-
-    /// [`AgentExecutor::start_effects`] with explicit tuning. A claim TTL outside
-    /// 1 ms ..= 24 h or a zero recheck is [`AgentError::InvalidInput`].
-    pub fn start_effects_with(&self, config: EffectConfig) -> AgentResult<()> {
-        // The claim TTL has the bounds of a lease TTL; a zero recheck would spin.
-        keel_runtime::check_lease_ttl(config.claim_ttl)?;
-        if config.recheck.is_zero() {
-            return Err(AgentError::invalid_input(
-                "recheck",
-                "must be longer than zero",
-            ));
-        }
-        let inner = &self.inner;
-        let timers = timers(inner)?;
-        if inner
-            .effects
-            .started
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            return Ok(());
-        }
-        // A subagent kind is another agent whose timers (its effects, the wakes of its
-        // threads) only its own scheduler claims.
-        for spec in inner.agent.subagents.iter() {
-            if let Err(err) = spec.executor().start_effects_with(config) {
-                tracing::warn!(error = %err, kind = %spec.name(), "cannot start a subagent kind's effect scheduler");
-            }
-        }
-        let me = Arc::downgrade(inner);
-        let wake = inner.effects.wake.clone();
-        let stop = inner.shutting_down.clone();
-        let agent = inner.agent.card().name.clone();
-        let span = tracing::info_span!("effects", agent = %agent);
-        inner.tracker.spawn(tracing::Instrument::instrument(
-            run_scheduler(me, agent, timers, wake, stop, config),
-            span,
+/// Start `host`'s effect scheduler with `config`: `true` when it starts now, `false` when it
+/// was running already. A claim TTL outside 1 ms ..= 24 h or a zero recheck is
+/// [`AgentError::InvalidInput`]; a runtime without thread timers is
+/// [`AgentError::Unsupported`]. It stops when the executor shuts down or is dropped.
+pub(crate) fn start_scheduler(
+    host: &Arc<dyn ThreadHost>,
+    config: EffectConfig,
+) -> AgentResult<bool> {
+    // The claim TTL has the bounds of a lease TTL; a zero recheck would spin.
+    keel_runtime::check_lease_ttl(config.claim_ttl)?;
+    if config.recheck.is_zero() {
+        return Err(AgentError::invalid_input(
+            "recheck",
+            "must be longer than zero",
         ));
-        Ok(())
     }
+    let timers = timers(host.as_ref())?;
+    if !host.effect_scheduler().start() {
+        return Ok(false);
+    }
+    let me = Arc::downgrade(host);
+    let wake = host.effect_scheduler().waker();
+    let stop = host.shutting_down().clone();
+    let agent = host.agent_name().to_owned();
+    let span = tracing::info_span!("effects", agent = %agent);
+    host.tracker().spawn(tracing::Instrument::instrument(
+        run_scheduler(me, agent, timers, wake, stop, config),
+        span,
+    ));
+    Ok(true)
 }
 
-fn timers(inner: &Inner) -> AgentResult<Arc<dyn ThreadTimers>> {
-    inner
-        .runtime
+fn timers(host: &dyn ThreadHost) -> AgentResult<Arc<dyn ThreadTimers>> {
+    host.runtime()
         .thread_timers()
         .ok_or_else(|| AgentError::Unsupported {
             what: "scheduled effects: this runtime keeps no thread timers".into(),
@@ -300,7 +232,7 @@ fn timers(inner: &Inner) -> AgentResult<Arc<dyn ThreadTimers>> {
 
 /// The scheduler loop. It holds the executor only weakly, so dropping the executor ends it.
 async fn run_scheduler(
-    me: Weak<Inner>,
+    me: Weak<dyn ThreadHost>,
     agent: String,
     timers: Arc<dyn ThreadTimers>,
     wake: Arc<Notify>,
@@ -311,7 +243,7 @@ async fn run_scheduler(
         if stop.is_cancelled() {
             break;
         }
-        let Some(inner) = me.upgrade() else { break };
+        let Some(host) = me.upgrade() else { break };
         let mut pause = Duration::ZERO;
         match timers
             .claim_due_timers(&agent, Utc::now(), CLAIM_BATCH, config.claim_ttl)
@@ -320,7 +252,7 @@ async fn run_scheduler(
             Ok(claimed) => {
                 let full = claimed.len() == CLAIM_BATCH;
                 for claim in claimed {
-                    inner.deliver_effect(claim).await;
+                    deliver_effect(host.as_ref(), claim).await;
                 }
                 if full {
                     continue;
@@ -331,7 +263,7 @@ async fn run_scheduler(
                 pause = config.recheck;
             }
         }
-        drop(inner);
+        drop(host);
         let sleep = match timers.next_timer_at(&agent).await {
             Ok(Some(next)) => (next - Utc::now())
                 .to_std()
@@ -355,305 +287,321 @@ async fn run_scheduler(
     tracing::debug!("effect scheduler stopped");
 }
 
-impl Inner {
-    /// A claimed timer goes to its thread's queue, unless it is already there (an earlier
-    /// claim queued it and lapsed while it waited): then its thread only gets a driver, which
-    /// also covers a queue a dead process left with nobody working it. The timer stays
-    /// stored until its handler has run, so a crash anywhere before that fires it again
-    /// rather than losing it. A terminated thread's timer is removed with a marker.
-    async fn deliver_effect(&self, claim: ClaimedTimer) {
-        if claim.timer.name == WAKE_EFFECT {
-            self.deliver_wake(&claim).await;
-            return;
-        }
-        let timer = &claim.timer;
-        let (auth, thread_id) = (&timer.auth, &timer.thread_id);
-        let Some(me) = self.me.upgrade() else { return };
-        let thread = ThreadState {
-            auth: auth.clone(),
-            thread_id: thread_id.clone(),
-            inner: me,
-            cancel: CancellationToken::new(),
-        };
-        match thread.is_terminated().await {
-            Ok(true) => {
-                let Ok(timers) = timers(self) else { return };
-                if let Err(err) = timers.complete_timer(&claim).await {
-                    tracing::warn!(error = %err, timer = %timer.id, "cannot remove a timer");
-                    return;
-                }
-                self.drop_effect(auth, thread_id, &timer.id, &timer.name, "thread terminated")
-                    .await;
-            }
-            Ok(false) => {
-                let queued = match self
-                    .runtime
-                    .thread_store()
-                    .peek_queue(auth, thread_id, usize::MAX)
-                    .await
-                {
-                    Ok(items) => items.iter().any(|item| {
-                        matches!(
-                            serde_json::from_value(item.payload.clone()),
-                            Ok(QueuedWork::Effect(QueuedEffect { timer_id, .. })) if timer_id == timer.id
-                        )
-                    }),
-                    Err(err) => {
-                        tracing::warn!(error = %err, timer = %timer.id, "cannot read the effect's queue");
-                        return;
-                    }
-                };
-                if queued {
-                    self.schedule(auth, thread_id);
-                    return;
-                }
-                let work = QueuedWork::Effect(QueuedEffect {
-                    timer_id: timer.id.clone(),
-                    name: timer.name.clone(),
-                    payload: timer.payload.clone(),
-                    due_at: timer.due_at,
-                });
-                if let Err(err) = self.enqueue(auth, thread_id, work).await {
-                    tracing::warn!(error = %err, timer = %timer.id, "cannot queue a due effect");
-                }
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, timer = %timer.id, "cannot check the effect's thread");
-            }
-        }
+/// A claimed timer goes to its thread's queue, unless it is already there (an earlier
+/// claim queued it and lapsed while it waited): then its thread only gets a driver, which
+/// also covers a queue a dead process left with nobody working it. The timer stays
+/// stored until its handler has run, so a crash anywhere before that fires it again
+/// rather than losing it. A terminated thread's timer is removed with a marker.
+async fn deliver_effect(host: &dyn ThreadHost, claim: ClaimedTimer) {
+    if claim.timer.name == WAKE_EFFECT {
+        deliver_wake(host, &claim).await;
+        return;
     }
-
-    /// A claimed wake: while the thread's queue holds work, make sure a worker drives it and
-    /// keep the claim, which lapses after the claim TTL and brings the wake back to look
-    /// again (so a crash of this process before the work ran strands nothing); once the
-    /// queue is seen empty, the wake is done.
-    async fn deliver_wake(&self, claim: &ClaimedTimer) {
-        let (auth, thread_id) = (&claim.timer.auth, &claim.timer.thread_id);
-        match self.runtime.thread_store().queue_len(auth, thread_id).await {
-            Ok(0) => {
-                let Ok(timers) = timers(self) else { return };
-                if let Err(err) = timers.complete_timer(claim).await {
-                    tracing::warn!(error = %err, timer = %claim.timer.id, "cannot remove a wake");
-                }
+    let timer = &claim.timer;
+    let (auth, thread_id) = (&timer.auth, &timer.thread_id);
+    let Some(me) = host.shared() else { return };
+    let thread = ThreadState {
+        auth: auth.clone(),
+        thread_id: thread_id.clone(),
+        host: me,
+        cancel: CancellationToken::new(),
+    };
+    match thread.is_terminated().await {
+        Ok(true) => {
+            let Ok(timers) = timers(host) else { return };
+            if let Err(err) = timers.complete_timer(&claim).await {
+                tracing::warn!(error = %err, timer = %timer.id, "cannot remove a timer");
+                return;
             }
-            Ok(_) => self.schedule(auth, thread_id),
-            Err(err) => {
-                tracing::warn!(error = %err, timer = %claim.timer.id, "cannot read a woken thread's queue");
-            }
-        }
-    }
-
-    /// Durably ask `agent`'s scheduler, in whatever process claims the wake, to drive the
-    /// thread from `at` on while its queue holds work (see [`WAKE_EFFECT`]). A runtime
-    /// without timers has nothing durable to record this in: the work then waits for the
-    /// next work on its thread, as before. Failures are logged: the work itself is queued.
-    pub(crate) async fn request_wake(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        agent: &str,
-        at: DateTime<Utc>,
-    ) {
-        let Ok(timers) = timers(self) else { return };
-        match timers
-            .schedule_timer(auth, thread_id, agent, WAKE_EFFECT, Value::Null, at)
-            .await
-        {
-            Ok(_) if agent == self.agent.card().name => self.effects.wake.notify_one(),
-            Ok(_) => {}
-            Err(err) => {
-                tracing::warn!(error = %err, thread = %thread_id, "cannot record a wake for queued work");
-            }
-        }
-    }
-
-    /// After this executor queued work that no task record would bring back (a message or a
-    /// tool call), record a wake due when a crashed holder's lease would have lapsed, so the
-    /// work runs even if this process stops before its worker takes it. Only an executor
-    /// whose scheduler runs records one: without a scheduler nothing would ever remove it.
-    pub(crate) async fn guard_queued(&self, auth: &AuthContext, thread_id: &ThreadId) {
-        if !self
-            .effects
-            .started
-            .load(std::sync::atomic::Ordering::SeqCst)
-        {
-            return;
-        }
-        let after = chrono::Duration::from_std(self.config.lease_ttl)
-            .unwrap_or_else(|_| chrono::Duration::seconds(30));
-        self.request_wake(auth, thread_id, &self.agent.card().name, Utc::now() + after)
+            drop_effect(
+                host,
+                auth,
+                thread_id,
+                &timer.id,
+                &timer.name,
+                "thread terminated",
+            )
             .await;
-    }
-
-    /// Run a queued effect's handler on the thread, as the holder of its lease, then remove
-    /// its timer. An effect whose timer is gone (canceled while it waited in the queue, or
-    /// already fired through a duplicate queue entry) does nothing.
-    pub(crate) async fn fire_effect(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        effect: QueuedEffect,
-    ) -> AgentResult<()> {
-        let Some(me) = self.me.upgrade() else {
-            return Ok(());
-        };
-        let timers = timers(self)?;
-        let pending = timers.thread_timers(auth, thread_id).await?;
-        if !pending.iter().any(|t| t.id == effect.timer_id) {
-            tracing::debug!(timer = %effect.timer_id, "a queued effect is no longer pending");
-            return Ok(());
         }
-        let thread = ThreadState {
-            auth: auth.clone(),
-            thread_id: thread_id.clone(),
-            inner: me,
-            cancel: CancellationToken::new(),
-        };
-        let dropped = if thread.is_terminated().await? {
-            Some("thread terminated")
-        } else if !self.agent.effects.contains_key(&effect.name) {
-            Some("the agent has no handler for it")
-        } else {
-            None
-        };
-        if let Some(reason) = dropped {
-            timers.cancel_timer(auth, &effect.timer_id).await?;
-            self.drop_effect(auth, thread_id, &effect.timer_id, &effect.name, reason)
-                .await;
-            return Ok(());
-        }
-        let handler = self.agent.effects[&effect.name].clone();
-        // A handler's panic or error is the handler's failure, not the thread's: it is
-        // reported and the queue goes on.
-        let outcome = AssertUnwindSafe(handler(thread, effect.payload.clone()))
-            .catch_unwind()
-            .await;
-        let error = match outcome {
-            Ok(Ok(())) => None,
-            Ok(Err(err)) => Some(err.to_string()),
-            Err(_) => Some("the effect handler panicked".to_owned()),
-        };
-        if let Some(error) = &error {
-            tracing::warn!(effect = %effect.name, %error, "an effect handler failed");
-        }
-        timers.cancel_timer(auth, &effect.timer_id).await?;
-        self.effect_marker(
-            auth,
-            thread_id,
-            "effect.fired",
-            format!("effect `{}` fired", effect.name),
-            json!({
-                "timer_id": effect.timer_id,
-                "name": effect.name,
-                "due_at": effect.due_at,
-                "error": error,
-            }),
-        )
-        .await;
-        Ok(())
-    }
-
-    /// Fire the effects among `items` (queued work peeked by a running flow) and acknowledge
-    /// them; `true` when any fired, so the caller looks at the queue again for what they
-    /// queued.
-    pub(crate) async fn fire_queued_effects(
-        &self,
-        auth: &AuthContext,
-        lease: &keel_runtime::Lease,
-        items: &[keel_runtime::QueuedItem],
-    ) -> AgentResult<bool> {
-        let mut fired = Vec::new();
-        for item in items {
-            // Every step looks at the queue, whose head is usually the run's own task: only
-            // an effect is decoded.
-            if item.payload.get("kind").and_then(Value::as_str) != Some("effect") {
-                continue;
-            }
-            if let Ok(QueuedWork::Effect(effect)) = QueuedWork::deserialize(&item.payload) {
-                self.fire_effect(auth, &lease.thread_id, effect).await?;
-                fired.push(item.id.clone());
-            }
-        }
-        if fired.is_empty() {
-            return Ok(false);
-        }
-        self.runtime
-            .thread_store()
-            .ack_queue(auth, lease, &fired)
-            .await?;
-        Ok(true)
-    }
-
-    async fn drop_effect(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        timer_id: &str,
-        name: &str,
-        reason: &str,
-    ) {
-        self.effect_marker(
-            auth,
-            thread_id,
-            "effect.dropped",
-            format!("effect `{name}` dropped: {reason}"),
-            json!({ "timer_id": timer_id, "name": name, "reason": reason }),
-        )
-        .await;
-    }
-
-    /// Report an effect's life (`effect.scheduled`, `.fired`, `.canceled`, `.dropped`): a
-    /// normalized event to every sink of the executor, and a run record of the thread in the
-    /// run store, so the marker is durable like a run's events. Failures are logged: a
-    /// marker never stops the effect.
-    pub(crate) async fn effect_marker(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        event_type: &'static str,
-        summary: String,
-        payload: Value,
-    ) {
-        let agent_name = self.agent.card().name.clone();
-        let context = RunContext::new()
-            .with_thread(thread_id.clone())
-            .with_agent(agent_name.clone());
-        let recorder = Arc::new(RunRecorder::new());
-        let mut sinks = MultiSink::new().with(recorder.clone());
-        for sink in self.sinks.read().unwrap_or_else(|p| p.into_inner()).iter() {
-            sinks = sinks.with(Arc::clone(sink) as Arc<dyn EventSink>);
-        }
-        let emitter =
-            EventEmitter::new(&context, Arc::new(sinks)).with_agent_name(agent_name.clone());
-        if let Err(err) = emitter
-            .emit(RunEvent::builder(EventType::new(event_type), summary).payload(payload))
-            .await
-        {
-            tracing::warn!(error = %err, "an event sink failed");
-        }
-        let result = async {
-            let report = recorder
-                .report()
-                .redacted_json(&RedactionPolicy::default())?;
-            self.runtime
-                .run_store()
-                .save_run_report(
-                    auth,
-                    &RunRecord {
-                        run_id: context.run_id.clone(),
-                        task_id: None,
-                        thread_id: Some(thread_id.clone()),
-                        trace_id: Some(context.trace_id.clone()),
-                        agent_name: Some(agent_name),
-                        recorded_at: Utc::now(),
-                        report,
-                    },
-                )
+        Ok(false) => {
+            let queued = match host
+                .runtime()
+                .thread_store()
+                .peek_queue(auth, thread_id, usize::MAX)
                 .await
+            {
+                Ok(items) => items.iter().any(|item| {
+                    matches!(
+                        serde_json::from_value(item.payload.clone()),
+                        Ok(QueuedWork::Effect(QueuedEffect { timer_id, .. })) if timer_id == timer.id
+                    )
+                }),
+                Err(err) => {
+                    tracing::warn!(error = %err, timer = %timer.id, "cannot read the effect's queue");
+                    return;
+                }
+            };
+            if queued {
+                host.schedule(auth, thread_id);
+                return;
+            }
+            let work = QueuedWork::Effect(QueuedEffect {
+                timer_id: timer.id.clone(),
+                name: timer.name.clone(),
+                payload: timer.payload.clone(),
+                due_at: timer.due_at,
+            });
+            if let Err(err) = host.enqueue(auth, thread_id, work).await {
+                tracing::warn!(error = %err, timer = %timer.id, "cannot queue a due effect");
+            }
         }
+        Err(err) => {
+            tracing::warn!(error = %err, timer = %timer.id, "cannot check the effect's thread");
+        }
+    }
+}
+
+/// A claimed wake: while the thread's queue holds work, make sure a worker drives it and
+/// keep the claim, which lapses after the claim TTL and brings the wake back to look
+/// again (so a crash of this process before the work ran strands nothing); once the
+/// queue is seen empty, the wake is done.
+async fn deliver_wake(host: &dyn ThreadHost, claim: &ClaimedTimer) {
+    let (auth, thread_id) = (&claim.timer.auth, &claim.timer.thread_id);
+    match host
+        .runtime()
+        .thread_store()
+        .queue_len(auth, thread_id)
+        .await
+    {
+        Ok(0) => {
+            let Ok(timers) = timers(host) else { return };
+            if let Err(err) = timers.complete_timer(claim).await {
+                tracing::warn!(error = %err, timer = %claim.timer.id, "cannot remove a wake");
+            }
+        }
+        Ok(_) => host.schedule(auth, thread_id),
+        Err(err) => {
+            tracing::warn!(error = %err, timer = %claim.timer.id, "cannot read a woken thread's queue");
+        }
+    }
+}
+
+/// Durably ask `agent`'s scheduler, in whatever process claims the wake, to drive the
+/// thread from `at` on while its queue holds work (see [`WAKE_EFFECT`]). A runtime
+/// without timers has nothing durable to record this in: the work then waits for the
+/// next work on its thread, as before. Failures are logged: the work itself is queued.
+pub(crate) async fn request_wake(
+    host: &dyn ThreadHost,
+    auth: &AuthContext,
+    thread_id: &ThreadId,
+    agent: &str,
+    at: DateTime<Utc>,
+) {
+    let Ok(timers) = timers(host) else { return };
+    match timers
+        .schedule_timer(auth, thread_id, agent, WAKE_EFFECT, Value::Null, at)
+        .await
+    {
+        Ok(_) if agent == host.agent_name() => host.effect_scheduler().wake(),
+        Ok(_) => {}
+        Err(err) => {
+            tracing::warn!(error = %err, thread = %thread_id, "cannot record a wake for queued work");
+        }
+    }
+}
+
+/// After this executor queued work that no task record would bring back (a message or a
+/// tool call), record a wake due when a crashed holder's lease would have lapsed, so the
+/// work runs even if this process stops before its worker takes it. Only an executor
+/// whose scheduler runs records one: without a scheduler nothing would ever remove it.
+pub(crate) async fn guard_queued(host: &dyn ThreadHost, auth: &AuthContext, thread_id: &ThreadId) {
+    if !host.effect_scheduler().started() {
+        return;
+    }
+    let after = chrono::Duration::from_std(host.lease_ttl())
+        .unwrap_or_else(|_| chrono::Duration::seconds(30));
+    request_wake(host, auth, thread_id, host.agent_name(), Utc::now() + after).await;
+}
+
+/// Run a queued effect's handler on the thread, as the holder of its lease, then remove
+/// its timer. An effect whose timer is gone (canceled while it waited in the queue, or
+/// already fired through a duplicate queue entry) does nothing.
+pub(crate) async fn fire_effect(
+    host: &dyn ThreadHost,
+    auth: &AuthContext,
+    thread_id: &ThreadId,
+    effect: QueuedEffect,
+) -> AgentResult<()> {
+    let Some(me) = host.shared() else {
+        return Ok(());
+    };
+    let timers = timers(host)?;
+    let pending = timers.thread_timers(auth, thread_id).await?;
+    if !pending.iter().any(|t| t.id == effect.timer_id) {
+        tracing::debug!(timer = %effect.timer_id, "a queued effect is no longer pending");
+        return Ok(());
+    }
+    let thread = ThreadState {
+        auth: auth.clone(),
+        thread_id: thread_id.clone(),
+        host: me,
+        cancel: CancellationToken::new(),
+    };
+    let handler = host.effect_handler(&effect.name);
+    let dropped = if thread.is_terminated().await? {
+        Some("thread terminated")
+    } else if handler.is_none() {
+        Some("the agent has no handler for it")
+    } else {
+        None
+    };
+    if let Some(reason) = dropped {
+        timers.cancel_timer(auth, &effect.timer_id).await?;
+        drop_effect(
+            host,
+            auth,
+            thread_id,
+            &effect.timer_id,
+            &effect.name,
+            reason,
+        )
         .await;
-        if let Err(err) = result {
-            tracing::warn!(error = %err, "could not record an effect marker");
+        return Ok(());
+    }
+    let Some(handler) = handler else {
+        return Ok(());
+    };
+    // A handler's panic or error is the handler's failure, not the thread's: it is
+    // reported and the queue goes on.
+    let outcome = AssertUnwindSafe(handler(thread, effect.payload.clone()))
+        .catch_unwind()
+        .await;
+    let error = match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(err)) => Some(err.to_string()),
+        Err(_) => Some("the effect handler panicked".to_owned()),
+    };
+    if let Some(error) = &error {
+        tracing::warn!(effect = %effect.name, %error, "an effect handler failed");
+    }
+    timers.cancel_timer(auth, &effect.timer_id).await?;
+    effect_marker(
+        host,
+        auth,
+        thread_id,
+        "effect.fired",
+        format!("effect `{}` fired", effect.name),
+        json!({
+            "timer_id": effect.timer_id,
+            "name": effect.name,
+            "due_at": effect.due_at,
+            "error": error,
+        }),
+    )
+    .await;
+    Ok(())
+}
+
+/// Fire the effects among `items` (queued work peeked by a running flow) and acknowledge
+/// them; `true` when any fired, so the caller looks at the queue again for what they
+/// queued.
+pub(crate) async fn fire_queued_effects(
+    host: &dyn ThreadHost,
+    auth: &AuthContext,
+    lease: &keel_runtime::Lease,
+    items: &[keel_runtime::QueuedItem],
+) -> AgentResult<bool> {
+    let mut fired = Vec::new();
+    for item in items {
+        // Every step looks at the queue, whose head is usually the run's own task: only
+        // an effect is decoded.
+        if item.payload.get("kind").and_then(Value::as_str) != Some("effect") {
+            continue;
         }
+        if let Ok(QueuedWork::Effect(effect)) = QueuedWork::deserialize(&item.payload) {
+            fire_effect(host, auth, &lease.thread_id, effect).await?;
+            fired.push(item.id.clone());
+        }
+    }
+    if fired.is_empty() {
+        return Ok(false);
+    }
+    host.runtime()
+        .thread_store()
+        .ack_queue(auth, lease, &fired)
+        .await?;
+    Ok(true)
+}
+
+async fn drop_effect(
+    host: &dyn ThreadHost,
+    auth: &AuthContext,
+    thread_id: &ThreadId,
+    timer_id: &str,
+    name: &str,
+    reason: &str,
+) {
+    effect_marker(
+        host,
+        auth,
+        thread_id,
+        "effect.dropped",
+        format!("effect `{name}` dropped: {reason}"),
+        json!({ "timer_id": timer_id, "name": name, "reason": reason }),
+    )
+    .await;
+}
+
+/// Report an effect's life (`effect.scheduled`, `.fired`, `.canceled`, `.dropped`): a
+/// normalized event to every sink of the executor, and a run record of the thread in the
+/// run store, so the marker is durable like a run's events. Failures are logged: a
+/// marker never stops the effect.
+pub(crate) async fn effect_marker(
+    host: &dyn ThreadHost,
+    auth: &AuthContext,
+    thread_id: &ThreadId,
+    event_type: &'static str,
+    summary: String,
+    payload: Value,
+) {
+    let agent_name = host.agent_name().to_owned();
+    let context = RunContext::new()
+        .with_thread(thread_id.clone())
+        .with_agent(agent_name.clone());
+    let recorder = Arc::new(RunRecorder::new());
+    let mut sinks = MultiSink::new().with(recorder.clone());
+    for sink in host.sinks().iter() {
+        sinks = sinks.with(Arc::clone(sink) as Arc<dyn EventSink>);
+    }
+    let emitter = EventEmitter::new(&context, Arc::new(sinks)).with_agent_name(agent_name.clone());
+    if let Err(err) = emitter
+        .emit(RunEvent::builder(EventType::new(event_type), summary).payload(payload))
+        .await
+    {
+        tracing::warn!(error = %err, "an event sink failed");
+    }
+    let result = async {
+        let report = recorder
+            .report()
+            .redacted_json(&RedactionPolicy::default())?;
+        host.runtime()
+            .run_store()
+            .save_run_report(
+                auth,
+                &RunRecord {
+                    run_id: context.run_id.clone(),
+                    task_id: None,
+                    thread_id: Some(thread_id.clone()),
+                    trace_id: Some(context.trace_id.clone()),
+                    agent_name: Some(agent_name),
+                    recorded_at: Utc::now(),
+                    report,
+                },
+            )
+            .await
+    }
+    .await;
+    if let Err(err) = result {
+        tracing::warn!(error = %err, "could not record an effect marker");
     }
 }

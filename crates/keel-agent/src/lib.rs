@@ -29,25 +29,28 @@
 //! ```
 
 mod agent;
+mod async_http;
 mod async_tools;
 mod attachments;
 mod code;
 mod effects;
 mod environment;
 mod executor;
+mod hooks;
 mod negotiator;
 mod observe;
 mod rest;
 mod subagents;
 mod thread_state;
 mod tool;
+mod work;
 
 pub use agent::{
     Agent, AgentBuilder, StopRules, ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL,
 };
+pub use async_http::AsyncHttpTool;
 pub use async_tools::{
-    AcceptedCallback, AsyncDispatch, AsyncHttpTool, AsyncInvocation, CallbackError,
-    CALLBACK_SECRET_HEADER,
+    AcceptedCallback, AsyncDispatch, AsyncInvocation, CallbackError, CALLBACK_SECRET_HEADER,
 };
 pub use attachments::{attachment_uri, ATTACHMENT_URI_SCHEME};
 pub use code::{CodeRequest, CodeRun, CodeRunner};

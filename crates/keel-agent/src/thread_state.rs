@@ -1,19 +1,86 @@
 //! [`ThreadState`]: the handle that tools, hooks and application code get for one thread.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use async_trait::async_trait;
 use chrono::Utc;
+use futures::future::BoxFuture;
 use keel_core::{AgentError, AgentResult, Message, ThreadId};
+use keel_events::EventSink;
 use keel_llm::ToolCall;
 use keel_runtime::{AuthContext, ChildThread, HistoryEntry, QueuedItem, Runtime};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::executor::{Inner, QueuedWork};
+use crate::attachments::AttachmentStore;
+use crate::code::{CodeRequest, CodeRun, CodeRunner};
+use crate::environment::Environment;
+use crate::subagents::keys::{scoped_context, scoped_key};
+use crate::work::{EffectScheduler, QueuedWork};
 
 /// Keys of the thread key-value store that Keel itself uses start with this prefix.
 pub const RESERVED_KEY_PREFIX: &str = "keel:";
 pub(crate) const TERMINATED_KEY: &str = "keel:terminated_at";
+
+/// An effect handler: gets the thread and the payload, and may queue messages and tools.
+pub(crate) type EffectFn =
+    Arc<dyn Fn(ThreadState, Value) -> BoxFuture<'static, AgentResult<()>> + Send + Sync>;
+
+/// What a thread's handle, the scheduled effects and the subagents need of the executor that
+/// runs the thread: a narrow handle, so that none of them reaches into the executor's state.
+#[async_trait]
+pub(crate) trait ThreadHost: Send + Sync {
+    /// The service hub.
+    fn runtime(&self) -> &Arc<dyn Runtime>;
+    /// The name (card name) of the agent the executor runs.
+    fn agent_name(&self) -> &str;
+    /// Where the agent reads its flags and scoped variables.
+    fn environment(&self) -> &Environment;
+    /// What runs model-written code, when the agent has one.
+    fn code_runner(&self) -> Option<&Arc<dyn CodeRunner>>;
+    /// The agent's handler of the scheduled effect `name`.
+    fn effect_handler(&self, name: &str) -> Option<EffectFn>;
+    /// The executor's effect scheduler.
+    fn effect_scheduler(&self) -> &EffectScheduler;
+    /// Where every run's events go.
+    fn sinks(&self) -> Vec<Arc<dyn EventSink>>;
+    /// How long a thread lease lasts without renewal.
+    fn lease_ttl(&self) -> Duration;
+    /// Fires when the executor shuts down.
+    fn shutting_down(&self) -> &CancellationToken;
+    /// The executor's background tasks, waited for at shutdown.
+    fn tracker(&self) -> &TaskTracker;
+    /// This handle, shared; `None` once the executor is dropped.
+    fn shared(&self) -> Option<Arc<dyn ThreadHost>>;
+    /// Make sure a local worker drives the thread.
+    fn schedule(&self, auth: &AuthContext, thread_id: &ThreadId);
+    /// Put `work` on the thread's durable queue and schedule the thread.
+    async fn enqueue(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        work: QueuedWork,
+    ) -> AgentResult<()>;
+    /// Cancel this process's runs on the thread.
+    fn cancel_thread_runs(&self, auth: &AuthContext, thread_id: &ThreadId, reason: &str);
+    /// After work was queued that no task record would bring back: make sure it runs even if
+    /// this process stops first (see `effects::guard_queued`).
+    async fn guard_queued(&self, auth: &AuthContext, thread_id: &ThreadId);
+    /// Subagents: terminate the thread's children.
+    async fn terminate_children(&self, auth: &AuthContext, thread_id: &ThreadId)
+        -> AgentResult<()>;
+    /// Subagents: queue `message` on the parent thread of `child` (a thread of this executor).
+    async fn queue_on_parent(
+        &self,
+        auth: &AuthContext,
+        child: &ChildThread,
+        message: Message,
+    ) -> AgentResult<QueuedItem>;
+    /// Subagents: the executor in this process whose `kind` children this executor runs.
+    fn local_parent(&self, kind: &str) -> Option<Arc<dyn ThreadHost>>;
+}
 
 /// One thread as its tools and the application see it: its history, its durable queue, its
 /// private key-value store (Standard Agents §14), its place among subagents, and the live
@@ -22,7 +89,7 @@ pub(crate) const TERMINATED_KEY: &str = "keel:terminated_at";
 pub struct ThreadState {
     pub(crate) auth: AuthContext,
     pub(crate) thread_id: ThreadId,
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) host: Arc<dyn ThreadHost>,
     pub(crate) cancel: CancellationToken,
 }
 
@@ -36,7 +103,7 @@ impl std::fmt::Debug for ThreadState {
 
 impl ThreadState {
     fn runtime(&self) -> &Arc<dyn Runtime> {
-        &self.inner.runtime
+        self.host.runtime()
     }
 
     /// The thread's id.
@@ -46,7 +113,7 @@ impl ThreadState {
 
     /// The name of the agent running the thread.
     pub fn agent_name(&self) -> &str {
-        &self.inner.agent.card().name
+        self.host.agent_name()
     }
 
     /// Fires when the run holding the thread is canceled.
@@ -57,10 +124,9 @@ impl ThreadState {
     /// Start running model-written code with the agent's [`CodeRunner`](crate::CodeRunner);
     /// the handle's [`terminate`](crate::CodeRun::terminate) stops it. An agent without a
     /// runner answers [`AgentError::Unsupported`].
-    pub fn run_code(&self, request: crate::CodeRequest) -> AgentResult<Box<dyn crate::CodeRun>> {
+    pub fn run_code(&self, request: CodeRequest) -> AgentResult<Box<dyn CodeRun>> {
         let runner = self
-            .inner
-            .agent
+            .host
             .code_runner()
             .ok_or_else(|| AgentError::Unsupported {
                 what: format!("agent `{}` has no code runner", self.agent_name()),
@@ -96,8 +162,8 @@ impl ThreadState {
         .await
     }
 
-    fn attachment_store(&self) -> crate::attachments::AttachmentStore<'_> {
-        crate::attachments::AttachmentStore {
+    fn attachment_store(&self) -> AttachmentStore<'_> {
+        AttachmentStore {
             runtime: self.runtime().as_ref(),
             auth: &self.auth,
             thread_id: &self.thread_id,
@@ -139,7 +205,21 @@ impl ThreadState {
     /// stored sealed, opened here with the key of the agent's
     /// [`Environment`](crate::Environment). Never put it into a prompt.
     pub async fn scoped_variable(&self, name: &str) -> AgentResult<Option<String>> {
-        crate::subagents::read_scoped(self, name).await
+        let Some(sealed) = self
+            .runtime()
+            .thread_store()
+            .kv_get(&self.auth, &self.thread_id, &scoped_key(name))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let sealed = sealed.as_str().ok_or_else(|| AgentError::Storage {
+            message: format!("scoped variable `{name}` is not a sealed string"),
+        })?;
+        self.host
+            .environment()
+            .open(&scoped_context(&self.thread_id, name), sealed)
+            .map(Some)
     }
 
     async fn queue(&self, work: QueuedWork) -> AgentResult<QueuedItem> {
@@ -150,9 +230,9 @@ impl ThreadState {
             .thread_store()
             .push_queue(&self.auth, &self.thread_id, payload)
             .await?;
-        self.inner.schedule(&self.auth, &self.thread_id);
+        self.host.schedule(&self.auth, &self.thread_id);
         // Only the queue holds this work: a wake brings it back if this process stops first.
-        self.inner.guard_queued(&self.auth, &self.thread_id).await;
+        self.host.guard_queued(&self.auth, &self.thread_id).await;
         Ok(item)
     }
 
@@ -210,7 +290,7 @@ impl ThreadState {
                 json!(Utc::now().to_rfc3339()),
             )
             .await?;
-        self.inner
+        self.host
             .cancel_thread_runs(&self.auth, &self.thread_id, "thread terminated");
         if store.child(&self.auth, &self.thread_id).await?.is_some() {
             store
@@ -218,15 +298,7 @@ impl ThreadState {
                 .await?;
         }
         // Subagents: a terminated parent terminates its children (best effort).
-        if !self.inner.agent.subagents.is_empty() {
-            let children = store.children(&self.auth, &self.thread_id).await?;
-            Box::pin(crate::subagents::terminate_children(
-                &self.inner.agent.subagents,
-                &self.auth,
-                children,
-            ))
-            .await;
-        }
+        Box::pin(self.host.terminate_children(&self.auth, &self.thread_id)).await?;
         Ok(())
     }
 
@@ -272,12 +344,12 @@ impl ThreadState {
             })?;
         // Queued through the store and run by the parent's executor: this thread's executor
         // runs another agent and must never drive the parent's thread.
-        crate::subagents::queue_on_parent(
-            &self.inner,
-            &self.auth,
-            &child,
-            Message::user(format!("[from subagent {}] {content}", self.thread_id)),
-        )
-        .await
+        self.host
+            .queue_on_parent(
+                &self.auth,
+                &child,
+                Message::user(format!("[from subagent {}] {content}", self.thread_id)),
+            )
+            .await
     }
 }

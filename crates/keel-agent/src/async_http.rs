@@ -1,0 +1,113 @@
+//! [`AsyncHttpTool`]: an asynchronous tool whose endpoint is reached over HTTP.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use keel_core::{AgentError, AgentResult};
+use serde_json::Value;
+
+use crate::async_tools::{AsyncDispatch, AsyncInvocation};
+use crate::tool::{Tool, ToolContext};
+
+/// An asynchronous tool served over HTTP: each call is POSTed as an [`AsyncInvocation`] to
+/// `endpoint`, which must answer 2xx at once and call back later.
+///
+/// ```
+/// use keel_agent::AsyncHttpTool;
+/// let tool = AsyncHttpTool::new(
+///     "render_video",
+///     "Render a video; the result arrives later.",
+///     serde_json::json!({"type": "object", "properties": {"script": {"type": "string"}}}),
+///     "http://127.0.0.1:9000/invoke",
+/// );
+/// # let _ = tool;
+/// ```
+pub struct AsyncHttpTool {
+    name: String,
+    description: String,
+    parameters: Value,
+    endpoint: String,
+    timeout: Option<Duration>,
+    client: reqwest::Client,
+}
+
+impl AsyncHttpTool {
+    /// A tool named `name` whose calls are POSTed to `endpoint`.
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        parameters: Value,
+        endpoint: impl Into<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+            endpoint: endpoint.into(),
+            timeout: None,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    /// How long to wait for the callback before the call ends as a tool error.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+#[async_trait]
+impl Tool for AsyncHttpTool {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn description(&self) -> &str {
+        &self.description
+    }
+    fn parameters(&self) -> Value {
+        self.parameters.clone()
+    }
+    async fn call(&self, _args: Value, _ctx: &ToolContext) -> AgentResult<Value> {
+        Err(AgentError::Unsupported {
+            what: format!(
+                "`{}` is asynchronous and answers only inside a model's step",
+                self.name
+            ),
+        })
+    }
+    fn asynchronous(&self) -> Option<&dyn AsyncDispatch> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl AsyncDispatch for AsyncHttpTool {
+    async fn dispatch(&self, invocation: &AsyncInvocation) -> AgentResult<()> {
+        let response = self
+            .client
+            .post(&self.endpoint)
+            .json(invocation)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .map_err(|err| AgentError::ToolFailed {
+                tool: self.name.clone(),
+                message: format!("dispatch to {} failed: {err}", self.endpoint),
+            })?;
+        if !response.status().is_success() {
+            return Err(AgentError::ToolFailed {
+                tool: self.name.clone(),
+                message: format!(
+                    "{} did not acknowledge the call: HTTP {}",
+                    self.endpoint,
+                    response.status()
+                ),
+            });
+        }
+        Ok(())
+    }
+    fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+}

@@ -1,0 +1,403 @@
+//! Asynchronous tools in the engine: dispatch a call, resume a run with its result or its
+//! timeout, and accept a callback's delivery.
+
+use chrono::Utc;
+use keel_core::{AgentError, AgentResult, TaskId, TaskState, ThreadId};
+use keel_events::{EventType, RunEvent};
+use keel_llm::ToolCall;
+use keel_runtime::AuthContext;
+use serde_json::{json, Value};
+
+use super::state::*;
+
+impl Inner {
+    /// Queue `task_id` again if it still rests waiting for the asynchronous call `call_id`.
+    pub(super) async fn requeue_if_waiting_for(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        task_id: &TaskId,
+        call_id: &str,
+    ) -> AgentResult<()> {
+        let Some(task) = self.runtime.task_manager().get_task(auth, task_id).await? else {
+            return Ok(());
+        };
+        let waiting = task.state() == TaskState::Working
+            && task.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
+            && task.metadata.get("awaiting_tool_call") == Some(&json!(call_id));
+        if waiting {
+            self.enqueue(
+                auth,
+                thread_id,
+                QueuedWork::Task {
+                    task_id: task_id.clone(),
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Dispatch an asynchronous call: persist the pending call and its link from the model's
+    /// tool call (before the tool can call back), send the invocation, and arm a local timer
+    /// for the deadline.
+    pub(super) async fn dispatch_async(
+        &self,
+        scope: &Scope<'_>,
+        call: &ToolCall,
+        dispatch: &dyn crate::AsyncDispatch,
+    ) -> ToolRun {
+        use crate::async_tools::{self as at, PendingCall};
+        use keel_runtime::{AsyncCall, AsyncCallState};
+        let failed = |message: String| ToolRun::Done {
+            output: json!(message),
+            is_error: true,
+        };
+        let Some(base) = self.config.callback_base_url.as_deref() else {
+            return failed(format!(
+                "`{}` is asynchronous but no callback URL is configured",
+                call.name
+            ));
+        };
+        let (auth, ctx) = (&scope.flow.auth, scope.ctx);
+        let secret = at::new_secret();
+        let call_id = at::new_call_id();
+        let timeout = dispatch.timeout().unwrap_or(self.config.async_tool_timeout);
+        // A timeout too long to represent never ends (rather than overflowing the clock).
+        let deadline = chrono::Duration::from_std(timeout)
+            .ok()
+            .and_then(|t| Utc::now().checked_add_signed(t))
+            .unwrap_or(chrono::DateTime::<Utc>::MAX_UTC);
+        let record = PendingCall {
+            task_id: ctx.task_id.clone(),
+            tool_call_id: call.id.clone(),
+            tool: call.name.clone(),
+            secret_sha256: at::hash_secret(&secret),
+            deadline,
+            output: None,
+            is_error: false,
+        };
+        let calls = self.runtime.async_call_store();
+        let store = self.runtime.thread_store();
+        let persisted = async {
+            let pending = AsyncCall {
+                call_id: call_id.clone(),
+                auth: auth.clone(),
+                thread_id: ctx.thread_id.clone(),
+                state: AsyncCallState::Pending,
+                record: serde_json::to_value(&record).map_err(AgentError::internal)?,
+            };
+            calls.put_async_call(&pending).await?;
+            store
+                .kv_set(
+                    auth,
+                    &ctx.thread_id,
+                    &at::link_key(&call.id),
+                    json!({ "call_id": call_id }),
+                )
+                .await
+        }
+        .await;
+        if let Err(err) = persisted {
+            return failed(format!("cannot record the pending call: {err}"));
+        }
+        let invocation = crate::AsyncInvocation {
+            tool: call.name.clone(),
+            call_id: call_id.clone(),
+            arguments: call.arguments.clone(),
+            callback_url: format!("{}/callbacks/{}", base.trim_end_matches('/'), call_id),
+            callback_secret: secret,
+            group_id: ctx.thread_id.as_str().to_owned(),
+            user_id: Some(auth.user_name.clone()),
+        };
+        scope
+            .obs
+            .emit(
+                RunEvent::builder(
+                    EventType::new("tool.async.dispatched"),
+                    format!("asynchronous tool `{}` dispatched", call.name),
+                )
+                .payload(json!({
+                    "call_id": call_id,
+                    "tool_call_id": call.id,
+                    "tool": call.name,
+                    "deadline": deadline,
+                })),
+            )
+            .await;
+        if let Err(err) = dispatch.dispatch(&invocation).await {
+            // Not acknowledged: the call is over (a callback for it is late) and the model
+            // sees the failure now.
+            let _ = calls
+                .transition_async_call(
+                    auth,
+                    &call_id,
+                    AsyncCallState::Pending,
+                    AsyncCallState::Expired,
+                    serde_json::to_value(&record).unwrap_or(Value::Null),
+                )
+                .await;
+            let _ = store
+                .kv_set(auth, &ctx.thread_id, &at::link_key(&call.id), Value::Null)
+                .await;
+            return failed(err.to_string());
+        }
+        scope
+            .obs
+            .emit(
+                RunEvent::builder(
+                    EventType::new("tool.async.acknowledged"),
+                    format!("asynchronous tool `{}` acknowledged", call.name),
+                )
+                .payload(json!({"call_id": call_id, "tool_call_id": call.id, "tool": call.name})),
+            )
+            .await;
+        self.arm_deadline(auth, &ctx.thread_id, &ctx.task_id, deadline);
+        ToolRun::Pending { call_id }
+    }
+
+    /// Best effort in this process: at `deadline` the task runs again and a call still pending
+    /// ends as a timeout. Armed at dispatch and again whenever a run finds the call still
+    /// pending (so a process that starts after the dispatching one exited times it out too);
+    /// any later run of the task sees the deadline as well.
+    pub(super) fn arm_deadline(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        task_id: &TaskId,
+        deadline: chrono::DateTime<Utc>,
+    ) {
+        let Some(me) = self.me.upgrade() else {
+            return;
+        };
+        let wait = (deadline - Utc::now()).to_std().unwrap_or_default();
+        let (auth, thread_id, task_id) = (auth.clone(), thread_id.clone(), task_id.clone());
+        let stop = self.shutting_down.clone();
+        self.tracker.spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = stop.cancelled() => return,
+            }
+            let _ = me
+                .enqueue(&auth, &thread_id, QueuedWork::Task { task_id })
+                .await;
+        });
+    }
+
+    /// The state of an asynchronous call on resume: `None` when it is not one; `Pending`
+    /// while it waits; its result when delivered (event `tool.async.result`); a timeout error
+    /// past its deadline (event `tool.async.timed_out`).
+    pub(super) async fn async_result(
+        &self,
+        scope: &Scope<'_>,
+        call: &ToolCall,
+    ) -> AgentResult<Option<ToolRun>> {
+        use crate::async_tools::{self as at, PendingCall};
+        use keel_runtime::AsyncCallState;
+        let flow = scope.flow;
+        let link = self
+            .runtime
+            .thread_store()
+            .kv_get(&flow.auth, &flow.thread_id, &at::link_key(&call.id))
+            .await?;
+        let Some(call_id) = link
+            .as_ref()
+            .and_then(|v| v.get("call_id"))
+            .and_then(Value::as_str)
+        else {
+            return Ok(None);
+        };
+        let calls = self.runtime.async_call_store();
+        let Some(mut pending) = calls.find_async_call(call_id).await? else {
+            return Ok(None);
+        };
+        let record: PendingCall = serde_json::from_value(pending.record.clone()).map_err(|e| {
+            AgentError::storage(format!("asynchronous call `{call_id}` is malformed: {e}"))
+        })?;
+        if pending.state == AsyncCallState::Pending && Utc::now() >= record.deadline {
+            // Expire with the same compare-and-set a delivery uses: if a result won the race,
+            // it is the one the model sees.
+            let expired = calls
+                .transition_async_call(
+                    &flow.auth,
+                    call_id,
+                    AsyncCallState::Pending,
+                    AsyncCallState::Expired,
+                    pending.record.clone(),
+                )
+                .await?;
+            if !expired {
+                pending = calls.find_async_call(call_id).await?.ok_or_else(|| {
+                    AgentError::storage(format!("asynchronous call `{call_id}` vanished"))
+                })?;
+            } else {
+                pending.state = AsyncCallState::Expired;
+            }
+        }
+        let run = match pending.state {
+            AsyncCallState::Pending => {
+                self.arm_deadline(
+                    &flow.auth,
+                    &flow.thread_id,
+                    &record.task_id,
+                    record.deadline,
+                );
+                ToolRun::Pending {
+                    call_id: call_id.to_owned(),
+                }
+            }
+            AsyncCallState::Delivered => {
+                let delivered: PendingCall = serde_json::from_value(pending.record.clone())
+                    .map_err(|e| {
+                        AgentError::storage(format!(
+                            "asynchronous call `{call_id}` is malformed: {e}"
+                        ))
+                    })?;
+                scope
+                    .obs
+                    .emit(
+                        RunEvent::builder(
+                            EventType::new("tool.async.result"),
+                            format!("asynchronous tool `{}` called back", call.name),
+                        )
+                        .payload(json!({
+                            "call_id": call_id,
+                            "tool_call_id": call.id,
+                            "tool": call.name,
+                            "is_error": delivered.is_error,
+                        })),
+                    )
+                    .await;
+                ToolRun::Done {
+                    output: delivered.output.unwrap_or(Value::Null),
+                    is_error: delivered.is_error,
+                }
+            }
+            AsyncCallState::Expired => {
+                scope
+                    .obs
+                    .emit(
+                        RunEvent::builder(
+                            EventType::new("tool.async.timed_out"),
+                            format!("asynchronous tool `{}` timed out", call.name),
+                        )
+                        .payload(json!({
+                            "call_id": call_id,
+                            "tool_call_id": call.id,
+                            "tool": call.name,
+                            "deadline": record.deadline,
+                        })),
+                    )
+                    .await;
+                ToolRun::Done {
+                    output: json!(format!(
+                        "asynchronous tool `{}` timed out: no result arrived by {}",
+                        call.name, record.deadline
+                    )),
+                    is_error: true,
+                }
+            }
+        };
+        Ok(Some(run))
+    }
+}
+
+impl AgentExecutor {
+    /// Asynchronous tools: deliver a callback's result for the call `call_id`, in whichever
+    /// tenant dispatched it: the call is found by its id alone and the secret, the one sent
+    /// with the invocation, is the credential. An unknown call, a wrong secret, a late result
+    /// (past the deadline, or the task already ended) and a second delivery are refused with a
+    /// [`CallbackError`](crate::CallbackError) and change nothing; of concurrent deliveries
+    /// exactly one is accepted (a compare-and-set in the store). An accepted one is recorded
+    /// and its task queued on its thread, where it resumes in order.
+    pub async fn deliver_tool_result(
+        &self,
+        call_id: &str,
+        secret: &str,
+        output: Value,
+        is_error: bool,
+    ) -> Result<crate::AcceptedCallback, crate::CallbackError> {
+        use crate::async_tools::{self as at, PendingCall};
+        use crate::CallbackError;
+        use keel_runtime::AsyncCallState;
+        let inner = &self.inner;
+        let calls = inner.runtime.async_call_store();
+        let Some(call) = calls.find_async_call(call_id).await? else {
+            return Err(CallbackError::UnknownCall {
+                call_id: call_id.to_owned(),
+            });
+        };
+        let mut record: PendingCall = serde_json::from_value(call.record.clone()).map_err(|e| {
+            AgentError::storage(format!("asynchronous call `{call_id}` is malformed: {e}"))
+        })?;
+        // The secret first: without it a caller learns nothing about the call's state.
+        if !at::same(&at::hash_secret(secret), &record.secret_sha256) {
+            return Err(CallbackError::Forbidden {
+                call_id: call_id.to_owned(),
+            });
+        }
+        let late = || CallbackError::Late {
+            call_id: call_id.to_owned(),
+        };
+        let refusal = |state: AsyncCallState| match state {
+            AsyncCallState::Delivered => CallbackError::Duplicate {
+                call_id: call_id.to_owned(),
+            },
+            _ => late(),
+        };
+        if call.state != AsyncCallState::Pending {
+            if call.state == AsyncCallState::Delivered {
+                // A process that accepted the result may have died before it queued the
+                // task; the tool's retry (same secret) queues it again. Harmless otherwise.
+                inner
+                    .requeue_if_waiting_for(&call.auth, &call.thread_id, &record.task_id, call_id)
+                    .await?;
+            }
+            return Err(refusal(call.state));
+        }
+        if Utc::now() >= record.deadline {
+            return Err(late());
+        }
+        let task = inner
+            .runtime
+            .task_manager()
+            .get_task(&call.auth, &record.task_id)
+            .await?;
+        if task.is_none_or(|t| t.state().is_terminal()) {
+            return Err(late());
+        }
+        record.output = Some(output);
+        record.is_error = is_error;
+        let moved = calls
+            .transition_async_call(
+                &call.auth,
+                call_id,
+                AsyncCallState::Pending,
+                AsyncCallState::Delivered,
+                serde_json::to_value(&record).map_err(AgentError::internal)?,
+            )
+            .await?;
+        if !moved {
+            // Another delivery (or the timeout) got there first; say which.
+            let now = calls
+                .find_async_call(call_id)
+                .await?
+                .map_or(AsyncCallState::Expired, |c| c.state);
+            return Err(refusal(now));
+        }
+        inner
+            .enqueue(
+                &call.auth,
+                &call.thread_id,
+                QueuedWork::Task {
+                    task_id: record.task_id.clone(),
+                },
+            )
+            .await?;
+        Ok(crate::AcceptedCallback {
+            auth: call.auth,
+            thread_id: call.thread_id,
+            task_id: record.task_id,
+        })
+    }
+}

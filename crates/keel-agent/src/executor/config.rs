@@ -1,0 +1,58 @@
+//! How an executor is tuned and how a message is sent.
+
+use std::time::Duration;
+
+use keel_core::RunContext;
+
+/// How [`AgentExecutor::send_message`] should behave.
+#[derive(Debug, Clone, Default)]
+pub struct SendOptions {
+    /// Return the submitted task at once and let the run go on in the background.
+    pub return_immediately: bool,
+    /// Keep only this many most recent messages in the returned task's history.
+    pub history_length: Option<usize>,
+    /// The run context to attach (otherwise one is created, or upgraded from legacy keys).
+    pub run_context: Option<RunContext>,
+}
+
+/// Tuning of an [`AgentExecutor`].
+#[derive(Debug, Clone)]
+pub struct ExecutorConfig {
+    /// How long a thread lease lasts without renewal; a crashed process's threads are taken
+    /// over after this long.
+    pub lease_ttl: Duration,
+    /// How many threads this process runs at once; more wait for a slot.
+    pub max_concurrent_threads: usize,
+    /// How often to look again at work another process holds (its lease, its task state).
+    pub poll_interval: Duration,
+    /// This process's name in leases.
+    pub holder: String,
+    /// Asynchronous tools: the base URL callbacks are POSTed to (`{base}/callbacks/{call_id}`,
+    /// the route `keel-transport` serves). Without it asynchronous tools cannot be dispatched.
+    pub callback_base_url: Option<String>,
+    /// Asynchronous tools: how long a pending call waits for its callback when the tool sets
+    /// no timeout of its own.
+    pub async_tool_timeout: Duration,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        Self {
+            lease_ttl: Duration::from_secs(30),
+            max_concurrent_threads: 64,
+            poll_interval: Duration::from_millis(200),
+            holder: format!("keel-{}-{}", std::process::id(), uuid_suffix()),
+            callback_base_url: None,
+            async_tool_timeout: Duration::from_secs(3600),
+        }
+    }
+}
+
+fn uuid_suffix() -> String {
+    keel_core::RunId::new()
+        .as_str()
+        .chars()
+        .rev()
+        .take(8)
+        .collect()
+}

@@ -1,0 +1,302 @@
+//! Context assembly (Standard Agents §4): the thread history as the model sees it, the
+//! system prompt, and the persist points that grow the history.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use keel_core::{AgentResult, Message, Part, Role, Task, TaskEvent};
+use keel_llm::{LlmMessage, LlmRole, ToolCall};
+use serde_json::{json, Value};
+
+use super::state::*;
+use crate::ToolContext;
+
+impl Inner {
+    pub(super) async fn read_history(&self, flow: &Flow) -> AgentResult<Vec<LlmMessage>> {
+        Ok(self
+            .runtime
+            .thread_store()
+            .read_history(&flow.auth, &flow.thread_id, 0, usize::MAX)
+            .await?
+            .into_iter()
+            .map(|entry| entry.message)
+            .collect())
+    }
+
+    /// Persist to the thread history under the lease, and mirror locally.
+    pub(super) async fn append(
+        &self,
+        flow: &Flow,
+        history: &mut Vec<LlmMessage>,
+        mut messages: Vec<LlmMessage>,
+    ) -> AgentResult<()> {
+        self.mark_side(&mut messages);
+        self.runtime
+            .thread_store()
+            .append_history(&flow.auth, &flow.lease(), &messages)
+            .await?;
+        history.extend(messages);
+        Ok(())
+    }
+
+    /// Mark the entries this agent speaks (assistant messages, tool results) with its side.
+    pub(super) fn mark_side(&self, messages: &mut [LlmMessage]) {
+        for message in messages {
+            if matches!(message.role, LlmRole::Assistant | LlmRole::Tool) {
+                message
+                    .metadata
+                    .insert(META_SIDE.into(), json!(self.agent.card().name));
+            }
+        }
+    }
+
+    pub(super) async fn persist_tool_result(
+        &self,
+        flow: &Flow,
+        task: &Task,
+        call: &ToolCall,
+        output: Value,
+        is_error: bool,
+        history: &mut Vec<LlmMessage>,
+    ) -> AgentResult<()> {
+        let mut result = LlmMessage::tool_result(call, render(&output));
+        tag(&mut result, &task.id);
+        if is_error {
+            result.metadata.insert("keel.is_error".into(), json!(true));
+        }
+        let part = Part::tool_output(&call.id, &call.name, output, is_error);
+        self.persist_point(flow, history, vec![result], task, vec![part])
+            .await
+    }
+
+    /// One persist point of a step: history entries under the lease and the matching agent
+    /// message in the task's log, in one round trip when the runtime has a step store.
+    pub(super) async fn persist_point(
+        &self,
+        flow: &Flow,
+        history: &mut Vec<LlmMessage>,
+        mut messages: Vec<LlmMessage>,
+        task: &Task,
+        parts: Vec<Part>,
+    ) -> AgentResult<()> {
+        self.mark_side(&mut messages);
+        let mut message = Message::new(Role::Agent, parts);
+        message.task_id = Some(task.id.clone());
+        message.thread_id = Some(task.thread_id.clone());
+        let event = TaskEvent::Message { message };
+        match self.runtime.step_store() {
+            Some(steps) => {
+                steps
+                    .persist_step(
+                        &flow.auth,
+                        &flow.lease(),
+                        &messages,
+                        &task.id,
+                        std::slice::from_ref(&event),
+                    )
+                    .await?
+            }
+            None => {
+                self.runtime
+                    .thread_store()
+                    .append_history(&flow.auth, &flow.lease(), &messages)
+                    .await?;
+                self.runtime
+                    .task_manager()
+                    .add_task_event(&flow.auth, &task.id, &event)
+                    .await?;
+            }
+        }
+        history.extend(messages);
+        self.task_changed();
+        Ok(())
+    }
+
+    pub(super) async fn system_prompt(&self, ctx: &ToolContext) -> String {
+        let mut prompt = self.agent.instructions().to_owned();
+        if !prompt.contains("{{") {
+            return prompt;
+        }
+        let builtins = [
+            ("agent_name", self.agent.card().name.clone()),
+            ("thread_id", ctx.thread_id.to_string()),
+            ("task_id", ctx.task_id.to_string()),
+            ("date", Utc::now().format("%Y-%m-%d").to_string()),
+        ];
+        for (name, value) in builtins {
+            prompt = prompt.replace(&format!("{{{{{name}}}}}"), &value);
+        }
+        // Remaining placeholders come from the thread's key-value store.
+        let mut rest = prompt.clone();
+        while let Some(start) = rest.find("{{") {
+            let Some(len) = rest[start + 2..].find("}}") else {
+                break;
+            };
+            let name = rest[start + 2..start + 2 + len].trim().to_owned();
+            if let Ok(Some(value)) = ctx.thread.get_value(&name).await {
+                prompt = prompt.replace(&format!("{{{{{name}}}}}"), &render(&value));
+            }
+            rest = rest[start + 2 + len + 2..].to_owned();
+        }
+        prompt
+    }
+}
+
+/// A history entry as a model request carries it: everything but Keel's own bookkeeping
+/// metadata (`keel.*`: side, task, queue item), which no provider sends and which would
+/// otherwise be copied, entry by entry, into every step's request.
+pub(super) fn request_copy(entry: &LlmMessage) -> LlmMessage {
+    // Destructured in full, so a new field cannot be left out silently.
+    let LlmMessage {
+        id,
+        role,
+        content,
+        name,
+        tool_calls,
+        tool_call_id,
+        tool_name,
+        attachments,
+        metadata,
+        created_at,
+    } = entry;
+    LlmMessage {
+        id: id.clone(),
+        role: *role,
+        content: content.clone(),
+        name: name.clone(),
+        tool_calls: tool_calls.clone(),
+        tool_call_id: tool_call_id.clone(),
+        tool_name: tool_name.clone(),
+        attachments: attachments.clone(),
+        metadata: application_metadata(metadata),
+        created_at: *created_at,
+    }
+}
+
+/// `metadata` without Keel's `keel.*` keys.
+pub(super) fn application_metadata(metadata: &keel_core::Metadata) -> keel_core::Metadata {
+    metadata
+        .iter()
+        .filter(|(key, _)| !key.starts_with("keel."))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect()
+}
+
+/// The model's view of a thread during one run: the messages of the last request, kept so
+/// the next step adds only what the history gained since (its model call and tool results)
+/// instead of assembling and copying the whole history again. The request shares them (an
+/// `Arc`): once the model has answered and dropped its request, the view is the only owner
+/// again and grows in place.
+#[derive(Default)]
+pub(super) struct ModelView {
+    /// The system prompt (when there is one), then the assembled history.
+    messages: Arc<Vec<LlmMessage>>,
+    /// Whether `messages` starts with the system prompt.
+    system: bool,
+    /// How many history entries `messages` holds, and the id of the last: a history that
+    /// is not the one assembled plus new entries is assembled again from the start.
+    seen: usize,
+    last_id: Option<String>,
+    /// Cleared when an assembled message read a file from the attachment store (the file
+    /// may change before the next step) or the view had to be reshaped for a late
+    /// asynchronous result: such a view is assembled again at each step, as it used to be.
+    reusable: bool,
+}
+
+impl ModelView {
+    /// The messages of this step's request: `system` then the thread's history as the agent
+    /// `side` sees it (see [`assemble_context`]), with stored files' bytes loaded and late
+    /// asynchronous results reshaped (see [`crate::async_tools::model_view`]).
+    pub(super) async fn messages(
+        &mut self,
+        system: String,
+        history: &[LlmMessage],
+        side: &str,
+        vision: bool,
+        thread: &crate::ThreadState,
+    ) -> Arc<Vec<LlmMessage>> {
+        let continues = self.reusable
+            && self.seen <= history.len()
+            && self.system != system.is_empty()
+            && (self.seen == 0
+                || history[self.seen - 1].id.as_str()
+                    == self.last_id.as_deref().unwrap_or_default());
+        if !continues {
+            *self = ModelView {
+                messages: Arc::new(Vec::with_capacity(history.len() + 1)),
+                system: !system.is_empty(),
+                seen: 0,
+                last_id: None,
+                reusable: true,
+            };
+        }
+        // A request still held elsewhere (a model that keeps what it was sent) is copied
+        // here, once; otherwise this is the view's own vector.
+        let messages = Arc::make_mut(&mut self.messages);
+        if self.system {
+            // A view that goes on starts with the previous step's prompt; it changes only
+            // when a variable it names did.
+            match messages.first_mut() {
+                Some(first) if first.content == system => {}
+                Some(first) => *first = LlmMessage::system(system),
+                None => messages.push(LlmMessage::system(system)),
+            }
+        }
+        let start = messages.len();
+        assemble_context(&history[self.seen..], side, vision, messages);
+        let added = &mut messages[start..];
+        // Stored files are references no provider can fetch: the request carries bytes.
+        if added
+            .iter()
+            .flat_map(|m| &m.attachments)
+            .any(|file| file.bytes.is_none() && file.uri.is_some())
+        {
+            self.reusable = false;
+            thread.load_attachment_bytes(added).await;
+        }
+        self.seen = history.len();
+        self.last_id = history.last().map(|m| m.id.clone());
+        if crate::async_tools::reshaped(messages) {
+            self.reusable = false;
+            let assembled = Arc::unwrap_or_clone(std::mem::take(&mut self.messages));
+            return Arc::new(crate::async_tools::model_view(assembled));
+        }
+        Arc::clone(&self.messages)
+    }
+}
+
+/// Context assembly (Standard Agents §4): the model's view of the thread history for the
+/// agent `side`, appended to `out`. Entries another agent spoke on this thread (dual_ai) are
+/// the other side: its assistant text appears as `user`, and its tool calls and tool results
+/// are left out. Without vision, image attachments are replaced by a note at request time;
+/// the stored history keeps them.
+pub(super) fn assemble_context(
+    history: &[LlmMessage],
+    side: &str,
+    vision: bool,
+    out: &mut Vec<LlmMessage>,
+) {
+    for entry in history {
+        let other = entry
+            .metadata
+            .get(META_SIDE)
+            .and_then(Value::as_str)
+            .is_some_and(|s| s != side);
+        let mut message = if !other {
+            request_copy(entry)
+        } else if entry.role == LlmRole::Assistant && !entry.content.is_empty() {
+            let mut said = LlmMessage::user(entry.content.clone());
+            said.id.clone_from(&entry.id);
+            said.created_at = entry.created_at;
+            said.attachments.clone_from(&entry.attachments);
+            said.metadata = application_metadata(&entry.metadata);
+            said
+        } else {
+            continue;
+        };
+        if !vision {
+            message.drop_images();
+        }
+        out.push(message);
+    }
+}

@@ -1,0 +1,408 @@
+//! The thread driver: one worker per thread holding the thread's fenced lease, working
+//! its durable queue in order, and injecting queued work into a running step.
+
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
+
+use keel_core::{
+    AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, ThreadId,
+};
+use keel_events::{EventType, RunEvent};
+use keel_llm::LlmMessage;
+use keel_runtime::{AuthContext, Lease};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::state::*;
+
+impl Inner {
+    pub(crate) async fn enqueue(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        work: QueuedWork,
+    ) -> AgentResult<()> {
+        let payload = serde_json::to_value(&work).map_err(AgentError::internal)?;
+        self.runtime
+            .thread_store()
+            .push_queue(auth, thread_id, payload)
+            .await?;
+        self.schedule(auth, thread_id);
+        Ok(())
+    }
+
+    /// Make sure a local driver looks after the thread: wake the one that exists or start one.
+    pub(crate) fn schedule(&self, auth: &AuthContext, thread_id: &ThreadId) {
+        if self.shutting_down.is_cancelled() {
+            return;
+        }
+        let Some(me) = self.me.upgrade() else { return };
+        let key = (auth.namespace(), thread_id.clone());
+        match self.workers.entry(key.clone()) {
+            dashmap::mapref::entry::Entry::Occupied(worker) => worker.get().notify_one(),
+            dashmap::mapref::entry::Entry::Vacant(slot) => {
+                let notify = Arc::new(Notify::new());
+                slot.insert(notify.clone());
+                let (auth, thread_id) = (auth.clone(), thread_id.clone());
+                let span = tracing::info_span!("thread", thread_id = %thread_id);
+                self.tracker.spawn(
+                    async move { me.drive_thread(auth, thread_id, key, notify).await }
+                        .instrument(span),
+                );
+            }
+        }
+    }
+
+    /// Take the thread's lease and work its queue; while another process holds the lease,
+    /// look again now and then, so that work is taken over if that process dies.
+    pub(super) async fn drive_thread(
+        self: Arc<Self>,
+        auth: AuthContext,
+        thread_id: ThreadId,
+        key: ThreadKey,
+        notify: Arc<Notify>,
+    ) {
+        let store = self.runtime.thread_store();
+        loop {
+            if self.shutting_down.is_cancelled() {
+                break;
+            }
+            match store.queue_len(&auth, &thread_id).await {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(err) => tracing::warn!(error = %err, "cannot read the thread queue"),
+            }
+            match store
+                .acquire_lease(
+                    &auth,
+                    &thread_id,
+                    &self.config.holder,
+                    self.config.lease_ttl,
+                )
+                .await
+            {
+                Ok(Some(lease)) => {
+                    let Ok(_permit) = self.slots.clone().acquire_owned().await else {
+                        break;
+                    };
+                    if self.work_queue(&auth, lease).await == Worked::LeftForAnotherAgent {
+                        // That agent's executor takes the thread (its driver polls for the
+                        // lease); looking again here would only take the lease from it.
+                        self.workers.remove(&key);
+                        return;
+                    }
+                    continue;
+                }
+                Ok(None) => {}
+                Err(err) => tracing::warn!(error = %err, "cannot take the thread lease"),
+            }
+            tokio::select! {
+                () = notify.notified() => {}
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+                () = self.shutting_down.cancelled() => break,
+            }
+        }
+        self.workers.remove(&key);
+        // Work queued between the last look and the removal must not be stranded.
+        if !self.shutting_down.is_cancelled()
+            && store.queue_len(&auth, &thread_id).await.unwrap_or(0) > 0
+        {
+            self.schedule(&auth, &thread_id);
+        }
+    }
+
+    /// Holding the lease: process queued work in FIFO order until the queue is empty, or
+    /// until the next item is a task of another agent sharing the thread.
+    pub(super) async fn work_queue(&self, auth: &AuthContext, lease: Lease) -> Worked {
+        let store = self.runtime.thread_store();
+        let flow = Flow {
+            auth: auth.clone(),
+            thread_id: lease.thread_id.clone(),
+            lease: Arc::new(RwLock::new(Arc::new(lease))),
+            lost: CancellationToken::new(),
+        };
+        let renewer = {
+            let (store, auth, lease, lost) = (
+                store.clone(),
+                auth.clone(),
+                flow.lease.clone(),
+                flow.lost.clone(),
+            );
+            let period = self.config.lease_ttl / 3;
+            let ttl = self.config.lease_ttl;
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(period).await;
+                    let current = lease.read().unwrap_or_else(|p| p.into_inner()).clone();
+                    match store.renew_lease(&auth, &current, ttl).await {
+                        Ok(renewed) => {
+                            *lease.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(renewed)
+                        }
+                        Err(err) => {
+                            tracing::warn!(error = %err, "thread lease lost; stopping the flow");
+                            lost.cancel();
+                            return;
+                        }
+                    }
+                }
+            })
+        };
+        let mut worked = Worked::Done;
+        loop {
+            if flow.lost.is_cancelled() || self.shutting_down.is_cancelled() {
+                break;
+            }
+            let items = match store.peek_queue(auth, &flow.thread_id, 1).await {
+                Ok(items) => items,
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot read the thread queue");
+                    break;
+                }
+            };
+            let Some(item) = items.into_iter().next() else {
+                break;
+            };
+            let result = match serde_json::from_value::<QueuedWork>(item.payload.clone()) {
+                Err(err) => {
+                    tracing::error!(error = %err, item = %item.id, "dropping malformed queued work");
+                    Ok(())
+                }
+                Ok(QueuedWork::Task { task_id }) => {
+                    if self.owned_by_another_agent(&flow, &task_id).await {
+                        worked = Worked::LeftForAnotherAgent;
+                        break;
+                    }
+                    self.run_task(&flow, &task_id).await
+                }
+                Ok(QueuedWork::Message { message }) => {
+                    self.start_turn(&flow, message, &item.id).await
+                }
+                Ok(QueuedWork::Tool { call }) => {
+                    let message = Message::new(
+                        Role::User,
+                        vec![Part::tool_call(
+                            &call.id,
+                            &call.name,
+                            call.arguments.clone(),
+                        )],
+                    )
+                    .in_thread(flow.thread_id.clone());
+                    self.start_turn(&flow, message, &item.id).await
+                }
+                Ok(QueuedWork::Effect(effect)) => {
+                    crate::effects::fire_effect(self, auth, &flow.thread_id, effect).await
+                }
+            };
+            if let Err(err) = result {
+                if matches!(err, AgentError::LeaseLost { .. }) {
+                    break;
+                }
+                tracing::error!(error = %err, "queued work failed");
+            }
+            if flow.lost.is_cancelled() {
+                break;
+            }
+            if let Err(err) = store
+                .ack_queue(auth, &flow.lease(), std::slice::from_ref(&item.id))
+                .await
+            {
+                tracing::warn!(error = %err, "cannot acknowledge queued work");
+                break;
+            }
+        }
+        renewer.abort();
+        if let Err(err) = store.release_lease(auth, &flow.lease()).await {
+            tracing::warn!(error = %err, "cannot release the thread lease");
+        }
+        worked
+    }
+
+    /// Whether the task was sent to another agent's executor on this thread (a task with no
+    /// recorded owner is anyone's).
+    pub(super) async fn owned_by_another_agent(&self, flow: &Flow, task_id: &TaskId) -> bool {
+        match self
+            .runtime
+            .thread_store()
+            .kv_get(&flow.auth, &flow.thread_id, &owner_key(task_id))
+            .await
+        {
+            Ok(Some(owner)) => owner.as_str() != Some(self.agent.card().name.as_str()),
+            _ => false,
+        }
+    }
+
+    /// Work queued while the thread was idle starts a turn of its own: a task in the thread.
+    pub(super) async fn start_turn(
+        &self,
+        flow: &Flow,
+        mut message: Message,
+        item_id: &str,
+    ) -> AgentResult<()> {
+        let tasks = self.runtime.task_manager();
+        let mut task = Task::new(flow.thread_id.clone());
+        // The task id derives from the queue item, so a redelivered item continues its task.
+        task.id = TaskId::from(format!("queued-{item_id}"));
+        if tasks.get_task(&flow.auth, &task.id).await?.is_none() {
+            RunContext::ensure_task_context(&mut task)?;
+            message.task_id = Some(task.id.clone());
+            message.thread_id = Some(task.thread_id.clone());
+            tasks.save_task(&flow.auth, &task).await?;
+            tasks
+                .add_task_event(&flow.auth, &task.id, &TaskEvent::Message { message })
+                .await?;
+        }
+        self.run_task(flow, &task.id).await
+    }
+
+    /// Wait until the task rests with an answer ([`answered`]).
+    pub(super) async fn wait_until_resting(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<()> {
+        self.wait_until(auth, task_id, answered).await.map(|_| ())
+    }
+
+    /// Wait until the stored task satisfies `done`, and answer it. Local changes wake the
+    /// waiter at once; a task run by another process is looked at every poll interval.
+    pub(super) async fn wait_until(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        done: impl Fn(&Task) -> bool,
+    ) -> AgentResult<Task> {
+        let mut changed = self.rested.subscribe();
+        loop {
+            changed.borrow_and_update();
+            let task = self
+                .runtime
+                .task_manager()
+                .get_task(auth, task_id)
+                .await?
+                .ok_or_else(|| AgentError::TaskNotFound {
+                    task_id: task_id.clone(),
+                })?;
+            if done(&task) {
+                return Ok(task);
+            }
+            tokio::select! {
+                _ = changed.changed() => {}
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+    }
+
+    /// Queued messages and tools are injected before the next model call (§9).
+    pub(super) async fn inject_queued(
+        &self,
+        scope: &Scope<'_>,
+        task: &Task,
+        history: &mut Vec<LlmMessage>,
+    ) -> AgentResult<Option<Outcome>> {
+        let flow = scope.flow;
+        let store = self.runtime.thread_store();
+        let mut items = store.peek_queue(&flow.auth, &flow.thread_id, 64).await?;
+        // Effects run first; what they queue is injected in this same pass.
+        if crate::effects::fire_queued_effects(self, &flow.auth, &flow.lease(), &items).await? {
+            items = store.peek_queue(&flow.auth, &flow.thread_id, 64).await?;
+        }
+        // The items already in the history, worked out only when some item is not the run's
+        // own: at most steps there is none, and the history only grows.
+        let mut seen: Option<HashSet<String>> = None;
+        let mut injected = Vec::new();
+        let mut outcome = None;
+        for item in items {
+            // The run's own queue item (its task) heads the queue at every step: judged by
+            // its kind, it need not be decoded.
+            if matches!(
+                item.payload.get("kind").and_then(Value::as_str),
+                Some("task" | "effect")
+            ) {
+                continue;
+            }
+            let Ok(work) = QueuedWork::deserialize(&item.payload) else {
+                continue;
+            };
+            if matches!(work, QueuedWork::Task { .. } | QueuedWork::Effect(_)) {
+                continue;
+            }
+            let seen = seen.get_or_insert_with(|| tag_values(history, META_QUEUE_ITEM));
+            if !seen.contains(&item.id) {
+                match work {
+                    QueuedWork::Task { .. } | QueuedWork::Effect(_) => continue,
+                    QueuedWork::Message { message } => {
+                        let mut entry = user_entry(&message);
+                        tag(&mut entry, &task.id);
+                        entry
+                            .metadata
+                            .insert(META_QUEUE_ITEM.into(), json!(item.id));
+                        self.append(flow, history, vec![entry]).await?;
+                        let mut shown = message;
+                        shown.task_id = Some(task.id.clone());
+                        shown.thread_id = Some(task.thread_id.clone());
+                        self.runtime
+                            .task_manager()
+                            .add_task_event(
+                                &flow.auth,
+                                &task.id,
+                                &TaskEvent::Message { message: shown },
+                            )
+                            .await?;
+                    }
+                    QueuedWork::Tool { call } => {
+                        let mut request = LlmMessage::assistant("", vec![call.clone()]);
+                        tag(&mut request, &task.id);
+                        request
+                            .metadata
+                            .insert(META_QUEUE_ITEM.into(), json!(item.id));
+                        self.append(flow, history, vec![request]).await?;
+                        match self.call_tool(scope, &call, false).await {
+                            ToolRun::Done { output, is_error } => {
+                                self.persist_tool_result(
+                                    flow, task, &call, output, is_error, history,
+                                )
+                                .await?;
+                            }
+                            ToolRun::Canceled => {
+                                outcome = Some(Outcome::Canceled {
+                                    reason: run_reason(scope.run),
+                                })
+                            }
+                            ToolRun::Approval(request) => {
+                                outcome = Some(Outcome::AwaitingApproval { request })
+                            }
+                            ToolRun::Stop(error) => outcome = Some(budget_failure(error)),
+                            ToolRun::Pending { call_id } => {
+                                outcome = Some(Outcome::AwaitingTool { call_id })
+                            }
+                        }
+                    }
+                }
+            }
+            injected.push(item.id);
+            if outcome.is_some() {
+                break;
+            }
+        }
+        if !injected.is_empty() {
+            tracing::debug!(count = injected.len(), "queued work injected");
+            scope
+                .obs
+                .emit(
+                    RunEvent::builder(
+                        EventType::new("queue.injected"),
+                        format!("{} queued item(s) injected", injected.len()),
+                    )
+                    .payload(json!({ "items": injected })),
+                )
+                .await;
+            store
+                .ack_queue(&flow.auth, &flow.lease(), &injected)
+                .await?;
+        }
+        Ok(outcome)
+    }
+}

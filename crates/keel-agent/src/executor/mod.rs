@@ -1,0 +1,603 @@
+//! The thread engine: runs an [`Agent`] on threads, one flow at a time per thread, with the
+//! step cycle of Standard Agents §3, durable queues, stop rules, live cancellation (from any
+//! process) and crash recovery.
+//!
+//! A message creates a task and is queued on its thread (the A2A `contextId`); the thread's
+//! worker holds the thread's fenced lease from the store and processes queued work in FIFO
+//! order, so a busy thread queues new work instead of running it concurrently, across
+//! processes too. Each step drains queued messages and tools, assembles the context from the
+//! thread's durable history, calls the model, persists the assistant message, runs the tool
+//! calls in order persisting each result, and evaluates the stop rules.
+
+mod async_tools;
+pub(crate) mod config;
+mod context;
+mod driver;
+mod features;
+mod host;
+mod run;
+mod state;
+mod step;
+
+pub use config::{ExecutorConfig, SendOptions};
+pub use state::AgentExecutor;
+
+use std::sync::{Arc, RwLock, Weak};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use keel_core::{
+    AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, TaskState,
+    ThreadId,
+};
+use keel_runtime::{load_task_with_history, AuthContext, ListTasksFilter, Runtime};
+use serde_json::json;
+use tokio::sync::{watch, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::thread_state::ThreadHost;
+use crate::{Agent, Negotiation, ThreadState};
+use keel_core::{ApprovalDecision, ApprovalRequest};
+use keel_events::EventSink;
+use state::*;
+
+/// Attach a caller's run context to `task`. On a task that already has one, the context can
+/// only narrow: the budget becomes the tighter of the two; permissions left empty keep the
+/// task's, and a different non-empty set is refused, since with most-specific-wins rules no
+/// merge of two sets is sure to only narrow.
+fn adopt_run_context(task: &mut Task, mut incoming: RunContext) -> AgentResult<()> {
+    if let Some(existing) = RunContext::from_task(task)? {
+        if incoming.permissions.is_empty() {
+            incoming.permissions = existing.permissions;
+        } else if incoming.permissions != existing.permissions && !existing.permissions.is_empty() {
+            return Err(AgentError::invalid_input(
+                "message.metadata.run_context.permissions",
+                format!(
+                    "task {} already runs with other permissions; a continuing task's \
+                     permissions cannot change",
+                    task.id
+                ),
+            ));
+        }
+        incoming.budget = existing.budget.narrowed_by(&incoming.budget);
+    }
+    incoming.attach_to_task(task)
+}
+
+impl AgentExecutor {
+    /// An executor for `agent`, storing through `runtime`, with the default configuration.
+    pub fn new(agent: Agent, runtime: Arc<dyn Runtime>) -> Self {
+        Self::with_config(agent, runtime, ExecutorConfig::default())
+    }
+
+    /// An executor with explicit tuning.
+    pub fn with_config(agent: Agent, runtime: Arc<dyn Runtime>, config: ExecutorConfig) -> Self {
+        let (changed, _) = watch::channel(0);
+        let (rested, _) = watch::channel(0);
+        let slots = Arc::new(Semaphore::new(config.max_concurrent_threads.max(1)));
+        let executor = Self {
+            inner: Arc::new_cyclic(|me| Inner {
+                agent,
+                runtime,
+                config,
+                me: me.clone(),
+                active: DashMap::default(),
+                workers: DashMap::default(),
+                changed,
+                rested,
+                tracker: TaskTracker::new(),
+                sinks: RwLock::new(Vec::new()),
+                shutting_down: CancellationToken::new(),
+                slots,
+                parents: RwLock::new(Vec::new()),
+                effects: Default::default(),
+            }),
+        };
+        let host: Weak<dyn ThreadHost> = executor.inner.me.clone();
+        executor.inner.agent.hooks.attached(host);
+        executor
+    }
+
+    /// The agent.
+    pub fn agent(&self) -> &Agent {
+        &self.inner.agent
+    }
+
+    /// The service hub.
+    pub fn runtime(&self) -> &Arc<dyn Runtime> {
+        &self.inner.runtime
+    }
+
+    /// The handle of one thread, for application code.
+    pub fn thread(&self, auth: &AuthContext, thread_id: ThreadId) -> ThreadState {
+        ThreadState {
+            auth: auth.clone(),
+            thread_id,
+            host: self.inner.clone(),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// Accept a user message: a new task in the message's thread (or a new thread), or the
+    /// continuation of the task it names when that task waits for input. The message is
+    /// persisted and queued on its thread before this returns; the thread's worker runs it
+    /// when the thread is free. Blocking by default: see [`SendOptions`].
+    pub async fn send_message(
+        &self,
+        auth: &AuthContext,
+        mut message: Message,
+        options: SendOptions,
+    ) -> AgentResult<Task> {
+        if message.parts.is_empty() {
+            return Err(AgentError::invalid_input(
+                "message.parts",
+                "must contain at least one part",
+            ));
+        }
+        if message.role != Role::User {
+            return Err(AgentError::invalid_input(
+                "message.role",
+                "must be `user` for a message sent to an agent",
+            ));
+        }
+        let tasks = self.inner.runtime.task_manager();
+        let mut task = match message.task_id.clone() {
+            Some(task_id) => {
+                let task = tasks.get_task(auth, &task_id).await?.ok_or_else(|| {
+                    AgentError::TaskNotFound {
+                        task_id: task_id.clone(),
+                    }
+                })?;
+                if !matches!(
+                    task.state(),
+                    TaskState::InputRequired | TaskState::AuthRequired
+                ) {
+                    return Err(AgentError::invalid_input(
+                        "message.task_id",
+                        format!(
+                            "task {task_id} is {} and does not accept input; omit the task id to start a new task in the same thread",
+                            task.state()
+                        ),
+                    ));
+                }
+                if message
+                    .thread_id
+                    .as_ref()
+                    .is_some_and(|t| t != &task.thread_id)
+                {
+                    return Err(AgentError::invalid_input(
+                        "message.thread_id",
+                        format!("task {task_id} belongs to another thread"),
+                    ));
+                }
+                task
+            }
+            None => Task::new(message.thread_id.clone().unwrap_or_default()),
+        };
+        self.thread(auth, task.thread_id.clone())
+            .ensure_open()
+            .await?;
+        message.task_id = Some(task.id.clone());
+        message.thread_id = Some(task.thread_id.clone());
+        match options.run_context {
+            Some(ctx) => adopt_run_context(&mut task, ctx)?,
+            None => {
+                RunContext::ensure_task_context(&mut task)?;
+            }
+        }
+        let continuing = task.state() != TaskState::Submitted;
+        if !continuing {
+            match self
+                .inner
+                .agent
+                .negotiator()
+                .negotiate(self.inner.agent.card(), &message)
+                .await?
+            {
+                Negotiation::Accept { skill } => {
+                    if let Some(skill) = skill {
+                        task.metadata.insert("skill".into(), json!(skill));
+                    }
+                }
+                Negotiation::AskInput { question } => {
+                    // The task exists and waits; the answer (a message naming it) starts it.
+                    tasks.save_task(auth, &task).await?;
+                    tasks
+                        .add_task_event(auth, &task.id, &TaskEvent::Message { message })
+                        .await?;
+                    let ask = self
+                        .inner
+                        .record_event(auth, &task, vec![Part::text(&question)])
+                        .await?;
+                    task.require_input(Some(ask))?;
+                    task.metadata
+                        .insert("stop_reason".into(), json!("negotiation"));
+                    self.inner.persist_status(auth, &task).await?;
+                    return self.get_task(auth, &task.id, options.history_length).await;
+                }
+                Negotiation::Reject { reason } => {
+                    tasks.save_task(auth, &task).await?;
+                    tasks
+                        .add_task_event(auth, &task.id, &TaskEvent::Message { message })
+                        .await?;
+                    task.update_status(TaskState::Rejected, Some(Message::agent(&reason)))?;
+                    task.metadata
+                        .insert("stop_reason".into(), json!("rejected"));
+                    self.inner.persist_status(auth, &task).await?;
+                    return self.get_task(auth, &task.id, options.history_length).await;
+                }
+            }
+        }
+        tasks.save_task(auth, &task).await?;
+        tasks
+            .add_task_event(auth, &task.id, &TaskEvent::Message { message })
+            .await?;
+        if !continuing {
+            // Two agents may share a thread (dual_ai): each runs only its own tasks.
+            self.inner
+                .runtime
+                .thread_store()
+                .kv_set(
+                    auth,
+                    &task.thread_id,
+                    &owner_key(&task.id),
+                    json!(self.inner.agent.card().name),
+                )
+                .await?;
+        }
+        if continuing {
+            // The answer is in: the task works again (and a blocking caller waits for the run
+            // rather than finding the task still waiting for input).
+            task.begin()?;
+            self.inner.persist_status(auth, &task).await?;
+        }
+        self.inner
+            .enqueue(
+                auth,
+                &task.thread_id,
+                QueuedWork::Task {
+                    task_id: task.id.clone(),
+                },
+            )
+            .await?;
+
+        if !options.return_immediately {
+            self.inner.wait_until_resting(auth, &task.id).await?;
+        }
+        self.get_task(auth, &task.id, options.history_length).await
+    }
+
+    /// The task with its history (the last `history_length` messages when given).
+    pub async fn get_task(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        history_length: Option<usize>,
+    ) -> AgentResult<Task> {
+        load_task_with_history(
+            self.inner.runtime.task_manager().as_ref(),
+            auth,
+            task_id,
+            history_length,
+        )
+        .await?
+        .ok_or_else(|| AgentError::TaskNotFound {
+            task_id: task_id.clone(),
+        })
+    }
+
+    /// Cancel a task wherever it is: queued, waiting for input, running here (stopped live),
+    /// or running in another process sharing the store (which sees the request at its next
+    /// checkpoint). Ends `canceled` with `reason`; a terminal task is
+    /// [`AgentError::TaskNotCancelable`], an unknown one [`AgentError::TaskNotFound`].
+    pub async fn cancel_task(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        reason: Option<String>,
+    ) -> AgentResult<Task> {
+        let inner = &self.inner;
+        let tasks = inner.runtime.task_manager();
+        let task =
+            tasks
+                .get_task(auth, task_id)
+                .await?
+                .ok_or_else(|| AgentError::TaskNotFound {
+                    task_id: task_id.clone(),
+                })?;
+        if task.state().is_terminal() {
+            return Err(AgentError::TaskNotCancelable {
+                task_id: task_id.clone(),
+                state: task.state(),
+            });
+        }
+        let reason = reason.unwrap_or_else(|| "canceled by request".into());
+        // The durable flag reaches a run in any process at its next checkpoint.
+        inner
+            .runtime
+            .memory_service()
+            .save_serialized_with_ttl(
+                auth,
+                &cancel_key(task_id),
+                json!(reason),
+                Duration::from_secs(86_400),
+            )
+            .await?;
+        let local = inner
+            .active
+            .get(&(auth.namespace(), task_id.clone()))
+            .map(|a| a.clone());
+        if let Some(run) = local {
+            *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+            run.token.cancel();
+        } else if task.state() != TaskState::Working {
+            // Queued or waiting for input: no run holds it, so end it here. A worker that
+            // picks its queue item up later skips it.
+            inner.cancel_at_rest(auth, task_id, &reason).await?;
+        } else if let Some(lease) = inner
+            .runtime
+            .thread_store()
+            .acquire_lease(
+                auth,
+                &task.thread_id,
+                &inner.config.holder,
+                inner.config.lease_ttl,
+            )
+            .await?
+        {
+            // Working, but nobody holds its thread: its process died. End it here.
+            let result = inner.cancel_at_rest(auth, task_id, &reason).await;
+            inner
+                .runtime
+                .thread_store()
+                .release_lease(auth, &lease)
+                .await?;
+            inner.schedule(auth, &task.thread_id);
+            result?;
+        }
+        inner.wait_until_resting(auth, task_id).await?;
+        let task = self.get_task(auth, task_id, None).await?;
+        if task.state() != TaskState::Canceled {
+            return Err(AgentError::TaskNotCancelable {
+                task_id: task_id.clone(),
+                state: task.state(),
+            });
+        }
+        Ok(task)
+    }
+
+    // Subagents: a parent's subagent tools wait for a child's task through this.
+    /// Wait until the task rests with an answer (terminal, or waiting for input or approval:
+    /// see [`TaskRest::answers`]) and return it.
+    pub(crate) async fn wait_for_rest(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<Task> {
+        self.inner.wait_until_resting(auth, task_id).await?;
+        self.get_task(auth, task_id, None).await
+    }
+
+    /// Send every run's normalized events (`keel-events`) to `sink` too, from now on.
+    pub fn add_event_sink(&self, sink: Arc<dyn EventSink>) {
+        self.inner
+            .sinks
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(sink);
+    }
+
+    /// Answer an action that waits for approval (the task is `input-required` with
+    /// `metadata.pending_approval`). The decision must carry the pending request's id. The
+    /// task resumes: an approved action runs, a denied one becomes a tool error the model
+    /// sees. This works after a restart too, since the pending request is persisted.
+    /// Answers the task once it rests again.
+    pub async fn decide_approval(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        decision: ApprovalDecision,
+    ) -> AgentResult<Task> {
+        let tasks = self.inner.runtime.task_manager();
+        let mut task =
+            tasks
+                .get_task(auth, task_id)
+                .await?
+                .ok_or_else(|| AgentError::TaskNotFound {
+                    task_id: task_id.clone(),
+                })?;
+        let pending: ApprovalRequest = task
+            .metadata
+            .get(META_PENDING_APPROVAL)
+            .filter(|_| task.state() == TaskState::InputRequired)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .ok_or_else(|| {
+                AgentError::invalid_input(
+                    "task_id",
+                    format!("task {task_id} has no action waiting for approval"),
+                )
+            })?;
+        if pending.request_id != decision.request_id {
+            return Err(AgentError::invalid_input(
+                "approval_decision.request_id",
+                format!(
+                    "`{}` does not answer the pending request `{}`",
+                    decision.request_id, pending.request_id
+                ),
+            ));
+        }
+        task.metadata.insert(
+            META_APPROVAL_DECISION.into(),
+            serde_json::to_value(&decision).map_err(AgentError::internal)?,
+        );
+        tasks.save_task(auth, &task).await?;
+        self.inner
+            .enqueue(
+                auth,
+                &task.thread_id,
+                QueuedWork::Task {
+                    task_id: task.id.clone(),
+                },
+            )
+            .await?;
+        // Wait for the run to pick the decision up and rest again.
+        self.inner.wait_until(auth, task_id, answered).await?;
+        // Answered with its history, like every task this API hands out.
+        self.get_task(auth, task_id, None).await
+    }
+
+    /// A signal bumped whenever this process appends to a task's event log or changes a
+    /// task's status, so that streams can follow tasks without polling the store. Work done
+    /// by other processes sharing the store does not bump it: followers of such tasks look
+    /// at the store now and then.
+    pub fn task_updates(&self) -> watch::Receiver<u64> {
+        self.inner.changed.subscribe()
+    }
+
+    /// Whether a run of this task is executing in this process.
+    pub fn is_running(&self, auth: &AuthContext, task_id: &TaskId) -> bool {
+        self.inner
+            .active
+            .contains_key(&(auth.namespace(), task_id.clone()))
+    }
+
+    /// Resume what a dead process left behind for this tenant: every task that is queued or
+    /// working gets its thread scheduled (a working task resumes at its last persisted step),
+    /// and a task whose queue entry was lost is queued again.
+    pub async fn recover(&self, auth: &AuthContext) -> AgentResult<usize> {
+        let tasks = self.inner.runtime.task_manager();
+        let threads = self.inner.runtime.thread_store();
+        let mut resumed = 0;
+        for state in [TaskState::Working, TaskState::Submitted] {
+            let mut filter = ListTasksFilter {
+                state: Some(state),
+                page_size: Some(100),
+                ..Default::default()
+            };
+            loop {
+                let page = tasks.list_tasks(auth, &filter).await?;
+                for task in &page.items {
+                    let queued = threads
+                        .peek_queue(auth, &task.thread_id, usize::MAX)
+                        .await?;
+                    let in_queue = queued.iter().any(|item| {
+                        matches!(serde_json::from_value(item.payload.clone()), Ok(QueuedWork::Task { task_id }) if task_id == task.id)
+                    });
+                    if !in_queue {
+                        let payload = serde_json::to_value(QueuedWork::Task {
+                            task_id: task.id.clone(),
+                        })
+                        .map_err(AgentError::internal)?;
+                        threads.push_queue(auth, &task.thread_id, payload).await?;
+                    }
+                    self.inner.schedule(auth, &task.thread_id);
+                    resumed += 1;
+                }
+                match page.next_page_token {
+                    Some(token) => filter.page_token = Some(token),
+                    None => break,
+                }
+            }
+        }
+        Ok(resumed)
+    }
+
+    /// Resume what a dead process left behind for every tenant the task store knows
+    /// ([`TaskManager::tenants`](keel_runtime::TaskManager::tenants)), as
+    /// [`AgentExecutor::recover`] does for one; a store that cannot list tenants recovers the
+    /// default tenant only. Returns how many tasks were resumed.
+    pub async fn recover_all(&self) -> AgentResult<usize> {
+        let tenants = match self.inner.runtime.task_manager().tenants().await {
+            Ok(tenants) => tenants,
+            Err(AgentError::Unsupported { .. }) => {
+                vec![self.inner.runtime.auth_service().auth_context()]
+            }
+            Err(err) => return Err(err),
+        };
+        let mut resumed = 0;
+        for auth in &tenants {
+            resumed += self.recover(auth).await?;
+        }
+        Ok(resumed)
+    }
+
+    /// Cancel every run of this process (reason `server shutting down`), stop taking new
+    /// work, and wait until each run has persisted its final state.
+    pub async fn shutdown(&self) {
+        self.inner.shutting_down.cancel();
+        for run in self.inner.active.iter() {
+            *run.reason.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some("server shutting down".into());
+            run.token.cancel();
+        }
+        self.inner.tracker.close();
+        self.inner.tracker.wait().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_core::RunBudget;
+    use serde_json::{json, Value};
+
+    fn with_context(permissions: Value, max_steps: Option<u32>) -> Task {
+        let mut task = Task::create(Message::user("hi"));
+        let mut ctx = RunContext::new().with_budget(RunBudget {
+            max_steps,
+            ..Default::default()
+        });
+        ctx.permissions = serde_json::from_value(permissions).unwrap();
+        ctx.attach_to_task(&mut task).unwrap();
+        task
+    }
+
+    fn incoming(permissions: Value, max_steps: Option<u32>) -> RunContext {
+        let mut ctx = RunContext::new().with_budget(RunBudget {
+            max_steps,
+            ..Default::default()
+        });
+        ctx.permissions = serde_json::from_value(permissions).unwrap();
+        ctx
+    }
+
+    #[test]
+    fn a_new_task_adopts_the_callers_context() {
+        let mut task = Task::create(Message::user("hi"));
+        let ctx = incoming(json!({"records.*": "deny"}), Some(3));
+        adopt_run_context(&mut task, ctx.clone()).unwrap();
+        let adopted = RunContext::from_task(&task).unwrap().unwrap();
+        assert_eq!(adopted.run_id, ctx.run_id);
+        assert_eq!(adopted.permissions, ctx.permissions);
+        assert_eq!(adopted.budget.max_steps, Some(3));
+    }
+
+    #[test]
+    fn a_continuing_task_context_only_narrows() {
+        // The budget takes the tighter limit, whichever side sets it.
+        let mut task = with_context(json!({"records.*": "deny"}), Some(3));
+        adopt_run_context(&mut task, incoming(json!({}), Some(10))).unwrap();
+        let ctx = RunContext::from_task(&task).unwrap().unwrap();
+        assert_eq!(ctx.budget.max_steps, Some(3));
+        // Permissions left empty keep the task's (empty would mean "no narrowing").
+        assert_eq!(ctx.permissions["records.*"], json!("deny"));
+
+        // Other permissions are refused, naming the field, and change nothing.
+        let before = task.metadata.clone();
+        let err = adopt_run_context(&mut task, incoming(json!({"records.read": "allow"}), None))
+            .unwrap_err();
+        assert!(
+            matches!(&err, AgentError::InvalidInput { field, .. } if field == "message.metadata.run_context.permissions"),
+            "{err:?}"
+        );
+        assert_eq!(task.metadata, before);
+
+        // A task without permissions may take some: that only narrows.
+        let mut open = with_context(json!({}), None);
+        adopt_run_context(&mut open, incoming(json!({"records.*": false}), Some(2))).unwrap();
+        let ctx = RunContext::from_task(&open).unwrap().unwrap();
+        assert_eq!(ctx.permissions["records.*"], json!(false));
+        assert_eq!(ctx.budget.max_steps, Some(2));
+    }
+}

@@ -1,0 +1,676 @@
+//! The run lifecycle: start or resume a task's run, cancel it, and finish it (its final
+//! state, stop reason, report and task record).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use chrono::Utc;
+use keel_core::{
+    AgentError, AgentResult, Artifact, Message, Part, PartContent, Role, RunContext, Task,
+    TaskEvent, TaskId, TaskState, ThreadId,
+};
+use keel_core::{ApprovalDecision, ApprovalOutcome, ApprovalRequest};
+use keel_events::{EventType, RedactionPolicy, RunEvent};
+use keel_llm::{LlmMessage, LlmRole, ToolCall};
+use keel_runtime::AuthContext;
+use keel_runtime::{RunRecord, TaskRecord};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::state::*;
+use crate::observe::RunObs;
+use crate::thread_state::ThreadHost;
+use crate::{TaskRest, ThreadState, ToolContext};
+
+impl Inner {
+    pub(super) async fn persist_status(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
+        let tasks = self.runtime.task_manager();
+        tasks.save_task(auth, task).await?;
+        tasks
+            .add_task_event(
+                auth,
+                &task.id,
+                &TaskEvent::StatusUpdate {
+                    task_id: task.id.clone(),
+                    thread_id: task.thread_id.clone(),
+                    status: task.status().clone(),
+                    is_final: task.state().is_terminal(),
+                },
+            )
+            .await?;
+        self.task_saved();
+        Ok(())
+    }
+
+    /// Tell [`AgentExecutor::task_updates`] subscribers that a task changed. Nobody listens
+    /// most of the time, and a watch wakes its (absent) waiters at a cost even then: twice a
+    /// step. A subscriber arriving later sees only later changes either way.
+    pub(super) fn task_changed(&self) {
+        if self.changed.receiver_count() > 0 {
+            self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Wake local waiters after a task record was saved (see `rested`), and event watchers.
+    pub(super) fn task_saved(&self) {
+        self.rested.send_modify(|n| *n = n.wrapping_add(1));
+        self.task_changed();
+    }
+
+    /// Cancel a task no run holds.
+    pub(super) async fn cancel_at_rest(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        reason: &str,
+    ) -> AgentResult<()> {
+        let Some(mut task) = self.runtime.task_manager().get_task(auth, task_id).await? else {
+            return Ok(());
+        };
+        if task.state().is_terminal() {
+            return Ok(());
+        }
+        mark_canceled(&mut task, reason)?;
+        // Subagents: a background child canceled before it ran still reports to its parent.
+        self.agent.hooks.on_rest(self, auth, &task).await;
+        self.persist_status(auth, &task).await
+    }
+
+    pub(crate) fn cancel_thread_runs(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        reason: &str,
+    ) {
+        let namespace = auth.namespace();
+        for run in self.active.iter() {
+            if run.key().0 == namespace && &run.thread_id == thread_id {
+                *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_owned());
+                run.token.cancel();
+            }
+        }
+    }
+
+    /// Whether the run must stop: canceled here, canceled through the store by another
+    /// process, or the thread's lease lost.
+    pub(super) async fn stop_requested(&self, flow: &Flow, run: &ActiveRun) -> Option<Outcome> {
+        if flow.lost.is_cancelled() {
+            return Some(Outcome::Abandoned);
+        }
+        if run.token.is_cancelled() {
+            return Some(Outcome::Canceled {
+                reason: run_reason(run),
+            });
+        }
+        match self
+            .runtime
+            .memory_service()
+            .load_serialized(&flow.auth, &run.cancel_key)
+            .await
+        {
+            Ok(Some(reason)) => {
+                let reason = reason.as_str().unwrap_or("canceled by request").to_owned();
+                *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
+                run.token.cancel();
+                Some(Outcome::Canceled { reason })
+            }
+            _ => None,
+        }
+    }
+
+    /// Run (or resume) one task on the thread `flow` holds.
+    pub(super) async fn run_task(&self, flow: &Flow, task_id: &TaskId) -> AgentResult<()> {
+        let auth = &flow.auth;
+        let Some(mut task) = self.runtime.task_manager().get_task(auth, task_id).await? else {
+            return Ok(());
+        };
+        // Nothing to do for a task at rest, unless it waits for a tool (this queue item is its
+        // callback or its deadline) or got the input it waited for.
+        if TaskRest::of(&task, 0).is_some_and(|rest| rest.answers())
+            && !self.has_unseen_input(flow, &task).await?
+        {
+            return Ok(());
+        }
+        let key = (auth.namespace(), task_id.clone());
+        let run = Arc::new(ActiveRun {
+            thread_id: flow.thread_id.clone(),
+            token: CancellationToken::new(),
+            reason: Mutex::new(None),
+            cancel_key: cancel_key(task_id),
+        });
+        self.active.insert(key.clone(), run.clone());
+        // A cancel accepted by another process arrives as a durable flag; watch for it while
+        // a model or tool call is in flight, so that the call is dropped at once.
+        let watcher = {
+            let (memory, auth, task_id, run) = (
+                self.runtime.memory_service(),
+                auth.clone(),
+                task_id.clone(),
+                run.clone(),
+            );
+            let period = self.config.poll_interval;
+            tokio::spawn(async move {
+                while !run.token.is_cancelled() {
+                    tokio::select! {
+                        () = run.token.cancelled() => return,
+                        () = tokio::time::sleep(period) => {}
+                    }
+                    if let Ok(Some(reason)) =
+                        memory.load_serialized(&auth, &cancel_key(&task_id)).await
+                    {
+                        let reason = reason.as_str().unwrap_or("canceled by request").to_owned();
+                        *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+                        run.token.cancel();
+                    }
+                }
+            })
+        };
+        let span = tracing::info_span!("run", task_id = %task_id, agent = %self.agent.card().name);
+        // Boxed: the run's state machine (step loop, tool calls, persistence) is large, and
+        // inline it would make every thread worker's future that large, copied whole when
+        // the worker is spawned.
+        let result = Box::pin(self.run_task_inner(flow, &mut task, &run).instrument(span)).await;
+        watcher.abort();
+        self.active.remove(&key);
+        self.task_saved();
+        match result {
+            Ok(()) => Ok(()),
+            Err(err @ AgentError::LeaseLost { .. }) => Err(err),
+            Err(err) => {
+                tracing::error!(error = %err, "run failed; failing the task");
+                if let Ok(Some(mut task)) =
+                    self.runtime.task_manager().get_task(auth, task_id).await
+                {
+                    if !task.state().is_terminal() && task.fail(err.to_string()).is_ok() {
+                        self.persist_status(auth, &task).await?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether a resting task has user input that the thread history has not seen (an
+    /// input-required task that got its answer).
+    pub(super) async fn has_unseen_input(&self, flow: &Flow, task: &Task) -> AgentResult<bool> {
+        if !matches!(
+            task.state(),
+            TaskState::InputRequired | TaskState::AuthRequired
+        ) {
+            return Ok(false);
+        }
+        let history = self.read_history(flow).await?;
+        let seen = tag_values(&history, META_MESSAGE);
+        let events = self
+            .runtime
+            .task_manager()
+            .get_task_events(&flow.auth, &task.id)
+            .await?;
+        let unseen = user_messages(&events).any(|m| !seen.contains(m.message_id.as_str()));
+        Ok(unseen)
+    }
+
+    pub(super) async fn record_event(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        parts: Vec<Part>,
+    ) -> AgentResult<Message> {
+        let mut message = Message::new(Role::Agent, parts);
+        message.task_id = Some(task.id.clone());
+        message.thread_id = Some(task.thread_id.clone());
+        self.runtime
+            .task_manager()
+            .add_task_event(
+                auth,
+                &task.id,
+                &TaskEvent::Message {
+                    message: message.clone(),
+                },
+            )
+            .await?;
+        self.task_changed();
+        Ok(message)
+    }
+
+    pub(super) async fn run_task_inner(
+        &self,
+        flow: &Flow,
+        task: &mut Task,
+        run: &ActiveRun,
+    ) -> AgentResult<()> {
+        let auth = &flow.auth;
+        let thread = ThreadState {
+            auth: auth.clone(),
+            thread_id: flow.thread_id.clone(),
+            host: self
+                .shared()
+                .ok_or_else(|| AgentError::internal("executor dropped"))?,
+            cancel: run.token.clone(),
+        };
+        // A task whose thread was terminated after it was queued never starts.
+        if thread.is_terminated().await? {
+            mark_canceled(task, "thread terminated")?;
+            return self.persist_status(auth, task).await;
+        }
+        let run_context = RunContext::ensure_task_context(task)?;
+        let sinks = self.sinks.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let obs = Arc::new(RunObs::new(
+            &sinks,
+            &run_context,
+            &task.id,
+            &self.agent.card().name,
+            self.agent.authorizer().clone(),
+        ));
+        if let Some(outcome) = self.stop_requested(flow, run).await {
+            return self.finish(flow, &obs, task, outcome).await;
+        }
+        if task.state() != TaskState::Working {
+            task.begin()?;
+            self.persist_status(auth, task).await?;
+            // The whole task rides on the final status only (the payload's contract).
+            obs.emit(RunEvent::task_state_of(task)).await;
+        }
+        let ctx = ToolContext {
+            auth: auth.clone(),
+            run: run_context.clone(),
+            task_id: task.id.clone(),
+            thread_id: task.thread_id.clone(),
+            thread,
+            cancel: run.token.clone(),
+            runtime: self.runtime.clone(),
+            events: Some(obs.clone()),
+        };
+        let scope = Scope {
+            flow,
+            ctx: &ctx,
+            run,
+            obs: &obs,
+        };
+
+        // The task's user messages join the thread history once each (a resumed run finds
+        // them there already).
+        let mut history = self.read_history(flow).await?;
+        let seen = tag_values(&history, META_MESSAGE);
+        let events = self
+            .runtime
+            .task_manager()
+            .get_task_events(auth, &task.id)
+            .await?;
+        let mut new_input = Vec::new();
+        for message in user_messages(&events) {
+            if !seen.contains(message.message_id.as_str()) {
+                let mut entry = user_entry(message);
+                tag(&mut entry, &task.id);
+                entry
+                    .metadata
+                    .insert(META_MESSAGE.into(), json!(message.message_id.as_str()));
+                new_input.push(entry);
+            }
+        }
+        let direct = direct_tool_calls(user_messages(&events).last());
+        if !new_input.is_empty() {
+            self.append(flow, &mut history, new_input).await?;
+        }
+        if let Some(max_turns) = self.agent.stop_rules().max_session_turns {
+            let turns = history
+                .iter()
+                .filter(|m| m.role == LlmRole::User && m.metadata.contains_key(META_MESSAGE))
+                .count() as u64;
+            if turns > u64::from(max_turns) {
+                let error = AgentError::BudgetExceeded {
+                    limit: "max_session_turns".into(),
+                    used: turns,
+                    max: u64::from(max_turns),
+                };
+                return self
+                    .finish(
+                        flow,
+                        &obs,
+                        task,
+                        Outcome::Failed {
+                            error,
+                            reason: "max_session_turns".into(),
+                        },
+                    )
+                    .await;
+            }
+        }
+
+        // Subagents: `immediate` kinds are queued to run before the thread's first model step.
+        if direct.is_none() {
+            self.agent.hooks.before_first_step(&ctx, &history).await?;
+        }
+        let outcome = match direct {
+            Some(calls) => self.run_direct(&scope, task, calls, &mut history).await?,
+            None => match self
+                .resume_interrupted_calls(&scope, task, &mut history)
+                .await?
+            {
+                Some(outcome) => outcome,
+                None => self.step_loop(&scope, task, &mut history).await?,
+            },
+        };
+        self.finish(flow, &obs, task, outcome).await
+    }
+
+    /// After a crash or an approval: tool calls of this task with no persisted result. A
+    /// call waiting for an approval runs (or is refused) as decided; otherwise it is re-run
+    /// when the tool is idempotent and answered with an "interrupted" error when not.
+    pub(super) async fn resume_interrupted_calls(
+        &self,
+        scope: &Scope<'_>,
+        task: &mut Task,
+        history: &mut Vec<LlmMessage>,
+    ) -> AgentResult<Option<Outcome>> {
+        let answered: HashSet<String> = history
+            .iter()
+            .filter_map(|m| m.tool_call_id.clone())
+            .collect();
+        // Calls run in order and each persists its result before the next starts, so only the
+        // first unanswered call of a step can have started; the later ones never ran.
+        let dangling: Vec<(ToolCall, bool)> = history
+            .iter()
+            .filter(|m| m.role == LlmRole::Assistant && is_tagged(m, &task.id))
+            .flat_map(|m| {
+                m.tool_calls
+                    .iter()
+                    .filter(|c| !answered.contains(&c.id))
+                    .enumerate()
+                    .map(|(i, c)| (c.clone(), i == 0))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let pending: Option<ApprovalRequest> = task
+            .metadata
+            .get(META_PENDING_APPROVAL)
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        let decision: Option<ApprovalDecision> = task
+            .metadata
+            .get(META_APPROVAL_DECISION)
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        for (call, may_have_started) in dangling {
+            let awaited = pending.as_ref().filter(|p| {
+                p.action.metadata.get("call_id").and_then(Value::as_str) == Some(call.id.as_str())
+            });
+            // Asynchronous tools: a call still waiting, answered by callback, or timed out.
+            let asynchronous = self.async_result(scope, &call).await?;
+            let result = match (awaited, &decision) {
+                _ if asynchronous.is_some() => asynchronous.unwrap_or(ToolRun::Pending {
+                    call_id: call.id.clone(),
+                }),
+                (Some(request), Some(decision)) if decision.request_id == request.request_id => {
+                    scope
+                        .obs
+                        .emit(RunEvent::approval_decided(request, decision))
+                        .await;
+                    if decision.outcome == ApprovalOutcome::Approved {
+                        self.call_tool(scope, &call, true).await
+                    } else {
+                        let reason = decision
+                            .reason
+                            .clone()
+                            .unwrap_or_else(|| "denied by the approver".into());
+                        scope
+                            .obs
+                            .emit(RunEvent::action_denied(
+                                request.action.id.clone(),
+                                reason.clone(),
+                            ))
+                            .await;
+                        ToolRun::Done {
+                            output: json!(format!("denied: {reason}")),
+                            is_error: true,
+                        }
+                    }
+                }
+                (Some(request), _) => {
+                    return Ok(Some(Outcome::AwaitingApproval {
+                        request: Box::new(request.clone()),
+                    }))
+                }
+                (None, _)
+                    if !may_have_started
+                        || self
+                            .agent
+                            .tool(&call.name)
+                            .is_some_and(|t| t.tool.idempotent()) =>
+                {
+                    self.call_tool(scope, &call, false).await
+                }
+                (None, _) => ToolRun::Done {
+                    output: json!(format!(
+                        "tool call `{}` was interrupted by a restart and not run again",
+                        call.name
+                    )),
+                    is_error: true,
+                },
+            };
+            match result {
+                ToolRun::Done { output, is_error } => {
+                    self.persist_tool_result(scope.flow, task, &call, output, is_error, history)
+                        .await?;
+                }
+                ToolRun::Canceled => {
+                    return Ok(Some(Outcome::Canceled {
+                        reason: run_reason(scope.run),
+                    }))
+                }
+                ToolRun::Approval(request) => {
+                    return Ok(Some(Outcome::AwaitingApproval { request }))
+                }
+                ToolRun::Stop(error) => return Ok(Some(budget_failure(error))),
+                ToolRun::Pending { call_id } => return Ok(Some(Outcome::AwaitingTool { call_id })),
+            }
+        }
+        if task.metadata.remove(META_PENDING_APPROVAL).is_some()
+            | task.metadata.remove(META_APPROVAL_DECISION).is_some()
+        {
+            self.runtime
+                .task_manager()
+                .save_task(&scope.flow.auth, task)
+                .await?;
+            self.task_saved();
+        }
+        Ok(None)
+    }
+
+    /// Write how the run ended: the task's final (or resting) state, its answer, artifact and
+    /// stop reason, then the run's report and task record.
+    pub(super) async fn finish(
+        &self,
+        flow: &Flow,
+        obs: &RunObs,
+        task: &mut Task,
+        outcome: Outcome,
+    ) -> AgentResult<()> {
+        let auth = &flow.auth;
+        // The cancel flag has done its job once the run ends, whatever the ending.
+        let _ = self
+            .runtime
+            .memory_service()
+            .delete(auth, &cancel_key(&task.id))
+            .await;
+        match outcome {
+            Outcome::Abandoned => return Ok(()),
+            Outcome::AwaitingTool { call_id } => {
+                // The task stays working; the callback queues it again.
+                task.metadata
+                    .insert("stop_reason".into(), json!("awaiting_tool"));
+                task.metadata
+                    .insert("awaiting_tool_call".into(), json!(call_id));
+                obs.emit(
+                    RunEvent::builder(
+                        EventType::new("run.stopped"),
+                        "run stopped: awaiting_tool".to_owned(),
+                    )
+                    .payload(json!({ "reason": "awaiting_tool", "call_id": call_id, "state": task.state() })),
+                )
+                .await;
+                self.save_records(auth, obs, task).await;
+                self.runtime.task_manager().save_task(auth, task).await?;
+                self.task_saved();
+                return Ok(());
+            }
+            Outcome::Answer {
+                text,
+                reason,
+                recorded,
+            } => {
+                let answer = if recorded {
+                    let mut m = Message::agent(text.clone());
+                    m.task_id = Some(task.id.clone());
+                    m
+                } else {
+                    let mut entry = LlmMessage::assistant(text.clone(), vec![]);
+                    tag(&mut entry, &task.id);
+                    self.mark_side(std::slice::from_mut(&mut entry));
+                    self.runtime
+                        .thread_store()
+                        .append_history(auth, &flow.lease(), &[entry])
+                        .await?;
+                    self.record_event(auth, task, vec![Part::text(&text)])
+                        .await?
+                };
+                let artifact = Artifact::text(text).named("answer");
+                self.runtime
+                    .task_manager()
+                    .add_task_event(
+                        auth,
+                        &task.id,
+                        &TaskEvent::ArtifactUpdate {
+                            task_id: task.id.clone(),
+                            thread_id: task.thread_id.clone(),
+                            artifact: artifact.clone(),
+                            append: false,
+                            last_chunk: true,
+                        },
+                    )
+                    .await?;
+                obs.emit(RunEvent::task_artifact(&artifact, false, true))
+                    .await;
+                task.add_artifact(artifact);
+                task.metadata.insert("stop_reason".into(), json!(reason));
+                task.update_status(TaskState::Completed, Some(answer))?;
+            }
+            Outcome::Failed { error, reason } => {
+                task.metadata.insert("stop_reason".into(), json!(reason));
+                task.fail(error.to_string())?;
+            }
+            Outcome::InputRequired { question } => {
+                task.metadata
+                    .insert("stop_reason".into(), json!("input_required"));
+                let message = self
+                    .record_event(auth, task, vec![Part::text(&question)])
+                    .await?;
+                task.update_status(TaskState::InputRequired, Some(message))?;
+            }
+            Outcome::AwaitingApproval { request } => {
+                // Persisted redacted, so it can wait across restarts without keeping secrets.
+                let stored = RedactionPolicy::default().redact_approval_request(&request)?;
+                task.metadata.insert(
+                    META_PENDING_APPROVAL.into(),
+                    serde_json::to_value(&stored).map_err(AgentError::internal)?,
+                );
+                task.metadata
+                    .insert("stop_reason".into(), json!("approval_required"));
+                let message = self
+                    .record_event(
+                        auth,
+                        task,
+                        vec![Part::text(format!(
+                            "Approval required for `{}`: {}",
+                            request.action.name, request.reason
+                        ))],
+                    )
+                    .await?;
+                task.update_status(TaskState::InputRequired, Some(message))?;
+            }
+            Outcome::Canceled { reason } => {
+                task.metadata
+                    .insert("stop_reason".into(), json!("canceled"));
+                mark_canceled(task, &reason)?;
+            }
+        }
+        if let Some(reason) = task.metadata.get("stop_reason").cloned() {
+            obs.emit(
+                RunEvent::builder(
+                    EventType::new("run.stopped"),
+                    format!("run stopped: {}", render(&reason)),
+                )
+                .payload(json!({ "reason": reason, "state": task.state() })),
+            )
+            .await;
+        }
+        // The final event and the records come before the status is persisted: persisting
+        // wakes whoever waits for the task, and they must find the run fully reported.
+        obs.emit(RunEvent::task_status_of(task)).await;
+        self.save_records(auth, obs, task).await;
+        // Subagents: a background child's result goes to its parent from here, durably.
+        self.agent.hooks.on_rest(self, auth, task).await;
+        self.persist_status(auth, task).await
+    }
+
+    /// The run report (redacted) and a task snapshot go to the run store. A failure here is
+    /// logged: the task itself is already persisted.
+    pub(super) async fn save_records(&self, auth: &AuthContext, obs: &RunObs, task: &Task) {
+        let runs = self.runtime.run_store();
+        let agent_name = Some(self.agent.card().name.as_str());
+        let result = async {
+            // Read once: it indexes both records.
+            let ctx = RunContext::from_task(task)?;
+            runs.save_task_record(
+                auth,
+                &TaskRecord::with_context(task, ctx.as_ref(), agent_name),
+            )
+            .await?;
+            if let Some(ctx) = ctx {
+                // Masked and written as text while the run went (the run's report writer),
+                // which the in-memory store keeps as it is.
+                let report = obs.take_report_json()?;
+                runs.save_run_report_json(
+                    auth,
+                    RunRecord {
+                        run_id: ctx.run_id,
+                        task_id: Some(task.id.clone()),
+                        thread_id: Some(task.thread_id.clone()),
+                        trace_id: Some(ctx.trace_id),
+                        agent_name: agent_name.map(str::to_owned),
+                        recorded_at: Utc::now(),
+                        report: Value::Null,
+                    },
+                    report,
+                )
+                .await?;
+            }
+            AgentResult::Ok(())
+        }
+        .await;
+        if let Err(err) = result {
+            tracing::warn!(error = %err, "could not save the run report");
+        }
+    }
+}
+
+/// The tool calls of a message made only of `tool_call` parts.
+fn direct_tool_calls(message: Option<&Message>) -> Option<Vec<ToolCall>> {
+    let message = message?;
+    let calls: Vec<ToolCall> = message
+        .parts
+        .iter()
+        .map(|p| match &p.content {
+            PartContent::ToolCall {
+                call_id,
+                tool_name,
+                args,
+            } => Some(ToolCall {
+                id: call_id.clone(),
+                name: tool_name.clone(),
+                arguments: args.clone(),
+            }),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    (!calls.is_empty()).then_some(calls)
+}

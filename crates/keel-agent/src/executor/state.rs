@@ -1,0 +1,258 @@
+//! The executor's shared state and the types its parts pass each other: the process-local
+//! registry (`Inner`), the queued work, the lease a worker holds, how a run ended.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use dashmap::DashMap;
+use keel_core::ApprovalRequest;
+use keel_core::{
+    AgentError, AgentResult, Message, PartContent, Role, RunContext, Task, TaskEvent, TaskId,
+    ThreadId,
+};
+use keel_events::EventSink;
+use keel_llm::LlmMessage;
+use keel_runtime::{AuthContext, Lease, Runtime};
+use serde_json::{json, Value};
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::config::*;
+use crate::observe::RunObs;
+use crate::thread_state::ThreadHost;
+use crate::work::EffectScheduler;
+use crate::{Agent, TaskRest, ToolContext};
+
+pub(super) use crate::work::QueuedWork;
+
+/// Metadata keys Keel puts on thread history entries.
+pub(super) const META_TASK: &str = "keel.task_id";
+pub(super) const META_MESSAGE: &str = "keel.message_id";
+pub(super) const META_QUEUE_ITEM: &str = "keel.queue_item";
+/// History metadata key: the agent (side) that wrote an assistant or tool entry, so that two
+/// agents sharing a thread each see the other as the user (dual_ai, §4).
+pub(super) const META_SIDE: &str = "keel.side";
+/// Task metadata keys of an action waiting for approval and of the decision about it.
+pub(super) const META_PENDING_APPROVAL: &str = "pending_approval";
+pub(super) const META_APPROVAL_DECISION: &str = "approval_decision";
+
+/// A run in progress in this process.
+pub(super) struct ActiveRun {
+    pub(super) thread_id: ThreadId,
+    pub(super) token: CancellationToken,
+    pub(super) reason: Mutex<Option<String>>,
+    /// Where another process leaves a cancel request for this task (`cancel_key`), read at
+    /// every checkpoint.
+    pub(super) cancel_key: String,
+}
+
+pub(super) type TaskKey = (String, TaskId);
+pub(super) type ThreadKey = (String, ThreadId);
+
+pub(super) struct Inner {
+    pub(super) agent: Agent,
+    pub(super) runtime: Arc<dyn Runtime>,
+    pub(super) config: ExecutorConfig,
+    pub(super) me: Weak<Inner>,
+    pub(super) active: DashMap<TaskKey, Arc<ActiveRun>, foldhash::fast::RandomState>,
+    pub(super) workers: DashMap<ThreadKey, Arc<Notify>, foldhash::fast::RandomState>,
+    /// Bumped whenever this process persists a task status or a message of a task, to wake
+    /// local watchers of a task's events (streams, push delivery).
+    pub(super) changed: watch::Sender<u64>,
+    /// Bumped whenever this process saves a task record (its status or metadata), to wake
+    /// the callers waiting for a task to rest. Kept apart from `changed` so that a blocking
+    /// send is not woken, and does not read its task again, at every persisted message.
+    pub(super) rested: watch::Sender<u64>,
+    pub(super) tracker: TaskTracker,
+    /// Where every run's events go (besides its own recorder).
+    pub(super) sinks: RwLock<Vec<Arc<dyn EventSink>>>,
+    pub(super) shutting_down: CancellationToken,
+    pub(super) slots: Arc<Semaphore>,
+    /// Subagents: the executors whose agents use this one as a child kind, woken when a
+    /// child's result is queued on their thread.
+    pub(super) parents: RwLock<Vec<(String, Weak<dyn ThreadHost>)>>,
+    /// Scheduled effects: what wakes the scheduler.
+    pub(super) effects: EffectScheduler,
+}
+
+/// Runs one [`Agent`] on threads, persisting through a [`Runtime`]. Cheap to clone.
+#[derive(Clone)]
+pub struct AgentExecutor {
+    pub(super) inner: Arc<Inner>,
+}
+
+/// The lease a worker holds, kept fresh by a renewal task.
+pub(super) struct Flow {
+    pub(super) auth: AuthContext,
+    pub(super) thread_id: ThreadId,
+    pub(super) lease: Arc<RwLock<Arc<Lease>>>,
+    pub(super) lost: CancellationToken,
+}
+
+impl Flow {
+    /// The current lease, shared: every persist point passes it to the store, and copying it
+    /// each time (its strings) was an allocation per write.
+    pub(super) fn lease(&self) -> Arc<Lease> {
+        self.lease.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// How a run ended, before it is written to the task.
+pub(super) enum Outcome {
+    /// Completed with this answer; `recorded` says whether the answer message is already in
+    /// the task's log.
+    Answer {
+        text: String,
+        reason: &'static str,
+        recorded: bool,
+    },
+    Failed {
+        error: AgentError,
+        reason: String,
+    },
+    InputRequired {
+        question: String,
+    },
+    /// An action needs a decision nobody could make in-process: the task waits for
+    /// [`AgentExecutor::decide_approval`].
+    AwaitingApproval {
+        request: Box<ApprovalRequest>,
+    },
+    Canceled {
+        reason: String,
+    },
+    /// The lease was lost: another process owns the thread now and will finish the task.
+    Abandoned,
+    /// Asynchronous tools: a call waits for its callback; the task stays working and the
+    /// thread is released.
+    AwaitingTool {
+        call_id: String,
+    },
+}
+
+/// Thread key-value key naming the agent a task was sent to.
+pub(super) fn owner_key(task_id: &TaskId) -> String {
+    format!("keel:agent:{task_id}")
+}
+
+pub(super) fn cancel_key(task_id: &TaskId) -> String {
+    format!("keel:cancel:{task_id}")
+}
+
+/// Whether a caller waiting for the task's answer stops here: the task rests
+/// ([`TaskRest`]), and not for an asynchronous tool, which calls back by itself. A decision
+/// waiting to be applied is no rest, so an approval's caller waits for the run to take it.
+pub(super) fn answered(task: &Task) -> bool {
+    TaskRest::of(task, 0).is_some_and(|rest| rest.answers())
+}
+
+/// How a worker left the thread's queue.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Worked {
+    /// Empty, or stopped (lease lost, shutdown, store error).
+    Done,
+    /// The next item is a task of another agent sharing the thread.
+    LeftForAnotherAgent,
+}
+
+/// Per-run handles, passed together through the step loop.
+pub(super) struct Scope<'a> {
+    pub(super) flow: &'a Flow,
+    pub(super) ctx: &'a ToolContext,
+    pub(super) run: &'a ActiveRun,
+    pub(super) obs: &'a RunObs,
+}
+
+/// How one tool call went.
+pub(super) enum ToolRun {
+    Done {
+        output: Value,
+        is_error: bool,
+    },
+    /// Asynchronous tools: dispatched and acknowledged; the result comes by callback.
+    Pending {
+        call_id: String,
+    },
+    Canceled,
+    Approval(Box<ApprovalRequest>),
+    Stop(AgentError),
+}
+
+pub(super) fn budget_failure(error: AgentError) -> Outcome {
+    let reason = match &error {
+        AgentError::BudgetExceeded { limit, .. } => limit.clone(),
+        _ => "budget".into(),
+    };
+    Outcome::Failed { error, reason }
+}
+
+/// A JSON value as the model sees it: strings bare, everything else as JSON.
+pub(super) fn render(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+pub(super) fn run_reason(run: &ActiveRun) -> String {
+    run.reason
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .unwrap_or_else(|| "canceled by request".into())
+}
+
+pub(super) fn tag(message: &mut LlmMessage, task_id: &TaskId) {
+    message
+        .metadata
+        .insert(META_TASK.into(), json!(task_id.as_str()));
+}
+
+pub(super) fn is_tagged(message: &LlmMessage, task_id: &TaskId) -> bool {
+    message.metadata.get(META_TASK).and_then(Value::as_str) == Some(task_id.as_str())
+}
+
+/// The values of the text tag `key` across the history (the ids its entries came from).
+pub(super) fn tag_values(history: &[LlmMessage], key: &str) -> HashSet<String> {
+    history
+        .iter()
+        .filter_map(|m| {
+            m.metadata
+                .get(key)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+pub(super) fn user_messages(events: &[TaskEvent]) -> impl Iterator<Item = &Message> {
+    events
+        .iter()
+        .filter_map(TaskEvent::as_message)
+        .filter(|m| m.role == Role::User)
+}
+
+/// End a task `canceled` with its reason in `metadata.cancel_reason`, in the status message,
+/// and in the task's run context (marked canceled with the same reason).
+pub(super) fn mark_canceled(task: &mut Task, reason: &str) -> AgentResult<()> {
+    task.cancel(Some(reason))?;
+    task.set_status_message(Message::agent(format!("Canceled: {reason}")));
+    let mut ctx = RunContext::ensure_task_context(task)?;
+    ctx.cancel(reason);
+    ctx.attach_to_task(task)
+}
+
+/// A user message as a history entry: its text, and its files as attachments.
+pub(super) fn user_entry(message: &Message) -> LlmMessage {
+    let mut entry = LlmMessage::user(message.text());
+    entry.attachments = message
+        .parts
+        .iter()
+        .filter_map(|p| match &p.content {
+            PartContent::File { file } => Some(file.clone()),
+            _ => None,
+        })
+        .collect();
+    entry
+}

@@ -1,0 +1,640 @@
+//! The step loop: model calls, tool calls judged by policy and run in order, and the
+//! stop rules; also the direct (model-less) tool call of the public API.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::{FutureExt, StreamExt};
+use keel_core::RunAction;
+use keel_core::{AgentError, AgentResult, Part, RunContext, Task, TaskId, ThreadId};
+use keel_events::payload::{
+    ActionCompletedPayload, ActionFailedPayload, LlmCallCompletedPayload, LlmCallStartedPayload,
+};
+use keel_events::{EventType, RunEvent};
+use keel_llm::{prepare_manifest_reusing, LlmStreamEvent, ManifestEstimates, ManifestIds};
+use keel_llm::{LlmMessage, LlmRequest, LlmRole, ToolCall};
+use keel_runtime::AuthContext;
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::context::*;
+use super::state::*;
+use crate::agent::{ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL};
+use crate::observe::RunObs;
+use crate::ToolContext;
+
+impl Inner {
+    pub(super) async fn step_loop(
+        &self,
+        scope: &Scope<'_>,
+        task: &Task,
+        history: &mut Vec<LlmMessage>,
+    ) -> AgentResult<Outcome> {
+        let (flow, ctx, run, obs) = (scope.flow, scope.ctx, scope.run, scope.obs);
+        let llm = self
+            .agent
+            .llm()
+            .cloned()
+            .unwrap_or_else(|| self.runtime.default_llm());
+        let profile = llm.profile();
+        let tools = Arc::new(self.agent.tool_specs());
+        let rules = self.agent.stop_rules().clone();
+        let mut invalid_calls: HashMap<String, u32> = HashMap::new();
+        // The model's view of the thread and its token estimates, carried from one step to
+        // the next so a step works on what it adds (decision 82).
+        let mut view = ModelView::default();
+        let mut estimates = ManifestEstimates::default();
+        // A resumed run continues counting from the steps already in the history.
+        let done = history
+            .iter()
+            .filter(|m| m.role == LlmRole::Assistant && is_tagged(m, &task.id))
+            .count() as u32;
+        for step in done + 1..=rules.max_steps {
+            if let Some(outcome) = self.stop_requested(flow, run).await {
+                return Ok(outcome);
+            }
+            if let Err(error) = obs.budget(|b| b.check_step()).await {
+                return Ok(budget_failure(error));
+            }
+            if let Some(outcome) = self.inject_queued(scope, task, history).await? {
+                return Ok(outcome);
+            }
+            obs.emit(
+                RunEvent::builder(EventType::new("queue.drained"), "queue drained").step(step),
+            )
+            .await;
+            let system = self.system_prompt(ctx).await;
+            let messages = view
+                .messages(
+                    system,
+                    history,
+                    &self.agent.card().name,
+                    profile.supports_vision,
+                    &ctx.thread,
+                )
+                .await;
+            let request = LlmRequest::new(messages).with_tools(tools.clone());
+            // Shared with its `context.prepared` event rather than copied for it.
+            let manifest = Arc::new(prepare_manifest_reusing(
+                &request,
+                &profile,
+                ManifestIds::from_run_context(&ctx.run, Some(&self.agent.card().name)),
+                &mut estimates,
+            ));
+            obs.emit(RunEvent::context_prepared(&manifest).step(step))
+                .await;
+            if let Err(error) = obs.budget(|b| b.check_llm_call(&manifest)).await {
+                return Ok(budget_failure(error));
+            }
+            obs.emit(
+                RunEvent::llm_call_started(LlmCallStartedPayload {
+                    provider: Some(profile.provider.clone()),
+                    model: Some(llm.model_name().to_owned()),
+                    estimated_input_tokens: manifest.total_estimated_tokens,
+                })
+                .step(step),
+            )
+            .await;
+            let called = Instant::now();
+            // The model answers as a stream: text deltas become `llm.stream` events as they
+            // arrive; the final response closes it.
+            let streamed = async {
+                let mut events = llm.stream(request);
+                while let Some(event) = events.next().await {
+                    match event? {
+                        LlmStreamEvent::TextDelta { text } => {
+                            obs.emit(RunEvent::llm_stream(text).step(step)).await
+                        }
+                        LlmStreamEvent::Done { response } => return Ok(response),
+                        _ => {}
+                    }
+                }
+                Err(AgentError::llm(
+                    llm.model_name(),
+                    "the response stream ended without a final response",
+                ))
+            };
+            let response = tokio::select! {
+                biased;
+                () = run.token.cancelled() => return Ok(Outcome::Canceled { reason: run_reason(run) }),
+                () = flow.lost.cancelled() => return Ok(Outcome::Abandoned),
+                response = streamed.instrument(tracing::info_span!("step", step)) => response,
+            };
+            let response = match response {
+                Ok(response) => response,
+                Err(error) => {
+                    return Ok(Outcome::Failed {
+                        error,
+                        reason: "model_error".into(),
+                    })
+                }
+            };
+            obs.record_llm_usage(response.usage.input_tokens, response.usage.output_tokens);
+            obs.emit(
+                RunEvent::llm_call_completed(LlmCallCompletedPayload {
+                    provider: Some(profile.provider.clone()),
+                    model: Some(llm.model_name().to_owned()),
+                    input_tokens: response.usage.input_tokens,
+                    output_tokens: response.usage.output_tokens,
+                    latency_ms: Some(called.elapsed().as_millis() as u64),
+                    finish_reason: None,
+                })
+                .step(step),
+            )
+            .await;
+            if let Some(outcome) = self.stop_requested(flow, run).await {
+                return Ok(outcome);
+            }
+            // Persist the assistant response before anything runs.
+            let content = response.content.clone().unwrap_or_default();
+            let mut assistant = LlmMessage::assistant(content.clone(), response.tool_calls.clone());
+            tag(&mut assistant, &task.id);
+            let mut parts: Vec<Part> = if content.is_empty() {
+                Vec::new()
+            } else {
+                vec![Part::text(&content)]
+            };
+            parts.extend(
+                response
+                    .tool_calls
+                    .iter()
+                    .map(|c| Part::tool_call(&c.id, &c.name, c.arguments.clone())),
+            );
+            if parts.is_empty() {
+                self.append(flow, history, vec![assistant]).await?;
+            } else {
+                self.persist_point(flow, history, vec![assistant], task, parts)
+                    .await?;
+            }
+            obs.emit(
+                RunEvent::builder(
+                    EventType::new("message.persisted"),
+                    "assistant message persisted",
+                )
+                .payload_from(MessagePersisted {
+                    role: "assistant",
+                    tool_calls: response.tool_calls.len(),
+                })
+                .step(step),
+            )
+            .await;
+            if let Err(error) = obs.budget(|b| b.check_output_tokens()).await {
+                return Ok(budget_failure(error));
+            }
+            if response.tool_calls.is_empty() {
+                let stop = rules.stop_on_response;
+                stop_evaluated(obs, step, stop.then_some("response")).await;
+                if stop {
+                    return Ok(Outcome::Answer {
+                        text: content,
+                        reason: "response",
+                        recorded: true,
+                    });
+                }
+                continue;
+            }
+
+            let mut lifecycle: Option<Outcome> = None;
+            let mut stop_tool_output: Option<String> = None;
+            let mut handoff: Option<String> = None;
+            let mut repeated_invalid: Option<String> = None;
+            for call in &response.tool_calls {
+                if let Some(outcome) = self.stop_requested(flow, run).await {
+                    return Ok(outcome);
+                }
+                let (output, is_error) = match call.name.as_str() {
+                    SESSION_STOP_TOOL if rules.lifecycle_tools => {
+                        let result = call.arguments.get("result").map(render).unwrap_or_default();
+                        lifecycle.get_or_insert(Outcome::Answer {
+                            text: result,
+                            reason: "session_stop",
+                            recorded: false,
+                        });
+                        (json!("the task will end as completed"), false)
+                    }
+                    SESSION_FAIL_TOOL if rules.lifecycle_tools => {
+                        let error = call
+                            .arguments
+                            .get("error")
+                            .map(render)
+                            .unwrap_or_else(|| "the agent gave up".into());
+                        lifecycle.get_or_insert(Outcome::Failed {
+                            error: AgentError::ToolFailed {
+                                tool: SESSION_FAIL_TOOL.into(),
+                                message: error,
+                            },
+                            reason: "session_fail".into(),
+                        });
+                        (json!("the task will end as failed"), false)
+                    }
+                    ASK_HUMAN_TOOL if self.agent.human_handoff() => {
+                        let question = call
+                            .arguments
+                            .get("question")
+                            .map(render)
+                            .unwrap_or_default();
+                        handoff.get_or_insert(question);
+                        (json!("the question was sent to the human; their answer follows as a user message"), false)
+                    }
+                    _ => match self.call_tool(scope, call, false).await {
+                        ToolRun::Done { output, is_error } => (output, is_error),
+                        ToolRun::Canceled => {
+                            return Ok(Outcome::Canceled {
+                                reason: run_reason(run),
+                            })
+                        }
+                        // The call stays unanswered in the history until the decision arrives.
+                        ToolRun::Approval(request) => {
+                            return Ok(Outcome::AwaitingApproval { request })
+                        }
+                        ToolRun::Stop(error) => return Ok(budget_failure(error)),
+                        ToolRun::Pending { call_id } => {
+                            return Ok(Outcome::AwaitingTool { call_id })
+                        }
+                    },
+                };
+                if is_error
+                    && output
+                        .as_str()
+                        .is_some_and(|o| o.starts_with("invalid arguments"))
+                {
+                    let count = invalid_calls
+                        .entry(format!("{}:{}", call.name, call.arguments))
+                        .or_default();
+                    *count += 1;
+                    if *count > rules.max_invalid_repeats {
+                        repeated_invalid.get_or_insert_with(|| call.name.clone());
+                    }
+                }
+                if !is_error && rules.stop_tool.as_deref() == Some(call.name.as_str()) {
+                    stop_tool_output.get_or_insert_with(|| render(&output));
+                }
+                self.persist_tool_result(flow, task, call, output, is_error, history)
+                    .await?;
+                obs.emit(
+                    RunEvent::builder(
+                        EventType::new("tool_result.persisted"),
+                        "tool result persisted",
+                    )
+                    .payload_from(ToolResultPersisted {
+                        call_id: call.id.clone(),
+                        is_error,
+                        tool: call.name.clone(),
+                    })
+                    .step(step),
+                )
+                .await;
+            }
+            // Stop rules, in the seed's order.
+            let fired = if lifecycle.is_some() {
+                Some("lifecycle_tool")
+            } else if stop_tool_output.is_some() {
+                Some("stop_tool")
+            } else if repeated_invalid.is_some() {
+                Some("invalid_tool_repeats")
+            } else if handoff.is_some() {
+                Some("input_required")
+            } else {
+                None
+            };
+            stop_evaluated(obs, step, fired).await;
+            if let Some(outcome) = lifecycle {
+                return Ok(outcome);
+            }
+            if let Some(text) = stop_tool_output {
+                return Ok(Outcome::Answer {
+                    text,
+                    reason: "stop_tool",
+                    recorded: false,
+                });
+            }
+            if let Some(tool) = repeated_invalid {
+                let error = AgentError::ToolFailed {
+                    tool,
+                    message: format!(
+                        "the model repeated the same invalid call more than {} times",
+                        rules.max_invalid_repeats
+                    ),
+                };
+                return Ok(Outcome::Failed {
+                    error,
+                    reason: "invalid_tool_repeats".into(),
+                });
+            }
+            if let Some(question) = handoff {
+                return Ok(Outcome::InputRequired { question });
+            }
+        }
+        let error = AgentError::BudgetExceeded {
+            limit: "max_steps".into(),
+            used: u64::from(rules.max_steps),
+            max: u64::from(rules.max_steps),
+        };
+        Ok(Outcome::Failed {
+            error,
+            reason: "max_steps".into(),
+        })
+    }
+
+    /// Decision 6: a message made only of tool calls runs them with no model, and the task
+    /// fails when one fails.
+    pub(super) async fn run_direct(
+        &self,
+        scope: &Scope<'_>,
+        task: &Task,
+        calls: Vec<ToolCall>,
+        history: &mut Vec<LlmMessage>,
+    ) -> AgentResult<Outcome> {
+        let flow = scope.flow;
+        let answered: HashSet<String> = history
+            .iter()
+            .filter_map(|m| m.tool_call_id.clone())
+            .collect();
+        let mut outputs = Vec::new();
+        for call in &calls {
+            if answered.contains(&call.id) {
+                continue;
+            }
+            if let Some(outcome) = self.stop_requested(flow, scope.run).await {
+                return Ok(outcome);
+            }
+            let mut request = LlmMessage::assistant("", vec![call.clone()]);
+            tag(&mut request, &task.id);
+            self.append(flow, history, vec![request]).await?;
+            let (output, is_error) = match self.call_tool(scope, call, false).await {
+                ToolRun::Done { output, is_error } => (output, is_error),
+                ToolRun::Canceled => {
+                    return Ok(Outcome::Canceled {
+                        reason: run_reason(scope.run),
+                    })
+                }
+                ToolRun::Approval(request) => return Ok(Outcome::AwaitingApproval { request }),
+                ToolRun::Stop(error) => return Ok(budget_failure(error)),
+                ToolRun::Pending { call_id } => return Ok(Outcome::AwaitingTool { call_id }),
+            };
+            self.persist_tool_result(flow, task, call, output.clone(), is_error, history)
+                .await?;
+            if is_error {
+                let error = AgentError::ToolFailed {
+                    tool: call.name.clone(),
+                    message: render(&output),
+                };
+                return Ok(Outcome::Failed {
+                    error,
+                    reason: "tool_failed".into(),
+                });
+            }
+            outputs.push(render(&output));
+        }
+        Ok(Outcome::Answer {
+            text: outputs.join("\n"),
+            reason: "direct_tool_calls",
+            recorded: false,
+        })
+    }
+
+    /// Prepare, judge and run one tool call. Arguments are checked before the action is
+    /// prepared and again right before the tool runs; unknown tools, invalid arguments,
+    /// denials, failures and panics all become error outputs the model sees.
+    pub(super) async fn call_tool(
+        &self,
+        scope: &Scope<'_>,
+        call: &ToolCall,
+        preapproved: bool,
+    ) -> ToolRun {
+        let (ctx, run, obs) = (scope.ctx, scope.run, scope.obs);
+        let Some(registered) = self.agent.tool(&call.name) else {
+            return ToolRun::Done {
+                output: json!(format!("unknown tool `{}`", call.name)),
+                is_error: true,
+            };
+        };
+        if let Err(err) = registered.validate(&call.arguments) {
+            return ToolRun::Done {
+                output: json!(format!("invalid arguments: {err}")),
+                is_error: true,
+            };
+        }
+        // Shared by its `action.requested` and `action.started` events, not copied for each.
+        let action = Arc::new(tool_action(registered.tool.as_ref(), call));
+        obs.emit(RunEvent::action_requested(&action)).await;
+        if !preapproved {
+            match obs.authorize(&action).await {
+                Ok(_) => {}
+                Err(AgentError::ActionDenied { reason, .. }) => {
+                    obs.emit(RunEvent::action_denied(action.id.clone(), reason.clone()))
+                        .await;
+                    return ToolRun::Done {
+                        output: json!(format!("denied: {reason}")),
+                        is_error: true,
+                    };
+                }
+                Err(AgentError::ApprovalRequired { request }) => return ToolRun::Approval(request),
+                Err(err) => {
+                    // Fail closed: an action that could not be judged does not run.
+                    obs.emit(RunEvent::action_denied(action.id.clone(), err.to_string()))
+                        .await;
+                    return ToolRun::Done {
+                        output: json!(format!("denied: {err}")),
+                        is_error: true,
+                    };
+                }
+            }
+        }
+        if let Err(error) = obs.budget(|b| b.check_tool_call()).await {
+            return ToolRun::Stop(error);
+        }
+        obs.emit(RunEvent::action_started(&action)).await;
+        // Asynchronous tools: dispatch, persist the pending call, and wait for the callback.
+        if let Some(dispatch) = registered.tool.asynchronous() {
+            return self.dispatch_async(scope, call, dispatch).await;
+        }
+        let started = Instant::now();
+        let span = tracing::info_span!("tool", name = %call.name, call_id = %call.id);
+        // The call runs in this task: a spawned task would cost a cross-thread hand-off per
+        // tool call for nothing, since the run waits for it anyway. Canceling drops the
+        // future (the same as aborting a spawned one); a panic is caught and becomes the
+        // tool's error, as a spawned task's would have.
+        let call_future =
+            std::panic::AssertUnwindSafe(registered.tool.call(call.arguments.clone(), ctx))
+                .catch_unwind()
+                .instrument(span);
+        let (output, is_error) = tokio::select! {
+            biased;
+            () = run.token.cancelled() => return ToolRun::Canceled,
+            joined = call_future => match joined {
+                Ok(Ok(value)) => (value, false),
+                Ok(Err(err)) => (json!(err.to_string()), true),
+                Err(panic) => (
+                    json!(format!("tool `{}` panicked: {}", call.name, panic_message(&*panic))),
+                    true,
+                ),
+            },
+        };
+        let duration_ms = Some(started.elapsed().as_millis() as u64);
+        if is_error {
+            obs.emit(RunEvent::action_failed(ActionFailedPayload {
+                action_id: action.id.clone(),
+                error: render(&output),
+                duration_ms,
+            }))
+            .await;
+        } else {
+            obs.emit(RunEvent::action_completed(ActionCompletedPayload {
+                action_id: action.id.clone(),
+                output: output.clone(),
+                artifacts: Vec::new(),
+                duration_ms,
+            }))
+            .await;
+        }
+        ToolRun::Done { output, is_error }
+    }
+}
+
+impl AgentExecutor {
+    /// Call one tool directly, with no model (a deterministic path), through the same
+    /// argument validation, policy, approvals and budget as a model-chosen call. A denial is
+    /// [`AgentError::ActionDenied`]; an approval nobody can give in-process is
+    /// [`AgentError::ApprovalRequired`] carrying the request; a failing tool is
+    /// [`AgentError::ToolFailed`]. Events go to the executor's sinks under `context`'s run.
+    pub async fn call_tool_in_context(
+        &self,
+        auth: &AuthContext,
+        thread_id: ThreadId,
+        name: &str,
+        arguments: Value,
+        context: RunContext,
+    ) -> AgentResult<Value> {
+        let inner = &self.inner;
+        let registered = inner.agent.tool(name).ok_or_else(|| {
+            AgentError::invalid_input("tool", format!("the agent has no tool `{name}`"))
+        })?;
+        registered.validate(&arguments)?;
+        let call = ToolCall::new(name, arguments);
+        let task_id = TaskId::new();
+        let sinks = inner
+            .sinks
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let obs = Arc::new(RunObs::new(
+            &sinks,
+            &context,
+            &task_id,
+            &inner.agent.card().name,
+            inner.agent.authorizer().clone(),
+        ));
+        let action = Arc::new(tool_action(registered.tool.as_ref(), &call));
+        obs.emit(RunEvent::action_requested(&action)).await;
+        if let Err(err) = obs.authorize(&action).await {
+            if let AgentError::ActionDenied { reason, .. } = &err {
+                obs.emit(RunEvent::action_denied(action.id.clone(), reason.clone()))
+                    .await;
+            }
+            return Err(err);
+        }
+        obs.budget(|b| b.check_tool_call()).await?;
+        registered.validate(&call.arguments)?;
+        obs.emit(RunEvent::action_started(&action)).await;
+        let ctx = ToolContext {
+            auth: auth.clone(),
+            run: context,
+            task_id,
+            thread_id: thread_id.clone(),
+            thread: self.thread(auth, thread_id),
+            cancel: CancellationToken::new(),
+            runtime: inner.runtime.clone(),
+            events: Some(obs.clone()),
+        };
+        let started = Instant::now();
+        let duration_ms = || Some(started.elapsed().as_millis() as u64);
+        match registered.tool.call(call.arguments.clone(), &ctx).await {
+            Ok(output) => {
+                obs.emit(RunEvent::action_completed(ActionCompletedPayload {
+                    action_id: action.id.clone(),
+                    output: output.clone(),
+                    artifacts: Vec::new(),
+                    duration_ms: duration_ms(),
+                }))
+                .await;
+                Ok(output)
+            }
+            Err(err) => {
+                obs.emit(RunEvent::action_failed(ActionFailedPayload {
+                    action_id: action.id.clone(),
+                    error: err.to_string(),
+                    duration_ms: duration_ms(),
+                }))
+                .await;
+                Err(AgentError::ToolFailed {
+                    tool: name.to_owned(),
+                    message: err.to_string(),
+                })
+            }
+        }
+    }
+}
+
+/// The message a panic carried (`panic!` with a literal or a formatted string).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
+}
+
+/// The action prepared for a tool call: the tool's declared capabilities always included.
+fn tool_action(tool: &dyn crate::Tool, call: &ToolCall) -> RunAction {
+    let mut action = tool
+        .prepare_action(&call.arguments)
+        .unwrap_or_else(|| RunAction::tool_call(&call.name, call.arguments.clone()));
+    for capability in tool.capabilities() {
+        if !action.capabilities.contains(&capability) {
+            action.capabilities.push(capability);
+        }
+    }
+    if action.preview.is_none() {
+        action.preview = tool.preview(&call.arguments);
+    }
+    action.metadata.insert("call_id".into(), json!(call.id));
+    action
+}
+
+/// The step's stop evaluation is done: which rule fired, if any (§6 order).
+async fn stop_evaluated(obs: &RunObs, step: u32, fired: Option<&'static str>) {
+    obs.emit(
+        RunEvent::builder(EventType::new("stop.evaluated"), "stop rules evaluated")
+            .payload_from(StopEvaluated { stop: fired })
+            .step(step),
+    )
+    .await;
+}
+
+// The payloads of the step markers every step emits, typed so that they are written into
+// the run's report as text without a JSON tree in between.
+
+/// `message.persisted`.
+#[derive(Serialize)]
+struct MessagePersisted {
+    role: &'static str,
+    tool_calls: usize,
+}
+
+/// `tool_result.persisted`.
+#[derive(Serialize)]
+struct ToolResultPersisted {
+    call_id: String,
+    is_error: bool,
+    tool: String,
+}
+
+/// `stop.evaluated`: the rule that fired, if any.
+#[derive(Serialize)]
+struct StopEvaluated {
+    stop: Option<&'static str>,
+}
