@@ -14,9 +14,9 @@ pub const RUN_EVENT_VERSION: u32 = 1;
 
 /// A normalized event type: a dotted name such as `action.policy`.
 ///
-/// The known types are associated constants; the set is open so later parts of Keel (and
-/// applications) can add their own with [`EventType::new`] (`queue.injected`,
-/// `subagent.created`). Two types are equal when their names are.
+/// The known types are associated constants, each with its payload struct in
+/// [`crate::payload`]; the set is open so applications can add their own with
+/// [`EventType::new`]. Two types are equal when their names are.
 ///
 /// ```
 /// use keel_events::EventType;
@@ -62,8 +62,9 @@ impl EventType {
     /// The approver decided.
     pub const APPROVAL_DECIDED: EventType = EventType::known("approval.decided");
 
-    /// Every type this crate defines, in lifecycle order.
-    pub const KNOWN: [EventType; 16] = [
+    /// Every type this crate defines: the run's lifecycle in order, then the engine's
+    /// markers, effects and subagents (see [`crate::payload`]).
+    pub const KNOWN: [EventType; 36] = [
         Self::TASK_STATUS,
         Self::TASK_ARTIFACT,
         Self::CONTEXT_PREPARED,
@@ -80,9 +81,29 @@ impl EventType {
         Self::ACTION_FAILED,
         Self::APPROVAL_REQUIRED,
         Self::APPROVAL_DECIDED,
+        Self::TOOL_ASYNC_DISPATCHED,
+        Self::TOOL_ASYNC_ACKNOWLEDGED,
+        Self::TOOL_ASYNC_RESULT,
+        Self::TOOL_ASYNC_TIMED_OUT,
+        Self::QUEUE_INJECTED,
+        Self::QUEUE_DRAINED,
+        Self::MESSAGE_PERSISTED,
+        Self::TOOL_RESULT_PERSISTED,
+        Self::RUN_STOPPED,
+        Self::STOP_EVALUATED,
+        Self::EFFECT_SCHEDULED,
+        Self::EFFECT_FIRED,
+        Self::EFFECT_CANCELED,
+        Self::EFFECT_DROPPED,
+        Self::SUBAGENT_CREATED,
+        Self::SUBAGENT_MESSAGED,
+        Self::SUBAGENT_RETURNED,
+        Self::SUBAGENT_FAILED,
+        Self::SUBAGENT_STATUS,
+        Self::SUBAGENT_BOOTSTRAP_REQUIRED,
     ];
 
-    const fn known(name: &'static str) -> Self {
+    pub(crate) const fn known(name: &'static str) -> Self {
         Self(Cow::Borrowed(name))
     }
 
@@ -394,7 +415,28 @@ mod tests {
             "action.failed",
             "approval.required",
             "approval.decided",
+            "tool.async.dispatched",
+            "tool.async.acknowledged",
+            "tool.async.result",
+            "tool.async.timed_out",
+            "queue.injected",
+            "queue.drained",
+            "message.persisted",
+            "tool_result.persisted",
+            "run.stopped",
+            "stop.evaluated",
+            "effect.scheduled",
+            "effect.fired",
+            "effect.canceled",
+            "effect.dropped",
+            "subagent.created",
+            "subagent.messaged",
+            "subagent.returned",
+            "subagent.failed",
+            "subagent.status",
+            "subagent.bootstrap_required",
         ];
+        assert_eq!(EventType::KNOWN.len(), names.len());
         for (t, name) in EventType::KNOWN.iter().zip(names) {
             assert_eq!(serde_json::to_value(t).unwrap(), Value::from(name));
             let back: EventType = serde_json::from_value(Value::from(name)).unwrap();

@@ -19,6 +19,12 @@
 //! | `approval.required` | [`ApprovalRequiredPayload`] | `action_id` |
 //! | `approval.decided` | [`ApprovalDecidedPayload`] | `action_id` |
 //!
+//! The thread engine's markers, effects and subagents have theirs too (one constant, one
+//! struct and one constructor each): `tool.async.*`, `queue.*`, `message.persisted`,
+//! `tool_result.persisted`, `run.stopped`, `stop.evaluated` ([`ToolAsyncDeadlinePayload`]
+//! and its neighbours), `effect.*` ([`EffectScheduledPayload`], ...) and `subagent.*`
+//! ([`SubagentCreatedPayload`], ...).
+//!
 //! Every field a reader does not need is optional or defaulted, so events written by an
 //! older Keel still read.
 
@@ -30,6 +36,23 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{EventType, RunEvent, RunEventBuilder, Severity};
+
+mod effects;
+mod engine;
+mod subagents;
+
+pub use effects::{
+    EffectCanceledPayload, EffectDroppedPayload, EffectFiredPayload, EffectScheduledPayload,
+};
+pub use engine::{
+    MessagePersistedPayload, QueueInjectedPayload, RunStoppedPayload, StopEvaluatedPayload,
+    ToolAsyncAcknowledgedPayload, ToolAsyncDeadlinePayload, ToolAsyncResultPayload,
+    ToolResultPersistedPayload,
+};
+pub use subagents::{
+    ScopedVariablesRoute, SubagentBootstrapPayload, SubagentCreatedPayload, SubagentEndedPayload,
+    SubagentFile, SubagentMessagedPayload, SubagentStatusPayload,
+};
 
 /// `task.status`: the task's new state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -429,13 +452,36 @@ impl RunEvent {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use chrono::Utc;
     use keel_core::{Message, RunContext};
     use serde_json::json;
 
     use crate::{EventEmitter, EventSink, InMemoryEventSink};
+
+    /// Hold an event type to its name, summary and payload JSON, and its payload to reading
+    /// back as `typed`.
+    pub(crate) fn assert_event<T>(
+        builder: RunEventBuilder,
+        name: &str,
+        summary: &str,
+        payload: Value,
+        typed: &T,
+    ) where
+        T: serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
+    {
+        let emitter = EventEmitter::new(
+            &RunContext::new(),
+            std::sync::Arc::new(InMemoryEventSink::new()),
+        );
+        let event = emitter.create(builder);
+        assert_eq!(event.event_type.as_str(), name);
+        assert!(EventType::KNOWN.contains(&event.event_type), "{name}");
+        assert_eq!(event.summary, summary, "{name}");
+        assert_eq!(event.payload, payload, "{name}");
+        assert_eq!(&event.payload_as::<T>().unwrap(), typed, "{name}");
+    }
 
     #[test]
     fn summaries_read_as_their_pieces_say() {
