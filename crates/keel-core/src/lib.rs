@@ -27,7 +27,6 @@ mod message;
 mod part;
 pub mod stored;
 mod task;
-pub mod time;
 mod values;
 
 pub use artifact::Artifact;

@@ -38,7 +38,6 @@ pub struct Message {
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]
     pub metadata: Metadata,
     /// When it was created.
-    #[serde(serialize_with = "crate::time::serialize")]
     pub timestamp: DateTime<Utc>,
 }
 

@@ -65,17 +65,6 @@ impl JsonText {
             .map_err(AgentError::internal)
     }
 
-    /// `text` as it is, for a writer that produces well-formed JSON by construction (as the
-    /// run report's own writer does); debug builds check it. Text from outside goes
-    /// through [`parse`](Self::parse).
-    pub fn assume_valid(text: String) -> JsonText {
-        debug_assert!(
-            serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok(),
-            "JsonText::assume_valid given malformed JSON: {text}"
-        );
-        JsonText(text)
-    }
-
     /// `text`, once it has parsed as JSON; otherwise [`AgentError::InvalidInput`] saying where
     /// it stops being JSON.
     pub fn parse(text: impl Into<String>) -> AgentResult<JsonText> {

@@ -118,7 +118,6 @@ pub struct StateTransition {
     /// The state after it.
     pub new_state: TaskState,
     /// When it happened.
-    #[serde(serialize_with = "crate::time::serialize")]
     pub timestamp: DateTime<Utc>,
 }
 
@@ -132,7 +131,6 @@ pub struct TaskStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<Message>,
     /// When the state was entered.
-    #[serde(serialize_with = "crate::time::serialize")]
     pub timestamp: DateTime<Utc>,
 }
 
@@ -163,7 +161,6 @@ pub struct Task {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub state_history: Vec<StateTransition>,
     /// When the task was created.
-    #[serde(serialize_with = "crate::time::serialize")]
     pub created_at: DateTime<Utc>,
 }
 

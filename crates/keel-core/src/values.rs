@@ -112,7 +112,6 @@ pub struct ApprovalRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<RunId>,
     /// When it was asked.
-    #[serde(serialize_with = "crate::time::serialize")]
     pub requested_at: DateTime<Utc>,
 }
 
@@ -140,7 +139,6 @@ pub struct ApprovalDecision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,
     /// When.
-    #[serde(serialize_with = "crate::time::serialize")]
     pub decided_at: DateTime<Utc>,
 }
 

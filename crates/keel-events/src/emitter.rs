@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use keel_core::{AgentResult, RunContext, RunId, TaskId, ThreadId};
 
 use crate::{EventSink, RunEvent, RunEventBuilder, RUN_EVENT_VERSION};
@@ -38,8 +38,6 @@ pub struct EventEmitter {
     /// The last sequence number handed out.
     last: AtomicU64,
     sink: Arc<dyn EventSink>,
-    /// Whether the sink listens ([`EventSink::is_listening`]), asked once.
-    listening: bool,
     /// Held across numbering and delivery so sinks see events in sequence order.
     delivery: tokio::sync::Mutex<()>,
 }
@@ -63,7 +61,6 @@ impl EventEmitter {
             task_id: None,
             agent_name: context.agent_chain.last().cloned(),
             last: AtomicU64::new(0),
-            listening: sink.is_listening(),
             sink,
             delivery: tokio::sync::Mutex::new(()),
         }
@@ -120,7 +117,7 @@ impl EventEmitter {
             delegation_id: builder.delegation_id,
             severity: builder.severity,
             summary: builder.summary.into_owned(),
-            payload: builder.payload.into_value(),
+            payload: builder.payload,
             is_final: builder.is_final,
             timestamp: Utc::now(),
         }
@@ -136,50 +133,18 @@ impl EventEmitter {
         Ok(event)
     }
 
-    /// [`emit`](Self::emit) to the sink, then write the event into `report`, in the same
-    /// order as the sink saw it. When the sink listens to nothing (an empty
-    /// [`MultiSink`](crate::MultiSink), see [`EventSink::is_listening`]), no event is made at
-    /// all: the report writes the builder's fields and its typed payload straight to text,
-    /// numbered under the report's own lock (nothing is awaited, so no other lock is
-    /// needed to keep the order). The report gets the event even when the sink fails (the
-    /// sink's error is returned). Whether the sink listens is asked once, when the emitter
-    /// is made.
+    /// [`emit`](Self::emit) to the sink, then record the event in `report`, in the same
+    /// order as the sink saw it. The report gets the event even when the sink fails (the
+    /// sink's error is returned).
     pub async fn emit_reported(
         &self,
         builder: RunEventBuilder,
         report: &crate::ReportWriter,
     ) -> AgentResult<()> {
-        if self.listening {
-            let _order = self.delivery.lock().await;
-            let event = self.create(builder);
-            let delivered = self.sink.emit(&event).await;
-            report.record(&event);
-            return delivered;
-        }
-        let stamp = || (self.last.fetch_add(1, Ordering::SeqCst) + 1, Utc::now());
-        report.write_stamped(
-            crate::report::EventView {
-                version: RUN_EVENT_VERSION,
-                event_type: &builder.event_type,
-                run_id: &self.run_id,
-                task_id: builder.task_id.as_ref().or(self.task_id.as_ref()),
-                thread_id: self.thread_id.as_ref(),
-                agent_name: self.agent_name.as_deref(),
-                sequence: 0,
-                step: builder.step,
-                span_id: builder.span_id.as_deref(),
-                parent_span_id: builder.parent_span_id.as_deref(),
-                action_id: builder.action_id.as_ref(),
-                parent_action_id: builder.parent_action_id.as_ref(),
-                delegation_id: builder.delegation_id.as_deref(),
-                severity: builder.severity,
-                summary: &builder.summary,
-                payload: builder.payload.as_ref(),
-                is_final: builder.is_final,
-                timestamp: &DateTime::<Utc>::MIN_UTC,
-            },
-            stamp,
-        );
-        Ok(())
+        let _order = self.delivery.lock().await;
+        let event = self.create(builder);
+        let delivered = self.sink.emit(&event).await;
+        report.record_owned(event);
+        delivered
     }
 }

@@ -2,7 +2,6 @@
 //! [`EventEmitter`](crate::EventEmitter) makes numbered events.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use keel_core::{ActionId, RunId, TaskId, ThreadId};
@@ -15,9 +14,9 @@ pub const RUN_EVENT_VERSION: u32 = 1;
 
 /// A normalized event type: a dotted name such as `action.policy`.
 ///
-/// The known types are associated constants; the set is open so later parts of Keel (and
-/// applications) can add their own with [`EventType::new`] (`queue.injected`,
-/// `subagent.created`). Two types are equal when their names are.
+/// The known types are associated constants, each with its payload struct in
+/// [`crate::payload`]; the set is open so applications can add their own with
+/// [`EventType::new`]. Two types are equal when their names are.
 ///
 /// ```
 /// use keel_events::EventType;
@@ -63,8 +62,9 @@ impl EventType {
     /// The approver decided.
     pub const APPROVAL_DECIDED: EventType = EventType::known("approval.decided");
 
-    /// Every type this crate defines, in lifecycle order.
-    pub const KNOWN: [EventType; 16] = [
+    /// Every type this crate defines: the run's lifecycle in order, then the engine's
+    /// markers, effects and subagents (see [`crate::payload`]).
+    pub const KNOWN: [EventType; 36] = [
         Self::TASK_STATUS,
         Self::TASK_ARTIFACT,
         Self::CONTEXT_PREPARED,
@@ -81,9 +81,29 @@ impl EventType {
         Self::ACTION_FAILED,
         Self::APPROVAL_REQUIRED,
         Self::APPROVAL_DECIDED,
+        Self::TOOL_ASYNC_DISPATCHED,
+        Self::TOOL_ASYNC_ACKNOWLEDGED,
+        Self::TOOL_ASYNC_RESULT,
+        Self::TOOL_ASYNC_TIMED_OUT,
+        Self::QUEUE_INJECTED,
+        Self::QUEUE_DRAINED,
+        Self::MESSAGE_PERSISTED,
+        Self::TOOL_RESULT_PERSISTED,
+        Self::RUN_STOPPED,
+        Self::STOP_EVALUATED,
+        Self::EFFECT_SCHEDULED,
+        Self::EFFECT_FIRED,
+        Self::EFFECT_CANCELED,
+        Self::EFFECT_DROPPED,
+        Self::SUBAGENT_CREATED,
+        Self::SUBAGENT_MESSAGED,
+        Self::SUBAGENT_RETURNED,
+        Self::SUBAGENT_FAILED,
+        Self::SUBAGENT_STATUS,
+        Self::SUBAGENT_BOOTSTRAP_REQUIRED,
     ];
 
-    const fn known(name: &'static str) -> Self {
+    pub(crate) const fn known(name: &'static str) -> Self {
         Self(Cow::Borrowed(name))
     }
 
@@ -210,7 +230,6 @@ pub struct RunEvent {
     #[serde(rename = "final", default)]
     pub is_final: bool,
     /// When the event was created.
-    #[serde(serialize_with = "crate::time::serialize")]
     pub timestamp: DateTime<Utc>,
 }
 
@@ -240,115 +259,6 @@ impl RunEvent {
     }
 }
 
-/// A payload as a builder holds it: JSON already, or a typed value that becomes JSON only
-/// when something reads it as JSON.
-#[derive(Clone)]
-pub(crate) enum BuiltPayload {
-    Json(Value),
-    Typed(Arc<dyn TypedPayload>),
-}
-
-impl BuiltPayload {
-    /// The payload as JSON.
-    pub(crate) fn into_value(self) -> Value {
-        match self {
-            BuiltPayload::Json(value) => value,
-            BuiltPayload::Typed(typed) => typed.to_value(),
-        }
-    }
-
-    pub(crate) fn as_ref(&self) -> PayloadRef<'_> {
-        match self {
-            BuiltPayload::Json(value) => PayloadRef::Json(value),
-            BuiltPayload::Typed(typed) => PayloadRef::Typed(typed.as_ref()),
-        }
-    }
-}
-
-impl std::fmt::Debug for BuiltPayload {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BuiltPayload::Json(value) => value.fmt(f),
-            BuiltPayload::Typed(typed) => typed.to_value().fmt(f),
-        }
-    }
-}
-
-/// Payloads are equal when their JSON is.
-impl PartialEq for BuiltPayload {
-    fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            (BuiltPayload::Json(a), BuiltPayload::Json(b)) => a == b,
-            _ => self.clone().into_value() == other.clone().into_value(),
-        }
-    }
-}
-
-/// A typed payload, erased.
-pub(crate) trait TypedPayload: Send + Sync + 'static {
-    /// As a JSON tree (for a sink). A payload that does not serialize says why instead.
-    fn to_value(&self) -> Value;
-    /// As JSON text, masked by `policy` when there is one.
-    fn write(
-        &self,
-        out: &mut String,
-        policy: Option<&crate::RedactionPolicy>,
-    ) -> Result<(), crate::masked::Error>;
-    /// For reading it back as its own type.
-    fn as_any(&self) -> &dyn std::any::Any;
-}
-
-impl<T: Serialize + Send + Sync + 'static> TypedPayload for T {
-    fn to_value(&self) -> Value {
-        crate::payload::to_payload(self)
-    }
-    fn write(
-        &self,
-        out: &mut String,
-        policy: Option<&crate::RedactionPolicy>,
-    ) -> Result<(), crate::masked::Error> {
-        crate::masked::write_masked(out, self, policy)
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-/// A payload borrowed from a builder or an event.
-#[derive(Clone, Copy)]
-pub(crate) enum PayloadRef<'a> {
-    Json(&'a Value),
-    Typed(&'a dyn TypedPayload),
-}
-
-impl PayloadRef<'_> {
-    /// Read as `T`: a typed payload of that very type is copied, anything else goes
-    /// through JSON.
-    pub(crate) fn read<T: DeserializeOwned + Clone + 'static>(&self) -> serde_json::Result<T> {
-        match self {
-            PayloadRef::Json(value) => T::deserialize(*value),
-            PayloadRef::Typed(typed) => match typed.as_any().downcast_ref::<T>() {
-                Some(own) => Ok(own.clone()),
-                None => serde_json::from_value(typed.to_value()),
-            },
-        }
-    }
-
-    /// Append as JSON text masked by `policy`; a payload that does not serialize is
-    /// written as `{"payload_error": ...}`, as [`BuiltPayload::into_value`] makes it.
-    pub(crate) fn write(&self, out: &mut String, policy: Option<&crate::RedactionPolicy>) {
-        let result = match self {
-            PayloadRef::Json(value) => crate::masked::write_masked(out, *value, policy),
-            PayloadRef::Typed(typed) => typed.write(out, policy),
-        };
-        if let Err(e) = result {
-            let fallback = serde_json::json!({ "payload_error": e.to_string() });
-            // A fallback of plain strings always writes.
-            let _ = crate::masked::write_masked(out, &fallback, policy);
-        }
-    }
-}
-
 /// An event not yet numbered: everything but `sequence`, `timestamp` and the run's own
 /// correlation, which the [`EventEmitter`](crate::EventEmitter) adds exactly once.
 #[derive(Debug, Clone, PartialEq)]
@@ -357,7 +267,7 @@ pub struct RunEventBuilder {
     /// Borrowed when it is a literal: most summaries are, and a step makes a dozen.
     pub(crate) summary: Cow<'static, str>,
     pub(crate) severity: Severity,
-    pub(crate) payload: BuiltPayload,
+    pub(crate) payload: Value,
     pub(crate) task_id: Option<TaskId>,
     pub(crate) step: Option<u32>,
     pub(crate) span_id: Option<String>,
@@ -375,7 +285,7 @@ impl RunEventBuilder {
             event_type,
             summary: summary.into(),
             severity: Severity::Info,
-            payload: BuiltPayload::Json(Value::Object(Default::default())),
+            payload: Value::Object(Default::default()),
             task_id: None,
             step: None,
             span_id: None,
@@ -395,14 +305,13 @@ impl RunEventBuilder {
     /// Set the payload.
     #[must_use]
     pub fn payload(mut self, payload: Value) -> Self {
-        self.payload = BuiltPayload::Json(payload);
+        self.payload = payload;
         self
     }
 
     /// Set the payload from any serializable value (one of the [`crate::payload`] structs,
-    /// or an application's own). It stays typed until something needs it as JSON: a sink
-    /// gets it as a [`Value`] in [`RunEvent::payload`], while a run's report writes it as
-    /// text straight from the value, with no JSON tree in between.
+    /// or an application's own). A value that does not serialize leaves the event saying why
+    /// (`{"payload_error": ...}`) rather than failing the run.
     ///
     /// ```
     /// use keel_core::RunContext;
@@ -414,15 +323,8 @@ impl RunEventBuilder {
     /// assert_eq!(event.payload["items"], 1);
     /// ```
     #[must_use]
-    pub fn payload_from<T: Serialize + Send + Sync + 'static>(mut self, payload: T) -> Self {
-        self.payload = BuiltPayload::Typed(Arc::new(payload));
-        self
-    }
-
-    /// A payload with its own way of being written (see [`TypedPayload`]).
-    pub(crate) fn payload_typed(mut self, payload: impl TypedPayload) -> Self {
-        self.payload = BuiltPayload::Typed(Arc::new(payload));
-        self
+    pub fn payload_from<T: Serialize>(self, payload: T) -> Self {
+        self.payload(crate::payload::to_payload(&payload))
     }
 
     /// Replace the summary.
@@ -513,7 +415,28 @@ mod tests {
             "action.failed",
             "approval.required",
             "approval.decided",
+            "tool.async.dispatched",
+            "tool.async.acknowledged",
+            "tool.async.result",
+            "tool.async.timed_out",
+            "queue.injected",
+            "queue.drained",
+            "message.persisted",
+            "tool_result.persisted",
+            "run.stopped",
+            "stop.evaluated",
+            "effect.scheduled",
+            "effect.fired",
+            "effect.canceled",
+            "effect.dropped",
+            "subagent.created",
+            "subagent.messaged",
+            "subagent.returned",
+            "subagent.failed",
+            "subagent.status",
+            "subagent.bootstrap_required",
         ];
+        assert_eq!(EventType::KNOWN.len(), names.len());
         for (t, name) in EventType::KNOWN.iter().zip(names) {
             assert_eq!(serde_json::to_value(t).unwrap(), Value::from(name));
             let back: EventType = serde_json::from_value(Value::from(name)).unwrap();

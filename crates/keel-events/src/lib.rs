@@ -36,23 +36,22 @@ mod assertions;
 mod emitter;
 mod event;
 mod golden;
-mod json_text;
-mod masked;
 pub mod payload;
+mod recorder;
 mod redact;
 mod replay;
 mod report;
 mod sink;
-mod time;
 
 pub use assertions::{assert_budget_under, assert_no_denied_actions, assert_run_events, Match};
 pub use emitter::EventEmitter;
 pub use event::{EventType, RunEvent, RunEventBuilder, Severity, RUN_EVENT_VERSION};
 pub use golden::normalize;
+pub use recorder::{ReportWriter, RunRecorder};
 pub use redact::{RedactionPolicy, DEFAULT_SENSITIVE_KEYS, DEFAULT_SENSITIVE_PREFIXES, REDACTED};
 pub use replay::{EventSource, RunReplay};
 pub use report::{
     ActionRecord, ActionStatus, ApprovalRecord, BudgetReport, ModelMetrics, PolicyRecord,
-    ReportWriter, RunRecorder, RunReport, RUN_REPORT_VERSION,
+    RunReport, RUN_REPORT_VERSION,
 };
 pub use sink::{BroadcastEventSink, EventSink, InMemoryEventSink, MultiSink};

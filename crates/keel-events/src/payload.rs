@@ -19,6 +19,12 @@
 //! | `approval.required` | [`ApprovalRequiredPayload`] | `action_id` |
 //! | `approval.decided` | [`ApprovalDecidedPayload`] | `action_id` |
 //!
+//! The thread engine's markers, effects and subagents have theirs too (one constant, one
+//! struct and one constructor each): `tool.async.*`, `queue.*`, `message.persisted`,
+//! `tool_result.persisted`, `run.stopped`, `stop.evaluated` ([`ToolAsyncDeadlinePayload`]
+//! and its neighbours), `effect.*` ([`EffectScheduledPayload`], ...) and `subagent.*`
+//! ([`SubagentCreatedPayload`], ...).
+//!
 //! Every field a reader does not need is optional or defaulted, so events written by an
 //! older Keel still read.
 
@@ -31,6 +37,23 @@ use serde_json::Value;
 
 use crate::{EventType, RunEvent, RunEventBuilder, Severity};
 
+mod effects;
+mod engine;
+mod subagents;
+
+pub use effects::{
+    EffectCanceledPayload, EffectDroppedPayload, EffectFiredPayload, EffectScheduledPayload,
+};
+pub use engine::{
+    MessagePersistedPayload, QueueInjectedPayload, RunStoppedPayload, StopEvaluatedPayload,
+    ToolAsyncAcknowledgedPayload, ToolAsyncDeadlinePayload, ToolAsyncResultPayload,
+    ToolResultPersistedPayload,
+};
+pub use subagents::{
+    ScopedVariablesRoute, SubagentBootstrapPayload, SubagentCreatedPayload, SubagentEndedPayload,
+    SubagentFile, SubagentMessagedPayload, SubagentStatusPayload,
+};
+
 /// `task.status`: the task's new state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskStatusPayload {
@@ -42,101 +65,6 @@ pub struct TaskStatusPayload {
     /// The serialized task (Keel JSON), carried by the final status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<Value>,
-}
-
-/// A value as the constructors that put it in a payload take it: a reference (copied once)
-/// or an `Arc` (shared, not copied), for a caller that keeps using the value or puts it in
-/// more than one event (an action's `action.requested` and `action.started`).
-pub trait IntoShared<T> {
-    /// The value, shared.
-    fn into_shared(self) -> std::sync::Arc<T>;
-}
-
-impl<T: Clone> IntoShared<T> for &T {
-    fn into_shared(self) -> std::sync::Arc<T> {
-        std::sync::Arc::new(self.clone())
-    }
-}
-
-impl<T> IntoShared<T> for std::sync::Arc<T> {
-    fn into_shared(self) -> std::sync::Arc<T> {
-        self
-    }
-}
-
-impl<T> IntoShared<T> for &std::sync::Arc<T> {
-    fn into_shared(self) -> std::sync::Arc<T> {
-        self.clone()
-    }
-}
-
-/// A [`ContextPreparedPayload`] sharing its manifest: the same JSON, written into a run
-/// report by hand ([`crate::masked::write_manifest_payload`]) rather than through `Serialize`.
-pub(crate) struct SharedManifestPayload {
-    pub(crate) manifest: std::sync::Arc<ContextManifest>,
-}
-
-/// The JSON of a [`SharedManifestPayload`], as a tree.
-#[derive(Serialize)]
-pub(crate) struct ManifestJson<'a> {
-    pub(crate) manifest: &'a ContextManifest,
-}
-
-impl crate::event::TypedPayload for SharedManifestPayload {
-    fn to_value(&self) -> Value {
-        to_payload(&ManifestJson {
-            manifest: &self.manifest,
-        })
-    }
-    fn write(
-        &self,
-        out: &mut String,
-        policy: Option<&crate::RedactionPolicy>,
-    ) -> Result<(), crate::masked::Error> {
-        crate::masked::write_manifest_payload(out, &self.manifest, policy);
-        Ok(())
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-/// An [`ActionPayload`] sharing its action: the same JSON, written into a run report by
-/// [`crate::masked::write_action_payload`].
-struct SharedActionPayload {
-    action: std::sync::Arc<RunAction>,
-}
-
-/// The JSON of a [`SharedActionPayload`], as a tree.
-#[derive(Serialize)]
-pub(crate) struct ActionJson<'a> {
-    pub(crate) action: &'a RunAction,
-}
-
-impl crate::event::TypedPayload for SharedActionPayload {
-    fn to_value(&self) -> Value {
-        to_payload(&ActionJson {
-            action: &self.action,
-        })
-    }
-    fn write(
-        &self,
-        out: &mut String,
-        policy: Option<&crate::RedactionPolicy>,
-    ) -> Result<(), crate::masked::Error> {
-        crate::masked::write_action_payload(out, &self.action, policy)
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-/// A [`TaskStatusPayload`] carrying the task itself rather than its JSON: what
-/// [`RunEvent::task_status_of`] makes; it serializes to the same JSON.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct TaskStatusOf {
-    pub(crate) state: TaskState,
-    pub(crate) task: Task,
 }
 
 /// `task.artifact`: an artifact or a chunk of one.
@@ -305,22 +233,14 @@ pub(crate) fn to_payload<T: Serialize + ?Sized>(payload: &T) -> Value {
 impl RunEvent {
     /// `task.status`; final when the state is terminal, input-required or auth-required.
     pub fn task_status(payload: TaskStatusPayload) -> RunEventBuilder {
-        RunEvent::status_event(payload.state, payload)
-    }
-
-    /// `task.status` for `state`, with `payload` (a `TaskStatusPayload`, or a payload that
-    /// serializes as one).
-    fn status_event<P: Serialize + Send + Sync + 'static>(
-        state: TaskState,
-        payload: P,
-    ) -> RunEventBuilder {
+        let state = payload.state;
         let is_final = state.is_terminal()
             || matches!(state, TaskState::InputRequired | TaskState::AuthRequired);
         let severity = match state {
             TaskState::Failed => Severity::Error,
             _ => Severity::Info,
         };
-        RunEvent::builder(EventType::TASK_STATUS, joined(&["task ", state.as_str()]))
+        RunEvent::builder(EventType::TASK_STATUS, format!("task {}", state.as_str()))
             .payload_from(payload)
             .severity(severity)
             .final_boundary(is_final)
@@ -328,16 +248,11 @@ impl RunEvent {
 
     /// `task.status` for a task's current state, carrying the serialized task.
     pub fn task_status_of(task: &Task) -> RunEventBuilder {
-        let state = task.state();
-        // Holding the task itself rather than its JSON: a report writes it as text, with no
-        // JSON tree in between.
-        RunEvent::status_event(
-            state,
-            TaskStatusOf {
-                state,
-                task: task.clone(),
-            },
-        )
+        RunEvent::task_status(TaskStatusPayload {
+            state: task.state(),
+            message: None,
+            task: Some(to_payload(task)),
+        })
         .task(task.id.clone())
     }
 
@@ -356,7 +271,7 @@ impl RunEvent {
     /// `task.artifact`.
     pub fn task_artifact(artifact: &Artifact, append: bool, last_chunk: bool) -> RunEventBuilder {
         let name = artifact.name.as_deref().unwrap_or(artifact.kind.as_str());
-        let mut builder = RunEvent::builder(EventType::TASK_ARTIFACT, joined(&["artifact ", name]))
+        let mut builder = RunEvent::builder(EventType::TASK_ARTIFACT, format!("artifact {name}"))
             .payload_from(TaskArtifactPayload {
                 artifact: artifact.clone(),
                 append,
@@ -368,39 +283,35 @@ impl RunEvent {
         builder
     }
 
-    /// `context.prepared`. Pass an `Arc<ContextManifest>` to share the manifest rather
-    /// than copy it.
-    pub fn context_prepared(manifest: impl IntoShared<ContextManifest>) -> RunEventBuilder {
-        let manifest = manifest.into_shared();
+    /// `context.prepared`.
+    pub fn context_prepared(manifest: &ContextManifest) -> RunEventBuilder {
         RunEvent::builder(
             EventType::CONTEXT_PREPARED,
-            joined(&[
-                "context prepared: ~",
-                itoa::Buffer::new().format(manifest.total_estimated_tokens),
-                " tokens",
-            ]),
+            format!(
+                "context prepared: ~{} tokens",
+                manifest.total_estimated_tokens
+            ),
         )
-        .payload_typed(SharedManifestPayload { manifest })
+        .payload_from(ContextPreparedPayload {
+            manifest: manifest.clone(),
+        })
     }
 
     /// `llm.call.started`.
     pub fn llm_call_started(payload: LlmCallStartedPayload) -> RunEventBuilder {
         let model = payload.model.as_deref().unwrap_or("model");
-        RunEvent::builder(EventType::LLM_CALL_STARTED, joined(&["calling ", model]))
+        RunEvent::builder(EventType::LLM_CALL_STARTED, format!("calling {model}"))
             .payload_from(payload)
     }
 
     /// `llm.call.completed`.
     pub fn llm_call_completed(payload: LlmCallCompletedPayload) -> RunEventBuilder {
-        let model = payload.model.as_deref().unwrap_or("model");
-        let summary = joined(&[
-            model,
-            " answered: ",
-            itoa::Buffer::new().format(payload.input_tokens),
-            " in / ",
-            itoa::Buffer::new().format(payload.output_tokens),
-            " out tokens",
-        ]);
+        let summary = format!(
+            "{} answered: {} in / {} out tokens",
+            payload.model.as_deref().unwrap_or("model"),
+            payload.input_tokens,
+            payload.output_tokens
+        );
         RunEvent::builder(EventType::LLM_CALL_COMPLETED, summary).payload_from(payload)
     }
 
@@ -433,36 +344,32 @@ impl RunEvent {
             .severity(Severity::Error)
     }
 
-    fn for_action(
-        event_type: EventType,
-        verb: &str,
-        action: impl IntoShared<RunAction>,
-    ) -> RunEventBuilder {
-        let action = action.into_shared();
-        let summary = joined(&[&action.kind, " `", &action.name, "` ", verb]);
+    fn for_action(event_type: EventType, verb: &str, action: &RunAction) -> RunEventBuilder {
+        let summary = format!("{} `{}` {verb}", action.kind, action.name);
         let mut builder = RunEvent::builder(event_type, summary).action(action.id.clone());
         if let Some(parent) = &action.parent_action_id {
             builder = builder.parent_action(parent.clone());
         }
-        builder.payload_typed(SharedActionPayload { action })
+        builder.payload_from(ActionPayload {
+            action: action.clone(),
+        })
     }
 
-    /// `action.requested`. Pass an `Arc<RunAction>` (or a reference to one) to share the
-    /// action with the events that follow instead of copying it for each.
-    pub fn action_requested(action: impl IntoShared<RunAction>) -> RunEventBuilder {
+    /// `action.requested`.
+    pub fn action_requested(action: &RunAction) -> RunEventBuilder {
         RunEvent::for_action(EventType::ACTION_REQUESTED, "requested", action)
     }
 
-    /// `action.started`; see [`RunEvent::action_requested`].
-    pub fn action_started(action: impl IntoShared<RunAction>) -> RunEventBuilder {
+    /// `action.started`.
+    pub fn action_started(action: &RunAction) -> RunEventBuilder {
         RunEvent::for_action(EventType::ACTION_STARTED, "started", action)
     }
 
     /// `action.policy`.
     pub fn action_policy(payload: ActionPolicyPayload) -> RunEventBuilder {
         let summary = match &payload.reason {
-            Some(reason) => joined(&["policy: ", &payload.decision, " (", reason, ")"]),
-            None => joined(&["policy: ", &payload.decision]),
+            Some(reason) => format!("policy: {} ({reason})", payload.decision),
+            None => format!("policy: {}", payload.decision),
         };
         let severity = if payload.decision == "deny" {
             Severity::Warning
@@ -544,24 +451,37 @@ impl RunEvent {
     }
 }
 
-/// A summary from its pieces, allocated once at its final size: `format!` costs several
-/// times more, and a step makes about a dozen summaries.
-fn joined(parts: &[&str]) -> String {
-    let mut summary = String::with_capacity(parts.iter().map(|p| p.len()).sum());
-    for part in parts {
-        summary.push_str(part);
-    }
-    summary
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use chrono::Utc;
     use keel_core::{Message, RunContext};
     use serde_json::json;
 
     use crate::{EventEmitter, EventSink, InMemoryEventSink};
+
+    /// Hold an event type to its name, summary and payload JSON, and its payload to reading
+    /// back as `typed`.
+    pub(crate) fn assert_event<T>(
+        builder: RunEventBuilder,
+        name: &str,
+        summary: &str,
+        payload: Value,
+        typed: &T,
+    ) where
+        T: serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
+    {
+        let emitter = EventEmitter::new(
+            &RunContext::new(),
+            std::sync::Arc::new(InMemoryEventSink::new()),
+        );
+        let event = emitter.create(builder);
+        assert_eq!(event.event_type.as_str(), name);
+        assert!(EventType::KNOWN.contains(&event.event_type), "{name}");
+        assert_eq!(event.summary, summary, "{name}");
+        assert_eq!(event.payload, payload, "{name}");
+        assert_eq!(&event.payload_as::<T>().unwrap(), typed, "{name}");
+    }
 
     #[test]
     fn summaries_read_as_their_pieces_say() {

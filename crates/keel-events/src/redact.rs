@@ -2,9 +2,6 @@
 //! process. Apply it to every run report, approval request, context manifest or telemetry
 //! payload that is stored — Keel's own persistence does so, and applications should too.
 
-use std::collections::HashMap;
-use std::sync::{Arc, PoisonError, RwLock};
-
 use keel_core::{AgentError, AgentResult, ApprovalRequest};
 
 use crate::RunEvent;
@@ -64,154 +61,22 @@ pub const DEFAULT_SENSITIVE_PREFIXES: [&str; 1] = ["bearer "];
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedactionPolicy {
-    // Shared among clones (the engine makes a policy per run), copied when one is changed.
-    keys: Arc<Vec<String>>,
-    prefixes: Arc<Vec<String>>,
-    /// Which ASCII bytes some prefix starts with (bit `b`), or all bits when a prefix is
-    /// empty or starts with a non-ASCII character: most values are told apart by their first
-    /// byte alone, and every string of every persisted event is checked.
-    prefix_starts: u128,
-    allowed_keys: Arc<Vec<String>>,
-    verdicts: KeyVerdicts,
-    /// The verdicts for the event envelope's field names ([`ENVELOPE_FIELDS`]): fixed by
-    /// the keys, so masking an event looks none of them up.
-    envelope: [bool; ENVELOPE_FIELDS.len()],
+    /// Key fragments, lowercase.
+    keys: Vec<String>,
+    /// Value prefixes, lowercase.
+    prefixes: Vec<String>,
+    /// Keys never masked, lowercase.
+    allowed_keys: Vec<String>,
 }
-
-/// Answers of `key_is_sensitive` already worked out. The keys of persisted events come
-/// mostly from a small vocabulary (Keel's payload fields, a tool's argument names), and
-/// looking one up costs far less than matching it against every fragment again, event after
-/// event. The default policy (the one the engine makes for every run) keeps its answers per
-/// thread, so a lookup takes no lock; a configured policy shares its answers among its clones.
-/// At most [`KeyVerdicts::CAPACITY`] keys are kept per cache, so keys made of data (ids as
-/// keys) cannot grow it without bound; past that, keys are matched as before.
-#[derive(Clone)]
-enum KeyVerdicts {
-    /// The default policy's answers, in a thread-local map.
-    Default,
-    /// A configured policy's answers, shared by its clones.
-    Shared(Arc<RwLock<VerdictMap>>),
-}
-
-type VerdictMap = HashMap<Box<str>, bool, foldhash::fast::RandomState>;
-
-thread_local! {
-    static DEFAULT_VERDICTS: std::cell::RefCell<VerdictMap> = std::cell::RefCell::default();
-    /// The default policy's verdicts on struct field names, by the address of the name:
-    /// a payload struct's fields are the same `&'static str`s event after event, so one
-    /// comparison of address and length finds the verdict, with no hashing of the text.
-    static FIELD_VERDICTS: std::cell::RefCell<[(usize, usize, bool); FIELD_SLOTS]> =
-        const { std::cell::RefCell::new([(0, 0, false); FIELD_SLOTS]) };
-}
-
-/// Slots of the field-name cache (a power of two).
-const FIELD_SLOTS: usize = 256;
-
-impl KeyVerdicts {
-    const CAPACITY: usize = 4096;
-
-    /// A fresh cache for a policy whose rules differ from the default's.
-    fn configured() -> KeyVerdicts {
-        KeyVerdicts::Shared(Arc::default())
-    }
-
-    fn get_or_insert_with(&self, key: &str, verdict: impl FnOnce() -> bool) -> bool {
-        fn remember(map: &mut VerdictMap, key: &str, verdict: bool) {
-            if map.len() < KeyVerdicts::CAPACITY {
-                map.insert(key.into(), verdict);
-            }
-        }
-        match self {
-            KeyVerdicts::Default => DEFAULT_VERDICTS.with(|map| {
-                if let Some(&known) = map.borrow().get(key) {
-                    return known;
-                }
-                let verdict = verdict();
-                remember(&mut map.borrow_mut(), key, verdict);
-                verdict
-            }),
-            KeyVerdicts::Shared(map) => {
-                if let Some(&known) = map.read().unwrap_or_else(PoisonError::into_inner).get(key) {
-                    return known;
-                }
-                let verdict = verdict();
-                remember(
-                    &mut map.write().unwrap_or_else(PoisonError::into_inner),
-                    key,
-                    verdict,
-                );
-                verdict
-            }
-        }
-    }
-}
-
-impl std::fmt::Debug for KeyVerdicts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KeyVerdicts")
-    }
-}
-
-/// A cache says nothing about what a policy masks: policies are equal by their rules.
-impl PartialEq for KeyVerdicts {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for KeyVerdicts {}
-
-/// An event's envelope field, as masking sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Envelope {
-    Summary,
-    AgentName,
-    SpanId,
-    ParentSpanId,
-    DelegationId,
-    Payload,
-    /// Ids, type, sequence, times: Keel's own, never masked.
-    Kept,
-}
-
-/// The envelope fields [`RedactionPolicy::redact_event`] judges by name, in the order of
-/// [`RedactionPolicy::envelope`]'s verdicts.
-const ENVELOPE_FIELDS: [&str; 6] = [
-    "summary",
-    "agent_name",
-    "span_id",
-    "parent_span_id",
-    "delegation_id",
-    "payload",
-];
-
-/// The default policy, built once: a clone shares its lists.
-static DEFAULT_POLICY: std::sync::LazyLock<RedactionPolicy> = std::sync::LazyLock::new(|| {
-    RedactionPolicy {
-        keys: Arc::new(
-            DEFAULT_SENSITIVE_KEYS
-                .iter()
-                .map(|k| (*k).to_owned())
-                .collect(),
-        ),
-        prefixes: Arc::new(
-            DEFAULT_SENSITIVE_PREFIXES
-                .iter()
-                .map(|p| (*p).to_owned())
-                .collect(),
-        ),
-        prefix_starts: 0,
-        allowed_keys: Arc::default(),
-        verdicts: KeyVerdicts::Default,
-        envelope: [false; ENVELOPE_FIELDS.len()],
-    }
-    .with_envelope_verdicts()
-    .with_prefix_starts()
-});
 
 impl Default for RedactionPolicy {
     fn default() -> Self {
-        DEFAULT_POLICY.clone()
+        let owned = |list: &[&str]| list.iter().map(|item| (*item).to_owned()).collect();
+        RedactionPolicy {
+            keys: owned(&DEFAULT_SENSITIVE_KEYS),
+            prefixes: owned(&DEFAULT_SENSITIVE_PREFIXES),
+            allowed_keys: Vec::new(),
+        }
     }
 }
 
@@ -224,127 +89,40 @@ impl RedactionPolicy {
     /// Also mask values under keys containing `fragment` (case-insensitive).
     #[must_use]
     pub fn with_key(mut self, fragment: impl Into<String>) -> Self {
-        Arc::make_mut(&mut self.keys).push(fragment.into().to_lowercase());
-        self.verdicts = KeyVerdicts::configured();
-        self.with_envelope_verdicts()
+        self.keys.push(fragment.into().to_lowercase());
+        self
     }
 
     /// Also mask string values starting with `prefix` (case-insensitive).
     #[must_use]
     pub fn with_value_prefix(mut self, prefix: impl Into<String>) -> Self {
-        Arc::make_mut(&mut self.prefixes).push(prefix.into().to_lowercase());
-        self.with_prefix_starts()
+        self.prefixes.push(prefix.into().to_lowercase());
+        self
     }
 
     /// Never mask values under exactly this key (case-insensitive), e.g. `token_type`.
     #[must_use]
     pub fn allow_key(mut self, key: impl Into<String>) -> Self {
-        Arc::make_mut(&mut self.allowed_keys).push(key.into().to_lowercase());
-        self.verdicts = KeyVerdicts::configured();
-        self.with_envelope_verdicts()
-    }
-
-    /// Work out [`prefix_starts`](Self::prefix_starts) again, after the prefixes changed.
-    fn with_prefix_starts(mut self) -> Self {
-        self.prefix_starts =
-            self.prefixes
-                .iter()
-                .fold(0, |starts, prefix| match prefix.as_bytes().first() {
-                    Some(&first) if first.is_ascii() => starts | (1u128 << first),
-                    _ => u128::MAX,
-                });
+        self.allowed_keys.push(key.into().to_lowercase());
         self
     }
 
-    /// Judge the envelope's field names again, after the keys changed.
-    fn with_envelope_verdicts(mut self) -> Self {
-        self.envelope = ENVELOPE_FIELDS.map(|field| self.match_key(field));
-        self
-    }
-
-    // Redaction walks every key and string of every persisted report, so the common case
-    // (ASCII keys and values) compares without allocating; anything else takes the general
-    // Unicode path, which gives the same answers.
-    /// [`key_is_sensitive`](Self::key_is_sensitive) for a name that lives for the whole
-    /// program (a struct's field name), which the default policy looks up by address.
-    pub(crate) fn field_is_sensitive(&self, key: &'static str) -> bool {
-        if !matches!(self.verdicts, KeyVerdicts::Default) {
-            return self.key_is_sensitive(key);
-        }
-        let address = key.as_ptr() as usize;
-        // Names are at least byte-aligned and mostly sit apart; mixing in the length keeps
-        // two names at nearby addresses out of one slot.
-        let slot = (address ^ (address >> 8) ^ key.len()) & (FIELD_SLOTS - 1);
-        FIELD_VERDICTS.with(|cache| {
-            let (cached_address, cached_len, verdict) = cache.borrow()[slot];
-            if cached_address == address && cached_len == key.len() {
-                return verdict;
-            }
-            let verdict = self.key_is_sensitive(key);
-            cache.borrow_mut()[slot] = (address, key.len(), verdict);
-            verdict
-        })
-    }
-
-    pub(crate) fn key_is_sensitive(&self, key: &str) -> bool {
-        self.verdicts
-            .get_or_insert_with(key, || self.match_key(key))
-    }
-
-    fn match_key(&self, key: &str) -> bool {
-        if key.is_ascii() {
-            return !self
-                .allowed_keys
-                .iter()
-                .any(|k| k.as_bytes().eq_ignore_ascii_case(key.as_bytes()))
-                && contains_any_ignore_ascii_case(key, &self.keys);
-        }
+    /// Whether values under `key` are masked: it contains a sensitive fragment and is not
+    /// an allowed key, both compared in lowercase.
+    fn key_is_sensitive(&self, key: &str) -> bool {
         let key = key.to_lowercase();
         !self.allowed_keys.contains(&key) && self.keys.iter().any(|k| key.contains(k.as_str()))
     }
 
-    pub(crate) fn value_is_sensitive(&self, value: &str) -> bool {
-        // An ASCII first byte that starts no prefix (in either case) settles it.
-        if let Some(&first) = value.as_bytes().first() {
-            if first.is_ascii() && self.prefix_starts & (1u128 << first.to_ascii_lowercase()) == 0 {
-                return false;
-            }
-        }
-        self.prefixes.iter().any(|p| {
-            // Most values differ from the prefix at once: an ASCII first byte that is not the
-            // prefix's settles it (a non-ASCII one may lowercase to ASCII, so it goes on).
-            if let (Some(&first), Some(&wanted)) = (value.as_bytes().first(), p.as_bytes().first())
-            {
-                if first.is_ascii() && wanted.is_ascii() && first.to_ascii_lowercase() != wanted {
-                    return false;
-                }
-            }
-            // When the first `p.len()` bytes are ASCII, their lowercase is exactly what the
-            // general path would compare against the prefix.
-            match value.as_bytes().get(..p.len()) {
-                Some(head) if head.is_ascii() => {
-                    p.chars().count() <= 64 && head.eq_ignore_ascii_case(p.as_bytes())
-                }
-                Some(_) => {
-                    let head: String = value.chars().take(64).collect::<String>().to_lowercase();
-                    head.starts_with(p.as_str())
-                }
-                // Shorter than the prefix: only a non-ASCII value could grow when lowercased.
-                None if value.is_ascii() => false,
-                None => {
-                    let head: String = value.chars().take(64).collect::<String>().to_lowercase();
-                    head.starts_with(p.as_str())
-                }
-            }
-        })
+    /// Whether a string value is masked wherever it appears: its first 64 characters,
+    /// lowercased, start with a sensitive prefix.
+    fn value_is_sensitive(&self, value: &str) -> bool {
+        let head = value.chars().take(64).collect::<String>().to_lowercase();
+        self.prefixes.iter().any(|p| head.starts_with(p.as_str()))
     }
 
-    pub(crate) fn is_token_count_key(key: &str) -> bool {
-        if key.is_ascii() {
-            let tail = "tokens".len();
-            return key.len() >= tail
-                && key.as_bytes()[key.len() - tail..].eq_ignore_ascii_case(b"tokens");
-        }
+    /// Whether `key` names a token count (`input_tokens`), whose numbers are kept.
+    fn is_token_count_key(key: &str) -> bool {
         key.to_lowercase().ends_with("tokens")
     }
 
@@ -370,48 +148,31 @@ impl RedactionPolicy {
     /// Mask one event in place, as masking it inside a report's JSON would: its payload is
     /// walked like any value, and its free-text envelope fields (`summary`, `agent_name`,
     /// `span_id`, `parent_span_id`, `delegation_id`) are masked when their value (or, with
-    /// configured extra keys, their key) is sensitive. Ids, type, sequence and times are
+    /// configured extra keys, their name) is sensitive. Ids, type, sequence and times are
     /// Keel's own and kept. [`RunRecorder::redacting`](crate::RunRecorder::redacting) applies
     /// it to each event as it is recorded.
     pub fn redact_event(&self, event: &mut RunEvent) {
-        let [summary, agent_name, span_id, parent_span_id, delegation_id, payload] = self.envelope;
-        let mask = |key_is_sensitive: bool, text: &mut String| {
-            if key_is_sensitive || self.value_is_sensitive(text) {
+        let mask = |name: &str, text: &mut String| {
+            if self.key_is_sensitive(name) || self.value_is_sensitive(text) {
                 REDACTED.clone_into(text);
             }
         };
-        mask(summary, &mut event.summary);
-        for (key_is_sensitive, field) in [
-            (agent_name, &mut event.agent_name),
-            (span_id, &mut event.span_id),
-            (parent_span_id, &mut event.parent_span_id),
-            (delegation_id, &mut event.delegation_id),
+        mask("summary", &mut event.summary);
+        for (name, field) in [
+            ("agent_name", &mut event.agent_name),
+            ("span_id", &mut event.span_id),
+            ("parent_span_id", &mut event.parent_span_id),
+            ("delegation_id", &mut event.delegation_id),
         ] {
             if let Some(text) = field {
-                mask(key_is_sensitive, text);
+                mask(name, text);
             }
         }
-        if payload && !event.payload.is_null() {
+        if self.key_is_sensitive("payload") && !event.payload.is_null() {
             event.payload = Value::String(REDACTED.to_owned());
         } else {
             self.redact_value(&mut event.payload);
         }
-    }
-
-    /// Whether an envelope field of an event is masked, as [`redact_event`](Self::redact_event)
-    /// decides: by its name or its text; the payload by its name only (its content is walked).
-    pub(crate) fn envelope_field_is_sensitive(&self, field: Envelope, text: &str) -> bool {
-        let [summary, agent_name, span_id, parent_span_id, delegation_id, payload] = self.envelope;
-        let by_name = match field {
-            Envelope::Kept => return false,
-            Envelope::Payload => return payload,
-            Envelope::Summary => summary,
-            Envelope::AgentName => agent_name,
-            Envelope::SpanId => span_id,
-            Envelope::ParentSpanId => parent_span_id,
-            Envelope::DelegationId => delegation_id,
-        };
-        by_name || self.value_is_sensitive(text)
     }
 
     /// A masked copy of `value`.
@@ -444,26 +205,6 @@ impl RedactionPolicy {
     ) -> AgentResult<ApprovalRequest> {
         self.redact_serializable(request)
     }
-}
-
-/// Whether an ASCII `key` contains any of `fragments` (lowercase), ignoring ASCII case: one
-/// pass over the key, comparing a fragment only where its first byte matches. Every key of
-/// every persisted event goes through this, most of them matching nothing.
-fn contains_any_ignore_ascii_case(key: &str, fragments: &[String]) -> bool {
-    let hay = key.as_bytes();
-    if fragments.iter().any(String::is_empty) {
-        return true;
-    }
-    (0..hay.len()).any(|start| {
-        let first = hay[start].to_ascii_lowercase();
-        let rest = &hay[start..];
-        fragments.iter().any(|fragment| {
-            let fragment = fragment.as_bytes();
-            fragment[0] == first
-                && rest.len() >= fragment.len()
-                && rest[..fragment.len()].eq_ignore_ascii_case(fragment)
-        })
-    })
 }
 
 #[cfg(test)]
@@ -580,73 +321,49 @@ mod tests {
     }
 
     #[test]
-    fn the_allocation_free_checks_agree_with_unicode_lowercasing() {
+    fn keys_and_values_are_compared_in_unicode_lowercase() {
         let policy = RedactionPolicy::default()
             .with_key("Stra\u{df}e")
             .allow_key("Token_Type");
-        let slow_key = |key: &str| {
-            let key = key.to_lowercase();
-            !policy.allowed_keys.contains(&key)
-                && policy.keys.iter().any(|k| key.contains(k.as_str()))
-        };
-        let slow_value = |value: &str| {
-            let head: String = value.chars().take(64).collect::<String>().to_lowercase();
-            policy.prefixes.iter().any(|p| head.starts_with(p.as_str()))
-        };
-        let samples = [
-            "",
-            "k",
-            "KEY",
-            "my_Api_Key",
-            "token_type",
-            "TOKEN_TYPE",
-            "monkey",
-            "input_tokens",
-            "name",
-            "\u{212a}ey",
-            "stra\u{df}e",
-            "STRA\u{df}E",
-            "Bearer abc",
-            "bearer",
-            "BEARER x",
-            "bear",
-            "\u{130}bearer x",
-            "Be\u{301}arer",
-            "caf\u{e9}",
+        let keys = [
+            ("", false),
+            ("KEY", true),
+            ("my_Api_Key", true),
+            ("monkey", true),
+            ("token_type", false),
+            ("TOKEN_TYPE", false),
+            ("input_tokens", true),
+            ("name", false),
+            // The Kelvin sign lowercases to an ASCII `k`.
+            ("\u{212a}ey", true),
+            ("STRA\u{df}E", true),
         ];
-        for sample in samples {
+        for (key, sensitive) in keys {
+            assert_eq!(policy.key_is_sensitive(key), sensitive, "key {key:?}");
+        }
+        let values = [
+            ("", false),
+            ("Bearer abc", true),
+            ("BEARER x", true),
+            ("bearer", false),
+            ("\u{130}bearer x", false),
+            ("Be\u{301}arer x", false),
+        ];
+        for (value, sensitive) in values {
             assert_eq!(
-                policy.key_is_sensitive(sample),
-                slow_key(sample),
-                "key {sample:?}"
-            );
-            assert_eq!(
-                policy.value_is_sensitive(sample),
-                slow_value(sample),
-                "value {sample:?}"
-            );
-            assert_eq!(
-                RedactionPolicy::is_token_count_key(sample),
-                sample.to_lowercase().ends_with("tokens"),
-                "{sample:?}"
+                policy.value_is_sensitive(value),
+                sensitive,
+                "value {value:?}"
             );
         }
-        // The first-byte shortcut, under prefixes that start with other letters, with a
-        // non-ASCII letter, and an empty one (which masks every string).
-        for extra in ["SK-", "\u{e9}t\u{e9}", "k", ""] {
-            let policy = RedactionPolicy::default().with_value_prefix(extra);
-            for sample in samples
-                .iter()
-                .chain(&["sk-123", "Sk-9", "\u{c9}T\u{c9} x", "\u{e9}"])
-            {
-                let head: String = sample.chars().take(64).collect::<String>().to_lowercase();
-                let slow = policy.prefixes.iter().any(|p| head.starts_with(p.as_str()));
-                assert_eq!(
-                    policy.value_is_sensitive(sample),
-                    slow,
-                    "value {sample:?} with prefix {extra:?}"
-                );
-            }
-        }
+        assert!(RedactionPolicy::is_token_count_key("INPUT_TOKENS"));
+        assert!(!RedactionPolicy::is_token_count_key("tokens_used"));
+        // A non-ASCII prefix matches whatever its case; an empty one masks every string.
+        let accented = RedactionPolicy::default().with_value_prefix("\u{e9}t\u{e9}");
+        assert!(accented.value_is_sensitive("\u{c9}T\u{c9} x"));
+        assert!(!accented.value_is_sensitive("ete"));
+        assert!(RedactionPolicy::default()
+            .with_value_prefix("")
+            .value_is_sensitive("name"));
     }
 }

@@ -65,7 +65,8 @@ impl RunReplay {
     }
 
     /// A replay of persisted JSON: either a report (an object with `events`) or an array
-    /// of events. Malformed input is [`AgentError::InvalidInput`].
+    /// of events. Malformed input, or a report of another version than
+    /// [`RUN_REPORT_VERSION`](crate::RUN_REPORT_VERSION), is [`AgentError::InvalidInput`].
     pub fn from_json(json: &Value) -> AgentResult<Self> {
         let invalid =
             |e: serde_json::Error| AgentError::invalid_input("run_replay.events", e.to_string());
@@ -79,11 +80,9 @@ impl RunReplay {
                 "run_replay",
                 "a report object has no `events`",
             )),
-            // Read as a report: a version 3 report's events leave out what the report says.
-            Value::Object(_) => {
-                let report: RunReport = serde_json::from_value(json.clone()).map_err(invalid)?;
-                Ok(Self::from_events(report.events))
-            }
+            Value::Object(_) => Ok(Self::from_events(
+                RunReport::from_value(json.clone())?.events,
+            )),
             _ => Err(AgentError::invalid_input(
                 "run_replay",
                 "expected a report object or an array of events",

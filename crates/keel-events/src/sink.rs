@@ -16,22 +16,12 @@ pub trait EventSink: Send + Sync {
     /// Take one event. Events arrive in sequence order from an
     /// [`EventEmitter`](crate::EventEmitter).
     async fn emit(&self, event: &RunEvent) -> AgentResult<()>;
-
-    /// Whether events delivered here reach anyone. `false` only for a sink that drops every
-    /// event (an empty [`MultiSink`]): an emitter then need not make the event at all.
-    fn is_listening(&self) -> bool {
-        true
-    }
 }
 
 #[async_trait]
 impl<S: EventSink + ?Sized> EventSink for Arc<S> {
     async fn emit(&self, event: &RunEvent) -> AgentResult<()> {
         (**self).emit(event).await
-    }
-
-    fn is_listening(&self) -> bool {
-        (**self).is_listening()
     }
 }
 
@@ -179,9 +169,5 @@ impl EventSink for MultiSink {
             }
         }
         first_error.map_or(Ok(()), Err)
-    }
-
-    fn is_listening(&self) -> bool {
-        self.sinks.iter().any(|sink| sink.is_listening())
     }
 }

@@ -195,8 +195,7 @@ async fn run_script(s: &mut Script, emitter: &impl ScriptOut) -> AgentResult<()>
     Ok(())
 }
 
-/// Where a script's events go: an emitter's sink, or (with no sink listening) a report
-/// writer fed straight from the builders.
+/// Where a script's events go: an emitter's sink, or a report writer fed by the emitter.
 #[async_trait::async_trait]
 trait ScriptOut: Sync {
     async fn emit(&self, event: RunEventBuilder) -> AgentResult<()>;
@@ -558,7 +557,7 @@ async fn golden_normalization_is_stable_across_runs() {
 }
 
 #[tokio::test]
-async fn a_redacting_recorder_gives_the_redacted_report_without_a_final_walk() {
+async fn a_redacting_recorder_gives_the_redacted_report() {
     let (_, events) = recorded_run().await;
     let policy = RedactionPolicy::default();
     let plain = RunRecorder::new().with_metadata(
@@ -592,12 +591,6 @@ async fn a_redacting_recorder_gives_the_redacted_report_without_a_final_walk() {
     let unmasked = recorder_of(&events).await;
     let report = unmasked.report();
     let text = unmasked.take_report_json().unwrap().into_string();
-    // Byte for byte what serde_json writes: the recorder writes events without serde.
-    assert_eq!(text, serde_json::to_string(&report).unwrap());
-    assert_eq!(
-        serde_json::from_str::<serde_json::Value>(&text).unwrap(),
-        serde_json::to_value(&report).unwrap()
-    );
     assert_eq!(serde_json::from_str::<RunReport>(&text).unwrap(), report);
 }
 
@@ -612,41 +605,19 @@ async fn report_json_holds_each_context_manifest_once_and_reads_back_whole() {
     let text = json.to_string();
     assert_eq!(text.matches("\"total_estimated_tokens\":120").count(), 1);
     // Reading it back rebuilds the manifests from the `context.prepared` events.
-    let back: RunReport = serde_json::from_value(json.clone()).unwrap();
+    let back: RunReport = serde_json::from_value(json).unwrap();
     assert_eq!(back, report);
-    // A version 1 report, which carried them (and whole events), reads as it is.
-    let mut v1 = json;
-    v1["version"] = json!(1);
-    v1["context_manifests"] = serde_json::to_value(&report.context_manifests).unwrap();
-    v1["events"] = serde_json::to_value(&report.events).unwrap();
-    let old: RunReport = serde_json::from_value(v1).unwrap();
-    assert_eq!(old.context_manifests, report.context_manifests);
 }
 
 #[tokio::test]
-async fn report_json_events_leave_out_what_the_report_says_and_read_back_whole() {
+async fn report_json_reads_back_whole_events() {
     let (_, mut events) = recorded_run().await;
-    // One event of another agent and one with no task: they must say so.
+    // One event of another agent and one with no task: they read back as they were.
     events[1].agent_name = Some("helper".into());
     events[2].task_id = None;
     let report = RunReport::from_events(&events);
     let json = serde_json::to_value(&report).unwrap();
-    let written = json["events"].as_array().unwrap();
-    assert_eq!(written.len(), events.len());
-    for (field, value) in [
-        ("run_id", json!(report.run_id)),
-        ("task_id", json!(report.task_id)),
-        ("thread_id", json!(report.thread_id)),
-        ("agent_name", json!(report.agent_name)),
-    ] {
-        assert!(!value.is_null(), "{field} is in the summary");
-        let repeated = written.iter().filter(|e| e.get(field).is_some()).count();
-        assert!(repeated <= 1, "{field} is written only where it differs");
-    }
-    assert!(written.iter().all(|e| e.get("version").is_none()));
-    assert_eq!(written[1]["agent_name"], "helper");
-    assert!(written[2]["task_id"].is_null() && written[2].get("task_id").is_some());
-    // Reading fills them in again, exactly.
+    assert_eq!(json["events"].as_array().map(Vec::len), Some(events.len()));
     let back: RunReport = serde_json::from_value(json.clone()).unwrap();
     assert_eq!(back.events, report.events);
     assert_eq!(back, report);
@@ -658,6 +629,38 @@ async fn report_json_events_leave_out_what_the_report_says_and_read_back_whole()
     let mut broken = json;
     broken["events"] = json!(3);
     assert!(serde_json::from_value::<RunReport>(broken).is_err());
+}
+
+#[tokio::test]
+async fn a_report_of_another_version_is_an_error_naming_both_versions() {
+    let (_, events) = recorded_run().await;
+    let json = serde_json::to_value(RunReport::from_events(&events)).unwrap();
+    let expected = format!("this Keel reads version {RUN_REPORT_VERSION}");
+    for found in [
+        json!(5),
+        json!(RUN_REPORT_VERSION + 1),
+        json!("6"),
+        json!(null),
+    ] {
+        let mut other = json.clone();
+        other["version"] = found.clone();
+        let err = RunReport::from_value(other.clone()).unwrap_err();
+        assert_eq!(err.kind(), keel_core::ErrorKind::InvalidInput);
+        let message = err.to_string();
+        assert!(message.contains(&format!("version {found}")), "{message}");
+        assert!(message.contains(&expected), "{message}");
+        // Through serde and a replay, the same message.
+        let err = serde_json::from_value::<RunReport>(other.clone()).unwrap_err();
+        assert!(err.to_string().contains(&expected), "{err}");
+        let err = RunReplay::from_json(&other).unwrap_err();
+        assert!(err.to_string().contains(&expected), "{err}");
+    }
+    let mut none = json;
+    none.as_object_mut().unwrap().remove("version");
+    assert!(RunReport::from_value(none)
+        .unwrap_err()
+        .to_string()
+        .contains(&expected));
 }
 
 #[test]
@@ -702,7 +705,7 @@ fn redact_event_masks_the_payload_and_free_text_like_the_report_walk() {
 }
 
 #[tokio::test]
-async fn report_text_matches_serde_for_every_envelope_shape() {
+async fn report_json_reads_back_every_envelope_shape() {
     let (_, events) = recorded_run().await;
     let mut odd = events.clone();
     // Envelopes unlike the report's own: another run and version, fields absent or set,
@@ -728,7 +731,6 @@ async fn report_text_matches_serde_for_every_envelope_shape() {
     let recorder = recorder_of(&odd).await;
     let report = recorder.report();
     let text = recorder.take_report_json().unwrap().into_string();
-    assert_eq!(text, serde_json::to_string(&report).unwrap());
     assert_eq!(serde_json::from_str::<RunReport>(&text).unwrap(), report);
 }
 
@@ -744,13 +746,7 @@ async fn report_json_leaves_actions_out_and_reading_rebuilds_them() {
     assert!(json.get("actions").is_none());
     let back: RunReport = serde_json::from_str(&text).unwrap();
     assert_eq!(back.actions, report.actions);
-    // A version 3 report carried them, and reads as it is.
-    let mut v3 = json;
-    v3["version"] = json!(3);
-    v3["actions"] = serde_json::to_value(&report.actions).unwrap();
-    let old: RunReport = serde_json::from_value(v3).unwrap();
-    assert_eq!(old.actions, report.actions);
-    // An action payload that does not read is noted when the report is read back.
+    // An action payload that does not read is noted, and read back.
     let mut broken = events.clone();
     let policy = broken.iter().position(|e| e.is("action.policy")).unwrap();
     broken[policy].payload = json!({"decision": "allow"});
@@ -809,8 +805,8 @@ async fn a_report_writer_writes_the_redacted_report_of_its_events() {
     let empty: RunReport = serde_json::from_str(writer.take_json().unwrap().as_str()).unwrap();
     assert_eq!(empty.event_count, 0);
 
-    // Fed by its emitter with no sink listening, it writes the same report from the
-    // builders (no event is made), up to the times.
+    // Fed by its emitter, with no sink listening, it writes the same report, up to the
+    // times.
     let writer = ReportWriter::new().redacting(policy.clone());
     let emitter =
         EventEmitter::new(&s.context, Arc::new(MultiSink::new())).with_task(s.task.id.clone());
@@ -852,14 +848,8 @@ async fn report_json_leaves_the_final_task_out_and_reading_rebuilds_it() {
     assert!(report.final_task.is_some());
     let json = serde_json::to_value(&report).unwrap();
     assert!(json.get("final_task").is_none());
-    let back: RunReport = serde_json::from_value(json.clone()).unwrap();
+    let back: RunReport = serde_json::from_value(json).unwrap();
     assert_eq!(back.final_task, report.final_task);
-    // A version 4 report carried it, and reads as it is.
-    let mut v4 = json;
-    v4["version"] = json!(4);
-    v4["final_task"] = json!({"id": "from-the-summary"});
-    let old: RunReport = serde_json::from_value(v4).unwrap();
-    assert_eq!(old.final_task, Some(json!({"id": "from-the-summary"})));
 }
 
 /// A recorder that has recorded `events`.
@@ -871,9 +861,8 @@ async fn recorder_of(events: &[RunEvent]) -> RunRecorder {
     recorder
 }
 
-/// With no sink listening, reported events are numbered under the report's own lock: events
-/// emitted from several threads at once still land in the report in the order of their
-/// numbers, each number once, and their times never go back.
+/// Reported events emitted from several threads at once land in the report in the order of
+/// their numbers, each number once, and their times never go back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_reported_events_land_in_sequence_order() {
     let emitter = Arc::new(EventEmitter::new(
@@ -906,4 +895,20 @@ async fn concurrent_reported_events_land_in_sequence_order() {
     let numbers: Vec<u64> = events.iter().map(|e| e.sequence).collect();
     assert_eq!(numbers, (1..=tasks * per_task).collect::<Vec<_>>());
     assert!(events.windows(2).all(|w| w[0].timestamp <= w[1].timestamp));
+}
+
+/// `docs/run-report.md` shows a report of the version this crate reads, whose summary is the
+/// one its events make.
+#[test]
+fn the_documented_example_is_a_report_of_this_version() {
+    let doc = include_str!("../../../docs/run-report.md");
+    let example = doc
+        .split("```json")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the doc has a JSON example");
+    let json: serde_json::Value = serde_json::from_str(example).expect("the example is JSON");
+    let report = RunReport::from_value(json).expect("the example reads");
+    assert_eq!(RunReport::from_events(&report.events), report);
+    assert!(doc.contains(&format!("today **{RUN_REPORT_VERSION}**")));
 }

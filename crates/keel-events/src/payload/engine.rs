@@ -1,0 +1,383 @@
+//! The thread engine's own markers: asynchronous tool calls, the thread queue, what a step
+//! persisted, and why a run stopped.
+
+use chrono::{DateTime, Utc};
+use keel_core::TaskState;
+use serde::{Deserialize, Serialize};
+
+use crate::{EventType, RunEvent, RunEventBuilder};
+
+impl EventType {
+    /// An asynchronous tool call was handed to its dispatcher.
+    pub const TOOL_ASYNC_DISPATCHED: EventType = EventType::known("tool.async.dispatched");
+    /// The dispatcher acknowledged an asynchronous tool call.
+    pub const TOOL_ASYNC_ACKNOWLEDGED: EventType = EventType::known("tool.async.acknowledged");
+    /// An asynchronous tool called back with its result.
+    pub const TOOL_ASYNC_RESULT: EventType = EventType::known("tool.async.result");
+    /// No result of an asynchronous tool arrived by its deadline.
+    pub const TOOL_ASYNC_TIMED_OUT: EventType = EventType::known("tool.async.timed_out");
+    /// Queued work was injected into the run before a model call.
+    pub const QUEUE_INJECTED: EventType = EventType::known("queue.injected");
+    /// The thread queue held nothing more to inject.
+    pub const QUEUE_DRAINED: EventType = EventType::known("queue.drained");
+    /// The model's message was persisted to the thread history.
+    pub const MESSAGE_PERSISTED: EventType = EventType::known("message.persisted");
+    /// A tool's result was persisted to the thread history.
+    pub const TOOL_RESULT_PERSISTED: EventType = EventType::known("tool_result.persisted");
+    /// The run stopped, and why.
+    pub const RUN_STOPPED: EventType = EventType::known("run.stopped");
+    /// A step's stop rules were evaluated.
+    pub const STOP_EVALUATED: EventType = EventType::known("stop.evaluated");
+}
+
+/// `tool.async.dispatched` and `tool.async.timed_out`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolAsyncDeadlinePayload {
+    /// The asynchronous call.
+    pub call_id: String,
+    /// The model's tool call it answers.
+    pub tool_call_id: String,
+    /// The tool's name.
+    pub tool: String,
+    /// When the call times out.
+    pub deadline: DateTime<Utc>,
+}
+
+/// `tool.async.acknowledged`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolAsyncAcknowledgedPayload {
+    /// The asynchronous call.
+    pub call_id: String,
+    /// The model's tool call it answers.
+    pub tool_call_id: String,
+    /// The tool's name.
+    pub tool: String,
+}
+
+/// `tool.async.result`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolAsyncResultPayload {
+    /// The asynchronous call.
+    pub call_id: String,
+    /// The model's tool call it answers.
+    pub tool_call_id: String,
+    /// The tool's name.
+    pub tool: String,
+    /// Whether the tool reported an error.
+    pub is_error: bool,
+}
+
+/// `queue.injected`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueInjectedPayload {
+    /// The ids of the queue items injected.
+    pub items: Vec<String>,
+}
+
+/// `message.persisted`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessagePersistedPayload {
+    /// The message's role (`assistant`).
+    pub role: String,
+    /// How many tool calls it carries.
+    pub tool_calls: usize,
+}
+
+/// `tool_result.persisted`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolResultPersistedPayload {
+    /// The model's tool call answered.
+    pub call_id: String,
+    /// Whether the result is an error.
+    pub is_error: bool,
+    /// The tool's name.
+    pub tool: String,
+}
+
+/// `run.stopped`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunStoppedPayload {
+    /// The task's stop reason (`awaiting_tool`, `response`, `canceled`, ...).
+    pub reason: String,
+    /// The asynchronous call awaited, when the reason is `awaiting_tool`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    /// The task's state when the run stopped.
+    pub state: TaskState,
+}
+
+/// `stop.evaluated`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StopEvaluatedPayload {
+    /// The stop rule that fired (`response`, `stop_tool`, ...), or `null` when none did.
+    #[serde(default)]
+    pub stop: Option<String>,
+}
+
+impl RunEvent {
+    /// `tool.async.dispatched`.
+    pub fn tool_async_dispatched(payload: ToolAsyncDeadlinePayload) -> RunEventBuilder {
+        RunEvent::builder(
+            EventType::TOOL_ASYNC_DISPATCHED,
+            format!("asynchronous tool `{}` dispatched", payload.tool),
+        )
+        .payload_from(payload)
+    }
+
+    /// `tool.async.acknowledged`.
+    pub fn tool_async_acknowledged(payload: ToolAsyncAcknowledgedPayload) -> RunEventBuilder {
+        RunEvent::builder(
+            EventType::TOOL_ASYNC_ACKNOWLEDGED,
+            format!("asynchronous tool `{}` acknowledged", payload.tool),
+        )
+        .payload_from(payload)
+    }
+
+    /// `tool.async.result`.
+    pub fn tool_async_result(payload: ToolAsyncResultPayload) -> RunEventBuilder {
+        RunEvent::builder(
+            EventType::TOOL_ASYNC_RESULT,
+            format!("asynchronous tool `{}` called back", payload.tool),
+        )
+        .payload_from(payload)
+    }
+
+    /// `tool.async.timed_out`.
+    pub fn tool_async_timed_out(payload: ToolAsyncDeadlinePayload) -> RunEventBuilder {
+        RunEvent::builder(
+            EventType::TOOL_ASYNC_TIMED_OUT,
+            format!("asynchronous tool `{}` timed out", payload.tool),
+        )
+        .payload_from(payload)
+    }
+
+    /// `queue.injected`.
+    pub fn queue_injected(payload: QueueInjectedPayload) -> RunEventBuilder {
+        RunEvent::builder(
+            EventType::QUEUE_INJECTED,
+            format!("{} queued item(s) injected", payload.items.len()),
+        )
+        .payload_from(payload)
+    }
+
+    /// `queue.drained`, with an empty payload.
+    pub fn queue_drained() -> RunEventBuilder {
+        RunEvent::builder(EventType::QUEUE_DRAINED, "queue drained")
+    }
+
+    /// `message.persisted`.
+    pub fn message_persisted(payload: MessagePersistedPayload) -> RunEventBuilder {
+        RunEvent::builder(
+            EventType::MESSAGE_PERSISTED,
+            format!("{} message persisted", payload.role),
+        )
+        .payload_from(payload)
+    }
+
+    /// `tool_result.persisted`.
+    pub fn tool_result_persisted(payload: ToolResultPersistedPayload) -> RunEventBuilder {
+        RunEvent::builder(EventType::TOOL_RESULT_PERSISTED, "tool result persisted")
+            .payload_from(payload)
+    }
+
+    /// `run.stopped`.
+    pub fn run_stopped(payload: RunStoppedPayload) -> RunEventBuilder {
+        RunEvent::builder(
+            EventType::RUN_STOPPED,
+            format!("run stopped: {}", payload.reason),
+        )
+        .payload_from(payload)
+    }
+
+    /// `stop.evaluated`.
+    pub fn stop_evaluated(payload: StopEvaluatedPayload) -> RunEventBuilder {
+        RunEvent::builder(EventType::STOP_EVALUATED, "stop rules evaluated").payload_from(payload)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::payload::tests::assert_event;
+
+    fn deadline() -> DateTime<Utc> {
+        "2026-01-02T03:04:05Z".parse().unwrap_or_default()
+    }
+
+    #[test]
+    fn tool_async_dispatched() {
+        let payload = ToolAsyncDeadlinePayload {
+            call_id: "c-1".into(),
+            tool_call_id: "t-1".into(),
+            tool: "fetch".into(),
+            deadline: deadline(),
+        };
+        assert_event(
+            RunEvent::tool_async_dispatched(payload.clone()),
+            "tool.async.dispatched",
+            "asynchronous tool `fetch` dispatched",
+            json!({"call_id": "c-1", "tool_call_id": "t-1", "tool": "fetch",
+                   "deadline": "2026-01-02T03:04:05Z"}),
+            &payload,
+        );
+    }
+
+    #[test]
+    fn tool_async_acknowledged() {
+        let payload = ToolAsyncAcknowledgedPayload {
+            call_id: "c-1".into(),
+            tool_call_id: "t-1".into(),
+            tool: "fetch".into(),
+        };
+        assert_event(
+            RunEvent::tool_async_acknowledged(payload.clone()),
+            "tool.async.acknowledged",
+            "asynchronous tool `fetch` acknowledged",
+            json!({"call_id": "c-1", "tool_call_id": "t-1", "tool": "fetch"}),
+            &payload,
+        );
+    }
+
+    #[test]
+    fn tool_async_result() {
+        let payload = ToolAsyncResultPayload {
+            call_id: "c-1".into(),
+            tool_call_id: "t-1".into(),
+            tool: "fetch".into(),
+            is_error: true,
+        };
+        assert_event(
+            RunEvent::tool_async_result(payload.clone()),
+            "tool.async.result",
+            "asynchronous tool `fetch` called back",
+            json!({"call_id": "c-1", "tool_call_id": "t-1", "tool": "fetch", "is_error": true}),
+            &payload,
+        );
+    }
+
+    #[test]
+    fn tool_async_timed_out() {
+        let payload = ToolAsyncDeadlinePayload {
+            call_id: "c-1".into(),
+            tool_call_id: "t-1".into(),
+            tool: "fetch".into(),
+            deadline: deadline(),
+        };
+        assert_event(
+            RunEvent::tool_async_timed_out(payload.clone()),
+            "tool.async.timed_out",
+            "asynchronous tool `fetch` timed out",
+            json!({"call_id": "c-1", "tool_call_id": "t-1", "tool": "fetch",
+                   "deadline": "2026-01-02T03:04:05Z"}),
+            &payload,
+        );
+    }
+
+    #[test]
+    fn queue_injected() {
+        let payload = QueueInjectedPayload {
+            items: vec!["q-1".into(), "q-2".into()],
+        };
+        assert_event(
+            RunEvent::queue_injected(payload.clone()),
+            "queue.injected",
+            "2 queued item(s) injected",
+            json!({"items": ["q-1", "q-2"]}),
+            &payload,
+        );
+    }
+
+    #[test]
+    fn queue_drained() {
+        assert_event(
+            RunEvent::queue_drained(),
+            "queue.drained",
+            "queue drained",
+            json!({}),
+            &json!({}),
+        );
+    }
+
+    #[test]
+    fn message_persisted() {
+        let payload = MessagePersistedPayload {
+            role: "assistant".into(),
+            tool_calls: 2,
+        };
+        assert_event(
+            RunEvent::message_persisted(payload.clone()),
+            "message.persisted",
+            "assistant message persisted",
+            json!({"role": "assistant", "tool_calls": 2}),
+            &payload,
+        );
+    }
+
+    #[test]
+    fn tool_result_persisted() {
+        let payload = ToolResultPersistedPayload {
+            call_id: "t-1".into(),
+            is_error: false,
+            tool: "fetch".into(),
+        };
+        assert_event(
+            RunEvent::tool_result_persisted(payload.clone()),
+            "tool_result.persisted",
+            "tool result persisted",
+            json!({"call_id": "t-1", "is_error": false, "tool": "fetch"}),
+            &payload,
+        );
+    }
+
+    #[test]
+    fn run_stopped() {
+        let awaiting = RunStoppedPayload {
+            reason: "awaiting_tool".into(),
+            call_id: Some("c-1".into()),
+            state: TaskState::Working,
+        };
+        assert_event(
+            RunEvent::run_stopped(awaiting.clone()),
+            "run.stopped",
+            "run stopped: awaiting_tool",
+            json!({"reason": "awaiting_tool", "call_id": "c-1", "state": "working"}),
+            &awaiting,
+        );
+        let answered = RunStoppedPayload {
+            reason: "response".into(),
+            call_id: None,
+            state: TaskState::Completed,
+        };
+        assert_event(
+            RunEvent::run_stopped(answered.clone()),
+            "run.stopped",
+            "run stopped: response",
+            json!({"reason": "response", "state": "completed"}),
+            &answered,
+        );
+    }
+
+    #[test]
+    fn stop_evaluated() {
+        let fired = StopEvaluatedPayload {
+            stop: Some("stop_tool".into()),
+        };
+        assert_event(
+            RunEvent::stop_evaluated(fired.clone()),
+            "stop.evaluated",
+            "stop rules evaluated",
+            json!({"stop": "stop_tool"}),
+            &fired,
+        );
+        let none = StopEvaluatedPayload { stop: None };
+        assert_event(
+            RunEvent::stop_evaluated(none.clone()),
+            "stop.evaluated",
+            "stop rules evaluated",
+            json!({"stop": null}),
+            &none,
+        );
+    }
+}
