@@ -254,7 +254,7 @@ async fn an_async_tool_calls_back_after_the_process_exited_and_a_fresh_process_f
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread")]
 async fn an_async_tool_calls_back_after_the_process_exited_and_a_fresh_process_finishes_on_redis() {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = support::redis_url();
     let prefix = format!("keel-test-{}:", support::uuid_like());
     callback_after_exit_finishes_in_a_fresh_process(url, &["--redis-prefix", &prefix]).await;
 }
@@ -361,7 +361,7 @@ async fn of_concurrent_duplicate_callbacks_to_two_processes_one_is_accepted_on_s
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread")]
 async fn of_concurrent_duplicate_callbacks_to_two_processes_one_is_accepted_on_redis() {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = support::redis_url();
     let prefix = format!("keel-test-{}:", support::uuid_like());
     concurrent_duplicates_accept_exactly_one(url, &["--redis-prefix", &prefix]).await;
 }
@@ -431,7 +431,7 @@ async fn a_pending_call_times_out_in_a_fresh_process_on_sqlite() {
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pending_call_times_out_in_a_fresh_process_on_redis() {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = support::redis_url();
     let prefix = format!("keel-test-{}:", support::uuid_like());
     a_pending_call_times_out_in_a_fresh_process(url, &["--redis-prefix", &prefix]).await;
 }

@@ -11,11 +11,7 @@ use axum::http::HeaderMap;
 use axum::routing::post;
 use axum::Router;
 use serde_json::{json, Value};
-use support::{uuid_like, KeelServer, Rpc};
-
-fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
+use support::{redis_url, uuid_like, KeelServer, Rpc};
 
 /// What the webhook received: (notification token, the task state the update carries).
 type Received = Arc<Mutex<Vec<(String, String)>>>;
