@@ -1,8 +1,11 @@
-//! Shared helpers for the whole-system tests: start the real `keel` binary, and find (or
-//! make) what a test needs from outside: the Python A2A SDK venv and a Redis.
+//! Shared helpers for the whole-system tests: start the real `keel` binary, wait for a
+//! condition, and find (or make) what a test needs from outside: the Python A2A SDK venv and
+//! a Redis.
 
 #![allow(dead_code)] // each test file uses a different subset
 
+use std::fmt::Debug;
+use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -150,6 +153,33 @@ pub fn redis_url() -> String {
     url
 }
 
+/// Calls `probe` every 50 ms until `done` holds for its answer, and returns that answer.
+/// Panics after `within`, naming `what` it waited for and the last answer seen.
+pub async fn wait_until<T, F, Fut>(
+    what: &str,
+    within: Duration,
+    mut probe: F,
+    done: impl Fn(&T) -> bool,
+) -> T
+where
+    T: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let answer = probe().await;
+        if done(&answer) {
+            return answer;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited {within:?} for {what}; the last answer was {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A JSON-RPC client for the A2A endpoint of a running server.
 pub struct Rpc {
     http: reqwest::Client,
@@ -211,27 +241,21 @@ impl Rpc {
         answer["result"].clone()
     }
 
-    /// GetTask until `done(state)` holds, looking every 50 ms for at most `within`.
+    /// GetTask until `done(state)` holds (at most `within`); answers the task.
     pub async fn wait_for(
         &self,
         task_id: &str,
         within: Duration,
         done: impl Fn(&str) -> bool,
     ) -> serde_json::Value {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let task = self.get(task_id).await;
-            if let Some(state) = task["status"]["state"].as_str() {
-                if done(state) {
-                    return task;
-                }
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "task {task_id} never reached the expected state: {task}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("task {task_id} to reach the expected state");
+        wait_until(
+            &what,
+            within,
+            || self.get(task_id),
+            |task| task["status"]["state"].as_str().is_some_and(&done),
+        )
+        .await
     }
 }
 
