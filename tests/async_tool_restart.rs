@@ -119,18 +119,13 @@ async fn wait_for(
     within: Duration,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let task = call(url, key, "GetTask", json!({"id": id})).await["result"].clone();
-        if done(&task) {
-            return task;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "task {id} never got there: {task}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::wait_until(
+        &format!("task {id} to get there"),
+        within,
+        || async { call(url, key, "GetTask", json!({"id": id})).await["result"].clone() },
+        done,
+    )
+    .await
 }
 
 /// The whole story on `store` (plus `extra` arguments).
@@ -254,7 +249,7 @@ async fn an_async_tool_calls_back_after_the_process_exited_and_a_fresh_process_f
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread")]
 async fn an_async_tool_calls_back_after_the_process_exited_and_a_fresh_process_finishes_on_redis() {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = support::redis_url();
     let prefix = format!("keel-test-{}:", support::uuid_like());
     callback_after_exit_finishes_in_a_fresh_process(url, &["--redis-prefix", &prefix]).await;
 }
@@ -361,7 +356,7 @@ async fn of_concurrent_duplicate_callbacks_to_two_processes_one_is_accepted_on_s
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread")]
 async fn of_concurrent_duplicate_callbacks_to_two_processes_one_is_accepted_on_redis() {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = support::redis_url();
     let prefix = format!("keel-test-{}:", support::uuid_like());
     concurrent_duplicates_accept_exactly_one(url, &["--redis-prefix", &prefix]).await;
 }
@@ -390,18 +385,13 @@ async fn a_pending_call_times_out_in_a_fresh_process(store: String, extra: &[&st
         .as_str()
         .unwrap_or_else(|| panic!("{task}"))
         .to_owned();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let task = rpc.get(&id).await;
-        if task["metadata"]["stop_reason"] == "awaiting_tool" {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never waited: {task}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::wait_until(
+        &format!("task {id} to wait for its tool"),
+        Duration::from_secs(20),
+        || rpc.get(&id),
+        |task| task["metadata"]["stop_reason"] == "awaiting_tool",
+    )
+    .await;
     assert!(first.terminate().success());
 
     // A fresh process picks the task up (still pending) and ends the call at its deadline.
@@ -431,7 +421,7 @@ async fn a_pending_call_times_out_in_a_fresh_process_on_sqlite() {
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pending_call_times_out_in_a_fresh_process_on_redis() {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = support::redis_url();
     let prefix = format!("keel-test-{}:", support::uuid_like());
     a_pending_call_times_out_in_a_fresh_process(url, &["--redis-prefix", &prefix]).await;
 }

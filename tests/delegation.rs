@@ -5,6 +5,8 @@
 //! so); a malformed one is InvalidParams naming the field; and canceling the parent task
 //! cancels the remote child task (`CancelTask`).
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -227,18 +229,20 @@ async fn canceling_the_parent_cancels_the_remote_child_task() {
         .await
         .unwrap();
     // Wait until the child works on the delegated sleep.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let remote_id = loop {
-        let tasks = child_tasks(&child).await;
-        if let Some(t) = tasks.iter().find(|t| t.state() == TaskState::Working) {
-            break t.id.clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the child never started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let working = |tasks: &[Task]| {
+        tasks
+            .iter()
+            .find(|t| t.state() == TaskState::Working)
+            .map(|t| t.id.clone())
     };
+    let tasks = support::wait_until(
+        "the child to start",
+        Duration::from_secs(20),
+        || child_tasks(&child),
+        |tasks| working(tasks).is_some(),
+    )
+    .await;
+    let remote_id = working(&tasks).expect("a working child task");
 
     let canceled = parent
         .executor
@@ -248,30 +252,23 @@ async fn canceling_the_parent_cancels_the_remote_child_task() {
     assert_eq!(canceled.state(), TaskState::Canceled);
 
     // The remote child is canceled too, through CancelTask.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let remote = child
-            .executor
-            .get_task(&child.auth, &remote_id, Some(0))
-            .await
-            .unwrap();
-        if remote.state() == TaskState::Canceled {
-            assert_eq!(
-                remote
-                    .metadata
-                    .get("cancel_reason")
-                    .and_then(|v| v.as_str()),
-                Some(keel::delegation::PARENT_CANCELED_REASON),
-                "{:?}",
-                remote.metadata
-            );
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the remote child is still {}",
-            remote.state()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let remote = support::wait_until(
+        "the remote child to be canceled",
+        Duration::from_secs(20),
+        || async {
+            let remote = child.executor.get_task(&child.auth, &remote_id, Some(0));
+            remote.await.unwrap()
+        },
+        |remote| remote.state() == TaskState::Canceled,
+    )
+    .await;
+    assert_eq!(
+        remote
+            .metadata
+            .get("cancel_reason")
+            .and_then(|v| v.as_str()),
+        Some(keel::delegation::PARENT_CANCELED_REASON),
+        "{:?}",
+        remote.metadata
+    );
 }

@@ -26,22 +26,18 @@ async fn a_task_acknowledged_before_sigkill_is_answered_after_restart() {
     // A run cut off in the middle: wait until its `sleep` call is persisted, then kill.
     let pending = rpc.send(r#"/sleep {"seconds": 300}"#, None, true).await;
     let pending_id = pending["id"].as_str().unwrap().to_owned();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let task = rpc.get(&pending_id).await;
-        let has_call = task["history"].as_array().is_some_and(|h| {
-            h.iter()
-                .any(|m| m["parts"][0]["metadata"]["keel.partType"] == "tool_call")
-        });
-        if has_call {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the sleep call was never persisted: {task}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::wait_until(
+        "the sleep call to be persisted",
+        Duration::from_secs(10),
+        || rpc.get(&pending_id),
+        |task| {
+            task["history"].as_array().is_some_and(|h| {
+                h.iter()
+                    .any(|m| m["parts"][0]["metadata"]["keel.partType"] == "tool_call")
+            })
+        },
+    )
+    .await;
     server.kill_hard();
 
     let server = KeelServer::start_with(&args);

@@ -233,7 +233,7 @@ async fn a_conversation_with_an_async_tool_runs_in_fresh_processes_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_conversation_with_an_async_tool_runs_in_fresh_processes_on_redis() {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = support::redis_url();
     let prefix = format!("keel-test-{}:", support::uuid_like());
     conversation_in_fresh_processes(url, vec!["--redis-prefix".into(), prefix]).await;
 }

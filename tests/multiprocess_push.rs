@@ -11,11 +11,7 @@ use axum::http::HeaderMap;
 use axum::routing::post;
 use axum::Router;
 use serde_json::{json, Value};
-use support::{uuid_like, KeelServer, Rpc};
-
-fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
+use support::{redis_url, uuid_like, KeelServer, Rpc};
 
 /// What the webhook received: (notification token, the task state the update carries).
 type Received = Arc<Mutex<Vec<(String, String)>>>;
@@ -93,24 +89,19 @@ async fn two_processes_deliver_each_update_once_per_config() {
     assert_eq!(canceled["result"]["status"]["state"], "TASK_STATE_CANCELED");
 
     // Wait for the final update to reach both configs.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let finals = received
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, state)| state == "TASK_STATE_CANCELED")
-            .count();
-        if finals >= 2 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the canceled status never reached both configs: {:?}",
-            received.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::wait_until(
+        "the canceled status to reach both configs",
+        Duration::from_secs(30),
+        || async { received.lock().unwrap().clone() },
+        |received| {
+            let finals = received.iter();
+            finals
+                .filter(|(_, state)| state == "TASK_STATE_CANCELED")
+                .count()
+                >= 2
+        },
+    )
+    .await;
     // Stop both processes, so every delivery either was made or never will be.
     assert!(a.terminate().success());
     assert!(b.terminate().success());

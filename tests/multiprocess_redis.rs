@@ -7,11 +7,7 @@ use std::time::Duration;
 
 use keel::core::ThreadId;
 use keel::services::{AuthContext, ThreadHistory};
-use support::{uuid_like, KeelServer, Rpc};
-
-fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
+use support::{redis_url, uuid_like, KeelServer, Rpc};
 
 fn two_servers(prefix: &str) -> (KeelServer, KeelServer) {
     let url = redis_url();

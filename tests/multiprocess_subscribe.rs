@@ -7,11 +7,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{uuid_like, KeelServer, Rpc};
-
-fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
+use support::{redis_url, uuid_like, KeelServer, Rpc};
 
 /// The `data:` payloads of the complete SSE events in `buffer`, removing them from it.
 fn take_events(buffer: &mut String) -> Vec<Value> {

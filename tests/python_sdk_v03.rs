@@ -7,27 +7,11 @@ mod support;
 use std::process::Command;
 
 use serde_json::Value;
-use support::{workspace_root, KeelServer};
-
-/// The 0.3.x SDK venv's python from `KEEL_PYTHON_V03` (set by `cargo xtask ci`), else the venv
-/// `cargo xtask py-sdk` leaves under `target/`; `None` when neither exists.
-fn v03_python() -> Option<std::path::PathBuf> {
-    if let Some(python) = std::env::var_os("KEEL_PYTHON_V03") {
-        return Some(python.into());
-    }
-    let venv = workspace_root().join("target/py-a2a-sdk-v03/bin/python");
-    venv.exists().then_some(venv)
-}
+use support::{sdk_python_v03, workspace_root, KeelServer};
 
 #[test]
 fn python_a2a_sdk_0_3_sends_gets_and_cancels() {
-    let Some(python) = v03_python() else {
-        eprintln!(
-            "SKIPPED python_a2a_sdk_0_3_sends_gets_and_cancels: KEEL_PYTHON_V03 is not set and \
-             target/py-a2a-sdk-v03 is missing; run `cargo xtask py-sdk` (or `cargo xtask ci`)"
-        );
-        return;
-    };
+    let python = sdk_python_v03();
     let server = KeelServer::start(&[]);
     let script = workspace_root().join("tests/python/a2a_v03_client_check.py");
     let output = Command::new(python)

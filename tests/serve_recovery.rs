@@ -44,23 +44,15 @@ async fn keel_serve_resumes_a_task_another_tenant_left_behind() {
         .build()
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let task = runtime
-            .task_manager()
-            .get_task(&tenant, &task_id)
-            .await
-            .unwrap()
-            .unwrap();
-        if task.state() == TaskState::Completed {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "keel serve never resumed the other tenant's task (state {:?})",
-            task.state()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::wait_until(
+        "keel serve to resume the other tenant's task",
+        Duration::from_secs(20),
+        || async {
+            let task = runtime.task_manager().get_task(&tenant, &task_id).await;
+            task.unwrap().unwrap().state()
+        },
+        |state| *state == TaskState::Completed,
+    )
+    .await;
     assert!(server.terminate().success());
 }

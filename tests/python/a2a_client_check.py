@@ -7,8 +7,8 @@ exits non-zero with a message on stderr as soon as a step sees something
 unexpected. Only the SDK's public client API is used, so a passing run proves
 that a stranger's client can talk to the server.
 
-Run it with the venv from `cargo xtask py-sdk` (its python is exported to the
-tests as KEEL_PYTHON by `cargo xtask ci`).
+Run it with the venv at target/py-a2a-sdk: the tests create it on first use
+(`cargo xtask py-sdk` does too), and KEEL_PYTHON overrides it.
 """
 
 import asyncio

@@ -9,8 +9,8 @@ validated by the SDK's own pydantic types (so it must be a complete v0.3 card),
 and the client speaks v0.3 JSON-RPC (`message/send`, `tasks/get`,
 `tasks/cancel`) with no A2A-Version header.
 
-Run it with the venv `cargo xtask py-sdk` creates at target/py-a2a-sdk-v03 (its
-python is exported to the tests as KEEL_PYTHON_V03 by `cargo xtask ci`).
+Run it with the venv at target/py-a2a-sdk-v03: the tests create it on first use
+(`cargo xtask py-sdk` does too), and KEEL_PYTHON_V03 overrides it.
 """
 
 import asyncio

@@ -1,12 +1,22 @@
-//! Shared helpers for the whole-system tests: start the real `keel` binary and find the
-//! Python A2A SDK venv.
+//! Shared helpers for the whole-system tests: start the real `keel` binary, wait for a
+//! condition, and find (or make) what a test needs from outside: the Python A2A SDK venv and
+//! a Redis.
 
 #![allow(dead_code)] // each test file uses a different subset
 
+use std::fmt::Debug;
+use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+// xtask's own code for these, included rather than copied, so that `cargo xtask` and the
+// tests make and find the venvs and the Redis the same way.
+#[path = "../../xtask/src/py_sdk.rs"]
+mod py_sdk;
+#[path = "../../xtask/src/redis.rs"]
+mod redis;
 
 /// A running `keel serve`, killed when dropped.
 pub struct KeelServer {
@@ -99,19 +109,75 @@ pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The Python interpreter of the a2a-sdk venv: `KEEL_PYTHON` (set by `cargo xtask ci`), else
-/// the venv `cargo xtask py-sdk` creates under `target/`. Panics with the command to run when
-/// neither exists: this test must never pass without talking to the real SDK.
+/// The Python interpreter of the A2A SDK 1.x venv: `KEEL_PYTHON` (set by `cargo xtask ci`),
+/// else the venv `cargo xtask py-sdk` keeps under `target/`, created on first use.
 pub fn sdk_python() -> PathBuf {
-    if let Some(python) = std::env::var_os("KEEL_PYTHON") {
+    venv_python(&py_sdk::V1)
+}
+
+/// The Python interpreter of the A2A SDK 0.3.x venv: `KEEL_PYTHON_V03`, else its cached venv,
+/// created on first use.
+pub fn sdk_python_v03() -> PathBuf {
+    venv_python(&py_sdk::V03)
+}
+
+/// Panics saying what is needed when the venv cannot be made: a test that needs the real
+/// SDK never passes without it.
+fn venv_python(venv: &py_sdk::SdkVenv) -> PathBuf {
+    if let Some(python) = std::env::var_os(venv.env_var) {
         return PathBuf::from(python);
     }
-    let venv = workspace_root().join("target/py-a2a-sdk/bin/python");
+    venv.ensure().unwrap_or_else(|error| {
+        panic!(
+            "this test needs the official Python A2A SDK ({}) in a venv at {}, made on first \
+             use with python3's venv module and pip, which needs PyPI. It could not be made: \
+             {error}\nInstall python3 with venv and pip and allow access to PyPI, or set {} \
+             to a python that has the SDK.",
+            venv.requirements.join(", "),
+            venv.dir().display(),
+            venv.env_var,
+        )
+    })
+}
+
+/// The Redis for a test that needs one: `REDIS_URL`, else `redis://127.0.0.1:6379`. Panics
+/// saying so when nothing answers PING there, rather than failing later in a less clear way.
+pub fn redis_url() -> String {
+    let url = redis::url_from_env();
     assert!(
-        venv.exists(),
-        "the Python a2a-sdk venv is missing: run `cargo xtask py-sdk` (or `cargo xtask ci`, which creates it)"
+        redis::answers_ping(&url),
+        "this test needs a Redis at {url} (REDIS_URL, default {}), and nothing answers PING \
+         there: start one (e.g. `redis-server --daemonize yes`) or point REDIS_URL at one",
+        redis::DEFAULT_URL,
     );
-    venv
+    url
+}
+
+/// Calls `probe` every 50 ms until `done` holds for its answer, and returns that answer.
+/// Panics after `within`, naming `what` it waited for and the last answer seen.
+pub async fn wait_until<T, F, Fut>(
+    what: &str,
+    within: Duration,
+    mut probe: F,
+    done: impl Fn(&T) -> bool,
+) -> T
+where
+    T: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let answer = probe().await;
+        if done(&answer) {
+            return answer;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited {within:?} for {what}; the last answer was {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A JSON-RPC client for the A2A endpoint of a running server.
@@ -175,27 +241,21 @@ impl Rpc {
         answer["result"].clone()
     }
 
-    /// GetTask until `done(state)` holds, looking every 50 ms for at most `within`.
+    /// GetTask until `done(state)` holds (at most `within`); answers the task.
     pub async fn wait_for(
         &self,
         task_id: &str,
         within: Duration,
         done: impl Fn(&str) -> bool,
     ) -> serde_json::Value {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let task = self.get(task_id).await;
-            if let Some(state) = task["status"]["state"].as_str() {
-                if done(state) {
-                    return task;
-                }
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "task {task_id} never reached the expected state: {task}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("task {task_id} to reach the expected state");
+        wait_until(
+            &what,
+            within,
+            || self.get(task_id),
+            |task| task["status"]["state"].as_str().is_some_and(&done),
+        )
+        .await
     }
 }
 

@@ -1,8 +1,11 @@
 //! The cached Python venvs with the official A2A SDK, used by interop tests: the 1.x SDK via
 //! `KEEL_PYTHON`, the 0.3.x SDK (a v0.3 client) via `KEEL_PYTHON_V03`. Each has its own venv,
 //! since the two SDK lines share the `a2a` package name.
+//!
+//! std only and self-contained: `cargo xtask py-sdk` uses it, and the root tests include this
+//! very file (`tests/support`), so both make and find the venvs the same way.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// One cached SDK venv.
@@ -32,12 +35,22 @@ pub const V03: SdkVenv = SdkVenv {
 /// Marker file inside the venv recording the requirements of the last successful install.
 const MARKER: &str = "keel-requirements.txt";
 
+/// The workspace root: the nearest directory above the compiling crate that holds `xtask/`
+/// (this file is compiled into xtask and into the root tests, whose crates sit at different
+/// depths).
+fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .find(|dir| dir.join("xtask").join("Cargo.toml").is_file())
+        .unwrap_or(manifest)
+        .to_path_buf()
+}
+
 impl SdkVenv {
     /// Where the venv lives: under `target/`, so it is git-ignored and cached with the build.
     pub fn dir(&self) -> PathBuf {
-        crate::util::workspace_root()
-            .join("target")
-            .join(self.dir_name)
+        workspace_root().join("target").join(self.dir_name)
     }
 
     /// The venv's python interpreter.
@@ -50,7 +63,7 @@ impl SdkVenv {
     }
 
     /// Creates (if missing or stale) the venv and returns its python; a no-op when the marker
-    /// matches.
+    /// matches. Needs python3 with its venv module, and PyPI for the first install.
     pub fn ensure(&self) -> Result<PathBuf, String> {
         let dir = self.dir();
         let python = self.python();
@@ -65,7 +78,7 @@ impl SdkVenv {
             eprintln!("creating Python venv at {}", dir.display());
             let mut cmd = Command::new(host);
             cmd.args(["-m", "venv", "--clear"]).arg(&dir);
-            crate::util::status(&mut cmd)?;
+            run(&mut cmd)?;
         }
         eprintln!(
             "installing {} into {}",
@@ -81,12 +94,31 @@ impl SdkVenv {
             "--disable-pip-version-check",
         ])
         .args(self.requirements);
-        crate::util::status(&mut cmd)?;
+        run(&mut cmd)?;
         let mut check = Command::new(&python);
         check.args(["-c", "import a2a.client, a2a.types"]);
-        crate::util::status(&mut check)?;
+        run(&mut check)?;
+        // Written last: an interrupted install leaves no marker and is redone next time.
         std::fs::write(&marker, wanted)
             .map_err(|e| format!("could not write {}: {e}", marker.display()))?;
         Ok(python)
+    }
+}
+
+/// Runs `cmd` to its end; `Err` names the command and carries what it printed on stderr.
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let shown = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    match cmd.output() {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(format!(
+            "`{shown}` failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        )),
+        Err(e) => Err(format!("could not run `{shown}`: {e}")),
     }
 }

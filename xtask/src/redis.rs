@@ -1,4 +1,7 @@
 //! Making sure a Redis answers for the tests: reuse one that answers PING, else start a throwaway `redis-server`.
+//!
+//! std only and self-contained: xtask uses all of it, and the root tests include this very
+//! file (`tests/support`) to find the Redis they need the same way.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -24,21 +27,31 @@ impl Drop for Redis {
     }
 }
 
+/// The Redis URL the tests use: `REDIS_URL`, else [`DEFAULT_URL`].
+pub fn url_from_env() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
+}
+
+/// Whether a Redis at `url` answers PING.
+pub fn answers_ping(url: &str) -> bool {
+    host_port(url).is_some_and(|hp| ping(&hp))
+}
+
 /// Finds or starts a Redis; `None` (after a warning) when neither is possible.
 pub fn ensure() -> Option<Redis> {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
-    if host_port(&url).is_some_and(|hp| ping(&hp)) {
+    let url = url_from_env();
+    if answers_ping(&url) {
         println!("Redis answers PING at {url}");
         return Some(Redis { url, child: None });
     }
-    if !crate::util::on_path("redis-server") {
-        println!(
-            "WARNING: nothing answers PING at {url} and `redis-server` is not on PATH; \
-             continuing without Redis"
-        );
-        return None;
-    }
     match start() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            println!(
+                "WARNING: nothing answers PING at {url} and `redis-server` is not on PATH; \
+                 continuing without Redis"
+            );
+            None
+        }
         Ok(redis) => {
             println!("started redis-server for this run at {}", redis.url);
             Some(redis)
@@ -50,11 +63,12 @@ pub fn ensure() -> Option<Redis> {
     }
 }
 
-/// Starts `redis-server` on a free port and waits (up to 10 s) until it answers PING.
-fn start() -> Result<Redis, String> {
+/// Starts `redis-server` on a free port and waits (up to 10 s) until it answers PING; an
+/// error of kind `NotFound` means there is no `redis-server` to start.
+fn start() -> Result<Redis, std::io::Error> {
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free port: {e}"))?
+        .map_err(|e| std::io::Error::other(format!("no free port: {e}")))?
         .port();
     let child = Command::new("redis-server")
         .args([
@@ -69,8 +83,7 @@ fn start() -> Result<Redis, String> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("spawn failed: {e}"))?;
+        .spawn()?;
     // Constructed before waiting so the child is killed on every early return.
     let mut redis = Redis {
         url: format!("redis://127.0.0.1:{port}"),
@@ -83,11 +96,15 @@ fn start() -> Result<Redis, String> {
             return Ok(redis);
         }
         if let Some(Ok(Some(status))) = redis.child.as_mut().map(Child::try_wait) {
-            return Err(format!("redis-server exited early ({status})"));
+            return Err(std::io::Error::other(format!(
+                "redis-server exited early ({status})"
+            )));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    Err("redis-server did not answer PING within 10 s".to_owned())
+    Err(std::io::Error::other(
+        "redis-server did not answer PING within 10 s",
+    ))
 }
 
 /// `host:port` out of `redis://[user:pass@]host[:port][/db]`.

@@ -48,9 +48,3 @@ pub fn describe(cmd: &Command) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
-
-/// Whether an executable called `name` is on `PATH`.
-pub fn on_path(name: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(name).is_file()))
-}

@@ -226,10 +226,7 @@ impl MockLlm {
                         return Err(LlmError::new(kind, "mock", message).into())
                     }
                     None => {
-                        return Err(AgentError::llm(
-                            "mock",
-                            "the script has no more responses",
-                        ))
+                        return Err(AgentError::llm("mock", "the script has no more responses"))
                     }
                 }
             }

@@ -323,10 +323,7 @@ mod tests {
                 INTERNAL_ERROR,
             ),
             (AgentError::storage("disk full at /var/x"), INTERNAL_ERROR),
-            (
-                AgentError::llm("m", "key sk-123 rejected"),
-                INTERNAL_ERROR,
-            ),
+            (AgentError::llm("m", "key sk-123 rejected"), INTERNAL_ERROR),
             (
                 AgentError::ToolFailed {
                     tool: "t".into(),

@@ -115,10 +115,11 @@ fn text_form(file: &FileContent, name: &str, media_type: Option<&str>) -> String
             "[file `{name}` ({shown}){place} attached; its contents are not shown to the model]"
         );
     };
-    // Base64 is 4 characters per 3 bytes: a file too large is known before decoding it.
+    // A file too large is known before decoding it: base64's estimate counts the padding as
+    // bytes, so that is taken off.
     let encoded = encoded.trim();
     let padding = encoded.bytes().rev().take_while(|b| *b == b'=').count();
-    let size = (encoded.len() / 4 * 3).saturating_sub(padding);
+    let size = base64::decoded_len_estimate(encoded.len()).saturating_sub(padding);
     if text_like && size <= MAX_TEXT_FILE_BYTES {
         if let Some(text) = base64::engine::general_purpose::STANDARD
             .decode(encoded)
@@ -255,6 +256,14 @@ mod tests {
                 "[file `notes.md` (text/markdown)]\n# Plan\nship it\n[end of file `notes.md`]"
                     .into()
             )
+        );
+        // Exactly at the limit (its base64 ends in padding) is still shown.
+        let mut limit = file("limit.txt", Some("text/plain"));
+        limit.bytes = Some(b64(&vec![b'a'; MAX_TEXT_FILE_BYTES]));
+        let shown = attachment(&limit, OPENAI_IMAGES);
+        assert!(
+            matches!(&shown, Attachment::Text(text) if text.starts_with("[file `limit.txt` (text/plain)]\n")),
+            "{shown:?}"
         );
         let mut big = file("big.json", None);
         big.bytes = Some(b64(&vec![b' '; MAX_TEXT_FILE_BYTES + 1]));

@@ -20,9 +20,9 @@ mod openai;
 
 #[cfg(feature = "anthropic")]
 pub use anthropic::{AnthropicBuilder, AnthropicLlm};
+pub use builder::ProviderBuilder;
 #[cfg(feature = "gemini")]
 pub use gemini::{GeminiBuilder, GeminiLlm};
-pub use builder::ProviderBuilder;
 pub use http::HttpOptions;
 #[cfg(feature = "openai")]
 pub use openai::{OpenAiBuilder, OpenAiLlm};

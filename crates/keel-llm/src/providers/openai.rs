@@ -22,6 +22,8 @@ use crate::{
 };
 
 const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+/// What building an OpenAI client without a key says.
+const MISSING_KEY: &str = "no OpenAI API key: set OPENAI_API_KEY or give one to the builder";
 /// The image formats chat completions accept (compatible servers take the same set).
 const IMAGE_FORMATS: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
 
@@ -37,9 +39,7 @@ impl OpenAiBuilder {
     pub fn build(self) -> AgentResult<OpenAiLlm> {
         let key_required = self.reads_key_env();
         let api_key = if key_required {
-            Some(self.required_key(
-                "no OpenAI API key: set OPENAI_API_KEY or give one to the builder",
-            )?)
+            Some(self.required_key(MISSING_KEY)?)
         } else {
             self.key()
         };
