@@ -16,8 +16,8 @@
 //! `sse` Server-Sent Events answers; `compat_v03` the v0.3 method names and JSON shapes;
 //! `stream` the follower that turns a task's durable event log into a stream; `wire` the v1.0
 //! JSON; `ws` JSON-RPC over a WebSocket at [`WS_PATH`], streams included; `push` and
-//! `push_config` push notifications; `client`, `ws_client` and `in_process` the clients;
-//! `transport` the [`AgentTransport`] trait every client implements and the types its
+//! `push_config` push notifications; `client` the client, written once over its bindings
+//! (HTTP, WebSocket, in-process); `transport` the [`AgentTransport`] trait every client implements and the types its
 //! operations share.
 //!
 //! What it serves: the card at `/.well-known/agent-card.json` (with `Cache-Control` and an
@@ -27,9 +27,10 @@
 //! [`A2aServer::with_security`], API key and bearer authentication through the runtime's
 //! auth service (`security`), every operation running as the tenant the credentials prove.
 //!
-//! [`AgentTransport`] is the one typed interface to an agent: [`A2aClient`] implements it over
-//! HTTP, [`A2aWsClient`] over the WebSocket, [`InProcessClient`] (the in-process transport) for an agent in this process, through
-//! the same handler layer and with no HTTP.
+//! [`AgentTransport`] is the one typed interface to an agent. [`A2aClient`] implements it once,
+//! over a binding: HTTP ([`A2aClient::new`]), the WebSocket ([`A2aClient::ws`], the type
+//! [`A2aWsClient`]) or an agent in this process ([`A2aClient::in_process`], the type
+//! [`InProcessClient`]), through the same handler layer and with no HTTP.
 //!
 //! See [`A2aServer`] for a complete example that serves an agent and talks to it.
 
@@ -38,7 +39,6 @@ mod client;
 mod compat_v03;
 mod dispatch;
 mod handlers;
-mod in_process;
 pub mod jsonrpc;
 mod push;
 mod push_config;
@@ -53,10 +53,10 @@ mod variables;
 mod version;
 mod wire;
 mod ws;
-mod ws_client;
 
-pub use client::{A2aClient, Binding};
-pub use in_process::InProcessClient;
+pub use client::{
+    A2aClient, A2aWsClient, Binding, HttpBinding, InProcessBinding, InProcessClient, WsBinding,
+};
 pub use push::{DELIVERY_LOG_LIMIT, NOTIFICATION_TOKEN_HEADER};
 pub use security::{Security, API_KEY_HEADER};
 pub use server::{A2aServer, AGENT_CARD_PATH, DEFAULT_BODY_LIMIT, DEFAULT_CARD_MAX_AGE};
@@ -66,4 +66,3 @@ pub use transport::{AgentTransport, SendMessageOptions, TaskEventStream};
 pub use variables::VARIABLES_PATH;
 pub use wire::KEEL_CARD_EXTENSION_URI;
 pub use ws::{WS_MAX_IN_FLIGHT, WS_PATH};
-pub use ws_client::A2aWsClient;

@@ -1,6 +1,6 @@
 //! The in-process transport: one scenario run through [`AgentTransport`] against a remote
 //! agent (A2aClient over JSON-RPC and over HTTP+JSON) and against the same agent in process
-//! (InProcessClient) gives the same results, and the same task read both ways is equal.
+//! (`A2aClient::in_process`) gives the same results, and the same task read both ways is equal.
 
 mod support;
 
@@ -9,8 +9,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use keel_core::{AgentError, Message, Task, TaskState};
 use keel_transport::{
-    A2aClient, AgentTransport, Binding, InProcessClient, SendMessageOptions, StreamEvent,
-    TaskListQuery,
+    A2aClient, AgentTransport, Binding, SendMessageOptions, StreamEvent, TaskListQuery,
 };
 use serde_json::{json, Value};
 use support::{TestServer, SLEEP_30};
@@ -174,7 +173,7 @@ async fn scenario(client: &dyn AgentTransport, thread: &str) -> Value {
 async fn the_same_scenario_gives_the_same_results_in_process_and_over_both_bindings() {
     let server = TestServer::start().await;
     let in_process: Arc<dyn AgentTransport> =
-        Arc::new(InProcessClient::new(server.executor.clone()).expect("anonymous access"));
+        Arc::new(A2aClient::in_process(server.executor.clone()).expect("anonymous access"));
     let json_rpc: Arc<dyn AgentTransport> = Arc::new(A2aClient::new(&server.base));
     let rest: Arc<dyn AgentTransport> =
         Arc::new(A2aClient::new(&server.base).with_binding(Binding::HttpJson));
@@ -199,7 +198,7 @@ async fn the_same_scenario_gives_the_same_results_in_process_and_over_both_bindi
 #[tokio::test]
 async fn a_task_reads_the_same_through_either_transport() {
     let server = TestServer::start().await;
-    let local = InProcessClient::new(server.executor.clone()).expect("anonymous access");
+    let local = A2aClient::in_process(server.executor.clone()).expect("anonymous access");
     let remote = A2aClient::new(&server.base);
     let task = local
         .send_message(Message::user("hi"), SendMessageOptions::default())

@@ -1,6 +1,7 @@
 //! The client retries idempotent calls (the card fetch, GetTask, ListTasks, CancelTask) when
-//! the connection is lost, and never SendMessage: a proxy in front of a real server drops the
-//! first connections it accepts without answering.
+//! the connection is lost, and never SendMessage (unless nothing was sent: the card fetch that
+//! finds the endpoint): a proxy in front of a real server drops the first connections it
+//! accepts without answering.
 
 mod support;
 
@@ -170,5 +171,24 @@ async fn send_message_is_never_retried() {
     let direct = A2aClient::new(&server.base);
     let list = direct.list_tasks(&TaskListQuery::default()).await.unwrap();
     assert_eq!(list.total_size, 0, "the message never arrived");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn send_message_retries_the_endpoint_lookup_that_sent_nothing() {
+    let server = TestServer::start().await;
+    let proxy = DroppingProxy::start(&server.base).await;
+    proxy.drop_next(1);
+    // No endpoint given: the first call fetches the card through the proxy to find it.
+    let via_proxy = client(&proxy.base);
+    let task = via_proxy
+        .send_message(Message::user("once"), SendMessageOptions::default())
+        .await
+        .expect("the lost card fetch sent no message, so it is tried again");
+    assert_eq!(task.state(), TaskState::Completed);
+    assert_eq!(proxy.accepted(), 2, "the card: one dropped, one served");
+    let direct = A2aClient::new(&server.base);
+    let list = direct.list_tasks(&TaskListQuery::default()).await.unwrap();
+    assert_eq!(list.total_size, 1, "the message arrived once");
     server.stop().await;
 }

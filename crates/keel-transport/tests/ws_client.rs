@@ -1,4 +1,4 @@
-//! `A2aWsClient`: every `AgentTransport` operation over the WebSocket endpoint of a real
+//! `A2aClient::ws`: every `AgentTransport` operation over the WebSocket endpoint of a real
 //! server on 127.0.0.1:0, streams as a `Stream` ending at the final status, typed errors, and
 //! a cancel on the control socket that ends the stream it stops while that stream is open.
 
@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use keel_core::{AgentError, Message, TaskId, TaskState};
-use keel_transport::{A2aWsClient, AgentTransport, SendMessageOptions, StreamEvent, TaskListQuery};
+use keel_transport::{A2aClient, AgentTransport, SendMessageOptions, StreamEvent, TaskListQuery};
 use support::{TestServer, SLEEP_30};
 
 /// The client as the trait object callers hold.
 fn client(server: &TestServer) -> Arc<dyn AgentTransport> {
-    Arc::new(A2aWsClient::new(&server.base))
+    Arc::new(A2aClient::ws(&server.base))
 }
 
 fn state_of(event: &StreamEvent) -> Option<TaskState> {

@@ -1,25 +1,26 @@
-//! [`A2aWsClient`]: the A2A v1.0 client over the server's WebSocket endpoint ([`WS_PATH`]):
-//! every operation as JSON-RPC frames, streams as the frames that carry the request's id, and
-//! cancellation on a separate control socket.
+//! The WebSocket binding of the client: A2A v1.0 over the server's WebSocket endpoint
+//! ([`WS_PATH`]): every operation as JSON-RPC frames, streams as the frames that carry the
+//! request's id, and cancellation on a separate control socket.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use async_trait::async_trait;
 use futures::stream::{self, StreamExt};
 use futures::SinkExt;
-use keel_core::{AgentCard, AgentError, AgentResult, Message, Task, TaskId};
+use keel_core::{AgentCard, AgentError, AgentResult, TaskId};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, OnceCell};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::{HeaderName, HeaderValue};
 use tokio_tungstenite::tungstenite::Message as Frame;
 
+use super::binding::{Call, ClientBinding, Failure, Reply, Request, StreamRequest};
 use crate::jsonrpc;
 use crate::server::AGENT_CARD_PATH;
 use crate::stream::StreamEvent;
-use crate::task_list::{TaskList, TaskListQuery};
-use crate::transport::{SendMessageOptions, TaskEventStream};
+use crate::transport::TaskEventStream;
 use crate::version::VERSION_HEADER;
 use crate::wire;
 use crate::ws::WS_PATH;
@@ -27,28 +28,16 @@ use crate::ws::WS_PATH;
 /// Frames queued for the socket before a request waits to send.
 const OUTBOX: usize = 64;
 
-/// A client for one remote A2A agent over its WebSocket endpoint (`ws://<host>/ws`).
+/// The WebSocket binding of [`A2aClient`](crate::A2aClient) (`ws://<host>/ws`).
 ///
 /// Requests carry `A2A-Version: 1.0` on the upgrade. Operations share one data socket and run
 /// concurrently on it (the server answers each request by its id); a stream is the frames of
-/// its request, ending after the final status. [`A2aWsClient::cancel_task`] goes over a
-/// second, control socket, so a cancel is never queued behind the frames of the stream it
-/// stops. Sockets are opened on first use; a socket the server closed is reopened by the next
-/// call (calls in flight on it fail with [`AgentError::Internal`], as a lost HTTP connection
-/// does). Errors are typed as [`A2aClient`](crate::A2aClient)'s are. The card comes from
+/// its request, ending after the final status. CancelTask goes over a second, control socket,
+/// so a cancel is never queued behind the frames of the stream it stops. Sockets are opened on
+/// first use; a socket the server closed is reopened by the next call (calls in flight on it
+/// fail with [`AgentError::Internal`], as a lost HTTP connection does). The card comes from
 /// `GET /.well-known/agent-card.json` over HTTP.
-///
-/// ```no_run
-/// use keel_core::Message;
-/// use keel_transport::{A2aWsClient, AgentTransport, SendMessageOptions};
-/// # async fn demo() -> keel_core::AgentResult<()> {
-/// let client = A2aWsClient::new("http://127.0.0.1:8080");
-/// let task = client.send_message(Message::user("hi"), SendMessageOptions::default()).await?;
-/// println!("{}", task.state());
-/// # Ok(())
-/// # }
-/// ```
-pub struct A2aWsClient {
+pub struct WsBinding {
     base_url: String,
     headers: Vec<(HeaderName, HeaderValue)>,
     http: reqwest::Client,
@@ -192,10 +181,8 @@ impl Socket {
     }
 }
 
-impl A2aWsClient {
-    /// A client for the agent served at `base_url` (`http://host:port` or `ws://host:port`;
-    /// the socket is at [`WS_PATH`] under it).
-    pub fn new(base_url: impl Into<String>) -> Self {
+impl WsBinding {
+    pub(crate) fn new(base_url: impl Into<String>) -> Self {
         Self {
             base_url: base_url.into().trim_end_matches('/').to_owned(),
             headers: Vec::new(),
@@ -208,9 +195,7 @@ impl A2aWsClient {
         }
     }
 
-    /// Send this header on every upgrade request and card fetch (credentials: `X-API-Key`,
-    /// `Authorization`). A name or value HTTP refuses is [`AgentError::InvalidInput`].
-    pub fn with_header(mut self, name: &str, value: &str) -> AgentResult<Self> {
+    pub(crate) fn with_header(mut self, name: &str, value: &str) -> AgentResult<Self> {
         let invalid = |e: &dyn std::fmt::Display| AgentError::InvalidInput {
             field: "header".into(),
             reason: e.to_string(),
@@ -284,7 +269,7 @@ impl A2aWsClient {
         result_of(answer, task_id)
     }
 
-    async fn open_stream(
+    async fn follow(
         &self,
         method: &str,
         params: Value,
@@ -318,8 +303,19 @@ impl A2aWsClient {
         Ok(stream::once(async move { Ok(first) }).chain(rest).boxed())
     }
 
+    /// The data socket, but the control socket for CancelTask.
+    fn slot(&self, call: Call) -> &Mutex<Option<Arc<Socket>>> {
+        match call {
+            Call::CancelTask => &self.control,
+            _ => &self.data,
+        }
+    }
+}
+
+#[async_trait]
+impl ClientBinding for WsBinding {
     /// Fetch the agent's card over HTTP (`<base>/.well-known/agent-card.json`, as v1.0).
-    pub async fn get_card(&self) -> AgentResult<AgentCard> {
+    async fn card(&self) -> Result<AgentCard, Failure> {
         self.card
             .get_or_try_init(|| async {
                 let url = format!("{}{AGENT_CARD_PATH}", self.http_base());
@@ -345,62 +341,24 @@ impl A2aWsClient {
             })
             .await
             .cloned()
+            .map_err(Failure::Answer)
     }
 
-    /// Send a message; blocks until the task finishes unless `options.return_immediately`.
-    pub async fn send_message(
-        &self,
-        message: Message,
-        options: SendMessageOptions,
-    ) -> AgentResult<Task> {
-        let params =
-            wire::encode_send_message(&message, options.return_immediately, options.history_length);
+    async fn send(&self, request: Request) -> Result<Reply, Failure> {
+        let call = request.call();
         let result = self
-            .unary(&self.data, "SendMessage", params, message.task_id.as_ref())
+            .unary(
+                self.slot(call),
+                call.method(),
+                request.params(),
+                request.task_id(),
+            )
             .await?;
-        wire::decode_send_message_result(result)
+        Ok(request.decode(result)?)
     }
 
-    /// A task, with its last `history_length` messages when given.
-    pub async fn get_task(
-        &self,
-        task_id: &TaskId,
-        history_length: Option<usize>,
-    ) -> AgentResult<Task> {
-        let params = wire::encode_get_task(task_id, history_length);
-        let result = self
-            .unary(&self.data, "GetTask", params, Some(task_id))
-            .await?;
-        wire::decode_task(result)
-    }
-
-    /// One page of the agent's tasks.
-    pub async fn list_tasks(&self, query: &TaskListQuery) -> AgentResult<TaskList> {
-        let params = wire::encode_list_tasks(query);
-        let result = self.unary(&self.data, "ListTasks", params, None).await?;
-        wire::decode_list_tasks_result(result)
-    }
-
-    /// Cancel a task, over the control socket.
-    pub async fn cancel_task(&self, task_id: &TaskId, reason: Option<String>) -> AgentResult<Task> {
-        let params = wire::encode_cancel_task(task_id, reason.as_deref());
-        let result = self
-            .unary(&self.control, "CancelTask", params, Some(task_id))
-            .await?;
-        wire::decode_task(result)
-    }
-
-    /// Send a message and follow its task until its final status.
-    pub async fn send_streaming_message(&self, message: Message) -> AgentResult<TaskEventStream> {
-        let params = wire::encode_send_message(&message, false, None);
-        self.open_stream("SendStreamingMessage", params, message.task_id.as_ref())
-            .await
-    }
-
-    /// Follow a task that is not terminal until its final status.
-    pub async fn subscribe(&self, task_id: &TaskId) -> AgentResult<TaskEventStream> {
-        let params = wire::encode_subscribe(task_id);
-        self.open_stream("SubscribeToTask", params, Some(task_id))
+    async fn open_stream(&self, request: StreamRequest) -> AgentResult<TaskEventStream> {
+        self.follow(request.call().method(), request.params(), request.task_id())
             .await
     }
 }
@@ -418,39 +376,4 @@ fn result_of(mut answer: Value, task_id: Option<&TaskId>) -> AgentResult<Value> 
 
 fn decode_event(answer: Value, task_id: Option<&TaskId>) -> AgentResult<StreamEvent> {
     wire::decode_stream_event(result_of(answer, task_id)?)
-}
-
-#[async_trait::async_trait]
-impl crate::transport::AgentTransport for A2aWsClient {
-    async fn get_card(&self) -> AgentResult<AgentCard> {
-        A2aWsClient::get_card(self).await
-    }
-
-    async fn send_message(
-        &self,
-        message: Message,
-        options: SendMessageOptions,
-    ) -> AgentResult<Task> {
-        A2aWsClient::send_message(self, message, options).await
-    }
-
-    async fn get_task(&self, task_id: &TaskId, history_length: Option<usize>) -> AgentResult<Task> {
-        A2aWsClient::get_task(self, task_id, history_length).await
-    }
-
-    async fn list_tasks(&self, query: &TaskListQuery) -> AgentResult<TaskList> {
-        A2aWsClient::list_tasks(self, query).await
-    }
-
-    async fn cancel_task(&self, task_id: &TaskId, reason: Option<String>) -> AgentResult<Task> {
-        A2aWsClient::cancel_task(self, task_id, reason).await
-    }
-
-    async fn send_streaming_message(&self, message: Message) -> AgentResult<TaskEventStream> {
-        A2aWsClient::send_streaming_message(self, message).await
-    }
-
-    async fn subscribe(&self, task_id: &TaskId) -> AgentResult<TaskEventStream> {
-        A2aWsClient::subscribe(self, task_id).await
-    }
 }
