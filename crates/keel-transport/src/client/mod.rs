@@ -15,6 +15,8 @@ use keel_agent::AgentExecutor;
 use keel_core::{AgentCard, AgentResult, Message, Task, TaskId};
 use keel_runtime::AuthContext;
 
+// Public because it bounds `A2aClient`'s methods, but not exported: the bindings are the
+// crate's own.
 pub use binding::ClientBinding;
 use binding::{Failure, Reply, Request, StreamRequest};
 pub use http::{Binding, HttpBinding};
@@ -128,9 +130,9 @@ impl<B> A2aClient<B> {
     /// Retry idempotent calls (GetTask, ListTasks, CancelTask and the card fetch) whose
     /// connection failed or was lost before an answer arrived: up to `max_attempts` attempts
     /// in all (at least 1; 1 turns retries off), waiting `base_delay` before the first retry,
-    /// doubled for each further one (capped at 5 s, half of it random). SendMessage and the
-    /// streams are never retried (unless the request never left: a failed endpoint lookup).
-    /// An answer, even an error or a non-JSON one, is never retried. Over HTTP the default is
+    /// doubled for each further one (capped at 5 s, half of it random). SendMessage is
+    /// retried only when nothing was sent (the card fetch that finds the endpoint failed);
+    /// the streams never are. An answer, even an error or a non-JSON one, is never retried. Over HTTP the default is
     /// [`A2aClient::DEFAULT_RETRY_ATTEMPTS`] attempts from 100 ms; the other bindings do not
     /// retry by default.
     #[must_use]
