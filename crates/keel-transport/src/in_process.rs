@@ -31,12 +31,12 @@ use crate::wire::SendMessageCall;
 /// use keel_agent::{Agent, AgentExecutor};
 /// use keel_core::{AgentCard, Message, TaskState};
 /// use keel_llm::MockLlm;
-/// use keel_runtime::InMemoryRuntime;
+/// use keel_runtime::Services;
 /// use keel_transport::{AgentTransport, InProcessClient, SendMessageOptions};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> keel_core::AgentResult<()> {
 /// let agent = Agent::builder(AgentCard::new("echo", "Echoes", "http://unused")).build()?;
-/// let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+/// let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
 /// let client = InProcessClient::new(AgentExecutor::new(agent, runtime))?;
 /// let task = client.send_message(Message::user("hi"), SendMessageOptions::default()).await?;
 /// assert_eq!(task.state(), TaskState::Completed);
