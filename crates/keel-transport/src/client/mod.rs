@@ -228,12 +228,12 @@ impl A2aClient<InProcessBinding> {
     /// use keel_agent::{Agent, AgentExecutor};
     /// use keel_core::{AgentCard, Message, TaskState};
     /// use keel_llm::MockLlm;
-    /// use keel_runtime::InMemoryRuntime;
+    /// use keel_runtime::Services;
     /// use keel_transport::{A2aClient, SendMessageOptions};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> keel_core::AgentResult<()> {
     /// let agent = Agent::builder(AgentCard::new("echo", "Echoes", "http://unused")).build()?;
-    /// let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+    /// let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
     /// let client = A2aClient::in_process(AgentExecutor::new(agent, runtime))?;
     /// let task = client.send_message(Message::user("hi"), SendMessageOptions::default()).await?;
     /// assert_eq!(task.state(), TaskState::Completed);
