@@ -53,7 +53,7 @@ impl Inner {
             output: json!(message),
             is_error: true,
         };
-        let Some(base) = self.config.callback_base_url.as_deref() else {
+        let Some(callbacks) = self.config.callbacks.as_deref() else {
             return failed(format!(
                 "`{}` is asynchronous but no callback URL is configured",
                 call.name
@@ -105,7 +105,7 @@ impl Inner {
             tool: call.name.clone(),
             call_id: call_id.clone(),
             arguments: call.arguments.clone(),
-            callback_url: format!("{}/callbacks/{}", base.trim_end_matches('/'), call_id),
+            callback_url: callbacks.callback_url(&call_id),
             callback_secret: secret,
             group_id: ctx.thread_id.as_str().to_owned(),
             user_id: Some(auth.user_name.clone()),
@@ -125,7 +125,7 @@ impl Inner {
                 })),
             )
             .await;
-        if let Err(err) = dispatch.dispatch(&invocation).await {
+        if let Err(err) = dispatch.dispatch(&invocation, callbacks).await {
             // Not acknowledged: the call is over (a callback for it is late) and the model
             // sees the failure now.
             let _ = calls
