@@ -41,6 +41,7 @@ mod negotiator;
 mod observe;
 mod rest;
 mod subagents;
+mod task_meta;
 mod thread_state;
 mod tool;
 mod work;

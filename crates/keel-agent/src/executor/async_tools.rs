@@ -9,6 +9,7 @@ use keel_runtime::AuthContext;
 use serde_json::{json, Value};
 
 use super::state::*;
+use crate::task_meta::EngineMeta;
 
 impl Inner {
     /// Queue `task_id` again if it still rests waiting for the asynchronous call `call_id`.
@@ -22,9 +23,10 @@ impl Inner {
         let Some(task) = self.runtime.task_manager().get_task(auth, task_id).await? else {
             return Ok(());
         };
+        let meta = EngineMeta::of(&task.metadata);
         let waiting = task.state() == TaskState::Working
-            && task.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
-            && task.metadata.get("awaiting_tool_call") == Some(&json!(call_id));
+            && meta.stop_reason.as_deref() == Some("awaiting_tool")
+            && meta.awaiting_tool_call.as_deref() == Some(call_id);
         if waiting {
             self.enqueue(
                 auth,

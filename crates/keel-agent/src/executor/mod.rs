@@ -36,6 +36,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::task_meta::EngineMeta;
 use crate::thread_state::ThreadHost;
 use crate::{Agent, Negotiation, ThreadState};
 use keel_core::{ApprovalDecision, ApprovalRequest};
@@ -197,7 +198,7 @@ impl AgentExecutor {
             {
                 Negotiation::Accept { skill } => {
                     if let Some(skill) = skill {
-                        task.metadata.insert("skill".into(), json!(skill));
+                        EngineMeta::update(&mut task, |m| m.skill = Some(skill));
                     }
                 }
                 Negotiation::AskInput { question } => {
@@ -211,8 +212,7 @@ impl AgentExecutor {
                         .record_event(auth, &task, vec![Part::text(&question)])
                         .await?;
                     task.require_input(Some(ask))?;
-                    task.metadata
-                        .insert("stop_reason".into(), json!("negotiation"));
+                    EngineMeta::update(&mut task, |m| m.stop_reason = Some("negotiation".into()));
                     self.inner.persist_status(auth, &task).await?;
                     return self.get_task(auth, &task.id, options.history_length).await;
                 }
@@ -222,8 +222,7 @@ impl AgentExecutor {
                         .add_task_event(auth, &task.id, &TaskEvent::Message { message })
                         .await?;
                     task.update_status(TaskState::Rejected, Some(Message::agent(&reason)))?;
-                    task.metadata
-                        .insert("stop_reason".into(), json!("rejected"));
+                    EngineMeta::update(&mut task, |m| m.stop_reason = Some("rejected".into()));
                     self.inner.persist_status(auth, &task).await?;
                     return self.get_task(auth, &task.id, options.history_length).await;
                 }
@@ -407,11 +406,9 @@ impl AgentExecutor {
                 .ok_or_else(|| AgentError::TaskNotFound {
                     task_id: task_id.clone(),
                 })?;
-        let pending: ApprovalRequest = task
-            .metadata
-            .get(META_PENDING_APPROVAL)
+        let pending: ApprovalRequest = EngineMeta::of(&task.metadata)
+            .pending_approval
             .filter(|_| task.state() == TaskState::InputRequired)
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
             .ok_or_else(|| {
                 AgentError::invalid_input(
                     "task_id",
@@ -427,10 +424,7 @@ impl AgentExecutor {
                 ),
             ));
         }
-        task.metadata.insert(
-            META_APPROVAL_DECISION.into(),
-            serde_json::to_value(&decision).map_err(AgentError::internal)?,
-        );
+        EngineMeta::update(&mut task, |m| m.approval_decision = Some(decision));
         tasks.save_task(auth, &task).await?;
         self.inner
             .enqueue(
