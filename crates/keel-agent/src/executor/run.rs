@@ -551,7 +551,7 @@ impl Inner {
                 task.update_status(TaskState::Completed, Some(answer))?;
             }
             Outcome::Failed { error, reason } => {
-                EngineMeta::update(task, |m| m.stop_reason = Some(reason.into()));
+                EngineMeta::update(task, |m| m.stop_reason = Some(reason));
                 task.fail(error.to_string())?;
             }
             Outcome::InputRequired { question } => {
