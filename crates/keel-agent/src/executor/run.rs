@@ -12,7 +12,7 @@ use keel_core::{
 };
 use keel_events::{EventType, RedactionPolicy, RunEvent};
 use keel_llm::{LlmMessage, LlmRole, ToolCall};
-use keel_runtime::AuthContext;
+use keel_runtime::{AuthContext, LogLevel};
 use keel_runtime::{RunRecord, TaskRecord};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -179,7 +179,10 @@ impl Inner {
             Ok(()) => Ok(()),
             Err(err @ AgentError::LeaseLost { .. }) => Err(err),
             Err(err) => {
-                tracing::error!(error = %err, "run failed; failing the task");
+                self.log(
+                    LogLevel::Error,
+                    format!("run failed; failing the task: {err}"),
+                );
                 if let Ok(Some(mut task)) =
                     self.runtime.task_manager().get_task(auth, task_id).await
                 {
@@ -638,7 +641,10 @@ impl Inner {
         }
         .await;
         if let Err(err) = result {
-            tracing::warn!(error = %err, "could not save the run report");
+            self.log(
+                LogLevel::Warn,
+                format!("could not save the run report: {err}"),
+            );
         }
     }
 }
