@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::state::*;
+use crate::thread_state::ThreadHost;
 
 impl Inner {
     pub(crate) async fn enqueue(
@@ -75,7 +76,7 @@ impl Inner {
                 Ok(_) => {}
                 Err(err) => self.log(
                     LogLevel::Warn,
-                    format!("cannot read the thread queue: {err}"),
+                    &format!("cannot read the thread queue: {err}"),
                 ),
             }
             match store
@@ -102,7 +103,7 @@ impl Inner {
                 Ok(None) => {}
                 Err(err) => self.log(
                     LogLevel::Warn,
-                    format!("cannot take the thread lease: {err}"),
+                    &format!("cannot take the thread lease: {err}"),
                 ),
             }
             tokio::select! {
@@ -170,7 +171,7 @@ impl Inner {
                 Err(err) => {
                     self.log(
                         LogLevel::Error,
-                        format!("cannot read the thread queue: {err}"),
+                        &format!("cannot read the thread queue: {err}"),
                     );
                     break;
                 }
@@ -182,7 +183,7 @@ impl Inner {
                 Err(err) => {
                     self.log(
                         LogLevel::Error,
-                        format!("dropping malformed queued work {}: {err}", item.id),
+                        &format!("dropping malformed queued work {}: {err}", item.id),
                     );
                     Ok(())
                 }
@@ -216,7 +217,7 @@ impl Inner {
                 if matches!(err, AgentError::LeaseLost { .. }) {
                     break;
                 }
-                self.log(LogLevel::Error, format!("queued work failed: {err}"));
+                self.log(LogLevel::Error, &format!("queued work failed: {err}"));
             }
             if flow.lost.is_cancelled() {
                 break;
@@ -227,7 +228,7 @@ impl Inner {
             {
                 self.log(
                     LogLevel::Warn,
-                    format!("cannot acknowledge queued work: {err}"),
+                    &format!("cannot acknowledge queued work: {err}"),
                 );
                 break;
             }
@@ -236,7 +237,7 @@ impl Inner {
         if let Err(err) = store.release_lease(auth, &flow.lease()).await {
             self.log(
                 LogLevel::Warn,
-                format!("cannot release the thread lease: {err}"),
+                &format!("cannot release the thread lease: {err}"),
             );
         }
         worked

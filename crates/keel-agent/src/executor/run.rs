@@ -181,7 +181,7 @@ impl Inner {
             Err(err) => {
                 self.log(
                     LogLevel::Error,
-                    format!("run failed; failing the task: {err}"),
+                    &format!("run failed; failing the task: {err}"),
                 );
                 if let Ok(Some(mut task)) =
                     self.runtime.task_manager().get_task(auth, task_id).await
@@ -643,7 +643,7 @@ impl Inner {
         if let Err(err) = result {
             self.log(
                 LogLevel::Warn,
-                format!("could not save the run report: {err}"),
+                &format!("could not save the run report: {err}"),
             );
         }
     }

@@ -12,7 +12,7 @@ use keel_core::{
 };
 use keel_events::EventSink;
 use keel_llm::LlmMessage;
-use keel_runtime::{AuthContext, Lease, LogLevel, Runtime};
+use keel_runtime::{AuthContext, Lease, Runtime};
 use serde_json::{json, Value};
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -71,14 +71,6 @@ pub(super) struct Inner {
     pub(super) parents: RwLock<Vec<(String, Weak<dyn ThreadHost>)>>,
     /// Scheduled effects: what wakes the scheduler.
     pub(super) effects: EffectScheduler,
-}
-
-impl Inner {
-    /// A line of the engine's own log, through the runtime's logging service (by default
-    /// `tracing`, inside the thread's or the run's span).
-    pub(super) fn log(&self, level: LogLevel, message: String) {
-        self.runtime.logging_service().log(level, &message);
-    }
 }
 
 /// Runs one [`Agent`] on threads, persisting through a [`Runtime`]. Cheap to clone.
