@@ -41,6 +41,7 @@ mod negotiator;
 mod observe;
 mod rest;
 mod subagents;
+mod task_meta;
 mod thread_state;
 mod tool;
 mod work;
@@ -50,7 +51,8 @@ pub use agent::{
 };
 pub use async_http::AsyncHttpTool;
 pub use async_tools::{
-    AcceptedCallback, AsyncDispatch, AsyncInvocation, CallbackError, CALLBACK_SECRET_HEADER,
+    AcceptedCallback, AsyncDispatch, AsyncInvocation, CallbackAddress, CallbackDispatcher,
+    CallbackError, InvocationSender, CALLBACK_SECRET_HEADER,
 };
 pub use attachments::{attachment_uri, ATTACHMENT_URI_SCHEME};
 pub use code::{CodeRequest, CodeRun, CodeRunner};

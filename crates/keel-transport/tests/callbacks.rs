@@ -64,7 +64,9 @@ async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors()
         .build()
         .unwrap();
     let config = ExecutorConfig {
-        callback_base_url: Some(base.clone()),
+        callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared(
+            base.clone(),
+        )),
         ..ExecutorConfig::default()
     };
     let executor = AgentExecutor::with_config(agent, runtime, config);
