@@ -10,7 +10,8 @@ use keel_core::{
     TaskEvent, TaskId, TaskState, ThreadId,
 };
 use keel_core::{ApprovalDecision, ApprovalOutcome, ApprovalRequest};
-use keel_events::{EventType, RedactionPolicy, RunEvent};
+use keel_events::payload::RunStoppedPayload;
+use keel_events::{RedactionPolicy, RunEvent};
 use keel_llm::{LlmMessage, LlmRole, ToolCall};
 use keel_runtime::AuthContext;
 use keel_runtime::{RunRecord, TaskRecord};
@@ -500,13 +501,11 @@ impl Inner {
                     .insert("stop_reason".into(), json!("awaiting_tool"));
                 task.metadata
                     .insert("awaiting_tool_call".into(), json!(call_id));
-                obs.emit(
-                    RunEvent::builder(
-                        EventType::new("run.stopped"),
-                        "run stopped: awaiting_tool".to_owned(),
-                    )
-                    .payload(json!({ "reason": "awaiting_tool", "call_id": call_id, "state": task.state() })),
-                )
+                obs.emit(RunEvent::run_stopped(RunStoppedPayload {
+                    reason: "awaiting_tool".to_owned(),
+                    call_id: Some(call_id),
+                    state: task.state(),
+                }))
                 .await;
                 self.save_records(auth, obs, task).await;
                 self.runtime.task_manager().save_task(auth, task).await?;
@@ -594,13 +593,11 @@ impl Inner {
             }
         }
         if let Some(reason) = task.metadata.get("stop_reason").cloned() {
-            obs.emit(
-                RunEvent::builder(
-                    EventType::new("run.stopped"),
-                    format!("run stopped: {}", render(&reason)),
-                )
-                .payload(json!({ "reason": reason, "state": task.state() })),
-            )
+            obs.emit(RunEvent::run_stopped(RunStoppedPayload {
+                reason: render(&reason),
+                call_id: None,
+                state: task.state(),
+            }))
             .await;
         }
         // The final event and the records come before the status is persisted: persisting
@@ -626,8 +623,8 @@ impl Inner {
             )
             .await?;
             if let Some(ctx) = ctx {
-                // Masked and written as text while the run went (the run's report writer),
-                // which the in-memory store keeps as it is.
+                // Masked event by event while the run went (the run's report writer) and
+                // serialized once here; the in-memory store keeps that text as it is.
                 let report = obs.take_report_json()?;
                 runs.save_run_report_json(
                     auth,
