@@ -10,8 +10,7 @@ use keel_core::{
     TaskEvent, TaskId, TaskState, ThreadId,
 };
 use keel_core::{ApprovalDecision, ApprovalOutcome, ApprovalRequest};
-use keel_events::payload::RunStoppedPayload;
-use keel_events::{RedactionPolicy, RunEvent};
+use keel_events::{EventType, RedactionPolicy, RunEvent};
 use keel_llm::{LlmMessage, LlmRole, ToolCall};
 use keel_runtime::AuthContext;
 use keel_runtime::{RunRecord, TaskRecord};
@@ -501,11 +500,13 @@ impl Inner {
                     .insert("stop_reason".into(), json!("awaiting_tool"));
                 task.metadata
                     .insert("awaiting_tool_call".into(), json!(call_id));
-                obs.emit(RunEvent::run_stopped(RunStoppedPayload {
-                    reason: "awaiting_tool".to_owned(),
-                    call_id: Some(call_id),
-                    state: task.state(),
-                }))
+                obs.emit(
+                    RunEvent::builder(
+                        EventType::new("run.stopped"),
+                        "run stopped: awaiting_tool".to_owned(),
+                    )
+                    .payload(json!({ "reason": "awaiting_tool", "call_id": call_id, "state": task.state() })),
+                )
                 .await;
                 self.save_records(auth, obs, task).await;
                 self.runtime.task_manager().save_task(auth, task).await?;
@@ -593,11 +594,13 @@ impl Inner {
             }
         }
         if let Some(reason) = task.metadata.get("stop_reason").cloned() {
-            obs.emit(RunEvent::run_stopped(RunStoppedPayload {
-                reason: render(&reason),
-                call_id: None,
-                state: task.state(),
-            }))
+            obs.emit(
+                RunEvent::builder(
+                    EventType::new("run.stopped"),
+                    format!("run stopped: {}", render(&reason)),
+                )
+                .payload(json!({ "reason": reason, "state": task.state() })),
+            )
             .await;
         }
         // The final event and the records come before the status is persisted: persisting
