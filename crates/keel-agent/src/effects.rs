@@ -34,12 +34,15 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use keel_core::{AgentError, AgentResult, RunContext, ThreadId};
+use keel_events::payload::{
+    EffectCanceledPayload, EffectDroppedPayload, EffectFiredPayload, EffectScheduledPayload,
+};
 use keel_events::{
-    EventEmitter, EventSink, EventType, MultiSink, RedactionPolicy, RunEvent, RunRecorder,
+    EventEmitter, EventSink, MultiSink, RedactionPolicy, RunEvent, RunEventBuilder, RunRecorder,
 };
 use keel_runtime::{AuthContext, ClaimedTimer, LogLevel, RunRecord, ThreadTimers, TimerRecord};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -142,12 +145,11 @@ impl ThreadState {
             self.host.as_ref(),
             &self.auth,
             &self.thread_id,
-            "effect.scheduled",
-            format!(
-                "effect `{name}` scheduled for {}",
-                timer.due_at.to_rfc3339()
-            ),
-            json!({ "timer_id": timer.id, "name": name, "due_at": timer.due_at }),
+            RunEvent::effect_scheduled(EffectScheduledPayload {
+                timer_id: timer.id.clone(),
+                name: name.to_owned(),
+                due_at: timer.due_at,
+            }),
         )
         .await;
         Ok(timer)
@@ -170,9 +172,10 @@ impl ThreadState {
                 self.host.as_ref(),
                 &self.auth,
                 &self.thread_id,
-                "effect.canceled",
-                format!("effect `{}` canceled", timer.name),
-                json!({ "timer_id": timer.id, "name": timer.name }),
+                RunEvent::effect_canceled(EffectCanceledPayload {
+                    timer_id: timer.id,
+                    name: timer.name,
+                }),
             )
             .await;
         }
@@ -523,13 +526,11 @@ pub(crate) async fn fire_effect(
         host,
         auth,
         thread_id,
-        "effect.fired",
-        format!("effect `{}` fired", effect.name),
-        json!({
-            "timer_id": effect.timer_id,
-            "name": effect.name,
-            "due_at": effect.due_at,
-            "error": error,
+        RunEvent::effect_fired(EffectFiredPayload {
+            timer_id: effect.timer_id,
+            name: effect.name,
+            due_at: effect.due_at,
+            error,
         }),
     )
     .await;
@@ -579,9 +580,11 @@ async fn drop_effect(
         host,
         auth,
         thread_id,
-        "effect.dropped",
-        format!("effect `{name}` dropped: {reason}"),
-        json!({ "timer_id": timer_id, "name": name, "reason": reason }),
+        RunEvent::effect_dropped(EffectDroppedPayload {
+            timer_id: timer_id.to_owned(),
+            name: name.to_owned(),
+            reason: reason.to_owned(),
+        }),
     )
     .await;
 }
@@ -594,9 +597,7 @@ pub(crate) async fn effect_marker(
     host: &dyn ThreadHost,
     auth: &AuthContext,
     thread_id: &ThreadId,
-    event_type: &'static str,
-    summary: String,
-    payload: Value,
+    event: RunEventBuilder,
 ) {
     let agent_name = host.agent_name().to_owned();
     let context = RunContext::new()
@@ -608,10 +609,7 @@ pub(crate) async fn effect_marker(
         sinks = sinks.with(Arc::clone(sink) as Arc<dyn EventSink>);
     }
     let emitter = EventEmitter::new(&context, Arc::new(sinks)).with_agent_name(agent_name.clone());
-    if let Err(err) = emitter
-        .emit(RunEvent::builder(EventType::new(event_type), summary).payload(payload))
-        .await
-    {
+    if let Err(err) = emitter.emit(event).await {
         host.log(LogLevel::Warn, &format!("an event sink failed: {err}"));
     }
     let result = async {

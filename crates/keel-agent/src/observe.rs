@@ -34,9 +34,9 @@ impl RunObs {
         agent_name: &str,
         authorizer: Arc<ActionAuthorizer>,
     ) -> Self {
-        // The report is persisted redacted. It is written as the run goes, each event masked
-        // and written as it arrives; it is not one of the sinks, so with no sink listening
-        // `emit_reported` writes the builder straight into it and makes no event at all.
+        // The report is persisted redacted: each event is masked as it is recorded. It is not
+        // one of the sinks: `emit_reported` records every event in it after the sinks saw it,
+        // so a failing sink never leaves the report short.
         let report = ReportWriter::new().redacting(RedactionPolicy::default());
         let mut fan_out = MultiSink::new();
         for sink in sinks {

@@ -3,7 +3,10 @@
 
 use chrono::Utc;
 use keel_core::{AgentError, AgentResult, TaskId, TaskState, ThreadId};
-use keel_events::{EventType, RunEvent};
+use keel_events::payload::{
+    ToolAsyncAcknowledgedPayload, ToolAsyncDeadlinePayload, ToolAsyncResultPayload,
+};
+use keel_events::RunEvent;
 use keel_llm::ToolCall;
 use keel_runtime::AuthContext;
 use serde_json::{json, Value};
@@ -114,18 +117,12 @@ impl Inner {
         };
         scope
             .obs
-            .emit(
-                RunEvent::builder(
-                    EventType::new("tool.async.dispatched"),
-                    format!("asynchronous tool `{}` dispatched", call.name),
-                )
-                .payload(json!({
-                    "call_id": call_id,
-                    "tool_call_id": call.id,
-                    "tool": call.name,
-                    "deadline": deadline,
-                })),
-            )
+            .emit(RunEvent::tool_async_dispatched(ToolAsyncDeadlinePayload {
+                call_id: call_id.clone(),
+                tool_call_id: call.id.clone(),
+                tool: call.name.clone(),
+                deadline,
+            }))
             .await;
         if let Err(err) = dispatch.dispatch(&invocation, callbacks).await {
             // Not acknowledged: the call is over (a callback for it is late) and the model
@@ -146,13 +143,13 @@ impl Inner {
         }
         scope
             .obs
-            .emit(
-                RunEvent::builder(
-                    EventType::new("tool.async.acknowledged"),
-                    format!("asynchronous tool `{}` acknowledged", call.name),
-                )
-                .payload(json!({"call_id": call_id, "tool_call_id": call.id, "tool": call.name})),
-            )
+            .emit(RunEvent::tool_async_acknowledged(
+                ToolAsyncAcknowledgedPayload {
+                    call_id: call_id.clone(),
+                    tool_call_id: call.id.clone(),
+                    tool: call.name.clone(),
+                },
+            ))
             .await;
         self.arm_deadline(auth, &ctx.thread_id, &ctx.task_id, deadline);
         ToolRun::Pending { call_id }
@@ -257,18 +254,12 @@ impl Inner {
                     })?;
                 scope
                     .obs
-                    .emit(
-                        RunEvent::builder(
-                            EventType::new("tool.async.result"),
-                            format!("asynchronous tool `{}` called back", call.name),
-                        )
-                        .payload(json!({
-                            "call_id": call_id,
-                            "tool_call_id": call.id,
-                            "tool": call.name,
-                            "is_error": delivered.is_error,
-                        })),
-                    )
+                    .emit(RunEvent::tool_async_result(ToolAsyncResultPayload {
+                        call_id: call_id.to_owned(),
+                        tool_call_id: call.id.clone(),
+                        tool: call.name.clone(),
+                        is_error: delivered.is_error,
+                    }))
                     .await;
                 ToolRun::Done {
                     output: delivered.output.unwrap_or(Value::Null),
@@ -278,18 +269,12 @@ impl Inner {
             AsyncCallState::Expired => {
                 scope
                     .obs
-                    .emit(
-                        RunEvent::builder(
-                            EventType::new("tool.async.timed_out"),
-                            format!("asynchronous tool `{}` timed out", call.name),
-                        )
-                        .payload(json!({
-                            "call_id": call_id,
-                            "tool_call_id": call.id,
-                            "tool": call.name,
-                            "deadline": record.deadline,
-                        })),
-                    )
+                    .emit(RunEvent::tool_async_timed_out(ToolAsyncDeadlinePayload {
+                        call_id: call_id.to_owned(),
+                        tool_call_id: call.id.clone(),
+                        tool: call.name.clone(),
+                        deadline: record.deadline,
+                    }))
                     .await;
                 ToolRun::Done {
                     output: json!(format!(

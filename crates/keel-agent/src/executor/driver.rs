@@ -7,7 +7,8 @@ use std::sync::{Arc, RwLock};
 use keel_core::{
     AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, ThreadId,
 };
-use keel_events::{EventType, RunEvent};
+use keel_events::payload::QueueInjectedPayload;
+use keel_events::RunEvent;
 use keel_llm::LlmMessage;
 use keel_runtime::{AuthContext, Lease, LogLevel};
 use serde::Deserialize;
@@ -414,13 +415,9 @@ impl Inner {
             tracing::debug!(count = injected.len(), "queued work injected");
             scope
                 .obs
-                .emit(
-                    RunEvent::builder(
-                        EventType::new("queue.injected"),
-                        format!("{} queued item(s) injected", injected.len()),
-                    )
-                    .payload(json!({ "items": injected })),
-                )
+                .emit(RunEvent::queue_injected(QueueInjectedPayload {
+                    items: injected.clone(),
+                }))
                 .await;
             store
                 .ack_queue(&flow.auth, &flow.lease(), &injected)

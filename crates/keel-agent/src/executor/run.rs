@@ -619,8 +619,8 @@ impl Inner {
             )
             .await?;
             if let Some(ctx) = ctx {
-                // Masked and written as text while the run went (the run's report writer),
-                // which the in-memory store keeps as it is.
+                // Masked event by event while the run went (the run's report writer) and
+                // serialized once here; the in-memory store keeps that text as it is.
                 let report = obs.take_report_json()?;
                 runs.save_run_report_json(
                     auth,

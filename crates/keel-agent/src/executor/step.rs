@@ -10,12 +10,12 @@ use keel_core::RunAction;
 use keel_core::{AgentError, AgentResult, Part, RunContext, Task, TaskId, ThreadId};
 use keel_events::payload::{
     ActionCompletedPayload, ActionFailedPayload, LlmCallCompletedPayload, LlmCallStartedPayload,
+    MessagePersistedPayload, StopEvaluatedPayload, ToolResultPersistedPayload,
 };
-use keel_events::{EventType, RunEvent};
+use keel_events::RunEvent;
 use keel_llm::{prepare_manifest_reusing, LlmStreamEvent, ManifestEstimates, ManifestIds};
 use keel_llm::{LlmMessage, LlmRequest, LlmRole, ToolCall};
 use keel_runtime::AuthContext;
-use serde::Serialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -62,10 +62,7 @@ impl Inner {
             if let Some(outcome) = self.inject_queued(scope, task, history).await? {
                 return Ok(outcome);
             }
-            obs.emit(
-                RunEvent::builder(EventType::new("queue.drained"), "queue drained").step(step),
-            )
-            .await;
+            obs.emit(RunEvent::queue_drained().step(step)).await;
             let system = self.system_prompt(ctx).await;
             let messages = view
                 .messages(
@@ -170,12 +167,8 @@ impl Inner {
                     .await?;
             }
             obs.emit(
-                RunEvent::builder(
-                    EventType::new("message.persisted"),
-                    "assistant message persisted",
-                )
-                .payload_from(MessagePersisted {
-                    role: "assistant",
+                RunEvent::message_persisted(MessagePersistedPayload {
+                    role: "assistant".to_owned(),
                     tool_calls: response.tool_calls.len(),
                 })
                 .step(step),
@@ -275,11 +268,7 @@ impl Inner {
                 self.persist_tool_result(flow, task, call, output, is_error, history)
                     .await?;
                 obs.emit(
-                    RunEvent::builder(
-                        EventType::new("tool_result.persisted"),
-                        "tool result persisted",
-                    )
-                    .payload_from(ToolResultPersisted {
+                    RunEvent::tool_result_persisted(ToolResultPersistedPayload {
                         call_id: call.id.clone(),
                         is_error,
                         tool: call.name.clone(),
@@ -608,33 +597,10 @@ fn tool_action(tool: &dyn crate::Tool, call: &ToolCall) -> RunAction {
 /// The step's stop evaluation is done: which rule fired, if any (§6 order).
 async fn stop_evaluated(obs: &RunObs, step: u32, fired: Option<&'static str>) {
     obs.emit(
-        RunEvent::builder(EventType::new("stop.evaluated"), "stop rules evaluated")
-            .payload_from(StopEvaluated { stop: fired })
-            .step(step),
+        RunEvent::stop_evaluated(StopEvaluatedPayload {
+            stop: fired.map(str::to_owned),
+        })
+        .step(step),
     )
     .await;
-}
-
-// The payloads of the step markers every step emits, typed so that they are written into
-// the run's report as text without a JSON tree in between.
-
-/// `message.persisted`.
-#[derive(Serialize)]
-struct MessagePersisted {
-    role: &'static str,
-    tool_calls: usize,
-}
-
-/// `tool_result.persisted`.
-#[derive(Serialize)]
-struct ToolResultPersisted {
-    call_id: String,
-    is_error: bool,
-    tool: String,
-}
-
-/// `stop.evaluated`: the rule that fired, if any.
-#[derive(Serialize)]
-struct StopEvaluated {
-    stop: Option<&'static str>,
 }

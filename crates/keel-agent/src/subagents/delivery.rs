@@ -8,7 +8,8 @@ use keel_core::{
     AgentError, AgentResult, FileContent, Message, Part, PartContent, RunContext, Task, TaskState,
     ThreadId,
 };
-use keel_events::{EventType, RunEvent};
+use keel_events::payload::{SubagentCreatedPayload, SubagentEndedPayload, SubagentFile};
+use keel_events::{RunEvent, RunEventBuilder};
 use keel_runtime::{AuthContext, ChildThread};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -77,11 +78,9 @@ impl Origin {
         }
     }
 
-    pub(super) async fn emit(&self, kind: &'static str, summary: String, payload: Value) {
+    pub(super) async fn emit(&self, event: RunEventBuilder) {
         if let Some(events) = &self.events {
-            events
-                .emit(RunEvent::builder(EventType::new(kind), summary).payload(payload))
-                .await;
+            events.emit(event).await;
         }
     }
 
@@ -195,18 +194,14 @@ pub(super) async fn start_child(
         .register_child(&origin.auth, &entry)
         .await?;
     origin
-        .emit(
-            EVENT_CREATED,
-            format!("subagent `{name}` created"),
-            json!({
-                "subagent": spec.name,
-                "name": name,
-                "child_thread_id": child_thread,
-                "agent": entry.agent,
-                "attachments": file_uris(&message),
-                "wait": wait,
-            }),
-        )
+        .emit(RunEvent::subagent_created(SubagentCreatedPayload {
+            subagent: spec.name.clone(),
+            name: name.to_owned(),
+            child_thread_id: child_thread.clone(),
+            agent: entry.agent.clone(),
+            attachments: file_uris(&message),
+            wait,
+        }))
         .await;
     let result = deliver(spec, origin, &entry, message, wait).await?;
     Ok((entry, result))
@@ -524,7 +519,8 @@ pub(super) async fn deliver(
             TaskState::Completed => {
                 let mut answer = json!({"subagent": child.name, "result": result.text});
                 if !result.files.is_empty() {
-                    answer["attachments"] = result.files.iter().map(file_json).collect();
+                    answer["attachments"] =
+                        json!(result.files.iter().map(subagent_file).collect::<Vec<_>>());
                 }
                 Ok(answer)
             }
@@ -553,8 +549,13 @@ pub(super) async fn deliver(
     }))
 }
 
-pub(super) fn file_json(file: &FileContent) -> Value {
-    json!({"uri": file.uri, "name": file.name, "media_type": file.media_type})
+/// A file of a child's result as its parent's tool result and events list it.
+pub(super) fn subagent_file(file: &FileContent) -> SubagentFile {
+    SubagentFile {
+        uri: file.uri.clone(),
+        name: file.name.clone(),
+        media_type: file.media_type.clone(),
+    }
 }
 
 /// A child's result as the parent receives it: the text with references rewritten to the
@@ -607,25 +608,16 @@ pub(super) async fn mark_end(
     text: String,
     files: &[FileContent],
 ) {
-    let completed = task.state() == TaskState::Completed;
     origin
-        .emit(
-            if completed {
-                EVENT_RETURNED
-            } else {
-                EVENT_FAILED
-            },
-            format!("subagent `{}` ended {}", child.name, task.state()),
-            json!({
-                "subagent": spec.name,
-                "name": child.name,
-                "child_thread_id": child.thread_id,
-                "task_id": task.id,
-                "state": task.state().to_string(),
-                "result": text,
-                "attachments": files.iter().map(file_json).collect::<Vec<_>>(),
-            }),
-        )
+        .emit(RunEvent::subagent_ended(SubagentEndedPayload {
+            subagent: spec.name.clone(),
+            name: child.name.clone(),
+            child_thread_id: child.thread_id.clone(),
+            task_id: task.id.clone(),
+            state: task.state(),
+            result: text,
+            attachments: files.iter().map(subagent_file).collect(),
+        }))
         .await;
 }
 

@@ -1,4 +1,4 @@
-//! The names subagents use: built-in tool names, registry and store keys, event types.
+//! The names subagents use: built-in tool names, registry and store keys.
 
 use keel_core::ThreadId;
 
@@ -28,14 +28,6 @@ pub(super) const IMMEDIATE_KEY: &str = "keel:immediate_activated";
 /// goes. It travels in the child task's own snapshot, so the child's completion path can
 /// deliver the result whichever process finishes it.
 pub(super) const META_DELIVERY: &str = "keel.subagent_delivery";
-
-/// The marker types this module emits.
-pub(super) const EVENT_CREATED: &str = "subagent.created";
-pub(super) const EVENT_MESSAGED: &str = "subagent.messaged";
-pub(super) const EVENT_RETURNED: &str = "subagent.returned";
-pub(super) const EVENT_FAILED: &str = "subagent.failed";
-pub(super) const EVENT_STATUS: &str = "subagent.status";
-pub(super) const EVENT_BOOTSTRAP: &str = "subagent.bootstrap_required";
 
 pub(crate) fn scoped_context(thread: &ThreadId, var: &str) -> String {
     format!("{thread}/{var}")

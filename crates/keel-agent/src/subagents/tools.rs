@@ -6,7 +6,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::Utc;
 use keel_core::{AgentError, AgentResult};
-use keel_events::{EventType, RunEvent};
+use keel_events::payload::{
+    ScopedVariablesRoute, SubagentBootstrapPayload, SubagentMessagedPayload, SubagentStatusPayload,
+};
+use keel_events::RunEvent;
 use keel_llm::{LlmMessage, LlmRole};
 use serde_json::{json, Value};
 
@@ -285,23 +288,27 @@ impl Tool for CreateTool {
                 "/threads/{}/variables/{}",
                 request.parent_thread_id, request.request_id
             );
-            let error = json!({
-                "error": "scoped_variables_missing",
-                "subagent": spec.name,
-                "name": name,
-                "request_id": request.request_id,
-                "missing": request.missing,
-                "complete": {"get": format!("GET {path}"), "post": format!("POST {path}")},
-                "note": "the subagent starts as soon as the missing variables are provided"
-            });
+            let error = SubagentBootstrapPayload {
+                error: "scoped_variables_missing".to_owned(),
+                subagent: spec.name.clone(),
+                name: name.to_owned(),
+                request_id: request.request_id,
+                missing: request.missing,
+                complete: ScopedVariablesRoute {
+                    get: format!("GET {path}"),
+                    post: format!("POST {path}"),
+                },
+                note: "the subagent starts as soon as the missing variables are provided"
+                    .to_owned(),
+            };
+            // The model gets the same object as its tool's error.
+            let text = serde_json::to_value(&error)
+                .map_err(AgentError::internal)?
+                .to_string();
             origin
-                .emit(
-                    EVENT_BOOTSTRAP,
-                    format!("subagent `{name}` waits for scoped variables"),
-                    error.clone(),
-                )
+                .emit(RunEvent::subagent_bootstrap_required(error))
                 .await;
-            return Err(tool_error(tool, error.to_string()));
+            return Err(tool_error(tool, text));
         }
         start_child(spec, &origin, name, message, &attachments, &scoped, wait)
             .await
@@ -378,16 +385,12 @@ impl Tool for MessageTool {
             .set_child_status(&ctx.auth, &child.thread_id, "running")
             .await?;
         origin
-            .emit(
-                EVENT_MESSAGED,
-                format!("subagent `{name}` messaged"),
-                json!({
-                    "subagent": spec.name,
-                    "name": name,
-                    "child_thread_id": child.thread_id,
-                    "attachments": file_uris(&message),
-                }),
-            )
+            .emit(RunEvent::subagent_messaged(SubagentMessagedPayload {
+                subagent: spec.name.clone(),
+                name: name.to_owned(),
+                child_thread_id: child.thread_id.clone(),
+                attachments: file_uris(&message),
+            }))
             .await;
         let wait = args.get("wait").and_then(Value::as_bool).unwrap_or(true);
         deliver(spec, &origin, child, message, wait).await
@@ -448,17 +451,11 @@ impl Tool for SessionStatusTool {
             ));
         };
         ctx.thread.set_status(status).await?;
-        ctx.emit(
-            RunEvent::builder(
-                EventType::new(EVENT_STATUS),
-                format!("subagent status: {status}"),
-            )
-            .payload(json!({
-                "child_thread_id": ctx.thread_id,
-                "parent_thread_id": parent,
-                "status": status,
-            })),
-        )
+        ctx.emit(RunEvent::subagent_status(SubagentStatusPayload {
+            child_thread_id: ctx.thread_id.clone(),
+            parent_thread_id: parent,
+            status: status.to_owned(),
+        }))
         .await;
         Ok(json!({"status": status}))
     }
