@@ -201,7 +201,7 @@ impl SqliteStore {
     /// asynchronous calls), with a static tenant, `tracing` logs and `llm` as the default
     /// model.
     pub fn services(&self, llm: Arc<dyn Llm>) -> Services {
-        Services::from_store(self.clone(), llm)
+        Services::from_store(self.clone(), self.kv_limits, llm)
     }
 
     /// The database's path as given to [`SqliteStore::open`], or `:memory:`.
