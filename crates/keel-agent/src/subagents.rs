@@ -868,8 +868,8 @@ pub(crate) async fn read_scoped(thread: &ThreadState, var: &str) -> AgentResult<
     else {
         return Ok(None);
     };
-    let sealed = sealed.as_str().ok_or_else(|| AgentError::Storage {
-        message: format!("scoped variable `{var}` is not a sealed string"),
+    let sealed = sealed.as_str().ok_or_else(|| {
+        AgentError::storage(format!("scoped variable `{var}` is not a sealed string"))
     })?;
     thread
         .inner
@@ -1589,11 +1589,11 @@ impl AgentExecutor {
         else {
             return Ok(None);
         };
-        serde_json::from_value(value)
-            .map(Some)
-            .map_err(|e| AgentError::Storage {
-                message: format!("scoped-variable request {request_id} is malformed: {e}"),
-            })
+        serde_json::from_value(value).map(Some).map_err(|e| {
+            AgentError::storage(format!(
+                "scoped-variable request {request_id} is malformed: {e}"
+            ))
+        })
     }
 
     /// The pending scoped-variable request `request_id` of `parent_thread_id` (§7.5): which
