@@ -22,7 +22,7 @@ use axum::{Json, Router};
 use keel_agent::{Agent, AgentExecutor};
 use keel_core::AgentCard;
 use keel_llm::MockLlm;
-use keel_runtime::{InMemoryRuntime, InMemoryTaskManager, InMemoryThreadStore};
+use keel_runtime::{InMemoryTaskManager, InMemoryThreadStore, Services};
 use keel_transport::A2aServer;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -126,11 +126,10 @@ async fn serve_keel() -> Result<(Served, Held), Box<dyn std::error::Error>> {
         tasks: Arc::new(InMemoryTaskManager::new()),
         threads: Arc::new(InMemoryThreadStore::new()),
     };
-    let runtime = Arc::new(
-        InMemoryRuntime::new(Arc::new(MockLlm::new()))
-            .with_task_manager(held.tasks.clone())
-            .with_thread_store(held.threads.clone()),
-    );
+    let mut services = Services::in_memory(Arc::new(MockLlm::new()));
+    services.tasks = held.tasks.clone();
+    services.threads = held.threads.clone();
+    let runtime = Arc::new(services);
     let server = A2aServer::new(AgentExecutor::new(agent, runtime));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/", listener.local_addr()?);

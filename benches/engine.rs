@@ -40,7 +40,7 @@ use async_trait::async_trait;
 use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
 use keel_core::{AgentCard, AgentResult, Message, ThreadId};
 use keel_llm::{Llm, LlmRequest, LlmResponse, LlmRole, ToolCall};
-use keel_runtime::{InMemoryRuntime, Runtime};
+use keel_runtime::{Runtime, Services};
 use serde_json::{json, Value};
 
 /// Steps per task: each step is one model call that asks for the `noop` tool. Set once from
@@ -221,34 +221,22 @@ const MEMORY_RETAINED: usize = 1_000;
 
 fn memory() -> Arc<dyn Runtime> {
     Arc::new(
-        InMemoryRuntime::new(Arc::new(LoopLlm { steps: 1 }))
-            .with_task_manager(Arc::new(
-                keel_runtime::InMemoryTaskManager::with_finished_cap(MEMORY_RETAINED),
-            ))
-            .with_thread_store(Arc::new(
-                keel_runtime::InMemoryThreadStore::new().with_max_threads(MEMORY_RETAINED),
-            ))
-            .with_run_store(Arc::new(keel_runtime::InMemoryRunStore::with_capacity(
+        Services::in_memory(loop_llm())
+            .with_tasks(keel_runtime::InMemoryTaskManager::with_finished_cap(
                 MEMORY_RETAINED,
-            ))),
+            ))
+            .with_threads(
+                keel_runtime::InMemoryThreadStore::new().with_max_threads(MEMORY_RETAINED),
+            )
+            .with_runs(keel_runtime::InMemoryRunStore::with_capacity(
+                MEMORY_RETAINED,
+            )),
     )
 }
 
-fn with_store<S>(store: Arc<S>) -> Arc<dyn Runtime>
-where
-    S: keel_runtime::TaskManager
-        + keel_runtime::MemoryService
-        + keel_runtime::ThreadStore
-        + keel_runtime::RunStore
-        + 'static,
-{
-    Arc::new(
-        InMemoryRuntime::new(Arc::new(LoopLlm { steps: 1 }))
-            .with_task_manager(store.clone())
-            .with_memory_service(store.clone())
-            .with_thread_store(store.clone())
-            .with_run_store(store),
-    )
+/// The default model of the backend runs: one step per task.
+fn loop_llm() -> Arc<dyn Llm> {
+    Arc::new(LoopLlm { steps: 1 })
 }
 
 /// The engine's own cost, apart from the scheduler's: one task at a time on a
@@ -391,7 +379,7 @@ fn main() -> ExitCode {
             let path = dir.path().join(format!("engine-{threads}.db"));
             match keel_store_sqlite::SqliteStore::open(&path) {
                 Ok(store) => {
-                    let steps = measure(with_store(Arc::new(store)), threads, duration, 0).await;
+                    let steps = measure(Arc::new(store.services(loop_llm())), threads, duration, 0).await;
                     let raw = dir.path().join(format!("raw-{threads}.db"));
                     let ceiling = match tokio::task::spawn_blocking(move || store_bench::ceiling::sqlite_commits(&raw, duration)).await {
                         Ok(Ok(rate)) => format!("{:.0} SQLite commits/s", rate.per_sec()),
@@ -407,7 +395,7 @@ fn main() -> ExitCode {
             let prefix = format!("keel-bench-{}:", uuid::Uuid::new_v4().simple());
             match keel_store_redis::RedisStore::connect(&redis_url).await {
                 Ok(store) => {
-                    let steps = measure(with_store(Arc::new(store.with_prefix(prefix.clone()))), threads, duration, 0).await;
+                    let steps = measure(Arc::new(store.with_prefix(prefix.clone()).services(loop_llm())), threads, duration, 0).await;
                     let ceiling = match store_bench::ceiling::redis_sets(&redis_url, &prefix, threads, duration).await {
                         Ok(rate) => format!("{:.0} Redis SETs/s ({threads} concurrent)", rate.per_sec()),
                         Err(e) => format!("Redis ceiling failed: {e}"),

@@ -6,11 +6,12 @@ use async_trait::async_trait;
 use keel_core::{AgentError, AgentResult};
 use serde_json::Value;
 
-use crate::async_tools::{AsyncDispatch, AsyncInvocation};
+use crate::async_tools::{AsyncDispatch, AsyncInvocation, InvocationSender};
 use crate::tool::{Tool, ToolContext};
 
 /// An asynchronous tool served over HTTP: each call is POSTed as an [`AsyncInvocation`] to
-/// `endpoint`, which must answer 2xx at once and call back later.
+/// `endpoint` (by the executor's [`InvocationSender`], keel-transport's `HttpCallbacks`),
+/// which must answer 2xx at once and call back later.
 ///
 /// ```
 /// use keel_agent::AsyncHttpTool;
@@ -28,7 +29,6 @@ pub struct AsyncHttpTool {
     parameters: Value,
     endpoint: String,
     timeout: Option<Duration>,
-    client: reqwest::Client,
 }
 
 impl AsyncHttpTool {
@@ -45,7 +45,6 @@ impl AsyncHttpTool {
             parameters,
             endpoint: endpoint.into(),
             timeout: None,
-            client: reqwest::Client::new(),
         }
     }
 
@@ -83,29 +82,18 @@ impl Tool for AsyncHttpTool {
 
 #[async_trait]
 impl AsyncDispatch for AsyncHttpTool {
-    async fn dispatch(&self, invocation: &AsyncInvocation) -> AgentResult<()> {
-        let response = self
-            .client
-            .post(&self.endpoint)
-            .json(invocation)
-            .timeout(Duration::from_secs(30))
-            .send()
+    async fn dispatch(
+        &self,
+        invocation: &AsyncInvocation,
+        sender: &dyn InvocationSender,
+    ) -> AgentResult<()> {
+        sender
+            .send(&self.endpoint, invocation)
             .await
-            .map_err(|err| AgentError::ToolFailed {
+            .map_err(|message| AgentError::ToolFailed {
                 tool: self.name.clone(),
-                message: format!("dispatch to {} failed: {err}", self.endpoint),
-            })?;
-        if !response.status().is_success() {
-            return Err(AgentError::ToolFailed {
-                tool: self.name.clone(),
-                message: format!(
-                    "{} did not acknowledge the call: HTTP {}",
-                    self.endpoint,
-                    response.status()
-                ),
-            });
-        }
-        Ok(())
+                message,
+            })
     }
     fn timeout(&self) -> Option<Duration> {
         self.timeout

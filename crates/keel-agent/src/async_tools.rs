@@ -16,6 +16,7 @@
 //! call past its deadline ends as a tool error the model sees.
 
 use std::collections::HashSet;
+use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -52,12 +53,41 @@ pub struct AsyncInvocation {
     pub user_id: Option<String>,
 }
 
+/// Where an asynchronous tool calls back: the URL a call's result is posted to. The engine
+/// knows no HTTP route; keel-transport's `HttpCallbacks` names its own
+/// (`{base}/callbacks/{call_id}`).
+pub trait CallbackAddress: Send + Sync + fmt::Debug {
+    /// The URL the tool posts the result of the call `call_id` to.
+    fn callback_url(&self, call_id: &str) -> String;
+}
+
+/// What carries an invocation to an asynchronous tool's endpoint and waits for the
+/// acknowledgement (keel-transport's `HttpCallbacks` POSTs it over HTTP).
+#[async_trait]
+pub trait InvocationSender: Send + Sync + fmt::Debug {
+    /// Deliver `invocation` to `endpoint`; `Ok` when the endpoint acknowledged it, else why
+    /// not, in words.
+    async fn send(&self, endpoint: &str, invocation: &AsyncInvocation) -> Result<(), String>;
+}
+
+/// Both halves of asynchronous tools' transport, as
+/// [`ExecutorConfig::callbacks`](crate::ExecutorConfig::callbacks) takes them.
+pub trait CallbackDispatcher: CallbackAddress + InvocationSender {}
+
+impl<T: CallbackAddress + InvocationSender> CallbackDispatcher for T {}
+
 /// How an asynchronous tool sends an invocation out. The dispatch must only acknowledge:
 /// the result comes back through the callback.
 #[async_trait]
 pub trait AsyncDispatch: Send + Sync {
-    /// Send the invocation; `Ok` means the tool acknowledged it.
-    async fn dispatch(&self, invocation: &AsyncInvocation) -> AgentResult<()>;
+    /// Send the invocation, with `sender` (the executor's, see
+    /// [`ExecutorConfig::callbacks`](crate::ExecutorConfig::callbacks)) when it goes to an
+    /// endpoint; `Ok` means the tool acknowledged it.
+    async fn dispatch(
+        &self,
+        invocation: &AsyncInvocation,
+        sender: &dyn InvocationSender,
+    ) -> AgentResult<()>;
     /// How long to wait for the callback (else the executor's default).
     fn timeout(&self) -> Option<Duration> {
         None

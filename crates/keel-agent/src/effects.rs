@@ -40,7 +40,7 @@ use keel_events::payload::{
 use keel_events::{
     EventEmitter, EventSink, MultiSink, RedactionPolicy, RunEvent, RunEventBuilder, RunRecorder,
 };
-use keel_runtime::{AuthContext, ClaimedTimer, RunRecord, ThreadTimers, TimerRecord};
+use keel_runtime::{AuthContext, ClaimedTimer, LogLevel, RunRecord, ThreadTimers, TimerRecord};
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::Notify;
@@ -242,6 +242,10 @@ async fn run_scheduler(
     stop: CancellationToken,
     config: EffectConfig,
 ) {
+    // The runtime's log, held apart from the executor, which the loop holds only weakly.
+    let Some(logging) = me.upgrade().map(|host| host.runtime().logging_service()) else {
+        return;
+    };
     loop {
         if stop.is_cancelled() {
             break;
@@ -262,7 +266,7 @@ async fn run_scheduler(
                 }
             }
             Err(err) => {
-                tracing::warn!(error = %err, "cannot claim due timers");
+                logging.log(LogLevel::Warn, &format!("cannot claim due timers: {err}"));
                 pause = config.recheck;
             }
         }
@@ -276,7 +280,10 @@ async fn run_scheduler(
                 .min(config.recheck),
             Ok(None) => config.recheck,
             Err(err) => {
-                tracing::warn!(error = %err, "cannot read the next timer");
+                logging.log(
+                    LogLevel::Warn,
+                    &format!("cannot read the next timer: {err}"),
+                );
                 config.recheck
             }
         }
@@ -313,7 +320,10 @@ async fn deliver_effect(host: &dyn ThreadHost, claim: ClaimedTimer) {
         Ok(true) => {
             let Ok(timers) = timers(host) else { return };
             if let Err(err) = timers.complete_timer(&claim).await {
-                tracing::warn!(error = %err, timer = %timer.id, "cannot remove a timer");
+                host.log(
+                    LogLevel::Warn,
+                    &format!("cannot remove the timer {}: {err}", timer.id),
+                );
                 return;
             }
             drop_effect(
@@ -340,7 +350,7 @@ async fn deliver_effect(host: &dyn ThreadHost, claim: ClaimedTimer) {
                     )
                 }),
                 Err(err) => {
-                    tracing::warn!(error = %err, timer = %timer.id, "cannot read the effect's queue");
+                    host.log(LogLevel::Warn, &format!("cannot read the queue of the effect {}: {err}", timer.id));
                     return;
                 }
             };
@@ -355,11 +365,17 @@ async fn deliver_effect(host: &dyn ThreadHost, claim: ClaimedTimer) {
                 due_at: timer.due_at,
             });
             if let Err(err) = host.enqueue(auth, thread_id, work).await {
-                tracing::warn!(error = %err, timer = %timer.id, "cannot queue a due effect");
+                host.log(
+                    LogLevel::Warn,
+                    &format!("cannot queue the due effect {}: {err}", timer.id),
+                );
             }
         }
         Err(err) => {
-            tracing::warn!(error = %err, timer = %timer.id, "cannot check the effect's thread");
+            host.log(
+                LogLevel::Warn,
+                &format!("cannot check the thread of the effect {}: {err}", timer.id),
+            );
         }
     }
 }
@@ -379,12 +395,21 @@ async fn deliver_wake(host: &dyn ThreadHost, claim: &ClaimedTimer) {
         Ok(0) => {
             let Ok(timers) = timers(host) else { return };
             if let Err(err) = timers.complete_timer(claim).await {
-                tracing::warn!(error = %err, timer = %claim.timer.id, "cannot remove a wake");
+                host.log(
+                    LogLevel::Warn,
+                    &format!("cannot remove the wake {}: {err}", claim.timer.id),
+                );
             }
         }
         Ok(_) => host.schedule(auth, thread_id),
         Err(err) => {
-            tracing::warn!(error = %err, timer = %claim.timer.id, "cannot read a woken thread's queue");
+            host.log(
+                LogLevel::Warn,
+                &format!(
+                    "cannot read the queue of the wake {}: {err}",
+                    claim.timer.id
+                ),
+            );
         }
     }
 }
@@ -408,7 +433,10 @@ pub(crate) async fn request_wake(
         Ok(_) if agent == host.agent_name() => host.effect_scheduler().wake(),
         Ok(_) => {}
         Err(err) => {
-            tracing::warn!(error = %err, thread = %thread_id, "cannot record a wake for queued work");
+            host.log(
+                LogLevel::Warn,
+                &format!("cannot record a wake for queued work on {thread_id}: {err}"),
+            );
         }
     }
 }
@@ -485,7 +513,13 @@ pub(crate) async fn fire_effect(
         Err(_) => Some("the effect handler panicked".to_owned()),
     };
     if let Some(error) = &error {
-        tracing::warn!(effect = %effect.name, %error, "an effect handler failed");
+        host.log(
+            LogLevel::Warn,
+            &format!(
+                "the handler of the effect `{}` failed: {error}",
+                effect.name
+            ),
+        );
     }
     timers.cancel_timer(auth, &effect.timer_id).await?;
     effect_marker(
@@ -576,7 +610,7 @@ pub(crate) async fn effect_marker(
     }
     let emitter = EventEmitter::new(&context, Arc::new(sinks)).with_agent_name(agent_name.clone());
     if let Err(err) = emitter.emit(event).await {
-        tracing::warn!(error = %err, "an event sink failed");
+        host.log(LogLevel::Warn, &format!("an event sink failed: {err}"));
     }
     let result = async {
         let report = recorder
@@ -600,6 +634,9 @@ pub(crate) async fn effect_marker(
     }
     .await;
     if let Err(err) = result {
-        tracing::warn!(error = %err, "could not record an effect marker");
+        host.log(
+            LogLevel::Warn,
+            &format!("could not record an effect marker: {err}"),
+        );
     }
 }

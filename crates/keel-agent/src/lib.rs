@@ -12,13 +12,13 @@
 //! use keel_agent::{Agent, AgentExecutor, SendOptions};
 //! use keel_core::{AgentCard, Message, TaskState};
 //! use keel_llm::MockLlm;
-//! use keel_runtime::{InMemoryRuntime, Runtime};
+//! use keel_runtime::{Runtime, Services};
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), keel_core::AgentError> {
 //! let agent = Agent::builder(AgentCard::new("echo", "Echoes", "http://127.0.0.1:0"))
 //!     .instructions("Repeat what the user says.")
 //!     .build()?;
-//! let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+//! let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
 //! let auth = runtime.auth_service().auth_context();
 //! let executor = AgentExecutor::new(agent, runtime);
 //! let task = executor.send_message(&auth, Message::user("hi"), SendOptions::default()).await?;
@@ -41,6 +41,7 @@ mod negotiator;
 mod observe;
 mod rest;
 mod subagents;
+mod task_meta;
 mod thread_state;
 mod tool;
 mod work;
@@ -50,7 +51,8 @@ pub use agent::{
 };
 pub use async_http::AsyncHttpTool;
 pub use async_tools::{
-    AcceptedCallback, AsyncDispatch, AsyncInvocation, CallbackError, CALLBACK_SECRET_HEADER,
+    AcceptedCallback, AsyncDispatch, AsyncInvocation, CallbackAddress, CallbackDispatcher,
+    CallbackError, InvocationSender, CALLBACK_SECRET_HEADER,
 };
 pub use attachments::{attachment_uri, ATTACHMENT_URI_SCHEME};
 pub use code::{CodeRequest, CodeRun, CodeRunner};

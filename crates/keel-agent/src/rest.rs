@@ -2,15 +2,8 @@
 //! ephemeral runtime, remote delegation), so that they cannot disagree about it.
 
 use keel_core::{Task, TaskState};
-use serde_json::Value;
 
-/// Task metadata key: why the last run stopped.
-const STOP_REASON: &str = "stop_reason";
-/// Task metadata key: the asynchronous call a task waits for.
-const AWAITING_TOOL_CALL: &str = "awaiting_tool_call";
-/// Task metadata keys of an approval that is pending / decided but not applied yet.
-const PENDING_APPROVAL: &str = "pending_approval";
-const APPROVAL_DECISION: &str = "approval_decision";
+use crate::task_meta::{EngineMeta, APPROVAL_DECISION, PENDING_APPROVAL};
 
 /// Why a task rests: nothing more happens to it until an input arrives from outside the
 /// engine (a user's message, an approval decision, an asynchronous tool's callback), or ever.
@@ -63,12 +56,9 @@ impl TaskRest {
                 }
             }
             TaskState::Working if Self::awaits_tool(task) && queue_len == 0 => {
-                let call_id = task
-                    .metadata
-                    .get(AWAITING_TOOL_CALL)
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned();
+                let call_id = EngineMeta::of(&task.metadata)
+                    .awaiting_tool_call
+                    .unwrap_or_default();
                 Some(TaskRest::AwaitingTool { call_id })
             }
             _ => None,
@@ -82,7 +72,7 @@ impl TaskRest {
     }
 
     fn awaits_tool(task: &Task) -> bool {
-        task.metadata.get(STOP_REASON).and_then(Value::as_str) == Some("awaiting_tool")
+        EngineMeta::of(&task.metadata).stop_reason.as_deref() == Some("awaiting_tool")
     }
 
     /// Whether a caller waiting for the task's answer stops here (the engine's blocking
@@ -153,9 +143,9 @@ mod tests {
     fn waiting_for_a_tool_rests_only_with_an_empty_queue() {
         let mut task = working();
         task.metadata
-            .insert(STOP_REASON.into(), json!("awaiting_tool"));
+            .insert("stop_reason".into(), json!("awaiting_tool"));
         task.metadata
-            .insert(AWAITING_TOOL_CALL.into(), json!("call-1"));
+            .insert("awaiting_tool_call".into(), json!("call-1"));
         assert!(TaskRest::needs_queue_len(&task));
         assert_eq!(
             TaskRest::of(&task, 0),

@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use keel_core::{AgentError, AgentResult, Message, ThreadId};
 use keel_events::EventSink;
 use keel_llm::ToolCall;
-use keel_runtime::{AuthContext, ChildThread, HistoryEntry, QueuedItem, Runtime};
+use keel_runtime::{AuthContext, ChildThread, HistoryEntry, LogLevel, QueuedItem, Runtime};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -80,6 +80,10 @@ pub(crate) trait ThreadHost: Send + Sync {
     ) -> AgentResult<QueuedItem>;
     /// Subagents: the executor in this process whose `kind` children this executor runs.
     fn local_parent(&self, kind: &str) -> Option<Arc<dyn ThreadHost>>;
+    /// A line of the engine's own log, through the runtime's logging service.
+    fn log(&self, level: LogLevel, message: &str) {
+        self.runtime().logging_service().log(level, message);
+    }
 }
 
 /// One thread as its tools and the application see it: its history, its durable queue, its

@@ -12,7 +12,7 @@ use std::time::Duration;
 use keel_agent::{Agent, AgentExecutor, EffectConfig, ExecutorConfig, SendOptions};
 use keel_core::{AgentCard, Message, Task, TaskState, ThreadId};
 use keel_llm::MockLlm;
-use keel_runtime::{AuthContext, InMemoryRuntime, ListTasksFilter, Runtime};
+use keel_runtime::{AuthContext, ListTasksFilter, Runtime};
 use serde_json::{json, Value};
 
 fn card() -> AgentCard {
@@ -41,15 +41,8 @@ fn agent(counts: Counts) -> Agent {
 }
 
 fn sqlite_runtime(path: &Path) -> Arc<dyn Runtime> {
-    let store = Arc::new(keel_store_sqlite::SqliteStore::open(path).expect("open SQLite"));
-    Arc::new(
-        InMemoryRuntime::new(Arc::new(MockLlm::new()))
-            .with_task_manager(store.clone())
-            .with_memory_service(store.clone())
-            .with_thread_store(store.clone())
-            .with_thread_timers(store.clone())
-            .with_run_store(store),
-    )
+    let store = keel_store_sqlite::SqliteStore::open(path).expect("open SQLite");
+    Arc::new(store.services(Arc::new(MockLlm::new())))
 }
 
 async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
@@ -199,21 +192,11 @@ fn redis_url() -> String {
 }
 
 async fn redis_runtime(prefix: &str) -> Arc<dyn Runtime> {
-    let store = Arc::new(
-        keel_store_redis::RedisStore::connect(&redis_url())
-            .await
-            .expect("the Redis tests need a server at REDIS_URL")
-            .with_prefix(prefix),
-    );
-    Arc::new(
-        InMemoryRuntime::new(Arc::new(MockLlm::new()))
-            .with_task_manager(store.clone())
-            .with_memory_service(store.clone())
-            .with_thread_store(store.clone())
-            .with_step_store(store.clone())
-            .with_thread_timers(store.clone())
-            .with_run_store(store),
-    )
+    let store = keel_store_redis::RedisStore::connect(&redis_url())
+        .await
+        .expect("the Redis tests need a server at REDIS_URL")
+        .with_prefix(prefix);
+    Arc::new(store.services(Arc::new(MockLlm::new())))
 }
 
 /// Delete every key under the test's prefix.

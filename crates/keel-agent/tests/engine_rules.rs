@@ -6,13 +6,13 @@
 use std::sync::Arc;
 
 use keel_llm::MockLlm;
-use keel_runtime::{InMemoryRuntime, Runtime};
+use keel_runtime::{Runtime, Services};
 
 mod memory {
     use super::*;
 
     pub(crate) fn runtime() -> Arc<dyn Runtime> {
-        Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())))
+        Arc::new(Services::in_memory(Arc::new(MockLlm::new())))
     }
 
     mod engine {
@@ -39,18 +39,9 @@ mod sqlite {
     pub(crate) fn runtime() -> Arc<dyn Runtime> {
         // Leaked so the file outlives the test's runtime (the OS cleans the temp dir).
         let dir = Box::leak(Box::new(tempfile::tempdir().expect("a temp dir")));
-        let store = Arc::new(
-            keel_store_sqlite::SqliteStore::open(dir.path().join("keel.db")).expect("open SQLite"),
-        );
-        Arc::new(
-            InMemoryRuntime::new(Arc::new(MockLlm::new()))
-                .with_task_manager(store.clone())
-                .with_memory_service(store.clone())
-                .with_thread_store(store.clone())
-                .with_thread_timers(store.clone())
-                .with_async_call_store(store.clone())
-                .with_run_store(store),
-        )
+        let store =
+            keel_store_sqlite::SqliteStore::open(dir.path().join("keel.db")).expect("open SQLite");
+        Arc::new(store.services(Arc::new(MockLlm::new())))
     }
 
     mod engine {
@@ -212,21 +203,17 @@ mod redis {
             .unwrap()
             .as_secs();
         let prefix = format!("{PREFIX_ROOT}{made}-{}:", uuid::Uuid::new_v4().simple());
-        let store = Arc::new(shared().store.clone().with_prefix(prefix.clone()));
-        let services = InMemoryRuntime::new(Arc::new(MockLlm::new()))
-            .with_task_manager(store.clone())
-            .with_memory_service(store.clone())
-            .with_thread_store(store.clone())
-            .with_step_store(store.clone())
-            .with_thread_timers(store.clone())
-            .with_async_call_store(store.clone())
-            .with_run_store(store);
+        let services = shared()
+            .store
+            .clone()
+            .with_prefix(prefix.clone())
+            .services(Arc::new(MockLlm::new()));
         Arc::new(PrefixedRuntime { services, prefix })
     }
 
     /// The Redis services of one test, deleting its keys when dropped.
     struct PrefixedRuntime {
-        services: InMemoryRuntime,
+        services: Services,
         prefix: String,
     }
 

@@ -11,7 +11,7 @@ use keel_events::{
 };
 use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_policy::{approve_request, deny_request, ApprovalFn, CapabilityPolicy, CapabilityRule};
-use keel_runtime::{AuthContext, InMemoryRuntime, RunQuery, Runtime};
+use keel_runtime::{AuthContext, RunQuery, Runtime, Services};
 use serde_json::{json, Value};
 
 fn card() -> AgentCard {
@@ -49,7 +49,7 @@ fn script(calls: usize) -> Arc<MockLlm> {
 }
 
 fn executor(agent: Agent) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>) {
-    let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+    let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
     let auth = runtime.auth_service().auth_context();
     let exec = AgentExecutor::new(agent, runtime);
     let sink = Arc::new(InMemoryEventSink::new());

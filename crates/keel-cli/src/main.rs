@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use keel::agent::{AgentExecutor, ExecutorConfig};
 use keel::services::{ApiKeyAuthService, AuthContext};
+use keel::transport::callbacks::HttpCallbacks;
 use keel::transport::{A2aServer, Security};
 use keel::{DefaultRuntime, StoreConfig};
 
@@ -245,7 +246,7 @@ async fn run_once(args: RunOnceArgs) -> Result<(), String> {
         .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
     let config = ExecutorConfig {
         lease_ttl,
-        callback_base_url: args.callback_base_url,
+        callbacks: args.callback_base_url.map(HttpCallbacks::shared),
         async_tool_timeout: async_tool_timeout(args.async_tool_timeout)?,
         ..ExecutorConfig::default()
     };
@@ -302,7 +303,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let config = ExecutorConfig {
         lease_ttl,
         // Asynchronous tools call back to the server's own callback route.
-        callback_base_url: Some(url.trim_end_matches('/').to_owned()),
+        callbacks: Some(HttpCallbacks::shared(url.trim_end_matches('/'))),
         async_tool_timeout: async_tool_timeout(args.async_tool_timeout)?,
         ..ExecutorConfig::default()
     };

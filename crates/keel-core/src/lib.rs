@@ -20,6 +20,7 @@
 mod artifact;
 mod card;
 mod context;
+pub mod conversation;
 mod error;
 mod event;
 mod ids;

@@ -1,8 +1,8 @@
 //! One persist point of an engine step, written together.
 
 use async_trait::async_trait;
+use keel_core::conversation::LlmMessage;
 use keel_core::{AgentResult, TaskEvent, TaskId};
-use keel_llm::LlmMessage;
 
 use crate::{AuthContext, Lease};
 

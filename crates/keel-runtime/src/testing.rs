@@ -29,10 +29,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use keel_core::conversation::LlmMessage;
 use keel_core::{
     AgentError, Message, RunContext, RunId, Task, TaskEvent, TaskId, TaskState, ThreadId, TraceId,
 };
-use keel_llm::LlmMessage;
 use serde_json::{json, Value};
 
 use crate::{

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, AgentResult, Metadata, ThreadId};
-use keel_llm::LlmMessage;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

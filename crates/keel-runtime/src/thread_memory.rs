@@ -8,8 +8,8 @@ use chrono::Utc;
 use dashmap::DashMap;
 
 use crate::scoped::{scoped, Scoped, ScopedParts};
+use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, AgentResult, ThreadId};
-use keel_llm::LlmMessage;
 use serde_json::Value;
 
 use crate::thread::check_ttl;

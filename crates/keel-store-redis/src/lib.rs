@@ -148,7 +148,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_core::{AgentError, AgentResult};
-use keel_runtime::{AuthContext, KvLimits};
+use keel_runtime::{AuthContext, KvLimits, Llm, Services};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 #[cfg(doc)]
@@ -255,6 +255,13 @@ impl RedisStore {
     pub fn with_kv_limits(mut self, limits: KvLimits) -> Self {
         self.kv_limits = limits;
         self
+    }
+
+    /// Every service of a runtime over this server (tasks, memory, threads, one-round-trip
+    /// step writes, runs, timers, asynchronous calls), with a static tenant, `tracing` logs
+    /// and `llm` as the default model.
+    pub fn services(&self, llm: Arc<dyn Llm>) -> Services {
+        Services::from_store(self.clone(), llm).with_steps(self.clone())
     }
 
     /// The key prefix in use.

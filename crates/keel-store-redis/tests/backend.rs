@@ -8,8 +8,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent, TaskId, TaskState, ThreadId};
-use keel_llm::LlmMessage;
 use keel_runtime::{
     AuthContext, ChildThread, KvLimits, ListTasksFilter, MemoryService, SubagentRegistry,
     TaskManager, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue, ThreadStore,

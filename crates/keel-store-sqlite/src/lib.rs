@@ -82,7 +82,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use keel_core::{AgentError, AgentResult};
-use keel_runtime::KvLimits;
+use keel_runtime::{KvLimits, Llm, Services};
 use rusqlite::{Connection, OpenFlags};
 
 use crate::readers::ReadPool;
@@ -195,6 +195,13 @@ impl SqliteStore {
     /// The key-value caps in force.
     pub fn kv_limits(&self) -> KvLimits {
         self.kv_limits
+    }
+
+    /// Every service of a runtime over this database (tasks, memory, threads, runs, timers,
+    /// asynchronous calls), with a static tenant, `tracing` logs and `llm` as the default
+    /// model.
+    pub fn services(&self, llm: Arc<dyn Llm>) -> Services {
+        Services::from_store(self.clone(), llm)
     }
 
     /// The database's path as given to [`SqliteStore::open`], or `:memory:`.

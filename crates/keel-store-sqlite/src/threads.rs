@@ -4,8 +4,8 @@
 
 use async_trait::async_trait;
 use chrono::Utc;
+use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, AgentResult, ThreadId};
-use keel_llm::LlmMessage;
 use keel_runtime::{
     AuthContext, ChildThread, HistoryEntry, Lease, QueuedItem, SubagentRegistry, ThreadHistory,
     ThreadKv, ThreadQueue,

@@ -5,8 +5,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, RunContext, Task, TaskEvent};
-use keel_llm::LlmMessage;
 use keel_runtime::{
     load_task_with_history, AuthContext, ListTasksFilter, MemoryService, TaskManager,
     ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,

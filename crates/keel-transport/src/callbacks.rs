@@ -9,13 +9,23 @@
 //! Answers `202 Accepted` when the result is recorded and its task queued; an unknown call is
 //! `404`, a wrong or missing secret `401`, a late or duplicate result `409`, each with a JSON
 //! body `{"error": {"code": "...", "message": "..."}}`, and none of them changes anything.
+//!
+//! [`HttpCallbacks`] is the other half, for the engine (which knows no HTTP): it names this
+//! route as the callback address of each call, and POSTs invocations to tools' endpoints.
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
 use axum::{Json, Router};
-use keel_agent::{AgentExecutor, CallbackError, CALLBACK_SECRET_HEADER};
+use keel_agent::{
+    AgentExecutor, AsyncInvocation, CallbackAddress, CallbackDispatcher, CallbackError,
+    InvocationSender, CALLBACK_SECRET_HEADER,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -85,5 +95,84 @@ async fn deliver(
             };
             refuse(status, code, err.to_string())
         }
+    }
+}
+
+/// How long a tool's endpoint has to acknowledge an invocation.
+const DISPATCH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Asynchronous tools over HTTP, for
+/// [`ExecutorConfig::callbacks`](keel_agent::ExecutorConfig::callbacks): each call's callback
+/// address is `{base}/callbacks/{call_id}` (the route [`router`] serves under `base`), and
+/// each invocation is POSTed as JSON to the tool's endpoint, which must answer 2xx at once.
+///
+/// ```
+/// use keel_agent::ExecutorConfig;
+/// use keel_transport::callbacks::HttpCallbacks;
+/// let config = ExecutorConfig {
+///     callbacks: Some(HttpCallbacks::shared("http://127.0.0.1:8080")),
+///     ..ExecutorConfig::default()
+/// };
+/// # let _ = config;
+/// ```
+#[derive(Debug, Clone)]
+pub struct HttpCallbacks {
+    base: String,
+    client: reqwest::Client,
+}
+
+impl HttpCallbacks {
+    /// Callbacks to the server at `base` (the URL [`router`] is served under).
+    pub fn new(base: impl Into<String>) -> Self {
+        Self {
+            base: base.into().trim_end_matches('/').to_owned(),
+            client: reqwest::Client::new(),
+        }
+    }
+
+    /// [`HttpCallbacks::new`], shared as an executor's configuration takes it.
+    pub fn shared(base: impl Into<String>) -> Arc<dyn CallbackDispatcher> {
+        Arc::new(Self::new(base))
+    }
+}
+
+impl CallbackAddress for HttpCallbacks {
+    fn callback_url(&self, call_id: &str) -> String {
+        format!("{}/callbacks/{call_id}", self.base)
+    }
+}
+
+#[async_trait]
+impl InvocationSender for HttpCallbacks {
+    async fn send(&self, endpoint: &str, invocation: &AsyncInvocation) -> Result<(), String> {
+        let response = self
+            .client
+            .post(endpoint)
+            .json(invocation)
+            .timeout(DISPATCH_TIMEOUT)
+            .send()
+            .await
+            .map_err(|err| format!("dispatch to {endpoint} failed: {err}"))?;
+        if !response.status().is_success() {
+            return Err(format!(
+                "{endpoint} did not acknowledge the call: HTTP {}",
+                response.status()
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_callback_address_is_the_route_under_the_base() {
+        let callbacks = HttpCallbacks::new("http://keel.example/api/");
+        assert_eq!(
+            callbacks.callback_url("acall-1"),
+            "http://keel.example/api/callbacks/acall-1"
+        );
     }
 }

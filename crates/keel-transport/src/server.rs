@@ -58,12 +58,12 @@ pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 /// use keel_agent::{Agent, AgentExecutor};
 /// use keel_core::AgentCard;
 /// use keel_llm::MockLlm;
-/// use keel_runtime::InMemoryRuntime;
+/// use keel_runtime::Services;
 /// use keel_transport::A2aServer;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let agent = Agent::builder(AgentCard::new("echo", "Echoes", "http://unused")).build()?;
-/// let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+/// let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
 /// let server = A2aServer::new(AgentExecutor::new(agent, runtime));
 ///
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -11,7 +11,7 @@ use keel_agent::{
 };
 use keel_core::{AgentCard, Message, TaskState};
 use keel_llm::{MockLlm, MockResponse, ToolCall};
-use keel_runtime::{InMemoryRuntime, Runtime};
+use keel_runtime::{Runtime, Services};
 use keel_transport::A2aServer;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -48,7 +48,7 @@ async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors()
     // The Keel server, whose address is the callback base URL.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let runtime: Arc<dyn Runtime> = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+    let runtime: Arc<dyn Runtime> = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
     let auth = runtime.auth_service().auth_context();
     let agent = Agent::builder(AgentCard::new("rap", "async tools", &base))
         .llm(MockLlm::scripted(vec![
@@ -64,7 +64,9 @@ async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors()
         .build()
         .unwrap();
     let config = ExecutorConfig {
-        callback_base_url: Some(base.clone()),
+        callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared(
+            base.clone(),
+        )),
         ..ExecutorConfig::default()
     };
     let executor = AgentExecutor::with_config(agent, runtime, config);

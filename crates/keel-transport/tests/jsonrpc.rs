@@ -8,7 +8,7 @@ use std::time::Duration;
 use keel_agent::{Agent, AgentExecutor, FnTool};
 use keel_core::{AgentCard, AgentError, AgentSkill, Message, Role, TaskId, TaskState};
 use keel_llm::MockLlm;
-use keel_runtime::InMemoryRuntime;
+use keel_runtime::Services;
 use keel_transport::{A2aClient, A2aServer, SendMessageOptions};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -56,7 +56,7 @@ struct TestServer {
 
 impl TestServer {
     async fn start() -> Self {
-        let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+        let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
         let executor = AgentExecutor::new(agent(), runtime);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

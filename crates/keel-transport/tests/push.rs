@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use keel_llm::MockLlm;
-use keel_runtime::{InMemoryRuntime, Runtime};
+use keel_runtime::{Runtime, Services};
 use serde_json::{json, Value};
 use support::{user_message, TestServer, SLEEP_30};
 
@@ -83,11 +83,11 @@ impl Hook {
     }
 }
 
-fn runtime() -> Arc<InMemoryRuntime> {
-    Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())))
+fn runtime() -> Arc<Services> {
+    Arc::new(Services::in_memory(Arc::new(MockLlm::new())))
 }
 
-async fn server_allowing_loopback(runtime: Arc<InMemoryRuntime>) -> TestServer {
+async fn server_allowing_loopback(runtime: Arc<Services>) -> TestServer {
     TestServer::start_with(runtime, |s| {
         s.allow_private_push_targets(true)
             .with_push_retry(3, Duration::from_millis(10))

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use keel_core::AgentCard;
 use keel_llm::MockLlm;
-use keel_runtime::{ApiKeyAuthService, AuthContext, InMemoryRuntime};
+use keel_runtime::{ApiKeyAuthService, AuthContext, Services};
 use keel_transport::{A2aServer, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -17,11 +17,11 @@ use support::{user_message, TestServer, SLEEP_30};
 const ALICE: &str = "key-alice";
 const BOB: &str = "key-bob";
 
-fn runtime() -> Arc<InMemoryRuntime> {
+fn runtime() -> Arc<Services> {
     let auth = ApiKeyAuthService::new(AuthContext::new("local", "operator"))
         .with_key(ALICE, AuthContext::new("acme", "alice"))
         .with_key(BOB, AuthContext::new("globex", "bob"));
-    Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())).with_auth_service(auth))
+    Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth))
 }
 
 async fn secured(configure: impl FnOnce(A2aServer) -> A2aServer) -> TestServer {

@@ -11,7 +11,7 @@ use keel_agent::{
 };
 use keel_core::{AgentCard, Message, TaskState, ThreadId};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
-use keel_runtime::{ApiKeyAuthService, AuthContext, InMemoryRuntime, Runtime};
+use keel_runtime::{ApiKeyAuthService, AuthContext, Runtime, Services};
 use keel_transport::{A2aServer, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -58,7 +58,7 @@ async fn missing_scoped_variables_are_described_and_provided_over_http_in_the_ca
         .with_key(ALICE, alice.clone())
         .with_key(BOB, AuthContext::new("globex", "bob"));
     let runtime: Arc<dyn Runtime> =
-        Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())).with_auth_service(auth_service));
+        Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth_service));
     let env = Environment::isolated().with_var(SECRETS_KEY_VAR, KEY);
     let seen = Arc::new(Mutex::new(Vec::<Option<String>>::new()));
     let reader = {

@@ -226,7 +226,7 @@ async fn cancel_over_http_ends_a_websocket_stream_and_a_hang_up_cancels_nothing(
 
 #[tokio::test]
 async fn an_upgrade_without_credentials_is_refused_when_security_is_on() {
-    let runtime = std::sync::Arc::new(keel_runtime::InMemoryRuntime::new(std::sync::Arc::new(
+    let runtime = std::sync::Arc::new(keel_runtime::Services::in_memory(std::sync::Arc::new(
         keel_llm::MockLlm::new(),
     )));
     let server = TestServer::start_with(runtime, |s| {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use keel_core::{AgentError, AgentResult};
 use keel_llm::{Llm, MockLlm};
 use keel_runtime::{
-    AsyncCallStore, AuthService, InMemoryRuntime, LoggingService, MemoryService, RunStore, Runtime,
+    AsyncCallStore, AuthService, LoggingService, MemoryService, RunStore, Runtime, Services,
     StepStore, TaskManager, ThreadStore, ThreadTimers,
 };
 
@@ -81,7 +81,7 @@ impl StoreConfig {
 /// ```
 #[derive(Clone)]
 pub struct DefaultRuntime {
-    services: InMemoryRuntime,
+    services: Services,
 }
 
 impl DefaultRuntime {
@@ -172,59 +172,43 @@ impl DefaultRuntimeBuilder {
         self
     }
 
-    fn base(&mut self) -> InMemoryRuntime {
-        let llm = self.llm.take().unwrap_or_else(|| Arc::new(MockLlm::new()));
-        let mut services = InMemoryRuntime::new(llm);
+    /// The default model, or the offline one.
+    fn take_llm(&mut self) -> Arc<dyn Llm> {
+        self.llm.take().unwrap_or_else(|| Arc::new(MockLlm::new()))
+    }
+
+    /// `services` with the chosen auth service, if one was chosen.
+    fn finish(mut self, mut services: Services) -> DefaultRuntime {
         if let Some(auth) = self.auth.take() {
-            services = services.with_auth_service_shared(auth);
+            services.auth = auth;
         }
-        services
+        DefaultRuntime { services }
     }
 
     /// The runtime with in-memory stores, whatever [`DefaultRuntimeBuilder::store`] says.
     pub fn build_in_memory(mut self) -> DefaultRuntime {
-        DefaultRuntime {
-            services: self.base(),
-        }
+        let services = Services::in_memory(self.take_llm());
+        self.finish(services)
     }
 
     /// Open the configured store and build the runtime. A store whose Cargo feature is off,
     /// or that cannot be opened, is an error that says which.
     pub async fn build(mut self) -> AgentResult<DefaultRuntime> {
-        let services = self.base();
+        let llm = self.take_llm();
         let services = match self.store.clone() {
-            StoreConfig::Memory => services,
+            StoreConfig::Memory => Services::in_memory(llm),
             #[cfg(feature = "sqlite")]
             StoreConfig::Sqlite(path) => {
-                let store =
-                    tokio::task::spawn_blocking(move || keel_store_sqlite::SqliteStore::open(path))
-                        .await
-                        .map_err(AgentError::internal)??;
-                let store = Arc::new(store);
-                services
-                    .with_task_manager(store.clone())
-                    .with_memory_service(store.clone())
-                    .with_thread_store(store.clone())
-                    .with_thread_timers(store.clone())
-                    .with_async_call_store(store.clone())
-                    .with_run_store(store)
+                tokio::task::spawn_blocking(move || keel_store_sqlite::SqliteStore::open(path))
+                    .await
+                    .map_err(AgentError::internal)??
+                    .services(llm)
             }
             #[cfg(feature = "redis")]
-            StoreConfig::Redis { url, prefix } => {
-                let store = Arc::new(
-                    keel_store_redis::RedisStore::connect(&url)
-                        .await?
-                        .with_prefix(prefix),
-                );
-                services
-                    .with_task_manager(store.clone())
-                    .with_memory_service(store.clone())
-                    .with_thread_store(store.clone())
-                    .with_step_store(store.clone())
-                    .with_thread_timers(store.clone())
-                    .with_async_call_store(store.clone())
-                    .with_run_store(store)
-            }
+            StoreConfig::Redis { url, prefix } => keel_store_redis::RedisStore::connect(&url)
+                .await?
+                .with_prefix(prefix)
+                .services(llm),
             #[allow(unreachable_patterns)] // reachable exactly when a store feature is off
             other => {
                 return Err(AgentError::Unsupported {
@@ -234,6 +218,6 @@ impl DefaultRuntimeBuilder {
                 })
             }
         };
-        Ok(DefaultRuntime { services })
+        Ok(self.finish(services))
     }
 }

@@ -12,6 +12,7 @@ use keel_runtime::AuthContext;
 use serde_json::{json, Value};
 
 use super::state::*;
+use crate::task_meta::EngineMeta;
 
 impl Inner {
     /// Queue `task_id` again if it still rests waiting for the asynchronous call `call_id`.
@@ -25,9 +26,10 @@ impl Inner {
         let Some(task) = self.runtime.task_manager().get_task(auth, task_id).await? else {
             return Ok(());
         };
+        let meta = EngineMeta::of(&task.metadata);
         let waiting = task.state() == TaskState::Working
-            && task.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
-            && task.metadata.get("awaiting_tool_call") == Some(&json!(call_id));
+            && meta.stop_reason.as_deref() == Some("awaiting_tool")
+            && meta.awaiting_tool_call.as_deref() == Some(call_id);
         if waiting {
             self.enqueue(
                 auth,
@@ -56,7 +58,7 @@ impl Inner {
             output: json!(message),
             is_error: true,
         };
-        let Some(base) = self.config.callback_base_url.as_deref() else {
+        let Some(callbacks) = self.config.callbacks.as_deref() else {
             return failed(format!(
                 "`{}` is asynchronous but no callback URL is configured",
                 call.name
@@ -108,7 +110,7 @@ impl Inner {
             tool: call.name.clone(),
             call_id: call_id.clone(),
             arguments: call.arguments.clone(),
-            callback_url: format!("{}/callbacks/{}", base.trim_end_matches('/'), call_id),
+            callback_url: callbacks.callback_url(&call_id),
             callback_secret: secret,
             group_id: ctx.thread_id.as_str().to_owned(),
             user_id: Some(auth.user_name.clone()),
@@ -122,7 +124,7 @@ impl Inner {
                 deadline,
             }))
             .await;
-        if let Err(err) = dispatch.dispatch(&invocation).await {
+        if let Err(err) = dispatch.dispatch(&invocation, callbacks).await {
             // Not acknowledged: the call is over (a callback for it is late) and the model
             // sees the failure now.
             let _ = calls

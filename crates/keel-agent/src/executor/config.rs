@@ -1,8 +1,11 @@
 //! How an executor is tuned and how a message is sent.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use keel_core::RunContext;
+
+use crate::async_tools::CallbackDispatcher;
 
 /// How [`AgentExecutor::send_message`] should behave.
 #[derive(Debug, Clone, Default)]
@@ -27,9 +30,10 @@ pub struct ExecutorConfig {
     pub poll_interval: Duration,
     /// This process's name in leases.
     pub holder: String,
-    /// Asynchronous tools: the base URL callbacks are POSTed to (`{base}/callbacks/{call_id}`,
-    /// the route `keel-transport` serves). Without it asynchronous tools cannot be dispatched.
-    pub callback_base_url: Option<String>,
+    /// Asynchronous tools: where their callbacks go and what carries their invocations
+    /// (keel-transport's `HttpCallbacks`: its `{base}/callbacks/{call_id}` route, over HTTP).
+    /// Without it asynchronous tools cannot be dispatched.
+    pub callbacks: Option<Arc<dyn CallbackDispatcher>>,
     /// Asynchronous tools: how long a pending call waits for its callback when the tool sets
     /// no timeout of its own.
     pub async_tool_timeout: Duration,
@@ -42,7 +46,7 @@ impl Default for ExecutorConfig {
             max_concurrent_threads: 64,
             poll_interval: Duration::from_millis(200),
             holder: format!("keel-{}-{}", std::process::id(), uuid_suffix()),
-            callback_base_url: None,
+            callbacks: None,
             async_tool_timeout: Duration::from_secs(3600),
         }
     }

@@ -10,7 +10,7 @@ use keel_core::{
 use keel_events::payload::QueueInjectedPayload;
 use keel_events::RunEvent;
 use keel_llm::LlmMessage;
-use keel_runtime::{AuthContext, Lease};
+use keel_runtime::{AuthContext, Lease, LogLevel};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::state::*;
+use crate::thread_state::ThreadHost;
 
 impl Inner {
     pub(crate) async fn enqueue(
@@ -74,7 +75,10 @@ impl Inner {
             match store.queue_len(&auth, &thread_id).await {
                 Ok(0) => break,
                 Ok(_) => {}
-                Err(err) => tracing::warn!(error = %err, "cannot read the thread queue"),
+                Err(err) => self.log(
+                    LogLevel::Warn,
+                    &format!("cannot read the thread queue: {err}"),
+                ),
             }
             match store
                 .acquire_lease(
@@ -98,7 +102,10 @@ impl Inner {
                     continue;
                 }
                 Ok(None) => {}
-                Err(err) => tracing::warn!(error = %err, "cannot take the thread lease"),
+                Err(err) => self.log(
+                    LogLevel::Warn,
+                    &format!("cannot take the thread lease: {err}"),
+                ),
             }
             tokio::select! {
                 () = notify.notified() => {}
@@ -132,6 +139,7 @@ impl Inner {
                 flow.lease.clone(),
                 flow.lost.clone(),
             );
+            let logging = self.runtime.logging_service();
             let period = self.config.lease_ttl / 3;
             let ttl = self.config.lease_ttl;
             tokio::spawn(async move {
@@ -143,7 +151,10 @@ impl Inner {
                             *lease.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(renewed)
                         }
                         Err(err) => {
-                            tracing::warn!(error = %err, "thread lease lost; stopping the flow");
+                            logging.log(
+                                LogLevel::Warn,
+                                &format!("thread lease lost; stopping the flow: {err}"),
+                            );
                             lost.cancel();
                             return;
                         }
@@ -159,7 +170,10 @@ impl Inner {
             let items = match store.peek_queue(auth, &flow.thread_id, 1).await {
                 Ok(items) => items,
                 Err(err) => {
-                    tracing::error!(error = %err, "cannot read the thread queue");
+                    self.log(
+                        LogLevel::Error,
+                        &format!("cannot read the thread queue: {err}"),
+                    );
                     break;
                 }
             };
@@ -168,7 +182,10 @@ impl Inner {
             };
             let result = match serde_json::from_value::<QueuedWork>(item.payload.clone()) {
                 Err(err) => {
-                    tracing::error!(error = %err, item = %item.id, "dropping malformed queued work");
+                    self.log(
+                        LogLevel::Error,
+                        &format!("dropping malformed queued work {}: {err}", item.id),
+                    );
                     Ok(())
                 }
                 Ok(QueuedWork::Task { task_id }) => {
@@ -201,7 +218,7 @@ impl Inner {
                 if matches!(err, AgentError::LeaseLost { .. }) {
                     break;
                 }
-                tracing::error!(error = %err, "queued work failed");
+                self.log(LogLevel::Error, &format!("queued work failed: {err}"));
             }
             if flow.lost.is_cancelled() {
                 break;
@@ -210,13 +227,19 @@ impl Inner {
                 .ack_queue(auth, &flow.lease(), std::slice::from_ref(&item.id))
                 .await
             {
-                tracing::warn!(error = %err, "cannot acknowledge queued work");
+                self.log(
+                    LogLevel::Warn,
+                    &format!("cannot acknowledge queued work: {err}"),
+                );
                 break;
             }
         }
         renewer.abort();
         if let Err(err) = store.release_lease(auth, &flow.lease()).await {
-            tracing::warn!(error = %err, "cannot release the thread lease");
+            self.log(
+                LogLevel::Warn,
+                &format!("cannot release the thread lease: {err}"),
+            );
         }
         worked
     }

@@ -36,6 +36,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::task_meta::EngineMeta;
 use crate::thread_state::ThreadHost;
 use crate::{Agent, Negotiation, ThreadState};
 use keel_core::{ApprovalDecision, ApprovalRequest};
@@ -197,7 +198,7 @@ impl AgentExecutor {
             {
                 Negotiation::Accept { skill } => {
                     if let Some(skill) = skill {
-                        task.metadata.insert("skill".into(), json!(skill));
+                        EngineMeta::update(&mut task, |m| m.skill = Some(skill));
                     }
                 }
                 Negotiation::AskInput { question } => {
@@ -211,8 +212,7 @@ impl AgentExecutor {
                         .record_event(auth, &task, vec![Part::text(&question)])
                         .await?;
                     task.require_input(Some(ask))?;
-                    task.metadata
-                        .insert("stop_reason".into(), json!("negotiation"));
+                    EngineMeta::update(&mut task, |m| m.stop_reason = Some("negotiation".into()));
                     self.inner.persist_status(auth, &task).await?;
                     return self.get_task(auth, &task.id, options.history_length).await;
                 }
@@ -222,8 +222,7 @@ impl AgentExecutor {
                         .add_task_event(auth, &task.id, &TaskEvent::Message { message })
                         .await?;
                     task.update_status(TaskState::Rejected, Some(Message::agent(&reason)))?;
-                    task.metadata
-                        .insert("stop_reason".into(), json!("rejected"));
+                    EngineMeta::update(&mut task, |m| m.stop_reason = Some("rejected".into()));
                     self.inner.persist_status(auth, &task).await?;
                     return self.get_task(auth, &task.id, options.history_length).await;
                 }
@@ -407,11 +406,9 @@ impl AgentExecutor {
                 .ok_or_else(|| AgentError::TaskNotFound {
                     task_id: task_id.clone(),
                 })?;
-        let pending: ApprovalRequest = task
-            .metadata
-            .get(META_PENDING_APPROVAL)
+        let pending: ApprovalRequest = EngineMeta::of(&task.metadata)
+            .pending_approval
             .filter(|_| task.state() == TaskState::InputRequired)
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
             .ok_or_else(|| {
                 AgentError::invalid_input(
                     "task_id",
@@ -427,10 +424,7 @@ impl AgentExecutor {
                 ),
             ));
         }
-        task.metadata.insert(
-            META_APPROVAL_DECISION.into(),
-            serde_json::to_value(&decision).map_err(AgentError::internal)?,
-        );
+        EngineMeta::update(&mut task, |m| m.approval_decision = Some(decision));
         tasks.save_task(auth, &task).await?;
         self.inner
             .enqueue(
@@ -540,6 +534,7 @@ impl AgentExecutor {
 mod tests {
     use super::*;
     use keel_core::RunBudget;
+    use keel_runtime::LogLevel;
     use serde_json::{json, Value};
 
     fn with_context(permissions: Value, max_steps: Option<u32>) -> Task {
@@ -599,5 +594,83 @@ mod tests {
         let ctx = RunContext::from_task(&open).unwrap().unwrap();
         assert_eq!(ctx.permissions["records.*"], json!(false));
         assert_eq!(ctx.budget.max_steps, Some(2));
+    }
+
+    /// Records what the engine logs, and forwards everything else to an in-memory runtime.
+    struct Recording {
+        inner: keel_runtime::InMemoryRuntime,
+        lines: Arc<std::sync::Mutex<Vec<(LogLevel, String)>>>,
+    }
+
+    impl keel_runtime::LoggingService for Recording {
+        fn log(&self, level: LogLevel, message: &str) {
+            self.lines.lock().unwrap().push((level, message.to_owned()));
+        }
+    }
+
+    struct RecordingRuntime(Arc<Recording>);
+
+    impl Runtime for RecordingRuntime {
+        fn auth_service(&self) -> Arc<dyn keel_runtime::AuthService> {
+            self.0.inner.auth_service()
+        }
+        fn task_manager(&self) -> Arc<dyn keel_runtime::TaskManager> {
+            self.0.inner.task_manager()
+        }
+        fn memory_service(&self) -> Arc<dyn keel_runtime::MemoryService> {
+            self.0.inner.memory_service()
+        }
+        fn logging_service(&self) -> Arc<dyn keel_runtime::LoggingService> {
+            self.0.clone()
+        }
+        fn default_llm(&self) -> Arc<dyn keel_llm::Llm> {
+            self.0.inner.default_llm()
+        }
+        fn thread_store(&self) -> Arc<dyn keel_runtime::ThreadStore> {
+            self.0.inner.thread_store()
+        }
+        fn run_store(&self) -> Arc<dyn keel_runtime::RunStore> {
+            self.0.inner.run_store()
+        }
+        fn async_call_store(&self) -> Arc<dyn keel_runtime::AsyncCallStore> {
+            self.0.inner.async_call_store()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_engine_logs_through_the_runtimes_logging_service() {
+        let recording = Arc::new(Recording {
+            inner: keel_runtime::InMemoryRuntime::new(Arc::new(keel_llm::MockLlm::new())),
+            lines: Default::default(),
+        });
+        let runtime = Arc::new(RecordingRuntime(recording.clone()));
+        let auth = runtime.auth_service().auth_context();
+        let agent = Agent::builder(keel_core::AgentCard::new("echo", "Echoes", "http://x"))
+            .build()
+            .unwrap();
+        let executor = AgentExecutor::new(agent, runtime.clone());
+        // Work the engine cannot read waits at the head of the thread's queue: the worker
+        // drops it, saying so in the log, and goes on with the message behind it.
+        let thread = ThreadId::new();
+        runtime
+            .thread_store()
+            .push_queue(&auth, &thread, json!({"kind": "unheard_of"}))
+            .await
+            .unwrap();
+        let task = executor
+            .send_message(
+                &auth,
+                Message::user("hi").in_thread(thread),
+                SendOptions::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(task.state(), TaskState::Completed);
+        let lines = recording.lines.lock().unwrap().clone();
+        assert!(
+            lines.iter().any(|(level, line)| *level == LogLevel::Error
+                && line.starts_with("dropping malformed queued work")),
+            "{lines:?}"
+        );
     }
 }

@@ -5,14 +5,14 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
+use keel_core::ApprovalOutcome;
 use keel_core::{
     AgentError, AgentResult, Artifact, Message, Part, PartContent, Role, RunContext, Task,
     TaskEvent, TaskId, TaskState, ThreadId,
 };
-use keel_core::{ApprovalDecision, ApprovalOutcome, ApprovalRequest};
 use keel_events::{EventType, RedactionPolicy, RunEvent};
 use keel_llm::{LlmMessage, LlmRole, ToolCall};
-use keel_runtime::AuthContext;
+use keel_runtime::{AuthContext, LogLevel};
 use keel_runtime::{RunRecord, TaskRecord};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use super::state::*;
 use crate::observe::RunObs;
+use crate::task_meta::{clear_approval, EngineMeta};
 use crate::thread_state::ThreadHost;
 use crate::{TaskRest, ThreadState, ToolContext};
 
@@ -178,7 +179,10 @@ impl Inner {
             Ok(()) => Ok(()),
             Err(err @ AgentError::LeaseLost { .. }) => Err(err),
             Err(err) => {
-                tracing::error!(error = %err, "run failed; failing the task");
+                self.log(
+                    LogLevel::Error,
+                    &format!("run failed; failing the task: {err}"),
+                );
                 if let Ok(Some(mut task)) =
                     self.runtime.task_manager().get_task(auth, task_id).await
                 {
@@ -382,14 +386,11 @@ impl Inner {
                     .collect::<Vec<_>>()
             })
             .collect();
-        let pending: Option<ApprovalRequest> = task
-            .metadata
-            .get(META_PENDING_APPROVAL)
-            .and_then(|v| serde_json::from_value(v.clone()).ok());
-        let decision: Option<ApprovalDecision> = task
-            .metadata
-            .get(META_APPROVAL_DECISION)
-            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        let EngineMeta {
+            pending_approval: pending,
+            approval_decision: decision,
+            ..
+        } = EngineMeta::of(&task.metadata);
         for (call, may_have_started) in dangling {
             let awaited = pending.as_ref().filter(|p| {
                 p.action.metadata.get("call_id").and_then(Value::as_str) == Some(call.id.as_str())
@@ -464,9 +465,7 @@ impl Inner {
                 ToolRun::Pending { call_id } => return Ok(Some(Outcome::AwaitingTool { call_id })),
             }
         }
-        if task.metadata.remove(META_PENDING_APPROVAL).is_some()
-            | task.metadata.remove(META_APPROVAL_DECISION).is_some()
-        {
+        if clear_approval(task) {
             self.runtime
                 .task_manager()
                 .save_task(&scope.flow.auth, task)
@@ -496,10 +495,10 @@ impl Inner {
             Outcome::Abandoned => return Ok(()),
             Outcome::AwaitingTool { call_id } => {
                 // The task stays working; the callback queues it again.
-                task.metadata
-                    .insert("stop_reason".into(), json!("awaiting_tool"));
-                task.metadata
-                    .insert("awaiting_tool_call".into(), json!(call_id));
+                EngineMeta::update(task, |m| {
+                    m.stop_reason = Some("awaiting_tool".into());
+                    m.awaiting_tool_call = Some(call_id.clone());
+                });
                 obs.emit(
                     RunEvent::builder(
                         EventType::new("run.stopped"),
@@ -551,16 +550,15 @@ impl Inner {
                 obs.emit(RunEvent::task_artifact(&artifact, false, true))
                     .await;
                 task.add_artifact(artifact);
-                task.metadata.insert("stop_reason".into(), json!(reason));
+                EngineMeta::update(task, |m| m.stop_reason = Some(reason.into()));
                 task.update_status(TaskState::Completed, Some(answer))?;
             }
             Outcome::Failed { error, reason } => {
-                task.metadata.insert("stop_reason".into(), json!(reason));
+                EngineMeta::update(task, |m| m.stop_reason = Some(reason));
                 task.fail(error.to_string())?;
             }
             Outcome::InputRequired { question } => {
-                task.metadata
-                    .insert("stop_reason".into(), json!("input_required"));
+                EngineMeta::update(task, |m| m.stop_reason = Some("input_required".into()));
                 let message = self
                     .record_event(auth, task, vec![Part::text(&question)])
                     .await?;
@@ -569,12 +567,8 @@ impl Inner {
             Outcome::AwaitingApproval { request } => {
                 // Persisted redacted, so it can wait across restarts without keeping secrets.
                 let stored = RedactionPolicy::default().redact_approval_request(&request)?;
-                task.metadata.insert(
-                    META_PENDING_APPROVAL.into(),
-                    serde_json::to_value(&stored).map_err(AgentError::internal)?,
-                );
-                task.metadata
-                    .insert("stop_reason".into(), json!("approval_required"));
+                EngineMeta::update(task, |m| m.pending_approval = Some(stored));
+                EngineMeta::update(task, |m| m.stop_reason = Some("approval_required".into()));
                 let message = self
                     .record_event(
                         auth,
@@ -588,16 +582,15 @@ impl Inner {
                 task.update_status(TaskState::InputRequired, Some(message))?;
             }
             Outcome::Canceled { reason } => {
-                task.metadata
-                    .insert("stop_reason".into(), json!("canceled"));
+                EngineMeta::update(task, |m| m.stop_reason = Some("canceled".into()));
                 mark_canceled(task, &reason)?;
             }
         }
-        if let Some(reason) = task.metadata.get("stop_reason").cloned() {
+        if let Some(reason) = EngineMeta::of(&task.metadata).stop_reason {
             obs.emit(
                 RunEvent::builder(
                     EventType::new("run.stopped"),
-                    format!("run stopped: {}", render(&reason)),
+                    format!("run stopped: {reason}"),
                 )
                 .payload(json!({ "reason": reason, "state": task.state() })),
             )
@@ -648,7 +641,10 @@ impl Inner {
         }
         .await;
         if let Err(err) = result {
-            tracing::warn!(error = %err, "could not save the run report");
+            self.log(
+                LogLevel::Warn,
+                &format!("could not save the run report: {err}"),
+            );
         }
     }
 }

@@ -33,9 +33,6 @@ pub(super) const META_QUEUE_ITEM: &str = "keel.queue_item";
 /// History metadata key: the agent (side) that wrote an assistant or tool entry, so that two
 /// agents sharing a thread each see the other as the user (dual_ai, §4).
 pub(super) const META_SIDE: &str = "keel.side";
-/// Task metadata keys of an action waiting for approval and of the decision about it.
-pub(super) const META_PENDING_APPROVAL: &str = "pending_approval";
-pub(super) const META_APPROVAL_DECISION: &str = "approval_decision";
 
 /// A run in progress in this process.
 pub(super) struct ActiveRun {

@@ -125,8 +125,8 @@ impl ImmediateEnv {
 /// use keel_agent::{Agent, AgentExecutor, SubagentSpec};
 /// use keel_core::AgentCard;
 /// use keel_llm::MockLlm;
-/// use keel_runtime::{InMemoryRuntime, Runtime};
-/// let runtime: Arc<dyn Runtime> = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+/// use keel_runtime::{Runtime, Services};
+/// let runtime: Arc<dyn Runtime> = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
 /// let child = Agent::builder(AgentCard::new("researcher", "Researches", "http://127.0.0.1:0"))
 ///     .build()
 ///     .unwrap();

@@ -57,7 +57,7 @@ fn executor(endpoint: &str, timeout: Option<Duration>, script: Vec<MockResponse>
         .build()
         .unwrap();
     let config = ExecutorConfig {
-        callback_base_url: Some("http://127.0.0.1:9/keel".into()),
+        callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared("http://127.0.0.1:9/keel")),
         ..ExecutorConfig::default()
     };
     (AgentExecutor::with_config(agent, runtime, config), auth)
@@ -201,7 +201,7 @@ async fn a_callback_is_handled_by_a_fresh_executor_after_the_first_one_stopped()
             .build()
             .unwrap();
         let config = ExecutorConfig {
-            callback_base_url: Some("http://127.0.0.1:9".into()),
+            callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared("http://127.0.0.1:9")),
             ..ExecutorConfig::default()
         };
         AgentExecutor::with_config(agent, runtime.clone(), config)
@@ -415,7 +415,7 @@ async fn a_user_message_while_a_result_is_pending_is_answered_and_the_model_sees
         .build()
         .unwrap();
     let config = ExecutorConfig {
-        callback_base_url: Some("http://127.0.0.1:9".into()),
+        callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared("http://127.0.0.1:9")),
         ..ExecutorConfig::default()
     };
     let exec = AgentExecutor::with_config(agent, runtime, config);

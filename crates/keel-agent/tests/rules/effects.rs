@@ -10,7 +10,7 @@ use keel_core::{AgentCard, AgentError, Message, Task, TaskState, ThreadId};
 use keel_events::{EventSink, InMemoryEventSink};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
 use keel_runtime::{
-    AuthContext, ClaimedTimer, InMemoryRuntime, ListTasksFilter, RunQuery, Runtime, ThreadTimers,
+    AuthContext, ClaimedTimer, ListTasksFilter, RunQuery, Runtime, Services, ThreadTimers,
     TimerRecord,
 };
 use serde_json::{json, Value};
@@ -338,17 +338,7 @@ fn with_watched_timers(runtime: Arc<dyn Runtime>) -> (Arc<dyn Runtime>, NextRead
         next_read,
         _runtime: runtime.clone(),
     };
-    let mut watched = InMemoryRuntime::new(runtime.default_llm())
-        .with_auth_service_shared(runtime.auth_service())
-        .with_task_manager(runtime.task_manager())
-        .with_memory_service(runtime.memory_service())
-        .with_thread_store(runtime.thread_store())
-        .with_run_store(runtime.run_store())
-        .with_async_call_store(runtime.async_call_store())
-        .with_thread_timers(Arc::new(timers));
-    if let Some(steps) = runtime.step_store() {
-        watched = watched.with_step_store(steps);
-    }
+    let watched = Services::of(runtime.as_ref()).with_timers(timers);
     (Arc::new(watched), reads)
 }
 

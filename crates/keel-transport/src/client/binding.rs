@@ -106,9 +106,11 @@ impl Request {
     /// The v1.0 result of the request in Keel's models.
     pub fn decode(&self, result: Value) -> AgentResult<Reply> {
         Ok(match self {
-            Request::SendMessage { .. } => Reply::Task(wire::decode_send_message_result(result)?),
+            Request::SendMessage { .. } => {
+                Reply::Task(Box::new(wire::decode_send_message_result(result)?))
+            }
             Request::GetTask { .. } | Request::CancelTask { .. } => {
-                Reply::Task(wire::decode_task(result)?)
+                Reply::Task(Box::new(wire::decode_task(result)?))
             }
             Request::ListTasks(_) => Reply::Tasks(wire::decode_list_tasks_result(result)?),
         })
@@ -156,7 +158,7 @@ impl StreamRequest {
 #[derive(Debug)]
 pub enum Reply {
     /// A task (SendMessage, GetTask, CancelTask).
-    Task(Task),
+    Task(Box<Task>),
     /// A page of tasks (ListTasks).
     Tasks(TaskList),
 }
@@ -164,7 +166,7 @@ pub enum Reply {
 impl Reply {
     pub(crate) fn into_task(self) -> AgentResult<Task> {
         match self {
-            Reply::Task(task) => Ok(task),
+            Reply::Task(task) => Ok(*task),
             Reply::Tasks(_) => Err(AgentError::internal("a page of tasks answered a task call")),
         }
     }

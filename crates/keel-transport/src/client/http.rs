@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use eventsource_stream::Eventsource;
 use futures::stream::{self, StreamExt};
 use keel_core::{AgentCard, AgentError, AgentResult, TaskId};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::{json, Map, Value};
 use tokio::sync::OnceCell;
 use tracing::Instrument;
@@ -347,17 +348,15 @@ fn rest_error_as_rpc(error: &Value) -> Value {
     json!({"code": code, "message": error.get("message").cloned().unwrap_or(Value::Null), "data": details})
 }
 
+/// What a path segment keeps as it is: RFC 3986's unreserved characters.
+const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 fn percent_encode(segment: &str) -> String {
-    segment
-        .bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+    utf8_percent_encode(segment, PATH_SEGMENT).to_string()
 }
 
 /// A failed request: a connection that could not be made or was lost (or timed out) before

@@ -108,29 +108,29 @@ impl ClientBinding for InProcessBinding {
                     .send_message(auth, call)
                     .await
                     .map_err(|e| typed(&e, task_id.as_ref()))?;
-                Reply::Task(task)
+                Reply::Task(Box::new(task))
             }
             Request::GetTask {
                 task_id,
                 history_length,
-            } => Reply::Task(
+            } => Reply::Task(Box::new(
                 handlers
                     .get_task(auth, &task_id, history_length)
                     .await
                     .map_err(|e| retyped(&e, Some(&task_id)))?,
-            ),
+            )),
             Request::ListTasks(query) => Reply::Tasks(
                 handlers
                     .list_tasks(auth, query)
                     .await
                     .map_err(|e| retyped(&e, None))?,
             ),
-            Request::CancelTask { task_id, reason } => Reply::Task(
+            Request::CancelTask { task_id, reason } => Reply::Task(Box::new(
                 handlers
                     .cancel_task(auth, &task_id, reason)
                     .await
                     .map_err(|e| retyped(&e, Some(&task_id)))?,
-            ),
+            )),
         })
     }
 

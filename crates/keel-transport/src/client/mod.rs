@@ -10,10 +10,13 @@ mod ws;
 
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use keel_agent::AgentExecutor;
 use keel_core::{AgentCard, AgentResult, Message, Task, TaskId};
 use keel_runtime::AuthContext;
 
+// Public because it bounds `A2aClient`'s methods, but not exported: the bindings are the
+// crate's own.
 pub use binding::ClientBinding;
 use binding::{Failure, Reply, Request, StreamRequest};
 pub use http::{Binding, HttpBinding};
@@ -88,38 +91,34 @@ impl Retry {
         base_delay: Duration::ZERO,
     };
 
-    /// The wait after failed attempt `attempt` (from 1): exponential, capped, half of it
-    /// random.
-    fn backoff(self, attempt: u32) -> Duration {
-        let exponential = self
-            .base_delay
-            .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
-            .min(Self::MAX_DELAY);
-        let millis = u64::try_from(exponential.as_millis()).unwrap_or(u64::MAX);
-        Duration::from_millis(millis / 2 + fastrand::u64(0..=millis / 2))
+    /// The waits between attempts: exponential from `base_delay`, capped at
+    /// [`Retry::MAX_DELAY`], half of each random.
+    fn backoff(self) -> ExponentialBuilder {
+        ExponentialBuilder::default()
+            .with_min_delay(self.base_delay / 2)
+            .with_max_delay(Self::MAX_DELAY / 2)
+            .with_factor(2.0)
+            .with_jitter()
+            .with_max_times(
+                usize::try_from(self.max_attempts.saturating_sub(1)).unwrap_or(usize::MAX),
+            )
     }
 
     /// Run `attempt` until it succeeds, fails for good, or the attempts run out; a lost
     /// connection is tried again only when the call is `idempotent`.
-    async fn run<T, F, Fut>(self, what: &str, idempotent: bool, mut attempt: F) -> AgentResult<T>
+    async fn run<T, F, Fut>(self, what: &str, idempotent: bool, attempt: F) -> AgentResult<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, Failure>>,
     {
-        let mut tried = 1;
-        loop {
-            match attempt().await {
-                Ok(value) => return Ok(value),
-                Err(failure) if tried < self.max_attempts && failure.is_retryable(idempotent) => {
-                    let wait = self.backoff(tried);
-                    let error = failure.into_error();
-                    tracing::debug!(what, attempt = tried, ?wait, %error, "connection lost; retrying");
-                    tokio::time::sleep(wait).await;
-                    tried += 1;
-                }
-                Err(failure) => return Err(failure.into_error()),
-            }
-        }
+        attempt
+            .retry(self.backoff())
+            .when(|failure| failure.is_retryable(idempotent))
+            .notify(|failure, wait| {
+                tracing::debug!(what, ?wait, ?failure, "connection lost; retrying");
+            })
+            .await
+            .map_err(Failure::into_error)
     }
 }
 
@@ -131,9 +130,9 @@ impl<B> A2aClient<B> {
     /// Retry idempotent calls (GetTask, ListTasks, CancelTask and the card fetch) whose
     /// connection failed or was lost before an answer arrived: up to `max_attempts` attempts
     /// in all (at least 1; 1 turns retries off), waiting `base_delay` before the first retry,
-    /// doubled for each further one (capped at 5 s, half of it random). SendMessage and the
-    /// streams are never retried (unless the request never left: a failed endpoint lookup).
-    /// An answer, even an error or a non-JSON one, is never retried. Over HTTP the default is
+    /// doubled for each further one (capped at 5 s, half of it random). SendMessage is
+    /// retried only when nothing was sent (the card fetch that finds the endpoint failed);
+    /// the streams never are. An answer, even an error or a non-JSON one, is never retried. Over HTTP the default is
     /// [`A2aClient::DEFAULT_RETRY_ATTEMPTS`] attempts from 100 ms; the other bindings do not
     /// retry by default.
     #[must_use]
@@ -229,12 +228,12 @@ impl A2aClient<InProcessBinding> {
     /// use keel_agent::{Agent, AgentExecutor};
     /// use keel_core::{AgentCard, Message, TaskState};
     /// use keel_llm::MockLlm;
-    /// use keel_runtime::InMemoryRuntime;
+    /// use keel_runtime::Services;
     /// use keel_transport::{A2aClient, SendMessageOptions};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> keel_core::AgentResult<()> {
     /// let agent = Agent::builder(AgentCard::new("echo", "Echoes", "http://unused")).build()?;
-    /// let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+    /// let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
     /// let client = A2aClient::in_process(AgentExecutor::new(agent, runtime))?;
     /// let task = client.send_message(Message::user("hi"), SendMessageOptions::default()).await?;
     /// assert_eq!(task.state(), TaskState::Completed);
@@ -375,5 +374,37 @@ impl<B: ClientBinding> AgentTransport for A2aClient<B> {
 
     async fn subscribe(&self, task_id: &TaskId) -> AgentResult<TaskEventStream> {
         A2aClient::subscribe(self, task_id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use backon::BackoffBuilder;
+
+    use super::*;
+
+    #[test]
+    fn retry_waits_double_with_half_of_each_random_and_are_capped() {
+        let retry = Retry {
+            max_attempts: 12,
+            base_delay: Duration::from_millis(100),
+        };
+        for _ in 0..50 {
+            let waits: Vec<Duration> = retry.backoff().build().collect();
+            assert_eq!(
+                waits.len(),
+                11,
+                "one wait between each two of the 12 attempts"
+            );
+            assert!(
+                waits[0] >= Duration::from_millis(50) && waits[0] <= Duration::from_millis(100)
+            );
+            assert!(
+                waits[1] >= Duration::from_millis(100) && waits[1] <= Duration::from_millis(200)
+            );
+            assert!(waits.iter().all(|w| *w <= Retry::MAX_DELAY));
+            assert!(waits[10] >= Retry::MAX_DELAY / 2, "capped, not shrunk");
+        }
+        assert_eq!(Retry::NONE.backoff().build().count(), 0);
     }
 }

@@ -249,7 +249,7 @@ impl Push {
 
     /// POST `body` to the config's webhook with retries; `None` when the server stopped first.
     async fn deliver(&self, config: &PushConfig, body: &Value) -> Option<Outcome> {
-        let retry = self.inner.retry;
+        let mut waits = self.inner.retry.backoff();
         let mut stopped = self.inner.stopped.clone();
         let mut attempts = 0;
         loop {
@@ -293,14 +293,15 @@ impl Push {
                     },
                 ),
             };
-            if !retryable || attempts >= retry.max_attempts {
+            // The waits run out with the attempts.
+            let Some(wait) = waits.next().filter(|_| retryable) else {
                 if !outcome.delivered {
                     tracing::warn!(config_id = %config.id, attempts, error = ?outcome.error, "push notification not delivered");
                 }
                 return Some(outcome);
-            }
+            };
             tokio::select! {
-                () = tokio::time::sleep(retry.backoff(attempts)) => {}
+                () = tokio::time::sleep(wait) => {}
                 () = changed(&mut stopped) => return None,
             }
         }

@@ -70,6 +70,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use keel_agent::AgentExecutor;
 use keel_core::{AgentError, AgentResult, TaskId};
 use keel_runtime::{AuthContext, MemoryService};
@@ -104,16 +105,18 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The wait before attempt `attempt + 1` (`attempt` ≥ 1): full jitter over the
-    /// exponential backoff.
-    fn backoff(&self, attempt: u32) -> Duration {
-        let exponential = self
-            .base_delay
-            .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
-            .min(self.max_delay);
-        let millis = u64::try_from(exponential.as_millis()).unwrap_or(u64::MAX);
-        // Half fixed, half random: never hammers, never waits for nothing.
-        Duration::from_millis(millis / 2 + fastrand::u64(0..=millis / 2))
+    /// The waits between the attempts of one delivery: exponential from `base_delay`, capped
+    /// at `max_delay`, half of each random (never hammers, never waits for nothing).
+    fn backoff(&self) -> ExponentialBackoff {
+        ExponentialBuilder::default()
+            .with_min_delay(self.base_delay / 2)
+            .with_max_delay(self.max_delay / 2)
+            .with_factor(2.0)
+            .with_jitter()
+            .with_max_times(
+                usize::try_from(self.max_attempts.saturating_sub(1)).unwrap_or(usize::MAX),
+            )
+            .build()
     }
 }
 
@@ -230,11 +233,20 @@ mod tests {
             max_delay: Duration::from_millis(1000),
         };
         for _ in 0..50 {
-            let first = retry.backoff(1);
-            assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
-            let third = retry.backoff(3);
-            assert!(third >= Duration::from_millis(200) && third <= Duration::from_millis(400));
-            assert!(retry.backoff(30) <= Duration::from_millis(1000));
+            let waits: Vec<Duration> = retry.backoff().collect();
+            assert_eq!(
+                waits.len(),
+                9,
+                "one wait between each two of the 10 attempts"
+            );
+            assert!(
+                waits[0] >= Duration::from_millis(50) && waits[0] <= Duration::from_millis(100)
+            );
+            assert!(
+                waits[2] >= Duration::from_millis(200) && waits[2] <= Duration::from_millis(400)
+            );
+            assert!(waits.iter().all(|w| *w <= Duration::from_millis(1000)));
+            assert!(waits[8] >= Duration::from_millis(500), "capped, not shrunk");
         }
     }
 }

@@ -153,18 +153,6 @@ fn card_extension(card: &AgentCard) -> a2a::AgentExtension {
     }
 }
 
-#[cfg(test)]
-fn card_to_wire(card: &AgentCard) -> a2a::AgentCard {
-    card_to_wire_with(
-        card,
-        &[Interface {
-            url: card.url.clone(),
-            binding: Binding::JsonRpc,
-            protocol_version: card.protocol_version.clone(),
-        }],
-    )
-}
-
 fn card_to_wire_with(card: &AgentCard, interfaces: &[Interface]) -> a2a::AgentCard {
     let skills = card
         .skills
@@ -298,12 +286,6 @@ fn card_from_wire(card: a2a::AgentCard) -> (AgentCard, Endpoints) {
     (out, endpoints)
 }
 
-/// A card as the wire `AgentCard` object.
-#[cfg(test)]
-fn encode_card(card: &AgentCard) -> Value {
-    to_json(&card_to_wire(card))
-}
-
 /// A card as the wire `AgentCard` object, listing these interfaces.
 pub(crate) fn encode_card_with(card: &AgentCard, interfaces: &[Interface]) -> Value {
     to_json(&card_to_wire_with(card, interfaces))
@@ -321,6 +303,22 @@ mod tests {
     use super::*;
     use crate::wire::fixtures::{full_card, through_wire_json};
     use serde_json::json;
+
+    /// The card with one interface, JSON-RPC at its own URL.
+    fn card_to_wire(card: &AgentCard) -> a2a::AgentCard {
+        card_to_wire_with(
+            card,
+            &[Interface {
+                url: card.url.clone(),
+                binding: Binding::JsonRpc,
+                protocol_version: card.protocol_version.clone(),
+            }],
+        )
+    }
+
+    fn encode_card(card: &AgentCard) -> Value {
+        to_json(&card_to_wire(card))
+    }
 
     #[test]
     fn card_round_trips_through_the_wire() {

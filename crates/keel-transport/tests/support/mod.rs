@@ -9,7 +9,7 @@ use std::time::Duration;
 use keel_agent::{Agent, AgentExecutor, FnTool};
 use keel_core::{AgentCard, AgentSkill};
 use keel_llm::MockLlm;
-use keel_runtime::InMemoryRuntime;
+use keel_runtime::Services;
 use keel_transport::A2aServer;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -55,7 +55,7 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start() -> Self {
-        let runtime = Arc::new(InMemoryRuntime::new(Arc::new(MockLlm::new())));
+        let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
         Self::start_with(runtime, |server| server).await
     }
 

@@ -1,0 +1,220 @@
+//! [`Services`]: the plain bundle of services that implements [`Runtime`].
+
+use std::sync::Arc;
+
+use keel_llm::Llm;
+
+use crate::{
+    AsyncCallStore, AuthService, InMemoryAsyncCallStore, InMemoryMemoryService, InMemoryRunStore,
+    InMemoryTaskManager, InMemoryThreadStore, InMemoryThreadTimers, LoggingService, MemoryService,
+    RunStore, Runtime, StaticAuthService, StepStore, TaskManager, ThreadStore, ThreadTimers,
+    TracingLoggingService,
+};
+
+/// Every service an agent run needs, as plain fields: a [`Runtime`] without any logic of its
+/// own. Build one with [`Services::in_memory`] or a store crate's constructor
+/// (`SqliteStore::services`, `RedisStore::services`), then replace single services with the
+/// `with_*` builders, or assign a field to share a service another runtime already holds.
+///
+/// ```
+/// use std::sync::Arc;
+/// use keel_llm::MockLlm;
+/// use keel_runtime::{AuthContext, Runtime, Services, StaticAuthService};
+/// let services = Services::in_memory(Arc::new(MockLlm::new()))
+///     .with_auth(StaticAuthService::new(AuthContext::new("acme", "ops")));
+/// assert_eq!(services.auth_service().auth_context().app_name, "acme");
+/// // A second runtime over the same stores, with its own default model.
+/// let mut other = Services::of(&services);
+/// other.llm = Arc::new(MockLlm::new());
+/// assert!(Arc::ptr_eq(&other.tasks, &services.tasks));
+/// ```
+#[derive(Clone)]
+pub struct Services {
+    /// Authentication and tenancy.
+    pub auth: Arc<dyn AuthService>,
+    /// Tasks and their event logs.
+    pub tasks: Arc<dyn TaskManager>,
+    /// Tenant-namespaced key-value memory.
+    pub memory: Arc<dyn MemoryService>,
+    /// Structured logging.
+    pub logging: Arc<dyn LoggingService>,
+    /// The model used by agents that do not bring their own.
+    pub llm: Arc<dyn Llm>,
+    /// Thread history, queues, key-value stores, the subagent registry and leases.
+    pub threads: Arc<dyn ThreadStore>,
+    /// Task snapshots and run reports.
+    pub runs: Arc<dyn RunStore>,
+    /// One-round-trip step writes, when the backend offers them.
+    pub steps: Option<Arc<dyn StepStore>>,
+    /// Durable thread timers, when the backend keeps them.
+    pub timers: Option<Arc<dyn ThreadTimers>>,
+    /// Pending asynchronous tool calls.
+    pub async_calls: Arc<dyn AsyncCallStore>,
+}
+
+impl Services {
+    /// Services that all live in process memory (nothing survives a restart), a static
+    /// tenant, `tracing` logs and `llm` as the default model.
+    pub fn in_memory(llm: Arc<dyn Llm>) -> Self {
+        Self {
+            auth: Arc::new(StaticAuthService::default()),
+            tasks: Arc::new(InMemoryTaskManager::new()),
+            memory: Arc::new(InMemoryMemoryService::new()),
+            logging: Arc::new(TracingLoggingService),
+            llm,
+            threads: Arc::new(InMemoryThreadStore::new()),
+            runs: Arc::new(InMemoryRunStore::new()),
+            steps: None,
+            timers: Some(Arc::new(InMemoryThreadTimers::new())),
+            async_calls: Arc::new(InMemoryAsyncCallStore::new()),
+        }
+    }
+
+    /// Services whose stores are all `store` (a backend that implements every store trait,
+    /// cheap to clone), with a static tenant, `tracing` logs and `llm` as the default model.
+    /// A backend with one-round-trip step writes adds them with [`Services::with_steps`].
+    pub fn from_store<S>(store: S, llm: Arc<dyn Llm>) -> Self
+    where
+        S: TaskManager
+            + MemoryService
+            + ThreadStore
+            + RunStore
+            + ThreadTimers
+            + AsyncCallStore
+            + Clone
+            + 'static,
+    {
+        Self {
+            auth: Arc::new(StaticAuthService::default()),
+            tasks: Arc::new(store.clone()),
+            memory: Arc::new(store.clone()),
+            logging: Arc::new(TracingLoggingService),
+            llm,
+            threads: Arc::new(store.clone()),
+            runs: Arc::new(store.clone()),
+            steps: None,
+            timers: Some(Arc::new(store.clone())),
+            async_calls: Arc::new(store),
+        }
+    }
+
+    /// The services `runtime` hands out, as a bundle whose fields can then be replaced.
+    pub fn of(runtime: &dyn Runtime) -> Self {
+        Self {
+            auth: runtime.auth_service(),
+            tasks: runtime.task_manager(),
+            memory: runtime.memory_service(),
+            logging: runtime.logging_service(),
+            llm: runtime.default_llm(),
+            threads: runtime.thread_store(),
+            runs: runtime.run_store(),
+            steps: runtime.step_store(),
+            timers: runtime.thread_timers(),
+            async_calls: runtime.async_call_store(),
+        }
+    }
+
+    /// Replace the auth service.
+    #[must_use]
+    pub fn with_auth(mut self, auth: impl AuthService + 'static) -> Self {
+        self.auth = Arc::new(auth);
+        self
+    }
+
+    /// Replace the task manager.
+    #[must_use]
+    pub fn with_tasks(mut self, tasks: impl TaskManager + 'static) -> Self {
+        self.tasks = Arc::new(tasks);
+        self
+    }
+
+    /// Replace the memory service.
+    #[must_use]
+    pub fn with_memory(mut self, memory: impl MemoryService + 'static) -> Self {
+        self.memory = Arc::new(memory);
+        self
+    }
+
+    /// Replace the logging service.
+    #[must_use]
+    pub fn with_logging(mut self, logging: impl LoggingService + 'static) -> Self {
+        self.logging = Arc::new(logging);
+        self
+    }
+
+    /// Replace the default model.
+    #[must_use]
+    pub fn with_llm(mut self, llm: impl Llm + 'static) -> Self {
+        self.llm = Arc::new(llm);
+        self
+    }
+
+    /// Replace the thread store.
+    #[must_use]
+    pub fn with_threads(mut self, threads: impl ThreadStore + 'static) -> Self {
+        self.threads = Arc::new(threads);
+        self
+    }
+
+    /// Replace the run store.
+    #[must_use]
+    pub fn with_runs(mut self, runs: impl RunStore + 'static) -> Self {
+        self.runs = Arc::new(runs);
+        self
+    }
+
+    /// Write each persist point of a step through `steps` (one round trip on backends that
+    /// offer it).
+    #[must_use]
+    pub fn with_steps(mut self, steps: impl StepStore + 'static) -> Self {
+        self.steps = Some(Arc::new(steps));
+        self
+    }
+
+    /// Replace the thread timers (scheduled effects).
+    #[must_use]
+    pub fn with_timers(mut self, timers: impl ThreadTimers + 'static) -> Self {
+        self.timers = Some(Arc::new(timers));
+        self
+    }
+
+    /// Replace the store of pending asynchronous tool calls.
+    #[must_use]
+    pub fn with_async_calls(mut self, calls: impl AsyncCallStore + 'static) -> Self {
+        self.async_calls = Arc::new(calls);
+        self
+    }
+}
+
+impl Runtime for Services {
+    fn auth_service(&self) -> Arc<dyn AuthService> {
+        self.auth.clone()
+    }
+    fn task_manager(&self) -> Arc<dyn TaskManager> {
+        self.tasks.clone()
+    }
+    fn memory_service(&self) -> Arc<dyn MemoryService> {
+        self.memory.clone()
+    }
+    fn logging_service(&self) -> Arc<dyn LoggingService> {
+        self.logging.clone()
+    }
+    fn default_llm(&self) -> Arc<dyn Llm> {
+        self.llm.clone()
+    }
+    fn thread_store(&self) -> Arc<dyn ThreadStore> {
+        self.threads.clone()
+    }
+    fn run_store(&self) -> Arc<dyn RunStore> {
+        self.runs.clone()
+    }
+    fn step_store(&self) -> Option<Arc<dyn StepStore>> {
+        self.steps.clone()
+    }
+    fn thread_timers(&self) -> Option<Arc<dyn ThreadTimers>> {
+        self.timers.clone()
+    }
+    fn async_call_store(&self) -> Arc<dyn AsyncCallStore> {
+        self.async_calls.clone()
+    }
+}
