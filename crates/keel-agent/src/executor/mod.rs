@@ -598,7 +598,7 @@ mod tests {
 
     /// Records what the engine logs, and forwards everything else to an in-memory runtime.
     struct Recording {
-        inner: keel_runtime::InMemoryRuntime,
+        inner: keel_runtime::Services,
         lines: Arc<std::sync::Mutex<Vec<(LogLevel, String)>>>,
     }
 
@@ -640,7 +640,7 @@ mod tests {
     #[tokio::test]
     async fn the_engine_logs_through_the_runtimes_logging_service() {
         let recording = Arc::new(Recording {
-            inner: keel_runtime::InMemoryRuntime::new(Arc::new(keel_llm::MockLlm::new())),
+            inner: keel_runtime::Services::in_memory(Arc::new(keel_llm::MockLlm::new())),
             lines: Default::default(),
         });
         let runtime = Arc::new(RecordingRuntime(recording.clone()));
