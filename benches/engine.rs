@@ -225,9 +225,10 @@ fn memory() -> Arc<dyn Runtime> {
             .with_tasks(keel_runtime::InMemoryTaskManager::with_finished_cap(
                 MEMORY_RETAINED,
             ))
-            .with_threads(
+            .with_threads(keel_runtime::Validated::new(
                 keel_runtime::InMemoryThreadStore::new().with_max_threads(MEMORY_RETAINED),
-            )
+                keel_runtime::KvLimits::DEFAULT,
+            ))
             .with_runs(keel_runtime::InMemoryRunStore::with_capacity(
                 MEMORY_RETAINED,
             )),

@@ -97,11 +97,9 @@ impl AttachmentStore<'_> {
         else {
             return Ok(None);
         };
-        serde_json::from_value(value)
-            .map(Some)
-            .map_err(|e| AgentError::Storage {
-                message: format!("attachment `{path}` has a malformed record: {e}"),
-            })
+        serde_json::from_value(value).map(Some).map_err(|e| {
+            AgentError::storage(format!("attachment `{path}` has a malformed record: {e}"))
+        })
     }
 
     /// Store `bytes` under a fresh path derived from `name` (a taken path gets a numbered
@@ -188,8 +186,8 @@ impl AttachmentStore<'_> {
                 .as_ref()
                 .and_then(Value::as_str)
                 .and_then(|c| base64::engine::general_purpose::STANDARD.decode(c).ok())
-                .ok_or_else(|| AgentError::Storage {
-                    message: format!("attachment `{path}` is missing chunk {i}"),
+                .ok_or_else(|| {
+                    AgentError::storage(format!("attachment `{path}` is missing chunk {i}"))
                 })?;
             bytes.extend_from_slice(&decoded);
         }

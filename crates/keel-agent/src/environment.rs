@@ -131,8 +131,10 @@ impl Environment {
     /// Open a value [`Environment::seal`] made for the same `context`.
     pub(crate) fn open(&self, context: &str, sealed: &str) -> AgentResult<String> {
         let cipher = self.cipher()?;
-        let broken = || AgentError::Storage {
-            message: "a sealed scoped variable could not be opened (wrong key or damaged)".into(),
+        let broken = || {
+            AgentError::storage(
+                "a sealed scoped variable could not be opened (wrong key or damaged)",
+            )
         };
         let body = sealed.strip_prefix(SEALED_PREFIX).ok_or_else(broken)?;
         let bytes = base64::engine::general_purpose::STANDARD

@@ -217,8 +217,8 @@ impl ThreadState {
         else {
             return Ok(None);
         };
-        let sealed = sealed.as_str().ok_or_else(|| AgentError::Storage {
-            message: format!("scoped variable `{name}` is not a sealed string"),
+        let sealed = sealed.as_str().ok_or_else(|| {
+            AgentError::storage(format!("scoped variable `{name}` is not a sealed string"))
         })?;
         self.host
             .environment()

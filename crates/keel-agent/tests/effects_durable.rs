@@ -12,6 +12,7 @@ use std::time::Duration;
 use keel_agent::{Agent, AgentExecutor, EffectConfig, ExecutorConfig, SendOptions};
 use keel_core::{AgentCard, Message, Task, TaskState, ThreadId};
 use keel_llm::MockLlm;
+use keel_runtime::testing::eventually;
 use keel_runtime::{AuthContext, ListTasksFilter, Runtime};
 use serde_json::{json, Value};
 
@@ -43,24 +44,6 @@ fn agent(counts: Counts) -> Agent {
 fn sqlite_runtime(path: &Path) -> Arc<dyn Runtime> {
     let store = keel_store_sqlite::SqliteStore::open(path).expect("open SQLite");
     Arc::new(store.services(Arc::new(MockLlm::new())))
-}
-
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 async fn task_in_state(
@@ -111,7 +94,7 @@ async fn an_effect_scheduled_before_a_restart_fires_in_the_next_executor() {
     let runtime = sqlite_runtime(&path);
     let exec = AgentExecutor::new(agent(counts.clone()), runtime.clone());
     exec.start_effects().unwrap();
-    let task = wait_for("the effect's turn", || {
+    let task = eventually("the effect's turn", || {
         task_in_state(&runtime, &auth, &thread, TaskState::Completed)
     })
     .await;
@@ -176,7 +159,7 @@ async fn recover_all_resumes_a_task_of_a_non_default_tenant() {
         1,
         "the other tenant's task is found"
     );
-    let task = wait_for("the recovered task", || {
+    let task = eventually("the recovered task", || {
         task_in_state(&runtime, &tenant, &thread, TaskState::Completed)
     })
     .await;
@@ -247,7 +230,7 @@ async fn two_executors_on_one_redis_fire_each_due_effect_exactly_once() {
     }
     let store = a_runtime.thread_store();
     let timers = a_runtime.thread_timers().unwrap();
-    wait_for("every effect fired and nothing pending", || {
+    eventually("every effect fired and nothing pending", || {
         let (counts, store, timers, threads, auth) = (
             counts.clone(),
             store.clone(),
@@ -315,7 +298,7 @@ async fn an_effect_queued_by_a_process_that_stopped_before_firing_it_fires_after
             .await
             .unwrap();
         let store = runtime.thread_store();
-        wait_for("the effect in the thread's queue", || {
+        eventually("the effect in the thread's queue", || {
             let (store, auth, thread) = (store.clone(), auth.clone(), thread.clone());
             async move {
                 let items = store.peek_queue(&auth, &thread, 16).await.unwrap();
@@ -333,7 +316,7 @@ async fn an_effect_queued_by_a_process_that_stopped_before_firing_it_fires_after
     let runtime = sqlite_runtime(&path);
     let exec = AgentExecutor::new(agent(counts.clone()), runtime.clone());
     exec.start_effects_with(short).unwrap();
-    let task = wait_for("the effect's turn", || {
+    let task = eventually("the effect's turn", || {
         task_in_state(&runtime, &auth, &thread, TaskState::Completed)
     })
     .await;
@@ -431,7 +414,7 @@ async fn left_behind_message_runs_in_the_next_process(
         ..EffectConfig::default()
     })
     .unwrap();
-    let task = wait_for("the queued message's turn", || {
+    let task = eventually("the queued message's turn", || {
         task_in_state(&runtime, &auth, &thread, TaskState::Completed)
     })
     .await;
@@ -441,7 +424,7 @@ async fn left_behind_message_runs_in_the_next_process(
     );
     let store = runtime.thread_store();
     let timers = runtime.thread_timers().unwrap();
-    wait_for("the wake removed once the queue is empty", || {
+    eventually("the wake removed once the queue is empty", || {
         let (store, timers, auth, thread) =
             (store.clone(), timers.clone(), auth.clone(), thread.clone());
         async move {

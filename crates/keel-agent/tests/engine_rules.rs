@@ -8,6 +8,28 @@ use std::sync::Arc;
 use keel_llm::MockLlm;
 use keel_runtime::{Runtime, Services};
 
+/// Every rule file, as a module of the backend module it is invoked in: each rule test calls
+/// that backend's `runtime()` through `super::runtime()`.
+macro_rules! rules {
+    () => {
+        mod engine {
+            include!("rules/engine.rs");
+        }
+        mod thread_engine {
+            include!("rules/thread_engine.rs");
+        }
+        mod subagents {
+            include!("rules/subagents.rs");
+        }
+        mod async_tools {
+            include!("rules/async_tools.rs");
+        }
+        mod effects {
+            include!("rules/effects.rs");
+        }
+    };
+}
+
 mod memory {
     use super::*;
 
@@ -15,21 +37,7 @@ mod memory {
         Arc::new(Services::in_memory(Arc::new(MockLlm::new())))
     }
 
-    mod engine {
-        include!("rules/engine.rs");
-    }
-    mod thread_engine {
-        include!("rules/thread_engine.rs");
-    }
-    mod subagents {
-        include!("rules/subagents.rs");
-    }
-    mod async_tools {
-        include!("rules/async_tools.rs");
-    }
-    mod effects {
-        include!("rules/effects.rs");
-    }
+    rules!();
 }
 
 mod sqlite {
@@ -44,21 +52,7 @@ mod sqlite {
         Arc::new(store.services(Arc::new(MockLlm::new())))
     }
 
-    mod engine {
-        include!("rules/engine.rs");
-    }
-    mod thread_engine {
-        include!("rules/thread_engine.rs");
-    }
-    mod subagents {
-        include!("rules/subagents.rs");
-    }
-    mod async_tools {
-        include!("rules/async_tools.rs");
-    }
-    mod effects {
-        include!("rules/effects.rs");
-    }
+    rules!();
 }
 
 mod redis {
@@ -272,19 +266,5 @@ mod redis {
         }
     }
 
-    mod engine {
-        include!("rules/engine.rs");
-    }
-    mod thread_engine {
-        include!("rules/thread_engine.rs");
-    }
-    mod subagents {
-        include!("rules/subagents.rs");
-    }
-    mod async_tools {
-        include!("rules/async_tools.rs");
-    }
-    mod effects {
-        include!("rules/effects.rs");
-    }
+    rules!();
 }

@@ -123,16 +123,20 @@ pub enum AgentError {
         token: u64,
     },
     /// A store could not read or write, or found data it cannot decode.
-    #[error("storage error: {message}")]
+    #[error("storage error: {}", storage_text(.backend, .operation, .source))]
     Storage {
+        /// The backend (`sqlite`, `redis`, `memory`); empty when not known.
+        backend: &'static str,
+        /// What was being done; empty when not known.
+        operation: String,
         /// What went wrong.
-        message: String,
+        source: crate::ErrorSource,
     },
     /// A bug or an unexpected condition inside Keel.
-    #[error("internal error: {message}")]
+    #[error("internal error: {source}")]
     Internal {
         /// What went wrong.
-        message: String,
+        source: crate::ErrorSource,
     },
 }
 
@@ -317,18 +321,50 @@ impl AgentError {
         }
     }
 
-    /// Shorthand for [`AgentError::Storage`].
+    /// Shorthand for [`AgentError::Storage`] known only as text (no backend or operation).
     pub fn storage(message: impl std::fmt::Display) -> Self {
         Self::Storage {
-            message: message.to_string(),
+            backend: "",
+            operation: String::new(),
+            source: crate::ErrorSource::message(message),
         }
     }
 
-    /// Shorthand for [`AgentError::Internal`].
+    /// Shorthand for [`AgentError::Storage`]: `backend` failed while doing `operation`,
+    /// because of `source`.
+    pub fn storage_source(
+        backend: &'static str,
+        operation: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Storage {
+            backend,
+            operation: operation.into(),
+            source: crate::ErrorSource::new(source),
+        }
+    }
+
+    /// Shorthand for [`AgentError::Internal`] known only as text.
     pub fn internal(message: impl std::fmt::Display) -> Self {
         Self::Internal {
-            message: message.to_string(),
+            source: crate::ErrorSource::message(message),
         }
+    }
+
+    /// Shorthand for [`AgentError::Internal`] caused by `source`.
+    pub fn internal_source(source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Internal {
+            source: crate::ErrorSource::new(source),
+        }
+    }
+}
+
+/// A storage error's text: the backend and operation when known, then the cause.
+fn storage_text(backend: &str, operation: &str, source: &crate::ErrorSource) -> String {
+    match (backend, operation) {
+        ("", "") => source.to_string(),
+        (backend, "") | ("", backend) => format!("{backend}: {source}"),
+        (backend, operation) => format!("{backend} ({operation}): {source}"),
     }
 }
 

@@ -22,6 +22,7 @@ mod card;
 mod context;
 pub mod conversation;
 mod error;
+mod error_source;
 mod event;
 mod ids;
 mod message;
@@ -36,6 +37,7 @@ pub use card::{
 };
 pub use context::{RunBudget, RunContext, RUN_CONTEXT_KEY};
 pub use error::{AgentError, AgentResult, ErrorKind, LlmErrorKind};
+pub use error_source::ErrorSource;
 pub use event::TaskEvent;
 pub use ids::{ActionId, ArtifactId, MessageId, RunId, TaskId, ThreadId, TraceId};
 pub use message::{Message, Role};

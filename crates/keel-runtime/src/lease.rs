@@ -31,8 +31,9 @@ pub struct Lease {
 #[async_trait]
 pub trait ThreadLeases: Send + Sync {
     /// Take the thread's lease for `ttl`, or `Ok(None)` when someone else holds a live one.
-    /// A `ttl` outside 1 ms ..= 24 h is [`AgentError::InvalidInput`](keel_core::AgentError::InvalidInput)
-    /// naming `ttl` ([`check_lease_ttl`](crate::check_lease_ttl)).
+    /// Behind [`Validated`](crate::Validated) (as every [`Services`](crate::Services)
+    /// constructor wires a backend), a `ttl` outside 1 ms ..= 24 h is
+    /// [`AgentError::InvalidInput`](keel_core::AgentError::InvalidInput) naming `ttl`.
     async fn acquire_lease(
         &self,
         auth: &AuthContext,

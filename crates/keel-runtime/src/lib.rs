@@ -36,6 +36,7 @@ pub mod testing;
 mod thread;
 mod thread_memory;
 mod timers;
+mod validated;
 
 use std::sync::Arc;
 
@@ -62,6 +63,7 @@ pub use timers::{
     claim_expiry as timer_claim_expiry, new_timer_id, timer_claimable_by, ClaimedTimer,
     InMemoryThreadTimers, ThreadTimers, TimerRecord,
 };
+pub use validated::Validated;
 
 /// The service hub: everything an agent run needs from its environment. [`Services`] is the
 /// plain implementation (a bundle of services); implement it yourself to run Keel's engine on

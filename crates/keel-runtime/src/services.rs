@@ -6,14 +6,15 @@ use keel_llm::Llm;
 
 use crate::{
     AsyncCallStore, AuthService, InMemoryAsyncCallStore, InMemoryMemoryService, InMemoryRunStore,
-    InMemoryTaskManager, InMemoryThreadStore, InMemoryThreadTimers, LoggingService, MemoryService,
-    RunStore, Runtime, StaticAuthService, StepStore, TaskManager, ThreadStore, ThreadTimers,
-    TracingLoggingService,
+    InMemoryTaskManager, InMemoryThreadStore, InMemoryThreadTimers, KvLimits, LoggingService,
+    MemoryService, RunStore, Runtime, StaticAuthService, StepStore, TaskManager, ThreadStore,
+    ThreadTimers, TracingLoggingService, Validated,
 };
 
 /// Every service an agent run needs, as plain fields: a [`Runtime`] without any logic of its
 /// own. Build one with [`Services::in_memory`] or a store crate's constructor
-/// (`SqliteStore::services`, `RedisStore::services`), then replace single services with the
+/// (`SqliteStore::services`, `RedisStore::services`), which put the thread store and timers
+/// behind [`Validated`]'s input checks, then replace single services with the
 /// `with_*` builders, or assign a field to share a service another runtime already holds.
 ///
 /// ```
@@ -62,18 +63,26 @@ impl Services {
             memory: Arc::new(InMemoryMemoryService::new()),
             logging: Arc::new(TracingLoggingService),
             llm,
-            threads: Arc::new(InMemoryThreadStore::new()),
+            threads: Arc::new(Validated::new(
+                InMemoryThreadStore::new(),
+                KvLimits::DEFAULT,
+            )),
             runs: Arc::new(InMemoryRunStore::new()),
             steps: None,
-            timers: Some(Arc::new(InMemoryThreadTimers::new())),
+            timers: Some(Arc::new(Validated::new(
+                InMemoryThreadTimers::new(),
+                KvLimits::DEFAULT,
+            ))),
             async_calls: Arc::new(InMemoryAsyncCallStore::new()),
         }
     }
 
     /// Services whose stores are all `store` (a backend that implements every store trait,
-    /// cheap to clone), with a static tenant, `tracing` logs and `llm` as the default model.
-    /// A backend with one-round-trip step writes adds them with [`Services::with_steps`].
-    pub fn from_store<S>(store: S, llm: Arc<dyn Llm>) -> Self
+    /// cheap to clone), its thread store and timers behind [`Validated`] with the backend's
+    /// key-value caps `kv_limits`, a static tenant, `tracing` logs and `llm` as the default
+    /// model. A backend with one-round-trip step writes adds them with
+    /// [`Services::with_steps`].
+    pub fn from_store<S>(store: S, kv_limits: KvLimits, llm: Arc<dyn Llm>) -> Self
     where
         S: TaskManager
             + MemoryService
@@ -90,10 +99,10 @@ impl Services {
             memory: Arc::new(store.clone()),
             logging: Arc::new(TracingLoggingService),
             llm,
-            threads: Arc::new(store.clone()),
+            threads: Arc::new(Validated::new(store.clone(), kv_limits)),
             runs: Arc::new(store.clone()),
             steps: None,
-            timers: Some(Arc::new(store.clone())),
+            timers: Some(Arc::new(Validated::new(store.clone(), kv_limits))),
             async_calls: Arc::new(store),
         }
     }
@@ -149,7 +158,8 @@ impl Services {
         self
     }
 
-    /// Replace the thread store.
+    /// Replace the thread store (as given: wrap a backend in [`Validated`] for the input
+    /// checks).
     #[must_use]
     pub fn with_threads(mut self, threads: impl ThreadStore + 'static) -> Self {
         self.threads = Arc::new(threads);

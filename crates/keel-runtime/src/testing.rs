@@ -21,8 +21,10 @@
 //! each backend's own tests corrupt a record and expect [`AgentError::Storage`].
 
 mod async_calls;
+mod wait;
 
 pub use async_calls::*;
+pub use wait::{eventually, Reached, WAIT_DEADLINE};
 
 use std::collections::HashSet;
 use std::sync::Arc;

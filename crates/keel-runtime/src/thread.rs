@@ -109,6 +109,18 @@ impl KvLimits {
 
     /// Check a key and the encoded value against the caps (not the key count).
     pub fn check(&self, key: &str, encoded_value: &str) -> AgentResult<()> {
+        self.check_sizes(key, encoded_value.len())
+    }
+
+    /// Check a key and a value (by the length of its JSON encoding) against the caps (not the
+    /// key count).
+    pub fn check_value(&self, key: &str, value: &Value) -> AgentResult<()> {
+        let mut counted = ByteCount(0);
+        serde_json::to_writer(&mut counted, value).map_err(AgentError::internal)?;
+        self.check_sizes(key, counted.0)
+    }
+
+    fn check_sizes(&self, key: &str, value_bytes: usize) -> AgentResult<()> {
         if key.is_empty() {
             return Err(AgentError::invalid_input("key", "must not be empty"));
         }
@@ -122,13 +134,12 @@ impl KvLimits {
                 ),
             ));
         }
-        if encoded_value.len() > self.max_value_bytes {
+        if value_bytes > self.max_value_bytes {
             return Err(AgentError::invalid_input(
                 "value",
                 format!(
                     "is {} bytes as JSON; the cap max_value_bytes is {}",
-                    encoded_value.len(),
-                    self.max_value_bytes
+                    value_bytes, self.max_value_bytes
                 ),
             ));
         }
@@ -144,6 +155,19 @@ impl KvLimits {
                 self.max_keys, self.max_keys
             ),
         )
+    }
+}
+
+/// Counts the bytes written to it, so a value's encoded size is known without keeping it.
+struct ByteCount(usize);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -233,10 +257,9 @@ impl<T> ThreadStore for T where
 }
 
 /// Check a lease time-to-live: at least 1 ms and at most 24 h, else
-/// [`AgentError::InvalidInput`] naming `ttl`. Every [`crate::ThreadLeases`] implementation
-/// applies it to `acquire_lease` and `renew_lease`, so the bounds are the same on every
-/// backend; a custom backend should call it too (it is re-exported as
-/// `keel_runtime::check_lease_ttl`).
+/// [`AgentError::InvalidInput`] naming `ttl`. [`Validated`](crate::Validated) applies it to
+/// `acquire_lease`, `renew_lease` and `claim_due_timers` around every backend, so the bounds
+/// are the same everywhere (it is re-exported as `keel_runtime::check_lease_ttl`).
 ///
 /// ```
 /// use std::time::Duration;

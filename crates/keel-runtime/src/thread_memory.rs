@@ -12,7 +12,6 @@ use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, AgentResult, ThreadId};
 use serde_json::Value;
 
-use crate::thread::check_ttl;
 use crate::{
     AuthContext, ChildThread, HistoryEntry, KvLimits, Lease, QueuedItem, SubagentRegistry,
     ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
@@ -292,8 +291,7 @@ impl ThreadKv for InMemoryThreadStore {
         key: &str,
         value: Value,
     ) -> AgentResult<()> {
-        let encoded = serde_json::to_string(&value).map_err(AgentError::internal)?;
-        self.kv_limits.check(key, &encoded)?;
+        // Size caps are checked by `Validated`; the key count needs the thread's lock.
         let mut thread = self.thread_entry(auth, thread_id);
         if value.is_null() {
             thread.kv.remove(key);
@@ -378,7 +376,7 @@ impl ThreadLeases for InMemoryThreadStore {
         holder: &str,
         ttl: Duration,
     ) -> AgentResult<Option<Lease>> {
-        check_ttl(ttl)?;
+        let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
         let mut thread = self.thread_entry(auth, thread_id);
         let now = Utc::now();
         if thread.lease.as_ref().is_some_and(|l| l.expires_at > now) {
@@ -404,7 +402,7 @@ impl ThreadLeases for InMemoryThreadStore {
         lease: &Lease,
         ttl: Duration,
     ) -> AgentResult<Lease> {
-        check_ttl(ttl)?;
+        let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
         let mut thread = self.fenced(auth, lease)?;
         let renewed = Lease {
             expires_at: Utc::now() + ttl,

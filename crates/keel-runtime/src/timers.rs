@@ -117,8 +117,8 @@ pub trait ThreadTimers: Send + Sync {
 
     /// Atomically claim up to `limit` of `agent`'s timers (and ownerless ones, see
     /// [`TimerRecord::agent`]) of any tenant that are due at `now` and not under a live claim,
-    /// soonest first, each for `claim_ttl`. A `claim_ttl` outside 1 ms ..= 24 h is
-    /// [`AgentError::InvalidInput`] naming `ttl`.
+    /// soonest first, each for `claim_ttl`. Behind [`Validated`](crate::Validated), a
+    /// `claim_ttl` outside 1 ms ..= 24 h is [`AgentError::InvalidInput`] naming `ttl`.
     async fn claim_due_timers(
         &self,
         agent: &str,
@@ -147,9 +147,9 @@ pub fn timer_claimable_by(timer: &TimerRecord, agent: &str) -> bool {
     timer.agent == agent || timer.agent.is_empty()
 }
 
-/// A claim TTL as a chrono duration, checked like a lease TTL.
+/// When a claim taken at `now` for `claim_ttl` lapses (its bounds are checked by
+/// [`Validated`](crate::Validated)).
 pub fn claim_expiry(now: DateTime<Utc>, claim_ttl: Duration) -> AgentResult<DateTime<Utc>> {
-    crate::check_lease_ttl(claim_ttl)?;
     let ttl = chrono::Duration::from_std(claim_ttl).map_err(AgentError::internal)?;
     Ok(now + ttl)
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use keel_runtime::{
     testing, InMemoryMemoryService, InMemoryRunStore, InMemoryTaskManager, InMemoryThreadStore,
-    KvLimits,
+    KvLimits, Validated,
 };
 
 #[tokio::test]
@@ -16,7 +16,11 @@ async fn in_memory_stores_pass_the_conformance_suite() {
     testing::run_all(
         &InMemoryTaskManager::new(),
         &InMemoryMemoryService::new(),
-        Arc::new(InMemoryThreadStore::new().with_kv_limits(limits)),
+        // Behind the input checks, as `Services::in_memory` wires it.
+        Arc::new(Validated::new(
+            InMemoryThreadStore::new().with_kv_limits(limits),
+            limits,
+        )),
         limits,
         &InMemoryRunStore::new(),
     )
@@ -26,7 +30,10 @@ async fn in_memory_stores_pass_the_conformance_suite() {
 #[tokio::test]
 async fn in_memory_timers_and_tenants_pass_the_conformance_suite() {
     testing::run_all_system(
-        Arc::new(keel_runtime::InMemoryThreadTimers::new()),
+        Arc::new(Validated::new(
+            keel_runtime::InMemoryThreadTimers::new(),
+            KvLimits::DEFAULT,
+        )),
         &InMemoryTaskManager::new(),
     )
     .await;

@@ -12,15 +12,21 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> AgentResult<String> {
 /// Decode the stored-JSON text found at `key`. Anything else is [`AgentError::Storage`].
 pub(crate) fn decode<T: DeserializeOwned>(key: &str, text: &str) -> AgentResult<T> {
     let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-        AgentError::storage(format!(
-            "Redis key `{key}` does not hold Keel's stored JSON ({e}); was it written by \
-             something other than Keel?"
-        ))
+        AgentError::storage_source(
+            "redis",
+            format!(
+                "reading key `{key}`, which does not hold Keel's stored JSON; was it written \
+                 by something other than Keel?"
+            ),
+            e,
+        )
     })?;
     stored::decode(value).map_err(|e| match e {
-        AgentError::Storage { message } => {
-            AgentError::storage(format!("Redis key `{key}`: {message}"))
-        }
+        AgentError::Storage { source, .. } => AgentError::Storage {
+            backend: "redis",
+            operation: format!("reading key `{key}`"),
+            source,
+        },
         other => other,
     })
 }
@@ -42,8 +48,8 @@ mod tests {
         let back: Message = decode("k", &text).unwrap();
         assert_eq!(back.text(), "hi");
         let err = decode::<Message>("the-key", "garbage").unwrap_err();
-        assert!(matches!(err, AgentError::Storage { ref message } if message.contains("the-key")));
+        assert!(matches!(err, AgentError::Storage { .. }) && err.to_string().contains("the-key"));
         let err = decode::<Message>("k2", r#"{"format":1,"data":{"x":1}}"#).unwrap_err();
-        assert!(matches!(err, AgentError::Storage { ref message } if message.contains("k2")));
+        assert!(matches!(err, AgentError::Storage { .. }) && err.to_string().contains("k2"));
     }
 }

@@ -106,13 +106,26 @@ impl ServerName {
         } else {
             ""
         };
-        AgentError::storage(format!(
-            "Redis {op} failed at {}: {}{hint}",
-            self.shown,
-            self.scrub(&err.to_string())
-        ))
+        AgentError::storage_source(
+            "redis",
+            format!("{op} at {}", self.shown),
+            ScrubbedError(format!("{}{hint}", self.scrub(&err.to_string()))),
+        )
     }
 }
+
+/// A Redis client error as text with the password masked: the source of Redis storage
+/// errors. The client's own error is not kept, since its text may quote the URL.
+#[derive(Debug)]
+struct ScrubbedError(String);
+
+impl std::fmt::Display for ScrubbedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ScrubbedError {}
 
 /// Decode `%XX` escapes; anything malformed is kept as written.
 fn percent_decode(text: &str) -> String {

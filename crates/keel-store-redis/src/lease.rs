@@ -8,16 +8,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult, ThreadId};
-use keel_runtime::{check_lease_ttl, AuthContext, Lease, ThreadLeases};
+use keel_runtime::{AuthContext, Lease, ThreadLeases};
 
 use crate::keys::kind;
 use crate::scripts;
 use crate::RedisStore;
 
-/// The lease TTL in whole milliseconds (what `PX` takes), once `keel-runtime`'s shared bounds
-/// (1 ms ..= 24 h) accept it. Rounded up, so a lease never lapses before the time asked for.
+/// The lease TTL in whole milliseconds (what `PX` takes); its bounds (1 ms ..= 24 h) are
+/// checked by `keel_runtime::Validated`. Rounded up, so a lease never lapses before the time
+/// asked for.
 fn ttl_millis(ttl: Duration) -> AgentResult<u64> {
-    check_lease_ttl(ttl)?;
     Ok(u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(86_400_000))
 }
 

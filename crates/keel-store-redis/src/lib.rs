@@ -261,7 +261,7 @@ impl RedisStore {
     /// step writes, runs, timers, asynchronous calls), with a static tenant, `tracing` logs
     /// and `llm` as the default model.
     pub fn services(&self, llm: Arc<dyn Llm>) -> Services {
-        Services::from_store(self.clone(), llm).with_steps(self.clone())
+        Services::from_store(self.clone(), self.kv_limits, llm).with_steps(self.clone())
     }
 
     /// The key prefix in use.

@@ -222,9 +222,8 @@ impl ThreadKv for RedisStore {
         key: &str,
         value: Value,
     ) -> AgentResult<()> {
-        // The caps apply to the value's own JSON, as in every Keel store, not to the envelope.
-        let json = serde_json::to_string(&value).map_err(AgentError::internal)?;
-        self.kv_limits.check(key, &json)?;
+        // Size caps are checked by `keel_runtime::Validated`; the key count needs the script
+        // below.
         let hash = self.keys(auth).of(kind::KV, thread_id.as_str());
         if value.is_null() {
             return redis::cmd("HDEL")

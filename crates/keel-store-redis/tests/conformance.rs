@@ -5,7 +5,8 @@ mod support;
 
 use std::sync::Arc;
 
-use keel_runtime::{testing, KvLimits, ThreadStore};
+use keel_llm::MockLlm;
+use keel_runtime::{testing, KvLimits};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_store_passes_the_conformance_suite() {
@@ -15,7 +16,8 @@ async fn redis_store_passes_the_conformance_suite() {
         ..KvLimits::DEFAULT
     };
     let store = support::store(&prefix).await.with_kv_limits(limits);
-    let threads: Arc<dyn ThreadStore> = Arc::new(store.clone());
+    // The thread store as `RedisStore::services` wires it: behind the shared input checks.
+    let threads = store.services(Arc::new(MockLlm::new())).threads;
     testing::run_all(&store, &store, threads, limits, &store).await;
     testing::step_store_writes_history_and_log_together(&store, &store, &store).await;
     support::clean_up(&prefix).await;
@@ -25,7 +27,8 @@ async fn redis_store_passes_the_conformance_suite() {
 async fn redis_timers_and_tenants_pass_the_conformance_suite() {
     let prefix = support::fresh_prefix();
     let store = support::store(&prefix).await;
-    testing::run_all_system(Arc::new(store.clone()), &store).await;
+    let timers = store.services(Arc::new(MockLlm::new())).timers;
+    testing::run_all_system(timers.expect("Redis keeps timers"), &store).await;
     support::clean_up(&prefix).await;
 }
 

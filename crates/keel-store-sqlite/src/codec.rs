@@ -15,7 +15,7 @@ pub(crate) trait SqlContext<T> {
 
 impl<T> SqlContext<T> for rusqlite::Result<T> {
     fn context(self, what: &str) -> AgentResult<T> {
-        self.map_err(|e| AgentError::storage(format!("SQLite failed while {what}: {e}")))
+        self.map_err(|e| AgentError::storage_source("sqlite", what, e))
     }
 }
 
@@ -29,9 +29,13 @@ pub(crate) fn encode_record<T: Serialize>(value: &T) -> AgentResult<String> {
 /// (`task t-1`), since a corrupt row is only fixable if the operator can find it.
 pub(crate) fn decode_record<T: DeserializeOwned>(text: &str, what: &str) -> AgentResult<T> {
     let value: Value = serde_json::from_str(text)
-        .map_err(|e| AgentError::storage(format!("stored {what} is not valid JSON: {e}")))?;
+        .map_err(|e| AgentError::storage_source("sqlite", format!("reading stored {what}"), e))?;
     stored::decode(value).map_err(|e| match e {
-        AgentError::Storage { message } => AgentError::storage(format!("{what}: {message}")),
+        AgentError::Storage { source, .. } => AgentError::Storage {
+            backend: "sqlite",
+            operation: format!("reading stored {what}"),
+            source,
+        },
         other => other,
     })
 }
@@ -45,7 +49,7 @@ pub(crate) fn encode_value(value: &Value) -> AgentResult<String> {
 /// Parse a caller's JSON value read from the column.
 pub(crate) fn decode_value(text: &str, what: &str) -> AgentResult<Value> {
     serde_json::from_str(text)
-        .map_err(|e| AgentError::storage(format!("stored {what} is not valid JSON: {e}")))
+        .map_err(|e| AgentError::storage_source("sqlite", format!("reading stored {what}"), e))
 }
 
 /// A timestamp as the integer stored in columns: nanoseconds since the Unix epoch, UTC.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::Utc;
 use keel_core::{AgentError, AgentResult, ThreadId};
-use keel_runtime::{check_lease_ttl, AuthContext, Lease, ThreadLeases};
+use keel_runtime::{AuthContext, Lease, ThreadLeases};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::codec::{from_sql_int, to_nanos, SqlContext};
@@ -54,7 +54,6 @@ impl ThreadLeases for SqliteStore {
         holder: &str,
         ttl: Duration,
     ) -> AgentResult<Option<Lease>> {
-        check_lease_ttl(ttl)?;
         let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
         let (tenant, thread_id, holder) = (auth.namespace(), thread_id.clone(), holder.to_owned());
         self.write(move |conn| {
@@ -115,7 +114,6 @@ impl ThreadLeases for SqliteStore {
         lease: &Lease,
         ttl: Duration,
     ) -> AgentResult<Lease> {
-        check_lease_ttl(ttl)?;
         let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
         let (tenant, lease) = (auth.namespace(), lease.clone());
         self.write(move |conn| {

@@ -145,10 +145,14 @@ impl SqliteStore {
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(|e| {
-            AgentError::storage(format!(
-                "cannot open the SQLite database at {location}: {e} (does the directory exist, \
-                 and may this process write there?)"
-            ))
+            AgentError::storage_source(
+                "sqlite",
+                format!(
+                    "opening the database at {location} (does the directory exist, and may \
+                     this process write there?)"
+                ),
+                e,
+            )
         })?;
         schema::prepare_writer(&mut conn, &location, true).map_err(|e| naming(e, &location))?;
         // Readers open the file later: pin the absolute path now, so a change of the working
@@ -171,7 +175,7 @@ impl SqliteStore {
     pub fn open_in_memory() -> AgentResult<SqliteStore> {
         let location = ":memory:".to_owned();
         let mut conn = Connection::open_in_memory().map_err(|e| {
-            AgentError::storage(format!("cannot open an in-memory SQLite database: {e}"))
+            AgentError::storage_source("sqlite", "opening an in-memory database", e)
         })?;
         schema::prepare_writer(&mut conn, &location, false)?;
         let writer = Writer::start(conn, &location)?;
@@ -201,7 +205,7 @@ impl SqliteStore {
     /// asynchronous calls), with a static tenant, `tracing` logs and `llm` as the default
     /// model.
     pub fn services(&self, llm: Arc<dyn Llm>) -> Services {
-        Services::from_store(self.clone(), llm)
+        Services::from_store(self.clone(), self.kv_limits, llm)
     }
 
     /// The database's path as given to [`SqliteStore::open`], or `:memory:`.
@@ -255,9 +259,19 @@ impl std::fmt::Debug for SqliteStore {
 /// Prefix a storage error from opening with the database's path, so it can be acted on.
 fn naming(error: AgentError, location: &str) -> AgentError {
     match error {
-        AgentError::Storage { message } if !message.contains(location) => AgentError::storage(
-            format!("opening the SQLite database at {location}: {message}"),
-        ),
+        AgentError::Storage {
+            operation, source, ..
+        } if !operation.contains(location) && !source.to_string().contains(location) => {
+            AgentError::Storage {
+                backend: "sqlite",
+                operation: if operation.is_empty() {
+                    format!("opening the database at {location}")
+                } else {
+                    format!("opening the database at {location}: {operation}")
+                },
+                source,
+            }
+        }
         other => other,
     }
 }

@@ -81,10 +81,14 @@ fn open_reader(path: &std::path::Path) -> AgentResult<Connection> {
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| {
-        AgentError::storage(format!(
-            "cannot open a read connection to the SQLite database at {}: {e}",
-            path.display()
-        ))
+        AgentError::storage_source(
+            "sqlite",
+            format!(
+                "opening a read connection to the database at {}",
+                path.display()
+            ),
+            e,
+        )
     })?;
     schema::configure_reader(&conn)?;
     Ok(conn)

@@ -264,9 +264,9 @@ impl ThreadKv for SqliteStore {
         value: Value,
     ) -> AgentResult<()> {
         let text = encode_value(&value)?;
-        // The size caps need no database: refuse before queueing a write.
+        // Size caps are checked by `keel_runtime::Validated`; the key count needs the
+        // transaction below.
         let limits = self.kv_limits();
-        limits.check(key, &text)?;
         let (tenant, thread_id, key) = (auth.namespace(), thread_id.clone(), key.to_owned());
         self.write(move |conn| {
             if value.is_null() {

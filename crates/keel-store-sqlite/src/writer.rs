@@ -108,9 +108,11 @@ impl Writer {
             .name("keel-sqlite-writer".into())
             .spawn(move || run(conn, receiver, &thread_counters))
             .map_err(|e| {
-                AgentError::storage(format!(
-                    "could not start the SQLite writer thread for {location}: {e}"
-                ))
+                AgentError::storage_source(
+                    "sqlite",
+                    format!("starting the writer thread for {location}"),
+                    e,
+                )
             })?;
         Ok(Self {
             jobs: Some(jobs),
@@ -191,10 +193,12 @@ fn commit_batch(conn: &Connection, batch: Vec<Job>, counters: &Counters) {
     }
     let outcome = match conn.execute_batch("BEGIN IMMEDIATE") {
         Err(e) => {
-            let error = AgentError::storage(format!(
-                "SQLite could not start a write transaction (is another process holding the \
-                 database's write lock?): {e}"
-            ));
+            let error = AgentError::storage_source(
+                "sqlite",
+                "starting a write transaction (is another process holding the database's \
+                 write lock?)",
+                e,
+            );
             counters.failed_batches.fetch_add(1, Ordering::Relaxed);
             counters.finished.fetch_add(size, Ordering::Relaxed);
             finish_all(batch, Err(error));
@@ -215,10 +219,11 @@ fn commit_batch(conn: &Connection, batch: Vec<Job>, counters: &Counters) {
             }
             Err(e) => {
                 rollback(conn);
-                Err(AgentError::storage(format!(
-                    "SQLite could not commit a batch of {size} writes, so none of them was \
-                     kept: {e}"
-                )))
+                Err(AgentError::storage_source(
+                    "sqlite",
+                    format!("committing a batch of {size} writes, so none of them was kept"),
+                    e,
+                ))
             }
         },
     };
@@ -245,9 +250,11 @@ fn run_jobs(conn: &Connection, batch: Vec<Job>) -> (Vec<Job>, Option<AgentError>
             continue;
         }
         if let Err(e) = conn.execute_batch("SAVEPOINT keel_job") {
-            aborted = Some(AgentError::storage(format!(
-                "SQLite could not open a savepoint: {e}"
-            )));
+            aborted = Some(AgentError::storage_source(
+                "sqlite",
+                "opening a savepoint",
+                e,
+            ));
             done.push(job);
             continue;
         }
@@ -267,9 +274,11 @@ fn run_jobs(conn: &Connection, batch: Vec<Job>) -> (Vec<Job>, Option<AgentError>
                 "ROLLBACK TO keel_job; RELEASE keel_job"
             };
             if let Err(e) = conn.execute_batch(end) {
-                aborted = Some(AgentError::storage(format!(
-                    "SQLite could not close a savepoint: {e}"
-                )));
+                aborted = Some(AgentError::storage_source(
+                    "sqlite",
+                    "closing a savepoint",
+                    e,
+                ));
             }
         }
         done.push(job);

@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use keel_runtime::{testing, KvLimits, ThreadStore};
+use keel_llm::MockLlm;
+use keel_runtime::{testing, KvLimits, ThreadStore, ThreadTimers};
 use keel_store_sqlite::SqliteStore;
 use tempfile::TempDir;
 
@@ -24,8 +25,15 @@ fn file_store() -> (TempDir, SqliteStore) {
     (dir, store)
 }
 
+/// The store's threads as `SqliteStore::services` wires them: behind the shared input checks.
 fn threads(store: &SqliteStore) -> Arc<dyn ThreadStore> {
-    Arc::new(store.clone())
+    store.services(Arc::new(MockLlm::new())).threads
+}
+
+/// The store's timers as `SqliteStore::services` wires them.
+fn timers(store: &SqliteStore) -> Arc<dyn ThreadTimers> {
+    let timers = store.services(Arc::new(MockLlm::new())).timers;
+    timers.expect("SQLite keeps timers")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -105,7 +113,7 @@ async fn queue_fifo_under_concurrent_producers() {
 #[tokio::test(flavor = "multi_thread")]
 async fn kv_semantics() {
     let (_dir, store) = file_store();
-    testing::kv_semantics(&store, LIMITS).await;
+    testing::kv_semantics(threads(&store).as_ref(), LIMITS).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -159,7 +167,7 @@ async fn lease_is_dead_after_release() {
 #[tokio::test(flavor = "multi_thread")]
 async fn lease_ttl_bounds() {
     let (_dir, store) = file_store();
-    testing::lease_ttl_bounds(&store).await;
+    testing::lease_ttl_bounds(threads(&store).as_ref()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -189,7 +197,7 @@ async fn run_store_contains_searches_the_stored_json() {
 #[tokio::test(flavor = "multi_thread")]
 async fn timers_and_tenants_on_one_file() {
     let (_dir, store) = file_store();
-    testing::run_all_system(Arc::new(store.clone()), &store).await;
+    testing::run_all_system(timers(&store), &store).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

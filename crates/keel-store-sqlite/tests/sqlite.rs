@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, RunContext, Task, TaskEvent};
+use keel_runtime::testing::eventually;
 use keel_runtime::{
     load_task_with_history, AuthContext, ListTasksFilter, MemoryService, TaskManager,
     ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
@@ -22,18 +23,6 @@ fn tenant() -> AuthContext {
 
 fn db_path(dir: &TempDir) -> std::path::PathBuf {
     dir.path().join("keel.db")
-}
-
-/// Wait, bounded, for a condition that depends on other tasks making progress.
-async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// Another connection holding SQLite's write lock, as another process could: writes sent
@@ -265,8 +254,9 @@ async fn concurrent_writes_share_commits() {
             store.kv_set(&auth, &thread, "n", json!(i)).await
         }));
     }
-    wait_until("every write is queued", || {
-        store.stats().writes_submitted - before.writes_submitted == WRITES
+    eventually("every write is queued", || {
+        let queued = store.stats().writes_submitted - before.writes_submitted == WRITES;
+        async move { queued }
     })
     .await;
     blocker.execute_batch("COMMIT").unwrap();
@@ -322,8 +312,9 @@ async fn a_failing_write_in_a_batch_fails_alone() {
                 .await
         }));
     }
-    wait_until("every write is queued", || {
-        store.stats().writes_submitted - before.writes_submitted == 32
+    eventually("every write is queued", || {
+        let queued = store.stats().writes_submitted - before.writes_submitted == 32;
+        async move { queued }
     })
     .await;
     blocker.execute_batch("COMMIT").unwrap();

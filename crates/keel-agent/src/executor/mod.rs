@@ -596,10 +596,10 @@ mod tests {
         assert_eq!(ctx.budget.max_steps, Some(2));
     }
 
-    /// Records what the engine logs, and forwards everything else to an in-memory runtime.
+    /// Records what the engine logs.
+    #[derive(Default)]
     struct Recording {
-        inner: keel_runtime::Services,
-        lines: Arc<std::sync::Mutex<Vec<(LogLevel, String)>>>,
+        lines: std::sync::Mutex<Vec<(LogLevel, String)>>,
     }
 
     impl keel_runtime::LoggingService for Recording {
@@ -608,42 +608,12 @@ mod tests {
         }
     }
 
-    struct RecordingRuntime(Arc<Recording>);
-
-    impl Runtime for RecordingRuntime {
-        fn auth_service(&self) -> Arc<dyn keel_runtime::AuthService> {
-            self.0.inner.auth_service()
-        }
-        fn task_manager(&self) -> Arc<dyn keel_runtime::TaskManager> {
-            self.0.inner.task_manager()
-        }
-        fn memory_service(&self) -> Arc<dyn keel_runtime::MemoryService> {
-            self.0.inner.memory_service()
-        }
-        fn logging_service(&self) -> Arc<dyn keel_runtime::LoggingService> {
-            self.0.clone()
-        }
-        fn default_llm(&self) -> Arc<dyn keel_llm::Llm> {
-            self.0.inner.default_llm()
-        }
-        fn thread_store(&self) -> Arc<dyn keel_runtime::ThreadStore> {
-            self.0.inner.thread_store()
-        }
-        fn run_store(&self) -> Arc<dyn keel_runtime::RunStore> {
-            self.0.inner.run_store()
-        }
-        fn async_call_store(&self) -> Arc<dyn keel_runtime::AsyncCallStore> {
-            self.0.inner.async_call_store()
-        }
-    }
-
     #[tokio::test]
     async fn the_engine_logs_through_the_runtimes_logging_service() {
-        let recording = Arc::new(Recording {
-            inner: keel_runtime::Services::in_memory(Arc::new(keel_llm::MockLlm::new())),
-            lines: Default::default(),
-        });
-        let runtime = Arc::new(RecordingRuntime(recording.clone()));
+        let recording = Arc::new(Recording::default());
+        let mut services = keel_runtime::Services::in_memory(Arc::new(keel_llm::MockLlm::new()));
+        services.logging = recording.clone();
+        let runtime = Arc::new(services);
         let auth = runtime.auth_service().auth_context();
         let agent = Agent::builder(keel_core::AgentCard::new("echo", "Echoes", "http://x"))
             .build()

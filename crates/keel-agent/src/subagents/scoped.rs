@@ -81,11 +81,11 @@ async fn pending_record(
     else {
         return Ok(None);
     };
-    serde_json::from_value(value)
-        .map(Some)
-        .map_err(|e| AgentError::Storage {
-            message: format!("scoped-variable request {request_id} is malformed: {e}"),
-        })
+    serde_json::from_value(value).map(Some).map_err(|e| {
+        AgentError::storage(format!(
+            "scoped-variable request {request_id} is malformed: {e}"
+        ))
+    })
 }
 
 /// The pending scoped-variable request `request_id` of the `parent` thread (see

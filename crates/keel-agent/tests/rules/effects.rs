@@ -9,6 +9,7 @@ use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
 use keel_core::{AgentCard, AgentError, Message, Task, TaskState, ThreadId};
 use keel_events::{EventSink, InMemoryEventSink};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
+use keel_runtime::testing::eventually;
 use keel_runtime::{
     AuthContext, ClaimedTimer, ListTasksFilter, RunQuery, Runtime, Services, ThreadTimers,
     TimerRecord,
@@ -55,24 +56,8 @@ fn started(agent: Agent) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>)
     (exec, auth, sink)
 }
 
-/// Poll `check` until it answers `Some`, failing after a generous deadline.
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 async fn completed_turn(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId) -> Task {
-    wait_for("a completed turn", || async {
+    eventually("a completed turn", || async {
         exec.runtime()
             .task_manager()
             .list_tasks(
@@ -184,7 +169,7 @@ async fn a_terminated_threads_effect_is_dropped_and_never_fires() {
         .unwrap();
     doomed.terminate().await.unwrap();
     exec.start_effects().unwrap();
-    let dropped = wait_for("the dropped marker", || async {
+    let dropped = eventually("the dropped marker", || async {
         sink.events()
             .into_iter()
             .find(|e| e.event_type.as_str() == "effect.dropped")
@@ -418,11 +403,11 @@ async fn two_agents_on_one_store_each_fire_only_their_own_effects() {
         .await
         .unwrap();
     alpha.start_effects().unwrap();
-    wait_for("alpha's effect", || async {
+    eventually("alpha's effect", || async {
         event_types(&alpha_sink).contains(&"effect.fired".to_owned()).then_some(())
     })
     .await;
-    wait_for("alpha's timer removed", || async {
+    eventually("alpha's timer removed", || async {
         alpha
             .thread(&auth, alpha_thread.clone())
             .scheduled_effects()
@@ -444,7 +429,7 @@ async fn two_agents_on_one_store_each_fire_only_their_own_effects() {
         "beta's due timer waits for beta's scheduler, unclaimed"
     );
     beta.start_effects().unwrap();
-    wait_for("beta's effect", || async {
+    eventually("beta's effect", || async {
         event_types(&beta_sink).contains(&"effect.fired".to_owned()).then_some(())
     })
     .await;

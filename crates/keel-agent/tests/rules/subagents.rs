@@ -8,6 +8,7 @@ use std::time::Duration;
 use keel_agent::{Agent, AgentExecutor, FnTool, ParentCommunication, SendOptions, SubagentSpec};
 use keel_core::{AgentCard, Message, RunContext, Task, TaskState, ThreadId};
 use keel_llm::{LlmMessage, LlmRole, MockLlm, MockResponse, ToolCall};
+use keel_runtime::testing::eventually;
 use keel_runtime::{AuthContext, ChildThread, ListTasksFilter, Runtime};
 use serde_json::json;
 use tokio::sync::Notify;
@@ -80,21 +81,6 @@ async fn child_tasks(runtime: &Arc<dyn Runtime>, auth: &AuthContext, child: &Chi
         .await
         .unwrap()
         .items
-}
-
-/// Poll (the store may be another process's) until `check` holds.
-async fn eventually<F, Fut>(mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..500 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("condition never held");
 }
 
 #[tokio::test]
@@ -233,7 +219,7 @@ async fn a_background_child_queues_its_result_to_the_parent_with_auto_communicat
     let task = ask(&exec, &auth, "go").await;
     assert_eq!(task.state(), TaskState::Completed);
     let thread = task.thread_id.clone();
-    eventually(|| {
+    eventually("the condition", || {
         let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
         async move {
             history(&exec, &auth, &thread).await.iter().any(|m| {
@@ -264,7 +250,7 @@ async fn explicit_parent_communication_queues_nothing() {
     let task = ask(&exec, &auth, "go").await;
     let thread = task.thread_id.clone();
     let state = exec.thread(&auth, thread.clone());
-    eventually(|| {
+    eventually("the condition", || {
         let state = state.clone();
         async move { state.children().await.unwrap()[0].status == "terminated" }
     })
@@ -338,7 +324,7 @@ async fn canceling_the_parent_cancels_the_child_it_waits_for() {
     let children = exec.thread(&auth, task.thread_id).children().await.unwrap();
     let child = children[0].clone();
     let (rt, auth2) = (runtime.clone(), auth.clone());
-    eventually(|| {
+    eventually("the condition", || {
         let (rt, auth, child) = (rt.clone(), auth2.clone(), child.clone());
         async move {
             child_tasks(&rt, &auth, &child)
@@ -549,7 +535,7 @@ async fn a_background_childs_queued_result_carries_its_copied_attachments() {
     let task = ask(&exec, &auth, "go").await;
     let thread = task.thread_id.clone();
     let prefix = format!("keel-attachment://{thread}/");
-    eventually(|| {
+    eventually("the condition", || {
         let (exec, auth, thread, prefix) = (exec.clone(), auth.clone(), thread.clone(), prefix.clone());
         async move {
             history(&exec, &auth, &thread).await.iter().any(|m| {
@@ -775,7 +761,7 @@ async fn missing_scoped_variables_defer_the_subagent_until_they_are_provided() {
     assert_eq!(exec.pending_variables(&auth, &thread, &request_id).await.unwrap(), None);
     assert_eq!(exec.provide_variables(&auth, &thread, &request_id, &values).await.unwrap(), None);
     // The child ran with the value, and its result reached the parent (auto communication).
-    eventually(|| {
+    eventually("the condition", || {
         let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
         async move {
             history(&exec, &auth, &thread)
@@ -832,7 +818,7 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
     );
     let task = ask(&exec, &auth, "go").await;
     let state = exec.thread(&auth, task.thread_id.clone());
-    eventually(|| {
+    eventually("the condition", || {
         let state = state.clone();
         async move { state.children().await.unwrap()[0].status == "halfway" }
     })
@@ -844,7 +830,7 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
     assert_eq!(status.len(), 1);
     assert_eq!(status[0]["status"], "halfway");
     release.notify_one();
-    eventually(|| {
+    eventually("the condition", || {
         let state = state.clone();
         async move { state.children().await.unwrap()[0].status == "completed" }
     })
@@ -964,7 +950,7 @@ async fn a_background_childs_result_reaches_the_parent_after_the_spawning_proces
     // own completion path queues the result on the parent, whose executor runs it.
     let (second, second_child) = build(vec![MockResponse::Text("thanks, alpha".into())]);
     assert_eq!(second_child.recover(&auth).await.unwrap(), 1);
-    eventually(|| {
+    eventually("the condition", || {
         let (exec, auth, thread) = (second.clone(), auth.clone(), thread.clone());
         async move {
             let history = history(&exec, &auth, &thread).await;
@@ -1011,7 +997,7 @@ async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
     );
     let task = ask(&exec, &auth, "go").await;
     let thread = task.thread_id.clone();
-    eventually(|| {
+    eventually("the condition", || {
         let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
         async move {
             let history = history(&exec, &auth, &thread).await;
@@ -1094,7 +1080,7 @@ async fn a_background_child_canceled_before_it_ran_still_reports_to_its_parent()
     let queued = child_tasks(&runtime, &auth, &kid).await[0].clone();
     let canceled = child.cancel_task(&auth, &queued.id, Some("not needed".into())).await.unwrap();
     assert_eq!(canceled.state(), TaskState::Canceled);
-    eventually(|| {
+    eventually("the condition", || {
         let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
         async move {
             history(&exec, &auth, &thread)
@@ -1153,7 +1139,7 @@ async fn a_background_childs_result_wakes_a_parent_executor_in_another_process()
     // result it queues on the parent thread must reach process two through the store.
     let third_child = child_executor(&runtime);
     assert_eq!(third_child.recover(&auth).await.unwrap(), 1);
-    eventually(|| {
+    eventually("the condition", || {
         let (exec, auth, thread) = (second.clone(), auth.clone(), thread.clone());
         async move {
             let history = history(&exec, &auth, &thread).await;
