@@ -10,7 +10,8 @@ use keel_core::{
     AgentError, AgentResult, Artifact, Message, Part, PartContent, Role, RunContext, Task,
     TaskEvent, TaskId, TaskState, ThreadId,
 };
-use keel_events::{EventType, RedactionPolicy, RunEvent};
+use keel_events::payload::RunStoppedPayload;
+use keel_events::{RedactionPolicy, RunEvent};
 use keel_llm::{LlmMessage, LlmRole, ToolCall};
 use keel_runtime::{AuthContext, LogLevel};
 use keel_runtime::{RunRecord, TaskRecord};
@@ -499,13 +500,11 @@ impl Inner {
                     m.stop_reason = Some("awaiting_tool".into());
                     m.awaiting_tool_call = Some(call_id.clone());
                 });
-                obs.emit(
-                    RunEvent::builder(
-                        EventType::new("run.stopped"),
-                        "run stopped: awaiting_tool".to_owned(),
-                    )
-                    .payload(json!({ "reason": "awaiting_tool", "call_id": call_id, "state": task.state() })),
-                )
+                obs.emit(RunEvent::run_stopped(RunStoppedPayload {
+                    reason: "awaiting_tool".to_owned(),
+                    call_id: Some(call_id),
+                    state: task.state(),
+                }))
                 .await;
                 self.save_records(auth, obs, task).await;
                 self.runtime.task_manager().save_task(auth, task).await?;
@@ -587,13 +586,11 @@ impl Inner {
             }
         }
         if let Some(reason) = EngineMeta::of(&task.metadata).stop_reason {
-            obs.emit(
-                RunEvent::builder(
-                    EventType::new("run.stopped"),
-                    format!("run stopped: {reason}"),
-                )
-                .payload(json!({ "reason": reason, "state": task.state() })),
-            )
+            obs.emit(RunEvent::run_stopped(RunStoppedPayload {
+                reason,
+                call_id: None,
+                state: task.state(),
+            }))
             .await;
         }
         // The final event and the records come before the status is persisted: persisting
