@@ -126,7 +126,11 @@ async fn an_async_tool_result_arrives_by_callback_and_the_step_goes_on_in_order(
     })
     .await;
     assert_eq!(waiting.state(), TaskState::Working);
-    assert!(!exec.is_running(&auth, &task.id));
+    // The run saves the task before it leaves the registry of running tasks: wait for that.
+    keel_runtime::testing::eventually("the run to let go of the task", || async {
+        !exec.is_running(&auth, &task.id)
+    })
+    .await;
     assert!(tool_results(&exec, &auth, &task).await.is_empty());
 
     // Forged and unknown callbacks change nothing.
