@@ -3,6 +3,7 @@
 //! payload that is stored — Keel's own persistence does so, and applications should too.
 
 use keel_core::{AgentError, AgentResult, ApprovalRequest};
+use std::borrow::Cow;
 
 use crate::RunEvent;
 use serde::{de::DeserializeOwned, Serialize};
@@ -69,6 +70,20 @@ pub struct RedactionPolicy {
     allowed_keys: Vec<String>,
 }
 
+/// `text` in lowercase, as `str::to_lowercase` gives it, without a copy when it already is:
+/// most keys and values the engine redacts are lowercase ASCII, and redaction looks at every
+/// one of them.
+fn lowercase(text: &str) -> Cow<'_, str> {
+    if text
+        .bytes()
+        .all(|b| b.is_ascii() && !b.is_ascii_uppercase())
+    {
+        Cow::Borrowed(text)
+    } else {
+        Cow::Owned(text.to_lowercase())
+    }
+}
+
 impl Default for RedactionPolicy {
     fn default() -> Self {
         let owned = |list: &[&str]| list.iter().map(|item| (*item).to_owned()).collect();
@@ -110,20 +125,25 @@ impl RedactionPolicy {
     /// Whether values under `key` are masked: it contains a sensitive fragment and is not
     /// an allowed key, both compared in lowercase.
     fn key_is_sensitive(&self, key: &str) -> bool {
-        let key = key.to_lowercase();
-        !self.allowed_keys.contains(&key) && self.keys.iter().any(|k| key.contains(k.as_str()))
+        let key = lowercase(key);
+        self.keys.iter().any(|k| key.contains(k.as_str()))
+            && !self.allowed_keys.iter().any(|allowed| *allowed == key)
     }
 
     /// Whether a string value is masked wherever it appears: its first 64 characters,
     /// lowercased, start with a sensitive prefix.
     fn value_is_sensitive(&self, value: &str) -> bool {
-        let head = value.chars().take(64).collect::<String>().to_lowercase();
+        let end = value
+            .char_indices()
+            .nth(64)
+            .map_or(value.len(), |(at, _)| at);
+        let head = lowercase(&value[..end]);
         self.prefixes.iter().any(|p| head.starts_with(p.as_str()))
     }
 
     /// Whether `key` names a token count (`input_tokens`), whose numbers are kept.
     fn is_token_count_key(key: &str) -> bool {
-        key.to_lowercase().ends_with("tokens")
+        lowercase(key).ends_with("tokens")
     }
 
     /// Mask `value` in place.
