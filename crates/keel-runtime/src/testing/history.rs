@@ -1,0 +1,229 @@
+//! Conformance checks of a [`ThreadStore`]'s history and inbox queue: contiguous seqs read
+//! back in order, FIFO under concurrent producers, seqs that only grow, and a zero limit.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_core::conversation::LlmMessage;
+use serde_json::json;
+
+use super::{fresh_tenant, fresh_thread};
+use crate::ThreadStore;
+
+/// History entries get contiguous seqs from 1 and read back in order, by range.
+pub async fn history_append_and_read(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    assert!(
+        threads
+            .read_history(&auth, &thread, 0, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "unknown thread has no history"
+    );
+    let lease = threads
+        .acquire_lease(&auth, &thread, "w1", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let batch: Vec<LlmMessage> = (0..5).map(|i| LlmMessage::user(format!("m{i}"))).collect();
+    assert_eq!(
+        threads.append_history(&auth, &lease, &batch).await.unwrap(),
+        5
+    );
+    assert_eq!(
+        threads
+            .append_history(&auth, &lease, &[LlmMessage::assistant("a", vec![])])
+            .await
+            .unwrap(),
+        6
+    );
+    let all = threads.read_history(&auth, &thread, 0, 100).await.unwrap();
+    assert_eq!(
+        all.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5, 6]
+    );
+    assert_eq!(all[0].message, batch[0], "messages round-trip");
+    let middle = threads.read_history(&auth, &thread, 2, 2).await.unwrap();
+    assert_eq!(
+        middle
+            .iter()
+            .map(|e| e.message.content.as_str())
+            .collect::<Vec<_>>(),
+        ["m2", "m3"]
+    );
+    assert!(
+        threads
+            .read_history(&fresh_tenant(), &thread, 0, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "tenant isolation"
+    );
+}
+
+/// Concurrent producers: every item is queued once, each producer's items in its order;
+/// peek does not remove; ack does (idempotently) and needs the lease.
+pub async fn queue_fifo_under_concurrent_producers(threads: Arc<dyn ThreadStore>) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let mut producers = Vec::new();
+    for p in 0..8 {
+        let threads = threads.clone();
+        let (auth, thread) = (auth.clone(), thread.clone());
+        producers.push(tokio::spawn(async move {
+            for i in 0..25 {
+                threads
+                    .push_queue(&auth, &thread, json!({"p": p, "i": i}))
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for producer in producers {
+        producer.await.unwrap();
+    }
+    assert_eq!(threads.queue_len(&auth, &thread).await.unwrap(), 200);
+    let items = threads.peek_queue(&auth, &thread, 1000).await.unwrap();
+    assert_eq!(items.len(), 200, "peek must not lose items");
+    assert!(
+        items.windows(2).all(|w| w[0].seq < w[1].seq),
+        "items come oldest first"
+    );
+    let ids: HashSet<_> = items.iter().map(|i| i.id.clone()).collect();
+    assert_eq!(ids.len(), 200, "ids are unique");
+    for p in 0..8 {
+        let order: Vec<i64> = items
+            .iter()
+            .filter(|i| i.payload["p"] == p)
+            .map(|i| i.payload["i"].as_i64().unwrap())
+            .collect();
+        assert_eq!(
+            order,
+            (0..25).collect::<Vec<_>>(),
+            "producer {p}'s items keep their order"
+        );
+    }
+    assert_eq!(
+        threads.queue_len(&auth, &thread).await.unwrap(),
+        200,
+        "peek does not remove"
+    );
+    let lease = threads
+        .acquire_lease(&auth, &thread, "consumer", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let first: Vec<String> = items[..10].iter().map(|i| i.id.clone()).collect();
+    threads.ack_queue(&auth, &lease, &first).await.unwrap();
+    threads.ack_queue(&auth, &lease, &first).await.unwrap();
+    assert_eq!(
+        threads.queue_len(&auth, &thread).await.unwrap(),
+        190,
+        "ack removes, once"
+    );
+    let next = threads.peek_queue(&auth, &thread, 1).await.unwrap();
+    assert_eq!(next[0].id, items[10].id, "the front moves on");
+    assert_eq!(
+        threads.queue_len(&fresh_tenant(), &thread).await.unwrap(),
+        0,
+        "tenant isolation"
+    );
+}
+
+/// A limit of 0 reads nothing, from history and queue alike.
+pub async fn history_and_queue_limit_zero_is_empty(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let lease = threads
+        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    threads
+        .append_history(
+            &auth,
+            &lease,
+            &[LlmMessage::user("a"), LlmMessage::user("b")],
+        )
+        .await
+        .unwrap();
+    threads
+        .push_queue(&auth, &thread, json!({"n": 1}))
+        .await
+        .unwrap();
+    assert!(
+        threads
+            .read_history(&auth, &thread, 0, 0)
+            .await
+            .unwrap()
+            .is_empty(),
+        "read_history with limit 0"
+    );
+    assert!(
+        threads
+            .read_history(&auth, &thread, 1, 0)
+            .await
+            .unwrap()
+            .is_empty(),
+        "read_history with limit 0 from the middle"
+    );
+    assert!(
+        threads
+            .peek_queue(&auth, &thread, 0)
+            .await
+            .unwrap()
+            .is_empty(),
+        "peek_queue with limit 0"
+    );
+    assert_eq!(
+        threads
+            .read_history(&auth, &thread, 0, 1)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        threads.peek_queue(&auth, &thread, 1).await.unwrap().len(),
+        1
+    );
+}
+
+/// Queue seqs only grow: after every item is acknowledged and the queue is empty, the next
+/// item gets a larger seq than any before it.
+pub async fn queue_seqs_grow_after_the_queue_empties(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let lease = threads
+        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut last_seq = 0;
+    for round in 0..3 {
+        let mut acked = Vec::new();
+        for i in 0..2 {
+            let item = threads
+                .push_queue(&auth, &thread, json!({"round": round, "i": i}))
+                .await
+                .unwrap();
+            assert!(
+                item.seq > last_seq,
+                "queue seqs must grow, even after the queue emptied (round {round}: {} after {last_seq})",
+                item.seq
+            );
+            last_seq = item.seq;
+            acked.push(item.id);
+        }
+        threads.ack_queue(&auth, &lease, &acked).await.unwrap();
+        assert_eq!(threads.queue_len(&auth, &thread).await.unwrap(), 0);
+        assert!(threads
+            .peek_queue(&auth, &thread, 10)
+            .await
+            .unwrap()
+            .is_empty());
+    }
+}

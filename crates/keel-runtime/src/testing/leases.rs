@@ -1,0 +1,246 @@
+//! Conformance checks of [`ThreadStore`] leases: one holder at a time, fencing by token,
+//! release, and the TTL bounds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use keel_core::conversation::LlmMessage;
+use keel_core::AgentError;
+use serde_json::json;
+
+use super::{fresh_tenant, fresh_thread};
+use crate::ThreadStore;
+
+/// Many tasks racing for one thread's lease: exactly one wins; other threads are independent.
+pub async fn lease_exclusive_under_contention(threads: Arc<dyn ThreadStore>) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let mut racers = Vec::new();
+    for i in 0..32 {
+        let threads = threads.clone();
+        let (auth, thread) = (auth.clone(), thread.clone());
+        racers.push(tokio::spawn(async move {
+            threads
+                .acquire_lease(&auth, &thread, &format!("w{i}"), Duration::from_secs(30))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut winners = 0;
+    for racer in racers {
+        winners += usize::from(racer.await.unwrap().is_some());
+    }
+    assert_eq!(winners, 1, "exactly one racer may hold a thread's lease");
+    let other = threads
+        .acquire_lease(&auth, &fresh_thread(), "w", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(other.is_some(), "another thread's lease is independent");
+    let other_tenant = threads
+        .acquire_lease(&fresh_tenant(), &thread, "w", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        other_tenant.is_some(),
+        "another tenant's thread of the same id is independent"
+    );
+}
+
+/// Tokens grow; a holder whose lease expired or was taken over cannot write, renew or ack.
+pub async fn lease_fencing(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let short = threads
+        .acquire_lease(&auth, &thread, "slow", Duration::from_millis(40))
+        .await
+        .unwrap()
+        .unwrap();
+    let renewed = threads
+        .renew_lease(&auth, &short, Duration::from_millis(40))
+        .await
+        .unwrap();
+    assert_eq!(renewed.token, short.token, "renewal keeps the token");
+    assert!(renewed.expires_at >= short.expires_at);
+    // Wait (bounded) for the lease to lapse: an expired lease must not be usable even before
+    // anyone else takes the thread.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while Utc::now() <= renewed.expires_at + chrono::Duration::milliseconds(5) {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let err = threads
+        .append_history(&auth, &renewed, &[LlmMessage::user("late")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::LeaseLost { .. }),
+        "write with an expired lease: {err:?}"
+    );
+    let err = threads
+        .renew_lease(&auth, &renewed, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::LeaseLost { .. }),
+        "renew of an expired lease"
+    );
+
+    let next = threads
+        .acquire_lease(&auth, &thread, "fast", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next.token > renewed.token, "fencing tokens must grow");
+    let err = threads
+        .append_history(&auth, &renewed, &[LlmMessage::user("stale")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::LeaseLost { .. }),
+        "write with a taken-over lease"
+    );
+    let err = threads.ack_queue(&auth, &renewed, &[]).await.unwrap_err();
+    assert!(
+        matches!(err, AgentError::LeaseLost { .. }),
+        "ack with a taken-over lease"
+    );
+    threads.release_lease(&auth, &renewed).await.unwrap();
+    assert!(
+        threads
+            .acquire_lease(&auth, &thread, "third", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_none(),
+        "releasing a stale lease must not free the current holder's lease"
+    );
+    threads
+        .append_history(&auth, &next, &[LlmMessage::user("ok")])
+        .await
+        .unwrap();
+    assert_eq!(
+        threads
+            .read_history(&auth, &thread, 0, 10)
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "only the holder's write landed"
+    );
+    threads.release_lease(&auth, &next).await.unwrap();
+    threads.release_lease(&auth, &next).await.unwrap();
+    let after = threads
+        .acquire_lease(&auth, &thread, "fourth", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(after.token > next.token);
+}
+
+/// A released lease is dead: writing, acknowledging and renewing with it are `LeaseLost`,
+/// nothing lands, and the thread can be leased again with a larger token.
+pub async fn lease_is_dead_after_release(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let lease = threads
+        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let item = threads
+        .push_queue(&auth, &thread, json!("pending"))
+        .await
+        .unwrap();
+    threads.release_lease(&auth, &lease).await.unwrap();
+    let err = threads
+        .append_history(&auth, &lease, &[LlmMessage::user("after release")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::LeaseLost { .. }),
+        "write after release: {err:?}"
+    );
+    let err = threads
+        .ack_queue(&auth, &lease, std::slice::from_ref(&item.id))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::LeaseLost { .. }),
+        "ack after release: {err:?}"
+    );
+    let err = threads
+        .renew_lease(&auth, &lease, Duration::from_secs(30))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::LeaseLost { .. }),
+        "renew after release: {err:?}"
+    );
+    assert!(
+        threads
+            .read_history(&auth, &thread, 0, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing was written after release"
+    );
+    assert_eq!(
+        threads.queue_len(&auth, &thread).await.unwrap(),
+        1,
+        "nothing was acknowledged after release"
+    );
+    let again = threads
+        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("a released thread can be leased again");
+    assert!(
+        again.token > lease.token,
+        "fencing tokens grow across release"
+    );
+}
+
+/// Lease TTLs must lie in 1 ms ..= 24 h (see [`crate::check_lease_ttl`]); anything else is
+/// `InvalidInput` naming `ttl`, for acquire and renew alike, and changes nothing.
+pub async fn lease_ttl_bounds(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let bad = [
+        Duration::ZERO,
+        Duration::from_micros(1),
+        Duration::from_micros(999),
+        Duration::from_secs(86_400) + Duration::from_millis(1),
+    ];
+    let is_ttl_error =
+        |err: &AgentError| matches!(err, AgentError::InvalidInput { field, .. } if field == "ttl");
+    for ttl in bad {
+        let err = threads
+            .acquire_lease(&auth, &thread, "w", ttl)
+            .await
+            .unwrap_err();
+        assert!(is_ttl_error(&err), "acquire with ttl {ttl:?}: {err:?}");
+    }
+    let lease = threads
+        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("rejected acquisitions must not hold the thread");
+    for ttl in bad {
+        let err = threads.renew_lease(&auth, &lease, ttl).await.unwrap_err();
+        assert!(is_ttl_error(&err), "renew with ttl {ttl:?}: {err:?}");
+    }
+    threads
+        .append_history(&auth, &lease, &[LlmMessage::user("still held")])
+        .await
+        .expect("a rejected renewal leaves the lease as it was");
+    threads
+        .renew_lease(&auth, &lease, Duration::from_secs(86_400))
+        .await
+        .expect("24 h is allowed");
+    threads.release_lease(&auth, &lease).await.unwrap();
+    threads
+        .acquire_lease(&auth, &fresh_thread(), "w", Duration::from_millis(1))
+        .await
+        .expect("1 ms is allowed")
+        .expect("a fresh thread is free");
+}

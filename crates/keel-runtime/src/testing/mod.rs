@@ -1,0 +1,113 @@
+//! The backend conformance suite: plain `pub async fn` checks that any implementation of
+//! Keel's store traits must pass. Keel's memory, SQLite and Redis stores run them in their
+//! tests; a custom backend should too:
+//!
+//! ```toml
+//! [dev-dependencies]
+//! keel-runtime = { version = "0.1", features = ["testing"] }
+//! ```
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use keel_runtime::{testing, InMemoryTaskManager};
+//! testing::task_manager_round_trip(&InMemoryTaskManager::new()).await;
+//! # }
+//! ```
+//!
+//! Each check panics with a message naming the broken rule. Checks use fresh random ids and
+//! tenants, so they can share one database with other tests. [`run_all`] runs every check
+//! against one store of each kind. Malformed stored data cannot be injected generically:
+//! each backend's own tests corrupt a record and expect
+//! [`AgentError::Storage`](keel_core::AgentError::Storage).
+//!
+//! The checks live in one module per contract: tasks, memory, thread history and queue,
+//! leases, key-value, subagent registry, runs, steps, timers and async calls. All of them
+//! are re-exported here, so each is `keel_runtime::testing::<check>`.
+
+mod async_calls;
+mod history;
+mod kv;
+mod leases;
+mod memory;
+mod runs;
+mod steps;
+mod subagents;
+mod tasks;
+mod timers;
+mod wait;
+
+pub use async_calls::*;
+pub use history::*;
+pub use kv::*;
+pub use leases::*;
+pub use memory::*;
+pub use runs::*;
+pub use steps::*;
+pub use subagents::*;
+pub use tasks::*;
+pub use timers::*;
+pub use wait::{eventually, Reached, WAIT_DEADLINE};
+
+use std::sync::Arc;
+
+use keel_core::ThreadId;
+
+use crate::{AuthContext, KvLimits, MemoryService, RunStore, TaskManager, ThreadStore};
+
+/// A tenant no other test uses.
+pub fn fresh_tenant() -> AuthContext {
+    AuthContext::new(
+        format!("app-{}", uuid::Uuid::new_v4().simple()),
+        "conformance",
+    )
+}
+
+fn fresh_thread() -> ThreadId {
+    ThreadId::from(format!("thread-{}", uuid::Uuid::new_v4().simple()))
+}
+
+/// Run every check: tasks, memory, threads (with the store's key-value caps) and runs.
+pub async fn run_all(
+    tasks: &dyn TaskManager,
+    memory: &dyn MemoryService,
+    threads: Arc<dyn ThreadStore>,
+    kv_limits: KvLimits,
+    runs: &dyn RunStore,
+) {
+    task_manager_round_trip(tasks).await;
+    task_manager_events_in_order(tasks).await;
+    task_manager_pagination(tasks).await;
+    task_manager_page_token_survives_changes(tasks).await;
+    task_manager_state_filter_follows_saves(tasks).await;
+    task_manager_listed_tasks_carry_no_history(tasks).await;
+    task_manager_tenant_isolation(tasks).await;
+    memory_round_trip(memory).await;
+    memory_ttl(memory).await;
+    memory_delete_of_expired_key_is_false(memory).await;
+    memory_save_if_absent_claims_once(memory).await;
+    history_append_and_read(threads.as_ref()).await;
+    history_and_queue_limit_zero_is_empty(threads.as_ref()).await;
+    lease_exclusive_under_contention(threads.clone()).await;
+    lease_fencing(threads.as_ref()).await;
+    lease_is_dead_after_release(threads.as_ref()).await;
+    lease_ttl_bounds(threads.as_ref()).await;
+    queue_fifo_under_concurrent_producers(threads.clone()).await;
+    queue_seqs_grow_after_the_queue_empties(threads.as_ref()).await;
+    kv_semantics(threads.as_ref(), kv_limits).await;
+    subagent_registry(threads.as_ref()).await;
+    subagent_reparenting_leaves_the_old_parent(threads.as_ref()).await;
+    run_store_index_and_search(runs).await;
+    run_store_time_window_is_half_open(runs).await;
+    run_store_contains_searches_the_stored_json(runs).await;
+}
+
+/// Run every check of the system-level stores: thread timers and the tenant listing. Kept
+/// apart from [`run_all`] so a backend without timers can still run the rest.
+pub async fn run_all_system(timers: Arc<dyn crate::ThreadTimers>, tasks: &dyn TaskManager) {
+    timers_schedule_list_and_cancel(timers.as_ref()).await;
+    timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(timers.as_ref()).await;
+    timers_are_claimed_once_under_contention(timers.clone()).await;
+    timers_are_claimed_only_by_their_agent(timers.as_ref()).await;
+    task_manager_lists_every_tenant(tasks).await;
+}

@@ -1,0 +1,114 @@
+//! Conformance check of [`StepStore`](crate::StepStore): history and task log are written
+//! together or not at all.
+
+use std::time::Duration;
+
+use keel_core::conversation::LlmMessage;
+use keel_core::{AgentError, Message, Task, TaskEvent, TaskId};
+
+use super::fresh_tenant;
+use crate::{TaskManager, ThreadStore};
+
+/// A [`StepStore`](crate::StepStore) writes history and task log together: both land, and a
+/// stale lease or an unknown task writes neither.
+pub async fn step_store_writes_history_and_log_together(
+    steps: &dyn crate::StepStore,
+    tasks: &dyn TaskManager,
+    threads: &dyn ThreadStore,
+) {
+    let auth = fresh_tenant();
+    let task = Task::create(Message::user("q"));
+    tasks.save_task(&auth, &task).await.unwrap();
+    let lease = threads
+        .acquire_lease(&auth, &task.thread_id, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let event = TaskEvent::Message {
+        message: Message::agent("a"),
+    };
+    let history = [LlmMessage::assistant("a", vec![]), LlmMessage::user("b")];
+    steps
+        .persist_step(
+            &auth,
+            &lease,
+            &history,
+            &task.id,
+            std::slice::from_ref(&event),
+        )
+        .await
+        .unwrap();
+    let stored = threads
+        .read_history(&auth, &task.thread_id, 0, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        stored.iter().map(|e| e.message.clone()).collect::<Vec<_>>(),
+        history,
+        "history lands in order"
+    );
+    assert_eq!(
+        tasks.get_task_events(&auth, &task.id).await.unwrap(),
+        vec![event.clone()],
+        "the log entry lands"
+    );
+
+    let err = steps
+        .persist_step(
+            &auth,
+            &lease,
+            &history,
+            &TaskId::new(),
+            std::slice::from_ref(&event),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::TaskNotFound { .. }),
+        "unknown task: {err:?}"
+    );
+    assert_eq!(
+        threads
+            .read_history(&auth, &task.thread_id, 0, 10)
+            .await
+            .unwrap()
+            .len(),
+        2,
+        "nothing written for an unknown task"
+    );
+
+    threads.release_lease(&auth, &lease).await.unwrap();
+    let _next = threads
+        .acquire_lease(&auth, &task.thread_id, "w2", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let err = steps
+        .persist_step(
+            &auth,
+            &lease,
+            &history,
+            &task.id,
+            std::slice::from_ref(&event),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::LeaseLost { .. }),
+        "stale lease: {err:?}"
+    );
+    assert_eq!(
+        threads
+            .read_history(&auth, &task.thread_id, 0, 10)
+            .await
+            .unwrap()
+            .len(),
+        2,
+        "nothing written with a stale lease"
+    );
+    assert_eq!(
+        tasks.get_task_events(&auth, &task.id).await.unwrap().len(),
+        1,
+        "no log entry with a stale lease"
+    );
+}

@@ -1,0 +1,435 @@
+//! Conformance checks of [`TaskManager`]: snapshots round-trip, events keep their order,
+//! listings page and filter correctly (also while tasks change), tenants are isolated, and
+//! every tenant that saved a task is listed.
+
+use std::collections::HashSet;
+
+use keel_core::{AgentError, Message, RunContext, Task, TaskEvent, TaskId, TaskState, ThreadId};
+use serde_json::json;
+
+use super::{fresh_tenant, fresh_thread};
+use crate::{load_task_with_history, AuthContext, ListTasksFilter, Page, TaskManager};
+
+/// Unknown ids read as `None`; save is an upsert; snapshots round-trip (without history).
+pub async fn task_manager_round_trip(tasks: &dyn TaskManager) {
+    let auth = fresh_tenant();
+    assert_eq!(
+        tasks.get_task(&auth, &TaskId::new()).await.unwrap(),
+        None,
+        "unknown task must be Ok(None)"
+    );
+    let mut task = Task::create(Message::user("hello ünïcödé ✓"));
+    task.metadata
+        .insert("k".into(), json!({"nested": [1, 2.5, null, "x"]}));
+    RunContext::new().attach_to_task(&mut task).unwrap();
+    tasks.save_task(&auth, &task).await.unwrap();
+    let mut expected = task.clone();
+    expected.history.clear();
+    assert_eq!(
+        tasks.get_task(&auth, &task.id).await.unwrap(),
+        Some(expected),
+        "snapshot must round-trip"
+    );
+
+    task.complete("done").unwrap();
+    tasks.save_task(&auth, &task).await.unwrap();
+    let stored = tasks.get_task(&auth, &task.id).await.unwrap().unwrap();
+    assert_eq!(
+        stored.state(),
+        TaskState::Completed,
+        "save must replace the snapshot"
+    );
+    assert_eq!(
+        stored.state_history, task.state_history,
+        "state history must round-trip"
+    );
+    let page = tasks
+        .list_tasks(&auth, &ListTasksFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(page.total_size, 1, "an upsert must not add a second task");
+}
+
+/// Events come back in the order appended; unknown tasks are `TaskNotFound`; the history is
+/// rebuilt from message events.
+pub async fn task_manager_events_in_order(tasks: &dyn TaskManager) {
+    let auth = fresh_tenant();
+    let task = Task::create(Message::user("q"));
+    tasks.save_task(&auth, &task).await.unwrap();
+    let mut expected = Vec::new();
+    for i in 0..40 {
+        let event = if i % 3 == 0 {
+            TaskEvent::StatusUpdate {
+                task_id: task.id.clone(),
+                thread_id: task.thread_id.clone(),
+                status: task.status().clone(),
+                is_final: false,
+            }
+        } else {
+            TaskEvent::Message {
+                message: Message::agent(format!("m{i}")),
+            }
+        };
+        tasks.add_task_event(&auth, &task.id, &event).await.unwrap();
+        expected.push(event);
+    }
+    assert_eq!(
+        tasks.get_task_events(&auth, &task.id).await.unwrap(),
+        expected,
+        "events must keep their order"
+    );
+    let full = load_task_with_history(tasks, &auth, &task.id, Some(2))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        full.history.iter().map(Message::text).collect::<Vec<_>>(),
+        ["m37", "m38"]
+    );
+
+    let unknown = TaskId::new();
+    let err = tasks
+        .add_task_event(
+            &auth,
+            &unknown,
+            &TaskEvent::Message {
+                message: Message::user("x"),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        AgentError::TaskNotFound {
+            task_id: unknown.clone()
+        },
+        "append to unknown task"
+    );
+    let err = tasks.get_task_events(&auth, &unknown).await.unwrap_err();
+    assert_eq!(
+        err,
+        AgentError::TaskNotFound { task_id: unknown },
+        "events of unknown task"
+    );
+}
+
+/// Listing filters by thread and state, pages in creation order without gaps or duplicates,
+/// and rejects bad page tokens and a zero page size.
+pub async fn task_manager_pagination(tasks: &dyn TaskManager) {
+    let auth = fresh_tenant();
+    let (thread_a, thread_b) = (fresh_thread(), fresh_thread());
+    let mut in_a = Vec::new();
+    for i in 0..7 {
+        let mut task = Task::new(thread_a.clone());
+        if i % 2 == 0 {
+            task.complete("x").unwrap();
+        }
+        tasks.save_task(&auth, &task).await.unwrap();
+        in_a.push(task.id);
+    }
+    for _ in 0..2 {
+        tasks
+            .save_task(&auth, &Task::new(thread_b.clone()))
+            .await
+            .unwrap();
+    }
+    // Re-saving an early task must not move it in the order.
+    let first = tasks.get_task(&auth, &in_a[0]).await.unwrap().unwrap();
+    tasks.save_task(&auth, &first).await.unwrap();
+
+    let mut filter = ListTasksFilter {
+        thread_id: Some(thread_a.clone()),
+        page_size: Some(3),
+        ..Default::default()
+    };
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    loop {
+        let page = tasks.list_tasks(&auth, &filter).await.unwrap();
+        assert_eq!(page.total_size, 7, "total_size counts every match");
+        assert!(page.items.len() <= 3, "page_size must be honoured");
+        seen.extend(page.items.into_iter().map(|t| t.id));
+        pages += 1;
+        match page.next_page_token {
+            Some(token) => filter.page_token = Some(token),
+            None => break,
+        }
+        assert!(pages < 10, "pagination must end");
+    }
+    assert_eq!(
+        seen, in_a,
+        "pages must list the thread's tasks in creation order, once each"
+    );
+
+    let completed = ListTasksFilter {
+        thread_id: Some(thread_a),
+        state: Some(TaskState::Completed),
+        ..Default::default()
+    };
+    let page = tasks.list_tasks(&auth, &completed).await.unwrap();
+    assert_eq!(page.total_size, 4, "state filter");
+    assert!(page.items.iter().all(|t| t.state() == TaskState::Completed));
+
+    let all = tasks
+        .list_tasks(&auth, &ListTasksFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(all.total_size, 9, "no filter lists the tenant's tasks");
+
+    let bad = ListTasksFilter {
+        page_token: Some("not-a-token".into()),
+        ..Default::default()
+    };
+    assert!(
+        matches!(tasks.list_tasks(&auth, &bad).await, Err(AgentError::InvalidInput { ref field, .. }) if field == "page_token"),
+        "a bad page token is InvalidInput naming page_token"
+    );
+    let zero = ListTasksFilter {
+        page_size: Some(0),
+        ..Default::default()
+    };
+    assert!(
+        matches!(tasks.list_tasks(&auth, &zero).await, Err(AgentError::InvalidInput { ref field, .. }) if field == "page_size"),
+        "page_size 0 is InvalidInput naming page_size"
+    );
+}
+
+/// One tenant can never read, list, append to or overwrite another's tasks.
+pub async fn task_manager_tenant_isolation(tasks: &dyn TaskManager) {
+    let (alice, mallory) = (fresh_tenant(), fresh_tenant());
+    let task = Task::create(Message::user("alice's secret"));
+    tasks.save_task(&alice, &task).await.unwrap();
+    assert_eq!(
+        tasks.get_task(&mallory, &task.id).await.unwrap(),
+        None,
+        "read across tenants"
+    );
+    let listed = tasks
+        .list_tasks(
+            &mallory,
+            &ListTasksFilter {
+                thread_id: Some(task.thread_id.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed.total_size, 0, "list across tenants");
+    let err = tasks
+        .add_task_event(
+            &mallory,
+            &task.id,
+            &TaskEvent::Message {
+                message: Message::user("x"),
+            },
+        )
+        .await;
+    assert!(
+        matches!(err, Err(AgentError::TaskNotFound { .. })),
+        "append across tenants"
+    );
+    let mut forged = task.clone();
+    forged.fail("overwritten").unwrap();
+    tasks.save_task(&mallory, &forged).await.unwrap();
+    let still = tasks.get_task(&alice, &task.id).await.unwrap().unwrap();
+    assert_eq!(
+        still.state(),
+        TaskState::Submitted,
+        "a save by another tenant must not touch this tenant's task"
+    );
+}
+
+/// The ids of a page's items, for comparing listings.
+fn ids(page: &Page<Task>) -> Vec<TaskId> {
+    page.items.iter().map(|t| t.id.clone()).collect()
+}
+
+/// A page token keeps its place while the list changes: the next page neither repeats nor
+/// skips a task that still matches when earlier tasks leave the filter, and a well-formed
+/// token past the end (every later task left the filter) yields an empty last page with no
+/// next token, not an error.
+pub async fn task_manager_page_token_survives_changes(tasks: &dyn TaskManager) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let mut all = Vec::new();
+    for _ in 0..6 {
+        let task = Task::new(thread.clone());
+        tasks.save_task(&auth, &task).await.unwrap();
+        all.push(task);
+    }
+    let submitted = |page_token: Option<String>| ListTasksFilter {
+        thread_id: Some(thread.clone()),
+        state: Some(TaskState::Submitted),
+        page_size: Some(2),
+        page_token,
+    };
+    let first = tasks.list_tasks(&auth, &submitted(None)).await.unwrap();
+    assert_eq!(ids(&first), [all[0].id.clone(), all[1].id.clone()]);
+    let token = first
+        .next_page_token
+        .expect("six tasks need more than one page");
+
+    // A task before the token leaves the filter: the next page must still start at task 2.
+    all[0].complete("done").unwrap();
+    tasks.save_task(&auth, &all[0]).await.unwrap();
+    let second = tasks
+        .list_tasks(&auth, &submitted(Some(token)))
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&second),
+        [all[2].id.clone(), all[3].id.clone()],
+        "a page token must not skip tasks when earlier ones leave the filter"
+    );
+    assert_eq!(
+        second.total_size, 5,
+        "total_size counts the current matches"
+    );
+    let token = second.next_page_token.expect("two tasks still follow");
+
+    // Every task after the token leaves the filter: the token now points past the end.
+    for task in &mut all[4..] {
+        task.complete("done").unwrap();
+        tasks.save_task(&auth, task).await.unwrap();
+    }
+    let past = tasks
+        .list_tasks(&auth, &submitted(Some(token)))
+        .await
+        .unwrap_or_else(|e| panic!("a well-formed token past the end is not an error: {e}"));
+    assert!(
+        past.items.is_empty(),
+        "a token past the end yields an empty page"
+    );
+    assert_eq!(past.next_page_token, None, "and it is the last page");
+    assert_eq!(past.total_size, 3, "total_size counts the current matches");
+}
+
+/// Listing by state reflects the latest save: a task whose state changed leaves the old
+/// state's listing and joins the new one, with or without a thread filter, and keeps its
+/// place in unfiltered listings.
+pub async fn task_manager_state_filter_follows_saves(tasks: &dyn TaskManager) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let (mut a, b) = (Task::new(thread.clone()), Task::new(thread.clone()));
+    tasks.save_task(&auth, &a).await.unwrap();
+    tasks.save_task(&auth, &b).await.unwrap();
+    let listing = |state: Option<TaskState>, thread_id: Option<ThreadId>| ListTasksFilter {
+        thread_id,
+        state,
+        ..Default::default()
+    };
+    for thread_id in [None, Some(thread.clone())] {
+        let page = tasks
+            .list_tasks(
+                &auth,
+                &listing(Some(TaskState::Submitted), thread_id.clone()),
+            )
+            .await
+            .unwrap();
+        assert_eq!(ids(&page), [a.id.clone(), b.id.clone()]);
+        let page = tasks
+            .list_tasks(&auth, &listing(Some(TaskState::Working), thread_id))
+            .await
+            .unwrap();
+        assert_eq!(page.total_size, 0);
+    }
+
+    a.begin().unwrap();
+    tasks.save_task(&auth, &a).await.unwrap();
+    a.complete("done").unwrap();
+    tasks.save_task(&auth, &a).await.unwrap();
+    for thread_id in [None, Some(thread.clone())] {
+        let what = if thread_id.is_some() {
+            "with a thread filter"
+        } else {
+            "by state alone"
+        };
+        let page = tasks
+            .list_tasks(
+                &auth,
+                &listing(Some(TaskState::Submitted), thread_id.clone()),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            ids(&page),
+            std::slice::from_ref(&b.id),
+            "a re-saved task leaves its old state's listing ({what})"
+        );
+        assert_eq!(page.total_size, 1, "{what}");
+        let page = tasks
+            .list_tasks(&auth, &listing(Some(TaskState::Working), thread_id.clone()))
+            .await
+            .unwrap();
+        assert_eq!(
+            page.total_size, 0,
+            "a state passed through is not listed ({what})"
+        );
+        let page = tasks
+            .list_tasks(&auth, &listing(Some(TaskState::Completed), thread_id))
+            .await
+            .unwrap();
+        assert_eq!(
+            ids(&page),
+            std::slice::from_ref(&a.id),
+            "a re-saved task joins its new state's listing ({what})"
+        );
+        assert_eq!(page.total_size, 1, "{what}");
+    }
+    let page = tasks
+        .list_tasks(&auth, &listing(None, Some(thread)))
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&page),
+        [a.id.clone(), b.id.clone()],
+        "a state change does not move a task in unfiltered listings"
+    );
+}
+
+/// Listed tasks are snapshots without history, as `get_task` returns them.
+pub async fn task_manager_listed_tasks_carry_no_history(tasks: &dyn TaskManager) {
+    let auth = fresh_tenant();
+    let mut task = Task::create(Message::user("question"));
+    task.add_message(Message::agent("answer"));
+    assert_eq!(task.history.len(), 2);
+    tasks.save_task(&auth, &task).await.unwrap();
+    for filter in [
+        ListTasksFilter::default(),
+        ListTasksFilter {
+            thread_id: Some(task.thread_id.clone()),
+            state: Some(TaskState::Submitted),
+            ..Default::default()
+        },
+    ] {
+        let page = tasks.list_tasks(&auth, &filter).await.unwrap();
+        assert_eq!(page.items.len(), 1, "{filter:?}");
+        assert!(
+            page.items[0].history.is_empty(),
+            "listed tasks carry no history ({filter:?})"
+        );
+    }
+}
+
+/// `tenants` lists every tenant that saved a task, with names that round-trip exactly.
+pub async fn task_manager_lists_every_tenant(tasks: &dyn TaskManager) {
+    let odd = AuthContext::new(
+        format!("app:{}/x", uuid::Uuid::new_v4().simple()),
+        "user/1:ü",
+    );
+    let plain = fresh_tenant();
+    for auth in [&odd, &plain] {
+        tasks
+            .save_task(auth, &Task::create(Message::user("hi")))
+            .await
+            .unwrap();
+    }
+    let listed = tasks.tenants().await.unwrap();
+    assert!(
+        listed.contains(&odd),
+        "a tenant with separators in its names is listed"
+    );
+    assert!(listed.contains(&plain), "every tenant with tasks is listed");
+    let unique: HashSet<_> = listed.iter().collect();
+    assert_eq!(unique.len(), listed.len(), "each tenant is listed once");
+}
