@@ -4,6 +4,8 @@
 use std::sync::Arc;
 
 use keel_core::AgentError;
+use percent_encoding::percent_decode_str;
+use url::Url;
 
 /// The server's URL with any password masked, plus the secrets to scrub from error text.
 #[derive(Clone)]
@@ -14,62 +16,29 @@ pub(crate) struct ServerName {
 
 impl ServerName {
     /// Remember `url` for messages, masking the password of its user info and any
-    /// `password=`/`pass=` query parameter.
+    /// `password=`/`pass=` query parameter. Text that does not parse as a URL, or only as an
+    /// opaque `scheme:rest` (no `/` after the colon, as in `user:password@host`), is shown as
+    /// its scheme alone and scrubbed whole: where its password is cannot be told.
     pub(crate) fn new(url: &str) -> Self {
         let mut secrets = Vec::new();
-        let mut shown = String::with_capacity(url.len());
-        let (head, query) = match url.split_once('?') {
-            Some((head, query)) => (head, Some(query)),
-            None => (url, None),
-        };
-        match head.split_once("://") {
-            Some((scheme, rest)) => {
-                let authority_end = rest.find('/').unwrap_or(rest.len());
-                let (authority, path) = rest.split_at(authority_end);
-                shown.push_str(scheme);
-                shown.push_str("://");
-                match authority.rsplit_once('@') {
-                    Some((userinfo, host)) => {
-                        match userinfo.split_once(':') {
-                            Some((user, password)) => {
-                                secrets.push(password.to_owned());
-                                shown.push_str(user);
-                                shown.push_str(":***");
-                            }
-                            None => shown.push_str(userinfo),
-                        }
-                        shown.push('@');
-                        shown.push_str(host);
-                    }
-                    None => shown.push_str(authority),
-                }
-                shown.push_str(path);
+        let shown = match Url::parse(url) {
+            Ok(parsed) if !parsed.cannot_be_a_base() => mask(parsed, &mut secrets),
+            _ => {
+                // Any part of it may be the password: scrub it whole.
+                secrets.push(url.to_owned());
+                scheme_only(url)
             }
-            None => shown.push_str(head),
-        }
-        if let Some(query) = query {
-            shown.push('?');
-            let pairs: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name, value))
-                        if name.eq_ignore_ascii_case("password")
-                            || name.eq_ignore_ascii_case("pass") =>
-                    {
-                        secrets.push(value.to_owned());
-                        format!("{name}=***")
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            shown.push_str(&pairs.join("&"));
-        }
+        };
         // A password may reach an error message percent-decoded; scrub that form too.
-        let decoded: Vec<String> = secrets.iter().map(|s| percent_decode(s)).collect();
+        let decoded: Vec<String> = secrets
+            .iter()
+            .map(|s| percent_decode_str(s).decode_utf8_lossy().into_owned())
+            .collect();
         secrets.extend(decoded);
         secrets.retain(|s| !s.is_empty());
         // Longest first, so a secret containing another is scrubbed whole.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        secrets.dedup();
         Self {
             shown: Arc::from(shown),
             secrets: secrets.into(),
@@ -127,29 +96,55 @@ impl std::fmt::Display for ScrubbedError {
 
 impl std::error::Error for ScrubbedError {}
 
-/// Decode `%XX` escapes; anything malformed is kept as written.
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = (bytes[i] == b'%')
-            .then(|| bytes.get(i + 1..i + 3))
-            .flatten()
-            .and_then(|hex| std::str::from_utf8(hex).ok())
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match escaped {
-            Some(byte) => {
-                out.push(byte);
-                i += 3;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
+/// `url` as text with the password of its user info and of its `password=`/`pass=` query
+/// parameters replaced by `***`; the passwords, as written and as decoded, go to `secrets`.
+fn mask(mut url: Url, secrets: &mut Vec<String>) -> String {
+    if let Some(password) = url.password() {
+        secrets.push(password.to_owned());
+        // Cannot fail: a URL with a password has a host.
+        let _ = url.set_password(Some("***"));
     }
-    String::from_utf8_lossy(&out).into_owned()
+    let Some(query) = url.query() else {
+        return url.into();
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| {
+            // Decoded as the Redis client reads the query (`+` is a space).
+            let decoded = url::form_urlencoded::parse(pair.as_bytes()).next();
+            match (decoded, pair.split_once('=')) {
+                (Some((name, value)), Some((raw_name, raw_value)))
+                    if name.eq_ignore_ascii_case("password")
+                        || name.eq_ignore_ascii_case("pass") =>
+                {
+                    secrets.push(raw_value.to_owned());
+                    secrets.push(value.into_owned());
+                    format!("{raw_name}=***")
+                }
+                _ => pair.to_owned(),
+            }
+        })
+        .collect();
+    let masked = pairs.join("&");
+    url.set_query(Some(&masked));
+    url.into()
+}
+
+/// What is shown of a URL that did not parse: its scheme, if it starts with one, then `://***`.
+fn scheme_only(url: &str) -> String {
+    let scheme = url
+        .split_once(':')
+        .map(|(scheme, _)| scheme)
+        .filter(|scheme| {
+            scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        });
+    match scheme {
+        Some(scheme) => format!("{scheme}://***"),
+        None => "***".to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -182,5 +177,38 @@ mod tests {
         let name = ServerName::new("redis://127.0.0.1:6379");
         assert_eq!(name.shown(), "redis://127.0.0.1:6379");
         assert_eq!(name.scrub("text"), "text");
+    }
+
+    #[test]
+    fn query_password_is_masked_in_every_form() {
+        let name = ServerName::new("redis+unix:///tmp/r.sock?PASSWORD=a%2Bb+c&db=2");
+        assert_eq!(name.shown(), "redis+unix:///tmp/r.sock?PASSWORD=***&db=2");
+        assert_eq!(
+            name.scrub("a%2Bb+c a+b+c a+b c"),
+            "*** *** ***",
+            "as written, percent-decoded, and as the client decodes it"
+        );
+    }
+
+    #[test]
+    fn password_with_characters_the_parser_escapes_is_masked() {
+        let name = ServerName::new("redis://u:p w\"x@db.example");
+        assert_eq!(name.shown(), "redis://u:***@db.example");
+        assert_eq!(name.scrub("p w\"x / p%20w%22x"), "*** / ***");
+    }
+
+    #[test]
+    fn unparsable_url_shows_only_its_scheme() {
+        for (url, shown) in [
+            ("redis://user:hunter2@db.example:notaport/0", "redis://***"),
+            ("redis://:hunter2@[::1/0", "redis://***"),
+            ("user:hunter2@db.example", "user://***"),
+            (":hunter2@db.example", "***"),
+            ("hunter2", "***"),
+        ] {
+            let name = ServerName::new(url);
+            assert_eq!(name.shown(), shown, "{url}");
+            assert!(!name.scrub(&format!("bad URL {url}")).contains("hunter2"));
+        }
     }
 }
