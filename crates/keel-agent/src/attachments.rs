@@ -10,7 +10,7 @@
 use base64::Engine as _;
 use chrono::Utc;
 use keel_core::{AgentError, AgentResult, FileContent, ThreadId};
-use keel_runtime::{AuthContext, Runtime};
+use keel_runtime::{AuthContext, LogLevel, Runtime};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -229,7 +229,13 @@ impl AttachmentStore<'_> {
             match parse_uri(&uri) {
                 Some((thread, path)) if &thread == self.thread_id => {
                     if let Err(error) = self.load_bytes(file, &uri, &path).await {
-                        tracing::warn!(%error, %uri, "a stored attachment could not be read for the model");
+                        self.runtime.logging_service().log(
+                            LogLevel::Warn,
+                            &format!(
+                                "the stored attachment {uri} could not be read for the model: \
+                                 {error}"
+                            ),
+                        );
                     }
                 }
                 _ => {}

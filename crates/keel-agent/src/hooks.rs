@@ -18,8 +18,8 @@ pub(crate) trait RunHooks: Send + Sync {
     /// An executor was made for the agent; `host` is its handle.
     fn attached(&self, _host: Weak<dyn ThreadHost>) {}
 
-    /// The executor's effect scheduler was started with `config`.
-    fn effects_started(&self, _config: EffectConfig) {}
+    /// The effect scheduler of the executor `host` was started with `config`.
+    fn effects_started(&self, _host: &dyn ThreadHost, _config: EffectConfig) {}
 
     /// Before a run's first model step, once the task's input is in the thread history.
     async fn before_first_step(

@@ -61,7 +61,10 @@ impl AgentExecutor {
     pub fn start_effects_with(&self, config: EffectConfig) -> AgentResult<()> {
         let host: Arc<dyn ThreadHost> = self.inner.clone();
         if effects::start_scheduler(&host, config)? {
-            self.inner.agent.hooks.effects_started(config);
+            self.inner
+                .agent
+                .hooks
+                .effects_started(host.as_ref(), config);
         }
         Ok(())
     }

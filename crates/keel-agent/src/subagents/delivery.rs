@@ -10,7 +10,7 @@ use keel_core::{
 };
 use keel_events::payload::{SubagentCreatedPayload, SubagentEndedPayload, SubagentFile};
 use keel_events::{RunEvent, RunEventBuilder};
-use keel_runtime::{AuthContext, ChildThread};
+use keel_runtime::{AuthContext, ChildThread, LogLevel};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -24,9 +24,10 @@ use crate::thread_state::{ThreadHost, ThreadState, TERMINATED_KEY};
 use crate::tool::ToolContext;
 use crate::work::QueuedWork;
 
-/// Terminate every registered child of `parent` whose spec is known (best effort): called
-/// when the parent thread is terminated.
+/// Terminate every registered child of `parent` whose spec is known (best effort, failures
+/// logged through `host`): called when the parent thread is terminated.
 pub(crate) async fn terminate_children(
+    host: &dyn ThreadHost,
     specs: &Specs,
     auth: &AuthContext,
     children: Vec<ChildThread>,
@@ -44,7 +45,13 @@ pub(crate) async fn terminate_children(
             .terminate()
             .await
         {
-            tracing::warn!(error = %err, child = %child.thread_id, "could not terminate a subagent");
+            host.log(
+                LogLevel::Warn,
+                &format!(
+                    "could not terminate the subagent thread {}: {err}",
+                    child.thread_id
+                ),
+            );
         }
     }
 }
@@ -349,9 +356,12 @@ pub(crate) async fn queue_on_parent(
             };
             crate::effects::request_wake(child_host, auth, parent_thread, &agent, at).await;
         }
-        None => tracing::debug!(
-            parent = %parent_thread,
-            "no parent agent known: the message waits for the next work on its thread"
+        None => child_host.log(
+            LogLevel::Debug,
+            &format!(
+                "no parent agent known for thread {parent_thread}: the message waits for the \
+                 next work on its thread"
+            ),
         ),
     }
     Ok(item)
@@ -376,12 +386,24 @@ pub(crate) async fn child_task_rested(
     let marker: DeliveryMarker = match serde_json::from_value(marker.clone()) {
         Ok(marker) => marker,
         Err(err) => {
-            tracing::warn!(error = %err, task = %task.id, "malformed subagent delivery marker");
+            host.log(
+                LogLevel::Warn,
+                &format!(
+                    "malformed subagent delivery marker on task {}: {err}",
+                    task.id
+                ),
+            );
             return;
         }
     };
     if let Err(err) = deliver_from_child(host, specs, auth, task, &marker).await {
-        tracing::warn!(error = %err, task = %task.id, "could not deliver a subagent's result");
+        host.log(
+            LogLevel::Warn,
+            &format!(
+                "could not deliver the result of the subagent task {}: {err}",
+                task.id
+            ),
+        );
     }
 }
 
@@ -399,7 +421,13 @@ pub(super) async fn deliver_from_child(
         return Ok(());
     };
     if child.parent_thread_id != marker.parent_thread_id {
-        tracing::warn!(task = %task.id, "a subagent delivery marker names another parent; ignored");
+        host.log(
+            LogLevel::Warn,
+            &format!(
+                "the subagent delivery marker of task {} names another parent; ignored",
+                task.id
+            ),
+        );
         return Ok(());
     }
     store
@@ -429,7 +457,13 @@ pub(super) async fn deliver_from_child(
         );
         // A parent that is gone (terminated) does not keep the child alive.
         if let Err(err) = queue_on_parent(host, auth, &child, message).await {
-            tracing::warn!(error = %err, child = %child.thread_id, "could not queue a subagent's result on its parent");
+            host.log(
+                LogLevel::Warn,
+                &format!(
+                    "could not queue the result of the subagent thread {} on its parent: {err}",
+                    child.thread_id
+                ),
+            );
         }
     }
     if !child.resumable && task.state().is_terminal() {
@@ -448,7 +482,7 @@ pub(super) async fn deliver_from_child(
             .await?;
         if !specs.is_empty() {
             let children = store.children(auth, &child.thread_id).await?;
-            Box::pin(terminate_children(specs, auth, children)).await;
+            Box::pin(terminate_children(host, specs, auth, children)).await;
         }
     }
     Ok(())
@@ -539,7 +573,10 @@ pub(super) async fn deliver(
         cancel_watch.abort();
         match outcome {
             Ok(task) => mark_end(&spec, &origin, &child, &task, summary(&task), &[]).await,
-            Err(err) => tracing::warn!(error = %err, "lost track of a subagent's task"),
+            Err(err) => origin.parent.host.log(
+                LogLevel::Warn,
+                &format!("lost track of the subagent task {task_id}: {err}"),
+            ),
         }
     });
     Ok(json!({
@@ -659,9 +696,10 @@ pub(super) async fn bring_back(
                 }
                 files.push(copy);
             }
-            Err(err) => {
-                tracing::warn!(error = %err, %uri, "a subagent's attachment could not be copied")
-            }
+            Err(err) => runtime.logging_service().log(
+                LogLevel::Warn,
+                &format!("the subagent's attachment {uri} could not be copied: {err}"),
+            ),
         }
     }
     ChildResult { text, files }

@@ -7,7 +7,7 @@ use std::sync::Weak;
 use async_trait::async_trait;
 use keel_core::{AgentResult, Task, ThreadId};
 use keel_llm::LlmMessage;
-use keel_runtime::AuthContext;
+use keel_runtime::{AuthContext, LogLevel};
 
 use super::delivery::{child_task_rested, link_parent, terminate_children};
 use super::spec::Specs;
@@ -36,12 +36,18 @@ impl RunHooks for SubagentHooks {
         link_parent(&self.specs, &host);
     }
 
-    fn effects_started(&self, config: EffectConfig) {
+    fn effects_started(&self, host: &dyn ThreadHost, config: EffectConfig) {
         // A subagent kind is another agent whose timers (its effects, the wakes of its
         // threads) only its own scheduler claims.
         for spec in self.specs.iter() {
             if let Err(err) = spec.child().start_effects_with(config) {
-                tracing::warn!(error = %err, kind = %spec.name(), "cannot start a subagent kind's effect scheduler");
+                host.log(
+                    LogLevel::Warn,
+                    &format!(
+                        "cannot start the effect scheduler of the subagent kind `{}`: {err}",
+                        spec.name()
+                    ),
+                );
             }
         }
     }
@@ -71,7 +77,7 @@ impl RunHooks for SubagentHooks {
                 .thread_store()
                 .children(auth, thread_id)
                 .await?;
-            terminate_children(&self.specs, auth, children).await;
+            terminate_children(host, &self.specs, auth, children).await;
         }
         Ok(())
     }
