@@ -294,7 +294,7 @@ async fn run_scheduler(
             () = stop.cancelled() => break,
         }
     }
-    tracing::debug!("effect scheduler stopped");
+    logging.log(LogLevel::Debug, "effect scheduler stopped");
 }
 
 /// A claimed timer goes to its thread's queue, unless it is already there (an earlier
@@ -469,7 +469,10 @@ pub(crate) async fn fire_effect(
     let timers = timers(host)?;
     let pending = timers.thread_timers(auth, thread_id).await?;
     if !pending.iter().any(|t| t.id == effect.timer_id) {
-        tracing::debug!(timer = %effect.timer_id, "a queued effect is no longer pending");
+        host.log(
+            LogLevel::Debug,
+            &format!("the queued effect {} is no longer pending", effect.timer_id),
+        );
         return Ok(());
     }
     let thread = ThreadState {

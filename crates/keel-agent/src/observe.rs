@@ -16,6 +16,7 @@ use keel_policy::{
     ActionAuthorizer, Authorization, AuthorizationObserver, BudgetEnforcer, BudgetWarning,
     PolicyDecision,
 };
+use keel_runtime::{LogLevel, LoggingService};
 
 /// The observability and control plane of one run.
 pub(crate) struct RunObs {
@@ -24,6 +25,7 @@ pub(crate) struct RunObs {
     budget: Mutex<BudgetEnforcer>,
     authorizer: Arc<ActionAuthorizer>,
     context: RunContext,
+    logging: Arc<dyn LoggingService>,
 }
 
 impl RunObs {
@@ -33,6 +35,7 @@ impl RunObs {
         task_id: &TaskId,
         agent_name: &str,
         authorizer: Arc<ActionAuthorizer>,
+        logging: Arc<dyn LoggingService>,
     ) -> Self {
         // The report is persisted redacted: each event is masked as it is recorded. It is not
         // one of the sinks: `emit_reported` records every event in it after the sinks saw it,
@@ -50,6 +53,7 @@ impl RunObs {
             budget: Mutex::new(BudgetEnforcer::new(context.budget.clone())),
             authorizer,
             context: context.clone(),
+            logging,
         }
     }
 
@@ -57,7 +61,8 @@ impl RunObs {
     /// fail closed); it is logged.
     pub(crate) async fn emit(&self, event: RunEventBuilder) {
         if let Err(err) = self.emitter.emit_reported(event, &self.report).await {
-            tracing::warn!(error = %err, "an event sink failed");
+            self.logging
+                .log(LogLevel::Warn, &format!("an event sink failed: {err}"));
         }
     }
 

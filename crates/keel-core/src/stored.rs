@@ -65,6 +65,16 @@ impl JsonText {
             .map_err(AgentError::internal)
     }
 
+    /// [`of`](Self::of) into a buffer of `capacity` bytes: for large values whose size the
+    /// caller can guess, which spares growing the buffer (and copying it) as it fills.
+    pub fn of_sized<T: Serialize + ?Sized>(value: &T, capacity: usize) -> AgentResult<JsonText> {
+        let mut bytes = Vec::with_capacity(capacity);
+        serde_json::to_writer(&mut bytes, value).map_err(AgentError::internal)?;
+        String::from_utf8(bytes)
+            .map(JsonText)
+            .map_err(AgentError::internal)
+    }
+
     /// `text`, once it has parsed as JSON; otherwise [`AgentError::InvalidInput`] saying where
     /// it stops being JSON.
     pub fn parse(text: impl Into<String>) -> AgentResult<JsonText> {

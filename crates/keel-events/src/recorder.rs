@@ -72,9 +72,12 @@ impl RunRecorder {
     }
 
     /// [`take_report`](Self::take_report) as JSON text, ready to persist: a redacting
-    /// recorder's events are already masked, and its metadata is masked here.
+    /// recorder's events are already masked, and its metadata is masked here. The events
+    /// leave out the task, thread and agent they share with the report (reading the report
+    /// fills them in).
     pub fn take_report_json(&self) -> AgentResult<JsonText> {
         let mut report = self.take_report();
+        report.strip_shared_ids();
         if let Some(policy) = &self.redaction {
             let mut metadata = Value::Object(std::mem::take(&mut report.metadata));
             policy.redact_value(&mut metadata);
@@ -82,7 +85,8 @@ impl RunRecorder {
                 report.metadata = metadata;
             }
         }
-        JsonText::of(&report)
+        // A recorded event takes about a third of a kilobyte of JSON.
+        JsonText::of_sized(&report, 384 * report.events.len() + 1024)
     }
 
     /// The report of the events recorded so far.

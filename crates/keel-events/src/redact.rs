@@ -4,6 +4,9 @@
 
 use keel_core::{AgentError, AgentResult, ApprovalRequest};
 use std::borrow::Cow;
+use std::sync::LazyLock;
+
+use aho_corasick::{AhoCorasick, AhoCorasickKind};
 
 use crate::RunEvent;
 use serde::{de::DeserializeOwned, Serialize};
@@ -60,7 +63,7 @@ pub const DEFAULT_SENSITIVE_PREFIXES: [&str; 1] = ["bearer "];
 ///     "note": "[REDACTED]",
 /// }));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct RedactionPolicy {
     /// Key fragments, lowercase.
     keys: Vec<String>,
@@ -68,34 +71,83 @@ pub struct RedactionPolicy {
     prefixes: Vec<String>,
     /// Keys never masked, lowercase.
     allowed_keys: Vec<String>,
+    /// `keys` as one automaton, rebuilt whenever they change: every key of every event is
+    /// matched against all fragments, and one pass over the key beats a search per fragment.
+    /// `None` only when the automaton could not be built (limits no sane list reaches);
+    /// then each fragment is searched for in turn.
+    key_matcher: Option<AhoCorasick>,
 }
 
-/// `text` in lowercase, as `str::to_lowercase` gives it, without a copy when it already is:
-/// most keys and values the engine redacts are lowercase ASCII, and redaction looks at every
-/// one of them.
-fn lowercase(text: &str) -> Cow<'_, str> {
-    if text
-        .bytes()
-        .all(|b| b.is_ascii() && !b.is_ascii_uppercase())
-    {
+impl PartialEq for RedactionPolicy {
+    fn eq(&self, other: &Self) -> bool {
+        // The matcher is derived from `keys`.
+        self.keys == other.keys
+            && self.prefixes == other.prefixes
+            && self.allowed_keys == other.allowed_keys
+    }
+}
+
+impl Eq for RedactionPolicy {}
+
+/// How many characters of a string value are compared with the sensitive prefixes.
+const VALUE_HEAD_CHARS: usize = 64;
+
+/// `text` as sensitive keys are compared with it: an ASCII key as it is (the comparisons
+/// ignore ASCII case), any other in Unicode lowercase, as `str::to_lowercase` gives it.
+fn folded(text: &str) -> Cow<'_, str> {
+    if text.is_ascii() {
         Cow::Borrowed(text)
     } else {
         Cow::Owned(text.to_lowercase())
     }
 }
 
+/// The first [`VALUE_HEAD_CHARS`] characters of `value`, in Unicode lowercase.
+fn lowercased_head(value: &str) -> String {
+    let end = value
+        .char_indices()
+        .nth(VALUE_HEAD_CHARS)
+        .map_or(value.len(), |(at, _)| at);
+    value[..end].to_lowercase()
+}
+
+/// The automaton finding any of `fragments` (lowercase) in a [`folded`] key.
+fn key_matcher(fragments: &[String]) -> Option<AhoCorasick> {
+    // Keys are short: a DFA without a prefilter walks one in a few instructions a byte.
+    AhoCorasick::builder()
+        .ascii_case_insensitive(true)
+        .kind(Some(AhoCorasickKind::DFA))
+        .prefilter(false)
+        .build(fragments)
+        .ok()
+}
+
 impl Default for RedactionPolicy {
     fn default() -> Self {
-        let owned = |list: &[&str]| list.iter().map(|item| (*item).to_owned()).collect();
-        RedactionPolicy {
-            keys: owned(&DEFAULT_SENSITIVE_KEYS),
-            prefixes: owned(&DEFAULT_SENSITIVE_PREFIXES),
-            allowed_keys: Vec::new(),
-        }
+        // Built once: every run's report is masked with the default policy, and building
+        // its automaton costs more than masking a run of ten steps.
+        static DEFAULT: LazyLock<RedactionPolicy> = LazyLock::new(|| {
+            let owned = |list: &[&str]| list.iter().map(|item| (*item).to_owned()).collect();
+            RedactionPolicy::of(
+                owned(&DEFAULT_SENSITIVE_KEYS),
+                owned(&DEFAULT_SENSITIVE_PREFIXES),
+                Vec::new(),
+            )
+        });
+        DEFAULT.clone()
     }
 }
 
 impl RedactionPolicy {
+    fn of(keys: Vec<String>, prefixes: Vec<String>, allowed_keys: Vec<String>) -> Self {
+        RedactionPolicy {
+            key_matcher: key_matcher(&keys),
+            keys,
+            prefixes,
+            allowed_keys,
+        }
+    }
+
     /// The default policy.
     pub fn new() -> Self {
         Self::default()
@@ -105,6 +157,7 @@ impl RedactionPolicy {
     #[must_use]
     pub fn with_key(mut self, fragment: impl Into<String>) -> Self {
         self.keys.push(fragment.into().to_lowercase());
+        self.key_matcher = key_matcher(&self.keys);
         self
     }
 
@@ -123,27 +176,45 @@ impl RedactionPolicy {
     }
 
     /// Whether values under `key` are masked: it contains a sensitive fragment and is not
-    /// an allowed key, both compared in lowercase.
+    /// an allowed key, both compared in Unicode lowercase.
     fn key_is_sensitive(&self, key: &str) -> bool {
-        let key = lowercase(key);
-        self.keys.iter().any(|k| key.contains(k.as_str()))
-            && !self.allowed_keys.iter().any(|allowed| *allowed == key)
+        let key = folded(key);
+        let sensitive = match &self.key_matcher {
+            Some(matcher) => matcher.is_match(key.as_ref()),
+            None => {
+                let key = key.to_ascii_lowercase();
+                self.keys.iter().any(|k| key.contains(k.as_str()))
+            }
+        };
+        sensitive
+            && !self
+                .allowed_keys
+                .iter()
+                .any(|allowed| allowed.eq_ignore_ascii_case(&key))
     }
 
     /// Whether a string value is masked wherever it appears: its first 64 characters,
     /// lowercased, start with a sensitive prefix.
     fn value_is_sensitive(&self, value: &str) -> bool {
-        let end = value
-            .char_indices()
-            .nth(64)
-            .map_or(value.len(), |(at, _)| at);
-        let head = lowercase(&value[..end]);
-        self.prefixes.iter().any(|p| head.starts_with(p.as_str()))
+        let mut head = None;
+        self.prefixes.iter().any(|prefix| {
+            let start = &value.as_bytes()[..prefix.len().min(value.len())];
+            // An ASCII start lowercases byte for byte, so it decides alone; a non-ASCII
+            // character may lowercase to several, so then the lowercased head decides.
+            if prefix.is_ascii() && prefix.len() <= VALUE_HEAD_CHARS && start.is_ascii() {
+                start.eq_ignore_ascii_case(prefix.as_bytes())
+            } else {
+                head.get_or_insert_with(|| lowercased_head(value))
+                    .starts_with(prefix.as_str())
+            }
+        })
     }
 
     /// Whether `key` names a token count (`input_tokens`), whose numbers are kept.
     fn is_token_count_key(key: &str) -> bool {
-        lowercase(key).ends_with("tokens")
+        let key = folded(key);
+        let key = key.as_bytes();
+        key.len() >= 6 && key[key.len() - 6..].eq_ignore_ascii_case(b"tokens")
     }
 
     /// Mask `value` in place.
@@ -385,5 +456,34 @@ mod tests {
         assert!(RedactionPolicy::default()
             .with_value_prefix("")
             .value_is_sensitive("name"));
+    }
+
+    #[test]
+    fn the_key_automaton_agrees_with_a_search_per_fragment() {
+        let policy = RedactionPolicy::default()
+            .with_key("Stra\u{df}e")
+            .allow_key("Token_Type");
+        let mut plain = policy.clone();
+        plain.key_matcher = None;
+        for key in [
+            "",
+            "KEY",
+            "my_Api_Key",
+            "monkey",
+            "token_type",
+            "input_tokens",
+            "name",
+            "\u{212a}ey",
+            "STRA\u{df}E",
+            "Set-Cookie",
+            "pass_wd",
+            "PASSWD",
+        ] {
+            assert_eq!(
+                policy.key_is_sensitive(key),
+                plain.key_is_sensitive(key),
+                "key {key:?}"
+            );
+        }
     }
 }

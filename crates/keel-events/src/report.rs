@@ -40,7 +40,7 @@ use crate::{EventType, RedactionPolicy, RunEvent};
 
 /// The version of the [`RunReport`] JSON form, the only one this crate writes and reads.
 /// A stored report of any other version is refused with an error naming both.
-pub const RUN_REPORT_VERSION: u32 = 6;
+pub const RUN_REPORT_VERSION: u32 = 7;
 
 /// Where an action got to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -263,11 +263,48 @@ impl RunReport {
         }
         let mut report = RunReport::deserialize(value)
             .map_err(|e| AgentError::invalid_input("run_report", e.to_string()))?;
+        report.fill_shared_ids();
         let rebuilt = RunReport::summary_of(&report.events);
         report.final_task = rebuilt.final_task;
         report.context_manifests = rebuilt.context_manifests;
         report.actions = rebuilt.actions;
         Ok(report)
+    }
+
+    /// Leave out of the events the task, thread and agent they all share with the report, as
+    /// the engine stores a report: every event of a run names the same ones, and writing
+    /// them once is a third less JSON to write and store. A field some event does not
+    /// share stays in every event. Reading fills them in again (see `fill_shared_ids`).
+    pub(crate) fn strip_shared_ids(&mut self) {
+        fn strip<T: PartialEq>(
+            events: &mut [RunEvent],
+            shared: &Option<T>,
+            field: fn(&mut RunEvent) -> &mut Option<T>,
+        ) {
+            if shared.is_some() && events.iter_mut().all(|e| &*field(e) == shared) {
+                events.iter_mut().for_each(|e| *field(e) = None);
+            }
+        }
+        strip(&mut self.events, &self.task_id, |e| &mut e.task_id);
+        strip(&mut self.events, &self.thread_id, |e| &mut e.thread_id);
+        strip(&mut self.events, &self.agent_name, |e| &mut e.agent_name);
+    }
+
+    /// When no event names a task (thread, agent) but the report does, they were left out
+    /// as shared ([`strip_shared_ids`](Self::strip_shared_ids)): every event has the report's.
+    fn fill_shared_ids(&mut self) {
+        fn fill<T: Clone>(
+            events: &mut [RunEvent],
+            shared: &Option<T>,
+            field: fn(&mut RunEvent) -> &mut Option<T>,
+        ) {
+            if shared.is_some() && events.iter_mut().all(|e| field(e).is_none()) {
+                events.iter_mut().for_each(|e| field(e).clone_from(shared));
+            }
+        }
+        fill(&mut self.events, &self.task_id, |e| &mut e.task_id);
+        fill(&mut self.events, &self.thread_id, |e| &mut e.thread_id);
+        fill(&mut self.events, &self.agent_name, |e| &mut e.agent_name);
     }
 
     /// Build a report from events (sorted by sequence first; arrival order does not matter).

@@ -577,7 +577,10 @@ async fn a_redacting_recorder_gives_the_redacted_report() {
     let expected = plain.report().redacted_json(&policy).unwrap();
     let json: serde_json::Value =
         serde_json::from_str(redacting.take_report_json().unwrap().as_str()).unwrap();
-    assert_eq!(json, expected);
+    assert_eq!(read(&json), read(&expected));
+    // The stored events leave out the task, thread and agent they share with the report.
+    let first = &json["events"][0];
+    assert!(first.get("task_id").is_none() && first.get("agent_name").is_none());
     assert!(!json.to_string().contains("sk-live-123"));
     assert_eq!(json["metadata"]["note"], REDACTED);
     // Events are masked as they arrive, and taking the report empties the recorder.
@@ -800,7 +803,7 @@ async fn a_report_writer_writes_the_redacted_report_of_its_events() {
     let text = writer.take_json().unwrap().into_string();
     assert!(!text.contains("sk-live-123"));
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(json, expected);
+    assert_eq!(read(&json), read(&expected));
     // Taking the report leaves the writer empty.
     let empty: RunReport = serde_json::from_str(writer.take_json().unwrap().as_str()).unwrap();
     assert_eq!(empty.event_count, 0);
@@ -816,7 +819,8 @@ async fn a_report_writer_writes_the_redacted_report_of_its_events() {
     let text = writer.take_json().unwrap().into_string();
     assert!(!text.contains("sk-live-123"));
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(timeless(json), timeless(expected));
+    let whole = serde_json::to_value(read(&json)).unwrap();
+    assert_eq!(timeless(whole), timeless(expected));
 
     // Unmasked, it reads back as the report of the events.
     let writer = ReportWriter::new();
@@ -911,4 +915,42 @@ fn the_documented_example_is_a_report_of_this_version() {
     let report = RunReport::from_value(json).expect("the example reads");
     assert_eq!(RunReport::from_events(&report.events), report);
     assert!(doc.contains(&format!("today **{RUN_REPORT_VERSION}**")));
+}
+
+/// A report's JSON, read.
+fn read(json: &serde_json::Value) -> RunReport {
+    RunReport::from_value(json.clone()).expect("a report")
+}
+
+/// Events whose task, thread and agent all match the report's are stored without them and
+/// read back whole; when one event differs, every event keeps its own.
+#[tokio::test]
+async fn stored_events_leave_out_only_the_ids_all_of_them_share() {
+    let (_, events) = recorded_run().await;
+    let recorder = recorder_of(&events).await;
+    let report = recorder.report();
+    let json: serde_json::Value =
+        serde_json::from_str(recorder.take_report_json().unwrap().as_str()).unwrap();
+    for event in json["events"].as_array().unwrap() {
+        for field in ["task_id", "thread_id", "agent_name"] {
+            assert!(event.get(field).is_none(), "{field} in {event}");
+        }
+    }
+    assert_eq!(read(&json), report);
+
+    let mut mixed = events.clone();
+    mixed[1].agent_name = Some("helper".into());
+    mixed[2].task_id = None;
+    let recorder = recorder_of(&mixed).await;
+    let report = recorder.report();
+    let json: serde_json::Value =
+        serde_json::from_str(recorder.take_report_json().unwrap().as_str()).unwrap();
+    assert_eq!(json["events"][0]["agent_name"], "clerk");
+    assert_eq!(json["events"][1]["agent_name"], "helper");
+    assert!(json["events"][2].get("task_id").is_none());
+    assert!(
+        json["events"][0].get("thread_id").is_none(),
+        "the thread is still shared"
+    );
+    assert_eq!(read(&json), report);
 }

@@ -412,7 +412,6 @@ impl Inner {
             }
         }
         if !injected.is_empty() {
-            tracing::debug!(count = injected.len(), "queued work injected");
             scope
                 .obs
                 .emit(RunEvent::queue_injected(QueueInjectedPayload {

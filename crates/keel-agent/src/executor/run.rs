@@ -267,6 +267,7 @@ impl Inner {
             &task.id,
             &self.agent.card().name,
             self.agent.authorizer().clone(),
+            self.runtime.logging_service(),
         ));
         if let Some(outcome) = self.stop_requested(flow, run).await {
             return self.finish(flow, &obs, task, outcome).await;

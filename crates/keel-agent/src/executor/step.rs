@@ -516,6 +516,7 @@ impl AgentExecutor {
             &task_id,
             &inner.agent.card().name,
             inner.agent.authorizer().clone(),
+            inner.runtime.logging_service(),
         ));
         let action = Arc::new(tool_action(registered.tool.as_ref(), &call));
         obs.emit(RunEvent::action_requested(&action)).await;
