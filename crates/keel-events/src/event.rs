@@ -230,7 +230,16 @@ pub struct RunEvent {
     #[serde(rename = "final", default)]
     pub is_final: bool,
     /// When the event was created.
+    #[serde(serialize_with = "rfc3339")]
     pub timestamp: DateTime<Utc>,
+}
+
+/// `time` as chrono's own `Serialize` writes it (RFC 3339, `Z`, as many fraction digits as
+/// needed), but handed to the serializer as one string: chrono's `Display` writes a time in
+/// a dozen pieces, and `serde_json` escapes each piece on its own, which made writing the
+/// timestamps a tenth of the cost of an engine step.
+fn rfc3339<S: serde::Serializer>(time: &DateTime<Utc>, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&time.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
 }
 
 impl RunEvent {
@@ -395,6 +404,18 @@ impl RunEventBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_are_written_as_chrono_writes_them() {
+        use chrono::TimeZone;
+        let whole = Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap();
+        for nanos in [0, 100_000_000, 120_000, 123_456_789, 1] {
+            let time = whole + chrono::Duration::nanoseconds(nanos);
+            let mut text = Vec::new();
+            rfc3339(&time, &mut serde_json::Serializer::new(&mut text)).unwrap();
+            assert_eq!(text, serde_json::to_vec(&time).unwrap(), "{time:?}");
+        }
+    }
 
     #[test]
     fn every_known_type_serializes_with_its_exact_name() {

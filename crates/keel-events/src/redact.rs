@@ -76,6 +76,20 @@ pub struct RedactionPolicy {
     /// `None` only when the automaton could not be built (limits no sane list reaches);
     /// then each fragment is searched for in turn.
     key_matcher: Option<AhoCorasick>,
+    /// Whether each free-text field of the event envelope is masked by its name, decided
+    /// when the policy is built: the names are fixed, and every event asks.
+    envelope: EnvelopeVerdicts,
+}
+
+/// [`RedactionPolicy::key_is_sensitive`] of each masked field name of a [`RunEvent`].
+#[derive(Debug, Clone, Copy, Default)]
+struct EnvelopeVerdicts {
+    summary: bool,
+    agent_name: bool,
+    span_id: bool,
+    parent_span_id: bool,
+    delegation_id: bool,
+    payload: bool,
 }
 
 impl PartialEq for RedactionPolicy {
@@ -141,11 +155,28 @@ impl Default for RedactionPolicy {
 impl RedactionPolicy {
     fn of(keys: Vec<String>, prefixes: Vec<String>, allowed_keys: Vec<String>) -> Self {
         RedactionPolicy {
-            key_matcher: key_matcher(&keys),
+            key_matcher: None,
             keys,
             prefixes,
             allowed_keys,
+            envelope: EnvelopeVerdicts::default(),
         }
+        .derived()
+    }
+
+    /// The policy with what is derived from its lists (the key matcher, the envelope's
+    /// verdicts) made anew.
+    fn derived(mut self) -> Self {
+        self.key_matcher = key_matcher(&self.keys);
+        self.envelope = EnvelopeVerdicts {
+            summary: self.key_is_sensitive("summary"),
+            agent_name: self.key_is_sensitive("agent_name"),
+            span_id: self.key_is_sensitive("span_id"),
+            parent_span_id: self.key_is_sensitive("parent_span_id"),
+            delegation_id: self.key_is_sensitive("delegation_id"),
+            payload: self.key_is_sensitive("payload"),
+        };
+        self
     }
 
     /// The default policy.
@@ -157,8 +188,7 @@ impl RedactionPolicy {
     #[must_use]
     pub fn with_key(mut self, fragment: impl Into<String>) -> Self {
         self.keys.push(fragment.into().to_lowercase());
-        self.key_matcher = key_matcher(&self.keys);
-        self
+        self.derived()
     }
 
     /// Also mask string values starting with `prefix` (case-insensitive).
@@ -172,7 +202,7 @@ impl RedactionPolicy {
     #[must_use]
     pub fn allow_key(mut self, key: impl Into<String>) -> Self {
         self.allowed_keys.push(key.into().to_lowercase());
-        self
+        self.derived()
     }
 
     /// Whether values under `key` are masked: it contains a sensitive fragment and is not
@@ -243,23 +273,24 @@ impl RedactionPolicy {
     /// Keel's own and kept. [`RunRecorder::redacting`](crate::RunRecorder::redacting) applies
     /// it to each event as it is recorded.
     pub fn redact_event(&self, event: &mut RunEvent) {
-        let mask = |name: &str, text: &mut String| {
-            if self.key_is_sensitive(name) || self.value_is_sensitive(text) {
+        let verdicts = self.envelope;
+        let mask = |sensitive_name: bool, text: &mut String| {
+            if sensitive_name || self.value_is_sensitive(text) {
                 REDACTED.clone_into(text);
             }
         };
-        mask("summary", &mut event.summary);
-        for (name, field) in [
-            ("agent_name", &mut event.agent_name),
-            ("span_id", &mut event.span_id),
-            ("parent_span_id", &mut event.parent_span_id),
-            ("delegation_id", &mut event.delegation_id),
+        mask(verdicts.summary, &mut event.summary);
+        for (sensitive_name, field) in [
+            (verdicts.agent_name, &mut event.agent_name),
+            (verdicts.span_id, &mut event.span_id),
+            (verdicts.parent_span_id, &mut event.parent_span_id),
+            (verdicts.delegation_id, &mut event.delegation_id),
         ] {
             if let Some(text) = field {
-                mask(name, text);
+                mask(sensitive_name, text);
             }
         }
-        if self.key_is_sensitive("payload") && !event.payload.is_null() {
+        if verdicts.payload && !event.payload.is_null() {
             event.payload = Value::String(REDACTED.to_owned());
         } else {
             self.redact_value(&mut event.payload);
