@@ -76,7 +76,9 @@ impl RunRecorder {
     /// leave out the task, thread and agent they share with the report (reading the report
     /// fills them in).
     pub fn take_report_json(&self) -> AgentResult<JsonText> {
-        let mut report = self.take_report();
+        let events = std::mem::take(&mut *self.lock());
+        let mut report = RunReport::stored_of(events);
+        report.metadata = self.metadata.clone();
         report.strip_shared_ids();
         if let Some(policy) = &self.redaction {
             let mut metadata = Value::Object(std::mem::take(&mut report.metadata));

@@ -19,7 +19,10 @@
 //! | `action.started` / `completed` / `denied` / `failed` | the action's `status`, `output`, `artifacts`, `error`; `budget.usage.tool_calls` counts `action.started` |
 //!
 //! Other types are kept in `events` and otherwise ignored. A payload that does not read
-//! is noted in `problems`, never a panic.
+//! is noted in `problems`, never a panic. A report written to be stored
+//! ([`RunRecorder::take_report_json`](crate::RunRecorder::take_report_json)) reads only the
+//! payloads its JSON needs; `final_task`, `context_manifests`, `actions` and `problems` are
+//! built when it is read.
 
 use std::collections::HashMap;
 
@@ -170,9 +173,9 @@ pub struct BudgetReport {
 /// [`RunReport::redacted`] — action payloads and model context often carry credentials.
 ///
 /// Its JSON is the derived serde form of this struct, except that `final_task`,
-/// `context_manifests` and `actions` are left out: each is already in the events (the last
-/// `task.status` payload, the `context.prepared` payloads, the `action.*` events), and
-/// reading a report rebuilds them from there.
+/// `context_manifests`, `actions` and `problems` are left out: each is already in the events
+/// (the last `task.status` payload, the `context.prepared` payloads, the `action.*` events,
+/// the payloads themselves), and reading a report rebuilds them from there.
 // `remote = "Self"`: the derived code becomes `RunReport::serialize`/`deserialize`, wrapped by
 // the trait impls below, which check the version and rebuild the fields left out.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -227,8 +230,8 @@ pub struct RunReport {
     /// The events themselves, in sequence order (what [`RunReplay`](crate::RunReplay) reads).
     #[serde(default)]
     pub events: Vec<RunEvent>,
-    /// Payloads that could not be read, by event.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Payloads that could not be read, by event (rebuilt from `events` on reading).
+    #[serde(skip)]
     pub problems: Vec<String>,
     /// Application metadata.
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]
@@ -264,10 +267,11 @@ impl RunReport {
         let mut report = RunReport::deserialize(value)
             .map_err(|e| AgentError::invalid_input("run_report", e.to_string()))?;
         report.fill_shared_ids();
-        let rebuilt = RunReport::summary_of(&report.events);
+        let rebuilt = RunReport::summary_of(&report.events, Parts::All);
         report.final_task = rebuilt.final_task;
         report.context_manifests = rebuilt.context_manifests;
         report.actions = rebuilt.actions;
+        report.problems = rebuilt.problems;
         Ok(report)
     }
 
@@ -313,16 +317,29 @@ impl RunReport {
     }
 
     /// [`from_events`](Self::from_events) taking the events by value, sparing a copy.
-    pub fn from_owned_events(mut events: Vec<RunEvent>) -> RunReport {
+    pub fn from_owned_events(events: Vec<RunEvent>) -> RunReport {
+        RunReport::of_events(events, Parts::All)
+    }
+
+    /// The report of `events` as it is stored: without the parts its JSON leaves out, which
+    /// reading rebuilds (`final_task`, `context_manifests`, `actions`, `problems`).
+    pub(crate) fn stored_of(events: Vec<RunEvent>) -> RunReport {
+        RunReport::of_events(events, Parts::Stored)
+    }
+
+    fn of_events(mut events: Vec<RunEvent>, parts: Parts) -> RunReport {
         events.sort_by_key(|e| e.sequence);
-        let mut report = RunReport::summary_of(&events);
+        let mut report = RunReport::summary_of(&events, parts);
         report.events = events;
         report
     }
 
     /// The report of `events` (in sequence order), without the events themselves.
-    fn summary_of(events: &[RunEvent]) -> RunReport {
-        let mut builder = ReportBuilder::default();
+    fn summary_of(events: &[RunEvent], parts: Parts) -> RunReport {
+        let mut builder = ReportBuilder {
+            parts,
+            ..ReportBuilder::default()
+        };
         for event in events {
             builder.read(event);
         }
@@ -349,8 +366,50 @@ impl RunReport {
     }
 }
 
+/// Which parts of a report to build.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Parts {
+    /// Everything: a report to read.
+    #[default]
+    All,
+    /// What the JSON holds: a report to store. Actions, manifests, the final task and the
+    /// problems are left out, and the payloads only they need are not read.
+    Stored,
+}
+
+/// What the stored summary reads of a `task.status` payload.
+#[derive(Deserialize)]
+struct StateOf {
+    state: TaskState,
+}
+
+/// What the stored summary reads of a `context.prepared` payload.
+#[derive(Deserialize)]
+struct TokensOf {
+    manifest: ManifestTokens,
+}
+
+#[derive(Deserialize)]
+struct ManifestTokens {
+    total_estimated_tokens: u64,
+}
+
+/// Whether only the action records read events of type `t` (`action.started` also counts
+/// tool calls).
+fn is_read_by_action_records_only(t: &EventType) -> bool {
+    [
+        EventType::ACTION_REQUESTED,
+        EventType::ACTION_POLICY,
+        EventType::ACTION_COMPLETED,
+        EventType::ACTION_DENIED,
+        EventType::ACTION_FAILED,
+    ]
+    .contains(t)
+}
+
 #[derive(Default)]
 struct ReportBuilder {
+    parts: Parts,
     report: RunReport,
     action_index: HashMap<ActionId, usize>,
     manifest_tokens: u64,
@@ -365,7 +424,9 @@ impl ReportBuilder {
         match event.payload_as::<T>() {
             Ok(payload) => Some(payload),
             Err(problem) => {
-                self.report.problems.push(problem.to_string());
+                if self.parts == Parts::All {
+                    self.report.problems.push(problem.to_string());
+                }
                 None
             }
         }
@@ -408,7 +469,14 @@ impl ReportBuilder {
         }
 
         let t = &event.event_type;
-        if *t == EventType::TASK_STATUS {
+        let all = self.parts == Parts::All;
+        if !all && is_read_by_action_records_only(t) {
+            // Stored reports hold no action records.
+        } else if *t == EventType::TASK_STATUS && !all {
+            if let Some(p) = self.payload::<StateOf>(event) {
+                self.report.final_state = Some(p.state);
+            }
+        } else if *t == EventType::TASK_STATUS {
             if let Some(p) = self.payload::<TaskStatusPayload>(event) {
                 self.report.final_state = Some(p.state);
                 if p.task.is_some() {
@@ -423,6 +491,10 @@ impl ReportBuilder {
                     Some(existing) => *existing = p.artifact,
                     None => artifacts.push(p.artifact),
                 }
+            }
+        } else if *t == EventType::CONTEXT_PREPARED && !all {
+            if let Some(p) = self.payload::<TokensOf>(event) {
+                self.manifest_tokens += p.manifest.total_estimated_tokens;
             }
         } else if *t == EventType::CONTEXT_PREPARED {
             if let Some(p) = self.payload::<ContextPreparedPayload>(event) {
@@ -467,8 +539,10 @@ impl ReportBuilder {
             }
         } else if *t == EventType::APPROVAL_REQUIRED {
             if let Some(p) = self.payload::<ApprovalRequiredPayload>(event) {
-                let id = p.request.action.id.clone();
-                self.action(&id).approval_request = Some(p.request.clone());
+                if all {
+                    let id = p.request.action.id.clone();
+                    self.action(&id).approval_request = Some(p.request.clone());
+                }
                 self.report.approvals.push(ApprovalRecord {
                     request: p.request,
                     decision: None,
@@ -485,10 +559,15 @@ impl ReportBuilder {
                 {
                     record.decision = Some(p.decision.clone());
                 }
-                self.action(&p.action_id).approval = Some(p.decision);
+                if all {
+                    self.action(&p.action_id).approval = Some(p.decision);
+                }
             }
         } else if *t == EventType::ACTION_STARTED {
             self.tool_calls += 1;
+            if !all {
+                return;
+            }
             if let Some(p) = self.payload::<ActionPayload>(event) {
                 let id = p.action.id.clone();
                 let record = self.action(&id);

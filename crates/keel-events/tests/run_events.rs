@@ -931,6 +931,12 @@ async fn stored_events_leave_out_only_the_ids_all_of_them_share() {
     let report = recorder.report();
     let json: serde_json::Value =
         serde_json::from_str(recorder.take_report_json().unwrap().as_str()).unwrap();
+    for left_out in ["actions", "context_manifests", "final_task", "problems"] {
+        assert!(
+            json.get(left_out).is_none(),
+            "{left_out} is rebuilt on reading"
+        );
+    }
     for event in json["events"].as_array().unwrap() {
         for field in ["task_id", "thread_id", "agent_name"] {
             assert!(event.get(field).is_none(), "{field} in {event}");
