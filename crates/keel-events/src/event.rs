@@ -162,6 +162,11 @@ pub enum Severity {
 }
 
 impl Severity {
+    /// Whether it is [`Severity::Info`], the default.
+    pub fn is_info(&self) -> bool {
+        *self == Severity::Info
+    }
+
     /// The name as it is serialized: `info`, `warning` or `error`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -217,8 +222,8 @@ pub struct RunEvent {
     /// The delegated-agent operation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delegation_id: Option<String>,
-    /// How to treat it.
-    #[serde(default)]
+    /// How to treat it (left out of the JSON when it is `info`, as most events are).
+    #[serde(default, skip_serializing_if = "Severity::is_info")]
     pub severity: Severity,
     /// Short progress text for CLIs, UIs and logs.
     #[serde(default)]
@@ -226,8 +231,9 @@ pub struct RunEvent {
     /// The type-specific body.
     #[serde(default)]
     pub payload: Value,
-    /// Whether the event marks a final boundary (the run's last status).
-    #[serde(rename = "final", default)]
+    /// Whether the event marks a final boundary (the run's last status); left out of the
+    /// JSON when false.
+    #[serde(rename = "final", default, skip_serializing_if = "std::ops::Not::not")]
     pub is_final: bool,
     /// When the event was created.
     #[serde(serialize_with = "rfc3339")]

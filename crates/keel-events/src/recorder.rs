@@ -109,7 +109,12 @@ impl RunRecorder {
         if let Some(policy) = &self.redaction {
             policy.redact_event(&mut event);
         }
-        self.lock().push(event);
+        let mut events = self.lock();
+        if events.capacity() == 0 {
+            // A run of a few steps emits a few dozen events: grow the list less often.
+            events.reserve(64);
+        }
+        events.push(event);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<RunEvent>> {
