@@ -228,6 +228,13 @@ impl RedactionPolicy {
     fn value_is_sensitive(&self, value: &str) -> bool {
         let mut head = None;
         self.prefixes.iter().any(|prefix| {
+            // Most values differ from every prefix in their first byte: an ASCII first byte
+            // lowercases to itself or its ASCII lowercase, so a mismatch there decides.
+            if let (Some(first), Some(wanted)) = (value.bytes().next(), prefix.bytes().next()) {
+                if first.is_ascii() && wanted.is_ascii() && !first.eq_ignore_ascii_case(&wanted) {
+                    return false;
+                }
+            }
             let start = &value.as_bytes()[..prefix.len().min(value.len())];
             // An ASCII start lowercases byte for byte, so it decides alone; a non-ASCII
             // character may lowercase to several, so then the lowercased head decides.
