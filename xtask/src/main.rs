@@ -1,5 +1,6 @@
 //! `cargo xtask`: Keel's project tasks (CI gate, benchmarks, Python A2A SDK venv).
 
+mod a2a;
 mod ci;
 mod fuzz;
 mod instructions;
@@ -20,8 +21,11 @@ commands:
   bench engine     the thread engine: overhead per step, persisted steps/s per backend, and
                    instructions per step under callgrind (when valgrind is installed;
                    KEEL_BENCH_CALLGRIND=0 skips it)
-  bench a2a        the A2A server: SendMessage/GetTask req/s beside a bare axum handler, RSS over 100k sends
-                   (KEEL_BENCH_SECS, KEEL_BENCH_DIR, REDIS_URL; figures are printed, never asserted)
+  bench a2a        the A2A server side by side: the release `keel serve` (memory, SQLite, Redis), a bare
+                   axum handler and the official Rust A2A SDK's server, each in its own process on
+                   CPU 0, loaded by wrk on CPU 1; req/s, p50, p99, RSS over sends, cold start
+                   (KEEL_BENCH_SECS, KEEL_BENCH_RUNS, KEEL_BENCH_BACKENDS, KEEL_BENCH_SCENARIOS,
+                   KEEL_BENCH_SENDS, REDIS_URL; installs wrk with apt-get when missing)
   layers           check that each crate depends only on lower layers (docs/architecture.md)
   fuzz [SECONDS]   run each fuzz target of fuzz/ for SECONDS (default 60; needs nightly and cargo-fuzz)
   py-sdk           create/refresh the cached Python A2A SDK venvs (1.x, 0.3.x) and print
@@ -100,11 +104,21 @@ fn bench(args: &[String]) -> ExitCode {
         .first()
         .and_then(|first| BENCHES.iter().find(|b| b.name == first.as_str()));
     let redis = redis::ensure();
-    let env: Vec<(&str, std::ffi::OsString)> = redis
+    let mut env: Vec<(&str, std::ffi::OsString)> = redis
         .as_ref()
         .map(|r| ("REDIS_URL", r.url.clone().into()))
         .into_iter()
         .collect();
+    // The A2A bench runs binaries (servers, wrk) rather than linking what it measures.
+    if named.is_some_and(|b| b.name == "a2a") {
+        match a2a::prepare() {
+            Ok(extra) => env.extend(extra),
+            Err(e) => {
+                eprintln!("xtask bench a2a: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let mut cmd = util::cargo(&env);
     match named {
         Some(bench) => {
