@@ -11,6 +11,7 @@ use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use futures::StreamExt;
 use keel_agent::AgentExecutor;
@@ -343,6 +344,12 @@ impl A2aServer {
             }
         };
         tracing::info!(%address, %base_url, "A2A server listening");
+        // Answers and stream events are small writes: without TCP_NODELAY, Nagle's algorithm
+        // holds each one back until the client's delayed ACK (about 40 ms) arrives.
+        let listener = listener.tap_io(|stream| {
+            // A socket that refuses the option still serves, only slower.
+            let _ = stream.set_nodelay(true);
+        });
         let served = axum::serve(listener, router)
             .with_graceful_shutdown(signal)
             .await;
