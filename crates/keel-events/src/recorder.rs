@@ -67,28 +67,27 @@ impl RunRecorder {
     /// The report of the events recorded so far, leaving the recorder empty: for the end of
     /// a run, when the events are not needed again (it spares copying them all).
     pub fn take_report(&self) -> RunReport {
-        let events = std::mem::take(&mut *self.lock());
-        self.report_of(events)
+        self.report_of(self.take_events())
     }
 
-    /// [`take_report`](Self::take_report) as JSON text, ready to persist: a redacting
-    /// recorder's events are already masked, and its metadata is masked here. The events
-    /// leave out the task, thread and agent they share with the report (reading the report
-    /// fills them in).
+    /// [`take_report`](Self::take_report) as JSON text, ready to persist, in the stored form
+    /// ([`RunReport::stored_of`]): a redacting recorder's events are already masked, and its
+    /// metadata is masked here.
     pub fn take_report_json(&self) -> AgentResult<JsonText> {
-        let events = std::mem::take(&mut *self.lock());
-        let mut report = RunReport::stored_of(events);
-        report.metadata = self.metadata.clone();
-        report.strip_shared_ids();
+        let mut report = RunReport::stored_of(self.take_events());
+        let mut metadata = Value::Object(self.metadata.clone());
         if let Some(policy) = &self.redaction {
-            let mut metadata = Value::Object(std::mem::take(&mut report.metadata));
             policy.redact_value(&mut metadata);
-            if let Value::Object(metadata) = metadata {
-                report.metadata = metadata;
-            }
+        }
+        if let Value::Object(metadata) = metadata {
+            report.metadata = metadata;
         }
         // A recorded event takes about a third of a kilobyte of JSON.
         JsonText::of_sized(&report, 384 * report.events.len() + 1024)
+    }
+
+    fn take_events(&self) -> Vec<RunEvent> {
+        std::mem::take(&mut *self.lock())
     }
 
     /// The report of the events recorded so far.

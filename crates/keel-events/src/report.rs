@@ -279,7 +279,7 @@ impl RunReport {
     /// the engine stores a report: every event of a run names the same ones, and writing
     /// them once is a third less JSON to write and store. A field some event does not
     /// share stays in every event. Reading fills them in again (see `fill_shared_ids`).
-    pub(crate) fn strip_shared_ids(&mut self) {
+    fn strip_shared_ids(&mut self) {
         fn strip<T: PartialEq>(
             events: &mut [RunEvent],
             shared: &Option<T>,
@@ -322,9 +322,12 @@ impl RunReport {
     }
 
     /// The report of `events` as it is stored: without the parts its JSON leaves out, which
-    /// reading rebuilds (`final_task`, `context_manifests`, `actions`, `problems`).
+    /// reading rebuilds (`final_task`, `context_manifests`, `actions`, `problems`), and with
+    /// the ids every event shares with the report written once (`strip_shared_ids`).
     pub(crate) fn stored_of(events: Vec<RunEvent>) -> RunReport {
-        RunReport::of_events(events, Parts::Stored)
+        let mut report = RunReport::of_events(events, Parts::Stored);
+        report.strip_shared_ids();
+        report
     }
 
     fn of_events(mut events: Vec<RunEvent>, parts: Parts) -> RunReport {
