@@ -290,17 +290,18 @@ impl Inner {
         self.wait_until(auth, task_id, answered).await.map(|_| ())
     }
 
-    /// Wait until the stored task satisfies `done`, and answer it. Local changes wake the
-    /// waiter at once; a task run by another process is looked at every poll interval.
+    /// Wait until the stored task satisfies `done`, and answer it. Local saves of this task
+    /// wake the waiter at once; a task run by another process is looked at every poll
+    /// interval.
     pub(super) async fn wait_until(
         &self,
         auth: &AuthContext,
         task_id: &TaskId,
         done: impl Fn(&Task) -> bool,
     ) -> AgentResult<Task> {
-        let mut changed = self.rested.subscribe();
+        let mut waiter = RestWaiter::new(&self.resting, (auth.namespace(), task_id.clone()));
         loop {
-            changed.borrow_and_update();
+            waiter.receiver.borrow_and_update();
             let task = self
                 .runtime
                 .task_manager()
@@ -313,7 +314,7 @@ impl Inner {
                 return Ok(task);
             }
             tokio::select! {
-                _ = changed.changed() => {}
+                _ = waiter.receiver.changed() => {}
                 () = tokio::time::sleep(self.config.poll_interval) => {}
             }
         }
@@ -423,5 +424,37 @@ impl Inner {
                 .await?;
         }
         Ok(outcome)
+    }
+}
+
+type Waiters = dashmap::DashMap<TaskKey, tokio::sync::watch::Sender<u64>, foldhash::fast::RandomState>;
+
+/// One caller's place among a task's waiters (`Inner::resting`); the task's entry goes when
+/// its last waiter does, also when the waiting future is dropped (a client that went away).
+struct RestWaiter<'a> {
+    waiters: &'a Waiters,
+    key: TaskKey,
+    receiver: tokio::sync::watch::Receiver<u64>,
+}
+
+impl<'a> RestWaiter<'a> {
+    fn new(waiters: &'a Waiters, key: TaskKey) -> Self {
+        let receiver = waiters
+            .entry(key.clone())
+            .or_insert_with(|| tokio::sync::watch::channel(0).0)
+            .subscribe();
+        Self {
+            waiters,
+            key,
+            receiver,
+        }
+    }
+}
+
+impl Drop for RestWaiter<'_> {
+    fn drop(&mut self) {
+        // This waiter's own receiver still counts here.
+        self.waiters
+            .remove_if(&self.key, |_, sender| sender.receiver_count() <= 1);
     }
 }

@@ -75,7 +75,6 @@ impl AgentExecutor {
     /// An executor with explicit tuning.
     pub fn with_config(agent: Agent, runtime: Arc<dyn Runtime>, config: ExecutorConfig) -> Self {
         let (changed, _) = watch::channel(0);
-        let (rested, _) = watch::channel(0);
         let slots = Arc::new(Semaphore::new(config.max_concurrent_threads.max(1)));
         let executor = Self {
             inner: Arc::new_cyclic(|me| Inner {
@@ -86,7 +85,7 @@ impl AgentExecutor {
                 active: DashMap::default(),
                 workers: DashMap::default(),
                 changed,
-                rested,
+                resting: DashMap::default(),
                 tracker: TaskTracker::new(),
                 sinks: RwLock::new(Vec::new()),
                 shutting_down: CancellationToken::new(),

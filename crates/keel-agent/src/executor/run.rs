@@ -41,7 +41,7 @@ impl Inner {
                 },
             )
             .await?;
-        self.task_saved();
+        self.task_saved(auth, &task.id);
         Ok(())
     }
 
@@ -54,9 +54,14 @@ impl Inner {
         }
     }
 
-    /// Wake local waiters after a task record was saved (see `rested`), and event watchers.
-    pub(super) fn task_saved(&self) {
-        self.rested.send_modify(|n| *n = n.wrapping_add(1));
+    /// Wake the task's local waiters after its record was saved (see `resting`), and event
+    /// watchers.
+    pub(super) fn task_saved(&self, auth: &AuthContext, task_id: &TaskId) {
+        if !self.resting.is_empty() {
+            if let Some(waiters) = self.resting.get(&(auth.namespace(), task_id.clone())) {
+                waiters.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
         self.task_changed();
     }
 
@@ -175,7 +180,7 @@ impl Inner {
         let result = Box::pin(self.run_task_inner(flow, &mut task, &run).instrument(span)).await;
         watcher.abort();
         self.active.remove(&key);
-        self.task_saved();
+        self.task_saved(auth, task_id);
         match result {
             Ok(()) => Ok(()),
             Err(err @ AgentError::LeaseLost { .. }) => Err(err),
@@ -472,7 +477,7 @@ impl Inner {
                 .task_manager()
                 .save_task(&scope.flow.auth, task)
                 .await?;
-            self.task_saved();
+            self.task_saved(&scope.flow.auth, &task.id);
         }
         Ok(None)
     }
@@ -509,7 +514,7 @@ impl Inner {
                 .await;
                 self.save_records(auth, obs, task).await;
                 self.runtime.task_manager().save_task(auth, task).await?;
-                self.task_saved();
+                self.task_saved(auth, &task.id);
                 return Ok(());
             }
             Outcome::Answer {

@@ -57,10 +57,12 @@ pub(super) struct Inner {
     /// Bumped whenever this process persists a task status or a message of a task, to wake
     /// local watchers of a task's events (streams, push delivery).
     pub(super) changed: watch::Sender<u64>,
-    /// Bumped whenever this process saves a task record (its status or metadata), to wake
-    /// the callers waiting for a task to rest. Kept apart from `changed` so that a blocking
-    /// send is not woken, and does not read its task again, at every persisted message.
-    pub(super) rested: watch::Sender<u64>,
+    /// The callers waiting for a task to rest, by task: saving a task record (its status or
+    /// metadata) in this process wakes that task's waiters only. One signal for every task
+    /// woke each blocked caller at every other task's save, and each then read its own task
+    /// again: with N blocking senders, N reads per save. Kept apart from `changed` so that a
+    /// blocking send is not woken at every persisted message either.
+    pub(super) resting: DashMap<TaskKey, watch::Sender<u64>, foldhash::fast::RandomState>,
     pub(super) tracker: TaskTracker,
     /// Where every run's events go (besides its own recorder).
     pub(super) sinks: RwLock<Vec<Arc<dyn EventSink>>>,
