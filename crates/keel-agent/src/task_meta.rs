@@ -27,6 +27,11 @@ pub(crate) struct EngineMeta {
     /// The skill the negotiator accepted the task for.
     #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
     pub(crate) skill: Option<String>,
+    /// The agent the task was sent to: on a thread two agents share, only that agent's
+    /// executor runs it. Kept in the snapshot every new task writes anyway, rather than in a
+    /// key of its own (a write more per task).
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    pub(crate) agent: Option<String>,
 }
 
 /// Task metadata key of an action waiting for approval.
@@ -35,12 +40,13 @@ pub(crate) const PENDING_APPROVAL: &str = "pending_approval";
 pub(crate) const APPROVAL_DECISION: &str = "approval_decision";
 
 /// The keys [`EngineMeta`] owns (checked against its fields by a test).
-const KEYS: [&str; 5] = [
+const KEYS: [&str; 6] = [
     "stop_reason",
     "awaiting_tool_call",
     PENDING_APPROVAL,
     APPROVAL_DECISION,
     "skill",
+    "agent",
 ];
 
 /// A value that does not parse reads as absent, as each key was read before it was typed.
@@ -107,6 +113,7 @@ mod tests {
             pending_approval: None,
             approval_decision: None,
             skill: Some("s".into()),
+            agent: Some("a".into()),
         };
         let Value::Object(written) = serde_json::to_value(&full).unwrap() else {
             panic!("not an object");

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::state::*;
+use crate::task_meta::EngineMeta;
 use crate::thread_state::ThreadHost;
 
 impl Inner {
@@ -99,7 +100,9 @@ impl Inner {
                         self.workers.remove(&key);
                         return;
                     }
-                    continue;
+                    // The queue was worked until it was empty (or the lease went): the
+                    // look below, after leaving the map, catches whatever came since.
+                    break;
                 }
                 Ok(None) => {}
                 Err(err) => self.log(
@@ -189,11 +192,17 @@ impl Inner {
                     Ok(())
                 }
                 Ok(QueuedWork::Task { task_id }) => {
-                    if self.owned_by_another_agent(&flow, &task_id).await {
-                        worked = Worked::LeftForAnotherAgent;
-                        break;
+                    match self.runtime.task_manager().get_task(auth, &task_id).await {
+                        Ok(Some(task)) => {
+                            if self.owned_by_another_agent(&flow, &task).await {
+                                worked = Worked::LeftForAnotherAgent;
+                                break;
+                            }
+                            self.run_loaded_task(&flow, task).await
+                        }
+                        Ok(None) => Ok(()),
+                        Err(err) => Err(err),
                     }
-                    self.run_task(&flow, &task_id).await
                 }
                 Ok(QueuedWork::Message { message }) => {
                     self.start_turn(&flow, message, &item.id).await
@@ -245,15 +254,20 @@ impl Inner {
     }
 
     /// Whether the task was sent to another agent's executor on this thread (a task with no
-    /// recorded owner is anyone's).
-    pub(super) async fn owned_by_another_agent(&self, flow: &Flow, task_id: &TaskId) -> bool {
+    /// recorded owner is anyone's). The owner is in the task's metadata; tasks stored before
+    /// it was kept there have it in a thread key.
+    pub(super) async fn owned_by_another_agent(&self, flow: &Flow, task: &Task) -> bool {
+        let mine = self.agent.card().name.as_str();
+        if let Some(owner) = EngineMeta::of(&task.metadata).agent {
+            return owner != mine;
+        }
         match self
             .runtime
             .thread_store()
-            .kv_get(&flow.auth, &flow.thread_id, &owner_key(task_id))
+            .kv_get(&flow.auth, &flow.thread_id, &owner_key(&task.id))
             .await
         {
-            Ok(Some(owner)) => owner.as_str() != Some(self.agent.card().name.as_str()),
+            Ok(Some(owner)) => owner.as_str() != Some(mine),
             _ => false,
         }
     }
@@ -290,6 +304,21 @@ impl Inner {
         self.wait_until(auth, task_id, answered).await.map(|_| ())
     }
 
+    /// [`Self::wait_until_resting`] for a task the caller has just queued, with a waiter
+    /// taken before queueing it: until a save of the task wakes it (or a poll interval goes
+    /// by, for a run in another process), there is nothing new to read.
+    pub(super) async fn wait_until_queued_task_rests(
+        &self,
+        mut waiter: RestWaiter<'_>,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<()> {
+        waiter.fresh = true;
+        self.wait_with(waiter, auth, task_id, answered)
+            .await
+            .map(|_| ())
+    }
+
     /// Wait until the stored task satisfies `done`, and answer it. Local saves of this task
     /// wake the waiter at once; a task run by another process is looked at every poll
     /// interval.
@@ -299,9 +328,38 @@ impl Inner {
         task_id: &TaskId,
         done: impl Fn(&Task) -> bool,
     ) -> AgentResult<Task> {
-        let mut waiter = RestWaiter::new(&self.resting, (auth.namespace(), task_id.clone()));
+        let waiter = self.rest_waiter(auth, task_id);
+        self.wait_with(waiter, auth, task_id, done).await
+    }
+
+    /// A place among `task_id`'s waiters, taken before the change it waits for is started
+    /// (e.g. the task queued), so that no wake-up can come before it.
+    pub(super) fn rest_waiter(&self, auth: &AuthContext, task_id: &TaskId) -> RestWaiter<'_> {
+        RestWaiter::new(&self.resting, (auth.namespace(), task_id.clone()))
+    }
+
+    /// [`Self::wait_until`] with a waiter taken earlier. When the waiter has not been woken
+    /// yet, the task has not been saved since it was taken, so the first read is skipped.
+    pub(super) async fn wait_with(
+        &self,
+        mut waiter: RestWaiter<'_>,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        done: impl Fn(&Task) -> bool,
+    ) -> AgentResult<Task> {
+        let mut first = true;
         loop {
+            let woken = waiter.receiver.has_changed().unwrap_or(true);
             waiter.receiver.borrow_and_update();
+            if first && !woken && waiter.fresh {
+                first = false;
+                tokio::select! {
+                    _ = waiter.receiver.changed() => {}
+                    () = tokio::time::sleep(self.config.poll_interval) => {}
+                }
+                continue;
+            }
+            first = false;
             let task = self
                 .runtime
                 .task_manager()
@@ -427,14 +485,17 @@ impl Inner {
     }
 }
 
-type Waiters = dashmap::DashMap<TaskKey, tokio::sync::watch::Sender<u64>, foldhash::fast::RandomState>;
+type Waiters =
+    dashmap::DashMap<TaskKey, tokio::sync::watch::Sender<u64>, foldhash::fast::RandomState>;
 
 /// One caller's place among a task's waiters (`Inner::resting`); the task's entry goes when
 /// its last waiter does, also when the waiting future is dropped (a client that went away).
-struct RestWaiter<'a> {
+pub(super) struct RestWaiter<'a> {
     waiters: &'a Waiters,
     key: TaskKey,
     receiver: tokio::sync::watch::Receiver<u64>,
+    /// Taken before the caller's own change to the task, which cannot have answered yet.
+    fresh: bool,
 }
 
 impl<'a> RestWaiter<'a> {
@@ -447,6 +508,7 @@ impl<'a> RestWaiter<'a> {
             waiters,
             key,
             receiver,
+            fresh: false,
         }
     }
 }

@@ -227,29 +227,22 @@ impl AgentExecutor {
                 }
             }
         }
+        if !continuing {
+            // Two agents may share a thread (dual_ai): each runs only its own tasks.
+            let agent = self.inner.agent.card().name.clone();
+            EngineMeta::update(&mut task, |m| m.agent = Some(agent));
+        }
         tasks.save_task(auth, &task).await?;
         tasks
             .add_task_event(auth, &task.id, &TaskEvent::Message { message })
             .await?;
-        if !continuing {
-            // Two agents may share a thread (dual_ai): each runs only its own tasks.
-            self.inner
-                .runtime
-                .thread_store()
-                .kv_set(
-                    auth,
-                    &task.thread_id,
-                    &owner_key(&task.id),
-                    json!(self.inner.agent.card().name),
-                )
-                .await?;
-        }
         if continuing {
             // The answer is in: the task works again (and a blocking caller waits for the run
             // rather than finding the task still waiting for input).
             task.begin()?;
             self.inner.persist_status(auth, &task).await?;
         }
+        let waiter = (!options.return_immediately).then(|| self.inner.rest_waiter(auth, &task.id));
         self.inner
             .enqueue(
                 auth,
@@ -259,9 +252,10 @@ impl AgentExecutor {
                 },
             )
             .await?;
-
-        if !options.return_immediately {
-            self.inner.wait_until_resting(auth, &task.id).await?;
+        if let Some(waiter) = waiter {
+            self.inner
+                .wait_until_queued_task_rests(waiter, auth, &task.id)
+                .await?;
         }
         self.get_task(auth, &task.id, options.history_length).await
     }

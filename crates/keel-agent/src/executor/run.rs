@@ -99,16 +99,28 @@ impl Inner {
         }
     }
 
-    /// Whether the run must stop: canceled here, canceled through the store by another
-    /// process, or the thread's lease lost.
-    pub(super) async fn stop_requested(&self, flow: &Flow, run: &ActiveRun) -> Option<Outcome> {
+    /// Whether the run must stop, at a checkpoint: canceled here, or the thread's lease lost.
+    /// A cancel left in the store by another process cancels the run's token through the
+    /// run's watcher (within a poll interval), so checkpoints need no store read of their own:
+    /// that was a round trip at every checkpoint of every run, for a flag almost never set.
+    pub(super) fn stop_requested(&self, flow: &Flow, run: &ActiveRun) -> Option<Outcome> {
         if flow.lost.is_cancelled() {
             return Some(Outcome::Abandoned);
         }
-        if run.token.is_cancelled() {
-            return Some(Outcome::Canceled {
-                reason: run_reason(run),
-            });
+        run.token.is_cancelled().then(|| Outcome::Canceled {
+            reason: run_reason(run),
+        })
+    }
+
+    /// [`Self::stop_requested`], also reading the store's cancel flag: at the start of a run,
+    /// so that a cancel accepted while the task waited is honoured before any work.
+    pub(super) async fn stop_requested_durably(
+        &self,
+        flow: &Flow,
+        run: &ActiveRun,
+    ) -> Option<Outcome> {
+        if let Some(outcome) = self.stop_requested(flow, run) {
+            return Some(outcome);
         }
         match self
             .runtime
@@ -128,10 +140,21 @@ impl Inner {
 
     /// Run (or resume) one task on the thread `flow` holds.
     pub(super) async fn run_task(&self, flow: &Flow, task_id: &TaskId) -> AgentResult<()> {
+        match self
+            .runtime
+            .task_manager()
+            .get_task(&flow.auth, task_id)
+            .await?
+        {
+            Some(task) => self.run_loaded_task(flow, task).await,
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::run_task`] of a task just read from the store.
+    pub(super) async fn run_loaded_task(&self, flow: &Flow, mut task: Task) -> AgentResult<()> {
         let auth = &flow.auth;
-        let Some(mut task) = self.runtime.task_manager().get_task(auth, task_id).await? else {
-            return Ok(());
-        };
+        let task_id = &task.id.clone();
         // Nothing to do for a task at rest, unless it waits for a tool (this queue item is its
         // callback or its deadline) or got the input it waited for.
         if TaskRest::of(&task, 0).is_some_and(|rest| rest.answers())
@@ -274,7 +297,7 @@ impl Inner {
             self.agent.authorizer().clone(),
             self.runtime.logging_service(),
         ));
-        if let Some(outcome) = self.stop_requested(flow, run).await {
+        if let Some(outcome) = self.stop_requested_durably(flow, run).await {
             return self.finish(flow, &obs, task, outcome).await;
         }
         if task.state() != TaskState::Working {
@@ -492,12 +515,19 @@ impl Inner {
         outcome: Outcome,
     ) -> AgentResult<()> {
         let auth = &flow.auth;
-        // The cancel flag has done its job once the run ends, whatever the ending.
-        let _ = self
-            .runtime
-            .memory_service()
-            .delete(auth, &cancel_key(&task.id))
-            .await;
+        // A cancel flag has done its job once the run rests: a later run of a task that waits
+        // (for input, a tool, an approval) must not find a stale one. A task that ends has no
+        // later run, and its flag expires, so the common ending costs no write.
+        if !matches!(
+            outcome,
+            Outcome::Answer { .. } | Outcome::Failed { .. } | Outcome::Abandoned
+        ) {
+            let _ = self
+                .runtime
+                .memory_service()
+                .delete(auth, &cancel_key(&task.id))
+                .await;
+        }
         match outcome {
             Outcome::Abandoned => return Ok(()),
             Outcome::AwaitingTool { call_id } => {

@@ -53,7 +53,7 @@ impl Inner {
             .filter(|m| m.role == LlmRole::Assistant && is_tagged(m, &task.id))
             .count() as u32;
         for step in done + 1..=rules.max_steps {
-            if let Some(outcome) = self.stop_requested(flow, run).await {
+            if let Some(outcome) = self.stop_requested(flow, run) {
                 return Ok(outcome);
             }
             if let Err(error) = obs.budget(|b| b.check_step()).await {
@@ -142,7 +142,7 @@ impl Inner {
                 .step(step),
             )
             .await;
-            if let Some(outcome) = self.stop_requested(flow, run).await {
+            if let Some(outcome) = self.stop_requested(flow, run) {
                 return Ok(outcome);
             }
             // Persist the assistant response before anything runs.
@@ -195,7 +195,7 @@ impl Inner {
             let mut handoff: Option<String> = None;
             let mut repeated_invalid: Option<String> = None;
             for call in &response.tool_calls {
-                if let Some(outcome) = self.stop_requested(flow, run).await {
+                if let Some(outcome) = self.stop_requested(flow, run) {
                     return Ok(outcome);
                 }
                 let (output, is_error) = match call.name.as_str() {
@@ -347,7 +347,7 @@ impl Inner {
             if answered.contains(&call.id) {
                 continue;
             }
-            if let Some(outcome) = self.stop_requested(flow, scope.run).await {
+            if let Some(outcome) = self.stop_requested(flow, scope.run) {
                 return Ok(outcome);
             }
             let mut request = LlmMessage::assistant("", vec![call.clone()]);
