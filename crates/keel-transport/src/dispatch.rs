@@ -9,7 +9,10 @@ use tracing::Instrument;
 
 use crate::compat_v03;
 use crate::handlers::{Handlers, Operation, Reply, ReplyStream};
-use crate::jsonrpc::{self, RpcError, INVALID_REQUEST, METHOD_NOT_FOUND, UNSUPPORTED_OPERATION};
+use crate::jsonrpc::{
+    self, encode, Encoded, RpcError, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND,
+    UNSUPPORTED_OPERATION,
+};
 use crate::version::{requested_version, Version};
 
 /// One item of a JSON-RPC stream as the response object that carries it (request `id`).
@@ -34,8 +37,8 @@ pub(crate) fn stream_envelope(
 pub(crate) enum Outcome {
     /// A notification: no answer.
     Silent,
-    /// A response object.
-    Answer(Value),
+    /// A response object, as JSON text.
+    Answer(Encoded),
     /// A stream of results for request `id`.
     Stream {
         id: Value,
@@ -55,7 +58,8 @@ pub(crate) async fn call(
     request: Value,
     in_batch: bool,
 ) -> Outcome {
-    let failure = |id: Value, error: RpcError| Outcome::Answer(jsonrpc::failure(id, &error));
+    let failure =
+        |id: Value, error: RpcError| Outcome::Answer(encode(&jsonrpc::failure(id, &error)));
     let Value::Object(mut request) = request else {
         return failure(
             Value::Null,
@@ -142,9 +146,13 @@ pub(crate) async fn call(
         Ok(Reply::Unary(result)) => {
             let result = match protocol {
                 Version::V1 => result,
-                Version::V03 => compat_v03::result_from_v1(operation, result),
+                // The older protocol's rewrite works on a tree; only its callers pay for one.
+                Version::V03 => match serde_json::from_str(result.get()) {
+                    Ok(v1) => encode(&compat_v03::result_from_v1(operation, v1)),
+                    Err(_) => return failure(id, RpcError::new(INTERNAL_ERROR, "internal error")),
+                },
             };
-            Outcome::Answer(jsonrpc::success(id, result))
+            Outcome::Answer(jsonrpc::success_encoded(&id, &result))
         }
         Ok(Reply::Stream(events)) => Outcome::Stream {
             id,

@@ -17,7 +17,7 @@ use keel_runtime::{AuthContext, ListTasksFilter};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::jsonrpc::{self, RpcError, UNSUPPORTED_OPERATION};
+use crate::jsonrpc::{self, encode, Encoded, RpcError, UNSUPPORTED_OPERATION};
 use crate::push::Push;
 use crate::security::{self, Denied, Security};
 use crate::stream::{Follower, Start, StreamEvent};
@@ -70,8 +70,8 @@ pub(crate) type ReplyStream = BoxStream<'static, Result<Value, RpcError>>;
 
 /// What an operation answers, in A2A v1.0 JSON.
 pub(crate) enum Reply {
-    /// One result.
-    Unary(Value),
+    /// One result, as JSON text.
+    Unary(Encoded),
     /// A stream of events.
     Stream(ReplyStream),
 }
@@ -177,7 +177,7 @@ impl Handlers {
             Operation::ListTasks => {
                 let query = wire::decode_list_tasks(params).map_err(rpc)?;
                 let list = self.list_tasks(auth, query).await.map_err(rpc)?;
-                Ok(Reply::Unary(wire::encode_list_tasks_result(&list)))
+                Ok(Reply::Unary(encode(&wire::encode_list_tasks_result(&list))))
             }
             Operation::CancelTask => {
                 let (task_id, reason) = wire::decode_cancel_task(params).map_err(rpc)?;
@@ -202,27 +202,29 @@ impl Handlers {
             Operation::CreatePushConfig => {
                 let config = wire::decode_create_push_config(params).map_err(rpc)?;
                 let config = self.push.create(auth, config, None).await?;
-                Ok(Reply::Unary(wire::encode_push_config(&config)))
+                Ok(Reply::Unary(encode(&wire::encode_push_config(&config))))
             }
             Operation::GetPushConfig => {
                 let (task_id, config_id) = wire::decode_push_config_ref(params).map_err(rpc)?;
                 let config = self.push.get(auth, &task_id, &config_id).await?;
-                Ok(Reply::Unary(wire::encode_push_config(&config)))
+                Ok(Reply::Unary(encode(&wire::encode_push_config(&config))))
             }
             Operation::ListPushConfigs => {
                 let task_id = wire::decode_list_push_configs(params).map_err(rpc)?;
                 let configs = self.push.list(auth, &task_id).await?;
-                Ok(Reply::Unary(wire::encode_list_push_configs(&configs)))
+                Ok(Reply::Unary(encode(&wire::encode_list_push_configs(
+                    &configs,
+                ))))
             }
             Operation::DeletePushConfig => {
                 let (task_id, config_id) = wire::decode_push_config_ref(params).map_err(rpc)?;
                 self.push.delete(auth, &task_id, &config_id).await?;
-                Ok(Reply::Unary(Value::Object(serde_json::Map::new())))
+                Ok(Reply::Unary(encode(&serde_json::Map::new())))
             }
             // The card says `extendedAgentCard: false`: A2A v1.0 (3.3.4) answers that with
             // UnsupportedOperationError; -32007 is for agents that declare one but lack it.
             Operation::GetExtendedAgentCard => match &self.extended_card {
-                Some(card) => Ok(Reply::Unary(card.clone())),
+                Some(card) => Ok(Reply::Unary(encode(card))),
                 None => Err(RpcError::new(
                     UNSUPPORTED_OPERATION,
                     "this agent offers no extended agent card",

@@ -410,7 +410,7 @@ fn etag(value: &Value) -> String {
     format!("\"{hash:016x}\"")
 }
 
-fn answer(body: Value) -> Response {
+fn answer(body: impl serde::Serialize) -> Response {
     (StatusCode::OK, Json(body)).into_response()
 }
 
@@ -464,7 +464,7 @@ async fn json_rpc(
             let calls = requests
                 .into_iter()
                 .map(|request| call(&state.handlers, &headers, &query, &auth, request, true));
-            let answers: Vec<Value> = futures::future::join_all(calls)
+            let answers: Vec<_> = futures::future::join_all(calls)
                 .await
                 .into_iter()
                 .filter_map(|outcome| match outcome {
@@ -475,7 +475,7 @@ async fn json_rpc(
             if answers.is_empty() {
                 StatusCode::NO_CONTENT.into_response()
             } else {
-                answer(Value::Array(answers))
+                answer(answers)
             }
         }
         request => {

@@ -154,7 +154,7 @@ async fn serve_socket(socket: WebSocket, connection: Connection) {
 }
 
 /// Queue one response frame; `Err` once the socket is gone.
-async fn send(outbox: &mpsc::Sender<Message>, response: &Value) -> Result<(), ()> {
+async fn send(outbox: &mpsc::Sender<Message>, response: &impl ToString) -> Result<(), ()> {
     outbox
         .send(Message::Text(response.to_string().into()))
         .await

@@ -12,6 +12,7 @@ use super::task::{
     message_from_wire, message_to_wire, state_from_wire, state_to_wire, task_from_wire,
     task_to_wire,
 };
+use crate::jsonrpc::{encode, Encoded};
 use crate::push_config::PushConfig;
 use crate::task_list::{TaskList, TaskListQuery};
 
@@ -83,13 +84,13 @@ pub(crate) fn decode_cancel_task(params: Value) -> AgentResult<(TaskId, Option<S
 }
 
 /// A task as the wire `Task` object.
-pub(crate) fn encode_task(task: &Task) -> Value {
-    to_json(&task_to_wire(task))
+pub(crate) fn encode_task(task: &Task) -> Encoded {
+    encode(&task_to_wire(task))
 }
 
 /// A task as a `SendMessageResponse`: `{"task": {...}}`.
-pub(crate) fn encode_send_message_result(task: &Task) -> Value {
-    to_json(&a2a::SendMessageResponse::Task(task_to_wire(task)))
+pub(crate) fn encode_send_message_result(task: &Task) -> Encoded {
+    encode(&a2a::SendMessageResponse::Task(task_to_wire(task)))
 }
 
 /// `SendMessage` params for `message`.
@@ -330,7 +331,10 @@ mod tests {
     fn send_message_result_decodes_tasks_and_bare_messages() {
         let task = tasks().remove(1);
         assert_eq!(
-            decode_send_message_result(encode_send_message_result(&task)).unwrap(),
+            decode_send_message_result(
+                serde_json::from_str(encode_send_message_result(&task).get()).unwrap()
+            )
+            .unwrap(),
             task
         );
         let reply = json!({"message": {"messageId": "m", "role": "ROLE_AGENT", "parts": [{"text": "hello"}], "contextId": "c"}});

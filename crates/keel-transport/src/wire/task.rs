@@ -292,7 +292,9 @@ mod tests {
     #[test]
     fn task_extras_travel_in_metadata() {
         let tasks = tasks();
-        let wire = encode_task(&tasks[1]);
+        let tree =
+            |text: crate::jsonrpc::Encoded| -> Value { serde_json::from_str(text.get()).unwrap() };
+        let wire = tree(encode_task(&tasks[1]));
         assert_eq!(wire["status"]["state"], "TASK_STATE_COMPLETED");
         assert_eq!(wire["contextId"], tasks[1].thread_id.as_str());
         assert!(wire["metadata"]["run_context"].is_object());
@@ -300,9 +302,9 @@ mod tests {
             wire["metadata"]["keel.stateHistory"][1]["new_state"],
             "completed"
         );
-        let wire = encode_task(&tasks[2]);
+        let wire = tree(encode_task(&tasks[2]));
         assert_eq!(wire["metadata"]["cancel_reason"], "user asked");
-        let wire = encode_send_message_result(&tasks[0]);
+        let wire = tree(encode_send_message_result(&tasks[0]));
         assert_eq!(wire["task"]["status"]["state"], "TASK_STATE_SUBMITTED");
     }
 
