@@ -14,9 +14,12 @@
 //! - **Group commit.** All writes go through one writer thread that batches whatever is
 //!   queued into one transaction and one fsync, each write in its own savepoint (see the
 //!   `writer` module). [`SqliteStore::stats`] shows the batching.
-//! - **Reads** run on a small pool of read connections via `spawn_blocking`, beside the
-//!   writer, each on a consistent snapshot. An in-memory database has only the writer's
-//!   connection, so there reads go through the writer thread too.
+//! - **Reads** run beside the writer on two reader threads, each owning one read connection.
+//!   Like the writer, a reader thread serves whatever reads are queued as one batch in one
+//!   read transaction (one consistent snapshot, taken after every read of the batch was sent,
+//!   so a read sent after a write was acknowledged sees it), answering each as it finishes
+//!   (see the `readers` module). An in-memory database has only the writer's connection, so
+//!   there reads go through the writer thread too.
 //! - **Fencing.** Lease acquisition and every fenced write (`append_history`, `ack_queue`,
 //!   `renew_lease`) check the lease and write in the same transaction, so a holder whose
 //!   lease expired or was taken over cannot write, even from another process sharing the file.
@@ -91,8 +94,8 @@ use crate::writer::Writer;
 pub use crate::schema::SCHEMA_VERSION;
 
 /// Every Keel store trait over one SQLite database. Cheap to clone: clones share the
-/// database, its writer thread and its read connections. The writer thread stops and the
-/// file is closed when the last clone is dropped.
+/// database, its writer thread and its reader threads. The threads stop and the file is
+/// closed when the last clone is dropped.
 #[derive(Clone)]
 pub struct SqliteStore {
     inner: Arc<Inner>,
@@ -107,8 +110,10 @@ struct Inner {
     writer: Writer,
 }
 
-/// What the writer thread has done since the store was opened: how many writes it took and
-/// in how many commits. `writes_finished / commits` is the average group-commit batch size.
+/// What the writer and reader threads have done since the store was opened: how many writes
+/// the writer took and in how many commits (`writes_finished / commits` is the average
+/// group-commit batch size), and how many reads the reader threads took and in how many
+/// batches (`reads_submitted / read_batches` is the average read batch size).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoreStats {
@@ -120,17 +125,22 @@ pub struct StoreStats {
     pub commits: u64,
     /// Batches whose transaction could not start or commit, so every write in them failed.
     pub failed_batches: u64,
+    /// Reads sent to the reader threads. Zero for an in-memory database, whose reads go
+    /// through the writer thread (and are counted as writes).
+    pub reads_submitted: u64,
+    /// Read batches begun by the reader threads (each one read transaction, one snapshot).
+    pub read_batches: u64,
 }
 
 impl SqliteStore {
     /// Open (creating if needed) the database file at `path`, configure it (WAL,
     /// `synchronous=FULL`, foreign keys, busy timeout), migrate its schema, and start the
-    /// writer thread.
+    /// writer thread and the reader threads (each with its own read connection).
     ///
     /// This is synchronous and does blocking file I/O (opening, and a migration on first
     /// use), like `std::fs::File::open`; it is meant for start-up. From inside an async
     /// context on a hot path, wrap it in `tokio::task::spawn_blocking`. It needs no tokio
-    /// runtime; the store's methods do (reads use `spawn_blocking`).
+    /// runtime; the store's methods do (they await answers from the store's threads).
     ///
     /// A file that cannot be opened (for example in a directory that does not exist), is not
     /// a SQLite database, or has a schema newer than [`SCHEMA_VERSION`] is
@@ -159,11 +169,12 @@ impl SqliteStore {
         // directory cannot point them at another file.
         let absolute: PathBuf = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
         let writer = Writer::start(conn, &location)?;
+        let readers = ReadPool::start(&absolute, &location).map_err(|e| naming(e, &location))?;
         tracing::info!(%location, schema_version = SCHEMA_VERSION, "opened SQLite store");
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 location,
-                readers: Some(ReadPool::new(absolute)),
+                readers: Some(readers),
                 writer,
             }),
             kv_limits: KvLimits::DEFAULT,
@@ -213,18 +224,27 @@ impl SqliteStore {
         &self.inner.location
     }
 
-    /// Counters of the writer thread, for monitoring group commit.
+    /// Counters of the writer and reader threads, for monitoring group commit and read
+    /// batching.
     pub fn stats(&self) -> StoreStats {
         let counters = self.inner.writer.counters();
-        StoreStats {
+        let mut stats = StoreStats {
             writes_submitted: counters.submitted.load(Ordering::Relaxed),
             writes_finished: counters.finished.load(Ordering::Relaxed),
             commits: counters.commits.load(Ordering::Relaxed),
             failed_batches: counters.failed_batches.load(Ordering::Relaxed),
+            ..StoreStats::default()
+        };
+        if let Some(readers) = &self.inner.readers {
+            let counters = readers.counters();
+            stats.reads_submitted = counters.submitted.load(Ordering::Relaxed);
+            stats.read_batches = counters.batches.load(Ordering::Relaxed);
         }
+        stats
     }
 
-    /// Run `work` on a read connection, in one snapshot.
+    /// Run `work` on a read connection, in one snapshot (shared with the other reads of its
+    /// batch).
     pub(crate) async fn read<T, F>(&self, work: F) -> AgentResult<T>
     where
         T: Send + 'static,

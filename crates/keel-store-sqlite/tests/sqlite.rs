@@ -1,5 +1,5 @@
 //! Behaviour specific to the SQLite backend: durability across reopening, refusal of data and
-//! schemas it cannot read, group commit, and errors that name the file.
+//! schemas it cannot read, group commit, read counters, and errors that name the file.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -279,6 +279,32 @@ async fn concurrent_writes_share_commits() {
             "every acknowledged write is stored"
         );
     }
+}
+
+#[tokio::test]
+async fn reads_go_to_the_reader_threads_and_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db_path(&dir)).unwrap();
+    let auth = tenant();
+    let task = Task::create(Message::user("hi"));
+    store.save_task(&auth, &task).await.unwrap();
+    let before = store.stats();
+    for _ in 0..5 {
+        // Each read is sent after the write was acknowledged, so it sees it.
+        assert!(store.get_task(&auth, &task.id).await.unwrap().is_some());
+    }
+    let after = store.stats();
+    assert_eq!(after.reads_submitted - before.reads_submitted, 5);
+    // One after the other, each read is alone in its batch.
+    assert_eq!(after.read_batches - before.read_batches, 5);
+    assert_eq!(after.writes_submitted, before.writes_submitted);
+
+    // In memory, reads share the writer thread: no reader counters move.
+    let memory = SqliteStore::open_in_memory().unwrap();
+    memory.save_task(&auth, &task).await.unwrap();
+    assert!(memory.get_task(&auth, &task.id).await.unwrap().is_some());
+    assert_eq!(memory.stats().reads_submitted, 0);
+    assert_eq!(memory.stats().read_batches, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
