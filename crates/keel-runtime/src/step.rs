@@ -9,7 +9,7 @@ use crate::{AuthContext, Lease};
 /// Writes what the engine persists at one point of a step (the assistant's message, or a
 /// tool's result): thread history entries under the thread's lease and the matching entries
 /// of the task's log, together. A backend that can do this in one round trip (Redis: one
-/// script) implements it and is handed to the engine through
+/// script; SQLite: one write job) implements it and is handed to the engine through
 /// [`Runtime::step_store`](crate::Runtime::step_store); without one the engine makes the two
 /// writes separately.
 #[async_trait]

@@ -85,6 +85,30 @@ pub trait TaskManager: Send + Sync {
         task_id: &TaskId,
         event: &TaskEvent,
     ) -> AgentResult<()>;
+    /// Insert or replace the task's snapshot (as [`TaskManager::save_task`]) and append
+    /// `events` to its log in that order (as [`TaskManager::add_task_event`] would, one by
+    /// one), so the engine's paired writes (a status change and its event, a new task and its
+    /// first message) cost one write.
+    ///
+    /// The snapshot is written first, so the events of a task saved here for the first time
+    /// are accepted. With an empty `events` this is exactly `save_task`.
+    ///
+    /// Keel's stores override it to be atomic (on an error nothing is written) and one round
+    /// trip (memory: one map update; SQLite: one write job; Redis: one script). The default,
+    /// for backends that do not, makes the calls one after the other: neither atomic nor
+    /// cheaper, but with the same result when nothing fails.
+    async fn save_task_with_events(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: &[TaskEvent],
+    ) -> AgentResult<()> {
+        self.save_task(auth, task).await?;
+        for event in events {
+            self.add_task_event(auth, &task.id, event).await?;
+        }
+        Ok(())
+    }
     /// The task's events in the order they were added; [`AgentError::TaskNotFound`] if the
     /// task is unknown.
     async fn get_task_events(
@@ -200,6 +224,37 @@ impl InMemoryTaskManager {
         }
     }
 
+    /// Replace (or insert) the snapshot and append `events` under one hold of the map entry,
+    /// so no reader sees one without the other; shared by `save_task` so the retention
+    /// bookkeeping is the same on both paths.
+    fn save_with_events(&self, auth: &AuthContext, task: &Task, events: &[TaskEvent]) {
+        let snapshot = task.clone_without_history();
+        let key = Self::key(auth, &task.id);
+        let newly_finished = {
+            let mut entry = match self.entries.entry(key.clone()) {
+                dashmap::mapref::entry::Entry::Occupied(occupied) => {
+                    let mut entry = occupied.into_ref();
+                    entry.task = snapshot;
+                    entry
+                }
+                dashmap::mapref::entry::Entry::Vacant(vacant) => vacant.insert(Entry {
+                    seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
+                    task: snapshot,
+                    events: Vec::new(),
+                    counted_finished: false,
+                }),
+            };
+            entry.events.extend_from_slice(events);
+            let newly = entry.task.state().is_terminal() && !entry.counted_finished;
+            entry.counted_finished |= newly;
+            newly
+        };
+        // After the entry's lock is dropped: eviction takes other entries' locks.
+        if newly_finished {
+            self.note_finished(key);
+        }
+    }
+
     fn key(auth: &AuthContext, task_id: &TaskId) -> Scoped<TaskId> {
         Scoped::new(auth, task_id.clone())
     }
@@ -268,29 +323,17 @@ impl TaskManager for InMemoryTaskManager {
     }
 
     async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
-        let snapshot = task.clone_without_history();
-        let key = Self::key(auth, &task.id);
-        let newly_finished = {
-            let mut entry = match self.entries.entry(key.clone()) {
-                dashmap::mapref::entry::Entry::Occupied(occupied) => {
-                    let mut entry = occupied.into_ref();
-                    entry.task = snapshot;
-                    entry
-                }
-                dashmap::mapref::entry::Entry::Vacant(vacant) => vacant.insert(Entry {
-                    seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
-                    task: snapshot,
-                    events: Vec::new(),
-                    counted_finished: false,
-                }),
-            };
-            let newly = entry.task.state().is_terminal() && !entry.counted_finished;
-            entry.counted_finished |= newly;
-            newly
-        };
-        if newly_finished {
-            self.note_finished(key);
-        }
+        self.save_with_events(auth, task, &[]);
+        Ok(())
+    }
+
+    async fn save_task_with_events(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: &[TaskEvent],
+    ) -> AgentResult<()> {
+        self.save_with_events(auth, task, events);
         Ok(())
     }
 
@@ -479,6 +522,51 @@ mod tests {
         );
         assert!(store.get_task(&auth, &finished[0]).await.unwrap().is_none());
         assert!(store.get_task(&auth, &finished[3]).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn save_with_events_counts_finished_tasks_for_retention_once() {
+        let store = InMemoryTaskManager::with_finished_cap(2);
+        let auth = tenant("a");
+        let event = TaskEvent::Message {
+            message: Message::agent("done"),
+        };
+        async fn finish(
+            store: &InMemoryTaskManager,
+            auth: &AuthContext,
+            event: &TaskEvent,
+        ) -> Task {
+            let mut task = Task::new(ThreadId::new());
+            task.complete("done").unwrap();
+            store
+                .save_task_with_events(auth, &task, std::slice::from_ref(event))
+                .await
+                .unwrap();
+            task
+        }
+        let first = finish(&store, &auth, &event).await;
+        // Saving it again must not count it a second time (which would evict it early).
+        store
+            .save_task_with_events(&auth, &first, std::slice::from_ref(&event))
+            .await
+            .unwrap();
+        let second = finish(&store, &auth, &event).await;
+        assert!(
+            store.get_task(&auth, &first.id).await.unwrap().is_some(),
+            "two finished tasks fit the cap"
+        );
+        let third = finish(&store, &auth, &event).await;
+        assert!(
+            store.get_task(&auth, &first.id).await.unwrap().is_none(),
+            "the oldest finished task is evicted"
+        );
+        for kept in [&second, &third] {
+            assert_eq!(
+                store.get_task_events(&auth, &kept.id).await.unwrap(),
+                vec![event.clone()],
+                "newer finished tasks are kept with their logs"
+            );
+        }
     }
 
     #[tokio::test]

@@ -110,8 +110,9 @@
 //! - fenced writes (`append_history`, `ack_queue`) check the lease token and write in the same
 //!   script, so a holder whose lease expired (its key is gone) or was taken over gets
 //!   [`AgentError::LeaseLost`] and writes nothing; a step's messages are one `EVALSHA`;
-//! - `save_task` (snapshot, creation seq and every index), `add_task_event` (`EXISTS` then
-//!   `RPUSH`), `push_queue`, `kv_set` (`HEXISTS`/`HLEN` then `HSET`, so the key cap holds under
+//! - `save_task` (snapshot, creation seq and every index) and `save_task_with_events` (the
+//!   same script, then `RPUSH` of the events), `add_task_event` (`EXISTS` then `RPUSH`),
+//!   `persist_step` (the lease check, `EXISTS` of the task, then both `RPUSH`es), `push_queue`, `kv_set` (`HEXISTS`/`HLEN` then `HSET`, so the key cap holds under
 //!   concurrent writers), `register_child`, `set_child_status`, `save_task_record` are scripts;
 //! - `save_run_report` is a `MULTI` pipeline; listings read through one script so a page is
 //!   a consistent snapshot.

@@ -160,15 +160,23 @@ return 1
     )
 });
 
-/// Insert or replace a task snapshot, give a new task its creation seq, and move the task
-/// between the thread and state indexes.
+/// Insert or replace a task snapshot, give a new task its creation seq, move the task
+/// between the thread and state indexes, and append events to its log (`save_task` passes
+/// none; `save_task_with_events` the ones that go with the snapshot), all in one script.
 ///
 /// KEYS: snapshot, meta hash, seq counter, tenant index, thread index, state index,
-/// thread-state index. ARGV: snapshot, task id, thread, state, tenant key base.
+/// thread-state index, events list. ARGV: snapshot, task id, thread, state, tenant key base,
+/// event... Returns -1, having written nothing, when the events key holds something other
+/// than a list (a script's writes before an error reply are not undone, so this is checked
+/// first); else 1.
 pub(crate) static SAVE_TASK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local id, thread, state, base = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+if #ARGV > 5 then
+  local kind = redis.call('TYPE', KEYS[8]).ok
+  if kind ~= 'none' and kind ~= 'list' then return -1 end
+end
 local seq = redis.call('HGET', KEYS[2], 'seq')
 if seq then
   -- A re-save keeps its seq (its place in every listing) but may change state or thread.
@@ -187,6 +195,10 @@ redis.call('HSET', KEYS[2], 'seq', seq, 'thread', thread, 'state', state)
 redis.call('ZADD', KEYS[5], seq, id)
 redis.call('ZADD', KEYS[6], seq, id)
 redis.call('ZADD', KEYS[7], seq, id)
+-- The same entries ADD_TASK_EVENT pushes, in order.
+for i = 6, #ARGV, 1000 do
+  redis.call('RPUSH', KEYS[8], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
 return 1
 ",
     )

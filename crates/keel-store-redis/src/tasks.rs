@@ -25,6 +25,58 @@ fn parse_page_token(token: Option<&str>) -> AgentResult<u64> {
     }
 }
 
+impl RedisStore {
+    /// Save the snapshot with its indexes and append `events` to the task's log in one
+    /// script: one round trip, all or nothing (the tenant list aside, noted once per process).
+    async fn save_with_events(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: &[TaskEvent],
+    ) -> AgentResult<()> {
+        // Encoded before anything is sent, so an encoding error writes nothing.
+        let snapshot = encode(&task.clone_without_history())?;
+        let events = events.iter().map(encode).collect::<AgentResult<Vec<_>>>()?;
+        // Noted before the save, so the tenant list never misses a tenant with tasks.
+        self.note_tenant(auth).await?;
+        let keys = self.keys(auth);
+        let (id, thread, state) = (
+            task.id.as_str(),
+            task.thread_id.as_str(),
+            task.state().as_str(),
+        );
+        let events_key = keys.of(kind::TASK_EVENTS, id);
+        let mut call = scripts::SAVE_TASK.prepare_invoke();
+        call.key(keys.of(kind::TASK, id))
+            .key(keys.of(kind::TASK_META, id))
+            .key(keys.fixed(fixed::TASK_SEQ))
+            .key(keys.fixed(fixed::TASKS))
+            .key(keys.of(kind::TASKS_BY_THREAD, thread))
+            .key(keys.of(kind::TASKS_BY_STATE, state))
+            .key(keys.of(kind::TASKS_BY_THREAD_STATE, &format!("{state}:{thread}")))
+            .key(&events_key)
+            .arg(snapshot)
+            .arg(id)
+            .arg(thread)
+            .arg(state)
+            .arg(keys.base());
+        for event in events {
+            call.arg(event);
+        }
+        let outcome: i64 = call
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("save task", &e))?;
+        if outcome < 0 {
+            return Err(AgentError::storage(format!(
+                "Redis key `{events_key}` is not a list, so task {id} was not saved; were keys \
+                 under Keel's prefix changed by hand?"
+            )));
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl TaskManager for RedisStore {
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
@@ -91,33 +143,16 @@ impl TaskManager for RedisStore {
     }
 
     async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
-        // Noted before the save, so the tenant list never misses a tenant with tasks.
-        self.note_tenant(auth).await?;
-        let keys = self.keys(auth);
-        let mut snapshot = task.clone();
-        snapshot.history.clear();
-        let (id, thread, state) = (
-            task.id.as_str(),
-            task.thread_id.as_str(),
-            task.state().as_str(),
-        );
-        scripts::SAVE_TASK
-            .key(keys.of(kind::TASK, id))
-            .key(keys.of(kind::TASK_META, id))
-            .key(keys.fixed(fixed::TASK_SEQ))
-            .key(keys.fixed(fixed::TASKS))
-            .key(keys.of(kind::TASKS_BY_THREAD, thread))
-            .key(keys.of(kind::TASKS_BY_STATE, state))
-            .key(keys.of(kind::TASKS_BY_THREAD_STATE, &format!("{state}:{thread}")))
-            .arg(encode(&snapshot)?)
-            .arg(id)
-            .arg(thread)
-            .arg(state)
-            .arg(keys.base())
-            .invoke_async::<i64>(&mut self.con())
-            .await
-            .map_err(|e| self.fail("save task", &e))?;
-        Ok(())
+        self.save_with_events(auth, task, &[]).await
+    }
+
+    async fn save_task_with_events(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: &[TaskEvent],
+    ) -> AgentResult<()> {
+        self.save_with_events(auth, task, events).await
     }
 
     async fn add_task_event(

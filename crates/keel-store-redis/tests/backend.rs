@@ -466,3 +466,39 @@ async fn a_child_registered_under_a_new_parent_leaves_the_old_one() {
     assert_eq!(store.children(&auth, &second).await.unwrap(), [child]);
     support::clean_up(&prefix).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn save_task_with_events_writes_nothing_when_the_log_cannot_take_them() {
+    let prefix = support::fresh_prefix();
+    let store = support::store(&prefix).await;
+    let auth = tenant("atomic");
+    let task = Task::create(Message::user("q"));
+    // The log's key holds a string, so its RPUSH cannot succeed: the snapshot, written by
+    // the same call, must not be left without its events.
+    let events_key = format!("{prefix}{{{}}}:task-events:{}", auth.namespace(), task.id);
+    let mut raw = support::raw().await;
+    redis::cmd("SET")
+        .arg(&events_key)
+        .arg("not a list")
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    let event = TaskEvent::Message {
+        message: Message::agent("a"),
+    };
+    let err = store
+        .save_task_with_events(&auth, &task, std::slice::from_ref(&event))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::Storage { .. }) && err.to_string().contains(&events_key),
+        "names the key: {err:?}"
+    );
+    assert_eq!(store.get_task(&auth, &task.id).await.unwrap(), None);
+    let listed = store
+        .list_tasks(&auth, &ListTasksFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(listed.total_size, 0, "no index entry either");
+    support::clean_up(&prefix).await;
+}

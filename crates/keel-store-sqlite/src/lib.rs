@@ -2,9 +2,11 @@
 //!
 //! One [`SqliteStore`] implements every store trait of `keel-runtime` — [`TaskManager`],
 //! [`MemoryService`], [`ThreadHistory`], [`ThreadQueue`], [`ThreadKv`], [`SubagentRegistry`],
-//! [`ThreadLeases`] (so also [`ThreadStore`]), [`RunStore`], [`ThreadTimers`] and
-//! [`AsyncCallStore`] — over one database file, with the same semantics as the in-memory
-//! stores (the shared conformance suite checks it).
+//! [`ThreadLeases`] (so also [`ThreadStore`]), [`RunStore`], [`ThreadTimers`],
+//! [`AsyncCallStore`] and [`StepStore`] — over one database file, with the same semantics as
+//! the in-memory stores (the shared conformance suite checks it). Paired writes are one write
+//! job each: [`TaskManager::save_task_with_events`] (a snapshot and its events) and
+//! [`StepStore::persist_step`] (a step's history and task log, fenced).
 //!
 //! # Durability and concurrency
 //!
@@ -21,12 +23,13 @@
 //!   (see the `readers` module). An in-memory database has only the writer's connection, so
 //!   there reads go through the writer thread too.
 //! - **Fencing.** Lease acquisition and every fenced write (`append_history`, `ack_queue`,
-//!   `renew_lease`) check the lease and write in the same transaction, so a holder whose
+//!   `renew_lease`, `persist_step`) check the lease and write in the same transaction, so a holder whose
 //!   lease expired or was taken over cannot write, even from another process sharing the file.
 //! - **Cancellation.** A write whose future is dropped after it was handed to the writer
 //!   thread still runs and may commit; only its answer is lost, so treat its outcome as
 //!   unknown. Saves, acks, releases and key-value sets can simply be repeated; a repeated
-//!   `push_queue`, `append_history` or `add_task_event` may land twice.
+//!   `push_queue`, `append_history`, `add_task_event` or `persist_step` may land twice, as
+//!   may the events of a repeated `save_task_with_events`.
 //! - **Several processes** may open the same file: SQLite's locks serialise their writers
 //!   (each waits up to the busy timeout, 5 s) and leases keep one flow per thread.
 //!
@@ -67,6 +70,9 @@
 //! [`RunStore`]: keel_runtime::RunStore
 //! [`ThreadTimers`]: keel_runtime::ThreadTimers
 //! [`AsyncCallStore`]: keel_runtime::AsyncCallStore
+//! [`StepStore`]: keel_runtime::StepStore
+//! [`StepStore::persist_step`]: keel_runtime::StepStore::persist_step
+//! [`TaskManager::save_task_with_events`]: keel_runtime::TaskManager::save_task_with_events
 
 mod async_calls;
 mod codec;
@@ -75,6 +81,7 @@ mod memory;
 mod readers;
 mod runs;
 mod schema;
+mod steps;
 mod tasks;
 mod threads;
 mod timers;
@@ -212,11 +219,11 @@ impl SqliteStore {
         self.kv_limits
     }
 
-    /// Every service of a runtime over this database (tasks, memory, threads, runs, timers,
-    /// asynchronous calls), with a static tenant, `tracing` logs and `llm` as the default
-    /// model.
+    /// Every service of a runtime over this database (tasks, memory, threads, one-write-job
+    /// step writes, runs, timers, asynchronous calls), with a static tenant, `tracing` logs
+    /// and `llm` as the default model.
     pub fn services(&self, llm: Arc<dyn Llm>) -> Services {
-        Services::from_store(self.clone(), self.kv_limits, llm)
+        Services::from_store(self.clone(), self.kv_limits, llm).with_steps(self.clone())
     }
 
     /// The database's path as given to [`SqliteStore::open`], or `:memory:`.

@@ -27,10 +27,83 @@ fn parse_page_token(token: Option<&str>) -> AgentResult<i64> {
     }
 }
 
-fn task_exists(conn: &Connection, tenant: &str, task_id: &TaskId) -> AgentResult<bool> {
+pub(crate) fn task_exists(conn: &Connection, tenant: &str, task_id: &TaskId) -> AgentResult<bool> {
     conn.prepare_cached("SELECT 1 FROM tasks WHERE tenant = ?1 AND task_id = ?2")
         .and_then(|mut stmt| stmt.exists(params![tenant, task_id.as_str()]))
         .context("looking up a task")
+}
+
+/// A task snapshot ready to be written: encoded (without history) and with the columns the
+/// listings filter on.
+struct SnapshotRow {
+    tenant: String,
+    task_id: TaskId,
+    thread_id: String,
+    state: &'static str,
+    body: String,
+}
+
+impl SnapshotRow {
+    fn new(auth: &AuthContext, task: &Task) -> AgentResult<Self> {
+        // Snapshots never carry the history: it is rebuilt from the event log.
+        Ok(Self {
+            tenant: auth.namespace(),
+            task_id: task.id.clone(),
+            thread_id: task.thread_id.as_str().to_owned(),
+            state: task.state().as_str(),
+            body: encode_record(&task.clone_without_history())?,
+        })
+    }
+
+    /// Insert or replace the snapshot.
+    fn upsert(&self, conn: &Connection) -> AgentResult<()> {
+        // An upsert, not REPLACE: the row (and its creation `seq`) is kept, so re-saving a
+        // task does not move it in listings.
+        conn.prepare_cached(
+            "INSERT INTO tasks (tenant, task_id, thread_id, state, body) \
+             VALUES (?1, ?2, ?3, ?4, ?5) \
+             ON CONFLICT (tenant, task_id) DO UPDATE SET \
+             thread_id = excluded.thread_id, state = excluded.state, body = excluded.body",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                self.tenant,
+                self.task_id.as_str(),
+                self.thread_id,
+                self.state,
+                self.body
+            ])
+        })
+        .context("saving a task")?;
+        Ok(())
+    }
+}
+
+/// Encode task events for [`append_task_events`].
+pub(crate) fn encode_events(events: &[TaskEvent]) -> AgentResult<Vec<String>> {
+    events.iter().map(encode_record).collect()
+}
+
+/// Append encoded events to a task's log, after its last one. The caller checks that the
+/// task exists (or has just saved it) in the same transaction.
+pub(crate) fn append_task_events(
+    conn: &Connection,
+    tenant: &str,
+    task_id: &TaskId,
+    bodies: &[String],
+) -> AgentResult<()> {
+    let mut stmt = conn
+        .prepare_cached(
+            "INSERT INTO task_events (tenant, task_id, seq, body) \
+             SELECT ?1, ?2, COALESCE(MAX(seq), 0) + 1, ?3 FROM task_events \
+             WHERE tenant = ?1 AND task_id = ?2",
+        )
+        .context("appending a task event")?;
+    for body in bodies {
+        stmt.execute(params![tenant, task_id.as_str(), body])
+            .context("appending a task event")?;
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -126,36 +199,24 @@ impl TaskManager for SqliteStore {
     }
 
     async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
-        // Snapshots never carry the history: it is rebuilt from the event log.
-        let mut snapshot = task.clone();
-        snapshot.history.clear();
-        let body = encode_record(&snapshot)?;
-        let (tenant, task_id, thread_id, state) = (
-            auth.namespace(),
-            task.id.clone(),
-            task.thread_id.clone(),
-            task.state().as_str(),
-        );
+        let row = SnapshotRow::new(auth, task)?;
+        self.write(move |conn| row.upsert(conn)).await
+    }
+
+    async fn save_task_with_events(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: &[TaskEvent],
+    ) -> AgentResult<()> {
+        // Everything is encoded before the job is sent, so an encoding error writes nothing.
+        let row = SnapshotRow::new(auth, task)?;
+        let bodies = encode_events(events)?;
+        // One job: one savepoint, so the snapshot and the events commit (or roll back)
+        // together, and one place in the writer's queue instead of 1 + N.
         self.write(move |conn| {
-            // An upsert, not REPLACE: the row (and its creation `seq`) is kept, so re-saving a
-            // task does not move it in listings.
-            conn.prepare_cached(
-                "INSERT INTO tasks (tenant, task_id, thread_id, state, body) \
-                 VALUES (?1, ?2, ?3, ?4, ?5) \
-                 ON CONFLICT (tenant, task_id) DO UPDATE SET \
-                 thread_id = excluded.thread_id, state = excluded.state, body = excluded.body",
-            )
-            .and_then(|mut stmt| {
-                stmt.execute(params![
-                    tenant,
-                    task_id.as_str(),
-                    thread_id.as_str(),
-                    state,
-                    body
-                ])
-            })
-            .context("saving a task")?;
-            Ok(())
+            row.upsert(conn)?;
+            append_task_events(conn, &row.tenant, &row.task_id, &bodies)
         })
         .await
     }
@@ -172,14 +233,7 @@ impl TaskManager for SqliteStore {
             if !task_exists(conn, &tenant, &task_id)? {
                 return Err(AgentError::TaskNotFound { task_id });
             }
-            conn.prepare_cached(
-                "INSERT INTO task_events (tenant, task_id, seq, body) \
-                 SELECT ?1, ?2, COALESCE(MAX(seq), 0) + 1, ?3 FROM task_events \
-                 WHERE tenant = ?1 AND task_id = ?2",
-            )
-            .and_then(|mut stmt| stmt.execute(params![tenant, task_id.as_str(), body]))
-            .context("appending a task event")?;
-            Ok(())
+            append_task_events(conn, &tenant, &task_id, std::slice::from_ref(&body))
         })
         .await
     }

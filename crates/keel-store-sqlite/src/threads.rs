@@ -10,7 +10,7 @@ use keel_runtime::{
     AuthContext, ChildThread, HistoryEntry, Lease, QueuedItem, SubagentRegistry, ThreadHistory,
     ThreadKv, ThreadQueue,
 };
-use rusqlite::{params, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 
 use crate::codec::{
@@ -19,6 +19,37 @@ use crate::codec::{
 };
 use crate::leases::check_fence;
 use crate::SqliteStore;
+
+/// Append encoded messages to a thread's history, after its last entry; the seq of the last
+/// entry after the append. The caller checks the lease in the same transaction.
+pub(crate) fn append_history_rows(
+    conn: &Connection,
+    tenant: &str,
+    thread_id: &ThreadId,
+    bodies: &[String],
+) -> AgentResult<u64> {
+    let thread_id = thread_id.as_str();
+    let last: i64 = conn
+        .prepare_cached(
+            "SELECT COALESCE(MAX(seq), 0) FROM thread_history \
+             WHERE tenant = ?1 AND thread_id = ?2",
+        )
+        .and_then(|mut stmt| stmt.query_row(params![tenant, thread_id], |row| row.get(0)))
+        .context("reading a thread's history length")?;
+    let mut stmt = conn
+        .prepare_cached(
+            "INSERT INTO thread_history (tenant, thread_id, seq, body) \
+             VALUES (?1, ?2, ?3, ?4)",
+        )
+        .context("appending to a thread's history")?;
+    let mut seq = last;
+    for body in bodies {
+        seq += 1;
+        stmt.execute(params![tenant, thread_id, seq, body])
+            .context("appending to a thread's history")?;
+    }
+    from_sql_int(seq, "history seq")
+}
 
 #[async_trait]
 impl ThreadHistory for SqliteStore {
@@ -37,27 +68,7 @@ impl ThreadHistory for SqliteStore {
             // The fence and the append share the transaction: a lease that lapses or is taken
             // over can never interleave with the write.
             check_fence(conn, &tenant, &lease)?;
-            let thread_id = lease.thread_id.as_str();
-            let last: i64 = conn
-                .prepare_cached(
-                    "SELECT COALESCE(MAX(seq), 0) FROM thread_history \
-                     WHERE tenant = ?1 AND thread_id = ?2",
-                )
-                .and_then(|mut stmt| stmt.query_row(params![tenant, thread_id], |row| row.get(0)))
-                .context("reading a thread's history length")?;
-            let mut stmt = conn
-                .prepare_cached(
-                    "INSERT INTO thread_history (tenant, thread_id, seq, body) \
-                     VALUES (?1, ?2, ?3, ?4)",
-                )
-                .context("appending to a thread's history")?;
-            let mut seq = last;
-            for body in bodies {
-                seq += 1;
-                stmt.execute(params![tenant, thread_id, seq, body])
-                    .context("appending to a thread's history")?;
-            }
-            from_sql_int(seq, "history seq")
+            append_history_rows(conn, &tenant, &lease.thread_id, &bodies)
         })
         .await
     }

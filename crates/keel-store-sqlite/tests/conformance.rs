@@ -40,6 +40,7 @@ fn timers(store: &SqliteStore) -> Arc<dyn ThreadTimers> {
 async fn run_all_on_one_file() {
     let (_dir, store) = file_store();
     testing::run_all(&store, &store, threads(&store), LIMITS, &store).await;
+    testing::step_store_writes_history_and_log_together(&store, &store, &store).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -48,6 +49,7 @@ async fn run_all_in_memory() {
         .expect("open in-memory store")
         .with_kv_limits(LIMITS);
     testing::run_all(&store, &store, threads(&store), LIMITS, &store).await;
+    testing::step_store_writes_history_and_log_together(&store, &store, &store).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -60,6 +62,18 @@ async fn task_manager_round_trip() {
 async fn task_manager_events_in_order() {
     let (_dir, store) = file_store();
     testing::task_manager_events_in_order(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn task_manager_save_with_events() {
+    let (_dir, store) = file_store();
+    testing::task_manager_save_with_events(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn step_store_writes_history_and_log_together() {
+    let (_dir, store) = file_store();
+    testing::step_store_writes_history_and_log_together(&store, &store, &store).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -416,3 +416,123 @@ async fn expired_memory_values_are_swept_on_write() {
         .unwrap();
     assert_eq!(rows, 0, "the expired row is gone from disk");
 }
+
+/// The writer's counters moved by exactly one job and one commit since `before`.
+fn assert_one_write_job(store: &SqliteStore, before: keel_store_sqlite::StoreStats, what: &str) {
+    let after = store.stats();
+    assert_eq!(
+        (
+            after.writes_submitted - before.writes_submitted,
+            after.writes_finished - before.writes_finished,
+            after.commits - before.commits,
+        ),
+        (1, 1, 1),
+        "{what} must be one write job in one commit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn save_task_with_events_is_one_write_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db_path(&dir)).unwrap();
+    let auth = tenant();
+    let mut task = Task::create(Message::user("q"));
+    let events: Vec<TaskEvent> = ["q", "a", "b"]
+        .into_iter()
+        .map(|text| TaskEvent::Message {
+            message: Message::agent(text),
+        })
+        .collect();
+    let before = store.stats();
+    store
+        .save_task_with_events(&auth, &task, &events)
+        .await
+        .unwrap();
+    assert_one_write_job(&store, before, "a new task with three events");
+
+    task.begin().unwrap();
+    let before = store.stats();
+    store
+        .save_task_with_events(&auth, &task, &events[..1])
+        .await
+        .unwrap();
+    assert_one_write_job(&store, before, "a status change with its event");
+    assert_eq!(
+        store.get_task_events(&auth, &task.id).await.unwrap().len(),
+        4
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn save_task_with_events_writes_nothing_when_an_event_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db_path(&dir)).unwrap();
+    let auth = tenant();
+    // A trigger refusing the second event of any task, as a failing disk or a constraint
+    // could: the snapshot and the first event, written before it, must not stay.
+    Connection::open(db_path(&dir))
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER refuse_second_event BEFORE INSERT ON task_events \
+             WHEN NEW.seq > 1 BEGIN SELECT RAISE(ABORT, 'refused by test'); END",
+        )
+        .unwrap();
+    let task = Task::create(Message::user("q"));
+    let events = [
+        TaskEvent::Message {
+            message: Message::agent("a"),
+        },
+        TaskEvent::Message {
+            message: Message::agent("b"),
+        },
+    ];
+    let err = store
+        .save_task_with_events(&auth, &task, &events)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    assert_eq!(
+        store.get_task(&auth, &task.id).await.unwrap(),
+        None,
+        "no snapshot without its events"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn persist_step_is_one_write_job() {
+    use keel_runtime::StepStore;
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db_path(&dir)).unwrap();
+    let auth = tenant();
+    let task = Task::create(Message::user("q"));
+    store.save_task(&auth, &task).await.unwrap();
+    let lease = store
+        .acquire_lease(&auth, &task.thread_id, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let before = store.stats();
+    store
+        .persist_step(
+            &auth,
+            &lease,
+            &[LlmMessage::assistant("a", vec![]), LlmMessage::user("b")],
+            &task.id,
+            &[TaskEvent::Message {
+                message: Message::agent("a"),
+            }],
+        )
+        .await
+        .unwrap();
+    assert_one_write_job(&store, before, "a step's history and log entry");
+}
+
+#[tokio::test]
+async fn services_hand_out_the_step_store() {
+    let store = SqliteStore::open_in_memory().unwrap();
+    let services = store.services(Arc::new(keel_llm::MockLlm::new()));
+    assert!(
+        keel_runtime::Runtime::step_store(&services).is_some(),
+        "a SQLite runtime writes each persist point in one job"
+    );
+}

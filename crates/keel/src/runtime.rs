@@ -221,3 +221,22 @@ impl DefaultRuntimeBuilder {
         Ok(self.finish(services))
     }
 }
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_sqlite_runtime_hands_out_a_step_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = DefaultRuntime::builder()
+            .store(StoreConfig::Sqlite(dir.path().join("keel.db")))
+            .build()
+            .await
+            .unwrap();
+        assert!(
+            runtime.step_store().is_some(),
+            "the engine writes each persist point in one SQLite job"
+        );
+    }
+}

@@ -77,6 +77,7 @@ pub async fn run_all(
 ) {
     task_manager_round_trip(tasks).await;
     task_manager_events_in_order(tasks).await;
+    task_manager_save_with_events(tasks).await;
     task_manager_pagination(tasks).await;
     task_manager_page_token_survives_changes(tasks).await;
     task_manager_state_filter_follows_saves(tasks).await;

@@ -113,6 +113,148 @@ pub async fn task_manager_events_in_order(tasks: &dyn TaskManager) {
     );
 }
 
+/// `save_task_with_events` saves the snapshot and appends the events in order, to the log
+/// `add_task_event` appends to: for a new task (the snapshot comes first, so its events are
+/// accepted), for a status change of a known task, for a batch of many events, and with no
+/// events (exactly `save_task`). Listings follow the saved state, and another tenant sees
+/// none of it.
+pub async fn task_manager_save_with_events(tasks: &dyn TaskManager) {
+    let (auth, other) = (fresh_tenant(), fresh_tenant());
+    let mut task = Task::create(Message::user("q"));
+    let submitted = TaskEvent::Message {
+        message: task.history[0].clone(),
+    };
+    tasks
+        .save_task_with_events(&auth, &task, std::slice::from_ref(&submitted))
+        .await
+        .expect("a new task's snapshot and first event in one write");
+    assert_eq!(
+        tasks.get_task(&auth, &task.id).await.unwrap(),
+        Some(task.clone_without_history()),
+        "the snapshot of a new task is saved, without history"
+    );
+    assert_eq!(
+        tasks.get_task_events(&auth, &task.id).await.unwrap(),
+        vec![submitted.clone()],
+        "a new task's events land"
+    );
+
+    task.begin().unwrap();
+    let working = TaskEvent::StatusUpdate {
+        task_id: task.id.clone(),
+        thread_id: task.thread_id.clone(),
+        status: task.status().clone(),
+        is_final: false,
+    };
+    let reply = TaskEvent::Message {
+        message: Message::agent("a"),
+    };
+    tasks
+        .save_task_with_events(&auth, &task, &[working.clone(), reply.clone()])
+        .await
+        .unwrap();
+    assert_eq!(
+        tasks
+            .get_task(&auth, &task.id)
+            .await
+            .unwrap()
+            .map(|t| t.state()),
+        Some(TaskState::Working),
+        "the snapshot is replaced"
+    );
+    let later = TaskEvent::Message {
+        message: Message::agent("b"),
+    };
+    tasks.add_task_event(&auth, &task.id, &later).await.unwrap();
+    let mut expected = vec![submitted, working, reply, later];
+    assert_eq!(
+        tasks.get_task_events(&auth, &task.id).await.unwrap(),
+        expected,
+        "events are appended after the earlier ones, in order, to the same log"
+    );
+
+    // More events than a backend might pass in one command (Redis scripts unpack in chunks).
+    let batch: Vec<TaskEvent> = (0..1_200)
+        .map(|i| TaskEvent::Message {
+            message: Message::agent(format!("m{i}")),
+        })
+        .collect();
+    tasks
+        .save_task_with_events(&auth, &task, &batch)
+        .await
+        .unwrap();
+    expected.extend(batch);
+    assert_eq!(
+        tasks.get_task_events(&auth, &task.id).await.unwrap(),
+        expected,
+        "a large batch lands whole and in order"
+    );
+
+    task.complete("done").unwrap();
+    tasks
+        .save_task_with_events(&auth, &task, &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        tasks.get_task(&auth, &task.id).await.unwrap(),
+        Some(task.clone_without_history()),
+        "with no events it saves the snapshot"
+    );
+    assert_eq!(
+        tasks.get_task_events(&auth, &task.id).await.unwrap().len(),
+        expected.len(),
+        "with no events the log is unchanged"
+    );
+
+    let by_thread = ListTasksFilter {
+        thread_id: Some(task.thread_id.clone()),
+        ..Default::default()
+    };
+    let listed = tasks.list_tasks(&auth, &by_thread).await.unwrap();
+    assert_eq!(
+        (listed.total_size, ids(&listed)),
+        (1, vec![task.id.clone()]),
+        "the task is listed once under its thread"
+    );
+    for (state, count) in [(TaskState::Completed, 1), (TaskState::Working, 0)] {
+        let filter = ListTasksFilter {
+            state: Some(state),
+            ..by_thread.clone()
+        };
+        assert_eq!(
+            tasks.list_tasks(&auth, &filter).await.unwrap().total_size,
+            count,
+            "the state index follows the save ({state:?})"
+        );
+    }
+    let full = load_task_with_history(tasks, &auth, &task.id, None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        full.history
+            .iter()
+            .map(Message::text)
+            .take(3)
+            .collect::<Vec<_>>(),
+        ["q", "a", "b"],
+        "the history is rebuilt from the events"
+    );
+
+    assert_eq!(
+        tasks.get_task(&other, &task.id).await.unwrap(),
+        None,
+        "another tenant sees no snapshot"
+    );
+    assert!(
+        matches!(
+            tasks.get_task_events(&other, &task.id).await,
+            Err(AgentError::TaskNotFound { .. })
+        ),
+        "another tenant sees no log"
+    );
+}
+
 /// Listing filters by thread and state, pages in creation order without gaps or duplicates,
 /// and rejects bad page tokens and a zero page size.
 pub async fn task_manager_pagination(tasks: &dyn TaskManager) {
