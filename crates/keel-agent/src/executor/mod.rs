@@ -232,15 +232,18 @@ impl AgentExecutor {
             let agent = self.inner.agent.card().name.clone();
             EngineMeta::update(&mut task, |m| m.agent = Some(agent));
         }
-        tasks.save_task(auth, &task).await?;
-        tasks
-            .add_task_event(auth, &task.id, &TaskEvent::Message { message })
-            .await?;
+        let message = TaskEvent::Message { message };
         if continuing {
             // The answer is in: the task works again (and a blocking caller waits for the run
             // rather than finding the task still waiting for input).
             task.begin()?;
-            self.inner.persist_status(auth, &task).await?;
+            self.inner
+                .persist_status_after(auth, &task, vec![message])
+                .await?;
+        } else {
+            tasks
+                .save_task_with_events(auth, &task, std::slice::from_ref(&message))
+                .await?;
         }
         let waiter = (!options.return_immediately).then(|| self.inner.rest_waiter(auth, &task.id));
         self.inner

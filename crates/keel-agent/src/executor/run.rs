@@ -27,19 +27,26 @@ use crate::{TaskRest, ThreadState, ToolContext};
 
 impl Inner {
     pub(super) async fn persist_status(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
-        let tasks = self.runtime.task_manager();
-        tasks.save_task(auth, task).await?;
-        tasks
-            .add_task_event(
-                auth,
-                &task.id,
-                &TaskEvent::StatusUpdate {
-                    task_id: task.id.clone(),
-                    thread_id: task.thread_id.clone(),
-                    status: task.status().clone(),
-                    is_final: task.state().is_terminal(),
-                },
-            )
+        self.persist_status_after(auth, task, Vec::new()).await
+    }
+
+    /// Save the task with `events` and then its status event appended to its log, in one
+    /// store write (the status and what led to it commit together).
+    pub(super) async fn persist_status_after(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        mut events: Vec<TaskEvent>,
+    ) -> AgentResult<()> {
+        events.push(TaskEvent::StatusUpdate {
+            task_id: task.id.clone(),
+            thread_id: task.thread_id.clone(),
+            status: task.status().clone(),
+            is_final: task.state().is_terminal(),
+        });
+        self.runtime
+            .task_manager()
+            .save_task_with_events(auth, task, &events)
             .await?;
         self.task_saved(auth, &task.id);
         Ok(())
@@ -528,6 +535,8 @@ impl Inner {
                 .delete(auth, &cancel_key(&task.id))
                 .await;
         }
+        // Events of the ending that go to the task's log with its final status.
+        let mut logged = Vec::new();
         match outcome {
             Outcome::Abandoned => return Ok(()),
             Outcome::AwaitingTool { call_id } => {
@@ -568,20 +577,14 @@ impl Inner {
                         .await?
                 };
                 let artifact = Artifact::text(text).named("answer");
-                self.runtime
-                    .task_manager()
-                    .add_task_event(
-                        auth,
-                        &task.id,
-                        &TaskEvent::ArtifactUpdate {
-                            task_id: task.id.clone(),
-                            thread_id: task.thread_id.clone(),
-                            artifact: artifact.clone(),
-                            append: false,
-                            last_chunk: true,
-                        },
-                    )
-                    .await?;
+                // Written with the final status, below.
+                logged.push(TaskEvent::ArtifactUpdate {
+                    task_id: task.id.clone(),
+                    thread_id: task.thread_id.clone(),
+                    artifact: artifact.clone(),
+                    append: false,
+                    last_chunk: true,
+                });
                 obs.emit(RunEvent::task_artifact(&artifact, false, true))
                     .await;
                 task.add_artifact(artifact);
@@ -635,7 +638,7 @@ impl Inner {
         self.save_records(auth, obs, task).await;
         // Subagents: a background child's result goes to its parent from here, durably.
         self.agent.hooks.on_rest(self, auth, task).await;
-        self.persist_status(auth, task).await
+        self.persist_status_after(auth, task, logged).await
     }
 
     /// The run report (redacted) and a task snapshot go to the run store. A failure here is
