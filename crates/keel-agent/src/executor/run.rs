@@ -36,6 +36,18 @@ impl Inner {
         &self,
         auth: &AuthContext,
         task: &Task,
+        events: Vec<TaskEvent>,
+    ) -> AgentResult<()> {
+        self.write_status_after(auth, task, events).await?;
+        self.task_saved(auth, &task.id);
+        Ok(())
+    }
+
+    /// [`Self::persist_status_after`] without waking the task's waiters.
+    async fn write_status_after(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
         mut events: Vec<TaskEvent>,
     ) -> AgentResult<()> {
         events.push(TaskEvent::StatusUpdate {
@@ -47,9 +59,7 @@ impl Inner {
         self.runtime
             .task_manager()
             .save_task_with_events(auth, task, &events)
-            .await?;
-        self.task_saved(auth, &task.id);
-        Ok(())
+            .await
     }
 
     /// Tell [`AgentExecutor::task_updates`] subscribers that a task changed. Nobody listens
@@ -632,13 +642,20 @@ impl Inner {
             }))
             .await;
         }
-        // The final event and the records come before the status is persisted: persisting
-        // wakes whoever waits for the task, and they must find the run fully reported.
         obs.emit(RunEvent::task_status_of(task)).await;
-        self.save_records(auth, obs, task).await;
         // Subagents: a background child's result goes to its parent from here, durably.
         self.agent.hooks.on_rest(self, auth, task).await;
-        self.persist_status_after(auth, task, logged).await
+        // The records and the status are independent writes, sent together so that they
+        // share a round trip (one SQLite batch, one Redis pipeline) instead of queueing one
+        // behind the other; the records are sent first. Waiters are woken once both are
+        // done: whoever waits for the task must find the run fully reported.
+        let ((), saved) = tokio::join!(
+            self.save_records(auth, obs, task),
+            self.write_status_after(auth, task, logged)
+        );
+        saved?;
+        self.task_saved(auth, &task.id);
+        Ok(())
     }
 
     /// The run report (redacted) and a task snapshot go to the run store. A failure here is
@@ -649,12 +666,11 @@ impl Inner {
         let result = async {
             // Read once: it indexes both records.
             let ctx = RunContext::from_task(task)?;
-            runs.save_task_record(
-                auth,
-                &TaskRecord::with_context(task, ctx.as_ref(), agent_name),
-            )
-            .await?;
-            if let Some(ctx) = ctx {
+            let record = TaskRecord::with_context(task, ctx.as_ref(), agent_name);
+            let report = async {
+                let Some(ctx) = ctx else {
+                    return Ok(());
+                };
                 // Masked event by event while the run went (the run's report writer) and
                 // serialized once here; the in-memory store keeps that text as it is.
                 let report = obs.take_report_json()?;
@@ -671,9 +687,11 @@ impl Inner {
                     },
                     report,
                 )
-                .await?;
-            }
-            AgentResult::Ok(())
+                .await
+            };
+            // Two independent writes, sent together (see `finish`).
+            let (saved, reported) = tokio::join!(runs.save_task_record(auth, &record), report);
+            saved.and(reported)
         }
         .await;
         if let Err(err) = result {
