@@ -249,7 +249,11 @@ fn run_jobs(conn: &Connection, batch: Vec<Job>) -> (Vec<Job>, Option<AgentError>
             done.push(job);
             continue;
         }
-        if let Err(e) = conn.execute_batch("SAVEPOINT keel_job") {
+        // Cached like every statement: `execute_batch` compiles its SQL at every call.
+        let opened = conn
+            .prepare_cached("SAVEPOINT keel_job")
+            .and_then(|mut savepoint| savepoint.execute([]));
+        if let Err(e) = opened {
             aborted = Some(AgentError::storage_source(
                 "sqlite",
                 "opening a savepoint",
@@ -268,12 +272,14 @@ fn run_jobs(conn: &Connection, batch: Vec<Job>) -> (Vec<Job>, Option<AgentError>
                  batch's writes were not kept",
             ));
         } else {
-            let end = if ok {
-                "RELEASE keel_job"
+            let closed = if ok {
+                conn.prepare_cached("RELEASE keel_job")
+                    .and_then(|mut release| release.execute([]))
             } else {
-                "ROLLBACK TO keel_job; RELEASE keel_job"
+                conn.execute_batch("ROLLBACK TO keel_job; RELEASE keel_job")
+                    .map(|()| 0)
             };
-            if let Err(e) = conn.execute_batch(end) {
+            if let Err(e) = closed {
                 aborted = Some(AgentError::storage_source(
                     "sqlite",
                     "closing a savepoint",
