@@ -137,10 +137,34 @@ pub async fn load_task_with_history(
     task_id: &TaskId,
     history_length: Option<usize>,
 ) -> AgentResult<Option<Task>> {
-    let Some(mut task) = tasks.get_task(auth, task_id).await? else {
+    // Two independent reads, sent together: one round trip (a Redis pipeline, one SQLite
+    // read batch) instead of two, for every task handed out with its history.
+    let (task, events) = futures::join!(
+        tasks.get_task(auth, task_id),
+        tasks.get_task_events(auth, task_id)
+    );
+    let Some(mut task) = task? else {
         return Ok(None);
     };
-    let events = tasks.get_task_events(auth, task_id).await?;
+    set_history(&mut task, events?, history_length);
+    Ok(Some(task))
+}
+
+/// `task` (a snapshot just read) with its history from the event log: what
+/// [`load_task_with_history`] does for a caller that already holds the snapshot.
+pub async fn attach_history(
+    tasks: &dyn TaskManager,
+    auth: &AuthContext,
+    mut task: Task,
+    history_length: Option<usize>,
+) -> AgentResult<Task> {
+    let events = tasks.get_task_events(auth, &task.id).await?;
+    set_history(&mut task, events, history_length);
+    Ok(task)
+}
+
+/// The messages of `events` (the last `history_length` when given) as `task`'s history.
+fn set_history(task: &mut Task, events: Vec<TaskEvent>, history_length: Option<usize>) {
     let mut history: Vec<_> = events
         .into_iter()
         .filter_map(|event| match event {
@@ -153,7 +177,6 @@ pub async fn load_task_with_history(
         history.drain(..skip);
     }
     task.history = history;
-    Ok(Some(task))
 }
 
 struct Entry {

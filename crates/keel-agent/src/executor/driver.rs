@@ -312,11 +312,9 @@ impl Inner {
         mut waiter: RestWaiter<'_>,
         auth: &AuthContext,
         task_id: &TaskId,
-    ) -> AgentResult<()> {
+    ) -> AgentResult<Task> {
         waiter.fresh = true;
-        self.wait_with(waiter, auth, task_id, answered)
-            .await
-            .map(|_| ())
+        self.wait_with(waiter, auth, task_id, answered).await
     }
 
     /// Wait until the stored task satisfies `done`, and answer it. Local saves of this task

@@ -30,7 +30,7 @@ use keel_core::{
     AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, TaskState,
     ThreadId,
 };
-use keel_runtime::{load_task_with_history, AuthContext, ListTasksFilter, Runtime};
+use keel_runtime::{attach_history, load_task_with_history, AuthContext, ListTasksFilter, Runtime};
 use serde_json::json;
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -255,12 +255,23 @@ impl AgentExecutor {
                 },
             )
             .await?;
-        if let Some(waiter) = waiter {
-            self.inner
-                .wait_until_queued_task_rests(waiter, auth, &task.id)
-                .await?;
+        match waiter {
+            Some(waiter) => {
+                // The snapshot the wait ended on is the answer: only its history is read.
+                let task = self
+                    .inner
+                    .wait_until_queued_task_rests(waiter, auth, &task.id)
+                    .await?;
+                attach_history(
+                    self.inner.runtime.task_manager().as_ref(),
+                    auth,
+                    task,
+                    options.history_length,
+                )
+                .await
+            }
+            None => self.get_task(auth, &task.id, options.history_length).await,
         }
-        self.get_task(auth, &task.id, options.history_length).await
     }
 
     /// The task with its history (the last `history_length` messages when given).

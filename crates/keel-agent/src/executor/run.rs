@@ -342,13 +342,13 @@ impl Inner {
 
         // The task's user messages join the thread history once each (a resumed run finds
         // them there already).
-        let mut history = self.read_history(flow).await?;
+        let task_manager = self.runtime.task_manager();
+        let (history, events) = tokio::join!(
+            self.read_history(flow),
+            task_manager.get_task_events(auth, &task.id)
+        );
+        let (mut history, events) = (history?, events?);
         let seen = tag_values(&history, META_MESSAGE);
-        let events = self
-            .runtime
-            .task_manager()
-            .get_task_events(auth, &task.id)
-            .await?;
         let mut new_input = Vec::new();
         for message in user_messages(&events) {
             if !seen.contains(message.message_id.as_str()) {
