@@ -166,11 +166,13 @@ impl Inner {
             })
         };
         let mut worked = Worked::Done;
+        let mut released = false;
         loop {
             if flow.lost.is_cancelled() || self.shutting_down.is_cancelled() {
                 break;
             }
-            let items = match store.peek_queue(auth, &flow.thread_id, 1).await {
+            // Two: whether anything waits behind this item decides how it is acknowledged.
+            let items = match store.peek_queue(auth, &flow.thread_id, 2).await {
                 Ok(items) => items,
                 Err(err) => {
                     self.log(
@@ -180,6 +182,7 @@ impl Inner {
                     break;
                 }
             };
+            let last = items.len() < 2;
             let Some(item) = items.into_iter().next() else {
                 break;
             };
@@ -232,10 +235,30 @@ impl Inner {
             if flow.lost.is_cancelled() {
                 break;
             }
-            if let Err(err) = store
-                .ack_queue(auth, &flow.lease(), std::slice::from_ref(&item.id))
-                .await
-            {
+            let lease = flow.lease();
+            let ack = store.ack_queue(auth, &lease, std::slice::from_ref(&item.id));
+            if last {
+                // Nothing was waiting behind it: acknowledge and let the thread go in one
+                // round trip (sent in that order; both are fenced by the same lease). Work
+                // queued meanwhile is picked up by the driver's look after the worker leaves.
+                renewer.abort();
+                let (acked, freed) = tokio::join!(ack, store.release_lease(auth, &lease));
+                released = true;
+                if let Err(err) = acked {
+                    self.log(
+                        LogLevel::Warn,
+                        &format!("cannot acknowledge queued work: {err}"),
+                    );
+                }
+                if let Err(err) = freed {
+                    self.log(
+                        LogLevel::Warn,
+                        &format!("cannot release the thread lease: {err}"),
+                    );
+                }
+                break;
+            }
+            if let Err(err) = ack.await {
                 self.log(
                     LogLevel::Warn,
                     &format!("cannot acknowledge queued work: {err}"),
@@ -244,11 +267,13 @@ impl Inner {
             }
         }
         renewer.abort();
-        if let Err(err) = store.release_lease(auth, &flow.lease()).await {
-            self.log(
-                LogLevel::Warn,
-                &format!("cannot release the thread lease: {err}"),
-            );
+        if !released {
+            if let Err(err) = store.release_lease(auth, &flow.lease()).await {
+                self.log(
+                    LogLevel::Warn,
+                    &format!("cannot release the thread lease: {err}"),
+                );
+            }
         }
         worked
     }

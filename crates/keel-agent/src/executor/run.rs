@@ -317,11 +317,10 @@ impl Inner {
         if let Some(outcome) = self.stop_requested_durably(flow, run).await {
             return self.finish(flow, &obs, task, outcome).await;
         }
-        if task.state() != TaskState::Working {
+        // The working status is written below, together with the run's new input.
+        let began = task.state() != TaskState::Working;
+        if began {
             task.begin()?;
-            self.persist_status(auth, task).await?;
-            // The whole task rides on the final status only (the payload's contract).
-            obs.emit(RunEvent::task_state_of(task)).await;
         }
         let ctx = ToolContext {
             auth: auth.clone(),
@@ -361,8 +360,29 @@ impl Inner {
             }
         }
         let direct = direct_tool_calls(user_messages(&events).last());
-        if !new_input.is_empty() {
-            self.append(flow, &mut history, new_input).await?;
+        // Two independent writes, sent together (one SQLite batch, one Redis pipeline): the
+        // task's working status and its input joining the thread history. Either may be
+        // there without the other after a crash, and a resumed run handles both.
+        let status = async {
+            if began {
+                self.persist_status(auth, task).await
+            } else {
+                Ok(())
+            }
+        };
+        let input = async {
+            if new_input.is_empty() {
+                Ok(())
+            } else {
+                self.append(flow, &mut history, new_input).await
+            }
+        };
+        let (status, input) = tokio::join!(status, input);
+        status?;
+        input?;
+        if began {
+            // The whole task rides on the final status only (the payload's contract).
+            obs.emit(RunEvent::task_state_of(task)).await;
         }
         if let Some(max_turns) = self.agent.stop_rules().max_session_turns {
             let turns = history
