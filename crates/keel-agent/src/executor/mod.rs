@@ -294,8 +294,8 @@ impl AgentExecutor {
     }
 
     /// Cancel a task wherever it is: queued, waiting for input, running here (stopped live),
-    /// or running in another process sharing the store (which sees the request at its next
-    /// checkpoint). Ends `canceled` with `reason`; a terminal task is
+    /// or running in another process sharing the store (whose run sees the request within a
+    /// poll interval, and stops at once). Ends `canceled` with `reason`; a terminal task is
     /// [`AgentError::TaskNotCancelable`], an unknown one [`AgentError::TaskNotFound`].
     pub async fn cancel_task(
         &self,
@@ -319,7 +319,8 @@ impl AgentExecutor {
             });
         }
         let reason = reason.unwrap_or_else(|| "canceled by request".into());
-        // The durable flag reaches a run in any process at its next checkpoint.
+        // The durable flag reaches a run in any process through the run's watcher, which
+        // reads it every poll interval.
         inner
             .runtime
             .memory_service()
