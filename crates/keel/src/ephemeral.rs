@@ -213,13 +213,18 @@ async fn wait_for_rest(
     let mut changed = executor.task_updates();
     loop {
         changed.borrow_and_update();
-        let task = executor.get_task(auth, task_id, None).await?;
+        // The queue and the run first, the task after: a worker acknowledges its queue item
+        // only after the run's last save, so a task read once the queue is seen empty is
+        // that save or newer. Read the other way round, a run that ended between the two
+        // reads left an older snapshot looking like the answer.
         let queued = executor
             .runtime()
             .thread_store()
             .queue_len(auth, thread_id)
             .await?;
-        if queued == 0 && !executor.is_running(auth, task_id) {
+        let idle = queued == 0 && !executor.is_running(auth, task_id);
+        let task = executor.get_task(auth, task_id, None).await?;
+        if idle {
             if let Some(rest) = TaskRest::of(&task, queued) {
                 let answer = task.status().message.as_ref().map(Message::text);
                 return Ok(Outcome { task, rest, answer });
