@@ -338,7 +338,12 @@ impl Inner {
         auth: &AuthContext,
         task_id: &TaskId,
     ) -> AgentResult<Task> {
-        waiter.fresh = true;
+        if !waiter.receiver.has_changed().unwrap_or(true) {
+            tokio::select! {
+                _ = waiter.receiver.changed() => {}
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
         self.wait_with(waiter, auth, task_id, answered).await
     }
 
@@ -361,8 +366,7 @@ impl Inner {
         RestWaiter::new(&self.resting, (auth.namespace(), task_id.clone()))
     }
 
-    /// [`Self::wait_until`] with a waiter taken earlier. When the waiter has not been woken
-    /// yet, the task has not been saved since it was taken, so the first read is skipped.
+    /// [`Self::wait_until`] with a waiter taken earlier.
     pub(super) async fn wait_with(
         &self,
         mut waiter: RestWaiter<'_>,
@@ -370,19 +374,8 @@ impl Inner {
         task_id: &TaskId,
         done: impl Fn(&Task) -> bool,
     ) -> AgentResult<Task> {
-        let mut first = true;
         loop {
-            let woken = waiter.receiver.has_changed().unwrap_or(true);
             waiter.receiver.borrow_and_update();
-            if first && !woken && waiter.fresh {
-                first = false;
-                tokio::select! {
-                    _ = waiter.receiver.changed() => {}
-                    () = tokio::time::sleep(self.config.poll_interval) => {}
-                }
-                continue;
-            }
-            first = false;
             let task = self
                 .runtime
                 .task_manager()
@@ -517,8 +510,6 @@ pub(super) struct RestWaiter<'a> {
     waiters: &'a Waiters,
     key: TaskKey,
     receiver: tokio::sync::watch::Receiver<u64>,
-    /// Taken before the caller's own change to the task, which cannot have answered yet.
-    fresh: bool,
 }
 
 impl<'a> RestWaiter<'a> {
@@ -531,7 +522,6 @@ impl<'a> RestWaiter<'a> {
             waiters,
             key,
             receiver,
-            fresh: false,
         }
     }
 }
