@@ -94,6 +94,7 @@ pub struct Agent {
     tools: Vec<RegisteredTool>,
     tool_index: HashMap<String, usize>,
     stop: StopRules,
+    budget: keel_core::RunBudget,
     human_handoff: bool,
     authorizer: Arc<keel_policy::ActionAuthorizer>,
     negotiator: Arc<dyn crate::Negotiator>,
@@ -129,6 +130,7 @@ impl Agent {
             llm: None,
             tools: Vec::new(),
             stop: StopRules::default(),
+            budget: keel_core::RunBudget::default(),
             human_handoff: false,
             policy: None,
             approval_handler: None,
@@ -168,6 +170,11 @@ impl Agent {
     /// The stop rules.
     pub fn stop_rules(&self) -> &StopRules {
         &self.stop
+    }
+
+    /// The limits of every run of this agent; a caller's run context can only narrow them.
+    pub fn budget(&self) -> &keel_core::RunBudget {
+        &self.budget
     }
 
     /// Whether the `ask_human` hand-off tool is offered.
@@ -248,6 +255,7 @@ pub struct AgentBuilder {
     llm: Option<Arc<dyn Llm>>,
     tools: Vec<Arc<dyn Tool>>,
     stop: StopRules,
+    budget: keel_core::RunBudget,
     human_handoff: bool,
     policy: Option<Arc<dyn keel_policy::Policy>>,
     approval_handler: Option<Arc<dyn keel_policy::ApprovalHandler>>,
@@ -340,6 +348,13 @@ impl AgentBuilder {
     /// All stop rules at once.
     pub fn stop_rules(mut self, stop: StopRules) -> Self {
         self.stop = stop;
+        self
+    }
+
+    /// Limits every run of this agent keeps to (model steps and calls, tool calls, tokens,
+    /// time); a caller's `RunContext.budget` can narrow them, never widen them.
+    pub fn budget(mut self, budget: keel_core::RunBudget) -> Self {
+        self.budget = budget;
         self
     }
 
@@ -478,6 +493,7 @@ impl AgentBuilder {
             tools,
             tool_index,
             stop: self.stop,
+            budget: self.budget,
             human_handoff: self.human_handoff,
             authorizer: {
                 let policy = self

@@ -34,6 +34,7 @@ impl RunObs {
         context: &RunContext,
         task_id: &TaskId,
         agent_name: &str,
+        agent_budget: &keel_core::RunBudget,
         authorizer: Arc<ActionAuthorizer>,
         logging: Arc<dyn LoggingService>,
     ) -> Self {
@@ -50,7 +51,10 @@ impl RunObs {
                 .with_task(task_id.clone())
                 .with_agent_name(agent_name),
             report,
-            budget: Mutex::new(BudgetEnforcer::new(context.budget.clone())),
+            // The agent's own limits hold whatever the caller asked for.
+            budget: Mutex::new(BudgetEnforcer::new(
+                context.budget.narrowed_by(agent_budget),
+            )),
             authorizer,
             context: context.clone(),
             logging,

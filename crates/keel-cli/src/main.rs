@@ -1,11 +1,14 @@
 //! `keel`: serve Keel agents over the A2A protocol.
 
+mod from_file;
+
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use keel::agent::{AgentExecutor, ExecutorConfig};
 use keel::services::{ApiKeyAuthService, AuthContext};
 use keel::transport::callbacks::HttpCallbacks;
@@ -23,10 +26,16 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve the demo agent over A2A v1.0 JSON-RPC until Ctrl-C.
+    /// Serve agents over A2A v1.0 until Ctrl-C: those of `--config FILE` (or `./keel.toml`
+    /// when present), else the demo agent.
     ///
-    /// The agent card is at /.well-known/agent-card.json and the JSON-RPC endpoint at /.
+    /// The default agent's card is at /.well-known/agent-card.json and its JSON-RPC endpoint
+    /// at /; with a file, each agent is also at /agents/NAME/.
     Serve(ServeArgs),
+    /// Write a commented `keel.toml` that runs offline and shows every section.
+    Init(InitArgs),
+    /// Validate a `keel.toml` and print what it would serve (secrets masked).
+    Check(CheckArgs),
     /// Process one input and exit (the ephemeral runtime): a user message (`--thread`,
     /// `--message`) or an asynchronous tool's result (`--callback`, `--secret`, `--result`).
     ///
@@ -34,6 +43,21 @@ enum Command {
     /// input); everything is persisted in the store, and the task's state is printed as one
     /// JSON object on stdout.
     RunOnce(RunOnceArgs),
+}
+
+#[derive(Debug, Args)]
+struct InitArgs {
+    /// The directory to write `keel.toml` in (default: the current one).
+    dir: Option<PathBuf>,
+    /// Replace an existing `keel.toml`.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// The file to check (default: ./keel.toml).
+    file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +111,10 @@ struct RunOnceArgs {
 
 #[derive(Debug, Args)]
 struct ServeArgs {
+    /// The agents to serve, from a `keel.toml` (default: ./keel.toml when it exists, else the
+    /// demo agent). Flags given on the command line override the file's `[server]`.
+    #[arg(long, env = "KEEL_CONFIG")]
+    config: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1", env = "KEEL_HOST")]
     host: String,
@@ -147,7 +175,11 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(err) => err.exit(),
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -156,7 +188,12 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Serve(args) => {
+            let explicit = matches.subcommand_matches("serve").cloned();
+            runtime.block_on(serve(args, explicit))
+        }
+        Command::Init(args) => from_file::init(args.dir, args.force),
+        Command::Check(args) => from_file::check(&from_file::config_path(args.file)),
         Command::RunOnce(args) => runtime.block_on(run_once(args)),
     };
     match result {
@@ -263,7 +300,45 @@ async fn run_once(args: RunOnceArgs) -> Result<(), String> {
     Ok(())
 }
 
-async fn serve(args: ServeArgs) -> Result<(), String> {
+/// Whether a `keel serve` flag was given (on the command line or by its variable), so that
+/// it overrides the file's `[server]`.
+fn given(matches: &ArgMatches, id: &str) -> bool {
+    matches!(
+        matches.value_source(id),
+        Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+    )
+}
+
+async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), String> {
+    let file = match &args.config {
+        Some(path) => Some(path.clone()),
+        None => Some(PathBuf::from(keel::config::DEFAULT_CONFIG_FILE)).filter(|p| p.exists()),
+    };
+    if let Some(path) = file {
+        let loaded = keel::Config::from_path(&path).map_err(|err| err.to_string())?;
+        let matches = matches.unwrap_or_default();
+        let set = |id: &str| given(&matches, id);
+        let overrides = from_file::ServerOverrides {
+            host: set("host").then(|| args.host.clone()),
+            port: set("port").then_some(args.port),
+            public_url: args.public_url.clone(),
+            store: set("store").then(|| args.store.clone()),
+            redis_prefix: set("redis_prefix").then(|| args.redis_prefix.clone()),
+            api_keys: if args.api_keys.is_empty() {
+                None
+            } else {
+                Some(parse_api_keys(&args.api_keys)?)
+            },
+            allow_private_push_targets: args.allow_private_push_targets,
+            lease_ttl: set("lease_ttl")
+                .then(|| lease_ttl(args.lease_ttl))
+                .transpose()?,
+            async_tool_timeout: set("async_tool_timeout")
+                .then(|| async_tool_timeout(args.async_tool_timeout))
+                .transpose()?,
+        };
+        return from_file::serve(loaded, overrides, shutdown_signal()).await;
+    }
     let lease_ttl = lease_ttl(args.lease_ttl)?;
     let store = store_config(&args.store, &args.redis_prefix)?;
     let llm = keel::llm::llm_from_spec(&args.llm).map_err(|err| err.to_string())?;

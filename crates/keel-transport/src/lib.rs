@@ -34,6 +34,7 @@
 //!
 //! See [`A2aServer`] for a complete example that serves an agent and talks to it.
 
+mod agents;
 pub mod callbacks;
 mod client;
 mod compat_v03;
@@ -54,6 +55,7 @@ mod version;
 mod wire;
 mod ws;
 
+pub use agents::{AgentsServer, AGENTS_PATH};
 pub use client::{
     A2aClient, A2aWsClient, Binding, HttpBinding, InProcessBinding, InProcessClient, WsBinding,
 };

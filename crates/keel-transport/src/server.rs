@@ -261,7 +261,7 @@ impl A2aServer {
         self.router_with(&public_base_url.into(), closed, stopped)
     }
 
-    fn router_with(
+    pub(crate) fn router_with(
         &self,
         public_base_url: &str,
         closing: watch::Receiver<bool>,

@@ -17,11 +17,14 @@
 
 #[cfg(feature = "sandbox")]
 pub mod code;
+pub mod config;
 pub mod delegation;
 pub mod demo;
 pub mod ephemeral;
+pub mod http_tool;
 mod runtime;
 
+pub use config::Config;
 pub use keel_agent as agent;
 pub use keel_core as core;
 pub use keel_events as events;

@@ -311,6 +311,7 @@ impl Inner {
             &run_context,
             &task.id,
             &self.agent.card().name,
+            self.agent.budget(),
             self.agent.authorizer().clone(),
             self.runtime.logging_service(),
         ));

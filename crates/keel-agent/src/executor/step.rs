@@ -515,6 +515,7 @@ impl AgentExecutor {
             &context,
             &task_id,
             &inner.agent.card().name,
+            inner.agent.budget(),
             inner.agent.authorizer().clone(),
             inner.runtime.logging_service(),
         ));

@@ -1,0 +1,280 @@
+//! Agents from `keel.toml`: `keel init` writes one, `keel check` validates one and prints what
+//! it would serve, and `keel serve --config` serves every agent it declares.
+
+use std::fmt::Write as _;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel::agent::ExecutorConfig;
+use keel::config::{LoadedConfig, DEFAULT_CONFIG_FILE, TEMPLATE};
+use keel::services::{ApiKeyAuthService, AuthContext};
+use keel::transport::callbacks::HttpCallbacks;
+use keel::transport::{A2aServer, AgentsServer, Security};
+use keel::{Config, DefaultRuntime, StoreConfig};
+
+/// `keel init [DIR]`: write the commented example, never over an existing file unless asked.
+pub(crate) fn init(dir: Option<PathBuf>, force: bool) -> Result<(), String> {
+    let dir = dir.unwrap_or_else(|| PathBuf::from("."));
+    std::fs::create_dir_all(&dir)
+        .map_err(|err| format!("cannot create `{}`: {err}", dir.display()))?;
+    let path = dir.join(DEFAULT_CONFIG_FILE);
+    if path.exists() && !force {
+        return Err(format!(
+            "`{}` already exists; pass --force to replace it",
+            path.display()
+        ));
+    }
+    std::fs::write(&path, TEMPLATE)
+        .map_err(|err| format!("cannot write `{}`: {err}", path.display()))?;
+    println!(
+        "keel: wrote {} (two agents on the offline model). Next: `keel check {0}`, then \
+         `keel serve --config {0}`.",
+        path.display()
+    );
+    Ok(())
+}
+
+/// The file `keel check` and `keel serve` read: the one named, else `./keel.toml`.
+pub(crate) fn config_path(named: Option<PathBuf>) -> PathBuf {
+    named.unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_FILE))
+}
+
+/// Load and check a file: its syntax and fields, then its agents built as `keel serve`
+/// would build them (on an offline in-memory runtime: no store is opened).
+pub(crate) fn load(path: &Path) -> Result<LoadedConfig, String> {
+    let loaded = Config::from_path(path).map_err(|err| err.to_string())?;
+    loaded
+        .agents()
+        .build(Arc::new(DefaultRuntime::offline()))
+        .map_err(|err| err.to_string())?;
+    Ok(loaded)
+}
+
+/// `keel check [FILE]`.
+pub(crate) fn check(path: &Path) -> Result<(), String> {
+    let loaded = load(path)?;
+    print!("{}", summary(&loaded, None));
+    Ok(())
+}
+
+/// What a file serves, secrets masked: the server, then each agent with its path, model and
+/// tools.
+fn summary(loaded: &LoadedConfig, url: Option<&str>) -> String {
+    let server = &loaded.server;
+    let base = url.map_or_else(
+        || match &server.public_url {
+            Some(url) => url.to_string(),
+            None => format!("http://{}:{}/", server.host, server.port),
+        },
+        str::to_owned,
+    );
+    let mut out = String::new();
+    let _ = writeln!(out, "{}: ok", loaded.path.display());
+    let _ = writeln!(
+        out,
+        "server: {base} (listening on {}:{}), store {}",
+        server.host, server.port, server.store
+    );
+    for key in &server.api_keys {
+        let _ = writeln!(
+            out,
+            "  api key {} -> tenant {}",
+            key.key,
+            key.tenant.get_ref()
+        );
+    }
+    if server.push.allow_private_targets {
+        let _ = writeln!(out, "  push notifications may reach private addresses");
+    }
+    let default = loaded.default_agent().name();
+    for agent in &loaded.agents {
+        let name = agent.name();
+        let marker = if name == default {
+            " (default, also at /)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "agent `{name}`{marker}: {}",
+            AgentsServer::agent_url(&base, name)
+        );
+        let _ = writeln!(out, "  {}", agent.description);
+        let _ = writeln!(out, "  model: {}", agent.model.id.get_ref());
+        for builtin in &agent.tools.builtin {
+            let _ = writeln!(out, "  tool (built-in): {}", builtin.as_str());
+        }
+        if agent.tools.run_code {
+            let _ = writeln!(out, "  tool (built-in): run_code");
+        }
+        for tool in &agent.tools.http {
+            let kind = if tool.asynchronous {
+                "async http"
+            } else {
+                "http"
+            };
+            let _ = writeln!(
+                out,
+                "  tool ({kind}): {} {} {}",
+                tool.name.get_ref(),
+                tool.method.get_ref().to_ascii_uppercase(),
+                tool.url
+            );
+            for (header, value) in &tool.headers {
+                let _ = writeln!(out, "    header {header}: {value}");
+            }
+        }
+        for sub in &agent.subagents {
+            let kind = sub.kind.as_deref().unwrap_or(sub.agent.get_ref());
+            let _ = writeln!(out, "  subagent: {kind} (runs `{}`)", sub.agent.get_ref());
+        }
+        for remote in &agent.remote_agents {
+            let _ = writeln!(
+                out,
+                "  remote agent: {} at {}",
+                remote.name.get_ref(),
+                remote.url
+            );
+        }
+    }
+    out
+}
+
+/// What the command line sets over the file's `[server]` (flags given explicitly or through
+/// their environment variables).
+#[derive(Debug, Default)]
+pub(crate) struct ServerOverrides {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub public_url: Option<String>,
+    pub store: Option<String>,
+    pub redis_prefix: Option<String>,
+    pub api_keys: Option<Vec<(String, AuthContext)>>,
+    pub allow_private_push_targets: bool,
+    pub lease_ttl: Option<Duration>,
+    pub async_tool_timeout: Option<Duration>,
+}
+
+/// `keel serve` with a file: every agent under `/agents/{name}/`, the default also at `/`.
+pub(crate) async fn serve(
+    loaded: LoadedConfig,
+    overrides: ServerOverrides,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let server = &loaded.server;
+    let host = overrides.host.unwrap_or_else(|| server.host.clone());
+    let port = overrides.port.unwrap_or(server.port);
+    let addr: SocketAddr = format!("{host}:{port}")
+        .parse()
+        .or_else(|_| format!("[{host}]:{port}").parse())
+        .map_err(|_| {
+            format!("`{host}` is not an IP address to listen on (try 127.0.0.1 or 0.0.0.0)")
+        })?;
+    let store_spec = overrides
+        .store
+        .unwrap_or_else(|| server.store.value().to_owned());
+    let mut store = StoreConfig::parse(&store_spec).map_err(|err| err.to_string())?;
+    if let StoreConfig::Redis { prefix, .. } = &mut store {
+        *prefix = overrides
+            .redis_prefix
+            .unwrap_or_else(|| server.redis_prefix.clone());
+    }
+    let keys = match overrides.api_keys {
+        Some(keys) => keys,
+        None => server
+            .api_keys
+            .iter()
+            .map(|k| {
+                let (app, user) = k.tenant.get_ref().split_once('/').unwrap_or_default();
+                (k.key.value().to_owned(), AuthContext::new(app, user))
+            })
+            .collect(),
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|err| format!("cannot listen on {addr}: {err}"))?;
+    let local = listener.local_addr().map_err(|err| err.to_string())?;
+    let mut builder = DefaultRuntime::builder().store(store.clone());
+    let secured = !keys.is_empty();
+    if secured {
+        let mut auth = ApiKeyAuthService::new(AuthContext::new("default-app", "default-user"));
+        for (key, tenant) in keys {
+            auth = auth.with_key(key, tenant);
+        }
+        builder = builder.auth(auth);
+    }
+    let runtime = builder
+        .build()
+        .await
+        .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
+    let mut url = overrides
+        .public_url
+        .or_else(|| server.public_url.as_ref().map(|u| u.value().to_owned()))
+        .unwrap_or_else(|| format!("http://{local}/"));
+    if !url.ends_with('/') {
+        url.push('/');
+    }
+    let lease_ttl = overrides
+        .lease_ttl
+        .unwrap_or(Duration::from_secs_f64(server.lease_ttl_seconds));
+    let async_tool_timeout = overrides
+        .async_tool_timeout
+        .unwrap_or(Duration::from_secs_f64(server.async_tool_timeout_seconds));
+    let base = url.clone();
+    let agents = loaded
+        .agents()
+        .executor_config(move |name| ExecutorConfig {
+            lease_ttl,
+            // Asynchronous tools call back to their own agent's callback route.
+            callbacks: Some(HttpCallbacks::shared(
+                AgentsServer::agent_url(&base, name).trim_end_matches('/'),
+            )),
+            async_tool_timeout,
+            ..ExecutorConfig::default()
+        })
+        .build(Arc::new(runtime))
+        .map_err(|err| err.to_string())?;
+    let allow_private = overrides.allow_private_push_targets || server.push.allow_private_targets;
+    let mut served = AgentsServer::new()
+        .with_default(agents.default_agent().name.clone())
+        .with_public_url(url.clone());
+    for agent in agents.iter() {
+        // Work a dead process left behind resumes now; each executor takes its own agent's.
+        let resumed = agent
+            .executor
+            .recover_all()
+            .await
+            .map_err(|err| format!("cannot recover unfinished tasks: {err}"))?;
+        if resumed > 0 {
+            tracing::info!(agent = %agent.name, resumed, "resuming unfinished tasks");
+        }
+        agent
+            .executor
+            .start_effects()
+            .map_err(|err| format!("cannot start the effect scheduler: {err}"))?;
+        let mut server =
+            A2aServer::new(agent.executor.clone()).allow_private_push_targets(allow_private);
+        if secured {
+            server = server.with_security(Security::api_key_and_bearer());
+        }
+        served = served.with_agent(agent.name.clone(), server);
+    }
+    // The first stdout line is the contract for scripts and tests that start `keel serve`.
+    let names: Vec<String> = agents.iter().map(|a| format!("`{}`", a.name)).collect();
+    println!(
+        "keel: serving {} from {} at {url} (each at {url}agents/NAME/; `{}` also at {url})",
+        names.join(", "),
+        loaded.path.display(),
+        agents.default_agent().name,
+    );
+    eprint!("{}", summary(&loaded, Some(&url)));
+    served
+        .serve(listener, shutdown)
+        .await
+        .map_err(|err| format!("server error: {err}"))?;
+    eprintln!("keel: stopped");
+    Ok(())
+}

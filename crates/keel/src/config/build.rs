@@ -1,0 +1,384 @@
+//! From a checked `keel.toml` to running agents: one [`AgentExecutor`] per declared agent, on
+//! one shared runtime, with the Rust tools a program adds.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use keel_agent::{
+    Agent, AgentExecutor, AsyncHttpTool, ExecutorConfig, SessionStatusTool, StopRules,
+    SubagentSpec, Tool,
+};
+use keel_core::{AgentCard, AgentResult, AgentSkill, RunBudget};
+use keel_llm::{Llm, LlmRequest, LlmResponse, LlmStream, ModelProfile};
+use keel_policy::{CapabilityPolicy, CapabilityRule};
+use keel_runtime::Runtime;
+
+use super::error::ConfigError;
+use super::types::{AgentConfig, BuiltinTool, ModelConfig, RuleConfig};
+use super::LoadedConfig;
+use crate::delegation::RemoteAgentTool;
+use crate::http_tool::HttpTool;
+
+type ExecutorConfigFn = dyn Fn(&str) -> ExecutorConfig + Send + Sync;
+
+/// Builds the agents a `keel.toml` declares. Start one with [`LoadedConfig::agents`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use keel::prelude::*;
+/// let config = keel::Config::parse(
+///     "[[agents]]\nname = \"helper\"\ndescription = \"Helps.\"\n",
+///     "keel.toml",
+/// )?;
+/// let add_one = FnTool::new("add_one", "Add one.", serde_json::json!({"type": "object"}),
+///     |args, _ctx| async move { Ok(serde_json::json!(args["n"].as_i64().unwrap_or(0) + 1)) });
+/// let runtime = std::sync::Arc::new(DefaultRuntime::offline());
+/// let agents = config.agents().tool("helper", add_one).build(runtime)?;
+/// assert_eq!(agents.default_agent().name, "helper");
+/// # Ok(())
+/// # }
+/// ```
+#[must_use]
+pub struct AgentSetBuilder<'a> {
+    config: &'a LoadedConfig,
+    tools: HashMap<String, Vec<Arc<dyn Tool>>>,
+    executor_config: Option<Box<ExecutorConfigFn>>,
+}
+
+/// One agent of the file, running.
+#[derive(Clone)]
+pub struct ConfiguredAgent {
+    /// Its name (and path, `/agents/{name}/`).
+    pub name: String,
+    /// Its executor.
+    pub executor: AgentExecutor,
+}
+
+/// The agents of a file, in the file's order, and which one is the default.
+#[derive(Clone)]
+pub struct AgentSet {
+    agents: Vec<ConfiguredAgent>,
+    default: usize,
+}
+
+impl AgentSet {
+    /// The agent also served at `/`.
+    pub fn default_agent(&self) -> &ConfiguredAgent {
+        &self.agents[self.default]
+    }
+
+    /// The agent named `name`.
+    pub fn get(&self, name: &str) -> Option<&ConfiguredAgent> {
+        self.agents.iter().find(|a| a.name == name)
+    }
+
+    /// Every agent, in the file's order.
+    pub fn iter(&self) -> impl Iterator<Item = &ConfiguredAgent> {
+        self.agents.iter()
+    }
+}
+
+impl LoadedConfig {
+    /// Start building the file's agents.
+    pub fn agents(&self) -> AgentSetBuilder<'_> {
+        AgentSetBuilder {
+            config: self,
+            tools: HashMap::new(),
+            executor_config: None,
+        }
+    }
+}
+
+impl AgentSetBuilder<'_> {
+    /// Give the agent named `agent` a tool written in Rust, besides those the file declares.
+    pub fn tool(self, agent: &str, tool: impl Tool + 'static) -> Self {
+        self.tool_shared(agent, Arc::new(tool))
+    }
+
+    /// [`AgentSetBuilder::tool`] with a shared tool.
+    pub fn tool_shared(mut self, agent: &str, tool: Arc<dyn Tool>) -> Self {
+        self.tools.entry(agent.to_owned()).or_default().push(tool);
+        self
+    }
+
+    /// The executor settings of each agent, by name (default: the server's lease TTL and
+    /// asynchronous tool timeout, no callback route).
+    pub fn executor_config(
+        mut self,
+        config: impl Fn(&str) -> ExecutorConfig + Send + Sync + 'static,
+    ) -> Self {
+        self.executor_config = Some(Box::new(config));
+        self
+    }
+
+    /// Build every agent on `runtime` (subagents before the agents that use them).
+    pub fn build(self, runtime: Arc<dyn Runtime>) -> Result<AgentSet, ConfigError> {
+        let config = self.config;
+        let path = &config.path;
+        if let Some(unknown) = self.tools.keys().find(|name| config.agent(name).is_none()) {
+            return Err(ConfigError::whole(
+                path,
+                "agents",
+                format!("a Rust tool was added to `{unknown}`, which the file does not declare"),
+            ));
+        }
+        let mut built: HashMap<String, AgentExecutor> = HashMap::new();
+        for agent in build_order(config) {
+            let extra = self.tools.get(agent.name()).cloned().unwrap_or_default();
+            let built_agent = build_agent(config, agent, &built, extra).map_err(|err| {
+                ConfigError::whole(path, format!("agents.{}", agent.name()), err.to_string())
+            })?;
+            let executor_config = match &self.executor_config {
+                Some(make) => make(agent.name()),
+                None => ExecutorConfig {
+                    lease_ttl: Duration::from_secs_f64(config.server.lease_ttl_seconds),
+                    async_tool_timeout: Duration::from_secs_f64(
+                        config.server.async_tool_timeout_seconds,
+                    ),
+                    ..ExecutorConfig::default()
+                },
+            };
+            let executor =
+                AgentExecutor::with_config(built_agent, runtime.clone(), executor_config);
+            built.insert(agent.name().to_owned(), executor);
+        }
+        let default_name = config.default_agent().name().to_owned();
+        let agents: Vec<ConfiguredAgent> = config
+            .agents
+            .iter()
+            .map(|a| ConfiguredAgent {
+                name: a.name().to_owned(),
+                executor: built[a.name()].clone(),
+            })
+            .collect();
+        let default = agents
+            .iter()
+            .position(|a| a.name == default_name)
+            .unwrap_or(0);
+        Ok(AgentSet { agents, default })
+    }
+}
+
+/// The agents in an order where every subagent comes before its parents (the file was
+/// checked for cycles).
+fn build_order(config: &LoadedConfig) -> Vec<&AgentConfig> {
+    fn visit<'a>(config: &'a LoadedConfig, agent: &'a AgentConfig, out: &mut Vec<&'a AgentConfig>) {
+        if out.iter().any(|a| a.name() == agent.name()) {
+            return;
+        }
+        for sub in &agent.subagents {
+            if let Some(child) = config.agent(sub.agent.get_ref()) {
+                visit(config, child, out);
+            }
+        }
+        out.push(agent);
+    }
+    let mut out = Vec::new();
+    for agent in &config.agents {
+        visit(config, agent, &mut out);
+    }
+    out
+}
+
+fn build_agent(
+    config: &LoadedConfig,
+    agent: &AgentConfig,
+    built: &HashMap<String, AgentExecutor>,
+    extra: Vec<Arc<dyn Tool>>,
+) -> AgentResult<Agent> {
+    let mut card = AgentCard::new(agent.name(), &agent.description, "http://127.0.0.1/");
+    card.version.clone_from(&agent.version);
+    card.capabilities.has_llm = true;
+    for skill in &agent.skills {
+        let mut card_skill =
+            AgentSkill::new(&skill.id, &skill.description).with_tags(skill.tags.iter().cloned());
+        if let Some(name) = &skill.name {
+            card_skill.name.clone_from(name);
+        }
+        for example in &skill.examples {
+            card_skill = card_skill.with_example(example);
+        }
+        card = card.with_skill(card_skill);
+    }
+    let mut builder = Agent::builder(card)
+        .instructions(config.instructions_of(agent))
+        .llm_shared(model(&agent.model)?)
+        .policy(policy(agent))
+        .budget(RunBudget {
+            max_steps: agent.budget.max_steps,
+            max_llm_calls: agent.budget.max_llm_calls,
+            max_tool_calls: agent.budget.max_tool_calls,
+            max_input_tokens: agent.budget.max_input_tokens,
+            max_output_tokens: agent.budget.max_output_tokens,
+            max_runtime_seconds: agent.budget.max_runtime_seconds,
+        })
+        .stop_rules(StopRules {
+            lifecycle_tools: agent.tools.builtin.contains(&BuiltinTool::Lifecycle),
+            stop_tool: agent.stop.stop_tool.as_ref().map(|t| t.get_ref().clone()),
+            stop_on_response: agent.stop.stop_on_response,
+            max_steps: agent.stop.max_steps,
+            max_session_turns: agent.stop.max_session_turns,
+            max_invalid_repeats: agent.stop.max_invalid_repeats,
+        })
+        .human_handoff(agent.tools.builtin.contains(&BuiltinTool::AskHuman));
+    if agent.tools.builtin.contains(&BuiltinTool::SessionStatus) {
+        builder = builder.tool(SessionStatusTool);
+    }
+    if agent.tools.run_code {
+        builder = with_run_code(builder)?;
+    }
+    for tool in &agent.tools.http {
+        let timeout = tool.timeout_seconds.map(Duration::from_secs_f64);
+        if tool.asynchronous {
+            let mut async_tool = AsyncHttpTool::new(
+                tool.name.get_ref(),
+                &tool.description,
+                tool.parameters.clone(),
+                tool.url.value(),
+            );
+            if let Some(timeout) = timeout {
+                async_tool = async_tool.with_timeout(timeout);
+            }
+            builder = builder.tool(async_tool);
+        } else {
+            let mut http = HttpTool::new(
+                tool.name.get_ref(),
+                &tool.description,
+                tool.method.get_ref(),
+                tool.url.clone(),
+            )?
+            .with_parameters(tool.parameters.clone())
+            .with_capabilities(tool.capabilities.iter().cloned())
+            .idempotent(tool.idempotent);
+            for (name, value) in &tool.headers {
+                http = http.with_header(name, value.clone())?;
+            }
+            if let Some(timeout) = timeout {
+                http = http.with_timeout(timeout);
+            }
+            builder = builder.tool(http);
+        }
+    }
+    for remote in &agent.remote_agents {
+        builder = builder.tool(RemoteAgentTool::new(
+            remote.name.get_ref(),
+            &remote.description,
+            remote.url.value(),
+        ));
+    }
+    for sub in &agent.subagents {
+        let child = built[sub.agent.get_ref()].clone();
+        let mut spec = SubagentSpec::new(
+            sub.kind
+                .clone()
+                .unwrap_or_else(|| sub.agent.get_ref().clone()),
+            child,
+        )
+        .resumable(sub.resumable);
+        if let Some(description) = &sub.description {
+            spec = spec.description(description);
+        }
+        if let Some(max) = sub.max_instances {
+            spec = spec.max_instances(max);
+        }
+        builder = builder.subagent(spec);
+    }
+    for tool in extra {
+        builder = builder.tool_shared(tool);
+    }
+    builder.build()
+}
+
+#[cfg(feature = "sandbox")]
+fn with_run_code(builder: keel_agent::AgentBuilder) -> AgentResult<keel_agent::AgentBuilder> {
+    Ok(crate::code::with_run_code(builder))
+}
+
+#[cfg(not(feature = "sandbox"))]
+fn with_run_code(_builder: keel_agent::AgentBuilder) -> AgentResult<keel_agent::AgentBuilder> {
+    Err(keel_core::AgentError::invalid_input(
+        "tools.run_code",
+        "this build has no code sandbox (the `keel` crate's `sandbox` feature)",
+    ))
+}
+
+fn policy(agent: &AgentConfig) -> CapabilityPolicy {
+    let rule = |r: RuleConfig| match r {
+        RuleConfig::Allow => CapabilityRule::Allow,
+        RuleConfig::Deny => CapabilityRule::Deny,
+        RuleConfig::RequireApproval => CapabilityRule::RequireApproval,
+    };
+    let declared = &agent.policy;
+    let mut policy = CapabilityPolicy::new().with_default(rule(declared.default));
+    for (patterns, r) in [
+        (&declared.allow, CapabilityRule::Allow),
+        (&declared.deny, CapabilityRule::Deny),
+        (&declared.require_approval, CapabilityRule::RequireApproval),
+    ] {
+        for pattern in patterns {
+            policy = policy.with_rule(pattern, r);
+        }
+    }
+    policy
+}
+
+/// The model an agent declares, with its request settings and profile.
+fn model(declared: &ModelConfig) -> AgentResult<Arc<dyn Llm>> {
+    let llm = keel_llm::llm_from_spec(declared.id.get_ref())?;
+    if declared.temperature.is_none()
+        && declared.max_output_tokens.is_none()
+        && declared.context_window.is_none()
+    {
+        return Ok(llm);
+    }
+    let mut profile = llm.profile();
+    if let Some(window) = declared.context_window {
+        profile = profile.with_context_window(window);
+    }
+    if let Some(max) = declared.max_output_tokens {
+        profile = profile.with_max_output_tokens(max);
+    }
+    Ok(Arc::new(TunedLlm {
+        inner: llm,
+        temperature: declared.temperature,
+        max_output_tokens: declared.max_output_tokens,
+        profile,
+    }))
+}
+
+/// A model with the file's settings: every request gets the temperature and output cap the
+/// file gives, unless the request sets its own, and the profile says the declared context
+/// window.
+struct TunedLlm {
+    inner: Arc<dyn Llm>,
+    temperature: Option<f64>,
+    max_output_tokens: Option<u64>,
+    profile: ModelProfile,
+}
+
+impl TunedLlm {
+    fn tune(&self, mut request: LlmRequest) -> LlmRequest {
+        request.temperature = request.temperature.or(self.temperature);
+        request.max_output_tokens = request.max_output_tokens.or(self.max_output_tokens);
+        request
+    }
+}
+
+#[async_trait]
+impl Llm for TunedLlm {
+    fn model_name(&self) -> &str {
+        self.inner.model_name()
+    }
+    async fn complete(&self, request: LlmRequest) -> AgentResult<LlmResponse> {
+        self.inner.complete(self.tune(request)).await
+    }
+    fn stream(&self, request: LlmRequest) -> LlmStream<'_> {
+        self.inner.stream(self.tune(request))
+    }
+    fn profile(&self) -> ModelProfile {
+        self.profile.clone()
+    }
+}

@@ -1,0 +1,353 @@
+//! Agents from a file: `keel.toml` declares the server and one or more agents (card, skills,
+//! instructions, model, tools, subagents, remote agents, policy, budget, stop rules), and
+//! [`Config::from_path`] loads and checks it in one call. [`Config::agents`] builds the
+//! agents on a runtime, with any Rust tools a program adds to them. The reference of every
+//! field is `docs/config.md`.
+//!
+//! ```
+//! let config = keel::Config::parse(
+//!     r#"
+//!     [[agents]]
+//!     name = "greeter"
+//!     description = "Greets."
+//!     "#,
+//!     "keel.toml",
+//! )?;
+//! assert_eq!(config.default_agent().name(), "greeter");
+//! # Ok::<(), keel::config::ConfigError>(())
+//! ```
+
+mod build;
+mod error;
+mod secret;
+mod types;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+pub use build::{AgentSet, AgentSetBuilder, ConfiguredAgent};
+pub use error::ConfigError;
+pub use secret::{EnvString, MASK};
+pub use types::*;
+
+/// The file `keel serve` and `keel check` read when none is named.
+pub const DEFAULT_CONFIG_FILE: &str = "keel.toml";
+
+/// The commented `keel.toml` that `keel init` writes: two agents on the offline model, every
+/// section shown.
+pub const TEMPLATE: &str = include_str!("template.toml");
+
+/// A checked `keel.toml`, with where it came from (instruction files are read relative to
+/// it).
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    /// The file's contents.
+    pub config: Config,
+    /// The file.
+    pub path: PathBuf,
+    /// Instructions of each agent, read from their files.
+    instructions: HashMap<String, String>,
+}
+
+impl std::ops::Deref for LoadedConfig {
+    type Target = Config;
+    fn deref(&self) -> &Config {
+        &self.config
+    }
+}
+
+impl Config {
+    /// Read and check `path`: syntax, types, unknown keys, `${VAR}` references, names that
+    /// must refer to something, model ids, instruction files.
+    pub fn from_path(path: impl AsRef<Path>) -> Result<LoadedConfig, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|err| ConfigError::whole(path, "", format!("cannot read the file: {err}")))?;
+        Self::parse(&text, path)
+    }
+
+    /// Check `text` as if read from `path` (which names the file in errors and is where
+    /// instruction files are looked up).
+    pub fn parse(text: &str, path: impl AsRef<Path>) -> Result<LoadedConfig, ConfigError> {
+        let path = path.as_ref();
+        let deserializer = toml::de::Deserializer::parse(text)
+            .map_err(|err| toml_error(path, text, err, String::new()))?;
+        let config: Config = serde_path_to_error::deserialize(deserializer).map_err(|err| {
+            let field = err.path().to_string();
+            toml_error(path, text, err.into_inner(), field)
+        })?;
+        let instructions = config.check(text, path)?;
+        Ok(LoadedConfig {
+            config,
+            path: path.to_owned(),
+            instructions,
+        })
+    }
+
+    /// The agent served at `/` as well as under its name.
+    pub fn default_agent(&self) -> &AgentConfig {
+        self.server
+            .default_agent
+            .as_ref()
+            .and_then(|name| self.agent(name.get_ref()))
+            .unwrap_or(&self.agents[0])
+    }
+
+    /// The agent named `name`.
+    pub fn agent(&self, name: &str) -> Option<&AgentConfig> {
+        self.agents.iter().find(|a| a.name.get_ref() == name)
+    }
+
+    /// What serde cannot check: names that must be unique or refer to something, values in
+    /// range, files that must exist. Returns each agent's instructions read from its file.
+    fn check(&self, text: &str, path: &Path) -> Result<HashMap<String, String>, ConfigError> {
+        let at = |span: std::ops::Range<usize>, field: String, message: String| {
+            ConfigError::at(path, text, Some(span), field, message)
+        };
+        if self.agents.is_empty() {
+            return Err(ConfigError::whole(
+                path,
+                "agents",
+                "declare at least one agent ([[agents]] with a name and a description)",
+            ));
+        }
+        let server = &self.server;
+        if !(server.lease_ttl_seconds.is_finite()
+            && (0.1..=86_400.0).contains(&server.lease_ttl_seconds))
+        {
+            return Err(ConfigError::whole(
+                path,
+                "server.lease_ttl_seconds",
+                "use 0.1 to 86400 seconds",
+            ));
+        }
+        if !(server.async_tool_timeout_seconds.is_finite()
+            && (0.001..=31_536_000.0).contains(&server.async_tool_timeout_seconds))
+        {
+            return Err(ConfigError::whole(
+                path,
+                "server.async_tool_timeout_seconds",
+                "use 0.001 to 31536000 seconds",
+            ));
+        }
+        for (i, key) in server.api_keys.iter().enumerate() {
+            let tenant = key.tenant.get_ref();
+            let valid = tenant
+                .split_once('/')
+                .is_some_and(|(app, user)| !app.is_empty() && !user.is_empty());
+            if !valid {
+                return Err(at(
+                    key.tenant.span(),
+                    format!("server.api_keys[{i}].tenant"),
+                    format!("`{tenant}` must look like APP/USER"),
+                ));
+            }
+            if key.key.value().is_empty() {
+                return Err(ConfigError::whole(
+                    path,
+                    format!("server.api_keys[{i}].key"),
+                    "the key is empty",
+                ));
+            }
+        }
+        let names: Vec<&str> = self
+            .agents
+            .iter()
+            .map(|a| a.name.get_ref().as_str())
+            .collect();
+        let mut seen = HashSet::new();
+        for (i, agent) in self.agents.iter().enumerate() {
+            let name = agent.name.get_ref();
+            let valid = !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            if !valid {
+                return Err(at(
+                    agent.name.span(),
+                    format!("agents[{i}].name"),
+                    format!("`{name}` must be letters, digits, `-` or `_` (it is a URL path)"),
+                ));
+            }
+            if !seen.insert(name.as_str()) {
+                return Err(at(
+                    agent.name.span(),
+                    format!("agents[{i}].name"),
+                    format!("`{name}` names two agents"),
+                ));
+            }
+        }
+        if let Some(default) = &server.default_agent {
+            if !names.contains(&default.get_ref().as_str()) {
+                return Err(at(
+                    default.span(),
+                    "server.default_agent".into(),
+                    format!("no agent is named `{}`", default.get_ref()),
+                )
+                .suggest_from(default.get_ref(), names.iter().copied()));
+            }
+        }
+        let mut instructions = HashMap::new();
+        for (i, agent) in self.agents.iter().enumerate() {
+            let field = |rest: &str| format!("agents[{i}].{rest}");
+            if let Some(file) = &agent.instructions_file {
+                if agent.instructions.is_some() {
+                    return Err(at(
+                        file.span(),
+                        field("instructions_file"),
+                        "give `instructions` or `instructions_file`, not both".into(),
+                    ));
+                }
+                let full = path
+                    .parent()
+                    .unwrap_or_else(|| Path::new("."))
+                    .join(file.get_ref());
+                let read = std::fs::read_to_string(&full).map_err(|err| {
+                    at(
+                        file.span(),
+                        field("instructions_file"),
+                        format!("cannot read `{}`: {err}", full.display()),
+                    )
+                })?;
+                instructions.insert(agent.name.get_ref().clone(), read);
+            }
+            let model = &agent.model;
+            keel_llm::llm_from_spec(model.id.get_ref()).map_err(|err| {
+                let reason = match &err {
+                    keel_core::AgentError::InvalidInput { reason, .. } => reason.clone(),
+                    other => other.to_string(),
+                };
+                at(model.id.span(), field("model.id"), reason)
+            })?;
+            if let Some(temperature) = model.temperature {
+                if !(0.0..=2.0).contains(&temperature) {
+                    return Err(ConfigError::whole(
+                        path,
+                        field("model.temperature"),
+                        "use 0.0 to 2.0",
+                    ));
+                }
+            }
+            for (j, tool) in agent.tools.http.iter().enumerate() {
+                let method = tool.method.get_ref();
+                if tool.asynchronous && !method.eq_ignore_ascii_case("POST") {
+                    return Err(at(
+                        tool.method.span(),
+                        field(&format!("tools.http[{j}].method")),
+                        "an asynchronous tool is always POSTed its invocation".into(),
+                    ));
+                }
+                if reqwest::Method::from_bytes(method.to_ascii_uppercase().as_bytes()).is_err() {
+                    return Err(at(
+                        tool.method.span(),
+                        field(&format!("tools.http[{j}].method")),
+                        format!("`{method}` is not an HTTP method"),
+                    )
+                    .suggest_from(
+                        &method.to_ascii_uppercase(),
+                        ["GET", "POST", "PUT", "PATCH", "DELETE"],
+                    ));
+                }
+                if !tool.url.value().starts_with("http://")
+                    && !tool.url.value().starts_with("https://")
+                {
+                    return Err(ConfigError::whole(
+                        path,
+                        field(&format!("tools.http[{j}].url")),
+                        format!("`{}` must start with http:// or https://", tool.url),
+                    ));
+                }
+            }
+            for (j, sub) in agent.subagents.iter().enumerate() {
+                let target = sub.agent.get_ref();
+                if target == agent.name.get_ref() {
+                    return Err(at(
+                        sub.agent.span(),
+                        field(&format!("subagents[{j}].agent")),
+                        "an agent cannot be its own subagent".into(),
+                    ));
+                }
+                if !names.contains(&target.as_str()) {
+                    return Err(at(
+                        sub.agent.span(),
+                        field(&format!("subagents[{j}].agent")),
+                        format!("no agent of this file is named `{target}`"),
+                    )
+                    .suggest_from(target, names.iter().copied()));
+                }
+            }
+        }
+        if let Some(cycle) = self.subagent_cycle() {
+            return Err(ConfigError::whole(
+                path,
+                "agents.subagents",
+                format!("subagents go round in a circle: {}", cycle.join(" -> ")),
+            ));
+        }
+        Ok(instructions)
+    }
+
+    /// A chain of subagent references that comes back to where it started, if any.
+    fn subagent_cycle(&self) -> Option<Vec<String>> {
+        fn visit<'a>(
+            config: &'a Config,
+            name: &'a str,
+            chain: &mut Vec<&'a str>,
+            done: &mut HashSet<&'a str>,
+        ) -> Option<Vec<String>> {
+            if let Some(start) = chain.iter().position(|n| *n == name) {
+                let mut cycle: Vec<String> =
+                    chain[start..].iter().map(|n| (*n).to_owned()).collect();
+                cycle.push(name.to_owned());
+                return Some(cycle);
+            }
+            if !done.insert(name) {
+                return None;
+            }
+            chain.push(name);
+            for sub in config.agent(name).map(|a| &a.subagents[..]).unwrap_or(&[]) {
+                if let Some(cycle) = visit(config, sub.agent.get_ref(), chain, done) {
+                    return Some(cycle);
+                }
+            }
+            chain.pop();
+            None
+        }
+        let mut done = HashSet::new();
+        self.agents
+            .iter()
+            .find_map(|a| visit(self, a.name.get_ref(), &mut Vec::new(), &mut done))
+    }
+}
+
+impl AgentConfig {
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        self.name.get_ref()
+    }
+}
+
+/// A toml or serde error as a [`ConfigError`], with a suggestion for an unknown key.
+fn toml_error(path: &Path, text: &str, error: toml::de::Error, field: String) -> ConfigError {
+    let message = error.message().trim().to_owned();
+    let field = if field == "." { String::new() } else { field };
+    let suggestion = error::unknown_name(&message)
+        .and_then(|(wrong, expected)| error::closest(wrong, expected).map(str::to_owned));
+    let mut config_error = ConfigError::at(path, text, error.span(), field, message);
+    config_error.suggestion = suggestion;
+    config_error
+}
+
+impl LoadedConfig {
+    /// The system instructions of `agent`: inline, or read from its file when loaded.
+    pub fn instructions_of(&self, agent: &AgentConfig) -> String {
+        self.instructions
+            .get(agent.name())
+            .cloned()
+            .or_else(|| agent.instructions.clone())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

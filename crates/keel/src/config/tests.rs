@@ -1,0 +1,346 @@
+//! The loader's checks, the template, and the field reference in docs/config.md.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use keel_core::{Message, TaskState};
+use keel_runtime::Runtime;
+
+use super::*;
+use crate::DefaultRuntime;
+
+fn parse(text: &str) -> Result<LoadedConfig, ConfigError> {
+    Config::parse(text, "keel.toml")
+}
+
+const MINIMAL: &str = "[[agents]]\nname = \"a\"\ndescription = \"A.\"\n";
+
+#[test]
+fn the_template_loads_and_declares_two_agents() {
+    let config = parse(TEMPLATE).unwrap();
+    let names: Vec<&str> = config.agents.iter().map(AgentConfig::name).collect();
+    assert_eq!(names, ["assistant", "researcher"]);
+    assert_eq!(config.default_agent().name(), "assistant");
+}
+
+#[test]
+fn an_unknown_key_names_its_line_column_field_and_the_key_meant() {
+    let text = "[[agents]]\nname = \"a\"\ndescription = \"A.\"\n\n[agents.model]\nid = \"mock\"\ntemprature = 0.5\n";
+    let error = parse(text).unwrap_err();
+    assert_eq!((error.line, error.column), (Some(7), Some(1)), "{error}");
+    assert_eq!(error.field, "agents[0].model.temprature");
+    assert!(
+        error.message.contains("unknown field `temprature`"),
+        "{error}"
+    );
+    assert_eq!(error.suggestion.as_deref(), Some("temperature"));
+    let shown = error.to_string();
+    assert!(
+        shown.starts_with("keel.toml:7:1: agents[0].model.temprature: unknown field"),
+        "{shown}"
+    );
+    assert!(shown.contains("did you mean `temperature`?"), "{shown}");
+}
+
+#[test]
+fn a_value_of_the_wrong_type_names_the_field_and_what_was_expected() {
+    let text = format!("[server]\nport = \"eighty\"\n\n{MINIMAL}");
+    let error = parse(&text).unwrap_err();
+    assert_eq!((error.line, error.column), (Some(2), Some(8)), "{error}");
+    assert_eq!(error.field, "server.port");
+    assert!(error.message.contains("expected u16"), "{error}");
+}
+
+#[test]
+fn a_misspelt_rule_value_is_suggested() {
+    let text = format!("{MINIMAL}[agents.policy]\ndefault = \"alow\"\n");
+    let error = parse(&text).unwrap_err();
+    assert_eq!(error.line, Some(5), "{error}");
+    assert_eq!(error.suggestion.as_deref(), Some("allow"), "{error}");
+}
+
+#[test]
+fn a_missing_environment_variable_is_an_error_at_its_value() {
+    let text = format!(
+        "[[server.api_keys]]\nkey = \"${{KEEL_TEST_SURELY_UNSET_VAR}}\"\ntenant = \"a/b\"\n\n{MINIMAL}"
+    );
+    let error = parse(&text).unwrap_err();
+    assert_eq!((error.line, error.column), (Some(2), Some(7)), "{error}");
+    assert!(
+        error
+            .message
+            .contains("`KEEL_TEST_SURELY_UNSET_VAR` is not set"),
+        "{error}"
+    );
+}
+
+#[test]
+fn references_between_agents_are_checked_with_suggestions() {
+    let text = "[[agents]]\nname = \"boss\"\ndescription = \"B.\"\n[[agents.subagents]]\nagent = \"helpr\"\n\n[[agents]]\nname = \"helper\"\ndescription = \"H.\"\n";
+    let error = parse(text).unwrap_err();
+    assert_eq!((error.line, error.column), (Some(5), Some(9)), "{error}");
+    assert_eq!(error.field, "agents[0].subagents[0].agent");
+    assert_eq!(error.suggestion.as_deref(), Some("helper"));
+
+    let text = format!("[server]\ndefault_agent = \"b\"\n\n{MINIMAL}");
+    let error = parse(&text).unwrap_err();
+    assert_eq!(error.line, Some(2), "{error}");
+
+    let twice = format!("{MINIMAL}{MINIMAL}");
+    assert!(parse(&twice)
+        .unwrap_err()
+        .message
+        .contains("names two agents"));
+
+    let circle = "[[agents]]\nname = \"a\"\ndescription = \"A.\"\n[[agents.subagents]]\nagent = \"b\"\n[[agents]]\nname = \"b\"\ndescription = \"B.\"\n[[agents.subagents]]\nagent = \"a\"\n";
+    let error = parse(circle).unwrap_err();
+    assert!(error.message.contains("a -> b -> a"), "{error}");
+
+    let bad_name = "[[agents]]\nname = \"a/b\"\ndescription = \"A.\"\n";
+    assert!(parse(bad_name).unwrap_err().message.contains("URL path"));
+    assert!(parse("agents = []\n").is_err());
+}
+
+#[test]
+fn a_bad_model_id_is_an_error_at_the_id() {
+    let text = format!("{MINIMAL}[agents.model]\nid = \"parrot:polly\"\n");
+    let error = parse(&text).unwrap_err();
+    assert_eq!((error.line, error.column), (Some(5), Some(6)), "{error}");
+    assert!(error.message.contains("unknown model kind"), "{error}");
+}
+
+#[test]
+fn instructions_come_from_a_file_next_to_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("prompt.md"), "Be terse.").unwrap();
+    let path = dir.path().join("keel.toml");
+    std::fs::write(
+        &path,
+        "[[agents]]\nname = \"a\"\ndescription = \"A.\"\ninstructions_file = \"prompt.md\"\n",
+    )
+    .unwrap();
+    let config = Config::from_path(&path).unwrap();
+    assert_eq!(config.instructions_of(&config.agents[0]), "Be terse.");
+
+    std::fs::write(
+        &path,
+        "[[agents]]\nname = \"a\"\ndescription = \"A.\"\ninstructions_file = \"nope.md\"\n",
+    )
+    .unwrap();
+    let error = Config::from_path(&path).unwrap_err();
+    assert_eq!(error.line, Some(4), "{error}");
+    assert!(error.message.contains("cannot read"), "{error}");
+}
+
+#[tokio::test]
+async fn agents_are_built_with_their_tools_policy_budget_and_subagents() {
+    let config = parse(TEMPLATE).unwrap();
+    let runtime: Arc<dyn Runtime> = Arc::new(DefaultRuntime::offline());
+    let extra = keel_agent::FnTool::new(
+        "shout",
+        "Shout.",
+        serde_json::json!({"type": "object"}),
+        |_args, _ctx| async { Ok(serde_json::json!("HEY")) },
+    );
+    let agents = config
+        .agents()
+        .tool("researcher", extra)
+        .build(runtime.clone())
+        .unwrap();
+    let assistant = agents.get("assistant").unwrap().executor.agent();
+    let tools: BTreeSet<String> = assistant.tool_specs().into_iter().map(|t| t.name).collect();
+    for name in [
+        "weather",
+        "translator",
+        "ask_human",
+        "session_stop",
+        "session_fail",
+        "subagent_create",
+    ] {
+        assert!(tools.contains(name), "{name} missing from {tools:?}");
+    }
+    assert_eq!(assistant.budget().max_tool_calls, Some(40));
+    assert_eq!(assistant.card().skills[0].name, "Answer");
+    let researcher = agents.get("researcher").unwrap().executor.agent();
+    let tools: Vec<String> = researcher
+        .tool_specs()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert!(tools.contains(&"shout".to_owned()) && tools.contains(&"session_status".to_owned()));
+
+    // The default agent answers a message offline.
+    let auth = runtime.auth_service().auth_context();
+    let task = agents
+        .default_agent()
+        .executor
+        .send_message(&auth, Message::user("hi"), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+
+    let unknown = config
+        .agents()
+        .tool("nobody", keel_agent::SessionStatusTool)
+        .build(runtime);
+    assert!(unknown.is_err());
+}
+
+#[tokio::test]
+async fn the_agent_budget_bounds_every_run() {
+    let text = format!("{MINIMAL}[agents.budget]\nmax_tool_calls = 0\n");
+    let config = parse(&text).unwrap();
+    let runtime: Arc<dyn Runtime> = Arc::new(DefaultRuntime::offline());
+    let shout = keel_agent::FnTool::new(
+        "shout",
+        "Shout.",
+        serde_json::json!({"type": "object"}),
+        |_args, _ctx| async { Ok(serde_json::json!("HEY")) },
+    );
+    let agents = config
+        .agents()
+        .tool("a", shout)
+        .build(runtime.clone())
+        .unwrap();
+    let auth = runtime.auth_service().auth_context();
+    let task = agents
+        .default_agent()
+        .executor
+        .send_message(&auth, Message::user("/shout {}"), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Failed, "{task:?}");
+}
+
+#[tokio::test]
+async fn a_denied_capability_never_runs() {
+    let text = format!("{MINIMAL}[agents.policy]\ndeny = [\"net.*\"]\n");
+    let config = parse(&text).unwrap();
+    let runtime: Arc<dyn Runtime> = Arc::new(DefaultRuntime::offline());
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = ran.clone();
+    let fetch = keel_agent::FnTool::new(
+        "fetch",
+        "Fetch.",
+        serde_json::json!({"type": "object"}),
+        move |_args, _ctx| {
+            seen.store(true, std::sync::atomic::Ordering::SeqCst);
+            async { Ok(serde_json::json!("fetched")) }
+        },
+    )
+    .with_capabilities(["net.fetch"]);
+    let agents = config
+        .agents()
+        .tool("a", fetch)
+        .build(runtime.clone())
+        .unwrap();
+    let auth = runtime.auth_service().auth_context();
+    agents
+        .default_agent()
+        .executor
+        .send_message(&auth, Message::user("/fetch {}"), Default::default())
+        .await
+        .unwrap();
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
+}
+
+/// Every field of every table, as `serde` knows them: each table of the template (plus the
+/// tables the template leaves commented) gets an unknown key, and the loader's error lists
+/// the fields it expected there.
+fn fields_from_types() -> BTreeSet<String> {
+    let full = format!("{TEMPLATE}\n[[server.api_keys]]\nkey = \"k\"\ntenant = \"a/b\"\n");
+    let document: toml::Table = toml::from_str(&full).unwrap();
+    let mut tables = Vec::new();
+    collect_tables(&document, &mut Vec::new(), &mut tables);
+    let mut fields = BTreeSet::new();
+    for (probe_path, shown) in tables {
+        let mut probed = document.clone();
+        let table = table_at(&mut probed, &probe_path);
+        table.insert("zz_probe".into(), toml::Value::Integer(0));
+        let Err(error) = parse(&toml::to_string(&probed).unwrap()) else {
+            continue; // a free-form table (JSON schema)
+        };
+        let Some((_, expected)) = error::unknown_name(&error.message) else {
+            continue; // a map (headers): any key is a value of the wrong type
+        };
+        for name in expected {
+            fields.insert(if shown.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{shown}.{name}")
+            });
+        }
+    }
+    fields
+}
+
+/// Each table's path (keys, and index 0 of arrays of tables) and how the docs write it.
+fn collect_tables(
+    table: &toml::Table,
+    path: &mut Vec<String>,
+    out: &mut Vec<(Vec<String>, String)>,
+) {
+    out.push((path.clone(), shown(path)));
+    for (key, value) in table {
+        match value {
+            toml::Value::Table(inner) => {
+                path.push(key.clone());
+                collect_tables(inner, path, out);
+                path.pop();
+            }
+            toml::Value::Array(items) => {
+                if let Some(toml::Value::Table(inner)) = items.first() {
+                    path.push(format!("{key}[]"));
+                    collect_tables(inner, path, out);
+                    path.pop();
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn shown(path: &[String]) -> String {
+    path.join(".")
+}
+
+fn table_at<'a>(table: &'a mut toml::Table, path: &[String]) -> &'a mut toml::Table {
+    let Some((first, rest)) = path.split_first() else {
+        return table;
+    };
+    let next = match first.strip_suffix("[]") {
+        Some(key) => match table.get_mut(key) {
+            Some(toml::Value::Array(items)) => items[0].as_table_mut().unwrap(),
+            _ => unreachable!("collected from the same document"),
+        },
+        None => table
+            .get_mut(first.as_str())
+            .unwrap()
+            .as_table_mut()
+            .unwrap(),
+    };
+    table_at(next, rest)
+}
+
+/// The fields docs/config.md lists: the first cell of each reference row, `` `a.b` ``.
+fn fields_from_docs() -> BTreeSet<String> {
+    let docs = include_str!("../../../../docs/config.md");
+    docs.lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split_once('`').map(|(field, _)| field.to_owned()))
+        .collect()
+}
+
+#[test]
+fn the_reference_in_the_docs_lists_every_field_and_no_other() {
+    let from_types = fields_from_types();
+    let from_docs = fields_from_docs();
+    let undocumented: Vec<_> = from_types.difference(&from_docs).collect();
+    let stale: Vec<_> = from_docs.difference(&from_types).collect();
+    assert!(
+        undocumented.is_empty() && stale.is_empty(),
+        "docs/config.md is out of step with the config types: undocumented {undocumented:?}, \
+         not a field {stale:?}"
+    );
+    assert!(from_types.contains("agents[].tools.http[].timeout_seconds"));
+}

@@ -1,0 +1,437 @@
+//! The shape of `keel.toml`: one serde type per table, every table closed to unknown keys.
+//! `docs/config.md` is the reference of every field; a test keeps the two in step.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+use toml::Spanned;
+
+use super::secret::EnvString;
+
+/// A whole `keel.toml`: the server and the agents it serves.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// How the agents are served.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// The agents, at least one; the first is the default unless `server.default_agent` says
+    /// otherwise.
+    pub agents: Vec<AgentConfig>,
+}
+
+/// `[server]`: where and how the agents are served.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    #[serde(default = "default_host")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one).
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// The URL clients use, when it differs from the listening address (behind a proxy).
+    #[serde(default)]
+    pub public_url: Option<EnvString>,
+    /// Where tasks and threads are kept: `sqlite:PATH`, `redis://HOST:PORT` or `memory`.
+    #[serde(default = "default_store")]
+    pub store: EnvString,
+    /// Prefix of every Redis key.
+    #[serde(default = "default_redis_prefix")]
+    pub redis_prefix: String,
+    /// The agent also served at `/` (default: the first agent).
+    #[serde(default)]
+    pub default_agent: Option<Spanned<String>>,
+    /// API keys and the tenant each one maps to; with none, every caller is the one default
+    /// tenant.
+    #[serde(default)]
+    pub api_keys: Vec<ApiKeyConfig>,
+    /// Push notification targets.
+    #[serde(default)]
+    pub push: PushConfig,
+    /// Seconds a thread lease lasts unless renewed.
+    #[serde(default = "default_lease_ttl")]
+    pub lease_ttl_seconds: f64,
+    /// Seconds an asynchronous tool call waits for its callback.
+    #[serde(default = "default_async_tool_timeout")]
+    pub async_tool_timeout_seconds: f64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            host: default_host(),
+            port: default_port(),
+            public_url: None,
+            store: default_store(),
+            redis_prefix: default_redis_prefix(),
+            default_agent: None,
+            api_keys: Vec::new(),
+            push: PushConfig::default(),
+            lease_ttl_seconds: default_lease_ttl(),
+            async_tool_timeout_seconds: default_async_tool_timeout(),
+        }
+    }
+}
+
+fn default_host() -> String {
+    "127.0.0.1".into()
+}
+fn default_port() -> u16 {
+    8080
+}
+fn default_store() -> EnvString {
+    EnvString::plain("sqlite:./keel.db")
+}
+fn default_redis_prefix() -> String {
+    "keel:".into()
+}
+fn default_lease_ttl() -> f64 {
+    30.0
+}
+fn default_async_tool_timeout() -> f64 {
+    3600.0
+}
+
+/// `[[server.api_keys]]`: one API key and its tenant.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// The key (header `X-API-Key` or `Authorization: Bearer KEY`); write `${VAR}`.
+    pub key: EnvString,
+    /// The tenant, `APP/USER`.
+    pub tenant: Spanned<String>,
+}
+
+/// `[server.push]`: where push notifications may go.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushConfig {
+    /// Let webhooks reach loopback, private and link-local addresses (refused by default).
+    #[serde(default)]
+    pub allow_private_targets: bool,
+}
+
+/// `[[agents]]`: one agent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The agent's name: its card's name and its path, `/agents/{name}/`.
+    pub name: Spanned<String>,
+    /// What it does, on its card.
+    pub description: String,
+    /// Its version, on its card.
+    #[serde(default = "default_version")]
+    pub version: String,
+    /// The system instructions, inline.
+    #[serde(default)]
+    pub instructions: Option<String>,
+    /// The system instructions, read from this file (relative to `keel.toml`).
+    #[serde(default)]
+    pub instructions_file: Option<Spanned<String>>,
+    /// The model.
+    #[serde(default)]
+    pub model: ModelConfig,
+    /// Skills listed on the card.
+    #[serde(default)]
+    pub skills: Vec<SkillConfig>,
+    /// Tools declared without Rust.
+    #[serde(default)]
+    pub tools: ToolsConfig,
+    /// Other agents of this file that the model may create as subagents.
+    #[serde(default)]
+    pub subagents: Vec<SubagentConfig>,
+    /// Remote A2A agents the model may delegate to.
+    #[serde(default)]
+    pub remote_agents: Vec<RemoteAgentConfig>,
+    /// Which actions may run.
+    #[serde(default)]
+    pub policy: PolicyConfig,
+    /// Limits of every run.
+    #[serde(default)]
+    pub budget: BudgetConfig,
+    /// When a run stops.
+    #[serde(default)]
+    pub stop: StopConfig,
+}
+
+fn default_version() -> String {
+    "0.1.0".into()
+}
+
+/// `[agents.model]`: which model and how it is asked.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// `mock`, `openai:MODEL`, `anthropic:MODEL`, `gemini:MODEL` or
+    /// `openai-compatible:URL:MODEL`.
+    #[serde(default = "default_model")]
+    pub id: Spanned<String>,
+    /// Sampling temperature (the provider's default when absent).
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// The most tokens one answer may have.
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
+    /// The model's context window in tokens, over the built-in table.
+    #[serde(default)]
+    pub context_window: Option<u64>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            id: default_model(),
+            temperature: None,
+            max_output_tokens: None,
+            context_window: None,
+        }
+    }
+}
+
+fn default_model() -> Spanned<String> {
+    Spanned::new(0..0, "mock".into())
+}
+
+/// `[[agents.skills]]`: one skill on the card.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SkillConfig {
+    /// Its id.
+    pub id: String,
+    /// Its name (default: the id).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// What it does.
+    pub description: String,
+    /// Tags.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Example requests.
+    #[serde(default)]
+    pub examples: Vec<String>,
+}
+
+/// `[agents.tools]`: the tools an agent has, besides its subagents and remote agents.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsConfig {
+    /// Built-in tools of the engine.
+    #[serde(default)]
+    pub builtin: Vec<BuiltinTool>,
+    /// The sandboxed `run_code` tool (TypeScript or JavaScript, no I/O).
+    #[serde(default)]
+    pub run_code: bool,
+    /// Tools that are HTTP endpoints.
+    #[serde(default)]
+    pub http: Vec<HttpToolConfig>,
+}
+
+/// A built-in tool of the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BuiltinTool {
+    /// `ask_human`: the task waits in `input-required` for the human's answer.
+    AskHuman,
+    /// `session_stop` and `session_fail`: the model ends the task completed or failed.
+    Lifecycle,
+    /// `session_status`: a subagent reports progress to its parent.
+    SessionStatus,
+}
+
+impl BuiltinTool {
+    /// The name as written in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AskHuman => "ask_human",
+            Self::Lifecycle => "lifecycle",
+            Self::SessionStatus => "session_status",
+        }
+    }
+}
+
+/// `[[agents.tools.http]]`: a tool served by an HTTP endpoint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpToolConfig {
+    /// The name the model calls it by.
+    pub name: Spanned<String>,
+    /// What it does, for the model.
+    pub description: String,
+    /// The HTTP method (synchronous tools; an asynchronous tool always POSTs).
+    #[serde(default = "default_method")]
+    pub method: Spanned<String>,
+    /// The URL; `{arg}` is replaced by that argument, percent-encoded.
+    pub url: EnvString,
+    /// Request headers; values may use `${VAR}`.
+    #[serde(default)]
+    pub headers: BTreeMap<String, EnvString>,
+    /// JSON schema of the arguments.
+    #[serde(default = "default_parameters")]
+    pub parameters: Value,
+    /// Whether calling it twice with the same arguments is harmless.
+    #[serde(default)]
+    pub idempotent: bool,
+    /// The endpoint answers later through the callback route instead of in its response.
+    #[serde(default)]
+    pub asynchronous: bool,
+    /// Seconds to wait for the answer (synchronous) or the callback (asynchronous).
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+    /// Capabilities a call needs, for the policy.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+}
+
+fn default_method() -> Spanned<String> {
+    Spanned::new(0..0, "POST".into())
+}
+
+fn default_parameters() -> Value {
+    serde_json::json!({"type": "object"})
+}
+
+/// `[[agents.subagents]]`: another agent of the file as a kind of subagent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubagentConfig {
+    /// The name of the agent (in this file) that children run.
+    pub agent: Spanned<String>,
+    /// The kind's name for the model (default: the agent's name).
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// What the kind is for (default: the agent's description).
+    #[serde(default)]
+    pub description: Option<String>,
+    /// The most children of this kind alive at once per parent thread.
+    #[serde(default)]
+    pub max_instances: Option<usize>,
+    /// Whether a child takes further messages after its first answer.
+    #[serde(default)]
+    pub resumable: bool,
+}
+
+/// `[[agents.remote_agents]]`: a remote A2A agent to delegate to, as a tool.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteAgentConfig {
+    /// The tool's name.
+    pub name: Spanned<String>,
+    /// What the remote agent does, for the model.
+    pub description: String,
+    /// The remote agent's base URL (its card is at `.well-known/agent-card.json` under it).
+    pub url: EnvString,
+}
+
+/// `[agents.policy]`: capability rules; a pattern may end in `*`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// The rule for capabilities no pattern matches.
+    #[serde(default = "default_rule")]
+    pub default: RuleConfig,
+    /// Capabilities that may run.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Capabilities that never run.
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// Capabilities that wait for an approval.
+    #[serde(default)]
+    pub require_approval: Vec<String>,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            default: default_rule(),
+            allow: Vec::new(),
+            deny: Vec::new(),
+            require_approval: Vec::new(),
+        }
+    }
+}
+
+fn default_rule() -> RuleConfig {
+    RuleConfig::Allow
+}
+
+/// A policy rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleConfig {
+    /// Run it.
+    Allow,
+    /// Never run it.
+    Deny,
+    /// Wait for an approval.
+    RequireApproval,
+}
+
+/// `[agents.budget]`: limits of every run (a caller's run context can narrow them).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetConfig {
+    /// Model steps.
+    #[serde(default)]
+    pub max_steps: Option<u32>,
+    /// Model calls.
+    #[serde(default)]
+    pub max_llm_calls: Option<u32>,
+    /// Tool calls.
+    #[serde(default)]
+    pub max_tool_calls: Option<u32>,
+    /// Input tokens.
+    #[serde(default)]
+    pub max_input_tokens: Option<u64>,
+    /// Output tokens.
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
+    /// Wall-clock seconds.
+    #[serde(default)]
+    pub max_runtime_seconds: Option<f64>,
+}
+
+/// `[agents.stop]`: when a run stops, besides a final answer.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StopConfig {
+    /// The most model steps one task may take.
+    #[serde(default = "default_max_steps")]
+    pub max_steps: u32,
+    /// The most turns a thread may hold.
+    #[serde(default)]
+    pub max_session_turns: Option<u32>,
+    /// A tool whose successful call ends the task with its output.
+    #[serde(default)]
+    pub stop_tool: Option<Spanned<String>>,
+    /// End the task when the model answers without tool calls.
+    #[serde(default = "yes")]
+    pub stop_on_response: bool,
+    /// How many identical invalid tool calls the model may repeat.
+    #[serde(default = "default_invalid_repeats")]
+    pub max_invalid_repeats: u32,
+}
+
+impl Default for StopConfig {
+    fn default() -> Self {
+        Self {
+            max_steps: default_max_steps(),
+            max_session_turns: None,
+            stop_tool: None,
+            stop_on_response: true,
+            max_invalid_repeats: default_invalid_repeats(),
+        }
+    }
+}
+
+fn default_max_steps() -> u32 {
+    keel_agent::Agent::DEFAULT_MAX_STEPS
+}
+fn default_invalid_repeats() -> u32 {
+    3
+}
+fn yes() -> bool {
+    true
+}
