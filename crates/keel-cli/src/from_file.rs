@@ -56,13 +56,13 @@ pub(crate) fn load(path: &Path) -> Result<LoadedConfig, String> {
 /// `keel check [FILE]`.
 pub(crate) fn check(path: &Path) -> Result<(), String> {
     let loaded = load(path)?;
-    print!("{}", summary(&loaded, None));
+    print!("{}", summary(&loaded, None, None));
     Ok(())
 }
 
 /// What a file serves, secrets masked: the server, then each agent with its path, model and
 /// tools.
-fn summary(loaded: &LoadedConfig, url: Option<&str>) -> String {
+fn summary(loaded: &LoadedConfig, url: Option<&str>, listening: Option<SocketAddr>) -> String {
     let server = &loaded.server;
     let base = url.map_or_else(
         || match &server.public_url {
@@ -73,10 +73,14 @@ fn summary(loaded: &LoadedConfig, url: Option<&str>) -> String {
     );
     let mut out = String::new();
     let _ = writeln!(out, "{}: ok", loaded.path.display());
+    let listening = listening.map_or_else(
+        || format!("{}:{}", server.host, server.port),
+        |a| a.to_string(),
+    );
     let _ = writeln!(
         out,
-        "server: {base} (listening on {}:{}), store {}",
-        server.host, server.port, server.store
+        "server: {base} (listening on {listening}), store {}",
+        server.store
     );
     for key in &server.api_keys {
         let _ = writeln!(
@@ -270,7 +274,7 @@ pub(crate) async fn serve(
         loaded.path.display(),
         agents.default_agent().name,
     );
-    eprint!("{}", summary(&loaded, Some(&url)));
+    eprint!("{}", summary(&loaded, Some(&url), Some(local)));
     served
         .serve(listener, shutdown)
         .await

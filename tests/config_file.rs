@@ -1,0 +1,274 @@
+//! Agents from a file, driven as a user drives the `keel` binary: `keel init` writes a
+//! `keel.toml`, `keel check` validates it and masks its secrets, `keel serve --config` serves
+//! every agent under `/agents/{name}/` (the default also at `/`), and an HTTP tool declared in
+//! the file is called by the agent's model.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use axum::extract::Path as UrlPath;
+use axum::http::HeaderMap;
+use axum::routing::get;
+use keel::core::Message;
+use keel::transport::A2aClient;
+use serde_json::{json, Value};
+use support::KeelServer;
+
+fn keel(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(args)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run keel")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A blocking JSON-RPC SendMessage to `endpoint`; the task it answers.
+async fn send(endpoint: &str, words: &str) -> Value {
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": {"messageId": format!("m-{words}"), "role": "ROLE_USER", "parts": [{"text": words}]}}
+    });
+    let answer: Value = reqwest::Client::new()
+        .post(endpoint)
+        .header("A2A-Version", "1.0")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    answer["result"]["task"].clone()
+}
+
+fn answer_text(task: &Value) -> String {
+    task["status"]["message"]["parts"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The agent's card as a v1.0 caller reads it.
+async fn card(url: &str) -> Value {
+    reqwest::Client::new()
+        .get(format!("{url}.well-known/agent-card.json"))
+        .header("A2A-Version", "1.0")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn init_then_check_then_serve_two_agents_each_with_its_own_card_and_endpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir_arg = dir.path().to_str().unwrap();
+    let init = keel(&["init", dir_arg], &[]);
+    assert!(init.status.success(), "{}", text(&init.stderr));
+    let file = dir.path().join("keel.toml");
+    let file_arg = file.to_str().unwrap();
+    // `init` refuses to replace the file it wrote.
+    assert!(!keel(&["init", dir_arg], &[]).status.success());
+
+    let check = keel(&["check", file_arg], &[]);
+    assert!(check.status.success(), "{}", text(&check.stderr));
+    let shown = text(&check.stdout);
+    for expected in [
+        ": ok",
+        "agent `assistant` (default, also at /): http://127.0.0.1:8080/agents/assistant/",
+        "agent `researcher`: http://127.0.0.1:8080/agents/researcher/",
+        "tool (http): weather GET http://127.0.0.1:9000/weather/{city}",
+        "subagent: researcher",
+    ] {
+        assert!(shown.contains(expected), "`{expected}` not in:\n{shown}");
+    }
+
+    let server = KeelServer::start_with(&["--config", file_arg, "--store", "memory"]);
+    let base = server.url.clone();
+    for name in ["assistant", "researcher"] {
+        let url = format!("{base}agents/{name}/");
+        let card = card(&url).await;
+        assert_eq!(card["name"], name, "{card}");
+        let interfaces = card["supportedInterfaces"].as_array().unwrap();
+        assert!(!interfaces.is_empty(), "{card}");
+        for interface in interfaces {
+            let at = interface["url"].as_str().unwrap();
+            assert!(
+                at.starts_with(url.trim_end_matches('/')),
+                "{name}'s interface {at} is not under {url}"
+            );
+        }
+        // The card decodes as an A2A v1.0 card (the SDK's own types).
+        let decoded = A2aClient::new(url.clone()).get_card().await.unwrap();
+        assert_eq!(decoded.name, name);
+        // JSON-RPC at the agent's path, and the HTTP+JSON binding under it.
+        let task = send(&url, "hello").await;
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+        assert_eq!(answer_text(&task), "You said: hello");
+        let rest = A2aClient::http(url.trim_end_matches('/'))
+            .send_message(Message::user("over rest"), Default::default())
+            .await
+            .unwrap();
+        assert_eq!(rest.state(), keel::core::TaskState::Completed, "{rest:?}");
+    }
+    // The assistant has the `weather` tool, the researcher does not: the same words reach
+    // different agents (the tool's endpoint is down, so the assistant reports its failure).
+    let to_assistant = answer_text(
+        &send(
+            &format!("{base}agents/assistant/"),
+            "/weather {\"city\": \"Oslo\"}",
+        )
+        .await,
+    );
+    let to_researcher = answer_text(
+        &send(
+            &format!("{base}agents/researcher/"),
+            "/weather {\"city\": \"Oslo\"}",
+        )
+        .await,
+    );
+    assert!(to_assistant.contains("weather"), "{to_assistant}");
+    assert!(!to_assistant.starts_with("You said"), "{to_assistant}");
+    assert!(to_researcher.starts_with("You said"), "{to_researcher}");
+
+    // The default agent is also at `/`.
+    assert_eq!(card(&base).await["name"], "assistant");
+    let task = send(&base, "at the root").await;
+    assert_eq!(answer_text(&task), "You said: at the root");
+    // An agent the file does not declare is not found.
+    let missing = reqwest::get(format!("{base}agents/nobody/.well-known/agent-card.json"))
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+}
+
+/// A file with two agents, each with an HTTP tool `whoami` that sends a secret header.
+fn two_agents_with_http_tools(target: &str) -> String {
+    let mut file = String::new();
+    for name in ["alpha", "beta"] {
+        file.push_str(&format!(
+            r#"
+[[agents]]
+name = "{name}"
+description = "Agent {name}."
+
+[[agents.tools.http]]
+name = "whoami"
+description = "Says which agent called."
+method = "GET"
+url = "{target}/whoami/{name}"
+headers = {{ Authorization = "Bearer ${{KEEL_TEST_WHOAMI_TOKEN}}" }}
+idempotent = true
+"#
+        ));
+    }
+    file
+}
+
+#[tokio::test]
+async fn each_agent_calls_the_http_tool_its_file_declares_with_the_secret_from_the_environment() {
+    const TOKEN: &str = "tok-3f9a1c";
+    let app = axum::Router::new().route(
+        "/whoami/{name}",
+        get(
+            |UrlPath(name): UrlPath<String>, headers: HeaderMap| async move {
+                let authorized = headers.get("authorization").and_then(|v| v.to_str().ok())
+                    == Some(&format!("Bearer {TOKEN}"));
+                if authorized {
+                    Ok(axum::Json(json!({"agent": name})))
+                } else {
+                    Err(axum::http::StatusCode::UNAUTHORIZED)
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keel.toml");
+    std::fs::write(&file, two_agents_with_http_tools(&target)).unwrap();
+    let file_arg = file.to_str().unwrap();
+    let env = [("KEEL_TEST_WHOAMI_TOKEN", TOKEN)];
+
+    // `keel check` shows the header masked and never the secret.
+    let check = keel(&["check", file_arg], &env);
+    assert!(check.status.success(), "{}", text(&check.stderr));
+    let shown = text(&check.stdout);
+    assert!(
+        shown.contains("header Authorization: Bearer ****"),
+        "{shown}"
+    );
+    assert!(!shown.contains(TOKEN), "the secret leaked: {shown}");
+    // Without the variable the file does not load, and the error says where and why.
+    let unset = keel(&["check", file_arg], &[]);
+    assert!(!unset.status.success());
+    let error = text(&unset.stderr);
+    assert!(
+        error.contains("keel.toml:11:29: agents[0].tools.http[0].headers.Authorization"),
+        "{error}"
+    );
+    assert!(
+        error.contains("`KEEL_TEST_WHOAMI_TOKEN` is not set"),
+        "{error}"
+    );
+
+    let server = KeelServer::start_with_env(&["--config", file_arg, "--store", "memory"], &env);
+    for name in ["alpha", "beta"] {
+        let task = send(&format!("{}agents/{name}/", server.url), "/whoami {}").await;
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+        let answer = answer_text(&task);
+        assert!(
+            answer.contains(&format!("\"agent\":\"{name}\"")),
+            "{name} answered {answer}"
+        );
+    }
+}
+
+fn write(dir: &Path, contents: &str) -> String {
+    let file = dir.join("keel.toml");
+    std::fs::write(&file, contents).unwrap();
+    file.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_bad_file_is_refused_with_its_line_column_field_and_a_suggestion() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "[[agents]]\nname = \"a\"\ndescription = \"A.\"\n\n[agents.model]\nid = \"mock\"\ntemprature = 0.5\n",
+    );
+    for command in [
+        vec!["check", &file],
+        vec!["serve", "--port", "0", "--config", &file],
+    ] {
+        let out = keel(&command, &[]);
+        assert!(!out.status.success(), "{command:?} accepted a bad file");
+        let error = text(&out.stderr);
+        assert!(
+            error.contains("keel.toml:7:1: agents[0].model.temprature: unknown field `temprature`"),
+            "{error}"
+        );
+        assert!(error.contains("did you mean `temperature`?"), "{error}");
+    }
+    let file = write(
+        dir.path(),
+        "[server]\nport = \"eighty\"\n\n[[agents]]\nname = \"a\"\ndescription = \"A.\"\n",
+    );
+    let error = text(&keel(&["check", &file], &[]).stderr);
+    assert!(
+        error.contains("keel.toml:2:8: server.port: invalid type"),
+        "{error}"
+    );
+    assert!(error.contains("expected u16"), "{error}");
+}
