@@ -272,3 +272,67 @@ fn a_bad_file_is_refused_with_its_line_column_field_and_a_suggestion() {
     );
     assert!(error.contains("expected u16"), "{error}");
 }
+
+#[tokio::test]
+async fn an_asynchronous_http_tool_from_the_file_answers_through_its_agents_callback_route() {
+    let invocations = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let seen = invocations.clone();
+    let app = axum::Router::new().route(
+        "/invoke",
+        axum::routing::post(move |axum::Json(invocation): axum::Json<Value>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(invocation.clone());
+                // Answer later, as an asynchronous tool does: after the acknowledgement.
+                tokio::spawn(async move {
+                    let sent = reqwest::Client::new()
+                        .post(invocation["callback_url"].as_str().unwrap_or_default())
+                        .header(
+                            "x-keel-callback-secret",
+                            invocation["callback_secret"].as_str().unwrap_or_default(),
+                        )
+                        .json(&json!({"output": {"frames": 24}}))
+                        .send()
+                        .await;
+                    assert!(sent.is_ok_and(|r| r.status().is_success()));
+                });
+                (axum::http::StatusCode::ACCEPTED, axum::Json(json!({"status": "accepted"})))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        &format!(
+            r#"
+[[agents]]
+name = "front"
+description = "The default agent."
+
+[[agents]]
+name = "worker"
+description = "Renders."
+
+[[agents.tools.http]]
+name = "render"
+description = "Render; the result arrives later."
+url = "{target}/invoke"
+asynchronous = true
+"#
+        ),
+    );
+    let server = KeelServer::start_with(&["--config", &file, "--store", "memory"]);
+    let task = send(&format!("{}agents/worker/", server.url), "/render {}").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert!(answer_text(&task).contains("\"frames\":24"), "{task}");
+    let invocations = invocations.lock().unwrap();
+    let callback = invocations[0]["callback_url"].as_str().unwrap();
+    assert!(
+        callback.starts_with(&format!("{}agents/worker/callbacks/", server.url)),
+        "{callback}"
+    );
+}
