@@ -296,7 +296,10 @@ async fn an_asynchronous_http_tool_from_the_file_answers_through_its_agents_call
                         .await;
                     assert!(sent.is_ok_and(|r| r.status().is_success()));
                 });
-                (axum::http::StatusCode::ACCEPTED, axum::Json(json!({"status": "accepted"})))
+                (
+                    axum::http::StatusCode::ACCEPTED,
+                    axum::Json(json!({"status": "accepted"})),
+                )
             }
         }),
     );

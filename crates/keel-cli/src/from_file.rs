@@ -56,31 +56,45 @@ pub(crate) fn load(path: &Path) -> Result<LoadedConfig, String> {
 /// `keel check [FILE]`.
 pub(crate) fn check(path: &Path) -> Result<(), String> {
     let loaded = load(path)?;
-    print!("{}", summary(&loaded, None, None));
+    print!("{}", summary(&loaded, None));
     Ok(())
+}
+
+/// Where `keel serve` actually serves, when the command line changed the file's `[server]`.
+struct Served<'a> {
+    url: &'a str,
+    listening: SocketAddr,
+    store_overridden: bool,
 }
 
 /// What a file serves, secrets masked: the server, then each agent with its path, model and
 /// tools.
-fn summary(loaded: &LoadedConfig, url: Option<&str>, listening: Option<SocketAddr>) -> String {
+fn summary(loaded: &LoadedConfig, served: Option<Served<'_>>) -> String {
     let server = &loaded.server;
-    let base = url.map_or_else(
-        || match &server.public_url {
-            Some(url) => url.to_string(),
-            None => format!("http://{}:{}/", server.host, server.port),
-        },
-        str::to_owned,
-    );
+    let (base, listening, store) = match served {
+        Some(served) => (
+            served.url.to_owned(),
+            served.listening.to_string(),
+            if served.store_overridden {
+                "given by --store".to_owned()
+            } else {
+                server.store.to_string()
+            },
+        ),
+        None => (
+            server.public_url.as_ref().map_or_else(
+                || format!("http://{}:{}/", server.host, server.port),
+                ToString::to_string,
+            ),
+            format!("{}:{}", server.host, server.port),
+            server.store.to_string(),
+        ),
+    };
     let mut out = String::new();
     let _ = writeln!(out, "{}: ok", loaded.path.display());
-    let listening = listening.map_or_else(
-        || format!("{}:{}", server.host, server.port),
-        |a| a.to_string(),
-    );
     let _ = writeln!(
         out,
-        "server: {base} (listening on {listening}), store {}",
-        server.store
+        "server: {base} (listening on {listening}), store {store}"
     );
     for key in &server.api_keys {
         let _ = writeln!(
@@ -177,6 +191,7 @@ pub(crate) async fn serve(
         .map_err(|_| {
             format!("`{host}` is not an IP address to listen on (try 127.0.0.1 or 0.0.0.0)")
         })?;
+    let store_overridden = overrides.store.is_some();
     let store_spec = overrides
         .store
         .unwrap_or_else(|| server.store.value().to_owned());
@@ -274,7 +289,12 @@ pub(crate) async fn serve(
         loaded.path.display(),
         agents.default_agent().name,
     );
-    eprint!("{}", summary(&loaded, Some(&url), Some(local)));
+    let served_at = Served {
+        url: &url,
+        listening: local,
+        store_overridden,
+    };
+    eprint!("{}", summary(&loaded, Some(served_at)));
     served
         .serve(listener, shutdown)
         .await

@@ -317,6 +317,11 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     if let Some(path) = file {
         let loaded = keel::Config::from_path(&path).map_err(|err| err.to_string())?;
         let matches = matches.unwrap_or_default();
+        if matches.value_source("llm") == Some(clap::parser::ValueSource::CommandLine) {
+            return Err(
+                "--llm does not apply to agents from a file: set `agents[].model.id` in it".into(),
+            );
+        }
         let set = |id: &str| given(&matches, id);
         let overrides = from_file::ServerOverrides {
             host: set("host").then(|| args.host.clone()),

@@ -7,12 +7,17 @@ use std::path::{Path, PathBuf};
 use keel_core::AgentError;
 
 /// A `keel.toml` that cannot be served: the file, the line and column (1-based) where known,
-/// the field path (`agents[0].model.id`), what is wrong, and a suggestion for a misspelt key.
+/// the field path (`agents[0].model.id`), what is wrong, and a suggestion for a misspelt key
+/// (its fields are those of [`ConfigProblem`], boxed to keep results small).
 ///
 /// It prints as `FILE:LINE:COLUMN: FIELD: MESSAGE`, then the line with a caret under the
 /// column, then `did you mean ...?` when there is a suggestion.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
+pub struct ConfigError(Box<ConfigProblem>);
+
+/// What a [`ConfigError`] says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
     /// The file.
     pub file: PathBuf,
     /// The line, from 1.
@@ -38,7 +43,7 @@ impl ConfigError {
         field: impl Into<String>,
         message: impl Into<String>,
     ) -> Self {
-        let mut error = Self {
+        let mut error = ConfigProblem {
             file: file.to_owned(),
             line: None,
             column: None,
@@ -56,7 +61,7 @@ impl ConfigError {
             let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
             error.source_line = Some(text[line_start..line_end].trim_end().to_owned());
         }
-        error
+        Self(Box::new(error))
     }
 
     /// An error about the file as a whole (it cannot be read, or an agent cannot be built).
@@ -102,6 +107,19 @@ pub(crate) fn unknown_name(message: &str) -> Option<(&str, Vec<&str>)> {
         .filter(|name| !name.is_empty())
         .collect();
     Some((wrong, names))
+}
+
+impl std::ops::Deref for ConfigError {
+    type Target = ConfigProblem;
+    fn deref(&self) -> &ConfigProblem {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ConfigError {
+    fn deref_mut(&mut self) -> &mut ConfigProblem {
+        &mut self.0
+    }
 }
 
 impl fmt::Display for ConfigError {

@@ -26,7 +26,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 pub use build::{AgentSet, AgentSetBuilder, ConfiguredAgent};
-pub use error::ConfigError;
+pub use error::{ConfigError, ConfigProblem};
 pub use secret::{EnvString, MASK};
 pub use types::*;
 
