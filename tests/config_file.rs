@@ -339,3 +339,18 @@ asynchronous = true
         "{callback}"
     );
 }
+
+#[tokio::test]
+async fn serve_reads_keel_toml_from_the_working_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "[server]\nstore = \"memory\"\n\n[[agents]]\nname = \"local\"\ndescription = \"From ./keel.toml.\"\n",
+    );
+    let server = KeelServer::start_in(dir.path(), &[]);
+    assert_eq!(card(&server.url).await["name"], "local");
+    assert_eq!(
+        card(&format!("{}agents/local/", server.url)).await["name"],
+        "local"
+    );
+}

@@ -47,7 +47,7 @@ impl KeelServer {
     /// Start `keel serve` on `port` (0 picks a free one) with these arguments and
     /// environment variables.
     pub fn start_on(port: u16, extra: &[&str], env: &[(&str, &str)]) -> KeelServer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        let child = Command::new(env!("CARGO_BIN_EXE_keel"))
             .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
             .args(extra)
             .envs(env.iter().copied())
@@ -56,6 +56,25 @@ impl KeelServer {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start keel serve");
+        Self::serving(child)
+    }
+
+    /// Start `keel serve --port 0` in `dir` (where it looks for `keel.toml`).
+    pub fn start_in(dir: &std::path::Path, extra: &[&str]) -> KeelServer {
+        let child = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+            .args(extra)
+            .current_dir(dir)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start keel serve");
+        Self::serving(child)
+    }
+
+    /// Wait for the started server's line naming its URL.
+    fn serving(mut child: Child) -> KeelServer {
         let stdout = child.stdout.take().expect("piped stdout");
         let mut line = String::new();
         BufReader::new(stdout)

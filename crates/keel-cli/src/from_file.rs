@@ -229,12 +229,16 @@ pub(crate) async fn serve(
         .build()
         .await
         .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
-    let mut url = overrides
-        .public_url
-        .or_else(|| server.public_url.as_ref().map(|u| u.value().to_owned()))
-        .unwrap_or_else(|| format!("http://{local}/"));
-    if !url.ends_with('/') {
-        url.push('/');
+    // A public URL from the environment may hold a secret: it is printed masked.
+    let (mut url, mut shown) = match (overrides.public_url, &server.public_url) {
+        (Some(url), _) => (url.clone(), url),
+        (None, Some(from_file)) => (from_file.value().to_owned(), from_file.to_string()),
+        (None, None) => (format!("http://{local}/"), format!("http://{local}/")),
+    };
+    for url in [&mut url, &mut shown] {
+        if !url.ends_with('/') {
+            url.push('/');
+        }
     }
     let lease_ttl = overrides
         .lease_ttl
@@ -284,13 +288,13 @@ pub(crate) async fn serve(
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     let names: Vec<String> = agents.iter().map(|a| format!("`{}`", a.name)).collect();
     println!(
-        "keel: serving {} from {} at {url} (each at {url}agents/NAME/; `{}` also at {url})",
+        "keel: serving {} from {} at {shown} (each at {shown}agents/NAME/; `{}` also at {shown})",
         names.join(", "),
         loaded.path.display(),
         agents.default_agent().name,
     );
     let served_at = Served {
-        url: &url,
+        url: &shown,
         listening: local,
         store_overridden,
     };

@@ -344,3 +344,33 @@ fn the_reference_in_the_docs_lists_every_field_and_no_other() {
     );
     assert!(from_types.contains("agents[].tools.http[].timeout_seconds"));
 }
+
+#[tokio::test]
+async fn an_action_needing_approval_waits_and_the_stop_rules_are_the_files() {
+    let text = format!(
+        "{MINIMAL}[agents.policy]\nrequire_approval = [\"mail.*\"]\n[agents.stop]\nmax_steps = 4\nstop_on_response = true\nmax_session_turns = 9\n"
+    );
+    let config = parse(&text).unwrap();
+    let runtime: Arc<dyn Runtime> = Arc::new(DefaultRuntime::offline());
+    let send = keel_agent::FnTool::new(
+        "send_mail",
+        "Send mail.",
+        serde_json::json!({"type": "object"}),
+        |_args, _ctx| async { Ok(serde_json::json!("sent")) },
+    )
+    .with_capabilities(["mail.send"]);
+    let agents = config
+        .agents()
+        .tool("a", send)
+        .build(runtime.clone())
+        .unwrap();
+    let executor = &agents.default_agent().executor;
+    let stop = executor.agent().stop_rules();
+    assert_eq!((stop.max_steps, stop.max_session_turns), (4, Some(9)));
+    let auth = runtime.auth_service().auth_context();
+    let task = executor
+        .send_message(&auth, Message::user("/send_mail {}"), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::InputRequired, "{task:?}");
+}
