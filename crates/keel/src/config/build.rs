@@ -236,7 +236,7 @@ fn build_agent(
             let mut async_tool = AsyncHttpTool::new(
                 tool.name.get_ref(),
                 &tool.description,
-                tool.parameters.clone(),
+                tool.parameters.get_ref().clone(),
                 tool.url.value(),
             );
             if let Some(timeout) = timeout {
@@ -250,7 +250,7 @@ fn build_agent(
                 tool.method.get_ref(),
                 tool.url.clone(),
             )?
-            .with_parameters(tool.parameters.clone())
+            .with_parameters(tool.parameters.get_ref().clone())
             .with_capabilities(tool.capabilities.iter().cloned())
             .idempotent(tool.idempotent);
             for (name, value) in &tool.headers {

@@ -30,6 +30,16 @@ pub use error::{ConfigError, ConfigProblem};
 pub use secret::{EnvString, MASK};
 pub use types::*;
 
+/// Tool names the engine keeps for its own tools.
+const RESERVED_TOOL_NAMES: [&str; 6] = [
+    keel_agent::SESSION_STOP_TOOL,
+    keel_agent::SESSION_FAIL_TOOL,
+    keel_agent::ASK_HUMAN_TOOL,
+    keel_agent::SUBAGENT_CREATE_TOOL,
+    keel_agent::SUBAGENT_MESSAGE_TOOL,
+    keel_agent::SESSION_STATUS_TOOL,
+];
+
 /// The file `keel serve` and `keel check` read when none is named.
 pub const DEFAULT_CONFIG_FILE: &str = "keel.toml";
 
@@ -228,7 +238,40 @@ impl Config {
                     ));
                 }
             }
+            // Tool names the file gives this agent: each once, none a built-in's.
+            let mut tool_names: HashSet<&str> = HashSet::new();
+            let named = agent
+                .tools
+                .http
+                .iter()
+                .enumerate()
+                .map(|(j, t)| (&t.name, format!("tools.http[{j}].name")))
+                .chain(
+                    agent
+                        .remote_agents
+                        .iter()
+                        .enumerate()
+                        .map(|(j, r)| (&r.name, format!("remote_agents[{j}].name"))),
+                );
+            for (name, at_field) in named {
+                let taken = RESERVED_TOOL_NAMES.contains(&name.get_ref().as_str())
+                    || (agent.tools.run_code && name.get_ref() == "run_code");
+                if taken || !tool_names.insert(name.get_ref()) {
+                    return Err(at(
+                        name.span(),
+                        field(&at_field),
+                        format!("the agent already has a tool named `{}`", name.get_ref()),
+                    ));
+                }
+            }
             for (j, tool) in agent.tools.http.iter().enumerate() {
+                if let Err(err) = jsonschema::validator_for(tool.parameters.get_ref()) {
+                    return Err(at(
+                        tool.parameters.span(),
+                        field(&format!("tools.http[{j}].parameters")),
+                        format!("not a valid JSON schema: {err}"),
+                    ));
+                }
                 let method = tool.method.get_ref();
                 if tool.asynchronous && !method.eq_ignore_ascii_case("POST") {
                     return Err(at(

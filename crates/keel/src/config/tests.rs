@@ -374,3 +374,23 @@ async fn an_action_needing_approval_waits_and_the_stop_rules_are_the_files() {
         .unwrap();
     assert_eq!(task.state(), TaskState::InputRequired, "{task:?}");
 }
+
+#[test]
+fn tool_names_and_schemas_are_checked_where_they_are_written() {
+    let tool = |name: &str, parameters: &str| {
+        format!("[[agents.tools.http]]\nname = \"{name}\"\ndescription = \"T.\"\nurl = \"http://127.0.0.1:9/\"\nparameters = {parameters}\n")
+    };
+    let twice = format!("{MINIMAL}{}{}", tool("t", "{}"), tool("t", "{}"));
+    let error = parse(&twice).unwrap_err();
+    assert_eq!((error.line, error.column), (Some(10), Some(8)), "{error}");
+    assert_eq!(error.field, "agents[0].tools.http[1].name");
+    let reserved = format!("{MINIMAL}{}", tool("ask_human", "{}"));
+    assert!(parse(&reserved)
+        .unwrap_err()
+        .message
+        .contains("already has a tool"));
+    let bad_schema = format!("{MINIMAL}{}", tool("t", "{ type = \"thing\" }"));
+    let error = parse(&bad_schema).unwrap_err();
+    assert_eq!((error.line, error.column), (Some(8), Some(14)), "{error}");
+    assert!(error.message.contains("not a valid JSON schema"), "{error}");
+}

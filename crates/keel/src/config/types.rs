@@ -269,7 +269,7 @@ pub struct HttpToolConfig {
     pub headers: BTreeMap<String, EnvString>,
     /// JSON schema of the arguments.
     #[serde(default = "default_parameters")]
-    pub parameters: Value,
+    pub parameters: Spanned<Value>,
     /// Whether calling it twice with the same arguments is harmless.
     #[serde(default)]
     pub idempotent: bool,
@@ -288,8 +288,8 @@ fn default_method() -> Spanned<String> {
     Spanned::new(0..0, "POST".into())
 }
 
-fn default_parameters() -> Value {
-    serde_json::json!({"type": "object"})
+fn default_parameters() -> Spanned<Value> {
+    Spanned::new(0..0, serde_json::json!({"type": "object"}))
 }
 
 /// `[[agents.subagents]]`: another agent of the file as a kind of subagent.
