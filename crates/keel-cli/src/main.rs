@@ -131,6 +131,11 @@ struct ServeArgs {
     /// error the model sees (tools may set their own).
     #[arg(long, default_value_t = 3600.0, env = "KEEL_ASYNC_TOOL_TIMEOUT")]
     async_tool_timeout: f64,
+    /// This process's name in thread leases, kept across restarts: restarted under the same
+    /// name, it resumes its own interrupted threads at once instead of waiting for their
+    /// leases to lapse. Must differ between processes sharing a store. Random by default.
+    #[arg(long, env = "KEEL_INSTANCE_ID")]
+    instance_id: Option<String>,
 }
 
 /// The engine allocates for every event and message it persists; mimalloc serves those
@@ -300,13 +305,19 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     if !url.ends_with('/') {
         url.push('/');
     }
-    let config = ExecutorConfig {
+    let mut config = ExecutorConfig {
         lease_ttl,
         // Asynchronous tools call back to the server's own callback route.
         callbacks: Some(HttpCallbacks::shared(url.trim_end_matches('/'))),
         async_tool_timeout: async_tool_timeout(args.async_tool_timeout)?,
         ..ExecutorConfig::default()
     };
+    if let Some(id) = args.instance_id {
+        if id.trim().is_empty() {
+            return Err("--instance-id must not be empty".into());
+        }
+        config.holder = id;
+    }
     let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);
     // Work a dead process left behind (queued or mid-run tasks) resumes now, for every tenant.
     let resumed = executor
@@ -316,6 +327,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     if resumed > 0 {
         tracing::info!(resumed, "resuming unfinished tasks");
     }
+    // Work another process sharing the store leaves behind when it dies is taken over here.
+    executor.start_takeover();
     // Scheduled effects: timers due while no process ran fire now, later ones when due.
     executor
         .start_effects()
