@@ -674,4 +674,61 @@ mod tests {
             "{lines:?}"
         );
     }
+
+    #[tokio::test]
+    async fn a_cancel_the_threads_live_holder_never_answers_is_pending_after_a_bound() {
+        let runtime = Arc::new(keel_runtime::Services::in_memory(Arc::new(
+            keel_llm::MockLlm::new(),
+        )));
+        let auth = runtime.auth_service().auth_context();
+        let agent = Agent::builder(keel_core::AgentCard::new("echo", "Echoes", "http://x"))
+            .build()
+            .unwrap();
+        let config = ExecutorConfig {
+            lease_ttl: Duration::from_millis(300),
+            poll_interval: Duration::from_millis(20),
+            ..ExecutorConfig::default()
+        };
+        let executor = AgentExecutor::with_config(agent, runtime.clone(), config);
+        // A working task whose thread another live process holds, and which that process
+        // does not stop.
+        let mut task = Task::new(ThreadId::new());
+        task.begin().unwrap();
+        runtime
+            .task_manager()
+            .save_task(&auth, &task)
+            .await
+            .unwrap();
+        let threads = runtime.thread_store();
+        let lease = threads
+            .acquire_lease(
+                &auth,
+                &task.thread_id,
+                "elsewhere",
+                Duration::from_secs(600),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(60),
+            executor.cancel_task(&auth, &task.id, None),
+        )
+        .await
+        .expect("the cancel is answered");
+        assert!(
+            matches!(&answer, Err(AgentError::CancelPending { task_id }) if *task_id == task.id),
+            "{answer:?}"
+        );
+        let recorded = runtime
+            .memory_service()
+            .load_serialized(&auth, &cancel_key(&task.id))
+            .await
+            .unwrap();
+        assert!(recorded.is_some(), "the cancel stays recorded");
+        // Once the thread is free, a cancel ends the task.
+        threads.release_lease(&auth, &lease).await.unwrap();
+        let canceled = executor.cancel_task(&auth, &task.id, None).await.unwrap();
+        assert_eq!(canceled.state(), TaskState::Canceled);
+    }
 }
