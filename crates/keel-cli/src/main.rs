@@ -270,6 +270,13 @@ async fn run_once(args: RunOnceArgs) -> Result<(), String> {
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
     let lease_ttl = lease_ttl(args.lease_ttl)?;
+    if args
+        .instance_id
+        .as_ref()
+        .is_some_and(|id| id.trim().is_empty())
+    {
+        return Err("--instance-id must not be empty".into());
+    }
     let store = store_config(&args.store, &args.redis_prefix)?;
     let llm = keel::llm::llm_from_spec(&args.llm).map_err(|err| err.to_string())?;
     let host = &args.host;
@@ -313,9 +320,6 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         ..ExecutorConfig::default()
     };
     if let Some(id) = args.instance_id {
-        if id.trim().is_empty() {
-            return Err("--instance-id must not be empty".into());
-        }
         config.holder = id;
     }
     let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);

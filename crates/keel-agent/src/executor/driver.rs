@@ -430,9 +430,10 @@ impl Inner {
                     task_id: task_id.clone(),
                 });
             }
+            let next_look = (tokio::time::Instant::now() + self.config.poll_interval).min(deadline);
             tokio::select! {
                 _ = waiter.receiver.changed() => {}
-                () = tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + self.config.poll_interval)) => {}
+                () = tokio::time::sleep_until(next_look) => {}
             }
         }
     }
