@@ -52,14 +52,18 @@ fn seed(test: &str) -> u64 {
 /// user message of the thread), asks for
 /// `steps` journal lines (`job N line S`), one per step, and then answers `job N done`. It
 /// counts its calls by (job, lines already answered), so that a call made twice shows.
-/// While `hold` is set, a call with one line answered counts itself in `held` and waits
-/// until `hold` is cleared: a run can be caught between two steps.
+/// While `hold` is set, a call with one line answered (or, when `hold_call` is set, only
+/// the call with that number) counts itself in `held` and waits until `hold` is cleared: a
+/// run can be caught between two steps.
 #[derive(Clone)]
 struct ScriptedModel {
     url: String,
     calls: Arc<Mutex<HashMap<(String, usize), usize>>>,
     hold: Arc<tokio::sync::watch::Sender<bool>>,
     held: Arc<AtomicUsize>,
+    /// When not 0: the call with this number (counting every call from 1) is held too,
+    /// whatever its step.
+    hold_call: Arc<AtomicUsize>,
 }
 
 impl ScriptedModel {
@@ -67,11 +71,19 @@ impl ScriptedModel {
         let calls: Arc<Mutex<HashMap<(String, usize), usize>>> = Arc::default();
         let hold = Arc::new(tokio::sync::watch::Sender::new(false));
         let held = Arc::new(AtomicUsize::new(0));
-        let state = (calls.clone(), hold.clone(), held.clone());
+        let hold_call = Arc::new(AtomicUsize::new(0));
+        let made = Arc::new(AtomicUsize::new(0));
+        let state = (
+            calls.clone(),
+            hold.clone(),
+            held.clone(),
+            hold_call.clone(),
+            made,
+        );
         let app = Router::new().route(
             "/v1/chat/completions",
             post(move |Json(body): Json<Value>| {
-                let (calls, hold, held) = state.clone();
+                let (calls, hold, held, hold_call, made) = state.clone();
                 async move {
                     let messages = body["messages"].as_array().cloned().unwrap_or_default();
                     // The job is the thread's last user message (a thread may hold several).
@@ -83,8 +95,13 @@ impl ScriptedModel {
                         .unwrap()
                         .entry((job.clone(), done))
                         .or_default() += 1;
+                    let number = made.fetch_add(1, Ordering::SeqCst) + 1;
                     let mut holding = hold.subscribe();
-                    if done == 1 && *holding.borrow_and_update() {
+                    let held_here = match hold_call.load(Ordering::SeqCst) {
+                        0 => done == 1,
+                        chosen => number == chosen,
+                    };
+                    if held_here && *holding.borrow_and_update() {
                         held.fetch_add(1, Ordering::SeqCst);
                         let _ = holding.wait_for(|hold| !hold).await;
                     }
@@ -109,6 +126,7 @@ impl ScriptedModel {
             calls,
             hold,
             held,
+            hold_call,
         }
     }
 
@@ -302,7 +320,9 @@ fn journal_tool(path: PathBuf) -> FnTool {
                     .append(true)
                     .open(&path)
                     .map_err(AgentError::internal)?;
-                writeln!(file, "{line}").map_err(AgentError::internal)?;
+                // One write of the whole line, so that concurrent appends never interleave.
+                file.write_all(format!("{line}\n").as_bytes())
+                    .map_err(AgentError::internal)?;
                 file.sync_all().map_err(AgentError::internal)?;
                 Ok(json!("appended"))
             }
@@ -863,6 +883,71 @@ async fn stops_at_step_boundaries_under_load_on_sqlite_lose_and_repeat_nothing()
 async fn stops_at_step_boundaries_under_load_on_redis_lose_and_repeat_nothing() {
     let seed = seed("redis step boundaries");
     stop_at_a_boundary_and_recover(Store::redis(), seed).await;
+}
+
+/// `keel serve` killed (SIGKILL) while its model calls are in flight, under load; a new
+/// process on the same store finishes every acknowledged task.
+async fn kill_under_load_and_recover(store: Store, seed: u64) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal.txt");
+    let model = ScriptedModel::start(STEPS).await;
+    // Calls made before the kill: each job makes STEPS + 1 when nothing fails.
+    let call = rng.usize(1..=JOBS * (STEPS + 1));
+    println!("killing the process at model call {call}");
+    model.hold_call.store(call, Ordering::SeqCst);
+    model.hold.send_replace(true);
+    let run = uuid_like();
+    let server = serve(&store, &model, &journal, &[]);
+    let rpc = Rpc::new(&server);
+    let mut sent = Vec::new();
+    for i in 1..=JOBS {
+        let job = format!("job {i} of {run}");
+        let task = rpc.send(&job, None, true).await;
+        sent.push((job, TaskId::from(task["id"].as_str().unwrap())));
+    }
+    support::wait_until(
+        "the chosen model call",
+        Duration::from_secs(30),
+        || async { model.held.load(Ordering::SeqCst) },
+        |held| *held >= 1,
+    )
+    .await;
+    server.kill_hard();
+    model.hold_call.store(0, Ordering::SeqCst);
+    model.hold.send_replace(false);
+    let server = serve(&store, &model, &journal, &[]);
+    let rpc = Rpc::new(&server);
+    for (_, task_id) in &sent {
+        wait_done(&rpc, task_id).await;
+    }
+    let runtime = store.open().await;
+    let text = std::fs::read_to_string(&journal).unwrap_or_default();
+    let mut repeated = 0;
+    for (job, task_id) in &sent {
+        repeated += check_job(&runtime, &model, &text, STEPS, job, task_id).await;
+    }
+    assert!(
+        repeated <= JOBS,
+        "{repeated} model calls made again, at most one per job could have been in flight"
+    );
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn kills_under_load_on_sqlite_lose_and_repeat_nothing() {
+    let seed = seed("sqlite kill under load");
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::sqlite(dir.path());
+    store._dir = Some(dir);
+    kill_under_load_and_recover(store, seed).await;
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn kills_under_load_on_redis_lose_and_repeat_nothing() {
+    let seed = seed("redis kill under load");
+    kill_under_load_and_recover(Store::redis(), seed).await;
 }
 
 // ---------------------------------------------------------------------------------------
