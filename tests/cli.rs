@@ -148,3 +148,21 @@ fn a_malformed_api_key_flag_is_refused() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("KEY=APP/USER"));
 }
+
+#[test]
+fn an_empty_instance_id_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--store",
+            "memory",
+            "--instance-id",
+            " ",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--instance-id must not be empty"));
+}

@@ -174,6 +174,7 @@ pub(crate) struct ServerOverrides {
     pub allow_private_push_targets: bool,
     pub lease_ttl: Option<Duration>,
     pub async_tool_timeout: Option<Duration>,
+    pub instance_id: Option<String>,
 }
 
 /// `keel serve` with a file: every agent under `/agents/{name}/`, the default also at `/`.
@@ -247,16 +248,24 @@ pub(crate) async fn serve(
         .async_tool_timeout
         .unwrap_or(Duration::from_secs_f64(server.async_tool_timeout_seconds));
     let base = url.clone();
+    let instance_id = overrides.instance_id;
     let agents = loaded
         .agents()
-        .executor_config(move |name| ExecutorConfig {
-            lease_ttl,
-            // Asynchronous tools call back to their own agent's callback route.
-            callbacks: Some(HttpCallbacks::shared(
-                AgentsServer::agent_url(&base, name).trim_end_matches('/'),
-            )),
-            async_tool_timeout,
-            ..ExecutorConfig::default()
+        .executor_config(move |name| {
+            let mut config = ExecutorConfig {
+                lease_ttl,
+                // Asynchronous tools call back to their own agent's callback route.
+                callbacks: Some(HttpCallbacks::shared(
+                    AgentsServer::agent_url(&base, name).trim_end_matches('/'),
+                )),
+                async_tool_timeout,
+                ..ExecutorConfig::default()
+            };
+            // One holder per agent: each agent's executor drives only its own threads.
+            if let Some(id) = &instance_id {
+                config.holder = format!("{id}/{name}");
+            }
+            config
         })
         .build(Arc::new(runtime))
         .map_err(|err| err.to_string())?;
@@ -274,6 +283,8 @@ pub(crate) async fn serve(
         if resumed > 0 {
             tracing::info!(agent = %agent.name, resumed, "resuming unfinished tasks");
         }
+        // Work another process sharing the store leaves behind when it dies is taken over here.
+        agent.executor.start_takeover();
         agent
             .executor
             .start_effects()

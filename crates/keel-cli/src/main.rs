@@ -159,6 +159,11 @@ struct ServeArgs {
     /// error the model sees (tools may set their own).
     #[arg(long, default_value_t = 3600.0, env = "KEEL_ASYNC_TOOL_TIMEOUT")]
     async_tool_timeout: f64,
+    /// This process's name in thread leases, kept across restarts: restarted under the same
+    /// name, it resumes its own interrupted threads at once instead of waiting for their
+    /// leases to lapse. Must differ between processes sharing a store. Random by default.
+    #[arg(long, env = "KEEL_INSTANCE_ID")]
+    instance_id: Option<String>,
 }
 
 /// The engine allocates for every event and message it persists; mimalloc serves those
@@ -310,6 +315,13 @@ fn given(matches: &ArgMatches, id: &str) -> bool {
 }
 
 async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), String> {
+    if args
+        .instance_id
+        .as_ref()
+        .is_some_and(|id| id.trim().is_empty())
+    {
+        return Err("--instance-id must not be empty".into());
+    }
     let file = match &args.config {
         Some(path) => Some(path.clone()),
         None => Some(PathBuf::from(keel::config::DEFAULT_CONFIG_FILE)).filter(|p| p.exists()),
@@ -341,6 +353,7 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
             async_tool_timeout: set("async_tool_timeout")
                 .then(|| async_tool_timeout(args.async_tool_timeout))
                 .transpose()?,
+            instance_id: args.instance_id.clone(),
         };
         return from_file::serve(loaded, overrides, shutdown_signal()).await;
     }
@@ -380,13 +393,16 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     if !url.ends_with('/') {
         url.push('/');
     }
-    let config = ExecutorConfig {
+    let mut config = ExecutorConfig {
         lease_ttl,
         // Asynchronous tools call back to the server's own callback route.
         callbacks: Some(HttpCallbacks::shared(url.trim_end_matches('/'))),
         async_tool_timeout: async_tool_timeout(args.async_tool_timeout)?,
         ..ExecutorConfig::default()
     };
+    if let Some(id) = args.instance_id {
+        config.holder = id;
+    }
     let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);
     // Work a dead process left behind (queued or mid-run tasks) resumes now, for every tenant.
     let resumed = executor
@@ -396,6 +412,8 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     if resumed > 0 {
         tracing::info!(resumed, "resuming unfinished tasks");
     }
+    // Work another process sharing the store leaves behind when it dies is taken over here.
+    executor.start_takeover();
     // Scheduled effects: timers due while no process ran fire now, later ones when due.
     executor
         .start_effects()

@@ -31,6 +31,18 @@ pub enum AgentError {
         /// Its (terminal) state.
         state: TaskState,
     },
+    /// A cancel was recorded, but the task's run did not stop within the wait: another
+    /// process holds its thread and has not answered the request yet. The cancel stays
+    /// recorded, so the run stops when it next looks or when its thread is taken over;
+    /// asking again later answers the canceled task.
+    #[error(
+        "task {task_id} is still stopping: the cancel is recorded and takes effect when \
+         the process holding its thread sees it or the thread is taken over; ask again later"
+    )]
+    CancelPending {
+        /// The task that was asked for.
+        task_id: TaskId,
+    },
     /// A lifecycle change the transition table does not allow.
     #[error("invalid task state transition: {from} -> {to}")]
     InvalidTransition {
@@ -285,6 +297,7 @@ impl AgentError {
         match self {
             Self::TaskNotFound { .. } => ErrorKind::NotFound,
             Self::TaskNotCancelable { .. } => ErrorKind::NotCancelable,
+            Self::CancelPending { .. } => ErrorKind::Conflict,
             Self::InvalidTransition { .. } => ErrorKind::InvalidTransition,
             Self::InvalidInput { .. } => ErrorKind::InvalidInput,
             Self::Unsupported { .. } => ErrorKind::Unsupported,

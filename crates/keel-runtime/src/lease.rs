@@ -42,6 +42,23 @@ pub trait ThreadLeases: Send + Sync {
         ttl: Duration,
     ) -> AgentResult<Option<Lease>>;
 
+    /// [`ThreadLeases::acquire_lease`] that also takes a live lease `holder` itself holds: a
+    /// process restarted under the same holder name (a stable instance id) takes its own
+    /// threads back at once instead of waiting for its old leases to lapse. The lease gets a
+    /// new token, so writes under the one it replaces are refused (`LeaseLost`). A live lease
+    /// of another holder is `Ok(None)`, as for `acquire_lease`. Sound only while no two live
+    /// processes share a holder name. The default, for backends that do not offer it, is
+    /// `acquire_lease`: the restarted process waits for its old leases to lapse.
+    async fn reclaim_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> AgentResult<Option<Lease>> {
+        self.acquire_lease(auth, thread_id, holder, ttl).await
+    }
+
     /// Extend a held lease by `ttl` from now, keeping its token. An expired, released or
     /// taken-over lease is [`AgentError::LeaseLost`](keel_core::AgentError::LeaseLost); `ttl`
     /// has the bounds of [`ThreadLeases::acquire_lease`].

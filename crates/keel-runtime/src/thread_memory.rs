@@ -367,19 +367,24 @@ impl SubagentRegistry for InMemoryThreadStore {
     }
 }
 
-#[async_trait]
-impl ThreadLeases for InMemoryThreadStore {
-    async fn acquire_lease(
+impl InMemoryThreadStore {
+    /// Take the thread's lease when it is free, or (`reclaim`) held by `holder` itself.
+    fn take_lease(
         &self,
         auth: &AuthContext,
         thread_id: &ThreadId,
         holder: &str,
         ttl: Duration,
+        reclaim: bool,
     ) -> AgentResult<Option<Lease>> {
         let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
         let mut thread = self.thread_entry(auth, thread_id);
         let now = Utc::now();
-        if thread.lease.as_ref().is_some_and(|l| l.expires_at > now) {
+        if thread
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.expires_at > now && !(reclaim && l.holder == holder))
+        {
             return Ok(None);
         }
         let token = self
@@ -394,6 +399,29 @@ impl ThreadLeases for InMemoryThreadStore {
         };
         thread.lease = Some(lease.clone());
         Ok(Some(lease))
+    }
+}
+
+#[async_trait]
+impl ThreadLeases for InMemoryThreadStore {
+    async fn acquire_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> AgentResult<Option<Lease>> {
+        self.take_lease(auth, thread_id, holder, ttl, false)
+    }
+
+    async fn reclaim_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> AgentResult<Option<Lease>> {
+        self.take_lease(auth, thread_id, holder, ttl, true)
     }
 
     async fn renew_lease(

@@ -170,6 +170,17 @@ impl<S: ThreadLeases> ThreadLeases for Validated<S> {
         self.inner.acquire_lease(auth, thread_id, holder, ttl).await
     }
 
+    async fn reclaim_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> AgentResult<Option<Lease>> {
+        check_lease_ttl(ttl)?;
+        self.inner.reclaim_lease(auth, thread_id, holder, ttl).await
+    }
+
     async fn renew_lease(
         &self,
         auth: &AuthContext,

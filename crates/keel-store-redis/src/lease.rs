@@ -38,10 +38,11 @@ pub(crate) fn lease_lost(lease: &Lease) -> AgentError {
     }
 }
 
-#[async_trait]
-impl ThreadLeases for RedisStore {
-    async fn acquire_lease(
+impl RedisStore {
+    /// Take the thread's lease with `script` (acquire, or reclaim).
+    async fn take_lease(
         &self,
+        script: &redis::Script,
         auth: &AuthContext,
         thread_id: &ThreadId,
         holder: &str,
@@ -49,7 +50,7 @@ impl ThreadLeases for RedisStore {
     ) -> AgentResult<Option<Lease>> {
         let ttl_ms = ttl_millis(ttl)?;
         let keys = self.keys(auth);
-        let granted: Option<(u64, i64)> = scripts::ACQUIRE_LEASE
+        let granted: Option<(u64, i64)> = script
             .key(keys.of(kind::LEASE, thread_id.as_str()))
             .key(keys.of(kind::LEASE_TOKEN, thread_id.as_str()))
             .arg(holder)
@@ -67,6 +68,31 @@ impl ThreadLeases for RedisStore {
                 })
             })
             .transpose()
+    }
+}
+
+#[async_trait]
+impl ThreadLeases for RedisStore {
+    async fn acquire_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> AgentResult<Option<Lease>> {
+        self.take_lease(&scripts::ACQUIRE_LEASE, auth, thread_id, holder, ttl)
+            .await
+    }
+
+    async fn reclaim_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> AgentResult<Option<Lease>> {
+        self.take_lease(&scripts::RECLAIM_LEASE, auth, thread_id, holder, ttl)
+            .await
     }
 
     async fn renew_lease(

@@ -29,6 +29,26 @@ return {token, now_ms + tonumber(ARGV[2])}
     )
 });
 
+/// Take a thread's lease when it is free or held by the same holder (a restarted process
+/// taking its own threads back), with a new token.
+///
+/// KEYS: lease, token counter. ARGV: holder, ttl ms. Returns `{token, expiry ms}`, or
+/// false when another holder holds it.
+pub(crate) static RECLAIM_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local current = redis.call('GET', KEYS[1])
+if current and string.match(current, '^%d+:(.*)$') ~= ARGV[1] then return false end
+local token = redis.call('INCR', KEYS[2])
+local value = string.format('%d', token) .. ':' .. ARGV[1]
+redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+return {token, now_ms + tonumber(ARGV[2])}
+",
+    )
+});
+
 /// Extend a held lease.
 ///
 /// KEYS: lease. ARGV: token, ttl ms. Returns -1 when lost, else the new expiry in ms.

@@ -45,27 +45,34 @@ pub(crate) fn check_fence(conn: &Connection, tenant: &str, lease: &Lease) -> Age
     }
 }
 
-#[async_trait]
-impl ThreadLeases for SqliteStore {
-    async fn acquire_lease(
+impl SqliteStore {
+    /// Take the thread's lease when it is free, or (`reclaim`) held by `holder` itself.
+    async fn take_lease(
         &self,
         auth: &AuthContext,
         thread_id: &ThreadId,
         holder: &str,
         ttl: Duration,
+        reclaim: bool,
     ) -> AgentResult<Option<Lease>> {
         let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
         let (tenant, thread_id, holder) = (auth.namespace(), thread_id.clone(), holder.to_owned());
         self.write(move |conn| {
             let now = Utc::now();
-            let held_until: Option<i64> = conn
-                .prepare_cached("SELECT expires_at FROM leases WHERE tenant = ?1 AND thread_id = ?2")
+            let held: Option<(i64, String)> = conn
+                .prepare_cached(
+                    "SELECT expires_at, holder FROM leases WHERE tenant = ?1 AND thread_id = ?2",
+                )
                 .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
-                        .optional()
+                    stmt.query_row(params![tenant, thread_id.as_str()], |row| {
+                        Ok((row.get(0)?, row.get(1)?))
+                    })
+                    .optional()
                 })
                 .context("reading a thread's lease")?;
-            if held_until.is_some_and(|expires_at| expires_at > to_nanos(now)) {
+            if held.is_some_and(|(expires_at, current)| {
+                expires_at > to_nanos(now) && !(reclaim && current == holder)
+            }) {
                 return Ok(None);
             }
             // The token counter lives in `threads`, not in the lease row, so it keeps growing
@@ -106,6 +113,29 @@ impl ThreadLeases for SqliteStore {
             }))
         })
         .await
+    }
+}
+
+#[async_trait]
+impl ThreadLeases for SqliteStore {
+    async fn acquire_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> AgentResult<Option<Lease>> {
+        self.take_lease(auth, thread_id, holder, ttl, false).await
+    }
+
+    async fn reclaim_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> AgentResult<Option<Lease>> {
+        self.take_lease(auth, thread_id, holder, ttl, true).await
     }
 
     async fn renew_lease(

@@ -151,7 +151,9 @@ fn journal_tool(path: std::path::PathBuf) -> FnTool {
                         .create(true)
                         .append(true)
                         .open(&path)?;
-                    writeln!(file, "{line}")?;
+                    // One write of the whole line: appends of concurrent runs never
+                    // interleave (writeln! may write the text and the newline apart).
+                    file.write_all(format!("{line}\n").as_bytes())?;
                     file.sync_all()
                 });
                 write

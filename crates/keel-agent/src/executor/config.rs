@@ -28,7 +28,11 @@ pub struct ExecutorConfig {
     pub max_concurrent_threads: usize,
     /// How often to look again at work another process holds (its lease, its task state).
     pub poll_interval: Duration,
-    /// This process's name in leases.
+    /// This process's name in thread leases; unique among the live processes sharing a
+    /// store. Random by default; a name kept across restarts (an instance id) lets a restarted
+    /// process take its own interrupted threads back at once ([`AgentExecutor::recover`]).
+    ///
+    /// [`AgentExecutor::recover`]: crate::AgentExecutor::recover
     pub holder: String,
     /// Asynchronous tools: where their callbacks go and what carries their invocations
     /// (keel-transport's `HttpCallbacks`: its `{base}/callbacks/{call_id}` route, over HTTP).

@@ -62,7 +62,7 @@ impl Inner {
         let mut result = LlmMessage::tool_result(call, render(&output));
         tag(&mut result, &task.id);
         if is_error {
-            result.metadata.insert("keel.is_error".into(), json!(true));
+            result.metadata.insert(META_IS_ERROR.into(), json!(true));
         }
         let part = Part::tool_output(&call.id, &call.name, output, is_error);
         self.persist_point(flow, history, vec![result], task, vec![part])
@@ -84,30 +84,45 @@ impl Inner {
         message.task_id = Some(task.id.clone());
         message.thread_id = Some(task.thread_id.clone());
         let event = TaskEvent::Message { message };
+        self.write_point(flow, &messages, task, &event).await?;
+        history.extend(messages);
+        Ok(())
+    }
+
+    /// Write history entries (already marked) and the task log's `event` that matches them
+    /// together: one step-store write, so that a crash cannot leave one without the other
+    /// (a `tool_call` without its `tool_output` in the task's A2A history, or the reverse).
+    /// A runtime without a step store gets the two writes one after the other.
+    pub(super) async fn write_point(
+        &self,
+        flow: &Flow,
+        messages: &[LlmMessage],
+        task: &Task,
+        event: &TaskEvent,
+    ) -> AgentResult<()> {
         match self.runtime.step_store() {
             Some(steps) => {
                 steps
                     .persist_step(
                         &flow.auth,
                         &flow.lease(),
-                        &messages,
+                        messages,
                         &task.id,
-                        std::slice::from_ref(&event),
+                        std::slice::from_ref(event),
                     )
                     .await?
             }
             None => {
                 self.runtime
                     .thread_store()
-                    .append_history(&flow.auth, &flow.lease(), &messages)
+                    .append_history(&flow.auth, &flow.lease(), messages)
                     .await?;
                 self.runtime
                     .task_manager()
-                    .add_task_event(&flow.auth, &task.id, &event)
+                    .add_task_event(&flow.auth, &task.id, event)
                     .await?;
             }
         }
-        history.extend(messages);
         self.task_changed();
         Ok(())
     }

@@ -5,12 +5,13 @@ use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 
 use keel_core::{
-    AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, ThreadId,
+    AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, TaskState,
+    ThreadId,
 };
 use keel_events::payload::QueueInjectedPayload;
 use keel_events::RunEvent;
 use keel_llm::LlmMessage;
-use keel_runtime::{AuthContext, Lease, LogLevel};
+use keel_runtime::{AuthContext, Lease, ListTasksFilter, LogLevel};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
@@ -81,15 +82,13 @@ impl Inner {
                     &format!("cannot read the thread queue: {err}"),
                 ),
             }
-            match store
-                .acquire_lease(
-                    &auth,
-                    &thread_id,
-                    &self.config.holder,
-                    self.config.lease_ttl,
-                )
-                .await
-            {
+            let (holder, ttl) = (&self.config.holder, self.config.lease_ttl);
+            let taken = if self.reclaim.remove(&key).is_some() {
+                store.reclaim_lease(&auth, &thread_id, holder, ttl).await
+            } else {
+                store.acquire_lease(&auth, &thread_id, holder, ttl).await
+            };
+            match taken {
                 Ok(Some(lease)) => {
                     let Ok(_permit) = self.slots.clone().acquire_owned().await else {
                         break;
@@ -123,6 +122,69 @@ impl Inner {
         {
             self.schedule(&auth, &thread_id);
         }
+    }
+
+    /// One takeover sweep over every tenant: the threads of unfinished tasks that have queued
+    /// work, no worker here and a free lease (their process died, or let the thread go) are
+    /// driven here, as [`AgentExecutor::recover_all`] would at start. The stores index tasks
+    /// by state, so finished tasks cost a sweep nothing. Answers how many threads it took.
+    pub(super) async fn sweep_abandoned(&self) -> AgentResult<usize> {
+        let tasks = self.runtime.task_manager();
+        let threads = self.runtime.thread_store();
+        let tenants = match tasks.tenants().await {
+            Ok(tenants) => tenants,
+            Err(AgentError::Unsupported { .. }) => vec![self.runtime.auth_service().auth_context()],
+            Err(err) => return Err(err),
+        };
+        let mut taken = 0;
+        for auth in &tenants {
+            let mut seen = HashSet::new();
+            for state in [TaskState::Working, TaskState::Submitted] {
+                let mut filter = ListTasksFilter {
+                    state: Some(state),
+                    page_size: Some(100),
+                    ..Default::default()
+                };
+                loop {
+                    let page = tasks.list_tasks(auth, &filter).await?;
+                    for task in &page.items {
+                        let key = (auth.namespace(), task.thread_id.clone());
+                        // Another agent's task is its executor's to take.
+                        let theirs = EngineMeta::of(&task.metadata)
+                            .agent
+                            .is_some_and(|agent| agent != self.agent.card().name);
+                        if self.shutting_down.is_cancelled()
+                            || theirs
+                            || !seen.insert(task.thread_id.clone())
+                            || self.workers.contains_key(&key)
+                            || threads.queue_len(auth, &task.thread_id).await? == 0
+                        {
+                            continue;
+                        }
+                        // A lease taken here is free: nobody works the thread. The driver
+                        // takes it again for itself.
+                        if let Some(lease) = threads
+                            .acquire_lease(
+                                auth,
+                                &task.thread_id,
+                                &self.config.holder,
+                                self.config.lease_ttl,
+                            )
+                            .await?
+                        {
+                            threads.release_lease(auth, &lease).await?;
+                            self.schedule(auth, &task.thread_id);
+                            taken += 1;
+                        }
+                    }
+                    match page.next_page_token {
+                        Some(token) => filter.page_token = Some(token),
+                        None => break,
+                    }
+                }
+            }
+        }
+        Ok(taken)
     }
 
     /// Holding the lease: process queued work in FIFO order until the queue is empty, or
@@ -329,6 +391,80 @@ impl Inner {
         self.wait_until(auth, task_id, answered).await.map(|_| ())
     }
 
+    /// Wait until a task asked to cancel rests, at most the lease TTL and a few poll
+    /// intervals. A run in another process sees the cancel within a poll interval; a task
+    /// left working by a dead process is ended here as soon as its thread's lease lapses
+    /// (looked at every poll interval); past the bound the caller gets
+    /// [`AgentError::CancelPending`].
+    pub(super) async fn wait_until_canceled(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        reason: &str,
+    ) -> AgentResult<()> {
+        let deadline =
+            tokio::time::Instant::now() + self.config.lease_ttl + 10 * self.config.poll_interval;
+        let key = (auth.namespace(), task_id.clone());
+        let mut waiter = self.rest_waiter(auth, task_id);
+        loop {
+            waiter.receiver.borrow_and_update();
+            let task = self
+                .runtime
+                .task_manager()
+                .get_task(auth, task_id)
+                .await?
+                .ok_or_else(|| AgentError::TaskNotFound {
+                    task_id: task_id.clone(),
+                })?;
+            if answered(&task) {
+                return Ok(());
+            }
+            if task.state() == TaskState::Working
+                && !self.active.contains_key(&key)
+                && self.cancel_unheld(auth, &task, reason).await?
+            {
+                continue;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(AgentError::CancelPending {
+                    task_id: task_id.clone(),
+                });
+            }
+            let next_look = (tokio::time::Instant::now() + self.config.poll_interval).min(deadline);
+            tokio::select! {
+                _ = waiter.receiver.changed() => {}
+                () = tokio::time::sleep_until(next_look) => {}
+            }
+        }
+    }
+
+    /// End a working task whose thread nobody holds (its process died, or it waits for an
+    /// asynchronous tool): take the thread's lease, cancel the task, and let the thread's
+    /// queue go on here. `false` when another process holds the thread.
+    async fn cancel_unheld(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        reason: &str,
+    ) -> AgentResult<bool> {
+        let threads = self.runtime.thread_store();
+        let Some(lease) = threads
+            .acquire_lease(
+                auth,
+                &task.thread_id,
+                &self.config.holder,
+                self.config.lease_ttl,
+            )
+            .await?
+        else {
+            return Ok(false);
+        };
+        let result = self.cancel_at_rest(auth, &task.id, reason).await;
+        threads.release_lease(auth, &lease).await?;
+        self.schedule(auth, &task.thread_id);
+        result.map(|()| true)
+    }
+
     /// [`Self::wait_until_resting`] for a task the caller has just queued, with a waiter
     /// taken before queueing it: until a save of the task wakes it (or a poll interval goes
     /// by, for a run in another process), there is nothing new to read.
@@ -438,18 +574,14 @@ impl Inner {
                         entry
                             .metadata
                             .insert(META_QUEUE_ITEM.into(), json!(item.id));
-                        self.append(flow, history, vec![entry]).await?;
                         let mut shown = message;
                         shown.task_id = Some(task.id.clone());
                         shown.thread_id = Some(task.thread_id.clone());
-                        self.runtime
-                            .task_manager()
-                            .add_task_event(
-                                &flow.auth,
-                                &task.id,
-                                &TaskEvent::Message { message: shown },
-                            )
+                        // The message joins the history and the task's log together.
+                        let event = TaskEvent::Message { message: shown };
+                        self.write_point(flow, std::slice::from_ref(&entry), task, &event)
                             .await?;
+                        history.push(entry);
                     }
                     QueuedWork::Tool { call } => {
                         let mut request = LlmMessage::assistant("", vec![call.clone()]);
@@ -457,7 +589,10 @@ impl Inner {
                         request
                             .metadata
                             .insert(META_QUEUE_ITEM.into(), json!(item.id));
-                        self.append(flow, history, vec![request]).await?;
+                        // Shown in the task's log too, so that its result has its call.
+                        let part = Part::tool_call(&call.id, &call.name, call.arguments.clone());
+                        self.persist_point(flow, history, vec![request], task, vec![part])
+                            .await?;
                         match self.call_tool(scope, &call, false).await {
                             ToolRun::Done { output, is_error } => {
                                 self.persist_tool_result(

@@ -84,6 +84,7 @@ impl AgentExecutor {
                 me: me.clone(),
                 active: DashMap::default(),
                 workers: DashMap::default(),
+                reclaim: Default::default(),
                 changed,
                 resting: DashMap::default(),
                 tracker: TaskTracker::new(),
@@ -294,9 +295,13 @@ impl AgentExecutor {
     }
 
     /// Cancel a task wherever it is: queued, waiting for input, running here (stopped live),
-    /// or running in another process sharing the store (whose run sees the request within a
-    /// poll interval, and stops at once). Ends `canceled` with `reason`; a terminal task is
-    /// [`AgentError::TaskNotCancelable`], an unknown one [`AgentError::TaskNotFound`].
+    /// running in another process sharing the store (whose run sees the request within a
+    /// poll interval, and stops at once), or left working by a process that died (ended here
+    /// once that process's thread lease lapses). Ends `canceled` with `reason`; a terminal
+    /// task is [`AgentError::TaskNotCancelable`], an unknown one
+    /// [`AgentError::TaskNotFound`]. The answer comes within the lease TTL and a few poll
+    /// intervals: a run that has not stopped by then is [`AgentError::CancelPending`] (the
+    /// cancel stays recorded and takes effect when that run next looks).
     pub async fn cancel_task(
         &self,
         auth: &AuthContext,
@@ -336,34 +341,14 @@ impl AgentExecutor {
             .get(&(auth.namespace(), task_id.clone()))
             .map(|a| a.clone());
         if let Some(run) = local {
-            *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+            *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
             run.token.cancel();
         } else if task.state() != TaskState::Working {
             // Queued or waiting for input: no run holds it, so end it here. A worker that
             // picks its queue item up later skips it.
             inner.cancel_at_rest(auth, task_id, &reason).await?;
-        } else if let Some(lease) = inner
-            .runtime
-            .thread_store()
-            .acquire_lease(
-                auth,
-                &task.thread_id,
-                &inner.config.holder,
-                inner.config.lease_ttl,
-            )
-            .await?
-        {
-            // Working, but nobody holds its thread: its process died. End it here.
-            let result = inner.cancel_at_rest(auth, task_id, &reason).await;
-            inner
-                .runtime
-                .thread_store()
-                .release_lease(auth, &lease)
-                .await?;
-            inner.schedule(auth, &task.thread_id);
-            result?;
         }
-        inner.wait_until_resting(auth, task_id).await?;
+        inner.wait_until_canceled(auth, task_id, &reason).await?;
         let task = self.get_task(auth, task_id, None).await?;
         if task.state() != TaskState::Canceled {
             return Err(AgentError::TaskNotCancelable {
@@ -466,7 +451,11 @@ impl AgentExecutor {
 
     /// Resume what a dead process left behind for this tenant: every task that is queued or
     /// working gets its thread scheduled (a working task resumes at its last persisted step),
-    /// and a task whose queue entry was lost is queued again.
+    /// and a task whose queue entry was lost is queued again. Meant for a process's start: a
+    /// thread whose lease is still held under this executor's own holder name
+    /// ([`ExecutorConfig::holder`], stable across restarts when configured so) was this
+    /// process's before it restarted and is taken back at once; other threads wait for their
+    /// leases to lapse.
     pub async fn recover(&self, auth: &AuthContext) -> AgentResult<usize> {
         let tasks = self.inner.runtime.task_manager();
         let threads = self.inner.runtime.thread_store();
@@ -493,6 +482,11 @@ impl AgentExecutor {
                         .map_err(AgentError::internal)?;
                         threads.push_queue(auth, &task.thread_id, payload).await?;
                     }
+                    // A lease still held under this process's holder name was this
+                    // process's before it restarted: taken back at once.
+                    self.inner
+                        .reclaim
+                        .insert((auth.namespace(), task.thread_id.clone()));
                     self.inner.schedule(auth, &task.thread_id);
                     resumed += 1;
                 }
@@ -522,6 +516,35 @@ impl AgentExecutor {
             resumed += self.recover(auth).await?;
         }
         Ok(resumed)
+    }
+
+    /// Take over, from now until [`AgentExecutor::shutdown`], the work that other processes
+    /// sharing the store leave behind when they die: every quarter to half a lease TTL
+    /// (jittered, so that replicas spread their looks), the threads of unfinished tasks
+    /// with queued work and a lapsed lease are driven here, their running task resumed at
+    /// its last persisted step and their queued tasks after it, as
+    /// [`AgentExecutor::recover_all`] does at start. The thread's fenced lease keeps each
+    /// thread to one runner across processes. Needs a tokio runtime.
+    pub fn start_takeover(&self) {
+        let me = Arc::downgrade(&self.inner);
+        let stop = self.inner.shutting_down.clone();
+        let ttl = self.inner.config.lease_ttl;
+        self.inner.tracker.spawn(async move {
+            loop {
+                let pause = ttl.mul_f64(0.25 + fastrand::f64() / 4.0);
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(pause) => {}
+                }
+                let Some(inner) = me.upgrade() else { return };
+                if let Err(err) = inner.sweep_abandoned().await {
+                    inner.log(
+                        keel_runtime::LogLevel::Warn,
+                        &format!("cannot look for abandoned threads: {err}"),
+                    );
+                }
+            }
+        });
     }
 
     /// Cancel every run of this process (reason `server shutting down`), stop taking new
@@ -650,5 +673,62 @@ mod tests {
                 && line.starts_with("dropping malformed queued work")),
             "{lines:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_cancel_the_threads_live_holder_never_answers_is_pending_after_a_bound() {
+        let runtime = Arc::new(keel_runtime::Services::in_memory(Arc::new(
+            keel_llm::MockLlm::new(),
+        )));
+        let auth = runtime.auth_service().auth_context();
+        let agent = Agent::builder(keel_core::AgentCard::new("echo", "Echoes", "http://x"))
+            .build()
+            .unwrap();
+        let config = ExecutorConfig {
+            lease_ttl: Duration::from_millis(300),
+            poll_interval: Duration::from_millis(20),
+            ..ExecutorConfig::default()
+        };
+        let executor = AgentExecutor::with_config(agent, runtime.clone(), config);
+        // A working task whose thread another live process holds, and which that process
+        // does not stop.
+        let mut task = Task::new(ThreadId::new());
+        task.begin().unwrap();
+        runtime
+            .task_manager()
+            .save_task(&auth, &task)
+            .await
+            .unwrap();
+        let threads = runtime.thread_store();
+        let lease = threads
+            .acquire_lease(
+                &auth,
+                &task.thread_id,
+                "elsewhere",
+                Duration::from_secs(600),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(60),
+            executor.cancel_task(&auth, &task.id, None),
+        )
+        .await
+        .expect("the cancel is answered");
+        assert!(
+            matches!(&answer, Err(AgentError::CancelPending { task_id }) if *task_id == task.id),
+            "{answer:?}"
+        );
+        let recorded = runtime
+            .memory_service()
+            .load_serialized(&auth, &cancel_key(&task.id))
+            .await
+            .unwrap();
+        assert!(recorded.is_some(), "the cancel stays recorded");
+        // Once the thread is free, a cancel ends the task.
+        threads.release_lease(&auth, &lease).await.unwrap();
+        let canceled = executor.cancel_task(&auth, &task.id, None).await.unwrap();
+        assert_eq!(canceled.state(), TaskState::Canceled);
     }
 }

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::state::*;
+use crate::agent::{ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL};
 use crate::observe::RunObs;
 use crate::task_meta::{clear_approval, EngineMeta};
 use crate::thread_state::ThreadHost;
@@ -421,7 +422,10 @@ impl Inner {
                 .await?
             {
                 Some(outcome) => outcome,
-                None => self.step_loop(&scope, task, &mut history).await?,
+                None => match self.persisted_ending(task, &history) {
+                    Some(outcome) => outcome,
+                    None => self.step_loop(&scope, task, &mut history).await?,
+                },
             },
         };
         self.finish(flow, &obs, task, outcome).await
@@ -543,6 +547,95 @@ impl Inner {
         Ok(None)
     }
 
+    /// After a crash: the ending the task's last persisted step already decided, so that the
+    /// resumed run finishes from it instead of asking the model again (a paid call, maybe a
+    /// different answer and new tool calls). The step loop decides the same from the same
+    /// entries: a final answer (a response with no tool calls under `stop_on_response`, or
+    /// an answer the run's ending wrote, marked with its stop reason), or a step whose tool
+    /// calls, all answered by now, fired a stop rule. `None` when the next step is due: no
+    /// step yet, new input after the last one, or a step that fired no rule.
+    pub(super) fn persisted_ending(&self, task: &Task, history: &[LlmMessage]) -> Option<Outcome> {
+        let last = history.iter().rposition(|m| is_tagged(m, &task.id))?;
+        // The entries of the last step: its assistant message and then its tool results.
+        let step = history[..=last]
+            .iter()
+            .rposition(|m| m.role == LlmRole::Assistant && is_tagged(m, &task.id))?;
+        if history[step..=last]
+            .iter()
+            .any(|m| m.role != LlmRole::Assistant && m.role != LlmRole::Tool)
+        {
+            return None;
+        }
+        let assistant = &history[step];
+        let rules = self.agent.stop_rules();
+        if assistant.tool_calls.is_empty() {
+            let stopped = assistant.metadata.get(META_STOP).and_then(Value::as_str);
+            let reason = match stopped {
+                Some("session_stop") => "session_stop",
+                Some("stop_tool") => "stop_tool",
+                Some(_) => "response",
+                None if rules.stop_on_response => "response",
+                None => return None,
+            };
+            return Some(Outcome::Answer {
+                text: assistant.content.clone(),
+                reason,
+                recorded: true,
+            });
+        }
+        let result = |call: &ToolCall| {
+            history[step..=last]
+                .iter()
+                .find(|m| m.tool_call_id.as_deref() == Some(call.id.as_str()))
+        };
+        let calls = &assistant.tool_calls;
+        // The step loop's order: lifecycle tools, the stop tool, a handoff to a human.
+        let lifecycle = calls.iter().find_map(|call| match call.name.as_str() {
+            SESSION_STOP_TOOL if rules.lifecycle_tools => Some(Outcome::Answer {
+                text: call.arguments.get("result").map(render).unwrap_or_default(),
+                reason: "session_stop",
+                recorded: false,
+            }),
+            SESSION_FAIL_TOOL if rules.lifecycle_tools => Some(Outcome::Failed {
+                error: AgentError::ToolFailed {
+                    tool: SESSION_FAIL_TOOL.into(),
+                    message: call
+                        .arguments
+                        .get("error")
+                        .map(render)
+                        .unwrap_or_else(|| "the agent gave up".into()),
+                },
+                reason: "session_fail".into(),
+            }),
+            _ => None,
+        });
+        let stop_tool = || {
+            calls
+                .iter()
+                .filter(|call| rules.stop_tool.as_deref() == Some(call.name.as_str()))
+                .filter_map(result)
+                .find(|entry| !entry.metadata.contains_key(META_IS_ERROR))
+                .map(|entry| Outcome::Answer {
+                    text: entry.content.clone(),
+                    reason: "stop_tool",
+                    recorded: false,
+                })
+        };
+        let handoff = || {
+            calls
+                .iter()
+                .find(|call| call.name == ASK_HUMAN_TOOL && self.agent.human_handoff())
+                .map(|call| Outcome::InputRequired {
+                    question: call
+                        .arguments
+                        .get("question")
+                        .map(render)
+                        .unwrap_or_default(),
+                })
+        };
+        lifecycle.or_else(stop_tool).or_else(handoff)
+    }
+
     /// Write how the run ended: the task's final (or resting) state, its answer, artifact and
     /// stop reason, then the run's report and task record.
     pub(super) async fn finish(
@@ -597,15 +690,20 @@ impl Inner {
                     m.task_id = Some(task.id.clone());
                     m
                 } else {
+                    // The answer joins the history and the task's log together, marked with
+                    // its stop reason: a run resumed after a crash right here ends from it.
                     let mut entry = LlmMessage::assistant(text.clone(), vec![]);
                     tag(&mut entry, &task.id);
+                    entry.metadata.insert(META_STOP.into(), json!(reason));
                     self.mark_side(std::slice::from_mut(&mut entry));
-                    self.runtime
-                        .thread_store()
-                        .append_history(auth, &flow.lease(), &[entry])
-                        .await?;
-                    self.record_event(auth, task, vec![Part::text(&text)])
-                        .await?
+                    let mut message = Message::new(Role::Agent, vec![Part::text(&text)]);
+                    message.task_id = Some(task.id.clone());
+                    message.thread_id = Some(task.thread_id.clone());
+                    let event = TaskEvent::Message {
+                        message: message.clone(),
+                    };
+                    self.write_point(flow, &[entry], task, &event).await?;
+                    message
                 };
                 let artifact = Artifact::text(text).named("answer");
                 // Written with the final status, below.

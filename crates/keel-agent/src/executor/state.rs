@@ -33,6 +33,12 @@ pub(super) const META_QUEUE_ITEM: &str = "keel.queue_item";
 /// History metadata key: the agent (side) that wrote an assistant or tool entry, so that two
 /// agents sharing a thread each see the other as the user (dual_ai, §4).
 pub(super) const META_SIDE: &str = "keel.side";
+/// History metadata key on a tool result that is an error.
+pub(super) const META_IS_ERROR: &str = "keel.is_error";
+/// History metadata key on a run's final answer written when the run ended (a stop tool's
+/// output, `session_stop`'s result): the stop reason, so that a run resumed after a crash
+/// before its task was marked done finishes from it instead of asking the model again.
+pub(super) const META_STOP: &str = "keel.stop_reason";
 
 /// A run in progress in this process.
 pub(super) struct ActiveRun {
@@ -54,6 +60,10 @@ pub(super) struct Inner {
     pub(super) me: Weak<Inner>,
     pub(super) active: DashMap<TaskKey, Arc<ActiveRun>, foldhash::fast::RandomState>,
     pub(super) workers: DashMap<ThreadKey, Arc<Notify>, foldhash::fast::RandomState>,
+    /// Threads that recovery found unfinished: their drivers take the lease back even when
+    /// it is still held under this process's own holder name (a restart with a stable
+    /// instance id), instead of waiting for it to lapse.
+    pub(super) reclaim: dashmap::DashSet<ThreadKey, foldhash::fast::RandomState>,
     /// Bumped whenever this process persists a task status or a message of a task, to wake
     /// local watchers of a task's events (streams, push delivery).
     pub(super) changed: watch::Sender<u64>,

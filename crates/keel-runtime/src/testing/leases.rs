@@ -1,5 +1,5 @@
 //! Conformance checks of [`ThreadStore`] leases: one holder at a time, fencing by token,
-//! release, and the TTL bounds.
+//! release, reclaiming by the same holder, and the TTL bounds.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -197,6 +197,67 @@ pub async fn lease_is_dead_after_release(threads: &dyn ThreadStore) {
     assert!(
         again.token > lease.token,
         "fencing tokens grow across release"
+    );
+}
+
+/// `reclaim_lease` takes a live lease back only for the holder that holds it, with a larger
+/// token that fences the replaced lease out; another holder's live lease is refused (and
+/// `acquire_lease` never takes a live lease, its holder's included); a free thread is taken
+/// as `acquire_lease` would take it.
+pub async fn lease_reclaimed_only_by_its_holder(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let ttl = Duration::from_secs(30);
+    let old = threads
+        .acquire_lease(&auth, &thread, "instance-a", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        threads
+            .reclaim_lease(&auth, &thread, "instance-b", ttl)
+            .await
+            .unwrap()
+            .is_none(),
+        "another holder's live lease is not reclaimed"
+    );
+    assert!(
+        threads
+            .acquire_lease(&auth, &thread, "instance-a", ttl)
+            .await
+            .unwrap()
+            .is_none(),
+        "acquire never takes a live lease"
+    );
+    let new = threads
+        .reclaim_lease(&auth, &thread, "instance-a", ttl)
+        .await
+        .unwrap()
+        .expect("the holder takes its own live lease back");
+    assert_eq!(new.holder, "instance-a");
+    assert!(new.token > old.token, "a reclaimed lease has a new token");
+    let err = threads
+        .append_history(&auth, &old, &[LlmMessage::user("stale")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::LeaseLost { .. }),
+        "the replaced lease is fenced out: {err:?}"
+    );
+    threads
+        .append_history(&auth, &new, &[LlmMessage::user("fresh")])
+        .await
+        .unwrap();
+    let history = threads.read_history(&auth, &thread, 0, 10).await.unwrap();
+    assert_eq!(history.len(), 1, "only the reclaimed lease wrote");
+    let free = fresh_thread();
+    assert!(
+        threads
+            .reclaim_lease(&auth, &free, "instance-b", ttl)
+            .await
+            .unwrap()
+            .is_some(),
+        "a free thread is taken"
     );
 }
 

@@ -92,6 +92,7 @@ pub async fn run_all(
     lease_exclusive_under_contention(threads.clone()).await;
     lease_fencing(threads.as_ref()).await;
     lease_is_dead_after_release(threads.as_ref()).await;
+    lease_reclaimed_only_by_its_holder(threads.as_ref()).await;
     lease_ttl_bounds(threads.as_ref()).await;
     queue_fifo_under_concurrent_producers(threads.clone()).await;
     queue_seqs_grow_after_the_queue_empties(threads.as_ref()).await;
