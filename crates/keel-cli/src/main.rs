@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use keel::agent::{AgentExecutor, ExecutorConfig};
 use keel::services::{ApiKeyAuthService, AuthContext};
 use keel::transport::callbacks::HttpCallbacks;
-use keel::transport::{A2aServer, Security};
+use keel::transport::{A2aServer, Limits, Security};
 use keel::{DefaultRuntime, StoreConfig};
 
 /// Keel: an agent runtime. `keel serve` runs the demo agent over A2A; with the default
@@ -131,6 +131,22 @@ struct ServeArgs {
     /// error the model sees (tools may set their own).
     #[arg(long, default_value_t = 3600.0, env = "KEEL_ASYNC_TOOL_TIMEOUT")]
     async_tool_timeout: f64,
+    /// Most requests in one JSON-RPC batch; a larger batch is refused whole.
+    #[arg(long, default_value_t = Limits::default().max_batch_requests, env = "KEEL_MAX_BATCH_REQUESTS")]
+    max_batch_requests: usize,
+    /// Most parts in one message.
+    #[arg(long, default_value_t = Limits::default().max_message_parts, env = "KEEL_MAX_MESSAGE_PARTS")]
+    max_message_parts: usize,
+    /// Most requests of one tenant handled at once; more are answered HTTP 429 (JSON-RPC
+    /// -32051) with `Retry-After`.
+    #[arg(long, default_value_t = Limits::default().max_requests_per_tenant, env = "KEEL_MAX_REQUESTS_PER_TENANT")]
+    max_requests_per_tenant: usize,
+    /// Most threads this process runs at once.
+    #[arg(long, default_value_t = ExecutorConfig::default().max_concurrent_threads, env = "KEEL_MAX_THREADS")]
+    max_threads: usize,
+    /// Most of those one tenant may hold, so that other tenants are still served.
+    #[arg(long, default_value_t = ExecutorConfig::default().max_threads_per_tenant, env = "KEEL_MAX_THREADS_PER_TENANT")]
+    max_threads_per_tenant: usize,
 }
 
 /// The engine allocates for every event and message it persists; mimalloc serves those
@@ -305,6 +321,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         // Asynchronous tools call back to the server's own callback route.
         callbacks: Some(HttpCallbacks::shared(url.trim_end_matches('/'))),
         async_tool_timeout: async_tool_timeout(args.async_tool_timeout)?,
+        max_concurrent_threads: args.max_threads,
+        max_threads_per_tenant: args.max_threads_per_tenant,
         ..ExecutorConfig::default()
     };
     let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);
@@ -322,7 +340,12 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .map_err(|err| format!("cannot start the effect scheduler: {err}"))?;
     let mut server = A2aServer::new(executor)
         .with_public_url(url.clone())
-        .allow_private_push_targets(args.allow_private_push_targets);
+        .allow_private_push_targets(args.allow_private_push_targets)
+        .with_limits(Limits {
+            max_batch_requests: args.max_batch_requests,
+            max_message_parts: args.max_message_parts,
+            max_requests_per_tenant: args.max_requests_per_tenant,
+        });
     if !args.api_keys.is_empty() {
         server = server.with_security(Security::api_key_and_bearer());
     }

@@ -347,19 +347,19 @@ async fn a_tenant_cannot_read_anothers_keys() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn connecting_to_a_closed_port_is_a_storage_error() {
+async fn connecting_to_a_closed_port_is_store_unavailable() {
     let err = RedisStore::connect("redis://127.0.0.1:1")
         .await
         .unwrap_err();
     match err {
-        AgentError::Storage { .. } => {
+        AgentError::StoreUnavailable { .. } => {
             let message = err.to_string();
             assert!(
                 message.contains("127.0.0.1:1"),
                 "names the server: {message}"
             );
         }
-        other => panic!("expected Storage, got {other:?}"),
+        other => panic!("expected StoreUnavailable, got {other:?}"),
     }
 }
 
@@ -369,7 +369,7 @@ async fn connection_errors_never_show_the_password() {
         .await
         .unwrap_err();
     let text = err.to_string();
-    assert!(matches!(err, AgentError::Storage { .. }));
+    assert!(matches!(err, AgentError::StoreUnavailable { .. }));
     assert!(!text.contains("hunter2"), "{text}");
     assert!(
         !format!("{err:?}").contains("hunter2"),

@@ -5,6 +5,8 @@
 //! (`send_message`, `list_tasks`, `subscribe`, ...) speak Keel's models; the `wire` module
 //! converts. So the bindings cannot drift apart: they share everything but their framing.
 
+use std::sync::Arc;
+
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -18,6 +20,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::jsonrpc::{self, encode, Encoded, RpcError, UNSUPPORTED_OPERATION};
+use crate::limits::{Admission, Limits};
 use crate::push::Push;
 use crate::security::{self, Denied, Security};
 use crate::stream::{Follower, Start, StreamEvent};
@@ -92,6 +95,8 @@ pub(crate) struct Handlers {
     extended_card: Option<Value>,
     /// Push notification configs and their deliverer.
     push: Push,
+    /// The limits on one caller's requests.
+    admission: Arc<Admission>,
 }
 
 fn rpc(err: AgentError) -> RpcError {
@@ -105,6 +110,7 @@ impl Handlers {
         security: Option<Security>,
         extended_card: Option<Value>,
         push: Push,
+        admission: Arc<Admission>,
     ) -> Self {
         Self {
             executor,
@@ -112,7 +118,13 @@ impl Handlers {
             security,
             extended_card,
             push,
+            admission,
         }
+    }
+
+    /// The limits on one caller's requests.
+    pub(crate) fn limits(&self) -> &Limits {
+        self.admission.limits()
     }
 
     /// A receiver of the server's closing flag (true once its runs have stopped).
@@ -152,8 +164,19 @@ impl Handlers {
         }
     }
 
-    /// Run `operation` with its A2A v1.0 params, for the tenant `auth`.
+    /// Run `operation` with its A2A v1.0 params, for the tenant `auth`, counted against the
+    /// tenant's limit of requests in progress until it answers (a stream: until it starts).
     pub(crate) async fn handle(
+        &self,
+        auth: &AuthContext,
+        operation: Operation,
+        params: Value,
+    ) -> Result<Reply, RpcError> {
+        let _admitted = self.admission.admit(auth).map_err(rpc)?;
+        self.run(auth, operation, params).await
+    }
+
+    async fn run(
         &self,
         auth: &AuthContext,
         operation: Operation,
@@ -162,6 +185,7 @@ impl Handlers {
         match operation {
             Operation::SendMessage => {
                 let call = wire::decode_send_message(params).map_err(rpc)?;
+                self.admission.check_message(&call.message).map_err(rpc)?;
                 let task = self.send_message(auth, call).await?;
                 tracing::debug!(task_id = %task.id, state = %task.state(), "SendMessage answered");
                 Ok(Reply::Unary(wire::encode_send_message_result(&task)))
@@ -189,6 +213,7 @@ impl Handlers {
             }
             Operation::SendStreamingMessage => {
                 let call = wire::decode_send_message(params).map_err(rpc)?;
+                self.admission.check_message(&call.message).map_err(rpc)?;
                 Ok(Reply::Stream(encode_stream(
                     self.send_streaming_message(auth, call).await?,
                 )))
