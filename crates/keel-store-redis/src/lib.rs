@@ -64,6 +64,10 @@
 //! | `tasks-by-thread:<thread>` | sorted set | the same, one thread |
 //! | `tasks-by-state:<state>` | sorted set | the same, one state |
 //! | `tasks-by-thread-state:<state>:<thread>` | sorted set | the same, one thread and state |
+//! | `tasks-by-update` | sorted set | the tenant's task ids, score = status timestamp (µs) |
+//! | `tasks-by-update-thread:<thread>` | sorted set | the same, one thread |
+//! | `tasks-by-update-state:<state>` | sorted set | the same, one state |
+//! | `tasks-by-update-thread-state:<state>:<thread>` | sorted set | the same, one thread and state |
 //! | `memory:<key>` | string | a [`MemoryService`] value, with `PX` when it has a TTL |
 //! | `history:<thread>` | list | the thread's history, entry `seq` = list index + 1 |
 //! | `queue:<thread>` | sorted set | queued item ids, score = queue seq |

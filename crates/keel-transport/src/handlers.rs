@@ -15,7 +15,7 @@ use keel_agent::{AgentExecutor, SendOptions};
 use keel_core::{
     AgentError, AgentResult, Message, RunContext, Task, TaskEvent, TaskId, RUN_CONTEXT_KEY,
 };
-use keel_runtime::{AuthContext, ListTasksFilter};
+use keel_runtime::{AuthContext, ListTasksFilter, TaskOrder};
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -393,11 +393,10 @@ impl Handlers {
 
     /// `ListTasks`: most recently updated first (by status timestamp), as A2A requires.
     ///
-    /// The store lists oldest first and cannot filter by time, so this reads every task that
-    /// matches the thread and state filters, then filters by `statusTimestampAfter`, sorts,
-    /// and pages itself; the page token is the offset into that order. The cost grows with
-    /// the tenant's task count (bounded by the store's retention), and a task that changes
-    /// between two page requests can move between pages.
+    /// The store pages that order on its own index ([`TaskOrder::RecentlyUpdated`], with
+    /// `statusTimestampAfter` as its bound), so a page costs the same however many tasks the
+    /// tenant has; the page token is the store's. Only the page's tasks are read again, with
+    /// their history.
     pub(crate) async fn list_tasks(
         &self,
         auth: &AuthContext,
@@ -407,41 +406,29 @@ impl Handlers {
             .page_size
             .unwrap_or(TaskListQuery::DEFAULT_PAGE_SIZE)
             .clamp(1, TaskListQuery::MAX_PAGE_SIZE);
-        let offset: usize = match query.page_token.as_deref() {
-            None | Some("") => 0,
-            Some(token) => token.parse().map_err(|_| {
-                AgentError::invalid_input("pageToken", "is not a token this server issued")
-            })?,
-        };
-        let tasks = self.executor.runtime().task_manager();
-        let mut filter = ListTasksFilter {
+        let filter = ListTasksFilter {
             thread_id: query.thread_id.clone(),
             state: query.state,
-            page_size: Some(ListTasksFilter::MAX_PAGE_SIZE),
-            page_token: None,
+            page_size: Some(page_size),
+            page_token: query.page_token.filter(|t| !t.is_empty()),
+            order: TaskOrder::RecentlyUpdated {
+                since: query.status_timestamp_after,
+            },
         };
-        let mut all = Vec::new();
-        loop {
-            let page = tasks.list_tasks(auth, &filter).await?;
-            all.extend(page.items);
-            match page.next_page_token {
-                Some(token) => filter.page_token = Some(token),
-                None => break,
-            }
-        }
-        if let Some(after) = query.status_timestamp_after {
-            all.retain(|t| t.status().timestamp >= after);
-        }
-        all.sort_by_key(|t| std::cmp::Reverse(t.status().timestamp));
-        let total_size = all.len();
-        if offset > total_size {
-            return Err(AgentError::invalid_input(
-                "pageToken",
-                "points past the end of the list",
-            ));
-        }
-        let mut page = Vec::new();
-        for task in all.iter().skip(offset).take(page_size as usize) {
+        let listed = self
+            .executor
+            .runtime()
+            .task_manager()
+            .list_tasks(auth, &filter)
+            .await
+            .map_err(|err| match err {
+                AgentError::InvalidInput { field, reason } if field == "page_token" => {
+                    AgentError::invalid_input("pageToken", reason)
+                }
+                other => other,
+            })?;
+        let mut page = Vec::with_capacity(listed.items.len());
+        for task in &listed.items {
             let mut task = match self
                 .executor
                 .get_task(auth, &task.id, query.history_length)
@@ -457,12 +444,11 @@ impl Handlers {
             }
             page.push(task);
         }
-        let next = offset + (page_size as usize).min(total_size - offset);
         Ok(TaskList {
             tasks: page,
-            next_page_token: (next < total_size).then(|| next.to_string()),
+            next_page_token: listed.next_page_token,
             page_size,
-            total_size,
+            total_size: listed.total_size,
         })
     }
 
