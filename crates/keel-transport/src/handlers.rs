@@ -155,11 +155,7 @@ impl Handlers {
             Err(Denied::Failed(error)) => Err(Box::new(if json_rpc {
                 (StatusCode::OK, Json(jsonrpc::failure(Value::Null, &error))).into_response()
             } else {
-                (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    Json(error.to_rest_json()),
-                )
-                    .into_response()
+                crate::rest::error_response(&error)
             })),
         }
     }

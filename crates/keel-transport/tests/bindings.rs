@@ -599,3 +599,70 @@ async fn a_list_tasks_page_reads_only_its_own_tasks_from_the_store() {
     );
     server.stop().await;
 }
+
+/// A task store whose backend cannot be reached.
+struct UnreachableTasks;
+
+fn unreachable() -> AgentError {
+    AgentError::store_unavailable(
+        "redis",
+        "GET task at redis://db.internal:6379",
+        std::io::Error::other("connection refused"),
+    )
+}
+
+#[async_trait::async_trait]
+impl keel_runtime::TaskManager for UnreachableTasks {
+    async fn get_task(&self, _: &AuthContext, _: &TaskId) -> AgentResult<Option<keel_core::Task>> {
+        Err(unreachable())
+    }
+    async fn list_tasks(
+        &self,
+        _: &AuthContext,
+        _: &ListTasksFilter,
+    ) -> AgentResult<Page<keel_core::Task>> {
+        Err(unreachable())
+    }
+    async fn save_task(&self, _: &AuthContext, _: &keel_core::Task) -> AgentResult<()> {
+        Err(unreachable())
+    }
+    async fn add_task_event(&self, _: &AuthContext, _: &TaskId, _: &TaskEvent) -> AgentResult<()> {
+        Err(unreachable())
+    }
+    async fn get_task_events(&self, _: &AuthContext, _: &TaskId) -> AgentResult<Vec<TaskEvent>> {
+        Err(unreachable())
+    }
+}
+
+#[tokio::test]
+async fn an_unavailable_store_is_503_with_retry_after_and_a_clear_json_rpc_error() {
+    let runtime = Arc::new(
+        Services::in_memory(Arc::new(keel_llm::MockLlm::new())).with_tasks(UnreachableTasks),
+    );
+    let server = TestServer::start_with(runtime, |s| s).await;
+    let response = server
+        .http
+        .get(format!("{}/tasks/t-1", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["status"], "UNAVAILABLE", "{body}");
+
+    for (method, params) in [
+        ("GetTask", json!({"id": "t-1"})),
+        ("SendMessage", json!({"message": user_message("hello")})),
+    ] {
+        let answer = server.rpc(method, params).await;
+        let error = &answer["error"];
+        assert_eq!(error["code"], -32050, "{method}: {answer}");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.starts_with("store unavailable"), "{message}");
+        assert!(!message.contains("db.internal"), "{message}");
+        assert_eq!(error["data"][0]["reason"], "UNAVAILABLE");
+        assert_eq!(error["data"][0]["metadata"]["backend"], "redis");
+    }
+    server.stop().await;
+}
