@@ -70,7 +70,7 @@ async fn a_task_acknowledged_before_sigkill_is_answered_after_restart() {
     let answer = resumed["status"]["message"]["parts"][0]["text"]
         .as_str()
         .unwrap_or_default();
-    assert!(answer.contains("interrupted by a restart"), "{answer}");
+    assert!(answer.contains("its result was never saved"), "{answer}");
 }
 
 #[cfg(unix)]

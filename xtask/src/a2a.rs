@@ -30,6 +30,17 @@ pub fn prepare() -> Result<Vec<(&'static str, OsString)>, String> {
     ])
 }
 
+/// Builds the release `keel` binary alone (what `cargo xtask bench soak` runs); the
+/// environment to hand the bench.
+pub fn prepare_keel() -> Result<Vec<(&'static str, OsString)>, String> {
+    println!("building the release `keel` binary");
+    util::status(util::cargo(&[]).args(["build", "--release", "-p", "keel-cli"]))?;
+    Ok(vec![(
+        "KEEL_BENCH_KEEL_BIN",
+        target_dir().join("release/keel").into(),
+    )])
+}
+
 /// The workspace's target directory: `CARGO_TARGET_DIR` when set, else `target/`.
 fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")

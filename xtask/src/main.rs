@@ -26,6 +26,9 @@ commands:
                    CPU 0, loaded by wrk on CPU 1; req/s, p50, p99, RSS over sends, cold start
                    (KEEL_BENCH_SECS, KEEL_BENCH_RUNS, KEEL_BENCH_BACKENDS, KEEL_BENCH_SCENARIOS,
                    KEEL_BENCH_SENDS, REDIS_URL; installs wrk with apt-get when missing)
+  bench soak       50 clients for 60 s against the release `keel serve`: error rate, p50/p99 per
+                   operation, RSS at start and end (KEEL_SOAK_CLIENTS, KEEL_SOAK_SECS,
+                   KEEL_SOAK_STORE of memory|sqlite|redis, REDIS_URL); not part of CI
   layers           check that each crate depends only on lower layers (docs/architecture.md)
   fuzz [SECONDS]   run each fuzz target of fuzz/ for SECONDS (default 60; needs nightly and cargo-fuzz)
   py-sdk           create/refresh the cached Python A2A SDK venvs (1.x, 0.3.x) and print
@@ -86,6 +89,11 @@ const BENCHES: &[NamedBench] = &[
         package: "store-bench",
         target: "a2a",
     },
+    NamedBench {
+        name: "soak",
+        package: "store-bench",
+        target: "soak",
+    },
 ];
 
 /// A bench target `cargo xtask bench` knows by name.
@@ -110,11 +118,16 @@ fn bench(args: &[String]) -> ExitCode {
         .into_iter()
         .collect();
     // The A2A bench runs binaries (servers, wrk) rather than linking what it measures.
-    if named.is_some_and(|b| b.name == "a2a") {
-        match a2a::prepare() {
+    let prepare = match named.map(|b| b.name) {
+        Some("a2a") => Some(a2a::prepare as fn() -> Result<_, String>),
+        Some("soak") => Some(a2a::prepare_keel as fn() -> Result<_, String>),
+        _ => None,
+    };
+    if let Some(prepare) = prepare {
+        match prepare() {
             Ok(extra) => env.extend(extra),
             Err(e) => {
-                eprintln!("xtask bench a2a: {e}");
+                eprintln!("xtask bench: {e}");
                 return ExitCode::FAILURE;
             }
         }

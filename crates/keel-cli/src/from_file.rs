@@ -12,7 +12,7 @@ use keel::agent::ExecutorConfig;
 use keel::config::{LoadedConfig, DEFAULT_CONFIG_FILE, TEMPLATE};
 use keel::services::{ApiKeyAuthService, AuthContext};
 use keel::transport::callbacks::HttpCallbacks;
-use keel::transport::{A2aServer, AgentsServer, Security};
+use keel::transport::{A2aServer, AgentsServer, Limits, Security};
 use keel::{Config, DefaultRuntime, StoreConfig};
 
 /// `keel init [DIR]`: write the commented example, never over an existing file unless asked.
@@ -175,6 +175,9 @@ pub(crate) struct ServerOverrides {
     pub lease_ttl: Option<Duration>,
     pub async_tool_timeout: Option<Duration>,
     pub instance_id: Option<String>,
+    pub limits: Limits,
+    pub max_threads: usize,
+    pub max_threads_per_tenant: usize,
 }
 
 /// `keel serve` with a file: every agent under `/agents/{name}/`, the default also at `/`.
@@ -249,6 +252,8 @@ pub(crate) async fn serve(
         .unwrap_or(Duration::from_secs_f64(server.async_tool_timeout_seconds));
     let base = url.clone();
     let instance_id = overrides.instance_id;
+    let (max_concurrent_threads, max_threads_per_tenant) =
+        (overrides.max_threads, overrides.max_threads_per_tenant);
     let agents = loaded
         .agents()
         .executor_config(move |name| {
@@ -259,6 +264,8 @@ pub(crate) async fn serve(
                     AgentsServer::agent_url(&base, name).trim_end_matches('/'),
                 )),
                 async_tool_timeout,
+                max_concurrent_threads,
+                max_threads_per_tenant,
                 ..ExecutorConfig::default()
             };
             // One holder per agent: each agent's executor drives only its own threads.
@@ -290,7 +297,9 @@ pub(crate) async fn serve(
             .start_effects()
             .map_err(|err| format!("cannot start the effect scheduler: {err}"))?;
         let mut server =
-            A2aServer::new(agent.executor.clone()).allow_private_push_targets(allow_private);
+            A2aServer::new(agent.executor.clone())
+            .allow_private_push_targets(allow_private)
+            .with_limits(overrides.limits);
         if secured {
             server = server.with_security(Security::api_key_and_bearer());
         }

@@ -12,7 +12,7 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand}
 use keel::agent::{AgentExecutor, ExecutorConfig};
 use keel::services::{ApiKeyAuthService, AuthContext};
 use keel::transport::callbacks::HttpCallbacks;
-use keel::transport::{A2aServer, Security};
+use keel::transport::{A2aServer, Limits, Security};
 use keel::{DefaultRuntime, StoreConfig};
 
 /// Keel: an agent runtime. `keel serve` runs the demo agent over A2A; with the default
@@ -164,6 +164,22 @@ struct ServeArgs {
     /// leases to lapse. Must differ between processes sharing a store. Random by default.
     #[arg(long, env = "KEEL_INSTANCE_ID")]
     instance_id: Option<String>,
+    /// Most requests in one JSON-RPC batch; a larger batch is refused whole.
+    #[arg(long, default_value_t = Limits::default().max_batch_requests, env = "KEEL_MAX_BATCH_REQUESTS")]
+    max_batch_requests: usize,
+    /// Most parts in one message.
+    #[arg(long, default_value_t = Limits::default().max_message_parts, env = "KEEL_MAX_MESSAGE_PARTS")]
+    max_message_parts: usize,
+    /// Most requests of one tenant handled at once; more are answered HTTP 429 (JSON-RPC
+    /// -32051) with `Retry-After`.
+    #[arg(long, default_value_t = Limits::default().max_requests_per_tenant, env = "KEEL_MAX_REQUESTS_PER_TENANT")]
+    max_requests_per_tenant: usize,
+    /// Most threads this process runs at once.
+    #[arg(long, default_value_t = ExecutorConfig::default().max_concurrent_threads, env = "KEEL_MAX_THREADS")]
+    max_threads: usize,
+    /// Most of those one tenant may hold, so that other tenants are still served.
+    #[arg(long, default_value_t = ExecutorConfig::default().max_threads_per_tenant, env = "KEEL_MAX_THREADS_PER_TENANT")]
+    max_threads_per_tenant: usize,
 }
 
 /// The engine allocates for every event and message it persists; mimalloc serves those
@@ -354,6 +370,13 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
                 .then(|| async_tool_timeout(args.async_tool_timeout))
                 .transpose()?,
             instance_id: args.instance_id.clone(),
+            limits: Limits {
+                max_batch_requests: args.max_batch_requests,
+                max_message_parts: args.max_message_parts,
+                max_requests_per_tenant: args.max_requests_per_tenant,
+            },
+            max_threads: args.max_threads,
+            max_threads_per_tenant: args.max_threads_per_tenant,
         };
         return from_file::serve(loaded, overrides, shutdown_signal()).await;
     }
@@ -398,6 +421,8 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
         // Asynchronous tools call back to the server's own callback route.
         callbacks: Some(HttpCallbacks::shared(url.trim_end_matches('/'))),
         async_tool_timeout: async_tool_timeout(args.async_tool_timeout)?,
+        max_concurrent_threads: args.max_threads,
+        max_threads_per_tenant: args.max_threads_per_tenant,
         ..ExecutorConfig::default()
     };
     if let Some(id) = args.instance_id {
@@ -420,7 +445,12 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
         .map_err(|err| format!("cannot start the effect scheduler: {err}"))?;
     let mut server = A2aServer::new(executor)
         .with_public_url(url.clone())
-        .allow_private_push_targets(args.allow_private_push_targets);
+        .allow_private_push_targets(args.allow_private_push_targets)
+        .with_limits(Limits {
+            max_batch_requests: args.max_batch_requests,
+            max_message_parts: args.max_message_parts,
+            max_requests_per_tenant: args.max_requests_per_tenant,
+        });
     if !args.api_keys.is_empty() {
         server = server.with_security(Security::api_key_and_bearer());
     }

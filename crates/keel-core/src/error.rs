@@ -144,6 +144,29 @@ pub enum AgentError {
         /// What went wrong.
         source: crate::ErrorSource,
     },
+    /// A store could not be reached: it is down, unreachable or did not answer in time.
+    /// Unlike [`AgentError::Storage`] this says nothing about the data; the same request may
+    /// succeed once the store is back.
+    #[error("store unavailable: {}", storage_text(.backend, .operation, .source))]
+    StoreUnavailable {
+        /// The backend (`sqlite`, `redis`).
+        backend: &'static str,
+        /// What was being done; empty when not known.
+        operation: String,
+        /// What went wrong.
+        source: crate::ErrorSource,
+    },
+    /// A limit that protects a shared server refused the request; it may succeed after
+    /// `retry_after`.
+    #[error("too many {limit}: at most {max}; retry in {}s", .retry_after.as_secs().max(1))]
+    Overloaded {
+        /// What was counted (`batch requests`, `concurrent tasks of this tenant`, ...).
+        limit: String,
+        /// The configured maximum.
+        max: u64,
+        /// How long the caller should wait before trying again.
+        retry_after: Duration,
+    },
     /// A bug or an unexpected condition inside Keel.
     #[error("internal error: {source}")]
     Internal {
@@ -281,6 +304,10 @@ pub enum ErrorKind {
     Conflict,
     /// Storage failed.
     Storage,
+    /// A store cannot be reached for now.
+    Unavailable,
+    /// A limit that protects the server refused the request for now.
+    Overloaded,
     /// Anything else.
     Internal,
 }
@@ -310,6 +337,8 @@ impl AgentError {
             Self::Llm { .. } => ErrorKind::Upstream,
             Self::LeaseLost { .. } => ErrorKind::Conflict,
             Self::Storage { .. } => ErrorKind::Storage,
+            Self::StoreUnavailable { .. } => ErrorKind::Unavailable,
+            Self::Overloaded { .. } => ErrorKind::Overloaded,
             Self::Internal { .. } => ErrorKind::Internal,
         }
     }
@@ -351,6 +380,20 @@ impl AgentError {
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
         Self::Storage {
+            backend,
+            operation: operation.into(),
+            source: crate::ErrorSource::new(source),
+        }
+    }
+
+    /// Shorthand for [`AgentError::StoreUnavailable`]: `backend` could not be reached while
+    /// doing `operation`, because of `source`.
+    pub fn store_unavailable(
+        backend: &'static str,
+        operation: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::StoreUnavailable {
             backend,
             operation: operation.into(),
             source: crate::ErrorSource::new(source),
@@ -402,5 +445,15 @@ mod tests {
         };
         assert_eq!(err.kind(), ErrorKind::Budget);
         assert!(err.to_string().contains("max_steps"));
+        let err = AgentError::Overloaded {
+            limit: "batch requests".into(),
+            max: 100,
+            retry_after: Duration::from_millis(300),
+        };
+        assert_eq!(err.kind(), ErrorKind::Overloaded);
+        assert_eq!(
+            err.to_string(),
+            "too many batch requests: at most 100; retry in 1s"
+        );
     }
 }

@@ -157,7 +157,8 @@ impl AuthService for StaticAuthService {
 }
 
 /// An [`AuthService`] that maps API keys (or bearer tokens: both are looked up in the same
-/// table) to tenants. Unknown or missing keys prove nobody. The `tenant` a caller routes to
+/// table) to tenants. Unknown or missing keys prove nobody, and so does an API key presented
+/// with a bearer token that is unknown or names another tenant. The `tenant` a caller routes to
 /// is ignored: the key alone decides whose data a request sees.
 ///
 /// ```
@@ -206,11 +207,20 @@ impl AuthService for ApiKeyAuthService {
     }
 
     fn authenticate(&self, credentials: &Credentials) -> AgentResult<Option<AuthContext>> {
-        let found = [&credentials.api_key, &credentials.bearer]
+        // Every secret presented must be known and name the same tenant: a wrong key never
+        // rides on a valid token.
+        let mut proven: Option<&AuthContext> = None;
+        for key in [&credentials.api_key, &credentials.bearer]
             .into_iter()
             .flatten()
-            .find_map(|key| self.keys.get(key));
-        Ok(found.cloned())
+        {
+            match (self.keys.get(key), proven) {
+                (None, _) => return Ok(None),
+                (Some(tenant), Some(earlier)) if tenant != earlier => return Ok(None),
+                (Some(tenant), _) => proven = Some(tenant),
+            }
+        }
+        Ok(proven.cloned())
     }
 }
 
@@ -270,5 +280,22 @@ mod tests {
         );
         assert_eq!(auth.authenticate(&Credentials::default()).unwrap(), None);
         assert!(!format!("{:?}", with(Some("ka"), None, None)).contains("ka"));
+    }
+
+    #[test]
+    fn conflicting_credentials_prove_nobody() {
+        let a = AuthContext::new("a", "u");
+        let auth = ApiKeyAuthService::new(AuthContext::new("local", "op"))
+            .with_key("ka", a.clone())
+            .with_key("kb", AuthContext::new("b", "u"));
+        let both = |api_key: &str, bearer: &str| Credentials {
+            api_key: Some(api_key.into()),
+            bearer: Some(bearer.into()),
+            tenant: None,
+        };
+        assert_eq!(auth.authenticate(&both("wrong", "ka")).unwrap(), None);
+        assert_eq!(auth.authenticate(&both("ka", "wrong")).unwrap(), None);
+        assert_eq!(auth.authenticate(&both("ka", "kb")).unwrap(), None);
+        assert_eq!(auth.authenticate(&both("ka", "ka")).unwrap(), Some(a));
     }
 }

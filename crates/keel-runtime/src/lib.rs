@@ -51,7 +51,8 @@ pub use run_store::{InMemoryRunStore, RunQuery, RunRecord, RunStore, TaskRecord}
 pub use services::Services;
 pub use step::StepStore;
 pub use task_manager::{
-    attach_history, load_task_with_history, InMemoryTaskManager, ListTasksFilter, Page, TaskManager,
+    attach_history, load_task_with_history, updated_micros, InMemoryTaskManager, ListTasksFilter,
+    Page, TaskManager, TaskOrder, UpdatedCursor,
 };
 pub use thread::check_ttl as check_lease_ttl;
 pub use thread::{

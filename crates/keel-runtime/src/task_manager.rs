@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 
 use crate::scoped::{scoped, Scoped, ScopedParts};
+use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, TaskState, ThreadId};
 
 use crate::AuthContext;
@@ -23,6 +24,84 @@ pub struct ListTasksFilter {
     /// Where to continue, from a previous [`Page::next_page_token`] (see
     /// [`TaskManager::list_tasks`] for what a token means when the list changes).
     pub page_token: Option<String>,
+    /// In which order, and for [`TaskOrder::RecentlyUpdated`] since when.
+    pub order: TaskOrder,
+}
+
+/// In which order [`TaskManager::list_tasks`] lists tasks. Each store pages either order on
+/// an index, so a page costs the same however many tasks the tenant has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TaskOrder {
+    /// Oldest first, by when each task was first saved (re-saving does not move a task).
+    #[default]
+    Created,
+    /// Most recently updated first, by the status timestamp (A2A's `ListTasks` order), ties
+    /// broken by task id, descending. Saving a task with a new status moves it to the front.
+    RecentlyUpdated {
+        /// Only tasks whose status timestamp is at or after this.
+        since: Option<DateTime<Utc>>,
+    },
+}
+
+/// Where a page in [`TaskOrder::RecentlyUpdated`] ended: the status timestamp (microseconds
+/// since the Unix epoch) and id of its last task. Stores issue it as the page token
+/// `<micros>:<task id>`; the next page holds the tasks strictly after it in that order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdatedCursor {
+    /// The status timestamp of the last task returned, in microseconds.
+    pub micros: i64,
+    /// Its id.
+    pub task_id: TaskId,
+}
+
+impl UpdatedCursor {
+    /// The position of `task` in the order.
+    pub fn of(task: &Task) -> Self {
+        Self {
+            micros: updated_micros(task),
+            task_id: task.id.clone(),
+        }
+    }
+
+    /// The page token.
+    pub fn token(&self) -> String {
+        format!("{}:{}", self.micros, self.task_id)
+    }
+
+    /// The cursor a page token names; `None` for no token. A token no store could have
+    /// issued is [`AgentError::InvalidInput`] naming `page_token`.
+    pub fn parse(token: Option<&str>) -> AgentResult<Option<Self>> {
+        let Some(token) = token.filter(|t| !t.is_empty()) else {
+            return Ok(None);
+        };
+        token
+            .split_once(':')
+            .and_then(|(micros, id)| {
+                Some(Self {
+                    micros: micros.parse().ok()?,
+                    task_id: TaskId::from(id),
+                })
+            })
+            .map(Some)
+            .ok_or_else(|| {
+                AgentError::invalid_input(
+                    "page_token",
+                    format!("`{token}` is not a token this server issued"),
+                )
+            })
+    }
+
+    /// Whether `(micros, task_id)` comes after this cursor in the order (is older, or as old
+    /// with a smaller id).
+    pub fn precedes(&self, micros: i64, task_id: &str) -> bool {
+        micros < self.micros || (micros == self.micros && task_id < self.task_id.as_str())
+    }
+}
+
+/// A task's status timestamp in microseconds since the Unix epoch: the key of
+/// [`TaskOrder::RecentlyUpdated`] in every store.
+pub fn updated_micros(task: &Task) -> i64 {
+    task.status().timestamp.timestamp_micros()
 }
 
 impl ListTasksFilter {
@@ -60,13 +139,15 @@ pub struct Page<T> {
 pub trait TaskManager: Send + Sync {
     /// The task's snapshot, or `Ok(None)` when this tenant has no such task.
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>>;
-    /// The tenant's tasks matching `filter`, oldest first (by when each task was first
-    /// saved; re-saving does not move a task), one page at a time. Items carry no history.
+    /// The tenant's tasks matching `filter`, in its [`TaskOrder`] (by default oldest first,
+    /// by when each task was first saved; re-saving does not move a task), one page at a
+    /// time. Items carry no history.
     ///
     /// Page tokens are opaque, and a token stays meaningful while the list changes under a
     /// client that pages: it marks a position after the last task returned, so the next page
     /// neither repeats a task nor skips one that still matches, even when tasks were added or
-    /// left the filter (a state change) in between. A well-formed token past the end (every
+    /// left the filter (a state change) in between. (In [`TaskOrder::RecentlyUpdated`] a task
+    /// updated while a client pages moves to the front, before the token.) A well-formed token past the end (every
     /// task after it has left the filter) yields an empty last page: no items, no
     /// `next_page_token`, and `total_size` counting the current matches. A token this store
     /// could not have issued is [`AgentError::InvalidInput`] naming `page_token`; a zero
@@ -298,6 +379,52 @@ fn parse_page_token(token: Option<&str>) -> AgentResult<u64> {
     }
 }
 
+impl InMemoryTaskManager {
+    /// [`TaskOrder::RecentlyUpdated`] in memory: every task of the map is looked at, which
+    /// is what a map without indexes can do (the durable stores page on an index).
+    fn list_recently_updated(
+        &self,
+        auth: &AuthContext,
+        filter: &ListTasksFilter,
+        since: Option<DateTime<Utc>>,
+        page_size: usize,
+    ) -> AgentResult<Page<Task>> {
+        let after = UpdatedCursor::parse(filter.page_token.as_deref())?;
+        let since = since.map(|t| t.timestamp_micros());
+        let mut matching: Vec<(i64, Task)> = self
+            .entries
+            .iter()
+            .filter(|e| e.key().is_of(auth))
+            .filter(|e| {
+                filter
+                    .thread_id
+                    .as_ref()
+                    .is_none_or(|t| &e.task.thread_id == t)
+            })
+            .filter(|e| filter.state.is_none_or(|s| e.task.state() == s))
+            .map(|e| (updated_micros(&e.task), e.task.clone()))
+            .filter(|(micros, _)| since.is_none_or(|since| *micros >= since))
+            .collect();
+        let total_size = matching.len();
+        matching.retain(|(micros, task)| {
+            after
+                .as_ref()
+                .is_none_or(|after| after.precedes(*micros, task.id.as_str()))
+        });
+        matching.sort_by(|(ma, a), (mb, b)| mb.cmp(ma).then_with(|| b.id.cmp(&a.id)));
+        let more = matching.len() > page_size;
+        matching.truncate(page_size);
+        Ok(Page {
+            next_page_token: matching
+                .last()
+                .filter(|_| more)
+                .map(|(_, task)| UpdatedCursor::of(task).token()),
+            items: matching.into_iter().map(|(_, t)| t).collect(),
+            total_size,
+        })
+    }
+}
+
 #[async_trait]
 impl TaskManager for InMemoryTaskManager {
     async fn tenants(&self) -> AgentResult<Vec<AuthContext>> {
@@ -319,6 +446,9 @@ impl TaskManager for InMemoryTaskManager {
         filter: &ListTasksFilter,
     ) -> AgentResult<Page<Task>> {
         let page_size = filter.effective_page_size()?;
+        if let TaskOrder::RecentlyUpdated { since } = filter.order {
+            return self.list_recently_updated(auth, filter, since, page_size);
+        }
         let after = parse_page_token(filter.page_token.as_deref())?;
         let mut matching: Vec<(u64, Task)> = self
             .entries

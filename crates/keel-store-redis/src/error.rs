@@ -59,7 +59,8 @@ impl ServerName {
         text
     }
 
-    /// A Redis failure during `op`, with a hint at what to check.
+    /// A Redis failure during `op`, with a hint at what to check: a server that cannot be
+    /// reached is [`AgentError::StoreUnavailable`], anything else [`AgentError::Storage`].
     pub(crate) fn error(&self, op: &str, err: &redis::RedisError) -> AgentError {
         let hint = if err.is_connection_refusal() {
             "; is Redis running and listening at that address?"
@@ -75,12 +76,25 @@ impl ServerName {
         } else {
             ""
         };
-        AgentError::storage_source(
-            "redis",
-            format!("{op} at {}", self.shown),
-            ScrubbedError(format!("{}{hint}", self.scrub(&err.to_string()))),
-        )
+        let operation = format!("{op} at {}", self.shown);
+        let source = ScrubbedError(format!("{}{hint}", self.scrub(&err.to_string())));
+        if unreachable(err) {
+            AgentError::store_unavailable("redis", operation, source)
+        } else {
+            AgentError::storage_source("redis", operation, source)
+        }
     }
+}
+
+/// Whether `err` says the server could not be reached (refused, timed out, connection lost
+/// or not re-established) or cannot serve yet (`LOADING` its data after a restart), rather
+/// than that it refused or failed the command.
+fn unreachable(err: &redis::RedisError) -> bool {
+    err.is_connection_refusal()
+        || err.is_timeout()
+        || err.is_io_error()
+        || err.is_connection_dropped()
+        || err.code() == Some("LOADING")
 }
 
 /// A Redis client error as text with the password masked: the source of Redis storage

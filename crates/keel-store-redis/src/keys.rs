@@ -13,6 +13,10 @@ pub(crate) mod kind {
     pub(crate) const TASKS_BY_STATE: &str = "tasks-by-state:";
     /// The id is `<state>:<thread>`: states contain no `:`, so the split is unambiguous.
     pub(crate) const TASKS_BY_THREAD_STATE: &str = "tasks-by-thread-state:";
+    /// The same three, scored by status timestamp instead of creation.
+    pub(crate) const TASKS_BY_UPDATE_THREAD: &str = "tasks-by-update-thread:";
+    pub(crate) const TASKS_BY_UPDATE_STATE: &str = "tasks-by-update-state:";
+    pub(crate) const TASKS_BY_UPDATE_THREAD_STATE: &str = "tasks-by-update-thread-state:";
     pub(crate) const MEMORY: &str = "memory:";
     pub(crate) const HISTORY: &str = "history:";
     pub(crate) const QUEUE: &str = "queue:";
@@ -42,6 +46,9 @@ pub(crate) mod kind {
         TASKS_BY_THREAD,
         TASKS_BY_STATE,
         TASKS_BY_THREAD_STATE,
+        TASKS_BY_UPDATE_THREAD,
+        TASKS_BY_UPDATE_STATE,
+        TASKS_BY_UPDATE_THREAD_STATE,
         MEMORY,
         HISTORY,
         QUEUE,
@@ -68,6 +75,7 @@ pub(crate) mod kind {
 pub(crate) mod fixed {
     pub(crate) const TASK_SEQ: &str = "task-seq";
     pub(crate) const TASKS: &str = "tasks";
+    pub(crate) const TASKS_BY_UPDATE: &str = "tasks-by-update";
     pub(crate) const TASK_RECORDS: &str = "task-records";
     pub(crate) const TASK_RECORD_SEQ: &str = "task-record-seq";
     pub(crate) const TASK_RECORDS_BY_TIME: &str = "task-records-by-time";
@@ -79,6 +87,7 @@ pub(crate) mod fixed {
     pub(crate) const ALL: &[&str] = &[
         TASK_SEQ,
         TASKS,
+        TASKS_BY_UPDATE,
         TASK_RECORDS,
         TASK_RECORD_SEQ,
         TASK_RECORDS_BY_TIME,

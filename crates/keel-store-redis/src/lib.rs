@@ -64,6 +64,10 @@
 //! | `tasks-by-thread:<thread>` | sorted set | the same, one thread |
 //! | `tasks-by-state:<state>` | sorted set | the same, one state |
 //! | `tasks-by-thread-state:<state>:<thread>` | sorted set | the same, one thread and state |
+//! | `tasks-by-update` | sorted set | the tenant's task ids, score = status timestamp (µs) |
+//! | `tasks-by-update-thread:<thread>` | sorted set | the same, one thread |
+//! | `tasks-by-update-state:<state>` | sorted set | the same, one state |
+//! | `tasks-by-update-thread-state:<state>:<thread>` | sorted set | the same, one thread and state |
 //! | `memory:<key>` | string | a [`MemoryService`] value, with `PX` when it has a TTL |
 //! | `history:<thread>` | list | the thread's history, entry `seq` = list index + 1 |
 //! | `queue:<thread>` | sorted set | queued item ids, score = queue seq |
@@ -159,16 +163,23 @@ use crate::error::ServerName;
 use crate::keys::TenantKeys;
 
 /// How long to wait for a TCP connection, and then for each reply.
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// After a lost connection, how many times the connection is tried again and the longest
+/// wait between two tries. Calls made meanwhile wait for these tries, so they are few and
+/// quick: while Redis is down a call fails within a fraction of a second (connection
+/// refused) or one connection timeout (no answer), as [`AgentError::StoreUnavailable`],
+/// instead of after the client's default six backed-off tries. Each later call tries again.
+const RECONNECT_ATTEMPTS: usize = 1;
+const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(200);
 
 /// Keel's stores over one Redis server: implements every store trait (`TaskManager`,
 /// `MemoryService`, `ThreadHistory`, `ThreadQueue`, `ThreadKv`, `SubagentRegistry`,
 /// `ThreadLeases`, `RunStore`, `ThreadTimers`), so one value can back a whole runtime.
 ///
 /// Clones share one multiplexed connection that reconnects by itself after a network error
-/// (the call that saw the error fails with [`AgentError::Storage`]; later calls use the new
-/// connection). Read the crate docs on persistence before relying on it for durability.
+/// (the call that saw the error fails with [`AgentError::StoreUnavailable`]; later calls use
+/// the new connection, or fail the same way, quickly, while Redis stays unreachable). Read the crate docs on persistence before relying on it for durability.
 #[derive(Clone)]
 pub struct RedisStore {
     connection: ConnectionManager,
@@ -227,7 +238,9 @@ impl RedisStore {
 
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECTION_TIMEOUT))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT));
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_number_of_retries(RECONNECT_ATTEMPTS)
+            .set_max_delay(RECONNECT_MAX_DELAY);
         let connection = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| server.error("connect", &e))?;

@@ -181,19 +181,21 @@ return 1
 });
 
 /// Insert or replace a task snapshot, give a new task its creation seq, move the task
-/// between the thread and state indexes, and append events to its log (`save_task` passes
-/// none; `save_task_with_events` the ones that go with the snapshot), all in one script.
+/// between the thread and state indexes (by creation and by status time), and append events
+/// to its log (`save_task` passes none; `save_task_with_events` the ones that go with the
+/// snapshot), all in one script.
 ///
 /// KEYS: snapshot, meta hash, seq counter, tenant index, thread index, state index,
-/// thread-state index, events list. ARGV: snapshot, task id, thread, state, tenant key base,
+/// thread-state index, events list, then the tenant, thread, state and thread-state indexes
+/// by status time. ARGV: snapshot, task id, thread, state, tenant key base, status time (µs),
 /// event... Returns -1, having written nothing, when the events key holds something other
 /// than a list (a script's writes before an error reply are not undone, so this is checked
 /// first); else 1.
 pub(crate) static SAVE_TASK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local id, thread, state, base = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-if #ARGV > 5 then
+local id, thread, state, base, updated = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+if #ARGV > 6 then
   local kind = redis.call('TYPE', KEYS[8]).ok
   if kind ~= 'none' and kind ~= 'list' then return -1 end
 end
@@ -205,6 +207,9 @@ if seq then
     redis.call('ZREM', base .. 'tasks-by-thread:' .. old[1], id)
     redis.call('ZREM', base .. 'tasks-by-state:' .. old[2], id)
     redis.call('ZREM', base .. 'tasks-by-thread-state:' .. old[2] .. ':' .. old[1], id)
+    redis.call('ZREM', base .. 'tasks-by-update-thread:' .. old[1], id)
+    redis.call('ZREM', base .. 'tasks-by-update-state:' .. old[2], id)
+    redis.call('ZREM', base .. 'tasks-by-update-thread-state:' .. old[2] .. ':' .. old[1], id)
   end
 else
   seq = redis.call('INCR', KEYS[3])
@@ -215,8 +220,9 @@ redis.call('HSET', KEYS[2], 'seq', seq, 'thread', thread, 'state', state)
 redis.call('ZADD', KEYS[5], seq, id)
 redis.call('ZADD', KEYS[6], seq, id)
 redis.call('ZADD', KEYS[7], seq, id)
+for i = 9, 12 do redis.call('ZADD', KEYS[i], updated, id) end
 -- The same entries ADD_TASK_EVENT pushes, in order.
-for i = 6, #ARGV, 1000 do
+for i = 7, #ARGV, 1000 do
   redis.call('RPUSH', KEYS[8], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 return 1
@@ -239,6 +245,69 @@ for i = 1, #ids, 2 do
   page[#page + 1] = {ids[i], ids[i + 1], redis.call('GET', ARGV[3] .. ids[i])}
 end
 return {total, page}
+",
+    )
+});
+
+/// One page of a by-status-time index, newest first, with the count since `min`, as a
+/// consistent snapshot. Tasks saved before the index existed are not in it yet: while the
+/// tenant's two whole indexes differ in size, nothing is listed and the caller fills it in.
+///
+/// KEYS: index zset, the tenant's creation index, the tenant's by-status-time index.
+/// ARGV: cursor time (µs; `+inf` for the first page), cursor id (`''` for none), least time
+/// (`-inf` for no bound), how many, snapshot key prefix.
+/// Returns `{total, {{id, time, snapshot}, ...}}`, or `{-1, {}}` when the index is incomplete.
+pub(crate) static LIST_TASKS_BY_UPDATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('ZCARD', KEYS[2]) ~= redis.call('ZCARD', KEYS[3]) then return {-1, {}} end
+-- Byte order, as a sorted set orders equal scores (Lua's `<` on strings follows the locale).
+local function below(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+local total = redis.call('ZCOUNT', KEYS[1], ARGV[3], '+inf')
+local wanted = tonumber(ARGV[4])
+local page, offset = {}, 0
+-- Entries at the cursor's own time that come before it (ids not below the cursor's) are
+-- skipped; there are rarely any, so this reads about one batch.
+while #page < wanted do
+  local ids = redis.call('ZREVRANGEBYSCORE', KEYS[1], ARGV[1], ARGV[3],
+    'WITHSCORES', 'LIMIT', offset, wanted)
+  if #ids == 0 then break end
+  for i = 1, #ids, 2 do
+    local id, time = ids[i], ids[i + 1]
+    if #page < wanted and (ARGV[2] == '' or tonumber(time) < tonumber(ARGV[1]) or below(id, ARGV[2])) then
+      page[#page + 1] = {id, time, redis.call('GET', ARGV[5] .. id)}
+    end
+  end
+  offset = offset + wanted
+end
+return {total, page}
+",
+    )
+});
+
+/// Put a task stored before the by-status-time indexes into them, unless a save already has.
+///
+/// KEYS: the tenant's by-status-time index, task meta hash. ARGV: task id, status time (µs),
+/// tenant key base. Returns 1 when added, 0 when it was there.
+pub(crate) static INDEX_TASK_UPDATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+local meta = redis.call('HMGET', KEYS[2], 'thread', 'state')
+local id, time, base, thread, state = ARGV[1], ARGV[2], ARGV[3], meta[1], meta[2]
+redis.call('ZADD', KEYS[1], time, id)
+if thread and state then
+  redis.call('ZADD', base .. 'tasks-by-update-thread:' .. thread, time, id)
+  redis.call('ZADD', base .. 'tasks-by-update-state:' .. state, time, id)
+  redis.call('ZADD', base .. 'tasks-by-update-thread-state:' .. state .. ':' .. thread, time, id)
+end
+return 1
 ",
     )
 });

@@ -1,10 +1,14 @@
 //! [`TaskManager`] over Redis: a snapshot string per task, an event list per task, and
 //! sorted-set indexes (per tenant, thread, state, thread and state) scored by a per-tenant
-//! creation seq, so listings are in creation order and a re-save does not move a task.
+//! creation seq, so listings are in creation order and a re-save does not move a task; and
+//! the same indexes scored by status time, for the most-recently-updated order.
 
 use async_trait::async_trait;
-use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
-use keel_runtime::{AuthContext, ListTasksFilter, Page, TaskManager};
+use chrono::{DateTime, Utc};
+use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, TaskState, ThreadId};
+use keel_runtime::{
+    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskOrder, UpdatedCursor,
+};
 
 use crate::encoding::{decode, encode};
 use crate::keys::{fixed, kind};
@@ -55,11 +59,19 @@ impl RedisStore {
             .key(keys.of(kind::TASKS_BY_STATE, state))
             .key(keys.of(kind::TASKS_BY_THREAD_STATE, &format!("{state}:{thread}")))
             .key(&events_key)
+            .key(keys.fixed(fixed::TASKS_BY_UPDATE))
+            .key(keys.of(kind::TASKS_BY_UPDATE_THREAD, thread))
+            .key(keys.of(kind::TASKS_BY_UPDATE_STATE, state))
+            .key(keys.of(
+                kind::TASKS_BY_UPDATE_THREAD_STATE,
+                &format!("{state}:{thread}"),
+            ))
             .arg(snapshot)
             .arg(id)
             .arg(thread)
             .arg(state)
-            .arg(keys.base());
+            .arg(keys.base())
+            .arg(updated_micros(task));
         for event in events {
             call.arg(event);
         }
@@ -74,6 +86,124 @@ impl RedisStore {
             )));
         }
         Ok(())
+    }
+
+    /// [`TaskOrder::RecentlyUpdated`]: a range of one of the by-status-time indexes, newest
+    /// first; the token is the last task's score and id.
+    async fn list_recently_updated(
+        &self,
+        auth: &AuthContext,
+        filter: &ListTasksFilter,
+        since: Option<DateTime<Utc>>,
+        page_size: usize,
+    ) -> AgentResult<Page<Task>> {
+        let after = UpdatedCursor::parse(filter.page_token.as_deref())?;
+        let keys = self.keys(auth);
+        let index = by_update_index(&keys, filter.thread_id.as_ref(), filter.state);
+        let snapshot_prefix = keys.of(kind::TASK, "");
+        let (max, after_id) = match &after {
+            Some(after) => (after.micros.to_string(), after.task_id.to_string()),
+            None => ("+inf".to_owned(), String::new()),
+        };
+        let min = since.map_or("-inf".to_owned(), |t| t.timestamp_micros().to_string());
+        let mut filled = false;
+        loop {
+            // One more than a page tells whether another page follows.
+            let (total, rows): (i64, Vec<(String, i64, Option<String>)>) =
+                scripts::LIST_TASKS_BY_UPDATE
+                    .key(&index)
+                    .key(keys.fixed(fixed::TASKS))
+                    .key(keys.fixed(fixed::TASKS_BY_UPDATE))
+                    .arg(&max)
+                    .arg(&after_id)
+                    .arg(&min)
+                    .arg(page_size + 1)
+                    .arg(&snapshot_prefix)
+                    .invoke_async(&mut self.con())
+                    .await
+                    .map_err(|e| self.fail("list tasks by update", &e))?;
+            if total < 0 {
+                if filled {
+                    return Err(AgentError::storage(format!(
+                        "Redis index `{}` stays out of step with `{}`; were keys under Keel's \
+                         prefix changed by hand?",
+                        keys.fixed(fixed::TASKS_BY_UPDATE),
+                        keys.fixed(fixed::TASKS)
+                    )));
+                }
+                self.index_tasks_by_update(auth).await?;
+                filled = true;
+                continue;
+            }
+            let more = rows.len() > page_size;
+            let mut items = Vec::with_capacity(page_size.min(rows.len()));
+            let mut last = None;
+            for (id, micros, snapshot) in rows.into_iter().take(page_size) {
+                let key = format!("{snapshot_prefix}{id}");
+                let snapshot = snapshot.ok_or_else(|| {
+                    AgentError::storage(format!(
+                        "Redis index `{index}` lists task {id} but `{key}` is missing; \
+                         were keys under Keel's prefix deleted by hand?"
+                    ))
+                })?;
+                items.push(decode::<Task>(&key, &snapshot)?);
+                last = Some(UpdatedCursor {
+                    micros,
+                    task_id: TaskId::from(id),
+                });
+            }
+            return Ok(Page {
+                next_page_token: last.filter(|_| more).map(|cursor| cursor.token()),
+                items,
+                total_size: usize::try_from(total).unwrap_or(0),
+            });
+        }
+    }
+
+    /// Put the tenant's tasks that were saved before the by-status-time indexes existed into
+    /// them: read once per tenant, the first time it is listed in that order.
+    async fn index_tasks_by_update(&self, auth: &AuthContext) -> AgentResult<()> {
+        let keys = self.keys(auth);
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys.fixed(fixed::TASKS))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("read the task index", &e))?;
+        tracing::info!(tasks = ids.len(), "indexing stored tasks by status time");
+        for id in ids {
+            let Some(task) = self.get_task(auth, &TaskId::from(id.as_str())).await? else {
+                continue;
+            };
+            let _: i64 = scripts::INDEX_TASK_UPDATE
+                .key(keys.fixed(fixed::TASKS_BY_UPDATE))
+                .key(keys.of(kind::TASK_META, &id))
+                .arg(&id)
+                .arg(updated_micros(&task))
+                .arg(keys.base())
+                .invoke_async(&mut self.con())
+                .await
+                .map_err(|e| self.fail("index a task by status time", &e))?;
+        }
+        Ok(())
+    }
+}
+
+/// The by-status-time index for a thread and state filter.
+fn by_update_index(
+    keys: &crate::keys::TenantKeys,
+    thread: Option<&ThreadId>,
+    state: Option<TaskState>,
+) -> String {
+    match (thread, state) {
+        (None, None) => keys.fixed(fixed::TASKS_BY_UPDATE),
+        (Some(thread), None) => keys.of(kind::TASKS_BY_UPDATE_THREAD, thread.as_str()),
+        (None, Some(state)) => keys.of(kind::TASKS_BY_UPDATE_STATE, state.as_str()),
+        (Some(thread), Some(state)) => keys.of(
+            kind::TASKS_BY_UPDATE_THREAD_STATE,
+            &format!("{}:{}", state.as_str(), thread.as_str()),
+        ),
     }
 }
 
@@ -95,6 +225,11 @@ impl TaskManager for RedisStore {
         filter: &ListTasksFilter,
     ) -> AgentResult<Page<Task>> {
         let page_size = filter.effective_page_size()?;
+        if let TaskOrder::RecentlyUpdated { since } = filter.order {
+            return self
+                .list_recently_updated(auth, filter, since, page_size)
+                .await;
+        }
         let after = parse_page_token(filter.page_token.as_deref())?;
         let keys = self.keys(auth);
         // Every filter combination has its own index, so a page costs O(log n + page).

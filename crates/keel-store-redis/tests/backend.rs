@@ -347,19 +347,19 @@ async fn a_tenant_cannot_read_anothers_keys() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn connecting_to_a_closed_port_is_a_storage_error() {
+async fn connecting_to_a_closed_port_is_store_unavailable() {
     let err = RedisStore::connect("redis://127.0.0.1:1")
         .await
         .unwrap_err();
     match err {
-        AgentError::Storage { .. } => {
+        AgentError::StoreUnavailable { .. } => {
             let message = err.to_string();
             assert!(
                 message.contains("127.0.0.1:1"),
                 "names the server: {message}"
             );
         }
-        other => panic!("expected Storage, got {other:?}"),
+        other => panic!("expected StoreUnavailable, got {other:?}"),
     }
 }
 
@@ -369,7 +369,7 @@ async fn connection_errors_never_show_the_password() {
         .await
         .unwrap_err();
     let text = err.to_string();
-    assert!(matches!(err, AgentError::Storage { .. }));
+    assert!(matches!(err, AgentError::StoreUnavailable { .. }));
     assert!(!text.contains("hunter2"), "{text}");
     assert!(
         !format!("{err:?}").contains("hunter2"),
@@ -500,5 +500,48 @@ async fn save_task_with_events_writes_nothing_when_the_log_cannot_take_them() {
         .await
         .unwrap();
     assert_eq!(listed.total_size, 0, "no index entry either");
+    support::clean_up(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tasks_stored_before_the_status_time_indexes_are_listed_by_update() {
+    use keel_runtime::TaskOrder;
+    let prefix = support::fresh_prefix();
+    let store = support::store(&prefix).await;
+    let auth = tenant("older");
+    let thread = fresh_thread();
+    let mut saved = Vec::new();
+    for _ in 0..3 {
+        let task = Task::new(thread.clone());
+        store.save_task(&auth, &task).await.unwrap();
+        saved.push(task.id);
+    }
+    // As an older Keel left them: no by-status-time indexes.
+    let mut raw = support::raw().await;
+    for key in support::keys_under(&prefix).await {
+        if key.contains(":tasks-by-update") {
+            let _: () = redis::cmd("DEL")
+                .arg(&key)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+        }
+    }
+    let page = store
+        .list_tasks(
+            &auth,
+            &ListTasksFilter {
+                thread_id: Some(thread.clone()),
+                order: TaskOrder::RecentlyUpdated { since: None },
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.total_size, 3);
+    let mut listed: Vec<TaskId> = page.items.into_iter().map(|t| t.id).collect();
+    listed.sort();
+    saved.sort();
+    assert_eq!(listed, saved);
     support::clean_up(&prefix).await;
 }

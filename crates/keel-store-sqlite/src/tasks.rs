@@ -1,8 +1,11 @@
 //! [`TaskManager`] over SQLite: task snapshots in `tasks`, their event logs in `task_events`.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
-use keel_runtime::{AuthContext, ListTasksFilter, Page, TaskManager};
+use keel_runtime::{
+    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskOrder, UpdatedCursor,
+};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
@@ -40,6 +43,8 @@ struct SnapshotRow {
     task_id: TaskId,
     thread_id: String,
     state: &'static str,
+    /// The status timestamp, in microseconds: the key of the most-recently-updated order.
+    updated_at: i64,
     body: String,
 }
 
@@ -51,6 +56,7 @@ impl SnapshotRow {
             task_id: task.id.clone(),
             thread_id: task.thread_id.as_str().to_owned(),
             state: task.state().as_str(),
+            updated_at: updated_micros(task),
             body: encode_record(&task.clone_without_history())?,
         })
     }
@@ -60,10 +66,11 @@ impl SnapshotRow {
         // An upsert, not REPLACE: the row (and its creation `seq`) is kept, so re-saving a
         // task does not move it in listings.
         conn.prepare_cached(
-            "INSERT INTO tasks (tenant, task_id, thread_id, state, body) \
-             VALUES (?1, ?2, ?3, ?4, ?5) \
+            "INSERT INTO tasks (tenant, task_id, thread_id, state, body, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
              ON CONFLICT (tenant, task_id) DO UPDATE SET \
-             thread_id = excluded.thread_id, state = excluded.state, body = excluded.body",
+             thread_id = excluded.thread_id, state = excluded.state, body = excluded.body, \
+             updated_at = excluded.updated_at",
         )
         .and_then(|mut stmt| {
             stmt.execute(params![
@@ -71,7 +78,8 @@ impl SnapshotRow {
                 self.task_id.as_str(),
                 self.thread_id,
                 self.state,
-                self.body
+                self.body,
+                self.updated_at
             ])
         })
         .context("saving a task")?;
@@ -104,6 +112,78 @@ pub(crate) fn append_task_events(
             .context("appending a task event")?;
     }
     Ok(())
+}
+
+impl SqliteStore {
+    /// [`TaskOrder::RecentlyUpdated`]: a range of one of the `updated_at` indexes, newest
+    /// first; the token is the last row's `updated_at` and id.
+    async fn list_recently_updated(
+        &self,
+        auth: &AuthContext,
+        filter: &ListTasksFilter,
+        since: Option<DateTime<Utc>>,
+        page_size: usize,
+    ) -> AgentResult<Page<Task>> {
+        let after = UpdatedCursor::parse(filter.page_token.as_deref())?;
+        let mut clauses = vec!["tenant = ?"];
+        let mut args = vec![SqlValue::Text(auth.namespace())];
+        if let Some(thread_id) = &filter.thread_id {
+            clauses.push("thread_id = ?");
+            args.push(SqlValue::Text(thread_id.as_str().to_owned()));
+        }
+        if let Some(state) = filter.state {
+            clauses.push("state = ?");
+            args.push(SqlValue::Text(state.as_str().to_owned()));
+        }
+        if let Some(since) = since {
+            clauses.push("updated_at >= ?");
+            args.push(SqlValue::Integer(since.timestamp_micros()));
+        }
+        let filter_sql = clauses.join(" AND ");
+        self.read(move |conn| {
+            let total: i64 = conn
+                .prepare_cached(&format!("SELECT COUNT(*) FROM tasks WHERE {filter_sql}"))
+                .and_then(|mut stmt| stmt.query_row(params_from_iter(&args), |row| row.get(0)))
+                .context("counting tasks")?;
+            let mut page_sql =
+                format!("SELECT updated_at, task_id, body FROM tasks WHERE {filter_sql}");
+            let mut page_args = args;
+            if let Some(after) = &after {
+                page_sql.push_str(" AND (updated_at < ? OR (updated_at = ? AND task_id < ?))");
+                page_args.push(SqlValue::Integer(after.micros));
+                page_args.push(SqlValue::Integer(after.micros));
+                page_args.push(SqlValue::Text(after.task_id.as_str().to_owned()));
+            }
+            page_sql.push_str(" ORDER BY updated_at DESC, task_id DESC LIMIT ?");
+            // One row more than the page tells whether another page follows.
+            page_args.push(SqlValue::Integer(usize_to_sql(page_size).saturating_add(1)));
+            let rows: Vec<(i64, String, String)> = conn
+                .prepare_cached(&page_sql)
+                .and_then(|mut stmt| {
+                    stmt.query_map(params_from_iter(&page_args), |row| {
+                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                    })?
+                    .collect()
+                })
+                .context("listing tasks")?;
+            let more = rows.len() > page_size;
+            let mut items = Vec::with_capacity(page_size.min(rows.len()));
+            let mut last = None;
+            for (micros, task_id, body) in rows.into_iter().take(page_size) {
+                items.push(decode_record(&body, &format!("task {task_id}"))?);
+                last = Some(UpdatedCursor {
+                    micros,
+                    task_id: TaskId::from(task_id),
+                });
+            }
+            Ok(Page {
+                items,
+                next_page_token: last.filter(|_| more).map(|cursor| cursor.token()),
+                total_size: usize::try_from(total).unwrap_or(0),
+            })
+        })
+        .await
+    }
 }
 
 #[async_trait]
@@ -148,6 +228,11 @@ impl TaskManager for SqliteStore {
         filter: &ListTasksFilter,
     ) -> AgentResult<Page<Task>> {
         let page_size = filter.effective_page_size()?;
+        if let TaskOrder::RecentlyUpdated { since } = filter.order {
+            return self
+                .list_recently_updated(auth, filter, since, page_size)
+                .await;
+        }
         let after = parse_page_token(filter.page_token.as_deref())?;
         // Only the filters that are set become SQL, so each query can use its index.
         let mut clauses = vec!["tenant = ?"];

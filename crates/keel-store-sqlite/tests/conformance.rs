@@ -83,6 +83,12 @@ async fn task_manager_pagination() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn task_manager_recently_updated_order() {
+    let (_dir, store) = file_store();
+    testing::task_manager_recently_updated_order(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn task_manager_tenant_isolation() {
     let (_dir, store) = file_store();
     testing::task_manager_tenant_isolation(&store).await;

@@ -5,6 +5,8 @@
 //! (`send_message`, `list_tasks`, `subscribe`, ...) speak Keel's models; the `wire` module
 //! converts. So the bindings cannot drift apart: they share everything but their framing.
 
+use std::sync::Arc;
+
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -13,11 +15,12 @@ use keel_agent::{AgentExecutor, SendOptions};
 use keel_core::{
     AgentError, AgentResult, Message, RunContext, Task, TaskEvent, TaskId, RUN_CONTEXT_KEY,
 };
-use keel_runtime::{AuthContext, ListTasksFilter};
+use keel_runtime::{AuthContext, ListTasksFilter, TaskOrder};
 use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::jsonrpc::{self, encode, Encoded, RpcError, UNSUPPORTED_OPERATION};
+use crate::limits::{Admission, Limits};
 use crate::push::Push;
 use crate::security::{self, Denied, Security};
 use crate::stream::{Follower, Start, StreamEvent};
@@ -92,6 +95,8 @@ pub(crate) struct Handlers {
     extended_card: Option<Value>,
     /// Push notification configs and their deliverer.
     push: Push,
+    /// The limits on one caller's requests.
+    admission: Arc<Admission>,
 }
 
 fn rpc(err: AgentError) -> RpcError {
@@ -105,6 +110,7 @@ impl Handlers {
         security: Option<Security>,
         extended_card: Option<Value>,
         push: Push,
+        admission: Arc<Admission>,
     ) -> Self {
         Self {
             executor,
@@ -112,7 +118,13 @@ impl Handlers {
             security,
             extended_card,
             push,
+            admission,
         }
+    }
+
+    /// The limits on one caller's requests.
+    pub(crate) fn limits(&self) -> &Limits {
+        self.admission.limits()
     }
 
     /// A receiver of the server's closing flag (true once its runs have stopped).
@@ -143,17 +155,24 @@ impl Handlers {
             Err(Denied::Failed(error)) => Err(Box::new(if json_rpc {
                 (StatusCode::OK, Json(jsonrpc::failure(Value::Null, &error))).into_response()
             } else {
-                (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    Json(error.to_rest_json()),
-                )
-                    .into_response()
+                crate::rest::error_response(&error)
             })),
         }
     }
 
-    /// Run `operation` with its A2A v1.0 params, for the tenant `auth`.
+    /// Run `operation` with its A2A v1.0 params, for the tenant `auth`, counted against the
+    /// tenant's limit of requests in progress until it answers (a stream: until it starts).
     pub(crate) async fn handle(
+        &self,
+        auth: &AuthContext,
+        operation: Operation,
+        params: Value,
+    ) -> Result<Reply, RpcError> {
+        let _admitted = self.admission.admit(auth).map_err(rpc)?;
+        self.run(auth, operation, params).await
+    }
+
+    async fn run(
         &self,
         auth: &AuthContext,
         operation: Operation,
@@ -162,6 +181,7 @@ impl Handlers {
         match operation {
             Operation::SendMessage => {
                 let call = wire::decode_send_message(params).map_err(rpc)?;
+                self.admission.check_message(&call.message).map_err(rpc)?;
                 let task = self.send_message(auth, call).await?;
                 tracing::debug!(task_id = %task.id, state = %task.state(), "SendMessage answered");
                 Ok(Reply::Unary(wire::encode_send_message_result(&task)))
@@ -189,6 +209,7 @@ impl Handlers {
             }
             Operation::SendStreamingMessage => {
                 let call = wire::decode_send_message(params).map_err(rpc)?;
+                self.admission.check_message(&call.message).map_err(rpc)?;
                 Ok(Reply::Stream(encode_stream(
                     self.send_streaming_message(auth, call).await?,
                 )))
@@ -368,11 +389,10 @@ impl Handlers {
 
     /// `ListTasks`: most recently updated first (by status timestamp), as A2A requires.
     ///
-    /// The store lists oldest first and cannot filter by time, so this reads every task that
-    /// matches the thread and state filters, then filters by `statusTimestampAfter`, sorts,
-    /// and pages itself; the page token is the offset into that order. The cost grows with
-    /// the tenant's task count (bounded by the store's retention), and a task that changes
-    /// between two page requests can move between pages.
+    /// The store pages that order on its own index ([`TaskOrder::RecentlyUpdated`], with
+    /// `statusTimestampAfter` as its bound), so a page costs the same however many tasks the
+    /// tenant has; the page token is the store's. Only the page's tasks are read again, with
+    /// their history.
     pub(crate) async fn list_tasks(
         &self,
         auth: &AuthContext,
@@ -382,41 +402,29 @@ impl Handlers {
             .page_size
             .unwrap_or(TaskListQuery::DEFAULT_PAGE_SIZE)
             .clamp(1, TaskListQuery::MAX_PAGE_SIZE);
-        let offset: usize = match query.page_token.as_deref() {
-            None | Some("") => 0,
-            Some(token) => token.parse().map_err(|_| {
-                AgentError::invalid_input("pageToken", "is not a token this server issued")
-            })?,
-        };
-        let tasks = self.executor.runtime().task_manager();
-        let mut filter = ListTasksFilter {
+        let filter = ListTasksFilter {
             thread_id: query.thread_id.clone(),
             state: query.state,
-            page_size: Some(ListTasksFilter::MAX_PAGE_SIZE),
-            page_token: None,
+            page_size: Some(page_size),
+            page_token: query.page_token.filter(|t| !t.is_empty()),
+            order: TaskOrder::RecentlyUpdated {
+                since: query.status_timestamp_after,
+            },
         };
-        let mut all = Vec::new();
-        loop {
-            let page = tasks.list_tasks(auth, &filter).await?;
-            all.extend(page.items);
-            match page.next_page_token {
-                Some(token) => filter.page_token = Some(token),
-                None => break,
-            }
-        }
-        if let Some(after) = query.status_timestamp_after {
-            all.retain(|t| t.status().timestamp >= after);
-        }
-        all.sort_by_key(|t| std::cmp::Reverse(t.status().timestamp));
-        let total_size = all.len();
-        if offset > total_size {
-            return Err(AgentError::invalid_input(
-                "pageToken",
-                "points past the end of the list",
-            ));
-        }
-        let mut page = Vec::new();
-        for task in all.iter().skip(offset).take(page_size as usize) {
+        let listed = self
+            .executor
+            .runtime()
+            .task_manager()
+            .list_tasks(auth, &filter)
+            .await
+            .map_err(|err| match err {
+                AgentError::InvalidInput { field, reason } if field == "page_token" => {
+                    AgentError::invalid_input("pageToken", reason)
+                }
+                other => other,
+            })?;
+        let mut page = Vec::with_capacity(listed.items.len());
+        for task in &listed.items {
             let mut task = match self
                 .executor
                 .get_task(auth, &task.id, query.history_length)
@@ -432,12 +440,11 @@ impl Handlers {
             }
             page.push(task);
         }
-        let next = offset + (page_size as usize).min(total_size - offset);
         Ok(TaskList {
             tasks: page,
-            next_page_token: (next < total_size).then(|| next.to_string()),
+            next_page_token: listed.next_page_token,
             page_size,
-            total_size,
+            total_size: listed.total_size,
         })
     }
 

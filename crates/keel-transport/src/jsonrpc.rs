@@ -8,6 +8,8 @@
 //! | `InvalidInput` | [`INVALID_PARAMS`] -32602 |
 //! | `InvalidTransition` | [`INVALID_PARAMS`] -32602 (see [`error_code`]) |
 //! | `Unsupported` | [`UNSUPPORTED_OPERATION`] -32004 |
+//! | `Unavailable` (`StoreUnavailable`) | [`STORE_UNAVAILABLE`] -32050 (HTTP+JSON: 503) |
+//! | `Overloaded` | [`OVERLOADED`] -32051 (HTTP+JSON: 429 with `Retry-After`) |
 //! | anything else | [`INTERNAL_ERROR`] -32603, message `internal error` |
 //!
 //! Every error object carries `data`: an array with one `google.rpc.ErrorInfo` (`@type`,
@@ -45,6 +47,14 @@ pub const EXTENDED_CARD_NOT_CONFIGURED: i32 = -32007;
 /// A2A: the `A2A-Version` the client asked for is not spoken here.
 pub const VERSION_NOT_SUPPORTED: i32 = -32009;
 
+/// Keel: a store cannot be reached for now; nothing was done, and the request may be
+/// repeated later. A2A has no such code; JSON-RPC leaves -32000 to -32099 to servers, and
+/// Keel's codes sit above A2A's -32001 to -32009.
+pub const STORE_UNAVAILABLE: i32 = -32050;
+/// Keel: a limit that protects the server refused the request; the `ErrorInfo` metadata
+/// names the limit (`limit`, `max`) and when to try again (`retryAfterSeconds`).
+pub const OVERLOADED: i32 = -32051;
+
 /// The `@type` of the `google.rpc.ErrorInfo` entries in `error.data`.
 pub const ERROR_INFO_TYPE: &str = "type.googleapis.com/google.rpc.ErrorInfo";
 /// The `domain` of A2A's `ErrorInfo` entries.
@@ -71,6 +81,8 @@ pub fn error_code(err: &AgentError) -> i32 {
         ErrorKind::InvalidInput | ErrorKind::InvalidTransition => INVALID_PARAMS,
         // A terminated thread refuses new work: the operation is not available on it.
         ErrorKind::Unsupported | ErrorKind::Terminated => UNSUPPORTED_OPERATION,
+        ErrorKind::Unavailable => STORE_UNAVAILABLE,
+        ErrorKind::Overloaded => OVERLOADED,
         _ => INTERNAL_ERROR,
     }
 }
@@ -89,6 +101,8 @@ fn reason(code: i32) -> &'static str {
         CONTENT_TYPE_NOT_SUPPORTED => "CONTENT_TYPE_NOT_SUPPORTED",
         EXTENDED_CARD_NOT_CONFIGURED => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
         VERSION_NOT_SUPPORTED => "VERSION_NOT_SUPPORTED",
+        STORE_UNAVAILABLE => "UNAVAILABLE",
+        OVERLOADED => "RESOURCE_EXHAUSTED",
         _ => "INTERNAL_ERROR",
     }
 }
@@ -109,6 +123,8 @@ pub(crate) fn code_from_reason(reason: &str) -> Option<i32> {
         CONTENT_TYPE_NOT_SUPPORTED,
         EXTENDED_CARD_NOT_CONFIGURED,
         VERSION_NOT_SUPPORTED,
+        STORE_UNAVAILABLE,
+        OVERLOADED,
     ]
     .into_iter()
     .find(|code| self::reason(*code) == reason)
@@ -165,7 +181,41 @@ impl RpcError {
             AgentError::InvalidTransition { from, to } => rpc
                 .with("from", wire::state_name(*from))
                 .with("to", wire::state_name(*to)),
+            // Where the store lives and why it failed stay in the server's log.
+            AgentError::StoreUnavailable { backend, .. } => {
+                tracing::warn!(error = %err, "request failed: the store is unavailable");
+                RpcError::new(
+                    code,
+                    format!("store unavailable: the {backend} store cannot be reached; nothing was done, try again later"),
+                )
+                .with("backend", *backend)
+                .with("retryAfterSeconds", STORE_RETRY_AFTER_SECONDS.to_string())
+            }
+            AgentError::Overloaded {
+                limit,
+                max,
+                retry_after,
+            } => rpc
+                .with("limit", limit.as_str())
+                .with("max", max.to_string())
+                .with(
+                    "retryAfterSeconds",
+                    retry_after_seconds(*retry_after).to_string(),
+                ),
             _ => rpc,
+        }
+    }
+
+    /// How long the caller should wait before trying again (`Retry-After`), for the errors
+    /// that say so.
+    pub fn retry_after_seconds(&self) -> Option<u64> {
+        match self.code {
+            STORE_UNAVAILABLE | OVERLOADED => self
+                .metadata
+                .get("retryAfterSeconds")
+                .and_then(Value::as_str)
+                .and_then(|s| s.parse().ok()),
+            _ => None,
         }
     }
 
@@ -181,6 +231,14 @@ impl RpcError {
         }
         json!({"code": self.code, "message": self.message, "data": [info]})
     }
+}
+
+/// How long a caller is asked to wait after a store was found unavailable.
+const STORE_RETRY_AFTER_SECONDS: u64 = 1;
+
+/// A delay in whole seconds for `Retry-After`, at least one.
+fn retry_after_seconds(delay: std::time::Duration) -> u64 {
+    delay.as_secs().max(1)
 }
 
 /// The HTTP status and `google.rpc.Code` name of an A2A error code on the HTTP+JSON binding
@@ -202,6 +260,8 @@ pub fn rest_status(code: i32) -> (u16, &'static str) {
         CONTENT_TYPE_NOT_SUPPORTED => (415, "INVALID_ARGUMENT"),
         PARSE_ERROR | INVALID_REQUEST | INVALID_PARAMS => (400, "INVALID_ARGUMENT"),
         METHOD_NOT_FOUND => (404, "NOT_FOUND"),
+        STORE_UNAVAILABLE => (503, "UNAVAILABLE"),
+        OVERLOADED => (429, "RESOURCE_EXHAUSTED"),
         _ => (500, "INTERNAL"),
     }
 }
@@ -310,6 +370,26 @@ pub(crate) fn agent_error_from_rpc(error: &Value, task_id: Option<&TaskId>) -> A
         | VERSION_NOT_SUPPORTED => AgentError::Unsupported {
             what: format!("{message} ({code})"),
         },
+        STORE_UNAVAILABLE => AgentError::StoreUnavailable {
+            backend: match meta("backend").as_deref() {
+                Some("redis") => "redis",
+                Some("sqlite") => "sqlite",
+                _ => "",
+            },
+            operation: String::new(),
+            source: keel_core::ErrorSource::message(format!(
+                "the remote agent answered: {message}"
+            )),
+        },
+        OVERLOADED => AgentError::Overloaded {
+            limit: meta("limit").unwrap_or(message),
+            max: meta("max").and_then(|m| m.parse().ok()).unwrap_or(0),
+            retry_after: std::time::Duration::from_secs(
+                meta("retryAfterSeconds")
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(1),
+            ),
+        },
         _ => AgentError::internal(format!("the remote agent answered error {code}: {message}")),
     }
 }
@@ -361,6 +441,22 @@ mod tests {
                 INTERNAL_ERROR,
             ),
             (AgentError::Canceled { reason: "x".into() }, INTERNAL_ERROR),
+            (
+                AgentError::Overloaded {
+                    limit: "batch requests".into(),
+                    max: 100,
+                    retry_after: std::time::Duration::from_secs(2),
+                },
+                OVERLOADED,
+            ),
+            (
+                AgentError::store_unavailable(
+                    "redis",
+                    "get task at redis://:hunter2@db.internal",
+                    std::io::Error::other("connection refused"),
+                ),
+                STORE_UNAVAILABLE,
+            ),
             (
                 AgentError::BudgetExceeded {
                     limit: "max_steps".into(),
@@ -421,9 +517,38 @@ mod tests {
             match (&err, &back) {
                 (AgentError::Unsupported { .. }, AgentError::Unsupported { .. }) => {}
                 (AgentError::InvalidTransition { .. }, AgentError::InvalidInput { .. }) => {}
+                (
+                    AgentError::StoreUnavailable { backend, .. },
+                    AgentError::StoreUnavailable { backend: back, .. },
+                ) => assert_eq!(backend, back),
                 _ => assert_eq!(back, err),
             }
         }
+    }
+
+    #[test]
+    fn an_unavailable_store_is_a_clear_error_that_names_no_address() {
+        let err = AgentError::store_unavailable(
+            "redis",
+            "get task at redis://:hunter2@db.internal",
+            std::io::Error::other("connection refused"),
+        );
+        let rpc = RpcError::from_agent_error(&err);
+        assert_eq!(rpc.code, STORE_UNAVAILABLE);
+        assert!(
+            rpc.message.starts_with("store unavailable"),
+            "{}",
+            rpc.message
+        );
+        assert_eq!(rpc.retry_after_seconds(), Some(1));
+        let body = rpc.to_json().to_string();
+        assert!(
+            !body.contains("hunter2") && !body.contains("db.internal"),
+            "{body}"
+        );
+        assert_eq!(rpc.to_json()["data"][0]["reason"], "UNAVAILABLE");
+        assert_eq!(rest_status(rpc.code), (503, "UNAVAILABLE"));
+        assert_eq!(rest_status(OVERLOADED), (429, "RESOURCE_EXHAUSTED"));
     }
 
     #[test]

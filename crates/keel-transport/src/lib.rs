@@ -41,6 +41,7 @@ mod compat_v03;
 mod dispatch;
 mod handlers;
 pub mod jsonrpc;
+mod limits;
 mod push;
 mod push_config;
 mod rest;
@@ -59,6 +60,7 @@ pub use agents::{AgentsServer, AGENTS_PATH};
 pub use client::{
     A2aClient, A2aWsClient, Binding, HttpBinding, InProcessBinding, InProcessClient, WsBinding,
 };
+pub use limits::Limits;
 pub use push::{DELIVERY_LOG_LIMIT, NOTIFICATION_TOKEN_HEADER};
 pub use security::{Security, API_KEY_HEADER};
 pub use server::{A2aServer, AGENT_CARD_PATH, DEFAULT_BODY_LIMIT, DEFAULT_CARD_MAX_AGE};

@@ -233,10 +233,18 @@ fn body_params(
     }
 }
 
-fn error_response(error: &RpcError) -> Response {
+/// The HTTP+JSON answer to an error: its status, `Retry-After` when the error says when to
+/// try again, and the `google.rpc.Status` body.
+pub(crate) fn error_response(error: &RpcError) -> Response {
     let (status, _) = rest_status(error.code);
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, Json(error.to_rest_json())).into_response()
+    let mut response = (status, Json(error.to_rest_json())).into_response();
+    if let Some(seconds) = error.retry_after_seconds() {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, seconds.into());
+    }
+    response
 }
 
 /// Answer one REST request.

@@ -148,11 +148,30 @@ pub(crate) fn authenticate(
     if security.is_some() && credentials.is_empty() {
         return Err(Denied::Unauthenticated("credentials are required"));
     }
-    match auth.authenticate(credentials) {
+    let prove = |credentials: &Credentials| match auth.authenticate(credentials) {
         Ok(Some(context)) => Ok(context),
         Ok(None) => Err(Denied::Unauthenticated("the credentials were not accepted")),
         Err(err) => Err(Denied::Failed(RpcError::from_agent_error(&err))),
+    };
+    // A request with both an API key and a bearer token is let in only when each proves the
+    // same tenant alone: otherwise a wrong key would ride on a valid token (or the other way
+    // round), and which one decided would depend on the auth service's order of looking.
+    if let (Some(api_key), Some(bearer)) = (&credentials.api_key, &credentials.bearer) {
+        let alone = |api_key: Option<&String>, bearer: Option<&String>| Credentials {
+            api_key: api_key.cloned(),
+            bearer: bearer.cloned(),
+            tenant: credentials.tenant.clone(),
+        };
+        let by_key = prove(&alone(Some(api_key), None))?;
+        let by_token = prove(&alone(None, Some(bearer)))?;
+        if by_key != by_token {
+            return Err(Denied::Unauthenticated(
+                "the API key and the bearer token prove different callers",
+            ));
+        }
+        return Ok(by_key);
     }
+    prove(credentials)
 }
 
 /// HTTP 401 with `WWW-Authenticate`; the body is a JSON-RPC error (null id) or the

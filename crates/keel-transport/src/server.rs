@@ -23,6 +23,7 @@ use crate::compat_v03;
 use crate::dispatch::{call, stream_envelope, Outcome};
 use crate::handlers::Handlers;
 use crate::jsonrpc::{self, RpcError, INVALID_REQUEST, PARSE_ERROR};
+use crate::limits::{Admission, Limits};
 use crate::push::{Push, RetryPolicy};
 use crate::rest;
 use crate::security::Security;
@@ -91,6 +92,7 @@ pub struct A2aServer {
     card_max_age: u64,
     allow_private_push_targets: bool,
     push_retry: RetryPolicy,
+    limits: Limits,
 }
 
 struct ServerState {
@@ -134,7 +136,16 @@ impl A2aServer {
             card_max_age: DEFAULT_CARD_MAX_AGE,
             allow_private_push_targets: false,
             push_retry: RetryPolicy::default(),
+            limits: Limits::default(),
         }
+    }
+
+    /// The limits on one caller's requests ([`Limits::default`] unless set): requests in a
+    /// batch, parts in a message, and one tenant's requests in progress.
+    #[must_use]
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Whether push notification webhooks may be loopback, private or link-local addresses
@@ -286,6 +297,7 @@ impl A2aServer {
             self.security,
             extended_card,
             push,
+            Arc::new(Admission::new(self.limits)),
         );
         let socket = crate::ws::router(handlers.clone(), self.body_limit);
         let state = Arc::new(ServerState {
@@ -455,6 +467,22 @@ async fn json_rpc(
                 return answer_error(
                     Value::Null,
                     &RpcError::new(INVALID_REQUEST, "a batch must hold at least one request"),
+                );
+            }
+            // Refused whole and before any of it runs: a batch's requests run at once, so a
+            // huge one would hold the server for everyone else.
+            let max = state.handlers.limits().max_batch_requests;
+            if requests.len() > max {
+                return answer_error(
+                    Value::Null,
+                    &RpcError::new(
+                        INVALID_REQUEST,
+                        format!(
+                            "a batch holds {} requests; this server accepts at most {max}",
+                            requests.len()
+                        ),
+                    )
+                    .with("maxBatchRequests", max.to_string()),
                 );
             }
             let auth = match state.handlers.caller(&headers, None, true) {

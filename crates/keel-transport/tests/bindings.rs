@@ -4,7 +4,11 @@
 
 mod support;
 
-use keel_core::{AgentError, Message, TaskState};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use keel_core::{AgentError, AgentResult, Message, TaskEvent, TaskId, TaskState};
+use keel_runtime::{AuthContext, ListTasksFilter, Page, Services};
 use keel_transport::{A2aClient, Binding, SendMessageOptions, TaskListQuery};
 use serde_json::{json, Value};
 use support::{sse_events, user_message, TestServer};
@@ -506,5 +510,159 @@ async fn version_header_selects_the_protocol_and_unknown_versions_are_refused() 
         .await
         .unwrap();
     assert_eq!(answer["error"]["code"], -32009);
+    server.stop().await;
+}
+
+/// The in-memory task store, counting the snapshots its listings hand out.
+struct CountingTasks {
+    inner: keel_runtime::InMemoryTaskManager,
+    listed: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl keel_runtime::TaskManager for CountingTasks {
+    async fn get_task(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<Option<keel_core::Task>> {
+        self.inner.get_task(auth, task_id).await
+    }
+    async fn list_tasks(
+        &self,
+        auth: &AuthContext,
+        filter: &ListTasksFilter,
+    ) -> AgentResult<Page<keel_core::Task>> {
+        let page = self.inner.list_tasks(auth, filter).await?;
+        self.listed.fetch_add(page.items.len(), Ordering::Relaxed);
+        Ok(page)
+    }
+    async fn save_task(&self, auth: &AuthContext, task: &keel_core::Task) -> AgentResult<()> {
+        self.inner.save_task(auth, task).await
+    }
+    async fn save_task_with_events(
+        &self,
+        auth: &AuthContext,
+        task: &keel_core::Task,
+        events: &[TaskEvent],
+    ) -> AgentResult<()> {
+        self.inner.save_task_with_events(auth, task, events).await
+    }
+    async fn add_task_event(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        event: &TaskEvent,
+    ) -> AgentResult<()> {
+        self.inner.add_task_event(auth, task_id, event).await
+    }
+    async fn get_task_events(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<Vec<TaskEvent>> {
+        self.inner.get_task_events(auth, task_id).await
+    }
+    async fn tenants(&self) -> AgentResult<Vec<AuthContext>> {
+        self.inner.tenants().await
+    }
+}
+
+#[tokio::test]
+async fn a_list_tasks_page_reads_only_its_own_tasks_from_the_store() {
+    let listed = Arc::new(AtomicUsize::new(0));
+    let runtime = Arc::new(
+        Services::in_memory(Arc::new(keel_llm::MockLlm::new())).with_tasks(CountingTasks {
+            inner: keel_runtime::InMemoryTaskManager::new(),
+            listed: listed.clone(),
+        }),
+    );
+    let server = TestServer::start_with(runtime, |s| s).await;
+    let mut last = Value::Null;
+    for n in 0..250 {
+        let answer = server
+            .rpc(
+                "SendMessage",
+                json!({"message": user_message(&format!("hello {n}"))}),
+            )
+            .await;
+        last = answer["result"]["task"]["id"].clone();
+    }
+    listed.store(0, Ordering::Relaxed);
+    let page = server.rpc("ListTasks", json!({"pageSize": 1})).await["result"].clone();
+    assert_eq!(page["totalSize"], 250, "{page}");
+    assert_eq!(page["tasks"][0]["id"], last, "the newest first");
+    assert!(
+        listed.load(Ordering::Relaxed) <= 2,
+        "a page of one read {} tasks from the store",
+        listed.load(Ordering::Relaxed)
+    );
+    server.stop().await;
+}
+
+/// A task store whose backend cannot be reached.
+struct UnreachableTasks;
+
+fn unreachable() -> AgentError {
+    AgentError::store_unavailable(
+        "redis",
+        "GET task at redis://db.internal:6379",
+        std::io::Error::other("connection refused"),
+    )
+}
+
+#[async_trait::async_trait]
+impl keel_runtime::TaskManager for UnreachableTasks {
+    async fn get_task(&self, _: &AuthContext, _: &TaskId) -> AgentResult<Option<keel_core::Task>> {
+        Err(unreachable())
+    }
+    async fn list_tasks(
+        &self,
+        _: &AuthContext,
+        _: &ListTasksFilter,
+    ) -> AgentResult<Page<keel_core::Task>> {
+        Err(unreachable())
+    }
+    async fn save_task(&self, _: &AuthContext, _: &keel_core::Task) -> AgentResult<()> {
+        Err(unreachable())
+    }
+    async fn add_task_event(&self, _: &AuthContext, _: &TaskId, _: &TaskEvent) -> AgentResult<()> {
+        Err(unreachable())
+    }
+    async fn get_task_events(&self, _: &AuthContext, _: &TaskId) -> AgentResult<Vec<TaskEvent>> {
+        Err(unreachable())
+    }
+}
+
+#[tokio::test]
+async fn an_unavailable_store_is_503_with_retry_after_and_a_clear_json_rpc_error() {
+    let runtime = Arc::new(
+        Services::in_memory(Arc::new(keel_llm::MockLlm::new())).with_tasks(UnreachableTasks),
+    );
+    let server = TestServer::start_with(runtime, |s| s).await;
+    let response = server
+        .http
+        .get(format!("{}/tasks/t-1", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["status"], "UNAVAILABLE", "{body}");
+
+    for (method, params) in [
+        ("GetTask", json!({"id": "t-1"})),
+        ("SendMessage", json!({"message": user_message("hello")})),
+    ] {
+        let answer = server.rpc(method, params).await;
+        let error = &answer["error"];
+        assert_eq!(error["code"], -32050, "{method}: {answer}");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.starts_with("store unavailable"), "{message}");
+        assert!(!message.contains("db.internal"), "{message}");
+        assert_eq!(error["data"][0]["reason"], "UNAVAILABLE");
+        assert_eq!(error["data"][0]["metadata"]["backend"], "redis");
+    }
     server.stop().await;
 }

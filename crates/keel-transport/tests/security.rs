@@ -341,3 +341,76 @@ async fn a_tenant_can_never_reach_another_tenants_tasks() {
     );
     server.stop().await;
 }
+
+/// An auth service like many an application writes: the first secret it knows decides.
+struct FirstKnownSecret(ApiKeyAuthService, [&'static str; 2]);
+
+impl keel_runtime::AuthService for FirstKnownSecret {
+    fn auth_context(&self) -> AuthContext {
+        self.0.auth_context()
+    }
+
+    fn authenticate(
+        &self,
+        credentials: &keel_runtime::Credentials,
+    ) -> keel_core::AgentResult<Option<AuthContext>> {
+        let known = [&credentials.api_key, &credentials.bearer]
+            .into_iter()
+            .flatten()
+            .find(|secret| self.1.contains(&secret.as_str()));
+        match known {
+            Some(secret) => self.0.authenticate(&keel_runtime::Credentials {
+                api_key: Some(secret.clone()),
+                ..keel_runtime::Credentials::default()
+            }),
+            None => Ok(None),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_api_key_beside_a_valid_bearer_token_is_refused() {
+    let auth = FirstKnownSecret(
+        ApiKeyAuthService::new(AuthContext::new("local", "operator"))
+            .with_key(ALICE, AuthContext::new("acme", "alice"))
+            .with_key(BOB, AuthContext::new("globex", "bob")),
+        [ALICE, BOB],
+    );
+    let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth));
+    let server =
+        TestServer::start_with(runtime, |s| s.with_security(Security::api_key_and_bearer())).await;
+    let list = |key: &'static str, token: &'static str| {
+        server
+            .http
+            .post(format!("{}/", server.base))
+            .header("A2A-Version", "1.0")
+            .header("X-API-Key", key)
+            .bearer_auth(token)
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {}}))
+            .send()
+    };
+    for (key, token) in [("wrong", ALICE), (ALICE, "wrong"), (ALICE, BOB)] {
+        let response = list(key, token).await.unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::UNAUTHORIZED,
+            "{key} + {token}"
+        );
+        assert!(!challenges(response.headers()).is_empty());
+    }
+    // Over HTTP+JSON too.
+    let response = server
+        .http
+        .get(format!("{}/tasks", server.base))
+        .header("X-API-Key", "wrong")
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    // Both naming the same caller is fine.
+    let response = list(ALICE, ALICE).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body: Value = response.json().await.unwrap();
+    assert!(body["result"]["tasks"].is_array(), "{body}");
+}

@@ -26,6 +26,10 @@ pub struct ExecutorConfig {
     pub lease_ttl: Duration,
     /// How many threads this process runs at once; more wait for a slot.
     pub max_concurrent_threads: usize,
+    /// How many of those slots one tenant may hold at once (capped at
+    /// `max_concurrent_threads`); its further threads wait for one of its own to finish, so
+    /// that other tenants are still served. Three quarters of the slots by default.
+    pub max_threads_per_tenant: usize,
     /// How often to look again at work another process holds (its lease, its task state).
     pub poll_interval: Duration,
     /// This process's name in thread leases; unique among the live processes sharing a
@@ -48,6 +52,7 @@ impl Default for ExecutorConfig {
         Self {
             lease_ttl: Duration::from_secs(30),
             max_concurrent_threads: 64,
+            max_threads_per_tenant: 48,
             poll_interval: Duration::from_millis(200),
             holder: format!("keel-{}-{}", std::process::id(), uuid_suffix()),
             callbacks: None,

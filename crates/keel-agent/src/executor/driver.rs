@@ -90,10 +90,13 @@ impl Inner {
             };
             match taken {
                 Ok(Some(lease)) => {
-                    let Ok(_permit) = self.slots.clone().acquire_owned().await else {
+                    let Some(slot) = self.slots.acquire(&auth).await else {
                         break;
                     };
-                    if self.work_queue(&auth, lease).await == Worked::LeftForAnotherAgent {
+                    let worked = self.work_queue(&auth, lease).await;
+                    drop(slot);
+                    self.slots.forget_idle();
+                    if worked == Worked::LeftForAnotherAgent {
                         // That agent's executor takes the thread (its driver polls for the
                         // lease); looking again here would only take the lease from it.
                         self.workers.remove(&key);

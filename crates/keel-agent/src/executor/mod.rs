@@ -16,6 +16,7 @@ mod driver;
 mod features;
 mod host;
 mod run;
+mod slots;
 mod state;
 mod step;
 
@@ -32,7 +33,7 @@ use keel_core::{
 };
 use keel_runtime::{attach_history, load_task_with_history, AuthContext, ListTasksFilter, Runtime};
 use serde_json::json;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -75,7 +76,7 @@ impl AgentExecutor {
     /// An executor with explicit tuning.
     pub fn with_config(agent: Agent, runtime: Arc<dyn Runtime>, config: ExecutorConfig) -> Self {
         let (changed, _) = watch::channel(0);
-        let slots = Arc::new(Semaphore::new(config.max_concurrent_threads.max(1)));
+        let slots = slots::Slots::new(config.max_concurrent_threads, config.max_threads_per_tenant);
         let executor = Self {
             inner: Arc::new_cyclic(|me| Inner {
                 agent,

@@ -514,7 +514,10 @@ impl Inner {
                 }
                 (None, _) => ToolRun::Done {
                     output: json!(format!(
-                        "tool call `{}` was interrupted by a restart and not run again",
+                        // Its start was recorded but not its result: the run stopped in
+                        // between (a crash or restart, a lost lease, or a store that could
+                        // not save the result), and which one is not known here.
+                        "tool call `{}` may have started, but its result was never saved (the run stopped before it could be: a restart, a lost thread lease or a store failure); it is not run again",
                         call.name
                     )),
                     is_error: true,

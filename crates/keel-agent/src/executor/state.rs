@@ -14,7 +14,7 @@ use keel_events::EventSink;
 use keel_llm::LlmMessage;
 use keel_runtime::{AuthContext, Lease, Runtime};
 use serde_json::{json, Value};
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -77,7 +77,7 @@ pub(super) struct Inner {
     /// Where every run's events go (besides its own recorder).
     pub(super) sinks: RwLock<Vec<Arc<dyn EventSink>>>,
     pub(super) shutting_down: CancellationToken,
-    pub(super) slots: Arc<Semaphore>,
+    pub(super) slots: super::slots::Slots,
     /// Subagents: the executors whose agents use this one as a child kind, woken when a
     /// child's result is queued on their thread.
     pub(super) parents: RwLock<Vec<(String, Weak<dyn ThreadHost>)>>,

@@ -79,6 +79,7 @@ pub async fn run_all(
     task_manager_events_in_order(tasks).await;
     task_manager_save_with_events(tasks).await;
     task_manager_pagination(tasks).await;
+    task_manager_recently_updated_order(tasks).await;
     task_manager_page_token_survives_changes(tasks).await;
     task_manager_state_filter_follows_saves(tasks).await;
     task_manager_listed_tasks_carry_no_history(tasks).await;

@@ -4,11 +4,13 @@
 
 use std::collections::HashSet;
 
-use keel_core::{AgentError, Message, RunContext, Task, TaskEvent, TaskId, TaskState, ThreadId};
+use keel_core::{
+    AgentError, Message, RunContext, Task, TaskEvent, TaskId, TaskState, TaskStatus, ThreadId,
+};
 use serde_json::json;
 
 use super::{fresh_tenant, fresh_thread};
-use crate::{load_task_with_history, AuthContext, ListTasksFilter, Page, TaskManager};
+use crate::{load_task_with_history, AuthContext, ListTasksFilter, Page, TaskManager, TaskOrder};
 
 /// Unknown ids read as `None`; save is an upsert; snapshots round-trip (without history).
 pub async fn task_manager_round_trip(tasks: &dyn TaskManager) {
@@ -404,6 +406,7 @@ pub async fn task_manager_page_token_survives_changes(tasks: &dyn TaskManager) {
         state: Some(TaskState::Submitted),
         page_size: Some(2),
         page_token,
+        order: TaskOrder::Created,
     };
     let first = tasks.list_tasks(&auth, &submitted(None)).await.unwrap();
     assert_eq!(ids(&first), [all[0].id.clone(), all[1].id.clone()]);
@@ -574,4 +577,147 @@ pub async fn task_manager_lists_every_tenant(tasks: &dyn TaskManager) {
     assert!(listed.contains(&plain), "every tenant with tasks is listed");
     let unique: HashSet<_> = listed.iter().collect();
     assert_eq!(unique.len(), listed.len(), "each tenant is listed once");
+}
+
+/// [`TaskOrder::RecentlyUpdated`]: newest status first (ties by id, descending), paged
+/// without repeats or gaps, filtered by thread, state and `since`; a task saved with a newer
+/// status moves to the front; a foreign token is `InvalidInput` naming `page_token`.
+pub async fn task_manager_recently_updated_order(tasks: &dyn TaskManager) {
+    let auth = fresh_tenant();
+    let (thread_a, thread_b) = (fresh_thread(), fresh_thread());
+    let start = chrono::DateTime::parse_from_rfc3339("2026-01-02T03:04:05.123456Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let at = |seconds: i64| start + chrono::Duration::seconds(seconds);
+    let status = |state: TaskState, seconds: i64| TaskStatus {
+        state,
+        message: None,
+        timestamp: at(seconds),
+    };
+    // Saved out of time order; `t-3a` and `t-3b` share a timestamp.
+    let specs = [
+        ("t-5", &thread_a, TaskState::Working, 5),
+        ("t-1", &thread_a, TaskState::Completed, 1),
+        ("t-3b", &thread_b, TaskState::Working, 3),
+        ("t-7", &thread_b, TaskState::Completed, 7),
+        ("t-3a", &thread_a, TaskState::Completed, 3),
+        ("t-2", &thread_b, TaskState::Working, 2),
+        ("t-6", &thread_a, TaskState::Working, 6),
+    ];
+    for (id, thread, state, seconds) in specs {
+        let task = Task::from_parts(TaskId::from(id), (*thread).clone(), status(state, seconds));
+        tasks.save_task(&auth, &task).await.unwrap();
+    }
+    let recent = |since: Option<i64>| TaskOrder::RecentlyUpdated {
+        since: since.map(at),
+    };
+    let paged = |order, thread_id: Option<&ThreadId>, state| ListTasksFilter {
+        thread_id: thread_id.cloned(),
+        state,
+        page_size: Some(2),
+        page_token: None,
+        order,
+    };
+    assert_eq!(
+        every_page(tasks, &auth, paged(recent(None), None, None)).await,
+        (
+            ["t-7", "t-6", "t-5", "t-3b", "t-3a", "t-2", "t-1"]
+                .map(String::from)
+                .to_vec(),
+            7
+        ),
+        "newest status first, ties by id descending, every task once"
+    );
+    assert_eq!(
+        every_page(tasks, &auth, paged(recent(Some(3)), None, None)).await,
+        (
+            ["t-7", "t-6", "t-5", "t-3b", "t-3a"]
+                .map(String::from)
+                .to_vec(),
+            5
+        ),
+        "`since` keeps the tasks updated at or after it, and total_size counts them"
+    );
+    assert_eq!(
+        every_page(tasks, &auth, paged(recent(None), Some(&thread_a), None)).await,
+        (["t-6", "t-5", "t-3a", "t-1"].map(String::from).to_vec(), 4),
+        "thread filter"
+    );
+    assert_eq!(
+        every_page(
+            tasks,
+            &auth,
+            paged(recent(None), None, Some(TaskState::Working))
+        )
+        .await,
+        (["t-6", "t-5", "t-3b", "t-2"].map(String::from).to_vec(), 4),
+        "state filter"
+    );
+    assert_eq!(
+        every_page(
+            tasks,
+            &auth,
+            paged(recent(Some(2)), Some(&thread_b), Some(TaskState::Working))
+        )
+        .await,
+        (["t-3b", "t-2"].map(String::from).to_vec(), 2),
+        "thread, state and since together"
+    );
+
+    // A new status moves a task to the front, and out of the indexes of its old state.
+    let mut moved = tasks
+        .get_task(&auth, &TaskId::from("t-2"))
+        .await
+        .unwrap()
+        .unwrap();
+    moved = Task::from_parts(
+        moved.id.clone(),
+        moved.thread_id.clone(),
+        status(TaskState::Completed, 9),
+    );
+    tasks.save_task(&auth, &moved).await.unwrap();
+    let (seen, _) = every_page(tasks, &auth, paged(recent(None), None, None)).await;
+    assert_eq!(seen.first().map(String::as_str), Some("t-2"), "{seen:?}");
+    assert_eq!(seen.len(), 7, "a re-saved task is listed once: {seen:?}");
+    assert_eq!(
+        every_page(
+            tasks,
+            &auth,
+            paged(recent(None), Some(&thread_b), Some(TaskState::Working))
+        )
+        .await,
+        (["t-3b"].map(String::from).to_vec(), 1),
+        "the task left its old state's listing"
+    );
+    let bad = ListTasksFilter {
+        page_token: Some("not-a-token".into()),
+        order: recent(None),
+        ..Default::default()
+    };
+    assert!(
+        matches!(tasks.list_tasks(&auth, &bad).await, Err(AgentError::InvalidInput { ref field, .. }) if field == "page_token"),
+        "a bad page token is InvalidInput naming page_token"
+    );
+}
+
+/// Every page of `filter` (pages of at most two): the ids in order, and the first page's
+/// `total_size`.
+async fn every_page(
+    tasks: &dyn TaskManager,
+    auth: &AuthContext,
+    mut filter: ListTasksFilter,
+) -> (Vec<String>, usize) {
+    let mut seen = Vec::new();
+    let mut total = None;
+    for _ in 0..20 {
+        let page = tasks.list_tasks(auth, &filter).await.unwrap();
+        assert!(page.items.len() <= 2, "page_size must be honoured");
+        total.get_or_insert(page.total_size);
+        seen.extend(page.items.into_iter().map(|t| t.id.to_string()));
+        match page.next_page_token {
+            Some(token) => filter.page_token = Some(token),
+            None => return (seen, total.unwrap_or(0)),
+        }
+    }
+    panic!("pagination must end");
 }

@@ -2,6 +2,8 @@
 //! [`AgentExecutor`] through the same handler layer the A2A server uses, with no HTTP, so its
 //! answers and errors are those a remote [`A2aClient`](crate::A2aClient) gets.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use futures::StreamExt;
 use keel_agent::AgentExecutor;
@@ -12,6 +14,7 @@ use tokio::sync::watch;
 use super::binding::{ClientBinding, Failure, Reply, Request, StreamRequest};
 use crate::handlers::{EventStream, Handlers};
 use crate::jsonrpc::{self, RpcError};
+use crate::limits::{Admission, Limits};
 use crate::push::{Push, RetryPolicy};
 use crate::transport::TaskEventStream;
 use crate::wire::SendMessageCall;
@@ -69,7 +72,14 @@ impl InProcessBinding {
             push_stopped,
         );
         Self {
-            handlers: Handlers::new(executor.clone(), closed, None, None, push),
+            handlers: Handlers::new(
+                executor.clone(),
+                closed,
+                None,
+                None,
+                push,
+                Arc::new(Admission::new(Limits::default())),
+            ),
             executor,
             auth,
             _closing: closing,

@@ -3,6 +3,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use ipnet::{Ipv4Net, Ipv6Net};
+
 use reqwest::Url;
 
 /// The SSRF guard: the parsed URL and, unless private targets are allowed, the public
@@ -53,47 +55,88 @@ pub(super) fn literal_ip(host: &str) -> Result<IpAddr, &str> {
         .map_err(|_| host)
 }
 
-/// Whether an address is a public unicast address.
+/// Whether an address is a public unicast address: one that no special-purpose registry sets
+/// apart (see [`SPECIAL_V4`] and [`SPECIAL_V6`]). An IPv6 form that carries an IPv4 address
+/// (IPv4-mapped, NAT64, 6to4) is as public as the address it carries.
 pub(crate) fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(ip) => is_public_v4(ip),
-        IpAddr::V6(ip) => {
-            if let Some(v4) = ip.to_ipv4_mapped() {
-                return is_public_v4(v4);
+        IpAddr::V6(ip) => match embedded_v4(ip) {
+            Some(v4) => is_public_v4(v4),
+            None => {
+                GLOBAL_UNICAST_V6.contains(&ip) && !SPECIAL_V6.iter().any(|net| net.contains(&ip))
             }
-            let first = ip.segments()[0];
-            // NAT64 (64:ff9b::/96) embeds an IPv4 address.
-            if ip.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-                let [.., a, b] = ip.segments();
-                let [a1, a2] = a.to_be_bytes();
-                let [b1, b2] = b.to_be_bytes();
-                return is_public_v4(Ipv4Addr::new(a1, a2, b1, b2));
-            }
-            !(ip.is_loopback()
-                || ip.is_unspecified()
-                || ip.is_multicast()
-                || (first & 0xfe00) == 0xfc00 // unique local
-                || (first & 0xffc0) == 0xfe80 // link-local
-                || ip == Ipv6Addr::from([0u8; 16]))
-        }
+        },
     }
 }
 
 fn is_public_v4(ip: Ipv4Addr) -> bool {
-    let [a, b, ..] = ip.octets();
-    !(ip.is_loopback()
-        || ip.is_private()
-        || ip.is_link_local()
-        || ip.is_unspecified()
-        || ip.is_broadcast()
-        || ip.is_multicast()
-        || ip.is_documentation()
-        || a == 0
-        || (a == 100 && (64..128).contains(&b)) // shared address space (CGNAT)
-        || (a == 192 && b == 0 && ip.octets()[2] == 0) // IETF protocol assignments
-        || (a == 198 && (b == 18 || b == 19)) // benchmarking
-        || a >= 240)
+    !SPECIAL_V4.iter().any(|net| net.contains(&ip))
 }
+
+/// The IPv4 address inside an IPv6 address that stands for it on the wire: IPv4-mapped
+/// (`::ffff:0:0/96`, RFC 4291), the well-known NAT64 prefix (`64:ff9b::/96`, RFC 6052) and
+/// 6to4 (`2002::/16`, RFC 3056, the address in bits 16 to 48).
+fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let [s0, s1, s2, s3, s4, s5, s6, s7] = ip.segments();
+    let v4 = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    match (s0, s1, s2, s3, s4, s5) {
+        (0, 0, 0, 0, 0, 0xffff) => Some(v4(s6, s7)),
+        (0x64, 0xff9b, 0, 0, 0, 0) => Some(v4(s6, s7)),
+        (0x2002, ..) => Some(v4(s1, s2)),
+        _ => None,
+    }
+}
+
+const fn v4(a: u8, b: u8, c: u8, d: u8, prefix: u8) -> Ipv4Net {
+    Ipv4Net::new_assert(Ipv4Addr::new(a, b, c, d), prefix)
+}
+
+/// IPv4 ranges that are not public targets: every entry of IANA's "IPv4 Special-Purpose
+/// Address Registry" that is not globally reachable, or is for documentation or
+/// benchmarking, plus multicast (IANA "IPv4 Multicast Address Space Registry") and the
+/// reserved `240.0.0.0/4` (IANA "IPv4 Address Space Registry", which holds the limited
+/// broadcast address).
+const SPECIAL_V4: [Ipv4Net; 15] = [
+    v4(0, 0, 0, 0, 8),       // "this network", RFC 791
+    v4(10, 0, 0, 0, 8),      // private use, RFC 1918
+    v4(100, 64, 0, 0, 10),   // shared address space (CGNAT), RFC 6598
+    v4(127, 0, 0, 0, 8),     // loopback, RFC 1122
+    v4(169, 254, 0, 0, 16),  // link local, RFC 3927 (cloud metadata services live here)
+    v4(172, 16, 0, 0, 12),   // private use, RFC 1918
+    v4(192, 0, 0, 0, 24),    // IETF protocol assignments, RFC 6890
+    v4(192, 0, 2, 0, 24),    // documentation (TEST-NET-1), RFC 5737
+    v4(192, 88, 99, 0, 24),  // 6to4 relay anycast (deprecated), RFC 7526
+    v4(192, 168, 0, 0, 16),  // private use, RFC 1918
+    v4(198, 18, 0, 0, 15),   // benchmarking, RFC 2544
+    v4(198, 51, 100, 0, 24), // documentation (TEST-NET-2), RFC 5737
+    v4(203, 0, 113, 0, 24),  // documentation (TEST-NET-3), RFC 5737
+    v4(224, 0, 0, 0, 4),     // multicast, RFC 5771
+    v4(240, 0, 0, 0, 4),     // reserved, RFC 1112; includes 255.255.255.255 (broadcast)
+];
+
+const fn v6(segments: [u16; 8], prefix: u8) -> Ipv6Net {
+    let [a, b, c, d, e, f, g, h] = segments;
+    Ipv6Net::new_assert(Ipv6Addr::new(a, b, c, d, e, f, g, h), prefix)
+}
+
+/// IPv6 public targets lie in global unicast, `2000::/3` (IANA "IPv6 Global Unicast Address
+/// Assignments"); everything outside it is loopback, unspecified, IPv4-compatible, reserved,
+/// unique local (`fc00::/7`), link local (`fe80::/10`), site local (`fec0::/10`, deprecated)
+/// or multicast (`ff00::/8`), and is refused (the IPv4-carrying forms aside, see
+/// [`embedded_v4`]).
+const GLOBAL_UNICAST_V6: Ipv6Net = v6([0x2000, 0, 0, 0, 0, 0, 0, 0], 3);
+
+/// Ranges inside `2000::/3` that are not public targets, from IANA's "IPv6 Special-Purpose
+/// Address Registry". 6to4 (`2002::/16`) is judged by the IPv4 address it carries.
+const SPECIAL_V6: [Ipv6Net; 4] = [
+    // IETF protocol assignments, RFC 2928: Teredo (`2001::/32`, which tunnels to any IPv4
+    // address), benchmarking, ORCHID and a few anycast services; no webhook lives here.
+    v6([0x2001, 0, 0, 0, 0, 0, 0, 0], 23),
+    v6([0x2001, 0x0db8, 0, 0, 0, 0, 0, 0], 32), // documentation, RFC 3849
+    v6([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20),      // documentation, RFC 9637
+    v6([0x5f00, 0, 0, 0, 0, 0, 0, 0], 16),      // segment routing (SRv6) SIDs, RFC 9602
+];
 
 #[cfg(test)]
 mod tests {
@@ -118,6 +161,21 @@ mod tests {
             "::ffff:127.0.0.1",
             "::ffff:10.0.0.1",
             "64:ff9b::a9fe:a9fe",
+            // IPv4-compatible, site local, 6to4 of loopback, NAT64 local use, Teredo,
+            // documentation, multicast.
+            "::127.0.0.1",
+            "::8.8.8.8",
+            "fec0::1",
+            "2002:7f00:1::",
+            "2002:a00:1::1",
+            "64:ff9b:1::a00:1",
+            "2001::1",
+            "2001:db8::1",
+            "3fff::1",
+            "ff02::1",
+            "192.0.2.1",
+            "198.18.0.1",
+            "240.0.0.1",
         ] {
             assert!(!is_public(ip.parse().unwrap()), "{ip}");
         }
@@ -126,6 +184,9 @@ mod tests {
             "1.1.1.1",
             "2606:4700:4700::1111",
             "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
+            "2a00:1450:4001::1",
         ] {
             assert!(is_public(ip.parse().unwrap()), "{ip}");
         }
@@ -139,6 +200,9 @@ mod tests {
             "http://169.254.169.254/latest/meta-data",
             "http://10.0.0.1/",
             "http://localhost:8080/hook",
+            "http://[::127.0.0.1]/hook",
+            "http://[fec0::1]/hook",
+            "http://[2002:7f00:1::]/hook",
         ] {
             let err = check_target(url, false).await.unwrap_err();
             assert!(

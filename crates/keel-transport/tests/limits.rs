@@ -1,0 +1,282 @@
+//! One caller cannot starve the others: a huge batch is refused whole, a message with too
+//! many parts is invalid, a tenant with too many requests in progress is answered 429 /
+//! -32051 with `Retry-After`, and one tenant's flood of long tasks leaves work slots for
+//! another tenant's send.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_llm::MockLlm;
+use keel_runtime::{ApiKeyAuthService, AuthContext, Services};
+use keel_transport::{Limits, Security};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use support::{user_message, TestServer};
+
+const ALICE: &str = "key-alice";
+const BOB: &str = "key-bob";
+/// A tool call that lasts until the server stops (which cancels it).
+const SLEEP_LONG: &str = "/sleep {\"seconds\": 3600}";
+/// How long a request that must be served may take on a loaded machine.
+const GENEROUS: Duration = Duration::from_secs(60);
+
+async fn two_tenants(limits: Limits) -> TestServer {
+    let auth = ApiKeyAuthService::new(AuthContext::new("local", "operator"))
+        .with_key(ALICE, AuthContext::new("acme", "alice"))
+        .with_key(BOB, AuthContext::new("globex", "bob"));
+    let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth));
+    TestServer::start_with(runtime, |server| {
+        server
+            .with_security(Security::api_key_and_bearer())
+            .with_limits(limits)
+    })
+    .await
+}
+
+fn call(id: usize, method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+async fn post(server: &TestServer, key: &str, body: &Value) -> reqwest::Response {
+    server
+        .http
+        .post(format!("{}/", server.base))
+        .header("A2A-Version", "1.0")
+        .header("X-API-Key", key)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn send(server: &TestServer, key: &str, text: &str, return_immediately: bool) -> Value {
+    let params = json!({
+        "message": user_message(text),
+        "configuration": {"returnImmediately": return_immediately},
+    });
+    post(server, key, &call(1, "SendMessage", params))
+        .await
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_huge_batch_is_refused_whole_while_another_clients_send_is_served() {
+    let server = two_tenants(Limits::default()).await;
+    let batch: Vec<Value> = (0..1000)
+        .map(|i| call(i, "SendMessage", json!({"message": user_message("hello")})))
+        .collect();
+    let (batch_answer, single) = tokio::join!(
+        async {
+            post(&server, ALICE, &Value::Array(batch))
+                .await
+                .json::<Value>()
+                .await
+                .unwrap()
+        },
+        tokio::time::timeout(GENEROUS, send(&server, BOB, "hello", false)),
+    );
+    assert_eq!(batch_answer["error"]["code"], -32600, "{batch_answer}");
+    assert_eq!(
+        batch_answer["error"]["data"][0]["metadata"]["maxBatchRequests"],
+        Limits::default().max_batch_requests.to_string()
+    );
+    let single = single.expect("the single send is served");
+    assert_eq!(
+        single["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{single}"
+    );
+    // Nothing of the refused batch ran.
+    let listed = post(&server, ALICE, &call(1, "ListTasks", json!({}))).await;
+    let listed: Value = listed.json().await.unwrap();
+    assert_eq!(listed["result"]["totalSize"], 0, "{listed}");
+    // A batch within the limit runs.
+    let small: Vec<Value> = (0..3)
+        .map(|i| call(i, "GetTask", json!({"id": "nope"})))
+        .collect();
+    let answers: Value = post(&server, ALICE, &Value::Array(small))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answers.as_array().map(Vec::len), Some(3), "{answers}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_message_with_too_many_parts_is_invalid() {
+    let server = two_tenants(Limits {
+        max_message_parts: 4,
+        ..Limits::default()
+    })
+    .await;
+    let mut message = user_message("hello");
+    message["parts"] = Value::Array(vec![json!({"text": "part"}); 5]);
+    let answer: Value = post(
+        &server,
+        ALICE,
+        &call(1, "SendMessage", json!({"message": message})),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(answer["error"]["code"], -32602, "{answer}");
+    assert_eq!(
+        answer["error"]["data"][0]["metadata"]["field"],
+        "message.parts"
+    );
+    message["parts"] = Value::Array(vec![json!({"text": "part"}); 4]);
+    let answer: Value = post(
+        &server,
+        ALICE,
+        &call(1, "SendMessage", json!({"message": message})),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert!(answer["result"]["task"].is_object(), "{answer}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_tenant_with_too_many_requests_in_progress_is_told_to_retry_later() {
+    let server = two_tenants(Limits {
+        max_requests_per_tenant: 2,
+        ..Limits::default()
+    })
+    .await;
+    // Two blocking sends that stay in progress until the server stops.
+    let blocked: Vec<_> = (0..2)
+        .map(|_| {
+            let (http, base) = (server.http.clone(), server.base.clone());
+            tokio::spawn(async move {
+                http.post(format!("{base}/"))
+                    .header("A2A-Version", "1.0")
+                    .header("X-API-Key", ALICE)
+                    .json(&call(
+                        1,
+                        "SendMessage",
+                        json!({"message": user_message(SLEEP_LONG)}),
+                    ))
+                    .send()
+                    .await
+            })
+        })
+        .collect();
+    // Once both are in progress, Alice's next request is refused: over HTTP+JSON with 429
+    // and `Retry-After`...
+    let deadline = tokio::time::Instant::now() + GENEROUS;
+    let refused = loop {
+        let response = server
+            .http
+            .get(format!("{}/tasks", server.base))
+            .header("X-API-Key", ALICE)
+            .send()
+            .await
+            .unwrap();
+        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            break response;
+        }
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Alice's requests were never refused"
+        );
+        tokio::task::yield_now().await;
+    };
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry_after >= 1);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["status"], "RESOURCE_EXHAUSTED", "{body}");
+    // ...and over JSON-RPC with -32051 naming the limit.
+    let answer: Value = post(&server, ALICE, &call(1, "ListTasks", json!({})))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["error"]["code"], -32051, "{answer}");
+    let info = &answer["error"]["data"][0];
+    assert_eq!(info["reason"], "RESOURCE_EXHAUSTED");
+    assert_eq!(info["metadata"]["max"], "2");
+    assert!(
+        info["metadata"]["retryAfterSeconds"].is_string(),
+        "{answer}"
+    );
+    // Bob is served meanwhile.
+    let bob = tokio::time::timeout(GENEROUS, send(&server, BOB, "hello", false))
+        .await
+        .expect("Bob is served");
+    assert_eq!(
+        bob["result"]["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    server.stop().await;
+    for request in blocked {
+        // Answered (the canceled task) once the server stopped.
+        let _ = request.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn one_tenants_flood_of_long_tasks_leaves_slots_for_another_tenant() {
+    let server = two_tenants(Limits::default()).await;
+    // As many long tasks as the process has work slots, each on its own thread.
+    let slots = keel_agent::ExecutorConfig::default().max_concurrent_threads;
+    let mut flood = Vec::new();
+    for _ in 0..slots {
+        let sent = send(&server, ALICE, SLEEP_LONG, true).await;
+        let id = sent["result"]["task"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{sent}"));
+        flood.push(id.to_owned());
+    }
+    // Wait until Alice's share of the slots is busy with them.
+    let share = keel_agent::ExecutorConfig::default().max_threads_per_tenant;
+    let deadline = tokio::time::Instant::now() + GENEROUS;
+    loop {
+        let listed: Value = post(
+            &server,
+            ALICE,
+            &call(
+                1,
+                "ListTasks",
+                json!({"status": "TASK_STATE_WORKING", "pageSize": 100}),
+            ),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+        let working = listed["result"]["totalSize"].as_u64().unwrap_or(0) as usize;
+        assert!(
+            working <= share,
+            "Alice runs {working} threads, more than her share"
+        );
+        if working == share {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Alice's tasks did not start: {listed}"
+        );
+        tokio::task::yield_now().await;
+    }
+    // Bob's blocking send runs and completes although Alice has more work waiting.
+    let bob = tokio::time::timeout(GENEROUS, send(&server, BOB, "hello", false))
+        .await
+        .expect("Bob's send is served while Alice's tasks run");
+    assert_eq!(
+        bob["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{bob}"
+    );
+    server.stop().await;
+}
