@@ -296,8 +296,7 @@ pub(crate) async fn serve(
             .executor
             .start_effects()
             .map_err(|err| format!("cannot start the effect scheduler: {err}"))?;
-        let mut server =
-            A2aServer::new(agent.executor.clone())
+        let mut server = A2aServer::new(agent.executor.clone())
             .allow_private_push_targets(allow_private)
             .with_limits(overrides.limits);
         if secured {

@@ -10,6 +10,7 @@
 //! | `Unsupported` | [`UNSUPPORTED_OPERATION`] -32004 |
 //! | `Unavailable` (`StoreUnavailable`) | [`STORE_UNAVAILABLE`] -32050 (HTTP+JSON: 503) |
 //! | `Overloaded` | [`OVERLOADED`] -32051 (HTTP+JSON: 429 with `Retry-After`) |
+//! | `CancelPending` | [`CANCEL_PENDING`] -32052 (HTTP+JSON: 409) |
 //! | anything else | [`INTERNAL_ERROR`] -32603, message `internal error` |
 //!
 //! Every error object carries `data`: an array with one `google.rpc.ErrorInfo` (`@type`,
@@ -54,6 +55,10 @@ pub const STORE_UNAVAILABLE: i32 = -32050;
 /// Keel: a limit that protects the server refused the request; the `ErrorInfo` metadata
 /// names the limit (`limit`, `max`) and when to try again (`retryAfterSeconds`).
 pub const OVERLOADED: i32 = -32051;
+/// Keel: a cancel was recorded but the task's run has not stopped yet (its process holds the
+/// thread, or died and its lease has not lapsed); asking again later answers the canceled
+/// task.
+pub const CANCEL_PENDING: i32 = -32052;
 
 /// The `@type` of the `google.rpc.ErrorInfo` entries in `error.data`.
 pub const ERROR_INFO_TYPE: &str = "type.googleapis.com/google.rpc.ErrorInfo";
@@ -75,6 +80,9 @@ pub const ERROR_DOMAIN: &str = "a2a-protocol.org";
 /// assert_eq!(error_code(&err), TASK_NOT_FOUND);
 /// ```
 pub fn error_code(err: &AgentError) -> i32 {
+    if let AgentError::CancelPending { .. } = err {
+        return CANCEL_PENDING;
+    }
     match err.kind() {
         ErrorKind::NotFound => TASK_NOT_FOUND,
         ErrorKind::NotCancelable => TASK_NOT_CANCELABLE,
@@ -103,6 +111,7 @@ fn reason(code: i32) -> &'static str {
         VERSION_NOT_SUPPORTED => "VERSION_NOT_SUPPORTED",
         STORE_UNAVAILABLE => "UNAVAILABLE",
         OVERLOADED => "RESOURCE_EXHAUSTED",
+        CANCEL_PENDING => "ABORTED",
         _ => "INTERNAL_ERROR",
     }
 }
@@ -125,6 +134,7 @@ pub(crate) fn code_from_reason(reason: &str) -> Option<i32> {
         VERSION_NOT_SUPPORTED,
         STORE_UNAVAILABLE,
         OVERLOADED,
+        CANCEL_PENDING,
     ]
     .into_iter()
     .find(|code| self::reason(*code) == reason)
@@ -171,7 +181,9 @@ impl RpcError {
         }
         let rpc = Self::new(code, err.to_string());
         match err {
-            AgentError::TaskNotFound { task_id } => rpc.with("taskId", task_id.as_str()),
+            AgentError::TaskNotFound { task_id } | AgentError::CancelPending { task_id } => {
+                rpc.with("taskId", task_id.as_str())
+            }
             AgentError::TaskNotCancelable { task_id, state } => rpc
                 .with("taskId", task_id.as_str())
                 .with("state", wire::state_name(*state)),
@@ -262,6 +274,7 @@ pub fn rest_status(code: i32) -> (u16, &'static str) {
         METHOD_NOT_FOUND => (404, "NOT_FOUND"),
         STORE_UNAVAILABLE => (503, "UNAVAILABLE"),
         OVERLOADED => (429, "RESOURCE_EXHAUSTED"),
+        CANCEL_PENDING => (409, "ABORTED"),
         _ => (500, "INTERNAL"),
     }
 }
@@ -352,6 +365,7 @@ pub(crate) fn agent_error_from_rpc(error: &Value, task_id: Option<&TaskId>) -> A
     };
     match i32::try_from(code).unwrap_or(INTERNAL_ERROR) {
         TASK_NOT_FOUND => AgentError::TaskNotFound { task_id: task() },
+        CANCEL_PENDING => AgentError::CancelPending { task_id: task() },
         TASK_NOT_CANCELABLE => AgentError::TaskNotCancelable {
             task_id: task(),
             state: meta("state")
@@ -458,6 +472,12 @@ mod tests {
                 STORE_UNAVAILABLE,
             ),
             (
+                AgentError::CancelPending {
+                    task_id: "t-3".into(),
+                },
+                CANCEL_PENDING,
+            ),
+            (
                 AgentError::BudgetExceeded {
                     limit: "max_steps".into(),
                     used: 1,
@@ -549,6 +569,7 @@ mod tests {
         assert_eq!(rpc.to_json()["data"][0]["reason"], "UNAVAILABLE");
         assert_eq!(rest_status(rpc.code), (503, "UNAVAILABLE"));
         assert_eq!(rest_status(OVERLOADED), (429, "RESOURCE_EXHAUSTED"));
+        assert_eq!(rest_status(CANCEL_PENDING), (409, "ABORTED"));
     }
 
     #[test]
