@@ -95,7 +95,7 @@ impl Inner {
                     };
                     let worked = self.work_queue(&auth, lease).await;
                     drop(slot);
-                    self.slots.forget_idle();
+                    self.slots.forget_if_idle(&auth);
                     if worked == Worked::LeftForAnotherAgent {
                         // That agent's executor takes the thread (its driver polls for the
                         // lease); looking again here would only take the lease from it.

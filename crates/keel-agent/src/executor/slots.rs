@@ -51,12 +51,13 @@ impl Slots {
         })
     }
 
-    /// Forget the semaphores of tenants that hold no slot and wait for none, so that the map
-    /// does not grow with every tenant ever served.
-    pub(super) fn forget_idle(&self) {
+    /// Forget `auth`'s semaphore when it holds no slot and waits for none, so that the map
+    /// does not grow with every tenant ever served. Only that tenant's entry is looked at:
+    /// this runs after every piece of work.
+    pub(super) fn forget_if_idle(&self, auth: &AuthContext) {
         let tenant_max = self.tenant_max;
-        self.per_tenant.retain(|_, semaphore| {
-            Arc::strong_count(semaphore) > 1 || semaphore.available_permits() < tenant_max
+        self.per_tenant.remove_if(&auth.namespace(), |_, semaphore| {
+            Arc::strong_count(semaphore) == 1 && semaphore.available_permits() == tenant_max
         });
     }
 }
@@ -81,7 +82,9 @@ mod tests {
         drop(held.pop());
         let again = slots.acquire(&a).await.unwrap();
         drop((held, b_slot, again));
-        slots.forget_idle();
+        slots.forget_if_idle(&a);
+        assert_eq!(slots.per_tenant.len(), 1, "only `a` is forgotten");
+        slots.forget_if_idle(&b);
         assert!(slots.per_tenant.is_empty());
     }
 }
