@@ -140,6 +140,30 @@ pub(crate) fn code_from_reason(reason: &str) -> Option<i32> {
     .find(|code| self::reason(*code) == reason)
 }
 
+/// Refuse a request body whose `Content-Type` is not JSON (`application/json` or
+/// `application/a2a+json`, any parameters) with [`CONTENT_TYPE_NOT_SUPPORTED`] (HTTP 415).
+/// A request without the header is read as JSON. Both bindings check bodies through this.
+pub(crate) fn require_json_body(headers: &axum::http::HeaderMap) -> Result<(), RpcError> {
+    let Some(content_type) = headers.get(axum::http::header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let essence = content_type
+        .to_str()
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if essence == "application/json" || essence == "application/a2a+json" {
+        return Ok(());
+    }
+    Err(RpcError::new(
+        CONTENT_TYPE_NOT_SUPPORTED,
+        format!("content type `{essence}` is not supported; send application/a2a+json or application/json"),
+    ))
+}
+
 /// An A2A error to answer with: its JSON-RPC code, message and `ErrorInfo` metadata. The
 /// JSON-RPC binding sends [`RpcError::to_json`], the HTTP+JSON binding
 /// [`RpcError::to_rest_json`] with the status of [`rest_status`].

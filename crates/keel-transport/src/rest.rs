@@ -35,8 +35,7 @@ use tracing::Instrument;
 
 use crate::handlers::{Handlers, Operation, Reply};
 use crate::jsonrpc::{
-    rest_status, RpcError, CONTENT_TYPE_NOT_SUPPORTED, INVALID_PARAMS, METHOD_NOT_FOUND,
-    PARSE_ERROR, VERSION_NOT_SUPPORTED,
+    rest_status, RpcError, INVALID_PARAMS, METHOD_NOT_FOUND, PARSE_ERROR, VERSION_NOT_SUPPORTED,
 };
 use crate::sse::{sse, sse_json};
 use crate::version::{requested_version, Version};
@@ -210,22 +209,7 @@ fn body_params(
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }
-    if let Some(content_type) = headers.get(header::CONTENT_TYPE) {
-        let essence = content_type
-            .to_str()
-            .unwrap_or("")
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        if essence != "application/json" && essence != "application/a2a+json" {
-            return Err(RpcError::new(
-                CONTENT_TYPE_NOT_SUPPORTED,
-                format!("content type `{essence}` is not supported; send application/a2a+json or application/json"),
-            ));
-        }
-    }
+    crate::jsonrpc::require_json_body(headers)?;
     match serde_json::from_slice::<Value>(&body) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(invalid("body", "must be a JSON object")),

@@ -103,6 +103,9 @@ struct ServerState {
     /// the v0.3 fields (`compat_v03::card_from_v1`).
     card_v03: ServedCard,
     card_cache_control: String,
+    /// When this server built its card (an HTTP-date): the card changes only with a new
+    /// server, so that is when it was last modified.
+    card_last_modified: String,
 }
 
 /// One variant of the public card and its entity tag.
@@ -305,6 +308,9 @@ impl A2aServer {
             card_v03: ServedCard::new(compat_v03::card_from_v1(card.clone())),
             card: ServedCard::new(card),
             card_cache_control: format!("public, max-age={}", self.card_max_age),
+            card_last_modified: chrono::Utc::now()
+                .format("%a, %d %b %Y %H:%M:%S GMT")
+                .to_string(),
         });
         Router::new()
             .route(AGENT_CARD_PATH, get(agent_card))
@@ -374,7 +380,7 @@ impl A2aServer {
     }
 }
 
-/// The public card, with `Cache-Control` and an `ETag`; `If-None-Match` naming the current
+/// The public card, with `Cache-Control`, `Last-Modified` and an `ETag`; `If-None-Match` naming the current
 /// tag (or `*`) is answered 304 with no body. A caller that names A2A 1.0 (header or query
 /// parameter, as for `POST /`) gets the v1.0 card; any other caller the card with the v0.3
 /// fields added, since a v0.3 client sends no version (`Vary: A2A-Version`).
@@ -405,6 +411,9 @@ async fn agent_card(
         headers.insert(header::ETAG, value);
     }
     headers.insert(header::VARY, HeaderValue::from_static(VERSION_HEADER));
+    if let Ok(value) = HeaderValue::from_str(&state.card_last_modified) {
+        headers.insert(header::LAST_MODIFIED, value);
+    }
     if let Ok(value) = HeaderValue::from_str(&state.card_cache_control) {
         headers.insert(header::CACHE_CONTROL, value);
     }
@@ -448,6 +457,11 @@ async fn json_rpc(
             return answer_error(Value::Null, &RpcError::new(INVALID_REQUEST, message));
         }
     };
+    if let Err(error) = jsonrpc::require_json_body(&headers) {
+        let mut response = answer_error(Value::Null, &error);
+        *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        return response;
+    }
     let request: Value = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(err) => {

@@ -910,6 +910,11 @@ async fn the_card_is_cacheable_and_revalidates_with_its_etag() {
     assert!(cache.starts_with("public, max-age="), "{cache}");
     let etag = first.headers()["etag"].to_str().unwrap().to_owned();
     assert!(etag.starts_with('"') && etag.ends_with('"'), "{etag}");
+    let modified = first.headers()["last-modified"].to_str().unwrap();
+    assert!(
+        chrono::DateTime::parse_from_rfc2822(modified).is_ok() && modified.ends_with(" GMT"),
+        "an HTTP-date: {modified}"
+    );
     // The same card, the same tag.
     let again = server.http.get(&url).send().await.unwrap();
     assert_eq!(again.headers()["etag"].to_str().unwrap(), etag);
@@ -936,4 +941,39 @@ async fn the_card_is_cacheable_and_revalidates_with_its_etag() {
     let card: Value = stale.json().await.unwrap();
     assert_eq!(card["name"], "echo");
     server.stop().await;
+}
+
+#[tokio::test]
+async fn a_json_rpc_body_that_is_not_json_by_its_content_type_is_refused_415() {
+    let server = TestServer::start().await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "t"}});
+    let refused = server
+        .http
+        .post(format!("{}/", server.base))
+        .header("content-type", "text/plain")
+        .header("A2A-Version", "1.0")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let answer: Value = refused.json().await.unwrap();
+    assert_eq!(answer["error"]["code"], -32005, "{answer}");
+    assert_eq!(answer["id"], Value::Null);
+    // JSON by either name, with parameters, is read.
+    for content_type in ["application/json; charset=utf-8", "application/a2a+json"] {
+        let read: Value = server
+            .http
+            .post(format!("{}/", server.base))
+            .header("content-type", content_type)
+            .header("A2A-Version", "1.0")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(read["error"]["code"], -32001, "{content_type}: {read}");
+    }
 }

@@ -207,13 +207,31 @@ async fn the_four_config_operations_work_on_both_bindings() {
         )
         .await;
     assert_eq!(code(&gone), -32001, "{gone}");
+    // Deleting again is idempotent (A2A §3.1.10), over both bindings; an unknown task is not.
     let deleted = server
         .rpc(
             "DeleteTaskPushNotificationConfig",
             json!({"taskId": task_id, "id": "c1"}),
         )
         .await;
-    assert_eq!(code(&deleted), -32001, "{deleted}");
+    assert!(deleted.get("error").is_none(), "{deleted}");
+    let deleted = server
+        .http
+        .delete(format!(
+            "{}/tasks/{task_id}/pushNotificationConfigs/c1",
+            server.base
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    let unknown_task = server
+        .rpc(
+            "DeleteTaskPushNotificationConfig",
+            json!({"taskId": "nope", "id": "c1"}),
+        )
+        .await;
+    assert_eq!(code(&unknown_task), -32001, "{unknown_task}");
     let unknown_task = server
         .rpc("ListTaskPushNotificationConfigs", json!({"taskId": "nope"}))
         .await;

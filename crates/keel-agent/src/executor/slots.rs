@@ -56,9 +56,10 @@ impl Slots {
     /// this runs after every piece of work.
     pub(super) fn forget_if_idle(&self, auth: &AuthContext) {
         let tenant_max = self.tenant_max;
-        self.per_tenant.remove_if(&auth.namespace(), |_, semaphore| {
-            Arc::strong_count(semaphore) == 1 && semaphore.available_permits() == tenant_max
-        });
+        self.per_tenant
+            .remove_if(&auth.namespace(), |_, semaphore| {
+                Arc::strong_count(semaphore) == 1 && semaphore.available_permits() == tenant_max
+            });
     }
 }
 

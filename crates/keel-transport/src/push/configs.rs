@@ -146,7 +146,8 @@ impl Push {
         self.configs(auth, task_id).await.map_err(rpc)
     }
 
-    /// `DeleteTaskPushNotificationConfig`.
+    /// `DeleteTaskPushNotificationConfig`. Idempotent, as A2A requires: deleting a config that
+    /// is already gone (or never was) succeeds, for a task the caller can see.
     pub(crate) async fn delete(
         &self,
         auth: &AuthContext,
@@ -156,22 +157,20 @@ impl Push {
         self.require_task(auth, task_id).await?;
         let _writes = self.inner.writes.lock().await;
         let memory = self.memory();
-        let existed = memory
+        memory
             .delete(auth, &config_key(task_id, config_id))
             .await
             .map_err(rpc)?;
         let mut index = self.index(auth, task_id).await.map_err(rpc)?;
-        let listed = index.iter().any(|id| id == config_id);
+        let before = index.len();
         index.retain(|id| id != config_id);
-        memory
-            .save_serialized(auth, &index_key(task_id), json!(index))
-            .await
-            .map_err(rpc)?;
-        if existed || listed {
-            Ok(())
-        } else {
-            Err(config_not_found(task_id, config_id))
+        if index.len() != before {
+            memory
+                .save_serialized(auth, &index_key(task_id), json!(index))
+                .await
+                .map_err(rpc)?;
         }
+        Ok(())
     }
 
     async fn index(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Vec<String>> {
