@@ -1,7 +1,7 @@
 //! Approvals over the wire (`docs/approvals.md`): a task waiting for an approval is
 //! `input-required` with the request in `metadata.pending_approval`; a message to it whose one
 //! part is `{"approval": {"requestId", "decision", "reason"?}}` approves or denies, over
-//! JSON-RPC, HTTP+JSON and streaming alike, and the run records who decided.
+//! JSON-RPC, HTTP+JSON, streaming and the WebSocket alike, and the run records who decided.
 
 mod support;
 
@@ -56,6 +56,7 @@ impl ApprovalServer {
         .with_capabilities(["records.write"]);
         let agent = Agent::builder(AgentCard::new("records", "keeps records", "http://unused"))
             .tool(tool)
+            .human_handoff(true)
             .policy(
                 CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval),
             )
@@ -286,6 +287,45 @@ async fn a_streamed_approval_follows_the_resumed_turn_to_its_end() {
 }
 
 #[tokio::test]
+async fn a_websocket_approval_answers_with_the_finished_task() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+
+    let server = ApprovalServer::start().await;
+    let (task_id, request_id) = server.waiting_task().await;
+    let url = format!("{}/ws", server.base.replacen("http://", "ws://", 1));
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("A2A-Version", "1.0".parse().unwrap());
+    request
+        .headers_mut()
+        .insert("X-API-Key", ALICE.parse().unwrap());
+    let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    let call = json!({"jsonrpc": "2.0", "id": "ws-1", "method": "SendMessage",
+        "params": {"message": message(vec![approval(&request_id, "approve", None)], Some(&task_id))}});
+    socket.send(Message::text(call.to_string())).await.unwrap();
+    let answer: Value = loop {
+        // Generous: the socket answers once the resumed run rests.
+        let frame = tokio::time::timeout(std::time::Duration::from_secs(60), socket.next())
+            .await
+            .expect("an answer")
+            .expect("the socket is open")
+            .unwrap();
+        if let Message::Text(text) = frame {
+            break serde_json::from_str(text.as_str()).unwrap();
+        }
+    };
+    assert_eq!(answer["id"], "ws-1");
+    assert_eq!(
+        answer["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{answer}"
+    );
+    assert_eq!(server.writes.load(Ordering::SeqCst), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_wrong_request_id_or_a_plain_message_is_invalid_params_and_the_task_still_waits() {
     let server = ApprovalServer::start().await;
     let (task_id, request_id) = server.waiting_task().await;
@@ -328,7 +368,7 @@ async fn a_wrong_request_id_or_a_plain_message_is_invalid_params_and_the_task_st
 }
 
 #[tokio::test]
-async fn a_decision_on_a_task_that_does_not_wait_names_its_state() {
+async fn a_decision_on_a_task_that_waits_for_no_approval_names_its_state() {
     let server = ApprovalServer::start().await;
     let (task_id, request_id) = server.waiting_task().await;
     let approve = || json!({"message": message(vec![approval(&request_id, "approve", None)], Some(&task_id))});
@@ -350,6 +390,23 @@ async fn a_decision_on_a_task_that_does_not_wait_names_its_state() {
         1,
         "a second approval runs nothing"
     );
+
+    // A task waiting for plain input waits for no approval either.
+    let asking = server
+        .rpc(ALICE, "SendMessage", json!({"message": message(vec![json!({"text": "/ask_human {\"question\": \"which?\"}"})], None)}))
+        .await;
+    let asking = &asking["result"]["task"];
+    assert_eq!(
+        asking["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{asking}"
+    );
+    let asking_id = asking["id"].as_str().unwrap();
+    let refused = server
+        .rpc(ALICE, "SendMessage", json!({"message": message(vec![approval(&request_id, "approve", None)], Some(asking_id))}))
+        .await;
+    assert_eq!(error_code(&refused), -32602, "{refused}");
+    let text = refused["error"]["message"].as_str().unwrap();
+    assert!(text.contains("input-required"), "{text}");
     server.stop().await;
 }
 
