@@ -29,6 +29,7 @@
 //! ```
 
 mod agent;
+mod approval_part;
 mod async_http;
 mod async_tools;
 mod attachments;
@@ -49,6 +50,7 @@ mod work;
 pub use agent::{
     Agent, AgentBuilder, StopRules, ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL,
 };
+pub use approval_part::{approval_part, APPROVAL_PART_KEY};
 pub use async_http::AsyncHttpTool;
 pub use async_tools::{
     AcceptedCallback, AsyncDispatch, AsyncInvocation, CallbackAddress, CallbackDispatcher,

@@ -4,8 +4,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
-use keel_core::{AgentCard, AgentError, Message, RunBudget, RunContext, TaskState, ThreadId};
+use keel_agent::{approval_part, Agent, AgentExecutor, FnTool, SendOptions};
+use keel_core::{
+    AgentCard, AgentError, ApprovalOutcome, Message, RunBudget, RunContext, TaskState, ThreadId,
+};
 use keel_events::{
     assert_no_denied_actions, assert_run_events, normalize, InMemoryEventSink, Match, RunEvent,
 };
@@ -365,6 +367,91 @@ async fn a_denied_approval_becomes_a_tool_error() {
         .unwrap();
     assert_eq!(done.state(), TaskState::Completed);
     assert_eq!(writes.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_approval_message_decides_and_never_joins_the_models_conversation() {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let llm = script(1);
+    let agent = Agent::builder(card())
+        .llm_shared(llm.clone())
+        .tool(write_tool(writes.clone()))
+        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
+        .build()
+        .unwrap();
+    let (exec, auth, sink) = executor(agent);
+    let task = exec
+        .send_message(&auth, Message::user("write"), SendOptions::default())
+        .await
+        .unwrap();
+    let pending: keel_core::ApprovalRequest =
+        serde_json::from_value(task.metadata["pending_approval"].clone()).unwrap();
+    let answer = |outcome| {
+        let mut message = Message::new(
+            keel_core::Role::User,
+            vec![approval_part(
+                &pending.request_id,
+                outcome,
+                Some("go ahead"),
+            )],
+        );
+        message.task_id = Some(task.id.clone());
+        message
+    };
+    let done = exec
+        .send_message(
+            &auth,
+            answer(ApprovalOutcome::Approved),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.state(), TaskState::Completed, "{:?}", done.status());
+    assert_eq!(writes.load(Ordering::SeqCst), 1);
+
+    // The decision names who made it, and the model saw the tool's result right after its
+    // call, with no user message between them.
+    let decided = sink
+        .events()
+        .into_iter()
+        .find(|e| e.event_type == keel_events::EventType::APPROVAL_DECIDED)
+        .expect("an approval.decided event");
+    assert_eq!(
+        decided.payload["decision"]["decided_by"],
+        auth.user_name.as_str()
+    );
+    assert_eq!(decided.payload["decision"]["reason"], "go ahead");
+    let last = llm.requests().pop().expect("the model was called again");
+    let users = last
+        .messages
+        .iter()
+        .filter(|m| m.role == keel_llm::LlmRole::User)
+        .count();
+    assert_eq!(
+        users, 1,
+        "only the first message joins the conversation: {:?}",
+        last.messages
+    );
+    assert_eq!(
+        last.messages.last().map(|m| m.role),
+        Some(keel_llm::LlmRole::Tool),
+        "{:?}",
+        last.messages
+    );
+
+    // The task waits no more: another decision is refused, naming its state.
+    let err = exec
+        .send_message(
+            &auth,
+            answer(ApprovalOutcome::Denied),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::InvalidInput { reason, .. } if reason.contains("completed")),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]

@@ -37,7 +37,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::task_meta::EngineMeta;
+use crate::approval_part;
+use crate::task_meta::{EngineMeta, PENDING_APPROVAL};
 use crate::thread_state::ThreadHost;
 use crate::{Agent, Negotiation, ThreadState};
 use keel_core::{ApprovalDecision, ApprovalRequest};
@@ -65,6 +66,25 @@ fn adopt_run_context(task: &mut Task, mut incoming: RunContext) -> AgentResult<(
         incoming.budget = existing.budget.narrowed_by(&incoming.budget);
     }
     incoming.attach_to_task(task)
+}
+
+/// Refuse a decision that does not answer `task`'s pending approval request, naming `field`.
+fn check_answers_pending(task: &Task, decision: &ApprovalDecision, field: &str) -> AgentResult<()> {
+    let pending: Option<ApprovalRequest> = EngineMeta::of(&task.metadata).pending_approval;
+    match pending {
+        Some(pending) if pending.request_id == decision.request_id => Ok(()),
+        Some(pending) => Err(AgentError::invalid_input(
+            field,
+            format!(
+                "`{}` does not answer the pending request `{}`",
+                decision.request_id, pending.request_id
+            ),
+        )),
+        None => Err(AgentError::invalid_input(
+            field,
+            format!("task {} has no action waiting for approval", task.id),
+        )),
+    }
 }
 
 impl AgentExecutor {
@@ -122,7 +142,11 @@ impl AgentExecutor {
     }
 
     /// Accept a user message: a new task in the message's thread (or a new thread), or the
-    /// continuation of the task it names when that task waits for input. The message is
+    /// continuation of the task it names when that task waits for input. A task waiting for
+    /// an approval takes only a message whose one part is the approval data part
+    /// ([`crate::approval_part()`]); its decision, made by `auth`'s user, resumes the run as
+    /// [`Self::decide_approval`] does, and an approval part sent to a task that waits for
+    /// none is [`AgentError::InvalidInput`] naming the task's state. The message is
     /// persisted and queued on its thread before this returns; the thread's worker runs it
     /// when the thread is free. Blocking by default: see [`SendOptions`].
     pub async fn send_message(
@@ -143,14 +167,29 @@ impl AgentExecutor {
                 "must be `user` for a message sent to an agent",
             ));
         }
+        // Only the engine marks a message as an approval decision.
+        message.metadata.remove(approval_part::DECISION_MESSAGE_KEY);
         let tasks = self.inner.runtime.task_manager();
         let mut task = match message.task_id.clone() {
             Some(task_id) => {
-                let task = tasks.get_task(auth, &task_id).await?.ok_or_else(|| {
+                let mut task = tasks.get_task(auth, &task_id).await?.ok_or_else(|| {
                     AgentError::TaskNotFound {
                         task_id: task_id.clone(),
                     }
                 })?;
+                let waits_for_approval = task.state() == TaskState::InputRequired
+                    && task.metadata.contains_key(PENDING_APPROVAL);
+                if !waits_for_approval {
+                    if let Some((index, _)) = approval_part::find(&message) {
+                        return Err(AgentError::invalid_input(
+                            format!("message.parts[{index}]"),
+                            format!(
+                                "task {task_id} is {} and does not wait for an approval",
+                                task.state()
+                            ),
+                        ));
+                    }
+                }
                 if !matches!(
                     task.state(),
                     TaskState::InputRequired | TaskState::AuthRequired
@@ -172,6 +211,23 @@ impl AgentExecutor {
                         "message.thread_id",
                         format!("task {task_id} belongs to another thread"),
                     ));
+                }
+                if waits_for_approval {
+                    // The answer continues the task as any input does; the run applies the
+                    // decision (and records who made it) before the model sees anything.
+                    let decision = approval_part::decision_of(&message, &auth.user_name)?;
+                    let field = match approval_part::find(&message) {
+                        Some((index, _)) => {
+                            format!("message.parts[{index}].data.approval.requestId")
+                        }
+                        None => "message.parts".to_owned(),
+                    };
+                    check_answers_pending(&task, &decision, &field)?;
+                    message.metadata.insert(
+                        approval_part::DECISION_MESSAGE_KEY.into(),
+                        json!(decision.request_id),
+                    );
+                    EngineMeta::update(&mut task, |m| m.approval_decision = Some(decision));
                 }
                 task
             }
@@ -400,24 +456,14 @@ impl AgentExecutor {
                 .ok_or_else(|| AgentError::TaskNotFound {
                     task_id: task_id.clone(),
                 })?;
-        let pending: ApprovalRequest = EngineMeta::of(&task.metadata)
-            .pending_approval
-            .filter(|_| task.state() == TaskState::InputRequired)
-            .ok_or_else(|| {
-                AgentError::invalid_input(
-                    "task_id",
-                    format!("task {task_id} has no action waiting for approval"),
-                )
-            })?;
-        if pending.request_id != decision.request_id {
+        if task.state() != TaskState::InputRequired || !task.metadata.contains_key(PENDING_APPROVAL)
+        {
             return Err(AgentError::invalid_input(
-                "approval_decision.request_id",
-                format!(
-                    "`{}` does not answer the pending request `{}`",
-                    decision.request_id, pending.request_id
-                ),
+                "task_id",
+                format!("task {task_id} has no action waiting for approval"),
             ));
         }
+        check_answers_pending(&task, &decision, "approval_decision.request_id")?;
         EngineMeta::update(&mut task, |m| m.approval_decision = Some(decision));
         tasks.save_task(auth, &task).await?;
         self.inner

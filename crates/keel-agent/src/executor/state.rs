@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::config::*;
+use crate::approval_part;
 use crate::observe::RunObs;
 use crate::thread_state::ThreadHost;
 use crate::work::EffectScheduler;
@@ -235,11 +236,13 @@ pub(super) fn tag_values(history: &[LlmMessage], key: &str) -> HashSet<String> {
         .collect()
 }
 
+/// The task's messages from its user that join the model's conversation: every one but those
+/// taken as approval decisions, which reach the model as the tool's result instead.
 pub(super) fn user_messages(events: &[TaskEvent]) -> impl Iterator<Item = &Message> {
     events
         .iter()
         .filter_map(TaskEvent::as_message)
-        .filter(|m| m.role == Role::User)
+        .filter(|m| m.role == Role::User && !approval_part::is_decision_message(m))
 }
 
 /// End a task `canceled` with its reason in `metadata.cancel_reason`, in the status message,

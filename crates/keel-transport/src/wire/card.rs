@@ -15,6 +15,12 @@ use super::codec::{bad_answer, take, to_json, WireMetadata};
 /// capability flags, skill input/output schemas) in its `params`.
 pub const KEEL_CARD_EXTENSION_URI: &str = "https://keel.dev/extensions/card/v1";
 
+/// The URI of the extension by which a client answers an action waiting for approval: a
+/// message to the `input-required` task whose one part is the data part
+/// `{"approval": {"requestId", "decision": "approve" | "deny", "reason"?}}`, answering the
+/// request in the task's `metadata.pending_approval` (`docs/approvals.md`).
+pub const KEEL_APPROVAL_EXTENSION_URI: &str = "https://keel.dev/extensions/approval/v1";
+
 /// The protocol binding of the JSON-RPC interface in `supportedInterfaces`.
 pub(crate) const JSONRPC_BINDING: &str = a2a::TRANSPORT_PROTOCOL_JSONRPC;
 /// The protocol binding of the REST interface in `supportedInterfaces`.
@@ -119,6 +125,28 @@ fn security_scheme_from_wire(scheme: a2a::SecurityScheme) -> SecurityScheme {
 }
 
 /// The params of the Keel card extension.
+/// The approval extension: every Keel agent takes approval decisions by message. Its params
+/// name the data part's key and the task metadata key of the pending request.
+fn approval_extension() -> a2a::AgentExtension {
+    let mut params = WireMetadata::new();
+    params.insert(
+        "dataPartKey".into(),
+        Value::from(keel_agent::APPROVAL_PART_KEY),
+    );
+    params.insert("pendingMetadataKey".into(), Value::from("pending_approval"));
+    a2a::AgentExtension {
+        uri: KEEL_APPROVAL_EXTENSION_URI.into(),
+        description: Some(
+            "Approve or deny an action waiting for approval: send the input-required task a \
+             message whose one part is the data part {\"approval\": {\"requestId\", \
+             \"decision\": \"approve\" | \"deny\", \"reason\"?}}"
+                .into(),
+        ),
+        required: Some(false),
+        params: Some(params),
+    }
+}
+
 fn card_extension(card: &AgentCard) -> a2a::AgentExtension {
     let mut params = WireMetadata::new();
     params.insert("role".into(), to_json(&card.role));
@@ -192,7 +220,7 @@ fn card_to_wire_with(card: &AgentCard, interfaces: &[Interface]) -> a2a::AgentCa
         capabilities: a2a::AgentCapabilities {
             streaming: Some(card.capabilities.streaming),
             push_notifications: Some(card.capabilities.push_notifications),
-            extensions: Some(vec![card_extension(card)]),
+            extensions: Some(vec![card_extension(card), approval_extension()]),
             extended_agent_card: Some(false),
         },
         default_input_modes: card.input_formats.clone(),
@@ -329,6 +357,20 @@ mod tests {
             assert_eq!(endpoints.jsonrpc.as_deref(), Some(card.url.as_str()));
             assert_eq!(endpoints.http_json, None);
         }
+    }
+
+    #[test]
+    fn the_card_declares_approvals_by_message() {
+        let wire = encode_card(&AgentCard::new("a", "b", "http://x/"));
+        let ext = wire["capabilities"]["extensions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["uri"] == KEEL_APPROVAL_EXTENSION_URI)
+            .expect("the approval extension");
+        assert_eq!(ext["required"], false);
+        assert_eq!(ext["params"]["dataPartKey"], "approval");
+        assert_eq!(ext["params"]["pendingMetadataKey"], "pending_approval");
     }
 
     #[test]

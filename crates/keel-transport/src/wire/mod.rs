@@ -17,6 +17,7 @@
 //! | `Task.state_history`, `Task.created_at` | `metadata["keel.stateHistory"]`, `["keel.createdAt"]` |
 //! | `Task.metadata` (`run_context`, `cancel_reason`, `error`, ...) | `metadata`, as is |
 //! | card role, tags, transport, capability flags, skill schemas | params of the [`KEEL_CARD_EXTENSION_URI`] extension in `capabilities.extensions` |
+//! | approval decisions by message | declared by the [`KEEL_APPROVAL_EXTENSION_URI`] extension in `capabilities.extensions` |
 //!
 //! Decoding removes the `keel.` keys it understands and leaves everything else in `metadata`.
 //!
@@ -34,10 +35,10 @@ mod requests;
 mod stream;
 mod task;
 
-pub use card::KEEL_CARD_EXTENSION_URI;
 pub(crate) use card::{
     decode_card, encode_card_with, Binding, Endpoints, Interface, JSONRPC_BINDING,
 };
+pub use card::{KEEL_APPROVAL_EXTENSION_URI, KEEL_CARD_EXTENSION_URI};
 pub(crate) use push::{
     decode_create_push_config, decode_list_push_configs, decode_push_config_ref,
     encode_list_push_configs, encode_push_config,

@@ -1,0 +1,450 @@
+//! Approvals over the wire (`docs/approvals.md`): a task waiting for an approval is
+//! `input-required` with the request in `metadata.pending_approval`; a message to it whose one
+//! part is `{"approval": {"requestId", "decision", "reason"?}}` approves or denies, over
+//! JSON-RPC, HTTP+JSON, streaming and the WebSocket alike, and the run records who decided.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use keel_agent::{Agent, FnTool};
+use keel_core::{AgentCard, RunContext, TaskId};
+use keel_llm::MockLlm;
+use keel_policy::{CapabilityPolicy, CapabilityRule};
+use keel_runtime::{ApiKeyAuthService, AuthContext, Services};
+use keel_transport::{A2aServer, Security, KEEL_APPROVAL_EXTENSION_URI};
+use serde_json::{json, Value};
+use support::sse_events;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const ALICE: &str = "key-alice";
+const BOB: &str = "key-bob";
+/// A prompt that makes the offline model call the tool that needs approval.
+const WRITE: &str = "/write_record {\"id\": \"r1\"}";
+
+/// An agent whose `write_record` tool needs approval, served with API keys for two tenants.
+struct ApprovalServer {
+    base: String,
+    http: reqwest::Client,
+    executor: keel_agent::AgentExecutor,
+    writes: Arc<AtomicUsize>,
+    stop: Option<oneshot::Sender<()>>,
+    serving: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl ApprovalServer {
+    async fn start() -> Self {
+        let writes = Arc::new(AtomicUsize::new(0));
+        let counter = writes.clone();
+        let tool = FnTool::new(
+            "write_record",
+            "Write a record",
+            json!({"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}),
+            move |args, _ctx| {
+                let counter = counter.clone();
+                async move {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    Ok(json!(format!(
+                        "wrote {}",
+                        args["id"].as_str().unwrap_or_default()
+                    )))
+                }
+            },
+        )
+        .with_capabilities(["records.write"]);
+        let agent = Agent::builder(AgentCard::new("records", "keeps records", "http://unused"))
+            .tool(tool)
+            .human_handoff(true)
+            .policy(
+                CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval),
+            )
+            .build()
+            .unwrap();
+        let auth = ApiKeyAuthService::new(AuthContext::new("local", "operator"))
+            .with_key(ALICE, AuthContext::new("acme", "alice"))
+            .with_key(BOB, AuthContext::new("globex", "bob"));
+        let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth));
+        let executor = keel_agent::AgentExecutor::new(agent, runtime);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = A2aServer::new(executor.clone()).with_security(Security::api_key_and_bearer());
+        let serving = tokio::spawn(server.serve(listener, async move {
+            let _ = stopped.await;
+        }));
+        Self {
+            base,
+            http: reqwest::Client::new(),
+            executor,
+            writes,
+            stop: Some(stop),
+            serving: Some(serving),
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(serving) = self.serving.take() {
+            serving.await.unwrap().unwrap();
+        }
+    }
+
+    fn rpc_request(&self, key: &str, method: &str, params: Value) -> reqwest::RequestBuilder {
+        self.http
+            .post(format!("{}/", self.base))
+            .header("A2A-Version", "1.0")
+            .header("X-API-Key", key)
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+    }
+
+    /// A unary JSON-RPC call as the tenant of `key`.
+    async fn rpc(&self, key: &str, method: &str, params: Value) -> Value {
+        let response = self.rpc_request(key, method, params).send().await.unwrap();
+        response.json().await.unwrap()
+    }
+
+    /// A task of Alice's that waits for approval of its `write_record` call, and the request id.
+    async fn waiting_task(&self) -> (String, String) {
+        let answer = self
+            .rpc(
+                ALICE,
+                "SendMessage",
+                json!({"message": message(vec![json!({"text": WRITE})], None)}),
+            )
+            .await;
+        let task = &answer["result"]["task"];
+        assert_eq!(
+            task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+            "{answer}"
+        );
+        let request_id = task["metadata"]["pending_approval"]["request_id"]
+            .as_str()
+            .expect("the pending request travels in the task's metadata")
+            .to_owned();
+        (task["id"].as_str().unwrap().to_owned(), request_id)
+    }
+
+    /// The `approval.decided` events of the task's run, from its persisted report.
+    async fn decided_events(&self, task_id: &str) -> Vec<Value> {
+        let auth = AuthContext::new("acme", "alice");
+        let task = self
+            .executor
+            .get_task(&auth, &TaskId::from(task_id), None)
+            .await
+            .unwrap();
+        let ctx = RunContext::from_task(&task).unwrap().unwrap();
+        let stored = self
+            .executor
+            .runtime()
+            .run_store()
+            .get_run_report(&auth, &ctx.run_id)
+            .await
+            .unwrap()
+            .expect("the run's report");
+        stored.report["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["type"] == "approval.decided")
+            .cloned()
+            .collect()
+    }
+}
+
+fn message(parts: Vec<Value>, task_id: Option<&str>) -> Value {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut message = json!({
+        "messageId": format!("m-{}", NEXT.fetch_add(1, Ordering::Relaxed)),
+        "role": "ROLE_USER",
+        "parts": parts,
+    });
+    if let Some(task_id) = task_id {
+        message["taskId"] = json!(task_id);
+    }
+    message
+}
+
+fn approval(request_id: &str, decision: &str, reason: Option<&str>) -> Value {
+    let mut answer = json!({"requestId": request_id, "decision": decision});
+    if let Some(reason) = reason {
+        answer["reason"] = json!(reason);
+    }
+    json!({"data": {"approval": answer}})
+}
+
+fn error_code(answer: &Value) -> i64 {
+    answer["error"]["code"].as_i64().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn jsonrpc_approval_runs_the_action_and_the_run_records_who_decided() {
+    let server = ApprovalServer::start().await;
+    let (task_id, request_id) = server.waiting_task().await;
+    assert_eq!(
+        server.writes.load(Ordering::SeqCst),
+        0,
+        "nothing ran before the decision"
+    );
+
+    let answer = server
+        .rpc(
+            ALICE,
+            "SendMessage",
+            json!({"message": message(vec![approval(&request_id, "approve", Some("looks right"))], Some(&task_id))}),
+        )
+        .await;
+    let task = &answer["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{answer}");
+    assert_eq!(
+        server.writes.load(Ordering::SeqCst),
+        1,
+        "the approved action ran once"
+    );
+    // The decision message is in the task's history, as A2A callers expect.
+    let history = task["history"].as_array().unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|m| m["parts"][0]["data"]["approval"]["requestId"] == request_id.as_str()),
+        "{history:?}"
+    );
+
+    let decided = server.decided_events(&task_id).await;
+    assert_eq!(decided.len(), 1, "{decided:?}");
+    let decision = &decided[0]["payload"]["decision"];
+    assert_eq!(decision["outcome"], "approved");
+    assert_eq!(decision["decided_by"], "alice");
+    assert_eq!(decision["reason"], "looks right");
+    assert_eq!(decision["request_id"], request_id.as_str());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn rest_denial_refuses_the_action_and_the_task_goes_on() {
+    let server = ApprovalServer::start().await;
+    let (task_id, request_id) = server.waiting_task().await;
+    let response = server
+        .http
+        .post(format!("{}/message:send", server.base))
+        .header("A2A-Version", "1.0")
+        .header("X-API-Key", ALICE)
+        .json(&json!({"message": message(vec![approval(&request_id, "deny", Some("not today"))], Some(&task_id))}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(
+        answer["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{answer}"
+    );
+    assert_eq!(
+        server.writes.load(Ordering::SeqCst),
+        0,
+        "a denied action never runs"
+    );
+    let decided = server.decided_events(&task_id).await;
+    assert_eq!(decided[0]["payload"]["decision"]["outcome"], "denied");
+    assert_eq!(decided[0]["payload"]["decision"]["decided_by"], "alice");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_streamed_approval_follows_the_resumed_turn_to_its_end() {
+    let server = ApprovalServer::start().await;
+    let (task_id, request_id) = server.waiting_task().await;
+    let response = server
+        .rpc_request(
+            ALICE,
+            "SendStreamingMessage",
+            json!({"message": message(vec![approval(&request_id, "approve", None)], Some(&task_id))}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let events = sse_events(response).await;
+    let states: Vec<&str> = events
+        .iter()
+        .filter_map(|(_, e)| {
+            e["result"]["statusUpdate"]["status"]["state"]
+                .as_str()
+                .or_else(|| e["result"]["task"]["status"]["state"].as_str())
+        })
+        .collect();
+    assert_eq!(
+        states.first(),
+        Some(&"TASK_STATE_WORKING"),
+        "the stream starts at the resumed turn: {states:?}"
+    );
+    assert_eq!(states.last(), Some(&"TASK_STATE_COMPLETED"), "{states:?}");
+    assert_eq!(server.writes.load(Ordering::SeqCst), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_websocket_approval_answers_with_the_finished_task() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+
+    let server = ApprovalServer::start().await;
+    let (task_id, request_id) = server.waiting_task().await;
+    let url = format!("{}/ws", server.base.replacen("http://", "ws://", 1));
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("A2A-Version", "1.0".parse().unwrap());
+    request
+        .headers_mut()
+        .insert("X-API-Key", ALICE.parse().unwrap());
+    let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    let call = json!({"jsonrpc": "2.0", "id": "ws-1", "method": "SendMessage",
+        "params": {"message": message(vec![approval(&request_id, "approve", None)], Some(&task_id))}});
+    socket.send(Message::text(call.to_string())).await.unwrap();
+    let answer: Value = loop {
+        // Generous: the socket answers once the resumed run rests.
+        let frame = tokio::time::timeout(std::time::Duration::from_secs(60), socket.next())
+            .await
+            .expect("an answer")
+            .expect("the socket is open")
+            .unwrap();
+        if let Message::Text(text) = frame {
+            break serde_json::from_str(text.as_str()).unwrap();
+        }
+    };
+    assert_eq!(answer["id"], "ws-1");
+    assert_eq!(
+        answer["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{answer}"
+    );
+    assert_eq!(server.writes.load(Ordering::SeqCst), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_wrong_request_id_or_a_plain_message_is_invalid_params_and_the_task_still_waits() {
+    let server = ApprovalServer::start().await;
+    let (task_id, request_id) = server.waiting_task().await;
+
+    let wrong = server
+        .rpc(ALICE, "SendMessage", json!({"message": message(vec![approval("not-the-one", "approve", None)], Some(&task_id))}))
+        .await;
+    assert_eq!(error_code(&wrong), -32602, "{wrong}");
+    let text = wrong["error"]["message"].as_str().unwrap();
+    assert!(
+        text.contains("not-the-one") && text.contains(&request_id),
+        "{text}"
+    );
+
+    let malformed = server
+        .rpc(
+            ALICE,
+            "SendMessage",
+            json!({"message": message(vec![approval(&request_id, "maybe", None)], Some(&task_id))}),
+        )
+        .await;
+    assert_eq!(error_code(&malformed), -32602, "{malformed}");
+
+    let plain = server
+        .rpc(
+            ALICE,
+            "SendMessage",
+            json!({"message": message(vec![json!({"text": "yes"})], Some(&task_id))}),
+        )
+        .await;
+    assert_eq!(error_code(&plain), -32602, "{plain}");
+
+    let task = server.rpc(ALICE, "GetTask", json!({"id": task_id})).await;
+    assert_eq!(
+        task["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{task}"
+    );
+    assert_eq!(server.writes.load(Ordering::SeqCst), 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_decision_on_a_task_that_waits_for_no_approval_names_its_state() {
+    let server = ApprovalServer::start().await;
+    let (task_id, request_id) = server.waiting_task().await;
+    let approve = || json!({"message": message(vec![approval(&request_id, "approve", None)], Some(&task_id))});
+    let done = server.rpc(ALICE, "SendMessage", approve()).await;
+    assert_eq!(
+        done["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{done}"
+    );
+
+    let again = server.rpc(ALICE, "SendMessage", approve()).await;
+    assert_eq!(error_code(&again), -32602, "{again}");
+    let text = again["error"]["message"].as_str().unwrap();
+    assert!(
+        text.contains("completed") && text.contains("does not wait for an approval"),
+        "{text}"
+    );
+    assert_eq!(
+        server.writes.load(Ordering::SeqCst),
+        1,
+        "a second approval runs nothing"
+    );
+
+    // A task waiting for plain input waits for no approval either.
+    let asking = server
+        .rpc(ALICE, "SendMessage", json!({"message": message(vec![json!({"text": "/ask_human {\"question\": \"which?\"}"})], None)}))
+        .await;
+    let asking = &asking["result"]["task"];
+    assert_eq!(
+        asking["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{asking}"
+    );
+    let asking_id = asking["id"].as_str().unwrap();
+    let refused = server
+        .rpc(ALICE, "SendMessage", json!({"message": message(vec![approval(&request_id, "approve", None)], Some(asking_id))}))
+        .await;
+    assert_eq!(error_code(&refused), -32602, "{refused}");
+    let text = refused["error"]["message"].as_str().unwrap();
+    assert!(text.contains("input-required"), "{text}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn another_tenants_task_is_task_not_found() {
+    let server = ApprovalServer::start().await;
+    let (task_id, request_id) = server.waiting_task().await;
+    let answer = server
+        .rpc(BOB, "SendMessage", json!({"message": message(vec![approval(&request_id, "approve", None)], Some(&task_id))}))
+        .await;
+    assert_eq!(error_code(&answer), -32001, "{answer}");
+    let task = server.rpc(ALICE, "GetTask", json!({"id": task_id})).await;
+    assert_eq!(
+        task["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{task}"
+    );
+    assert_eq!(server.writes.load(Ordering::SeqCst), 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_card_declares_the_approval_extension() {
+    let server = ApprovalServer::start().await;
+    let card: Value = server
+        .http
+        .get(format!("{}/.well-known/agent-card.json", server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let uris: Vec<&str> = card["capabilities"]["extensions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["uri"].as_str())
+        .collect();
+    assert!(uris.contains(&KEEL_APPROVAL_EXTENSION_URI), "{uris:?}");
+    server.stop().await;
+}

@@ -1,0 +1,80 @@
+//! Approvals by a stranger's client: the official Python `a2a-sdk` 1.x approves and denies an
+//! action waiting for approval on a real `keel serve --config` (docs/approvals.md), over
+//! SendMessage and SendStreamingMessage, and sees another tenant's task, a wrong request id
+//! and a task that waits no more refused with A2A errors.
+
+mod support;
+
+use std::process::Command;
+
+use serde_json::Value;
+use support::{sdk_python, workspace_root, KeelServer};
+
+const ALICE: &str = "approvals-alice-key";
+const BOB: &str = "approvals-bob-key";
+
+/// An agent whose every action needs approval, with the sandboxed `run_code` tool, and two
+/// tenants.
+const CONFIG: &str = r#"
+[server]
+store = "memory"
+
+[[server.api_keys]]
+key = "${KEEL_TEST_ALICE_KEY}"
+tenant = "acme/alice"
+
+[[server.api_keys]]
+key = "${KEEL_TEST_BOB_KEY}"
+tenant = "globex/bob"
+
+[[agents]]
+name = "careful"
+description = "Asks before it acts"
+
+[agents.tools]
+run_code = true
+
+[agents.policy]
+default = "require_approval"
+"#;
+
+#[test]
+fn python_a2a_sdk_approves_and_denies_a_waiting_action() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keel.toml");
+    std::fs::write(&file, CONFIG).unwrap();
+    let env = [("KEEL_TEST_ALICE_KEY", ALICE), ("KEEL_TEST_BOB_KEY", BOB)];
+    let server = KeelServer::start_with_env(&["--config", file.to_str().unwrap()], &env);
+
+    let script = workspace_root().join("tests/python/a2a_approval_check.py");
+    let output = Command::new(sdk_python())
+        .arg(&script)
+        .args([server.url.as_str(), ALICE, BOB])
+        .output()
+        .expect("run the Python SDK check");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "SDK check failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let steps: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    let step = |name: &str| -> &Value {
+        steps
+            .iter()
+            .find(|s| s["step"] == name)
+            .unwrap_or_else(|| panic!("no `{name}` step in {stdout}"))
+    };
+    assert_eq!(step("other_tenant")["errorCode"], -32001);
+    assert_eq!(step("wrong_request")["errorCode"], -32602);
+    assert_eq!(step("approve")["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(step("not_waiting")["errorCode"], -32602);
+    assert_eq!(
+        step("deny_stream")["states"].as_array().unwrap().last(),
+        Some(&Value::from("TASK_STATE_COMPLETED"))
+    );
+    assert_eq!(step("done")["ok"], true);
+}
