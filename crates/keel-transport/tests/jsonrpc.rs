@@ -678,7 +678,7 @@ async fn endpoint_answers_with_and_without_a_trailing_slash() {
 }
 
 #[tokio::test]
-async fn continuing_a_task_that_is_not_waiting_for_input_is_invalid_params() {
+async fn continuing_a_task_that_has_ended_is_unsupported_operation() {
     let server = TestServer::start().await;
     let task = server.send("hello", json!({})).await;
     let mut message = user_message("more");
@@ -686,7 +686,8 @@ async fn continuing_a_task_that_is_not_waiting_for_input_is_invalid_params() {
     let answer = server
         .call("SendMessage", json!({"message": message}))
         .await;
-    assert_eq!(code(&answer), -32602, "{answer}");
+    // A2A §3.1.1: a task in a terminal state takes no more messages.
+    assert_eq!(code(&answer), -32004, "{answer}");
     server.stop().await;
 }
 

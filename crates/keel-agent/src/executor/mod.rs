@@ -190,6 +190,15 @@ impl AgentExecutor {
                         ));
                     }
                 }
+                if task.state().is_terminal() {
+                    // A2A names this UnsupportedOperation: an ended task takes no more messages.
+                    return Err(AgentError::Unsupported {
+                        what: format!(
+                            "a message to task {task_id}, which is {}: an ended task takes no more messages; omit the task id to start a new task in the same thread",
+                            task.state()
+                        ),
+                    });
+                }
                 if !matches!(
                     task.state(),
                     TaskState::InputRequired | TaskState::AuthRequired

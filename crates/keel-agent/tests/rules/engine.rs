@@ -460,8 +460,10 @@ async fn a_message_for_a_finished_task_is_refused_and_unknown_task_is_not_found(
         .send_message(&auth, follow_up, SendOptions::default())
         .await
         .unwrap_err();
+    // A2A §3.1.1: UnsupportedOperation for a task in a terminal state.
     assert!(
-        matches!(err, AgentError::InvalidInput { ref field, .. } if field == "message.task_id")
+        matches!(err, AgentError::Unsupported { ref what } if what.contains("completed")),
+        "{err:?}"
     );
     let mut unknown = Message::user("x");
     unknown.task_id = Some(TaskId::from("nope"));
