@@ -269,6 +269,14 @@ async fn private_targets_are_refused_unless_the_operator_allows_them() {
         .await
         .unwrap();
     assert_eq!(rest.status(), 400);
+    // A host that does not resolve yet is stored; each delivery resolves and checks it.
+    let later = server
+        .rpc(
+            "CreateTaskPushNotificationConfig",
+            json!({"taskId": task_id, "url": "https://hooks.example.invalid/a2a"}),
+        )
+        .await;
+    assert!(later.get("result").is_some(), "{later}");
     server.stop().await;
 }
 

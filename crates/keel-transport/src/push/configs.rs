@@ -5,7 +5,7 @@ use keel_core::{AgentError, AgentResult, TaskId};
 use keel_runtime::AuthContext;
 use serde_json::json;
 
-use super::guard::check_target;
+use super::guard::check_new_target;
 use super::{config_key, cursor_key, index_key, Active, Push};
 use crate::jsonrpc::{RpcError, INVALID_PARAMS, TASK_NOT_FOUND};
 use crate::push_config::PushConfig;
@@ -41,9 +41,10 @@ impl Push {
         }
     }
 
-    /// Check a webhook URL before it is stored: the SSRF guard.
+    /// Check a webhook URL before it is stored: the SSRF guard (a host that does not
+    /// resolve yet is checked at delivery).
     pub(crate) async fn check_url(&self, url: &str) -> Result<(), RpcError> {
-        check_target(url, self.inner.allow_private)
+        check_new_target(url, self.inner.allow_private)
             .await
             .map(|_| ())
             .map_err(|reason| {

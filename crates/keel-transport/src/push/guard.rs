@@ -7,11 +7,27 @@ use ipnet::{Ipv4Net, Ipv6Net};
 
 use reqwest::Url;
 
-/// The SSRF guard: the parsed URL and, unless private targets are allowed, the public
-/// addresses its host resolves to (all of them must be public).
+/// The SSRF guard at delivery: the parsed URL and, unless private targets are allowed, the
+/// public addresses its host resolves to (all of them must be public). Checked at every
+/// delivery, and the request goes to the addresses checked, so DNS rebinding is caught.
 pub(crate) async fn check_target(
     url: &str,
     allow_private: bool,
+) -> Result<(Url, Vec<SocketAddr>), String> {
+    check(url, allow_private, false).await
+}
+
+/// The SSRF guard when a config is stored: as [`check_target`], except that a host that
+/// does not resolve yet is accepted (it may by the time there is something to deliver, and
+/// each delivery checks it again).
+pub(crate) async fn check_new_target(url: &str, allow_private: bool) -> Result<Url, String> {
+    check(url, allow_private, true).await.map(|(url, _)| url)
+}
+
+async fn check(
+    url: &str,
+    allow_private: bool,
+    defer_unresolved: bool,
 ) -> Result<(Url, Vec<SocketAddr>), String> {
     let url = Url::parse(url).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
     if url.scheme() != "http" && url.scheme() != "https" {
@@ -27,10 +43,11 @@ pub(crate) async fn check_target(
             if allow_private {
                 return Ok((url.clone(), Vec::new()));
             }
-            tokio::net::lookup_host((domain, port))
-                .await
-                .map_err(|e| format!("host `{domain}` does not resolve: {e}"))?
-                .collect()
+            match tokio::net::lookup_host((domain, port)).await {
+                Ok(found) => found.collect(),
+                Err(_) if defer_unresolved => return Ok((url.clone(), Vec::new())),
+                Err(e) => return Err(format!("host `{domain}` does not resolve: {e}")),
+            }
         }
     };
     if addresses.is_empty() {
@@ -214,5 +231,18 @@ mod tests {
         assert!(check_target("ftp://example.com/", true).await.is_err());
         assert!(check_target("not a url", true).await.is_err());
         assert!(check_target("http://8.8.8.8/hook", false).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_host_that_does_not_resolve_yet_is_stored_and_checked_at_delivery() {
+        // `.invalid` never resolves (RFC 6761).
+        let url = "https://hooks.example.invalid/a2a";
+        assert!(check_new_target(url, false).await.is_ok());
+        let err = check_target(url, false).await.unwrap_err();
+        assert!(err.contains("does not resolve"), "{err}");
+        // A name that resolves to a private address is still refused when stored.
+        assert!(check_new_target("http://localhost:8080/hook", false)
+            .await
+            .is_err());
     }
 }
