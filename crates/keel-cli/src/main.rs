@@ -1,6 +1,8 @@
 //! `keel`: serve Keel agents over the A2A protocol.
 
 mod from_file;
+mod render;
+mod run;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -43,6 +45,67 @@ enum Command {
     /// input); everything is persisted in the store, and the task's state is printed as one
     /// JSON object on stdout.
     RunOnce(RunOnceArgs),
+    /// Run an agent in this process on the configured store and show the run live: model
+    /// calls, streamed tokens, tool calls and results, policy decisions, budget, the answer.
+    ///
+    /// An action that needs approval is asked on the terminal (or read as one line from piped
+    /// stdin: `y` approves, anything else or no line denies), unless `--approve`/`--deny`.
+    /// Ctrl-C cancels the run. Exit status: 0 completed, 1 failed or rejected, 3 waiting for
+    /// input, 130 canceled.
+    Run(RunArgs),
+}
+
+/// Where `keel run`, `keel chat` and `keel runs` find their agents and store.
+#[derive(Debug, Args)]
+struct SourceArgs {
+    /// The agents, from a `keel.toml` (default: ./keel.toml when it exists, else the demo
+    /// agent).
+    #[arg(long, env = "KEEL_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where tasks and runs are kept, over the file's `[server] store`: `sqlite:PATH`,
+    /// `redis://HOST:PORT` or `memory`.
+    #[arg(long, env = "KEEL_STORE")]
+    store: Option<String>,
+    /// Prefix of every Redis key, over the file's.
+    #[arg(long, env = "KEEL_REDIS_PREFIX")]
+    redis_prefix: Option<String>,
+    /// The demo agent's model (agents from a file name their own), as for `keel serve`.
+    #[arg(long, default_value = "mock", env = "KEEL_LLM")]
+    llm: String,
+}
+
+impl SourceArgs {
+    fn source(self) -> run::Source {
+        run::Source {
+            config: self.config,
+            store: self.store,
+            redis_prefix: self.redis_prefix,
+            llm: self.llm,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// What to ask.
+    prompt: String,
+    /// The agent of the file to run (default: the file's default agent).
+    #[arg(long)]
+    agent: Option<String>,
+    /// Continue this thread (default: a new one).
+    #[arg(long)]
+    thread: Option<String>,
+    /// Approve every action that needs approval.
+    #[arg(long, conflicts_with = "deny")]
+    approve: bool,
+    /// Deny every action that needs approval.
+    #[arg(long)]
+    deny: bool,
+    /// Print the run's normalized events as JSON lines on stdout instead.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    source: SourceArgs,
 }
 
 #[derive(Debug, Args)]
@@ -187,17 +250,29 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = match cli.command {
+    let result: Result<ExitCode, String> = match cli.command {
         Command::Serve(args) => {
             let explicit = matches.subcommand_matches("serve").cloned();
-            runtime.block_on(serve(args, explicit))
+            runtime
+                .block_on(serve(args, explicit))
+                .map(|()| ExitCode::SUCCESS)
         }
-        Command::Init(args) => from_file::init(args.dir, args.force),
-        Command::Check(args) => from_file::check(&from_file::config_path(args.file)),
-        Command::RunOnce(args) => runtime.block_on(run_once(args)),
+        Command::Init(args) => from_file::init(args.dir, args.force).map(|()| ExitCode::SUCCESS),
+        Command::Check(args) => {
+            from_file::check(&from_file::config_path(args.file)).map(|()| ExitCode::SUCCESS)
+        }
+        Command::RunOnce(args) => runtime.block_on(run_once(args)).map(|()| ExitCode::SUCCESS),
+        Command::Run(args) => runtime.block_on(run::run(
+            args.source.source(),
+            args.agent,
+            args.thread,
+            args.prompt,
+            run::Approver::from_flags(args.approve, args.deny),
+            args.json,
+        )),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(message) => {
             eprintln!("keel: {message}");
             ExitCode::FAILURE

@@ -1,0 +1,216 @@
+//! The `keel` command driven as a user drives it: `keel init` → `keel check` → `keel run` of
+//! an agent whose model calls an HTTP tool that needs approval, answered on stdin; the run's
+//! events as JSON lines; `keel runs` over the store the run wrote; the A2A commands against a
+//! real `keel serve`.
+
+mod support;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use assert_cmd::Command;
+use axum::extract::Path as UrlPath;
+use axum::routing::get;
+use serde_json::{json, Value};
+
+/// An HTTP endpoint on 127.0.0.1:0 counting its calls: the tool the agent calls.
+struct WeatherService {
+    url: String,
+    calls: Arc<AtomicUsize>,
+}
+
+impl WeatherService {
+    fn start() -> Self {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let app = axum::Router::new().route(
+            "/weather/{city}",
+            get(move |UrlPath(city): UrlPath<String>| {
+                let counted = counted.clone();
+                async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    axum::Json(json!({"city": city, "sky": "clear-7c2e"}))
+                }
+            }),
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                axum::serve(listener, app).await.unwrap();
+            });
+        });
+        Self { url, calls }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+/// `keel ARGS` run in `dir`, quiet logs, no colour.
+fn keel(dir: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .env_remove("KEEL_CONFIG")
+        .env_remove("KEEL_STORE");
+    command
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `keel init` in a temp dir, then the file's weather tool pointed at `weather` and made to
+/// need approval; `keel check` accepts it.
+fn project(weather: &WeatherService) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    keel(dir.path()).arg("init").assert().success();
+    let path = dir.path().join("keel.toml");
+    let file = std::fs::read_to_string(&path).unwrap();
+    let file = file.replace("http://127.0.0.1:9000", &weather.url).replace(
+        r#"require_approval = ["email.send"]"#,
+        r#"require_approval = ["weather.*"]"#,
+    );
+    assert!(file.contains(&weather.url) && file.contains(r#"["weather.*"]"#));
+    std::fs::write(&path, file).unwrap();
+    let check = keel(dir.path()).arg("check").assert().success();
+    let shown = text(&check.get_output().stdout);
+    assert!(shown.contains("tool (http): weather GET"), "{shown}");
+    dir
+}
+
+const ASK_WEATHER: &str = r#"/weather {"city": "Oslo"}"#;
+
+#[test]
+fn init_check_run_an_http_tool_approved_on_stdin_then_denied() {
+    let weather = WeatherService::start();
+    let dir = project(&weather);
+
+    // Approved on stdin: the tool runs and its result reaches the answer.
+    let approved = keel(dir.path())
+        .args(["run", ASK_WEATHER])
+        .write_stdin("y\n")
+        .assert()
+        .success();
+    let (out, err) = (
+        text(&approved.get_output().stdout),
+        text(&approved.get_output().stderr),
+    );
+    assert_eq!(weather.calls(), 1, "stdout: {out}\nstderr: {err}");
+    assert!(
+        out.contains("clear-7c2e"),
+        "the answer misses the tool's result: {out}"
+    );
+    for shown in [
+        "approval needed: weather",
+        "Oslo",
+        "policy: require_approval",
+        "completed",
+    ] {
+        assert!(
+            err.contains(shown),
+            "`{shown}` not in the run's view:\n{err}"
+        );
+    }
+    // Progress goes to stderr, only the answer to stdout.
+    assert!(!out.contains("policy:"), "{out}");
+
+    // Denied on stdin: the tool does not run, and the model sees the denial.
+    let denied = keel(dir.path())
+        .args(["run", ASK_WEATHER])
+        .write_stdin("n\n")
+        .assert()
+        .success();
+    let out = text(&denied.get_output().stdout);
+    assert_eq!(weather.calls(), 1, "a denied call reached the tool");
+    assert!(out.contains("denied"), "{out}");
+    assert!(!out.contains("clear-7c2e"), "{out}");
+
+    // No answer at all (stdin closed, no terminal): it fails closed.
+    let unanswered = keel(dir.path())
+        .args(["run", ASK_WEATHER])
+        .write_stdin("")
+        .assert()
+        .success();
+    assert_eq!(
+        weather.calls(),
+        1,
+        "an unanswered approval let the call run"
+    );
+    assert!(text(&unanswered.get_output().stdout).contains("denied"));
+
+    // `--approve` answers without asking.
+    keel(dir.path())
+        .args(["run", "--approve", ASK_WEATHER])
+        .assert()
+        .success();
+    assert_eq!(weather.calls(), 2);
+}
+
+/// The run's events, one JSON document a line.
+fn events(stdout: &[u8]) -> Vec<Value> {
+    text(stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect()
+}
+
+#[test]
+fn json_prints_the_normalized_events_and_nothing_else_on_stdout() {
+    let weather = WeatherService::start();
+    let dir = project(&weather);
+    let run = keel(dir.path())
+        .args(["run", "--json", "--deny", ASK_WEATHER])
+        .assert()
+        .success();
+    let events = events(&run.get_output().stdout);
+    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    for expected in [
+        "llm.call.started",
+        "llm.call.completed",
+        "action.requested",
+        "action.policy",
+        "approval.required",
+        "approval.decided",
+        "action.denied",
+    ] {
+        assert!(types.contains(&expected), "no {expected} in {types:?}");
+    }
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "task.status", "{last}");
+    assert_eq!(last["final"], true, "{last}");
+    assert_eq!(last["payload"]["state"], "completed", "{last}");
+    assert_eq!(weather.calls(), 0);
+}
+
+#[test]
+fn the_exit_status_follows_the_final_state() {
+    let dir = tempfile::tempdir().unwrap();
+    // A file whose agent waits for the human (`ask_human`): the task rests input-required.
+    std::fs::write(
+        dir.path().join("keel.toml"),
+        "[server]\nstore = \"sqlite:./keel.db\"\n\n[[agents]]\nname = \"asker\"\ndescription = \"Asks.\"\n\n[agents.tools]\nbuiltin = [\"ask_human\"]\n",
+    )
+    .unwrap();
+    keel(dir.path())
+        .args(["run", r#"/ask_human {"question": "which city?"}"#])
+        .assert()
+        .code(3);
+    keel(dir.path()).args(["run", "hello"]).assert().success();
+    // An agent the file does not declare is a clear error.
+    let missing = keel(dir.path())
+        .args(["run", "--agent", "nobody", "hello"])
+        .assert()
+        .failure();
+    assert!(text(&missing.get_output().stderr).contains("no agent `nobody`"));
+}
