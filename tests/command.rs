@@ -214,3 +214,87 @@ fn the_exit_status_follows_the_final_state() {
         .failure();
     assert!(text(&missing.get_output().stderr).contains("no agent `nobody`"));
 }
+
+#[test]
+fn runs_list_show_and_export_read_the_reports_a_run_left_in_the_store() {
+    let weather = WeatherService::start();
+    let dir = project(&weather);
+    keel(dir.path())
+        .args(["run", "--approve", "--thread", "t-runs", ASK_WEATHER])
+        .assert()
+        .success();
+    keel(dir.path())
+        .args(["run", "--thread", "t-other", "just text"])
+        .assert()
+        .success();
+
+    let listed = keel(dir.path())
+        .args(["runs", "list", "--thread", "t-runs", "--json"])
+        .assert()
+        .success();
+    let listed: Value = serde_json::from_slice(&listed.get_output().stdout).unwrap();
+    let runs = listed["runs"].as_array().unwrap();
+    // The approval split the task into runs: up to the approval, then on to the answer.
+    assert!(!runs.is_empty(), "{listed}");
+    assert!(runs.iter().all(|r| r["thread_id"] == "t-runs"), "{listed}");
+    let finished = runs
+        .iter()
+        .find(|r| r["final_state"] == "completed")
+        .unwrap_or_else(|| panic!("no completed run in {listed}"));
+    let run_id = finished["run_id"].as_str().unwrap();
+
+    let waiting = keel(dir.path())
+        .args([
+            "runs",
+            "list",
+            "--state",
+            "completed",
+            "--limit",
+            "1",
+            "--json",
+        ])
+        .assert()
+        .success();
+    let waiting: Value = serde_json::from_slice(&waiting.get_output().stdout).unwrap();
+    assert_eq!(waiting["runs"].as_array().unwrap().len(), 1, "{waiting}");
+    assert_eq!(waiting["runs"][0]["final_state"], "completed");
+
+    let shown = keel(dir.path())
+        .args(["runs", "show", run_id])
+        .env("NO_COLOR", "1")
+        .assert()
+        .success();
+    let shown = text(&shown.get_output().stdout);
+    for expected in [
+        "llm.call.completed",
+        "action.completed",
+        "clear-7c2e",
+        "final state: completed",
+        "budget used:",
+    ] {
+        assert!(shown.contains(expected), "`{expected}` not in:\n{shown}");
+    }
+    assert!(
+        !shown.contains('\u{1b}'),
+        "colour without a terminal:\n{shown}"
+    );
+
+    let exported = keel(dir.path())
+        .args(["runs", "export", run_id])
+        .assert()
+        .success();
+    let report: Value = serde_json::from_slice(&exported.get_output().stdout).unwrap();
+    assert_eq!(report["run_id"], run_id);
+    assert_eq!(report["final_state"], "completed");
+    assert!(report["events"].as_array().is_some_and(|e| !e.is_empty()));
+
+    let missing = keel(dir.path())
+        .args(["runs", "show", "nope"])
+        .assert()
+        .failure();
+    assert!(text(&missing.get_output().stderr).contains("no run `nope`"));
+    keel(dir.path())
+        .args(["runs", "list", "--state", "sideways"])
+        .assert()
+        .failure();
+}

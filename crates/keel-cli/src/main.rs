@@ -3,6 +3,7 @@
 mod from_file;
 mod render;
 mod run;
+mod runs;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -53,6 +54,50 @@ enum Command {
     /// Ctrl-C cancels the run. Exit status: 0 completed, 1 failed or rejected, 3 waiting for
     /// input, 130 canceled.
     Run(RunArgs),
+    /// The runs kept in the configured store: list them, show one as a timeline, export its
+    /// report as JSON.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum RunsCommand {
+    /// The newest runs first.
+    List {
+        /// Only the runs of this thread.
+        #[arg(long)]
+        thread: Option<String>,
+        /// Only the runs that ended in this state (`completed`, `failed`, `canceled`,
+        /// `input-required`, ...).
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// One JSON document on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        source: SourceArgs,
+    },
+    /// One run as a timeline: steps, model calls with tokens and durations, tool calls,
+    /// decisions, budget. ID is a run id or a task id (its newest run).
+    Show {
+        /// The run (or task).
+        id: String,
+        /// The run report as one JSON document on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        source: SourceArgs,
+    },
+    /// The run report as JSON (see docs/run-report.md).
+    Export {
+        /// The run (or task).
+        id: String,
+        #[command(flatten)]
+        source: SourceArgs,
+    },
 }
 
 /// Where `keel run`, `keel chat` and `keel runs` find their agents and store.
@@ -270,6 +315,23 @@ fn main() -> ExitCode {
             run::Approver::from_flags(args.approve, args.deny),
             args.json,
         )),
+        Command::Runs(command) => runtime
+            .block_on(async {
+                match command {
+                    RunsCommand::List {
+                        thread,
+                        state,
+                        limit,
+                        json,
+                        source,
+                    } => runs::list(source.source(), thread, state, limit, json).await,
+                    RunsCommand::Show { id, json, source } => {
+                        runs::show(source.source(), id, json).await
+                    }
+                    RunsCommand::Export { id, source } => runs::export(source.source(), id).await,
+                }
+            })
+            .map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
