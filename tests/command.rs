@@ -298,3 +298,116 @@ fn runs_list_show_and_export_read_the_reports_a_run_left_in_the_store() {
         .assert()
         .failure();
 }
+
+/// The task id of `keel send --json`'s (or `tasks get --json`'s) A2A task.
+fn a2a_task(stdout: &[u8]) -> Value {
+    serde_json::from_slice(stdout).unwrap_or_else(|e| panic!("{e}: {}", text(stdout)))
+}
+
+#[tokio::test]
+async fn the_a2a_commands_send_list_get_follow_and_cancel_tasks_of_a_served_agent() {
+    let server = support::KeelServer::start(&["--api-key", "k-91c=app/ann"]);
+    let url = server.url.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let a2a = |args: &[&str]| {
+        let mut command = keel(dir.path());
+        command
+            .args(args)
+            .args(["--url", &url, "--api-key", "k-91c"]);
+        command
+    };
+
+    // `send`: the answer on stdout, the exit status from the final state.
+    let sent = a2a(&["send", "--thread", "c-7", "hello there"])
+        .assert()
+        .success();
+    assert_eq!(
+        text(&sent.get_output().stdout).trim(),
+        "You said: hello there"
+    );
+    // Without the key the agent refuses, and so does the command.
+    keel(dir.path())
+        .args(["send", "--url", &url, "hello"])
+        .assert()
+        .failure();
+
+    // `run --url`: streamed, the answer at the end; `--json`: A2A stream responses.
+    let streamed = a2a(&["run", "--thread", "c-7", "streamed words"])
+        .assert()
+        .success();
+    assert_eq!(
+        text(&streamed.get_output().stdout).trim(),
+        "You said: streamed words"
+    );
+    let lines = a2a(&["run", "--json", "more words"]).assert().success();
+    let lines = events(&lines.get_output().stdout);
+    assert!(
+        lines.first().is_some_and(|l| l.get("task").is_some()),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"),
+        "{lines:?}"
+    );
+
+    // `tasks list --json`: one document, ids as A2A names them.
+    let listed = a2a(&["tasks", "list", "--thread", "c-7", "--json"])
+        .assert()
+        .success();
+    let listed = a2a_task(&listed.get_output().stdout);
+    let tasks = listed["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "{listed}");
+    assert!(tasks.iter().all(|t| t["contextId"] == "c-7"), "{listed}");
+
+    // A task that sleeps, followed by `tasks subscribe` and ended by `tasks cancel`.
+    let sleeper = a2a(&[
+        "send",
+        "--json",
+        r#"/sleep {"seconds": 300}"#,
+        "--return-immediately",
+    ])
+    .assert()
+    .success();
+    let sleeper = a2a_task(&sleeper.get_output().stdout);
+    let id = sleeper["id"].as_str().unwrap().to_owned();
+    let mut follow = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "tasks",
+            "subscribe",
+            &id,
+            "--json",
+            "--url",
+            &url,
+            "--api-key",
+            "k-91c",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the follower has the task's first event it is subscribed: then cancel.
+    let mut reader = std::io::BufReader::new(follow.stdout.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut reader, &mut first).unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&first).unwrap()["task"]["id"],
+        id.as_str()
+    );
+    let canceled = a2a(&["tasks", "cancel", &id, "--json"]).assert().success();
+    assert_eq!(
+        a2a_task(&canceled.get_output().stdout)["status"]["state"],
+        "TASK_STATE_CANCELED"
+    );
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut reader, &mut rest).unwrap();
+    assert!(rest.contains("TASK_STATE_CANCELED"), "{rest}");
+    assert_eq!(follow.wait().unwrap().code(), Some(130));
+
+    let got = a2a(&["tasks", "get", &id, "--json"]).assert().success();
+    assert_eq!(
+        a2a_task(&got.get_output().stdout)["status"]["state"],
+        "TASK_STATE_CANCELED"
+    );
+}

@@ -1,6 +1,7 @@
 //! `keel`: serve Keel agents over the A2A protocol.
 
 mod from_file;
+mod remote;
 mod render;
 mod run;
 mod runs;
@@ -58,6 +59,121 @@ enum Command {
     /// report as JSON.
     #[command(subcommand)]
     Runs(RunsCommand),
+    /// Send one message to an A2A agent and print its answer when the task rests.
+    Send {
+        /// The text.
+        text: String,
+        /// Continue this thread (A2A `contextId`).
+        #[arg(long)]
+        thread: Option<String>,
+        /// Answer this task (one that waits for input).
+        #[arg(long)]
+        task: Option<String>,
+        /// Answer with the submitted task at once instead of waiting for it to rest.
+        #[arg(long)]
+        return_immediately: bool,
+        /// The task as A2A JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// The tasks of an A2A agent: list, get, cancel, follow, approve.
+    #[command(subcommand)]
+    Tasks(TasksCommand),
+}
+
+/// An A2A agent to talk to.
+#[derive(Debug, Args)]
+struct RemoteArgs {
+    /// The agent's base URL (its card is at URL/.well-known/agent-card.json).
+    #[arg(long, env = "KEEL_URL")]
+    url: String,
+    /// Sent as the `X-API-Key` header.
+    #[arg(long, env = "KEEL_API_KEY")]
+    api_key: Option<String>,
+}
+
+impl RemoteArgs {
+    fn remote(self) -> remote::Remote {
+        remote::Remote {
+            url: self.url,
+            api_key: self.api_key,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum TasksCommand {
+    /// The agent's tasks, most recently updated first.
+    List {
+        /// Only the tasks of this thread (A2A `contextId`).
+        #[arg(long)]
+        thread: Option<String>,
+        /// Only the tasks in this state (`completed`, `working`, `input-required`, ...).
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many (1 to 100).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// One JSON document on stdout (A2A names).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// One task.
+    Get {
+        /// The task.
+        id: String,
+        /// The task as A2A JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Cancel a task.
+    Cancel {
+        /// The task.
+        id: String,
+        /// Why (sent as `metadata.reason`).
+        #[arg(long)]
+        reason: Option<String>,
+        /// The task as A2A JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Follow a task's updates until its final status.
+    Subscribe {
+        /// The task.
+        id: String,
+        /// The A2A stream responses as JSON lines on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Approve (or `--deny`) the action a task waits to have approved.
+    Approve {
+        /// The task.
+        id: String,
+        /// The approval request's id (the task's `metadata.pending_approval.request_id`).
+        #[arg(long)]
+        request: String,
+        /// Deny instead.
+        #[arg(long)]
+        deny: bool,
+        /// Why.
+        #[arg(long)]
+        reason: Option<String>,
+        /// The task as A2A JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -149,6 +265,12 @@ struct RunArgs {
     /// Print the run's normalized events as JSON lines on stdout instead.
     #[arg(long)]
     json: bool,
+    /// Run on this remote A2A agent instead (streaming), not in process.
+    #[arg(long, conflicts_with_all = ["agent", "approve", "deny"])]
+    url: Option<String>,
+    /// With `--url`: sent as the `X-API-Key` header.
+    #[arg(long, requires = "url", env = "KEEL_API_KEY")]
+    api_key: Option<String>,
     #[command(flatten)]
     source: SourceArgs,
 }
@@ -307,6 +429,19 @@ fn main() -> ExitCode {
             from_file::check(&from_file::config_path(args.file)).map(|()| ExitCode::SUCCESS)
         }
         Command::RunOnce(args) => runtime.block_on(run_once(args)).map(|()| ExitCode::SUCCESS),
+        Command::Run(RunArgs {
+            url: Some(url),
+            api_key,
+            prompt,
+            thread,
+            json,
+            ..
+        }) => runtime.block_on(remote::run(
+            remote::Remote { url, api_key },
+            prompt,
+            thread,
+            json,
+        )),
         Command::Run(args) => runtime.block_on(run::run(
             args.source.source(),
             args.agent,
@@ -332,6 +467,52 @@ fn main() -> ExitCode {
                 }
             })
             .map(|()| ExitCode::SUCCESS),
+        Command::Send {
+            text,
+            thread,
+            task,
+            return_immediately,
+            json,
+            remote,
+        } => runtime.block_on(remote::send(
+            remote.remote(),
+            text,
+            thread,
+            task,
+            return_immediately,
+            json,
+        )),
+        Command::Tasks(command) => runtime.block_on(async {
+            match command {
+                TasksCommand::List {
+                    thread,
+                    state,
+                    limit,
+                    json,
+                    remote,
+                } => remote::list(remote.remote(), thread, state, limit, json).await,
+                TasksCommand::Get { id, json, remote } => {
+                    remote::get(remote.remote(), id, json).await
+                }
+                TasksCommand::Cancel {
+                    id,
+                    reason,
+                    json,
+                    remote,
+                } => remote::cancel(remote.remote(), id, reason, json).await,
+                TasksCommand::Subscribe { id, json, remote } => {
+                    remote::subscribe(remote.remote(), id, json).await
+                }
+                TasksCommand::Approve {
+                    id,
+                    request,
+                    deny,
+                    reason,
+                    json,
+                    remote,
+                } => remote::approve(remote.remote(), id, request, deny, reason, json).await,
+            }
+        }),
     };
     match result {
         Ok(code) => code,

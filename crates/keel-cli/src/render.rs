@@ -20,6 +20,14 @@ use serde_json::Value;
 /// How much of a tool's arguments or result one line shows.
 const SHORT: usize = 160;
 
+/// One line of results on stdout. A reader that went away (`keel runs list | head -1`) ends
+/// the output, not the command: the line is dropped rather than the process panicking.
+pub(crate) fn out(line: impl std::fmt::Display) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}");
+    let _ = stdout.flush();
+}
+
 /// Whether to colour what goes to stderr: only on a terminal, never with `NO_COLOR` set.
 pub(crate) fn colour_stderr() -> bool {
     std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())

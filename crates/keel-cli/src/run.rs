@@ -13,7 +13,7 @@ use keel::core::{
 use keel::services::AuthContext;
 use keel::{DefaultRuntime, StoreConfig};
 
-use crate::render::{approval_text, Renderer};
+use crate::render::{approval_text, out, Renderer};
 
 /// The tenant of a caller that shows no API key: the one `keel serve` gives such callers, so
 /// that `keel run` and `keel serve` on one store see the same tasks and runs.
@@ -320,7 +320,7 @@ pub(crate) fn finish(renderer: &Renderer, task: &Task, json: bool) {
         .map(Message::text)
         .unwrap_or_default();
     if !answer.is_empty() {
-        println!("{answer}");
+        out(answer);
     }
     let used = renderer.usage();
     let state = task.state();

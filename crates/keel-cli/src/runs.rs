@@ -6,7 +6,7 @@ use keel::events::{EventType, RunReport};
 use keel::services::{RunQuery, RunRecord, Runtime};
 use serde_json::{json, Value};
 
-use crate::render::{colour_stderr, shorten, Styles};
+use crate::render::{colour_stderr, out, shorten, Styles};
 use crate::run::{local_tenant, Source};
 
 /// How much of a tool's arguments or result a timeline line shows.
@@ -55,20 +55,20 @@ pub(crate) async fn list(
         .take(limit)
         .collect();
     if json {
-        println!("{}", json!({ "runs": rows }));
+        out(json!({ "runs": rows }));
         return Ok(());
     }
     if rows.is_empty() {
         eprintln!("keel: no runs");
         return Ok(());
     }
-    println!(
+    out(format!(
         "{:<38} {:<15} {:<14} {:>6} {:>9} {:>9}  RECORDED",
         "RUN", "STATE", "AGENT", "STEPS", "TOK IN", "TOK OUT"
-    );
+    ));
     for r in &rows {
         let text = |key: &str| r[key].as_str().unwrap_or("-").to_owned();
-        println!(
+        out(format!(
             "{:<38} {:<15} {:<14} {:>6} {:>9} {:>9}  {}",
             text("run_id"),
             text("final_state"),
@@ -77,7 +77,7 @@ pub(crate) async fn list(
             r["input_tokens"].to_string(),
             r["output_tokens"].to_string(),
             text("recorded_at"),
-        );
+        ));
     }
     Ok(())
 }
@@ -128,7 +128,7 @@ async fn find(source: &Source, id: &str) -> Result<RunRecord, String> {
 pub(crate) async fn export(source: Source, id: String) -> Result<(), String> {
     let record = find(&source, &id).await?;
     let text = serde_json::to_string_pretty(&record.report).map_err(|err| err.to_string())?;
-    println!("{text}");
+    out(text);
     Ok(())
 }
 
@@ -138,10 +138,10 @@ pub(crate) async fn show(source: Source, id: String, json: bool) -> Result<(), S
     let report = RunReport::from_value(record.report.clone()).map_err(|err| err.to_string())?;
     if json {
         // The report as it is stored, which already names its ids as the API does.
-        println!("{}", record.report);
+        out(record.report);
         return Ok(());
     }
-    print!("{}", timeline(&report, &Styles::new(colour_stderr())));
+    out(timeline(&report, &Styles::new(colour_stderr())).trim_end());
     Ok(())
 }
 
