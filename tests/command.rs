@@ -411,3 +411,46 @@ async fn the_a2a_commands_send_list_get_follow_and_cancel_tasks_of_a_served_agen
         "TASK_STATE_CANCELED"
     );
 }
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_cancels_the_run_live_and_the_task_ends_canceled() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    // No keel.toml: the demo agent, on ./keel.db.
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["run", "--json", r#"/sleep {"seconds": 300}"#])
+        .current_dir(dir.path())
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(run.stdout.take().unwrap()).lines();
+    // The tool has started: the run is live.
+    for line in lines.by_ref() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if event["type"] == "action.started" {
+            break;
+        }
+    }
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &run.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let rest: Vec<Value> = lines
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    let last = rest.last().expect("events after Ctrl-C");
+    assert_eq!(last["type"], "task.status", "{last}");
+    assert_eq!(last["payload"]["state"], "canceled", "{last}");
+    assert_eq!(run.wait().unwrap().code(), Some(130));
+
+    // The canceled run is in the store.
+    let listed = keel(dir.path())
+        .args(["runs", "list", "--state", "canceled", "--json"])
+        .assert()
+        .success();
+    let listed: Value = serde_json::from_slice(&listed.get_output().stdout).unwrap();
+    assert_eq!(listed["runs"].as_array().unwrap().len(), 1, "{listed}");
+}
