@@ -454,3 +454,46 @@ fn ctrl_c_cancels_the_run_live_and_the_task_ends_canceled() {
     let listed: Value = serde_json::from_slice(&listed.get_output().stdout).unwrap();
     assert_eq!(listed["runs"].as_array().unwrap().len(), 1, "{listed}");
 }
+
+#[test]
+fn chat_holds_one_thread_a_line_a_turn_until_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let chat = keel(dir.path())
+        .arg("chat")
+        .write_stdin("first words\n\nsecond words\n/exit\nnever sent\n")
+        .assert()
+        .success();
+    let out = text(&chat.get_output().stdout);
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["You said: first words", "You said: second words"],
+        "{out}"
+    );
+    // Both turns are on one thread.
+    let listed = keel(dir.path())
+        .args(["runs", "list", "--json"])
+        .assert()
+        .success();
+    let listed: Value = serde_json::from_slice(&listed.get_output().stdout).unwrap();
+    let runs = listed["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{listed}");
+    assert_eq!(runs[0]["thread_id"], runs[1]["thread_id"], "{listed}");
+}
+
+#[test]
+fn completions_are_printed_for_each_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    for (shell, marker) in [
+        ("bash", "_keel()"),
+        ("zsh", "#compdef keel"),
+        ("fish", "complete -c keel"),
+    ] {
+        let script = keel(dir.path())
+            .args(["completions", shell])
+            .assert()
+            .success();
+        let script = text(&script.get_output().stdout);
+        assert!(script.contains(marker), "{shell}: {script}");
+        assert!(script.contains("runs"), "{shell} misses a subcommand");
+    }
+}

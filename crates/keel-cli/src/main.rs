@@ -81,6 +81,32 @@ enum Command {
     /// The tasks of an A2A agent: list, get, cancel, follow, approve.
     #[command(subcommand)]
     Tasks(TasksCommand),
+    /// A conversation with an agent in this process, on one thread: each line is a message,
+    /// each turn shown as `keel run` shows it. `/exit` or the end of the input ends it.
+    Chat(ChatArgs),
+    /// Print a shell completion script: `keel completions bash > /etc/bash_completion.d/keel`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ChatArgs {
+    /// The agent of the file to talk to (default: the file's default agent).
+    #[arg(long)]
+    agent: Option<String>,
+    /// Continue this thread (default: a new one).
+    #[arg(long)]
+    thread: Option<String>,
+    /// Approve every action that needs approval.
+    #[arg(long, conflicts_with = "deny")]
+    approve: bool,
+    /// Deny every action that needs approval.
+    #[arg(long)]
+    deny: bool,
+    #[command(flatten)]
+    source: SourceArgs,
 }
 
 /// An A2A agent to talk to.
@@ -482,6 +508,18 @@ fn main() -> ExitCode {
             return_immediately,
             json,
         )),
+        Command::Chat(args) => runtime.block_on(run::chat(
+            args.source.source(),
+            args.agent,
+            args.thread,
+            run::Approver::from_flags(args.approve, args.deny),
+        )),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "keel", &mut script);
+            render::out(String::from_utf8_lossy(&script).trim_end());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Tasks(command) => runtime.block_on(async {
             match command {
                 TasksCommand::List {

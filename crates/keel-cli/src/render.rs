@@ -109,9 +109,9 @@ impl Renderer {
         &self.styles
     }
 
-    /// What the run used so far.
-    pub(crate) fn usage(&self) -> Usage {
-        self.lock().usage
+    /// What the run used since the last call (a chat shows each turn's own figures).
+    pub(crate) fn take_usage(&self) -> Usage {
+        std::mem::take(&mut self.lock().usage)
     }
 
     /// Stop the spinner, if one turns (before prompting or printing the answer).

@@ -322,7 +322,7 @@ pub(crate) fn finish(renderer: &Renderer, task: &Task, json: bool) {
     if !answer.is_empty() {
         out(answer);
     }
-    let used = renderer.usage();
+    let used = renderer.take_usage();
     let state = task.state();
     let style = match state {
         TaskState::Completed => &s.good,
@@ -363,4 +363,62 @@ pub(crate) async fn run(
     finish(&renderer, &task, json);
     executor.shutdown().await;
     Ok(exit_status(task.state()))
+}
+
+/// `keel chat`: one conversation on one thread, a line at a time, each turn shown as
+/// `keel run` shows it. A task that waits for input is answered by the next line. Ends at the
+/// end of the input or on `/exit`.
+pub(crate) async fn chat(
+    source: Source,
+    agent: Option<String>,
+    thread: Option<String>,
+    approver: Approver,
+) -> Result<ExitCode, String> {
+    let executor = source.executor(agent.as_deref()).await?;
+    let renderer = Renderer::new(false);
+    executor.add_event_sink(renderer.clone());
+    let interactive = std::io::stdin().is_terminal();
+    let mut thread = thread.map(keel::core::ThreadId::from);
+    let mut waiting: Option<TaskId> = None;
+    if interactive {
+        eprintln!(
+            "keel: chatting with `{}`; /exit or Ctrl-D ends",
+            executor.agent().card().name
+        );
+    }
+    loop {
+        if interactive {
+            eprint!("{}", renderer.styles().tool.apply_to("you> "));
+            let _ = std::io::Write::flush(&mut std::io::stderr());
+        }
+        let line = tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            std::io::stdin()
+                .lock()
+                .read_line(&mut line)
+                .map(|n| (n > 0).then_some(line))
+        })
+        .await
+        .map_err(|err| err.to_string())?
+        .map_err(|err| format!("cannot read stdin: {err}"))?;
+        let Some(line) = line else { break };
+        let line = line.trim();
+        if line == "/exit" {
+            break;
+        }
+        if line.is_empty() {
+            continue;
+        }
+        let mut message = Message::user(line);
+        message.thread_id = thread.clone();
+        message.task_id = waiting.take();
+        let task = turn(&executor, &renderer, approver, message).await?;
+        finish(&renderer, &task, false);
+        thread = Some(task.thread_id.clone());
+        if task.state() == TaskState::InputRequired {
+            waiting = Some(task.id.clone());
+        }
+    }
+    executor.shutdown().await;
+    Ok(ExitCode::SUCCESS)
 }
