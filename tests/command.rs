@@ -497,3 +497,94 @@ fn completions_are_printed_for_each_shell() {
         assert!(script.contains("runs"), "{shell} misses a subcommand");
     }
 }
+
+/// A stand-in A2A agent: the real server's card, pointed at itself, and one canned answer to
+/// every JSON-RPC call; it keeps the requests it received.
+struct RecordingAgent {
+    url: String,
+    requests: Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+impl RecordingAgent {
+    async fn start(card: Value, real_url: &str, answer: Value) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let card: Value = serde_json::from_str(&card.to_string().replace(real_url, &url)).unwrap();
+        let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = requests.clone();
+        let app = axum::Router::new()
+            .route(
+                "/.well-known/agent-card.json",
+                get(move || async move { axum::Json(card) }),
+            )
+            .route(
+                "/",
+                axum::routing::post(move |axum::Json(body): axum::Json<Value>| async move {
+                    let id = body["id"].clone();
+                    kept.lock().unwrap().push(body);
+                    axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": answer}))
+                }),
+            );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { url, requests }
+    }
+}
+
+// Multi-threaded: the stand-in agent answers while the test waits on the command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_approve_sends_the_decision_as_a_data_part_to_the_task() {
+    let real = support::KeelServer::start(&[]);
+    let http = reqwest::Client::new();
+    let card: Value = http
+        .get(format!("{}.well-known/agent-card.json", real.url))
+        .header("A2A-Version", "1.0")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let answer: Value = http
+        .post(&real.url)
+        .header("A2A-Version", "1.0")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let agent = RecordingAgent::start(card, &real.url, answer["result"].clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    for (flags, decision) in [
+        (&["--reason", "looks fine"][..], "approve"),
+        (&["--deny"][..], "deny"),
+    ] {
+        keel(dir.path())
+            .args([
+                "tasks",
+                "approve",
+                "task-5",
+                "--request",
+                "req-9",
+                "--url",
+                &agent.url,
+            ])
+            .args(flags)
+            .assert()
+            .success();
+        let sent = agent.requests.lock().unwrap().pop().unwrap();
+        assert_eq!(sent["method"], "SendMessage", "{sent}");
+        let message = &sent["params"]["message"];
+        assert_eq!(message["taskId"], "task-5", "{sent}");
+        let mut expected = json!({"requestId": "req-9", "decision": decision});
+        if decision == "approve" {
+            expected["reason"] = json!("looks fine");
+        }
+        assert_eq!(
+            message["parts"][0]["data"],
+            json!({"approval": expected}),
+            "{sent}"
+        );
+    }
+}
