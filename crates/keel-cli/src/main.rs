@@ -1,4 +1,4 @@
-//! `keel`: serve Keel agents over the A2A protocol.
+//! `keel`: run Keel agents here or serve them over A2A, inspect their runs, and talk to any A2A agent.
 
 mod from_file;
 mod remote;
