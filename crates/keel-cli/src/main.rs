@@ -1,6 +1,10 @@
-//! `keel`: serve Keel agents over the A2A protocol.
+//! `keel`: run Keel agents here or serve them over A2A, inspect their runs, and talk to any A2A agent.
 
 mod from_file;
+mod remote;
+mod render;
+mod run;
+mod runs;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -43,6 +47,258 @@ enum Command {
     /// input); everything is persisted in the store, and the task's state is printed as one
     /// JSON object on stdout.
     RunOnce(RunOnceArgs),
+    /// Run an agent in this process on the configured store and show the run live: model
+    /// calls, streamed tokens, tool calls and results, policy decisions, budget, the answer.
+    ///
+    /// An action that needs approval is asked on the terminal (or read as one line from piped
+    /// stdin: `y` approves, anything else or no line denies), unless `--approve`/`--deny`.
+    /// Ctrl-C cancels the run. Exit status: 0 completed, 1 failed or rejected, 3 waiting for
+    /// input, 130 canceled.
+    Run(RunArgs),
+    /// The runs kept in the configured store: list them, show one as a timeline, export its
+    /// report as JSON.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+    /// Send one message to an A2A agent and print its answer when the task rests.
+    Send {
+        /// The text.
+        text: String,
+        /// Continue this thread (A2A `contextId`).
+        #[arg(long)]
+        thread: Option<String>,
+        /// Answer this task (one that waits for input).
+        #[arg(long)]
+        task: Option<String>,
+        /// Answer with the submitted task at once instead of waiting for it to rest.
+        #[arg(long)]
+        return_immediately: bool,
+        /// The task as A2A JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// The tasks of an A2A agent: list, get, cancel, follow, approve.
+    #[command(subcommand)]
+    Tasks(TasksCommand),
+    /// A conversation with an agent in this process, on one thread: each line is a message,
+    /// each turn shown as `keel run` shows it. `/exit` or the end of the input ends it.
+    Chat(ChatArgs),
+    /// Print a shell completion script: `keel completions bash > /etc/bash_completion.d/keel`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ChatArgs {
+    /// The agent of the file to talk to (default: the file's default agent).
+    #[arg(long)]
+    agent: Option<String>,
+    /// Continue this thread (default: a new one).
+    #[arg(long)]
+    thread: Option<String>,
+    /// Approve every action that needs approval.
+    #[arg(long, conflicts_with = "deny")]
+    approve: bool,
+    /// Deny every action that needs approval.
+    #[arg(long)]
+    deny: bool,
+    #[command(flatten)]
+    source: SourceArgs,
+}
+
+/// An A2A agent to talk to.
+#[derive(Debug, Args)]
+struct RemoteArgs {
+    /// The agent's base URL (its card is at URL/.well-known/agent-card.json).
+    #[arg(long, env = "KEEL_URL")]
+    url: String,
+    /// Sent as the `X-API-Key` header.
+    #[arg(long, env = "KEEL_API_KEY")]
+    api_key: Option<String>,
+}
+
+impl RemoteArgs {
+    fn remote(self) -> remote::Remote {
+        remote::Remote {
+            url: self.url,
+            api_key: self.api_key,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum TasksCommand {
+    /// The agent's tasks, most recently updated first.
+    List {
+        /// Only the tasks of this thread (A2A `contextId`).
+        #[arg(long)]
+        thread: Option<String>,
+        /// Only the tasks in this state (`completed`, `working`, `input-required`, ...).
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many (1 to 100).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// One JSON document on stdout (A2A names).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// One task.
+    Get {
+        /// The task.
+        id: String,
+        /// The task as A2A JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Cancel a task.
+    Cancel {
+        /// The task.
+        id: String,
+        /// Why (sent as `metadata.reason`).
+        #[arg(long)]
+        reason: Option<String>,
+        /// The task as A2A JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Follow a task's updates until its final status.
+    Subscribe {
+        /// The task.
+        id: String,
+        /// The A2A stream responses as JSON lines on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Approve (or `--deny`) the action a task waits to have approved.
+    Approve {
+        /// The task.
+        id: String,
+        /// The approval request's id (the task's `metadata.pending_approval.request_id`).
+        #[arg(long)]
+        request: String,
+        /// Deny instead.
+        #[arg(long)]
+        deny: bool,
+        /// Why.
+        #[arg(long)]
+        reason: Option<String>,
+        /// The task as A2A JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum RunsCommand {
+    /// The newest runs first.
+    List {
+        /// Only the runs of this thread.
+        #[arg(long)]
+        thread: Option<String>,
+        /// Only the runs that ended in this state (`completed`, `failed`, `canceled`,
+        /// `input-required`, ...).
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// One JSON document on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        source: SourceArgs,
+    },
+    /// One run as a timeline: steps, model calls with tokens and durations, tool calls,
+    /// decisions, budget. ID is a run id or a task id (its newest run).
+    Show {
+        /// The run (or task).
+        id: String,
+        /// The run report as one JSON document on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        source: SourceArgs,
+    },
+    /// The run report as JSON (see docs/run-report.md).
+    Export {
+        /// The run (or task).
+        id: String,
+        #[command(flatten)]
+        source: SourceArgs,
+    },
+}
+
+/// Where `keel run`, `keel chat` and `keel runs` find their agents and store.
+#[derive(Debug, Args)]
+struct SourceArgs {
+    /// The agents, from a `keel.toml` (default: ./keel.toml when it exists, else the demo
+    /// agent).
+    #[arg(long, env = "KEEL_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where tasks and runs are kept, over the file's `[server] store`: `sqlite:PATH`,
+    /// `redis://HOST:PORT` or `memory`.
+    #[arg(long, env = "KEEL_STORE")]
+    store: Option<String>,
+    /// Prefix of every Redis key, over the file's.
+    #[arg(long, env = "KEEL_REDIS_PREFIX")]
+    redis_prefix: Option<String>,
+    /// The demo agent's model (agents from a file name their own), as for `keel serve`.
+    #[arg(long, default_value = "mock", env = "KEEL_LLM")]
+    llm: String,
+}
+
+impl SourceArgs {
+    fn source(self) -> run::Source {
+        run::Source {
+            config: self.config,
+            store: self.store,
+            redis_prefix: self.redis_prefix,
+            llm: self.llm,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// What to ask.
+    prompt: String,
+    /// The agent of the file to run (default: the file's default agent).
+    #[arg(long)]
+    agent: Option<String>,
+    /// Continue this thread (default: a new one).
+    #[arg(long)]
+    thread: Option<String>,
+    /// Approve every action that needs approval.
+    #[arg(long, conflicts_with = "deny")]
+    approve: bool,
+    /// Deny every action that needs approval.
+    #[arg(long)]
+    deny: bool,
+    /// Print the run's normalized events as JSON lines on stdout instead.
+    #[arg(long)]
+    json: bool,
+    /// Run on this remote A2A agent instead (streaming), not in process.
+    #[arg(long, conflicts_with_all = ["agent", "approve", "deny"])]
+    url: Option<String>,
+    /// With `--url`: sent as the `X-API-Key` header.
+    #[arg(long, requires = "url", env = "KEEL_API_KEY")]
+    api_key: Option<String>,
+    #[command(flatten)]
+    source: SourceArgs,
 }
 
 #[derive(Debug, Args)]
@@ -208,17 +464,117 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = match cli.command {
+    let result: Result<ExitCode, String> = match cli.command {
         Command::Serve(args) => {
             let explicit = matches.subcommand_matches("serve").cloned();
-            runtime.block_on(serve(args, explicit))
+            runtime
+                .block_on(serve(args, explicit))
+                .map(|()| ExitCode::SUCCESS)
         }
-        Command::Init(args) => from_file::init(args.dir, args.force),
-        Command::Check(args) => from_file::check(&from_file::config_path(args.file)),
-        Command::RunOnce(args) => runtime.block_on(run_once(args)),
+        Command::Init(args) => from_file::init(args.dir, args.force).map(|()| ExitCode::SUCCESS),
+        Command::Check(args) => {
+            from_file::check(&from_file::config_path(args.file)).map(|()| ExitCode::SUCCESS)
+        }
+        Command::RunOnce(args) => runtime.block_on(run_once(args)).map(|()| ExitCode::SUCCESS),
+        Command::Run(RunArgs {
+            url: Some(url),
+            api_key,
+            prompt,
+            thread,
+            json,
+            ..
+        }) => runtime.block_on(remote::run(
+            remote::Remote { url, api_key },
+            prompt,
+            thread,
+            json,
+        )),
+        Command::Run(args) => runtime.block_on(run::run(
+            args.source.source(),
+            args.agent,
+            args.thread,
+            args.prompt,
+            run::Approver::from_flags(args.approve, args.deny),
+            args.json,
+        )),
+        Command::Runs(command) => runtime
+            .block_on(async {
+                match command {
+                    RunsCommand::List {
+                        thread,
+                        state,
+                        limit,
+                        json,
+                        source,
+                    } => runs::list(source.source(), thread, state, limit, json).await,
+                    RunsCommand::Show { id, json, source } => {
+                        runs::show(source.source(), id, json).await
+                    }
+                    RunsCommand::Export { id, source } => runs::export(source.source(), id).await,
+                }
+            })
+            .map(|()| ExitCode::SUCCESS),
+        Command::Send {
+            text,
+            thread,
+            task,
+            return_immediately,
+            json,
+            remote,
+        } => runtime.block_on(remote::send(
+            remote.remote(),
+            text,
+            thread,
+            task,
+            return_immediately,
+            json,
+        )),
+        Command::Chat(args) => runtime.block_on(run::chat(
+            args.source.source(),
+            args.agent,
+            args.thread,
+            run::Approver::from_flags(args.approve, args.deny),
+        )),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "keel", &mut script);
+            render::out(String::from_utf8_lossy(&script).trim_end());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Tasks(command) => runtime.block_on(async {
+            match command {
+                TasksCommand::List {
+                    thread,
+                    state,
+                    limit,
+                    json,
+                    remote,
+                } => remote::list(remote.remote(), thread, state, limit, json).await,
+                TasksCommand::Get { id, json, remote } => {
+                    remote::get(remote.remote(), id, json).await
+                }
+                TasksCommand::Cancel {
+                    id,
+                    reason,
+                    json,
+                    remote,
+                } => remote::cancel(remote.remote(), id, reason, json).await,
+                TasksCommand::Subscribe { id, json, remote } => {
+                    remote::subscribe(remote.remote(), id, json).await
+                }
+                TasksCommand::Approve {
+                    id,
+                    request,
+                    deny,
+                    reason,
+                    json,
+                    remote,
+                } => remote::approve(remote.remote(), id, request, deny, reason, json).await,
+            }
+        }),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(message) => {
             eprintln!("keel: {message}");
             ExitCode::FAILURE

@@ -68,5 +68,7 @@ pub use stream::{StreamEvent, POLL_INTERVAL};
 pub use task_list::{TaskList, TaskListQuery};
 pub use transport::{AgentTransport, SendMessageOptions, TaskEventStream};
 pub use variables::VARIABLES_PATH;
-pub use wire::{KEEL_APPROVAL_EXTENSION_URI, KEEL_CARD_EXTENSION_URI};
+pub use wire::{
+    stream_event_json, task_json, KEEL_APPROVAL_EXTENSION_URI, KEEL_CARD_EXTENSION_URI,
+};
 pub use ws::{WS_MAX_IN_FLIGHT, WS_PATH};

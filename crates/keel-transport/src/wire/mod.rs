@@ -54,6 +54,17 @@ pub(crate) use stream::{
 };
 pub(crate) use task::{state_from_name, state_name};
 
+/// A task as the A2A v1.0 `Task` object a server sends (`id`, `contextId`, `status.state`
+/// as `TASK_STATE_*`): for tools that print what the protocol names.
+pub fn task_json(task: &keel_core::Task) -> serde_json::Value {
+    codec::to_json(&task::task_to_wire(task))
+}
+
+/// A stream event as the A2A v1.0 `StreamResponse` a server sends (`{"statusUpdate": ..}`).
+pub fn stream_event_json(event: &crate::StreamEvent) -> serde_json::Value {
+    encode_stream_event(event)
+}
+
 /// The A2A protocol version this mapping speaks.
 pub(crate) const PROTOCOL_VERSION: &str = "1.0";
 

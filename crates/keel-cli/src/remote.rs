@@ -1,0 +1,300 @@
+//! The A2A command line against any agent: `keel send`, `keel tasks list|get|cancel|
+//! subscribe|approve` and `keel run --url`, through Keel's own A2A client.
+
+use std::process::ExitCode;
+
+use futures::StreamExt;
+use keel::core::{Message, Part, Task, TaskId, TaskState};
+use keel::transport::{
+    stream_event_json, task_json, A2aClient, SendMessageOptions, StreamEvent, TaskEventStream,
+    TaskListQuery, API_KEY_HEADER,
+};
+use serde_json::{json, Value};
+
+use crate::render::{colour_stderr, out, Styles};
+use crate::run::exit_status;
+
+/// Where the agent is and how to be let in.
+#[derive(Debug, Clone)]
+pub(crate) struct Remote {
+    /// The agent's base URL (its card is under it).
+    pub url: String,
+    /// Sent as `X-API-Key` when given.
+    pub api_key: Option<String>,
+}
+
+impl Remote {
+    fn client(&self) -> Result<A2aClient, String> {
+        let client = A2aClient::new(self.url.clone());
+        let Some(key) = &self.api_key else {
+            return Ok(client);
+        };
+        let mut value = reqwest::header::HeaderValue::from_str(key)
+            .map_err(|_| "--api-key holds characters an HTTP header cannot carry".to_owned())?;
+        value.set_sensitive(true);
+        let name = reqwest::header::HeaderName::from_bytes(API_KEY_HEADER.as_bytes())
+            .map_err(|err| err.to_string())?;
+        let headers = reqwest::header::HeaderMap::from_iter([(name, value)]);
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .build()
+            .map_err(|err| format!("cannot make an HTTP client: {err}"))?;
+        Ok(client.with_http_client(http))
+    }
+}
+
+/// A task as one line for people: its id, thread, state and what its status says.
+fn task_line(task: &Task) -> String {
+    let said = task
+        .status()
+        .message
+        .as_ref()
+        .map(Message::text)
+        .unwrap_or_default();
+    let said = said.replace('\n', " ");
+    format!(
+        "{}  {}  {:<15} {}",
+        task.id,
+        task.thread_id,
+        task.state().to_string(),
+        said
+    )
+}
+
+/// Print a task: A2A JSON with `--json`, else its answer on stdout and its state on stderr.
+fn print_task(task: &Task, json: bool) {
+    if json {
+        out(task_json(task));
+        return;
+    }
+    if let Some(text) = task.status().message.as_ref().map(Message::text) {
+        if !text.is_empty() {
+            out(text);
+        }
+    }
+    eprintln!(
+        "keel: task {} (thread {}) is {}",
+        task.id,
+        task.thread_id,
+        task.state()
+    );
+}
+
+/// `keel send`: one message, answered when the task rests (or at once, when asked).
+pub(crate) async fn send(
+    remote: Remote,
+    text: String,
+    thread: Option<String>,
+    task: Option<String>,
+    return_immediately: bool,
+    json: bool,
+) -> Result<ExitCode, String> {
+    let mut message = Message::user(text);
+    message.thread_id = thread.map(Into::into);
+    message.task_id = task.map(Into::into);
+    let options = SendMessageOptions {
+        return_immediately,
+        ..SendMessageOptions::default()
+    };
+    let task = remote
+        .client()?
+        .send_message(message, options)
+        .await
+        .map_err(|err| err.to_string())?;
+    print_task(&task, json);
+    if return_immediately {
+        return Ok(ExitCode::SUCCESS);
+    }
+    Ok(exit_status(task.state()))
+}
+
+/// `keel tasks list`.
+pub(crate) async fn list(
+    remote: Remote,
+    thread: Option<String>,
+    state: Option<String>,
+    limit: u32,
+    json: bool,
+) -> Result<ExitCode, String> {
+    let state = state
+        .map(|s| {
+            serde_json::from_value::<TaskState>(json!(s))
+                .map_err(|_| format!("--state `{s}` is not a task state (completed, working, ...)"))
+        })
+        .transpose()?;
+    let query = TaskListQuery {
+        thread_id: thread.map(Into::into),
+        state,
+        page_size: Some(limit),
+        ..TaskListQuery::default()
+    };
+    let page = remote
+        .client()?
+        .list_tasks(&query)
+        .await
+        .map_err(|err| err.to_string())?;
+    if json {
+        let tasks: Vec<Value> = page.tasks.iter().map(task_json).collect();
+        out(json!({
+            "tasks": tasks,
+            "nextPageToken": page.next_page_token.unwrap_or_default(),
+            "pageSize": page.page_size,
+            "totalSize": page.total_size,
+        }));
+    } else {
+        for task in &page.tasks {
+            out(task_line(task));
+        }
+        eprintln!("keel: {} of {} tasks", page.tasks.len(), page.total_size);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `keel tasks get`.
+pub(crate) async fn get(remote: Remote, id: String, json: bool) -> Result<ExitCode, String> {
+    let task = remote
+        .client()?
+        .get_task(&TaskId::from(id), None)
+        .await
+        .map_err(|err| err.to_string())?;
+    print_task(&task, json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `keel tasks cancel`.
+pub(crate) async fn cancel(
+    remote: Remote,
+    id: String,
+    reason: Option<String>,
+    json: bool,
+) -> Result<ExitCode, String> {
+    let task = remote
+        .client()?
+        .cancel_task(&TaskId::from(id), reason)
+        .await
+        .map_err(|err| err.to_string())?;
+    print_task(&task, json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `keel tasks approve`: the decision about the action a task waits to have approved, sent
+/// as a message to the task with a data part `{"approval": {...}}`.
+pub(crate) async fn approve(
+    remote: Remote,
+    id: String,
+    request_id: String,
+    deny: bool,
+    reason: Option<String>,
+    json: bool,
+) -> Result<ExitCode, String> {
+    let mut approval = json!({
+        "requestId": request_id,
+        "decision": if deny { "deny" } else { "approve" },
+    });
+    if let Some(reason) = reason {
+        approval["reason"] = json!(reason);
+    }
+    let mut message = Message::user("");
+    message.parts = vec![Part::data(json!({ "approval": approval }))];
+    message.task_id = Some(TaskId::from(id));
+    let task = remote
+        .client()?
+        .send_message(message, SendMessageOptions::default())
+        .await
+        .map_err(|err| err.to_string())?;
+    print_task(&task, json);
+    Ok(exit_status(task.state()))
+}
+
+/// `keel tasks subscribe`: follow a task until its final status.
+pub(crate) async fn subscribe(remote: Remote, id: String, json: bool) -> Result<ExitCode, String> {
+    let stream = remote
+        .client()?
+        .subscribe(&TaskId::from(id))
+        .await
+        .map_err(|err| err.to_string())?;
+    follow(stream, json).await
+}
+
+/// `keel run --url`: the prompt sent streaming, the task followed live.
+pub(crate) async fn run(
+    remote: Remote,
+    prompt: String,
+    thread: Option<String>,
+    json: bool,
+) -> Result<ExitCode, String> {
+    let mut message = Message::user(prompt);
+    message.thread_id = thread.map(Into::into);
+    let stream = remote
+        .client()?
+        .send_streaming_message(message)
+        .await
+        .map_err(|err| err.to_string())?;
+    follow(stream, json).await
+}
+
+/// Print a task's stream as it comes (A2A `StreamResponse` JSON lines with `json`), then
+/// the answer; the exit status follows the last state seen.
+async fn follow(mut stream: TaskEventStream, json: bool) -> Result<ExitCode, String> {
+    let s = Styles::new(colour_stderr());
+    let mut state = None;
+    let mut answer = String::new();
+    while let Some(event) = stream.next().await {
+        let event = event.map_err(|err| err.to_string())?;
+        if json {
+            out(stream_event_json(&event));
+        }
+        match &event {
+            StreamEvent::Task(task) => {
+                state = Some(task.state());
+                if !json {
+                    eprintln!(
+                        "{}",
+                        s.dim
+                            .apply_to(format!("· task {} {}", task.id, task.state()))
+                    );
+                }
+                answer = task
+                    .status()
+                    .message
+                    .as_ref()
+                    .map(Message::text)
+                    .unwrap_or_default();
+            }
+            StreamEvent::StatusUpdate { status, .. } => {
+                state = Some(status.state);
+                answer = status
+                    .message
+                    .as_ref()
+                    .map(Message::text)
+                    .unwrap_or_default();
+                if !json {
+                    eprintln!("{}", s.dim.apply_to(format!("· {}", status.state)));
+                }
+            }
+            StreamEvent::ArtifactUpdate { artifact, .. } => {
+                if !json {
+                    let text: String = artifact
+                        .parts
+                        .iter()
+                        .filter_map(Part::as_text)
+                        .collect::<Vec<_>>()
+                        .join("");
+                    eprintln!("{}", s.tool.apply_to(format!("· artifact: {text}")));
+                }
+            }
+            StreamEvent::Message(message) => {
+                state = Some(TaskState::Completed);
+                answer = message.text();
+            }
+        }
+    }
+    if !json && !answer.is_empty() {
+        out(answer);
+    }
+    let state = state.ok_or("the agent's stream ended before it named a task")?;
+    if !json {
+        eprintln!("keel: {state}");
+    }
+    Ok(exit_status(state))
+}

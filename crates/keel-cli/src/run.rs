@@ -1,0 +1,424 @@
+//! `keel run` and `keel chat`: an agent of `keel.toml` (or the demo agent) run in this process
+//! on the configured store, shown live, with approvals asked on the terminal.
+
+use std::io::{BufRead, IsTerminal};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use keel::agent::{AgentExecutor, ExecutorConfig, SendOptions};
+use keel::core::{
+    ApprovalDecision, ApprovalOutcome, ApprovalRequest, Message, Task, TaskId, TaskState,
+};
+use keel::services::AuthContext;
+use keel::{DefaultRuntime, StoreConfig};
+
+use crate::render::{approval_text, out, Renderer};
+
+/// The tenant of a caller that shows no API key: the one `keel serve` gives such callers, so
+/// that `keel run` and `keel serve` on one store see the same tasks and runs.
+pub(crate) fn local_tenant() -> AuthContext {
+    AuthContext::new("default-app", "default-user")
+}
+
+/// Where the agents come from and where their work is kept.
+#[derive(Debug, Clone)]
+pub(crate) struct Source {
+    /// `--config`, else `./keel.toml` when present, else the demo agent.
+    pub config: Option<PathBuf>,
+    /// `--store`, over the file's.
+    pub store: Option<String>,
+    /// `--redis-prefix`, over the file's.
+    pub redis_prefix: Option<String>,
+    /// The model of the demo agent (agents from a file name their own).
+    pub llm: String,
+}
+
+impl Source {
+    /// The file to read, if any.
+    fn file(&self) -> Option<PathBuf> {
+        match &self.config {
+            Some(path) => Some(path.clone()),
+            None => Some(PathBuf::from(keel::config::DEFAULT_CONFIG_FILE)).filter(|p| p.exists()),
+        }
+    }
+
+    /// The store: the flag's, else the file's, else `sqlite:./keel.db`.
+    fn store(&self, file: Option<&keel::config::LoadedConfig>) -> Result<StoreConfig, String> {
+        let spec = match (&self.store, file) {
+            (Some(spec), _) => spec.clone(),
+            (None, Some(loaded)) => loaded.server.store.value().to_owned(),
+            (None, None) => "sqlite:./keel.db".to_owned(),
+        };
+        let mut store = StoreConfig::parse(&spec).map_err(|err| err.to_string())?;
+        if let StoreConfig::Redis { prefix, .. } = &mut store {
+            *prefix = match (&self.redis_prefix, file) {
+                (Some(p), _) => p.clone(),
+                (None, Some(loaded)) => loaded.server.redis_prefix.clone(),
+                (None, None) => "keel:".to_owned(),
+            };
+        }
+        Ok(store)
+    }
+
+    /// The runtime on the configured store, without any agent (for `keel runs`).
+    pub(crate) async fn runtime(&self) -> Result<DefaultRuntime, String> {
+        let loaded = self
+            .file()
+            .map(|path| keel::Config::from_path(&path).map_err(|err| err.to_string()))
+            .transpose()?;
+        let store = self.store(loaded.as_ref())?;
+        DefaultRuntime::builder()
+            .store(store.clone())
+            .build()
+            .await
+            .map_err(|err| format!("cannot open the store {store:?}: {err}"))
+    }
+
+    /// The executor of agent `name` (default: the file's default agent, or the demo agent).
+    pub(crate) async fn executor(&self, name: Option<&str>) -> Result<AgentExecutor, String> {
+        let Some(path) = self.file() else {
+            if let Some(name) = name.filter(|n| *n != "keel-demo") {
+                return Err(format!(
+                    "no agent `{name}`: there is no keel.toml here (give --config FILE)"
+                ));
+            }
+            let store = self.store(None)?;
+            let llm = keel::llm::llm_from_spec(&self.llm).map_err(|err| err.to_string())?;
+            let runtime = DefaultRuntime::builder()
+                .llm_shared(llm)
+                .store(store.clone())
+                .build()
+                .await
+                .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
+            let agent = keel::demo::agent().map_err(|err| err.to_string())?;
+            return Ok(AgentExecutor::with_config(
+                agent,
+                Arc::new(runtime),
+                ExecutorConfig::default(),
+            ));
+        };
+        let loaded = keel::Config::from_path(&path).map_err(|err| err.to_string())?;
+        let store = self.store(Some(&loaded))?;
+        let runtime = DefaultRuntime::builder()
+            .store(store.clone())
+            .build()
+            .await
+            .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
+        let agents = loaded
+            .agents()
+            .build(Arc::new(runtime))
+            .map_err(|err| err.to_string())?;
+        let agent = match name {
+            Some(name) => agents.get(name).ok_or_else(|| {
+                let known: Vec<String> = agents.iter().map(|a| format!("`{}`", a.name)).collect();
+                format!(
+                    "{} declares no agent `{name}` (it has {})",
+                    path.display(),
+                    known.join(", ")
+                )
+            })?,
+            None => agents.default_agent(),
+        };
+        Ok(agent.executor.clone())
+    }
+}
+
+/// Who answers approvals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Approver {
+    /// `--approve`: every action.
+    ApproveAll,
+    /// `--deny`: every action.
+    DenyAll,
+    /// Ask: on the terminal, or one line from piped stdin (`y`/`yes` approves; anything else,
+    /// or the end of the input, denies: it fails closed).
+    Ask,
+}
+
+impl Approver {
+    /// From `--approve` / `--deny`.
+    pub(crate) fn from_flags(approve: bool, deny: bool) -> Self {
+        match (approve, deny) {
+            (true, _) => Self::ApproveAll,
+            (_, true) => Self::DenyAll,
+            _ => Self::Ask,
+        }
+    }
+
+    /// The answer to `request`, and who gave it.
+    async fn decide(
+        self,
+        request: &ApprovalRequest,
+    ) -> Result<(ApprovalOutcome, &'static str), String> {
+        match self {
+            Self::ApproveAll => Ok((ApprovalOutcome::Approved, "--approve")),
+            Self::DenyAll => Ok((ApprovalOutcome::Denied, "--deny")),
+            Self::Ask if std::io::stdin().is_terminal() && std::io::stderr().is_terminal() => {
+                let prompt = format!("Approve {}?", request.action.name);
+                let approved = tokio::task::spawn_blocking(move || {
+                    dialoguer::Confirm::new()
+                        .with_prompt(prompt)
+                        .default(false)
+                        .interact()
+                })
+                .await
+                .map_err(|err| err.to_string())?
+                // A prompt that cannot be shown (the terminal went away) denies.
+                .unwrap_or(false);
+                Ok((outcome(approved), "the terminal"))
+            }
+            Self::Ask => {
+                let line = tokio::task::spawn_blocking(|| {
+                    let mut line = String::new();
+                    std::io::stdin().lock().read_line(&mut line).map(|_| line)
+                })
+                .await
+                .map_err(|err| err.to_string())?
+                .unwrap_or_default();
+                let approved = matches!(
+                    line.trim().to_ascii_lowercase().as_str(),
+                    "y" | "yes" | "approve"
+                );
+                Ok((outcome(approved), "stdin"))
+            }
+        }
+    }
+}
+
+fn outcome(approved: bool) -> ApprovalOutcome {
+    if approved {
+        ApprovalOutcome::Approved
+    } else {
+        ApprovalOutcome::Denied
+    }
+}
+
+/// The exit status of a task that ended (or rests) in `state`: 0 completed, 1 failed or
+/// rejected, 3 waiting for input, 130 canceled (as a shell reports Ctrl-C).
+pub(crate) fn exit_status(state: TaskState) -> ExitCode {
+    match state {
+        TaskState::Completed => ExitCode::SUCCESS,
+        TaskState::Canceled => ExitCode::from(130),
+        TaskState::InputRequired | TaskState::AuthRequired => ExitCode::from(3),
+        _ => ExitCode::FAILURE,
+    }
+}
+
+/// Whether the task stopped to wait for someone, or ended.
+fn rests(task: &Task) -> bool {
+    task.state().is_terminal()
+        || matches!(
+            task.state(),
+            TaskState::InputRequired | TaskState::AuthRequired
+        )
+}
+
+/// The action the task waits to have approved, if that is what it waits for.
+fn pending_approval(task: &Task) -> Option<ApprovalRequest> {
+    if task.state() != TaskState::InputRequired {
+        return None;
+    }
+    let value = task.metadata.get("pending_approval")?;
+    serde_json::from_value(value.clone()).ok()
+}
+
+/// Wait, on the executor's change signal, until the task rests.
+async fn until_rest(
+    executor: &AgentExecutor,
+    auth: &AuthContext,
+    task_id: &TaskId,
+) -> Result<Task, String> {
+    // Subscribed before the first look, so no change between the look and the wait is missed.
+    let mut updates = executor.task_updates();
+    loop {
+        let task = executor
+            .get_task(auth, task_id, Some(0))
+            .await
+            .map_err(|err| err.to_string())?;
+        if rests(&task) {
+            return Ok(task);
+        }
+        updates
+            .changed()
+            .await
+            .map_err(|_| "the executor stopped".to_owned())?;
+    }
+}
+
+/// One message through the agent: sent, followed live, its approvals answered, until it
+/// ends or waits for input. Ctrl-C cancels it.
+pub(crate) async fn turn(
+    executor: &AgentExecutor,
+    renderer: &Renderer,
+    approver: Approver,
+    message: Message,
+) -> Result<Task, String> {
+    let auth = local_tenant();
+    let task = executor
+        .send_message(
+            &auth,
+            message,
+            SendOptions {
+                return_immediately: true,
+                ..SendOptions::default()
+            },
+        )
+        .await
+        .map_err(|err| err.to_string())?;
+    let id = task.id.clone();
+    let follow = async {
+        loop {
+            let task = until_rest(executor, &auth, &id).await?;
+            let Some(request) = pending_approval(&task) else {
+                return Ok::<Task, String>(task);
+            };
+            renderer.pause();
+            eprintln!(
+                "{}",
+                renderer.styles().warn.apply_to(approval_text(&request))
+            );
+            let (outcome, by) = approver.decide(&request).await?;
+            let decision = ApprovalDecision {
+                request_id: request.request_id.clone(),
+                outcome,
+                reason: Some(format!("answered on {by}")),
+                decided_by: Some(by.to_owned()),
+                decided_at: chrono::Utc::now(),
+            };
+            executor
+                .decide_approval(&auth, &id, decision)
+                .await
+                .map_err(|err| err.to_string())?;
+        }
+    };
+    tokio::select! {
+        task = follow => task,
+        _ = tokio::signal::ctrl_c() => {
+            renderer.pause();
+            eprintln!("keel: canceling task {id}");
+            executor
+                .cancel_task(&auth, &id, Some("canceled from the terminal (Ctrl-C)".into()))
+                .await
+                .map_err(|err| err.to_string())
+        }
+    }
+}
+
+/// What `keel run` prints once the task rests: the answer on stdout, the state and what the
+/// run used on stderr (with `--json`, the events already said it all).
+pub(crate) fn finish(renderer: &Renderer, task: &Task, json: bool) {
+    renderer.pause();
+    if json {
+        return;
+    }
+    let s = renderer.styles();
+    let answer = task
+        .status()
+        .message
+        .as_ref()
+        .map(Message::text)
+        .unwrap_or_default();
+    if !answer.is_empty() {
+        out(answer);
+    }
+    let used = renderer.take_usage();
+    let state = task.state();
+    let style = match state {
+        TaskState::Completed => &s.good,
+        TaskState::Canceled | TaskState::InputRequired | TaskState::AuthRequired => &s.warn,
+        _ => &s.bad,
+    };
+    eprintln!(
+        "{} {} · used {} model calls, {} tool calls, {} tokens in, {} out · task {} thread {}",
+        style.apply_to("■"),
+        state,
+        used.model_calls,
+        used.tool_calls,
+        used.input_tokens,
+        used.output_tokens,
+        task.id,
+        task.thread_id,
+    );
+}
+
+/// `keel run`.
+pub(crate) async fn run(
+    source: Source,
+    agent: Option<String>,
+    thread: Option<String>,
+    prompt: String,
+    approver: Approver,
+    json: bool,
+) -> Result<ExitCode, String> {
+    if prompt.trim().is_empty() {
+        return Err("the prompt is empty".into());
+    }
+    let executor = source.executor(agent.as_deref()).await?;
+    let renderer = Renderer::new(json);
+    executor.add_event_sink(renderer.clone());
+    let mut message = Message::user(prompt);
+    message.thread_id = thread.map(Into::into);
+    let task = turn(&executor, &renderer, approver, message).await?;
+    finish(&renderer, &task, json);
+    executor.shutdown().await;
+    Ok(exit_status(task.state()))
+}
+
+/// `keel chat`: one conversation on one thread, a line at a time, each turn shown as
+/// `keel run` shows it. A task that waits for input is answered by the next line. Ends at the
+/// end of the input or on `/exit`.
+pub(crate) async fn chat(
+    source: Source,
+    agent: Option<String>,
+    thread: Option<String>,
+    approver: Approver,
+) -> Result<ExitCode, String> {
+    let executor = source.executor(agent.as_deref()).await?;
+    let renderer = Renderer::new(false);
+    executor.add_event_sink(renderer.clone());
+    let interactive = std::io::stdin().is_terminal();
+    let mut thread = thread.map(keel::core::ThreadId::from);
+    let mut waiting: Option<TaskId> = None;
+    if interactive {
+        eprintln!(
+            "keel: chatting with `{}`; /exit or Ctrl-D ends",
+            executor.agent().card().name
+        );
+    }
+    loop {
+        if interactive {
+            eprint!("{}", renderer.styles().tool.apply_to("you> "));
+            let _ = std::io::Write::flush(&mut std::io::stderr());
+        }
+        let line = tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            std::io::stdin()
+                .lock()
+                .read_line(&mut line)
+                .map(|n| (n > 0).then_some(line))
+        })
+        .await
+        .map_err(|err| err.to_string())?
+        .map_err(|err| format!("cannot read stdin: {err}"))?;
+        let Some(line) = line else { break };
+        let line = line.trim();
+        if line == "/exit" {
+            break;
+        }
+        if line.is_empty() {
+            continue;
+        }
+        let mut message = Message::user(line);
+        message.thread_id = thread.clone();
+        message.task_id = waiting.take();
+        let task = turn(&executor, &renderer, approver, message).await?;
+        finish(&renderer, &task, false);
+        thread = Some(task.thread_id.clone());
+        if task.state() == TaskState::InputRequired {
+            waiting = Some(task.id.clone());
+        }
+    }
+    executor.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}

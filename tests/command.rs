@@ -1,0 +1,590 @@
+//! The `keel` command driven as a user drives it: `keel init` → `keel check` → `keel run` of
+//! an agent whose model calls an HTTP tool that needs approval, answered on stdin; the run's
+//! events as JSON lines; `keel runs` over the store the run wrote; the A2A commands against a
+//! real `keel serve`.
+
+mod support;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use assert_cmd::Command;
+use axum::extract::Path as UrlPath;
+use axum::routing::get;
+use serde_json::{json, Value};
+
+/// An HTTP endpoint on 127.0.0.1:0 counting its calls: the tool the agent calls.
+struct WeatherService {
+    url: String,
+    calls: Arc<AtomicUsize>,
+}
+
+impl WeatherService {
+    fn start() -> Self {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let app = axum::Router::new().route(
+            "/weather/{city}",
+            get(move |UrlPath(city): UrlPath<String>| {
+                let counted = counted.clone();
+                async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    axum::Json(json!({"city": city, "sky": "clear-7c2e"}))
+                }
+            }),
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                axum::serve(listener, app).await.unwrap();
+            });
+        });
+        Self { url, calls }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+/// `keel ARGS` run in `dir`, quiet logs, no colour.
+fn keel(dir: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .env_remove("KEEL_CONFIG")
+        .env_remove("KEEL_STORE");
+    command
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `keel init` in a temp dir, then the file's weather tool pointed at `weather` and made to
+/// need approval; `keel check` accepts it.
+fn project(weather: &WeatherService) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    keel(dir.path()).arg("init").assert().success();
+    let path = dir.path().join("keel.toml");
+    let file = std::fs::read_to_string(&path).unwrap();
+    let file = file.replace("http://127.0.0.1:9000", &weather.url).replace(
+        r#"require_approval = ["email.send"]"#,
+        r#"require_approval = ["weather.*"]"#,
+    );
+    assert!(file.contains(&weather.url) && file.contains(r#"["weather.*"]"#));
+    std::fs::write(&path, file).unwrap();
+    let check = keel(dir.path()).arg("check").assert().success();
+    let shown = text(&check.get_output().stdout);
+    assert!(shown.contains("tool (http): weather GET"), "{shown}");
+    dir
+}
+
+const ASK_WEATHER: &str = r#"/weather {"city": "Oslo"}"#;
+
+#[test]
+fn init_check_run_an_http_tool_approved_on_stdin_then_denied() {
+    let weather = WeatherService::start();
+    let dir = project(&weather);
+
+    // Approved on stdin: the tool runs and its result reaches the answer.
+    let approved = keel(dir.path())
+        .args(["run", ASK_WEATHER])
+        .write_stdin("y\n")
+        .assert()
+        .success();
+    let (out, err) = (
+        text(&approved.get_output().stdout),
+        text(&approved.get_output().stderr),
+    );
+    assert_eq!(weather.calls(), 1, "stdout: {out}\nstderr: {err}");
+    assert!(
+        out.contains("clear-7c2e"),
+        "the answer misses the tool's result: {out}"
+    );
+    for shown in [
+        "approval needed: weather",
+        "Oslo",
+        "policy: require_approval",
+        "completed",
+    ] {
+        assert!(
+            err.contains(shown),
+            "`{shown}` not in the run's view:\n{err}"
+        );
+    }
+    // Progress goes to stderr, only the answer to stdout.
+    assert!(!out.contains("policy:"), "{out}");
+
+    // Denied on stdin: the tool does not run, and the model sees the denial.
+    let denied = keel(dir.path())
+        .args(["run", ASK_WEATHER])
+        .write_stdin("n\n")
+        .assert()
+        .success();
+    let out = text(&denied.get_output().stdout);
+    assert_eq!(weather.calls(), 1, "a denied call reached the tool");
+    assert!(out.contains("denied"), "{out}");
+    assert!(!out.contains("clear-7c2e"), "{out}");
+
+    // No answer at all (stdin closed, no terminal): it fails closed.
+    let unanswered = keel(dir.path())
+        .args(["run", ASK_WEATHER])
+        .write_stdin("")
+        .assert()
+        .success();
+    assert_eq!(
+        weather.calls(),
+        1,
+        "an unanswered approval let the call run"
+    );
+    assert!(text(&unanswered.get_output().stdout).contains("denied"));
+
+    // `--approve` answers without asking.
+    keel(dir.path())
+        .args(["run", "--approve", ASK_WEATHER])
+        .assert()
+        .success();
+    assert_eq!(weather.calls(), 2);
+}
+
+/// The run's events, one JSON document a line.
+fn events(stdout: &[u8]) -> Vec<Value> {
+    text(stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect()
+}
+
+#[test]
+fn json_prints_the_normalized_events_and_nothing_else_on_stdout() {
+    let weather = WeatherService::start();
+    let dir = project(&weather);
+    let run = keel(dir.path())
+        .args(["run", "--json", "--deny", ASK_WEATHER])
+        .assert()
+        .success();
+    let events = events(&run.get_output().stdout);
+    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    for expected in [
+        "llm.call.started",
+        "llm.call.completed",
+        "action.requested",
+        "action.policy",
+        "approval.required",
+        "approval.decided",
+        "action.denied",
+    ] {
+        assert!(types.contains(&expected), "no {expected} in {types:?}");
+    }
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "task.status", "{last}");
+    assert_eq!(last["final"], true, "{last}");
+    assert_eq!(last["payload"]["state"], "completed", "{last}");
+    assert_eq!(weather.calls(), 0);
+}
+
+#[test]
+fn the_exit_status_follows_the_final_state() {
+    let dir = tempfile::tempdir().unwrap();
+    // A file whose agent waits for the human (`ask_human`): the task rests input-required.
+    std::fs::write(
+        dir.path().join("keel.toml"),
+        "[server]\nstore = \"sqlite:./keel.db\"\n\n[[agents]]\nname = \"asker\"\ndescription = \"Asks.\"\n\n[agents.tools]\nbuiltin = [\"ask_human\"]\n",
+    )
+    .unwrap();
+    keel(dir.path())
+        .args(["run", r#"/ask_human {"question": "which city?"}"#])
+        .assert()
+        .code(3);
+    keel(dir.path()).args(["run", "hello"]).assert().success();
+    // An agent the file does not declare is a clear error.
+    let missing = keel(dir.path())
+        .args(["run", "--agent", "nobody", "hello"])
+        .assert()
+        .failure();
+    assert!(text(&missing.get_output().stderr).contains("no agent `nobody`"));
+}
+
+#[test]
+fn runs_list_show_and_export_read_the_reports_a_run_left_in_the_store() {
+    let weather = WeatherService::start();
+    let dir = project(&weather);
+    keel(dir.path())
+        .args(["run", "--approve", "--thread", "t-runs", ASK_WEATHER])
+        .assert()
+        .success();
+    keel(dir.path())
+        .args(["run", "--thread", "t-other", "just text"])
+        .assert()
+        .success();
+
+    let listed = keel(dir.path())
+        .args(["runs", "list", "--thread", "t-runs", "--json"])
+        .assert()
+        .success();
+    let listed: Value = serde_json::from_slice(&listed.get_output().stdout).unwrap();
+    let runs = listed["runs"].as_array().unwrap();
+    // The approval split the task into runs: up to the approval, then on to the answer.
+    assert!(!runs.is_empty(), "{listed}");
+    assert!(runs.iter().all(|r| r["thread_id"] == "t-runs"), "{listed}");
+    let finished = runs
+        .iter()
+        .find(|r| r["final_state"] == "completed")
+        .unwrap_or_else(|| panic!("no completed run in {listed}"));
+    let run_id = finished["run_id"].as_str().unwrap();
+
+    let waiting = keel(dir.path())
+        .args([
+            "runs",
+            "list",
+            "--state",
+            "completed",
+            "--limit",
+            "1",
+            "--json",
+        ])
+        .assert()
+        .success();
+    let waiting: Value = serde_json::from_slice(&waiting.get_output().stdout).unwrap();
+    assert_eq!(waiting["runs"].as_array().unwrap().len(), 1, "{waiting}");
+    assert_eq!(waiting["runs"][0]["final_state"], "completed");
+
+    let shown = keel(dir.path())
+        .args(["runs", "show", run_id])
+        .env("NO_COLOR", "1")
+        .assert()
+        .success();
+    let shown = text(&shown.get_output().stdout);
+    for expected in [
+        "llm.call.completed",
+        "action.completed",
+        "clear-7c2e",
+        "final state: completed",
+        "budget used:",
+    ] {
+        assert!(shown.contains(expected), "`{expected}` not in:\n{shown}");
+    }
+    assert!(
+        !shown.contains('\u{1b}'),
+        "colour without a terminal:\n{shown}"
+    );
+
+    let exported = keel(dir.path())
+        .args(["runs", "export", run_id])
+        .assert()
+        .success();
+    let report: Value = serde_json::from_slice(&exported.get_output().stdout).unwrap();
+    assert_eq!(report["run_id"], run_id);
+    assert_eq!(report["final_state"], "completed");
+    assert!(report["events"].as_array().is_some_and(|e| !e.is_empty()));
+
+    let missing = keel(dir.path())
+        .args(["runs", "show", "nope"])
+        .assert()
+        .failure();
+    assert!(text(&missing.get_output().stderr).contains("no run `nope`"));
+    keel(dir.path())
+        .args(["runs", "list", "--state", "sideways"])
+        .assert()
+        .failure();
+}
+
+/// The task id of `keel send --json`'s (or `tasks get --json`'s) A2A task.
+fn a2a_task(stdout: &[u8]) -> Value {
+    serde_json::from_slice(stdout).unwrap_or_else(|e| panic!("{e}: {}", text(stdout)))
+}
+
+#[tokio::test]
+async fn the_a2a_commands_send_list_get_follow_and_cancel_tasks_of_a_served_agent() {
+    let server = support::KeelServer::start(&["--api-key", "k-91c=app/ann"]);
+    let url = server.url.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let a2a = |args: &[&str]| {
+        let mut command = keel(dir.path());
+        command
+            .args(args)
+            .args(["--url", &url, "--api-key", "k-91c"]);
+        command
+    };
+
+    // `send`: the answer on stdout, the exit status from the final state.
+    let sent = a2a(&["send", "--thread", "c-7", "hello there"])
+        .assert()
+        .success();
+    assert_eq!(
+        text(&sent.get_output().stdout).trim(),
+        "You said: hello there"
+    );
+    // Without the key the agent refuses, and so does the command.
+    keel(dir.path())
+        .args(["send", "--url", &url, "hello"])
+        .assert()
+        .failure();
+
+    // `run --url`: streamed, the answer at the end; `--json`: A2A stream responses.
+    let streamed = a2a(&["run", "--thread", "c-7", "streamed words"])
+        .assert()
+        .success();
+    assert_eq!(
+        text(&streamed.get_output().stdout).trim(),
+        "You said: streamed words"
+    );
+    let lines = a2a(&["run", "--json", "more words"]).assert().success();
+    let lines = events(&lines.get_output().stdout);
+    assert!(
+        lines.first().is_some_and(|l| l.get("task").is_some()),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"),
+        "{lines:?}"
+    );
+
+    // `tasks list --json`: one document, ids as A2A names them.
+    let listed = a2a(&["tasks", "list", "--thread", "c-7", "--json"])
+        .assert()
+        .success();
+    let listed = a2a_task(&listed.get_output().stdout);
+    let tasks = listed["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "{listed}");
+    assert!(tasks.iter().all(|t| t["contextId"] == "c-7"), "{listed}");
+
+    // A task that sleeps, followed by `tasks subscribe` and ended by `tasks cancel`.
+    let sleeper = a2a(&[
+        "send",
+        "--json",
+        r#"/sleep {"seconds": 300}"#,
+        "--return-immediately",
+    ])
+    .assert()
+    .success();
+    let sleeper = a2a_task(&sleeper.get_output().stdout);
+    let id = sleeper["id"].as_str().unwrap().to_owned();
+    let mut follow = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "tasks",
+            "subscribe",
+            &id,
+            "--json",
+            "--url",
+            &url,
+            "--api-key",
+            "k-91c",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the follower has the task's first event it is subscribed: then cancel.
+    let mut reader = std::io::BufReader::new(follow.stdout.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut reader, &mut first).unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&first).unwrap()["task"]["id"],
+        id.as_str()
+    );
+    let canceled = a2a(&["tasks", "cancel", &id, "--json"]).assert().success();
+    assert_eq!(
+        a2a_task(&canceled.get_output().stdout)["status"]["state"],
+        "TASK_STATE_CANCELED"
+    );
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut reader, &mut rest).unwrap();
+    assert!(rest.contains("TASK_STATE_CANCELED"), "{rest}");
+    assert_eq!(follow.wait().unwrap().code(), Some(130));
+
+    let got = a2a(&["tasks", "get", &id, "--json"]).assert().success();
+    assert_eq!(
+        a2a_task(&got.get_output().stdout)["status"]["state"],
+        "TASK_STATE_CANCELED"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_cancels_the_run_live_and_the_task_ends_canceled() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    // No keel.toml: the demo agent, on ./keel.db.
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["run", "--json", r#"/sleep {"seconds": 300}"#])
+        .current_dir(dir.path())
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(run.stdout.take().unwrap()).lines();
+    // The tool has started: the run is live.
+    for line in lines.by_ref() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if event["type"] == "action.started" {
+            break;
+        }
+    }
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &run.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let rest: Vec<Value> = lines
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    let last = rest.last().expect("events after Ctrl-C");
+    assert_eq!(last["type"], "task.status", "{last}");
+    assert_eq!(last["payload"]["state"], "canceled", "{last}");
+    assert_eq!(run.wait().unwrap().code(), Some(130));
+
+    // The canceled run is in the store.
+    let listed = keel(dir.path())
+        .args(["runs", "list", "--state", "canceled", "--json"])
+        .assert()
+        .success();
+    let listed: Value = serde_json::from_slice(&listed.get_output().stdout).unwrap();
+    assert_eq!(listed["runs"].as_array().unwrap().len(), 1, "{listed}");
+}
+
+#[test]
+fn chat_holds_one_thread_a_line_a_turn_until_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let chat = keel(dir.path())
+        .arg("chat")
+        .write_stdin("first words\n\nsecond words\n/exit\nnever sent\n")
+        .assert()
+        .success();
+    let out = text(&chat.get_output().stdout);
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["You said: first words", "You said: second words"],
+        "{out}"
+    );
+    // Both turns are on one thread.
+    let listed = keel(dir.path())
+        .args(["runs", "list", "--json"])
+        .assert()
+        .success();
+    let listed: Value = serde_json::from_slice(&listed.get_output().stdout).unwrap();
+    let runs = listed["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{listed}");
+    assert_eq!(runs[0]["thread_id"], runs[1]["thread_id"], "{listed}");
+}
+
+#[test]
+fn completions_are_printed_for_each_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    for (shell, marker) in [
+        ("bash", "_keel()"),
+        ("zsh", "#compdef keel"),
+        ("fish", "complete -c keel"),
+    ] {
+        let script = keel(dir.path())
+            .args(["completions", shell])
+            .assert()
+            .success();
+        let script = text(&script.get_output().stdout);
+        assert!(script.contains(marker), "{shell}: {script}");
+        assert!(script.contains("runs"), "{shell} misses a subcommand");
+    }
+}
+
+/// A stand-in A2A agent: the real server's card, pointed at itself, and one canned answer to
+/// every JSON-RPC call; it keeps the requests it received.
+struct RecordingAgent {
+    url: String,
+    requests: Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+impl RecordingAgent {
+    async fn start(card: Value, real_url: &str, answer: Value) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let card: Value = serde_json::from_str(&card.to_string().replace(real_url, &url)).unwrap();
+        let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = requests.clone();
+        let app = axum::Router::new()
+            .route(
+                "/.well-known/agent-card.json",
+                get(move || async move { axum::Json(card) }),
+            )
+            .route(
+                "/",
+                axum::routing::post(move |axum::Json(body): axum::Json<Value>| async move {
+                    let id = body["id"].clone();
+                    kept.lock().unwrap().push(body);
+                    axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": answer}))
+                }),
+            );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { url, requests }
+    }
+}
+
+// Multi-threaded: the stand-in agent answers while the test waits on the command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_approve_sends_the_decision_as_a_data_part_to_the_task() {
+    let real = support::KeelServer::start(&[]);
+    let http = reqwest::Client::new();
+    let card: Value = http
+        .get(format!("{}.well-known/agent-card.json", real.url))
+        .header("A2A-Version", "1.0")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let answer: Value = http
+        .post(&real.url)
+        .header("A2A-Version", "1.0")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let agent = RecordingAgent::start(card, &real.url, answer["result"].clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    for (flags, decision) in [
+        (&["--reason", "looks fine"][..], "approve"),
+        (&["--deny"][..], "deny"),
+    ] {
+        keel(dir.path())
+            .args([
+                "tasks",
+                "approve",
+                "task-5",
+                "--request",
+                "req-9",
+                "--url",
+                &agent.url,
+            ])
+            .args(flags)
+            .assert()
+            .success();
+        let sent = agent.requests.lock().unwrap().pop().unwrap();
+        assert_eq!(sent["method"], "SendMessage", "{sent}");
+        let message = &sent["params"]["message"];
+        assert_eq!(message["taskId"], "task-5", "{sent}");
+        let mut expected = json!({"requestId": "req-9", "decision": decision});
+        if decision == "approve" {
+            expected["reason"] = json!("looks fine");
+        }
+        assert_eq!(
+            message["parts"][0]["data"],
+            json!({"approval": expected}),
+            "{sent}"
+        );
+    }
+}
