@@ -11,7 +11,7 @@ use crate::compat_v03;
 use crate::handlers::{Handlers, Operation, Reply, ReplyStream};
 use crate::jsonrpc::{
     self, encode, Encoded, RpcError, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND,
-    UNSUPPORTED_OPERATION,
+    UNSUPPORTED_OPERATION, VERSION_NOT_SUPPORTED,
 };
 use crate::version::{requested_version, Version};
 
@@ -95,13 +95,27 @@ pub(crate) async fn call(
         Ok(version) => version,
         Err(error) => return failure(reply_id, error),
     };
-    // v0.3 clients send no version: without one, the method name picks the protocol.
     let v03 = || compat_v03::operation(&method).map(|op| (op, Version::V03));
     let v1 = || Operation::from_method(&method).map(|op| (op, Version::V1));
     let resolved = match version {
         Some(Version::V1) => v1(),
         Some(Version::V03) => v03(),
-        None => v03().or_else(v1),
+        // A request without a version is A2A 0.3 (the spec says so): a v1.0 method name without
+        // `A2A-Version: 1.0` is a version this request did not name, not a v1.0 call.
+        None => match (v03(), v1()) {
+            (Some(resolved), _) => Some(resolved),
+            (None, Some(_)) => {
+                return failure(
+                    reply_id,
+                    RpcError::new(
+                        VERSION_NOT_SUPPORTED,
+                        format!("{method} is an A2A 1.0 method, and a request without an A2A-Version header is A2A 0.3; send `A2A-Version: 1.0`"),
+                    )
+                    .with("supportedVersions", "1.0, 0.3"),
+                )
+            }
+            (None, None) => None,
+        },
     };
     let Some((operation, protocol)) = resolved else {
         return failure(

@@ -429,14 +429,15 @@ async fn v0_3_clients_without_a_version_header_get_v0_3_shapes() {
         "{canceled}"
     );
 
-    // A v1.0 name without a header is still v1.0.
+    // A request without a version is A2A 0.3, as the spec says: a v1.0 name without the header
+    // is refused as a version it did not name.
     let v1: Value = server
         .rpc_with(None, "GetTask", json!({"id": task["id"]}))
         .await
         .json()
         .await
         .unwrap();
-    assert_eq!(v1["result"]["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(v1["error"]["code"], -32009, "{v1}");
     server.stop().await;
 }
 
