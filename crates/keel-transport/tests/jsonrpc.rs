@@ -983,3 +983,28 @@ async fn a_json_rpc_body_that_is_not_json_by_its_content_type_is_refused_415() {
         assert_eq!(read["error"]["code"], -32001, "{content_type}: {read}");
     }
 }
+
+#[tokio::test]
+async fn requests_may_name_fields_by_their_proto_names() {
+    let server = TestServer::start().await;
+    let sent = server
+        .call(
+            "SendMessage",
+            json!({"message": {"message_id": "m-proto", "role": "ROLE_USER",
+                               "parts": [{"text": "hello"}], "metadata": {"client_key": 1}},
+                   "configuration": {"history_length": 5}}),
+        )
+        .await;
+    let task = &sent["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
+    assert_eq!(task["history"][0]["messageId"], "m-proto", "{sent}");
+    let got = server
+        .call("GetTask", json!({"id": task["id"], "history_length": 1}))
+        .await;
+    assert_eq!(
+        got["result"]["history"].as_array().map(Vec::len),
+        Some(1),
+        "{got}"
+    );
+    server.stop().await;
+}
