@@ -100,6 +100,20 @@ fn lower_camel(proto: &str) -> String {
     json
 }
 
+pub(super) fn history_length(value: Option<i32>, field: &str) -> AgentResult<Option<usize>> {
+    value
+        .map(|n| usize::try_from(n).map_err(|_| invalid(field, "must not be negative")))
+        .transpose()
+}
+
+pub(super) fn decode<T: serde::de::DeserializeOwned>(params: Value) -> AgentResult<T> {
+    serde_json::from_value(params).map_err(|e| invalid("params", e))
+}
+
+pub(super) fn bad_answer(what: &str, err: impl std::fmt::Display) -> AgentError {
+    AgentError::internal(format!("the remote agent sent an invalid {what}: {err}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,18 +147,4 @@ mod tests {
             })
         );
     }
-}
-
-pub(super) fn history_length(value: Option<i32>, field: &str) -> AgentResult<Option<usize>> {
-    value
-        .map(|n| usize::try_from(n).map_err(|_| invalid(field, "must not be negative")))
-        .transpose()
-}
-
-pub(super) fn decode<T: serde::de::DeserializeOwned>(params: Value) -> AgentResult<T> {
-    serde_json::from_value(params).map_err(|e| invalid("params", e))
-}
-
-pub(super) fn bad_answer(what: &str, err: impl std::fmt::Display) -> AgentError {
-    AgentError::internal(format!("the remote agent sent an invalid {what}: {err}"))
 }
