@@ -550,7 +550,7 @@ fn check_journal(task: &Task, journal: &str, steps: usize, job: &str) {
         let call = format!("call-{}-{line}", job.replace(' ', "-"));
         let interrupted = task.history.iter().flat_map(|m| &m.parts).any(|p| {
             matches!(&p.content, PartContent::ToolOutput { call_id, output, is_error: true, .. }
-                if *call_id == call && output.as_str().is_some_and(|o| o.contains("interrupted")))
+                if *call_id == call && output.as_str().is_some_and(|o| o.contains("its result was never saved")))
         });
         let times = journal.lines().filter(|l| *l == wanted).count();
         if interrupted {
