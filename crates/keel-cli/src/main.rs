@@ -365,12 +365,23 @@ struct RunOnceArgs {
     async_tool_timeout: f64,
 }
 
+/// The agents `keel serve` has built in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BuiltinAgent {
+    Demo,
+    Conformance,
+}
+
 #[derive(Debug, Args)]
 struct ServeArgs {
     /// The agents to serve, from a `keel.toml` (default: ./keel.toml when it exists, else the
     /// demo agent). Flags given on the command line override the file's `[server]`.
     #[arg(long, env = "KEEL_CONFIG")]
     config: Option<PathBuf>,
+    /// The built-in agent to serve without a `keel.toml`: `demo`, or `conformance` (the A2A
+    /// TCK's scenarios, chosen by `messageId` prefix; see docs/conformance.md).
+    #[arg(long, value_enum, default_value_t = BuiltinAgent::Demo)]
+    agent: BuiltinAgent,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1", env = "KEEL_HOST")]
     host: String,
@@ -706,6 +717,9 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
                 "--llm does not apply to agents from a file: set `agents[].model.id` in it".into(),
             );
         }
+        if matches.value_source("agent") == Some(clap::parser::ValueSource::CommandLine) {
+            return Err("--agent does not apply when agents come from a file".into());
+        }
         let set = |id: &str| given(&matches, id);
         let overrides = from_file::ServerOverrides {
             host: set("host").then(|| args.host.clone()),
@@ -750,7 +764,12 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
         .await
         .map_err(|err| format!("cannot listen on {addr}: {err}"))?;
     let local = listener.local_addr().map_err(|err| err.to_string())?;
-    let agent = keel::demo::agent().map_err(|err| err.to_string())?;
+    let agent = match args.agent {
+        BuiltinAgent::Demo => keel::demo::agent(),
+        BuiltinAgent::Conformance => keel::conformance::agent(),
+    }
+    .map_err(|err| err.to_string())?;
+    let agent_name = agent.card().name.clone();
     let keys = parse_api_keys(&args.api_keys)?;
     let mut builder = DefaultRuntime::builder()
         .llm_shared(llm)
@@ -810,8 +829,11 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     if !args.api_keys.is_empty() {
         server = server.with_security(Security::api_key_and_bearer());
     }
+    if args.agent == BuiltinAgent::Conformance {
+        server = keel::conformance::with_extended_card(server);
+    }
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
-    println!("keel: serving agent `keel-demo` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
+    println!("keel: serving agent `{agent_name}` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
     server
         .serve(listener, shutdown_signal())
         .await

@@ -18,6 +18,7 @@
 #[cfg(feature = "sandbox")]
 pub mod code;
 pub mod config;
+pub mod conformance;
 pub mod delegation;
 pub mod demo;
 pub mod ephemeral;

@@ -158,7 +158,7 @@ impl Inner {
 }
 
 /// A history entry as a model request carries it: everything but Keel's own bookkeeping
-/// metadata (`keel.*`: side, task, queue item), which no provider sends and which would
+/// metadata (`keel.*`: side, task, queue item; the messageId stays), which no provider sends and which would
 /// otherwise be copied, entry by entry, into every step's request.
 pub(super) fn request_copy(entry: &LlmMessage) -> LlmMessage {
     // Destructured in full, so a new field cannot be left out silently.
@@ -188,11 +188,13 @@ pub(super) fn request_copy(entry: &LlmMessage) -> LlmMessage {
     }
 }
 
-/// `metadata` without Keel's `keel.*` keys.
+/// `metadata` without Keel's `keel.*` keys, except the A2A `messageId` a user entry came
+/// from ([`META_MESSAGE`]): it is the caller's, and a model that decides by the incoming
+/// message (a scripted one, as the conformance agent's) reads it there.
 pub(super) fn application_metadata(metadata: &keel_core::Metadata) -> keel_core::Metadata {
     metadata
         .iter()
-        .filter(|(key, _)| !key.starts_with("keel."))
+        .filter(|(key, _)| !key.starts_with("keel.") || *key == META_MESSAGE)
         .map(|(key, value)| (key.clone(), value.clone()))
         .collect()
 }

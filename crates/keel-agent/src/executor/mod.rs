@@ -21,7 +21,7 @@ mod state;
 mod step;
 
 pub use config::{ExecutorConfig, SendOptions};
-pub use state::AgentExecutor;
+pub use state::{AgentExecutor, META_MESSAGE as MESSAGE_ID_META};
 
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;

@@ -29,7 +29,9 @@ pub(super) use crate::work::QueuedWork;
 
 /// Metadata keys Keel puts on thread history entries.
 pub(super) const META_TASK: &str = "keel.task_id";
-pub(super) const META_MESSAGE: &str = "keel.message_id";
+/// History metadata key: the A2A `messageId` of the user message an entry came from (a
+/// model or hook that decides by the incoming message reads it here).
+pub const META_MESSAGE: &str = "keel.message_id";
 pub(super) const META_QUEUE_ITEM: &str = "keel.queue_item";
 /// History metadata key: the agent (side) that wrote an assistant or tool entry, so that two
 /// agents sharing a thread each see the other as the user (dual_ai, §4).

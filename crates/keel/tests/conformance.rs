@@ -1,0 +1,406 @@
+//! The conformance agent against a real server on 127.0.0.1:0: each TCK scenario, chosen by
+//! `messageId` prefix, over JSON-RPC, HTTP+JSON (REST) and their SSE streams.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel::agent::AgentExecutor;
+use keel::conformance::{self, ARTIFACT_TEXT, COMPLETE_TEXT, DELAYED_TEXT, INPUT_RECEIVED_TEXT};
+use keel::llm::MockLlm;
+use keel::services::Services;
+use keel::transport::A2aServer;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+/// The delay of `tck-delayed-complete` here: long enough that a non-blocking send sees the
+/// task still working, short enough to keep the tests quick.
+const DELAY: Duration = Duration::from_millis(1500);
+
+#[derive(Debug, Clone, Copy)]
+enum Binding {
+    JsonRpc,
+    Rest,
+}
+
+const BINDINGS: [Binding; 2] = [Binding::JsonRpc, Binding::Rest];
+
+struct Server {
+    base: String,
+    http: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    serving: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    async fn start() -> Self {
+        let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
+        let agent = conformance::agent_with_delay(DELAY).unwrap();
+        let executor = AgentExecutor::new(agent, runtime);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = conformance::with_extended_card(A2aServer::new(executor));
+        let serving = tokio::spawn(server.serve(listener, async move {
+            let _ = stopped.await;
+        }));
+        Self {
+            base,
+            http: reqwest::Client::new(),
+            stop: Some(stop),
+            serving,
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.serving.await.unwrap().unwrap();
+    }
+
+    /// A JSON-RPC request, or the REST route of the same operation.
+    fn request(&self, binding: Binding, method: &str, params: Value) -> reqwest::RequestBuilder {
+        let request = match binding {
+            Binding::JsonRpc => self.http.post(format!("{}/", self.base)).json(
+                &json!({"jsonrpc": "2.0", "id": "req-1", "method": method, "params": params}),
+            ),
+            Binding::Rest => {
+                let id = params["id"].as_str().unwrap_or_default();
+                let url = |path: String| format!("{}{path}", self.base);
+                match method {
+                    "SendMessage" => self.http.post(url("/message:send".into())).json(&params),
+                    "SendStreamingMessage" => {
+                        self.http.post(url("/message:stream".into())).json(&params)
+                    }
+                    "GetTask" => self.http.get(url(format!("/tasks/{id}"))),
+                    "CancelTask" => self.http.post(url(format!("/tasks/{id}:cancel"))),
+                    "SubscribeToTask" => self.http.get(url(format!("/tasks/{id}:subscribe"))),
+                    other => panic!("no REST route for {other}"),
+                }
+            }
+        };
+        request.header("A2A-Version", "1.0")
+    }
+
+    /// A unary call's result (the JSON-RPC `result`, or the REST body).
+    async fn call(&self, binding: Binding, method: &str, params: Value) -> Value {
+        let response = self.request(binding, method, params).send().await.unwrap();
+        assert!(response.status().is_success(), "{method}: {response:?}");
+        let body: Value = response.json().await.unwrap();
+        match binding {
+            Binding::JsonRpc => {
+                assert!(body.get("error").is_none(), "{method}: {body}");
+                body["result"].clone()
+            }
+            Binding::Rest => body,
+        }
+    }
+
+    /// Send `message` and answer with the task.
+    async fn send(&self, binding: Binding, message: Value, configuration: Value) -> Value {
+        let result = self
+            .call(
+                binding,
+                "SendMessage",
+                json!({"message": message, "configuration": configuration}),
+            )
+            .await;
+        result["task"].clone()
+    }
+
+    /// The stream responses of a streaming call, read to its end.
+    async fn stream(&self, binding: Binding, method: &str, params: Value) -> Vec<Value> {
+        let response = self.request(binding, method, params).send().await.unwrap();
+        stream_responses(binding, response).await
+    }
+}
+
+/// The `StreamResponse`s of an SSE answer (unwrapping JSON-RPC envelopes).
+async fn stream_responses(binding: Binding, response: reqwest::Response) -> Vec<Value> {
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        content_type.starts_with("text/event-stream"),
+        "not a stream: {content_type}"
+    );
+    let text = response.text().await.unwrap();
+    text.split("\n\n")
+        .filter_map(|block| {
+            let data: Vec<&str> = block
+                .lines()
+                .filter_map(|line| line.strip_prefix("data:"))
+                .map(str::trim_start)
+                .collect();
+            (!data.is_empty()).then(|| serde_json::from_str::<Value>(&data.join("\n")).unwrap())
+        })
+        .map(|event| match binding {
+            Binding::JsonRpc => {
+                assert!(event.get("error").is_none(), "{event}");
+                event["result"].clone()
+            }
+            Binding::Rest => event,
+        })
+        .collect()
+}
+
+/// A user message whose id starts with `prefix`.
+fn message(prefix: &str) -> Value {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    json!({
+        "messageId": format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed)),
+        "role": "ROLE_USER",
+        "parts": [{"text": "scenario"}]
+    })
+}
+
+fn state(task: &Value) -> &str {
+    task["status"]["state"].as_str().unwrap_or_default()
+}
+
+/// The state a stream response carries, if any.
+fn streamed_state(response: &Value) -> Option<&str> {
+    response["statusUpdate"]["status"]["state"]
+        .as_str()
+        .or_else(|| response["task"]["status"]["state"].as_str())
+}
+
+fn status_text(task: &Value) -> &str {
+    task["status"]["message"]["parts"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+/// Poll GetTask until the task is in `wanted` (the real condition, with an overall limit).
+async fn wait_for_state(server: &Server, binding: Binding, id: &Value, wanted: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let task = server.call(binding, "GetTask", json!({"id": id})).await;
+        if state(&task) == wanted {
+            return task;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "task never reached {wanted}: {task}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn complete_task_answers_with_the_fixed_message_over_every_binding() {
+    let server = Server::start().await;
+    for binding in BINDINGS {
+        let task = server
+            .send(binding, message("tck-complete-task"), json!({}))
+            .await;
+        assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{binding:?}: {task}");
+        assert_eq!(status_text(&task), COMPLETE_TEXT, "{binding:?}: {task}");
+        assert_eq!(task["status"]["message"]["role"], "ROLE_AGENT");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn artifact_text_completes_with_a_text_artifact_over_every_binding() {
+    let server = Server::start().await;
+    for binding in BINDINGS {
+        let task = server
+            .send(binding, message("tck-artifact-text"), json!({}))
+            .await;
+        assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{binding:?}: {task}");
+        let artifacts = task["artifacts"].as_array().unwrap();
+        assert_eq!(artifacts.len(), 1, "{task}");
+        assert_eq!(artifacts[0]["parts"][0]["text"], ARTIFACT_TEXT);
+        assert!(artifacts[0]["artifactId"].is_string());
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn delayed_complete_blocks_until_done_or_returns_while_working() {
+    let server = Server::start().await;
+    for binding in BINDINGS {
+        let blocking = server
+            .send(binding, message("tck-delayed-complete"), json!({}))
+            .await;
+        assert_eq!(state(&blocking), "TASK_STATE_COMPLETED", "{blocking}");
+        assert_eq!(status_text(&blocking), DELAYED_TEXT);
+
+        let immediate = server
+            .send(
+                binding,
+                message("tck-delayed-complete"),
+                json!({"returnImmediately": true}),
+            )
+            .await;
+        assert!(
+            matches!(
+                state(&immediate),
+                "TASK_STATE_SUBMITTED" | "TASK_STATE_WORKING"
+            ),
+            "{binding:?}: {immediate}"
+        );
+        let done = wait_for_state(&server, binding, &immediate["id"], "TASK_STATE_COMPLETED").await;
+        assert_eq!(status_text(&done), DELAYED_TEXT);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn input_required_waits_then_the_follow_up_completes_the_task() {
+    let server = Server::start().await;
+    for binding in BINDINGS {
+        let task = server
+            .send(binding, message("tck-input-required"), json!({}))
+            .await;
+        assert_eq!(
+            state(&task),
+            "TASK_STATE_INPUT_REQUIRED",
+            "{binding:?}: {task}"
+        );
+        let mut follow_up = message("tck-input-required");
+        follow_up["taskId"] = task["id"].clone();
+        follow_up["contextId"] = task["contextId"].clone();
+        let done = server.send(binding, follow_up, json!({})).await;
+        assert_eq!(done["id"], task["id"]);
+        assert_eq!(state(&done), "TASK_STATE_COMPLETED", "{binding:?}: {done}");
+        assert_eq!(status_text(&done), INPUT_RECEIVED_TEXT);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reject_task_ends_rejected_with_the_reason_over_every_binding() {
+    let server = Server::start().await;
+    for binding in BINDINGS {
+        let task = server
+            .send(binding, message("tck-reject-task"), json!({}))
+            .await;
+        assert_eq!(state(&task), "TASK_STATE_REJECTED", "{binding:?}: {task}");
+        assert!(status_text(&task).contains("rejected"), "{task}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn scenarios_the_engine_cannot_play_are_rejected_saying_so() {
+    let server = Server::start().await;
+    // `tck-artifact-file-url` extends `tck-artifact-file`: the reason names the longer one.
+    for (prefix, named) in [
+        ("tck-artifact-file-url", "tck-artifact-file-url"),
+        ("tck-artifact-file", "tck-artifact-file`"),
+        ("tck-message-response", "tck-message-response"),
+    ] {
+        let task = server
+            .send(Binding::JsonRpc, message(prefix), json!({}))
+            .await;
+        assert_eq!(state(&task), "TASK_STATE_REJECTED", "{task}");
+        assert!(
+            status_text(&task).contains(named),
+            "{prefix}: {}",
+            status_text(&task)
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn streams_start_with_the_task_and_end_with_the_final_state_in_order() {
+    let server = Server::start().await;
+    for binding in BINDINGS {
+        let events = server
+            .stream(
+                binding,
+                "SendStreamingMessage",
+                json!({"message": message("tck-delayed-complete")}),
+            )
+            .await;
+        let task = &events[0]["task"];
+        assert!(
+            task["id"].is_string(),
+            "the first event is the task: {events:?}"
+        );
+        let states: Vec<&str> = events.iter().filter_map(streamed_state).collect();
+        let working = states.iter().position(|s| *s == "TASK_STATE_WORKING");
+        let completed = states.iter().position(|s| *s == "TASK_STATE_COMPLETED");
+        assert!(
+            working.is_some() && working < completed,
+            "{binding:?}: {states:?}"
+        );
+        assert_eq!(states.last(), Some(&"TASK_STATE_COMPLETED"), "{states:?}");
+        // The answer's artifact arrives whole, before the final status.
+        let artifact_at = events
+            .iter()
+            .position(|e| e.get("artifactUpdate").is_some())
+            .expect("an artifact update");
+        let update = &events[artifact_at]["artifactUpdate"];
+        assert_eq!(update["taskId"], task["id"]);
+        assert_eq!(update["artifact"]["parts"][0]["text"], DELAYED_TEXT);
+        assert_eq!(update["lastChunk"], true);
+        assert_ne!(update["append"], true);
+        assert_eq!(artifact_at, events.len() - 2, "{events:?}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_long_running_task_can_be_resubscribed_and_its_stream_ends_when_canceled() {
+    let server = Server::start().await;
+    for binding in BINDINGS {
+        let task = server
+            .send(
+                binding,
+                message("tck-long-running"),
+                json!({"returnImmediately": true}),
+            )
+            .await;
+        wait_for_state(&server, binding, &task["id"], "TASK_STATE_WORKING").await;
+        // The subscription is open once its headers are in; the cancel then reaches it.
+        let subscription = server
+            .request(binding, "SubscribeToTask", json!({"id": task["id"]}))
+            .send()
+            .await
+            .unwrap();
+        let canceled = server
+            .call(binding, "CancelTask", json!({"id": task["id"]}))
+            .await;
+        assert_eq!(state(&canceled), "TASK_STATE_CANCELED", "{canceled}");
+        let events = stream_responses(binding, subscription).await;
+        assert_eq!(events[0]["task"]["id"], task["id"], "{events:?}");
+        assert_eq!(
+            streamed_state(&events[0]),
+            Some("TASK_STATE_WORKING"),
+            "{events:?}"
+        );
+        assert_eq!(
+            events.last().and_then(streamed_state),
+            Some("TASK_STATE_CANCELED"),
+            "{binding:?}: {events:?}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_card_declares_streaming_push_notifications_and_the_extended_card() {
+    let server = Server::start().await;
+    let card: Value = server
+        .http
+        .get(format!("{}/.well-known/agent-card.json", server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(card["name"], "keel-conformance");
+    assert_eq!(card["capabilities"]["streaming"], true, "{card}");
+    assert_eq!(card["capabilities"]["pushNotifications"], true, "{card}");
+    assert_eq!(card["capabilities"]["extendedAgentCard"], true, "{card}");
+    server.stop().await;
+}
