@@ -166,3 +166,49 @@ fn an_empty_instance_id_is_refused() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--instance-id must not be empty"));
 }
+
+#[tokio::test]
+async fn serve_agent_conformance_serves_the_tck_scenario_agent() {
+    let server = KeelServer::start(&["--agent", "conformance"]);
+    let client = reqwest::Client::new();
+    let card: serde_json::Value = client
+        .get(format!("{}.well-known/agent-card.json", server.url))
+        .header("A2A-Version", "1.0")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(card["capabilities"]["streaming"], true, "{card}");
+    assert_eq!(card["capabilities"]["pushNotifications"], true, "{card}");
+    let body = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": {"messageId": "tck-reject-task-1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
+    });
+    let answer: serde_json::Value = client
+        .post(&server.url)
+        .header("A2A-Version", "1.0")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer["result"]["task"]["status"]["state"], "TASK_STATE_REJECTED",
+        "{answer}"
+    );
+}
+
+#[test]
+fn serve_refuses_an_unknown_agent() {
+    let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["serve", "--agent", "nobody", "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("nobody"), "{stderr}");
+}
