@@ -518,6 +518,57 @@ async fn budget_limits_stop_the_run_before_the_protected_operation() {
 }
 
 #[tokio::test]
+async fn max_output_tokens_is_enforced_from_an_estimate_when_the_model_reports_no_usage() {
+    // The model reports zero usage for a long answer and a tool call: the run must count
+    // their estimated size (well over 10 tokens) and stop before the second model call.
+    let model = MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new(
+            "write_record",
+            json!({"id": "a fairly long record identifier that costs tokens"}),
+        )]),
+        MockResponse::Text("done".into()),
+    ])
+    .with_usage(keel_llm::Usage::default());
+    let writes = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder(card())
+        .llm(model)
+        .tool(write_tool(writes.clone()))
+        .build()
+        .unwrap();
+    let (exec, auth, sink) = executor(agent);
+    let budget = RunBudget {
+        max_output_tokens: Some(10),
+        ..Default::default()
+    };
+    let task = exec
+        .send_message(
+            &auth,
+            Message::user("write"),
+            SendOptions {
+                run_context: Some(RunContext::new().with_budget(budget)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    assert_eq!(task.state(), TaskState::Failed);
+    assert_eq!(task.metadata["stop_reason"], "max_output_tokens");
+    assert_eq!(
+        writes.load(Ordering::SeqCst),
+        0,
+        "no tool runs past the limit"
+    );
+    let events = sink.events();
+    let completed = events.iter().find(|e| e.is("llm.call.completed")).unwrap();
+    assert!(
+        completed.payload["output_tokens"].as_u64().unwrap() > 10,
+        "{}",
+        completed.payload
+    );
+}
+
+#[tokio::test]
 async fn the_deterministic_call_path_goes_through_the_same_policy() {
     let writes = Arc::new(AtomicUsize::new(0));
     let agent = Agent::builder(card())

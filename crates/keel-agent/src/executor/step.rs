@@ -129,13 +129,15 @@ impl Inner {
                     })
                 }
             };
-            obs.record_llm_usage(response.usage.input_tokens, response.usage.output_tokens);
+            // Counted from a local estimate when the provider reports no output usage.
+            let output_tokens = response.output_tokens();
+            obs.record_llm_usage(response.usage.input_tokens, output_tokens);
             obs.emit(
                 RunEvent::llm_call_completed(LlmCallCompletedPayload {
                     provider: Some(profile.provider.clone()),
                     model: Some(llm.model_name().to_owned()),
                     input_tokens: response.usage.input_tokens,
-                    output_tokens: response.usage.output_tokens,
+                    output_tokens,
                     latency_ms: Some(called.elapsed().as_millis() as u64),
                     finish_reason: None,
                 })
