@@ -315,7 +315,7 @@ async fn without_a_handler_approval_fails_closed_and_waits_durably_for_a_decisio
         "the tool's capabilities are part of the action"
     );
     assert!(
-        pending.action.preview.is_some(),
+        pending.action.previews.len() == 1,
         "the preview travels with the request"
     );
     assert_eq!(
