@@ -62,7 +62,7 @@ async fn main() -> Result<(), AgentError> {
                 "approval asked: {} ({})",
                 request.action.name, request.reason
             );
-            if let Some(preview) = &request.action.preview {
+            for preview in &request.action.previews {
                 println!(
                     "  preview: {}",
                     preview.parts[0].as_text().unwrap_or_default()

@@ -144,6 +144,22 @@ fn steps(r: &mut Runner, redis: &mut Option<crate::redis::Redis>) -> Result<(), 
         exec(cargo(&test_env).args(["test", "--workspace", "--all-features"]))
     })?;
 
+    // Examples are documentation that runs: each must finish offline and exit 0 (they check
+    // what they show, e.g. that a canceled side effect was never committed).
+    for name in examples()? {
+        r.step(&format!("example {name}"), || {
+            exec(cargo(&[]).args([
+                "run",
+                "-q",
+                "-p",
+                "keel",
+                "--all-features",
+                "--example",
+                &name,
+            ]))
+        })?;
+    }
+
     let featured = crates_with_features()?;
     if featured.is_empty() {
         println!("\nno crate declares [features]; no per-crate default-feature checks");
@@ -174,6 +190,20 @@ fn steps(r: &mut Runner, redis: &mut Option<crate::redis::Redis>) -> Result<(), 
 /// Runs a command as a step body.
 fn exec(cmd: &mut Command) -> Result<Option<String>, String> {
     status(cmd).map(|()| None)
+}
+
+/// The names of the examples in `examples/` (registered on the facade crate), sorted.
+fn examples() -> Result<Vec<String>, String> {
+    let dir = workspace_root().join("examples");
+    let entries = std::fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    let mut names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    Ok(names)
 }
 
 /// Package names of the `crates/*` whose manifest has a `[features]` table, sorted.

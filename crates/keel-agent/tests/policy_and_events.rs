@@ -315,7 +315,7 @@ async fn without_a_handler_approval_fails_closed_and_waits_durably_for_a_decisio
         "the tool's capabilities are part of the action"
     );
     assert!(
-        pending.action.preview.is_some(),
+        pending.action.previews.len() == 1,
         "the preview travels with the request"
     );
     assert_eq!(
@@ -515,6 +515,57 @@ async fn budget_limits_stop_the_run_before_the_protected_operation() {
         assert_eq!(exceeded.len(), 1, "{limit}");
         assert_eq!(exceeded[0].payload["limit"], limit);
     }
+}
+
+#[tokio::test]
+async fn max_output_tokens_is_enforced_from_an_estimate_when_the_model_reports_no_usage() {
+    // The model reports zero usage for a long answer and a tool call: the run must count
+    // their estimated size (well over 10 tokens) and stop before the second model call.
+    let model = MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new(
+            "write_record",
+            json!({"id": "a fairly long record identifier that costs tokens"}),
+        )]),
+        MockResponse::Text("done".into()),
+    ])
+    .with_usage(keel_llm::Usage::default());
+    let writes = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder(card())
+        .llm(model)
+        .tool(write_tool(writes.clone()))
+        .build()
+        .unwrap();
+    let (exec, auth, sink) = executor(agent);
+    let budget = RunBudget {
+        max_output_tokens: Some(10),
+        ..Default::default()
+    };
+    let task = exec
+        .send_message(
+            &auth,
+            Message::user("write"),
+            SendOptions {
+                run_context: Some(RunContext::new().with_budget(budget)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    assert_eq!(task.state(), TaskState::Failed);
+    assert_eq!(task.metadata["stop_reason"], "max_output_tokens");
+    assert_eq!(
+        writes.load(Ordering::SeqCst),
+        0,
+        "no tool runs past the limit"
+    );
+    let events = sink.events();
+    let completed = events.iter().find(|e| e.is("llm.call.completed")).unwrap();
+    assert!(
+        completed.payload["output_tokens"].as_u64().unwrap() > 10,
+        "{}",
+        completed.payload
+    );
 }
 
 #[tokio::test]

@@ -301,7 +301,10 @@ pub(crate) fn approval_text(request: &ApprovalRequest) -> String {
         shorten(&action.payload, SHORT),
         request.reason
     );
-    if let Some(preview) = &action.preview {
+    if let Some(description) = &action.description {
+        text.push_str(&format!("\n  {description}"));
+    }
+    for preview in &action.previews {
         let shown = serde_json::to_value(&preview.parts).unwrap_or_default();
         text.push_str(&format!("\n  preview: {}", shorten(&shown, SHORT * 2)));
     }

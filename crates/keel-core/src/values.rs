@@ -62,15 +62,26 @@ pub struct RunAction {
     pub kind: String,
     /// What runs (the tool's name, the target agent).
     pub name: String,
+    /// What the action does, in words an approver reads (a tool call's defaults to the
+    /// tool's description).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
     /// The complete input.
     #[serde(default)]
     pub payload: Value,
     /// Capabilities the action needs (`records.write`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capabilities: Vec<String>,
-    /// A preview shown before execution.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub preview: Option<Artifact>,
+    /// Previews shown before execution (a diff, the message to be sent, the rows to be
+    /// written): descriptive only, safe to render in an approval screen. Reads the single
+    /// `preview` object that records written before the list existed carry.
+    #[serde(
+        default,
+        alias = "preview",
+        deserialize_with = "one_or_many",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub previews: Vec<Artifact>,
     /// What the action produced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Artifact>,
@@ -89,14 +100,33 @@ impl RunAction {
             id: ActionId::new(),
             kind: "tool_call".into(),
             name: name.into(),
+            description: None,
             payload,
             capabilities: Vec::new(),
-            preview: None,
+            previews: Vec::new(),
             result: None,
             parent_action_id: None,
             metadata: Metadata::new(),
         }
     }
+}
+
+/// A list, or the single value older records hold in its place.
+fn one_or_many<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany<T> {
+        Many(Vec<T>),
+        One(T),
+    }
+    Ok(match OneOrMany::deserialize(deserializer)? {
+        OneOrMany::Many(many) => many,
+        OneOrMany::One(one) => vec![one],
+    })
 }
 
 /// A request for an application to approve an action.
@@ -195,6 +225,31 @@ pub struct BudgetUsage {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_action_carries_a_description_and_a_list_of_previews() {
+        let mut action = RunAction::tool_call("publish", json!({"id": "42"}));
+        action.description = Some("Publish a record".into());
+        action.previews = vec![Artifact::text("diff"), Artifact::text("notice")];
+        let value = serde_json::to_value(&action).unwrap();
+        assert_eq!(value["description"], "Publish a record");
+        assert_eq!(value["previews"].as_array().map(Vec::len), Some(2));
+        assert_eq!(serde_json::from_value::<RunAction>(value).unwrap(), action);
+
+        let bare = serde_json::to_value(RunAction::tool_call("read", json!({}))).unwrap();
+        assert!(bare.get("description").is_none() && bare.get("previews").is_none());
+    }
+
+    #[test]
+    fn an_action_stored_with_one_preview_reads_as_a_list_of_one() {
+        let preview = Artifact::text("will write record 7");
+        let mut stored = serde_json::to_value(RunAction::tool_call("write", json!({}))).unwrap();
+        stored["preview"] = serde_json::to_value(&preview).unwrap();
+
+        let action: RunAction = serde_json::from_value(stored).unwrap();
+
+        assert_eq!(action.previews, vec![preview]);
+    }
 
     #[test]
     fn shared_values_round_trip() {

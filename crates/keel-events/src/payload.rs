@@ -113,7 +113,7 @@ pub struct LlmCallCompletedPayload {
     /// Input tokens (provider usage, or a local estimate).
     #[serde(default)]
     pub input_tokens: u64,
-    /// Output tokens.
+    /// Output tokens (provider usage, or a local estimate when it reports none).
     #[serde(default)]
     pub output_tokens: u64,
     /// Wall-clock latency of the call.

@@ -159,6 +159,28 @@ impl LlmResponse {
     pub fn is_final(&self) -> bool {
         self.tool_calls.is_empty()
     }
+
+    /// The output tokens to count against a budget: the provider's figure, or, when it
+    /// reported none for an answer that has text or tool calls, a local estimate of that
+    /// answer ([`estimate_tokens`] of its text plus its calls' names and arguments). A
+    /// provider that omits usage must not make `max_output_tokens` unenforceable.
+    ///
+    /// ```
+    /// use keel_llm::{LlmResponse, Usage};
+    /// let unreported = LlmResponse::text("a".repeat(400));
+    /// assert_eq!(unreported.output_tokens(), 100);
+    /// let reported = LlmResponse { usage: Usage { input_tokens: 0, output_tokens: 7 }, ..unreported };
+    /// assert_eq!(reported.output_tokens(), 7);
+    /// ```
+    pub fn output_tokens(&self) -> u64 {
+        if self.usage.output_tokens > 0 {
+            return self.usage.output_tokens;
+        }
+        manifest::estimate_turn_tokens(
+            self.content.as_deref().unwrap_or_default(),
+            &self.tool_calls,
+        )
+    }
 }
 
 /// A language model. Implementations must be cheap to share (`Arc<dyn Llm>`).

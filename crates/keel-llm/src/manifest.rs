@@ -31,12 +31,16 @@ impl ManifestIds {
 
 /// Estimated tokens of one message: its text plus the names and arguments of its tool calls.
 pub fn estimate_message_tokens(message: &LlmMessage) -> u64 {
-    let calls: u64 = message
-        .tool_calls
+    estimate_turn_tokens(&message.content, &message.tool_calls)
+}
+
+/// Estimated tokens of a text and the tool calls beside it (a message, or a model's answer).
+pub(crate) fn estimate_turn_tokens(content: &str, tool_calls: &[crate::ToolCall]) -> u64 {
+    let calls: u64 = tool_calls
         .iter()
         .map(|call| estimate_tokens(&call.name) + estimate_json_tokens(&call.arguments))
         .sum();
-    estimate_tokens(&message.content) + calls
+    estimate_tokens(content) + calls
 }
 
 /// [`estimate_tokens`] of `value`'s compact JSON, counted as it is written rather than from a

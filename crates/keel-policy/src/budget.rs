@@ -6,7 +6,7 @@
 //! | `max_steps` | [`check_step`](BudgetEnforcer::check_step) | before each step begins |
 //! | `max_llm_calls` | [`check_llm_call`](BudgetEnforcer::check_llm_call) | before a model call |
 //! | `max_input_tokens` | [`check_llm_call`](BudgetEnforcer::check_llm_call) | before a model call, with the call's [`ContextManifest`] estimate |
-//! | `max_output_tokens` | [`check_output_tokens`](BudgetEnforcer::check_output_tokens) after [`record_llm_usage`](BudgetEnforcer::record_llm_usage); and before the next model call | once usage is known |
+//! | `max_output_tokens` | [`check_output_tokens`](BudgetEnforcer::check_output_tokens) after [`record_llm_usage`](BudgetEnforcer::record_llm_usage); and before the next model call | once the call's output is known (the provider's usage, or the engine's local estimate of the answer when the provider reports none: `LlmResponse::output_tokens`) |
 //! | `max_tool_calls` | [`check_tool_call`](BudgetEnforcer::check_tool_call) | before a tool executes |
 //! | `max_runtime_seconds` | every check (and [`check_runtime`](BudgetEnforcer::check_runtime)) | always |
 //!

@@ -58,7 +58,8 @@ mod ws;
 
 pub use agents::{AgentsServer, AGENTS_PATH};
 pub use client::{
-    A2aClient, A2aWsClient, Binding, HttpBinding, InProcessBinding, InProcessClient, WsBinding,
+    A2aClient, A2aWsClient, Binding, BlockingClient, HttpBinding, InProcessBinding,
+    InProcessClient, WsBinding,
 };
 pub use limits::Limits;
 pub use push::{DELIVERY_LOG_LIMIT, NOTIFICATION_TOKEN_HEADER};

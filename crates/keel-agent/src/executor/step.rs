@@ -129,13 +129,15 @@ impl Inner {
                     })
                 }
             };
-            obs.record_llm_usage(response.usage.input_tokens, response.usage.output_tokens);
+            // Counted from a local estimate when the provider reports no output usage.
+            let output_tokens = response.output_tokens();
+            obs.record_llm_usage(response.usage.input_tokens, output_tokens);
             obs.emit(
                 RunEvent::llm_call_completed(LlmCallCompletedPayload {
                     provider: Some(profile.provider.clone()),
                     model: Some(llm.model_name().to_owned()),
                     input_tokens: response.usage.input_tokens,
-                    output_tokens: response.usage.output_tokens,
+                    output_tokens,
                     latency_ms: Some(called.elapsed().as_millis() as u64),
                     finish_reason: None,
                 })
@@ -579,7 +581,8 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("a panic without a message")
 }
 
-/// The action prepared for a tool call: the tool's declared capabilities always included.
+/// The action prepared for a tool call: the tool's declared capabilities always included,
+/// its description and preview unless the tool's own action has them.
 fn tool_action(tool: &dyn crate::Tool, call: &ToolCall) -> RunAction {
     let mut action = tool
         .prepare_action(&call.arguments)
@@ -589,8 +592,11 @@ fn tool_action(tool: &dyn crate::Tool, call: &ToolCall) -> RunAction {
             action.capabilities.push(capability);
         }
     }
-    if action.preview.is_none() {
-        action.preview = tool.preview(&call.arguments);
+    if action.description.is_none() && !tool.description().is_empty() {
+        action.description = Some(tool.description().to_owned());
+    }
+    if action.previews.is_empty() {
+        action.previews.extend(tool.preview(&call.arguments));
     }
     action.metadata.insert("call_id".into(), json!(call.id));
     action

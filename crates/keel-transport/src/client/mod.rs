@@ -1,9 +1,11 @@
 //! The A2A client: [`A2aClient`] writes the A2A operations once, over a binding that carries
 //! them (`http`: JSON-RPC or HTTP+JSON over reqwest; `ws`: JSON-RPC over the server's
 //! WebSocket; `in_process`: an agent in this process, through the server's handler layer),
-//! and retries idempotent calls in one layer around the binding.
+//! and retries idempotent calls in one layer around the binding; `blocking` is the same
+//! client for code that is not async.
 
 mod binding;
+mod blocking;
 mod http;
 mod in_process;
 mod ws;
@@ -19,6 +21,7 @@ use keel_runtime::AuthContext;
 // crate's own.
 pub use binding::ClientBinding;
 use binding::{Failure, Reply, Request, StreamRequest};
+pub use blocking::BlockingClient;
 pub use http::{Binding, HttpBinding};
 pub use in_process::InProcessBinding;
 pub use ws::WsBinding;
