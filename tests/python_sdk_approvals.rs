@@ -5,10 +5,8 @@
 
 mod support;
 
-use std::process::Command;
-
 use serde_json::Value;
-use support::{sdk_python, workspace_root, KeelServer};
+use support::{sdk_python, KeelServer, PythonSteps};
 
 const ALICE: &str = "approvals-alice-key";
 const BOB: &str = "approvals-bob-key";
@@ -46,28 +44,12 @@ fn python_a2a_sdk_approves_and_denies_a_waiting_action() {
     let env = [("KEEL_TEST_ALICE_KEY", ALICE), ("KEEL_TEST_BOB_KEY", BOB)];
     let server = KeelServer::start_with_env(&["--config", file.to_str().unwrap()], &env);
 
-    let script = workspace_root().join("tests/python/a2a_approval_check.py");
-    let output = Command::new(sdk_python())
-        .arg(&script)
-        .args([server.url.as_str(), ALICE, BOB])
-        .output()
-        .expect("run the Python SDK check");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "SDK check failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    let steps = PythonSteps::run(
+        sdk_python(),
+        "a2a_approval_check.py",
+        &[server.url.as_str(), ALICE, BOB],
     );
-    let steps: Vec<Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect();
-    let step = |name: &str| -> &Value {
-        steps
-            .iter()
-            .find(|s| s["step"] == name)
-            .unwrap_or_else(|| panic!("no `{name}` step in {stdout}"))
-    };
+    let step = |name: &str| steps.step(name);
     assert_eq!(step("other_tenant")["errorCode"], -32001);
     assert_eq!(step("wrong_request")["errorCode"], -32602);
     assert_eq!(step("approve")["state"], "TASK_STATE_COMPLETED");

@@ -4,37 +4,14 @@
 
 mod support;
 
-use std::process::Command;
-
-use serde_json::Value;
-use support::{sdk_python, workspace_root, KeelServer};
+use support::{sdk_python, KeelServer, PythonSteps};
 
 #[test]
 fn python_a2a_sdk_manages_push_configs_over_jsonrpc_and_rest() {
     let server = KeelServer::start(&[]);
-    let script = workspace_root().join("tests/python/a2a_push_check.py");
-    let output = Command::new(sdk_python())
-        .arg(&script)
-        .arg(&server.url)
-        .output()
-        .expect("run the Python SDK push check");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "SDK push check failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    let steps: Vec<Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect();
+    let steps = PythonSteps::run(sdk_python(), "a2a_push_check.py", &[server.url.as_str()]);
     for binding in ["JSONRPC", "HTTP+JSON"] {
-        let step = |name: &str| {
-            steps
-                .iter()
-                .find(|s| s["step"] == name && s["binding"] == binding)
-                .unwrap_or_else(|| panic!("no `{name}` step over {binding} in {stdout}"))
-        };
+        let step = |name: &str| steps.step_over(name, binding);
         assert_eq!(step("create")["id"], format!("hook-{binding}"));
         assert_eq!(
             step("list")["ids"],
@@ -42,5 +19,5 @@ fn python_a2a_sdk_manages_push_configs_over_jsonrpc_and_rest() {
         );
         assert_eq!(step("deleted")["left"], 0);
     }
-    assert!(steps.iter().any(|s| s["step"] == "ok"));
+    assert!(steps.steps.iter().any(|s| s["step"] == "ok"));
 }

@@ -6,36 +6,17 @@
 
 mod support;
 
-use std::process::Command;
-
-use serde_json::Value;
-use support::{sdk_python, workspace_root, KeelServer};
+use support::{sdk_python, KeelServer, PythonSteps};
 
 #[test]
 fn python_a2a_sdk_streams_resubscribes_and_lists_over_jsonrpc_and_rest() {
     let server = KeelServer::start(&[]);
-    let script = workspace_root().join("tests/python/a2a_streaming_check.py");
-    let output = Command::new(sdk_python())
-        .arg(&script)
-        .arg(&server.url)
-        .output()
-        .expect("run the Python SDK streaming check");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "SDK streaming check failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    let steps = PythonSteps::run(
+        sdk_python(),
+        "a2a_streaming_check.py",
+        &[server.url.as_str()],
     );
-    let steps: Vec<Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect();
-    let step = |name: &str, binding: &str| -> &Value {
-        steps
-            .iter()
-            .find(|s| s["step"] == name && s["binding"] == binding)
-            .unwrap_or_else(|| panic!("no `{name}` step over {binding} in {stdout}"))
-    };
+    let step = |name: &str, binding: &str| steps.step_over(name, binding);
     for binding in ["JSONRPC", "HTTP+JSON"] {
         let stream = step("stream", binding);
         assert_eq!(stream["kinds"][0], "task");
@@ -47,5 +28,8 @@ fn python_a2a_sdk_streams_resubscribes_and_lists_over_jsonrpc_and_rest() {
         assert_eq!(step("list", binding)["total"], 2);
         assert_eq!(step("subscribe_finished", binding)["code"], -32004);
     }
-    assert!(steps.iter().any(|s| s["step"] == "done" && s["ok"] == true));
+    assert!(steps
+        .steps
+        .iter()
+        .any(|s| s["step"] == "done" && s["ok"] == true));
 }

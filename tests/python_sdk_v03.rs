@@ -4,38 +4,14 @@
 
 mod support;
 
-use std::process::Command;
-
-use serde_json::Value;
-use support::{sdk_python_v03, workspace_root, KeelServer};
+use support::{sdk_python_v03, KeelServer, PythonSteps};
 
 #[test]
 fn python_a2a_sdk_0_3_sends_gets_and_cancels() {
     let python = sdk_python_v03();
     let server = KeelServer::start(&[]);
-    let script = workspace_root().join("tests/python/a2a_v03_client_check.py");
-    let output = Command::new(python)
-        .arg(&script)
-        .arg(&server.url)
-        .output()
-        .expect("run the Python SDK 0.3 check");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "SDK 0.3 check failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-
-    let steps: Vec<Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect();
-    let step = |name: &str| -> &Value {
-        steps
-            .iter()
-            .find(|s| s["step"] == name)
-            .unwrap_or_else(|| panic!("no `{name}` step in {stdout}"))
-    };
+    let steps = PythonSteps::run(python, "a2a_v03_client_check.py", &[server.url.as_str()]);
+    let step = |name: &str| steps.step(name);
     let card = step("card");
     assert_eq!(card["name"], "keel-demo");
     assert_eq!(card["url"], server.url.as_str());

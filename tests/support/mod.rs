@@ -140,6 +140,54 @@ pub fn sdk_python_v03() -> PathBuf {
     venv_python(&py_sdk::V03)
 }
 
+/// What a Python check script (`tests/python/*.py`) reported: one JSON object per line of
+/// its stdout, each naming its `step` (and, for scripts that try both, its `binding`).
+pub struct PythonSteps {
+    /// Every step, in the order printed.
+    pub steps: Vec<serde_json::Value>,
+    stdout: String,
+}
+
+impl PythonSteps {
+    /// Run `script` (under `tests/python/`) with `python` and `args`; the test fails, showing
+    /// both streams, unless the script succeeds.
+    pub fn run(python: PathBuf, script: &str, args: &[&str]) -> PythonSteps {
+        let output = Command::new(python)
+            .arg(workspace_root().join("tests/python").join(script))
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("run {script}: {e}"));
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "{script} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+        let steps = stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON line"))
+            .collect();
+        PythonSteps { steps, stdout }
+    }
+
+    /// The first step named `name`.
+    pub fn step(&self, name: &str) -> &serde_json::Value {
+        self.find(name, None)
+    }
+
+    /// The first step named `name` over `binding`.
+    pub fn step_over(&self, name: &str, binding: &str) -> &serde_json::Value {
+        self.find(name, Some(binding))
+    }
+
+    fn find(&self, name: &str, binding: Option<&str>) -> &serde_json::Value {
+        self.steps
+            .iter()
+            .find(|s| s["step"] == name && binding.is_none_or(|b| s["binding"] == b))
+            .unwrap_or_else(|| panic!("no `{name}` step ({binding:?}) in {}", self.stdout))
+    }
+}
+
 /// Panics saying what is needed when the venv cannot be made: a test that needs the real
 /// SDK never passes without it.
 fn venv_python(venv: &py_sdk::SdkVenv) -> PathBuf {
