@@ -34,6 +34,8 @@ mod push;
 mod requests;
 mod stream;
 mod task;
+/// Keel's task metadata on the wire, one function pair every binding shares.
+pub(crate) mod task_meta;
 
 pub(crate) use card::{
     decode_card, encode_card_with, Binding, Endpoints, Interface, JSONRPC_BINDING,
@@ -53,6 +55,7 @@ pub(crate) use stream::{
     decode_stream_event, decode_subscribe, encode_stream_event, encode_subscribe,
 };
 pub(crate) use task::{state_from_name, state_name};
+pub use task_meta::KEEL_METADATA_KEY;
 
 /// A task as the A2A v1.0 `Task` object a server sends (`id`, `contextId`, `status.state`
 /// as `TASK_STATE_*`): for tools that print what the protocol names.
