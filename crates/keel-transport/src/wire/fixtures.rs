@@ -163,7 +163,7 @@ pub(super) fn waiting_for_approval() -> Task {
     for (key, value) in [
         ("pending_approval", serde_json::to_value(&request).unwrap()),
         ("approval_decision", serde_json::to_value(decision).unwrap()),
-        ("stop_reason", json!("awaiting_approval")),
+        ("stop_reason", json!("approval_required")),
         ("awaiting_tool_call", json!("acall-1")),
         ("skill", json!("records")),
         ("agent", json!("writer")),

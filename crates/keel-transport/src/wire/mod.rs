@@ -14,14 +14,15 @@
 //! | file part that A2A cannot hold (both or neither of `uri`/`bytes`, non-canonical base64) | data part with `keel.partType = "file"` |
 //! | `Message.timestamp`, `Artifact.timestamp` | `metadata["keel.timestamp"]` |
 //! | `Artifact.kind` (when not `result`), `uri`, `action_id`, `media_type` | `metadata["keel.kind"]`, `["keel.uri"]`, `["keel.actionId"]`, `["keel.mediaType"]` |
-//! | `Task.state_history`, `Task.created_at` | `metadata["keel.stateHistory"]`, `["keel.createdAt"]` |
-//! | `Task.metadata` (`run_context`, `cancel_reason`, `error`, ...) | `metadata`, as is |
+//! | `Task.state_history`, `Task.created_at`, and Keel's keys in `Task.metadata` (`run_context`, `stop_reason`, `pending_approval`, `cancel_reason`, `error`, ...) | one object `metadata["keel"]` ([`KEEL_METADATA_KEY`]) in camelCase, states by wire name (`task_meta`); the caller's own keys beside it, as they are |
 //! | card role, tags, transport, capability flags, skill schemas | params of the [`KEEL_CARD_EXTENSION_URI`] extension in `capabilities.extensions` |
 //! | approval decisions by message | declared by the [`KEEL_APPROVAL_EXTENSION_URI`] extension in `capabilities.extensions` |
 //!
-//! Decoding removes the `keel.` keys it understands and leaves everything else in `metadata`.
+//! Decoding removes the `keel.` keys (and the task's `keel` object) it understands and leaves
+//! everything else in `metadata`.
 //!
-//! By concern: `parts`, `task` (roles, states, messages, artifacts, tasks), `card`, `requests`
+//! By concern: `parts`, `task` (roles, states, messages, artifacts, tasks), `task_meta` (a
+//! task's metadata: `metadata_to_wire` / `metadata_from_wire`), `card`, `requests`
 //! (the params and results of the task operations), `push` (push notification configs) and
 //! `stream` (stream events); `codec` holds what they share.
 

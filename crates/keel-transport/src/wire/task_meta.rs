@@ -482,7 +482,7 @@ mod tests {
         assert_eq!(preview["parts"][0]["text"], "the row");
         assert_eq!(block["approvalDecision"]["outcome"], "approved");
         assert_eq!(block["approvalDecision"]["decidedBy"], "default-user");
-        assert_eq!(block["stopReason"], "awaiting_approval");
+        assert_eq!(block["stopReason"], "approval_required");
         assert_eq!(block["awaitingToolCall"], "acall-1");
         // The engine's own keys come back from the wire as it wrote them.
         let back = metadata_from_wire(metadata_to_wire(&task));
