@@ -15,6 +15,9 @@ const KIND_KEY: &str = "keel.kind";
 const URI_KEY: &str = "keel.uri";
 const ACTION_ID_KEY: &str = "keel.actionId";
 const MEDIA_TYPE_KEY: &str = "keel.mediaType";
+/// The engine's mark on a message it took as an approval decision (its value: the request
+/// id), and the mark's wire name, camelCase like the other `keel.` keys.
+const DECISION_MARK: (&str, &str) = ("keel.approval_decision", "keel.approvalDecision");
 
 fn role_to_wire(role: Role) -> a2a::Role {
     match role {
@@ -80,6 +83,9 @@ pub(crate) fn state_from_name(name: &str) -> Option<TaskState> {
 pub(super) fn message_to_wire(message: &Message) -> a2a::Message {
     let mut metadata = message.metadata.clone();
     metadata.insert(TIMESTAMP_KEY.into(), to_json(&message.timestamp));
+    if let Some(mark) = metadata.remove(DECISION_MARK.0) {
+        metadata.insert(DECISION_MARK.1.into(), mark);
+    }
     a2a::Message {
         message_id: message.message_id.to_string(),
         context_id: message.thread_id.as_ref().map(ToString::to_string),
@@ -106,6 +112,9 @@ pub(super) fn message_from_wire(message: a2a::Message, field: &str) -> AgentResu
     let parts = parts_from_wire(message.parts, field)?;
     let mut metadata = keel_metadata(message.metadata);
     let timestamp = take::<DateTime<Utc>>(&mut metadata, TIMESTAMP_KEY).unwrap_or_else(Utc::now);
+    if let Some(mark) = metadata.remove(DECISION_MARK.1) {
+        metadata.insert(DECISION_MARK.0.into(), mark);
+    }
     Ok(Message {
         message_id: message.message_id.into(),
         role,
@@ -240,6 +249,19 @@ mod tests {
             let wire = through_wire_json(message_to_wire(&message));
             assert_eq!(message_from_wire(wire, "message").unwrap(), message);
         }
+    }
+
+    #[test]
+    fn an_approval_decisions_mark_is_camel_case_on_the_wire_and_reads_back() {
+        let mut message = Message::user("approve");
+        message
+            .metadata
+            .insert(DECISION_MARK.0.into(), json!("req-1"));
+        let wire = to_json(&message_to_wire(&message));
+        assert_eq!(wire["metadata"]["keel.approvalDecision"], "req-1");
+        assert!(wire["metadata"].get(DECISION_MARK.0).is_none(), "{wire}");
+        let back = message_from_wire(through_wire_json(message_to_wire(&message)), "m").unwrap();
+        assert_eq!(back, message);
     }
 
     #[test]
