@@ -331,7 +331,10 @@ async fn return_immediately_answers_at_once_and_cancel_ends_the_task_canceled() 
         canceled["result"]["status"]["state"], "TASK_STATE_CANCELED",
         "{canceled}"
     );
-    assert_eq!(canceled["result"]["metadata"]["keel"]["cancelReason"], "enough");
+    assert_eq!(
+        canceled["result"]["metadata"]["keel"]["cancelReason"],
+        "enough"
+    );
     server.stop().await;
 }
 

@@ -91,9 +91,7 @@ async fn tasks_over_json_rpc_rest_and_streams_carry_keels_fields_in_one_camel_ca
         } else {
             user_message("hello")
         };
-        let answer = server
-            .rpc("SendMessage", json!({"message": message}))
-            .await;
+        let answer = server.rpc("SendMessage", json!({"message": message})).await;
         let task = &answer["result"]["task"];
         assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{answer}");
         assert_callers_metadata(task, sent_context);
@@ -124,7 +122,11 @@ async fn tasks_over_json_rpc_rest_and_streams_carry_keels_fields_in_one_camel_ca
     assert_callers_metadata(&sent["task"], true);
     let got: Value = server
         .http
-        .get(format!("{}/tasks/{}", server.base, sent["task"]["id"].as_str().unwrap()))
+        .get(format!(
+            "{}/tasks/{}",
+            server.base,
+            sent["task"]["id"].as_str().unwrap()
+        ))
         .header("A2A-Version", "1.0")
         .send()
         .await

@@ -2,9 +2,9 @@
 //! module's round-trip tests.
 
 use keel_core::{
-    ActionId, AgentCard, AgentRole, AgentSkill, ApprovalDecision, ApprovalOutcome,
-    ApprovalRequest, Artifact, FileContent, Message, Part, PartContent, RunAction, RunBudget,
-    RunContext, SecurityScheme, Task, TaskId, TaskState, ThreadId, TransportKind,
+    ActionId, AgentCard, AgentRole, AgentSkill, ApprovalDecision, ApprovalOutcome, ApprovalRequest,
+    Artifact, FileContent, Message, Part, PartContent, RunAction, RunBudget, RunContext,
+    SecurityScheme, Task, TaskId, TaskState, ThreadId, TransportKind,
 };
 use serde_json::json;
 
@@ -128,15 +128,18 @@ pub(super) fn tasks() -> Vec<Task> {
 /// every key the engine writes and a caller's own keys beside them.
 pub(super) fn waiting_for_approval() -> Task {
     let mut task = Task::create(Message::user("write it"));
-    let mut ctx = RunContext::new().with_agent("gateway").with_budget(RunBudget {
-        max_steps: Some(8),
-        max_llm_calls: Some(4),
-        ..Default::default()
-    });
+    let mut ctx = RunContext::new()
+        .with_agent("gateway")
+        .with_budget(RunBudget {
+            max_steps: Some(8),
+            max_llm_calls: Some(4),
+            ..Default::default()
+        });
     ctx.workspace_uri = Some("file:///workspace".into());
     ctx.permissions
         .insert("records.write".into(), json!("require_approval"));
-    ctx.metadata.insert("app_key".into(), json!({"inner_key": 1}));
+    ctx.metadata
+        .insert("app_key".into(), json!({"inner_key": 1}));
     ctx.attach_to_task(&mut task).unwrap();
     task.begin().unwrap();
     task.require_input(Some(Message::agent("approve write_record?")))
@@ -144,7 +147,9 @@ pub(super) fn waiting_for_approval() -> Task {
     let mut action = RunAction::tool_call("write_record", json!({"record_id": "r1"}));
     action.description = Some("Write a record".into());
     action.capabilities = vec!["records.write".into()];
-    action.previews = vec![Artifact::text("the row").named("preview").of_kind("preview")];
+    action.previews = vec![Artifact::text("the row")
+        .named("preview")
+        .of_kind("preview")];
     action.metadata.insert("call_id".into(), json!("call-1"));
     let request = ApprovalRequest {
         request_id: "req-1".into(),

@@ -151,7 +151,10 @@ pub(crate) fn metadata_to_wire(task: &Task) -> Metadata {
         .and_then(|v| ApprovalDecision::deserialize(v).ok())
     {
         metadata.remove(APPROVAL_DECISION.0);
-        block.insert(APPROVAL_DECISION.1.into(), camel_keys(to_json(&decision), &[]));
+        block.insert(
+            APPROVAL_DECISION.1.into(),
+            camel_keys(to_json(&decision), &[]),
+        );
     }
     metadata.insert(KEEL_METADATA_KEY.into(), Value::Object(block));
     metadata
@@ -203,9 +206,10 @@ pub(crate) fn metadata_from_wire(mut metadata: Metadata) -> TaskMetadata {
         block.remove(PENDING_APPROVAL.1);
         metadata.insert(PENDING_APPROVAL.0.into(), value);
     }
-    if let Some(decision) = block.get(APPROVAL_DECISION.1).and_then(|v| {
-        ApprovalDecision::deserialize(snake_keys(v.clone(), &[])).ok()
-    }) {
+    if let Some(decision) = block
+        .get(APPROVAL_DECISION.1)
+        .and_then(|v| ApprovalDecision::deserialize(snake_keys(v.clone(), &[])).ok())
+    {
         block.remove(APPROVAL_DECISION.1);
         metadata.insert(APPROVAL_DECISION.0.into(), to_json(&decision));
     }
@@ -448,7 +452,10 @@ mod tests {
         assert!(block.get(RUN_CONTEXT).is_none(), "{block}");
         // and Keel's client reads the same context back
         let back = metadata_from_wire(metadata_to_wire(&task));
-        assert_eq!(back.metadata[RUN_CONTEXT_KEY], task.metadata[RUN_CONTEXT_KEY]);
+        assert_eq!(
+            back.metadata[RUN_CONTEXT_KEY],
+            task.metadata[RUN_CONTEXT_KEY]
+        );
     }
 
     #[test]
@@ -508,12 +515,10 @@ mod tests {
         let mut task = Task::create(Message::user("hi"));
         RunContext::ensure_task_context(&mut task).unwrap();
         task.complete("done").unwrap();
-        task.metadata.insert("stop_reason".into(), json!("response"));
+        task.metadata
+            .insert("stop_reason".into(), json!("response"));
         let mut old = task.metadata.clone();
-        old.insert(
-            LEGACY_STATE_HISTORY.into(),
-            to_json(&task.state_history),
-        );
+        old.insert(LEGACY_STATE_HISTORY.into(), to_json(&task.state_history));
         old.insert(LEGACY_CREATED_AT.into(), to_json(&task.created_at));
         let back = metadata_from_wire(old);
         assert_eq!(back.metadata, task.metadata);
@@ -530,10 +535,16 @@ mod tests {
             .unwrap()
             .insert("fromANewerKeel".into(), json!(1));
         let back = metadata_from_wire(wire);
-        assert_eq!(back.metadata[KEEL_METADATA_KEY], json!({"fromANewerKeel": 1}));
+        assert_eq!(
+            back.metadata[KEEL_METADATA_KEY],
+            json!({"fromANewerKeel": 1})
+        );
         let mut task = Task::create(Message::user("hi"));
         task.metadata = back.metadata;
-        assert_eq!(metadata_to_wire(&task)[KEEL_METADATA_KEY]["fromANewerKeel"], 1);
+        assert_eq!(
+            metadata_to_wire(&task)[KEEL_METADATA_KEY]["fromANewerKeel"],
+            1
+        );
     }
 
     #[test]
