@@ -38,7 +38,17 @@ use serde_json::{Map, Value};
 use super::codec::{lower_camel, to_json};
 use super::task::{artifact_from_wire, artifact_to_wire, state_from_name, state_name};
 
-/// The one task metadata key under which Keel's own fields travel on the wire.
+/// The one task metadata key under which Keel's own fields travel on the wire, in camelCase.
+///
+/// ```
+/// use keel_core::{Message, Task};
+/// let mut task = Task::create(Message::user("hi"));
+/// task.complete("done")?;
+/// let wire = keel_transport::task_json(&task);
+/// let keel = &wire["metadata"][keel_transport::KEEL_METADATA_KEY];
+/// assert_eq!(keel["stateHistory"][1]["newState"], "TASK_STATE_COMPLETED");
+/// # Ok::<(), keel_core::AgentError>(())
+/// ```
 pub const KEEL_METADATA_KEY: &str = "keel";
 
 /// Keel's task metadata keys whose values travel unchanged, with their wire names.
@@ -95,7 +105,8 @@ pub(crate) struct TaskMetadata {
 pub(crate) fn metadata_to_wire(task: &Task) -> Metadata {
     let mut metadata = task.metadata.clone();
     // A `keel` object already in the metadata holds fields an older or newer peer sent that
-    // this version does not know: they stay in the block.
+    // this version does not know: they stay in the block. A `keel` value that is no object is
+    // an application's own: rather than drop it, the task goes out as it is stored.
     let mut block = match metadata.remove(KEEL_METADATA_KEY) {
         Some(Value::Object(fields)) => fields,
         Some(other) => {
