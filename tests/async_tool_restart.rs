@@ -169,7 +169,7 @@ async fn callback_after_exit_finishes_in_a_fresh_process(store: String, extra: &
         .unwrap_or_else(|| panic!("{sent}"))
         .to_owned();
     let waiting = wait_for(&first.url, key, &id, Duration::from_secs(20), |t| {
-        t["metadata"]["stop_reason"] == "awaiting_tool"
+        t["metadata"]["keel"]["stopReason"] == "awaiting_tool"
     })
     .await;
     assert_eq!(
@@ -286,7 +286,7 @@ async fn concurrent_duplicates_accept_exactly_one(store: String, extra: &[&str])
         .unwrap_or_else(|| panic!("{sent}"))
         .to_owned();
     wait_for(&first.url, key, &id, Duration::from_secs(20), |t| {
-        t["metadata"]["stop_reason"] == "awaiting_tool"
+        t["metadata"]["keel"]["stopReason"] == "awaiting_tool"
     })
     .await;
     let invocation = log.lock().unwrap().invocations[0].clone();
@@ -389,7 +389,7 @@ async fn a_pending_call_times_out_in_a_fresh_process(store: String, extra: &[&st
         &format!("task {id} to wait for its tool"),
         Duration::from_secs(20),
         || rpc.get(&id),
-        |task| task["metadata"]["stop_reason"] == "awaiting_tool",
+        |task| task["metadata"]["keel"]["stopReason"] == "awaiting_tool",
     )
     .await;
     assert!(first.terminate().success());

@@ -44,7 +44,7 @@ async fn a_task_accepted_by_one_process_is_read_and_canceled_through_the_other()
     );
     let on_a = rpc_a.get(&id).await;
     assert_eq!(on_a["status"]["state"], "TASK_STATE_CANCELED");
-    assert_eq!(on_a["metadata"]["cancel_reason"], "from B");
+    assert_eq!(on_a["metadata"]["keel"]["cancelReason"], "from B");
     // Exactly one final status: a second cancel is refused.
     let again = rpc_a
         .call("CancelTask", serde_json::json!({"id": id}))

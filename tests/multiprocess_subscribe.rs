@@ -112,5 +112,8 @@ async fn subscribing_on_one_process_to_a_task_on_the_other_and_canceling_ends_wi
     // Both processes agree.
     let on_runner = rpc_runner.get(&id).await;
     assert_eq!(on_runner["status"]["state"], "TASK_STATE_CANCELED");
-    assert_eq!(on_runner["metadata"]["cancel_reason"], "from the watcher");
+    assert_eq!(
+        on_runner["metadata"]["keel"]["cancelReason"],
+        "from the watcher"
+    );
 }

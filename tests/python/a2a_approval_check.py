@@ -5,7 +5,8 @@ Usage: python a2a_approval_check.py <base-url> <alice-key> <bob-key>
 The agent at base-url must ask for approval before it runs `run_code` (a keel.toml agent
 with `tools.run_code = true` and `policy.default = "require_approval"`), and know two
 API keys of two tenants. A task waiting for approval is TASK_STATE_INPUT_REQUIRED with the
-request in `metadata.pending_approval`; a message to it whose one part is the data part
+request at the metadata path the card's approval extension names (`pendingMetadataPath`:
+`metadata.keel.pendingApproval`, in camelCase); a message to it whose one part is the data part
 {"approval": {"requestId", "decision", "reason"}} answers it (docs/approvals.md).
 
 Prints one JSON object per line on stdout, one per step ("step" names it), and exits
@@ -105,14 +106,31 @@ async def expect_error(client, message: Message, code: int, step: str, contains:
         raise CheckFailed(f"{step}: expected error {code}, got a task in {state_name(task)}")
 
 
-async def waiting_task(client) -> tuple[str, str]:
+def pending_path(card) -> list[str]:
+    """Where the approval extension says a task keeps its pending request."""
+    for extension in card.capabilities.extensions:
+        if extension.uri == APPROVAL_EXTENSION:
+            path = MessageToDict(extension.params).get("pendingMetadataPath", [])
+            expect(isinstance(path, list) and len(path) > 0,
+                   f"the approval extension names no pendingMetadataPath: {extension}")
+            return path
+    raise CheckFailed(f"the card does not declare {APPROVAL_EXTENSION}")
+
+
+async def waiting_task(client, path: list[str]) -> tuple[str, str]:
     """A new task that waits for approval, and its pending request id."""
     task = await send_one(client, text_message(ASK))
     expect(task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED,
            f"expected TASK_STATE_INPUT_REQUIRED, got {state_name(task)}")
-    pending = MessageToDict(task.metadata).get("pending_approval", {})
-    request_id = pending.get("request_id", "")
-    expect(request_id != "", f"no pending_approval.request_id in {MessageToDict(task.metadata)}")
+    metadata = MessageToDict(task.metadata)
+    # Keel's own fields are in one namespaced object, none in snake_case at the top level.
+    snake = [key for key in metadata if "_" in key]
+    expect(snake == [], f"snake_case keys at the top of the task's metadata: {snake}")
+    pending = metadata
+    for key in path:
+        pending = pending.get(key, {}) if isinstance(pending, dict) else {}
+    request_id = pending.get("requestId", "")
+    expect(request_id != "", f"no requestId at metadata.{'.'.join(path)} in {metadata}")
     return task.id, request_id
 
 
@@ -127,11 +145,12 @@ async def check(base_url: str, alice_key: str, bob_key: str) -> None:
         uris = [e.uri for e in card.capabilities.extensions]
         emit("card", extensions=uris)
         expect(APPROVAL_EXTENSION in uris, f"the card does not declare {APPROVAL_EXTENSION}")
+        path = pending_path(card)
 
         alice = client_for(alice_http, card, streaming=False)
         bob = client_for(bob_http, card, streaming=False)
         try:
-            task_id, request_id = await waiting_task(alice)
+            task_id, request_id = await waiting_task(alice, path)
             emit("waiting", taskId=task_id, requestId=request_id)
 
             # Another tenant's task does not exist for Bob.
@@ -155,7 +174,7 @@ async def check(base_url: str, alice_key: str, bob_key: str) -> None:
             # Deny over streaming: the stream follows the resumed turn to its end.
             streaming = client_for(alice_http, card, streaming=True)
             try:
-                denied_id, denied_request = await waiting_task(alice)
+                denied_id, denied_request = await waiting_task(alice, path)
                 events = [e async for e in streaming.send_message(SendMessageRequest(
                     message=approval_message(denied_id, denied_request, "deny", "not today")))]
                 states = []

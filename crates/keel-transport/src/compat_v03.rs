@@ -436,7 +436,40 @@ fn task_from_v1(task: Value) -> Value {
         let artifacts = artifacts.into_iter().map(artifact_from_v1).collect();
         task.insert("artifacts".into(), Value::Array(artifacts));
     }
+    if let Some(Value::Object(block)) = task
+        .get_mut("metadata")
+        .and_then(|m| m.get_mut(wire::KEEL_METADATA_KEY))
+    {
+        keel_block_from_v1(block);
+    }
     Value::Object(task)
+}
+
+/// Keel's task metadata block in v0.3's terms: its states by v0.3 names, an approval's
+/// previews and result as v0.3 artifacts.
+fn keel_block_from_v1(block: &mut Map<String, Value>) {
+    if let Some(Value::Array(history)) = block.get_mut("stateHistory") {
+        for change in history.iter_mut().filter_map(Value::as_object_mut) {
+            for field in ["previousState", "newState"] {
+                if let Some(Value::String(state)) = change.get_mut(field) {
+                    *state = state_from_v1(state);
+                }
+            }
+        }
+    }
+    let Some(Value::Object(action)) = block
+        .get_mut("pendingApproval")
+        .and_then(|p| p.get_mut("action"))
+    else {
+        return;
+    };
+    if let Some(Value::Array(previews)) = action.remove("previews") {
+        let previews = previews.into_iter().map(artifact_from_v1).collect();
+        action.insert("previews".into(), Value::Array(previews));
+    }
+    if let Some(result) = action.remove("result") {
+        action.insert("result".into(), artifact_from_v1(result));
+    }
 }
 
 fn parts_from_v1(parts: Option<Value>) -> Value {
@@ -623,6 +656,29 @@ mod tests {
         }}));
         assert_eq!(artifact["kind"], "artifact-update");
         assert_eq!(artifact["artifact"]["parts"][0]["kind"], "text");
+    }
+
+    #[test]
+    fn keels_task_metadata_block_names_states_and_previews_in_v0_3_terms() {
+        let task = json!({
+            "id": "t", "contextId": "c", "status": {"state": "TASK_STATE_INPUT_REQUIRED"},
+            "metadata": {"mine": {"newState": "TASK_STATE_WORKING"}, "keel": {
+                "stateHistory": [{"previousState": "TASK_STATE_WORKING",
+                                  "newState": "TASK_STATE_INPUT_REQUIRED", "timestamp": "x"}],
+                "pendingApproval": {"requestId": "r", "action": {
+                    "previews": [{"artifactId": "a", "parts": [{"text": "the row"}]}]}}
+            }}
+        });
+        let v03 = stream_event_from_v1(json!({ "task": task }));
+        let block = &v03["metadata"]["keel"];
+        assert_eq!(block["stateHistory"][0]["previousState"], "working");
+        assert_eq!(block["stateHistory"][0]["newState"], "input-required");
+        assert_eq!(
+            block["pendingApproval"]["action"]["previews"][0]["parts"][0],
+            json!({"kind": "text", "text": "the row"})
+        );
+        // The caller's own keys are left as they are.
+        assert_eq!(v03["metadata"]["mine"]["newState"], "TASK_STATE_WORKING");
     }
 
     #[test]

@@ -71,5 +71,6 @@ pub use transport::{AgentTransport, SendMessageOptions, TaskEventStream};
 pub use variables::VARIABLES_PATH;
 pub use wire::{
     stream_event_json, task_json, KEEL_APPROVAL_EXTENSION_URI, KEEL_CARD_EXTENSION_URI,
+    KEEL_METADATA_KEY,
 };
 pub use ws::{WS_MAX_IN_FLIGHT, WS_PATH};

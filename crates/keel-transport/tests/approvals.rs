@@ -1,5 +1,5 @@
 //! Approvals over the wire (`docs/approvals.md`): a task waiting for an approval is
-//! `input-required` with the request in `metadata.pending_approval`; a message to it whose one
+//! `input-required` with the request in `metadata.keel.pendingApproval`; a message to it whose one
 //! part is `{"approval": {"requestId", "decision", "reason"?}}` approves or denies, over
 //! JSON-RPC, HTTP+JSON, streaming and the WebSocket alike, and the run records who decided.
 
@@ -121,7 +121,7 @@ impl ApprovalServer {
             task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
             "{answer}"
         );
-        let request_id = task["metadata"]["pending_approval"]["request_id"]
+        let request_id = task["metadata"]["keel"]["pendingApproval"]["requestId"]
             .as_str()
             .expect("the pending request travels in the task's metadata")
             .to_owned();

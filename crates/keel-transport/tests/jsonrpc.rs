@@ -286,7 +286,7 @@ async fn blocking_send_message_completes_with_the_echo_and_an_artifact() {
     assert_eq!(answer["parts"][0]["text"], "You said: hello");
     assert_eq!(task["artifacts"][0]["parts"][0]["text"], "You said: hello");
     assert!(task["id"].is_string() && task["contextId"].is_string());
-    assert!(task["metadata"]["run_context"].is_object(), "{task}");
+    assert!(task["metadata"]["keel"]["runId"].is_string(), "{task}");
 
     let got = server.call("GetTask", json!({"id": task["id"]})).await;
     assert_eq!(got["result"]["id"], task["id"]);
@@ -331,7 +331,10 @@ async fn return_immediately_answers_at_once_and_cancel_ends_the_task_canceled() 
         canceled["result"]["status"]["state"], "TASK_STATE_CANCELED",
         "{canceled}"
     );
-    assert_eq!(canceled["result"]["metadata"]["cancel_reason"], "enough");
+    assert_eq!(
+        canceled["result"]["metadata"]["keel"]["cancelReason"],
+        "enough"
+    );
     server.stop().await;
 }
 

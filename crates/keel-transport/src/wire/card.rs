@@ -18,7 +18,7 @@ pub const KEEL_CARD_EXTENSION_URI: &str = "https://keel.dev/extensions/card/v1";
 /// The URI of the extension by which a client answers an action waiting for approval: a
 /// message to the `input-required` task whose one part is the data part
 /// `{"approval": {"requestId", "decision": "approve" | "deny", "reason"?}}`, answering the
-/// request in the task's `metadata.pending_approval` (`docs/approvals.md`).
+/// request in the task's `metadata.keel.pendingApproval` (`docs/approvals.md`).
 pub const KEEL_APPROVAL_EXTENSION_URI: &str = "https://keel.dev/extensions/approval/v1";
 
 /// The protocol binding of the JSON-RPC interface in `supportedInterfaces`.
@@ -124,16 +124,18 @@ fn security_scheme_from_wire(scheme: a2a::SecurityScheme) -> SecurityScheme {
     }
 }
 
-/// The params of the Keel card extension.
 /// The approval extension: every Keel agent takes approval decisions by message. Its params
-/// name the data part's key and the task metadata key of the pending request.
+/// name the data part's key and the path, in the task's metadata, of the pending request.
 fn approval_extension() -> a2a::AgentExtension {
     let mut params = WireMetadata::new();
     params.insert(
         "dataPartKey".into(),
         Value::from(keel_agent::APPROVAL_PART_KEY),
     );
-    params.insert("pendingMetadataKey".into(), Value::from("pending_approval"));
+    params.insert(
+        "pendingMetadataPath".into(),
+        serde_json::json!([super::KEEL_METADATA_KEY, "pendingApproval"]),
+    );
     a2a::AgentExtension {
         uri: KEEL_APPROVAL_EXTENSION_URI.into(),
         description: Some(
@@ -370,7 +372,10 @@ mod tests {
             .expect("the approval extension");
         assert_eq!(ext["required"], false);
         assert_eq!(ext["params"]["dataPartKey"], "approval");
-        assert_eq!(ext["params"]["pendingMetadataKey"], "pending_approval");
+        assert_eq!(
+            ext["params"]["pendingMetadataPath"],
+            serde_json::json!(["keel", "pendingApproval"])
+        );
     }
 
     #[test]

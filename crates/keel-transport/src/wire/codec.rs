@@ -84,7 +84,7 @@ fn json_field_names(value: &mut Value) {
 }
 
 /// `task_id` → `taskId`, as protobuf derives a field's JSON name.
-fn lower_camel(proto: &str) -> String {
+pub(super) fn lower_camel(proto: &str) -> String {
     let mut json = String::with_capacity(proto.len());
     let mut upper = false;
     for c in proto.chars() {

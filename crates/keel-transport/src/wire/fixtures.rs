@@ -2,8 +2,9 @@
 //! module's round-trip tests.
 
 use keel_core::{
-    ActionId, AgentCard, AgentRole, AgentSkill, Artifact, FileContent, Message, Part, PartContent,
-    RunContext, SecurityScheme, Task, TaskId, TaskState, ThreadId, TransportKind,
+    ActionId, AgentCard, AgentRole, AgentSkill, ApprovalDecision, ApprovalOutcome, ApprovalRequest,
+    Artifact, FileContent, Message, Part, PartContent, RunAction, RunBudget, RunContext,
+    SecurityScheme, Task, TaskId, TaskState, ThreadId, TransportKind,
 };
 use serde_json::json;
 
@@ -114,7 +115,69 @@ pub(super) fn tasks() -> Vec<Task> {
     waiting
         .require_input(Some(Message::agent("which city?")))
         .unwrap();
-    vec![submitted, completed, canceled, waiting]
+    vec![
+        submitted,
+        completed,
+        canceled,
+        waiting,
+        waiting_for_approval(),
+    ]
+}
+
+/// A task a caller sent a run context for, waiting for an approval (with a preview), with
+/// every key the engine writes and a caller's own keys beside them.
+pub(super) fn waiting_for_approval() -> Task {
+    let mut task = Task::create(Message::user("write it"));
+    let mut ctx = RunContext::new()
+        .with_agent("gateway")
+        .with_budget(RunBudget {
+            max_steps: Some(8),
+            max_llm_calls: Some(4),
+            ..Default::default()
+        });
+    ctx.workspace_uri = Some("file:///workspace".into());
+    ctx.permissions
+        .insert("records.write".into(), json!("require_approval"));
+    ctx.metadata
+        .insert("app_key".into(), json!({"inner_key": 1}));
+    ctx.attach_to_task(&mut task).unwrap();
+    task.begin().unwrap();
+    task.require_input(Some(Message::agent("approve write_record?")))
+        .unwrap();
+    let mut action = RunAction::tool_call("write_record", json!({"record_id": "r1"}));
+    action.description = Some("Write a record".into());
+    action.capabilities = vec!["records.write".into()];
+    action.previews = vec![Artifact::text("the row")
+        .named("preview")
+        .of_kind("preview")];
+    action.metadata.insert("call_id".into(), json!("call-1"));
+    let request = ApprovalRequest {
+        request_id: "req-1".into(),
+        action,
+        reason: "policy asks".into(),
+        run_id: Some(ctx.run_id.clone()),
+        requested_at: chrono::Utc::now(),
+    };
+    let decision = ApprovalDecision {
+        request_id: "req-1".into(),
+        outcome: ApprovalOutcome::Approved,
+        reason: Some("checked".into()),
+        decided_by: Some("default-user".into()),
+        decided_at: chrono::Utc::now(),
+    };
+    for (key, value) in [
+        ("pending_approval", serde_json::to_value(&request).unwrap()),
+        ("approval_decision", serde_json::to_value(decision).unwrap()),
+        ("stop_reason", json!("approval_required")),
+        ("awaiting_tool_call", json!("acall-1")),
+        ("skill", json!("records")),
+        ("agent", json!("writer")),
+        ("my_key", json!({"nested_key": true})),
+        ("session_id", json!("legacy-session")),
+    ] {
+        task.metadata.insert(key.into(), value);
+    }
+    task
 }
 
 pub(super) fn full_card() -> AgentCard {

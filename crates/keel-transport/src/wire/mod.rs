@@ -13,15 +13,17 @@
 //! | `json` part | data part: `data` = the document, `metadata["keel.partType"] = "json"` |
 //! | file part that A2A cannot hold (both or neither of `uri`/`bytes`, non-canonical base64) | data part with `keel.partType = "file"` |
 //! | `Message.timestamp`, `Artifact.timestamp` | `metadata["keel.timestamp"]` |
+//! | a message's approval-decision mark, `keel.approval_decision` | `metadata["keel.approvalDecision"]` |
 //! | `Artifact.kind` (when not `result`), `uri`, `action_id`, `media_type` | `metadata["keel.kind"]`, `["keel.uri"]`, `["keel.actionId"]`, `["keel.mediaType"]` |
-//! | `Task.state_history`, `Task.created_at` | `metadata["keel.stateHistory"]`, `["keel.createdAt"]` |
-//! | `Task.metadata` (`run_context`, `cancel_reason`, `error`, ...) | `metadata`, as is |
+//! | `Task.state_history`, `Task.created_at`, and Keel's keys in `Task.metadata` (`run_context`, `stop_reason`, `pending_approval`, `cancel_reason`, `error`, ...) | one object `metadata["keel"]` ([`KEEL_METADATA_KEY`]) in camelCase, states by wire name (`task_meta`); the caller's own keys beside it, as they are |
 //! | card role, tags, transport, capability flags, skill schemas | params of the [`KEEL_CARD_EXTENSION_URI`] extension in `capabilities.extensions` |
 //! | approval decisions by message | declared by the [`KEEL_APPROVAL_EXTENSION_URI`] extension in `capabilities.extensions` |
 //!
-//! Decoding removes the `keel.` keys it understands and leaves everything else in `metadata`.
+//! Decoding removes the `keel.` keys (and the task's `keel` object) it understands and leaves
+//! everything else in `metadata`.
 //!
-//! By concern: `parts`, `task` (roles, states, messages, artifacts, tasks), `card`, `requests`
+//! By concern: `parts`, `task` (roles, states, messages, artifacts, tasks), `task_meta` (a
+//! task's metadata: `metadata_to_wire` / `metadata_from_wire`), `card`, `requests`
 //! (the params and results of the task operations), `push` (push notification configs) and
 //! `stream` (stream events); `codec` holds what they share.
 
@@ -34,6 +36,8 @@ mod push;
 mod requests;
 mod stream;
 mod task;
+/// Keel's task metadata on the wire, one function pair every binding shares.
+pub(crate) mod task_meta;
 
 pub(crate) use card::{
     decode_card, encode_card_with, Binding, Endpoints, Interface, JSONRPC_BINDING,
@@ -53,6 +57,7 @@ pub(crate) use stream::{
     decode_stream_event, decode_subscribe, encode_stream_event, encode_subscribe,
 };
 pub(crate) use task::{state_from_name, state_name};
+pub use task_meta::KEEL_METADATA_KEY;
 
 /// A task as the A2A v1.0 `Task` object a server sends (`id`, `contextId`, `status.state`
 /// as `TASK_STATE_*`): for tools that print what the protocol names.

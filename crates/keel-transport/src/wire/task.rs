@@ -1,22 +1,23 @@
-//! Roles, task states, messages, artifacts and tasks; Keel's extras (timestamps, artifact kind,
-//! state history) travel under `keel.` keys in `metadata`.
+//! Roles, task states, messages, artifacts and tasks; Keel's extras travel in `metadata`:
+//! a message's and an artifact's under `keel.` keys, a task's in one `keel` object
+//! (`task_meta`).
 
 use chrono::{DateTime, Utc};
-use keel_core::{
-    AgentResult, Artifact, Message, Role, StateTransition, Task, TaskState, TaskStatus,
-};
+use keel_core::{AgentResult, Artifact, Message, Role, Task, TaskState, TaskStatus};
 use serde_json::Value;
 
 use super::codec::{invalid, keel_metadata, take, to_json, wire_metadata};
 use super::parts::{part_to_wire, parts_from_wire};
+use super::task_meta::{metadata_from_wire, metadata_to_wire};
 
 const TIMESTAMP_KEY: &str = "keel.timestamp";
 const KIND_KEY: &str = "keel.kind";
 const URI_KEY: &str = "keel.uri";
 const ACTION_ID_KEY: &str = "keel.actionId";
 const MEDIA_TYPE_KEY: &str = "keel.mediaType";
-const STATE_HISTORY_KEY: &str = "keel.stateHistory";
-const CREATED_AT_KEY: &str = "keel.createdAt";
+/// The engine's mark on a message it took as an approval decision (its value: the request
+/// id), and the mark's wire name, camelCase like the other `keel.` keys.
+const DECISION_MARK: (&str, &str) = ("keel.approval_decision", "keel.approvalDecision");
 
 fn role_to_wire(role: Role) -> a2a::Role {
     match role {
@@ -82,6 +83,9 @@ pub(crate) fn state_from_name(name: &str) -> Option<TaskState> {
 pub(super) fn message_to_wire(message: &Message) -> a2a::Message {
     let mut metadata = message.metadata.clone();
     metadata.insert(TIMESTAMP_KEY.into(), to_json(&message.timestamp));
+    if let Some(mark) = metadata.remove(DECISION_MARK.0) {
+        metadata.insert(DECISION_MARK.1.into(), mark);
+    }
     a2a::Message {
         message_id: message.message_id.to_string(),
         context_id: message.thread_id.as_ref().map(ToString::to_string),
@@ -108,6 +112,9 @@ pub(super) fn message_from_wire(message: a2a::Message, field: &str) -> AgentResu
     let parts = parts_from_wire(message.parts, field)?;
     let mut metadata = keel_metadata(message.metadata);
     let timestamp = take::<DateTime<Utc>>(&mut metadata, TIMESTAMP_KEY).unwrap_or_else(Utc::now);
+    if let Some(mark) = metadata.remove(DECISION_MARK.1) {
+        metadata.insert(DECISION_MARK.0.into(), mark);
+    }
     Ok(Message {
         message_id: message.message_id.into(),
         role,
@@ -170,11 +177,7 @@ pub(super) fn artifact_from_wire(artifact: a2a::Artifact, field: &str) -> AgentR
 }
 
 pub(super) fn task_to_wire(task: &Task) -> a2a::Task {
-    let mut metadata = task.metadata.clone();
-    if !task.state_history.is_empty() {
-        metadata.insert(STATE_HISTORY_KEY.into(), to_json(&task.state_history));
-    }
-    metadata.insert(CREATED_AT_KEY.into(), to_json(&task.created_at));
+    let metadata = metadata_to_wire(task);
     a2a::Task {
         id: task.id.to_string(),
         context_id: task.thread_id.to_string(),
@@ -223,13 +226,12 @@ pub(super) fn task_from_wire(task: a2a::Task) -> AgentResult<Task> {
         .enumerate()
         .map(|(i, a)| artifact_from_wire(a, &format!("task.artifacts[{i}]")))
         .collect::<AgentResult<_>>()?;
-    let mut metadata = keel_metadata(task.metadata);
-    out.state_history =
-        take::<Vec<StateTransition>>(&mut metadata, STATE_HISTORY_KEY).unwrap_or_default();
-    if let Some(created_at) = take(&mut metadata, CREATED_AT_KEY) {
+    let metadata = metadata_from_wire(keel_metadata(task.metadata));
+    out.state_history = metadata.state_history;
+    if let Some(created_at) = metadata.created_at {
         out.created_at = created_at;
     }
-    out.metadata = metadata;
+    out.metadata = metadata.metadata;
     Ok(out)
 }
 
@@ -247,6 +249,19 @@ mod tests {
             let wire = through_wire_json(message_to_wire(&message));
             assert_eq!(message_from_wire(wire, "message").unwrap(), message);
         }
+    }
+
+    #[test]
+    fn an_approval_decisions_mark_is_camel_case_on_the_wire_and_reads_back() {
+        let mut message = Message::user("approve");
+        message
+            .metadata
+            .insert(DECISION_MARK.0.into(), json!("req-1"));
+        let wire = to_json(&message_to_wire(&message));
+        assert_eq!(wire["metadata"]["keel.approvalDecision"], "req-1");
+        assert!(wire["metadata"].get(DECISION_MARK.0).is_none(), "{wire}");
+        let back = message_from_wire(through_wire_json(message_to_wire(&message)), "m").unwrap();
+        assert_eq!(back, message);
     }
 
     #[test]
@@ -297,13 +312,15 @@ mod tests {
         let wire = tree(encode_task(&tasks[1]));
         assert_eq!(wire["status"]["state"], "TASK_STATE_COMPLETED");
         assert_eq!(wire["contextId"], tasks[1].thread_id.as_str());
-        assert!(wire["metadata"]["run_context"].is_object());
+        assert!(wire["metadata"].get("run_context").is_none(), "{wire}");
+        assert!(wire["metadata"]["keel"]["runId"].is_string(), "{wire}");
         assert_eq!(
-            wire["metadata"]["keel.stateHistory"][1]["new_state"],
-            "completed"
+            wire["metadata"]["keel"]["stateHistory"][1]["newState"],
+            "TASK_STATE_COMPLETED"
         );
+        assert_eq!(wire["metadata"]["k"], json!([1, 2]));
         let wire = tree(encode_task(&tasks[2]));
-        assert_eq!(wire["metadata"]["cancel_reason"], "user asked");
+        assert_eq!(wire["metadata"]["keel"]["cancelReason"], "user asked");
         let wire = tree(encode_send_message_result(&tasks[0]));
         assert_eq!(wire["task"]["status"]["state"], "TASK_STATE_SUBMITTED");
     }

@@ -1,0 +1,201 @@
+//! A task's metadata as callers see it on every binding: Keel's own fields in one camelCase
+//! `keel` object, states by their wire names, the run context only for a caller that sent one
+//! (its own keys as sent), and Keel's client reading it all back into the engine's keys.
+
+mod support;
+
+use keel_core::{RunContext, TaskId, RUN_CONTEXT_KEY};
+use keel_runtime::AuthContext;
+use keel_transport::{A2aClient, KEEL_METADATA_KEY};
+use serde_json::{json, Value};
+use support::{sse_events, user_message, TestServer};
+
+/// Fields whose keys are the caller's or an application's, not Keel's.
+const FREE_FORM: [&str; 4] = ["permissions", "metadata", "payload", "parts"];
+
+fn keys_outside_free_form(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(fields) => {
+            for (key, field) in fields {
+                out.push(key.clone());
+                if !FREE_FORM.contains(&key.as_str()) {
+                    keys_outside_free_form(field, out);
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|i| keys_outside_free_form(i, out)),
+        _ => {}
+    }
+}
+
+/// A message that sends a run context with a budget and the application's own metadata.
+fn with_run_context(text: &str) -> Value {
+    let mut message = user_message(text);
+    message["metadata"] = json!({"run_context": {
+        "run_id": "run-from-caller",
+        "trace_id": "trace-from-caller",
+        "budget": {"max_steps": 5},
+        "metadata": {"my_app_key": {"inner_key": 1}}
+    }});
+    message
+}
+
+/// The checks every binding's task passes; `sent_context` when its caller sent one.
+fn assert_callers_metadata(task: &Value, sent_context: bool) {
+    let metadata = task["metadata"].as_object().expect("a metadata object");
+    // Only the one namespaced key: no engine key (`run_context`, `stop_reason`, ...) at the top.
+    assert_eq!(
+        metadata.keys().collect::<Vec<_>>(),
+        [KEEL_METADATA_KEY],
+        "{task}"
+    );
+    let block = &task["metadata"][KEEL_METADATA_KEY];
+    let mut keys = Vec::new();
+    keys_outside_free_form(block, &mut keys);
+    assert!(
+        keys.iter().all(|k| !k.contains('_')),
+        "snake_case in {block}"
+    );
+    assert_eq!(block["threadId"], task["contextId"], "{block}");
+    assert!(block["runId"].is_string() && block["traceId"].is_string());
+    assert!(block["createdAt"].is_string());
+    let history = block.get("stateHistory").and_then(Value::as_array);
+    for change in history.into_iter().flatten() {
+        for state in [&change["previousState"], &change["newState"]] {
+            assert!(
+                state.as_str().unwrap().starts_with("TASK_STATE_"),
+                "{change}"
+            );
+        }
+    }
+    if sent_context {
+        assert_eq!(block["runId"], "run-from-caller");
+        assert_eq!(block["traceId"], "trace-from-caller");
+        let ctx = &block["runContext"];
+        assert_eq!(ctx["budget"], json!({"maxSteps": 5}), "{ctx}");
+        assert_eq!(ctx["agentChain"], json!(["echo"]), "{ctx}");
+        assert_eq!(ctx["metadata"]["my_app_key"], json!({"inner_key": 1}));
+    } else {
+        assert!(block.get("runContext").is_none(), "{block}");
+    }
+}
+
+#[tokio::test]
+async fn tasks_over_json_rpc_rest_and_streams_carry_keels_fields_in_one_camel_case_block() {
+    let server = TestServer::start().await;
+
+    // JSON-RPC: SendMessage and GetTask, with a context and without.
+    for sent_context in [true, false] {
+        let message = if sent_context {
+            with_run_context("hello")
+        } else {
+            user_message("hello")
+        };
+        let answer = server.rpc("SendMessage", json!({"message": message})).await;
+        let task = &answer["result"]["task"];
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{answer}");
+        assert_callers_metadata(task, sent_context);
+        assert_eq!(
+            task["metadata"]["keel"]["stateHistory"]
+                .as_array()
+                .unwrap()
+                .last()
+                .unwrap()["newState"],
+            "TASK_STATE_COMPLETED"
+        );
+        let got = server.rpc("GetTask", json!({"id": task["id"]})).await;
+        assert_callers_metadata(&got["result"], sent_context);
+    }
+
+    // HTTP+JSON.
+    let sent: Value = server
+        .http
+        .post(format!("{}/message:send", server.base))
+        .header("A2A-Version", "1.0")
+        .json(&json!({"message": with_run_context("over rest")}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_callers_metadata(&sent["task"], true);
+    let got: Value = server
+        .http
+        .get(format!(
+            "{}/tasks/{}",
+            server.base,
+            sent["task"]["id"].as_str().unwrap()
+        ))
+        .header("A2A-Version", "1.0")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_callers_metadata(&got, true);
+
+    // A stream: its first event is the task.
+    let response = server
+        .rpc_with(
+            Some("1.0"),
+            "SendStreamingMessage",
+            json!({"message": with_run_context("streamed")}),
+        )
+        .await;
+    let events = sse_events(response).await;
+    let first = &events[0].1["result"]["task"];
+    assert_callers_metadata(first, true);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn v0_3_tasks_carry_the_same_block_with_v0_3_state_names() {
+    let server = TestServer::start().await;
+    let answer: Value = server
+        .rpc_with(
+            None,
+            "message/send",
+            json!({"message": {"kind": "message", "messageId": "v03-m", "role": "user",
+                               "parts": [{"kind": "text", "text": "hi"}]}}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let task = &answer["result"];
+    assert_eq!(task["status"]["state"], "completed", "{answer}");
+    let block = &task["metadata"][KEEL_METADATA_KEY];
+    assert!(block["runId"].is_string(), "{task}");
+    let history = block["stateHistory"].as_array().unwrap();
+    assert_eq!(history[0]["previousState"], "submitted", "{block}");
+    assert_eq!(history.last().unwrap()["newState"], "completed");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn keels_client_reads_the_block_back_into_the_engines_keys() {
+    let server = TestServer::start().await;
+    let answer = server
+        .rpc("SendMessage", json!({"message": with_run_context("hello")}))
+        .await;
+    let id = TaskId::from(answer["result"]["task"]["id"].as_str().unwrap());
+    let stored = server
+        .executor
+        .get_task(&AuthContext::new("default-app", "default-user"), &id, None)
+        .await
+        .unwrap();
+    let fetched = A2aClient::new(&server.base)
+        .get_task(&id, None)
+        .await
+        .unwrap();
+    assert_eq!(fetched.metadata, stored.metadata);
+    assert_eq!(fetched.state_history, stored.state_history);
+    assert_eq!(fetched.created_at, stored.created_at);
+    let ctx = RunContext::from_task(&fetched).unwrap().unwrap();
+    assert_eq!(ctx.budget.max_steps, Some(5));
+    assert!(fetched.metadata.contains_key(RUN_CONTEXT_KEY));
+    assert!(!fetched.metadata.contains_key(KEEL_METADATA_KEY));
+    server.stop().await;
+}
