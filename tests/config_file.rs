@@ -354,3 +354,180 @@ async fn serve_reads_keel_toml_from_the_working_directory() {
         "local"
     );
 }
+
+/// SendMessage asking for push notifications to `webhook`; the whole JSON-RPC answer.
+async fn send_with_push(endpoint: &str, webhook: &str) -> Value {
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {
+            "message": {"messageId": support::uuid_like(), "role": "ROLE_USER", "parts": [{"text": "hello"}]},
+            "configuration": {"taskPushNotificationConfig": {"url": webhook, "token": "tok-7d1"}}
+        }
+    });
+    reqwest::Client::new()
+        .post(endpoint)
+        .header("A2A-Version", "1.0")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn push_notifications_reach_only_the_targets_the_allow_list_names() {
+    // One webhook server on loopback: `/allowed/...` is listed, `/elsewhere` is not.
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(String, Value)>::new()));
+    let seen = received.clone();
+    let app = axum::Router::new().route(
+        "/{*path}",
+        axum::routing::post(move |UrlPath(path): UrlPath<String>, body: String| {
+            let seen = seen.clone();
+            async move {
+                let body = serde_json::from_str(&body).unwrap_or(Value::Null);
+                seen.lock().unwrap().push((path, body));
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let listed = format!("{base}/allowed/");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        &format!(
+            "[server]\nstore = \"memory\"\n\n[server.push]\nallow_targets = [\"{listed}\"]\n\n\
+             [[agents]]\nname = \"notifier\"\ndescription = \"Answers.\"\n"
+        ),
+    );
+    let check = keel(&["check", &file], &[]);
+    assert!(check.status.success(), "{}", text(&check.stderr));
+    assert!(
+        text(&check.stdout).contains(&format!("push notifications only to: {listed}")),
+        "{}",
+        text(&check.stdout)
+    );
+    // From the file, and for the built-in demo agent from the command line.
+    let from_file = KeelServer::start_with(&["--config", &file]);
+    let demo = KeelServer::start(&["--push-target", &listed]);
+    for (server, which) in [(&from_file, "file"), (&demo, "demo")] {
+        let refused = send_with_push(&server.url, &format!("{base}/elsewhere")).await;
+        assert_eq!(refused["error"]["code"], -32602, "{which}: {refused}");
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("not in the operator's push target allow list")
+                && message.contains(&listed),
+            "{which}: {message}"
+        );
+        let accepted = send_with_push(&server.url, &format!("{listed}{which}")).await;
+        assert!(accepted.get("result").is_some(), "{which}: {accepted}");
+        support::wait_until(
+            &format!("the {which} server's completed status at the listed webhook"),
+            std::time::Duration::from_secs(20),
+            || async { received.lock().unwrap().clone() },
+            |received| {
+                received.iter().any(|(path, body)| {
+                    *path == format!("allowed/{which}")
+                        && body["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
+                })
+            },
+        )
+        .await;
+    }
+    assert!(
+        received
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|(path, _)| path.starts_with("allowed/")),
+        "a refused target was reached"
+    );
+
+    // A malformed entry is refused where it is written.
+    let bad = write(
+        dir.path(),
+        "[server.push]\nallow_targets = [\"ftp://x/\"]\n\n[[agents]]\nname = \"a\"\ndescription = \"A.\"\n",
+    );
+    let error = text(&keel(&["check", &bad], &[]).stderr);
+    assert!(
+        error.contains("server.push.allow_targets[0]") && error.contains("not http or https"),
+        "{error}"
+    );
+    let flag = keel(
+        &[
+            "serve",
+            "--port",
+            "0",
+            "--store",
+            "memory",
+            "--push-target",
+            "a b",
+        ],
+        &[],
+    );
+    assert!(!flag.status.success());
+    assert!(
+        text(&flag.stderr).contains("--push-target"),
+        "{}",
+        text(&flag.stderr)
+    );
+}
+
+#[tokio::test]
+async fn an_agents_model_api_key_from_the_file_is_sent_instead_of_the_providers_variable() {
+    const KEY: &str = "sk-agent-5e1b";
+    // An OpenAI-compatible endpoint that answers only the agent's own key.
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(|headers: HeaderMap, axum::Json(request): axum::Json<Value>| async move {
+            use axum::response::IntoResponse;
+            let bearer = headers.get("authorization").and_then(|v| v.to_str().ok());
+            if bearer != Some(&format!("Bearer {KEY}")) {
+                let reason = format!("wrong key: {bearer:?}");
+                return (axum::http::StatusCode::UNAUTHORIZED, reason).into_response();
+            }
+            support::openai_reply(&request, json!({"role": "assistant", "content": "keyed-answer-91"}))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let dir = tempfile::tempdir().unwrap();
+    let agent = |key: &str| {
+        format!(
+            "[server]\nstore = \"memory\"\n\n[[agents]]\nname = \"keyed\"\ndescription = \"K.\"\n\n\
+             [agents.model]\nid = \"openai-compatible:{base}/v1:test-model\"\napi_key = \"{key}\"\n"
+        )
+    };
+    let file = write(dir.path(), &agent("${KEEL_TEST_AGENT_MODEL_KEY}"));
+    // The provider's variable holds another key: the file's wins.
+    let env = [
+        ("KEEL_TEST_AGENT_MODEL_KEY", KEY),
+        ("OPENAI_COMPATIBLE_API_KEY", "sk-provider-wrong"),
+    ];
+    let check = keel(&["check", &file], &env);
+    assert!(check.status.success(), "{}", text(&check.stderr));
+    let shown = text(&check.stdout);
+    assert!(shown.contains("(api key ****)"), "{shown}");
+    assert!(!shown.contains(KEY), "the key leaked: {shown}");
+
+    let server = KeelServer::start_with_env(&["--config", &file], &env);
+    let task = send(&server.url, "hello").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(answer_text(&task), "keyed-answer-91");
+
+    // A key written out in the file is refused, naming the field.
+    let literal = write(dir.path(), &agent("sk-in-the-file"));
+    let error = text(&keel(&["check", &literal], &env).stderr);
+    assert!(
+        error.contains("agents[0].model.api_key") && error.contains("${VAR}"),
+        "{error}"
+    );
+    assert!(!error.contains("sk-in-the-file"), "{error}");
+}
