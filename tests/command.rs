@@ -157,6 +157,51 @@ fn init_check_run_an_http_tool_approved_on_stdin_then_denied() {
     assert_eq!(weather.calls(), 2);
 }
 
+#[test]
+fn run_against_a_served_agent_asks_for_its_approvals_and_streams_to_the_end() {
+    let weather = WeatherService::start();
+    let dir = project(&weather);
+    let server = support::KeelServer::start_in(dir.path(), &["--store", "memory"]);
+    let run_remote = |extra: &[&str], stdin: &str| {
+        let mut command = keel(dir.path());
+        command
+            .args(["run", "--url", &server.url])
+            .args(extra)
+            .arg(ASK_WEATHER)
+            .write_stdin(stdin.to_owned());
+        let output = command.output().unwrap();
+        (output.status, text(&output.stdout), text(&output.stderr))
+    };
+
+    // Approved on stdin: the served agent runs the tool, and the stream goes on to the end.
+    let (status, out, err) = run_remote(&[], "y\n");
+    assert!(status.success(), "stdout: {out}\nstderr: {err}");
+    assert_eq!(weather.calls(), 1, "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("clear-7c2e"), "{out}");
+    for shown in ["approval needed: weather", "Oslo", "approval-gated", "completed"] {
+        assert!(err.contains(shown), "`{shown}` not shown:\n{err}");
+    }
+
+    // Denied on stdin: the tool does not run and the model hears of the denial.
+    let (status, out, err) = run_remote(&[], "n\n");
+    assert!(status.success(), "stderr: {err}");
+    assert_eq!(weather.calls(), 1, "a denied call reached the tool");
+    assert!(out.contains("denied") && !out.contains("clear-7c2e"), "{out}");
+
+    // No terminal and nothing on stdin: it fails closed.
+    let (_, out, _) = run_remote(&[], "");
+    assert_eq!(weather.calls(), 1, "an unanswered approval let the call run");
+    assert!(out.contains("denied"), "{out}");
+
+    // The flags answer without asking.
+    let (status, out, _) = run_remote(&["--deny"], "y\n");
+    assert!(status.success() && out.contains("denied"), "{out}");
+    assert_eq!(weather.calls(), 1);
+    let (status, out, _) = run_remote(&["--approve"], "");
+    assert!(status.success() && out.contains("clear-7c2e"), "{out}");
+    assert_eq!(weather.calls(), 2);
+}
+
 /// The run's events, one JSON document a line.
 fn events(stdout: &[u8]) -> Vec<Value> {
     text(stdout)

@@ -291,8 +291,9 @@ struct RunArgs {
     /// Print the run's normalized events as JSON lines on stdout instead.
     #[arg(long)]
     json: bool,
-    /// Run on this remote A2A agent instead (streaming), not in process.
-    #[arg(long, conflicts_with_all = ["agent", "approve", "deny"])]
+    /// Run on this remote A2A agent instead (streaming), not in process. Approvals the
+    /// remote task waits for are asked here (or answered by `--approve`/`--deny`).
+    #[arg(long, conflicts_with_all = ["agent"])]
     url: Option<String>,
     /// With `--url`: sent as the `X-API-Key` header.
     #[arg(long, requires = "url", env = "KEEL_API_KEY")]
@@ -505,11 +506,14 @@ fn main() -> ExitCode {
             prompt,
             thread,
             json,
+            approve,
+            deny,
             ..
         }) => runtime.block_on(remote::run(
             remote::Remote { url, api_key },
             prompt,
             thread,
+            run::Approver::from_flags(approve, deny),
             json,
         )),
         Command::Run(args) => runtime.block_on(run::run(

@@ -147,7 +147,7 @@ impl Approver {
     }
 
     /// The answer to `request`, and who gave it.
-    async fn decide(
+    pub(crate) async fn decide(
         self,
         request: &ApprovalRequest,
     ) -> Result<(ApprovalOutcome, &'static str), String> {
@@ -214,12 +214,16 @@ fn rests(task: &Task) -> bool {
         )
 }
 
+/// The task metadata key that holds the approval request a task waits for. The one place
+/// `keel run` (in process and `--url`) reads it, so that a change of the key is one edit.
+const PENDING_APPROVAL_KEY: &str = "pending_approval";
+
 /// The action the task waits to have approved, if that is what it waits for.
-fn pending_approval(task: &Task) -> Option<ApprovalRequest> {
+pub(crate) fn pending_approval(task: &Task) -> Option<ApprovalRequest> {
     if task.state() != TaskState::InputRequired {
         return None;
     }
-    let value = task.metadata.get("pending_approval")?;
+    let value = task.metadata.get(PENDING_APPROVAL_KEY)?;
     serde_json::from_value(value.clone()).ok()
 }
 
