@@ -178,7 +178,12 @@ fn run_against_a_served_agent_asks_for_its_approvals_and_streams_to_the_end() {
     assert!(status.success(), "stdout: {out}\nstderr: {err}");
     assert_eq!(weather.calls(), 1, "stdout: {out}\nstderr: {err}");
     assert!(out.contains("clear-7c2e"), "{out}");
-    for shown in ["approval needed: weather", "Oslo", "approval-gated", "completed"] {
+    for shown in [
+        "approval needed: weather",
+        "Oslo",
+        "approval-gated",
+        "completed",
+    ] {
         assert!(err.contains(shown), "`{shown}` not shown:\n{err}");
     }
 
@@ -186,11 +191,18 @@ fn run_against_a_served_agent_asks_for_its_approvals_and_streams_to_the_end() {
     let (status, out, err) = run_remote(&[], "n\n");
     assert!(status.success(), "stderr: {err}");
     assert_eq!(weather.calls(), 1, "a denied call reached the tool");
-    assert!(out.contains("denied") && !out.contains("clear-7c2e"), "{out}");
+    assert!(
+        out.contains("denied") && !out.contains("clear-7c2e"),
+        "{out}"
+    );
 
     // No terminal and nothing on stdin: it fails closed.
     let (_, out, _) = run_remote(&[], "");
-    assert_eq!(weather.calls(), 1, "an unanswered approval let the call run");
+    assert_eq!(
+        weather.calls(),
+        1,
+        "an unanswered approval let the call run"
+    );
     assert!(out.contains("denied"), "{out}");
 
     // The flags answer without asking.
@@ -212,7 +224,10 @@ async fn an_asynchronous_http_tool_finishes_under_run_through_the_runs_own_callb
         axum::routing::post(move |axum::Json(invocation): axum::Json<Value>| {
             let seen = seen.clone();
             async move {
-                let url = invocation["callback_url"].as_str().unwrap_or_default().to_owned();
+                let url = invocation["callback_url"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
                 seen.lock().unwrap().push(url.clone());
                 tokio::spawn(async move {
                     let answered = reqwest::Client::new()
@@ -226,7 +241,10 @@ async fn an_asynchronous_http_tool_finishes_under_run_through_the_runs_own_callb
                         .await;
                     assert!(answered.is_ok_and(|r| r.status() == 202));
                 });
-                (axum::http::StatusCode::ACCEPTED, axum::Json(json!({"status": "accepted"})))
+                (
+                    axum::http::StatusCode::ACCEPTED,
+                    axum::Json(json!({"status": "accepted"})),
+                )
             }
         }),
     );
@@ -269,7 +287,10 @@ asynchronous = true
     .unwrap();
     let (out, err) = (text(&output.stdout), text(&output.stderr));
     assert!(output.status.success(), "stdout: {out}\nstderr: {err}");
-    assert!(out.contains("render-farm-e3"), "stdout: {out}\nstderr: {err}");
+    assert!(
+        out.contains("render-farm-e3"),
+        "stdout: {out}\nstderr: {err}"
+    );
     let urls = callback_urls.lock().unwrap();
     assert_eq!(urls.len(), 1, "{urls:?}");
     assert!(

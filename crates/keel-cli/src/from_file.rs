@@ -133,11 +133,7 @@ fn summary(loaded: &LoadedConfig, served: Option<Served<'_>>) -> String {
         let _ = writeln!(out, "  {}", agent.description);
         match &agent.model.api_key {
             Some(key) => {
-                let _ = writeln!(
-                    out,
-                    "  model: {} (api key {key})",
-                    agent.model.id.get_ref()
-                );
+                let _ = writeln!(out, "  model: {} (api key {key})", agent.model.id.get_ref());
             }
             None => {
                 let _ = writeln!(out, "  model: {}", agent.model.id.get_ref());
