@@ -449,6 +449,33 @@ async fn push_notifications_reach_only_the_targets_the_allow_list_names() {
         "a refused target was reached"
     );
 
+    // `--push-target` replaces the file's list, and the server says which list holds.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--config",
+            &file,
+            "--push-target",
+            "10.9.0.0/16",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let shown = std::io::BufRead::lines(stderr)
+        .map_while(Result::ok)
+        .find(|line| line.contains("push notifications"));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        shown.as_deref(),
+        Some("  push notifications only to: 10.9.0.0/16")
+    );
+
     // A malformed entry is refused where it is written.
     let bad = write(
         dir.path(),

@@ -65,12 +65,34 @@ struct Served<'a> {
     url: &'a str,
     listening: SocketAddr,
     store_overridden: bool,
+    /// The push targets in force (the command line's, else the file's).
+    push_targets: &'a [PushTarget],
+    allow_private: bool,
 }
 
 /// What a file serves, secrets masked: the server, then each agent with its path, model and
 /// tools.
 fn summary(loaded: &LoadedConfig, served: Option<Served<'_>>) -> String {
     let server = &loaded.server;
+    let (targets, allow_private): (Vec<String>, bool) = match &served {
+        Some(served) => (
+            served
+                .push_targets
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            served.allow_private,
+        ),
+        None => (
+            server
+                .push
+                .allow_targets
+                .iter()
+                .map(|t| t.get_ref().clone())
+                .collect(),
+            server.push.allow_private_targets,
+        ),
+    };
     let (base, listening, store) = match served {
         Some(served) => (
             served.url.to_owned(),
@@ -104,17 +126,11 @@ fn summary(loaded: &LoadedConfig, served: Option<Served<'_>>) -> String {
             key.tenant.get_ref()
         );
     }
-    if server.push.allow_targets.is_empty() {
-        if server.push.allow_private_targets {
+    if targets.is_empty() {
+        if allow_private {
             let _ = writeln!(out, "  push notifications may reach private addresses");
         }
     } else {
-        let targets: Vec<&str> = server
-            .push
-            .allow_targets
-            .iter()
-            .map(|t| t.get_ref().as_str())
-            .collect();
         let _ = writeln!(out, "  push notifications only to: {}", targets.join(", "));
     }
     let default = loaded.default_agent().name();
@@ -338,6 +354,8 @@ pub(crate) async fn serve(
         url: &shown,
         listening: local,
         store_overridden,
+        push_targets: &push_targets,
+        allow_private,
     };
     eprint!("{}", summary(&loaded, Some(served_at)));
     served
