@@ -157,6 +157,148 @@ fn init_check_run_an_http_tool_approved_on_stdin_then_denied() {
     assert_eq!(weather.calls(), 2);
 }
 
+#[test]
+fn run_against_a_served_agent_asks_for_its_approvals_and_streams_to_the_end() {
+    let weather = WeatherService::start();
+    let dir = project(&weather);
+    let server = support::KeelServer::start_in(dir.path(), &["--store", "memory"]);
+    let run_remote = |extra: &[&str], stdin: &str| {
+        let mut command = keel(dir.path());
+        command
+            .args(["run", "--url", &server.url])
+            .args(extra)
+            .arg(ASK_WEATHER)
+            .write_stdin(stdin.to_owned());
+        let output = command.output().unwrap();
+        (output.status, text(&output.stdout), text(&output.stderr))
+    };
+
+    // Approved on stdin: the served agent runs the tool, and the stream goes on to the end.
+    let (status, out, err) = run_remote(&[], "y\n");
+    assert!(status.success(), "stdout: {out}\nstderr: {err}");
+    assert_eq!(weather.calls(), 1, "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("clear-7c2e"), "{out}");
+    for shown in [
+        "approval needed: weather",
+        "Oslo",
+        "approval-gated",
+        "completed",
+    ] {
+        assert!(err.contains(shown), "`{shown}` not shown:\n{err}");
+    }
+
+    // Denied on stdin: the tool does not run and the model hears of the denial.
+    let (status, out, err) = run_remote(&[], "n\n");
+    assert!(status.success(), "stderr: {err}");
+    assert_eq!(weather.calls(), 1, "a denied call reached the tool");
+    assert!(
+        out.contains("denied") && !out.contains("clear-7c2e"),
+        "{out}"
+    );
+
+    // No terminal and nothing on stdin: it fails closed.
+    let (_, out, _) = run_remote(&[], "");
+    assert_eq!(
+        weather.calls(),
+        1,
+        "an unanswered approval let the call run"
+    );
+    assert!(out.contains("denied"), "{out}");
+
+    // The flags answer without asking.
+    let (status, out, _) = run_remote(&["--deny"], "y\n");
+    assert!(status.success() && out.contains("denied"), "{out}");
+    assert_eq!(weather.calls(), 1);
+    let (status, out, _) = run_remote(&["--approve"], "");
+    assert!(status.success() && out.contains("clear-7c2e"), "{out}");
+    assert_eq!(weather.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_http_tool_finishes_under_run_through_the_runs_own_callback_listener() {
+    // A service that acknowledges the invocation, then answers on its callback URL.
+    let callback_urls = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = callback_urls.clone();
+    let app = axum::Router::new().route(
+        "/render",
+        axum::routing::post(move |axum::Json(invocation): axum::Json<Value>| {
+            let seen = seen.clone();
+            async move {
+                let url = invocation["callback_url"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                seen.lock().unwrap().push(url.clone());
+                tokio::spawn(async move {
+                    let answered = reqwest::Client::new()
+                        .post(url)
+                        .header(
+                            "x-keel-callback-secret",
+                            invocation["callback_secret"].as_str().unwrap_or_default(),
+                        )
+                        .json(&json!({"output": {"frames": 24, "by": "render-farm-e3"}}))
+                        .send()
+                        .await;
+                    assert!(answered.is_ok_and(|r| r.status() == 202));
+                });
+                (
+                    axum::http::StatusCode::ACCEPTED,
+                    axum::Json(json!({"status": "accepted"})),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let service = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("keel.toml"),
+        format!(
+            r#"
+[server]
+store = "memory"
+
+[[agents]]
+name = "studio"
+description = "Renders."
+
+[[agents.tools.http]]
+name = "render"
+description = "Render; the result arrives later."
+url = "{service}/render"
+asynchronous = true
+"#
+        ),
+    )
+    .unwrap();
+    let dir_path = dir.path().to_owned();
+    let output = tokio::task::spawn_blocking(move || {
+        // Without a callback listener the run would wait for the callback for the tool's
+        // whole timeout: a bound on the process, so that such a failure fails, not hangs.
+        keel(&dir_path)
+            .args(["run", "/render {}"])
+            .timeout(std::time::Duration::from_secs(120))
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let (out, err) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "stdout: {out}\nstderr: {err}");
+    assert!(
+        out.contains("render-farm-e3"),
+        "stdout: {out}\nstderr: {err}"
+    );
+    let urls = callback_urls.lock().unwrap();
+    assert_eq!(urls.len(), 1, "{urls:?}");
+    assert!(
+        urls[0].starts_with("http://127.0.0.1:") && urls[0].contains("/agents/studio/callbacks/"),
+        "{urls:?}"
+    );
+}
+
 /// The run's events, one JSON document a line.
 fn events(stdout: &[u8]) -> Vec<Value> {
     text(stdout)

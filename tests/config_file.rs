@@ -1,7 +1,8 @@
 //! Agents from a file, driven as a user drives the `keel` binary: `keel init` writes a
 //! `keel.toml`, `keel check` validates it and masks its secrets, `keel serve --config` serves
 //! every agent under `/agents/{name}/` (the default also at `/`), and an HTTP tool declared in
-//! the file is called by the agent's model.
+//! the file is called by the agent's model. Also: the push-target allow list, a per-agent
+//! model key, and the A2A JSON-RPC checks on each agent's endpoint.
 
 mod support;
 
@@ -353,4 +354,371 @@ async fn serve_reads_keel_toml_from_the_working_directory() {
         card(&format!("{}agents/local/", server.url)).await["name"],
         "local"
     );
+}
+
+/// SendMessage asking for push notifications to `webhook`; the whole JSON-RPC answer.
+async fn send_with_push(endpoint: &str, webhook: &str) -> Value {
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {
+            "message": {"messageId": support::uuid_like(), "role": "ROLE_USER", "parts": [{"text": "hello"}]},
+            "configuration": {"taskPushNotificationConfig": {"url": webhook, "token": "tok-7d1"}}
+        }
+    });
+    reqwest::Client::new()
+        .post(endpoint)
+        .header("A2A-Version", "1.0")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn push_notifications_reach_only_the_targets_the_allow_list_names() {
+    // One webhook server on loopback: `/allowed/...` is listed, `/elsewhere` is not.
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(String, Value)>::new()));
+    let seen = received.clone();
+    let app = axum::Router::new().route(
+        "/{*path}",
+        axum::routing::post(move |UrlPath(path): UrlPath<String>, body: String| {
+            let seen = seen.clone();
+            async move {
+                let body = serde_json::from_str(&body).unwrap_or(Value::Null);
+                seen.lock().unwrap().push((path, body));
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let listed = format!("{base}/allowed/");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        &format!(
+            "[server]\nstore = \"memory\"\n\n[server.push]\nallow_targets = [\"{listed}\"]\n\n\
+             [[agents]]\nname = \"notifier\"\ndescription = \"Answers.\"\n"
+        ),
+    );
+    let check = keel(&["check", &file], &[]);
+    assert!(check.status.success(), "{}", text(&check.stderr));
+    assert!(
+        text(&check.stdout).contains(&format!("push notifications only to: {listed}")),
+        "{}",
+        text(&check.stdout)
+    );
+    // From the file, and for the built-in demo agent from the command line.
+    let from_file = KeelServer::start_with(&["--config", &file]);
+    let demo = KeelServer::start(&["--push-target", &listed]);
+    for (server, which) in [(&from_file, "file"), (&demo, "demo")] {
+        let refused = send_with_push(&server.url, &format!("{base}/elsewhere")).await;
+        assert_eq!(refused["error"]["code"], -32602, "{which}: {refused}");
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("not in the operator's push target allow list")
+                && message.contains(&listed),
+            "{which}: {message}"
+        );
+        let accepted = send_with_push(&server.url, &format!("{listed}{which}")).await;
+        assert!(accepted.get("result").is_some(), "{which}: {accepted}");
+        support::wait_until(
+            &format!("the {which} server's completed status at the listed webhook"),
+            std::time::Duration::from_secs(20),
+            || async { received.lock().unwrap().clone() },
+            |received| {
+                received.iter().any(|(path, body)| {
+                    *path == format!("allowed/{which}")
+                        && body["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
+                })
+            },
+        )
+        .await;
+    }
+    assert!(
+        received
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|(path, _)| path.starts_with("allowed/")),
+        "a refused target was reached"
+    );
+
+    // `--push-target` replaces the file's list, and the server says which list holds.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--config",
+            &file,
+            "--push-target",
+            "10.9.0.0/16",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let shown = std::io::BufRead::lines(stderr)
+        .map_while(Result::ok)
+        .find(|line| line.contains("push notifications"));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        shown.as_deref(),
+        Some("  push notifications only to: 10.9.0.0/16")
+    );
+
+    // A malformed entry is refused where it is written.
+    let bad = write(
+        dir.path(),
+        "[server.push]\nallow_targets = [\"ftp://x/\"]\n\n[[agents]]\nname = \"a\"\ndescription = \"A.\"\n",
+    );
+    let error = text(&keel(&["check", &bad], &[]).stderr);
+    assert!(
+        error.contains("server.push.allow_targets[0]") && error.contains("not http or https"),
+        "{error}"
+    );
+    let flag = keel(
+        &[
+            "serve",
+            "--port",
+            "0",
+            "--store",
+            "memory",
+            "--push-target",
+            "a b",
+        ],
+        &[],
+    );
+    assert!(!flag.status.success());
+    assert!(
+        text(&flag.stderr).contains("--push-target"),
+        "{}",
+        text(&flag.stderr)
+    );
+}
+
+#[tokio::test]
+async fn an_agents_model_api_key_from_the_file_is_sent_instead_of_the_providers_variable() {
+    const KEY: &str = "sk-agent-5e1b";
+    // An OpenAI-compatible endpoint that answers only the agent's own key.
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(
+            |headers: HeaderMap, axum::Json(request): axum::Json<Value>| async move {
+                use axum::response::IntoResponse;
+                let bearer = headers.get("authorization").and_then(|v| v.to_str().ok());
+                if bearer != Some(&format!("Bearer {KEY}")) {
+                    let reason = format!("wrong key: {bearer:?}");
+                    return (axum::http::StatusCode::UNAUTHORIZED, reason).into_response();
+                }
+                support::openai_reply(
+                    &request,
+                    json!({"role": "assistant", "content": "keyed-answer-91"}),
+                )
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let dir = tempfile::tempdir().unwrap();
+    let agent = |key: &str| {
+        format!(
+            "[server]\nstore = \"memory\"\n\n[[agents]]\nname = \"keyed\"\ndescription = \"K.\"\n\n\
+             [agents.model]\nid = \"openai-compatible:{base}/v1:test-model\"\napi_key = \"{key}\"\n"
+        )
+    };
+    let file = write(dir.path(), &agent("${KEEL_TEST_AGENT_MODEL_KEY}"));
+    // The provider's variable holds another key: the file's wins.
+    let env = [
+        ("KEEL_TEST_AGENT_MODEL_KEY", KEY),
+        ("OPENAI_COMPATIBLE_API_KEY", "sk-provider-wrong"),
+    ];
+    let check = keel(&["check", &file], &env);
+    assert!(check.status.success(), "{}", text(&check.stderr));
+    let shown = text(&check.stdout);
+    assert!(shown.contains("(api key ****)"), "{shown}");
+    assert!(!shown.contains(KEY), "the key leaked: {shown}");
+
+    let server = KeelServer::start_with_env(&["--config", &file], &env);
+    let task = send(&server.url, "hello").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(answer_text(&task), "keyed-answer-91");
+
+    // A key written out in the file is refused, naming the field.
+    let literal = write(dir.path(), &agent("sk-in-the-file"));
+    let error = text(&keel(&["check", &literal], &env).stderr);
+    assert!(
+        error.contains("agents[0].model.api_key") && error.contains("${VAR}"),
+        "{error}"
+    );
+    assert!(!error.contains("sk-in-the-file"), "{error}");
+}
+
+/// A raw JSON-RPC request (any body) to `endpoint`; the HTTP status and the JSON answer.
+async fn rpc_raw(endpoint: &str, body: String) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(endpoint)
+        .header("A2A-Version", "1.0")
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// The JSON-RPC envelope: version, the request's id echoed, exactly one of result and error,
+/// an error with an integer code and a message. Answers the result or the error.
+fn envelope(answer: &Value, id: &Value) -> Result<Value, Value> {
+    assert_eq!(answer["jsonrpc"], "2.0", "{answer}");
+    assert_eq!(&answer["id"], id, "{answer}");
+    match (answer.get("result"), answer.get("error")) {
+        (Some(result), None) => Ok(result.clone()),
+        (None, Some(error)) => {
+            assert!(error["code"].is_i64(), "{answer}");
+            assert!(
+                error["message"].as_str().is_some_and(|m| !m.is_empty()),
+                "{answer}"
+            );
+            Err(error.clone())
+        }
+        _ => panic!("not exactly one of result and error: {answer}"),
+    }
+}
+
+/// Call `method` on `endpoint` with a fresh id; the envelope-checked answer.
+async fn rpc_call(endpoint: &str, method: &str, params: Value) -> Result<Value, Value> {
+    let id = json!(format!("req-{}", support::uuid_like()));
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    let (status, answer) = rpc_raw(endpoint, body.to_string()).await;
+    assert_eq!(status, 200, "{method}: {answer}");
+    envelope(&answer, &id)
+}
+
+fn code(error: &Value) -> i64 {
+    error["code"].as_i64().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn each_agents_endpoint_passes_the_a2a_json_rpc_checks_at_the_url_its_card_declares() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "[server]\nstore = \"memory\"\n\n[[agents]]\nname = \"alpha\"\ndescription = \"A.\"\n\n\
+         [[agents]]\nname = \"beta\"\ndescription = \"B.\"\n",
+    );
+    let server = KeelServer::start_with(&["--config", &file]);
+    for name in ["alpha", "beta"] {
+        let card = card(&format!("{}agents/{name}/", server.url)).await;
+        assert_eq!(card["name"], name, "{card}");
+        let endpoint = card["supportedInterfaces"]
+            .as_array()
+            .and_then(|interfaces| {
+                interfaces
+                    .iter()
+                    .find(|i| i["protocolBinding"] == "JSONRPC" && i["protocolVersion"] == "1.0")
+            })
+            .and_then(|i| i["url"].as_str())
+            .unwrap_or_else(|| panic!("{name}'s card declares no JSON-RPC 1.0 interface: {card}"))
+            .to_owned();
+        assert_eq!(endpoint, format!("{}agents/{name}/", server.url));
+
+        // SendMessage answers a task; GetTask finds it; ListTasks lists it.
+        let message = json!({"messageId": support::uuid_like(), "role": "ROLE_USER", "parts": [{"text": "hello"}]});
+        let sent = rpc_call(&endpoint, "SendMessage", json!({"message": message}))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: SendMessage: {e}"));
+        let task = &sent["task"];
+        let task_id = task["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: {sent}"));
+        assert_eq!(
+            task["status"]["state"], "TASK_STATE_COMPLETED",
+            "{name}: {task}"
+        );
+        assert!(task["contextId"].is_string(), "{task}");
+        let got = rpc_call(&endpoint, "GetTask", json!({"id": task_id}))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: GetTask: {e}"));
+        assert_eq!(got["id"], task_id);
+        assert_eq!(got["status"]["state"], "TASK_STATE_COMPLETED");
+        let listed = rpc_call(&endpoint, "ListTasks", json!({}))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: ListTasks: {e}"));
+        let tasks = listed["tasks"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{listed}"));
+        assert!(tasks.iter().any(|t| t["id"] == task_id), "{name}: {listed}");
+        assert!(
+            listed["pageSize"].is_i64() && listed["totalSize"].is_i64(),
+            "{listed}"
+        );
+        assert!(listed["nextPageToken"].is_string(), "{listed}");
+
+        // The errors, each with its code.
+        let unknown = rpc_call(&endpoint, "GetTask", json!({"id": "no-such-task"})).await;
+        assert_eq!(code(&unknown.unwrap_err()), -32001, "{name}: unknown task");
+        let terminal = rpc_call(&endpoint, "CancelTask", json!({"id": task_id})).await;
+        assert_eq!(
+            code(&terminal.unwrap_err()),
+            -32002,
+            "{name}: cancel of a completed task"
+        );
+        let unknown_method = rpc_call(&endpoint, "NoSuchMethod", json!({})).await;
+        assert_eq!(
+            code(&unknown_method.unwrap_err()),
+            -32601,
+            "{name}: unknown method"
+        );
+        let bad_params = rpc_call(
+            &endpoint,
+            "SendMessage",
+            json!({"message": "not a message"}),
+        )
+        .await;
+        assert_eq!(
+            code(&bad_params.unwrap_err()),
+            -32602,
+            "{name}: invalid params"
+        );
+        let bad_params = rpc_call(&endpoint, "GetTask", json!({"id": 42})).await;
+        assert_eq!(
+            code(&bad_params.unwrap_err()),
+            -32602,
+            "{name}: invalid params"
+        );
+
+        // Malformed JSON: a parse error, with a null id (the id could not be read).
+        let (status, answer) = rpc_raw(&endpoint, "{\"jsonrpc\": \"2.0\", \"id\": 1,".into()).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(
+            code(&envelope(&answer, &Value::Null).unwrap_err()),
+            -32700,
+            "{name}"
+        );
+        // A request without a method: an invalid request, its id echoed.
+        let (status, answer) = rpc_raw(
+            &endpoint,
+            json!({"jsonrpc": "2.0", "id": 5, "params": {}}).to_string(),
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(
+            code(&envelope(&answer, &json!(5)).unwrap_err()),
+            -32600,
+            "{name}"
+        );
+    }
 }

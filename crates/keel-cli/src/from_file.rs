@@ -12,7 +12,7 @@ use keel::agent::ExecutorConfig;
 use keel::config::{LoadedConfig, DEFAULT_CONFIG_FILE, TEMPLATE};
 use keel::services::{ApiKeyAuthService, AuthContext};
 use keel::transport::callbacks::HttpCallbacks;
-use keel::transport::{A2aServer, AgentsServer, Limits, Security};
+use keel::transport::{A2aServer, AgentsServer, Limits, PushTarget, Security};
 use keel::{Config, DefaultRuntime, StoreConfig};
 
 /// `keel init [DIR]`: write the commented example, never over an existing file unless asked.
@@ -65,12 +65,34 @@ struct Served<'a> {
     url: &'a str,
     listening: SocketAddr,
     store_overridden: bool,
+    /// The push targets in force (the command line's, else the file's).
+    push_targets: &'a [PushTarget],
+    allow_private: bool,
 }
 
 /// What a file serves, secrets masked: the server, then each agent with its path, model and
 /// tools.
 fn summary(loaded: &LoadedConfig, served: Option<Served<'_>>) -> String {
     let server = &loaded.server;
+    let (targets, allow_private): (Vec<String>, bool) = match &served {
+        Some(served) => (
+            served
+                .push_targets
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            served.allow_private,
+        ),
+        None => (
+            server
+                .push
+                .allow_targets
+                .iter()
+                .map(|t| t.get_ref().clone())
+                .collect(),
+            server.push.allow_private_targets,
+        ),
+    };
     let (base, listening, store) = match served {
         Some(served) => (
             served.url.to_owned(),
@@ -104,8 +126,12 @@ fn summary(loaded: &LoadedConfig, served: Option<Served<'_>>) -> String {
             key.tenant.get_ref()
         );
     }
-    if server.push.allow_private_targets {
-        let _ = writeln!(out, "  push notifications may reach private addresses");
+    if targets.is_empty() {
+        if allow_private {
+            let _ = writeln!(out, "  push notifications may reach private addresses");
+        }
+    } else {
+        let _ = writeln!(out, "  push notifications only to: {}", targets.join(", "));
     }
     let default = loaded.default_agent().name();
     for agent in &loaded.agents {
@@ -121,7 +147,14 @@ fn summary(loaded: &LoadedConfig, served: Option<Served<'_>>) -> String {
             AgentsServer::agent_url(&base, name)
         );
         let _ = writeln!(out, "  {}", agent.description);
-        let _ = writeln!(out, "  model: {}", agent.model.id.get_ref());
+        match &agent.model.api_key {
+            Some(key) => {
+                let _ = writeln!(out, "  model: {} (api key {key})", agent.model.id.get_ref());
+            }
+            None => {
+                let _ = writeln!(out, "  model: {}", agent.model.id.get_ref());
+            }
+        }
         for builtin in &agent.tools.builtin {
             let _ = writeln!(out, "  tool (built-in): {}", builtin.as_str());
         }
@@ -172,6 +205,7 @@ pub(crate) struct ServerOverrides {
     pub redis_prefix: Option<String>,
     pub api_keys: Option<Vec<(String, AuthContext)>>,
     pub allow_private_push_targets: bool,
+    pub push_targets: Option<Vec<PushTarget>>,
     pub lease_ttl: Option<Duration>,
     pub async_tool_timeout: Option<Duration>,
     pub instance_id: Option<String>,
@@ -277,6 +311,9 @@ pub(crate) async fn serve(
         .build(Arc::new(runtime))
         .map_err(|err| err.to_string())?;
     let allow_private = overrides.allow_private_push_targets || server.push.allow_private_targets;
+    let push_targets = overrides
+        .push_targets
+        .unwrap_or_else(|| server.push.targets());
     let mut served = AgentsServer::new()
         .with_default(agents.default_agent().name.clone())
         .with_public_url(url.clone());
@@ -298,6 +335,7 @@ pub(crate) async fn serve(
             .map_err(|err| format!("cannot start the effect scheduler: {err}"))?;
         let mut server = A2aServer::new(agent.executor.clone())
             .allow_private_push_targets(allow_private)
+            .allow_push_targets(push_targets.iter().cloned())
             .with_limits(overrides.limits);
         if secured {
             server = server.with_security(Security::api_key_and_bearer());
@@ -316,6 +354,8 @@ pub(crate) async fn serve(
         url: &shown,
         listening: local,
         store_overridden,
+        push_targets: &push_targets,
+        allow_private,
     };
     eprint!("{}", summary(&loaded, Some(served_at)));
     served

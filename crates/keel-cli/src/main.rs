@@ -16,7 +16,7 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand}
 use keel::agent::{AgentExecutor, ExecutorConfig};
 use keel::services::{ApiKeyAuthService, AuthContext};
 use keel::transport::callbacks::HttpCallbacks;
-use keel::transport::{A2aServer, Limits, Security};
+use keel::transport::{A2aServer, Limits, PushTarget, Security};
 use keel::{DefaultRuntime, StoreConfig};
 
 /// Keel: an agent runtime. `keel serve` runs the demo agent over A2A; with the default
@@ -185,7 +185,7 @@ enum TasksCommand {
     Approve {
         /// The task.
         id: String,
-        /// The approval request's id (the task's `metadata.pending_approval.request_id`).
+        /// The approval request's id (the task's `metadata.keel.pendingApproval.requestId` on the wire).
         #[arg(long)]
         request: String,
         /// Deny instead.
@@ -291,8 +291,9 @@ struct RunArgs {
     /// Print the run's normalized events as JSON lines on stdout instead.
     #[arg(long)]
     json: bool,
-    /// Run on this remote A2A agent instead (streaming), not in process.
-    #[arg(long, conflicts_with_all = ["agent", "approve", "deny"])]
+    /// Run on this remote A2A agent instead (streaming), not in process. Approvals the
+    /// remote task waits for are asked here (or answered by `--approve`/`--deny`).
+    #[arg(long, conflicts_with_all = ["agent"])]
     url: Option<String>,
     /// With `--url`: sent as the `X-API-Key` header.
     #[arg(long, requires = "url", env = "KEEL_API_KEY")]
@@ -418,6 +419,18 @@ struct ServeArgs {
     /// default, to keep webhooks from reaching internal services).
     #[arg(long)]
     allow_private_push_targets: bool,
+    /// Allow push notifications only to this target: a URL prefix
+    /// (`https://hooks.example.com/a2a/`), a host name (`hooks.example.com`,
+    /// `*.example.com`) or an IP address or CIDR block (`10.1.0.0/16`). Repeat for several;
+    /// a listed target is allowed even when private, anything else is refused. Replaces the
+    /// file's `server.push.allow_targets`.
+    #[arg(
+        long = "push-target",
+        value_name = "TARGET",
+        env = "KEEL_PUSH_TARGETS",
+        value_delimiter = ','
+    )]
+    push_targets: Vec<String>,
     /// Seconds a thread lease lasts unless renewed: how long the work of a crashed process
     /// waits before another process (or this one, restarted) takes it over.
     #[arg(long, default_value_t = 30.0, env = "KEEL_LEASE_TTL")]
@@ -493,11 +506,14 @@ fn main() -> ExitCode {
             prompt,
             thread,
             json,
+            approve,
+            deny,
             ..
         }) => runtime.block_on(remote::run(
             remote::Remote { url, api_key },
             prompt,
             thread,
+            run::Approver::from_flags(approve, deny),
             json,
         )),
         Command::Run(args) => runtime.block_on(run::run(
@@ -733,6 +749,11 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
                 Some(parse_api_keys(&args.api_keys)?)
             },
             allow_private_push_targets: args.allow_private_push_targets,
+            push_targets: if args.push_targets.is_empty() {
+                None
+            } else {
+                Some(parse_push_targets(&args.push_targets)?)
+            },
             lease_ttl: set("lease_ttl")
                 .then(|| lease_ttl(args.lease_ttl))
                 .transpose()?,
@@ -821,6 +842,7 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     let mut server = A2aServer::new(executor)
         .with_public_url(url.clone())
         .allow_private_push_targets(args.allow_private_push_targets)
+        .allow_push_targets(parse_push_targets(&args.push_targets)?)
         .with_limits(Limits {
             max_batch_requests: args.max_batch_requests,
             max_message_parts: args.max_message_parts,
@@ -863,6 +885,19 @@ fn parse_api_keys(specs: &[String]) -> Result<Vec<(String, AuthContext)>, String
         keys.push((key, tenant));
     }
     Ok(keys)
+}
+
+/// `--push-target` entries, each checked.
+fn parse_push_targets(specs: &[String]) -> Result<Vec<PushTarget>, String> {
+    specs
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .map(|spec| {
+            spec.parse()
+                .map_err(|reason| format!("--push-target: {reason}"))
+        })
+        .collect()
 }
 
 /// Resolves on Ctrl-C or, on Unix, SIGTERM.

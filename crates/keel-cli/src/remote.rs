@@ -11,8 +11,10 @@ use keel::transport::{
 };
 use serde_json::{json, Value};
 
-use crate::render::{colour_stderr, out, Styles};
-use crate::run::exit_status;
+use keel::agent::approval_part;
+
+use crate::render::{approval_text, colour_stderr, out, Styles};
+use crate::run::{exit_status, pending_approval, Approver};
 
 /// Where the agent is and how to be let in.
 #[derive(Debug, Clone)]
@@ -216,28 +218,82 @@ pub(crate) async fn subscribe(remote: Remote, id: String, json: bool) -> Result<
     follow(stream, json).await
 }
 
-/// `keel run --url`: the prompt sent streaming, the task followed live.
+/// `keel run --url`: the prompt sent streaming, the task followed live. When the task stops
+/// to wait for an approval, the action is shown and the approver's decision is sent to the
+/// task as the approval data part, streaming again until the task rests for good.
 pub(crate) async fn run(
     remote: Remote,
     prompt: String,
     thread: Option<String>,
+    approver: Approver,
     json: bool,
 ) -> Result<ExitCode, String> {
+    let client = remote.client()?;
+    let s = Styles::new(colour_stderr());
     let mut message = Message::user(prompt);
     message.thread_id = thread.map(Into::into);
-    let stream = remote
-        .client()?
-        .send_streaming_message(message)
-        .await
-        .map_err(|err| err.to_string())?;
-    follow(stream, json).await
+    loop {
+        let stream = client
+            .send_streaming_message(message)
+            .await
+            .map_err(|err| err.to_string())?;
+        let seen = follow_stream(stream, json).await?;
+        let (Some(TaskState::InputRequired), Some(task_id)) = (seen.state, &seen.task_id) else {
+            return finish(seen, json);
+        };
+        // Status updates carry no task metadata: the pending request is on the task.
+        let task = client
+            .get_task(task_id, Some(0))
+            .await
+            .map_err(|err| err.to_string())?;
+        let Some(request) = pending_approval(&task) else {
+            return finish(seen, json);
+        };
+        eprintln!("{}", s.warn.apply_to(approval_text(&request)));
+        let (outcome, by) = approver.decide(&request).await?;
+        let reason = format!("answered on {by}");
+        let mut decision = Message::user("");
+        decision.parts = vec![approval_part(&request.request_id, outcome, Some(&reason))];
+        decision.task_id = Some(task.id.clone());
+        decision.thread_id = Some(task.thread_id.clone());
+        message = decision;
+    }
+}
+
+/// What a followed stream showed: the last state, the task and its last words.
+struct Seen {
+    state: Option<TaskState>,
+    task_id: Option<TaskId>,
+    answer: String,
 }
 
 /// Print a task's stream as it comes (A2A `StreamResponse` JSON lines with `json`), then
 /// the answer; the exit status follows the last state seen.
-async fn follow(mut stream: TaskEventStream, json: bool) -> Result<ExitCode, String> {
+async fn follow(stream: TaskEventStream, json: bool) -> Result<ExitCode, String> {
+    let seen = follow_stream(stream, json).await?;
+    finish(seen, json)
+}
+
+/// The answer on stdout and the state on stderr (with `json`, the events said it all); the
+/// exit status of the last state.
+fn finish(seen: Seen, json: bool) -> Result<ExitCode, String> {
+    if !json && !seen.answer.is_empty() {
+        out(seen.answer);
+    }
+    let state = seen
+        .state
+        .ok_or("the agent's stream ended before it named a task")?;
+    if !json {
+        eprintln!("keel: {state}");
+    }
+    Ok(exit_status(state))
+}
+
+/// Print a stream's events as they come, until it ends.
+async fn follow_stream(mut stream: TaskEventStream, json: bool) -> Result<Seen, String> {
     let s = Styles::new(colour_stderr());
     let mut state = None;
+    let mut task_id = None;
     let mut answer = String::new();
     while let Some(event) = stream.next().await {
         let event = event.map_err(|err| err.to_string())?;
@@ -247,6 +303,7 @@ async fn follow(mut stream: TaskEventStream, json: bool) -> Result<ExitCode, Str
         match &event {
             StreamEvent::Task(task) => {
                 state = Some(task.state());
+                task_id = Some(task.id.clone());
                 if !json {
                     eprintln!(
                         "{}",
@@ -261,8 +318,13 @@ async fn follow(mut stream: TaskEventStream, json: bool) -> Result<ExitCode, Str
                     .map(Message::text)
                     .unwrap_or_default();
             }
-            StreamEvent::StatusUpdate { status, .. } => {
+            StreamEvent::StatusUpdate {
+                task_id: id,
+                status,
+                ..
+            } => {
                 state = Some(status.state);
+                task_id = Some(id.clone());
                 answer = status
                     .message
                     .as_ref()
@@ -289,12 +351,9 @@ async fn follow(mut stream: TaskEventStream, json: bool) -> Result<ExitCode, Str
             }
         }
     }
-    if !json && !answer.is_empty() {
-        out(answer);
-    }
-    let state = state.ok_or("the agent's stream ended before it named a task")?;
-    if !json {
-        eprintln!("keel: {state}");
-    }
-    Ok(exit_status(state))
+    Ok(Seen {
+        state,
+        task_id,
+        answer,
+    })
 }

@@ -5,12 +5,15 @@ use std::io::{BufRead, IsTerminal};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use keel::agent::{AgentExecutor, ExecutorConfig, SendOptions};
 use keel::core::{
     ApprovalDecision, ApprovalOutcome, ApprovalRequest, Message, Task, TaskId, TaskState,
 };
 use keel::services::AuthContext;
+use keel::transport::callbacks::HttpCallbacks;
+use keel::transport::{AgentsServer, AGENTS_PATH};
 use keel::{DefaultRuntime, StoreConfig};
 
 use crate::render::{approval_text, out, Renderer};
@@ -76,7 +79,20 @@ impl Source {
     }
 
     /// The executor of agent `name` (default: the file's default agent, or the demo agent).
+    ///
+    /// Asynchronous tools answer later on a callback route, which `keel serve` serves and an
+    /// in-process run has no server for: so the run listens on `127.0.0.1:0` for the same
+    /// route (`/agents/{name}/callbacks/{call_id}`, one per agent of the file) while the
+    /// process lives, and tools are given callback URLs there.
     pub(crate) async fn executor(&self, name: Option<&str>) -> Result<AgentExecutor, String> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|err| format!("cannot listen for tool callbacks: {err}"))?;
+        let local = listener.local_addr().map_err(|err| err.to_string())?;
+        let base = format!("http://{local}/");
+        let callbacks_of = move |agent: &str| {
+            HttpCallbacks::shared(AgentsServer::agent_url(&base, agent).trim_end_matches('/'))
+        };
         let Some(path) = self.file() else {
             if let Some(name) = name.filter(|n| *n != "keel-demo") {
                 return Err(format!(
@@ -92,11 +108,17 @@ impl Source {
                 .await
                 .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
             let agent = keel::demo::agent().map_err(|err| err.to_string())?;
-            return Ok(AgentExecutor::with_config(
+            let agent_name = agent.card().name.clone();
+            let executor = AgentExecutor::with_config(
                 agent,
                 Arc::new(runtime),
-                ExecutorConfig::default(),
-            ));
+                ExecutorConfig {
+                    callbacks: Some(callbacks_of(&agent_name)),
+                    ..ExecutorConfig::default()
+                },
+            );
+            serve_callbacks(listener, [(agent_name, executor.clone())]);
+            return Ok(executor);
         };
         let loaded = keel::Config::from_path(&path).map_err(|err| err.to_string())?;
         let store = self.store(Some(&loaded))?;
@@ -105,10 +127,22 @@ impl Source {
             .build()
             .await
             .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
+        let lease_ttl = Duration::from_secs_f64(loaded.server.lease_ttl_seconds);
+        let async_tool_timeout = Duration::from_secs_f64(loaded.server.async_tool_timeout_seconds);
         let agents = loaded
             .agents()
+            .executor_config(move |agent| ExecutorConfig {
+                lease_ttl,
+                async_tool_timeout,
+                callbacks: Some(callbacks_of(agent)),
+                ..ExecutorConfig::default()
+            })
             .build(Arc::new(runtime))
             .map_err(|err| err.to_string())?;
+        serve_callbacks(
+            listener,
+            agents.iter().map(|a| (a.name.clone(), a.executor.clone())),
+        );
         let agent = match name {
             Some(name) => agents.get(name).ok_or_else(|| {
                 let known: Vec<String> = agents.iter().map(|a| format!("`{}`", a.name)).collect();
@@ -122,6 +156,25 @@ impl Source {
         };
         Ok(agent.executor.clone())
     }
+}
+
+/// Serve each agent's callback route on `listener` for as long as the process runs.
+fn serve_callbacks(
+    listener: tokio::net::TcpListener,
+    agents: impl IntoIterator<Item = (String, AgentExecutor)>,
+) {
+    let mut router = axum::Router::new();
+    for (name, executor) in agents {
+        router = router.nest(
+            &format!("{AGENTS_PATH}{name}"),
+            keel::transport::callbacks::router(executor),
+        );
+    }
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, router).await {
+            tracing::warn!(%err, "the tool callback listener stopped");
+        }
+    });
 }
 
 /// Who answers approvals.
@@ -147,7 +200,7 @@ impl Approver {
     }
 
     /// The answer to `request`, and who gave it.
-    async fn decide(
+    pub(crate) async fn decide(
         self,
         request: &ApprovalRequest,
     ) -> Result<(ApprovalOutcome, &'static str), String> {
@@ -214,12 +267,16 @@ fn rests(task: &Task) -> bool {
         )
 }
 
+/// The task metadata key that holds the approval request a task waits for. The one place
+/// `keel run` (in process and `--url`) reads it, so that a change of the key is one edit.
+const PENDING_APPROVAL_KEY: &str = "pending_approval";
+
 /// The action the task waits to have approved, if that is what it waits for.
-fn pending_approval(task: &Task) -> Option<ApprovalRequest> {
+pub(crate) fn pending_approval(task: &Task) -> Option<ApprovalRequest> {
     if task.state() != TaskState::InputRequired {
         return None;
     }
-    let value = task.metadata.get("pending_approval")?;
+    let value = task.metadata.get(PENDING_APPROVAL_KEY)?;
     serde_json::from_value(value.clone()).ok()
 }
 

@@ -42,7 +42,7 @@ pub use manifest::{
 pub use message::{LlmMessage, LlmRole, ToolCall, ToolSpec};
 pub use mock::{MockLlm, MockResponse};
 pub use profile::ModelProfile;
-pub use spec::llm_from_spec;
+pub use spec::{llm_from_spec, llm_from_spec_with_key};
 pub use stream::{collect_stream, LlmStream, LlmStreamEvent};
 
 use std::sync::Arc;

@@ -31,6 +31,19 @@ use crate::{Llm, MockLlm};
 /// assert!(llm_from_spec("parrot:polly").is_err());
 /// ```
 pub fn llm_from_spec(spec: &str) -> AgentResult<Arc<dyn Llm>> {
+    llm_from_spec_with_key(spec, None)
+}
+
+/// [`llm_from_spec`] with an API key given by the caller (a configuration file's per-model
+/// key), used instead of the provider's environment variable; `None` reads the variable as
+/// [`llm_from_spec`] does. The offline `mock` model takes no key and ignores it.
+///
+/// ```
+/// use keel_llm::llm_from_spec_with_key;
+/// let model = llm_from_spec_with_key("mock", Some("unused")).unwrap();
+/// assert_eq!(model.model_name(), "mock");
+/// ```
+pub fn llm_from_spec_with_key(spec: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
     let spec = spec.trim();
     if spec == "mock" {
         return Ok(Arc::new(MockLlm::new()));
@@ -42,7 +55,7 @@ pub fn llm_from_spec(spec: &str) -> AgentResult<Arc<dyn Llm>> {
                  `openai-compatible:http://localhost:11434/v1:llama3.2`"
             ))
         })?;
-        return openai_compatible(url, model);
+        return openai_compatible(url, model, api_key);
     }
     let (kind, model) = spec
         .split_once(':')
@@ -51,9 +64,9 @@ pub fn llm_from_spec(spec: &str) -> AgentResult<Arc<dyn Llm>> {
         return Err(invalid(format!("`{spec}` names no model")));
     }
     match kind {
-        "openai" => openai(model),
-        "anthropic" => anthropic(model),
-        "gemini" => gemini(model),
+        "openai" => openai(model, api_key),
+        "anthropic" => anthropic(model, api_key),
+        "gemini" => gemini(model, api_key),
         other => Err(invalid(format!(
             "unknown model kind `{other}`; expected mock, openai, anthropic, gemini or \
              openai-compatible"
@@ -104,52 +117,65 @@ fn split_url_and_model(rest: &str) -> Option<(&str, &str)> {
 }
 
 #[cfg(feature = "openai")]
-fn openai(model: &str) -> AgentResult<Arc<dyn Llm>> {
-    Ok(Arc::new(
-        crate::providers::OpenAiLlm::builder(model).build()?,
-    ))
-}
-
-#[cfg(not(feature = "openai"))]
-fn openai(_model: &str) -> AgentResult<Arc<dyn Llm>> {
-    Err(feature_off("openai"))
-}
-
-#[cfg(feature = "openai")]
-fn openai_compatible(url: &str, model: &str) -> AgentResult<Arc<dyn Llm>> {
-    let mut builder = crate::providers::OpenAiLlm::compatible(url, model);
-    if let Ok(key) = std::env::var("OPENAI_COMPATIBLE_API_KEY") {
+fn openai(model: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
+    let mut builder = crate::providers::OpenAiLlm::builder(model);
+    if let Some(key) = api_key {
         builder = builder.with_api_key(key);
     }
     Ok(Arc::new(builder.build()?))
 }
 
 #[cfg(not(feature = "openai"))]
-fn openai_compatible(_url: &str, _model: &str) -> AgentResult<Arc<dyn Llm>> {
+fn openai(_model: &str, _api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
+    Err(feature_off("openai"))
+}
+
+#[cfg(feature = "openai")]
+fn openai_compatible(url: &str, model: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
+    let mut builder = crate::providers::OpenAiLlm::compatible(url, model);
+    if let Some(key) = api_key
+        .map(str::to_owned)
+        .or_else(|| std::env::var("OPENAI_COMPATIBLE_API_KEY").ok())
+    {
+        builder = builder.with_api_key(key);
+    }
+    Ok(Arc::new(builder.build()?))
+}
+
+#[cfg(not(feature = "openai"))]
+fn openai_compatible(
+    _url: &str,
+    _model: &str,
+    _api_key: Option<&str>,
+) -> AgentResult<Arc<dyn Llm>> {
     Err(feature_off("openai"))
 }
 
 #[cfg(feature = "anthropic")]
-fn anthropic(model: &str) -> AgentResult<Arc<dyn Llm>> {
-    Ok(Arc::new(
-        crate::providers::AnthropicLlm::builder(model).build()?,
-    ))
+fn anthropic(model: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
+    let mut builder = crate::providers::AnthropicLlm::builder(model);
+    if let Some(key) = api_key {
+        builder = builder.with_api_key(key);
+    }
+    Ok(Arc::new(builder.build()?))
 }
 
 #[cfg(not(feature = "anthropic"))]
-fn anthropic(_model: &str) -> AgentResult<Arc<dyn Llm>> {
+fn anthropic(_model: &str, _api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
     Err(feature_off("anthropic"))
 }
 
 #[cfg(feature = "gemini")]
-fn gemini(model: &str) -> AgentResult<Arc<dyn Llm>> {
-    Ok(Arc::new(
-        crate::providers::GeminiLlm::builder(model).build()?,
-    ))
+fn gemini(model: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
+    let mut builder = crate::providers::GeminiLlm::builder(model);
+    if let Some(key) = api_key {
+        builder = builder.with_api_key(key);
+    }
+    Ok(Arc::new(builder.build()?))
 }
 
 #[cfg(not(feature = "gemini"))]
-fn gemini(_model: &str) -> AgentResult<Arc<dyn Llm>> {
+fn gemini(_model: &str, _api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
     Err(feature_off("gemini"))
 }
 

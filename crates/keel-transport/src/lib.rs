@@ -62,7 +62,7 @@ pub use client::{
     InProcessClient, WsBinding,
 };
 pub use limits::Limits;
-pub use push::{DELIVERY_LOG_LIMIT, NOTIFICATION_TOKEN_HEADER};
+pub use push::{PushTarget, DELIVERY_LOG_LIMIT, NOTIFICATION_TOKEN_HEADER};
 pub use security::{Security, API_KEY_HEADER};
 pub use server::{A2aServer, AGENT_CARD_PATH, DEFAULT_BODY_LIMIT, DEFAULT_CARD_MAX_AGE};
 pub use stream::{StreamEvent, POLL_INTERVAL};

@@ -24,7 +24,7 @@ use crate::dispatch::{call, stream_envelope, Outcome};
 use crate::handlers::Handlers;
 use crate::jsonrpc::{self, RpcError, INVALID_REQUEST, PARSE_ERROR};
 use crate::limits::{Admission, Limits};
-use crate::push::{Push, RetryPolicy};
+use crate::push::{Push, PushTarget, RetryPolicy, TargetPolicy};
 use crate::rest;
 use crate::security::Security;
 use crate::sse::{sse, sse_json};
@@ -90,7 +90,7 @@ pub struct A2aServer {
     security: Option<Security>,
     extended_card: Option<AgentCard>,
     card_max_age: u64,
-    allow_private_push_targets: bool,
+    push_targets: TargetPolicy,
     push_retry: RetryPolicy,
     limits: Limits,
 }
@@ -137,7 +137,7 @@ impl A2aServer {
             security: None,
             extended_card: None,
             card_max_age: DEFAULT_CARD_MAX_AGE,
-            allow_private_push_targets: false,
+            push_targets: TargetPolicy::default(),
             push_retry: RetryPolicy::default(),
             limits: Limits::default(),
         }
@@ -157,7 +157,18 @@ impl A2aServer {
     /// development and tests.
     #[must_use]
     pub fn allow_private_push_targets(mut self, allow: bool) -> Self {
-        self.allow_private_push_targets = allow;
+        self.push_targets.allow_private = allow;
+        self
+    }
+
+    /// The only targets push notification webhooks may reach: URL prefixes, host names and
+    /// IP networks ([`PushTarget`]). With a list, a webhook outside it is refused (when the
+    /// config is created, as invalid params, and at delivery) and one inside it is accepted,
+    /// private addresses included, whatever [`A2aServer::allow_private_push_targets`] says.
+    /// An empty list (the default) leaves the decision to the public-address rule.
+    #[must_use]
+    pub fn allow_push_targets(mut self, targets: impl IntoIterator<Item = PushTarget>) -> Self {
+        self.push_targets.allowed = targets.into_iter().collect();
         self
     }
 
@@ -283,7 +294,7 @@ impl A2aServer {
     ) -> Router {
         let push = Push::new(
             self.executor.clone(),
-            self.allow_private_push_targets,
+            self.push_targets.clone(),
             self.push_retry,
             stopped,
         );

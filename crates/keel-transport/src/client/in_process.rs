@@ -67,7 +67,7 @@ impl InProcessBinding {
         let (push_stop, push_stopped) = watch::channel(false);
         let push = Push::new(
             executor.clone(),
-            false,
+            crate::push::TargetPolicy::default(),
             RetryPolicy::default(),
             push_stopped,
         );

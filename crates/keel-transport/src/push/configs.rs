@@ -44,7 +44,7 @@ impl Push {
     /// Check a webhook URL before it is stored: the SSRF guard (a host that does not
     /// resolve yet is checked at delivery).
     pub(crate) async fn check_url(&self, url: &str) -> Result<(), RpcError> {
-        check_new_target(url, self.inner.allow_private)
+        check_new_target(url, &self.inner.targets)
             .await
             .map(|_| ())
             .map_err(|reason| {

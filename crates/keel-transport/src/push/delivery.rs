@@ -308,7 +308,7 @@ impl Push {
     }
 
     async fn post(&self, config: &PushConfig, body: &Value) -> Result<u16, Attempt> {
-        let (url, pinned) = check_target(&config.url, self.inner.allow_private)
+        let (url, pinned) = check_target(&config.url, &self.inner.targets)
             .await
             .map_err(Attempt::Refused)?;
         // Connect to the address that was checked, not to whatever DNS says a moment later.

@@ -55,9 +55,11 @@
 //!
 //! # SSRF guard
 //!
-//! A webhook URL must be `http` or `https`, and unless the operator allows private targets
-//! ([`crate::A2aServer::allow_private_push_targets`]), every address its host resolves to
-//! must be public: loopback, private, link-local, unique-local, shared (CGNAT), unspecified,
+//! A webhook URL must be `http` or `https`. When the operator gives an allow list of push
+//! targets ([`crate::A2aServer::allow_push_targets`]: URL prefixes, host names, IP networks),
+//! only the targets it names are accepted, private ones included. Without a list, unless the
+//! operator allows private targets ([`crate::A2aServer::allow_private_push_targets`]), every
+//! address its host resolves to must be public: loopback, private, link-local, unique-local, shared (CGNAT), unspecified,
 //! broadcast and multicast addresses are refused — when the config is created and again at
 //! each delivery, where the connection is pinned to the checked address (no DNS rebinding)
 //! and redirects are not followed.
@@ -65,6 +67,9 @@
 mod configs;
 mod delivery;
 mod guard;
+
+pub use guard::PushTarget;
+pub(crate) use guard::TargetPolicy;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -161,7 +166,7 @@ pub(crate) struct Push {
 
 struct Inner {
     executor: AgentExecutor,
-    allow_private: bool,
+    targets: TargetPolicy,
     retry: RetryPolicy,
     http: reqwest::Client,
     /// The tasks a watcher in this process follows.
@@ -177,7 +182,7 @@ struct Inner {
 impl Push {
     pub(crate) fn new(
         executor: AgentExecutor,
-        allow_private: bool,
+        targets: TargetPolicy,
         retry: RetryPolicy,
         stopped: watch::Receiver<bool>,
     ) -> Self {
@@ -189,7 +194,7 @@ impl Push {
         Self {
             inner: Arc::new(Inner {
                 executor,
-                allow_private,
+                targets,
                 retry,
                 http,
                 watching: Mutex::new(HashSet::new()),

@@ -327,7 +327,8 @@ fn policy(agent: &AgentConfig) -> CapabilityPolicy {
 
 /// The model an agent declares, with its request settings and profile.
 fn model(declared: &ModelConfig) -> AgentResult<Arc<dyn Llm>> {
-    let llm = keel_llm::llm_from_spec(declared.id.get_ref())?;
+    let api_key = declared.api_key.as_ref().map(|key| key.value());
+    let llm = keel_llm::llm_from_spec_with_key(declared.id.get_ref(), api_key)?;
     if declared.temperature.is_none()
         && declared.max_output_tokens.is_none()
         && declared.context_window.is_none()

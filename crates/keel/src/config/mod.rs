@@ -160,6 +160,15 @@ impl Config {
                 ));
             }
         }
+        for (i, entry) in server.push.allow_targets.iter().enumerate() {
+            if let Err(reason) = entry.get_ref().parse::<keel_transport::PushTarget>() {
+                return Err(at(
+                    entry.span(),
+                    format!("server.push.allow_targets[{i}]"),
+                    reason,
+                ));
+            }
+        }
         let names: Vec<&str> = self
             .agents
             .iter()
@@ -222,7 +231,18 @@ impl Config {
                 instructions.insert(agent.name.get_ref().clone(), read);
             }
             let model = &agent.model;
-            keel_llm::llm_from_spec(model.id.get_ref()).map_err(|err| {
+            if let Some(key) = &model.api_key {
+                // Only a reference: a key written into the file would sit in version control.
+                if !key.is_secret() || key.value().is_empty() {
+                    return Err(ConfigError::whole(
+                        path,
+                        field("model.api_key"),
+                        "write the key as `${VAR}`, an environment variable that holds it",
+                    ));
+                }
+            }
+            let api_key = model.api_key.as_ref().map(EnvString::value);
+            keel_llm::llm_from_spec_with_key(model.id.get_ref(), api_key).map_err(|err| {
                 let reason = match &err {
                     keel_core::AgentError::InvalidInput { reason, .. } => reason.clone(),
                     other => other.to_string(),

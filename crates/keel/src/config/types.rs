@@ -111,6 +111,22 @@ pub struct PushConfig {
     /// Let webhooks reach loopback, private and link-local addresses (refused by default).
     #[serde(default)]
     pub allow_private_targets: bool,
+    /// The only targets webhooks may reach, when given: URL prefixes
+    /// (`https://hooks.example.com/a2a/`), host names (`hooks.example.com`,
+    /// `*.example.com`) and IP addresses or CIDR blocks (`10.1.0.0/16`). A listed target is
+    /// allowed even when private; anything else is refused.
+    #[serde(default)]
+    pub allow_targets: Vec<Spanned<String>>,
+}
+
+impl PushConfig {
+    /// The allow list, parsed (the file was checked, so every entry parses).
+    pub fn targets(&self) -> Vec<keel_transport::PushTarget> {
+        self.allow_targets
+            .iter()
+            .filter_map(|entry| entry.get_ref().parse().ok())
+            .collect()
+    }
 }
 
 /// `[[agents]]`: one agent.
@@ -177,6 +193,9 @@ pub struct ModelConfig {
     /// The model's context window in tokens, over the built-in table.
     #[serde(default)]
     pub context_window: Option<u64>,
+    /// The API key, from the environment (`${VAR}`), over the provider's own variable.
+    #[serde(default)]
+    pub api_key: Option<EnvString>,
 }
 
 impl Default for ModelConfig {
@@ -186,6 +205,7 @@ impl Default for ModelConfig {
             temperature: None,
             max_output_tokens: None,
             context_window: None,
+            api_key: None,
         }
     }
 }
