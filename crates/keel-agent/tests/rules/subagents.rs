@@ -228,6 +228,9 @@ async fn a_background_child_queues_its_result_to_the_parent_with_auto_communicat
         }
     })
     .await;
+    let history = history(&exec, &auth, &thread).await;
+    let returned = history.iter().find(|m| m.content.contains("[subagent alpha] completed")).unwrap();
+    assert_eq!(returned.metadata["status_kind"], "subagent_return", "a synthesized status message");
 }
 
 #[tokio::test]
@@ -1006,6 +1009,9 @@ async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
         }
     })
     .await;
+    let history = history(&exec, &auth, &thread).await;
+    let note = history.iter().find(|m| m.content.contains("progress: 50%")).unwrap();
+    assert_eq!(note.metadata["status_kind"], "subagent_message", "a synthesized status message");
 }
 
 #[tokio::test]

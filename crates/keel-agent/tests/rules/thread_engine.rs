@@ -1122,3 +1122,85 @@ async fn each_step_drains_assembles_calls_persists_runs_tools_in_order_then_eval
     );
     assert_eq!(roles(&llm.requests()[1]).len(), 5);
 }
+
+#[tokio::test]
+async fn terminating_a_thread_mid_run_emits_thread_terminated_and_marks_the_status_message() {
+    let quit = FnTool::new(
+        "quit",
+        "Terminate this thread",
+        json!({"type": "object"}),
+        |_a, ctx| async move {
+            ctx.thread.terminate().await?;
+            // Held until the run is canceled, as an in-flight operation would be.
+            std::future::pending::<()>().await;
+            Ok(json!("unreachable"))
+        },
+    );
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("quit", json!({}))]),
+        MockResponse::Text("never asked".into()),
+    ]));
+    let agent = Agent::builder(card())
+        .llm_shared(llm)
+        .tool(quit)
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    let sink = Arc::new(keel_events::InMemoryEventSink::new());
+    exec.add_event_sink(sink.clone() as Arc<dyn keel_events::EventSink>);
+    let task = exec
+        .send_message(&auth, Message::user("go"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Canceled);
+    let status = task.status().message.clone().unwrap();
+    assert_eq!(status.status_kind(), Some(keel_core::StatusKind::Termination));
+    let events = sink.events();
+    let terminated: Vec<_> = events
+        .iter()
+        .filter(|e| e.event_type == keel_events::EventType::THREAD_TERMINATED)
+        .collect();
+    assert_eq!(terminated.len(), 1, "one termination event");
+    let payload: keel_events::payload::ThreadTerminatedPayload =
+        terminated[0].payload_as().unwrap();
+    assert_eq!(payload.thread_id, task.thread_id);
+    assert!(payload.terminated_at.is_some(), "the recorded time");
+    let stopped = events
+        .iter()
+        .position(|e| e.event_type == keel_events::EventType::RUN_STOPPED)
+        .unwrap();
+    let at = events
+        .iter()
+        .position(|e| e.event_type == keel_events::EventType::THREAD_TERMINATED)
+        .unwrap();
+    assert!(at < stopped, "before the run's stop");
+}
+
+#[tokio::test]
+async fn a_canceled_run_marks_its_status_message_as_an_execution_abort() {
+    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let agent = Agent::builder(card())
+        .tool(gate_tool(started.clone(), release))
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    let task = exec
+        .send_message(
+            &auth,
+            Message::user("/gate"),
+            SendOptions {
+                return_immediately: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    started.notified().await;
+    let canceled = exec.cancel_task(&auth, &task.id, None).await.unwrap();
+    assert_eq!(canceled.state(), TaskState::Canceled);
+    let status = canceled.status().message.clone().unwrap();
+    assert_eq!(
+        status.status_kind(),
+        Some(keel_core::StatusKind::ExecutionAbort)
+    );
+}
