@@ -69,5 +69,5 @@ pub use subagents::{
     ImmediateEnv, ParentCommunication, PendingVariables, SessionStatusTool, SubagentSpec,
     SESSION_STATUS_TOOL, SUBAGENT_CREATE_TOOL, SUBAGENT_MESSAGE_TOOL,
 };
-pub use thread_state::{ThreadState, RESERVED_KEY_PREFIX};
+pub use thread_state::{ThreadState, RESERVED_KEY_PREFIX, TERMINATED_AT_KEY};
 pub use tool::{FnTool, PromptTool, Tool, ToolContext};

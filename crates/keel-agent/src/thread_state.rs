@@ -22,7 +22,10 @@ use crate::work::{EffectScheduler, QueuedWork};
 
 /// Keys of the thread key-value store that Keel itself uses start with this prefix.
 pub const RESERVED_KEY_PREFIX: &str = "keel:";
-pub(crate) const TERMINATED_KEY: &str = "keel:terminated_at";
+pub(crate) const TERMINATED_KEY: &str = TERMINATED_AT_KEY;
+/// The key, in a thread's key-value store, of the time the thread was terminated (an RFC
+/// 3339 string); absent while the thread is open.
+pub const TERMINATED_AT_KEY: &str = "keel:terminated_at";
 /// The cancel reason of a run whose thread was terminated.
 pub(crate) const TERMINATED_REASON: &str = "thread terminated";
 
