@@ -60,6 +60,8 @@ pub enum StatusKind {
     ExecutionAbort,
     /// A run ended because its thread was terminated.
     Termination,
+    /// An asynchronous tool reported progress before its result.
+    ToolProgress,
 }
 
 impl StatusKind {
@@ -72,6 +74,7 @@ impl StatusKind {
             Self::SubagentMessage => "subagent_message",
             Self::ExecutionAbort => "execution_abort",
             Self::Termination => "termination",
+            Self::ToolProgress => "tool_progress",
         }
     }
 
@@ -84,6 +87,7 @@ impl StatusKind {
             Self::SubagentMessage,
             Self::ExecutionAbort,
             Self::Termination,
+            Self::ToolProgress,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == name)
