@@ -106,13 +106,23 @@ impl HookList {
         }
     }
 
-    pub(crate) async fn before_model_call(&self, ctx: &ToolContext, step: u32, request: &LlmRequest) {
+    pub(crate) async fn before_model_call(
+        &self,
+        ctx: &ToolContext,
+        step: u32,
+        request: &LlmRequest,
+    ) {
         for hook in &self.0 {
             hook.before_model_call(ctx, step, request).await;
         }
     }
 
-    pub(crate) async fn after_model_call(&self, ctx: &ToolContext, step: u32, response: &LlmResponse) {
+    pub(crate) async fn after_model_call(
+        &self,
+        ctx: &ToolContext,
+        step: u32,
+        response: &LlmResponse,
+    ) {
         for hook in &self.0 {
             hook.after_model_call(ctx, step, response).await;
         }

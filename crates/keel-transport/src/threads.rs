@@ -54,15 +54,15 @@ struct Page {
 }
 
 impl Page {
-    fn limit(&self) -> Result<usize, Response> {
+    fn limit(&self) -> Result<usize, Box<Response>> {
         match self.limit {
             None => Ok(DEFAULT_PAGE),
             Some(limit) if (1..=MAX_PAGE).contains(&limit) => Ok(limit),
-            Some(limit) => Err(refuse(
+            Some(limit) => Err(Box::new(refuse(
                 StatusCode::BAD_REQUEST,
                 "invalid_limit",
                 format!("limit must be between 1 and {MAX_PAGE}, not {limit}"),
-            )),
+            ))),
         }
     }
 }
@@ -84,7 +84,10 @@ pub(crate) fn router(executor: AgentExecutor, security: Option<Security>) -> Rou
             "/{tenant}/threads/{thread_id}/messages",
             get(messages_in_tenant).post(queue_in_tenant),
         )
-        .route("/{tenant}/threads/{thread_id}/queue", get(queue_list_in_tenant))
+        .route(
+            "/{tenant}/threads/{thread_id}/queue",
+            get(queue_list_in_tenant),
+        )
         .with_state(ThreadsState { executor, security })
 }
 
@@ -94,17 +97,16 @@ async fn open(
     headers: &HeaderMap,
     tenant: Option<String>,
     thread_id: &ThreadId,
-) -> Result<AuthContext, Response> {
-    let auth = caller_of(&state.executor, state.security.as_ref(), headers, tenant)
-        .map_err(|response| *response)?;
+) -> Result<AuthContext, Box<Response>> {
+    let auth = caller_of(&state.executor, state.security.as_ref(), headers, tenant)?;
     match exists(&state.executor, &auth, thread_id).await {
         Ok(true) => Ok(auth),
-        Ok(false) => Err(refuse(
+        Ok(false) => Err(Box::new(refuse(
             StatusCode::NOT_FOUND,
             "thread_not_found",
             format!("there is no thread `{thread_id}`"),
-        )),
-        Err(err) => Err(failure(&err)),
+        ))),
+        Err(err) => Err(Box::new(failure(&err))),
     }
 }
 
@@ -163,7 +165,7 @@ async fn thread_state(
 ) -> Response {
     let auth = match open(&state, &headers, tenant, &thread_id).await {
         Ok(auth) => auth,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let read = async {
         let store = state.executor.runtime().thread_store();
@@ -227,11 +229,11 @@ async fn messages(
 ) -> Response {
     let auth = match open(&state, &headers, tenant, &thread_id).await {
         Ok(auth) => auth,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let limit = match page.limit() {
         Ok(limit) => limit,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     match state
         .executor
@@ -277,7 +279,7 @@ async fn queue(
     // Credentials and the thread are checked before the body is looked at.
     let auth = match open(&state, &headers, tenant, &thread_id).await {
         Ok(auth) => auth,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let Some(Json(body)) = body.filter(|Json(b)| !b.text.trim().is_empty()) else {
         return refuse(
@@ -324,11 +326,11 @@ async fn queue_list(
 ) -> Response {
     let auth = match open(&state, &headers, tenant, &thread_id).await {
         Ok(auth) => auth,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let limit = match page.limit() {
         Ok(limit) => limit,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     match state
         .executor

@@ -80,9 +80,9 @@ pub(crate) fn caller_of(
     let auth = executor.runtime().auth_service();
     match security::authenticate(auth.as_ref(), security, &credentials) {
         Ok(context) => Ok(context),
-        Err(Denied::Unauthenticated(reason)) => Err(Box::new(security::unauthorized(
-            security, reason, false,
-        ))),
+        Err(Denied::Unauthenticated(reason)) => {
+            Err(Box::new(security::unauthorized(security, reason, false)))
+        }
         Err(Denied::Failed(error)) => Err(Box::new(refuse(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use keel_agent::{
     Agent, AgentExecutor, AsyncHttpTool, AsyncInvocation, ExecutorConfig, SendOptions,
     CALLBACK_SECRET_HEADER,
 };
-use futures::StreamExt;
 use keel_core::{AgentCard, Message, PartContent, TaskState};
 use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_runtime::{Runtime, Services};
@@ -197,7 +197,9 @@ async fn progress_events_reach_the_tasks_stream_and_the_run_before_the_one_resul
     }
     let unknown_kind = callback(json!({"kind": "gossip"})).await.unwrap();
     assert_eq!(unknown_kind.status(), 400);
-    let result = callback(json!({"output": {"report": "ready"}})).await.unwrap();
+    let result = callback(json!({"output": {"report": "ready"}}))
+        .await
+        .unwrap();
     assert_eq!(result.status(), 202);
     // After the result: progress is refused, and the result arrives only once.
     let late = callback(json!({"kind": "event", "event": {"percent": 100}}))
@@ -208,7 +210,9 @@ async fn progress_events_reach_the_tasks_stream_and_the_run_before_the_one_resul
         late.json::<Value>().await.unwrap()["error"]["code"],
         "result_delivered"
     );
-    let again = callback(json!({"kind": "result", "output": 2})).await.unwrap();
+    let again = callback(json!({"kind": "result", "output": 2}))
+        .await
+        .unwrap();
     assert_eq!(again.status(), 409);
 
     // The stream carried both reports, in order, as working updates, then the answer.
@@ -234,7 +238,12 @@ async fn progress_events_reach_the_tasks_stream_and_the_run_before_the_one_resul
         .events()
         .iter()
         .filter(|e| e.event_type.as_str().starts_with("tool.async."))
-        .map(|e| (e.event_type.as_str().to_owned(), e.payload["progress"].clone()))
+        .map(|e| {
+            (
+                e.event_type.as_str().to_owned(),
+                e.payload["progress"].clone(),
+            )
+        })
         .collect();
     let names: Vec<&str> = kinds.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(

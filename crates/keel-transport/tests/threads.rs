@@ -73,10 +73,14 @@ async fn a_threads_state_messages_and_queue_are_served_to_its_tenant_only() {
         Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth_service));
     let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let executor = AgentExecutor::new(
-        Agent::builder(AgentCard::new("threads", "threads over HTTP", "http://127.0.0.1:0"))
-            .tool(gate_tool(started.clone(), release.clone()))
-            .build()
-            .unwrap(),
+        Agent::builder(AgentCard::new(
+            "threads",
+            "threads over HTTP",
+            "http://127.0.0.1:0",
+        ))
+        .tool(gate_tool(started.clone(), release.clone()))
+        .build()
+        .unwrap(),
         runtime,
     );
     let one = A2aServer::new(executor.clone()).with_security(Security::api_key_and_bearer());
@@ -104,14 +108,23 @@ async fn a_threads_state_messages_and_queue_are_served_to_its_tenant_only() {
     assert_eq!(state["terminated"], false);
     assert_eq!(state["queued"], 0);
     assert_eq!(state["children"], json!([]));
-    assert_eq!(get(&http, &state_url, None).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        get(&http, &state_url, None).await.0,
+        StatusCode::UNAUTHORIZED
+    );
     let (status, refused) = get(&http, &state_url, Some(BOB)).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(refused["error"]["code"], "thread_not_found");
     let hinted = format!("{base}/acme/threads/{thread}");
-    assert_eq!(get(&http, &hinted, Some(BOB)).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        get(&http, &hinted, Some(BOB)).await.0,
+        StatusCode::NOT_FOUND
+    );
     let unknown = format!("{base}/threads/{}", ThreadId::new());
-    assert_eq!(get(&http, &unknown, Some(ALICE)).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        get(&http, &unknown, Some(ALICE)).await.0,
+        StatusCode::NOT_FOUND
+    );
 
     // Messages: the history in order, paged by seq; a bad page size is a 400.
     let messages_url = format!("{state_url}/messages");
@@ -122,18 +135,29 @@ async fn a_threads_state_messages_and_queue_are_served_to_its_tenant_only() {
     assert_eq!(entries[0]["message"]["role"], "user");
     assert_eq!(entries[0]["message"]["content"], "hello");
     assert_eq!(entries.last().unwrap()["message"]["role"], "assistant");
-    let (_, paged) = get(&http, &format!("{messages_url}?after=1&limit=1"), Some(ALICE)).await;
+    let (_, paged) = get(
+        &http,
+        &format!("{messages_url}?after=1&limit=1"),
+        Some(ALICE),
+    )
+    .await;
     assert_eq!(paged["messages"].as_array().unwrap().len(), 1);
     assert_eq!(paged["messages"][0]["seq"], 2);
     let (status, bad) = get(&http, &format!("{messages_url}?limit=0"), Some(ALICE)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(bad["error"]["code"], "invalid_limit");
-    assert_eq!(get(&http, &messages_url, Some(BOB)).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        get(&http, &messages_url, Some(BOB)).await.0,
+        StatusCode::NOT_FOUND
+    );
 
     // Per agent, the same routes under /agents/{name}, with the same tenancy.
     let per_agent = format!("{agents_base}/agents/threads/threads/{thread}");
     assert_eq!(get(&http, &per_agent, Some(ALICE)).await.0, StatusCode::OK);
-    assert_eq!(get(&http, &per_agent, Some(BOB)).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        get(&http, &per_agent, Some(BOB)).await.0,
+        StatusCode::NOT_FOUND
+    );
 
     // Queue: while a run holds the thread, a message queued over HTTP waits in its queue.
     executor
@@ -168,13 +192,20 @@ async fn a_threads_state_messages_and_queue_are_served_to_its_tenant_only() {
         get(&http, &state_url, Some(ALICE)).await.1["queued"],
         items.len()
     );
-    assert_eq!(get(&http, &queue_url, Some(BOB)).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        get(&http, &queue_url, Some(BOB)).await.0,
+        StatusCode::NOT_FOUND
+    );
 
     // Released, the run takes the queued message in before its next model call.
     let mut updates = executor.task_updates();
     release.notify_one();
     loop {
-        let history = executor.thread(&alice, thread.clone()).history().await.unwrap();
+        let history = executor
+            .thread(&alice, thread.clone())
+            .history()
+            .await
+            .unwrap();
         if history.iter().any(|e| e.message.content == "and then?") {
             break;
         }
@@ -196,9 +227,13 @@ async fn queuing_on_a_terminated_thread_is_a_conflict() {
     let runtime: Arc<dyn Runtime> =
         Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth_service));
     let executor = AgentExecutor::new(
-        Agent::builder(AgentCard::new("threads", "threads over HTTP", "http://127.0.0.1:0"))
-            .build()
-            .unwrap(),
+        Agent::builder(AgentCard::new(
+            "threads",
+            "threads over HTTP",
+            "http://127.0.0.1:0",
+        ))
+        .build()
+        .unwrap(),
         runtime,
     );
     let server = A2aServer::new(executor.clone()).with_security(Security::api_key_and_bearer());
@@ -208,7 +243,11 @@ async fn queuing_on_a_terminated_thread_is_a_conflict() {
         .await
         .unwrap();
     let thread = task.thread_id.clone();
-    executor.thread(&alice, thread.clone()).terminate().await.unwrap();
+    executor
+        .thread(&alice, thread.clone())
+        .terminate()
+        .await
+        .unwrap();
     let http = reqwest::Client::new();
     let (status, state) = get(&http, &format!("{base}/threads/{thread}"), Some(ALICE)).await;
     assert_eq!(status, StatusCode::OK);

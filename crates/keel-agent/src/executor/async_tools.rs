@@ -412,7 +412,12 @@ impl AgentExecutor {
         use crate::CallbackError;
         use keel_runtime::AsyncCallState;
         let inner = &self.inner;
-        let Some(call) = inner.runtime.async_call_store().find_async_call(call_id).await? else {
+        let Some(call) = inner
+            .runtime
+            .async_call_store()
+            .find_async_call(call_id)
+            .await?
+        else {
             return Err(CallbackError::UnknownCall {
                 call_id: call_id.to_owned(),
             });
