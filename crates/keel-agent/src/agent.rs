@@ -103,6 +103,8 @@ pub struct Agent {
     pub(crate) subagents: Specs,
     /// What the executor calls at fixed points of a thread's life (subagents).
     pub(crate) hooks: Arc<dyn RunHooks>,
+    /// The application's lifecycle hooks, in registration order.
+    pub(crate) lifecycle: crate::lifecycle::HookList,
     environment: crate::Environment,
     /// Scheduled effects: the handler of each effect name.
     pub(crate) effects: HashMap<String, EffectFn>,
@@ -139,6 +141,7 @@ impl Agent {
             subagents: Vec::new(),
             environment: crate::Environment::process(),
             effects: HashMap::new(),
+            lifecycle: Default::default(),
         }
     }
 
@@ -264,6 +267,7 @@ pub struct AgentBuilder {
     subagents: Vec<crate::SubagentSpec>,
     environment: crate::Environment,
     effects: HashMap<String, EffectFn>,
+    lifecycle: crate::lifecycle::HookList,
 }
 
 impl AgentBuilder {
@@ -292,6 +296,14 @@ impl AgentBuilder {
         Fut: std::future::Future<Output = AgentResult<()>> + Send + 'static,
     {
         self.effects.insert(name.into(), effect_fn(handler));
+        self
+    }
+
+    /// Add lifecycle hooks: application code called before and after each step, model call
+    /// and tool call of this agent's runs (see [`LifecycleHooks`](crate::LifecycleHooks)).
+    /// Hooks added more than once are all called, in the order they were added.
+    pub fn hooks(mut self, hooks: impl crate::LifecycleHooks + 'static) -> Self {
+        self.lifecycle.0.push(Arc::new(hooks));
         self
     }
 
@@ -513,6 +525,7 @@ impl AgentBuilder {
             subagents,
             environment: self.environment,
             effects: self.effects,
+            lifecycle: self.lifecycle,
         })
     }
 }

@@ -14,6 +14,14 @@
 //! is accepted) and queues the task on its thread; the thread's worker appends the tool result
 //! and the step goes on (decision 7: the later calls of that step run after it). A pending
 //! call past its deadline ends as a tool error the model sees.
+//!
+//! Before its result, a call may report progress any number of times
+//! ([`AgentExecutor::deliver_tool_progress`](crate::AgentExecutor::deliver_tool_progress)):
+//! each report joins the task's log as a `working` status update whose message carries the
+//! report as a data part (`metadata.status_kind = tool_progress`), so the task's stream and
+//! push subscribers see it, and goes to the executor's event sinks as `tool.async.progress`
+//! under the task's run. Progress changes nothing the model sees, and is refused once the
+//! result is in.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -118,6 +126,13 @@ pub enum CallbackError {
     /// The result was already delivered.
     #[error("asynchronous tool call `{call_id}` already has its result")]
     Duplicate {
+        /// The call id.
+        call_id: String,
+    },
+    /// Progress arrived after the call's result: a call reports progress only until its
+    /// one result is in.
+    #[error("asynchronous tool call `{call_id}` already has its result; progress comes before it")]
+    AfterResult {
         /// The call id.
         call_id: String,
     },

@@ -38,6 +38,7 @@ mod effects;
 mod environment;
 mod executor;
 mod hooks;
+mod lifecycle;
 mod negotiator;
 mod observe;
 mod rest;
@@ -61,11 +62,12 @@ pub use code::{CodeRequest, CodeRun, CodeRunner};
 pub use effects::{EffectConfig, EFFECT_CLAIM_TTL, EFFECT_RECHECK};
 pub use environment::{Environment, SECRETS_KEY_VAR};
 pub use executor::{AgentExecutor, ExecutorConfig, SendOptions, MESSAGE_ID_META};
+pub use lifecycle::{LifecycleHooks, ToolVerdict};
 pub use negotiator::{AcceptAll, LlmNegotiator, Negotiation, Negotiator};
 pub use rest::TaskRest;
 pub use subagents::{
     ImmediateEnv, ParentCommunication, PendingVariables, SessionStatusTool, SubagentSpec,
     SESSION_STATUS_TOOL, SUBAGENT_CREATE_TOOL, SUBAGENT_MESSAGE_TOOL,
 };
-pub use thread_state::{ThreadState, RESERVED_KEY_PREFIX};
+pub use thread_state::{ThreadState, RESERVED_KEY_PREFIX, TERMINATED_AT_KEY};
 pub use tool::{FnTool, PromptTool, Tool, ToolContext};

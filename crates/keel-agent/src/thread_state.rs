@@ -22,7 +22,12 @@ use crate::work::{EffectScheduler, QueuedWork};
 
 /// Keys of the thread key-value store that Keel itself uses start with this prefix.
 pub const RESERVED_KEY_PREFIX: &str = "keel:";
-pub(crate) const TERMINATED_KEY: &str = "keel:terminated_at";
+pub(crate) const TERMINATED_KEY: &str = TERMINATED_AT_KEY;
+/// The key, in a thread's key-value store, of the time the thread was terminated (an RFC
+/// 3339 string); absent while the thread is open.
+pub const TERMINATED_AT_KEY: &str = "keel:terminated_at";
+/// The cancel reason of a run whose thread was terminated.
+pub(crate) const TERMINATED_REASON: &str = "thread terminated";
 
 /// An effect handler: gets the thread and the payload, and may queue messages and tools.
 pub(crate) type EffectFn =
@@ -295,7 +300,7 @@ impl ThreadState {
             )
             .await?;
         self.host
-            .cancel_thread_runs(&self.auth, &self.thread_id, "thread terminated");
+            .cancel_thread_runs(&self.auth, &self.thread_id, TERMINATED_REASON);
         if store.child(&self.auth, &self.thread_id).await?.is_some() {
             store
                 .set_child_status(&self.auth, &self.thread_id, "terminated")
@@ -352,7 +357,8 @@ impl ThreadState {
             .queue_on_parent(
                 &self.auth,
                 &child,
-                Message::user(format!("[from subagent {}] {content}", self.thread_id)),
+                Message::user(format!("[from subagent {}] {content}", self.thread_id))
+                    .with_status_kind(keel_core::StatusKind::SubagentMessage),
             )
             .await
     }

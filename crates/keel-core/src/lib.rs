@@ -40,7 +40,7 @@ pub use error::{AgentError, AgentResult, ErrorKind, LlmErrorKind};
 pub use error_source::ErrorSource;
 pub use event::TaskEvent;
 pub use ids::{ActionId, ArtifactId, MessageId, RunId, TaskId, ThreadId, TraceId};
-pub use message::{Message, Role};
+pub use message::{Message, Role, StatusKind, STATUS_KIND_KEY};
 pub use part::{FileContent, Part, PartContent, RouteDecision};
 pub use task::{StateTransition, Task, TaskState, TaskStatus};
 pub use values::{

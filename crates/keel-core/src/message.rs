@@ -41,6 +41,59 @@ pub struct Message {
     pub timestamp: DateTime<Utc>,
 }
 
+/// The metadata key that marks a message the engine synthesized to report a status.
+pub const STATUS_KIND_KEY: &str = "status_kind";
+
+/// What a synthesized status message reports (seed 003 §12's lifecycle markers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StatusKind {
+    /// A subagent's task completed; its result was queued on the parent.
+    SubagentReturn,
+    /// A subagent's task failed, was canceled or rejected.
+    SubagentFailure,
+    /// A subagent stopped to wait for input.
+    SubagentStatus,
+    /// A subagent escalated to its parent (`ThreadState::notify_parent`).
+    SubagentMessage,
+    /// A run was aborted (canceled) before it ended.
+    ExecutionAbort,
+    /// A run ended because its thread was terminated.
+    Termination,
+    /// An asynchronous tool reported progress before its result.
+    ToolProgress,
+}
+
+impl StatusKind {
+    /// The name stored in `metadata.status_kind`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SubagentReturn => "subagent_return",
+            Self::SubagentFailure => "subagent_failure",
+            Self::SubagentStatus => "subagent_status",
+            Self::SubagentMessage => "subagent_message",
+            Self::ExecutionAbort => "execution_abort",
+            Self::Termination => "termination",
+            Self::ToolProgress => "tool_progress",
+        }
+    }
+
+    /// The kind a stored name stands for; `None` for a name this version does not know.
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            Self::SubagentReturn,
+            Self::SubagentFailure,
+            Self::SubagentStatus,
+            Self::SubagentMessage,
+            Self::ExecutionAbort,
+            Self::Termination,
+            Self::ToolProgress,
+        ]
+        .into_iter()
+        .find(|kind| kind.as_str() == name)
+    }
+}
+
 impl Message {
     /// A message with the given role and parts.
     pub fn new(role: Role, parts: Vec<Part>) -> Self {
@@ -90,6 +143,31 @@ impl Message {
     pub fn in_thread(mut self, thread_id: impl Into<ThreadId>) -> Self {
         self.thread_id = Some(thread_id.into());
         self
+    }
+
+    /// Mark the message as one the engine synthesized to report a status, under
+    /// `metadata.status_kind` (seed 003 §12), so clients can group such messages.
+    ///
+    /// ```
+    /// use keel_core::{Message, StatusKind};
+    /// let msg = Message::user("[subagent scout] completed: done")
+    ///     .with_status_kind(StatusKind::SubagentReturn);
+    /// assert_eq!(msg.status_kind(), Some(StatusKind::SubagentReturn));
+    /// assert_eq!(msg.metadata["status_kind"], "subagent_return");
+    /// ```
+    #[must_use]
+    pub fn with_status_kind(mut self, kind: StatusKind) -> Self {
+        self.metadata
+            .insert(STATUS_KIND_KEY.into(), kind.as_str().into());
+        self
+    }
+
+    /// The status kind of a message the engine synthesized, if this is one.
+    pub fn status_kind(&self) -> Option<StatusKind> {
+        self.metadata
+            .get(STATUS_KIND_KEY)
+            .and_then(serde_json::Value::as_str)
+            .and_then(StatusKind::parse)
     }
 
     /// The text of all text parts, joined by newlines.

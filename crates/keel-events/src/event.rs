@@ -64,7 +64,7 @@ impl EventType {
 
     /// Every type this crate defines: the run's lifecycle in order, then the engine's
     /// markers, effects and subagents (see [`crate::payload`]).
-    pub const KNOWN: [EventType; 36] = [
+    pub const KNOWN: [EventType; 38] = [
         Self::TASK_STATUS,
         Self::TASK_ARTIFACT,
         Self::CONTEXT_PREPARED,
@@ -84,6 +84,7 @@ impl EventType {
         Self::TOOL_ASYNC_DISPATCHED,
         Self::TOOL_ASYNC_ACKNOWLEDGED,
         Self::TOOL_ASYNC_RESULT,
+        Self::TOOL_ASYNC_PROGRESS,
         Self::TOOL_ASYNC_TIMED_OUT,
         Self::QUEUE_INJECTED,
         Self::QUEUE_DRAINED,
@@ -91,6 +92,7 @@ impl EventType {
         Self::TOOL_RESULT_PERSISTED,
         Self::RUN_STOPPED,
         Self::STOP_EVALUATED,
+        Self::THREAD_TERMINATED,
         Self::EFFECT_SCHEDULED,
         Self::EFFECT_FIRED,
         Self::EFFECT_CANCELED,
@@ -445,6 +447,7 @@ mod tests {
             "tool.async.dispatched",
             "tool.async.acknowledged",
             "tool.async.result",
+            "tool.async.progress",
             "tool.async.timed_out",
             "queue.injected",
             "queue.drained",
@@ -452,6 +455,7 @@ mod tests {
             "tool_result.persisted",
             "run.stopped",
             "stop.evaluated",
+            "thread.terminated",
             "effect.scheduled",
             "effect.fired",
             "effect.canceled",

@@ -21,7 +21,7 @@
 //!
 //! The thread engine's markers, effects and subagents have theirs too (one constant, one
 //! struct and one constructor each): `tool.async.*`, `queue.*`, `message.persisted`,
-//! `tool_result.persisted`, `run.stopped`, `stop.evaluated` ([`ToolAsyncDeadlinePayload`]
+//! `tool_result.persisted`, `run.stopped`, `stop.evaluated`, `thread.terminated` ([`ToolAsyncDeadlinePayload`]
 //! and its neighbours), `effect.*` ([`EffectScheduledPayload`], ...) and `subagent.*`
 //! ([`SubagentCreatedPayload`], ...).
 //!
@@ -46,8 +46,8 @@ pub use effects::{
 };
 pub use engine::{
     MessagePersistedPayload, QueueInjectedPayload, RunStoppedPayload, StopEvaluatedPayload,
-    ToolAsyncAcknowledgedPayload, ToolAsyncDeadlinePayload, ToolAsyncResultPayload,
-    ToolResultPersistedPayload,
+    ThreadTerminatedPayload, ToolAsyncAcknowledgedPayload, ToolAsyncDeadlinePayload,
+    ToolAsyncProgressPayload, ToolAsyncResultPayload, ToolResultPersistedPayload,
 };
 pub use subagents::{
     ScopedVariablesRoute, SubagentBootstrapPayload, SubagentCreatedPayload, SubagentEndedPayload,

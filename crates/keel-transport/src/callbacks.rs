@@ -1,14 +1,18 @@
 //! The callback route of asynchronous tools (seed 004, RAP): `POST /callbacks/{call_id}`
-//! with the call's secret in the `x-keel-callback-secret` header and a JSON body
-//! `{"output": <any>, "is_error": <bool, default false>}`.
+//! with the call's secret in the `x-keel-callback-secret` header and a JSON body, either the
+//! call's one result `{"kind": "result", "output": <any>, "is_error": <bool, default false>}`
+//! (`kind` may be left out) or, any number of times before it, a progress report
+//! `{"kind": "event", "event": <any>}`, which the task's stream subscribers receive as a
+//! `working` status update and the run's event sinks as `tool.async.progress`.
 //!
 //! The route needs no other credentials and works for every tenant: the call is found by its
 //! id alone and the per-call secret proves the caller is the tool that got the invocation, so
 //! the result lands in the tenant that dispatched the call (never one the caller names).
 //!
 //! Answers `202 Accepted` when the result is recorded and its task queued; an unknown call is
-//! `404`, a wrong or missing secret `401`, a late or duplicate result `409`, each with a JSON
-//! body `{"error": {"code": "...", "message": "..."}}`, and none of them changes anything.
+//! `404`, a wrong or missing secret `401`, a late or duplicate result `409`, progress after the
+//! result `409` (`result_delivered`), an unknown `kind` `400`, each with a JSON body
+//! `{"error": {"code": "...", "message": "..."}}`, and none of them changes anything.
 //!
 //! [`HttpCallbacks`] is the other half, for the engine (which knows no HTTP): it names this
 //! route as the callback address of each call, and POSTs invocations to tools' endpoints.
@@ -32,10 +36,16 @@ use serde_json::{json, Value};
 /// The body a tool posts back.
 #[derive(Debug, Deserialize)]
 struct CallbackBody {
+    /// `result` (the default) or `event`.
+    #[serde(default)]
+    kind: Option<String>,
     #[serde(default)]
     output: Value,
     #[serde(default)]
     is_error: bool,
+    /// A progress report (kind `event`).
+    #[serde(default)]
+    event: Value,
 }
 
 /// The callback routes for `executor`'s asynchronous tools, for calls of every tenant.
@@ -76,13 +86,35 @@ async fn deliver(
             "the body must be JSON: {\"output\": ..., \"is_error\": false}".into(),
         );
     };
-    match executor
-        .deliver_tool_result(&call_id, secret, body.output, body.is_error)
-        .await
-    {
+    let kind = body.kind.as_deref().unwrap_or("result");
+    let delivered = match kind {
+        "result" => {
+            executor
+                .deliver_tool_result(&call_id, secret, body.output, body.is_error)
+                .await
+        }
+        "event" => {
+            executor
+                .deliver_tool_progress(&call_id, secret, body.event)
+                .await
+        }
+        other => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "invalid_kind",
+                format!("`kind` is `result` or `event`, not `{other}`"),
+            )
+        }
+    };
+    match delivered {
         Ok(accepted) => (
             StatusCode::ACCEPTED,
-            Json(json!({"call_id": call_id, "task_id": accepted.task_id.as_str(), "status": "accepted"})),
+            Json(json!({
+                "call_id": call_id,
+                "task_id": accepted.task_id.as_str(),
+                "kind": kind,
+                "status": "accepted",
+            })),
         )
             .into_response(),
         Err(err) => {
@@ -91,6 +123,7 @@ async fn deliver(
                 CallbackError::Forbidden { .. } => (StatusCode::UNAUTHORIZED, "forbidden"),
                 CallbackError::Duplicate { .. } => (StatusCode::CONFLICT, "duplicate"),
                 CallbackError::Late { .. } => (StatusCode::CONFLICT, "late"),
+                CallbackError::AfterResult { .. } => (StatusCode::CONFLICT, "result_delivered"),
                 CallbackError::Agent(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             };
             refuse(status, code, err.to_string())

@@ -50,6 +50,7 @@ mod server;
 mod sse;
 mod stream;
 mod task_list;
+mod threads;
 mod transport;
 mod variables;
 mod version;
@@ -67,6 +68,7 @@ pub use security::{Security, API_KEY_HEADER};
 pub use server::{A2aServer, AGENT_CARD_PATH, DEFAULT_BODY_LIMIT, DEFAULT_CARD_MAX_AGE};
 pub use stream::{StreamEvent, POLL_INTERVAL};
 pub use task_list::{TaskList, TaskListQuery};
+pub use threads::{THREAD_MESSAGES_PATH, THREAD_PATH, THREAD_QUEUE_PATH};
 pub use transport::{AgentTransport, SendMessageOptions, TaskEventStream};
 pub use variables::VARIABLES_PATH;
 pub use wire::{

@@ -335,6 +335,7 @@ impl A2aServer {
                 self.executor.clone(),
                 self.security,
             ))
+            .merge(crate::threads::router(self.executor.clone(), self.security))
     }
 
     /// Serve on `listener` until `shutdown` completes.

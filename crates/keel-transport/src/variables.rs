@@ -52,7 +52,7 @@ pub(crate) fn router(executor: AgentExecutor, security: Option<Security>) -> Rou
         .with_state(VariablesState { executor, security })
 }
 
-fn refuse(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+pub(crate) fn refuse(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     (
         status,
         Json(json!({"error": {"code": code, "message": message.into()}})),
@@ -65,15 +65,24 @@ fn caller(
     headers: &HeaderMap,
     tenant: Option<String>,
 ) -> Result<AuthContext, Box<Response>> {
-    let credentials = security::credentials(headers, state.security.as_ref(), tenant);
-    let auth = state.executor.runtime().auth_service();
-    match security::authenticate(auth.as_ref(), state.security.as_ref(), &credentials) {
+    caller_of(&state.executor, state.security.as_ref(), headers, tenant)
+}
+
+/// The tenant of a request to one of the server's plain HTTP routes, from its credentials as
+/// on every other route, or the answer that refuses it.
+pub(crate) fn caller_of(
+    executor: &AgentExecutor,
+    security: Option<&Security>,
+    headers: &HeaderMap,
+    tenant: Option<String>,
+) -> Result<AuthContext, Box<Response>> {
+    let credentials = security::credentials(headers, security, tenant);
+    let auth = executor.runtime().auth_service();
+    match security::authenticate(auth.as_ref(), security, &credentials) {
         Ok(context) => Ok(context),
-        Err(Denied::Unauthenticated(reason)) => Err(Box::new(security::unauthorized(
-            state.security.as_ref(),
-            reason,
-            false,
-        ))),
+        Err(Denied::Unauthenticated(reason)) => {
+            Err(Box::new(security::unauthorized(security, reason, false)))
+        }
         Err(Denied::Failed(error)) => Err(Box::new(refuse(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",

@@ -5,14 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use keel_agent::{
     Agent, AgentExecutor, AsyncHttpTool, AsyncInvocation, ExecutorConfig, SendOptions,
     CALLBACK_SECRET_HEADER,
 };
-use keel_core::{AgentCard, Message, TaskState};
+use keel_core::{AgentCard, Message, PartContent, TaskState};
 use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_runtime::{Runtime, Services};
-use keel_transport::A2aServer;
+use keel_transport::{A2aServer, StreamEvent};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -122,4 +123,139 @@ async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors()
         duplicate.json::<Value>().await.unwrap()["error"]["code"],
         "duplicate"
     );
+}
+
+#[tokio::test]
+async fn progress_events_reach_the_tasks_stream_and_the_run_before_the_one_result() {
+    // The tool server acknowledges and hands the invocation to the test, which plays the
+    // tool's callbacks itself.
+    let (tx, mut seen) = mpsc::unbounded_channel::<AsyncInvocation>();
+    let tool_app = axum::Router::new().route(
+        "/invoke",
+        axum::routing::post(move |axum::Json(inv): axum::Json<AsyncInvocation>| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(inv);
+                axum::http::StatusCode::ACCEPTED
+            }
+        }),
+    );
+    let tool_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}/invoke", tool_listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(tool_listener, tool_app).await });
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let runtime: Arc<dyn Runtime> = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
+    let agent = Agent::builder(AgentCard::new("rap", "async tools", &base))
+        .llm(MockLlm::scripted(vec![
+            MockResponse::ToolCalls(vec![ToolCall::new("report", json!({}))]),
+            MockResponse::Text("the report is ready".into()),
+        ]))
+        .tool(AsyncHttpTool::new(
+            "report",
+            "Build a report",
+            json!({"type": "object"}),
+            endpoint,
+        ))
+        .build()
+        .unwrap();
+    let config = ExecutorConfig {
+        callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared(
+            base.clone(),
+        )),
+        ..ExecutorConfig::default()
+    };
+    let executor = AgentExecutor::with_config(agent, runtime, config);
+    let sink = Arc::new(keel_events::InMemoryEventSink::new());
+    executor.add_event_sink(sink.clone() as Arc<dyn keel_events::EventSink>);
+    tokio::spawn(A2aServer::new(executor.clone()).serve(listener, std::future::pending()));
+
+    // A subscriber follows the task from its start.
+    let client = keel_transport::A2aClient::new(base.clone());
+    let mut stream = client
+        .send_streaming_message(Message::user("report please"))
+        .await
+        .unwrap();
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(matches!(first, StreamEvent::Task(_)), "{first:?}");
+
+    let inv = seen.recv().await.unwrap();
+    let http = reqwest::Client::new();
+    let callback = |body: Value| {
+        http.post(&inv.callback_url)
+            .header(CALLBACK_SECRET_HEADER, &inv.callback_secret)
+            .json(&body)
+            .send()
+    };
+    for percent in [40, 90] {
+        let response = callback(json!({"kind": "event", "event": {"percent": percent}}))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 202);
+        assert_eq!(response.json::<Value>().await.unwrap()["kind"], "event");
+    }
+    let unknown_kind = callback(json!({"kind": "gossip"})).await.unwrap();
+    assert_eq!(unknown_kind.status(), 400);
+    let result = callback(json!({"output": {"report": "ready"}}))
+        .await
+        .unwrap();
+    assert_eq!(result.status(), 202);
+    // After the result: progress is refused, and the result arrives only once.
+    let late = callback(json!({"kind": "event", "event": {"percent": 100}}))
+        .await
+        .unwrap();
+    assert_eq!(late.status(), 409);
+    assert_eq!(
+        late.json::<Value>().await.unwrap()["error"]["code"],
+        "result_delivered"
+    );
+    let again = callback(json!({"kind": "result", "output": 2}))
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 409);
+
+    // The stream carried both reports, in order, as working updates, then the answer.
+    let mut progress = Vec::new();
+    let mut last_state = None;
+    while let Some(event) = stream.next().await {
+        if let StreamEvent::StatusUpdate { status, .. } = event.unwrap() {
+            last_state = Some(status.state);
+            let Some(message) = status.message else {
+                continue;
+            };
+            if let Some(PartContent::Data { data }) = message.parts.first().map(|p| &p.content) {
+                assert_eq!(status.state, TaskState::Working);
+                progress.push(data["percent"].clone());
+            }
+        }
+    }
+    assert_eq!(progress, [json!(40), json!(90)]);
+    assert_eq!(last_state, Some(TaskState::Completed));
+
+    // The run's events: two progress reports, then the one result.
+    let kinds: Vec<(String, Value)> = sink
+        .events()
+        .iter()
+        .filter(|e| e.event_type.as_str().starts_with("tool.async."))
+        .map(|e| {
+            (
+                e.event_type.as_str().to_owned(),
+                e.payload["progress"].clone(),
+            )
+        })
+        .collect();
+    let names: Vec<&str> = kinds.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "tool.async.dispatched",
+            "tool.async.acknowledged",
+            "tool.async.progress",
+            "tool.async.progress",
+            "tool.async.result"
+        ]
+    );
+    assert_eq!(kinds[2].1, json!({"percent": 40}));
+    assert_eq!(kinds[3].1, json!({"percent": 90}));
 }

@@ -2,9 +2,13 @@
 //! timeout, and accept a callback's delivery.
 
 use chrono::Utc;
-use keel_core::{AgentError, AgentResult, TaskId, TaskState, ThreadId};
+use keel_core::{
+    AgentError, AgentResult, Message, Part, Role, RunContext, StatusKind, TaskEvent, TaskId,
+    TaskState, TaskStatus, ThreadId,
+};
 use keel_events::payload::{
-    ToolAsyncAcknowledgedPayload, ToolAsyncDeadlinePayload, ToolAsyncResultPayload,
+    ToolAsyncAcknowledgedPayload, ToolAsyncDeadlinePayload, ToolAsyncProgressPayload,
+    ToolAsyncResultPayload,
 };
 use keel_events::RunEvent;
 use keel_llm::ToolCall;
@@ -12,6 +16,7 @@ use keel_runtime::AuthContext;
 use serde_json::{json, Value};
 
 use super::state::*;
+use crate::observe::RunObs;
 use crate::task_meta::EngineMeta;
 
 impl Inner {
@@ -381,6 +386,117 @@ impl AgentExecutor {
                 },
             )
             .await?;
+        Ok(crate::AcceptedCallback {
+            auth: call.auth,
+            thread_id: call.thread_id,
+            task_id: record.task_id,
+        })
+    }
+
+    /// Accept a progress report of the asynchronous call `call_id` (RAP's callbacks of kind
+    /// "event"), checked as [`AgentExecutor::deliver_tool_result`] checks a result: an unknown
+    /// call, a wrong secret and a late report are refused the same way, and a report after
+    /// the call's result is [`CallbackError::AfterResult`](crate::CallbackError::AfterResult).
+    /// An accepted report is appended to the task's log as a `working` status update (its
+    /// message: `progress` as a data part, `metadata.status_kind = tool_progress`), which the
+    /// task's stream and push subscribers see, and is emitted as `tool.async.progress` to the
+    /// executor's event sinks under the task's run. It does not wake the task: only the
+    /// result does, once.
+    pub async fn deliver_tool_progress(
+        &self,
+        call_id: &str,
+        secret: &str,
+        progress: Value,
+    ) -> Result<crate::AcceptedCallback, crate::CallbackError> {
+        use crate::async_tools::{self as at, PendingCall};
+        use crate::CallbackError;
+        use keel_runtime::AsyncCallState;
+        let inner = &self.inner;
+        let Some(call) = inner
+            .runtime
+            .async_call_store()
+            .find_async_call(call_id)
+            .await?
+        else {
+            return Err(CallbackError::UnknownCall {
+                call_id: call_id.to_owned(),
+            });
+        };
+        let record: PendingCall = serde_json::from_value(call.record.clone()).map_err(|e| {
+            AgentError::storage(format!("asynchronous call `{call_id}` is malformed: {e}"))
+        })?;
+        if !at::same(&at::hash_secret(secret), &record.secret_sha256) {
+            return Err(CallbackError::Forbidden {
+                call_id: call_id.to_owned(),
+            });
+        }
+        let late = || CallbackError::Late {
+            call_id: call_id.to_owned(),
+        };
+        match call.state {
+            AsyncCallState::Pending => {}
+            AsyncCallState::Delivered => {
+                return Err(CallbackError::AfterResult {
+                    call_id: call_id.to_owned(),
+                })
+            }
+            _ => return Err(late()),
+        }
+        if Utc::now() >= record.deadline {
+            return Err(late());
+        }
+        let tasks = inner.runtime.task_manager();
+        let Some(task) = tasks.get_task(&call.auth, &record.task_id).await? else {
+            return Err(late());
+        };
+        if task.state().is_terminal() {
+            return Err(late());
+        }
+        let mut message = Message::new(Role::Agent, vec![Part::data(progress.clone())])
+            .with_status_kind(StatusKind::ToolProgress);
+        message.task_id = Some(task.id.clone());
+        message.thread_id = Some(task.thread_id.clone());
+        message.metadata.insert("tool".into(), json!(record.tool));
+        tasks
+            .add_task_event(
+                &call.auth,
+                &task.id,
+                &TaskEvent::StatusUpdate {
+                    task_id: task.id.clone(),
+                    thread_id: task.thread_id.clone(),
+                    status: TaskStatus {
+                        state: task.state(),
+                        message: Some(message),
+                        timestamp: Utc::now(),
+                    },
+                    is_final: false,
+                },
+            )
+            .await?;
+        inner.task_changed();
+        if let Some(context) = RunContext::from_task(&task).map_err(CallbackError::Agent)? {
+            let sinks = inner
+                .sinks
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            let obs = RunObs::new(
+                &sinks,
+                &context,
+                &task.id,
+                &inner.agent.card().name,
+                inner.agent.budget(),
+                inner.agent.authorizer().clone(),
+                inner.runtime.logging_service(),
+            );
+            obs.emit(RunEvent::tool_async_progress(ToolAsyncProgressPayload {
+                call_id: call_id.to_owned(),
+                tool_call_id: record.tool_call_id.clone(),
+                tool: record.tool.clone(),
+                progress,
+            }))
+            .await;
+        }
         Ok(crate::AcceptedCallback {
             auth: call.auth,
             thread_id: call.thread_id,

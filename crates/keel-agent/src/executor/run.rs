@@ -10,7 +10,7 @@ use keel_core::{
     AgentError, AgentResult, Artifact, Message, Part, PartContent, Role, RunContext, Task,
     TaskEvent, TaskId, TaskState, ThreadId,
 };
-use keel_events::payload::RunStoppedPayload;
+use keel_events::payload::{RunStoppedPayload, ThreadTerminatedPayload};
 use keel_events::{RedactionPolicy, RunEvent};
 use keel_llm::{LlmMessage, LlmRole, ToolCall};
 use keel_runtime::{AuthContext, LogLevel};
@@ -752,6 +752,9 @@ impl Inner {
                 task.update_status(TaskState::InputRequired, Some(message))?;
             }
             Outcome::Canceled { reason } => {
+                if reason == crate::thread_state::TERMINATED_REASON {
+                    self.thread_terminated(auth, obs, &task.thread_id).await;
+                }
                 EngineMeta::update(task, |m| m.stop_reason = Some("canceled".into()));
                 mark_canceled(task, &reason)?;
             }
@@ -778,6 +781,24 @@ impl Inner {
         saved?;
         self.task_saved(auth, &task.id);
         Ok(())
+    }
+
+    /// The run is ending because its thread was terminated: say so with `thread.terminated`,
+    /// carrying the time the termination was recorded (seed 003 §10, §12).
+    async fn thread_terminated(&self, auth: &AuthContext, obs: &RunObs, thread_id: &ThreadId) {
+        let terminated_at = self
+            .runtime
+            .thread_store()
+            .kv_get(auth, thread_id, crate::thread_state::TERMINATED_KEY)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|at| serde_json::from_value(at).ok());
+        obs.emit(RunEvent::thread_terminated(ThreadTerminatedPayload {
+            thread_id: thread_id.clone(),
+            terminated_at,
+        }))
+        .await;
     }
 
     /// The run report (redacted) and a task snapshot go to the run store. A failure here is

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use dashmap::DashMap;
 use keel_core::ApprovalRequest;
 use keel_core::{
-    AgentError, AgentResult, Message, PartContent, Role, RunContext, Task, TaskEvent, TaskId,
-    ThreadId,
+    AgentError, AgentResult, Message, PartContent, Role, RunContext, StatusKind, Task, TaskEvent,
+    TaskId, ThreadId,
 };
 use keel_events::EventSink;
 use keel_llm::LlmMessage;
@@ -251,7 +251,12 @@ pub(super) fn user_messages(events: &[TaskEvent]) -> impl Iterator<Item = &Messa
 /// and in the task's run context (marked canceled with the same reason).
 pub(super) fn mark_canceled(task: &mut Task, reason: &str) -> AgentResult<()> {
     task.cancel(Some(reason))?;
-    task.set_status_message(Message::agent(format!("Canceled: {reason}")));
+    let kind = if reason == crate::thread_state::TERMINATED_REASON {
+        StatusKind::Termination
+    } else {
+        StatusKind::ExecutionAbort
+    };
+    task.set_status_message(Message::agent(format!("Canceled: {reason}")).with_status_kind(kind));
     let mut ctx = RunContext::ensure_task_context(task)?;
     ctx.cancel(reason);
     ctx.attach_to_task(task)
@@ -260,6 +265,12 @@ pub(super) fn mark_canceled(task: &mut Task, reason: &str) -> AgentResult<()> {
 /// A user message as a history entry: its text, and its files as attachments.
 pub(super) fn user_entry(message: &Message) -> LlmMessage {
     let mut entry = LlmMessage::user(message.text());
+    // A synthesized status message stays one in the thread history (seed 003 §12).
+    if let Some(kind) = message.metadata.get(keel_core::STATUS_KIND_KEY) {
+        entry
+            .metadata
+            .insert(keel_core::STATUS_KIND_KEY.into(), kind.clone());
+    }
     entry.attachments = message
         .parts
         .iter()

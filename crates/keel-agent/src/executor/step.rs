@@ -24,7 +24,7 @@ use super::context::*;
 use super::state::*;
 use crate::agent::{ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL};
 use crate::observe::RunObs;
-use crate::ToolContext;
+use crate::{ToolContext, ToolVerdict};
 
 impl Inner {
     pub(super) async fn step_loop(
@@ -59,6 +59,7 @@ impl Inner {
             if let Err(error) = obs.budget(|b| b.check_step()).await {
                 return Ok(budget_failure(error));
             }
+            self.agent.lifecycle.before_step(ctx, step).await;
             if let Some(outcome) = self.inject_queued(scope, task, history).await? {
                 return Ok(outcome);
             }
@@ -86,6 +87,10 @@ impl Inner {
             if let Err(error) = obs.budget(|b| b.check_llm_call(&manifest)).await {
                 return Ok(budget_failure(error));
             }
+            self.agent
+                .lifecycle
+                .before_model_call(ctx, step, &request)
+                .await;
             obs.emit(
                 RunEvent::llm_call_started(LlmCallStartedPayload {
                     provider: Some(profile.provider.clone()),
@@ -176,12 +181,17 @@ impl Inner {
                 .step(step),
             )
             .await;
+            self.agent
+                .lifecycle
+                .after_model_call(ctx, step, &response)
+                .await;
             if let Err(error) = obs.budget(|b| b.check_output_tokens()).await {
                 return Ok(budget_failure(error));
             }
             if response.tool_calls.is_empty() {
                 let stop = rules.stop_on_response;
                 stop_evaluated(obs, step, stop.then_some("response")).await;
+                self.agent.lifecycle.after_step(ctx, step).await;
                 if stop {
                     return Ok(Outcome::Answer {
                         text: content,
@@ -234,7 +244,7 @@ impl Inner {
                         handoff.get_or_insert(question);
                         (json!("the question was sent to the human; their answer follows as a user message"), false)
                     }
-                    _ => match self.call_tool(scope, call, false).await {
+                    _ => match self.hooked_tool_call(scope, call).await {
                         ToolRun::Done { output, is_error } => (output, is_error),
                         ToolRun::Canceled => {
                             return Ok(Outcome::Canceled {
@@ -292,6 +302,7 @@ impl Inner {
                 None
             };
             stop_evaluated(obs, step, fired).await;
+            self.agent.lifecycle.after_step(ctx, step).await;
             if let Some(outcome) = lifecycle {
                 return Ok(outcome);
             }
@@ -328,6 +339,25 @@ impl Inner {
             error,
             reason: "max_steps".into(),
         })
+    }
+
+    /// A model-chosen tool call with the application's lifecycle hooks around it: a veto
+    /// becomes the call's error result without reaching policy or the tool.
+    async fn hooked_tool_call(&self, scope: &Scope<'_>, call: &ToolCall) -> ToolRun {
+        let hooks = &self.agent.lifecycle;
+        let run = match hooks.before_tool_call(scope.ctx, call).await {
+            ToolVerdict::Veto(reason) => ToolRun::Done {
+                output: json!(format!("vetoed: {reason}")),
+                is_error: true,
+            },
+            ToolVerdict::Run => self.call_tool(scope, call, false).await,
+        };
+        if let ToolRun::Done { output, is_error } = &run {
+            hooks
+                .after_tool_call(scope.ctx, call, output, *is_error)
+                .await;
+        }
+        run
     }
 
     /// Decision 6: a message made only of tool calls runs them with no model, and the task

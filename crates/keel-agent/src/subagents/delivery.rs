@@ -5,8 +5,8 @@ use std::sync::{Arc, Weak};
 
 use chrono::Utc;
 use keel_core::{
-    AgentError, AgentResult, FileContent, Message, Part, PartContent, RunContext, Task, TaskState,
-    ThreadId,
+    AgentError, AgentResult, FileContent, Message, Part, PartContent, RunContext, StatusKind, Task,
+    TaskState, ThreadId,
 };
 use keel_events::payload::{SubagentCreatedPayload, SubagentEndedPayload, SubagentFile};
 use keel_events::{RunEvent, RunEventBuilder};
@@ -264,6 +264,7 @@ pub(super) fn with_files(message: Message, files: Vec<FileContent>) -> Message {
     let text = format!("{}\n\nAttachments:\n{}", message.text(), listed.join("\n"));
     let mut out = Message::new(message.role, vec![Part::text(text)]);
     out.message_id = message.message_id;
+    out.metadata = message.metadata;
     for file in files {
         out = out.with_part(Part::file(file));
     }
@@ -442,17 +443,19 @@ pub(super) async fn deliver_from_child(
             task,
         )
         .await;
-        let verb = match task.state() {
-            TaskState::Completed => "completed",
-            TaskState::Failed => "failed",
-            TaskState::Canceled => "was canceled",
-            _ => "needs input",
+        let (verb, kind) = match task.state() {
+            TaskState::Completed => ("completed", StatusKind::SubagentReturn),
+            TaskState::Failed => ("failed", StatusKind::SubagentFailure),
+            TaskState::Canceled => ("was canceled", StatusKind::SubagentFailure),
+            TaskState::Rejected => ("was rejected", StatusKind::SubagentFailure),
+            _ => ("needs input", StatusKind::SubagentStatus),
         };
         let message = with_files(
             Message::user(format!(
                 "[subagent {}] {verb}: {}",
                 marker.name, result.text
-            )),
+            ))
+            .with_status_kind(kind),
             result.files,
         );
         // A parent that is gone (terminated) does not keep the child alive.

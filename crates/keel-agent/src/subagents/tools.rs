@@ -59,7 +59,9 @@ pub(crate) fn builtin_tools(specs: &Specs) -> AgentResult<Vec<Arc<dyn Tool>>> {
 /// Before the first model step on a thread: queue a `subagent_create` call for every
 /// `immediate` kind, so it runs (and its result is in the history) before the model is
 /// called. A child whose own agent has immediate kinds does the same on its first run, so
-/// activation is recursive. Runs once per thread.
+/// activation is recursive. Runs once per thread. The seed allows a bootstrap model pass
+/// before the call; Keel runs none and takes the object form's hints as the arguments (see
+/// "No bootstrap model pass" in `docs/decisions.md`).
 pub(crate) async fn activate_immediate(
     specs: &Specs,
     ctx: &ToolContext,

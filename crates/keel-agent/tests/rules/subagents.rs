@@ -228,6 +228,9 @@ async fn a_background_child_queues_its_result_to_the_parent_with_auto_communicat
         }
     })
     .await;
+    let history = history(&exec, &auth, &thread).await;
+    let returned = history.iter().find(|m| m.content.contains("[subagent alpha] completed")).unwrap();
+    assert_eq!(returned.metadata["status_kind"], "subagent_return", "a synthesized status message");
 }
 
 #[tokio::test]
@@ -672,6 +675,11 @@ async fn scoped_variables_reach_the_child_sealed_and_never_a_prompt() {
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(seen.lock().unwrap().as_slice(), [Some(secret.to_owned())]);
     let kid = exec.thread(&auth, task.thread_id.clone()).children().await.unwrap()[0].clone();
+    // No bootstrap model pass: the hints become the call's arguments as they are, and the
+    // parent's model is asked once, with the child's result already in its history.
+    assert_eq!(parent_model.requests().len(), 1, "the parent's model ran once");
+    let first = serde_json::to_string(&parent_model.requests()[0].messages).unwrap();
+    assert!(first.contains("surveyed"), "{first}");
     // nameEnv and descriptionEnv are model-visible hints.
     assert_eq!(kid.name, "scout");
     let child_history = history(&child, &auth, &kid.thread_id).await;
@@ -1006,6 +1014,9 @@ async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
         }
     })
     .await;
+    let history = history(&exec, &auth, &thread).await;
+    let note = history.iter().find(|m| m.content.contains("progress: 50%")).unwrap();
+    assert_eq!(note.metadata["status_kind"], "subagent_message", "a synthesized status message");
 }
 
 #[tokio::test]

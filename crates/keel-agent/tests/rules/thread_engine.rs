@@ -1122,3 +1122,216 @@ async fn each_step_drains_assembles_calls_persists_runs_tools_in_order_then_eval
     );
     assert_eq!(roles(&llm.requests()[1]).len(), 5);
 }
+
+#[tokio::test]
+async fn terminating_a_thread_mid_run_emits_thread_terminated_and_marks_the_status_message() {
+    let quit = FnTool::new(
+        "quit",
+        "Terminate this thread",
+        json!({"type": "object"}),
+        |_a, ctx| async move {
+            ctx.thread.terminate().await?;
+            // Held until the run is canceled, as an in-flight operation would be.
+            std::future::pending::<()>().await;
+            Ok(json!("unreachable"))
+        },
+    );
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("quit", json!({}))]),
+        MockResponse::Text("never asked".into()),
+    ]));
+    let agent = Agent::builder(card())
+        .llm_shared(llm)
+        .tool(quit)
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    let sink = Arc::new(keel_events::InMemoryEventSink::new());
+    exec.add_event_sink(sink.clone() as Arc<dyn keel_events::EventSink>);
+    let task = exec
+        .send_message(&auth, Message::user("go"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Canceled);
+    let status = task.status().message.clone().unwrap();
+    assert_eq!(status.status_kind(), Some(keel_core::StatusKind::Termination));
+    let events = sink.events();
+    let terminated: Vec<_> = events
+        .iter()
+        .filter(|e| e.event_type == keel_events::EventType::THREAD_TERMINATED)
+        .collect();
+    assert_eq!(terminated.len(), 1, "one termination event");
+    let payload: keel_events::payload::ThreadTerminatedPayload =
+        terminated[0].payload_as().unwrap();
+    assert_eq!(payload.thread_id, task.thread_id);
+    assert!(payload.terminated_at.is_some(), "the recorded time");
+    let stopped = events
+        .iter()
+        .position(|e| e.event_type == keel_events::EventType::RUN_STOPPED)
+        .unwrap();
+    let at = events
+        .iter()
+        .position(|e| e.event_type == keel_events::EventType::THREAD_TERMINATED)
+        .unwrap();
+    assert!(at < stopped, "before the run's stop");
+}
+
+#[tokio::test]
+async fn a_canceled_run_marks_its_status_message_as_an_execution_abort() {
+    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let agent = Agent::builder(card())
+        .tool(gate_tool(started.clone(), release))
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    let task = exec
+        .send_message(
+            &auth,
+            Message::user("/gate"),
+            SendOptions {
+                return_immediately: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    started.notified().await;
+    let canceled = exec.cancel_task(&auth, &task.id, None).await.unwrap();
+    assert_eq!(canceled.state(), TaskState::Canceled);
+    let status = canceled.status().message.clone().unwrap();
+    assert_eq!(
+        status.status_kind(),
+        Some(keel_core::StatusKind::ExecutionAbort)
+    );
+}
+
+/// Notes every lifecycle point it is called at, and vetoes the tool `forbidden`.
+#[derive(Clone, Default)]
+struct Recording(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Recording {
+    fn note(&self, what: String) {
+        self.0.lock().unwrap().push(what);
+    }
+}
+
+#[async_trait::async_trait]
+impl keel_agent::LifecycleHooks for Recording {
+    async fn before_step(&self, ctx: &keel_agent::ToolContext, step: u32) {
+        self.note(format!("before_step {step} {}", ctx.thread_id));
+    }
+    async fn before_model_call(
+        &self,
+        _ctx: &keel_agent::ToolContext,
+        step: u32,
+        request: &keel_llm::LlmRequest,
+    ) {
+        let last = request.messages.last().map(|m| m.content.clone());
+        self.note(format!("before_model_call {step} {}", last.unwrap_or_default()));
+    }
+    async fn after_model_call(
+        &self,
+        _ctx: &keel_agent::ToolContext,
+        step: u32,
+        response: &keel_llm::LlmResponse,
+    ) {
+        self.note(format!(
+            "after_model_call {step} calls={} text={}",
+            response.tool_calls.len(),
+            response.content.clone().unwrap_or_default()
+        ));
+    }
+    async fn before_tool_call(
+        &self,
+        _ctx: &keel_agent::ToolContext,
+        call: &ToolCall,
+    ) -> keel_agent::ToolVerdict {
+        self.note(format!("before_tool_call {} {}", call.name, call.arguments));
+        if call.name == "forbidden" {
+            keel_agent::ToolVerdict::Veto("not on this thread".into())
+        } else {
+            keel_agent::ToolVerdict::Run
+        }
+    }
+    async fn after_tool_call(
+        &self,
+        _ctx: &keel_agent::ToolContext,
+        call: &ToolCall,
+        output: &Value,
+        is_error: bool,
+    ) {
+        self.note(format!("after_tool_call {} {output} error={is_error}", call.name));
+    }
+    async fn after_step(&self, _ctx: &keel_agent::ToolContext, step: u32) {
+        self.note(format!("after_step {step}"));
+    }
+}
+
+#[tokio::test]
+async fn lifecycle_hooks_fire_in_order_with_the_steps_data_and_a_veto_stops_the_tool() {
+    let ran_forbidden = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let forbidden = {
+        let ran = ran_forbidden.clone();
+        FnTool::new(
+            "forbidden",
+            "Must not run",
+            json!({"type": "object"}),
+            move |_a, _c| {
+                let ran = ran.clone();
+                async move {
+                    ran.store(true, std::sync::atomic::Ordering::SeqCst);
+                    Ok(json!("ran"))
+                }
+            },
+        )
+    };
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![
+            ToolCall::new("echo", json!({"a": 1})),
+            ToolCall::new("forbidden", json!({})),
+        ]),
+        MockResponse::Text("done".into()),
+    ]));
+    let recording = Recording::default();
+    let agent = Agent::builder(card())
+        .llm_shared(llm.clone())
+        .tool(echo_tool())
+        .tool(forbidden)
+        .hooks(recording.clone())
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    let thread = ThreadId::new();
+    let task = exec
+        .send_message(
+            &auth,
+            Message::user("go").in_thread(thread.clone()),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    assert!(!ran_forbidden.load(std::sync::atomic::Ordering::SeqCst), "vetoed");
+    let seen = recording.0.lock().unwrap().clone();
+    let vetoed = json!("vetoed: not on this thread");
+    assert_eq!(
+        seen,
+        [
+            format!("before_step 1 {thread}"),
+            "before_model_call 1 go".to_owned(),
+            "after_model_call 1 calls=2 text=".to_owned(),
+            r#"before_tool_call echo {"a":1}"#.to_owned(),
+            r#"after_tool_call echo {"a":1} error=false"#.to_owned(),
+            "before_tool_call forbidden {}".to_owned(),
+            format!("after_tool_call forbidden {vetoed} error=true"),
+            "after_step 1".to_owned(),
+            format!("before_step 2 {thread}"),
+            "before_model_call 2 vetoed: not on this thread".to_owned(),
+            "after_model_call 2 calls=0 text=done".to_owned(),
+            "after_step 2".to_owned(),
+        ]
+    );
+    // The model saw the veto as the call's result.
+    let second = &llm.requests()[1];
+    assert_eq!(second.messages.last().unwrap().role, LlmRole::Tool);
+}

@@ -14,6 +14,8 @@ impl EventType {
     pub const TOOL_ASYNC_ACKNOWLEDGED: EventType = EventType::known("tool.async.acknowledged");
     /// An asynchronous tool called back with its result.
     pub const TOOL_ASYNC_RESULT: EventType = EventType::known("tool.async.result");
+    /// An asynchronous tool reported progress before its result.
+    pub const TOOL_ASYNC_PROGRESS: EventType = EventType::known("tool.async.progress");
     /// No result of an asynchronous tool arrived by its deadline.
     pub const TOOL_ASYNC_TIMED_OUT: EventType = EventType::known("tool.async.timed_out");
     /// Queued work was injected into the run before a model call.
@@ -28,6 +30,31 @@ impl EventType {
     pub const RUN_STOPPED: EventType = EventType::known("run.stopped");
     /// A step's stop rules were evaluated.
     pub const STOP_EVALUATED: EventType = EventType::known("stop.evaluated");
+    /// The run's thread was terminated (soft shutdown); the run ends canceled.
+    pub const THREAD_TERMINATED: EventType = EventType::known("thread.terminated");
+}
+
+/// `tool.async.progress`: one progress report of an asynchronous tool, before its result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolAsyncProgressPayload {
+    /// The asynchronous call.
+    pub call_id: String,
+    /// The model's tool call it answers.
+    pub tool_call_id: String,
+    /// The tool's name.
+    pub tool: String,
+    /// What the tool reported, as it sent it.
+    pub progress: serde_json::Value,
+}
+
+/// `thread.terminated`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThreadTerminatedPayload {
+    /// The thread that was terminated.
+    pub thread_id: keel_core::ThreadId,
+    /// When it was terminated, when the engine knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminated_at: Option<DateTime<Utc>>,
 }
 
 /// `tool.async.dispatched` and `tool.async.timed_out`.
@@ -142,6 +169,25 @@ impl RunEvent {
         .payload_from(payload)
     }
 
+    /// `tool.async.progress`.
+    pub fn tool_async_progress(payload: ToolAsyncProgressPayload) -> RunEventBuilder {
+        RunEvent::builder(
+            EventType::TOOL_ASYNC_PROGRESS,
+            format!("asynchronous tool `{}` reported progress", payload.tool),
+        )
+        .payload_from(payload)
+    }
+
+    /// `thread.terminated`.
+    pub fn thread_terminated(payload: ThreadTerminatedPayload) -> RunEventBuilder {
+        RunEvent::builder(
+            EventType::THREAD_TERMINATED,
+            format!("thread {} terminated", payload.thread_id),
+        )
+        .severity(crate::Severity::Warning)
+        .payload_from(payload)
+    }
+
     /// `tool.async.timed_out`.
     pub fn tool_async_timed_out(payload: ToolAsyncDeadlinePayload) -> RunEventBuilder {
         RunEvent::builder(
@@ -220,6 +266,39 @@ mod tests {
             "asynchronous tool `fetch` dispatched",
             json!({"call_id": "c-1", "tool_call_id": "t-1", "tool": "fetch",
                    "deadline": "2026-01-02T03:04:05Z"}),
+            &payload,
+        );
+    }
+
+    #[test]
+    fn tool_async_progress() {
+        let payload = ToolAsyncProgressPayload {
+            call_id: "c-1".into(),
+            tool_call_id: "t-1".into(),
+            tool: "fetch".into(),
+            progress: json!({"percent": 40}),
+        };
+        assert_event(
+            RunEvent::tool_async_progress(payload.clone()),
+            "tool.async.progress",
+            "asynchronous tool `fetch` reported progress",
+            json!({"call_id": "c-1", "tool_call_id": "t-1", "tool": "fetch",
+                   "progress": {"percent": 40}}),
+            &payload,
+        );
+    }
+
+    #[test]
+    fn thread_terminated() {
+        let payload = ThreadTerminatedPayload {
+            thread_id: keel_core::ThreadId::from("th-1"),
+            terminated_at: Some(deadline()),
+        };
+        assert_event(
+            RunEvent::thread_terminated(payload.clone()),
+            "thread.terminated",
+            "thread th-1 terminated",
+            json!({"thread_id": "th-1", "terminated_at": "2026-01-02T03:04:05Z"}),
             &payload,
         );
     }

@@ -1,0 +1,349 @@
+//! A thread over plain HTTP beside A2A (Standard Agents: state, messages and queue "from
+//! endpoints"): `GET /threads/{thread_id}` reads its state, `GET /threads/{thread_id}/messages`
+//! its history, `POST` on the same path queues a message (`{"text": "..."}`) as
+//! `ThreadState::queue_message` does, and `GET /threads/{thread_id}/queue` lists the work
+//! waiting for it. Every route also answers under `/{tenant}/`.
+//!
+//! The caller's tenant comes from its credentials, as on every other route, and the thread
+//! is looked up in that tenant only: a thread another tenant owns is `404`, the same answer
+//! as one that never existed, so ids do not leak across tenants. A thread exists once it has
+//! history, queued work or stored values. Answers: `200` (reads), `202` with the queued item
+//! (POST), `400` for a bad query or body, `401` without valid credentials, `404` for an
+//! unknown thread, `409` for a terminated one (POST); errors carry
+//! `{"error": {"code", "message"}}`. History entries and queued items are Keel's own JSON
+//! (`HistoryEntry`, `QueuedItem`), not A2A.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use keel_agent::AgentExecutor;
+use keel_core::{AgentError, ThreadId};
+use keel_runtime::AuthContext;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::security::Security;
+use crate::variables::{caller_of, refuse};
+
+/// The path of a thread's state.
+pub const THREAD_PATH: &str = "/threads/{thread_id}";
+/// The path of a thread's messages (its history).
+pub const THREAD_MESSAGES_PATH: &str = "/threads/{thread_id}/messages";
+/// The path of a thread's queue.
+pub const THREAD_QUEUE_PATH: &str = "/threads/{thread_id}/queue";
+
+/// How many history entries or queued items one read returns unless it asks for fewer.
+const DEFAULT_PAGE: usize = 100;
+/// The most one read may ask for.
+const MAX_PAGE: usize = 1000;
+
+#[derive(Clone)]
+struct ThreadsState {
+    executor: AgentExecutor,
+    security: Option<Security>,
+}
+
+/// `?after=&limit=` of a read.
+#[derive(Debug, Deserialize)]
+struct Page {
+    #[serde(default)]
+    after: u64,
+    limit: Option<usize>,
+}
+
+impl Page {
+    fn limit(&self) -> Result<usize, Box<Response>> {
+        match self.limit {
+            None => Ok(DEFAULT_PAGE),
+            Some(limit) if (1..=MAX_PAGE).contains(&limit) => Ok(limit),
+            Some(limit) => Err(Box::new(refuse(
+                StatusCode::BAD_REQUEST,
+                "invalid_limit",
+                format!("limit must be between 1 and {MAX_PAGE}, not {limit}"),
+            ))),
+        }
+    }
+}
+
+/// The body of a `POST .../messages`.
+#[derive(Debug, Deserialize)]
+struct QueueBody {
+    text: String,
+}
+
+/// The thread routes for `executor`'s threads; `security` as the rest of the server.
+pub(crate) fn router(executor: AgentExecutor, security: Option<Security>) -> Router {
+    Router::new()
+        .route(THREAD_PATH, get(state_here))
+        .route(THREAD_MESSAGES_PATH, get(messages_here).post(queue_here))
+        .route(THREAD_QUEUE_PATH, get(queue_list_here))
+        .route("/{tenant}/threads/{thread_id}", get(state_in_tenant))
+        .route(
+            "/{tenant}/threads/{thread_id}/messages",
+            get(messages_in_tenant).post(queue_in_tenant),
+        )
+        .route(
+            "/{tenant}/threads/{thread_id}/queue",
+            get(queue_list_in_tenant),
+        )
+        .with_state(ThreadsState { executor, security })
+}
+
+/// Who asks, and whether the thread is theirs: the caller's tenant, or the answer.
+async fn open(
+    state: &ThreadsState,
+    headers: &HeaderMap,
+    tenant: Option<String>,
+    thread_id: &ThreadId,
+) -> Result<AuthContext, Box<Response>> {
+    let auth = caller_of(&state.executor, state.security.as_ref(), headers, tenant)?;
+    match exists(&state.executor, &auth, thread_id).await {
+        Ok(true) => Ok(auth),
+        Ok(false) => Err(Box::new(refuse(
+            StatusCode::NOT_FOUND,
+            "thread_not_found",
+            format!("there is no thread `{thread_id}`"),
+        ))),
+        Err(err) => Err(Box::new(failure(&err))),
+    }
+}
+
+/// Whether the tenant holds anything of the thread: history, queued work or values.
+async fn exists(
+    executor: &AgentExecutor,
+    auth: &AuthContext,
+    thread_id: &ThreadId,
+) -> Result<bool, AgentError> {
+    let store = executor.runtime().thread_store();
+    Ok(!store.read_history(auth, thread_id, 0, 1).await?.is_empty()
+        || store.queue_len(auth, thread_id).await? > 0
+        || !store.kv_keys(auth, thread_id).await?.is_empty())
+}
+
+fn failure(err: &AgentError) -> Response {
+    match err {
+        AgentError::InvalidInput { .. } => {
+            refuse(StatusCode::BAD_REQUEST, "invalid_input", err.to_string())
+        }
+        AgentError::ThreadTerminated { .. } => {
+            refuse(StatusCode::CONFLICT, "thread_terminated", err.to_string())
+        }
+        _ => {
+            tracing::warn!(error = %err, "thread route failed");
+            refuse(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the request could not be completed",
+            )
+        }
+    }
+}
+
+async fn state_here(
+    State(state): State<ThreadsState>,
+    Path(thread_id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    thread_state(state, headers, None, thread_id.into()).await
+}
+
+async fn state_in_tenant(
+    State(state): State<ThreadsState>,
+    Path((tenant, thread_id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    thread_state(state, headers, Some(tenant), thread_id.into()).await
+}
+
+async fn thread_state(
+    state: ThreadsState,
+    headers: HeaderMap,
+    tenant: Option<String>,
+    thread_id: ThreadId,
+) -> Response {
+    let auth = match open(&state, &headers, tenant, &thread_id).await {
+        Ok(auth) => auth,
+        Err(response) => return *response,
+    };
+    let read = async {
+        let store = state.executor.runtime().thread_store();
+        let thread = state.executor.thread(&auth, thread_id.clone());
+        let terminated_at = store
+            .kv_get(&auth, &thread_id, keel_agent::TERMINATED_AT_KEY)
+            .await?;
+        let children: Vec<_> = thread
+            .children()
+            .await?
+            .into_iter()
+            .map(|child| {
+                json!({
+                    "thread_id": child.thread_id,
+                    "name": child.name,
+                    "agent": child.agent,
+                    "status": child.status,
+                    "resumable": child.resumable,
+                })
+            })
+            .collect();
+        Ok::<_, AgentError>(json!({
+            "thread_id": thread_id,
+            "terminated": terminated_at.is_some(),
+            "terminated_at": terminated_at,
+            "parent_thread_id": thread.parent().await?,
+            "children": children,
+            "queued": store.queue_len(&auth, &thread_id).await?,
+        }))
+    };
+    match read.await {
+        Ok(body) => (StatusCode::OK, Json(body)).into_response(),
+        Err(err) => failure(&err),
+    }
+}
+
+async fn messages_here(
+    State(state): State<ThreadsState>,
+    Path(thread_id): Path<String>,
+    Query(page): Query<Page>,
+    headers: HeaderMap,
+) -> Response {
+    messages(state, headers, None, thread_id.into(), page).await
+}
+
+async fn messages_in_tenant(
+    State(state): State<ThreadsState>,
+    Path((tenant, thread_id)): Path<(String, String)>,
+    Query(page): Query<Page>,
+    headers: HeaderMap,
+) -> Response {
+    messages(state, headers, Some(tenant), thread_id.into(), page).await
+}
+
+async fn messages(
+    state: ThreadsState,
+    headers: HeaderMap,
+    tenant: Option<String>,
+    thread_id: ThreadId,
+    page: Page,
+) -> Response {
+    let auth = match open(&state, &headers, tenant, &thread_id).await {
+        Ok(auth) => auth,
+        Err(response) => return *response,
+    };
+    let limit = match page.limit() {
+        Ok(limit) => limit,
+        Err(response) => return *response,
+    };
+    match state
+        .executor
+        .runtime()
+        .thread_store()
+        .read_history(&auth, &thread_id, page.after, limit)
+        .await
+    {
+        Ok(entries) => (
+            StatusCode::OK,
+            Json(json!({"thread_id": thread_id, "messages": entries})),
+        )
+            .into_response(),
+        Err(err) => failure(&err),
+    }
+}
+
+async fn queue_here(
+    State(state): State<ThreadsState>,
+    Path(thread_id): Path<String>,
+    headers: HeaderMap,
+    body: Option<Json<QueueBody>>,
+) -> Response {
+    queue(state, headers, None, thread_id.into(), body).await
+}
+
+async fn queue_in_tenant(
+    State(state): State<ThreadsState>,
+    Path((tenant, thread_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Option<Json<QueueBody>>,
+) -> Response {
+    queue(state, headers, Some(tenant), thread_id.into(), body).await
+}
+
+async fn queue(
+    state: ThreadsState,
+    headers: HeaderMap,
+    tenant: Option<String>,
+    thread_id: ThreadId,
+    body: Option<Json<QueueBody>>,
+) -> Response {
+    // Credentials and the thread are checked before the body is looked at.
+    let auth = match open(&state, &headers, tenant, &thread_id).await {
+        Ok(auth) => auth,
+        Err(response) => return *response,
+    };
+    let Some(Json(body)) = body.filter(|Json(b)| !b.text.trim().is_empty()) else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            "the body must be JSON with a non-empty text: {\"text\": \"...\"}",
+        );
+    };
+    match state
+        .executor
+        .thread(&auth, thread_id)
+        .queue_message(body.text)
+        .await
+    {
+        Ok(item) => (StatusCode::ACCEPTED, Json(item)).into_response(),
+        Err(err) => failure(&err),
+    }
+}
+
+async fn queue_list_here(
+    State(state): State<ThreadsState>,
+    Path(thread_id): Path<String>,
+    Query(page): Query<Page>,
+    headers: HeaderMap,
+) -> Response {
+    queue_list(state, headers, None, thread_id.into(), page).await
+}
+
+async fn queue_list_in_tenant(
+    State(state): State<ThreadsState>,
+    Path((tenant, thread_id)): Path<(String, String)>,
+    Query(page): Query<Page>,
+    headers: HeaderMap,
+) -> Response {
+    queue_list(state, headers, Some(tenant), thread_id.into(), page).await
+}
+
+async fn queue_list(
+    state: ThreadsState,
+    headers: HeaderMap,
+    tenant: Option<String>,
+    thread_id: ThreadId,
+    page: Page,
+) -> Response {
+    let auth = match open(&state, &headers, tenant, &thread_id).await {
+        Ok(auth) => auth,
+        Err(response) => return *response,
+    };
+    let limit = match page.limit() {
+        Ok(limit) => limit,
+        Err(response) => return *response,
+    };
+    match state
+        .executor
+        .runtime()
+        .thread_store()
+        .peek_queue(&auth, &thread_id, limit)
+        .await
+    {
+        Ok(items) => (
+            StatusCode::OK,
+            Json(json!({"thread_id": thread_id, "items": items})),
+        )
+            .into_response(),
+        Err(err) => failure(&err),
+    }
+}
