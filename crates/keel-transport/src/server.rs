@@ -224,7 +224,8 @@ impl A2aServer {
     }
 
     /// The card as served: the agent's card listing, in order of preference, JSON-RPC 1.0 at
-    /// `<public_base_url>/`, HTTP+JSON 1.0 at `<public_base_url>`, and JSON-RPC 0.3 at
+    /// `<public_base_url>/`, HTTP+JSON 1.0 at `<public_base_url>`, gRPC 1.0 at its host and
+    /// port (with the `grpc` feature), and JSON-RPC 0.3 at
     /// `<public_base_url>/`; streaming on, push notifications off.
     fn served_card(&self, public_base_url: &str) -> Value {
         self.serve_card(self.executor.agent().card().clone(), public_base_url)
@@ -245,6 +246,14 @@ impl A2aServer {
             Interface {
                 url: base.to_owned(),
                 binding: Binding::HttpJson,
+                protocol_version: wire::PROTOCOL_VERSION.into(),
+            },
+            // gRPC shares the listener. A2A writes a gRPC address without `http://` (a
+            // plaintext channel's target is `host:port`) and keeps `https://` to say TLS.
+            #[cfg(feature = "grpc")]
+            Interface {
+                url: base.strip_prefix("http://").unwrap_or(base).to_owned(),
+                binding: Binding::Grpc,
                 protocol_version: wire::PROTOCOL_VERSION.into(),
             },
             Interface {
@@ -303,6 +312,10 @@ impl A2aServer {
             Arc::new(Admission::new(self.limits)),
         );
         let socket = crate::ws::router(handlers.clone(), self.body_limit);
+        #[cfg(feature = "grpc")]
+        let grpc_routes = crate::grpc::router(handlers.clone(), self.body_limit);
+        #[cfg(not(feature = "grpc"))]
+        let grpc_routes = Router::new();
         let state = Arc::new(ServerState {
             handlers,
             card_v03: ServedCard::new(compat_v03::card_from_v1(card.clone())),
@@ -320,6 +333,7 @@ impl A2aServer {
             .with_state(state)
             .merge(socket)
             .merge(crate::callbacks::router(self.executor.clone()))
+            .merge(grpc_routes)
             .merge(crate::variables::router(
                 self.executor.clone(),
                 self.security,
