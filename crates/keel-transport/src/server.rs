@@ -237,7 +237,7 @@ impl A2aServer {
         card.protocol_version = wire::PROTOCOL_VERSION.into();
         card.capabilities.streaming = true;
         card.capabilities.push_notifications = true;
-        let interfaces = [
+        let mut interfaces = vec![
             Interface {
                 url: format!("{base}/"),
                 binding: Binding::JsonRpc,
@@ -248,20 +248,16 @@ impl A2aServer {
                 binding: Binding::HttpJson,
                 protocol_version: wire::PROTOCOL_VERSION.into(),
             },
-            // gRPC shares the listener. A2A writes a gRPC address without `http://` (a
-            // plaintext channel's target is `host:port`) and keeps `https://` to say TLS.
-            #[cfg(feature = "grpc")]
-            Interface {
-                url: base.strip_prefix("http://").unwrap_or(base).to_owned(),
-                binding: Binding::Grpc,
-                protocol_version: wire::PROTOCOL_VERSION.into(),
-            },
             Interface {
                 url: format!("{base}/"),
                 binding: Binding::JsonRpc,
                 protocol_version: compat_v03::PROTOCOL_VERSION.into(),
             },
         ];
+        // gRPC comes third: after the HTTP bindings, before the older protocol.
+        if let Some(grpc) = grpc_interface(base) {
+            interfaces.insert(2, grpc);
+        }
         let requirements = self.security.map(|security| security.declare(&mut card));
         let mut json = wire::encode_card_with(&card, &interfaces);
         if let Some(requirements) = requirements {
@@ -392,6 +388,33 @@ impl A2aServer {
         let _ = stop_push.send(true);
         served
     }
+}
+
+/// The card's gRPC interface, for an agent served at the root of `base` (with the `grpc`
+/// feature). gRPC has no path prefix (its paths are `/<service>/<method>`), so an agent under
+/// a path, such as `/agents/{name}/`, lists none. A2A writes a plaintext gRPC address without
+/// `http://` (a channel's target is `host:port`) and keeps `https://` to say TLS.
+#[cfg(feature = "grpc")]
+fn grpc_interface(base: &str) -> Option<Interface> {
+    let (scheme, authority) = base.split_once("://")?;
+    if authority.is_empty() || authority.contains('/') {
+        return None;
+    }
+    Some(Interface {
+        url: if scheme.eq_ignore_ascii_case("http") {
+            authority.to_owned()
+        } else {
+            base.to_owned()
+        },
+        binding: Binding::Grpc,
+        protocol_version: wire::PROTOCOL_VERSION.into(),
+    })
+}
+
+/// Without the `grpc` feature, no gRPC interface.
+#[cfg(not(feature = "grpc"))]
+fn grpc_interface(_base: &str) -> Option<Interface> {
+    None
 }
 
 /// The public card, with `Cache-Control`, `Last-Modified` and an `ETag`; `If-None-Match` naming the current
@@ -573,4 +596,24 @@ async fn rest_binding(
         body,
     };
     rest::handle(&state.handlers, request).await
+}
+
+#[cfg(all(test, feature = "grpc"))]
+mod grpc_interface_tests {
+    use super::grpc_interface;
+
+    #[test]
+    fn only_an_agent_at_the_root_lists_grpc_and_tls_keeps_its_scheme() {
+        let url = |base: &str| grpc_interface(base).map(|i| i.url);
+        assert_eq!(
+            url("http://127.0.0.1:8080").as_deref(),
+            Some("127.0.0.1:8080")
+        );
+        assert_eq!(
+            url("https://agents.example.com").as_deref(),
+            Some("https://agents.example.com")
+        );
+        assert_eq!(url("http://127.0.0.1:8080/agents/beta"), None);
+        assert_eq!(url("https://example.com/a2a"), None);
+    }
 }

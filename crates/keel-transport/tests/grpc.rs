@@ -7,6 +7,7 @@ mod support;
 
 use std::sync::Arc;
 
+use keel_agent::AgentExecutor;
 use keel_core::AgentCard;
 use keel_llm::MockLlm;
 use keel_runtime::{ApiKeyAuthService, AuthContext, Services};
@@ -15,7 +16,7 @@ use keel_transport::grpc::tonic::transport::Channel;
 use keel_transport::grpc::tonic::{Code, Request, Status, Streaming};
 use keel_transport::grpc::tonic_types::StatusExt;
 use keel_transport::grpc::{from_json, proto, to_json, ProtoJson};
-use keel_transport::Security;
+use keel_transport::{A2aServer, AgentsServer, Security};
 use serde_json::{json, Value};
 use support::{user_message, TestServer, SLEEP_30};
 
@@ -409,4 +410,37 @@ async fn push_config_operations_create_get_list_and_delete() {
     .await
     .unwrap();
     server.stop().await;
+}
+
+#[tokio::test]
+async fn agents_under_a_path_list_no_grpc_interface() {
+    let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
+    let server = || A2aServer::new(AgentExecutor::new(support::agent(), runtime.clone()));
+    let agents = AgentsServer::new()
+        .with_agent("alpha", server())
+        .with_agent("beta", server());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(agents.serve(listener, async move {
+        let _ = stopped.await;
+    }));
+    let card: Value = reqwest::Client::new()
+        .get(format!("{base}/agents/beta/.well-known/agent-card.json"))
+        .header("A2A-Version", "1.0")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let bindings: Vec<&str> = card["supportedInterfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["protocolBinding"].as_str().unwrap())
+        .collect();
+    assert_eq!(bindings, ["JSONRPC", "HTTP+JSON", "JSONRPC"], "{card}");
+    let _ = stop.send(());
+    serving.await.unwrap().unwrap();
 }
