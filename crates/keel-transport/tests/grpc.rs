@@ -444,3 +444,47 @@ async fn agents_under_a_path_list_no_grpc_interface() {
     let _ = stop.send(());
     serving.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn shutdown_ends_an_open_grpc_stream_with_the_canceled_status() {
+    let server = TestServer::start().await;
+    let mut grpc = client(&server).await;
+    let mut stream = grpc
+        .send_streaming_message(message::<proto::SendMessageRequest>(
+            json!({"message": user_message(SLEEP_30)}),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = to_json(&stream.message().await.unwrap().unwrap()).unwrap();
+    assert!(first.get("task").is_some(), "{first}");
+    let stopping = tokio::spawn(server.stop());
+    let events = drain(stream).await;
+    assert_eq!(
+        events.last().unwrap()["statusUpdate"]["status"]["state"],
+        "TASK_STATE_CANCELED",
+        "{events:?}"
+    );
+    stopping.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_message_over_the_body_limit_is_refused() {
+    let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
+    let server = TestServer::start_with(runtime, |s| s.with_body_limit(4096)).await;
+    let mut grpc = client(&server).await;
+    let refused = grpc
+        .send_message(message::<proto::SendMessageRequest>(
+            json!({"message": user_message(&"x".repeat(8192))}),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::OutOfRange, "{refused:?}");
+    let fits = grpc
+        .send_message(message::<proto::SendMessageRequest>(
+            json!({"message": user_message("small")}),
+        ))
+        .await;
+    assert!(fits.is_ok(), "{fits:?}");
+    server.stop().await;
+}

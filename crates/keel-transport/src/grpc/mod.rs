@@ -51,8 +51,9 @@ struct GrpcBinding {
     handlers: Handlers,
 }
 
-/// The routes of the gRPC service, to merge into the server's router. Messages larger than
-/// `body_limit` are refused (RESOURCE_EXHAUSTED), as bodies are on the HTTP bindings.
+/// The routes of the gRPC service, to merge into the server's router. Request messages
+/// larger than `body_limit` are refused (tonic answers OUT_OF_RANGE), as larger bodies are
+/// on the HTTP bindings.
 pub(crate) fn router(handlers: Handlers, body_limit: usize) -> Router {
     let service = A2aServiceServer::new(GrpcBinding { handlers })
         .max_decoding_message_size(body_limit)
