@@ -21,7 +21,7 @@ pub struct SdkVenv {
 /// The A2A 1.x SDK (`KEEL_PYTHON`).
 pub const V1: SdkVenv = SdkVenv {
     dir_name: "py-a2a-sdk",
-    requirements: &["a2a-sdk>=1.0,<2", "httpx"],
+    requirements: &["a2a-sdk[grpc]>=1.0,<2", "httpx"],
     env_var: "KEEL_PYTHON",
 };
 

@@ -140,9 +140,7 @@ impl Handlers {
         tenant: Option<String>,
         json_rpc: bool,
     ) -> Result<AuthContext, Box<Response>> {
-        let credentials = security::credentials(headers, self.security.as_ref(), tenant);
-        let auth = self.executor.runtime().auth_service();
-        match security::authenticate(auth.as_ref(), self.security.as_ref(), &credentials) {
+        match self.authenticate(headers, tenant) {
             Ok(context) => Ok(context),
             Err(Denied::Unauthenticated(reason)) => {
                 tracing::debug!(reason, "request not authenticated");
@@ -158,6 +156,18 @@ impl Handlers {
                 crate::rest::error_response(&error)
             })),
         }
+    }
+
+    /// The caller's tenant, from the request's credentials (and the tenant it routed to), or
+    /// why it was refused; each binding answers a refusal its own way.
+    pub(crate) fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        tenant: Option<String>,
+    ) -> Result<AuthContext, Denied> {
+        let credentials = security::credentials(headers, self.security.as_ref(), tenant);
+        let auth = self.executor.runtime().auth_service();
+        security::authenticate(auth.as_ref(), self.security.as_ref(), &credentials)
     }
 
     /// Run `operation` with its A2A v1.0 params, for the tenant `auth`, counted against the

@@ -96,7 +96,7 @@ pub fn error_code(err: &AgentError) -> i32 {
 }
 
 /// The `ErrorInfo.reason` for a code (A2A's names).
-fn reason(code: i32) -> &'static str {
+pub(crate) fn reason(code: i32) -> &'static str {
     match code {
         PARSE_ERROR => "PARSE_ERROR",
         INVALID_REQUEST => "INVALID_REQUEST",

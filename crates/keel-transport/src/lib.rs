@@ -39,6 +39,8 @@ pub mod callbacks;
 mod client;
 mod compat_v03;
 mod dispatch;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 mod handlers;
 pub mod jsonrpc;
 mod limits;

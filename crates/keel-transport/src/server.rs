@@ -235,7 +235,8 @@ impl A2aServer {
     }
 
     /// The card as served: the agent's card listing, in order of preference, JSON-RPC 1.0 at
-    /// `<public_base_url>/`, HTTP+JSON 1.0 at `<public_base_url>`, and JSON-RPC 0.3 at
+    /// `<public_base_url>/`, HTTP+JSON 1.0 at `<public_base_url>`, gRPC 1.0 at its host and
+    /// port (with the `grpc` feature), and JSON-RPC 0.3 at
     /// `<public_base_url>/`; streaming on, push notifications off.
     fn served_card(&self, public_base_url: &str) -> Value {
         self.serve_card(self.executor.agent().card().clone(), public_base_url)
@@ -247,7 +248,7 @@ impl A2aServer {
         card.protocol_version = wire::PROTOCOL_VERSION.into();
         card.capabilities.streaming = true;
         card.capabilities.push_notifications = true;
-        let interfaces = [
+        let mut interfaces = vec![
             Interface {
                 url: format!("{base}/"),
                 binding: Binding::JsonRpc,
@@ -264,6 +265,10 @@ impl A2aServer {
                 protocol_version: compat_v03::PROTOCOL_VERSION.into(),
             },
         ];
+        // gRPC comes third: after the HTTP bindings, before the older protocol.
+        if let Some(grpc) = grpc_interface(base) {
+            interfaces.insert(2, grpc);
+        }
         let requirements = self.security.map(|security| security.declare(&mut card));
         let mut json = wire::encode_card_with(&card, &interfaces);
         if let Some(requirements) = requirements {
@@ -314,6 +319,10 @@ impl A2aServer {
             Arc::new(Admission::new(self.limits)),
         );
         let socket = crate::ws::router(handlers.clone(), self.body_limit);
+        #[cfg(feature = "grpc")]
+        let grpc_routes = crate::grpc::router(handlers.clone(), self.body_limit);
+        #[cfg(not(feature = "grpc"))]
+        let grpc_routes = Router::new();
         let state = Arc::new(ServerState {
             handlers,
             card_v03: ServedCard::new(compat_v03::card_from_v1(card.clone())),
@@ -331,6 +340,7 @@ impl A2aServer {
             .with_state(state)
             .merge(socket)
             .merge(crate::callbacks::router(self.executor.clone()))
+            .merge(grpc_routes)
             .merge(crate::variables::router(
                 self.executor.clone(),
                 self.security,
@@ -390,6 +400,33 @@ impl A2aServer {
         let _ = stop_push.send(true);
         served
     }
+}
+
+/// The card's gRPC interface, for an agent served at the root of `base` (with the `grpc`
+/// feature). gRPC has no path prefix (its paths are `/<service>/<method>`), so an agent under
+/// a path, such as `/agents/{name}/`, lists none. A2A writes a plaintext gRPC address without
+/// `http://` (a channel's target is `host:port`) and keeps `https://` to say TLS.
+#[cfg(feature = "grpc")]
+fn grpc_interface(base: &str) -> Option<Interface> {
+    let (scheme, authority) = base.split_once("://")?;
+    if authority.is_empty() || authority.contains('/') {
+        return None;
+    }
+    Some(Interface {
+        url: if scheme.eq_ignore_ascii_case("http") {
+            authority.to_owned()
+        } else {
+            base.to_owned()
+        },
+        binding: Binding::Grpc,
+        protocol_version: wire::PROTOCOL_VERSION.into(),
+    })
+}
+
+/// Without the `grpc` feature, no gRPC interface.
+#[cfg(not(feature = "grpc"))]
+fn grpc_interface(_base: &str) -> Option<Interface> {
+    None
 }
 
 /// The public card, with `Cache-Control`, `Last-Modified` and an `ETag`; `If-None-Match` naming the current
@@ -571,4 +608,24 @@ async fn rest_binding(
         body,
     };
     rest::handle(&state.handlers, request).await
+}
+
+#[cfg(all(test, feature = "grpc"))]
+mod grpc_interface_tests {
+    use super::grpc_interface;
+
+    #[test]
+    fn only_an_agent_at_the_root_lists_grpc_and_tls_keeps_its_scheme() {
+        let url = |base: &str| grpc_interface(base).map(|i| i.url);
+        assert_eq!(
+            url("http://127.0.0.1:8080").as_deref(),
+            Some("127.0.0.1:8080")
+        );
+        assert_eq!(
+            url("https://agents.example.com").as_deref(),
+            Some("https://agents.example.com")
+        );
+        assert_eq!(url("http://127.0.0.1:8080/agents/beta"), None);
+        assert_eq!(url("https://example.com/a2a"), None);
+    }
 }

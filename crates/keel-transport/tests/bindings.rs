@@ -1,6 +1,6 @@
 //! The same operations on every binding: ListTasks, the HTTP+JSON (REST) routes and errors,
-//! one scenario run over JSON-RPC and REST with the results compared, and the v0.3
-//! compatibility layer.
+//! one scenario run over JSON-RPC, REST and (feature `grpc`) gRPC with the results compared,
+//! and the v0.3 compatibility layer.
 
 mod support;
 
@@ -109,14 +109,78 @@ async fn list_tasks_filters_pages_and_puts_the_most_recent_first() {
     server.stop().await;
 }
 
+/// The binding a scenario runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    JsonRpc,
+    Rest,
+    #[cfg(feature = "grpc")]
+    Grpc,
+}
+
+/// One operation over gRPC, with the tenant in the request as REST has it in the path: the
+/// answer's JSON, or the error's `ErrorInfo.reason` (its status code checked against A2A's).
+#[cfg(feature = "grpc")]
+async fn grpc_call(
+    server: &TestServer,
+    operation: &str,
+    mut params: Value,
+) -> Result<Value, String> {
+    use keel_transport::grpc::tonic_types::StatusExt;
+    use keel_transport::grpc::{from_json, proto, to_json, tonic};
+    let mut client = proto::a2a_service_client::A2aServiceClient::connect(server.base.clone())
+        .await
+        .unwrap();
+    params["tenant"] = json!("tenant-x");
+    let params = params.to_string();
+    let answer = match operation {
+        "SendMessage" => client
+            .send_message(from_json::<proto::SendMessageRequest>(&params).unwrap())
+            .await
+            .map(|r| to_json(r.get_ref()).unwrap()),
+        "GetTask" => client
+            .get_task(from_json::<proto::GetTaskRequest>(&params).unwrap())
+            .await
+            .map(|r| to_json(r.get_ref()).unwrap()),
+        "ListTasks" => client
+            .list_tasks(from_json::<proto::ListTasksRequest>(&params).unwrap())
+            .await
+            .map(|r| to_json(r.get_ref()).unwrap()),
+        "CancelTask" => client
+            .cancel_task(from_json::<proto::CancelTaskRequest>(&params).unwrap())
+            .await
+            .map(|r| to_json(r.get_ref()).unwrap()),
+        other => panic!("{other}"),
+    };
+    answer.map_err(|status| {
+        let reason = status
+            .get_error_details()
+            .error_info()
+            .unwrap()
+            .reason
+            .clone();
+        let expected = match reason.as_str() {
+            "TASK_NOT_FOUND" => tonic::Code::NotFound,
+            "TASK_NOT_CANCELABLE" => tonic::Code::FailedPrecondition,
+            _ => tonic::Code::InvalidArgument,
+        };
+        assert_eq!(status.code(), expected, "{status:?}");
+        reason
+    })
+}
+
 /// One operation on one binding: the result, or the error's `ErrorInfo.reason`.
 async fn call(
     server: &TestServer,
-    rest: bool,
+    via: Via,
     operation: &str,
     params: Value,
 ) -> Result<Value, String> {
-    if !rest {
+    #[cfg(feature = "grpc")]
+    if via == Via::Grpc {
+        return grpc_call(server, operation, params).await;
+    }
+    if via == Via::JsonRpc {
         let answer = server.rpc(operation, params).await;
         return match answer.get("error") {
             Some(error) => Err(error["data"][0]["reason"].as_str().unwrap().to_owned()),
@@ -190,11 +254,11 @@ fn normalize(value: &mut Value) {
     }
 }
 
-async fn scenario(server: &TestServer, rest: bool, thread: &str) -> Vec<Result<Value, String>> {
+async fn scenario(server: &TestServer, via: Via, thread: &str) -> Vec<Result<Value, String>> {
     let mut out = Vec::new();
     let sent = call(
         server,
-        rest,
+        via,
         "SendMessage",
         json!({"message": in_thread("hello", thread)}),
     )
@@ -204,19 +268,19 @@ async fn scenario(server: &TestServer, rest: bool, thread: &str) -> Vec<Result<V
     out.push(
         call(
             server,
-            rest,
+            via,
             "GetTask",
             json!({"id": id, "historyLength": 1}),
         )
         .await,
     );
-    out.push(call(server, rest, "ListTasks", json!({"contextId": thread})).await);
-    out.push(call(server, rest, "CancelTask", json!({"id": id})).await);
-    out.push(call(server, rest, "GetTask", json!({"id": "no-such-task"})).await);
+    out.push(call(server, via, "ListTasks", json!({"contextId": thread})).await);
+    out.push(call(server, via, "CancelTask", json!({"id": id})).await);
+    out.push(call(server, via, "GetTask", json!({"id": "no-such-task"})).await);
     out.push(
         call(
             server,
-            rest,
+            via,
             "SendMessage",
             json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": []}}),
         )
@@ -229,12 +293,25 @@ async fn scenario(server: &TestServer, rest: bool, thread: &str) -> Vec<Result<V
 #[tokio::test]
 async fn jsonrpc_and_rest_answer_the_same_scenario_the_same_way() {
     let server = TestServer::start().await;
-    let over_jsonrpc = scenario(&server, false, "th-rpc").await;
-    let over_rest = scenario(&server, true, "th-rest").await;
+    let over_jsonrpc = scenario(&server, Via::JsonRpc, "th-rpc").await;
+    let over_rest = scenario(&server, Via::Rest, "th-rest").await;
     assert_eq!(over_jsonrpc, over_rest);
     assert_eq!(over_rest[3], Err("TASK_NOT_CANCELABLE".to_owned()));
     assert_eq!(over_rest[4], Err("TASK_NOT_FOUND".to_owned()));
     assert_eq!(over_rest[5], Err("INVALID_PARAMS".to_owned()));
+    server.stop().await;
+}
+
+#[cfg(feature = "grpc")]
+#[tokio::test]
+async fn grpc_answers_the_same_scenario_as_jsonrpc() {
+    let server = TestServer::start().await;
+    let over_jsonrpc = scenario(&server, Via::JsonRpc, "th-rpc").await;
+    let over_grpc = scenario(&server, Via::Grpc, "th-grpc").await;
+    assert_eq!(over_jsonrpc, over_grpc);
+    assert_eq!(over_grpc[3], Err("TASK_NOT_CANCELABLE".to_owned()));
+    assert_eq!(over_grpc[4], Err("TASK_NOT_FOUND".to_owned()));
+    assert_eq!(over_grpc[5], Err("INVALID_PARAMS".to_owned()));
     server.stop().await;
 }
 

@@ -195,13 +195,20 @@ async fn agent_card_declares_jsonrpc_and_rest_1_0_and_jsonrpc_0_3_and_streaming(
     assert_eq!(card["name"], "echo");
     assert_eq!(card["description"], "Echoes what it hears");
     assert!(card["version"].is_string());
+    let interfaces = [
+        Some(
+            json!({"url": format!("{}/", server.base), "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}),
+        ),
+        Some(json!({"url": server.base, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"})),
+        // With the gRPC binding compiled in, it is listed at the same host and port.
+        cfg!(feature = "grpc").then(|| json!({"url": server.base.trim_start_matches("http://"), "protocolBinding": "GRPC", "protocolVersion": "1.0"})),
+        Some(
+            json!({"url": format!("{}/", server.base), "protocolBinding": "JSONRPC", "protocolVersion": "0.3"}),
+        ),
+    ];
     assert_eq!(
         card["supportedInterfaces"],
-        json!([
-            {"url": format!("{}/", server.base), "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
-            {"url": server.base, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
-            {"url": format!("{}/", server.base), "protocolBinding": "JSONRPC", "protocolVersion": "0.3"}
-        ])
+        Value::Array(interfaces.into_iter().flatten().collect())
     );
     assert_eq!(card["capabilities"]["streaming"], true);
     assert_eq!(card["capabilities"]["pushNotifications"], true);
@@ -254,7 +261,10 @@ async fn a_caller_without_a2a_version_gets_the_card_with_the_v0_3_fields() {
         .iter()
         .map(|i| i["protocolVersion"].as_str().unwrap())
         .collect();
-    assert_eq!(versions, ["1.0", "1.0", "0.3"]);
+    let v1_interfaces = if cfg!(feature = "grpc") { 3 } else { 2 };
+    assert_eq!(versions.len(), v1_interfaces + 1);
+    assert!(versions[..v1_interfaces].iter().all(|v| *v == "1.0"));
+    assert_eq!(versions[v1_interfaces], "0.3");
 
     // Each variant has its own tag.
     let v1 = server

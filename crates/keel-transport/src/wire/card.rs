@@ -33,6 +33,9 @@ pub(crate) enum Binding {
     JsonRpc,
     /// HTTP+JSON (REST).
     HttpJson,
+    /// gRPC (the `grpc` feature).
+    #[cfg(feature = "grpc")]
+    Grpc,
 }
 
 /// One entry of a card's `supportedInterfaces`.
@@ -214,6 +217,8 @@ fn card_to_wire_with(card: &AgentCard, interfaces: &[Interface]) -> a2a::AgentCa
                 protocol_binding: match i.binding {
                     Binding::JsonRpc => JSONRPC_BINDING.into(),
                     Binding::HttpJson => HTTP_JSON_BINDING.into(),
+                    #[cfg(feature = "grpc")]
+                    Binding::Grpc => a2a::TRANSPORT_PROTOCOL_GRPC.into(),
                 },
                 protocol_version: i.protocol_version.clone(),
                 tenant: None,

@@ -1,0 +1,490 @@
+//! The gRPC binding (feature `grpc`) against a real server, with the generated tonic client of
+//! A2A's proto: the card's three interfaces, streams (SendStreamingMessage, SubscribeToTask),
+//! errors as statuses with `ErrorInfo`, credentials in metadata and tenants kept apart, the
+//! push config operations and the extended card.
+
+mod support;
+
+use std::sync::Arc;
+
+use keel_agent::AgentExecutor;
+use keel_core::AgentCard;
+use keel_llm::MockLlm;
+use keel_runtime::{ApiKeyAuthService, AuthContext, Services};
+use keel_transport::grpc::proto::a2a_service_client::A2aServiceClient;
+use keel_transport::grpc::tonic::transport::Channel;
+use keel_transport::grpc::tonic::{Code, Request, Status, Streaming};
+use keel_transport::grpc::tonic_types::StatusExt;
+use keel_transport::grpc::{from_json, proto, to_json, ProtoJson};
+use keel_transport::{A2aServer, AgentsServer, Security};
+use serde_json::{json, Value};
+use support::{user_message, TestServer, SLEEP_30};
+
+const ALICE: &str = "key-alice";
+const BOB: &str = "key-bob";
+
+async fn client(server: &TestServer) -> A2aServiceClient<Channel> {
+    A2aServiceClient::connect(server.base.clone())
+        .await
+        .unwrap()
+}
+
+/// A request message from its A2A JSON.
+fn message<M: ProtoJson>(json: Value) -> M {
+    from_json(&json.to_string()).unwrap()
+}
+
+/// A request carrying the API key `key` in its metadata.
+fn as_caller<M>(key: &str, message: M) -> Request<M> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert("x-api-key", key.parse().unwrap());
+    request
+}
+
+/// The events of a stream, as A2A JSON, until it ends.
+async fn drain(mut stream: Streaming<proto::StreamResponse>) -> Vec<Value> {
+    let mut events = Vec::new();
+    while let Some(event) = stream.message().await.unwrap() {
+        events.push(to_json(&event).unwrap());
+    }
+    events
+}
+
+/// The `ErrorInfo.reason` of a status.
+fn reason(status: &Status) -> String {
+    status
+        .get_error_details()
+        .error_info()
+        .map(|info| info.reason.clone())
+        .unwrap_or_default()
+}
+
+fn secured_runtime() -> Arc<Services> {
+    let auth = ApiKeyAuthService::new(AuthContext::new("local", "operator"))
+        .with_key(ALICE, AuthContext::new("acme", "alice"))
+        .with_key(BOB, AuthContext::new("globex", "bob"));
+    Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth))
+}
+
+#[tokio::test]
+async fn the_card_lists_jsonrpc_http_json_and_grpc_on_the_one_listener() {
+    let server = TestServer::start().await;
+    let card: Value = server
+        .http
+        .get(format!("{}/.well-known/agent-card.json", server.base))
+        .header("A2A-Version", "1.0")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let interfaces: Vec<(String, String, String)> = card["supportedInterfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            let field = |name: &str| i[name].as_str().unwrap().to_owned();
+            (
+                field("protocolBinding"),
+                field("protocolVersion"),
+                field("url"),
+            )
+        })
+        .collect();
+    let host_port = server.base.trim_start_matches("http://").to_owned();
+    let v1 = |binding: &str, url: String| (binding.to_owned(), "1.0".to_owned(), url);
+    assert_eq!(
+        interfaces[..3],
+        [
+            v1("JSONRPC", format!("{}/", server.base)),
+            v1("HTTP+JSON", server.base.clone()),
+            v1("GRPC", host_port),
+        ],
+        "{card}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn send_streaming_message_streams_the_task_then_its_updates_to_completed() {
+    let server = TestServer::start().await;
+    let mut grpc = client(&server).await;
+    let stream = grpc
+        .send_streaming_message(message::<proto::SendMessageRequest>(
+            json!({"message": user_message("hello over grpc")}),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let events = drain(stream).await;
+    let first = &events[0]["task"];
+    assert!(first["id"].is_string(), "{events:?}");
+    assert_eq!(first["history"][0]["parts"][0]["text"], "hello over grpc");
+    let last = events.last().unwrap();
+    assert_eq!(
+        last["statusUpdate"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e.get("artifactUpdate").is_some()),
+        "the echo arrives as an artifact: {events:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
+    let server = TestServer::start().await;
+    let mut grpc = client(&server).await;
+    let running = grpc
+        .send_message(message::<proto::SendMessageRequest>(json!({
+            "message": user_message(SLEEP_30),
+            "configuration": {"returnImmediately": true}
+        })))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(proto::send_message_response::Payload::Task(task)) = running.payload else {
+        panic!("SendMessage answers with the task");
+    };
+    let mut stream = grpc
+        .subscribe_to_task(proto::SubscribeToTaskRequest {
+            id: task.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // The first event is the task as it is: waiting on it is waiting for the stream to exist.
+    let first = to_json(&stream.message().await.unwrap().unwrap()).unwrap();
+    assert_eq!(first["task"]["id"], task.id.as_str(), "{first}");
+
+    let canceled = grpc
+        .cancel_task(proto::CancelTaskRequest {
+            id: task.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        canceled.status.unwrap().state,
+        proto::TaskState::Canceled as i32
+    );
+    let finals: Vec<Value> = drain(stream)
+        .await
+        .into_iter()
+        .filter_map(|e| {
+            e["statusUpdate"]["status"]["state"]
+                .as_str()
+                .map(Value::from)
+        })
+        .filter(|state| state != "TASK_STATE_WORKING")
+        .collect();
+    assert_eq!(finals, vec![json!("TASK_STATE_CANCELED")]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
+    let server = TestServer::start().await;
+    let mut grpc = client(&server).await;
+
+    let missing = grpc
+        .get_task(proto::GetTaskRequest {
+            id: "no-such-task".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    let details = missing.get_error_details();
+    let info = details.error_info().unwrap();
+    assert_eq!(info.reason, "TASK_NOT_FOUND");
+    assert_eq!(info.domain, "a2a-protocol.org");
+    assert_eq!(info.metadata["taskId"], "no-such-task");
+
+    let done = grpc
+        .send_message(message::<proto::SendMessageRequest>(
+            json!({"message": user_message("done")}),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(proto::send_message_response::Payload::Task(done)) = done.payload else {
+        panic!("a task");
+    };
+    // A terminal task has nothing to follow: UnsupportedOperation before any stream.
+    let subscribe = grpc
+        .subscribe_to_task(proto::SubscribeToTaskRequest {
+            id: done.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(subscribe.code(), Code::Unimplemented);
+    assert_eq!(reason(&subscribe), "UNSUPPORTED_OPERATION");
+
+    let cancel = grpc
+        .cancel_task(proto::CancelTaskRequest {
+            id: done.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(cancel.code(), Code::FailedPrecondition);
+    assert_eq!(reason(&cancel), "TASK_NOT_CANCELABLE");
+
+    let no_parts = grpc
+        .send_message(message::<proto::SendMessageRequest>(
+            json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": []}}),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(no_parts.code(), Code::InvalidArgument);
+    assert_eq!(reason(&no_parts), "INVALID_PARAMS");
+
+    // The binding speaks A2A 1.0, like HTTP+JSON.
+    let mut old = Request::new(proto::GetTaskRequest {
+        id: done.id.clone(),
+        ..Default::default()
+    });
+    old.metadata_mut()
+        .insert("a2a-version", "0.3".parse().unwrap());
+    let old = grpc.get_task(old).await.unwrap_err();
+    assert_eq!(old.code(), Code::Unimplemented);
+    assert_eq!(reason(&old), "VERSION_NOT_SUPPORTED");
+
+    let card = grpc
+        .get_extended_agent_card(proto::GetExtendedAgentCardRequest::default())
+        .await
+        .unwrap_err();
+    // As over JSON-RPC: a server without an extended card does not offer the operation.
+    assert_eq!(card.code(), Code::Unimplemented);
+    assert_eq!(reason(&card), "UNSUPPORTED_OPERATION");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn credentials_travel_as_metadata_and_tenants_never_meet() {
+    let extended = AgentCard::new("echo-extended", "Echoes, with more skills", "http://unused");
+    let server = TestServer::start_with(secured_runtime(), |s| {
+        s.with_security(Security::api_key_and_bearer())
+            .with_extended_card(extended)
+    })
+    .await;
+    let mut grpc = client(&server).await;
+
+    let anonymous = grpc
+        .get_extended_agent_card(proto::GetExtendedAgentCardRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(anonymous.code(), Code::Unauthenticated);
+    let wrong = grpc
+        .get_extended_agent_card(as_caller(
+            "no-such-key",
+            proto::GetExtendedAgentCardRequest::default(),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), Code::Unauthenticated);
+
+    let card = grpc
+        .get_extended_agent_card(as_caller(
+            ALICE,
+            proto::GetExtendedAgentCardRequest::default(),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(card.name, "echo-extended");
+    assert!(card.security_schemes.contains_key("apiKey"));
+
+    let mut bearer = Request::new(message::<proto::SendMessageRequest>(
+        json!({"message": user_message("alice's")}),
+    ));
+    bearer
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+    let sent = grpc.send_message(bearer).await.unwrap().into_inner();
+    let Some(proto::send_message_response::Payload::Task(task)) = sent.payload else {
+        panic!("a task");
+    };
+    let get = |key: &str| {
+        as_caller(
+            key,
+            proto::GetTaskRequest {
+                id: task.id.clone(),
+                ..Default::default()
+            },
+        )
+    };
+    assert_eq!(
+        grpc.get_task(get(ALICE)).await.unwrap().into_inner().id,
+        task.id
+    );
+    let as_bob = grpc.get_task(get(BOB)).await.unwrap_err();
+    assert_eq!(as_bob.code(), Code::NotFound, "bob cannot see alice's task");
+    let listed = grpc
+        .list_tasks(as_caller(BOB, proto::ListTasksRequest::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.total_size, 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn push_config_operations_create_get_list_and_delete() {
+    let server = TestServer::start_with(
+        Arc::new(Services::in_memory(Arc::new(MockLlm::new()))),
+        |s| s.allow_private_push_targets(true),
+    )
+    .await;
+    let mut grpc = client(&server).await;
+    let running = grpc
+        .send_message(message::<proto::SendMessageRequest>(json!({
+            "message": user_message(SLEEP_30),
+            "configuration": {"returnImmediately": true}
+        })))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(proto::send_message_response::Payload::Task(task)) = running.payload else {
+        panic!("a task");
+    };
+    let created = grpc
+        .create_task_push_notification_config(message::<proto::TaskPushNotificationConfig>(
+            json!({"taskId": task.id, "id": "hook-1", "url": "http://127.0.0.1:9/hook", "token": "secret"}),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(created.id, "hook-1");
+    assert_eq!(created.task_id, task.id);
+
+    let got = grpc
+        .get_task_push_notification_config(proto::GetTaskPushNotificationConfigRequest {
+            task_id: task.id.clone(),
+            id: "hook-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.url, "http://127.0.0.1:9/hook");
+    let listed = grpc
+        .list_task_push_notification_configs(proto::ListTaskPushNotificationConfigsRequest {
+            task_id: task.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.configs.len(), 1);
+
+    grpc.delete_task_push_notification_config(proto::DeleteTaskPushNotificationConfigRequest {
+        task_id: task.id.clone(),
+        id: "hook-1".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let gone = grpc
+        .get_task_push_notification_config(proto::GetTaskPushNotificationConfigRequest {
+            task_id: task.id.clone(),
+            id: "hook-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+
+    grpc.cancel_task(proto::CancelTaskRequest {
+        id: task.id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn agents_under_a_path_list_no_grpc_interface() {
+    let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
+    let server = || A2aServer::new(AgentExecutor::new(support::agent(), runtime.clone()));
+    let agents = AgentsServer::new()
+        .with_agent("alpha", server())
+        .with_agent("beta", server());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(agents.serve(listener, async move {
+        let _ = stopped.await;
+    }));
+    let card: Value = reqwest::Client::new()
+        .get(format!("{base}/agents/beta/.well-known/agent-card.json"))
+        .header("A2A-Version", "1.0")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let bindings: Vec<&str> = card["supportedInterfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["protocolBinding"].as_str().unwrap())
+        .collect();
+    assert_eq!(bindings, ["JSONRPC", "HTTP+JSON", "JSONRPC"], "{card}");
+    let _ = stop.send(());
+    serving.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_ends_an_open_grpc_stream_with_the_canceled_status() {
+    let server = TestServer::start().await;
+    let mut grpc = client(&server).await;
+    let mut stream = grpc
+        .send_streaming_message(message::<proto::SendMessageRequest>(
+            json!({"message": user_message(SLEEP_30)}),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = to_json(&stream.message().await.unwrap().unwrap()).unwrap();
+    assert!(first.get("task").is_some(), "{first}");
+    let stopping = tokio::spawn(server.stop());
+    let events = drain(stream).await;
+    assert_eq!(
+        events.last().unwrap()["statusUpdate"]["status"]["state"],
+        "TASK_STATE_CANCELED",
+        "{events:?}"
+    );
+    stopping.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_message_over_the_body_limit_is_refused() {
+    let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
+    let server = TestServer::start_with(runtime, |s| s.with_body_limit(4096)).await;
+    let mut grpc = client(&server).await;
+    let refused = grpc
+        .send_message(message::<proto::SendMessageRequest>(
+            json!({"message": user_message(&"x".repeat(8192))}),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::OutOfRange, "{refused:?}");
+    let fits = grpc
+        .send_message(message::<proto::SendMessageRequest>(
+            json!({"message": user_message("small")}),
+        ))
+        .await;
+    assert!(fits.is_ok(), "{fits:?}");
+    server.stop().await;
+}
