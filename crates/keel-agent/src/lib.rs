@@ -68,4 +68,4 @@ pub use subagents::{
     SESSION_STATUS_TOOL, SUBAGENT_CREATE_TOOL, SUBAGENT_MESSAGE_TOOL,
 };
 pub use thread_state::{ThreadState, RESERVED_KEY_PREFIX};
-pub use tool::{FnTool, PromptTool, Tool, ToolContext};
+pub use tool::{ArtifactChunk, FnTool, PromptTool, Tool, ToolContext};

@@ -373,6 +373,32 @@ impl Task {
         self
     }
 
+    /// Record an artifact update as A2A's `TaskArtifactUpdateEvent` means it: with `append`,
+    /// `artifact`'s parts extend the artifact of the same id (one artifact sent in chunks);
+    /// otherwise it replaces the artifact of that id, or is added when the task has none.
+    /// An `append` for an id the task does not hold adds the chunk as a new artifact, so a
+    /// reader that missed the first chunk still keeps what arrived.
+    ///
+    /// ```
+    /// use keel_core::{Artifact, Part, Task, Message};
+    /// let mut task = Task::create(Message::user("hi"));
+    /// let first = Artifact::text("chunk-1 ");
+    /// let mut second = Artifact::text("chunk-2");
+    /// second.id = first.id.clone();
+    /// task.apply_artifact(first, false);
+    /// task.apply_artifact(second, true);
+    /// assert_eq!(task.artifacts.len(), 1);
+    /// assert_eq!(task.artifacts[0].parts, vec![Part::text("chunk-1 "), Part::text("chunk-2")]);
+    /// ```
+    pub fn apply_artifact(&mut self, artifact: Artifact, append: bool) -> &mut Self {
+        match self.artifacts.iter_mut().find(|a| a.id == artifact.id) {
+            Some(existing) if append => existing.parts.extend(artifact.parts),
+            Some(existing) => *existing = artifact,
+            None => self.artifacts.push(artifact),
+        }
+        self
+    }
+
     /// The most recent message in the history.
     pub fn last_message(&self) -> Option<&Message> {
         self.history.last()
@@ -384,6 +410,19 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use TaskState::*;
+
+    #[test]
+    fn an_artifact_update_without_append_replaces_and_an_unknown_append_adds() {
+        let mut task = Task::create(Message::user("hi"));
+        let first = Artifact::text("draft");
+        let mut revised = Artifact::text("final");
+        revised.id = first.id.clone();
+        task.apply_artifact(first, false).apply_artifact(revised, false);
+        assert_eq!(task.artifacts.len(), 1);
+        assert_eq!(task.artifacts[0].parts, vec![crate::Part::text("final")]);
+        task.apply_artifact(Artifact::text("orphan chunk"), true);
+        assert_eq!(task.artifacts.len(), 2);
+    }
 
     #[test]
     fn complete_from_submitted_passes_through_working() {
