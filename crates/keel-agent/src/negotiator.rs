@@ -19,6 +19,12 @@ pub enum Negotiation {
         /// The question.
         question: String,
     },
+    /// Ask the sender to authorize before starting: the task waits in `auth-required`, and
+    /// the next message to it (carrying the credentials the agent asked for) starts it.
+    AskAuth {
+        /// What the agent needs.
+        request: String,
+    },
     /// Refuse: the task ends `rejected`.
     Reject {
         /// Why.

@@ -314,6 +314,17 @@ impl Task {
         Ok(self)
     }
 
+    /// Wait for the client to authorize (A2A `auth-required`), with `message` saying what is
+    /// needed; a submitted task passes through working first. A message to the task then
+    /// resumes it, as input does.
+    pub fn require_auth(&mut self, message: Option<Message>) -> AgentResult<&mut Self> {
+        self.through_working(TaskState::AuthRequired)?;
+        if let Some(message) = message {
+            self.update_status(TaskState::AuthRequired, Some(message))?;
+        }
+        Ok(self)
+    }
+
     /// Complete with an agent answer, which becomes the status message and joins the history.
     /// A submitted task passes through working first.
     pub fn complete(&mut self, response_text: impl Into<String>) -> AgentResult<&mut Self> {
@@ -422,6 +433,16 @@ mod tests {
         assert_eq!(task.artifacts[0].parts, vec![crate::Part::text("final")]);
         task.apply_artifact(Artifact::text("orphan chunk"), true);
         assert_eq!(task.artifacts.len(), 2);
+    }
+
+    #[test]
+    fn require_auth_from_submitted_passes_through_working_and_input_resumes_it() {
+        let mut task = Task::create(Message::user("hi"));
+        task.require_auth(Some(Message::agent("sign in"))).unwrap();
+        assert_eq!(task.state(), AuthRequired);
+        assert_eq!(task.status().message.as_ref().unwrap().text(), "sign in");
+        task.begin().unwrap();
+        assert_eq!(task.state(), Working);
     }
 
     #[test]

@@ -298,43 +298,51 @@ impl AgentExecutor {
         }
         let continuing = task.state() != TaskState::Submitted;
         if !continuing {
-            match self
+            let negotiation = self
                 .inner
                 .agent
                 .negotiator()
                 .negotiate(self.inner.agent.card(), &message)
-                .await?
-            {
+                .await?;
+            match &negotiation {
                 Negotiation::Accept { skill } => {
                     if let Some(skill) = skill {
-                        EngineMeta::update(&mut task, |m| m.skill = Some(skill));
+                        EngineMeta::update(&mut task, |m| m.skill = Some(skill.clone()));
                     }
                 }
-                Negotiation::AskInput { question } => {
+                Negotiation::AskInput { question: ask } | Negotiation::AskAuth { request: ask } => {
                     // The task exists and waits; the answer (a message naming it) starts it.
+                    let for_auth = matches!(&negotiation, Negotiation::AskAuth { .. });
                     tasks.save_task(auth, &task).await?;
                     tasks
                         .add_task_event(auth, &task.id, &TaskEvent::Message { message })
                         .await?;
                     let ask = self
                         .inner
-                        .record_event(auth, &task, vec![Part::text(&question)])
+                        .record_event(auth, &task, vec![Part::text(ask)])
                         .await?;
-                    task.require_input(Some(ask))?;
+                    if for_auth {
+                        task.require_auth(Some(ask))?;
+                    } else {
+                        task.require_input(Some(ask))?;
+                    }
                     EngineMeta::update(&mut task, |m| m.stop_reason = Some("negotiation".into()));
                     self.inner.persist_status(auth, &task).await?;
                     let task = self.get_task(auth, &task.id, options.history_length).await?;
                     return Ok(SendOutcome::Task(Box::new(task)));
                 }
                 Negotiation::Reply { message: reply } => {
-                    return Ok(SendOutcome::Message(Box::new(reply_to(&message, reply))));
+                    return Ok(SendOutcome::Message(Box::new(reply_to(
+                        &message,
+                        reply.clone(),
+                    ))));
                 }
                 Negotiation::Reject { reason } => {
                     tasks.save_task(auth, &task).await?;
                     tasks
                         .add_task_event(auth, &task.id, &TaskEvent::Message { message })
                         .await?;
-                    task.update_status(TaskState::Rejected, Some(Message::agent(&reason)))?;
+                    task.update_status(TaskState::Rejected, Some(Message::agent(reason)))?;
                     EngineMeta::update(&mut task, |m| m.stop_reason = Some("rejected".into()));
                     self.inner.persist_status(auth, &task).await?;
                     let task = self.get_task(auth, &task.id, options.history_length).await?;
