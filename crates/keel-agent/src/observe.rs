@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use keel_core::{
-    AgentError, AgentResult, ApprovalDecision, Artifact, ApprovalRequest, RunAction, RunContext, TaskId,
+    AgentError, AgentResult, ApprovalDecision, ApprovalRequest, Artifact, RunAction, RunContext,
+    TaskId,
 };
 use keel_events::payload::{ActionPolicyPayload, BudgetPayload};
 use keel_events::{

@@ -428,7 +428,8 @@ mod tests {
         let first = Artifact::text("draft");
         let mut revised = Artifact::text("final");
         revised.id = first.id.clone();
-        task.apply_artifact(first, false).apply_artifact(revised, false);
+        task.apply_artifact(first, false)
+            .apply_artifact(revised, false);
         assert_eq!(task.artifacts.len(), 1);
         assert_eq!(task.artifacts[0].parts, vec![crate::Part::text("final")]);
         task.apply_artifact(Artifact::text("orphan chunk"), true);

@@ -14,7 +14,9 @@ use async_trait::async_trait;
 use keel_agent::{
     Agent, ArtifactChunk, FnTool, Negotiation, Negotiator, ToolContext, MESSAGE_ID_META,
 };
-use keel_core::{AgentCard, AgentError, AgentResult, AgentSkill, Artifact, FileContent, Message, Part};
+use keel_core::{
+    AgentCard, AgentError, AgentResult, AgentSkill, Artifact, FileContent, Message, Part,
+};
 use keel_llm::{Llm, LlmRequest, LlmResponse, LlmRole, ToolCall};
 use serde_json::json;
 
@@ -64,7 +66,10 @@ pub const SCENARIOS: &[(&str, Scenario)] = &[
     ("tck-artifact-data", Scenario::ArtifactData),
     ("tck-message-response", Scenario::MessageResponse),
     ("tck-auth-required", Scenario::AuthRequired),
-    ("tck-stream-artifact-chunked", Scenario::StreamArtifactChunked),
+    (
+        "tck-stream-artifact-chunked",
+        Scenario::StreamArtifactChunked,
+    ),
 ];
 
 /// The answer of [`Scenario::Complete`] (and of an id with no known prefix).
@@ -80,7 +85,8 @@ pub const INPUT_RECEIVED_TEXT: &str = "Input received";
 /// The reason of [`Scenario::Reject`].
 pub const REJECT_REASON: &str = "rejected";
 /// The request of [`Scenario::AuthRequired`].
-pub const AUTH_REQUEST: &str = "Authorization required: send a follow-up message to complete the task";
+pub const AUTH_REQUEST: &str =
+    "Authorization required: send a follow-up message to complete the task";
 /// The answer to the follow-up of [`Scenario::AuthRequired`].
 pub const AUTH_RECEIVED_TEXT: &str = "Authorization received";
 /// The reply of [`Scenario::MessageResponse`].
@@ -349,7 +355,10 @@ mod tests {
             scenario("tck-artifact-file-url-1"),
             Some(Scenario::ArtifactFileUrl)
         );
-        assert_eq!(scenario("tck-artifact-file-1"), Some(Scenario::ArtifactFile));
+        assert_eq!(
+            scenario("tck-artifact-file-1"),
+            Some(Scenario::ArtifactFile)
+        );
         assert_eq!(
             scenario("tck-stream-artifact-chunked-3"),
             Some(Scenario::StreamArtifactChunked)

@@ -322,7 +322,11 @@ async fn file_url_and_data_artifacts_complete_the_task_as_a2a_parts_over_every_b
     for &binding in BINDINGS {
         for (prefix, part) in artifact_scenarios() {
             let task = server.send(binding, message(prefix), json!({})).await;
-            assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{binding:?} {prefix}: {task}");
+            assert_eq!(
+                state(&task),
+                "TASK_STATE_COMPLETED",
+                "{binding:?} {prefix}: {task}"
+            );
             assert_eq!(status_text(&task), ARTIFACT_ADDED_TEXT);
             // The run named its output: no `answer` artifact beside it.
             let artifacts = task["artifacts"].as_array().unwrap();
@@ -489,7 +493,9 @@ async fn a_chunked_artifact_streams_appended_chunks_and_the_task_keeps_their_con
             Some("TASK_STATE_COMPLETED"),
             "{binding:?}: {events:?}"
         );
-        let task = server.call(binding, "GetTask", json!({"id": task_id})).await;
+        let task = server
+            .call(binding, "GetTask", json!({"id": task_id}))
+            .await;
         let artifacts = task["artifacts"].as_array().unwrap();
         assert_eq!(artifacts.len(), 1, "{binding:?}: {task}");
         assert_eq!(artifacts[0]["artifactId"], *id);

@@ -328,7 +328,9 @@ impl AgentExecutor {
                     }
                     EngineMeta::update(&mut task, |m| m.stop_reason = Some("negotiation".into()));
                     self.inner.persist_status(auth, &task).await?;
-                    let task = self.get_task(auth, &task.id, options.history_length).await?;
+                    let task = self
+                        .get_task(auth, &task.id, options.history_length)
+                        .await?;
                     return Ok(SendOutcome::Task(Box::new(task)));
                 }
                 Negotiation::Reply { message: reply } => {
@@ -345,7 +347,9 @@ impl AgentExecutor {
                     task.update_status(TaskState::Rejected, Some(Message::agent(reason)))?;
                     EngineMeta::update(&mut task, |m| m.stop_reason = Some("rejected".into()));
                     self.inner.persist_status(auth, &task).await?;
-                    let task = self.get_task(auth, &task.id, options.history_length).await?;
+                    let task = self
+                        .get_task(auth, &task.id, options.history_length)
+                        .await?;
                     return Ok(SendOutcome::Task(Box::new(task)));
                 }
             }
@@ -393,7 +397,10 @@ impl AgentExecutor {
                 )
                 .await?
             }
-            None => self.get_task(auth, &task.id, options.history_length).await?,
+            None => {
+                self.get_task(auth, &task.id, options.history_length)
+                    .await?
+            }
         };
         Ok(SendOutcome::Task(Box::new(task)))
     }
