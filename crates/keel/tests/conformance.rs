@@ -605,3 +605,33 @@ async fn the_card_declares_streaming_push_notifications_and_the_extended_card() 
     assert_eq!(card["capabilities"]["extendedAgentCard"], true, "{card}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn message_response_reaches_a_v03_client_as_a_message() {
+    let server = Server::start().await;
+    let body: Value = server
+        .http
+        .post(format!("{}/", server.base))
+        .json(&json!({
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {"message": {
+                "kind": "message",
+                "messageId": "tck-message-response-v03",
+                "role": "user",
+                "parts": [{"kind": "text", "text": "scenario"}]
+            }}
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let reply = &body["result"];
+    assert_eq!(reply["kind"], "message", "{body}");
+    assert_eq!(reply["role"], "agent", "{body}");
+    assert_eq!(reply["parts"][0]["text"], MESSAGE_RESPONSE_TEXT, "{body}");
+    server.stop().await;
+}
