@@ -61,7 +61,7 @@ pub use attachments::{attachment_uri, ATTACHMENT_URI_SCHEME};
 pub use code::{CodeRequest, CodeRun, CodeRunner};
 pub use effects::{EffectConfig, EFFECT_CLAIM_TTL, EFFECT_RECHECK};
 pub use environment::{Environment, SECRETS_KEY_VAR};
-pub use executor::{AgentExecutor, ExecutorConfig, SendOptions, MESSAGE_ID_META};
+pub use executor::{AgentExecutor, ExecutorConfig, SendOptions, SendOutcome, MESSAGE_ID_META};
 pub use lifecycle::{LifecycleHooks, ToolVerdict};
 pub use negotiator::{AcceptAll, LlmNegotiator, Negotiation, Negotiator};
 pub use rest::TaskRest;
@@ -70,4 +70,4 @@ pub use subagents::{
     SESSION_STATUS_TOOL, SUBAGENT_CREATE_TOOL, SUBAGENT_MESSAGE_TOOL,
 };
 pub use thread_state::{ThreadState, RESERVED_KEY_PREFIX, TERMINATED_AT_KEY};
-pub use tool::{FnTool, PromptTool, Tool, ToolContext};
+pub use tool::{ArtifactChunk, FnTool, PromptTool, Tool, ToolContext};

@@ -7,7 +7,7 @@ use keel_llm::{Llm, LlmMessage, LlmRequest};
 use serde::Deserialize;
 
 /// What to do with an incoming message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Negotiation {
     /// Start the task, optionally for one of the card's skills (kept in `metadata.skill`).
     Accept {
@@ -19,10 +19,24 @@ pub enum Negotiation {
         /// The question.
         question: String,
     },
+    /// Ask the sender to authorize before starting: the task waits in `auth-required`, and
+    /// the next message to it (carrying the credentials the agent asked for) starts it.
+    AskAuth {
+        /// What the agent needs.
+        request: String,
+    },
     /// Refuse: the task ends `rejected`.
     Reject {
         /// Why.
         reason: String,
+    },
+    /// Answer at once with this message and create no task (A2A's `SendMessageResponse`
+    /// holding a `Message`): for requests that need no tracked work. Nothing is stored; the
+    /// engine sends the reply as the agent's, in the message's thread (a new one when the
+    /// message names none). See [`crate::AgentExecutor::send`].
+    Reply {
+        /// The reply (its role, ids and thread are set by the engine).
+        message: Message,
     },
 }
 

@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use keel_core::{
-    AgentError, AgentResult, ApprovalDecision, ApprovalRequest, RunAction, RunContext, TaskId,
+    AgentError, AgentResult, ApprovalDecision, ApprovalRequest, Artifact, RunAction, RunContext,
+    TaskId,
 };
 use keel_events::payload::{ActionPolicyPayload, BudgetPayload};
 use keel_events::{
@@ -26,6 +27,9 @@ pub(crate) struct RunObs {
     authorizer: Arc<ActionAuthorizer>,
     context: RunContext,
     logging: Arc<dyn LoggingService>,
+    /// Artifact updates the run's tools logged, for the task's snapshot when the run rests
+    /// (with whether each appends).
+    artifacts: Mutex<Vec<(Artifact, bool)>>,
 }
 
 impl RunObs {
@@ -58,7 +62,21 @@ impl RunObs {
             authorizer,
             context: context.clone(),
             logging,
+            artifacts: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Note an artifact update already in the task's log.
+    pub(crate) fn produced_artifact(&self, artifact: Artifact, append: bool) {
+        self.artifacts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((artifact, append));
+    }
+
+    /// The artifact updates noted since the last call, in order.
+    pub(crate) fn take_artifacts(&self) -> Vec<(Artifact, bool)> {
+        std::mem::take(&mut *self.artifacts.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Emit an event. A sink failing never stops the run (only authorization checkpoints

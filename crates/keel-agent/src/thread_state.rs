@@ -59,6 +59,8 @@ pub(crate) trait ThreadHost: Send + Sync {
     fn tracker(&self) -> &TaskTracker;
     /// This handle, shared; `None` once the executor is dropped.
     fn shared(&self) -> Option<Arc<dyn ThreadHost>>;
+    /// Wake whoever follows the executor's tasks (a task's log grew).
+    fn task_changed(&self);
     /// Make sure a local worker drives the thread.
     fn schedule(&self, auth: &AuthContext, thread_id: &ThreadId);
     /// Put `work` on the thread's durable queue and schedule the thread.

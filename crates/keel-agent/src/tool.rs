@@ -29,6 +29,9 @@ pub struct ToolContext {
     pub runtime: Arc<dyn Runtime>,
     /// The run's event stream, when the call happens inside a run.
     pub(crate) events: Option<Arc<crate::observe::RunObs>>,
+    /// Whether `task_id` is a stored task whose log takes artifacts (a run's), rather than
+    /// the id of a direct call that has no task.
+    pub(crate) in_task: bool,
 }
 
 impl ToolContext {
@@ -39,6 +42,90 @@ impl ToolContext {
             events.emit(event).await;
         }
     }
+
+    /// Add an artifact to the task, or a chunk of one: a `TaskArtifactUpdateEvent` in A2A's
+    /// terms. The update is written to the task's event log before this returns, so streams
+    /// see it while the run goes on, and the task's artifacts hold it from the moment the run
+    /// rests ([`keel_core::Task::apply_artifact`]: with [`ArtifactChunk::append`] the parts
+    /// extend the artifact of the same id). A run that adds artifacts this way has named its
+    /// outputs: its final answer is then the task's status message only, not also an
+    /// `answer` artifact. A call outside a task (a direct tool call) has nowhere to put one:
+    /// [`keel_core::AgentError::Unsupported`].
+    pub async fn add_artifact(
+        &self,
+        artifact: keel_core::Artifact,
+        chunk: ArtifactChunk,
+    ) -> AgentResult<()> {
+        let events = match &self.events {
+            Some(events) if self.in_task => events,
+            _ => {
+                return Err(keel_core::AgentError::Unsupported {
+                    what: "an artifact from a tool call outside a task".into(),
+                })
+            }
+        };
+        let update = keel_core::TaskEvent::ArtifactUpdate {
+            task_id: self.task_id.clone(),
+            thread_id: self.thread_id.clone(),
+            artifact: artifact.clone(),
+            append: chunk.append,
+            last_chunk: chunk.last_chunk,
+        };
+        self.runtime
+            .task_manager()
+            .add_task_event(&self.auth, &self.task_id, &update)
+            .await?;
+        self.thread.host.task_changed();
+        events
+            .emit(keel_events::RunEvent::task_artifact(
+                &artifact,
+                chunk.append,
+                chunk.last_chunk,
+            ))
+            .await;
+        events.produced_artifact(artifact, chunk.append);
+        Ok(())
+    }
+}
+
+/// How an artifact update relates to earlier ones of the same artifact id (A2A
+/// `TaskArtifactUpdateEvent.append` / `lastChunk`). The default is a whole artifact: not
+/// appended, and its last chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArtifactChunk {
+    /// The parts extend the artifact already sent with this id.
+    pub append: bool,
+    /// No more chunks of this artifact follow.
+    pub last_chunk: bool,
+}
+
+impl Default for ArtifactChunk {
+    fn default() -> Self {
+        Self::WHOLE
+    }
+}
+
+impl ArtifactChunk {
+    /// A whole artifact in one update.
+    pub const WHOLE: Self = Self {
+        append: false,
+        last_chunk: true,
+    };
+    /// The first chunk of an artifact whose later chunks append to it.
+    pub const FIRST: Self = Self {
+        append: false,
+        last_chunk: false,
+    };
+    /// A chunk appended to the artifact, more to follow.
+    pub const MORE: Self = Self {
+        append: true,
+        last_chunk: false,
+    };
+    /// The last chunk appended to the artifact.
+    pub const LAST: Self = Self {
+        append: true,
+        last_chunk: true,
+    };
 }
 
 /// A tool. Its arguments are checked against [`Tool::parameters`] before [`Tool::call`] runs.

@@ -314,6 +314,17 @@ impl Task {
         Ok(self)
     }
 
+    /// Wait for the client to authorize (A2A `auth-required`), with `message` saying what is
+    /// needed; a submitted task passes through working first. A message to the task then
+    /// resumes it, as input does.
+    pub fn require_auth(&mut self, message: Option<Message>) -> AgentResult<&mut Self> {
+        self.through_working(TaskState::AuthRequired)?;
+        if let Some(message) = message {
+            self.update_status(TaskState::AuthRequired, Some(message))?;
+        }
+        Ok(self)
+    }
+
     /// Complete with an agent answer, which becomes the status message and joins the history.
     /// A submitted task passes through working first.
     pub fn complete(&mut self, response_text: impl Into<String>) -> AgentResult<&mut Self> {
@@ -373,6 +384,32 @@ impl Task {
         self
     }
 
+    /// Record an artifact update as A2A's `TaskArtifactUpdateEvent` means it: with `append`,
+    /// `artifact`'s parts extend the artifact of the same id (one artifact sent in chunks);
+    /// otherwise it replaces the artifact of that id, or is added when the task has none.
+    /// An `append` for an id the task does not hold adds the chunk as a new artifact, so a
+    /// reader that missed the first chunk still keeps what arrived.
+    ///
+    /// ```
+    /// use keel_core::{Artifact, Part, Task, Message};
+    /// let mut task = Task::create(Message::user("hi"));
+    /// let first = Artifact::text("chunk-1 ");
+    /// let mut second = Artifact::text("chunk-2");
+    /// second.id = first.id.clone();
+    /// task.apply_artifact(first, false);
+    /// task.apply_artifact(second, true);
+    /// assert_eq!(task.artifacts.len(), 1);
+    /// assert_eq!(task.artifacts[0].parts, vec![Part::text("chunk-1 "), Part::text("chunk-2")]);
+    /// ```
+    pub fn apply_artifact(&mut self, artifact: Artifact, append: bool) -> &mut Self {
+        match self.artifacts.iter_mut().find(|a| a.id == artifact.id) {
+            Some(existing) if append => existing.parts.extend(artifact.parts),
+            Some(existing) => *existing = artifact,
+            None => self.artifacts.push(artifact),
+        }
+        self
+    }
+
     /// The most recent message in the history.
     pub fn last_message(&self) -> Option<&Message> {
         self.history.last()
@@ -384,6 +421,30 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use TaskState::*;
+
+    #[test]
+    fn an_artifact_update_without_append_replaces_and_an_unknown_append_adds() {
+        let mut task = Task::create(Message::user("hi"));
+        let first = Artifact::text("draft");
+        let mut revised = Artifact::text("final");
+        revised.id = first.id.clone();
+        task.apply_artifact(first, false)
+            .apply_artifact(revised, false);
+        assert_eq!(task.artifacts.len(), 1);
+        assert_eq!(task.artifacts[0].parts, vec![crate::Part::text("final")]);
+        task.apply_artifact(Artifact::text("orphan chunk"), true);
+        assert_eq!(task.artifacts.len(), 2);
+    }
+
+    #[test]
+    fn require_auth_from_submitted_passes_through_working_and_input_resumes_it() {
+        let mut task = Task::create(Message::user("hi"));
+        task.require_auth(Some(Message::agent("sign in"))).unwrap();
+        assert_eq!(task.state(), AuthRequired);
+        assert_eq!(task.status().message.as_ref().unwrap().text(), "sign in");
+        task.begin().unwrap();
+        assert_eq!(task.state(), Working);
+    }
 
     #[test]
     fn complete_from_submitted_passes_through_working() {

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, BoxStream, StreamExt};
-use keel_agent::{AgentExecutor, SendOptions};
+use keel_agent::{AgentExecutor, SendOptions, SendOutcome};
 use keel_core::{
     AgentError, AgentResult, Message, RunContext, Task, TaskEvent, TaskId, RUN_CONTEXT_KEY,
 };
@@ -192,9 +192,16 @@ impl Handlers {
             Operation::SendMessage => {
                 let call = wire::decode_send_message(params).map_err(rpc)?;
                 self.admission.check_message(&call.message).map_err(rpc)?;
-                let task = self.send_message(auth, call).await?;
-                tracing::debug!(task_id = %task.id, state = %task.state(), "SendMessage answered");
-                Ok(Reply::Unary(wire::encode_send_message_result(&task)))
+                Ok(Reply::Unary(match self.send_message(auth, call).await? {
+                    SendOutcome::Task(task) => {
+                        tracing::debug!(task_id = %task.id, state = %task.state(), "SendMessage answered");
+                        wire::encode_send_message_result(&task)
+                    }
+                    SendOutcome::Message(message) => {
+                        tracing::debug!(message_id = %message.message_id, "SendMessage answered without a task");
+                        wire::encode_send_message_reply(&message)
+                    }
+                }))
             }
             Operation::GetTask => {
                 let (task_id, history_length) = wire::decode_get_task(params).map_err(rpc)?;
@@ -305,12 +312,13 @@ impl Handlers {
         Ok(Some(ctx))
     }
 
-    /// `SendMessage`: blocking unless `return_immediately`.
+    /// `SendMessage`: blocking unless `return_immediately`. The answer is the task, or the
+    /// agent's message when it answered without one.
     pub(crate) async fn send_message(
         &self,
         auth: &AuthContext,
         call: SendMessageCall,
-    ) -> Result<Task, RpcError> {
+    ) -> Result<SendOutcome, RpcError> {
         let Some(push_config) = call.push_config.clone() else {
             let mut call = call;
             let options = SendOptions {
@@ -320,7 +328,7 @@ impl Handlers {
             };
             return self
                 .executor
-                .send_message(auth, call.message, options)
+                .send(auth, call.message, options)
                 .await
                 .map_err(rpc);
         };
@@ -330,38 +338,45 @@ impl Handlers {
         let message_id = call.message.message_id.clone();
         let history_length = call.history_length;
         let blocking = !call.return_immediately;
-        let task = self.accept_with_push(auth, call, push_config).await?;
-        if !blocking {
-            return Ok(task);
-        }
+        let task = match self.accept_with_push(auth, call, push_config).await? {
+            SendOutcome::Task(task) if blocking => task,
+            outcome => return Ok(outcome),
+        };
         let mut turn = self.follow(auth.clone(), task.id.clone(), None, Start::Turn(message_id));
         while let Some(event) = turn.next().await {
             event.map_err(rpc)?;
         }
-        self.get_task(auth, &task.id, history_length)
+        let task = self
+            .get_task(auth, &task.id, history_length)
             .await
-            .map_err(rpc)
+            .map_err(rpc)?;
+        Ok(SendOutcome::Task(Box::new(task)))
     }
 
     /// Accept a message (without waiting for its run) and register its push config, which
-    /// then delivers every update from the message on.
+    /// then delivers every update from the message on. An agent that answers without a task
+    /// has nothing to push: the config is not kept.
     async fn accept_with_push(
         &self,
         auth: &AuthContext,
         mut call: SendMessageCall,
         mut push_config: crate::push_config::PushConfig,
-    ) -> Result<Task, RpcError> {
+    ) -> Result<SendOutcome, RpcError> {
         let message_id = call.message.message_id.clone();
         let options = SendOptions {
             return_immediately: true,
             history_length: call.history_length,
             run_context: self.take_run_context(&mut call.message)?,
         };
-        let task = self
+        let task = match self
             .executor
-            .send_message(auth, call.message, options)
+            .send(auth, call.message, options)
             .await
-            .map_err(rpc)?;
+            .map_err(rpc)?
+        {
+            SendOutcome::Task(task) => task,
+            reply @ SendOutcome::Message(_) => return Ok(reply),
+        };
         let events = self
             .executor
             .runtime()
@@ -374,7 +389,7 @@ impl Handlers {
         );
         push_config.task_id = task.id.clone();
         self.push.create(auth, push_config, from).await?;
-        Ok(task)
+        Ok(SendOutcome::Task(task))
     }
 
     /// `GetTask`.
@@ -459,7 +474,8 @@ impl Handlers {
     }
 
     /// `SendStreamingMessage`: accept the message (the run goes on in the engine) and follow
-    /// the task from this turn on.
+    /// the task from this turn on; an agent that answers without a task streams its message
+    /// as the one event.
     pub(crate) async fn send_streaming_message(
         &self,
         auth: &AuthContext,
@@ -468,7 +484,7 @@ impl Handlers {
         let auth = auth.clone();
         let message_id = call.message.message_id.clone();
         let history_length = call.history_length;
-        let task = match call.push_config.clone() {
+        let outcome = match call.push_config.clone() {
             Some(push_config) => {
                 self.push.check_url(&push_config.url).await?;
                 self.accept_with_push(&auth, call, push_config).await?
@@ -481,9 +497,16 @@ impl Handlers {
                     run_context: self.take_run_context(&mut call.message)?,
                 };
                 self.executor
-                    .send_message(&auth, call.message, options)
+                    .send(&auth, call.message, options)
                     .await
                     .map_err(rpc)?
+            }
+        };
+        let task = match outcome {
+            SendOutcome::Task(task) => task,
+            SendOutcome::Message(message) => {
+                tracing::debug!(message_id = %message.message_id, "SendStreamingMessage answered without a task");
+                return Ok(stream::iter([Ok(StreamEvent::Message(message))]).boxed());
             }
         };
         tracing::debug!(task_id = %task.id, "SendStreamingMessage accepted");

@@ -3,15 +3,20 @@
 //! (longest prefix first), so a test suite can drive every task lifecycle without a model.
 //!
 //! The scenarios and their prefixes are listed in [`SCENARIOS`] and in `docs/conformance.md`.
-//! Rejection and the request for input are decided before the task starts (a
-//! [`Negotiator`]); everything else is the run of a scripted model ([`ScenarioModel`]) that
-//! reads the `messageId` the engine keeps on each user history entry.
+//! Rejection, the requests for input or authorization and the direct message reply are
+//! decided before any task starts (a [`Negotiator`]); everything else is the run of a
+//! scripted model ([`ScenarioModel`]) that reads the `messageId` the engine keeps on each user
+//! history entry, and adds artifacts through its `artifact` tool.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use keel_agent::{Agent, FnTool, Negotiation, Negotiator, MESSAGE_ID_META};
-use keel_core::{AgentCard, AgentError, AgentResult, AgentSkill, Message};
+use keel_agent::{
+    Agent, ArtifactChunk, FnTool, Negotiation, Negotiator, ToolContext, MESSAGE_ID_META,
+};
+use keel_core::{
+    AgentCard, AgentError, AgentResult, AgentSkill, Artifact, FileContent, Message, Part,
+};
 use keel_llm::{Llm, LlmRequest, LlmResponse, LlmRole, ToolCall};
 use serde_json::json;
 
@@ -31,9 +36,21 @@ pub enum Scenario {
     /// Stay `working` until canceled (at most [`LONG_RUNNING`]), then complete: a task to
     /// resubscribe to or cancel.
     LongRunning,
-    /// A TCK scenario the engine cannot play yet (named by its prefix): the task is
-    /// rejected with a reason that says so, rather than completed as if it had passed.
-    Unsupported(&'static str),
+    /// Complete the task with a file artifact holding bytes: [`FILE_NAME`], [`FILE_MEDIA_TYPE`],
+    /// [`FILE_BYTES_BASE64`].
+    ArtifactFile,
+    /// Complete the task with a file artifact by URL: [`FILE_URL`], [`FILE_NAME`],
+    /// [`FILE_MEDIA_TYPE`].
+    ArtifactFileUrl,
+    /// Complete the task with a data artifact: [`data_artifact_value`].
+    ArtifactData,
+    /// Answer with the message [`MESSAGE_RESPONSE_TEXT`] and create no task.
+    MessageResponse,
+    /// Wait in `auth-required`; the follow-up message completes the task.
+    AuthRequired,
+    /// Send one text artifact in two chunks ([`CHUNKS`]: the second appended, and the last),
+    /// then complete: its final artifact is their concatenation.
+    StreamArtifactChunked,
 }
 
 /// The prefixes and their scenarios. A message whose id matches none completes the task.
@@ -44,27 +61,14 @@ pub const SCENARIOS: &[(&str, Scenario)] = &[
     ("tck-input-required", Scenario::InputRequired),
     ("tck-reject-task", Scenario::Reject),
     ("tck-long-running", Scenario::LongRunning),
-    // Artifacts other than the answer's text, and a Message reply without a task, need
-    // the engine to let a run produce them (see docs/conformance.md).
+    ("tck-artifact-file", Scenario::ArtifactFile),
+    ("tck-artifact-file-url", Scenario::ArtifactFileUrl),
+    ("tck-artifact-data", Scenario::ArtifactData),
+    ("tck-message-response", Scenario::MessageResponse),
+    ("tck-auth-required", Scenario::AuthRequired),
     (
-        "tck-artifact-file",
-        Scenario::Unsupported("tck-artifact-file"),
-    ),
-    (
-        "tck-artifact-file-url",
-        Scenario::Unsupported("tck-artifact-file-url"),
-    ),
-    (
-        "tck-artifact-data",
-        Scenario::Unsupported("tck-artifact-data"),
-    ),
-    (
-        "tck-message-response",
-        Scenario::Unsupported("tck-message-response"),
-    ),
-    (
-        "tck-auth-required",
-        Scenario::Unsupported("tck-auth-required"),
+        "tck-stream-artifact-chunked",
+        Scenario::StreamArtifactChunked,
     ),
 ];
 
@@ -80,6 +84,31 @@ pub const INPUT_QUESTION: &str = "Input required: send a follow-up message to co
 pub const INPUT_RECEIVED_TEXT: &str = "Input received";
 /// The reason of [`Scenario::Reject`].
 pub const REJECT_REASON: &str = "rejected";
+/// The request of [`Scenario::AuthRequired`].
+pub const AUTH_REQUEST: &str =
+    "Authorization required: send a follow-up message to complete the task";
+/// The answer to the follow-up of [`Scenario::AuthRequired`].
+pub const AUTH_RECEIVED_TEXT: &str = "Authorization received";
+/// The reply of [`Scenario::MessageResponse`].
+pub const MESSAGE_RESPONSE_TEXT: &str = "Direct message response";
+/// The name of the file artifacts.
+pub const FILE_NAME: &str = "output.txt";
+/// The media type of the file artifacts.
+pub const FILE_MEDIA_TYPE: &str = "text/plain";
+/// The bytes of [`Scenario::ArtifactFile`], base64 (`Generated file content`).
+pub const FILE_BYTES_BASE64: &str = "R2VuZXJhdGVkIGZpbGUgY29udGVudA==";
+/// The URL of [`Scenario::ArtifactFileUrl`].
+pub const FILE_URL: &str = "https://example.com/output.txt";
+/// The chunks of [`Scenario::StreamArtifactChunked`], in order.
+pub const CHUNKS: [&str; 2] = ["chunk-1 ", "chunk-2"];
+/// The answer (the status message) of the scenarios that add their own artifacts.
+pub const ARTIFACT_ADDED_TEXT: &str = "Artifact added";
+
+/// The structured data of [`Scenario::ArtifactData`].
+pub fn data_artifact_value() -> serde_json::Value {
+    json!({"key": "value", "count": 42})
+}
+
 /// How long [`Scenario::LongRunning`] works when nobody cancels it.
 pub const LONG_RUNNING: Duration = Duration::from_secs(300);
 /// The default delay of [`Scenario::DelayedComplete`].
@@ -91,6 +120,7 @@ pub const DEFAULT_DELAY: Duration = Duration::from_secs(2);
 /// ```
 /// use keel::conformance::{scenario, Scenario};
 /// assert_eq!(scenario("tck-reject-task-42"), Some(Scenario::Reject));
+/// assert_eq!(scenario("tck-artifact-file-url-1"), Some(Scenario::ArtifactFileUrl));
 /// assert_eq!(scenario("hello"), None);
 /// ```
 pub fn scenario(message_id: &str) -> Option<Scenario> {
@@ -112,7 +142,7 @@ pub fn card() -> AgentCard {
     .with_skill(
         AgentSkill::new(
             "tck-scenarios",
-            "Completes, delays, adds a text artifact, asks for input or rejects, by messageId prefix.",
+            "Completes, delays, adds artifacts (text, file, URL, data, chunked), replies without a task, asks for input or authorization, or rejects, by messageId prefix.",
         )
         .with_tags(["conformance"])
         .with_example("messageId tck-complete-task-1"),
@@ -153,15 +183,71 @@ pub fn agent_with_delay(delay: Duration) -> AgentResult<Agent> {
             }
         },
     );
+    let artifact = FnTool::new(
+        ARTIFACT_TOOL,
+        "Add the artifacts of a TCK scenario to the task.",
+        json!({
+            "type": "object",
+            "properties": {"scenario": {"type": "string", "enum": ["file", "file-url", "data", "chunked"]}},
+            "required": ["scenario"],
+            "additionalProperties": false
+        }),
+        |args, ctx| async move {
+            add_artifacts(args["scenario"].as_str().unwrap_or_default(), &ctx).await?;
+            Ok(json!("added"))
+        },
+    );
     Agent::builder(card())
         .instructions("Follow the TCK scenario named by the messageId prefix.")
         .llm(ScenarioModel { delay })
         .negotiator(ScenarioNegotiator)
         .tool(wait)
+        .tool(artifact)
         .build()
 }
 
 const WAIT_TOOL: &str = "wait";
+const ARTIFACT_TOOL: &str = "artifact";
+
+/// The `artifact` tool: the artifacts of one scenario, added to the calling task.
+async fn add_artifacts(which: &str, ctx: &ToolContext) -> AgentResult<()> {
+    let file = |bytes: Option<&str>, uri: Option<&str>| {
+        Part::file(FileContent {
+            name: Some(FILE_NAME.into()),
+            media_type: Some(FILE_MEDIA_TYPE.into()),
+            uri: uri.map(Into::into),
+            bytes: bytes.map(Into::into),
+        })
+    };
+    let whole = |part: Part| Artifact::new().with_part(part).named(FILE_NAME);
+    match which {
+        "file" => {
+            let artifact = whole(file(Some(FILE_BYTES_BASE64), None));
+            ctx.add_artifact(artifact, ArtifactChunk::WHOLE).await
+        }
+        "file-url" => {
+            let artifact = whole(file(None, Some(FILE_URL)));
+            ctx.add_artifact(artifact, ArtifactChunk::WHOLE).await
+        }
+        "data" => {
+            let artifact = Artifact::new()
+                .with_part(Part::data(data_artifact_value()))
+                .named("data");
+            ctx.add_artifact(artifact, ArtifactChunk::WHOLE).await
+        }
+        "chunked" => {
+            let first = Artifact::text(CHUNKS[0]).named("chunked");
+            let mut last = Artifact::text(CHUNKS[1]).named("chunked");
+            last.id = first.id.clone();
+            ctx.add_artifact(first, ArtifactChunk::FIRST).await?;
+            ctx.add_artifact(last, ArtifactChunk::LAST).await
+        }
+        other => Err(AgentError::invalid_input(
+            "scenario",
+            format!("no artifacts for `{other}`"),
+        )),
+    }
+}
 
 /// Decides the scenarios that end or pause a task before it starts.
 #[derive(Debug, Clone, Copy, Default)]
@@ -177,8 +263,11 @@ impl Negotiator for ScenarioNegotiator {
             Some(Scenario::InputRequired) => Negotiation::AskInput {
                 question: INPUT_QUESTION.into(),
             },
-            Some(Scenario::Unsupported(prefix)) => Negotiation::Reject {
-                reason: format!("the scenario `{prefix}` is not supported by this agent"),
+            Some(Scenario::AuthRequired) => Negotiation::AskAuth {
+                request: AUTH_REQUEST.into(),
+            },
+            Some(Scenario::MessageResponse) => Negotiation::Reply {
+                message: Message::agent(MESSAGE_RESPONSE_TEXT),
             },
             _ => Negotiation::Accept { skill: None },
         })
@@ -186,7 +275,8 @@ impl Negotiator for ScenarioNegotiator {
 }
 
 /// A scripted model: it answers as the scenario of the latest user message's `messageId`
-/// says, calling the `wait` tool first for the scenarios that stay working.
+/// says, calling the `wait` tool first for the scenarios that stay working and the `artifact`
+/// tool for those that add artifacts.
 #[derive(Debug, Clone, Copy)]
 pub struct ScenarioModel {
     delay: Duration,
@@ -207,7 +297,7 @@ impl Llm for ScenarioModel {
             .and_then(|at| request.messages[at].metadata.get(MESSAGE_ID_META))
             .and_then(|id| id.as_str())
             .unwrap_or_default();
-        // A tool result after the message means the wait is over.
+        // A tool result after the message means the wait (or the artifact) is done.
         let waited = latest_user.is_some_and(|at| {
             request.messages[at..]
                 .iter()
@@ -219,13 +309,30 @@ impl Llm for ScenarioModel {
                 ..LlmResponse::default()
             })
         };
+        let add = |which: &str| {
+            Ok(LlmResponse {
+                tool_calls: vec![ToolCall::new(ARTIFACT_TOOL, json!({ "scenario": which }))],
+                ..LlmResponse::default()
+            })
+        };
         match scenario(message_id) {
+            Some(Scenario::ArtifactFile) if !waited => add("file"),
+            Some(Scenario::ArtifactFileUrl) if !waited => add("file-url"),
+            Some(Scenario::ArtifactData) if !waited => add("data"),
+            Some(Scenario::StreamArtifactChunked) if !waited => add("chunked"),
+            Some(
+                Scenario::ArtifactFile
+                | Scenario::ArtifactFileUrl
+                | Scenario::ArtifactData
+                | Scenario::StreamArtifactChunked,
+            ) => Ok(LlmResponse::text(ARTIFACT_ADDED_TEXT)),
             Some(Scenario::DelayedComplete) if !waited => wait(self.delay.as_secs_f64()),
             Some(Scenario::LongRunning) if !waited => wait(LONG_RUNNING.as_secs_f64()),
             Some(Scenario::DelayedComplete) => Ok(LlmResponse::text(DELAYED_TEXT)),
             Some(Scenario::ArtifactText) => Ok(LlmResponse::text(ARTIFACT_TEXT)),
             // Only the follow-up reaches the model: the first message waits for input.
             Some(Scenario::InputRequired) => Ok(LlmResponse::text(INPUT_RECEIVED_TEXT)),
+            Some(Scenario::AuthRequired) => Ok(LlmResponse::text(AUTH_RECEIVED_TEXT)),
             _ => Ok(LlmResponse::text(COMPLETE_TEXT)),
         }
     }
@@ -246,11 +353,15 @@ mod tests {
         // `tck-artifact-file` is a prefix of `tck-artifact-file-url`: order must not matter.
         assert_eq!(
             scenario("tck-artifact-file-url-1"),
-            Some(Scenario::Unsupported("tck-artifact-file-url"))
+            Some(Scenario::ArtifactFileUrl)
         );
         assert_eq!(
             scenario("tck-artifact-file-1"),
-            Some(Scenario::Unsupported("tck-artifact-file"))
+            Some(Scenario::ArtifactFile)
+        );
+        assert_eq!(
+            scenario("tck-stream-artifact-chunked-3"),
+            Some(Scenario::StreamArtifactChunked)
         );
         assert_eq!(scenario("tck-artifact"), None);
         assert_eq!(scenario(""), None);

@@ -6,7 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel::agent::AgentExecutor;
-use keel::conformance::{self, ARTIFACT_TEXT, COMPLETE_TEXT, DELAYED_TEXT, INPUT_RECEIVED_TEXT};
+use keel::conformance::{
+    self, ARTIFACT_ADDED_TEXT, ARTIFACT_TEXT, AUTH_RECEIVED_TEXT, CHUNKS, COMPLETE_TEXT,
+    DELAYED_TEXT, FILE_BYTES_BASE64, FILE_MEDIA_TYPE, FILE_NAME, FILE_URL, INPUT_RECEIVED_TEXT,
+    MESSAGE_RESPONSE_TEXT,
+};
 use keel::llm::MockLlm;
 use keel::services::Services;
 use keel::transport::A2aServer;
@@ -17,13 +21,15 @@ use tokio::sync::oneshot;
 /// task still working, short enough to keep the tests quick.
 const DELAY: Duration = Duration::from_millis(1500);
 
+/// A binding the scenarios run over; each test runs every scenario over each of them (a new
+/// binding is a variant, its line here, and its arm in [`Server::request`]).
 #[derive(Debug, Clone, Copy)]
 enum Binding {
     JsonRpc,
     Rest,
 }
 
-const BINDINGS: [Binding; 2] = [Binding::JsonRpc, Binding::Rest];
+const BINDINGS: &[Binding] = &[Binding::JsonRpc, Binding::Rest];
 
 struct Server {
     base: String,
@@ -74,6 +80,10 @@ impl Server {
                         self.http.post(url("/message:stream".into())).json(&params)
                     }
                     "GetTask" => self.http.get(url(format!("/tasks/{id}"))),
+                    "ListTasks" => self.http.get(url("/tasks".into())).query(&[(
+                        "contextId",
+                        params["contextId"].as_str().unwrap_or_default(),
+                    )]),
                     "CancelTask" => self.http.post(url(format!("/tasks/{id}:cancel"))),
                     "SubscribeToTask" => self.http.get(url(format!("/tasks/{id}:subscribe"))),
                     other => panic!("no REST route for {other}"),
@@ -194,7 +204,7 @@ async fn wait_for_state(server: &Server, binding: Binding, id: &Value, wanted: &
 #[tokio::test]
 async fn complete_task_answers_with_the_fixed_message_over_every_binding() {
     let server = Server::start().await;
-    for binding in BINDINGS {
+    for &binding in BINDINGS {
         let task = server
             .send(binding, message("tck-complete-task"), json!({}))
             .await;
@@ -208,7 +218,7 @@ async fn complete_task_answers_with_the_fixed_message_over_every_binding() {
 #[tokio::test]
 async fn artifact_text_completes_with_a_text_artifact_over_every_binding() {
     let server = Server::start().await;
-    for binding in BINDINGS {
+    for &binding in BINDINGS {
         let task = server
             .send(binding, message("tck-artifact-text"), json!({}))
             .await;
@@ -224,7 +234,7 @@ async fn artifact_text_completes_with_a_text_artifact_over_every_binding() {
 #[tokio::test]
 async fn delayed_complete_blocks_until_done_or_returns_while_working() {
     let server = Server::start().await;
-    for binding in BINDINGS {
+    for &binding in BINDINGS {
         let blocking = server
             .send(binding, message("tck-delayed-complete"), json!({}))
             .await;
@@ -254,7 +264,7 @@ async fn delayed_complete_blocks_until_done_or_returns_while_working() {
 #[tokio::test]
 async fn input_required_waits_then_the_follow_up_completes_the_task() {
     let server = Server::start().await;
-    for binding in BINDINGS {
+    for &binding in BINDINGS {
         let task = server
             .send(binding, message("tck-input-required"), json!({}))
             .await;
@@ -277,7 +287,7 @@ async fn input_required_waits_then_the_follow_up_completes_the_task() {
 #[tokio::test]
 async fn reject_task_ends_rejected_with_the_reason_over_every_binding() {
     let server = Server::start().await;
-    for binding in BINDINGS {
+    for &binding in BINDINGS {
         let task = server
             .send(binding, message("tck-reject-task"), json!({}))
             .await;
@@ -287,24 +297,215 @@ async fn reject_task_ends_rejected_with_the_reason_over_every_binding() {
     server.stop().await;
 }
 
+/// The artifact scenarios and the one part each must end with, in A2A v1.0 JSON.
+fn artifact_scenarios() -> [(&'static str, Value); 3] {
+    [
+        (
+            "tck-artifact-file",
+            json!({"raw": FILE_BYTES_BASE64, "mediaType": FILE_MEDIA_TYPE, "filename": FILE_NAME}),
+        ),
+        // `tck-artifact-file-url` extends `tck-artifact-file`: the longer prefix wins.
+        (
+            "tck-artifact-file-url",
+            json!({"url": FILE_URL, "mediaType": FILE_MEDIA_TYPE, "filename": FILE_NAME}),
+        ),
+        (
+            "tck-artifact-data",
+            json!({"data": {"key": "value", "count": 42}}),
+        ),
+    ]
+}
+
 #[tokio::test]
-async fn scenarios_the_engine_cannot_play_are_rejected_saying_so() {
+async fn file_url_and_data_artifacts_complete_the_task_as_a2a_parts_over_every_binding() {
     let server = Server::start().await;
-    // `tck-artifact-file-url` extends `tck-artifact-file`: the reason names the longer one.
-    for (prefix, named) in [
-        ("tck-artifact-file-url", "tck-artifact-file-url"),
-        ("tck-artifact-file", "tck-artifact-file`"),
-        ("tck-message-response", "tck-message-response"),
-    ] {
-        let task = server
-            .send(Binding::JsonRpc, message(prefix), json!({}))
+    for &binding in BINDINGS {
+        for (prefix, part) in artifact_scenarios() {
+            let task = server.send(binding, message(prefix), json!({})).await;
+            assert_eq!(
+                state(&task),
+                "TASK_STATE_COMPLETED",
+                "{binding:?} {prefix}: {task}"
+            );
+            assert_eq!(status_text(&task), ARTIFACT_ADDED_TEXT);
+            // The run named its output: no `answer` artifact beside it.
+            let artifacts = task["artifacts"].as_array().unwrap();
+            assert_eq!(artifacts.len(), 1, "{binding:?} {prefix}: {task}");
+            assert_eq!(artifacts[0]["parts"], json!([part]), "{binding:?} {prefix}");
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn artifacts_of_each_kind_stream_as_one_update_before_the_completed_status() {
+    let server = Server::start().await;
+    for &binding in BINDINGS {
+        for (prefix, part) in artifact_scenarios() {
+            let events = server
+                .stream(
+                    binding,
+                    "SendStreamingMessage",
+                    json!({"message": message(prefix)}),
+                )
+                .await;
+            let updates: Vec<&Value> = events
+                .iter()
+                .filter_map(|e| e.get("artifactUpdate"))
+                .collect();
+            assert_eq!(updates.len(), 1, "{binding:?} {prefix}: {events:?}");
+            assert_eq!(updates[0]["artifact"]["parts"], json!([part]));
+            assert_eq!(updates[0]["lastChunk"], true);
+            assert_eq!(
+                events.last().and_then(streamed_state),
+                Some("TASK_STATE_COMPLETED"),
+                "{binding:?} {prefix}: {events:?}"
+            );
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn message_response_answers_with_a_message_and_creates_no_task() {
+    let server = Server::start().await;
+    for &binding in BINDINGS {
+        let result = server
+            .call(
+                binding,
+                "SendMessage",
+                json!({"message": message("tck-message-response")}),
+            )
             .await;
-        assert_eq!(state(&task), "TASK_STATE_REJECTED", "{task}");
-        assert!(
-            status_text(&task).contains(named),
-            "{prefix}: {}",
-            status_text(&task)
+        assert!(result.get("task").is_none(), "{binding:?}: {result}");
+        let reply = &result["message"];
+        assert_eq!(reply["role"], "ROLE_AGENT", "{binding:?}: {result}");
+        assert_eq!(reply["parts"][0]["text"], MESSAGE_RESPONSE_TEXT);
+        assert!(reply.get("taskId").is_none(), "{result}");
+        assert!(reply["messageId"].is_string(), "{result}");
+        // The reply names its thread, and the thread holds no task.
+        let thread = reply["contextId"].as_str().expect("a contextId");
+        let listed = server
+            .call(binding, "ListTasks", json!({"contextId": thread}))
+            .await;
+        assert_eq!(listed["tasks"], json!([]), "{binding:?}: {listed}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn message_response_streams_the_message_as_its_only_event() {
+    let server = Server::start().await;
+    for &binding in BINDINGS {
+        let events = server
+            .stream(
+                binding,
+                "SendStreamingMessage",
+                json!({"message": message("tck-message-response")}),
+            )
+            .await;
+        assert_eq!(events.len(), 1, "{binding:?}: {events:?}");
+        assert_eq!(
+            events[0]["message"]["parts"][0]["text"], MESSAGE_RESPONSE_TEXT,
+            "{binding:?}: {events:?}"
         );
+        assert_eq!(events[0]["message"]["role"], "ROLE_AGENT");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn auth_required_waits_then_the_follow_up_completes_the_task() {
+    let server = Server::start().await;
+    for &binding in BINDINGS {
+        let task = server
+            .send(binding, message("tck-auth-required"), json!({}))
+            .await;
+        assert_eq!(
+            state(&task),
+            "TASK_STATE_AUTH_REQUIRED",
+            "{binding:?}: {task}"
+        );
+        let fetched = server
+            .call(binding, "GetTask", json!({"id": task["id"]}))
+            .await;
+        assert_eq!(state(&fetched), "TASK_STATE_AUTH_REQUIRED", "{fetched}");
+        let mut follow_up = message("tck-auth-required");
+        follow_up["taskId"] = task["id"].clone();
+        follow_up["contextId"] = task["contextId"].clone();
+        let done = server.send(binding, follow_up, json!({})).await;
+        assert_eq!(done["id"], task["id"]);
+        assert_eq!(state(&done), "TASK_STATE_COMPLETED", "{binding:?}: {done}");
+        assert_eq!(status_text(&done), AUTH_RECEIVED_TEXT);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn auth_required_ends_the_stream_at_the_interrupted_state() {
+    let server = Server::start().await;
+    for &binding in BINDINGS {
+        let events = server
+            .stream(
+                binding,
+                "SendStreamingMessage",
+                json!({"message": message("tck-auth-required")}),
+            )
+            .await;
+        assert_eq!(
+            events.last().and_then(streamed_state),
+            Some("TASK_STATE_AUTH_REQUIRED"),
+            "{binding:?}: {events:?}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_chunked_artifact_streams_appended_chunks_and_the_task_keeps_their_concatenation() {
+    let server = Server::start().await;
+    for &binding in BINDINGS {
+        let events = server
+            .stream(
+                binding,
+                "SendStreamingMessage",
+                json!({"message": message("tck-stream-artifact-chunked")}),
+            )
+            .await;
+        let task_id = events[0]["task"]["id"].clone();
+        let updates: Vec<&Value> = events
+            .iter()
+            .filter_map(|e| e.get("artifactUpdate"))
+            .collect();
+        assert_eq!(updates.len(), 2, "{binding:?}: {events:?}");
+        let id = &updates[0]["artifact"]["artifactId"];
+        assert!(id.is_string(), "{events:?}");
+        assert_eq!(updates[1]["artifact"]["artifactId"], *id);
+        assert_ne!(updates[0]["append"], true, "{events:?}");
+        assert_ne!(updates[0]["lastChunk"], true, "{events:?}");
+        assert_eq!(updates[1]["append"], true, "{events:?}");
+        assert_eq!(updates[1]["lastChunk"], true, "{events:?}");
+        for (update, chunk) in updates.iter().zip(CHUNKS) {
+            assert_eq!(update["artifact"]["parts"], json!([{"text": chunk}]));
+        }
+        assert_eq!(
+            events.last().and_then(streamed_state),
+            Some("TASK_STATE_COMPLETED"),
+            "{binding:?}: {events:?}"
+        );
+        let task = server
+            .call(binding, "GetTask", json!({"id": task_id}))
+            .await;
+        let artifacts = task["artifacts"].as_array().unwrap();
+        assert_eq!(artifacts.len(), 1, "{binding:?}: {task}");
+        assert_eq!(artifacts[0]["artifactId"], *id);
+        let text: String = artifacts[0]["parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect();
+        assert_eq!(text, CHUNKS.concat(), "{task}");
     }
     server.stop().await;
 }
@@ -312,7 +513,7 @@ async fn scenarios_the_engine_cannot_play_are_rejected_saying_so() {
 #[tokio::test]
 async fn streams_start_with_the_task_and_end_with_the_final_state_in_order() {
     let server = Server::start().await;
-    for binding in BINDINGS {
+    for &binding in BINDINGS {
         let events = server
             .stream(
                 binding,
@@ -351,7 +552,7 @@ async fn streams_start_with_the_task_and_end_with_the_final_state_in_order() {
 #[tokio::test]
 async fn a_long_running_task_can_be_resubscribed_and_its_stream_ends_when_canceled() {
     let server = Server::start().await;
-    for binding in BINDINGS {
+    for &binding in BINDINGS {
         let task = server
             .send(
                 binding,
@@ -402,5 +603,35 @@ async fn the_card_declares_streaming_push_notifications_and_the_extended_card() 
     assert_eq!(card["capabilities"]["streaming"], true, "{card}");
     assert_eq!(card["capabilities"]["pushNotifications"], true, "{card}");
     assert_eq!(card["capabilities"]["extendedAgentCard"], true, "{card}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn message_response_reaches_a_v03_client_as_a_message() {
+    let server = Server::start().await;
+    let body: Value = server
+        .http
+        .post(format!("{}/", server.base))
+        .json(&json!({
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {"message": {
+                "kind": "message",
+                "messageId": "tck-message-response-v03",
+                "role": "user",
+                "parts": [{"kind": "text", "text": "scenario"}]
+            }}
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let reply = &body["result"];
+    assert_eq!(reply["kind"], "message", "{body}");
+    assert_eq!(reply["role"], "agent", "{body}");
+    assert_eq!(reply["parts"][0]["text"], MESSAGE_RESPONSE_TEXT, "{body}");
     server.stop().await;
 }

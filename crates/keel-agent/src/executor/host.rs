@@ -23,6 +23,10 @@ use crate::work::{EffectScheduler, QueuedWork};
 
 #[async_trait]
 impl ThreadHost for Inner {
+    fn task_changed(&self) {
+        Inner::task_changed(self);
+    }
+
     fn runtime(&self) -> &Arc<dyn Runtime> {
         &self.runtime
     }

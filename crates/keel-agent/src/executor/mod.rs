@@ -68,6 +68,25 @@ fn adopt_run_context(task: &mut Task, mut incoming: RunContext) -> AgentResult<(
     incoming.attach_to_task(task)
 }
 
+/// What [`AgentExecutor::send`] answers: the task the message created or continued, or the
+/// agent's direct reply when it created none (A2A's `SendMessageResponse`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SendOutcome {
+    /// The task, as `send_message` returns it.
+    Task(Box<Task>),
+    /// The agent's reply; no task exists for it.
+    Message(Box<Message>),
+}
+
+/// The agent's direct reply to `incoming`: an agent message in the incoming message's thread
+/// (which the engine has already set), belonging to no task.
+fn reply_to(incoming: &Message, mut reply: Message) -> Message {
+    reply.role = Role::Agent;
+    reply.task_id = None;
+    reply.thread_id = incoming.thread_id.clone();
+    reply
+}
+
 /// Refuse a decision that does not answer `task`'s pending approval request, naming `field`.
 fn check_answers_pending(task: &Task, decision: &ApprovalDecision, field: &str) -> AgentResult<()> {
     let pending: Option<ApprovalRequest> = EngineMeta::of(&task.metadata).pending_approval;
@@ -149,12 +168,36 @@ impl AgentExecutor {
     /// none is [`AgentError::InvalidInput`] naming the task's state. The message is
     /// persisted and queued on its thread before this returns; the thread's worker runs it
     /// when the thread is free. Blocking by default: see [`SendOptions`].
+    ///
+    /// This is [`Self::send`] for callers that expect a task: when the agent answers with a
+    /// message and creates no task ([`Negotiation::Reply`]), it is
+    /// [`AgentError::Unsupported`] saying so.
     pub async fn send_message(
+        &self,
+        auth: &AuthContext,
+        message: Message,
+        options: SendOptions,
+    ) -> AgentResult<Task> {
+        match self.send(auth, message, options).await? {
+            SendOutcome::Task(task) => Ok(*task),
+            SendOutcome::Message(_) => Err(AgentError::Unsupported {
+                what: format!(
+                    "a task from agent `{}`: it answered with a message and created no task",
+                    self.inner.agent.card().name
+                ),
+            }),
+        }
+    }
+
+    /// Accept a user message as [`Self::send_message`] does, answering with the task, or with
+    /// the agent's message when its negotiator replies without a task
+    /// ([`Negotiation::Reply`]: nothing is stored, no run starts).
+    pub async fn send(
         &self,
         auth: &AuthContext,
         mut message: Message,
         options: SendOptions,
-    ) -> AgentResult<Task> {
+    ) -> AgentResult<SendOutcome> {
         if message.parts.is_empty() {
             return Err(AgentError::invalid_input(
                 "message.parts",
@@ -255,42 +298,59 @@ impl AgentExecutor {
         }
         let continuing = task.state() != TaskState::Submitted;
         if !continuing {
-            match self
+            let negotiation = self
                 .inner
                 .agent
                 .negotiator()
                 .negotiate(self.inner.agent.card(), &message)
-                .await?
-            {
+                .await?;
+            match &negotiation {
                 Negotiation::Accept { skill } => {
                     if let Some(skill) = skill {
-                        EngineMeta::update(&mut task, |m| m.skill = Some(skill));
+                        EngineMeta::update(&mut task, |m| m.skill = Some(skill.clone()));
                     }
                 }
-                Negotiation::AskInput { question } => {
+                Negotiation::AskInput { question: ask } | Negotiation::AskAuth { request: ask } => {
                     // The task exists and waits; the answer (a message naming it) starts it.
+                    let for_auth = matches!(&negotiation, Negotiation::AskAuth { .. });
                     tasks.save_task(auth, &task).await?;
                     tasks
                         .add_task_event(auth, &task.id, &TaskEvent::Message { message })
                         .await?;
                     let ask = self
                         .inner
-                        .record_event(auth, &task, vec![Part::text(&question)])
+                        .record_event(auth, &task, vec![Part::text(ask)])
                         .await?;
-                    task.require_input(Some(ask))?;
+                    if for_auth {
+                        task.require_auth(Some(ask))?;
+                    } else {
+                        task.require_input(Some(ask))?;
+                    }
                     EngineMeta::update(&mut task, |m| m.stop_reason = Some("negotiation".into()));
                     self.inner.persist_status(auth, &task).await?;
-                    return self.get_task(auth, &task.id, options.history_length).await;
+                    let task = self
+                        .get_task(auth, &task.id, options.history_length)
+                        .await?;
+                    return Ok(SendOutcome::Task(Box::new(task)));
+                }
+                Negotiation::Reply { message: reply } => {
+                    return Ok(SendOutcome::Message(Box::new(reply_to(
+                        &message,
+                        reply.clone(),
+                    ))));
                 }
                 Negotiation::Reject { reason } => {
                     tasks.save_task(auth, &task).await?;
                     tasks
                         .add_task_event(auth, &task.id, &TaskEvent::Message { message })
                         .await?;
-                    task.update_status(TaskState::Rejected, Some(Message::agent(&reason)))?;
+                    task.update_status(TaskState::Rejected, Some(Message::agent(reason)))?;
                     EngineMeta::update(&mut task, |m| m.stop_reason = Some("rejected".into()));
                     self.inner.persist_status(auth, &task).await?;
-                    return self.get_task(auth, &task.id, options.history_length).await;
+                    let task = self
+                        .get_task(auth, &task.id, options.history_length)
+                        .await?;
+                    return Ok(SendOutcome::Task(Box::new(task)));
                 }
             }
         }
@@ -322,7 +382,7 @@ impl AgentExecutor {
                 },
             )
             .await?;
-        match waiter {
+        let task = match waiter {
             Some(waiter) => {
                 // The snapshot the wait ended on is the answer: only its history is read.
                 let task = self
@@ -335,10 +395,14 @@ impl AgentExecutor {
                     task,
                     options.history_length,
                 )
-                .await
+                .await?
             }
-            None => self.get_task(auth, &task.id, options.history_length).await,
-        }
+            None => {
+                self.get_task(auth, &task.id, options.history_length)
+                    .await?
+            }
+        };
+        Ok(SendOutcome::Task(Box::new(task)))
     }
 
     /// The task with its history (the last `history_length` messages when given).

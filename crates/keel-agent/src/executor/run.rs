@@ -333,6 +333,7 @@ impl Inner {
             cancel: run.token.clone(),
             runtime: self.runtime.clone(),
             events: Some(obs.clone()),
+            in_task: true,
         };
         let scope = Scope {
             flow,
@@ -662,6 +663,12 @@ impl Inner {
                 .delete(auth, &cancel_key(&task.id))
                 .await;
         }
+        // Artifacts the run's tools added are in the log already; the snapshot takes them now.
+        let produced = obs.take_artifacts();
+        let named_outputs = !produced.is_empty();
+        for (artifact, append) in produced {
+            task.apply_artifact(artifact, append);
+        }
         // Events of the ending that go to the task's log with its final status.
         let mut logged = Vec::new();
         match outcome {
@@ -708,18 +715,22 @@ impl Inner {
                     self.write_point(flow, &[entry], task, &event).await?;
                     message
                 };
-                let artifact = Artifact::text(text).named("answer");
-                // Written with the final status, below.
-                logged.push(TaskEvent::ArtifactUpdate {
-                    task_id: task.id.clone(),
-                    thread_id: task.thread_id.clone(),
-                    artifact: artifact.clone(),
-                    append: false,
-                    last_chunk: true,
-                });
-                obs.emit(RunEvent::task_artifact(&artifact, false, true))
-                    .await;
-                task.add_artifact(artifact);
+                // A run that added its own artifacts named its outputs; otherwise the answer
+                // is the task's artifact.
+                if !named_outputs {
+                    let artifact = Artifact::text(text).named("answer");
+                    // Written with the final status, below.
+                    logged.push(TaskEvent::ArtifactUpdate {
+                        task_id: task.id.clone(),
+                        thread_id: task.thread_id.clone(),
+                        artifact: artifact.clone(),
+                        append: false,
+                        last_chunk: true,
+                    });
+                    obs.emit(RunEvent::task_artifact(&artifact, false, true))
+                        .await;
+                    task.add_artifact(artifact);
+                }
                 EngineMeta::update(task, |m| m.stop_reason = Some(reason.into()));
                 task.update_status(TaskState::Completed, Some(answer))?;
             }

@@ -572,6 +572,7 @@ impl AgentExecutor {
             cancel: CancellationToken::new(),
             runtime: inner.runtime.clone(),
             events: Some(obs.clone()),
+            in_task: false,
         };
         let started = Instant::now();
         let duration_ms = || Some(started.elapsed().as_millis() as u64);

@@ -1335,3 +1335,146 @@ async fn lifecycle_hooks_fire_in_order_with_the_steps_data_and_a_veto_stops_the_
     let second = &llm.requests()[1];
     assert_eq!(second.messages.last().unwrap().role, LlmRole::Tool);
 }
+
+struct ReplyDirectly;
+
+#[async_trait::async_trait]
+impl keel_agent::Negotiator for ReplyDirectly {
+    async fn negotiate(
+        &self,
+        _card: &AgentCard,
+        _message: &Message,
+    ) -> keel_core::AgentResult<keel_agent::Negotiation> {
+        Ok(keel_agent::Negotiation::Reply {
+            message: Message::agent("no task needed"),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_negotiator_reply_answers_with_a_message_and_stores_no_task() {
+    let llm = Arc::new(MockLlm::new());
+    let agent = Agent::builder(card())
+        .llm_shared(llm.clone())
+        .negotiator(ReplyDirectly)
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    let thread = ThreadId::new();
+    let mut question = Message::user("what time is it?");
+    question.thread_id = Some(thread.clone());
+    let outcome = exec
+        .send(&auth, question.clone(), SendOptions::default())
+        .await
+        .unwrap();
+    let keel_agent::SendOutcome::Message(reply) = outcome else {
+        panic!("expected a message, got {outcome:?}");
+    };
+    assert_eq!(reply.role, keel_core::Role::Agent);
+    assert_eq!(reply.text(), "no task needed");
+    assert_eq!(reply.thread_id.as_ref(), Some(&thread));
+    assert_eq!(reply.task_id, None);
+    assert!(llm.requests().is_empty(), "a reply never reaches the model");
+    let listed = exec
+        .runtime()
+        .task_manager()
+        .list_tasks(
+            &auth,
+            &keel_runtime::ListTasksFilter {
+                thread_id: Some(thread),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(listed.items.is_empty(), "{:?}", listed.items);
+    // A caller that asks for a task is told there is none.
+    let err = exec
+        .send_message(&auth, question, SendOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::Unsupported { what } if what.contains("created no task")),
+        "{err:?}"
+    );
+}
+
+fn chunk_tool() -> FnTool {
+    FnTool::new(
+        "chunks",
+        "Adds one artifact in two chunks",
+        json!({"type": "object"}),
+        |_args, ctx| async move {
+            let first = keel_core::Artifact::text("one ").named("report");
+            let mut second = keel_core::Artifact::text("two");
+            second.id = first.id.clone();
+            ctx.add_artifact(first, keel_agent::ArtifactChunk::FIRST)
+                .await?;
+            ctx.add_artifact(second, keel_agent::ArtifactChunk::LAST)
+                .await?;
+            Ok(json!("added"))
+        },
+    )
+}
+
+#[tokio::test]
+async fn artifacts_a_tool_adds_are_logged_in_chunks_and_the_task_keeps_them_appended() {
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("chunks", json!({}))]),
+        MockResponse::Text("done".into()),
+    ]));
+    let agent = Agent::builder(card())
+        .llm_shared(llm)
+        .tool(chunk_tool())
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    let task = exec
+        .send_message(&auth, Message::user("report"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    assert_eq!(task.status().message.as_ref().unwrap().text(), "done");
+    // The tool named the task's output: the answer is not added as a second artifact.
+    assert_eq!(task.artifacts.len(), 1, "{:?}", task.artifacts);
+    assert_eq!(
+        task.artifacts[0].parts,
+        vec![Part::text("one "), Part::text("two")]
+    );
+    let events = exec
+        .runtime()
+        .task_manager()
+        .get_task_events(&auth, &task.id)
+        .await
+        .unwrap();
+    let chunks: Vec<(bool, bool)> = events
+        .iter()
+        .filter_map(|e| match e {
+            keel_core::TaskEvent::ArtifactUpdate {
+                append, last_chunk, ..
+            } => Some((*append, *last_chunk)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(chunks, vec![(false, false), (true, true)]);
+}
+
+#[tokio::test]
+async fn a_direct_tool_call_has_no_task_to_add_an_artifact_to() {
+    let agent = Agent::builder(card()).tool(chunk_tool()).build().unwrap();
+    let (exec, auth) = executor(agent);
+    let err = exec
+        .call_tool_in_context(
+            &auth,
+            ThreadId::new(),
+            "chunks",
+            json!({}),
+            keel_core::RunContext::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::ToolFailed { message, .. } if message.contains("outside a task")),
+        "{err:?}"
+    );
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use keel_agent::AgentExecutor;
+use keel_agent::{AgentExecutor, SendOutcome};
 use keel_core::{AgentCard, AgentError, AgentResult, TaskId};
 use keel_runtime::{AuthContext, Credentials};
 use tokio::sync::watch;
@@ -114,11 +114,19 @@ impl ClientBinding for InProcessBinding {
                     history_length: options.history_length,
                     push_config: None,
                 };
-                let task = handlers
+                match handlers
                     .send_message(auth, call)
                     .await
-                    .map_err(|e| typed(&e, task_id.as_ref()))?;
-                Reply::Task(Box::new(task))
+                    .map_err(|e| typed(&e, task_id.as_ref()))?
+                {
+                    SendOutcome::Task(task) => Reply::Task(task),
+                    // The client's calls answer tasks; a reply without one has no place yet.
+                    SendOutcome::Message(_) => {
+                        return Err(Failure::from(AgentError::Unsupported {
+                            what: "a reply without a task, in this client".into(),
+                        }))
+                    }
+                }
             }
             Request::GetTask {
                 task_id,

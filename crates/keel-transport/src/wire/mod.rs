@@ -51,7 +51,7 @@ pub(crate) use requests::{
     decode_cancel_task, decode_get_task, decode_list_tasks, decode_list_tasks_result,
     decode_send_message, decode_send_message_result, decode_task, encode_cancel_task,
     encode_get_task, encode_list_tasks, encode_list_tasks_result, encode_send_message,
-    encode_send_message_result, encode_task, SendMessageCall,
+    encode_send_message_reply, encode_send_message_result, encode_task, SendMessageCall,
 };
 pub(crate) use stream::{
     decode_stream_event, decode_subscribe, encode_stream_event, encode_subscribe,

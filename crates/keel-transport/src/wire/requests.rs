@@ -93,6 +93,11 @@ pub(crate) fn encode_send_message_result(task: &Task) -> Encoded {
     encode(&a2a::SendMessageResponse::Task(task_to_wire(task)))
 }
 
+/// An agent's direct reply as a `SendMessageResponse`: `{"message": {...}}`.
+pub(crate) fn encode_send_message_reply(message: &Message) -> Encoded {
+    encode(&a2a::SendMessageResponse::Message(message_to_wire(message)))
+}
+
 /// `SendMessage` params for `message`.
 pub(crate) fn encode_send_message(
     message: &Message,
