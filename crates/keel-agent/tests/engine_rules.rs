@@ -27,6 +27,9 @@ macro_rules! rules {
         mod effects {
             include!("rules/effects.rs");
         }
+        mod compaction {
+            include!("rules/compaction.rs");
+        }
     };
 }
 

@@ -157,7 +157,10 @@ mod tests {
 
     #[test]
     fn serializes_as_the_bare_string_and_reads_any_string_back() {
-        assert_eq!(serde_json::to_value(MimeType::PDF).unwrap(), "application/pdf");
+        assert_eq!(
+            serde_json::to_value(MimeType::PDF).unwrap(),
+            "application/pdf"
+        );
         let back: MimeType = serde_json::from_value(serde_json::json!("text/csv")).unwrap();
         assert_eq!(back, "text/csv");
         assert!(!back.is_common());

@@ -64,7 +64,7 @@ impl EventType {
 
     /// Every type this crate defines: the run's lifecycle in order, then the engine's
     /// markers, effects and subagents (see [`crate::payload`]).
-    pub const KNOWN: [EventType; 36] = [
+    pub const KNOWN: [EventType; 37] = [
         Self::TASK_STATUS,
         Self::TASK_ARTIFACT,
         Self::CONTEXT_PREPARED,
@@ -91,6 +91,7 @@ impl EventType {
         Self::TOOL_RESULT_PERSISTED,
         Self::RUN_STOPPED,
         Self::STOP_EVALUATED,
+        Self::CONTEXT_COMPACTED,
         Self::EFFECT_SCHEDULED,
         Self::EFFECT_FIRED,
         Self::EFFECT_CANCELED,
@@ -452,6 +453,7 @@ mod tests {
             "tool_result.persisted",
             "run.stopped",
             "stop.evaluated",
+            "context.compacted",
             "effect.scheduled",
             "effect.fired",
             "effect.canceled",
