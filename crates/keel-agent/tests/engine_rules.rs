@@ -30,6 +30,9 @@ macro_rules! rules {
         mod compaction {
             include!("rules/compaction.rs");
         }
+        mod explicit_parts {
+            include!("rules/explicit_parts.rs");
+        }
     };
 }
 

@@ -13,6 +13,7 @@ mod async_tools;
 mod compaction;
 pub(crate) mod config;
 mod context;
+mod direct;
 mod driver;
 mod features;
 mod host;
