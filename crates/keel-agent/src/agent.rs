@@ -108,6 +108,7 @@ pub struct Agent {
     environment: crate::Environment,
     /// Scheduled effects: the handler of each effect name.
     pub(crate) effects: HashMap<String, EffectFn>,
+    compaction: Option<crate::AutoCompaction>,
 }
 
 impl fmt::Debug for Agent {
@@ -142,7 +143,14 @@ impl Agent {
             environment: crate::Environment::process(),
             effects: HashMap::new(),
             lifecycle: Default::default(),
+            compaction: None,
         }
+    }
+
+    /// Automatic compaction of the thread history before a model call, when set
+    /// ([`AgentBuilder::compaction`]).
+    pub fn compaction(&self) -> Option<&crate::AutoCompaction> {
+        self.compaction.as_ref()
     }
 
     /// Where the agent reads flags (`optional` subagents) and scoped variables.
@@ -268,9 +276,18 @@ pub struct AgentBuilder {
     environment: crate::Environment,
     effects: HashMap<String, EffectFn>,
     lifecycle: crate::lifecycle::HookList,
+    compaction: Option<crate::AutoCompaction>,
 }
 
 impl AgentBuilder {
+    /// Compact the thread history automatically when a model call's context would exceed
+    /// the model's context window (see [`AutoCompaction`](crate::AutoCompaction)). Off by
+    /// default: without it a long thread is sent whole and the provider decides.
+    pub fn compaction(mut self, compaction: crate::AutoCompaction) -> Self {
+        self.compaction = Some(compaction);
+        self
+    }
+
     /// Handle the scheduled effect `name` (replacing an earlier handler of that name): when a
     /// timer scheduled with [`ThreadState::schedule_effect`](crate::ThreadState::schedule_effect)
     /// fires, `handler` runs on the thread, holding its lease, with the timer's payload; what
@@ -526,6 +543,7 @@ impl AgentBuilder {
             environment: self.environment,
             effects: self.effects,
             lifecycle: self.lifecycle,
+            compaction: self.compaction,
         })
     }
 }

@@ -61,7 +61,9 @@ pub use attachments::{attachment_uri, ATTACHMENT_URI_SCHEME};
 pub use code::{CodeRequest, CodeRun, CodeRunner};
 pub use effects::{EffectConfig, EFFECT_CLAIM_TTL, EFFECT_RECHECK};
 pub use environment::{Environment, SECRETS_KEY_VAR};
-pub use executor::{AgentExecutor, ExecutorConfig, SendOptions, SendOutcome, MESSAGE_ID_META};
+pub use executor::{
+    AgentExecutor, AutoCompaction, ExecutorConfig, SendOptions, SendOutcome, MESSAGE_ID_META,
+};
 pub use lifecycle::{LifecycleHooks, ToolVerdict};
 pub use negotiator::{AcceptAll, LlmNegotiator, Negotiation, Negotiator};
 pub use rest::TaskRest;

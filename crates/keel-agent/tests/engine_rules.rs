@@ -27,6 +27,12 @@ macro_rules! rules {
         mod effects {
             include!("rules/effects.rs");
         }
+        mod compaction {
+            include!("rules/compaction.rs");
+        }
+        mod explicit_parts {
+            include!("rules/explicit_parts.rs");
+        }
     };
 }
 

@@ -91,6 +91,19 @@ impl Artifact {
         self
     }
 
+    /// Set the media type: a [`MimeType`](crate::MimeType) constant or any string.
+    ///
+    /// ```
+    /// use keel_core::{Artifact, MimeType};
+    /// assert_eq!(Artifact::new().with_media_type(MimeType::JSON).media_type.as_deref(), Some("application/json"));
+    /// assert_eq!(Artifact::new().with_media_type("text/csv").media_type.as_deref(), Some("text/csv"));
+    /// ```
+    #[must_use]
+    pub fn with_media_type(mut self, media_type: impl Into<crate::MimeType>) -> Self {
+        self.media_type = Some(media_type.into().into());
+        self
+    }
+
     /// Associate the artifact with a runtime action.
     #[must_use]
     pub fn for_action(mut self, action_id: ActionId) -> Self {

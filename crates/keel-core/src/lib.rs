@@ -26,6 +26,7 @@ mod error_source;
 mod event;
 mod ids;
 mod message;
+mod mime;
 mod part;
 pub mod stored;
 mod task;
@@ -41,8 +42,9 @@ pub use error_source::ErrorSource;
 pub use event::TaskEvent;
 pub use ids::{ActionId, ArtifactId, MessageId, RunId, TaskId, ThreadId, TraceId};
 pub use message::{Message, Role, StatusKind, STATUS_KIND_KEY};
+pub use mime::MimeType;
 pub use part::{FileContent, Part, PartContent, RouteDecision};
-pub use task::{StateTransition, Task, TaskState, TaskStatus};
+pub use task::{StateTransition, Task, TaskItem, TaskState, TaskStatus};
 pub use values::{
     ApprovalDecision, ApprovalOutcome, ApprovalRequest, BudgetLimit, BudgetUsage, ContextItem,
     ContextManifest, RunAction,

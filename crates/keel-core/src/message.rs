@@ -3,6 +3,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use serde_json::Value;
+
 use crate::{MessageId, Metadata, Part, TaskId, ThreadId};
 
 /// Who sent a message. Over A2A these are `ROLE_USER` and `ROLE_AGENT`; system and tool
@@ -122,6 +124,45 @@ impl Message {
     /// An agent message with one text part.
     pub fn agent(text: impl Into<String>) -> Self {
         Self::new(Role::Agent, vec![Part::text(text)])
+    }
+
+    /// A model's answer with one text part. A2A knows only `user` and `agent` roles, so a
+    /// model assistant speaking for the agent is an agent message (decision 2).
+    ///
+    /// ```
+    /// let msg = keel_core::Message::assistant("It's sunny.");
+    /// assert_eq!(msg.role, keel_core::Role::Agent);
+    /// ```
+    pub fn assistant(text: impl Into<String>) -> Self {
+        Self::agent(text)
+    }
+
+    /// A user message with one `infer` part asking for a model inference of `prompt`: the
+    /// engine answers it with one model call and no tools (see `keel-agent`).
+    ///
+    /// ```
+    /// use keel_core::{Message, PartContent};
+    /// let msg = Message::infer("Who are you?");
+    /// assert!(matches!(&msg.parts[0].content, PartContent::Infer { prompt: Some(p), .. } if p == "Who are you?"));
+    /// ```
+    pub fn infer(prompt: impl Into<String>) -> Self {
+        Self::new(Role::User, vec![Part::infer(prompt)])
+    }
+
+    /// A user message with one `infer` part carrying every optional field of the seed's
+    /// `Message.infer(...)`, and the message `metadata`.
+    pub fn infer_with(
+        prompt: Option<String>,
+        user: Option<String>,
+        output_schema: Option<Value>,
+        metadata: Metadata,
+    ) -> Self {
+        let mut message = Self::new(
+            Role::User,
+            vec![Part::infer_with(prompt, user, output_schema)],
+        );
+        message.metadata = metadata;
+        message
     }
 
     /// Add a text part.

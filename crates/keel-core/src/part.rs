@@ -236,6 +236,27 @@ impl Part {
         .into()
     }
 
+    /// An inference request with every field the seed names: the prompt, the user it is
+    /// for, and the JSON schema its output must follow.
+    ///
+    /// ```
+    /// use keel_core::{Part, PartContent};
+    /// let part = Part::infer_with(Some("Sum 2 and 3".into()), None, Some(serde_json::json!({"type": "number"})));
+    /// assert!(matches!(part.content, PartContent::Infer { output_schema: Some(_), .. }));
+    /// ```
+    pub fn infer_with(
+        prompt: Option<String>,
+        user: Option<String>,
+        output_schema: Option<Value>,
+    ) -> Self {
+        PartContent::Infer {
+            prompt,
+            user,
+            output_schema,
+        }
+        .into()
+    }
+
     /// An inference result.
     pub fn infer_output(output: Value) -> Self {
         PartContent::InferOutput { output }.into()

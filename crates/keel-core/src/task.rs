@@ -157,6 +157,11 @@ pub struct Task {
     /// Application metadata (and `run_context`, `error`, `cancel_reason`).
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]
     pub metadata: Metadata,
+    /// Flow and orchestration state (seed 001's `flow_state`): what a multi-step flow keeps
+    /// about where it is, apart from the application's `metadata`. Stored with the task;
+    /// not sent over A2A (decision 140).
+    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
+    pub flow_state: Metadata,
     /// Every lifecycle change, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub state_history: Vec<StateTransition>,
@@ -177,6 +182,7 @@ impl Task {
             history: _,
             artifacts,
             metadata,
+            flow_state,
             state_history,
             created_at,
         } = self;
@@ -187,6 +193,7 @@ impl Task {
             history: Vec::new(),
             artifacts: artifacts.clone(),
             metadata: metadata.clone(),
+            flow_state: flow_state.clone(),
             state_history: state_history.clone(),
             created_at: *created_at,
         }
@@ -211,6 +218,7 @@ impl Task {
             history: Vec::new(),
             artifacts: Vec::new(),
             metadata: Metadata::new(),
+            flow_state: Metadata::new(),
             state_history: Vec::new(),
             created_at: now,
         }
@@ -225,6 +233,29 @@ impl Task {
         message.thread_id = Some(task.thread_id.clone());
         task.history.push(message);
         task
+    }
+
+    /// A new submitted task whose first message asks for one model inference of `prompt`
+    /// ([`Message::infer`]).
+    ///
+    /// ```
+    /// let task = keel_core::Task::create_infer("Calculate this");
+    /// assert_eq!(task.history.len(), 1);
+    /// assert_eq!(task.state(), keel_core::TaskState::Submitted);
+    /// ```
+    pub fn create_infer(prompt: impl Into<String>) -> Self {
+        Self::create(Message::infer(prompt))
+    }
+
+    /// [`Task::create_infer`] with every optional field of the seed's `create_infer(...)`;
+    /// `metadata` goes on the message.
+    pub fn create_infer_with(
+        prompt: Option<String>,
+        user: Option<String>,
+        output_schema: Option<serde_json::Value>,
+        metadata: Metadata,
+    ) -> Self {
+        Self::create(Message::infer_with(prompt, user, output_schema, metadata))
     }
 
     /// The current status.
@@ -410,9 +441,54 @@ impl Task {
         self
     }
 
-    /// The most recent message in the history.
+    /// The most recent message in the history. Artifacts are not messages: to find the
+    /// latest message *or* artifact, as the seed's default lifecycle reads its input, use
+    /// [`Task::last_item`].
     pub fn last_message(&self) -> Option<&Message> {
         self.history.last()
+    }
+
+    /// The most recent message or artifact, by timestamp; on a tie the artifact, since an
+    /// output is produced after the message that asked for it. O(1): only the last of each
+    /// list is looked at.
+    ///
+    /// ```
+    /// use keel_core::{Artifact, Message, Part, Task, TaskItem};
+    /// let mut task = Task::create(Message::user("hi"));
+    /// assert!(matches!(task.last_item(), Some(TaskItem::Message(_))));
+    /// task.add_artifact(Artifact::new().with_part(Part::tool_call("c1", "echo", serde_json::json!({}))));
+    /// let item = task.last_item().unwrap();
+    /// assert!(matches!(item, TaskItem::Artifact(_)));
+    /// assert_eq!(item.parts().len(), 1);
+    /// ```
+    pub fn last_item(&self) -> Option<TaskItem<'_>> {
+        match (self.history.last(), self.artifacts.last()) {
+            (Some(message), Some(artifact)) if message.timestamp > artifact.timestamp => {
+                Some(TaskItem::Message(message))
+            }
+            (_, Some(artifact)) => Some(TaskItem::Artifact(artifact)),
+            (Some(message), None) => Some(TaskItem::Message(message)),
+            (None, None) => None,
+        }
+    }
+}
+
+/// A message or an artifact of a task: what [`Task::last_item`] returns.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TaskItem<'a> {
+    /// A message of the history.
+    Message(&'a Message),
+    /// An output artifact.
+    Artifact(&'a Artifact),
+}
+
+impl<'a> TaskItem<'a> {
+    /// Its parts.
+    pub fn parts(&self) -> &'a [crate::Part] {
+        match self {
+            TaskItem::Message(message) => &message.parts,
+            TaskItem::Artifact(artifact) => &artifact.parts,
+        }
     }
 }
 
@@ -444,6 +520,31 @@ mod tests {
         assert_eq!(task.status().message.as_ref().unwrap().text(), "sign in");
         task.begin().unwrap();
         assert_eq!(task.state(), Working);
+    }
+
+    #[test]
+    fn flow_state_round_trips_apart_from_metadata() {
+        let mut task = Task::create_infer("plan");
+        task.flow_state
+            .insert("node".into(), serde_json::json!("review"));
+        let json = serde_json::to_value(task.clone_without_history()).unwrap();
+        assert_eq!(json["flow_state"]["node"], "review");
+        let back: Task = serde_json::from_value(json).unwrap();
+        assert_eq!(back.flow_state, task.flow_state);
+        assert!(back.metadata.is_empty());
+    }
+
+    #[test]
+    fn last_item_is_the_newest_of_messages_and_artifacts() {
+        let mut task = Task::create(Message::user("first"));
+        let mut artifact = Artifact::text("out");
+        artifact.timestamp = task.history[0].timestamp - chrono::Duration::seconds(1);
+        task.add_artifact(artifact);
+        assert!(matches!(task.last_item(), Some(TaskItem::Message(m)) if m.text() == "first"));
+        task.artifacts[0].timestamp = task.history[0].timestamp + chrono::Duration::seconds(1);
+        assert!(matches!(task.last_item(), Some(TaskItem::Artifact(a)) if a.parts.len() == 1));
+        assert_eq!(task.last_message().unwrap().text(), "first");
+        assert!(Task::new(ThreadId::new()).last_item().is_none());
     }
 
     #[test]

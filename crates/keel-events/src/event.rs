@@ -64,7 +64,7 @@ impl EventType {
 
     /// Every type this crate defines: the run's lifecycle in order, then the engine's
     /// markers, effects and subagents (see [`crate::payload`]).
-    pub const KNOWN: [EventType; 38] = [
+    pub const KNOWN: [EventType; 39] = [
         Self::TASK_STATUS,
         Self::TASK_ARTIFACT,
         Self::CONTEXT_PREPARED,
@@ -93,6 +93,7 @@ impl EventType {
         Self::RUN_STOPPED,
         Self::STOP_EVALUATED,
         Self::THREAD_TERMINATED,
+        Self::CONTEXT_COMPACTED,
         Self::EFFECT_SCHEDULED,
         Self::EFFECT_FIRED,
         Self::EFFECT_CANCELED,
@@ -456,6 +457,7 @@ mod tests {
             "run.stopped",
             "stop.evaluated",
             "thread.terminated",
+            "context.compacted",
             "effect.scheduled",
             "effect.fired",
             "effect.canceled",

@@ -21,7 +21,8 @@
 //!
 //! The thread engine's markers, effects and subagents have theirs too (one constant, one
 //! struct and one constructor each): `tool.async.*`, `queue.*`, `message.persisted`,
-//! `tool_result.persisted`, `run.stopped`, `stop.evaluated`, `thread.terminated` ([`ToolAsyncDeadlinePayload`]
+//! `tool_result.persisted`, `run.stopped`, `stop.evaluated`, `thread.terminated`,
+//! `context.compacted` ([`ToolAsyncDeadlinePayload`]
 //! and its neighbours), `effect.*` ([`EffectScheduledPayload`], ...) and `subagent.*`
 //! ([`SubagentCreatedPayload`], ...).
 //!
@@ -45,9 +46,10 @@ pub use effects::{
     EffectCanceledPayload, EffectDroppedPayload, EffectFiredPayload, EffectScheduledPayload,
 };
 pub use engine::{
-    MessagePersistedPayload, QueueInjectedPayload, RunStoppedPayload, StopEvaluatedPayload,
-    ThreadTerminatedPayload, ToolAsyncAcknowledgedPayload, ToolAsyncDeadlinePayload,
-    ToolAsyncProgressPayload, ToolAsyncResultPayload, ToolResultPersistedPayload,
+    ContextCompactedPayload, MessagePersistedPayload, QueueInjectedPayload, RunStoppedPayload,
+    StopEvaluatedPayload, ThreadTerminatedPayload, ToolAsyncAcknowledgedPayload,
+    ToolAsyncDeadlinePayload, ToolAsyncProgressPayload, ToolAsyncResultPayload,
+    ToolResultPersistedPayload,
 };
 pub use subagents::{
     ScopedVariablesRoute, SubagentBootstrapPayload, SubagentCreatedPayload, SubagentEndedPayload,

@@ -205,6 +205,77 @@ async fn compact(
     Ok(result)
 }
 
+/// The metadata key of a compaction checkpoint in a thread's history: the
+/// [`HistoryCompactionResult`] and, under `history`, the compacted messages.
+pub const CHECKPOINT_KEY: &str = "keel.compaction";
+
+/// A compaction checkpoint: the history entry that records, durably and in one append, that
+/// everything before it is replaced by `compacted` (decision 141). Appending it leaves the
+/// thread's log append-only; [`compacted_view`] reads the history the model then sees. Its
+/// content is the summary when one was written (a reader of the raw log sees that text), or
+/// a note saying how much was removed.
+///
+/// ```
+/// use keel_llm::{compacted_view, compaction_checkpoint, CompactionStrategy, HistoryCompactionResult, LlmMessage};
+/// let old = vec![LlmMessage::user("a"), LlmMessage::assistant("b", vec![]), LlmMessage::user("c")];
+/// let result = HistoryCompactionResult { strategy: CompactionStrategy::Recent, before_messages: 3,
+///     after_messages: 1, removed_messages: 2, before_tokens: 12, after_tokens: 4, summary_created: false };
+/// let mut log = old.clone();
+/// log.push(compaction_checkpoint(&result, vec![old[2].clone()]));
+/// log.push(LlmMessage::assistant("d", vec![]));
+/// let view: Vec<_> = compacted_view(&log).iter().map(|m| m.content.clone()).collect();
+/// assert_eq!(view, ["c", "d"]);
+/// ```
+pub fn compaction_checkpoint(
+    result: &HistoryCompactionResult,
+    compacted: Vec<LlmMessage>,
+) -> LlmMessage {
+    let summary = compacted
+        .iter()
+        .find(|m| is_summary(m))
+        .map(|m| m.content.clone());
+    let content = summary.unwrap_or_else(|| {
+        format!(
+            "History compacted: {} earlier messages removed.",
+            result.removed_messages
+        )
+    });
+    let mut record = serde_json::to_value(result).unwrap_or_else(|_| json!({}));
+    record["history"] = serde_json::to_value(&compacted).unwrap_or_else(|_| json!([]));
+    let mut message = LlmMessage::system(content);
+    message.metadata.insert(CHECKPOINT_KEY.into(), record);
+    message
+}
+
+/// Whether `message` is a compaction checkpoint ([`compaction_checkpoint`]).
+pub fn is_compaction_checkpoint(message: &LlmMessage) -> bool {
+    message.metadata.contains_key(CHECKPOINT_KEY)
+}
+
+/// The compacted messages a checkpoint holds; `None` for any other message or a
+/// checkpoint that cannot be read.
+pub fn checkpoint_history(message: &LlmMessage) -> Option<Vec<LlmMessage>> {
+    let history = message.metadata.get(CHECKPOINT_KEY)?.get("history")?;
+    serde_json::from_value(history.clone()).ok()
+}
+
+/// The history a model sees of a thread's log: after the newest readable compaction
+/// checkpoint, its compacted messages then every entry appended after it; without one, the
+/// log as it is. Borrowed when there is no checkpoint.
+pub fn compacted_view(log: &[LlmMessage]) -> std::borrow::Cow<'_, [LlmMessage]> {
+    for (index, entry) in log.iter().enumerate().rev() {
+        if let Some(mut history) = checkpoint_history(entry) {
+            history.extend_from_slice(&log[index + 1..]);
+            return std::borrow::Cow::Owned(history);
+        }
+    }
+    std::borrow::Cow::Borrowed(log)
+}
+
+fn is_summary(message: &LlmMessage) -> bool {
+    message.metadata.get(SUMMARY_MARKER.0) == Some(&json!(SUMMARY_MARKER.1))
+}
+
 /// Split messages into units that must stay together: an assistant message requesting tool
 /// calls with the tool results that follow it; every other message alone. Returns each
 /// unit's (start index, message count, tokens).

@@ -31,7 +31,9 @@ mod spec;
 mod stream;
 
 pub use compaction::{
-    compact_history, CompactionStrategy, HistoryCompactionRequest, HistoryCompactionResult,
+    checkpoint_history, compact_history, compacted_view, compaction_checkpoint,
+    is_compaction_checkpoint, CompactionStrategy, HistoryCompactionRequest,
+    HistoryCompactionResult, CHECKPOINT_KEY,
 };
 pub use error::{LlmError, LlmErrorKind};
 pub use history::ConversationHistory;

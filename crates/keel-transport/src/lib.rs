@@ -39,6 +39,7 @@ pub mod callbacks;
 mod client;
 mod compat_v03;
 mod dispatch;
+mod endpoint;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 mod handlers;
@@ -63,6 +64,10 @@ pub use agents::{AgentsServer, AGENTS_PATH};
 pub use client::{
     A2aClient, A2aWsClient, Binding, BlockingClient, HttpBinding, InProcessBinding,
     InProcessClient, WsBinding,
+};
+pub use endpoint::{
+    EndpointContent, EndpointRequest, EndpointSpec, HttpMethod, RequestSource, COMPACT_THREAD_PATH,
+    ENDPOINTS_PATH,
 };
 pub use limits::Limits;
 pub use push::{PushTarget, DELIVERY_LOG_LIMIT, NOTIFICATION_TOKEN_HEADER};

@@ -93,6 +93,7 @@ pub struct A2aServer {
     push_targets: TargetPolicy,
     push_retry: RetryPolicy,
     limits: Limits,
+    endpoints: Vec<crate::EndpointSpec>,
 }
 
 struct ServerState {
@@ -140,7 +141,17 @@ impl A2aServer {
             push_targets: TargetPolicy::default(),
             push_retry: RetryPolicy::default(),
             limits: Limits::default(),
+            endpoints: Vec::new(),
         }
+    }
+
+    /// Serve a custom endpoint beside A2A, at `/x/{path}` and `/{tenant}/x/{path}` (see
+    /// [`EndpointSpec`](crate::EndpointSpec)), with the server's security. A later endpoint
+    /// with the same path and method replaces an earlier one.
+    #[must_use]
+    pub fn with_endpoint(mut self, endpoint: crate::EndpointSpec) -> Self {
+        self.endpoints.push(endpoint);
+        self
     }
 
     /// The limits on one caller's requests ([`Limits::default`] unless set): requests in a
@@ -332,7 +343,7 @@ impl A2aServer {
                 .format("%a, %d %b %Y %H:%M:%S GMT")
                 .to_string(),
         });
-        Router::new()
+        let router = Router::new()
             .route(AGENT_CARD_PATH, get(agent_card))
             .route("/", post(json_rpc))
             .fallback(rest_binding)
@@ -345,7 +356,16 @@ impl A2aServer {
                 self.executor.clone(),
                 self.security,
             ))
-            .merge(crate::threads::router(self.executor.clone(), self.security))
+            .merge(crate::threads::router(self.executor.clone(), self.security));
+        match crate::endpoint::router(
+            self.executor.clone(),
+            self.security,
+            &self.endpoints,
+            self.body_limit,
+        ) {
+            Some(endpoints) => router.merge(endpoints),
+            None => router,
+        }
     }
 
     /// Serve on `listener` until `shutdown` completes.

@@ -232,12 +232,20 @@ impl ModelView {
         vision: bool,
         thread: &crate::ThreadState,
     ) -> Arc<Vec<LlmMessage>> {
-        let continues = self.reusable
+        let mut continues = self.reusable
             && self.seen <= history.len()
             && self.system != system.is_empty()
             && (self.seen == 0
                 || history[self.seen - 1].id.as_str()
                     == self.last_id.as_deref().unwrap_or_default());
+        // A compaction checkpoint (decision 141) replaces what came before it: the view
+        // starts again from the newest one, with the compacted history it holds.
+        let scan_from = if continues { self.seen } else { 0 };
+        let checkpoint = history[scan_from..]
+            .iter()
+            .rposition(keel_llm::is_compaction_checkpoint)
+            .map(|at| scan_from + at);
+        continues &= checkpoint.is_none();
         if !continues {
             *self = ModelView {
                 messages: Arc::new(Vec::with_capacity(history.len() + 1)),
@@ -260,7 +268,14 @@ impl ModelView {
             }
         }
         let start = messages.len();
-        assemble_context(&history[self.seen..], side, vision, messages);
+        let mut from = self.seen;
+        if let Some(at) = checkpoint {
+            if let Some(compacted) = keel_llm::checkpoint_history(&history[at]) {
+                assemble_context(&compacted, side, vision, messages);
+                from = at + 1;
+            }
+        }
+        assemble_context(&history[from..], side, vision, messages);
         let added = &mut messages[start..];
         // Stored files are references no provider can fetch: the request carries bytes.
         if added

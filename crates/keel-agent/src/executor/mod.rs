@@ -10,8 +10,10 @@
 //! calls in order persisting each result, and evaluates the stop rules.
 
 mod async_tools;
+mod compaction;
 pub(crate) mod config;
 mod context;
+mod direct;
 mod driver;
 mod features;
 mod host;
@@ -20,6 +22,7 @@ mod slots;
 mod state;
 mod step;
 
+pub use compaction::AutoCompaction;
 pub use config::{ExecutorConfig, SendOptions};
 pub use state::{AgentExecutor, META_MESSAGE as MESSAGE_ID_META};
 

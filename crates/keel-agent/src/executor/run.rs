@@ -363,6 +363,10 @@ impl Inner {
             }
         }
         let direct = direct_tool_calls(user_messages(&events).last());
+        let explicit = match direct {
+            None => super::direct::explicit_parts(user_messages(&events).last()),
+            Some(_) => None,
+        };
         // Two independent writes, sent together (one SQLite batch, one Redis pipeline): the
         // task's working status and its input joining the thread history. Either may be
         // there without the other after a crash, and a resumed run handles both.
@@ -413,12 +417,13 @@ impl Inner {
         }
 
         // Subagents: `immediate` kinds are queued to run before the thread's first model step.
-        if direct.is_none() {
+        if direct.is_none() && explicit.is_none() {
             self.agent.hooks.before_first_step(&ctx, &history).await?;
         }
-        let outcome = match direct {
-            Some(calls) => self.run_direct(&scope, task, calls, &mut history).await?,
-            None => match self
+        let outcome = match (direct, explicit) {
+            (Some(calls), _) => self.run_direct(&scope, task, calls, &mut history).await?,
+            (None, Some(items)) => self.run_explicit(&scope, task, items, &mut history).await?,
+            (None, None) => match self
                 .resume_interrupted_calls(&scope, task, &mut history)
                 .await?
             {

@@ -34,11 +34,7 @@ impl Inner {
         history: &mut Vec<LlmMessage>,
     ) -> AgentResult<Outcome> {
         let (flow, ctx, run, obs) = (scope.flow, scope.ctx, scope.run, scope.obs);
-        let llm = self
-            .agent
-            .llm()
-            .cloned()
-            .unwrap_or_else(|| self.runtime.default_llm());
+        let llm = self.model();
         let profile = llm.profile();
         let tools = Arc::new(self.agent.tool_specs());
         let rules = self.agent.stop_rules().clone();
@@ -65,23 +61,55 @@ impl Inner {
             }
             obs.emit(RunEvent::queue_drained().step(step)).await;
             let system = self.system_prompt(ctx).await;
-            let messages = view
-                .messages(
-                    system,
-                    history,
-                    &self.agent.card().name,
-                    profile.supports_vision,
-                    &ctx.thread,
-                )
-                .await;
-            let request = LlmRequest::new(messages).with_tools(tools.clone());
-            // Shared with its `context.prepared` event rather than copied for it.
-            let manifest = Arc::new(prepare_manifest_reusing(
-                &request,
-                &profile,
-                ManifestIds::from_run_context(&ctx.run, Some(&self.agent.card().name)),
-                &mut estimates,
-            ));
+            // Kept only when the agent compacts automatically: a compaction assembles the
+            // view again, prompt first.
+            let again = self.agent.compaction().map(|_| system.clone());
+            let mut system = Some(system);
+            let mut compacted = None;
+            let (request, manifest) = loop {
+                let messages = view
+                    .messages(
+                        system.take().or_else(|| again.clone()).unwrap_or_default(),
+                        history,
+                        &self.agent.card().name,
+                        profile.supports_vision,
+                        &ctx.thread,
+                    )
+                    .await;
+                let request = LlmRequest::new(messages).with_tools(tools.clone());
+                // Shared with its `context.prepared` event rather than copied for it.
+                let manifest = Arc::new(prepare_manifest_reusing(
+                    &request,
+                    &profile,
+                    ManifestIds::from_run_context(&ctx.run, Some(&self.agent.card().name)),
+                    &mut estimates,
+                ));
+                if let (None, Some(prompt)) = (&compacted, &again) {
+                    if let Some(done) = self
+                        .compact_when_over(scope, history, &manifest, prompt, llm.as_ref())
+                        .await?
+                    {
+                        compacted = Some((done, manifest.total_estimated_tokens));
+                        drop(request);
+                        view = ModelView::default();
+                        estimates = ManifestEstimates::default();
+                        continue;
+                    }
+                }
+                if let Some(((result, window), before)) = compacted.take() {
+                    obs.emit(
+                        super::compaction::compacted_event(
+                            &result,
+                            window,
+                            before,
+                            manifest.total_estimated_tokens,
+                        )
+                        .step(step),
+                    )
+                    .await;
+                }
+                break (request, manifest);
+            };
             obs.emit(RunEvent::context_prepared(&manifest).step(step))
                 .await;
             if let Err(error) = obs.budget(|b| b.check_llm_call(&manifest)).await {

@@ -32,6 +32,9 @@ impl EventType {
     pub const STOP_EVALUATED: EventType = EventType::known("stop.evaluated");
     /// The run's thread was terminated (soft shutdown); the run ends canceled.
     pub const THREAD_TERMINATED: EventType = EventType::known("thread.terminated");
+    /// The thread's history was compacted before a model call, because the context would
+    /// not fit the model's window.
+    pub const CONTEXT_COMPACTED: EventType = EventType::known("context.compacted");
 }
 
 /// `tool.async.progress`: one progress report of an asynchronous tool, before its result.
@@ -55,6 +58,27 @@ pub struct ThreadTerminatedPayload {
     /// When it was terminated, when the engine knows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminated_at: Option<DateTime<Utc>>,
+}
+
+/// `context.compacted`: what automatic compaction did to the history the model sees.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextCompactedPayload {
+    /// The strategy that ran (`recent`, `tokens`, `summary`).
+    pub strategy: String,
+    /// Estimated tokens of the whole request (system prompt, history, tools) before.
+    pub before_tokens: u64,
+    /// The same estimate after compaction.
+    pub after_tokens: u64,
+    /// History messages before.
+    pub before_messages: usize,
+    /// History messages after (a summary counts as one).
+    pub after_messages: usize,
+    /// The model's context window that was exceeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+    /// Whether the model wrote a summary of what was removed.
+    #[serde(default)]
+    pub summary_created: bool,
 }
 
 /// `tool.async.dispatched` and `tool.async.timed_out`.
@@ -231,6 +255,18 @@ impl RunEvent {
         RunEvent::builder(
             EventType::RUN_STOPPED,
             format!("run stopped: {}", payload.reason),
+        )
+        .payload_from(payload)
+    }
+
+    /// `context.compacted`.
+    pub fn context_compacted(payload: ContextCompactedPayload) -> RunEventBuilder {
+        RunEvent::builder(
+            EventType::CONTEXT_COMPACTED,
+            format!(
+                "context compacted: ~{} -> ~{} tokens",
+                payload.before_tokens, payload.after_tokens
+            ),
         )
         .payload_from(payload)
     }
