@@ -45,8 +45,8 @@ pub use auth::{ApiKeyAuthService, AuthContext, AuthService, Credentials, StaticA
 /// The model trait, re-exported because [`Runtime::default_llm`] names it.
 pub use keel_llm::Llm;
 pub use lease::{Lease, ThreadLeases};
-pub use logging::{LogLevel, LoggingService, TracingLoggingService};
-pub use memory::{InMemoryMemoryService, MemoryService};
+pub use logging::{ConsoleLoggingService, LogLevel, LoggingService, TracingLoggingService};
+pub use memory::{InMemoryMemoryService, MemoryService, MemoryServiceExt};
 pub use run_store::{InMemoryRunStore, RunQuery, RunRecord, RunStore, TaskRecord};
 pub use services::Services;
 pub use step::StepStore;
