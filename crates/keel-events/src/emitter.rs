@@ -39,7 +39,7 @@ pub struct EventEmitter {
     last: AtomicU64,
     sink: Arc<dyn EventSink>,
     /// Held across numbering and delivery so sinks see events in sequence order.
-    delivery: tokio::sync::Mutex<()>,
+    delivery: futures::lock::Mutex<()>,
 }
 
 impl std::fmt::Debug for EventEmitter {
@@ -62,7 +62,7 @@ impl EventEmitter {
             agent_name: context.agent_chain.last().cloned(),
             last: AtomicU64::new(0),
             sink,
-            delivery: tokio::sync::Mutex::new(()),
+            delivery: futures::lock::Mutex::new(()),
         }
     }
 

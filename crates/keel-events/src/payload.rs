@@ -660,4 +660,28 @@ pub(crate) mod tests {
         assert!(sink.emit(&event).await.is_ok());
         assert_eq!(sink.subscriber_count(), 0);
     }
+
+    #[tokio::test]
+    async fn a_slow_subscriber_loses_the_oldest_events_and_is_told_how_many() {
+        let sink = crate::BroadcastEventSink::new(2);
+        let mut slow = sink.subscribe();
+        let emitter = EventEmitter::new(
+            &RunContext::new(),
+            std::sync::Arc::new(InMemoryEventSink::new()),
+        );
+        for i in 0..5 {
+            // Never blocks, however far behind the subscriber is.
+            sink.emit(&emitter.create(RunEvent::llm_stream(i.to_string())))
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            slow.try_recv(),
+            Err(async_broadcast::TryRecvError::Overflowed(3))
+        );
+        let rest: Vec<u64> = std::iter::from_fn(|| slow.try_recv().ok())
+            .map(|e| e.sequence)
+            .collect();
+        assert_eq!(rest, [4, 5]);
+    }
 }

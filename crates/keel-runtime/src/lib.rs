@@ -69,7 +69,7 @@ pub use validated::Validated;
 /// The service hub: everything an agent run needs from its environment. [`Services`] is the
 /// plain implementation (a bundle of services); implement it yourself to run Keel's engine on
 /// your own infrastructure. The engine never reaches storage another way.
-pub trait Runtime: Send + Sync {
+pub trait Runtime: keel_core::MaybeSend + keel_core::MaybeSync {
     /// Authentication and tenancy.
     fn auth_service(&self) -> Arc<dyn AuthService>;
     /// Tasks and their event logs.

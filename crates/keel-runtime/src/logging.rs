@@ -33,7 +33,7 @@ impl LogLevel {
 }
 
 /// Where runtime logs go.
-pub trait LoggingService: Send + Sync {
+pub trait LoggingService: keel_core::MaybeSend + keel_core::MaybeSync {
     /// Record one line.
     fn log(&self, level: LogLevel, message: &str);
 }

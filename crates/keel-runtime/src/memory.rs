@@ -16,7 +16,7 @@ use crate::AuthContext;
 
 /// JSON values by key, namespaced by tenant, optionally expiring.
 #[async_trait]
-pub trait MemoryService: Send + Sync {
+pub trait MemoryService: keel_core::MaybeSend + keel_core::MaybeSync {
     /// Store `value` under `key` for this tenant, replacing what was there.
     async fn save_serialized(&self, auth: &AuthContext, key: &str, value: Value)
         -> AgentResult<()>;
