@@ -674,3 +674,47 @@ async fn the_tools_declared_capabilities_are_merged_into_a_custom_action() {
         "the declared capability still counts"
     );
 }
+
+#[tokio::test]
+async fn the_runs_final_status_event_recovers_the_tasks_run_context() {
+    let agent = Agent::builder(card())
+        .llm_shared(Arc::new(MockLlm::scripted(vec![MockResponse::Text(
+            "done".into(),
+        )])))
+        .build()
+        .unwrap();
+    let (exec, auth, sink) = executor(agent);
+    let mut ctx = RunContext::new();
+    ctx.workspace_uri = Some("file:///workspace".into());
+    let task = exec
+        .send_message(
+            &auth,
+            Message::user("go"),
+            SendOptions {
+                run_context: Some(ctx.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let events = sink.events();
+    let last = events.last().unwrap();
+    assert!(last.is("task.status") && last.is_final);
+    let recovered = last
+        .run_context()
+        .unwrap()
+        .expect("the final status carries the task");
+    assert_eq!(recovered.run_id, ctx.run_id);
+    assert_eq!(
+        recovered.workspace_uri.as_deref(),
+        Some("file:///workspace")
+    );
+    assert_eq!(Some(recovered), RunContext::from_task(&task).unwrap());
+    // Earlier statuses carry no task, so no context.
+    let first = events.iter().find(|e| e.is("task.status")).unwrap();
+    assert!(!first.is_final);
+    assert_eq!(first.run_context().unwrap(), None);
+    // The answer's artifact event comes from the task event the log keeps: it names the task.
+    let artifact = events.iter().find(|e| e.is("task.artifact")).unwrap();
+    assert_eq!(artifact.task_id.as_ref(), Some(&task.id));
+}

@@ -133,6 +133,21 @@ impl EventEmitter {
         Ok(event)
     }
 
+    /// Deliver a task event (a status or artifact update, as the task log and the A2A
+    /// transport carry it) as its normalized [`RunEvent`], built by
+    /// [`RunEvent::from_task_event`]; `task` rides on a status update so that readers recover
+    /// its context ([`RunEvent::run_context`]). A history message has no run event: `None`.
+    pub async fn emit_task_event(
+        &self,
+        event: &keel_core::TaskEvent,
+        task: Option<&keel_core::Task>,
+    ) -> AgentResult<Option<RunEvent>> {
+        match RunEvent::from_task_event(event, task) {
+            Some(builder) => self.emit(builder).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// [`emit`](Self::emit) to the sink, then record the event in `report`, in the same
     /// order as the sink saw it. The report gets the event even when the sink fails (the
     /// sink's error is returned).
