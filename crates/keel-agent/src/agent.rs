@@ -95,6 +95,7 @@ pub struct Agent {
     tool_index: HashMap<String, usize>,
     stop: StopRules,
     budget: keel_core::RunBudget,
+    budget_policy: Arc<dyn keel_policy::BudgetPolicyFactory>,
     human_handoff: bool,
     authorizer: Arc<keel_policy::ActionAuthorizer>,
     negotiator: Arc<dyn crate::Negotiator>,
@@ -131,6 +132,7 @@ impl Agent {
             tools: Vec::new(),
             stop: StopRules::default(),
             budget: keel_core::RunBudget::default(),
+            budget_policy: None,
             human_handoff: false,
             policy: None,
             approval_handler: None,
@@ -175,6 +177,16 @@ impl Agent {
     /// The limits of every run of this agent; a caller's run context can only narrow them.
     pub fn budget(&self) -> &keel_core::RunBudget {
         &self.budget
+    }
+
+    /// The budget policy of a run under `context`: the agent's factory applied to the
+    /// caller's budget narrowed by the agent's.
+    pub(crate) fn budget_policy_for(
+        &self,
+        context: &keel_core::RunContext,
+    ) -> Box<dyn keel_policy::BudgetPolicy> {
+        self.budget_policy
+            .policy_for(context.budget.narrowed_by(&self.budget))
     }
 
     /// Whether the `ask_human` hand-off tool is offered.
@@ -256,6 +268,7 @@ pub struct AgentBuilder {
     tools: Vec<Arc<dyn Tool>>,
     stop: StopRules,
     budget: keel_core::RunBudget,
+    budget_policy: Option<Arc<dyn keel_policy::BudgetPolicyFactory>>,
     human_handoff: bool,
     policy: Option<Arc<dyn keel_policy::Policy>>,
     approval_handler: Option<Arc<dyn keel_policy::ApprovalHandler>>,
@@ -355,6 +368,19 @@ impl AgentBuilder {
     /// time); a caller's `RunContext.budget` can narrow them, never widen them.
     pub fn budget(mut self, budget: keel_core::RunBudget) -> Self {
         self.budget = budget;
+        self
+    }
+
+    /// What decides at the budget's checkpoints (before a step, a model call and a tool
+    /// call, and after a model call's usage is known): one [`keel_policy::BudgetPolicy`] per
+    /// run, made by `policy` from the run's budget. [`keel_policy::BudgetEnforcer`] when not
+    /// set; a policy of one's own can allow a last call, compact first, or count in its own
+    /// units.
+    pub fn budget_policy(
+        mut self,
+        policy: impl keel_policy::BudgetPolicyFactory + 'static,
+    ) -> Self {
+        self.budget_policy = Some(Arc::new(policy));
         self
     }
 
@@ -494,6 +520,9 @@ impl AgentBuilder {
             tool_index,
             stop: self.stop,
             budget: self.budget,
+            budget_policy: self
+                .budget_policy
+                .unwrap_or_else(|| Arc::new(keel_policy::EnforceBudget)),
             human_handoff: self.human_handoff,
             authorizer: {
                 let policy = self

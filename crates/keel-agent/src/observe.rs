@@ -13,7 +13,7 @@ use keel_events::{
     EventEmitter, EventSink, MultiSink, RedactionPolicy, ReportWriter, RunEvent, RunEventBuilder,
 };
 use keel_policy::{
-    ActionAuthorizer, Authorization, AuthorizationObserver, BudgetEnforcer, BudgetWarning,
+    ActionAuthorizer, Authorization, AuthorizationObserver, BudgetPolicy, BudgetWarning,
     PolicyDecision,
 };
 use keel_runtime::{LogLevel, LoggingService};
@@ -22,7 +22,7 @@ use keel_runtime::{LogLevel, LoggingService};
 pub(crate) struct RunObs {
     emitter: EventEmitter,
     report: ReportWriter,
-    budget: Mutex<BudgetEnforcer>,
+    budget: Mutex<Box<dyn BudgetPolicy>>,
     authorizer: Arc<ActionAuthorizer>,
     context: RunContext,
     logging: Arc<dyn LoggingService>,
@@ -34,7 +34,7 @@ impl RunObs {
         context: &RunContext,
         task_id: &TaskId,
         agent_name: &str,
-        agent_budget: &keel_core::RunBudget,
+        budget: Box<dyn BudgetPolicy>,
         authorizer: Arc<ActionAuthorizer>,
         logging: Arc<dyn LoggingService>,
     ) -> Self {
@@ -51,10 +51,7 @@ impl RunObs {
                 .with_task(task_id.clone())
                 .with_agent_name(agent_name),
             report,
-            // The agent's own limits hold whatever the caller asked for.
-            budget: Mutex::new(BudgetEnforcer::new(
-                context.budget.narrowed_by(agent_budget),
-            )),
+            budget: Mutex::new(budget),
             authorizer,
             context: context.clone(),
             logging,
@@ -74,11 +71,11 @@ impl RunObs {
     /// `budget.exceeded` event and the error.
     pub(crate) async fn budget(
         &self,
-        check: impl FnOnce(&mut BudgetEnforcer) -> AgentResult<Vec<BudgetWarning>>,
+        check: impl FnOnce(&mut dyn BudgetPolicy) -> AgentResult<Vec<BudgetWarning>>,
     ) -> AgentResult<()> {
         let (result, usage) = {
             let mut budget = self.budget.lock().unwrap_or_else(|p| p.into_inner());
-            let result = check(&mut budget);
+            let result = check(budget.as_mut());
             (result, budget.usage())
         };
         match result {

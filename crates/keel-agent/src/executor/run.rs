@@ -312,7 +312,7 @@ impl Inner {
             &run_context,
             &task.id,
             &self.agent.card().name,
-            self.agent.budget(),
+            self.agent.budget_policy_for(&run_context),
             self.agent.authorizer().clone(),
             self.runtime.logging_service(),
         ));

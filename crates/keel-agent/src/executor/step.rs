@@ -517,7 +517,7 @@ impl AgentExecutor {
             &context,
             &task_id,
             &inner.agent.card().name,
-            inner.agent.budget(),
+            inner.agent.budget_policy_for(&context),
             inner.agent.authorizer().clone(),
             inner.runtime.logging_service(),
         ));
