@@ -98,7 +98,8 @@ pub struct Agent {
     budget_policy: Arc<dyn keel_policy::BudgetPolicyFactory>,
     human_handoff: bool,
     authorizer: Arc<keel_policy::ActionAuthorizer>,
-    negotiator: Arc<dyn crate::Negotiator>,
+    /// `None`: negotiate with the runtime's model (an agent with skills that set none).
+    negotiator: Option<Arc<dyn crate::Negotiator>>,
     code_runner: Option<Arc<dyn crate::CodeRunner>>,
     // Subagents: the kinds of child agents this agent may create (see `subagents`).
     pub(crate) subagents: Specs,
@@ -194,9 +195,26 @@ impl Agent {
         self.human_handoff
     }
 
-    /// Who decides, before a task starts, whether the agent takes it on.
-    pub fn negotiator(&self) -> &Arc<dyn crate::Negotiator> {
-        &self.negotiator
+    /// Who decides, before a task starts, whether the agent takes it on, when that does not
+    /// depend on the runtime: the negotiator set with [`AgentBuilder::negotiator`], or
+    /// [`AcceptAll`](crate::AcceptAll) for an agent without skills. `None` for an agent with
+    /// skills that set none: it negotiates with the runtime's model
+    /// ([`Agent::negotiator_for`]).
+    pub fn negotiator(&self) -> Option<&Arc<dyn crate::Negotiator>> {
+        self.negotiator.as_ref()
+    }
+
+    /// The negotiator this agent uses on `runtime`: its own ([`Agent::negotiator`]), or, for
+    /// an agent with skills that set none, an [`LlmNegotiator`](crate::LlmNegotiator) on the
+    /// runtime's default model, which picks the skill (seed 002's default negotiator).
+    pub fn negotiator_for(
+        &self,
+        runtime: &dyn keel_runtime::Runtime,
+    ) -> Arc<dyn crate::Negotiator> {
+        match &self.negotiator {
+            Some(negotiator) => negotiator.clone(),
+            None => Arc::new(crate::LlmNegotiator::new(runtime.default_llm())),
+        }
     }
 
     /// What runs model-written code for [`ThreadState::run_code`](crate::ThreadState::run_code).
@@ -426,8 +444,10 @@ impl AgentBuilder {
         self
     }
 
-    /// Decide about each new task before it starts (accept, ask for input, reject); the
-    /// default accepts everything. [`LlmNegotiator`](crate::LlmNegotiator) asks a model.
+    /// Decide about each new task before it starts (accept, ask for input, reject). The
+    /// default depends on the card: an agent with skills asks the runtime's default model
+    /// which skill fits ([`LlmNegotiator`](crate::LlmNegotiator)); one without accepts
+    /// everything. Set [`AcceptAll`](crate::AcceptAll) to accept without a model call.
     pub fn negotiator(mut self, negotiator: impl crate::Negotiator + 'static) -> Self {
         self.negotiator = Some(Arc::new(negotiator));
         self
@@ -512,6 +532,12 @@ impl AgentBuilder {
         }
         let mut card = self.card;
         card.capabilities.tool_calling |= !tools.is_empty();
+        // Without skills there is nothing to choose between: accept without asking a model.
+        let negotiator = self.negotiator.or_else(|| {
+            card.skills
+                .is_empty()
+                .then(|| Arc::new(crate::AcceptAll) as Arc<dyn crate::Negotiator>)
+        });
         Ok(Agent {
             card,
             instructions: self.instructions,
@@ -534,9 +560,7 @@ impl AgentBuilder {
                 }
                 Arc::new(authorizer)
             },
-            negotiator: self
-                .negotiator
-                .unwrap_or_else(|| Arc::new(crate::AcceptAll)),
+            negotiator,
             code_runner: self.code_runner,
             hooks: Arc::new(SubagentHooks::new(subagents.clone())),
             subagents,

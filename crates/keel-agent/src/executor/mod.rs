@@ -258,7 +258,7 @@ impl AgentExecutor {
             match self
                 .inner
                 .agent
-                .negotiator()
+                .negotiator_for(self.inner.runtime.as_ref())
                 .negotiate(self.inner.agent.card(), &message)
                 .await?
             {
