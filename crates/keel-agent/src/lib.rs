@@ -38,6 +38,7 @@ mod effects;
 mod environment;
 mod executor;
 mod hooks;
+mod infer;
 mod negotiator;
 mod observe;
 mod rest;
@@ -61,6 +62,7 @@ pub use code::{CodeRequest, CodeRun, CodeRunner};
 pub use effects::{EffectConfig, EFFECT_CLAIM_TTL, EFFECT_RECHECK};
 pub use environment::{Environment, SECRETS_KEY_VAR};
 pub use executor::{AgentExecutor, ExecutorConfig, SendOptions, MESSAGE_ID_META};
+pub use infer::Inference;
 pub use negotiator::{AcceptAll, LlmNegotiator, Negotiation, Negotiator};
 pub use rest::TaskRest;
 pub use subagents::{

@@ -58,6 +58,36 @@ impl RunObs {
         }
     }
 
+    /// The plane of model calls made outside the engine ([`crate::Inference`]): no task, no
+    /// actions to authorize, log lines through `tracing`.
+    pub(crate) fn for_inference(
+        sink: Arc<dyn EventSink>,
+        context: &RunContext,
+        budget: Box<dyn BudgetPolicy>,
+    ) -> Self {
+        Self {
+            emitter: EventEmitter::new(context, sink),
+            report: ReportWriter::new().redacting(RedactionPolicy::default()),
+            budget: Mutex::new(budget),
+            authorizer: Arc::new(ActionAuthorizer::new(keel_policy::CapabilityPolicy::new())),
+            context: context.clone(),
+            logging: Arc::new(keel_runtime::TracingLoggingService),
+        }
+    }
+
+    /// Replace the budget policy (before any check).
+    pub(crate) fn replace_budget(&self, budget: Box<dyn BudgetPolicy>) {
+        *self.budget.lock().unwrap_or_else(|p| p.into_inner()) = budget;
+    }
+
+    /// What the run has used so far.
+    pub(crate) fn usage(&self) -> keel_core::BudgetUsage {
+        self.budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .usage()
+    }
+
     /// Emit an event. A sink failing never stops the run (only authorization checkpoints
     /// fail closed); it is logged.
     pub(crate) async fn emit(&self, event: RunEventBuilder) {
