@@ -21,7 +21,8 @@ use keel_runtime::{LogLevel, LoggingService};
 /// The observability and control plane of one run.
 pub(crate) struct RunObs {
     emitter: EventEmitter,
-    report: ReportWriter,
+    /// `None` for model calls outside the engine, which keep no report.
+    report: Option<ReportWriter>,
     budget: Mutex<Box<dyn BudgetPolicy>>,
     authorizer: Arc<ActionAuthorizer>,
     context: RunContext,
@@ -50,7 +51,7 @@ impl RunObs {
             emitter: EventEmitter::new(context, Arc::new(fan_out))
                 .with_task(task_id.clone())
                 .with_agent_name(agent_name),
-            report,
+            report: Some(report),
             budget: Mutex::new(budget),
             authorizer,
             context: context.clone(),
@@ -67,7 +68,8 @@ impl RunObs {
     ) -> Self {
         Self {
             emitter: EventEmitter::new(context, sink),
-            report: ReportWriter::new().redacting(RedactionPolicy::default()),
+            // Nothing takes a report here: recording one would only grow with every call.
+            report: None,
             budget: Mutex::new(budget),
             authorizer: Arc::new(ActionAuthorizer::new(keel_policy::CapabilityPolicy::new())),
             context: context.clone(),
@@ -91,9 +93,17 @@ impl RunObs {
     /// Emit an event. A sink failing never stops the run (only authorization checkpoints
     /// fail closed); it is logged.
     pub(crate) async fn emit(&self, event: RunEventBuilder) {
-        if let Err(err) = self.emitter.emit_reported(event, &self.report).await {
+        if let Err(err) = self.deliver(event).await {
             self.logging
                 .log(LogLevel::Warn, &format!("an event sink failed: {err}"));
+        }
+    }
+
+    /// Number and deliver an event to the sinks, then record it in the report if there is one.
+    async fn deliver(&self, event: RunEventBuilder) -> AgentResult<()> {
+        match &self.report {
+            Some(report) => self.emitter.emit_reported(event, report).await,
+            None => self.emitter.emit(event).await.map(drop),
         }
     }
 
@@ -156,7 +166,10 @@ impl RunObs {
     /// store keeps, taking the recorded events: the run is over when its report is saved,
     /// and the events are not copied for it.
     pub(crate) fn take_report_json(&self) -> AgentResult<keel_core::stored::JsonText> {
-        self.report.take_json()
+        match &self.report {
+            Some(report) => report.take_json(),
+            None => Err(AgentError::internal("this run keeps no report")),
+        }
     }
 }
 
@@ -165,7 +178,7 @@ struct EmitObserver<'a>(&'a RunObs);
 
 impl EmitObserver<'_> {
     async fn emit(&self, event: RunEventBuilder) -> AgentResult<()> {
-        self.0.emitter.emit_reported(event, &self.0.report).await
+        self.0.deliver(event).await
     }
 }
 
