@@ -3,7 +3,8 @@
 //! The layer of each crate is read from the code map's headings
 //! (``### `crates/keel-core` — layer 0``), so the document and the check cannot drift; the
 //! dependencies come from `cargo metadata`. Dev-dependencies are not checked: a test may
-//! reach any crate.
+//! reach any crate. Besides the layers, the value crates (keel-core, keel-policy,
+//! keel-events) may not depend on an async runtime or an I/O crate ([`RUNTIME_AND_IO`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,13 +14,29 @@ use serde_json::Value;
 
 use crate::util::workspace_root;
 
+/// Runtimes and I/O crates: what the value layers (core, policy, events) must not use, so
+/// that they stay plain libraries that build without an async runtime (and for wasm).
+const RUNTIME_AND_IO: &[&str] = &[
+    "tokio",
+    "tokio-util",
+    "tokio-stream",
+    "mio",
+    "async-std",
+    "smol",
+    "socket2",
+    "axum",
+    "hyper",
+    "reqwest",
+    "rusqlite",
+    "redis",
+];
+
 /// External crates a crate must not use (the brief: core does no I/O; only the transport knows
-/// HTTP).
+/// HTTP; keel-policy and keel-events are layer-1 values and logic, free of tokio and I/O).
 const FORBIDDEN_EXTERNAL: &[(&str, &[&str])] = &[
-    (
-        "keel-core",
-        &["tokio", "axum", "reqwest", "hyper", "rusqlite", "redis"],
-    ),
+    ("keel-core", RUNTIME_AND_IO),
+    ("keel-policy", RUNTIME_AND_IO),
+    ("keel-events", RUNTIME_AND_IO),
     ("keel-agent", &["axum", "reqwest", "hyper"]),
 ];
 
@@ -201,6 +218,15 @@ mod tests {
         assert!(edge_problem("keel-agent", 3, "keel-runtime", 2).is_none());
         assert!(edge_problem("keel-store-redis", 3, "keel-runtime", 2).is_none());
         assert!(external_problem("keel-core", "tokio").is_some());
+        for crate_name in ["keel-core", "keel-policy", "keel-events"] {
+            for io in ["tokio", "mio", "reqwest", "rusqlite"] {
+                assert!(
+                    external_problem(crate_name, io).is_some(),
+                    "{crate_name} -> {io}"
+                );
+            }
+        }
+        assert!(external_problem("keel-events", "async-broadcast").is_none());
         assert!(external_problem("keel-agent", "reqwest").is_some());
         assert!(external_problem("keel-transport", "reqwest").is_none());
     }

@@ -95,9 +95,11 @@ pub struct Agent {
     tool_index: HashMap<String, usize>,
     stop: StopRules,
     budget: keel_core::RunBudget,
+    budget_policy: Arc<dyn keel_policy::BudgetPolicyFactory>,
     human_handoff: bool,
     authorizer: Arc<keel_policy::ActionAuthorizer>,
-    negotiator: Arc<dyn crate::Negotiator>,
+    /// `None`: negotiate with the runtime's model (an agent with skills that set none).
+    negotiator: Option<Arc<dyn crate::Negotiator>>,
     code_runner: Option<Arc<dyn crate::CodeRunner>>,
     // Subagents: the kinds of child agents this agent may create (see `subagents`).
     pub(crate) subagents: Specs,
@@ -134,6 +136,7 @@ impl Agent {
             tools: Vec::new(),
             stop: StopRules::default(),
             budget: keel_core::RunBudget::default(),
+            budget_policy: None,
             human_handoff: false,
             policy: None,
             approval_handler: None,
@@ -188,14 +191,41 @@ impl Agent {
         &self.budget
     }
 
+    /// The budget policy of a run under `context`: the agent's factory applied to the
+    /// caller's budget narrowed by the agent's.
+    pub(crate) fn budget_policy_for(
+        &self,
+        context: &keel_core::RunContext,
+    ) -> Box<dyn keel_policy::BudgetPolicy> {
+        self.budget_policy
+            .policy_for(context.budget.narrowed_by(&self.budget))
+    }
+
     /// Whether the `ask_human` hand-off tool is offered.
     pub fn human_handoff(&self) -> bool {
         self.human_handoff
     }
 
-    /// Who decides, before a task starts, whether the agent takes it on.
-    pub fn negotiator(&self) -> &Arc<dyn crate::Negotiator> {
-        &self.negotiator
+    /// Who decides, before a task starts, whether the agent takes it on, when that does not
+    /// depend on the runtime: the negotiator set with [`AgentBuilder::negotiator`], or
+    /// [`AcceptAll`](crate::AcceptAll) for an agent without skills. `None` for an agent with
+    /// skills that set none: it negotiates with the runtime's model
+    /// ([`Agent::negotiator_for`]).
+    pub fn negotiator(&self) -> Option<&Arc<dyn crate::Negotiator>> {
+        self.negotiator.as_ref()
+    }
+
+    /// The negotiator this agent uses on `runtime`: its own ([`Agent::negotiator`]), or, for
+    /// an agent with skills that set none, an [`LlmNegotiator`](crate::LlmNegotiator) on the
+    /// runtime's default model, which picks the skill (seed 002's default negotiator).
+    pub fn negotiator_for(
+        &self,
+        runtime: &dyn keel_runtime::Runtime,
+    ) -> Arc<dyn crate::Negotiator> {
+        match &self.negotiator {
+            Some(negotiator) => negotiator.clone(),
+            None => Arc::new(crate::LlmNegotiator::new(runtime.default_llm())),
+        }
     }
 
     /// What runs model-written code for [`ThreadState::run_code`](crate::ThreadState::run_code).
@@ -267,6 +297,7 @@ pub struct AgentBuilder {
     tools: Vec<Arc<dyn Tool>>,
     stop: StopRules,
     budget: keel_core::RunBudget,
+    budget_policy: Option<Arc<dyn keel_policy::BudgetPolicyFactory>>,
     human_handoff: bool,
     policy: Option<Arc<dyn keel_policy::Policy>>,
     approval_handler: Option<Arc<dyn keel_policy::ApprovalHandler>>,
@@ -387,6 +418,19 @@ impl AgentBuilder {
         self
     }
 
+    /// What decides at the budget's checkpoints (before a step, a model call and a tool
+    /// call, and after a model call's usage is known): one [`keel_policy::BudgetPolicy`] per
+    /// run, made by `policy` from the run's budget. [`keel_policy::BudgetEnforcer`] when not
+    /// set; a policy of one's own can allow a last call, compact first, or count in its own
+    /// units.
+    pub fn budget_policy(
+        mut self,
+        policy: impl keel_policy::BudgetPolicyFactory + 'static,
+    ) -> Self {
+        self.budget_policy = Some(Arc::new(policy));
+        self
+    }
+
     /// Offer the `session_stop` / `session_fail` lifecycle tools.
     pub fn lifecycle_tools(mut self, on: bool) -> Self {
         self.stop.lifecycle_tools = on;
@@ -429,8 +473,10 @@ impl AgentBuilder {
         self
     }
 
-    /// Decide about each new task before it starts (accept, ask for input, reject); the
-    /// default accepts everything. [`LlmNegotiator`](crate::LlmNegotiator) asks a model.
+    /// Decide about each new task before it starts (accept, ask for input, reject). The
+    /// default depends on the card: an agent with skills asks the runtime's default model
+    /// which skill fits ([`LlmNegotiator`](crate::LlmNegotiator)); one without accepts
+    /// everything. Set [`AcceptAll`](crate::AcceptAll) to accept without a model call.
     pub fn negotiator(mut self, negotiator: impl crate::Negotiator + 'static) -> Self {
         self.negotiator = Some(Arc::new(negotiator));
         self
@@ -515,6 +561,12 @@ impl AgentBuilder {
         }
         let mut card = self.card;
         card.capabilities.tool_calling |= !tools.is_empty();
+        // Without skills there is nothing to choose between: accept without asking a model.
+        let negotiator = self.negotiator.or_else(|| {
+            card.skills
+                .is_empty()
+                .then(|| Arc::new(crate::AcceptAll) as Arc<dyn crate::Negotiator>)
+        });
         Ok(Agent {
             card,
             instructions: self.instructions,
@@ -523,6 +575,9 @@ impl AgentBuilder {
             tool_index,
             stop: self.stop,
             budget: self.budget,
+            budget_policy: self
+                .budget_policy
+                .unwrap_or_else(|| Arc::new(keel_policy::EnforceBudget)),
             human_handoff: self.human_handoff,
             authorizer: {
                 let policy = self
@@ -534,9 +589,7 @@ impl AgentBuilder {
                 }
                 Arc::new(authorizer)
             },
-            negotiator: self
-                .negotiator
-                .unwrap_or_else(|| Arc::new(crate::AcceptAll)),
+            negotiator,
             code_runner: self.code_runner,
             hooks: Arc::new(SubagentHooks::new(subagents.clone())),
             subagents,

@@ -38,6 +38,7 @@ mod effects;
 mod environment;
 mod executor;
 mod hooks;
+mod infer;
 mod lifecycle;
 mod negotiator;
 mod observe;
@@ -64,6 +65,7 @@ pub use environment::{Environment, SECRETS_KEY_VAR};
 pub use executor::{
     AgentExecutor, AutoCompaction, ExecutorConfig, SendOptions, SendOutcome, MESSAGE_ID_META,
 };
+pub use infer::Inference;
 pub use lifecycle::{LifecycleHooks, ToolVerdict};
 pub use negotiator::{AcceptAll, LlmNegotiator, Negotiation, Negotiator};
 pub use rest::TaskRest;

@@ -61,7 +61,9 @@ impl Negotiator for AcceptAll {
 /// Asks a model, showing it the agent card ([`AgentCard::prompt_format`]) and the message,
 /// for a JSON verdict `{"decision": "accept"|"ask"|"reject", "skill"?, "question"?,
 /// "reason"?}`. An answer it cannot read accepts (the model is advisory, not a gate that
-/// fails closed: policy is the gate for side effects).
+/// fails closed: policy is the gate for side effects), and so does a skill the card does not
+/// have, without a skill. This is the default negotiator of an agent with skills, on the
+/// runtime's default model ([`Agent::negotiator_for`](crate::Agent::negotiator_for)).
 pub struct LlmNegotiator {
     llm: std::sync::Arc<dyn Llm>,
 }
@@ -115,8 +117,69 @@ impl Negotiator for LlmNegotiator {
                     .question
                     .unwrap_or_else(|| "Could you tell me more?".into()),
             },
-            Some(v) => Negotiation::Accept { skill: v.skill },
+            Some(v) => Negotiation::Accept {
+                // Only a skill the card declares: a made-up one would be recorded as chosen.
+                skill: v
+                    .skill
+                    .filter(|id| card.skills.iter().any(|skill| &skill.id == id)),
+            },
             None => Negotiation::Accept { skill: None },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use keel_core::AgentSkill;
+    use keel_llm::{MockLlm, MockResponse};
+
+    use super::*;
+
+    fn card() -> AgentCard {
+        AgentCard::new("desk", "a help desk", "http://127.0.0.1:0")
+            .with_skill(AgentSkill::new("translate", "Translates text"))
+            .with_skill(AgentSkill::new("summarize", "Summarizes text"))
+    }
+
+    async fn verdict(answer: &str) -> (Negotiation, Arc<MockLlm>) {
+        let llm = Arc::new(MockLlm::scripted(vec![MockResponse::Text(answer.into())]));
+        let negotiation = LlmNegotiator::new(llm.clone())
+            .negotiate(&card(), &Message::user("say hello in French"))
+            .await
+            .unwrap();
+        (negotiation, llm)
+    }
+
+    #[tokio::test]
+    async fn the_model_sees_the_skills_and_chooses_one() {
+        let (negotiation, llm) = verdict(r#"{"decision": "accept", "skill": "translate"}"#).await;
+        assert_eq!(
+            negotiation,
+            Negotiation::Accept {
+                skill: Some("translate".into())
+            }
+        );
+        let request = &llm.requests()[0];
+        let shown = format!("{:?}", request.messages);
+        assert!(
+            shown.contains("translate") && shown.contains("summarize"),
+            "{shown}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_skill_the_card_lacks_or_an_unreadable_answer_accepts_without_a_skill() {
+        for answer in [
+            r#"{"decision": "accept", "skill": "juggle"}"#,
+            "I think translate fits",
+        ] {
+            assert_eq!(verdict(answer).await.0, Negotiation::Accept { skill: None });
+        }
+        assert!(matches!(
+            verdict(r#"{"decision": "reject", "reason": "not ours"}"#).await.0,
+            Negotiation::Reject { reason } if reason == "not ours"
+        ));
     }
 }

@@ -14,7 +14,7 @@ use keel_events::{
     EventEmitter, EventSink, MultiSink, RedactionPolicy, ReportWriter, RunEvent, RunEventBuilder,
 };
 use keel_policy::{
-    ActionAuthorizer, Authorization, AuthorizationObserver, BudgetEnforcer, BudgetWarning,
+    ActionAuthorizer, Authorization, AuthorizationObserver, BudgetPolicy, BudgetWarning,
     PolicyDecision,
 };
 use keel_runtime::{LogLevel, LoggingService};
@@ -22,8 +22,9 @@ use keel_runtime::{LogLevel, LoggingService};
 /// The observability and control plane of one run.
 pub(crate) struct RunObs {
     emitter: EventEmitter,
-    report: ReportWriter,
-    budget: Mutex<BudgetEnforcer>,
+    /// `None` for model calls outside the engine, which keep no report.
+    report: Option<ReportWriter>,
+    budget: Mutex<Box<dyn BudgetPolicy>>,
     authorizer: Arc<ActionAuthorizer>,
     context: RunContext,
     logging: Arc<dyn LoggingService>,
@@ -38,7 +39,7 @@ impl RunObs {
         context: &RunContext,
         task_id: &TaskId,
         agent_name: &str,
-        agent_budget: &keel_core::RunBudget,
+        budget: Box<dyn BudgetPolicy>,
         authorizer: Arc<ActionAuthorizer>,
         logging: Arc<dyn LoggingService>,
     ) -> Self {
@@ -54,11 +55,8 @@ impl RunObs {
             emitter: EventEmitter::new(context, Arc::new(fan_out))
                 .with_task(task_id.clone())
                 .with_agent_name(agent_name),
-            report,
-            // The agent's own limits hold whatever the caller asked for.
-            budget: Mutex::new(BudgetEnforcer::new(
-                context.budget.narrowed_by(agent_budget),
-            )),
+            report: Some(report),
+            budget: Mutex::new(budget),
             authorizer,
             context: context.clone(),
             logging,
@@ -79,12 +77,52 @@ impl RunObs {
         std::mem::take(&mut *self.artifacts.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// The plane of model calls made outside the engine ([`crate::Inference`]): no task, no
+    /// actions to authorize, log lines through `tracing`.
+    pub(crate) fn for_inference(
+        sink: Arc<dyn EventSink>,
+        context: &RunContext,
+        budget: Box<dyn BudgetPolicy>,
+    ) -> Self {
+        Self {
+            emitter: EventEmitter::new(context, sink),
+            // Nothing takes a report here: recording one would only grow with every call.
+            report: None,
+            budget: Mutex::new(budget),
+            authorizer: Arc::new(ActionAuthorizer::new(keel_policy::CapabilityPolicy::new())),
+            context: context.clone(),
+            logging: Arc::new(keel_runtime::TracingLoggingService),
+            artifacts: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Replace the budget policy (before any check).
+    pub(crate) fn replace_budget(&self, budget: Box<dyn BudgetPolicy>) {
+        *self.budget.lock().unwrap_or_else(|p| p.into_inner()) = budget;
+    }
+
+    /// What the run has used so far.
+    pub(crate) fn usage(&self) -> keel_core::BudgetUsage {
+        self.budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .usage()
+    }
+
     /// Emit an event. A sink failing never stops the run (only authorization checkpoints
     /// fail closed); it is logged.
     pub(crate) async fn emit(&self, event: RunEventBuilder) {
-        if let Err(err) = self.emitter.emit_reported(event, &self.report).await {
+        if let Err(err) = self.deliver(event).await {
             self.logging
                 .log(LogLevel::Warn, &format!("an event sink failed: {err}"));
+        }
+    }
+
+    /// Number and deliver an event to the sinks, then record it in the report if there is one.
+    async fn deliver(&self, event: RunEventBuilder) -> AgentResult<()> {
+        match &self.report {
+            Some(report) => self.emitter.emit_reported(event, report).await,
+            None => self.emitter.emit(event).await.map(drop),
         }
     }
 
@@ -92,11 +130,11 @@ impl RunObs {
     /// `budget.exceeded` event and the error.
     pub(crate) async fn budget(
         &self,
-        check: impl FnOnce(&mut BudgetEnforcer) -> AgentResult<Vec<BudgetWarning>>,
+        check: impl FnOnce(&mut dyn BudgetPolicy) -> AgentResult<Vec<BudgetWarning>>,
     ) -> AgentResult<()> {
         let (result, usage) = {
             let mut budget = self.budget.lock().unwrap_or_else(|p| p.into_inner());
-            let result = check(&mut budget);
+            let result = check(budget.as_mut());
             (result, budget.usage())
         };
         match result {
@@ -147,7 +185,10 @@ impl RunObs {
     /// store keeps, taking the recorded events: the run is over when its report is saved,
     /// and the events are not copied for it.
     pub(crate) fn take_report_json(&self) -> AgentResult<keel_core::stored::JsonText> {
-        self.report.take_json()
+        match &self.report {
+            Some(report) => report.take_json(),
+            None => Err(AgentError::internal("this run keeps no report")),
+        }
     }
 }
 
@@ -156,7 +197,7 @@ struct EmitObserver<'a>(&'a RunObs);
 
 impl EmitObserver<'_> {
     async fn emit(&self, event: RunEventBuilder) -> AgentResult<()> {
-        self.0.emitter.emit_reported(event, &self.0.report).await
+        self.0.deliver(event).await
     }
 }
 

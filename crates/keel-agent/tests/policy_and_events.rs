@@ -674,3 +674,128 @@ async fn the_tools_declared_capabilities_are_merged_into_a_custom_action() {
         "the declared capability still counts"
     );
 }
+
+#[tokio::test]
+async fn the_runs_final_status_event_recovers_the_tasks_run_context() {
+    let agent = Agent::builder(card())
+        .llm_shared(Arc::new(MockLlm::scripted(vec![MockResponse::Text(
+            "done".into(),
+        )])))
+        .build()
+        .unwrap();
+    let (exec, auth, sink) = executor(agent);
+    let mut ctx = RunContext::new();
+    ctx.workspace_uri = Some("file:///workspace".into());
+    let task = exec
+        .send_message(
+            &auth,
+            Message::user("go"),
+            SendOptions {
+                run_context: Some(ctx.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let events = sink.events();
+    let last = events.last().unwrap();
+    assert!(last.is("task.status") && last.is_final);
+    let recovered = last
+        .run_context()
+        .unwrap()
+        .expect("the final status carries the task");
+    assert_eq!(recovered.run_id, ctx.run_id);
+    assert_eq!(
+        recovered.workspace_uri.as_deref(),
+        Some("file:///workspace")
+    );
+    assert_eq!(Some(recovered), RunContext::from_task(&task).unwrap());
+    // Earlier statuses carry no task, so no context.
+    let first = events.iter().find(|e| e.is("task.status")).unwrap();
+    assert!(!first.is_final);
+    assert_eq!(first.run_context().unwrap(), None);
+    // The answer's artifact event comes from the task event the log keeps: it names the task.
+    let artifact = events.iter().find(|e| e.is("task.artifact")).unwrap();
+    assert_eq!(artifact.task_id.as_ref(), Some(&task.id));
+}
+
+/// A budget policy of the application's: one model call past `max_llm_calls`, once, for a
+/// last answer; everything else as the default enforcer decides.
+struct OneGraceCall {
+    inner: keel_policy::BudgetEnforcer,
+    grace_used: bool,
+}
+
+impl keel_policy::BudgetPolicy for OneGraceCall {
+    fn usage(&self) -> keel_core::BudgetUsage {
+        self.inner.usage()
+    }
+    fn check_step(&mut self) -> keel_core::AgentResult<Vec<keel_policy::BudgetWarning>> {
+        self.inner.check_step()
+    }
+    fn check_llm_call(
+        &mut self,
+        manifest: &keel_core::ContextManifest,
+    ) -> keel_core::AgentResult<Vec<keel_policy::BudgetWarning>> {
+        match self.inner.check_llm_call(manifest) {
+            Err(AgentError::BudgetExceeded { limit, .. })
+                if limit == "max_llm_calls" && !self.grace_used =>
+            {
+                self.grace_used = true;
+                Ok(Vec::new())
+            }
+            other => other,
+        }
+    }
+    fn record_llm_usage(&mut self, input: u64, output: u64) {
+        self.inner.record_llm_usage(input, output);
+    }
+    fn check_output_tokens(&mut self) -> keel_core::AgentResult<Vec<keel_policy::BudgetWarning>> {
+        self.inner.check_output_tokens()
+    }
+    fn check_tool_call(&mut self) -> keel_core::AgentResult<Vec<keel_policy::BudgetWarning>> {
+        self.inner.check_tool_call()
+    }
+}
+
+#[tokio::test]
+async fn an_agents_budget_policy_decides_at_the_limit_instead_of_the_enforcer() {
+    let budget = RunBudget {
+        max_llm_calls: Some(1),
+        ..Default::default()
+    };
+    let grace = |budget: RunBudget| -> Box<dyn keel_policy::BudgetPolicy> {
+        Box::new(OneGraceCall {
+            inner: keel_policy::BudgetEnforcer::new(budget),
+            grace_used: false,
+        })
+    };
+    // One tool call, then the answer: two model calls under a limit of one.
+    for (custom, state, calls) in [
+        (false, TaskState::Failed, 1),
+        (true, TaskState::Completed, 2),
+    ] {
+        let writes = Arc::new(AtomicUsize::new(0));
+        let mut builder = Agent::builder(card())
+            .llm_shared(script(1))
+            .tool(write_tool(writes.clone()))
+            .budget(budget.clone());
+        if custom {
+            builder = builder.budget_policy(grace);
+        }
+        let (exec, auth, sink) = executor(builder.build().unwrap());
+        let task = exec
+            .send_message(&auth, Message::user("write r0"), SendOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(task.state(), state, "custom policy: {custom}");
+        let events = sink.events();
+        let started = events.iter().filter(|e| e.is("llm.call.started")).count();
+        assert_eq!(started, calls, "custom policy: {custom}");
+        let exceeded = events.iter().filter(|e| e.is("budget.exceeded")).count();
+        assert_eq!(exceeded, usize::from(!custom), "custom policy: {custom}");
+        // The policy's usage is what budget events report: the warning at the limit says 1 of 1.
+        let warning = events.iter().find(|e| e.is("budget.warning")).unwrap();
+        assert_eq!(warning.payload["usage"]["llm_calls"], 1);
+    }
+}

@@ -23,6 +23,17 @@ pub enum AgentError {
         /// The id that was asked for.
         task_id: TaskId,
     },
+    /// No thread with this id exists for the caller's tenant: an operation that works on an
+    /// existing thread (its history, its queue, its children) named one the store does not
+    /// know. Seed 002's `SessionNotFound`: a session is a thread (decision 3), and
+    /// [`AgentError::session_not_found`] builds this variant. A message naming an unknown
+    /// thread is not this error: it starts that thread, as A2A's `contextId` does.
+    #[doc(alias = "SessionNotFound")]
+    #[error("thread not found: {thread_id}")]
+    ThreadNotFound {
+        /// The id that was asked for.
+        thread_id: crate::ThreadId,
+    },
     /// The task exists but is already terminal, so it cannot be canceled.
     #[error("task {task_id} cannot be canceled: it is already {state}")]
     TaskNotCancelable {
@@ -322,7 +333,7 @@ impl AgentError {
     /// ```
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::TaskNotFound { .. } => ErrorKind::NotFound,
+            Self::TaskNotFound { .. } | Self::ThreadNotFound { .. } => ErrorKind::NotFound,
             Self::TaskNotCancelable { .. } => ErrorKind::NotCancelable,
             Self::CancelPending { .. } => ErrorKind::Conflict,
             Self::InvalidTransition { .. } => ErrorKind::InvalidTransition,
@@ -340,6 +351,21 @@ impl AgentError {
             Self::StoreUnavailable { .. } => ErrorKind::Unavailable,
             Self::Overloaded { .. } => ErrorKind::Overloaded,
             Self::Internal { .. } => ErrorKind::Internal,
+        }
+    }
+
+    /// [`AgentError::ThreadNotFound`] under the name seed 002 gives it (`SessionNotFound`):
+    /// Keel's session is its thread.
+    ///
+    /// ```
+    /// use keel_core::{AgentError, ErrorKind};
+    /// let err = AgentError::session_not_found("s-1");
+    /// assert!(matches!(&err, AgentError::ThreadNotFound { thread_id } if thread_id.as_str() == "s-1"));
+    /// assert_eq!(err.kind(), ErrorKind::NotFound);
+    /// ```
+    pub fn session_not_found(session_id: impl Into<crate::ThreadId>) -> Self {
+        Self::ThreadNotFound {
+            thread_id: session_id.into(),
         }
     }
 

@@ -39,7 +39,7 @@ pub struct EventEmitter {
     last: AtomicU64,
     sink: Arc<dyn EventSink>,
     /// Held across numbering and delivery so sinks see events in sequence order.
-    delivery: tokio::sync::Mutex<()>,
+    delivery: futures::lock::Mutex<()>,
 }
 
 impl std::fmt::Debug for EventEmitter {
@@ -62,7 +62,7 @@ impl EventEmitter {
             agent_name: context.agent_chain.last().cloned(),
             last: AtomicU64::new(0),
             sink,
-            delivery: tokio::sync::Mutex::new(()),
+            delivery: futures::lock::Mutex::new(()),
         }
     }
 
@@ -131,6 +131,21 @@ impl EventEmitter {
         let event = self.create(builder);
         self.sink.emit(&event).await?;
         Ok(event)
+    }
+
+    /// Deliver a task event (a status or artifact update, as the task log and the A2A
+    /// transport carry it) as its normalized [`RunEvent`], built by
+    /// [`RunEvent::from_task_event`]; `task` rides on a status update so that readers recover
+    /// its context ([`RunEvent::run_context`]). A history message has no run event: `None`.
+    pub async fn emit_task_event(
+        &self,
+        event: &keel_core::TaskEvent,
+        task: Option<&keel_core::Task>,
+    ) -> AgentResult<Option<RunEvent>> {
+        match RunEvent::from_task_event(event, task) {
+            Some(builder) => self.emit(builder).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     /// [`emit`](Self::emit) to the sink, then record the event in `report`, in the same

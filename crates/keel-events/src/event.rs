@@ -275,6 +275,33 @@ impl RunEvent {
     pub fn is(&self, event_type: &str) -> bool {
         self.event_type == event_type
     }
+
+    /// The [`RunContext`](keel_core::RunContext) of the task this event carries: a
+    /// `task.status` built with its task (the run's final status is) holds the serialized
+    /// task, whose `metadata.run_context` is read here. `Ok(None)` when the event carries no
+    /// task, or the task no context; a context that does not read is
+    /// [`AgentError::InvalidInput`](keel_core::AgentError::InvalidInput) naming where it was.
+    pub fn run_context(&self) -> keel_core::AgentResult<Option<keel_core::RunContext>> {
+        if self.event_type != EventType::TASK_STATUS {
+            return Ok(None);
+        }
+        let stored = self
+            .payload
+            .get("task")
+            .and_then(|task| task.get("metadata"))
+            .and_then(|metadata| metadata.get(keel_core::RUN_CONTEXT_KEY));
+        match stored {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => keel_core::RunContext::deserialize(value)
+                .map(Some)
+                .map_err(|e| {
+                    keel_core::AgentError::invalid_input(
+                        "run_event.payload.task.metadata.run_context",
+                        format!("event #{}: {e}", self.sequence),
+                    )
+                }),
+        }
+    }
 }
 
 /// An event not yet numbered: everything but `sequence`, `timestamp` and the run's own

@@ -31,7 +31,7 @@
 
 use keel_core::{
     ActionId, ApprovalDecision, ApprovalOutcome, ApprovalRequest, Artifact, BudgetUsage,
-    ContextManifest, RunAction, Task, TaskState,
+    ContextManifest, Message, RunAction, Task, TaskEvent, TaskId, TaskState, TaskStatus,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -232,12 +232,33 @@ pub(crate) fn to_payload<T: Serialize + ?Sized>(payload: &T) -> Value {
         .unwrap_or_else(|e| serde_json::json!({ "payload_error": e.to_string() }))
 }
 
+/// `task.status` for a status update: what [`RunEvent::from_task_event`] and the task helpers
+/// share.
+fn status_event(
+    task_id: &TaskId,
+    status: &TaskStatus,
+    is_final: bool,
+    task: Option<&Task>,
+) -> RunEventBuilder {
+    RunEvent::task_status(TaskStatusPayload {
+        state: status.state,
+        message: status.message.as_ref().map(Message::text),
+        task: task.map(to_payload),
+    })
+    .task(task_id.clone())
+    .final_boundary(is_final)
+}
+
+/// Whether a status ends the task's turn: terminal, or waiting for input or auth.
+fn ends_turn(state: TaskState) -> bool {
+    state.is_terminal() || matches!(state, TaskState::InputRequired | TaskState::AuthRequired)
+}
+
 impl RunEvent {
     /// `task.status`; final when the state is terminal, input-required or auth-required.
     pub fn task_status(payload: TaskStatusPayload) -> RunEventBuilder {
         let state = payload.state;
-        let is_final = state.is_terminal()
-            || matches!(state, TaskState::InputRequired | TaskState::AuthRequired);
+        let is_final = ends_turn(state);
         let severity = match state {
             TaskState::Failed => Severity::Error,
             _ => Severity::Info,
@@ -248,26 +269,70 @@ impl RunEvent {
             .final_boundary(is_final)
     }
 
-    /// `task.status` for a task's current state, carrying the serialized task.
+    /// The normalized event for a task event, the form the durable task log and the A2A
+    /// transport carry: a status update becomes `task.status`, an artifact update
+    /// `task.artifact`; a history message has no event of its own (`None`). This is the one
+    /// path from task events to run events: the engine's own task events and an
+    /// application's (see [`EventEmitter::emit_task_event`](crate::EventEmitter::emit_task_event))
+    /// go through it.
+    ///
+    /// With `task`, the serialized task rides on a status update, so that a reader of the
+    /// event (a final status, above all) recovers the task and its [`RunContext`] with
+    /// [`RunEvent::run_context`]. The event's `final` flag is the task event's.
+    ///
+    /// ```
+    /// use keel_core::{Message, RunContext, Task, TaskEvent};
+    /// use keel_events::{EventEmitter, InMemoryEventSink, RunEvent};
+    /// let mut task = Task::create(Message::user("hi"));
+    /// let context = RunContext::new();
+    /// context.attach_to_task(&mut task)?;
+    /// task.complete("done")?;
+    /// let update = TaskEvent::StatusUpdate {
+    ///     task_id: task.id.clone(),
+    ///     thread_id: task.thread_id.clone(),
+    ///     status: task.status().clone(),
+    ///     is_final: true,
+    /// };
+    /// let emitter = EventEmitter::new(&context, std::sync::Arc::new(InMemoryEventSink::new()));
+    /// let event = emitter.create(RunEvent::from_task_event(&update, Some(&task)).unwrap());
+    /// assert!(event.is_final);
+    /// let recovered = event.run_context()?.expect("the final status carries the task");
+    /// assert_eq!(recovered.run_id, context.run_id);
+    /// assert_eq!(Some(recovered), RunContext::from_task(&task)?);
+    /// # Ok::<(), keel_core::AgentError>(())
+    /// ```
+    pub fn from_task_event(event: &TaskEvent, task: Option<&Task>) -> Option<RunEventBuilder> {
+        match event {
+            TaskEvent::StatusUpdate {
+                task_id,
+                status,
+                is_final,
+                ..
+            } => Some(status_event(task_id, status, *is_final, task)),
+            TaskEvent::ArtifactUpdate {
+                task_id,
+                artifact,
+                append,
+                last_chunk,
+                ..
+            } => {
+                Some(RunEvent::task_artifact(artifact, *append, *last_chunk).task(task_id.clone()))
+            }
+            TaskEvent::Message { .. } => None,
+        }
+    }
+
+    /// `task.status` for a task's current state, carrying the serialized task: the run's last
+    /// status. Built by [`RunEvent::from_task_event`] from the task's status update.
     pub fn task_status_of(task: &Task) -> RunEventBuilder {
-        RunEvent::task_status(TaskStatusPayload {
-            state: task.state(),
-            message: None,
-            task: Some(to_payload(task)),
-        })
-        .task(task.id.clone())
+        status_event(&task.id, task.status(), ends_turn(task.state()), Some(task))
     }
 
     /// `task.status` for a task's current state without the serialized task: for a status
     /// that is not the run's last (the task starting to work), where a copy of the whole
     /// task would be written into the run's report only to be superseded.
     pub fn task_state_of(task: &Task) -> RunEventBuilder {
-        RunEvent::task_status(TaskStatusPayload {
-            state: task.state(),
-            message: None,
-            task: None,
-        })
-        .task(task.id.clone())
+        status_event(&task.id, task.status(), ends_turn(task.state()), None)
     }
 
     /// `task.artifact`.
@@ -457,7 +522,7 @@ impl RunEvent {
 pub(crate) mod tests {
     use super::*;
     use chrono::Utc;
-    use keel_core::{Message, RunContext};
+    use keel_core::{AgentError, Message, RunContext};
     use serde_json::json;
 
     use crate::{EventEmitter, EventSink, InMemoryEventSink};
@@ -661,5 +726,126 @@ pub(crate) mod tests {
         let event = emitter.create(RunEvent::llm_stream("x"));
         assert!(sink.emit(&event).await.is_ok());
         assert_eq!(sink.subscriber_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn task_events_become_run_events_through_one_path() {
+        let mut task = Task::create(keel_core::Message::user("hi"));
+        let context = RunContext::new();
+        context.attach_to_task(&mut task).unwrap();
+        let sink = std::sync::Arc::new(InMemoryEventSink::new());
+        let emitter = EventEmitter::new(&context, sink.clone());
+
+        let message = TaskEvent::Message {
+            message: task.history[0].clone(),
+        };
+        assert_eq!(
+            emitter
+                .emit_task_event(&message, Some(&task))
+                .await
+                .unwrap(),
+            None
+        );
+
+        let artifact = TaskEvent::ArtifactUpdate {
+            task_id: task.id.clone(),
+            thread_id: task.thread_id.clone(),
+            artifact: Artifact::text("a").named("answer"),
+            append: false,
+            last_chunk: true,
+        };
+        let event = emitter
+            .emit_task_event(&artifact, None)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(event.is(EventType::TASK_ARTIFACT.as_str()));
+        assert_eq!(event.task_id.as_ref(), Some(&task.id));
+        assert_eq!(event.run_context().unwrap(), None);
+
+        task.begin().unwrap();
+        let working = TaskEvent::StatusUpdate {
+            task_id: task.id.clone(),
+            thread_id: task.thread_id.clone(),
+            status: task.status().clone(),
+            is_final: false,
+        };
+        let event = emitter
+            .emit_task_event(&working, None)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!event.is_final);
+        assert_eq!(event.run_context().unwrap(), None, "no task rides on it");
+
+        task.complete("done").unwrap();
+        let done = TaskEvent::StatusUpdate {
+            task_id: task.id.clone(),
+            thread_id: task.thread_id.clone(),
+            status: task.status().clone(),
+            is_final: true,
+        };
+        let event = emitter
+            .emit_task_event(&done, Some(&task))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(event.is_final);
+        let p: TaskStatusPayload = event.payload_as().unwrap();
+        assert_eq!(
+            (p.state, p.message.as_deref()),
+            (TaskState::Completed, Some("done"))
+        );
+        let recovered = event.run_context().unwrap().unwrap();
+        assert_eq!(recovered.run_id, context.run_id);
+        assert_eq!(recovered.trace_id, context.trace_id);
+        // The task's own helper takes the same path: the same payload, the same boundary.
+        let of_task = emitter.create(RunEvent::task_status_of(&task));
+        assert_eq!(
+            (of_task.payload, of_task.is_final),
+            (event.payload, event.is_final)
+        );
+        assert_eq!(sink.events().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_carried_context_that_does_not_read_is_a_typed_error() {
+        let mut task = Task::create(keel_core::Message::user("hi"));
+        task.metadata
+            .insert(keel_core::RUN_CONTEXT_KEY.into(), serde_json::json!(42));
+        let emitter = EventEmitter::new(
+            &RunContext::new(),
+            std::sync::Arc::new(InMemoryEventSink::new()),
+        );
+        let event = emitter.create(RunEvent::task_status_of(&task));
+        let err = event.run_context().unwrap_err();
+        assert!(
+            matches!(&err, AgentError::InvalidInput { field, .. } if field.ends_with("run_context")),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_slow_subscriber_loses_the_oldest_events_and_is_told_how_many() {
+        let sink = crate::BroadcastEventSink::new(2);
+        let mut slow = sink.subscribe();
+        let emitter = EventEmitter::new(
+            &RunContext::new(),
+            std::sync::Arc::new(InMemoryEventSink::new()),
+        );
+        for i in 0..5 {
+            // Never blocks, however far behind the subscriber is.
+            sink.emit(&emitter.create(RunEvent::llm_stream(i.to_string())))
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            slow.try_recv(),
+            Err(async_broadcast::TryRecvError::Overflowed(3))
+        );
+        let rest: Vec<u64> = std::iter::from_fn(|| slow.try_recv().ok())
+            .map(|e| e.sequence)
+            .collect();
+        assert_eq!(rest, [4, 5]);
     }
 }

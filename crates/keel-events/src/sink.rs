@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use keel_core::AgentResult;
-use tokio::sync::broadcast;
 
 use crate::RunEvent;
 
@@ -74,11 +73,13 @@ impl EventSink for InMemoryEventSink {
 /// Broadcasts events to live subscribers (a UI stream, an SSE endpoint).
 ///
 /// Emitting with no subscriber is not an error. A subscriber that falls more than
-/// `capacity` events behind misses the oldest (it receives `RecvError::Lagged`); live views
+/// `capacity` events behind misses the oldest (it receives `async_broadcast::RecvError::Overflowed`); live views
 /// are lossy by design — the durable log is the record.
 #[derive(Debug, Clone)]
 pub struct BroadcastEventSink {
-    sender: broadcast::Sender<RunEvent>,
+    sender: async_broadcast::Sender<RunEvent>,
+    /// Keeps the channel open while nobody subscribes, without buffering for anyone.
+    _idle: async_broadcast::InactiveReceiver<RunEvent>,
 }
 
 impl Default for BroadcastEventSink {
@@ -90,13 +91,21 @@ impl Default for BroadcastEventSink {
 impl BroadcastEventSink {
     /// A sink buffering up to `capacity` events per slow subscriber (at least 1).
     pub fn new(capacity: usize) -> Self {
-        let (sender, _) = broadcast::channel(capacity.max(1));
-        Self { sender }
+        let (mut sender, receiver) = async_broadcast::broadcast(capacity.max(1));
+        // A slow subscriber loses its oldest events (and is told how many) instead of
+        // holding the run back.
+        sender.set_overflow(true);
+        Self {
+            sender,
+            _idle: receiver.deactivate(),
+        }
     }
 
-    /// A new subscriber, receiving events emitted from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<RunEvent> {
-        self.sender.subscribe()
+    /// A new subscriber, receiving events emitted from now on. A subscriber that falls more
+    /// than the capacity behind receives `RecvError::Overflowed(n)` once, then the newest
+    /// events.
+    pub fn subscribe(&self) -> async_broadcast::Receiver<RunEvent> {
+        self.sender.new_receiver()
     }
 
     /// How many subscribers are listening.
@@ -108,8 +117,9 @@ impl BroadcastEventSink {
 #[async_trait]
 impl EventSink for BroadcastEventSink {
     async fn emit(&self, event: &RunEvent) -> AgentResult<()> {
-        // `send` fails only when nobody listens, which is fine for a live view.
-        let _ = self.sender.send(event.clone());
+        // Fails only when nobody listens, which is fine for a live view; a full channel
+        // drops its oldest event (overflow mode) rather than waiting.
+        let _ = self.sender.try_broadcast(event.clone());
         Ok(())
     }
 }

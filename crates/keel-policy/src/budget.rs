@@ -13,6 +13,11 @@
 //! Counting: a check that passes also counts the operation it protects, so the check before
 //! the (n+1)th operation fails when n == max; a failed check counts nothing. Token limits
 //! are for the whole run (the sum over its model calls), like every other limit.
+//!
+//! [`BudgetPolicy`] is the same set of checkpoints as a trait: an application that wants
+//! something else near or over a limit (allow a last call, compact first, ask for approval,
+//! count in its own units) implements it, usually around a `BudgetEnforcer`, and gives the
+//! agent a [`BudgetPolicyFactory`]; the enforcer is the default policy.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -367,6 +372,123 @@ impl BudgetEnforcer {
         if self.warned.insert(limit) {
             warnings.push(BudgetWarning { limit, used, max });
         }
+    }
+}
+
+/// A run's budget decisions, consulted by the engine at each checkpoint in the table above:
+/// before a step, before a model call (with its [`ContextManifest`]), after a model call
+/// (usage, then [`check_output_tokens`](Self::check_output_tokens)), before a tool runs.
+///
+/// A check answers the warnings it raises (each becomes a `budget.warning` event) or an
+/// error that stops the protected operation: [`AgentError::BudgetExceeded`] ends the task
+/// `failed` with a `budget.exceeded` event (decision 5); any other error ends the run as
+/// that error does. [`BudgetEnforcer`] is the default; a policy of its own usually wraps
+/// one and changes what happens at a limit.
+///
+/// ```
+/// use keel_core::{AgentError, AgentResult, BudgetUsage, ContextManifest, RunBudget};
+/// use keel_policy::{BudgetEnforcer, BudgetPolicy, BudgetWarning};
+///
+/// /// Allows one model call past the limit, once, for a last answer.
+/// struct GraceCall { inner: BudgetEnforcer, grace_used: bool }
+///
+/// impl BudgetPolicy for GraceCall {
+///     fn usage(&self) -> BudgetUsage { self.inner.usage() }
+///     fn check_step(&mut self) -> AgentResult<Vec<BudgetWarning>> { self.inner.check_step() }
+///     fn check_llm_call(&mut self, manifest: &ContextManifest) -> AgentResult<Vec<BudgetWarning>> {
+///         match self.inner.check_llm_call(manifest) {
+///             Err(AgentError::BudgetExceeded { limit, .. })
+///                 if limit == "max_llm_calls" && !self.grace_used =>
+///             {
+///                 self.grace_used = true;
+///                 Ok(Vec::new())
+///             }
+///             other => other,
+///         }
+///     }
+///     fn record_llm_usage(&mut self, input: u64, output: u64) { self.inner.record_llm_usage(input, output) }
+///     fn check_output_tokens(&mut self) -> AgentResult<Vec<BudgetWarning>> { self.inner.check_output_tokens() }
+///     fn check_tool_call(&mut self) -> AgentResult<Vec<BudgetWarning>> { self.inner.check_tool_call() }
+/// }
+///
+/// let budget = RunBudget { max_llm_calls: Some(1), ..Default::default() };
+/// let mut policy = GraceCall { inner: BudgetEnforcer::new(budget), grace_used: false };
+/// let manifest = ContextManifest::default();
+/// policy.check_llm_call(&manifest)?;
+/// policy.check_llm_call(&manifest)?; // the grace call
+/// assert!(policy.check_llm_call(&manifest).is_err());
+/// # Ok::<(), AgentError>(())
+/// ```
+pub trait BudgetPolicy: Send {
+    /// What the run has used so far; the engine reports it with every budget event.
+    fn usage(&self) -> BudgetUsage;
+    /// Before a step begins.
+    fn check_step(&mut self) -> AgentResult<Vec<BudgetWarning>>;
+    /// Before a model call, with the estimate of the context it will read.
+    fn check_llm_call(&mut self, manifest: &ContextManifest) -> AgentResult<Vec<BudgetWarning>>;
+    /// After a model call: the tokens it used (the provider's figures, or local estimates).
+    fn record_llm_usage(&mut self, input_tokens: u64, output_tokens: u64);
+    /// After usage is recorded.
+    fn check_output_tokens(&mut self) -> AgentResult<Vec<BudgetWarning>>;
+    /// Before a tool executes.
+    fn check_tool_call(&mut self) -> AgentResult<Vec<BudgetWarning>>;
+}
+
+impl BudgetPolicy for BudgetEnforcer {
+    fn usage(&self) -> BudgetUsage {
+        BudgetEnforcer::usage(self)
+    }
+    fn check_step(&mut self) -> AgentResult<Vec<BudgetWarning>> {
+        BudgetEnforcer::check_step(self)
+    }
+    fn check_llm_call(&mut self, manifest: &ContextManifest) -> AgentResult<Vec<BudgetWarning>> {
+        BudgetEnforcer::check_llm_call(self, manifest)
+    }
+    fn record_llm_usage(&mut self, input_tokens: u64, output_tokens: u64) {
+        BudgetEnforcer::record_llm_usage(self, input_tokens, output_tokens);
+    }
+    fn check_output_tokens(&mut self) -> AgentResult<Vec<BudgetWarning>> {
+        BudgetEnforcer::check_output_tokens(self)
+    }
+    fn check_tool_call(&mut self) -> AgentResult<Vec<BudgetWarning>> {
+        BudgetEnforcer::check_tool_call(self)
+    }
+}
+
+/// Makes each run's [`BudgetPolicy`] from the budget that run is under (the caller's
+/// `RunContext.budget` narrowed by the agent's own limits). Any
+/// `Fn(RunBudget) -> Box<dyn BudgetPolicy>` is one.
+///
+/// ```
+/// use keel_core::RunBudget;
+/// use keel_policy::{BudgetEnforcer, BudgetPolicy, BudgetPolicyFactory};
+/// let warn_at_half = |budget: RunBudget| -> Box<dyn BudgetPolicy> {
+///     Box::new(BudgetEnforcer::new(budget).with_warning_fraction(0.5))
+/// };
+/// let mut policy = warn_at_half.policy_for(RunBudget { max_steps: Some(2), ..Default::default() });
+/// assert_eq!(policy.check_step().unwrap().len(), 1);
+/// ```
+pub trait BudgetPolicyFactory: Send + Sync {
+    /// The policy for one run under `budget`.
+    fn policy_for(&self, budget: RunBudget) -> Box<dyn BudgetPolicy>;
+}
+
+impl<F> BudgetPolicyFactory for F
+where
+    F: Fn(RunBudget) -> Box<dyn BudgetPolicy> + Send + Sync,
+{
+    fn policy_for(&self, budget: RunBudget) -> Box<dyn BudgetPolicy> {
+        self(budget)
+    }
+}
+
+/// The default [`BudgetPolicyFactory`]: a [`BudgetEnforcer`] per run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EnforceBudget;
+
+impl BudgetPolicyFactory for EnforceBudget {
+    fn policy_for(&self, budget: RunBudget) -> Box<dyn BudgetPolicy> {
+        Box::new(BudgetEnforcer::new(budget))
     }
 }
 

@@ -43,7 +43,8 @@ mod decision;
 pub use approval::{approve_request, deny_request, ApprovalFn, ApprovalHandler};
 pub use authorizer::{ActionAuthorizer, Authorization, AuthorizationObserver, NoObserver};
 pub use budget::{
-    BudgetEnforcer, BudgetWarning, Clock, ManualClock, SystemClock, DEFAULT_WARNING_FRACTION,
+    BudgetEnforcer, BudgetPolicy, BudgetPolicyFactory, BudgetWarning, Clock, EnforceBudget,
+    ManualClock, SystemClock, DEFAULT_WARNING_FRACTION,
 };
 pub use capability::{permissions_decision, CapabilityPolicy, CapabilityRule};
 pub use decision::{Policy, PolicyDecision};

@@ -111,7 +111,7 @@ impl fmt::Debug for Credentials {
 }
 
 /// Identifies the tenant of the current execution, and turns a caller's credentials into one.
-pub trait AuthService: Send + Sync {
+pub trait AuthService: keel_core::MaybeSend + keel_core::MaybeSync {
     /// The tenant of work that has no caller (local runs, recovery).
     fn auth_context(&self) -> AuthContext;
 

@@ -45,8 +45,8 @@ pub use auth::{ApiKeyAuthService, AuthContext, AuthService, Credentials, StaticA
 /// The model trait, re-exported because [`Runtime::default_llm`] names it.
 pub use keel_llm::Llm;
 pub use lease::{Lease, ThreadLeases};
-pub use logging::{LogLevel, LoggingService, TracingLoggingService};
-pub use memory::{InMemoryMemoryService, MemoryService};
+pub use logging::{ConsoleLoggingService, LogLevel, LoggingService, TracingLoggingService};
+pub use memory::{InMemoryMemoryService, MemoryService, MemoryServiceExt};
 pub use run_store::{InMemoryRunStore, RunQuery, RunRecord, RunStore, TaskRecord};
 pub use services::Services;
 pub use step::StepStore;
@@ -69,7 +69,7 @@ pub use validated::Validated;
 /// The service hub: everything an agent run needs from its environment. [`Services`] is the
 /// plain implementation (a bundle of services); implement it yourself to run Keel's engine on
 /// your own infrastructure. The engine never reaches storage another way.
-pub trait Runtime: Send + Sync {
+pub trait Runtime: keel_core::MaybeSend + keel_core::MaybeSync {
     /// Authentication and tenancy.
     fn auth_service(&self) -> Arc<dyn AuthService>;
     /// Tasks and their event logs.

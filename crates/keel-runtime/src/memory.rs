@@ -7,14 +7,16 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 
 use crate::scoped::{scoped, Scoped, ScopedParts};
-use keel_core::AgentResult;
+use keel_core::{AgentError, AgentResult};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::AuthContext;
 
 /// JSON values by key, namespaced by tenant, optionally expiring.
 #[async_trait]
-pub trait MemoryService: Send + Sync {
+pub trait MemoryService: keel_core::MaybeSend + keel_core::MaybeSync {
     /// Store `value` under `key` for this tenant, replacing what was there.
     async fn save_serialized(&self, auth: &AuthContext, key: &str, value: Value)
         -> AgentResult<()>;
@@ -49,6 +51,81 @@ pub trait MemoryService: Send + Sync {
         self.save_serialized_with_ttl(auth, key, value, ttl).await?;
         Ok(true)
     }
+}
+
+/// Typed access to a [`MemoryService`]: values go in and come out as serde types, so a skill
+/// keeps its state as a struct instead of handling JSON by hand. Implemented for every
+/// memory service, boxed or not.
+///
+/// A value that cannot be encoded is [`AgentError::InvalidInput`] naming the key; a stored
+/// value that does not decode as `T` (written by other code, or by an older version of the
+/// type) is [`AgentError::Storage`] naming the key, never a panic.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), keel_core::AgentError> {
+/// use keel_runtime::{AuthContext, InMemoryMemoryService, MemoryServiceExt};
+/// #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+/// struct Visits { count: u32 }
+/// let memory = InMemoryMemoryService::new();
+/// let auth = AuthContext::new("app", "alice");
+/// memory.save(&auth, "visits", &Visits { count: 3 }).await?;
+/// assert_eq!(memory.load::<Visits>(&auth, "visits").await?, Some(Visits { count: 3 }));
+/// # Ok(())
+/// # }
+/// ```
+#[async_trait]
+pub trait MemoryServiceExt: MemoryService {
+    /// Store `value` under `key`, replacing what was there.
+    async fn save<T: Serialize + Sync + ?Sized>(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: &T,
+    ) -> AgentResult<()> {
+        let value = encode(key, value)?;
+        self.save_serialized(auth, key, value).await
+    }
+
+    /// Like [`save`](Self::save), but the value expires after `ttl`.
+    async fn save_with_ttl<T: Serialize + Sync + ?Sized>(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: &T,
+        ttl: Duration,
+    ) -> AgentResult<()> {
+        let value = encode(key, value)?;
+        self.save_serialized_with_ttl(auth, key, value, ttl).await
+    }
+
+    /// The value under `key` as a `T`, if any and not expired.
+    async fn load<T: DeserializeOwned>(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+    ) -> AgentResult<Option<T>> {
+        match self.load_serialized(auth, key).await? {
+            None => Ok(None),
+            Some(value) => serde_json::from_value(value).map(Some).map_err(|e| {
+                AgentError::storage(format_args!(
+                    "memory value `{key}` is not a {}: {e}",
+                    std::any::type_name::<T>()
+                ))
+            }),
+        }
+    }
+}
+
+impl<M: MemoryService + ?Sized> MemoryServiceExt for M {}
+
+fn encode<T: Serialize + ?Sized>(key: &str, value: &T) -> AgentResult<Value> {
+    serde_json::to_value(value).map_err(|e| {
+        AgentError::invalid_input(
+            format!("memory value `{key}`"),
+            format!("cannot be stored as JSON: {e}"),
+        )
+    })
 }
 
 /// A [`MemoryService`] over a concurrent hash map.
@@ -183,6 +260,58 @@ impl MemoryService for InMemoryMemoryService {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Profile {
+        name: String,
+        visits: u32,
+    }
+
+    #[tokio::test]
+    async fn typed_values_round_trip_through_the_ext_trait() {
+        let store: std::sync::Arc<dyn MemoryService> =
+            std::sync::Arc::new(InMemoryMemoryService::new());
+        let auth = AuthContext::new("app", "alice");
+        let profile = Profile {
+            name: "Ada".into(),
+            visits: 2,
+        };
+        store.save(&auth, "profile", &profile).await.unwrap();
+        assert_eq!(
+            store.load::<Profile>(&auth, "profile").await.unwrap(),
+            Some(profile)
+        );
+        assert_eq!(store.load::<Profile>(&auth, "missing").await.unwrap(), None);
+        // The typed form is the plain JSON form: untyped readers see the same value.
+        assert_eq!(
+            store.load_serialized(&auth, "profile").await.unwrap(),
+            Some(json!({"name": "Ada", "visits": 2}))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stored_value_of_another_shape_is_a_storage_error_naming_the_key() {
+        let store = InMemoryMemoryService::new();
+        let auth = AuthContext::new("app", "alice");
+        store
+            .save(&auth, "profile", &json!(["not", "a", "profile"]))
+            .await
+            .unwrap();
+        let err = store.load::<Profile>(&auth, "profile").await.unwrap_err();
+        assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+        assert!(err.to_string().contains("`profile`"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_value_json_cannot_hold_is_invalid_input() {
+        let store = InMemoryMemoryService::new();
+        let auth = AuthContext::new("app", "alice");
+        // JSON object keys must be strings.
+        let map: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        let err = store.save(&auth, "pairs", &map).await.unwrap_err();
+        assert!(matches!(err, AgentError::InvalidInput { .. }), "{err:?}");
+        assert_eq!(store.load_serialized(&auth, "pairs").await.unwrap(), None);
+    }
 
     #[tokio::test]
     async fn tenants_whose_names_run_together_see_only_their_own_values() {

@@ -136,7 +136,7 @@ pub struct Page<T> {
 /// Snapshots do not carry the message history: messages live in the event log as
 /// [`TaskEvent::Message`] and [`load_task_with_history`] rebuilds the history.
 #[async_trait]
-pub trait TaskManager: Send + Sync {
+pub trait TaskManager: keel_core::MaybeSend + keel_core::MaybeSync {
     /// The task's snapshot, or `Ok(None)` when this tenant has no such task.
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>>;
     /// The tenant's tasks matching `filter`, in its [`TaskOrder`] (by default oldest first,

@@ -11,6 +11,7 @@
 //! | `Unavailable` (`StoreUnavailable`) | [`STORE_UNAVAILABLE`] -32050 (HTTP+JSON: 503) |
 //! | `Overloaded` | [`OVERLOADED`] -32051 (HTTP+JSON: 429 with `Retry-After`) |
 //! | `CancelPending` | [`CANCEL_PENDING`] -32052 (HTTP+JSON: 409) |
+//! | `ThreadNotFound` | [`THREAD_NOT_FOUND`] -32053 (HTTP+JSON: 404) |
 //! | anything else | [`INTERNAL_ERROR`] -32603, message `internal error` |
 //!
 //! Every error object carries `data`: an array with one `google.rpc.ErrorInfo` (`@type`,
@@ -23,6 +24,10 @@ use serde_json::{json, Map, Value};
 
 use crate::wire;
 
+/// Keel: no thread with this id (A2A `contextId`) for the caller; the `ErrorInfo` metadata
+/// names it (`contextId`). Its own code rather than -32001, which A2A reserves for a task, so
+/// that a peer never reads a missing thread as a missing task.
+pub const THREAD_NOT_FOUND: i32 = -32053;
 /// Invalid JSON was received.
 pub const PARSE_ERROR: i32 = -32700;
 /// The JSON sent is not a valid request object.
@@ -80,8 +85,10 @@ pub const ERROR_DOMAIN: &str = "a2a-protocol.org";
 /// assert_eq!(error_code(&err), TASK_NOT_FOUND);
 /// ```
 pub fn error_code(err: &AgentError) -> i32 {
-    if let AgentError::CancelPending { .. } = err {
-        return CANCEL_PENDING;
+    match err {
+        AgentError::CancelPending { .. } => return CANCEL_PENDING,
+        AgentError::ThreadNotFound { .. } => return THREAD_NOT_FOUND,
+        _ => {}
     }
     match err.kind() {
         ErrorKind::NotFound => TASK_NOT_FOUND,
@@ -112,6 +119,7 @@ pub(crate) fn reason(code: i32) -> &'static str {
         STORE_UNAVAILABLE => "UNAVAILABLE",
         OVERLOADED => "RESOURCE_EXHAUSTED",
         CANCEL_PENDING => "ABORTED",
+        THREAD_NOT_FOUND => "THREAD_NOT_FOUND",
         _ => "INTERNAL_ERROR",
     }
 }
@@ -135,6 +143,7 @@ pub(crate) fn code_from_reason(reason: &str) -> Option<i32> {
         STORE_UNAVAILABLE,
         OVERLOADED,
         CANCEL_PENDING,
+        THREAD_NOT_FOUND,
     ]
     .into_iter()
     .find(|code| self::reason(*code) == reason)
@@ -208,6 +217,7 @@ impl RpcError {
             AgentError::TaskNotFound { task_id } | AgentError::CancelPending { task_id } => {
                 rpc.with("taskId", task_id.as_str())
             }
+            AgentError::ThreadNotFound { thread_id } => rpc.with("contextId", thread_id.as_str()),
             AgentError::TaskNotCancelable { task_id, state } => rpc
                 .with("taskId", task_id.as_str())
                 .with("state", wire::state_name(*state)),
@@ -287,7 +297,7 @@ fn retry_after_seconds(delay: std::time::Duration) -> u64 {
 /// ```
 pub fn rest_status(code: i32) -> (u16, &'static str) {
     match code {
-        TASK_NOT_FOUND => (404, "NOT_FOUND"),
+        TASK_NOT_FOUND | THREAD_NOT_FOUND => (404, "NOT_FOUND"),
         TASK_NOT_CANCELABLE => (409, "FAILED_PRECONDITION"),
         PUSH_NOTIFICATION_NOT_SUPPORTED | UNSUPPORTED_OPERATION | VERSION_NOT_SUPPORTED => {
             (400, "UNIMPLEMENTED")
@@ -390,6 +400,9 @@ pub(crate) fn agent_error_from_rpc(error: &Value, task_id: Option<&TaskId>) -> A
     match i32::try_from(code).unwrap_or(INTERNAL_ERROR) {
         TASK_NOT_FOUND => AgentError::TaskNotFound { task_id: task() },
         CANCEL_PENDING => AgentError::CancelPending { task_id: task() },
+        THREAD_NOT_FOUND => AgentError::ThreadNotFound {
+            thread_id: meta("contextId").unwrap_or_default().into(),
+        },
         TASK_NOT_CANCELABLE => AgentError::TaskNotCancelable {
             task_id: task(),
             state: meta("state")
@@ -501,6 +514,7 @@ mod tests {
                 },
                 CANCEL_PENDING,
             ),
+            (AgentError::session_not_found("th-1"), THREAD_NOT_FOUND),
             (
                 AgentError::BudgetExceeded {
                     limit: "max_steps".into(),
@@ -594,6 +608,23 @@ mod tests {
         assert_eq!(rest_status(rpc.code), (503, "UNAVAILABLE"));
         assert_eq!(rest_status(OVERLOADED), (429, "RESOURCE_EXHAUSTED"));
         assert_eq!(rest_status(CANCEL_PENDING), (409, "ABORTED"));
+    }
+
+    #[test]
+    fn a_missing_thread_is_its_own_not_found_naming_the_context() {
+        let rpc = RpcError::from_agent_error(&AgentError::ThreadNotFound {
+            thread_id: "th-9".into(),
+        });
+        assert_eq!(rpc.code, THREAD_NOT_FOUND);
+        assert_ne!(
+            rpc.code, TASK_NOT_FOUND,
+            "a peer must not read it as a missing task"
+        );
+        let json = rpc.to_json();
+        assert_eq!(json["data"][0]["reason"], "THREAD_NOT_FOUND");
+        assert_eq!(json["data"][0]["metadata"]["contextId"], "th-9");
+        assert_eq!(rest_status(rpc.code), (404, "NOT_FOUND"));
+        assert_eq!(code_from_reason("THREAD_NOT_FOUND"), Some(THREAD_NOT_FOUND));
     }
 
     #[test]

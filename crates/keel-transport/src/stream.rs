@@ -100,6 +100,69 @@ impl StreamEvent {
     }
 }
 
+impl StreamEvent {
+    /// The normalized run event for this stream event, built by
+    /// [`RunEvent::from_task_event`](keel_events::RunEvent::from_task_event), the one path
+    /// from task events to run events: a status update is a `task.status`, an artifact
+    /// update a `task.artifact`, and the task itself a `task.status` carrying the task, from
+    /// which [`RunEvent::run_context`](keel_events::RunEvent::run_context) recovers its run
+    /// context. A bare message has none. Number it with an
+    /// [`EventEmitter`](keel_events::EventEmitter) for the run being followed.
+    ///
+    /// ```
+    /// use keel_core::{Message, RunContext, Task};
+    /// use keel_events::{EventEmitter, InMemoryEventSink};
+    /// use keel_transport::StreamEvent;
+    /// let mut task = Task::create(Message::user("hi"));
+    /// let context = RunContext::new();
+    /// context.attach_to_task(&mut task)?;
+    /// task.complete("done")?;
+    /// let emitter = EventEmitter::new(&context, std::sync::Arc::new(InMemoryEventSink::new()));
+    /// let event = emitter.create(StreamEvent::Task(Box::new(task)).run_event().unwrap());
+    /// assert!(event.is_final);
+    /// assert_eq!(event.run_context()?.map(|c| c.run_id), Some(context.run_id));
+    /// # Ok::<(), keel_core::AgentError>(())
+    /// ```
+    pub fn run_event(&self) -> Option<keel_events::RunEventBuilder> {
+        let task_event = match self {
+            StreamEvent::Task(task) => {
+                let update = TaskEvent::StatusUpdate {
+                    task_id: task.id.clone(),
+                    thread_id: task.thread_id.clone(),
+                    status: task.status().clone(),
+                    is_final: self.is_final(),
+                };
+                return keel_events::RunEvent::from_task_event(&update, Some(task));
+            }
+            StreamEvent::Message(_) => return None,
+            StreamEvent::StatusUpdate {
+                task_id,
+                thread_id,
+                status,
+            } => TaskEvent::StatusUpdate {
+                task_id: task_id.clone(),
+                thread_id: thread_id.clone(),
+                status: status.clone(),
+                is_final: self.is_final(),
+            },
+            StreamEvent::ArtifactUpdate {
+                task_id,
+                thread_id,
+                artifact,
+                append,
+                last_chunk,
+            } => TaskEvent::ArtifactUpdate {
+                task_id: task_id.clone(),
+                thread_id: thread_id.clone(),
+                artifact: artifact.clone(),
+                append: *append,
+                last_chunk: *last_chunk,
+            },
+        };
+        keel_events::RunEvent::from_task_event(&task_event, None)
+    }
+}
+
 /// Whether a stream ends at this state: terminal or interrupted.
 pub(crate) fn ends_stream(state: TaskState) -> bool {
     state.is_terminal() || matches!(state, TaskState::InputRequired | TaskState::AuthRequired)

@@ -1,15 +1,21 @@
-//! [`DefaultRuntime`]: the service hub with Keel's built-in services, and [`StoreConfig`],
-//! which chooses where it keeps its data.
+//! [`DefaultRuntime`]: the service hub with Keel's built-in services, [`StoreConfig`],
+//! which chooses where it keeps its data, and the builder's one-call server
+//! ([`DefaultRuntimeBuilder::serve`]).
 
+use std::collections::HashSet;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use keel_agent::{Agent, AgentExecutor, ExecutorConfig};
 use keel_core::{AgentError, AgentResult};
 use keel_llm::{Llm, MockLlm};
 use keel_runtime::{
     AsyncCallStore, AuthService, LoggingService, MemoryService, RunStore, Runtime, Services,
     StepStore, TaskManager, ThreadStore, ThreadTimers,
 };
+use keel_transport::callbacks::HttpCallbacks;
+use keel_transport::{A2aServer, AgentsServer};
 
 /// Where a [`DefaultRuntime`] keeps tasks, threads, memory and run records.
 ///
@@ -100,7 +106,9 @@ impl DefaultRuntime {
         DefaultRuntimeBuilder {
             llm: None,
             auth: None,
+            logging: None,
             store: StoreConfig::Memory,
+            agents: Vec::new(),
         }
     }
 }
@@ -138,12 +146,15 @@ impl Runtime for DefaultRuntime {
     }
 }
 
-/// Builds a [`DefaultRuntime`].
+/// Builds a [`DefaultRuntime`], and with [`agents`](Self::agents) serves them in one call
+/// ([`serve`](Self::serve)).
 #[must_use]
 pub struct DefaultRuntimeBuilder {
     llm: Option<Arc<dyn Llm>>,
     auth: Option<Arc<dyn AuthService>>,
+    logging: Option<Arc<dyn LoggingService>>,
     store: StoreConfig,
+    agents: Vec<Agent>,
 }
 
 impl DefaultRuntimeBuilder {
@@ -172,15 +183,116 @@ impl DefaultRuntimeBuilder {
         self
     }
 
+    /// Where the runtime's log lines go: `tracing` unless set;
+    /// [`ConsoleLoggingService`](keel_runtime::ConsoleLoggingService) writes plain lines to
+    /// stderr.
+    pub fn logging(mut self, logging: impl LoggingService + 'static) -> Self {
+        self.logging = Some(Arc::new(logging));
+        self
+    }
+
+    /// The agents [`serve`](Self::serve) serves, each under `/agents/{name}/` (its card's
+    /// name), the first also at `/`. Adds to those given before.
+    pub fn agents(mut self, agents: impl IntoIterator<Item = Agent>) -> Self {
+        self.agents.extend(agents);
+        self
+    }
+
+    /// Build the runtime and serve its [`agents`](Self::agents) over A2A on `addr` until
+    /// Ctrl-C: seed 002's `DefaultRuntime::builder().agents([...]).serve(addr)`. See
+    /// [`serve_on`](Self::serve_on) for what it starts.
+    pub async fn serve(self, addr: impl tokio::net::ToSocketAddrs) -> AgentResult<()> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|err| AgentError::internal(format_args!("cannot listen: {err}")))?;
+        self.serve_on(listener, async {
+            // Without a signal handler the server runs until the process ends.
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
+        .await
+    }
+
+    /// Build the runtime and serve its [`agents`](Self::agents) on `listener` until
+    /// `shutdown` completes; a caller that binds `127.0.0.1:0` knows the address. Each agent
+    /// gets an executor on the one runtime, with asynchronous tools calling back to its own
+    /// URL; before serving, each resumes the unfinished tasks a previous process left
+    /// (`recover_all`), starts taking over threads that a dead process sharing the store
+    /// leaves (`start_takeover`) and starts its effect scheduler, as `keel serve` does. On
+    /// shutdown, running tasks are canceled and persist their final state.
+    ///
+    /// No agents, two agents with one name, or a name that is not one URL path segment is
+    /// [`AgentError::InvalidInput`].
+    ///
+    /// ```
+    /// use keel::prelude::*;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let agent = |name: &str| Agent::builder(AgentCard::new(name, "Echoes", "http://unused")).build();
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    /// let url = format!("http://{}/agents/beta", listener.local_addr()?);
+    /// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    /// let serving = tokio::spawn(
+    ///     DefaultRuntime::builder()
+    ///         .agents([agent("alpha")?, agent("beta")?])
+    ///         .serve_on(listener, async move { let _ = stopped.await; }),
+    /// );
+    /// assert_eq!(keel::transport::A2aClient::new(url).get_card().await?.name, "beta");
+    /// let _ = stop.send(());
+    /// serving.await??;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn serve_on(
+        mut self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> AgentResult<()> {
+        let agents = std::mem::take(&mut self.agents);
+        check_agent_names(&agents)?;
+        let address = listener
+            .local_addr()
+            .map_err(|err| AgentError::internal(format_args!("cannot read the address: {err}")))?;
+        let base_url = format!("http://{address}/");
+        let runtime: Arc<dyn Runtime> = Arc::new(self.build().await?);
+        let mut served = AgentsServer::new();
+        for agent in agents {
+            let name = agent.card().name.clone();
+            let config = ExecutorConfig {
+                // Asynchronous tools call back to their own agent's callback route.
+                callbacks: Some(HttpCallbacks::shared(
+                    AgentsServer::agent_url(&base_url, &name).trim_end_matches('/'),
+                )),
+                ..ExecutorConfig::default()
+            };
+            let executor = AgentExecutor::with_config(agent, runtime.clone(), config);
+            let resumed = executor.recover_all().await?;
+            if resumed > 0 {
+                tracing::info!(agent = %name, resumed, "resuming unfinished tasks");
+            }
+            executor.start_takeover();
+            executor.start_effects()?;
+            served = served.with_agent(name, A2aServer::new(executor));
+        }
+        served
+            .serve(listener, shutdown)
+            .await
+            .map_err(|err| AgentError::internal(format_args!("the server failed: {err}")))
+    }
+
     /// The default model, or the offline one.
     fn take_llm(&mut self) -> Arc<dyn Llm> {
         self.llm.take().unwrap_or_else(|| Arc::new(MockLlm::new()))
     }
 
-    /// `services` with the chosen auth service, if one was chosen.
+    /// `services` with the chosen auth and logging services, if chosen.
     fn finish(mut self, mut services: Services) -> DefaultRuntime {
         if let Some(auth) = self.auth.take() {
             services.auth = auth;
+        }
+        if let Some(logging) = self.logging.take() {
+            services.logging = logging;
         }
         DefaultRuntime { services }
     }
@@ -222,6 +334,39 @@ impl DefaultRuntimeBuilder {
     }
 }
 
+/// Agents served together need distinct names that are one URL path segment.
+fn check_agent_names(agents: &[Agent]) -> AgentResult<()> {
+    if agents.is_empty() {
+        return Err(AgentError::invalid_input(
+            "agents",
+            "give at least one agent to serve",
+        ));
+    }
+    let mut seen = HashSet::new();
+    for agent in agents {
+        let name = agent.card().name.as_str();
+        let segment = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && name != "."
+            && name != "..";
+        if !segment {
+            return Err(AgentError::invalid_input(
+                "agents[].card.name",
+                format!("`{name}` cannot be served under /agents/{{name}}/: use letters, digits, `-`, `_` or `.`"),
+            ));
+        }
+        if !seen.insert(name) {
+            return Err(AgentError::invalid_input(
+                "agents[].card.name",
+                format!("two agents are named `{name}`; each is served under its own name"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
@@ -238,5 +383,42 @@ mod tests {
             runtime.step_store().is_some(),
             "the engine writes each persist point in one SQLite job"
         );
+    }
+}
+
+#[cfg(test)]
+mod logging_tests {
+    use std::io::Write;
+    use std::sync::Mutex;
+
+    use keel_runtime::{ConsoleLoggingService, LogLevel};
+
+    use super::*;
+
+    /// A writer whose bytes the test can still read after handing it over.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_chosen_logging_service_is_the_runtimes() {
+        let out = Shared::default();
+        let runtime = DefaultRuntime::builder()
+            .logging(ConsoleLoggingService::with_writer(out.clone()))
+            .build_in_memory();
+        runtime
+            .logging_service()
+            .log(LogLevel::Warn, "disk almost full");
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert!(text.ends_with(" WARN keel: disk almost full\n"), "{text}");
     }
 }

@@ -485,7 +485,7 @@ impl AgentExecutor {
                 &context,
                 &task.id,
                 &inner.agent.card().name,
-                inner.agent.budget(),
+                inner.agent.budget_policy_for(&context),
                 inner.agent.authorizer().clone(),
                 inner.runtime.logging_service(),
             );

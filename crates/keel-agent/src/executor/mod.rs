@@ -304,7 +304,7 @@ impl AgentExecutor {
             let negotiation = self
                 .inner
                 .agent
-                .negotiator()
+                .negotiator_for(self.inner.runtime.as_ref())
                 .negotiate(self.inner.agent.card(), &message)
                 .await?;
             match &negotiation {

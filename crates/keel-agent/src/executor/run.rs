@@ -312,7 +312,7 @@ impl Inner {
             &run_context,
             &task.id,
             &self.agent.card().name,
-            self.agent.budget(),
+            self.agent.budget_policy_for(&run_context),
             self.agent.authorizer().clone(),
             self.runtime.logging_service(),
         ));
@@ -724,16 +724,19 @@ impl Inner {
                 // is the task's artifact.
                 if !named_outputs {
                     let artifact = Artifact::text(text).named("answer");
-                    // Written with the final status, below.
-                    logged.push(TaskEvent::ArtifactUpdate {
+                    // Written with the final status, below; its run event is built from the
+                    // same task event, the one path from task events to run events.
+                    let update = TaskEvent::ArtifactUpdate {
                         task_id: task.id.clone(),
                         thread_id: task.thread_id.clone(),
                         artifact: artifact.clone(),
                         append: false,
                         last_chunk: true,
-                    });
-                    obs.emit(RunEvent::task_artifact(&artifact, false, true))
-                        .await;
+                    };
+                    if let Some(event) = RunEvent::from_task_event(&update, None) {
+                        obs.emit(event).await;
+                    }
+                    logged.push(update);
                     task.add_artifact(artifact);
                 }
                 EngineMeta::update(task, |m| m.stop_reason = Some(reason.into()));

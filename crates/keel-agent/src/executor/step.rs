@@ -5,15 +5,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use keel_core::RunAction;
 use keel_core::{AgentError, AgentResult, Part, RunContext, Task, TaskId, ThreadId};
 use keel_events::payload::{
-    ActionCompletedPayload, ActionFailedPayload, LlmCallCompletedPayload, LlmCallStartedPayload,
-    MessagePersistedPayload, StopEvaluatedPayload, ToolResultPersistedPayload,
+    ActionCompletedPayload, ActionFailedPayload, MessagePersistedPayload, StopEvaluatedPayload,
+    ToolResultPersistedPayload,
 };
 use keel_events::RunEvent;
-use keel_llm::{prepare_manifest_reusing, LlmStreamEvent, ManifestEstimates, ManifestIds};
+use keel_llm::{prepare_manifest_reusing, ManifestEstimates, ManifestIds};
 use keel_llm::{LlmMessage, LlmRequest, LlmRole, ToolCall};
 use keel_runtime::AuthContext;
 use serde_json::{json, Value};
@@ -23,6 +23,7 @@ use tracing::Instrument;
 use super::context::*;
 use super::state::*;
 use crate::agent::{ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL};
+use crate::infer::{after_call, before_call, stream_response, CallSite};
 use crate::observe::RunObs;
 use crate::{ToolContext, ToolVerdict};
 
@@ -110,43 +111,21 @@ impl Inner {
                 }
                 break (request, manifest);
             };
-            obs.emit(RunEvent::context_prepared(&manifest).step(step))
-                .await;
-            if let Err(error) = obs.budget(|b| b.check_llm_call(&manifest)).await {
+            // The call's checkpoints are the ones `Inference` offers outside the engine.
+            let site = CallSite {
+                llm: llm.as_ref(),
+                profile: &profile,
+                step,
+            };
+            if let Err(error) = before_call(obs, &site, &manifest).await {
                 return Ok(budget_failure(error));
             }
             self.agent
                 .lifecycle
                 .before_model_call(ctx, step, &request)
                 .await;
-            obs.emit(
-                RunEvent::llm_call_started(LlmCallStartedPayload {
-                    provider: Some(profile.provider.clone()),
-                    model: Some(llm.model_name().to_owned()),
-                    estimated_input_tokens: manifest.total_estimated_tokens,
-                })
-                .step(step),
-            )
-            .await;
             let called = Instant::now();
-            // The model answers as a stream: text deltas become `llm.stream` events as they
-            // arrive; the final response closes it.
-            let streamed = async {
-                let mut events = llm.stream(request);
-                while let Some(event) = events.next().await {
-                    match event? {
-                        LlmStreamEvent::TextDelta { text } => {
-                            obs.emit(RunEvent::llm_stream(text).step(step)).await
-                        }
-                        LlmStreamEvent::Done { response } => return Ok(response),
-                        _ => {}
-                    }
-                }
-                Err(AgentError::llm(
-                    llm.model_name(),
-                    "the response stream ended without a final response",
-                ))
-            };
+            let streamed = stream_response(obs, &site, request);
             let response = tokio::select! {
                 biased;
                 () = run.token.cancelled() => return Ok(Outcome::Canceled { reason: run_reason(run) }),
@@ -162,21 +141,7 @@ impl Inner {
                     })
                 }
             };
-            // Counted from a local estimate when the provider reports no output usage.
-            let output_tokens = response.output_tokens();
-            obs.record_llm_usage(response.usage.input_tokens, output_tokens);
-            obs.emit(
-                RunEvent::llm_call_completed(LlmCallCompletedPayload {
-                    provider: Some(profile.provider.clone()),
-                    model: Some(llm.model_name().to_owned()),
-                    input_tokens: response.usage.input_tokens,
-                    output_tokens,
-                    latency_ms: Some(called.elapsed().as_millis() as u64),
-                    finish_reason: None,
-                })
-                .step(step),
-            )
-            .await;
+            after_call(obs, &site, &response, called).await;
             if let Some(outcome) = self.stop_requested(flow, run) {
                 return Ok(outcome);
             }
@@ -575,7 +540,7 @@ impl AgentExecutor {
             &context,
             &task_id,
             &inner.agent.card().name,
-            inner.agent.budget(),
+            inner.agent.budget_policy_for(&context),
             inner.agent.authorizer().clone(),
             inner.runtime.logging_service(),
         ));
