@@ -100,7 +100,10 @@ pub fn agent() -> AgentResult<Agent> {
         )
         .tool(clock)
         .tool(word_count)
-        .tool(sleep);
+        .tool(sleep)
+        // Its skills describe one agent's behaviour rather than routes to choose between, so
+        // every task is taken on without the default negotiator's extra model call.
+        .negotiator(keel_agent::AcceptAll);
     if let Some(journal) = std::env::var_os("KEEL_DEMO_JOURNAL") {
         builder = builder.tool(journal_tool(std::path::PathBuf::from(journal)));
     }
