@@ -90,8 +90,19 @@ impl Inner {
             };
             match taken {
                 Ok(Some(lease)) => {
-                    let Some(slot) = self.slots.acquire(&auth).await else {
-                        break;
+                    let (slot, lease) = match self.wait_for_slot(&auth, lease).await {
+                        SlotWait::Taken(slot, lease) => (slot, lease),
+                        SlotWait::Closed => break,
+                        // Another process has the thread now (or the store was out for a
+                        // lease's time): look again like any driver that found it held.
+                        SlotWait::LeaseLost => {
+                            tokio::select! {
+                                () = notify.notified() => {}
+                                () = tokio::time::sleep(self.config.poll_interval) => {}
+                                () = self.shutting_down.cancelled() => break,
+                            }
+                            continue;
+                        }
                     };
                     let worked = self.work_queue(&auth, lease).await;
                     drop(slot);
@@ -124,6 +135,49 @@ impl Inner {
             && store.queue_len(&auth, &thread_id).await.unwrap_or(0) > 0
         {
             self.schedule(&auth, &thread_id);
+        }
+    }
+
+    /// Wait for a work slot for the thread whose lease is `lease`, renewing the lease every
+    /// third of its TTL meanwhile: a thread waiting here is alive, and with every slot busy for
+    /// longer than a TTL another process would otherwise take it over and run it beside its
+    /// waiting driver. The lease is kept rather than released so that the thread keeps its
+    /// place in the slots' FIFO. On shutdown the lease is given up.
+    async fn wait_for_slot(&self, auth: &AuthContext, mut lease: Lease) -> SlotWait {
+        let store = self.runtime.thread_store();
+        let ttl = self.config.lease_ttl;
+        let acquire = self.slots.acquire(auth);
+        tokio::pin!(acquire);
+        loop {
+            tokio::select! {
+                slot = &mut acquire => {
+                    return match slot {
+                        Some(slot) => SlotWait::Taken(slot, lease),
+                        None => SlotWait::Closed,
+                    };
+                }
+                () = tokio::time::sleep(ttl / 3) => {
+                    match store.renew_lease(auth, &lease, ttl).await {
+                        Ok(renewed) => lease = renewed,
+                        Err(err) => {
+                            self.log(
+                                LogLevel::Warn,
+                                &format!("thread lease lost while waiting for a work slot: {err}"),
+                            );
+                            return SlotWait::LeaseLost;
+                        }
+                    }
+                }
+                () = self.shutting_down.cancelled() => {
+                    if let Err(err) = store.release_lease(auth, &lease).await {
+                        self.log(
+                            LogLevel::Warn,
+                            &format!("cannot release the thread lease: {err}"),
+                        );
+                    }
+                    return SlotWait::Closed;
+                }
+            }
         }
     }
 
@@ -637,6 +691,16 @@ impl Inner {
         }
         Ok(outcome)
     }
+}
+
+/// How [`Inner::wait_for_slot`] ended.
+enum SlotWait {
+    /// A slot, and the thread's lease as renewed while waiting.
+    Taken(super::slots::Slot, Lease),
+    /// The executor is shutting down (the lease was released).
+    Closed,
+    /// The lease could not be renewed; the thread may be another process's now.
+    LeaseLost,
 }
 
 type Waiters =
