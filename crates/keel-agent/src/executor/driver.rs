@@ -183,8 +183,12 @@ impl Inner {
 
     /// One takeover sweep over every tenant: the threads of unfinished tasks that have queued
     /// work, no worker here and a free lease (their process died, or let the thread go) are
-    /// driven here, as [`AgentExecutor::recover_all`] would at start. The stores index tasks
-    /// by state, so finished tasks cost a sweep nothing. Answers how many threads it took.
+    /// driven here, as [`AgentExecutor::recover_all`] would at start; then the other threads
+    /// the store lists with queued work ([`ThreadQueue::queued_threads`]), under the same
+    /// conditions. The stores index tasks by state and threads by queued work, so finished
+    /// tasks and idle threads cost a sweep nothing. Answers how many threads it took.
+    ///
+    /// [`ThreadQueue::queued_threads`]: keel_runtime::ThreadQueue::queued_threads
     pub(super) async fn sweep_abandoned(&self) -> AgentResult<usize> {
         let tasks = self.runtime.task_manager();
         let threads = self.runtime.thread_store();
@@ -218,19 +222,7 @@ impl Inner {
                         {
                             continue;
                         }
-                        // A lease taken here is free: nobody works the thread. The driver
-                        // takes it again for itself.
-                        if let Some(lease) = threads
-                            .acquire_lease(
-                                auth,
-                                &task.thread_id,
-                                &self.config.holder,
-                                self.config.lease_ttl,
-                            )
-                            .await?
-                        {
-                            threads.release_lease(auth, &lease).await?;
-                            self.schedule(auth, &task.thread_id);
+                        if self.drive_if_free(auth, &task.thread_id).await? {
                             taken += 1;
                         }
                     }
@@ -240,8 +232,71 @@ impl Inner {
                     }
                 }
             }
+            // Threads with queued work but no unfinished task: a message or tool queued on an
+            // idle thread, an effect, work whose wake was lost. Stores that cannot list them
+            // leave such work to a restart's recovery.
+            let queued = match threads.queued_threads(auth).await {
+                Ok(queued) => queued,
+                Err(AgentError::Unsupported { .. }) => Vec::new(),
+                Err(err) => return Err(err),
+            };
+            for thread_id in queued {
+                let key = (auth.namespace(), thread_id.clone());
+                if self.shutting_down.is_cancelled()
+                    || seen.contains(&thread_id)
+                    || self.workers.contains_key(&key)
+                    || self.front_is_another_agents(auth, &thread_id).await?
+                {
+                    continue;
+                }
+                if self.drive_if_free(auth, &thread_id).await? {
+                    taken += 1;
+                }
+            }
         }
         Ok(taken)
+    }
+
+    /// Drive the thread here when nobody holds its lease (a lease taken here is free: nobody
+    /// works the thread; the driver takes it again for itself). Answers whether it did.
+    async fn drive_if_free(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<bool> {
+        let threads = self.runtime.thread_store();
+        let Some(lease) = threads
+            .acquire_lease(auth, thread_id, &self.config.holder, self.config.lease_ttl)
+            .await?
+        else {
+            return Ok(false);
+        };
+        threads.release_lease(auth, &lease).await?;
+        self.schedule(auth, thread_id);
+        Ok(true)
+    }
+
+    /// Whether the work at the front of the thread's queue is a task of another agent, which
+    /// that agent's executor takes. Queued messages, tools and effects have no owner: any
+    /// agent's executor on the store may take them, as at start.
+    async fn front_is_another_agents(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+    ) -> AgentResult<bool> {
+        let front = self
+            .runtime
+            .thread_store()
+            .peek_queue(auth, thread_id, 1)
+            .await?;
+        let Some(Ok(QueuedWork::Task { task_id })) = front
+            .first()
+            .map(|item| QueuedWork::deserialize(&item.payload))
+        else {
+            return Ok(false);
+        };
+        let task = self.runtime.task_manager().get_task(auth, &task_id).await?;
+        Ok(task.is_some_and(|task| {
+            EngineMeta::of(&task.metadata)
+                .agent
+                .is_some_and(|agent| agent != self.agent.card().name)
+        }))
     }
 
     /// Holding the lease: process queued work in FIFO order until the queue is empty, or

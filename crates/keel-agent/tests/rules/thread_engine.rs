@@ -250,6 +250,59 @@ async fn a_thread_waiting_for_a_work_slot_keeps_its_lease() {
 }
 
 #[tokio::test]
+async fn the_takeover_sweep_runs_work_queued_on_an_idle_thread_with_no_runner() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let config = keel_agent::ExecutorConfig {
+        lease_ttl: std::time::Duration::from_millis(300),
+        ..Default::default()
+    };
+    let agent = Agent::builder(card()).build().unwrap();
+    let exec = AgentExecutor::with_config(agent, runtime.clone(), config);
+    // The tenant has been served before: the sweep looks at the tenants the store knows.
+    exec.send_message(&auth, Message::user("hello"), SendOptions::default())
+        .await
+        .unwrap();
+    let mut updates = exec.task_updates();
+    exec.start_takeover();
+    // What a process that died right after queueing a message on an idle thread leaves: the
+    // item in the thread's queue, no task for it, and no driver anywhere to take it.
+    let thread = ThreadId::new();
+    let message = Message::user("left behind").in_thread(thread.clone());
+    let item = runtime
+        .thread_store()
+        .push_queue(
+            &auth,
+            &thread,
+            json!({"kind": "message", "message": serde_json::to_value(&message).unwrap()}),
+        )
+        .await
+        .unwrap();
+    // The queued message starts a turn of its own, a task named after the queue item.
+    let task_id = keel_core::TaskId::from(format!("queued-{}", item.id));
+    let done = tokio::time::timeout(keel_runtime::testing::WAIT_DEADLINE, async {
+        loop {
+            updates.borrow_and_update();
+            if let Ok(task) = exec.get_task(&auth, &task_id, None).await {
+                if task.state().is_terminal() {
+                    return task;
+                }
+            }
+            updates.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the sweep took the thread and ran its queued message");
+    assert_eq!(done.state(), TaskState::Completed);
+    assert_eq!(
+        runtime.thread_store().queue_len(&auth, &thread).await.unwrap(),
+        0,
+        "the item was acknowledged"
+    );
+    exec.shutdown().await;
+}
+
+#[tokio::test]
 async fn the_thread_history_carries_the_conversation_across_tasks() {
     let llm = Arc::new(MockLlm::new());
     let agent = Agent::builder(card())
