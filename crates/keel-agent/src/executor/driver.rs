@@ -22,6 +22,10 @@ use super::state::*;
 use crate::task_meta::EngineMeta;
 use crate::thread_state::ThreadHost;
 
+/// How long a caller whose queue is full is asked to wait: a queued task takes at least a
+/// model call to leave the queue.
+const QUEUE_FULL_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Inner {
     pub(crate) async fn enqueue(
         &self,
@@ -36,6 +40,38 @@ impl Inner {
             .await?;
         self.schedule(auth, thread_id);
         Ok(())
+    }
+
+    /// Refuse a new task when the thread's queue, or the tenant's queues together, hold as
+    /// many items as [`ExecutorConfig`](crate::ExecutorConfig) allows. Counted in the store
+    /// (both counts at once), not in this process: several processes share one store, and
+    /// each would otherwise let a tenant queue its whole limit again. Two concurrent messages
+    /// may both pass at the limit: it bounds a flood, it is not a quota.
+    pub(super) async fn check_queue_room(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+    ) -> AgentResult<()> {
+        let store = self.runtime.thread_store();
+        let (thread, tenant) = tokio::join!(
+            store.queue_len(auth, thread_id),
+            store.tenant_queue_len(auth)
+        );
+        let overloaded = |limit: &str, max: usize| AgentError::Overloaded {
+            limit: limit.into(),
+            max: max as u64,
+            retry_after: QUEUE_FULL_RETRY_AFTER,
+        };
+        let max = self.config.max_queued_per_thread;
+        if thread? >= max {
+            return Err(overloaded("tasks queued on this thread", max));
+        }
+        let max = self.config.max_queued_per_tenant;
+        match tenant {
+            Ok(queued) if queued >= max => Err(overloaded("tasks queued for this tenant", max)),
+            Ok(_) | Err(AgentError::Unsupported { .. }) => Ok(()),
+            Err(err) => Err(err),
+        }
     }
 
     /// Make sure a local driver looks after the thread: wake the one that exists or start one.

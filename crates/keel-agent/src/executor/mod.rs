@@ -255,6 +255,8 @@ impl AgentExecutor {
         }
         let continuing = task.state() != TaskState::Submitted;
         if !continuing {
+            // Refused before anything is stored; an answer to a waiting task always gets in.
+            self.inner.check_queue_room(auth, &task.thread_id).await?;
             match self
                 .inner
                 .agent
