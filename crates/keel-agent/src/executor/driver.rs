@@ -166,9 +166,14 @@ impl Inner {
             }
         }
         self.workers.remove(&key);
-        // Work queued between the last look and the removal must not be stranded.
+        // Work queued between the last look and the removal must not be stranded, nor work
+        // left while the store did not answer: a new driver looks again, every poll interval
+        // while the store stays out.
         if !self.shutting_down.is_cancelled()
-            && store.queue_len(&auth, &thread_id).await.unwrap_or(0) > 0
+            && store
+                .queue_len(&auth, &thread_id)
+                .await
+                .map_or(true, |queued| queued > 0)
         {
             self.schedule(&auth, &thread_id);
         }
@@ -438,6 +443,14 @@ impl Inner {
             };
             if let Err(err) = result {
                 if matches!(err, AgentError::LeaseLost { .. }) {
+                    break;
+                }
+                if matches!(err, AgentError::StoreUnavailable { .. }) {
+                    // Not acknowledged: the item is worked again once the store answers.
+                    self.log(
+                        LogLevel::Warn,
+                        &format!("queued work stopped by the store: {err}"),
+                    );
                     break;
                 }
                 self.log(LogLevel::Error, &format!("queued work failed: {err}"));
