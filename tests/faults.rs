@@ -988,7 +988,14 @@ impl PrivateRedis {
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(self.dir.path())
-            .args(["--appendonly", "yes", "--appendfsync", "always", "--save", ""])
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .spawn()

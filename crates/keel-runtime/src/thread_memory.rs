@@ -55,7 +55,8 @@ pub struct InMemoryThreadStore {
     /// Per tenant namespace, its threads with queued work and how many items each holds:
     /// kept beside the queues so that a tenant's count and its queued threads cost no scan
     /// of every thread.
-    queued: DashMap<String, std::collections::HashMap<ThreadId, usize>, foldhash::fast::RandomState>,
+    queued:
+        DashMap<String, std::collections::HashMap<ThreadId, usize>, foldhash::fast::RandomState>,
 }
 
 impl Default for InMemoryThreadStore {

@@ -260,10 +260,7 @@ impl ThreadQueue for SqliteStore {
         self.read(move |conn| {
             let rows: Vec<String> = conn
                 .prepare_cached("SELECT DISTINCT thread_id FROM thread_queue WHERE tenant = ?1")
-                .and_then(|mut stmt| {
-                    stmt.query_map(params![tenant], |row| row.get(0))?
-                        .collect()
-                })
+                .and_then(|mut stmt| stmt.query_map(params![tenant], |row| row.get(0))?.collect())
                 .context("listing the threads with queued work")?;
             Ok(rows.into_iter().map(ThreadId::from).collect())
         })

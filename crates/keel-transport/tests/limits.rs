@@ -324,7 +324,10 @@ async fn a_full_thread_queue_or_tenant_queue_refuses_new_tasks_with_retry_later(
             .is_some_and(|limit| limit.contains("thread")),
         "{refused}"
     );
-    assert!(info["metadata"]["retryAfterSeconds"].is_string(), "{refused}");
+    assert!(
+        info["metadata"]["retryAfterSeconds"].is_string(),
+        "{refused}"
+    );
     // ...and over HTTP+JSON with 429 and `Retry-After`.
     let mut message = user_message("one more");
     message["contextId"] = json!("t");

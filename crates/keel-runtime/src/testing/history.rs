@@ -238,10 +238,16 @@ pub async fn queue_counts_per_tenant(threads: &dyn ThreadStore) {
     assert!(threads.queued_threads(&auth).await.unwrap().is_empty());
     let mut first_of_a = Vec::new();
     for i in 0..3 {
-        let item = threads.push_queue(&auth, &a, json!({"i": i})).await.unwrap();
+        let item = threads
+            .push_queue(&auth, &a, json!({"i": i}))
+            .await
+            .unwrap();
         first_of_a.push(item.id);
     }
-    let only_of_b = threads.push_queue(&auth, &b, json!({"i": 0})).await.unwrap();
+    let only_of_b = threads
+        .push_queue(&auth, &b, json!({"i": 0}))
+        .await
+        .unwrap();
     assert_eq!(threads.tenant_queue_len(&auth).await.unwrap(), 4);
     let listed: HashSet<_> = threads
         .queued_threads(&auth)
@@ -251,7 +257,11 @@ pub async fn queue_counts_per_tenant(threads: &dyn ThreadStore) {
         .collect();
     assert_eq!(listed, HashSet::from([a.clone(), b.clone()]));
     let other = fresh_tenant();
-    assert_eq!(threads.tenant_queue_len(&other).await.unwrap(), 0, "tenant isolation");
+    assert_eq!(
+        threads.tenant_queue_len(&other).await.unwrap(),
+        0,
+        "tenant isolation"
+    );
     assert!(threads.queued_threads(&other).await.unwrap().is_empty());
 
     let lease_b = threads
@@ -278,7 +288,10 @@ pub async fn queue_counts_per_tenant(threads: &dyn ThreadStore) {
         .await
         .unwrap();
     assert_eq!(threads.tenant_queue_len(&auth).await.unwrap(), 2);
-    assert_eq!(threads.queued_threads(&auth).await.unwrap(), vec![a.clone()]);
+    assert_eq!(
+        threads.queued_threads(&auth).await.unwrap(),
+        vec![a.clone()]
+    );
     threads
         .ack_queue(&auth, &lease_a, &first_of_a[1..])
         .await
