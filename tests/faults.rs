@@ -1,7 +1,7 @@
 //! Fault injection: a process stopped dead at a step boundary, or killed, under concurrent
 //! load, on SQLite and Redis; the Redis store itself killed and restarted under load; a live
 //! replica taking over a killed one's threads; a cancel answered while the thread is being
-//! taken over. After each fault, no acknowledged task is
+//! taken over; a flood that fills a thread's queue refused with a retry-later. After each fault, no acknowledged task is
 //! lost, no model call whose answer was persisted is made again, the non-idempotent tool
 //! (appending a journal line) ran once per call, and the thread history and each task's log
 //! agree.
@@ -1256,4 +1256,38 @@ async fn a_restart_under_the_same_instance_id_resumes_its_threads_without_waitin
     let runtime = store.open().await;
     let text = std::fs::read_to_string(&journal).unwrap();
     check_job(&runtime, &model, &text, STEPS, &job, &task_id).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// A flood is refused, not queued without end
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn keel_serve_refuses_a_new_task_on_a_full_thread_queue_with_retry_later() {
+    let server = KeelServer::start(&["--max-queued-per-thread", "2"]);
+    let rpc = Rpc::new(&server);
+    let thread = format!("flood-{}", uuid_like());
+    // A long task runs (its queue item stays until it ends) and one more waits behind it.
+    for text in [r#"/sleep {"seconds": 300}"#, "hello"] {
+        let task = rpc.send(text, Some(&thread), true).await;
+        assert!(task["id"].is_string(), "{task}");
+    }
+    let message = json!({
+        "messageId": uuid_like(), "role": "ROLE_USER", "contextId": thread,
+        "parts": [{"text": "one too many"}]
+    });
+    let refused = rpc
+        .call(
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], -32051, "{refused}");
+    assert_eq!(
+        refused["error"]["data"][0]["metadata"]["max"], "2",
+        "{refused}"
+    );
+    // Another thread is not held back by this one's queue.
+    let other = rpc.send("hello", None, false).await;
+    assert_eq!(other["status"]["state"], "TASK_STATE_COMPLETED", "{other}");
 }
