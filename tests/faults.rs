@@ -1,6 +1,7 @@
 //! Fault injection: a process stopped dead at a step boundary, or killed, under concurrent
-//! load, on SQLite and Redis; a live replica taking over a killed one's threads; a cancel
-//! answered while the thread is being taken over. After each fault, no acknowledged task is
+//! load, on SQLite and Redis; the Redis store itself killed and restarted under load; a live
+//! replica taking over a killed one's threads; a cancel answered while the thread is being
+//! taken over; a flood that fills a thread's queue refused with a retry-later. After each fault, no acknowledged task is
 //! lost, no model call whose answer was persisted is made again, the non-idempotent tool
 //! (appending a journal line) ran once per call, and the thread history and each task's log
 //! agree.
@@ -951,6 +952,159 @@ async fn kills_under_load_on_redis_lose_and_repeat_nothing() {
 }
 
 // ---------------------------------------------------------------------------------------
+// The store restarted under load
+
+/// A `redis-server` of the test's own, on a free port, keeping an append-only file fsynced
+/// at every write in a temp dir: what it acknowledged survives a kill. Killed when dropped.
+struct PrivateRedis {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateRedis {
+    async fn start() -> PrivateRedis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .unwrap()
+            .port();
+        let mut redis = PrivateRedis {
+            port,
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        };
+        redis.spawn().await;
+        redis
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Start the server (again, on the same port and file) and wait until it answers PING,
+    /// its append-only file loaded.
+    async fn spawn(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server is on PATH");
+        self.child = Some(child);
+        let url = self.url();
+        support::wait_until(
+            "the private redis-server to answer PING",
+            Duration::from_secs(20),
+            || {
+                let url = url.clone();
+                async move {
+                    redis::Client::open(url.as_str())
+                        .and_then(|client| client.get_connection())
+                        .and_then(|mut con| redis::cmd("PING").query::<String>(&mut con))
+                        .is_ok()
+                }
+            },
+            |answered| *answered,
+        )
+        .await;
+    }
+
+    /// SIGKILL: no shutdown save, only what the append-only file holds survives.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `keel serve` on a private Redis, under load (jobs on their own threads, one model call
+/// chosen by the seed held); the Redis is killed and restarted there, then the held call
+/// goes on. Every acknowledged task is still there and completes (runs the outage cut off
+/// resume from their last persisted step instead of failing), and the journal tool ran at
+/// most once per call (exactly once for each call with a saved result).
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_restart_under_load_loses_no_acknowledged_task_and_runs_no_tool_twice() {
+    let seed = seed("redis restart under load");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut redis = PrivateRedis::start().await;
+    let store = Store {
+        args: vec!["--store".into(), redis.url()],
+        config: StoreConfig::Redis {
+            url: redis.url(),
+            prefix: "keel:".into(),
+        },
+        _dir: None,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal.txt");
+    let model = ScriptedModel::start(STEPS).await;
+    let call = rng.usize(1..=JOBS * (STEPS + 1));
+    println!("restarting Redis at model call {call}");
+    model.hold_call.store(call, Ordering::SeqCst);
+    model.hold.send_replace(true);
+    let server = serve(&store, &model, &journal, &[]);
+    let rpc = Rpc::new(&server);
+    let run = uuid_like();
+    let mut sent = Vec::new();
+    for i in 1..=JOBS {
+        let job = format!("job {i} of {run}");
+        let task = rpc.send(&job, None, true).await;
+        sent.push((job, TaskId::from(task["id"].as_str().unwrap())));
+    }
+    support::wait_until(
+        "the chosen model call",
+        Duration::from_secs(30),
+        || async { model.held.load(Ordering::SeqCst) },
+        |held| *held >= 1,
+    )
+    .await;
+    redis.kill();
+    redis.spawn().await;
+    model.hold_call.store(0, Ordering::SeqCst);
+    model.hold.send_replace(false);
+    for (_, task_id) in &sent {
+        wait_done(&rpc, task_id).await;
+    }
+    let runtime = store.open().await;
+    let auth = runtime.auth_service().auth_context();
+    let text = std::fs::read_to_string(&journal).unwrap_or_default();
+    for (job, task_id) in &sent {
+        let task = load_task_with_history(runtime.task_manager().as_ref(), &auth, task_id, None)
+            .await
+            .unwrap()
+            .expect("an acknowledged task is never lost");
+        // A run the outage interrupted is not the task's failure: it resumes once the
+        // store answers.
+        assert_eq!(task.state(), TaskState::Completed, "{job}: {task:?}");
+        for line in 1..=STEPS {
+            let wanted = format!("{job} line {line}");
+            let times = text.lines().filter(|l| *l == wanted).count();
+            assert!(times <= 1, "`{wanted}` ran {times} times:\n{text}");
+        }
+        check_journal(&task, &text, STEPS, job);
+    }
+    drop(server);
+}
+
+// ---------------------------------------------------------------------------------------
 // Point 2: a live replica takes over
 
 #[cfg(unix)]
@@ -1102,4 +1256,38 @@ async fn a_restart_under_the_same_instance_id_resumes_its_threads_without_waitin
     let runtime = store.open().await;
     let text = std::fs::read_to_string(&journal).unwrap();
     check_job(&runtime, &model, &text, STEPS, &job, &task_id).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// A flood is refused, not queued without end
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn keel_serve_refuses_a_new_task_on_a_full_thread_queue_with_retry_later() {
+    let server = KeelServer::start(&["--max-queued-per-thread", "2"]);
+    let rpc = Rpc::new(&server);
+    let thread = format!("flood-{}", uuid_like());
+    // A long task runs (its queue item stays until it ends) and one more waits behind it.
+    for text in [r#"/sleep {"seconds": 300}"#, "hello"] {
+        let task = rpc.send(text, Some(&thread), true).await;
+        assert!(task["id"].is_string(), "{task}");
+    }
+    let message = json!({
+        "messageId": uuid_like(), "role": "ROLE_USER", "contextId": thread,
+        "parts": [{"text": "one too many"}]
+    });
+    let refused = rpc
+        .call(
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], -32051, "{refused}");
+    assert_eq!(
+        refused["error"]["data"][0]["metadata"]["max"], "2",
+        "{refused}"
+    );
+    // Another thread is not held back by this one's queue.
+    let other = rpc.send("hello", None, false).await;
+    assert_eq!(other["status"]["state"], "TASK_STATE_COMPLETED", "{other}");
 }

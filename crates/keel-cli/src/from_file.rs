@@ -212,6 +212,8 @@ pub(crate) struct ServerOverrides {
     pub limits: Limits,
     pub max_threads: usize,
     pub max_threads_per_tenant: usize,
+    pub max_queued_per_thread: usize,
+    pub max_queued_per_tenant: usize,
 }
 
 /// `keel serve` with a file: every agent under `/agents/{name}/`, the default also at `/`.
@@ -288,6 +290,10 @@ pub(crate) async fn serve(
     let instance_id = overrides.instance_id;
     let (max_concurrent_threads, max_threads_per_tenant) =
         (overrides.max_threads, overrides.max_threads_per_tenant);
+    let (max_queued_per_thread, max_queued_per_tenant) = (
+        overrides.max_queued_per_thread,
+        overrides.max_queued_per_tenant,
+    );
     let agents = loaded
         .agents()
         .executor_config(move |name| {
@@ -300,6 +306,8 @@ pub(crate) async fn serve(
                 async_tool_timeout,
                 max_concurrent_threads,
                 max_threads_per_tenant,
+                max_queued_per_thread,
+                max_queued_per_tenant,
                 ..ExecutorConfig::default()
             };
             // One holder per agent: each agent's executor drives only its own threads.

@@ -460,6 +460,14 @@ struct ServeArgs {
     /// Most of those one tenant may hold, so that other tenants are still served.
     #[arg(long, default_value_t = ExecutorConfig::default().max_threads_per_tenant, env = "KEEL_MAX_THREADS_PER_TENANT")]
     max_threads_per_tenant: usize,
+    /// Most items waiting in one thread's queue when a message starts a new task there; more
+    /// are answered HTTP 429 (JSON-RPC -32051) with `Retry-After`. Counted in the store.
+    #[arg(long, default_value_t = ExecutorConfig::default().max_queued_per_thread, env = "KEEL_MAX_QUEUED_PER_THREAD")]
+    max_queued_per_thread: usize,
+    /// Most items waiting in all of one tenant's thread queues when a message starts a new
+    /// task; as for --max-queued-per-thread.
+    #[arg(long, default_value_t = ExecutorConfig::default().max_queued_per_tenant, env = "KEEL_MAX_QUEUED_PER_TENANT")]
+    max_queued_per_tenant: usize,
 }
 
 /// The engine allocates for every event and message it persists; mimalloc serves those
@@ -768,6 +776,8 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
             },
             max_threads: args.max_threads,
             max_threads_per_tenant: args.max_threads_per_tenant,
+            max_queued_per_thread: args.max_queued_per_thread,
+            max_queued_per_tenant: args.max_queued_per_tenant,
         };
         return from_file::serve(loaded, overrides, shutdown_signal()).await;
     }
@@ -819,6 +829,8 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
         async_tool_timeout: async_tool_timeout(args.async_tool_timeout)?,
         max_concurrent_threads: args.max_threads,
         max_threads_per_tenant: args.max_threads_per_tenant,
+        max_queued_per_thread: args.max_queued_per_thread,
+        max_queued_per_tenant: args.max_queued_per_tenant,
         ..ExecutorConfig::default()
     };
     if let Some(id) = args.instance_id {

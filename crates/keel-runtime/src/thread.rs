@@ -85,6 +85,28 @@ pub trait ThreadQueue: Send + Sync {
 
     /// How many items wait.
     async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize>;
+
+    /// How many items wait in all of the tenant's thread queues together: what a server
+    /// counts to bound one tenant's queued work, the same figure for every process sharing
+    /// the store. The default, for backends that do not keep it, is
+    /// [`AgentError::Unsupported`]; the engine then bounds each thread's queue only.
+    async fn tenant_queue_len(&self, auth: &AuthContext) -> AgentResult<usize> {
+        let _ = auth;
+        Err(AgentError::Unsupported {
+            what: "counting a tenant's queued work".into(),
+        })
+    }
+
+    /// The tenant's threads whose queue holds work, in no particular order: where a sweep
+    /// looks for work that no process runs (queued by a process that died, or whose wake was
+    /// lost). The default, for backends that do not keep it, is
+    /// [`AgentError::Unsupported`]; such work then waits for a restart's recovery.
+    async fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>> {
+        let _ = auth;
+        Err(AgentError::Unsupported {
+            what: "listing the threads with queued work".into(),
+        })
+    }
 }
 
 /// Caps of the per-thread key-value store. Exceeding one is [`AgentError::InvalidInput`]

@@ -52,6 +52,11 @@ pub struct InMemoryThreadStore {
     max_threads: usize,
     next_token: std::sync::atomic::AtomicU64,
     next_queue_seq: std::sync::atomic::AtomicU64,
+    /// Per tenant namespace, its threads with queued work and how many items each holds:
+    /// kept beside the queues so that a tenant's count and its queued threads cost no scan
+    /// of every thread.
+    queued:
+        DashMap<String, std::collections::HashMap<ThreadId, usize>, foldhash::fast::RandomState>,
 }
 
 impl Default for InMemoryThreadStore {
@@ -64,6 +69,7 @@ impl Default for InMemoryThreadStore {
             max_threads: Self::DEFAULT_MAX_THREADS,
             next_token: Default::default(),
             next_queue_seq: Default::default(),
+            queued: DashMap::default(),
         }
     }
 }
@@ -234,6 +240,12 @@ impl ThreadQueue for InMemoryThreadStore {
             enqueued_at: Utc::now(),
         };
         thread.queue.push_back(item.clone());
+        *self
+            .queued
+            .entry(auth.namespace())
+            .or_default()
+            .entry(thread_id.clone())
+            .or_default() += 1;
         Ok(item)
     }
 
@@ -257,7 +269,20 @@ impl ThreadQueue for InMemoryThreadStore {
         ids: &[String],
     ) -> AgentResult<()> {
         let mut thread = self.fenced(auth, lease)?;
+        let before = thread.queue.len();
         thread.queue.retain(|item| !ids.contains(&item.id));
+        let (left, removed) = (thread.queue.len(), before - thread.queue.len());
+        if removed > 0 {
+            if let Some(mut tenant) = self.queued.get_mut(&auth.namespace()) {
+                if left == 0 {
+                    tenant.remove(&lease.thread_id);
+                } else {
+                    tenant.insert(lease.thread_id.clone(), left);
+                }
+            }
+            self.queued
+                .remove_if(&auth.namespace(), |_, tenant| tenant.is_empty());
+        }
         Ok(())
     }
 
@@ -267,6 +292,22 @@ impl ThreadQueue for InMemoryThreadStore {
             .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
             .map(|t| t.queue.len())
             .unwrap_or(0))
+    }
+
+    async fn tenant_queue_len(&self, auth: &AuthContext) -> AgentResult<usize> {
+        Ok(self
+            .queued
+            .get(&auth.namespace())
+            .map(|tenant| tenant.values().sum())
+            .unwrap_or(0))
+    }
+
+    async fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>> {
+        Ok(self
+            .queued
+            .get(&auth.namespace())
+            .map(|tenant| tenant.keys().cloned().collect())
+            .unwrap_or_default())
     }
 }
 

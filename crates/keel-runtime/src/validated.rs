@@ -96,6 +96,14 @@ impl<S: ThreadQueue> ThreadQueue for Validated<S> {
     async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
         self.inner.queue_len(auth, thread_id).await
     }
+
+    async fn tenant_queue_len(&self, auth: &AuthContext) -> AgentResult<usize> {
+        self.inner.tenant_queue_len(auth).await
+    }
+
+    async fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>> {
+        self.inner.queued_threads(auth).await
+    }
 }
 
 #[async_trait]

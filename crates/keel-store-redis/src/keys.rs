@@ -81,6 +81,7 @@ pub(crate) mod fixed {
     pub(crate) const TASK_RECORDS_BY_TIME: &str = "task-records-by-time";
     pub(crate) const RUN_REPORTS: &str = "run-reports";
     pub(crate) const RUN_REPORTS_BY_TIME: &str = "run-reports-by-time";
+    pub(crate) const QUEUED_THREADS: &str = "queued-threads";
 
     /// Every fixed key, for the collision test.
     #[cfg(test)]
@@ -93,6 +94,7 @@ pub(crate) mod fixed {
         TASK_RECORDS_BY_TIME,
         RUN_REPORTS,
         RUN_REPORTS_BY_TIME,
+        QUEUED_THREADS,
     ];
 }
 

@@ -73,6 +73,7 @@
 //! | `queue:<thread>` | sorted set | queued item ids, score = queue seq |
 //! | `queue-items:<thread>` | hash | item id → the queued item |
 //! | `queue-seq:<thread>` | string | the queue's seq counter |
+//! | `queued-threads` | hash | thread → how many items its queue holds, for threads with queued work |
 //! | `kv:<thread>` | hash | the thread's key-value store |
 //! | `lease:<thread>` | string | `<token>:<holder>` of the live lease, with `PX` = its TTL |
 //! | `lease-token:<thread>` | string | the fencing-token counter; never deleted |

@@ -114,34 +114,43 @@ return 0
     )
 });
 
-/// Remove acknowledged items from a thread's queue under its lease.
+/// Remove acknowledged items from a thread's queue under its lease, and set the thread's
+/// count in the tenant's queued-threads hash from what is left (deleted at zero).
 ///
-/// KEYS: lease, queue zset, items hash. ARGV: token, id... Returns -1 when the lease is
-/// lost, else 0.
+/// KEYS: lease, queue zset, items hash, queued-threads hash. ARGV: token, thread, id...
+/// Returns -1 when the lease is lost, else 0.
 pub(crate) static ACK_QUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local current = redis.call('GET', KEYS[1])
 if not current or string.match(current, '^%d+') ~= ARGV[1] then return -1 end
-for i = 2, #ARGV, 1000 do
+for i = 3, #ARGV, 1000 do
   local last = math.min(i + 999, #ARGV)
   redis.call('ZREM', KEYS[2], unpack(ARGV, i, last))
   redis.call('HDEL', KEYS[3], unpack(ARGV, i, last))
+end
+local left = redis.call('ZCARD', KEYS[2])
+if left == 0 then
+  redis.call('HDEL', KEYS[4], ARGV[2])
+else
+  redis.call('HSET', KEYS[4], ARGV[2], left)
 end
 return 0
 ",
     )
 });
 
-/// Queue an item at the back.
+/// Queue an item at the back, and set the thread's count in the tenant's queued-threads hash.
 ///
-/// KEYS: seq counter, queue zset, items hash. ARGV: id, item. Returns the item's seq.
+/// KEYS: seq counter, queue zset, items hash, queued-threads hash. ARGV: id, item, thread.
+/// Returns the item's seq.
 pub(crate) static PUSH_QUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local seq = redis.call('INCR', KEYS[1])
 redis.call('ZADD', KEYS[2], seq, ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[4], ARGV[3], redis.call('ZCARD', KEYS[2]))
 return seq
 ",
     )

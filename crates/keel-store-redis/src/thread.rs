@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::encoding::{decode, encode, micros};
-use crate::keys::kind;
+use crate::keys::{fixed, kind};
 use crate::lease::lease_lost;
 use crate::scripts;
 use crate::RedisStore;
@@ -111,8 +111,10 @@ impl ThreadQueue for RedisStore {
             .key(keys.of(kind::QUEUE_SEQ, thread))
             .key(keys.of(kind::QUEUE, thread))
             .key(keys.of(kind::QUEUE_ITEMS, thread))
+            .key(keys.fixed(fixed::QUEUED_THREADS))
             .arg(&stored.id)
             .arg(encode(&stored)?)
+            .arg(thread)
             .invoke_async(&mut self.con())
             .await
             .map_err(|e| self.fail("push to queue", &e))?;
@@ -173,7 +175,9 @@ impl ThreadQueue for RedisStore {
         call.key(keys.of(kind::LEASE, thread))
             .key(keys.of(kind::QUEUE, thread))
             .key(keys.of(kind::QUEUE_ITEMS, thread))
-            .arg(lease.token);
+            .key(keys.fixed(fixed::QUEUED_THREADS))
+            .arg(lease.token)
+            .arg(thread);
         for id in ids {
             call.arg(id);
         }
@@ -194,6 +198,30 @@ impl ThreadQueue for RedisStore {
             .await
             .map_err(|e| self.fail("count queue", &e))?;
         Ok(usize::try_from(len).unwrap_or(usize::MAX))
+    }
+
+    async fn tenant_queue_len(&self, auth: &AuthContext) -> AgentResult<usize> {
+        // One field per thread with queued work, which the engine's per-tenant limit keeps
+        // few. Queues that have not been pushed to or acknowledged since this hash was kept
+        // are not counted until they are.
+        let counts: Vec<u64> = redis::cmd("HVALS")
+            .arg(self.keys(auth).fixed(fixed::QUEUED_THREADS))
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("count a tenant's queued work", &e))?;
+        Ok(counts
+            .into_iter()
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+            .fold(0, usize::saturating_add))
+    }
+
+    async fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>> {
+        let threads: Vec<String> = redis::cmd("HKEYS")
+            .arg(self.keys(auth).fixed(fixed::QUEUED_THREADS))
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("list the threads with queued work", &e))?;
+        Ok(threads.into_iter().map(ThreadId::from).collect())
     }
 }
 

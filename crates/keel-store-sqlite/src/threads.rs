@@ -240,6 +240,32 @@ impl ThreadQueue for SqliteStore {
         })
         .await
     }
+
+    async fn tenant_queue_len(&self, auth: &AuthContext) -> AgentResult<usize> {
+        // The primary key starts with the tenant: this walks the tenant's queued items only,
+        // which the engine's per-tenant limit keeps few.
+        let tenant = auth.namespace();
+        self.read(move |conn| {
+            let n: i64 = conn
+                .prepare_cached("SELECT COUNT(*) FROM thread_queue WHERE tenant = ?1")
+                .and_then(|mut stmt| stmt.query_row(params![tenant], |row| row.get(0)))
+                .context("counting a tenant's queued work")?;
+            Ok(usize::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>> {
+        let tenant = auth.namespace();
+        self.read(move |conn| {
+            let rows: Vec<String> = conn
+                .prepare_cached("SELECT DISTINCT thread_id FROM thread_queue WHERE tenant = ?1")
+                .and_then(|mut stmt| stmt.query_map(params![tenant], |row| row.get(0))?.collect())
+                .context("listing the threads with queued work")?;
+            Ok(rows.into_iter().map(ThreadId::from).collect())
+        })
+        .await
+    }
 }
 
 #[async_trait]

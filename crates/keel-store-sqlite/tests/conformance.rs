@@ -197,6 +197,12 @@ async fn queue_seqs_grow_after_the_queue_empties() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn queue_counts_per_tenant() {
+    let (_dir, store) = file_store();
+    testing::queue_counts_per_tenant(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn subagent_reparenting_leaves_the_old_parent() {
     let (_dir, store) = file_store();
     testing::subagent_reparenting_leaves_the_old_parent(&store).await;

@@ -1,13 +1,14 @@
 //! One caller cannot starve the others: a huge batch is refused whole, a message with too
 //! many parts is invalid, a tenant with too many requests in progress is answered 429 /
-//! -32051 with `Retry-After`, and one tenant's flood of long tasks leaves work slots for
-//! another tenant's send.
+//! -32051 with `Retry-After`, one thread's or one tenant's full queues refuse new tasks the
+//! same way, and one tenant's flood of long tasks leaves work slots for another tenant's send.
 
 mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use keel_agent::{AgentExecutor, ExecutorConfig};
 use keel_llm::MockLlm;
 use keel_runtime::{ApiKeyAuthService, AuthContext, Services};
 use keel_transport::{Limits, Security};
@@ -23,11 +24,16 @@ const SLEEP_LONG: &str = "/sleep {\"seconds\": 3600}";
 const GENEROUS: Duration = Duration::from_secs(60);
 
 async fn two_tenants(limits: Limits) -> TestServer {
+    two_tenants_with(limits, ExecutorConfig::default()).await
+}
+
+async fn two_tenants_with(limits: Limits, config: ExecutorConfig) -> TestServer {
     let auth = ApiKeyAuthService::new(AuthContext::new("local", "operator"))
         .with_key(ALICE, AuthContext::new("acme", "alice"))
         .with_key(BOB, AuthContext::new("globex", "bob"));
     let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth));
-    TestServer::start_with(runtime, |server| {
+    let executor = AgentExecutor::with_config(support::agent(), runtime, config);
+    TestServer::start_with_executor(executor, |server| {
         server
             .with_security(Security::api_key_and_bearer())
             .with_limits(limits)
@@ -278,5 +284,92 @@ async fn one_tenants_flood_of_long_tasks_leaves_slots_for_another_tenant() {
         bob["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
         "{bob}"
     );
+    server.stop().await;
+}
+
+/// A message on the thread `context_id`, answered at once (the task stays queued).
+async fn send_on(server: &TestServer, key: &str, text: &str, context_id: &str) -> Value {
+    let mut message = user_message(text);
+    message["contextId"] = json!(context_id);
+    let params = json!({"message": message, "configuration": {"returnImmediately": true}});
+    post(server, key, &call(1, "SendMessage", params))
+        .await
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_full_thread_queue_or_tenant_queue_refuses_new_tasks_with_retry_later() {
+    let config = ExecutorConfig {
+        max_queued_per_thread: 2,
+        max_queued_per_tenant: 3,
+        ..ExecutorConfig::default()
+    };
+    let server = two_tenants_with(Limits::default(), config).await;
+    // A long task runs on thread `t` (its queue item stays until it ends); a second waits.
+    for text in [SLEEP_LONG, "hello"] {
+        let sent = send_on(&server, ALICE, text, "t").await;
+        assert!(sent["result"]["task"].is_object(), "{sent}");
+    }
+    // The third is refused over JSON-RPC with -32051, naming the thread's limit...
+    let refused = send_on(&server, ALICE, "one more", "t").await;
+    assert_eq!(refused["error"]["code"], -32051, "{refused}");
+    let info = &refused["error"]["data"][0];
+    assert_eq!(info["reason"], "RESOURCE_EXHAUSTED");
+    assert_eq!(info["metadata"]["max"], "2");
+    assert!(
+        info["metadata"]["limit"]
+            .as_str()
+            .is_some_and(|limit| limit.contains("thread")),
+        "{refused}"
+    );
+    assert!(
+        info["metadata"]["retryAfterSeconds"].is_string(),
+        "{refused}"
+    );
+    // ...and over HTTP+JSON with 429 and `Retry-After`.
+    let mut message = user_message("one more");
+    message["contextId"] = json!("t");
+    let response = server
+        .http
+        .post(format!("{}/message:send", server.base))
+        .header("A2A-Version", "1.0")
+        .header("X-API-Key", ALICE)
+        .json(&json!({"message": message, "configuration": {"returnImmediately": true}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry_after >= 1);
+    // Another thread of Alice's takes the tenant's third queued item; a fourth thread is
+    // refused by the tenant's limit.
+    let sent = send_on(&server, ALICE, SLEEP_LONG, "u").await;
+    assert!(sent["result"]["task"].is_object(), "{sent}");
+    let refused = send_on(&server, ALICE, "hello", "v").await;
+    assert_eq!(refused["error"]["code"], -32051, "{refused}");
+    let info = &refused["error"]["data"][0];
+    assert_eq!(info["metadata"]["max"], "3");
+    assert!(
+        info["metadata"]["limit"]
+            .as_str()
+            .is_some_and(|limit| limit.contains("tenant")),
+        "{refused}"
+    );
+    // Nothing of the refused messages was stored.
+    let listed: Value = post(&server, ALICE, &call(1, "ListTasks", json!({})))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["result"]["totalSize"], 3, "{listed}");
+    // Bob's queues are his own.
+    let bob = send_on(&server, BOB, "hello", "t").await;
+    assert!(bob["result"]["task"].is_object(), "{bob}");
     server.stop().await;
 }

@@ -30,6 +30,17 @@ pub struct ExecutorConfig {
     /// `max_concurrent_threads`); its further threads wait for one of its own to finish, so
     /// that other tenants are still served. Three quarters of the slots by default.
     pub max_threads_per_tenant: usize,
+    /// How many items may wait in one thread's queue (the running task's among them) when a
+    /// message starts a new task there; past it the message is refused with
+    /// [`AgentError::Overloaded`](keel_core::AgentError::Overloaded) and nothing is stored.
+    /// Counted in the store, so the bound holds across the processes sharing it.
+    pub max_queued_per_thread: usize,
+    /// How many items may wait in all of one tenant's thread queues together when a message
+    /// starts a new task; past it, as for `max_queued_per_thread`. Stores that cannot count
+    /// a tenant's queues ([`ThreadQueue::tenant_queue_len`] unsupported) bound threads only.
+    ///
+    /// [`ThreadQueue::tenant_queue_len`]: keel_runtime::ThreadQueue::tenant_queue_len
+    pub max_queued_per_tenant: usize,
     /// How often to look again at work another process holds (its lease, its task state).
     pub poll_interval: Duration,
     /// This process's name in thread leases; unique among the live processes sharing a
@@ -53,6 +64,8 @@ impl Default for ExecutorConfig {
             lease_ttl: Duration::from_secs(30),
             max_concurrent_threads: 64,
             max_threads_per_tenant: 48,
+            max_queued_per_thread: 100,
+            max_queued_per_tenant: 1000,
             poll_interval: Duration::from_millis(200),
             holder: format!("keel-{}-{}", std::process::id(), uuid_suffix()),
             callbacks: None,

@@ -22,6 +22,10 @@ use super::state::*;
 use crate::task_meta::EngineMeta;
 use crate::thread_state::ThreadHost;
 
+/// How long a caller whose queue is full is asked to wait: a queued task takes at least a
+/// model call to leave the queue.
+const QUEUE_FULL_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Inner {
     pub(crate) async fn enqueue(
         &self,
@@ -36,6 +40,38 @@ impl Inner {
             .await?;
         self.schedule(auth, thread_id);
         Ok(())
+    }
+
+    /// Refuse a new task when the thread's queue, or the tenant's queues together, hold as
+    /// many items as [`ExecutorConfig`](crate::ExecutorConfig) allows. Counted in the store
+    /// (both counts at once), not in this process: several processes share one store, and
+    /// each would otherwise let a tenant queue its whole limit again. Two concurrent messages
+    /// may both pass at the limit: it bounds a flood, it is not a quota.
+    pub(super) async fn check_queue_room(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+    ) -> AgentResult<()> {
+        let store = self.runtime.thread_store();
+        let (thread, tenant) = tokio::join!(
+            store.queue_len(auth, thread_id),
+            store.tenant_queue_len(auth)
+        );
+        let overloaded = |limit: &str, max: usize| AgentError::Overloaded {
+            limit: limit.into(),
+            max: max as u64,
+            retry_after: QUEUE_FULL_RETRY_AFTER,
+        };
+        let max = self.config.max_queued_per_thread;
+        if thread? >= max {
+            return Err(overloaded("tasks queued on this thread", max));
+        }
+        let max = self.config.max_queued_per_tenant;
+        match tenant {
+            Ok(queued) if queued >= max => Err(overloaded("tasks queued for this tenant", max)),
+            Ok(_) | Err(AgentError::Unsupported { .. }) => Ok(()),
+            Err(err) => Err(err),
+        }
     }
 
     /// Make sure a local driver looks after the thread: wake the one that exists or start one.
@@ -90,8 +126,19 @@ impl Inner {
             };
             match taken {
                 Ok(Some(lease)) => {
-                    let Some(slot) = self.slots.acquire(&auth).await else {
-                        break;
+                    let (slot, lease) = match self.wait_for_slot(&auth, lease).await {
+                        SlotWait::Taken(slot, lease) => (slot, lease),
+                        SlotWait::Closed => break,
+                        // Another process has the thread now (or the store was out for a
+                        // lease's time): look again like any driver that found it held.
+                        SlotWait::LeaseLost => {
+                            tokio::select! {
+                                () = notify.notified() => {}
+                                () = tokio::time::sleep(self.config.poll_interval) => {}
+                                () = self.shutting_down.cancelled() => break,
+                            }
+                            continue;
+                        }
                     };
                     let worked = self.work_queue(&auth, lease).await;
                     drop(slot);
@@ -119,18 +166,70 @@ impl Inner {
             }
         }
         self.workers.remove(&key);
-        // Work queued between the last look and the removal must not be stranded.
+        // Work queued between the last look and the removal must not be stranded, nor work
+        // left while the store did not answer: a new driver looks again, every poll interval
+        // while the store stays out.
         if !self.shutting_down.is_cancelled()
-            && store.queue_len(&auth, &thread_id).await.unwrap_or(0) > 0
+            && store
+                .queue_len(&auth, &thread_id)
+                .await
+                .map_or(true, |queued| queued > 0)
         {
             self.schedule(&auth, &thread_id);
         }
     }
 
+    /// Wait for a work slot for the thread whose lease is `lease`, renewing the lease every
+    /// third of its TTL meanwhile: a thread waiting here is alive, and with every slot busy for
+    /// longer than a TTL another process would otherwise take it over and run it beside its
+    /// waiting driver. The lease is kept rather than released so that the thread keeps its
+    /// place in the slots' FIFO. On shutdown the lease is given up.
+    async fn wait_for_slot(&self, auth: &AuthContext, mut lease: Lease) -> SlotWait {
+        let store = self.runtime.thread_store();
+        let ttl = self.config.lease_ttl;
+        let acquire = self.slots.acquire(auth);
+        tokio::pin!(acquire);
+        loop {
+            tokio::select! {
+                slot = &mut acquire => {
+                    return match slot {
+                        Some(slot) => SlotWait::Taken(slot, lease),
+                        None => SlotWait::Closed,
+                    };
+                }
+                () = tokio::time::sleep(ttl / 3) => {
+                    match store.renew_lease(auth, &lease, ttl).await {
+                        Ok(renewed) => lease = renewed,
+                        Err(err) => {
+                            self.log(
+                                LogLevel::Warn,
+                                &format!("thread lease lost while waiting for a work slot: {err}"),
+                            );
+                            return SlotWait::LeaseLost;
+                        }
+                    }
+                }
+                () = self.shutting_down.cancelled() => {
+                    if let Err(err) = store.release_lease(auth, &lease).await {
+                        self.log(
+                            LogLevel::Warn,
+                            &format!("cannot release the thread lease: {err}"),
+                        );
+                    }
+                    return SlotWait::Closed;
+                }
+            }
+        }
+    }
+
     /// One takeover sweep over every tenant: the threads of unfinished tasks that have queued
     /// work, no worker here and a free lease (their process died, or let the thread go) are
-    /// driven here, as [`AgentExecutor::recover_all`] would at start. The stores index tasks
-    /// by state, so finished tasks cost a sweep nothing. Answers how many threads it took.
+    /// driven here, as [`AgentExecutor::recover_all`] would at start; then the other threads
+    /// the store lists with queued work ([`ThreadQueue::queued_threads`]), under the same
+    /// conditions. The stores index tasks by state and threads by queued work, so finished
+    /// tasks and idle threads cost a sweep nothing. Answers how many threads it took.
+    ///
+    /// [`ThreadQueue::queued_threads`]: keel_runtime::ThreadQueue::queued_threads
     pub(super) async fn sweep_abandoned(&self) -> AgentResult<usize> {
         let tasks = self.runtime.task_manager();
         let threads = self.runtime.thread_store();
@@ -164,19 +263,7 @@ impl Inner {
                         {
                             continue;
                         }
-                        // A lease taken here is free: nobody works the thread. The driver
-                        // takes it again for itself.
-                        if let Some(lease) = threads
-                            .acquire_lease(
-                                auth,
-                                &task.thread_id,
-                                &self.config.holder,
-                                self.config.lease_ttl,
-                            )
-                            .await?
-                        {
-                            threads.release_lease(auth, &lease).await?;
-                            self.schedule(auth, &task.thread_id);
+                        if self.drive_if_free(auth, &task.thread_id).await? {
                             taken += 1;
                         }
                     }
@@ -186,8 +273,71 @@ impl Inner {
                     }
                 }
             }
+            // Threads with queued work but no unfinished task: a message or tool queued on an
+            // idle thread, an effect, work whose wake was lost. Stores that cannot list them
+            // leave such work to a restart's recovery.
+            let queued = match threads.queued_threads(auth).await {
+                Ok(queued) => queued,
+                Err(AgentError::Unsupported { .. }) => Vec::new(),
+                Err(err) => return Err(err),
+            };
+            for thread_id in queued {
+                let key = (auth.namespace(), thread_id.clone());
+                if self.shutting_down.is_cancelled()
+                    || seen.contains(&thread_id)
+                    || self.workers.contains_key(&key)
+                    || self.front_is_another_agents(auth, &thread_id).await?
+                {
+                    continue;
+                }
+                if self.drive_if_free(auth, &thread_id).await? {
+                    taken += 1;
+                }
+            }
         }
         Ok(taken)
+    }
+
+    /// Drive the thread here when nobody holds its lease (a lease taken here is free: nobody
+    /// works the thread; the driver takes it again for itself). Answers whether it did.
+    async fn drive_if_free(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<bool> {
+        let threads = self.runtime.thread_store();
+        let Some(lease) = threads
+            .acquire_lease(auth, thread_id, &self.config.holder, self.config.lease_ttl)
+            .await?
+        else {
+            return Ok(false);
+        };
+        threads.release_lease(auth, &lease).await?;
+        self.schedule(auth, thread_id);
+        Ok(true)
+    }
+
+    /// Whether the work at the front of the thread's queue is a task of another agent, which
+    /// that agent's executor takes. Queued messages, tools and effects have no owner: any
+    /// agent's executor on the store may take them, as at start.
+    async fn front_is_another_agents(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+    ) -> AgentResult<bool> {
+        let front = self
+            .runtime
+            .thread_store()
+            .peek_queue(auth, thread_id, 1)
+            .await?;
+        let Some(Ok(QueuedWork::Task { task_id })) = front
+            .first()
+            .map(|item| QueuedWork::deserialize(&item.payload))
+        else {
+            return Ok(false);
+        };
+        let task = self.runtime.task_manager().get_task(auth, &task_id).await?;
+        Ok(task.is_some_and(|task| {
+            EngineMeta::of(&task.metadata)
+                .agent
+                .is_some_and(|agent| agent != self.agent.card().name)
+        }))
     }
 
     /// Holding the lease: process queued work in FIFO order until the queue is empty, or
@@ -293,6 +443,14 @@ impl Inner {
             };
             if let Err(err) = result {
                 if matches!(err, AgentError::LeaseLost { .. }) {
+                    break;
+                }
+                if matches!(err, AgentError::StoreUnavailable { .. }) {
+                    // Not acknowledged: the item is worked again once the store answers.
+                    self.log(
+                        LogLevel::Warn,
+                        &format!("queued work stopped by the store: {err}"),
+                    );
                     break;
                 }
                 self.log(LogLevel::Error, &format!("queued work failed: {err}"));
@@ -637,6 +795,16 @@ impl Inner {
         }
         Ok(outcome)
     }
+}
+
+/// How [`Inner::wait_for_slot`] ended.
+enum SlotWait {
+    /// A slot, and the thread's lease as renewed while waiting.
+    Taken(super::slots::Slot, Lease),
+    /// The executor is shutting down (the lease was released).
+    Closed,
+    /// The lease could not be renewed; the thread may be another process's now.
+    LeaseLost,
 }
 
 type Waiters =

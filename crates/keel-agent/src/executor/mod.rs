@@ -301,6 +301,8 @@ impl AgentExecutor {
         }
         let continuing = task.state() != TaskState::Submitted;
         if !continuing {
+            // Refused before anything is stored; an answer to a waiting task always gets in.
+            self.inner.check_queue_room(auth, &task.thread_id).await?;
             let negotiation = self
                 .inner
                 .agent
@@ -646,8 +648,10 @@ impl AgentExecutor {
     /// (jittered, so that replicas spread their looks), the threads of unfinished tasks
     /// with queued work and a lapsed lease are driven here, their running task resumed at
     /// its last persisted step and their queued tasks after it, as
-    /// [`AgentExecutor::recover_all`] does at start. The thread's fenced lease keeps each
-    /// thread to one runner across processes. Needs a tokio runtime.
+    /// [`AgentExecutor::recover_all`] does at start; so are the other threads with queued
+    /// work and no runner (a message queued on an idle thread by a process that died, a
+    /// wake that was lost), where the store can list them. The thread's fenced lease keeps
+    /// each thread to one runner across processes. Needs a tokio runtime.
     pub fn start_takeover(&self) {
         let me = Arc::downgrade(&self.inner);
         let stop = self.inner.shutting_down.clone();

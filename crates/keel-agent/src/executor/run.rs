@@ -224,7 +224,12 @@ impl Inner {
         self.task_saved(auth, task_id);
         match result {
             Ok(()) => Ok(()),
-            Err(err @ AgentError::LeaseLost { .. }) => Err(err),
+            // Neither is the task's fault: it stays as the store has it, and its queue item
+            // stays too, so the next holder of the thread (here, once the store answers, or
+            // another process) resumes it from its last persisted step.
+            Err(err @ (AgentError::LeaseLost { .. } | AgentError::StoreUnavailable { .. })) => {
+                Err(err)
+            }
             Err(err) => {
                 self.log(
                     LogLevel::Error,

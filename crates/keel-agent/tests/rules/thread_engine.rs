@@ -153,6 +153,156 @@ async fn different_threads_run_concurrently() {
 }
 
 #[tokio::test]
+async fn a_thread_waiting_for_a_work_slot_keeps_its_lease() {
+    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let agent = Agent::builder(card())
+        .tool(gate_tool(started.clone(), release.clone()))
+        .build()
+        .unwrap();
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let ttl = std::time::Duration::from_millis(900);
+    let config = keel_agent::ExecutorConfig {
+        lease_ttl: ttl,
+        max_concurrent_threads: 1,
+        max_threads_per_tenant: 1,
+        ..Default::default()
+    };
+    let exec = AgentExecutor::with_config(agent, runtime.clone(), config);
+    let background = || SendOptions {
+        return_immediately: true,
+        ..Default::default()
+    };
+    // The only work slot is busy...
+    exec.send_message(&auth, Message::user("/gate"), background())
+        .await
+        .unwrap();
+    started.notified().await;
+    // ...so the next thread's driver takes that thread's lease and waits for the slot.
+    let waiting = ThreadId::new();
+    let queued = exec
+        .send_message(
+            &auth,
+            Message::user("hello").in_thread(waiting.clone()),
+            background(),
+        )
+        .await
+        .unwrap();
+    let threads = runtime.thread_store();
+    keel_runtime::testing::eventually("the waiting thread's driver to hold its lease", || {
+        let (threads, auth, waiting) = (threads.clone(), auth.clone(), waiting.clone());
+        async move {
+            match threads
+                .acquire_lease(&auth, &waiting, "probe", ttl)
+                .await
+                .unwrap()
+            {
+                Some(lease) => {
+                    threads.release_lease(&auth, &lease).await.unwrap();
+                    false
+                }
+                None => true,
+            }
+        }
+    })
+    .await;
+    // A lease taken now lapses after the one the driver took: once it has, the driver's
+    // would have too, unless renewed.
+    let clock = threads
+        .acquire_lease(&auth, &ThreadId::new(), "clock", ttl)
+        .await
+        .unwrap()
+        .expect("a fresh thread's lease is free");
+    keel_runtime::testing::eventually("a lease TTL to go by", || {
+        let (threads, auth, clock) = (threads.clone(), auth.clone(), clock.thread_id.clone());
+        async move {
+            threads
+                .acquire_lease(&auth, &clock, "probe", ttl)
+                .await
+                .unwrap()
+                .is_some()
+        }
+    })
+    .await;
+    assert!(
+        threads
+            .acquire_lease(&auth, &waiting, "another-process", ttl)
+            .await
+            .unwrap()
+            .is_none(),
+        "another process took the thread while its driver waited for a work slot"
+    );
+    assert_eq!(
+        exec.get_task(&auth, &queued.id, None).await.unwrap().state(),
+        TaskState::Submitted
+    );
+    release.notify_one();
+    let done = keel_runtime::testing::eventually("the waiting thread's task to run", || {
+        let exec = &exec;
+        let (auth, id) = (auth.clone(), queued.id.clone());
+        async move {
+            let task = exec.get_task(&auth, &id, None).await.unwrap();
+            task.state().is_terminal().then_some(task)
+        }
+    })
+    .await;
+    assert_eq!(done.state(), TaskState::Completed);
+}
+
+#[tokio::test]
+async fn the_takeover_sweep_runs_work_queued_on_an_idle_thread_with_no_runner() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let config = keel_agent::ExecutorConfig {
+        lease_ttl: std::time::Duration::from_millis(300),
+        ..Default::default()
+    };
+    let agent = Agent::builder(card()).build().unwrap();
+    let exec = AgentExecutor::with_config(agent, runtime.clone(), config);
+    // The tenant has been served before: the sweep looks at the tenants the store knows.
+    exec.send_message(&auth, Message::user("hello"), SendOptions::default())
+        .await
+        .unwrap();
+    let mut updates = exec.task_updates();
+    exec.start_takeover();
+    // What a process that died right after queueing a message on an idle thread leaves: the
+    // item in the thread's queue, no task for it, and no driver anywhere to take it.
+    let thread = ThreadId::new();
+    let message = Message::user("left behind").in_thread(thread.clone());
+    let item = runtime
+        .thread_store()
+        .push_queue(
+            &auth,
+            &thread,
+            json!({"kind": "message", "message": serde_json::to_value(&message).unwrap()}),
+        )
+        .await
+        .unwrap();
+    // The queued message starts a turn of its own, a task named after the queue item.
+    let task_id = keel_core::TaskId::from(format!("queued-{}", item.id));
+    let done = tokio::time::timeout(keel_runtime::testing::WAIT_DEADLINE, async {
+        loop {
+            updates.borrow_and_update();
+            if let Ok(task) = exec.get_task(&auth, &task_id, None).await {
+                if task.state().is_terminal() {
+                    return task;
+                }
+            }
+            updates.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the sweep took the thread and ran its queued message");
+    assert_eq!(done.state(), TaskState::Completed);
+    assert_eq!(
+        runtime.thread_store().queue_len(&auth, &thread).await.unwrap(),
+        0,
+        "the item was acknowledged"
+    );
+    exec.shutdown().await;
+}
+
+#[tokio::test]
 async fn the_thread_history_carries_the_conversation_across_tasks() {
     let llm = Arc::new(MockLlm::new());
     let agent = Agent::builder(card())

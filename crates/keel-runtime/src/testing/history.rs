@@ -227,3 +227,75 @@ pub async fn queue_seqs_grow_after_the_queue_empties(threads: &dyn ThreadStore) 
             .is_empty());
     }
 }
+
+/// A tenant's queued work is counted over all its threads and lists the threads that hold
+/// some: a push adds, an ack removes, an emptied queue's thread leaves the list, and another
+/// tenant sees none of it.
+pub async fn queue_counts_per_tenant(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let (a, b) = (fresh_thread(), fresh_thread());
+    assert_eq!(threads.tenant_queue_len(&auth).await.unwrap(), 0);
+    assert!(threads.queued_threads(&auth).await.unwrap().is_empty());
+    let mut first_of_a = Vec::new();
+    for i in 0..3 {
+        let item = threads
+            .push_queue(&auth, &a, json!({"i": i}))
+            .await
+            .unwrap();
+        first_of_a.push(item.id);
+    }
+    let only_of_b = threads
+        .push_queue(&auth, &b, json!({"i": 0}))
+        .await
+        .unwrap();
+    assert_eq!(threads.tenant_queue_len(&auth).await.unwrap(), 4);
+    let listed: HashSet<_> = threads
+        .queued_threads(&auth)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(listed, HashSet::from([a.clone(), b.clone()]));
+    let other = fresh_tenant();
+    assert_eq!(
+        threads.tenant_queue_len(&other).await.unwrap(),
+        0,
+        "tenant isolation"
+    );
+    assert!(threads.queued_threads(&other).await.unwrap().is_empty());
+
+    let lease_b = threads
+        .acquire_lease(&auth, &b, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    threads
+        .ack_queue(&auth, &lease_b, &[only_of_b.id])
+        .await
+        .unwrap();
+    let lease_a = threads
+        .acquire_lease(&auth, &a, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    threads
+        .ack_queue(&auth, &lease_a, &first_of_a[..1])
+        .await
+        .unwrap();
+    // Acknowledging again removes nothing more.
+    threads
+        .ack_queue(&auth, &lease_a, &first_of_a[..1])
+        .await
+        .unwrap();
+    assert_eq!(threads.tenant_queue_len(&auth).await.unwrap(), 2);
+    assert_eq!(
+        threads.queued_threads(&auth).await.unwrap(),
+        vec![a.clone()]
+    );
+    threads
+        .ack_queue(&auth, &lease_a, &first_of_a[1..])
+        .await
+        .unwrap();
+    assert_eq!(threads.tenant_queue_len(&auth).await.unwrap(), 0);
+    assert!(threads.queued_threads(&auth).await.unwrap().is_empty());
+}

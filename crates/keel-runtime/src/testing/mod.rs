@@ -97,6 +97,7 @@ pub async fn run_all(
     lease_ttl_bounds(threads.as_ref()).await;
     queue_fifo_under_concurrent_producers(threads.clone()).await;
     queue_seqs_grow_after_the_queue_empties(threads.as_ref()).await;
+    queue_counts_per_tenant(threads.as_ref()).await;
     kv_semantics(threads.as_ref(), kv_limits).await;
     subagent_registry(threads.as_ref()).await;
     subagent_reparenting_leaves_the_old_parent(threads.as_ref()).await;

@@ -64,7 +64,14 @@ impl TestServer {
         runtime: Arc<dyn keel_runtime::Runtime>,
         configure: impl FnOnce(A2aServer) -> A2aServer,
     ) -> Self {
-        let executor = AgentExecutor::new(agent(), runtime);
+        Self::start_with_executor(AgentExecutor::new(agent(), runtime), configure).await
+    }
+
+    /// A server over `executor` (an executor tuned by the test), configured by `configure`.
+    pub async fn start_with_executor(
+        executor: AgentExecutor,
+        configure: impl FnOnce(A2aServer) -> A2aServer,
+    ) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
