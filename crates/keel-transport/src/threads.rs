@@ -101,11 +101,9 @@ async fn open(
     let auth = caller_of(&state.executor, state.security.as_ref(), headers, tenant)?;
     match exists(&state.executor, &auth, thread_id).await {
         Ok(true) => Ok(auth),
-        Ok(false) => Err(Box::new(refuse(
-            StatusCode::NOT_FOUND,
-            "thread_not_found",
-            format!("there is no thread `{thread_id}`"),
-        ))),
+        Ok(false) => Err(Box::new(failure(&AgentError::ThreadNotFound {
+            thread_id: thread_id.clone(),
+        }))),
         Err(err) => Err(Box::new(failure(&err))),
     }
 }
@@ -126,6 +124,9 @@ fn failure(err: &AgentError) -> Response {
     match err {
         AgentError::InvalidInput { .. } => {
             refuse(StatusCode::BAD_REQUEST, "invalid_input", err.to_string())
+        }
+        AgentError::ThreadNotFound { .. } => {
+            refuse(StatusCode::NOT_FOUND, "thread_not_found", err.to_string())
         }
         AgentError::ThreadTerminated { .. } => {
             refuse(StatusCode::CONFLICT, "thread_terminated", err.to_string())
