@@ -20,7 +20,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use axum::routing::post;
 use axum::{Json, Router};
-use keel::agent::{Agent, AgentExecutor, ExecutorConfig, FnTool, SendOptions, StopRules};
+use keel::agent::{
+    AcceptAll, Agent, AgentExecutor, ExecutorConfig, FnTool, SendOptions, StopRules,
+};
 use keel::core::conversation::LlmMessage;
 use keel::core::{
     AgentError, AgentResult, Message, PartContent, Task, TaskEvent, TaskId, TaskState,
@@ -335,6 +337,8 @@ fn journal_tool(path: PathBuf) -> FnTool {
 fn journal_agent(journal: &Path) -> Agent {
     Agent::builder(keel::demo::card())
         .tool(journal_tool(journal.to_owned()))
+        // As the served demo agent: no negotiation call, so every model call is a step's.
+        .negotiator(AcceptAll)
         .build()
         .unwrap()
 }
@@ -347,6 +351,7 @@ fn stop_tool_agent(journal: &Path) -> Agent {
     };
     Agent::builder(keel::demo::card())
         .tool(journal_tool(journal.to_owned()))
+        .negotiator(AcceptAll)
         .stop_rules(rules)
         .build()
         .unwrap()
