@@ -62,19 +62,32 @@ pub struct MockLlm {
     chunk_delay: Option<Duration>,
     usage: Option<Usage>,
     profile: Option<ModelProfile>,
+    /// How many requests [`requests`](Self::requests) keeps; `None` is
+    /// [`RECORDED_REQUESTS`](Self::RECORDED_REQUESTS).
+    keep: Option<usize>,
 }
 
 /// A mock answer before it is returned or streamed: the response and its text deltas.
 type Answer = (LlmResponse, Vec<String>);
 
 impl MockLlm {
-    /// How many of the latest requests [`requests`](Self::requests) keeps. The offline model
-    /// also serves `keel serve` with the `mock` model, so its record must stay bounded.
+    /// How many of the latest requests [`requests`](Self::requests) keeps unless
+    /// [`keep_requests`](Self::keep_requests) says otherwise.
     pub const RECORDED_REQUESTS: usize = 1_000;
 
     /// The unscripted offline model.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Keep at most the latest `count` requests for [`requests`](Self::requests); `0` keeps
+    /// none. A served offline model (the `mock` spec, the runtime's default model) keeps
+    /// none: each request holds the whole context, so even a bounded number of them grows
+    /// with a thread's history (a thousand requests of a long conversation are gigabytes),
+    /// and the copy is work on every call.
+    pub fn keep_requests(mut self, count: usize) -> Self {
+        self.keep = Some(count);
+        self
     }
 
     /// A model that plays back `responses` in order and fails once they run out.
@@ -175,12 +188,13 @@ impl MockLlm {
 
     /// Record the request and work out the answer (or the scripted failure).
     async fn answer(&self, request: LlmRequest) -> AgentResult<Answer> {
-        {
+        let keep = self.keep.unwrap_or(Self::RECORDED_REQUESTS);
+        if keep > 0 {
             let mut requests = self
                 .requests
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if requests.len() >= Self::RECORDED_REQUESTS {
+            while requests.len() >= keep {
                 requests.pop_front();
             }
             requests.push_back(request.clone());
@@ -381,6 +395,22 @@ mod tests {
         ]);
         let r = MockLlm::new().complete(req).await.unwrap();
         assert_eq!(r.content.as_deref(), Some("Tool results:\nclock: 12:00"));
+    }
+
+    #[tokio::test]
+    async fn a_model_told_to_keep_no_requests_records_none() {
+        let llm = MockLlm::new().keep_requests(0);
+        llm.complete(LlmRequest::new(vec![LlmMessage::user("hi")]))
+            .await
+            .unwrap();
+        assert!(llm.requests().is_empty());
+        let llm = MockLlm::new().keep_requests(1);
+        for text in ["one", "two"] {
+            llm.complete(LlmRequest::new(vec![LlmMessage::user(text)]))
+                .await
+                .unwrap();
+        }
+        assert_eq!(llm.requests().len(), 1);
     }
 
     #[tokio::test]

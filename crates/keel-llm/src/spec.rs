@@ -46,7 +46,7 @@ pub fn llm_from_spec(spec: &str) -> AgentResult<Arc<dyn Llm>> {
 pub fn llm_from_spec_with_key(spec: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
     let spec = spec.trim();
     if spec == "mock" {
-        return Ok(Arc::new(MockLlm::new()));
+        return Ok(Arc::new(MockLlm::new().keep_requests(0)));
     }
     if let Some(rest) = spec.strip_prefix("openai-compatible:") {
         let (url, model) = split_url_and_model(rest).ok_or_else(|| {

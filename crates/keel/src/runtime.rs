@@ -283,7 +283,9 @@ impl DefaultRuntimeBuilder {
 
     /// The default model, or the offline one.
     fn take_llm(&mut self) -> Arc<dyn Llm> {
-        self.llm.take().unwrap_or_else(|| Arc::new(MockLlm::new()))
+        self.llm
+            .take()
+            .unwrap_or_else(|| Arc::new(MockLlm::new().keep_requests(0)))
     }
 
     /// `services` with the chosen auth and logging services, if chosen.
