@@ -159,7 +159,7 @@ pub struct Task {
     pub metadata: Metadata,
     /// Flow and orchestration state (seed 001's `flow_state`): what a multi-step flow keeps
     /// about where it is, apart from the application's `metadata`. Stored with the task;
-    /// not sent over A2A (decision 140).
+    /// not sent over A2A (decision 123).
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]
     pub flow_state: Metadata,
     /// Every lifecycle change, oldest first.

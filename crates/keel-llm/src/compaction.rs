@@ -210,7 +210,7 @@ async fn compact(
 pub const CHECKPOINT_KEY: &str = "keel.compaction";
 
 /// A compaction checkpoint: the history entry that records, durably and in one append, that
-/// everything before it is replaced by `compacted` (decision 141). Appending it leaves the
+/// everything before it is replaced by `compacted` (decision 124). Appending it leaves the
 /// thread's log append-only; [`compacted_view`] reads the history the model then sees. Its
 /// content is the summary when one was written (a reader of the raw log sees that text), or
 /// a note saying how much was removed.

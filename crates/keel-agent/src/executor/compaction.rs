@@ -1,6 +1,6 @@
 //! History compaction on a thread: the operator's [`AgentExecutor::compact_thread`] and the
 //! engine's automatic compaction when a model call's context would not fit the model's
-//! window. Both append one compaction checkpoint to the thread's log (decision 141): the log
+//! window. Both append one compaction checkpoint to the thread's log (decision 124): the log
 //! stays append-only, and the model sees the compacted history from then on, across restarts.
 
 use std::sync::Arc;

@@ -238,7 +238,7 @@ impl ModelView {
             && (self.seen == 0
                 || history[self.seen - 1].id.as_str()
                     == self.last_id.as_deref().unwrap_or_default());
-        // A compaction checkpoint (decision 141) replaces what came before it: the view
+        // A compaction checkpoint (decision 124) replaces what came before it: the view
         // starts again from the newest one, with the compacted history it holds.
         let scan_from = if continues { self.seen } else { 0 };
         let checkpoint = history[scan_from..]

@@ -25,7 +25,7 @@
 //! engine creates for a task nobody gave a context is only those ids, so anything beyond
 //! them (budget, permissions, workspace, agent chain, parent run, application metadata, a
 //! cancellation) came from the caller that sent it, and a task is served only to its own
-//! tenant (decision 120).
+//! tenant (decision 108).
 
 use chrono::{DateTime, Utc};
 use keel_core::{
