@@ -1,5 +1,6 @@
 //! The conformance agent against a real server on 127.0.0.1:0: each TCK scenario, chosen by
-//! `messageId` prefix, over JSON-RPC, HTTP+JSON (REST) and their SSE streams.
+//! `messageId` prefix, over JSON-RPC, HTTP+JSON (REST) and their SSE streams, and over gRPC
+//! (feature `grpc`) with the generated client of A2A's proto.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,9 +28,23 @@ const DELAY: Duration = Duration::from_millis(1500);
 enum Binding {
     JsonRpc,
     Rest,
+    #[cfg(feature = "grpc")]
+    Grpc,
 }
 
-const BINDINGS: &[Binding] = &[Binding::JsonRpc, Binding::Rest];
+const BINDINGS: &[Binding] = &[
+    Binding::JsonRpc,
+    Binding::Rest,
+    #[cfg(feature = "grpc")]
+    Binding::Grpc,
+];
+
+/// A streaming call as it was opened: the HTTP answer, or the gRPC stream.
+enum Opened {
+    Http(reqwest::Response),
+    #[cfg(feature = "grpc")]
+    Grpc(grpc::Stream),
+}
 
 struct Server {
     base: String,
@@ -89,12 +104,18 @@ impl Server {
                     other => panic!("no REST route for {other}"),
                 }
             }
+            #[cfg(feature = "grpc")]
+            Binding::Grpc => unreachable!("gRPC calls go through `grpc`"),
         };
         request.header("A2A-Version", "1.0")
     }
 
     /// A unary call's result (the JSON-RPC `result`, or the REST body).
     async fn call(&self, binding: Binding, method: &str, params: Value) -> Value {
+        #[cfg(feature = "grpc")]
+        if let Binding::Grpc = binding {
+            return grpc::call(&self.base, method, params).await;
+        }
         let response = self.request(binding, method, params).send().await.unwrap();
         assert!(response.status().is_success(), "{method}: {response:?}");
         let body: Value = response.json().await.unwrap();
@@ -104,6 +125,8 @@ impl Server {
                 body["result"].clone()
             }
             Binding::Rest => body,
+            #[cfg(feature = "grpc")]
+            Binding::Grpc => unreachable!(),
         }
     }
 
@@ -121,13 +144,29 @@ impl Server {
 
     /// The stream responses of a streaming call, read to its end.
     async fn stream(&self, binding: Binding, method: &str, params: Value) -> Vec<Value> {
-        let response = self.request(binding, method, params).send().await.unwrap();
-        stream_responses(binding, response).await
+        let opened = self.open(binding, method, params).await;
+        stream_responses(binding, opened).await
+    }
+
+    /// Open a streaming call; its responses are read later ([`stream_responses`]).
+    async fn open(&self, binding: Binding, method: &str, params: Value) -> Opened {
+        #[cfg(feature = "grpc")]
+        if let Binding::Grpc = binding {
+            return Opened::Grpc(grpc::open(&self.base, method, params).await);
+        }
+        Opened::Http(self.request(binding, method, params).send().await.unwrap())
     }
 }
 
-/// The `StreamResponse`s of an SSE answer (unwrapping JSON-RPC envelopes).
-async fn stream_responses(binding: Binding, response: reqwest::Response) -> Vec<Value> {
+/// The `StreamResponse`s of a streaming call, read to its end (unwrapping JSON-RPC envelopes).
+// Without the `grpc` feature the match has one arm.
+#[allow(clippy::infallible_destructuring_match)]
+async fn stream_responses(binding: Binding, opened: Opened) -> Vec<Value> {
+    let response = match opened {
+        Opened::Http(response) => response,
+        #[cfg(feature = "grpc")]
+        Opened::Grpc(stream) => return grpc::read(stream).await,
+    };
     let content_type = response
         .headers()
         .get("content-type")
@@ -154,8 +193,113 @@ async fn stream_responses(binding: Binding, response: reqwest::Response) -> Vec<
                 event["result"].clone()
             }
             Binding::Rest => event,
+            #[cfg(feature = "grpc")]
+            Binding::Grpc => unreachable!(),
         })
         .collect()
+}
+
+/// The gRPC arm: each operation through A2A's generated client, its messages built from and
+/// read back as the same JSON the HTTP bindings carry.
+#[cfg(feature = "grpc")]
+mod grpc {
+    use keel::transport::grpc::proto::a2a_service_client::A2aServiceClient;
+    use keel::transport::grpc::tonic::{self, Streaming};
+    use keel::transport::grpc::{from_json, proto, to_json, ProtoJson};
+    use serde_json::Value;
+
+    pub(super) type Stream = Streaming<proto::StreamResponse>;
+
+    fn request<M: ProtoJson>(params: &Value) -> tonic::Request<M> {
+        let mut request = tonic::Request::new(from_json(&params.to_string()).unwrap());
+        request
+            .metadata_mut()
+            .insert("a2a-version", "1.0".parse().unwrap());
+        request
+    }
+
+    async fn client(base: &str) -> A2aServiceClient<tonic::transport::Channel> {
+        A2aServiceClient::connect(base.to_owned()).await.unwrap()
+    }
+
+    pub(super) async fn call(base: &str, method: &str, params: Value) -> Value {
+        let mut client = client(base).await;
+        let answer = match method {
+            "SendMessage" => client
+                .send_message(request::<proto::SendMessageRequest>(&params))
+                .await
+                .map(|r| to_json(r.get_ref())),
+            "GetTask" => client
+                .get_task(request::<proto::GetTaskRequest>(&params))
+                .await
+                .map(|r| to_json(r.get_ref())),
+            "ListTasks" => client
+                .list_tasks(request::<proto::ListTasksRequest>(&params))
+                .await
+                .map(|r| to_json(r.get_ref())),
+            "CancelTask" => client
+                .cancel_task(request::<proto::CancelTaskRequest>(&params))
+                .await
+                .map(|r| to_json(r.get_ref())),
+            other => panic!("no unary gRPC call for {other}"),
+        };
+        let mut answer = answer
+            .unwrap_or_else(|status| panic!("{method}: {status:?}"))
+            .unwrap();
+        // proto3's JSON leaves out an empty repeated field; the HTTP bindings send `[]`.
+        if method == "ListTasks" && answer.get("tasks").is_none() {
+            answer["tasks"] = Value::Array(Vec::new());
+        }
+        integral(answer)
+    }
+
+    /// A `google.protobuf.Value` number is a double, so a data part's `42` comes back as
+    /// `42.0`; read whole numbers back as the integers the HTTP bindings carry.
+    fn integral(value: Value) -> Value {
+        match value {
+            Value::Number(n) => match n.as_f64() {
+                Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9e15 => {
+                    Value::from(f as i64)
+                }
+                _ => Value::Number(n),
+            },
+            Value::Array(items) => Value::Array(items.into_iter().map(integral).collect()),
+            Value::Object(map) => Value::Object(
+                map.into_iter()
+                    .map(|(key, value)| (key, integral(value)))
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+
+    pub(super) async fn open(base: &str, method: &str, params: Value) -> Stream {
+        let mut client = client(base).await;
+        let opened = match method {
+            "SendStreamingMessage" => {
+                client
+                    .send_streaming_message(request::<proto::SendMessageRequest>(&params))
+                    .await
+            }
+            "SubscribeToTask" => {
+                client
+                    .subscribe_to_task(request::<proto::SubscribeToTaskRequest>(&params))
+                    .await
+            }
+            other => panic!("no streaming gRPC call for {other}"),
+        };
+        opened
+            .unwrap_or_else(|status| panic!("{method}: {status:?}"))
+            .into_inner()
+    }
+
+    pub(super) async fn read(mut stream: Stream) -> Vec<Value> {
+        let mut responses = Vec::new();
+        while let Some(response) = stream.message().await.unwrap() {
+            responses.push(integral(to_json(&response).unwrap()));
+        }
+        responses
+    }
 }
 
 /// A user message whose id starts with `prefix`.
@@ -563,10 +707,8 @@ async fn a_long_running_task_can_be_resubscribed_and_its_stream_ends_when_cancel
         wait_for_state(&server, binding, &task["id"], "TASK_STATE_WORKING").await;
         // The subscription is open once its headers are in; the cancel then reaches it.
         let subscription = server
-            .request(binding, "SubscribeToTask", json!({"id": task["id"]}))
-            .send()
-            .await
-            .unwrap();
+            .open(binding, "SubscribeToTask", json!({"id": task["id"]}))
+            .await;
         let canceled = server
             .call(binding, "CancelTask", json!({"id": task["id"]}))
             .await;
