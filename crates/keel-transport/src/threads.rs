@@ -73,22 +73,27 @@ struct QueueBody {
     text: String,
 }
 
-/// The thread routes for `executor`'s threads; `security` as the rest of the server.
+/// The thread routes for `executor`'s threads; `security` as the rest of the server. Each
+/// handler serves both forms of its path, with and without the tenant.
 pub(crate) fn router(executor: AgentExecutor, security: Option<Security>) -> Router {
     Router::new()
-        .route(THREAD_PATH, get(state_here))
-        .route(THREAD_MESSAGES_PATH, get(messages_here).post(queue_here))
-        .route(THREAD_QUEUE_PATH, get(queue_list_here))
-        .route("/{tenant}/threads/{thread_id}", get(state_in_tenant))
+        .route(THREAD_PATH, get(thread_state))
+        .route(THREAD_MESSAGES_PATH, get(messages).post(queue))
+        .route(THREAD_QUEUE_PATH, get(queue_list))
+        .route("/{tenant}/threads/{thread_id}", get(thread_state))
         .route(
             "/{tenant}/threads/{thread_id}/messages",
-            get(messages_in_tenant).post(queue_in_tenant),
+            get(messages).post(queue),
         )
-        .route(
-            "/{tenant}/threads/{thread_id}/queue",
-            get(queue_list_in_tenant),
-        )
+        .route("/{tenant}/threads/{thread_id}/queue", get(queue_list))
         .with_state(ThreadsState { executor, security })
+}
+
+/// A thread route's path parameters: the tenant only in the `/{tenant}/threads/...` form.
+#[derive(Debug, Deserialize)]
+struct ThreadPath {
+    tenant: Option<String>,
+    thread_id: String,
 }
 
 /// Who asks, and whether the thread is theirs: the caller's tenant, or the answer.
@@ -142,29 +147,13 @@ fn failure(err: &AgentError) -> Response {
     }
 }
 
-async fn state_here(
-    State(state): State<ThreadsState>,
-    Path(thread_id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    thread_state(state, headers, None, thread_id.into()).await
-}
-
-async fn state_in_tenant(
-    State(state): State<ThreadsState>,
-    Path((tenant, thread_id)): Path<(String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    thread_state(state, headers, Some(tenant), thread_id.into()).await
-}
-
 async fn thread_state(
-    state: ThreadsState,
+    State(state): State<ThreadsState>,
+    Path(path): Path<ThreadPath>,
     headers: HeaderMap,
-    tenant: Option<String>,
-    thread_id: ThreadId,
 ) -> Response {
-    let auth = match open(&state, &headers, tenant, &thread_id).await {
+    let thread_id = ThreadId::from(path.thread_id);
+    let auth = match open(&state, &headers, path.tenant, &thread_id).await {
         Ok(auth) => auth,
         Err(response) => return *response,
     };
@@ -203,32 +192,14 @@ async fn thread_state(
     }
 }
 
-async fn messages_here(
-    State(state): State<ThreadsState>,
-    Path(thread_id): Path<String>,
-    Query(page): Query<Page>,
-    headers: HeaderMap,
-) -> Response {
-    messages(state, headers, None, thread_id.into(), page).await
-}
-
-async fn messages_in_tenant(
-    State(state): State<ThreadsState>,
-    Path((tenant, thread_id)): Path<(String, String)>,
-    Query(page): Query<Page>,
-    headers: HeaderMap,
-) -> Response {
-    messages(state, headers, Some(tenant), thread_id.into(), page).await
-}
-
 async fn messages(
-    state: ThreadsState,
+    State(state): State<ThreadsState>,
+    Path(path): Path<ThreadPath>,
+    Query(page): Query<Page>,
     headers: HeaderMap,
-    tenant: Option<String>,
-    thread_id: ThreadId,
-    page: Page,
 ) -> Response {
-    let auth = match open(&state, &headers, tenant, &thread_id).await {
+    let thread_id = ThreadId::from(path.thread_id);
+    let auth = match open(&state, &headers, path.tenant, &thread_id).await {
         Ok(auth) => auth,
         Err(response) => return *response,
     };
@@ -252,33 +223,15 @@ async fn messages(
     }
 }
 
-async fn queue_here(
-    State(state): State<ThreadsState>,
-    Path(thread_id): Path<String>,
-    headers: HeaderMap,
-    body: Option<Json<QueueBody>>,
-) -> Response {
-    queue(state, headers, None, thread_id.into(), body).await
-}
-
-async fn queue_in_tenant(
-    State(state): State<ThreadsState>,
-    Path((tenant, thread_id)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Option<Json<QueueBody>>,
-) -> Response {
-    queue(state, headers, Some(tenant), thread_id.into(), body).await
-}
-
 async fn queue(
-    state: ThreadsState,
+    State(state): State<ThreadsState>,
+    Path(path): Path<ThreadPath>,
     headers: HeaderMap,
-    tenant: Option<String>,
-    thread_id: ThreadId,
     body: Option<Json<QueueBody>>,
 ) -> Response {
     // Credentials and the thread are checked before the body is looked at.
-    let auth = match open(&state, &headers, tenant, &thread_id).await {
+    let thread_id = ThreadId::from(path.thread_id);
+    let auth = match open(&state, &headers, path.tenant, &thread_id).await {
         Ok(auth) => auth,
         Err(response) => return *response,
     };
@@ -300,32 +253,14 @@ async fn queue(
     }
 }
 
-async fn queue_list_here(
-    State(state): State<ThreadsState>,
-    Path(thread_id): Path<String>,
-    Query(page): Query<Page>,
-    headers: HeaderMap,
-) -> Response {
-    queue_list(state, headers, None, thread_id.into(), page).await
-}
-
-async fn queue_list_in_tenant(
-    State(state): State<ThreadsState>,
-    Path((tenant, thread_id)): Path<(String, String)>,
-    Query(page): Query<Page>,
-    headers: HeaderMap,
-) -> Response {
-    queue_list(state, headers, Some(tenant), thread_id.into(), page).await
-}
-
 async fn queue_list(
-    state: ThreadsState,
+    State(state): State<ThreadsState>,
+    Path(path): Path<ThreadPath>,
+    Query(page): Query<Page>,
     headers: HeaderMap,
-    tenant: Option<String>,
-    thread_id: ThreadId,
-    page: Page,
 ) -> Response {
-    let auth = match open(&state, &headers, tenant, &thread_id).await {
+    let thread_id = ThreadId::from(path.thread_id);
+    let auth = match open(&state, &headers, path.tenant, &thread_id).await {
         Ok(auth) => auth,
         Err(response) => return *response,
     };
