@@ -8,6 +8,8 @@ mod support;
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use axum::extract::Path as UrlPath;
 use axum::http::HeaderMap;
@@ -563,6 +565,65 @@ async fn an_agents_model_api_key_from_the_file_is_sent_instead_of_the_providers_
         "{error}"
     );
     assert!(!error.contains("sk-in-the-file"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn negotiate_model_lets_the_agents_own_model_reject_a_task_and_accept_asks_nothing() {
+    // An OpenAI-compatible endpoint that rejects every routing request and answers the rest.
+    let routed = Arc::new(AtomicUsize::new(0));
+    let seen = routed.clone();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move |axum::Json(request): axum::Json<Value>| {
+            let seen = seen.clone();
+            async move {
+                let routing = request["messages"][0]["content"]
+                    .as_str()
+                    .is_some_and(|system| system.starts_with("You route requests"));
+                let content = if routing {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    r#"{"decision": "reject", "reason": "not a question for me"}"#
+                } else {
+                    "plain-answer-37"
+                };
+                support::openai_reply(&request, json!({"role": "assistant", "content": content}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = |negotiate: &str| {
+        write(
+            dir.path(),
+            &format!(
+                "[server]\nstore = \"memory\"\n\n[[agents]]\nname = \"router\"\n\
+                 description = \"R.\"\n{negotiate}\n[agents.model]\n\
+                 id = \"openai-compatible:{base}/v1:test-model\"\n\n[[agents.skills]]\n\
+                 id = \"answer\"\ndescription = \"Answers.\"\n"
+            ),
+        )
+    };
+    let env = [("OPENAI_COMPATIBLE_API_KEY", "sk-test")];
+
+    let server = KeelServer::start_with_env(&["--config", &file("negotiate = \"model\"")], &env);
+    let task = send(&server.url, "hello").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
+    assert_eq!(routed.load(Ordering::SeqCst), 1);
+    drop(server);
+
+    // Without the field the agent accepts every task and its model is asked only to answer.
+    let server = KeelServer::start_with_env(&["--config", &file("")], &env);
+    let task = send(&server.url, "hello").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(answer_text(&task), "plain-answer-37");
+    assert_eq!(
+        routed.load(Ordering::SeqCst),
+        1,
+        "no routing request was made"
+    );
 }
 
 /// A raw JSON-RPC request (any body) to `endpoint`; the HTTP status and the JSON answer.

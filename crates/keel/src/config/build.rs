@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use keel_agent::{
-    Agent, AgentExecutor, AsyncHttpTool, ExecutorConfig, SessionStatusTool, StopRules,
-    SubagentSpec, Tool,
+    AcceptAll, Agent, AgentExecutor, AsyncHttpTool, ExecutorConfig, LlmNegotiator,
+    SessionStatusTool, StopRules, SubagentSpec, Tool,
 };
 use keel_core::{AgentCard, AgentResult, AgentSkill, RunBudget};
 use keel_llm::{Llm, LlmRequest, LlmResponse, LlmStream, ModelProfile};
@@ -16,7 +16,7 @@ use keel_policy::{CapabilityPolicy, CapabilityRule};
 use keel_runtime::Runtime;
 
 use super::error::ConfigError;
-use super::types::{AgentConfig, BuiltinTool, ModelConfig, RuleConfig};
+use super::types::{AgentConfig, BuiltinTool, ModelConfig, Negotiate, RuleConfig};
 use super::LoadedConfig;
 use crate::delegation::RemoteAgentTool;
 use crate::http_tool::HttpTool;
@@ -203,9 +203,10 @@ fn build_agent(
         }
         card = card.with_skill(card_skill);
     }
+    let llm = model(&agent.model)?;
     let mut builder = Agent::builder(card)
         .instructions(config.instructions_of(agent))
-        .llm_shared(model(&agent.model)?)
+        .llm_shared(llm.clone())
         .policy(policy(agent))
         .budget(RunBudget {
             max_steps: agent.budget.max_steps,
@@ -224,6 +225,10 @@ fn build_agent(
             max_invalid_repeats: agent.stop.max_invalid_repeats,
         })
         .human_handoff(agent.tools.builtin.contains(&BuiltinTool::AskHuman));
+    builder = match agent.negotiate {
+        Negotiate::Accept => builder.negotiator(AcceptAll),
+        Negotiate::Model => builder.negotiator(LlmNegotiator::new(llm)),
+    };
     if agent.tools.builtin.contains(&BuiltinTool::SessionStatus) {
         builder = builder.tool(SessionStatusTool);
     }

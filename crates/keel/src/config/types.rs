@@ -152,6 +152,9 @@ pub struct AgentConfig {
     /// Skills listed on the card.
     #[serde(default)]
     pub skills: Vec<SkillConfig>,
+    /// How a new task is taken on.
+    #[serde(default)]
+    pub negotiate: Negotiate,
     /// Tools declared without Rust.
     #[serde(default)]
     pub tools: ToolsConfig,
@@ -170,6 +173,18 @@ pub struct AgentConfig {
     /// When a run stops.
     #[serde(default)]
     pub stop: StopConfig,
+}
+
+/// `agents[].negotiate`: how an agent takes on a new task (decision 137).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Negotiate {
+    /// Every task, with no model call.
+    #[default]
+    Accept,
+    /// The agent's own model reads the first message and picks one of the card's skills,
+    /// asks for more input or rejects it: one model call per new task.
+    Model,
 }
 
 fn default_version() -> String {
