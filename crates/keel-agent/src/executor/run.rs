@@ -749,7 +749,7 @@ impl Inner {
             }
             Outcome::Failed { error, reason } => {
                 EngineMeta::update(task, |m| m.stop_reason = Some(reason));
-                task.fail(error.to_string())?;
+                task.fail(failure_text(&error))?;
             }
             Outcome::InputRequired { question } => {
                 EngineMeta::update(task, |m| m.stop_reason = Some("input_required".into()));
@@ -890,4 +890,62 @@ fn direct_tool_calls(message: Option<&Message>) -> Option<Vec<ToolCall>> {
         })
         .collect::<Option<_>>()?;
     (!calls.is_empty()).then_some(calls)
+}
+
+/// What a failed task tells its caller. A store's failure names its backend but not where
+/// it lives or what it answered (a Redis URL, a file path, the server's reply): those go to
+/// the server's log, as the transport does for the same errors (decision 101).
+fn failure_text(error: &AgentError) -> String {
+    match error {
+        AgentError::Storage { backend, .. } | AgentError::StoreUnavailable { backend, .. } => {
+            tracing::warn!(error = %error, "a task failed on a store error");
+            let backend = if backend.is_empty() { "the" } else { backend };
+            match error {
+                AgentError::Storage { .. } => {
+                    format!("storage error: the {backend} store failed; the server's log says why")
+                }
+                _ => format!("store unavailable: the {backend} store could not be reached"),
+            }
+        }
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_failure_tells_the_caller_its_backend_but_not_where_the_store_lives() {
+        let unavailable = AgentError::store_unavailable(
+            "redis",
+            "XADD at redis://10.0.0.7:6379/",
+            std::io::Error::other("connection refused"),
+        );
+        let text = failure_text(&unavailable);
+        assert!(
+            text.starts_with("store unavailable: the redis store"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("10.0.0.7") && !text.contains("refused"),
+            "{text}"
+        );
+        let broken = AgentError::storage_source(
+            "sqlite",
+            "read /srv/keel/keel.db",
+            std::io::Error::other("disk I/O error"),
+        );
+        let text = failure_text(&broken);
+        assert!(
+            text.starts_with("storage error: the sqlite store"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("/srv/keel") && !text.contains("disk"),
+            "{text}"
+        );
+        let other = AgentError::internal("boom");
+        assert_eq!(failure_text(&other), other.to_string());
+    }
 }
