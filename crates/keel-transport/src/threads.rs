@@ -186,10 +186,7 @@ async fn thread_state(
             "queued": store.queue_len(&auth, &thread_id).await?,
         }))
     };
-    match read.await {
-        Ok(body) => (StatusCode::OK, Json(body)).into_response(),
-        Err(err) => failure(&err),
-    }
+    answer(read.await)
 }
 
 async fn messages(
@@ -198,29 +195,17 @@ async fn messages(
     Query(page): Query<Page>,
     headers: HeaderMap,
 ) -> Response {
-    let thread_id = ThreadId::from(path.thread_id);
-    let auth = match open(&state, &headers, path.tenant, &thread_id).await {
-        Ok(auth) => auth,
+    let (auth, thread_id, limit) = match open_page(&state, &headers, path, &page).await {
+        Ok(opened) => opened,
         Err(response) => return *response,
     };
-    let limit = match page.limit() {
-        Ok(limit) => limit,
-        Err(response) => return *response,
-    };
-    match state
+    let entries = state
         .executor
         .runtime()
         .thread_store()
         .read_history(&auth, &thread_id, page.after, limit)
-        .await
-    {
-        Ok(entries) => (
-            StatusCode::OK,
-            Json(json!({"thread_id": thread_id, "messages": entries})),
-        )
-            .into_response(),
-        Err(err) => failure(&err),
-    }
+        .await;
+    answer(entries.map(|entries| json!({"thread_id": thread_id, "messages": entries})))
 }
 
 async fn queue(
@@ -259,27 +244,35 @@ async fn queue_list(
     Query(page): Query<Page>,
     headers: HeaderMap,
 ) -> Response {
-    let thread_id = ThreadId::from(path.thread_id);
-    let auth = match open(&state, &headers, path.tenant, &thread_id).await {
-        Ok(auth) => auth,
+    let (auth, thread_id, limit) = match open_page(&state, &headers, path, &page).await {
+        Ok(opened) => opened,
         Err(response) => return *response,
     };
-    let limit = match page.limit() {
-        Ok(limit) => limit,
-        Err(response) => return *response,
-    };
-    match state
+    let items = state
         .executor
         .runtime()
         .thread_store()
         .peek_queue(&auth, &thread_id, limit)
-        .await
-    {
-        Ok(items) => (
-            StatusCode::OK,
-            Json(json!({"thread_id": thread_id, "items": items})),
-        )
-            .into_response(),
+        .await;
+    answer(items.map(|items| json!({"thread_id": thread_id, "items": items})))
+}
+
+/// [`open`] for a paged read: the caller, the thread, and how many entries to return.
+async fn open_page(
+    state: &ThreadsState,
+    headers: &HeaderMap,
+    path: ThreadPath,
+    page: &Page,
+) -> Result<(AuthContext, ThreadId, usize), Box<Response>> {
+    let thread_id = ThreadId::from(path.thread_id);
+    let auth = open(state, headers, path.tenant, &thread_id).await?;
+    Ok((auth, thread_id, page.limit()?))
+}
+
+/// A read's answer: `200` with its JSON, or the error's.
+fn answer(read: Result<serde_json::Value, AgentError>) -> Response {
+    match read {
+        Ok(body) => (StatusCode::OK, Json(body)).into_response(),
         Err(err) => failure(&err),
     }
 }
