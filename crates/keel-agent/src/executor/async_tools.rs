@@ -16,6 +16,7 @@ use keel_runtime::AuthContext;
 use serde_json::{json, Value};
 
 use super::state::*;
+use crate::async_tools::{self as at, PendingCall};
 use crate::observe::RunObs;
 use crate::task_meta::EngineMeta;
 
@@ -57,7 +58,6 @@ impl Inner {
         call: &ToolCall,
         dispatch: &dyn crate::AsyncDispatch,
     ) -> ToolRun {
-        use crate::async_tools::{self as at, PendingCall};
         use keel_runtime::{AsyncCall, AsyncCallState};
         let failed = |message: String| ToolRun::Done {
             output: json!(message),
@@ -196,7 +196,6 @@ impl Inner {
         scope: &Scope<'_>,
         call: &ToolCall,
     ) -> AgentResult<Option<ToolRun>> {
-        use crate::async_tools::{self as at, PendingCall};
         use keel_runtime::AsyncCallState;
         let flow = scope.flow;
         let link = self
@@ -295,6 +294,38 @@ impl Inner {
 }
 
 impl AgentExecutor {
+    /// The asynchronous call `call_id` and its record, once `secret` proves the caller may
+    /// deliver to it: the check every callback passes first. The call is found by its id
+    /// alone, in whichever tenant dispatched it; the secret is checked before anything about
+    /// the call's state is answered, so without it a caller learns nothing.
+    async fn authenticated_call(
+        &self,
+        call_id: &str,
+        secret: &str,
+    ) -> Result<(keel_runtime::AsyncCall, PendingCall), crate::CallbackError> {
+        use crate::CallbackError;
+        let Some(call) = self
+            .inner
+            .runtime
+            .async_call_store()
+            .find_async_call(call_id)
+            .await?
+        else {
+            return Err(CallbackError::UnknownCall {
+                call_id: call_id.to_owned(),
+            });
+        };
+        let record: PendingCall = serde_json::from_value(call.record.clone()).map_err(|e| {
+            AgentError::storage(format!("asynchronous call `{call_id}` is malformed: {e}"))
+        })?;
+        if !at::same(&at::hash_secret(secret), &record.secret_sha256) {
+            return Err(CallbackError::Forbidden {
+                call_id: call_id.to_owned(),
+            });
+        }
+        Ok((call, record))
+    }
+
     /// Asynchronous tools: deliver a callback's result for the call `call_id`, in whichever
     /// tenant dispatched it: the call is found by its id alone and the secret, the one sent
     /// with the invocation, is the credential. An unknown call, a wrong secret, a late result
@@ -309,25 +340,11 @@ impl AgentExecutor {
         output: Value,
         is_error: bool,
     ) -> Result<crate::AcceptedCallback, crate::CallbackError> {
-        use crate::async_tools::{self as at, PendingCall};
         use crate::CallbackError;
         use keel_runtime::AsyncCallState;
         let inner = &self.inner;
         let calls = inner.runtime.async_call_store();
-        let Some(call) = calls.find_async_call(call_id).await? else {
-            return Err(CallbackError::UnknownCall {
-                call_id: call_id.to_owned(),
-            });
-        };
-        let mut record: PendingCall = serde_json::from_value(call.record.clone()).map_err(|e| {
-            AgentError::storage(format!("asynchronous call `{call_id}` is malformed: {e}"))
-        })?;
-        // The secret first: without it a caller learns nothing about the call's state.
-        if !at::same(&at::hash_secret(secret), &record.secret_sha256) {
-            return Err(CallbackError::Forbidden {
-                call_id: call_id.to_owned(),
-            });
-        }
+        let (call, mut record) = self.authenticated_call(call_id, secret).await?;
         let late = || CallbackError::Late {
             call_id: call_id.to_owned(),
         };
@@ -408,28 +425,10 @@ impl AgentExecutor {
         secret: &str,
         progress: Value,
     ) -> Result<crate::AcceptedCallback, crate::CallbackError> {
-        use crate::async_tools::{self as at, PendingCall};
         use crate::CallbackError;
         use keel_runtime::AsyncCallState;
         let inner = &self.inner;
-        let Some(call) = inner
-            .runtime
-            .async_call_store()
-            .find_async_call(call_id)
-            .await?
-        else {
-            return Err(CallbackError::UnknownCall {
-                call_id: call_id.to_owned(),
-            });
-        };
-        let record: PendingCall = serde_json::from_value(call.record.clone()).map_err(|e| {
-            AgentError::storage(format!("asynchronous call `{call_id}` is malformed: {e}"))
-        })?;
-        if !at::same(&at::hash_secret(secret), &record.secret_sha256) {
-            return Err(CallbackError::Forbidden {
-                call_id: call_id.to_owned(),
-            });
-        }
+        let (call, record) = self.authenticated_call(call_id, secret).await?;
         let late = || CallbackError::Late {
             call_id: call_id.to_owned(),
         };
