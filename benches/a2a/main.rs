@@ -26,7 +26,9 @@
 //! `KEEL_BENCH_BACKENDS` (of memory,sqlite,redis), `KEEL_BENCH_SCENARIOS` (of
 //! send,send-async,get,stream), `KEEL_BENCH_SENDS` (N of the memory figures, default 100000;
 //! 0 skips them), `REDIS_URL`. `KEEL_BENCH_KEEL_BIN` and `KEEL_BENCH_PEERS_DIR` (set by xtask)
-//! say where the binaries are.
+//! say where the binaries are. `KEEL_BENCH_BASE_BIN`, when set, names a second `keel` binary
+//! (say, a release build of the commit before a change) that runs beside the current one on
+//! each store, as `keel-base`, with Keel's req/s over it in the `keel/base` column.
 
 mod http;
 mod sends;
@@ -118,6 +120,7 @@ struct Settings {
     sends: u64,
     redis_url: String,
     keel_bin: PathBuf,
+    base_bin: Option<PathBuf>,
     peers_dir: PathBuf,
 }
 
@@ -135,13 +138,17 @@ impl Settings {
             redis_url: std::env::var("REDIS_URL")
                 .unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
             keel_bin: path("KEEL_BENCH_KEEL_BIN", target.join("release/keel")),
+            base_bin: std::env::var_os("KEEL_BENCH_BASE_BIN").map(PathBuf::from),
             peers_dir: path("KEEL_BENCH_PEERS_DIR", target.join("peers/release")),
         };
         for binary in [
             settings.keel_bin.clone(),
             settings.peers_dir.join("bare-peer"),
             settings.peers_dir.join("sdk-peer"),
-        ] {
+        ]
+        .into_iter()
+        .chain(settings.base_bin.clone())
+        {
             if !binary.is_file() {
                 return Err(format!(
                     "{} is missing: run this bench with `cargo xtask bench a2a`, which builds it",
@@ -211,14 +218,16 @@ impl Bench {
     fn place(&mut self, kind: Kind) -> Option<String> {
         let n = self.next();
         match kind {
-            Kind::Keel(Store::Sqlite) => Some(
+            Kind::Keel(Store::Sqlite) | Kind::Base(Store::Sqlite) => Some(
                 self.bins
                     .dir
                     .join(format!("keel-{n}.db"))
                     .display()
                     .to_string(),
             ),
-            Kind::Keel(Store::Redis) => Some(format!("{}{n}:", redis_root())),
+            Kind::Keel(Store::Redis) | Kind::Base(Store::Redis) => {
+                Some(format!("{}{n}:", redis_root()))
+            }
             _ => None,
         }
     }
@@ -305,11 +314,13 @@ type Figures = HashMap<(Kind, Scenario, u32), Vec<Figure>>;
 /// The throughput table: every server started once, the runs interleaved (each run measures
 /// every figure once, servers side by side). Returns the SQLite file Keel used, if any.
 fn throughput(bench: &mut Bench) -> Result<Option<String>, String> {
+    let with_base = bench.settings.base_bin.is_some();
     let mut kinds: Vec<Kind> = bench
         .settings
         .stores
         .iter()
-        .map(|s| Kind::Keel(*s))
+        .flat_map(|s| [Some(Kind::Keel(*s)), with_base.then_some(Kind::Base(*s))])
+        .flatten()
         .collect();
     kinds.extend([Kind::Bare, Kind::Sdk]);
     let mut running = Vec::new();
@@ -388,7 +399,7 @@ fn latency(us: f64) -> String {
 fn print_table(kinds: &[Kind], scenarios: &[Scenario], figures: &Figures) {
     println!();
     println!(
-        "{:<10} {:<7} {:<30} {:>5} {:>9} {:>9} {:>9} {:>10} {:>9} {:>7}",
+        "{:<10} {:<7} {:<30} {:>5} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>7}",
         "server",
         "store",
         "scenario",
@@ -398,6 +409,7 @@ fn print_table(kinds: &[Kind], scenarios: &[Scenario], figures: &Figures) {
         "p99",
         "keel/bare",
         "keel/sdk",
+        "keel/base",
         "errors"
     );
     let per_sec = |kind: Kind, scenario: Scenario, connections: u32| {
@@ -413,11 +425,17 @@ fn print_table(kinds: &[Kind], scenarios: &[Scenario], figures: &Figures) {
                 };
                 let rate = median(runs, |f| f.per_sec);
                 let ratio = |peer: Kind| match (kind, per_sec(peer, scenario, connections)) {
-                    (Kind::Keel(_), Some(peer_rate)) => format!("{:.2}x", rate / peer_rate),
+                    (Kind::Keel(_) | Kind::Base(_), Some(peer_rate)) if peer != kind => {
+                        format!("{:.2}x", rate / peer_rate)
+                    }
+                    _ => "-".to_owned(),
+                };
+                let base = match kind {
+                    Kind::Keel(store) => ratio(Kind::Base(store)),
                     _ => "-".to_owned(),
                 };
                 println!(
-                    "{:<10} {:<7} {:<30} {:>5} {:>9.0} {:>9} {:>9} {:>10} {:>9} {:>7}",
+                    "{:<10} {:<7} {:<30} {:>5} {:>9.0} {:>9} {:>9} {:>10} {:>9} {:>10} {:>7}",
                     kind.server(),
                     kind.store(),
                     scenario.label(),
@@ -427,6 +445,7 @@ fn print_table(kinds: &[Kind], scenarios: &[Scenario], figures: &Figures) {
                     latency(median(runs, |f| f.p99_us)),
                     ratio(Kind::Bare),
                     ratio(Kind::Sdk),
+                    base,
                     runs.iter().map(|f| f.errors).sum::<u64>(),
                 );
             }
@@ -558,6 +577,7 @@ fn run() -> Result<(), String> {
     println!("keel: release `keel serve`, demo agent on the offline model; bare-axum: fixed result; a2a-sdk: echo agent on a2a-server-lf 0.5.3");
     let bins = Binaries {
         keel: settings.keel_bin.clone(),
+        base: settings.base_bin.clone(),
         peers: settings.peers_dir.clone(),
         dir: dir.path().to_owned(),
         redis_url: settings.redis_url.clone(),

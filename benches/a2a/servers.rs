@@ -32,6 +32,9 @@ impl Store {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
     Keel(Store),
+    /// The baseline `keel` binary (`KEEL_BENCH_BASE_BIN`): an earlier build measured in the
+    /// same run, so that a change's effect is not confused with the machine's mood.
+    Base(Store),
     Bare,
     Sdk,
 }
@@ -40,6 +43,7 @@ impl Kind {
     pub fn server(self) -> &'static str {
         match self {
             Kind::Keel(_) => "keel",
+            Kind::Base(_) => "keel-base",
             Kind::Bare => "bare-axum",
             Kind::Sdk => "a2a-sdk",
         }
@@ -47,7 +51,7 @@ impl Kind {
 
     pub fn store(self) -> &'static str {
         match self {
-            Kind::Keel(store) => store.name(),
+            Kind::Keel(store) | Kind::Base(store) => store.name(),
             Kind::Bare => "-",
             Kind::Sdk => "memory",
         }
@@ -57,6 +61,8 @@ impl Kind {
 /// The binaries and places a server needs.
 pub struct Binaries {
     pub keel: PathBuf,
+    /// The baseline `keel` binary, when one is compared.
+    pub base: Option<PathBuf>,
     pub peers: PathBuf,
     /// Holds SQLite files and server logs; removed at exit.
     pub dir: PathBuf,
@@ -85,7 +91,7 @@ impl Server {
             .join(format!("{}-{}-{port}.log", kind.server(), kind.store()));
         let mut args: Vec<String> = Vec::new();
         let program = match kind {
-            Kind::Keel(store) => {
+            Kind::Keel(store) | Kind::Base(store) => {
                 args.extend(["serve".into(), "--port".into(), port.to_string()]);
                 match (store, &place) {
                     (Store::Memory, _) => args.extend(["--store".into(), "memory".into()]),
@@ -100,7 +106,10 @@ impl Server {
                     ]),
                     _ => return Err(format!("keel on {} needs a place", store.name())),
                 }
-                bins.keel.clone()
+                match kind {
+                    Kind::Base(_) => bins.base.clone().ok_or("no baseline binary")?,
+                    _ => bins.keel.clone(),
+                }
             }
             Kind::Bare => {
                 args.push(port.to_string());
@@ -129,7 +138,7 @@ impl Server {
     /// Waits until the server answers HTTP (Keel: its agent card; the peers, which serve no
     /// card, answer 404 there, which is answering all the same).
     fn wait_answering(&mut self, started: Instant, limit: Duration) -> Result<(), String> {
-        let need_card = matches!(self.kind, Kind::Keel(_));
+        let need_card = matches!(self.kind, Kind::Keel(_) | Kind::Base(_));
         while started.elapsed() < limit {
             let answer = http::get(
                 self.port,

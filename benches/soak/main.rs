@@ -108,6 +108,7 @@ fn run() -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
     let bins = Binaries {
         keel,
+        base: None,
         peers: PathBuf::new(),
         dir: dir.path().to_owned(),
         redis_url: std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
