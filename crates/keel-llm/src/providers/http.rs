@@ -1,8 +1,7 @@
 //! The HTTP plumbing every provider shares: timeouts, retries with exponential backoff and
-//! jitter honouring `Retry-After`, error classification, secret-safe messages, and SSE
-//! decoding driven into an [`LlmStream`].
+//! jitter honouring `Retry-After`, error classification, secret-safe messages, and bodies
+//! read as JSON or as server-sent events.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::time::Duration;
 
@@ -12,11 +11,9 @@ use backon::{ExponentialBuilder, Retryable};
 use chrono::{DateTime, Utc};
 use eventsource_stream::{Event, Eventsource};
 use futures::stream::{self, BoxStream, Stream, StreamExt};
-use keel_core::AgentResult;
 use serde_json::Value;
-use tracing::Instrument;
 
-use crate::{LlmError, LlmErrorKind, LlmStream, LlmStreamEvent};
+use crate::{LlmError, LlmErrorKind};
 
 /// Timeouts and retry behaviour of a provider's HTTP client.
 ///
@@ -147,12 +144,31 @@ pub(crate) struct CallSite<'a> {
     pub(crate) provider: &'static str,
     pub(crate) model: &'a str,
     pub(crate) key: Option<&'a ApiKey>,
-    /// Provider-specific reading of an error answer (context overflow, odd auth codes).
-    pub(crate) classify: fn(u16, &Value, &str) -> Option<LlmErrorKind>,
+    /// The provider's reading of an error answer.
+    pub(crate) map_error: MapError,
+}
+
+/// A provider's own reading of an error answer (context overflow, odd auth codes); `None`
+/// leaves the kind to the HTTP status.
+pub(crate) type MapError = fn(u16, &Value, &str) -> Option<LlmErrorKind>;
+
+/// An error answer's kind: the provider's reading first, then the status.
+pub(crate) fn error_kind(
+    map_error: MapError,
+    status: u16,
+    json: &Value,
+    detail: &str,
+) -> LlmErrorKind {
+    map_error(status, json, detail).unwrap_or(match status {
+        401 | 403 => LlmErrorKind::Auth,
+        429 => LlmErrorKind::RateLimit,
+        _ => LlmErrorKind::Api,
+    })
 }
 
 impl CallSite<'_> {
-    fn error(&self, kind: LlmErrorKind, message: impl Into<String>) -> LlmError {
+    /// An error of this call, with the key removed from its message.
+    pub(crate) fn error(&self, kind: LlmErrorKind, message: impl Into<String>) -> LlmError {
         LlmError::new(kind, self.model, self.redact(message.into()))
     }
 
@@ -375,11 +391,7 @@ impl OpenedBody {
 fn classify(site: &CallSite<'_>, status: u16, body: &str) -> LlmError {
     let json: Value = serde_json::from_str(body).unwrap_or(Value::Null);
     let detail = error_detail(&json, body);
-    let kind = (site.classify)(status, &json, &detail).unwrap_or(match status {
-        401 | 403 => LlmErrorKind::Auth,
-        429 => LlmErrorKind::RateLimit,
-        _ => LlmErrorKind::Api,
-    });
+    let kind = error_kind(site.map_error, status, &json, &detail);
     site.error(
         kind,
         format!("{} answered HTTP {status}: {detail}", site.provider),
@@ -435,87 +447,6 @@ pub(crate) fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Durat
             .to_std()
             .unwrap_or(Duration::ZERO),
     )
-}
-
-/// A provider's reading of server-sent events.
-pub(crate) trait SseDecoder: Send + 'static {
-    /// Handle one event, pushing stream events; `Ok(true)` once the final event arrived.
-    fn event(&mut self, event: &Event, out: &mut Vec<LlmStreamEvent>) -> Result<bool, LlmError>;
-
-    /// The body ended without the final event: close the answer if it is complete anyway,
-    /// or fail.
-    fn end(&mut self, out: &mut Vec<LlmStreamEvent>) -> Result<(), LlmError>;
-}
-
-struct Drive<S, D> {
-    events: S,
-    decoder: D,
-    queue: VecDeque<AgentResult<LlmStreamEvent>>,
-    finished: bool,
-    span: tracing::Span,
-}
-
-/// Turn a provider's SSE events into an [`LlmStream`] through its decoder. The stream stops
-/// after the final event or the first error, and never hangs on a body that ended early.
-pub(crate) fn drive_sse<S, D>(events: S, decoder: D, span: tracing::Span) -> LlmStream<'static>
-where
-    S: Stream<Item = Result<Event, LlmError>> + Send + Unpin + 'static,
-    D: SseDecoder,
-{
-    let state = Drive {
-        events,
-        decoder,
-        queue: VecDeque::new(),
-        finished: false,
-        span,
-    };
-    stream::unfold(state, |mut state| async move {
-        let span = state.span.clone();
-        async move {
-            loop {
-                if let Some(item) = state.queue.pop_front() {
-                    return Some((item, state));
-                }
-                if state.finished {
-                    return None;
-                }
-                let mut out = Vec::new();
-                let result = match state.events.next().await {
-                    None => {
-                        state.finished = true;
-                        state.decoder.end(&mut out)
-                    }
-                    Some(Err(error)) => Err(error),
-                    Some(Ok(event)) => state.decoder.event(&event, &mut out).map(|last| {
-                        state.finished |= last;
-                    }),
-                };
-                state.queue.extend(out.into_iter().map(Ok));
-                if let Err(error) = result {
-                    tracing::warn!(error = %error, "model stream failed");
-                    state.finished = true;
-                    state.queue.push_back(Err(error.into()));
-                }
-            }
-        }
-        .instrument(span)
-        .await
-    })
-    .boxed()
-}
-
-/// Open a streaming call and drive its events; errors opening it become the stream's only
-/// item.
-pub(crate) fn open_stream<F>(opening: F) -> LlmStream<'static>
-where
-    F: std::future::Future<Output = Result<LlmStream<'static>, LlmError>> + Send + 'static,
-{
-    stream::once(opening)
-        .flat_map(|opened| match opened {
-            Ok(events) => events,
-            Err(error) => stream::once(async move { Err(error.into()) }).boxed(),
-        })
-        .boxed()
 }
 
 /// Text of a JSON string field, or empty.
@@ -600,7 +531,7 @@ mod tests {
             provider: "openai",
             model: "m",
             key: Some(&key),
-            classify: |_, _, _| None,
+            map_error: |_, _, _| None,
         };
         let err = classify(
             &site,
