@@ -6,16 +6,16 @@ use keel_core::AgentResult;
 use serde_json::{json, Map, Value};
 
 use super::assembler::{tool_call, ResponseAssembler};
-use super::attachments::{text_with_attachments, user_parts, Attachment};
+use super::attachments::{text_with_attachments, Attachment};
 use super::builder::ProviderBuilder;
-use super::http::{join_url, str_at, u64_at, ApiKey};
+use super::http::{join_url, str_at, u64_at};
+use super::turns::{system_texts, turns, TurnFormat};
 use super::wire::{
-    event_json, merge_turns, provider_model, system_texts, Frame, Provider, StreamDecoder, Wire,
-    WireError,
+    event_json, provider_model, tool_declaration, Endpoint, Frame, KeyHeader, Provider,
+    StreamDecoder, Wire, WireError,
 };
-use crate::{LlmErrorKind, LlmMessage, LlmRequest, LlmResponse, LlmRole, ToolCall, Usage};
+use crate::{LlmErrorKind, LlmRequest, LlmResponse, ToolCall, Usage};
 
-const PROVIDER: &str = "anthropic";
 const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
 const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// The synthetic tool that carries a structured answer (Messages has no schema option).
@@ -34,15 +34,20 @@ impl AnthropicBuilder {
         let api_key = self.required_key(
             "no Anthropic API key: set ANTHROPIC_API_KEY or give one to the builder",
         )?;
-        let wire = Anthropic {
+        let endpoint = Endpoint {
+            provider: "anthropic",
             url: join_url(&self.base_url, "v1/messages"),
+            stream_url: None,
+            api_key: Some(api_key),
+        };
+        let wire = Anthropic {
             model: self.model.clone(),
             max_tokens: self
-                .profile(PROVIDER)
+                .profile(endpoint.provider)
                 .max_output_tokens
                 .unwrap_or(DEFAULT_MAX_TOKENS),
         };
-        Ok(AnthropicLlm(Provider::new(&self, wire, Some(api_key))?))
+        Ok(AnthropicLlm(Provider::new(&self, endpoint, wire)?))
     }
 }
 
@@ -70,7 +75,6 @@ impl AnthropicLlm {
 /// The Messages wire format.
 #[derive(Debug)]
 struct Anthropic {
-    url: String,
     model: String,
     /// `max_tokens` when the request sets none (the API requires one).
     max_tokens: u64,
@@ -84,25 +88,9 @@ fn uses_output_tool(request: &LlmRequest) -> bool {
 impl Wire for Anthropic {
     type Decoder = Decoder;
 
-    fn provider(&self) -> &'static str {
-        PROVIDER
-    }
-
-    fn url(&self, _stream: bool) -> &str {
-        &self.url
-    }
-
-    fn headers(
-        &self,
-        request: reqwest::RequestBuilder,
-        key: Option<&ApiKey>,
-    ) -> reqwest::RequestBuilder {
-        let request = request.header("anthropic-version", ANTHROPIC_VERSION);
-        match key {
-            Some(key) => request.header("x-api-key", key.expose()),
-            None => request,
-        }
-    }
+    const KEY_HEADER: KeyHeader = KeyHeader::Named("x-api-key");
+    const HEADERS: &'static [(&'static str, &'static str)] =
+        &[("anthropic-version", ANTHROPIC_VERSION)];
 
     fn encode_request(&self, request: &LlmRequest, stream: bool) -> Value {
         let mut body = Map::new();
@@ -124,20 +112,11 @@ impl Wire for Anthropic {
         }
         body.insert(
             "messages".into(),
-            Value::Array(wire_messages(&request.messages)),
+            Value::Array(turns(&request.messages, &TURNS)),
         );
 
-        let mut tools: Vec<Value> = request
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({
-                    "name": tool.name,
-                    "description": tool.description,
-                    "input_schema": tool.parameters,
-                })
-            })
-            .collect();
+        let declare = |tool| tool_declaration(tool, "input_schema");
+        let mut tools: Vec<Value> = request.tools.iter().map(declare).collect();
         if let (Some(schema), true) = (&request.output_schema, output_tool) {
             tools.push(json!({
                 "name": OUTPUT_TOOL,
@@ -188,37 +167,24 @@ impl Wire for Anthropic {
     }
 }
 
-/// Keel's turns as Messages turns: tool results travel in user turns, and consecutive turns
-/// of one role merge (the API wants all results of a step in the one user turn after it).
-fn wire_messages(messages: &[LlmMessage]) -> Vec<Value> {
-    let turns = messages.iter().filter_map(|message| match message.role {
-        LlmRole::System => None,
-        LlmRole::User => Some(("user", user_parts(message, IMAGE_FORMATS, block))),
-        LlmRole::Assistant => {
-            let text = text_with_attachments(message);
-            let text = (!text.is_empty()).then(|| block(Attachment::Text(text)));
-            let calls = message.tool_calls.iter().map(|call| {
-                json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments})
-            });
-            Some(("assistant", text.into_iter().chain(calls).collect()))
-        }
-        LlmRole::Tool => Some((
-            "user",
-            vec![json!({
-                "type": "tool_result",
-                "tool_use_id": message.tool_call_id.as_deref().unwrap_or_default(),
-                "content": text_with_attachments(message),
-            })],
-        )),
-    });
-    merge_turns(turns)
-        .into_iter()
-        .map(|(role, content)| json!({"role": role, "content": content}))
-        .collect()
-}
+/// Messages turns: tool results travel in user turns, as `tool_result` blocks.
+const TURNS: TurnFormat = TurnFormat {
+    model_role: "assistant",
+    pieces: "content",
+    image_formats: IMAGE_FORMATS,
+    part: block,
+    tool_call: |call| json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}),
+    tool_result: |message| {
+        json!({
+            "type": "tool_result",
+            "tool_use_id": message.tool_call_id.as_deref().unwrap_or_default(),
+            "content": text_with_attachments(message),
+        })
+    },
+};
 
-/// One content block of a user turn: an `image` block, or text (the API rejects empty text
-/// blocks, which [`user_parts`] leaves out).
+/// One content block: an `image` block, or text (the API rejects empty text blocks, which
+/// [`turns`] leaves out).
 fn block(attachment: Attachment<'_>) -> Value {
     match attachment {
         Attachment::InlineImage { media_type, data } => json!({

@@ -6,14 +6,15 @@ use keel_core::AgentResult;
 use serde_json::{json, Map, Value};
 
 use super::assembler::{tool_call, ResponseAssembler};
-use super::attachments::{text_with_attachments, user_parts, Attachment};
+use super::attachments::{text_with_attachments, Attachment};
 use super::builder::ProviderBuilder;
-use super::http::{join_url, str_at, u64_at, ApiKey};
+use super::http::{join_url, str_at, u64_at};
+use super::turns::{system_texts, turns, TurnFormat};
 use super::wire::{
-    event_json, merge_turns, provider_model, system_texts, Frame, Provider, StreamDecoder, Wire,
-    WireError,
+    event_json, provider_model, tool_declaration, Endpoint, Frame, KeyHeader, Provider,
+    StreamDecoder, Wire, WireError,
 };
-use crate::{LlmErrorKind, LlmMessage, LlmRequest, LlmResponse, LlmRole, ToolCall, Usage};
+use crate::{LlmErrorKind, LlmRequest, LlmResponse, ToolCall, Usage};
 
 const GEMINI_BASE_URL: &str = "https://generativelanguage.googleapis.com/v1beta";
 /// The image formats Gemini accepts.
@@ -38,14 +39,14 @@ impl GeminiBuilder {
         )?;
         // Accept `gemini-2.5-flash` and `models/gemini-2.5-flash` alike.
         let path = self.model.trim_start_matches("models/");
-        let wire = Gemini {
-            url: join_url(&self.base_url, &format!("models/{path}:generateContent")),
-            stream_url: join_url(
-                &self.base_url,
-                &format!("models/{path}:streamGenerateContent?alt=sse"),
-            ),
+        let url = |method: &str| join_url(&self.base_url, &format!("models/{path}:{method}"));
+        let endpoint = Endpoint {
+            provider: "gemini",
+            url: url("generateContent"),
+            stream_url: Some(url("streamGenerateContent?alt=sse")),
+            api_key: Some(api_key),
         };
-        Ok(GeminiLlm(Provider::new(&self, wire, Some(api_key))?))
+        Ok(GeminiLlm(Provider::new(&self, endpoint, Gemini)?))
     }
 }
 
@@ -76,38 +77,12 @@ impl GeminiLlm {
 
 /// The `generateContent` wire format.
 #[derive(Debug)]
-struct Gemini {
-    url: String,
-    stream_url: String,
-}
+struct Gemini;
 
 impl Wire for Gemini {
     type Decoder = Decoder;
 
-    fn provider(&self) -> &'static str {
-        "gemini"
-    }
-
-    fn url(&self, stream: bool) -> &str {
-        if stream {
-            &self.stream_url
-        } else {
-            &self.url
-        }
-    }
-
-    /// The key travels in a header, never in the URL (`?key=`), so it cannot leak through a
-    /// logged URL.
-    fn headers(
-        &self,
-        request: reqwest::RequestBuilder,
-        key: Option<&ApiKey>,
-    ) -> reqwest::RequestBuilder {
-        match key {
-            Some(key) => request.header("x-goog-api-key", key.expose()),
-            None => request,
-        }
-    }
+    const KEY_HEADER: KeyHeader = KeyHeader::Named("x-goog-api-key");
 
     /// The model is named by the URL; `stream` is chosen by the URL too.
     fn encode_request(&self, request: &LlmRequest, _stream: bool) -> Value {
@@ -121,22 +96,13 @@ impl Wire for Gemini {
         }
         body.insert(
             "contents".into(),
-            Value::Array(wire_contents(&request.messages)),
+            Value::Array(turns(&request.messages, &TURNS)),
         );
         if !request.tools.is_empty() {
-            let declarations: Vec<Value> = request
-                .tools
-                .iter()
-                .map(|tool| {
-                    // `parametersJsonSchema` takes full JSON Schema, which Keel's specs are;
-                    // the older `parameters` accepts only an OpenAPI subset.
-                    json!({
-                        "name": tool.name,
-                        "description": tool.description,
-                        "parametersJsonSchema": tool.parameters,
-                    })
-                })
-                .collect();
+            // `parametersJsonSchema` takes full JSON Schema, which Keel's specs are; the older
+            // `parameters` accepts only an OpenAPI subset.
+            let declare = |tool| tool_declaration(tool, "parametersJsonSchema");
+            let declarations: Vec<Value> = request.tools.iter().map(declare).collect();
             body.insert(
                 "tools".into(),
                 json!([{"functionDeclarations": declarations}]),
@@ -200,40 +166,29 @@ impl Wire for Gemini {
     }
 }
 
-/// Keel's turns as Gemini contents: the model's turns are `model`, tool results are
-/// `functionResponse` parts in user turns, and consecutive turns of one role merge.
-fn wire_contents(messages: &[LlmMessage]) -> Vec<Value> {
-    let turns = messages.iter().filter_map(|message| match message.role {
-        LlmRole::System => None,
-        LlmRole::User => Some(("user", user_parts(message, IMAGE_FORMATS, part))),
-        LlmRole::Assistant => {
-            let text = text_with_attachments(message);
-            let text = (!text.is_empty()).then(|| json!({"text": text}));
-            let calls = message
-                .tool_calls
-                .iter()
-                .map(|call| json!({"functionCall": {"name": call.name, "args": call.arguments}}));
-            Some(("model", text.into_iter().chain(calls).collect()))
-        }
-        LlmRole::Tool => {
-            // `response` must be an object; a plain result is wrapped.
-            let content = text_with_attachments(message);
-            let response = match serde_json::from_str::<Value>(&content) {
-                Ok(Value::Object(object)) => Value::Object(object),
-                _ => json!({"result": content}),
-            };
-            let name = message.tool_name.as_deref().unwrap_or_default();
-            let result = json!({"functionResponse": {"name": name, "response": response}});
-            Some(("user", vec![result]))
-        }
-    });
-    merge_turns(turns)
-        .into_iter()
-        .map(|(role, parts)| json!({"role": role, "parts": parts}))
-        .collect()
+/// Gemini contents: the model's turns are `model`, tool results are `functionResponse` parts
+/// in user turns.
+const TURNS: TurnFormat = TurnFormat {
+    model_role: "model",
+    pieces: "parts",
+    image_formats: IMAGE_FORMATS,
+    part,
+    tool_call: |call| json!({"functionCall": {"name": call.name, "args": call.arguments}}),
+    tool_result: function_response,
+};
+
+/// A tool's result; `response` must be an object, so a plain result is wrapped.
+fn function_response(message: &crate::LlmMessage) -> Value {
+    let content = text_with_attachments(message);
+    let response = match serde_json::from_str::<Value>(&content) {
+        Ok(Value::Object(object)) => Value::Object(object),
+        _ => json!({"result": content}),
+    };
+    let name = message.tool_name.as_deref().unwrap_or_default();
+    json!({"functionResponse": {"name": name, "response": response}})
 }
 
-/// One part of a user turn: `inlineData`, `fileData` or text.
+/// One part: `inlineData`, `fileData` or text.
 fn part(attachment: Attachment<'_>) -> Value {
     match attachment {
         Attachment::InlineImage { media_type, data } => {

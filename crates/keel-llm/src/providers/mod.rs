@@ -12,6 +12,8 @@ mod assembler;
 mod attachments;
 mod builder;
 mod http;
+#[cfg(any(feature = "anthropic", feature = "gemini"))]
+mod turns;
 mod wire;
 
 #[cfg(feature = "anthropic")]

@@ -8,8 +8,11 @@ use serde_json::{json, Map, Value};
 use super::assembler::{parse_arguments, tool_call, ResponseAssembler};
 use super::attachments::{text_with_attachments, user_parts, Attachment};
 use super::builder::ProviderBuilder;
-use super::http::{join_url, str_at, u64_at, ApiKey};
-use super::wire::{event_json, provider_model, Frame, Provider, StreamDecoder, Wire, WireError};
+use super::http::{join_url, str_at, u64_at};
+use super::wire::{
+    event_json, provider_model, tool_declaration, Endpoint, Frame, KeyHeader, Provider,
+    StreamDecoder, Wire, WireError,
+};
 use crate::{LlmErrorKind, LlmMessage, LlmRequest, LlmResponse, LlmRole, Usage};
 
 const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
@@ -34,14 +37,19 @@ impl OpenAiBuilder {
         } else {
             self.key()
         };
-        let wire = OpenAi {
+        let provider = if key_required {
+            "openai"
+        } else {
+            "openai-compatible"
+        };
+        let endpoint = Endpoint {
+            provider,
             url: join_url(&self.base_url, "chat/completions"),
+            stream_url: None,
+            api_key,
+        };
+        let wire = OpenAi {
             model: self.model.clone(),
-            provider: if key_required {
-                "openai"
-            } else {
-                "openai-compatible"
-            },
             // Only OpenAI itself insists on the newer field; compatible servers know
             // `max_tokens`.
             max_tokens_field: if self.base_url.trim_end_matches('/') == OPENAI_BASE_URL {
@@ -50,7 +58,7 @@ impl OpenAiBuilder {
                 "max_tokens"
             },
         };
-        Ok(OpenAiLlm(Provider::new(&self, wire, api_key)?))
+        Ok(OpenAiLlm(Provider::new(&self, endpoint, wire)?))
     }
 }
 
@@ -86,34 +94,14 @@ impl OpenAiLlm {
 /// The chat completions wire format.
 #[derive(Debug)]
 struct OpenAi {
-    url: String,
     model: String,
-    /// `openai`, or `openai-compatible` for another server.
-    provider: &'static str,
     max_tokens_field: &'static str,
 }
 
 impl Wire for OpenAi {
     type Decoder = Decoder;
 
-    fn provider(&self) -> &'static str {
-        self.provider
-    }
-
-    fn url(&self, _stream: bool) -> &str {
-        &self.url
-    }
-
-    fn headers(
-        &self,
-        request: reqwest::RequestBuilder,
-        key: Option<&ApiKey>,
-    ) -> reqwest::RequestBuilder {
-        match key {
-            Some(key) => request.bearer_auth(key.expose()),
-            None => request,
-        }
-    }
+    const KEY_HEADER: KeyHeader = KeyHeader::Bearer;
 
     fn encode_request(&self, request: &LlmRequest, stream: bool) -> Value {
         let mut body = Map::new();
@@ -123,20 +111,8 @@ impl Wire for OpenAi {
             Value::Array(request.messages.iter().map(wire_message).collect()),
         );
         if !request.tools.is_empty() {
-            let tools: Vec<Value> = request
-                .tools
-                .iter()
-                .map(|tool| {
-                    json!({
-                        "type": "function",
-                        "function": {
-                            "name": tool.name,
-                            "description": tool.description,
-                            "parameters": tool.parameters,
-                        }
-                    })
-                })
-                .collect();
+            let declare = |tool| json!({"type": "function", "function": tool_declaration(tool, "parameters")});
+            let tools: Vec<Value> = request.tools.iter().map(declare).collect();
             body.insert("tools".into(), Value::Array(tools));
         }
         if let Some(schema) = &request.output_schema {

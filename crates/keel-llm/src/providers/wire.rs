@@ -1,27 +1,25 @@
 //! The one request/response skeleton every provider runs. A provider implements [`Wire`]:
-//! where its calls go and which headers carry its key, its request body, its answer, its
-//! stream events and its error codes. [`Provider`] is the one model implementation that
-//! drives any `Wire` over the shared HTTP layer (timeouts, retries, status mapping, SSE); its
-//! stream reader owns what every stream shares: assembling text, tool calls and usage, and
-//! telling a whole answer from one cut short.
+//! the header its key travels in, its request body, its answer, its stream events and its
+//! error codes; its builder settles the [`Endpoint`]. [`Provider`] is the one model
+//! implementation that drives any `Wire` over the shared HTTP layer (timeouts, retries,
+//! status mapping, SSE); its stream reader owns what every stream shares: assembling text,
+//! tool calls and usage, and telling a whole answer from one cut short.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
 use eventsource_stream::Event;
 use futures::stream::{self, BoxStream, StreamExt};
 use keel_core::AgentResult;
-use serde_json::Value;
+use serde_json::{json, Value};
 use tracing::Instrument;
 
 use super::assembler::ResponseAssembler;
-use super::attachments::text_with_attachments;
 use super::builder::ProviderBuilder;
 use super::http::{error_detail, error_kind, ApiKey, CallSite, HttpClient, MapError};
 use crate::{
-    LlmError, LlmErrorKind, LlmMessage, LlmRequest, LlmResponse, LlmRole, LlmStream,
-    LlmStreamEvent, ModelProfile,
+    LlmError, LlmErrorKind, LlmRequest, LlmResponse, LlmStream, LlmStreamEvent, ModelProfile,
+    ToolSpec,
 };
 
 /// One provider's wire format: everything that differs between providers, and nothing else.
@@ -29,19 +27,11 @@ pub(crate) trait Wire: fmt::Debug + Send + Sync + 'static {
     /// Reads one streamed answer.
     type Decoder: StreamDecoder;
 
-    /// The provider's name in errors, spans and the model profile.
-    fn provider(&self) -> &'static str;
+    /// The header the key travels in (never the URL, which may be logged).
+    const KEY_HEADER: KeyHeader;
 
-    /// Where a call goes; `stream` picks the streaming endpoint where the API has one.
-    fn url(&self, stream: bool) -> &str;
-
-    /// Add the provider's headers: the key (never in the URL, which may be logged) and any
-    /// API version.
-    fn headers(
-        &self,
-        request: reqwest::RequestBuilder,
-        key: Option<&ApiKey>,
-    ) -> reqwest::RequestBuilder;
+    /// Headers every call carries, such as an API version.
+    const HEADERS: &'static [(&'static str, &'static str)] = &[];
 
     /// The request body; `stream` asks for server-sent events.
     fn encode_request(&self, request: &LlmRequest, stream: bool) -> Value;
@@ -55,6 +45,30 @@ pub(crate) trait Wire: fmt::Debug + Send + Sync + 'static {
 
     /// The provider's reading of an error answer, before the status decides.
     fn map_error(status: u16, json: &Value, detail: &str) -> Option<LlmErrorKind>;
+}
+
+/// The header an API key travels in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyHeader {
+    /// `Authorization: Bearer KEY`.
+    #[cfg_attr(not(feature = "openai"), allow(dead_code))]
+    Bearer,
+    /// A header of this name holding the key.
+    #[cfg_attr(not(any(feature = "anthropic", feature = "gemini")), allow(dead_code))]
+    Named(&'static str),
+}
+
+/// Where a provider's calls go and with which key: what its builder settled.
+#[derive(Debug)]
+pub(crate) struct Endpoint {
+    /// The provider's name in errors, spans and the model profile.
+    pub(crate) provider: &'static str,
+    /// Where calls go.
+    pub(crate) url: String,
+    /// Where streamed calls go, when the API has an endpoint of its own for them.
+    pub(crate) stream_url: Option<String>,
+    /// The key calls carry, if any.
+    pub(crate) api_key: Option<ApiKey>,
 }
 
 /// How one streamed event moved the answer.
@@ -110,6 +124,16 @@ impl WireError {
     }
 }
 
+/// A tool offered to the model: its name, description, and parameters' JSON schema under
+/// the API's `schema_field`.
+pub(crate) fn tool_declaration(tool: &ToolSpec, schema_field: &str) -> Value {
+    json!({
+        "name": tool.name,
+        "description": tool.description,
+        schema_field: tool.parameters,
+    })
+}
+
 /// An event's data as JSON.
 pub(crate) fn event_json(data: &str) -> Result<Value, WireError> {
     serde_json::from_str(data).map_err(|e| {
@@ -121,24 +145,24 @@ pub(crate) fn event_json(data: &str) -> Result<Value, WireError> {
 #[derive(Debug)]
 pub(crate) struct Provider<W> {
     wire: W,
+    endpoint: Endpoint,
     model: String,
-    api_key: Option<ApiKey>,
     http: HttpClient,
     profile: ModelProfile,
 }
 
 impl<W: Wire> Provider<W> {
-    /// A model with `builder`'s settings speaking `wire`.
+    /// A model with `builder`'s settings speaking `wire` to `endpoint`.
     pub(crate) fn new<L>(
         builder: &ProviderBuilder<L>,
+        endpoint: Endpoint,
         wire: W,
-        api_key: Option<ApiKey>,
     ) -> Result<Arc<Self>, LlmError> {
         Ok(Arc::new(Self {
             model: builder.model.clone(),
-            profile: builder.profile(wire.provider()),
+            profile: builder.profile(endpoint.provider),
             http: builder.http()?,
-            api_key,
+            endpoint,
             wire,
         }))
     }
@@ -153,22 +177,33 @@ impl<W: Wire> Provider<W> {
 
     fn site(&self) -> CallSite<'_> {
         CallSite {
-            provider: self.wire.provider(),
+            provider: self.endpoint.provider,
             model: &self.model,
-            key: self.api_key.as_ref(),
+            key: self.endpoint.api_key.as_ref(),
             map_error: W::map_error,
         }
     }
 
     fn post(&self, body: &Value, stream: bool) -> reqwest::RequestBuilder {
-        let request = self.http.post(self.wire.url(stream));
-        self.wire.headers(request, self.api_key.as_ref()).json(body)
+        let url = match &self.endpoint.stream_url {
+            Some(url) if stream => url,
+            _ => &self.endpoint.url,
+        };
+        let mut request = self.http.post(url).json(body);
+        for &(name, value) in W::HEADERS {
+            request = request.header(name, value);
+        }
+        match (&self.endpoint.api_key, W::KEY_HEADER) {
+            (Some(key), KeyHeader::Bearer) => request.bearer_auth(key.expose()),
+            (Some(key), KeyHeader::Named(name)) => request.header(name, key.expose()),
+            (None, _) => request,
+        }
     }
 
     pub(crate) async fn complete(&self, request: LlmRequest) -> AgentResult<LlmResponse> {
         let span = tracing::info_span!(
             "llm.complete",
-            provider = self.wire.provider(),
+            provider = self.endpoint.provider,
             model = %self.model
         );
         async {
@@ -191,7 +226,7 @@ impl<W: Wire> Provider<W> {
     pub(crate) fn stream(&self, request: LlmRequest) -> LlmStream<'_> {
         let span = tracing::info_span!(
             "llm.stream",
-            provider = self.wire.provider(),
+            provider = self.endpoint.provider,
             model = %self.model
         );
         let opening = async move {
@@ -201,21 +236,25 @@ impl<W: Wire> Provider<W> {
                 .http
                 .send(&site, || self.post(&body, true), false)
                 .await?;
-            let events = opened.events(&site).boxed();
-            let decoder = self.wire.stream_decoder(&request);
-            Ok::<_, LlmError>(read_stream(site, events, decoder, tracing::Span::current()))
+            Ok::<_, LlmError>(Reading {
+                events: opened.events(&site).boxed(),
+                site,
+                decoder: self.wire.stream_decoder(&request),
+                answer: Some(ResponseAssembler::default()),
+                whole: false,
+            })
         };
-        stream::once(opening.instrument(span))
-            .flat_map(|opened| match opened {
-                Ok(events) => events,
-                Err(error) => stream::once(async move { Err(error.into()) }).boxed(),
+        stream::once(opening.instrument(span.clone()))
+            .flat_map(move |opened| match opened {
+                Ok(reading) => reading.into_stream(span.clone()),
+                Err(error) => stream::iter([Err(error.into())]).boxed(),
             })
             .boxed()
     }
 }
 
-/// A stream being read: its events, the provider's decoder, and the answer so far (`None`
-/// once the stream ended).
+/// A streamed answer being read: the body's events, the provider's decoder, and the answer
+/// so far (`None` once the stream ended).
 struct Reading<'a, D> {
     site: CallSite<'a>,
     events: BoxStream<'static, Result<Event, LlmError>>,
@@ -223,17 +262,27 @@ struct Reading<'a, D> {
     answer: Option<ResponseAssembler>,
     /// The answer's finish reason came: a body that ends now is complete.
     whole: bool,
-    queue: VecDeque<AgentResult<LlmStreamEvent>>,
-    span: tracing::Span,
 }
 
-impl<D: StreamDecoder> Reading<'_, D> {
-    /// Read the next event into the queue; the answer closes on the final event, or when
-    /// the body ends after a finish reason.
-    async fn advance(&mut self) {
-        let Some(answer) = self.answer.as_mut() else {
-            return;
-        };
+impl<'a, D: StreamDecoder> Reading<'a, D> {
+    /// The answer's events, each read inside `span`. The stream stops after the final event
+    /// or the first error, and never hangs on a body that ended early.
+    fn into_stream(self, span: tracing::Span) -> LlmStream<'a> {
+        stream::unfold(self, move |mut reading| {
+            let span = span.clone();
+            async move {
+                let batch = reading.next_batch().instrument(span).await?;
+                Some((stream::iter(batch), reading))
+            }
+        })
+        .flatten()
+        .boxed()
+    }
+
+    /// The events of the body's next event, or `None` once the answer closed: on the final
+    /// event, when the body ends after a finish reason, or on the first error.
+    async fn next_batch(&mut self) -> Option<Vec<AgentResult<LlmStreamEvent>>> {
+        let answer = self.answer.as_mut()?;
         let frame = match self.events.next().await {
             None if self.whole => Ok(Frame::Last),
             None => Err(self.site.error(
@@ -247,65 +296,30 @@ impl<D: StreamDecoder> Reading<'_, D> {
                 .map_err(|e| e.at(&self.site)),
         };
         // What the event added goes out even when the event then failed.
-        self.queue.extend(answer.take_events().into_iter().map(Ok));
-        match frame {
-            Ok(Frame::More) => {}
-            Ok(Frame::Whole) => self.whole = true,
-            Ok(Frame::Last) => {
-                let closing = self
-                    .answer
-                    .take()
-                    .map_or(Ok(Vec::new()), ResponseAssembler::finish);
-                match closing {
-                    Ok(events) => self.queue.extend(events.into_iter().map(Ok)),
-                    Err(error) => self.fail(error.at(&self.site)),
-                }
+        let mut batch: Vec<_> = answer.take_events().into_iter().map(Ok).collect();
+        let closing = match frame {
+            Ok(Frame::More) => Ok(Vec::new()),
+            Ok(Frame::Whole) => {
+                self.whole = true;
+                Ok(Vec::new())
             }
-            Err(error) => self.fail(error),
-        }
-    }
-
-    /// End the stream with `error`.
-    fn fail(&mut self, error: LlmError) {
-        tracing::warn!(error = %error, "model stream failed");
-        self.answer = None;
-        self.queue.push_back(Err(error.into()));
-    }
-}
-
-/// Turn a provider's events into an [`LlmStream`] through its decoder. The stream stops after
-/// the final event or the first error, and never hangs on a body that ended early.
-fn read_stream<'a, D: StreamDecoder>(
-    site: CallSite<'a>,
-    events: BoxStream<'static, Result<Event, LlmError>>,
-    decoder: D,
-    span: tracing::Span,
-) -> LlmStream<'a> {
-    let reading = Reading {
-        site,
-        events,
-        decoder,
-        answer: Some(ResponseAssembler::default()),
-        whole: false,
-        queue: VecDeque::new(),
-        span,
-    };
-    stream::unfold(reading, |mut reading| async move {
-        let span = reading.span.clone();
-        async move {
-            loop {
-                if let Some(item) = reading.queue.pop_front() {
-                    return Some((item, reading));
-                }
-                // Nothing queued and the answer closed: the stream is over.
-                reading.answer.as_ref()?;
-                reading.advance().await;
+            Ok(Frame::Last) => self
+                .answer
+                .take()
+                .map_or(Ok(Vec::new()), ResponseAssembler::finish)
+                .map_err(|e| e.at(&self.site)),
+            Err(error) => Err(error),
+        };
+        match closing {
+            Ok(events) => batch.extend(events.into_iter().map(Ok)),
+            Err(error) => {
+                tracing::warn!(error = %error, "model stream failed");
+                self.answer = None;
+                batch.push(Err(error.into()));
             }
         }
-        .instrument(span)
-        .await
-    })
-    .boxed()
+        Some(batch)
+    }
 }
 
 /// Declares a provider's public model type: a cheap-to-clone handle on a [`Provider`] of
@@ -341,58 +355,10 @@ macro_rules! provider_model {
 }
 pub(crate) use provider_model;
 
-/// The system messages' texts, in order, for APIs that take instructions apart from the
-/// turns (a compaction summary or a late note joins them where it stands).
-#[cfg_attr(not(any(feature = "anthropic", feature = "gemini")), allow(dead_code))]
-pub(crate) fn system_texts(messages: &[LlmMessage]) -> Vec<String> {
-    messages
-        .iter()
-        .filter(|m| m.role == LlmRole::System)
-        .map(text_with_attachments)
-        .filter(|text| !text.is_empty())
-        .collect()
-}
-
-/// Turns for APIs whose roles alternate: empty turns dropped, and consecutive turns of one
-/// role merged (all of a step's tool results travel in the one user turn after it).
-#[cfg_attr(not(any(feature = "anthropic", feature = "gemini")), allow(dead_code))]
-pub(crate) fn merge_turns(
-    turns: impl IntoIterator<Item = (&'static str, Vec<Value>)>,
-) -> Vec<(&'static str, Vec<Value>)> {
-    let mut merged: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    for (role, blocks) in turns {
-        if blocks.is_empty() {
-            continue;
-        }
-        match merged.last_mut() {
-            Some((last_role, last_blocks)) if *last_role == role => last_blocks.extend(blocks),
-            _ => merged.push((role, blocks)),
-        }
-    }
-    merged
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn consecutive_turns_of_one_role_merge_and_empty_ones_drop() {
-        let turns = merge_turns([
-            ("user", vec![json!(1)]),
-            ("assistant", vec![]),
-            ("user", vec![json!(2)]),
-            ("assistant", vec![json!(3)]),
-        ]);
-        assert_eq!(
-            turns,
-            vec![
-                ("user", vec![json!(1), json!(2)]),
-                ("assistant", vec![json!(3)])
-            ]
-        );
-    }
 
     #[test]
     fn an_error_in_the_stream_is_read_like_an_error_answer() {
