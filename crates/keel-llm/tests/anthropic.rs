@@ -4,31 +4,19 @@
 
 mod support;
 
-use futures::StreamExt;
 use keel_llm::providers::AnthropicLlm;
-use keel_llm::{
-    collect_stream, Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent, ToolSpec,
-};
+use keel_llm::{Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent};
 use serde_json::{json, Value};
-use support::{fast_retries, frames, serve, split_at, Reply};
+use support::{
+    ask, call_fails, frames, photo_bytes, photo_url, scripted, serve, split_at, stream_events,
+    stream_fails, weather_tool, Reply, PNG_B64,
+};
 
 const KEY: &str = "sk-ant-test-secret";
 
 fn llm(url: &str) -> AnthropicLlm {
-    AnthropicLlm::builder("claude-sonnet-4-5")
-        .with_base_url(url)
-        .with_api_key(KEY)
-        .with_http_options(fast_retries())
-        .build()
-        .unwrap()
-}
-
-fn weather_tool() -> ToolSpec {
-    ToolSpec {
-        name: "get_weather".into(),
-        description: "Current weather for a city".into(),
-        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
-    }
+    let builder = AnthropicLlm::builder("claude-sonnet-4-5");
+    scripted(builder, url.to_owned(), KEY).build().unwrap()
 }
 
 fn message(content: Value, stop: &str) -> Value {
@@ -146,9 +134,7 @@ async fn output_schema_is_answered_through_a_forced_tool() {
     .await;
     let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
     let response = llm(&server.url)
-        .complete(
-            LlmRequest::new(vec![LlmMessage::user("Where?")]).with_output_schema(schema.clone()),
-        )
+        .complete(ask("Where?").with_output_schema(schema.clone()))
         .await
         .unwrap();
     assert!(response.tool_calls.is_empty());
@@ -181,17 +167,12 @@ async fn errors_are_typed_auth_rate_limit_and_context_overflow() {
     ])
     .await;
     let llm = llm(&server.url);
-    let ask = || LlmRequest::new(vec![LlmMessage::user("Hi")]);
-    let err = llm.complete(ask()).await.unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Auth));
+    let err = call_fails(&llm, LlmErrorKind::Auth).await;
     assert!(!err.to_string().contains(KEY));
     // 429 with Retry-After 0, then 529 overloaded with backoff, then success.
-    assert_eq!(
-        llm.complete(ask()).await.unwrap().content.as_deref(),
-        Some("ok")
-    );
-    let err = llm.complete(ask()).await.unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::ContextOverflow));
+    let response = llm.complete(ask("Hi")).await.unwrap();
+    assert_eq!(response.content.as_deref(), Some("ok"));
+    call_fails(&llm, LlmErrorKind::ContextOverflow).await;
     assert_eq!(server.requests().len(), 5);
 }
 
@@ -251,16 +232,8 @@ async fn stream_reassembles_split_frames_and_tool_input_deltas() {
     let body = sse_body();
     let cuts: Vec<usize> = (1..12).map(|i| i * body.len() / 12).collect();
     let server = serve(vec![Reply::Chunks(split_at(&body, &cuts))]).await;
-    let events: Vec<LlmStreamEvent> = llm(&server.url)
-        .stream(
-            LlmRequest::new(vec![LlmMessage::user("Weather?")]).with_tools(vec![weather_tool()]),
-        )
-        .map(Result::unwrap)
-        .collect()
-        .await;
-    let Some(LlmStreamEvent::Done { response }) = events.last() else {
-        panic!("no done: {events:?}");
-    };
+    let request = ask("Weather?").with_tools(vec![weather_tool()]);
+    let (events, response) = stream_events(&llm(&server.url), request).await;
     assert_eq!(response.content.as_deref(), Some("Okay, let me check."));
     assert_eq!(response.tool_calls[0].id, "toolu_01");
     assert_eq!(
@@ -284,11 +257,7 @@ async fn a_stream_cut_before_message_stop_is_a_transport_error() {
     let body = sse_body();
     let cut = body.find("event: message_delta").unwrap();
     let server = serve(vec![Reply::Chunks(vec![body[..cut].to_owned()])]).await;
-    let err =
-        collect_stream(llm(&server.url).stream(LlmRequest::new(vec![LlmMessage::user("Hi")])))
-            .await
-            .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Transport));
+    stream_fails(&llm(&server.url), LlmErrorKind::Transport).await;
 }
 
 #[tokio::test]
@@ -301,11 +270,7 @@ async fn a_mid_stream_error_event_is_typed() {
         json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
     )]));
     let server = serve(vec![Reply::Chunks(vec![body])]).await;
-    let err =
-        collect_stream(llm(&server.url).stream(LlmRequest::new(vec![LlmMessage::user("Hi")])))
-            .await
-            .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Api));
+    let err = stream_fails(&llm(&server.url), LlmErrorKind::Api).await;
     assert!(err.to_string().contains("Overloaded"));
 }
 
@@ -317,16 +282,6 @@ async fn images_travel_as_base64_and_url_image_blocks_before_the_text() {
         message(json!([{"type": "text", "text": "Two pets."}]), "end_turn"),
     )])
     .await;
-    let photo = keel_core::FileContent {
-        name: Some("cat.png".into()),
-        media_type: Some("image/png".into()),
-        bytes: Some("iVBORw0KGgo=".into()),
-        ..Default::default()
-    };
-    let linked = keel_core::FileContent {
-        uri: Some("https://example.com/dog.jpg".into()),
-        ..Default::default()
-    };
     let bitmap = keel_core::FileContent {
         name: Some("scan.bmp".into()),
         media_type: Some("image/bmp".into()),
@@ -334,14 +289,14 @@ async fn images_travel_as_base64_and_url_image_blocks_before_the_text() {
         ..Default::default()
     };
     let request = LlmRequest::new(vec![LlmMessage::user("What are these?")
-        .with_attachment(photo)
-        .with_attachment(linked)
+        .with_attachment(photo_bytes())
+        .with_attachment(photo_url())
         .with_attachment(bitmap)]);
     llm(&server.url).complete(request).await.unwrap();
     assert_eq!(
         server.requests()[0].body["messages"],
         json!([{"role": "user", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}},
             {"type": "image", "source": {"type": "url", "url": "https://example.com/dog.jpg"}},
             {"type": "text", "text": "[image `scan.bmp` (image/bmp) attached; this model does not accept that format]"},
             {"type": "text", "text": "What are these?"},

@@ -4,31 +4,21 @@
 
 mod support;
 
-use futures::StreamExt;
 use keel_llm::providers::GeminiLlm;
-use keel_llm::{
-    collect_stream, Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent, ToolSpec,
-};
+use keel_llm::{Llm, LlmErrorKind, LlmMessage, LlmRequest};
 use serde_json::{json, Value};
-use support::{fast_retries, frames, serve, split_at, Reply};
+use support::{
+    ask, call_fails, frames, photo_bytes, scripted, serve, split_at, stream_events, stream_fails,
+    weather_tool, Reply, PNG_B64,
+};
 
 const KEY: &str = "AIza-test-secret";
 
 fn llm(url: &str) -> GeminiLlm {
-    GeminiLlm::builder("gemini-2.5-flash")
-        .with_base_url(format!("{url}/v1beta"))
-        .with_api_key(KEY)
-        .with_http_options(fast_retries())
+    let builder = GeminiLlm::builder("gemini-2.5-flash");
+    scripted(builder, format!("{url}/v1beta"), KEY)
         .build()
         .unwrap()
-}
-
-fn weather_tool() -> ToolSpec {
-    ToolSpec {
-        name: "get_weather".into(),
-        description: "Current weather for a city".into(),
-        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
-    }
 }
 
 fn answer(parts: Value, finish: Option<&str>) -> Value {
@@ -151,16 +141,11 @@ async fn errors_are_typed_including_a_bad_key_answered_with_400() {
     ])
     .await;
     let llm = llm(&server.url);
-    let ask = || LlmRequest::new(vec![LlmMessage::user("Hi")]);
-    let err = llm.complete(ask()).await.unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Auth));
+    let err = call_fails(&llm, LlmErrorKind::Auth).await;
     assert!(!err.to_string().contains(KEY));
-    assert_eq!(
-        llm.complete(ask()).await.unwrap().content.as_deref(),
-        Some("ok")
-    );
-    let err = llm.complete(ask()).await.unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::ContextOverflow));
+    let response = llm.complete(ask("Hi")).await.unwrap();
+    assert_eq!(response.content.as_deref(), Some("ok"));
+    call_fails(&llm, LlmErrorKind::ContextOverflow).await;
 }
 
 #[tokio::test]
@@ -171,11 +156,7 @@ async fn a_blocked_prompt_is_a_bad_response() {
         json!({"promptFeedback": {"blockReason": "SAFETY"}}),
     )])
     .await;
-    let err = llm(&server.url)
-        .complete(LlmRequest::new(vec![LlmMessage::user("Hi")]))
-        .await
-        .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::BadResponse));
+    let err = call_fails(&llm(&server.url), LlmErrorKind::BadResponse).await;
     assert!(err.to_string().contains("SAFETY"));
 }
 
@@ -200,16 +181,8 @@ async fn stream_uses_alt_sse_and_reassembles_split_frames() {
     let umlaut = body.find('ü').unwrap();
     let cuts = [body.len() / 4, umlaut + 1, body.len() - 3];
     let server = serve(vec![Reply::Chunks(split_at(&body, &cuts))]).await;
-    let events: Vec<LlmStreamEvent> = llm(&server.url)
-        .stream(
-            LlmRequest::new(vec![LlmMessage::user("Weather?")]).with_tools(vec![weather_tool()]),
-        )
-        .map(Result::unwrap)
-        .collect()
-        .await;
-    let Some(LlmStreamEvent::Done { response }) = events.last() else {
-        panic!("no done: {events:?}");
-    };
+    let request = ask("Weather?").with_tools(vec![weather_tool()]);
+    let (_, response) = stream_events(&llm(&server.url), request).await;
     assert_eq!(response.content.as_deref(), Some("The weather is: "));
     assert_eq!(response.tool_calls[0].arguments, json!({"city": "Zürich"}));
     assert_eq!(response.usage.output_tokens, 7);
@@ -224,11 +197,7 @@ async fn a_stream_cut_before_the_finish_reason_is_a_transport_error() {
     let body = sse_body();
     let last = body.rfind("data:").unwrap();
     let server = serve(vec![Reply::Chunks(vec![body[..last].to_owned()])]).await;
-    let err =
-        collect_stream(llm(&server.url).stream(LlmRequest::new(vec![LlmMessage::user("Hi")])))
-            .await
-            .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Transport));
+    stream_fails(&llm(&server.url), LlmErrorKind::Transport).await;
 }
 
 #[tokio::test]
@@ -239,12 +208,6 @@ async fn images_travel_as_inline_data_and_file_data_parts_before_the_text() {
         answer(json!([{"text": "Two pets."}]), Some("STOP")),
     )])
     .await;
-    let photo = keel_core::FileContent {
-        name: Some("cat.png".into()),
-        media_type: Some("image/png".into()),
-        bytes: Some("iVBORw0KGgo=".into()),
-        ..Default::default()
-    };
     let linked = keel_core::FileContent {
         name: Some("dog".into()),
         media_type: Some("image/jpeg".into()),
@@ -252,13 +215,13 @@ async fn images_travel_as_inline_data_and_file_data_parts_before_the_text() {
         ..Default::default()
     };
     let request = LlmRequest::new(vec![LlmMessage::user("What are these?")
-        .with_attachment(photo)
+        .with_attachment(photo_bytes())
         .with_attachment(linked)]);
     llm(&server.url).complete(request).await.unwrap();
     assert_eq!(
         server.requests()[0].body["contents"],
         json!([{"role": "user", "parts": [
-            {"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}},
+            {"inlineData": {"mimeType": "image/png", "data": PNG_B64}},
             {"fileData": {"mimeType": "image/jpeg", "fileUri": "https://example.com/dog"}},
             {"text": "What are these?"},
         ]}])

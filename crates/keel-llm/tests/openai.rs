@@ -6,29 +6,18 @@ mod support;
 
 use futures::StreamExt;
 use keel_llm::providers::OpenAiLlm;
-use keel_llm::{
-    collect_stream, Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent, ToolSpec,
-};
+use keel_llm::{collect_stream, Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent};
 use serde_json::{json, Value};
-use support::{fast_retries, frames, serve, split_at, Reply};
+use support::{
+    ask, call_fails, frames, photo_bytes, photo_url, scripted, serve, split_at, stream_events,
+    stream_fails, weather_tool, Reply, PNG_B64,
+};
 
 const KEY: &str = "sk-test-secret-key";
 
 fn llm(url: &str) -> OpenAiLlm {
-    OpenAiLlm::builder("gpt-4o-mini")
-        .with_base_url(format!("{url}/v1"))
-        .with_api_key(KEY)
-        .with_http_options(fast_retries())
-        .build()
-        .unwrap()
-}
-
-fn weather_tool() -> ToolSpec {
-    ToolSpec {
-        name: "get_weather".into(),
-        description: "Current weather for a city".into(),
-        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
-    }
+    let builder = OpenAiLlm::builder("gpt-4o-mini");
+    scripted(builder, format!("{url}/v1"), KEY).build().unwrap()
 }
 
 fn completion(message: Value, finish: &str) -> Value {
@@ -160,9 +149,7 @@ async fn output_schema_becomes_a_json_schema_response_format() {
     .await;
     let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
     let response = llm(&server.url)
-        .complete(
-            LlmRequest::new(vec![LlmMessage::user("Where?")]).with_output_schema(schema.clone()),
-        )
+        .complete(ask("Where?").with_output_schema(schema.clone()))
         .await
         .unwrap();
     assert_eq!(response.content.as_deref(), Some("{\"city\":\"Paris\"}"));
@@ -180,11 +167,7 @@ async fn unauthorized_is_an_auth_error_without_the_key() {
         json!({"error": {"message": format!("Incorrect API key provided: {KEY}."), "type": "invalid_request_error", "code": "invalid_api_key"}}),
     )])
     .await;
-    let err = llm(&server.url)
-        .complete(LlmRequest::new(vec![LlmMessage::user("Hi")]))
-        .await
-        .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Auth));
+    let err = call_fails(&llm(&server.url), LlmErrorKind::Auth).await;
     assert!(!err.to_string().contains(KEY), "{err}");
     assert_eq!(server.requests().len(), 1, "auth failures are not retried");
 }
@@ -205,10 +188,7 @@ async fn rate_limit_with_retry_after_is_retried_then_succeeds() {
         ),
     ])
     .await;
-    let response = llm(&server.url)
-        .complete(LlmRequest::new(vec![LlmMessage::user("Hi")]))
-        .await
-        .unwrap();
+    let response = llm(&server.url).complete(ask("Hi")).await.unwrap();
     assert_eq!(response.content.as_deref(), Some("ok"));
     assert_eq!(server.requests().len(), 3);
 }
@@ -223,11 +203,7 @@ async fn rate_limit_after_every_attempt_is_a_rate_limit_error() {
         )
     };
     let server = serve(vec![limited(), limited(), limited()]).await;
-    let err = llm(&server.url)
-        .complete(LlmRequest::new(vec![LlmMessage::user("Hi")]))
-        .await
-        .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::RateLimit));
+    let err = call_fails(&llm(&server.url), LlmErrorKind::RateLimit).await;
     assert!(err.to_string().contains("after 3 attempts"), "{err}");
     assert_eq!(server.requests().len(), 3);
 }
@@ -243,11 +219,7 @@ async fn context_length_exceeded_is_a_context_overflow() {
         }}),
     )])
     .await;
-    let err = llm(&server.url)
-        .complete(LlmRequest::new(vec![LlmMessage::user("Hi")]))
-        .await
-        .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::ContextOverflow));
+    call_fails(&llm(&server.url), LlmErrorKind::ContextOverflow).await;
     assert_eq!(server.requests().len(), 1);
 }
 
@@ -257,11 +229,7 @@ async fn a_connection_refused_is_a_transport_error_after_retries() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
-    let err = llm(&url)
-        .complete(LlmRequest::new(vec![LlmMessage::user("Hi")]))
-        .await
-        .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Transport));
+    call_fails(&llm(&url), LlmErrorKind::Transport).await;
 }
 
 fn chunk(delta: Value, finish: Option<&str>) -> (Option<&'static str>, Value) {
@@ -314,13 +282,8 @@ async fn stream_reassembles_split_frames_text_and_tool_call_argument_deltas() {
         body.len() - 1,
     ];
     let server = serve(vec![Reply::Chunks(split_at(&body, &cuts))]).await;
-    let request =
-        LlmRequest::new(vec![LlmMessage::user("Weather?")]).with_tools(vec![weather_tool()]);
-    let events: Vec<LlmStreamEvent> = llm(&server.url)
-        .stream(request)
-        .map(Result::unwrap)
-        .collect()
-        .await;
+    let request = ask("Weather?").with_tools(vec![weather_tool()]);
+    let (events, response) = stream_events(&llm(&server.url), request).await;
 
     let text: String = events
         .iter()
@@ -340,9 +303,6 @@ async fn stream_reassembles_split_frames_text_and_tool_call_argument_deltas() {
         })
         .collect();
     assert_eq!(fragments, ["", "{\"ci", "ty\": \"Par", "is\"}"]);
-    let Some(LlmStreamEvent::Done { response }) = events.last() else {
-        panic!("the stream must end with done: {events:?}");
-    };
     assert_eq!(response.tool_calls.len(), 1);
     assert_eq!(response.tool_calls[0].id, "call_1");
     assert_eq!(response.tool_calls[0].arguments, json!({"city": "Paris"}));
@@ -364,11 +324,7 @@ async fn a_stream_that_ends_before_the_final_event_is_a_transport_error() {
         chunk(json!({"content": "lo"}), None),
     ]);
     let server = serve(vec![Reply::Chunks(vec![body.clone()])]).await;
-    let err =
-        collect_stream(llm(&server.url).stream(LlmRequest::new(vec![LlmMessage::user("Hi")])))
-            .await
-            .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Transport));
+    stream_fails(&llm(&server.url), LlmErrorKind::Transport).await;
 
     // The same when the connection is cut mid-frame. (Should the cut come before any byte of
     // the body, the call is retried, so every attempt is cut the same way.)
@@ -380,7 +336,7 @@ async fn a_stream_that_ends_before_the_final_event_is_a_transport_error() {
     };
     let server = serve(vec![cut(), cut(), cut()]).await;
     let model = llm(&server.url);
-    let mut events = model.stream(LlmRequest::new(vec![LlmMessage::user("Hi")]));
+    let mut events = model.stream(ask("Hi"));
     let mut last = None;
     while let Some(event) = events.next().await {
         last = Some(event);
@@ -409,10 +365,9 @@ async fn stream_errors_before_the_body_are_retried_like_calls() {
         Reply::Chunks(vec![done]),
     ])
     .await;
-    let response =
-        collect_stream(llm(&server.url).stream(LlmRequest::new(vec![LlmMessage::user("Hi")])))
-            .await
-            .unwrap();
+    let response = collect_stream(llm(&server.url).stream(ask("Hi")))
+        .await
+        .unwrap();
     assert_eq!(response.content.as_deref(), Some("ok"));
     assert_eq!(server.requests().len(), 2);
 }
@@ -442,26 +397,6 @@ fn spec_builds_an_openai_compatible_model() {
         keel_llm::llm_from_spec("openai-compatible:http://localhost:11434/v1:llama3.2:3b").unwrap();
     assert_eq!(llm.model_name(), "llama3.2:3b");
     assert_eq!(llm.profile().provider, "openai-compatible");
-}
-
-/// A PNG's first bytes, base64: what an attached image carries inline.
-const PNG_B64: &str = "iVBORw0KGgo=";
-
-fn photo_bytes() -> keel_core::FileContent {
-    keel_core::FileContent {
-        name: Some("cat.png".into()),
-        media_type: Some("image/png".into()),
-        bytes: Some(PNG_B64.into()),
-        ..Default::default()
-    }
-}
-
-fn photo_url() -> keel_core::FileContent {
-    keel_core::FileContent {
-        name: Some("dog.jpg".into()),
-        uri: Some("https://example.com/dog.jpg".into()),
-        ..Default::default()
-    }
 }
 
 #[tokio::test]

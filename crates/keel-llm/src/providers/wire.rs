@@ -98,7 +98,7 @@ pub(crate) struct WireError {
 }
 
 impl WireError {
-    pub(crate) fn new(kind: LlmErrorKind, message: impl Into<String>) -> Self {
+    fn new(kind: LlmErrorKind, message: impl Into<String>) -> Self {
         Self {
             kind,
             message: message.into(),
