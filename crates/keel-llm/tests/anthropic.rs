@@ -7,16 +7,18 @@ mod support;
 use keel_llm::providers::AnthropicLlm;
 use keel_llm::{Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent};
 use serde_json::{json, Value};
-use support::{
-    ask, call_fails, frames, photo_bytes, photo_url, scripted, serve, split_at, stream_events,
-    stream_fails, weather_tool, Reply, PNG_B64,
-};
+use support::*;
 
 const KEY: &str = "sk-ant-test-secret";
 
 fn llm(url: &str) -> AnthropicLlm {
     let builder = AnthropicLlm::builder("claude-sonnet-4-5");
     scripted(builder, url.to_owned(), KEY).build().unwrap()
+}
+
+/// A text answer.
+fn says(text: &str) -> Value {
+    message(json!([{"type": "text", "text": text}]), "end_turn")
 }
 
 fn message(content: Value, stop: &str) -> Value {
@@ -29,17 +31,8 @@ fn message(content: Value, stop: &str) -> Value {
 
 #[tokio::test]
 async fn completion_sends_system_messages_tools_and_key_headers_and_reads_usage() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        message(json!([{"type": "text", "text": "Hello!"}]), "end_turn"),
-    )])
-    .await;
-    let request = LlmRequest::new(vec![
-        LlmMessage::system("Be brief."),
-        LlmMessage::user("Hi"),
-    ])
-    .with_tools(vec![weather_tool()]);
+    let server = serve(vec![Reply::ok(says("Hello!"))]).await;
+    let request = brief_hi().with_tools(vec![weather_tool()]);
     let response = llm(&server.url).complete(request).await.unwrap();
     assert_eq!(response.content.as_deref(), Some("Hello!"));
     assert_eq!(
@@ -67,19 +60,15 @@ async fn completion_sends_system_messages_tools_and_key_headers_and_reads_usage(
 #[tokio::test]
 async fn tool_use_round_trips_and_results_share_one_user_turn() {
     let server = serve(vec![
-        Reply::Json(
-            200,
-            vec![],
-            message(
-                json!([
-                    {"type": "text", "text": "Checking both."},
-                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
-                    {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome"}}
-                ]),
-                "tool_use",
-            ),
-        ),
-        Reply::Json(200, vec![], message(json!([{"type": "text", "text": "Both sunny."}]), "end_turn")),
+        Reply::ok(message(
+            json!([
+                {"type": "text", "text": "Checking both."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome"}}
+            ]),
+            "tool_use",
+        )),
+        Reply::ok(says("Both sunny.")),
     ])
     .await;
     let llm = llm(&server.url);
@@ -123,16 +112,9 @@ async fn tool_use_round_trips_and_results_share_one_user_turn() {
 
 #[tokio::test]
 async fn output_schema_is_answered_through_a_forced_tool() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        message(
-            json!([{"type": "tool_use", "id": "toolu_9", "name": "structured_output", "input": {"city": "Paris"}}]),
-            "tool_use",
-        ),
-    )])
-    .await;
-    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+    let answer = json!([{"type": "tool_use", "id": "toolu_9", "name": "structured_output", "input": {"city": "Paris"}}]);
+    let server = serve(vec![Reply::ok(message(answer, "tool_use"))]).await;
+    let schema = city_schema();
     let response = llm(&server.url)
         .complete(ask("Where?").with_output_schema(schema.clone()))
         .await
@@ -158,7 +140,7 @@ async fn errors_are_typed_auth_rate_limit_and_context_overflow() {
             json!({"type": "error", "error": {"type": "rate_limit_error", "message": "Number of request tokens has exceeded your per-minute rate limit"}}),
         ),
         Reply::Json(529, vec![], json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})),
-        Reply::Json(200, vec![], message(json!([{"type": "text", "text": "ok"}]), "end_turn")),
+        Reply::ok(says("ok")),
         Reply::Json(
             400,
             vec![],
@@ -276,22 +258,9 @@ async fn a_mid_stream_error_event_is_typed() {
 
 #[tokio::test]
 async fn images_travel_as_base64_and_url_image_blocks_before_the_text() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        message(json!([{"type": "text", "text": "Two pets."}]), "end_turn"),
-    )])
-    .await;
-    let bitmap = keel_core::FileContent {
-        name: Some("scan.bmp".into()),
-        media_type: Some("image/bmp".into()),
-        bytes: Some("Qk0=".into()),
-        ..Default::default()
-    };
-    let request = LlmRequest::new(vec![LlmMessage::user("What are these?")
-        .with_attachment(photo_bytes())
-        .with_attachment(photo_url())
-        .with_attachment(bitmap)]);
+    let server = serve(vec![Reply::ok(says("Two pets."))]).await;
+    let bitmap = file("scan.bmp", "image/bmp", "Qk0=");
+    let request = ask_with("What are these?", [photo_bytes(), photo_url(), bitmap]);
     llm(&server.url).complete(request).await.unwrap();
     assert_eq!(
         server.requests()[0].body["messages"],

@@ -7,10 +7,7 @@ mod support;
 use keel_llm::providers::GeminiLlm;
 use keel_llm::{Llm, LlmErrorKind, LlmMessage, LlmRequest};
 use serde_json::{json, Value};
-use support::{
-    ask, call_fails, frames, photo_bytes, scripted, serve, split_at, stream_events, stream_fails,
-    weather_tool, Reply, PNG_B64,
-};
+use support::*;
 
 const KEY: &str = "AIza-test-secret";
 
@@ -19,6 +16,11 @@ fn llm(url: &str) -> GeminiLlm {
     scripted(builder, format!("{url}/v1beta"), KEY)
         .build()
         .unwrap()
+}
+
+/// A text answer.
+fn says(text: &str) -> Value {
+    answer(json!([{"text": text}]), Some("STOP"))
 }
 
 fn answer(parts: Value, finish: Option<&str>) -> Value {
@@ -35,20 +37,12 @@ fn answer(parts: Value, finish: Option<&str>) -> Value {
 
 #[tokio::test]
 async fn completion_sends_contents_system_instruction_tools_and_key_header() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        answer(json!([{"text": "Hello!"}]), Some("STOP")),
-    )])
-    .await;
+    let server = serve(vec![Reply::ok(says("Hello!"))]).await;
     let schema = json!({"type": "object", "properties": {"greeting": {"type": "string"}}});
-    let request = LlmRequest::new(vec![
-        LlmMessage::system("Be brief."),
-        LlmMessage::user("Hi"),
-    ])
-    .with_tools(vec![weather_tool()])
-    .with_output_schema(schema.clone())
-    .with_max_output_tokens(64);
+    let request = brief_hi()
+        .with_tools(vec![weather_tool()])
+        .with_output_schema(schema.clone())
+        .with_max_output_tokens(64);
     let response = llm(&server.url).complete(request).await.unwrap();
     assert_eq!(response.content.as_deref(), Some("Hello!"));
     assert_eq!(
@@ -81,19 +75,11 @@ async fn completion_sends_contents_system_instruction_tools_and_key_header() {
 #[tokio::test]
 async fn function_calls_round_trip_as_function_responses() {
     let server = serve(vec![
-        Reply::Json(
-            200,
-            vec![],
-            answer(
-                json!([{"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}}]),
-                Some("STOP"),
-            ),
-        ),
-        Reply::Json(
-            200,
-            vec![],
-            answer(json!([{"text": "Sunny."}]), Some("STOP")),
-        ),
+        Reply::ok(answer(
+            json!([{"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}}]),
+            Some("STOP"),
+        )),
+        Reply::ok(says("Sunny.")),
     ])
     .await;
     let llm = llm(&server.url);
@@ -132,7 +118,7 @@ async fn errors_are_typed_including_a_bad_key_answered_with_400() {
                    "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID"}]}}),
         ),
         Reply::Json(429, vec![("retry-after", "0".into())], json!({"error": {"code": 429, "message": "Resource has been exhausted", "status": "RESOURCE_EXHAUSTED"}})),
-        Reply::Json(200, vec![], answer(json!([{"text": "ok"}]), Some("STOP"))),
+        Reply::ok(says("ok")),
         Reply::Json(
             400,
             vec![],
@@ -150,9 +136,7 @@ async fn errors_are_typed_including_a_bad_key_answered_with_400() {
 
 #[tokio::test]
 async fn a_blocked_prompt_is_a_bad_response() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
+    let server = serve(vec![Reply::ok(
         json!({"promptFeedback": {"blockReason": "SAFETY"}}),
     )])
     .await;
@@ -202,21 +186,14 @@ async fn a_stream_cut_before_the_finish_reason_is_a_transport_error() {
 
 #[tokio::test]
 async fn images_travel_as_inline_data_and_file_data_parts_before_the_text() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        answer(json!([{"text": "Two pets."}]), Some("STOP")),
-    )])
-    .await;
+    let server = serve(vec![Reply::ok(says("Two pets."))]).await;
     let linked = keel_core::FileContent {
         name: Some("dog".into()),
         media_type: Some("image/jpeg".into()),
         uri: Some("https://example.com/dog".into()),
         ..Default::default()
     };
-    let request = LlmRequest::new(vec![LlmMessage::user("What are these?")
-        .with_attachment(photo_bytes())
-        .with_attachment(linked)]);
+    let request = ask_with("What are these?", [photo_bytes(), linked]);
     llm(&server.url).complete(request).await.unwrap();
     assert_eq!(
         server.requests()[0].body["contents"],

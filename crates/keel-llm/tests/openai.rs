@@ -8,16 +8,18 @@ use futures::StreamExt;
 use keel_llm::providers::OpenAiLlm;
 use keel_llm::{collect_stream, Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent};
 use serde_json::{json, Value};
-use support::{
-    ask, call_fails, frames, photo_bytes, photo_url, scripted, serve, split_at, stream_events,
-    stream_fails, weather_tool, Reply, PNG_B64,
-};
+use support::*;
 
 const KEY: &str = "sk-test-secret-key";
 
 fn llm(url: &str) -> OpenAiLlm {
     let builder = OpenAiLlm::builder("gpt-4o-mini");
     scripted(builder, format!("{url}/v1"), KEY).build().unwrap()
+}
+
+/// A text answer.
+fn says(text: &str) -> Value {
+    completion(json!({"role": "assistant", "content": text}), "stop")
 }
 
 fn completion(message: Value, finish: &str) -> Value {
@@ -33,21 +35,10 @@ fn completion(message: Value, finish: &str) -> Value {
 
 #[tokio::test]
 async fn completion_sends_model_messages_tools_and_bearer_key_and_reads_usage() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        completion(
-            json!({"role": "assistant", "content": "Hello there!"}),
-            "stop",
-        ),
-    )])
-    .await;
-    let request = LlmRequest::new(vec![
-        LlmMessage::system("Be brief."),
-        LlmMessage::user("Hi"),
-    ])
-    .with_tools(vec![weather_tool()])
-    .with_max_output_tokens(100);
+    let server = serve(vec![Reply::ok(says("Hello there!"))]).await;
+    let request = brief_hi()
+        .with_tools(vec![weather_tool()])
+        .with_max_output_tokens(100);
     let response = llm(&server.url).complete(request).await.unwrap();
     assert_eq!(response.content.as_deref(), Some("Hello there!"));
     assert_eq!(response.usage.input_tokens, 19);
@@ -77,26 +68,15 @@ async fn completion_sends_model_messages_tools_and_bearer_key_and_reads_usage() 
 #[tokio::test]
 async fn tool_calls_round_trip_through_the_wire_format() {
     let server = serve(vec![
-        Reply::Json(
-            200,
-            vec![],
-            completion(
-                json!({"role": "assistant", "content": null, "tool_calls": [{
-                    "id": "call_abc",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}
-                }]}),
-                "tool_calls",
-            ),
-        ),
-        Reply::Json(
-            200,
-            vec![],
-            completion(
-                json!({"role": "assistant", "content": "Sunny in Paris."}),
-                "stop",
-            ),
-        ),
+        Reply::ok(completion(
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": "call_abc",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}
+            }]}),
+            "tool_calls",
+        )),
+        Reply::ok(says("Sunny in Paris.")),
     ])
     .await;
     let llm = llm(&server.url);
@@ -138,16 +118,8 @@ async fn tool_calls_round_trip_through_the_wire_format() {
 
 #[tokio::test]
 async fn output_schema_becomes_a_json_schema_response_format() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        completion(
-            json!({"role": "assistant", "content": "{\"city\":\"Paris\"}"}),
-            "stop",
-        ),
-    )])
-    .await;
-    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+    let server = serve(vec![Reply::ok(says("{\"city\":\"Paris\"}"))]).await;
+    let schema = city_schema();
     let response = llm(&server.url)
         .complete(ask("Where?").with_output_schema(schema.clone()))
         .await
@@ -181,11 +153,7 @@ async fn rate_limit_with_retry_after_is_retried_then_succeeds() {
             json!({"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}}),
         ),
         Reply::Json(503, vec![], json!({"error": {"message": "overloaded"}})),
-        Reply::Json(
-            200,
-            vec![],
-            completion(json!({"role": "assistant", "content": "ok"}), "stop"),
-        ),
+        Reply::ok(says("ok")),
     ])
     .await;
     let response = llm(&server.url).complete(ask("Hi")).await.unwrap();
@@ -401,24 +369,9 @@ fn spec_builds_an_openai_compatible_model() {
 
 #[tokio::test]
 async fn images_travel_as_image_url_parts_and_other_files_as_text() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        completion(json!({"role": "assistant", "content": "Two pets."}), "stop"),
-    )])
-    .await;
-    let notes = keel_core::FileContent {
-        name: Some("notes.txt".into()),
-        media_type: Some("text/plain".into()),
-        bytes: Some("aGVsbG8=".into()), // "hello"
-        ..Default::default()
-    };
-    let report = keel_core::FileContent {
-        name: Some("report.pdf".into()),
-        media_type: Some("application/pdf".into()),
-        bytes: Some("JVBERi0xLjc=".into()), // "%PDF-1.7"
-        ..Default::default()
-    };
+    let server = serve(vec![Reply::ok(says("Two pets."))]).await;
+    let notes = file("notes.txt", "text/plain", "aGVsbG8="); // "hello"
+    let report = file("report.pdf", "application/pdf", "JVBERi0xLjc="); // "%PDF-1.7"
     let request = LlmRequest::new(vec![
         LlmMessage::user("What are these?")
             .with_attachment(photo_bytes())

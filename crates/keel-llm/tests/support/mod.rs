@@ -53,6 +53,13 @@ pub enum Reply {
     ChunksThenAbort(Vec<String>),
 }
 
+impl Reply {
+    /// A 200 answer with this JSON body.
+    pub fn ok(body: Value) -> Self {
+        Self::Json(200, Vec::new(), body)
+    }
+}
+
 /// A running scripted server.
 pub struct Server {
     /// `http://127.0.0.1:PORT`.
@@ -183,6 +190,22 @@ pub fn ask(text: &str) -> LlmRequest {
     LlmRequest::new(vec![LlmMessage::user(text)])
 }
 
+/// A request with instructions ("Be brief.") and a user's "Hi".
+pub fn brief_hi() -> LlmRequest {
+    LlmRequest::new(vec![
+        LlmMessage::system("Be brief."),
+        LlmMessage::user("Hi"),
+    ])
+}
+
+/// A request of one user message with these files attached.
+pub fn ask_with(text: &str, files: impl IntoIterator<Item = FileContent>) -> LlmRequest {
+    let message = files
+        .into_iter()
+        .fold(LlmMessage::user(text), LlmMessage::with_attachment);
+    LlmRequest::new(vec![message])
+}
+
 /// The tool the tests offer.
 pub fn weather_tool() -> ToolSpec {
     ToolSpec {
@@ -190,6 +213,11 @@ pub fn weather_tool() -> ToolSpec {
         description: "Current weather for a city".into(),
         parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
     }
+}
+
+/// The schema of a structured answer naming a city.
+pub fn city_schema() -> Value {
+    json!({"type": "object", "properties": {"city": {"type": "string"}}})
 }
 
 /// Ask "Hi", expect the call to fail with `kind`, and return the error.
@@ -222,14 +250,19 @@ pub async fn stream_events(
 /// The first bytes of a PNG, base64: what an image attached inline carries.
 pub const PNG_B64: &str = "iVBORw0KGgo=";
 
-/// An image attached with its bytes.
-pub fn photo_bytes() -> FileContent {
+/// A file attached with its bytes (base64).
+pub fn file(name: &str, media_type: &str, base64: &str) -> FileContent {
     FileContent {
-        name: Some("cat.png".into()),
-        media_type: Some("image/png".into()),
-        bytes: Some(PNG_B64.into()),
+        name: Some(name.into()),
+        media_type: Some(media_type.into()),
+        bytes: Some(base64.into()),
         ..Default::default()
     }
+}
+
+/// An image attached with its bytes.
+pub fn photo_bytes() -> FileContent {
+    file("cat.png", "image/png", PNG_B64)
 }
 
 /// An image attached by its public URL.
