@@ -35,10 +35,7 @@ async fn completion_sends_system_messages_tools_and_key_headers_and_reads_usage(
     let request = brief_hi().with_tools(vec![weather_tool()]);
     let response = llm(&server.url).complete(request).await.unwrap();
     assert_eq!(response.content.as_deref(), Some("Hello!"));
-    assert_eq!(
-        (response.usage.input_tokens, response.usage.output_tokens),
-        (25, 12)
-    );
+    assert_eq!(response.usage, usage(25, 12));
 
     let sent = &server.requests()[0];
     assert_eq!(sent.uri, "/v1/messages");
@@ -222,10 +219,7 @@ async fn stream_reassembles_split_frames_and_tool_input_deltas() {
         response.tool_calls[0].arguments,
         json!({"city": "San Francisco"})
     );
-    assert_eq!(
-        (response.usage.input_tokens, response.usage.output_tokens),
-        (472, 89)
-    );
+    assert_eq!(response.usage, usage(472, 89));
     let deltas = events
         .iter()
         .filter(|e| matches!(e, LlmStreamEvent::ToolCallDelta { .. }))

@@ -45,10 +45,7 @@ async fn completion_sends_contents_system_instruction_tools_and_key_header() {
         .with_max_output_tokens(64);
     let response = llm(&server.url).complete(request).await.unwrap();
     assert_eq!(response.content.as_deref(), Some("Hello!"));
-    assert_eq!(
-        (response.usage.input_tokens, response.usage.output_tokens),
-        (11, 7)
-    );
+    assert_eq!(response.usage, usage(11, 7));
 
     let sent = &server.requests()[0];
     assert_eq!(sent.uri, "/v1beta/models/gemini-2.5-flash:generateContent");

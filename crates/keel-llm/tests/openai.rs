@@ -41,8 +41,7 @@ async fn completion_sends_model_messages_tools_and_bearer_key_and_reads_usage() 
         .with_max_output_tokens(100);
     let response = llm(&server.url).complete(request).await.unwrap();
     assert_eq!(response.content.as_deref(), Some("Hello there!"));
-    assert_eq!(response.usage.input_tokens, 19);
-    assert_eq!(response.usage.output_tokens, 10);
+    assert_eq!(response.usage, usage(19, 10));
 
     let sent = &server.requests()[0];
     assert_eq!(sent.uri, "/v1/chat/completions");
@@ -274,8 +273,7 @@ async fn stream_reassembles_split_frames_text_and_tool_call_argument_deltas() {
     assert_eq!(response.tool_calls.len(), 1);
     assert_eq!(response.tool_calls[0].id, "call_1");
     assert_eq!(response.tool_calls[0].arguments, json!({"city": "Paris"}));
-    assert_eq!(response.usage.input_tokens, 30);
-    assert_eq!(response.usage.output_tokens, 12);
+    assert_eq!(response.usage, usage(30, 12));
     assert!(events.contains(&LlmStreamEvent::ToolCall {
         call: response.tool_calls[0].clone()
     }));

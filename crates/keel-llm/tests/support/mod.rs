@@ -18,7 +18,7 @@ use keel_core::{AgentError, FileContent};
 use keel_llm::providers::{HttpOptions, ProviderBuilder};
 use keel_llm::{
     collect_stream, Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmResponse, LlmStreamEvent,
-    ToolSpec,
+    ToolSpec, Usage,
 };
 use serde_json::{json, Value};
 
@@ -212,6 +212,14 @@ pub fn weather_tool() -> ToolSpec {
         name: "get_weather".into(),
         description: "Current weather for a city".into(),
         parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    }
+}
+
+/// Usage figures.
+pub fn usage(input_tokens: u64, output_tokens: u64) -> Usage {
+    Usage {
+        input_tokens,
+        output_tokens,
     }
 }
 
