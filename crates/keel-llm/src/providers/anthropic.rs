@@ -212,8 +212,7 @@ fn tool_use(block: &Value, output_tool: bool) -> Result<Result<ToolCall, String>
     if output_tool && name == OUTPUT_TOOL {
         return Ok(Err(input.to_string()));
     }
-    let id = block.get("id").and_then(Value::as_str);
-    Ok(Ok(tool_call(name, input, id)))
+    Ok(Ok(tool_call(name, input, str_at(block, "/id"))))
 }
 
 /// A Messages response body as an [`LlmResponse`].

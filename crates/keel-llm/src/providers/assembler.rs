@@ -99,7 +99,8 @@ impl ResponseAssembler {
                 Some(arguments) => arguments,
                 None => parse_arguments(&call.arguments),
             };
-            tool_calls.push(tool_call(&name, arguments, call.id.as_deref()));
+            let id = call.id.as_deref().unwrap_or_default();
+            tool_calls.push(tool_call(&name, arguments, id));
         }
         let response = LlmResponse {
             content: (!self.text.is_empty()).then_some(self.text),
@@ -119,10 +120,11 @@ impl ResponseAssembler {
     }
 }
 
-/// A tool call as a provider sent it: its own id when it gave one, else a fresh one.
-pub(crate) fn tool_call(name: &str, arguments: Value, id: Option<&str>) -> ToolCall {
+/// A tool call as a provider sent it: its own id when it gave one (`id` is not empty), else
+/// a fresh one.
+pub(crate) fn tool_call(name: &str, arguments: Value, id: &str) -> ToolCall {
     let mut call = ToolCall::new(name, arguments);
-    if let Some(id) = id.filter(|id| !id.is_empty()) {
+    if !id.is_empty() {
         call.id = id.to_owned();
     }
     call

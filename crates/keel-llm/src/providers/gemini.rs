@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 use super::assembler::{tool_call, ResponseAssembler};
 use super::attachments::{text_with_attachments, Attachment};
 use super::builder::ProviderBuilder;
-use super::http::{join_url, str_at, u64_at};
+use super::http::{array_at, join_url, str_at, u64_at};
 use super::turns::{system_texts, turns, TurnFormat};
 use super::wire::{
     event_json, provider_model, tool_declaration, Endpoint, Frame, KeyHeader, Provider,
@@ -151,9 +151,9 @@ impl Wire for Gemini {
     fn map_error(status: u16, json: &Value, detail: &str) -> Option<LlmErrorKind> {
         let lower = detail.to_ascii_lowercase();
         let reason_is = |reason: &str| {
-            json.pointer("/error/details")
-                .and_then(Value::as_array)
-                .is_some_and(|details| details.iter().any(|d| str_at(d, "/reason") == reason))
+            array_at(json, "/error/details")
+                .iter()
+                .any(|d| str_at(d, "/reason") == reason)
         };
         if status == 400 && (reason_is("API_KEY_INVALID") || lower.contains("api key not valid")) {
             return Some(LlmErrorKind::Auth);
@@ -212,11 +212,7 @@ fn function_call(call: &Value) -> Result<ToolCall, WireError> {
         .and_then(Value::as_str)
         .ok_or_else(|| bad_response("has a functionCall without a name"))?;
     let arguments = call.get("args").cloned().unwrap_or_else(|| json!({}));
-    Ok(tool_call(
-        name,
-        arguments,
-        call.get("id").and_then(Value::as_str),
-    ))
+    Ok(tool_call(name, arguments, str_at(call, "/id")))
 }
 
 /// The answer's parts of the first candidate, thoughts left out; an answer without
@@ -231,11 +227,7 @@ fn answer_parts(body: &Value) -> Result<impl Iterator<Item = &Value>, WireError>
         };
         return Err(bad_response(&what));
     };
-    let parts = candidate
-        .pointer("/content/parts")
-        .and_then(Value::as_array)
-        .map_or(&[][..], Vec::as_slice);
-    Ok(parts
+    Ok(array_at(candidate, "/content/parts")
         .iter()
         .filter(|part| part.get("thought").and_then(Value::as_bool) != Some(true)))
 }

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use backon::{ExponentialBuilder, Retryable};
 use chrono::{DateTime, Utc};
-use eventsource_stream::{Event, Eventsource};
-use futures::stream::{self, BoxStream, Stream, StreamExt};
+use eventsource_stream::{Event, EventStreamError, Eventsource};
+use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::Value;
 
 use crate::{LlmError, LlmErrorKind};
@@ -180,7 +180,8 @@ impl CallSite<'_> {
         }
     }
 
-    fn transport(&self, error: reqwest::Error) -> LlmError {
+    /// A connection failure: `what` failed (`request failed`, `stream broke`).
+    fn transport(&self, error: reqwest::Error, what: &str) -> LlmError {
         // `without_url`: a URL may carry a query parameter a provider treats as secret.
         let timeout = error.is_timeout();
         let error = error.without_url();
@@ -196,9 +197,23 @@ impl CallSite<'_> {
         } else {
             LlmErrorKind::Transport
         };
-        self.error(kind, format!("{} request failed: {message}", self.provider))
+        self.error(kind, format!("{} {what}: {message}", self.provider))
+    }
+
+    /// A failure reading an event stream: the connection, or events that do not parse.
+    pub(crate) fn stream_error(&self, error: EventStreamError<reqwest::Error>) -> LlmError {
+        match error {
+            EventStreamError::Transport(error) => self.transport(error, "stream broke"),
+            other => self.error(
+                LlmErrorKind::BadResponse,
+                format!("{} sent an invalid event stream: {other}", self.provider),
+            ),
+        }
     }
 }
+
+/// A response body's server-sent events.
+pub(crate) type SseEvents = BoxStream<'static, Result<Event, EventStreamError<reqwest::Error>>>;
 
 /// A shared HTTP client with its options.
 #[derive(Debug, Clone)]
@@ -301,7 +316,7 @@ impl HttpClient {
         // transport failure happened before the provider saw the request whole.
         let transport = |error: reqwest::Error| Failure {
             retryable: !error.is_timeout(),
-            error: site.transport(error),
+            error: site.transport(error, "request failed"),
         };
         let response = builder.send().await.map_err(transport)?;
         if !response.status().is_success() {
@@ -346,7 +361,7 @@ impl OpenedBody {
     pub(crate) async fn json(mut self, site: &CallSite<'_>) -> Result<Value, LlmError> {
         let mut body = Vec::new();
         while let Some(chunk) = self.chunks.next().await {
-            body.extend(chunk.map_err(|e| site.transport(e))?);
+            body.extend(chunk.map_err(|e| site.transport(e, "request failed"))?);
         }
         serde_json::from_slice(&body).map_err(|e| {
             site.error(
@@ -357,33 +372,8 @@ impl OpenedBody {
     }
 
     /// Decode the body as server-sent events.
-    pub(crate) fn events(
-        self,
-        site: &CallSite<'_>,
-    ) -> impl Stream<Item = Result<Event, LlmError>> + Send + 'static {
-        let model = site.model.to_owned();
-        let provider = site.provider;
-        self.chunks.eventsource().map(move |event| {
-            event.map_err(|error| match error {
-                eventsource_stream::EventStreamError::Transport(error) => {
-                    let kind = if error.is_timeout() {
-                        LlmErrorKind::Timeout
-                    } else {
-                        LlmErrorKind::Transport
-                    };
-                    LlmError::new(
-                        kind,
-                        model.as_str(),
-                        format!("{provider} stream broke: {}", error.without_url()),
-                    )
-                }
-                other => LlmError::new(
-                    LlmErrorKind::BadResponse,
-                    model.as_str(),
-                    format!("{provider} sent an invalid event stream: {other}"),
-                ),
-            })
-        })
+    pub(crate) fn events(self) -> SseEvents {
+        self.chunks.eventsource().boxed()
     }
 }
 
@@ -447,6 +437,14 @@ pub(crate) fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Durat
             .to_std()
             .unwrap_or(Duration::ZERO),
     )
+}
+
+/// A JSON array field's items, or none.
+pub(crate) fn array_at<'a>(value: &'a Value, pointer: &str) -> &'a [Value] {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
 }
 
 /// Text of a JSON string field, or empty.

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 use super::assembler::{parse_arguments, tool_call, ResponseAssembler};
 use super::attachments::{text_with_attachments, user_parts, Attachment};
 use super::builder::ProviderBuilder;
-use super::http::{join_url, str_at, u64_at};
+use super::http::{array_at, join_url, str_at, u64_at};
 use super::wire::{
     event_json, provider_model, tool_declaration, Endpoint, Frame, KeyHeader, Provider,
     StreamDecoder, Wire, WireError,
@@ -238,22 +238,13 @@ fn parse_completion(body: &Value) -> Result<LlmResponse, WireError> {
         .filter(|c| !c.is_empty())
         .map(str::to_owned);
     let mut tool_calls = Vec::new();
-    for call in message
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    for call in array_at(message, "/tool_calls") {
         let name = call
             .pointer("/function/name")
             .and_then(Value::as_str)
             .ok_or_else(|| bad_response("has a tool call without a function name"))?;
         let arguments = parse_arguments(str_at(call, "/function/arguments"));
-        tool_calls.push(tool_call(
-            name,
-            arguments,
-            call.get("id").and_then(Value::as_str),
-        ));
+        tool_calls.push(tool_call(name, arguments, str_at(call, "/id")));
     }
     Ok(LlmResponse {
         content,
@@ -286,21 +277,11 @@ impl StreamDecoder for Decoder {
         }
         // Some compatible servers omit `[DONE]`; an answer with its finish reason is whole.
         let mut frame = Frame::More;
-        for choice in chunk
-            .get("choices")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        for choice in array_at(&chunk, "/choices") {
             if let Some(text) = choice.pointer("/delta/content").and_then(Value::as_str) {
                 answer.text(text);
             }
-            for call in choice
-                .pointer("/delta/tool_calls")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
+            for call in array_at(choice, "/delta/tool_calls") {
                 let index = call
                     .get("index")
                     .and_then(Value::as_u64)

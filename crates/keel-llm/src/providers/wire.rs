@@ -9,14 +9,14 @@ use std::fmt;
 use std::sync::Arc;
 
 use eventsource_stream::Event;
-use futures::stream::{self, BoxStream, StreamExt};
+use futures::stream::{self, StreamExt};
 use keel_core::AgentResult;
 use serde_json::{json, Value};
 use tracing::Instrument;
 
 use super::assembler::ResponseAssembler;
 use super::builder::ProviderBuilder;
-use super::http::{error_detail, error_kind, ApiKey, CallSite, HttpClient, MapError};
+use super::http::{error_detail, error_kind, ApiKey, CallSite, HttpClient, MapError, SseEvents};
 use crate::{
     LlmError, LlmErrorKind, LlmRequest, LlmResponse, LlmStream, LlmStreamEvent, ModelProfile,
     ToolSpec,
@@ -237,7 +237,7 @@ impl<W: Wire> Provider<W> {
                 .send(&site, || self.post(&body, true), false)
                 .await?;
             Ok::<_, LlmError>(Reading {
-                events: opened.events(&site).boxed(),
+                events: opened.events(),
                 site,
                 decoder: self.wire.stream_decoder(&request),
                 answer: Some(ResponseAssembler::default()),
@@ -257,7 +257,7 @@ impl<W: Wire> Provider<W> {
 /// so far (`None` once the stream ended).
 struct Reading<'a, D> {
     site: CallSite<'a>,
-    events: BoxStream<'static, Result<Event, LlmError>>,
+    events: SseEvents,
     decoder: D,
     answer: Option<ResponseAssembler>,
     /// The answer's finish reason came: a body that ends now is complete.
@@ -289,7 +289,7 @@ impl<'a, D: StreamDecoder> Reading<'a, D> {
                 LlmErrorKind::Transport,
                 "the stream ended before the final event (connection dropped?)",
             )),
-            Some(Err(error)) => Err(error),
+            Some(Err(error)) => Err(self.site.stream_error(error)),
             Some(Ok(event)) => self
                 .decoder
                 .event(&event, answer)
