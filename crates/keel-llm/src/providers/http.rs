@@ -440,6 +440,7 @@ pub(crate) fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Durat
 }
 
 /// A JSON array field's items, or none.
+#[cfg_attr(not(any(feature = "openai", feature = "gemini")), allow(dead_code))]
 pub(crate) fn array_at<'a>(value: &'a Value, pointer: &str) -> &'a [Value] {
     value
         .pointer(pointer)
