@@ -116,12 +116,21 @@ fn split_url_and_model(rest: &str) -> Option<(&str, &str)> {
     None
 }
 
+/// `builder` with the caller's key, when one was given.
+#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
+fn keyed<L>(
+    builder: crate::providers::ProviderBuilder<L>,
+    api_key: Option<impl Into<String>>,
+) -> crate::providers::ProviderBuilder<L> {
+    match api_key {
+        Some(key) => builder.with_api_key(key),
+        None => builder,
+    }
+}
+
 #[cfg(feature = "openai")]
 fn openai(model: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
-    let mut builder = crate::providers::OpenAiLlm::builder(model);
-    if let Some(key) = api_key {
-        builder = builder.with_api_key(key);
-    }
+    let builder = keyed(crate::providers::OpenAiLlm::builder(model), api_key);
     Ok(Arc::new(builder.build()?))
 }
 
@@ -132,13 +141,10 @@ fn openai(_model: &str, _api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
 
 #[cfg(feature = "openai")]
 fn openai_compatible(url: &str, model: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
-    let mut builder = crate::providers::OpenAiLlm::compatible(url, model);
-    if let Some(key) = api_key
+    let api_key = api_key
         .map(str::to_owned)
-        .or_else(|| std::env::var("OPENAI_COMPATIBLE_API_KEY").ok())
-    {
-        builder = builder.with_api_key(key);
-    }
+        .or_else(|| std::env::var("OPENAI_COMPATIBLE_API_KEY").ok());
+    let builder = keyed(crate::providers::OpenAiLlm::compatible(url, model), api_key);
     Ok(Arc::new(builder.build()?))
 }
 
@@ -153,10 +159,7 @@ fn openai_compatible(
 
 #[cfg(feature = "anthropic")]
 fn anthropic(model: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
-    let mut builder = crate::providers::AnthropicLlm::builder(model);
-    if let Some(key) = api_key {
-        builder = builder.with_api_key(key);
-    }
+    let builder = keyed(crate::providers::AnthropicLlm::builder(model), api_key);
     Ok(Arc::new(builder.build()?))
 }
 
@@ -167,10 +170,7 @@ fn anthropic(_model: &str, _api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> 
 
 #[cfg(feature = "gemini")]
 fn gemini(model: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
-    let mut builder = crate::providers::GeminiLlm::builder(model);
-    if let Some(key) = api_key {
-        builder = builder.with_api_key(key);
-    }
+    let builder = keyed(crate::providers::GeminiLlm::builder(model), api_key);
     Ok(Arc::new(builder.build()?))
 }
 

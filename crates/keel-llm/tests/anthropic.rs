@@ -4,31 +4,21 @@
 
 mod support;
 
-use futures::StreamExt;
 use keel_llm::providers::AnthropicLlm;
-use keel_llm::{
-    collect_stream, Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent, ToolSpec,
-};
+use keel_llm::{Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent};
 use serde_json::{json, Value};
-use support::{fast_retries, frames, serve, split_at, Reply};
+use support::*;
 
 const KEY: &str = "sk-ant-test-secret";
 
 fn llm(url: &str) -> AnthropicLlm {
-    AnthropicLlm::builder("claude-sonnet-4-5")
-        .with_base_url(url)
-        .with_api_key(KEY)
-        .with_http_options(fast_retries())
-        .build()
-        .unwrap()
+    let builder = AnthropicLlm::builder("claude-sonnet-4-5");
+    scripted(builder, url.to_owned(), KEY).build().unwrap()
 }
 
-fn weather_tool() -> ToolSpec {
-    ToolSpec {
-        name: "get_weather".into(),
-        description: "Current weather for a city".into(),
-        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
-    }
+/// A text answer.
+fn says(text: &str) -> Value {
+    message(json!([{"type": "text", "text": text}]), "end_turn")
 }
 
 fn message(content: Value, stop: &str) -> Value {
@@ -41,23 +31,11 @@ fn message(content: Value, stop: &str) -> Value {
 
 #[tokio::test]
 async fn completion_sends_system_messages_tools_and_key_headers_and_reads_usage() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        message(json!([{"type": "text", "text": "Hello!"}]), "end_turn"),
-    )])
-    .await;
-    let request = LlmRequest::new(vec![
-        LlmMessage::system("Be brief."),
-        LlmMessage::user("Hi"),
-    ])
-    .with_tools(vec![weather_tool()]);
+    let server = serve(vec![Reply::ok(says("Hello!"))]).await;
+    let request = brief_hi().with_tools(vec![weather_tool()]);
     let response = llm(&server.url).complete(request).await.unwrap();
     assert_eq!(response.content.as_deref(), Some("Hello!"));
-    assert_eq!(
-        (response.usage.input_tokens, response.usage.output_tokens),
-        (25, 12)
-    );
+    assert_eq!(response.usage, usage(25, 12));
 
     let sent = &server.requests()[0];
     assert_eq!(sent.uri, "/v1/messages");
@@ -79,19 +57,15 @@ async fn completion_sends_system_messages_tools_and_key_headers_and_reads_usage(
 #[tokio::test]
 async fn tool_use_round_trips_and_results_share_one_user_turn() {
     let server = serve(vec![
-        Reply::Json(
-            200,
-            vec![],
-            message(
-                json!([
-                    {"type": "text", "text": "Checking both."},
-                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
-                    {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome"}}
-                ]),
-                "tool_use",
-            ),
-        ),
-        Reply::Json(200, vec![], message(json!([{"type": "text", "text": "Both sunny."}]), "end_turn")),
+        Reply::ok(message(
+            json!([
+                {"type": "text", "text": "Checking both."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome"}}
+            ]),
+            "tool_use",
+        )),
+        Reply::ok(says("Both sunny.")),
     ])
     .await;
     let llm = llm(&server.url);
@@ -135,20 +109,11 @@ async fn tool_use_round_trips_and_results_share_one_user_turn() {
 
 #[tokio::test]
 async fn output_schema_is_answered_through_a_forced_tool() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        message(
-            json!([{"type": "tool_use", "id": "toolu_9", "name": "structured_output", "input": {"city": "Paris"}}]),
-            "tool_use",
-        ),
-    )])
-    .await;
-    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+    let answer = json!([{"type": "tool_use", "id": "toolu_9", "name": "structured_output", "input": {"city": "Paris"}}]);
+    let server = serve(vec![Reply::ok(message(answer, "tool_use"))]).await;
+    let schema = city_schema();
     let response = llm(&server.url)
-        .complete(
-            LlmRequest::new(vec![LlmMessage::user("Where?")]).with_output_schema(schema.clone()),
-        )
+        .complete(ask("Where?").with_output_schema(schema.clone()))
         .await
         .unwrap();
     assert!(response.tool_calls.is_empty());
@@ -172,7 +137,7 @@ async fn errors_are_typed_auth_rate_limit_and_context_overflow() {
             json!({"type": "error", "error": {"type": "rate_limit_error", "message": "Number of request tokens has exceeded your per-minute rate limit"}}),
         ),
         Reply::Json(529, vec![], json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})),
-        Reply::Json(200, vec![], message(json!([{"type": "text", "text": "ok"}]), "end_turn")),
+        Reply::ok(says("ok")),
         Reply::Json(
             400,
             vec![],
@@ -181,17 +146,12 @@ async fn errors_are_typed_auth_rate_limit_and_context_overflow() {
     ])
     .await;
     let llm = llm(&server.url);
-    let ask = || LlmRequest::new(vec![LlmMessage::user("Hi")]);
-    let err = llm.complete(ask()).await.unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Auth));
+    let err = call_fails(&llm, LlmErrorKind::Auth).await;
     assert!(!err.to_string().contains(KEY));
     // 429 with Retry-After 0, then 529 overloaded with backoff, then success.
-    assert_eq!(
-        llm.complete(ask()).await.unwrap().content.as_deref(),
-        Some("ok")
-    );
-    let err = llm.complete(ask()).await.unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::ContextOverflow));
+    let response = llm.complete(ask("Hi")).await.unwrap();
+    assert_eq!(response.content.as_deref(), Some("ok"));
+    call_fails(&llm, LlmErrorKind::ContextOverflow).await;
     assert_eq!(server.requests().len(), 5);
 }
 
@@ -251,26 +211,15 @@ async fn stream_reassembles_split_frames_and_tool_input_deltas() {
     let body = sse_body();
     let cuts: Vec<usize> = (1..12).map(|i| i * body.len() / 12).collect();
     let server = serve(vec![Reply::Chunks(split_at(&body, &cuts))]).await;
-    let events: Vec<LlmStreamEvent> = llm(&server.url)
-        .stream(
-            LlmRequest::new(vec![LlmMessage::user("Weather?")]).with_tools(vec![weather_tool()]),
-        )
-        .map(Result::unwrap)
-        .collect()
-        .await;
-    let Some(LlmStreamEvent::Done { response }) = events.last() else {
-        panic!("no done: {events:?}");
-    };
+    let request = ask("Weather?").with_tools(vec![weather_tool()]);
+    let (events, response) = stream_events(&llm(&server.url), request).await;
     assert_eq!(response.content.as_deref(), Some("Okay, let me check."));
     assert_eq!(response.tool_calls[0].id, "toolu_01");
     assert_eq!(
         response.tool_calls[0].arguments,
         json!({"city": "San Francisco"})
     );
-    assert_eq!(
-        (response.usage.input_tokens, response.usage.output_tokens),
-        (472, 89)
-    );
+    assert_eq!(response.usage, usage(472, 89));
     let deltas = events
         .iter()
         .filter(|e| matches!(e, LlmStreamEvent::ToolCallDelta { .. }))
@@ -284,11 +233,7 @@ async fn a_stream_cut_before_message_stop_is_a_transport_error() {
     let body = sse_body();
     let cut = body.find("event: message_delta").unwrap();
     let server = serve(vec![Reply::Chunks(vec![body[..cut].to_owned()])]).await;
-    let err =
-        collect_stream(llm(&server.url).stream(LlmRequest::new(vec![LlmMessage::user("Hi")])))
-            .await
-            .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Transport));
+    stream_fails(&llm(&server.url), LlmErrorKind::Transport).await;
 }
 
 #[tokio::test]
@@ -301,47 +246,20 @@ async fn a_mid_stream_error_event_is_typed() {
         json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
     )]));
     let server = serve(vec![Reply::Chunks(vec![body])]).await;
-    let err =
-        collect_stream(llm(&server.url).stream(LlmRequest::new(vec![LlmMessage::user("Hi")])))
-            .await
-            .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Api));
+    let err = stream_fails(&llm(&server.url), LlmErrorKind::Api).await;
     assert!(err.to_string().contains("Overloaded"));
 }
 
 #[tokio::test]
 async fn images_travel_as_base64_and_url_image_blocks_before_the_text() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        message(json!([{"type": "text", "text": "Two pets."}]), "end_turn"),
-    )])
-    .await;
-    let photo = keel_core::FileContent {
-        name: Some("cat.png".into()),
-        media_type: Some("image/png".into()),
-        bytes: Some("iVBORw0KGgo=".into()),
-        ..Default::default()
-    };
-    let linked = keel_core::FileContent {
-        uri: Some("https://example.com/dog.jpg".into()),
-        ..Default::default()
-    };
-    let bitmap = keel_core::FileContent {
-        name: Some("scan.bmp".into()),
-        media_type: Some("image/bmp".into()),
-        bytes: Some("Qk0=".into()),
-        ..Default::default()
-    };
-    let request = LlmRequest::new(vec![LlmMessage::user("What are these?")
-        .with_attachment(photo)
-        .with_attachment(linked)
-        .with_attachment(bitmap)]);
+    let server = serve(vec![Reply::ok(says("Two pets."))]).await;
+    let bitmap = file("scan.bmp", "image/bmp", "Qk0=");
+    let request = ask_with("What are these?", [photo_bytes(), photo_url(), bitmap]);
     llm(&server.url).complete(request).await.unwrap();
     assert_eq!(
         server.requests()[0].body["messages"],
         json!([{"role": "user", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}},
             {"type": "image", "source": {"type": "url", "url": "https://example.com/dog.jpg"}},
             {"type": "text", "text": "[image `scan.bmp` (image/bmp) attached; this model does not accept that format]"},
             {"type": "text", "text": "What are these?"},

@@ -4,31 +4,23 @@
 
 mod support;
 
-use futures::StreamExt;
 use keel_llm::providers::GeminiLlm;
-use keel_llm::{
-    collect_stream, Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent, ToolSpec,
-};
+use keel_llm::{Llm, LlmErrorKind, LlmMessage, LlmRequest};
 use serde_json::{json, Value};
-use support::{fast_retries, frames, serve, split_at, Reply};
+use support::*;
 
 const KEY: &str = "AIza-test-secret";
 
 fn llm(url: &str) -> GeminiLlm {
-    GeminiLlm::builder("gemini-2.5-flash")
-        .with_base_url(format!("{url}/v1beta"))
-        .with_api_key(KEY)
-        .with_http_options(fast_retries())
+    let builder = GeminiLlm::builder("gemini-2.5-flash");
+    scripted(builder, format!("{url}/v1beta"), KEY)
         .build()
         .unwrap()
 }
 
-fn weather_tool() -> ToolSpec {
-    ToolSpec {
-        name: "get_weather".into(),
-        description: "Current weather for a city".into(),
-        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
-    }
+/// A text answer.
+fn says(text: &str) -> Value {
+    answer(json!([{"text": text}]), Some("STOP"))
 }
 
 fn answer(parts: Value, finish: Option<&str>) -> Value {
@@ -45,26 +37,15 @@ fn answer(parts: Value, finish: Option<&str>) -> Value {
 
 #[tokio::test]
 async fn completion_sends_contents_system_instruction_tools_and_key_header() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        answer(json!([{"text": "Hello!"}]), Some("STOP")),
-    )])
-    .await;
+    let server = serve(vec![Reply::ok(says("Hello!"))]).await;
     let schema = json!({"type": "object", "properties": {"greeting": {"type": "string"}}});
-    let request = LlmRequest::new(vec![
-        LlmMessage::system("Be brief."),
-        LlmMessage::user("Hi"),
-    ])
-    .with_tools(vec![weather_tool()])
-    .with_output_schema(schema.clone())
-    .with_max_output_tokens(64);
+    let request = brief_hi()
+        .with_tools(vec![weather_tool()])
+        .with_output_schema(schema.clone())
+        .with_max_output_tokens(64);
     let response = llm(&server.url).complete(request).await.unwrap();
     assert_eq!(response.content.as_deref(), Some("Hello!"));
-    assert_eq!(
-        (response.usage.input_tokens, response.usage.output_tokens),
-        (11, 7)
-    );
+    assert_eq!(response.usage, usage(11, 7));
 
     let sent = &server.requests()[0];
     assert_eq!(sent.uri, "/v1beta/models/gemini-2.5-flash:generateContent");
@@ -91,19 +72,11 @@ async fn completion_sends_contents_system_instruction_tools_and_key_header() {
 #[tokio::test]
 async fn function_calls_round_trip_as_function_responses() {
     let server = serve(vec![
-        Reply::Json(
-            200,
-            vec![],
-            answer(
-                json!([{"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}}]),
-                Some("STOP"),
-            ),
-        ),
-        Reply::Json(
-            200,
-            vec![],
-            answer(json!([{"text": "Sunny."}]), Some("STOP")),
-        ),
+        Reply::ok(answer(
+            json!([{"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}}]),
+            Some("STOP"),
+        )),
+        Reply::ok(says("Sunny.")),
     ])
     .await;
     let llm = llm(&server.url);
@@ -142,7 +115,7 @@ async fn errors_are_typed_including_a_bad_key_answered_with_400() {
                    "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID"}]}}),
         ),
         Reply::Json(429, vec![("retry-after", "0".into())], json!({"error": {"code": 429, "message": "Resource has been exhausted", "status": "RESOURCE_EXHAUSTED"}})),
-        Reply::Json(200, vec![], answer(json!([{"text": "ok"}]), Some("STOP"))),
+        Reply::ok(says("ok")),
         Reply::Json(
             400,
             vec![],
@@ -151,31 +124,20 @@ async fn errors_are_typed_including_a_bad_key_answered_with_400() {
     ])
     .await;
     let llm = llm(&server.url);
-    let ask = || LlmRequest::new(vec![LlmMessage::user("Hi")]);
-    let err = llm.complete(ask()).await.unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Auth));
+    let err = call_fails(&llm, LlmErrorKind::Auth).await;
     assert!(!err.to_string().contains(KEY));
-    assert_eq!(
-        llm.complete(ask()).await.unwrap().content.as_deref(),
-        Some("ok")
-    );
-    let err = llm.complete(ask()).await.unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::ContextOverflow));
+    let response = llm.complete(ask("Hi")).await.unwrap();
+    assert_eq!(response.content.as_deref(), Some("ok"));
+    call_fails(&llm, LlmErrorKind::ContextOverflow).await;
 }
 
 #[tokio::test]
 async fn a_blocked_prompt_is_a_bad_response() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
+    let server = serve(vec![Reply::ok(
         json!({"promptFeedback": {"blockReason": "SAFETY"}}),
     )])
     .await;
-    let err = llm(&server.url)
-        .complete(LlmRequest::new(vec![LlmMessage::user("Hi")]))
-        .await
-        .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::BadResponse));
+    let err = call_fails(&llm(&server.url), LlmErrorKind::BadResponse).await;
     assert!(err.to_string().contains("SAFETY"));
 }
 
@@ -200,16 +162,8 @@ async fn stream_uses_alt_sse_and_reassembles_split_frames() {
     let umlaut = body.find('ü').unwrap();
     let cuts = [body.len() / 4, umlaut + 1, body.len() - 3];
     let server = serve(vec![Reply::Chunks(split_at(&body, &cuts))]).await;
-    let events: Vec<LlmStreamEvent> = llm(&server.url)
-        .stream(
-            LlmRequest::new(vec![LlmMessage::user("Weather?")]).with_tools(vec![weather_tool()]),
-        )
-        .map(Result::unwrap)
-        .collect()
-        .await;
-    let Some(LlmStreamEvent::Done { response }) = events.last() else {
-        panic!("no done: {events:?}");
-    };
+    let request = ask("Weather?").with_tools(vec![weather_tool()]);
+    let (_, response) = stream_events(&llm(&server.url), request).await;
     assert_eq!(response.content.as_deref(), Some("The weather is: "));
     assert_eq!(response.tool_calls[0].arguments, json!({"city": "Zürich"}));
     assert_eq!(response.usage.output_tokens, 7);
@@ -224,41 +178,24 @@ async fn a_stream_cut_before_the_finish_reason_is_a_transport_error() {
     let body = sse_body();
     let last = body.rfind("data:").unwrap();
     let server = serve(vec![Reply::Chunks(vec![body[..last].to_owned()])]).await;
-    let err =
-        collect_stream(llm(&server.url).stream(LlmRequest::new(vec![LlmMessage::user("Hi")])))
-            .await
-            .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Transport));
+    stream_fails(&llm(&server.url), LlmErrorKind::Transport).await;
 }
 
 #[tokio::test]
 async fn images_travel_as_inline_data_and_file_data_parts_before_the_text() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        answer(json!([{"text": "Two pets."}]), Some("STOP")),
-    )])
-    .await;
-    let photo = keel_core::FileContent {
-        name: Some("cat.png".into()),
-        media_type: Some("image/png".into()),
-        bytes: Some("iVBORw0KGgo=".into()),
-        ..Default::default()
-    };
+    let server = serve(vec![Reply::ok(says("Two pets."))]).await;
     let linked = keel_core::FileContent {
         name: Some("dog".into()),
         media_type: Some("image/jpeg".into()),
         uri: Some("https://example.com/dog".into()),
         ..Default::default()
     };
-    let request = LlmRequest::new(vec![LlmMessage::user("What are these?")
-        .with_attachment(photo)
-        .with_attachment(linked)]);
+    let request = ask_with("What are these?", [photo_bytes(), linked]);
     llm(&server.url).complete(request).await.unwrap();
     assert_eq!(
         server.requests()[0].body["contents"],
         json!([{"role": "user", "parts": [
-            {"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}},
+            {"inlineData": {"mimeType": "image/png", "data": PNG_B64}},
             {"fileData": {"mimeType": "image/jpeg", "fileUri": "https://example.com/dog"}},
             {"text": "What are these?"},
         ]}])

@@ -6,29 +6,20 @@ mod support;
 
 use futures::StreamExt;
 use keel_llm::providers::OpenAiLlm;
-use keel_llm::{
-    collect_stream, Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent, ToolSpec,
-};
+use keel_llm::{collect_stream, Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent};
 use serde_json::{json, Value};
-use support::{fast_retries, frames, serve, split_at, Reply};
+use support::*;
 
 const KEY: &str = "sk-test-secret-key";
 
 fn llm(url: &str) -> OpenAiLlm {
-    OpenAiLlm::builder("gpt-4o-mini")
-        .with_base_url(format!("{url}/v1"))
-        .with_api_key(KEY)
-        .with_http_options(fast_retries())
-        .build()
-        .unwrap()
+    let builder = OpenAiLlm::builder("gpt-4o-mini");
+    scripted(builder, format!("{url}/v1"), KEY).build().unwrap()
 }
 
-fn weather_tool() -> ToolSpec {
-    ToolSpec {
-        name: "get_weather".into(),
-        description: "Current weather for a city".into(),
-        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
-    }
+/// A text answer.
+fn says(text: &str) -> Value {
+    completion(json!({"role": "assistant", "content": text}), "stop")
 }
 
 fn completion(message: Value, finish: &str) -> Value {
@@ -44,25 +35,13 @@ fn completion(message: Value, finish: &str) -> Value {
 
 #[tokio::test]
 async fn completion_sends_model_messages_tools_and_bearer_key_and_reads_usage() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        completion(
-            json!({"role": "assistant", "content": "Hello there!"}),
-            "stop",
-        ),
-    )])
-    .await;
-    let request = LlmRequest::new(vec![
-        LlmMessage::system("Be brief."),
-        LlmMessage::user("Hi"),
-    ])
-    .with_tools(vec![weather_tool()])
-    .with_max_output_tokens(100);
+    let server = serve(vec![Reply::ok(says("Hello there!"))]).await;
+    let request = brief_hi()
+        .with_tools(vec![weather_tool()])
+        .with_max_output_tokens(100);
     let response = llm(&server.url).complete(request).await.unwrap();
     assert_eq!(response.content.as_deref(), Some("Hello there!"));
-    assert_eq!(response.usage.input_tokens, 19);
-    assert_eq!(response.usage.output_tokens, 10);
+    assert_eq!(response.usage, usage(19, 10));
 
     let sent = &server.requests()[0];
     assert_eq!(sent.uri, "/v1/chat/completions");
@@ -88,26 +67,15 @@ async fn completion_sends_model_messages_tools_and_bearer_key_and_reads_usage() 
 #[tokio::test]
 async fn tool_calls_round_trip_through_the_wire_format() {
     let server = serve(vec![
-        Reply::Json(
-            200,
-            vec![],
-            completion(
-                json!({"role": "assistant", "content": null, "tool_calls": [{
-                    "id": "call_abc",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}
-                }]}),
-                "tool_calls",
-            ),
-        ),
-        Reply::Json(
-            200,
-            vec![],
-            completion(
-                json!({"role": "assistant", "content": "Sunny in Paris."}),
-                "stop",
-            ),
-        ),
+        Reply::ok(completion(
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": "call_abc",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}
+            }]}),
+            "tool_calls",
+        )),
+        Reply::ok(says("Sunny in Paris.")),
     ])
     .await;
     let llm = llm(&server.url);
@@ -149,20 +117,10 @@ async fn tool_calls_round_trip_through_the_wire_format() {
 
 #[tokio::test]
 async fn output_schema_becomes_a_json_schema_response_format() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        completion(
-            json!({"role": "assistant", "content": "{\"city\":\"Paris\"}"}),
-            "stop",
-        ),
-    )])
-    .await;
-    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+    let server = serve(vec![Reply::ok(says("{\"city\":\"Paris\"}"))]).await;
+    let schema = city_schema();
     let response = llm(&server.url)
-        .complete(
-            LlmRequest::new(vec![LlmMessage::user("Where?")]).with_output_schema(schema.clone()),
-        )
+        .complete(ask("Where?").with_output_schema(schema.clone()))
         .await
         .unwrap();
     assert_eq!(response.content.as_deref(), Some("{\"city\":\"Paris\"}"));
@@ -180,11 +138,7 @@ async fn unauthorized_is_an_auth_error_without_the_key() {
         json!({"error": {"message": format!("Incorrect API key provided: {KEY}."), "type": "invalid_request_error", "code": "invalid_api_key"}}),
     )])
     .await;
-    let err = llm(&server.url)
-        .complete(LlmRequest::new(vec![LlmMessage::user("Hi")]))
-        .await
-        .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Auth));
+    let err = call_fails(&llm(&server.url), LlmErrorKind::Auth).await;
     assert!(!err.to_string().contains(KEY), "{err}");
     assert_eq!(server.requests().len(), 1, "auth failures are not retried");
 }
@@ -198,17 +152,10 @@ async fn rate_limit_with_retry_after_is_retried_then_succeeds() {
             json!({"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}}),
         ),
         Reply::Json(503, vec![], json!({"error": {"message": "overloaded"}})),
-        Reply::Json(
-            200,
-            vec![],
-            completion(json!({"role": "assistant", "content": "ok"}), "stop"),
-        ),
+        Reply::ok(says("ok")),
     ])
     .await;
-    let response = llm(&server.url)
-        .complete(LlmRequest::new(vec![LlmMessage::user("Hi")]))
-        .await
-        .unwrap();
+    let response = llm(&server.url).complete(ask("Hi")).await.unwrap();
     assert_eq!(response.content.as_deref(), Some("ok"));
     assert_eq!(server.requests().len(), 3);
 }
@@ -223,11 +170,7 @@ async fn rate_limit_after_every_attempt_is_a_rate_limit_error() {
         )
     };
     let server = serve(vec![limited(), limited(), limited()]).await;
-    let err = llm(&server.url)
-        .complete(LlmRequest::new(vec![LlmMessage::user("Hi")]))
-        .await
-        .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::RateLimit));
+    let err = call_fails(&llm(&server.url), LlmErrorKind::RateLimit).await;
     assert!(err.to_string().contains("after 3 attempts"), "{err}");
     assert_eq!(server.requests().len(), 3);
 }
@@ -243,11 +186,7 @@ async fn context_length_exceeded_is_a_context_overflow() {
         }}),
     )])
     .await;
-    let err = llm(&server.url)
-        .complete(LlmRequest::new(vec![LlmMessage::user("Hi")]))
-        .await
-        .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::ContextOverflow));
+    call_fails(&llm(&server.url), LlmErrorKind::ContextOverflow).await;
     assert_eq!(server.requests().len(), 1);
 }
 
@@ -257,11 +196,7 @@ async fn a_connection_refused_is_a_transport_error_after_retries() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
-    let err = llm(&url)
-        .complete(LlmRequest::new(vec![LlmMessage::user("Hi")]))
-        .await
-        .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Transport));
+    call_fails(&llm(&url), LlmErrorKind::Transport).await;
 }
 
 fn chunk(delta: Value, finish: Option<&str>) -> (Option<&'static str>, Value) {
@@ -314,13 +249,8 @@ async fn stream_reassembles_split_frames_text_and_tool_call_argument_deltas() {
         body.len() - 1,
     ];
     let server = serve(vec![Reply::Chunks(split_at(&body, &cuts))]).await;
-    let request =
-        LlmRequest::new(vec![LlmMessage::user("Weather?")]).with_tools(vec![weather_tool()]);
-    let events: Vec<LlmStreamEvent> = llm(&server.url)
-        .stream(request)
-        .map(Result::unwrap)
-        .collect()
-        .await;
+    let request = ask("Weather?").with_tools(vec![weather_tool()]);
+    let (events, response) = stream_events(&llm(&server.url), request).await;
 
     let text: String = events
         .iter()
@@ -340,14 +270,10 @@ async fn stream_reassembles_split_frames_text_and_tool_call_argument_deltas() {
         })
         .collect();
     assert_eq!(fragments, ["", "{\"ci", "ty\": \"Par", "is\"}"]);
-    let Some(LlmStreamEvent::Done { response }) = events.last() else {
-        panic!("the stream must end with done: {events:?}");
-    };
     assert_eq!(response.tool_calls.len(), 1);
     assert_eq!(response.tool_calls[0].id, "call_1");
     assert_eq!(response.tool_calls[0].arguments, json!({"city": "Paris"}));
-    assert_eq!(response.usage.input_tokens, 30);
-    assert_eq!(response.usage.output_tokens, 12);
+    assert_eq!(response.usage, usage(30, 12));
     assert!(events.contains(&LlmStreamEvent::ToolCall {
         call: response.tool_calls[0].clone()
     }));
@@ -364,11 +290,7 @@ async fn a_stream_that_ends_before_the_final_event_is_a_transport_error() {
         chunk(json!({"content": "lo"}), None),
     ]);
     let server = serve(vec![Reply::Chunks(vec![body.clone()])]).await;
-    let err =
-        collect_stream(llm(&server.url).stream(LlmRequest::new(vec![LlmMessage::user("Hi")])))
-            .await
-            .unwrap_err();
-    assert_eq!(LlmErrorKind::of(&err), Some(LlmErrorKind::Transport));
+    stream_fails(&llm(&server.url), LlmErrorKind::Transport).await;
 
     // The same when the connection is cut mid-frame. (Should the cut come before any byte of
     // the body, the call is retried, so every attempt is cut the same way.)
@@ -380,7 +302,7 @@ async fn a_stream_that_ends_before_the_final_event_is_a_transport_error() {
     };
     let server = serve(vec![cut(), cut(), cut()]).await;
     let model = llm(&server.url);
-    let mut events = model.stream(LlmRequest::new(vec![LlmMessage::user("Hi")]));
+    let mut events = model.stream(ask("Hi"));
     let mut last = None;
     while let Some(event) = events.next().await {
         last = Some(event);
@@ -409,10 +331,9 @@ async fn stream_errors_before_the_body_are_retried_like_calls() {
         Reply::Chunks(vec![done]),
     ])
     .await;
-    let response =
-        collect_stream(llm(&server.url).stream(LlmRequest::new(vec![LlmMessage::user("Hi")])))
-            .await
-            .unwrap();
+    let response = collect_stream(llm(&server.url).stream(ask("Hi")))
+        .await
+        .unwrap();
     assert_eq!(response.content.as_deref(), Some("ok"));
     assert_eq!(server.requests().len(), 2);
 }
@@ -444,46 +365,11 @@ fn spec_builds_an_openai_compatible_model() {
     assert_eq!(llm.profile().provider, "openai-compatible");
 }
 
-/// A PNG's first bytes, base64: what an attached image carries inline.
-const PNG_B64: &str = "iVBORw0KGgo=";
-
-fn photo_bytes() -> keel_core::FileContent {
-    keel_core::FileContent {
-        name: Some("cat.png".into()),
-        media_type: Some("image/png".into()),
-        bytes: Some(PNG_B64.into()),
-        ..Default::default()
-    }
-}
-
-fn photo_url() -> keel_core::FileContent {
-    keel_core::FileContent {
-        name: Some("dog.jpg".into()),
-        uri: Some("https://example.com/dog.jpg".into()),
-        ..Default::default()
-    }
-}
-
 #[tokio::test]
 async fn images_travel_as_image_url_parts_and_other_files_as_text() {
-    let server = serve(vec![Reply::Json(
-        200,
-        vec![],
-        completion(json!({"role": "assistant", "content": "Two pets."}), "stop"),
-    )])
-    .await;
-    let notes = keel_core::FileContent {
-        name: Some("notes.txt".into()),
-        media_type: Some("text/plain".into()),
-        bytes: Some("aGVsbG8=".into()), // "hello"
-        ..Default::default()
-    };
-    let report = keel_core::FileContent {
-        name: Some("report.pdf".into()),
-        media_type: Some("application/pdf".into()),
-        bytes: Some("JVBERi0xLjc=".into()), // "%PDF-1.7"
-        ..Default::default()
-    };
+    let server = serve(vec![Reply::ok(says("Two pets."))]).await;
+    let notes = file("notes.txt", "text/plain", "aGVsbG8="); // "hello"
+    let report = file("report.pdf", "application/pdf", "JVBERi0xLjc="); // "%PDF-1.7"
     let request = LlmRequest::new(vec![
         LlmMessage::user("What are these?")
             .with_attachment(photo_bytes())

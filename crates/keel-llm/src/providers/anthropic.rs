@@ -1,26 +1,20 @@
 //! [`AnthropicLlm`]: Anthropic's Messages API, with tools, structured output (through a
 //! forced tool), usage and SSE streaming.
 
-use std::sync::Arc;
-
-use async_trait::async_trait;
 use eventsource_stream::Event;
-use futures::StreamExt as _;
 use keel_core::AgentResult;
 use serde_json::{json, Map, Value};
-use tracing::Instrument;
 
-use super::assembler::{ended_early, ResponseAssembler};
-use super::attachments::{attachment, text_with_attachments, Attachment};
+use super::assembler::{tool_call, ResponseAssembler};
+use super::attachments::{text_with_attachments, Attachment};
 use super::builder::ProviderBuilder;
-use super::http::{
-    drive_sse, error_detail, join_url, open_stream, str_at, u64_at, ApiKey, CallSite, HttpClient,
-    SseDecoder,
+use super::http::{join_url, str_at, u64_at};
+use super::turns::{system_texts, turns, TurnFormat};
+use super::wire::{
+    event_json, provider_model, tool_declaration, Endpoint, Frame, KeyHeader, Provider,
+    StreamDecoder, Wire, WireError,
 };
-use crate::{
-    Llm, LlmError, LlmErrorKind, LlmMessage, LlmRequest, LlmResponse, LlmRole, LlmStream,
-    LlmStreamEvent, ModelProfile, ToolCall, Usage,
-};
+use crate::{LlmErrorKind, LlmRequest, LlmResponse, ToolCall, Usage};
 
 const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
 const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -40,41 +34,34 @@ impl AnthropicBuilder {
         let api_key = self.required_key(
             "no Anthropic API key: set ANTHROPIC_API_KEY or give one to the builder",
         )?;
-        let profile = self.profile("anthropic");
-        let http = self.http()?;
-        Ok(AnthropicLlm {
-            inner: Arc::new(Inner {
-                url: join_url(&self.base_url, "v1/messages"),
-                model: self.model,
-                api_key,
-                http,
-                profile,
-            }),
-        })
+        let endpoint = Endpoint {
+            provider: "anthropic",
+            url: join_url(&self.base_url, "v1/messages"),
+            stream_url: None,
+            api_key: Some(api_key),
+        };
+        let wire = Anthropic {
+            model: self.model.clone(),
+            max_tokens: self
+                .profile(endpoint.provider)
+                .max_output_tokens
+                .unwrap_or(DEFAULT_MAX_TOKENS),
+        };
+        Ok(AnthropicLlm(Provider::new(&self, endpoint, wire)?))
     }
 }
 
-/// An Anthropic Messages model.
-///
-/// ```
-/// use keel_llm::{providers::AnthropicLlm, Llm};
-/// let llm = AnthropicLlm::builder("claude-sonnet-4-5").with_api_key("sk-ant-secret").build()?;
-/// assert_eq!(llm.profile().context_window, Some(200_000));
-/// assert!(!format!("{llm:?}").contains("secret"));
-/// # Ok::<(), keel_core::AgentError>(())
-/// ```
-#[derive(Debug, Clone)]
-pub struct AnthropicLlm {
-    inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-struct Inner {
-    url: String,
-    model: String,
-    api_key: ApiKey,
-    http: HttpClient,
-    profile: ModelProfile,
+provider_model! {
+    /// An Anthropic Messages model.
+    ///
+    /// ```
+    /// use keel_llm::{providers::AnthropicLlm, Llm};
+    /// let llm = AnthropicLlm::builder("claude-sonnet-4-5").with_api_key("sk-ant-secret").build()?;
+    /// assert_eq!(llm.profile().context_window, Some(200_000));
+    /// assert!(!format!("{llm:?}").contains("secret"));
+    /// # Ok::<(), keel_core::AgentError>(())
+    /// ```
+    AnthropicLlm(Anthropic)
 }
 
 impl AnthropicLlm {
@@ -85,48 +72,36 @@ impl AnthropicLlm {
     }
 }
 
-impl Inner {
-    fn site(&self) -> CallSite<'_> {
-        CallSite {
-            provider: "anthropic",
-            model: &self.model,
-            key: Some(&self.api_key),
-            classify,
-        }
-    }
+/// The Messages wire format.
+#[derive(Debug)]
+struct Anthropic {
+    model: String,
+    /// `max_tokens` when the request sets none (the API requires one).
+    max_tokens: u64,
+}
 
-    fn request(&self, body: &Value) -> reqwest::RequestBuilder {
-        self.http
-            .post(&self.url)
-            .header("x-api-key", self.api_key.expose())
-            .header("anthropic-version", ANTHROPIC_VERSION)
-            .json(body)
-    }
+/// Whether this request's answer comes back through the forced output tool.
+fn uses_output_tool(request: &LlmRequest) -> bool {
+    request.output_schema.is_some() && request.tools.is_empty()
+}
 
-    /// Whether this request's answer comes back through the forced output tool.
-    fn uses_output_tool(request: &LlmRequest) -> bool {
-        request.output_schema.is_some() && request.tools.is_empty()
-    }
+impl Wire for Anthropic {
+    type Decoder = Decoder;
 
-    fn body(&self, request: &LlmRequest, stream: bool) -> Value {
+    const KEY_HEADER: KeyHeader = KeyHeader::Named("x-api-key");
+    const HEADERS: &'static [(&'static str, &'static str)] =
+        &[("anthropic-version", ANTHROPIC_VERSION)];
+
+    fn encode_request(&self, request: &LlmRequest, stream: bool) -> Value {
         let mut body = Map::new();
         body.insert("model".into(), json!(self.model));
-        let max_tokens = request
-            .max_output_tokens
-            .or(self.profile.max_output_tokens)
-            .unwrap_or(DEFAULT_MAX_TOKENS);
+        let max_tokens = request.max_output_tokens.unwrap_or(self.max_tokens);
         body.insert("max_tokens".into(), json!(max_tokens));
 
-        // Messages takes instructions apart from the turns; system messages anywhere in the
-        // conversation (a compaction summary, a late note) join them in order.
-        let mut system: Vec<String> = request
-            .messages
-            .iter()
-            .filter(|m| m.role == LlmRole::System)
-            .map(text_with_attachments)
-            .filter(|text| !text.is_empty())
-            .collect();
-        if let (Some(schema), false) = (&request.output_schema, Self::uses_output_tool(request)) {
+        // Messages takes instructions apart from the turns.
+        let mut system = system_texts(&request.messages);
+        let output_tool = uses_output_tool(request);
+        if let (Some(schema), false) = (&request.output_schema, output_tool) {
             // With other tools offered the output tool cannot be forced; say it instead.
             system.push(format!(
                 "Answer with JSON only, matching this JSON schema: {schema}"
@@ -137,21 +112,12 @@ impl Inner {
         }
         body.insert(
             "messages".into(),
-            Value::Array(wire_messages(&request.messages)),
+            Value::Array(turns(&request.messages, &TURNS)),
         );
 
-        let mut tools: Vec<Value> = request
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({
-                    "name": tool.name,
-                    "description": tool.description,
-                    "input_schema": tool.parameters,
-                })
-            })
-            .collect();
-        if let (Some(schema), true) = (&request.output_schema, Self::uses_output_tool(request)) {
+        let declare = |tool| tool_declaration(tool, "input_schema");
+        let mut tools: Vec<Value> = request.tools.iter().map(declare).collect();
+        if let (Some(schema), true) = (&request.output_schema, output_tool) {
             tools.push(json!({
                 "name": OUTPUT_TOOL,
                 "description": "Give the final answer as structured data.",
@@ -173,131 +139,94 @@ impl Inner {
         }
         Value::Object(body)
     }
-}
 
-/// Keel's turns as Messages turns: tool results travel in user turns, and consecutive turns
-/// of one role merge (the API wants all results of a step in the one user turn after it).
-fn wire_messages(messages: &[LlmMessage]) -> Vec<Value> {
-    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    for message in messages {
-        let (role, blocks) = match message.role {
-            LlmRole::System => continue,
-            LlmRole::User => ("user", user_blocks(message)),
-            LlmRole::Assistant => {
-                let mut blocks = text_block(&text_with_attachments(message));
-                blocks.extend(message.tool_calls.iter().map(|call| {
-                    json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments})
-                }));
-                ("assistant", blocks)
-            }
-            LlmRole::Tool => (
-                "user",
-                vec![json!({
-                    "type": "tool_result",
-                    "tool_use_id": message.tool_call_id.as_deref().unwrap_or_default(),
-                    "content": text_with_attachments(message),
-                })],
-            ),
-        };
-        if blocks.is_empty() {
-            continue;
-        }
-        match turns.last_mut() {
-            Some((last_role, last_blocks)) if *last_role == role => last_blocks.extend(blocks),
-            _ => turns.push((role, blocks)),
+    fn decode_response(
+        &self,
+        request: &LlmRequest,
+        body: &Value,
+    ) -> Result<LlmResponse, WireError> {
+        parse_message(body, uses_output_tool(request))
+    }
+
+    fn stream_decoder(&self, request: &LlmRequest) -> Decoder {
+        Decoder {
+            output_tool: uses_output_tool(request),
+            output_block: None,
         }
     }
-    turns
-        .into_iter()
-        .map(|(role, content)| json!({"role": role, "content": content}))
-        .collect()
+
+    /// Context overflow as Anthropic reports it.
+    fn map_error(status: u16, json: &Value, detail: &str) -> Option<LlmErrorKind> {
+        let kind = str_at(json, "/error/type");
+        let detail = detail.to_ascii_lowercase();
+        if status == 413 || kind == "request_too_large" {
+            return Some(LlmErrorKind::ContextOverflow);
+        }
+        let too_long = detail.contains("prompt is too long") || detail.contains("context window");
+        (status == 400 && too_long).then_some(LlmErrorKind::ContextOverflow)
+    }
 }
 
-/// A user turn's blocks: each attachment (an `image` block, or text), then the text, the
-/// order Anthropic advises for images.
-fn user_blocks(message: &LlmMessage) -> Vec<Value> {
-    let mut blocks: Vec<Value> = message
-        .attachments
-        .iter()
-        .map(|file| match attachment(file, IMAGE_FORMATS) {
-            Attachment::InlineImage { media_type, data } => json!({
-                "type": "image",
-                "source": {"type": "base64", "media_type": media_type, "data": data},
-            }),
-            Attachment::ImageUrl { url, .. } => {
-                json!({"type": "image", "source": {"type": "url", "url": url}})
-            }
-            Attachment::Text(text) => json!({"type": "text", "text": text}),
+/// Messages turns: tool results travel in user turns, as `tool_result` blocks.
+const TURNS: TurnFormat = TurnFormat {
+    model_role: "assistant",
+    pieces: "content",
+    image_formats: IMAGE_FORMATS,
+    part: block,
+    tool_call: |call| json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}),
+    tool_result: |message| {
+        json!({
+            "type": "tool_result",
+            "tool_use_id": message.tool_call_id.as_deref().unwrap_or_default(),
+            "content": text_with_attachments(message),
         })
-        .collect();
-    blocks.extend(text_block(&message.content));
-    blocks
-}
+    },
+};
 
-/// A text block, or none: the API rejects empty text blocks.
-fn text_block(text: &str) -> Vec<Value> {
-    if text.is_empty() {
-        Vec::new()
-    } else {
-        vec![json!({"type": "text", "text": text})]
+/// One content block: an `image` block, or text (the API rejects empty text blocks, which
+/// [`turns`] leaves out).
+fn block(attachment: Attachment<'_>) -> Value {
+    match attachment {
+        Attachment::InlineImage { media_type, data } => json!({
+            "type": "image",
+            "source": {"type": "base64", "media_type": media_type, "data": data},
+        }),
+        Attachment::ImageUrl { url, .. } => {
+            json!({"type": "image", "source": {"type": "url", "url": url}})
+        }
+        Attachment::Text(text) => json!({"type": "text", "text": text}),
     }
 }
 
-/// Context overflow as Anthropic reports it.
-fn classify(status: u16, json: &Value, detail: &str) -> Option<LlmErrorKind> {
-    let kind = str_at(json, "/error/type");
-    let detail = detail.to_ascii_lowercase();
-    if status == 413 || kind == "request_too_large" {
-        return Some(LlmErrorKind::ContextOverflow);
-    }
-    if status == 400 && (detail.contains("prompt is too long") || detail.contains("context window"))
-    {
-        return Some(LlmErrorKind::ContextOverflow);
-    }
-    None
-}
-
-fn bad_response(model: &str, what: &str) -> LlmError {
-    LlmError::new(
-        LlmErrorKind::BadResponse,
-        model,
-        format!("the message {what}"),
-    )
+fn bad_response(what: &str) -> WireError {
+    WireError::bad_response(format!("the message {what}"))
 }
 
 /// A tool call, or the text of a structured answer when it came through the output tool.
-fn tool_use(
-    model: &str,
-    block: &Value,
-    output_tool: bool,
-) -> Result<Result<ToolCall, String>, LlmError> {
+fn tool_use(block: &Value, output_tool: bool) -> Result<Result<ToolCall, String>, WireError> {
     let name = block
         .get("name")
         .and_then(Value::as_str)
-        .ok_or_else(|| bad_response(model, "has a tool_use block without a name"))?;
+        .ok_or_else(|| bad_response("has a tool_use block without a name"))?;
     let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
     if output_tool && name == OUTPUT_TOOL {
         return Ok(Err(input.to_string()));
     }
-    let mut call = ToolCall::new(name, input);
-    if let Some(id) = block.get("id").and_then(Value::as_str) {
-        call.id = id.to_owned();
-    }
-    Ok(Ok(call))
+    Ok(Ok(tool_call(name, input, str_at(block, "/id"))))
 }
 
 /// A Messages response body as an [`LlmResponse`].
-fn parse_message(model: &str, body: &Value, output_tool: bool) -> Result<LlmResponse, LlmError> {
+fn parse_message(body: &Value, output_tool: bool) -> Result<LlmResponse, WireError> {
     let blocks = body
         .get("content")
         .and_then(Value::as_array)
-        .ok_or_else(|| bad_response(model, "has no content array"))?;
+        .ok_or_else(|| bad_response("has no content array"))?;
     let mut text = String::new();
     let mut tool_calls = Vec::new();
     for block in blocks {
         match str_at(block, "/type") {
             "text" => text.push_str(str_at(block, "/text")),
-            "tool_use" => match tool_use(model, block, output_tool)? {
+            "tool_use" => match tool_use(block, output_tool)? {
                 Ok(call) => tool_calls.push(call),
                 Err(structured) => text.push_str(&structured),
             },
@@ -317,60 +246,41 @@ fn parse_message(model: &str, body: &Value, output_tool: bool) -> Result<LlmResp
 
 /// Decodes Messages stream events.
 struct Decoder {
-    model: String,
     output_tool: bool,
-    assembler: Option<ResponseAssembler>,
     /// The block index of the forced output tool, whose input is streamed as text.
     output_block: Option<u64>,
-    stop_reason_seen: bool,
 }
 
-impl Decoder {
-    fn finish(&mut self, out: &mut Vec<LlmStreamEvent>) -> Result<(), LlmError> {
-        if let Some(assembler) = self.assembler.take() {
-            out.extend(assembler.finish(&self.model)?);
-        }
-        Ok(())
-    }
-}
-
-impl SseDecoder for Decoder {
-    fn event(&mut self, event: &Event, out: &mut Vec<LlmStreamEvent>) -> Result<bool, LlmError> {
-        let data: Value = serde_json::from_str(&event.data).map_err(|e| {
-            bad_response(
-                &self.model,
-                &format!("stream sent an event that is not JSON: {e}"),
-            )
-        })?;
+impl StreamDecoder for Decoder {
+    fn event(&mut self, event: &Event, answer: &mut ResponseAssembler) -> Result<Frame, WireError> {
+        let data = event_json(&event.data)?;
         let kind = match str_at(&data, "/type") {
             "" => event.event.as_str(),
             kind => kind,
         };
-        if kind == "error" {
-            let detail = error_detail(&data, &event.data);
-            let kind = match str_at(&data, "/error/type") {
-                "rate_limit_error" => LlmErrorKind::RateLimit,
-                "authentication_error" | "permission_error" => LlmErrorKind::Auth,
-                _ => classify(400, &data, &detail).unwrap_or(LlmErrorKind::Api),
-            };
-            return Err(LlmError::new(
-                kind,
-                self.model.as_str(),
-                format!("stream error: {detail}"),
-            ));
-        }
-        if kind == "message_stop" {
-            self.finish(out)?;
-            return Ok(true);
-        }
-        let Some(assembler) = self.assembler.as_mut() else {
-            return Ok(true);
-        };
         let index = data.get("index").and_then(Value::as_u64).unwrap_or(0);
+        let call_index = usize::try_from(index).unwrap_or(usize::MAX);
         match kind {
+            "error" => {
+                // Read as the error answer of that type would be.
+                let status = match str_at(&data, "/error/type") {
+                    "rate_limit_error" => 429,
+                    "authentication_error" | "permission_error" => 401,
+                    _ => 400,
+                };
+                return Err(WireError::in_stream(
+                    status,
+                    &data,
+                    &event.data,
+                    Anthropic::map_error,
+                ));
+            }
+            "message_stop" => return Ok(Frame::Last),
             "message_start" => {
-                assembler.set_input_tokens(u64_at(&data, "/message/usage/input_tokens"));
-                assembler.set_output_tokens(u64_at(&data, "/message/usage/output_tokens"));
+                *answer.usage() = Usage {
+                    input_tokens: u64_at(&data, "/message/usage/input_tokens"),
+                    output_tokens: u64_at(&data, "/message/usage/output_tokens"),
+                };
             }
             "content_block_start" => {
                 let block = data.get("content_block").unwrap_or(&Value::Null);
@@ -380,117 +290,42 @@ impl SseDecoder for Decoder {
                         self.output_block = Some(index);
                     } else {
                         let id = block.get("id").and_then(Value::as_str).map(str::to_owned);
-                        out.push(assembler.tool_delta(
-                            usize::try_from(index).unwrap_or(usize::MAX),
-                            id,
-                            Some(name.to_owned()),
-                            "",
-                        ));
+                        answer.tool_delta(call_index, id, Some(name.to_owned()), "");
                     }
                 } else if let Some(text) = block.get("text").and_then(Value::as_str) {
-                    out.extend(assembler.text(text));
+                    answer.text(text);
                 }
             }
             "content_block_delta" => {
                 let delta = data.get("delta").unwrap_or(&Value::Null);
                 match str_at(delta, "/type") {
-                    "text_delta" => out.extend(assembler.text(str_at(delta, "/text"))),
+                    "text_delta" => answer.text(str_at(delta, "/text")),
                     "input_json_delta" if self.output_block == Some(index) => {
-                        out.extend(assembler.text(str_at(delta, "/partial_json")));
+                        answer.text(str_at(delta, "/partial_json"));
                     }
-                    "input_json_delta" => out.push(assembler.tool_delta(
-                        usize::try_from(index).unwrap_or(usize::MAX),
-                        None,
-                        None,
-                        str_at(delta, "/partial_json"),
-                    )),
+                    "input_json_delta" => {
+                        answer.tool_delta(call_index, None, None, str_at(delta, "/partial_json"));
+                    }
                     _ => {}
                 }
             }
             "message_delta" => {
                 if let Some(tokens) = data.pointer("/usage/output_tokens").and_then(Value::as_u64) {
-                    assembler.set_output_tokens(tokens);
+                    answer.usage().output_tokens = tokens;
                 }
                 if let Some(tokens) = data.pointer("/usage/input_tokens").and_then(Value::as_u64) {
-                    assembler.set_input_tokens(tokens);
+                    answer.usage().input_tokens = tokens;
                 }
                 if data
                     .pointer("/delta/stop_reason")
                     .is_some_and(|reason| !reason.is_null())
                 {
-                    self.stop_reason_seen = true;
+                    return Ok(Frame::Whole);
                 }
             }
             // ping, content_block_stop, and event types added later.
             _ => {}
         }
-        Ok(false)
-    }
-
-    fn end(&mut self, out: &mut Vec<LlmStreamEvent>) -> Result<(), LlmError> {
-        if self.stop_reason_seen {
-            return self.finish(out);
-        }
-        Err(ended_early(&self.model))
-    }
-}
-
-#[async_trait]
-impl Llm for AnthropicLlm {
-    fn model_name(&self) -> &str {
-        &self.inner.model
-    }
-
-    async fn complete(&self, request: LlmRequest) -> AgentResult<LlmResponse> {
-        let inner = &self.inner;
-        let span =
-            tracing::info_span!("llm.complete", provider = "anthropic", model = %inner.model);
-        async move {
-            let site = inner.site();
-            let body = inner.body(&request, false);
-            let json = inner
-                .http
-                .send(&site, || inner.request(&body), true)
-                .await?
-                .json(&site)
-                .await?;
-            Ok(parse_message(
-                &inner.model,
-                &json,
-                Inner::uses_output_tool(&request),
-            )?)
-        }
-        .instrument(span)
-        .await
-    }
-
-    fn stream(&self, request: LlmRequest) -> LlmStream<'_> {
-        let inner = Arc::clone(&self.inner);
-        let span = tracing::info_span!("llm.stream", provider = "anthropic", model = %inner.model);
-        let opening = async move {
-            let site = inner.site();
-            let body = inner.body(&request, true);
-            let opened = inner
-                .http
-                .send(&site, || inner.request(&body), false)
-                .await?;
-            let decoder = Decoder {
-                model: inner.model.clone(),
-                output_tool: Inner::uses_output_tool(&request),
-                assembler: Some(ResponseAssembler::default()),
-                output_block: None,
-                stop_reason_seen: false,
-            };
-            Ok(drive_sse(
-                opened.events(&site).boxed(),
-                decoder,
-                tracing::Span::current(),
-            ))
-        };
-        open_stream(opening.instrument(span))
-    }
-
-    fn profile(&self) -> ModelProfile {
-        self.inner.profile.clone()
+        Ok(Frame::More)
     }
 }

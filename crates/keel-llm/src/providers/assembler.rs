@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::{LlmError, LlmErrorKind, LlmResponse, LlmStreamEvent, ToolCall, Usage};
+use super::wire::WireError;
+use crate::{LlmResponse, LlmStreamEvent, ToolCall, Usage};
 
 #[derive(Debug, Default)]
 struct PartialCall {
@@ -16,25 +17,28 @@ struct PartialCall {
     complete: Option<Value>,
 }
 
-/// Accumulates a streamed answer: text, tool calls by index, usage.
+/// Accumulates a streamed answer: text, tool calls by index, usage, and the events not yet
+/// sent.
 #[derive(Debug, Default)]
 pub(crate) struct ResponseAssembler {
     text: String,
     calls: BTreeMap<usize, PartialCall>,
     usage: Usage,
+    events: Vec<LlmStreamEvent>,
 }
 
 impl ResponseAssembler {
-    /// Record a text delta and return its event (none for empty text).
-    pub(crate) fn text(&mut self, text: &str) -> Option<LlmStreamEvent> {
+    /// Record a text delta and its event (none for empty text).
+    pub(crate) fn text(&mut self, text: &str) {
         if text.is_empty() {
-            return None;
+            return;
         }
         self.text.push_str(text);
-        Some(LlmStreamEvent::TextDelta { text: text.into() })
+        self.events
+            .push(LlmStreamEvent::TextDelta { text: text.into() });
     }
 
-    /// Record a fragment of tool call `index` and return its event.
+    /// Record a fragment of tool call `index` and its event.
     #[cfg_attr(not(any(feature = "openai", feature = "anthropic")), allow(dead_code))]
     pub(crate) fn tool_delta(
         &mut self,
@@ -42,7 +46,7 @@ impl ResponseAssembler {
         id: Option<String>,
         name: Option<String>,
         arguments: &str,
-    ) -> LlmStreamEvent {
+    ) {
         let call = self.calls.entry(index).or_default();
         if id.is_some() {
             call.id.clone_from(&id);
@@ -51,12 +55,12 @@ impl ResponseAssembler {
             call.name.clone_from(&name);
         }
         call.arguments.push_str(arguments);
-        LlmStreamEvent::ToolCallDelta {
+        self.events.push(LlmStreamEvent::ToolCallDelta {
             index,
             id,
             name,
             arguments_delta: arguments.into(),
-        }
+        });
     }
 
     /// Record a tool call that arrived whole.
@@ -74,36 +78,29 @@ impl ResponseAssembler {
         );
     }
 
-    /// Replace the input-token figure (providers report it once, or cumulatively).
-    pub(crate) fn set_input_tokens(&mut self, tokens: u64) {
-        self.usage.input_tokens = tokens;
+    /// The usage figures, to replace as the provider reports them (once, or cumulatively).
+    pub(crate) fn usage(&mut self) -> &mut Usage {
+        &mut self.usage
     }
 
-    /// Replace the output-token figure (providers report it cumulatively).
-    pub(crate) fn set_output_tokens(&mut self, tokens: u64) {
-        self.usage.output_tokens = tokens;
+    /// The events recorded since the last call.
+    pub(crate) fn take_events(&mut self) -> Vec<LlmStreamEvent> {
+        std::mem::take(&mut self.events)
     }
 
     /// The closing events: each assembled tool call, usage, and done.
-    pub(crate) fn finish(self, model: &str) -> Result<Vec<LlmStreamEvent>, LlmError> {
+    pub(crate) fn finish(self) -> Result<Vec<LlmStreamEvent>, WireError> {
         let mut tool_calls = Vec::with_capacity(self.calls.len());
         for (index, call) in self.calls {
             let name = call.name.ok_or_else(|| {
-                LlmError::new(
-                    LlmErrorKind::BadResponse,
-                    model,
-                    format!("streamed tool call {index} has no name"),
-                )
+                WireError::bad_response(format!("streamed tool call {index} has no name"))
             })?;
             let arguments = match call.complete {
                 Some(arguments) => arguments,
                 None => parse_arguments(&call.arguments),
             };
-            let mut tool_call = ToolCall::new(name, arguments);
-            if let Some(id) = call.id.filter(|id| !id.is_empty()) {
-                tool_call.id = id;
-            }
-            tool_calls.push(tool_call);
+            let id = call.id.as_deref().unwrap_or_default();
+            tool_calls.push(tool_call(&name, arguments, id));
         }
         let response = LlmResponse {
             content: (!self.text.is_empty()).then_some(self.text),
@@ -123,6 +120,16 @@ impl ResponseAssembler {
     }
 }
 
+/// A tool call as a provider sent it: its own id when it gave one (`id` is not empty), else
+/// a fresh one.
+pub(crate) fn tool_call(name: &str, arguments: Value, id: &str) -> ToolCall {
+    let mut call = ToolCall::new(name, arguments);
+    if !id.is_empty() {
+        call.id = id.to_owned();
+    }
+    call
+}
+
 /// Tool arguments from the JSON text a model wrote. Empty text means no arguments. Text that
 /// is not JSON is kept as a string rather than failing the whole call: the tool's argument
 /// validation then tells the model what was wrong, which it can fix on the next step.
@@ -131,15 +138,6 @@ pub(crate) fn parse_arguments(text: &str) -> Value {
         return Value::Object(Default::default());
     }
     serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.into()))
-}
-
-/// The error for a body that ended before the provider's final event.
-pub(crate) fn ended_early(model: &str) -> LlmError {
-    LlmError::new(
-        LlmErrorKind::Transport,
-        model,
-        "the stream ended before the final event (connection dropped?)",
-    )
 }
 
 #[cfg(test)]
@@ -155,9 +153,10 @@ mod tests {
         a.tool_delta(1, Some("b".into()), Some("second".into()), "");
         a.tool_delta(0, Some("a".into()), Some("first".into()), "{\"x\":");
         a.tool_delta(0, None, None, "1}");
-        a.set_input_tokens(3);
-        a.set_output_tokens(4);
-        let events = a.finish("m").unwrap();
+        a.usage().input_tokens = 3;
+        a.usage().output_tokens = 4;
+        assert_eq!(a.take_events().len(), 5, "two text and three call deltas");
+        let events = a.finish().unwrap();
         let Some(LlmStreamEvent::Done { response }) = events.last() else {
             panic!("no done event: {events:?}");
         };
@@ -172,6 +171,9 @@ mod tests {
     fn a_nameless_call_is_a_bad_response() {
         let mut a = ResponseAssembler::default();
         a.tool_delta(0, Some("a".into()), None, "{}");
-        assert_eq!(a.finish("m").unwrap_err().kind(), LlmErrorKind::BadResponse);
+        assert_eq!(
+            a.finish().unwrap_err(),
+            WireError::bad_response("streamed tool call 0 has no name")
+        );
     }
 }

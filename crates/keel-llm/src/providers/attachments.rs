@@ -76,6 +76,22 @@ pub(crate) fn attachment<'a>(file: &'a FileContent, accepted: &[&str]) -> Attach
     Attachment::Text(text_form(file, &name, media_type.as_deref()))
 }
 
+/// A user turn's content parts: each attachment, then the text (files before the question,
+/// the order every provider's guide shows; decision 60). `part` writes one in the
+/// provider's shape; the text reaches it as [`Attachment::Text`], and empty text is left out.
+pub(crate) fn user_parts<T>(
+    message: &LlmMessage,
+    accepted: &[&str],
+    part: impl Fn(Attachment<'_>) -> T,
+) -> Vec<T> {
+    let files = message
+        .attachments
+        .iter()
+        .map(|file| attachment(file, accepted));
+    let text = (!message.content.is_empty()).then(|| Attachment::Text(message.content.clone()));
+    files.chain(text).map(part).collect()
+}
+
 /// `file` as text only, for turns that carry no images (tool results, assistant turns).
 pub(crate) fn attachment_as_text(file: &FileContent) -> String {
     if is_image(file) {

@@ -92,6 +92,7 @@ impl<L> ProviderBuilder<L> {
     }
 
     /// Whether a key is looked up in the environment (and so is required).
+    #[cfg_attr(not(feature = "openai"), allow(dead_code))]
     pub(crate) fn reads_key_env(&self) -> bool {
         !self.key_env.is_empty()
     }

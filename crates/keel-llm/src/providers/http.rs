@@ -1,8 +1,7 @@
 //! The HTTP plumbing every provider shares: timeouts, retries with exponential backoff and
-//! jitter honouring `Retry-After`, error classification, secret-safe messages, and SSE
-//! decoding driven into an [`LlmStream`].
+//! jitter honouring `Retry-After`, error classification, secret-safe messages, and bodies
+//! read as JSON or as server-sent events.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::time::Duration;
 
@@ -10,13 +9,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use backon::{ExponentialBuilder, Retryable};
 use chrono::{DateTime, Utc};
-use eventsource_stream::{Event, Eventsource};
-use futures::stream::{self, BoxStream, Stream, StreamExt};
-use keel_core::AgentResult;
+use eventsource_stream::{Event, EventStreamError, Eventsource};
+use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::Value;
-use tracing::Instrument;
 
-use crate::{LlmError, LlmErrorKind, LlmStream, LlmStreamEvent};
+use crate::{LlmError, LlmErrorKind};
 
 /// Timeouts and retry behaviour of a provider's HTTP client.
 ///
@@ -147,12 +144,31 @@ pub(crate) struct CallSite<'a> {
     pub(crate) provider: &'static str,
     pub(crate) model: &'a str,
     pub(crate) key: Option<&'a ApiKey>,
-    /// Provider-specific reading of an error answer (context overflow, odd auth codes).
-    pub(crate) classify: fn(u16, &Value, &str) -> Option<LlmErrorKind>,
+    /// The provider's reading of an error answer.
+    pub(crate) map_error: MapError,
+}
+
+/// A provider's own reading of an error answer (context overflow, odd auth codes); `None`
+/// leaves the kind to the HTTP status.
+pub(crate) type MapError = fn(u16, &Value, &str) -> Option<LlmErrorKind>;
+
+/// An error answer's kind: the provider's reading first, then the status.
+pub(crate) fn error_kind(
+    map_error: MapError,
+    status: u16,
+    json: &Value,
+    detail: &str,
+) -> LlmErrorKind {
+    map_error(status, json, detail).unwrap_or(match status {
+        401 | 403 => LlmErrorKind::Auth,
+        429 => LlmErrorKind::RateLimit,
+        _ => LlmErrorKind::Api,
+    })
 }
 
 impl CallSite<'_> {
-    fn error(&self, kind: LlmErrorKind, message: impl Into<String>) -> LlmError {
+    /// An error of this call, with the key removed from its message.
+    pub(crate) fn error(&self, kind: LlmErrorKind, message: impl Into<String>) -> LlmError {
         LlmError::new(kind, self.model, self.redact(message.into()))
     }
 
@@ -164,7 +180,8 @@ impl CallSite<'_> {
         }
     }
 
-    fn transport(&self, error: reqwest::Error) -> LlmError {
+    /// A connection failure: `what` failed (`request failed`, `stream broke`).
+    fn transport(&self, error: reqwest::Error, what: &str) -> LlmError {
         // `without_url`: a URL may carry a query parameter a provider treats as secret.
         let timeout = error.is_timeout();
         let error = error.without_url();
@@ -180,9 +197,23 @@ impl CallSite<'_> {
         } else {
             LlmErrorKind::Transport
         };
-        self.error(kind, format!("{} request failed: {message}", self.provider))
+        self.error(kind, format!("{} {what}: {message}", self.provider))
+    }
+
+    /// A failure reading an event stream: the connection, or events that do not parse.
+    pub(crate) fn stream_error(&self, error: EventStreamError<reqwest::Error>) -> LlmError {
+        match error {
+            EventStreamError::Transport(error) => self.transport(error, "stream broke"),
+            other => self.error(
+                LlmErrorKind::BadResponse,
+                format!("{} sent an invalid event stream: {other}", self.provider),
+            ),
+        }
     }
 }
+
+/// A response body's server-sent events.
+pub(crate) type SseEvents = BoxStream<'static, Result<Event, EventStreamError<reqwest::Error>>>;
 
 /// A shared HTTP client with its options.
 #[derive(Debug, Clone)]
@@ -285,7 +316,7 @@ impl HttpClient {
         // transport failure happened before the provider saw the request whole.
         let transport = |error: reqwest::Error| Failure {
             retryable: !error.is_timeout(),
-            error: site.transport(error),
+            error: site.transport(error, "request failed"),
         };
         let response = builder.send().await.map_err(transport)?;
         if !response.status().is_success() {
@@ -330,7 +361,7 @@ impl OpenedBody {
     pub(crate) async fn json(mut self, site: &CallSite<'_>) -> Result<Value, LlmError> {
         let mut body = Vec::new();
         while let Some(chunk) = self.chunks.next().await {
-            body.extend(chunk.map_err(|e| site.transport(e))?);
+            body.extend(chunk.map_err(|e| site.transport(e, "request failed"))?);
         }
         serde_json::from_slice(&body).map_err(|e| {
             site.error(
@@ -341,33 +372,8 @@ impl OpenedBody {
     }
 
     /// Decode the body as server-sent events.
-    pub(crate) fn events(
-        self,
-        site: &CallSite<'_>,
-    ) -> impl Stream<Item = Result<Event, LlmError>> + Send + 'static {
-        let model = site.model.to_owned();
-        let provider = site.provider;
-        self.chunks.eventsource().map(move |event| {
-            event.map_err(|error| match error {
-                eventsource_stream::EventStreamError::Transport(error) => {
-                    let kind = if error.is_timeout() {
-                        LlmErrorKind::Timeout
-                    } else {
-                        LlmErrorKind::Transport
-                    };
-                    LlmError::new(
-                        kind,
-                        model.as_str(),
-                        format!("{provider} stream broke: {}", error.without_url()),
-                    )
-                }
-                other => LlmError::new(
-                    LlmErrorKind::BadResponse,
-                    model.as_str(),
-                    format!("{provider} sent an invalid event stream: {other}"),
-                ),
-            })
-        })
+    pub(crate) fn events(self) -> SseEvents {
+        self.chunks.eventsource().boxed()
     }
 }
 
@@ -375,11 +381,7 @@ impl OpenedBody {
 fn classify(site: &CallSite<'_>, status: u16, body: &str) -> LlmError {
     let json: Value = serde_json::from_str(body).unwrap_or(Value::Null);
     let detail = error_detail(&json, body);
-    let kind = (site.classify)(status, &json, &detail).unwrap_or(match status {
-        401 | 403 => LlmErrorKind::Auth,
-        429 => LlmErrorKind::RateLimit,
-        _ => LlmErrorKind::Api,
-    });
+    let kind = error_kind(site.map_error, status, &json, &detail);
     site.error(
         kind,
         format!("{} answered HTTP {status}: {detail}", site.provider),
@@ -437,85 +439,13 @@ pub(crate) fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Durat
     )
 }
 
-/// A provider's reading of server-sent events.
-pub(crate) trait SseDecoder: Send + 'static {
-    /// Handle one event, pushing stream events; `Ok(true)` once the final event arrived.
-    fn event(&mut self, event: &Event, out: &mut Vec<LlmStreamEvent>) -> Result<bool, LlmError>;
-
-    /// The body ended without the final event: close the answer if it is complete anyway,
-    /// or fail.
-    fn end(&mut self, out: &mut Vec<LlmStreamEvent>) -> Result<(), LlmError>;
-}
-
-struct Drive<S, D> {
-    events: S,
-    decoder: D,
-    queue: VecDeque<AgentResult<LlmStreamEvent>>,
-    finished: bool,
-    span: tracing::Span,
-}
-
-/// Turn a provider's SSE events into an [`LlmStream`] through its decoder. The stream stops
-/// after the final event or the first error, and never hangs on a body that ended early.
-pub(crate) fn drive_sse<S, D>(events: S, decoder: D, span: tracing::Span) -> LlmStream<'static>
-where
-    S: Stream<Item = Result<Event, LlmError>> + Send + Unpin + 'static,
-    D: SseDecoder,
-{
-    let state = Drive {
-        events,
-        decoder,
-        queue: VecDeque::new(),
-        finished: false,
-        span,
-    };
-    stream::unfold(state, |mut state| async move {
-        let span = state.span.clone();
-        async move {
-            loop {
-                if let Some(item) = state.queue.pop_front() {
-                    return Some((item, state));
-                }
-                if state.finished {
-                    return None;
-                }
-                let mut out = Vec::new();
-                let result = match state.events.next().await {
-                    None => {
-                        state.finished = true;
-                        state.decoder.end(&mut out)
-                    }
-                    Some(Err(error)) => Err(error),
-                    Some(Ok(event)) => state.decoder.event(&event, &mut out).map(|last| {
-                        state.finished |= last;
-                    }),
-                };
-                state.queue.extend(out.into_iter().map(Ok));
-                if let Err(error) = result {
-                    tracing::warn!(error = %error, "model stream failed");
-                    state.finished = true;
-                    state.queue.push_back(Err(error.into()));
-                }
-            }
-        }
-        .instrument(span)
-        .await
-    })
-    .boxed()
-}
-
-/// Open a streaming call and drive its events; errors opening it become the stream's only
-/// item.
-pub(crate) fn open_stream<F>(opening: F) -> LlmStream<'static>
-where
-    F: std::future::Future<Output = Result<LlmStream<'static>, LlmError>> + Send + 'static,
-{
-    stream::once(opening)
-        .flat_map(|opened| match opened {
-            Ok(events) => events,
-            Err(error) => stream::once(async move { Err(error.into()) }).boxed(),
-        })
-        .boxed()
+/// A JSON array field's items, or none.
+#[cfg_attr(not(any(feature = "openai", feature = "gemini")), allow(dead_code))]
+pub(crate) fn array_at<'a>(value: &'a Value, pointer: &str) -> &'a [Value] {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
 }
 
 /// Text of a JSON string field, or empty.
@@ -600,7 +530,7 @@ mod tests {
             provider: "openai",
             model: "m",
             key: Some(&key),
-            classify: |_, _, _| None,
+            map_error: |_, _, _| None,
         };
         let err = classify(
             &site,

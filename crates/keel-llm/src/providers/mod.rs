@@ -1,8 +1,10 @@
 //! Real model providers over HTTP, each behind its Cargo feature: an OpenAI-compatible chat
 //! completions client (`openai`), Anthropic Messages (`anthropic`) and Google Gemini
-//! (`gemini`). They share one builder ([`ProviderBuilder`]) and one HTTP layer: configurable
-//! timeouts, retries with exponential backoff and jitter that honour `Retry-After`, typed
-//! [`LlmError`](crate::LlmError)s, and incremental SSE decoding.
+//! (`gemini`). They share one builder ([`ProviderBuilder`]), one request/response skeleton
+//! (`wire`: each provider maps only its own request, answer, stream events and error codes)
+//! and one HTTP layer: configurable timeouts, retries with exponential backoff and jitter
+//! that honour `Retry-After`, typed [`LlmError`](crate::LlmError)s, and incremental SSE
+//! decoding.
 //!
 //! **Invariant:** an API key never reaches a log, a `Debug` print or an error message.
 
@@ -10,6 +12,9 @@ mod assembler;
 mod attachments;
 mod builder;
 mod http;
+#[cfg(any(feature = "anthropic", feature = "gemini"))]
+mod turns;
+mod wire;
 
 #[cfg(feature = "anthropic")]
 mod anthropic;

@@ -1,5 +1,7 @@
-//! A scripted local provider: an axum server on 127.0.0.1:0 that records each request and
-//! answers with the next scripted reply, including SSE bodies written in separate chunks.
+//! What the provider tests share: a scripted local provider (an axum server on 127.0.0.1:0
+//! that records each request and answers with the next scripted reply, including SSE bodies
+//! written in separate chunks), a client set up to call it, and the requests, tools and
+//! attachments the tests send.
 
 #![allow(dead_code)] // Each provider's test file uses a different part.
 
@@ -12,8 +14,13 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use futures::stream::{self, StreamExt};
-use keel_llm::providers::HttpOptions;
-use serde_json::Value;
+use keel_core::{AgentError, FileContent};
+use keel_llm::providers::{HttpOptions, ProviderBuilder};
+use keel_llm::{
+    collect_stream, Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmResponse, LlmStreamEvent,
+    ToolSpec, Usage,
+};
+use serde_json::{json, Value};
 
 /// One request the server received.
 #[derive(Debug, Clone)]
@@ -44,6 +51,13 @@ pub enum Reply {
     Chunks(Vec<String>),
     /// An SSE body written as these chunks, then the connection is aborted.
     ChunksThenAbort(Vec<String>),
+}
+
+impl Reply {
+    /// A 200 answer with this JSON body.
+    pub fn ok(body: Value) -> Self {
+        Self::Json(200, Vec::new(), body)
+    }
 }
 
 /// A running scripted server.
@@ -161,4 +175,109 @@ pub fn fast_retries() -> HttpOptions {
         .with_max_attempts(3)
         .with_backoff(Duration::from_millis(1), Duration::from_millis(5))
         .with_timeouts(Duration::from_secs(5), Duration::from_secs(30))
+}
+
+/// `builder` aimed at a scripted server's `base_url`, keyed with `key`, retrying fast.
+pub fn scripted<L>(builder: ProviderBuilder<L>, base_url: String, key: &str) -> ProviderBuilder<L> {
+    builder
+        .with_base_url(base_url)
+        .with_api_key(key)
+        .with_http_options(fast_retries())
+}
+
+/// A request of one user message.
+pub fn ask(text: &str) -> LlmRequest {
+    LlmRequest::new(vec![LlmMessage::user(text)])
+}
+
+/// A request with instructions ("Be brief.") and a user's "Hi".
+pub fn brief_hi() -> LlmRequest {
+    LlmRequest::new(vec![
+        LlmMessage::system("Be brief."),
+        LlmMessage::user("Hi"),
+    ])
+}
+
+/// A request of one user message with these files attached.
+pub fn ask_with(text: &str, files: impl IntoIterator<Item = FileContent>) -> LlmRequest {
+    let message = files
+        .into_iter()
+        .fold(LlmMessage::user(text), LlmMessage::with_attachment);
+    LlmRequest::new(vec![message])
+}
+
+/// The tool the tests offer.
+pub fn weather_tool() -> ToolSpec {
+    ToolSpec {
+        name: "get_weather".into(),
+        description: "Current weather for a city".into(),
+        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    }
+}
+
+/// Usage figures.
+pub fn usage(input_tokens: u64, output_tokens: u64) -> Usage {
+    Usage {
+        input_tokens,
+        output_tokens,
+    }
+}
+
+/// The schema of a structured answer naming a city.
+pub fn city_schema() -> Value {
+    json!({"type": "object", "properties": {"city": {"type": "string"}}})
+}
+
+/// Ask "Hi", expect the call to fail with `kind`, and return the error.
+pub async fn call_fails(llm: &impl Llm, kind: LlmErrorKind) -> AgentError {
+    let err = llm.complete(ask("Hi")).await.unwrap_err();
+    assert_eq!(LlmErrorKind::of(&err), Some(kind), "{err}");
+    err
+}
+
+/// Stream "Hi", expect the stream to fail with `kind`, and return the error.
+pub async fn stream_fails(llm: &impl Llm, kind: LlmErrorKind) -> AgentError {
+    let err = collect_stream(llm.stream(ask("Hi"))).await.unwrap_err();
+    assert_eq!(LlmErrorKind::of(&err), Some(kind), "{err}");
+    err
+}
+
+/// Every event of a stream that must not fail, and the response its final event holds.
+pub async fn stream_events(
+    llm: &impl Llm,
+    request: LlmRequest,
+) -> (Vec<LlmStreamEvent>, LlmResponse) {
+    let events: Vec<LlmStreamEvent> = llm.stream(request).map(Result::unwrap).collect().await;
+    let Some(LlmStreamEvent::Done { response }) = events.last() else {
+        panic!("the stream must end with done: {events:?}");
+    };
+    let response = response.clone();
+    (events, response)
+}
+
+/// The first bytes of a PNG, base64: what an image attached inline carries.
+pub const PNG_B64: &str = "iVBORw0KGgo=";
+
+/// A file attached with its bytes (base64).
+pub fn file(name: &str, media_type: &str, base64: &str) -> FileContent {
+    FileContent {
+        name: Some(name.into()),
+        media_type: Some(media_type.into()),
+        bytes: Some(base64.into()),
+        ..Default::default()
+    }
+}
+
+/// An image attached with its bytes.
+pub fn photo_bytes() -> FileContent {
+    file("cat.png", "image/png", PNG_B64)
+}
+
+/// An image attached by its public URL.
+pub fn photo_url() -> FileContent {
+    FileContent {
+        name: Some("dog.jpg".into()),
+        uri: Some("https://example.com/dog.jpg".into()),
+        ..Default::default()
+    }
 }
