@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use keel::agent::ExecutorConfig;
 use keel::config::{LoadedConfig, DEFAULT_CONFIG_FILE, TEMPLATE};
-use keel::services::{ApiKeyAuthService, AuthContext};
+use keel::services::AuthContext;
 use keel::transport::callbacks::HttpCallbacks;
 use keel::transport::{A2aServer, AgentsServer, Limits, PushTarget, Security};
 use keel::{Config, DefaultRuntime, StoreConfig};
@@ -256,19 +256,8 @@ pub(crate) async fn serve(
         .await
         .map_err(|err| format!("cannot listen on {addr}: {err}"))?;
     let local = listener.local_addr().map_err(|err| err.to_string())?;
-    let mut builder = DefaultRuntime::builder().store(store.clone());
     let secured = !keys.is_empty();
-    if secured {
-        let mut auth = ApiKeyAuthService::new(AuthContext::new("default-app", "default-user"));
-        for (key, tenant) in keys {
-            auth = auth.with_key(key, tenant);
-        }
-        builder = builder.auth(auth);
-    }
-    let runtime = builder
-        .build()
-        .await
-        .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
+    let runtime = crate::open_runtime(&store, None, keys).await?;
     // A public URL from the environment may hold a secret: it is printed masked.
     let (mut url, mut shown) = match (overrides.public_url, &server.public_url) {
         (Some(url), _) => (url.clone(), url),

@@ -99,14 +99,27 @@ struct ChatArgs {
     /// Continue this thread (default: a new one).
     #[arg(long)]
     thread: Option<String>,
+    #[command(flatten)]
+    approval: ApprovalArgs,
+    #[command(flatten)]
+    source: SourceArgs,
+}
+
+/// How `keel run` and `keel chat` answer an action that needs approval (default: ask).
+#[derive(Debug, Args)]
+struct ApprovalArgs {
     /// Approve every action that needs approval.
     #[arg(long, conflicts_with = "deny")]
     approve: bool,
     /// Deny every action that needs approval.
     #[arg(long)]
     deny: bool,
-    #[command(flatten)]
-    source: SourceArgs,
+}
+
+impl ApprovalArgs {
+    fn approver(self) -> run::Approver {
+        run::Approver::from_flags(self.approve, self.deny)
+    }
 }
 
 /// An A2A agent to talk to.
@@ -282,12 +295,8 @@ struct RunArgs {
     /// Continue this thread (default: a new one).
     #[arg(long)]
     thread: Option<String>,
-    /// Approve every action that needs approval.
-    #[arg(long, conflicts_with = "deny")]
-    approve: bool,
-    /// Deny every action that needs approval.
-    #[arg(long)]
-    deny: bool,
+    #[command(flatten)]
+    approval: ApprovalArgs,
     /// Print the run's normalized events as JSON lines on stdout instead.
     #[arg(long)]
     json: bool,
@@ -514,14 +523,13 @@ fn main() -> ExitCode {
             prompt,
             thread,
             json,
-            approve,
-            deny,
+            approval,
             ..
         }) => runtime.block_on(remote::run(
             remote::Remote { url, api_key },
             prompt,
             thread,
-            run::Approver::from_flags(approve, deny),
+            approval.approver(),
             json,
         )),
         Command::Run(args) => runtime.block_on(run::run(
@@ -529,7 +537,7 @@ fn main() -> ExitCode {
             args.agent,
             args.thread,
             args.prompt,
-            run::Approver::from_flags(args.approve, args.deny),
+            args.approval.approver(),
             args.json,
         )),
         Command::Runs(command) => runtime
@@ -568,7 +576,7 @@ fn main() -> ExitCode {
             args.source.source(),
             args.agent,
             args.thread,
-            run::Approver::from_flags(args.approve, args.deny),
+            args.approval.approver(),
         )),
         Command::Completions { shell } => {
             let mut script = Vec::new();
@@ -619,22 +627,40 @@ fn main() -> ExitCode {
 
 /// `--lease-ttl` as a duration, when in range.
 fn lease_ttl(seconds: f64) -> Result<Duration, String> {
-    if !(seconds.is_finite() && (0.1..=86_400.0).contains(&seconds)) {
-        return Err(format!(
-            "--lease-ttl {seconds} is out of range: use 0.1 to 86400 seconds"
-        ));
-    }
-    Ok(Duration::from_secs_f64(seconds))
+    keel::config::LEASE_TTL_SECONDS
+        .check(seconds)
+        .map_err(|range| format!("--lease-ttl {seconds} is out of range: {range}"))
 }
 
 /// `--async-tool-timeout`, checked.
 fn async_tool_timeout(seconds: f64) -> Result<Duration, String> {
-    if !(seconds.is_finite() && (0.001..=31_536_000.0).contains(&seconds)) {
-        return Err(format!(
-            "--async-tool-timeout {seconds} is out of range: use 0.001 to 31536000 seconds"
-        ));
+    keel::config::ASYNC_TOOL_TIMEOUT_SECONDS
+        .check(seconds)
+        .map_err(|range| format!("--async-tool-timeout {seconds} is out of range: {range}"))
+}
+
+/// The runtime on `store`, with `llm` as its model when given and `keys` as its API keys when
+/// there are any, or why the store would not open.
+pub(crate) async fn open_runtime(
+    store: &StoreConfig,
+    llm: Option<Arc<dyn keel::llm::Llm>>,
+    keys: Vec<(String, AuthContext)>,
+) -> Result<DefaultRuntime, String> {
+    let mut builder = DefaultRuntime::builder().store(store.clone());
+    if let Some(llm) = llm {
+        builder = builder.llm_shared(llm);
     }
-    Ok(Duration::from_secs_f64(seconds))
+    if !keys.is_empty() {
+        let mut auth = ApiKeyAuthService::new(run::local_tenant());
+        for (key, tenant) in keys {
+            auth = auth.with_key(key, tenant);
+        }
+        builder = builder.auth(auth);
+    }
+    builder
+        .build()
+        .await
+        .map_err(|err| format!("cannot open the store {store:?}: {err}"))
 }
 
 /// `--store` with the Redis prefix applied.
@@ -687,12 +713,7 @@ async fn run_once(args: RunOnceArgs) -> Result<(), String> {
     let store = store_config(&args.store, &args.redis_prefix)?;
     let llm = keel::llm::llm_from_spec(&args.llm).map_err(|err| err.to_string())?;
     let agent = keel::demo::agent().map_err(|err| err.to_string())?;
-    let runtime = DefaultRuntime::builder()
-        .llm_shared(llm)
-        .store(store.clone())
-        .build()
-        .await
-        .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
+    let runtime = open_runtime(&store, Some(llm), Vec::new()).await?;
     let config = ExecutorConfig {
         lease_ttl,
         callbacks: args.callback_base_url.map(HttpCallbacks::shared),
@@ -802,20 +823,7 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     .map_err(|err| err.to_string())?;
     let agent_name = agent.card().name.clone();
     let keys = parse_api_keys(&args.api_keys)?;
-    let mut builder = DefaultRuntime::builder()
-        .llm_shared(llm)
-        .store(store.clone());
-    if !keys.is_empty() {
-        let mut auth = ApiKeyAuthService::new(AuthContext::new("default-app", "default-user"));
-        for (key, tenant) in keys {
-            auth = auth.with_key(key, tenant);
-        }
-        builder = builder.auth(auth);
-    }
-    let runtime = builder
-        .build()
-        .await
-        .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
+    let runtime = open_runtime(&store, Some(llm), keys).await?;
     let mut url = args
         .public_url
         .unwrap_or_else(|| format!("http://{local}/"));

@@ -70,12 +70,7 @@ impl Source {
             .file()
             .map(|path| keel::Config::from_path(&path).map_err(|err| err.to_string()))
             .transpose()?;
-        let store = self.store(loaded.as_ref())?;
-        DefaultRuntime::builder()
-            .store(store.clone())
-            .build()
-            .await
-            .map_err(|err| format!("cannot open the store {store:?}: {err}"))
+        crate::open_runtime(&self.store(loaded.as_ref())?, None, Vec::new()).await
     }
 
     /// The executor of agent `name` (default: the file's default agent, or the demo agent).
@@ -99,14 +94,8 @@ impl Source {
                     "no agent `{name}`: there is no keel.toml here (give --config FILE)"
                 ));
             }
-            let store = self.store(None)?;
             let llm = keel::llm::llm_from_spec(&self.llm).map_err(|err| err.to_string())?;
-            let runtime = DefaultRuntime::builder()
-                .llm_shared(llm)
-                .store(store.clone())
-                .build()
-                .await
-                .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
+            let runtime = crate::open_runtime(&self.store(None)?, Some(llm), Vec::new()).await?;
             let agent = keel::demo::agent().map_err(|err| err.to_string())?;
             let agent_name = agent.card().name.clone();
             let executor = AgentExecutor::with_config(
@@ -121,12 +110,7 @@ impl Source {
             return Ok(executor);
         };
         let loaded = keel::Config::from_path(&path).map_err(|err| err.to_string())?;
-        let store = self.store(Some(&loaded))?;
-        let runtime = DefaultRuntime::builder()
-            .store(store.clone())
-            .build()
-            .await
-            .map_err(|err| format!("cannot open the store {store:?}: {err}"))?;
+        let runtime = crate::open_runtime(&self.store(Some(&loaded))?, None, Vec::new()).await?;
         let lease_ttl = Duration::from_secs_f64(loaded.server.lease_ttl_seconds);
         let async_tool_timeout = Duration::from_secs_f64(loaded.server.async_tool_timeout_seconds);
         let agents = loaded

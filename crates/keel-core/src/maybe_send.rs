@@ -1,7 +1,7 @@
 //! `MaybeSend` and `MaybeSync`: `Send`/`Sync` on native targets, nothing on `wasm32`, where
 //! there are no threads to send to. Service traits name these instead of `Send + Sync` so
 //! that one definition serves both (seed 002); on native they are exactly `Send`/`Sync`.
-//! Keel's wasm build is not tested (see `docs/decisions.md`).
+//! Keel's wasm build is not tested (decision 128).
 
 /// `Send` on native targets; every type on `wasm32`.
 ///

@@ -272,6 +272,16 @@ mod tests {
         ApprovalFn::new(|r: ApprovalRequest, _| std::future::ready(Ok(approve_request(&r, "op"))))
     }
 
+    /// A `records.write` action, which needs approval, decided by `handler`.
+    async fn write_decided_by(
+        handler: impl ApprovalHandler + 'static,
+    ) -> AgentResult<Authorization> {
+        ActionAuthorizer::new(policy())
+            .with_approval_handler(handler)
+            .authorize(&action(&["records.write"]), &RunContext::new())
+            .await
+    }
+
     #[tokio::test]
     async fn allowed_action_is_authorized_without_approval() {
         let auth = ActionAuthorizer::new(policy())
@@ -318,11 +328,7 @@ mod tests {
 
     #[tokio::test]
     async fn approved_action_records_request_and_decision() {
-        let auth = ActionAuthorizer::new(policy())
-            .with_approval_handler(approving())
-            .authorize(&action(&["records.write"]), &RunContext::new())
-            .await
-            .unwrap();
+        let auth = write_decided_by(approving()).await.unwrap();
         assert_eq!(auth.decision.as_str(), "require_approval");
         let request = auth.approval_request.unwrap();
         let approval = auth.approval.unwrap();
@@ -335,11 +341,7 @@ mod tests {
         let handler = ApprovalFn::new(|r: ApprovalRequest, _| async move {
             Ok(deny_request(&r, "not on a friday"))
         });
-        let err = ActionAuthorizer::new(policy())
-            .with_approval_handler(handler)
-            .authorize(&action(&["records.write"]), &RunContext::new())
-            .await
-            .unwrap_err();
+        let err = write_decided_by(handler).await.unwrap_err();
         assert!(
             matches!(err, AgentError::ActionDenied { ref reason, .. } if reason == "not on a friday")
         );
@@ -352,11 +354,7 @@ mod tests {
             decision.request_id = "someone-else".into();
             Ok(decision)
         });
-        let err = ActionAuthorizer::new(policy())
-            .with_approval_handler(handler)
-            .authorize(&action(&["records.write"]), &RunContext::new())
-            .await
-            .unwrap_err();
+        let err = write_decided_by(handler).await.unwrap_err();
         assert!(
             matches!(err, AgentError::InvalidInput { ref field, .. } if field == "approval_decision.request_id"),
             "{err:?}"
@@ -368,11 +366,7 @@ mod tests {
         let handler = ApprovalFn::new(|_r: ApprovalRequest, _| async move {
             Err::<ApprovalDecision, _>(AgentError::internal("approval service down"))
         });
-        let err = ActionAuthorizer::new(policy())
-            .with_approval_handler(handler)
-            .authorize(&action(&["records.write"]), &RunContext::new())
-            .await
-            .unwrap_err();
+        let err = write_decided_by(handler).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Internal);
     }
 

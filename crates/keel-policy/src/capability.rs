@@ -323,22 +323,14 @@ mod tests {
             .with_rule("records.*", CapabilityRule::RequireApproval)
             .with_rule("records.public.*", CapabilityRule::Allow)
             .with_rule("records.public.purge", CapabilityRule::Deny);
-        assert_eq!(
-            policy.rule_for("records.write").0,
-            CapabilityRule::RequireApproval
-        );
-        assert_eq!(
-            policy.rule_for("records.sub.x").0,
-            CapabilityRule::RequireApproval
-        );
-        assert_eq!(
-            policy.rule_for("records.public.read").0,
-            CapabilityRule::Allow
-        );
-        assert_eq!(
-            policy.rule_for("records.public.purge").0,
-            CapabilityRule::Deny
-        );
+        for (capability, rule) in [
+            ("records.write", CapabilityRule::RequireApproval),
+            ("records.sub.x", CapabilityRule::RequireApproval),
+            ("records.public.read", CapabilityRule::Allow),
+            ("records.public.purge", CapabilityRule::Deny),
+        ] {
+            assert_eq!(policy.rule_for(capability).0, rule, "{capability}");
+        }
         assert_eq!(
             policy.rule_for("mail.send"),
             (CapabilityRule::Deny, Some("*"))

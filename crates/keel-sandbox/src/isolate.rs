@@ -261,6 +261,17 @@ impl<'js> Helpers<'js> {
     fn func(&self, name: &str) -> rquickjs::Result<Function<'js>> {
         self.object.get(name)
     }
+
+    /// What helper `name` answers for `value`; a failure becomes its text.
+    fn call_on<T: rquickjs::FromJs<'js>>(
+        &self,
+        name: &str,
+        value: impl rquickjs::IntoJs<'js>,
+    ) -> Result<T, String> {
+        self.func(name)
+            .and_then(|f| f.call((value,)))
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// One evaluation inside an entered context.
@@ -671,10 +682,7 @@ impl<'js> Session<'_, 'js> {
                 error.message = message;
             }
             stack = obj.get::<_, String>("stack").ok();
-        } else if let Ok(text) = helpers
-            .func("format")
-            .and_then(|f| f.call::<_, String>((thrown.clone(),)))
-        {
+        } else if let Ok(text) = helpers.call_on::<String>("format", thrown.clone()) {
             error.message = text;
         }
         if let Some(stack) = stack {

@@ -166,22 +166,11 @@ pub fn agent() -> AgentResult<Agent> {
 
 /// The conformance agent whose [`Scenario::DelayedComplete`] works for `delay`.
 pub fn agent_with_delay(delay: Duration) -> AgentResult<Agent> {
-    let wait = FnTool::new(
+    let wait = crate::demo::wait_tool(
         WAIT_TOOL,
         "Stay working for some seconds, stopping early if the task is canceled.",
-        json!({
-            "type": "object",
-            "properties": {"seconds": {"type": "number", "minimum": 0}},
-            "required": ["seconds"],
-            "additionalProperties": false
-        }),
-        |args, ctx| async move {
-            let seconds = args["seconds"].as_f64().unwrap_or(0.0);
-            tokio::select! {
-                () = ctx.cancel.cancelled() => Err(AgentError::Canceled { reason: "task canceled".into() }),
-                () = tokio::time::sleep(Duration::from_secs_f64(seconds)) => Ok(json!("waited")),
-            }
-        },
+        json!({"type": "number", "minimum": 0}),
+        |_| json!("waited"),
     );
     let artifact = FnTool::new(
         ARTIFACT_TOOL,

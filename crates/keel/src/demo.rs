@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use keel_agent::{Agent, FnTool};
 use keel_core::{AgentCard, AgentError, AgentResult, AgentSkill};
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// The longest `/sleep` the demo agent accepts, in seconds.
 pub const MAX_SLEEP_SECONDS: u64 = 300;
@@ -77,22 +77,11 @@ pub fn agent() -> AgentResult<Agent> {
             Ok(json!(text.split_whitespace().count()))
         },
     );
-    let sleep = FnTool::new(
+    let sleep = wait_tool(
         "sleep",
         "Wait for a number of seconds, stopping early if the task is canceled.",
-        json!({
-            "type": "object",
-            "properties": {"seconds": {"type": "number", "minimum": 0, "maximum": MAX_SLEEP_SECONDS}},
-            "required": ["seconds"],
-            "additionalProperties": false
-        }),
-        |args, ctx| async move {
-            let seconds = args["seconds"].as_f64().unwrap_or(0.0);
-            tokio::select! {
-                () = ctx.cancel.cancelled() => Err(AgentError::Canceled { reason: "task canceled".into() }),
-                () = tokio::time::sleep(Duration::from_secs_f64(seconds)) => Ok(json!(format!("slept {seconds} s"))),
-            }
-        },
+        json!({"type": "number", "minimum": 0, "maximum": MAX_SLEEP_SECONDS}),
+        |seconds| json!(format!("slept {seconds} s")),
     );
     let mut builder = Agent::builder(card())
         .instructions(
@@ -113,6 +102,34 @@ pub fn agent() -> AgentResult<Agent> {
         }
     }
     builder.build()
+}
+
+/// A tool that waits `{"seconds": N}` (`seconds` is the schema of N), or until its task is
+/// canceled, and then answers `answer(N)`: the demo's `/sleep`, and the conformance agent's
+/// wait.
+pub(crate) fn wait_tool(
+    name: &str,
+    description: &str,
+    seconds: Value,
+    answer: fn(f64) -> Value,
+) -> FnTool {
+    FnTool::new(
+        name,
+        description,
+        json!({
+            "type": "object",
+            "properties": {"seconds": seconds},
+            "required": ["seconds"],
+            "additionalProperties": false
+        }),
+        move |args, ctx| async move {
+            let seconds = args["seconds"].as_f64().unwrap_or(0.0);
+            tokio::select! {
+                () = ctx.cancel.cancelled() => Err(AgentError::Canceled { reason: "task canceled".into() }),
+                () = tokio::time::sleep(Duration::from_secs_f64(seconds)) => Ok(answer(seconds)),
+            }
+        },
+    )
 }
 
 /// The environment variable naming the endpoint of the demo's asynchronous tool.

@@ -48,10 +48,7 @@ pub(super) fn to_host<'js>(
         return Ok(SandboxValue::String(s));
     }
     if value.is_big_int() {
-        let digits: String = helpers
-            .func("format")
-            .and_then(|f| f.call((value,)))
-            .map_err(fail)?;
+        let digits: String = helpers.call_on("format", value)?;
         return Ok(SandboxValue::BigInt(
             digits.trim_end_matches('n').to_owned(),
         ));
@@ -82,16 +79,10 @@ pub(super) fn to_host<'js>(
         }
         return Ok(SandboxValue::Array(items));
     }
-    let kind: String = helpers
-        .func("classify")
-        .and_then(|f| f.call((object.clone(),)))
-        .map_err(fail)?;
+    let kind: String = helpers.call_on("classify", object.clone())?;
     match kind.as_str() {
         "object" => {
-            let keys: Array = helpers
-                .func("keys")
-                .and_then(|f| f.call((object.clone(),)))
-                .map_err(fail)?;
+            let keys: Array = helpers.call_on("keys", object.clone())?;
             let mut entries = Vec::with_capacity(keys.len().min(PREALLOCATE));
             for key in keys.iter::<String>() {
                 let key = key.map_err(fail)?;
@@ -101,17 +92,11 @@ pub(super) fn to_host<'js>(
             Ok(SandboxValue::Object(entries))
         }
         "date" => {
-            let ms: f64 = helpers
-                .func("dateValue")
-                .and_then(|f| f.call((object,)))
-                .map_err(fail)?;
+            let ms: f64 = helpers.call_on("dateValue", object)?;
             Ok(SandboxValue::Date(ms))
         }
         "map" => {
-            let pairs: Array = helpers
-                .func("entries")
-                .and_then(|f| f.call((object,)))
-                .map_err(fail)?;
+            let pairs: Array = helpers.call_on("entries", object)?;
             let mut entries = Vec::with_capacity(pairs.len().min(PREALLOCATE));
             for pair in pairs.iter::<Array>() {
                 let pair = pair.map_err(fail)?;
@@ -125,10 +110,7 @@ pub(super) fn to_host<'js>(
             Ok(SandboxValue::Map(entries))
         }
         "set" => {
-            let items: Array = helpers
-                .func("values")
-                .and_then(|f| f.call((object,)))
-                .map_err(fail)?;
+            let items: Array = helpers.call_on("values", object)?;
             let mut out = Vec::with_capacity(items.len().min(PREALLOCATE));
             for item in items.iter::<Value>() {
                 out.push(to_host(helpers, item.map_err(fail)?, depth + 1, budget)?);
@@ -136,10 +118,7 @@ pub(super) fn to_host<'js>(
             Ok(SandboxValue::Set(out))
         }
         "typed" => {
-            let pair: Array = helpers
-                .func("typedBytes")
-                .and_then(|f| f.call((object,)))
-                .map_err(fail)?;
+            let pair: Array = helpers.call_on("typedBytes", object)?;
             let name: String = pair.get(0).map_err(fail)?;
             let bytes: TypedArray<u8> = pair.get(1).map_err(fail)?;
             let kind = TypedArrayKind::from_constructor_name(&name)
@@ -149,10 +128,7 @@ pub(super) fn to_host<'js>(
             Ok(SandboxValue::TypedArray { kind, bytes })
         }
         "arraybuffer" => {
-            let bytes: TypedArray<u8> = helpers
-                .func("bufferBytes")
-                .and_then(|f| f.call((object,)))
-                .map_err(fail)?;
+            let bytes: TypedArray<u8> = helpers.call_on("bufferBytes", object)?;
             spend(budget, bytes.len())?;
             let bytes = copy_bytes(&bytes).ok_or("the ArrayBuffer is detached")?;
             Ok(SandboxValue::ArrayBuffer(bytes))

@@ -40,6 +40,45 @@ const RESERVED_TOOL_NAMES: [&str; 6] = [
     keel_agent::SESSION_STATUS_TOOL,
 ];
 
+/// The lease TTLs Keel accepts (`[server] lease_ttl_seconds`, `keel serve --lease-ttl`).
+pub const LEASE_TTL_SECONDS: SecondsRange = SecondsRange {
+    min: 0.1,
+    max: 86_400.0,
+};
+
+/// The asynchronous tool timeouts Keel accepts (`[server] async_tool_timeout_seconds`,
+/// `--async-tool-timeout`).
+pub const ASYNC_TOOL_TIMEOUT_SECONDS: SecondsRange = SecondsRange {
+    min: 0.001,
+    max: 31_536_000.0,
+};
+
+/// The seconds a duration setting accepts, the file's and the command line's alike.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SecondsRange {
+    /// The shortest.
+    pub min: f64,
+    /// The longest.
+    pub max: f64,
+}
+
+impl SecondsRange {
+    /// `seconds` as a duration when in range; otherwise what the range is.
+    ///
+    /// ```
+    /// use keel::config::LEASE_TTL_SECONDS;
+    /// assert_eq!(LEASE_TTL_SECONDS.check(2.0), Ok(std::time::Duration::from_secs(2)));
+    /// assert_eq!(LEASE_TTL_SECONDS.check(0.0).unwrap_err(), "use 0.1 to 86400 seconds");
+    /// ```
+    pub fn check(&self, seconds: f64) -> Result<std::time::Duration, String> {
+        if seconds.is_finite() && (self.min..=self.max).contains(&seconds) {
+            Ok(std::time::Duration::from_secs_f64(seconds))
+        } else {
+            Err(format!("use {} to {} seconds", self.min, self.max))
+        }
+    }
+}
+
 /// The file `keel serve` and `keel check` read when none is named.
 pub const DEFAULT_CONFIG_FILE: &str = "keel.toml";
 
@@ -122,24 +161,14 @@ impl Config {
             ));
         }
         let server = &self.server;
-        if !(server.lease_ttl_seconds.is_finite()
-            && (0.1..=86_400.0).contains(&server.lease_ttl_seconds))
-        {
-            return Err(ConfigError::whole(
-                path,
-                "server.lease_ttl_seconds",
-                "use 0.1 to 86400 seconds",
-            ));
-        }
-        if !(server.async_tool_timeout_seconds.is_finite()
-            && (0.001..=31_536_000.0).contains(&server.async_tool_timeout_seconds))
-        {
-            return Err(ConfigError::whole(
-                path,
-                "server.async_tool_timeout_seconds",
-                "use 0.001 to 31536000 seconds",
-            ));
-        }
+        LEASE_TTL_SECONDS
+            .check(server.lease_ttl_seconds)
+            .map_err(|range| ConfigError::whole(path, "server.lease_ttl_seconds", range))?;
+        ASYNC_TOOL_TIMEOUT_SECONDS
+            .check(server.async_tool_timeout_seconds)
+            .map_err(|range| {
+                ConfigError::whole(path, "server.async_tool_timeout_seconds", range)
+            })?;
         for (i, key) in server.api_keys.iter().enumerate() {
             let tenant = key.tenant.get_ref();
             let valid = tenant

@@ -15,6 +15,44 @@ fn parse(text: &str) -> Result<LoadedConfig, ConfigError> {
 
 const MINIMAL: &str = "[[agents]]\nname = \"a\"\ndescription = \"A.\"\n";
 
+/// A tool `name` that takes any object and answers what `answer` answers.
+fn object_tool<F, Fut>(name: &str, answer: F) -> keel_agent::FnTool
+where
+    F: Fn(serde_json::Value, keel_agent::ToolContext) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = keel_core::AgentResult<serde_json::Value>> + Send + 'static,
+{
+    keel_agent::FnTool::new(
+        name,
+        "A test tool.",
+        serde_json::json!({"type": "object"}),
+        answer,
+    )
+}
+
+/// The agents of `config` on an offline runtime, `tool` added to agent `owner`, and the task
+/// of `text` sent to the default agent, once it rests.
+async fn ask_default_agent(
+    config: &LoadedConfig,
+    owner: &str,
+    tool: impl keel_agent::Tool + 'static,
+    text: &str,
+) -> (AgentSet, keel_core::Task) {
+    let runtime: Arc<dyn Runtime> = Arc::new(DefaultRuntime::offline());
+    let agents = config
+        .agents()
+        .tool(owner, tool)
+        .build(runtime.clone())
+        .unwrap();
+    let auth = runtime.auth_service().auth_context();
+    let task = agents
+        .default_agent()
+        .executor
+        .send_message(&auth, Message::user(text), Default::default())
+        .await
+        .unwrap();
+    (agents, task)
+}
+
 #[test]
 fn the_template_loads_and_declares_two_agents() {
     let config = parse(TEMPLATE).unwrap();
@@ -135,18 +173,12 @@ fn instructions_come_from_a_file_next_to_the_config() {
 #[tokio::test]
 async fn agents_are_built_with_their_tools_policy_budget_and_subagents() {
     let config = parse(TEMPLATE).unwrap();
-    let runtime: Arc<dyn Runtime> = Arc::new(DefaultRuntime::offline());
-    let extra = keel_agent::FnTool::new(
-        "shout",
-        "Shout.",
-        serde_json::json!({"type": "object"}),
-        |_args, _ctx| async { Ok(serde_json::json!("HEY")) },
-    );
-    let agents = config
-        .agents()
-        .tool("researcher", extra)
-        .build(runtime.clone())
-        .unwrap();
+    let extra = object_tool("shout", |_args, _ctx| async {
+        Ok(serde_json::json!("HEY"))
+    });
+    // The default agent answers a message offline.
+    let (agents, task) = ask_default_agent(&config, "researcher", extra, "hi").await;
+    assert_eq!(task.state(), TaskState::Completed);
     let assistant = agents.get("assistant").unwrap().executor.agent();
     let tools: BTreeSet<String> = assistant.tool_specs().into_iter().map(|t| t.name).collect();
     for name in [
@@ -169,20 +201,10 @@ async fn agents_are_built_with_their_tools_policy_budget_and_subagents() {
         .collect();
     assert!(tools.contains(&"shout".to_owned()) && tools.contains(&"session_status".to_owned()));
 
-    // The default agent answers a message offline.
-    let auth = runtime.auth_service().auth_context();
-    let task = agents
-        .default_agent()
-        .executor
-        .send_message(&auth, Message::user("hi"), Default::default())
-        .await
-        .unwrap();
-    assert_eq!(task.state(), TaskState::Completed);
-
     let unknown = config
         .agents()
         .tool("nobody", keel_agent::SessionStatusTool)
-        .build(runtime);
+        .build(Arc::new(DefaultRuntime::offline()));
     assert!(unknown.is_err());
 }
 
@@ -190,25 +212,10 @@ async fn agents_are_built_with_their_tools_policy_budget_and_subagents() {
 async fn the_agent_budget_bounds_every_run() {
     let text = format!("{MINIMAL}[agents.budget]\nmax_tool_calls = 0\n");
     let config = parse(&text).unwrap();
-    let runtime: Arc<dyn Runtime> = Arc::new(DefaultRuntime::offline());
-    let shout = keel_agent::FnTool::new(
-        "shout",
-        "Shout.",
-        serde_json::json!({"type": "object"}),
-        |_args, _ctx| async { Ok(serde_json::json!("HEY")) },
-    );
-    let agents = config
-        .agents()
-        .tool("a", shout)
-        .build(runtime.clone())
-        .unwrap();
-    let auth = runtime.auth_service().auth_context();
-    let task = agents
-        .default_agent()
-        .executor
-        .send_message(&auth, Message::user("/shout {}"), Default::default())
-        .await
-        .unwrap();
+    let shout = object_tool("shout", |_args, _ctx| async {
+        Ok(serde_json::json!("HEY"))
+    });
+    let (_, task) = ask_default_agent(&config, "a", shout, "/shout {}").await;
     assert_eq!(task.state(), TaskState::Failed, "{task:?}");
 }
 
@@ -216,31 +223,14 @@ async fn the_agent_budget_bounds_every_run() {
 async fn a_denied_capability_never_runs() {
     let text = format!("{MINIMAL}[agents.policy]\ndeny = [\"net.*\"]\n");
     let config = parse(&text).unwrap();
-    let runtime: Arc<dyn Runtime> = Arc::new(DefaultRuntime::offline());
     let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let seen = ran.clone();
-    let fetch = keel_agent::FnTool::new(
-        "fetch",
-        "Fetch.",
-        serde_json::json!({"type": "object"}),
-        move |_args, _ctx| {
-            seen.store(true, std::sync::atomic::Ordering::SeqCst);
-            async { Ok(serde_json::json!("fetched")) }
-        },
-    )
+    let fetch = object_tool("fetch", move |_args, _ctx| {
+        seen.store(true, std::sync::atomic::Ordering::SeqCst);
+        async { Ok(serde_json::json!("fetched")) }
+    })
     .with_capabilities(["net.fetch"]);
-    let agents = config
-        .agents()
-        .tool("a", fetch)
-        .build(runtime.clone())
-        .unwrap();
-    let auth = runtime.auth_service().auth_context();
-    agents
-        .default_agent()
-        .executor
-        .send_message(&auth, Message::user("/fetch {}"), Default::default())
-        .await
-        .unwrap();
+    ask_default_agent(&config, "a", fetch, "/fetch {}").await;
     assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
 }
 
