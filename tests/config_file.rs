@@ -38,7 +38,7 @@ async fn send(endpoint: &str, words: &str) -> Value {
         "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
         "params": {"message": {"messageId": format!("m-{words}"), "role": "ROLE_USER", "parts": [{"text": words}]}}
     });
-    let answer: Value = support::post_rpc(&endpoint, &body).await;
+    let answer: Value = support::post_rpc(endpoint, &body).await;
     answer["result"]["task"].clone()
 }
 

@@ -12,7 +12,6 @@ use serde_json::{json, Value};
 use support::{user_message, TestServer, SLEEP_30};
 
 /// The JSON-RPC envelope checks of this file, on the shared test server.
-
 impl TestServer {
     /// POST raw bytes to `path` with `A2A-Version: 1.0` (unless `version` says otherwise).
     async fn post_raw(
