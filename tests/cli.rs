@@ -52,16 +52,7 @@ async fn serve_answers_send_message_and_exits_cleanly_on_sigterm() {
         "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
         "params": {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hello"}]}}
     });
-    let answer: serde_json::Value = client
-        .post(&server.url)
-        .header("A2A-Version", "1.0")
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer: serde_json::Value = support::post_rpc(&server.url, &body).await;
     assert_eq!(
         answer["result"]["task"]["status"]["state"],
         "TASK_STATE_COMPLETED"
@@ -170,32 +161,14 @@ fn an_empty_instance_id_is_refused() {
 #[tokio::test]
 async fn serve_agent_conformance_serves_the_tck_scenario_agent() {
     let server = KeelServer::start(&["--agent", "conformance"]);
-    let client = reqwest::Client::new();
-    let card: serde_json::Value = client
-        .get(format!("{}.well-known/agent-card.json", server.url))
-        .header("A2A-Version", "1.0")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let card = support::card(&server.url).await;
     assert_eq!(card["capabilities"]["streaming"], true, "{card}");
     assert_eq!(card["capabilities"]["pushNotifications"], true, "{card}");
     let body = serde_json::json!({
         "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
         "params": {"message": {"messageId": "tck-reject-task-1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
     });
-    let answer: serde_json::Value = client
-        .post(&server.url)
-        .header("A2A-Version", "1.0")
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer: serde_json::Value = support::post_rpc(&server.url, &body).await;
     assert_eq!(
         answer["result"]["task"]["status"]["state"], "TASK_STATE_REJECTED",
         "{answer}"

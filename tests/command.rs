@@ -248,9 +248,7 @@ async fn an_asynchronous_http_tool_finishes_under_run_through_the_runs_own_callb
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let service = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let service = support::serve(app).await;
 
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
@@ -677,15 +675,7 @@ impl RecordingAgent {
 async fn tasks_approve_sends_the_decision_as_a_data_part_to_the_task() {
     let real = support::KeelServer::start(&[]);
     let http = reqwest::Client::new();
-    let card: Value = http
-        .get(format!("{}.well-known/agent-card.json", real.url))
-        .header("A2A-Version", "1.0")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let card = support::card(&real.url).await;
     let answer: Value = http
         .post(&real.url)
         .header("A2A-Version", "1.0")

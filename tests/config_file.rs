@@ -17,7 +17,7 @@ use axum::routing::get;
 use keel::core::Message;
 use keel::transport::A2aClient;
 use serde_json::{json, Value};
-use support::KeelServer;
+use support::{card, KeelServer};
 
 fn keel(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_keel"))
@@ -38,16 +38,7 @@ async fn send(endpoint: &str, words: &str) -> Value {
         "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
         "params": {"message": {"messageId": format!("m-{words}"), "role": "ROLE_USER", "parts": [{"text": words}]}}
     });
-    let answer: Value = reqwest::Client::new()
-        .post(endpoint)
-        .header("A2A-Version", "1.0")
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer: Value = support::post_rpc(endpoint, &body).await;
     answer["result"]["task"].clone()
 }
 
@@ -56,19 +47,6 @@ fn answer_text(task: &Value) -> String {
         .as_str()
         .unwrap_or_default()
         .to_owned()
-}
-
-/// The agent's card as a v1.0 caller reads it.
-async fn card(url: &str) -> Value {
-    reqwest::Client::new()
-        .get(format!("{url}.well-known/agent-card.json"))
-        .header("A2A-Version", "1.0")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 #[tokio::test]
@@ -194,9 +172,7 @@ async fn each_agent_calls_the_http_tool_its_file_declares_with_the_secret_from_t
             },
         ),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let target = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let target = support::serve(app).await;
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("keel.toml");
@@ -306,9 +282,7 @@ async fn an_asynchronous_http_tool_from_the_file_answers_through_its_agents_call
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let target = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let target = support::serve(app).await;
 
     let dir = tempfile::tempdir().unwrap();
     let file = write(
@@ -395,9 +369,7 @@ async fn push_notifications_reach_only_the_targets_the_allow_list_names() {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let base = support::serve(app).await;
     let listed = format!("{base}/allowed/");
 
     let dir = tempfile::tempdir().unwrap();
@@ -529,9 +501,7 @@ async fn an_agents_model_api_key_from_the_file_is_sent_instead_of_the_providers_
             },
         ),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let base = support::serve(app).await;
 
     let dir = tempfile::tempdir().unwrap();
     let agent = |key: &str| {
@@ -590,9 +560,7 @@ async fn negotiate_model_lets_the_agents_own_model_reject_a_task_and_accept_asks
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let base = support::serve(app).await;
 
     let dir = tempfile::tempdir().unwrap();
     let file = |negotiate: &str| {

@@ -178,19 +178,7 @@ async fn a_malformed_run_context_is_invalid_params_naming_the_field() {
                         "metadata": {"run_context": run_context}}
         }});
         let url = child.url.clone();
-        async move {
-            let answer: serde_json::Value = reqwest::Client::new()
-                .post(url)
-                .header("A2A-Version", "1.0")
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            answer
-        }
+        async move { support::post_rpc(&url, &body).await }
     };
     let bad_budget = send(serde_json::json!({
         "run_id": "r-1", "trace_id": "t-1", "budget": {"max_steps": "three"}

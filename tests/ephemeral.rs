@@ -153,7 +153,8 @@ async fn conversation_in_fresh_processes(store: String, extra: Vec<String>) {
     );
     let secret = invocation["callback_secret"].as_str().unwrap().to_owned();
 
-    // The job takes a while; no process is running for it meanwhile.
+    // The job takes a while; no process is running for it meanwhile (the time going by with
+    // no process is the scenario, not a wait for a state).
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // A forged callback (wrong secret), in a fresh process: refused, nothing changes.

@@ -326,6 +326,30 @@ impl Rpc {
     }
 }
 
+/// The agent card served under `url` (which ends in `/`), as a v1.0 caller reads it.
+pub async fn card(url: &str) -> serde_json::Value {
+    answer_as_v1(reqwest::Client::new().get(format!("{url}.well-known/agent-card.json"))).await
+}
+
+/// POST the JSON-RPC `body` to `url` as a v1.0 caller; the JSON answer.
+pub async fn post_rpc(url: &str, body: &serde_json::Value) -> serde_json::Value {
+    answer_as_v1(reqwest::Client::new().post(url).json(body)).await
+}
+
+/// Send `request` with `A2A-Version: 1.0`; the JSON answer.
+async fn answer_as_v1(request: reqwest::RequestBuilder) -> serde_json::Value {
+    let response = request.header("A2A-Version", "1.0").send().await.unwrap();
+    response.json().await.unwrap()
+}
+
+/// Serve `app` on a free port of 127.0.0.1 in the background; its `http://` base URL.
+pub async fn serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    base
+}
+
 /// A fresh id for messages and prefixes.
 pub fn uuid_like() -> String {
     use std::time::{SystemTime, UNIX_EPOCH};

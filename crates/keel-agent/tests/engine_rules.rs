@@ -12,6 +12,9 @@ use keel_runtime::{Runtime, Services};
 /// that backend's `runtime()` through `super::runtime()`.
 macro_rules! rules {
     () => {
+        mod fixture {
+            include!("rules/fixture.rs");
+        }
         mod engine {
             include!("rules/engine.rs");
         }

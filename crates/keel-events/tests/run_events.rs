@@ -429,8 +429,10 @@ async fn replay_reads_events_and_reports_without_an_engine() {
     assert_eq!(RunReplay::from_json(&json).unwrap(), replay);
     let events_json = serde_json::to_value(replay.events()).unwrap();
     assert_eq!(RunReplay::from_json(&events_json).unwrap(), replay);
-    assert!(RunReplay::from_json(&json!("nope")).is_err());
-    assert!(RunReplay::from_json(&json!({"events": 3})).is_err());
+    for not_a_replay in [json!("nope"), json!({"events": 3})] {
+        let err = RunReplay::from_json(&not_a_replay).unwrap_err();
+        assert!(matches!(err, AgentError::InvalidInput { .. }), "{err:?}");
+    }
 }
 
 #[tokio::test]
@@ -631,7 +633,8 @@ async fn report_json_reads_back_whole_events() {
     // Events that are not an array are an error, not an empty report.
     let mut broken = json;
     broken["events"] = json!(3);
-    assert!(serde_json::from_value::<RunReport>(broken).is_err());
+    let err = serde_json::from_value::<RunReport>(broken).unwrap_err();
+    assert!(err.is_data(), "{err}");
 }
 
 #[tokio::test]

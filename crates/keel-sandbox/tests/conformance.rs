@@ -8,6 +8,7 @@ use keel_sandbox::{
     run_code, CodeExecutionRequest, ConsoleLevel, ExecutionStatus, HostError, HostFunction,
     Language, SandboxValue, TypedArrayKind, DEFAULT_MEMORY_LIMIT_BYTES, MAX_MEMORY_LIMIT_BYTES,
 };
+use tokio::sync::Notify;
 
 async fn run(request: CodeExecutionRequest) -> keel_sandbox::CodeExecutionResult {
     run_code(request).result().await
@@ -15,6 +16,25 @@ async fn run(request: CodeExecutionRequest) -> keel_sandbox::CodeExecutionResult
 
 fn obj<const N: usize>(entries: [(&str, SandboxValue); N]) -> SandboxValue {
     SandboxValue::object(entries)
+}
+
+/// A host function `name` that answers `null`, and the notice it gives each time the code
+/// calls it: a test waits on that instead of guessing how long the code takes to get there.
+fn signalling(name: &str) -> (HostFunction, Arc<Notify>) {
+    let called = Arc::new(Notify::new());
+    let notice = called.clone();
+    let function = HostFunction::new(name, move |_| {
+        notice.notify_one();
+        async { Ok(SandboxValue::Null) }
+    });
+    (function, called)
+}
+
+/// `event`, or a panic after 10 s.
+async fn within_10s(event: impl std::future::Future<Output = ()>) {
+    tokio::time::timeout(Duration::from_secs(10), event)
+        .await
+        .expect("the code got there within 10 s");
 }
 
 fn message(result: &keel_sandbox::CodeExecutionResult) -> String {
@@ -382,8 +402,14 @@ async fn item07_memory_limit_settles_as_memory() {
 //    (the benchmark reports how fast the isolate's thread actually stops).
 #[tokio::test]
 async fn item08_terminate_settles_the_handle_as_terminated() {
-    let execution = run_code(CodeExecutionRequest::new("for (;;) {}").with_safety_cap(None));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The code calls `started` just before its endless loop; terminate once it has.
+    let (started, entered) = signalling("started");
+    let execution = run_code(
+        CodeExecutionRequest::new("await started(); for (;;) {}")
+            .with_global("started", started.into())
+            .with_safety_cap(None),
+    );
+    within_10s(entered.notified()).await;
     let other = execution.clone();
     tokio::spawn(async move { other.terminate(Some("deadline passed")) })
         .await
@@ -399,15 +425,21 @@ async fn item08_terminate_settles_the_handle_as_terminated() {
     execution.terminate(Some("again"));
     assert_eq!(execution.result().await, result);
 
-    // While the sandbox awaits a slow host function.
-    let slow = HostFunction::new("slow", |_| async {
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-        Ok(SandboxValue::Null)
+    // While the sandbox awaits a slow host function (one that never answers in test time),
+    // terminated once the code has called it.
+    let entered = Arc::new(Notify::new());
+    let calls = entered.clone();
+    let slow = HostFunction::new("slow", move |_| {
+        calls.notify_one();
+        async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(SandboxValue::Null)
+        }
     });
     let execution = run_code(
         CodeExecutionRequest::new("export default await slow();").with_global("slow", slow.into()),
     );
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    within_10s(entered.notified()).await;
     execution.terminate(None);
     let result = execution.result().await;
     assert_eq!(result.status, ExecutionStatus::Terminated);

@@ -108,22 +108,13 @@ async fn a_stale_holder_on_one_store_cannot_write_after_another_store_takes_over
         .await
         .unwrap()
         .unwrap();
-    // Wait (bounded) until the short lease has lapsed and b can take the thread.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    let new = loop {
-        if let Some(lease) = b
-            .acquire_lease(&auth, &thread, "b", Duration::from_secs(30))
+    // Wait until the short lease has lapsed and b can take the thread.
+    let new = keel_runtime::testing::eventually("the lease to lapse", || async {
+        b.acquire_lease(&auth, &thread, "b", Duration::from_secs(30))
             .await
             .unwrap()
-        {
-            break lease;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the lease must lapse"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    })
+    .await;
     assert!(new.token > old.token, "tokens grow across stores");
     let err = a
         .append_history(&auth, &old, &[LlmMessage::user("late")])

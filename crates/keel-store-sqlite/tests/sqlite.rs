@@ -403,6 +403,8 @@ async fn expired_memory_values_are_swept_on_write() {
         .save_serialized_with_ttl(&auth, "brief", json!(1), Duration::from_millis(1))
         .await
         .unwrap();
+    // Letting the 1 ms TTL run out on the wall clock is the behaviour under test (the store
+    // reads the system time), not a wait for another task's state.
     tokio::time::sleep(Duration::from_millis(20)).await;
     store
         .save_serialized(&auth, "other", json!(2))

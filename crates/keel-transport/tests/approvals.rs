@@ -12,26 +12,27 @@ use keel_agent::{Agent, FnTool};
 use keel_core::{AgentCard, RunContext, TaskId};
 use keel_llm::MockLlm;
 use keel_policy::{CapabilityPolicy, CapabilityRule};
-use keel_runtime::{ApiKeyAuthService, AuthContext, Services};
-use keel_transport::{A2aServer, Security, KEEL_APPROVAL_EXTENSION_URI};
+use keel_runtime::AuthContext;
+use keel_transport::{Security, KEEL_APPROVAL_EXTENSION_URI};
 use serde_json::{json, Value};
-use support::sse_events;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use support::{sse_events, TestServer, ALICE, BOB};
 
-const ALICE: &str = "key-alice";
-const BOB: &str = "key-bob";
 /// A prompt that makes the offline model call the tool that needs approval.
 const WRITE: &str = "/write_record {\"id\": \"r1\"}";
 
 /// An agent whose `write_record` tool needs approval, served with API keys for two tenants.
 struct ApprovalServer {
-    base: String,
-    http: reqwest::Client,
-    executor: keel_agent::AgentExecutor,
+    server: TestServer,
+    /// How many times `write_record` ran.
     writes: Arc<AtomicUsize>,
-    stop: Option<oneshot::Sender<()>>,
-    serving: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+/// The shared test server's helpers (`base`, `http`, `executor`) on the approval server.
+impl std::ops::Deref for ApprovalServer {
+    type Target = TestServer;
+    fn deref(&self) -> &TestServer {
+        &self.server
+    }
 }
 
 impl ApprovalServer {
@@ -62,35 +63,17 @@ impl ApprovalServer {
             )
             .build()
             .unwrap();
-        let auth = ApiKeyAuthService::new(AuthContext::new("local", "operator"))
-            .with_key(ALICE, AuthContext::new("acme", "alice"))
-            .with_key(BOB, AuthContext::new("globex", "bob"));
-        let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth));
+        let runtime = support::two_tenant_runtime(MockLlm::new());
         let executor = keel_agent::AgentExecutor::new(agent, runtime);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let server = A2aServer::new(executor.clone()).with_security(Security::api_key_and_bearer());
-        let serving = tokio::spawn(server.serve(listener, async move {
-            let _ = stopped.await;
-        }));
-        Self {
-            base,
-            http: reqwest::Client::new(),
-            executor,
-            writes,
-            stop: Some(stop),
-            serving: Some(serving),
-        }
+        let server = TestServer::start_with_executor(executor, |server| {
+            server.with_security(Security::api_key_and_bearer())
+        })
+        .await;
+        Self { server, writes }
     }
 
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(serving) = self.serving.take() {
-            serving.await.unwrap().unwrap();
-        }
+    async fn stop(self) {
+        self.server.stop().await;
     }
 
     fn rpc_request(&self, key: &str, method: &str, params: Value) -> reqwest::RequestBuilder {
@@ -430,15 +413,7 @@ async fn another_tenants_task_is_task_not_found() {
 #[tokio::test]
 async fn the_card_declares_the_approval_extension() {
     let server = ApprovalServer::start().await;
-    let card: Value = server
-        .http
-        .get(format!("{}/.well-known/agent-card.json", server.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let card: Value = server.get_json_as(None, support::CARD_PATH).await;
     let uris: Vec<&str> = card["capabilities"]["extensions"]
         .as_array()
         .unwrap()

@@ -28,6 +28,8 @@ async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors()
             async move {
                 let _ = tx.send(inv.clone());
                 tokio::spawn(async move {
+                    // The remote job's own latency (the callback comes after the
+                    // acknowledgement), not a wait for a state.
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     let response = reqwest::Client::new()
                         .post(&inv.callback_url)

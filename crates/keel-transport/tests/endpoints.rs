@@ -2,27 +2,24 @@
 //! credentials and the caller's tenant, under `/agents/{name}/` too, with typed errors as
 //! HTTP statuses; and the operator's thread compaction served as one of them.
 
+mod support;
+
 use std::sync::Arc;
 
 use keel_agent::{Agent, AgentExecutor, SendOptions};
 use keel_core::{AgentCard, AgentError, Message, ThreadId};
 use keel_llm::{MockLlm, MockResponse};
-use keel_runtime::{ApiKeyAuthService, AuthContext, Runtime, Services};
+use keel_runtime::{AuthContext, Runtime};
 use keel_transport::{
     A2aServer, AgentsServer, EndpointContent, EndpointSpec, HttpMethod, Security,
 };
 use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
-
-const ALICE: &str = "key-alice";
-const BOB: &str = "key-bob";
+use support::{ALICE, BOB};
 
 fn runtime(llm: MockLlm) -> Arc<dyn Runtime> {
-    let auth = ApiKeyAuthService::new(AuthContext::new("local", "operator"))
-        .with_key(ALICE, AuthContext::new("acme", "alice"))
-        .with_key(BOB, AuthContext::new("globex", "bob"));
-    Arc::new(Services::in_memory(Arc::new(llm)).with_auth(auth))
+    support::two_tenant_runtime(llm)
 }
 
 fn executor(runtime: Arc<dyn Runtime>, llm: Option<MockLlm>) -> AgentExecutor {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use keel_agent::AgentExecutor;
 use keel_core::AgentCard;
 use keel_llm::MockLlm;
-use keel_runtime::{ApiKeyAuthService, AuthContext, Services};
+use keel_runtime::Services;
 use keel_transport::grpc::proto::a2a_service_client::A2aServiceClient;
 use keel_transport::grpc::tonic::transport::Channel;
 use keel_transport::grpc::tonic::{Code, Request, Status, Streaming};
@@ -18,10 +18,7 @@ use keel_transport::grpc::tonic_types::StatusExt;
 use keel_transport::grpc::{from_json, proto, to_json, ProtoJson};
 use keel_transport::{A2aServer, AgentsServer, Security};
 use serde_json::{json, Value};
-use support::{user_message, TestServer, SLEEP_30};
-
-const ALICE: &str = "key-alice";
-const BOB: &str = "key-bob";
+use support::{user_message, TestServer, ALICE, BOB, SLEEP_30};
 
 async fn client(server: &TestServer) -> A2aServiceClient<Channel> {
     A2aServiceClient::connect(server.base.clone())
@@ -62,25 +59,13 @@ fn reason(status: &Status) -> String {
 }
 
 fn secured_runtime() -> Arc<Services> {
-    let auth = ApiKeyAuthService::new(AuthContext::new("local", "operator"))
-        .with_key(ALICE, AuthContext::new("acme", "alice"))
-        .with_key(BOB, AuthContext::new("globex", "bob"));
-    Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth))
+    support::two_tenant_runtime(MockLlm::new())
 }
 
 #[tokio::test]
 async fn the_card_lists_jsonrpc_http_json_and_grpc_on_the_one_listener() {
     let server = TestServer::start().await;
-    let card: Value = server
-        .http
-        .get(format!("{}/.well-known/agent-card.json", server.base))
-        .header("A2A-Version", "1.0")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let card: Value = server.card().await;
     let interfaces: Vec<(String, String, String)> = card["supportedInterfaces"]
         .as_array()
         .unwrap()

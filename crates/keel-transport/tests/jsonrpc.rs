@@ -2,88 +2,17 @@
 //! error codes and envelope rules (the same checks as `shared/tools/a2a-probe`), and the
 //! Keel client round trip.
 
-use std::sync::Arc;
-use std::time::Duration;
+mod support;
 
-use keel_agent::{Agent, AgentExecutor, FnTool};
-use keel_core::{AgentCard, AgentError, AgentSkill, Message, Role, TaskId, TaskState};
-use keel_llm::MockLlm;
-use keel_runtime::Services;
-use keel_transport::{A2aClient, A2aServer, SendMessageOptions};
+use keel_core::{AgentError, Message, Role, TaskId, TaskState};
+use keel_runtime::testing::eventually;
+use keel_transport::{A2aClient, SendMessageOptions};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use support::{user_message, TestServer, SLEEP_30};
 
-const SLEEP_30: &str = "/sleep {\"seconds\": 30}";
-
-fn agent() -> Agent {
-    let card = AgentCard::new("echo", "Echoes what it hears", "http://unused").with_skill(
-        AgentSkill::new("echo", "Repeat the message")
-            .with_tags(["demo"])
-            .with_example("hello"),
-    );
-    let sleep = FnTool::new(
-        "sleep",
-        "Sleep for some seconds; stops early when the run is canceled",
-        json!({
-            "type": "object",
-            "properties": {"seconds": {"type": "number"}},
-            "required": ["seconds"]
-        }),
-        |args, ctx| async move {
-            let seconds = args["seconds"].as_f64().unwrap_or(0.0);
-            tokio::select! {
-                () = ctx.cancel.cancelled() => Ok(json!("interrupted")),
-                () = tokio::time::sleep(Duration::from_secs_f64(seconds)) => Ok(json!("slept")),
-            }
-        },
-    );
-    Agent::builder(card)
-        .instructions("Repeat what the user says.")
-        .tool(sleep)
-        .build()
-        .expect("the test agent builds")
-}
-
-struct TestServer {
-    base: String,
-    http: reqwest::Client,
-    executor: AgentExecutor,
-    stop: Option<oneshot::Sender<()>>,
-    serving: Option<JoinHandle<std::io::Result<()>>>,
-}
-
+/// The JSON-RPC envelope checks of this file, on the shared test server.
 impl TestServer {
-    async fn start() -> Self {
-        let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
-        let executor = AgentExecutor::new(agent(), runtime);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let serving = tokio::spawn(
-            A2aServer::new(executor.clone()).serve(listener, async move {
-                let _ = stopped.await;
-            }),
-        );
-        Self {
-            base,
-            http: reqwest::Client::new(),
-            executor,
-            stop: Some(stop),
-            serving: Some(serving),
-        }
-    }
-
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(serving) = self.serving.take() {
-            serving.await.unwrap().unwrap();
-        }
-    }
-
     /// POST raw bytes to `path` with `A2A-Version: 1.0` (unless `version` says otherwise).
     async fn post_raw(
         &self,
@@ -137,20 +66,6 @@ impl TestServer {
     }
 }
 
-fn user_message(text: &str) -> Value {
-    json!({
-        "messageId": format!("m-{}", uuid_like()),
-        "role": "ROLE_USER",
-        "parts": [{"text": text}]
-    })
-}
-
-fn uuid_like() -> u128 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    u128::from(NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
 /// JSON-RPC 2.0 envelope and A2A error shape: HTTP 200, `jsonrpc: "2.0"`, the id echoed with
 /// its type, exactly one of result/error, integer code, string message, and `data` (when
 /// present) an array of objects that each carry `@type`.
@@ -182,16 +97,7 @@ fn code(answer: &Value) -> i64 {
 #[tokio::test]
 async fn agent_card_declares_jsonrpc_and_rest_1_0_and_jsonrpc_0_3_and_streaming() {
     let server = TestServer::start().await;
-    let card: Value = server
-        .http
-        .get(format!("{}/.well-known/agent-card.json", server.base))
-        .header("A2A-Version", "1.0")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let card: Value = server.card().await;
     assert_eq!(card["name"], "echo");
     assert_eq!(card["description"], "Echoes what it hears");
     assert!(card["version"].is_string());
@@ -761,16 +667,7 @@ async fn keel_client_round_trips_against_the_server() {
     );
 
     // Return at once, then cancel: the run stops and the task ends canceled.
-    let running = client
-        .send_message(
-            Message::user(SLEEP_30),
-            SendMessageOptions {
-                return_immediately: true,
-                history_length: None,
-            },
-        )
-        .await
-        .unwrap();
+    let running = support::start_sleeping(&client).await;
     assert!(!running.state().is_terminal());
     let canceled = client
         .cancel_task(&running.id, Some("test over".into()))
@@ -833,25 +730,22 @@ async fn shutdown_lets_a_blocked_send_message_answer_with_a_canceled_task() {
     // Wait until the run is in flight (the task exists and is running).
     let executor = server.executor.clone();
     let auth = executor.runtime().auth_service().auth_context();
-    let mut running = false;
-    for _ in 0..200 {
-        let tasks = executor
-            .runtime()
-            .task_manager()
-            .list_tasks(&auth, &Default::default())
-            .await
-            .unwrap();
-        if tasks
-            .items
-            .iter()
-            .any(|t| executor.is_running(&auth, &t.id))
-        {
-            running = true;
-            break;
+    eventually("the blocked request started a run", || {
+        let (executor, auth) = (executor.clone(), auth.clone());
+        async move {
+            let tasks = executor
+                .runtime()
+                .task_manager()
+                .list_tasks(&auth, &Default::default())
+                .await
+                .unwrap();
+            tasks
+                .items
+                .iter()
+                .any(|t| executor.is_running(&auth, &t.id))
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(running, "the blocked request started a run");
+    })
+    .await;
     server.stop().await;
     let answer = blocked.await.unwrap();
     assert_eq!(

@@ -5,19 +5,16 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use keel_agent::{AgentExecutor, ExecutorConfig};
 use keel_llm::MockLlm;
-use keel_runtime::{ApiKeyAuthService, AuthContext, Services};
+use keel_runtime::testing::eventually_within;
 use keel_transport::{Limits, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use support::{user_message, TestServer};
+use support::{user_message, TestServer, ALICE, BOB};
 
-const ALICE: &str = "key-alice";
-const BOB: &str = "key-bob";
 /// A tool call that lasts until the server stops (which cancels it).
 const SLEEP_LONG: &str = "/sleep {\"seconds\": 3600}";
 /// How long a request that must be served may take on a loaded machine.
@@ -28,10 +25,7 @@ async fn two_tenants(limits: Limits) -> TestServer {
 }
 
 async fn two_tenants_with(limits: Limits, config: ExecutorConfig) -> TestServer {
-    let auth = ApiKeyAuthService::new(AuthContext::new("local", "operator"))
-        .with_key(ALICE, AuthContext::new("acme", "alice"))
-        .with_key(BOB, AuthContext::new("globex", "bob"));
-    let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth));
+    let runtime = support::two_tenant_runtime(MockLlm::new());
     let executor = AgentExecutor::with_config(support::agent(), runtime, config);
     TestServer::start_with_executor(executor, |server| {
         server
@@ -176,8 +170,7 @@ async fn a_tenant_with_too_many_requests_in_progress_is_told_to_retry_later() {
         .collect();
     // Once both are in progress, Alice's next request is refused: over HTTP+JSON with 429
     // and `Retry-After`...
-    let deadline = tokio::time::Instant::now() + GENEROUS;
-    let refused = loop {
+    let refused = eventually_within("Alice's requests to be refused", GENEROUS, || async {
         let response = server
             .http
             .get(format!("{}/tasks", server.base))
@@ -186,15 +179,12 @@ async fn a_tenant_with_too_many_requests_in_progress_is_told_to_retry_later() {
             .await
             .unwrap();
         if response.status() == StatusCode::TOO_MANY_REQUESTS {
-            break response;
+            return Some(response);
         }
         assert_eq!(response.status(), StatusCode::OK);
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "Alice's requests were never refused"
-        );
-        tokio::task::yield_now().await;
-    };
+        None
+    })
+    .await;
     let retry_after: u64 = refused.headers()["retry-after"]
         .to_str()
         .unwrap()
@@ -247,8 +237,7 @@ async fn one_tenants_flood_of_long_tasks_leaves_slots_for_another_tenant() {
     }
     // Wait until Alice's share of the slots is busy with them.
     let share = keel_agent::ExecutorConfig::default().max_threads_per_tenant;
-    let deadline = tokio::time::Instant::now() + GENEROUS;
-    loop {
+    eventually_within("Alice's tasks to fill her share", GENEROUS, || async {
         let listed: Value = post(
             &server,
             ALICE,
@@ -267,15 +256,9 @@ async fn one_tenants_flood_of_long_tasks_leaves_slots_for_another_tenant() {
             working <= share,
             "Alice runs {working} threads, more than her share"
         );
-        if working == share {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "Alice's tasks did not start: {listed}"
-        );
-        tokio::task::yield_now().await;
-    }
+        working == share
+    })
+    .await;
     // Bob's blocking send runs and completes although Alice has more work waiting.
     let bob = tokio::time::timeout(GENEROUS, send(&server, BOB, "hello", false))
         .await

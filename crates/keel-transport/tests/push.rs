@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use keel_llm::MockLlm;
+use keel_runtime::testing::eventually;
 use keel_runtime::{Runtime, Services};
 use serde_json::{json, Value};
 use support::{user_message, TestServer, SLEEP_30};
@@ -66,7 +67,7 @@ impl Hook {
 
     /// Wait until a received status update has `state`; its headers and body.
     async fn wait_for_state(&self, state: &str) -> (HeaderMap, Value) {
-        for _ in 0..200 {
+        eventually(&format!("a pushed {state} status"), || {
             let found = self
                 .received
                 .lock()
@@ -74,12 +75,9 @@ impl Hook {
                 .iter()
                 .find(|(_, body)| body["statusUpdate"]["status"]["state"] == state)
                 .cloned();
-            if let Some(found) = found {
-                return found;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("no {state} status was pushed; got {:?}", self.bodies());
+            async move { found }
+        })
+        .await
     }
 }
 

@@ -12,16 +12,10 @@ use keel_runtime::{ApiKeyAuthService, AuthContext, Services};
 use keel_transport::{A2aServer, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use support::{user_message, TestServer, SLEEP_30};
-
-const ALICE: &str = "key-alice";
-const BOB: &str = "key-bob";
+use support::{user_message, TestServer, ALICE, BOB, SLEEP_30};
 
 fn runtime() -> Arc<Services> {
-    let auth = ApiKeyAuthService::new(AuthContext::new("local", "operator"))
-        .with_key(ALICE, AuthContext::new("acme", "alice"))
-        .with_key(BOB, AuthContext::new("globex", "bob"));
-    Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth))
+    support::two_tenant_runtime(MockLlm::new())
 }
 
 async fn secured(configure: impl FnOnce(A2aServer) -> A2aServer) -> TestServer {
@@ -92,16 +86,7 @@ fn challenges(headers: &reqwest::header::HeaderMap) -> Vec<String> {
 #[tokio::test]
 async fn the_card_is_public_and_declares_api_key_and_bearer_schemes() {
     let server = secured(|s| s).await;
-    let card: Value = server
-        .http
-        .get(format!("{}/.well-known/agent-card.json", server.base))
-        .header("A2A-Version", "1.0")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let card: Value = server.card().await;
     let schemes = &card["securitySchemes"];
     assert_eq!(
         schemes["apiKey"]["apiKeySecurityScheme"]["name"], "X-API-Key",
@@ -121,15 +106,7 @@ async fn the_card_is_public_and_declares_api_key_and_bearer_schemes() {
     assert_eq!(card["capabilities"]["extendedAgentCard"], false);
 
     // A v0.3 caller (no A2A-Version) sees the same schemes in v0.3's shape.
-    let card: Value = server
-        .http
-        .get(format!("{}/.well-known/agent-card.json", server.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let card: Value = server.get_json_as(None, support::CARD_PATH).await;
     let schemes = &card["securitySchemes"];
     assert_eq!(schemes["apiKey"]["type"], "apiKey", "{card}");
     assert_eq!(schemes["apiKey"]["in"], "header");
@@ -198,15 +175,7 @@ async fn missing_or_wrong_credentials_are_401_with_www_authenticate_on_both_bind
 async fn the_extended_card_is_only_for_authenticated_callers() {
     let extended = AgentCard::new("echo-extended", "Echoes, with more skills", "http://unused");
     let server = secured(|s| s.with_extended_card(extended)).await;
-    let card: Value = server
-        .http
-        .get(format!("{}/.well-known/agent-card.json", server.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let card: Value = server.get_json_as(None, support::CARD_PATH).await;
     assert_eq!(card["capabilities"]["extendedAgentCard"], true);
 
     let (status, _, _) = rpc_as(&server, None, "GetExtendedAgentCard", json!({})).await;
@@ -301,6 +270,10 @@ async fn a_tenant_can_never_reach_another_tenants_tasks() {
         ] {
             let (status, body) = rest_as(&server, BOB, method.clone(), &path).await;
             assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {body}");
+            assert_eq!(
+                body["error"]["details"][0]["reason"], "TASK_NOT_FOUND",
+                "{method} {path}: {body}"
+            );
         }
     }
     for params in [json!({}), json!({"tenant": "acme"})] {
@@ -370,12 +343,7 @@ impl keel_runtime::AuthService for FirstKnownSecret {
 
 #[tokio::test]
 async fn a_wrong_api_key_beside_a_valid_bearer_token_is_refused() {
-    let auth = FirstKnownSecret(
-        ApiKeyAuthService::new(AuthContext::new("local", "operator"))
-            .with_key(ALICE, AuthContext::new("acme", "alice"))
-            .with_key(BOB, AuthContext::new("globex", "bob")),
-        [ALICE, BOB],
-    );
+    let auth = FirstKnownSecret(support::two_tenants(), [ALICE, BOB]);
     let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth));
     let server =
         TestServer::start_with(runtime, |s| s.with_security(Security::api_key_and_bearer())).await;

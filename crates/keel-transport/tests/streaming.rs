@@ -5,7 +5,7 @@ mod support;
 
 use futures::StreamExt;
 use keel_core::{AgentError, Message, TaskState};
-use keel_transport::{A2aClient, Binding, SendMessageOptions, StreamEvent};
+use keel_transport::{A2aClient, Binding, StreamEvent};
 use serde_json::{json, Value};
 use support::{sse_events, user_message, TestServer, SLEEP_30};
 
@@ -113,16 +113,7 @@ async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
     let server = TestServer::start().await;
     for binding in [Binding::JsonRpc, Binding::HttpJson] {
         let client = A2aClient::new(server.base.clone()).with_binding(binding);
-        let running = client
-            .send_message(
-                Message::user(SLEEP_30),
-                SendMessageOptions {
-                    return_immediately: true,
-                    history_length: None,
-                },
-            )
-            .await
-            .unwrap();
+        let running = support::start_sleeping(&client).await;
         let mut events = client.subscribe(&running.id).await.unwrap();
         let Some(Ok(StreamEvent::Task(first))) = events.next().await else {
             panic!("{binding:?}: the first event is the task");

@@ -120,20 +120,9 @@ async fn tasks_over_json_rpc_rest_and_streams_carry_keels_fields_in_one_camel_ca
         .await
         .unwrap();
     assert_callers_metadata(&sent["task"], true);
-    let got: Value = server
-        .http
-        .get(format!(
-            "{}/tasks/{}",
-            server.base,
-            sent["task"]["id"].as_str().unwrap()
-        ))
-        .header("A2A-Version", "1.0")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let got = server
+        .get_json(&format!("/tasks/{}", sent["task"]["id"].as_str().unwrap()))
+        .await;
     assert_callers_metadata(&got, true);
 
     // A stream: its first event is the task.

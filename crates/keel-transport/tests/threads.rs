@@ -2,6 +2,8 @@
 //! queued by the tenant that owns the thread and by no other, on one agent's server and per
 //! agent under `/agents/{name}`.
 
+mod support;
+
 use std::sync::Arc;
 
 use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
@@ -11,10 +13,8 @@ use keel_runtime::{ApiKeyAuthService, AuthContext, Runtime, Services};
 use keel_transport::{A2aServer, AgentsServer, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use support::{ALICE, BOB};
 use tokio::sync::Notify;
-
-const ALICE: &str = "key-alice";
-const BOB: &str = "key-bob";
 
 /// A tool that announces it started, then waits for `release`: it keeps the thread busy so
 /// that queued work stays queued.
@@ -66,11 +66,7 @@ async fn serve(router: axum::Router) -> String {
 #[tokio::test]
 async fn a_threads_state_messages_and_queue_are_served_to_its_tenant_only() {
     let alice = AuthContext::new("acme", "alice");
-    let auth_service = ApiKeyAuthService::new(AuthContext::new("local", "operator"))
-        .with_key(ALICE, alice.clone())
-        .with_key(BOB, AuthContext::new("globex", "bob"));
-    let runtime: Arc<dyn Runtime> =
-        Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth_service));
+    let runtime: Arc<dyn Runtime> = support::two_tenant_runtime(MockLlm::new());
     let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let executor = AgentExecutor::new(
         Agent::builder(AgentCard::new(
@@ -116,10 +112,9 @@ async fn a_threads_state_messages_and_queue_are_served_to_its_tenant_only() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(refused["error"]["code"], "thread_not_found");
     let hinted = format!("{base}/acme/threads/{thread}");
-    assert_eq!(
-        get(&http, &hinted, Some(BOB)).await.0,
-        StatusCode::NOT_FOUND
-    );
+    let (status, refused) = get(&http, &hinted, Some(BOB)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(refused["error"]["code"], "thread_not_found");
     let unknown = format!("{base}/threads/{}", ThreadId::new());
     assert_eq!(
         get(&http, &unknown, Some(ALICE)).await.0,

@@ -3,25 +3,33 @@
 //! /threads/{parent}/variables/{request}` describes the request to its own tenant only, and
 //! `POST` stores the value and starts the deferred subagent at once.
 
+mod support;
+
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use keel_agent::{
     Agent, AgentExecutor, Environment, FnTool, SendOptions, SubagentSpec, SECRETS_KEY_VAR,
 };
 use keel_core::{AgentCard, Message, TaskState, ThreadId};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
-use keel_runtime::{ApiKeyAuthService, AuthContext, Runtime, Services};
+use keel_runtime::testing::eventually;
+use keel_runtime::{AuthContext, Runtime};
 use keel_transport::{A2aServer, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use support::{ALICE, BOB};
 
-const ALICE: &str = "key-alice";
-const BOB: &str = "key-bob";
 const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
 fn card(name: &str) -> AgentCard {
     AgentCard::new(name, "variables over HTTP", "http://127.0.0.1:0")
+}
+
+/// Another tenant's request is answered as one that does not exist: 404 `unknown_request`.
+async fn assert_unknown_request(response: reqwest::Response) {
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unknown_request", "{body}");
 }
 
 /// The first id-looking token after `"request_id"` in a tool result.
@@ -36,29 +44,10 @@ fn request_id_in(text: &str) -> String {
         .collect()
 }
 
-async fn eventually<F, Fut>(mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::time::Instant::now() < deadline {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("condition never held");
-}
-
 #[tokio::test]
 async fn missing_scoped_variables_are_described_and_provided_over_http_in_the_callers_tenant() {
     let alice = AuthContext::new("acme", "alice");
-    let auth_service = ApiKeyAuthService::new(AuthContext::new("local", "operator"))
-        .with_key(ALICE, alice.clone())
-        .with_key(BOB, AuthContext::new("globex", "bob"));
-    let runtime: Arc<dyn Runtime> =
-        Arc::new(Services::in_memory(Arc::new(MockLlm::new())).with_auth(auth_service));
+    let runtime: Arc<dyn Runtime> = support::two_tenant_runtime(MockLlm::new());
     let env = Environment::isolated().with_var(SECRETS_KEY_VAR, KEY);
     let seen = Arc::new(Mutex::new(Vec::<Option<String>>::new()));
     let reader = {
@@ -145,7 +134,7 @@ async fn missing_scoped_variables_are_described_and_provided_over_http_in_the_ca
         .send()
         .await
         .unwrap();
-    assert_eq!(as_bob.status(), StatusCode::NOT_FOUND);
+    assert_unknown_request(as_bob).await;
     let as_bob = http
         .post(&url)
         .header("X-API-Key", BOB)
@@ -153,7 +142,7 @@ async fn missing_scoped_variables_are_described_and_provided_over_http_in_the_ca
         .send()
         .await
         .unwrap();
-    assert_eq!(as_bob.status(), StatusCode::NOT_FOUND);
+    assert_unknown_request(as_bob).await;
     // Even naming Alice's tenant in the path does not widen Bob's access.
     let hinted = http
         .get(format!(
@@ -163,7 +152,7 @@ async fn missing_scoped_variables_are_described_and_provided_over_http_in_the_ca
         .send()
         .await
         .unwrap();
-    assert_eq!(hinted.status(), StatusCode::NOT_FOUND);
+    assert_unknown_request(hinted).await;
 
     // Alice sees what is missing.
     let described = http
@@ -243,7 +232,7 @@ async fn missing_scoped_variables_are_described_and_provided_over_http_in_the_ca
 
     // The child ran with the value and its answer reached the parent thread.
     let (exec, auth, parent) = (executor.clone(), alice.clone(), thread.clone());
-    eventually(|| {
+    eventually("the child's answer on the parent thread", || {
         let (exec, auth, parent) = (exec.clone(), auth.clone(), parent.clone());
         async move {
             exec.thread(&auth, parent)

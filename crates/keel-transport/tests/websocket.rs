@@ -201,9 +201,15 @@ async fn cancel_over_http_ends_a_websocket_stream_and_a_hang_up_cancels_nothing(
     )
     .await;
     assert_eq!(next(&mut watcher).await["id"], "sub");
-    drop(watcher);
+    // Hang up, and wait until the server has answered the close (frames still in flight are
+    // read past): it has then taken in the hang-up before the task is read.
+    watcher.close(None).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(_)) = watcher.next().await {}
+    })
+    .await
+    .expect("the server closes its side within 10 s");
     let client = A2aClient::new(&server.base);
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let running = client
         .get_task(&task_id.clone().into(), None)
         .await

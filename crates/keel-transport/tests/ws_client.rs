@@ -153,16 +153,7 @@ async fn cancel_on_the_control_socket_ends_the_open_stream_it_stops() {
 async fn a_dropped_stream_leaves_the_socket_serving_other_calls() {
     let server = TestServer::start().await;
     let client = client(&server);
-    let task = client
-        .send_message(
-            Message::user(SLEEP_30),
-            SendMessageOptions {
-                return_immediately: true,
-                ..SendMessageOptions::default()
-            },
-        )
-        .await
-        .unwrap();
+    let task = support::start_sleeping(&*client).await;
     let stream = client.subscribe(&task.id).await.unwrap();
     drop(stream);
     let again = client

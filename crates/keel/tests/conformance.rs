@@ -15,6 +15,7 @@ use keel::conformance::{
 use keel::llm::MockLlm;
 use keel::services::Services;
 use keel::transport::A2aServer;
+use keel_runtime::testing::eventually;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
@@ -140,6 +141,16 @@ impl Server {
             )
             .await;
         result["task"].clone()
+    }
+
+    /// SendStreamingMessage of a message for `scenario`: its stream responses, to the end.
+    async fn stream_message(&self, binding: Binding, scenario: &str) -> Vec<Value> {
+        self.stream(
+            binding,
+            "SendStreamingMessage",
+            json!({"message": message(scenario)}),
+        )
+        .await
     }
 
     /// The stream responses of a streaming call, read to its end.
@@ -312,6 +323,14 @@ fn message(prefix: &str) -> Value {
     })
 }
 
+/// A message for `scenario` that continues `task` (its id and context).
+fn follow_up(scenario: &str, task: &Value) -> Value {
+    let mut message = message(scenario);
+    message["taskId"] = task["id"].clone();
+    message["contextId"] = task["contextId"].clone();
+    message
+}
+
 fn state(task: &Value) -> &str {
     task["status"]["state"].as_str().unwrap_or_default()
 }
@@ -329,20 +348,13 @@ fn status_text(task: &Value) -> &str {
         .unwrap_or_default()
 }
 
-/// Poll GetTask until the task is in `wanted` (the real condition, with an overall limit).
+/// Poll GetTask until the task is in `wanted`.
 async fn wait_for_state(server: &Server, binding: Binding, id: &Value, wanted: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    eventually(&format!("the task to reach {wanted}"), || async {
         let task = server.call(binding, "GetTask", json!({"id": id})).await;
-        if state(&task) == wanted {
-            return task;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "task never reached {wanted}: {task}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (state(&task) == wanted).then_some(task)
+    })
+    .await
 }
 
 #[tokio::test]
@@ -417,10 +429,9 @@ async fn input_required_waits_then_the_follow_up_completes_the_task() {
             "TASK_STATE_INPUT_REQUIRED",
             "{binding:?}: {task}"
         );
-        let mut follow_up = message("tck-input-required");
-        follow_up["taskId"] = task["id"].clone();
-        follow_up["contextId"] = task["contextId"].clone();
-        let done = server.send(binding, follow_up, json!({})).await;
+        let done = server
+            .send(binding, follow_up("tck-input-required", &task), json!({}))
+            .await;
         assert_eq!(done["id"], task["id"]);
         assert_eq!(state(&done), "TASK_STATE_COMPLETED", "{binding:?}: {done}");
         assert_eq!(status_text(&done), INPUT_RECEIVED_TEXT);
@@ -486,13 +497,7 @@ async fn artifacts_of_each_kind_stream_as_one_update_before_the_completed_status
     let server = Server::start().await;
     for &binding in BINDINGS {
         for (prefix, part) in artifact_scenarios() {
-            let events = server
-                .stream(
-                    binding,
-                    "SendStreamingMessage",
-                    json!({"message": message(prefix)}),
-                )
-                .await;
+            let events = server.stream_message(binding, prefix).await;
             let updates: Vec<&Value> = events
                 .iter()
                 .filter_map(|e| e.get("artifactUpdate"))
@@ -541,13 +546,7 @@ async fn message_response_answers_with_a_message_and_creates_no_task() {
 async fn message_response_streams_the_message_as_its_only_event() {
     let server = Server::start().await;
     for &binding in BINDINGS {
-        let events = server
-            .stream(
-                binding,
-                "SendStreamingMessage",
-                json!({"message": message("tck-message-response")}),
-            )
-            .await;
+        let events = server.stream_message(binding, "tck-message-response").await;
         assert_eq!(events.len(), 1, "{binding:?}: {events:?}");
         assert_eq!(
             events[0]["message"]["parts"][0]["text"], MESSAGE_RESPONSE_TEXT,
@@ -574,10 +573,9 @@ async fn auth_required_waits_then_the_follow_up_completes_the_task() {
             .call(binding, "GetTask", json!({"id": task["id"]}))
             .await;
         assert_eq!(state(&fetched), "TASK_STATE_AUTH_REQUIRED", "{fetched}");
-        let mut follow_up = message("tck-auth-required");
-        follow_up["taskId"] = task["id"].clone();
-        follow_up["contextId"] = task["contextId"].clone();
-        let done = server.send(binding, follow_up, json!({})).await;
+        let done = server
+            .send(binding, follow_up("tck-auth-required", &task), json!({}))
+            .await;
         assert_eq!(done["id"], task["id"]);
         assert_eq!(state(&done), "TASK_STATE_COMPLETED", "{binding:?}: {done}");
         assert_eq!(status_text(&done), AUTH_RECEIVED_TEXT);
@@ -589,13 +587,7 @@ async fn auth_required_waits_then_the_follow_up_completes_the_task() {
 async fn auth_required_ends_the_stream_at_the_interrupted_state() {
     let server = Server::start().await;
     for &binding in BINDINGS {
-        let events = server
-            .stream(
-                binding,
-                "SendStreamingMessage",
-                json!({"message": message("tck-auth-required")}),
-            )
-            .await;
+        let events = server.stream_message(binding, "tck-auth-required").await;
         assert_eq!(
             events.last().and_then(streamed_state),
             Some("TASK_STATE_AUTH_REQUIRED"),
@@ -610,11 +602,7 @@ async fn a_chunked_artifact_streams_appended_chunks_and_the_task_keeps_their_con
     let server = Server::start().await;
     for &binding in BINDINGS {
         let events = server
-            .stream(
-                binding,
-                "SendStreamingMessage",
-                json!({"message": message("tck-stream-artifact-chunked")}),
-            )
+            .stream_message(binding, "tck-stream-artifact-chunked")
             .await;
         let task_id = events[0]["task"]["id"].clone();
         let updates: Vec<&Value> = events
@@ -658,13 +646,7 @@ async fn a_chunked_artifact_streams_appended_chunks_and_the_task_keeps_their_con
 async fn streams_start_with_the_task_and_end_with_the_final_state_in_order() {
     let server = Server::start().await;
     for &binding in BINDINGS {
-        let events = server
-            .stream(
-                binding,
-                "SendStreamingMessage",
-                json!({"message": message("tck-delayed-complete")}),
-            )
-            .await;
+        let events = server.stream_message(binding, "tck-delayed-complete").await;
         let task = &events[0]["task"];
         assert!(
             task["id"].is_string(),

@@ -10,7 +10,7 @@ use keel_agent::{
     Agent, AgentExecutor, AsyncHttpTool, AsyncInvocation, CallbackError, ExecutorConfig, FnTool,
     SendOptions,
 };
-use keel_core::{AgentCard, Message, Task, TaskState};
+use keel_core::{AgentCard, AgentError, Message, Task, TaskState};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
 use keel_runtime::{AuthContext, Runtime};
 use serde_json::json;
@@ -87,14 +87,11 @@ async fn start(exec: &AgentExecutor, auth: &AuthContext) -> Task {
 }
 
 async fn wait_for(exec: &AgentExecutor, auth: &AuthContext, task: &Task, check: impl Fn(&Task) -> bool) -> Task {
-    for _ in 0..500 {
+    keel_runtime::testing::eventually("the task to get there", || async {
         let current = exec.get_task(auth, &task.id, None).await.unwrap();
-        if check(&current) {
-            return current;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the task never got there");
+        check(&current).then_some(current)
+    })
+    .await
 }
 
 async fn tool_results(exec: &AgentExecutor, auth: &AuthContext, task: &Task) -> Vec<String> {
@@ -265,7 +262,8 @@ async fn a_task_of_any_tenant_is_resumed_by_its_callback_found_by_call_id_alone(
     assert_eq!(done.state(), TaskState::Completed);
     assert!(tool_results(&exec, &tenant, &task).await[0].contains("rendered"));
     // Nothing of it is visible in the default tenant.
-    assert!(exec.get_task(&default, &task.id, None).await.is_err());
+    let err = exec.get_task(&default, &task.id, None).await.unwrap_err();
+    assert!(matches!(err, AgentError::TaskNotFound { .. }), "{err:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
+use keel_agent::{Agent, AgentExecutor, FnTool};
 use keel_core::{AgentCard, AgentError, Message, Task, TaskState, ThreadId};
 use keel_events::{EventSink, InMemoryEventSink};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
@@ -16,6 +16,7 @@ use keel_runtime::{
 };
 use serde_json::{json, Value};
 use tokio::sync::watch;
+use super::fixture::{send};
 
 fn card() -> AgentCard {
     AgentCard::new("effects", "scheduled effect tests", "http://127.0.0.1:0")
@@ -223,17 +224,15 @@ async fn an_effect_due_while_the_thread_is_busy_is_injected_before_the_next_mode
             ctx.thread
                 .schedule_effect("remind", json!({"tag": "busy"}), Duration::ZERO)
                 .await?;
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            loop {
-                let queued = store.peek_queue(&ctx.auth, ctx.thread.thread_id(), 16).await?;
-                if queued.iter().any(|i| i.payload["kind"] == "effect") {
-                    return Ok(json!("queued"));
-                }
-                if tokio::time::Instant::now() > deadline {
-                    return Ok(json!("never queued"));
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            eventually("the effect queued on the thread", || async {
+                let queued = store
+                    .peek_queue(&ctx.auth, ctx.thread.thread_id(), 16)
+                    .await
+                    .unwrap();
+                queued.iter().any(|i| i.payload["kind"] == "effect")
+            })
+            .await;
+            Ok(json!("queued"))
         }
     });
     let llm = Arc::new(MockLlm::scripted(vec![
@@ -244,10 +243,7 @@ async fn an_effect_due_while_the_thread_is_busy_is_injected_before_the_next_mode
     let auth = runtime.auth_service().auth_context();
     let exec = AgentExecutor::new(agent, runtime);
     exec.start_effects().unwrap();
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(*fired.lock().unwrap(), ["busy"]);
     let second_call = &llm.requests()[1];

@@ -3,12 +3,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
+use keel_agent::{Agent, FnTool, SendOptions};
 use keel_core::{AgentCard, AgentError, Message, Part, PartContent, Role, TaskId, TaskState};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
 use keel_runtime::AuthContext;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
+use super::fixture::{executor, send, start};
 
 fn card() -> AgentCard {
     AgentCard::new("test", "test agent", "http://127.0.0.1:0")
@@ -52,12 +53,6 @@ fn blocking_tool(started: Arc<Notify>) -> FnTool {
     )
 }
 
-fn executor(agent: Agent) -> (AgentExecutor, AuthContext) {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    (AgentExecutor::new(agent, runtime), auth)
-}
-
 fn part_types(task: &keel_core::Task) -> Vec<(Role, &'static str)> {
     task.history
         .iter()
@@ -81,10 +76,7 @@ async fn tool_calls_run_in_order_and_every_step_is_persisted() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("add"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("add")).await;
 
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
@@ -137,10 +129,7 @@ async fn a_failing_tool_becomes_a_tool_result_the_model_sees() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Completed);
     let output = task
         .history
@@ -174,10 +163,7 @@ async fn invalid_arguments_are_rejected_before_the_tool_runs() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(
         calls.load(Ordering::SeqCst),
         0,
@@ -224,10 +210,7 @@ async fn an_unknown_tool_and_a_panicking_tool_become_error_results() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Completed);
     let tool_msgs: Vec<_> = llm.requests()[1]
         .messages
@@ -253,10 +236,7 @@ async fn the_step_limit_fails_the_task_with_a_typed_reason() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("loop"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("loop")).await;
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(task.metadata["stop_reason"], "max_steps");
     assert!(task.metadata["error"]
@@ -270,10 +250,7 @@ async fn a_model_error_fails_the_task() {
     let llm = MockLlm::scripted(vec![MockResponse::Error("rate limited".into())]);
     let agent = Agent::builder(card()).llm(llm).build().unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("hi"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("hi")).await;
     assert_eq!(task.state(), TaskState::Failed);
     assert!(task
         .status()
@@ -292,17 +269,7 @@ async fn a_running_task_is_canceled_live_with_its_reason() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(
-            &auth,
-            Message::user("/wait"),
-            SendOptions {
-                return_immediately: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let task = start(&exec, &auth, Message::user("/wait")).await;
     assert!(matches!(
         task.state(),
         TaskState::Submitted | TaskState::Working
@@ -333,10 +300,7 @@ async fn a_running_task_is_canceled_live_with_its_reason() {
 #[tokio::test]
 async fn cancel_of_terminal_task_is_not_cancelable_and_unknown_is_not_found() {
     let (exec, auth) = executor(Agent::builder(card()).build().unwrap());
-    let task = exec
-        .send_message(&auth, Message::user("hi"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("hi")).await;
     assert_eq!(task.state(), TaskState::Completed);
     let err = exec.cancel_task(&auth, &task.id, None).await.unwrap_err();
     assert!(matches!(
@@ -371,17 +335,7 @@ async fn shutdown_cancels_running_tasks_and_persists_their_state() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(
-            &auth,
-            Message::user("/wait"),
-            SendOptions {
-                return_immediately: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let task = start(&exec, &auth, Message::user("/wait")).await;
     started.notified().await;
     exec.shutdown().await;
     let stored = exec.get_task(&auth, &task.id, None).await.unwrap();
@@ -402,20 +356,14 @@ async fn a_direct_tool_call_runs_without_a_model_and_fails_when_the_tool_fails()
         Role::User,
         vec![Part::tool_call("c1", "add", json!({"a": 2, "b": 2}))],
     );
-    let task = exec
-        .send_message(&auth, ok, SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, ok).await;
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(task.status().message.as_ref().unwrap().text(), "4.0");
     let bad = Message::new(
         Role::User,
         vec![Part::tool_call("c2", "add", json!({"a": 2}))],
     );
-    let task = exec
-        .send_message(&auth, bad, SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, bad).await;
     assert_eq!(task.state(), TaskState::Failed);
     assert!(
         llm.requests().is_empty(),
@@ -450,10 +398,7 @@ async fn bad_messages_are_invalid_input_and_nothing_is_stored() {
 #[tokio::test]
 async fn a_message_for_a_finished_task_is_refused_and_unknown_task_is_not_found() {
     let (exec, auth) = executor(Agent::builder(card()).build().unwrap());
-    let task = exec
-        .send_message(&auth, Message::user("hi"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("hi")).await;
     let mut follow_up = Message::user("again");
     follow_up.task_id = Some(task.id.clone());
     let err = exec
@@ -495,10 +440,7 @@ async fn history_length_keeps_the_latest_messages() {
 #[tokio::test]
 async fn tasks_are_invisible_to_other_tenants() {
     let (exec, auth) = executor(Agent::builder(card()).build().unwrap());
-    let task = exec
-        .send_message(&auth, Message::user("hi"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("hi")).await;
     let other = AuthContext::new("other-app", "mallory");
     assert!(matches!(
         exec.get_task(&other, &task.id, None).await,
@@ -526,5 +468,9 @@ fn builder_rejects_bad_tool_schemas_duplicates_and_zero_steps() {
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("declared twice"));
-    assert!(Agent::builder(card()).max_steps(0).build().is_err());
+    let err = Agent::builder(card()).max_steps(0).build().unwrap_err();
+    assert!(
+        matches!(&err, AgentError::InvalidInput { field, .. } if field == "max_steps"),
+        "{err:?}"
+    );
 }

@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
+use keel_agent::{Agent, AgentExecutor, FnTool};
 use keel_core::{AgentCard, Message, Part, PartContent, Role, Task, TaskState};
 use keel_llm::{MockLlm, MockResponse};
 use keel_runtime::AuthContext;
 use serde_json::json;
+use super::fixture::{send};
 
 fn executor(llm: Arc<MockLlm>) -> (AgentExecutor, AuthContext) {
     let echo = FnTool::new("echo", "Echo", json!({"type": "object"}), |args, _| async move {
@@ -23,12 +24,6 @@ fn executor(llm: Arc<MockLlm>) -> (AgentExecutor, AuthContext) {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
     (AgentExecutor::new(agent, runtime), auth)
-}
-
-async fn send(exec: &AgentExecutor, auth: &AuthContext, message: Message) -> Task {
-    exec.send_message(auth, message, SendOptions::default())
-        .await
-        .unwrap()
 }
 
 fn infer_outputs(task: &Task) -> Vec<serde_json::Value> {

@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_agent::{Agent, AgentExecutor, FnTool, ParentCommunication, SendOptions, SubagentSpec};
-use keel_core::{AgentCard, Message, RunContext, Task, TaskState, ThreadId};
+use keel_core::{AgentCard, AgentError, Message, RunContext, Task, TaskState, ThreadId};
 use keel_llm::{LlmMessage, LlmRole, MockLlm, MockResponse, ToolCall};
 use keel_runtime::testing::eventually;
 use keel_runtime::{AuthContext, ChildThread, ListTasksFilter, Runtime};
 use serde_json::json;
 use tokio::sync::Notify;
+use super::fixture::{start};
 
 fn card(name: &str) -> AgentCard {
     AgentCard::new(name, "subagent tests", "http://127.0.0.1:0")
@@ -310,17 +311,7 @@ async fn canceling_the_parent_cancels_the_child_it_waits_for() {
         .unwrap();
     let spec = SubagentSpec::new("researcher", AgentExecutor::new(child, runtime.clone()));
     let exec = parent(&runtime, spec, vec![create("alpha", "block")]);
-    let task = exec
-        .send_message(
-            &auth,
-            Message::user("go"),
-            SendOptions {
-                return_immediately: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let task = start(&exec, &auth, Message::user("go")).await;
     started.notified().await;
     let canceled = exec.cancel_task(&auth, &task.id, None).await.unwrap();
     assert_eq!(canceled.state(), TaskState::Canceled);
@@ -417,7 +408,8 @@ async fn a_parents_attachments_are_copied_into_the_childs_own_store() {
     assert_eq!(bytes, b"the parent's notes");
     assert_eq!(meta.media_type.as_deref(), Some("text/plain"));
     // The parent's reference is not valid in the child's thread.
-    assert!(child_state.read_attachment(&parent_uri).await.is_err());
+    let err = child_state.read_attachment(&parent_uri).await.unwrap_err();
+    assert!(matches!(err, AgentError::InvalidInput { .. }), "{err:?}");
     // The child's message refers to its own copy only, as text and as a file part.
     let child_history = history(&child_exec, &auth, &child.thread_id).await;
     let first = &child_history.iter().find(|m| m.role == LlmRole::User).unwrap().content;

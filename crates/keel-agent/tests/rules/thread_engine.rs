@@ -6,18 +6,13 @@ use std::sync::Arc;
 use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions, StopRules};
 use keel_core::{AgentCard, AgentError, FileContent, Message, Part, TaskState, ThreadId};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ModelProfile, ToolCall};
-use keel_runtime::{AuthContext, ChildThread};
+use keel_runtime::ChildThread;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
+use super::fixture::{executor, send, start, stored_history};
 
 fn card() -> AgentCard {
     AgentCard::new("threads", "thread engine tests", "http://127.0.0.1:0")
-}
-
-fn executor(agent: Agent) -> (AgentExecutor, AuthContext) {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    (AgentExecutor::new(agent, runtime), auth)
 }
 
 fn echo_tool() -> FnTool {
@@ -46,6 +41,19 @@ fn gate_tool(started: Arc<Notify>, release: Arc<Notify>) -> FnTool {
     )
 }
 
+/// A tool that queues "a note queued mid-run" on its own thread.
+fn note_tool() -> FnTool {
+    FnTool::new(
+        "note",
+        "Queue a note",
+        json!({"type": "object"}),
+        |_a, ctx| async move {
+            ctx.thread.queue_message("a note queued mid-run").await?;
+            Ok(json!("queued"))
+        },
+    )
+}
+
 fn stop_reason(task: &keel_core::Task) -> &str {
     task.metadata["stop_reason"].as_str().unwrap_or_default()
 }
@@ -59,29 +67,9 @@ async fn a_message_to_a_busy_thread_is_queued_and_runs_after_the_current_one() {
         .unwrap();
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
-    let first = exec
-        .send_message(
-            &auth,
-            Message::user("/gate").in_thread(thread.clone()),
-            SendOptions {
-                return_immediately: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let first = start(&exec, &auth, Message::user("/gate").in_thread(thread.clone())).await;
     started.notified().await;
-    let second = exec
-        .send_message(
-            &auth,
-            Message::user("after").in_thread(thread.clone()),
-            SendOptions {
-                return_immediately: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let second = start(&exec, &auth, Message::user("after").in_thread(thread.clone())).await;
     let waiting = exec.get_task(&auth, &second.id, None).await.unwrap();
     assert_eq!(
         waiting.state(),
@@ -93,10 +81,7 @@ async fn a_message_to_a_busy_thread_is_queued_and_runs_after_the_current_one() {
     // Blocking on the second message's answer: it runs once the first is done.
     let mut done = Message::user("third").in_thread(thread.clone());
     done.task_id = None;
-    let third = exec
-        .send_message(&auth, done, SendOptions::default())
-        .await
-        .unwrap();
+    let third = send(&exec, &auth, done).await;
     assert_eq!(third.state(), TaskState::Completed);
     for id in [&first.id, &second.id] {
         assert_eq!(
@@ -105,12 +90,7 @@ async fn a_message_to_a_busy_thread_is_queued_and_runs_after_the_current_one() {
         );
     }
     // The thread's history is one clean sequence: first's turn, then second's, then third's.
-    let history = exec
-        .runtime()
-        .thread_store()
-        .read_history(&auth, &thread, 0, 100)
-        .await
-        .unwrap();
+    let history = stored_history(&exec, &auth, &thread).await;
     let users: Vec<String> = history
         .iter()
         .filter(|e| e.message.role == LlmRole::User)
@@ -127,22 +107,9 @@ async fn different_threads_run_concurrently() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let blocked = exec
-        .send_message(
-            &auth,
-            Message::user("/gate"),
-            SendOptions {
-                return_immediately: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let blocked = start(&exec, &auth, Message::user("/gate")).await;
     started.notified().await;
-    let other = exec
-        .send_message(&auth, Message::user("hello"), SendOptions::default())
-        .await
-        .unwrap();
+    let other = send(&exec, &auth, Message::user("hello")).await;
     assert_eq!(
         other.state(),
         TaskState::Completed,
@@ -260,9 +227,7 @@ async fn the_takeover_sweep_runs_work_queued_on_an_idle_thread_with_no_runner() 
     let agent = Agent::builder(card()).build().unwrap();
     let exec = AgentExecutor::with_config(agent, runtime.clone(), config);
     // The tenant has been served before: the sweep looks at the tenants the store knows.
-    exec.send_message(&auth, Message::user("hello"), SendOptions::default())
-        .await
-        .unwrap();
+    send(&exec, &auth, Message::user("hello")).await;
     let mut updates = exec.task_updates();
     exec.start_takeover();
     // What a process that died right after queueing a message on an idle thread leaves: the
@@ -311,20 +276,8 @@ async fn the_thread_history_carries_the_conversation_across_tasks() {
         .unwrap();
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
-    exec.send_message(
-        &auth,
-        Message::user("my name is Ada").in_thread(thread.clone()),
-        SendOptions::default(),
-    )
-    .await
-    .unwrap();
-    exec.send_message(
-        &auth,
-        Message::user("what is my name?").in_thread(thread.clone()),
-        SendOptions::default(),
-    )
-    .await
-    .unwrap();
+    send(&exec, &auth, Message::user("my name is Ada").in_thread(thread.clone())).await;
+    send(&exec, &auth, Message::user("what is my name?").in_thread(thread.clone())).await;
     let last = llm.requests().pop().unwrap();
     let contents: Vec<&str> = last.messages.iter().map(|m| m.content.as_str()).collect();
     assert_eq!(
@@ -339,29 +292,17 @@ async fn the_thread_history_carries_the_conversation_across_tasks() {
 
 #[tokio::test]
 async fn work_queued_while_active_is_injected_before_the_next_model_call() {
-    let queue_from_tool = FnTool::new(
-        "note",
-        "Queue a note",
-        json!({"type": "object"}),
-        |_a, ctx| async move {
-            ctx.thread.queue_message("a note queued mid-run").await?;
-            Ok(json!("queued"))
-        },
-    );
     let llm = Arc::new(MockLlm::scripted(vec![
         MockResponse::ToolCalls(vec![ToolCall::new("note", json!({}))]),
         MockResponse::Text("saw the note".into()),
     ]));
     let agent = Agent::builder(card())
         .llm_shared(llm.clone())
-        .tool(queue_from_tool)
+        .tool(note_tool())
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Completed);
     let second_call = &llm.requests()[1];
     let last = second_call.messages.last().unwrap();
@@ -389,8 +330,7 @@ async fn a_message_queued_while_idle_starts_a_turn() {
     state.queue_message("wake up").await.unwrap();
     // The turn runs as a task in the thread; wait for it through the store's task list.
     let tasks = exec.runtime().task_manager();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
+    let task = keel_runtime::testing::eventually("the queued message to start a turn", || async {
         let page = tasks
             .list_tasks(
                 &auth,
@@ -402,20 +342,13 @@ async fn a_message_queued_while_idle_starts_a_turn() {
             )
             .await
             .unwrap();
-        if let Some(task) = page.items.first() {
-            assert_eq!(
-                task.status().message.as_ref().unwrap().text(),
-                "You said: wake up"
-            );
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the queued message never started a turn"
-        );
-        tokio::task::yield_now().await;
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+        page.items.into_iter().next()
+    })
+    .await;
+    assert_eq!(
+        task.status().message.as_ref().unwrap().text(),
+        "You said: wake up"
+    );
 }
 
 #[tokio::test]
@@ -443,10 +376,7 @@ async fn session_stop_and_session_fail_end_the_task_by_the_lifecycle_tools() {
             .build()
             .unwrap();
         let (exec, auth) = executor(agent);
-        let task = exec
-            .send_message(&auth, Message::user("go"), SendOptions::default())
-            .await
-            .unwrap();
+        let task = send(&exec, &auth, Message::user("go")).await;
         assert_eq!(task.state(), state, "{tool}");
         assert_eq!(stop_reason(&task), reason);
     }
@@ -465,10 +395,7 @@ async fn the_stop_tool_ends_the_task_with_its_output() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(stop_reason(&task), "stop_tool");
     assert_eq!(task.status().message.as_ref().unwrap().text(), r#"{"x":1}"#);
@@ -488,10 +415,7 @@ async fn when_two_stop_rules_fire_at_once_the_lifecycle_tool_wins() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(stop_reason(&task), "session_fail");
 }
@@ -510,10 +434,7 @@ async fn without_stop_on_response_the_loop_runs_to_the_step_limit() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("think"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("think")).await;
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(stop_reason(&task), "max_steps");
 }
@@ -530,24 +451,10 @@ async fn a_thread_past_its_turn_limit_fails_the_next_task() {
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
     for i in 0..2 {
-        let task = exec
-            .send_message(
-                &auth,
-                Message::user(format!("turn {i}")).in_thread(thread.clone()),
-                SendOptions::default(),
-            )
-            .await
-            .unwrap();
+        let task = send(&exec, &auth, Message::user(format!("turn {i}")).in_thread(thread.clone())).await;
         assert_eq!(task.state(), TaskState::Completed);
     }
-    let task = exec
-        .send_message(
-            &auth,
-            Message::user("one more").in_thread(thread),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("one more").in_thread(thread)).await;
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(stop_reason(&task), "max_session_turns");
 }
@@ -575,10 +482,7 @@ async fn repeating_the_same_invalid_call_past_the_cap_stops_the_run() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(stop_reason(&task), "invalid_tool_repeats");
     let first_error = task
@@ -612,10 +516,7 @@ async fn ask_human_waits_in_input_required_and_the_answer_resumes_the_same_task(
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("book a hotel"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("book a hotel")).await;
     assert_eq!(task.state(), TaskState::InputRequired);
     assert_eq!(
         task.status().message.as_ref().unwrap().text(),
@@ -623,10 +524,7 @@ async fn ask_human_waits_in_input_required_and_the_answer_resumes_the_same_task(
     );
     let mut answer = Message::user("Lisbon");
     answer.task_id = Some(task.id.clone());
-    let done = exec
-        .send_message(&auth, answer, SendOptions::default())
-        .await
-        .unwrap();
+    let done = send(&exec, &auth, answer).await;
     assert_eq!(done.id, task.id);
     assert_eq!(done.state(), TaskState::Completed);
     let last_request = llm.requests().pop().unwrap();
@@ -646,7 +544,10 @@ async fn the_key_value_store_and_prompt_variables_are_per_thread() {
         |args, ctx| async move {
             ctx.thread.set_value("city", args["city"].clone()).await?;
             let reserved = ctx.thread.set_value("keel:x", json!(1)).await;
-            assert!(reserved.is_err(), "keel: keys are reserved");
+            assert!(
+                matches!(&reserved, Err(AgentError::InvalidInput { field, .. }) if field == "key"),
+                "keel: keys are reserved: {reserved:?}"
+            );
             Ok(json!("ok"))
         },
     );
@@ -663,20 +564,8 @@ async fn the_key_value_store_and_prompt_variables_are_per_thread() {
         .unwrap();
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
-    exec.send_message(
-        &auth,
-        Message::user("I live in Oslo").in_thread(thread.clone()),
-        SendOptions::default(),
-    )
-    .await
-    .unwrap();
-    exec.send_message(
-        &auth,
-        Message::user("hi").in_thread(thread.clone()),
-        SendOptions::default(),
-    )
-    .await
-    .unwrap();
+    send(&exec, &auth, Message::user("I live in Oslo").in_thread(thread.clone())).await;
+    send(&exec, &auth, Message::user("hi").in_thread(thread.clone())).await;
     let system = llm.requests().pop().unwrap().messages[0].content.clone();
     assert_eq!(system, "User city: Oslo. Agent threads.");
     assert_eq!(
@@ -804,13 +693,7 @@ async fn each_step_sends_the_whole_history_and_the_prompt_as_it_is_now() {
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
     for text in ["move me", "and now?"] {
-        exec.send_message(
-            &auth,
-            Message::user(text).in_thread(thread.clone()),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
+        send(&exec, &auth, Message::user(text).in_thread(thread.clone())).await;
     }
     let seen = llm.seen.lock().unwrap().clone();
     let system: Vec<&str> = seen.iter().map(|r| r[0].1.as_str()).collect();
@@ -882,10 +765,7 @@ async fn the_negotiator_accepts_asks_or_rejects_before_a_task_starts() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let rejected = exec
-        .send_message(&auth, Message::user("buy spam now"), SendOptions::default())
-        .await
-        .unwrap();
+    let rejected = send(&exec, &auth, Message::user("buy spam now")).await;
     assert_eq!(rejected.state(), TaskState::Rejected);
     assert_eq!(
         rejected.status().message.as_ref().unwrap().text(),
@@ -896,27 +776,14 @@ async fn the_negotiator_accepts_asks_or_rejects_before_a_task_starts() {
         "a rejected task never reaches the model"
     );
 
-    let asked = exec
-        .send_message(&auth, Message::user("hi"), SendOptions::default())
-        .await
-        .unwrap();
+    let asked = send(&exec, &auth, Message::user("hi")).await;
     assert_eq!(asked.state(), TaskState::InputRequired);
     let mut answer = Message::user("hello there, agent");
     answer.task_id = Some(asked.id.clone());
-    let done = exec
-        .send_message(&auth, answer, SendOptions::default())
-        .await
-        .unwrap();
+    let done = send(&exec, &auth, answer).await;
     assert_eq!(done.state(), TaskState::Completed);
 
-    let accepted = exec
-        .send_message(
-            &auth,
-            Message::user("a fine request"),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
+    let accepted = send(&exec, &auth, Message::user("a fine request")).await;
     assert_eq!(accepted.metadata["skill"], "echo");
 }
 
@@ -930,14 +797,7 @@ async fn the_model_negotiator_reads_a_json_verdict() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(
-            &auth,
-            Message::user("tell me a joke"),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("tell me a joke")).await;
     assert_eq!(task.state(), TaskState::Rejected);
     assert!(
         router.requests()[0].messages[0]
@@ -989,9 +849,7 @@ async fn two_agents_on_one_thread_each_see_the_other_as_the_user_without_its_too
             Message::user(text).in_thread(thread.clone()),
         );
         async move {
-            exec.send_message(&auth, message, SendOptions::default())
-                .await
-                .unwrap()
+            send(&exec, &auth, message).await
         }
     };
 
@@ -1073,10 +931,7 @@ async fn images_reach_only_a_model_with_vision_and_the_history_keeps_them() {
         let message = Message::user("what is this?")
             .with_part(Part::file(image()))
             .with_part(Part::file(document()));
-        let task = exec
-            .send_message(&auth, message, SendOptions::default())
-            .await
-            .unwrap();
+        let task = send(&exec, &auth, message).await;
         assert_eq!(task.state(), TaskState::Completed);
 
         let sent = llm.requests()[0].messages.last().unwrap().clone();
@@ -1091,12 +946,7 @@ async fn images_reach_only_a_model_with_vision_and_the_history_keeps_them() {
             );
         }
         // The stored message keeps both files either way.
-        let history = exec
-            .runtime()
-            .thread_store()
-            .read_history(&auth, &task.thread_id, 0, usize::MAX)
-            .await
-            .unwrap();
+        let history = stored_history(&exec, &auth, &task.thread_id).await;
         assert_eq!(history[0].message.attachments, [image(), document()]);
         assert_eq!(history[0].message.content, "what is this?");
     }
@@ -1131,10 +981,7 @@ async fn stored_attachments_reach_the_model_as_bytes_and_stay_references_in_the_
         .with_part(Part::file(photo.clone()))
         .with_part(Part::file(notes.clone()))
         .with_part(Part::file(big.clone()));
-    let task = exec
-        .send_message(&auth, message, SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, message).await;
     assert_eq!(task.state(), TaskState::Completed);
 
     let sent = llm.requests()[0].messages.last().unwrap().clone();
@@ -1151,12 +998,7 @@ async fn stored_attachments_reach_the_model_as_bytes_and_stay_references_in_the_
         ],
         "a file too large to be shown stays a reference"
     );
-    let history = exec
-        .runtime()
-        .thread_store()
-        .read_history(&auth, &thread, 0, usize::MAX)
-        .await
-        .unwrap();
+    let history = stored_history(&exec, &auth, &thread).await;
     assert_eq!(history[0].message.attachments, [photo, notes, big]);
 }
 
@@ -1164,15 +1006,6 @@ async fn stored_attachments_reach_the_model_as_bytes_and_stay_references_in_the_
 async fn each_step_drains_assembles_calls_persists_runs_tools_in_order_then_evaluates_stops() {
     // §3: one run of two steps. Step 1's model asks for two tools (the first queues a
     // message); step 2 answers. The markers of each step must come in exactly the seed's order.
-    let queue_from_tool = FnTool::new(
-        "note",
-        "Queue a note",
-        json!({"type": "object"}),
-        |_a, ctx| async move {
-            ctx.thread.queue_message("a note queued mid-run").await?;
-            Ok(json!("queued"))
-        },
-    );
     let llm = Arc::new(MockLlm::scripted(vec![
         MockResponse::ToolCalls(vec![
             ToolCall::new("note", json!({})),
@@ -1182,17 +1015,14 @@ async fn each_step_drains_assembles_calls_persists_runs_tools_in_order_then_eval
     ]));
     let agent = Agent::builder(card())
         .llm_shared(llm.clone())
-        .tool(queue_from_tool)
+        .tool(note_tool())
         .tool(echo_tool())
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
     let sink = Arc::new(keel_events::InMemoryEventSink::new());
     exec.add_event_sink(sink.clone());
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Completed);
 
     let markers: Vec<String> = sink
@@ -1247,12 +1077,7 @@ async fn each_step_drains_assembles_calls_persists_runs_tools_in_order_then_eval
 
     // What each marker stands for is in the store in the same order, and the model's second
     // call saw the results in call order, then the message drained at the top of step 2.
-    let history: Vec<_> = exec
-        .runtime()
-        .thread_store()
-        .read_history(&auth, &task.thread_id, 0, usize::MAX)
-        .await
-        .unwrap()
+    let history: Vec<_> = stored_history(&exec, &auth, &task.thread_id).await
         .into_iter()
         .map(|e| (e.message.role, e.message.tool_name, e.message.content))
         .collect();
@@ -1298,10 +1123,7 @@ async fn terminating_a_thread_mid_run_emits_thread_terminated_and_marks_the_stat
     let (exec, auth) = executor(agent);
     let sink = Arc::new(keel_events::InMemoryEventSink::new());
     exec.add_event_sink(sink.clone() as Arc<dyn keel_events::EventSink>);
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Canceled);
     let status = task.status().message.clone().unwrap();
     assert_eq!(status.status_kind(), Some(keel_core::StatusKind::Termination));
@@ -1334,17 +1156,7 @@ async fn a_canceled_run_marks_its_status_message_as_an_execution_abort() {
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(
-            &auth,
-            Message::user("/gate"),
-            SendOptions {
-                return_immediately: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let task = start(&exec, &auth, Message::user("/gate")).await;
     started.notified().await;
     let canceled = exec.cancel_task(&auth, &task.id, None).await.unwrap();
     assert_eq!(canceled.state(), TaskState::Canceled);
@@ -1452,14 +1264,7 @@ async fn lifecycle_hooks_fire_in_order_with_the_steps_data_and_a_veto_stops_the_
         .unwrap();
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
-    let task = exec
-        .send_message(
-            &auth,
-            Message::user("go").in_thread(thread.clone()),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("go").in_thread(thread.clone())).await;
     assert_eq!(task.state(), TaskState::Completed);
     assert!(!ran_forbidden.load(std::sync::atomic::Ordering::SeqCst), "vetoed");
     let seen = recording.0.lock().unwrap().clone();
@@ -1579,10 +1384,7 @@ async fn artifacts_a_tool_adds_are_logged_in_chunks_and_the_task_keeps_them_appe
         .build()
         .unwrap();
     let (exec, auth) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("report"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = send(&exec, &auth, Message::user("report")).await;
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(task.status().message.as_ref().unwrap().text(), "done");
     // The tool named the task's output: the answer is not added as a second artifact.

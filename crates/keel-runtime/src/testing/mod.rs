@@ -47,7 +47,7 @@ pub use steps::*;
 pub use subagents::*;
 pub use tasks::*;
 pub use timers::*;
-pub use wait::{eventually, Reached, WAIT_DEADLINE};
+pub use wait::{eventually, eventually_within, Reached, WAIT_DEADLINE};
 
 use std::sync::Arc;
 

@@ -47,20 +47,46 @@ impl<T> Reached for Option<T> {
 /// assert_eq!(found, 3);
 /// # }
 /// ```
-pub async fn eventually<R, F, Fut>(what: &str, mut check: F) -> R::Value
+pub async fn eventually<R, F, Fut>(what: &str, check: F) -> R::Value
 where
     R: Reached,
     F: FnMut() -> Fut,
     Fut: Future<Output = R>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT_DEADLINE;
+    eventually_within(what, WAIT_DEADLINE, check).await
+}
+
+/// [`eventually`] with a deadline of its own, for a state whose known bound is longer than
+/// [`WAIT_DEADLINE`] (a client's backed-off reconnection, a pool of slow tasks filling up).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use std::time::Duration;
+/// use keel_runtime::testing::eventually_within;
+/// let mut polls = 0;
+/// eventually_within("the second poll", Duration::from_secs(60), || {
+///     polls += 1;
+///     let done = polls == 2;
+///     async move { done }
+/// })
+/// .await;
+/// # }
+/// ```
+pub async fn eventually_within<R, F, Fut>(what: &str, within: Duration, mut check: F) -> R::Value
+where
+    R: Reached,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = R>,
+{
+    let deadline = tokio::time::Instant::now() + within;
     loop {
         if let Some(value) = check().await.reached() {
             return value;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "timed out after {WAIT_DEADLINE:?} waiting for {what}"
+            "timed out after {within:?} waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

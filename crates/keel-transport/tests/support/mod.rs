@@ -9,18 +9,41 @@ use std::time::Duration;
 use keel_agent::{Agent, AgentExecutor, FnTool};
 use keel_core::{AgentCard, AgentSkill};
 use keel_llm::MockLlm;
-use keel_runtime::Services;
+use keel_runtime::{ApiKeyAuthService, AuthContext, Services};
 use keel_transport::A2aServer;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// Alice's API key: she is `alice` of tenant `acme` (see [`two_tenants`]).
+pub const ALICE: &str = "key-alice";
+/// Bob's API key: he is `bob` of tenant `globex` (see [`two_tenants`]).
+pub const BOB: &str = "key-bob";
+
+/// Where the agent card is served.
+pub const CARD_PATH: &str = "/.well-known/agent-card.json";
+
 /// A message that makes the agent sleep 30 s (until canceled).
 pub const SLEEP_30: &str = "/sleep {\"seconds\": 30}";
 
+/// Two tenants, each proven by an API key: [`ALICE`] (`acme`) and [`BOB`] (`globex`).
+pub fn two_tenants() -> ApiKeyAuthService {
+    ApiKeyAuthService::new(AuthContext::new("local", "operator"))
+        .with_key(ALICE, AuthContext::new("acme", "alice"))
+        .with_key(BOB, AuthContext::new("globex", "bob"))
+}
+
+/// In-memory services over `llm` whose callers are the [`two_tenants`].
+pub fn two_tenant_runtime(llm: MockLlm) -> Arc<Services> {
+    Arc::new(Services::in_memory(Arc::new(llm)).with_auth(two_tenants()))
+}
+
 pub fn agent() -> Agent {
-    let card = AgentCard::new("echo", "Echoes what it hears", "http://unused")
-        .with_skill(AgentSkill::new("echo", "Repeat the message"));
+    let card = AgentCard::new("echo", "Echoes what it hears", "http://unused").with_skill(
+        AgentSkill::new("echo", "Repeat the message")
+            .with_tags(["demo"])
+            .with_example("hello"),
+    );
     let sleep = FnTool::new(
         "sleep",
         "Sleep for some seconds; stops early when the run is canceled",
@@ -99,6 +122,25 @@ impl TestServer {
         }
     }
 
+    /// GET `path` with `A2A-Version: 1.0`; the JSON body.
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.get_json_as(Some("1.0"), path).await
+    }
+
+    /// GET `path` with the given `A2A-Version` (none: a v0.3 caller); the JSON body.
+    pub async fn get_json_as(&self, version: Option<&str>, path: &str) -> Value {
+        let mut request = self.http.get(format!("{}{path}", self.base));
+        if let Some(version) = version {
+            request = request.header("A2A-Version", version);
+        }
+        request.send().await.unwrap().json().await.unwrap()
+    }
+
+    /// The agent card, as a v1.0 caller reads it.
+    pub async fn card(&self) -> Value {
+        self.get_json(CARD_PATH).await
+    }
+
     /// A JSON-RPC call with `A2A-Version: 1.0` (or the given version, or none).
     pub async fn rpc_with(
         &self,
@@ -124,6 +166,20 @@ impl TestServer {
             .await
             .unwrap()
     }
+}
+
+/// Send [`SLEEP_30`] through `client` and return at once, while the task runs.
+pub async fn start_sleeping(client: &dyn keel_transport::AgentTransport) -> keel_core::Task {
+    client
+        .send_message(
+            keel_core::Message::user(SLEEP_30),
+            keel_transport::SendMessageOptions {
+                return_immediately: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
 }
 
 pub fn user_message(text: &str) -> Value {
