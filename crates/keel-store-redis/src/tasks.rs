@@ -4,30 +4,15 @@
 //! the same indexes scored by status time, for the most-recently-updated order.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, TaskState, ThreadId};
 use keel_runtime::{
-    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskOrder, UpdatedCursor,
+    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
 };
 
 use crate::encoding::{decode, encode};
 use crate::keys::{fixed, kind};
 use crate::scripts;
 use crate::RedisStore;
-
-/// A page token is the seq of the last task of the previous page: stable under concurrent
-/// inserts (new tasks only ever get larger seqs, and nothing is deleted).
-fn parse_page_token(token: Option<&str>) -> AgentResult<u64> {
-    match token {
-        None | Some("") => Ok(0),
-        Some(token) => token.parse().map_err(|_| {
-            AgentError::invalid_input(
-                "page_token",
-                format!("`{token}` is not a token this server issued"),
-            )
-        }),
-    }
-}
 
 impl RedisStore {
     /// Save the snapshot with its indexes and append `events` to the task's log in one
@@ -94,10 +79,10 @@ impl RedisStore {
         &self,
         auth: &AuthContext,
         filter: &ListTasksFilter,
-        since: Option<DateTime<Utc>>,
         page_size: usize,
+        since: Option<i64>,
+        after: Option<UpdatedCursor>,
     ) -> AgentResult<Page<Task>> {
-        let after = UpdatedCursor::parse(filter.page_token.as_deref())?;
         let keys = self.keys(auth);
         let index = by_update_index(&keys, filter.thread_id.as_ref(), filter.state);
         let snapshot_prefix = keys.of(kind::TASK, "");
@@ -105,7 +90,7 @@ impl RedisStore {
             Some(after) => (after.micros.to_string(), after.task_id.to_string()),
             None => ("+inf".to_owned(), String::new()),
         };
-        let min = since.map_or("-inf".to_owned(), |t| t.timestamp_micros().to_string());
+        let min = since.map_or("-inf".to_owned(), |micros| micros.to_string());
         let mut filled = false;
         loop {
             // One more than a page tells whether another page follows.
@@ -224,13 +209,15 @@ impl TaskManager for RedisStore {
         auth: &AuthContext,
         filter: &ListTasksFilter,
     ) -> AgentResult<Page<Task>> {
-        let page_size = filter.effective_page_size()?;
-        if let TaskOrder::RecentlyUpdated { since } = filter.order {
-            return self
-                .list_recently_updated(auth, filter, since, page_size)
-                .await;
-        }
-        let after = parse_page_token(filter.page_token.as_deref())?;
+        let (page_size, start) = filter.page_start()?;
+        let after = match start {
+            TaskPageStart::Created { after } => after,
+            TaskPageStart::RecentlyUpdated { since, after } => {
+                return self
+                    .list_recently_updated(auth, filter, page_size, since, after)
+                    .await;
+            }
+        };
         let keys = self.keys(auth);
         // Every filter combination has its own index, so a page costs O(log n + page).
         let index = match (&filter.thread_id, filter.state) {

@@ -3,7 +3,7 @@
 //! errors as [`AgentError::Storage`] with context.
 
 use chrono::{DateTime, Utc};
-use keel_core::{stored, AgentError, AgentResult};
+use keel_core::{AgentError, AgentResult};
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
 
@@ -22,22 +22,13 @@ impl<T> SqlContext<T> for rusqlite::Result<T> {
 /// A Keel record (task snapshot, event, message, ...) as the versioned stored-JSON envelope
 /// text. Encoding happens on the caller's task, so the writer thread only runs SQL.
 pub(crate) fn encode_record<T: Serialize>(value: &T) -> AgentResult<String> {
-    serde_json::to_string(&stored::encode(value)?).map_err(AgentError::internal)
+    keel_runtime::encode_record(value)
 }
 
 /// Decode an envelope read from the column; `what` names the record in the error
 /// (`task t-1`), since a corrupt row is only fixable if the operator can find it.
 pub(crate) fn decode_record<T: DeserializeOwned>(text: &str, what: &str) -> AgentResult<T> {
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| AgentError::storage_source("sqlite", format!("reading stored {what}"), e))?;
-    stored::decode(value).map_err(|e| match e {
-        AgentError::Storage { source, .. } => AgentError::Storage {
-            backend: "sqlite",
-            operation: format!("reading stored {what}"),
-            source,
-        },
-        other => other,
-    })
+    keel_runtime::decode_record("sqlite", &format!("reading stored {what}"), text)
 }
 
 /// A caller's JSON value (memory, key-value store, queue payload) as text. These are not

@@ -1,34 +1,15 @@
 //! [`TaskManager`] over SQLite: task snapshots in `tasks`, their event logs in `task_events`.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
 use keel_runtime::{
-    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskOrder, UpdatedCursor,
+    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
 };
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
-use crate::codec::{decode_record, encode_record, usize_to_sql, SqlContext};
+use crate::codec::{decode_record, encode_record, to_sql_int, usize_to_sql, SqlContext};
 use crate::SqliteStore;
-
-/// Page tokens are the creation `seq` of the last task returned (keyset pagination): unlike
-/// an offset, a token stays right when tasks are added while a client pages.
-fn parse_page_token(token: Option<&str>) -> AgentResult<i64> {
-    match token {
-        None | Some("") => Ok(0),
-        Some(token) => token
-            .parse::<u64>()
-            .ok()
-            .and_then(|seq| i64::try_from(seq).ok())
-            .ok_or_else(|| {
-                AgentError::invalid_input(
-                    "page_token",
-                    format!("`{token}` is not a token this server issued"),
-                )
-            }),
-    }
-}
 
 pub(crate) fn task_exists(conn: &Connection, tenant: &str, task_id: &TaskId) -> AgentResult<bool> {
     conn.prepare_cached("SELECT 1 FROM tasks WHERE tenant = ?1 AND task_id = ?2")
@@ -121,10 +102,10 @@ impl SqliteStore {
         &self,
         auth: &AuthContext,
         filter: &ListTasksFilter,
-        since: Option<DateTime<Utc>>,
         page_size: usize,
+        since: Option<i64>,
+        after: Option<UpdatedCursor>,
     ) -> AgentResult<Page<Task>> {
-        let after = UpdatedCursor::parse(filter.page_token.as_deref())?;
         let mut clauses = vec!["tenant = ?"];
         let mut args = vec![SqlValue::Text(auth.namespace())];
         if let Some(thread_id) = &filter.thread_id {
@@ -137,7 +118,7 @@ impl SqliteStore {
         }
         if let Some(since) = since {
             clauses.push("updated_at >= ?");
-            args.push(SqlValue::Integer(since.timestamp_micros()));
+            args.push(SqlValue::Integer(since));
         }
         let filter_sql = clauses.join(" AND ");
         self.read(move |conn| {
@@ -227,13 +208,16 @@ impl TaskManager for SqliteStore {
         auth: &AuthContext,
         filter: &ListTasksFilter,
     ) -> AgentResult<Page<Task>> {
-        let page_size = filter.effective_page_size()?;
-        if let TaskOrder::RecentlyUpdated { since } = filter.order {
-            return self
-                .list_recently_updated(auth, filter, since, page_size)
-                .await;
-        }
-        let after = parse_page_token(filter.page_token.as_deref())?;
+        let (page_size, start) = filter.page_start()?;
+        let after = match start {
+            // The seq of a token is at most `i64::MAX` (see `TaskPageStart::Created`).
+            TaskPageStart::Created { after } => to_sql_int(after),
+            TaskPageStart::RecentlyUpdated { since, after } => {
+                return self
+                    .list_recently_updated(auth, filter, page_size, since, after)
+                    .await;
+            }
+        };
         // Only the filters that are set become SQL, so each query can use its index.
         let mut clauses = vec!["tenant = ?"];
         let mut args = vec![SqlValue::Text(auth.namespace())];
@@ -350,23 +334,5 @@ impl TaskManager for SqliteStore {
                 .collect()
         })
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn page_tokens_are_non_negative_integers() {
-        assert_eq!(parse_page_token(None).unwrap(), 0);
-        assert_eq!(parse_page_token(Some("")).unwrap(), 0);
-        assert_eq!(parse_page_token(Some("17")).unwrap(), 17);
-        for bad in ["-1", "x", "18446744073709551615"] {
-            assert!(
-                matches!(parse_page_token(Some(bad)), Err(AgentError::InvalidInput { ref field, .. }) if field == "page_token"),
-                "{bad}"
-            );
-        }
     }
 }

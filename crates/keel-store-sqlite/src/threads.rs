@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use chrono::Utc;
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, AgentResult, ThreadId};
+use keel_core::{AgentResult, ThreadId};
 use keel_runtime::{
     AuthContext, ChildThread, HistoryEntry, Lease, QueuedItem, SubagentRegistry, ThreadHistory,
     ThreadKv, ThreadQueue,
@@ -460,10 +460,7 @@ impl SubagentRegistry for SqliteStore {
                 })
                 .context("reading a subagent")?;
             let Some(body) = body else {
-                return Err(AgentError::invalid_input(
-                    "child",
-                    format!("thread {child} is not a registered subagent"),
-                ));
+                return Err(ChildThread::not_registered(&child));
             };
             let mut entry: ChildThread = decode_record(&body, &format!("subagent {child}"))?;
             entry.status = status;
