@@ -40,137 +40,79 @@ impl<S> Validated<S> {
     }
 }
 
-/// One `#[async_trait]` impl of `$trait` for `Validated<S>`: the methods listed under
-/// `forward` go to the backend unchanged, written one a line; the items after them are the
-/// checked methods, written out in full. So a reader sees at a glance which calls are
-/// checked, and a pass-through cannot drift from the rest.
+/// One `#[async_trait]` impl of `$trait` for `Validated<S>`, one method a line: each call goes
+/// to the backend, after the check written behind `=>` when there is one. So the whole checked
+/// surface reads as one table, and a pass-through cannot drift from the rest.
 macro_rules! validated_impl {
     (impl $trait:ident {
-        forward { $(fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)* }
-        $($checked:item)*
+        $(fn $name:ident(&$this:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty $(=> $check:expr)?;)*
     }) => {
         #[async_trait]
         impl<S: $trait> $trait for Validated<S> {
-            $(async fn $name(&self $(, $arg: $ty)*) -> $ret {
-                self.inner.$name($($arg),*).await
+            $(async fn $name(&$this $(, $arg: $ty)*) -> $ret {
+                $($check?;)?
+                $this.inner.$name($($arg),*).await
             })*
-            $($checked)*
         }
     };
 }
 
 validated_impl! {
     impl ThreadHistory {
-        forward {
-            fn append_history(&self, auth: &AuthContext, lease: &Lease, messages: &[LlmMessage]) -> AgentResult<u64>;
-            fn read_history(&self, auth: &AuthContext, thread_id: &ThreadId, after_seq: u64, limit: usize) -> AgentResult<Vec<HistoryEntry>>;
-        }
+        fn append_history(&self, auth: &AuthContext, lease: &Lease, messages: &[LlmMessage]) -> AgentResult<u64>;
+        fn read_history(&self, auth: &AuthContext, thread_id: &ThreadId, after_seq: u64, limit: usize) -> AgentResult<Vec<HistoryEntry>>;
     }
 }
 
 validated_impl! {
     impl ThreadQueue {
-        forward {
-            fn push_queue(&self, auth: &AuthContext, thread_id: &ThreadId, payload: Value) -> AgentResult<QueuedItem>;
-            fn peek_queue(&self, auth: &AuthContext, thread_id: &ThreadId, limit: usize) -> AgentResult<Vec<QueuedItem>>;
-            fn ack_queue(&self, auth: &AuthContext, lease: &Lease, ids: &[String]) -> AgentResult<()>;
-            fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize>;
-            fn tenant_queue_len(&self, auth: &AuthContext) -> AgentResult<usize>;
-            fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>>;
-        }
+        fn push_queue(&self, auth: &AuthContext, thread_id: &ThreadId, payload: Value) -> AgentResult<QueuedItem>;
+        fn peek_queue(&self, auth: &AuthContext, thread_id: &ThreadId, limit: usize) -> AgentResult<Vec<QueuedItem>>;
+        fn ack_queue(&self, auth: &AuthContext, lease: &Lease, ids: &[String]) -> AgentResult<()>;
+        fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize>;
+        fn tenant_queue_len(&self, auth: &AuthContext) -> AgentResult<usize>;
+        fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>>;
     }
 }
 
 validated_impl! {
     impl ThreadKv {
-        forward {
-            fn kv_get(&self, auth: &AuthContext, thread_id: &ThreadId, key: &str) -> AgentResult<Option<Value>>;
-            fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>>;
-        }
-
-        async fn kv_set(
-            &self,
-            auth: &AuthContext,
-            thread_id: &ThreadId,
-            key: &str,
-            value: Value,
-        ) -> AgentResult<()> {
-            self.kv_limits.check_value(key, &value)?;
-            self.inner.kv_set(auth, thread_id, key, value).await
-        }
+        fn kv_get(&self, auth: &AuthContext, thread_id: &ThreadId, key: &str) -> AgentResult<Option<Value>>;
+        fn kv_set(&self, auth: &AuthContext, thread_id: &ThreadId, key: &str, value: Value) -> AgentResult<()>
+            => self.kv_limits.check_value(key, &value);
+        fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>>;
     }
 }
 
 validated_impl! {
     impl SubagentRegistry {
-        forward {
-            fn register_child(&self, auth: &AuthContext, child: &ChildThread) -> AgentResult<()>;
-            fn children(&self, auth: &AuthContext, parent: &ThreadId) -> AgentResult<Vec<ChildThread>>;
-            fn child(&self, auth: &AuthContext, child: &ThreadId) -> AgentResult<Option<ChildThread>>;
-            fn set_child_status(&self, auth: &AuthContext, child: &ThreadId, status: &str) -> AgentResult<()>;
-        }
+        fn register_child(&self, auth: &AuthContext, child: &ChildThread) -> AgentResult<()>;
+        fn children(&self, auth: &AuthContext, parent: &ThreadId) -> AgentResult<Vec<ChildThread>>;
+        fn child(&self, auth: &AuthContext, child: &ThreadId) -> AgentResult<Option<ChildThread>>;
+        fn set_child_status(&self, auth: &AuthContext, child: &ThreadId, status: &str) -> AgentResult<()>;
     }
 }
 
 validated_impl! {
     impl ThreadLeases {
-        forward {
-            fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()>;
-        }
-
-        async fn acquire_lease(
-            &self,
-            auth: &AuthContext,
-            thread_id: &ThreadId,
-            holder: &str,
-            ttl: Duration,
-        ) -> AgentResult<Option<Lease>> {
-            check_lease_ttl(ttl)?;
-            self.inner.acquire_lease(auth, thread_id, holder, ttl).await
-        }
-
-        async fn reclaim_lease(
-            &self,
-            auth: &AuthContext,
-            thread_id: &ThreadId,
-            holder: &str,
-            ttl: Duration,
-        ) -> AgentResult<Option<Lease>> {
-            check_lease_ttl(ttl)?;
-            self.inner.reclaim_lease(auth, thread_id, holder, ttl).await
-        }
-
-        async fn renew_lease(
-            &self,
-            auth: &AuthContext,
-            lease: &Lease,
-            ttl: Duration,
-        ) -> AgentResult<Lease> {
-            check_lease_ttl(ttl)?;
-            self.inner.renew_lease(auth, lease, ttl).await
-        }
+        fn acquire_lease(&self, auth: &AuthContext, thread_id: &ThreadId, holder: &str, ttl: Duration) -> AgentResult<Option<Lease>>
+            => check_lease_ttl(ttl);
+        fn reclaim_lease(&self, auth: &AuthContext, thread_id: &ThreadId, holder: &str, ttl: Duration) -> AgentResult<Option<Lease>>
+            => check_lease_ttl(ttl);
+        fn renew_lease(&self, auth: &AuthContext, lease: &Lease, ttl: Duration) -> AgentResult<Lease>
+            => check_lease_ttl(ttl);
+        fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()>;
     }
 }
 
 validated_impl! {
     impl ThreadTimers {
-        forward {
-            fn schedule_timer(&self, auth: &AuthContext, thread_id: &ThreadId, agent: &str, name: &str, payload: Value, due_at: DateTime<Utc>) -> AgentResult<TimerRecord>;
-            fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool>;
-            fn thread_timers(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<TimerRecord>>;
-            fn complete_timer(&self, claim: &ClaimedTimer) -> AgentResult<bool>;
-            fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>>;
-        }
-
-        async fn claim_due_timers(
-            &self,
-            agent: &str,
-            now: DateTime<Utc>,
-            limit: usize,
-            claim_ttl: Duration,
-        ) -> AgentResult<Vec<ClaimedTimer>> {
-            check_lease_ttl(claim_ttl)?;
-            self.inner.claim_due_timers(agent, now, limit, claim_ttl).await
-        }
+        fn schedule_timer(&self, auth: &AuthContext, thread_id: &ThreadId, agent: &str, name: &str, payload: Value, due_at: DateTime<Utc>) -> AgentResult<TimerRecord>;
+        fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool>;
+        fn thread_timers(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<TimerRecord>>;
+        fn claim_due_timers(&self, agent: &str, now: DateTime<Utc>, limit: usize, claim_ttl: Duration) -> AgentResult<Vec<ClaimedTimer>>
+            => check_lease_ttl(claim_ttl);
+        fn complete_timer(&self, claim: &ClaimedTimer) -> AgentResult<bool>;
+        fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>>;
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use keel_core::conversation::LlmMessage;
 use serde_json::json;
 
-use super::{fresh_tenant, fresh_thread};
+use super::{fresh_tenant, fresh_thread, leased};
 use crate::ThreadStore;
 
 /// History entries get contiguous seqs from 1 and read back in order, by range.
@@ -137,11 +137,7 @@ pub async fn queue_fifo_under_concurrent_producers(threads: Arc<dyn ThreadStore>
 pub async fn history_and_queue_limit_zero_is_empty(threads: &dyn ThreadStore) {
     let auth = fresh_tenant();
     let thread = fresh_thread();
-    let lease = threads
-        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = leased(threads, &auth, &thread).await;
     threads
         .append_history(
             &auth,
@@ -197,11 +193,7 @@ pub async fn history_and_queue_limit_zero_is_empty(threads: &dyn ThreadStore) {
 pub async fn queue_seqs_grow_after_the_queue_empties(threads: &dyn ThreadStore) {
     let auth = fresh_tenant();
     let thread = fresh_thread();
-    let lease = threads
-        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = leased(threads, &auth, &thread).await;
     let mut last_seq = 0;
     for round in 0..3 {
         let mut acked = Vec::new();
@@ -264,20 +256,12 @@ pub async fn queue_counts_per_tenant(threads: &dyn ThreadStore) {
     );
     assert!(threads.queued_threads(&other).await.unwrap().is_empty());
 
-    let lease_b = threads
-        .acquire_lease(&auth, &b, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease_b = leased(threads, &auth, &b).await;
     threads
         .ack_queue(&auth, &lease_b, &[only_of_b.id])
         .await
         .unwrap();
-    let lease_a = threads
-        .acquire_lease(&auth, &a, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease_a = leased(threads, &auth, &a).await;
     threads
         .ack_queue(&auth, &lease_a, &first_of_a[..1])
         .await

@@ -9,7 +9,7 @@ use keel_core::conversation::LlmMessage;
 use keel_core::AgentError;
 use serde_json::json;
 
-use super::{fresh_tenant, fresh_thread};
+use super::{assert_lease_lost, fresh_tenant, fresh_thread, history_len, leased};
 use crate::ThreadStore;
 
 /// Many tasks racing for one thread's lease: exactly one wins; other threads are independent.
@@ -69,21 +69,17 @@ pub async fn lease_fencing(threads: &dyn ThreadStore) {
         assert!(tokio::time::Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let err = threads
-        .append_history(&auth, &renewed, &[LlmMessage::user("late")])
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "write with an expired lease: {err:?}"
+    assert_lease_lost(
+        threads
+            .append_history(&auth, &renewed, &[LlmMessage::user("late")])
+            .await,
+        "write with an expired lease",
     );
-    let err = threads
-        .renew_lease(&auth, &renewed, Duration::from_secs(1))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "renew of an expired lease"
+    assert_lease_lost(
+        threads
+            .renew_lease(&auth, &renewed, Duration::from_secs(1))
+            .await,
+        "renew of an expired lease",
     );
 
     let next = threads
@@ -92,18 +88,15 @@ pub async fn lease_fencing(threads: &dyn ThreadStore) {
         .unwrap()
         .unwrap();
     assert!(next.token > renewed.token, "fencing tokens must grow");
-    let err = threads
-        .append_history(&auth, &renewed, &[LlmMessage::user("stale")])
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "write with a taken-over lease"
+    assert_lease_lost(
+        threads
+            .append_history(&auth, &renewed, &[LlmMessage::user("stale")])
+            .await,
+        "write with a taken-over lease",
     );
-    let err = threads.ack_queue(&auth, &renewed, &[]).await.unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "ack with a taken-over lease"
+    assert_lease_lost(
+        threads.ack_queue(&auth, &renewed, &[]).await,
+        "ack with a taken-over lease",
     );
     threads.release_lease(&auth, &renewed).await.unwrap();
     assert!(
@@ -119,11 +112,7 @@ pub async fn lease_fencing(threads: &dyn ThreadStore) {
         .await
         .unwrap();
     assert_eq!(
-        threads
-            .read_history(&auth, &thread, 0, 10)
-            .await
-            .unwrap()
-            .len(),
+        history_len(threads, &auth, &thread).await,
         1,
         "only the holder's write landed"
     );
@@ -142,39 +131,29 @@ pub async fn lease_fencing(threads: &dyn ThreadStore) {
 pub async fn lease_is_dead_after_release(threads: &dyn ThreadStore) {
     let auth = fresh_tenant();
     let thread = fresh_thread();
-    let lease = threads
-        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = leased(threads, &auth, &thread).await;
     let item = threads
         .push_queue(&auth, &thread, json!("pending"))
         .await
         .unwrap();
     threads.release_lease(&auth, &lease).await.unwrap();
-    let err = threads
-        .append_history(&auth, &lease, &[LlmMessage::user("after release")])
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "write after release: {err:?}"
+    assert_lease_lost(
+        threads
+            .append_history(&auth, &lease, &[LlmMessage::user("after release")])
+            .await,
+        "write after release",
     );
-    let err = threads
-        .ack_queue(&auth, &lease, std::slice::from_ref(&item.id))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "ack after release: {err:?}"
+    assert_lease_lost(
+        threads
+            .ack_queue(&auth, &lease, std::slice::from_ref(&item.id))
+            .await,
+        "ack after release",
     );
-    let err = threads
-        .renew_lease(&auth, &lease, Duration::from_secs(30))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "renew after release: {err:?}"
+    assert_lease_lost(
+        threads
+            .renew_lease(&auth, &lease, Duration::from_secs(30))
+            .await,
+        "renew after release",
     );
     assert!(
         threads
@@ -236,13 +215,11 @@ pub async fn lease_reclaimed_only_by_its_holder(threads: &dyn ThreadStore) {
         .expect("the holder takes its own live lease back");
     assert_eq!(new.holder, "instance-a");
     assert!(new.token > old.token, "a reclaimed lease has a new token");
-    let err = threads
-        .append_history(&auth, &old, &[LlmMessage::user("stale")])
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "the replaced lease is fenced out: {err:?}"
+    assert_lease_lost(
+        threads
+            .append_history(&auth, &old, &[LlmMessage::user("stale")])
+            .await,
+        "the replaced lease is fenced out",
     );
     threads
         .append_history(&auth, &new, &[LlmMessage::user("fresh")])

@@ -51,9 +51,9 @@ pub use wait::{eventually, Reached, WAIT_DEADLINE};
 
 use std::sync::Arc;
 
-use keel_core::ThreadId;
+use keel_core::{AgentError, AgentResult, ThreadId};
 
-use crate::{AuthContext, KvLimits, MemoryService, RunStore, TaskManager, ThreadStore};
+use crate::{AuthContext, KvLimits, Lease, MemoryService, RunStore, TaskManager, ThreadStore};
 
 /// A tenant no other test uses.
 pub fn fresh_tenant() -> AuthContext {
@@ -65,6 +65,34 @@ pub fn fresh_tenant() -> AuthContext {
 
 fn fresh_thread() -> ThreadId {
     ThreadId::from(format!("thread-{}", uuid::Uuid::new_v4().simple()))
+}
+
+/// The lease of a thread that must be free, for 30 s, held by `w`: how most checks start.
+async fn leased(threads: &dyn ThreadStore, auth: &AuthContext, thread: &ThreadId) -> Lease {
+    threads
+        .acquire_lease(auth, thread, "w", std::time::Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("a fresh thread is free")
+}
+
+/// Assert that `result` is [`AgentError::LeaseLost`]: what `what` (a write, an ack or a
+/// renewal under a dead lease) must answer.
+#[track_caller]
+fn assert_lease_lost<T: std::fmt::Debug>(result: AgentResult<T>, what: &str) {
+    assert!(
+        matches!(result, Err(AgentError::LeaseLost { .. })),
+        "{what}: {result:?}"
+    );
+}
+
+/// How many entries the thread's history holds (up to 1,000, more than any check writes).
+async fn history_len(threads: &dyn ThreadStore, auth: &AuthContext, thread: &ThreadId) -> usize {
+    threads
+        .read_history(auth, thread, 0, 1000)
+        .await
+        .unwrap()
+        .len()
 }
 
 /// Run every check: tasks, memory, threads (with the store's key-value caps) and runs.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent, TaskId};
 
-use super::fresh_tenant;
+use super::{assert_lease_lost, fresh_tenant, history_len};
 use crate::{TaskManager, ThreadStore};
 
 /// A [`StepStore`](crate::StepStore) writes history and task log together: both land, and a
@@ -68,11 +68,7 @@ pub async fn step_store_writes_history_and_log_together(
         "unknown task: {err:?}"
     );
     assert_eq!(
-        threads
-            .read_history(&auth, &task.thread_id, 0, 10)
-            .await
-            .unwrap()
-            .len(),
+        history_len(threads, &auth, &task.thread_id).await,
         2,
         "nothing written for an unknown task"
     );
@@ -83,26 +79,20 @@ pub async fn step_store_writes_history_and_log_together(
         .await
         .unwrap()
         .unwrap();
-    let err = steps
-        .persist_step(
-            &auth,
-            &lease,
-            &history,
-            &task.id,
-            std::slice::from_ref(&event),
-        )
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "stale lease: {err:?}"
+    assert_lease_lost(
+        steps
+            .persist_step(
+                &auth,
+                &lease,
+                &history,
+                &task.id,
+                std::slice::from_ref(&event),
+            )
+            .await,
+        "stale lease",
     );
     assert_eq!(
-        threads
-            .read_history(&auth, &task.thread_id, 0, 10)
-            .await
-            .unwrap()
-            .len(),
+        history_len(threads, &auth, &task.thread_id).await,
         2,
         "nothing written with a stale lease"
     );
