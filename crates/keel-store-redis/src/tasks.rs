@@ -196,12 +196,7 @@ fn by_update_index(
 impl TaskManager for RedisStore {
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
         let key = self.keys(auth).of(kind::TASK, task_id.as_str());
-        let text: Option<String> = redis::cmd("GET")
-            .arg(&key)
-            .query_async(&mut self.con())
-            .await
-            .map_err(|e| self.fail("GET task", &e))?;
-        text.map(|text| decode(&key, &text)).transpose()
+        self.read_record("GET task", &key, None).await
     }
 
     async fn list_tasks(

@@ -233,13 +233,8 @@ impl ThreadKv for RedisStore {
         key: &str,
     ) -> AgentResult<Option<Value>> {
         let hash = self.keys(auth).of(kind::KV, thread_id.as_str());
-        let text: Option<String> = redis::cmd("HGET")
-            .arg(&hash)
-            .arg(key)
-            .query_async(&mut self.con())
+        self.read_record("read key-value entry", &hash, Some(key))
             .await
-            .map_err(|e| self.fail("read key-value entry", &e))?;
-        text.map(|text| decode(&hash, &text)).transpose()
     }
 
     async fn kv_set(

@@ -4,6 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult};
+use rusqlite::{Connection, OptionalExtension, Params, Row};
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
 
@@ -17,6 +18,43 @@ impl<T> SqlContext<T> for rusqlite::Result<T> {
     fn context(self, what: &str) -> AgentResult<T> {
         self.map_err(|e| AgentError::storage_source("sqlite", what, e))
     }
+}
+
+/// The one row `sql` selects with `params`, mapped by `row`, or `None` when none matches:
+/// the shape of every lookup by key. `what` says what was being read, for the error.
+pub(crate) fn select_row<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+    row: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+    what: &str,
+) -> AgentResult<Option<T>> {
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.query_row(params, row).optional())
+        .context(what)
+}
+
+/// The text of the one column `sql` selects with `params`, or `None` when no row matches.
+pub(crate) fn select_text(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+    what: &str,
+) -> AgentResult<Option<String>> {
+    select_row(conn, sql, params, |row| row.get(0), what)
+}
+
+/// The Keel record stored in the one column `sql` selects with `params`, decoded, or `None`
+/// when no row matches; `what` names the record (`task t-1`) in errors.
+pub(crate) fn select_record<T: DeserializeOwned>(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+    what: &str,
+) -> AgentResult<Option<T>> {
+    select_text(conn, sql, params, &format!("reading {what}"))?
+        .map(|body| decode_record(&body, what))
+        .transpose()
 }
 
 /// A Keel record (task snapshot, event, message, ...) as the versioned stored-JSON envelope

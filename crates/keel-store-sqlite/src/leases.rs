@@ -10,23 +10,21 @@ use async_trait::async_trait;
 use chrono::Utc;
 use keel_core::{AgentResult, ThreadId};
 use keel_runtime::{lease_blocks, lease_ttl, AuthContext, Lease, ThreadLeases};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 
-use crate::codec::{from_nanos, from_sql_int, to_nanos, SqlContext};
+use crate::codec::{from_nanos, from_sql_int, select_row, to_nanos, SqlContext};
 use crate::SqliteStore;
 
 /// Refuse unless `lease` is the thread's current lease and has not expired. Runs inside the
 /// writer's transaction, before the write it guards, so the check and the write are atomic.
 pub(crate) fn check_fence(conn: &Connection, tenant: &str, lease: &Lease) -> AgentResult<()> {
-    let current: Option<(i64, i64)> = conn
-        .prepare_cached("SELECT token, expires_at FROM leases WHERE tenant = ?1 AND thread_id = ?2")
-        .and_then(|mut stmt| {
-            stmt.query_row(params![tenant, lease.thread_id.as_str()], |row| {
-                Ok((row.get(0)?, row.get(1)?))
-            })
-            .optional()
-        })
-        .context("reading a thread's lease")?;
+    let current: Option<(i64, i64)> = select_row(
+        conn,
+        "SELECT token, expires_at FROM leases WHERE tenant = ?1 AND thread_id = ?2",
+        params![tenant, lease.thread_id.as_str()],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+        "reading a thread's lease",
+    )?;
     // A stored token that is not a u64 was never issued, so no lease matches it.
     let current = current
         .and_then(|(token, expires_at)| Some((u64::try_from(token).ok()?, from_nanos(expires_at))));
@@ -47,17 +45,13 @@ impl SqliteStore {
         let (tenant, thread_id, holder) = (auth.namespace(), thread_id.clone(), holder.to_owned());
         self.write(move |conn| {
             let now = Utc::now();
-            let held: Option<(i64, String)> = conn
-                .prepare_cached(
-                    "SELECT expires_at, holder FROM leases WHERE tenant = ?1 AND thread_id = ?2",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, thread_id.as_str()], |row| {
-                        Ok((row.get(0)?, row.get(1)?))
-                    })
-                    .optional()
-                })
-                .context("reading a thread's lease")?;
+            let held: Option<(i64, String)> = select_row(
+                conn,
+                "SELECT expires_at, holder FROM leases WHERE tenant = ?1 AND thread_id = ?2",
+                params![tenant, thread_id.as_str()],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+                "reading a thread's lease",
+            )?;
             let current = held.as_ref().map(|(expires_at, current)| {
                 (current.as_str(), from_nanos(*expires_at))
             });

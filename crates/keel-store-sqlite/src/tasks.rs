@@ -6,9 +6,11 @@ use keel_runtime::{
     updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
 };
 use rusqlite::types::Value as SqlValue;
-use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
+use rusqlite::{params, params_from_iter, Connection};
 
-use crate::codec::{decode_record, encode_record, to_sql_int, usize_to_sql, SqlContext};
+use crate::codec::{
+    decode_record, encode_record, select_record, to_sql_int, usize_to_sql, SqlContext,
+};
 use crate::SqliteStore;
 
 pub(crate) fn task_exists(conn: &Connection, tenant: &str, task_id: &TaskId) -> AgentResult<bool> {
@@ -190,15 +192,12 @@ impl TaskManager for SqliteStore {
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
         let (tenant, task_id) = (auth.namespace(), task_id.clone());
         self.read(move |conn| {
-            let body: Option<String> = conn
-                .prepare_cached("SELECT body FROM tasks WHERE tenant = ?1 AND task_id = ?2")
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, task_id.as_str()], |row| row.get(0))
-                        .optional()
-                })
-                .context("reading a task")?;
-            body.map(|body| decode_record(&body, &format!("task {task_id}")))
-                .transpose()
+            select_record(
+                conn,
+                "SELECT body FROM tasks WHERE tenant = ?1 AND task_id = ?2",
+                params![tenant, task_id.as_str()],
+                &format!("task {task_id}"),
+            )
         })
         .await
     }
