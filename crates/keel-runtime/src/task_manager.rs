@@ -65,7 +65,7 @@ impl UpdatedCursor {
 
     /// The page token.
     pub fn token(&self) -> String {
-        format!("{}:{}", self.micros, self.task_id)
+        self.to_string()
     }
 
     /// The cursor a page token names; `None` for no token. A token no store could have
@@ -95,6 +95,13 @@ impl UpdatedCursor {
     /// with a smaller id).
     pub fn precedes(&self, micros: i64, task_id: &str) -> bool {
         micros < self.micros || (micros == self.micros && task_id < self.task_id.as_str())
+    }
+}
+
+/// The page token, `<micros>:<task id>`.
+impl std::fmt::Display for UpdatedCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.micros, self.task_id)
     }
 }
 
@@ -196,6 +203,46 @@ pub struct Page<T> {
     pub next_page_token: Option<String>,
     /// How many items match the filter in all.
     pub total_size: usize,
+}
+
+impl<T> Page<T> {
+    /// The page of `rows`, read in the page's order from its start and at most `page_size + 1`
+    /// of them: one row more than a page tells whether another page follows, without a
+    /// second query. `item` turns a row into an item and its position (a creation seq, an
+    /// [`UpdatedCursor`]); the position of the last item is the next page token when more
+    /// rows follow. The one paging rule of every store.
+    ///
+    /// ```
+    /// use keel_runtime::Page;
+    /// let rows = [(1, "a"), (2, "b"), (3, "c")];
+    /// let page = Page::from_rows(rows, 2, 7, |(seq, name)| Ok((name, seq))).unwrap();
+    /// assert_eq!(page.items, ["a", "b"]);
+    /// assert_eq!(page.next_page_token.as_deref(), Some("2"));
+    /// assert_eq!(page.total_size, 7);
+    /// let last = Page::from_rows([(3, "c")], 2, 7, |(seq, name)| Ok((name, seq))).unwrap();
+    /// assert_eq!(last.next_page_token, None);
+    /// ```
+    pub fn from_rows<R, P: std::fmt::Display>(
+        rows: impl IntoIterator<Item = R>,
+        page_size: usize,
+        total_size: usize,
+        mut item: impl FnMut(R) -> AgentResult<(T, P)>,
+    ) -> AgentResult<Self> {
+        let mut rows = rows.into_iter();
+        let mut items = Vec::with_capacity(page_size.min(rows.size_hint().0));
+        let mut last = None;
+        for row in rows.by_ref().take(page_size) {
+            let (value, position) = item(row)?;
+            items.push(value);
+            last = Some(position);
+        }
+        let more = rows.next().is_some();
+        Ok(Page {
+            items,
+            next_page_token: last.filter(|_| more).map(|position| position.to_string()),
+            total_size,
+        })
+    }
 }
 
 /// Persists tasks (as snapshots) and their event logs, namespaced by tenant.
@@ -432,6 +479,23 @@ impl InMemoryTaskManager {
 }
 
 impl InMemoryTaskManager {
+    /// The tenant's entries whose task passes the filter's thread and state.
+    fn matching<'a>(
+        &'a self,
+        auth: &'a AuthContext,
+        filter: &'a ListTasksFilter,
+    ) -> impl Iterator<Item = dashmap::mapref::multiple::RefMulti<'a, Scoped<TaskId>, Entry>> + 'a
+    {
+        self.entries.iter().filter(move |e| {
+            e.key().is_of(auth)
+                && filter
+                    .thread_id
+                    .as_ref()
+                    .is_none_or(|t| &e.task.thread_id == t)
+                && filter.state.is_none_or(|s| e.task.state() == s)
+        })
+    }
+
     /// [`TaskOrder::RecentlyUpdated`] in memory: every task of the map is looked at, which
     /// is what a map without indexes can do (the durable stores page on an index).
     fn list_recently_updated(
@@ -441,18 +505,9 @@ impl InMemoryTaskManager {
         page_size: usize,
         since: Option<i64>,
         after: Option<UpdatedCursor>,
-    ) -> Page<Task> {
+    ) -> AgentResult<Page<Task>> {
         let mut matching: Vec<(i64, Task)> = self
-            .entries
-            .iter()
-            .filter(|e| e.key().is_of(auth))
-            .filter(|e| {
-                filter
-                    .thread_id
-                    .as_ref()
-                    .is_none_or(|t| &e.task.thread_id == t)
-            })
-            .filter(|e| filter.state.is_none_or(|s| e.task.state() == s))
+            .matching(auth, filter)
             .map(|e| (updated_micros(&e.task), e.task.clone()))
             .filter(|(micros, _)| since.is_none_or(|since| *micros >= since))
             .collect();
@@ -463,16 +518,10 @@ impl InMemoryTaskManager {
                 .is_none_or(|after| after.precedes(*micros, task.id.as_str()))
         });
         matching.sort_by(|(ma, a), (mb, b)| mb.cmp(ma).then_with(|| b.id.cmp(&a.id)));
-        let more = matching.len() > page_size;
-        matching.truncate(page_size);
-        Page {
-            next_page_token: matching
-                .last()
-                .filter(|_| more)
-                .map(|(_, task)| UpdatedCursor::of(task).token()),
-            items: matching.into_iter().map(|(_, t)| t).collect(),
-            total_size,
-        }
+        Page::from_rows(matching, page_size, total_size, |(_, task)| {
+            let cursor = UpdatedCursor::of(&task);
+            Ok((task, cursor))
+        })
     }
 }
 
@@ -500,32 +549,17 @@ impl TaskManager for InMemoryTaskManager {
         let after = match start {
             TaskPageStart::Created { after } => after,
             TaskPageStart::RecentlyUpdated { since, after } => {
-                return Ok(self.list_recently_updated(auth, filter, page_size, since, after));
+                return self.list_recently_updated(auth, filter, page_size, since, after);
             }
         };
         let mut matching: Vec<(u64, Task)> = self
-            .entries
-            .iter()
-            .filter(|e| e.key().is_of(auth))
-            .filter(|e| {
-                filter
-                    .thread_id
-                    .as_ref()
-                    .is_none_or(|t| &e.task.thread_id == t)
-            })
-            .filter(|e| filter.state.is_none_or(|s| e.task.state() == s))
+            .matching(auth, filter)
             .map(|e| (e.seq, e.task.clone()))
             .collect();
         matching.sort_by_key(|(seq, _)| *seq);
         let total_size = matching.len();
-        let mut rest = matching.into_iter().filter(|(seq, _)| *seq > after);
-        let page: Vec<(u64, Task)> = rest.by_ref().take(page_size).collect();
-        let more = rest.next().is_some();
-        Ok(Page {
-            next_page_token: page.last().filter(|_| more).map(|(seq, _)| seq.to_string()),
-            items: page.into_iter().map(|(_, t)| t).collect(),
-            total_size,
-        })
+        let rest = matching.into_iter().filter(|(seq, _)| *seq > after);
+        Page::from_rows(rest, page_size, total_size, |(seq, task)| Ok((task, seq)))
     }
 
     async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {

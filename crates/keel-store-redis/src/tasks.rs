@@ -120,27 +120,11 @@ impl RedisStore {
                 filled = true;
                 continue;
             }
-            let more = rows.len() > page_size;
-            let mut items = Vec::with_capacity(page_size.min(rows.len()));
-            let mut last = None;
-            for (id, micros, snapshot) in rows.into_iter().take(page_size) {
-                let key = format!("{snapshot_prefix}{id}");
-                let snapshot = snapshot.ok_or_else(|| {
-                    AgentError::storage(format!(
-                        "Redis index `{index}` lists task {id} but `{key}` is missing; \
-                         were keys under Keel's prefix deleted by hand?"
-                    ))
-                })?;
-                items.push(decode::<Task>(&key, &snapshot)?);
-                last = Some(UpdatedCursor {
-                    micros,
-                    task_id: TaskId::from(id),
-                });
-            }
-            return Ok(Page {
-                next_page_token: last.filter(|_| more).map(|cursor| cursor.token()),
-                items,
-                total_size: usize::try_from(total).unwrap_or(0),
+            let total = usize::try_from(total).unwrap_or(0);
+            return Page::from_rows(rows, page_size, total, |(id, micros, snapshot)| {
+                let task = listed_task(&index, &snapshot_prefix, &id, snapshot)?;
+                let task_id = TaskId::from(id);
+                Ok((task, UpdatedCursor { micros, task_id }))
             });
         }
     }
@@ -173,6 +157,24 @@ impl RedisStore {
         }
         Ok(())
     }
+}
+
+/// The snapshot of task `id`, which `index` lists, read by a listing script from
+/// `<snapshot_prefix><id>`; a missing one means keys were changed behind Keel's back.
+fn listed_task(
+    index: &str,
+    snapshot_prefix: &str,
+    id: &str,
+    snapshot: Option<String>,
+) -> AgentResult<Task> {
+    let key = format!("{snapshot_prefix}{id}");
+    let snapshot = snapshot.ok_or_else(|| {
+        AgentError::storage(format!(
+            "Redis index `{index}` lists task {id} but `{key}` is missing; \
+             were keys under Keel's prefix deleted by hand?"
+        ))
+    })?;
+    decode(&key, &snapshot)
 }
 
 /// The by-status-time index for a thread and state filter.
@@ -234,24 +236,9 @@ impl TaskManager for RedisStore {
             .invoke_async(&mut self.con())
             .await
             .map_err(|e| self.fail("list tasks", &e))?;
-        let more = rows.len() > page_size;
-        let mut items = Vec::with_capacity(page_size.min(rows.len()));
-        let mut last_seq = None;
-        for (id, seq, snapshot) in rows.into_iter().take(page_size) {
-            let key = format!("{snapshot_prefix}{id}");
-            let snapshot = snapshot.ok_or_else(|| {
-                AgentError::storage(format!(
-                    "Redis index `{index}` lists task {id} but `{key}` is missing; \
-                     were keys under Keel's prefix deleted by hand?"
-                ))
-            })?;
-            items.push(decode::<Task>(&key, &snapshot)?);
-            last_seq = Some(seq);
-        }
-        Ok(Page {
-            next_page_token: if more { last_seq } else { None },
-            items,
-            total_size: usize::try_from(total).unwrap_or(usize::MAX),
+        let total = usize::try_from(total).unwrap_or(usize::MAX);
+        Page::from_rows(rows, page_size, total, |(id, seq, snapshot)| {
+            Ok((listed_task(&index, &snapshot_prefix, &id, snapshot)?, seq))
         })
     }
 

@@ -97,6 +97,25 @@ pub(crate) fn append_task_events(
     Ok(())
 }
 
+/// The `WHERE` clauses and their arguments for the tenant and the filter's thread and state.
+/// Only the filters that are set become SQL, so each query can use its index.
+fn filter_clauses(
+    auth: &AuthContext,
+    filter: &ListTasksFilter,
+) -> (Vec<&'static str>, Vec<SqlValue>) {
+    let mut clauses = vec!["tenant = ?"];
+    let mut args = vec![SqlValue::Text(auth.namespace())];
+    if let Some(thread_id) = &filter.thread_id {
+        clauses.push("thread_id = ?");
+        args.push(SqlValue::Text(thread_id.as_str().to_owned()));
+    }
+    if let Some(state) = filter.state {
+        clauses.push("state = ?");
+        args.push(SqlValue::Text(state.as_str().to_owned()));
+    }
+    (clauses, args)
+}
+
 impl SqliteStore {
     /// [`TaskOrder::RecentlyUpdated`]: a range of one of the `updated_at` indexes, newest
     /// first; the token is the last row's `updated_at` and id.
@@ -108,16 +127,7 @@ impl SqliteStore {
         since: Option<i64>,
         after: Option<UpdatedCursor>,
     ) -> AgentResult<Page<Task>> {
-        let mut clauses = vec!["tenant = ?"];
-        let mut args = vec![SqlValue::Text(auth.namespace())];
-        if let Some(thread_id) = &filter.thread_id {
-            clauses.push("thread_id = ?");
-            args.push(SqlValue::Text(thread_id.as_str().to_owned()));
-        }
-        if let Some(state) = filter.state {
-            clauses.push("state = ?");
-            args.push(SqlValue::Text(state.as_str().to_owned()));
-        }
+        let (mut clauses, mut args) = filter_clauses(auth, filter);
         if let Some(since) = since {
             clauses.push("updated_at >= ?");
             args.push(SqlValue::Integer(since));
@@ -149,20 +159,11 @@ impl SqliteStore {
                     .collect()
                 })
                 .context("listing tasks")?;
-            let more = rows.len() > page_size;
-            let mut items = Vec::with_capacity(page_size.min(rows.len()));
-            let mut last = None;
-            for (micros, task_id, body) in rows.into_iter().take(page_size) {
-                items.push(decode_record(&body, &format!("task {task_id}"))?);
-                last = Some(UpdatedCursor {
-                    micros,
-                    task_id: TaskId::from(task_id),
-                });
-            }
-            Ok(Page {
-                items,
-                next_page_token: last.filter(|_| more).map(|cursor| cursor.token()),
-                total_size: usize::try_from(total).unwrap_or(0),
+            let total = usize::try_from(total).unwrap_or(0);
+            Page::from_rows(rows, page_size, total, |(micros, task_id, body)| {
+                let task = decode_record(&body, &format!("task {task_id}"))?;
+                let task_id = TaskId::from(task_id);
+                Ok((task, UpdatedCursor { micros, task_id }))
             })
         })
         .await
@@ -217,17 +218,7 @@ impl TaskManager for SqliteStore {
                     .await;
             }
         };
-        // Only the filters that are set become SQL, so each query can use its index.
-        let mut clauses = vec!["tenant = ?"];
-        let mut args = vec![SqlValue::Text(auth.namespace())];
-        if let Some(thread_id) = &filter.thread_id {
-            clauses.push("thread_id = ?");
-            args.push(SqlValue::Text(thread_id.as_str().to_owned()));
-        }
-        if let Some(state) = filter.state {
-            clauses.push("state = ?");
-            args.push(SqlValue::Text(state.as_str().to_owned()));
-        }
+        let (clauses, args) = filter_clauses(auth, filter);
         let filter_sql = clauses.join(" AND ");
         self.read(move |conn| {
             let total: i64 = conn
@@ -250,17 +241,9 @@ impl TaskManager for SqliteStore {
                     .collect()
                 })
                 .context("listing tasks")?;
-            let more = rows.len() > page_size;
-            let mut items = Vec::with_capacity(page_size.min(rows.len()));
-            let mut last_seq = after;
-            for (seq, body) in rows.into_iter().take(page_size) {
-                items.push(decode_record(&body, &format!("task (row {seq})"))?);
-                last_seq = seq;
-            }
-            Ok(Page {
-                items,
-                next_page_token: more.then(|| last_seq.to_string()),
-                total_size: usize::try_from(total).unwrap_or(0),
+            let total = usize::try_from(total).unwrap_or(0);
+            Page::from_rows(rows, page_size, total, |(seq, body): (i64, String)| {
+                Ok((decode_record(&body, &format!("task (row {seq})"))?, seq))
             })
         })
         .await
