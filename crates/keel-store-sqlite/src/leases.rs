@@ -13,6 +13,7 @@ use keel_runtime::{lease_blocks, lease_ttl, AuthContext, Lease, ThreadLeases};
 use rusqlite::{params, Connection};
 
 use crate::codec::{from_nanos, from_sql_int, select_row, to_nanos, SqlContext};
+use crate::threads::ThreadCounter;
 use crate::SqliteStore;
 
 /// Refuse unless `lease` is the thread's current lease and has not expired. Runs inside the
@@ -60,17 +61,7 @@ impl SqliteStore {
             }
             // The token counter lives in `threads`, not in the lease row, so it keeps growing
             // across release (which deletes the lease row).
-            let token: i64 = conn
-                .prepare_cached(
-                    "INSERT INTO threads (tenant, thread_id, last_lease_token) VALUES (?1, ?2, 1) \
-                     ON CONFLICT (tenant, thread_id) DO UPDATE SET \
-                     last_lease_token = last_lease_token + 1 \
-                     RETURNING last_lease_token",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
-                })
-                .context("issuing a lease token")?;
+            let token = ThreadCounter::LeaseToken.next(conn, &tenant, &thread_id)?;
             let expires_at = now + ttl;
             conn.prepare_cached(
                 "INSERT INTO leases (tenant, thread_id, holder, token, expires_at) \

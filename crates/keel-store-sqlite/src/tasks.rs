@@ -116,6 +116,15 @@ fn filter_clauses(
     (clauses, args)
 }
 
+/// How many tasks match `filter_sql` (from [`filter_clauses`]) with `args`.
+fn count_tasks(conn: &Connection, filter_sql: &str, args: &[SqlValue]) -> AgentResult<usize> {
+    let total: i64 = conn
+        .prepare_cached(&format!("SELECT COUNT(*) FROM tasks WHERE {filter_sql}"))
+        .and_then(|mut stmt| stmt.query_row(params_from_iter(args), |row| row.get(0)))
+        .context("counting tasks")?;
+    Ok(usize::try_from(total).unwrap_or(0))
+}
+
 impl SqliteStore {
     /// [`TaskOrder::RecentlyUpdated`]: a range of one of the `updated_at` indexes, newest
     /// first; the token is the last row's `updated_at` and id.
@@ -134,10 +143,7 @@ impl SqliteStore {
         }
         let filter_sql = clauses.join(" AND ");
         self.read(move |conn| {
-            let total: i64 = conn
-                .prepare_cached(&format!("SELECT COUNT(*) FROM tasks WHERE {filter_sql}"))
-                .and_then(|mut stmt| stmt.query_row(params_from_iter(&args), |row| row.get(0)))
-                .context("counting tasks")?;
+            let total = count_tasks(conn, &filter_sql, &args)?;
             let mut page_sql =
                 format!("SELECT updated_at, task_id, body FROM tasks WHERE {filter_sql}");
             let mut page_args = args;
@@ -159,7 +165,6 @@ impl SqliteStore {
                     .collect()
                 })
                 .context("listing tasks")?;
-            let total = usize::try_from(total).unwrap_or(0);
             Page::from_rows(rows, page_size, total, |(micros, task_id, body)| {
                 let task = decode_record(&body, &format!("task {task_id}"))?;
                 let task_id = TaskId::from(task_id);
@@ -221,10 +226,7 @@ impl TaskManager for SqliteStore {
         let (clauses, args) = filter_clauses(auth, filter);
         let filter_sql = clauses.join(" AND ");
         self.read(move |conn| {
-            let total: i64 = conn
-                .prepare_cached(&format!("SELECT COUNT(*) FROM tasks WHERE {filter_sql}"))
-                .and_then(|mut stmt| stmt.query_row(params_from_iter(&args), |row| row.get(0)))
-                .context("counting tasks")?;
+            let total = count_tasks(conn, &filter_sql, &args)?;
             // One row more than the page tells whether another page follows.
             let mut page_args = args;
             page_args.push(SqlValue::Integer(after));
@@ -241,7 +243,6 @@ impl TaskManager for SqliteStore {
                     .collect()
                 })
                 .context("listing tasks")?;
-            let total = usize::try_from(total).unwrap_or(0);
             Page::from_rows(rows, page_size, total, |(seq, body): (i64, String)| {
                 Ok((decode_record(&body, &format!("task (row {seq})"))?, seq))
             })

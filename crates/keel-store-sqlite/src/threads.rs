@@ -51,6 +51,45 @@ pub(crate) fn append_history_rows(
     from_sql_int(seq, "history seq")
 }
 
+/// A per-thread counter kept in `threads`: it starts at 1 and only grows, because its row
+/// outlives what it numbers (a released lease, an acknowledged queue item).
+pub(crate) enum ThreadCounter {
+    /// The fencing token of the thread's leases.
+    LeaseToken,
+    /// The seq of the thread's queued items.
+    QueueSeq,
+}
+
+impl ThreadCounter {
+    /// Advance the counter of `thread_id` and return its new value.
+    pub(crate) fn next(
+        &self,
+        conn: &Connection,
+        tenant: &str,
+        thread_id: &ThreadId,
+    ) -> AgentResult<i64> {
+        let (sql, what) = match self {
+            ThreadCounter::LeaseToken => (
+                "INSERT INTO threads (tenant, thread_id, last_lease_token) VALUES (?1, ?2, 1) \
+                 ON CONFLICT (tenant, thread_id) DO UPDATE SET \
+                 last_lease_token = last_lease_token + 1 RETURNING last_lease_token",
+                "issuing a lease token",
+            ),
+            ThreadCounter::QueueSeq => (
+                "INSERT INTO threads (tenant, thread_id, last_queue_seq) VALUES (?1, ?2, 1) \
+                 ON CONFLICT (tenant, thread_id) DO UPDATE SET \
+                 last_queue_seq = last_queue_seq + 1 RETURNING last_queue_seq",
+                "numbering a queued item",
+            ),
+        };
+        conn.prepare_cached(sql)
+            .and_then(|mut stmt| {
+                stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
+            })
+            .context(what)
+    }
+}
+
 /// A subagent's record, by tenant and thread.
 const SUBAGENT_BODY: &str = "SELECT body FROM subagents WHERE tenant = ?1 AND thread_id = ?2";
 
@@ -133,17 +172,7 @@ impl ThreadQueue for SqliteStore {
         self.write(move |conn| {
             // The counter in `threads` survives acks, so seqs only grow even when the queue
             // empties.
-            let seq: i64 = conn
-                .prepare_cached(
-                    "INSERT INTO threads (tenant, thread_id, last_queue_seq) VALUES (?1, ?2, 1) \
-                     ON CONFLICT (tenant, thread_id) DO UPDATE SET \
-                     last_queue_seq = last_queue_seq + 1 \
-                     RETURNING last_queue_seq",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
-                })
-                .context("numbering a queued item")?;
+            let seq = ThreadCounter::QueueSeq.next(conn, &tenant, &thread_id)?;
             let enqueued_at = Utc::now();
             conn.prepare_cached(
                 "INSERT INTO thread_queue (tenant, thread_id, seq, id, payload, enqueued_at) \

@@ -155,12 +155,9 @@ pub async fn lease_is_dead_after_release(threads: &dyn ThreadStore) {
             .await,
         "renew after release",
     );
-    assert!(
-        threads
-            .read_history(&auth, &thread, 0, 10)
-            .await
-            .unwrap()
-            .is_empty(),
+    assert_eq!(
+        history_len(threads, &auth, &thread).await,
+        0,
         "nothing was written after release"
     );
     assert_eq!(
