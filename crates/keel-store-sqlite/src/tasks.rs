@@ -183,14 +183,7 @@ impl TaskManager for SqliteStore {
                 .prepare_cached("SELECT DISTINCT tenant FROM tasks")
                 .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
                 .context("listing tenants")?;
-            namespaces
-                .iter()
-                .map(|ns| {
-                    AuthContext::from_namespace(ns).ok_or_else(|| {
-                        AgentError::storage(format!("stored tenant `{ns}` is not a namespace"))
-                    })
-                })
-                .collect()
+            AuthContext::from_stored_namespaces(&namespaces, "the tasks table")
         })
         .await
     }
