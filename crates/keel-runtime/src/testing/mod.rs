@@ -19,7 +19,7 @@
 //! tenants, so they can share one database with other tests. [`run_all`] runs every check
 //! against one store of each kind. Malformed stored data cannot be injected generically:
 //! each backend's own tests corrupt a record and expect
-//! [`AgentError::Storage`](keel_core::AgentError::Storage).
+//! [`AgentError::Storage`].
 //!
 //! The checks live in one module per contract: tasks, memory, thread history and queue,
 //! leases, key-value, subagent registry, runs, steps, timers and async calls. All of them

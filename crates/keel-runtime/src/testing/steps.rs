@@ -28,16 +28,18 @@ pub async fn step_store_writes_history_and_log_together(
         message: Message::agent("a"),
     };
     let history = [LlmMessage::assistant("a", vec![]), LlmMessage::user("b")];
-    steps
-        .persist_step(
+    let unknown_task = TaskId::new();
+    // The step under test, with the lease and task varied by each case.
+    let persist = |lease, task_id| {
+        steps.persist_step(
             &auth,
-            &lease,
+            lease,
             &history,
-            &task.id,
+            task_id,
             std::slice::from_ref(&event),
         )
-        .await
-        .unwrap();
+    };
+    persist(&lease, &task.id).await.unwrap();
     let stored = threads
         .read_history(&auth, &task.thread_id, 0, 10)
         .await
@@ -53,16 +55,7 @@ pub async fn step_store_writes_history_and_log_together(
         "the log entry lands"
     );
 
-    let err = steps
-        .persist_step(
-            &auth,
-            &lease,
-            &history,
-            &TaskId::new(),
-            std::slice::from_ref(&event),
-        )
-        .await
-        .unwrap_err();
+    let err = persist(&lease, &unknown_task).await.unwrap_err();
     assert!(
         matches!(err, AgentError::TaskNotFound { .. }),
         "unknown task: {err:?}"
@@ -79,18 +72,7 @@ pub async fn step_store_writes_history_and_log_together(
         .await
         .unwrap()
         .unwrap();
-    assert_lease_lost(
-        steps
-            .persist_step(
-                &auth,
-                &lease,
-                &history,
-                &task.id,
-                std::slice::from_ref(&event),
-            )
-            .await,
-        "stale lease",
-    );
+    assert_lease_lost(persist(&lease, &task.id).await, "stale lease");
     assert_eq!(
         history_len(threads, &auth, &task.thread_id).await,
         2,
