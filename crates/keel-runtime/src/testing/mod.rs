@@ -51,6 +51,7 @@ pub use wait::{eventually, Reached, WAIT_DEADLINE};
 
 use std::sync::Arc;
 
+use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, AgentResult, ThreadId};
 
 use crate::{AuthContext, KvLimits, Lease, MemoryService, RunStore, TaskManager, ThreadStore};
@@ -67,13 +68,60 @@ fn fresh_thread() -> ThreadId {
     ThreadId::from(format!("thread-{}", uuid::Uuid::new_v4().simple()))
 }
 
-/// The lease of a thread that must be free, for 30 s, held by `w`: how most checks start.
-async fn leased(threads: &dyn ThreadStore, auth: &AuthContext, thread: &ThreadId) -> Lease {
+/// Try to lease `thread` for 30 s as `holder`: the lease, or `None` while another holds it.
+async fn try_lease(
+    threads: &dyn ThreadStore,
+    auth: &AuthContext,
+    thread: &ThreadId,
+    holder: &str,
+) -> Option<Lease> {
     threads
-        .acquire_lease(auth, thread, "w", std::time::Duration::from_secs(30))
+        .acquire_lease(auth, thread, holder, std::time::Duration::from_secs(30))
         .await
         .unwrap()
+}
+
+/// The lease of a thread that must be free, for 30 s, held by `w`: how most checks start.
+async fn leased(threads: &dyn ThreadStore, auth: &AuthContext, thread: &ThreadId) -> Lease {
+    try_lease(threads, auth, thread, "w")
+        .await
         .expect("a fresh thread is free")
+}
+
+/// Append one user message under `lease`: the store's answer, for checks that expect a refusal.
+async fn append_one(
+    threads: &dyn ThreadStore,
+    auth: &AuthContext,
+    lease: &Lease,
+    text: &str,
+) -> AgentResult<u64> {
+    threads
+        .append_history(auth, lease, &[LlmMessage::user(text)])
+        .await
+}
+
+/// Run `n` tasks at once against one tenant's thread, each given the store, the tenant, the
+/// thread and its index, and collect their results in index order.
+async fn concurrently<T, F, Fut>(
+    threads: &Arc<dyn ThreadStore>,
+    auth: &AuthContext,
+    thread: &ThreadId,
+    n: usize,
+    task: F,
+) -> Vec<T>
+where
+    F: Fn(Arc<dyn ThreadStore>, AuthContext, ThreadId, usize) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let handles: Vec<_> = (0..n)
+        .map(|i| tokio::spawn(task(threads.clone(), auth.clone(), thread.clone(), i)))
+        .collect();
+    let mut results = Vec::with_capacity(n);
+    for handle in handles {
+        results.push(handle.await.unwrap());
+    }
+    results
 }
 
 /// Assert that `result` is [`AgentError::LeaseLost`]: what `what` (a write, an ack or a
