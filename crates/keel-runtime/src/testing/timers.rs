@@ -388,3 +388,30 @@ pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTi
         "b's timer is gone"
     );
 }
+
+/// Two handles on one storage (two connections, two processes) claiming at once: a due timer
+/// goes to exactly one of them.
+pub async fn timers_are_claimed_once_by_two_claimers(
+    a: &dyn crate::ThreadTimers,
+    b: &dyn crate::ThreadTimers,
+) {
+    let auth = fresh_tenant();
+    let agent = format!("agent-{}", uuid::Uuid::new_v4().simple());
+    let now = Utc::now();
+    let timer = schedule(a, &auth, &fresh_thread(), &agent, "t", json!(1), now).await;
+    let ttl = Duration::from_secs(60);
+    let (x, y) = tokio::join!(
+        claim_for(a, &agent, now, ttl, &auth),
+        claim_for(b, &agent, now, ttl, &auth)
+    );
+    let both: Vec<_> = x.into_iter().chain(y).collect();
+    assert_eq!(
+        claimed_ids(&both),
+        [timer.id.as_str()],
+        "exactly one of two claimers claims the timer"
+    );
+    assert!(
+        b.complete_timer(&both[0]).await.unwrap(),
+        "either handle completes the claimed timer"
+    );
+}
