@@ -1,12 +1,10 @@
 //! Conformance check of [`StepStore`](crate::StepStore): history and task log are written
 //! together or not at all.
 
-use std::time::Duration;
-
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent, TaskId};
 
-use super::{assert_lease_lost, fresh_tenant, history_len};
+use super::{assert_lease_lost, fresh_tenant, history_len, leased, try_lease};
 use crate::{TaskManager, ThreadStore};
 
 /// A [`StepStore`](crate::StepStore) writes history and task log together: both land, and a
@@ -19,11 +17,7 @@ pub async fn step_store_writes_history_and_log_together(
     let auth = fresh_tenant();
     let task = Task::create(Message::user("q"));
     tasks.save_task(&auth, &task).await.unwrap();
-    let lease = threads
-        .acquire_lease(&auth, &task.thread_id, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = leased(threads, &auth, &task.thread_id).await;
     let event = TaskEvent::Message {
         message: Message::agent("a"),
     };
@@ -67,11 +61,9 @@ pub async fn step_store_writes_history_and_log_together(
     );
 
     threads.release_lease(&auth, &lease).await.unwrap();
-    let _next = threads
-        .acquire_lease(&auth, &task.thread_id, "w2", Duration::from_secs(30))
+    try_lease(threads, &auth, &task.thread_id, "w2")
         .await
-        .unwrap()
-        .unwrap();
+        .expect("a released thread is free");
     assert_lease_lost(persist(&lease, &task.id).await, "stale lease");
     assert_eq!(
         history_len(threads, &auth, &task.thread_id).await,
