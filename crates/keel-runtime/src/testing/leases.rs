@@ -12,7 +12,32 @@ use super::{
     append_one, assert_lease_lost, concurrently, fresh_tenant, fresh_thread, history_len, leased,
     try_lease,
 };
-use crate::ThreadStore;
+use crate::{AuthContext, Lease, ThreadStore};
+
+/// Assert that `lease` is dead (`why` says how it died): writing, acknowledging `acked` and
+/// renewing with it are all [`AgentError::LeaseLost`].
+async fn assert_dead(
+    threads: &dyn ThreadStore,
+    auth: &AuthContext,
+    lease: &Lease,
+    acked: &[String],
+    why: &str,
+) {
+    assert_lease_lost(
+        append_one(threads, auth, lease, why).await,
+        &format!("write {why}"),
+    );
+    assert_lease_lost(
+        threads.ack_queue(auth, lease, acked).await,
+        &format!("ack {why}"),
+    );
+    assert_lease_lost(
+        threads
+            .renew_lease(auth, lease, Duration::from_secs(30))
+            .await,
+        &format!("renew {why}"),
+    );
+}
 
 /// Many tasks racing for one thread's lease: exactly one wins; other threads are independent.
 pub async fn lease_exclusive_under_contention(threads: Arc<dyn ThreadStore>) {
@@ -61,27 +86,11 @@ pub async fn lease_fencing(threads: &dyn ThreadStore) {
         assert!(tokio::time::Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_lease_lost(
-        append_one(threads, &auth, &renewed, "late").await,
-        "write with an expired lease",
-    );
-    assert_lease_lost(
-        threads
-            .renew_lease(&auth, &renewed, Duration::from_secs(1))
-            .await,
-        "renew of an expired lease",
-    );
+    assert_dead(threads, &auth, &renewed, &[], "with an expired lease").await;
 
     let next = try_lease(threads, &auth, &thread, "fast").await.unwrap();
     assert!(next.token > renewed.token, "fencing tokens must grow");
-    assert_lease_lost(
-        append_one(threads, &auth, &renewed, "stale").await,
-        "write with a taken-over lease",
-    );
-    assert_lease_lost(
-        threads.ack_queue(&auth, &renewed, &[]).await,
-        "ack with a taken-over lease",
-    );
+    assert_dead(threads, &auth, &renewed, &[], "with a taken-over lease").await;
     threads.release_lease(&auth, &renewed).await.unwrap();
     assert!(
         try_lease(threads, &auth, &thread, "third").await.is_none(),
@@ -110,22 +119,14 @@ pub async fn lease_is_dead_after_release(threads: &dyn ThreadStore) {
         .await
         .unwrap();
     threads.release_lease(&auth, &lease).await.unwrap();
-    assert_lease_lost(
-        append_one(threads, &auth, &lease, "after release").await,
-        "write after release",
-    );
-    assert_lease_lost(
-        threads
-            .ack_queue(&auth, &lease, std::slice::from_ref(&item.id))
-            .await,
-        "ack after release",
-    );
-    assert_lease_lost(
-        threads
-            .renew_lease(&auth, &lease, Duration::from_secs(30))
-            .await,
-        "renew after release",
-    );
+    assert_dead(
+        threads,
+        &auth,
+        &lease,
+        std::slice::from_ref(&item.id),
+        "after release",
+    )
+    .await;
     assert_eq!(
         history_len(threads, &auth, &thread).await,
         0,

@@ -40,6 +40,15 @@ async fn claim_for(
     )
 }
 
+/// `auth`'s timers on `thread`, as the store lists them.
+async fn timers_on(
+    timers: &dyn crate::ThreadTimers,
+    auth: &AuthContext,
+    thread: &ThreadId,
+) -> Vec<crate::TimerRecord> {
+    timers.thread_timers(auth, thread).await.unwrap()
+}
+
 /// The ids of the claimed timers, in claim order.
 fn claimed_ids(claimed: &[crate::ClaimedTimer]) -> Vec<&str> {
     claimed.iter().map(|c| c.timer.id.as_str()).collect()
@@ -90,7 +99,7 @@ pub async fn timers_schedule_list_and_cancel(timers: &dyn crate::ThreadTimers) {
     assert_ne!(later.id, sooner.id, "ids are unique");
     assert_eq!(sooner.auth, auth, "the record carries its tenant");
     assert_eq!(sooner.attempts, 0, "a new timer was never claimed");
-    let listed = timers.thread_timers(&auth, &thread).await.unwrap();
+    let listed = timers_on(timers, &auth, &thread).await;
     assert_eq!(
         listed.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
         [sooner.id.as_str(), later.id.as_str()],
@@ -98,11 +107,7 @@ pub async fn timers_schedule_list_and_cancel(timers: &dyn crate::ThreadTimers) {
     );
     assert_eq!(listed[0], sooner, "a timer round-trips");
     assert!(
-        timers
-            .thread_timers(&other, &thread)
-            .await
-            .unwrap()
-            .is_empty(),
+        timers_on(timers, &other, &thread).await.is_empty(),
         "another tenant sees no timers"
     );
     assert!(
@@ -130,7 +135,7 @@ pub async fn timers_schedule_list_and_cancel(timers: &dyn crate::ThreadTimers) {
         "unknown id is false"
     );
     assert_eq!(
-        timers.thread_timers(&auth, &thread).await.unwrap(),
+        timers_on(timers, &auth, &thread).await,
         vec![later.clone()],
         "the other timer stays"
     );
@@ -224,7 +229,7 @@ pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
         "a live claim hides the timer"
     );
     assert_eq!(
-        timers.thread_timers(&auth, &thread).await.unwrap().len(),
+        timers_on(timers, &auth, &thread).await.len(),
         1,
         "a claimed timer is still listed"
     );
@@ -249,11 +254,7 @@ pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
         "the live claim completes it"
     );
     assert!(
-        timers
-            .thread_timers(&auth, &thread)
-            .await
-            .unwrap()
-            .is_empty(),
+        timers_on(timers, &auth, &thread).await.is_empty(),
         "a completed timer is gone"
     );
     assert!(
