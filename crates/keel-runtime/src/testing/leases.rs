@@ -9,8 +9,8 @@ use keel_core::AgentError;
 use serde_json::json;
 
 use super::{
-    append_one, assert_lease_lost, concurrently, fresh_tenant, fresh_thread, history_len, leased,
-    try_lease,
+    append_one, assert_lease_lost, concurrently, eventually, fresh_tenant, fresh_thread,
+    history_len, leased, try_lease,
 };
 use crate::{AuthContext, Lease, ThreadStore};
 
@@ -81,11 +81,12 @@ pub async fn lease_fencing(threads: &dyn ThreadStore) {
     assert!(renewed.expires_at >= short.expires_at);
     // Wait (bounded) for the lease to lapse: an expired lease must not be usable even before
     // anyone else takes the thread.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while Utc::now() <= renewed.expires_at + chrono::Duration::milliseconds(5) {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let lapsed = renewed.expires_at + chrono::Duration::milliseconds(5);
+    eventually(
+        "the renewed lease lapses",
+        || async move { Utc::now() > lapsed },
+    )
+    .await;
     assert_dead(threads, &auth, &renewed, &[], "with an expired lease").await;
 
     let next = try_lease(threads, &auth, &thread, "fast").await.unwrap();
