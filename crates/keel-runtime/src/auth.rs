@@ -76,6 +76,23 @@ impl AuthContext {
         let (user, _) = field(rest, None)?;
         Some(AuthContext::new(app, user))
     }
+
+    /// The tenants of `namespaces` a store kept (for
+    /// [`TaskManager::tenants`](crate::TaskManager::tenants)); one that is not a namespace is [`AgentError::Storage`](keel_core::AgentError::Storage)
+    /// naming it and `place`, where it was found.
+    pub fn from_stored_namespaces(
+        namespaces: &[String],
+        place: &str,
+    ) -> keel_core::AgentResult<Vec<AuthContext>> {
+        namespaces
+            .iter()
+            .map(|ns| {
+                AuthContext::from_namespace(ns).ok_or_else(|| {
+                    keel_core::AgentError::storage(format!("{place} holds `{ns}`, not a tenant"))
+                })
+            })
+            .collect()
+    }
 }
 
 /// What a caller presented to prove who it is, as a transport found it (e.g. the
@@ -227,6 +244,24 @@ impl AuthService for ApiKeyAuthService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_namespaces_are_tenants_and_anything_else_is_storage_naming_where() {
+        let a = AuthContext::new("app", "alice");
+        let b = AuthContext::new("a:b/1:x", "bob");
+        assert_eq!(
+            AuthContext::from_stored_namespaces(&[a.namespace(), b.namespace()], "here").unwrap(),
+            vec![a.clone(), b]
+        );
+        let err = AuthContext::from_stored_namespaces(&[a.namespace(), "junk".into()], "the set")
+            .unwrap_err();
+        assert!(
+            matches!(err, keel_core::AgentError::Storage { .. })
+                && err.to_string().contains("the set")
+                && err.to_string().contains("junk"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn namespaces_keep_their_stored_form() {

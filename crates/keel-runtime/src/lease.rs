@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use keel_core::{AgentResult, ThreadId};
+use keel_core::{AgentError, AgentResult, ThreadId};
 use serde::{Deserialize, Serialize};
 
 use crate::AuthContext;
@@ -25,6 +25,55 @@ pub struct Lease {
     pub token: u64,
     /// When it lapses unless renewed.
     pub expires_at: DateTime<Utc>,
+}
+
+impl Lease {
+    /// The error for a write or renewal under this lease once it is not the thread's current,
+    /// unexpired lease: [`AgentError::LeaseLost`] naming the thread and this token. Every
+    /// backend refuses a stale holder with it.
+    pub fn lost(&self) -> AgentError {
+        AgentError::LeaseLost {
+            thread_id: self.thread_id.clone(),
+            token: self.token,
+        }
+    }
+
+    /// The fence of every write made under a lease: `Ok` when the thread's current lease
+    /// (`current`: its token and expiry, `None` when the thread has none) is this lease and
+    /// has not expired at `now`; [`Lease::lost`] otherwise. Backends that read the current
+    /// lease themselves (memory, SQLite) call it inside the step that then writes, so the
+    /// check and the write are atomic.
+    pub fn check_fence(
+        &self,
+        current: Option<(u64, DateTime<Utc>)>,
+        now: DateTime<Utc>,
+    ) -> AgentResult<()> {
+        match current {
+            Some((token, expires_at)) if token == self.token && expires_at > now => Ok(()),
+            _ => Err(self.lost()),
+        }
+    }
+}
+
+/// Whether a thread's current lease (held by `current_holder` until `current_expiry`, or none)
+/// keeps `holder` from taking it at `now`: a live lease does, unless `reclaim` and it is
+/// `holder`'s own (see [`ThreadLeases::reclaim_lease`]). The rule of `acquire_lease` and
+/// `reclaim_lease` in every backend that decides it outside a script.
+pub fn lease_blocks(
+    current: Option<(&str, DateTime<Utc>)>,
+    holder: &str,
+    reclaim: bool,
+    now: DateTime<Utc>,
+) -> bool {
+    current.is_some_and(|(current_holder, expires_at)| {
+        expires_at > now && !(reclaim && current_holder == holder)
+    })
+}
+
+/// A lease TTL as a `chrono` duration, to add to the clock; its bounds are checked by
+/// [`Validated`](crate::Validated), and one past `chrono`'s range is an internal error.
+pub fn lease_ttl(ttl: Duration) -> AgentResult<chrono::Duration> {
+    chrono::Duration::from_std(ttl).map_err(AgentError::internal)
 }
 
 /// Acquire, renew and release thread leases.
@@ -73,4 +122,47 @@ pub trait ThreadLeases: Send + Sync {
     /// release the lease is dead like an expired one: writing or renewing with it is
     /// [`AgentError::LeaseLost`](keel_core::AgentError::LeaseLost).
     async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(token: u64) -> Lease {
+        Lease {
+            thread_id: ThreadId::from("t"),
+            holder: "w".into(),
+            token,
+            expires_at: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn the_fence_passes_only_the_current_unexpired_lease() {
+        let now = Utc::now();
+        let later = now + chrono::Duration::seconds(1);
+        assert!(lease(2).check_fence(Some((2, later)), now).is_ok());
+        for current in [None, Some((3, later)), Some((1, later)), Some((2, now))] {
+            assert!(
+                matches!(
+                    lease(2).check_fence(current, now),
+                    Err(AgentError::LeaseLost { token: 2, .. })
+                ),
+                "{current:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_live_lease_blocks_others_and_reclaim_lets_its_holder_through() {
+        let now = Utc::now();
+        let live = Some(("a", now + chrono::Duration::seconds(1)));
+        let lapsed = Some(("a", now));
+        assert!(!lease_blocks(None, "b", false, now));
+        assert!(!lease_blocks(lapsed, "b", false, now));
+        assert!(lease_blocks(live, "b", false, now));
+        assert!(lease_blocks(live, "b", true, now));
+        assert!(lease_blocks(live, "a", false, now));
+        assert!(!lease_blocks(live, "a", true, now));
+    }
 }

@@ -30,6 +30,7 @@ mod run_store;
 mod scoped;
 mod services;
 mod step;
+mod stored_text;
 mod task_manager;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -44,15 +45,16 @@ pub use async_calls::{AsyncCall, AsyncCallState, AsyncCallStore, InMemoryAsyncCa
 pub use auth::{ApiKeyAuthService, AuthContext, AuthService, Credentials, StaticAuthService};
 /// The model trait, re-exported because [`Runtime::default_llm`] names it.
 pub use keel_llm::Llm;
-pub use lease::{Lease, ThreadLeases};
+pub use lease::{lease_blocks, lease_ttl, Lease, ThreadLeases};
 pub use logging::{ConsoleLoggingService, LogLevel, LoggingService, TracingLoggingService};
 pub use memory::{InMemoryMemoryService, MemoryService, MemoryServiceExt};
 pub use run_store::{InMemoryRunStore, RunQuery, RunRecord, RunStore, TaskRecord};
 pub use services::Services;
 pub use step::StepStore;
+pub use stored_text::{decode_record, encode_record};
 pub use task_manager::{
     attach_history, load_task_with_history, updated_micros, InMemoryTaskManager, ListTasksFilter,
-    Page, TaskManager, TaskOrder, UpdatedCursor,
+    Page, TaskManager, TaskOrder, TaskPageStart, UpdatedCursor,
 };
 pub use thread::check_ttl as check_lease_ttl;
 pub use thread::{

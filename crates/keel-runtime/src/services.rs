@@ -122,78 +122,49 @@ impl Services {
             async_calls: runtime.async_call_store(),
         }
     }
+}
 
+/// The `with_*` builders of [`Services`]: each replaces one field with the given service,
+/// held as the field holds it (`Arc<dyn _>`, or `Some` of one for the optional services).
+macro_rules! with_service {
+    ($($(#[doc = $doc:literal])+ $name:ident($field:ident: $service:ident);)*) => {
+        impl Services {
+            $(
+                $(#[doc = $doc])+
+                #[must_use]
+                pub fn $name(mut self, service: impl $service + 'static) -> Self {
+                    let service: Arc<dyn $service> = Arc::new(service);
+                    self.$field = service.into();
+                    self
+                }
+            )*
+        }
+    };
+}
+
+with_service! {
     /// Replace the auth service.
-    #[must_use]
-    pub fn with_auth(mut self, auth: impl AuthService + 'static) -> Self {
-        self.auth = Arc::new(auth);
-        self
-    }
-
+    with_auth(auth: AuthService);
     /// Replace the task manager.
-    #[must_use]
-    pub fn with_tasks(mut self, tasks: impl TaskManager + 'static) -> Self {
-        self.tasks = Arc::new(tasks);
-        self
-    }
-
+    with_tasks(tasks: TaskManager);
     /// Replace the memory service.
-    #[must_use]
-    pub fn with_memory(mut self, memory: impl MemoryService + 'static) -> Self {
-        self.memory = Arc::new(memory);
-        self
-    }
-
+    with_memory(memory: MemoryService);
     /// Replace the logging service.
-    #[must_use]
-    pub fn with_logging(mut self, logging: impl LoggingService + 'static) -> Self {
-        self.logging = Arc::new(logging);
-        self
-    }
-
+    with_logging(logging: LoggingService);
     /// Replace the default model.
-    #[must_use]
-    pub fn with_llm(mut self, llm: impl Llm + 'static) -> Self {
-        self.llm = Arc::new(llm);
-        self
-    }
-
+    with_llm(llm: Llm);
     /// Replace the thread store (as given: wrap a backend in [`Validated`] for the input
     /// checks).
-    #[must_use]
-    pub fn with_threads(mut self, threads: impl ThreadStore + 'static) -> Self {
-        self.threads = Arc::new(threads);
-        self
-    }
-
+    with_threads(threads: ThreadStore);
     /// Replace the run store.
-    #[must_use]
-    pub fn with_runs(mut self, runs: impl RunStore + 'static) -> Self {
-        self.runs = Arc::new(runs);
-        self
-    }
-
-    /// Write each persist point of a step through `steps` (one round trip on backends that
-    /// offer it).
-    #[must_use]
-    pub fn with_steps(mut self, steps: impl StepStore + 'static) -> Self {
-        self.steps = Some(Arc::new(steps));
-        self
-    }
-
+    with_runs(runs: RunStore);
+    /// Write each persist point of a step through the given step store (one round trip on
+    /// backends that offer it).
+    with_steps(steps: StepStore);
     /// Replace the thread timers (scheduled effects).
-    #[must_use]
-    pub fn with_timers(mut self, timers: impl ThreadTimers + 'static) -> Self {
-        self.timers = Some(Arc::new(timers));
-        self
-    }
-
+    with_timers(timers: ThreadTimers);
     /// Replace the store of pending asynchronous tool calls.
-    #[must_use]
-    pub fn with_async_calls(mut self, calls: impl AsyncCallStore + 'static) -> Self {
-        self.async_calls = Arc::new(calls);
-        self
-    }
+    with_async_calls(async_calls: AsyncCallStore);
 }
 
 impl Runtime for Services {

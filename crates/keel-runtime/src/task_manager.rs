@@ -65,7 +65,7 @@ impl UpdatedCursor {
 
     /// The page token.
     pub fn token(&self) -> String {
-        format!("{}:{}", self.micros, self.task_id)
+        self.to_string()
     }
 
     /// The cursor a page token names; `None` for no token. A token no store could have
@@ -98,6 +98,13 @@ impl UpdatedCursor {
     }
 }
 
+/// The page token, `<micros>:<task id>`.
+impl std::fmt::Display for UpdatedCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.micros, self.task_id)
+    }
+}
+
 /// A task's status timestamp in microseconds since the Unix epoch: the key of
 /// [`TaskOrder::RecentlyUpdated`] in every store.
 pub fn updated_micros(task: &Task) -> i64 {
@@ -118,6 +125,73 @@ impl ListTasksFilter {
             Some(n) => Ok(n.min(Self::MAX_PAGE_SIZE) as usize),
         }
     }
+
+    /// The page size and where the page starts in the filter's order: what every store
+    /// reads from the request before it looks at its data. A zero `page_size` or a page
+    /// token no store could have issued for this order is [`AgentError::InvalidInput`].
+    ///
+    /// ```
+    /// use keel_runtime::{ListTasksFilter, TaskPageStart};
+    /// let filter = ListTasksFilter { page_token: Some("17".into()), ..Default::default() };
+    /// assert_eq!(filter.page_start().unwrap(), (50, TaskPageStart::Created { after: 17 }));
+    /// let bad = ListTasksFilter { page_token: Some("-1".into()), ..Default::default() };
+    /// assert!(bad.page_start().is_err());
+    /// ```
+    pub fn page_start(&self) -> AgentResult<(usize, TaskPageStart)> {
+        let page_size = self.effective_page_size()?;
+        let token = self.page_token.as_deref();
+        let start = match self.order {
+            TaskOrder::Created => TaskPageStart::Created {
+                after: parse_seq_token(token)?,
+            },
+            TaskOrder::RecentlyUpdated { since } => TaskPageStart::RecentlyUpdated {
+                since: since.map(|t| t.timestamp_micros()),
+                after: UpdatedCursor::parse(token)?,
+            },
+        };
+        Ok((page_size, start))
+    }
+}
+
+/// Where a page of [`TaskManager::list_tasks`] starts, read from its [`ListTasksFilter`] by
+/// [`ListTasksFilter::page_start`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskPageStart {
+    /// [`TaskOrder::Created`]: the tasks whose creation seq is greater than `after` (0 when
+    /// there is no token). A token is the creation seq of the previous page's last task:
+    /// keyset pagination, which unlike an offset neither repeats nor skips tasks when earlier
+    /// ones leave the filter or new ones arrive. It is at most `i64::MAX`, which every store's
+    /// counter holds.
+    Created {
+        /// The creation seq of the last task already returned.
+        after: u64,
+    },
+    /// [`TaskOrder::RecentlyUpdated`]: the tasks whose status timestamp is at or after
+    /// `since` (microseconds since the Unix epoch) and that come after the cursor.
+    RecentlyUpdated {
+        /// The oldest status timestamp listed, in microseconds.
+        since: Option<i64>,
+        /// Where the previous page ended; `None` for the first page.
+        after: Option<UpdatedCursor>,
+    },
+}
+
+/// A [`TaskOrder::Created`] page token: a creation seq, at most `i64::MAX` (no store issues a
+/// larger one); none or empty is 0, the start.
+fn parse_seq_token(token: Option<&str>) -> AgentResult<u64> {
+    match token {
+        None | Some("") => Ok(0),
+        Some(token) => token
+            .parse::<u64>()
+            .ok()
+            .filter(|seq| i64::try_from(*seq).is_ok())
+            .ok_or_else(|| {
+                AgentError::invalid_input(
+                    "page_token",
+                    format!("`{token}` is not a token this server issued"),
+                )
+            }),
+    }
 }
 
 /// One page of results.
@@ -129,6 +203,46 @@ pub struct Page<T> {
     pub next_page_token: Option<String>,
     /// How many items match the filter in all.
     pub total_size: usize,
+}
+
+impl<T> Page<T> {
+    /// The page of `rows`, read in the page's order from its start and at most `page_size + 1`
+    /// of them: one row more than a page tells whether another page follows, without a
+    /// second query. `item` turns a row into an item and its position (a creation seq, an
+    /// [`UpdatedCursor`]); the position of the last item is the next page token when more
+    /// rows follow. The one paging rule of every store.
+    ///
+    /// ```
+    /// use keel_runtime::Page;
+    /// let rows = [(1, "a"), (2, "b"), (3, "c")];
+    /// let page = Page::from_rows(rows, 2, 7, |(seq, name)| Ok((name, seq))).unwrap();
+    /// assert_eq!(page.items, ["a", "b"]);
+    /// assert_eq!(page.next_page_token.as_deref(), Some("2"));
+    /// assert_eq!(page.total_size, 7);
+    /// let last = Page::from_rows([(3, "c")], 2, 7, |(seq, name)| Ok((name, seq))).unwrap();
+    /// assert_eq!(last.next_page_token, None);
+    /// ```
+    pub fn from_rows<R, P: std::fmt::Display>(
+        rows: impl IntoIterator<Item = R>,
+        page_size: usize,
+        total_size: usize,
+        mut item: impl FnMut(R) -> AgentResult<(T, P)>,
+    ) -> AgentResult<Self> {
+        let mut rows = rows.into_iter();
+        let mut items = Vec::with_capacity(page_size.min(rows.size_hint().0));
+        let mut last = None;
+        for row in rows.by_ref().take(page_size) {
+            let (value, position) = item(row)?;
+            items.push(value);
+            last = Some(position);
+        }
+        let more = rows.next().is_some();
+        Ok(Page {
+            items,
+            next_page_token: last.filter(|_| more).map(|position| position.to_string()),
+            total_size,
+        })
+    }
 }
 
 /// Persists tasks (as snapshots) and their event logs, namespaced by tenant.
@@ -364,44 +478,36 @@ impl InMemoryTaskManager {
     }
 }
 
-/// A page token is the creation seq of the last task of the previous page (keyset
-/// pagination, as in Keel's durable stores): unlike an offset, it neither repeats nor skips
-/// tasks when earlier ones leave the filter.
-fn parse_page_token(token: Option<&str>) -> AgentResult<u64> {
-    match token {
-        None | Some("") => Ok(0),
-        Some(token) => token.parse().map_err(|_| {
-            AgentError::invalid_input(
-                "page_token",
-                format!("`{token}` is not a token this server issued"),
-            )
-        }),
-    }
-}
-
 impl InMemoryTaskManager {
+    /// The tenant's entries whose task passes the filter's thread and state.
+    fn matching<'a>(
+        &'a self,
+        auth: &'a AuthContext,
+        filter: &'a ListTasksFilter,
+    ) -> impl Iterator<Item = dashmap::mapref::multiple::RefMulti<'a, Scoped<TaskId>, Entry>> + 'a
+    {
+        self.entries.iter().filter(move |e| {
+            e.key().is_of(auth)
+                && filter
+                    .thread_id
+                    .as_ref()
+                    .is_none_or(|t| &e.task.thread_id == t)
+                && filter.state.is_none_or(|s| e.task.state() == s)
+        })
+    }
+
     /// [`TaskOrder::RecentlyUpdated`] in memory: every task of the map is looked at, which
     /// is what a map without indexes can do (the durable stores page on an index).
     fn list_recently_updated(
         &self,
         auth: &AuthContext,
         filter: &ListTasksFilter,
-        since: Option<DateTime<Utc>>,
         page_size: usize,
+        since: Option<i64>,
+        after: Option<UpdatedCursor>,
     ) -> AgentResult<Page<Task>> {
-        let after = UpdatedCursor::parse(filter.page_token.as_deref())?;
-        let since = since.map(|t| t.timestamp_micros());
         let mut matching: Vec<(i64, Task)> = self
-            .entries
-            .iter()
-            .filter(|e| e.key().is_of(auth))
-            .filter(|e| {
-                filter
-                    .thread_id
-                    .as_ref()
-                    .is_none_or(|t| &e.task.thread_id == t)
-            })
-            .filter(|e| filter.state.is_none_or(|s| e.task.state() == s))
+            .matching(auth, filter)
             .map(|e| (updated_micros(&e.task), e.task.clone()))
             .filter(|(micros, _)| since.is_none_or(|since| *micros >= since))
             .collect();
@@ -412,15 +518,9 @@ impl InMemoryTaskManager {
                 .is_none_or(|after| after.precedes(*micros, task.id.as_str()))
         });
         matching.sort_by(|(ma, a), (mb, b)| mb.cmp(ma).then_with(|| b.id.cmp(&a.id)));
-        let more = matching.len() > page_size;
-        matching.truncate(page_size);
-        Ok(Page {
-            next_page_token: matching
-                .last()
-                .filter(|_| more)
-                .map(|(_, task)| UpdatedCursor::of(task).token()),
-            items: matching.into_iter().map(|(_, t)| t).collect(),
-            total_size,
+        Page::from_rows(matching, page_size, total_size, |(_, task)| {
+            let cursor = UpdatedCursor::of(&task);
+            Ok((task, cursor))
         })
     }
 }
@@ -445,34 +545,21 @@ impl TaskManager for InMemoryTaskManager {
         auth: &AuthContext,
         filter: &ListTasksFilter,
     ) -> AgentResult<Page<Task>> {
-        let page_size = filter.effective_page_size()?;
-        if let TaskOrder::RecentlyUpdated { since } = filter.order {
-            return self.list_recently_updated(auth, filter, since, page_size);
-        }
-        let after = parse_page_token(filter.page_token.as_deref())?;
+        let (page_size, start) = filter.page_start()?;
+        let after = match start {
+            TaskPageStart::Created { after } => after,
+            TaskPageStart::RecentlyUpdated { since, after } => {
+                return self.list_recently_updated(auth, filter, page_size, since, after);
+            }
+        };
         let mut matching: Vec<(u64, Task)> = self
-            .entries
-            .iter()
-            .filter(|e| e.key().is_of(auth))
-            .filter(|e| {
-                filter
-                    .thread_id
-                    .as_ref()
-                    .is_none_or(|t| &e.task.thread_id == t)
-            })
-            .filter(|e| filter.state.is_none_or(|s| e.task.state() == s))
+            .matching(auth, filter)
             .map(|e| (e.seq, e.task.clone()))
             .collect();
         matching.sort_by_key(|(seq, _)| *seq);
         let total_size = matching.len();
-        let mut rest = matching.into_iter().filter(|(seq, _)| *seq > after);
-        let page: Vec<(u64, Task)> = rest.by_ref().take(page_size).collect();
-        let more = rest.next().is_some();
-        Ok(Page {
-            next_page_token: page.last().filter(|_| more).map(|(seq, _)| seq.to_string()),
-            items: page.into_iter().map(|(_, t)| t).collect(),
-            total_size,
-        })
+        let rest = matching.into_iter().filter(|(seq, _)| *seq > after);
+        Page::from_rows(rest, page_size, total_size, |(seq, task)| Ok((task, seq)))
     }
 
     async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
@@ -524,6 +611,65 @@ impl TaskManager for InMemoryTaskManager {
 mod tests {
     use super::*;
     use keel_core::Message;
+
+    #[test]
+    fn page_start_reads_the_token_of_each_order_and_refuses_foreign_ones() {
+        let created = |token: Option<&str>| ListTasksFilter {
+            page_token: token.map(str::to_owned),
+            ..Default::default()
+        };
+        assert_eq!(
+            created(None).page_start().unwrap(),
+            (50, TaskPageStart::Created { after: 0 })
+        );
+        assert_eq!(
+            created(Some("")).page_start().unwrap().1,
+            TaskPageStart::Created { after: 0 }
+        );
+        assert_eq!(
+            created(Some("17")).page_start().unwrap().1,
+            TaskPageStart::Created { after: 17 }
+        );
+        // No store issues a seq past i64::MAX, nor a negative one.
+        for bad in ["-1", "x", "9223372036854775808", "1:t-1"] {
+            assert!(
+                matches!(created(Some(bad)).page_start(), Err(AgentError::InvalidInput { ref field, .. }) if field == "page_token"),
+                "{bad}"
+            );
+        }
+        let since = Utc::now();
+        let updated = |token: &str| ListTasksFilter {
+            page_token: Some(token.to_owned()),
+            page_size: Some(500),
+            order: TaskOrder::RecentlyUpdated { since: Some(since) },
+            ..Default::default()
+        };
+        assert_eq!(
+            updated("12:t-1").page_start().unwrap(),
+            (
+                ListTasksFilter::MAX_PAGE_SIZE as usize,
+                TaskPageStart::RecentlyUpdated {
+                    since: Some(since.timestamp_micros()),
+                    after: Some(UpdatedCursor {
+                        micros: 12,
+                        task_id: TaskId::from("t-1"),
+                    }),
+                }
+            )
+        );
+        assert!(matches!(
+            updated("17").page_start(),
+            Err(AgentError::InvalidInput { ref field, .. }) if field == "page_token"
+        ));
+        let zero = ListTasksFilter {
+            page_size: Some(0),
+            ..Default::default()
+        };
+        assert!(matches!(
+            zero.page_start(),
+            Err(AgentError::InvalidInput { ref field, .. }) if field == "page_size"
+        ));
+    }
 
     fn tenant(user: &str) -> AuthContext {
         AuthContext::new("app", user)

@@ -244,6 +244,23 @@ pub struct ChildThread {
     pub metadata: Metadata,
 }
 
+impl ChildThread {
+    /// Put `children` in the registry's order: oldest first, ties broken by thread id (what
+    /// [`SubagentRegistry::children`] returns on every backend).
+    pub fn sort_oldest_first(children: &mut [ChildThread]) {
+        children.sort_by(|a, b| (a.created_at, &a.thread_id).cmp(&(b.created_at, &b.thread_id)));
+    }
+
+    /// The error of [`SubagentRegistry::set_child_status`] for a thread that is not a
+    /// registered subagent: [`AgentError::InvalidInput`] naming `child`.
+    pub fn not_registered(child: &ThreadId) -> AgentError {
+        AgentError::invalid_input(
+            "child",
+            format!("thread {child} is not a registered subagent"),
+        )
+    }
+}
+
 /// The parent/child registry of subagent threads.
 #[async_trait]
 pub trait SubagentRegistry: Send + Sync {

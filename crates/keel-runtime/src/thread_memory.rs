@@ -9,12 +9,12 @@ use dashmap::DashMap;
 
 use crate::scoped::{scoped, Scoped, ScopedParts};
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, AgentResult, ThreadId};
+use keel_core::{AgentResult, ThreadId};
 use serde_json::Value;
 
 use crate::{
-    AuthContext, ChildThread, HistoryEntry, KvLimits, Lease, QueuedItem, SubagentRegistry,
-    ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
+    lease_blocks, lease_ttl, AuthContext, ChildThread, HistoryEntry, KvLimits, Lease, QueuedItem,
+    SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
 };
 
 #[derive(Default)]
@@ -28,12 +28,10 @@ struct ThreadData {
 impl ThreadData {
     /// Whether `lease` is this thread's current, unexpired lease.
     fn check_fence(&self, lease: &Lease) -> AgentResult<()> {
-        match &self.lease {
-            Some(current) if current.token == lease.token && current.expires_at > Utc::now() => {
-                Ok(())
-            }
-            _ => Err(lease_lost(lease)),
-        }
+        lease.check_fence(
+            self.lease.as_ref().map(|l| (l.token, l.expires_at)),
+            Utc::now(),
+        )
     }
 }
 
@@ -166,16 +164,9 @@ impl InMemoryThreadStore {
         let thread = self
             .threads
             .get_mut(&scoped(auth, &lease.thread_id) as &dyn ScopedParts<ThreadId>)
-            .ok_or_else(|| lease_lost(lease))?;
+            .ok_or_else(|| lease.lost())?;
         thread.check_fence(lease)?;
         Ok(thread)
-    }
-}
-
-fn lease_lost(lease: &Lease) -> AgentError {
-    AgentError::LeaseLost {
-        thread_id: lease.thread_id.clone(),
-        token: lease.token,
     }
 }
 
@@ -373,7 +364,7 @@ impl SubagentRegistry for InMemoryThreadStore {
             .filter(|c| c.key().is_of(auth) && &c.parent_thread_id == parent)
             .map(|c| c.value().clone())
             .collect();
-        children.sort_by(|a, b| (a.created_at, &a.thread_id).cmp(&(b.created_at, &b.thread_id)));
+        ChildThread::sort_oldest_first(&mut children);
         Ok(children)
     }
 
@@ -397,12 +388,7 @@ impl SubagentRegistry for InMemoryThreadStore {
         let mut entry = self
             .children
             .get_mut(&scoped(auth, child) as &dyn ScopedParts<ThreadId>)
-            .ok_or_else(|| {
-                AgentError::invalid_input(
-                    "child",
-                    format!("thread {child} is not a registered subagent"),
-                )
-            })?;
+            .ok_or_else(|| ChildThread::not_registered(child))?;
         entry.status = status.to_owned();
         Ok(())
     }
@@ -418,14 +404,14 @@ impl InMemoryThreadStore {
         ttl: Duration,
         reclaim: bool,
     ) -> AgentResult<Option<Lease>> {
-        let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
+        let ttl = lease_ttl(ttl)?;
         let mut thread = self.thread_entry(auth, thread_id);
         let now = Utc::now();
-        if thread
+        let current = thread
             .lease
             .as_ref()
-            .is_some_and(|l| l.expires_at > now && !(reclaim && l.holder == holder))
-        {
+            .map(|l| (l.holder.as_str(), l.expires_at));
+        if lease_blocks(current, holder, reclaim, now) {
             return Ok(None);
         }
         let token = self
@@ -471,7 +457,7 @@ impl ThreadLeases for InMemoryThreadStore {
         lease: &Lease,
         ttl: Duration,
     ) -> AgentResult<Lease> {
-        let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
+        let ttl = lease_ttl(ttl)?;
         let mut thread = self.fenced(auth, lease)?;
         let renewed = Lease {
             expires_at: Utc::now() + ttl,
@@ -501,6 +487,7 @@ impl ThreadLeases for InMemoryThreadStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::AgentError;
 
     #[tokio::test]
     async fn writes_with_a_made_up_lease_create_no_thread() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use keel_core::{AgentError, AgentResult, ThreadId};
+use keel_core::{AgentResult, ThreadId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -118,7 +118,8 @@ pub trait ThreadTimers: Send + Sync {
     /// Atomically claim up to `limit` of `agent`'s timers (and ownerless ones, see
     /// [`TimerRecord::agent`]) of any tenant that are due at `now` and not under a live claim,
     /// soonest first, each for `claim_ttl`. Behind [`Validated`](crate::Validated), a
-    /// `claim_ttl` outside 1 ms ..= 24 h is [`AgentError::InvalidInput`] naming `ttl`.
+    /// `claim_ttl` outside 1 ms ..= 24 h is
+    /// [`AgentError::InvalidInput`](keel_core::AgentError::InvalidInput) naming `ttl`.
     async fn claim_due_timers(
         &self,
         agent: &str,
@@ -150,8 +151,7 @@ pub fn timer_claimable_by(timer: &TimerRecord, agent: &str) -> bool {
 /// When a claim taken at `now` for `claim_ttl` lapses (its bounds are checked by
 /// [`Validated`](crate::Validated)).
 pub fn claim_expiry(now: DateTime<Utc>, claim_ttl: Duration) -> AgentResult<DateTime<Utc>> {
-    let ttl = chrono::Duration::from_std(claim_ttl).map_err(AgentError::internal)?;
-    Ok(now + ttl)
+    Ok(now + crate::lease_ttl(claim_ttl)?)
 }
 
 struct MemoryTimer {

@@ -40,216 +40,79 @@ impl<S> Validated<S> {
     }
 }
 
-#[async_trait]
-impl<S: ThreadHistory> ThreadHistory for Validated<S> {
-    async fn append_history(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        messages: &[LlmMessage],
-    ) -> AgentResult<u64> {
-        self.inner.append_history(auth, lease, messages).await
-    }
+/// One `#[async_trait]` impl of `$trait` for `Validated<S>`, one method a line: each call goes
+/// to the backend, after the check written behind `=>` when there is one. So the whole checked
+/// surface reads as one table, and a pass-through cannot drift from the rest.
+macro_rules! validated_impl {
+    (impl $trait:ident {
+        $(fn $name:ident(&$this:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty $(=> $check:expr)?;)*
+    }) => {
+        #[async_trait]
+        impl<S: $trait> $trait for Validated<S> {
+            $(async fn $name(&$this $(, $arg: $ty)*) -> $ret {
+                $($check?;)?
+                $this.inner.$name($($arg),*).await
+            })*
+        }
+    };
+}
 
-    async fn read_history(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        after_seq: u64,
-        limit: usize,
-    ) -> AgentResult<Vec<HistoryEntry>> {
-        self.inner
-            .read_history(auth, thread_id, after_seq, limit)
-            .await
+validated_impl! {
+    impl ThreadHistory {
+        fn append_history(&self, auth: &AuthContext, lease: &Lease, messages: &[LlmMessage]) -> AgentResult<u64>;
+        fn read_history(&self, auth: &AuthContext, thread_id: &ThreadId, after_seq: u64, limit: usize) -> AgentResult<Vec<HistoryEntry>>;
     }
 }
 
-#[async_trait]
-impl<S: ThreadQueue> ThreadQueue for Validated<S> {
-    async fn push_queue(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        payload: Value,
-    ) -> AgentResult<QueuedItem> {
-        self.inner.push_queue(auth, thread_id, payload).await
-    }
-
-    async fn peek_queue(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        limit: usize,
-    ) -> AgentResult<Vec<QueuedItem>> {
-        self.inner.peek_queue(auth, thread_id, limit).await
-    }
-
-    async fn ack_queue(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        ids: &[String],
-    ) -> AgentResult<()> {
-        self.inner.ack_queue(auth, lease, ids).await
-    }
-
-    async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
-        self.inner.queue_len(auth, thread_id).await
-    }
-
-    async fn tenant_queue_len(&self, auth: &AuthContext) -> AgentResult<usize> {
-        self.inner.tenant_queue_len(auth).await
-    }
-
-    async fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>> {
-        self.inner.queued_threads(auth).await
+validated_impl! {
+    impl ThreadQueue {
+        fn push_queue(&self, auth: &AuthContext, thread_id: &ThreadId, payload: Value) -> AgentResult<QueuedItem>;
+        fn peek_queue(&self, auth: &AuthContext, thread_id: &ThreadId, limit: usize) -> AgentResult<Vec<QueuedItem>>;
+        fn ack_queue(&self, auth: &AuthContext, lease: &Lease, ids: &[String]) -> AgentResult<()>;
+        fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize>;
+        fn tenant_queue_len(&self, auth: &AuthContext) -> AgentResult<usize>;
+        fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>>;
     }
 }
 
-#[async_trait]
-impl<S: ThreadKv> ThreadKv for Validated<S> {
-    async fn kv_get(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        key: &str,
-    ) -> AgentResult<Option<Value>> {
-        self.inner.kv_get(auth, thread_id, key).await
-    }
-
-    async fn kv_set(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        key: &str,
-        value: Value,
-    ) -> AgentResult<()> {
-        self.kv_limits.check_value(key, &value)?;
-        self.inner.kv_set(auth, thread_id, key, value).await
-    }
-
-    async fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>> {
-        self.inner.kv_keys(auth, thread_id).await
+validated_impl! {
+    impl ThreadKv {
+        fn kv_get(&self, auth: &AuthContext, thread_id: &ThreadId, key: &str) -> AgentResult<Option<Value>>;
+        fn kv_set(&self, auth: &AuthContext, thread_id: &ThreadId, key: &str, value: Value) -> AgentResult<()>
+            => self.kv_limits.check_value(key, &value);
+        fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>>;
     }
 }
 
-#[async_trait]
-impl<S: SubagentRegistry> SubagentRegistry for Validated<S> {
-    async fn register_child(&self, auth: &AuthContext, child: &ChildThread) -> AgentResult<()> {
-        self.inner.register_child(auth, child).await
-    }
-
-    async fn children(
-        &self,
-        auth: &AuthContext,
-        parent: &ThreadId,
-    ) -> AgentResult<Vec<ChildThread>> {
-        self.inner.children(auth, parent).await
-    }
-
-    async fn child(
-        &self,
-        auth: &AuthContext,
-        child: &ThreadId,
-    ) -> AgentResult<Option<ChildThread>> {
-        self.inner.child(auth, child).await
-    }
-
-    async fn set_child_status(
-        &self,
-        auth: &AuthContext,
-        child: &ThreadId,
-        status: &str,
-    ) -> AgentResult<()> {
-        self.inner.set_child_status(auth, child, status).await
+validated_impl! {
+    impl SubagentRegistry {
+        fn register_child(&self, auth: &AuthContext, child: &ChildThread) -> AgentResult<()>;
+        fn children(&self, auth: &AuthContext, parent: &ThreadId) -> AgentResult<Vec<ChildThread>>;
+        fn child(&self, auth: &AuthContext, child: &ThreadId) -> AgentResult<Option<ChildThread>>;
+        fn set_child_status(&self, auth: &AuthContext, child: &ThreadId, status: &str) -> AgentResult<()>;
     }
 }
 
-#[async_trait]
-impl<S: ThreadLeases> ThreadLeases for Validated<S> {
-    async fn acquire_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-    ) -> AgentResult<Option<Lease>> {
-        check_lease_ttl(ttl)?;
-        self.inner.acquire_lease(auth, thread_id, holder, ttl).await
-    }
-
-    async fn reclaim_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-    ) -> AgentResult<Option<Lease>> {
-        check_lease_ttl(ttl)?;
-        self.inner.reclaim_lease(auth, thread_id, holder, ttl).await
-    }
-
-    async fn renew_lease(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        ttl: Duration,
-    ) -> AgentResult<Lease> {
-        check_lease_ttl(ttl)?;
-        self.inner.renew_lease(auth, lease, ttl).await
-    }
-
-    async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {
-        self.inner.release_lease(auth, lease).await
+validated_impl! {
+    impl ThreadLeases {
+        fn acquire_lease(&self, auth: &AuthContext, thread_id: &ThreadId, holder: &str, ttl: Duration) -> AgentResult<Option<Lease>>
+            => check_lease_ttl(ttl);
+        fn reclaim_lease(&self, auth: &AuthContext, thread_id: &ThreadId, holder: &str, ttl: Duration) -> AgentResult<Option<Lease>>
+            => check_lease_ttl(ttl);
+        fn renew_lease(&self, auth: &AuthContext, lease: &Lease, ttl: Duration) -> AgentResult<Lease>
+            => check_lease_ttl(ttl);
+        fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()>;
     }
 }
 
-#[async_trait]
-impl<S: ThreadTimers> ThreadTimers for Validated<S> {
-    async fn schedule_timer(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        agent: &str,
-        name: &str,
-        payload: Value,
-        due_at: DateTime<Utc>,
-    ) -> AgentResult<TimerRecord> {
-        self.inner
-            .schedule_timer(auth, thread_id, agent, name, payload, due_at)
-            .await
-    }
-
-    async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool> {
-        self.inner.cancel_timer(auth, id).await
-    }
-
-    async fn thread_timers(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-    ) -> AgentResult<Vec<TimerRecord>> {
-        self.inner.thread_timers(auth, thread_id).await
-    }
-
-    async fn claim_due_timers(
-        &self,
-        agent: &str,
-        now: DateTime<Utc>,
-        limit: usize,
-        claim_ttl: Duration,
-    ) -> AgentResult<Vec<ClaimedTimer>> {
-        check_lease_ttl(claim_ttl)?;
-        self.inner
-            .claim_due_timers(agent, now, limit, claim_ttl)
-            .await
-    }
-
-    async fn complete_timer(&self, claim: &ClaimedTimer) -> AgentResult<bool> {
-        self.inner.complete_timer(claim).await
-    }
-
-    async fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>> {
-        self.inner.next_timer_at(agent).await
+validated_impl! {
+    impl ThreadTimers {
+        fn schedule_timer(&self, auth: &AuthContext, thread_id: &ThreadId, agent: &str, name: &str, payload: Value, due_at: DateTime<Utc>) -> AgentResult<TimerRecord>;
+        fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool>;
+        fn thread_timers(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<TimerRecord>>;
+        fn claim_due_timers(&self, agent: &str, now: DateTime<Utc>, limit: usize, claim_ttl: Duration) -> AgentResult<Vec<ClaimedTimer>>
+            => check_lease_ttl(claim_ttl);
+        fn complete_timer(&self, claim: &ClaimedTimer) -> AgentResult<bool>;
+        fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>>;
     }
 }

@@ -1,34 +1,18 @@
 //! Records as Keel's versioned stored JSON ([`keel_core::stored`]) in Redis strings, and the
 //! reverse with errors that name the key that held bad data.
 
-use keel_core::{stored, AgentError, AgentResult};
+use keel_core::AgentResult;
 use serde::{de::DeserializeOwned, Serialize};
 
 /// `value` as stored-JSON text.
 pub(crate) fn encode<T: Serialize>(value: &T) -> AgentResult<String> {
-    serde_json::to_string(&stored::encode(value)?).map_err(AgentError::internal)
+    keel_runtime::encode_record(value)
 }
 
-/// Decode the stored-JSON text found at `key`. Anything else is [`AgentError::Storage`].
+/// Decode the stored-JSON text found at `key`. Anything else is
+/// [`AgentError::Storage`](keel_core::AgentError::Storage) naming the key.
 pub(crate) fn decode<T: DeserializeOwned>(key: &str, text: &str) -> AgentResult<T> {
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-        AgentError::storage_source(
-            "redis",
-            format!(
-                "reading key `{key}`, which does not hold Keel's stored JSON; was it written \
-                 by something other than Keel?"
-            ),
-            e,
-        )
-    })?;
-    stored::decode(value).map_err(|e| match e {
-        AgentError::Storage { source, .. } => AgentError::Storage {
-            backend: "redis",
-            operation: format!("reading key `{key}`"),
-            source,
-        },
-        other => other,
-    })
+    keel_runtime::decode_record("redis", &format!("reading key `{key}`"), text)
 }
 
 /// A Redis score for a time: microseconds since the epoch. Exact in an `f64` until the year
@@ -40,7 +24,7 @@ pub(crate) fn micros(at: chrono::DateTime<chrono::Utc>) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keel_core::Message;
+    use keel_core::{AgentError, Message};
 
     #[test]
     fn round_trip_and_garbage_is_storage_naming_the_key() {

@@ -30,14 +30,6 @@ fn expiry(millis: i64) -> AgentResult<DateTime<Utc>> {
     })
 }
 
-/// The lost-lease error for `lease`.
-pub(crate) fn lease_lost(lease: &Lease) -> AgentError {
-    AgentError::LeaseLost {
-        thread_id: lease.thread_id.clone(),
-        token: lease.token,
-    }
-}
-
 impl RedisStore {
     /// Take the thread's lease with `script` (acquire, or reclaim).
     async fn take_lease(
@@ -110,7 +102,7 @@ impl ThreadLeases for RedisStore {
             .await
             .map_err(|e| self.fail("renew lease", &e))?;
         if expires_ms < 0 {
-            return Err(lease_lost(lease));
+            return Err(lease.lost());
         }
         Ok(Lease {
             expires_at: expiry(expires_ms)?,

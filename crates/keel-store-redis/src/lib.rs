@@ -303,4 +303,22 @@ impl RedisStore {
     fn fail(&self, op: &str, err: &redis::RedisError) -> AgentError {
         self.server.error(op, err)
     }
+
+    /// The record stored at `key` (`GET`), or in the hash `key` under `field` (`HGET`),
+    /// decoded; `None` when there is none. `op` names the read in a connection error; a
+    /// record that does not decode is [`AgentError::Storage`] naming the key.
+    async fn read_record<T: serde::de::DeserializeOwned>(
+        &self,
+        op: &str,
+        key: &str,
+        field: Option<&str>,
+    ) -> AgentResult<Option<T>> {
+        let mut cmd = redis::cmd(if field.is_some() { "HGET" } else { "GET" });
+        cmd.arg(key).arg(field);
+        let text: Option<String> = cmd
+            .query_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail(op, &e))?;
+        text.map(|text| encoding::decode(key, &text)).transpose()
+    }
 }

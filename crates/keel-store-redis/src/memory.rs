@@ -8,7 +8,7 @@ use keel_core::AgentResult;
 use keel_runtime::{AuthContext, MemoryService};
 use serde_json::Value;
 
-use crate::encoding::{decode, encode};
+use crate::encoding::encode;
 use crate::keys::kind;
 use crate::RedisStore;
 
@@ -66,12 +66,7 @@ impl MemoryService for RedisStore {
 
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>> {
         let key = self.keys(auth).of(kind::MEMORY, key);
-        let text: Option<String> = redis::cmd("GET")
-            .arg(&key)
-            .query_async(&mut self.con())
-            .await
-            .map_err(|e| self.fail("GET memory", &e))?;
-        text.map(|text| decode(&key, &text)).transpose()
+        self.read_record("GET memory", &key, None).await
     }
 
     async fn save_if_absent(

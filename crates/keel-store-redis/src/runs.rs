@@ -247,13 +247,8 @@ impl RunStore for RedisStore {
         run_id: &RunId,
     ) -> AgentResult<Option<RunRecord>> {
         let data = self.keys(auth).fixed(fixed::RUN_REPORTS);
-        let text: Option<String> = redis::cmd("HGET")
-            .arg(&data)
-            .arg(run_id.as_str())
-            .query_async(&mut self.con())
+        self.read_record("read run report", &data, Some(run_id.as_str()))
             .await
-            .map_err(|e| self.fail("read run report", &e))?;
-        text.map(|text| decode(&data, &text)).transpose()
     }
 
     async fn find_run_reports(

@@ -4,30 +4,15 @@
 //! the same indexes scored by status time, for the most-recently-updated order.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, TaskState, ThreadId};
 use keel_runtime::{
-    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskOrder, UpdatedCursor,
+    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
 };
 
 use crate::encoding::{decode, encode};
 use crate::keys::{fixed, kind};
 use crate::scripts;
 use crate::RedisStore;
-
-/// A page token is the seq of the last task of the previous page: stable under concurrent
-/// inserts (new tasks only ever get larger seqs, and nothing is deleted).
-fn parse_page_token(token: Option<&str>) -> AgentResult<u64> {
-    match token {
-        None | Some("") => Ok(0),
-        Some(token) => token.parse().map_err(|_| {
-            AgentError::invalid_input(
-                "page_token",
-                format!("`{token}` is not a token this server issued"),
-            )
-        }),
-    }
-}
 
 impl RedisStore {
     /// Save the snapshot with its indexes and append `events` to the task's log in one
@@ -94,10 +79,10 @@ impl RedisStore {
         &self,
         auth: &AuthContext,
         filter: &ListTasksFilter,
-        since: Option<DateTime<Utc>>,
         page_size: usize,
+        since: Option<i64>,
+        after: Option<UpdatedCursor>,
     ) -> AgentResult<Page<Task>> {
-        let after = UpdatedCursor::parse(filter.page_token.as_deref())?;
         let keys = self.keys(auth);
         let index = by_update_index(&keys, filter.thread_id.as_ref(), filter.state);
         let snapshot_prefix = keys.of(kind::TASK, "");
@@ -105,7 +90,7 @@ impl RedisStore {
             Some(after) => (after.micros.to_string(), after.task_id.to_string()),
             None => ("+inf".to_owned(), String::new()),
         };
-        let min = since.map_or("-inf".to_owned(), |t| t.timestamp_micros().to_string());
+        let min = since.map_or("-inf".to_owned(), |micros| micros.to_string());
         let mut filled = false;
         loop {
             // One more than a page tells whether another page follows.
@@ -135,27 +120,11 @@ impl RedisStore {
                 filled = true;
                 continue;
             }
-            let more = rows.len() > page_size;
-            let mut items = Vec::with_capacity(page_size.min(rows.len()));
-            let mut last = None;
-            for (id, micros, snapshot) in rows.into_iter().take(page_size) {
-                let key = format!("{snapshot_prefix}{id}");
-                let snapshot = snapshot.ok_or_else(|| {
-                    AgentError::storage(format!(
-                        "Redis index `{index}` lists task {id} but `{key}` is missing; \
-                         were keys under Keel's prefix deleted by hand?"
-                    ))
-                })?;
-                items.push(decode::<Task>(&key, &snapshot)?);
-                last = Some(UpdatedCursor {
-                    micros,
-                    task_id: TaskId::from(id),
-                });
-            }
-            return Ok(Page {
-                next_page_token: last.filter(|_| more).map(|cursor| cursor.token()),
-                items,
-                total_size: usize::try_from(total).unwrap_or(0),
+            let total = usize::try_from(total).unwrap_or(0);
+            return Page::from_rows(rows, page_size, total, |(id, micros, snapshot)| {
+                let task = listed_task(&index, &snapshot_prefix, &id, snapshot)?;
+                let task_id = TaskId::from(id);
+                Ok((task, UpdatedCursor { micros, task_id }))
             });
         }
     }
@@ -190,6 +159,24 @@ impl RedisStore {
     }
 }
 
+/// The snapshot of task `id`, which `index` lists, read by a listing script from
+/// `<snapshot_prefix><id>`; a missing one means keys were changed behind Keel's back.
+fn listed_task(
+    index: &str,
+    snapshot_prefix: &str,
+    id: &str,
+    snapshot: Option<String>,
+) -> AgentResult<Task> {
+    let key = format!("{snapshot_prefix}{id}");
+    let snapshot = snapshot.ok_or_else(|| {
+        AgentError::storage(format!(
+            "Redis index `{index}` lists task {id} but `{key}` is missing; \
+             were keys under Keel's prefix deleted by hand?"
+        ))
+    })?;
+    decode(&key, &snapshot)
+}
+
 /// The by-status-time index for a thread and state filter.
 fn by_update_index(
     keys: &crate::keys::TenantKeys,
@@ -211,12 +198,7 @@ fn by_update_index(
 impl TaskManager for RedisStore {
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
         let key = self.keys(auth).of(kind::TASK, task_id.as_str());
-        let text: Option<String> = redis::cmd("GET")
-            .arg(&key)
-            .query_async(&mut self.con())
-            .await
-            .map_err(|e| self.fail("GET task", &e))?;
-        text.map(|text| decode(&key, &text)).transpose()
+        self.read_record("GET task", &key, None).await
     }
 
     async fn list_tasks(
@@ -224,13 +206,15 @@ impl TaskManager for RedisStore {
         auth: &AuthContext,
         filter: &ListTasksFilter,
     ) -> AgentResult<Page<Task>> {
-        let page_size = filter.effective_page_size()?;
-        if let TaskOrder::RecentlyUpdated { since } = filter.order {
-            return self
-                .list_recently_updated(auth, filter, since, page_size)
-                .await;
-        }
-        let after = parse_page_token(filter.page_token.as_deref())?;
+        let (page_size, start) = filter.page_start()?;
+        let after = match start {
+            TaskPageStart::Created { after } => after,
+            TaskPageStart::RecentlyUpdated { since, after } => {
+                return self
+                    .list_recently_updated(auth, filter, page_size, since, after)
+                    .await;
+            }
+        };
         let keys = self.keys(auth);
         // Every filter combination has its own index, so a page costs O(log n + page).
         let index = match (&filter.thread_id, filter.state) {
@@ -252,24 +236,9 @@ impl TaskManager for RedisStore {
             .invoke_async(&mut self.con())
             .await
             .map_err(|e| self.fail("list tasks", &e))?;
-        let more = rows.len() > page_size;
-        let mut items = Vec::with_capacity(page_size.min(rows.len()));
-        let mut last_seq = None;
-        for (id, seq, snapshot) in rows.into_iter().take(page_size) {
-            let key = format!("{snapshot_prefix}{id}");
-            let snapshot = snapshot.ok_or_else(|| {
-                AgentError::storage(format!(
-                    "Redis index `{index}` lists task {id} but `{key}` is missing; \
-                     were keys under Keel's prefix deleted by hand?"
-                ))
-            })?;
-            items.push(decode::<Task>(&key, &snapshot)?);
-            last_seq = Some(seq);
-        }
-        Ok(Page {
-            next_page_token: if more { last_seq } else { None },
-            items,
-            total_size: usize::try_from(total).unwrap_or(usize::MAX),
+        let total = usize::try_from(total).unwrap_or(usize::MAX);
+        Page::from_rows(rows, page_size, total, |(id, seq, snapshot)| {
+            Ok((listed_task(&index, &snapshot_prefix, &id, snapshot)?, seq))
         })
     }
 

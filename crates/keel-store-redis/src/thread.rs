@@ -15,7 +15,6 @@ use serde_json::Value;
 
 use crate::encoding::{decode, encode, micros};
 use crate::keys::{fixed, kind};
-use crate::lease::lease_lost;
 use crate::scripts;
 use crate::RedisStore;
 
@@ -55,7 +54,7 @@ impl ThreadHistory for RedisStore {
             .invoke_async(&mut self.con())
             .await
             .map_err(|e| self.fail("append history", &e))?;
-        u64::try_from(length).map_err(|_| lease_lost(lease))
+        u64::try_from(length).map_err(|_| lease.lost())
     }
 
     async fn read_history(
@@ -186,7 +185,7 @@ impl ThreadQueue for RedisStore {
             .await
             .map_err(|e| self.fail("acknowledge queue items", &e))?;
         if outcome < 0 {
-            return Err(lease_lost(lease));
+            return Err(lease.lost());
         }
         Ok(())
     }
@@ -234,13 +233,8 @@ impl ThreadKv for RedisStore {
         key: &str,
     ) -> AgentResult<Option<Value>> {
         let hash = self.keys(auth).of(kind::KV, thread_id.as_str());
-        let text: Option<String> = redis::cmd("HGET")
-            .arg(&hash)
-            .arg(key)
-            .query_async(&mut self.con())
+        self.read_record("read key-value entry", &hash, Some(key))
             .await
-            .map_err(|e| self.fail("read key-value entry", &e))?;
-        text.map(|text| decode(&hash, &text)).transpose()
     }
 
     async fn kv_set(
@@ -335,7 +329,7 @@ impl SubagentRegistry for RedisStore {
             children.push(child);
         }
         // The score orders by microseconds; this restores the exact (created_at, id) order.
-        children.sort_by(|a, b| (a.created_at, &a.thread_id).cmp(&(b.created_at, &b.thread_id)));
+        ChildThread::sort_oldest_first(&mut children);
         Ok(children)
     }
 
@@ -375,10 +369,7 @@ impl SubagentRegistry for RedisStore {
             .await
             .map_err(|e| self.fail("update subagent status", &e))?;
         if updated == 0 {
-            return Err(AgentError::invalid_input(
-                "child",
-                format!("thread {child} is not a registered subagent"),
-            ));
+            return Err(ChildThread::not_registered(child));
         }
         Ok(())
     }
@@ -415,7 +406,7 @@ impl keel_runtime::StepStore for RedisStore {
             .await
             .map_err(|e| self.fail("persist step", &e))?;
         match outcome {
-            -1 => Err(lease_lost(lease)),
+            -1 => Err(lease.lost()),
             -2 => Err(AgentError::TaskNotFound {
                 task_id: task_id.clone(),
             }),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use keel_core::{AgentError, AgentResult, ThreadId};
+use keel_core::{AgentResult, ThreadId};
 use keel_runtime::{timer_claim_expiry, AuthContext, ClaimedTimer, ThreadTimers, TimerRecord};
 use serde_json::Value;
 
@@ -81,14 +81,7 @@ impl RedisStore {
             .query_async(&mut self.con())
             .await
             .map_err(|e| self.fail("SMEMBERS tenants", &e))?;
-        namespaces
-            .iter()
-            .map(|ns| {
-                AuthContext::from_namespace(ns).ok_or_else(|| {
-                    AgentError::storage(format!("Redis key `{key}` holds `{ns}`, not a tenant"))
-                })
-            })
-            .collect()
+        AuthContext::from_stored_namespaces(&namespaces, &format!("Redis key `{key}`"))
     }
 
     fn timer_of(&self, id: &str, body: &str, attempts: i64) -> AgentResult<TimerRecord> {

@@ -34,37 +34,8 @@ async fn redis_timers_and_tenants_pass_the_conformance_suite() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_connections_claim_a_due_timer_once() {
-    use keel_runtime::ThreadTimers;
     let prefix = support::fresh_prefix();
     let (a, b) = (support::store(&prefix).await, support::store(&prefix).await);
-    let auth = testing::fresh_tenant();
-    let timer = a
-        .schedule_timer(
-            &auth,
-            &keel_core::ThreadId::new(),
-            "agent",
-            "t",
-            serde_json::json!(1),
-            chrono::Utc::now(),
-        )
-        .await
-        .unwrap();
-    let now = chrono::Utc::now();
-    let ttl = std::time::Duration::from_secs(60);
-    let (x, y) = tokio::join!(
-        a.claim_due_timers("agent", now, 10, ttl),
-        b.claim_due_timers("agent", now, 10, ttl)
-    );
-    let ids: Vec<String> = x
-        .unwrap()
-        .into_iter()
-        .chain(y.unwrap())
-        .map(|c| c.timer.id)
-        .collect();
-    assert_eq!(
-        ids,
-        vec![timer.id],
-        "exactly one connection claims the timer"
-    );
+    testing::timers_are_claimed_once_by_two_claimers(&a, &b).await;
     support::clean_up(&prefix).await;
 }

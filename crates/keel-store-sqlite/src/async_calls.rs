@@ -6,10 +6,10 @@
 use async_trait::async_trait;
 use keel_core::{AgentError, AgentResult, ThreadId};
 use keel_runtime::{AsyncCall, AsyncCallState, AsyncCallStore, AuthContext};
-use rusqlite::{params, OptionalExtension};
+use rusqlite::params;
 use serde_json::Value;
 
-use crate::codec::{decode_value, encode_value, SqlContext};
+use crate::codec::{decode_value, encode_value, select_row, SqlContext};
 use crate::SqliteStore;
 
 fn parse_state(name: &str, call_id: &str) -> AgentResult<AsyncCallState> {
@@ -58,24 +58,22 @@ impl AsyncCallStore for SqliteStore {
     async fn find_async_call(&self, call_id: &str) -> AgentResult<Option<AsyncCall>> {
         let call_id = call_id.to_owned();
         self.read(move |conn| {
-            let row: Option<(String, String, String, String, String)> = conn
-                .prepare_cached(
-                    "SELECT app_name, user_name, thread_id, state, record \
-                     FROM async_calls WHERE call_id = ?1",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![call_id], |row| {
-                        Ok((
-                            row.get(0)?,
-                            row.get(1)?,
-                            row.get(2)?,
-                            row.get(3)?,
-                            row.get(4)?,
-                        ))
-                    })
-                    .optional()
-                })
-                .context("reading an asynchronous call")?;
+            let row: Option<(String, String, String, String, String)> = select_row(
+                conn,
+                "SELECT app_name, user_name, thread_id, state, record \
+                 FROM async_calls WHERE call_id = ?1",
+                params![call_id],
+                |row| {
+                    Ok((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                    ))
+                },
+                "reading an asynchronous call",
+            )?;
             let Some((app_name, user_name, thread_id, state, record)) = row else {
                 return Ok(None);
             };

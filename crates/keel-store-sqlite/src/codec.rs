@@ -3,7 +3,8 @@
 //! errors as [`AgentError::Storage`] with context.
 
 use chrono::{DateTime, Utc};
-use keel_core::{stored, AgentError, AgentResult};
+use keel_core::{AgentError, AgentResult};
+use rusqlite::{Connection, OptionalExtension, Params, Row};
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
 
@@ -19,25 +20,53 @@ impl<T> SqlContext<T> for rusqlite::Result<T> {
     }
 }
 
+/// The one row `sql` selects with `params`, mapped by `row`, or `None` when none matches:
+/// the shape of every lookup by key. `what` says what was being read, for the error.
+pub(crate) fn select_row<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+    row: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+    what: &str,
+) -> AgentResult<Option<T>> {
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.query_row(params, row).optional())
+        .context(what)
+}
+
+/// The text of the one column `sql` selects with `params`, or `None` when no row matches.
+pub(crate) fn select_text(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+    what: &str,
+) -> AgentResult<Option<String>> {
+    select_row(conn, sql, params, |row| row.get(0), what)
+}
+
+/// The Keel record stored in the one column `sql` selects with `params`, decoded, or `None`
+/// when no row matches; `what` names the record (`task t-1`) in errors.
+pub(crate) fn select_record<T: DeserializeOwned>(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+    what: &str,
+) -> AgentResult<Option<T>> {
+    select_text(conn, sql, params, &format!("reading {what}"))?
+        .map(|body| decode_record(&body, what))
+        .transpose()
+}
+
 /// A Keel record (task snapshot, event, message, ...) as the versioned stored-JSON envelope
 /// text. Encoding happens on the caller's task, so the writer thread only runs SQL.
 pub(crate) fn encode_record<T: Serialize>(value: &T) -> AgentResult<String> {
-    serde_json::to_string(&stored::encode(value)?).map_err(AgentError::internal)
+    keel_runtime::encode_record(value)
 }
 
 /// Decode an envelope read from the column; `what` names the record in the error
 /// (`task t-1`), since a corrupt row is only fixable if the operator can find it.
 pub(crate) fn decode_record<T: DeserializeOwned>(text: &str, what: &str) -> AgentResult<T> {
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| AgentError::storage_source("sqlite", format!("reading stored {what}"), e))?;
-    stored::decode(value).map_err(|e| match e {
-        AgentError::Storage { source, .. } => AgentError::Storage {
-            backend: "sqlite",
-            operation: format!("reading stored {what}"),
-            source,
-        },
-        other => other,
-    })
+    keel_runtime::decode_record("sqlite", &format!("reading stored {what}"), text)
 }
 
 /// A caller's JSON value (memory, key-value store, queue payload) as text. These are not

@@ -8,41 +8,28 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
-use keel_core::{AgentError, AgentResult, ThreadId};
-use keel_runtime::{AuthContext, Lease, ThreadLeases};
-use rusqlite::{params, Connection, OptionalExtension};
+use keel_core::{AgentResult, ThreadId};
+use keel_runtime::{lease_blocks, lease_ttl, AuthContext, Lease, ThreadLeases};
+use rusqlite::{params, Connection};
 
-use crate::codec::{from_sql_int, to_nanos, SqlContext};
+use crate::codec::{from_nanos, from_sql_int, select_row, to_nanos, SqlContext};
+use crate::threads::ThreadCounter;
 use crate::SqliteStore;
-
-fn lease_lost(lease: &Lease) -> AgentError {
-    AgentError::LeaseLost {
-        thread_id: lease.thread_id.clone(),
-        token: lease.token,
-    }
-}
 
 /// Refuse unless `lease` is the thread's current lease and has not expired. Runs inside the
 /// writer's transaction, before the write it guards, so the check and the write are atomic.
 pub(crate) fn check_fence(conn: &Connection, tenant: &str, lease: &Lease) -> AgentResult<()> {
-    let now = to_nanos(Utc::now());
-    let current: Option<(i64, i64)> = conn
-        .prepare_cached("SELECT token, expires_at FROM leases WHERE tenant = ?1 AND thread_id = ?2")
-        .and_then(|mut stmt| {
-            stmt.query_row(params![tenant, lease.thread_id.as_str()], |row| {
-                Ok((row.get(0)?, row.get(1)?))
-            })
-            .optional()
-        })
-        .context("reading a thread's lease")?;
-    match current {
-        Some((token, expires_at))
-            if i64::try_from(lease.token).is_ok_and(|t| t == token) && expires_at > now =>
-        {
-            Ok(())
-        }
-        _ => Err(lease_lost(lease)),
-    }
+    let current: Option<(i64, i64)> = select_row(
+        conn,
+        "SELECT token, expires_at FROM leases WHERE tenant = ?1 AND thread_id = ?2",
+        params![tenant, lease.thread_id.as_str()],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+        "reading a thread's lease",
+    )?;
+    // A stored token that is not a u64 was never issued, so no lease matches it.
+    let current = current
+        .and_then(|(token, expires_at)| Some((u64::try_from(token).ok()?, from_nanos(expires_at))));
+    lease.check_fence(current, Utc::now())
 }
 
 impl SqliteStore {
@@ -55,39 +42,26 @@ impl SqliteStore {
         ttl: Duration,
         reclaim: bool,
     ) -> AgentResult<Option<Lease>> {
-        let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
+        let ttl = lease_ttl(ttl)?;
         let (tenant, thread_id, holder) = (auth.namespace(), thread_id.clone(), holder.to_owned());
         self.write(move |conn| {
             let now = Utc::now();
-            let held: Option<(i64, String)> = conn
-                .prepare_cached(
-                    "SELECT expires_at, holder FROM leases WHERE tenant = ?1 AND thread_id = ?2",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, thread_id.as_str()], |row| {
-                        Ok((row.get(0)?, row.get(1)?))
-                    })
-                    .optional()
-                })
-                .context("reading a thread's lease")?;
-            if held.is_some_and(|(expires_at, current)| {
-                expires_at > to_nanos(now) && !(reclaim && current == holder)
-            }) {
+            let held: Option<(i64, String)> = select_row(
+                conn,
+                "SELECT expires_at, holder FROM leases WHERE tenant = ?1 AND thread_id = ?2",
+                params![tenant, thread_id.as_str()],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+                "reading a thread's lease",
+            )?;
+            let current = held.as_ref().map(|(expires_at, current)| {
+                (current.as_str(), from_nanos(*expires_at))
+            });
+            if lease_blocks(current, &holder, reclaim, now) {
                 return Ok(None);
             }
             // The token counter lives in `threads`, not in the lease row, so it keeps growing
             // across release (which deletes the lease row).
-            let token: i64 = conn
-                .prepare_cached(
-                    "INSERT INTO threads (tenant, thread_id, last_lease_token) VALUES (?1, ?2, 1) \
-                     ON CONFLICT (tenant, thread_id) DO UPDATE SET \
-                     last_lease_token = last_lease_token + 1 \
-                     RETURNING last_lease_token",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
-                })
-                .context("issuing a lease token")?;
+            let token = ThreadCounter::LeaseToken.next(conn, &tenant, &thread_id)?;
             let expires_at = now + ttl;
             conn.prepare_cached(
                 "INSERT INTO leases (tenant, thread_id, holder, token, expires_at) \
@@ -144,7 +118,7 @@ impl ThreadLeases for SqliteStore {
         lease: &Lease,
         ttl: Duration,
     ) -> AgentResult<Lease> {
-        let ttl = chrono::Duration::from_std(ttl).map_err(AgentError::internal)?;
+        let ttl = lease_ttl(ttl)?;
         let (tenant, lease) = (auth.namespace(), lease.clone());
         self.write(move |conn| {
             check_fence(conn, &tenant, &lease)?;

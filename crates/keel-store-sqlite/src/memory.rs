@@ -10,10 +10,10 @@ use async_trait::async_trait;
 use chrono::Utc;
 use keel_core::AgentResult;
 use keel_runtime::{AuthContext, MemoryService};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 use serde_json::Value;
 
-use crate::codec::{decode_value, encode_value, to_nanos, SqlContext};
+use crate::codec::{decode_value, encode_value, select_text, to_nanos, SqlContext};
 use crate::SqliteStore;
 
 impl SqliteStore {
@@ -81,16 +81,13 @@ impl MemoryService for SqliteStore {
         let (tenant, key) = (auth.namespace(), key.to_owned());
         self.read(move |conn| {
             let now = to_nanos(Utc::now());
-            let text: Option<String> = conn
-                .prepare_cached(
-                    "SELECT value FROM memory WHERE tenant = ?1 AND key = ?2 \
-                     AND (expires_at IS NULL OR expires_at > ?3)",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, key, now], |row| row.get(0))
-                        .optional()
-                })
-                .context("reading a memory value")?;
+            let text = select_text(
+                conn,
+                "SELECT value FROM memory WHERE tenant = ?1 AND key = ?2 \
+                 AND (expires_at IS NULL OR expires_at > ?3)",
+                params![tenant, key, now],
+                "reading a memory value",
+            )?;
             text.map(|text| decode_value(&text, &format!("memory value `{key}`")))
                 .transpose()
         })

@@ -5,10 +5,12 @@ use async_trait::async_trait;
 use keel_core::{AgentResult, RunId};
 use keel_runtime::{AuthContext, RunQuery, RunRecord, RunStore, TaskRecord};
 use rusqlite::types::Value as SqlValue;
-use rusqlite::{params, params_from_iter, OptionalExtension};
+use rusqlite::{params, params_from_iter};
 use serde::de::DeserializeOwned;
 
-use crate::codec::{decode_record, encode_record, to_nanos, usize_to_sql, SqlContext};
+use crate::codec::{
+    decode_record, encode_record, select_record, to_nanos, usize_to_sql, SqlContext,
+};
 use crate::SqliteStore;
 
 /// The WHERE clause (after the tenant) and its arguments for `query`, in parameter order.
@@ -159,15 +161,12 @@ impl RunStore for SqliteStore {
     ) -> AgentResult<Option<RunRecord>> {
         let (tenant, run_id) = (auth.namespace(), run_id.clone());
         self.read(move |conn| {
-            let body: Option<String> = conn
-                .prepare_cached("SELECT body FROM run_records WHERE tenant = ?1 AND run_id = ?2")
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, run_id.as_str()], |row| row.get(0))
-                        .optional()
-                })
-                .context("reading a run report")?;
-            body.map(|body| decode_record(&body, &format!("run report {run_id}")))
-                .transpose()
+            select_record(
+                conn,
+                "SELECT body FROM run_records WHERE tenant = ?1 AND run_id = ?2",
+                params![tenant, run_id.as_str()],
+                &format!("run report {run_id}"),
+            )
         })
         .await
     }

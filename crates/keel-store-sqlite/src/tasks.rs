@@ -1,34 +1,17 @@
 //! [`TaskManager`] over SQLite: task snapshots in `tasks`, their event logs in `task_events`.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
 use keel_runtime::{
-    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskOrder, UpdatedCursor,
+    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
 };
 use rusqlite::types::Value as SqlValue;
-use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
+use rusqlite::{params, params_from_iter, Connection};
 
-use crate::codec::{decode_record, encode_record, usize_to_sql, SqlContext};
+use crate::codec::{
+    decode_record, encode_record, select_record, to_sql_int, usize_to_sql, SqlContext,
+};
 use crate::SqliteStore;
-
-/// Page tokens are the creation `seq` of the last task returned (keyset pagination): unlike
-/// an offset, a token stays right when tasks are added while a client pages.
-fn parse_page_token(token: Option<&str>) -> AgentResult<i64> {
-    match token {
-        None | Some("") => Ok(0),
-        Some(token) => token
-            .parse::<u64>()
-            .ok()
-            .and_then(|seq| i64::try_from(seq).ok())
-            .ok_or_else(|| {
-                AgentError::invalid_input(
-                    "page_token",
-                    format!("`{token}` is not a token this server issued"),
-                )
-            }),
-    }
-}
 
 pub(crate) fn task_exists(conn: &Connection, tenant: &str, task_id: &TaskId) -> AgentResult<bool> {
     conn.prepare_cached("SELECT 1 FROM tasks WHERE tenant = ?1 AND task_id = ?2")
@@ -114,6 +97,34 @@ pub(crate) fn append_task_events(
     Ok(())
 }
 
+/// The `WHERE` clauses and their arguments for the tenant and the filter's thread and state.
+/// Only the filters that are set become SQL, so each query can use its index.
+fn filter_clauses(
+    auth: &AuthContext,
+    filter: &ListTasksFilter,
+) -> (Vec<&'static str>, Vec<SqlValue>) {
+    let mut clauses = vec!["tenant = ?"];
+    let mut args = vec![SqlValue::Text(auth.namespace())];
+    if let Some(thread_id) = &filter.thread_id {
+        clauses.push("thread_id = ?");
+        args.push(SqlValue::Text(thread_id.as_str().to_owned()));
+    }
+    if let Some(state) = filter.state {
+        clauses.push("state = ?");
+        args.push(SqlValue::Text(state.as_str().to_owned()));
+    }
+    (clauses, args)
+}
+
+/// How many tasks match `filter_sql` (from [`filter_clauses`]) with `args`.
+fn count_tasks(conn: &Connection, filter_sql: &str, args: &[SqlValue]) -> AgentResult<usize> {
+    let total: i64 = conn
+        .prepare_cached(&format!("SELECT COUNT(*) FROM tasks WHERE {filter_sql}"))
+        .and_then(|mut stmt| stmt.query_row(params_from_iter(args), |row| row.get(0)))
+        .context("counting tasks")?;
+    Ok(usize::try_from(total).unwrap_or(0))
+}
+
 impl SqliteStore {
     /// [`TaskOrder::RecentlyUpdated`]: a range of one of the `updated_at` indexes, newest
     /// first; the token is the last row's `updated_at` and id.
@@ -121,30 +132,18 @@ impl SqliteStore {
         &self,
         auth: &AuthContext,
         filter: &ListTasksFilter,
-        since: Option<DateTime<Utc>>,
         page_size: usize,
+        since: Option<i64>,
+        after: Option<UpdatedCursor>,
     ) -> AgentResult<Page<Task>> {
-        let after = UpdatedCursor::parse(filter.page_token.as_deref())?;
-        let mut clauses = vec!["tenant = ?"];
-        let mut args = vec![SqlValue::Text(auth.namespace())];
-        if let Some(thread_id) = &filter.thread_id {
-            clauses.push("thread_id = ?");
-            args.push(SqlValue::Text(thread_id.as_str().to_owned()));
-        }
-        if let Some(state) = filter.state {
-            clauses.push("state = ?");
-            args.push(SqlValue::Text(state.as_str().to_owned()));
-        }
+        let (mut clauses, mut args) = filter_clauses(auth, filter);
         if let Some(since) = since {
             clauses.push("updated_at >= ?");
-            args.push(SqlValue::Integer(since.timestamp_micros()));
+            args.push(SqlValue::Integer(since));
         }
         let filter_sql = clauses.join(" AND ");
         self.read(move |conn| {
-            let total: i64 = conn
-                .prepare_cached(&format!("SELECT COUNT(*) FROM tasks WHERE {filter_sql}"))
-                .and_then(|mut stmt| stmt.query_row(params_from_iter(&args), |row| row.get(0)))
-                .context("counting tasks")?;
+            let total = count_tasks(conn, &filter_sql, &args)?;
             let mut page_sql =
                 format!("SELECT updated_at, task_id, body FROM tasks WHERE {filter_sql}");
             let mut page_args = args;
@@ -166,20 +165,10 @@ impl SqliteStore {
                     .collect()
                 })
                 .context("listing tasks")?;
-            let more = rows.len() > page_size;
-            let mut items = Vec::with_capacity(page_size.min(rows.len()));
-            let mut last = None;
-            for (micros, task_id, body) in rows.into_iter().take(page_size) {
-                items.push(decode_record(&body, &format!("task {task_id}"))?);
-                last = Some(UpdatedCursor {
-                    micros,
-                    task_id: TaskId::from(task_id),
-                });
-            }
-            Ok(Page {
-                items,
-                next_page_token: last.filter(|_| more).map(|cursor| cursor.token()),
-                total_size: usize::try_from(total).unwrap_or(0),
+            Page::from_rows(rows, page_size, total, |(micros, task_id, body)| {
+                let task = decode_record(&body, &format!("task {task_id}"))?;
+                let task_id = TaskId::from(task_id);
+                Ok((task, UpdatedCursor { micros, task_id }))
             })
         })
         .await
@@ -194,14 +183,7 @@ impl TaskManager for SqliteStore {
                 .prepare_cached("SELECT DISTINCT tenant FROM tasks")
                 .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
                 .context("listing tenants")?;
-            namespaces
-                .iter()
-                .map(|ns| {
-                    AuthContext::from_namespace(ns).ok_or_else(|| {
-                        AgentError::storage(format!("stored tenant `{ns}` is not a namespace"))
-                    })
-                })
-                .collect()
+            AuthContext::from_stored_namespaces(&namespaces, "the tasks table")
         })
         .await
     }
@@ -209,15 +191,12 @@ impl TaskManager for SqliteStore {
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
         let (tenant, task_id) = (auth.namespace(), task_id.clone());
         self.read(move |conn| {
-            let body: Option<String> = conn
-                .prepare_cached("SELECT body FROM tasks WHERE tenant = ?1 AND task_id = ?2")
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, task_id.as_str()], |row| row.get(0))
-                        .optional()
-                })
-                .context("reading a task")?;
-            body.map(|body| decode_record(&body, &format!("task {task_id}")))
-                .transpose()
+            select_record(
+                conn,
+                "SELECT body FROM tasks WHERE tenant = ?1 AND task_id = ?2",
+                params![tenant, task_id.as_str()],
+                &format!("task {task_id}"),
+            )
         })
         .await
     }
@@ -227,30 +206,20 @@ impl TaskManager for SqliteStore {
         auth: &AuthContext,
         filter: &ListTasksFilter,
     ) -> AgentResult<Page<Task>> {
-        let page_size = filter.effective_page_size()?;
-        if let TaskOrder::RecentlyUpdated { since } = filter.order {
-            return self
-                .list_recently_updated(auth, filter, since, page_size)
-                .await;
-        }
-        let after = parse_page_token(filter.page_token.as_deref())?;
-        // Only the filters that are set become SQL, so each query can use its index.
-        let mut clauses = vec!["tenant = ?"];
-        let mut args = vec![SqlValue::Text(auth.namespace())];
-        if let Some(thread_id) = &filter.thread_id {
-            clauses.push("thread_id = ?");
-            args.push(SqlValue::Text(thread_id.as_str().to_owned()));
-        }
-        if let Some(state) = filter.state {
-            clauses.push("state = ?");
-            args.push(SqlValue::Text(state.as_str().to_owned()));
-        }
+        let (page_size, start) = filter.page_start()?;
+        let after = match start {
+            // The seq of a token is at most `i64::MAX` (see `TaskPageStart::Created`).
+            TaskPageStart::Created { after } => to_sql_int(after),
+            TaskPageStart::RecentlyUpdated { since, after } => {
+                return self
+                    .list_recently_updated(auth, filter, page_size, since, after)
+                    .await;
+            }
+        };
+        let (clauses, args) = filter_clauses(auth, filter);
         let filter_sql = clauses.join(" AND ");
         self.read(move |conn| {
-            let total: i64 = conn
-                .prepare_cached(&format!("SELECT COUNT(*) FROM tasks WHERE {filter_sql}"))
-                .and_then(|mut stmt| stmt.query_row(params_from_iter(&args), |row| row.get(0)))
-                .context("counting tasks")?;
+            let total = count_tasks(conn, &filter_sql, &args)?;
             // One row more than the page tells whether another page follows.
             let mut page_args = args;
             page_args.push(SqlValue::Integer(after));
@@ -267,17 +236,8 @@ impl TaskManager for SqliteStore {
                     .collect()
                 })
                 .context("listing tasks")?;
-            let more = rows.len() > page_size;
-            let mut items = Vec::with_capacity(page_size.min(rows.len()));
-            let mut last_seq = after;
-            for (seq, body) in rows.into_iter().take(page_size) {
-                items.push(decode_record(&body, &format!("task (row {seq})"))?);
-                last_seq = seq;
-            }
-            Ok(Page {
-                items,
-                next_page_token: more.then(|| last_seq.to_string()),
-                total_size: usize::try_from(total).unwrap_or(0),
+            Page::from_rows(rows, page_size, total, |(seq, body): (i64, String)| {
+                Ok((decode_record(&body, &format!("task (row {seq})"))?, seq))
             })
         })
         .await
@@ -350,23 +310,5 @@ impl TaskManager for SqliteStore {
                 .collect()
         })
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn page_tokens_are_non_negative_integers() {
-        assert_eq!(parse_page_token(None).unwrap(), 0);
-        assert_eq!(parse_page_token(Some("")).unwrap(), 0);
-        assert_eq!(parse_page_token(Some("17")).unwrap(), 17);
-        for bad in ["-1", "x", "18446744073709551615"] {
-            assert!(
-                matches!(parse_page_token(Some(bad)), Err(AgentError::InvalidInput { ref field, .. }) if field == "page_token"),
-                "{bad}"
-            );
-        }
     }
 }

@@ -5,17 +5,17 @@
 use async_trait::async_trait;
 use chrono::Utc;
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, AgentResult, ThreadId};
+use keel_core::{AgentResult, ThreadId};
 use keel_runtime::{
     AuthContext, ChildThread, HistoryEntry, Lease, QueuedItem, SubagentRegistry, ThreadHistory,
     ThreadKv, ThreadQueue,
 };
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 use serde_json::Value;
 
 use crate::codec::{
-    decode_record, decode_value, encode_record, encode_value, from_nanos, from_sql_int, to_nanos,
-    to_sql_int, usize_to_sql, SqlContext,
+    decode_record, decode_value, encode_record, encode_value, from_nanos, from_sql_int,
+    select_record, select_text, to_nanos, to_sql_int, usize_to_sql, SqlContext,
 };
 use crate::leases::check_fence;
 use crate::SqliteStore;
@@ -50,6 +50,48 @@ pub(crate) fn append_history_rows(
     }
     from_sql_int(seq, "history seq")
 }
+
+/// A per-thread counter kept in `threads`: it starts at 1 and only grows, because its row
+/// outlives what it numbers (a released lease, an acknowledged queue item).
+pub(crate) enum ThreadCounter {
+    /// The fencing token of the thread's leases.
+    LeaseToken,
+    /// The seq of the thread's queued items.
+    QueueSeq,
+}
+
+impl ThreadCounter {
+    /// Advance the counter of `thread_id` and return its new value.
+    pub(crate) fn next(
+        &self,
+        conn: &Connection,
+        tenant: &str,
+        thread_id: &ThreadId,
+    ) -> AgentResult<i64> {
+        let (sql, what) = match self {
+            ThreadCounter::LeaseToken => (
+                "INSERT INTO threads (tenant, thread_id, last_lease_token) VALUES (?1, ?2, 1) \
+                 ON CONFLICT (tenant, thread_id) DO UPDATE SET \
+                 last_lease_token = last_lease_token + 1 RETURNING last_lease_token",
+                "issuing a lease token",
+            ),
+            ThreadCounter::QueueSeq => (
+                "INSERT INTO threads (tenant, thread_id, last_queue_seq) VALUES (?1, ?2, 1) \
+                 ON CONFLICT (tenant, thread_id) DO UPDATE SET \
+                 last_queue_seq = last_queue_seq + 1 RETURNING last_queue_seq",
+                "numbering a queued item",
+            ),
+        };
+        conn.prepare_cached(sql)
+            .and_then(|mut stmt| {
+                stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
+            })
+            .context(what)
+    }
+}
+
+/// A subagent's record, by tenant and thread.
+const SUBAGENT_BODY: &str = "SELECT body FROM subagents WHERE tenant = ?1 AND thread_id = ?2";
 
 #[async_trait]
 impl ThreadHistory for SqliteStore {
@@ -130,17 +172,7 @@ impl ThreadQueue for SqliteStore {
         self.write(move |conn| {
             // The counter in `threads` survives acks, so seqs only grow even when the queue
             // empties.
-            let seq: i64 = conn
-                .prepare_cached(
-                    "INSERT INTO threads (tenant, thread_id, last_queue_seq) VALUES (?1, ?2, 1) \
-                     ON CONFLICT (tenant, thread_id) DO UPDATE SET \
-                     last_queue_seq = last_queue_seq + 1 \
-                     RETURNING last_queue_seq",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
-                })
-                .context("numbering a queued item")?;
+            let seq = ThreadCounter::QueueSeq.next(conn, &tenant, &thread_id)?;
             let enqueued_at = Utc::now();
             conn.prepare_cached(
                 "INSERT INTO thread_queue (tenant, thread_id, seq, id, payload, enqueued_at) \
@@ -278,15 +310,12 @@ impl ThreadKv for SqliteStore {
     ) -> AgentResult<Option<Value>> {
         let (tenant, thread_id, key) = (auth.namespace(), thread_id.clone(), key.to_owned());
         self.read(move |conn| {
-            let text: Option<String> = conn
-                .prepare_cached(
-                    "SELECT value FROM thread_kv WHERE tenant = ?1 AND thread_id = ?2 AND key = ?3",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, thread_id.as_str(), key], |row| row.get(0))
-                        .optional()
-                })
-                .context("reading a thread key")?;
+            let text = select_text(
+                conn,
+                "SELECT value FROM thread_kv WHERE tenant = ?1 AND thread_id = ?2 AND key = ?3",
+                params![tenant, thread_id.as_str(), key],
+                "reading a thread key",
+            )?;
             text.map(|text| decode_value(&text, &format!("key `{key}` of thread {thread_id}")))
                 .transpose()
         })
@@ -430,15 +459,12 @@ impl SubagentRegistry for SqliteStore {
     ) -> AgentResult<Option<ChildThread>> {
         let (tenant, child) = (auth.namespace(), child.clone());
         self.read(move |conn| {
-            let body: Option<String> = conn
-                .prepare_cached("SELECT body FROM subagents WHERE tenant = ?1 AND thread_id = ?2")
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, child.as_str()], |row| row.get(0))
-                        .optional()
-                })
-                .context("reading a subagent")?;
-            body.map(|body| decode_record(&body, &format!("subagent {child}")))
-                .transpose()
+            select_record(
+                conn,
+                SUBAGENT_BODY,
+                params![tenant, child.as_str()],
+                &format!("subagent {child}"),
+            )
         })
         .await
     }
@@ -452,20 +478,15 @@ impl SubagentRegistry for SqliteStore {
         let (tenant, child, status) = (auth.namespace(), child.clone(), status.to_owned());
         self.write(move |conn| {
             // Read, change and write back in one transaction, so no concurrent update is lost.
-            let body: Option<String> = conn
-                .prepare_cached("SELECT body FROM subagents WHERE tenant = ?1 AND thread_id = ?2")
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, child.as_str()], |row| row.get(0))
-                        .optional()
-                })
-                .context("reading a subagent")?;
-            let Some(body) = body else {
-                return Err(AgentError::invalid_input(
-                    "child",
-                    format!("thread {child} is not a registered subagent"),
-                ));
+            let Some(mut entry) = select_record::<ChildThread>(
+                conn,
+                SUBAGENT_BODY,
+                params![tenant, child.as_str()],
+                &format!("subagent {child}"),
+            )?
+            else {
+                return Err(ChildThread::not_registered(&child));
             };
-            let mut entry: ChildThread = decode_record(&body, &format!("subagent {child}"))?;
             entry.status = status;
             let body = encode_record(&entry)?;
             conn.prepare_cached(

@@ -8,10 +8,12 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::{AgentResult, ThreadId};
 use keel_runtime::{timer_claim_expiry, AuthContext, ClaimedTimer, ThreadTimers, TimerRecord};
-use rusqlite::{params, OptionalExtension};
+use rusqlite::params;
 use serde_json::Value;
 
-use crate::codec::{decode_record, encode_record, from_nanos, to_nanos, usize_to_sql, SqlContext};
+use crate::codec::{
+    decode_record, encode_record, from_nanos, select_row, to_nanos, usize_to_sql, SqlContext,
+};
 use crate::SqliteStore;
 
 /// A stored timer with its claim count from the column (the body keeps the scheduled form).
@@ -152,11 +154,14 @@ impl ThreadTimers for SqliteStore {
     async fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>> {
         let agent = agent.to_owned();
         self.read(move |conn| {
-            let next: Option<i64> = conn
-                .prepare_cached("SELECT MIN(ready_at) FROM thread_timers WHERE agent IN (?1, '')")
-                .and_then(|mut stmt| stmt.query_row([agent], |row| row.get(0)).optional())
-                .context("reading the next timer")?
-                .flatten();
+            let next: Option<i64> = select_row(
+                conn,
+                "SELECT MIN(ready_at) FROM thread_timers WHERE agent IN (?1, '')",
+                [agent],
+                |row| row.get(0),
+                "reading the next timer",
+            )?
+            .flatten();
             Ok(next.map(from_nanos))
         })
         .await

@@ -3,12 +3,11 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use keel_core::conversation::LlmMessage;
 use serde_json::json;
 
-use super::{fresh_tenant, fresh_thread};
+use super::{concurrently, fresh_tenant, fresh_thread, leased, try_lease};
 use crate::ThreadStore;
 
 /// History entries get contiguous seqs from 1 and read back in order, by range.
@@ -23,11 +22,7 @@ pub async fn history_append_and_read(threads: &dyn ThreadStore) {
             .is_empty(),
         "unknown thread has no history"
     );
-    let lease = threads
-        .acquire_lease(&auth, &thread, "w1", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = try_lease(threads, &auth, &thread, "w1").await.unwrap();
     let batch: Vec<LlmMessage> = (0..5).map(|i| LlmMessage::user(format!("m{i}"))).collect();
     assert_eq!(
         threads.append_history(&auth, &lease, &batch).await.unwrap(),
@@ -69,22 +64,21 @@ pub async fn history_append_and_read(threads: &dyn ThreadStore) {
 pub async fn queue_fifo_under_concurrent_producers(threads: Arc<dyn ThreadStore>) {
     let auth = fresh_tenant();
     let thread = fresh_thread();
-    let mut producers = Vec::new();
-    for p in 0..8 {
-        let threads = threads.clone();
-        let (auth, thread) = (auth.clone(), thread.clone());
-        producers.push(tokio::spawn(async move {
+    concurrently(
+        &threads,
+        &auth,
+        &thread,
+        8,
+        |threads, auth, thread, p| async move {
             for i in 0..25 {
                 threads
                     .push_queue(&auth, &thread, json!({"p": p, "i": i}))
                     .await
                     .unwrap();
             }
-        }));
-    }
-    for producer in producers {
-        producer.await.unwrap();
-    }
+        },
+    )
+    .await;
     assert_eq!(threads.queue_len(&auth, &thread).await.unwrap(), 200);
     let items = threads.peek_queue(&auth, &thread, 1000).await.unwrap();
     assert_eq!(items.len(), 200, "peek must not lose items");
@@ -111,10 +105,8 @@ pub async fn queue_fifo_under_concurrent_producers(threads: Arc<dyn ThreadStore>
         200,
         "peek does not remove"
     );
-    let lease = threads
-        .acquire_lease(&auth, &thread, "consumer", Duration::from_secs(30))
+    let lease = try_lease(threads.as_ref(), &auth, &thread, "consumer")
         .await
-        .unwrap()
         .unwrap();
     let first: Vec<String> = items[..10].iter().map(|i| i.id.clone()).collect();
     threads.ack_queue(&auth, &lease, &first).await.unwrap();
@@ -137,11 +129,7 @@ pub async fn queue_fifo_under_concurrent_producers(threads: Arc<dyn ThreadStore>
 pub async fn history_and_queue_limit_zero_is_empty(threads: &dyn ThreadStore) {
     let auth = fresh_tenant();
     let thread = fresh_thread();
-    let lease = threads
-        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = leased(threads, &auth, &thread).await;
     threads
         .append_history(
             &auth,
@@ -154,42 +142,21 @@ pub async fn history_and_queue_limit_zero_is_empty(threads: &dyn ThreadStore) {
         .push_queue(&auth, &thread, json!({"n": 1}))
         .await
         .unwrap();
-    assert!(
-        threads
-            .read_history(&auth, &thread, 0, 0)
-            .await
-            .unwrap()
-            .is_empty(),
-        "read_history with limit 0"
-    );
-    assert!(
-        threads
-            .read_history(&auth, &thread, 1, 0)
-            .await
-            .unwrap()
-            .is_empty(),
-        "read_history with limit 0 from the middle"
-    );
-    assert!(
-        threads
-            .peek_queue(&auth, &thread, 0)
-            .await
-            .unwrap()
-            .is_empty(),
-        "peek_queue with limit 0"
-    );
-    assert_eq!(
-        threads
-            .read_history(&auth, &thread, 0, 1)
-            .await
-            .unwrap()
-            .len(),
-        1
-    );
-    assert_eq!(
-        threads.peek_queue(&auth, &thread, 1).await.unwrap().len(),
-        1
-    );
+    for (from, limit, len, what) in [
+        (0, 0, 0, "read_history with limit 0"),
+        (1, 0, 0, "read_history with limit 0 from the middle"),
+        (0, 1, 1, "read_history with limit 1"),
+    ] {
+        let read = threads.read_history(&auth, &thread, from, limit).await;
+        assert_eq!(read.unwrap().len(), len, "{what}");
+    }
+    for (limit, len, what) in [
+        (0, 0, "peek_queue with limit 0"),
+        (1, 1, "peek_queue with limit 1"),
+    ] {
+        let peeked = threads.peek_queue(&auth, &thread, limit).await;
+        assert_eq!(peeked.unwrap().len(), len, "{what}");
+    }
 }
 
 /// Queue seqs only grow: after every item is acknowledged and the queue is empty, the next
@@ -197,11 +164,7 @@ pub async fn history_and_queue_limit_zero_is_empty(threads: &dyn ThreadStore) {
 pub async fn queue_seqs_grow_after_the_queue_empties(threads: &dyn ThreadStore) {
     let auth = fresh_tenant();
     let thread = fresh_thread();
-    let lease = threads
-        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = leased(threads, &auth, &thread).await;
     let mut last_seq = 0;
     for round in 0..3 {
         let mut acked = Vec::new();
@@ -264,20 +227,12 @@ pub async fn queue_counts_per_tenant(threads: &dyn ThreadStore) {
     );
     assert!(threads.queued_threads(&other).await.unwrap().is_empty());
 
-    let lease_b = threads
-        .acquire_lease(&auth, &b, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease_b = leased(threads, &auth, &b).await;
     threads
         .ack_queue(&auth, &lease_b, &[only_of_b.id])
         .await
         .unwrap();
-    let lease_a = threads
-        .acquire_lease(&auth, &a, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease_a = leased(threads, &auth, &a).await;
     threads
         .ack_queue(&auth, &lease_a, &first_of_a[..1])
         .await

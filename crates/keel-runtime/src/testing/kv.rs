@@ -1,11 +1,21 @@
 //! Conformance checks of a [`ThreadStore`]'s per-thread key-value store: JSON round-trip,
 //! null deletes, isolation, and the caps of [`KvLimits`].
 
-use keel_core::AgentError;
+use keel_core::{AgentError, AgentResult};
 use serde_json::{json, Value};
 
 use super::{fresh_tenant, fresh_thread};
 use crate::{KvLimits, ThreadStore};
+
+/// Assert that a write past a cap failed with an error naming `cap`.
+#[track_caller]
+fn assert_names_cap(result: AgentResult<()>, cap: &str) {
+    let err = result.expect_err(cap);
+    assert!(
+        err.to_string().contains(cap),
+        "the {cap} cap error names the cap: {err}"
+    );
+}
 
 /// §14: JSON round-trip, null deletes, per-thread isolation, caps with errors naming them.
 pub async fn kv_semantics(threads: &dyn ThreadStore, limits: KvLimits) {
@@ -41,46 +51,29 @@ pub async fn kv_semantics(threads: &dyn ThreadStore, limits: KvLimits) {
         .kv_set(&auth, &thread, "string", Value::Null)
         .await
         .unwrap();
-    assert_eq!(
-        threads.kv_get(&auth, &thread, "string").await.unwrap(),
-        None,
-        "null deletes"
-    );
     threads
         .kv_set(&auth, &thread, "never-set", Value::Null)
         .await
-        .unwrap();
-    assert_eq!(
-        threads.kv_get(&auth, &sibling, "object").await.unwrap(),
-        None,
-        "threads are isolated"
-    );
-    assert_eq!(
-        threads
-            .kv_get(&fresh_tenant(), &thread, "object")
-            .await
-            .unwrap(),
-        None,
-        "tenants are isolated"
-    );
+        .expect("deleting a key never set is fine");
+    let other = fresh_tenant();
+    for (auth, thread, key, rule) in [
+        (&auth, &thread, "string", "null deletes"),
+        (&auth, &sibling, "object", "threads are isolated"),
+        (&other, &thread, "object", "tenants are isolated"),
+    ] {
+        let read = threads.kv_get(auth, thread, key).await;
+        assert_eq!(read.unwrap(), None, "{rule}");
+    }
 
     let long_key = "k".repeat(limits.max_key_bytes + 1);
-    let err = threads
-        .kv_set(&auth, &thread, &long_key, json!(1))
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("max_key_bytes"),
-        "key cap error names the cap: {err}"
+    assert_names_cap(
+        threads.kv_set(&auth, &thread, &long_key, json!(1)).await,
+        "max_key_bytes",
     );
     let big = json!("x".repeat(limits.max_value_bytes));
-    let err = threads
-        .kv_set(&auth, &thread, "big", big)
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("max_value_bytes"),
-        "value cap error names the cap: {err}"
+    assert_names_cap(
+        threads.kv_set(&auth, &thread, "big", big).await,
+        "max_value_bytes",
     );
     assert_eq!(
         threads.kv_get(&auth, &thread, "big").await.unwrap(),
@@ -101,13 +94,9 @@ pub async fn kv_semantics(threads: &dyn ThreadStore, limits: KvLimits) {
                 .await
                 .unwrap();
         }
-        let err = threads
-            .kv_set(&auth, &full, "one-more", json!(1))
-            .await
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("max_keys"),
-            "key count cap error names the cap: {err}"
+        assert_names_cap(
+            threads.kv_set(&auth, &full, "one-more", json!(1)).await,
+            "max_keys",
         );
         threads
             .kv_set(&auth, &full, "k0", json!("replaced"))

@@ -5,42 +5,59 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use keel_core::conversation::LlmMessage;
 use keel_core::AgentError;
 use serde_json::json;
 
-use super::{fresh_tenant, fresh_thread};
-use crate::ThreadStore;
+use super::{
+    append_one, assert_lease_lost, concurrently, eventually, fresh_tenant, fresh_thread,
+    history_len, leased, try_lease,
+};
+use crate::{AuthContext, Lease, ThreadStore};
+
+/// Assert that `lease` is dead (`why` says how it died): writing, acknowledging `acked` and
+/// renewing with it are all [`AgentError::LeaseLost`].
+async fn assert_dead(
+    threads: &dyn ThreadStore,
+    auth: &AuthContext,
+    lease: &Lease,
+    acked: &[String],
+    why: &str,
+) {
+    assert_lease_lost(
+        append_one(threads, auth, lease, why).await,
+        &format!("write {why}"),
+    );
+    assert_lease_lost(
+        threads.ack_queue(auth, lease, acked).await,
+        &format!("ack {why}"),
+    );
+    assert_lease_lost(
+        threads
+            .renew_lease(auth, lease, Duration::from_secs(30))
+            .await,
+        &format!("renew {why}"),
+    );
+}
 
 /// Many tasks racing for one thread's lease: exactly one wins; other threads are independent.
 pub async fn lease_exclusive_under_contention(threads: Arc<dyn ThreadStore>) {
     let auth = fresh_tenant();
     let thread = fresh_thread();
-    let mut racers = Vec::new();
-    for i in 0..32 {
-        let threads = threads.clone();
-        let (auth, thread) = (auth.clone(), thread.clone());
-        racers.push(tokio::spawn(async move {
-            threads
-                .acquire_lease(&auth, &thread, &format!("w{i}"), Duration::from_secs(30))
-                .await
-                .unwrap()
-        }));
-    }
-    let mut winners = 0;
-    for racer in racers {
-        winners += usize::from(racer.await.unwrap().is_some());
-    }
+    let won = concurrently(
+        &threads,
+        &auth,
+        &thread,
+        32,
+        |threads, auth, thread, i| async move {
+            try_lease(threads.as_ref(), &auth, &thread, &format!("w{i}")).await
+        },
+    )
+    .await;
+    let winners = won.iter().filter(|lease| lease.is_some()).count();
     assert_eq!(winners, 1, "exactly one racer may hold a thread's lease");
-    let other = threads
-        .acquire_lease(&auth, &fresh_thread(), "w", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let other = try_lease(threads.as_ref(), &auth, &fresh_thread(), "w").await;
     assert!(other.is_some(), "another thread's lease is independent");
-    let other_tenant = threads
-        .acquire_lease(&fresh_tenant(), &thread, "w", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let other_tenant = try_lease(threads.as_ref(), &fresh_tenant(), &thread, "w").await;
     assert!(
         other_tenant.is_some(),
         "another tenant's thread of the same id is independent"
@@ -64,76 +81,31 @@ pub async fn lease_fencing(threads: &dyn ThreadStore) {
     assert!(renewed.expires_at >= short.expires_at);
     // Wait (bounded) for the lease to lapse: an expired lease must not be usable even before
     // anyone else takes the thread.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while Utc::now() <= renewed.expires_at + chrono::Duration::milliseconds(5) {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let err = threads
-        .append_history(&auth, &renewed, &[LlmMessage::user("late")])
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "write with an expired lease: {err:?}"
-    );
-    let err = threads
-        .renew_lease(&auth, &renewed, Duration::from_secs(1))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "renew of an expired lease"
-    );
+    let lapsed = renewed.expires_at + chrono::Duration::milliseconds(5);
+    eventually(
+        "the renewed lease lapses",
+        || async move { Utc::now() > lapsed },
+    )
+    .await;
+    assert_dead(threads, &auth, &renewed, &[], "with an expired lease").await;
 
-    let next = threads
-        .acquire_lease(&auth, &thread, "fast", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let next = try_lease(threads, &auth, &thread, "fast").await.unwrap();
     assert!(next.token > renewed.token, "fencing tokens must grow");
-    let err = threads
-        .append_history(&auth, &renewed, &[LlmMessage::user("stale")])
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "write with a taken-over lease"
-    );
-    let err = threads.ack_queue(&auth, &renewed, &[]).await.unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "ack with a taken-over lease"
-    );
+    assert_dead(threads, &auth, &renewed, &[], "with a taken-over lease").await;
     threads.release_lease(&auth, &renewed).await.unwrap();
     assert!(
-        threads
-            .acquire_lease(&auth, &thread, "third", Duration::from_secs(30))
-            .await
-            .unwrap()
-            .is_none(),
+        try_lease(threads, &auth, &thread, "third").await.is_none(),
         "releasing a stale lease must not free the current holder's lease"
     );
-    threads
-        .append_history(&auth, &next, &[LlmMessage::user("ok")])
-        .await
-        .unwrap();
+    append_one(threads, &auth, &next, "ok").await.unwrap();
     assert_eq!(
-        threads
-            .read_history(&auth, &thread, 0, 10)
-            .await
-            .unwrap()
-            .len(),
+        history_len(threads, &auth, &thread).await,
         1,
         "only the holder's write landed"
     );
     threads.release_lease(&auth, &next).await.unwrap();
     threads.release_lease(&auth, &next).await.unwrap();
-    let after = threads
-        .acquire_lease(&auth, &thread, "fourth", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let after = try_lease(threads, &auth, &thread, "fourth").await.unwrap();
     assert!(after.token > next.token);
 }
 
@@ -142,46 +114,23 @@ pub async fn lease_fencing(threads: &dyn ThreadStore) {
 pub async fn lease_is_dead_after_release(threads: &dyn ThreadStore) {
     let auth = fresh_tenant();
     let thread = fresh_thread();
-    let lease = threads
-        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = leased(threads, &auth, &thread).await;
     let item = threads
         .push_queue(&auth, &thread, json!("pending"))
         .await
         .unwrap();
     threads.release_lease(&auth, &lease).await.unwrap();
-    let err = threads
-        .append_history(&auth, &lease, &[LlmMessage::user("after release")])
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "write after release: {err:?}"
-    );
-    let err = threads
-        .ack_queue(&auth, &lease, std::slice::from_ref(&item.id))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "ack after release: {err:?}"
-    );
-    let err = threads
-        .renew_lease(&auth, &lease, Duration::from_secs(30))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "renew after release: {err:?}"
-    );
-    assert!(
-        threads
-            .read_history(&auth, &thread, 0, 10)
-            .await
-            .unwrap()
-            .is_empty(),
+    assert_dead(
+        threads,
+        &auth,
+        &lease,
+        std::slice::from_ref(&item.id),
+        "after release",
+    )
+    .await;
+    assert_eq!(
+        history_len(threads, &auth, &thread).await,
+        0,
         "nothing was written after release"
     );
     assert_eq!(
@@ -189,10 +138,8 @@ pub async fn lease_is_dead_after_release(threads: &dyn ThreadStore) {
         1,
         "nothing was acknowledged after release"
     );
-    let again = threads
-        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
+    let again = try_lease(threads, &auth, &thread, "w")
         .await
-        .unwrap()
         .expect("a released thread can be leased again");
     assert!(
         again.token > lease.token,
@@ -208,10 +155,8 @@ pub async fn lease_reclaimed_only_by_its_holder(threads: &dyn ThreadStore) {
     let auth = fresh_tenant();
     let thread = fresh_thread();
     let ttl = Duration::from_secs(30);
-    let old = threads
-        .acquire_lease(&auth, &thread, "instance-a", ttl)
+    let old = try_lease(threads, &auth, &thread, "instance-a")
         .await
-        .unwrap()
         .unwrap();
     assert!(
         threads
@@ -222,10 +167,8 @@ pub async fn lease_reclaimed_only_by_its_holder(threads: &dyn ThreadStore) {
         "another holder's live lease is not reclaimed"
     );
     assert!(
-        threads
-            .acquire_lease(&auth, &thread, "instance-a", ttl)
+        try_lease(threads, &auth, &thread, "instance-a")
             .await
-            .unwrap()
             .is_none(),
         "acquire never takes a live lease"
     );
@@ -236,18 +179,11 @@ pub async fn lease_reclaimed_only_by_its_holder(threads: &dyn ThreadStore) {
         .expect("the holder takes its own live lease back");
     assert_eq!(new.holder, "instance-a");
     assert!(new.token > old.token, "a reclaimed lease has a new token");
-    let err = threads
-        .append_history(&auth, &old, &[LlmMessage::user("stale")])
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "the replaced lease is fenced out: {err:?}"
+    assert_lease_lost(
+        append_one(threads, &auth, &old, "stale").await,
+        "the replaced lease is fenced out",
     );
-    threads
-        .append_history(&auth, &new, &[LlmMessage::user("fresh")])
-        .await
-        .unwrap();
+    append_one(threads, &auth, &new, "fresh").await.unwrap();
     let history = threads.read_history(&auth, &thread, 0, 10).await.unwrap();
     assert_eq!(history.len(), 1, "only the reclaimed lease wrote");
     let free = fresh_thread();
@@ -281,17 +217,14 @@ pub async fn lease_ttl_bounds(threads: &dyn ThreadStore) {
             .unwrap_err();
         assert!(is_ttl_error(&err), "acquire with ttl {ttl:?}: {err:?}");
     }
-    let lease = threads
-        .acquire_lease(&auth, &thread, "w", Duration::from_secs(30))
+    let lease = try_lease(threads, &auth, &thread, "w")
         .await
-        .unwrap()
         .expect("rejected acquisitions must not hold the thread");
     for ttl in bad {
         let err = threads.renew_lease(&auth, &lease, ttl).await.unwrap_err();
         assert!(is_ttl_error(&err), "renew with ttl {ttl:?}: {err:?}");
     }
-    threads
-        .append_history(&auth, &lease, &[LlmMessage::user("still held")])
+    append_one(threads, &auth, &lease, "still held")
         .await
         .expect("a rejected renewal leaves the lease as it was");
     threads

@@ -19,7 +19,7 @@
 //! tenants, so they can share one database with other tests. [`run_all`] runs every check
 //! against one store of each kind. Malformed stored data cannot be injected generically:
 //! each backend's own tests corrupt a record and expect
-//! [`AgentError::Storage`](keel_core::AgentError::Storage).
+//! [`AgentError::Storage`].
 //!
 //! The checks live in one module per contract: tasks, memory, thread history and queue,
 //! leases, key-value, subagent registry, runs, steps, timers and async calls. All of them
@@ -51,9 +51,10 @@ pub use wait::{eventually, eventually_within, Reached, WAIT_DEADLINE};
 
 use std::sync::Arc;
 
-use keel_core::ThreadId;
+use keel_core::conversation::LlmMessage;
+use keel_core::{AgentError, AgentResult, ThreadId};
 
-use crate::{AuthContext, KvLimits, MemoryService, RunStore, TaskManager, ThreadStore};
+use crate::{AuthContext, KvLimits, Lease, MemoryService, RunStore, TaskManager, ThreadStore};
 
 /// A tenant no other test uses.
 pub fn fresh_tenant() -> AuthContext {
@@ -65,6 +66,81 @@ pub fn fresh_tenant() -> AuthContext {
 
 fn fresh_thread() -> ThreadId {
     ThreadId::from(format!("thread-{}", uuid::Uuid::new_v4().simple()))
+}
+
+/// Try to lease `thread` for 30 s as `holder`: the lease, or `None` while another holds it.
+async fn try_lease(
+    threads: &dyn ThreadStore,
+    auth: &AuthContext,
+    thread: &ThreadId,
+    holder: &str,
+) -> Option<Lease> {
+    threads
+        .acquire_lease(auth, thread, holder, std::time::Duration::from_secs(30))
+        .await
+        .unwrap()
+}
+
+/// The lease of a thread that must be free, for 30 s, held by `w`: how most checks start.
+async fn leased(threads: &dyn ThreadStore, auth: &AuthContext, thread: &ThreadId) -> Lease {
+    try_lease(threads, auth, thread, "w")
+        .await
+        .expect("a fresh thread is free")
+}
+
+/// Append one user message under `lease`: the store's answer, for checks that expect a refusal.
+async fn append_one(
+    threads: &dyn ThreadStore,
+    auth: &AuthContext,
+    lease: &Lease,
+    text: &str,
+) -> AgentResult<u64> {
+    threads
+        .append_history(auth, lease, &[LlmMessage::user(text)])
+        .await
+}
+
+/// Run `n` tasks at once against one tenant's thread, each given the store, the tenant, the
+/// thread and its index, and collect their results in index order.
+async fn concurrently<T, F, Fut>(
+    threads: &Arc<dyn ThreadStore>,
+    auth: &AuthContext,
+    thread: &ThreadId,
+    n: usize,
+    task: F,
+) -> Vec<T>
+where
+    F: Fn(Arc<dyn ThreadStore>, AuthContext, ThreadId, usize) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let handles: Vec<_> = (0..n)
+        .map(|i| tokio::spawn(task(threads.clone(), auth.clone(), thread.clone(), i)))
+        .collect();
+    let mut results = Vec::with_capacity(n);
+    for handle in handles {
+        results.push(handle.await.unwrap());
+    }
+    results
+}
+
+/// Assert that `result` is [`AgentError::LeaseLost`]: what `what` (a write, an ack or a
+/// renewal under a dead lease) must answer.
+#[track_caller]
+fn assert_lease_lost<T: std::fmt::Debug>(result: AgentResult<T>, what: &str) {
+    assert!(
+        matches!(result, Err(AgentError::LeaseLost { .. })),
+        "{what}: {result:?}"
+    );
+}
+
+/// How many entries the thread's history holds (up to 1,000, more than any check writes).
+async fn history_len(threads: &dyn ThreadStore, auth: &AuthContext, thread: &ThreadId) -> usize {
+    threads
+        .read_history(auth, thread, 0, 1000)
+        .await
+        .unwrap()
+        .len()
 }
 
 /// Run every check: tasks, memory, threads (with the store's key-value caps) and runs.

@@ -2,11 +2,43 @@
 //! over the stored JSON.
 
 use chrono::Utc;
-use keel_core::{AgentError, RunContext, RunId, Task, TaskState, TraceId};
+use keel_core::{AgentError, RunContext, RunId, Task, TaskState, ThreadId, TraceId};
 use serde_json::{json, Value};
 
 use super::{fresh_tenant, fresh_thread};
-use crate::{RunQuery, RunRecord, RunStore, TaskRecord};
+use crate::{AuthContext, RunQuery, RunRecord, RunStore, TaskRecord};
+
+/// The task records `query` finds for `auth`.
+async fn task_records(runs: &dyn RunStore, auth: &AuthContext, query: RunQuery) -> Vec<TaskRecord> {
+    runs.find_task_records(auth, &query).await.unwrap()
+}
+
+/// The query for `thread`'s records whose stored JSON contains `needle`.
+fn containing(thread: &ThreadId, needle: &str) -> RunQuery {
+    RunQuery {
+        thread_id: Some(thread.clone()),
+        contains: Some(needle.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// A run report of `task` on its thread, by `agent`, recorded at `recorded_at`, with no trace.
+fn report_of(
+    task: &Task,
+    agent: Option<&str>,
+    recorded_at: chrono::DateTime<Utc>,
+    report: Value,
+) -> RunRecord {
+    RunRecord {
+        run_id: RunId::new(),
+        task_id: Some(task.id.clone()),
+        thread_id: Some(task.thread_id.clone()),
+        trace_id: None,
+        agent_name: agent.map(str::to_owned),
+        recorded_at,
+        report,
+    }
+}
 
 /// Records are found by each index, by time range and by text; newest first; reports upsert.
 pub async fn run_store_index_and_search(runs: &dyn RunStore) {
@@ -34,79 +66,88 @@ pub async fn run_store_index_and_search(runs: &dyn RunStore) {
     .await
     .unwrap();
 
-    let by_task = runs
-        .find_task_records(
-            &auth,
-            &RunQuery {
-                task_id: Some(task.id.clone()),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let by_task = task_records(
+        runs,
+        &auth,
+        RunQuery {
+            task_id: Some(task.id.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
     assert_eq!(by_task.len(), 2, "every snapshot is kept");
     assert_eq!(by_task[0].state, TaskState::Completed, "newest first");
-    for query in [
-        RunQuery {
-            run_id: Some(ctx.run_id.clone()),
-            ..Default::default()
-        },
-        RunQuery {
-            thread_id: Some(thread.clone()),
-            ..Default::default()
-        },
-        RunQuery {
-            trace_id: Some(trace.clone()),
-            ..Default::default()
-        },
-        RunQuery {
-            agent_name: Some("alpha".into()),
-            ..Default::default()
-        },
-    ] {
-        assert_eq!(
-            runs.find_task_records(&auth, &query).await.unwrap().len(),
+    let cases = [
+        (
+            RunQuery {
+                run_id: Some(ctx.run_id.clone()),
+                ..Default::default()
+            },
             2,
-            "{query:?}"
-        );
+            "by run",
+        ),
+        (
+            RunQuery {
+                thread_id: Some(thread.clone()),
+                ..Default::default()
+            },
+            2,
+            "by thread",
+        ),
+        (
+            RunQuery {
+                trace_id: Some(trace.clone()),
+                ..Default::default()
+            },
+            2,
+            "by trace",
+        ),
+        (
+            RunQuery {
+                agent_name: Some("alpha".into()),
+                ..Default::default()
+            },
+            2,
+            "by agent",
+        ),
+        (
+            RunQuery {
+                contains: Some("the answer is 42".into()),
+                ..Default::default()
+            },
+            1,
+            "text search",
+        ),
+        (
+            RunQuery {
+                since: Some(before),
+                until: Some(Utc::now() + chrono::Duration::seconds(1)),
+                ..Default::default()
+            },
+            3,
+            "time window",
+        ),
+        (
+            RunQuery {
+                since: Some(Utc::now() + chrono::Duration::hours(1)),
+                ..Default::default()
+            },
+            0,
+            "nothing is recorded in the future",
+        ),
+        (
+            RunQuery {
+                limit: Some(1),
+                ..Default::default()
+            },
+            1,
+            "limit",
+        ),
+    ];
+    for (query, expected, rule) in cases {
+        let found = task_records(runs, &auth, query.clone()).await;
+        assert_eq!(found.len(), expected, "{rule}: {query:?}");
     }
-    let text = RunQuery {
-        contains: Some("the answer is 42".into()),
-        ..Default::default()
-    };
-    assert_eq!(
-        runs.find_task_records(&auth, &text).await.unwrap().len(),
-        1,
-        "text search"
-    );
-    let window = RunQuery {
-        since: Some(before),
-        until: Some(Utc::now() + chrono::Duration::seconds(1)),
-        ..Default::default()
-    };
-    assert_eq!(
-        runs.find_task_records(&auth, &window).await.unwrap().len(),
-        3,
-        "time window"
-    );
-    let future = RunQuery {
-        since: Some(Utc::now() + chrono::Duration::hours(1)),
-        ..Default::default()
-    };
-    assert!(runs
-        .find_task_records(&auth, &future)
-        .await
-        .unwrap()
-        .is_empty());
-    let limited = RunQuery {
-        limit: Some(1),
-        ..Default::default()
-    };
-    assert_eq!(
-        runs.find_task_records(&auth, &limited).await.unwrap().len(),
-        1,
-        "limit"
-    );
     assert!(matches!(
         runs.find_task_records(
             &auth,
@@ -126,16 +167,16 @@ pub async fn run_store_index_and_search(runs: &dyn RunStore) {
         "tenant isolation"
     );
 
-    let run_id = RunId::new();
     let mut record = RunRecord {
-        run_id: run_id.clone(),
-        task_id: Some(task.id.clone()),
-        thread_id: Some(thread.clone()),
         trace_id: Some(trace.clone()),
-        agent_name: Some("alpha".into()),
-        recorded_at: Utc::now(),
-        report: json!({"events": 3, "final": "completed"}),
+        ..report_of(
+            &task,
+            Some("alpha"),
+            Utc::now(),
+            json!({"events": 3, "final": "completed"}),
+        )
     };
+    let run_id = record.run_id.clone();
     assert_eq!(
         runs.get_run_report(&auth, &run_id).await.unwrap(),
         None,
@@ -155,28 +196,25 @@ pub async fn run_store_index_and_search(runs: &dyn RunStore) {
     let stored = runs.get_run_report(&auth, &run_id).await.unwrap().unwrap();
     assert_eq!(stored.report, text, "save_run_report_json replaces too");
     runs.save_run_report(&auth, &record).await.unwrap();
-    let found = runs
-        .find_run_reports(
-            &auth,
-            &RunQuery {
+    for (query, rule) in [
+        (
+            RunQuery {
                 trace_id: Some(trace),
                 ..Default::default()
             },
-        )
-        .await
-        .unwrap();
-    assert_eq!(found.len(), 1);
-    let found = runs
-        .find_run_reports(
-            &auth,
-            &RunQuery {
+            "report by trace",
+        ),
+        (
+            RunQuery {
                 contains: Some("replaced".into()),
                 ..Default::default()
             },
-        )
-        .await
-        .unwrap();
-    assert_eq!(found.len(), 1, "report text search");
+            "report text search",
+        ),
+    ] {
+        let found = runs.find_run_reports(&auth, &query).await.unwrap();
+        assert_eq!(found.len(), 1, "{rule}");
+    }
     assert_eq!(
         runs.get_run_report(&fresh_tenant(), &run_id).await.unwrap(),
         None,
@@ -199,15 +237,7 @@ pub async fn run_store_time_window_is_half_open(runs: &dyn RunStore) {
         record.recorded_at = at;
         record.task.metadata.insert("which".into(), json!(text));
         runs.save_task_record(&auth, &record).await.unwrap();
-        let report = RunRecord {
-            run_id: RunId::new(),
-            task_id: Some(task.id.clone()),
-            thread_id: Some(thread.clone()),
-            trace_id: None,
-            agent_name: None,
-            recorded_at: at,
-            report: json!({"which": text}),
-        };
+        let report = report_of(&task, None, at, json!({"which": text}));
         runs.save_run_report(&auth, &report).await.unwrap();
     }
     task.metadata.clear();
@@ -277,15 +307,12 @@ pub async fn run_store_contains_searches_the_stored_json(runs: &dyn RunStore) {
         runs.save_task_record(&auth, &TaskRecord::of(&task, Some("gamma")).unwrap())
             .await
             .unwrap();
-        let report = RunRecord {
-            run_id: RunId::new(),
-            task_id: Some(task.id.clone()),
-            thread_id: Some(thread.clone()),
-            trace_id: None,
-            agent_name: Some("gamma".into()),
-            recorded_at: Utc::now(),
-            report: json!({"note": note, "zeta": 1, "alpha": 2}),
-        };
+        let report = report_of(
+            &task,
+            Some("gamma"),
+            Utc::now(),
+            json!({"note": note, "zeta": 1, "alpha": 2}),
+        );
         runs.save_run_report(&auth, &report).await.unwrap();
     }
     let envelope = format!("\"format\":{}", keel_core::stored::FORMAT_VERSION);
@@ -312,11 +339,7 @@ pub async fn run_store_contains_searches_the_stored_json(runs: &dyn RunStore) {
         ("no such text", 0, "absent text"),
     ];
     for (needle, expected, rule) in cases {
-        let query = RunQuery {
-            thread_id: Some(thread.clone()),
-            contains: Some(needle.to_owned()),
-            ..Default::default()
-        };
+        let query = containing(&thread, needle);
         assert_eq!(
             runs.find_task_records(&auth, &query).await.unwrap().len(),
             expected,
@@ -333,11 +356,7 @@ pub async fn run_store_contains_searches_the_stored_json(runs: &dyn RunStore) {
             "the stored envelope is part of the text",
         ),
     ] {
-        let query = RunQuery {
-            thread_id: Some(thread.clone()),
-            contains: Some(needle.to_owned()),
-            ..Default::default()
-        };
+        let query = containing(&thread, needle);
         assert_eq!(
             runs.find_run_reports(&auth, &query).await.unwrap().len(),
             expected,

@@ -1,12 +1,10 @@
 //! Conformance check of [`StepStore`](crate::StepStore): history and task log are written
 //! together or not at all.
 
-use std::time::Duration;
-
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent, TaskId};
 
-use super::fresh_tenant;
+use super::{assert_lease_lost, fresh_tenant, history_len, leased, try_lease};
 use crate::{TaskManager, ThreadStore};
 
 /// A [`StepStore`](crate::StepStore) writes history and task log together: both land, and a
@@ -19,25 +17,23 @@ pub async fn step_store_writes_history_and_log_together(
     let auth = fresh_tenant();
     let task = Task::create(Message::user("q"));
     tasks.save_task(&auth, &task).await.unwrap();
-    let lease = threads
-        .acquire_lease(&auth, &task.thread_id, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = leased(threads, &auth, &task.thread_id).await;
     let event = TaskEvent::Message {
         message: Message::agent("a"),
     };
     let history = [LlmMessage::assistant("a", vec![]), LlmMessage::user("b")];
-    steps
-        .persist_step(
+    let unknown_task = TaskId::new();
+    // The step under test, with the lease and task varied by each case.
+    let persist = |lease, task_id| {
+        steps.persist_step(
             &auth,
-            &lease,
+            lease,
             &history,
-            &task.id,
+            task_id,
             std::slice::from_ref(&event),
         )
-        .await
-        .unwrap();
+    };
+    persist(&lease, &task.id).await.unwrap();
     let stored = threads
         .read_history(&auth, &task.thread_id, 0, 10)
         .await
@@ -53,56 +49,24 @@ pub async fn step_store_writes_history_and_log_together(
         "the log entry lands"
     );
 
-    let err = steps
-        .persist_step(
-            &auth,
-            &lease,
-            &history,
-            &TaskId::new(),
-            std::slice::from_ref(&event),
-        )
-        .await
-        .unwrap_err();
+    let err = persist(&lease, &unknown_task).await.unwrap_err();
     assert!(
         matches!(err, AgentError::TaskNotFound { .. }),
         "unknown task: {err:?}"
     );
     assert_eq!(
-        threads
-            .read_history(&auth, &task.thread_id, 0, 10)
-            .await
-            .unwrap()
-            .len(),
+        history_len(threads, &auth, &task.thread_id).await,
         2,
         "nothing written for an unknown task"
     );
 
     threads.release_lease(&auth, &lease).await.unwrap();
-    let _next = threads
-        .acquire_lease(&auth, &task.thread_id, "w2", Duration::from_secs(30))
+    try_lease(threads, &auth, &task.thread_id, "w2")
         .await
-        .unwrap()
-        .unwrap();
-    let err = steps
-        .persist_step(
-            &auth,
-            &lease,
-            &history,
-            &task.id,
-            std::slice::from_ref(&event),
-        )
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::LeaseLost { .. }),
-        "stale lease: {err:?}"
-    );
+        .expect("a released thread is free");
+    assert_lease_lost(persist(&lease, &task.id).await, "stale lease");
     assert_eq!(
-        threads
-            .read_history(&auth, &task.thread_id, 0, 10)
-            .await
-            .unwrap()
-            .len(),
+        history_len(threads, &auth, &task.thread_id).await,
         2,
         "nothing written with a stale lease"
     );

@@ -458,25 +458,14 @@ pub async fn task_manager_state_filter_follows_saves(tasks: &dyn TaskManager) {
     let (mut a, b) = (Task::new(thread.clone()), Task::new(thread.clone()));
     tasks.save_task(&auth, &a).await.unwrap();
     tasks.save_task(&auth, &b).await.unwrap();
-    let listing = |state: Option<TaskState>, thread_id: Option<ThreadId>| ListTasksFilter {
-        thread_id,
-        state,
-        ..Default::default()
-    };
     for thread_id in [None, Some(thread.clone())] {
-        let page = tasks
-            .list_tasks(
-                &auth,
-                &listing(Some(TaskState::Submitted), thread_id.clone()),
-            )
-            .await
-            .unwrap();
-        assert_eq!(ids(&page), [a.id.clone(), b.id.clone()]);
-        let page = tasks
-            .list_tasks(&auth, &listing(Some(TaskState::Working), thread_id))
-            .await
-            .unwrap();
-        assert_eq!(page.total_size, 0);
+        let (a, b) = (a.id.clone(), b.id.clone());
+        for (state, expected, rule) in [
+            (TaskState::Submitted, vec![a, b], "new tasks are submitted"),
+            (TaskState::Working, vec![], "no task is working yet"),
+        ] {
+            assert_state_listing(tasks, &auth, (state, thread_id.clone()), &expected, rule).await;
+        }
     }
 
     a.begin().unwrap();
@@ -484,51 +473,63 @@ pub async fn task_manager_state_filter_follows_saves(tasks: &dyn TaskManager) {
     a.complete("done").unwrap();
     tasks.save_task(&auth, &a).await.unwrap();
     for thread_id in [None, Some(thread.clone())] {
-        let what = if thread_id.is_some() {
-            "with a thread filter"
-        } else {
-            "by state alone"
-        };
-        let page = tasks
-            .list_tasks(
-                &auth,
-                &listing(Some(TaskState::Submitted), thread_id.clone()),
-            )
-            .await
-            .unwrap();
-        assert_eq!(
-            ids(&page),
-            std::slice::from_ref(&b.id),
-            "a re-saved task leaves its old state's listing ({what})"
-        );
-        assert_eq!(page.total_size, 1, "{what}");
-        let page = tasks
-            .list_tasks(&auth, &listing(Some(TaskState::Working), thread_id.clone()))
-            .await
-            .unwrap();
-        assert_eq!(
-            page.total_size, 0,
-            "a state passed through is not listed ({what})"
-        );
-        let page = tasks
-            .list_tasks(&auth, &listing(Some(TaskState::Completed), thread_id))
-            .await
-            .unwrap();
-        assert_eq!(
-            ids(&page),
-            std::slice::from_ref(&a.id),
-            "a re-saved task joins its new state's listing ({what})"
-        );
-        assert_eq!(page.total_size, 1, "{what}");
+        for (state, expected, rule) in [
+            (
+                TaskState::Submitted,
+                vec![b.id.clone()],
+                "a re-saved task leaves its old state's listing",
+            ),
+            (
+                TaskState::Working,
+                vec![],
+                "a state passed through is not listed",
+            ),
+            (
+                TaskState::Completed,
+                vec![a.id.clone()],
+                "a re-saved task joins its new state's listing",
+            ),
+        ] {
+            assert_state_listing(tasks, &auth, (state, thread_id.clone()), &expected, rule).await;
+        }
     }
-    let page = tasks
-        .list_tasks(&auth, &listing(None, Some(thread)))
-        .await
-        .unwrap();
+    let unfiltered = ListTasksFilter {
+        thread_id: Some(thread),
+        ..Default::default()
+    };
+    let page = tasks.list_tasks(&auth, &unfiltered).await.unwrap();
     assert_eq!(
         ids(&page),
         [a.id.clone(), b.id.clone()],
         "a state change does not move a task in unfiltered listings"
+    );
+}
+
+/// Assert that listing `auth`'s tasks in `state` (on `thread_id`, or on every thread) finds
+/// exactly `expected`, in that order, and counts them.
+async fn assert_state_listing(
+    tasks: &dyn TaskManager,
+    auth: &AuthContext,
+    (state, thread_id): (TaskState, Option<ThreadId>),
+    expected: &[TaskId],
+    rule: &str,
+) {
+    let what = if thread_id.is_some() {
+        "with a thread filter"
+    } else {
+        "by state alone"
+    };
+    let filter = ListTasksFilter {
+        thread_id,
+        state: Some(state),
+        ..Default::default()
+    };
+    let page = tasks.list_tasks(auth, &filter).await.unwrap();
+    assert_eq!(ids(&page), expected, "{rule} ({what})");
+    assert_eq!(
+        page.total_size,
+        expected.len(),
+        "{rule} ({what}): total_size"
     );
 }
 

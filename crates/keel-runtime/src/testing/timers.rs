@@ -10,6 +10,8 @@ use chrono::Utc;
 use keel_core::AgentError;
 use serde_json::json;
 
+use keel_core::ThreadId;
+
 use super::{fresh_tenant, fresh_thread};
 use crate::AuthContext;
 
@@ -24,38 +26,80 @@ fn claims_of(claimed: Vec<crate::ClaimedTimer>, auth: &AuthContext) -> Vec<crate
         .collect()
 }
 
+/// What `agent` claims at `at` (up to 1,000 timers, held for `ttl`) of `auth`'s timers.
+async fn claim_for(
+    timers: &dyn crate::ThreadTimers,
+    agent: &str,
+    at: chrono::DateTime<Utc>,
+    ttl: Duration,
+    auth: &AuthContext,
+) -> Vec<crate::ClaimedTimer> {
+    claims_of(
+        timers.claim_due_timers(agent, at, 1000, ttl).await.unwrap(),
+        auth,
+    )
+}
+
+/// `auth`'s timers on `thread`, as the store lists them.
+async fn timers_on(
+    timers: &dyn crate::ThreadTimers,
+    auth: &AuthContext,
+    thread: &ThreadId,
+) -> Vec<crate::TimerRecord> {
+    timers.thread_timers(auth, thread).await.unwrap()
+}
+
+/// The ids of the claimed timers, in claim order.
+fn claimed_ids(claimed: &[crate::ClaimedTimer]) -> Vec<&str> {
+    claimed.iter().map(|c| c.timer.id.as_str()).collect()
+}
+
+/// Schedule a timer that must be accepted.
+async fn schedule(
+    timers: &dyn crate::ThreadTimers,
+    auth: &AuthContext,
+    thread: &ThreadId,
+    agent: &str,
+    name: &str,
+    payload: serde_json::Value,
+    due_at: chrono::DateTime<Utc>,
+) -> crate::TimerRecord {
+    timers
+        .schedule_timer(auth, thread, agent, name, payload, due_at)
+        .await
+        .unwrap()
+}
+
 /// Timers are tenant-scoped: listed per thread soonest first, invisible to and not cancelable
 /// by another tenant, and canceled exactly once.
 pub async fn timers_schedule_list_and_cancel(timers: &dyn crate::ThreadTimers) {
     let (auth, other) = (fresh_tenant(), fresh_tenant());
     let thread = fresh_thread();
     let now = Utc::now();
-    let later = timers
-        .schedule_timer(
-            &auth,
-            &thread,
-            TIMER_AGENT,
-            "later",
-            json!({"n": 2}),
-            now + chrono::Duration::hours(2),
-        )
-        .await
-        .unwrap();
-    let sooner = timers
-        .schedule_timer(
-            &auth,
-            &thread,
-            TIMER_AGENT,
-            "sooner",
-            json!({"n": [1, "ü"]}),
-            now + chrono::Duration::hours(1),
-        )
-        .await
-        .unwrap();
+    let later = schedule(
+        timers,
+        &auth,
+        &thread,
+        TIMER_AGENT,
+        "later",
+        json!({"n": 2}),
+        now + chrono::Duration::hours(2),
+    )
+    .await;
+    let sooner = schedule(
+        timers,
+        &auth,
+        &thread,
+        TIMER_AGENT,
+        "sooner",
+        json!({"n": [1, "ü"]}),
+        now + chrono::Duration::hours(1),
+    )
+    .await;
     assert_ne!(later.id, sooner.id, "ids are unique");
     assert_eq!(sooner.auth, auth, "the record carries its tenant");
     assert_eq!(sooner.attempts, 0, "a new timer was never claimed");
-    let listed = timers.thread_timers(&auth, &thread).await.unwrap();
+    let listed = timers_on(timers, &auth, &thread).await;
     assert_eq!(
         listed.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
         [sooner.id.as_str(), later.id.as_str()],
@@ -63,11 +107,7 @@ pub async fn timers_schedule_list_and_cancel(timers: &dyn crate::ThreadTimers) {
     );
     assert_eq!(listed[0], sooner, "a timer round-trips");
     assert!(
-        timers
-            .thread_timers(&other, &thread)
-            .await
-            .unwrap()
-            .is_empty(),
+        timers_on(timers, &other, &thread).await.is_empty(),
         "another tenant sees no timers"
     );
     assert!(
@@ -95,7 +135,7 @@ pub async fn timers_schedule_list_and_cancel(timers: &dyn crate::ThreadTimers) {
         "unknown id is false"
     );
     assert_eq!(
-        timers.thread_timers(&auth, &thread).await.unwrap(),
+        timers_on(timers, &auth, &thread).await,
         vec![later.clone()],
         "the other timer stays"
     );
@@ -112,10 +152,7 @@ pub async fn timers_schedule_list_and_cancel(timers: &dyn crate::ThreadTimers) {
         &auth,
     );
     assert_eq!(
-        claimed
-            .iter()
-            .map(|c| c.timer.id.as_str())
-            .collect::<Vec<_>>(),
+        claimed_ids(&claimed),
         [later.id.as_str()],
         "a canceled timer is never claimed"
     );
@@ -138,10 +175,16 @@ pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
     let thread = fresh_thread();
     let now = Utc::now();
     let due_at = now + chrono::Duration::hours(1);
-    let timer = timers
-        .schedule_timer(&auth, &thread, TIMER_AGENT, "ping", json!(null), due_at)
-        .await
-        .unwrap();
+    let timer = schedule(
+        timers,
+        &auth,
+        &thread,
+        TIMER_AGENT,
+        "ping",
+        json!(null),
+        due_at,
+    )
+    .await;
     let next = timers
         .next_timer_at(TIMER_AGENT)
         .await
@@ -153,14 +196,9 @@ pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
     );
     let ttl = Duration::from_secs(60);
     assert!(
-        claims_of(
-            timers
-                .claim_due_timers(TIMER_AGENT, now, 1000, ttl)
-                .await
-                .unwrap(),
-            &auth
-        )
-        .is_empty(),
+        claim_for(timers, TIMER_AGENT, now, ttl, &auth)
+            .await
+            .is_empty(),
         "a timer that is not due is not claimed"
     );
     assert!(
@@ -173,41 +211,30 @@ pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
         "a zero claim TTL is invalid input"
     );
     let at = due_at + chrono::Duration::seconds(1);
-    let first = claims_of(
-        timers
-            .claim_due_timers(TIMER_AGENT, at, 1000, ttl)
-            .await
-            .unwrap(),
-        &auth,
-    );
+    let first = claim_for(timers, TIMER_AGENT, at, ttl, &auth).await;
     assert_eq!(first.len(), 1, "a due timer is claimed");
     assert_eq!(first[0].timer.id, timer.id);
     assert_eq!(first[0].timer.attempts, 1, "the first claim is attempt 1");
     assert_eq!(first[0].timer.payload, json!(null));
     assert!(
-        claims_of(
-            timers
-                .claim_due_timers(TIMER_AGENT, at + chrono::Duration::seconds(30), 1000, ttl)
-                .await
-                .unwrap(),
+        claim_for(
+            timers,
+            TIMER_AGENT,
+            at + chrono::Duration::seconds(30),
+            ttl,
             &auth
         )
+        .await
         .is_empty(),
         "a live claim hides the timer"
     );
     assert_eq!(
-        timers.thread_timers(&auth, &thread).await.unwrap().len(),
+        timers_on(timers, &auth, &thread).await.len(),
         1,
         "a claimed timer is still listed"
     );
     let lapsed = at + chrono::Duration::seconds(61);
-    let second = claims_of(
-        timers
-            .claim_due_timers(TIMER_AGENT, lapsed, 1000, ttl)
-            .await
-            .unwrap(),
-        &auth,
-    );
+    let second = claim_for(timers, TIMER_AGENT, lapsed, ttl, &auth).await;
     assert_eq!(
         second.len(),
         1,
@@ -227,11 +254,7 @@ pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
         "the live claim completes it"
     );
     assert!(
-        timers
-            .thread_timers(&auth, &thread)
-            .await
-            .unwrap()
-            .is_empty(),
+        timers_on(timers, &auth, &thread).await.is_empty(),
         "a completed timer is gone"
     );
     assert!(
@@ -247,17 +270,16 @@ pub async fn timers_are_claimed_once_under_contention(timers: Arc<dyn crate::Thr
     let now = Utc::now();
     let mut ids = HashSet::new();
     for i in 0..20 {
-        let timer = timers
-            .schedule_timer(
-                &auth,
-                &fresh_thread(),
-                TIMER_AGENT,
-                "tick",
-                json!(i),
-                now - chrono::Duration::seconds(1),
-            )
-            .await
-            .unwrap();
+        let timer = schedule(
+            timers.as_ref(),
+            &auth,
+            &fresh_thread(),
+            TIMER_AGENT,
+            "tick",
+            json!(i),
+            now - chrono::Duration::seconds(1),
+        )
+        .await;
         ids.insert(timer.id);
     }
     let claimers: Vec<_> = (0..8)
@@ -303,20 +325,11 @@ pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTi
     );
     let now = Utc::now();
     let past = now - chrono::Duration::seconds(1);
-    let ta = timers
-        .schedule_timer(&auth, &thread, &a, "tick", json!("a"), past)
-        .await
-        .unwrap();
+    let ta = schedule(timers, &auth, &thread, &a, "tick", json!("a"), past).await;
     assert_eq!(ta.agent, a, "the record names its agent");
-    let tb = timers
-        .schedule_timer(&auth, &thread, &b, "tick", json!("b"), past)
-        .await
-        .unwrap();
+    let tb = schedule(timers, &auth, &thread, &b, "tick", json!("b"), past).await;
     let far = now + chrono::Duration::hours(1);
-    let ta_far = timers
-        .schedule_timer(&auth, &thread, &a, "later", json!("a2"), far)
-        .await
-        .unwrap();
+    let ta_far = schedule(timers, &auth, &thread, &a, "later", json!("a2"), far).await;
     assert_eq!(
         timers.next_timer_at(&idle).await.unwrap(),
         None,
@@ -333,25 +346,12 @@ pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTi
     );
     let ttl = Duration::from_secs(60);
     assert!(
-        claims_of(
-            timers
-                .claim_due_timers(&idle, now, 1000, ttl)
-                .await
-                .unwrap(),
-            &auth
-        )
-        .is_empty(),
+        claim_for(timers, &idle, now, ttl, &auth).await.is_empty(),
         "an agent claims no other agent's timers"
     );
-    let got_a = claims_of(
-        timers.claim_due_timers(&a, now, 1000, ttl).await.unwrap(),
-        &auth,
-    );
+    let got_a = claim_for(timers, &a, now, ttl, &auth).await;
     assert_eq!(
-        got_a
-            .iter()
-            .map(|c| c.timer.id.as_str())
-            .collect::<Vec<_>>(),
+        claimed_ids(&got_a),
         [ta.id.as_str()],
         "agent a claims its due timer only"
     );
@@ -365,35 +365,17 @@ pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTi
         next_a > now,
         "next_timer_at ignores other agents' due timers (b's is due, a's are claimed or later)"
     );
-    let got_b = claims_of(
-        timers.claim_due_timers(&b, now, 1000, ttl).await.unwrap(),
-        &auth,
-    );
+    let got_b = claim_for(timers, &b, now, ttl, &auth).await;
     assert_eq!(
-        got_b
-            .iter()
-            .map(|c| c.timer.id.as_str())
-            .collect::<Vec<_>>(),
+        claimed_ids(&got_b),
         [tb.id.as_str()],
         "agent b claims its own timer, untouched by a's claim"
     );
     // An ownerless timer (stored before timers had owners) goes to whichever agent claims.
-    let legacy = timers
-        .schedule_timer(&auth, &thread, "", "old", json!(null), past)
-        .await
-        .unwrap();
-    let got_legacy = claims_of(
-        timers
-            .claim_due_timers(&idle, now, 1000, ttl)
-            .await
-            .unwrap(),
-        &auth,
-    );
+    let legacy = schedule(timers, &auth, &thread, "", "old", json!(null), past).await;
+    let got_legacy = claim_for(timers, &idle, now, ttl, &auth).await;
     assert_eq!(
-        got_legacy
-            .iter()
-            .map(|c| c.timer.id.as_str())
-            .collect::<Vec<_>>(),
+        claimed_ids(&got_legacy),
         [legacy.id.as_str()],
         "any agent claims an ownerless timer"
     );
@@ -405,5 +387,32 @@ pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTi
         timers.next_timer_at(&b).await.unwrap(),
         None,
         "b's timer is gone"
+    );
+}
+
+/// Two handles on one storage (two connections, two processes) claiming at once: a due timer
+/// goes to exactly one of them.
+pub async fn timers_are_claimed_once_by_two_claimers(
+    a: &dyn crate::ThreadTimers,
+    b: &dyn crate::ThreadTimers,
+) {
+    let auth = fresh_tenant();
+    let agent = format!("agent-{}", uuid::Uuid::new_v4().simple());
+    let now = Utc::now();
+    let timer = schedule(a, &auth, &fresh_thread(), &agent, "t", json!(1), now).await;
+    let ttl = Duration::from_secs(60);
+    let (x, y) = tokio::join!(
+        claim_for(a, &agent, now, ttl, &auth),
+        claim_for(b, &agent, now, ttl, &auth)
+    );
+    let both: Vec<_> = x.into_iter().chain(y).collect();
+    assert_eq!(
+        claimed_ids(&both),
+        [timer.id.as_str()],
+        "exactly one of two claimers claims the timer"
+    );
+    assert!(
+        b.complete_timer(&both[0]).await.unwrap(),
+        "either handle completes the claimed timer"
     );
 }
