@@ -240,36 +240,33 @@ fn blank_comments_and_literals(text: &str) -> String {
             out.push_str(&" ".repeat(closing.len().min(chars.len() - i)));
             i += closing.len();
         } else if c == '"' {
-            out.push(' ');
-            i += 1;
-            while i < chars.len() && chars[i] != '"' {
-                let skip = if chars[i] == '\\' { 2 } else { 1 };
-                for _ in 0..skip.min(chars.len() - i) {
-                    blank(&mut out, chars[i]);
-                    i += 1;
-                }
-            }
-            out.push(' ');
-            i += 1;
+            i = blank_quoted(&chars, i, &mut out);
         } else if c == '\'' && (chars.get(i + 2) == Some(&'\'') || next == Some('\\')) {
             // A character literal ('x', '\n', '\u{..}'), not a lifetime.
-            out.push(' ');
-            i += 1;
-            while i < chars.len() && chars[i] != '\'' {
-                let skip = if chars[i] == '\\' { 2 } else { 1 };
-                for _ in 0..skip.min(chars.len() - i) {
-                    blank(&mut out, chars[i]);
-                    i += 1;
-                }
-            }
-            out.push(' ');
-            i += 1;
+            i = blank_quoted(&chars, i, &mut out);
         } else {
             out.push(c);
             i += 1;
         }
     }
     out
+}
+
+/// Blank the literal quoted by `chars[start]` (a string or a character, escapes honoured)
+/// into `out`; answers where the text after it starts.
+fn blank_quoted(chars: &[char], start: usize, out: &mut String) -> usize {
+    let quote = chars[start];
+    out.push(' ');
+    let mut i = start + 1;
+    while i < chars.len() && chars[i] != quote {
+        let skip = if chars[i] == '\\' { 2 } else { 1 };
+        for &c in &chars[i..(i + skip).min(chars.len())] {
+            out.push(if c == '\n' { '\n' } else { ' ' });
+        }
+        i += skip;
+    }
+    out.push(' ');
+    i + 1
 }
 
 #[cfg(test)]

@@ -163,6 +163,39 @@ impl StreamEvent {
     }
 }
 
+impl StreamEvent {
+    /// The stream event a log event travels as (streams and push notifications): status and
+    /// artifact updates only; messages are the task's history.
+    pub(crate) fn of_log(event: TaskEvent) -> Option<StreamEvent> {
+        match event {
+            TaskEvent::StatusUpdate {
+                task_id,
+                thread_id,
+                status,
+                ..
+            } => Some(StreamEvent::StatusUpdate {
+                task_id,
+                thread_id,
+                status,
+            }),
+            TaskEvent::ArtifactUpdate {
+                task_id,
+                thread_id,
+                artifact,
+                append,
+                last_chunk,
+            } => Some(StreamEvent::ArtifactUpdate {
+                task_id,
+                thread_id,
+                artifact,
+                append,
+                last_chunk,
+            }),
+            TaskEvent::Message { .. } => None,
+        }
+    }
+}
+
 /// Whether a stream ends at this state: terminal or interrupted.
 pub(crate) fn ends_stream(state: TaskState) -> bool {
     state.is_terminal() || matches!(state, TaskState::InputRequired | TaskState::AuthRequired)
@@ -334,46 +367,23 @@ impl Follower {
         if matches!(self.phase, Phase::Done) {
             return;
         }
-        match change.event {
-            TaskEvent::StatusUpdate {
-                task_id,
-                thread_id,
-                status,
-                ..
-            } => {
-                if self
-                    .last_status
-                    .as_ref()
-                    .is_some_and(|last| status.timestamp <= last.timestamp)
-                {
-                    return;
-                }
-                self.last_status = Some(status.clone());
-                let ends = ends_stream(status.state);
-                self.pending.push_back(StreamEvent::StatusUpdate {
-                    task_id,
-                    thread_id,
-                    status,
-                });
-                if ends {
-                    self.phase = Phase::Done;
-                }
+        let Some(event) = StreamEvent::of_log(change.event) else {
+            return;
+        };
+        if let StreamEvent::StatusUpdate { status, .. } = &event {
+            if self
+                .last_status
+                .as_ref()
+                .is_some_and(|last| status.timestamp <= last.timestamp)
+            {
+                return;
             }
-            TaskEvent::ArtifactUpdate {
-                task_id,
-                thread_id,
-                artifact,
-                append,
-                last_chunk,
-            } => self.pending.push_back(StreamEvent::ArtifactUpdate {
-                task_id,
-                thread_id,
-                artifact,
-                append,
-                last_chunk,
-            }),
-            TaskEvent::Message { .. } => {}
+            self.last_status = Some(status.clone());
+            if ends_stream(status.state) {
+                self.phase = Phase::Done;
+            }
         }
+        self.pending.push_back(event);
     }
 }
 

@@ -26,7 +26,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::security::Security;
-use crate::variables::{caller_of, refuse};
+use crate::variables::{caller_of, internal, refuse};
 
 /// The path of a thread's state.
 pub const THREAD_PATH: &str = "/threads/{thread_id}";
@@ -130,14 +130,7 @@ fn failure(err: &AgentError) -> Response {
         AgentError::ThreadTerminated { .. } => {
             refuse(StatusCode::CONFLICT, "thread_terminated", err.to_string())
         }
-        _ => {
-            tracing::warn!(error = %err, "thread route failed");
-            refuse(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "the request could not be completed",
-            )
-        }
+        _ => internal(err, "thread"),
     }
 }
 

@@ -106,15 +106,19 @@ fn failure(err: &AgentError) -> Response {
         AgentError::ThreadTerminated { .. } => {
             refuse(StatusCode::CONFLICT, "thread_terminated", err.to_string())
         }
-        _ => {
-            tracing::warn!(error = %err, "scoped-variable request failed");
-            refuse(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "the request could not be completed",
-            )
-        }
+        _ => internal(err, "scoped-variable"),
     }
+}
+
+/// `500` for an error a plain HTTP route does not explain to its caller (it goes to the log,
+/// naming the `route`).
+pub(crate) fn internal(err: &AgentError, route: &str) -> Response {
+    tracing::warn!(error = %err, route, "request failed");
+    refuse(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "the request could not be completed",
+    )
 }
 
 fn not_found(request_id: &str) -> Response {

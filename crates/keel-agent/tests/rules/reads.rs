@@ -346,6 +346,23 @@ fn assert_the_log_after(changes: &[TaskChange], log: &[TaskEvent], after: u64) {
     assert!(changes.last().is_some_and(TaskChange::is_terminal));
 }
 
+/// Watch a gated task from sequence 0: the first read (the log so far) comes before the gate
+/// opens, so everything after it (the tool's result, the answer, the end) arrives live. The
+/// changes must be the whole log, each event once, numbered without a gap.
+async fn watch_through_the_gate(reads: &Reads, auth: &AuthContext, task: &TaskId, gate: &Semaphore) {
+    let mut watch = reads.watch_task(auth, task, 0);
+    let first = watch.next().await.unwrap().unwrap();
+    assert_eq!(first.seq, 1, "from the log's first event");
+    gate.add_permits(1);
+    let mut changes = vec![first];
+    while let Some(change) = watch.next().await {
+        changes.push(change.unwrap());
+    }
+    let log = reads.task_events(auth, task).await.unwrap();
+    assert_the_log_after(&changes, &log, 0);
+    assert_eq!(watch.position(), log.len() as u64);
+}
+
 #[tokio::test]
 async fn a_watch_from_zero_replays_the_log_then_follows_it_live() {
     let gate = Arc::new(Semaphore::new(0));
@@ -354,19 +371,7 @@ async fn a_watch_from_zero_replays_the_log_then_follows_it_live() {
     let exec = AgentExecutor::new(gated_agent(gate.clone()), runtime);
     let task = start_gated(&exec, &auth, &ThreadId::from("reads-live")).await;
     let reads = exec.reads();
-    // The run cannot finish before the gate opens: what the log holds at the watch's first
-    // read comes first, and the rest (the tool's result, the answer, the end) live.
-    let mut watch = reads.watch_task(&auth, &task, 0);
-    let first = watch.next().await.unwrap().unwrap();
-    assert_eq!(first.seq, 1, "from the log's first event");
-    gate.add_permits(1);
-    let mut changes = vec![first];
-    while let Some(change) = watch.next().await {
-        changes.push(change.unwrap());
-    }
-    let log = reads.task_events(&auth, &task).await.unwrap();
-    assert_the_log_after(&changes, &log, 0);
-    assert_eq!(watch.position(), log.len() as u64);
+    watch_through_the_gate(&reads, &auth, &task, &gate).await;
 }
 
 #[tokio::test]
@@ -390,15 +395,16 @@ async fn a_watch_on_a_replica_sees_the_events_of_a_task_run_by_another() {
     let replica = AgentExecutor::new(gated_agent(Arc::new(Semaphore::new(0))), runtime);
     let task = start_gated(&runner, &auth, &ThreadId::from("reads-replica")).await;
     let reads = replica.reads();
-    let mut watch = reads.watch_task(&auth, &task, 0);
-    let first = watch.next().await.unwrap().unwrap();
-    gate.add_permits(1);
-    let mut changes = vec![first];
-    while let Some(change) = watch.next().await {
-        changes.push(change.unwrap());
+    watch_through_the_gate(&reads, &auth, &task, &gate).await;
+}
+
+/// The next `count` changes of a thread watch.
+async fn take(watch: &mut keel_agent::reads::ThreadWatch, count: usize) -> Vec<TaskChange> {
+    let mut out = Vec::new();
+    while out.len() < count {
+        out.push(watch.next().await.unwrap());
     }
-    let log = reads.task_events(&auth, &task).await.unwrap();
-    assert_the_log_after(&changes, &log, 0);
+    out
 }
 
 #[tokio::test]
@@ -409,10 +415,7 @@ async fn a_thread_watch_follows_every_task_of_the_thread_and_resumes_from_its_po
     let mut watch = reads.watch_thread(&auth, &thread, ThreadPosition::default());
     let first = send(&exec, &auth, "one", &thread).await;
     let first_log = reads.task_events(&auth, &first.id).await.unwrap();
-    let mut seen = Vec::new();
-    while seen.len() < first_log.len() {
-        seen.push(watch.next().await.unwrap());
-    }
+    let seen = take(&mut watch, first_log.len()).await;
     assert_the_log_after(&seen, &first_log, 0);
     // Resume from the position in a new watch: only the second task's events come.
     let position = ThreadPosition::parse(&watch.position().token()).unwrap();
@@ -420,10 +423,7 @@ async fn a_thread_watch_follows_every_task_of_the_thread_and_resumes_from_its_po
     let second = send(&exec, &auth, "two", &thread).await;
     let second_log = reads.task_events(&auth, &second.id).await.unwrap();
     let mut resumed = reads.watch_thread(&auth, &thread, position);
-    let mut later = Vec::new();
-    while later.len() < second_log.len() {
-        later.push(resumed.next().await.unwrap());
-    }
+    let later = take(&mut resumed, second_log.len()).await;
     assert!(later.iter().all(|c| c.task_id == second.id), "{later:?}");
     assert_the_log_after(&later, &second_log, 0);
     match ThreadPosition::parse("not a position") {

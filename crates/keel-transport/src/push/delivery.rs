@@ -142,7 +142,7 @@ impl Push {
         }
         while cursor < events.len() {
             let index = cursor;
-            if let Some(event) = stream_event(&events[index]) {
+            if let Some(event) = StreamEvent::of_log(events[index].clone()) {
                 let body = wire::encode_stream_event(&event);
                 let kind = match event {
                     StreamEvent::ArtifactUpdate { .. } => "artifactUpdate",
@@ -392,34 +392,4 @@ enum Attempt {
     Refused(String),
     /// The request failed on the way (retried).
     Failed(String),
-}
-
-/// The stream event a log event is pushed as: status and artifact updates only.
-fn stream_event(event: &TaskEvent) -> Option<StreamEvent> {
-    match event {
-        TaskEvent::StatusUpdate {
-            task_id,
-            thread_id,
-            status,
-            ..
-        } => Some(StreamEvent::StatusUpdate {
-            task_id: task_id.clone(),
-            thread_id: thread_id.clone(),
-            status: status.clone(),
-        }),
-        TaskEvent::ArtifactUpdate {
-            task_id,
-            thread_id,
-            artifact,
-            append,
-            last_chunk,
-        } => Some(StreamEvent::ArtifactUpdate {
-            task_id: task_id.clone(),
-            thread_id: thread_id.clone(),
-            artifact: artifact.clone(),
-            append: *append,
-            last_chunk: *last_chunk,
-        }),
-        TaskEvent::Message { .. } => None,
-    }
 }
