@@ -40,7 +40,7 @@ pub fn check() -> Result<(), String> {
     } else {
         Err(format!(
             "{GUARDED} must reach stores only through keel_agent::reads \
-             (docs/architecture.md):\n{}",
+             (the engine's read-and-watch API):\n{}",
             problems.join("\n")
         ))
     }

@@ -413,7 +413,8 @@ impl Reads {
     /// Follow the task's event log from after sequence number `after` (0: from its first
     /// event): first what the log holds, then each event as it is appended, until a terminal
     /// status. A task this tenant does not have ends the watch with
-    /// [`AgentError::TaskNotFound`].
+    /// [`AgentError::TaskNotFound`]. A watch from past a terminal status has nothing left to
+    /// hand out and waits: look at the task's state first (as `SubscribeToTask` does).
     pub fn watch_task(&self, auth: &AuthContext, task_id: &TaskId, after: u64) -> TaskWatch {
         TaskWatch::new(self.clone(), auth.clone(), task_id.clone(), after)
     }
