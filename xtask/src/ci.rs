@@ -184,6 +184,10 @@ fn steps(r: &mut Runner, redis: &mut Option<crate::redis::Redis>) -> Result<(), 
         "layers (docs/architecture.md's table against cargo metadata)",
         || crate::layers::check().map(|()| None),
     )?;
+    r.step(
+        "tidy (keel-transport names no keel-runtime store trait and calls no .runtime())",
+        || crate::tidy::check().map(|()| None),
+    )?;
     Ok(())
 }
 

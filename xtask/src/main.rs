@@ -7,6 +7,7 @@ mod instructions;
 mod layers;
 mod py_sdk;
 mod redis;
+mod tidy;
 mod util;
 
 use std::process::ExitCode;
@@ -30,6 +31,7 @@ commands:
                    operation, RSS at start and end (KEEL_SOAK_CLIENTS, KEEL_SOAK_SECS,
                    KEEL_SOAK_STORE of memory|sqlite|redis, REDIS_URL); not part of CI
   layers           check that each crate depends only on lower layers (docs/architecture.md)
+  tidy             check architecture invariants in the source (keel-transport names no store)
   fuzz [SECONDS]   run each fuzz target of fuzz/ for SECONDS (default 60; needs nightly and cargo-fuzz)
   py-sdk           create/refresh the cached Python A2A SDK venvs (1.x, 0.3.x) and print
                    KEEL_PYTHON=... and KEEL_PYTHON_V03=... lines
@@ -46,6 +48,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("xtask layers: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Some("tidy") if args.len() == 1 => match tidy::check() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("xtask tidy: {e}");
                 ExitCode::FAILURE
             }
         },

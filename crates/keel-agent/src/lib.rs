@@ -42,6 +42,7 @@ mod infer;
 mod lifecycle;
 mod negotiator;
 mod observe;
+pub mod reads;
 mod rest;
 mod subagents;
 mod task_meta;

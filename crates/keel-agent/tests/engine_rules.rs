@@ -36,6 +36,9 @@ macro_rules! rules {
         mod explicit_parts {
             include!("rules/explicit_parts.rs");
         }
+        mod reads {
+            include!("rules/reads.rs");
+        }
     };
 }
 

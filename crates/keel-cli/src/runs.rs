@@ -1,9 +1,12 @@
 //! `keel runs list|show|export`: the run reports the engine kept in the configured store
 //! (see docs/run-report.md), as a table, a timeline, or the report's JSON.
 
+use std::sync::Arc;
+
+use keel::agent::reads::Reads;
 use keel::core::{RunId, TaskId, TaskState};
 use keel::events::{EventType, RunReport};
-use keel::services::{RunQuery, RunRecord, Runtime};
+use keel::services::{RunQuery, RunRecord};
 use serde_json::{json, Value};
 
 use crate::render::{colour_stderr, out, shorten, Styles};
@@ -36,16 +39,15 @@ pub(crate) async fn list(
     if limit == 0 || limit > MAX_LIMIT {
         return Err(format!("--limit must be 1 to {MAX_LIMIT}"));
     }
-    let runtime = source.runtime().await?;
+    let reads = reads(&source).await?;
     // A state is not indexed: read up to the ceiling and keep the first `limit` that match.
     let query = RunQuery {
         thread_id: thread.map(Into::into),
         limit: Some(if state.is_some() { MAX_LIMIT } else { limit }),
         ..RunQuery::default()
     };
-    let records = runtime
-        .run_store()
-        .find_run_reports(&local_tenant(), &query)
+    let records = reads
+        .runs(&local_tenant(), &query)
         .await
         .map_err(|err| err.to_string())?;
     let rows: Vec<Value> = records
@@ -99,28 +101,26 @@ fn row(record: &RunRecord) -> Value {
     })
 }
 
+/// The engine's reads over the configured store (no agent runs here).
+async fn reads(source: &Source) -> Result<Reads, String> {
+    Ok(Reads::new(Arc::new(source.runtime().await?)))
+}
+
 /// The record of `id`: a run id, or else a task id (its newest run).
 async fn find(source: &Source, id: &str) -> Result<RunRecord, String> {
-    let runtime = source.runtime().await?;
-    let runs = runtime.run_store();
+    let reads = reads(source).await?;
     let auth = local_tenant();
-    if let Some(record) = runs
-        .get_run_report(&auth, &RunId::from(id.to_owned()))
+    if let Some(record) = reads
+        .run(&auth, &RunId::from(id.to_owned()))
         .await
         .map_err(|err| err.to_string())?
     {
         return Ok(record);
     }
-    let by_task = RunQuery {
-        task_id: Some(TaskId::from(id.to_owned())),
-        limit: Some(1),
-        ..RunQuery::default()
-    };
-    runs.find_run_reports(&auth, &by_task)
+    reads
+        .latest_run(&auth, &TaskId::from(id.to_owned()))
         .await
         .map_err(|err| err.to_string())?
-        .into_iter()
-        .next()
         .ok_or_else(|| format!("no run `{id}` in the store (`keel runs list` shows them)"))
 }
 

@@ -33,6 +33,8 @@ use keel_agent::{
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::variables::refuse;
+
 /// The body a tool posts back.
 #[derive(Debug, Deserialize)]
 struct CallbackBody {
@@ -55,14 +57,6 @@ pub fn router(executor: AgentExecutor) -> Router {
         .with_state(executor)
 }
 
-fn refuse(status: StatusCode, code: &str, message: String) -> Response {
-    (
-        status,
-        Json(json!({"error": {"code": code, "message": message}})),
-    )
-        .into_response()
-}
-
 async fn deliver(
     State(executor): State<AgentExecutor>,
     Path(call_id): Path<String>,
@@ -83,7 +77,7 @@ async fn deliver(
         return refuse(
             StatusCode::BAD_REQUEST,
             "invalid_body",
-            "the body must be JSON: {\"output\": ..., \"is_error\": false}".into(),
+            "the body must be JSON: {\"output\": ..., \"is_error\": false}",
         );
     };
     let kind = body.kind.as_deref().unwrap_or("result");

@@ -22,6 +22,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::any;
 use axum::{Json, Router};
 use futures::future::BoxFuture;
+use keel_agent::reads::Reads;
 use keel_agent::AgentExecutor;
 use keel_core::{AgentError, AgentResult};
 use keel_runtime::AuthContext;
@@ -279,6 +280,7 @@ impl EndpointSpec {
 #[derive(Clone)]
 struct EndpointsState {
     executor: AgentExecutor,
+    reads: Reads,
     security: Option<Security>,
     /// By path, then method; a later spec for the same path and method replaces the earlier.
     routes: Arc<BTreeMap<String, BTreeMap<HttpMethod, EndpointSpec>>>,
@@ -303,6 +305,7 @@ pub(crate) fn router(
             .insert(spec.method, spec.clone());
     }
     let state = EndpointsState {
+        reads: executor.reads(),
         executor,
         security,
         routes: Arc::new(routes),
@@ -361,12 +364,7 @@ async fn answer(
 ) -> Response {
     // Credentials first: an unauthenticated caller learns nothing of which paths exist.
     let credentials = security::credentials(&headers, state.security.as_ref(), tenant);
-    let auth_service = state.executor.runtime().auth_service();
-    let auth = match security::authenticate(
-        auth_service.as_ref(),
-        state.security.as_ref(),
-        &credentials,
-    ) {
+    let auth = match security::authenticate(&state.reads, state.security.as_ref(), &credentials) {
         Ok(auth) => auth,
         Err(Denied::Unauthenticated(reason)) => {
             return security::unauthorized(state.security.as_ref(), reason, false)

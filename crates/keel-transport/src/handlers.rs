@@ -11,11 +11,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, BoxStream, StreamExt};
+use keel_agent::reads::{Reads, TaskQuery};
 use keel_agent::{AgentExecutor, SendOptions, SendOutcome};
 use keel_core::{
     AgentError, AgentResult, Message, RunContext, Task, TaskEvent, TaskId, RUN_CONTEXT_KEY,
 };
-use keel_runtime::{AuthContext, ListTasksFilter, TaskOrder};
+use keel_runtime::{AuthContext, TaskOrder};
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -86,6 +87,8 @@ pub(crate) type EventStream = BoxStream<'static, AgentResult<StreamEvent>>;
 #[derive(Clone)]
 pub(crate) struct Handlers {
     executor: AgentExecutor,
+    /// The engine's reads (built once: the hot path takes no new handle per request).
+    reads: Reads,
     /// Flips to true once the server is shutting down and its runs have stopped: open streams
     /// then read the log one last time and end.
     closing: watch::Receiver<bool>,
@@ -113,6 +116,7 @@ impl Handlers {
         admission: Arc<Admission>,
     ) -> Self {
         Self {
+            reads: executor.reads(),
             executor,
             closing,
             security,
@@ -166,8 +170,7 @@ impl Handlers {
         tenant: Option<String>,
     ) -> Result<AuthContext, Denied> {
         let credentials = security::credentials(headers, self.security.as_ref(), tenant);
-        let auth = self.executor.runtime().auth_service();
-        security::authenticate(auth.as_ref(), self.security.as_ref(), &credentials)
+        security::authenticate(&self.reads, self.security.as_ref(), &credentials)
     }
 
     /// Run `operation` with its A2A v1.0 params, for the tenant `auth`, counted against the
@@ -377,13 +380,7 @@ impl Handlers {
             SendOutcome::Task(task) => task,
             reply @ SendOutcome::Message(_) => return Ok(reply),
         };
-        let events = self
-            .executor
-            .runtime()
-            .task_manager()
-            .get_task_events(auth, &task.id)
-            .await
-            .map_err(rpc)?;
+        let events = self.reads.task_events(auth, &task.id).await.map_err(rpc)?;
         let from = events.iter().position(
             |e| matches!(e, TaskEvent::Message { message } if message.message_id == message_id),
         );
@@ -427,20 +424,19 @@ impl Handlers {
             .page_size
             .unwrap_or(TaskListQuery::DEFAULT_PAGE_SIZE)
             .clamp(1, TaskListQuery::MAX_PAGE_SIZE);
-        let filter = ListTasksFilter {
+        let filter = TaskQuery {
             thread_id: query.thread_id.clone(),
             state: query.state,
             page_size: Some(page_size),
-            page_token: query.page_token.filter(|t| !t.is_empty()),
+            page_token: query.page_token,
             order: TaskOrder::RecentlyUpdated {
                 since: query.status_timestamp_after,
             },
+            ..TaskQuery::default()
         };
         let listed = self
-            .executor
-            .runtime()
-            .task_manager()
-            .list_tasks(auth, &filter)
+            .reads
+            .tasks(auth, &filter)
             .await
             .map_err(|err| match err {
                 AgentError::InvalidInput { field, reason } if field == "page_token" => {
@@ -520,18 +516,7 @@ impl Handlers {
         task_id: &TaskId,
     ) -> Result<EventStream, RpcError> {
         let auth = auth.clone();
-        let task = self
-            .executor
-            .runtime()
-            .task_manager()
-            .get_task(&auth, task_id)
-            .await
-            .map_err(rpc)?
-            .ok_or_else(|| {
-                rpc(AgentError::TaskNotFound {
-                    task_id: task_id.clone(),
-                })
-            })?;
+        let task = self.reads.task(&auth, task_id).await.map_err(rpc)?;
         if task.state().is_terminal() {
             return Err(RpcError::new(
                 UNSUPPORTED_OPERATION,
@@ -554,7 +539,7 @@ impl Handlers {
         start: Start,
     ) -> EventStream {
         let follower = Follower::new(
-            self.executor.clone(),
+            self.reads.clone(),
             auth,
             task_id,
             history_length,

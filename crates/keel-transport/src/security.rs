@@ -1,16 +1,17 @@
 //! Authentication at the transport: which security schemes the card declares, how a request's
 //! credentials are read from its headers, and the HTTP 401 answer when they prove nobody.
 //!
-//! The transport only finds credentials; the runtime's [`AuthService`] decides whom they prove
-//! (an [`AuthContext`], the tenant every store call is scoped by). A2A leaves authentication to
+//! The transport only finds credentials; the runtime's auth service decides whom they prove
+//! ([`Reads::authenticate`]: an [`AuthContext`], the tenant every read and write is scoped by). A2A leaves authentication to
 //! the transport layer (HTTP), so a request that proves nobody is answered with HTTP 401 and
 //! `WWW-Authenticate` on every binding, JSON-RPC included, before any method runs.
 
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use keel_agent::reads::Reads;
 use keel_core::{AgentCard, SecurityScheme};
-use keel_runtime::{AuthContext, AuthService, Credentials};
+use keel_runtime::{AuthContext, Credentials};
 use serde_json::{json, Value};
 
 use crate::jsonrpc::{self, RpcError, INVALID_REQUEST};
@@ -141,14 +142,14 @@ pub(crate) enum Denied {
 /// The caller's tenant: with `security` set, credentials are required; the auth service then
 /// decides whom they prove.
 pub(crate) fn authenticate(
-    auth: &dyn AuthService,
+    reads: &Reads,
     security: Option<&Security>,
     credentials: &Credentials,
 ) -> Result<AuthContext, Denied> {
     if security.is_some() && credentials.is_empty() {
         return Err(Denied::Unauthenticated("credentials are required"));
     }
-    let prove = |credentials: &Credentials| match auth.authenticate(credentials) {
+    let prove = |credentials: &Credentials| match reads.authenticate(credentials) {
         Ok(Some(context)) => Ok(context),
         Ok(None) => Err(Denied::Unauthenticated("the credentials were not accepted")),
         Err(err) => Err(Denied::Failed(RpcError::from_agent_error(&err))),

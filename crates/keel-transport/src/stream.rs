@@ -18,28 +18,28 @@
 //!
 //! # How it follows
 //!
-//! The follower reads the task's snapshot, then its event log, and remembers the log index it
-//! has seen (the index is the event's sequence number). It then waits for the executor's local
-//! signal ([`keel_agent::AgentExecutor::task_updates`]) or at most [`POLL_INTERVAL`] (so a task
-//! run by another process sharing the store is followed too) and reads the log again from that
-//! index. A status change is saved to the snapshot before its event is appended, so a status
+//! The follower reads the task's snapshot, then its event log, and then follows the log from
+//! the end of what it read with the engine's watch ([`keel_agent::reads::TaskWatch`]), which
+//! wakes on the executor's local signal ([`keel_agent::AgentExecutor::task_updates`]) or at
+//! most every [`POLL_INTERVAL`] (so a task run by another process sharing the store is
+//! followed too) and reads the log again from the last sequence number seen. A status change is saved to the snapshot before its event is appended, so a status
 //! can appear in the snapshot before the log; status updates not newer than the status already
 //! sent are skipped. Nothing that the stream consumer does (including going away) touches the
 //! run: the run is the engine's.
 
 use std::collections::VecDeque;
-use std::time::Duration;
 
-use keel_agent::AgentExecutor;
+use keel_agent::reads::{Reads, TaskChange, TaskWatch};
 use keel_core::{
-    AgentError, AgentResult, Artifact, Message, MessageId, Task, TaskEvent, TaskId, TaskState,
-    TaskStatus, ThreadId,
+    AgentResult, Artifact, Message, MessageId, Task, TaskEvent, TaskId, TaskState, TaskStatus,
+    ThreadId,
 };
 use keel_runtime::AuthContext;
 use tokio::sync::watch;
 
-/// How often a follower re-reads the store when no local signal arrives.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// How often a follower re-reads the store when no local signal arrives (the engine's watch
+/// interval).
+pub use keel_agent::reads::POLL_INTERVAL;
 
 /// One event of a task stream, in Keel's models (A2A `StreamResponse`).
 #[derive(Debug, Clone, PartialEq)]
@@ -163,6 +163,39 @@ impl StreamEvent {
     }
 }
 
+impl StreamEvent {
+    /// The stream event a log event travels as (streams and push notifications): status and
+    /// artifact updates only; messages are the task's history.
+    pub(crate) fn of_log(event: TaskEvent) -> Option<StreamEvent> {
+        match event {
+            TaskEvent::StatusUpdate {
+                task_id,
+                thread_id,
+                status,
+                ..
+            } => Some(StreamEvent::StatusUpdate {
+                task_id,
+                thread_id,
+                status,
+            }),
+            TaskEvent::ArtifactUpdate {
+                task_id,
+                thread_id,
+                artifact,
+                append,
+                last_chunk,
+            } => Some(StreamEvent::ArtifactUpdate {
+                task_id,
+                thread_id,
+                artifact,
+                append,
+                last_chunk,
+            }),
+            TaskEvent::Message { .. } => None,
+        }
+    }
+}
+
 /// Whether a stream ends at this state: terminal or interrupted.
 pub(crate) fn ends_stream(state: TaskState) -> bool {
     state.is_terminal() || matches!(state, TaskState::InputRequired | TaskState::AuthRequired)
@@ -184,42 +217,40 @@ enum Phase {
     Done,
 }
 
-/// Follows one task's event log. Drive it with [`Follower::next`].
+/// Follows one task's event log (through the engine's [`TaskWatch`]). Drive it with
+/// [`Follower::next`].
 pub(crate) struct Follower {
-    executor: AgentExecutor,
+    reads: Reads,
     auth: AuthContext,
     task_id: TaskId,
     history_length: Option<usize>,
     start: Start,
-    updates: watch::Receiver<u64>,
     closing: watch::Receiver<bool>,
     phase: Phase,
-    cursor: usize,
+    /// Opened once the snapshot and the log's prefix are read, from the end of that prefix.
+    watch: Option<TaskWatch>,
     last_status: Option<TaskStatus>,
     pending: VecDeque<StreamEvent>,
 }
 
 impl Follower {
     pub(crate) fn new(
-        executor: AgentExecutor,
+        reads: Reads,
         auth: AuthContext,
         task_id: TaskId,
         history_length: Option<usize>,
         start: Start,
         closing: watch::Receiver<bool>,
     ) -> Self {
-        let mut updates = executor.task_updates();
-        updates.borrow_and_update();
         Self {
-            executor,
+            reads,
             auth,
             task_id,
             history_length,
             start,
-            updates,
             closing,
             phase: Phase::Start,
-            cursor: 0,
+            watch: None,
             last_status: None,
             pending: VecDeque::new(),
         }
@@ -245,16 +276,10 @@ impl Follower {
 
     /// Read the snapshot and the log, queue the `Task` event.
     async fn begin(&mut self) -> AgentResult<()> {
-        let tasks = self.executor.runtime().task_manager();
         // Snapshot first, then the log: everything the snapshot shows is then either in the
         // log prefix read below or (a status saved before its event) skipped by timestamp.
-        let mut task = tasks
-            .get_task(&self.auth, &self.task_id)
-            .await?
-            .ok_or_else(|| AgentError::TaskNotFound {
-                task_id: self.task_id.clone(),
-            })?;
-        let events = tasks.get_task_events(&self.auth, &self.task_id).await?;
+        let mut task = self.reads.task(&self.auth, &self.task_id).await?;
+        let events = self.reads.task_events(&self.auth, &self.task_id).await?;
         let turn_start = match &self.start {
             Start::Turn(message_id) => events
                 .iter()
@@ -293,7 +318,8 @@ impl Follower {
             history.drain(..history.len().saturating_sub(keep));
         }
         task.history = history;
-        self.cursor = events.len();
+        let seen = u64::try_from(events.len()).unwrap_or(u64::MAX);
+        self.watch = Some(self.reads.watch_task(&self.auth, &self.task_id, seen));
         self.last_status = Some(task.status().clone());
         let ends = match self.start {
             Start::Turn(_) => turn_ended && ends_stream(task.state()),
@@ -304,86 +330,65 @@ impl Follower {
         Ok(())
     }
 
-    /// Read the log from the cursor; wait for a change when it held nothing new.
+    /// The next change of the log; on the server's closing, what the log holds now and then
+    /// the end.
     async fn follow(&mut self) -> AgentResult<()> {
-        let draining = *self.closing.borrow();
-        self.read_log().await?;
-        if !self.pending.is_empty() || matches!(self.phase, Phase::Done) {
-            return Ok(());
-        }
-        if draining {
-            // The server is shutting down and its runs have stopped: nothing more will come
-            // from this process, and the stream must not hold the shutdown up.
+        let Some(watch) = self.watch.as_mut() else {
             self.phase = Phase::Done;
             return Ok(());
+        };
+        if *self.closing.borrow() {
+            // The server is shutting down and its runs have stopped: nothing more will come
+            // from this process, and the stream must not hold the shutdown up.
+            let changes = watch.ready().await?;
+            for change in changes {
+                self.accept(change);
+            }
+            if self.pending.is_empty() {
+                self.phase = Phase::Done;
+            }
+            return Ok(());
         }
-        let updates = &mut self.updates;
         let closing = &mut self.closing;
         tokio::select! {
-            () = changed(updates) => {}
+            change = watch.next() => match change {
+                Some(change) => self.accept(change?),
+                // The log ended with a terminal status the stream had already sent.
+                None => self.phase = Phase::Done,
+            },
             () = changed(closing) => {}
-            () = tokio::time::sleep(POLL_INTERVAL) => {}
         }
         Ok(())
     }
 
-    async fn read_log(&mut self) -> AgentResult<()> {
-        let events = self
-            .executor
-            .runtime()
-            .task_manager()
-            .get_task_events(&self.auth, &self.task_id)
-            .await?;
-        for event in events.into_iter().skip(self.cursor) {
-            self.cursor += 1;
-            match event {
-                TaskEvent::StatusUpdate {
-                    task_id,
-                    thread_id,
-                    status,
-                    ..
-                } => {
-                    if self
-                        .last_status
-                        .as_ref()
-                        .is_some_and(|last| status.timestamp <= last.timestamp)
-                    {
-                        continue;
-                    }
-                    self.last_status = Some(status.clone());
-                    let ends = ends_stream(status.state);
-                    self.pending.push_back(StreamEvent::StatusUpdate {
-                        task_id,
-                        thread_id,
-                        status,
-                    });
-                    if ends {
-                        self.phase = Phase::Done;
-                        return Ok(());
-                    }
-                }
-                TaskEvent::ArtifactUpdate {
-                    task_id,
-                    thread_id,
-                    artifact,
-                    append,
-                    last_chunk,
-                } => self.pending.push_back(StreamEvent::ArtifactUpdate {
-                    task_id,
-                    thread_id,
-                    artifact,
-                    append,
-                    last_chunk,
-                }),
-                TaskEvent::Message { .. } => {}
+    /// Queue the stream event of one log change (none for a message, or for a status not
+    /// newer than the one sent); a status that ends the stream ends it.
+    fn accept(&mut self, change: TaskChange) {
+        if matches!(self.phase, Phase::Done) {
+            return;
+        }
+        let Some(event) = StreamEvent::of_log(change.event) else {
+            return;
+        };
+        if let StreamEvent::StatusUpdate { status, .. } = &event {
+            if self
+                .last_status
+                .as_ref()
+                .is_some_and(|last| status.timestamp <= last.timestamp)
+            {
+                return;
+            }
+            self.last_status = Some(status.clone());
+            if ends_stream(status.state) {
+                self.phase = Phase::Done;
             }
         }
-        Ok(())
+        self.pending.push_back(event);
     }
 }
 
 /// Wait for a change; a closed channel never changes again.
-async fn changed<T>(receiver: &mut watch::Receiver<T>) {
+pub(crate) async fn changed<T>(receiver: &mut watch::Receiver<T>) {
     if receiver.changed().await.is_err() {
         std::future::pending::<()>().await;
     }

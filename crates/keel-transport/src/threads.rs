@@ -18,6 +18,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use keel_agent::reads::Reads;
 use keel_agent::AgentExecutor;
 use keel_core::{AgentError, ThreadId};
 use keel_runtime::AuthContext;
@@ -25,7 +26,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::security::Security;
-use crate::variables::{caller_of, refuse};
+use crate::variables::{caller_of, internal, refuse};
 
 /// The path of a thread's state.
 pub const THREAD_PATH: &str = "/threads/{thread_id}";
@@ -42,6 +43,7 @@ const MAX_PAGE: usize = 1000;
 #[derive(Clone)]
 struct ThreadsState {
     executor: AgentExecutor,
+    reads: Reads,
     security: Option<Security>,
 }
 
@@ -86,7 +88,11 @@ pub(crate) fn router(executor: AgentExecutor, security: Option<Security>) -> Rou
             get(messages).post(queue),
         )
         .route("/{tenant}/threads/{thread_id}/queue", get(queue_list))
-        .with_state(ThreadsState { executor, security })
+        .with_state(ThreadsState {
+            reads: executor.reads(),
+            executor,
+            security,
+        })
 }
 
 /// A thread route's path parameters: the tenant only in the `/{tenant}/threads/...` form.
@@ -103,26 +109,14 @@ async fn open(
     tenant: Option<String>,
     thread_id: &ThreadId,
 ) -> Result<AuthContext, Box<Response>> {
-    let auth = caller_of(&state.executor, state.security.as_ref(), headers, tenant)?;
-    match exists(&state.executor, &auth, thread_id).await {
+    let auth = caller_of(&state.reads, state.security.as_ref(), headers, tenant)?;
+    match state.reads.thread_exists(&auth, thread_id).await {
         Ok(true) => Ok(auth),
         Ok(false) => Err(Box::new(failure(&AgentError::ThreadNotFound {
             thread_id: thread_id.clone(),
         }))),
         Err(err) => Err(Box::new(failure(&err))),
     }
-}
-
-/// Whether the tenant holds anything of the thread: history, queued work or values.
-async fn exists(
-    executor: &AgentExecutor,
-    auth: &AuthContext,
-    thread_id: &ThreadId,
-) -> Result<bool, AgentError> {
-    let store = executor.runtime().thread_store();
-    Ok(!store.read_history(auth, thread_id, 0, 1).await?.is_empty()
-        || store.queue_len(auth, thread_id).await? > 0
-        || !store.kv_keys(auth, thread_id).await?.is_empty())
 }
 
 fn failure(err: &AgentError) -> Response {
@@ -136,14 +130,7 @@ fn failure(err: &AgentError) -> Response {
         AgentError::ThreadTerminated { .. } => {
             refuse(StatusCode::CONFLICT, "thread_terminated", err.to_string())
         }
-        _ => {
-            tracing::warn!(error = %err, "thread route failed");
-            refuse(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "the request could not be completed",
-            )
-        }
+        _ => internal(err, "thread"),
     }
 }
 
@@ -158,14 +145,9 @@ async fn thread_state(
         Err(response) => return *response,
     };
     let read = async {
-        let store = state.executor.runtime().thread_store();
-        let thread = state.executor.thread(&auth, thread_id.clone());
-        let terminated_at = store
-            .kv_get(&auth, &thread_id, keel_agent::TERMINATED_AT_KEY)
-            .await?;
+        let thread = state.reads.thread(&auth, &thread_id).await?;
         let children: Vec<_> = thread
-            .children()
-            .await?
+            .children
             .into_iter()
             .map(|child| {
                 json!({
@@ -179,11 +161,11 @@ async fn thread_state(
             .collect();
         Ok::<_, AgentError>(json!({
             "thread_id": thread_id,
-            "terminated": terminated_at.is_some(),
-            "terminated_at": terminated_at,
-            "parent_thread_id": thread.parent().await?,
+            "terminated": thread.terminated_at.is_some(),
+            "terminated_at": thread.terminated_at,
+            "parent_thread_id": thread.parent_thread_id,
             "children": children,
-            "queued": store.queue_len(&auth, &thread_id).await?,
+            "queued": thread.queued,
         }))
     };
     answer(read.await)
@@ -200,10 +182,8 @@ async fn messages(
         Err(response) => return *response,
     };
     let entries = state
-        .executor
-        .runtime()
-        .thread_store()
-        .read_history(&auth, &thread_id, page.after, limit)
+        .reads
+        .thread_messages(&auth, &thread_id, page.after, limit)
         .await;
     answer(entries.map(|entries| json!({"thread_id": thread_id, "messages": entries})))
 }
@@ -248,12 +228,7 @@ async fn queue_list(
         Ok(opened) => opened,
         Err(response) => return *response,
     };
-    let items = state
-        .executor
-        .runtime()
-        .thread_store()
-        .peek_queue(&auth, &thread_id, limit)
-        .await;
+    let items = state.reads.thread_queue(&auth, &thread_id, limit).await;
     answer(items.map(|items| json!({"thread_id": thread_id, "items": items})))
 }
 

@@ -18,6 +18,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use keel_agent::reads::Reads;
 use keel_agent::AgentExecutor;
 use keel_core::{AgentError, ThreadId};
 use keel_runtime::AuthContext;
@@ -32,6 +33,7 @@ pub const VARIABLES_PATH: &str = "/threads/{parent_thread_id}/variables/{request
 #[derive(Clone)]
 struct VariablesState {
     executor: AgentExecutor,
+    reads: Reads,
     security: Option<Security>,
 }
 
@@ -49,7 +51,11 @@ pub(crate) fn router(executor: AgentExecutor, security: Option<Security>) -> Rou
             "/{tenant}/threads/{parent_thread_id}/variables/{request_id}",
             get(describe_in_tenant).post(provide_in_tenant),
         )
-        .with_state(VariablesState { executor, security })
+        .with_state(VariablesState {
+            reads: executor.reads(),
+            executor,
+            security,
+        })
 }
 
 pub(crate) fn refuse(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -65,20 +71,19 @@ fn caller(
     headers: &HeaderMap,
     tenant: Option<String>,
 ) -> Result<AuthContext, Box<Response>> {
-    caller_of(&state.executor, state.security.as_ref(), headers, tenant)
+    caller_of(&state.reads, state.security.as_ref(), headers, tenant)
 }
 
 /// The tenant of a request to one of the server's plain HTTP routes, from its credentials as
 /// on every other route, or the answer that refuses it.
 pub(crate) fn caller_of(
-    executor: &AgentExecutor,
+    reads: &Reads,
     security: Option<&Security>,
     headers: &HeaderMap,
     tenant: Option<String>,
 ) -> Result<AuthContext, Box<Response>> {
     let credentials = security::credentials(headers, security, tenant);
-    let auth = executor.runtime().auth_service();
-    match security::authenticate(auth.as_ref(), security, &credentials) {
+    match security::authenticate(reads, security, &credentials) {
         Ok(context) => Ok(context),
         Err(Denied::Unauthenticated(reason)) => {
             Err(Box::new(security::unauthorized(security, reason, false)))
@@ -101,15 +106,19 @@ fn failure(err: &AgentError) -> Response {
         AgentError::ThreadTerminated { .. } => {
             refuse(StatusCode::CONFLICT, "thread_terminated", err.to_string())
         }
-        _ => {
-            tracing::warn!(error = %err, "scoped-variable request failed");
-            refuse(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "the request could not be completed",
-            )
-        }
+        _ => internal(err, "scoped-variable"),
     }
+}
+
+/// `500` for an error a plain HTTP route does not explain to its caller (it goes to the log,
+/// naming the `route`).
+pub(crate) fn internal(err: &AgentError, route: &str) -> Response {
+    tracing::warn!(error = %err, route, "request failed");
+    refuse(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "the request could not be completed",
+    )
 }
 
 fn not_found(request_id: &str) -> Response {

@@ -51,8 +51,7 @@ impl std::fmt::Debug for InProcessBinding {
 impl InProcessBinding {
     pub(crate) fn new(executor: AgentExecutor) -> AgentResult<Self> {
         let auth = executor
-            .runtime()
-            .auth_service()
+            .reads()
             .authenticate(&Credentials::default())?
             .ok_or_else(|| AgentError::Unsupported {
                 what: "an anonymous caller (the runtime's auth service accepts none; use \

@@ -1,5 +1,5 @@
 //! The four config operations (create, get, list, delete) and the config index, stored
-//! through the memory service under the tenant's keys.
+//! in the engine's tenant values under the tenant's keys.
 
 use keel_core::{AgentError, AgentResult, TaskId};
 use keel_runtime::AuthContext;
@@ -25,20 +25,12 @@ fn config_not_found(task_id: &TaskId, config_id: &str) -> RpcError {
 
 impl Push {
     async fn require_task(&self, auth: &AuthContext, task_id: &TaskId) -> Result<(), RpcError> {
-        let task = self
-            .inner
-            .executor
-            .runtime()
-            .task_manager()
-            .get_task(auth, task_id)
+        self.inner
+            .reads
+            .task(auth, task_id)
             .await
-            .map_err(rpc)?;
-        match task {
-            Some(_) => Ok(()),
-            None => Err(rpc(AgentError::TaskNotFound {
-                task_id: task_id.clone(),
-            })),
-        }
+            .map(|_| ())
+            .map_err(rpc)
     }
 
     /// Check a webhook URL before it is stored: the SSRF guard (a host that does not
@@ -67,26 +59,26 @@ impl Push {
         if config.id.is_empty() {
             config.id = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
         }
-        let memory = self.memory();
+        let values = self.values();
         let task_id = config.task_id.clone();
         {
             let _writes = self.inner.writes.lock().await;
             let value = serde_json::to_value(&config).map_err(|e| rpc(AgentError::internal(e)))?;
-            memory
-                .save_serialized(auth, &config_key(&task_id, &config.id), value)
+            values
+                .save(auth, &config_key(&task_id, &config.id), value)
                 .await
                 .map_err(rpc)?;
             let mut index = self.index(auth, &task_id).await.map_err(rpc)?;
             if !index.contains(&config.id) {
                 index.push(config.id.clone());
             }
-            memory
-                .save_serialized(auth, &index_key(&task_id), json!(index))
+            values
+                .save(auth, &index_key(&task_id), json!(index))
                 .await
                 .map_err(rpc)?;
             // Deliveries start now (or at `from`) unless a watcher already has a cursor.
-            if memory
-                .load_serialized(auth, &cursor_key(&task_id))
+            if values
+                .load(auth, &cursor_key(&task_id))
                 .await
                 .map_err(rpc)?
                 .is_none()
@@ -95,16 +87,14 @@ impl Push {
                     Some(from) => from,
                     None => self
                         .inner
-                        .executor
-                        .runtime()
-                        .task_manager()
-                        .get_task_events(auth, &task_id)
+                        .reads
+                        .task_events(auth, &task_id)
                         .await
                         .map_err(rpc)?
                         .len(),
                 };
-                memory
-                    .save_serialized(auth, &cursor_key(&task_id), json!(start))
+                values
+                    .save(auth, &cursor_key(&task_id), json!(start))
                     .await
                     .map_err(rpc)?;
             }
@@ -157,8 +147,8 @@ impl Push {
     ) -> Result<(), RpcError> {
         self.require_task(auth, task_id).await?;
         let _writes = self.inner.writes.lock().await;
-        let memory = self.memory();
-        memory
+        let values = self.values();
+        values
             .delete(auth, &config_key(task_id, config_id))
             .await
             .map_err(rpc)?;
@@ -166,8 +156,8 @@ impl Push {
         let before = index.len();
         index.retain(|id| id != config_id);
         if index.len() != before {
-            memory
-                .save_serialized(auth, &index_key(task_id), json!(index))
+            values
+                .save(auth, &index_key(task_id), json!(index))
                 .await
                 .map_err(rpc)?;
         }
@@ -176,8 +166,8 @@ impl Push {
 
     async fn index(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Vec<String>> {
         Ok(self
-            .memory()
-            .load_serialized(auth, &index_key(task_id))
+            .values()
+            .load(auth, &index_key(task_id))
             .await?
             .and_then(|v| serde_json::from_value(v).ok())
             .unwrap_or_default())
@@ -190,8 +180,8 @@ impl Push {
         config_id: &str,
     ) -> AgentResult<Option<PushConfig>> {
         Ok(self
-            .memory()
-            .load_serialized(auth, &config_key(task_id, config_id))
+            .values()
+            .load(auth, &config_key(task_id, config_id))
             .await?
             .and_then(|v| serde_json::from_value(v).ok()))
     }

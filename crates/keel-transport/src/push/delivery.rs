@@ -7,7 +7,6 @@ use std::time::Duration;
 use keel_core::{AgentError, AgentResult, TaskEvent, TaskId};
 use keel_runtime::AuthContext;
 use serde_json::{json, Value};
-use tokio::sync::watch;
 
 use super::guard::{check_target, literal_ip};
 use super::{
@@ -15,7 +14,7 @@ use super::{
     NOTIFICATION_TOKEN_HEADER,
 };
 use crate::push_config::PushConfig;
-use crate::stream::{StreamEvent, POLL_INTERVAL};
+use crate::stream::{changed, StreamEvent, POLL_INTERVAL};
 use crate::wire;
 
 /// How long the record that an event was delivered to a config is kept: any watcher still
@@ -38,7 +37,7 @@ impl Push {
         let mut active = self.active().await?;
         active.retain(|a| a != entry);
         self.save_active(&active).await?;
-        self.memory()
+        self.values()
             .delete(&entry.auth, &cursor_key(&entry.task_id))
             .await?;
         Ok(())
@@ -125,21 +124,14 @@ impl Push {
     /// Deliver every event after the cursor.
     async fn deliver_pending(&self, entry: &Active) -> AgentResult<Progress> {
         let Active { auth, task_id } = entry;
-        let memory = self.memory();
-        let events = match self
-            .inner
-            .executor
-            .runtime()
-            .task_manager()
-            .get_task_events(auth, task_id)
-            .await
-        {
+        let values = self.values();
+        let events = match self.inner.reads.task_events(auth, task_id).await {
             Ok(events) => events,
             Err(AgentError::TaskNotFound { .. }) => return Ok(Progress::Finished),
             Err(err) => return Err(err),
         };
-        let mut cursor: usize = memory
-            .load_serialized(auth, &cursor_key(task_id))
+        let mut cursor: usize = values
+            .load(auth, &cursor_key(task_id))
             .await?
             .and_then(|v| v.as_u64())
             .and_then(|n| usize::try_from(n).ok())
@@ -150,7 +142,7 @@ impl Push {
         }
         while cursor < events.len() {
             let index = cursor;
-            if let Some(event) = stream_event(&events[index]) {
+            if let Some(event) = StreamEvent::of_log(events[index].clone()) {
                 let body = wire::encode_stream_event(&event);
                 let kind = match event {
                     StreamEvent::ArtifactUpdate { .. } => "artifactUpdate",
@@ -164,8 +156,8 @@ impl Push {
                         // its claim to lapse, should that process die) before going on, so
                         // that each config still receives the events in order.
                         Claim::Held => {
-                            memory
-                                .save_serialized(auth, &cursor_key(task_id), json!(cursor))
+                            values
+                                .save(auth, &cursor_key(task_id), json!(cursor))
                                 .await?;
                             return Ok(Progress::Waiting);
                         }
@@ -173,15 +165,15 @@ impl Push {
                     let Some(outcome) = self.deliver(config, &body).await else {
                         // Stopped mid-delivery: let the claim go, so another process (or the
                         // next server) delivers this event without waiting for it to lapse.
-                        let _ = memory
+                        let _ = values
                             .delete(auth, &claim_key(task_id, &config.id, index))
                             .await;
                         return Ok(Progress::Stopped);
                     };
                     self.log(auth, task_id, config, kind, index, outcome)
                         .await?;
-                    memory
-                        .save_serialized_with_ttl(
+                    values
+                        .save_with_ttl(
                             auth,
                             &claim_key(task_id, &config.id, index),
                             json!({"done": true}),
@@ -191,8 +183,8 @@ impl Push {
                 }
             }
             cursor += 1;
-            memory
-                .save_serialized(auth, &cursor_key(task_id), json!(cursor))
+            values
+                .save(auth, &cursor_key(task_id), json!(cursor))
                 .await?;
             if self.is_stopped() {
                 return Ok(Progress::Stopped);
@@ -216,17 +208,17 @@ impl Push {
         config_id: &str,
         index: usize,
     ) -> AgentResult<Claim> {
-        let memory = self.memory();
+        let values = self.values();
         let key = claim_key(task_id, config_id, index);
         let mine = json!({"owner": self.inner.owner});
         for _ in 0..2 {
-            if memory
-                .save_if_absent(auth, &key, mine.clone(), self.claim_ttl())
+            if values
+                .claim(auth, &key, mine.clone(), self.claim_ttl())
                 .await?
             {
                 return Ok(Claim::Mine);
             }
-            match memory.load_serialized(auth, &key).await? {
+            match values.load(auth, &key).await? {
                 // Lapsed or released between the two calls: try once more.
                 None => continue,
                 Some(claim) if claim.get("done") == Some(&Value::Bool(true)) => {
@@ -353,9 +345,9 @@ impl Push {
         outcome: Outcome,
     ) -> AgentResult<()> {
         let _writes = self.inner.writes.lock().await;
-        let memory = self.memory();
-        let mut log: Vec<Value> = memory
-            .load_serialized(auth, &log_key(task_id))
+        let values = self.values();
+        let mut log: Vec<Value> = values
+            .load(auth, &log_key(task_id))
             .await?
             .and_then(|v| serde_json::from_value(v).ok())
             .unwrap_or_default();
@@ -372,8 +364,8 @@ impl Push {
         }));
         let excess = log.len().saturating_sub(DELIVERY_LOG_LIMIT);
         log.drain(..excess);
-        memory
-            .save_serialized(auth, &log_key(task_id), Value::Array(log))
+        values
+            .save(auth, &log_key(task_id), Value::Array(log))
             .await
     }
 }
@@ -400,41 +392,4 @@ enum Attempt {
     Refused(String),
     /// The request failed on the way (retried).
     Failed(String),
-}
-
-/// Wait for a change; a closed channel never changes again.
-async fn changed<T>(receiver: &mut watch::Receiver<T>) {
-    if receiver.changed().await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
-/// The stream event a log event is pushed as: status and artifact updates only.
-fn stream_event(event: &TaskEvent) -> Option<StreamEvent> {
-    match event {
-        TaskEvent::StatusUpdate {
-            task_id,
-            thread_id,
-            status,
-            ..
-        } => Some(StreamEvent::StatusUpdate {
-            task_id: task_id.clone(),
-            thread_id: thread_id.clone(),
-            status: status.clone(),
-        }),
-        TaskEvent::ArtifactUpdate {
-            task_id,
-            thread_id,
-            artifact,
-            append,
-            last_chunk,
-        } => Some(StreamEvent::ArtifactUpdate {
-            task_id: task_id.clone(),
-            thread_id: thread_id.clone(),
-            artifact: artifact.clone(),
-            append: *append,
-            last_chunk: *last_chunk,
-        }),
-        TaskEvent::Message { .. } => None,
-    }
 }

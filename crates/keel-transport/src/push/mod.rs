@@ -6,14 +6,15 @@
 //! (the watchers that POST a task's updates) and `guard` (the SSRF guard); the config itself is
 //! [`PushConfig`](crate::push_config::PushConfig).
 //!
-//! # Where configs live, and why the memory service
+//! # Where configs live, and why the engine's tenant values
 //!
-//! Configs, delivery cursors and the delivery log are stored through the runtime's
-//! [`MemoryService`]: it is the one tenant-namespaced key-value store that every runtime
+//! Configs, delivery cursors and the delivery log are stored in the engine's
+//! [`TenantValues`] (the runtime's memory service): the one tenant-namespaced key-value store
+//! that every runtime
 //! offers (memory, SQLite, Redis, a user's own), so configs are tenant-scoped by construction
 //! (a tenant's key never reaches another tenant's namespace), shared by every process on one
 //! store, and survive a restart with the store — without adding a push-specific trait to
-//! every backend. The memory service has no listing, hence an index key per task. Keys, in the
+//! every backend. It has no listing, hence an index key per task. Keys, in the
 //! tenant's namespace:
 //!
 //! | key | value |
@@ -30,7 +31,7 @@
 //! cursor (at least once: an event delivered just before a crash may be delivered again).
 //! Read-modify-write of the index, the log and the active list is serialized within a
 //! process; two processes creating configs for the same task at the same instant can lose
-//! an index entry (the memory service has no compare-and-set).
+//! an index entry (the store has no compare-and-set).
 //!
 //! # Delivery
 //!
@@ -46,7 +47,7 @@
 //!
 //! Every process on a shared store may watch the same task (each one that created a config
 //! for it, and each that resumed it at start). Each (config, event) delivery is claimed first
-//! with [`MemoryService::save_if_absent`] (one atomic step on the store: `SET NX` on Redis):
+//! with [`TenantValues::claim`] (one atomic step on the store: `SET NX` on Redis):
 //! the winner delivers and then marks the claim done (kept for a day); a watcher that finds
 //! it done skips the event, and one that finds it held by another process waits, so each
 //! config still receives its events in order. A claim lapses after the longest a delivery
@@ -76,9 +77,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use keel_agent::reads::{Reads, TenantValues};
 use keel_agent::AgentExecutor;
 use keel_core::{AgentError, AgentResult, TaskId};
-use keel_runtime::{AuthContext, MemoryService};
+use keel_runtime::AuthContext;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -165,7 +167,9 @@ pub(crate) struct Push {
 }
 
 struct Inner {
+    /// For its update signal.
     executor: AgentExecutor,
+    reads: Reads,
     targets: TargetPolicy,
     retry: RetryPolicy,
     http: reqwest::Client,
@@ -193,6 +197,7 @@ impl Push {
             .unwrap_or_default();
         Self {
             inner: Arc::new(Inner {
+                reads: executor.reads(),
                 executor,
                 targets,
                 retry,
@@ -205,14 +210,14 @@ impl Push {
         }
     }
 
-    fn memory(&self) -> Arc<dyn MemoryService> {
-        self.inner.executor.runtime().memory_service()
+    fn values(&self) -> TenantValues {
+        self.inner.reads.values()
     }
 
     async fn active(&self) -> AgentResult<Vec<Active>> {
         Ok(self
-            .memory()
-            .load_serialized(&deliverer_context(), ACTIVE_KEY)
+            .values()
+            .load(&deliverer_context(), ACTIVE_KEY)
             .await?
             .and_then(|v| serde_json::from_value(v).ok())
             .unwrap_or_default())
@@ -220,8 +225,8 @@ impl Push {
 
     async fn save_active(&self, active: &[Active]) -> AgentResult<()> {
         let value = serde_json::to_value(active).map_err(AgentError::internal)?;
-        self.memory()
-            .save_serialized(&deliverer_context(), ACTIVE_KEY, value)
+        self.values()
+            .save(&deliverer_context(), ACTIVE_KEY, value)
             .await
     }
 }

@@ -1,0 +1,433 @@
+// The read-and-watch API (`keel_agent::reads`): pages and their tokens, filters, tenant
+// isolation with the exact not-found kinds, and watches that replay the durable log and then
+// follow it live, with no gap and no duplicate, on the executor that runs the task and on a
+// replica that shares only the store.
+
+use std::sync::Arc;
+
+use keel_agent::reads::{Reads, TaskChange, TaskQuery, ThreadPosition};
+use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
+use keel_core::{AgentCard, AgentError, Message, Task, TaskEvent, TaskId, TaskState, ThreadId};
+use keel_llm::{MockLlm, MockResponse, ToolCall};
+use keel_policy::{CapabilityPolicy, CapabilityRule};
+use keel_runtime::{AuthContext, Runtime, TaskOrder};
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+fn agent(name: &str) -> Agent {
+    Agent::builder(AgentCard::new(name, "reads tests", "http://127.0.0.1:0"))
+        .build()
+        .unwrap()
+}
+
+/// An executor of agent `name` on a fresh store of this backend.
+fn executor(name: &str) -> (AgentExecutor, AuthContext, Arc<dyn Runtime>) {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    (AgentExecutor::new(agent(name), runtime.clone()), auth, runtime)
+}
+
+fn other_tenant() -> AuthContext {
+    AuthContext::new("reads-other-app", "reads-other-user")
+}
+
+async fn send(exec: &AgentExecutor, auth: &AuthContext, text: &str, thread: &ThreadId) -> Task {
+    exec.send_message(
+        auth,
+        Message::user(text).in_thread(thread.clone()),
+        SendOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
+/// Every item of every page of `query`, following the tokens.
+async fn all_pages(reads: &Reads, auth: &AuthContext, mut query: TaskQuery) -> Vec<Vec<TaskId>> {
+    let mut pages = Vec::new();
+    loop {
+        let page = reads.tasks(auth, &query).await.unwrap();
+        pages.push(page.items.iter().map(|t| t.id.clone()).collect());
+        match page.next_page_token {
+            Some(token) => query.page_token = Some(token),
+            None => return pages,
+        }
+    }
+}
+
+#[tokio::test]
+async fn task_pages_follow_their_tokens_and_filter_by_thread_state_and_agent() {
+    let (exec, auth, runtime) = executor("alpha");
+    let (a, b) = (ThreadId::from("reads-a"), ThreadId::from("reads-b"));
+    let mut created = Vec::new();
+    for (text, thread) in [("1", &a), ("2", &b), ("3", &a), ("4", &a), ("5", &b)] {
+        created.push(send(&exec, &auth, text, thread).await.id);
+    }
+    // A second agent on the same store.
+    let beta = AgentExecutor::new(agent("beta"), runtime);
+    let betas = send(&beta, &auth, "6", &a).await.id;
+    let reads = exec.reads();
+
+    let by_two = TaskQuery {
+        page_size: Some(2),
+        ..TaskQuery::default()
+    };
+    let pages = all_pages(&reads, &auth, by_two.clone()).await;
+    assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 2]);
+    let mut expected = created.clone();
+    expected.push(betas.clone());
+    assert_eq!(pages.concat(), expected, "oldest first, each task once");
+
+    let in_a = all_pages(
+        &reads,
+        &auth,
+        TaskQuery {
+            thread_id: Some(a.clone()),
+            ..by_two.clone()
+        },
+    )
+    .await
+    .concat();
+    assert_eq!(
+        in_a,
+        [
+            created[0].clone(),
+            created[2].clone(),
+            created[3].clone(),
+            betas.clone()
+        ]
+    );
+
+    let alphas = all_pages(
+        &reads,
+        &auth,
+        TaskQuery {
+            agent: Some("alpha".into()),
+            ..by_two.clone()
+        },
+    )
+    .await;
+    assert_eq!(alphas.concat(), created, "the agent filter pages without a gap");
+    assert!(alphas.iter().all(|page| page.len() <= 2));
+    let only_beta = reads
+        .tasks(
+            &auth,
+            &TaskQuery {
+                agent: Some("beta".into()),
+                ..TaskQuery::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        only_beta.items.iter().map(|t| &t.id).collect::<Vec<_>>(),
+        [&betas]
+    );
+
+    let waiting = reads
+        .tasks(
+            &auth,
+            &TaskQuery {
+                state: Some(TaskState::InputRequired),
+                ..TaskQuery::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(waiting.items.is_empty() && waiting.next_page_token.is_none());
+    let completed = reads
+        .tasks(
+            &auth,
+            &TaskQuery {
+                state: Some(TaskState::Completed),
+                order: TaskOrder::RecentlyUpdated { since: None },
+                ..TaskQuery::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(completed.items.len(), 6);
+    assert_eq!(completed.items[0].id, betas, "most recently updated first");
+
+    for (query, field) in [
+        (
+            TaskQuery {
+                page_token: Some("not a token".into()),
+                order: TaskOrder::RecentlyUpdated { since: None },
+                ..TaskQuery::default()
+            },
+            "page_token",
+        ),
+        (
+            TaskQuery {
+                page_size: Some(0),
+                ..TaskQuery::default()
+            },
+            "page_size",
+        ),
+        (
+            TaskQuery {
+                page_size: Some(0),
+                agent: Some("alpha".into()),
+                ..TaskQuery::default()
+            },
+            "page_size",
+        ),
+    ] {
+        match reads.tasks(&auth, &query).await {
+            Err(AgentError::InvalidInput { field: named, .. }) => assert_eq!(named, field),
+            other => panic!("{query:?}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn another_tenants_ids_answer_the_exact_not_found_kinds() {
+    let (exec, auth, _) = executor("alpha");
+    let thread = ThreadId::from("reads-private");
+    let task = send(&exec, &auth, "mine", &thread).await;
+    let reads = exec.reads();
+    let other = other_tenant();
+
+    // The owner reads them all.
+    assert_eq!(reads.task(&auth, &task.id).await.unwrap().id, task.id);
+    assert!(!reads.task_events(&auth, &task.id).await.unwrap().is_empty());
+    assert_eq!(reads.thread(&auth, &thread).await.unwrap().thread_id, thread);
+    assert!(!reads
+        .thread_messages(&auth, &thread, 0, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let run = reads.latest_run(&auth, &task.id).await.unwrap().expect("a run record");
+    assert!(reads.run(&auth, &run.run_id).await.unwrap().is_some());
+
+    // Another tenant finds nothing, exactly as for ids that never existed.
+    let not_task = |result: Result<_, AgentError>| {
+        matches!(result, Err(AgentError::TaskNotFound { task_id }) if task_id == task.id)
+    };
+    assert!(not_task(reads.task(&other, &task.id).await.map(|_| ())));
+    assert!(not_task(
+        reads.task_with_history(&other, &task.id, None).await.map(|_| ())
+    ));
+    assert!(not_task(reads.task_events(&other, &task.id).await.map(|_| ())));
+    let mut watch = reads.watch_task(&other, &task.id, 0);
+    assert!(not_task(watch.next().await.expect("an answer").map(|_| ())));
+    assert!(watch.next().await.is_none(), "an error ends the watch");
+
+    let not_thread = |result: Result<(), AgentError>| {
+        matches!(result, Err(AgentError::ThreadNotFound { thread_id }) if thread_id == thread)
+    };
+    assert!(not_thread(reads.thread(&other, &thread).await.map(|_| ())));
+    assert!(not_thread(
+        reads.thread_messages(&other, &thread, 0, 10).await.map(|_| ())
+    ));
+    assert!(not_thread(
+        reads.thread_queue(&other, &thread, 10).await.map(|_| ())
+    ));
+    assert!(!reads.thread_exists(&other, &thread).await.unwrap());
+    assert!(reads
+        .tasks(&other, &TaskQuery::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+    assert_eq!(reads.run(&other, &run.run_id).await.unwrap(), None);
+    assert_eq!(reads.latest_run(&other, &task.id).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn pending_approvals_list_the_waiting_requests_of_the_tenant() {
+    let write = FnTool::new(
+        "write_record",
+        "Write a record",
+        json!({"type": "object"}),
+        |_args, _ctx| async { Ok(json!("written")) },
+    )
+    .with_capabilities(["records.write"]);
+    let llm = MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("write_record", json!({}))]),
+        MockResponse::Text("done".into()),
+    ]);
+    let agent = Agent::builder(AgentCard::new("gated", "reads tests", "http://127.0.0.1:0"))
+        .llm(llm)
+        .tool(write)
+        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
+        .build()
+        .unwrap();
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let exec = AgentExecutor::new(agent, runtime);
+    let thread = ThreadId::from("reads-gated");
+    let task = send(&exec, &auth, "write", &thread).await;
+    assert_eq!(task.state(), TaskState::InputRequired);
+    let reads = exec.reads();
+
+    let pending = reads
+        .pending_approvals(&auth, None, None, None)
+        .await
+        .unwrap();
+    assert_eq!(pending.items.len(), 1);
+    assert_eq!(pending.items[0].task_id, task.id);
+    assert_eq!(pending.items[0].thread_id, thread);
+    assert_eq!(pending.items[0].request.action.capabilities, ["records.write"]);
+    let elsewhere = ThreadId::from("reads-elsewhere");
+    assert!(reads
+        .pending_approvals(&auth, Some(&elsewhere), None, None)
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+    assert!(reads
+        .pending_approvals(&other_tenant(), None, None, None)
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+}
+
+/// An agent whose one tool waits for a permit, so a test can watch a run before it ends.
+fn gated_agent(gate: Arc<Semaphore>) -> Agent {
+    let wait = FnTool::new(
+        "wait",
+        "Wait for the gate",
+        json!({"type": "object"}),
+        move |_args: Value, _ctx| {
+            let gate = gate.clone();
+            async move {
+                gate.acquire().await.expect("the gate stays open").forget();
+                Ok(json!("through"))
+            }
+        },
+    );
+    let llm = MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("wait", json!({}))]),
+        MockResponse::Text("finished".into()),
+    ]);
+    Agent::builder(AgentCard::new("gated", "reads tests", "http://127.0.0.1:0"))
+        .llm(llm)
+        .tool(wait)
+        .build()
+        .unwrap()
+}
+
+/// Start a gated task without waiting for its run.
+async fn start_gated(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId) -> TaskId {
+    let task = exec
+        .send_message(
+            auth,
+            Message::user("go").in_thread(thread.clone()),
+            SendOptions {
+                return_immediately: true,
+                ..SendOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    task.id
+}
+
+/// Watch from `after` until the terminal status; the changes, in order.
+async fn watch_to_the_end(reads: &Reads, auth: &AuthContext, task: &TaskId, after: u64) -> Vec<TaskChange> {
+    let mut watch = reads.watch_task(auth, task, after);
+    let mut seen = Vec::new();
+    while let Some(change) = watch.next().await {
+        seen.push(change.unwrap());
+    }
+    seen
+}
+
+/// The changes are the log's events after `after`, each once, numbered without a gap.
+fn assert_the_log_after(changes: &[TaskChange], log: &[TaskEvent], after: u64) {
+    let seqs: Vec<u64> = changes.iter().map(|c| c.seq).collect();
+    let expected: Vec<u64> = (after + 1..=log.len() as u64).collect();
+    assert_eq!(seqs, expected, "no gap, no duplicate");
+    for change in changes {
+        assert_eq!(change.event, log[(change.seq - 1) as usize]);
+    }
+    assert!(changes.last().is_some_and(TaskChange::is_terminal));
+}
+
+/// Watch a gated task from sequence 0: the first read (the log so far) comes before the gate
+/// opens, so everything after it (the tool's result, the answer, the end) arrives live. The
+/// changes must be the whole log, each event once, numbered without a gap.
+async fn watch_through_the_gate(reads: &Reads, auth: &AuthContext, task: &TaskId, gate: &Semaphore) {
+    let mut watch = reads.watch_task(auth, task, 0);
+    let first = watch.next().await.unwrap().unwrap();
+    assert_eq!(first.seq, 1, "from the log's first event");
+    gate.add_permits(1);
+    let mut changes = vec![first];
+    while let Some(change) = watch.next().await {
+        changes.push(change.unwrap());
+    }
+    let log = reads.task_events(auth, task).await.unwrap();
+    assert_the_log_after(&changes, &log, 0);
+    assert_eq!(watch.position(), log.len() as u64);
+}
+
+#[tokio::test]
+async fn a_watch_from_zero_replays_the_log_then_follows_it_live() {
+    let gate = Arc::new(Semaphore::new(0));
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let exec = AgentExecutor::new(gated_agent(gate.clone()), runtime);
+    let task = start_gated(&exec, &auth, &ThreadId::from("reads-live")).await;
+    let reads = exec.reads();
+    watch_through_the_gate(&reads, &auth, &task, &gate).await;
+}
+
+#[tokio::test]
+async fn a_watch_from_n_yields_only_the_later_events() {
+    let (exec, auth, _) = executor("alpha");
+    let task = send(&exec, &auth, "hello", &ThreadId::from("reads-from-n")).await;
+    let reads = exec.reads();
+    let log = reads.task_events(&auth, &task.id).await.unwrap();
+    assert!(log.len() > 2, "{log:?}");
+    let changes = watch_to_the_end(&reads, &auth, &task.id, 2).await;
+    assert_the_log_after(&changes, &log, 2);
+}
+
+#[tokio::test]
+async fn a_watch_on_a_replica_sees_the_events_of_a_task_run_by_another() {
+    let gate = Arc::new(Semaphore::new(0));
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let runner = AgentExecutor::new(gated_agent(gate.clone()), runtime.clone());
+    // The replica shares the store only: its local signal never hears of the runner's work.
+    let replica = AgentExecutor::new(gated_agent(Arc::new(Semaphore::new(0))), runtime);
+    let task = start_gated(&runner, &auth, &ThreadId::from("reads-replica")).await;
+    let reads = replica.reads();
+    watch_through_the_gate(&reads, &auth, &task, &gate).await;
+}
+
+/// The next `count` changes of a thread watch.
+async fn take(watch: &mut keel_agent::reads::ThreadWatch, count: usize) -> Vec<TaskChange> {
+    let mut out = Vec::new();
+    while out.len() < count {
+        out.push(watch.next().await.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_thread_watch_follows_every_task_of_the_thread_and_resumes_from_its_position() {
+    let (exec, auth, _) = executor("alpha");
+    let thread = ThreadId::from("reads-thread-watch");
+    let reads = exec.reads();
+    let mut watch = reads.watch_thread(&auth, &thread, ThreadPosition::default());
+    let first = send(&exec, &auth, "one", &thread).await;
+    let first_log = reads.task_events(&auth, &first.id).await.unwrap();
+    let seen = take(&mut watch, first_log.len()).await;
+    assert_the_log_after(&seen, &first_log, 0);
+    // Resume from the position in a new watch: only the second task's events come.
+    let position = ThreadPosition::parse(&watch.position().token()).unwrap();
+    assert_eq!(position.of(&first.id), first_log.len() as u64);
+    let second = send(&exec, &auth, "two", &thread).await;
+    let second_log = reads.task_events(&auth, &second.id).await.unwrap();
+    let mut resumed = reads.watch_thread(&auth, &thread, position);
+    let later = take(&mut resumed, second_log.len()).await;
+    assert!(later.iter().all(|c| c.task_id == second.id), "{later:?}");
+    assert_the_log_after(&later, &second_log, 0);
+    match ThreadPosition::parse("not a position") {
+        Err(AgentError::InvalidInput { field, .. }) => assert_eq!(field, "position"),
+        other => panic!("{other:?}"),
+    }
+}
