@@ -33,6 +33,9 @@ macro_rules! rules {
         mod explicit_parts {
             include!("rules/explicit_parts.rs");
         }
+        mod budgets_and_subscriptions {
+            include!("rules/budgets_and_subscriptions.rs");
+        }
     };
 }
 
