@@ -520,7 +520,8 @@ impl Inner {
         }
     }
 
-    /// Work queued while the thread was idle starts a turn of its own: a task in the thread.
+    /// Work queued while the thread was idle starts a turn of its own: a task in the thread,
+    /// whose id is [`TURN_PREFIX`] and the queue item's id.
     pub(super) async fn start_turn(
         &self,
         flow: &Flow,
@@ -530,7 +531,7 @@ impl Inner {
         let tasks = self.runtime.task_manager();
         let mut task = Task::new(flow.thread_id.clone());
         // The task id derives from the queue item, so a redelivered item continues its task.
-        task.id = TaskId::from(format!("queued-{item_id}"));
+        task.id = TaskId::from(format!("{TURN_PREFIX}{item_id}"));
         if tasks.get_task(&flow.auth, &task.id).await?.is_none() {
             RunContext::ensure_task_context(&mut task)?;
             message.task_id = Some(task.id.clone());
@@ -717,6 +718,13 @@ impl Inner {
                 item.payload.get("kind").and_then(Value::as_str),
                 Some("task" | "effect")
             ) {
+                continue;
+            }
+            // The item a turn started from heads the queue while its run goes on: it is the
+            // task's own message, already in the history, so it is acknowledged as taken
+            // but not added again.
+            if task.id.as_str().strip_prefix(TURN_PREFIX) == Some(item.id.as_str()) {
+                injected.push(item.id);
                 continue;
             }
             let Ok(work) = QueuedWork::deserialize(&item.payload) else {

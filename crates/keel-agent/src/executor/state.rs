@@ -33,6 +33,8 @@ pub(super) const META_TASK: &str = "keel.task_id";
 /// model or hook that decides by the incoming message reads it here).
 pub const META_MESSAGE: &str = "keel.message_id";
 pub(super) const META_QUEUE_ITEM: &str = "keel.queue_item";
+/// What the id of a task started by queued work begins with; the queue item's id follows.
+pub(super) const TURN_PREFIX: &str = "queued-";
 /// History metadata key: the agent (side) that wrote an assistant or tool entry, so that two
 /// agents sharing a thread each see the other as the user (dual_ai, §4).
 pub(super) const META_SIDE: &str = "keel.side";

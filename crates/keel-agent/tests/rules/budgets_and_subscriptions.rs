@@ -135,3 +135,166 @@ async fn infer_parts_under_the_budget_count_as_steps_and_complete() {
     assert_eq!(task.state(), TaskState::Completed, "{task:?}");
     assert!(exceeded.is_empty(), "{exceeded:?}");
 }
+
+/// An asynchronous tool that hands each invocation to the test instead of an endpoint.
+struct Watch(tokio::sync::mpsc::UnboundedSender<keel_agent::AsyncInvocation>);
+
+#[async_trait::async_trait]
+impl keel_agent::Tool for Watch {
+    fn name(&self) -> &str {
+        "watch"
+    }
+    fn description(&self) -> &str {
+        "Watch a price; its moves arrive later as events."
+    }
+    fn parameters(&self) -> serde_json::Value {
+        json!({"type": "object"})
+    }
+    async fn call(
+        &self,
+        _args: serde_json::Value,
+        _ctx: &keel_agent::ToolContext,
+    ) -> keel_core::AgentResult<serde_json::Value> {
+        unreachable!("an asynchronous tool is dispatched, never called")
+    }
+    fn asynchronous(&self) -> Option<&dyn keel_agent::AsyncDispatch> {
+        Some(self)
+    }
+}
+
+#[async_trait::async_trait]
+impl keel_agent::AsyncDispatch for Watch {
+    async fn dispatch(
+        &self,
+        invocation: &keel_agent::AsyncInvocation,
+        _sender: &dyn keel_agent::InvocationSender,
+    ) -> keel_core::AgentResult<()> {
+        let _ = self.0.send(invocation.clone());
+        Ok(())
+    }
+}
+
+/// An executor whose model calls `watch` and then answers each wake; the invocation the
+/// tool got, and the task that waits for it.
+async fn watching(
+    replies: &[&str],
+) -> (AgentExecutor, AuthContext, Arc<MockLlm>, keel_agent::AsyncInvocation, Task) {
+    let (tx, mut invocations) = tokio::sync::mpsc::unbounded_channel();
+    let mut script = vec![MockResponse::ToolCalls(vec![ToolCall::new("watch", json!({}))])];
+    script.extend(replies.iter().map(|r| MockResponse::Text((*r).into())));
+    let llm = Arc::new(MockLlm::scripted(script));
+    let agent = Agent::builder(card())
+        .llm_shared(llm.clone())
+        .tool(Watch(tx))
+        .build()
+        .unwrap();
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let config = keel_agent::ExecutorConfig {
+        callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared("http://127.0.0.1:9")),
+        ..keel_agent::ExecutorConfig::default()
+    };
+    let exec = AgentExecutor::with_config(agent, runtime, config);
+    let options = SendOptions {
+        return_immediately: true,
+        ..Default::default()
+    };
+    let task = exec
+        .send_message(&auth, Message::user("watch the price"), options)
+        .await
+        .unwrap();
+    let invocation = invocations.recv().await.unwrap();
+    keel_runtime::testing::eventually("the task to wait for its tool", || async {
+        let task = exec.get_task(&auth, &task.id, None).await.unwrap();
+        task.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
+    })
+    .await;
+    (exec, auth, llm, invocation, task)
+}
+
+/// Wait until the thread's history holds the assistant's `reply`.
+async fn replied(exec: &AgentExecutor, auth: &AuthContext, task: &Task, reply: &str) {
+    keel_runtime::testing::eventually("the model's reply in the thread", || async {
+        exec.thread(auth, task.thread_id.clone())
+            .history()
+            .await
+            .unwrap()
+            .iter()
+            .any(|e| e.message.role == keel_llm::LlmRole::Assistant && e.message.content == reply)
+    })
+    .await;
+}
+
+/// How many user messages saying `text` the model was shown.
+fn shown(request: &keel_llm::LlmRequest, text: &str) -> usize {
+    request
+        .messages
+        .iter()
+        .filter(|m| m.role == keel_llm::LlmRole::User && m.content.contains(text))
+        .count()
+}
+
+#[tokio::test]
+async fn a_subscription_event_wakes_the_model_and_a_progress_report_does_not() {
+    let (exec, auth, llm, inv, task) = watching(&["noted: 42"]).await;
+
+    // Progress first: it joins the task's log only, and queues nothing for the model.
+    exec.deliver_tool_progress(&inv.call_id, &inv.callback_secret, json!("progress at 50%"))
+        .await
+        .unwrap();
+    let accepted = exec
+        .deliver_subscription_event(&inv.call_id, &inv.callback_secret, json!("the price moved to 42"))
+        .await
+        .unwrap();
+    assert_eq!(accepted.task_id, task.id);
+    assert_eq!(accepted.thread_id, task.thread_id);
+    replied(&exec, &auth, &task, "noted: 42").await;
+
+    // Two model calls: the one that called the tool, and the one the event woke, which saw the
+    // event as a message and not the progress report.
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    // Once: the turn the event started does not take its own queue item as new input.
+    assert_eq!(shown(&requests[1], "the price moved to 42"), 1, "{:?}", requests[1]);
+    assert!(!requests
+        .iter()
+        .any(|r| r.messages.iter().any(|m| m.content.contains("progress at 50%"))));
+    // The waiting task still waits for its result: the event is input, not the result.
+    let waiting = exec.get_task(&auth, &task.id, None).await.unwrap();
+    assert_eq!(waiting.state(), TaskState::Working);
+}
+
+#[tokio::test]
+async fn subscription_events_follow_the_result_and_a_forged_one_is_refused() {
+    let (exec, auth, llm, inv, task) = watching(&["watching", "moved to 7"]).await;
+    let forged = exec
+        .deliver_subscription_event(&inv.call_id, "not-the-secret", json!("forged"))
+        .await;
+    assert!(
+        matches!(forged, Err(keel_agent::CallbackError::Forbidden { .. })),
+        "{forged:?}"
+    );
+    let unknown = exec
+        .deliver_subscription_event("no-such-call", &inv.callback_secret, json!("lost"))
+        .await;
+    assert!(
+        matches!(unknown, Err(keel_agent::CallbackError::UnknownCall { .. })),
+        "{unknown:?}"
+    );
+
+    // The subscription is acknowledged by its result; its events keep coming after it.
+    exec.deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("subscribed"), false)
+        .await
+        .unwrap();
+    replied(&exec, &auth, &task, "watching").await;
+    exec.deliver_subscription_event(&inv.call_id, &inv.callback_secret, json!({"price": 7}))
+        .await
+        .unwrap();
+    replied(&exec, &auth, &task, "moved to 7").await;
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 3, "{requests:?}");
+    assert_eq!(shown(&requests[2], r#"{"price":7}"#), 1, "{:?}", requests[2]);
+    assert!(!requests
+        .iter()
+        .any(|r| shown(r, "forged") + shown(r, "lost") > 0));
+}
