@@ -17,7 +17,6 @@ use serde_json::{json, Value};
 
 use super::state::*;
 use crate::async_tools::{self as at, PendingCall};
-use crate::observe::RunObs;
 use crate::task_meta::EngineMeta;
 
 impl Inner {
@@ -176,8 +175,8 @@ impl Inner {
         };
         let wait = (deadline - Utc::now()).to_std().unwrap_or_default();
         let (auth, thread_id, task_id) = (auth.clone(), thread_id.clone(), task_id.clone());
-        let stop = self.shutting_down.clone();
-        self.tracker.spawn(async move {
+        let stop = self.driver.shutting_down.clone();
+        self.driver.tracker.spawn(async move {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = stop.cancelled() => return,
@@ -515,22 +514,9 @@ impl AgentExecutor {
                 },
             )
             .await?;
-        inner.task_changed();
+        inner.notices.task_changed();
         if let Some(context) = RunContext::from_task(&task).map_err(CallbackError::Agent)? {
-            let sinks = inner
-                .sinks
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            let obs = RunObs::new(
-                &sinks,
-                &context,
-                &task.id,
-                &inner.agent.card().name,
-                inner.agent.budget_policy_for(&context),
-                inner.agent.authorizer().clone(),
-                inner.runtime.logging_service(),
-            );
+            let obs = inner.run_obs(&context, &task.id);
             obs.emit(RunEvent::tool_async_progress(ToolAsyncProgressPayload {
                 call_id: call_id.to_owned(),
                 tool_call_id: record.tool_call_id.clone(),

@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::notices::RestWaiter;
 use super::state::*;
 use crate::task_meta::EngineMeta;
 use crate::thread_state::ThreadHost;
@@ -76,19 +77,19 @@ impl Inner {
 
     /// Make sure a local driver looks after the thread: wake the one that exists or start one.
     pub(crate) fn schedule(&self, auth: &AuthContext, thread_id: &ThreadId) {
-        if self.shutting_down.is_cancelled() {
+        if self.driver.shutting_down.is_cancelled() {
             return;
         }
         let Some(me) = self.me.upgrade() else { return };
         let key = (auth.namespace(), thread_id.clone());
-        match self.workers.entry(key.clone()) {
+        match self.driver.workers.entry(key.clone()) {
             dashmap::mapref::entry::Entry::Occupied(worker) => worker.get().notify_one(),
             dashmap::mapref::entry::Entry::Vacant(slot) => {
                 let notify = Arc::new(Notify::new());
                 slot.insert(notify.clone());
                 let (auth, thread_id) = (auth.clone(), thread_id.clone());
                 let span = tracing::info_span!("thread", thread_id = %thread_id);
-                self.tracker.spawn(
+                self.driver.tracker.spawn(
                     async move { me.drive_thread(auth, thread_id, key, notify).await }
                         .instrument(span),
                 );
@@ -107,7 +108,7 @@ impl Inner {
     ) {
         let store = self.runtime.thread_store();
         loop {
-            if self.shutting_down.is_cancelled() {
+            if self.driver.shutting_down.is_cancelled() {
                 break;
             }
             match store.queue_len(&auth, &thread_id).await {
@@ -119,7 +120,7 @@ impl Inner {
                 ),
             }
             let (holder, ttl) = (&self.config.holder, self.config.lease_ttl);
-            let taken = if self.reclaim.remove(&key).is_some() {
+            let taken = if self.driver.reclaim.remove(&key).is_some() {
                 store.reclaim_lease(&auth, &thread_id, holder, ttl).await
             } else {
                 store.acquire_lease(&auth, &thread_id, holder, ttl).await
@@ -135,18 +136,18 @@ impl Inner {
                             tokio::select! {
                                 () = notify.notified() => {}
                                 () = tokio::time::sleep(self.config.poll_interval) => {}
-                                () = self.shutting_down.cancelled() => break,
+                                () = self.driver.shutting_down.cancelled() => break,
                             }
                             continue;
                         }
                     };
                     let worked = self.work_queue(&auth, lease).await;
                     drop(slot);
-                    self.slots.forget_if_idle(&auth);
+                    self.driver.slots.forget_if_idle(&auth);
                     if worked == Worked::LeftForAnotherAgent {
                         // That agent's executor takes the thread (its driver polls for the
                         // lease); looking again here would only take the lease from it.
-                        self.workers.remove(&key);
+                        self.driver.workers.remove(&key);
                         return;
                     }
                     // The queue was worked until it was empty (or the lease went): the
@@ -162,14 +163,14 @@ impl Inner {
             tokio::select! {
                 () = notify.notified() => {}
                 () = tokio::time::sleep(self.config.poll_interval) => {}
-                () = self.shutting_down.cancelled() => break,
+                () = self.driver.shutting_down.cancelled() => break,
             }
         }
-        self.workers.remove(&key);
+        self.driver.workers.remove(&key);
         // Work queued between the last look and the removal must not be stranded, nor work
         // left while the store did not answer: a new driver looks again, every poll interval
         // while the store stays out.
-        if !self.shutting_down.is_cancelled()
+        if !self.driver.shutting_down.is_cancelled()
             && store
                 .queue_len(&auth, &thread_id)
                 .await
@@ -187,7 +188,7 @@ impl Inner {
     async fn wait_for_slot(&self, auth: &AuthContext, mut lease: Lease) -> SlotWait {
         let store = self.runtime.thread_store();
         let ttl = self.config.lease_ttl;
-        let acquire = self.slots.acquire(auth);
+        let acquire = self.driver.slots.acquire(auth);
         tokio::pin!(acquire);
         loop {
             tokio::select! {
@@ -209,7 +210,7 @@ impl Inner {
                         }
                     }
                 }
-                () = self.shutting_down.cancelled() => {
+                () = self.driver.shutting_down.cancelled() => {
                     if let Err(err) = store.release_lease(auth, &lease).await {
                         self.log(
                             LogLevel::Warn,
@@ -255,10 +256,10 @@ impl Inner {
                         let theirs = EngineMeta::of(&task.metadata)
                             .agent
                             .is_some_and(|agent| agent != self.agent.card().name);
-                        if self.shutting_down.is_cancelled()
+                        if self.driver.shutting_down.is_cancelled()
                             || theirs
                             || !seen.insert(task.thread_id.clone())
-                            || self.workers.contains_key(&key)
+                            || self.driver.workers.contains_key(&key)
                             || threads.queue_len(auth, &task.thread_id).await? == 0
                         {
                             continue;
@@ -283,9 +284,9 @@ impl Inner {
             };
             for thread_id in queued {
                 let key = (auth.namespace(), thread_id.clone());
-                if self.shutting_down.is_cancelled()
+                if self.driver.shutting_down.is_cancelled()
                     || seen.contains(&thread_id)
-                    || self.workers.contains_key(&key)
+                    || self.driver.workers.contains_key(&key)
                     || self.front_is_another_agents(auth, &thread_id).await?
                 {
                     continue;
@@ -383,7 +384,7 @@ impl Inner {
         let mut worked = Worked::Done;
         let mut released = false;
         loop {
-            if flow.lost.is_cancelled() || self.shutting_down.is_cancelled() {
+            if flow.lost.is_cancelled() || self.driver.shutting_down.is_cancelled() {
                 break;
             }
             // Two: whether anything waits behind this item decides how it is acknowledged.
@@ -567,7 +568,7 @@ impl Inner {
         let deadline =
             tokio::time::Instant::now() + self.config.lease_ttl + 10 * self.config.poll_interval;
         let key = (auth.namespace(), task_id.clone());
-        let mut waiter = self.rest_waiter(auth, task_id);
+        let mut waiter = self.notices.rest_waiter(auth, task_id);
         loop {
             waiter.receiver.borrow_and_update();
             let task = self
@@ -582,7 +583,7 @@ impl Inner {
                 return Ok(());
             }
             if task.state() == TaskState::Working
-                && !self.active.contains_key(&key)
+                && !self.driver.active.contains_key(&key)
                 && self.cancel_unheld(auth, &task, reason).await?
             {
                 continue;
@@ -654,14 +655,8 @@ impl Inner {
         task_id: &TaskId,
         done: impl Fn(&Task) -> bool,
     ) -> AgentResult<Task> {
-        let waiter = self.rest_waiter(auth, task_id);
+        let waiter = self.notices.rest_waiter(auth, task_id);
         self.wait_with(waiter, auth, task_id, done).await
-    }
-
-    /// A place among `task_id`'s waiters, taken before the change it waits for is started
-    /// (e.g. the task queued), so that no wake-up can come before it.
-    pub(super) fn rest_waiter(&self, auth: &AuthContext, task_id: &TaskId) -> RestWaiter<'_> {
-        RestWaiter::new(&self.resting, (auth.namespace(), task_id.clone()))
     }
 
     /// [`Self::wait_until`] with a waiter taken earlier.
@@ -813,37 +808,4 @@ enum SlotWait {
     Closed,
     /// The lease could not be renewed; the thread may be another process's now.
     LeaseLost,
-}
-
-type Waiters =
-    dashmap::DashMap<TaskKey, tokio::sync::watch::Sender<u64>, foldhash::fast::RandomState>;
-
-/// One caller's place among a task's waiters (`Inner::resting`); the task's entry goes when
-/// its last waiter does, also when the waiting future is dropped (a client that went away).
-pub(super) struct RestWaiter<'a> {
-    waiters: &'a Waiters,
-    key: TaskKey,
-    receiver: tokio::sync::watch::Receiver<u64>,
-}
-
-impl<'a> RestWaiter<'a> {
-    fn new(waiters: &'a Waiters, key: TaskKey) -> Self {
-        let receiver = waiters
-            .entry(key.clone())
-            .or_insert_with(|| tokio::sync::watch::channel(0).0)
-            .subscribe();
-        Self {
-            waiters,
-            key,
-            receiver,
-        }
-    }
-}
-
-impl Drop for RestWaiter<'_> {
-    fn drop(&mut self) {
-        // This waiter's own receiver still counts here.
-        self.waiters
-            .remove_if(&self.key, |_, sender| sender.receiver_count() <= 1);
-    }
 }

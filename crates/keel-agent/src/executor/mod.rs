@@ -17,6 +17,8 @@ mod direct;
 mod driver;
 mod features;
 mod host;
+mod notices;
+mod records;
 mod run;
 mod slots;
 mod state;
@@ -29,7 +31,6 @@ pub use state::{AgentExecutor, META_MESSAGE as MESSAGE_ID_META};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
-use dashmap::DashMap;
 use keel_core::{
     AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, TaskState,
     ThreadId,
@@ -38,7 +39,6 @@ use keel_runtime::{attach_history, load_task_with_history, AuthContext, ListTask
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::approval_part;
 use crate::task_meta::{EngineMeta, PENDING_APPROVAL};
@@ -117,23 +117,14 @@ impl AgentExecutor {
 
     /// An executor with explicit tuning.
     pub fn with_config(agent: Agent, runtime: Arc<dyn Runtime>, config: ExecutorConfig) -> Self {
-        let (changed, _) = watch::channel(0);
-        let slots = slots::Slots::new(config.max_concurrent_threads, config.max_threads_per_tenant);
         let executor = Self {
             inner: Arc::new_cyclic(|me| Inner {
+                driver: Driver::new(&config),
                 agent,
                 runtime,
                 config,
                 me: me.clone(),
-                active: DashMap::default(),
-                workers: DashMap::default(),
-                reclaim: Default::default(),
-                changed,
-                resting: DashMap::default(),
-                tracker: TaskTracker::new(),
-                sinks: RwLock::new(Vec::new()),
-                shutting_down: CancellationToken::new(),
-                slots,
+                notices: notices::Notices::new(),
                 parents: RwLock::new(Vec::new()),
                 effects: Default::default(),
             }),
@@ -377,7 +368,8 @@ impl AgentExecutor {
                 .save_task_with_events(auth, &task, std::slice::from_ref(&message))
                 .await?;
         }
-        let waiter = (!options.return_immediately).then(|| self.inner.rest_waiter(auth, &task.id));
+        let waiter =
+            (!options.return_immediately).then(|| self.inner.notices.rest_waiter(auth, &task.id));
         self.inner
             .enqueue(
                 auth,
@@ -472,6 +464,7 @@ impl AgentExecutor {
             )
             .await?;
         let local = inner
+            .driver
             .active
             .get(&(auth.namespace(), task_id.clone()))
             .map(|a| a.clone());
@@ -508,11 +501,7 @@ impl AgentExecutor {
 
     /// Send every run's normalized events (`keel-events`) to `sink` too, from now on.
     pub fn add_event_sink(&self, sink: Arc<dyn EventSink>) {
-        self.inner
-            .sinks
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(sink);
+        self.inner.notices.add_sink(sink);
     }
 
     /// Answer an action that waits for approval (the task is `input-required` with
@@ -564,12 +553,13 @@ impl AgentExecutor {
     /// by other processes sharing the store does not bump it: followers of such tasks look
     /// at the store now and then.
     pub fn task_updates(&self) -> watch::Receiver<u64> {
-        self.inner.changed.subscribe()
+        self.inner.notices.subscribe()
     }
 
     /// Whether a run of this task is executing in this process.
     pub fn is_running(&self, auth: &AuthContext, task_id: &TaskId) -> bool {
         self.inner
+            .driver
             .active
             .contains_key(&(auth.namespace(), task_id.clone()))
     }
@@ -610,6 +600,7 @@ impl AgentExecutor {
                     // A lease still held under this process's holder name was this
                     // process's before it restarted: taken back at once.
                     self.inner
+                        .driver
                         .reclaim
                         .insert((auth.namespace(), task.thread_id.clone()));
                     self.inner.schedule(auth, &task.thread_id);
@@ -654,9 +645,9 @@ impl AgentExecutor {
     /// each thread to one runner across processes. Needs a tokio runtime.
     pub fn start_takeover(&self) {
         let me = Arc::downgrade(&self.inner);
-        let stop = self.inner.shutting_down.clone();
+        let stop = self.inner.driver.shutting_down.clone();
         let ttl = self.inner.config.lease_ttl;
-        self.inner.tracker.spawn(async move {
+        self.inner.driver.tracker.spawn(async move {
             loop {
                 let pause = ttl.mul_f64(0.25 + fastrand::f64() / 4.0);
                 tokio::select! {
@@ -677,14 +668,14 @@ impl AgentExecutor {
     /// Cancel every run of this process (reason `server shutting down`), stop taking new
     /// work, and wait until each run has persisted its final state.
     pub async fn shutdown(&self) {
-        self.inner.shutting_down.cancel();
-        for run in self.inner.active.iter() {
+        self.inner.driver.shutting_down.cancel();
+        for run in self.inner.driver.active.iter() {
             *run.reason.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some("server shutting down".into());
             run.token.cancel();
         }
-        self.inner.tracker.close();
-        self.inner.tracker.wait().await;
+        self.inner.driver.tracker.close();
+        self.inner.driver.tracker.wait().await;
     }
 }
 

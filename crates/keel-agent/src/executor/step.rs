@@ -534,20 +534,7 @@ impl AgentExecutor {
         registered.validate(&arguments)?;
         let call = ToolCall::new(name, arguments);
         let task_id = TaskId::new();
-        let sinks = inner
-            .sinks
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let obs = Arc::new(RunObs::new(
-            &sinks,
-            &context,
-            &task_id,
-            &inner.agent.card().name,
-            inner.agent.budget_policy_for(&context),
-            inner.agent.authorizer().clone(),
-            inner.runtime.logging_service(),
-        ));
+        let obs = Arc::new(inner.run_obs(&context, &task_id));
         let action = Arc::new(tool_action(registered.tool.as_ref(), &call));
         obs.emit(RunEvent::action_requested(&action)).await;
         if let Err(err) = obs.authorize(&action).await {
