@@ -437,14 +437,7 @@ impl AgentExecutor {
         reason: Option<String>,
     ) -> AgentResult<Task> {
         let inner = &self.inner;
-        let tasks = inner.runtime.task_manager();
-        let task =
-            tasks
-                .get_task(auth, task_id)
-                .await?
-                .ok_or_else(|| AgentError::TaskNotFound {
-                    task_id: task_id.clone(),
-                })?;
+        let task = inner.stored_task(auth, task_id).await?;
         if task.state().is_terminal() {
             return Err(AgentError::TaskNotCancelable {
                 task_id: task_id.clone(),
@@ -517,13 +510,7 @@ impl AgentExecutor {
         decision: ApprovalDecision,
     ) -> AgentResult<Task> {
         let tasks = self.inner.runtime.task_manager();
-        let mut task =
-            tasks
-                .get_task(auth, task_id)
-                .await?
-                .ok_or_else(|| AgentError::TaskNotFound {
-                    task_id: task_id.clone(),
-                })?;
+        let mut task = self.inner.stored_task(auth, task_id).await?;
         if task.state() != TaskState::InputRequired || !task.metadata.contains_key(PENDING_APPROVAL)
         {
             return Err(AgentError::invalid_input(

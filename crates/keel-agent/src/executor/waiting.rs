@@ -9,6 +9,21 @@ use super::notices::RestWaiter;
 use super::state::*;
 
 impl Inner {
+    /// The stored task, or [`AgentError::TaskNotFound`].
+    pub(super) async fn stored_task(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<Task> {
+        self.runtime
+            .task_manager()
+            .get_task(auth, task_id)
+            .await?
+            .ok_or_else(|| AgentError::TaskNotFound {
+                task_id: task_id.clone(),
+            })
+    }
+
     /// Wait until the task rests with an answer ([`answered`]).
     pub(super) async fn wait_until_resting(
         &self,
@@ -35,14 +50,7 @@ impl Inner {
         let mut waiter = self.notices.rest_waiter(auth, task_id);
         loop {
             waiter.receiver.borrow_and_update();
-            let task = self
-                .runtime
-                .task_manager()
-                .get_task(auth, task_id)
-                .await?
-                .ok_or_else(|| AgentError::TaskNotFound {
-                    task_id: task_id.clone(),
-                })?;
+            let task = self.stored_task(auth, task_id).await?;
             if answered(&task) {
                 return Ok(());
             }
@@ -133,14 +141,7 @@ impl Inner {
     ) -> AgentResult<Task> {
         loop {
             waiter.receiver.borrow_and_update();
-            let task = self
-                .runtime
-                .task_manager()
-                .get_task(auth, task_id)
-                .await?
-                .ok_or_else(|| AgentError::TaskNotFound {
-                    task_id: task_id.clone(),
-                })?;
+            let task = self.stored_task(auth, task_id).await?;
             if done(&task) {
                 return Ok(task);
             }
