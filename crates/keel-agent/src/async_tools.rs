@@ -22,6 +22,12 @@
 //! push subscribers see it, and goes to the executor's event sinks as `tool.async.progress`
 //! under the task's run. Progress changes nothing the model sees, and is refused once the
 //! result is in.
+//!
+//! A call may also push subscription events, before or after its result
+//! ([`AgentExecutor::deliver_subscription_event`](crate::AgentExecutor::deliver_subscription_event)):
+//! each is queued durably on the call's thread as a user message, as any queued input is, and
+//! wakes the model (seed 004: results, subscription events and user messages arrive through
+//! one input channel).
 
 use std::collections::HashSet;
 use std::fmt;

@@ -25,6 +25,17 @@ pub(crate) struct CallSite<'a> {
     pub(crate) step: u32,
 }
 
+/// Before a step (one model call of the run): the budget's step check, an exceeded budget
+/// being the error after its `budget.exceeded` event.
+pub(crate) async fn step_checkpoint(obs: &RunObs) -> AgentResult<()> {
+    obs.budget(|b| b.check_step()).await
+}
+
+/// After the call's answer is kept: the budget's output check.
+pub(crate) async fn output_checkpoint(obs: &RunObs) -> AgentResult<()> {
+    obs.budget(|b| b.check_output_tokens()).await
+}
+
 /// Before the call: `context.prepared`, the budget's model-call check (an exceeded budget
 /// is the error, after its `budget.exceeded` event), then `llm.call.started`.
 pub(crate) async fn before_call(
@@ -185,13 +196,13 @@ impl Inference {
             step,
         };
         // Each call is a step of the run, as each of the engine's steps is one model call.
-        self.obs.budget(|b| b.check_step()).await?;
+        step_checkpoint(&self.obs).await?;
         let manifest = prepare_manifest(&request, &self.profile, self.ids.clone());
         before_call(&self.obs, &site, &manifest).await?;
         let called = Instant::now();
         let response = stream_response(&self.obs, &site, request).await?;
         after_call(&self.obs, &site, &response, called).await;
-        self.obs.budget(|b| b.check_output_tokens()).await?;
+        output_checkpoint(&self.obs).await?;
         Ok(response)
     }
 

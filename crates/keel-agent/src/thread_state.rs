@@ -233,7 +233,7 @@ impl ThreadState {
             .map(Some)
     }
 
-    async fn queue(&self, work: QueuedWork) -> AgentResult<QueuedItem> {
+    pub(crate) async fn queue(&self, work: QueuedWork) -> AgentResult<QueuedItem> {
         self.ensure_open().await?;
         let payload = serde_json::to_value(&work).map_err(AgentError::internal)?;
         let item = self

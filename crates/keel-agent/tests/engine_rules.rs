@@ -39,6 +39,9 @@ macro_rules! rules {
         mod reads {
             include!("rules/reads.rs");
         }
+        mod budgets_and_subscriptions {
+            include!("rules/budgets_and_subscriptions.rs");
+        }
     };
 }
 

@@ -3,7 +3,9 @@
 //! call's one result `{"kind": "result", "output": <any>, "is_error": <bool, default false>}`
 //! (`kind` may be left out) or, any number of times before it, a progress report
 //! `{"kind": "event", "event": <any>}`, which the task's stream subscribers receive as a
-//! `working` status update and the run's event sinks as `tool.async.progress`.
+//! `working` status update and the run's event sinks as `tool.async.progress`, or a
+//! subscription event `{"kind": "subscription", "event": <any>}`, before or after the result,
+//! which is queued as input to the call's thread and wakes the model (seed 004).
 //!
 //! The route needs no other credentials and works for every tenant: the call is found by its
 //! id alone and the per-call secret proves the caller is the tool that got the invocation, so
@@ -38,14 +40,14 @@ use crate::variables::refuse;
 /// The body a tool posts back.
 #[derive(Debug, Deserialize)]
 struct CallbackBody {
-    /// `result` (the default) or `event`.
+    /// `result` (the default), `event` or `subscription`.
     #[serde(default)]
     kind: Option<String>,
     #[serde(default)]
     output: Value,
     #[serde(default)]
     is_error: bool,
-    /// A progress report (kind `event`).
+    /// A progress report (kind `event`) or a subscription event (kind `subscription`).
     #[serde(default)]
     event: Value,
 }
@@ -92,11 +94,16 @@ async fn deliver(
                 .deliver_tool_progress(&call_id, secret, body.event)
                 .await
         }
+        "subscription" => {
+            executor
+                .deliver_subscription_event(&call_id, secret, body.event)
+                .await
+        }
         other => {
             return refuse(
                 StatusCode::BAD_REQUEST,
                 "invalid_kind",
-                format!("`kind` is `result` or `event`, not `{other}`"),
+                format!("`kind` is `result`, `event` or `subscription`, not `{other}`"),
             )
         }
     };

@@ -17,7 +17,6 @@ use serde_json::{json, Value};
 
 use super::state::*;
 use crate::async_tools::{self as at, PendingCall};
-use crate::observe::RunObs;
 use crate::task_meta::EngineMeta;
 
 impl Inner {
@@ -176,8 +175,8 @@ impl Inner {
         };
         let wait = (deadline - Utc::now()).to_std().unwrap_or_default();
         let (auth, thread_id, task_id) = (auth.clone(), thread_id.clone(), task_id.clone());
-        let stop = self.shutting_down.clone();
-        self.tracker.spawn(async move {
+        let stop = self.driver.shutting_down.clone();
+        self.driver.tracker.spawn(async move {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = stop.cancelled() => return,
@@ -410,6 +409,49 @@ impl AgentExecutor {
         })
     }
 
+    /// Accept a subscription event of the asynchronous call `call_id` (seed 004: tool
+    /// results, subscription events and user messages all arrive through the same input
+    /// channel). Checked as a result is (an unknown call, a wrong secret refused the same
+    /// way), and taken while the call waits for its result or after it (a subscription's
+    /// events follow its acknowledgement); a call past its deadline, or timed out, is
+    /// [`CallbackError::Late`](crate::CallbackError::Late). An accepted event is queued
+    /// durably on the call's thread as a user message (the event as text, strings bare;
+    /// `metadata.tool` and `metadata.subscription_call` name where it came from) and wakes the
+    /// model: a run in its step loop takes it before its next model call, an idle thread
+    /// starts a turn with it. Unlike a progress report, the model sees it.
+    pub async fn deliver_subscription_event(
+        &self,
+        call_id: &str,
+        secret: &str,
+        event: Value,
+    ) -> Result<crate::AcceptedCallback, crate::CallbackError> {
+        use keel_runtime::AsyncCallState;
+        let (call, record) = self.authenticated_call(call_id, secret).await?;
+        let open = match call.state {
+            AsyncCallState::Pending => Utc::now() < record.deadline,
+            AsyncCallState::Delivered => true,
+            AsyncCallState::Expired => false,
+        };
+        if !open {
+            return Err(crate::CallbackError::Late {
+                call_id: call_id.to_owned(),
+            });
+        }
+        let mut message = Message::user(render(&event)).in_thread(call.thread_id.clone());
+        message.metadata.insert("tool".into(), json!(record.tool));
+        message
+            .metadata
+            .insert("subscription_call".into(), json!(call_id));
+        self.thread(&call.auth, call.thread_id.clone())
+            .queue(QueuedWork::Message { message })
+            .await?;
+        Ok(crate::AcceptedCallback {
+            auth: call.auth,
+            thread_id: call.thread_id,
+            task_id: record.task_id,
+        })
+    }
+
     /// Accept a progress report of the asynchronous call `call_id` (RAP's callbacks of kind
     /// "event"), checked as [`AgentExecutor::deliver_tool_result`] checks a result: an unknown
     /// call, a wrong secret and a late report are refused the same way, and a report after
@@ -472,22 +514,9 @@ impl AgentExecutor {
                 },
             )
             .await?;
-        inner.task_changed();
+        inner.notices.task_changed();
         if let Some(context) = RunContext::from_task(&task).map_err(CallbackError::Agent)? {
-            let sinks = inner
-                .sinks
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            let obs = RunObs::new(
-                &sinks,
-                &context,
-                &task.id,
-                &inner.agent.card().name,
-                inner.agent.budget_policy_for(&context),
-                inner.agent.authorizer().clone(),
-                inner.runtime.logging_service(),
-            );
+            let obs = inner.run_obs(&context, &task.id);
             obs.emit(RunEvent::tool_async_progress(ToolAsyncProgressPayload {
                 call_id: call_id.to_owned(),
                 tool_call_id: record.tool_call_id.clone(),

@@ -123,7 +123,7 @@ impl Inner {
                     .await?;
             }
         }
-        self.task_changed();
+        self.notices.task_changed();
         Ok(())
     }
 

@@ -4,15 +4,12 @@
 //! leaves it input-required. A message of `tool_call` parts only keeps its own path
 //! (`run_direct`, decision 6); this one adds the other kinds.
 
-use std::time::Instant;
-
 use keel_core::{AgentError, AgentResult, Message, Part, PartContent, Task, TaskState};
-use keel_events::payload::{LlmCallCompletedPayload, LlmCallStartedPayload};
-use keel_events::RunEvent;
 use keel_llm::{prepare_manifest, LlmMessage, LlmRequest, LlmRole, ManifestIds, ToolCall};
 use serde_json::{json, Value};
 
 use super::state::*;
+use super::step::{next_step, output_checkpoint, step_checkpoint, steps_exhausted, CallSite};
 
 /// History metadata key on the entries of an `infer` part: `<message id>:<part index>`, so
 /// that a run resumed after a crash does not ask the model again.
@@ -183,6 +180,16 @@ impl Inner {
             return Ok(Ok(done.content.clone()));
         }
         let (flow, obs) = (scope.flow, scope.obs);
+        // An `infer` part is a step of the run as each of the loop's model calls is, and
+        // goes through the same checkpoints: the step check, the call's, the output check.
+        let step = next_step(history, task);
+        let max_steps = self.agent.stop_rules().max_steps;
+        if step > max_steps {
+            return Ok(Err(steps_exhausted(max_steps)));
+        }
+        if let Err(error) = step_checkpoint(obs).await {
+            return Ok(Err(budget_failure(error)));
+        }
         let llm = self.model();
         let profile = llm.profile();
         let mut messages = Vec::with_capacity(2);
@@ -199,45 +206,15 @@ impl Inner {
             &profile,
             ManifestIds::from_run_context(&scope.ctx.run, Some(&self.agent.card().name)),
         );
-        obs.emit(RunEvent::context_prepared(&manifest)).await;
-        if let Err(error) = obs.budget(|b| b.check_llm_call(&manifest)).await {
-            return Ok(Err(budget_failure(error)));
-        }
-        obs.emit(RunEvent::llm_call_started(LlmCallStartedPayload {
-            provider: Some(profile.provider.clone()),
-            model: Some(llm.model_name().to_owned()),
-            estimated_input_tokens: manifest.total_estimated_tokens,
-        }))
-        .await;
-        let called = Instant::now();
-        let response = tokio::select! {
-            biased;
-            () = scope.run.token.cancelled() => {
-                return Ok(Err(Outcome::Canceled { reason: run_reason(scope.run) }))
-            }
-            () = flow.lost.cancelled() => return Ok(Err(Outcome::Abandoned)),
-            response = llm.complete(request) => response,
+        let site = CallSite {
+            llm: llm.as_ref(),
+            profile: &profile,
+            step,
         };
-        let response = match response {
+        let response = match self.model_call(scope, &site, &manifest, request).await {
             Ok(response) => response,
-            Err(error) => {
-                return Ok(Err(Outcome::Failed {
-                    error,
-                    reason: "model_error".into(),
-                }))
-            }
+            Err(outcome) => return Ok(Err(outcome)),
         };
-        let output_tokens = response.output_tokens();
-        obs.record_llm_usage(response.usage.input_tokens, output_tokens);
-        obs.emit(RunEvent::llm_call_completed(LlmCallCompletedPayload {
-            provider: Some(profile.provider.clone()),
-            model: Some(llm.model_name().to_owned()),
-            input_tokens: response.usage.input_tokens,
-            output_tokens,
-            latency_ms: Some(called.elapsed().as_millis() as u64),
-            finish_reason: None,
-        }))
-        .await;
         let content = response.content.unwrap_or_default();
         let output = match &output_schema {
             None => Value::String(content.clone()),
@@ -266,6 +243,9 @@ impl Inner {
             vec![Part::infer_output(output)],
         )
         .await?;
+        if let Err(error) = output_checkpoint(obs).await {
+            return Ok(Err(budget_failure(error)));
+        }
         Ok(Ok(text))
     }
 }

@@ -76,19 +76,19 @@ impl Inner {
 
     /// Make sure a local driver looks after the thread: wake the one that exists or start one.
     pub(crate) fn schedule(&self, auth: &AuthContext, thread_id: &ThreadId) {
-        if self.shutting_down.is_cancelled() {
+        if self.driver.shutting_down.is_cancelled() {
             return;
         }
         let Some(me) = self.me.upgrade() else { return };
         let key = (auth.namespace(), thread_id.clone());
-        match self.workers.entry(key.clone()) {
+        match self.driver.workers.entry(key.clone()) {
             dashmap::mapref::entry::Entry::Occupied(worker) => worker.get().notify_one(),
             dashmap::mapref::entry::Entry::Vacant(slot) => {
                 let notify = Arc::new(Notify::new());
                 slot.insert(notify.clone());
                 let (auth, thread_id) = (auth.clone(), thread_id.clone());
                 let span = tracing::info_span!("thread", thread_id = %thread_id);
-                self.tracker.spawn(
+                self.driver.tracker.spawn(
                     async move { me.drive_thread(auth, thread_id, key, notify).await }
                         .instrument(span),
                 );
@@ -107,7 +107,7 @@ impl Inner {
     ) {
         let store = self.runtime.thread_store();
         loop {
-            if self.shutting_down.is_cancelled() {
+            if self.driver.shutting_down.is_cancelled() {
                 break;
             }
             match store.queue_len(&auth, &thread_id).await {
@@ -119,7 +119,7 @@ impl Inner {
                 ),
             }
             let (holder, ttl) = (&self.config.holder, self.config.lease_ttl);
-            let taken = if self.reclaim.remove(&key).is_some() {
+            let taken = if self.driver.reclaim.remove(&key).is_some() {
                 store.reclaim_lease(&auth, &thread_id, holder, ttl).await
             } else {
                 store.acquire_lease(&auth, &thread_id, holder, ttl).await
@@ -135,18 +135,18 @@ impl Inner {
                             tokio::select! {
                                 () = notify.notified() => {}
                                 () = tokio::time::sleep(self.config.poll_interval) => {}
-                                () = self.shutting_down.cancelled() => break,
+                                () = self.driver.shutting_down.cancelled() => break,
                             }
                             continue;
                         }
                     };
                     let worked = self.work_queue(&auth, lease).await;
                     drop(slot);
-                    self.slots.forget_if_idle(&auth);
+                    self.driver.slots.forget_if_idle(&auth);
                     if worked == Worked::LeftForAnotherAgent {
                         // That agent's executor takes the thread (its driver polls for the
                         // lease); looking again here would only take the lease from it.
-                        self.workers.remove(&key);
+                        self.driver.workers.remove(&key);
                         return;
                     }
                     // The queue was worked until it was empty (or the lease went): the
@@ -162,14 +162,14 @@ impl Inner {
             tokio::select! {
                 () = notify.notified() => {}
                 () = tokio::time::sleep(self.config.poll_interval) => {}
-                () = self.shutting_down.cancelled() => break,
+                () = self.driver.shutting_down.cancelled() => break,
             }
         }
-        self.workers.remove(&key);
+        self.driver.workers.remove(&key);
         // Work queued between the last look and the removal must not be stranded, nor work
         // left while the store did not answer: a new driver looks again, every poll interval
         // while the store stays out.
-        if !self.shutting_down.is_cancelled()
+        if !self.driver.shutting_down.is_cancelled()
             && store
                 .queue_len(&auth, &thread_id)
                 .await
@@ -187,7 +187,7 @@ impl Inner {
     async fn wait_for_slot(&self, auth: &AuthContext, mut lease: Lease) -> SlotWait {
         let store = self.runtime.thread_store();
         let ttl = self.config.lease_ttl;
-        let acquire = self.slots.acquire(auth);
+        let acquire = self.driver.slots.acquire(auth);
         tokio::pin!(acquire);
         loop {
             tokio::select! {
@@ -209,7 +209,7 @@ impl Inner {
                         }
                     }
                 }
-                () = self.shutting_down.cancelled() => {
+                () = self.driver.shutting_down.cancelled() => {
                     if let Err(err) = store.release_lease(auth, &lease).await {
                         self.log(
                             LogLevel::Warn,
@@ -255,10 +255,10 @@ impl Inner {
                         let theirs = EngineMeta::of(&task.metadata)
                             .agent
                             .is_some_and(|agent| agent != self.agent.card().name);
-                        if self.shutting_down.is_cancelled()
+                        if self.driver.shutting_down.is_cancelled()
                             || theirs
                             || !seen.insert(task.thread_id.clone())
-                            || self.workers.contains_key(&key)
+                            || self.driver.workers.contains_key(&key)
                             || threads.queue_len(auth, &task.thread_id).await? == 0
                         {
                             continue;
@@ -283,9 +283,9 @@ impl Inner {
             };
             for thread_id in queued {
                 let key = (auth.namespace(), thread_id.clone());
-                if self.shutting_down.is_cancelled()
+                if self.driver.shutting_down.is_cancelled()
                     || seen.contains(&thread_id)
-                    || self.workers.contains_key(&key)
+                    || self.driver.workers.contains_key(&key)
                     || self.front_is_another_agents(auth, &thread_id).await?
                 {
                     continue;
@@ -383,7 +383,7 @@ impl Inner {
         let mut worked = Worked::Done;
         let mut released = false;
         loop {
-            if flow.lost.is_cancelled() || self.shutting_down.is_cancelled() {
+            if flow.lost.is_cancelled() || self.driver.shutting_down.is_cancelled() {
                 break;
             }
             // Two: whether anything waits behind this item decides how it is acknowledged.
@@ -520,7 +520,8 @@ impl Inner {
         }
     }
 
-    /// Work queued while the thread was idle starts a turn of its own: a task in the thread.
+    /// Work queued while the thread was idle starts a turn of its own: a task in the thread,
+    /// whose id is [`TURN_PREFIX`] and the queue item's id.
     pub(super) async fn start_turn(
         &self,
         flow: &Flow,
@@ -530,7 +531,7 @@ impl Inner {
         let tasks = self.runtime.task_manager();
         let mut task = Task::new(flow.thread_id.clone());
         // The task id derives from the queue item, so a redelivered item continues its task.
-        task.id = TaskId::from(format!("queued-{item_id}"));
+        task.id = TaskId::from(format!("{TURN_PREFIX}{item_id}"));
         if tasks.get_task(&flow.auth, &task.id).await?.is_none() {
             RunContext::ensure_task_context(&mut task)?;
             message.task_id = Some(task.id.clone());
@@ -541,154 +542,6 @@ impl Inner {
                 .await?;
         }
         self.run_task(flow, &task.id).await
-    }
-
-    /// Wait until the task rests with an answer ([`answered`]).
-    pub(super) async fn wait_until_resting(
-        &self,
-        auth: &AuthContext,
-        task_id: &TaskId,
-    ) -> AgentResult<()> {
-        self.wait_until(auth, task_id, answered).await.map(|_| ())
-    }
-
-    /// Wait until a task asked to cancel rests, at most the lease TTL and a few poll
-    /// intervals. A run in another process sees the cancel within a poll interval; a task
-    /// left working by a dead process is ended here as soon as its thread's lease lapses
-    /// (looked at every poll interval); past the bound the caller gets
-    /// [`AgentError::CancelPending`].
-    pub(super) async fn wait_until_canceled(
-        &self,
-        auth: &AuthContext,
-        task_id: &TaskId,
-        reason: &str,
-    ) -> AgentResult<()> {
-        let deadline =
-            tokio::time::Instant::now() + self.config.lease_ttl + 10 * self.config.poll_interval;
-        let key = (auth.namespace(), task_id.clone());
-        let mut waiter = self.rest_waiter(auth, task_id);
-        loop {
-            waiter.receiver.borrow_and_update();
-            let task = self
-                .runtime
-                .task_manager()
-                .get_task(auth, task_id)
-                .await?
-                .ok_or_else(|| AgentError::TaskNotFound {
-                    task_id: task_id.clone(),
-                })?;
-            if answered(&task) {
-                return Ok(());
-            }
-            if task.state() == TaskState::Working
-                && !self.active.contains_key(&key)
-                && self.cancel_unheld(auth, &task, reason).await?
-            {
-                continue;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(AgentError::CancelPending {
-                    task_id: task_id.clone(),
-                });
-            }
-            let next_look = (tokio::time::Instant::now() + self.config.poll_interval).min(deadline);
-            tokio::select! {
-                _ = waiter.receiver.changed() => {}
-                () = tokio::time::sleep_until(next_look) => {}
-            }
-        }
-    }
-
-    /// End a working task whose thread nobody holds (its process died, or it waits for an
-    /// asynchronous tool): take the thread's lease, cancel the task, and let the thread's
-    /// queue go on here. `false` when another process holds the thread.
-    async fn cancel_unheld(
-        &self,
-        auth: &AuthContext,
-        task: &Task,
-        reason: &str,
-    ) -> AgentResult<bool> {
-        let threads = self.runtime.thread_store();
-        let Some(lease) = threads
-            .acquire_lease(
-                auth,
-                &task.thread_id,
-                &self.config.holder,
-                self.config.lease_ttl,
-            )
-            .await?
-        else {
-            return Ok(false);
-        };
-        let result = self.cancel_at_rest(auth, &task.id, reason).await;
-        threads.release_lease(auth, &lease).await?;
-        self.schedule(auth, &task.thread_id);
-        result.map(|()| true)
-    }
-
-    /// [`Self::wait_until_resting`] for a task the caller has just queued, with a waiter
-    /// taken before queueing it: until a save of the task wakes it (or a poll interval goes
-    /// by, for a run in another process), there is nothing new to read.
-    pub(super) async fn wait_until_queued_task_rests(
-        &self,
-        mut waiter: RestWaiter<'_>,
-        auth: &AuthContext,
-        task_id: &TaskId,
-    ) -> AgentResult<Task> {
-        if !waiter.receiver.has_changed().unwrap_or(true) {
-            tokio::select! {
-                _ = waiter.receiver.changed() => {}
-                () = tokio::time::sleep(self.config.poll_interval) => {}
-            }
-        }
-        self.wait_with(waiter, auth, task_id, answered).await
-    }
-
-    /// Wait until the stored task satisfies `done`, and answer it. Local saves of this task
-    /// wake the waiter at once; a task run by another process is looked at every poll
-    /// interval.
-    pub(super) async fn wait_until(
-        &self,
-        auth: &AuthContext,
-        task_id: &TaskId,
-        done: impl Fn(&Task) -> bool,
-    ) -> AgentResult<Task> {
-        let waiter = self.rest_waiter(auth, task_id);
-        self.wait_with(waiter, auth, task_id, done).await
-    }
-
-    /// A place among `task_id`'s waiters, taken before the change it waits for is started
-    /// (e.g. the task queued), so that no wake-up can come before it.
-    pub(super) fn rest_waiter(&self, auth: &AuthContext, task_id: &TaskId) -> RestWaiter<'_> {
-        RestWaiter::new(&self.resting, (auth.namespace(), task_id.clone()))
-    }
-
-    /// [`Self::wait_until`] with a waiter taken earlier.
-    pub(super) async fn wait_with(
-        &self,
-        mut waiter: RestWaiter<'_>,
-        auth: &AuthContext,
-        task_id: &TaskId,
-        done: impl Fn(&Task) -> bool,
-    ) -> AgentResult<Task> {
-        loop {
-            waiter.receiver.borrow_and_update();
-            let task = self
-                .runtime
-                .task_manager()
-                .get_task(auth, task_id)
-                .await?
-                .ok_or_else(|| AgentError::TaskNotFound {
-                    task_id: task_id.clone(),
-                })?;
-            if done(&task) {
-                return Ok(task);
-            }
-            tokio::select! {
-                _ = waiter.receiver.changed() => {}
-                () = tokio::time::sleep(self.config.poll_interval) => {}
-            }
-        }
     }
 
     /// Queued messages and tools are injected before the next model call (§9).
@@ -717,6 +570,13 @@ impl Inner {
                 item.payload.get("kind").and_then(Value::as_str),
                 Some("task" | "effect")
             ) {
+                continue;
+            }
+            // The item a turn started from heads the queue while its run goes on: it is the
+            // task's own message, already in the history, so it is acknowledged as taken
+            // but not added again.
+            if task.id.as_str().strip_prefix(TURN_PREFIX) == Some(item.id.as_str()) {
+                injected.push(item.id);
                 continue;
             }
             let Ok(work) = QueuedWork::deserialize(&item.payload) else {
@@ -805,37 +665,4 @@ enum SlotWait {
     Closed,
     /// The lease could not be renewed; the thread may be another process's now.
     LeaseLost,
-}
-
-type Waiters =
-    dashmap::DashMap<TaskKey, tokio::sync::watch::Sender<u64>, foldhash::fast::RandomState>;
-
-/// One caller's place among a task's waiters (`Inner::resting`); the task's entry goes when
-/// its last waiter does, also when the waiting future is dropped (a client that went away).
-pub(super) struct RestWaiter<'a> {
-    waiters: &'a Waiters,
-    key: TaskKey,
-    receiver: tokio::sync::watch::Receiver<u64>,
-}
-
-impl<'a> RestWaiter<'a> {
-    fn new(waiters: &'a Waiters, key: TaskKey) -> Self {
-        let receiver = waiters
-            .entry(key.clone())
-            .or_insert_with(|| tokio::sync::watch::channel(0).0)
-            .subscribe();
-        Self {
-            waiters,
-            key,
-            receiver,
-        }
-    }
-}
-
-impl Drop for RestWaiter<'_> {
-    fn drop(&mut self) {
-        // This waiter's own receiver still counts here.
-        self.waiters
-            .remove_if(&self.key, |_, sender| sender.receiver_count() <= 1);
-    }
 }

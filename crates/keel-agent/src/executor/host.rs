@@ -24,7 +24,7 @@ use crate::work::{EffectScheduler, QueuedWork};
 #[async_trait]
 impl ThreadHost for Inner {
     fn task_changed(&self) {
-        Inner::task_changed(self);
+        self.notices.task_changed();
     }
 
     fn runtime(&self) -> &Arc<dyn Runtime> {
@@ -52,7 +52,7 @@ impl ThreadHost for Inner {
     }
 
     fn sinks(&self) -> Vec<Arc<dyn EventSink>> {
-        self.sinks.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.notices.sinks()
     }
 
     fn lease_ttl(&self) -> Duration {
@@ -60,11 +60,11 @@ impl ThreadHost for Inner {
     }
 
     fn shutting_down(&self) -> &CancellationToken {
-        &self.shutting_down
+        &self.driver.shutting_down
     }
 
     fn tracker(&self) -> &TaskTracker {
-        &self.tracker
+        &self.driver.tracker
     }
 
     fn shared(&self) -> Option<Arc<dyn ThreadHost>> {

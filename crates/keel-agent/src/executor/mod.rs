@@ -17,10 +17,13 @@ mod direct;
 mod driver;
 mod features;
 mod host;
+mod notices;
+mod records;
 mod run;
 mod slots;
 mod state;
 mod step;
+mod waiting;
 
 pub use compaction::AutoCompaction;
 pub use config::{ExecutorConfig, SendOptions};
@@ -29,7 +32,6 @@ pub use state::{AgentExecutor, META_MESSAGE as MESSAGE_ID_META};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
-use dashmap::DashMap;
 use keel_core::{
     AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, TaskState,
     ThreadId,
@@ -38,7 +40,6 @@ use keel_runtime::{attach_history, load_task_with_history, AuthContext, ListTask
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::approval_part;
 use crate::task_meta::{EngineMeta, PENDING_APPROVAL};
@@ -117,23 +118,14 @@ impl AgentExecutor {
 
     /// An executor with explicit tuning.
     pub fn with_config(agent: Agent, runtime: Arc<dyn Runtime>, config: ExecutorConfig) -> Self {
-        let (changed, _) = watch::channel(0);
-        let slots = slots::Slots::new(config.max_concurrent_threads, config.max_threads_per_tenant);
         let executor = Self {
             inner: Arc::new_cyclic(|me| Inner {
+                driver: Driver::new(&config),
                 agent,
                 runtime,
                 config,
                 me: me.clone(),
-                active: DashMap::default(),
-                workers: DashMap::default(),
-                reclaim: Default::default(),
-                changed,
-                resting: DashMap::default(),
-                tracker: TaskTracker::new(),
-                sinks: RwLock::new(Vec::new()),
-                shutting_down: CancellationToken::new(),
-                slots,
+                notices: notices::Notices::new(),
                 parents: RwLock::new(Vec::new()),
                 effects: Default::default(),
             }),
@@ -377,7 +369,8 @@ impl AgentExecutor {
                 .save_task_with_events(auth, &task, std::slice::from_ref(&message))
                 .await?;
         }
-        let waiter = (!options.return_immediately).then(|| self.inner.rest_waiter(auth, &task.id));
+        let waiter =
+            (!options.return_immediately).then(|| self.inner.notices.rest_waiter(auth, &task.id));
         self.inner
             .enqueue(
                 auth,
@@ -444,14 +437,7 @@ impl AgentExecutor {
         reason: Option<String>,
     ) -> AgentResult<Task> {
         let inner = &self.inner;
-        let tasks = inner.runtime.task_manager();
-        let task =
-            tasks
-                .get_task(auth, task_id)
-                .await?
-                .ok_or_else(|| AgentError::TaskNotFound {
-                    task_id: task_id.clone(),
-                })?;
+        let task = inner.stored_task(auth, task_id).await?;
         if task.state().is_terminal() {
             return Err(AgentError::TaskNotCancelable {
                 task_id: task_id.clone(),
@@ -472,6 +458,7 @@ impl AgentExecutor {
             )
             .await?;
         let local = inner
+            .driver
             .active
             .get(&(auth.namespace(), task_id.clone()))
             .map(|a| a.clone());
@@ -508,11 +495,7 @@ impl AgentExecutor {
 
     /// Send every run's normalized events (`keel-events`) to `sink` too, from now on.
     pub fn add_event_sink(&self, sink: Arc<dyn EventSink>) {
-        self.inner
-            .sinks
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(sink);
+        self.inner.notices.add_sink(sink);
     }
 
     /// Answer an action that waits for approval (the task is `input-required` with
@@ -527,13 +510,7 @@ impl AgentExecutor {
         decision: ApprovalDecision,
     ) -> AgentResult<Task> {
         let tasks = self.inner.runtime.task_manager();
-        let mut task =
-            tasks
-                .get_task(auth, task_id)
-                .await?
-                .ok_or_else(|| AgentError::TaskNotFound {
-                    task_id: task_id.clone(),
-                })?;
+        let mut task = self.inner.stored_task(auth, task_id).await?;
         if task.state() != TaskState::InputRequired || !task.metadata.contains_key(PENDING_APPROVAL)
         {
             return Err(AgentError::invalid_input(
@@ -564,12 +541,13 @@ impl AgentExecutor {
     /// by other processes sharing the store does not bump it: followers of such tasks look
     /// at the store now and then.
     pub fn task_updates(&self) -> watch::Receiver<u64> {
-        self.inner.changed.subscribe()
+        self.inner.notices.subscribe()
     }
 
     /// Whether a run of this task is executing in this process.
     pub fn is_running(&self, auth: &AuthContext, task_id: &TaskId) -> bool {
         self.inner
+            .driver
             .active
             .contains_key(&(auth.namespace(), task_id.clone()))
     }
@@ -610,6 +588,7 @@ impl AgentExecutor {
                     // A lease still held under this process's holder name was this
                     // process's before it restarted: taken back at once.
                     self.inner
+                        .driver
                         .reclaim
                         .insert((auth.namespace(), task.thread_id.clone()));
                     self.inner.schedule(auth, &task.thread_id);
@@ -654,9 +633,9 @@ impl AgentExecutor {
     /// each thread to one runner across processes. Needs a tokio runtime.
     pub fn start_takeover(&self) {
         let me = Arc::downgrade(&self.inner);
-        let stop = self.inner.shutting_down.clone();
+        let stop = self.inner.driver.shutting_down.clone();
         let ttl = self.inner.config.lease_ttl;
-        self.inner.tracker.spawn(async move {
+        self.inner.driver.tracker.spawn(async move {
             loop {
                 let pause = ttl.mul_f64(0.25 + fastrand::f64() / 4.0);
                 tokio::select! {
@@ -677,185 +656,16 @@ impl AgentExecutor {
     /// Cancel every run of this process (reason `server shutting down`), stop taking new
     /// work, and wait until each run has persisted its final state.
     pub async fn shutdown(&self) {
-        self.inner.shutting_down.cancel();
-        for run in self.inner.active.iter() {
+        self.inner.driver.shutting_down.cancel();
+        for run in self.inner.driver.active.iter() {
             *run.reason.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some("server shutting down".into());
             run.token.cancel();
         }
-        self.inner.tracker.close();
-        self.inner.tracker.wait().await;
+        self.inner.driver.tracker.close();
+        self.inner.driver.tracker.wait().await;
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use keel_core::RunBudget;
-    use keel_runtime::LogLevel;
-    use serde_json::{json, Value};
-
-    fn with_context(permissions: Value, max_steps: Option<u32>) -> Task {
-        let mut task = Task::create(Message::user("hi"));
-        let mut ctx = RunContext::new().with_budget(RunBudget {
-            max_steps,
-            ..Default::default()
-        });
-        ctx.permissions = serde_json::from_value(permissions).unwrap();
-        ctx.attach_to_task(&mut task).unwrap();
-        task
-    }
-
-    fn incoming(permissions: Value, max_steps: Option<u32>) -> RunContext {
-        let mut ctx = RunContext::new().with_budget(RunBudget {
-            max_steps,
-            ..Default::default()
-        });
-        ctx.permissions = serde_json::from_value(permissions).unwrap();
-        ctx
-    }
-
-    #[test]
-    fn a_new_task_adopts_the_callers_context() {
-        let mut task = Task::create(Message::user("hi"));
-        let ctx = incoming(json!({"records.*": "deny"}), Some(3));
-        adopt_run_context(&mut task, ctx.clone()).unwrap();
-        let adopted = RunContext::from_task(&task).unwrap().unwrap();
-        assert_eq!(adopted.run_id, ctx.run_id);
-        assert_eq!(adopted.permissions, ctx.permissions);
-        assert_eq!(adopted.budget.max_steps, Some(3));
-    }
-
-    #[test]
-    fn a_continuing_task_context_only_narrows() {
-        // The budget takes the tighter limit, whichever side sets it.
-        let mut task = with_context(json!({"records.*": "deny"}), Some(3));
-        adopt_run_context(&mut task, incoming(json!({}), Some(10))).unwrap();
-        let ctx = RunContext::from_task(&task).unwrap().unwrap();
-        assert_eq!(ctx.budget.max_steps, Some(3));
-        // Permissions left empty keep the task's (empty would mean "no narrowing").
-        assert_eq!(ctx.permissions["records.*"], json!("deny"));
-
-        // Other permissions are refused, naming the field, and change nothing.
-        let before = task.metadata.clone();
-        let err = adopt_run_context(&mut task, incoming(json!({"records.read": "allow"}), None))
-            .unwrap_err();
-        assert!(
-            matches!(&err, AgentError::InvalidInput { field, .. } if field == "message.metadata.run_context.permissions"),
-            "{err:?}"
-        );
-        assert_eq!(task.metadata, before);
-
-        // A task without permissions may take some: that only narrows.
-        let mut open = with_context(json!({}), None);
-        adopt_run_context(&mut open, incoming(json!({"records.*": false}), Some(2))).unwrap();
-        let ctx = RunContext::from_task(&open).unwrap().unwrap();
-        assert_eq!(ctx.permissions["records.*"], json!(false));
-        assert_eq!(ctx.budget.max_steps, Some(2));
-    }
-
-    /// Records what the engine logs.
-    #[derive(Default)]
-    struct Recording {
-        lines: std::sync::Mutex<Vec<(LogLevel, String)>>,
-    }
-
-    impl keel_runtime::LoggingService for Recording {
-        fn log(&self, level: LogLevel, message: &str) {
-            self.lines.lock().unwrap().push((level, message.to_owned()));
-        }
-    }
-
-    #[tokio::test]
-    async fn the_engine_logs_through_the_runtimes_logging_service() {
-        let recording = Arc::new(Recording::default());
-        let mut services = keel_runtime::Services::in_memory(Arc::new(keel_llm::MockLlm::new()));
-        services.logging = recording.clone();
-        let runtime = Arc::new(services);
-        let auth = runtime.auth_service().auth_context();
-        let agent = Agent::builder(keel_core::AgentCard::new("echo", "Echoes", "http://x"))
-            .build()
-            .unwrap();
-        let executor = AgentExecutor::new(agent, runtime.clone());
-        // Work the engine cannot read waits at the head of the thread's queue: the worker
-        // drops it, saying so in the log, and goes on with the message behind it.
-        let thread = ThreadId::new();
-        runtime
-            .thread_store()
-            .push_queue(&auth, &thread, json!({"kind": "unheard_of"}))
-            .await
-            .unwrap();
-        let task = executor
-            .send_message(
-                &auth,
-                Message::user("hi").in_thread(thread),
-                SendOptions::default(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(task.state(), TaskState::Completed);
-        let lines = recording.lines.lock().unwrap().clone();
-        assert!(
-            lines.iter().any(|(level, line)| *level == LogLevel::Error
-                && line.starts_with("dropping malformed queued work")),
-            "{lines:?}"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_cancel_the_threads_live_holder_never_answers_is_pending_after_a_bound() {
-        let runtime = Arc::new(keel_runtime::Services::in_memory(Arc::new(
-            keel_llm::MockLlm::new(),
-        )));
-        let auth = runtime.auth_service().auth_context();
-        let agent = Agent::builder(keel_core::AgentCard::new("echo", "Echoes", "http://x"))
-            .build()
-            .unwrap();
-        let config = ExecutorConfig {
-            lease_ttl: Duration::from_millis(300),
-            poll_interval: Duration::from_millis(20),
-            ..ExecutorConfig::default()
-        };
-        let executor = AgentExecutor::with_config(agent, runtime.clone(), config);
-        // A working task whose thread another live process holds, and which that process
-        // does not stop.
-        let mut task = Task::new(ThreadId::new());
-        task.begin().unwrap();
-        runtime
-            .task_manager()
-            .save_task(&auth, &task)
-            .await
-            .unwrap();
-        let threads = runtime.thread_store();
-        let lease = threads
-            .acquire_lease(
-                &auth,
-                &task.thread_id,
-                "elsewhere",
-                Duration::from_secs(600),
-            )
-            .await
-            .unwrap()
-            .unwrap();
-        let answer = tokio::time::timeout(
-            Duration::from_secs(60),
-            executor.cancel_task(&auth, &task.id, None),
-        )
-        .await
-        .expect("the cancel is answered");
-        assert!(
-            matches!(&answer, Err(AgentError::CancelPending { task_id }) if *task_id == task.id),
-            "{answer:?}"
-        );
-        let recorded = runtime
-            .memory_service()
-            .load_serialized(&auth, &cancel_key(&task.id))
-            .await
-            .unwrap();
-        assert!(recorded.is_some(), "the cancel stays recorded");
-        // Once the thread is free, a cancel ends the task.
-        threads.release_lease(&auth, &lease).await.unwrap();
-        let canceled = executor.cancel_task(&auth, &task.id, None).await.unwrap();
-        assert_eq!(canceled.state(), TaskState::Canceled);
-    }
-}
+mod tests;

@@ -10,11 +10,10 @@ use keel_core::{
     AgentError, AgentResult, Message, PartContent, Role, RunContext, StatusKind, Task, TaskEvent,
     TaskId, ThreadId,
 };
-use keel_events::EventSink;
 use keel_llm::LlmMessage;
 use keel_runtime::{AuthContext, Lease, Runtime};
 use serde_json::{json, Value};
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -33,6 +32,8 @@ pub(super) const META_TASK: &str = "keel.task_id";
 /// model or hook that decides by the incoming message reads it here).
 pub const META_MESSAGE: &str = "keel.message_id";
 pub(super) const META_QUEUE_ITEM: &str = "keel.queue_item";
+/// What the id of a task started by queued work begins with; the queue item's id follows.
+pub(super) const TURN_PREFIX: &str = "queued-";
 /// History metadata key: the agent (side) that wrote an assistant or tool entry, so that two
 /// agents sharing a thread each see the other as the user (dual_ai, §4).
 pub(super) const META_SIDE: &str = "keel.side";
@@ -56,36 +57,52 @@ pub(super) struct ActiveRun {
 pub(super) type TaskKey = (String, TaskId);
 pub(super) type ThreadKey = (String, ThreadId);
 
+/// The executor's parts, behind the public front ([`AgentExecutor`]): what it runs (the agent,
+/// over the runtime, tuned by the configuration), the thread driver's state, who hears about
+/// tasks, and the subagent and effect wake-ups. The run loop (`run.rs`, `step.rs`,
+/// `direct.rs`, `context.rs`, `compaction.rs`) keeps no state of its own beyond one run's.
 pub(super) struct Inner {
     pub(super) agent: Agent,
     pub(super) runtime: Arc<dyn Runtime>,
     pub(super) config: ExecutorConfig,
     pub(super) me: Weak<Inner>,
+    pub(super) driver: Driver,
+    pub(super) notices: super::notices::Notices,
+    /// Subagents: the executors whose agents use this one as a child kind, woken when a
+    /// child's result is queued on their thread.
+    pub(super) parents: RwLock<Vec<(String, Weak<dyn ThreadHost>)>>,
+    /// Scheduled effects: what wakes the scheduler.
+    pub(super) effects: EffectScheduler,
+}
+
+/// The thread driver's state in this process: the runs going on, a worker per thread with
+/// work, the threads to take back, the work slots, and the background tasks and their stop.
+pub(super) struct Driver {
     pub(super) active: DashMap<TaskKey, Arc<ActiveRun>, foldhash::fast::RandomState>,
     pub(super) workers: DashMap<ThreadKey, Arc<Notify>, foldhash::fast::RandomState>,
     /// Threads that recovery found unfinished: their drivers take the lease back even when
     /// it is still held under this process's own holder name (a restart with a stable
     /// instance id), instead of waiting for it to lapse.
     pub(super) reclaim: dashmap::DashSet<ThreadKey, foldhash::fast::RandomState>,
-    /// Bumped whenever this process persists a task status or a message of a task, to wake
-    /// local watchers of a task's events (streams, push delivery).
-    pub(super) changed: watch::Sender<u64>,
-    /// The callers waiting for a task to rest, by task: saving a task record (its status or
-    /// metadata) in this process wakes that task's waiters only. One signal for every task
-    /// woke each blocked caller at every other task's save, and each then read its own task
-    /// again: with N blocking senders, N reads per save. Kept apart from `changed` so that a
-    /// blocking send is not woken at every persisted message either.
-    pub(super) resting: DashMap<TaskKey, watch::Sender<u64>, foldhash::fast::RandomState>,
-    pub(super) tracker: TaskTracker,
-    /// Where every run's events go (besides its own recorder).
-    pub(super) sinks: RwLock<Vec<Arc<dyn EventSink>>>,
-    pub(super) shutting_down: CancellationToken,
     pub(super) slots: super::slots::Slots,
-    /// Subagents: the executors whose agents use this one as a child kind, woken when a
-    /// child's result is queued on their thread.
-    pub(super) parents: RwLock<Vec<(String, Weak<dyn ThreadHost>)>>,
-    /// Scheduled effects: what wakes the scheduler.
-    pub(super) effects: EffectScheduler,
+    pub(super) tracker: TaskTracker,
+    pub(super) shutting_down: CancellationToken,
+}
+
+impl Driver {
+    pub(super) fn new(config: &ExecutorConfig) -> Self {
+        Self {
+            active: DashMap::default(),
+            workers: DashMap::default(),
+            reclaim: Default::default(),
+            slots: super::slots::Slots::new(
+                config.max_concurrent_threads,
+                config.max_threads_per_tenant,
+            ),
+            tracker: TaskTracker::new(),
+            shutting_down: CancellationToken::new(),
+        }
+    }
 }
 
 /// Runs one [`Agent`] on threads, persisting through a [`Runtime`]. Cheap to clone.

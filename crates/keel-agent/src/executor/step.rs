@@ -14,7 +14,7 @@ use keel_events::payload::{
 };
 use keel_events::RunEvent;
 use keel_llm::{prepare_manifest_reusing, ManifestEstimates, ManifestIds};
-use keel_llm::{LlmMessage, LlmRequest, LlmRole, ToolCall};
+use keel_llm::{LlmMessage, LlmRequest, LlmResponse, LlmRole, ToolCall};
 use keel_runtime::AuthContext;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -23,7 +23,8 @@ use tracing::Instrument;
 use super::context::*;
 use super::state::*;
 use crate::agent::{ASK_HUMAN_TOOL, SESSION_FAIL_TOOL, SESSION_STOP_TOOL};
-use crate::infer::{after_call, before_call, stream_response, CallSite};
+use crate::infer::{after_call, before_call, stream_response};
+pub(super) use crate::infer::{output_checkpoint, step_checkpoint, CallSite};
 use crate::observe::RunObs;
 use crate::{ToolContext, ToolVerdict};
 
@@ -44,16 +45,11 @@ impl Inner {
         // the next so a step works on what it adds (decision 82).
         let mut view = ModelView::default();
         let mut estimates = ManifestEstimates::default();
-        // A resumed run continues counting from the steps already in the history.
-        let done = history
-            .iter()
-            .filter(|m| m.role == LlmRole::Assistant && is_tagged(m, &task.id))
-            .count() as u32;
-        for step in done + 1..=rules.max_steps {
+        for step in next_step(history, task)..=rules.max_steps {
             if let Some(outcome) = self.stop_requested(flow, run) {
                 return Ok(outcome);
             }
-            if let Err(error) = obs.budget(|b| b.check_step()).await {
+            if let Err(error) = step_checkpoint(obs).await {
                 return Ok(budget_failure(error));
             }
             self.agent.lifecycle.before_step(ctx, step).await;
@@ -111,37 +107,15 @@ impl Inner {
                 }
                 break (request, manifest);
             };
-            // The call's checkpoints are the ones `Inference` offers outside the engine.
             let site = CallSite {
                 llm: llm.as_ref(),
                 profile: &profile,
                 step,
             };
-            if let Err(error) = before_call(obs, &site, &manifest).await {
-                return Ok(budget_failure(error));
-            }
-            self.agent
-                .lifecycle
-                .before_model_call(ctx, step, &request)
-                .await;
-            let called = Instant::now();
-            let streamed = stream_response(obs, &site, request);
-            let response = tokio::select! {
-                biased;
-                () = run.token.cancelled() => return Ok(Outcome::Canceled { reason: run_reason(run) }),
-                () = flow.lost.cancelled() => return Ok(Outcome::Abandoned),
-                response = streamed.instrument(tracing::info_span!("step", step)) => response,
-            };
-            let response = match response {
+            let response = match self.model_call(scope, &site, &manifest, request).await {
                 Ok(response) => response,
-                Err(error) => {
-                    return Ok(Outcome::Failed {
-                        error,
-                        reason: "model_error".into(),
-                    })
-                }
+                Err(outcome) => return Ok(outcome),
             };
-            after_call(obs, &site, &response, called).await;
             if let Some(outcome) = self.stop_requested(flow, run) {
                 return Ok(outcome);
             }
@@ -178,7 +152,7 @@ impl Inner {
                 .lifecycle
                 .after_model_call(ctx, step, &response)
                 .await;
-            if let Err(error) = obs.budget(|b| b.check_output_tokens()).await {
+            if let Err(error) = output_checkpoint(obs).await {
                 return Ok(budget_failure(error));
             }
             if response.tool_calls.is_empty() {
@@ -323,15 +297,45 @@ impl Inner {
                 return Ok(Outcome::InputRequired { question });
             }
         }
-        let error = AgentError::BudgetExceeded {
-            limit: "max_steps".into(),
-            used: u64::from(rules.max_steps),
-            max: u64::from(rules.max_steps),
+        Ok(steps_exhausted(rules.max_steps))
+    }
+
+    /// One model call of the run, a step's or an `infer` part's, through the checkpoints
+    /// `Inference` also offers outside the engine: `context.prepared`, the budget's call
+    /// check, `llm.call.started`, the application's `before_model_call` hooks, the streamed
+    /// call (given up when the run is canceled or the lease lost), then usage and
+    /// `llm.call.completed`. `Err` is how the run ends instead. The step check before and the
+    /// output check after are the caller's ([`step_checkpoint`], [`output_checkpoint`]),
+    /// since the answer is persisted in between.
+    pub(super) async fn model_call(
+        &self,
+        scope: &Scope<'_>,
+        site: &CallSite<'_>,
+        manifest: &keel_core::ContextManifest,
+        request: LlmRequest,
+    ) -> Result<LlmResponse, Outcome> {
+        let (flow, run, obs) = (scope.flow, scope.run, scope.obs);
+        before_call(obs, site, manifest)
+            .await
+            .map_err(budget_failure)?;
+        self.agent
+            .lifecycle
+            .before_model_call(scope.ctx, site.step, &request)
+            .await;
+        let called = Instant::now();
+        let streamed = stream_response(obs, site, request);
+        let response = tokio::select! {
+            biased;
+            () = run.token.cancelled() => return Err(Outcome::Canceled { reason: run_reason(run) }),
+            () = flow.lost.cancelled() => return Err(Outcome::Abandoned),
+            response = streamed.instrument(tracing::info_span!("step", step = site.step)) => response,
         };
-        Ok(Outcome::Failed {
+        let response = response.map_err(|error| Outcome::Failed {
             error,
-            reason: "max_steps".into(),
-        })
+            reason: "model_error".into(),
+        })?;
+        after_call(obs, site, &response, called).await;
+        Ok(response)
     }
 
     /// A model-chosen tool call with the application's lifecycle hooks around it: a veto
@@ -530,20 +534,7 @@ impl AgentExecutor {
         registered.validate(&arguments)?;
         let call = ToolCall::new(name, arguments);
         let task_id = TaskId::new();
-        let sinks = inner
-            .sinks
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let obs = Arc::new(RunObs::new(
-            &sinks,
-            &context,
-            &task_id,
-            &inner.agent.card().name,
-            inner.agent.budget_policy_for(&context),
-            inner.agent.authorizer().clone(),
-            inner.runtime.logging_service(),
-        ));
+        let obs = Arc::new(inner.run_obs(&context, &task_id));
         let action = Arc::new(tool_action(registered.tool.as_ref(), &call));
         obs.emit(RunEvent::action_requested(&action)).await;
         if let Err(err) = obs.authorize(&action).await {
@@ -593,6 +584,29 @@ impl AgentExecutor {
                 })
             }
         }
+    }
+}
+
+/// The number of the task's next step: one after its model answers already in the history,
+/// so that a resumed run continues counting where it stopped (an `infer` part is a step).
+pub(super) fn next_step(history: &[LlmMessage], task: &Task) -> u32 {
+    let done = history
+        .iter()
+        .filter(|m| m.role == LlmRole::Assistant && is_tagged(m, &task.id))
+        .count();
+    u32::try_from(done).unwrap_or(u32::MAX).saturating_add(1)
+}
+
+/// How a run ends that used the agent's `max_steps` stop rule up.
+pub(super) fn steps_exhausted(max_steps: u32) -> Outcome {
+    let error = AgentError::BudgetExceeded {
+        limit: "max_steps".into(),
+        used: u64::from(max_steps),
+        max: u64::from(max_steps),
+    };
+    Outcome::Failed {
+        error,
+        reason: "max_steps".into(),
     }
 }
 

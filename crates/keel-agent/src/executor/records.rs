@@ -1,0 +1,299 @@
+//! Run records: how a run ends is written down. The task's final (or resting) state, its
+//! answer, artifact and stop reason; the `run.stopped` event; the run's report and task
+//! snapshot in the run store.
+
+use chrono::Utc;
+use keel_core::{
+    AgentError, AgentResult, Artifact, Message, Part, Role, RunContext, Task, TaskEvent, TaskState,
+    ThreadId,
+};
+use keel_events::payload::{RunStoppedPayload, ThreadTerminatedPayload};
+use keel_events::{RedactionPolicy, RunEvent};
+use keel_llm::LlmMessage;
+use keel_runtime::{AuthContext, LogLevel};
+use keel_runtime::{RunRecord, TaskRecord};
+use serde_json::{json, Value};
+
+use super::state::*;
+use crate::observe::RunObs;
+use crate::task_meta::EngineMeta;
+use crate::thread_state::ThreadHost;
+
+impl Inner {
+    /// Write how the run ended: the task's final (or resting) state, its answer, artifact and
+    /// stop reason, then the run's report and task record.
+    pub(super) async fn finish(
+        &self,
+        flow: &Flow,
+        obs: &RunObs,
+        task: &mut Task,
+        outcome: Outcome,
+    ) -> AgentResult<()> {
+        let auth = &flow.auth;
+        // A cancel flag has done its job once the run rests: a later run of a task that waits
+        // (for input, a tool, an approval) must not find a stale one. A task that ends has no
+        // later run, and its flag expires, so the common ending costs no write.
+        if !matches!(
+            outcome,
+            Outcome::Answer { .. } | Outcome::Failed { .. } | Outcome::Abandoned
+        ) {
+            let _ = self
+                .runtime
+                .memory_service()
+                .delete(auth, &cancel_key(&task.id))
+                .await;
+        }
+        // Artifacts the run's tools added are in the log already; the snapshot takes them now.
+        let produced = obs.take_artifacts();
+        let named_outputs = !produced.is_empty();
+        for (artifact, append) in produced {
+            task.apply_artifact(artifact, append);
+        }
+        // Events of the ending that go to the task's log with its final status.
+        let mut logged = Vec::new();
+        match outcome {
+            Outcome::Abandoned => return Ok(()),
+            Outcome::AwaitingTool { call_id } => {
+                // The task stays working; the callback queues it again.
+                EngineMeta::update(task, |m| {
+                    m.stop_reason = Some("awaiting_tool".into());
+                    m.awaiting_tool_call = Some(call_id.clone());
+                });
+                obs.emit(RunEvent::run_stopped(RunStoppedPayload {
+                    reason: "awaiting_tool".to_owned(),
+                    call_id: Some(call_id),
+                    state: task.state(),
+                }))
+                .await;
+                self.save_records(auth, obs, task).await;
+                self.runtime.task_manager().save_task(auth, task).await?;
+                self.notices.task_saved(auth, &task.id);
+                return Ok(());
+            }
+            Outcome::Answer {
+                text,
+                reason,
+                recorded,
+            } => {
+                let answer = if recorded {
+                    let mut m = Message::agent(text.clone());
+                    m.task_id = Some(task.id.clone());
+                    m
+                } else {
+                    // The answer joins the history and the task's log together, marked with
+                    // its stop reason: a run resumed after a crash right here ends from it.
+                    let mut entry = LlmMessage::assistant(text.clone(), vec![]);
+                    tag(&mut entry, &task.id);
+                    entry.metadata.insert(META_STOP.into(), json!(reason));
+                    self.mark_side(std::slice::from_mut(&mut entry));
+                    let mut message = Message::new(Role::Agent, vec![Part::text(&text)]);
+                    message.task_id = Some(task.id.clone());
+                    message.thread_id = Some(task.thread_id.clone());
+                    let event = TaskEvent::Message {
+                        message: message.clone(),
+                    };
+                    self.write_point(flow, &[entry], task, &event).await?;
+                    message
+                };
+                // A run that added its own artifacts named its outputs; otherwise the answer
+                // is the task's artifact.
+                if !named_outputs {
+                    let artifact = Artifact::text(text).named("answer");
+                    // Written with the final status, below; its run event is built from the
+                    // same task event, the one path from task events to run events.
+                    let update = TaskEvent::ArtifactUpdate {
+                        task_id: task.id.clone(),
+                        thread_id: task.thread_id.clone(),
+                        artifact: artifact.clone(),
+                        append: false,
+                        last_chunk: true,
+                    };
+                    if let Some(event) = RunEvent::from_task_event(&update, None) {
+                        obs.emit(event).await;
+                    }
+                    logged.push(update);
+                    task.add_artifact(artifact);
+                }
+                EngineMeta::update(task, |m| m.stop_reason = Some(reason.into()));
+                task.update_status(TaskState::Completed, Some(answer))?;
+            }
+            Outcome::Failed { error, reason } => {
+                EngineMeta::update(task, |m| m.stop_reason = Some(reason));
+                task.fail(failure_text(&error))?;
+            }
+            Outcome::InputRequired { question } => {
+                EngineMeta::update(task, |m| m.stop_reason = Some("input_required".into()));
+                let message = self
+                    .record_event(auth, task, vec![Part::text(&question)])
+                    .await?;
+                task.update_status(TaskState::InputRequired, Some(message))?;
+            }
+            Outcome::AwaitingApproval { request } => {
+                // Persisted redacted, so it can wait across restarts without keeping secrets.
+                let stored = RedactionPolicy::default().redact_approval_request(&request)?;
+                EngineMeta::update(task, |m| m.pending_approval = Some(stored));
+                EngineMeta::update(task, |m| m.stop_reason = Some("approval_required".into()));
+                let message = self
+                    .record_event(
+                        auth,
+                        task,
+                        vec![Part::text(format!(
+                            "Approval required for `{}`: {}",
+                            request.action.name, request.reason
+                        ))],
+                    )
+                    .await?;
+                task.update_status(TaskState::InputRequired, Some(message))?;
+            }
+            Outcome::Canceled { reason } => {
+                if reason == crate::thread_state::TERMINATED_REASON {
+                    self.thread_terminated(auth, obs, &task.thread_id).await;
+                }
+                EngineMeta::update(task, |m| m.stop_reason = Some("canceled".into()));
+                mark_canceled(task, &reason)?;
+            }
+        }
+        if let Some(reason) = EngineMeta::of(&task.metadata).stop_reason {
+            obs.emit(RunEvent::run_stopped(RunStoppedPayload {
+                reason,
+                call_id: None,
+                state: task.state(),
+            }))
+            .await;
+        }
+        obs.emit(RunEvent::task_status_of(task)).await;
+        // Subagents: a background child's result goes to its parent from here, durably.
+        self.agent.hooks.on_rest(self, auth, task).await;
+        // The records and the status are independent writes, sent together so that they
+        // share a round trip (one SQLite batch, one Redis pipeline) instead of queueing one
+        // behind the other; the records are sent first. Waiters are woken once both are
+        // done: whoever waits for the task must find the run fully reported.
+        let ((), saved) = tokio::join!(
+            self.save_records(auth, obs, task),
+            self.write_status_after(auth, task, logged)
+        );
+        saved?;
+        self.notices.task_saved(auth, &task.id);
+        Ok(())
+    }
+
+    /// The run is ending because its thread was terminated: say so with `thread.terminated`,
+    /// carrying the time the termination was recorded (seed 003 §10, §12).
+    async fn thread_terminated(&self, auth: &AuthContext, obs: &RunObs, thread_id: &ThreadId) {
+        let terminated_at = self
+            .runtime
+            .thread_store()
+            .kv_get(auth, thread_id, crate::thread_state::TERMINATED_KEY)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|at| serde_json::from_value(at).ok());
+        obs.emit(RunEvent::thread_terminated(ThreadTerminatedPayload {
+            thread_id: thread_id.clone(),
+            terminated_at,
+        }))
+        .await;
+    }
+
+    /// The run report (redacted) and a task snapshot go to the run store. A failure here is
+    /// logged: the task itself is already persisted.
+    pub(super) async fn save_records(&self, auth: &AuthContext, obs: &RunObs, task: &Task) {
+        let runs = self.runtime.run_store();
+        let agent_name = Some(self.agent.card().name.as_str());
+        let result = async {
+            // Read once: it indexes both records.
+            let ctx = RunContext::from_task(task)?;
+            let record = TaskRecord::with_context(task, ctx.as_ref(), agent_name);
+            let report = async {
+                let Some(ctx) = ctx else {
+                    return Ok(());
+                };
+                // Masked event by event while the run went (the run's report writer) and
+                // serialized once here; the in-memory store keeps that text as it is.
+                let report = obs.take_report_json()?;
+                runs.save_run_report_json(
+                    auth,
+                    RunRecord {
+                        run_id: ctx.run_id,
+                        task_id: Some(task.id.clone()),
+                        thread_id: Some(task.thread_id.clone()),
+                        trace_id: Some(ctx.trace_id),
+                        agent_name: agent_name.map(str::to_owned),
+                        recorded_at: Utc::now(),
+                        report: Value::Null,
+                    },
+                    report,
+                )
+                .await
+            };
+            // Two independent writes, sent together (see `finish`).
+            let (saved, reported) = tokio::join!(runs.save_task_record(auth, &record), report);
+            saved.and(reported)
+        }
+        .await;
+        if let Err(err) = result {
+            self.log(
+                LogLevel::Warn,
+                &format!("could not save the run report: {err}"),
+            );
+        }
+    }
+}
+
+/// What a failed task tells its caller. A store's failure names its backend but not where
+/// it lives or what it answered (a Redis URL, a file path, the server's reply): those go to
+/// the server's log, as the transport does for the same errors (decision 101).
+fn failure_text(error: &AgentError) -> String {
+    match error {
+        AgentError::Storage { backend, .. } | AgentError::StoreUnavailable { backend, .. } => {
+            tracing::warn!(error = %error, "a task failed on a store error");
+            let backend = if backend.is_empty() { "the" } else { backend };
+            match error {
+                AgentError::Storage { .. } => {
+                    format!("storage error: the {backend} store failed; the server's log says why")
+                }
+                _ => format!("store unavailable: the {backend} store could not be reached"),
+            }
+        }
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_failure_tells_the_caller_its_backend_but_not_where_the_store_lives() {
+        let unavailable = AgentError::store_unavailable(
+            "redis",
+            "XADD at redis://10.0.0.7:6379/",
+            std::io::Error::other("connection refused"),
+        );
+        let text = failure_text(&unavailable);
+        assert!(
+            text.starts_with("store unavailable: the redis store"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("10.0.0.7") && !text.contains("refused"),
+            "{text}"
+        );
+        let broken = AgentError::storage_source(
+            "sqlite",
+            "read /srv/keel/keel.db",
+            std::io::Error::other("disk I/O error"),
+        );
+        let text = failure_text(&broken);
+        assert!(
+            text.starts_with("storage error: the sqlite store"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("/srv/keel") && !text.contains("disk"),
+            "{text}"
+        );
+        let other = AgentError::internal("boom");
+        assert_eq!(failure_text(&other), other.to_string());
+    }
+}

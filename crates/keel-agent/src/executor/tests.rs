@@ -1,0 +1,171 @@
+//! The executor's own unit tests: how a run context is adopted, logging, and a cancel
+//! nobody answers.
+
+use super::*;
+use keel_core::RunBudget;
+use keel_runtime::LogLevel;
+use serde_json::{json, Value};
+
+fn with_context(permissions: Value, max_steps: Option<u32>) -> Task {
+    let mut task = Task::create(Message::user("hi"));
+    let mut ctx = RunContext::new().with_budget(RunBudget {
+        max_steps,
+        ..Default::default()
+    });
+    ctx.permissions = serde_json::from_value(permissions).unwrap();
+    ctx.attach_to_task(&mut task).unwrap();
+    task
+}
+
+fn incoming(permissions: Value, max_steps: Option<u32>) -> RunContext {
+    let mut ctx = RunContext::new().with_budget(RunBudget {
+        max_steps,
+        ..Default::default()
+    });
+    ctx.permissions = serde_json::from_value(permissions).unwrap();
+    ctx
+}
+
+#[test]
+fn a_new_task_adopts_the_callers_context() {
+    let mut task = Task::create(Message::user("hi"));
+    let ctx = incoming(json!({"records.*": "deny"}), Some(3));
+    adopt_run_context(&mut task, ctx.clone()).unwrap();
+    let adopted = RunContext::from_task(&task).unwrap().unwrap();
+    assert_eq!(adopted.run_id, ctx.run_id);
+    assert_eq!(adopted.permissions, ctx.permissions);
+    assert_eq!(adopted.budget.max_steps, Some(3));
+}
+
+#[test]
+fn a_continuing_task_context_only_narrows() {
+    // The budget takes the tighter limit, whichever side sets it.
+    let mut task = with_context(json!({"records.*": "deny"}), Some(3));
+    adopt_run_context(&mut task, incoming(json!({}), Some(10))).unwrap();
+    let ctx = RunContext::from_task(&task).unwrap().unwrap();
+    assert_eq!(ctx.budget.max_steps, Some(3));
+    // Permissions left empty keep the task's (empty would mean "no narrowing").
+    assert_eq!(ctx.permissions["records.*"], json!("deny"));
+
+    // Other permissions are refused, naming the field, and change nothing.
+    let before = task.metadata.clone();
+    let err =
+        adopt_run_context(&mut task, incoming(json!({"records.read": "allow"}), None)).unwrap_err();
+    assert!(
+        matches!(&err, AgentError::InvalidInput { field, .. } if field == "message.metadata.run_context.permissions"),
+        "{err:?}"
+    );
+    assert_eq!(task.metadata, before);
+
+    // A task without permissions may take some: that only narrows.
+    let mut open = with_context(json!({}), None);
+    adopt_run_context(&mut open, incoming(json!({"records.*": false}), Some(2))).unwrap();
+    let ctx = RunContext::from_task(&open).unwrap().unwrap();
+    assert_eq!(ctx.permissions["records.*"], json!(false));
+    assert_eq!(ctx.budget.max_steps, Some(2));
+}
+
+/// Records what the engine logs.
+#[derive(Default)]
+struct Recording {
+    lines: std::sync::Mutex<Vec<(LogLevel, String)>>,
+}
+
+impl keel_runtime::LoggingService for Recording {
+    fn log(&self, level: LogLevel, message: &str) {
+        self.lines.lock().unwrap().push((level, message.to_owned()));
+    }
+}
+
+#[tokio::test]
+async fn the_engine_logs_through_the_runtimes_logging_service() {
+    let recording = Arc::new(Recording::default());
+    let mut services = keel_runtime::Services::in_memory(Arc::new(keel_llm::MockLlm::new()));
+    services.logging = recording.clone();
+    let runtime = Arc::new(services);
+    let auth = runtime.auth_service().auth_context();
+    let agent = Agent::builder(keel_core::AgentCard::new("echo", "Echoes", "http://x"))
+        .build()
+        .unwrap();
+    let executor = AgentExecutor::new(agent, runtime.clone());
+    // Work the engine cannot read waits at the head of the thread's queue: the worker
+    // drops it, saying so in the log, and goes on with the message behind it.
+    let thread = ThreadId::new();
+    runtime
+        .thread_store()
+        .push_queue(&auth, &thread, json!({"kind": "unheard_of"}))
+        .await
+        .unwrap();
+    let task = executor
+        .send_message(
+            &auth,
+            Message::user("hi").in_thread(thread),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    let lines = recording.lines.lock().unwrap().clone();
+    assert!(
+        lines.iter().any(|(level, line)| *level == LogLevel::Error
+            && line.starts_with("dropping malformed queued work")),
+        "{lines:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_cancel_the_threads_live_holder_never_answers_is_pending_after_a_bound() {
+    let runtime = Arc::new(keel_runtime::Services::in_memory(Arc::new(
+        keel_llm::MockLlm::new(),
+    )));
+    let auth = runtime.auth_service().auth_context();
+    let agent = Agent::builder(keel_core::AgentCard::new("echo", "Echoes", "http://x"))
+        .build()
+        .unwrap();
+    let config = ExecutorConfig {
+        lease_ttl: Duration::from_millis(300),
+        poll_interval: Duration::from_millis(20),
+        ..ExecutorConfig::default()
+    };
+    let executor = AgentExecutor::with_config(agent, runtime.clone(), config);
+    // A working task whose thread another live process holds, and which that process
+    // does not stop.
+    let mut task = Task::new(ThreadId::new());
+    task.begin().unwrap();
+    runtime
+        .task_manager()
+        .save_task(&auth, &task)
+        .await
+        .unwrap();
+    let threads = runtime.thread_store();
+    let lease = threads
+        .acquire_lease(
+            &auth,
+            &task.thread_id,
+            "elsewhere",
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(60),
+        executor.cancel_task(&auth, &task.id, None),
+    )
+    .await
+    .expect("the cancel is answered");
+    assert!(
+        matches!(&answer, Err(AgentError::CancelPending { task_id }) if *task_id == task.id),
+        "{answer:?}"
+    );
+    let recorded = runtime
+        .memory_service()
+        .load_serialized(&auth, &cancel_key(&task.id))
+        .await
+        .unwrap();
+    assert!(recorded.is_some(), "the cancel stays recorded");
+    // Once the thread is free, a cancel ends the task.
+    threads.release_lease(&auth, &lease).await.unwrap();
+    let canceled = executor.cancel_task(&auth, &task.id, None).await.unwrap();
+    assert_eq!(canceled.state(), TaskState::Canceled);
+}

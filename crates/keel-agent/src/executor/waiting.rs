@@ -1,0 +1,154 @@
+//! Callers waiting on a task: until it rests with an answer, until a cancel took, or until
+//! any condition holds. A local save wakes a waiter at once (`Notices`); a task run by
+//! another process is looked at every poll interval.
+
+use keel_core::{AgentError, AgentResult, Task, TaskId, TaskState};
+use keel_runtime::AuthContext;
+
+use super::notices::RestWaiter;
+use super::state::*;
+
+impl Inner {
+    /// The stored task, or [`AgentError::TaskNotFound`].
+    pub(super) async fn stored_task(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<Task> {
+        self.runtime
+            .task_manager()
+            .get_task(auth, task_id)
+            .await?
+            .ok_or_else(|| AgentError::TaskNotFound {
+                task_id: task_id.clone(),
+            })
+    }
+
+    /// Wait until the task rests with an answer ([`answered`]).
+    pub(super) async fn wait_until_resting(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<()> {
+        self.wait_until(auth, task_id, answered).await.map(|_| ())
+    }
+
+    /// Wait until a task asked to cancel rests, at most the lease TTL and a few poll
+    /// intervals. A run in another process sees the cancel within a poll interval; a task
+    /// left working by a dead process is ended here as soon as its thread's lease lapses
+    /// (looked at every poll interval); past the bound the caller gets
+    /// [`AgentError::CancelPending`].
+    pub(super) async fn wait_until_canceled(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        reason: &str,
+    ) -> AgentResult<()> {
+        let deadline =
+            tokio::time::Instant::now() + self.config.lease_ttl + 10 * self.config.poll_interval;
+        let key = (auth.namespace(), task_id.clone());
+        let mut waiter = self.notices.rest_waiter(auth, task_id);
+        loop {
+            waiter.receiver.borrow_and_update();
+            let task = self.stored_task(auth, task_id).await?;
+            if answered(&task) {
+                return Ok(());
+            }
+            if task.state() == TaskState::Working
+                && !self.driver.active.contains_key(&key)
+                && self.cancel_unheld(auth, &task, reason).await?
+            {
+                continue;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(AgentError::CancelPending {
+                    task_id: task_id.clone(),
+                });
+            }
+            let next_look = (tokio::time::Instant::now() + self.config.poll_interval).min(deadline);
+            tokio::select! {
+                _ = waiter.receiver.changed() => {}
+                () = tokio::time::sleep_until(next_look) => {}
+            }
+        }
+    }
+
+    /// End a working task whose thread nobody holds (its process died, or it waits for an
+    /// asynchronous tool): take the thread's lease, cancel the task, and let the thread's
+    /// queue go on here. `false` when another process holds the thread.
+    async fn cancel_unheld(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        reason: &str,
+    ) -> AgentResult<bool> {
+        let threads = self.runtime.thread_store();
+        let Some(lease) = threads
+            .acquire_lease(
+                auth,
+                &task.thread_id,
+                &self.config.holder,
+                self.config.lease_ttl,
+            )
+            .await?
+        else {
+            return Ok(false);
+        };
+        let result = self.cancel_at_rest(auth, &task.id, reason).await;
+        threads.release_lease(auth, &lease).await?;
+        self.schedule(auth, &task.thread_id);
+        result.map(|()| true)
+    }
+
+    /// [`Self::wait_until_resting`] for a task the caller has just queued, with a waiter
+    /// taken before queueing it: until a save of the task wakes it (or a poll interval goes
+    /// by, for a run in another process), there is nothing new to read.
+    pub(super) async fn wait_until_queued_task_rests(
+        &self,
+        mut waiter: RestWaiter<'_>,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<Task> {
+        if !waiter.receiver.has_changed().unwrap_or(true) {
+            tokio::select! {
+                _ = waiter.receiver.changed() => {}
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+        self.wait_with(waiter, auth, task_id, answered).await
+    }
+
+    /// Wait until the stored task satisfies `done`, and answer it. Local saves of this task
+    /// wake the waiter at once; a task run by another process is looked at every poll
+    /// interval.
+    pub(super) async fn wait_until(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        done: impl Fn(&Task) -> bool,
+    ) -> AgentResult<Task> {
+        let waiter = self.notices.rest_waiter(auth, task_id);
+        self.wait_with(waiter, auth, task_id, done).await
+    }
+
+    /// [`Self::wait_until`] with a waiter taken earlier.
+    pub(super) async fn wait_with(
+        &self,
+        mut waiter: RestWaiter<'_>,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        done: impl Fn(&Task) -> bool,
+    ) -> AgentResult<Task> {
+        loop {
+            waiter.receiver.borrow_and_update();
+            let task = self.stored_task(auth, task_id).await?;
+            if done(&task) {
+                return Ok(task);
+            }
+            tokio::select! {
+                _ = waiter.receiver.changed() => {}
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+    }
+}
