@@ -15,6 +15,7 @@ use keel_llm::ToolCall;
 use keel_runtime::AuthContext;
 use serde_json::{json, Value};
 
+use super::run::RunLoop;
 use super::state::*;
 use crate::async_tools::{self as at, PendingCall};
 use crate::task_meta::EngineMeta;
@@ -48,30 +49,62 @@ impl Inner {
         Ok(())
     }
 
+    /// Best effort in this process: at `deadline` the task runs again and a call still pending
+    /// ends as a timeout. Armed at dispatch and again whenever a run finds the call still
+    /// pending (so a process that starts after the dispatching one exited times it out too);
+    /// any later run of the task sees the deadline as well.
+    pub(super) fn arm_deadline(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        task_id: &TaskId,
+        deadline: chrono::DateTime<Utc>,
+    ) {
+        let Some(me) = self.me.upgrade() else {
+            return;
+        };
+        let wait = (deadline - Utc::now()).to_std().unwrap_or_default();
+        let (auth, thread_id, task_id) = (auth.clone(), thread_id.clone(), task_id.clone());
+        let stop = self.driver.shutting_down.clone();
+        self.driver.tracker.spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = stop.cancelled() => return,
+            }
+            let _ = me
+                .enqueue(&auth, &thread_id, QueuedWork::Task { task_id })
+                .await;
+        });
+    }
+}
+
+impl RunLoop<'_> {
     /// Dispatch an asynchronous call: persist the pending call and its link from the model's
     /// tool call (before the tool can call back), send the invocation, and arm a local timer
     /// for the deadline.
     pub(super) async fn dispatch_async(
         &self,
-        scope: &Scope<'_>,
         call: &ToolCall,
         dispatch: &dyn crate::AsyncDispatch,
     ) -> ToolRun {
+        let inner = self.inner;
         use keel_runtime::{AsyncCall, AsyncCallState};
         let failed = |message: String| ToolRun::Done {
             output: json!(message),
             is_error: true,
         };
-        let Some(callbacks) = self.config.callbacks.as_deref() else {
+        let Some(callbacks) = inner.config.callbacks.as_deref() else {
             return failed(format!(
                 "`{}` is asynchronous but no callback URL is configured",
                 call.name
             ));
         };
-        let (auth, ctx) = (&scope.flow.auth, scope.ctx);
+        let (auth, ctx) = (&self.flow.auth, &self.ctx);
         let secret = at::new_secret();
         let call_id = at::new_call_id();
-        let timeout = dispatch.timeout().unwrap_or(self.config.async_tool_timeout);
+        let timeout = dispatch
+            .timeout()
+            .unwrap_or(inner.config.async_tool_timeout);
         // A timeout too long to represent never ends (rather than overflowing the clock).
         let deadline = chrono::Duration::from_std(timeout)
             .ok()
@@ -86,8 +119,8 @@ impl Inner {
             output: None,
             is_error: false,
         };
-        let calls = self.runtime.async_call_store();
-        let store = self.runtime.thread_store();
+        let calls = inner.runtime.async_call_store();
+        let store = inner.runtime.thread_store();
         let persisted = async {
             let pending = AsyncCall {
                 call_id: call_id.clone(),
@@ -119,8 +152,7 @@ impl Inner {
             group_id: ctx.thread_id.as_str().to_owned(),
             user_id: Some(auth.user_name.clone()),
         };
-        scope
-            .obs
+        self.obs
             .emit(RunEvent::tool_async_dispatched(ToolAsyncDeadlinePayload {
                 call_id: call_id.clone(),
                 tool_call_id: call.id.clone(),
@@ -145,8 +177,7 @@ impl Inner {
                 .await;
             return failed(err.to_string());
         }
-        scope
-            .obs
+        self.obs
             .emit(RunEvent::tool_async_acknowledged(
                 ToolAsyncAcknowledgedPayload {
                     call_id: call_id.clone(),
@@ -155,49 +186,17 @@ impl Inner {
                 },
             ))
             .await;
-        self.arm_deadline(auth, &ctx.thread_id, &ctx.task_id, deadline);
+        inner.arm_deadline(auth, &ctx.thread_id, &ctx.task_id, deadline);
         ToolRun::Pending { call_id }
-    }
-
-    /// Best effort in this process: at `deadline` the task runs again and a call still pending
-    /// ends as a timeout. Armed at dispatch and again whenever a run finds the call still
-    /// pending (so a process that starts after the dispatching one exited times it out too);
-    /// any later run of the task sees the deadline as well.
-    pub(super) fn arm_deadline(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        task_id: &TaskId,
-        deadline: chrono::DateTime<Utc>,
-    ) {
-        let Some(me) = self.me.upgrade() else {
-            return;
-        };
-        let wait = (deadline - Utc::now()).to_std().unwrap_or_default();
-        let (auth, thread_id, task_id) = (auth.clone(), thread_id.clone(), task_id.clone());
-        let stop = self.driver.shutting_down.clone();
-        self.driver.tracker.spawn(async move {
-            tokio::select! {
-                () = tokio::time::sleep(wait) => {}
-                () = stop.cancelled() => return,
-            }
-            let _ = me
-                .enqueue(&auth, &thread_id, QueuedWork::Task { task_id })
-                .await;
-        });
     }
 
     /// The state of an asynchronous call on resume: `None` when it is not one; `Pending`
     /// while it waits; its result when delivered (event `tool.async.result`); a timeout error
     /// past its deadline (event `tool.async.timed_out`).
-    pub(super) async fn async_result(
-        &self,
-        scope: &Scope<'_>,
-        call: &ToolCall,
-    ) -> AgentResult<Option<ToolRun>> {
+    pub(super) async fn async_result(&self, call: &ToolCall) -> AgentResult<Option<ToolRun>> {
         use keel_runtime::AsyncCallState;
-        let flow = scope.flow;
-        let link = self
+        let (inner, flow) = (self.inner, self.flow);
+        let link = inner
             .runtime
             .thread_store()
             .kv_get(&flow.auth, &flow.thread_id, &at::link_key(&call.id))
@@ -209,7 +208,7 @@ impl Inner {
         else {
             return Ok(None);
         };
-        let calls = self.runtime.async_call_store();
+        let calls = inner.runtime.async_call_store();
         let Some(mut pending) = calls.find_async_call(call_id).await? else {
             return Ok(None);
         };
@@ -238,7 +237,7 @@ impl Inner {
         }
         let run = match pending.state {
             AsyncCallState::Pending => {
-                self.arm_deadline(
+                inner.arm_deadline(
                     &flow.auth,
                     &flow.thread_id,
                     &record.task_id,
@@ -255,8 +254,7 @@ impl Inner {
                             "asynchronous call `{call_id}` is malformed: {e}"
                         ))
                     })?;
-                scope
-                    .obs
+                self.obs
                     .emit(RunEvent::tool_async_result(ToolAsyncResultPayload {
                         call_id: call_id.to_owned(),
                         tool_call_id: call.id.clone(),
@@ -270,8 +268,7 @@ impl Inner {
                 }
             }
             AsyncCallState::Expired => {
-                scope
-                    .obs
+                self.obs
                     .emit(RunEvent::tool_async_timed_out(ToolAsyncDeadlinePayload {
                         call_id: call_id.to_owned(),
                         tool_call_id: call.id.clone(),

@@ -16,6 +16,7 @@ use keel_llm::{
 use keel_runtime::AuthContext;
 use serde::{Deserialize, Serialize};
 
+use super::run::RunLoop;
 use super::state::*;
 
 /// Automatic compaction: before a model call whose estimated context (system prompt,
@@ -177,19 +178,19 @@ impl Inner {
             .cloned()
             .unwrap_or_else(|| self.runtime.default_llm())
     }
+}
 
+impl RunLoop<'_> {
     /// Automatic compaction: when the agent asks for it and `manifest` exceeds its
-    /// threshold, compact `history` (the thread's log), append the checkpoint under the
-    /// lease and return what was done; `None` when nothing was compacted.
+    /// threshold, compact the run's history (the thread's log), append the checkpoint under
+    /// the lease and return what was done; `None` when nothing was compacted.
     pub(super) async fn compact_when_over(
-        &self,
-        scope: &Scope<'_>,
-        history: &mut Vec<LlmMessage>,
+        &mut self,
         manifest: &ContextManifest,
         system: &str,
         llm: &dyn Llm,
     ) -> AgentResult<Option<(HistoryCompactionResult, u64)>> {
-        let Some(auto) = self.agent.compaction() else {
+        let Some(auto) = self.inner.agent.compaction() else {
             return Ok(None);
         };
         let Some(window) = auto.window(&llm.profile()) else {
@@ -198,12 +199,12 @@ impl Inner {
         if (manifest.total_estimated_tokens as f64) <= window as f64 * auto.trigger_ratio {
             return Ok(None);
         }
-        let request = auto.request(window, &scope.flow.thread_id);
-        let (result, checkpoint) = compaction_of(history, system, llm, &request).await?;
+        let request = auto.request(window, &self.flow.thread_id);
+        let (result, checkpoint) = compaction_of(&self.history, system, llm, &request).await?;
         let Some(checkpoint) = checkpoint else {
             return Ok(None);
         };
-        self.append(scope.flow, history, vec![checkpoint]).await?;
+        self.append(vec![checkpoint]).await?;
         Ok(Some((result, window)))
     }
 }

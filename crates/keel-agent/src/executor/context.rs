@@ -8,8 +8,8 @@ use keel_core::{AgentResult, Message, Part, Role, Task, TaskEvent};
 use keel_llm::{LlmMessage, LlmRole, ToolCall};
 use serde_json::{json, Value};
 
+use super::run::RunLoop;
 use super::state::*;
-use crate::ToolContext;
 
 impl Inner {
     pub(super) async fn read_history(&self, flow: &Flow) -> AgentResult<Vec<LlmMessage>> {
@@ -23,20 +23,19 @@ impl Inner {
             .collect())
     }
 
-    /// Persist to the thread history under the lease, and mirror locally.
-    pub(super) async fn append(
+    /// Persist to the thread history under the lease; answers the entries as written
+    /// (marked with this agent's side).
+    pub(super) async fn append_history(
         &self,
         flow: &Flow,
-        history: &mut Vec<LlmMessage>,
         mut messages: Vec<LlmMessage>,
-    ) -> AgentResult<()> {
+    ) -> AgentResult<Vec<LlmMessage>> {
         self.mark_side(&mut messages);
         self.runtime
             .thread_store()
             .append_history(&flow.auth, &flow.lease(), &messages)
             .await?;
-        history.extend(messages);
-        Ok(())
+        Ok(messages)
     }
 
     /// Mark the entries this agent speaks (assistant messages, tool results) with its side.
@@ -48,45 +47,6 @@ impl Inner {
                     .insert(META_SIDE.into(), json!(self.agent.card().name));
             }
         }
-    }
-
-    pub(super) async fn persist_tool_result(
-        &self,
-        flow: &Flow,
-        task: &Task,
-        call: &ToolCall,
-        output: Value,
-        is_error: bool,
-        history: &mut Vec<LlmMessage>,
-    ) -> AgentResult<()> {
-        let mut result = LlmMessage::tool_result(call, render(&output));
-        tag(&mut result, &task.id);
-        if is_error {
-            result.metadata.insert(META_IS_ERROR.into(), json!(true));
-        }
-        let part = Part::tool_output(&call.id, &call.name, output, is_error);
-        self.persist_point(flow, history, vec![result], task, vec![part])
-            .await
-    }
-
-    /// One persist point of a step: history entries under the lease and the matching agent
-    /// message in the task's log, in one round trip when the runtime has a step store.
-    pub(super) async fn persist_point(
-        &self,
-        flow: &Flow,
-        history: &mut Vec<LlmMessage>,
-        mut messages: Vec<LlmMessage>,
-        task: &Task,
-        parts: Vec<Part>,
-    ) -> AgentResult<()> {
-        self.mark_side(&mut messages);
-        let mut message = Message::new(Role::Agent, parts);
-        message.task_id = Some(task.id.clone());
-        message.thread_id = Some(task.thread_id.clone());
-        let event = TaskEvent::Message { message };
-        self.write_point(flow, &messages, task, &event).await?;
-        history.extend(messages);
-        Ok(())
     }
 
     /// Write history entries (already marked) and the task log's `event` that matches them
@@ -126,14 +86,61 @@ impl Inner {
         self.notices.task_changed();
         Ok(())
     }
+}
 
-    pub(super) async fn system_prompt(&self, ctx: &ToolContext) -> String {
-        let mut prompt = self.agent.instructions().to_owned();
+impl RunLoop<'_> {
+    /// Persist to the thread history under the lease, and mirror in the run's history.
+    pub(super) async fn append(&mut self, messages: Vec<LlmMessage>) -> AgentResult<()> {
+        let written = self.inner.append_history(self.flow, messages).await?;
+        self.history.extend(written);
+        Ok(())
+    }
+
+    pub(super) async fn persist_tool_result(
+        &mut self,
+        call: &ToolCall,
+        output: Value,
+        is_error: bool,
+    ) -> AgentResult<()> {
+        let mut result = LlmMessage::tool_result(call, render(&output));
+        tag(&mut result, &self.task.id);
+        if is_error {
+            result.metadata.insert(META_IS_ERROR.into(), json!(true));
+        }
+        let part = Part::tool_output(&call.id, &call.name, output, is_error);
+        self.persist_point(vec![result], vec![part]).await
+    }
+
+    /// One persist point of a step: history entries under the lease and the matching agent
+    /// message in the task's log, in one round trip when the runtime has a step store.
+    pub(super) async fn persist_point(
+        &mut self,
+        mut messages: Vec<LlmMessage>,
+        parts: Vec<Part>,
+    ) -> AgentResult<()> {
+        self.inner.mark_side(&mut messages);
+        let mut message = Message::new(Role::Agent, parts);
+        message.task_id = Some(self.task.id.clone());
+        message.thread_id = Some(self.task.thread_id.clone());
+        let event = TaskEvent::Message { message };
+        self.inner
+            .write_point(self.flow, &messages, &self.task, &event)
+            .await?;
+        self.history.extend(messages);
+        Ok(())
+    }
+
+    /// The agent's instructions with their placeholders filled: the built-in names, then
+    /// the thread's key-value store.
+    pub(super) async fn system_prompt(&self) -> String {
+        let agent = &self.inner.agent;
+        let ctx = &self.ctx;
+        let mut prompt = agent.instructions().to_owned();
         if !prompt.contains("{{") {
             return prompt;
         }
         let builtins = [
-            ("agent_name", self.agent.card().name.clone()),
+            ("agent_name", agent.card().name.clone()),
             ("thread_id", ctx.thread_id.to_string()),
             ("task_id", ctx.task_id.to_string()),
             ("date", Utc::now().format("%Y-%m-%d").to_string()),

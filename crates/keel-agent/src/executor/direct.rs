@@ -4,12 +4,13 @@
 //! leaves it input-required. A message of `tool_call` parts only keeps its own path
 //! (`run_direct`, decision 6); this one adds the other kinds.
 
-use keel_core::{AgentError, AgentResult, Message, Part, PartContent, Task, TaskState};
+use keel_core::{AgentError, AgentResult, Message, Part, PartContent, TaskState};
 use keel_llm::{prepare_manifest, LlmMessage, LlmRequest, LlmRole, ManifestIds, ToolCall};
 use serde_json::{json, Value};
 
+use super::run::RunLoop;
 use super::state::*;
-use super::step::{next_step, output_checkpoint, step_checkpoint, steps_exhausted, CallSite};
+use super::step::CallSite;
 
 /// History metadata key on the entries of an `infer` part: `<message id>:<part index>`, so
 /// that a run resumed after a crash does not ask the model again.
@@ -76,25 +77,17 @@ pub(super) fn explicit_parts(message: Option<&Message>) -> Option<Vec<Explicit>>
         .then_some(items)
 }
 
-impl Inner {
+impl RunLoop<'_> {
     /// Run `items` in order; the first that does not succeed decides how the task ends,
     /// otherwise it completes with their outputs.
-    pub(super) async fn run_explicit(
-        &self,
-        scope: &Scope<'_>,
-        task: &Task,
-        items: Vec<Explicit>,
-        history: &mut Vec<LlmMessage>,
-    ) -> AgentResult<Outcome> {
+    pub(super) async fn run_explicit(&mut self, items: Vec<Explicit>) -> AgentResult<Outcome> {
         let mut outputs = Vec::new();
         for item in items {
             match item {
-                Explicit::Call(call) => {
-                    match self.run_direct(scope, task, vec![call], history).await? {
-                        Outcome::Answer { text, .. } => outputs.push(text),
-                        other => return Ok(other),
-                    }
-                }
+                Explicit::Call(call) => match self.run_direct(vec![call]).await? {
+                    Outcome::Answer { text, .. } => outputs.push(text),
+                    other => return Ok(other),
+                },
                 Explicit::Infer {
                     key,
                     prompt,
@@ -109,10 +102,7 @@ impl Inner {
                             reason: "invalid_infer".into(),
                         });
                     };
-                    match self
-                        .run_infer(scope, task, &key, prompt, output_schema, history)
-                        .await?
-                    {
+                    match self.run_infer(&key, prompt, output_schema).await? {
                         Ok(text) => outputs.push(text),
                         Err(outcome) => return Ok(outcome),
                     }
@@ -165,36 +155,30 @@ impl Inner {
     /// the answer join the thread history, and an `infer_output` part the task's log.
     /// `Err` carries how the run ends when the model fails or breaks the schema.
     async fn run_infer(
-        &self,
-        scope: &Scope<'_>,
-        task: &Task,
+        &mut self,
         key: &str,
         prompt: String,
         output_schema: Option<Value>,
-        history: &mut Vec<LlmMessage>,
     ) -> AgentResult<Result<String, Outcome>> {
-        let done = history.iter().find(|m| {
+        let done = self.history.iter().find(|m| {
             m.role == LlmRole::Assistant && m.metadata.get(META_INFER) == Some(&json!(key))
         });
         if let Some(done) = done {
             return Ok(Ok(done.content.clone()));
         }
-        let (flow, obs) = (scope.flow, scope.obs);
         // An `infer` part is a step of the run as each of the loop's model calls is, and
         // goes through the same checkpoints: the step check, the call's, the output check.
-        let step = next_step(history, task);
-        let max_steps = self.agent.stop_rules().max_steps;
-        if step > max_steps {
-            return Ok(Err(steps_exhausted(max_steps)));
+        let step = self.next_step();
+        if let Err(outcome) = self.begin_step(step).await {
+            return Ok(Err(outcome));
         }
-        if let Err(error) = step_checkpoint(obs).await {
-            return Ok(Err(budget_failure(error)));
-        }
-        let llm = self.model();
+        let inner = self.inner;
+        let agent = &inner.agent;
+        let llm = inner.model();
         let profile = llm.profile();
         let mut messages = Vec::with_capacity(2);
-        if !self.agent.instructions().is_empty() {
-            messages.push(LlmMessage::system(self.system_prompt(scope.ctx).await));
+        if !agent.instructions().is_empty() {
+            messages.push(LlmMessage::system(self.system_prompt().await));
         }
         messages.push(LlmMessage::user(prompt.clone()));
         let mut request = LlmRequest::new(messages);
@@ -204,14 +188,14 @@ impl Inner {
         let manifest = prepare_manifest(
             &request,
             &profile,
-            ManifestIds::from_run_context(&scope.ctx.run, Some(&self.agent.card().name)),
+            ManifestIds::from_run_context(&self.ctx.run, Some(&agent.card().name)),
         );
         let site = CallSite {
             llm: llm.as_ref(),
             profile: &profile,
             step,
         };
-        let response = match self.model_call(scope, &site, &manifest, request).await {
+        let response = match self.model_call(&site, &manifest, request).await {
             Ok(response) => response,
             Err(outcome) => return Ok(Err(outcome)),
         };
@@ -231,20 +215,14 @@ impl Inner {
         let mut asked = LlmMessage::user(prompt);
         let mut answered = LlmMessage::assistant(render(&output), vec![]);
         for entry in [&mut asked, &mut answered] {
-            tag(entry, &task.id);
+            tag(entry, &self.task.id);
             entry.metadata.insert(META_INFER.into(), json!(key));
         }
         let text = answered.content.clone();
-        self.persist_point(
-            flow,
-            history,
-            vec![asked, answered],
-            task,
-            vec![Part::infer_output(output)],
-        )
-        .await?;
-        if let Err(error) = output_checkpoint(obs).await {
-            return Ok(Err(budget_failure(error)));
+        self.persist_point(vec![asked, answered], vec![Part::infer_output(output)])
+            .await?;
+        if let Err(outcome) = self.output_checkpoint().await {
+            return Ok(Err(outcome));
         }
         Ok(Ok(text))
     }

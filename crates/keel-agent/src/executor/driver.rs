@@ -1,5 +1,5 @@
 //! The thread driver: one worker per thread holding the thread's fenced lease, working
-//! its durable queue in order, and injecting queued work into a running step.
+//! its durable queue in order (a running step takes queued work in: `step.rs`).
 
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
@@ -8,12 +8,8 @@ use keel_core::{
     AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, TaskState,
     ThreadId,
 };
-use keel_events::payload::QueueInjectedPayload;
-use keel_events::RunEvent;
-use keel_llm::LlmMessage;
 use keel_runtime::{AuthContext, Lease, ListTasksFilter, LogLevel};
 use serde::Deserialize;
-use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -521,7 +517,9 @@ impl Inner {
     }
 
     /// Work queued while the thread was idle starts a turn of its own: a task in the thread,
-    /// whose id is [`TURN_PREFIX`] and the queue item's id.
+    /// whose id is [`TURN_PREFIX`] and the queue item's id. Its message is tagged with the
+    /// item ([`META_QUEUE_ITEM`]), so that a step draining the queue, which finds the item
+    /// still at its head, sees it in the history already and only acknowledges it.
     pub(super) async fn start_turn(
         &self,
         flow: &Flow,
@@ -536,124 +534,15 @@ impl Inner {
             RunContext::ensure_task_context(&mut task)?;
             message.task_id = Some(task.id.clone());
             message.thread_id = Some(task.thread_id.clone());
+            message
+                .metadata
+                .insert(META_QUEUE_ITEM.into(), serde_json::json!(item_id));
             tasks.save_task(&flow.auth, &task).await?;
             tasks
                 .add_task_event(&flow.auth, &task.id, &TaskEvent::Message { message })
                 .await?;
         }
         self.run_task(flow, &task.id).await
-    }
-
-    /// Queued messages and tools are injected before the next model call (§9).
-    pub(super) async fn inject_queued(
-        &self,
-        scope: &Scope<'_>,
-        task: &Task,
-        history: &mut Vec<LlmMessage>,
-    ) -> AgentResult<Option<Outcome>> {
-        let flow = scope.flow;
-        let store = self.runtime.thread_store();
-        let mut items = store.peek_queue(&flow.auth, &flow.thread_id, 64).await?;
-        // Effects run first; what they queue is injected in this same pass.
-        if crate::effects::fire_queued_effects(self, &flow.auth, &flow.lease(), &items).await? {
-            items = store.peek_queue(&flow.auth, &flow.thread_id, 64).await?;
-        }
-        // The items already in the history, worked out only when some item is not the run's
-        // own: at most steps there is none, and the history only grows.
-        let mut seen: Option<HashSet<String>> = None;
-        let mut injected = Vec::new();
-        let mut outcome = None;
-        for item in items {
-            // The run's own queue item (its task) heads the queue at every step: judged by
-            // its kind, it need not be decoded.
-            if matches!(
-                item.payload.get("kind").and_then(Value::as_str),
-                Some("task" | "effect")
-            ) {
-                continue;
-            }
-            // The item a turn started from heads the queue while its run goes on: it is the
-            // task's own message, already in the history, so it is acknowledged as taken
-            // but not added again.
-            if task.id.as_str().strip_prefix(TURN_PREFIX) == Some(item.id.as_str()) {
-                injected.push(item.id);
-                continue;
-            }
-            let Ok(work) = QueuedWork::deserialize(&item.payload) else {
-                continue;
-            };
-            if matches!(work, QueuedWork::Task { .. } | QueuedWork::Effect(_)) {
-                continue;
-            }
-            let seen = seen.get_or_insert_with(|| tag_values(history, META_QUEUE_ITEM));
-            if !seen.contains(&item.id) {
-                match work {
-                    QueuedWork::Task { .. } | QueuedWork::Effect(_) => continue,
-                    QueuedWork::Message { message } => {
-                        let mut entry = user_entry(&message);
-                        tag(&mut entry, &task.id);
-                        entry
-                            .metadata
-                            .insert(META_QUEUE_ITEM.into(), json!(item.id));
-                        let mut shown = message;
-                        shown.task_id = Some(task.id.clone());
-                        shown.thread_id = Some(task.thread_id.clone());
-                        // The message joins the history and the task's log together.
-                        let event = TaskEvent::Message { message: shown };
-                        self.write_point(flow, std::slice::from_ref(&entry), task, &event)
-                            .await?;
-                        history.push(entry);
-                    }
-                    QueuedWork::Tool { call } => {
-                        let mut request = LlmMessage::assistant("", vec![call.clone()]);
-                        tag(&mut request, &task.id);
-                        request
-                            .metadata
-                            .insert(META_QUEUE_ITEM.into(), json!(item.id));
-                        // Shown in the task's log too, so that its result has its call.
-                        let part = Part::tool_call(&call.id, &call.name, call.arguments.clone());
-                        self.persist_point(flow, history, vec![request], task, vec![part])
-                            .await?;
-                        match self.call_tool(scope, &call, false).await {
-                            ToolRun::Done { output, is_error } => {
-                                self.persist_tool_result(
-                                    flow, task, &call, output, is_error, history,
-                                )
-                                .await?;
-                            }
-                            ToolRun::Canceled => {
-                                outcome = Some(Outcome::Canceled {
-                                    reason: run_reason(scope.run),
-                                })
-                            }
-                            ToolRun::Approval(request) => {
-                                outcome = Some(Outcome::AwaitingApproval { request })
-                            }
-                            ToolRun::Stop(error) => outcome = Some(budget_failure(error)),
-                            ToolRun::Pending { call_id } => {
-                                outcome = Some(Outcome::AwaitingTool { call_id })
-                            }
-                        }
-                    }
-                }
-            }
-            injected.push(item.id);
-            if outcome.is_some() {
-                break;
-            }
-        }
-        if !injected.is_empty() {
-            scope
-                .obs
-                .emit(RunEvent::queue_injected(QueueInjectedPayload {
-                    items: injected.clone(),
-                }))
-                .await;
-            store
-                .ack_queue(&flow.auth, &flow.lease(), &injected)
-                .await?;
-        }
-        Ok(outcome)
     }
 }
 

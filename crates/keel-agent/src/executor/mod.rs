@@ -10,6 +10,7 @@
 //! calls in order persisting each result, and evaluates the stop rules.
 
 mod async_tools;
+mod cancel;
 mod compaction;
 pub(crate) mod config;
 mod context;
@@ -23,6 +24,7 @@ mod run;
 mod slots;
 mod state;
 mod step;
+mod tools;
 mod waiting;
 
 pub use compaction::AutoCompaction;
@@ -30,13 +32,12 @@ pub use config::{ExecutorConfig, SendOptions};
 pub use state::{AgentExecutor, META_MESSAGE as MESSAGE_ID_META};
 
 use std::sync::{Arc, RwLock, Weak};
-use std::time::Duration;
 
 use keel_core::{
     AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, TaskState,
     ThreadId,
 };
-use keel_runtime::{attach_history, load_task_with_history, AuthContext, ListTasksFilter, Runtime};
+use keel_runtime::{attach_history, AuthContext, ListTasksFilter, Runtime};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -205,8 +206,9 @@ impl AgentExecutor {
                 "must be `user` for a message sent to an agent",
             ));
         }
-        // Only the engine marks a message as an approval decision.
+        // Only the engine marks a message as an approval decision, or as a queue item's.
         message.metadata.remove(approval_part::DECISION_MESSAGE_KEY);
+        message.metadata.remove(META_QUEUE_ITEM);
         let tasks = self.inner.runtime.task_manager();
         let mut task = match message.task_id.clone() {
             Some(task_id) => {
@@ -410,75 +412,8 @@ impl AgentExecutor {
         task_id: &TaskId,
         history_length: Option<usize>,
     ) -> AgentResult<Task> {
-        load_task_with_history(
-            self.inner.runtime.task_manager().as_ref(),
-            auth,
-            task_id,
-            history_length,
-        )
-        .await?
-        .ok_or_else(|| AgentError::TaskNotFound {
-            task_id: task_id.clone(),
-        })
-    }
-
-    /// Cancel a task wherever it is: queued, waiting for input, running here (stopped live),
-    /// running in another process sharing the store (whose run sees the request within a
-    /// poll interval, and stops at once), or left working by a process that died (ended here
-    /// once that process's thread lease lapses). Ends `canceled` with `reason`; a terminal
-    /// task is [`AgentError::TaskNotCancelable`], an unknown one
-    /// [`AgentError::TaskNotFound`]. The answer comes within the lease TTL and a few poll
-    /// intervals: a run that has not stopped by then is [`AgentError::CancelPending`] (the
-    /// cancel stays recorded and takes effect when that run next looks).
-    pub async fn cancel_task(
-        &self,
-        auth: &AuthContext,
-        task_id: &TaskId,
-        reason: Option<String>,
-    ) -> AgentResult<Task> {
-        let inner = &self.inner;
-        let task = inner.stored_task(auth, task_id).await?;
-        if task.state().is_terminal() {
-            return Err(AgentError::TaskNotCancelable {
-                task_id: task_id.clone(),
-                state: task.state(),
-            });
-        }
-        let reason = reason.unwrap_or_else(|| "canceled by request".into());
-        // The durable flag reaches a run in any process through the run's watcher, which
-        // reads it every poll interval.
-        inner
-            .runtime
-            .memory_service()
-            .save_serialized_with_ttl(
-                auth,
-                &cancel_key(task_id),
-                json!(reason),
-                Duration::from_secs(86_400),
-            )
-            .await?;
-        let local = inner
-            .driver
-            .active
-            .get(&(auth.namespace(), task_id.clone()))
-            .map(|a| a.clone());
-        if let Some(run) = local {
-            *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
-            run.token.cancel();
-        } else if task.state() != TaskState::Working {
-            // Queued or waiting for input: no run holds it, so end it here. A worker that
-            // picks its queue item up later skips it.
-            inner.cancel_at_rest(auth, task_id, &reason).await?;
-        }
-        inner.wait_until_canceled(auth, task_id, &reason).await?;
-        let task = self.get_task(auth, task_id, None).await?;
-        if task.state() != TaskState::Canceled {
-            return Err(AgentError::TaskNotCancelable {
-                task_id: task_id.clone(),
-                state: task.state(),
-            });
-        }
-        Ok(task)
+        crate::reads::task_with_history(self.inner.runtime.as_ref(), auth, task_id, history_length)
+            .await
     }
 
     // Subagents: a parent's subagent tools wait for a child's task through this.

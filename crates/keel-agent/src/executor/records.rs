@@ -1,11 +1,12 @@
 //! Run records: how a run ends is written down. The task's final (or resting) state, its
 //! answer, artifact and stop reason; the `run.stopped` event; the run's report and task
-//! snapshot in the run store.
+//! snapshot in the run store. Also the writes of a task's status that every part shares,
+//! and the making of a run's events, report and budget (`run_obs`).
 
 use chrono::Utc;
 use keel_core::{
-    AgentError, AgentResult, Artifact, Message, Part, Role, RunContext, Task, TaskEvent, TaskState,
-    ThreadId,
+    AgentError, AgentResult, Artifact, Message, Part, Role, RunContext, Task, TaskEvent, TaskId,
+    TaskState, ThreadId,
 };
 use keel_events::payload::{RunStoppedPayload, ThreadTerminatedPayload};
 use keel_events::{RedactionPolicy, RunEvent};
@@ -14,22 +15,20 @@ use keel_runtime::{AuthContext, LogLevel};
 use keel_runtime::{RunRecord, TaskRecord};
 use serde_json::{json, Value};
 
+use super::run::RunLoop;
 use super::state::*;
 use crate::observe::RunObs;
 use crate::task_meta::EngineMeta;
 use crate::thread_state::ThreadHost;
 
-impl Inner {
+impl RunLoop<'_> {
     /// Write how the run ended: the task's final (or resting) state, its answer, artifact and
     /// stop reason, then the run's report and task record.
-    pub(super) async fn finish(
-        &self,
-        flow: &Flow,
-        obs: &RunObs,
-        task: &mut Task,
-        outcome: Outcome,
-    ) -> AgentResult<()> {
+    pub(super) async fn finish(&mut self, outcome: Outcome) -> AgentResult<()> {
+        let (inner, flow) = (self.inner, self.flow);
         let auth = &flow.auth;
+        let obs = self.obs.clone();
+        let task = &mut self.task;
         // A cancel flag has done its job once the run rests: a later run of a task that waits
         // (for input, a tool, an approval) must not find a stale one. A task that ends has no
         // later run, and its flag expires, so the common ending costs no write.
@@ -37,7 +36,7 @@ impl Inner {
             outcome,
             Outcome::Answer { .. } | Outcome::Failed { .. } | Outcome::Abandoned
         ) {
-            let _ = self
+            let _ = inner
                 .runtime
                 .memory_service()
                 .delete(auth, &cancel_key(&task.id))
@@ -65,9 +64,10 @@ impl Inner {
                     state: task.state(),
                 }))
                 .await;
-                self.save_records(auth, obs, task).await;
-                self.runtime.task_manager().save_task(auth, task).await?;
-                self.notices.task_saved(auth, &task.id);
+                self.save_records().await;
+                let task = &self.task;
+                inner.runtime.task_manager().save_task(auth, task).await?;
+                inner.notices.task_saved(auth, &task.id);
                 return Ok(());
             }
             Outcome::Answer {
@@ -85,14 +85,14 @@ impl Inner {
                     let mut entry = LlmMessage::assistant(text.clone(), vec![]);
                     tag(&mut entry, &task.id);
                     entry.metadata.insert(META_STOP.into(), json!(reason));
-                    self.mark_side(std::slice::from_mut(&mut entry));
+                    inner.mark_side(std::slice::from_mut(&mut entry));
                     let mut message = Message::new(Role::Agent, vec![Part::text(&text)]);
                     message.task_id = Some(task.id.clone());
                     message.thread_id = Some(task.thread_id.clone());
                     let event = TaskEvent::Message {
                         message: message.clone(),
                     };
-                    self.write_point(flow, &[entry], task, &event).await?;
+                    inner.write_point(flow, &[entry], task, &event).await?;
                     message
                 };
                 // A run that added its own artifacts named its outputs; otherwise the answer
@@ -123,7 +123,7 @@ impl Inner {
             }
             Outcome::InputRequired { question } => {
                 EngineMeta::update(task, |m| m.stop_reason = Some("input_required".into()));
-                let message = self
+                let message = inner
                     .record_event(auth, task, vec![Part::text(&question)])
                     .await?;
                 task.update_status(TaskState::InputRequired, Some(message))?;
@@ -133,7 +133,7 @@ impl Inner {
                 let stored = RedactionPolicy::default().redact_approval_request(&request)?;
                 EngineMeta::update(task, |m| m.pending_approval = Some(stored));
                 EngineMeta::update(task, |m| m.stop_reason = Some("approval_required".into()));
-                let message = self
+                let message = inner
                     .record_event(
                         auth,
                         task,
@@ -147,7 +147,7 @@ impl Inner {
             }
             Outcome::Canceled { reason } => {
                 if reason == crate::thread_state::TERMINATED_REASON {
-                    self.thread_terminated(auth, obs, &task.thread_id).await;
+                    inner.thread_terminated(auth, &obs, &task.thread_id).await;
                 }
                 EngineMeta::update(task, |m| m.stop_reason = Some("canceled".into()));
                 mark_canceled(task, &reason)?;
@@ -163,20 +163,30 @@ impl Inner {
         }
         obs.emit(RunEvent::task_status_of(task)).await;
         // Subagents: a background child's result goes to its parent from here, durably.
-        self.agent.hooks.on_rest(self, auth, task).await;
+        inner.agent.hooks.on_rest(inner, auth, task).await;
         // The records and the status are independent writes, sent together so that they
         // share a round trip (one SQLite batch, one Redis pipeline) instead of queueing one
         // behind the other; the records are sent first. Waiters are woken once both are
         // done: whoever waits for the task must find the run fully reported.
         let ((), saved) = tokio::join!(
-            self.save_records(auth, obs, task),
-            self.write_status_after(auth, task, logged)
+            self.save_records(),
+            inner.write_status_after(auth, &self.task, logged)
         );
         saved?;
-        self.notices.task_saved(auth, &task.id);
+        inner.notices.task_saved(auth, &self.task.id);
         Ok(())
     }
 
+    /// The run report (redacted) and a task snapshot go to the run store. A failure here is
+    /// logged: the task itself is already persisted.
+    async fn save_records(&self) {
+        self.inner
+            .save_records(&self.flow.auth, &self.obs, &self.task)
+            .await;
+    }
+}
+
+impl Inner {
     /// The run is ending because its thread was terminated: say so with `thread.terminated`,
     /// carrying the time the termination was recorded (seed 003 §10, §12).
     async fn thread_terminated(&self, auth: &AuthContext, obs: &RunObs, thread_id: &ThreadId) {
@@ -197,7 +207,7 @@ impl Inner {
 
     /// The run report (redacted) and a task snapshot go to the run store. A failure here is
     /// logged: the task itself is already persisted.
-    pub(super) async fn save_records(&self, auth: &AuthContext, obs: &RunObs, task: &Task) {
+    async fn save_records(&self, auth: &AuthContext, obs: &RunObs, task: &Task) {
         let runs = self.runtime.run_store();
         let agent_name = Some(self.agent.card().name.as_str());
         let result = async {
@@ -237,6 +247,80 @@ impl Inner {
                 &format!("could not save the run report: {err}"),
             );
         }
+    }
+
+    pub(super) async fn persist_status(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
+        self.persist_status_after(auth, task, Vec::new()).await
+    }
+
+    /// Save the task with `events` and then its status event appended to its log, in one
+    /// store write (the status and what led to it commit together).
+    pub(super) async fn persist_status_after(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: Vec<TaskEvent>,
+    ) -> AgentResult<()> {
+        self.write_status_after(auth, task, events).await?;
+        self.notices.task_saved(auth, &task.id);
+        Ok(())
+    }
+
+    /// [`Self::persist_status_after`] without waking the task's waiters.
+    pub(super) async fn write_status_after(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        mut events: Vec<TaskEvent>,
+    ) -> AgentResult<()> {
+        events.push(TaskEvent::StatusUpdate {
+            task_id: task.id.clone(),
+            thread_id: task.thread_id.clone(),
+            status: task.status().clone(),
+            is_final: task.state().is_terminal(),
+        });
+        self.runtime
+            .task_manager()
+            .save_task_with_events(auth, task, &events)
+            .await
+    }
+
+    /// Append an agent message of `parts` to the task's log.
+    pub(super) async fn record_event(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        parts: Vec<Part>,
+    ) -> AgentResult<Message> {
+        let mut message = Message::new(Role::Agent, parts);
+        message.task_id = Some(task.id.clone());
+        message.thread_id = Some(task.thread_id.clone());
+        self.runtime
+            .task_manager()
+            .add_task_event(
+                auth,
+                &task.id,
+                &TaskEvent::Message {
+                    message: message.clone(),
+                },
+            )
+            .await?;
+        self.notices.task_changed();
+        Ok(message)
+    }
+
+    /// The events, budget and policy of a run of `task_id` under `context`, reported to the
+    /// executor's sinks.
+    pub(super) fn run_obs(&self, context: &RunContext, task_id: &TaskId) -> RunObs {
+        RunObs::new(
+            &self.notices.sinks(),
+            context,
+            task_id,
+            &self.agent.card().name,
+            self.agent.budget_policy_for(context),
+            self.agent.authorizer().clone(),
+            self.runtime.logging_service(),
+        )
     }
 }
 

@@ -1,17 +1,19 @@
-//! The run lifecycle: start or resume a task's run, cancel it, and finish it (its final
-//! state, stop reason, report and task record).
+//! The run loop: one run of a task, from its start (or resumption) to the outcome that ends
+//! or rests it. [`RunLoop`] owns the run's state (the task, the thread history as the run
+//! grows it, the tools' context, the events and budget); the thread driver starts it through
+//! [`Inner::run_task`] and [`Inner::run_loaded_task`]. Its steps are in `step.rs`, its tool
+//! calls in `tools.rs`, its persist points in `context.rs`, explicit parts in `direct.rs`,
+//! and its ending in `records.rs`.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use keel_core::ApprovalOutcome;
-use keel_core::{
-    AgentError, AgentResult, Message, Part, PartContent, Role, RunContext, Task, TaskEvent, TaskId,
-    TaskState, ThreadId,
-};
+use keel_core::TaskId;
+use keel_core::{AgentError, AgentResult, Message, PartContent, RunContext, Task, TaskState};
 use keel_events::RunEvent;
 use keel_llm::{LlmMessage, LlmRole, ToolCall};
-use keel_runtime::{AuthContext, LogLevel};
+use keel_runtime::LogLevel;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -23,130 +25,25 @@ use crate::task_meta::{clear_approval, EngineMeta};
 use crate::thread_state::ThreadHost;
 use crate::{TaskRest, ThreadState, ToolContext};
 
+/// One run of a task on the thread a worker holds: what the run works on and what it owns.
+/// Everything process-wide (the agent, the runtime, the configuration, who hears about
+/// tasks) it reaches through `inner`.
+pub(super) struct RunLoop<'a> {
+    pub(super) inner: &'a Inner,
+    /// The thread's lease, under which every write of the run is fenced.
+    pub(super) flow: &'a Flow,
+    /// This run in the registry of running tasks: its cancel token and reason.
+    pub(super) active: Arc<ActiveRun>,
+    pub(super) task: Task,
+    /// The thread's history as the run has read and grown it.
+    pub(super) history: Vec<LlmMessage>,
+    /// What the run's tools (and hooks) are given: tenant, run context, thread handle.
+    pub(super) ctx: ToolContext,
+    /// The run's events, report, budget and authorizer.
+    pub(super) obs: Arc<RunObs>,
+}
+
 impl Inner {
-    pub(super) async fn persist_status(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
-        self.persist_status_after(auth, task, Vec::new()).await
-    }
-
-    /// Save the task with `events` and then its status event appended to its log, in one
-    /// store write (the status and what led to it commit together).
-    pub(super) async fn persist_status_after(
-        &self,
-        auth: &AuthContext,
-        task: &Task,
-        events: Vec<TaskEvent>,
-    ) -> AgentResult<()> {
-        self.write_status_after(auth, task, events).await?;
-        self.notices.task_saved(auth, &task.id);
-        Ok(())
-    }
-
-    /// [`Self::persist_status_after`] without waking the task's waiters.
-    pub(super) async fn write_status_after(
-        &self,
-        auth: &AuthContext,
-        task: &Task,
-        mut events: Vec<TaskEvent>,
-    ) -> AgentResult<()> {
-        events.push(TaskEvent::StatusUpdate {
-            task_id: task.id.clone(),
-            thread_id: task.thread_id.clone(),
-            status: task.status().clone(),
-            is_final: task.state().is_terminal(),
-        });
-        self.runtime
-            .task_manager()
-            .save_task_with_events(auth, task, &events)
-            .await
-    }
-
-    /// The events, budget and policy of a run of `task_id` under `context`, reported to the
-    /// executor's sinks.
-    pub(super) fn run_obs(&self, context: &RunContext, task_id: &TaskId) -> RunObs {
-        RunObs::new(
-            &self.notices.sinks(),
-            context,
-            task_id,
-            &self.agent.card().name,
-            self.agent.budget_policy_for(context),
-            self.agent.authorizer().clone(),
-            self.runtime.logging_service(),
-        )
-    }
-
-    /// Cancel a task no run holds.
-    pub(super) async fn cancel_at_rest(
-        &self,
-        auth: &AuthContext,
-        task_id: &TaskId,
-        reason: &str,
-    ) -> AgentResult<()> {
-        let Some(mut task) = self.runtime.task_manager().get_task(auth, task_id).await? else {
-            return Ok(());
-        };
-        if task.state().is_terminal() {
-            return Ok(());
-        }
-        mark_canceled(&mut task, reason)?;
-        // Subagents: a background child canceled before it ran still reports to its parent.
-        self.agent.hooks.on_rest(self, auth, &task).await;
-        self.persist_status(auth, &task).await
-    }
-
-    pub(crate) fn cancel_thread_runs(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        reason: &str,
-    ) {
-        let namespace = auth.namespace();
-        for run in self.driver.active.iter() {
-            if run.key().0 == namespace && &run.thread_id == thread_id {
-                *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_owned());
-                run.token.cancel();
-            }
-        }
-    }
-
-    /// Whether the run must stop, at a checkpoint: canceled here, or the thread's lease lost.
-    /// A cancel left in the store by another process cancels the run's token through the
-    /// run's watcher (within a poll interval), so checkpoints need no store read of their own:
-    /// that was a round trip at every checkpoint of every run, for a flag almost never set.
-    pub(super) fn stop_requested(&self, flow: &Flow, run: &ActiveRun) -> Option<Outcome> {
-        if flow.lost.is_cancelled() {
-            return Some(Outcome::Abandoned);
-        }
-        run.token.is_cancelled().then(|| Outcome::Canceled {
-            reason: run_reason(run),
-        })
-    }
-
-    /// [`Self::stop_requested`], also reading the store's cancel flag: at the start of a run,
-    /// so that a cancel accepted while the task waited is honoured before any work.
-    pub(super) async fn stop_requested_durably(
-        &self,
-        flow: &Flow,
-        run: &ActiveRun,
-    ) -> Option<Outcome> {
-        if let Some(outcome) = self.stop_requested(flow, run) {
-            return Some(outcome);
-        }
-        match self
-            .runtime
-            .memory_service()
-            .load_serialized(&flow.auth, &run.cancel_key)
-            .await
-        {
-            Ok(Some(reason)) => {
-                let reason = reason.as_str().unwrap_or("canceled by request").to_owned();
-                *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
-                run.token.cancel();
-                Some(Outcome::Canceled { reason })
-            }
-            _ => None,
-        }
-    }
-
     /// Run (or resume) one task on the thread `flow` holds.
     pub(super) async fn run_task(&self, flow: &Flow, task_id: &TaskId) -> AgentResult<()> {
         match self
@@ -160,8 +57,9 @@ impl Inner {
         }
     }
 
-    /// [`Self::run_task`] of a task just read from the store.
-    pub(super) async fn run_loaded_task(&self, flow: &Flow, mut task: Task) -> AgentResult<()> {
+    /// [`Self::run_task`] of a task just read from the store: the run is registered as
+    /// running here (and watched for a cancel from another process) while its loop goes.
+    pub(super) async fn run_loaded_task(&self, flow: &Flow, task: Task) -> AgentResult<()> {
         let auth = &flow.auth;
         let task_id = &task.id.clone();
         // Nothing to do for a task at rest, unless it waits for a tool (this queue item is its
@@ -179,37 +77,12 @@ impl Inner {
             cancel_key: cancel_key(task_id),
         });
         self.driver.active.insert(key.clone(), run.clone());
-        // A cancel accepted by another process arrives as a durable flag; watch for it while
-        // a model or tool call is in flight, so that the call is dropped at once.
-        let watcher = {
-            let (memory, auth, task_id, run) = (
-                self.runtime.memory_service(),
-                auth.clone(),
-                task_id.clone(),
-                run.clone(),
-            );
-            let period = self.config.poll_interval;
-            tokio::spawn(async move {
-                while !run.token.is_cancelled() {
-                    tokio::select! {
-                        () = run.token.cancelled() => return,
-                        () = tokio::time::sleep(period) => {}
-                    }
-                    if let Ok(Some(reason)) =
-                        memory.load_serialized(&auth, &cancel_key(&task_id)).await
-                    {
-                        let reason = reason.as_str().unwrap_or("canceled by request").to_owned();
-                        *run.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
-                        run.token.cancel();
-                    }
-                }
-            })
-        };
+        let watcher = self.watch_cancel_flag(auth, run.clone());
         let span = tracing::info_span!("run", task_id = %task_id, agent = %self.agent.card().name);
         // Boxed: the run's state machine (step loop, tool calls, persistence) is large, and
         // inline it would make every thread worker's future that large, copied whole when
         // the worker is spawned.
-        let result = Box::pin(self.run_task_inner(flow, &mut task, &run).instrument(span)).await;
+        let result = Box::pin(RunLoop::run(self, flow, task, run).instrument(span)).await;
         watcher.abort();
         self.driver.active.remove(&key);
         self.notices.task_saved(auth, task_id);
@@ -257,92 +130,85 @@ impl Inner {
         let unseen = user_messages(&events).any(|m| !seen.contains(m.message_id.as_str()));
         Ok(unseen)
     }
+}
 
-    pub(super) async fn record_event(
-        &self,
-        auth: &AuthContext,
-        task: &Task,
-        parts: Vec<Part>,
-    ) -> AgentResult<Message> {
-        let mut message = Message::new(Role::Agent, parts);
-        message.task_id = Some(task.id.clone());
-        message.thread_id = Some(task.thread_id.clone());
-        self.runtime
-            .task_manager()
-            .add_task_event(
-                auth,
-                &task.id,
-                &TaskEvent::Message {
-                    message: message.clone(),
-                },
-            )
-            .await?;
-        self.notices.task_changed();
-        Ok(message)
-    }
-
-    pub(super) async fn run_task_inner(
-        &self,
-        flow: &Flow,
-        task: &mut Task,
-        run: &ActiveRun,
+impl<'a> RunLoop<'a> {
+    /// Run `task` until it ends or rests, and write down how.
+    async fn run(
+        inner: &'a Inner,
+        flow: &'a Flow,
+        mut task: Task,
+        active: Arc<ActiveRun>,
     ) -> AgentResult<()> {
         let auth = &flow.auth;
         let thread = ThreadState {
             auth: auth.clone(),
             thread_id: flow.thread_id.clone(),
-            host: self
+            host: inner
                 .shared()
                 .ok_or_else(|| AgentError::internal("executor dropped"))?,
-            cancel: run.token.clone(),
+            cancel: active.token.clone(),
         };
         // A task whose thread was terminated after it was queued never starts.
         if thread.is_terminated().await? {
-            mark_canceled(task, "thread terminated")?;
-            return self.persist_status(auth, task).await;
+            mark_canceled(&mut task, "thread terminated")?;
+            return inner.persist_status(auth, &task).await;
         }
-        let run_context = RunContext::ensure_task_context(task)?;
-        let obs = Arc::new(self.run_obs(&run_context, &task.id));
-        if let Some(outcome) = self.stop_requested_durably(flow, run).await {
-            return self.finish(flow, &obs, task, outcome).await;
-        }
-        // The working status is written below, together with the run's new input.
-        let began = task.state() != TaskState::Working;
-        if began {
-            task.begin()?;
-        }
+        let run_context = RunContext::ensure_task_context(&mut task)?;
+        let obs = Arc::new(inner.run_obs(&run_context, &task.id));
         let ctx = ToolContext {
             auth: auth.clone(),
-            run: run_context.clone(),
+            run: run_context,
             task_id: task.id.clone(),
             thread_id: task.thread_id.clone(),
             thread,
-            cancel: run.token.clone(),
-            runtime: self.runtime.clone(),
+            cancel: active.token.clone(),
+            runtime: inner.runtime.clone(),
             events: Some(obs.clone()),
             in_task: true,
         };
-        let scope = Scope {
+        let mut run = RunLoop {
+            inner,
             flow,
-            ctx: &ctx,
-            run,
-            obs: &obs,
+            active,
+            task,
+            history: Vec::new(),
+            ctx,
+            obs,
         };
+        let outcome = run.work().await?;
+        run.finish(outcome).await
+    }
+
+    /// From the run's start to its outcome: take the task's new input into the history,
+    /// then finish what a previous run left (interrupted tool calls, a decided ending) or
+    /// run its explicit parts or the step loop.
+    async fn work(&mut self) -> AgentResult<Outcome> {
+        if let Some(outcome) = self.stop_requested_durably().await {
+            return Ok(outcome);
+        }
+        let inner = self.inner;
+        // The working status is written below, together with the run's new input.
+        let began = self.task.state() != TaskState::Working;
+        if began {
+            self.task.begin()?;
+        }
 
         // The task's user messages join the thread history once each (a resumed run finds
         // them there already).
-        let task_manager = self.runtime.task_manager();
+        let task_manager = inner.runtime.task_manager();
         let (history, events) = tokio::join!(
-            self.read_history(flow),
-            task_manager.get_task_events(auth, &task.id)
+            inner.read_history(self.flow),
+            task_manager.get_task_events(&self.flow.auth, &self.task.id)
         );
-        let (mut history, events) = (history?, events?);
-        let seen = tag_values(&history, META_MESSAGE);
+        let (history, events) = (history?, events?);
+        self.history = history;
+        let seen = tag_values(&self.history, META_MESSAGE);
         let mut new_input = Vec::new();
         for message in user_messages(&events) {
             if !seen.contains(message.message_id.as_str()) {
                 let mut entry = user_entry(message);
-                tag(&mut entry, &task.id);
+                tag(&mut entry, &self.task.id);
                 entry
                     .metadata
                     .insert(META_MESSAGE.into(), json!(message.message_id.as_str()));
@@ -357,91 +223,111 @@ impl Inner {
         // Two independent writes, sent together (one SQLite batch, one Redis pipeline): the
         // task's working status and its input joining the thread history. Either may be
         // there without the other after a crash, and a resumed run handles both.
+        let (auth, task) = (&self.flow.auth, &self.task);
         let status = async {
             if began {
-                self.persist_status(auth, task).await
+                inner.persist_status(auth, task).await
             } else {
                 Ok(())
             }
         };
         let input = async {
             if new_input.is_empty() {
-                Ok(())
+                Ok(Vec::new())
             } else {
-                self.append(flow, &mut history, new_input).await
+                inner.append_history(self.flow, new_input).await
             }
         };
         let (status, input) = tokio::join!(status, input);
         status?;
-        input?;
+        self.history.extend(input?);
         if began {
             // The whole task rides on the final status only (the payload's contract).
-            obs.emit(RunEvent::task_state_of(task)).await;
+            self.obs.emit(RunEvent::task_state_of(&self.task)).await;
         }
-        if let Some(max_turns) = self.agent.stop_rules().max_session_turns {
-            let turns = history
-                .iter()
-                .filter(|m| m.role == LlmRole::User && m.metadata.contains_key(META_MESSAGE))
-                .count() as u64;
-            if turns > u64::from(max_turns) {
-                let error = AgentError::BudgetExceeded {
-                    limit: "max_session_turns".into(),
-                    used: turns,
-                    max: u64::from(max_turns),
-                };
-                return self
-                    .finish(
-                        flow,
-                        &obs,
-                        task,
-                        Outcome::Failed {
-                            error,
-                            reason: "max_session_turns".into(),
-                        },
-                    )
-                    .await;
-            }
+        if let Some(outcome) = self.session_turns_exceeded() {
+            return Ok(outcome);
         }
 
         // Subagents: `immediate` kinds are queued to run before the thread's first model step.
         if direct.is_none() && explicit.is_none() {
-            self.agent.hooks.before_first_step(&ctx, &history).await?;
+            inner
+                .agent
+                .hooks
+                .before_first_step(&self.ctx, &self.history)
+                .await?;
         }
-        let outcome = match (direct, explicit) {
-            (Some(calls), _) => self.run_direct(&scope, task, calls, &mut history).await?,
-            (None, Some(items)) => self.run_explicit(&scope, task, items, &mut history).await?,
-            (None, None) => match self
-                .resume_interrupted_calls(&scope, task, &mut history)
-                .await?
-            {
+        Ok(match (direct, explicit) {
+            (Some(calls), _) => self.run_direct(calls).await?,
+            (None, Some(items)) => self.run_explicit(items).await?,
+            (None, None) => match self.resume_interrupted_calls().await? {
                 Some(outcome) => outcome,
-                None => match self.persisted_ending(task, &history) {
+                None => match self.persisted_ending() {
                     Some(outcome) => outcome,
-                    None => self.step_loop(&scope, task, &mut history).await?,
+                    None => self.step_loop().await?,
                 },
             },
-        };
-        self.finish(flow, &obs, task, outcome).await
+        })
+    }
+
+    /// The agent's `max_session_turns` stop rule: the thread's user turns so far against it.
+    fn session_turns_exceeded(&self) -> Option<Outcome> {
+        let max_turns = self.inner.agent.stop_rules().max_session_turns?;
+        let turns = self
+            .history
+            .iter()
+            .filter(|m| m.role == LlmRole::User && m.metadata.contains_key(META_MESSAGE))
+            .count() as u64;
+        (turns > u64::from(max_turns)).then(|| Outcome::Failed {
+            error: AgentError::BudgetExceeded {
+                limit: "max_session_turns".into(),
+                used: turns,
+                max: u64::from(max_turns),
+            },
+            reason: "max_session_turns".into(),
+        })
+    }
+
+    /// Whether the run must stop, at a checkpoint: canceled here, or the thread's lease lost.
+    /// A cancel left in the store by another process cancels the run's token through the
+    /// run's watcher (within a poll interval), so checkpoints need no store read of their own:
+    /// that was a round trip at every checkpoint of every run, for a flag almost never set.
+    pub(super) fn stop_requested(&self) -> Option<Outcome> {
+        if self.flow.lost.is_cancelled() {
+            return Some(Outcome::Abandoned);
+        }
+        self.active.token.is_cancelled().then(|| Outcome::Canceled {
+            reason: self.active.reason(),
+        })
+    }
+
+    /// [`Self::stop_requested`], also reading the store's cancel flag: at the start of a run,
+    /// so that a cancel accepted while the task waited is honoured before any work.
+    async fn stop_requested_durably(&self) -> Option<Outcome> {
+        if let Some(outcome) = self.stop_requested() {
+            return Some(outcome);
+        }
+        let memory = self.inner.runtime.memory_service();
+        super::cancel::cancel_if_flagged(memory.as_ref(), &self.flow.auth, &self.active)
+            .await
+            .map(|reason| Outcome::Canceled { reason })
     }
 
     /// After a crash or an approval: tool calls of this task with no persisted result. A
     /// call waiting for an approval runs (or is refused) as decided; otherwise it is re-run
     /// when the tool is idempotent and answered with an "interrupted" error when not.
-    pub(super) async fn resume_interrupted_calls(
-        &self,
-        scope: &Scope<'_>,
-        task: &mut Task,
-        history: &mut Vec<LlmMessage>,
-    ) -> AgentResult<Option<Outcome>> {
-        let answered: HashSet<String> = history
+    async fn resume_interrupted_calls(&mut self) -> AgentResult<Option<Outcome>> {
+        let answered: HashSet<String> = self
+            .history
             .iter()
             .filter_map(|m| m.tool_call_id.clone())
             .collect();
         // Calls run in order and each persists its result before the next starts, so only the
         // first unanswered call of a step can have started; the later ones never ran.
-        let dangling: Vec<(ToolCall, bool)> = history
+        let dangling: Vec<(ToolCall, bool)> = self
+            .history
             .iter()
-            .filter(|m| m.role == LlmRole::Assistant && is_tagged(m, &task.id))
+            .filter(|m| m.role == LlmRole::Assistant && is_tagged(m, &self.task.id))
             .flat_map(|m| {
                 m.tool_calls
                     .iter()
@@ -455,31 +341,29 @@ impl Inner {
             pending_approval: pending,
             approval_decision: decision,
             ..
-        } = EngineMeta::of(&task.metadata);
+        } = EngineMeta::of(&self.task.metadata);
         for (call, may_have_started) in dangling {
             let awaited = pending.as_ref().filter(|p| {
                 p.action.metadata.get("call_id").and_then(Value::as_str) == Some(call.id.as_str())
             });
             // Asynchronous tools: a call still waiting, answered by callback, or timed out.
-            let asynchronous = self.async_result(scope, &call).await?;
+            let asynchronous = self.async_result(&call).await?;
             let result = match (awaited, &decision) {
                 _ if asynchronous.is_some() => asynchronous.unwrap_or(ToolRun::Pending {
                     call_id: call.id.clone(),
                 }),
                 (Some(request), Some(decision)) if decision.request_id == request.request_id => {
-                    scope
-                        .obs
+                    self.obs
                         .emit(RunEvent::approval_decided(request, decision))
                         .await;
                     if decision.outcome == ApprovalOutcome::Approved {
-                        self.call_tool(scope, &call, true).await
+                        self.call_tool(&call, true).await
                     } else {
                         let reason = decision
                             .reason
                             .clone()
                             .unwrap_or_else(|| "denied by the approver".into());
-                        scope
-                            .obs
+                        self.obs
                             .emit(RunEvent::action_denied(
                                 request.action.id.clone(),
                                 reason.clone(),
@@ -499,11 +383,12 @@ impl Inner {
                 (None, _)
                     if !may_have_started
                         || self
+                            .inner
                             .agent
                             .tool(&call.name)
                             .is_some_and(|t| t.tool.idempotent()) =>
                 {
-                    self.call_tool(scope, &call, false).await
+                    self.call_tool(&call, false).await
                 }
                 (None, _) => ToolRun::Done {
                     output: json!(format!(
@@ -516,29 +401,21 @@ impl Inner {
                     is_error: true,
                 },
             };
-            match result {
-                ToolRun::Done { output, is_error } => {
-                    self.persist_tool_result(scope.flow, task, &call, output, is_error, history)
-                        .await?;
+            match result.output_or_stop(&self.active) {
+                Ok((output, is_error)) => {
+                    self.persist_tool_result(&call, output, is_error).await?;
                 }
-                ToolRun::Canceled => {
-                    return Ok(Some(Outcome::Canceled {
-                        reason: run_reason(scope.run),
-                    }))
-                }
-                ToolRun::Approval(request) => {
-                    return Ok(Some(Outcome::AwaitingApproval { request }))
-                }
-                ToolRun::Stop(error) => return Ok(Some(budget_failure(error))),
-                ToolRun::Pending { call_id } => return Ok(Some(Outcome::AwaitingTool { call_id })),
+                Err(outcome) => return Ok(Some(outcome)),
             }
         }
-        if clear_approval(task) {
-            self.runtime
+        if clear_approval(&mut self.task) {
+            let auth = &self.flow.auth;
+            self.inner
+                .runtime
                 .task_manager()
-                .save_task(&scope.flow.auth, task)
+                .save_task(auth, &self.task)
                 .await?;
-            self.notices.task_saved(&scope.flow.auth, &task.id);
+            self.inner.notices.task_saved(auth, &self.task.id);
         }
         Ok(None)
     }
@@ -550,12 +427,13 @@ impl Inner {
     /// an answer the run's ending wrote, marked with its stop reason), or a step whose tool
     /// calls, all answered by now, fired a stop rule. `None` when the next step is due: no
     /// step yet, new input after the last one, or a step that fired no rule.
-    pub(super) fn persisted_ending(&self, task: &Task, history: &[LlmMessage]) -> Option<Outcome> {
-        let last = history.iter().rposition(|m| is_tagged(m, &task.id))?;
+    fn persisted_ending(&self) -> Option<Outcome> {
+        let (history, task_id) = (&self.history, &self.task.id);
+        let last = history.iter().rposition(|m| is_tagged(m, task_id))?;
         // The entries of the last step: its assistant message and then its tool results.
         let step = history[..=last]
             .iter()
-            .rposition(|m| m.role == LlmRole::Assistant && is_tagged(m, &task.id))?;
+            .rposition(|m| m.role == LlmRole::Assistant && is_tagged(m, task_id))?;
         if history[step..=last]
             .iter()
             .any(|m| m.role != LlmRole::Assistant && m.role != LlmRole::Tool)
@@ -563,7 +441,8 @@ impl Inner {
             return None;
         }
         let assistant = &history[step];
-        let rules = self.agent.stop_rules();
+        let agent = &self.inner.agent;
+        let rules = agent.stop_rules();
         if assistant.tool_calls.is_empty() {
             let stopped = assistant.metadata.get(META_STOP).and_then(Value::as_str);
             let reason = match stopped {
@@ -587,22 +466,8 @@ impl Inner {
         let calls = &assistant.tool_calls;
         // The step loop's order: lifecycle tools, the stop tool, a handoff to a human.
         let lifecycle = calls.iter().find_map(|call| match call.name.as_str() {
-            SESSION_STOP_TOOL if rules.lifecycle_tools => Some(Outcome::Answer {
-                text: call.arguments.get("result").map(render).unwrap_or_default(),
-                reason: "session_stop",
-                recorded: false,
-            }),
-            SESSION_FAIL_TOOL if rules.lifecycle_tools => Some(Outcome::Failed {
-                error: AgentError::ToolFailed {
-                    tool: SESSION_FAIL_TOOL.into(),
-                    message: call
-                        .arguments
-                        .get("error")
-                        .map(render)
-                        .unwrap_or_else(|| "the agent gave up".into()),
-                },
-                reason: "session_fail".into(),
-            }),
+            SESSION_STOP_TOOL if rules.lifecycle_tools => Some(session_stop(call)),
+            SESSION_FAIL_TOOL if rules.lifecycle_tools => Some(session_fail(call)),
             _ => None,
         });
         let stop_tool = || {
@@ -620,17 +485,45 @@ impl Inner {
         let handoff = || {
             calls
                 .iter()
-                .find(|call| call.name == ASK_HUMAN_TOOL && self.agent.human_handoff())
+                .find(|call| call.name == ASK_HUMAN_TOOL && agent.human_handoff())
                 .map(|call| Outcome::InputRequired {
-                    question: call
-                        .arguments
-                        .get("question")
-                        .map(render)
-                        .unwrap_or_default(),
+                    question: handoff_question(call),
                 })
         };
         lifecycle.or_else(stop_tool).or_else(handoff)
     }
+}
+
+/// How a `session_stop` call ends the run: completed with its `result`.
+pub(super) fn session_stop(call: &ToolCall) -> Outcome {
+    Outcome::Answer {
+        text: call.arguments.get("result").map(render).unwrap_or_default(),
+        reason: "session_stop",
+        recorded: false,
+    }
+}
+
+/// How a `session_fail` call ends the run: failed with its `error`.
+pub(super) fn session_fail(call: &ToolCall) -> Outcome {
+    Outcome::Failed {
+        error: AgentError::ToolFailed {
+            tool: SESSION_FAIL_TOOL.into(),
+            message: call
+                .arguments
+                .get("error")
+                .map(render)
+                .unwrap_or_else(|| "the agent gave up".into()),
+        },
+        reason: "session_fail".into(),
+    }
+}
+
+/// The question an `ask_human` call hands to the human.
+pub(super) fn handoff_question(call: &ToolCall) -> String {
+    call.arguments
+        .get("question")
+        .map(render)
+        .unwrap_or_default()
 }
 
 /// The tool calls of a message made only of `tool_call` parts.

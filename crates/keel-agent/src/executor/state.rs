@@ -19,10 +19,9 @@ use tokio_util::task::TaskTracker;
 
 use super::config::*;
 use crate::approval_part;
-use crate::observe::RunObs;
 use crate::thread_state::ThreadHost;
 use crate::work::EffectScheduler;
-use crate::{Agent, TaskRest, ToolContext};
+use crate::{Agent, TaskRest};
 
 pub(super) use crate::work::QueuedWork;
 
@@ -54,13 +53,30 @@ pub(super) struct ActiveRun {
     pub(super) cancel_key: String,
 }
 
+impl ActiveRun {
+    /// Stop the run, saying why.
+    pub(super) fn cancel(&self, reason: String) {
+        *self.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+        self.token.cancel();
+    }
+
+    /// Why the run was canceled.
+    pub(super) fn reason(&self) -> String {
+        self.reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| "canceled by request".into())
+    }
+}
+
 pub(super) type TaskKey = (String, TaskId);
 pub(super) type ThreadKey = (String, ThreadId);
 
-/// The executor's parts, behind the public front ([`AgentExecutor`]): what it runs (the agent,
-/// over the runtime, tuned by the configuration), the thread driver's state, who hears about
-/// tasks, and the subagent and effect wake-ups. The run loop (`run.rs`, `step.rs`,
-/// `direct.rs`, `context.rs`, `compaction.rs`) keeps no state of its own beyond one run's.
+/// The executor's process-wide parts, behind the public front ([`AgentExecutor`]): what it
+/// runs (the agent, over the runtime, tuned by the configuration), the thread driver's state,
+/// who hears about tasks, and the subagent and effect wake-ups. One run's state (its task,
+/// history, events and budget) is the run loop's ([`RunLoop`](super::run::RunLoop)).
 pub(super) struct Inner {
     pub(super) agent: Agent,
     pub(super) runtime: Arc<dyn Runtime>,
@@ -185,14 +201,6 @@ pub(super) enum Worked {
     LeftForAnotherAgent,
 }
 
-/// Per-run handles, passed together through the step loop.
-pub(super) struct Scope<'a> {
-    pub(super) flow: &'a Flow,
-    pub(super) ctx: &'a ToolContext,
-    pub(super) run: &'a ActiveRun,
-    pub(super) obs: &'a RunObs,
-}
-
 /// How one tool call went.
 pub(super) enum ToolRun {
     Done {
@@ -206,6 +214,22 @@ pub(super) enum ToolRun {
     Canceled,
     Approval(Box<ApprovalRequest>),
     Stop(AgentError),
+}
+
+impl ToolRun {
+    /// The call's output and whether it is an error, or how the run stops instead: canceled
+    /// (with `run`'s reason), waiting for an approval or a callback, or out of budget.
+    pub(super) fn output_or_stop(self, run: &ActiveRun) -> Result<(Value, bool), Outcome> {
+        match self {
+            ToolRun::Done { output, is_error } => Ok((output, is_error)),
+            ToolRun::Canceled => Err(Outcome::Canceled {
+                reason: run.reason(),
+            }),
+            ToolRun::Approval(request) => Err(Outcome::AwaitingApproval { request }),
+            ToolRun::Stop(error) => Err(budget_failure(error)),
+            ToolRun::Pending { call_id } => Err(Outcome::AwaitingTool { call_id }),
+        }
+    }
 }
 
 pub(super) fn budget_failure(error: AgentError) -> Outcome {
@@ -222,14 +246,6 @@ pub(super) fn render(value: &Value) -> String {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     }
-}
-
-pub(super) fn run_reason(run: &ActiveRun) -> String {
-    run.reason
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
-        .unwrap_or_else(|| "canceled by request".into())
 }
 
 pub(super) fn tag(message: &mut LlmMessage, task_id: &TaskId) {
@@ -282,11 +298,12 @@ pub(super) fn mark_canceled(task: &mut Task, reason: &str) -> AgentResult<()> {
 /// A user message as a history entry: its text, and its files as attachments.
 pub(super) fn user_entry(message: &Message) -> LlmMessage {
     let mut entry = LlmMessage::user(message.text());
-    // A synthesized status message stays one in the thread history (seed 003 §12).
-    if let Some(kind) = message.metadata.get(keel_core::STATUS_KIND_KEY) {
-        entry
-            .metadata
-            .insert(keel_core::STATUS_KIND_KEY.into(), kind.clone());
+    // A synthesized status message stays one in the thread history (seed 003 §12), and
+    // the message of a turn keeps the queue item it came from.
+    for key in [keel_core::STATUS_KIND_KEY, META_QUEUE_ITEM] {
+        if let Some(value) = message.metadata.get(key) {
+            entry.metadata.insert(key.into(), value.clone());
+        }
     }
     entry.attachments = message
         .parts

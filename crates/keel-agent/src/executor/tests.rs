@@ -2,6 +2,8 @@
 //! nobody answers.
 
 use super::*;
+use std::time::Duration;
+
 use keel_core::RunBudget;
 use keel_runtime::LogLevel;
 use serde_json::{json, Value};

@@ -15,13 +15,7 @@ impl Inner {
         auth: &AuthContext,
         task_id: &TaskId,
     ) -> AgentResult<Task> {
-        self.runtime
-            .task_manager()
-            .get_task(auth, task_id)
-            .await?
-            .ok_or_else(|| AgentError::TaskNotFound {
-                task_id: task_id.clone(),
-            })
+        crate::reads::stored_task(self.runtime.as_ref(), auth, task_id).await
     }
 
     /// Wait until the task rests with an answer ([`answered`]).

@@ -163,11 +163,7 @@ impl Reads {
     /// The task's snapshot without its history; [`AgentError::TaskNotFound`] when this tenant
     /// has no such task.
     pub async fn task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Task> {
-        self.runtime
-            .task_manager()
-            .get_task(auth, task_id)
-            .await?
-            .ok_or_else(|| task_not_found(task_id))
+        stored_task(self.runtime.as_ref(), auth, task_id).await
     }
 
     /// The task with its history rebuilt from its event log (only the last `history_length`
@@ -178,14 +174,7 @@ impl Reads {
         task_id: &TaskId,
         history_length: Option<usize>,
     ) -> AgentResult<Task> {
-        load_task_with_history(
-            self.runtime.task_manager().as_ref(),
-            auth,
-            task_id,
-            history_length,
-        )
-        .await?
-        .ok_or_else(|| task_not_found(task_id))
+        task_with_history(self.runtime.as_ref(), auth, task_id, history_length).await
     }
 
     /// The task's whole event log, in order: the event at index `i` has sequence number
@@ -459,6 +448,38 @@ impl Reads {
             }
         }
     }
+}
+
+/// The stored task without its history, or [`AgentError::TaskNotFound`]: the one read of a
+/// task by id that the engine and the reads share.
+pub(crate) async fn stored_task(
+    runtime: &dyn Runtime,
+    auth: &AuthContext,
+    task_id: &TaskId,
+) -> AgentResult<Task> {
+    runtime
+        .task_manager()
+        .get_task(auth, task_id)
+        .await?
+        .ok_or_else(|| task_not_found(task_id))
+}
+
+/// The task with its history rebuilt from its event log (the last `history_length` messages
+/// when given), or [`AgentError::TaskNotFound`].
+pub(crate) async fn task_with_history(
+    runtime: &dyn Runtime,
+    auth: &AuthContext,
+    task_id: &TaskId,
+    history_length: Option<usize>,
+) -> AgentResult<Task> {
+    load_task_with_history(
+        runtime.task_manager().as_ref(),
+        auth,
+        task_id,
+        history_length,
+    )
+    .await?
+    .ok_or_else(|| task_not_found(task_id))
 }
 
 fn task_not_found(task_id: &TaskId) -> AgentError {
