@@ -64,6 +64,23 @@ impl RunObs {
         }
     }
 
+    /// Go on with a run that already has events (a run resumed after a pause or a restart):
+    /// `earlier` join the report first, and the next event is numbered after the last of
+    /// them, so that the run keeps one sequence and one report.
+    #[must_use]
+    pub(crate) fn continuing(mut self, earlier: Vec<RunEvent>) -> Self {
+        let Some(last) = earlier.iter().map(|e| e.sequence).max() else {
+            return self;
+        };
+        if let Some(report) = &self.report {
+            for event in &earlier {
+                report.record(event);
+            }
+        }
+        self.emitter = self.emitter.continuing_after(last);
+        self
+    }
+
     /// Note an artifact update already in the task's log.
     pub(crate) fn produced_artifact(&self, artifact: Artifact, append: bool) {
         self.artifacts

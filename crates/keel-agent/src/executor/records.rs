@@ -9,7 +9,7 @@ use keel_core::{
     TaskState, ThreadId,
 };
 use keel_events::payload::{RunStoppedPayload, ThreadTerminatedPayload};
-use keel_events::{RedactionPolicy, RunEvent};
+use keel_events::{RedactionPolicy, RunEvent, RunReport};
 use keel_llm::LlmMessage;
 use keel_runtime::{AuthContext, LogLevel};
 use keel_runtime::{RunRecord, TaskRecord};
@@ -307,6 +307,49 @@ impl Inner {
             .await?;
         self.notices.task_changed();
         Ok(message)
+    }
+
+    /// [`Self::run_obs`] of a run that ran before (paused for input, an approval or an
+    /// asynchronous tool, or stopped by a restart): its stored report's events come first,
+    /// and its new events are numbered after them. A store that cannot be reached stops the
+    /// run (its queue item stays, and it resumes once the store answers); a report that
+    /// cannot be read is logged, and the run reports afresh.
+    pub(super) async fn resumed_run_obs(
+        &self,
+        auth: &AuthContext,
+        context: &RunContext,
+        task_id: &TaskId,
+    ) -> AgentResult<RunObs> {
+        let obs = self.run_obs(context, task_id);
+        let stored = match self
+            .runtime
+            .run_store()
+            .get_run_report(auth, &context.run_id)
+            .await
+        {
+            Ok(stored) => stored,
+            Err(err @ AgentError::StoreUnavailable { .. }) => return Err(err),
+            Err(err) => {
+                self.log(
+                    LogLevel::Warn,
+                    &format!("cannot read the report of the run being resumed: {err}"),
+                );
+                None
+            }
+        };
+        let Some(record) = stored else {
+            return Ok(obs);
+        };
+        match RunReport::from_value(record.report) {
+            Ok(report) => Ok(obs.continuing(report.events)),
+            Err(err) => {
+                self.log(
+                    LogLevel::Warn,
+                    &format!("the stored report of the run being resumed is unreadable: {err}"),
+                );
+                Ok(obs)
+            }
+        }
     }
 
     /// The events, budget and policy of a run of `task_id` under `context`, reported to the

@@ -155,7 +155,14 @@ impl<'a> RunLoop<'a> {
             return inner.persist_status(auth, &task).await;
         }
         let run_context = RunContext::ensure_task_context(&mut task)?;
-        let obs = Arc::new(inner.run_obs(&run_context, &task.id));
+        // A task that ran before (paused for input, an approval or a tool, or stopped by a
+        // restart) goes on with the same run: one sequence of events, one report.
+        let obs = if task.state() == TaskState::Submitted {
+            inner.run_obs(&run_context, &task.id)
+        } else {
+            inner.resumed_run_obs(auth, &run_context, &task.id).await?
+        };
+        let obs = Arc::new(obs);
         let ctx = ToolContext {
             auth: auth.clone(),
             run: run_context,
