@@ -25,6 +25,12 @@ pub(crate) struct CallSite<'a> {
     pub(crate) step: u32,
 }
 
+impl<'a> CallSite<'a> {
+    pub(crate) fn new(llm: &'a dyn Llm, profile: &'a ModelProfile, step: u32) -> Self {
+        Self { llm, profile, step }
+    }
+}
+
 /// Before a step (one model call of the run): the budget's step check, an exceeded budget
 /// being the error after its `budget.exceeded` event.
 pub(crate) async fn step_checkpoint(obs: &RunObs) -> AgentResult<()> {
@@ -190,11 +196,7 @@ impl Inference {
     /// when the answer spent the output budget.
     pub async fn infer(&self, request: LlmRequest) -> AgentResult<LlmResponse> {
         let step = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
-        let site = CallSite {
-            llm: self.llm.as_ref(),
-            profile: &self.profile,
-            step,
-        };
+        let site = CallSite::new(self.llm.as_ref(), &self.profile, step);
         // Each call is a step of the run, as each of the engine's steps is one model call.
         step_checkpoint(&self.obs).await?;
         let manifest = prepare_manifest(&request, &self.profile, self.ids.clone());

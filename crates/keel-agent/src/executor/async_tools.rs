@@ -37,14 +37,7 @@ impl Inner {
             && meta.stop_reason.as_deref() == Some("awaiting_tool")
             && meta.awaiting_tool_call.as_deref() == Some(call_id);
         if waiting {
-            self.enqueue(
-                auth,
-                thread_id,
-                QueuedWork::Task {
-                    task_id: task_id.clone(),
-                },
-            )
-            .await?;
+            self.enqueue_task(auth, thread_id, task_id).await?;
         }
         Ok(())
     }
@@ -212,9 +205,7 @@ impl RunLoop<'_> {
         let Some(mut pending) = calls.find_async_call(call_id).await? else {
             return Ok(None);
         };
-        let record: PendingCall = serde_json::from_value(pending.record.clone()).map_err(|e| {
-            AgentError::storage(format!("asynchronous call `{call_id}` is malformed: {e}"))
-        })?;
+        let record = pending_record(&pending)?;
         if pending.state == AsyncCallState::Pending && Utc::now() >= record.deadline {
             // Expire with the same compare-and-set a delivery uses: if a result won the race,
             // it is the one the model sees.
@@ -248,12 +239,7 @@ impl RunLoop<'_> {
                 }
             }
             AsyncCallState::Delivered => {
-                let delivered: PendingCall = serde_json::from_value(pending.record.clone())
-                    .map_err(|e| {
-                        AgentError::storage(format!(
-                            "asynchronous call `{call_id}` is malformed: {e}"
-                        ))
-                    })?;
+                let delivered = pending_record(&pending)?;
                 self.obs
                     .emit(RunEvent::tool_async_result(ToolAsyncResultPayload {
                         call_id: call_id.to_owned(),
@@ -311,9 +297,7 @@ impl AgentExecutor {
                 call_id: call_id.to_owned(),
             });
         };
-        let record: PendingCall = serde_json::from_value(call.record.clone()).map_err(|e| {
-            AgentError::storage(format!("asynchronous call `{call_id}` is malformed: {e}"))
-        })?;
+        let record = pending_record(&call)?;
         if !at::same(&at::hash_secret(secret), &record.secret_sha256) {
             return Err(CallbackError::Forbidden {
                 call_id: call_id.to_owned(),
@@ -391,13 +375,7 @@ impl AgentExecutor {
             return Err(refusal(now));
         }
         inner
-            .enqueue(
-                &call.auth,
-                &call.thread_id,
-                QueuedWork::Task {
-                    task_id: record.task_id.clone(),
-                },
-            )
+            .enqueue_task(&call.auth, &call.thread_id, &record.task_id)
             .await?;
         Ok(crate::AcceptedCallback {
             auth: call.auth,
@@ -528,4 +506,14 @@ impl AgentExecutor {
             task_id: record.task_id,
         })
     }
+}
+
+/// The engine's record of an asynchronous call, as its store keeps it.
+fn pending_record(call: &keel_runtime::AsyncCall) -> AgentResult<PendingCall> {
+    serde_json::from_value(call.record.clone()).map_err(|e| {
+        AgentError::storage(format!(
+            "asynchronous call `{}` is malformed: {e}",
+            call.call_id
+        ))
+    })
 }

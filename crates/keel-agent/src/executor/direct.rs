@@ -190,11 +190,7 @@ impl RunLoop<'_> {
             &profile,
             ManifestIds::from_run_context(&self.ctx.run, Some(&agent.card().name)),
         );
-        let site = CallSite {
-            llm: llm.as_ref(),
-            profile: &profile,
-            step,
-        };
+        let site = CallSite::new(llm.as_ref(), &profile, step);
         let response = match self.model_call(&site, &manifest, request).await {
             Ok(response) => response,
             Err(outcome) => return Ok(Err(outcome)),

@@ -38,6 +38,19 @@ impl Inner {
         Ok(())
     }
 
+    /// Queue a run of `task_id` (its start, or its resumption) on its thread.
+    pub(super) async fn enqueue_task(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        task_id: &TaskId,
+    ) -> AgentResult<()> {
+        let work = QueuedWork::Task {
+            task_id: task_id.clone(),
+        };
+        self.enqueue(auth, thread_id, work).await
+    }
+
     /// Refuse a new task when the thread's queue, or the tenant's queues together, hold as
     /// many items as [`ExecutorConfig`](crate::ExecutorConfig) allows. Counted in the store
     /// (both counts at once), not in this process: several processes share one store, and

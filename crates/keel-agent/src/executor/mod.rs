@@ -374,13 +374,7 @@ impl AgentExecutor {
         let waiter =
             (!options.return_immediately).then(|| self.inner.notices.rest_waiter(auth, &task.id));
         self.inner
-            .enqueue(
-                auth,
-                &task.thread_id,
-                QueuedWork::Task {
-                    task_id: task.id.clone(),
-                },
-            )
+            .enqueue_task(auth, &task.thread_id, &task.id)
             .await?;
         let task = match waiter {
             Some(waiter) => {
@@ -457,13 +451,7 @@ impl AgentExecutor {
         EngineMeta::update(&mut task, |m| m.approval_decision = Some(decision));
         tasks.save_task(auth, &task).await?;
         self.inner
-            .enqueue(
-                auth,
-                &task.thread_id,
-                QueuedWork::Task {
-                    task_id: task.id.clone(),
-                },
-            )
+            .enqueue_task(auth, &task.thread_id, &task.id)
             .await?;
         // Wait for the run to pick the decision up and rest again.
         self.inner.wait_until(auth, task_id, answered).await?;

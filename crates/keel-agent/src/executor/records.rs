@@ -390,6 +390,13 @@ fn failure_text(error: &AgentError) -> String {
 mod tests {
     use super::*;
 
+    /// `error`'s text for the caller starts with `start` and names none of `hidden`.
+    fn assert_told(error: &AgentError, start: &str, hidden: &[&str]) {
+        let text = failure_text(error);
+        assert!(text.starts_with(start), "{text}");
+        assert!(hidden.iter().all(|h| !text.contains(h)), "{text}");
+    }
+
     #[test]
     fn a_store_failure_tells_the_caller_its_backend_but_not_where_the_store_lives() {
         let unavailable = AgentError::store_unavailable(
@@ -397,28 +404,17 @@ mod tests {
             "XADD at redis://10.0.0.7:6379/",
             std::io::Error::other("connection refused"),
         );
-        let text = failure_text(&unavailable);
-        assert!(
-            text.starts_with("store unavailable: the redis store"),
-            "{text}"
-        );
-        assert!(
-            !text.contains("10.0.0.7") && !text.contains("refused"),
-            "{text}"
-        );
+        let store = "store unavailable: the redis store";
+        assert_told(&unavailable, store, &["10.0.0.7", "refused"]);
         let broken = AgentError::storage_source(
             "sqlite",
             "read /srv/keel/keel.db",
             std::io::Error::other("disk I/O error"),
         );
-        let text = failure_text(&broken);
-        assert!(
-            text.starts_with("storage error: the sqlite store"),
-            "{text}"
-        );
-        assert!(
-            !text.contains("/srv/keel") && !text.contains("disk"),
-            "{text}"
+        assert_told(
+            &broken,
+            "storage error: the sqlite store",
+            &["/srv/keel", "disk"],
         );
         let other = AgentError::internal("boom");
         assert_eq!(failure_text(&other), other.to_string());

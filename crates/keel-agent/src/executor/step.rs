@@ -98,11 +98,7 @@ impl RunLoop<'_> {
                 }
                 break (request, manifest);
             };
-            let site = CallSite {
-                llm: llm.as_ref(),
-                profile: &profile,
-                step,
-            };
+            let site = CallSite::new(llm.as_ref(), &profile, step);
             let response = match self.model_call(&site, &manifest, request).await {
                 Ok(response) => response,
                 Err(outcome) => return Ok(outcome),

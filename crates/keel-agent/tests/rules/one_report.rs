@@ -14,25 +14,33 @@ use serde_json::json;
 
 use super::fixture::send;
 
-/// An agent whose model asks to write a record (an action that needs approval), then answers
-/// "done" once it has the tool's result.
-fn gated_writer() -> Agent {
-    let write = FnTool::new(
-        "write_record",
-        "Write a record",
-        json!({"type": "object"}),
-        |_args, _ctx| async { Ok(json!("written")) },
-    )
-    .with_capabilities(["records.write"]);
+/// The model's turns of a run that writes a record (an action that needs approval) and
+/// answers "done" once it has the tool's result.
+fn write_then_answer() -> Vec<MockResponse> {
+    vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("publish", json!({"id": "r1"}))]),
+        MockResponse::Text("done".into()),
+    ]
+}
+
+/// An agent whose `publish` tool needs approval, its model scripted with `script`.
+fn gated_writer(script: Vec<MockResponse>) -> Agent {
+    let publish = FnTool::new("publish", "Publish", json!({"type": "object"}), |_, _| async {
+        Ok(json!("published"))
+    });
     Agent::builder(AgentCard::new("writer", "one report", "http://127.0.0.1:0"))
-        .llm(MockLlm::scripted(vec![
-            MockResponse::ToolCalls(vec![ToolCall::new("write_record", json!({"id": "r1"}))]),
-            MockResponse::Text("done".into()),
-        ]))
-        .tool(write)
-        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
+        .llm(MockLlm::scripted(script))
+        .tool(publish.with_capabilities(["drafts.publish"]))
+        .policy(CapabilityPolicy::new().with_rule("drafts.publish", CapabilityRule::RequireApproval))
         .build()
         .unwrap()
+}
+
+/// Send the message that makes the run pause for an approval; the paused task.
+async fn pause(exec: &AgentExecutor, auth: &AuthContext) -> Task {
+    let paused = send(exec, auth, Message::user("publish r1")).await;
+    assert_eq!(paused.state(), TaskState::InputRequired);
+    paused
 }
 
 /// An executor for `agent` on `runtime` whose run events also go to the returned sink.
@@ -101,9 +109,8 @@ fn assert_one_run(report: &RunReport) {
 async fn a_run_paused_for_an_approval_keeps_one_event_sequence_and_one_report() {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
-    let (exec, sink) = observed(gated_writer(), &runtime);
-    let paused = send(&exec, &auth, Message::user("write r1")).await;
-    assert_eq!(paused.state(), TaskState::InputRequired);
+    let (exec, sink) = observed(gated_writer(write_then_answer()), &runtime);
+    let paused = pause(&exec, &auth).await;
     let before = sink.events().len() as u64;
     assert_eq!(stored_report(&exec, &auth, &paused).await.event_count, before);
 
@@ -125,23 +132,13 @@ async fn a_run_paused_for_an_approval_keeps_one_event_sequence_and_one_report() 
 async fn a_run_paused_for_an_approval_keeps_one_report_across_a_restart() {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
-    let (first, first_sink) = observed(gated_writer(), &runtime);
-    let paused = send(&first, &auth, Message::user("write r1")).await;
-    assert_eq!(paused.state(), TaskState::InputRequired);
+    let (first, first_sink) = observed(gated_writer(write_then_answer()), &runtime);
+    let paused = pause(&first, &auth).await;
     first.shutdown().await;
     drop(first);
 
     // A new executor on the same store (a restarted process) takes the decision.
-    let agent = Agent::builder(AgentCard::new("writer", "one report", "http://127.0.0.1:0"))
-        .llm(MockLlm::scripted(vec![MockResponse::Text("done".into())]))
-        .tool(FnTool::new(
-            "write_record",
-            "Write a record",
-            json!({"type": "object"}),
-            |_args, _ctx| async { Ok(json!("written")) },
-        ))
-        .build()
-        .unwrap();
+    let agent = gated_writer(vec![MockResponse::Text("done".into())]);
     let (second, second_sink) = observed(agent, &runtime);
     let done = approve(&second, &auth, &paused).await;
     assert_eq!(done.state(), TaskState::Completed);
