@@ -42,6 +42,9 @@ macro_rules! rules {
         mod budgets_and_subscriptions {
             include!("rules/budgets_and_subscriptions.rs");
         }
+        mod one_report_fixture {
+            include!("rules/one_report_fixture.rs");
+        }
         mod one_report {
             include!("rules/one_report.rs");
         }
