@@ -58,15 +58,7 @@ impl AsyncHttpTool {
 
 #[async_trait]
 impl Tool for AsyncHttpTool {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn description(&self) -> &str {
-        &self.description
-    }
-    fn parameters(&self) -> Value {
-        self.parameters.clone()
-    }
+    crate::tool::described_by_fields!();
     async fn call(&self, _args: Value, _ctx: &ToolContext) -> AgentResult<Value> {
         Err(AgentError::Unsupported {
             what: format!(

@@ -128,6 +128,23 @@ impl ArtifactChunk {
     };
 }
 
+/// The [`Tool`] methods of a tool that keeps its name, description and parameter schema in
+/// fields of those names (the tools of this crate): written once.
+macro_rules! described_by_fields {
+    () => {
+        fn name(&self) -> &str {
+            &self.name
+        }
+        fn description(&self) -> &str {
+            &self.description
+        }
+        fn parameters(&self) -> serde_json::Value {
+            self.parameters.clone()
+        }
+    };
+}
+pub(crate) use described_by_fields;
+
 /// A tool. Its arguments are checked against [`Tool::parameters`] before [`Tool::call`] runs.
 #[async_trait]
 pub trait Tool: Send + Sync {
@@ -254,15 +271,7 @@ impl FnTool {
 
 #[async_trait]
 impl Tool for FnTool {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn description(&self) -> &str {
-        &self.description
-    }
-    fn parameters(&self) -> Value {
-        self.parameters.clone()
-    }
+    described_by_fields!();
     async fn call(&self, args: Value, ctx: &ToolContext) -> AgentResult<Value> {
         (self.run)(args, ctx.clone()).await
     }
@@ -341,15 +350,7 @@ impl PromptTool {
 
 #[async_trait]
 impl Tool for PromptTool {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn description(&self) -> &str {
-        &self.description
-    }
-    fn parameters(&self) -> Value {
-        self.parameters.clone()
-    }
+    described_by_fields!();
     async fn call(&self, args: Value, ctx: &ToolContext) -> AgentResult<Value> {
         let llm = self
             .llm

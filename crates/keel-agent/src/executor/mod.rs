@@ -34,7 +34,7 @@ pub use state::{AgentExecutor, META_MESSAGE as MESSAGE_ID_META};
 use std::sync::{Arc, RwLock, Weak};
 
 use keel_core::{
-    AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, TaskState,
+    AgentError, AgentResult, Message, Role, RunContext, Task, TaskEvent, TaskId, TaskState,
     ThreadId,
 };
 use keel_runtime::{attach_history, AuthContext, ListTasksFilter, Runtime};
@@ -303,49 +303,25 @@ impl AgentExecutor {
                 .negotiator_for(self.inner.runtime.as_ref())
                 .negotiate(self.inner.agent.card(), &message)
                 .await?;
-            match &negotiation {
+            match negotiation {
                 Negotiation::Accept { skill } => {
                     if let Some(skill) = skill {
-                        EngineMeta::update(&mut task, |m| m.skill = Some(skill.clone()));
+                        EngineMeta::update(&mut task, |m| m.skill = Some(skill));
                     }
-                }
-                Negotiation::AskInput { question: ask } | Negotiation::AskAuth { request: ask } => {
-                    // The task exists and waits; the answer (a message naming it) starts it.
-                    let for_auth = matches!(&negotiation, Negotiation::AskAuth { .. });
-                    tasks.save_task(auth, &task).await?;
-                    tasks
-                        .add_task_event(auth, &task.id, &TaskEvent::Message { message })
-                        .await?;
-                    let ask = self
-                        .inner
-                        .record_event(auth, &task, vec![Part::text(ask)])
-                        .await?;
-                    if for_auth {
-                        task.require_auth(Some(ask))?;
-                    } else {
-                        task.require_input(Some(ask))?;
-                    }
-                    EngineMeta::update(&mut task, |m| m.stop_reason = Some("negotiation".into()));
-                    self.inner.persist_status(auth, &task).await?;
-                    let task = self
-                        .get_task(auth, &task.id, options.history_length)
-                        .await?;
-                    return Ok(SendOutcome::Task(Box::new(task)));
                 }
                 Negotiation::Reply { message: reply } => {
-                    return Ok(SendOutcome::Message(Box::new(reply_to(
-                        &message,
-                        reply.clone(),
-                    ))));
+                    return Ok(SendOutcome::Message(Box::new(reply_to(&message, reply))));
                 }
-                Negotiation::Reject { reason } => {
+                unstarted => {
+                    // The task exists with its message but no run: it waits for an answer
+                    // (a message naming it starts it), or it ends rejected.
                     tasks.save_task(auth, &task).await?;
                     tasks
                         .add_task_event(auth, &task.id, &TaskEvent::Message { message })
                         .await?;
-                    task.update_status(TaskState::Rejected, Some(Message::agent(reason)))?;
-                    EngineMeta::update(&mut task, |m| m.stop_reason = Some("rejected".into()));
-                    self.inner.persist_status(auth, &task).await?;
+                    self.inner
+                        .rest_unstarted(auth, &mut task, unstarted)
+                        .await?;
                     let task = self
                         .get_task(auth, &task.id, options.history_length)
                         .await?;

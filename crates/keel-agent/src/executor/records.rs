@@ -20,6 +20,7 @@ use super::state::*;
 use crate::observe::RunObs;
 use crate::task_meta::EngineMeta;
 use crate::thread_state::ThreadHost;
+use crate::Negotiation;
 
 impl RunLoop<'_> {
     /// Write how the run ended: the task's final (or resting) state, its answer, artifact and
@@ -283,6 +284,34 @@ impl Inner {
             .task_manager()
             .save_task_with_events(auth, task, &events)
             .await
+    }
+
+    /// A task its negotiator did not start comes to rest: rejected, or waiting for input or
+    /// authorization with the agent's question in its log.
+    pub(super) async fn rest_unstarted(
+        &self,
+        auth: &AuthContext,
+        task: &mut Task,
+        negotiation: Negotiation,
+    ) -> AgentResult<()> {
+        let (ask, for_auth) = match negotiation {
+            Negotiation::Accept { .. } | Negotiation::Reply { .. } => return Ok(()),
+            Negotiation::Reject { reason } => {
+                task.update_status(TaskState::Rejected, Some(Message::agent(reason)))?;
+                EngineMeta::update(task, |m| m.stop_reason = Some("rejected".into()));
+                return self.persist_status(auth, task).await;
+            }
+            Negotiation::AskInput { question } => (question, false),
+            Negotiation::AskAuth { request } => (request, true),
+        };
+        let ask = self.record_event(auth, task, vec![Part::text(ask)]).await?;
+        if for_auth {
+            task.require_auth(Some(ask))?;
+        } else {
+            task.require_input(Some(ask))?;
+        }
+        EngineMeta::update(task, |m| m.stop_reason = Some("negotiation".into()));
+        self.persist_status(auth, task).await
     }
 
     /// Append an agent message of `parts` to the task's log.
