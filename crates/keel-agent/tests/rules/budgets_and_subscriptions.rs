@@ -137,7 +137,7 @@ async fn infer_parts_under_the_budget_count_as_steps_and_complete() {
 }
 
 /// An asynchronous tool that hands each invocation to the test instead of an endpoint.
-struct Watch(tokio::sync::mpsc::UnboundedSender<keel_agent::AsyncInvocation>);
+pub(crate) struct Watch(pub(crate) tokio::sync::mpsc::UnboundedSender<keel_agent::AsyncInvocation>);
 
 #[async_trait::async_trait]
 impl keel_agent::Tool for Watch {
