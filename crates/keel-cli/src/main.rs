@@ -328,16 +328,8 @@ struct CheckArgs {
 
 #[derive(Debug, Args)]
 struct RunOnceArgs {
-    /// Where tasks and threads are kept: `sqlite:PATH` or `redis://HOST:PORT` (`memory`
-    /// forgets everything at exit).
-    #[arg(long, default_value = "sqlite:./keel.db", env = "KEEL_STORE")]
-    store: String,
-    /// Prefix of every Redis key.
-    #[arg(long, default_value = "keel:", env = "KEEL_REDIS_PREFIX")]
-    redis_prefix: String,
-    /// The model, as for `keel serve`.
-    #[arg(long, default_value = "mock", env = "KEEL_LLM")]
-    llm: String,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// The thread the message belongs to.
     #[arg(long, requires = "message", conflicts_with = "callback")]
     thread: Option<String>,
@@ -366,13 +358,64 @@ struct RunOnceArgs {
     /// Seconds to wait at most for the thread to rest.
     #[arg(long, default_value_t = 600.0)]
     timeout: f64,
-    /// Seconds a thread lease lasts unless renewed.
+}
+
+/// The store, model and thread timings of the commands that run the engine on a store of
+/// their own (`keel serve`, `keel run-once`).
+#[derive(Debug, Args)]
+struct EngineArgs {
+    /// Where tasks and threads are kept: `sqlite:PATH`, `redis://HOST:PORT` (shared by several
+    /// processes) or `memory` (forgets everything at exit).
+    #[arg(long, default_value = "sqlite:./keel.db", env = "KEEL_STORE")]
+    store: String,
+    /// Prefix of every Redis key, to keep deployments sharing one Redis apart.
+    #[arg(long, default_value = "keel:", env = "KEEL_REDIS_PREFIX")]
+    redis_prefix: String,
+    /// The model: `mock` (offline, the default), `openai:MODEL`, `anthropic:MODEL`,
+    /// `gemini:MODEL` or `openai-compatible:URL:MODEL`. Keys come from the environment
+    /// (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY, OPENAI_COMPATIBLE_API_KEY).
+    #[arg(long, default_value = "mock", env = "KEEL_LLM")]
+    llm: String,
+    /// Seconds a thread lease lasts unless renewed: how long the work of a crashed process
+    /// waits before another process (or this one, restarted) takes it over.
     #[arg(long, default_value_t = 30.0, env = "KEEL_LEASE_TTL")]
     lease_ttl: f64,
     /// Seconds an asynchronous tool call waits for its callback before it ends as a tool
     /// error the model sees (tools may set their own).
     #[arg(long, default_value_t = 3600.0, env = "KEEL_ASYNC_TOOL_TIMEOUT")]
     async_tool_timeout: f64,
+}
+
+impl EngineArgs {
+    /// `--store` with the Redis prefix applied.
+    fn store_config(&self) -> Result<StoreConfig, String> {
+        let mut store = StoreConfig::parse(&self.store).map_err(|err| err.to_string())?;
+        if let StoreConfig::Redis { prefix, .. } = &mut store {
+            self.redis_prefix.clone_into(prefix);
+        }
+        Ok(store)
+    }
+
+    /// `--llm` as a model.
+    fn llm(&self) -> Result<Arc<dyn keel::llm::Llm>, String> {
+        keel::llm::llm_from_spec(&self.llm).map_err(|err| err.to_string())
+    }
+
+    /// `--lease-ttl` as a duration, when in range.
+    fn lease_ttl(&self) -> Result<Duration, String> {
+        let seconds = self.lease_ttl;
+        keel::config::LEASE_TTL_SECONDS
+            .check(seconds)
+            .map_err(|range| format!("--lease-ttl {seconds} is out of range: {range}"))
+    }
+
+    /// `--async-tool-timeout`, checked.
+    fn async_tool_timeout(&self) -> Result<Duration, String> {
+        let seconds = self.async_tool_timeout;
+        keel::config::ASYNC_TOOL_TIMEOUT_SECONDS
+            .check(seconds)
+            .map_err(|range| format!("--async-tool-timeout {seconds} is out of range: {range}"))
+    }
 }
 
 /// The agents `keel serve` has built in.
@@ -402,18 +445,8 @@ struct ServeArgs {
     /// proxy). Written into the agent card.
     #[arg(long, env = "KEEL_PUBLIC_URL")]
     public_url: Option<String>,
-    /// Where tasks and threads are kept: `sqlite:PATH`, `redis://HOST:PORT` (shared by several
-    /// `keel serve` processes) or `memory`.
-    #[arg(long, default_value = "sqlite:./keel.db", env = "KEEL_STORE")]
-    store: String,
-    /// Prefix of every Redis key, to keep deployments sharing one Redis apart.
-    #[arg(long, default_value = "keel:", env = "KEEL_REDIS_PREFIX")]
-    redis_prefix: String,
-    /// The model: `mock` (offline, the default), `openai:MODEL`, `anthropic:MODEL`,
-    /// `gemini:MODEL` or `openai-compatible:URL:MODEL`. Keys come from the environment
-    /// (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY, OPENAI_COMPATIBLE_API_KEY).
-    #[arg(long, default_value = "mock", env = "KEEL_LLM")]
-    llm: String,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// Require an API key (header `X-API-Key`, or `Authorization: Bearer KEY`) and map it to
     /// a tenant: `KEY=APP/USER`. Repeat for several keys; each tenant sees only its own tasks.
     /// Without any, every caller is the one default tenant.
@@ -440,14 +473,6 @@ struct ServeArgs {
         value_delimiter = ','
     )]
     push_targets: Vec<String>,
-    /// Seconds a thread lease lasts unless renewed: how long the work of a crashed process
-    /// waits before another process (or this one, restarted) takes it over.
-    #[arg(long, default_value_t = 30.0, env = "KEEL_LEASE_TTL")]
-    lease_ttl: f64,
-    /// Seconds an asynchronous tool call waits for its callback before it ends as a tool
-    /// error the model sees (tools may set their own).
-    #[arg(long, default_value_t = 3600.0, env = "KEEL_ASYNC_TOOL_TIMEOUT")]
-    async_tool_timeout: f64,
     /// This process's name in thread leases, kept across restarts: restarted under the same
     /// name, it resumes its own interrupted threads at once instead of waiting for their
     /// leases to lapse. Must differ between processes sharing a store. Random by default.
@@ -625,20 +650,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// `--lease-ttl` as a duration, when in range.
-fn lease_ttl(seconds: f64) -> Result<Duration, String> {
-    keel::config::LEASE_TTL_SECONDS
-        .check(seconds)
-        .map_err(|range| format!("--lease-ttl {seconds} is out of range: {range}"))
-}
-
-/// `--async-tool-timeout`, checked.
-fn async_tool_timeout(seconds: f64) -> Result<Duration, String> {
-    keel::config::ASYNC_TOOL_TIMEOUT_SECONDS
-        .check(seconds)
-        .map_err(|range| format!("--async-tool-timeout {seconds} is out of range: {range}"))
-}
-
 /// The runtime on `store`, with `llm` as its model when given and `keys` as its API keys when
 /// there are any, or why the store would not open.
 pub(crate) async fn open_runtime(
@@ -663,18 +674,9 @@ pub(crate) async fn open_runtime(
         .map_err(|err| format!("cannot open the store {store:?}: {err}"))
 }
 
-/// `--store` with the Redis prefix applied.
-fn store_config(spec: &str, redis_prefix: &str) -> Result<StoreConfig, String> {
-    let mut store = StoreConfig::parse(spec).map_err(|err| err.to_string())?;
-    if let StoreConfig::Redis { prefix, .. } = &mut store {
-        redis_prefix.clone_into(prefix);
-    }
-    Ok(store)
-}
-
 async fn run_once(args: RunOnceArgs) -> Result<(), String> {
     use keel::ephemeral::{process_once_with, Input};
-    let lease_ttl = lease_ttl(args.lease_ttl)?;
+    let lease_ttl = args.engine.lease_ttl()?;
     if !(args.timeout.is_finite() && args.timeout > 0.0 && args.timeout <= 86_400.0) {
         return Err(format!(
             "--timeout {} is out of range: use more than 0 and at most 86400 seconds",
@@ -710,14 +712,13 @@ async fn run_once(args: RunOnceArgs) -> Result<(), String> {
             )
         }
     };
-    let store = store_config(&args.store, &args.redis_prefix)?;
-    let llm = keel::llm::llm_from_spec(&args.llm).map_err(|err| err.to_string())?;
+    let store = args.engine.store_config()?;
     let agent = keel::demo::agent().map_err(|err| err.to_string())?;
-    let runtime = open_runtime(&store, Some(llm), Vec::new()).await?;
+    let runtime = open_runtime(&store, Some(args.engine.llm()?), Vec::new()).await?;
     let config = ExecutorConfig {
         lease_ttl,
         callbacks: args.callback_base_url.map(HttpCallbacks::shared),
-        async_tool_timeout: async_tool_timeout(args.async_tool_timeout)?,
+        async_tool_timeout: args.engine.async_tool_timeout()?,
         ..ExecutorConfig::default()
     };
     let outcome = process_once_with(
@@ -770,8 +771,8 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
             host: set("host").then(|| args.host.clone()),
             port: set("port").then_some(args.port),
             public_url: args.public_url.clone(),
-            store: set("store").then(|| args.store.clone()),
-            redis_prefix: set("redis_prefix").then(|| args.redis_prefix.clone()),
+            store: set("store").then(|| args.engine.store.clone()),
+            redis_prefix: set("redis_prefix").then(|| args.engine.redis_prefix.clone()),
             api_keys: if args.api_keys.is_empty() {
                 None
             } else {
@@ -784,10 +785,10 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
                 Some(parse_push_targets(&args.push_targets)?)
             },
             lease_ttl: set("lease_ttl")
-                .then(|| lease_ttl(args.lease_ttl))
+                .then(|| args.engine.lease_ttl())
                 .transpose()?,
             async_tool_timeout: set("async_tool_timeout")
-                .then(|| async_tool_timeout(args.async_tool_timeout))
+                .then(|| args.engine.async_tool_timeout())
                 .transpose()?,
             instance_id: args.instance_id.clone(),
             limits: Limits {
@@ -802,9 +803,9 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
         };
         return from_file::serve(loaded, overrides, shutdown_signal()).await;
     }
-    let lease_ttl = lease_ttl(args.lease_ttl)?;
-    let store = store_config(&args.store, &args.redis_prefix)?;
-    let llm = keel::llm::llm_from_spec(&args.llm).map_err(|err| err.to_string())?;
+    let lease_ttl = args.engine.lease_ttl()?;
+    let store = args.engine.store_config()?;
+    let llm = args.engine.llm()?;
     let host = &args.host;
     let addr: SocketAddr = format!("{host}:{}", args.port)
         .parse()
@@ -834,7 +835,7 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
         lease_ttl,
         // Asynchronous tools call back to the server's own callback route.
         callbacks: Some(HttpCallbacks::shared(url.trim_end_matches('/'))),
-        async_tool_timeout: async_tool_timeout(args.async_tool_timeout)?,
+        async_tool_timeout: args.engine.async_tool_timeout()?,
         max_concurrent_threads: args.max_threads,
         max_threads_per_tenant: args.max_threads_per_tenant,
         max_queued_per_thread: args.max_queued_per_thread,

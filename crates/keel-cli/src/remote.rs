@@ -47,13 +47,7 @@ impl Remote {
 
 /// A task as one line for people: its id, thread, state and what its status says.
 fn task_line(task: &Task) -> String {
-    let said = task
-        .status()
-        .message
-        .as_ref()
-        .map(Message::text)
-        .unwrap_or_default();
-    let said = said.replace('\n', " ");
+    let said = task.status().text().unwrap_or_default().replace('\n', " ");
     format!(
         "{}  {}  {:<15} {}",
         task.id,
@@ -69,7 +63,7 @@ fn print_task(task: &Task, json: bool) {
         out(task_json(task));
         return;
     }
-    if let Some(text) = task.status().message.as_ref().map(Message::text) {
+    if let Some(text) = task.status().text() {
         if !text.is_empty() {
             out(text);
         }
@@ -311,12 +305,7 @@ async fn follow_stream(mut stream: TaskEventStream, json: bool) -> Result<Seen, 
                             .apply_to(format!("· task {} {}", task.id, task.state()))
                     );
                 }
-                answer = task
-                    .status()
-                    .message
-                    .as_ref()
-                    .map(Message::text)
-                    .unwrap_or_default();
+                answer = task.status().text().unwrap_or_default();
             }
             StreamEvent::StatusUpdate {
                 task_id: id,
@@ -325,11 +314,7 @@ async fn follow_stream(mut stream: TaskEventStream, json: bool) -> Result<Seen, 
             } => {
                 state = Some(status.state);
                 task_id = Some(id.clone());
-                answer = status
-                    .message
-                    .as_ref()
-                    .map(Message::text)
-                    .unwrap_or_default();
+                answer = status.text().unwrap_or_default();
                 if !json {
                     eprintln!("{}", s.dim.apply_to(format!("· {}", status.state)));
                 }

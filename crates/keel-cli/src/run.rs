@@ -354,12 +354,7 @@ pub(crate) fn finish(renderer: &Renderer, task: &Task, json: bool) {
         return;
     }
     let s = renderer.styles();
-    let answer = task
-        .status()
-        .message
-        .as_ref()
-        .map(Message::text)
-        .unwrap_or_default();
+    let answer = task.status().text().unwrap_or_default();
     if !answer.is_empty() {
         out(answer);
     }

@@ -134,6 +134,14 @@ pub struct TaskStatus {
     pub timestamp: DateTime<Utc>,
 }
 
+impl TaskStatus {
+    /// The text of the status message (the answer, the question, the error), when there is
+    /// one.
+    pub fn text(&self) -> Option<String> {
+        self.message.as_ref().map(Message::text)
+    }
+}
+
 /// One unit of requested work inside a thread.
 ///
 /// The state can only change through [`Task::update_state`] and the helpers built on it, so

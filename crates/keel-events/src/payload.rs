@@ -31,7 +31,7 @@
 
 use keel_core::{
     ActionId, ApprovalDecision, ApprovalOutcome, ApprovalRequest, Artifact, BudgetUsage,
-    ContextManifest, Message, RunAction, Task, TaskEvent, TaskId, TaskState, TaskStatus,
+    ContextManifest, RunAction, Task, TaskEvent, TaskId, TaskState, TaskStatus,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -242,7 +242,7 @@ fn status_event(
 ) -> RunEventBuilder {
     RunEvent::task_status(TaskStatusPayload {
         state: status.state,
-        message: status.message.as_ref().map(Message::text),
+        message: status.text(),
         task: task.map(to_payload),
     })
     .task(task_id.clone())

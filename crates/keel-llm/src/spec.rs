@@ -128,15 +128,27 @@ fn keyed<L>(
     }
 }
 
-#[cfg(feature = "openai")]
-fn openai(model: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
-    let builder = keyed(crate::providers::OpenAiLlm::builder(model), api_key);
-    Ok(Arc::new(builder.build()?))
+/// One function per provider with a key-only builder: its `model`, keyed with the caller's
+/// key when one was given, or, with the provider's feature off, the error naming the feature.
+macro_rules! keyed_providers {
+    ($($name:ident: $feature:tt => $llm:ident;)*) => {$(
+        #[cfg(feature = $feature)]
+        fn $name(model: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
+            let builder = keyed(crate::providers::$llm::builder(model), api_key);
+            Ok(Arc::new(builder.build()?))
+        }
+
+        #[cfg(not(feature = $feature))]
+        fn $name(_model: &str, _api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
+            Err(feature_off($feature))
+        }
+    )*};
 }
 
-#[cfg(not(feature = "openai"))]
-fn openai(_model: &str, _api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
-    Err(feature_off("openai"))
+keyed_providers! {
+    openai: "openai" => OpenAiLlm;
+    anthropic: "anthropic" => AnthropicLlm;
+    gemini: "gemini" => GeminiLlm;
 }
 
 #[cfg(feature = "openai")]
@@ -155,28 +167,6 @@ fn openai_compatible(
     _api_key: Option<&str>,
 ) -> AgentResult<Arc<dyn Llm>> {
     Err(feature_off("openai"))
-}
-
-#[cfg(feature = "anthropic")]
-fn anthropic(model: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
-    let builder = keyed(crate::providers::AnthropicLlm::builder(model), api_key);
-    Ok(Arc::new(builder.build()?))
-}
-
-#[cfg(not(feature = "anthropic"))]
-fn anthropic(_model: &str, _api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
-    Err(feature_off("anthropic"))
-}
-
-#[cfg(feature = "gemini")]
-fn gemini(model: &str, api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
-    let builder = keyed(crate::providers::GeminiLlm::builder(model), api_key);
-    Ok(Arc::new(builder.build()?))
-}
-
-#[cfg(not(feature = "gemini"))]
-fn gemini(_model: &str, _api_key: Option<&str>) -> AgentResult<Arc<dyn Llm>> {
-    Err(feature_off("gemini"))
 }
 
 #[cfg(test)]

@@ -57,8 +57,8 @@ impl Lease {
 
 /// Whether a thread's current lease (held by `current_holder` until `current_expiry`, or none)
 /// keeps `holder` from taking it at `now`: a live lease does, unless `reclaim` and it is
-/// `holder`'s own (see [`ThreadLeases::reclaim_lease`]). The rule of `acquire_lease` and
-/// `reclaim_lease` in every backend that decides it outside a script.
+/// `holder`'s own (see [`ThreadLeases::reclaim_lease`]). The rule of
+/// [`ThreadLeases::take_lease`] in every backend that decides it outside a script.
 pub fn lease_blocks(
     current: Option<(&str, DateTime<Utc>)>,
     holder: &str,
@@ -79,6 +79,22 @@ pub fn lease_ttl(ttl: Duration) -> AgentResult<chrono::Duration> {
 /// Acquire, renew and release thread leases.
 #[async_trait]
 pub trait ThreadLeases: Send + Sync {
+    /// Take the thread's lease for `ttl` when it is free, or, with `reclaim`, also when
+    /// `holder` itself holds a live one (the rule is [`lease_blocks`]); `Ok(None)` when it
+    /// stays with its holder. The new lease gets a token greater than every earlier one of the
+    /// thread. What a backend implements; callers say which of the two they mean with
+    /// [`ThreadLeases::acquire_lease`] or [`ThreadLeases::reclaim_lease`]. A backend that
+    /// cannot tell its holders apart may take `reclaim` as `false`: a restarted process then
+    /// waits for its old leases to lapse.
+    async fn take_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+        reclaim: bool,
+    ) -> AgentResult<Option<Lease>>;
+
     /// Take the thread's lease for `ttl`, or `Ok(None)` when someone else holds a live one.
     /// Behind [`Validated`](crate::Validated) (as every [`Services`](crate::Services)
     /// constructor wires a backend), a `ttl` outside 1 ms ..= 24 h is
@@ -89,15 +105,16 @@ pub trait ThreadLeases: Send + Sync {
         thread_id: &ThreadId,
         holder: &str,
         ttl: Duration,
-    ) -> AgentResult<Option<Lease>>;
+    ) -> AgentResult<Option<Lease>> {
+        self.take_lease(auth, thread_id, holder, ttl, false).await
+    }
 
     /// [`ThreadLeases::acquire_lease`] that also takes a live lease `holder` itself holds: a
     /// process restarted under the same holder name (a stable instance id) takes its own
     /// threads back at once instead of waiting for its old leases to lapse. The lease gets a
     /// new token, so writes under the one it replaces are refused (`LeaseLost`). A live lease
     /// of another holder is `Ok(None)`, as for `acquire_lease`. Sound only while no two live
-    /// processes share a holder name. The default, for backends that do not offer it, is
-    /// `acquire_lease`: the restarted process waits for its old leases to lapse.
+    /// processes share a holder name.
     async fn reclaim_lease(
         &self,
         auth: &AuthContext,
@@ -105,7 +122,7 @@ pub trait ThreadLeases: Send + Sync {
         holder: &str,
         ttl: Duration,
     ) -> AgentResult<Option<Lease>> {
-        self.acquire_lease(auth, thread_id, holder, ttl).await
+        self.take_lease(auth, thread_id, holder, ttl, true).await
     }
 
     /// Extend a held lease by `ttl` from now, keeping its token. An expired, released or

@@ -48,7 +48,9 @@ pub use keel_llm::Llm;
 pub use lease::{lease_blocks, lease_ttl, Lease, ThreadLeases};
 pub use logging::{ConsoleLoggingService, LogLevel, LoggingService, TracingLoggingService};
 pub use memory::{InMemoryMemoryService, MemoryService, MemoryServiceExt};
-pub use run_store::{InMemoryRunStore, RunQuery, RunRecord, RunStore, TaskRecord};
+pub use run_store::{
+    InMemoryRunStore, IndexedRecord, RecordIndex, RunQuery, RunRecord, RunStore, TaskRecord,
+};
 pub use services::Services;
 pub use step::StepStore;
 pub use stored_text::{decode_record, encode_record};

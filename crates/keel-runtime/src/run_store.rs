@@ -140,26 +140,67 @@ impl RunQuery {
     }
 
     /// Whether a record with these index fields matches (the `contains` check is separate).
-    #[allow(clippy::too_many_arguments)] // one argument per indexed field keeps backends uniform
-    pub fn matches(
-        &self,
-        task_id: Option<&TaskId>,
-        run_id: Option<&RunId>,
-        thread_id: Option<&ThreadId>,
-        trace_id: Option<&TraceId>,
-        agent_name: Option<&str>,
-        recorded_at: DateTime<Utc>,
-    ) -> bool {
+    pub fn matches(&self, record: &RecordIndex<'_>) -> bool {
         fn eq<T: PartialEq + ?Sized>(want: Option<&T>, have: Option<&T>) -> bool {
             want.is_none() || want == have
         }
-        eq(self.task_id.as_ref(), task_id)
-            && eq(self.run_id.as_ref(), run_id)
-            && eq(self.thread_id.as_ref(), thread_id)
-            && eq(self.trace_id.as_ref(), trace_id)
-            && eq(self.agent_name.as_deref(), agent_name)
-            && self.since.is_none_or(|s| recorded_at >= s)
-            && self.until.is_none_or(|u| recorded_at < u)
+        eq(self.task_id.as_ref(), record.task_id)
+            && eq(self.run_id.as_ref(), record.run_id)
+            && eq(self.thread_id.as_ref(), record.thread_id)
+            && eq(self.trace_id.as_ref(), record.trace_id)
+            && eq(self.agent_name.as_deref(), record.agent_name)
+            && self.since.is_none_or(|s| record.recorded_at >= s)
+            && self.until.is_none_or(|u| record.recorded_at < u)
+    }
+}
+
+/// The fields a [`TaskRecord`] or [`RunRecord`] is found by: what a [`RunQuery`] matches
+/// (besides `contains`), and what a backend indexes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordIndex<'a> {
+    /// The task.
+    pub task_id: Option<&'a TaskId>,
+    /// The run.
+    pub run_id: Option<&'a RunId>,
+    /// The thread.
+    pub thread_id: Option<&'a ThreadId>,
+    /// The trace.
+    pub trace_id: Option<&'a TraceId>,
+    /// The agent.
+    pub agent_name: Option<&'a str>,
+    /// When the record was written.
+    pub recorded_at: DateTime<Utc>,
+}
+
+/// A record of the [`RunStore`], found by its [`RecordIndex`].
+pub trait IndexedRecord {
+    /// The fields the record is found by.
+    fn index(&self) -> RecordIndex<'_>;
+}
+
+impl IndexedRecord for TaskRecord {
+    fn index(&self) -> RecordIndex<'_> {
+        RecordIndex {
+            task_id: Some(&self.task_id),
+            run_id: self.run_id.as_ref(),
+            thread_id: Some(&self.thread_id),
+            trace_id: self.trace_id.as_ref(),
+            agent_name: self.agent_name.as_deref(),
+            recorded_at: self.recorded_at,
+        }
+    }
+}
+
+impl IndexedRecord for RunRecord {
+    fn index(&self) -> RecordIndex<'_> {
+        RecordIndex {
+            task_id: self.task_id.as_ref(),
+            run_id: Some(&self.run_id),
+            thread_id: self.thread_id.as_ref(),
+            trace_id: self.trace_id.as_ref(),
+            agent_name: self.agent_name.as_deref(),
+            recorded_at: self.recorded_at,
+        }
     }
 }
 
@@ -225,21 +266,21 @@ struct RunIndex {
 /// allocation per key and string), and ten thousand of them made most of a busy in-memory
 /// server's heap; the text is parsed again only when a record is read.
 struct HeldRun {
-    /// The record, its `report` left `Null`.
-    index: RunRecord,
+    /// The record, its `report` left `Null`: what a query matches.
+    without_report: RunRecord,
     report: Box<str>,
 }
 
 impl HeldRun {
     fn new(record: &RunRecord) -> Self {
         Self {
-            index: record.clone_without_report(),
+            without_report: record.clone_without_report(),
             report: record.report.to_string().into_boxed_str(),
         }
     }
 
     fn record(&self) -> RunRecord {
-        let mut record = self.index.clone();
+        let mut record = self.without_report.clone();
         // The text was written from a `Value`, so it parses back to the same one.
         record.report = serde_json::from_str(&self.report).unwrap_or(Value::Null);
         record
@@ -285,7 +326,7 @@ impl InMemoryRunStore {
 impl InMemoryRunStore {
     /// Keep a run record, replacing the run's earlier one, dropping the oldest beyond capacity.
     fn hold(&self, auth: &AuthContext, held: HeldRun) {
-        let key = (auth.namespace(), held.index.run_id.clone());
+        let key = (auth.namespace(), held.without_report.run_id.clone());
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
         if runs.by_run.insert(key.clone(), held).is_none() {
             runs.order.push_back(key);
@@ -333,16 +374,7 @@ impl RunStore for InMemoryRunStore {
             .rev()
             .filter(|(ns, _)| *ns == namespace)
             .map(|(_, r)| r)
-            .filter(|r| {
-                query.matches(
-                    Some(&r.task_id),
-                    r.run_id.as_ref(),
-                    Some(&r.thread_id),
-                    r.trace_id.as_ref(),
-                    r.agent_name.as_deref(),
-                    r.recorded_at,
-                ) && json_contains(r, query.contains.as_deref())
-            })
+            .filter(|r| query.matches(&r.index()) && json_contains(r, query.contains.as_deref()))
             .take(limit)
             .cloned()
             .collect())
@@ -364,7 +396,7 @@ impl RunStore for InMemoryRunStore {
         self.hold(
             auth,
             HeldRun {
-                index: record,
+                without_report: record,
                 report: report.into_string().into_boxed_str(),
             },
         );
@@ -396,17 +428,7 @@ impl RunStore for InMemoryRunStore {
             .iter()
             .filter(|((ns, _), _)| *ns == namespace)
             .map(|(_, held)| held)
-            .filter(|held| {
-                let r = &held.index;
-                query.matches(
-                    r.task_id.as_ref(),
-                    Some(&r.run_id),
-                    r.thread_id.as_ref(),
-                    r.trace_id.as_ref(),
-                    r.agent_name.as_deref(),
-                    r.recorded_at,
-                )
-            })
+            .filter(|held| query.matches(&held.without_report.index()))
             .map(HeldRun::record)
             .filter(|r| json_contains(r, query.contains.as_deref()))
             .collect();

@@ -394,9 +394,9 @@ impl SubagentRegistry for InMemoryThreadStore {
     }
 }
 
-impl InMemoryThreadStore {
-    /// Take the thread's lease when it is free, or (`reclaim`) held by `holder` itself.
-    fn take_lease(
+#[async_trait]
+impl ThreadLeases for InMemoryThreadStore {
+    async fn take_lease(
         &self,
         auth: &AuthContext,
         thread_id: &ThreadId,
@@ -426,29 +426,6 @@ impl InMemoryThreadStore {
         };
         thread.lease = Some(lease.clone());
         Ok(Some(lease))
-    }
-}
-
-#[async_trait]
-impl ThreadLeases for InMemoryThreadStore {
-    async fn acquire_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-    ) -> AgentResult<Option<Lease>> {
-        self.take_lease(auth, thread_id, holder, ttl, false)
-    }
-
-    async fn reclaim_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-    ) -> AgentResult<Option<Lease>> {
-        self.take_lease(auth, thread_id, holder, ttl, true)
     }
 
     async fn renew_lease(

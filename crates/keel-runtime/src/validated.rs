@@ -95,9 +95,7 @@ validated_impl! {
 
 validated_impl! {
     impl ThreadLeases {
-        fn acquire_lease(&self, auth: &AuthContext, thread_id: &ThreadId, holder: &str, ttl: Duration) -> AgentResult<Option<Lease>>
-            => check_lease_ttl(ttl);
-        fn reclaim_lease(&self, auth: &AuthContext, thread_id: &ThreadId, holder: &str, ttl: Duration) -> AgentResult<Option<Lease>>
+        fn take_lease(&self, auth: &AuthContext, thread_id: &ThreadId, holder: &str, ttl: Duration, reclaim: bool) -> AgentResult<Option<Lease>>
             => check_lease_ttl(ttl);
         fn renew_lease(&self, auth: &AuthContext, lease: &Lease, ttl: Duration) -> AgentResult<Lease>
             => check_lease_ttl(ttl);

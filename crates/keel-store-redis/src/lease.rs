@@ -1,4 +1,4 @@
-//! [`ThreadLeases`] over Redis: the lease is a key set with `SET NX PX`, holding
+//! [`ThreadLeases`] over Redis: the lease is a key set with `SET PX` by one script, holding
 //! `<token>:<holder>`; the token comes from a per-thread `INCR` counter that is never deleted,
 //! so tokens grow strictly even across release and expiry. Redis expires the key itself, so
 //! an expired lease is simply a missing key and every fenced script refuses it.
@@ -30,23 +30,24 @@ fn expiry(millis: i64) -> AgentResult<DateTime<Utc>> {
     })
 }
 
-impl RedisStore {
-    /// Take the thread's lease with `script` (acquire, or reclaim).
+#[async_trait]
+impl ThreadLeases for RedisStore {
     async fn take_lease(
         &self,
-        script: &redis::Script,
         auth: &AuthContext,
         thread_id: &ThreadId,
         holder: &str,
         ttl: Duration,
+        reclaim: bool,
     ) -> AgentResult<Option<Lease>> {
         let ttl_ms = ttl_millis(ttl)?;
         let keys = self.keys(auth);
-        let granted: Option<(u64, i64)> = script
+        let granted: Option<(u64, i64)> = scripts::TAKE_LEASE
             .key(keys.of(kind::LEASE, thread_id.as_str()))
             .key(keys.of(kind::LEASE_TOKEN, thread_id.as_str()))
             .arg(holder)
             .arg(ttl_ms)
+            .arg(u8::from(reclaim))
             .invoke_async(&mut self.con())
             .await
             .map_err(|e| self.fail("acquire lease", &e))?;
@@ -60,31 +61,6 @@ impl RedisStore {
                 })
             })
             .transpose()
-    }
-}
-
-#[async_trait]
-impl ThreadLeases for RedisStore {
-    async fn acquire_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-    ) -> AgentResult<Option<Lease>> {
-        self.take_lease(&scripts::ACQUIRE_LEASE, auth, thread_id, holder, ttl)
-            .await
-    }
-
-    async fn reclaim_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-    ) -> AgentResult<Option<Lease>> {
-        self.take_lease(&scripts::RECLAIM_LEASE, auth, thread_id, holder, ttl)
-            .await
     }
 
     async fn renew_lease(

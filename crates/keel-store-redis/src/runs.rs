@@ -8,8 +8,10 @@
 //! `contains`, which is what the crate docs warn about.
 
 use async_trait::async_trait;
-use keel_core::{AgentResult, RunId};
-use keel_runtime::{AuthContext, RunQuery, RunRecord, RunStore, TaskRecord};
+use keel_core::{AgentResult, RunId, TaskId, ThreadId, TraceId};
+use keel_runtime::{
+    AuthContext, IndexedRecord, RecordIndex, RunQuery, RunRecord, RunStore, TaskRecord,
+};
 use serde::de::DeserializeOwned;
 
 use crate::encoding::{decode, encode, micros};
@@ -49,29 +51,20 @@ const RUN_REPORTS: Family = Family {
     by_agent: kind::RUN_REPORTS_BY_AGENT,
 };
 
-/// The index fields of a record, uniformly for both kinds.
-struct Indexed<'a> {
-    task: Option<&'a str>,
-    run: Option<&'a str>,
-    thread: Option<&'a str>,
-    trace: Option<&'a str>,
-    agent: Option<&'a str>,
-}
-
 impl Family {
     /// Every index key a record with these fields belongs to.
-    fn index_keys(&self, keys: &TenantKeys, fields: &Indexed<'_>) -> Vec<String> {
+    fn index_keys(&self, keys: &TenantKeys, fields: &RecordIndex<'_>) -> Vec<String> {
         let mut out = vec![keys.fixed(self.by_time)];
         let mut add = |kind: Option<&str>, value: Option<&str>| {
             if let (Some(kind), Some(value)) = (kind, value) {
                 out.push(keys.of(kind, value));
             }
         };
-        add(Some(self.by_task), fields.task);
-        add(self.by_run, fields.run);
-        add(Some(self.by_thread), fields.thread);
-        add(Some(self.by_trace), fields.trace);
-        add(Some(self.by_agent), fields.agent);
+        add(Some(self.by_task), fields.task_id.map(TaskId::as_str));
+        add(self.by_run, fields.run_id.map(RunId::as_str));
+        add(Some(self.by_thread), fields.thread_id.map(ThreadId::as_str));
+        add(Some(self.by_trace), fields.trace_id.map(TraceId::as_str));
+        add(Some(self.by_agent), fields.agent_name);
         out
     }
 
@@ -100,19 +93,18 @@ impl Family {
 impl RedisStore {
     /// Records of `family` matching `query`, newest first: walk the chosen index in batches,
     /// match `contains` on the stored text (the stored JSON `RunQuery` documents, exactly as
-    /// written), decode the rest, filter with `keep`, stop at the limit.
-    async fn find<T: DeserializeOwned + Send>(
+    /// written), decode the rest, match their index fields, stop at the limit.
+    async fn find<T: DeserializeOwned + IndexedRecord + Send>(
         &self,
         auth: &AuthContext,
         family: &Family,
         query: &RunQuery,
-        keep: impl Fn(&T) -> bool + Send,
     ) -> AgentResult<Vec<T>> {
         let limit = query.effective_limit()?;
         let keys = self.keys(auth);
         let index = family.index_for(&keys, query);
         let data = keys.fixed(family.data);
-        // The window is applied by score to narrow the walk; `keep` re-checks it exactly
+        // The window is applied by score to narrow the walk; `matches` re-checks it exactly
         // (scores are microseconds, times are nanoseconds).
         let max = query
             .until
@@ -153,7 +145,7 @@ impl RedisStore {
                     continue;
                 }
                 let record: T = decode(&data, &text)?;
-                if keep(&record) {
+                if query.matches(&record.index()) {
                     found.push(record);
                     if found.len() == limit {
                         return Ok(found);
@@ -173,16 +165,7 @@ impl RedisStore {
 impl RunStore for RedisStore {
     async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()> {
         let keys = self.keys(auth);
-        let index_keys = TASK_RECORDS.index_keys(
-            &keys,
-            &Indexed {
-                task: Some(record.task_id.as_str()),
-                run: record.run_id.as_ref().map(RunId::as_str),
-                thread: Some(record.thread_id.as_str()),
-                trace: record.trace_id.as_ref().map(|t| t.as_str()),
-                agent: record.agent_name.as_deref(),
-            },
-        );
+        let index_keys = TASK_RECORDS.index_keys(&keys, &record.index());
         // A script, because the record's id is a counter Redis assigns in the same step.
         let mut call = scripts::SAVE_TASK_RECORD.prepare_invoke();
         call.key(keys.fixed(fixed::TASK_RECORD_SEQ))
@@ -202,31 +185,12 @@ impl RunStore for RedisStore {
         auth: &AuthContext,
         query: &RunQuery,
     ) -> AgentResult<Vec<TaskRecord>> {
-        self.find(auth, &TASK_RECORDS, query, |r: &TaskRecord| {
-            query.matches(
-                Some(&r.task_id),
-                r.run_id.as_ref(),
-                Some(&r.thread_id),
-                r.trace_id.as_ref(),
-                r.agent_name.as_deref(),
-                r.recorded_at,
-            )
-        })
-        .await
+        self.find(auth, &TASK_RECORDS, query).await
     }
 
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
         let keys = self.keys(auth);
-        let index_keys = RUN_REPORTS.index_keys(
-            &keys,
-            &Indexed {
-                task: record.task_id.as_ref().map(|t| t.as_str()),
-                run: None,
-                thread: record.thread_id.as_ref().map(|t| t.as_str()),
-                trace: record.trace_id.as_ref().map(|t| t.as_str()),
-                agent: record.agent_name.as_deref(),
-            },
-        );
+        let index_keys = RUN_REPORTS.index_keys(&keys, &record.index());
         let score = micros(record.recorded_at);
         let run = record.run_id.as_str();
         let mut pipe = redis::pipe();
@@ -256,18 +220,7 @@ impl RunStore for RedisStore {
         auth: &AuthContext,
         query: &RunQuery,
     ) -> AgentResult<Vec<RunRecord>> {
-        let mut found = self
-            .find(auth, &RUN_REPORTS, query, |r: &RunRecord| {
-                query.matches(
-                    r.task_id.as_ref(),
-                    Some(&r.run_id),
-                    r.thread_id.as_ref(),
-                    r.trace_id.as_ref(),
-                    r.agent_name.as_deref(),
-                    r.recorded_at,
-                )
-            })
-            .await?;
+        let mut found: Vec<RunRecord> = self.find(auth, &RUN_REPORTS, query).await?;
         // Scores are microseconds; restore the exact newest-first order.
         found.sort_by_key(|r| std::cmp::Reverse(r.recorded_at));
         Ok(found)

@@ -10,38 +10,22 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Take a thread's lease if nobody holds a live one.
+/// Take a thread's lease when nobody holds a live one or, when reclaiming, when the same
+/// holder does (a restarted process taking its own threads back), with a new token: the rule
+/// of `keel_runtime::lease_blocks`.
 ///
-/// KEYS: lease, token counter. ARGV: holder, ttl ms.
-/// Returns nil when held, else `{token, expires_at_ms}` (server clock).
-pub(crate) static ACQUIRE_LEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
--- The counter is never deleted, so tokens grow even across release and expiry.
-local token = redis.call('INCR', KEYS[2])
-local value = string.format('%d', token) .. ':' .. ARGV[1]
-if not redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then return false end
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-return {token, now_ms + tonumber(ARGV[2])}
-",
-    )
-});
-
-/// Take a thread's lease when it is free or held by the same holder (a restarted process
-/// taking its own threads back), with a new token.
-///
-/// KEYS: lease, token counter. ARGV: holder, ttl ms. Returns `{token, expiry ms}`, or
-/// false when another holder holds it.
-pub(crate) static RECLAIM_LEASE: LazyLock<Script> = LazyLock::new(|| {
+/// KEYS: lease, token counter. ARGV: holder, ttl ms, `1` to reclaim (else `0`).
+/// Returns false when it stays with its holder, else `{token, expires_at_ms}` (server clock).
+pub(crate) static TAKE_LEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local current = redis.call('GET', KEYS[1])
-if current and string.match(current, '^%d+:(.*)$') ~= ARGV[1] then return false end
+if current and not (ARGV[3] == '1' and string.match(current, '^%d+:(.*)$') == ARGV[1]) then
+  return false
+end
+-- The counter is never deleted, so tokens grow even across release and expiry.
 local token = redis.call('INCR', KEYS[2])
-local value = string.format('%d', token) .. ':' .. ARGV[1]
-redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+redis.call('SET', KEYS[1], string.format('%d', token) .. ':' .. ARGV[1], 'PX', ARGV[2])
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 return {token, now_ms + tonumber(ARGV[2])}

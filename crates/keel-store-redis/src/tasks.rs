@@ -10,7 +10,7 @@ use keel_runtime::{
 };
 
 use crate::encoding::{decode, encode};
-use crate::keys::{fixed, kind};
+use crate::keys::{fixed, kind, TenantKeys};
 use crate::scripts;
 use crate::RedisStore;
 
@@ -38,20 +38,15 @@ impl RedisStore {
         let mut call = scripts::SAVE_TASK.prepare_invoke();
         call.key(keys.of(kind::TASK, id))
             .key(keys.of(kind::TASK_META, id))
-            .key(keys.fixed(fixed::TASK_SEQ))
-            .key(keys.fixed(fixed::TASKS))
-            .key(keys.of(kind::TASKS_BY_THREAD, thread))
-            .key(keys.of(kind::TASKS_BY_STATE, state))
-            .key(keys.of(kind::TASKS_BY_THREAD_STATE, &format!("{state}:{thread}")))
-            .key(&events_key)
-            .key(keys.fixed(fixed::TASKS_BY_UPDATE))
-            .key(keys.of(kind::TASKS_BY_UPDATE_THREAD, thread))
-            .key(keys.of(kind::TASKS_BY_UPDATE_STATE, state))
-            .key(keys.of(
-                kind::TASKS_BY_UPDATE_THREAD_STATE,
-                &format!("{state}:{thread}"),
-            ))
-            .arg(snapshot)
+            .key(keys.fixed(fixed::TASK_SEQ));
+        for index in BY_CREATION.holding(&keys, thread, state) {
+            call.key(index);
+        }
+        call.key(&events_key);
+        for index in BY_UPDATE.holding(&keys, thread, state) {
+            call.key(index);
+        }
+        call.arg(snapshot)
             .arg(id)
             .arg(thread)
             .arg(state)
@@ -84,7 +79,7 @@ impl RedisStore {
         after: Option<UpdatedCursor>,
     ) -> AgentResult<Page<Task>> {
         let keys = self.keys(auth);
-        let index = by_update_index(&keys, filter.thread_id.as_ref(), filter.state);
+        let index = BY_UPDATE.matching(&keys, filter);
         let snapshot_prefix = keys.of(kind::TASK, "");
         let (max, after_id) = match &after {
             Some(after) => (after.micros.to_string(), after.task_id.to_string()),
@@ -177,20 +172,60 @@ fn listed_task(
     decode(&key, &snapshot)
 }
 
-/// The by-status-time index for a thread and state filter.
-fn by_update_index(
-    keys: &crate::keys::TenantKeys,
-    thread: Option<&ThreadId>,
-    state: Option<TaskState>,
-) -> String {
-    match (thread, state) {
-        (None, None) => keys.fixed(fixed::TASKS_BY_UPDATE),
-        (Some(thread), None) => keys.of(kind::TASKS_BY_UPDATE_THREAD, thread.as_str()),
-        (None, Some(state)) => keys.of(kind::TASKS_BY_UPDATE_STATE, state.as_str()),
-        (Some(thread), Some(state)) => keys.of(
-            kind::TASKS_BY_UPDATE_THREAD_STATE,
-            &format!("{}:{}", state.as_str(), thread.as_str()),
-        ),
+/// The four sorted-set indexes of one task order, scored alike: the tenant's tasks, and
+/// those of a thread, of a state, and of a state in a thread. Every filter combination has its
+/// own index, so a page costs O(log n + page).
+struct TaskIndexes {
+    all: &'static str,
+    by_thread: &'static str,
+    by_state: &'static str,
+    by_thread_state: &'static str,
+}
+
+/// The indexes scored by the per-tenant creation seq.
+const BY_CREATION: TaskIndexes = TaskIndexes {
+    all: fixed::TASKS,
+    by_thread: kind::TASKS_BY_THREAD,
+    by_state: kind::TASKS_BY_STATE,
+    by_thread_state: kind::TASKS_BY_THREAD_STATE,
+};
+
+/// The indexes scored by status time.
+const BY_UPDATE: TaskIndexes = TaskIndexes {
+    all: fixed::TASKS_BY_UPDATE,
+    by_thread: kind::TASKS_BY_UPDATE_THREAD,
+    by_state: kind::TASKS_BY_UPDATE_STATE,
+    by_thread_state: kind::TASKS_BY_UPDATE_THREAD_STATE,
+};
+
+impl TaskIndexes {
+    /// The index of the tasks of `thread` in `state`, either `None` meaning any.
+    fn of(&self, keys: &TenantKeys, thread: Option<&str>, state: Option<&str>) -> String {
+        match (thread, state) {
+            (None, None) => keys.fixed(self.all),
+            (Some(thread), None) => keys.of(self.by_thread, thread),
+            (None, Some(state)) => keys.of(self.by_state, state),
+            (Some(thread), Some(state)) => {
+                keys.of(self.by_thread_state, &format!("{state}:{thread}"))
+            }
+        }
+    }
+
+    /// The index that lists exactly the tasks `filter` asks for.
+    fn matching(&self, keys: &TenantKeys, filter: &ListTasksFilter) -> String {
+        let thread = filter.thread_id.as_ref().map(ThreadId::as_str);
+        self.of(keys, thread, filter.state.map(TaskState::as_str))
+    }
+
+    /// The four indexes that hold a task of `thread` in `state`, in the order the save
+    /// script takes them: all, by thread, by state, by both.
+    fn holding(&self, keys: &TenantKeys, thread: &str, state: &str) -> [String; 4] {
+        [
+            self.of(keys, None, None),
+            self.of(keys, Some(thread), None),
+            self.of(keys, None, Some(state)),
+            self.of(keys, Some(thread), Some(state)),
+        ]
     }
 }
 
@@ -216,16 +251,7 @@ impl TaskManager for RedisStore {
             }
         };
         let keys = self.keys(auth);
-        // Every filter combination has its own index, so a page costs O(log n + page).
-        let index = match (&filter.thread_id, filter.state) {
-            (None, None) => keys.fixed(fixed::TASKS),
-            (Some(thread), None) => keys.of(kind::TASKS_BY_THREAD, thread.as_str()),
-            (None, Some(state)) => keys.of(kind::TASKS_BY_STATE, state.as_str()),
-            (Some(thread), Some(state)) => keys.of(
-                kind::TASKS_BY_THREAD_STATE,
-                &format!("{}:{}", state.as_str(), thread.as_str()),
-            ),
-        };
+        let index = BY_CREATION.matching(&keys, filter);
         let snapshot_prefix = keys.of(kind::TASK, "");
         // One more than a page tells whether another page follows.
         let (total, rows): (u64, Vec<(String, String, Option<String>)>) = scripts::LIST_TASKS

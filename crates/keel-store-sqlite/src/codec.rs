@@ -34,6 +34,31 @@ pub(crate) fn select_row<T>(
         .context(what)
 }
 
+/// Every row `sql` selects with `params`, mapped by `row`, in order: the shape of every
+/// listing. `what` says what was being read, for the error.
+pub(crate) fn select_rows<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+    row: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
+    what: &str,
+) -> AgentResult<Vec<T>> {
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.query_map(params, row)?.collect())
+        .context(what)
+}
+
+/// The number a `SELECT COUNT(*)` statement `sql` gives with `params`.
+pub(crate) fn select_count(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+    what: &str,
+) -> AgentResult<usize> {
+    let count: Option<i64> = select_row(conn, sql, params, |row| row.get(0), what)?;
+    Ok(count.map_or(0, |n| usize::try_from(n).unwrap_or(0)))
+}
+
 /// The text of the one column `sql` selects with `params`, or `None` when no row matches.
 pub(crate) fn select_text(
     conn: &Connection,

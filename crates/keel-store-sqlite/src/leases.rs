@@ -32,8 +32,8 @@ pub(crate) fn check_fence(conn: &Connection, tenant: &str, lease: &Lease) -> Age
     lease.check_fence(current, Utc::now())
 }
 
-impl SqliteStore {
-    /// Take the thread's lease when it is free, or (`reclaim`) held by `holder` itself.
+#[async_trait]
+impl ThreadLeases for SqliteStore {
     async fn take_lease(
         &self,
         auth: &AuthContext,
@@ -87,29 +87,6 @@ impl SqliteStore {
             }))
         })
         .await
-    }
-}
-
-#[async_trait]
-impl ThreadLeases for SqliteStore {
-    async fn acquire_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-    ) -> AgentResult<Option<Lease>> {
-        self.take_lease(auth, thread_id, holder, ttl, false).await
-    }
-
-    async fn reclaim_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-    ) -> AgentResult<Option<Lease>> {
-        self.take_lease(auth, thread_id, holder, ttl, true).await
     }
 
     async fn renew_lease(

@@ -85,6 +85,7 @@ mod steps;
 mod tasks;
 mod threads;
 mod timers;
+mod workers;
 mod writer;
 
 use std::path::{Path, PathBuf};

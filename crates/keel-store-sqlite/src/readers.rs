@@ -34,7 +34,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::thread::JoinHandle;
 
 use keel_core::{AgentError, AgentResult};
 use rusqlite::{Connection, OpenFlags};
@@ -42,6 +41,7 @@ use tokio::sync::oneshot;
 
 use crate::codec::SqlContext;
 use crate::schema;
+use crate::workers::{self, ConnWork, Workers};
 
 /// How many reader threads (and read connections) a file database gets. Two, not one: a
 /// slow read (a long history, a large scan) then holds up only the reads batched with it,
@@ -103,8 +103,7 @@ type Job = Box<dyn ReadJob>;
 /// The reader threads of one database file. Dropping it closes the channel; the threads
 /// finish the reads already sent, close their connections and are joined.
 pub(crate) struct ReadPool {
-    jobs: Option<mpsc::Sender<Job>>,
-    threads: Vec<JoinHandle<()>>,
+    threads: Workers<Job>,
     counters: Arc<Counters>,
 }
 
@@ -121,28 +120,16 @@ impl ReadPool {
         let (jobs, receiver) = mpsc::channel::<Job>();
         let receiver = Arc::new(Mutex::new(receiver));
         let counters = Arc::new(Counters::default());
-        let mut pool = Self {
-            jobs: Some(jobs),
-            threads: Vec::with_capacity(READER_THREADS),
-            counters,
-        };
+        let mut threads = Workers::new(jobs);
         for (n, conn) in conns.into_iter().enumerate() {
-            let receiver = receiver.clone();
-            let counters = pool.counters.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("keel-sqlite-reader-{n}"))
-                .spawn(move || serve(conn, &receiver, &counters))
-                .map_err(|e| {
-                    AgentError::storage_source(
-                        "sqlite",
-                        format!("starting a reader thread for {location}"),
-                        e,
-                    )
-                })?;
-            // On an error above, dropping `pool` stops and joins the threads already started.
-            pool.threads.push(thread);
+            let (receiver, counters) = (receiver.clone(), counters.clone());
+            threads.spawn(
+                format!("keel-sqlite-reader-{n}"),
+                &format!("a reader thread for {location}"),
+                move || serve(conn, &receiver, &counters),
+            )?;
         }
-        Ok(pool)
+        Ok(Self { threads, counters })
     }
 
     /// The reader threads' counters.
@@ -152,42 +139,23 @@ impl ReadPool {
 
     /// Run `work` in a read transaction (one consistent snapshot for all its statements,
     /// shared with the other reads of its batch) on a reader thread.
-    pub(crate) async fn run<T, F>(&self, work: F) -> AgentResult<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> AgentResult<T> + Send + 'static,
-    {
+    pub(crate) async fn run<T: Send + 'static>(&self, work: impl ConnWork<T>) -> AgentResult<T> {
         self.submit(work)?.await.map_err(|_| stopped())?
     }
 
     /// Queue `work` for the reader threads; the receiver gets its answer. Separate from
     /// [`ReadPool::run`] so tests can queue reads without polling futures.
-    fn submit<T, F>(&self, work: F) -> AgentResult<oneshot::Receiver<AgentResult<T>>>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> AgentResult<T> + Send + 'static,
-    {
+    fn submit<T: Send + 'static>(
+        &self,
+        work: impl ConnWork<T>,
+    ) -> AgentResult<oneshot::Receiver<AgentResult<T>>> {
         let (reply, answer) = oneshot::channel();
         let job: Job = Box::new(Pending { work, reply });
-        let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
         self.counters.submitted.fetch_add(1, Ordering::Relaxed);
-        jobs.send(job).map_err(|_| stopped())?;
-        Ok(answer)
-    }
-}
-
-impl Drop for ReadPool {
-    fn drop(&mut self) {
-        // Closing the channel ends each thread's loop once the queue is empty.
-        drop(self.jobs.take());
-        let current = std::thread::current().id();
-        for thread in self.threads.drain(..) {
-            // Join so that dropping the store really closes the database. Never join from a
-            // reader thread itself (a read's closure could hold the last handle to the store).
-            if thread.thread().id() != current {
-                let _ = thread.join();
-            }
+        if !self.threads.send(job) {
+            return Err(stopped());
         }
+        Ok(answer)
     }
 }
 
@@ -217,15 +185,7 @@ fn next_batch(jobs: &Mutex<Receiver>) -> Option<Vec<Job>> {
     // batch runs, so another thread can take the next jobs meanwhile. The receiver cannot be
     // left inconsistent by a panic, so a poisoned lock is still usable.
     let jobs = jobs.lock().unwrap_or_else(|p| p.into_inner());
-    let first = jobs.recv().ok()?;
-    let mut batch = vec![first];
-    while batch.len() < MAX_BATCH {
-        match jobs.try_recv() {
-            Ok(job) => batch.push(job),
-            Err(_) => break,
-        }
-    }
-    Some(batch)
+    workers::next_batch(&jobs, MAX_BATCH)
 }
 
 /// Serve `batch` in one read transaction, answering each job as it finishes.
@@ -443,7 +403,7 @@ mod tests {
     async fn a_read_with_no_thread_left_is_a_storage_error() {
         let (_dir, _writer, mut pool) = pool();
         // As after the threads ended: the channel is closed.
-        drop(pool.jobs.take());
+        pool.threads.close();
         let err = pool.run(count).await.unwrap_err();
         assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
     }

@@ -9,7 +9,7 @@ use rusqlite::{params, params_from_iter};
 use serde::de::DeserializeOwned;
 
 use crate::codec::{
-    decode_record, encode_record, select_record, to_nanos, usize_to_sql, SqlContext,
+    decode_record, encode_record, select_record, select_rows, to_nanos, usize_to_sql, SqlContext,
 };
 use crate::SqliteStore;
 
@@ -65,17 +65,13 @@ impl SqliteStore {
         let (filter, mut args) = where_clause(auth.namespace(), query);
         args.push(SqlValue::Integer(usize_to_sql(limit)));
         self.read(move |conn| {
-            let rows: Vec<(i64, String)> = conn
-                .prepare_cached(&format!(
-                    "SELECT id, body FROM {table} WHERE {filter} ORDER BY {order} LIMIT ?"
-                ))
-                .and_then(|mut stmt| {
-                    stmt.query_map(params_from_iter(&args), |row| {
-                        Ok((row.get(0)?, row.get(1)?))
-                    })?
-                    .collect()
-                })
-                .context(&format!("searching {what}s"))?;
+            let rows: Vec<(i64, String)> = select_rows(
+                conn,
+                &format!("SELECT id, body FROM {table} WHERE {filter} ORDER BY {order} LIMIT ?"),
+                params_from_iter(&args),
+                |row| Ok((row.get(0)?, row.get(1)?)),
+                &format!("searching {what}s"),
+            )?;
             rows.into_iter()
                 .map(|(id, body)| decode_record(&body, &format!("{what} (row {id})")))
                 .collect()

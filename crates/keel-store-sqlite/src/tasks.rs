@@ -9,7 +9,8 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection};
 
 use crate::codec::{
-    decode_record, encode_record, select_record, to_sql_int, usize_to_sql, SqlContext,
+    decode_record, encode_record, select_count, select_record, select_rows, to_sql_int,
+    usize_to_sql, SqlContext,
 };
 use crate::SqliteStore;
 
@@ -118,11 +119,12 @@ fn filter_clauses(
 
 /// How many tasks match `filter_sql` (from [`filter_clauses`]) with `args`.
 fn count_tasks(conn: &Connection, filter_sql: &str, args: &[SqlValue]) -> AgentResult<usize> {
-    let total: i64 = conn
-        .prepare_cached(&format!("SELECT COUNT(*) FROM tasks WHERE {filter_sql}"))
-        .and_then(|mut stmt| stmt.query_row(params_from_iter(args), |row| row.get(0)))
-        .context("counting tasks")?;
-    Ok(usize::try_from(total).unwrap_or(0))
+    select_count(
+        conn,
+        &format!("SELECT COUNT(*) FROM tasks WHERE {filter_sql}"),
+        params_from_iter(args),
+        "counting tasks",
+    )
 }
 
 impl SqliteStore {
@@ -156,15 +158,13 @@ impl SqliteStore {
             page_sql.push_str(" ORDER BY updated_at DESC, task_id DESC LIMIT ?");
             // One row more than the page tells whether another page follows.
             page_args.push(SqlValue::Integer(usize_to_sql(page_size).saturating_add(1)));
-            let rows: Vec<(i64, String, String)> = conn
-                .prepare_cached(&page_sql)
-                .and_then(|mut stmt| {
-                    stmt.query_map(params_from_iter(&page_args), |row| {
-                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-                    })?
-                    .collect()
-                })
-                .context("listing tasks")?;
+            let rows: Vec<(i64, String, String)> = select_rows(
+                conn,
+                &page_sql,
+                params_from_iter(&page_args),
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                "listing tasks",
+            )?;
             Page::from_rows(rows, page_size, total, |(micros, task_id, body)| {
                 let task = decode_record(&body, &format!("task {task_id}"))?;
                 let task_id = TaskId::from(task_id);
@@ -179,10 +179,13 @@ impl SqliteStore {
 impl TaskManager for SqliteStore {
     async fn tenants(&self) -> AgentResult<Vec<AuthContext>> {
         self.read(|conn| {
-            let namespaces: Vec<String> = conn
-                .prepare_cached("SELECT DISTINCT tenant FROM tasks")
-                .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
-                .context("listing tenants")?;
+            let namespaces: Vec<String> = select_rows(
+                conn,
+                "SELECT DISTINCT tenant FROM tasks",
+                [],
+                |row| row.get(0),
+                "listing tenants",
+            )?;
             AuthContext::from_stored_namespaces(&namespaces, "the tasks table")
         })
         .await
@@ -224,18 +227,16 @@ impl TaskManager for SqliteStore {
             let mut page_args = args;
             page_args.push(SqlValue::Integer(after));
             page_args.push(SqlValue::Integer(usize_to_sql(page_size).saturating_add(1)));
-            let rows: Vec<(i64, String)> = conn
-                .prepare_cached(&format!(
+            let rows: Vec<(i64, String)> = select_rows(
+                conn,
+                &format!(
                     "SELECT seq, body FROM tasks WHERE {filter_sql} AND seq > ? \
                      ORDER BY seq LIMIT ?"
-                ))
-                .and_then(|mut stmt| {
-                    stmt.query_map(params_from_iter(&page_args), |row| {
-                        Ok((row.get(0)?, row.get(1)?))
-                    })?
-                    .collect()
-                })
-                .context("listing tasks")?;
+                ),
+                params_from_iter(&page_args),
+                |row| Ok((row.get(0)?, row.get(1)?)),
+                "listing tasks",
+            )?;
             Page::from_rows(rows, page_size, total, |(seq, body): (i64, String)| {
                 Ok((decode_record(&body, &format!("task (row {seq})"))?, seq))
             })
@@ -293,18 +294,14 @@ impl TaskManager for SqliteStore {
             if !task_exists(conn, &tenant, &task_id)? {
                 return Err(AgentError::TaskNotFound { task_id });
             }
-            let rows: Vec<(i64, String)> = conn
-                .prepare_cached(
-                    "SELECT seq, body FROM task_events WHERE tenant = ?1 AND task_id = ?2 \
-                     ORDER BY seq",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_map(params![tenant, task_id.as_str()], |row| {
-                        Ok((row.get(0)?, row.get(1)?))
-                    })?
-                    .collect()
-                })
-                .context("reading task events")?;
+            let rows: Vec<(i64, String)> = select_rows(
+                conn,
+                "SELECT seq, body FROM task_events WHERE tenant = ?1 AND task_id = ?2 \
+                 ORDER BY seq",
+                params![tenant, task_id.as_str()],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+                "reading task events",
+            )?;
             rows.into_iter()
                 .map(|(seq, body)| decode_record(&body, &format!("event {seq} of task {task_id}")))
                 .collect()

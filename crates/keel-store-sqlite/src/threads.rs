@@ -15,7 +15,8 @@ use serde_json::Value;
 
 use crate::codec::{
     decode_record, decode_value, encode_record, encode_value, from_nanos, from_sql_int,
-    select_record, select_text, to_nanos, to_sql_int, usize_to_sql, SqlContext,
+    select_count, select_record, select_rows, select_text, to_nanos, to_sql_int, usize_to_sql,
+    SqlContext,
 };
 use crate::leases::check_fence;
 use crate::SqliteStore;
@@ -124,24 +125,19 @@ impl ThreadHistory for SqliteStore {
     ) -> AgentResult<Vec<HistoryEntry>> {
         let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
         self.read(move |conn| {
-            let rows: Vec<(i64, String)> = conn
-                .prepare_cached(
-                    "SELECT seq, body FROM thread_history \
-                     WHERE tenant = ?1 AND thread_id = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_map(
-                        params![
-                            tenant,
-                            thread_id.as_str(),
-                            to_sql_int(after_seq),
-                            usize_to_sql(limit)
-                        ],
-                        |row| Ok((row.get(0)?, row.get(1)?)),
-                    )?
-                    .collect()
-                })
-                .context("reading a thread's history")?;
+            let rows: Vec<(i64, String)> = select_rows(
+                conn,
+                "SELECT seq, body FROM thread_history \
+                 WHERE tenant = ?1 AND thread_id = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4",
+                params![
+                    tenant,
+                    thread_id.as_str(),
+                    to_sql_int(after_seq),
+                    usize_to_sql(limit)
+                ],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+                "reading a thread's history",
+            )?;
             rows.into_iter()
                 .map(|(seq, body)| {
                     Ok(HistoryEntry {
@@ -207,19 +203,14 @@ impl ThreadQueue for SqliteStore {
     ) -> AgentResult<Vec<QueuedItem>> {
         let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
         self.read(move |conn| {
-            let rows: Vec<(String, i64, String, i64)> = conn
-                .prepare_cached(
-                    "SELECT id, seq, payload, enqueued_at FROM thread_queue \
-                     WHERE tenant = ?1 AND thread_id = ?2 ORDER BY seq LIMIT ?3",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_map(
-                        params![tenant, thread_id.as_str(), usize_to_sql(limit)],
-                        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
-                    )?
-                    .collect()
-                })
-                .context("reading a thread's queue")?;
+            let rows: Vec<(String, i64, String, i64)> = select_rows(
+                conn,
+                "SELECT id, seq, payload, enqueued_at FROM thread_queue \
+                 WHERE tenant = ?1 AND thread_id = ?2 ORDER BY seq LIMIT ?3",
+                params![tenant, thread_id.as_str(), usize_to_sql(limit)],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+                "reading a thread's queue",
+            )?;
             rows.into_iter()
                 .map(|(id, seq, payload, enqueued_at)| {
                     Ok(QueuedItem {
@@ -260,15 +251,12 @@ impl ThreadQueue for SqliteStore {
     async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
         let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
         self.read(move |conn| {
-            let n: i64 = conn
-                .prepare_cached(
-                    "SELECT COUNT(*) FROM thread_queue WHERE tenant = ?1 AND thread_id = ?2",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
-                })
-                .context("counting a thread's queue")?;
-            Ok(usize::try_from(n).unwrap_or(0))
+            select_count(
+                conn,
+                "SELECT COUNT(*) FROM thread_queue WHERE tenant = ?1 AND thread_id = ?2",
+                params![tenant, thread_id.as_str()],
+                "counting a thread's queue",
+            )
         })
         .await
     }
@@ -278,11 +266,12 @@ impl ThreadQueue for SqliteStore {
         // which the engine's per-tenant limit keeps few.
         let tenant = auth.namespace();
         self.read(move |conn| {
-            let n: i64 = conn
-                .prepare_cached("SELECT COUNT(*) FROM thread_queue WHERE tenant = ?1")
-                .and_then(|mut stmt| stmt.query_row(params![tenant], |row| row.get(0)))
-                .context("counting a tenant's queued work")?;
-            Ok(usize::try_from(n).unwrap_or(0))
+            select_count(
+                conn,
+                "SELECT COUNT(*) FROM thread_queue WHERE tenant = ?1",
+                params![tenant],
+                "counting a tenant's queued work",
+            )
         })
         .await
     }
@@ -290,10 +279,13 @@ impl ThreadQueue for SqliteStore {
     async fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>> {
         let tenant = auth.namespace();
         self.read(move |conn| {
-            let rows: Vec<String> = conn
-                .prepare_cached("SELECT DISTINCT thread_id FROM thread_queue WHERE tenant = ?1")
-                .and_then(|mut stmt| stmt.query_map(params![tenant], |row| row.get(0))?.collect())
-                .context("listing the threads with queued work")?;
+            let rows: Vec<String> = select_rows(
+                conn,
+                "SELECT DISTINCT thread_id FROM thread_queue WHERE tenant = ?1",
+                params![tenant],
+                |row| row.get(0),
+                "listing the threads with queued work",
+            )?;
             Ok(rows.into_iter().map(ThreadId::from).collect())
         })
         .await
@@ -352,15 +344,13 @@ impl ThreadKv for SqliteStore {
                 .and_then(|mut stmt| stmt.exists(params![tenant, thread_id.as_str(), key]))
                 .context("reading a thread key")?;
             if !exists {
-                let count: i64 = conn
-                    .prepare_cached(
-                        "SELECT COUNT(*) FROM thread_kv WHERE tenant = ?1 AND thread_id = ?2",
-                    )
-                    .and_then(|mut stmt| {
-                        stmt.query_row(params![tenant, thread_id.as_str()], |row| row.get(0))
-                    })
-                    .context("counting a thread's keys")?;
-                if count >= usize_to_sql(limits.max_keys) {
+                let count = select_count(
+                    conn,
+                    "SELECT COUNT(*) FROM thread_kv WHERE tenant = ?1 AND thread_id = ?2",
+                    params![tenant, thread_id.as_str()],
+                    "counting a thread's keys",
+                )?;
+                if count >= limits.max_keys {
                     return Err(limits.too_many_keys());
                 }
             }
@@ -380,14 +370,13 @@ impl ThreadKv for SqliteStore {
         self.read(move |conn| {
             // SQLite's default BINARY collation compares UTF-8 bytes, which is Rust's order
             // for strings: the keys come back sorted as the trait promises.
-            conn.prepare_cached(
+            select_rows(
+                conn,
                 "SELECT key FROM thread_kv WHERE tenant = ?1 AND thread_id = ?2 ORDER BY key",
+                params![tenant, thread_id.as_str()],
+                |row| row.get(0),
+                "listing a thread's keys",
             )
-            .and_then(|mut stmt| {
-                stmt.query_map(params![tenant, thread_id.as_str()], |row| row.get(0))?
-                    .collect()
-            })
-            .context("listing a thread's keys")
         })
         .await
     }
@@ -433,18 +422,14 @@ impl SubagentRegistry for SqliteStore {
     ) -> AgentResult<Vec<ChildThread>> {
         let (tenant, parent) = (auth.namespace(), parent.clone());
         self.read(move |conn| {
-            let rows: Vec<(String, String)> = conn
-                .prepare_cached(
-                    "SELECT thread_id, body FROM subagents \
-                     WHERE tenant = ?1 AND parent_thread_id = ?2 ORDER BY created_at, thread_id",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_map(params![tenant, parent.as_str()], |row| {
-                        Ok((row.get(0)?, row.get(1)?))
-                    })?
-                    .collect()
-                })
-                .context("listing subagents")?;
+            let rows: Vec<(String, String)> = select_rows(
+                conn,
+                "SELECT thread_id, body FROM subagents \
+                 WHERE tenant = ?1 AND parent_thread_id = ?2 ORDER BY created_at, thread_id",
+                params![tenant, parent.as_str()],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+                "listing subagents",
+            )?;
             rows.into_iter()
                 .map(|(thread_id, body)| decode_record(&body, &format!("subagent {thread_id}")))
                 .collect()

@@ -12,7 +12,8 @@ use rusqlite::params;
 use serde_json::Value;
 
 use crate::codec::{
-    decode_record, encode_record, from_nanos, select_row, to_nanos, usize_to_sql, SqlContext,
+    decode_record, encode_record, from_nanos, select_row, select_rows, to_nanos, usize_to_sql,
+    SqlContext,
 };
 use crate::SqliteStore;
 
@@ -75,18 +76,14 @@ impl ThreadTimers for SqliteStore {
     ) -> AgentResult<Vec<TimerRecord>> {
         let (tenant, thread) = (auth.namespace(), thread_id.as_str().to_owned());
         self.read(move |conn| {
-            let rows: Vec<(String, String, i64)> = conn
-                .prepare_cached(
-                    "SELECT id, body, attempts FROM thread_timers \
-                     WHERE tenant = ?1 AND thread_id = ?2 ORDER BY due_at, id",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_map(params![tenant, thread], |row| {
-                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-                    })?
-                    .collect()
-                })
-                .context("listing a thread's timers")?;
+            let rows: Vec<(String, String, i64)> = select_rows(
+                conn,
+                "SELECT id, body, attempts FROM thread_timers \
+                 WHERE tenant = ?1 AND thread_id = ?2 ORDER BY due_at, id",
+                params![tenant, thread],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                "listing a thread's timers",
+            )?;
             rows.iter()
                 .map(|(id, body, attempts)| timer_of(body, *attempts, id))
                 .collect()
@@ -106,19 +103,15 @@ impl ThreadTimers for SqliteStore {
         let agent = agent.to_owned();
         self.write(move |conn| {
             // '' marks a timer stored before timers had owners: any agent claims it.
-            let rows: Vec<(String, String, i64)> = conn
-                .prepare_cached(
-                    "SELECT id, body, attempts FROM thread_timers \
-                     WHERE agent IN (?3, '') AND ready_at <= ?1 \
-                     ORDER BY ready_at, id LIMIT ?2",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_map(params![now_n, limit, agent], |row| {
-                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-                    })?
-                    .collect()
-                })
-                .context("finding due timers")?;
+            let rows: Vec<(String, String, i64)> = select_rows(
+                conn,
+                "SELECT id, body, attempts FROM thread_timers \
+                 WHERE agent IN (?3, '') AND ready_at <= ?1 \
+                 ORDER BY ready_at, id LIMIT ?2",
+                params![now_n, limit, agent],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                "finding due timers",
+            )?;
             let mut claimed = Vec::with_capacity(rows.len());
             for (id, body, attempts) in rows {
                 let claim = uuid::Uuid::new_v4().simple().to_string();

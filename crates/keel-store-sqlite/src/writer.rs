@@ -22,11 +22,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use keel_core::{AgentError, AgentResult};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
+
+use crate::workers::{self, ConnWork, Workers};
 
 /// The most jobs one transaction takes. Bounds how long a batch holds the write lock and how
 /// much work one failed commit can throw away.
@@ -93,8 +94,7 @@ type Job = Box<dyn WriteJob>;
 /// The handle to the writer thread. Dropping it closes the channel; the thread finishes the
 /// jobs already sent, closes the connection and is joined.
 pub(crate) struct Writer {
-    jobs: Option<mpsc::Sender<Job>>,
-    thread: Option<JoinHandle<()>>,
+    thread: Workers<Job>,
     counters: Arc<Counters>,
 }
 
@@ -104,21 +104,13 @@ impl Writer {
         let (jobs, receiver) = mpsc::channel::<Job>();
         let counters = Arc::new(Counters::default());
         let thread_counters = counters.clone();
-        let thread = std::thread::Builder::new()
-            .name("keel-sqlite-writer".into())
-            .spawn(move || run(conn, receiver, &thread_counters))
-            .map_err(|e| {
-                AgentError::storage_source(
-                    "sqlite",
-                    format!("starting the writer thread for {location}"),
-                    e,
-                )
-            })?;
-        Ok(Self {
-            jobs: Some(jobs),
-            thread: Some(thread),
-            counters,
-        })
+        let mut thread = Workers::new(jobs);
+        thread.spawn(
+            "keel-sqlite-writer".into(),
+            &format!("the writer thread for {location}"),
+            move || run(conn, receiver, &thread_counters),
+        )?;
+        Ok(Self { thread, counters })
     }
 
     /// The writer's counters.
@@ -127,36 +119,19 @@ impl Writer {
     }
 
     /// Run `work` in the writer's transaction and answer once it is committed (or failed).
-    pub(crate) async fn run<T, F>(&self, work: F) -> AgentResult<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> AgentResult<T> + Send + 'static,
-    {
+    pub(crate) async fn run<T: Send + 'static>(&self, work: impl ConnWork<T>) -> AgentResult<T> {
         let (reply, answer) = oneshot::channel();
         let job: Job = Box::new(Pending {
             work: Some(work),
             result: None,
             reply,
         });
-        let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
         // Counted before sending, so `finished` never runs ahead of `submitted`.
         self.counters.submitted.fetch_add(1, Ordering::Relaxed);
-        jobs.send(job).map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
-    }
-}
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        // Closing the channel ends the thread's loop after the jobs already sent.
-        drop(self.jobs.take());
-        if let Some(thread) = self.thread.take() {
-            // Join so that dropping the store really closes the database (a reopen right
-            // after sees no second writer). Never join from the writer thread itself.
-            if thread.thread().id() != std::thread::current().id() {
-                let _ = thread.join();
-            }
+        if !self.thread.send(job) {
+            return Err(stopped());
         }
+        answer.await.map_err(|_| stopped())?
     }
 }
 
@@ -169,14 +144,7 @@ fn stopped() -> AgentError {
 
 /// The writer thread's loop: one batch per turn until every sender is gone.
 fn run(conn: Connection, jobs: mpsc::Receiver<Job>, counters: &Counters) {
-    while let Ok(first) = jobs.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match jobs.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
+    while let Some(batch) = workers::next_batch(&jobs, MAX_BATCH) {
         commit_batch(&conn, batch, counters);
     }
     tracing::debug!("SQLite writer thread stopping");

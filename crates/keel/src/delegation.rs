@@ -82,7 +82,7 @@ impl RemoteAgentTool {
 
     /// The tool's output for a remote task that rests.
     fn result_of(&self, task: &Task) -> AgentResult<Value> {
-        let answer = task.status().message.as_ref().map(Message::text);
+        let answer = task.status().text();
         match task.state() {
             TaskState::Completed | TaskState::InputRequired | TaskState::AuthRequired => {
                 let artifacts: Vec<Value> = task

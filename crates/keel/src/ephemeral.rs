@@ -226,7 +226,7 @@ async fn wait_for_rest(
         let task = executor.get_task(auth, task_id, None).await?;
         if idle {
             if let Some(rest) = TaskRest::of(&task, queued) {
-                let answer = task.status().message.as_ref().map(Message::text);
+                let answer = task.status().text();
                 return Ok(Outcome { task, rest, answer });
             }
         }
