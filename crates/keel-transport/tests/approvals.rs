@@ -15,7 +15,7 @@ use keel_policy::{CapabilityPolicy, CapabilityRule};
 use keel_runtime::AuthContext;
 use keel_transport::{Security, KEEL_APPROVAL_EXTENSION_URI};
 use serde_json::{json, Value};
-use support::{sse_events, TestServer, ALICE, BOB};
+use support::{sse_events, SendJson, TestServer, ALICE, BOB};
 
 /// A prompt that makes the offline model call the tool that needs approval.
 const WRITE: &str = "/write_record {\"id\": \"r1\"}";
@@ -211,17 +211,14 @@ async fn jsonrpc_approval_runs_the_action_and_the_run_records_who_decided() {
 async fn rest_denial_refuses_the_action_and_the_task_goes_on() {
     let server = ApprovalServer::start().await;
     let (task_id, request_id) = server.waiting_task().await;
-    let response = server
+    let answer: Value = server
         .http
         .post(format!("{}/message:send", server.base))
         .header("A2A-Version", "1.0")
         .header("X-API-Key", ALICE)
         .json(&json!({"message": message(vec![approval(&request_id, "deny", Some("not today"))], Some(&task_id))}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let answer: Value = response.json().await.unwrap();
+        .json_with_status(reqwest::StatusCode::OK)
+        .await;
     assert_eq!(
         answer["task"]["status"]["state"], "TASK_STATE_COMPLETED",
         "{answer}"
@@ -271,34 +268,14 @@ async fn a_streamed_approval_follows_the_resumed_turn_to_its_end() {
 
 #[tokio::test]
 async fn a_websocket_approval_answers_with_the_finished_task() {
-    use futures::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
-
     let server = ApprovalServer::start().await;
     let (task_id, request_id) = server.waiting_task().await;
-    let url = format!("{}/ws", server.base.replacen("http://", "ws://", 1));
-    let mut request = url.into_client_request().unwrap();
-    request
-        .headers_mut()
-        .insert("A2A-Version", "1.0".parse().unwrap());
-    request
-        .headers_mut()
-        .insert("X-API-Key", ALICE.parse().unwrap());
-    let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
-    let call = json!({"jsonrpc": "2.0", "id": "ws-1", "method": "SendMessage",
-        "params": {"message": message(vec![approval(&request_id, "approve", None)], Some(&task_id))}});
-    socket.send(Message::text(call.to_string())).await.unwrap();
-    let answer: Value = loop {
-        // Generous: the socket answers once the resumed run rests.
-        let frame = tokio::time::timeout(std::time::Duration::from_secs(60), socket.next())
-            .await
-            .expect("an answer")
-            .expect("the socket is open")
-            .unwrap();
-        if let Message::Text(text) = frame {
-            break serde_json::from_str(text.as_str()).unwrap();
-        }
-    };
+    let mut socket = support::connect_ws(&server.base, Some(ALICE)).await;
+    let params =
+        json!({"message": message(vec![approval(&request_id, "approve", None)], Some(&task_id))});
+    support::send_ws(&mut socket, "ws-1", "SendMessage", params).await;
+    // Generous: the socket answers once the resumed run rests.
+    let answer = support::next_ws(&mut socket, std::time::Duration::from_secs(60)).await;
     assert_eq!(answer["id"], "ws-1");
     assert_eq!(
         answer["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",

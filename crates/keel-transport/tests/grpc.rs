@@ -18,7 +18,7 @@ use keel_transport::grpc::tonic_types::StatusExt;
 use keel_transport::grpc::{from_json, proto, to_json, ProtoJson};
 use keel_transport::{A2aServer, AgentsServer, Security};
 use serde_json::{json, Value};
-use support::{user_message, TestServer, ALICE, BOB, SLEEP_30};
+use support::{user_message, SendJson, TestServer, ALICE, BOB, SLEEP_30};
 
 async fn client(server: &TestServer) -> A2aServiceClient<Channel> {
     A2aServiceClient::connect(server.base.clone())
@@ -413,18 +413,9 @@ async fn agents_under_a_path_list_no_grpc_interface() {
     let card: Value = reqwest::Client::new()
         .get(format!("{base}/agents/beta/.well-known/agent-card.json"))
         .header("A2A-Version", "1.0")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let bindings: Vec<&str> = card["supportedInterfaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["protocolBinding"].as_str().unwrap())
-        .collect();
+        .json_body()
+        .await;
+    let bindings = support::interface_fields(&card, "protocolBinding");
     assert_eq!(bindings, ["JSONRPC", "HTTP+JSON", "JSONRPC"], "{card}");
     let _ = stop.send(());
     serving.await.unwrap().unwrap();

@@ -9,7 +9,7 @@ use keel_runtime::testing::eventually;
 use keel_transport::{A2aClient, SendMessageOptions};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use support::{user_message, TestServer, SLEEP_30};
+use support::{user_message, SendJson, TestServer, SLEEP_30};
 
 /// The JSON-RPC envelope checks of this file, on the shared test server.
 impl TestServer {
@@ -161,12 +161,7 @@ async fn a_caller_without_a2a_version_gets_the_card_with_the_v0_3_fields() {
     assert_eq!(card["skills"][0]["tags"], json!(["demo"]));
     assert_eq!(card["defaultInputModes"], json!(["text/plain"]));
     // The v1.0 discovery stays, every interface with its protocol version.
-    let versions: Vec<&str> = card["supportedInterfaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["protocolVersion"].as_str().unwrap())
-        .collect();
+    let versions = support::interface_fields(&card, "protocolVersion");
     let v1_interfaces = if cfg!(feature = "grpc") { 3 } else { 2 };
     assert_eq!(versions.len(), v1_interfaces + 1);
     assert!(versions[..v1_interfaces].iter().all(|v| *v == "1.0"));
@@ -582,17 +577,14 @@ async fn endpoint_answers_with_and_without_a_trailing_slash() {
     .unwrap();
     // The card's url is `<base>/`; a client may also post to `<base>`.
     for url in [format!("{}/", server.base), server.base.clone()] {
-        let response = server
+        let answer: Value = server
             .http
             .post(&url)
             .header("A2A-Version", "1.0")
             .header("content-type", "application/json")
             .body(body.clone())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        let answer: Value = response.json().await.unwrap();
+            .json_with_status(StatusCode::OK)
+            .await;
         assert_eq!(
             answer["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
             "{url}"
@@ -643,17 +635,7 @@ async fn keel_client_round_trips_against_the_server() {
     assert_eq!(got.history.len(), 1);
 
     // Typed errors come back.
-    let err = client.cancel_task(&task.id, None).await.unwrap_err();
-    assert_eq!(
-        err,
-        AgentError::TaskNotCancelable {
-            task_id: task.id.clone(),
-            state: TaskState::Completed
-        }
-    );
-    let missing = TaskId::from("no-such-task");
-    let err = client.get_task(&missing, None).await.unwrap_err();
-    assert_eq!(err, AgentError::TaskNotFound { task_id: missing });
+    support::assert_typed_errors(&client, &task).await;
     let err = client
         .send_message(
             Message::new(Role::User, Vec::new()),
@@ -720,12 +702,8 @@ async fn shutdown_lets_a_blocked_send_message_answer_with_a_canceled_task() {
         http.post(url)
             .header("A2A-Version", "1.0")
             .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": user_message(SLEEP_30)}}))
-            .send()
+            .json_body()
             .await
-            .unwrap()
-            .json::<Value>()
-            .await
-            .unwrap()
     });
     // Wait until the run is in flight (the task exists and is running).
     let executor = server.executor.clone();
@@ -843,15 +821,12 @@ async fn the_card_is_cacheable_and_revalidates_with_its_etag() {
     assert_eq!(fresh.headers()["etag"].to_str().unwrap(), etag);
     assert!(fresh.bytes().await.unwrap().is_empty());
 
-    let stale = server
+    let card: Value = server
         .http
         .get(&url)
         .header("If-None-Match", "\"something-else\"")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stale.status(), StatusCode::OK);
-    let card: Value = stale.json().await.unwrap();
+        .json_with_status(StatusCode::OK)
+        .await;
     assert_eq!(card["name"], "echo");
     server.stop().await;
 }
@@ -860,17 +835,14 @@ async fn the_card_is_cacheable_and_revalidates_with_its_etag() {
 async fn a_json_rpc_body_that_is_not_json_by_its_content_type_is_refused_415() {
     let server = TestServer::start().await;
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "t"}});
-    let refused = server
+    let answer: Value = server
         .http
         .post(format!("{}/", server.base))
         .header("content-type", "text/plain")
         .header("A2A-Version", "1.0")
         .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(refused.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
-    let answer: Value = refused.json().await.unwrap();
+        .json_with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE)
+        .await;
     assert_eq!(answer["error"]["code"], -32005, "{answer}");
     assert_eq!(answer["id"], Value::Null);
     // JSON by either name, with parameters, is read.
@@ -881,12 +853,8 @@ async fn a_json_rpc_body_that_is_not_json_by_its_content_type_is_refused_415() {
             .header("content-type", content_type)
             .header("A2A-Version", "1.0")
             .body(body.to_string())
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+            .json_body()
+            .await;
         assert_eq!(read["error"]["code"], -32001, "{content_type}: {read}");
     }
 }

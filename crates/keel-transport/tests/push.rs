@@ -15,7 +15,7 @@ use keel_llm::MockLlm;
 use keel_runtime::testing::eventually;
 use keel_runtime::{Runtime, Services};
 use serde_json::{json, Value};
-use support::{user_message, TestServer, SLEEP_30};
+use support::{user_message, SendJson, TestServer, SLEEP_30};
 
 /// A webhook that records what it receives; it can fail the next `fail_next` requests, or
 /// every request while `fail_all` is set.
@@ -126,7 +126,7 @@ async fn the_four_config_operations_work_on_both_bindings() {
                "authentication": {"scheme": "Bearer", "credentials": "secret"}}),
         "{created}"
     );
-    let rest = server
+    let c2: Value = server
         .http
         .post(format!(
             "{}/tasks/{task_id}/pushNotificationConfigs",
@@ -134,11 +134,8 @@ async fn the_four_config_operations_work_on_both_bindings() {
         ))
         .header("content-type", "application/a2a+json")
         .body(json!({"url": url}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(rest.status(), 200);
-    let c2: Value = rest.json().await.unwrap();
+        .json_with_status(reqwest::StatusCode::OK)
+        .await;
     let c2_id = c2["id"].as_str().expect("a generated id").to_owned();
     assert_eq!(c2["taskId"], task_id.as_str());
 
@@ -155,12 +152,8 @@ async fn the_four_config_operations_work_on_both_bindings() {
             "{}/tasks/{task_id}/pushNotificationConfigs/{c2_id}",
             server.base
         ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .json_body()
+        .await;
     assert_eq!(got["url"], url.as_str());
 
     let list: Value = server
@@ -169,12 +162,8 @@ async fn the_four_config_operations_work_on_both_bindings() {
             "{}/tasks/{task_id}/pushNotificationConfigs",
             server.base
         ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .json_body()
+        .await;
     assert_eq!(list["configs"].as_array().unwrap().len(), 2, "{list}");
 
     let deleted = server

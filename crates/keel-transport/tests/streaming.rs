@@ -7,7 +7,7 @@ use futures::StreamExt;
 use keel_core::{AgentError, Message, TaskState};
 use keel_transport::{A2aClient, Binding, StreamEvent};
 use serde_json::{json, Value};
-use support::{sse_events, user_message, TestServer, SLEEP_30};
+use support::{sse_events, user_message, SendJson, TestServer, SLEEP_30};
 
 fn state_of(result: &Value) -> Option<&str> {
     result["statusUpdate"]["status"]["state"]
@@ -18,14 +18,12 @@ fn state_of(result: &Value) -> Option<&str> {
 #[tokio::test]
 async fn jsonrpc_stream_starts_with_the_task_carries_updates_and_ends_after_completed() {
     let server = TestServer::start().await;
-    let response = server
-        .rpc_with(
-            Some("1.0"),
+    let events = server
+        .rpc_stream(
             "SendStreamingMessage",
             json!({"message": user_message("hello")}),
         )
         .await;
-    let events = sse_events(response).await;
     assert!(events.len() >= 3, "{events:?}");
     for (_, envelope) in &events {
         assert_eq!(envelope["jsonrpc"], "2.0");
@@ -161,18 +159,15 @@ async fn subscribe_to_a_terminal_task_is_unsupported_operation_before_any_stream
         "TASK_STATE_COMPLETED"
     );
 
-    let response = server
+    let answer: Value = server
         .http
         .get(format!(
             "{}/tasks/{}:subscribe",
             server.base,
             done["id"].as_str().unwrap()
         ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 400);
-    let answer: Value = response.json().await.unwrap();
+        .json_with_status(reqwest::StatusCode::BAD_REQUEST)
+        .await;
     assert_eq!(
         answer["error"]["details"][0]["reason"],
         "UNSUPPORTED_OPERATION"

@@ -17,7 +17,7 @@ use keel_runtime::{AuthContext, Runtime};
 use keel_transport::{A2aServer, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use support::{ALICE, BOB};
+use support::{SendJson, ALICE, BOB};
 
 const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
@@ -155,29 +155,23 @@ async fn missing_scoped_variables_are_described_and_provided_over_http_in_the_ca
     assert_unknown_request(hinted).await;
 
     // Alice sees what is missing.
-    let described = http
+    let described: Value = http
         .get(&url)
         .header("X-API-Key", ALICE)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(described.status(), StatusCode::OK);
-    let described: Value = described.json().await.unwrap();
+        .json_with_status(StatusCode::OK)
+        .await;
     assert_eq!(described["missing"], json!(["API_TOKEN"]));
     assert_eq!(described["name"], "alpha");
     assert_eq!(described["subagent"], "researcher");
     assert_eq!(described["request_id"], json!(request_id));
 
     // A body lacking the variable, or no JSON at all: 400, nothing starts.
-    let lacking = http
+    let lacking: Value = http
         .post(&url)
         .header("X-API-Key", ALICE)
         .json(&json!({"variables": {}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(lacking.status(), StatusCode::BAD_REQUEST);
-    let lacking: Value = lacking.json().await.unwrap();
+        .json_with_status(StatusCode::BAD_REQUEST)
+        .await;
     assert!(lacking["error"]["message"]
         .as_str()
         .unwrap()
