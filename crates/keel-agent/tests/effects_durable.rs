@@ -9,11 +9,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use keel_agent::reads::{Reads, TaskQuery};
 use keel_agent::{Agent, AgentExecutor, EffectConfig, ExecutorConfig, SendOptions};
 use keel_core::{AgentCard, Message, Task, TaskState, ThreadId};
 use keel_llm::MockLlm;
 use keel_runtime::testing::eventually;
-use keel_runtime::{AuthContext, ListTasksFilter, Runtime};
+use keel_runtime::{AuthContext, Runtime};
 use serde_json::{json, Value};
 
 fn card() -> AgentCard {
@@ -52,21 +53,13 @@ async fn task_in_state(
     thread: &ThreadId,
     state: TaskState,
 ) -> Option<Task> {
-    runtime
-        .task_manager()
-        .list_tasks(
-            auth,
-            &ListTasksFilter {
-                thread_id: Some(thread.clone()),
-                state: Some(state),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .next()
+    let query = TaskQuery {
+        thread_id: Some(thread.clone()),
+        state: Some(state),
+        ..TaskQuery::default()
+    };
+    let page = Reads::new(runtime.clone()).tasks(auth, &query).await.unwrap();
+    page.items.into_iter().next()
 }
 
 #[tokio::test(flavor = "multi_thread")]

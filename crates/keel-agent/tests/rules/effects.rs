@@ -5,13 +5,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use keel_agent::reads::TaskQuery;
 use keel_agent::{Agent, AgentExecutor, FnTool};
 use keel_core::{AgentCard, AgentError, Message, Task, TaskState, ThreadId};
 use keel_events::{EventSink, InMemoryEventSink};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
 use keel_runtime::testing::eventually;
 use keel_runtime::{
-    AuthContext, ClaimedTimer, ListTasksFilter, RunQuery, Runtime, Services, ThreadTimers,
+    AuthContext, ClaimedTimer, RunQuery, Runtime, Services, ThreadTimers,
     TimerRecord,
 };
 use serde_json::{json, Value};
@@ -58,22 +59,14 @@ fn started(agent: Agent) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>)
 }
 
 async fn completed_turn(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId) -> Task {
+    let reads = exec.reads();
+    let query = TaskQuery {
+        thread_id: Some(thread.clone()),
+        state: Some(TaskState::Completed),
+        ..TaskQuery::default()
+    };
     eventually("a completed turn", || async {
-        exec.runtime()
-            .task_manager()
-            .list_tasks(
-                auth,
-                &ListTasksFilter {
-                    thread_id: Some(thread.clone()),
-                    state: Some(TaskState::Completed),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .next()
+        reads.tasks(auth, &query).await.unwrap().items.into_iter().next()
     })
     .await
 }

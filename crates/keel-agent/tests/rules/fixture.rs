@@ -33,6 +33,16 @@ pub(crate) async fn start(exec: &AgentExecutor, auth: &AuthContext, message: Mes
     .unwrap()
 }
 
+/// Send `text` on `thread` and wait for the task's answer.
+pub(crate) async fn send_in(
+    exec: &AgentExecutor,
+    auth: &AuthContext,
+    thread: &keel_core::ThreadId,
+    text: &str,
+) -> Task {
+    send(exec, auth, Message::user(text).in_thread(thread.clone())).await
+}
+
 /// Everything `thread`'s store holds of its history, oldest first.
 pub(crate) async fn stored_history(
     exec: &AgentExecutor,

@@ -12,7 +12,7 @@ use keel_runtime::testing::eventually;
 use keel_runtime::{AuthContext, ChildThread, ListTasksFilter, Runtime};
 use serde_json::json;
 use tokio::sync::Notify;
-use super::fixture::{start};
+use super::fixture::{send_in, start};
 
 fn card(name: &str) -> AgentCard {
     AgentCard::new(name, "subagent tests", "http://127.0.0.1:0")
@@ -42,6 +42,45 @@ fn create(name: &str, message: &str) -> MockResponse {
         "subagent_create",
         json!({"name": name, "message": message}),
     )])
+}
+
+/// A `subagent_create` call that does not wait for the child: its result comes later.
+fn create_background(name: &str, message: &str) -> MockResponse {
+    MockResponse::ToolCalls(vec![ToolCall::new(
+        "subagent_create",
+        json!({"name": name, "message": message, "wait": false}),
+    )])
+}
+
+/// Wait until `thread`'s history, as `exec` reads it, satisfies `holds` (`what` says how).
+async fn until_history(
+    exec: &AgentExecutor,
+    auth: &AuthContext,
+    thread: &ThreadId,
+    what: &str,
+    holds: impl Fn(&[LlmMessage]) -> bool,
+) {
+    let holds = &holds;
+    eventually(what, move || async move { holds(&history(exec, auth, thread).await) }).await
+}
+
+/// Whether `history` holds a message that contains `text`.
+fn mentions(history: &[LlmMessage], text: &str) -> bool {
+    history.iter().any(|m| m.content.contains(text))
+}
+
+/// Whether the parent's history holds alpha's result and its model's answer to it.
+fn answered_alpha(history: &[LlmMessage]) -> bool {
+    mentions(history, "[subagent alpha] completed: You said: find A")
+        && history.iter().any(|m| m.role == LlmRole::Assistant && m.content == "thanks, alpha")
+}
+
+/// Wait until the first child of `state`'s thread has `status` in the registry.
+async fn until_first_child_is(state: &keel_agent::ThreadState, status: &str) {
+    eventually(&format!("the child to be {status}"), move || async move {
+        state.children().await.unwrap()[0].status == status
+    })
+    .await
 }
 
 async fn tool_results(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId) -> Vec<String> {
@@ -209,10 +248,7 @@ async fn a_background_child_queues_its_result_to_the_parent_with_auto_communicat
         &runtime,
         spec,
         vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "find A", "wait": false}),
-            )]),
+            create_background("alpha", "find A"),
             MockResponse::Text("started".into()),
             MockResponse::Text("got it".into()),
         ],
@@ -220,13 +256,10 @@ async fn a_background_child_queues_its_result_to_the_parent_with_auto_communicat
     let task = ask(&exec, &auth, "go").await;
     assert_eq!(task.state(), TaskState::Completed);
     let thread = task.thread_id.clone();
-    eventually("the condition", || {
-        let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
-        async move {
-            history(&exec, &auth, &thread).await.iter().any(|m| {
-                m.role == LlmRole::User && m.content.contains("[subagent alpha] completed: You said: find A")
-            })
-        }
+    until_history(&exec, &auth, &thread, "the child's result", |history| {
+        history.iter().any(|m| {
+            m.role == LlmRole::User && m.content.contains("[subagent alpha] completed: You said: find A")
+        })
     })
     .await;
     let history = history(&exec, &auth, &thread).await;
@@ -244,25 +277,15 @@ async fn explicit_parent_communication_queues_nothing() {
         &runtime,
         spec,
         vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "find A", "wait": false}),
-            )]),
+            create_background("alpha", "find A"),
             MockResponse::Text("started".into()),
         ],
     );
     let task = ask(&exec, &auth, "go").await;
     let thread = task.thread_id.clone();
     let state = exec.thread(&auth, thread.clone());
-    eventually("the condition", || {
-        let state = state.clone();
-        async move { state.children().await.unwrap()[0].status == "terminated" }
-    })
-    .await;
-    assert!(!history(&exec, &auth, &thread)
-        .await
-        .iter()
-        .any(|m| m.content.contains("[subagent alpha]")));
+    until_first_child_is(&state, "terminated").await;
+    assert!(!mentions(&history(&exec, &auth, &thread).await, "[subagent alpha]"));
     assert_eq!(
         runtime.thread_store().queue_len(&auth, &thread).await.unwrap(),
         0
@@ -316,16 +339,12 @@ async fn canceling_the_parent_cancels_the_child_it_waits_for() {
     let canceled = exec.cancel_task(&auth, &task.id, None).await.unwrap();
     assert_eq!(canceled.state(), TaskState::Canceled);
     let children = exec.thread(&auth, task.thread_id).children().await.unwrap();
-    let child = children[0].clone();
-    let (rt, auth2) = (runtime.clone(), auth.clone());
-    eventually("the condition", || {
-        let (rt, auth, child) = (rt.clone(), auth2.clone(), child.clone());
-        async move {
-            child_tasks(&rt, &auth, &child)
-                .await
-                .iter()
-                .all(|t| t.state() == TaskState::Canceled)
-        }
+    let (runtime, auth, child) = (&runtime, &auth, &children[0]);
+    eventually("the child's task to be canceled", move || async move {
+        child_tasks(runtime, auth, child)
+            .await
+            .iter()
+            .all(|t| t.state() == TaskState::Canceled)
     })
     .await;
 }
@@ -358,16 +377,6 @@ fn scoped_reader(var: &'static str, seen: Arc<std::sync::Mutex<Vec<Option<String
             Ok(json!("checked"))
         }
     })
-}
-
-async fn send_in(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId, text: &str) -> Task {
-    exec.send_message(
-        auth,
-        Message::user(text).in_thread(thread.clone()),
-        SendOptions::default(),
-    )
-    .await
-    .unwrap()
 }
 
 #[tokio::test]
@@ -519,10 +528,7 @@ async fn a_background_childs_queued_result_carries_its_copied_attachments() {
         &runtime,
         spec,
         vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "write it", "wait": false}),
-            )]),
+            create_background("alpha", "write it"),
             MockResponse::Text("started".into()),
             MockResponse::Text("got it".into()),
         ],
@@ -530,15 +536,12 @@ async fn a_background_childs_queued_result_carries_its_copied_attachments() {
     let task = ask(&exec, &auth, "go").await;
     let thread = task.thread_id.clone();
     let prefix = format!("keel-attachment://{thread}/");
-    eventually("the condition", || {
-        let (exec, auth, thread, prefix) = (exec.clone(), auth.clone(), thread.clone(), prefix.clone());
-        async move {
-            history(&exec, &auth, &thread).await.iter().any(|m| {
-                m.role == LlmRole::User
-                    && m.content.contains("[subagent alpha] completed")
-                    && m.content.contains(&prefix)
-            })
-        }
+    until_history(&exec, &auth, &thread, "the result with its attachment", |history| {
+        history.iter().any(|m| {
+            m.role == LlmRole::User
+                && m.content.contains("[subagent alpha] completed")
+                && m.content.contains(&prefix)
+        })
     })
     .await;
     let files = exec.thread(&auth, thread).attachments().await.unwrap();
@@ -761,14 +764,10 @@ async fn missing_scoped_variables_defer_the_subagent_until_they_are_provided() {
     assert_eq!(exec.pending_variables(&auth, &thread, &request_id).await.unwrap(), None);
     assert_eq!(exec.provide_variables(&auth, &thread, &request_id, &values).await.unwrap(), None);
     // The child ran with the value, and its result reached the parent (auto communication).
-    eventually("the condition", || {
-        let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
-        async move {
-            history(&exec, &auth, &thread)
-                .await
-                .iter()
-                .any(|m| m.role == LlmRole::User && m.content.contains("[subagent alpha] completed: found A"))
-        }
+    until_history(&exec, &auth, &thread, "the child's result", |history| {
+        history
+            .iter()
+            .any(|m| m.role == LlmRole::User && m.content.contains("[subagent alpha] completed: found A"))
     })
     .await;
     assert_eq!(seen.lock().unwrap().as_slice(), [Some("tok-42".to_owned())]);
@@ -808,21 +807,14 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
         &runtime,
         spec,
         vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "work", "wait": false}),
-            )]),
+            create_background("alpha", "work"),
             MockResponse::Text("started".into()),
             MockResponse::Text("noted".into()),
         ],
     );
     let task = ask(&exec, &auth, "go").await;
     let state = exec.thread(&auth, task.thread_id.clone());
-    eventually("the condition", || {
-        let state = state.clone();
-        async move { state.children().await.unwrap()[0].status == "halfway" }
-    })
-    .await;
+    until_first_child_is(&state, "halfway").await;
     let kid = state.children().await.unwrap()[0].clone();
     let running = child_tasks(&runtime, &auth, &kid).await;
     assert!(running.iter().all(|t| !t.state().is_terminal()), "the child goes on");
@@ -830,11 +822,7 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
     assert_eq!(status.len(), 1);
     assert_eq!(status[0]["status"], "halfway");
     release.notify_one();
-    eventually("the condition", || {
-        let state = state.clone();
-        async move { state.children().await.unwrap()[0].status == "completed" }
-    })
-    .await;
+    until_first_child_is(&state, "completed").await;
 }
 
 #[tokio::test]
@@ -928,10 +916,7 @@ async fn a_background_childs_result_reaches_the_parent_after_the_spawning_proces
     // Process one: its child executor takes no work any more, so the child's task is only
     // persisted and queued when the parent's tool sends it; then the process goes away.
     let (first, first_child) = build(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new(
-            "subagent_create",
-            json!({"name": "alpha", "message": "find A", "wait": false}),
-        )]),
+        create_background("alpha", "find A"),
         MockResponse::Text("started".into()),
     ]);
     first_child.shutdown().await;
@@ -950,15 +935,7 @@ async fn a_background_childs_result_reaches_the_parent_after_the_spawning_proces
     // own completion path queues the result on the parent, whose executor runs it.
     let (second, second_child) = build(vec![MockResponse::Text("thanks, alpha".into())]);
     assert_eq!(second_child.recover(&auth).await.unwrap(), 1);
-    eventually("the condition", || {
-        let (exec, auth, thread) = (second.clone(), auth.clone(), thread.clone());
-        async move {
-            let history = history(&exec, &auth, &thread).await;
-            history.iter().any(|m| m.content.contains("[subagent alpha] completed: You said: find A"))
-                && history.iter().any(|m| m.role == LlmRole::Assistant && m.content == "thanks, alpha")
-        }
-    })
-    .await;
+    until_history(&second, &auth, &thread, "the parent's answer to the result", answered_alpha).await;
     let kid = second.thread(&auth, thread).children().await.unwrap()[0].clone();
     assert_eq!(kid.status, "terminated");
 }
@@ -987,23 +964,16 @@ async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
         &runtime,
         spec,
         vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "work", "wait": false}),
-            )]),
+            create_background("alpha", "work"),
             MockResponse::Text("started".into()),
             MockResponse::Text("parent saw it".into()),
         ],
     );
     let task = ask(&exec, &auth, "go").await;
     let thread = task.thread_id.clone();
-    eventually("the condition", || {
-        let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
-        async move {
-            let history = history(&exec, &auth, &thread).await;
-            let at = history.iter().position(|m| m.content.contains("progress: 50%"));
-            at.is_some_and(|i| history[i + 1..].iter().any(|m| m.role == LlmRole::Assistant && m.content == "parent saw it"))
-        }
+    until_history(&exec, &auth, &thread, "the parent's answer to the note", |history| {
+        let at = history.iter().position(|m| m.content.contains("progress: 50%"));
+        at.is_some_and(|i| history[i + 1..].iter().any(|m| m.role == LlmRole::Assistant && m.content == "parent saw it"))
     })
     .await;
     let history = history(&exec, &auth, &thread).await;
@@ -1069,10 +1039,7 @@ async fn a_background_child_canceled_before_it_ran_still_reports_to_its_parent()
         &runtime,
         SubagentSpec::new("researcher", child.clone()),
         vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "find A", "wait": false}),
-            )]),
+            create_background("alpha", "find A"),
             MockResponse::Text("started".into()),
             MockResponse::Text("alpha is gone".into()),
         ],
@@ -1083,14 +1050,8 @@ async fn a_background_child_canceled_before_it_ran_still_reports_to_its_parent()
     let queued = child_tasks(&runtime, &auth, &kid).await[0].clone();
     let canceled = child.cancel_task(&auth, &queued.id, Some("not needed".into())).await.unwrap();
     assert_eq!(canceled.state(), TaskState::Canceled);
-    eventually("the condition", || {
-        let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
-        async move {
-            history(&exec, &auth, &thread)
-                .await
-                .iter()
-                .any(|m| m.content.contains("[subagent alpha] was canceled"))
-        }
+    until_history(&exec, &auth, &thread, "the cancel report", |history| {
+        mentions(history, "[subagent alpha] was canceled")
     })
     .await;
     let kid = exec.thread(&auth, thread).children().await.unwrap()[0].clone();
@@ -1116,10 +1077,7 @@ async fn a_background_childs_result_wakes_a_parent_executor_in_another_process()
     first_child.shutdown().await;
     let first = parent_of(
         vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "find A", "wait": false}),
-            )]),
+            create_background("alpha", "find A"),
             MockResponse::Text("started".into()),
         ],
         first_child.clone(),
@@ -1142,15 +1100,7 @@ async fn a_background_childs_result_wakes_a_parent_executor_in_another_process()
     // result it queues on the parent thread must reach process two through the store.
     let third_child = child_executor(&runtime);
     assert_eq!(third_child.recover(&auth).await.unwrap(), 1);
-    eventually("the condition", || {
-        let (exec, auth, thread) = (second.clone(), auth.clone(), thread.clone());
-        async move {
-            let history = history(&exec, &auth, &thread).await;
-            history.iter().any(|m| m.content.contains("[subagent alpha] completed: You said: find A"))
-                && history.iter().any(|m| m.role == LlmRole::Assistant && m.content == "thanks, alpha")
-        }
-    })
-    .await;
+    until_history(&second, &auth, &thread, "the parent's answer to the result", answered_alpha).await;
     assert_eq!(runtime.thread_store().queue_len(&auth, &thread).await.unwrap(), 0);
     second.shutdown().await;
     third_child.shutdown().await;
