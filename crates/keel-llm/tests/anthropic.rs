@@ -5,7 +5,7 @@
 mod support;
 
 use keel_llm::providers::AnthropicLlm;
-use keel_llm::{Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent};
+use keel_llm::{Llm, LlmErrorKind, LlmMessage, LlmStreamEvent};
 use serde_json::{json, Value};
 use support::*;
 
@@ -70,10 +70,7 @@ async fn tool_use_round_trips_and_results_share_one_user_turn() {
     .await;
     let llm = llm(&server.url);
     let mut messages = vec![LlmMessage::user("Paris and Rome?")];
-    let first = llm
-        .complete(LlmRequest::new(messages.clone()).with_tools(vec![weather_tool()]))
-        .await
-        .unwrap();
+    let first = ask_about_weather(&llm, messages.clone()).await;
     assert_eq!(first.content.as_deref(), Some("Checking both."));
     assert_eq!(first.tool_calls.len(), 2);
     assert_eq!(first.tool_calls[0].id, "toolu_1");
@@ -85,9 +82,7 @@ async fn tool_use_round_trips_and_results_share_one_user_turn() {
     ));
     messages.push(LlmMessage::tool_result(&first.tool_calls[0], "20C"));
     messages.push(LlmMessage::tool_result(&first.tool_calls[1], "25C"));
-    llm.complete(LlmRequest::new(messages).with_tools(vec![weather_tool()]))
-        .await
-        .unwrap();
+    ask_about_weather(&llm, messages).await;
     let sent = &server.requests()[1].body["messages"];
     assert_eq!(
         sent[1],
@@ -232,8 +227,7 @@ async fn stream_reassembles_split_frames_and_tool_input_deltas() {
 async fn a_stream_cut_before_message_stop_is_a_transport_error() {
     let body = sse_body();
     let cut = body.find("event: message_delta").unwrap();
-    let server = serve(vec![Reply::Chunks(vec![body[..cut].to_owned()])]).await;
-    stream_fails(&llm(&server.url), LlmErrorKind::Transport).await;
+    stream_cut_at(&body, cut, llm).await;
 }
 
 #[tokio::test]

@@ -81,10 +81,7 @@ async fn function_calls_round_trip_as_function_responses() {
     .await;
     let llm = llm(&server.url);
     let mut messages = vec![LlmMessage::user("Paris?")];
-    let first = llm
-        .complete(LlmRequest::new(messages.clone()).with_tools(vec![weather_tool()]))
-        .await
-        .unwrap();
+    let first = ask_about_weather(&llm, messages.clone()).await;
     assert_eq!(first.tool_calls[0].name, "get_weather");
     assert_eq!(first.tool_calls[0].arguments, json!({"city": "Paris"}));
     messages.push(LlmMessage::assistant("", first.tool_calls.clone()));
@@ -177,8 +174,7 @@ async fn stream_uses_alt_sse_and_reassembles_split_frames() {
 async fn a_stream_cut_before_the_finish_reason_is_a_transport_error() {
     let body = sse_body();
     let last = body.rfind("data:").unwrap();
-    let server = serve(vec![Reply::Chunks(vec![body[..last].to_owned()])]).await;
-    stream_fails(&llm(&server.url), LlmErrorKind::Transport).await;
+    stream_cut_at(&body, last, llm).await;
 }
 
 #[tokio::test]

@@ -242,6 +242,23 @@ pub async fn stream_fails(llm: &impl Llm, kind: LlmErrorKind) -> AgentError {
     err
 }
 
+/// One call offering [`weather_tool`], over `messages`; the call must succeed.
+pub async fn ask_about_weather(llm: &impl Llm, messages: Vec<LlmMessage>) -> LlmResponse {
+    let request = LlmRequest::new(messages).with_tools(vec![weather_tool()]);
+    llm.complete(request).await.unwrap()
+}
+
+/// A server that streams `body` cut short at `cut`, and the error the stream of `llm` (made
+/// for the server's URL) reports: a transport error, whatever the provider.
+pub async fn stream_cut_at<L: Llm>(
+    body: &str,
+    cut: usize,
+    llm: impl FnOnce(&str) -> L,
+) -> AgentError {
+    let server = serve(vec![Reply::Chunks(vec![body[..cut].to_owned()])]).await;
+    stream_fails(&llm(&server.url), LlmErrorKind::Transport).await
+}
+
 /// Every event of a stream that must not fail, and the response its final event holds.
 pub async fn stream_events(
     llm: &impl Llm,
