@@ -17,29 +17,20 @@ use keel_transport::{A2aServer, StreamEvent};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-#[tokio::test]
-async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors() {
-    // The tool server: acknowledges, then calls back a little later.
-    let (tx, mut seen) = mpsc::unbounded_channel::<AsyncInvocation>();
+/// A tool server on 127.0.0.1:0 that acknowledges each invocation, hands it to the test,
+/// and gives it to `then` (which may play the tool's callback): its endpoint and the
+/// invocations it received.
+async fn tool_server(
+    then: impl Fn(AsyncInvocation) + Clone + Send + Sync + 'static,
+) -> (String, mpsc::UnboundedReceiver<AsyncInvocation>) {
+    let (tx, seen) = mpsc::unbounded_channel::<AsyncInvocation>();
     let tool_app = axum::Router::new().route(
         "/invoke",
         axum::routing::post(move |axum::Json(inv): axum::Json<AsyncInvocation>| {
-            let tx = tx.clone();
+            let (tx, then) = (tx.clone(), then.clone());
             async move {
                 let _ = tx.send(inv.clone());
-                tokio::spawn(async move {
-                    // The remote job's own latency (the callback comes after the
-                    // acknowledgement), not a wait for a state.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    let response = reqwest::Client::new()
-                        .post(&inv.callback_url)
-                        .header(CALLBACK_SECRET_HEADER, &inv.callback_secret)
-                        .json(&json!({"output": {"report": "ready"}}))
-                        .send()
-                        .await
-                        .unwrap();
-                    assert_eq!(response.status(), 202);
-                });
+                then(inv);
                 axum::http::StatusCode::ACCEPTED
             }
         }),
@@ -47,12 +38,15 @@ async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors()
     let tool_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}/invoke", tool_listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(tool_listener, tool_app).await });
+    (endpoint, seen)
+}
 
-    // The Keel server, whose address is the callback base URL.
+/// The Keel server of an agent whose `report` tool is the asynchronous HTTP tool at
+/// `endpoint`, its callbacks addressed to the server itself: its base URL and executor.
+async fn report_server(endpoint: String) -> (String, AgentExecutor) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let runtime: Arc<dyn Runtime> = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
-    let auth = runtime.auth_service().auth_context();
     let agent = Agent::builder(AgentCard::new("rap", "async tools", &base))
         .llm(MockLlm::scripted(vec![
             MockResponse::ToolCalls(vec![ToolCall::new("report", json!({}))]),
@@ -73,8 +67,33 @@ async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors()
         ..ExecutorConfig::default()
     };
     let executor = AgentExecutor::with_config(agent, runtime, config);
-    let server = A2aServer::new(executor.clone());
-    tokio::spawn(server.serve(listener, std::future::pending()));
+    tokio::spawn(A2aServer::new(executor.clone()).serve(listener, std::future::pending()));
+    (base, executor)
+}
+
+#[tokio::test]
+async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors() {
+    // The tool server: acknowledges, then calls back a little later.
+    let (endpoint, mut seen) = tool_server(|inv| {
+        tokio::spawn(async move {
+            // The remote job's own latency (the callback comes after the
+            // acknowledgement), not a wait for a state.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let response = reqwest::Client::new()
+                .post(&inv.callback_url)
+                .header(CALLBACK_SECRET_HEADER, &inv.callback_secret)
+                .json(&json!({"output": {"report": "ready"}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 202);
+        });
+    })
+    .await;
+
+    // The Keel server, whose address is the callback base URL.
+    let (base, executor) = report_server(endpoint).await;
+    let auth = executor.runtime().auth_service().auth_context();
 
     let http = reqwest::Client::new();
     let unknown = http
@@ -131,47 +150,10 @@ async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors()
 async fn progress_events_reach_the_tasks_stream_and_the_run_before_the_one_result() {
     // The tool server acknowledges and hands the invocation to the test, which plays the
     // tool's callbacks itself.
-    let (tx, mut seen) = mpsc::unbounded_channel::<AsyncInvocation>();
-    let tool_app = axum::Router::new().route(
-        "/invoke",
-        axum::routing::post(move |axum::Json(inv): axum::Json<AsyncInvocation>| {
-            let tx = tx.clone();
-            async move {
-                let _ = tx.send(inv);
-                axum::http::StatusCode::ACCEPTED
-            }
-        }),
-    );
-    let tool_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}/invoke", tool_listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(tool_listener, tool_app).await });
-
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let runtime: Arc<dyn Runtime> = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
-    let agent = Agent::builder(AgentCard::new("rap", "async tools", &base))
-        .llm(MockLlm::scripted(vec![
-            MockResponse::ToolCalls(vec![ToolCall::new("report", json!({}))]),
-            MockResponse::Text("the report is ready".into()),
-        ]))
-        .tool(AsyncHttpTool::new(
-            "report",
-            "Build a report",
-            json!({"type": "object"}),
-            endpoint,
-        ))
-        .build()
-        .unwrap();
-    let config = ExecutorConfig {
-        callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared(
-            base.clone(),
-        )),
-        ..ExecutorConfig::default()
-    };
-    let executor = AgentExecutor::with_config(agent, runtime, config);
+    let (endpoint, mut seen) = tool_server(|_| {}).await;
+    let (base, executor) = report_server(endpoint).await;
     let sink = Arc::new(keel_events::InMemoryEventSink::new());
     executor.add_event_sink(sink.clone() as Arc<dyn keel_events::EventSink>);
-    tokio::spawn(A2aServer::new(executor.clone()).serve(listener, std::future::pending()));
 
     // A subscriber follows the task from its start.
     let client = keel_transport::A2aClient::new(base.clone());

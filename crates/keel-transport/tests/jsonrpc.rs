@@ -35,6 +35,19 @@ impl TestServer {
         (status, body)
     }
 
+    /// POST `body` to `/` as A2A v1.0, whatever it holds.
+    async fn post_value(&self, body: &Value) -> (StatusCode, Option<Value>) {
+        self.post_raw("/", serde_json::to_vec(body).unwrap(), Some("1.0"))
+            .await
+    }
+
+    /// POST `body`, notifications only, and assert that nothing answers: 204, no body.
+    async fn assert_unanswered(&self, body: &Value) {
+        let (status, answer) = self.post_value(body).await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        assert!(answer.is_none(), "{answer:?}");
+    }
+
     /// POST a JSON body to `/` and check the JSON-RPC envelope of the answer.
     async fn post(&self, body: Value) -> Value {
         let expected_id = body
@@ -42,9 +55,7 @@ impl TestServer {
             .cloned()
             .filter(|id| id.is_string() || id.is_number())
             .unwrap_or(Value::Null);
-        let (status, answer) = self
-            .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
-            .await;
+        let (status, answer) = self.post_value(&body).await;
         let answer = answer.expect("a JSON-RPC answer");
         assert_envelope(status, &answer, &expected_id);
         answer
@@ -325,9 +336,7 @@ async fn non_object_requests_empty_batches_and_bad_ids_are_invalid_requests_with
         json!({"jsonrpc": "2.0", "id": {"x": 1}, "method": "GetTask"}),
         json!({"jsonrpc": "2.0", "id": [1], "method": "GetTask"}),
     ] {
-        let (status, answer) = server
-            .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
-            .await;
+        let (status, answer) = server.post_value(&body).await;
         let answer = answer.unwrap();
         assert_envelope(status, &answer, &Value::Null);
         assert_eq!(code(&answer), -32600, "{body}");
@@ -501,11 +510,7 @@ async fn request_ids_are_echoed_with_their_type() {
 async fn notifications_are_processed_without_an_answer() {
     let server = TestServer::start().await;
     let body = json!({"jsonrpc": "2.0", "method": "GetTask", "params": {"id": "x"}});
-    let (status, answer) = server
-        .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    assert!(answer.is_none());
+    server.assert_unanswered(&body).await;
     server.stop().await;
 }
 
@@ -514,9 +519,7 @@ async fn oversized_body_is_answered_with_a_json_rpc_error() {
     let server = TestServer::start().await;
     let big = "x".repeat(keel_transport::DEFAULT_BODY_LIMIT + 1);
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": user_message(&big)}});
-    let (status, answer) = server
-        .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
-        .await;
+    let (status, answer) = server.post_value(&body).await;
     let answer = answer.unwrap();
     assert_envelope(status, &answer, &Value::Null);
     assert_eq!(code(&answer), -32600);
@@ -746,9 +749,7 @@ async fn a_batch_answers_one_entry_per_request_with_an_id_and_none_for_notificat
         {"jsonrpc": "2.0", "id": 4, "method": "SubscribeToTask", "params": {"id": task_id}},
         {"jsonrpc": "2.0", "id": 5, "method": "SendStreamingMessage", "params": {"message": user_message("x")}}
     ]);
-    let (status, answer) = server
-        .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
-        .await;
+    let (status, answer) = server.post_value(&body).await;
     assert_eq!(status, StatusCode::OK);
     let answers = answer.unwrap();
     let answers = answers.as_array().expect("a batch answers with an array");
@@ -780,11 +781,7 @@ async fn a_batch_of_notifications_is_answered_with_no_content() {
         {"jsonrpc": "2.0", "method": "GetTask", "params": {"id": "x"}},
         {"jsonrpc": "2.0", "method": "ListTasks", "params": {}}
     ]);
-    let (status, answer) = server
-        .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    assert!(answer.is_none());
+    server.assert_unanswered(&body).await;
     server.stop().await;
 }
 

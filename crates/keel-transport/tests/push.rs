@@ -112,6 +112,13 @@ async fn the_four_config_operations_work_on_both_bindings() {
     let (_hook, url) = webhook().await;
     let server = server_allowing_loopback(runtime()).await;
     let task_id = sleeping_task(&server).await;
+    // The REST route of the task's configs (`""`) or of one config (`"/{id}"`).
+    let configs = |config: &str| {
+        format!(
+            "{}/tasks/{task_id}/pushNotificationConfigs{config}",
+            server.base
+        )
+    };
 
     let created = server
         .rpc(
@@ -128,10 +135,7 @@ async fn the_four_config_operations_work_on_both_bindings() {
     );
     let c2: Value = server
         .http
-        .post(format!(
-            "{}/tasks/{task_id}/pushNotificationConfigs",
-            server.base
-        ))
+        .post(configs(""))
         .header("content-type", "application/a2a+json")
         .body(json!({"url": url}).to_string())
         .json_with_status(reqwest::StatusCode::OK)
@@ -148,34 +152,19 @@ async fn the_four_config_operations_work_on_both_bindings() {
     assert_eq!(got["result"]["token"], "tok", "{got}");
     let got: Value = server
         .http
-        .get(format!(
-            "{}/tasks/{task_id}/pushNotificationConfigs/{c2_id}",
-            server.base
-        ))
+        .get(configs(&format!("/{c2_id}")))
         .json_body()
         .await;
     assert_eq!(got["url"], url.as_str());
 
-    let list: Value = server
-        .http
-        .get(format!(
-            "{}/tasks/{task_id}/pushNotificationConfigs",
-            server.base
-        ))
-        .json_body()
-        .await;
+    let list: Value = server.http.get(configs("")).json_body().await;
     assert_eq!(list["configs"].as_array().unwrap().len(), 2, "{list}");
 
-    let deleted = server
-        .http
-        .delete(format!(
-            "{}/tasks/{task_id}/pushNotificationConfigs/c1",
-            server.base
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(deleted.status(), 200);
+    let delete_c1_over_rest = || async {
+        let deleted = server.http.delete(configs("/c1")).send().await.unwrap();
+        assert_eq!(deleted.status(), 200);
+    };
+    delete_c1_over_rest().await;
     let list = server
         .rpc(
             "ListTaskPushNotificationConfigs",
@@ -202,16 +191,7 @@ async fn the_four_config_operations_work_on_both_bindings() {
         )
         .await;
     assert!(deleted.get("error").is_none(), "{deleted}");
-    let deleted = server
-        .http
-        .delete(format!(
-            "{}/tasks/{task_id}/pushNotificationConfigs/c1",
-            server.base
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(deleted.status(), 200);
+    delete_c1_over_rest().await;
     let unknown_task = server
         .rpc(
             "DeleteTaskPushNotificationConfig",

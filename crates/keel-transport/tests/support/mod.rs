@@ -197,6 +197,20 @@ pub async fn assert_typed_errors(
     assert_eq!(err, AgentError::TaskNotFound { task_id: missing });
 }
 
+/// Send `text` to `executor` as `auth` and wait for the task, which must complete.
+pub async fn completed_task(
+    executor: &AgentExecutor,
+    auth: &AuthContext,
+    text: &str,
+) -> keel_core::Task {
+    let task = executor
+        .send_message(auth, keel_core::Message::user(text), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), keel_core::TaskState::Completed, "{task:?}");
+    task
+}
+
 /// Send [`SLEEP_30`] through `client` and return at once, while the task runs.
 pub async fn start_sleeping(client: &dyn keel_transport::AgentTransport) -> keel_core::Task {
     client
