@@ -210,12 +210,7 @@ async fn malformed_stored_data_is_a_storage_error() {
     let key = task_key(&prefix, &auth, &task.id);
     let mut raw = support::raw().await;
 
-    redis::cmd("SET")
-        .arg(&key)
-        .arg("garbage {")
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
+    support::raw_cmd(&mut raw, &["SET", &key, "garbage {"]).await;
     let err = store.get_task(&auth, &task.id).await.unwrap_err();
     assert!(
         matches!(err, AgentError::Storage { .. }) && err.to_string().contains(&key),
@@ -228,12 +223,7 @@ async fn malformed_stored_data_is_a_storage_error() {
     assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
 
     // Valid JSON of a format from the future is refused with a clear error, not misread.
-    redis::cmd("SET")
-        .arg(&key)
-        .arg(r#"{"format": 99, "data": {}}"#)
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
+    support::raw_cmd(&mut raw, &["SET", &key, r#"{"format": 99, "data": {}}"#]).await;
     let err = store.get_task(&auth, &task.id).await.unwrap_err();
     assert!(
         matches!(err, AgentError::Storage { .. }) && err.to_string().contains("newer"),
@@ -241,17 +231,8 @@ async fn malformed_stored_data_is_a_storage_error() {
     );
 
     // A key of the wrong Redis type is a storage error too, with a hint.
-    redis::cmd("DEL")
-        .arg(&key)
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
-    redis::cmd("RPUSH")
-        .arg(&key)
-        .arg("x")
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
+    support::raw_cmd(&mut raw, &["DEL", &key]).await;
+    support::raw_cmd(&mut raw, &["RPUSH", &key, "x"]).await;
     let err = store.get_task(&auth, &task.id).await.unwrap_err();
     assert!(
         matches!(err, AgentError::Storage { .. }) && err.to_string().contains("WRONGTYPE"),
@@ -260,12 +241,7 @@ async fn malformed_stored_data_is_a_storage_error() {
 
     // Corrupt memory values and history entries the same way.
     let memory_key = format!("{prefix}{{{}}}:memory:m", auth.namespace());
-    redis::cmd("SET")
-        .arg(&memory_key)
-        .arg("[1, 2")
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
+    support::raw_cmd(&mut raw, &["SET", &memory_key, "[1, 2"]).await;
     assert!(matches!(
         store.load_serialized(&auth, "m").await,
         Err(AgentError::Storage { .. })
@@ -468,12 +444,7 @@ async fn save_task_with_events_writes_nothing_when_the_log_cannot_take_them() {
     // the same call, must not be left without its events.
     let events_key = format!("{prefix}{{{}}}:task-events:{}", auth.namespace(), task.id);
     let mut raw = support::raw().await;
-    redis::cmd("SET")
-        .arg(&events_key)
-        .arg("not a list")
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
+    support::raw_cmd(&mut raw, &["SET", &events_key, "not a list"]).await;
     let event = TaskEvent::Message {
         message: Message::agent("a"),
     };

@@ -37,6 +37,17 @@ pub async fn raw() -> redis::aio::MultiplexedConnection {
         .expect("raw connection to the test Redis")
 }
 
+/// Run one command (its name and arguments) on `con`, behind the store's back: how a test
+/// corrupts or removes what the store wrote.
+pub async fn raw_cmd(con: &mut redis::aio::MultiplexedConnection, command: &[&str]) {
+    let (name, args) = command.split_first().expect("a command");
+    redis::cmd(name)
+        .arg(args)
+        .query_async::<()>(con)
+        .await
+        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
+}
+
 /// Every key under `prefix`.
 pub async fn keys_under(prefix: &str) -> Vec<String> {
     let mut con = raw().await;
