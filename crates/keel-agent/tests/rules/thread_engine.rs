@@ -42,6 +42,16 @@ fn gate_tool(started: Arc<Notify>, release: Arc<Notify>) -> FnTool {
 }
 
 /// A tool that queues "a note queued mid-run" on its own thread.
+/// The test agent with the [`gate_tool`], and the gate's two signals (started, release).
+fn gated_agent() -> (Agent, Arc<Notify>, Arc<Notify>) {
+    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let agent = Agent::builder(card())
+        .tool(gate_tool(started.clone(), release.clone()))
+        .build()
+        .unwrap();
+    (agent, started, release)
+}
+
 fn note_tool() -> FnTool {
     FnTool::new(
         "note",
@@ -60,11 +70,7 @@ fn stop_reason(task: &keel_core::Task) -> &str {
 
 #[tokio::test]
 async fn a_message_to_a_busy_thread_is_queued_and_runs_after_the_current_one() {
-    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let agent = Agent::builder(card())
-        .tool(gate_tool(started.clone(), release.clone()))
-        .build()
-        .unwrap();
+    let (agent, started, release) = gated_agent();
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
     let first = start(&exec, &auth, Message::user("/gate").in_thread(thread.clone())).await;
@@ -101,11 +107,7 @@ async fn a_message_to_a_busy_thread_is_queued_and_runs_after_the_current_one() {
 
 #[tokio::test]
 async fn different_threads_run_concurrently() {
-    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let agent = Agent::builder(card())
-        .tool(gate_tool(started.clone(), release.clone()))
-        .build()
-        .unwrap();
+    let (agent, started, release) = gated_agent();
     let (exec, auth) = executor(agent);
     let blocked = start(&exec, &auth, Message::user("/gate")).await;
     started.notified().await;
@@ -121,11 +123,7 @@ async fn different_threads_run_concurrently() {
 
 #[tokio::test]
 async fn a_thread_waiting_for_a_work_slot_keeps_its_lease() {
-    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let agent = Agent::builder(card())
-        .tool(gate_tool(started.clone(), release.clone()))
-        .build()
-        .unwrap();
+    let (agent, started, release) = gated_agent();
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
     let ttl = std::time::Duration::from_millis(900);
@@ -1150,11 +1148,7 @@ async fn terminating_a_thread_mid_run_emits_thread_terminated_and_marks_the_stat
 
 #[tokio::test]
 async fn a_canceled_run_marks_its_status_message_as_an_execution_abort() {
-    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let agent = Agent::builder(card())
-        .tool(gate_tool(started.clone(), release))
-        .build()
-        .unwrap();
+    let (agent, started, _release) = gated_agent();
     let (exec, auth) = executor(agent);
     let task = start(&exec, &auth, Message::user("/gate")).await;
     started.notified().await;
