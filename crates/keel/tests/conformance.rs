@@ -348,6 +348,11 @@ fn status_text(task: &Value) -> &str {
         .unwrap_or_default()
 }
 
+/// Send `request`; the answer's JSON body.
+async fn json_body(request: reqwest::RequestBuilder) -> Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
 /// Poll GetTask until the task is in `wanted`.
 async fn wait_for_state(server: &Server, binding: Binding, id: &Value, wanted: &str) -> Value {
     eventually(&format!("the task to reach {wanted}"), || async {
@@ -714,15 +719,12 @@ async fn a_long_running_task_can_be_resubscribed_and_its_stream_ends_when_cancel
 #[tokio::test]
 async fn the_card_declares_streaming_push_notifications_and_the_extended_card() {
     let server = Server::start().await;
-    let card: Value = server
-        .http
-        .get(format!("{}/.well-known/agent-card.json", server.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let card = json_body(
+        server
+            .http
+            .get(format!("{}/.well-known/agent-card.json", server.base)),
+    )
+    .await;
     assert_eq!(card["name"], "keel-conformance");
     assert_eq!(card["capabilities"]["streaming"], true, "{card}");
     assert_eq!(card["capabilities"]["pushNotifications"], true, "{card}");
@@ -733,26 +735,18 @@ async fn the_card_declares_streaming_push_notifications_and_the_extended_card() 
 #[tokio::test]
 async fn message_response_reaches_a_v03_client_as_a_message() {
     let server = Server::start().await;
-    let body: Value = server
-        .http
-        .post(format!("{}/", server.base))
-        .json(&json!({
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "message/send",
-            "params": {"message": {
-                "kind": "message",
-                "messageId": "tck-message-response-v03",
-                "role": "user",
-                "parts": [{"kind": "text", "text": "scenario"}]
-            }}
-        }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body = json_body(server.http.post(format!("{}/", server.base)).json(&json!({
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "message/send",
+        "params": {"message": {
+            "kind": "message",
+            "messageId": "tck-message-response-v03",
+            "role": "user",
+            "parts": [{"kind": "text", "text": "scenario"}]
+        }}
+    })))
+    .await;
     let reply = &body["result"];
     assert_eq!(reply["kind"], "message", "{body}");
     assert_eq!(reply["role"], "agent", "{body}");
