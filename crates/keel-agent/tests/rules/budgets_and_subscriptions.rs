@@ -11,6 +11,7 @@ use keel_events::{InMemoryEventSink, RunEvent};
 use keel_llm::{MockLlm, MockResponse, ToolCall, Usage};
 use keel_runtime::AuthContext;
 use serde_json::json;
+use super::fixture::call_then_answer;
 
 fn card() -> AgentCard {
     AgentCard::new("budgeted", "keeps to its budget", "http://127.0.0.1:0")
@@ -103,10 +104,7 @@ const LONG_ANSWER: &str = "an answer long enough to cost far more than ten outpu
 async fn an_infer_part_over_max_steps_stops_as_the_step_loop_does() {
     let budget = limited("max_steps", 1);
     // The loop: a tool call is step 1, the next model call would be step 2.
-    let looped = MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("echo", json!({"x": 1}))]),
-        MockResponse::Text("done".into()),
-    ]);
+    let looped = MockLlm::scripted(call_then_answer("echo", json!({"x": 1}), "done"));
     let looped = send_under(looped, Message::user("go"), budget.clone()).await;
     // Explicit parts: the first `infer` part is step 1, the second would be step 2.
     let inferred = send_under(two_answers(), two_infer_parts(), budget).await;

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use keel_agent::reads::{Reads, TaskChange, TaskQuery, ThreadPosition};
 use keel_agent::{Agent, AgentExecutor, FnTool};
 use keel_core::{AgentCard, AgentError, Message, TaskEvent, TaskId, TaskState, ThreadId};
-use keel_llm::{MockLlm, MockResponse, ToolCall};
+use keel_llm::MockLlm;
 use keel_policy::{CapabilityPolicy, CapabilityRule};
 use keel_runtime::{AuthContext, Runtime, TaskOrder};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
-use super::fixture::{send_in, start};
+use super::fixture::{call_then_answer, send_in, start};
 
 fn agent(name: &str) -> Agent {
     Agent::builder(AgentCard::new(name, "reads tests", "http://127.0.0.1:0"))
@@ -234,10 +234,7 @@ async fn pending_approvals_list_the_waiting_requests_of_the_tenant() {
         |_args, _ctx| async { Ok(json!("written")) },
     )
     .with_capabilities(["records.write"]);
-    let llm = MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("write_record", json!({}))]),
-        MockResponse::Text("done".into()),
-    ]);
+    let llm = MockLlm::scripted(call_then_answer("write_record", json!({}), "done"));
     let agent = Agent::builder(AgentCard::new("gated", "reads tests", "http://127.0.0.1:0"))
         .llm(llm)
         .tool(write)
@@ -289,10 +286,7 @@ fn gated_agent(gate: Arc<Semaphore>) -> Agent {
             }
         },
     );
-    let llm = MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("wait", json!({}))]),
-        MockResponse::Text("finished".into()),
-    ]);
+    let llm = MockLlm::scripted(call_then_answer("wait", json!({}), "finished"));
     Agent::builder(AgentCard::new("gated", "reads tests", "http://127.0.0.1:0"))
         .llm(llm)
         .tool(wait)

@@ -12,7 +12,7 @@ use keel_runtime::testing::eventually;
 use keel_runtime::{AuthContext, ChildThread, ListTasksFilter, Runtime};
 use serde_json::json;
 use tokio::sync::Notify;
-use super::fixture::{send_in, start};
+use super::fixture::{call_then_answer, gate_tool, send_in, start};
 
 fn card(name: &str) -> AgentCard {
     AgentCard::new(name, "subagent tests", "http://127.0.0.1:0")
@@ -37,6 +37,19 @@ fn parent(
     AgentExecutor::new(agent, runtime.clone())
 }
 
+/// A `lead` parent on a fresh runtime of this backend whose model follows `script`, with the
+/// subagent kind `kind` makes of the default researcher: the runtime, its caller, the parent.
+fn lead(
+    kind: impl FnOnce(SubagentSpec) -> SubagentSpec,
+    script: Vec<MockResponse>,
+) -> (Arc<dyn Runtime>, AuthContext, AgentExecutor) {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let spec = kind(SubagentSpec::new("researcher", child_executor(&runtime)));
+    let exec = parent(&runtime, spec, script);
+    (runtime, auth, exec)
+}
+
 fn create(name: &str, message: &str) -> MockResponse {
     MockResponse::ToolCalls(vec![ToolCall::new(
         "subagent_create",
@@ -50,6 +63,16 @@ fn create_background(name: &str, message: &str) -> MockResponse {
         "subagent_create",
         json!({"name": name, "message": message, "wait": false}),
     )])
+}
+
+/// A parent's script: create the child `name` in the background with `message`, answer
+/// "started", then answer the child's result with `answer`.
+fn background_then(name: &str, message: &str, answer: &str) -> Vec<MockResponse> {
+    vec![
+        create_background(name, message),
+        MockResponse::Text("started".into()),
+        MockResponse::Text(answer.into()),
+    ]
 }
 
 /// Wait until `thread`'s history, as `exec` reads it, satisfies `holds` (`what` says how).
@@ -125,12 +148,8 @@ async fn child_tasks(runtime: &Arc<dyn Runtime>, auth: &AuthContext, child: &Chi
 
 #[tokio::test]
 async fn subagent_create_runs_a_child_thread_linked_in_the_registry() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime));
-    let exec = parent(
-        &runtime,
-        spec,
+    let (runtime, auth, exec) = lead(
+        |kind| kind,
         vec![create("alpha", "find A"), MockResponse::Text("merged".into())],
     );
     let task = ask(&exec, &auth, "go").await;
@@ -162,12 +181,8 @@ async fn subagent_create_runs_a_child_thread_linked_in_the_registry() {
 
 #[tokio::test]
 async fn subagent_create_needs_a_non_empty_name() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime));
-    let exec = parent(
-        &runtime,
-        spec,
+    let (_runtime, auth, exec) = lead(
+        |kind| kind,
         vec![create("  ", "find A"), MockResponse::Text("ok".into())],
     );
     let task = ask(&exec, &auth, "go").await;
@@ -178,14 +193,8 @@ async fn subagent_create_needs_a_non_empty_name() {
 
 #[tokio::test]
 async fn creating_past_max_instances_tells_the_model_to_message_an_existing_one() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime))
-        .max_instances(1)
-        .resumable(true);
-    let exec = parent(
-        &runtime,
-        spec,
+    let (_runtime, auth, exec) = lead(
+        |kind| kind.max_instances(1).resumable(true),
         vec![
             create("alpha", "find A"),
             create("beta", "find B"),
@@ -241,17 +250,9 @@ async fn a_resumable_child_is_messaged_again_on_its_own_thread() {
 
 #[tokio::test]
 async fn a_background_child_queues_its_result_to_the_parent_with_auto_communication() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime));
-    let exec = parent(
-        &runtime,
-        spec,
-        vec![
-            create_background("alpha", "find A"),
-            MockResponse::Text("started".into()),
-            MockResponse::Text("got it".into()),
-        ],
+    let (_runtime, auth, exec) = lead(
+        |kind| kind,
+        background_then("alpha", "find A", "got it"),
     );
     let task = ask(&exec, &auth, "go").await;
     assert_eq!(task.state(), TaskState::Completed);
@@ -269,13 +270,8 @@ async fn a_background_child_queues_its_result_to_the_parent_with_auto_communicat
 
 #[tokio::test]
 async fn explicit_parent_communication_queues_nothing() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime))
-        .parent_communication(ParentCommunication::Explicit);
-    let exec = parent(
-        &runtime,
-        spec,
+    let (runtime, auth, exec) = lead(
+        |kind| kind.parent_communication(ParentCommunication::Explicit),
         vec![
             create_background("alpha", "find A"),
             MockResponse::Text("started".into()),
@@ -294,12 +290,8 @@ async fn explicit_parent_communication_queues_nothing() {
 
 #[tokio::test]
 async fn terminating_the_parent_terminates_its_children() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime)).resumable(true);
-    let exec = parent(
-        &runtime,
-        spec,
+    let (_runtime, auth, exec) = lead(
+        |kind| kind.resumable(true),
         vec![create("alpha", "find A"), MockResponse::Text("ok".into())],
     );
     let task = ask(&exec, &auth, "go").await;
@@ -313,18 +305,9 @@ async fn terminating_the_parent_terminates_its_children() {
 async fn canceling_the_parent_cancels_the_child_it_waits_for() {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
+    // The gate is never released: the child waits until it is canceled.
     let started = Arc::new(Notify::new());
-    let gate = {
-        let started = started.clone();
-        FnTool::new("gate", "Never returns", json!({"type": "object"}), move |_a, _c| {
-            let started = started.clone();
-            async move {
-                started.notify_one();
-                std::future::pending::<()>().await;
-                Ok(json!("never"))
-            }
-        })
-    };
+    let gate = gate_tool(started.clone(), Arc::new(Notify::new()));
     let child = Agent::builder(card("researcher"))
         .llm(MockLlm::scripted(vec![MockResponse::ToolCalls(vec![
             ToolCall::new("gate", json!({})),
@@ -447,12 +430,8 @@ async fn a_parents_attachments_are_copied_into_the_childs_own_store() {
 
 #[tokio::test]
 async fn an_unknown_attachment_is_a_tool_error_and_creates_nothing() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime));
-    let exec = parent(
-        &runtime,
-        spec,
+    let (_runtime, auth, exec) = lead(
+        |kind| kind,
         vec![
             MockResponse::ToolCalls(vec![ToolCall::new(
                 "subagent_create",
@@ -527,11 +506,7 @@ async fn a_background_childs_queued_result_carries_its_copied_attachments() {
     let exec = parent(
         &runtime,
         spec,
-        vec![
-            create_background("alpha", "write it"),
-            MockResponse::Text("started".into()),
-            MockResponse::Text("got it".into()),
-        ],
+        background_then("alpha", "write it", "got it"),
     );
     let task = ask(&exec, &auth, "go").await;
     let thread = task.thread_id.clone();
@@ -636,10 +611,7 @@ async fn scoped_variables_reach_the_child_sealed_and_never_a_prompt() {
         .with_var("SCOUT_TASK", "survey the field")
         .with_var("SCOUT_TOKEN", secret);
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let child_model = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("check_token", json!({}))]),
-        MockResponse::Text("surveyed".into()),
-    ]));
+    let child_model = Arc::new(MockLlm::scripted(call_then_answer("check_token", json!({}), "surveyed")));
     let child = AgentExecutor::new(
         Agent::builder(card("researcher"))
             .environment(env.clone())
@@ -704,10 +676,7 @@ async fn missing_scoped_variables_defer_the_subagent_until_they_are_provided() {
     let child = AgentExecutor::new(
         Agent::builder(card("researcher"))
             .environment(env.clone())
-            .llm(MockLlm::scripted(vec![
-                MockResponse::ToolCalls(vec![ToolCall::new("check_token", json!({}))]),
-                MockResponse::Text("found A".into()),
-            ]))
+            .llm(MockLlm::scripted(call_then_answer("check_token", json!({}), "found A")))
             .tool(scoped_reader("API_TOKEN", seen.clone()))
             .build()
             .unwrap(),
@@ -778,16 +747,7 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
     let release = Arc::new(Notify::new());
-    let gate = {
-        let release = release.clone();
-        FnTool::new("gate", "Waits for the test", json!({"type": "object"}), move |_a, _c| {
-            let release = release.clone();
-            async move {
-                release.notified().await;
-                Ok(json!("released"))
-            }
-        })
-    };
+    let gate = gate_tool(Arc::new(Notify::new()), release.clone());
     let child = AgentExecutor::new(
         Agent::builder(card("researcher"))
             .llm(MockLlm::scripted(vec![
@@ -806,11 +766,7 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
     let exec = parent(
         &runtime,
         spec,
-        vec![
-            create_background("alpha", "work"),
-            MockResponse::Text("started".into()),
-            MockResponse::Text("noted".into()),
-        ],
+        background_then("alpha", "work", "noted"),
     );
     let task = ask(&exec, &auth, "go").await;
     let state = exec.thread(&auth, task.thread_id.clone());
@@ -831,10 +787,7 @@ async fn session_status_outside_a_subagent_is_a_tool_error() {
     let auth = runtime.auth_service().auth_context();
     let exec = AgentExecutor::new(
         Agent::builder(card("solo"))
-            .llm(MockLlm::scripted(vec![
-                MockResponse::ToolCalls(vec![ToolCall::new("session_status", json!({"status": "x"}))]),
-                MockResponse::Text("ok".into()),
-            ]))
+            .llm(MockLlm::scripted(call_then_answer("session_status", json!({"status": "x"}), "ok")))
             .tool(keel_agent::SessionStatusTool)
             .build()
             .unwrap(),
@@ -950,10 +903,7 @@ async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
     });
     let child = AgentExecutor::new(
         Agent::builder(card("researcher"))
-            .llm(MockLlm::scripted(vec![
-                MockResponse::ToolCalls(vec![ToolCall::new("notify", json!({}))]),
-                MockResponse::Text("child done".into()),
-            ]))
+            .llm(MockLlm::scripted(call_then_answer("notify", json!({}), "child done")))
             .tool(notify)
             .build()
             .unwrap(),
@@ -963,11 +913,7 @@ async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
     let exec = parent(
         &runtime,
         spec,
-        vec![
-            create_background("alpha", "work"),
-            MockResponse::Text("started".into()),
-            MockResponse::Text("parent saw it".into()),
-        ],
+        background_then("alpha", "work", "parent saw it"),
     );
     let task = ask(&exec, &auth, "go").await;
     let thread = task.thread_id.clone();
@@ -1038,11 +984,7 @@ async fn a_background_child_canceled_before_it_ran_still_reports_to_its_parent()
     let exec = parent(
         &runtime,
         SubagentSpec::new("researcher", child.clone()),
-        vec![
-            create_background("alpha", "find A"),
-            MockResponse::Text("started".into()),
-            MockResponse::Text("alpha is gone".into()),
-        ],
+        background_then("alpha", "find A", "alpha is gone"),
     );
     let task = ask(&exec, &auth, "go").await;
     let thread = task.thread_id.clone();

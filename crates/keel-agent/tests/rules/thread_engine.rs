@@ -9,7 +9,7 @@ use keel_llm::{LlmRole, MockLlm, MockResponse, ModelProfile, ToolCall};
 use keel_runtime::ChildThread;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
-use super::fixture::{executor, send, start, stored_history};
+use super::fixture::{call_then_answer, executor, gate_tool, scripted, send, start, stored_history};
 
 fn card() -> AgentCard {
     AgentCard::new("threads", "thread engine tests", "http://127.0.0.1:0")
@@ -21,23 +21,6 @@ fn echo_tool() -> FnTool {
         "Echo the input",
         json!({"type": "object"}),
         |args, _| async move { Ok(args) },
-    )
-}
-
-/// A tool that announces it started, then waits for `release`.
-fn gate_tool(started: Arc<Notify>, release: Arc<Notify>) -> FnTool {
-    FnTool::new(
-        "gate",
-        "Wait for the test",
-        json!({"type": "object"}),
-        move |_a, _c| {
-            let (started, release) = (started.clone(), release.clone());
-            async move {
-                started.notify_one();
-                release.notified().await;
-                Ok(json!("released"))
-            }
-        },
     )
 }
 
@@ -290,16 +273,11 @@ async fn the_thread_history_carries_the_conversation_across_tasks() {
 
 #[tokio::test]
 async fn work_queued_while_active_is_injected_before_the_next_model_call() {
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("note", json!({}))]),
-        MockResponse::Text("saw the note".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .tool(note_tool())
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = scripted(
+        card(),
+        call_then_answer("note", json!({}), "saw the note"),
+        |agent| agent.tool(note_tool()),
+    );
     let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Completed);
     let second_call = &llm.requests()[1];
@@ -420,18 +398,17 @@ async fn when_two_stop_rules_fire_at_once_the_lifecycle_tool_wins() {
 
 #[tokio::test]
 async fn without_stop_on_response_the_loop_runs_to_the_step_limit() {
-    let llm = MockLlm::scripted(
+    let (exec, auth, _) = scripted(
+        card(),
         (0..3)
             .map(|i| MockResponse::Text(format!("thought {i}")))
             .collect(),
+        |agent| {
+            agent
+                .stop_on_response(false)
+                .max_steps(3)
+        },
     );
-    let agent = Agent::builder(card())
-        .llm(llm)
-        .stop_on_response(false)
-        .max_steps(3)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
     let task = send(&exec, &auth, Message::user("think")).await;
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(stop_reason(&task), "max_steps");
@@ -501,19 +478,17 @@ async fn repeating_the_same_invalid_call_past_the_cap_stops_the_run() {
 
 #[tokio::test]
 async fn ask_human_waits_in_input_required_and_the_answer_resumes_the_same_task() {
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new(
-            "ask_human",
-            json!({"question": "Which city?"}),
-        )]),
-        MockResponse::Text("Booked in Lisbon.".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .human_handoff(true)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = scripted(
+        card(),
+        vec![
+            MockResponse::ToolCalls(vec![ToolCall::new(
+                "ask_human",
+                json!({"question": "Which city?"}),
+            )]),
+            MockResponse::Text("Booked in Lisbon.".into()),
+        ],
+        |agent| agent.human_handoff(true),
+    );
     let task = send(&exec, &auth, Message::user("book a hotel")).await;
     assert_eq!(task.state(), TaskState::InputRequired);
     assert_eq!(
@@ -549,18 +524,19 @@ async fn the_key_value_store_and_prompt_variables_are_per_thread() {
             Ok(json!("ok"))
         },
     );
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("remember", json!({"city": "Oslo"}))]),
-        MockResponse::Text("noted".into()),
-        MockResponse::Text("again".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .instructions("User city: {{city}}. Agent {{agent_name}}.")
-        .tool(remember)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = scripted(
+        card(),
+        vec![
+            MockResponse::ToolCalls(vec![ToolCall::new("remember", json!({"city": "Oslo"}))]),
+            MockResponse::Text("noted".into()),
+            MockResponse::Text("again".into()),
+        ],
+        |agent| {
+            agent
+                .instructions("User city: {{city}}. Agent {{agent_name}}.")
+                .tool(remember)
+        },
+    );
     let thread = ThreadId::new();
     send(&exec, &auth, Message::user("I live in Oslo").in_thread(thread.clone())).await;
     send(&exec, &auth, Message::user("hi").in_thread(thread.clone())).await;
@@ -1004,20 +980,21 @@ async fn stored_attachments_reach_the_model_as_bytes_and_stay_references_in_the_
 async fn each_step_drains_assembles_calls_persists_runs_tools_in_order_then_evaluates_stops() {
     // §3: one run of two steps. Step 1's model asks for two tools (the first queues a
     // message); step 2 answers. The markers of each step must come in exactly the seed's order.
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![
-            ToolCall::new("note", json!({})),
-            ToolCall::new("echo", json!({"n": 2})),
-        ]),
-        MockResponse::Text("done".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .tool(note_tool())
-        .tool(echo_tool())
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = scripted(
+        card(),
+        vec![
+            MockResponse::ToolCalls(vec![
+                ToolCall::new("note", json!({})),
+                ToolCall::new("echo", json!({"n": 2})),
+            ]),
+            MockResponse::Text("done".into()),
+        ],
+        |agent| {
+            agent
+                .tool(note_tool())
+                .tool(echo_tool())
+        },
+    );
     let sink = Arc::new(keel_events::InMemoryEventSink::new());
     exec.add_event_sink(sink.clone());
     let task = send(&exec, &auth, Message::user("go")).await;
@@ -1109,16 +1086,11 @@ async fn terminating_a_thread_mid_run_emits_thread_terminated_and_marks_the_stat
             Ok(json!("unreachable"))
         },
     );
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("quit", json!({}))]),
-        MockResponse::Text("never asked".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm)
-        .tool(quit)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, _) = scripted(
+        card(),
+        call_then_answer("quit", json!({}), "never asked"),
+        |agent| agent.tool(quit),
+    );
     let sink = Arc::new(keel_events::InMemoryEventSink::new());
     exec.add_event_sink(sink.clone() as Arc<dyn keel_events::EventSink>);
     let task = send(&exec, &auth, Message::user("go")).await;
@@ -1368,16 +1340,11 @@ fn chunk_tool() -> FnTool {
 
 #[tokio::test]
 async fn artifacts_a_tool_adds_are_logged_in_chunks_and_the_task_keeps_them_appended() {
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("chunks", json!({}))]),
-        MockResponse::Text("done".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm)
-        .tool(chunk_tool())
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, _) = scripted(
+        card(),
+        call_then_answer("chunks", json!({}), "done"),
+        |agent| agent.tool(chunk_tool()),
+    );
     let task = send(&exec, &auth, Message::user("report")).await;
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(task.status().message.as_ref().unwrap().text(), "done");
