@@ -79,22 +79,15 @@ async fn list_tasks_filters_pages_and_puts_the_most_recent_first() {
         .clone();
     assert_eq!(working["totalSize"], 0);
     assert_eq!(working["tasks"], json!([]));
-    let future = server
-        .rpc(
-            "ListTasks",
-            json!({"statusTimestampAfter": "2999-01-01T00:00:00Z"}),
-        )
-        .await["result"]
-        .clone();
-    assert_eq!(future["totalSize"], 0);
-    let past = server
-        .rpc(
-            "ListTasks",
-            json!({"statusTimestampAfter": "2000-01-01T00:00:00Z"}),
-        )
-        .await["result"]
-        .clone();
-    assert_eq!(past["totalSize"], 4);
+    for (after, total) in [("2999-01-01T00:00:00Z", 0), ("2000-01-01T00:00:00Z", 4)] {
+        let listed = server
+            .rpc("ListTasks", json!({"statusTimestampAfter": after}))
+            .await;
+        assert_eq!(
+            listed["result"]["totalSize"], total,
+            "after {after}: {listed}"
+        );
+    }
 
     for (params, field) in [
         (json!({"pageSize": 0}), "pageSize"),
@@ -290,29 +283,28 @@ async fn scenario(server: &TestServer, via: Via, thread: &str) -> Vec<Result<Val
     out
 }
 
-#[tokio::test]
-async fn jsonrpc_and_rest_answer_the_same_scenario_the_same_way() {
+/// Run [`scenario`] over JSON-RPC and over `via`, each on a thread of its own, on one
+/// server: both answer alike, typed errors included.
+async fn assert_answers_like_jsonrpc(via: Via, thread: &str) {
     let server = TestServer::start().await;
     let over_jsonrpc = scenario(&server, Via::JsonRpc, "th-rpc").await;
-    let over_rest = scenario(&server, Via::Rest, "th-rest").await;
-    assert_eq!(over_jsonrpc, over_rest);
-    assert_eq!(over_rest[3], Err("TASK_NOT_CANCELABLE".to_owned()));
-    assert_eq!(over_rest[4], Err("TASK_NOT_FOUND".to_owned()));
-    assert_eq!(over_rest[5], Err("INVALID_PARAMS".to_owned()));
+    let over_via = scenario(&server, via, thread).await;
+    assert_eq!(over_jsonrpc, over_via);
+    assert_eq!(over_via[3], Err("TASK_NOT_CANCELABLE".to_owned()));
+    assert_eq!(over_via[4], Err("TASK_NOT_FOUND".to_owned()));
+    assert_eq!(over_via[5], Err("INVALID_PARAMS".to_owned()));
     server.stop().await;
+}
+
+#[tokio::test]
+async fn jsonrpc_and_rest_answer_the_same_scenario_the_same_way() {
+    assert_answers_like_jsonrpc(Via::Rest, "th-rest").await;
 }
 
 #[cfg(feature = "grpc")]
 #[tokio::test]
 async fn grpc_answers_the_same_scenario_as_jsonrpc() {
-    let server = TestServer::start().await;
-    let over_jsonrpc = scenario(&server, Via::JsonRpc, "th-rpc").await;
-    let over_grpc = scenario(&server, Via::Grpc, "th-grpc").await;
-    assert_eq!(over_jsonrpc, over_grpc);
-    assert_eq!(over_grpc[3], Err("TASK_NOT_CANCELABLE".to_owned()));
-    assert_eq!(over_grpc[4], Err("TASK_NOT_FOUND".to_owned()));
-    assert_eq!(over_grpc[5], Err("INVALID_PARAMS".to_owned()));
-    server.stop().await;
+    assert_answers_like_jsonrpc(Via::Grpc, "th-grpc").await;
 }
 
 #[tokio::test]

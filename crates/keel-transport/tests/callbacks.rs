@@ -14,6 +14,7 @@ use keel_core::{AgentCard, Message, PartContent, TaskState};
 use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_runtime::{Runtime, Services};
 use keel_transport::{A2aServer, StreamEvent};
+use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -95,19 +96,21 @@ async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors()
     let (base, executor) = report_server(endpoint).await;
     let auth = executor.runtime().auth_service().auth_context();
 
-    let http = reqwest::Client::new();
-    let unknown = http
-        .post(format!("{base}/callbacks/nope"))
-        .header(CALLBACK_SECRET_HEADER, "x")
-        .json(&json!({"output": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(unknown.status(), 404);
-    assert_eq!(
-        unknown.json::<Value>().await.unwrap()["error"]["code"],
-        "unknown_call"
-    );
+    // A result posted to `url` with `secret`: the answer's status and error code, if any.
+    let post_result = |url: String, secret: String| async move {
+        let response = reqwest::Client::new()
+            .post(url)
+            .header(CALLBACK_SECRET_HEADER, secret)
+            .json(&json!({"output": 1}))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        (status, body["error"]["code"].clone())
+    };
+    let unknown = post_result(format!("{base}/callbacks/nope"), "x".into()).await;
+    assert_eq!(unknown, (StatusCode::NOT_FOUND, json!("unknown_call")));
 
     let task = executor
         .send_message(
@@ -124,26 +127,10 @@ async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors()
     );
 
     let inv = seen.recv().await.unwrap();
-    let forged = http
-        .post(&inv.callback_url)
-        .header(CALLBACK_SECRET_HEADER, "forged")
-        .json(&json!({"output": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(forged.status(), 401);
-    let duplicate = http
-        .post(&inv.callback_url)
-        .header(CALLBACK_SECRET_HEADER, &inv.callback_secret)
-        .json(&json!({"output": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(duplicate.status(), 409);
-    assert_eq!(
-        duplicate.json::<Value>().await.unwrap()["error"]["code"],
-        "duplicate"
-    );
+    let forged = post_result(inv.callback_url.clone(), "forged".into()).await;
+    assert_eq!(forged.0, StatusCode::UNAUTHORIZED);
+    let duplicate = post_result(inv.callback_url.clone(), inv.callback_secret.clone()).await;
+    assert_eq!(duplicate, (StatusCode::CONFLICT, json!("duplicate")));
 }
 
 #[tokio::test]

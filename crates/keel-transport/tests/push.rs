@@ -97,6 +97,12 @@ fn code(answer: &Value) -> i64 {
     answer["error"]["code"].as_i64().unwrap_or(0)
 }
 
+/// Config `c1` of `task_id`: push to `url` with token `tok` and a bearer credential.
+fn bearer_config(task_id: &str, url: &str) -> Value {
+    json!({"taskId": task_id, "id": "c1", "url": url, "token": "tok",
+           "authentication": {"scheme": "Bearer", "credentials": "secret"}})
+}
+
 async fn sleeping_task(server: &TestServer) -> String {
     let sent = server
         .rpc(
@@ -123,14 +129,12 @@ async fn the_four_config_operations_work_on_both_bindings() {
     let created = server
         .rpc(
             "CreateTaskPushNotificationConfig",
-            json!({"taskId": task_id, "id": "c1", "url": url, "token": "tok",
-                   "authentication": {"scheme": "Bearer", "credentials": "secret"}}),
+            bearer_config(&task_id, &url),
         )
         .await;
     assert_eq!(
         created["result"],
-        json!({"taskId": task_id, "id": "c1", "url": url, "token": "tok",
-               "authentication": {"scheme": "Bearer", "credentials": "secret"}}),
+        bearer_config(&task_id, &url),
         "{created}"
     );
     let c2: Value = server
@@ -257,8 +261,7 @@ async fn updates_are_pushed_with_token_and_authentication_and_failures_are_retri
     let created = server
         .rpc(
             "CreateTaskPushNotificationConfig",
-            json!({"taskId": task_id, "id": "c1", "url": url, "token": "tok",
-                   "authentication": {"scheme": "Bearer", "credentials": "secret"}}),
+            bearer_config(&task_id, &url),
         )
         .await;
     assert!(created.get("result").is_some(), "{created}");
