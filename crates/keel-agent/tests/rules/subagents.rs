@@ -43,9 +43,18 @@ fn lead(
     kind: impl FnOnce(SubagentSpec) -> SubagentSpec,
     script: Vec<MockResponse>,
 ) -> (Arc<dyn Runtime>, AuthContext, AgentExecutor) {
+    lead_over(child_executor, kind, script)
+}
+
+/// [`lead`], its researcher the executor `child` makes on the runtime.
+fn lead_over(
+    child: impl FnOnce(&Arc<dyn Runtime>) -> AgentExecutor,
+    kind: impl FnOnce(SubagentSpec) -> SubagentSpec,
+    script: Vec<MockResponse>,
+) -> (Arc<dyn Runtime>, AuthContext, AgentExecutor) {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
-    let spec = kind(SubagentSpec::new("researcher", child_executor(&runtime)));
+    let spec = kind(SubagentSpec::new("researcher", child(&runtime)));
     let exec = parent(&runtime, spec, script);
     (runtime, auth, exec)
 }
@@ -53,6 +62,14 @@ fn lead(
 fn create(name: &str, message: &str) -> MockResponse {
     MockResponse::ToolCalls(vec![ToolCall::new(
         "subagent_create",
+        json!({"name": name, "message": message}),
+    )])
+}
+
+/// A `subagent_message` call: `message` to the existing child `name`.
+fn message_child(name: &str, message: &str) -> MockResponse {
+    MockResponse::ToolCalls(vec![ToolCall::new(
+        "subagent_message",
         json!({"name": name, "message": message}),
     )])
 }
@@ -85,6 +102,14 @@ async fn until_history(
 ) {
     let holds = &holds;
     eventually(what, move || async move { holds(&history(exec, auth, thread).await) }).await
+}
+
+/// Assert that the message of `thread` holding `text` is a status message of `kind`, one the
+/// engine synthesized.
+async fn assert_status_message(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId, text: &str, kind: &str) {
+    let history = history(exec, auth, thread).await;
+    let message = history.iter().find(|m| m.content.contains(text)).unwrap();
+    assert_eq!(message.metadata["status_kind"], kind, "a synthesized status message");
 }
 
 /// Whether `history` holds a message that contains `text`.
@@ -221,10 +246,7 @@ async fn a_resumable_child_is_messaged_again_on_its_own_thread() {
         spec,
         vec![
             create("alpha", "find A"),
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_message",
-                json!({"name": "alpha", "message": "and B"}),
-            )]),
+            message_child("alpha", "and B"),
             MockResponse::Text("ok".into()),
         ],
     );
@@ -263,9 +285,7 @@ async fn a_background_child_queues_its_result_to_the_parent_with_auto_communicat
         })
     })
     .await;
-    let history = history(&exec, &auth, &thread).await;
-    let returned = history.iter().find(|m| m.content.contains("[subagent alpha] completed")).unwrap();
-    assert_eq!(returned.metadata["status_kind"], "subagent_return", "a synthesized status message");
+    assert_status_message(&exec, &auth, &thread, "[subagent alpha] completed", "subagent_return").await;
 }
 
 #[tokio::test]
@@ -470,12 +490,9 @@ fn reporting_child(runtime: &Arc<dyn Runtime>, responses: usize) -> AgentExecuto
 
 #[tokio::test]
 async fn a_childs_result_brings_its_attachments_into_the_parents_store() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", reporting_child(&runtime, 1));
-    let exec = parent(
-        &runtime,
-        spec,
+    let (_runtime, auth, exec) = lead_over(
+        |runtime| reporting_child(runtime, 1),
+        |kind| kind,
         vec![create("alpha", "write it"), MockResponse::Text("ok".into())],
     );
     let sink = sink_of(&exec);
@@ -500,12 +517,9 @@ async fn a_childs_result_brings_its_attachments_into_the_parents_store() {
 
 #[tokio::test]
 async fn a_background_childs_queued_result_carries_its_copied_attachments() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", reporting_child(&runtime, 1));
-    let exec = parent(
-        &runtime,
-        spec,
+    let (_runtime, auth, exec) = lead_over(
+        |runtime| reporting_child(runtime, 1),
+        |kind| kind,
         background_then("alpha", "write it", "got it"),
     );
     let task = ask(&exec, &auth, "go").await;
@@ -821,10 +835,7 @@ async fn subagent_lifecycle_markers_appear_in_the_parents_event_stream() {
         spec,
         vec![
             create("alpha", "find A"),
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_message",
-                json!({"name": "alpha", "message": "more"}),
-            )]),
+            message_child("alpha", "more"),
             create("beta", "find B"),
             MockResponse::Text("done".into()),
         ],
@@ -922,9 +933,7 @@ async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
         at.is_some_and(|i| history[i + 1..].iter().any(|m| m.role == LlmRole::Assistant && m.content == "parent saw it"))
     })
     .await;
-    let history = history(&exec, &auth, &thread).await;
-    let note = history.iter().find(|m| m.content.contains("progress: 50%")).unwrap();
-    assert_eq!(note.metadata["status_kind"], "subagent_message", "a synthesized status message");
+    assert_status_message(&exec, &auth, &thread, "progress: 50%", "subagent_message").await;
 }
 
 #[tokio::test]
