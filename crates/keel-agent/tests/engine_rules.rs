@@ -85,11 +85,8 @@ mod redis {
     use std::sync::OnceLock;
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-    use keel_llm::Llm;
-    use keel_runtime::{
-        AsyncCallStore, AuthService, LoggingService, MemoryService, RunStore, StepStore,
-        TaskManager, ThreadStore, ThreadTimers,
-    };
+    use keel_core::AgentResult;
+    use keel_runtime::{AuthContext, AuthService, Credentials};
     use keel_store_redis::RedisStore;
 
     /// What every test prefix starts with; the sweep below only ever touches such keys.
@@ -165,21 +162,36 @@ mod redis {
             .unwrap()
             .as_secs();
         let prefix = format!("{PREFIX_ROOT}{made}-{}:", uuid::Uuid::new_v4().simple());
-        let services = shared()
+        let mut services = shared()
             .store
             .clone()
             .with_prefix(prefix.clone())
             .services(Arc::new(MockLlm::new()));
-        Arc::new(PrefixedRuntime { services, prefix })
+        services.auth = Arc::new(KeyCleanup {
+            auth: services.auth,
+            prefix,
+        });
+        Arc::new(services)
     }
 
-    /// The Redis services of one test, deleting its keys when dropped.
-    struct PrefixedRuntime {
-        services: Services,
+    /// The services' caller, which also deletes the test's keys when it goes: the runtime
+    /// holds it to its end, so the keys go with the last handle on the runtime (or just after,
+    /// when a part of the engine still held the caller).
+    struct KeyCleanup {
+        auth: Arc<dyn AuthService>,
         prefix: String,
     }
 
-    impl Drop for PrefixedRuntime {
+    impl AuthService for KeyCleanup {
+        fn auth_context(&self) -> AuthContext {
+            self.auth.auth_context()
+        }
+        fn authenticate(&self, credentials: &Credentials) -> AgentResult<Option<AuthContext>> {
+            self.auth.authenticate(credentials)
+        }
+    }
+
+    impl Drop for KeyCleanup {
         fn drop(&mut self) {
             let prefix = self.prefix.clone();
             let driver = shared().driver.handle().clone();
@@ -194,39 +206,6 @@ mod redis {
                 // the next run's sweep deletes them once they are stale.
                 eprintln!("could not delete the test's keys under {}", self.prefix);
             }
-        }
-    }
-
-    impl Runtime for PrefixedRuntime {
-        fn auth_service(&self) -> Arc<dyn AuthService> {
-            self.services.auth_service()
-        }
-        fn task_manager(&self) -> Arc<dyn TaskManager> {
-            self.services.task_manager()
-        }
-        fn memory_service(&self) -> Arc<dyn MemoryService> {
-            self.services.memory_service()
-        }
-        fn logging_service(&self) -> Arc<dyn LoggingService> {
-            self.services.logging_service()
-        }
-        fn default_llm(&self) -> Arc<dyn Llm> {
-            self.services.default_llm()
-        }
-        fn thread_store(&self) -> Arc<dyn ThreadStore> {
-            self.services.thread_store()
-        }
-        fn run_store(&self) -> Arc<dyn RunStore> {
-            self.services.run_store()
-        }
-        fn step_store(&self) -> Option<Arc<dyn StepStore>> {
-            self.services.step_store()
-        }
-        fn thread_timers(&self) -> Option<Arc<dyn ThreadTimers>> {
-            self.services.thread_timers()
-        }
-        fn async_call_store(&self) -> Arc<dyn AsyncCallStore> {
-            self.services.async_call_store()
         }
     }
 
