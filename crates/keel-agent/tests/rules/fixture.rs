@@ -1,4 +1,5 @@
-// What the rule files share: an executor on the backend's runtime, and the two ways a test
+// What the rule files share: an executor on the backend's runtime (for a built agent, or for
+// one over a scripted model), the common model script and the gate tool, and the ways a test
 // sends a message (waiting for the task's answer, or returning at once while it runs).
 
 use std::sync::Arc;
