@@ -42,6 +42,11 @@ pub async fn raw() -> redis::aio::MultiplexedConnection {
         .expect("raw connection to the test Redis")
 }
 
+/// Two stores on the test server under the same `prefix`: two processes sharing one Redis.
+pub async fn two_stores(prefix: &str) -> (RedisStore, RedisStore) {
+    (store(prefix).await, store(prefix).await)
+}
+
 /// Run one command (its name and arguments) on `con`, behind the store's back: how a test
 /// corrupts or removes what the store wrote.
 pub async fn raw_cmd(con: &mut redis::aio::MultiplexedConnection, command: &[&str]) {
