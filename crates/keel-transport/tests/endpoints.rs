@@ -107,17 +107,13 @@ async fn custom_endpoints_are_served_per_tenant_with_the_servers_security() {
     let base = serve(move |base| server.router(base)).await;
     use reqwest::Method;
 
+    // An endpoint called by Alice, without a body.
+    let as_alice = |method, path: &str| call(method, format!("{base}/x/{path}"), Some(ALICE), None);
     let (status, headers, _) = call(Method::GET, format!("{base}/x/whoami"), None, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(headers.contains_key("www-authenticate"));
 
-    let (status, _, body) = call(
-        Method::GET,
-        format!("{base}/x/whoami?q=1"),
-        Some(ALICE),
-        None,
-    )
-    .await;
+    let (status, _, body) = as_alice(Method::GET, "whoami?q=1").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         json_of(&body),
@@ -156,18 +152,11 @@ async fn custom_endpoints_are_served_per_tenant_with_the_servers_security() {
         assert_eq!(status, expected, "{method} {path}: {body}");
     }
     // A known path with another method is 405 naming the methods.
-    let (status, headers, _) = call(
-        Method::DELETE,
-        format!("{base}/x/whoami"),
-        Some(ALICE),
-        None,
-    )
-    .await;
+    let (status, headers, _) = as_alice(Method::DELETE, "whoami").await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(headers["allow"], "GET");
 
-    let (status, headers, body) =
-        call(Method::GET, format!("{base}/x/page"), Some(ALICE), None).await;
+    let (status, headers, body) = as_alice(Method::GET, "page").await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers["content-type"]
         .to_str()

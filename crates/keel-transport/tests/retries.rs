@@ -82,6 +82,11 @@ fn client(base: &str) -> A2aClient {
         .with_retries(3, Duration::from_millis(10))
 }
 
+/// A client of `proxy` told its JSON-RPC endpoint, so it fetches no card first.
+fn jsonrpc_client(proxy: &DroppingProxy) -> A2aClient {
+    client(&proxy.base).with_endpoint(format!("{}/", proxy.base))
+}
+
 /// A test server behind a [`DroppingProxy`] that drops the next `drops` connections.
 async fn proxied(drops: usize) -> (TestServer, DroppingProxy) {
     let server = TestServer::start().await;
@@ -159,7 +164,7 @@ async fn the_card_and_get_task_survive_a_dropped_connection() {
 #[tokio::test]
 async fn retries_give_up_after_their_attempts() {
     let (server, proxy) = proxied(10).await;
-    let via_proxy = client(&proxy.base).with_endpoint(format!("{}/", proxy.base));
+    let via_proxy = jsonrpc_client(&proxy);
     let err = via_proxy
         .get_task(&"t-1".into(), None)
         .await
@@ -172,7 +177,7 @@ async fn retries_give_up_after_their_attempts() {
 #[tokio::test]
 async fn send_message_is_never_retried() {
     let (server, proxy) = proxied(1).await;
-    let via_proxy = client(&proxy.base).with_endpoint(format!("{}/", proxy.base));
+    let via_proxy = jsonrpc_client(&proxy);
     let err = via_proxy
         .send_message(Message::user("once"), SendMessageOptions::default())
         .await

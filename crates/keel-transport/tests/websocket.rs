@@ -23,12 +23,17 @@ async fn connect(server: &TestServer) -> Socket {
     connect_ws(&server.base, None).await
 }
 
+/// Request `id`: `method` (SendMessage or SendStreamingMessage) of a user message saying
+/// `text`.
+async fn send_text(socket: &mut Socket, id: &str, method: &str, text: &str) {
+    send_ws(socket, id, method, json!({"message": user_message(text)})).await;
+}
+
 /// A stream of [`SLEEP_30`] opened on a new socket as request `long`: the socket and the
 /// task's id (from the stream's first frame).
 async fn sleeping_stream(server: &TestServer) -> (Socket, String) {
     let mut streaming = connect(server).await;
-    let message = json!({"message": user_message(SLEEP_30)});
-    send_ws(&mut streaming, "long", "SendStreamingMessage", message).await;
+    send_text(&mut streaming, "long", "SendStreamingMessage", SLEEP_30).await;
     let first = next(&mut streaming).await;
     let task_id = first["result"]["task"]["id"].as_str().unwrap().to_owned();
     (streaming, task_id)
@@ -56,13 +61,7 @@ fn state_of(result: &Value) -> Option<&str> {
 async fn unary_calls_and_errors_share_one_socket() {
     let server = TestServer::start().await;
     let mut socket = connect(&server).await;
-    send_ws(
-        &mut socket,
-        "s1",
-        "SendMessage",
-        json!({"message": user_message("hello")}),
-    )
-    .await;
+    send_text(&mut socket, "s1", "SendMessage", "hello").await;
     let sent = next(&mut socket).await;
     assert_eq!(sent["id"], "s1", "{sent}");
     let task_id = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
@@ -99,11 +98,11 @@ async fn unary_calls_and_errors_share_one_socket() {
 async fn a_stream_is_several_frames_with_the_request_id_ending_at_the_final_status() {
     let server = TestServer::start().await;
     let mut socket = connect(&server).await;
-    send_ws(
+    send_text(
         &mut socket,
         "stream-1",
         "SendStreamingMessage",
-        json!({"message": user_message("stream this")}),
+        "stream this",
     )
     .await;
     let mut frames = Vec::new();
