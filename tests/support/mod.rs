@@ -220,8 +220,9 @@ pub fn redis_url() -> String {
     url
 }
 
-/// Calls `probe` every 50 ms until `done` holds for its answer, and returns that answer.
-/// Panics after `within`, naming `what` it waited for and the last answer seen.
+/// Calls `probe` until `done` holds for its answer, and returns that answer; fails after
+/// `within`, naming `what` it waited for and printing the last answer seen. The polling is
+/// `keel_runtime::testing`'s, as in every crate's tests.
 pub async fn wait_until<T, F, Fut>(
     what: &str,
     within: Duration,
@@ -233,18 +234,25 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = T>,
 {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let answer = probe().await;
-        if done(&answer) {
-            return answer;
+    /// The last answer, printed if the wait fails (the panic unwinds through it).
+    struct LastAnswer(std::sync::Mutex<String>);
+    impl Drop for LastAnswer {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                eprintln!("the last answer was {}", self.0.lock().unwrap());
+            }
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "waited {within:?} for {what}; the last answer was {answer:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let (done, last) = (&done, &LastAnswer(Default::default()));
+    keel_runtime::testing::eventually_within(what, within, || {
+        let answer = probe();
+        async move {
+            let answer = answer.await;
+            *last.0.lock().unwrap() = format!("{answer:?}");
+            done(&answer).then_some(answer)
+        }
+    })
+    .await
 }
 
 /// A JSON-RPC client for the A2A endpoint of a running server.

@@ -9,11 +9,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use keel_agent::reads::{Reads, TaskQuery};
 use keel_agent::{Agent, AgentExecutor, EffectConfig, ExecutorConfig, SendOptions};
 use keel_core::{AgentCard, Message, Task, TaskState, ThreadId};
 use keel_llm::MockLlm;
 use keel_runtime::testing::eventually;
-use keel_runtime::{AuthContext, ListTasksFilter, Runtime};
+use keel_runtime::{AuthContext, Runtime};
 use serde_json::{json, Value};
 
 fn card() -> AgentCard {
@@ -41,6 +42,30 @@ fn agent(counts: Counts) -> Agent {
         .unwrap()
 }
 
+/// Where a test's SQLite file goes: a fresh temp dir (which must outlive the test's
+/// runtimes) and the file's path in it.
+fn sqlite_file() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    (dir, path)
+}
+
+/// Executors whose thread leases lapse soon: a dead process's lease runs out within the test.
+fn short_lease() -> ExecutorConfig {
+    ExecutorConfig {
+        lease_ttl: Duration::from_millis(300),
+        ..ExecutorConfig::default()
+    }
+}
+
+/// Effect schedulers whose claims lapse soon, so a claimed wake is looked at again quickly.
+fn short_claim() -> EffectConfig {
+    EffectConfig {
+        claim_ttl: Duration::from_millis(300),
+        ..EffectConfig::default()
+    }
+}
+
 fn sqlite_runtime(path: &Path) -> Arc<dyn Runtime> {
     let store = keel_store_sqlite::SqliteStore::open(path).expect("open SQLite");
     Arc::new(store.services(Arc::new(MockLlm::new())))
@@ -52,27 +77,21 @@ async fn task_in_state(
     thread: &ThreadId,
     state: TaskState,
 ) -> Option<Task> {
-    runtime
-        .task_manager()
-        .list_tasks(
-            auth,
-            &ListTasksFilter {
-                thread_id: Some(thread.clone()),
-                state: Some(state),
-                ..Default::default()
-            },
-        )
+    let query = TaskQuery {
+        thread_id: Some(thread.clone()),
+        state: Some(state),
+        ..TaskQuery::default()
+    };
+    let page = Reads::new(runtime.clone())
+        .tasks(auth, &query)
         .await
-        .unwrap()
-        .items
-        .into_iter()
-        .next()
+        .unwrap();
+    page.items.into_iter().next()
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_effect_scheduled_before_a_restart_fires_in_the_next_executor() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keel.db");
+    let (_dir, path) = sqlite_file();
     let auth = AuthContext::new("acme", "restart");
     let thread = ThreadId::new();
     let first_counts = Counts::default();
@@ -94,14 +113,7 @@ async fn an_effect_scheduled_before_a_restart_fires_in_the_next_executor() {
     let runtime = sqlite_runtime(&path);
     let exec = AgentExecutor::new(agent(counts.clone()), runtime.clone());
     exec.start_effects().unwrap();
-    let task = eventually("the effect's turn", || {
-        task_in_state(&runtime, &auth, &thread, TaskState::Completed)
-    })
-    .await;
-    assert_eq!(
-        task.status().message.as_ref().unwrap().text(),
-        "You said: reminder later"
-    );
+    completed_with(&runtime, &auth, &thread, "You said: reminder later").await;
     assert_eq!(counts.lock().unwrap().get("later"), Some(&1));
     assert!(
         first_counts.lock().unwrap().is_empty(),
@@ -112,23 +124,14 @@ async fn an_effect_scheduled_before_a_restart_fires_in_the_next_executor() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn recover_all_resumes_a_task_of_a_non_default_tenant() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keel.db");
+    let (_dir, path) = sqlite_file();
     let tenant = AuthContext::new("other-app", "bob");
     let thread = ThreadId::new();
-    let config = ExecutorConfig {
-        lease_ttl: Duration::from_millis(300),
-        ..ExecutorConfig::default()
-    };
+    let config = short_lease();
     {
         // A dead process still holds the thread's lease, so the message waits queued.
         let runtime = sqlite_runtime(&path);
-        runtime
-            .thread_store()
-            .acquire_lease(&tenant, &thread, "dead-process", Duration::from_millis(300))
-            .await
-            .unwrap()
-            .expect("the lease is free");
+        hold_as_a_dead_process(&runtime, &tenant, &thread, Duration::from_millis(300)).await;
         let exec =
             AgentExecutor::with_config(agent(Counts::default()), runtime.clone(), config.clone());
         let task = exec
@@ -159,15 +162,39 @@ async fn recover_all_resumes_a_task_of_a_non_default_tenant() {
         1,
         "the other tenant's task is found"
     );
-    let task = eventually("the recovered task", || {
-        task_in_state(&runtime, &tenant, &thread, TaskState::Completed)
-    })
-    .await;
-    assert_eq!(
-        task.status().message.as_ref().unwrap().text(),
-        "You said: hello"
-    );
+    completed_with(&runtime, &tenant, &thread, "You said: hello").await;
     exec.shutdown().await;
+}
+
+/// Take `thread`'s lease for `ttl` as a process that then dies: work for the thread queues
+/// until the lease lapses.
+async fn hold_as_a_dead_process(
+    runtime: &Arc<dyn Runtime>,
+    auth: &AuthContext,
+    thread: &ThreadId,
+    ttl: Duration,
+) {
+    runtime
+        .thread_store()
+        .acquire_lease(auth, thread, "dead-process", ttl)
+        .await
+        .unwrap()
+        .expect("the lease is free");
+}
+
+/// Wait until a task of `thread` completes, and assert that it answered `answer`.
+async fn completed_with(
+    runtime: &Arc<dyn Runtime>,
+    auth: &AuthContext,
+    thread: &ThreadId,
+    answer: &str,
+) {
+    let task = eventually(
+        &format!("a task of the thread to answer {answer:?}"),
+        || task_in_state(runtime, auth, thread, TaskState::Completed),
+    )
+    .await;
+    assert_eq!(task.status().message.as_ref().unwrap().text(), answer);
 }
 
 fn redis_url() -> String {
@@ -270,23 +297,14 @@ async fn two_executors_on_one_redis_fire_each_due_effect_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_effect_queued_by_a_process_that_stopped_before_firing_it_fires_after_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keel.db");
+    let (_dir, path) = sqlite_file();
     let auth = AuthContext::new("acme", "queued");
     let thread = ThreadId::new();
-    let short = EffectConfig {
-        claim_ttl: Duration::from_millis(300),
-        ..EffectConfig::default()
-    };
+    let short = short_claim();
     {
         // A dead process holds the thread, so the due effect is queued but cannot run here.
         let runtime = sqlite_runtime(&path);
-        runtime
-            .thread_store()
-            .acquire_lease(&auth, &thread, "dead-process", Duration::from_millis(500))
-            .await
-            .unwrap()
-            .expect("the lease is free");
+        hold_as_a_dead_process(&runtime, &auth, &thread, Duration::from_millis(500)).await;
         let exec = AgentExecutor::new(agent(Counts::default()), runtime.clone());
         exec.start_effects_with(short).unwrap();
         exec.thread(&auth, thread.clone())
@@ -316,14 +334,7 @@ async fn an_effect_queued_by_a_process_that_stopped_before_firing_it_fires_after
     let runtime = sqlite_runtime(&path);
     let exec = AgentExecutor::new(agent(counts.clone()), runtime.clone());
     exec.start_effects_with(short).unwrap();
-    let task = eventually("the effect's turn", || {
-        task_in_state(&runtime, &auth, &thread, TaskState::Completed)
-    })
-    .await;
-    assert_eq!(
-        task.status().message.as_ref().unwrap().text(),
-        "You said: reminder queued"
-    );
+    completed_with(&runtime, &auth, &thread, "You said: reminder queued").await;
     assert_eq!(counts.lock().unwrap().get("queued"), Some(&1), "fired once");
     assert!(
         exec.thread(&auth, thread.clone())
@@ -338,8 +349,7 @@ async fn an_effect_queued_by_a_process_that_stopped_before_firing_it_fires_after
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_message_left_in_an_idle_threads_queue_runs_after_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keel.db");
+    let (_dir, path) = sqlite_file();
     left_behind_message_runs_in_the_next_process(sqlite_runtime(&path), sqlite_runtime(&path))
         .await;
 }
@@ -363,20 +373,12 @@ async fn left_behind_message_runs_in_the_next_process(
 ) {
     let auth = AuthContext::new("acme", "left-behind");
     let thread = ThreadId::new();
-    let config = ExecutorConfig {
-        lease_ttl: Duration::from_millis(300),
-        ..ExecutorConfig::default()
-    };
+    let config = short_lease();
     {
         // A dead process still holds the thread, so the queued message cannot run here;
         // then this process goes away too. No task records the message: only the queue.
         let runtime = first;
-        runtime
-            .thread_store()
-            .acquire_lease(&auth, &thread, "dead-process", Duration::from_millis(300))
-            .await
-            .unwrap()
-            .expect("the lease is free");
+        hold_as_a_dead_process(&runtime, &auth, &thread, Duration::from_millis(300)).await;
         let exec =
             AgentExecutor::with_config(agent(Counts::default()), runtime.clone(), config.clone());
         exec.start_effects().unwrap();
@@ -409,19 +411,8 @@ async fn left_behind_message_runs_in_the_next_process(
         "no task was left working"
     );
     // A short claim TTL so the wake, kept while the queue held work, is looked at again soon.
-    exec.start_effects_with(EffectConfig {
-        claim_ttl: Duration::from_millis(300),
-        ..EffectConfig::default()
-    })
-    .unwrap();
-    let task = eventually("the queued message's turn", || {
-        task_in_state(&runtime, &auth, &thread, TaskState::Completed)
-    })
-    .await;
-    assert_eq!(
-        task.status().message.as_ref().unwrap().text(),
-        "You said: left behind"
-    );
+    exec.start_effects_with(short_claim()).unwrap();
+    completed_with(&runtime, &auth, &thread, "You said: left behind").await;
     let store = runtime.thread_store();
     let timers = runtime.thread_timers().unwrap();
     eventually("the wake removed once the queue is empty", || {

@@ -51,6 +51,11 @@ macro_rules! rules {
     };
 }
 
+/// The Redis tests' own support (the server at `REDIS_URL`, SCAN and cleanup of a prefix),
+/// shared rather than written again.
+#[path = "../../keel-store-redis/tests/support/mod.rs"]
+mod redis_support;
+
 mod memory {
     use super::*;
 
@@ -81,25 +86,19 @@ mod redis {
     //! one when none answers); without one every test here fails naming `REDIS_URL`.
 
     use super::*;
+    use crate::redis_support;
 
     use std::sync::OnceLock;
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-    use keel_llm::Llm;
-    use keel_runtime::{
-        AsyncCallStore, AuthService, LoggingService, MemoryService, RunStore, StepStore,
-        TaskManager, ThreadStore, ThreadTimers,
-    };
+    use keel_core::AgentResult;
+    use keel_runtime::{AuthContext, AuthService, Credentials};
     use keel_store_redis::RedisStore;
 
     /// What every test prefix starts with; the sweep below only ever touches such keys.
     const PREFIX_ROOT: &str = "keel-rules-";
     /// Keys of a prefix older than this are a crashed run's leftovers and are deleted.
     const STALE_AFTER: Duration = Duration::from_secs(3600);
-
-    fn redis_url() -> String {
-        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
-    }
 
     /// The connected store and the runtime driving its connection. The rule tests each build
     /// their own tokio runtime (and drop it at the end), while `runtime()` is synchronous; the
@@ -121,7 +120,7 @@ mod redis {
                     .enable_all()
                     .build()
                     .expect("a tokio runtime for the Redis connection");
-                let url = redis_url();
+                let url = redis_support::redis_url();
                 let store = match driver.block_on(RedisStore::connect(&url)) {
                     Ok(store) => store,
                     Err(err) => panic!(
@@ -138,59 +137,10 @@ mod redis {
         })
     }
 
-    async fn raw() -> ::redis::aio::MultiplexedConnection {
-        // The client's default 500 ms reply timeout is too short for SCAN on a busy shared
-        // server (several test binaries at once), and a timed-out cleanup leaves keys behind.
-        let config = ::redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(10)))
-            .set_response_timeout(Some(Duration::from_secs(30)));
-        ::redis::Client::open(redis_url())
-            .expect("REDIS_URL parses")
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .expect("a raw connection to REDIS_URL")
-    }
-
-    /// Every key matching `pattern` (SCAN, never KEYS: the server may hold much else).
-    async fn keys_matching(
-        con: &mut ::redis::aio::MultiplexedConnection,
-        pattern: &str,
-    ) -> Vec<String> {
-        let mut cursor: u64 = 0;
-        let mut keys = Vec::new();
-        loop {
-            let (next, batch): (u64, Vec<String>) = ::redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(con)
-                .await
-                .expect("SCAN");
-            keys.extend(batch);
-            if next == 0 {
-                return keys;
-            }
-            cursor = next;
-        }
-    }
-
-    async fn delete(con: &mut ::redis::aio::MultiplexedConnection, keys: &[String]) {
-        for chunk in keys.chunks(500) {
-            ::redis::cmd("DEL")
-                .arg(chunk)
-                .query_async::<()>(con)
-                .await
-                .expect("DEL");
-        }
-    }
-
     /// Delete what runs that died before cleaning up left behind: their prefixes carry the
     /// time they were made, and no rule test runs for an hour.
     async fn sweep_stale_prefixes() {
-        let mut con = raw().await;
-        let keys = keys_matching(&mut con, &format!("{PREFIX_ROOT}*")).await;
+        let keys = redis_support::keys_under(PREFIX_ROOT).await;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
@@ -205,7 +155,7 @@ mod redis {
                     .is_some_and(|made| now.saturating_sub(made) > STALE_AFTER.as_secs())
             })
             .collect();
-        delete(&mut con, &stale).await;
+        redis_support::delete_keys(&stale).await;
     }
 
     /// A runtime wired as `DefaultRuntime` wires Redis (task manager, memory, thread store,
@@ -218,32 +168,43 @@ mod redis {
             .unwrap()
             .as_secs();
         let prefix = format!("{PREFIX_ROOT}{made}-{}:", uuid::Uuid::new_v4().simple());
-        let services = shared()
+        let mut services = shared()
             .store
             .clone()
             .with_prefix(prefix.clone())
             .services(Arc::new(MockLlm::new()));
-        Arc::new(PrefixedRuntime { services, prefix })
+        services.auth = Arc::new(KeyCleanup {
+            auth: services.auth,
+            prefix,
+        });
+        Arc::new(services)
     }
 
-    /// The Redis services of one test, deleting its keys when dropped.
-    struct PrefixedRuntime {
-        services: Services,
+    /// The services' caller, which also deletes the test's keys when it goes: the runtime
+    /// holds it to its end, so the keys go with the last handle on the runtime (or just after,
+    /// when a part of the engine still held the caller).
+    struct KeyCleanup {
+        auth: Arc<dyn AuthService>,
         prefix: String,
     }
 
-    impl Drop for PrefixedRuntime {
+    impl AuthService for KeyCleanup {
+        fn auth_context(&self) -> AuthContext {
+            self.auth.auth_context()
+        }
+        fn authenticate(&self, credentials: &Credentials) -> AgentResult<Option<AuthContext>> {
+            self.auth.authenticate(credentials)
+        }
+    }
+
+    impl Drop for KeyCleanup {
         fn drop(&mut self) {
-            let pattern = format!("{}*", self.prefix);
+            let prefix = self.prefix.clone();
             let driver = shared().driver.handle().clone();
             // Dropped inside the test's runtime (often as it shuts down): block a thread of
             // our own on the driver instead.
             let cleaned = std::thread::spawn(move || {
-                driver.block_on(async move {
-                    let mut con = raw().await;
-                    let keys = keys_matching(&mut con, &pattern).await;
-                    delete(&mut con, &keys).await;
-                })
+                driver.block_on(async move { redis_support::clean_up(&prefix).await })
             })
             .join();
             if cleaned.is_err() {
@@ -251,39 +212,6 @@ mod redis {
                 // the next run's sweep deletes them once they are stale.
                 eprintln!("could not delete the test's keys under {}", self.prefix);
             }
-        }
-    }
-
-    impl Runtime for PrefixedRuntime {
-        fn auth_service(&self) -> Arc<dyn AuthService> {
-            self.services.auth_service()
-        }
-        fn task_manager(&self) -> Arc<dyn TaskManager> {
-            self.services.task_manager()
-        }
-        fn memory_service(&self) -> Arc<dyn MemoryService> {
-            self.services.memory_service()
-        }
-        fn logging_service(&self) -> Arc<dyn LoggingService> {
-            self.services.logging_service()
-        }
-        fn default_llm(&self) -> Arc<dyn Llm> {
-            self.services.default_llm()
-        }
-        fn thread_store(&self) -> Arc<dyn ThreadStore> {
-            self.services.thread_store()
-        }
-        fn run_store(&self) -> Arc<dyn RunStore> {
-            self.services.run_store()
-        }
-        fn step_store(&self) -> Option<Arc<dyn StepStore>> {
-            self.services.step_store()
-        }
-        fn thread_timers(&self) -> Option<Arc<dyn ThreadTimers>> {
-            self.services.thread_timers()
-        }
-        fn async_call_store(&self) -> Arc<dyn AsyncCallStore> {
-            self.services.async_call_store()
         }
     }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use keel_agent::{AcceptAll, Agent, AgentExecutor, SendOptions};
-use keel_core::{AgentCard, AgentSkill, Message, TaskState};
+use keel_core::{AgentCard, AgentSkill, Message, Task, TaskState};
 use keel_llm::{MockLlm, MockResponse};
 use keel_runtime::Services;
 
@@ -35,21 +35,21 @@ fn executor(
     )
 }
 
+/// Send `text` as the runtime's caller and wait for the task.
+async fn ask(exec: &AgentExecutor, text: &str) -> Task {
+    let auth = exec.runtime().auth_service().auth_context();
+    exec.send_message(&auth, Message::user(text), SendOptions::default())
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn an_agent_with_skills_negotiates_with_the_runtimes_model_by_default() {
     let (exec, runtime_model) = executor(
         |llm| Agent::builder(card(true)).llm_shared(llm).build().unwrap(),
         r#"{"decision": "accept", "skill": "translate"}"#,
     );
-    let auth = exec.runtime().auth_service().auth_context();
-    let task = exec
-        .send_message(
-            &auth,
-            Message::user("say hello in French"),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
+    let task = ask(&exec, "say hello in French").await;
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(
         task.metadata["skill"], "translate",
@@ -64,15 +64,7 @@ async fn the_runtimes_model_can_reject_before_the_task_starts() {
         |llm| Agent::builder(card(true)).llm_shared(llm).build().unwrap(),
         r#"{"decision": "reject", "reason": "we only translate and summarize"}"#,
     );
-    let auth = exec.runtime().auth_service().auth_context();
-    let task = exec
-        .send_message(
-            &auth,
-            Message::user("book me a flight"),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
+    let task = ask(&exec, "book me a flight").await;
     assert_eq!(task.state(), TaskState::Rejected);
 }
 
@@ -92,11 +84,7 @@ async fn without_skills_or_with_accept_all_no_model_is_asked() {
             },
             r#"{"decision": "reject", "reason": "never asked"}"#,
         );
-        let auth = exec.runtime().auth_service().auth_context();
-        let task = exec
-            .send_message(&auth, Message::user("hi"), SendOptions::default())
-            .await
-            .unwrap();
+        let task = ask(&exec, "hi").await;
         assert_eq!(task.state(), TaskState::Completed, "skills: {with_skills}");
         assert!(runtime_model.requests().is_empty(), "skills: {with_skills}");
         assert!(!task.metadata.contains_key("skill"));

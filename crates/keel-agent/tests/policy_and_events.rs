@@ -4,9 +4,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use keel_agent::{approval_part, Agent, AgentExecutor, FnTool, SendOptions};
+use keel_agent::{approval_part, Agent, AgentBuilder, AgentExecutor, FnTool, SendOptions};
 use keel_core::{
-    AgentCard, AgentError, ApprovalOutcome, Message, RunBudget, RunContext, TaskState, ThreadId,
+    AgentCard, AgentError, ApprovalOutcome, Message, RunBudget, RunContext, Task, TaskState,
+    ThreadId,
 };
 use keel_events::{
     assert_no_denied_actions, assert_run_events, normalize, InMemoryEventSink, Match, RunEvent,
@@ -59,6 +60,69 @@ fn executor(agent: Agent) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>
     (exec, auth, sink)
 }
 
+/// The records agent with `write_record` on an in-memory runtime, its events collected: what
+/// most tests here set up, each adding the rule it is about (a policy, a handler, a budget).
+struct Records {
+    exec: AgentExecutor,
+    auth: AuthContext,
+    sink: Arc<InMemoryEventSink>,
+    /// How many writes actually ran.
+    writes: Arc<AtomicUsize>,
+}
+
+impl Records {
+    /// The agent over `llm`, as `configure` finishes building it.
+    fn new(llm: Arc<MockLlm>, configure: impl FnOnce(AgentBuilder) -> AgentBuilder) -> Self {
+        let writes = Arc::new(AtomicUsize::new(0));
+        let builder = Agent::builder(card())
+            .llm_shared(llm)
+            .tool(write_tool(writes.clone()));
+        let (exec, auth, sink) = executor(configure(builder).build().unwrap());
+        Self {
+            exec,
+            auth,
+            sink,
+            writes,
+        }
+    }
+
+    /// The agent whose model calls `write_record` `calls` times, then answers.
+    fn writing(calls: usize, configure: impl FnOnce(AgentBuilder) -> AgentBuilder) -> Self {
+        Self::new(script(calls), configure)
+    }
+
+    /// Send `text` and wait for the task's answer.
+    async fn send(&self, text: &str) -> Task {
+        self.send_in(text, None).await
+    }
+
+    /// Send `text` under `run_context` and wait for the task's answer.
+    async fn send_in(&self, text: &str, run_context: Option<RunContext>) -> Task {
+        let options = SendOptions {
+            run_context,
+            ..Default::default()
+        };
+        self.exec
+            .send_message(&self.auth, Message::user(text), options)
+            .await
+            .unwrap()
+    }
+
+    fn writes(&self) -> usize {
+        self.writes.load(Ordering::SeqCst)
+    }
+}
+
+/// A policy that asks a human before every `records.write`.
+fn approval_required() -> CapabilityPolicy {
+    CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval)
+}
+
+/// The approval request a task waiting for one carries.
+fn pending_approval(task: &Task) -> keel_core::ApprovalRequest {
+    serde_json::from_value(task.metadata["pending_approval"].clone()).unwrap()
+}
+
 fn types(events: &[RunEvent]) -> Vec<String> {
     events
         .iter()
@@ -68,18 +132,12 @@ fn types(events: &[RunEvent]) -> Vec<String> {
 
 #[tokio::test]
 async fn an_allowed_tool_call_emits_the_normalized_sequence_and_a_persisted_report() {
-    let writes = Arc::new(AtomicUsize::new(0));
-    let agent = Agent::builder(card())
-        .llm_shared(script(1))
-        .tool(write_tool(writes.clone()))
-        .build()
-        .unwrap();
-    let (exec, auth, sink) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("write r0"), SendOptions::default())
-        .await
-        .unwrap();
+    let records = Records::writing(1, |agent| agent);
+    let task = records.send("write r0").await;
     assert_eq!(task.state(), TaskState::Completed);
+    let Records {
+        exec, auth, sink, ..
+    } = records;
     let events = sink.events();
     assert_run_events(
         events.as_slice(),
@@ -170,19 +228,11 @@ async fn an_allowed_tool_call_emits_the_normalized_sequence_and_a_persisted_repo
 
 #[tokio::test]
 async fn a_denied_action_never_runs_and_the_model_sees_the_denial() {
-    let writes = Arc::new(AtomicUsize::new(0));
-    let agent = Agent::builder(card())
-        .llm_shared(script(1))
-        .tool(write_tool(writes.clone()))
-        .policy(CapabilityPolicy::new().with_rule("records.*", CapabilityRule::Deny))
-        .build()
-        .unwrap();
-    let (exec, auth, sink) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("write"), SendOptions::default())
-        .await
-        .unwrap();
-    assert_eq!(writes.load(Ordering::SeqCst), 0);
+    let records = Records::writing(1, |agent| {
+        agent.policy(CapabilityPolicy::new().with_rule("records.*", CapabilityRule::Deny))
+    });
+    let task = records.send("write").await;
+    assert_eq!(records.writes(), 0);
     assert_eq!(
         task.state(),
         TaskState::Completed,
@@ -198,90 +248,49 @@ async fn a_denied_action_never_runs_and_the_model_sees_the_denial() {
         })
         .collect();
     assert!(outputs[0].contains("denied"), "{outputs:?}");
-    assert!(types(&sink.events()).contains(&"action.denied".to_owned()));
+    assert!(types(&records.sink.events()).contains(&"action.denied".to_owned()));
 }
 
 #[tokio::test]
 async fn run_permissions_narrow_the_agent_policy_but_never_widen_it() {
-    let writes = Arc::new(AtomicUsize::new(0));
+    let permitting = |decision: &str| {
+        let mut ctx = RunContext::new();
+        ctx.permissions
+            .insert("records.write".into(), json!(decision));
+        Some(ctx)
+    };
     // The agent allows writes; this run's permissions deny them.
-    let agent = Agent::builder(card())
-        .llm_shared(script(1))
-        .tool(write_tool(writes.clone()))
-        .build()
-        .unwrap();
-    let (exec, auth, _) = executor(agent);
-    let mut ctx = RunContext::new();
-    ctx.permissions
-        .insert("records.write".into(), json!("deny"));
-    exec.send_message(
-        &auth,
-        Message::user("write"),
-        SendOptions {
-            run_context: Some(ctx),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    assert_eq!(writes.load(Ordering::SeqCst), 0, "a run can narrow");
+    let records = Records::writing(1, |agent| agent);
+    records.send_in("write", permitting("deny")).await;
+    assert_eq!(records.writes(), 0, "a run can narrow");
 
     // The agent denies writes; this run's permissions try to allow them.
-    let writes = Arc::new(AtomicUsize::new(0));
-    let agent = Agent::builder(card())
-        .llm_shared(script(1))
-        .tool(write_tool(writes.clone()))
-        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::Deny))
-        .build()
-        .unwrap();
-    let (exec, auth, _) = executor(agent);
-    let mut ctx = RunContext::new();
-    ctx.permissions
-        .insert("records.write".into(), json!("allow"));
-    exec.send_message(
-        &auth,
-        Message::user("write"),
-        SendOptions {
-            run_context: Some(ctx),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    assert_eq!(writes.load(Ordering::SeqCst), 0, "a run can never widen");
+    let records = Records::writing(1, |agent| {
+        agent.policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::Deny))
+    });
+    records.send_in("write", permitting("allow")).await;
+    assert_eq!(records.writes(), 0, "a run can never widen");
 }
 
 #[tokio::test]
 async fn an_approval_handler_decides_in_process() {
-    let writes = Arc::new(AtomicUsize::new(0));
-    let agent = Agent::builder(card())
-        .llm_shared(script(2))
-        .tool(write_tool(writes.clone()))
-        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
-        .approval_handler(ApprovalFn::new(
-            |request: keel_core::ApprovalRequest, _ctx: RunContext| async move {
-                // Approve the first record only.
-                Ok(if request.action.payload["id"] == "r0" {
-                    approve_request(&request, "ops")
-                } else {
-                    deny_request(&request, "one is enough")
-                })
-            },
-        ))
-        .build()
-        .unwrap();
-    let (exec, auth, sink) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("write two"), SendOptions::default())
-        .await
-        .unwrap();
-    assert_eq!(task.state(), TaskState::Completed);
-    assert_eq!(
-        writes.load(Ordering::SeqCst),
-        1,
-        "only the approved write ran"
+    let handler = ApprovalFn::new(
+        |request: keel_core::ApprovalRequest, _ctx: RunContext| async move {
+            // Approve the first record only.
+            Ok(if request.action.payload["id"] == "r0" {
+                approve_request(&request, "ops")
+            } else {
+                deny_request(&request, "one is enough")
+            })
+        },
     );
-    let t = types(&sink.events());
+    let records = Records::writing(2, |agent| {
+        agent.policy(approval_required()).approval_handler(handler)
+    });
+    let task = records.send("write two").await;
+    assert_eq!(task.state(), TaskState::Completed);
+    assert_eq!(records.writes(), 1, "only the approved write ran");
+    let t = types(&records.sink.events());
     assert_eq!(t.iter().filter(|t| *t == "approval.required").count(), 2);
     assert_eq!(t.iter().filter(|t| *t == "approval.decided").count(), 2);
     assert!(t.contains(&"action.denied".to_owned()));
@@ -289,26 +298,16 @@ async fn an_approval_handler_decides_in_process() {
 
 #[tokio::test]
 async fn without_a_handler_approval_fails_closed_and_waits_durably_for_a_decision() {
-    let writes = Arc::new(AtomicUsize::new(0));
-    let agent = Agent::builder(card())
-        .llm_shared(script(1))
-        .tool(write_tool(writes.clone()))
-        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
-        .build()
-        .unwrap();
-    let (exec, auth, _) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("write"), SendOptions::default())
-        .await
-        .unwrap();
+    let records = Records::writing(1, |agent| agent.policy(approval_required()));
+    let task = records.send("write").await;
     assert_eq!(
         task.state(),
         TaskState::InputRequired,
         "waiting for approval"
     );
-    assert_eq!(writes.load(Ordering::SeqCst), 0, "fail closed: nothing ran");
-    let pending: keel_core::ApprovalRequest =
-        serde_json::from_value(task.metadata["pending_approval"].clone()).unwrap();
+    assert_eq!(records.writes(), 0, "fail closed: nothing ran");
+    let pending = pending_approval(&task);
+    let (exec, auth) = (&records.exec, &records.auth);
     assert_eq!(
         pending.action.capabilities,
         ["records.write"],
@@ -327,65 +326,41 @@ async fn without_a_handler_approval_fails_closed_and_waits_durably_for_a_decisio
     let mut wrong = approve_request(&pending, "ops");
     wrong.request_id = "someone-else".into();
     let err = exec
-        .decide_approval(&auth, &task.id, wrong)
+        .decide_approval(auth, &task.id, wrong)
         .await
         .unwrap_err();
     assert!(matches!(err, AgentError::InvalidInput { .. }));
 
     let done = exec
-        .decide_approval(&auth, &task.id, approve_request(&pending, "ops"))
+        .decide_approval(auth, &task.id, approve_request(&pending, "ops"))
         .await
         .unwrap();
     assert_eq!(done.state(), TaskState::Completed, "{:?}", done.status());
-    assert_eq!(
-        writes.load(Ordering::SeqCst),
-        1,
-        "the approved action ran once"
-    );
+    assert_eq!(records.writes(), 1, "the approved action ran once");
     assert!(!done.metadata.contains_key("pending_approval"));
 }
 
 #[tokio::test]
 async fn a_denied_approval_becomes_a_tool_error() {
-    let writes = Arc::new(AtomicUsize::new(0));
-    let agent = Agent::builder(card())
-        .llm_shared(script(1))
-        .tool(write_tool(writes.clone()))
-        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
-        .build()
-        .unwrap();
-    let (exec, auth, _) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("write"), SendOptions::default())
-        .await
-        .unwrap();
-    let pending: keel_core::ApprovalRequest =
-        serde_json::from_value(task.metadata["pending_approval"].clone()).unwrap();
-    let done = exec
-        .decide_approval(&auth, &task.id, deny_request(&pending, "not today"))
+    let records = Records::writing(1, |agent| agent.policy(approval_required()));
+    let task = records.send("write").await;
+    let denial = deny_request(&pending_approval(&task), "not today");
+    let done = records
+        .exec
+        .decide_approval(&records.auth, &task.id, denial)
         .await
         .unwrap();
     assert_eq!(done.state(), TaskState::Completed);
-    assert_eq!(writes.load(Ordering::SeqCst), 0);
+    assert_eq!(records.writes(), 0);
 }
 
 #[tokio::test]
 async fn an_approval_message_decides_and_never_joins_the_models_conversation() {
-    let writes = Arc::new(AtomicUsize::new(0));
     let llm = script(1);
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .tool(write_tool(writes.clone()))
-        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
-        .build()
-        .unwrap();
-    let (exec, auth, sink) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("write"), SendOptions::default())
-        .await
-        .unwrap();
-    let pending: keel_core::ApprovalRequest =
-        serde_json::from_value(task.metadata["pending_approval"].clone()).unwrap();
+    let records = Records::new(llm.clone(), |agent| agent.policy(approval_required()));
+    let task = records.send("write").await;
+    let pending = pending_approval(&task);
+    let (exec, auth, sink) = (&records.exec, &records.auth, &records.sink);
     let answer = |outcome| {
         let mut message = Message::new(
             keel_core::Role::User,
@@ -398,16 +373,11 @@ async fn an_approval_message_decides_and_never_joins_the_models_conversation() {
         message.task_id = Some(task.id.clone());
         message
     };
-    let done = exec
-        .send_message(
-            &auth,
-            answer(ApprovalOutcome::Approved),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
+    // Answer the task with an approval message that decides `outcome`.
+    let decide = |outcome| exec.send_message(auth, answer(outcome), SendOptions::default());
+    let done = decide(ApprovalOutcome::Approved).await.unwrap();
     assert_eq!(done.state(), TaskState::Completed, "{:?}", done.status());
-    assert_eq!(writes.load(Ordering::SeqCst), 1);
+    assert_eq!(records.writes(), 1);
 
     // The decision names who made it, and the model saw the tool's result right after its
     // call, with no user message between them.
@@ -440,14 +410,7 @@ async fn an_approval_message_decides_and_never_joins_the_models_conversation() {
     );
 
     // The task waits no more: another decision is refused, naming its state.
-    let err = exec
-        .send_message(
-            &auth,
-            answer(ApprovalOutcome::Denied),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap_err();
+    let err = decide(ApprovalOutcome::Denied).await.unwrap_err();
     assert!(
         matches!(&err, AgentError::InvalidInput { reason, .. } if reason.contains("completed")),
         "{err:?}"
@@ -456,58 +419,21 @@ async fn an_approval_message_decides_and_never_joins_the_models_conversation() {
 
 #[tokio::test]
 async fn budget_limits_stop_the_run_before_the_protected_operation() {
-    for (budget, limit) in [
-        (
-            RunBudget {
-                max_llm_calls: Some(1),
-                ..Default::default()
-            },
-            "max_llm_calls",
-        ),
-        (
-            RunBudget {
-                max_tool_calls: Some(1),
-                ..Default::default()
-            },
-            "max_tool_calls",
-        ),
-        (
-            RunBudget {
-                max_steps: Some(1),
-                ..Default::default()
-            },
-            "max_steps",
-        ),
-        (
-            RunBudget {
-                max_input_tokens: Some(1),
-                ..Default::default()
-            },
-            "max_input_tokens",
-        ),
+    // Each limit at 1, named as the budget's field (and the stop reason) names it.
+    for limit in [
+        "max_llm_calls",
+        "max_tool_calls",
+        "max_steps",
+        "max_input_tokens",
     ] {
-        let writes = Arc::new(AtomicUsize::new(0));
-        let agent = Agent::builder(card())
-            .llm_shared(script(2))
-            .tool(write_tool(writes.clone()))
-            .build()
-            .unwrap();
-        let (exec, auth, sink) = executor(agent);
+        let budget: RunBudget = serde_json::from_value(json!({ limit: 1 })).unwrap();
+        let records = Records::writing(2, |agent| agent);
         let ctx = RunContext::new().with_budget(budget);
-        let task = exec
-            .send_message(
-                &auth,
-                Message::user("write"),
-                SendOptions {
-                    run_context: Some(ctx),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+        let task = records.send_in("write", Some(ctx)).await;
         assert_eq!(task.state(), TaskState::Failed, "{limit}");
         assert_eq!(task.metadata["stop_reason"], limit);
-        let exceeded: Vec<RunEvent> = sink
+        let exceeded: Vec<RunEvent> = records
+            .sink
             .events()
             .into_iter()
             .filter(|e| e.is("budget.exceeded"))
@@ -529,37 +455,19 @@ async fn max_output_tokens_is_enforced_from_an_estimate_when_the_model_reports_n
         MockResponse::Text("done".into()),
     ])
     .with_usage(keel_llm::Usage::default());
-    let writes = Arc::new(AtomicUsize::new(0));
-    let agent = Agent::builder(card())
-        .llm(model)
-        .tool(write_tool(writes.clone()))
-        .build()
-        .unwrap();
-    let (exec, auth, sink) = executor(agent);
+    let records = Records::new(Arc::new(model), |agent| agent);
     let budget = RunBudget {
         max_output_tokens: Some(10),
         ..Default::default()
     };
-    let task = exec
-        .send_message(
-            &auth,
-            Message::user("write"),
-            SendOptions {
-                run_context: Some(RunContext::new().with_budget(budget)),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let task = records
+        .send_in("write", Some(RunContext::new().with_budget(budget)))
+        .await;
 
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(task.metadata["stop_reason"], "max_output_tokens");
-    assert_eq!(
-        writes.load(Ordering::SeqCst),
-        0,
-        "no tool runs past the limit"
-    );
-    let events = sink.events();
+    assert_eq!(records.writes(), 0, "no tool runs past the limit");
+    let events = records.sink.events();
     let completed = events.iter().find(|e| e.is("llm.call.completed")).unwrap();
     assert!(
         completed.payload["output_tokens"].as_u64().unwrap() > 10,
@@ -775,21 +683,17 @@ async fn an_agents_budget_policy_decides_at_the_limit_instead_of_the_enforcer() 
         (false, TaskState::Failed, 1),
         (true, TaskState::Completed, 2),
     ] {
-        let writes = Arc::new(AtomicUsize::new(0));
-        let mut builder = Agent::builder(card())
-            .llm_shared(script(1))
-            .tool(write_tool(writes.clone()))
-            .budget(budget.clone());
-        if custom {
-            builder = builder.budget_policy(grace);
-        }
-        let (exec, auth, sink) = executor(builder.build().unwrap());
-        let task = exec
-            .send_message(&auth, Message::user("write r0"), SendOptions::default())
-            .await
-            .unwrap();
+        let records = Records::writing(1, |agent| {
+            let agent = agent.budget(budget.clone());
+            if custom {
+                agent.budget_policy(grace)
+            } else {
+                agent
+            }
+        });
+        let task = records.send("write r0").await;
         assert_eq!(task.state(), state, "custom policy: {custom}");
-        let events = sink.events();
+        let events = records.sink.events();
         let started = events.iter().filter(|e| e.is("llm.call.started")).count();
         assert_eq!(started, calls, "custom policy: {custom}");
         let exceeded = events.iter().filter(|e| e.is("budget.exceeded")).count();

@@ -74,6 +74,26 @@ async fn run_script(s: &mut Script, emitter: &impl ScriptOut) -> AgentResult<()>
         total_estimated_tokens: 120,
         ..Default::default()
     };
+    // The model's answer, as the step's `llm.call.completed` reports it.
+    let completed = |input_tokens, output_tokens, latency_ms| {
+        RunEvent::llm_call_completed(LlmCallCompletedPayload {
+            model: Some("mock".into()),
+            input_tokens,
+            output_tokens,
+            latency_ms: Some(latency_ms),
+            ..Default::default()
+        })
+    };
+    // `action` requested in step 1, and the policy's `decision` on it for `capability`.
+    let judged = |action: &RunAction, decision: &str, reason: &str, capability: &str| {
+        let policy = RunEvent::action_policy(ActionPolicyPayload {
+            action_id: action.id.clone(),
+            decision: decision.into(),
+            reason: Some(reason.into()),
+            capability: Some(capability.into()),
+        });
+        [RunEvent::action_requested(action).step(1), policy.step(1)]
+    };
     emitter
         .emit(RunEvent::task_status_of(&s.task).summary("task working"))
         .await?;
@@ -90,33 +110,12 @@ async fn run_script(s: &mut Script, emitter: &impl ScriptOut) -> AgentResult<()>
             .step(1),
         )
         .await?;
-    emitter
-        .emit(
-            RunEvent::llm_call_completed(LlmCallCompletedPayload {
-                model: Some("mock".into()),
-                input_tokens: 118,
-                output_tokens: 30,
-                latency_ms: Some(12),
-                ..Default::default()
-            })
-            .step(1),
-        )
-        .await?;
+    emitter.emit(completed(118, 30, 12).step(1)).await?;
     // The approved write.
-    emitter
-        .emit(RunEvent::action_requested(&s.write).step(1))
-        .await?;
-    emitter
-        .emit(
-            RunEvent::action_policy(ActionPolicyPayload {
-                action_id: s.write.id.clone(),
-                decision: "require_approval".into(),
-                reason: Some(s.request.reason.clone()),
-                capability: Some("records.write".into()),
-            })
-            .step(1),
-        )
-        .await?;
+    let gate = "require_approval";
+    for event in judged(&s.write, gate, &s.request.reason, "records.write") {
+        emitter.emit(event).await?;
+    }
     emitter
         .emit(RunEvent::approval_required(&s.request).step(1))
         .await?;
@@ -146,20 +145,10 @@ async fn run_script(s: &mut Script, emitter: &impl ScriptOut) -> AgentResult<()>
         )
         .await?;
     // The denied delete.
-    emitter
-        .emit(RunEvent::action_requested(&s.delete).step(1))
-        .await?;
-    emitter
-        .emit(
-            RunEvent::action_policy(ActionPolicyPayload {
-                action_id: s.delete.id.clone(),
-                decision: "deny".into(),
-                reason: Some("deletes are not allowed".into()),
-                capability: Some("records.delete".into()),
-            })
-            .step(1),
-        )
-        .await?;
+    let reason = "deletes are not allowed";
+    for event in judged(&s.delete, "deny", reason, "records.delete") {
+        emitter.emit(event).await?;
+    }
     emitter
         .emit(RunEvent::action_denied(s.delete.id.clone(), "deletes are not allowed").step(1))
         .await?;
@@ -175,18 +164,7 @@ async fn run_script(s: &mut Script, emitter: &impl ScriptOut) -> AgentResult<()>
             .step(2),
         )
         .await?;
-    emitter
-        .emit(
-            RunEvent::llm_call_completed(LlmCallCompletedPayload {
-                model: Some("mock".into()),
-                input_tokens: 200,
-                output_tokens: 10,
-                latency_ms: Some(8),
-                ..Default::default()
-            })
-            .step(2),
-        )
-        .await?;
+    emitter.emit(completed(200, 10, 8).step(2)).await?;
     emitter
         .emit(RunEvent::task_artifact(&artifact, false, true))
         .await?;
@@ -593,10 +571,7 @@ async fn a_redacting_recorder_gives_the_redacted_report() {
         "the sink's copy is untouched"
     );
     // Without a policy the JSON is the report's own.
-    let unmasked = recorder_of(&events).await;
-    let report = unmasked.report();
-    let text = unmasked.take_report_json().unwrap().into_string();
-    assert_eq!(serde_json::from_str::<RunReport>(&text).unwrap(), report);
+    report_json_round_trip(&events).await;
 }
 
 #[tokio::test]
@@ -734,10 +709,7 @@ async fn report_json_reads_back_every_envelope_shape() {
         json!({"f": [0.5, -2.5e-9, 1e300], "n": -3, "big": u64::MAX, "s": "\r\n"});
     odd[6].step = None;
     odd[6].is_final = true;
-    let recorder = recorder_of(&odd).await;
-    let report = recorder.report();
-    let text = recorder.take_report_json().unwrap().into_string();
-    assert_eq!(serde_json::from_str::<RunReport>(&text).unwrap(), report);
+    report_json_round_trip(&odd).await;
 }
 
 #[tokio::test]
@@ -860,6 +832,14 @@ async fn report_json_leaves_the_final_task_out_and_reading_rebuilds_it() {
 }
 
 /// A recorder that has recorded `events`.
+/// Assert that the report of `events`, as JSON, reads back as the report.
+async fn report_json_round_trip(events: &[RunEvent]) {
+    let recorder = recorder_of(events).await;
+    let report = recorder.report();
+    let text = recorder.take_report_json().unwrap().into_string();
+    assert_eq!(serde_json::from_str::<RunReport>(&text).unwrap(), report);
+}
+
 async fn recorder_of(events: &[RunEvent]) -> RunRecorder {
     let recorder = RunRecorder::new();
     for event in events {

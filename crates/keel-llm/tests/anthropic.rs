@@ -5,7 +5,7 @@
 mod support;
 
 use keel_llm::providers::AnthropicLlm;
-use keel_llm::{Llm, LlmErrorKind, LlmMessage, LlmRequest, LlmStreamEvent};
+use keel_llm::{Llm, LlmErrorKind, LlmMessage, LlmStreamEvent};
 use serde_json::{json, Value};
 use support::*;
 
@@ -70,10 +70,7 @@ async fn tool_use_round_trips_and_results_share_one_user_turn() {
     .await;
     let llm = llm(&server.url);
     let mut messages = vec![LlmMessage::user("Paris and Rome?")];
-    let first = llm
-        .complete(LlmRequest::new(messages.clone()).with_tools(vec![weather_tool()]))
-        .await
-        .unwrap();
+    let first = ask_about_weather(&llm, messages.clone()).await;
     assert_eq!(first.content.as_deref(), Some("Checking both."));
     assert_eq!(first.tool_calls.len(), 2);
     assert_eq!(first.tool_calls[0].id, "toolu_1");
@@ -85,9 +82,7 @@ async fn tool_use_round_trips_and_results_share_one_user_turn() {
     ));
     messages.push(LlmMessage::tool_result(&first.tool_calls[0], "20C"));
     messages.push(LlmMessage::tool_result(&first.tool_calls[1], "25C"));
-    llm.complete(LlmRequest::new(messages).with_tools(vec![weather_tool()]))
-        .await
-        .unwrap();
+    ask_about_weather(&llm, messages).await;
     let sent = &server.requests()[1].body["messages"];
     assert_eq!(
         sent[1],
@@ -146,64 +141,36 @@ async fn errors_are_typed_auth_rate_limit_and_context_overflow() {
     ])
     .await;
     let llm = llm(&server.url);
-    let err = call_fails(&llm, LlmErrorKind::Auth).await;
-    assert!(!err.to_string().contains(KEY));
     // 429 with Retry-After 0, then 529 overloaded with backoff, then success.
-    let response = llm.complete(ask("Hi")).await.unwrap();
-    assert_eq!(response.content.as_deref(), Some("ok"));
-    call_fails(&llm, LlmErrorKind::ContextOverflow).await;
+    assert_auth_retries_and_overflow(&llm, KEY).await;
     assert_eq!(server.requests().len(), 5);
 }
 
 fn sse_body() -> String {
-    frames(&[
-        (
-            Some("message_start"),
-            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "claude-sonnet-4-5", "stop_reason": null, "usage": {"input_tokens": 472, "output_tokens": 2}}}),
-        ),
-        (
-            Some("content_block_start"),
-            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-        ),
-        (Some("ping"), json!({"type": "ping"})),
-        (
-            Some("content_block_delta"),
-            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Okay, let me "}}),
-        ),
-        (
-            Some("content_block_delta"),
-            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "check."}}),
-        ),
-        (
-            Some("content_block_stop"),
-            json!({"type": "content_block_stop", "index": 0}),
-        ),
-        (
-            Some("content_block_start"),
-            json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {}}}),
-        ),
-        (
-            Some("content_block_delta"),
-            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": ""}}),
-        ),
-        (
-            Some("content_block_delta"),
-            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"city\": \"San"}}),
-        ),
-        (
-            Some("content_block_delta"),
-            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": " Francisco\"}"}}),
-        ),
-        (
-            Some("content_block_stop"),
-            json!({"type": "content_block_stop", "index": 1}),
-        ),
-        (
-            Some("message_delta"),
-            json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"output_tokens": 89}}),
-        ),
-        (Some("message_stop"), json!({"type": "message_stop"})),
+    typed_frames(&[
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "claude-sonnet-4-5", "stop_reason": null, "usage": {"input_tokens": 472, "output_tokens": 2}}}),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "ping"}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Okay, let me "}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "check."}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {}}}),
+        json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": ""}}),
+        json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"city\": \"San"}}),
+        json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": " Francisco\"}"}}),
+        json!({"type": "content_block_stop", "index": 1}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"output_tokens": 89}}),
+        json!({"type": "message_stop"}),
     ])
+}
+
+/// Anthropic's stream: each event named by its payload's `type`, as the API sends it.
+fn typed_frames(events: &[Value]) -> String {
+    let named: Vec<(Option<&str>, Value)> = events
+        .iter()
+        .map(|event| (event["type"].as_str(), event.clone()))
+        .collect();
+    frames(&named)
 }
 
 #[tokio::test]
@@ -230,10 +197,8 @@ async fn stream_reassembles_split_frames_and_tool_input_deltas() {
 
 #[tokio::test]
 async fn a_stream_cut_before_message_stop_is_a_transport_error() {
-    let body = sse_body();
-    let cut = body.find("event: message_delta").unwrap();
-    let server = serve(vec![Reply::Chunks(vec![body[..cut].to_owned()])]).await;
-    stream_fails(&llm(&server.url), LlmErrorKind::Transport).await;
+    let before_the_end = |body: &str| body.find("event: message_delta");
+    stream_cut_at(&sse_body(), before_the_end, llm).await;
 }
 
 #[tokio::test]
@@ -241,10 +206,9 @@ async fn a_mid_stream_error_event_is_typed() {
     let mut body = sse_body();
     let cut = body.find("event: content_block_start").unwrap();
     body.truncate(cut);
-    body.push_str(&frames(&[(
-        Some("error"),
+    body.push_str(&typed_frames(&[
         json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
-    )]));
+    ]));
     let server = serve(vec![Reply::Chunks(vec![body])]).await;
     let err = stream_fails(&llm(&server.url), LlmErrorKind::Api).await;
     assert!(err.to_string().contains("Overloaded"));

@@ -81,10 +81,7 @@ async fn function_calls_round_trip_as_function_responses() {
     .await;
     let llm = llm(&server.url);
     let mut messages = vec![LlmMessage::user("Paris?")];
-    let first = llm
-        .complete(LlmRequest::new(messages.clone()).with_tools(vec![weather_tool()]))
-        .await
-        .unwrap();
+    let first = ask_about_weather(&llm, messages.clone()).await;
     assert_eq!(first.tool_calls[0].name, "get_weather");
     assert_eq!(first.tool_calls[0].arguments, json!({"city": "Paris"}));
     messages.push(LlmMessage::assistant("", first.tool_calls.clone()));
@@ -124,11 +121,7 @@ async fn errors_are_typed_including_a_bad_key_answered_with_400() {
     ])
     .await;
     let llm = llm(&server.url);
-    let err = call_fails(&llm, LlmErrorKind::Auth).await;
-    assert!(!err.to_string().contains(KEY));
-    let response = llm.complete(ask("Hi")).await.unwrap();
-    assert_eq!(response.content.as_deref(), Some("ok"));
-    call_fails(&llm, LlmErrorKind::ContextOverflow).await;
+    assert_auth_retries_and_overflow(&llm, KEY).await;
 }
 
 #[tokio::test]
@@ -175,10 +168,8 @@ async fn stream_uses_alt_sse_and_reassembles_split_frames() {
 
 #[tokio::test]
 async fn a_stream_cut_before_the_finish_reason_is_a_transport_error() {
-    let body = sse_body();
-    let last = body.rfind("data:").unwrap();
-    let server = serve(vec![Reply::Chunks(vec![body[..last].to_owned()])]).await;
-    stream_fails(&llm(&server.url), LlmErrorKind::Transport).await;
+    let before_the_last_frame = |body: &str| body.rfind("data:");
+    stream_cut_at(&sse_body(), before_the_last_frame, llm).await;
 }
 
 #[tokio::test]

@@ -80,10 +80,7 @@ async fn tool_calls_round_trip_through_the_wire_format() {
     .await;
     let llm = llm(&server.url);
     let mut messages = vec![LlmMessage::user("Weather in Paris?")];
-    let first = llm
-        .complete(LlmRequest::new(messages.clone()).with_tools(vec![weather_tool()]))
-        .await
-        .unwrap();
+    let first = ask_about_weather(&llm, messages.clone()).await;
     assert_eq!(first.content, None);
     assert_eq!(first.tool_calls.len(), 1);
     let call = &first.tool_calls[0];
@@ -95,10 +92,7 @@ async fn tool_calls_round_trip_through_the_wire_format() {
 
     messages.push(LlmMessage::assistant("", first.tool_calls.clone()));
     messages.push(LlmMessage::tool_result(call, "22C, sunny"));
-    let second = llm
-        .complete(LlmRequest::new(messages).with_tools(vec![weather_tool()]))
-        .await
-        .unwrap();
+    let second = ask_about_weather(&llm, messages).await;
     assert_eq!(second.content.as_deref(), Some("Sunny in Paris."));
 
     let sent = &server.requests()[1].body["messages"];

@@ -45,17 +45,22 @@ fn message(result: &keel_sandbox::CodeExecutionResult) -> String {
         .unwrap_or_default()
 }
 
+/// Assert that the run succeeded; a failure names the error it raised.
+fn assert_succeeded(result: &keel_sandbox::CodeExecutionResult) {
+    assert_eq!(
+        result.status,
+        ExecutionStatus::Success,
+        "{}",
+        message(result)
+    );
+}
+
 // 1. Expose ThreadState.runCode(source, options?) returning a CodeExecution handle.
 #[tokio::test]
 async fn item01_run_code_returns_a_code_execution_handle() {
     let execution = run_code(CodeExecutionRequest::new("export default 40 + 2;"));
     let result = execution.result().await;
-    assert_eq!(
-        result.status,
-        ExecutionStatus::Success,
-        "{}",
-        message(&result)
-    );
+    assert_succeeded(&result);
     assert_eq!(result.result, SandboxValue::Number(42.0));
     assert!(execution.is_settled());
     assert_eq!(execution.try_result(), Some(result));
@@ -76,12 +81,7 @@ async fn item02_typescript_is_the_default_and_runs_as_an_es_module() {
     );
     assert_eq!(request.language, Language::Typescript);
     let result = run(request).await;
-    assert_eq!(
-        result.status,
-        ExecutionStatus::Success,
-        "{}",
-        message(&result)
-    );
+    assert_succeeded(&result);
     assert_eq!(
         result.result,
         obj([
@@ -166,12 +166,7 @@ async fn item04_globals_are_module_scoped_not_on_global_this() {
     .with_module("./other.ts", "export const seen = apiKey.length;")
     .with_global("apiKey", "secret".into()))
     .await;
-    assert_eq!(
-        result.status,
-        ExecutionStatus::Success,
-        "{}",
-        message(&result)
-    );
+    assert_succeeded(&result);
     assert_eq!(
         result.result,
         obj([
@@ -271,12 +266,7 @@ async fn item05_global_this_holds_only_ecmascript_intrinsics() {
          [typeof fetch, typeof setTimeout, typeof setInterval, typeof process, typeof require, typeof globalThis.console, typeof performance, typeof WebAssembly, typeof navigator, typeof Deno, typeof std, typeof os]];",
     ))
     .await;
-    assert_eq!(
-        result.status,
-        ExecutionStatus::Success,
-        "{}",
-        message(&result)
-    );
+    assert_succeeded(&result);
     let SandboxValue::Array(parts) = &result.result else {
         panic!("{:?}", result.result)
     };
@@ -498,12 +488,7 @@ async fn item09_values_cross_by_structured_clone_and_callable_proxy() {
     .with_global("fail", fail.into())
     .with_execute("default", vec![input.clone()]))
     .await;
-    assert_eq!(
-        result.status,
-        ExecutionStatus::Success,
-        "{}",
-        message(&result)
-    );
+    assert_succeeded(&result);
     assert_eq!(
         calls.load(Ordering::SeqCst),
         1,
@@ -694,12 +679,7 @@ async fn item12_each_call_gets_a_fresh_isolate() {
          export default 'dirty';",
     ))
     .await;
-    assert_eq!(
-        first.status,
-        ExecutionStatus::Success,
-        "{}",
-        message(&first)
-    );
+    assert_succeeded(&first);
     let second = run(CodeExecutionRequest::new(
         "const xs: number[] = []; xs.push(1);\n\
          export default [typeof (globalThis as any).leak, ({} as any).polluted, xs.length, JSON.stringify({ a: 1 })];",

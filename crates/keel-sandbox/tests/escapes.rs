@@ -19,6 +19,16 @@ fn describe(result: &CodeExecutionResult) -> String {
     format!("{:?} {:?} {:?}", result.status, result.result, result.error)
 }
 
+/// Assert that the run succeeded; a failure shows all it returned.
+fn assert_succeeded(result: &CodeExecutionResult) {
+    assert_eq!(
+        result.status,
+        ExecutionStatus::Success,
+        "{}",
+        describe(result)
+    );
+}
+
 fn echo() -> HostFunction {
     HostFunction::new("echo", |args: Vec<SandboxValue>| async move {
         Ok(args.into_iter().next().unwrap_or_default())
@@ -73,12 +83,7 @@ async fn host_objects_process_and_require_are_unreachable() {
     )
     .with_global("echo", echo().into()))
     .await;
-    assert_eq!(
-        result.status,
-        ExecutionStatus::Success,
-        "{}",
-        describe(&result)
-    );
+    assert_succeeded(&result);
     let value = &result.result;
     assert_eq!(
         value.get("probes"),
@@ -131,12 +136,7 @@ async fn prototype_pollution_of_host_objects_stays_inside() {
     )
     .with_import("config", config.clone()))
     .await;
-    assert_eq!(
-        result.status,
-        ExecutionStatus::Success,
-        "{}",
-        describe(&result)
-    );
+    assert_succeeded(&result);
     assert_eq!(
         result.result.get("attempts"),
         Some(&SandboxValue::Array(vec![
@@ -229,12 +229,7 @@ async fn hostile_results_fail_as_serialization_errors() {
 #[tokio::test]
 async fn console_floods_are_truncated() {
     let result = run(js("for (let i = 0; i < 100000; i++) console.log('line', i, 'x'.repeat(100)); export default 1;")).await;
-    assert_eq!(
-        result.status,
-        ExecutionStatus::Success,
-        "{}",
-        describe(&result)
-    );
+    assert_succeeded(&result);
     assert!(result.console_truncated);
     let bytes: usize = result.console.iter().map(|l| l.message.len()).sum();
     assert!(bytes <= keel_sandbox::MAX_CONSOLE_BYTES);
@@ -271,12 +266,7 @@ fn host_functions_without_a_tokio_runtime_reject_inside_the_sandbox() {
         .build()
         .expect("runtime");
     let result = runtime.block_on(execution.result());
-    assert_eq!(
-        result.status,
-        ExecutionStatus::Success,
-        "{}",
-        describe(&result)
-    );
+    assert_succeeded(&result);
     assert!(
         result
             .result

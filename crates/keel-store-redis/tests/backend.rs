@@ -30,10 +30,28 @@ fn task_key(prefix: &str, auth: &AuthContext, task: &TaskId) -> String {
     format!("{prefix}{{{}}}:task:{task}", auth.namespace())
 }
 
+/// Run `count` calls of `op` at once, alternating between the two stores (call `i` gets its
+/// index); their answers, in call order.
+async fn race<S, T, Fut>(stores: &[S; 2], count: usize, op: impl Fn(S, usize) -> Fut) -> Vec<T>
+where
+    S: Clone,
+    T: Send + 'static,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+{
+    let calls: Vec<_> = (0..count)
+        .map(|i| tokio::spawn(op(stores[i % 2].clone(), i)))
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    answers
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_task_saved_by_one_store_is_read_by_another() {
     let prefix = support::fresh_prefix();
-    let (a, b) = (support::store(&prefix).await, support::store(&prefix).await);
+    let (a, b) = support::two_stores(&prefix).await;
     let auth = tenant("shared");
     let task = Task::create(Message::user("hello from a"));
     a.save_task(&auth, &task).await.unwrap();
@@ -76,33 +94,28 @@ async fn lease_contention_across_two_stores_has_exactly_one_winner() {
         Arc::new(support::store(&prefix).await),
         Arc::new(support::store(&prefix).await),
     ];
-    let auth = tenant("racers");
-    let thread = fresh_thread();
-    let mut racers = Vec::new();
-    for i in 0..64 {
-        let store = stores[i % 2].clone();
+    let (auth, thread) = (tenant("racers"), fresh_thread());
+    let leases = race(&stores, 64, |store, i| {
         let (auth, thread) = (auth.clone(), thread.clone());
-        racers.push(tokio::spawn(async move {
+        async move {
+            let holder = format!("w{i}");
             store
-                .acquire_lease(&auth, &thread, &format!("w{i}"), Duration::from_secs(30))
+                .acquire_lease(&auth, &thread, &holder, Duration::from_secs(30))
                 .await
                 .unwrap()
-        }));
-    }
-    let mut winners = Vec::new();
-    for racer in racers {
-        winners.extend(racer.await.unwrap());
-    }
-    assert_eq!(winners.len(), 1, "exactly one racer holds the lease");
+        }
+    })
+    .await;
+    let winners = leases.iter().flatten().count();
+    assert_eq!(winners, 1, "exactly one racer holds the lease");
     support::clean_up(&prefix).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stale_holder_on_one_store_cannot_write_after_another_store_takes_over() {
     let prefix = support::fresh_prefix();
-    let (a, b) = (support::store(&prefix).await, support::store(&prefix).await);
-    let auth = tenant("fencing");
-    let thread = fresh_thread();
+    let (a, b) = support::two_stores(&prefix).await;
+    let (auth, thread) = (tenant("fencing"), fresh_thread());
     let old = a
         .acquire_lease(&auth, &thread, "a", Duration::from_millis(30))
         .await
@@ -152,21 +165,19 @@ async fn the_key_count_cap_holds_under_concurrent_writers_on_two_stores() {
         support::store(&prefix).await.with_kv_limits(limits),
         support::store(&prefix).await.with_kv_limits(limits),
     ];
-    let auth = tenant("kv");
-    let thread = fresh_thread();
-    let mut writers = Vec::new();
-    for i in 0..40 {
-        let store = stores[i % 2].clone();
+    let (auth, thread) = (tenant("kv"), fresh_thread());
+    let writes = race(&stores, 40, |store, i| {
         let (auth, thread) = (auth.clone(), thread.clone());
-        writers.push(tokio::spawn(async move {
+        async move {
             store
                 .kv_set(&auth, &thread, &format!("k{i}"), json!(i))
                 .await
-        }));
-    }
+        }
+    })
+    .await;
     let mut stored = 0;
-    for writer in writers {
-        match writer.await.unwrap() {
+    for write in writes {
+        match write {
             Ok(()) => stored += 1,
             Err(err) => assert!(err.to_string().contains("max_keys"), "{err}"),
         }
@@ -179,9 +190,8 @@ async fn the_key_count_cap_holds_under_concurrent_writers_on_two_stores() {
 #[tokio::test(flavor = "multi_thread")]
 async fn queue_items_pushed_through_two_stores_are_each_queued_once() {
     let prefix = support::fresh_prefix();
-    let (a, b) = (support::store(&prefix).await, support::store(&prefix).await);
-    let auth = tenant("queue");
-    let thread = fresh_thread();
+    let (a, b) = support::two_stores(&prefix).await;
+    let (auth, thread) = (tenant("queue"), fresh_thread());
     for i in 0..10 {
         let store = if i % 2 == 0 { &a } else { &b };
         store
@@ -210,12 +220,7 @@ async fn malformed_stored_data_is_a_storage_error() {
     let key = task_key(&prefix, &auth, &task.id);
     let mut raw = support::raw().await;
 
-    redis::cmd("SET")
-        .arg(&key)
-        .arg("garbage {")
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
+    support::raw_cmd(&mut raw, &["SET", &key, "garbage {"]).await;
     let err = store.get_task(&auth, &task.id).await.unwrap_err();
     assert!(
         matches!(err, AgentError::Storage { .. }) && err.to_string().contains(&key),
@@ -228,12 +233,7 @@ async fn malformed_stored_data_is_a_storage_error() {
     assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
 
     // Valid JSON of a format from the future is refused with a clear error, not misread.
-    redis::cmd("SET")
-        .arg(&key)
-        .arg(r#"{"format": 99, "data": {}}"#)
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
+    support::raw_cmd(&mut raw, &["SET", &key, r#"{"format": 99, "data": {}}"#]).await;
     let err = store.get_task(&auth, &task.id).await.unwrap_err();
     assert!(
         matches!(err, AgentError::Storage { .. }) && err.to_string().contains("newer"),
@@ -241,17 +241,8 @@ async fn malformed_stored_data_is_a_storage_error() {
     );
 
     // A key of the wrong Redis type is a storage error too, with a hint.
-    redis::cmd("DEL")
-        .arg(&key)
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
-    redis::cmd("RPUSH")
-        .arg(&key)
-        .arg("x")
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
+    support::raw_cmd(&mut raw, &["DEL", &key]).await;
+    support::raw_cmd(&mut raw, &["RPUSH", &key, "x"]).await;
     let err = store.get_task(&auth, &task.id).await.unwrap_err();
     assert!(
         matches!(err, AgentError::Storage { .. }) && err.to_string().contains("WRONGTYPE"),
@@ -260,12 +251,7 @@ async fn malformed_stored_data_is_a_storage_error() {
 
     // Corrupt memory values and history entries the same way.
     let memory_key = format!("{prefix}{{{}}}:memory:m", auth.namespace());
-    redis::cmd("SET")
-        .arg(&memory_key)
-        .arg("[1, 2")
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
+    support::raw_cmd(&mut raw, &["SET", &memory_key, "[1, 2"]).await;
     assert!(matches!(
         store.load_serialized(&auth, "m").await,
         Err(AgentError::Storage { .. })
@@ -468,12 +454,7 @@ async fn save_task_with_events_writes_nothing_when_the_log_cannot_take_them() {
     // the same call, must not be left without its events.
     let events_key = format!("{prefix}{{{}}}:task-events:{}", auth.namespace(), task.id);
     let mut raw = support::raw().await;
-    redis::cmd("SET")
-        .arg(&events_key)
-        .arg("not a list")
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
+    support::raw_cmd(&mut raw, &["SET", &events_key, "not a list"]).await;
     let event = TaskEvent::Message {
         message: Message::agent("a"),
     };

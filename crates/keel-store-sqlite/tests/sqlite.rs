@@ -27,6 +27,20 @@ fn db_path(dir: &TempDir) -> std::path::PathBuf {
 
 /// Another connection holding SQLite's write lock, as another process could: writes sent
 /// meanwhile pile up in the writer's queue.
+/// A store on a new file in a temp dir (which must outlive it), and the tenant of the tests.
+fn fresh_store() -> (TempDir, SqliteStore, AuthContext) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db_path(&dir)).unwrap();
+    (dir, store, tenant())
+}
+
+/// A new task, saved in `store`.
+async fn saved_task(store: &SqliteStore, auth: &AuthContext) -> Task {
+    let task = Task::create(Message::user("q"));
+    store.save_task(auth, &task).await.unwrap();
+    task
+}
+
 fn hold_write_lock(path: &Path) -> Connection {
     let conn = Connection::open(path).expect("raw connection");
     conn.execute_batch("BEGIN IMMEDIATE")
@@ -123,11 +137,8 @@ async fn data_survives_reopening_the_file() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn corrupt_stored_json_is_a_storage_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db_path(&dir)).unwrap();
-    let auth = tenant();
-    let task = Task::create(Message::user("q"));
-    store.save_task(&auth, &task).await.unwrap();
+    let (dir, store, auth) = fresh_store();
+    let task = saved_task(&store, &auth).await;
     store
         .add_task_event(
             &auth,
@@ -174,11 +185,8 @@ async fn corrupt_stored_json_is_a_storage_error() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_record_of_a_newer_format_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db_path(&dir)).unwrap();
-    let auth = tenant();
-    let task = Task::create(Message::user("q"));
-    store.save_task(&auth, &task).await.unwrap();
+    let (dir, store, auth) = fresh_store();
+    let task = saved_task(&store, &auth).await;
     let raw = Connection::open(db_path(&dir)).unwrap();
     raw.execute(
         "UPDATE tasks SET body = json_set(body, '$.format', 999)",
@@ -239,9 +247,8 @@ async fn opening_a_file_that_is_not_a_database_names_the_path() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_writes_share_commits() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(SqliteStore::open(db_path(&dir)).unwrap());
-    let auth = tenant();
+    let (dir, store, auth) = fresh_store();
+    let store = Arc::new(store);
     let before = store.stats();
     const WRITES: u64 = 64;
 
@@ -283,9 +290,7 @@ async fn concurrent_writes_share_commits() {
 
 #[tokio::test]
 async fn reads_go_to_the_reader_threads_and_are_counted() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db_path(&dir)).unwrap();
-    let auth = tenant();
+    let (_dir, store, auth) = fresh_store();
     let task = Task::create(Message::user("hi"));
     store.save_task(&auth, &task).await.unwrap();
     let before = store.stats();
@@ -309,9 +314,8 @@ async fn reads_go_to_the_reader_threads_and_are_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failing_write_in_a_batch_fails_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(SqliteStore::open(db_path(&dir)).unwrap());
-    let auth = tenant();
+    let (dir, store, auth) = fresh_store();
+    let store = Arc::new(store);
     let thread: keel_core::ThreadId = "contended".into();
     let stale = store
         .acquire_lease(&auth, &thread, "old", Duration::from_secs(30))
@@ -396,9 +400,7 @@ async fn two_stores_on_one_file_share_leases_like_two_processes() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn expired_memory_values_are_swept_on_write() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db_path(&dir)).unwrap();
-    let auth = tenant();
+    let (dir, store, auth) = fresh_store();
     store
         .save_serialized_with_ttl(&auth, "brief", json!(1), Duration::from_millis(1))
         .await
@@ -435,9 +437,7 @@ fn assert_one_write_job(store: &SqliteStore, before: keel_store_sqlite::StoreSta
 
 #[tokio::test(flavor = "multi_thread")]
 async fn save_task_with_events_is_one_write_job() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db_path(&dir)).unwrap();
-    let auth = tenant();
+    let (_dir, store, auth) = fresh_store();
     let mut task = Task::create(Message::user("q"));
     let events: Vec<TaskEvent> = ["q", "a", "b"]
         .into_iter()
@@ -467,9 +467,7 @@ async fn save_task_with_events_is_one_write_job() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn save_task_with_events_writes_nothing_when_an_event_fails() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db_path(&dir)).unwrap();
-    let auth = tenant();
+    let (dir, store, auth) = fresh_store();
     // A trigger refusing the second event of any task, as a failing disk or a constraint
     // could: the snapshot and the first event, written before it, must not stay.
     Connection::open(db_path(&dir))
@@ -503,11 +501,8 @@ async fn save_task_with_events_writes_nothing_when_an_event_fails() {
 #[tokio::test(flavor = "multi_thread")]
 async fn persist_step_is_one_write_job() {
     use keel_runtime::StepStore;
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db_path(&dir)).unwrap();
-    let auth = tenant();
-    let task = Task::create(Message::user("q"));
-    store.save_task(&auth, &task).await.unwrap();
+    let (_dir, store, auth) = fresh_store();
+    let task = saved_task(&store, &auth).await;
     let lease = store
         .acquire_lease(&auth, &task.thread_id, "w", Duration::from_secs(30))
         .await

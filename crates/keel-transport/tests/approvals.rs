@@ -15,7 +15,7 @@ use keel_policy::{CapabilityPolicy, CapabilityRule};
 use keel_runtime::AuthContext;
 use keel_transport::{Security, KEEL_APPROVAL_EXTENSION_URI};
 use serde_json::{json, Value};
-use support::{sse_events, TestServer, ALICE, BOB};
+use support::{sse_events, SendJson, TestServer, ALICE, BOB};
 
 /// A prompt that makes the offline model call the tool that needs approval.
 const WRITE: &str = "/write_record {\"id\": \"r1\"}";
@@ -90,6 +90,14 @@ impl ApprovalServer {
         response.json().await.unwrap()
     }
 
+    /// A server with one task of Alice's waiting for approval: the server, the task's id and
+    /// the approval request's id.
+    async fn with_waiting_task() -> (Self, String, String) {
+        let server = Self::start().await;
+        let (task_id, request_id) = server.waiting_task().await;
+        (server, task_id, request_id)
+    }
+
     /// A task of Alice's that waits for approval of its `write_record` call, and the request id.
     async fn waiting_task(&self) -> (String, String) {
         let answer = self
@@ -109,6 +117,22 @@ impl ApprovalServer {
             .expect("the pending request travels in the task's metadata")
             .to_owned();
         (task["id"].as_str().unwrap().to_owned(), request_id)
+    }
+
+    /// As the tenant of `key`, decide `request_id` on `task_id` over JSON-RPC; the answer.
+    async fn decide(&self, key: &str, request_id: &str, outcome: &str, task_id: &str) -> Value {
+        let params = decision(request_id, outcome, task_id);
+        self.rpc(key, "SendMessage", params).await
+    }
+
+    /// Assert that Alice's task `task_id` still waits for its approval and nothing ran.
+    async fn assert_still_waiting(&self, task_id: &str) {
+        let task = self.rpc(ALICE, "GetTask", json!({"id": task_id})).await;
+        assert_eq!(
+            task["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+            "{task}"
+        );
+        assert_eq!(self.writes.load(Ordering::SeqCst), 0);
     }
 
     /// The `approval.decided` events of the task's run, from its persisted report.
@@ -160,14 +184,18 @@ fn approval(request_id: &str, decision: &str, reason: Option<&str>) -> Value {
     json!({"data": {"approval": answer}})
 }
 
+/// SendMessage's params for a message that decides `request_id` on `task_id` (no reason).
+fn decision(request_id: &str, decision: &str, task_id: &str) -> Value {
+    json!({"message": message(vec![approval(request_id, decision, None)], Some(task_id))})
+}
+
 fn error_code(answer: &Value) -> i64 {
     answer["error"]["code"].as_i64().unwrap_or(0)
 }
 
 #[tokio::test]
 async fn jsonrpc_approval_runs_the_action_and_the_run_records_who_decided() {
-    let server = ApprovalServer::start().await;
-    let (task_id, request_id) = server.waiting_task().await;
+    let (server, task_id, request_id) = ApprovalServer::with_waiting_task().await;
     assert_eq!(
         server.writes.load(Ordering::SeqCst),
         0,
@@ -209,19 +237,15 @@ async fn jsonrpc_approval_runs_the_action_and_the_run_records_who_decided() {
 
 #[tokio::test]
 async fn rest_denial_refuses_the_action_and_the_task_goes_on() {
-    let server = ApprovalServer::start().await;
-    let (task_id, request_id) = server.waiting_task().await;
-    let response = server
+    let (server, task_id, request_id) = ApprovalServer::with_waiting_task().await;
+    let answer: Value = server
         .http
         .post(format!("{}/message:send", server.base))
         .header("A2A-Version", "1.0")
         .header("X-API-Key", ALICE)
         .json(&json!({"message": message(vec![approval(&request_id, "deny", Some("not today"))], Some(&task_id))}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let answer: Value = response.json().await.unwrap();
+        .json_with_status(reqwest::StatusCode::OK)
+        .await;
     assert_eq!(
         answer["task"]["status"]["state"], "TASK_STATE_COMPLETED",
         "{answer}"
@@ -239,13 +263,12 @@ async fn rest_denial_refuses_the_action_and_the_task_goes_on() {
 
 #[tokio::test]
 async fn a_streamed_approval_follows_the_resumed_turn_to_its_end() {
-    let server = ApprovalServer::start().await;
-    let (task_id, request_id) = server.waiting_task().await;
+    let (server, task_id, request_id) = ApprovalServer::with_waiting_task().await;
     let response = server
         .rpc_request(
             ALICE,
             "SendStreamingMessage",
-            json!({"message": message(vec![approval(&request_id, "approve", None)], Some(&task_id))}),
+            decision(&request_id, "approve", &task_id),
         )
         .send()
         .await
@@ -271,34 +294,12 @@ async fn a_streamed_approval_follows_the_resumed_turn_to_its_end() {
 
 #[tokio::test]
 async fn a_websocket_approval_answers_with_the_finished_task() {
-    use futures::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
-
-    let server = ApprovalServer::start().await;
-    let (task_id, request_id) = server.waiting_task().await;
-    let url = format!("{}/ws", server.base.replacen("http://", "ws://", 1));
-    let mut request = url.into_client_request().unwrap();
-    request
-        .headers_mut()
-        .insert("A2A-Version", "1.0".parse().unwrap());
-    request
-        .headers_mut()
-        .insert("X-API-Key", ALICE.parse().unwrap());
-    let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
-    let call = json!({"jsonrpc": "2.0", "id": "ws-1", "method": "SendMessage",
-        "params": {"message": message(vec![approval(&request_id, "approve", None)], Some(&task_id))}});
-    socket.send(Message::text(call.to_string())).await.unwrap();
-    let answer: Value = loop {
-        // Generous: the socket answers once the resumed run rests.
-        let frame = tokio::time::timeout(std::time::Duration::from_secs(60), socket.next())
-            .await
-            .expect("an answer")
-            .expect("the socket is open")
-            .unwrap();
-        if let Message::Text(text) = frame {
-            break serde_json::from_str(text.as_str()).unwrap();
-        }
-    };
+    let (server, task_id, request_id) = ApprovalServer::with_waiting_task().await;
+    let mut socket = support::connect_ws(&server.base, Some(ALICE)).await;
+    let params = decision(&request_id, "approve", &task_id);
+    support::send_ws(&mut socket, "ws-1", "SendMessage", params).await;
+    // Generous: the socket answers once the resumed run rests.
+    let answer = support::next_ws(&mut socket, std::time::Duration::from_secs(60)).await;
     assert_eq!(answer["id"], "ws-1");
     assert_eq!(
         answer["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
@@ -310,8 +311,7 @@ async fn a_websocket_approval_answers_with_the_finished_task() {
 
 #[tokio::test]
 async fn a_wrong_request_id_or_a_plain_message_is_invalid_params_and_the_task_still_waits() {
-    let server = ApprovalServer::start().await;
-    let (task_id, request_id) = server.waiting_task().await;
+    let (server, task_id, request_id) = ApprovalServer::with_waiting_task().await;
 
     let wrong = server
         .rpc(ALICE, "SendMessage", json!({"message": message(vec![approval("not-the-one", "approve", None)], Some(&task_id))}))
@@ -323,13 +323,7 @@ async fn a_wrong_request_id_or_a_plain_message_is_invalid_params_and_the_task_st
         "{text}"
     );
 
-    let malformed = server
-        .rpc(
-            ALICE,
-            "SendMessage",
-            json!({"message": message(vec![approval(&request_id, "maybe", None)], Some(&task_id))}),
-        )
-        .await;
+    let malformed = server.decide(ALICE, &request_id, "maybe", &task_id).await;
     assert_eq!(error_code(&malformed), -32602, "{malformed}");
 
     let plain = server
@@ -341,27 +335,20 @@ async fn a_wrong_request_id_or_a_plain_message_is_invalid_params_and_the_task_st
         .await;
     assert_eq!(error_code(&plain), -32602, "{plain}");
 
-    let task = server.rpc(ALICE, "GetTask", json!({"id": task_id})).await;
-    assert_eq!(
-        task["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
-        "{task}"
-    );
-    assert_eq!(server.writes.load(Ordering::SeqCst), 0);
+    server.assert_still_waiting(&task_id).await;
     server.stop().await;
 }
 
 #[tokio::test]
 async fn a_decision_on_a_task_that_waits_for_no_approval_names_its_state() {
-    let server = ApprovalServer::start().await;
-    let (task_id, request_id) = server.waiting_task().await;
-    let approve = || json!({"message": message(vec![approval(&request_id, "approve", None)], Some(&task_id))});
-    let done = server.rpc(ALICE, "SendMessage", approve()).await;
+    let (server, task_id, request_id) = ApprovalServer::with_waiting_task().await;
+    let done = server.decide(ALICE, &request_id, "approve", &task_id).await;
     assert_eq!(
         done["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
         "{done}"
     );
 
-    let again = server.rpc(ALICE, "SendMessage", approve()).await;
+    let again = server.decide(ALICE, &request_id, "approve", &task_id).await;
     assert_eq!(error_code(&again), -32602, "{again}");
     let text = again["error"]["message"].as_str().unwrap();
     assert!(
@@ -385,7 +372,7 @@ async fn a_decision_on_a_task_that_waits_for_no_approval_names_its_state() {
     );
     let asking_id = asking["id"].as_str().unwrap();
     let refused = server
-        .rpc(ALICE, "SendMessage", json!({"message": message(vec![approval(&request_id, "approve", None)], Some(asking_id))}))
+        .decide(ALICE, &request_id, "approve", asking_id)
         .await;
     assert_eq!(error_code(&refused), -32602, "{refused}");
     let text = refused["error"]["message"].as_str().unwrap();
@@ -395,18 +382,10 @@ async fn a_decision_on_a_task_that_waits_for_no_approval_names_its_state() {
 
 #[tokio::test]
 async fn another_tenants_task_is_task_not_found() {
-    let server = ApprovalServer::start().await;
-    let (task_id, request_id) = server.waiting_task().await;
-    let answer = server
-        .rpc(BOB, "SendMessage", json!({"message": message(vec![approval(&request_id, "approve", None)], Some(&task_id))}))
-        .await;
+    let (server, task_id, request_id) = ApprovalServer::with_waiting_task().await;
+    let answer = server.decide(BOB, &request_id, "approve", &task_id).await;
     assert_eq!(error_code(&answer), -32001, "{answer}");
-    let task = server.rpc(ALICE, "GetTask", json!({"id": task_id})).await;
-    assert_eq!(
-        task["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
-        "{task}"
-    );
-    assert_eq!(server.writes.load(Ordering::SeqCst), 0);
+    server.assert_still_waiting(&task_id).await;
     server.stop().await;
 }
 

@@ -11,7 +11,7 @@ use keel_core::{AgentError, AgentResult, Message, TaskEvent, TaskId, TaskState};
 use keel_runtime::{AuthContext, ListTasksFilter, Page, Services};
 use keel_transport::{A2aClient, Binding, SendMessageOptions, TaskListQuery};
 use serde_json::{json, Value};
-use support::{sse_events, user_message, TestServer};
+use support::{sse_events, user_message, SendJson, TestServer};
 
 fn in_thread(text: &str, thread: &str) -> Value {
     let mut message = user_message(text);
@@ -79,22 +79,15 @@ async fn list_tasks_filters_pages_and_puts_the_most_recent_first() {
         .clone();
     assert_eq!(working["totalSize"], 0);
     assert_eq!(working["tasks"], json!([]));
-    let future = server
-        .rpc(
-            "ListTasks",
-            json!({"statusTimestampAfter": "2999-01-01T00:00:00Z"}),
-        )
-        .await["result"]
-        .clone();
-    assert_eq!(future["totalSize"], 0);
-    let past = server
-        .rpc(
-            "ListTasks",
-            json!({"statusTimestampAfter": "2000-01-01T00:00:00Z"}),
-        )
-        .await["result"]
-        .clone();
-    assert_eq!(past["totalSize"], 4);
+    for (after, total) in [("2999-01-01T00:00:00Z", 0), ("2000-01-01T00:00:00Z", 4)] {
+        let listed = server
+            .rpc("ListTasks", json!({"statusTimestampAfter": after}))
+            .await;
+        assert_eq!(
+            listed["result"]["totalSize"], total,
+            "after {after}: {listed}"
+        );
+    }
 
     for (params, field) in [
         (json!({"pageSize": 0}), "pageSize"),
@@ -290,29 +283,28 @@ async fn scenario(server: &TestServer, via: Via, thread: &str) -> Vec<Result<Val
     out
 }
 
-#[tokio::test]
-async fn jsonrpc_and_rest_answer_the_same_scenario_the_same_way() {
+/// Run [`scenario`] over JSON-RPC and over `via`, each on a thread of its own, on one
+/// server: both answer alike, typed errors included.
+async fn assert_answers_like_jsonrpc(via: Via, thread: &str) {
     let server = TestServer::start().await;
     let over_jsonrpc = scenario(&server, Via::JsonRpc, "th-rpc").await;
-    let over_rest = scenario(&server, Via::Rest, "th-rest").await;
-    assert_eq!(over_jsonrpc, over_rest);
-    assert_eq!(over_rest[3], Err("TASK_NOT_CANCELABLE".to_owned()));
-    assert_eq!(over_rest[4], Err("TASK_NOT_FOUND".to_owned()));
-    assert_eq!(over_rest[5], Err("INVALID_PARAMS".to_owned()));
+    let over_via = scenario(&server, via, thread).await;
+    assert_eq!(over_jsonrpc, over_via);
+    assert_eq!(over_via[3], Err("TASK_NOT_CANCELABLE".to_owned()));
+    assert_eq!(over_via[4], Err("TASK_NOT_FOUND".to_owned()));
+    assert_eq!(over_via[5], Err("INVALID_PARAMS".to_owned()));
     server.stop().await;
+}
+
+#[tokio::test]
+async fn jsonrpc_and_rest_answer_the_same_scenario_the_same_way() {
+    assert_answers_like_jsonrpc(Via::Rest, "th-rest").await;
 }
 
 #[cfg(feature = "grpc")]
 #[tokio::test]
 async fn grpc_answers_the_same_scenario_as_jsonrpc() {
-    let server = TestServer::start().await;
-    let over_jsonrpc = scenario(&server, Via::JsonRpc, "th-rpc").await;
-    let over_grpc = scenario(&server, Via::Grpc, "th-grpc").await;
-    assert_eq!(over_jsonrpc, over_grpc);
-    assert_eq!(over_grpc[3], Err("TASK_NOT_CANCELABLE".to_owned()));
-    assert_eq!(over_grpc[4], Err("TASK_NOT_FOUND".to_owned()));
-    assert_eq!(over_grpc[5], Err("INVALID_PARAMS".to_owned()));
-    server.stop().await;
+    assert_answers_like_jsonrpc(Via::Grpc, "th-grpc").await;
 }
 
 #[tokio::test]
@@ -417,17 +409,7 @@ async fn keel_client_speaks_rest_with_typed_errors() {
     assert_eq!(list.tasks[0].id, task.id);
     assert_eq!(list.tasks[0].artifacts.len(), 1);
     assert_eq!(list.next_page_token, None);
-    let err = client.cancel_task(&task.id, None).await.unwrap_err();
-    assert_eq!(
-        err,
-        AgentError::TaskNotCancelable {
-            task_id: task.id.clone(),
-            state: TaskState::Completed
-        }
-    );
-    let missing = "missing".into();
-    let err = client.get_task(&missing, None).await.unwrap_err();
-    assert_eq!(err, AgentError::TaskNotFound { task_id: missing });
+    support::assert_typed_errors(&client, &task).await;
 
     let over_jsonrpc = A2aClient::new(server.base.clone())
         .list_tasks(&TaskListQuery::default())
@@ -445,11 +427,8 @@ async fn v0_3_clients_without_a_version_header_get_v0_3_shapes() {
         "parts": [{"kind": "text", "text": "hello"}]
     });
     let answer: Value = server
-        .rpc_with(None, "message/send", json!({"message": message}))
-        .await
-        .json()
-        .await
-        .unwrap();
+        .rpc_as(None, "message/send", json!({"message": message}))
+        .await;
     let task = &answer["result"];
     assert_eq!(task["kind"], "task", "{answer}");
     assert_eq!(task["status"]["state"], "completed");
@@ -462,45 +441,33 @@ async fn v0_3_clients_without_a_version_header_get_v0_3_shapes() {
     assert_eq!(task["artifacts"][0]["parts"][0]["kind"], "text");
 
     let got: Value = server
-        .rpc_with(
+        .rpc_as(
             None,
             "tasks/get",
             json!({"id": task["id"], "historyLength": 1}),
         )
-        .await
-        .json()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(got["result"]["kind"], "task");
     assert_eq!(got["result"]["history"].as_array().unwrap().len(), 1);
     let canceled: Value = server
-        .rpc_with(Some("0.3"), "tasks/cancel", json!({"id": task["id"]}))
-        .await
-        .json()
-        .await
-        .unwrap();
+        .rpc_as(Some("0.3"), "tasks/cancel", json!({"id": task["id"]}))
+        .await;
     assert_eq!(canceled["error"]["code"], -32002, "{canceled}");
 
     // Non-blocking, then canceled through v0.3.
     let running: Value = server
-        .rpc_with(
+        .rpc_as(
             None,
             "message/send",
             json!({"message": {"kind": "message", "messageId": "v03-2", "role": "user", "parts": [{"kind": "text", "text": support::SLEEP_30}]},
                    "configuration": {"blocking": false}}),
         )
-        .await
-        .json()
-        .await
-        .unwrap();
+        .await;
     let state = running["result"]["status"]["state"].as_str().unwrap();
     assert!(state == "submitted" || state == "working", "{running}");
     let canceled: Value = server
-        .rpc_with(None, "tasks/cancel", json!({"id": running["result"]["id"]}))
-        .await
-        .json()
-        .await
-        .unwrap();
+        .rpc_as(None, "tasks/cancel", json!({"id": running["result"]["id"]}))
+        .await;
     assert_eq!(
         canceled["result"]["status"]["state"], "canceled",
         "{canceled}"
@@ -509,11 +476,8 @@ async fn v0_3_clients_without_a_version_header_get_v0_3_shapes() {
     // A request without a version is A2A 0.3, as the spec says: a v1.0 name without the header
     // is refused as a version it did not name.
     let v1: Value = server
-        .rpc_with(None, "GetTask", json!({"id": task["id"]}))
-        .await
-        .json()
-        .await
-        .unwrap();
+        .rpc_as(None, "GetTask", json!({"id": task["id"]}))
+        .await;
     assert_eq!(v1["error"]["code"], -32009, "{v1}");
     server.stop().await;
 }
@@ -541,11 +505,8 @@ async fn v0_3_stream_events_carry_kinds_and_final() {
         .all(|r| r["final"] != true));
 
     let resubscribe: Value = server
-        .rpc_with(None, "tasks/resubscribe", json!({"id": results[0]["id"]}))
-        .await
-        .json()
-        .await
-        .unwrap();
+        .rpc_as(None, "tasks/resubscribe", json!({"id": results[0]["id"]}))
+        .await;
     assert_eq!(
         resubscribe["error"]["code"], -32004,
         "a finished task: {resubscribe}"
@@ -566,11 +527,8 @@ async fn version_header_selects_the_protocol_and_unknown_versions_are_refused() 
     ];
     for (version, method, code) in cases {
         let answer: Value = server
-            .rpc_with(version, method, json!({"message": message}))
-            .await
-            .json()
-            .await
-            .unwrap();
+            .rpc_as(version, method, json!({"message": message}))
+            .await;
         assert_eq!(
             answer["error"]["code"], code,
             "{version:?} {method}: {answer}"
@@ -581,12 +539,8 @@ async fn version_header_selects_the_protocol_and_unknown_versions_are_refused() 
         .http
         .post(format!("{}/?A2A-Version=9.9", server.base))
         .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .json_body()
+        .await;
     assert_eq!(answer["error"]["code"], -32009);
     server.stop().await;
 }

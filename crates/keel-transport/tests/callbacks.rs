@@ -14,32 +14,24 @@ use keel_core::{AgentCard, Message, PartContent, TaskState};
 use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_runtime::{Runtime, Services};
 use keel_transport::{A2aServer, StreamEvent};
+use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-#[tokio::test]
-async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors() {
-    // The tool server: acknowledges, then calls back a little later.
-    let (tx, mut seen) = mpsc::unbounded_channel::<AsyncInvocation>();
+/// A tool server on 127.0.0.1:0 that acknowledges each invocation, hands it to the test,
+/// and gives it to `then` (which may play the tool's callback): its endpoint and the
+/// invocations it received.
+async fn tool_server(
+    then: impl Fn(AsyncInvocation) + Clone + Send + Sync + 'static,
+) -> (String, mpsc::UnboundedReceiver<AsyncInvocation>) {
+    let (tx, seen) = mpsc::unbounded_channel::<AsyncInvocation>();
     let tool_app = axum::Router::new().route(
         "/invoke",
         axum::routing::post(move |axum::Json(inv): axum::Json<AsyncInvocation>| {
-            let tx = tx.clone();
+            let (tx, then) = (tx.clone(), then.clone());
             async move {
                 let _ = tx.send(inv.clone());
-                tokio::spawn(async move {
-                    // The remote job's own latency (the callback comes after the
-                    // acknowledgement), not a wait for a state.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    let response = reqwest::Client::new()
-                        .post(&inv.callback_url)
-                        .header(CALLBACK_SECRET_HEADER, &inv.callback_secret)
-                        .json(&json!({"output": {"report": "ready"}}))
-                        .send()
-                        .await
-                        .unwrap();
-                    assert_eq!(response.status(), 202);
-                });
+                then(inv);
                 axum::http::StatusCode::ACCEPTED
             }
         }),
@@ -47,12 +39,15 @@ async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors()
     let tool_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}/invoke", tool_listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(tool_listener, tool_app).await });
+    (endpoint, seen)
+}
 
-    // The Keel server, whose address is the callback base URL.
+/// The Keel server of an agent whose `report` tool is the asynchronous HTTP tool at
+/// `endpoint`, its callbacks addressed to the server itself: its base URL and executor.
+async fn report_server(endpoint: String) -> (String, AgentExecutor) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let runtime: Arc<dyn Runtime> = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
-    let auth = runtime.auth_service().auth_context();
     let agent = Agent::builder(AgentCard::new("rap", "async tools", &base))
         .llm(MockLlm::scripted(vec![
             MockResponse::ToolCalls(vec![ToolCall::new("report", json!({}))]),
@@ -73,22 +68,49 @@ async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors()
         ..ExecutorConfig::default()
     };
     let executor = AgentExecutor::with_config(agent, runtime, config);
-    let server = A2aServer::new(executor.clone());
-    tokio::spawn(server.serve(listener, std::future::pending()));
+    tokio::spawn(A2aServer::new(executor.clone()).serve(listener, std::future::pending()));
+    (base, executor)
+}
 
-    let http = reqwest::Client::new();
-    let unknown = http
-        .post(format!("{base}/callbacks/nope"))
-        .header(CALLBACK_SECRET_HEADER, "x")
-        .json(&json!({"output": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(unknown.status(), 404);
-    assert_eq!(
-        unknown.json::<Value>().await.unwrap()["error"]["code"],
-        "unknown_call"
-    );
+#[tokio::test]
+async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors() {
+    // The tool server: acknowledges, then calls back a little later.
+    let (endpoint, mut seen) = tool_server(|inv| {
+        tokio::spawn(async move {
+            // The remote job's own latency (the callback comes after the
+            // acknowledgement), not a wait for a state.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let response = reqwest::Client::new()
+                .post(&inv.callback_url)
+                .header(CALLBACK_SECRET_HEADER, &inv.callback_secret)
+                .json(&json!({"output": {"report": "ready"}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 202);
+        });
+    })
+    .await;
+
+    // The Keel server, whose address is the callback base URL.
+    let (base, executor) = report_server(endpoint).await;
+    let auth = executor.runtime().auth_service().auth_context();
+
+    // A result posted to `url` with `secret`: the answer's status and error code, if any.
+    let post_result = |url: String, secret: String| async move {
+        let response = reqwest::Client::new()
+            .post(url)
+            .header(CALLBACK_SECRET_HEADER, secret)
+            .json(&json!({"output": 1}))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        (status, body["error"]["code"].clone())
+    };
+    let unknown = post_result(format!("{base}/callbacks/nope"), "x".into()).await;
+    assert_eq!(unknown, (StatusCode::NOT_FOUND, json!("unknown_call")));
 
     let task = executor
         .send_message(
@@ -105,73 +127,20 @@ async fn a_tool_server_calls_back_over_http_and_bad_callbacks_get_clear_errors()
     );
 
     let inv = seen.recv().await.unwrap();
-    let forged = http
-        .post(&inv.callback_url)
-        .header(CALLBACK_SECRET_HEADER, "forged")
-        .json(&json!({"output": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(forged.status(), 401);
-    let duplicate = http
-        .post(&inv.callback_url)
-        .header(CALLBACK_SECRET_HEADER, &inv.callback_secret)
-        .json(&json!({"output": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(duplicate.status(), 409);
-    assert_eq!(
-        duplicate.json::<Value>().await.unwrap()["error"]["code"],
-        "duplicate"
-    );
+    let forged = post_result(inv.callback_url.clone(), "forged".into()).await;
+    assert_eq!(forged.0, StatusCode::UNAUTHORIZED);
+    let duplicate = post_result(inv.callback_url.clone(), inv.callback_secret.clone()).await;
+    assert_eq!(duplicate, (StatusCode::CONFLICT, json!("duplicate")));
 }
 
 #[tokio::test]
 async fn progress_events_reach_the_tasks_stream_and_the_run_before_the_one_result() {
     // The tool server acknowledges and hands the invocation to the test, which plays the
     // tool's callbacks itself.
-    let (tx, mut seen) = mpsc::unbounded_channel::<AsyncInvocation>();
-    let tool_app = axum::Router::new().route(
-        "/invoke",
-        axum::routing::post(move |axum::Json(inv): axum::Json<AsyncInvocation>| {
-            let tx = tx.clone();
-            async move {
-                let _ = tx.send(inv);
-                axum::http::StatusCode::ACCEPTED
-            }
-        }),
-    );
-    let tool_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}/invoke", tool_listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(tool_listener, tool_app).await });
-
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let runtime: Arc<dyn Runtime> = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
-    let agent = Agent::builder(AgentCard::new("rap", "async tools", &base))
-        .llm(MockLlm::scripted(vec![
-            MockResponse::ToolCalls(vec![ToolCall::new("report", json!({}))]),
-            MockResponse::Text("the report is ready".into()),
-        ]))
-        .tool(AsyncHttpTool::new(
-            "report",
-            "Build a report",
-            json!({"type": "object"}),
-            endpoint,
-        ))
-        .build()
-        .unwrap();
-    let config = ExecutorConfig {
-        callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared(
-            base.clone(),
-        )),
-        ..ExecutorConfig::default()
-    };
-    let executor = AgentExecutor::with_config(agent, runtime, config);
+    let (endpoint, mut seen) = tool_server(|_| {}).await;
+    let (base, executor) = report_server(endpoint).await;
     let sink = Arc::new(keel_events::InMemoryEventSink::new());
     executor.add_event_sink(sink.clone() as Arc<dyn keel_events::EventSink>);
-    tokio::spawn(A2aServer::new(executor.clone()).serve(listener, std::future::pending()));
 
     // A subscriber follows the task from its start.
     let client = keel_transport::A2aClient::new(base.clone());

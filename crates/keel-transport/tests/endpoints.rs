@@ -107,17 +107,13 @@ async fn custom_endpoints_are_served_per_tenant_with_the_servers_security() {
     let base = serve(move |base| server.router(base)).await;
     use reqwest::Method;
 
+    // An endpoint called by Alice, without a body.
+    let as_alice = |method, path: &str| call(method, format!("{base}/x/{path}"), Some(ALICE), None);
     let (status, headers, _) = call(Method::GET, format!("{base}/x/whoami"), None, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(headers.contains_key("www-authenticate"));
 
-    let (status, _, body) = call(
-        Method::GET,
-        format!("{base}/x/whoami?q=1"),
-        Some(ALICE),
-        None,
-    )
-    .await;
+    let (status, _, body) = as_alice(Method::GET, "whoami?q=1").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         json_of(&body),
@@ -129,51 +125,38 @@ async fn custom_endpoints_are_served_per_tenant_with_the_servers_security() {
     // Typed input: a wrong shape or a body that is not JSON is 400; an error the handler
     // returns keeps its HTTP status.
     let double = format!("{base}/x/math/double");
-    let (status, _, body) = call(
-        Method::POST,
-        double.clone(),
-        Some(ALICE),
-        Some(r#"{"n": 21}"#),
-    )
-    .await;
+    let (status, _, body) = call(Method::POST, double, Some(ALICE), Some(r#"{"n": 21}"#)).await;
     assert_eq!(
         (status, json_of(&body)),
         (StatusCode::OK, json!({"double": 42}))
     );
-    let (status, _, body) = call(
-        Method::POST,
-        double.clone(),
-        Some(ALICE),
-        Some(r#"{"n": "x"}"#),
-    )
-    .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
-    let (status, _, _) = call(Method::POST, double, Some(ALICE), Some("{not json")).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    let (status, _, _) = call(
-        Method::POST,
-        format!("{base}/x/math/missing"),
-        Some(ALICE),
-        None,
-    )
-    .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-
-    // Unknown paths are 404; a known path with another method is 405 naming the methods.
-    let (status, _, _) = call(Method::GET, format!("{base}/x/nothing"), Some(ALICE), None).await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, headers, _) = call(
-        Method::DELETE,
-        format!("{base}/x/whoami"),
-        Some(ALICE),
-        None,
-    )
-    .await;
+    // ...and unknown paths are 404.
+    for (method, path, input, expected) in [
+        (
+            Method::POST,
+            "math/double",
+            Some(r#"{"n": "x"}"#),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            Method::POST,
+            "math/double",
+            Some("{not json"),
+            StatusCode::BAD_REQUEST,
+        ),
+        (Method::POST, "math/missing", None, StatusCode::NOT_FOUND),
+        (Method::GET, "nothing", None, StatusCode::NOT_FOUND),
+    ] {
+        let url = format!("{base}/x/{path}");
+        let (status, _, body) = call(method.clone(), url, Some(ALICE), input).await;
+        assert_eq!(status, expected, "{method} {path}: {body}");
+    }
+    // A known path with another method is 405 naming the methods.
+    let (status, headers, _) = as_alice(Method::DELETE, "whoami").await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(headers["allow"], "GET");
 
-    let (status, headers, body) =
-        call(Method::GET, format!("{base}/x/page"), Some(ALICE), None).await;
+    let (status, headers, body) = as_alice(Method::GET, "page").await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers["content-type"]
         .to_str()
@@ -202,31 +185,18 @@ async fn endpoints_answer_under_the_agents_path_and_a_tenant_prefix() {
     let agents = AgentsServer::new().with_agent("ops", server);
     let base = serve(move |base| agents.router(&base)).await;
     use reqwest::Method;
-    let (status, _, body) = call(
-        Method::GET,
-        format!("{base}/agents/ops/x/whoami"),
-        Some(ALICE),
-        None,
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(json_of(&body)["tenant"], "acme");
-    let (status, _, body) = call(
-        Method::GET,
-        format!("{base}/agents/ops/acme/x/whoami"),
-        Some(ALICE),
-        None,
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, _, _) = call(
-        Method::GET,
-        format!("{base}/agents/other/x/whoami"),
-        Some(ALICE),
-        None,
-    )
-    .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+    for (path, expected) in [
+        ("ops/x/whoami", StatusCode::OK),
+        ("ops/acme/x/whoami", StatusCode::OK),
+        ("other/x/whoami", StatusCode::NOT_FOUND),
+    ] {
+        let url = format!("{base}/agents/{path}");
+        let (status, _, body) = call(Method::GET, url, Some(ALICE), None).await;
+        assert_eq!(status, expected, "{path}: {body}");
+        if status == StatusCode::OK {
+            assert_eq!(json_of(&body)["tenant"], "acme");
+        }
+    }
 }
 
 #[tokio::test]

@@ -18,7 +18,7 @@ use keel_transport::grpc::tonic_types::StatusExt;
 use keel_transport::grpc::{from_json, proto, to_json, ProtoJson};
 use keel_transport::{A2aServer, AgentsServer, Security};
 use serde_json::{json, Value};
-use support::{user_message, TestServer, ALICE, BOB, SLEEP_30};
+use support::{user_message, SendJson, TestServer, ALICE, BOB, SLEEP_30};
 
 async fn client(server: &TestServer) -> A2aServiceClient<Channel> {
     A2aServiceClient::connect(server.base.clone())
@@ -47,6 +47,33 @@ async fn drain(mut stream: Streaming<proto::StreamResponse>) -> Vec<Value> {
         events.push(to_json(&event).unwrap());
     }
     events
+}
+
+/// Send [`SLEEP_30`] without waiting: the task, running.
+async fn start_sleeping(grpc: &mut A2aServiceClient<Channel>) -> proto::Task {
+    let request = message::<proto::SendMessageRequest>(json!({
+        "message": user_message(SLEEP_30),
+        "configuration": {"returnImmediately": true}
+    }));
+    sent_task(grpc, request).await
+}
+
+/// Send `request`; the task SendMessage answers with.
+async fn sent_task(
+    grpc: &mut A2aServiceClient<Channel>,
+    request: impl keel_transport::grpc::tonic::IntoRequest<proto::SendMessageRequest>,
+) -> proto::Task {
+    let sent = grpc.send_message(request).await.unwrap().into_inner();
+    let Some(proto::send_message_response::Payload::Task(task)) = sent.payload else {
+        panic!("SendMessage answers with the task");
+    };
+    task
+}
+
+/// A status of `code` whose `ErrorInfo.reason` is `reason`: an A2A error as gRPC carries it.
+fn assert_status(status: &Status, code: Code, expected_reason: &str) {
+    assert_eq!(status.code(), code, "{status:?}");
+    assert_eq!(reason(status), expected_reason, "{status:?}");
 }
 
 /// The `ErrorInfo.reason` of a status.
@@ -124,17 +151,7 @@ async fn send_streaming_message_streams_the_task_then_its_updates_to_completed()
 async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
     let server = TestServer::start().await;
     let mut grpc = client(&server).await;
-    let running = grpc
-        .send_message(message::<proto::SendMessageRequest>(json!({
-            "message": user_message(SLEEP_30),
-            "configuration": {"returnImmediately": true}
-        })))
-        .await
-        .unwrap()
-        .into_inner();
-    let Some(proto::send_message_response::Payload::Task(task)) = running.payload else {
-        panic!("SendMessage answers with the task");
-    };
+    let task = start_sleeping(&mut grpc).await;
     let mut stream = grpc
         .subscribe_to_task(proto::SubscribeToTaskRequest {
             id: task.id.clone(),
@@ -192,16 +209,8 @@ async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
     assert_eq!(info.domain, "a2a-protocol.org");
     assert_eq!(info.metadata["taskId"], "no-such-task");
 
-    let done = grpc
-        .send_message(message::<proto::SendMessageRequest>(
-            json!({"message": user_message("done")}),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    let Some(proto::send_message_response::Payload::Task(done)) = done.payload else {
-        panic!("a task");
-    };
+    let done = message::<proto::SendMessageRequest>(json!({"message": user_message("done")}));
+    let done = sent_task(&mut grpc, done).await;
     // A terminal task has nothing to follow: UnsupportedOperation before any stream.
     let subscribe = grpc
         .subscribe_to_task(proto::SubscribeToTaskRequest {
@@ -210,8 +219,7 @@ async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
         })
         .await
         .unwrap_err();
-    assert_eq!(subscribe.code(), Code::Unimplemented);
-    assert_eq!(reason(&subscribe), "UNSUPPORTED_OPERATION");
+    assert_status(&subscribe, Code::Unimplemented, "UNSUPPORTED_OPERATION");
 
     let cancel = grpc
         .cancel_task(proto::CancelTaskRequest {
@@ -220,8 +228,7 @@ async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
         })
         .await
         .unwrap_err();
-    assert_eq!(cancel.code(), Code::FailedPrecondition);
-    assert_eq!(reason(&cancel), "TASK_NOT_CANCELABLE");
+    assert_status(&cancel, Code::FailedPrecondition, "TASK_NOT_CANCELABLE");
 
     let no_parts = grpc
         .send_message(message::<proto::SendMessageRequest>(
@@ -229,8 +236,7 @@ async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
         ))
         .await
         .unwrap_err();
-    assert_eq!(no_parts.code(), Code::InvalidArgument);
-    assert_eq!(reason(&no_parts), "INVALID_PARAMS");
+    assert_status(&no_parts, Code::InvalidArgument, "INVALID_PARAMS");
 
     // The binding speaks A2A 1.0, like HTTP+JSON.
     let mut old = Request::new(proto::GetTaskRequest {
@@ -240,16 +246,14 @@ async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
     old.metadata_mut()
         .insert("a2a-version", "0.3".parse().unwrap());
     let old = grpc.get_task(old).await.unwrap_err();
-    assert_eq!(old.code(), Code::Unimplemented);
-    assert_eq!(reason(&old), "VERSION_NOT_SUPPORTED");
+    assert_status(&old, Code::Unimplemented, "VERSION_NOT_SUPPORTED");
 
     let card = grpc
         .get_extended_agent_card(proto::GetExtendedAgentCardRequest::default())
         .await
         .unwrap_err();
     // As over JSON-RPC: a server without an extended card does not offer the operation.
-    assert_eq!(card.code(), Code::Unimplemented);
-    assert_eq!(reason(&card), "UNSUPPORTED_OPERATION");
+    assert_status(&card, Code::Unimplemented, "UNSUPPORTED_OPERATION");
     server.stop().await;
 }
 
@@ -294,10 +298,7 @@ async fn credentials_travel_as_metadata_and_tenants_never_meet() {
     bearer
         .metadata_mut()
         .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
-    let sent = grpc.send_message(bearer).await.unwrap().into_inner();
-    let Some(proto::send_message_response::Payload::Task(task)) = sent.payload else {
-        panic!("a task");
-    };
+    let task = sent_task(&mut grpc, bearer).await;
     let get = |key: &str| {
         as_caller(
             key,
@@ -330,17 +331,7 @@ async fn push_config_operations_create_get_list_and_delete() {
     )
     .await;
     let mut grpc = client(&server).await;
-    let running = grpc
-        .send_message(message::<proto::SendMessageRequest>(json!({
-            "message": user_message(SLEEP_30),
-            "configuration": {"returnImmediately": true}
-        })))
-        .await
-        .unwrap()
-        .into_inner();
-    let Some(proto::send_message_response::Payload::Task(task)) = running.payload else {
-        panic!("a task");
-    };
+    let task = start_sleeping(&mut grpc).await;
     let created = grpc
         .create_task_push_notification_config(message::<proto::TaskPushNotificationConfig>(
             json!({"taskId": task.id, "id": "hook-1", "url": "http://127.0.0.1:9/hook", "token": "secret"}),
@@ -413,18 +404,9 @@ async fn agents_under_a_path_list_no_grpc_interface() {
     let card: Value = reqwest::Client::new()
         .get(format!("{base}/agents/beta/.well-known/agent-card.json"))
         .header("A2A-Version", "1.0")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let bindings: Vec<&str> = card["supportedInterfaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["protocolBinding"].as_str().unwrap())
-        .collect();
+        .json_body()
+        .await;
+    let bindings = support::interface_fields(&card, "protocolBinding");
     assert_eq!(bindings, ["JSONRPC", "HTTP+JSON", "JSONRPC"], "{card}");
     let _ = stop.send(());
     serving.await.unwrap().unwrap();

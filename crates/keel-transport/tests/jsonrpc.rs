@@ -9,7 +9,7 @@ use keel_runtime::testing::eventually;
 use keel_transport::{A2aClient, SendMessageOptions};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use support::{user_message, TestServer, SLEEP_30};
+use support::{user_message, SendJson, TestServer, SLEEP_30};
 
 /// The JSON-RPC envelope checks of this file, on the shared test server.
 impl TestServer {
@@ -35,6 +35,19 @@ impl TestServer {
         (status, body)
     }
 
+    /// POST `body` to `/` as A2A v1.0, whatever it holds.
+    async fn post_value(&self, body: &Value) -> (StatusCode, Option<Value>) {
+        self.post_raw("/", serde_json::to_vec(body).unwrap(), Some("1.0"))
+            .await
+    }
+
+    /// POST `body`, notifications only, and assert that nothing answers: 204, no body.
+    async fn assert_unanswered(&self, body: &Value) {
+        let (status, answer) = self.post_value(body).await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        assert!(answer.is_none(), "{answer:?}");
+    }
+
     /// POST a JSON body to `/` and check the JSON-RPC envelope of the answer.
     async fn post(&self, body: Value) -> Value {
         let expected_id = body
@@ -42,9 +55,7 @@ impl TestServer {
             .cloned()
             .filter(|id| id.is_string() || id.is_number())
             .unwrap_or(Value::Null);
-        let (status, answer) = self
-            .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
-            .await;
+        let (status, answer) = self.post_value(&body).await;
         let answer = answer.expect("a JSON-RPC answer");
         assert_envelope(status, &answer, &expected_id);
         answer
@@ -161,12 +172,7 @@ async fn a_caller_without_a2a_version_gets_the_card_with_the_v0_3_fields() {
     assert_eq!(card["skills"][0]["tags"], json!(["demo"]));
     assert_eq!(card["defaultInputModes"], json!(["text/plain"]));
     // The v1.0 discovery stays, every interface with its protocol version.
-    let versions: Vec<&str> = card["supportedInterfaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["protocolVersion"].as_str().unwrap())
-        .collect();
+    let versions = support::interface_fields(&card, "protocolVersion");
     let v1_interfaces = if cfg!(feature = "grpc") { 3 } else { 2 };
     assert_eq!(versions.len(), v1_interfaces + 1);
     assert!(versions[..v1_interfaces].iter().all(|v| *v == "1.0"));
@@ -330,9 +336,7 @@ async fn non_object_requests_empty_batches_and_bad_ids_are_invalid_requests_with
         json!({"jsonrpc": "2.0", "id": {"x": 1}, "method": "GetTask"}),
         json!({"jsonrpc": "2.0", "id": [1], "method": "GetTask"}),
     ] {
-        let (status, answer) = server
-            .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
-            .await;
+        let (status, answer) = server.post_value(&body).await;
         let answer = answer.unwrap();
         assert_envelope(status, &answer, &Value::Null);
         assert_eq!(code(&answer), -32600, "{body}");
@@ -506,11 +510,7 @@ async fn request_ids_are_echoed_with_their_type() {
 async fn notifications_are_processed_without_an_answer() {
     let server = TestServer::start().await;
     let body = json!({"jsonrpc": "2.0", "method": "GetTask", "params": {"id": "x"}});
-    let (status, answer) = server
-        .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    assert!(answer.is_none());
+    server.assert_unanswered(&body).await;
     server.stop().await;
 }
 
@@ -519,9 +519,7 @@ async fn oversized_body_is_answered_with_a_json_rpc_error() {
     let server = TestServer::start().await;
     let big = "x".repeat(keel_transport::DEFAULT_BODY_LIMIT + 1);
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": user_message(&big)}});
-    let (status, answer) = server
-        .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
-        .await;
+    let (status, answer) = server.post_value(&body).await;
     let answer = answer.unwrap();
     assert_envelope(status, &answer, &Value::Null);
     assert_eq!(code(&answer), -32600);
@@ -582,17 +580,14 @@ async fn endpoint_answers_with_and_without_a_trailing_slash() {
     .unwrap();
     // The card's url is `<base>/`; a client may also post to `<base>`.
     for url in [format!("{}/", server.base), server.base.clone()] {
-        let response = server
+        let answer: Value = server
             .http
             .post(&url)
             .header("A2A-Version", "1.0")
             .header("content-type", "application/json")
             .body(body.clone())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        let answer: Value = response.json().await.unwrap();
+            .json_with_status(StatusCode::OK)
+            .await;
         assert_eq!(
             answer["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
             "{url}"
@@ -643,17 +638,7 @@ async fn keel_client_round_trips_against_the_server() {
     assert_eq!(got.history.len(), 1);
 
     // Typed errors come back.
-    let err = client.cancel_task(&task.id, None).await.unwrap_err();
-    assert_eq!(
-        err,
-        AgentError::TaskNotCancelable {
-            task_id: task.id.clone(),
-            state: TaskState::Completed
-        }
-    );
-    let missing = TaskId::from("no-such-task");
-    let err = client.get_task(&missing, None).await.unwrap_err();
-    assert_eq!(err, AgentError::TaskNotFound { task_id: missing });
+    support::assert_typed_errors(&client, &task).await;
     let err = client
         .send_message(
             Message::new(Role::User, Vec::new()),
@@ -720,12 +705,8 @@ async fn shutdown_lets_a_blocked_send_message_answer_with_a_canceled_task() {
         http.post(url)
             .header("A2A-Version", "1.0")
             .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": user_message(SLEEP_30)}}))
-            .send()
+            .json_body()
             .await
-            .unwrap()
-            .json::<Value>()
-            .await
-            .unwrap()
     });
     // Wait until the run is in flight (the task exists and is running).
     let executor = server.executor.clone();
@@ -768,9 +749,7 @@ async fn a_batch_answers_one_entry_per_request_with_an_id_and_none_for_notificat
         {"jsonrpc": "2.0", "id": 4, "method": "SubscribeToTask", "params": {"id": task_id}},
         {"jsonrpc": "2.0", "id": 5, "method": "SendStreamingMessage", "params": {"message": user_message("x")}}
     ]);
-    let (status, answer) = server
-        .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
-        .await;
+    let (status, answer) = server.post_value(&body).await;
     assert_eq!(status, StatusCode::OK);
     let answers = answer.unwrap();
     let answers = answers.as_array().expect("a batch answers with an array");
@@ -802,11 +781,7 @@ async fn a_batch_of_notifications_is_answered_with_no_content() {
         {"jsonrpc": "2.0", "method": "GetTask", "params": {"id": "x"}},
         {"jsonrpc": "2.0", "method": "ListTasks", "params": {}}
     ]);
-    let (status, answer) = server
-        .post_raw("/", serde_json::to_vec(&body).unwrap(), Some("1.0"))
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    assert!(answer.is_none());
+    server.assert_unanswered(&body).await;
     server.stop().await;
 }
 
@@ -843,15 +818,12 @@ async fn the_card_is_cacheable_and_revalidates_with_its_etag() {
     assert_eq!(fresh.headers()["etag"].to_str().unwrap(), etag);
     assert!(fresh.bytes().await.unwrap().is_empty());
 
-    let stale = server
+    let card: Value = server
         .http
         .get(&url)
         .header("If-None-Match", "\"something-else\"")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stale.status(), StatusCode::OK);
-    let card: Value = stale.json().await.unwrap();
+        .json_with_status(StatusCode::OK)
+        .await;
     assert_eq!(card["name"], "echo");
     server.stop().await;
 }
@@ -860,17 +832,14 @@ async fn the_card_is_cacheable_and_revalidates_with_its_etag() {
 async fn a_json_rpc_body_that_is_not_json_by_its_content_type_is_refused_415() {
     let server = TestServer::start().await;
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "t"}});
-    let refused = server
+    let answer: Value = server
         .http
         .post(format!("{}/", server.base))
         .header("content-type", "text/plain")
         .header("A2A-Version", "1.0")
         .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(refused.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
-    let answer: Value = refused.json().await.unwrap();
+        .json_with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE)
+        .await;
     assert_eq!(answer["error"]["code"], -32005, "{answer}");
     assert_eq!(answer["id"], Value::Null);
     // JSON by either name, with parameters, is read.
@@ -881,12 +850,8 @@ async fn a_json_rpc_body_that_is_not_json_by_its_content_type_is_refused_415() {
             .header("content-type", content_type)
             .header("A2A-Version", "1.0")
             .body(body.to_string())
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+            .json_body()
+            .await;
         assert_eq!(read["error"]["code"], -32001, "{content_type}: {read}");
     }
 }

@@ -13,7 +13,7 @@ use keel_runtime::testing::eventually_within;
 use keel_transport::{Limits, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use support::{user_message, TestServer, ALICE, BOB};
+use support::{user_message, SendJson, TestServer, ALICE, BOB};
 
 /// A tool call that lasts until the server stops (which cancels it).
 const SLEEP_LONG: &str = "/sleep {\"seconds\": 3600}";
@@ -39,16 +39,19 @@ fn call(id: usize, method: &str, params: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
 }
 
-async fn post(server: &TestServer, key: &str, body: &Value) -> reqwest::Response {
+/// A JSON-RPC POST of `body` as the tenant of `key`.
+fn request(server: &TestServer, key: &str, body: &Value) -> reqwest::RequestBuilder {
     server
         .http
         .post(format!("{}/", server.base))
         .header("A2A-Version", "1.0")
         .header("X-API-Key", key)
         .json(body)
-        .send()
-        .await
-        .unwrap()
+}
+
+/// The JSON answer to [`request`].
+async fn answer_to(server: &TestServer, key: &str, body: &Value) -> Value {
+    request(server, key, body).json_body().await
 }
 
 async fn send(server: &TestServer, key: &str, text: &str, return_immediately: bool) -> Value {
@@ -56,11 +59,7 @@ async fn send(server: &TestServer, key: &str, text: &str, return_immediately: bo
         "message": user_message(text),
         "configuration": {"returnImmediately": return_immediately},
     });
-    post(server, key, &call(1, "SendMessage", params))
-        .await
-        .json()
-        .await
-        .unwrap()
+    answer_to(server, key, &call(1, "SendMessage", params)).await
 }
 
 #[tokio::test]
@@ -70,13 +69,7 @@ async fn a_huge_batch_is_refused_whole_while_another_clients_send_is_served() {
         .map(|i| call(i, "SendMessage", json!({"message": user_message("hello")})))
         .collect();
     let (batch_answer, single) = tokio::join!(
-        async {
-            post(&server, ALICE, &Value::Array(batch))
-                .await
-                .json::<Value>()
-                .await
-                .unwrap()
-        },
+        async { answer_to(&server, ALICE, &Value::Array(batch)).await },
         tokio::time::timeout(GENEROUS, send(&server, BOB, "hello", false)),
     );
     assert_eq!(batch_answer["error"]["code"], -32600, "{batch_answer}");
@@ -90,18 +83,13 @@ async fn a_huge_batch_is_refused_whole_while_another_clients_send_is_served() {
         "{single}"
     );
     // Nothing of the refused batch ran.
-    let listed = post(&server, ALICE, &call(1, "ListTasks", json!({}))).await;
-    let listed: Value = listed.json().await.unwrap();
+    let listed = answer_to(&server, ALICE, &call(1, "ListTasks", json!({}))).await;
     assert_eq!(listed["result"]["totalSize"], 0, "{listed}");
     // A batch within the limit runs.
     let small: Vec<Value> = (0..3)
         .map(|i| call(i, "GetTask", json!({"id": "nope"})))
         .collect();
-    let answers: Value = post(&server, ALICE, &Value::Array(small))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let answers: Value = answer_to(&server, ALICE, &Value::Array(small)).await;
     assert_eq!(answers.as_array().map(Vec::len), Some(3), "{answers}");
     server.stop().await;
 }
@@ -113,32 +101,21 @@ async fn a_message_with_too_many_parts_is_invalid() {
         ..Limits::default()
     })
     .await;
-    let mut message = user_message("hello");
-    message["parts"] = Value::Array(vec![json!({"text": "part"}); 5]);
-    let answer: Value = post(
-        &server,
-        ALICE,
-        &call(1, "SendMessage", json!({"message": message})),
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
+    // A message of `parts` text parts, sent as Alice.
+    let alice = &server;
+    let send_parts = |parts: usize| {
+        let mut message = user_message("hello");
+        message["parts"] = Value::Array(vec![json!({"text": "part"}); parts]);
+        let body = call(1, "SendMessage", json!({"message": message}));
+        async move { answer_to(alice, ALICE, &body).await }
+    };
+    let answer = send_parts(5).await;
     assert_eq!(answer["error"]["code"], -32602, "{answer}");
     assert_eq!(
         answer["error"]["data"][0]["metadata"]["field"],
         "message.parts"
     );
-    message["parts"] = Value::Array(vec![json!({"text": "part"}); 4]);
-    let answer: Value = post(
-        &server,
-        ALICE,
-        &call(1, "SendMessage", json!({"message": message})),
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
+    let answer = send_parts(4).await;
     assert!(answer["result"]["task"].is_object(), "{answer}");
     server.stop().await;
 }
@@ -194,11 +171,7 @@ async fn a_tenant_with_too_many_requests_in_progress_is_told_to_retry_later() {
     let body: Value = refused.json().await.unwrap();
     assert_eq!(body["error"]["status"], "RESOURCE_EXHAUSTED", "{body}");
     // ...and over JSON-RPC with -32051 naming the limit.
-    let answer: Value = post(&server, ALICE, &call(1, "ListTasks", json!({})))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let answer: Value = answer_to(&server, ALICE, &call(1, "ListTasks", json!({}))).await;
     assert_eq!(answer["error"]["code"], -32051, "{answer}");
     let info = &answer["error"]["data"][0];
     assert_eq!(info["reason"], "RESOURCE_EXHAUSTED");
@@ -238,7 +211,7 @@ async fn one_tenants_flood_of_long_tasks_leaves_slots_for_another_tenant() {
     // Wait until Alice's share of the slots is busy with them.
     let share = keel_agent::ExecutorConfig::default().max_threads_per_tenant;
     eventually_within("Alice's tasks to fill her share", GENEROUS, || async {
-        let listed: Value = post(
+        let listed: Value = answer_to(
             &server,
             ALICE,
             &call(
@@ -247,10 +220,7 @@ async fn one_tenants_flood_of_long_tasks_leaves_slots_for_another_tenant() {
                 json!({"status": "TASK_STATE_WORKING", "pageSize": 100}),
             ),
         )
-        .await
-        .json()
-        .await
-        .unwrap();
+        .await;
         let working = listed["result"]["totalSize"].as_u64().unwrap_or(0) as usize;
         assert!(
             working <= share,
@@ -275,11 +245,7 @@ async fn send_on(server: &TestServer, key: &str, text: &str, context_id: &str) -
     let mut message = user_message(text);
     message["contextId"] = json!(context_id);
     let params = json!({"message": message, "configuration": {"returnImmediately": true}});
-    post(server, key, &call(1, "SendMessage", params))
-        .await
-        .json()
-        .await
-        .unwrap()
+    answer_to(server, key, &call(1, "SendMessage", params)).await
 }
 
 #[tokio::test]
@@ -345,11 +311,7 @@ async fn a_full_thread_queue_or_tenant_queue_refuses_new_tasks_with_retry_later(
         "{refused}"
     );
     // Nothing of the refused messages was stored.
-    let listed: Value = post(&server, ALICE, &call(1, "ListTasks", json!({})))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let listed: Value = answer_to(&server, ALICE, &call(1, "ListTasks", json!({}))).await;
     assert_eq!(listed["result"]["totalSize"], 3, "{listed}");
     // Bob's queues are his own.
     let bob = send_on(&server, BOB, "hello", "t").await;

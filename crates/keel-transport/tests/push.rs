@@ -15,7 +15,7 @@ use keel_llm::MockLlm;
 use keel_runtime::testing::eventually;
 use keel_runtime::{Runtime, Services};
 use serde_json::{json, Value};
-use support::{user_message, TestServer, SLEEP_30};
+use support::{user_message, SendJson, TestServer, SLEEP_30};
 
 /// A webhook that records what it receives; it can fail the next `fail_next` requests, or
 /// every request while `fail_all` is set.
@@ -97,6 +97,12 @@ fn code(answer: &Value) -> i64 {
     answer["error"]["code"].as_i64().unwrap_or(0)
 }
 
+/// Config `c1` of `task_id`: push to `url` with token `tok` and a bearer credential.
+fn bearer_config(task_id: &str, url: &str) -> Value {
+    json!({"taskId": task_id, "id": "c1", "url": url, "token": "tok",
+           "authentication": {"scheme": "Bearer", "credentials": "secret"}})
+}
+
 async fn sleeping_task(server: &TestServer) -> String {
     let sent = server
         .rpc(
@@ -112,33 +118,32 @@ async fn the_four_config_operations_work_on_both_bindings() {
     let (_hook, url) = webhook().await;
     let server = server_allowing_loopback(runtime()).await;
     let task_id = sleeping_task(&server).await;
+    // The REST route of the task's configs (`""`) or of one config (`"/{id}"`).
+    let configs = |config: &str| {
+        format!(
+            "{}/tasks/{task_id}/pushNotificationConfigs{config}",
+            server.base
+        )
+    };
 
     let created = server
         .rpc(
             "CreateTaskPushNotificationConfig",
-            json!({"taskId": task_id, "id": "c1", "url": url, "token": "tok",
-                   "authentication": {"scheme": "Bearer", "credentials": "secret"}}),
+            bearer_config(&task_id, &url),
         )
         .await;
     assert_eq!(
         created["result"],
-        json!({"taskId": task_id, "id": "c1", "url": url, "token": "tok",
-               "authentication": {"scheme": "Bearer", "credentials": "secret"}}),
+        bearer_config(&task_id, &url),
         "{created}"
     );
-    let rest = server
+    let c2: Value = server
         .http
-        .post(format!(
-            "{}/tasks/{task_id}/pushNotificationConfigs",
-            server.base
-        ))
+        .post(configs(""))
         .header("content-type", "application/a2a+json")
         .body(json!({"url": url}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(rest.status(), 200);
-    let c2: Value = rest.json().await.unwrap();
+        .json_with_status(reqwest::StatusCode::OK)
+        .await;
     let c2_id = c2["id"].as_str().expect("a generated id").to_owned();
     assert_eq!(c2["taskId"], task_id.as_str());
 
@@ -151,42 +156,19 @@ async fn the_four_config_operations_work_on_both_bindings() {
     assert_eq!(got["result"]["token"], "tok", "{got}");
     let got: Value = server
         .http
-        .get(format!(
-            "{}/tasks/{task_id}/pushNotificationConfigs/{c2_id}",
-            server.base
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .get(configs(&format!("/{c2_id}")))
+        .json_body()
+        .await;
     assert_eq!(got["url"], url.as_str());
 
-    let list: Value = server
-        .http
-        .get(format!(
-            "{}/tasks/{task_id}/pushNotificationConfigs",
-            server.base
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list: Value = server.http.get(configs("")).json_body().await;
     assert_eq!(list["configs"].as_array().unwrap().len(), 2, "{list}");
 
-    let deleted = server
-        .http
-        .delete(format!(
-            "{}/tasks/{task_id}/pushNotificationConfigs/c1",
-            server.base
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(deleted.status(), 200);
+    let delete_c1_over_rest = || async {
+        let deleted = server.http.delete(configs("/c1")).send().await.unwrap();
+        assert_eq!(deleted.status(), 200);
+    };
+    delete_c1_over_rest().await;
     let list = server
         .rpc(
             "ListTaskPushNotificationConfigs",
@@ -213,16 +195,7 @@ async fn the_four_config_operations_work_on_both_bindings() {
         )
         .await;
     assert!(deleted.get("error").is_none(), "{deleted}");
-    let deleted = server
-        .http
-        .delete(format!(
-            "{}/tasks/{task_id}/pushNotificationConfigs/c1",
-            server.base
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(deleted.status(), 200);
+    delete_c1_over_rest().await;
     let unknown_task = server
         .rpc(
             "DeleteTaskPushNotificationConfig",
@@ -288,8 +261,7 @@ async fn updates_are_pushed_with_token_and_authentication_and_failures_are_retri
     let created = server
         .rpc(
             "CreateTaskPushNotificationConfig",
-            json!({"taskId": task_id, "id": "c1", "url": url, "token": "tok",
-                   "authentication": {"scheme": "Bearer", "credentials": "secret"}}),
+            bearer_config(&task_id, &url),
         )
         .await;
     assert!(created.get("result").is_some(), "{created}");

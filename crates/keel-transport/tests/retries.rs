@@ -82,6 +82,26 @@ fn client(base: &str) -> A2aClient {
         .with_retries(3, Duration::from_millis(10))
 }
 
+/// A client of `proxy` told its JSON-RPC endpoint, so it fetches no card first.
+fn jsonrpc_client(proxy: &DroppingProxy) -> A2aClient {
+    client(&proxy.base).with_endpoint(format!("{}/", proxy.base))
+}
+
+/// A test server behind a [`DroppingProxy`] that drops the next `drops` connections.
+async fn proxied(drops: usize) -> (TestServer, DroppingProxy) {
+    let server = TestServer::start().await;
+    let proxy = DroppingProxy::start(&server.base).await;
+    proxy.drop_next(drops);
+    (server, proxy)
+}
+
+/// How many tasks `server` holds, read directly (not through the proxy).
+async fn stored_tasks(server: &TestServer) -> usize {
+    let direct = A2aClient::new(&server.base);
+    let list = direct.list_tasks(&TaskListQuery::default()).await.unwrap();
+    list.total_size
+}
+
 #[tokio::test]
 async fn the_card_and_get_task_survive_a_dropped_connection() {
     let server = TestServer::start().await;
@@ -143,10 +163,8 @@ async fn the_card_and_get_task_survive_a_dropped_connection() {
 
 #[tokio::test]
 async fn retries_give_up_after_their_attempts() {
-    let server = TestServer::start().await;
-    let proxy = DroppingProxy::start(&server.base).await;
-    proxy.drop_next(10);
-    let via_proxy = client(&proxy.base).with_endpoint(format!("{}/", proxy.base));
+    let (server, proxy) = proxied(10).await;
+    let via_proxy = jsonrpc_client(&proxy);
     let err = via_proxy
         .get_task(&"t-1".into(), None)
         .await
@@ -158,27 +176,21 @@ async fn retries_give_up_after_their_attempts() {
 
 #[tokio::test]
 async fn send_message_is_never_retried() {
-    let server = TestServer::start().await;
-    let proxy = DroppingProxy::start(&server.base).await;
-    proxy.drop_next(1);
-    let via_proxy = client(&proxy.base).with_endpoint(format!("{}/", proxy.base));
+    let (server, proxy) = proxied(1).await;
+    let via_proxy = jsonrpc_client(&proxy);
     let err = via_proxy
         .send_message(Message::user("once"), SendMessageOptions::default())
         .await
         .expect_err("the only connection is dropped");
     assert!(matches!(err, AgentError::Internal { .. }), "{err:?}");
     assert_eq!(proxy.accepted(), 1, "SendMessage got one attempt");
-    let direct = A2aClient::new(&server.base);
-    let list = direct.list_tasks(&TaskListQuery::default()).await.unwrap();
-    assert_eq!(list.total_size, 0, "the message never arrived");
+    assert_eq!(stored_tasks(&server).await, 0, "the message never arrived");
     server.stop().await;
 }
 
 #[tokio::test]
 async fn send_message_retries_the_endpoint_lookup_that_sent_nothing() {
-    let server = TestServer::start().await;
-    let proxy = DroppingProxy::start(&server.base).await;
-    proxy.drop_next(1);
+    let (server, proxy) = proxied(1).await;
     // No endpoint given: the first call fetches the card through the proxy to find it.
     let via_proxy = client(&proxy.base);
     let task = via_proxy
@@ -187,8 +199,6 @@ async fn send_message_retries_the_endpoint_lookup_that_sent_nothing() {
         .expect("the lost card fetch sent no message, so it is tried again");
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(proxy.accepted(), 2, "the card: one dropped, one served");
-    let direct = A2aClient::new(&server.base);
-    let list = direct.list_tasks(&TaskListQuery::default()).await.unwrap();
-    assert_eq!(list.total_size, 1, "the message arrived once");
+    assert_eq!(stored_tasks(&server).await, 1, "the message arrived once");
     server.stop().await;
 }

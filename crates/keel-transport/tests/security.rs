@@ -199,29 +199,19 @@ async fn the_extended_card_is_only_for_authenticated_callers() {
 #[tokio::test]
 async fn a_tenant_can_never_reach_another_tenants_tasks() {
     let server = secured(|s| s.allow_private_push_targets(true)).await;
-    let (_, sent, _) = rpc_as(
-        &server,
-        Some(ALICE),
-        "SendMessage",
-        json!({"message": user_message(SLEEP_30), "configuration": {"returnImmediately": true}}),
-    )
-    .await;
+    // Alice's JSON-RPC call of `method`: the answer.
+    let on = &server;
+    let as_alice = |method: &'static str, params: Value| async move {
+        rpc_as(on, Some(ALICE), method, params).await.1
+    };
+    let sleeping =
+        json!({"message": user_message(SLEEP_30), "configuration": {"returnImmediately": true}});
+    let sent = as_alice("SendMessage", sleeping).await;
     let task_id = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
-    let (_, done, _) = rpc_as(
-        &server,
-        Some(ALICE),
-        "SendMessage",
-        json!({"message": user_message("hello")}),
-    )
-    .await;
+    let done = as_alice("SendMessage", json!({"message": user_message("hello")})).await;
     let done_id = done["result"]["task"]["id"].as_str().unwrap().to_owned();
-    let (_, created, _) = rpc_as(
-        &server,
-        Some(ALICE),
-        "CreateTaskPushNotificationConfig",
-        json!({"taskId": task_id, "id": "alice-hook", "url": "http://127.0.0.1:9/hook", "token": "alice-secret"}),
-    )
-    .await;
+    let hook = json!({"taskId": task_id, "id": "alice-hook", "url": "http://127.0.0.1:9/hook", "token": "alice-secret"});
+    let created = as_alice("CreateTaskPushNotificationConfig", hook).await;
     assert_eq!(created["result"]["id"], "alice-hook", "{created}");
 
     for id in [&task_id, &done_id] {

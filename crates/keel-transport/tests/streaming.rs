@@ -7,7 +7,25 @@ use futures::StreamExt;
 use keel_core::{AgentError, Message, TaskState};
 use keel_transport::{A2aClient, Binding, StreamEvent};
 use serde_json::{json, Value};
-use support::{sse_events, user_message, TestServer, SLEEP_30};
+use support::{sse_events, user_message, SendJson, TestServer, SLEEP_30};
+
+/// Every event of a Keel client's stream, read to its end (an error fails the test).
+async fn drain(
+    events: impl futures::Stream<Item = keel_core::AgentResult<StreamEvent>>,
+) -> Vec<StreamEvent> {
+    events.map(Result::unwrap).collect().await
+}
+
+/// The states of a stream's status updates, in order.
+fn status_states(events: &[StreamEvent]) -> Vec<TaskState> {
+    events
+        .iter()
+        .filter_map(|event| match event {
+            StreamEvent::StatusUpdate { status, .. } => Some(status.state),
+            _ => None,
+        })
+        .collect()
+}
 
 fn state_of(result: &Value) -> Option<&str> {
     result["statusUpdate"]["status"]["state"]
@@ -18,14 +36,12 @@ fn state_of(result: &Value) -> Option<&str> {
 #[tokio::test]
 async fn jsonrpc_stream_starts_with_the_task_carries_updates_and_ends_after_completed() {
     let server = TestServer::start().await;
-    let response = server
-        .rpc_with(
-            Some("1.0"),
+    let events = server
+        .rpc_stream(
             "SendStreamingMessage",
             json!({"message": user_message("hello")}),
         )
         .await;
-    let events = sse_events(response).await;
     assert!(events.len() >= 3, "{events:?}");
     for (_, envelope) in &events {
         assert_eq!(envelope["jsonrpc"], "2.0");
@@ -73,21 +89,17 @@ async fn jsonrpc_stream_starts_with_the_task_carries_updates_and_ends_after_comp
 async fn stream_ends_at_an_interrupted_state_and_continues_on_the_next_turn() {
     let server = TestServer::start().await;
     let client = A2aClient::new(server.base.clone());
-    let mut events = client
+    let asking = client
         .send_streaming_message(Message::user("/ask_human {\"question\": \"which city?\"}"))
         .await
         .unwrap();
-    let mut last = None;
-    let mut task_id = None;
-    while let Some(event) = events.next().await {
-        let event = event.unwrap();
-        if let StreamEvent::Task(task) = &event {
-            task_id = Some(task.id.clone());
-        }
-        last = Some(event);
-    }
-    let Some(StreamEvent::StatusUpdate { status, .. }) = last else {
-        panic!("the stream ends with a status update: {last:?}");
+    let events = drain(asking).await;
+    let task_id = events.iter().find_map(|event| match event {
+        StreamEvent::Task(task) => Some(task.id.clone()),
+        _ => None,
+    });
+    let Some(StreamEvent::StatusUpdate { status, .. }) = events.last() else {
+        panic!("the stream ends with a status update: {events:?}");
     };
     assert_eq!(status.state, TaskState::InputRequired);
 
@@ -95,15 +107,13 @@ async fn stream_ends_at_an_interrupted_state_and_continues_on_the_next_turn() {
     // does not end there, but after this turn's final status.
     let mut answer = Message::user("Athens");
     answer.task_id = task_id.clone();
-    let mut events = client.send_streaming_message(answer).await.unwrap();
-    let mut states = Vec::new();
-    while let Some(event) = events.next().await {
-        match event.unwrap() {
-            StreamEvent::Task(task) => assert_eq!(Some(&task.id), task_id.as_ref()),
-            StreamEvent::StatusUpdate { status, .. } => states.push(status.state),
-            _ => {}
+    let events = drain(client.send_streaming_message(answer).await.unwrap()).await;
+    for event in &events {
+        if let StreamEvent::Task(task) = event {
+            assert_eq!(Some(&task.id), task_id.as_ref());
         }
     }
+    let states = status_states(&events);
     assert_eq!(states.last(), Some(&TaskState::Completed), "{states:?}");
     server.stop().await;
 }
@@ -124,14 +134,8 @@ async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
 
         let canceled = client.cancel_task(&running.id, None).await.unwrap();
         assert_eq!(canceled.state(), TaskState::Canceled);
-        let mut finals = Vec::new();
-        while let Some(event) = events.next().await {
-            if let StreamEvent::StatusUpdate { status, .. } = event.unwrap() {
-                if status.state.is_terminal() {
-                    finals.push(status.state);
-                }
-            }
-        }
+        let mut finals = status_states(&drain(events).await);
+        finals.retain(|state| state.is_terminal());
         assert_eq!(finals, vec![TaskState::Canceled], "{binding:?}");
     }
     server.stop().await;
@@ -161,18 +165,15 @@ async fn subscribe_to_a_terminal_task_is_unsupported_operation_before_any_stream
         "TASK_STATE_COMPLETED"
     );
 
-    let response = server
+    let answer: Value = server
         .http
         .get(format!(
             "{}/tasks/{}:subscribe",
             server.base,
             done["id"].as_str().unwrap()
         ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 400);
-    let answer: Value = response.json().await.unwrap();
+        .json_with_status(reqwest::StatusCode::BAD_REQUEST)
+        .await;
     assert_eq!(
         answer["error"]["details"][0]["reason"],
         "UNSUPPORTED_OPERATION"
@@ -201,12 +202,8 @@ async fn a_client_going_away_never_cancels_the_task() {
     };
     drop(events);
     // Follow it again: the run goes on and completes.
-    let mut events = client.subscribe(&task.id).await.unwrap();
-    let mut last = None;
-    while let Some(event) = events.next().await {
-        last = Some(event.unwrap());
-    }
-    let state = match last.unwrap() {
+    let events = drain(client.subscribe(&task.id).await.unwrap()).await;
+    let state = match events.last().unwrap() {
         StreamEvent::StatusUpdate { status, .. } => status.state,
         StreamEvent::Task(task) => task.state(),
         other => panic!("{other:?}"),

@@ -8,7 +8,7 @@ use keel_core::{RunContext, TaskId, RUN_CONTEXT_KEY};
 use keel_runtime::AuthContext;
 use keel_transport::{A2aClient, KEEL_METADATA_KEY};
 use serde_json::{json, Value};
-use support::{sse_events, user_message, TestServer};
+use support::{user_message, SendJson, TestServer};
 
 /// Fields whose keys are the caller's or an application's, not Keel's.
 const FREE_FORM: [&str; 4] = ["permissions", "metadata", "payload", "parts"];
@@ -113,12 +113,8 @@ async fn tasks_over_json_rpc_rest_and_streams_carry_keels_fields_in_one_camel_ca
         .post(format!("{}/message:send", server.base))
         .header("A2A-Version", "1.0")
         .json(&json!({"message": with_run_context("over rest")}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .json_body()
+        .await;
     assert_callers_metadata(&sent["task"], true);
     let got = server
         .get_json(&format!("/tasks/{}", sent["task"]["id"].as_str().unwrap()))
@@ -126,14 +122,12 @@ async fn tasks_over_json_rpc_rest_and_streams_carry_keels_fields_in_one_camel_ca
     assert_callers_metadata(&got, true);
 
     // A stream: its first event is the task.
-    let response = server
-        .rpc_with(
-            Some("1.0"),
+    let events = server
+        .rpc_stream(
             "SendStreamingMessage",
             json!({"message": with_run_context("streamed")}),
         )
         .await;
-    let events = sse_events(response).await;
     let first = &events[0].1["result"]["task"];
     assert_callers_metadata(first, true);
     server.stop().await;
@@ -143,16 +137,13 @@ async fn tasks_over_json_rpc_rest_and_streams_carry_keels_fields_in_one_camel_ca
 async fn v0_3_tasks_carry_the_same_block_with_v0_3_state_names() {
     let server = TestServer::start().await;
     let answer: Value = server
-        .rpc_with(
+        .rpc_as(
             None,
             "message/send",
             json!({"message": {"kind": "message", "messageId": "v03-m", "role": "user",
                                "parts": [{"kind": "text", "text": "hi"}]}}),
         )
-        .await
-        .json()
-        .await
-        .unwrap();
+        .await;
     let task = &answer["result"];
     assert_eq!(task["status"]["state"], "completed", "{answer}");
     let block = &task["metadata"][KEEL_METADATA_KEY];

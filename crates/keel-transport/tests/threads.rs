@@ -7,7 +7,7 @@ mod support;
 use std::sync::Arc;
 
 use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
-use keel_core::{AgentCard, Message, TaskState, ThreadId};
+use keel_core::{AgentCard, Message, ThreadId};
 use keel_llm::MockLlm;
 use keel_runtime::{ApiKeyAuthService, AuthContext, Runtime, Services};
 use keel_transport::{A2aServer, AgentsServer, Security};
@@ -89,11 +89,7 @@ async fn a_threads_state_messages_and_queue_are_served_to_its_tenant_only() {
     let http = reqwest::Client::new();
 
     // Alice's thread, with one finished turn.
-    let task = executor
-        .send_message(&alice, Message::user("hello"), SendOptions::default())
-        .await
-        .unwrap();
-    assert_eq!(task.state(), TaskState::Completed);
+    let task = support::completed_task(&executor, &alice, "hello").await;
     let thread: ThreadId = task.thread_id.clone();
     let state_url = format!("{base}/threads/{thread}");
 
@@ -233,10 +229,7 @@ async fn queuing_on_a_terminated_thread_is_a_conflict() {
     );
     let server = A2aServer::new(executor.clone()).with_security(Security::api_key_and_bearer());
     let base = serve(server.router("http://127.0.0.1:0")).await;
-    let task = executor
-        .send_message(&alice, Message::user("hello"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = support::completed_task(&executor, &alice, "hello").await;
     let thread = task.thread_id.clone();
     executor
         .thread(&alice, thread.clone())

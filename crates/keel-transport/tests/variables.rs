@@ -7,17 +7,15 @@ mod support;
 
 use std::sync::{Arc, Mutex};
 
-use keel_agent::{
-    Agent, AgentExecutor, Environment, FnTool, SendOptions, SubagentSpec, SECRETS_KEY_VAR,
-};
-use keel_core::{AgentCard, Message, TaskState, ThreadId};
+use keel_agent::{Agent, AgentExecutor, Environment, FnTool, SubagentSpec, SECRETS_KEY_VAR};
+use keel_core::{AgentCard, ThreadId};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
 use keel_runtime::testing::eventually;
 use keel_runtime::{AuthContext, Runtime};
 use keel_transport::{A2aServer, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use support::{ALICE, BOB};
+use support::{SendJson, ALICE, BOB};
 
 const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
@@ -100,11 +98,7 @@ async fn missing_scoped_variables_are_described_and_provided_over_http_in_the_ca
     tokio::spawn(server.serve(listener, std::future::pending()));
 
     // Alice's parent task asks for the subagent; the variable is missing.
-    let task = executor
-        .send_message(&alice, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
-    assert_eq!(task.state(), TaskState::Completed);
+    let task = support::completed_task(&executor, &alice, "go").await;
     let thread: ThreadId = task.thread_id.clone();
     let history = executor
         .thread(&alice, thread.clone())
@@ -122,27 +116,18 @@ async fn missing_scoped_variables_are_described_and_provided_over_http_in_the_ca
     let request_id = request_id_in(&result);
     let url = format!("{base}/threads/{thread}/variables/{request_id}");
     let http = reqwest::Client::new();
+    // The request read, or answered with `body`, as the caller of `key`.
+    let get = |key: &str| http.get(&url).header("X-API-Key", key).send();
+    let post = |key: &str, body: Value| http.post(&url).header("X-API-Key", key).json(&body).send();
 
     // Without credentials: 401. Another tenant: not found.
     assert_eq!(
         http.get(&url).send().await.unwrap().status(),
         StatusCode::UNAUTHORIZED
     );
-    let as_bob = http
-        .get(&url)
-        .header("X-API-Key", BOB)
-        .send()
-        .await
-        .unwrap();
-    assert_unknown_request(as_bob).await;
-    let as_bob = http
-        .post(&url)
-        .header("X-API-Key", BOB)
-        .json(&json!({"variables": {"API_TOKEN": "stolen"}}))
-        .send()
-        .await
-        .unwrap();
-    assert_unknown_request(as_bob).await;
+    assert_unknown_request(get(BOB).await.unwrap()).await;
+    let stolen = json!({"variables": {"API_TOKEN": "stolen"}});
+    assert_unknown_request(post(BOB, stolen).await.unwrap()).await;
     // Even naming Alice's tenant in the path does not widen Bob's access.
     let hinted = http
         .get(format!(
@@ -155,29 +140,23 @@ async fn missing_scoped_variables_are_described_and_provided_over_http_in_the_ca
     assert_unknown_request(hinted).await;
 
     // Alice sees what is missing.
-    let described = http
+    let described: Value = http
         .get(&url)
         .header("X-API-Key", ALICE)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(described.status(), StatusCode::OK);
-    let described: Value = described.json().await.unwrap();
+        .json_with_status(StatusCode::OK)
+        .await;
     assert_eq!(described["missing"], json!(["API_TOKEN"]));
     assert_eq!(described["name"], "alpha");
     assert_eq!(described["subagent"], "researcher");
     assert_eq!(described["request_id"], json!(request_id));
 
     // A body lacking the variable, or no JSON at all: 400, nothing starts.
-    let lacking = http
+    let lacking: Value = http
         .post(&url)
         .header("X-API-Key", ALICE)
         .json(&json!({"variables": {}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(lacking.status(), StatusCode::BAD_REQUEST);
-    let lacking: Value = lacking.json().await.unwrap();
+        .json_with_status(StatusCode::BAD_REQUEST)
+        .await;
     assert!(lacking["error"]["message"]
         .as_str()
         .unwrap()
@@ -199,13 +178,8 @@ async fn missing_scoped_variables_are_described_and_provided_over_http_in_the_ca
         .is_empty());
 
     // Providing it starts the subagent at once; the value is never echoed.
-    let provided = http
-        .post(&url)
-        .header("X-API-Key", ALICE)
-        .json(&json!({"variables": {"API_TOKEN": "tok-http"}}))
-        .send()
-        .await
-        .unwrap();
+    let value = json!({"variables": {"API_TOKEN": "tok-http"}});
+    let provided = post(ALICE, value.clone()).await.unwrap();
     assert_eq!(provided.status(), StatusCode::CREATED);
     let provided = provided.text().await.unwrap();
     assert!(!provided.contains("tok-http"));
@@ -214,38 +188,19 @@ async fn missing_scoped_variables_are_described_and_provided_over_http_in_the_ca
     assert_eq!(provided["child"]["parent_thread_id"], json!(thread));
 
     // Used up: both verbs now answer 404.
-    let again = http
-        .get(&url)
-        .header("X-API-Key", ALICE)
-        .send()
-        .await
-        .unwrap();
+    let again = get(ALICE).await.unwrap();
     assert_eq!(again.status(), StatusCode::NOT_FOUND);
-    let again = http
-        .post(&url)
-        .header("X-API-Key", ALICE)
-        .json(&json!({"variables": {"API_TOKEN": "tok-http"}}))
-        .send()
-        .await
-        .unwrap();
+    let again = post(ALICE, value).await.unwrap();
     assert_eq!(again.status(), StatusCode::NOT_FOUND);
 
     // The child ran with the value and its answer reached the parent thread.
-    let (exec, auth, parent) = (executor.clone(), alice.clone(), thread.clone());
-    eventually("the child's answer on the parent thread", || {
-        let (exec, auth, parent) = (exec.clone(), auth.clone(), parent.clone());
-        async move {
-            exec.thread(&auth, parent)
-                .history()
-                .await
-                .unwrap()
-                .iter()
-                .any(|e| {
-                    e.message
-                        .content
-                        .contains("[subagent alpha] completed: found A")
-                })
-        }
+    let parent = executor.thread(&alice, thread.clone());
+    eventually("the child's answer on the parent thread", || async {
+        parent.history().await.unwrap().iter().any(|e| {
+            e.message
+                .content
+                .contains("[subagent alpha] completed: found A")
+        })
     })
     .await;
     assert_eq!(

@@ -11,42 +11,41 @@ use futures::{SinkExt, StreamExt};
 use keel_core::TaskState;
 use keel_transport::A2aClient;
 use serde_json::{json, Value};
-use support::{user_message, TestServer, SLEEP_30};
-use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use support::{connect_ws, next_ws, send_ws, user_message, Socket, TestServer, SLEEP_30};
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-
-type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-async fn connect(server: &TestServer) -> Socket {
-    let url = format!("{}/ws", server.base.replacen("http://", "ws://", 1));
-    let mut request = url.into_client_request().unwrap();
-    request
-        .headers_mut()
-        .insert("A2A-Version", "1.0".parse().unwrap());
-    let (socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
-    socket
-}
-
-async fn send(socket: &mut Socket, id: &str, method: &str, params: Value) {
-    let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-    socket
-        .send(Message::text(request.to_string()))
-        .await
-        .unwrap();
-}
 
 /// The next JSON-RPC frame (within 10 s).
 async fn next(socket: &mut Socket) -> Value {
+    next_ws(socket, Duration::from_secs(10)).await
+}
+
+async fn connect(server: &TestServer) -> Socket {
+    connect_ws(&server.base, None).await
+}
+
+/// Request `id`: `method` (SendMessage or SendStreamingMessage) of a user message saying
+/// `text`.
+async fn send_text(socket: &mut Socket, id: &str, method: &str, text: &str) {
+    send_ws(socket, id, method, json!({"message": user_message(text)})).await;
+}
+
+/// A stream of [`SLEEP_30`] opened on a new socket as request `long`: the socket and the
+/// task's id (from the stream's first frame).
+async fn sleeping_stream(server: &TestServer) -> (Socket, String) {
+    let mut streaming = connect(server).await;
+    send_text(&mut streaming, "long", "SendStreamingMessage", SLEEP_30).await;
+    let first = next(&mut streaming).await;
+    let task_id = first["result"]["task"]["id"].as_str().unwrap().to_owned();
+    (streaming, task_id)
+}
+
+/// Read `socket`'s frames up to the one that reports the task canceled; that frame.
+async fn until_canceled(socket: &mut Socket) -> Value {
     loop {
-        let frame = tokio::time::timeout(Duration::from_secs(10), socket.next())
-            .await
-            .expect("a frame within 10 s")
-            .expect("the socket is open")
-            .unwrap();
-        if let Message::Text(text) = frame {
-            return serde_json::from_str(text.as_str()).unwrap();
+        let frame = next(socket).await;
+        assert_eq!(frame["id"], "long", "{frame}");
+        if frame["result"]["statusUpdate"]["status"]["state"] == "TASK_STATE_CANCELED" {
+            return frame;
         }
     }
 }
@@ -62,29 +61,23 @@ fn state_of(result: &Value) -> Option<&str> {
 async fn unary_calls_and_errors_share_one_socket() {
     let server = TestServer::start().await;
     let mut socket = connect(&server).await;
-    send(
-        &mut socket,
-        "s1",
-        "SendMessage",
-        json!({"message": user_message("hello")}),
-    )
-    .await;
+    send_text(&mut socket, "s1", "SendMessage", "hello").await;
     let sent = next(&mut socket).await;
     assert_eq!(sent["id"], "s1", "{sent}");
     let task_id = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
     assert_eq!(state_of(&sent["result"]), Some("TASK_STATE_COMPLETED"));
 
-    send(&mut socket, "g1", "GetTask", json!({"id": task_id})).await;
+    send_ws(&mut socket, "g1", "GetTask", json!({"id": task_id})).await;
     let got = next(&mut socket).await;
     assert_eq!(got["id"], "g1");
     assert_eq!(got["result"]["id"], task_id.as_str());
 
-    send(&mut socket, "g2", "GetTask", json!({"id": "no-such-task"})).await;
+    send_ws(&mut socket, "g2", "GetTask", json!({"id": "no-such-task"})).await;
     let missing = next(&mut socket).await;
     assert_eq!(missing["id"], "g2");
     assert_eq!(missing["error"]["code"], -32001, "{missing}");
 
-    send(&mut socket, "x", "NoSuchMethod", json!({})).await;
+    send_ws(&mut socket, "x", "NoSuchMethod", json!({})).await;
     assert_eq!(next(&mut socket).await["error"]["code"], -32601);
     socket.send(Message::text("{not json")).await.unwrap();
     let parse = next(&mut socket).await;
@@ -94,7 +87,7 @@ async fn unary_calls_and_errors_share_one_socket() {
     assert_eq!(next(&mut socket).await["error"]["code"], -32600);
 
     // Still serving after every error.
-    send(&mut socket, "l1", "ListTasks", json!({})).await;
+    send_ws(&mut socket, "l1", "ListTasks", json!({})).await;
     let list = next(&mut socket).await;
     assert_eq!(list["result"]["totalSize"], 1, "{list}");
     socket.close(None).await.unwrap();
@@ -105,11 +98,11 @@ async fn unary_calls_and_errors_share_one_socket() {
 async fn a_stream_is_several_frames_with_the_request_id_ending_at_the_final_status() {
     let server = TestServer::start().await;
     let mut socket = connect(&server).await;
-    send(
+    send_text(
         &mut socket,
         "stream-1",
         "SendStreamingMessage",
-        json!({"message": user_message("stream this")}),
+        "stream this",
     )
     .await;
     let mut frames = Vec::new();
@@ -127,7 +120,7 @@ async fn a_stream_is_several_frames_with_the_request_id_ending_at_the_final_stat
         "starts with the task"
     );
     // The socket goes on serving after the stream.
-    send(&mut socket, "after", "ListTasks", json!({})).await;
+    send_ws(&mut socket, "after", "ListTasks", json!({})).await;
     assert_eq!(next(&mut socket).await["id"], "after");
     server.stop().await;
 }
@@ -135,19 +128,10 @@ async fn a_stream_is_several_frames_with_the_request_id_ending_at_the_final_stat
 #[tokio::test]
 async fn cancel_on_a_control_connection_ends_the_stream_it_stops() {
     let server = TestServer::start().await;
-    let mut streaming = connect(&server).await;
-    send(
-        &mut streaming,
-        "long",
-        "SendStreamingMessage",
-        json!({"message": user_message(SLEEP_30)}),
-    )
-    .await;
-    let first = next(&mut streaming).await;
-    let task_id = first["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let (mut streaming, task_id) = sleeping_stream(&server).await;
 
     // The same socket still answers while its stream is open.
-    send(&mut streaming, "peek", "GetTask", json!({"id": task_id})).await;
+    send_ws(&mut streaming, "peek", "GetTask", json!({"id": task_id})).await;
     let peek = loop {
         let frame = next(&mut streaming).await;
         if frame["id"] == "peek" {
@@ -158,7 +142,7 @@ async fn cancel_on_a_control_connection_ends_the_stream_it_stops() {
 
     // Cancel from a second socket: answered at once, not behind the stream.
     let mut control = connect(&server).await;
-    send(&mut control, "c1", "CancelTask", json!({"id": task_id})).await;
+    send_ws(&mut control, "c1", "CancelTask", json!({"id": task_id})).await;
     let canceled = next(&mut control).await;
     assert_eq!(canceled["id"], "c1");
     assert_eq!(
@@ -166,13 +150,7 @@ async fn cancel_on_a_control_connection_ends_the_stream_it_stops() {
         "{canceled}"
     );
 
-    let last = loop {
-        let frame = next(&mut streaming).await;
-        assert_eq!(frame["id"], "long", "{frame}");
-        if frame["result"]["statusUpdate"]["status"]["state"] == "TASK_STATE_CANCELED" {
-            break frame;
-        }
-    };
+    let last = until_canceled(&mut streaming).await;
     assert_eq!(last["result"]["statusUpdate"]["taskId"], task_id.as_str());
     server.stop().await;
 }
@@ -180,20 +158,11 @@ async fn cancel_on_a_control_connection_ends_the_stream_it_stops() {
 #[tokio::test]
 async fn cancel_over_http_ends_a_websocket_stream_and_a_hang_up_cancels_nothing() {
     let server = TestServer::start().await;
-    let mut streaming = connect(&server).await;
-    send(
-        &mut streaming,
-        "long",
-        "SendStreamingMessage",
-        json!({"message": user_message(SLEEP_30)}),
-    )
-    .await;
-    let first = next(&mut streaming).await;
-    let task_id = first["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let (mut streaming, task_id) = sleeping_stream(&server).await;
 
     // A second stream on another socket, whose client hangs up: the task goes on.
     let mut watcher = connect(&server).await;
-    send(
+    send_ws(
         &mut watcher,
         "sub",
         "SubscribeToTask",
@@ -221,12 +190,7 @@ async fn cancel_over_http_ends_a_websocket_stream_and_a_hang_up_cancels_nothing(
         .await
         .unwrap();
     assert_eq!(canceled.state(), TaskState::Canceled);
-    loop {
-        let frame = next(&mut streaming).await;
-        if frame["result"]["statusUpdate"]["status"]["state"] == "TASK_STATE_CANCELED" {
-            break;
-        }
-    }
+    until_canceled(&mut streaming).await;
     server.stop().await;
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use keel_core::{AgentError, Message, TaskId, TaskState};
+use keel_core::{AgentError, Message, TaskState};
 use keel_transport::{A2aClient, AgentTransport, SendMessageOptions, StreamEvent, TaskListQuery};
 use support::{TestServer, SLEEP_30};
 
@@ -51,15 +51,7 @@ async fn unary_operations_answer_in_keel_models_and_typed_errors() {
     let listed = client.list_tasks(&TaskListQuery::default()).await.unwrap();
     assert!(listed.tasks.iter().any(|t| t.id == task.id));
 
-    let missing = TaskId::from("no-such-task");
-    assert!(matches!(
-        client.get_task(&missing, None).await,
-        Err(AgentError::TaskNotFound { .. })
-    ));
-    assert!(matches!(
-        client.cancel_task(&task.id, None).await,
-        Err(AgentError::TaskNotCancelable { .. })
-    ));
+    support::assert_typed_errors(&*client, &task).await;
     server.stop().await;
 }
 

@@ -143,6 +143,28 @@ impl Server {
         result["task"].clone()
     }
 
+    /// Send a message for `scenario` (blocking) and answer with the task.
+    async fn scenario(&self, binding: Binding, scenario: &str) -> Value {
+        self.send(binding, message(scenario), json!({})).await
+    }
+
+    /// Answer `task`, interrupted in `scenario`, with a follow-up: the same task completes,
+    /// saying `text`.
+    async fn assert_follow_up_completes(
+        &self,
+        binding: Binding,
+        scenario: &str,
+        task: &Value,
+        text: &str,
+    ) {
+        let done = self
+            .send(binding, follow_up(scenario, task), json!({}))
+            .await;
+        assert_eq!(done["id"], task["id"]);
+        assert_state(&done, "TASK_STATE_COMPLETED", binding);
+        assert_eq!(status_text(&done), text);
+    }
+
     /// SendStreamingMessage of a message for `scenario`: its stream responses, to the end.
     async fn stream_message(&self, binding: Binding, scenario: &str) -> Vec<Value> {
         self.stream(
@@ -331,6 +353,17 @@ fn follow_up(scenario: &str, task: &Value) -> Value {
     message
 }
 
+/// Assert that `task`, as `binding` answered it, is in `wanted`.
+fn assert_state(task: &Value, wanted: &str, binding: Binding) {
+    assert_eq!(state(task), wanted, "{binding:?}: {task}");
+}
+
+/// Assert that the stream `events` (over `binding`) ends at the state `wanted`.
+fn assert_stream_ends_at(events: &[Value], wanted: &str, binding: Binding) {
+    let last = events.last().and_then(streamed_state);
+    assert_eq!(last, Some(wanted), "{binding:?}: {events:?}");
+}
+
 fn state(task: &Value) -> &str {
     task["status"]["state"].as_str().unwrap_or_default()
 }
@@ -348,6 +381,25 @@ fn status_text(task: &Value) -> &str {
         .unwrap_or_default()
 }
 
+/// A test that runs its body over every binding in turn, against one server.
+macro_rules! over_every_binding {
+    ($name:ident, |$server:ident, $binding:ident| $body:block) => {
+        #[tokio::test]
+        async fn $name() {
+            let $server = Server::start().await;
+            for &$binding in BINDINGS {
+                $body
+            }
+            $server.stop().await;
+        }
+    };
+}
+
+/// Send `request`; the answer's JSON body.
+async fn json_body(request: reqwest::RequestBuilder) -> Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
 /// Poll GetTask until the task is in `wanted`.
 async fn wait_for_state(server: &Server, binding: Binding, id: &Value, wanted: &str) -> Value {
     eventually(&format!("the task to reach {wanted}"), || async {
@@ -357,43 +409,32 @@ async fn wait_for_state(server: &Server, binding: Binding, id: &Value, wanted: &
     .await
 }
 
-#[tokio::test]
-async fn complete_task_answers_with_the_fixed_message_over_every_binding() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
-        let task = server
-            .send(binding, message("tck-complete-task"), json!({}))
-            .await;
-        assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{binding:?}: {task}");
+over_every_binding!(
+    complete_task_answers_with_the_fixed_message_over_every_binding,
+    |server, binding| {
+        let task = server.scenario(binding, "tck-complete-task").await;
+        assert_state(&task, "TASK_STATE_COMPLETED", binding);
         assert_eq!(status_text(&task), COMPLETE_TEXT, "{binding:?}: {task}");
         assert_eq!(task["status"]["message"]["role"], "ROLE_AGENT");
     }
-    server.stop().await;
-}
+);
 
-#[tokio::test]
-async fn artifact_text_completes_with_a_text_artifact_over_every_binding() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
-        let task = server
-            .send(binding, message("tck-artifact-text"), json!({}))
-            .await;
-        assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{binding:?}: {task}");
+over_every_binding!(
+    artifact_text_completes_with_a_text_artifact_over_every_binding,
+    |server, binding| {
+        let task = server.scenario(binding, "tck-artifact-text").await;
+        assert_state(&task, "TASK_STATE_COMPLETED", binding);
         let artifacts = task["artifacts"].as_array().unwrap();
         assert_eq!(artifacts.len(), 1, "{task}");
         assert_eq!(artifacts[0]["parts"][0]["text"], ARTIFACT_TEXT);
         assert!(artifacts[0]["artifactId"].is_string());
     }
-    server.stop().await;
-}
+);
 
-#[tokio::test]
-async fn delayed_complete_blocks_until_done_or_returns_while_working() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
-        let blocking = server
-            .send(binding, message("tck-delayed-complete"), json!({}))
-            .await;
+over_every_binding!(
+    delayed_complete_blocks_until_done_or_returns_while_working,
+    |server, binding| {
+        let blocking = server.scenario(binding, "tck-delayed-complete").await;
         assert_eq!(state(&blocking), "TASK_STATE_COMPLETED", "{blocking}");
         assert_eq!(status_text(&blocking), DELAYED_TEXT);
 
@@ -414,43 +455,27 @@ async fn delayed_complete_blocks_until_done_or_returns_while_working() {
         let done = wait_for_state(&server, binding, &immediate["id"], "TASK_STATE_COMPLETED").await;
         assert_eq!(status_text(&done), DELAYED_TEXT);
     }
-    server.stop().await;
-}
+);
 
-#[tokio::test]
-async fn input_required_waits_then_the_follow_up_completes_the_task() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
-        let task = server
-            .send(binding, message("tck-input-required"), json!({}))
+over_every_binding!(
+    input_required_waits_then_the_follow_up_completes_the_task,
+    |server, binding| {
+        let task = server.scenario(binding, "tck-input-required").await;
+        assert_state(&task, "TASK_STATE_INPUT_REQUIRED", binding);
+        server
+            .assert_follow_up_completes(binding, "tck-input-required", &task, INPUT_RECEIVED_TEXT)
             .await;
-        assert_eq!(
-            state(&task),
-            "TASK_STATE_INPUT_REQUIRED",
-            "{binding:?}: {task}"
-        );
-        let done = server
-            .send(binding, follow_up("tck-input-required", &task), json!({}))
-            .await;
-        assert_eq!(done["id"], task["id"]);
-        assert_eq!(state(&done), "TASK_STATE_COMPLETED", "{binding:?}: {done}");
-        assert_eq!(status_text(&done), INPUT_RECEIVED_TEXT);
     }
-    server.stop().await;
-}
+);
 
-#[tokio::test]
-async fn reject_task_ends_rejected_with_the_reason_over_every_binding() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
-        let task = server
-            .send(binding, message("tck-reject-task"), json!({}))
-            .await;
-        assert_eq!(state(&task), "TASK_STATE_REJECTED", "{binding:?}: {task}");
+over_every_binding!(
+    reject_task_ends_rejected_with_the_reason_over_every_binding,
+    |server, binding| {
+        let task = server.scenario(binding, "tck-reject-task").await;
+        assert_state(&task, "TASK_STATE_REJECTED", binding);
         assert!(status_text(&task).contains("rejected"), "{task}");
     }
-    server.stop().await;
-}
+);
 
 /// The artifact scenarios and the one part each must end with, in A2A v1.0 JSON.
 fn artifact_scenarios() -> [(&'static str, Value); 3] {
@@ -471,12 +496,11 @@ fn artifact_scenarios() -> [(&'static str, Value); 3] {
     ]
 }
 
-#[tokio::test]
-async fn file_url_and_data_artifacts_complete_the_task_as_a2a_parts_over_every_binding() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
+over_every_binding!(
+    file_url_and_data_artifacts_complete_the_task_as_a2a_parts_over_every_binding,
+    |server, binding| {
         for (prefix, part) in artifact_scenarios() {
-            let task = server.send(binding, message(prefix), json!({})).await;
+            let task = server.scenario(binding, prefix).await;
             assert_eq!(
                 state(&task),
                 "TASK_STATE_COMPLETED",
@@ -489,13 +513,11 @@ async fn file_url_and_data_artifacts_complete_the_task_as_a2a_parts_over_every_b
             assert_eq!(artifacts[0]["parts"], json!([part]), "{binding:?} {prefix}");
         }
     }
-    server.stop().await;
-}
+);
 
-#[tokio::test]
-async fn artifacts_of_each_kind_stream_as_one_update_before_the_completed_status() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
+over_every_binding!(
+    artifacts_of_each_kind_stream_as_one_update_before_the_completed_status,
+    |server, binding| {
         for (prefix, part) in artifact_scenarios() {
             let events = server.stream_message(binding, prefix).await;
             let updates: Vec<&Value> = events
@@ -512,13 +534,11 @@ async fn artifacts_of_each_kind_stream_as_one_update_before_the_completed_status
             );
         }
     }
-    server.stop().await;
-}
+);
 
-#[tokio::test]
-async fn message_response_answers_with_a_message_and_creates_no_task() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
+over_every_binding!(
+    message_response_answers_with_a_message_and_creates_no_task,
+    |server, binding| {
         let result = server
             .call(
                 binding,
@@ -539,13 +559,11 @@ async fn message_response_answers_with_a_message_and_creates_no_task() {
             .await;
         assert_eq!(listed["tasks"], json!([]), "{binding:?}: {listed}");
     }
-    server.stop().await;
-}
+);
 
-#[tokio::test]
-async fn message_response_streams_the_message_as_its_only_event() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
+over_every_binding!(
+    message_response_streams_the_message_as_its_only_event,
+    |server, binding| {
         let events = server.stream_message(binding, "tck-message-response").await;
         assert_eq!(events.len(), 1, "{binding:?}: {events:?}");
         assert_eq!(
@@ -554,53 +572,34 @@ async fn message_response_streams_the_message_as_its_only_event() {
         );
         assert_eq!(events[0]["message"]["role"], "ROLE_AGENT");
     }
-    server.stop().await;
-}
+);
 
-#[tokio::test]
-async fn auth_required_waits_then_the_follow_up_completes_the_task() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
-        let task = server
-            .send(binding, message("tck-auth-required"), json!({}))
-            .await;
-        assert_eq!(
-            state(&task),
-            "TASK_STATE_AUTH_REQUIRED",
-            "{binding:?}: {task}"
-        );
+over_every_binding!(
+    auth_required_waits_then_the_follow_up_completes_the_task,
+    |server, binding| {
+        let task = server.scenario(binding, "tck-auth-required").await;
+        assert_state(&task, "TASK_STATE_AUTH_REQUIRED", binding);
         let fetched = server
             .call(binding, "GetTask", json!({"id": task["id"]}))
             .await;
         assert_eq!(state(&fetched), "TASK_STATE_AUTH_REQUIRED", "{fetched}");
-        let done = server
-            .send(binding, follow_up("tck-auth-required", &task), json!({}))
+        server
+            .assert_follow_up_completes(binding, "tck-auth-required", &task, AUTH_RECEIVED_TEXT)
             .await;
-        assert_eq!(done["id"], task["id"]);
-        assert_eq!(state(&done), "TASK_STATE_COMPLETED", "{binding:?}: {done}");
-        assert_eq!(status_text(&done), AUTH_RECEIVED_TEXT);
     }
-    server.stop().await;
-}
+);
 
-#[tokio::test]
-async fn auth_required_ends_the_stream_at_the_interrupted_state() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
+over_every_binding!(
+    auth_required_ends_the_stream_at_the_interrupted_state,
+    |server, binding| {
         let events = server.stream_message(binding, "tck-auth-required").await;
-        assert_eq!(
-            events.last().and_then(streamed_state),
-            Some("TASK_STATE_AUTH_REQUIRED"),
-            "{binding:?}: {events:?}"
-        );
+        assert_stream_ends_at(&events, "TASK_STATE_AUTH_REQUIRED", binding);
     }
-    server.stop().await;
-}
+);
 
-#[tokio::test]
-async fn a_chunked_artifact_streams_appended_chunks_and_the_task_keeps_their_concatenation() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
+over_every_binding!(
+    a_chunked_artifact_streams_appended_chunks_and_the_task_keeps_their_concatenation,
+    |server, binding| {
         let events = server
             .stream_message(binding, "tck-stream-artifact-chunked")
             .await;
@@ -620,11 +619,7 @@ async fn a_chunked_artifact_streams_appended_chunks_and_the_task_keeps_their_con
         for (update, chunk) in updates.iter().zip(CHUNKS) {
             assert_eq!(update["artifact"]["parts"], json!([{"text": chunk}]));
         }
-        assert_eq!(
-            events.last().and_then(streamed_state),
-            Some("TASK_STATE_COMPLETED"),
-            "{binding:?}: {events:?}"
-        );
+        assert_stream_ends_at(&events, "TASK_STATE_COMPLETED", binding);
         let task = server
             .call(binding, "GetTask", json!({"id": task_id}))
             .await;
@@ -639,13 +634,11 @@ async fn a_chunked_artifact_streams_appended_chunks_and_the_task_keeps_their_con
             .collect();
         assert_eq!(text, CHUNKS.concat(), "{task}");
     }
-    server.stop().await;
-}
+);
 
-#[tokio::test]
-async fn streams_start_with_the_task_and_end_with_the_final_state_in_order() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
+over_every_binding!(
+    streams_start_with_the_task_and_end_with_the_final_state_in_order,
+    |server, binding| {
         let events = server.stream_message(binding, "tck-delayed-complete").await;
         let task = &events[0]["task"];
         assert!(
@@ -672,13 +665,11 @@ async fn streams_start_with_the_task_and_end_with_the_final_state_in_order() {
         assert_ne!(update["append"], true);
         assert_eq!(artifact_at, events.len() - 2, "{events:?}");
     }
-    server.stop().await;
-}
+);
 
-#[tokio::test]
-async fn a_long_running_task_can_be_resubscribed_and_its_stream_ends_when_canceled() {
-    let server = Server::start().await;
-    for &binding in BINDINGS {
+over_every_binding!(
+    a_long_running_task_can_be_resubscribed_and_its_stream_ends_when_canceled,
+    |server, binding| {
         let task = server
             .send(
                 binding,
@@ -702,27 +693,19 @@ async fn a_long_running_task_can_be_resubscribed_and_its_stream_ends_when_cancel
             Some("TASK_STATE_WORKING"),
             "{events:?}"
         );
-        assert_eq!(
-            events.last().and_then(streamed_state),
-            Some("TASK_STATE_CANCELED"),
-            "{binding:?}: {events:?}"
-        );
+        assert_stream_ends_at(&events, "TASK_STATE_CANCELED", binding);
     }
-    server.stop().await;
-}
+);
 
 #[tokio::test]
 async fn the_card_declares_streaming_push_notifications_and_the_extended_card() {
     let server = Server::start().await;
-    let card: Value = server
-        .http
-        .get(format!("{}/.well-known/agent-card.json", server.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let card = json_body(
+        server
+            .http
+            .get(format!("{}/.well-known/agent-card.json", server.base)),
+    )
+    .await;
     assert_eq!(card["name"], "keel-conformance");
     assert_eq!(card["capabilities"]["streaming"], true, "{card}");
     assert_eq!(card["capabilities"]["pushNotifications"], true, "{card}");
@@ -733,26 +716,18 @@ async fn the_card_declares_streaming_push_notifications_and_the_extended_card() 
 #[tokio::test]
 async fn message_response_reaches_a_v03_client_as_a_message() {
     let server = Server::start().await;
-    let body: Value = server
-        .http
-        .post(format!("{}/", server.base))
-        .json(&json!({
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "message/send",
-            "params": {"message": {
-                "kind": "message",
-                "messageId": "tck-message-response-v03",
-                "role": "user",
-                "parts": [{"kind": "text", "text": "scenario"}]
-            }}
-        }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body = json_body(server.http.post(format!("{}/", server.base)).json(&json!({
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "message/send",
+        "params": {"message": {
+            "kind": "message",
+            "messageId": "tck-message-response-v03",
+            "role": "user",
+            "parts": [{"kind": "text", "text": "scenario"}]
+        }}
+    })))
+    .await;
     let reply = &body["result"];
     assert_eq!(reply["kind"], "message", "{body}");
     assert_eq!(reply["role"], "agent", "{body}");

@@ -86,12 +86,48 @@ async fn start(exec: &AgentExecutor, auth: &AuthContext) -> Task {
     .unwrap()
 }
 
+/// The default script's task, started on an agent whose `render` tool server acknowledges
+/// with `status` (and whose calls time out after `timeout`): the executor, its caller, the
+/// task, and the invocations the tool server receives.
+async fn started(
+    status: StatusCode,
+    timeout: Option<Duration>,
+) -> (AgentExecutor, AuthContext, Task, mpsc::UnboundedReceiver<AsyncInvocation>) {
+    let (endpoint, invocations) = tool_server(status).await;
+    let (exec, auth) = executor(&endpoint, timeout, script());
+    let task = start(&exec, &auth).await;
+    (exec, auth, task, invocations)
+}
+
 async fn wait_for(exec: &AgentExecutor, auth: &AuthContext, task: &Task, check: impl Fn(&Task) -> bool) -> Task {
     keel_runtime::testing::eventually("the task to get there", || async {
         let current = exec.get_task(auth, &task.id, None).await.unwrap();
         check(&current).then_some(current)
     })
     .await
+}
+
+/// Whether `task` rests, waiting for its asynchronous tool's result.
+fn awaiting_tool(task: &Task) -> bool {
+    task.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
+}
+
+/// Deliver `output` as the result of the invocation `inv`, with its own secret.
+async fn deliver(
+    exec: &AgentExecutor,
+    inv: &AsyncInvocation,
+    output: serde_json::Value,
+) -> Result<keel_agent::AcceptedCallback, CallbackError> {
+    exec.deliver_tool_result(&inv.call_id, &inv.callback_secret, output, false)
+        .await
+}
+
+/// Wait until `task` ends, assert that it completed, and give back the tool results its
+/// thread holds.
+async fn results_once_completed(exec: &AgentExecutor, auth: &AuthContext, task: &Task) -> Vec<String> {
+    let done = wait_for(exec, auth, task, |t| t.state().is_terminal()).await;
+    assert_eq!(done.state(), TaskState::Completed, "{done:?}");
+    tool_results(exec, auth, task).await
 }
 
 async fn tool_results(exec: &AgentExecutor, auth: &AuthContext, task: &Task) -> Vec<String> {
@@ -107,9 +143,7 @@ async fn tool_results(exec: &AgentExecutor, auth: &AuthContext, task: &Task) -> 
 
 #[tokio::test]
 async fn an_async_tool_result_arrives_by_callback_and_the_step_goes_on_in_order() {
-    let (endpoint, mut invocations) = tool_server(StatusCode::ACCEPTED).await;
-    let (exec, auth) = executor(&endpoint, None, script());
-    let task = start(&exec, &auth).await;
+    let (exec, auth, task, mut invocations) = started(StatusCode::ACCEPTED, None).await;
     let inv = invocations.recv().await.unwrap();
     assert_eq!(inv.tool, "render");
     assert_eq!(inv.arguments, json!({"scene": 1}));
@@ -118,10 +152,7 @@ async fn an_async_tool_result_arrives_by_callback_and_the_step_goes_on_in_order(
 
     // The run ended without holding the thread: the task waits, working, and the later call
     // of the step has not run.
-    let waiting = wait_for(&exec, &auth, &task, |t| {
-        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
-    })
-    .await;
+    let waiting = wait_for(&exec, &auth, &task, awaiting_tool).await;
     assert_eq!(waiting.state(), TaskState::Working);
     // The run saves the task before it leaves the registry of running tasks: wait for that.
     keel_runtime::testing::eventually("the run to let go of the task", || async {
@@ -141,50 +172,34 @@ async fn an_async_tool_result_arrives_by_callback_and_the_step_goes_on_in_order(
     assert!(matches!(unknown, Err(CallbackError::UnknownCall { .. })), "{unknown:?}");
     assert!(tool_results(&exec, &auth, &task).await.is_empty());
 
-    let delivered = exec
-        .deliver_tool_result(&inv.call_id, &inv.callback_secret, json!({"video": "v.mp4"}), false)
-        .await
+    let delivered = deliver(&exec, &inv, json!({"video": "v.mp4"})).await
         .unwrap();
     assert_eq!(delivered.task_id, task.id);
     assert_eq!(delivered.auth, auth);
     assert_eq!(delivered.thread_id, task.thread_id);
-    let done = wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
-    assert_eq!(done.state(), TaskState::Completed);
-    let results = tool_results(&exec, &auth, &task).await;
+    let results = results_once_completed(&exec, &auth, &task).await;
     assert_eq!(results.len(), 2, "{results:?}");
     assert!(results[0].contains("v.mp4"), "{results:?}");
     assert!(results[1].contains("render"), "{results:?}");
 
-    let duplicate = exec
-        .deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("again"), false)
-        .await;
+    let duplicate = deliver(&exec, &inv, json!("again")).await;
     assert!(matches!(duplicate, Err(CallbackError::Duplicate { .. })), "{duplicate:?}");
 }
 
 #[tokio::test]
 async fn a_pending_call_past_its_deadline_is_a_tool_error_and_a_late_callback_is_refused() {
-    let (endpoint, mut invocations) = tool_server(StatusCode::OK).await;
-    let (exec, auth) = executor(&endpoint, Some(Duration::from_millis(100)), script());
-    let task = start(&exec, &auth).await;
+    let (exec, auth, task, mut invocations) = started(StatusCode::OK, Some(Duration::from_millis(100))).await;
     let inv = invocations.recv().await.unwrap();
-    let done = wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
-    assert_eq!(done.state(), TaskState::Completed);
-    let results = tool_results(&exec, &auth, &task).await;
+    let results = results_once_completed(&exec, &auth, &task).await;
     assert!(results[0].contains("timed out"), "{results:?}");
-    let late = exec
-        .deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("x"), false)
-        .await;
+    let late = deliver(&exec, &inv, json!("x")).await;
     assert!(matches!(late, Err(CallbackError::Late { .. })), "{late:?}");
 }
 
 #[tokio::test]
 async fn an_async_tool_that_does_not_acknowledge_is_a_tool_error_the_model_sees() {
-    let (endpoint, _invocations) = tool_server(StatusCode::INTERNAL_SERVER_ERROR).await;
-    let (exec, auth) = executor(&endpoint, None, script());
-    let task = start(&exec, &auth).await;
-    let done = wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
-    assert_eq!(done.state(), TaskState::Completed);
-    let results = tool_results(&exec, &auth, &task).await;
+    let (exec, auth, task, _invocations) = started(StatusCode::INTERNAL_SERVER_ERROR, None).await;
+    let results = results_once_completed(&exec, &auth, &task).await;
     assert!(results[0].contains("did not acknowledge"), "{results:?}");
     assert_eq!(results.len(), 2);
 }
@@ -213,17 +228,12 @@ async fn a_callback_is_handled_by_a_fresh_executor_after_the_first_one_stopped()
     )])]);
     let task = start(&first, &auth).await;
     let inv = invocations.recv().await.unwrap();
-    wait_for(&first, &auth, &task, |t| {
-        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
-    })
-    .await;
+    wait_for(&first, &auth, &task, awaiting_tool).await;
     first.shutdown().await;
     drop(first);
 
     let second = build(vec![MockResponse::Text("finished later".into())]);
-    second
-        .deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("rendered"), false)
-        .await
+    deliver(&second, &inv, json!("rendered")).await
         .unwrap();
     let done = wait_for(&second, &auth, &task, |t| t.state().is_terminal()).await;
     assert_eq!(done.state(), TaskState::Completed);
@@ -239,10 +249,7 @@ async fn a_task_of_any_tenant_is_resumed_by_its_callback_found_by_call_id_alone(
     let task = start(&exec, &tenant).await;
     let inv = invocations.recv().await.unwrap();
     assert_eq!(inv.user_id.as_deref(), Some("bob"));
-    wait_for(&exec, &tenant, &task, |t| {
-        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
-    })
-    .await;
+    wait_for(&exec, &tenant, &task, awaiting_tool).await;
 
     // A wrong secret for this very call: refused, the task keeps waiting with no result.
     let forged = exec
@@ -253,9 +260,7 @@ async fn a_task_of_any_tenant_is_resumed_by_its_callback_found_by_call_id_alone(
     let still = exec.get_task(&tenant, &task.id, None).await.unwrap();
     assert_eq!(still.state(), TaskState::Working);
 
-    let accepted = exec
-        .deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("rendered"), false)
-        .await
+    let accepted = deliver(&exec, &inv, json!("rendered")).await
         .unwrap();
     assert_eq!(accepted.auth, tenant, "the call's own tenant, not the default one");
     let done = wait_for(&exec, &tenant, &task, |t| t.state().is_terminal()).await;
@@ -268,20 +273,14 @@ async fn a_task_of_any_tenant_is_resumed_by_its_callback_found_by_call_id_alone(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn of_concurrent_duplicate_callbacks_exactly_one_is_accepted_and_persisted_once() {
-    let (endpoint, mut invocations) = tool_server(StatusCode::ACCEPTED).await;
-    let (exec, auth) = executor(&endpoint, None, script());
-    let task = start(&exec, &auth).await;
+    let (exec, auth, task, mut invocations) = started(StatusCode::ACCEPTED, None).await;
     let inv = invocations.recv().await.unwrap();
-    wait_for(&exec, &auth, &task, |t| {
-        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
-    })
-    .await;
+    wait_for(&exec, &auth, &task, awaiting_tool).await;
     let attempts: Vec<_> = (0..8)
         .map(|i| {
             let (exec, inv) = (exec.clone(), inv.clone());
             tokio::spawn(async move {
-                exec.deliver_tool_result(&inv.call_id, &inv.callback_secret, json!({"attempt": i}), false)
-                    .await
+                deliver(&exec, &inv, json!({"attempt": i})).await
                     .map(|_| i)
             })
         })
@@ -295,9 +294,7 @@ async fn of_concurrent_duplicate_callbacks_exactly_one_is_accepted_and_persisted
         }
     }
     assert_eq!(accepted.len(), 1, "{accepted:?}");
-    let done = wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
-    assert_eq!(done.state(), TaskState::Completed);
-    let results = tool_results(&exec, &auth, &task).await;
+    let results = results_once_completed(&exec, &auth, &task).await;
     assert_eq!(results.len(), 2, "one render result and the echo: {results:?}");
     assert!(results[0].contains(&format!("\"attempt\":{}", accepted[0])), "{results:?}");
 }
@@ -320,22 +317,19 @@ async fn threads_whose_model_numbers_calls_alike_get_distinct_async_calls() {
         MockResponse::Text("done".into()),
     ];
     let (exec, auth) = executor(&endpoint, None, script);
-    let awaiting = |t: &Task| t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"));
     let first = start(&exec, &auth).await;
     let first_inv = invocations.recv().await.unwrap();
-    wait_for(&exec, &auth, &first, awaiting).await;
+    wait_for(&exec, &auth, &first, awaiting_tool).await;
     let second = start(&exec, &auth).await;
     let second_inv = invocations.recv().await.unwrap();
-    wait_for(&exec, &auth, &second, awaiting).await;
+    wait_for(&exec, &auth, &second, awaiting_tool).await;
     assert_ne!(first.thread_id, second.thread_id);
     assert_ne!(first_inv.call_id, second_inv.call_id);
     assert_ne!(first_inv.call_id, "call_0");
-    exec.deliver_tool_result(&second_inv.call_id, &second_inv.callback_secret, json!("two"), false)
-        .await
+    deliver(&exec, &second_inv, json!("two")).await
         .unwrap();
     wait_for(&exec, &auth, &second, |t| t.state().is_terminal()).await;
-    exec.deliver_tool_result(&first_inv.call_id, &first_inv.callback_secret, json!("one"), false)
-        .await
+    deliver(&exec, &first_inv, json!("one")).await
         .unwrap();
     for (task, result) in [(&first, "one"), (&second, "two")] {
         let done = wait_for(&exec, &auth, task, |t| t.state().is_terminal()).await;
@@ -360,10 +354,7 @@ async fn dispatch_acknowledgement_callback_and_timeout_are_in_the_event_stream()
     exec.add_event_sink(sink.clone());
     let task = start(&exec, &auth).await;
     let inv = invocations.recv().await.unwrap();
-    wait_for(&exec, &auth, &task, |t| {
-        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
-    })
-    .await;
+    wait_for(&exec, &auth, &task, awaiting_tool).await;
     assert_eq!(kinds(&sink), ["tool.async.dispatched", "tool.async.acknowledged"]);
     let dispatched = sink
         .events()
@@ -372,8 +363,7 @@ async fn dispatch_acknowledgement_callback_and_timeout_are_in_the_event_stream()
         .unwrap();
     assert_eq!(dispatched.payload["call_id"], json!(inv.call_id));
     assert_eq!(dispatched.payload["tool"], json!("render"));
-    exec.deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("ok"), false)
-        .await
+    deliver(&exec, &inv, json!("ok")).await
         .unwrap();
     wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
     assert_eq!(
@@ -423,10 +413,7 @@ async fn a_user_message_while_a_result_is_pending_is_answered_and_the_model_sees
     let exec = AgentExecutor::with_config(agent, runtime, config);
     let first = start(&exec, &auth).await;
     let inv = invocations.recv().await.unwrap();
-    wait_for(&exec, &auth, &first, |t| {
-        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
-    })
-    .await;
+    wait_for(&exec, &auth, &first, awaiting_tool).await;
 
     // The user writes while the result is pending: answered at once, in the same thread.
     let meanwhile = exec
@@ -444,8 +431,7 @@ async fn a_user_message_while_a_result_is_pending_is_answered_and_the_model_sees
         "still rendering; noted"
     );
 
-    exec.deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("v.mp4"), false)
-        .await
+    deliver(&exec, &inv, json!("v.mp4")).await
         .unwrap();
     let done = wait_for(&exec, &auth, &first, |t| t.state().is_terminal()).await;
     assert_eq!(done.state(), TaskState::Completed);
@@ -478,14 +464,9 @@ async fn a_user_message_while_a_result_is_pending_is_answered_and_the_model_sees
 
 #[tokio::test]
 async fn a_retried_callback_requeues_a_task_whose_accepting_process_died_before_queuing_it() {
-    let (endpoint, mut invocations) = tool_server(StatusCode::ACCEPTED).await;
-    let (exec, auth) = executor(&endpoint, None, script());
-    let task = start(&exec, &auth).await;
+    let (exec, auth, task, mut invocations) = started(StatusCode::ACCEPTED, None).await;
     let inv = invocations.recv().await.unwrap();
-    wait_for(&exec, &auth, &task, |t| {
-        t.metadata.get("stop_reason") == Some(&json!("awaiting_tool"))
-    })
-    .await;
+    wait_for(&exec, &auth, &task, awaiting_tool).await;
     // As if a process accepted the result (the store moved the call) and died before it
     // queued the task.
     let calls = exec.runtime().async_call_store();
@@ -504,9 +485,7 @@ async fn a_retried_callback_requeues_a_task_whose_accepting_process_died_before_
         .unwrap());
 
     // The tool retries: it is told the result is already there, and the task goes on.
-    let retry = exec
-        .deliver_tool_result(&inv.call_id, &inv.callback_secret, json!("retry"), false)
-        .await;
+    let retry = deliver(&exec, &inv, json!("retry")).await;
     assert!(matches!(retry, Err(CallbackError::Duplicate { .. })), "{retry:?}");
     let done = wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
     assert_eq!(done.state(), TaskState::Completed);

@@ -11,6 +11,7 @@ use keel_events::{InMemoryEventSink, RunEvent};
 use keel_llm::{MockLlm, MockResponse, ToolCall, Usage};
 use keel_runtime::AuthContext;
 use serde_json::json;
+use super::fixture::call_then_answer;
 
 fn card() -> AgentCard {
     AgentCard::new("budgeted", "keeps to its budget", "http://127.0.0.1:0")
@@ -31,6 +32,11 @@ fn executor(llm: MockLlm) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>
     let sink = Arc::new(InMemoryEventSink::new());
     exec.add_event_sink(sink.clone());
     (exec, auth, sink)
+}
+
+/// A budget of one limit, named as its field (and the stop reason) names it.
+fn limited(limit: &str, max: u64) -> RunBudget {
+    serde_json::from_value(json!({ limit: max })).unwrap()
 }
 
 /// Send `message` under `budget` and give back the task and the `budget.exceeded` events.
@@ -66,6 +72,17 @@ fn stop(task: &Task, exceeded: &[RunEvent]) -> (TaskState, String, String, Vec<S
     )
 }
 
+/// Assert that the step loop's run (`looped`: its task and `budget.exceeded` events) failed
+/// at `limit`, the one budget it exceeded, and that the explicit parts' run (`inferred`)
+/// stopped exactly as it did.
+fn assert_stopped_alike(limit: &str, looped: &(Task, Vec<RunEvent>), inferred: &(Task, Vec<RunEvent>)) {
+    let expected = stop(&looped.0, &looped.1);
+    assert_eq!(expected.0, TaskState::Failed, "{:?}", looped.0);
+    assert_eq!(expected.1, limit);
+    assert_eq!(expected.3, [limit]);
+    assert_eq!(stop(&inferred.0, &inferred.1), expected, "{:?}", inferred.0);
+}
+
 fn two_infer_parts() -> Message {
     Message::new(
         Role::User,
@@ -73,65 +90,41 @@ fn two_infer_parts() -> Message {
     )
 }
 
+/// A model that answers [`two_infer_parts`], one text each.
+fn two_answers() -> MockLlm {
+    MockLlm::scripted(vec![
+        MockResponse::Text("one".into()),
+        MockResponse::Text("two".into()),
+    ])
+}
+
 const LONG_ANSWER: &str = "an answer long enough to cost far more than ten output tokens by any estimate";
 
 #[tokio::test]
 async fn an_infer_part_over_max_steps_stops_as_the_step_loop_does() {
-    let budget = RunBudget {
-        max_steps: Some(1),
-        ..Default::default()
-    };
+    let budget = limited("max_steps", 1);
     // The loop: a tool call is step 1, the next model call would be step 2.
-    let looped = MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("echo", json!({"x": 1}))]),
-        MockResponse::Text("done".into()),
-    ]);
-    let (loop_task, loop_exceeded) = send_under(looped, Message::user("go"), budget.clone()).await;
+    let looped = MockLlm::scripted(call_then_answer("echo", json!({"x": 1}), "done"));
+    let looped = send_under(looped, Message::user("go"), budget.clone()).await;
     // Explicit parts: the first `infer` part is step 1, the second would be step 2.
-    let inferred = MockLlm::scripted(vec![
-        MockResponse::Text("one".into()),
-        MockResponse::Text("two".into()),
-    ]);
-    let (infer_task, infer_exceeded) = send_under(inferred, two_infer_parts(), budget).await;
-
-    let expected = stop(&loop_task, &loop_exceeded);
-    assert_eq!(expected.0, TaskState::Failed, "{loop_task:?}");
-    assert_eq!(expected.1, "max_steps");
-    assert_eq!(expected.3, ["max_steps"]);
-    assert_eq!(stop(&infer_task, &infer_exceeded), expected, "{infer_task:?}");
+    let inferred = send_under(two_answers(), two_infer_parts(), budget).await;
+    assert_stopped_alike("max_steps", &looped, &inferred);
 }
 
 #[tokio::test]
 async fn an_infer_part_over_max_output_tokens_stops_as_the_step_loop_does() {
-    let budget = RunBudget {
-        max_output_tokens: Some(10),
-        ..Default::default()
-    };
+    let budget = limited("max_output_tokens", 10);
     // The model reports no usage: both paths count the answer from its estimated size.
     let answer = || MockLlm::scripted(vec![MockResponse::Text(LONG_ANSWER.into())]);
-    let (loop_task, loop_exceeded) =
-        send_under(answer(), Message::user("go"), budget.clone()).await;
-    let (infer_task, infer_exceeded) =
-        send_under(answer(), Message::infer("Answer at length"), budget).await;
-
-    let expected = stop(&loop_task, &loop_exceeded);
-    assert_eq!(expected.0, TaskState::Failed, "{loop_task:?}");
-    assert_eq!(expected.1, "max_output_tokens");
-    assert_eq!(expected.3, ["max_output_tokens"]);
-    assert_eq!(stop(&infer_task, &infer_exceeded), expected, "{infer_task:?}");
+    let looped = send_under(answer(), Message::user("go"), budget.clone()).await;
+    let inferred = send_under(answer(), Message::infer("Answer at length"), budget).await;
+    assert_stopped_alike("max_output_tokens", &looped, &inferred);
 }
 
 #[tokio::test]
 async fn infer_parts_under_the_budget_count_as_steps_and_complete() {
-    let budget = RunBudget {
-        max_steps: Some(2),
-        ..Default::default()
-    };
-    let inferred = MockLlm::scripted(vec![
-        MockResponse::Text("one".into()),
-        MockResponse::Text("two".into()),
-    ]);
-    let (task, exceeded) = send_under(inferred, two_infer_parts(), budget).await;
+    let budget = limited("max_steps", 2);
+    let (task, exceeded) = send_under(two_answers(), two_infer_parts(), budget).await;
     assert_eq!(task.state(), TaskState::Completed, "{task:?}");
     assert!(exceeded.is_empty(), "{exceeded:?}");
 }

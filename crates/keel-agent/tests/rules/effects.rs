@@ -5,18 +5,19 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use keel_agent::reads::TaskQuery;
 use keel_agent::{Agent, AgentExecutor, FnTool};
 use keel_core::{AgentCard, AgentError, Message, Task, TaskState, ThreadId};
 use keel_events::{EventSink, InMemoryEventSink};
-use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
+use keel_llm::{LlmRole, MockLlm};
 use keel_runtime::testing::eventually;
 use keel_runtime::{
-    AuthContext, ClaimedTimer, ListTasksFilter, RunQuery, Runtime, Services, ThreadTimers,
+    AuthContext, ClaimedTimer, RunQuery, Runtime, Services, ThreadTimers,
     TimerRecord,
 };
 use serde_json::{json, Value};
 use tokio::sync::watch;
-use super::fixture::{send};
+use super::fixture::{call_then_answer, send};
 
 fn card() -> AgentCard {
     AgentCard::new("effects", "scheduled effect tests", "http://127.0.0.1:0")
@@ -58,22 +59,14 @@ fn started(agent: Agent) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>)
 }
 
 async fn completed_turn(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId) -> Task {
+    let reads = exec.reads();
+    let query = TaskQuery {
+        thread_id: Some(thread.clone()),
+        state: Some(TaskState::Completed),
+        ..TaskQuery::default()
+    };
     eventually("a completed turn", || async {
-        exec.runtime()
-            .task_manager()
-            .list_tasks(
-                auth,
-                &ListTasksFilter {
-                    thread_id: Some(thread.clone()),
-                    state: Some(TaskState::Completed),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .next()
+        reads.tasks(auth, &query).await.unwrap().items.into_iter().next()
     })
     .await
 }
@@ -235,10 +228,7 @@ async fn an_effect_due_while_the_thread_is_busy_is_injected_before_the_next_mode
             Ok(json!("queued"))
         }
     });
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("soon", json!({}))]),
-        MockResponse::Text("saw it".into()),
-    ]));
+    let llm = Arc::new(MockLlm::scripted(call_then_answer("soon", json!({}), "saw it")));
     let agent = reminding(Agent::builder(card()).llm_shared(llm.clone()).tool(tool), fired.clone());
     let auth = runtime.auth_service().auth_context();
     let exec = AgentExecutor::new(agent, runtime);

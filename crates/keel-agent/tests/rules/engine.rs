@@ -3,13 +3,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use keel_agent::{Agent, FnTool, SendOptions};
-use keel_core::{AgentCard, AgentError, Message, Part, PartContent, Role, TaskId, TaskState};
+use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
+use keel_core::{AgentCard, AgentError, Message, Part, PartContent, Role, Task, TaskId, TaskState};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
 use keel_runtime::AuthContext;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
-use super::fixture::{executor, send, start};
+use super::fixture::{call_then_answer, executor, scripted, send, start};
 
 fn card() -> AgentCard {
     AgentCard::new("test", "test agent", "http://127.0.0.1:0")
@@ -53,6 +53,19 @@ fn blocking_tool(started: Arc<Notify>) -> FnTool {
     )
 }
 
+/// A task of an agent with the [`blocking_tool`], started on a call of it that never returns:
+/// the executor, its caller, the task, and the notice the call gives once it runs.
+async fn blocked_task() -> (AgentExecutor, AuthContext, Task, Arc<Notify>) {
+    let started = Arc::new(Notify::new());
+    let agent = Agent::builder(card())
+        .tool(blocking_tool(started.clone()))
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    let task = start(&exec, &auth, Message::user("/wait")).await;
+    (exec, auth, task, started)
+}
+
 fn part_types(task: &keel_core::Task) -> Vec<(Role, &'static str)> {
     task.history
         .iter()
@@ -63,19 +76,17 @@ fn part_types(task: &keel_core::Task) -> Vec<(Role, &'static str)> {
 #[tokio::test]
 async fn tool_calls_run_in_order_and_every_step_is_persisted() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![
-            ToolCall::new("add", json!({"a": 1, "b": 2})),
-            ToolCall::new("add", json!({"a": 3, "b": 4})),
-        ]),
-        MockResponse::Text("3 and 7".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .tool(add_tool(calls.clone()))
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = scripted(
+        card(),
+        vec![
+            MockResponse::ToolCalls(vec![
+                ToolCall::new("add", json!({"a": 1, "b": 2})),
+                ToolCall::new("add", json!({"a": 3, "b": 4})),
+            ]),
+            MockResponse::Text("3 and 7".into()),
+        ],
+        |agent| agent.tool(add_tool(calls.clone())),
+    );
     let task = send(&exec, &auth, Message::user("add")).await;
 
     assert_eq!(task.state(), TaskState::Completed);
@@ -119,16 +130,11 @@ async fn a_failing_tool_becomes_a_tool_result_the_model_sees() {
             })
         },
     );
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("flaky", json!({}))]),
-        MockResponse::Text("sorry, the service is down".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .tool(failing)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = scripted(
+        card(),
+        call_then_answer("flaky", json!({}), "sorry, the service is down"),
+        |agent| agent.tool(failing),
+    );
     let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Completed);
     let output = task
@@ -153,16 +159,11 @@ async fn a_failing_tool_becomes_a_tool_result_the_model_sees() {
 #[tokio::test]
 async fn invalid_arguments_are_rejected_before_the_tool_runs() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("add", json!({"a": "one"}))]),
-        MockResponse::Text("could not add".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .tool(add_tool(calls.clone()))
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = scripted(
+        card(),
+        call_then_answer("add", json!({"a": "one"}), "could not add"),
+        |agent| agent.tool(add_tool(calls.clone())),
+    );
     let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(
         calls.load(Ordering::SeqCst),
@@ -197,19 +198,17 @@ async fn an_unknown_tool_and_a_panicking_tool_become_error_results() {
             Ok(Value::Null)
         },
     );
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![
-            ToolCall::new("nope", json!({})),
-            ToolCall::new("boom", json!({})),
-        ]),
-        MockResponse::Text("done".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .tool(panicky)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = scripted(
+        card(),
+        vec![
+            MockResponse::ToolCalls(vec![
+                ToolCall::new("nope", json!({})),
+                ToolCall::new("boom", json!({})),
+            ]),
+            MockResponse::Text("done".into()),
+        ],
+        |agent| agent.tool(panicky),
+    );
     let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Completed);
     let tool_msgs: Vec<_> = llm.requests()[1]
@@ -224,18 +223,17 @@ async fn an_unknown_tool_and_a_panicking_tool_become_error_results() {
 
 #[tokio::test]
 async fn the_step_limit_fails_the_task_with_a_typed_reason() {
-    let llm = Arc::new(MockLlm::scripted(
+    let (exec, auth, _) = scripted(
+        card(),
         (0..3)
             .map(|_| MockResponse::ToolCalls(vec![ToolCall::new("add", json!({"a": 1, "b": 1}))]))
             .collect(),
-    ));
-    let agent = Agent::builder(card())
-        .llm_shared(llm)
-        .tool(add_tool(Arc::new(AtomicUsize::new(0))))
-        .max_steps(2)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+        |agent| {
+            agent
+                .tool(add_tool(Arc::new(AtomicUsize::new(0))))
+                .max_steps(2)
+        },
+    );
     let task = send(&exec, &auth, Message::user("loop")).await;
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(task.metadata["stop_reason"], "max_steps");
@@ -263,13 +261,7 @@ async fn a_model_error_fails_the_task() {
 
 #[tokio::test]
 async fn a_running_task_is_canceled_live_with_its_reason() {
-    let started = Arc::new(Notify::new());
-    let agent = Agent::builder(card())
-        .tool(blocking_tool(started.clone()))
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
-    let task = start(&exec, &auth, Message::user("/wait")).await;
+    let (exec, auth, task, started) = blocked_task().await;
     assert!(matches!(
         task.state(),
         TaskState::Submitted | TaskState::Working
@@ -329,13 +321,7 @@ async fn cancel_of_terminal_task_is_not_cancelable_and_unknown_is_not_found() {
 
 #[tokio::test]
 async fn shutdown_cancels_running_tasks_and_persists_their_state() {
-    let started = Arc::new(Notify::new());
-    let agent = Agent::builder(card())
-        .tool(blocking_tool(started.clone()))
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
-    let task = start(&exec, &auth, Message::user("/wait")).await;
+    let (exec, auth, task, started) = blocked_task().await;
     started.notified().await;
     exec.shutdown().await;
     let stored = exec.get_task(&auth, &task.id, None).await.unwrap();

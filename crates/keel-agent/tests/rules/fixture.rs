@@ -1,15 +1,61 @@
-// What the rule files share: an executor on the backend's runtime, and the two ways a test
+// What the rule files share: an executor on the backend's runtime (for a built agent, or for
+// one over a scripted model), the common model script and the gate tool, and the ways a test
 // sends a message (waiting for the task's answer, or returning at once while it runs).
 
-use keel_agent::{Agent, AgentExecutor, SendOptions};
-use keel_core::{Message, Task};
+use std::sync::Arc;
+
+use keel_agent::{Agent, AgentBuilder, AgentExecutor, FnTool, SendOptions};
+use keel_core::{AgentCard, Message, Task};
+use keel_llm::{MockLlm, MockResponse};
 use keel_runtime::AuthContext;
+use tokio::sync::Notify;
 
 /// An executor for `agent` on this backend's runtime, and the runtime's default caller.
 pub(crate) fn executor(agent: Agent) -> (AgentExecutor, AuthContext) {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
     (AgentExecutor::new(agent, runtime), auth)
+}
+
+/// An executor for an agent of `card` whose model follows `script`, as `configure` finishes
+/// building it; the caller; and the model, shared so the test can read what it was sent.
+pub(crate) fn scripted(
+    card: AgentCard,
+    script: Vec<MockResponse>,
+    configure: impl FnOnce(AgentBuilder) -> AgentBuilder,
+) -> (AgentExecutor, AuthContext, Arc<MockLlm>) {
+    let llm = Arc::new(MockLlm::scripted(script));
+    let agent = configure(Agent::builder(card).llm_shared(llm.clone()))
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    (exec, auth, llm)
+}
+
+/// A model's script: one call of `tool` with `args`, then the answer `text`.
+pub(crate) fn call_then_answer(tool: &str, args: serde_json::Value, text: &str) -> Vec<MockResponse> {
+    vec![
+        MockResponse::ToolCalls(vec![keel_llm::ToolCall::new(tool, args)]),
+        MockResponse::Text(text.into()),
+    ]
+}
+
+/// A tool (`gate`) that announces it started, then waits for `release` (a run canceled while
+/// it waits ends the wait).
+pub(crate) fn gate_tool(started: Arc<Notify>, release: Arc<Notify>) -> FnTool {
+    FnTool::new(
+        "gate",
+        "Wait for the test",
+        serde_json::json!({"type": "object"}),
+        move |_a, _c| {
+            let (started, release) = (started.clone(), release.clone());
+            async move {
+                started.notify_one();
+                release.notified().await;
+                Ok(serde_json::json!("released"))
+            }
+        },
+    )
 }
 
 /// Send `message` and wait for the task's answer.
@@ -31,6 +77,16 @@ pub(crate) async fn start(exec: &AgentExecutor, auth: &AuthContext, message: Mes
     )
     .await
     .unwrap()
+}
+
+/// Send `text` on `thread` and wait for the task's answer.
+pub(crate) async fn send_in(
+    exec: &AgentExecutor,
+    auth: &AuthContext,
+    thread: &keel_core::ThreadId,
+    text: &str,
+) -> Task {
+    send(exec, auth, Message::user(text).in_thread(thread.clone())).await
 }
 
 /// Everything `thread`'s store holds of its history, oldest first.

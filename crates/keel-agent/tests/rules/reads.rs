@@ -6,13 +6,14 @@
 use std::sync::Arc;
 
 use keel_agent::reads::{Reads, TaskChange, TaskQuery, ThreadPosition};
-use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
-use keel_core::{AgentCard, AgentError, Message, Task, TaskEvent, TaskId, TaskState, ThreadId};
-use keel_llm::{MockLlm, MockResponse, ToolCall};
+use keel_agent::{Agent, AgentExecutor, FnTool};
+use keel_core::{AgentCard, AgentError, Message, TaskEvent, TaskId, TaskState, ThreadId};
+use keel_llm::MockLlm;
 use keel_policy::{CapabilityPolicy, CapabilityRule};
 use keel_runtime::{AuthContext, Runtime, TaskOrder};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
+use super::fixture::{call_then_answer, send_in, start};
 
 fn agent(name: &str) -> Agent {
     Agent::builder(AgentCard::new(name, "reads tests", "http://127.0.0.1:0"))
@@ -29,16 +30,6 @@ fn executor(name: &str) -> (AgentExecutor, AuthContext, Arc<dyn Runtime>) {
 
 fn other_tenant() -> AuthContext {
     AuthContext::new("reads-other-app", "reads-other-user")
-}
-
-async fn send(exec: &AgentExecutor, auth: &AuthContext, text: &str, thread: &ThreadId) -> Task {
-    exec.send_message(
-        auth,
-        Message::user(text).in_thread(thread.clone()),
-        SendOptions::default(),
-    )
-    .await
-    .unwrap()
 }
 
 /// Every item of every page of `query`, following the tokens.
@@ -60,11 +51,11 @@ async fn task_pages_follow_their_tokens_and_filter_by_thread_state_and_agent() {
     let (a, b) = (ThreadId::from("reads-a"), ThreadId::from("reads-b"));
     let mut created = Vec::new();
     for (text, thread) in [("1", &a), ("2", &b), ("3", &a), ("4", &a), ("5", &b)] {
-        created.push(send(&exec, &auth, text, thread).await.id);
+        created.push(send_in(&exec, &auth, thread, text).await.id);
     }
     // A second agent on the same store.
     let beta = AgentExecutor::new(agent("beta"), runtime);
-    let betas = send(&beta, &auth, "6", &a).await.id;
+    let betas = send_in(&beta, &auth, &a, "6").await.id;
     let reads = exec.reads();
 
     let by_two = TaskQuery {
@@ -184,7 +175,7 @@ async fn task_pages_follow_their_tokens_and_filter_by_thread_state_and_agent() {
 async fn another_tenants_ids_answer_the_exact_not_found_kinds() {
     let (exec, auth, _) = executor("alpha");
     let thread = ThreadId::from("reads-private");
-    let task = send(&exec, &auth, "mine", &thread).await;
+    let task = send_in(&exec, &auth, &thread, "mine").await;
     let reads = exec.reads();
     let other = other_tenant();
 
@@ -243,10 +234,7 @@ async fn pending_approvals_list_the_waiting_requests_of_the_tenant() {
         |_args, _ctx| async { Ok(json!("written")) },
     )
     .with_capabilities(["records.write"]);
-    let llm = MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("write_record", json!({}))]),
-        MockResponse::Text("done".into()),
-    ]);
+    let llm = MockLlm::scripted(call_then_answer("write_record", json!({}), "done"));
     let agent = Agent::builder(AgentCard::new("gated", "reads tests", "http://127.0.0.1:0"))
         .llm(llm)
         .tool(write)
@@ -257,7 +245,7 @@ async fn pending_approvals_list_the_waiting_requests_of_the_tenant() {
     let auth = runtime.auth_service().auth_context();
     let exec = AgentExecutor::new(agent, runtime);
     let thread = ThreadId::from("reads-gated");
-    let task = send(&exec, &auth, "write", &thread).await;
+    let task = send_in(&exec, &auth, &thread, "write").await;
     assert_eq!(task.state(), TaskState::InputRequired);
     let reads = exec.reads();
 
@@ -298,10 +286,7 @@ fn gated_agent(gate: Arc<Semaphore>) -> Agent {
             }
         },
     );
-    let llm = MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("wait", json!({}))]),
-        MockResponse::Text("finished".into()),
-    ]);
+    let llm = MockLlm::scripted(call_then_answer("wait", json!({}), "finished"));
     Agent::builder(AgentCard::new("gated", "reads tests", "http://127.0.0.1:0"))
         .llm(llm)
         .tool(wait)
@@ -311,18 +296,7 @@ fn gated_agent(gate: Arc<Semaphore>) -> Agent {
 
 /// Start a gated task without waiting for its run.
 async fn start_gated(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId) -> TaskId {
-    let task = exec
-        .send_message(
-            auth,
-            Message::user("go").in_thread(thread.clone()),
-            SendOptions {
-                return_immediately: true,
-                ..SendOptions::default()
-            },
-        )
-        .await
-        .unwrap();
-    task.id
+    start(exec, auth, Message::user("go").in_thread(thread.clone())).await.id
 }
 
 /// Watch from `after` until the terminal status; the changes, in order.
@@ -377,7 +351,7 @@ async fn a_watch_from_zero_replays_the_log_then_follows_it_live() {
 #[tokio::test]
 async fn a_watch_from_n_yields_only_the_later_events() {
     let (exec, auth, _) = executor("alpha");
-    let task = send(&exec, &auth, "hello", &ThreadId::from("reads-from-n")).await;
+    let task = send_in(&exec, &auth, &ThreadId::from("reads-from-n"), "hello").await;
     let reads = exec.reads();
     let log = reads.task_events(&auth, &task.id).await.unwrap();
     assert!(log.len() > 2, "{log:?}");
@@ -413,14 +387,14 @@ async fn a_thread_watch_follows_every_task_of_the_thread_and_resumes_from_its_po
     let thread = ThreadId::from("reads-thread-watch");
     let reads = exec.reads();
     let mut watch = reads.watch_thread(&auth, &thread, ThreadPosition::default());
-    let first = send(&exec, &auth, "one", &thread).await;
+    let first = send_in(&exec, &auth, &thread, "one").await;
     let first_log = reads.task_events(&auth, &first.id).await.unwrap();
     let seen = take(&mut watch, first_log.len()).await;
     assert_the_log_after(&seen, &first_log, 0);
     // Resume from the position in a new watch: only the second task's events come.
     let position = ThreadPosition::parse(&watch.position().token()).unwrap();
     assert_eq!(position.of(&first.id), first_log.len() as u64);
-    let second = send(&exec, &auth, "two", &thread).await;
+    let second = send_in(&exec, &auth, &thread, "two").await;
     let second_log = reads.task_events(&auth, &second.id).await.unwrap();
     let mut resumed = reads.watch_thread(&auth, &thread, position);
     let later = take(&mut resumed, second_log.len()).await;

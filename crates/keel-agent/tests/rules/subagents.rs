@@ -12,7 +12,7 @@ use keel_runtime::testing::eventually;
 use keel_runtime::{AuthContext, ChildThread, ListTasksFilter, Runtime};
 use serde_json::json;
 use tokio::sync::Notify;
-use super::fixture::{start};
+use super::fixture::{call_then_answer, gate_tool, send_in, start};
 
 fn card(name: &str) -> AgentCard {
     AgentCard::new(name, "subagent tests", "http://127.0.0.1:0")
@@ -37,11 +37,98 @@ fn parent(
     AgentExecutor::new(agent, runtime.clone())
 }
 
+/// A `lead` parent on a fresh runtime of this backend whose model follows `script`, with the
+/// subagent kind `kind` makes of the default researcher: the runtime, its caller, the parent.
+fn lead(
+    kind: impl FnOnce(SubagentSpec) -> SubagentSpec,
+    script: Vec<MockResponse>,
+) -> (Arc<dyn Runtime>, AuthContext, AgentExecutor) {
+    lead_over(child_executor, kind, script)
+}
+
+/// [`lead`], its researcher the executor `child` makes on the runtime.
+fn lead_over(
+    child: impl FnOnce(&Arc<dyn Runtime>) -> AgentExecutor,
+    kind: impl FnOnce(SubagentSpec) -> SubagentSpec,
+    script: Vec<MockResponse>,
+) -> (Arc<dyn Runtime>, AuthContext, AgentExecutor) {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let spec = kind(SubagentSpec::new("researcher", child(&runtime)));
+    let exec = parent(&runtime, spec, script);
+    (runtime, auth, exec)
+}
+
 fn create(name: &str, message: &str) -> MockResponse {
     MockResponse::ToolCalls(vec![ToolCall::new(
         "subagent_create",
         json!({"name": name, "message": message}),
     )])
+}
+
+/// A `subagent_message` call: `message` to the existing child `name`.
+fn message_child(name: &str, message: &str) -> MockResponse {
+    MockResponse::ToolCalls(vec![ToolCall::new(
+        "subagent_message",
+        json!({"name": name, "message": message}),
+    )])
+}
+
+/// A `subagent_create` call that does not wait for the child: its result comes later.
+fn create_background(name: &str, message: &str) -> MockResponse {
+    MockResponse::ToolCalls(vec![ToolCall::new(
+        "subagent_create",
+        json!({"name": name, "message": message, "wait": false}),
+    )])
+}
+
+/// A parent's script: create the child `name` in the background with `message`, answer
+/// "started", then answer the child's result with `answer`.
+fn background_then(name: &str, message: &str, answer: &str) -> Vec<MockResponse> {
+    vec![
+        create_background(name, message),
+        MockResponse::Text("started".into()),
+        MockResponse::Text(answer.into()),
+    ]
+}
+
+/// Wait until `thread`'s history, as `exec` reads it, satisfies `holds` (`what` says how).
+async fn until_history(
+    exec: &AgentExecutor,
+    auth: &AuthContext,
+    thread: &ThreadId,
+    what: &str,
+    holds: impl Fn(&[LlmMessage]) -> bool,
+) {
+    let holds = &holds;
+    eventually(what, move || async move { holds(&history(exec, auth, thread).await) }).await
+}
+
+/// Assert that the message of `thread` holding `text` is a status message of `kind`, one the
+/// engine synthesized.
+async fn assert_status_message(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId, text: &str, kind: &str) {
+    let history = history(exec, auth, thread).await;
+    let message = history.iter().find(|m| m.content.contains(text)).unwrap();
+    assert_eq!(message.metadata["status_kind"], kind, "a synthesized status message");
+}
+
+/// Whether `history` holds a message that contains `text`.
+fn mentions(history: &[LlmMessage], text: &str) -> bool {
+    history.iter().any(|m| m.content.contains(text))
+}
+
+/// Whether the parent's history holds alpha's result and its model's answer to it.
+fn answered_alpha(history: &[LlmMessage]) -> bool {
+    mentions(history, "[subagent alpha] completed: You said: find A")
+        && history.iter().any(|m| m.role == LlmRole::Assistant && m.content == "thanks, alpha")
+}
+
+/// Wait until the first child of `state`'s thread has `status` in the registry.
+async fn until_first_child_is(state: &keel_agent::ThreadState, status: &str) {
+    eventually(&format!("the child to be {status}"), move || async move {
+        state.children().await.unwrap()[0].status == status
+    })
+    .await
 }
 
 async fn tool_results(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId) -> Vec<String> {
@@ -86,12 +173,8 @@ async fn child_tasks(runtime: &Arc<dyn Runtime>, auth: &AuthContext, child: &Chi
 
 #[tokio::test]
 async fn subagent_create_runs_a_child_thread_linked_in_the_registry() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime));
-    let exec = parent(
-        &runtime,
-        spec,
+    let (runtime, auth, exec) = lead(
+        |kind| kind,
         vec![create("alpha", "find A"), MockResponse::Text("merged".into())],
     );
     let task = ask(&exec, &auth, "go").await;
@@ -123,12 +206,8 @@ async fn subagent_create_runs_a_child_thread_linked_in_the_registry() {
 
 #[tokio::test]
 async fn subagent_create_needs_a_non_empty_name() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime));
-    let exec = parent(
-        &runtime,
-        spec,
+    let (_runtime, auth, exec) = lead(
+        |kind| kind,
         vec![create("  ", "find A"), MockResponse::Text("ok".into())],
     );
     let task = ask(&exec, &auth, "go").await;
@@ -139,14 +218,8 @@ async fn subagent_create_needs_a_non_empty_name() {
 
 #[tokio::test]
 async fn creating_past_max_instances_tells_the_model_to_message_an_existing_one() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime))
-        .max_instances(1)
-        .resumable(true);
-    let exec = parent(
-        &runtime,
-        spec,
+    let (_runtime, auth, exec) = lead(
+        |kind| kind.max_instances(1).resumable(true),
         vec![
             create("alpha", "find A"),
             create("beta", "find B"),
@@ -173,10 +246,7 @@ async fn a_resumable_child_is_messaged_again_on_its_own_thread() {
         spec,
         vec![
             create("alpha", "find A"),
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_message",
-                json!({"name": "alpha", "message": "and B"}),
-            )]),
+            message_child("alpha", "and B"),
             MockResponse::Text("ok".into()),
         ],
     );
@@ -202,67 +272,36 @@ async fn a_resumable_child_is_messaged_again_on_its_own_thread() {
 
 #[tokio::test]
 async fn a_background_child_queues_its_result_to_the_parent_with_auto_communication() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime));
-    let exec = parent(
-        &runtime,
-        spec,
-        vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "find A", "wait": false}),
-            )]),
-            MockResponse::Text("started".into()),
-            MockResponse::Text("got it".into()),
-        ],
+    let (_runtime, auth, exec) = lead(
+        |kind| kind,
+        background_then("alpha", "find A", "got it"),
     );
     let task = ask(&exec, &auth, "go").await;
     assert_eq!(task.state(), TaskState::Completed);
     let thread = task.thread_id.clone();
-    eventually("the condition", || {
-        let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
-        async move {
-            history(&exec, &auth, &thread).await.iter().any(|m| {
-                m.role == LlmRole::User && m.content.contains("[subagent alpha] completed: You said: find A")
-            })
-        }
+    until_history(&exec, &auth, &thread, "the child's result", |history| {
+        history.iter().any(|m| {
+            m.role == LlmRole::User && m.content.contains("[subagent alpha] completed: You said: find A")
+        })
     })
     .await;
-    let history = history(&exec, &auth, &thread).await;
-    let returned = history.iter().find(|m| m.content.contains("[subagent alpha] completed")).unwrap();
-    assert_eq!(returned.metadata["status_kind"], "subagent_return", "a synthesized status message");
+    assert_status_message(&exec, &auth, &thread, "[subagent alpha] completed", "subagent_return").await;
 }
 
 #[tokio::test]
 async fn explicit_parent_communication_queues_nothing() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime))
-        .parent_communication(ParentCommunication::Explicit);
-    let exec = parent(
-        &runtime,
-        spec,
+    let (runtime, auth, exec) = lead(
+        |kind| kind.parent_communication(ParentCommunication::Explicit),
         vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "find A", "wait": false}),
-            )]),
+            create_background("alpha", "find A"),
             MockResponse::Text("started".into()),
         ],
     );
     let task = ask(&exec, &auth, "go").await;
     let thread = task.thread_id.clone();
     let state = exec.thread(&auth, thread.clone());
-    eventually("the condition", || {
-        let state = state.clone();
-        async move { state.children().await.unwrap()[0].status == "terminated" }
-    })
-    .await;
-    assert!(!history(&exec, &auth, &thread)
-        .await
-        .iter()
-        .any(|m| m.content.contains("[subagent alpha]")));
+    until_first_child_is(&state, "terminated").await;
+    assert!(!mentions(&history(&exec, &auth, &thread).await, "[subagent alpha]"));
     assert_eq!(
         runtime.thread_store().queue_len(&auth, &thread).await.unwrap(),
         0
@@ -271,12 +310,8 @@ async fn explicit_parent_communication_queues_nothing() {
 
 #[tokio::test]
 async fn terminating_the_parent_terminates_its_children() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime)).resumable(true);
-    let exec = parent(
-        &runtime,
-        spec,
+    let (_runtime, auth, exec) = lead(
+        |kind| kind.resumable(true),
         vec![create("alpha", "find A"), MockResponse::Text("ok".into())],
     );
     let task = ask(&exec, &auth, "go").await;
@@ -290,18 +325,9 @@ async fn terminating_the_parent_terminates_its_children() {
 async fn canceling_the_parent_cancels_the_child_it_waits_for() {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
+    // The gate is never released: the child waits until it is canceled.
     let started = Arc::new(Notify::new());
-    let gate = {
-        let started = started.clone();
-        FnTool::new("gate", "Never returns", json!({"type": "object"}), move |_a, _c| {
-            let started = started.clone();
-            async move {
-                started.notify_one();
-                std::future::pending::<()>().await;
-                Ok(json!("never"))
-            }
-        })
-    };
+    let gate = gate_tool(started.clone(), Arc::new(Notify::new()));
     let child = Agent::builder(card("researcher"))
         .llm(MockLlm::scripted(vec![MockResponse::ToolCalls(vec![
             ToolCall::new("gate", json!({})),
@@ -316,16 +342,12 @@ async fn canceling_the_parent_cancels_the_child_it_waits_for() {
     let canceled = exec.cancel_task(&auth, &task.id, None).await.unwrap();
     assert_eq!(canceled.state(), TaskState::Canceled);
     let children = exec.thread(&auth, task.thread_id).children().await.unwrap();
-    let child = children[0].clone();
-    let (rt, auth2) = (runtime.clone(), auth.clone());
-    eventually("the condition", || {
-        let (rt, auth, child) = (rt.clone(), auth2.clone(), child.clone());
-        async move {
-            child_tasks(&rt, &auth, &child)
-                .await
-                .iter()
-                .all(|t| t.state() == TaskState::Canceled)
-        }
+    let (runtime, auth, child) = (&runtime, &auth, &children[0]);
+    eventually("the child's task to be canceled", move || async move {
+        child_tasks(runtime, auth, child)
+            .await
+            .iter()
+            .all(|t| t.state() == TaskState::Canceled)
     })
     .await;
 }
@@ -358,16 +380,6 @@ fn scoped_reader(var: &'static str, seen: Arc<std::sync::Mutex<Vec<Option<String
             Ok(json!("checked"))
         }
     })
-}
-
-async fn send_in(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId, text: &str) -> Task {
-    exec.send_message(
-        auth,
-        Message::user(text).in_thread(thread.clone()),
-        SendOptions::default(),
-    )
-    .await
-    .unwrap()
 }
 
 #[tokio::test]
@@ -438,12 +450,8 @@ async fn a_parents_attachments_are_copied_into_the_childs_own_store() {
 
 #[tokio::test]
 async fn an_unknown_attachment_is_a_tool_error_and_creates_nothing() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", child_executor(&runtime));
-    let exec = parent(
-        &runtime,
-        spec,
+    let (_runtime, auth, exec) = lead(
+        |kind| kind,
         vec![
             MockResponse::ToolCalls(vec![ToolCall::new(
                 "subagent_create",
@@ -482,12 +490,9 @@ fn reporting_child(runtime: &Arc<dyn Runtime>, responses: usize) -> AgentExecuto
 
 #[tokio::test]
 async fn a_childs_result_brings_its_attachments_into_the_parents_store() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", reporting_child(&runtime, 1));
-    let exec = parent(
-        &runtime,
-        spec,
+    let (_runtime, auth, exec) = lead_over(
+        |runtime| reporting_child(runtime, 1),
+        |kind| kind,
         vec![create("alpha", "write it"), MockResponse::Text("ok".into())],
     );
     let sink = sink_of(&exec);
@@ -512,33 +517,20 @@ async fn a_childs_result_brings_its_attachments_into_the_parents_store() {
 
 #[tokio::test]
 async fn a_background_childs_queued_result_carries_its_copied_attachments() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let spec = SubagentSpec::new("researcher", reporting_child(&runtime, 1));
-    let exec = parent(
-        &runtime,
-        spec,
-        vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "write it", "wait": false}),
-            )]),
-            MockResponse::Text("started".into()),
-            MockResponse::Text("got it".into()),
-        ],
+    let (_runtime, auth, exec) = lead_over(
+        |runtime| reporting_child(runtime, 1),
+        |kind| kind,
+        background_then("alpha", "write it", "got it"),
     );
     let task = ask(&exec, &auth, "go").await;
     let thread = task.thread_id.clone();
     let prefix = format!("keel-attachment://{thread}/");
-    eventually("the condition", || {
-        let (exec, auth, thread, prefix) = (exec.clone(), auth.clone(), thread.clone(), prefix.clone());
-        async move {
-            history(&exec, &auth, &thread).await.iter().any(|m| {
-                m.role == LlmRole::User
-                    && m.content.contains("[subagent alpha] completed")
-                    && m.content.contains(&prefix)
-            })
-        }
+    until_history(&exec, &auth, &thread, "the result with its attachment", |history| {
+        history.iter().any(|m| {
+            m.role == LlmRole::User
+                && m.content.contains("[subagent alpha] completed")
+                && m.content.contains(&prefix)
+        })
     })
     .await;
     let files = exec.thread(&auth, thread).attachments().await.unwrap();
@@ -633,10 +625,7 @@ async fn scoped_variables_reach_the_child_sealed_and_never_a_prompt() {
         .with_var("SCOUT_TASK", "survey the field")
         .with_var("SCOUT_TOKEN", secret);
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let child_model = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("check_token", json!({}))]),
-        MockResponse::Text("surveyed".into()),
-    ]));
+    let child_model = Arc::new(MockLlm::scripted(call_then_answer("check_token", json!({}), "surveyed")));
     let child = AgentExecutor::new(
         Agent::builder(card("researcher"))
             .environment(env.clone())
@@ -701,10 +690,7 @@ async fn missing_scoped_variables_defer_the_subagent_until_they_are_provided() {
     let child = AgentExecutor::new(
         Agent::builder(card("researcher"))
             .environment(env.clone())
-            .llm(MockLlm::scripted(vec![
-                MockResponse::ToolCalls(vec![ToolCall::new("check_token", json!({}))]),
-                MockResponse::Text("found A".into()),
-            ]))
+            .llm(MockLlm::scripted(call_then_answer("check_token", json!({}), "found A")))
             .tool(scoped_reader("API_TOKEN", seen.clone()))
             .build()
             .unwrap(),
@@ -761,14 +747,10 @@ async fn missing_scoped_variables_defer_the_subagent_until_they_are_provided() {
     assert_eq!(exec.pending_variables(&auth, &thread, &request_id).await.unwrap(), None);
     assert_eq!(exec.provide_variables(&auth, &thread, &request_id, &values).await.unwrap(), None);
     // The child ran with the value, and its result reached the parent (auto communication).
-    eventually("the condition", || {
-        let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
-        async move {
-            history(&exec, &auth, &thread)
-                .await
-                .iter()
-                .any(|m| m.role == LlmRole::User && m.content.contains("[subagent alpha] completed: found A"))
-        }
+    until_history(&exec, &auth, &thread, "the child's result", |history| {
+        history
+            .iter()
+            .any(|m| m.role == LlmRole::User && m.content.contains("[subagent alpha] completed: found A"))
     })
     .await;
     assert_eq!(seen.lock().unwrap().as_slice(), [Some("tok-42".to_owned())]);
@@ -779,16 +761,7 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
     let release = Arc::new(Notify::new());
-    let gate = {
-        let release = release.clone();
-        FnTool::new("gate", "Waits for the test", json!({"type": "object"}), move |_a, _c| {
-            let release = release.clone();
-            async move {
-                release.notified().await;
-                Ok(json!("released"))
-            }
-        })
-    };
+    let gate = gate_tool(Arc::new(Notify::new()), release.clone());
     let child = AgentExecutor::new(
         Agent::builder(card("researcher"))
             .llm(MockLlm::scripted(vec![
@@ -807,22 +780,11 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
     let exec = parent(
         &runtime,
         spec,
-        vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "work", "wait": false}),
-            )]),
-            MockResponse::Text("started".into()),
-            MockResponse::Text("noted".into()),
-        ],
+        background_then("alpha", "work", "noted"),
     );
     let task = ask(&exec, &auth, "go").await;
     let state = exec.thread(&auth, task.thread_id.clone());
-    eventually("the condition", || {
-        let state = state.clone();
-        async move { state.children().await.unwrap()[0].status == "halfway" }
-    })
-    .await;
+    until_first_child_is(&state, "halfway").await;
     let kid = state.children().await.unwrap()[0].clone();
     let running = child_tasks(&runtime, &auth, &kid).await;
     assert!(running.iter().all(|t| !t.state().is_terminal()), "the child goes on");
@@ -830,11 +792,7 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
     assert_eq!(status.len(), 1);
     assert_eq!(status[0]["status"], "halfway");
     release.notify_one();
-    eventually("the condition", || {
-        let state = state.clone();
-        async move { state.children().await.unwrap()[0].status == "completed" }
-    })
-    .await;
+    until_first_child_is(&state, "completed").await;
 }
 
 #[tokio::test]
@@ -843,10 +801,7 @@ async fn session_status_outside_a_subagent_is_a_tool_error() {
     let auth = runtime.auth_service().auth_context();
     let exec = AgentExecutor::new(
         Agent::builder(card("solo"))
-            .llm(MockLlm::scripted(vec![
-                MockResponse::ToolCalls(vec![ToolCall::new("session_status", json!({"status": "x"}))]),
-                MockResponse::Text("ok".into()),
-            ]))
+            .llm(MockLlm::scripted(call_then_answer("session_status", json!({"status": "x"}), "ok")))
             .tool(keel_agent::SessionStatusTool)
             .build()
             .unwrap(),
@@ -880,10 +835,7 @@ async fn subagent_lifecycle_markers_appear_in_the_parents_event_stream() {
         spec,
         vec![
             create("alpha", "find A"),
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_message",
-                json!({"name": "alpha", "message": "more"}),
-            )]),
+            message_child("alpha", "more"),
             create("beta", "find B"),
             MockResponse::Text("done".into()),
         ],
@@ -928,10 +880,7 @@ async fn a_background_childs_result_reaches_the_parent_after_the_spawning_proces
     // Process one: its child executor takes no work any more, so the child's task is only
     // persisted and queued when the parent's tool sends it; then the process goes away.
     let (first, first_child) = build(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new(
-            "subagent_create",
-            json!({"name": "alpha", "message": "find A", "wait": false}),
-        )]),
+        create_background("alpha", "find A"),
         MockResponse::Text("started".into()),
     ]);
     first_child.shutdown().await;
@@ -950,15 +899,7 @@ async fn a_background_childs_result_reaches_the_parent_after_the_spawning_proces
     // own completion path queues the result on the parent, whose executor runs it.
     let (second, second_child) = build(vec![MockResponse::Text("thanks, alpha".into())]);
     assert_eq!(second_child.recover(&auth).await.unwrap(), 1);
-    eventually("the condition", || {
-        let (exec, auth, thread) = (second.clone(), auth.clone(), thread.clone());
-        async move {
-            let history = history(&exec, &auth, &thread).await;
-            history.iter().any(|m| m.content.contains("[subagent alpha] completed: You said: find A"))
-                && history.iter().any(|m| m.role == LlmRole::Assistant && m.content == "thanks, alpha")
-        }
-    })
-    .await;
+    until_history(&second, &auth, &thread, "the parent's answer to the result", answered_alpha).await;
     let kid = second.thread(&auth, thread).children().await.unwrap()[0].clone();
     assert_eq!(kid.status, "terminated");
 }
@@ -973,10 +914,7 @@ async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
     });
     let child = AgentExecutor::new(
         Agent::builder(card("researcher"))
-            .llm(MockLlm::scripted(vec![
-                MockResponse::ToolCalls(vec![ToolCall::new("notify", json!({}))]),
-                MockResponse::Text("child done".into()),
-            ]))
+            .llm(MockLlm::scripted(call_then_answer("notify", json!({}), "child done")))
             .tool(notify)
             .build()
             .unwrap(),
@@ -986,29 +924,16 @@ async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
     let exec = parent(
         &runtime,
         spec,
-        vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "work", "wait": false}),
-            )]),
-            MockResponse::Text("started".into()),
-            MockResponse::Text("parent saw it".into()),
-        ],
+        background_then("alpha", "work", "parent saw it"),
     );
     let task = ask(&exec, &auth, "go").await;
     let thread = task.thread_id.clone();
-    eventually("the condition", || {
-        let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
-        async move {
-            let history = history(&exec, &auth, &thread).await;
-            let at = history.iter().position(|m| m.content.contains("progress: 50%"));
-            at.is_some_and(|i| history[i + 1..].iter().any(|m| m.role == LlmRole::Assistant && m.content == "parent saw it"))
-        }
+    until_history(&exec, &auth, &thread, "the parent's answer to the note", |history| {
+        let at = history.iter().position(|m| m.content.contains("progress: 50%"));
+        at.is_some_and(|i| history[i + 1..].iter().any(|m| m.role == LlmRole::Assistant && m.content == "parent saw it"))
     })
     .await;
-    let history = history(&exec, &auth, &thread).await;
-    let note = history.iter().find(|m| m.content.contains("progress: 50%")).unwrap();
-    assert_eq!(note.metadata["status_kind"], "subagent_message", "a synthesized status message");
+    assert_status_message(&exec, &auth, &thread, "progress: 50%", "subagent_message").await;
 }
 
 #[tokio::test]
@@ -1068,14 +993,7 @@ async fn a_background_child_canceled_before_it_ran_still_reports_to_its_parent()
     let exec = parent(
         &runtime,
         SubagentSpec::new("researcher", child.clone()),
-        vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "find A", "wait": false}),
-            )]),
-            MockResponse::Text("started".into()),
-            MockResponse::Text("alpha is gone".into()),
-        ],
+        background_then("alpha", "find A", "alpha is gone"),
     );
     let task = ask(&exec, &auth, "go").await;
     let thread = task.thread_id.clone();
@@ -1083,14 +1001,8 @@ async fn a_background_child_canceled_before_it_ran_still_reports_to_its_parent()
     let queued = child_tasks(&runtime, &auth, &kid).await[0].clone();
     let canceled = child.cancel_task(&auth, &queued.id, Some("not needed".into())).await.unwrap();
     assert_eq!(canceled.state(), TaskState::Canceled);
-    eventually("the condition", || {
-        let (exec, auth, thread) = (exec.clone(), auth.clone(), thread.clone());
-        async move {
-            history(&exec, &auth, &thread)
-                .await
-                .iter()
-                .any(|m| m.content.contains("[subagent alpha] was canceled"))
-        }
+    until_history(&exec, &auth, &thread, "the cancel report", |history| {
+        mentions(history, "[subagent alpha] was canceled")
     })
     .await;
     let kid = exec.thread(&auth, thread).children().await.unwrap()[0].clone();
@@ -1116,10 +1028,7 @@ async fn a_background_childs_result_wakes_a_parent_executor_in_another_process()
     first_child.shutdown().await;
     let first = parent_of(
         vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "find A", "wait": false}),
-            )]),
+            create_background("alpha", "find A"),
             MockResponse::Text("started".into()),
         ],
         first_child.clone(),
@@ -1142,15 +1051,7 @@ async fn a_background_childs_result_wakes_a_parent_executor_in_another_process()
     // result it queues on the parent thread must reach process two through the store.
     let third_child = child_executor(&runtime);
     assert_eq!(third_child.recover(&auth).await.unwrap(), 1);
-    eventually("the condition", || {
-        let (exec, auth, thread) = (second.clone(), auth.clone(), thread.clone());
-        async move {
-            let history = history(&exec, &auth, &thread).await;
-            history.iter().any(|m| m.content.contains("[subagent alpha] completed: You said: find A"))
-                && history.iter().any(|m| m.role == LlmRole::Assistant && m.content == "thanks, alpha")
-        }
-    })
-    .await;
+    until_history(&second, &auth, &thread, "the parent's answer to the result", answered_alpha).await;
     assert_eq!(runtime.thread_store().queue_len(&auth, &thread).await.unwrap(), 0);
     second.shutdown().await;
     third_child.shutdown().await;

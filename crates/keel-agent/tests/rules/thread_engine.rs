@@ -9,7 +9,7 @@ use keel_llm::{LlmRole, MockLlm, MockResponse, ModelProfile, ToolCall};
 use keel_runtime::ChildThread;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
-use super::fixture::{executor, send, start, stored_history};
+use super::fixture::{call_then_answer, executor, gate_tool, scripted, send, start, stored_history};
 
 fn card() -> AgentCard {
     AgentCard::new("threads", "thread engine tests", "http://127.0.0.1:0")
@@ -24,24 +24,17 @@ fn echo_tool() -> FnTool {
     )
 }
 
-/// A tool that announces it started, then waits for `release`.
-fn gate_tool(started: Arc<Notify>, release: Arc<Notify>) -> FnTool {
-    FnTool::new(
-        "gate",
-        "Wait for the test",
-        json!({"type": "object"}),
-        move |_a, _c| {
-            let (started, release) = (started.clone(), release.clone());
-            async move {
-                started.notify_one();
-                release.notified().await;
-                Ok(json!("released"))
-            }
-        },
-    )
+/// A tool that queues "a note queued mid-run" on its own thread.
+/// The test agent with the [`gate_tool`], and the gate's two signals (started, release).
+fn gated_agent() -> (Agent, Arc<Notify>, Arc<Notify>) {
+    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let agent = Agent::builder(card())
+        .tool(gate_tool(started.clone(), release.clone()))
+        .build()
+        .unwrap();
+    (agent, started, release)
 }
 
-/// A tool that queues "a note queued mid-run" on its own thread.
 fn note_tool() -> FnTool {
     FnTool::new(
         "note",
@@ -60,11 +53,7 @@ fn stop_reason(task: &keel_core::Task) -> &str {
 
 #[tokio::test]
 async fn a_message_to_a_busy_thread_is_queued_and_runs_after_the_current_one() {
-    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let agent = Agent::builder(card())
-        .tool(gate_tool(started.clone(), release.clone()))
-        .build()
-        .unwrap();
+    let (agent, started, release) = gated_agent();
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
     let first = start(&exec, &auth, Message::user("/gate").in_thread(thread.clone())).await;
@@ -101,11 +90,7 @@ async fn a_message_to_a_busy_thread_is_queued_and_runs_after_the_current_one() {
 
 #[tokio::test]
 async fn different_threads_run_concurrently() {
-    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let agent = Agent::builder(card())
-        .tool(gate_tool(started.clone(), release.clone()))
-        .build()
-        .unwrap();
+    let (agent, started, release) = gated_agent();
     let (exec, auth) = executor(agent);
     let blocked = start(&exec, &auth, Message::user("/gate")).await;
     started.notified().await;
@@ -121,11 +106,7 @@ async fn different_threads_run_concurrently() {
 
 #[tokio::test]
 async fn a_thread_waiting_for_a_work_slot_keeps_its_lease() {
-    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let agent = Agent::builder(card())
-        .tool(gate_tool(started.clone(), release.clone()))
-        .build()
-        .unwrap();
+    let (agent, started, release) = gated_agent();
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
     let ttl = std::time::Duration::from_millis(900);
@@ -292,16 +273,11 @@ async fn the_thread_history_carries_the_conversation_across_tasks() {
 
 #[tokio::test]
 async fn work_queued_while_active_is_injected_before_the_next_model_call() {
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("note", json!({}))]),
-        MockResponse::Text("saw the note".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .tool(note_tool())
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = scripted(
+        card(),
+        call_then_answer("note", json!({}), "saw the note"),
+        |agent| agent.tool(note_tool()),
+    );
     let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Completed);
     let second_call = &llm.requests()[1];
@@ -422,18 +398,17 @@ async fn when_two_stop_rules_fire_at_once_the_lifecycle_tool_wins() {
 
 #[tokio::test]
 async fn without_stop_on_response_the_loop_runs_to_the_step_limit() {
-    let llm = MockLlm::scripted(
+    let (exec, auth, _) = scripted(
+        card(),
         (0..3)
             .map(|i| MockResponse::Text(format!("thought {i}")))
             .collect(),
+        |agent| {
+            agent
+                .stop_on_response(false)
+                .max_steps(3)
+        },
     );
-    let agent = Agent::builder(card())
-        .llm(llm)
-        .stop_on_response(false)
-        .max_steps(3)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
     let task = send(&exec, &auth, Message::user("think")).await;
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(stop_reason(&task), "max_steps");
@@ -503,19 +478,17 @@ async fn repeating_the_same_invalid_call_past_the_cap_stops_the_run() {
 
 #[tokio::test]
 async fn ask_human_waits_in_input_required_and_the_answer_resumes_the_same_task() {
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new(
-            "ask_human",
-            json!({"question": "Which city?"}),
-        )]),
-        MockResponse::Text("Booked in Lisbon.".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .human_handoff(true)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = scripted(
+        card(),
+        vec![
+            MockResponse::ToolCalls(vec![ToolCall::new(
+                "ask_human",
+                json!({"question": "Which city?"}),
+            )]),
+            MockResponse::Text("Booked in Lisbon.".into()),
+        ],
+        |agent| agent.human_handoff(true),
+    );
     let task = send(&exec, &auth, Message::user("book a hotel")).await;
     assert_eq!(task.state(), TaskState::InputRequired);
     assert_eq!(
@@ -551,18 +524,19 @@ async fn the_key_value_store_and_prompt_variables_are_per_thread() {
             Ok(json!("ok"))
         },
     );
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("remember", json!({"city": "Oslo"}))]),
-        MockResponse::Text("noted".into()),
-        MockResponse::Text("again".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .instructions("User city: {{city}}. Agent {{agent_name}}.")
-        .tool(remember)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = scripted(
+        card(),
+        vec![
+            MockResponse::ToolCalls(vec![ToolCall::new("remember", json!({"city": "Oslo"}))]),
+            MockResponse::Text("noted".into()),
+            MockResponse::Text("again".into()),
+        ],
+        |agent| {
+            agent
+                .instructions("User city: {{city}}. Agent {{agent_name}}.")
+                .tool(remember)
+        },
+    );
     let thread = ThreadId::new();
     send(&exec, &auth, Message::user("I live in Oslo").in_thread(thread.clone())).await;
     send(&exec, &auth, Message::user("hi").in_thread(thread.clone())).await;
@@ -1006,20 +980,21 @@ async fn stored_attachments_reach_the_model_as_bytes_and_stay_references_in_the_
 async fn each_step_drains_assembles_calls_persists_runs_tools_in_order_then_evaluates_stops() {
     // §3: one run of two steps. Step 1's model asks for two tools (the first queues a
     // message); step 2 answers. The markers of each step must come in exactly the seed's order.
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![
-            ToolCall::new("note", json!({})),
-            ToolCall::new("echo", json!({"n": 2})),
-        ]),
-        MockResponse::Text("done".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .tool(note_tool())
-        .tool(echo_tool())
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = scripted(
+        card(),
+        vec![
+            MockResponse::ToolCalls(vec![
+                ToolCall::new("note", json!({})),
+                ToolCall::new("echo", json!({"n": 2})),
+            ]),
+            MockResponse::Text("done".into()),
+        ],
+        |agent| {
+            agent
+                .tool(note_tool())
+                .tool(echo_tool())
+        },
+    );
     let sink = Arc::new(keel_events::InMemoryEventSink::new());
     exec.add_event_sink(sink.clone());
     let task = send(&exec, &auth, Message::user("go")).await;
@@ -1111,16 +1086,11 @@ async fn terminating_a_thread_mid_run_emits_thread_terminated_and_marks_the_stat
             Ok(json!("unreachable"))
         },
     );
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("quit", json!({}))]),
-        MockResponse::Text("never asked".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm)
-        .tool(quit)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, _) = scripted(
+        card(),
+        call_then_answer("quit", json!({}), "never asked"),
+        |agent| agent.tool(quit),
+    );
     let sink = Arc::new(keel_events::InMemoryEventSink::new());
     exec.add_event_sink(sink.clone() as Arc<dyn keel_events::EventSink>);
     let task = send(&exec, &auth, Message::user("go")).await;
@@ -1150,11 +1120,7 @@ async fn terminating_a_thread_mid_run_emits_thread_terminated_and_marks_the_stat
 
 #[tokio::test]
 async fn a_canceled_run_marks_its_status_message_as_an_execution_abort() {
-    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let agent = Agent::builder(card())
-        .tool(gate_tool(started.clone(), release))
-        .build()
-        .unwrap();
+    let (agent, started, _release) = gated_agent();
     let (exec, auth) = executor(agent);
     let task = start(&exec, &auth, Message::user("/gate")).await;
     started.notified().await;
@@ -1374,16 +1340,11 @@ fn chunk_tool() -> FnTool {
 
 #[tokio::test]
 async fn artifacts_a_tool_adds_are_logged_in_chunks_and_the_task_keeps_them_appended() {
-    let llm = Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("chunks", json!({}))]),
-        MockResponse::Text("done".into()),
-    ]));
-    let agent = Agent::builder(card())
-        .llm_shared(llm)
-        .tool(chunk_tool())
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, _) = scripted(
+        card(),
+        call_then_answer("chunks", json!({}), "done"),
+        |agent| agent.tool(chunk_tool()),
+    );
     let task = send(&exec, &auth, Message::user("report")).await;
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(task.status().message.as_ref().unwrap().text(), "done");

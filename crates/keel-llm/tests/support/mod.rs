@@ -235,11 +235,40 @@ pub async fn call_fails(llm: &impl Llm, kind: LlmErrorKind) -> AgentError {
     err
 }
 
+/// Against a server whose replies are an authentication error, errors worth retrying, "ok",
+/// then a context overflow: the first call fails as `Auth` without showing `key`, the next
+/// is retried until it answers "ok", and the last fails as `ContextOverflow`.
+pub async fn assert_auth_retries_and_overflow(llm: &impl Llm, key: &str) {
+    let err = call_fails(llm, LlmErrorKind::Auth).await;
+    assert!(!err.to_string().contains(key), "{err}");
+    let response = llm.complete(ask("Hi")).await.unwrap();
+    assert_eq!(response.content.as_deref(), Some("ok"));
+    call_fails(llm, LlmErrorKind::ContextOverflow).await;
+}
+
 /// Stream "Hi", expect the stream to fail with `kind`, and return the error.
 pub async fn stream_fails(llm: &impl Llm, kind: LlmErrorKind) -> AgentError {
     let err = collect_stream(llm.stream(ask("Hi"))).await.unwrap_err();
     assert_eq!(LlmErrorKind::of(&err), Some(kind), "{err}");
     err
+}
+
+/// One call offering [`weather_tool`], over `messages`; the call must succeed.
+pub async fn ask_about_weather(llm: &impl Llm, messages: Vec<LlmMessage>) -> LlmResponse {
+    let request = LlmRequest::new(messages).with_tools(vec![weather_tool()]);
+    llm.complete(request).await.unwrap()
+}
+
+/// A server that streams `body` cut short where `cut` says, and the error the stream of
+/// `llm` (made for the server's URL) reports: a transport error, whatever the provider.
+pub async fn stream_cut_at<L: Llm>(
+    body: &str,
+    cut: impl FnOnce(&str) -> Option<usize>,
+    llm: impl FnOnce(&str) -> L,
+) -> AgentError {
+    let at = cut(body).expect("the body holds the place to cut at");
+    let server = serve(vec![Reply::Chunks(vec![body[..at].to_owned()])]).await;
+    stream_fails(&llm(&server.url), LlmErrorKind::Transport).await
 }
 
 /// Every event of a stream that must not fail, and the response its final event holds.

@@ -28,13 +28,34 @@ pub async fn store(prefix: &str) -> RedisStore {
     }
 }
 
-/// A raw connection, for inspecting and corrupting keys behind the store's back.
+/// A raw connection, for inspecting and corrupting keys behind the store's back. Its reply
+/// timeout is generous: the client's default (500 ms) is too short for SCAN on a busy shared
+/// server (several test binaries at once), and a timed-out cleanup leaves keys behind.
 pub async fn raw() -> redis::aio::MultiplexedConnection {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(std::time::Duration::from_secs(10)))
+        .set_response_timeout(Some(std::time::Duration::from_secs(30)));
     redis::Client::open(redis_url())
         .expect("REDIS_URL parses")
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .expect("raw connection to the test Redis")
+}
+
+/// Two stores on the test server under the same `prefix`: two processes sharing one Redis.
+pub async fn two_stores(prefix: &str) -> (RedisStore, RedisStore) {
+    (store(prefix).await, store(prefix).await)
+}
+
+/// Run one command (its name and arguments) on `con`, behind the store's back: how a test
+/// corrupts or removes what the store wrote.
+pub async fn raw_cmd(con: &mut redis::aio::MultiplexedConnection, command: &[&str]) {
+    let (name, args) = command.split_first().expect("a command");
+    redis::cmd(name)
+        .arg(args)
+        .query_async::<()>(con)
+        .await
+        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
 }
 
 /// Every key under `prefix`.
@@ -62,7 +83,11 @@ pub async fn keys_under(prefix: &str) -> Vec<String> {
 
 /// Delete every key under `prefix` (SCAN + DEL; the prefix is unique to the test).
 pub async fn clean_up(prefix: &str) {
-    let keys = keys_under(prefix).await;
+    delete_keys(&keys_under(prefix).await).await;
+}
+
+/// Delete `keys`, a few hundred at a time.
+pub async fn delete_keys(keys: &[String]) {
     let mut con = raw().await;
     for chunk in keys.chunks(500) {
         redis::cmd("DEL")

@@ -133,7 +133,7 @@ impl TestServer {
         if let Some(version) = version {
             request = request.header("A2A-Version", version);
         }
-        request.send().await.unwrap().json().await.unwrap()
+        request.json_body().await
     }
 
     /// The agent card, as a v1.0 caller reads it.
@@ -158,14 +158,57 @@ impl TestServer {
         request.send().await.unwrap()
     }
 
-    /// A unary JSON-RPC v1.0 call; the whole response.
-    pub async fn rpc(&self, method: &str, params: Value) -> Value {
-        self.rpc_with(Some("1.0"), method, params)
+    /// A unary JSON-RPC call as [`Self::rpc_with`] sends it; the answer's JSON body.
+    pub async fn rpc_as(&self, version: Option<&str>, method: &str, params: Value) -> Value {
+        self.rpc_with(version, method, params)
             .await
             .json()
             .await
             .unwrap()
     }
+
+    /// A streaming JSON-RPC v1.0 call (`SendStreamingMessage`, `SubscribeToTask`), read to
+    /// its end: its SSE events.
+    pub async fn rpc_stream(&self, method: &str, params: Value) -> Vec<(String, Value)> {
+        sse_events(self.rpc_with(Some("1.0"), method, params).await).await
+    }
+
+    /// A unary JSON-RPC v1.0 call; the whole response.
+    pub async fn rpc(&self, method: &str, params: Value) -> Value {
+        self.rpc_as(Some("1.0"), method, params).await
+    }
+}
+
+/// The typed errors a Keel client reads back: canceling `completed` (a task that has
+/// completed) is `TaskNotCancelable`, and reading a task that does not exist `TaskNotFound`.
+pub async fn assert_typed_errors(
+    client: &dyn keel_transport::AgentTransport,
+    completed: &keel_core::Task,
+) {
+    use keel_core::{AgentError, TaskId, TaskState};
+    let err = client.cancel_task(&completed.id, None).await.unwrap_err();
+    let not_cancelable = AgentError::TaskNotCancelable {
+        task_id: completed.id.clone(),
+        state: TaskState::Completed,
+    };
+    assert_eq!(err, not_cancelable);
+    let missing = TaskId::from("no-such-task");
+    let err = client.get_task(&missing, None).await.unwrap_err();
+    assert_eq!(err, AgentError::TaskNotFound { task_id: missing });
+}
+
+/// Send `text` to `executor` as `auth` and wait for the task, which must complete.
+pub async fn completed_task(
+    executor: &AgentExecutor,
+    auth: &AuthContext,
+    text: &str,
+) -> keel_core::Task {
+    let task = executor
+        .send_message(auth, keel_core::Message::user(text), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), keel_core::TaskState::Completed, "{task:?}");
+    task
 }
 
 /// Send [`SLEEP_30`] through `client` and return at once, while the task runs.
@@ -180,6 +223,87 @@ pub async fn start_sleeping(client: &dyn keel_transport::AgentTransport) -> keel
         )
         .await
         .unwrap()
+}
+
+/// Sending a request and reading its JSON body in one step, for the many tests that only
+/// look at the answer (a transport or parse failure fails the test).
+pub trait SendJson {
+    /// Send the request; the answer's body as JSON.
+    fn json_body(self) -> impl std::future::Future<Output = Value> + Send;
+
+    /// Send the request, assert that it is answered with `status`; the body as JSON.
+    fn json_with_status(
+        self,
+        status: reqwest::StatusCode,
+    ) -> impl std::future::Future<Output = Value> + Send;
+}
+
+impl SendJson for reqwest::RequestBuilder {
+    async fn json_body(self) -> Value {
+        self.send().await.unwrap().json().await.unwrap()
+    }
+
+    async fn json_with_status(self, status: reqwest::StatusCode) -> Value {
+        let response = self.send().await.unwrap();
+        assert_eq!(response.status(), status, "{response:?}");
+        response.json().await.unwrap()
+    }
+}
+
+/// A JSON-RPC WebSocket on a test server's `/ws`.
+pub type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Open the JSON-RPC WebSocket of the server at `base` as an A2A v1.0 caller, proven by
+/// `api_key` (`X-API-Key`) when one is given.
+pub async fn connect_ws(base: &str, api_key: Option<&str>) -> Socket {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let url = format!("{}/ws", base.replacen("http://", "ws://", 1));
+    let mut request = url.into_client_request().unwrap();
+    let headers = request.headers_mut();
+    headers.insert("A2A-Version", "1.0".parse().unwrap());
+    if let Some(key) = api_key {
+        headers.insert("X-API-Key", key.parse().unwrap());
+    }
+    let (socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    socket
+}
+
+/// Send one JSON-RPC request on `socket`.
+pub async fn send_ws(socket: &mut Socket, id: &str, method: &str, params: Value) {
+    use futures::SinkExt;
+    let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    socket
+        .send(tokio_tungstenite::tungstenite::Message::text(
+            request.to_string(),
+        ))
+        .await
+        .unwrap();
+}
+
+/// The next JSON-RPC frame on `socket` (control frames are read past), within `within`.
+pub async fn next_ws(socket: &mut Socket, within: Duration) -> Value {
+    use futures::StreamExt;
+    loop {
+        let frame = tokio::time::timeout(within, socket.next())
+            .await
+            .expect("a frame in time")
+            .expect("the socket is open")
+            .unwrap();
+        if let tokio_tungstenite::tungstenite::Message::Text(text) = frame {
+            return serde_json::from_str(text.as_str()).unwrap();
+        }
+    }
+}
+
+/// One field of each interface the agent card lists in `supportedInterfaces`.
+pub fn interface_fields<'a>(card: &'a Value, field: &str) -> Vec<&'a str> {
+    card["supportedInterfaces"]
+        .as_array()
+        .expect("the card lists its interfaces")
+        .iter()
+        .map(|i| i[field].as_str().unwrap())
+        .collect()
 }
 
 pub fn user_message(text: &str) -> Value {
