@@ -2,6 +2,7 @@
 //! its durable queue in order, and injecting queued work into a running step.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use keel_core::{
@@ -119,12 +120,24 @@ impl Inner {
                 ),
             }
             let (holder, ttl) = (&self.config.holder, self.config.lease_ttl);
-            let taken = if self.driver.reclaim.remove(&key).is_some() {
+            let recovering = self.driver.reclaim.remove(&key).is_some();
+            let taken = if recovering {
                 store.reclaim_lease(&auth, &thread_id, holder, ttl).await
             } else {
                 store.acquire_lease(&auth, &thread_id, holder, ttl).await
             };
             match taken {
+                // Recovery found work here that another holder's lease still covers: say how
+                // long it may wait, once (the driver keeps looking every poll interval).
+                Ok(None) if recovering => self.log(
+                    LogLevel::Info,
+                    &format!(
+                        "thread {thread_id}: its lease is held under another name than this \
+                         process's ({holder}); its work resumes here when that lease lapses, \
+                         within {} s, unless a live process is working it",
+                        ttl.as_secs_f64()
+                    ),
+                ),
                 Ok(Some(lease)) => {
                     let (slot, lease) = match self.wait_for_slot(&auth, lease).await {
                         SlotWait::Taken(slot, lease) => (slot, lease),
@@ -177,6 +190,21 @@ impl Inner {
         {
             self.schedule(&auth, &thread_id);
         }
+    }
+
+    /// Whether the run must stop before its next step: [`Self::stop_requested`], or, once the
+    /// executor is shutting down, [`Outcome::HandedOn`]. A step's start is where a run stops
+    /// for a shutdown: everything before it is persisted, and nothing of the step has begun,
+    /// so the resumed run neither repeats nor loses anything (between two tool calls of a
+    /// step it would, since a resumed run cannot tell a call that never began from one cut
+    /// off).
+    pub(super) fn stop_before_step(&self, flow: &Flow, run: &ActiveRun) -> Option<Outcome> {
+        self.stop_requested(flow, run).or_else(|| {
+            self.driver
+                .shutting_down
+                .is_cancelled()
+                .then_some(Outcome::HandedOn)
+        })
     }
 
     /// Wait for a work slot for the thread whose lease is `lease`, renewing the lease every
@@ -349,6 +377,7 @@ impl Inner {
             thread_id: lease.thread_id.clone(),
             lease: Arc::new(RwLock::new(Arc::new(lease))),
             lost: CancellationToken::new(),
+            handed_on: AtomicBool::new(false),
         };
         let renewer = {
             let (store, auth, lease, lost) = (
@@ -382,7 +411,8 @@ impl Inner {
         };
         let mut worked = Worked::Done;
         let mut released = false;
-        loop {
+        let items = async {
+            loop {
             if flow.lost.is_cancelled() || self.driver.shutting_down.is_cancelled() {
                 break;
             }
@@ -455,7 +485,8 @@ impl Inner {
                 }
                 self.log(LogLevel::Error, &format!("queued work failed: {err}"));
             }
-            if flow.lost.is_cancelled() {
+            // A run handed on at a shutdown is not done: its item stays for the next holder.
+            if flow.lost.is_cancelled() || flow.handed_on.load(Ordering::Acquire) {
                 break;
             }
             let lease = flow.lease();
@@ -488,6 +519,15 @@ impl Inner {
                 );
                 break;
             }
+            }
+        };
+        // A shutdown whose drain ran out drops the run where it is, as a crash would (its
+        // persisted steps stay; a call in flight is lost); the lease is released below all
+        // the same, so the next process resumes the thread at once.
+        tokio::select! {
+            biased;
+            () = self.driver.halted.cancelled() => {}
+            () = items => {}
         }
         renewer.abort();
         if !released {

@@ -46,7 +46,7 @@ impl Inner {
         let mut view = ModelView::default();
         let mut estimates = ManifestEstimates::default();
         for step in next_step(history, task)..=rules.max_steps {
-            if let Some(outcome) = self.stop_requested(flow, run) {
+            if let Some(outcome) = self.stop_before_step(flow, run) {
                 return Ok(outcome);
             }
             if let Err(error) = step_checkpoint(obs).await {
