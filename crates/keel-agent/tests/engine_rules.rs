@@ -42,6 +42,9 @@ macro_rules! rules {
         mod budgets_and_subscriptions {
             include!("rules/budgets_and_subscriptions.rs");
         }
+        mod shutdown {
+            include!("rules/shutdown.rs");
+        }
     };
 }
 

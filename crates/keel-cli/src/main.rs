@@ -30,11 +30,26 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve agents over A2A v1.0 until Ctrl-C: those of `--config FILE` (or `./keel.toml`
-    /// when present), else the demo agent.
+    /// Serve agents over A2A v1.0 until Ctrl-C or SIGTERM: those of `--config FILE` (or
+    /// `./keel.toml` when present), else the demo agent.
     ///
     /// The default agent's card is at /.well-known/agent-card.json and its JSON-RPC endpoint
     /// at /; with a file, each agent is also at /agents/NAME/.
+    ///
+    /// Shutdown (SIGTERM, Ctrl-C): new connections are refused and no new work starts;
+    /// running tasks go on to their next step, for at most --drain-timeout seconds, and stop
+    /// there (or, past it, where they are). They are not canceled: they stay unfinished, their
+    /// threads are released, and a replica on the same store or this server restarted resumes
+    /// them at once. Blocked requests are answered with the task as it stands; open streams
+    /// end with a status update (not final) whose message says the server is going away.
+    ///
+    /// Restart: unfinished tasks resume at once, each named in the log. A SQLite store is
+    /// served by one `keel serve` at a time (a second one is refused, naming the file): it
+    /// keeps its instance id in a file beside the database (`keel.db.owner`), so even after
+    /// a crash or kill -9 the restarted server takes its threads back at once. On Redis a
+    /// crashed server's threads wait for their leases to lapse (--lease-ttl; a live replica
+    /// takes them over then) unless it restarts under the same --instance-id; the log says
+    /// how long.
     Serve(ServeArgs),
     /// Write a commented `keel.toml` that runs offline and shows every section.
     Init(InitArgs),
@@ -441,16 +456,23 @@ struct ServeArgs {
     )]
     push_targets: Vec<String>,
     /// Seconds a thread lease lasts unless renewed: how long the work of a crashed process
-    /// waits before another process (or this one, restarted) takes it over.
+    /// waits before another process takes it over (the same process restarted, under the same
+    /// instance id, takes it back at once).
     #[arg(long, default_value_t = 30.0, env = "KEEL_LEASE_TTL")]
     lease_ttl: f64,
+    /// Seconds a shutdown (SIGTERM, Ctrl-C) lets running tasks go on to their next step
+    /// before it stops them where they are; either way they are handed on, not canceled.
+    /// Overrides the file's `server.drain_timeout_seconds`.
+    #[arg(long, default_value_t = keel::agent::DEFAULT_DRAIN_TIMEOUT.as_secs_f64(), env = "KEEL_DRAIN_TIMEOUT")]
+    drain_timeout: f64,
     /// Seconds an asynchronous tool call waits for its callback before it ends as a tool
     /// error the model sees (tools may set their own).
     #[arg(long, default_value_t = 3600.0, env = "KEEL_ASYNC_TOOL_TIMEOUT")]
     async_tool_timeout: f64,
     /// This process's name in thread leases, kept across restarts: restarted under the same
     /// name, it resumes its own interrupted threads at once instead of waiting for their
-    /// leases to lapse. Must differ between processes sharing a store. Random by default.
+    /// leases to lapse. Must differ between processes sharing a store. By default: on SQLite
+    /// the id kept beside the database (`keel.db.owner`, made on first use), elsewhere random.
     #[arg(long, env = "KEEL_INSTANCE_ID")]
     instance_id: Option<String>,
     /// Most requests in one JSON-RPC batch; a larger batch is refused whole.
@@ -789,6 +811,9 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
             async_tool_timeout: set("async_tool_timeout")
                 .then(|| async_tool_timeout(args.async_tool_timeout))
                 .transpose()?,
+            drain_timeout: set("drain_timeout")
+                .then(|| drain_timeout(args.drain_timeout))
+                .transpose()?,
             instance_id: args.instance_id.clone(),
             limits: Limits {
                 max_batch_requests: args.max_batch_requests,
@@ -800,10 +825,13 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
             max_queued_per_thread: args.max_queued_per_thread,
             max_queued_per_tenant: args.max_queued_per_tenant,
         };
-        return from_file::serve(loaded, overrides, shutdown_signal()).await;
+        return from_file::serve(loaded, overrides).await;
     }
     let lease_ttl = lease_ttl(args.lease_ttl)?;
+    let drain = drain_timeout(args.drain_timeout)?;
     let store = store_config(&args.store, &args.redis_prefix)?;
+    // Held until the server has stopped: no other `keel serve` runs on this SQLite file.
+    let (_owner, instance_id) = claim_store(&store, args.instance_id.as_deref())?;
     let llm = keel::llm::llm_from_spec(&args.llm).map_err(|err| err.to_string())?;
     let host = &args.host;
     let addr: SocketAddr = format!("{host}:{}", args.port)
@@ -839,9 +867,10 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
         max_threads_per_tenant: args.max_threads_per_tenant,
         max_queued_per_thread: args.max_queued_per_thread,
         max_queued_per_tenant: args.max_queued_per_tenant,
+        drain_timeout: drain,
         ..ExecutorConfig::default()
     };
-    if let Some(id) = args.instance_id {
+    if let Some(id) = instance_id {
         config.holder = id;
     }
     let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);
@@ -877,7 +906,7 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     println!("keel: serving agent `{agent_name}` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
     server
-        .serve(listener, shutdown_signal())
+        .serve(listener, shutdown_signal(drain))
         .await
         .map_err(|err| format!("server error: {err}"))?;
     eprintln!("keel: stopped");
@@ -920,8 +949,35 @@ fn parse_push_targets(specs: &[String]) -> Result<Vec<PushTarget>, String> {
         .collect()
 }
 
-/// Resolves on Ctrl-C or, on Unix, SIGTERM.
-async fn shutdown_signal() {
+/// `--drain-timeout`, checked.
+fn drain_timeout(seconds: f64) -> Result<Duration, String> {
+    keel::config::DRAIN_TIMEOUT_SECONDS
+        .check(seconds)
+        .map_err(|range| format!("--drain-timeout {seconds} is out of range: {range}"))
+}
+
+/// Claim `store` for this process when it is a SQLite file (`StoreOwner`: a second `keel
+/// serve` on the same file is refused) and say which instance id names this process in
+/// thread leases: `given`, else the one kept beside the SQLite file; on other stores only
+/// `given` (the executor's random default otherwise). The claim lasts while the first value
+/// lives.
+pub(crate) fn claim_store(
+    store: &StoreConfig,
+    given: Option<&str>,
+) -> Result<(Option<keel::sqlite::StoreOwner>, Option<String>), String> {
+    match store {
+        StoreConfig::Sqlite(path) if path.as_os_str() != ":memory:" => {
+            let owner =
+                keel::sqlite::StoreOwner::claim(path, given).map_err(|err| err.to_string())?;
+            let id = owner.instance_id().to_owned();
+            Ok((Some(owner), Some(id)))
+        }
+        _ => Ok((None, given.map(str::to_owned))),
+    }
+}
+
+/// Resolves on Ctrl-C or, on Unix, SIGTERM, saying what the shutdown does.
+pub(crate) async fn shutdown_signal(drain: Duration) {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
@@ -942,5 +998,9 @@ async fn shutdown_signal() {
         () = ctrl_c => {}
         () = terminate => {}
     }
-    eprintln!("keel: shutting down: finishing open requests, canceling running tasks");
+    eprintln!(
+        "keel: shutting down: no new work; running tasks have {} s to reach their next step, \
+         then they are handed on (not canceled) to the next process",
+        drain.as_secs_f64()
+    );
 }
