@@ -340,6 +340,7 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
         }
         served = served.with_agent(agent.name.clone(), server);
     }
+    let shutdown = crate::shutdown_signal(drain);
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     let names: Vec<String> = agents.iter().map(|a| format!("`{}`", a.name)).collect();
     println!(
@@ -357,7 +358,7 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
     };
     eprint!("{}", summary(&loaded, Some(served_at)));
     served
-        .serve(listener, crate::shutdown_signal(drain))
+        .serve(listener, shutdown)
         .await
         .map_err(|err| format!("server error: {err}"))?;
     eprintln!("keel: stopped");

@@ -903,10 +903,11 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     if args.agent == BuiltinAgent::Conformance {
         server = keel::conformance::with_extended_card(server);
     }
+    let shutdown = shutdown_signal(drain);
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     println!("keel: serving agent `{agent_name}` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
     server
-        .serve(listener, shutdown_signal(drain))
+        .serve(listener, shutdown)
         .await
         .map_err(|err| format!("server error: {err}"))?;
     eprintln!("keel: stopped");
@@ -976,31 +977,45 @@ pub(crate) fn claim_store(
     }
 }
 
-/// Resolves on Ctrl-C or, on Unix, SIGTERM, saying what the shutdown does.
-pub(crate) async fn shutdown_signal(drain: Duration) {
-    let ctrl_c = async {
+/// Resolves on Ctrl-C or, on Unix, SIGTERM, saying what the shutdown does. The handlers are
+/// installed when this is called, not when it is first awaited: call it before announcing the
+/// server, so that a signal sent right after the announcement shuts it down gracefully instead
+/// of killing it.
+pub(crate) fn shutdown_signal(drain: Duration) -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    let signals = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::interrupt()).ok(),
+            signal(SignalKind::terminate()).ok(),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        {
+            // A handler that could not be installed never fires.
+            let received = |signal: Option<tokio::signal::unix::Signal>| async move {
+                match signal {
+                    Some(mut signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let (interrupt, terminate) = signals;
+            tokio::select! {
+                () = received(interrupt) => {}
+                () = received(terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
+        eprintln!(
+            "keel: shutting down: no new work; running tasks have {} s to reach their next \
+             step, then they are handed on (not canceled) to the next process",
+            drain.as_secs_f64()
+        );
     }
-    eprintln!(
-        "keel: shutting down: no new work; running tasks have {} s to reach their next step, \
-         then they are handed on (not canceled) to the next process",
-        drain.as_secs_f64()
-    );
 }
