@@ -192,7 +192,10 @@ async fn sigterm_hands_the_task_on(store: StoreConfig, store_args: &[&str]) {
     assert!(status.success(), "{status}");
 
     let events = events.await.unwrap();
-    let task_id = events[0]["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let task_id = events[0]["result"]["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let last = &events.last().unwrap()["result"]["statusUpdate"]["status"];
     assert_eq!(last["state"], "TASK_STATE_WORKING", "{events:?}");
     assert_eq!(
@@ -200,7 +203,9 @@ async fn sigterm_hands_the_task_on(store: StoreConfig, store_args: &[&str]) {
         "{events:?}"
     );
     assert!(
-        events.iter().all(|e| !e.to_string().contains("TASK_STATE_CANCELED")),
+        events
+            .iter()
+            .all(|e| !e.to_string().contains("TASK_STATE_CANCELED")),
         "{events:?}"
     );
     assert_eq!(stored_state(&store, &task_id).await, TaskState::Working);
@@ -215,7 +220,10 @@ async fn sigterm_hands_the_task_on(store: StoreConfig, store_args: &[&str]) {
         })
         .await;
     assert_eq!(done["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
-    assert_eq!(done["status"]["message"]["parts"][0]["text"], "charged once");
+    assert_eq!(
+        done["status"]["message"]["parts"][0]["text"],
+        "charged once"
+    );
     assert_eq!(world.charges.load(Ordering::SeqCst), 1, "charged once");
     assert_eq!(
         world.model_calls.load(Ordering::SeqCst),
@@ -254,7 +262,14 @@ async fn a_tool_call_that_outlasts_the_drain_is_cut_off_and_never_run_again() {
     let config = world.config(dir.path());
     let path = dir.path().join("keel.db");
     let spec = format!("sqlite:{}", path.display());
-    let args = ["--config", config.as_str(), "--store", spec.as_str(), "--drain-timeout", "0.5"];
+    let args = [
+        "--config",
+        config.as_str(),
+        "--store",
+        spec.as_str(),
+        "--drain-timeout",
+        "0.5",
+    ];
     let mut server = KeelServer::start_with(&args);
     let task_id = world.charging(&server).await;
 
@@ -263,7 +278,11 @@ async fn a_tool_call_that_outlasts_the_drain_is_cut_off_and_never_run_again() {
     server.send_sigterm();
     let status = server.exited(Duration::from_secs(20)).await;
     assert!(status.success(), "{status}");
-    assert!(signaled.elapsed() < Duration::from_secs(10), "{:?}", signaled.elapsed());
+    assert!(
+        signaled.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        signaled.elapsed()
+    );
     assert_eq!(
         stored_state(&StoreConfig::Sqlite(path), &task_id).await,
         TaskState::Working
@@ -280,10 +299,16 @@ async fn a_tool_call_that_outlasts_the_drain_is_cut_off_and_never_run_again() {
         .await;
     assert_eq!(done["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
     assert!(
-        done["history"].to_string().contains("its result was never saved"),
+        done["history"]
+            .to_string()
+            .contains("its result was never saved"),
         "{done}"
     );
-    assert_eq!(world.charges.load(Ordering::SeqCst), 1, "charged at most once");
+    assert_eq!(
+        world.charges.load(Ordering::SeqCst),
+        1,
+        "charged at most once"
+    );
     assert!(server.terminate().success());
 }
 
@@ -310,8 +335,16 @@ async fn a_sqlite_server_killed_with_sigkill_resumes_its_task_at_once_on_restart
         })
         .await;
     assert_eq!(done["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
-    assert!(restarted.elapsed() < Duration::from_secs(5), "{:?}", restarted.elapsed());
-    assert_eq!(world.charges.load(Ordering::SeqCst), 1, "charged at most once");
+    assert!(
+        restarted.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        restarted.elapsed()
+    );
+    assert_eq!(
+        world.charges.load(Ordering::SeqCst),
+        1,
+        "charged at most once"
+    );
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains(&format!("resuming task {task_id} (working)")),
@@ -333,7 +366,15 @@ async fn a_second_server_on_the_same_sqlite_file_is_refused_naming_it() {
             let spec = spec.clone();
             move || {
                 std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
-                    .args(["serve", "--host", "127.0.0.1", "--port", "0", "--store", &spec])
+                    .args([
+                        "serve",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        "0",
+                        "--store",
+                        &spec,
+                    ])
                     .env("RUST_LOG", "warn")
                     .output()
                     .unwrap()

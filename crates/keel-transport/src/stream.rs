@@ -209,7 +209,11 @@ SubscribeToTask, or read it with GetTask.";
 /// update with the task's state as it stands (`status`'s) and a message saying the server is
 /// going away ([`StatusKind::ServerGoingAway`], [`GOING_AWAY_TEXT`]). It is not stored: the
 /// task's own log never shows it.
-pub(crate) fn going_away(task_id: &TaskId, thread_id: &ThreadId, status: &TaskStatus) -> StreamEvent {
+pub(crate) fn going_away(
+    task_id: &TaskId,
+    thread_id: &ThreadId,
+    status: &TaskStatus,
+) -> StreamEvent {
     let mut message = Message::agent(GOING_AWAY_TEXT).with_status_kind(StatusKind::ServerGoingAway);
     message.task_id = Some(task_id.clone());
     message.thread_id = Some(thread_id.clone());

@@ -267,7 +267,11 @@ async fn shutdown_ends_open_streams_with_a_going_away_status_and_leaves_the_task
         message.status_kind(),
         Some(keel_core::StatusKind::ServerGoingAway)
     );
-    assert!(message.text().contains("SubscribeToTask"), "{}", message.text());
+    assert!(
+        message.text().contains("SubscribeToTask"),
+        "{}",
+        message.text()
+    );
     stopping.await.unwrap();
     let auth = executor.runtime().auth_service().auth_context();
     let stored = executor.get_task(&auth, task_id, None).await.unwrap();

@@ -413,112 +413,112 @@ impl Inner {
         let mut released = false;
         let items = async {
             loop {
-            if flow.lost.is_cancelled() || self.driver.shutting_down.is_cancelled() {
-                break;
-            }
-            // Two: whether anything waits behind this item decides how it is acknowledged.
-            let items = match store.peek_queue(auth, &flow.thread_id, 2).await {
-                Ok(items) => items,
-                Err(err) => {
-                    self.log(
-                        LogLevel::Error,
-                        &format!("cannot read the thread queue: {err}"),
-                    );
+                if flow.lost.is_cancelled() || self.driver.shutting_down.is_cancelled() {
                     break;
                 }
-            };
-            let last = items.len() < 2;
-            let Some(item) = items.into_iter().next() else {
-                break;
-            };
-            let result = match serde_json::from_value::<QueuedWork>(item.payload.clone()) {
-                Err(err) => {
-                    self.log(
-                        LogLevel::Error,
-                        &format!("dropping malformed queued work {}: {err}", item.id),
-                    );
-                    Ok(())
-                }
-                Ok(QueuedWork::Task { task_id }) => {
-                    match self.runtime.task_manager().get_task(auth, &task_id).await {
-                        Ok(Some(task)) => {
-                            if self.owned_by_another_agent(&flow, &task).await {
-                                worked = Worked::LeftForAnotherAgent;
-                                break;
-                            }
-                            self.run_loaded_task(&flow, task).await
-                        }
-                        Ok(None) => Ok(()),
-                        Err(err) => Err(err),
+                // Two: whether anything waits behind this item decides how it is acknowledged.
+                let items = match store.peek_queue(auth, &flow.thread_id, 2).await {
+                    Ok(items) => items,
+                    Err(err) => {
+                        self.log(
+                            LogLevel::Error,
+                            &format!("cannot read the thread queue: {err}"),
+                        );
+                        break;
                     }
+                };
+                let last = items.len() < 2;
+                let Some(item) = items.into_iter().next() else {
+                    break;
+                };
+                let result = match serde_json::from_value::<QueuedWork>(item.payload.clone()) {
+                    Err(err) => {
+                        self.log(
+                            LogLevel::Error,
+                            &format!("dropping malformed queued work {}: {err}", item.id),
+                        );
+                        Ok(())
+                    }
+                    Ok(QueuedWork::Task { task_id }) => {
+                        match self.runtime.task_manager().get_task(auth, &task_id).await {
+                            Ok(Some(task)) => {
+                                if self.owned_by_another_agent(&flow, &task).await {
+                                    worked = Worked::LeftForAnotherAgent;
+                                    break;
+                                }
+                                self.run_loaded_task(&flow, task).await
+                            }
+                            Ok(None) => Ok(()),
+                            Err(err) => Err(err),
+                        }
+                    }
+                    Ok(QueuedWork::Message { message }) => {
+                        self.start_turn(&flow, message, &item.id).await
+                    }
+                    Ok(QueuedWork::Tool { call }) => {
+                        let message = Message::new(
+                            Role::User,
+                            vec![Part::tool_call(
+                                &call.id,
+                                &call.name,
+                                call.arguments.clone(),
+                            )],
+                        )
+                        .in_thread(flow.thread_id.clone());
+                        self.start_turn(&flow, message, &item.id).await
+                    }
+                    Ok(QueuedWork::Effect(effect)) => {
+                        crate::effects::fire_effect(self, auth, &flow.thread_id, effect).await
+                    }
+                };
+                if let Err(err) = result {
+                    if matches!(err, AgentError::LeaseLost { .. }) {
+                        break;
+                    }
+                    if matches!(err, AgentError::StoreUnavailable { .. }) {
+                        // Not acknowledged: the item is worked again once the store answers.
+                        self.log(
+                            LogLevel::Warn,
+                            &format!("queued work stopped by the store: {err}"),
+                        );
+                        break;
+                    }
+                    self.log(LogLevel::Error, &format!("queued work failed: {err}"));
                 }
-                Ok(QueuedWork::Message { message }) => {
-                    self.start_turn(&flow, message, &item.id).await
-                }
-                Ok(QueuedWork::Tool { call }) => {
-                    let message = Message::new(
-                        Role::User,
-                        vec![Part::tool_call(
-                            &call.id,
-                            &call.name,
-                            call.arguments.clone(),
-                        )],
-                    )
-                    .in_thread(flow.thread_id.clone());
-                    self.start_turn(&flow, message, &item.id).await
-                }
-                Ok(QueuedWork::Effect(effect)) => {
-                    crate::effects::fire_effect(self, auth, &flow.thread_id, effect).await
-                }
-            };
-            if let Err(err) = result {
-                if matches!(err, AgentError::LeaseLost { .. }) {
+                // A run handed on at a shutdown is not done: its item stays for the next holder.
+                if flow.lost.is_cancelled() || flow.handed_on.load(Ordering::Acquire) {
                     break;
                 }
-                if matches!(err, AgentError::StoreUnavailable { .. }) {
-                    // Not acknowledged: the item is worked again once the store answers.
-                    self.log(
-                        LogLevel::Warn,
-                        &format!("queued work stopped by the store: {err}"),
-                    );
+                let lease = flow.lease();
+                let ack = store.ack_queue(auth, &lease, std::slice::from_ref(&item.id));
+                if last {
+                    // Nothing was waiting behind it: acknowledge and let the thread go in one
+                    // round trip (sent in that order; both are fenced by the same lease). Work
+                    // queued meanwhile is picked up by the driver's look after the worker leaves.
+                    renewer.abort();
+                    let (acked, freed) = tokio::join!(ack, store.release_lease(auth, &lease));
+                    released = true;
+                    if let Err(err) = acked {
+                        self.log(
+                            LogLevel::Warn,
+                            &format!("cannot acknowledge queued work: {err}"),
+                        );
+                    }
+                    if let Err(err) = freed {
+                        self.log(
+                            LogLevel::Warn,
+                            &format!("cannot release the thread lease: {err}"),
+                        );
+                    }
                     break;
                 }
-                self.log(LogLevel::Error, &format!("queued work failed: {err}"));
-            }
-            // A run handed on at a shutdown is not done: its item stays for the next holder.
-            if flow.lost.is_cancelled() || flow.handed_on.load(Ordering::Acquire) {
-                break;
-            }
-            let lease = flow.lease();
-            let ack = store.ack_queue(auth, &lease, std::slice::from_ref(&item.id));
-            if last {
-                // Nothing was waiting behind it: acknowledge and let the thread go in one
-                // round trip (sent in that order; both are fenced by the same lease). Work
-                // queued meanwhile is picked up by the driver's look after the worker leaves.
-                renewer.abort();
-                let (acked, freed) = tokio::join!(ack, store.release_lease(auth, &lease));
-                released = true;
-                if let Err(err) = acked {
+                if let Err(err) = ack.await {
                     self.log(
                         LogLevel::Warn,
                         &format!("cannot acknowledge queued work: {err}"),
                     );
+                    break;
                 }
-                if let Err(err) = freed {
-                    self.log(
-                        LogLevel::Warn,
-                        &format!("cannot release the thread lease: {err}"),
-                    );
-                }
-                break;
-            }
-            if let Err(err) = ack.await {
-                self.log(
-                    LogLevel::Warn,
-                    &format!("cannot acknowledge queued work: {err}"),
-                );
-                break;
-            }
             }
         };
         // A shutdown whose drain ran out drops the run where it is, as a crash would (its

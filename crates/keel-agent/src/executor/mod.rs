@@ -388,7 +388,8 @@ impl AgentExecutor {
                     .answer_unless_handed_on(
                         auth,
                         &task.id,
-                        self.inner.wait_until_queued_task_rests(waiter, auth, &task.id),
+                        self.inner
+                            .wait_until_queued_task_rests(waiter, auth, &task.id),
                     )
                     .await?;
                 attach_history(
@@ -536,7 +537,11 @@ impl AgentExecutor {
             .await?;
         // Wait for the run to pick the decision up and rest again.
         self.inner
-            .answer_unless_handed_on(auth, task_id, self.inner.wait_until(auth, task_id, answered))
+            .answer_unless_handed_on(
+                auth,
+                task_id,
+                self.inner.wait_until(auth, task_id, answered),
+            )
             .await?;
         // Answered with its history, like every task this API hands out.
         self.get_task(auth, task_id, None).await
@@ -702,7 +707,8 @@ impl AgentExecutor {
             interrupted.push(task_id.clone());
             false
         });
-        let drained = std::mem::take(&mut *driver.drained.lock().unwrap_or_else(|p| p.into_inner()));
+        let drained =
+            std::mem::take(&mut *driver.drained.lock().unwrap_or_else(|p| p.into_inner()));
         driver.handed_over.cancel();
         let handed = HandedOn {
             drained,

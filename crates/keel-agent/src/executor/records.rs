@@ -35,7 +35,10 @@ impl Inner {
         // later run, and its flag expires, so the common ending costs no write.
         if !matches!(
             outcome,
-            Outcome::Answer { .. } | Outcome::Failed { .. } | Outcome::Abandoned | Outcome::HandedOn
+            Outcome::Answer { .. }
+                | Outcome::Failed { .. }
+                | Outcome::Abandoned
+                | Outcome::HandedOn
         ) {
             let _ = self
                 .runtime
@@ -56,7 +59,8 @@ impl Inner {
             Outcome::HandedOn => {
                 // The task stays as it is, working, and its queue item stays for the next
                 // holder of the thread; the report so far is kept, as for a pause.
-                flow.handed_on.store(true, std::sync::atomic::Ordering::Release);
+                flow.handed_on
+                    .store(true, std::sync::atomic::Ordering::Release);
                 obs.emit(RunEvent::run_stopped(RunStoppedPayload {
                     reason: "shutdown".to_owned(),
                     call_id: None,

@@ -169,3 +169,61 @@ async fn a_cancel_the_threads_live_holder_never_answers_is_pending_after_a_bound
     let canceled = executor.cancel_task(&auth, &task.id, None).await.unwrap();
     assert_eq!(canceled.state(), TaskState::Canceled);
 }
+
+#[tokio::test]
+async fn recovery_logs_each_task_it_resumes_and_how_long_another_holders_lease_may_keep_it() {
+    let recording = Arc::new(Recording::default());
+    let mut services = keel_runtime::Services::in_memory(Arc::new(keel_llm::MockLlm::new()));
+    services.logging = recording.clone();
+    let runtime = Arc::new(services);
+    let auth = runtime.auth_service().auth_context();
+    let agent = Agent::builder(keel_core::AgentCard::new("echo", "Echoes", "http://x"))
+        .build()
+        .unwrap();
+    let config = ExecutorConfig {
+        holder: "restarted".into(),
+        ..ExecutorConfig::default()
+    };
+    let executor = AgentExecutor::with_config(agent, runtime.clone(), config);
+    // A working task whose thread a live process of another name still holds.
+    let mut task = Task::new(ThreadId::new());
+    task.begin().unwrap();
+    runtime
+        .task_manager()
+        .save_task(&auth, &task)
+        .await
+        .unwrap();
+    runtime
+        .thread_store()
+        .acquire_lease(
+            &auth,
+            &task.thread_id,
+            "elsewhere",
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(executor.recover_all().await.unwrap(), 1);
+    let resuming = format!(
+        "resuming task {} (working) on thread {}",
+        task.id, task.thread_id
+    );
+    let waiting = format!(
+        "thread {}: its lease is held under another name than this process's (restarted); \
+         its work resumes here when that lease lapses, within 30 s",
+        task.thread_id
+    );
+    keel_runtime::testing::eventually("both lines in the log", || {
+        let lines = recording.lines.lock().unwrap().clone();
+        let found = |text: &str| {
+            lines
+                .iter()
+                .any(|(level, line)| *level == LogLevel::Info && line.starts_with(text))
+        };
+        let done = found(&resuming) && found(&waiting);
+        async move { done }
+    })
+    .await;
+    assert!(executor.shutdown().await.is_empty());
+}
