@@ -65,6 +65,38 @@ fn executor_on(runtime: Arc<dyn Runtime>, llm: &Arc<MockLlm>, gate: &Gate, drain
     AgentExecutor::with_config(agent, runtime, config)
 }
 
+/// A payer on this backend: its store, model, gate, caller and executor (with `drain`).
+struct Payer {
+    runtime: Arc<dyn Runtime>,
+    llm: Arc<MockLlm>,
+    gate: Gate,
+    auth: AuthContext,
+    exec: AgentExecutor,
+}
+
+fn payer(drain: Duration) -> Payer {
+    let (runtime, llm, gate) = (super::runtime(), model(), Gate::new());
+    let auth = runtime.auth_service().auth_context();
+    let exec = executor_on(runtime.clone(), &llm, &gate, drain);
+    Payer {
+        runtime,
+        llm,
+        gate,
+        auth,
+        exec,
+    }
+}
+
+/// Shut `exec` down while `during` runs: once the shutdown has begun (its first poll stops
+/// the executor taking work), `during` goes on, and then the shutdown is awaited.
+async fn shutdown_during(exec: &AgentExecutor, during: impl std::future::Future<Output = ()>) -> keel_agent::HandedOn {
+    let shutdown = exec.shutdown();
+    tokio::pin!(shutdown);
+    assert!(futures::poll!(&mut shutdown).is_pending());
+    during.await;
+    shutdown.await
+}
+
 /// The task started on `exec`, once its `charge` call is in flight.
 async fn charging(exec: &AgentExecutor, auth: &AuthContext, gate: &Gate) -> keel_core::Task {
     let started = gate.started.notified();
@@ -93,17 +125,11 @@ async fn resumed_elsewhere(runtime: Arc<dyn Runtime>, llm: &Arc<MockLlm>, gate: 
 
 #[tokio::test]
 async fn shutdown_lets_a_tool_call_finish_and_hands_the_task_on_uncanceled() {
-    let (runtime, llm, gate) = (super::runtime(), model(), Gate::new());
-    let auth = runtime.auth_service().auth_context();
-    let exec = executor_on(runtime.clone(), &llm, &gate, Duration::from_secs(30));
+    let Payer { runtime, llm, gate, auth, exec } = payer(Duration::from_secs(30));
     let task = charging(&exec, &auth, &gate).await;
 
-    let shutdown = exec.shutdown();
-    tokio::pin!(shutdown);
-    // Its first poll stops the executor taking work; the call in flight goes on.
-    assert!(futures::poll!(&mut shutdown).is_pending());
-    gate.open.add_permits(1);
-    let handed = shutdown.await;
+    // The call in flight goes on after the shutdown began.
+    let handed = shutdown_during(&exec, async { gate.open.add_permits(1) }).await;
     assert_eq!(handed.drained, vec![task.id.clone()]);
     assert!(handed.interrupted.is_empty(), "{handed:?}");
 
@@ -131,9 +157,7 @@ async fn shutdown_lets_a_tool_call_finish_and_hands_the_task_on_uncanceled() {
 
 #[tokio::test]
 async fn a_drain_that_runs_out_stops_the_call_where_it_is_and_the_tool_is_not_run_again() {
-    let (runtime, llm, gate) = (super::runtime(), model(), Gate::new());
-    let auth = runtime.auth_service().auth_context();
-    let exec = executor_on(runtime.clone(), &llm, &gate, Duration::from_millis(100));
+    let Payer { runtime, llm, gate, auth, exec } = payer(Duration::from_millis(100));
     let task = charging(&exec, &auth, &gate).await;
 
     // The gate stays shut: the call outlasts the drain.
@@ -155,9 +179,7 @@ async fn a_drain_that_runs_out_stops_the_call_where_it_is_and_the_tool_is_not_ru
 
 #[tokio::test]
 async fn a_blocked_sender_is_answered_with_the_unfinished_task_when_the_shutdown_ends() {
-    let (runtime, llm, gate) = (super::runtime(), model(), Gate::new());
-    let auth = runtime.auth_service().auth_context();
-    let exec = executor_on(runtime, &llm, &gate, Duration::from_millis(100));
+    let Payer { gate, auth, exec, .. } = payer(Duration::from_millis(100));
     let started = gate.started.notified();
     let blocked = tokio::spawn({
         let (exec, auth) = (exec.clone(), auth.clone());
@@ -175,17 +197,16 @@ async fn a_blocked_sender_is_answered_with_the_unfinished_task_when_the_shutdown
 
 #[tokio::test]
 async fn a_message_sent_during_the_drain_is_kept_for_the_next_process() {
-    let (runtime, llm, gate) = (super::runtime(), model(), Gate::new());
-    let auth = runtime.auth_service().auth_context();
-    let exec = executor_on(runtime.clone(), &llm, &gate, Duration::from_secs(30));
+    let Payer { gate, auth, exec, .. } = payer(Duration::from_secs(30));
     let first = charging(&exec, &auth, &gate).await;
-    let shutdown = exec.shutdown();
-    tokio::pin!(shutdown);
-    assert!(futures::poll!(&mut shutdown).is_pending());
-    // Accepted and stored, but not started here.
-    let late = super::fixture::start(&exec, &auth, Message::user("hello")).await;
-    gate.open.add_permits(1);
-    let handed = shutdown.await;
+    let mut late = None;
+    let handed = shutdown_during(&exec, async {
+        // Accepted and stored, but not started here.
+        late = Some(super::fixture::start(&exec, &auth, Message::user("hello")).await);
+        gate.open.add_permits(1);
+    })
+    .await;
+    let late = late.unwrap();
     assert_eq!(handed.drained, vec![first.id.clone()]);
     let late = exec.get_task(&auth, &late.id, None).await.unwrap();
     assert_eq!(late.state(), TaskState::Submitted);
