@@ -82,13 +82,14 @@ impl World {
         }
     }
 
-    /// A `keel.toml` in `dir` serving the agent on this world; its path.
-    fn config(&self, dir: &Path) -> String {
+    /// A `keel.toml` in `dir` serving the agent on this world, with `server` as its
+    /// `[server]` table's lines; its path.
+    fn config(&self, dir: &Path, server: &str) -> String {
         let path = dir.join("keel.toml");
         std::fs::write(
             &path,
             format!(
-                "[[agents]]\nname = \"payer\"\ndescription = \"Charges cards.\"\n\n\
+                "[server]\n{server}\n\n[[agents]]\nname = \"payer\"\ndescription = \"Charges cards.\"\n\n\
                  [agents.model]\nid = \"openai-compatible:{}:scripted\"\n\n\
                  [[agents.tools.http]]\nname = \"charge\"\ndescription = \"Charge the card.\"\n\
                  url = \"{}\"\ntimeout_seconds = 120\n",
@@ -163,7 +164,7 @@ async fn sse_events(response: reqwest::Response) -> Vec<Value> {
 async fn sigterm_hands_the_task_on(store: StoreConfig, store_args: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let world = World::start().await;
-    let config = world.config(dir.path());
+    let config = world.config(dir.path(), "");
     let mut args = vec!["--config", config.as_str(), "--drain-timeout", "60"];
     args.extend_from_slice(store_args);
     let mut server = KeelServer::start_with(&args);
@@ -259,17 +260,11 @@ async fn sigterm_during_a_tool_call_hands_the_task_on_and_the_restart_finishes_i
 async fn a_tool_call_that_outlasts_the_drain_is_cut_off_and_never_run_again() {
     let dir = tempfile::tempdir().unwrap();
     let world = World::start().await;
-    let config = world.config(dir.path());
+    // The file's drain, not the 10 s default.
+    let config = world.config(dir.path(), "drain_timeout_seconds = 0.5");
     let path = dir.path().join("keel.db");
     let spec = format!("sqlite:{}", path.display());
-    let args = [
-        "--config",
-        config.as_str(),
-        "--store",
-        spec.as_str(),
-        "--drain-timeout",
-        "0.5",
-    ];
+    let args = ["--config", config.as_str(), "--store", spec.as_str()];
     let mut server = KeelServer::start_with(&args);
     let task_id = world.charging(&server).await;
 
@@ -317,7 +312,7 @@ async fn a_tool_call_that_outlasts_the_drain_is_cut_off_and_never_run_again() {
 async fn a_sqlite_server_killed_with_sigkill_resumes_its_task_at_once_on_restart() {
     let dir = tempfile::tempdir().unwrap();
     let world = World::start().await;
-    let config = world.config(dir.path());
+    let config = world.config(dir.path(), "");
     let spec = format!("sqlite:{}", dir.path().join("keel.db").display());
     // The default lease TTL, 30 s: the restart must not wait for it.
     let args = ["--config", config.as_str(), "--store", spec.as_str()];
@@ -404,4 +399,25 @@ async fn a_second_server_on_the_same_sqlite_file_is_refused_naming_it() {
     assert!(first.terminate().success());
     let next = KeelServer::start_with(&["--store", &spec]);
     assert!(next.terminate().success());
+}
+
+#[test]
+fn a_drain_timeout_out_of_range_is_refused() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--store",
+            "memory",
+            "--drain-timeout",
+            "4000",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr).trim(),
+        "keel: --drain-timeout 4000 is out of range: use 0 to 3600 seconds"
+    );
 }
