@@ -830,8 +830,6 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     let lease_ttl = lease_ttl(args.lease_ttl)?;
     let drain = drain_timeout(args.drain_timeout)?;
     let store = store_config(&args.store, &args.redis_prefix)?;
-    // Held until the server has stopped: no other `keel serve` runs on this SQLite file.
-    let (_owner, instance_id) = claim_store(&store, args.instance_id.as_deref())?;
     let llm = keel::llm::llm_from_spec(&args.llm).map_err(|err| err.to_string())?;
     let host = &args.host;
     let addr: SocketAddr = format!("{host}:{}", args.port)
@@ -840,6 +838,10 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
         .map_err(|_| {
             format!("`{host}` is not an IP address to listen on (try 127.0.0.1 or 0.0.0.0)")
         })?;
+    // Held until the server has stopped: no other `keel serve` runs on this SQLite file.
+    // Claimed once the arguments are known good, before the port: two servers started alike
+    // are told about the file they share.
+    let (_owner, instance_id) = claim_store(&store, args.instance_id.as_deref())?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|err| format!("cannot listen on {addr}: {err}"))?;
