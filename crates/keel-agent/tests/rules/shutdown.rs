@@ -212,3 +212,18 @@ async fn a_message_sent_during_the_drain_is_kept_for_the_next_process() {
     assert_eq!(late.state(), TaskState::Submitted);
     assert!(!exec.is_running(&auth, &late.id));
 }
+
+#[tokio::test]
+async fn a_cancel_asked_during_the_drain_still_cancels() {
+    let Payer { gate, auth, exec, .. } = payer(Duration::from_secs(30));
+    let task = charging(&exec, &auth, &gate).await;
+    let mut canceled = None;
+    let handed = shutdown_during(&exec, async {
+        canceled = Some(exec.cancel_task(&auth, &task.id, Some("asked".into())).await);
+    })
+    .await;
+    let canceled = canceled.unwrap().unwrap();
+    assert_eq!(canceled.state(), TaskState::Canceled);
+    assert_eq!(canceled.metadata["cancel_reason"], "asked");
+    assert!(handed.is_empty(), "{handed:?}");
+}
