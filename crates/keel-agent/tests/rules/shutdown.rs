@@ -88,13 +88,17 @@ fn payer(drain: Duration) -> Payer {
 }
 
 /// Shut `exec` down while `during` runs: once the shutdown has begun (its first poll stops
-/// the executor taking work), `during` goes on, and then the shutdown is awaited.
-async fn shutdown_during(exec: &AgentExecutor, during: impl std::future::Future<Output = ()>) -> keel_agent::HandedOn {
+/// the executor taking work), `during` goes on, and then the shutdown is awaited. Answers
+/// what both answered.
+async fn shutdown_during<T>(
+    exec: &AgentExecutor,
+    during: impl std::future::Future<Output = T>,
+) -> (keel_agent::HandedOn, T) {
     let shutdown = exec.shutdown();
     tokio::pin!(shutdown);
     assert!(futures::poll!(&mut shutdown).is_pending());
-    during.await;
-    shutdown.await
+    let answer = during.await;
+    (shutdown.await, answer)
 }
 
 /// The task started on `exec`, once its `charge` call is in flight.
@@ -129,7 +133,7 @@ async fn shutdown_lets_a_tool_call_finish_and_hands_the_task_on_uncanceled() {
     let task = charging(&exec, &auth, &gate).await;
 
     // The call in flight goes on after the shutdown began.
-    let handed = shutdown_during(&exec, async { gate.open.add_permits(1) }).await;
+    let (handed, ()) = shutdown_during(&exec, async { gate.open.add_permits(1) }).await;
     assert_eq!(handed.drained, vec![task.id.clone()]);
     assert!(handed.interrupted.is_empty(), "{handed:?}");
 
@@ -199,14 +203,13 @@ async fn a_blocked_sender_is_answered_with_the_unfinished_task_when_the_shutdown
 async fn a_message_sent_during_the_drain_is_kept_for_the_next_process() {
     let Payer { gate, auth, exec, .. } = payer(Duration::from_secs(30));
     let first = charging(&exec, &auth, &gate).await;
-    let mut late = None;
-    let handed = shutdown_during(&exec, async {
+    let (handed, late) = shutdown_during(&exec, async {
         // Accepted and stored, but not started here.
-        late = Some(super::fixture::start(&exec, &auth, Message::user("hello")).await);
+        let late = super::fixture::start(&exec, &auth, Message::user("hello")).await;
         gate.open.add_permits(1);
+        late
     })
     .await;
-    let late = late.unwrap();
     assert_eq!(handed.drained, vec![first.id.clone()]);
     let late = exec.get_task(&auth, &late.id, None).await.unwrap();
     assert_eq!(late.state(), TaskState::Submitted);
@@ -217,12 +220,9 @@ async fn a_message_sent_during_the_drain_is_kept_for_the_next_process() {
 async fn a_cancel_asked_during_the_drain_still_cancels() {
     let Payer { gate, auth, exec, .. } = payer(Duration::from_secs(30));
     let task = charging(&exec, &auth, &gate).await;
-    let mut canceled = None;
-    let handed = shutdown_during(&exec, async {
-        canceled = Some(exec.cancel_task(&auth, &task.id, Some("asked".into())).await);
-    })
-    .await;
-    let canceled = canceled.unwrap().unwrap();
+    let asked = exec.cancel_task(&auth, &task.id, Some("asked".into()));
+    let (handed, canceled) = shutdown_during(&exec, asked).await;
+    let canceled = canceled.unwrap();
     assert_eq!(canceled.state(), TaskState::Canceled);
     assert_eq!(canceled.metadata["cancel_reason"], "asked");
     assert!(handed.is_empty(), "{handed:?}");
