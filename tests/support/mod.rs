@@ -59,6 +59,21 @@ impl KeelServer {
         Self::serving(child)
     }
 
+    /// Start `keel serve --port 0` with these arguments, its log (`RUST_LOG=info`, stderr)
+    /// written to `log`.
+    pub fn start_logging_to(extra: &[&str], log: &std::path::Path) -> KeelServer {
+        let log = std::fs::File::create(log).expect("create the log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("start keel serve");
+        Self::serving(child)
+    }
+
     /// Start `keel serve --port 0` in `dir` (where it looks for `keel.toml`).
     pub fn start_in(dir: &std::path::Path, extra: &[&str]) -> KeelServer {
         let child = Command::new(env!("CARGO_BIN_EXE_keel"))
@@ -86,6 +101,34 @@ impl KeelServer {
             .unwrap_or_else(|| panic!("keel serve printed no URL: {line:?}"))
             .to_owned();
         KeelServer { child, url }
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Send SIGTERM and return at once: the server shuts down while the test goes on.
+    #[cfg(unix)]
+    pub fn send_sigterm(&mut self) {
+        self.signal("-TERM");
+    }
+
+    /// Wait, off the async runtime's threads, for the process to exit (after a signal);
+    /// panics after `within`.
+    pub async fn exited(mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for keel") {
+                std::mem::forget(self);
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "keel serve did not exit within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Send SIGTERM and wait for the exit status.

@@ -64,7 +64,8 @@ pub use code::{CodeRequest, CodeRun, CodeRunner};
 pub use effects::{EffectConfig, EFFECT_CLAIM_TTL, EFFECT_RECHECK};
 pub use environment::{Environment, SECRETS_KEY_VAR};
 pub use executor::{
-    AgentExecutor, AutoCompaction, ExecutorConfig, SendOptions, SendOutcome, MESSAGE_ID_META,
+    AgentExecutor, AutoCompaction, ExecutorConfig, HandedOn, SendOptions, SendOutcome,
+    DEFAULT_DRAIN_TIMEOUT, MESSAGE_ID_META,
 };
 pub use infer::Inference;
 pub use lifecycle::{LifecycleHooks, ToolVerdict};

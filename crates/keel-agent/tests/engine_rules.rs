@@ -48,6 +48,9 @@ macro_rules! rules {
         mod one_report {
             include!("rules/one_report.rs");
         }
+        mod shutdown {
+            include!("rules/shutdown.rs");
+        }
     };
 }
 

@@ -2,7 +2,6 @@
 //! it would serve, and `keel serve --config` serves every agent it declares.
 
 use std::fmt::Write as _;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -208,6 +207,7 @@ pub(crate) struct ServerOverrides {
     pub push_targets: Option<Vec<PushTarget>>,
     pub lease_ttl: Option<Duration>,
     pub async_tool_timeout: Option<Duration>,
+    pub drain_timeout: Option<Duration>,
     pub instance_id: Option<String>,
     pub limits: Limits,
     pub max_threads: usize,
@@ -217,11 +217,7 @@ pub(crate) struct ServerOverrides {
 }
 
 /// `keel serve` with a file: every agent under `/agents/{name}/`, the default also at `/`.
-pub(crate) async fn serve(
-    loaded: LoadedConfig,
-    overrides: ServerOverrides,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
+pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> Result<(), String> {
     let server = &loaded.server;
     let host = overrides.host.unwrap_or_else(|| server.host.clone());
     let port = overrides.port.unwrap_or(server.port);
@@ -241,6 +237,8 @@ pub(crate) async fn serve(
             .redis_prefix
             .unwrap_or_else(|| server.redis_prefix.clone());
     }
+    // Held until the server has stopped: no other `keel serve` runs on this SQLite file.
+    let (_owner, instance_id) = crate::claim_store(&store, overrides.instance_id.as_deref())?;
     let keys = match overrides.api_keys {
         Some(keys) => keys,
         None => server
@@ -275,8 +273,10 @@ pub(crate) async fn serve(
     let async_tool_timeout = overrides
         .async_tool_timeout
         .unwrap_or(Duration::from_secs_f64(server.async_tool_timeout_seconds));
+    let drain = overrides
+        .drain_timeout
+        .unwrap_or(Duration::from_secs_f64(server.drain_timeout_seconds));
     let base = url.clone();
-    let instance_id = overrides.instance_id;
     let (max_concurrent_threads, max_threads_per_tenant) =
         (overrides.max_threads, overrides.max_threads_per_tenant);
     let (max_queued_per_thread, max_queued_per_tenant) = (
@@ -297,6 +297,7 @@ pub(crate) async fn serve(
                 max_threads_per_tenant,
                 max_queued_per_thread,
                 max_queued_per_tenant,
+                drain_timeout: drain,
                 ..ExecutorConfig::default()
             };
             // One holder per agent: each agent's executor drives only its own threads.
@@ -339,6 +340,7 @@ pub(crate) async fn serve(
         }
         served = served.with_agent(agent.name.clone(), server);
     }
+    let shutdown = crate::shutdown_signal(drain);
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     let names: Vec<String> = agents.iter().map(|a| format!("`{}`", a.name)).collect();
     println!(

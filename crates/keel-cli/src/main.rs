@@ -30,11 +30,26 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve agents over A2A v1.0 until Ctrl-C: those of `--config FILE` (or `./keel.toml`
-    /// when present), else the demo agent.
+    /// Serve agents over A2A v1.0 until Ctrl-C or SIGTERM: those of `--config FILE` (or
+    /// `./keel.toml` when present), else the demo agent.
     ///
     /// The default agent's card is at /.well-known/agent-card.json and its JSON-RPC endpoint
     /// at /; with a file, each agent is also at /agents/NAME/.
+    ///
+    /// Shutdown (SIGTERM, Ctrl-C): new connections are refused and no new work starts;
+    /// running tasks go on to their next step, for at most --drain-timeout seconds, and stop
+    /// there (or, past it, where they are). They are not canceled: they stay unfinished, their
+    /// threads are released, and a replica on the same store or this server restarted resumes
+    /// them at once. Blocked requests are answered with the task as it stands; open streams
+    /// end with a status update (not final) whose message says the server is going away.
+    ///
+    /// Restart: unfinished tasks resume at once, each named in the log. A SQLite store is
+    /// served by one `keel serve` at a time (a second one is refused, naming the file): it
+    /// keeps its instance id in a file beside the database (`keel.db.owner`), so even after
+    /// a crash or kill -9 the restarted server takes its threads back at once. On Redis a
+    /// crashed server's threads wait for their leases to lapse (--lease-ttl; a live replica
+    /// takes them over then) unless it restarts under the same --instance-id; the log says
+    /// how long.
     Serve(ServeArgs),
     /// Write a commented `keel.toml` that runs offline and shows every section.
     Init(InitArgs),
@@ -473,9 +488,15 @@ struct ServeArgs {
         value_delimiter = ','
     )]
     push_targets: Vec<String>,
+    /// Seconds a shutdown (SIGTERM, Ctrl-C) lets running tasks go on to their next step
+    /// before it stops them where they are; either way they are handed on, not canceled.
+    /// Overrides the file's `server.drain_timeout_seconds`.
+    #[arg(long, default_value_t = keel::agent::DEFAULT_DRAIN_TIMEOUT.as_secs_f64(), env = "KEEL_DRAIN_TIMEOUT")]
+    drain_timeout: f64,
     /// This process's name in thread leases, kept across restarts: restarted under the same
     /// name, it resumes its own interrupted threads at once instead of waiting for their
-    /// leases to lapse. Must differ between processes sharing a store. Random by default.
+    /// leases to lapse. Must differ between processes sharing a store. By default: on SQLite
+    /// the id kept beside the database (`keel.db.owner`, made on first use), elsewhere random.
     #[arg(long, env = "KEEL_INSTANCE_ID")]
     instance_id: Option<String>,
     /// Most requests in one JSON-RPC batch; a larger batch is refused whole.
@@ -790,6 +811,9 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
             async_tool_timeout: set("async_tool_timeout")
                 .then(|| args.engine.async_tool_timeout())
                 .transpose()?,
+            drain_timeout: set("drain_timeout")
+                .then(|| drain_timeout(args.drain_timeout))
+                .transpose()?,
             instance_id: args.instance_id.clone(),
             limits: Limits {
                 max_batch_requests: args.max_batch_requests,
@@ -801,11 +825,12 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
             max_queued_per_thread: args.max_queued_per_thread,
             max_queued_per_tenant: args.max_queued_per_tenant,
         };
-        return from_file::serve(loaded, overrides, shutdown_signal()).await;
+        return from_file::serve(loaded, overrides).await;
     }
     let lease_ttl = args.engine.lease_ttl()?;
     let store = args.engine.store_config()?;
     let llm = args.engine.llm()?;
+    let drain = drain_timeout(args.drain_timeout)?;
     let host = &args.host;
     let addr: SocketAddr = format!("{host}:{}", args.port)
         .parse()
@@ -813,6 +838,10 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
         .map_err(|_| {
             format!("`{host}` is not an IP address to listen on (try 127.0.0.1 or 0.0.0.0)")
         })?;
+    // Held until the server has stopped: no other `keel serve` runs on this SQLite file.
+    // Claimed once the arguments are known good, before the port: two servers started alike
+    // are told about the file they share.
+    let (_owner, instance_id) = claim_store(&store, args.instance_id.as_deref())?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|err| format!("cannot listen on {addr}: {err}"))?;
@@ -840,9 +869,10 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
         max_threads_per_tenant: args.max_threads_per_tenant,
         max_queued_per_thread: args.max_queued_per_thread,
         max_queued_per_tenant: args.max_queued_per_tenant,
+        drain_timeout: drain,
         ..ExecutorConfig::default()
     };
-    if let Some(id) = args.instance_id {
+    if let Some(id) = instance_id {
         config.holder = id;
     }
     let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);
@@ -875,10 +905,11 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     if args.agent == BuiltinAgent::Conformance {
         server = keel::conformance::with_extended_card(server);
     }
+    let shutdown = shutdown_signal(drain);
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     println!("keel: serving agent `{agent_name}` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
     server
-        .serve(listener, shutdown_signal())
+        .serve(listener, shutdown)
         .await
         .map_err(|err| format!("server error: {err}"))?;
     eprintln!("keel: stopped");
@@ -921,27 +952,72 @@ fn parse_push_targets(specs: &[String]) -> Result<Vec<PushTarget>, String> {
         .collect()
 }
 
-/// Resolves on Ctrl-C or, on Unix, SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
+/// `--drain-timeout`, checked.
+fn drain_timeout(seconds: f64) -> Result<Duration, String> {
+    keel::config::DRAIN_TIMEOUT_SECONDS
+        .check(seconds)
+        .map_err(|range| format!("--drain-timeout {seconds} is out of range: {range}"))
+}
+
+/// Claim `store` for this process when it is a SQLite file (`StoreOwner`: a second `keel
+/// serve` on the same file is refused) and say which instance id names this process in
+/// thread leases: `given`, else the one kept beside the SQLite file; on other stores only
+/// `given` (the executor's random default otherwise). The claim lasts while the first value
+/// lives.
+pub(crate) fn claim_store(
+    store: &StoreConfig,
+    given: Option<&str>,
+) -> Result<(Option<keel::sqlite::StoreOwner>, Option<String>), String> {
+    match store {
+        StoreConfig::Sqlite(path) if path.as_os_str() != ":memory:" => {
+            let owner =
+                keel::sqlite::StoreOwner::claim(path, given).map_err(|err| err.to_string())?;
+            let id = owner.instance_id().to_owned();
+            Ok((Some(owner), Some(id)))
+        }
+        _ => Ok((None, given.map(str::to_owned))),
+    }
+}
+
+/// Resolves on Ctrl-C or, on Unix, SIGTERM, saying what the shutdown does. The handlers are
+/// installed when this is called, not when it is first awaited: call it before announcing the
+/// server, so that a signal sent right after the announcement shuts it down gracefully instead
+/// of killing it.
+pub(crate) fn shutdown_signal(drain: Duration) -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    let signals = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::interrupt()).ok(),
+            signal(SignalKind::terminate()).ok(),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        {
+            // A handler that could not be installed never fires.
+            let received = |signal: Option<tokio::signal::unix::Signal>| async move {
+                match signal {
+                    Some(mut signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let (interrupt, terminate) = signals;
+            tokio::select! {
+                () = received(interrupt) => {}
+                () = received(terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
+        eprintln!(
+            "keel: shutting down: no new work; running tasks have {} s to reach their next \
+             step, then they are handed on (not canceled) to the next process",
+            drain.as_secs_f64()
+        );
     }
-    eprintln!("keel: shutting down: finishing open requests, canceling running tasks");
 }

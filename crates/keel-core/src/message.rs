@@ -64,6 +64,9 @@ pub enum StatusKind {
     Termination,
     /// An asynchronous tool reported progress before its result.
     ToolProgress,
+    /// The server is shutting down while the task is unfinished: the task goes on in another
+    /// process (a replica, or the server restarted). Ends a stream, and is never stored.
+    ServerGoingAway,
 }
 
 impl StatusKind {
@@ -77,6 +80,7 @@ impl StatusKind {
             Self::ExecutionAbort => "execution_abort",
             Self::Termination => "termination",
             Self::ToolProgress => "tool_progress",
+            Self::ServerGoingAway => "server_going_away",
         }
     }
 
@@ -90,6 +94,7 @@ impl StatusKind {
             Self::ExecutionAbort,
             Self::Termination,
             Self::ToolProgress,
+            Self::ServerGoingAway,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == name)

@@ -31,7 +31,10 @@
 //!   `push_queue`, `append_history`, `add_task_event` or `persist_step` may land twice, as
 //!   may the events of a repeated `save_task_with_events`.
 //! - **Several processes** may open the same file: SQLite's locks serialise their writers
-//!   (each waits up to the busy timeout, 5 s) and leases keep one flow per thread.
+//!   (each waits up to the busy timeout, 5 s) and leases keep one flow per thread. One of
+//!   them runs agents on it: [`StoreOwner`] locks a file beside the database for that
+//!   process and keeps its instance id, so that it takes its own threads back at once when
+//!   it restarts (`keel serve` claims its store so).
 //!
 //! # Storage format
 //!
@@ -78,6 +81,7 @@ mod async_calls;
 mod codec;
 mod leases;
 mod memory;
+mod owner;
 mod readers;
 mod runs;
 mod schema;
@@ -99,6 +103,7 @@ use rusqlite::{Connection, OpenFlags};
 use crate::readers::ReadPool;
 use crate::writer::Writer;
 
+pub use crate::owner::StoreOwner;
 pub use crate::schema::SCHEMA_VERSION;
 
 /// Every Keel store trait over one SQLite database. Cheap to clone: clones share the

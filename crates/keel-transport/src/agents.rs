@@ -131,7 +131,8 @@ impl AgentsServer {
     }
 
     /// Serve on `listener` until `shutdown` completes, as [`A2aServer::serve`] does for one
-    /// agent: running tasks of every agent are canceled and persist their final state first.
+    /// agent: every agent's executor hands its running tasks on, each within its own drain
+    /// timeout, before open streams end.
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
@@ -154,7 +155,7 @@ impl AgentsServer {
             let executors = executors.clone();
             async move {
                 shutdown.await;
-                tracing::info!("A2A server shutting down; canceling running tasks");
+                tracing::info!("A2A server shutting down; handing running tasks on");
                 tokio::spawn(async move {
                     futures::future::join_all(executors.iter().map(|e| e.shutdown())).await;
                     let _ = closing.send(true);

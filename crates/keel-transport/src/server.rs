@@ -371,11 +371,14 @@ impl A2aServer {
     /// Serve on `listener` until `shutdown` completes.
     ///
     /// The public URL is [`A2aServer::with_public_url`]'s, or `http://<listener address>`.
-    /// When `shutdown` fires, running tasks are canceled (so blocked `SendMessage` calls
-    /// answer with a canceled task and open streams end with the final status), the server
-    /// drains its connections (streams following tasks of other processes end once this
-    /// process's runs have stopped), and this returns once every task has persisted its
-    /// final state.
+    /// When `shutdown` fires, the server stops accepting connections and hands its work on
+    /// ([`AgentExecutor::shutdown`]: running tasks stop at their next step, within the
+    /// executor's drain timeout, and stay unfinished, not canceled, for a replica or the
+    /// restarted server to resume at once). Then blocked `SendMessage` calls answer with their
+    /// task as it stands, and open streams send what the task's log holds and end; a stream
+    /// whose task is not at rest ends with a status update, not final, saying the server is
+    /// going away (status message `status_kind: server_going_away`). This returns once the
+    /// open requests are answered.
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
@@ -394,9 +397,9 @@ impl A2aServer {
             let executor = executor.clone();
             async move {
                 shutdown.await;
-                tracing::info!("A2A server shutting down; canceling running tasks");
-                // Cancel runs while connections drain, so that blocking requests can finish;
-                // then let open streams read their logs one last time and end.
+                tracing::info!("A2A server shutting down; handing running tasks on");
+                // Hand the runs on while connections drain, so that blocking requests can
+                // finish; then let open streams read their logs one last time and end.
                 tokio::spawn(async move {
                     executor.shutdown().await;
                     let _ = closing.send(true);
@@ -413,7 +416,7 @@ impl A2aServer {
         let served = axum::serve(listener, router)
             .with_graceful_shutdown(signal)
             .await;
-        // Runs started by requests that raced the signal are canceled here too.
+        // Runs started by requests that raced the signal are handed on too.
         executor.shutdown().await;
         // Push deliveries stop where they are; their cursors are persisted, and the next
         // server on the same store delivers the rest.

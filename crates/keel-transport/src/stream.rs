@@ -11,6 +11,10 @@
 //!    rejected) or interrupted (input-required, auth-required), as A2A v1.0 says. When the
 //!    `Task` event itself already holds such a status (for `SendStreamingMessage`: one reached
 //!    by this turn), the stream ends right after it.
+//! 4. When the server shuts down first, the stream ends with one more `StatusUpdate` that is
+//!    not stored: the task's state unchanged (not terminal, so not `final` for v0.3), with an
+//!    agent message marked `status_kind: server_going_away` saying that the task goes on
+//!    elsewhere and can be followed again with `SubscribeToTask`.
 //!
 //! Messages in the log (the user's message, tool calls and results) are the task's history;
 //! they travel in the `Task` event's `history`, not as stream events: A2A reserves a `Message`
@@ -31,8 +35,8 @@ use std::collections::VecDeque;
 
 use keel_agent::reads::{Reads, TaskChange, TaskWatch};
 use keel_core::{
-    AgentResult, Artifact, Message, MessageId, Task, TaskEvent, TaskId, TaskState, TaskStatus,
-    ThreadId,
+    AgentResult, Artifact, Message, MessageId, StatusKind, Task, TaskEvent, TaskId, TaskState,
+    TaskStatus, ThreadId,
 };
 use keel_runtime::AuthContext;
 use tokio::sync::watch;
@@ -196,6 +200,35 @@ impl StreamEvent {
     }
 }
 
+/// The text of the last event of a stream that the server's shutdown ends early.
+const GOING_AWAY_TEXT: &str = "The server is shutting down. This task is not finished and \
+goes on in another process (a replica, or this server once restarted): follow it again with \
+SubscribeToTask, or read it with GetTask.";
+
+/// The last event of a stream that the server's shutdown ends before its task rests: a status
+/// update with the task's state as it stands (`status`'s) and a message saying the server is
+/// going away ([`StatusKind::ServerGoingAway`], [`GOING_AWAY_TEXT`]). It is not stored: the
+/// task's own log never shows it.
+pub(crate) fn going_away(
+    task_id: &TaskId,
+    thread_id: &ThreadId,
+    status: &TaskStatus,
+) -> StreamEvent {
+    let mut message = Message::agent(GOING_AWAY_TEXT).with_status_kind(StatusKind::ServerGoingAway);
+    message.task_id = Some(task_id.clone());
+    message.thread_id = Some(thread_id.clone());
+    StreamEvent::StatusUpdate {
+        task_id: task_id.clone(),
+        thread_id: thread_id.clone(),
+        status: TaskStatus {
+            state: status.state,
+            message: Some(message),
+            // Later than the status it repeats, as every status update of a stream is.
+            timestamp: chrono::Utc::now().max(status.timestamp),
+        },
+    }
+}
+
 /// Whether a stream ends at this state: terminal or interrupted.
 pub(crate) fn ends_stream(state: TaskState) -> bool {
     state.is_terminal() || matches!(state, TaskState::InputRequired | TaskState::AuthRequired)
@@ -223,6 +256,8 @@ pub(crate) struct Follower {
     reads: Reads,
     auth: AuthContext,
     task_id: TaskId,
+    /// The task's thread, known once the snapshot is read.
+    thread_id: Option<ThreadId>,
     history_length: Option<usize>,
     start: Start,
     closing: watch::Receiver<bool>,
@@ -246,6 +281,7 @@ impl Follower {
             reads,
             auth,
             task_id,
+            thread_id: None,
             history_length,
             start,
             closing,
@@ -321,6 +357,7 @@ impl Follower {
         let seen = u64::try_from(events.len()).unwrap_or(u64::MAX);
         self.watch = Some(self.reads.watch_task(&self.auth, &self.task_id, seen));
         self.last_status = Some(task.status().clone());
+        self.thread_id = Some(task.thread_id.clone());
         let ends = match self.start {
             Start::Turn(_) => turn_ended && ends_stream(task.state()),
             Start::Subscription => ends_stream(task.state()),
@@ -339,12 +376,18 @@ impl Follower {
         };
         if *self.closing.borrow() {
             // The server is shutting down and its runs have stopped: nothing more will come
-            // from this process, and the stream must not hold the shutdown up.
+            // from this process, and the stream must not hold the shutdown up. What the log
+            // holds now is sent; a task not at rest by then goes on elsewhere, which the last
+            // event says.
             let changes = watch.ready().await?;
             for change in changes {
                 self.accept(change);
             }
-            if self.pending.is_empty() {
+            if !matches!(self.phase, Phase::Done) {
+                if let (Some(thread_id), Some(status)) = (&self.thread_id, &self.last_status) {
+                    self.pending
+                        .push_back(going_away(&self.task_id, thread_id, status));
+                }
                 self.phase = Phase::Done;
             }
             return Ok(());

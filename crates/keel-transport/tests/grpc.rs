@@ -413,7 +413,7 @@ async fn agents_under_a_path_list_no_grpc_interface() {
 }
 
 #[tokio::test]
-async fn shutdown_ends_an_open_grpc_stream_with_the_canceled_status() {
+async fn shutdown_ends_an_open_grpc_stream_with_a_going_away_status() {
     let server = TestServer::start().await;
     let mut grpc = client(&server).await;
     let mut stream = grpc
@@ -427,9 +427,10 @@ async fn shutdown_ends_an_open_grpc_stream_with_the_canceled_status() {
     assert!(first.get("task").is_some(), "{first}");
     let stopping = tokio::spawn(server.stop());
     let events = drain(stream).await;
+    let status = &events.last().unwrap()["statusUpdate"]["status"];
+    assert_eq!(status["state"], "TASK_STATE_WORKING", "{events:?}");
     assert_eq!(
-        events.last().unwrap()["statusUpdate"]["status"]["state"],
-        "TASK_STATE_CANCELED",
+        status["message"]["metadata"]["status_kind"], "server_going_away",
         "{events:?}"
     );
     stopping.await.unwrap();

@@ -683,21 +683,28 @@ async fn client_reports_an_unreachable_agent_as_an_error_not_a_panic() {
 }
 
 #[tokio::test]
-async fn shutdown_cancels_running_tasks_and_persists_them() {
+async fn shutdown_hands_running_tasks_on_without_canceling_them() {
     let server = TestServer::start().await;
     let task = server
         .send(SLEEP_30, json!({"returnImmediately": true}))
         .await;
     let task_id = TaskId::from(task["id"].as_str().unwrap());
     let executor = server.executor.clone();
-    server.stop().await;
+    // Wait until the run is in its sleep, so that the shutdown has a run to hand on.
     let auth = executor.runtime().auth_service().auth_context();
+    eventually("the run to start", || {
+        let (executor, auth, task_id) = (executor.clone(), auth.clone(), task_id.clone());
+        async move { executor.is_running(&auth, &task_id) }
+    })
+    .await;
+    server.stop().await;
     let task = executor.get_task(&auth, &task_id, None).await.unwrap();
-    assert_eq!(task.state(), TaskState::Canceled);
+    assert_eq!(task.state(), TaskState::Working);
+    assert!(!executor.is_running(&auth, &task_id));
 }
 
 #[tokio::test]
-async fn shutdown_lets_a_blocked_send_message_answer_with_a_canceled_task() {
+async fn shutdown_lets_a_blocked_send_message_answer_with_the_unfinished_task() {
     let server = TestServer::start().await;
     let http = server.http.clone();
     let url = format!("{}/", server.base);
@@ -730,7 +737,7 @@ async fn shutdown_lets_a_blocked_send_message_answer_with_a_canceled_task() {
     server.stop().await;
     let answer = blocked.await.unwrap();
     assert_eq!(
-        answer["result"]["task"]["status"]["state"], "TASK_STATE_CANCELED",
+        answer["result"]["task"]["status"]["state"], "TASK_STATE_WORKING",
         "{answer}"
     );
 }

@@ -26,6 +26,11 @@ async fn two_tenants(limits: Limits) -> TestServer {
 
 async fn two_tenants_with(limits: Limits, config: ExecutorConfig) -> TestServer {
     let runtime = support::two_tenant_runtime(MockLlm::new());
+    // The tests' runs are sleeps that outlast any drain: a short one keeps `stop` quick.
+    let config = ExecutorConfig {
+        drain_timeout: Duration::from_millis(100),
+        ..config
+    };
     let executor = AgentExecutor::with_config(support::agent(), runtime, config);
     TestServer::start_with_executor(executor, |server| {
         server

@@ -345,7 +345,12 @@ async fn pending_deliveries_resume_after_a_restart() {
         )
         .await;
     assert!(created.get("result").is_some(), "{created}");
-    // Stopping cancels the task; the canceled status cannot be delivered before the stop.
+    // The task is canceled; the canceled status cannot be delivered before the stop.
+    let canceled = first.rpc("CancelTask", json!({"id": task_id})).await;
+    assert_eq!(
+        canceled["result"]["status"]["state"], "TASK_STATE_CANCELED",
+        "{canceled}"
+    );
     first.stop().await;
     assert!(hook.bodies().is_empty());
 

@@ -234,7 +234,7 @@ async fn rest_stream_events_are_bare_stream_responses() {
 }
 
 #[tokio::test]
-async fn shutdown_ends_open_streams_with_the_canceled_status() {
+async fn shutdown_ends_open_streams_with_a_going_away_status_and_leaves_the_task_working() {
     let server = TestServer::start().await;
     let client = A2aClient::new(server.base.clone());
     let mut events = client
@@ -245,14 +245,34 @@ async fn shutdown_ends_open_streams_with_the_canceled_status() {
         events.next().await,
         Some(Ok(StreamEvent::Task(_)))
     ));
+    let executor = server.executor.clone();
     let stopping = tokio::spawn(server.stop());
     let mut last = None;
     while let Some(event) = events.next().await {
         last = Some(event.unwrap());
     }
+    let Some(StreamEvent::StatusUpdate {
+        task_id, status, ..
+    }) = &last
+    else {
+        panic!("{last:?}")
+    };
+    // Not a terminal state: the task goes on in the next process.
+    assert_eq!(status.state, TaskState::Working, "{last:?}");
+    let message = status.message.as_ref().unwrap();
+    assert_eq!(
+        message.status_kind(),
+        Some(keel_core::StatusKind::ServerGoingAway)
+    );
     assert!(
-        matches!(&last, Some(StreamEvent::StatusUpdate { status, .. }) if status.state == TaskState::Canceled),
-        "{last:?}"
+        message.text().contains("SubscribeToTask"),
+        "{}",
+        message.text()
     );
     stopping.await.unwrap();
+    let auth = executor.runtime().auth_service().auth_context();
+    let stored = executor.get_task(&auth, task_id, None).await.unwrap();
+    assert_eq!(stored.state(), TaskState::Working);
+    // The going-away update is the stream's own: the task's log does not hold it.
+    assert!(stored.status().message.is_none(), "{:?}", stored.status());
 }

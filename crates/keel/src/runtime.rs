@@ -220,7 +220,8 @@ impl DefaultRuntimeBuilder {
     /// URL; before serving, each resumes the unfinished tasks a previous process left
     /// (`recover_all`), starts taking over threads that a dead process sharing the store
     /// leaves (`start_takeover`) and starts its effect scheduler, as `keel serve` does. On
-    /// shutdown, running tasks are canceled and persist their final state.
+    /// shutdown, running tasks are handed on, not canceled (`AgentExecutor::shutdown`): they
+    /// stop at their next step, within the default drain timeout, for the next process.
     ///
     /// No agents, two agents with one name, or a name that is not one URL path segment is
     /// [`AgentError::InvalidInput`].

@@ -18,6 +18,11 @@ pub struct SendOptions {
     pub run_context: Option<RunContext>,
 }
 
+/// The default of [`ExecutorConfig::drain_timeout`]: long enough for a step's model call or
+/// an ordinary tool call to finish, and well inside the 30 s a container orchestrator
+/// usually waits between SIGTERM and SIGKILL.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Tuning of an [`AgentExecutor`].
 #[derive(Debug, Clone)]
 pub struct ExecutorConfig {
@@ -56,6 +61,12 @@ pub struct ExecutorConfig {
     /// Asynchronous tools: how long a pending call waits for its callback when the tool sets
     /// no timeout of its own.
     pub async_tool_timeout: Duration,
+    /// How long [`AgentExecutor::shutdown`] lets running steps go on to their next persisted
+    /// point before it stops them where they are (as a crash would). Either way the tasks
+    /// stay unfinished, not canceled, and their threads are released for the next process.
+    ///
+    /// [`AgentExecutor::shutdown`]: crate::AgentExecutor::shutdown
+    pub drain_timeout: Duration,
 }
 
 impl Default for ExecutorConfig {
@@ -70,6 +81,7 @@ impl Default for ExecutorConfig {
             holder: format!("keel-{}-{}", std::process::id(), uuid_suffix()),
             callbacks: None,
             async_tool_timeout: Duration::from_secs(3600),
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
     }
 }

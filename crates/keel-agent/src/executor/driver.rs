@@ -2,6 +2,7 @@
 //! its durable queue in order (a running step takes queued work in: `step.rs`).
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use keel_core::{
@@ -128,12 +129,24 @@ impl Inner {
                 ),
             }
             let (holder, ttl) = (&self.config.holder, self.config.lease_ttl);
-            let taken = if self.driver.reclaim.remove(&key).is_some() {
+            let recovering = self.driver.reclaim.remove(&key).is_some();
+            let taken = if recovering {
                 store.reclaim_lease(&auth, &thread_id, holder, ttl).await
             } else {
                 store.acquire_lease(&auth, &thread_id, holder, ttl).await
             };
             match taken {
+                // Recovery found work here that another holder's lease still covers: say how
+                // long it may wait, once (the driver keeps looking every poll interval).
+                Ok(None) if recovering => self.log(
+                    LogLevel::Info,
+                    &format!(
+                        "thread {thread_id}: its lease is held under another name than this \
+                         process's ({holder}); its work resumes here when that lease lapses, \
+                         within {} s, unless a live process is working it",
+                        ttl.as_secs_f64()
+                    ),
+                ),
                 Ok(Some(lease)) => {
                     let (slot, lease) = match self.wait_for_slot(&auth, lease).await {
                         SlotWait::Taken(slot, lease) => (slot, lease),
@@ -358,6 +371,7 @@ impl Inner {
             thread_id: lease.thread_id.clone(),
             lease: Arc::new(RwLock::new(Arc::new(lease))),
             lost: CancellationToken::new(),
+            handed_on: AtomicBool::new(false),
         };
         let renewer = {
             let (store, auth, lease, lost) = (
@@ -391,112 +405,123 @@ impl Inner {
         };
         let mut worked = Worked::Done;
         let mut released = false;
-        loop {
-            if flow.lost.is_cancelled() || self.driver.shutting_down.is_cancelled() {
-                break;
-            }
-            // Two: whether anything waits behind this item decides how it is acknowledged.
-            let items = match store.peek_queue(auth, &flow.thread_id, 2).await {
-                Ok(items) => items,
-                Err(err) => {
-                    self.log(
-                        LogLevel::Error,
-                        &format!("cannot read the thread queue: {err}"),
-                    );
+        let items = async {
+            loop {
+                if flow.lost.is_cancelled() || self.driver.shutting_down.is_cancelled() {
                     break;
                 }
-            };
-            let last = items.len() < 2;
-            let Some(item) = items.into_iter().next() else {
-                break;
-            };
-            let result = match serde_json::from_value::<QueuedWork>(item.payload.clone()) {
-                Err(err) => {
-                    self.log(
-                        LogLevel::Error,
-                        &format!("dropping malformed queued work {}: {err}", item.id),
-                    );
-                    Ok(())
-                }
-                Ok(QueuedWork::Task { task_id }) => {
-                    match self.runtime.task_manager().get_task(auth, &task_id).await {
-                        Ok(Some(task)) => {
-                            if self.owned_by_another_agent(&flow, &task).await {
-                                worked = Worked::LeftForAnotherAgent;
-                                break;
-                            }
-                            self.run_loaded_task(&flow, task).await
-                        }
-                        Ok(None) => Ok(()),
-                        Err(err) => Err(err),
+                // Two: whether anything waits behind this item decides how it is acknowledged.
+                let items = match store.peek_queue(auth, &flow.thread_id, 2).await {
+                    Ok(items) => items,
+                    Err(err) => {
+                        self.log(
+                            LogLevel::Error,
+                            &format!("cannot read the thread queue: {err}"),
+                        );
+                        break;
                     }
+                };
+                let last = items.len() < 2;
+                let Some(item) = items.into_iter().next() else {
+                    break;
+                };
+                let result = match serde_json::from_value::<QueuedWork>(item.payload.clone()) {
+                    Err(err) => {
+                        self.log(
+                            LogLevel::Error,
+                            &format!("dropping malformed queued work {}: {err}", item.id),
+                        );
+                        Ok(())
+                    }
+                    Ok(QueuedWork::Task { task_id }) => {
+                        match self.runtime.task_manager().get_task(auth, &task_id).await {
+                            Ok(Some(task)) => {
+                                if self.owned_by_another_agent(&flow, &task).await {
+                                    worked = Worked::LeftForAnotherAgent;
+                                    break;
+                                }
+                                self.run_loaded_task(&flow, task).await
+                            }
+                            Ok(None) => Ok(()),
+                            Err(err) => Err(err),
+                        }
+                    }
+                    Ok(QueuedWork::Message { message }) => {
+                        self.start_turn(&flow, message, &item.id).await
+                    }
+                    Ok(QueuedWork::Tool { call }) => {
+                        let message = Message::new(
+                            Role::User,
+                            vec![Part::tool_call(
+                                &call.id,
+                                &call.name,
+                                call.arguments.clone(),
+                            )],
+                        )
+                        .in_thread(flow.thread_id.clone());
+                        self.start_turn(&flow, message, &item.id).await
+                    }
+                    Ok(QueuedWork::Effect(effect)) => {
+                        crate::effects::fire_effect(self, auth, &flow.thread_id, effect).await
+                    }
+                };
+                if let Err(err) = result {
+                    if matches!(err, AgentError::LeaseLost { .. }) {
+                        break;
+                    }
+                    if matches!(err, AgentError::StoreUnavailable { .. }) {
+                        // Not acknowledged: the item is worked again once the store answers.
+                        self.log(
+                            LogLevel::Warn,
+                            &format!("queued work stopped by the store: {err}"),
+                        );
+                        break;
+                    }
+                    self.log(LogLevel::Error, &format!("queued work failed: {err}"));
                 }
-                Ok(QueuedWork::Message { message }) => {
-                    self.start_turn(&flow, message, &item.id).await
-                }
-                Ok(QueuedWork::Tool { call }) => {
-                    let message = Message::new(
-                        Role::User,
-                        vec![Part::tool_call(
-                            &call.id,
-                            &call.name,
-                            call.arguments.clone(),
-                        )],
-                    )
-                    .in_thread(flow.thread_id.clone());
-                    self.start_turn(&flow, message, &item.id).await
-                }
-                Ok(QueuedWork::Effect(effect)) => {
-                    crate::effects::fire_effect(self, auth, &flow.thread_id, effect).await
-                }
-            };
-            if let Err(err) = result {
-                if matches!(err, AgentError::LeaseLost { .. }) {
+                // A run handed on at a shutdown is not done: its item stays for the next holder.
+                if flow.lost.is_cancelled() || flow.handed_on.load(Ordering::Acquire) {
                     break;
                 }
-                if matches!(err, AgentError::StoreUnavailable { .. }) {
-                    // Not acknowledged: the item is worked again once the store answers.
-                    self.log(
-                        LogLevel::Warn,
-                        &format!("queued work stopped by the store: {err}"),
-                    );
+                let lease = flow.lease();
+                let ack = store.ack_queue(auth, &lease, std::slice::from_ref(&item.id));
+                if last {
+                    // Nothing was waiting behind it: acknowledge and let the thread go in one
+                    // round trip (sent in that order; both are fenced by the same lease). Work
+                    // queued meanwhile is picked up by the driver's look after the worker leaves.
+                    renewer.abort();
+                    let (acked, freed) = tokio::join!(ack, store.release_lease(auth, &lease));
+                    released = true;
+                    if let Err(err) = acked {
+                        self.log(
+                            LogLevel::Warn,
+                            &format!("cannot acknowledge queued work: {err}"),
+                        );
+                    }
+                    if let Err(err) = freed {
+                        self.log(
+                            LogLevel::Warn,
+                            &format!("cannot release the thread lease: {err}"),
+                        );
+                    }
                     break;
                 }
-                self.log(LogLevel::Error, &format!("queued work failed: {err}"));
-            }
-            if flow.lost.is_cancelled() {
-                break;
-            }
-            let lease = flow.lease();
-            let ack = store.ack_queue(auth, &lease, std::slice::from_ref(&item.id));
-            if last {
-                // Nothing was waiting behind it: acknowledge and let the thread go in one
-                // round trip (sent in that order; both are fenced by the same lease). Work
-                // queued meanwhile is picked up by the driver's look after the worker leaves.
-                renewer.abort();
-                let (acked, freed) = tokio::join!(ack, store.release_lease(auth, &lease));
-                released = true;
-                if let Err(err) = acked {
+                if let Err(err) = ack.await {
                     self.log(
                         LogLevel::Warn,
                         &format!("cannot acknowledge queued work: {err}"),
                     );
+                    break;
                 }
-                if let Err(err) = freed {
-                    self.log(
-                        LogLevel::Warn,
-                        &format!("cannot release the thread lease: {err}"),
-                    );
-                }
-                break;
             }
-            if let Err(err) = ack.await {
-                self.log(
-                    LogLevel::Warn,
-                    &format!("cannot acknowledge queued work: {err}"),
-                );
-                break;
-            }
+        };
+        // A shutdown whose drain ran out drops the run where it is, as a crash would (its
+        // persisted steps stay; a call in flight is lost); the lease is released below all
+        // the same, so the next process resumes the thread at once.
+        tokio::select! {
+            biased;
+            () = self.driver.halted.cancelled() => {}
+            () = items => {}
         }
         renewer.abort();
         if !released {

@@ -28,7 +28,7 @@ mod tools;
 mod waiting;
 
 pub use compaction::AutoCompaction;
-pub use config::{ExecutorConfig, SendOptions};
+pub use config::{ExecutorConfig, SendOptions, DEFAULT_DRAIN_TIMEOUT};
 pub use state::{AgentExecutor, META_MESSAGE as MESSAGE_ID_META};
 
 use std::sync::{Arc, RwLock, Weak};
@@ -357,7 +357,12 @@ impl AgentExecutor {
                 // The snapshot the wait ended on is the answer: only its history is read.
                 let task = self
                     .inner
-                    .wait_until_queued_task_rests(waiter, auth, &task.id)
+                    .answer_unless_handed_on(
+                        auth,
+                        &task.id,
+                        self.inner
+                            .wait_until_queued_task_rests(waiter, auth, &task.id),
+                    )
                     .await?;
                 attach_history(
                     self.inner.runtime.task_manager().as_ref(),
@@ -430,7 +435,13 @@ impl AgentExecutor {
             .enqueue_task(auth, &task.thread_id, &task.id)
             .await?;
         // Wait for the run to pick the decision up and rest again.
-        self.inner.wait_until(auth, task_id, answered).await?;
+        self.inner
+            .answer_unless_handed_on(
+                auth,
+                task_id,
+                self.inner.wait_until(auth, task_id, answered),
+            )
+            .await?;
         // Answered with its history, like every task this API hands out.
         self.get_task(auth, task_id, None).await
     }
@@ -484,6 +495,15 @@ impl AgentExecutor {
                         .map_err(AgentError::internal)?;
                         threads.push_queue(auth, &task.thread_id, payload).await?;
                     }
+                    self.inner.log(
+                        keel_runtime::LogLevel::Info,
+                        &format!(
+                            "resuming task {} ({}) on thread {}",
+                            task.id,
+                            task.state(),
+                            task.thread_id
+                        ),
+                    );
                     // A lease still held under this process's holder name was this
                     // process's before it restarted: taken back at once.
                     self.inner
@@ -552,18 +572,98 @@ impl AgentExecutor {
         });
     }
 
-    /// Cancel every run of this process (reason `server shutting down`), stop taking new
-    /// work, and wait until each run has persisted its final state.
-    pub async fn shutdown(&self) {
-        self.inner.driver.shutting_down.cancel();
-        for run in self.inner.driver.active.iter() {
-            *run.reason.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some("server shutting down".into());
-            run.token.cancel();
+    /// Stop this executor and hand its work on; nothing is canceled (a cancel is only ever
+    /// what a caller asked). At once: no new work is taken (messages still sent are stored
+    /// and queued, for the next process), the takeover sweep and the effect scheduler stop,
+    /// and threads waiting for a work slot are let go. Running tasks go on until their next
+    /// step and stop there, everything before it persisted, for at most
+    /// [`ExecutorConfig::drain_timeout`]; a run still in a model or tool call after that is
+    /// stopped where it is, as a crash would stop it (a resumed run asks the model again, and
+    /// runs a tool call again only when the tool is idempotent). Either way each task stays
+    /// unfinished with its queue item in place, and its thread's lease is released, so a
+    /// replica's takeover sweep or this process restarted ([`AgentExecutor::recover_all`])
+    /// resumes it at once. Callers blocked here on a task ([`Self::send`]) are then answered
+    /// with the task as it stands. Answers which tasks were handed on, and how; calling it
+    /// again answers nothing more.
+    pub async fn shutdown(&self) -> HandedOn {
+        let driver = &self.inner.driver;
+        driver.shutting_down.cancel();
+        driver.tracker.close();
+        let drain = self.inner.config.drain_timeout;
+        if tokio::time::timeout(drain, driver.tracker.wait())
+            .await
+            .is_err()
+        {
+            driver.halted.cancel();
+            driver.tracker.wait().await;
         }
-        self.inner.driver.tracker.close();
-        self.inner.driver.tracker.wait().await;
+        // The runs the halt cut off are still registered; their futures are gone, so
+        // canceling their tokens ends nothing but their cancel watchers (and tells a tool's
+        // own background work, if any, that its run is over).
+        let mut interrupted = Vec::new();
+        driver.active.retain(|(_, task_id), run| {
+            run.token.cancel();
+            interrupted.push(task_id.clone());
+            false
+        });
+        let drained =
+            std::mem::take(&mut *driver.drained.lock().unwrap_or_else(|p| p.into_inner()));
+        driver.handed_over.cancel();
+        let handed = HandedOn {
+            drained,
+            interrupted,
+        };
+        if !handed.is_empty() {
+            self.inner.log(
+                keel_runtime::LogLevel::Info,
+                &format!(
+                    "shutdown: handed on {} task(s) stopped before a step ({}) and {} stopped \
+                     in a model or tool call when the {} s drain ran out ({}); they resume \
+                     in the next process",
+                    handed.drained.len(),
+                    ids(&handed.drained),
+                    handed.interrupted.len(),
+                    drain.as_secs_f64(),
+                    ids(&handed.interrupted),
+                ),
+            );
+        }
+        handed
     }
+}
+
+/// What [`AgentExecutor::shutdown`] handed on: the tasks whose runs it stopped, each left
+/// unfinished (not canceled) for the next process to resume.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HandedOn {
+    /// Runs that reached their next step within the drain and stopped there: nothing of
+    /// them is lost or repeated.
+    pub drained: Vec<TaskId>,
+    /// Runs still in a model or tool call when the drain ran out, stopped where they were:
+    /// the call's answer is lost (see [`AgentExecutor::shutdown`]).
+    pub interrupted: Vec<TaskId>,
+}
+
+impl HandedOn {
+    /// Whether no run was stopped.
+    pub fn is_empty(&self) -> bool {
+        self.drained.is_empty() && self.interrupted.is_empty()
+    }
+}
+
+/// Task ids for a log line: the first few, and how many more.
+fn ids(tasks: &[TaskId]) -> String {
+    const SHOWN: usize = 10;
+    let mut text = tasks
+        .iter()
+        .take(SHOWN)
+        .map(TaskId::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if tasks.len() > SHOWN {
+        text.push_str(&format!(" and {} more", tasks.len() - SHOWN));
+    }
+    text
 }
 
 #[cfg(test)]

@@ -35,7 +35,10 @@ impl RunLoop<'_> {
         // later run, and its flag expires, so the common ending costs no write.
         if !matches!(
             outcome,
-            Outcome::Answer { .. } | Outcome::Failed { .. } | Outcome::Abandoned
+            Outcome::Answer { .. }
+                | Outcome::Failed { .. }
+                | Outcome::Abandoned
+                | Outcome::HandedOn
         ) {
             let _ = inner
                 .runtime
@@ -53,6 +56,26 @@ impl RunLoop<'_> {
         let mut logged = Vec::new();
         match outcome {
             Outcome::Abandoned => return Ok(()),
+            Outcome::HandedOn => {
+                // The task stays as it is, working, and its queue item stays for the next
+                // holder of the thread; the report so far is kept, as for a pause.
+                flow.handed_on
+                    .store(true, std::sync::atomic::Ordering::Release);
+                obs.emit(RunEvent::run_stopped(RunStoppedPayload {
+                    reason: "shutdown".to_owned(),
+                    call_id: None,
+                    state: task.state(),
+                }))
+                .await;
+                self.save_records().await;
+                inner
+                    .driver
+                    .drained
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(self.task.id.clone());
+                return Ok(());
+            }
             Outcome::AwaitingTool { call_id } => {
                 // The task stays working; the callback queues it again.
                 EngineMeta::update(task, |m| {

@@ -2,6 +2,7 @@
 //! registry (`Inner`), the queued work, the lease a worker holds, how a run ended.
 
 use std::collections::HashSet;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use dashmap::DashMap;
@@ -102,7 +103,16 @@ pub(super) struct Driver {
     pub(super) reclaim: dashmap::DashSet<ThreadKey, foldhash::fast::RandomState>,
     pub(super) slots: super::slots::Slots,
     pub(super) tracker: TaskTracker,
+    /// Set by [`AgentExecutor::shutdown`]: no new work is taken, and runs stop at their next
+    /// step, leaving their tasks to the thread's next holder.
     pub(super) shutting_down: CancellationToken,
+    /// The shutdown's drain ran out: workers drop their runs where they are.
+    pub(super) halted: CancellationToken,
+    /// The shutdown is over and this process's work is handed on: callers still waiting here
+    /// for a task to rest are answered with the task as it stands.
+    pub(super) handed_over: CancellationToken,
+    /// The tasks whose runs stopped at a step for the shutdown, for its report.
+    pub(super) drained: Mutex<Vec<TaskId>>,
 }
 
 impl Driver {
@@ -117,6 +127,9 @@ impl Driver {
             ),
             tracker: TaskTracker::new(),
             shutting_down: CancellationToken::new(),
+            halted: CancellationToken::new(),
+            handed_over: CancellationToken::new(),
+            drained: Mutex::new(Vec::new()),
         }
     }
 }
@@ -133,6 +146,9 @@ pub(super) struct Flow {
     pub(super) thread_id: ThreadId,
     pub(super) lease: Arc<RwLock<Arc<Lease>>>,
     pub(super) lost: CancellationToken,
+    /// A run on this flow stopped for a shutdown ([`Outcome::HandedOn`]): its queue item is
+    /// not acknowledged, so the thread's next holder resumes it.
+    pub(super) handed_on: AtomicBool,
 }
 
 impl Flow {
@@ -169,6 +185,9 @@ pub(super) enum Outcome {
     },
     /// The lease was lost: another process owns the thread now and will finish the task.
     Abandoned,
+    /// The executor is shutting down: the run stopped before a step, everything before it
+    /// persisted; the thread's next holder (a replica, or this process restarted) resumes it.
+    HandedOn,
     /// Asynchronous tools: a call waits for its callback; the task stays working and the
     /// thread is released.
     AwaitingTool {

@@ -291,6 +291,12 @@ impl RunLoop<'_> {
         if let Some(outcome) = self.stop_requested() {
             return Err(outcome);
         }
+        // A step's start is where a run stops for a shutdown (decision 145): everything
+        // before it is persisted and nothing of the step has begun, so the resumed run
+        // neither repeats nor loses anything.
+        if self.inner.driver.shutting_down.is_cancelled() {
+            return Err(Outcome::HandedOn);
+        }
         step_checkpoint(&self.obs).await.map_err(budget_failure)
     }
 

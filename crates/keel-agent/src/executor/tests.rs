@@ -79,16 +79,42 @@ impl keel_runtime::LoggingService for Recording {
     }
 }
 
-#[tokio::test]
-async fn the_engine_logs_through_the_runtimes_logging_service() {
+/// In-memory services whose log is recorded.
+fn recorded() -> (Arc<Recording>, Arc<keel_runtime::Services>) {
     let recording = Arc::new(Recording::default());
     let mut services = keel_runtime::Services::in_memory(Arc::new(keel_llm::MockLlm::new()));
     services.logging = recording.clone();
-    let runtime = Arc::new(services);
-    let auth = runtime.auth_service().auth_context();
-    let agent = Agent::builder(keel_core::AgentCard::new("echo", "Echoes", "http://x"))
+    (recording, Arc::new(services))
+}
+
+fn echo_agent() -> Agent {
+    Agent::builder(keel_core::AgentCard::new("echo", "Echoes", "http://x"))
         .build()
+        .unwrap()
+}
+
+/// A working task whose thread a live process named `elsewhere` holds, and that lease.
+async fn working_task_held_elsewhere(
+    runtime: &dyn Runtime,
+    auth: &AuthContext,
+) -> (Task, keel_runtime::Lease) {
+    let mut task = Task::new(ThreadId::new());
+    task.begin().unwrap();
+    runtime.task_manager().save_task(auth, &task).await.unwrap();
+    let lease = runtime
+        .thread_store()
+        .acquire_lease(auth, &task.thread_id, "elsewhere", Duration::from_secs(600))
+        .await
+        .unwrap()
         .unwrap();
+    (task, lease)
+}
+
+#[tokio::test]
+async fn the_engine_logs_through_the_runtimes_logging_service() {
+    let (recording, runtime) = recorded();
+    let auth = runtime.auth_service().auth_context();
+    let agent = echo_agent();
     let executor = AgentExecutor::new(agent, runtime.clone());
     // Work the engine cannot read waits at the head of the thread's queue: the worker
     // drops it, saying so in the log, and goes on with the message behind it.
@@ -121,9 +147,7 @@ async fn a_cancel_the_threads_live_holder_never_answers_is_pending_after_a_bound
         keel_llm::MockLlm::new(),
     )));
     let auth = runtime.auth_service().auth_context();
-    let agent = Agent::builder(keel_core::AgentCard::new("echo", "Echoes", "http://x"))
-        .build()
-        .unwrap();
+    let agent = echo_agent();
     let config = ExecutorConfig {
         lease_ttl: Duration::from_millis(300),
         poll_interval: Duration::from_millis(20),
@@ -132,24 +156,8 @@ async fn a_cancel_the_threads_live_holder_never_answers_is_pending_after_a_bound
     let executor = AgentExecutor::with_config(agent, runtime.clone(), config);
     // A working task whose thread another live process holds, and which that process
     // does not stop.
-    let mut task = Task::new(ThreadId::new());
-    task.begin().unwrap();
-    runtime
-        .task_manager()
-        .save_task(&auth, &task)
-        .await
-        .unwrap();
+    let (task, lease) = working_task_held_elsewhere(runtime.as_ref(), &auth).await;
     let threads = runtime.thread_store();
-    let lease = threads
-        .acquire_lease(
-            &auth,
-            &task.thread_id,
-            "elsewhere",
-            Duration::from_secs(600),
-        )
-        .await
-        .unwrap()
-        .unwrap();
     let answer = tokio::time::timeout(
         Duration::from_secs(60),
         executor.cancel_task(&auth, &task.id, None),
@@ -170,4 +178,40 @@ async fn a_cancel_the_threads_live_holder_never_answers_is_pending_after_a_bound
     threads.release_lease(&auth, &lease).await.unwrap();
     let canceled = executor.cancel_task(&auth, &task.id, None).await.unwrap();
     assert_eq!(canceled.state(), TaskState::Canceled);
+}
+
+#[tokio::test]
+async fn recovery_logs_each_task_it_resumes_and_how_long_another_holders_lease_may_keep_it() {
+    let (recording, runtime) = recorded();
+    let auth = runtime.auth_service().auth_context();
+    let agent = echo_agent();
+    let config = ExecutorConfig {
+        holder: "restarted".into(),
+        ..ExecutorConfig::default()
+    };
+    let executor = AgentExecutor::with_config(agent, runtime.clone(), config);
+    // A working task whose thread a live process of another name still holds.
+    let (task, _lease) = working_task_held_elsewhere(runtime.as_ref(), &auth).await;
+    assert_eq!(executor.recover_all().await.unwrap(), 1);
+    let resuming = format!(
+        "resuming task {} (working) on thread {}",
+        task.id, task.thread_id
+    );
+    let waiting = format!(
+        "thread {}: its lease is held under another name than this process's (restarted); \
+         its work resumes here when that lease lapses, within 30 s",
+        task.thread_id
+    );
+    keel_runtime::testing::eventually("both lines in the log", || {
+        let lines = recording.lines.lock().unwrap().clone();
+        let found = |text: &str| {
+            lines
+                .iter()
+                .any(|(level, line)| *level == LogLevel::Info && line.starts_with(text))
+        };
+        let done = found(&resuming) && found(&waiting);
+        async move { done }
+    })
+    .await;
+    assert!(executor.shutdown().await.is_empty());
 }

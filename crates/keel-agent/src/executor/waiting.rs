@@ -94,6 +94,23 @@ impl Inner {
         result.map(|()| true)
     }
 
+    /// A front door's wait for a task (`wait`), cut short once a shutdown has handed this
+    /// executor's work on: the caller is then answered with the task as stored, unfinished,
+    /// rather than held until another process finishes it (which would hold the server's
+    /// shutdown up too). Only for callers outside the engine: a run waiting for another task
+    /// (a subagent's parent) must see it rest, and is itself stopped by the shutdown.
+    pub(super) async fn answer_unless_handed_on(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        wait: impl std::future::Future<Output = AgentResult<Task>>,
+    ) -> AgentResult<Task> {
+        tokio::select! {
+            answer = wait => answer,
+            () = self.driver.handed_over.cancelled() => self.stored_task(auth, task_id).await,
+        }
+    }
+
     /// [`Self::wait_until_resting`] for a task the caller has just queued, with a waiter
     /// taken before queueing it: until a save of the task wakes it (or a poll interval goes
     /// by, for a run in another process), there is nothing new to read.

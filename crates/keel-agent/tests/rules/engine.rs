@@ -320,15 +320,6 @@ async fn cancel_of_terminal_task_is_not_cancelable_and_unknown_is_not_found() {
 }
 
 #[tokio::test]
-async fn shutdown_cancels_running_tasks_and_persists_their_state() {
-    let (exec, auth, task, started) = blocked_task().await;
-    started.notified().await;
-    exec.shutdown().await;
-    let stored = exec.get_task(&auth, &task.id, None).await.unwrap();
-    assert_eq!(stored.state(), TaskState::Canceled);
-}
-
-#[tokio::test]
 async fn a_direct_tool_call_runs_without_a_model_and_fails_when_the_tool_fails() {
     let calls = Arc::new(AtomicUsize::new(0));
     let llm = Arc::new(MockLlm::scripted(vec![]));

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_agent::{Agent, AgentExecutor, FnTool};
+use keel_agent::{Agent, AgentExecutor, ExecutorConfig, FnTool};
 use keel_core::{AgentCard, AgentSkill};
 use keel_llm::MockLlm;
 use keel_runtime::{ApiKeyAuthService, AuthContext, Services};
@@ -87,7 +87,13 @@ impl TestServer {
         runtime: Arc<dyn keel_runtime::Runtime>,
         configure: impl FnOnce(A2aServer) -> A2aServer,
     ) -> Self {
-        Self::start_with_executor(AgentExecutor::new(agent(), runtime), configure).await
+        // The tests' runs are sleeps that outlast any drain: a short one keeps `stop` quick.
+        let config = ExecutorConfig {
+            drain_timeout: Duration::from_millis(100),
+            ..ExecutorConfig::default()
+        };
+        let executor = AgentExecutor::with_config(agent(), runtime, config);
+        Self::start_with_executor(executor, configure).await
     }
 
     /// A server over `executor` (an executor tuned by the test), configured by `configure`.

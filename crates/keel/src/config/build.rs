@@ -138,6 +138,7 @@ impl AgentSetBuilder<'_> {
                     async_tool_timeout: Duration::from_secs_f64(
                         config.server.async_tool_timeout_seconds,
                     ),
+                    drain_timeout: Duration::from_secs_f64(config.server.drain_timeout_seconds),
                     ..ExecutorConfig::default()
                 },
             };

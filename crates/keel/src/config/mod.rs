@@ -53,6 +53,13 @@ pub const ASYNC_TOOL_TIMEOUT_SECONDS: SecondsRange = SecondsRange {
     max: 31_536_000.0,
 };
 
+/// The drain timeouts Keel accepts (`[server] drain_timeout_seconds`, `--drain-timeout`): 0
+/// stops running tasks at once (still handing them on), an hour at most.
+pub const DRAIN_TIMEOUT_SECONDS: SecondsRange = SecondsRange {
+    min: 0.0,
+    max: 3_600.0,
+};
+
 /// The seconds a duration setting accepts, the file's and the command line's alike.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SecondsRange {
@@ -169,6 +176,9 @@ impl Config {
             .map_err(|range| {
                 ConfigError::whole(path, "server.async_tool_timeout_seconds", range)
             })?;
+        DRAIN_TIMEOUT_SECONDS
+            .check(server.drain_timeout_seconds)
+            .map_err(|range| ConfigError::whole(path, "server.drain_timeout_seconds", range))?;
         for (i, key) in server.api_keys.iter().enumerate() {
             let tenant = key.tenant.get_ref();
             let valid = tenant

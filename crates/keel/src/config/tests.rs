@@ -90,6 +90,16 @@ fn a_value_of_the_wrong_type_names_the_field_and_what_was_expected() {
 }
 
 #[test]
+fn a_drain_timeout_out_of_range_names_the_field_and_the_range() {
+    let text = format!("[server]\ndrain_timeout_seconds = -1\n\n{MINIMAL}");
+    let error = parse(&text).unwrap_err();
+    assert_eq!(error.field, "server.drain_timeout_seconds");
+    assert_eq!(error.message, "use 0 to 3600 seconds", "{error}");
+    let text = format!("[server]\ndrain_timeout_seconds = 2.5\n\n{MINIMAL}");
+    assert_eq!(parse(&text).unwrap().server.drain_timeout_seconds, 2.5);
+}
+
+#[test]
 fn a_misspelt_rule_value_is_suggested() {
     let text = format!("{MINIMAL}[agents.policy]\ndefault = \"alow\"\n");
     let error = parse(&text).unwrap_err();

@@ -56,6 +56,10 @@ pub struct ServerConfig {
     /// Seconds an asynchronous tool call waits for its callback.
     #[serde(default = "default_async_tool_timeout")]
     pub async_tool_timeout_seconds: f64,
+    /// Seconds a shutdown lets running tasks go on to their next step before it stops them
+    /// where they are; either way they are handed on, not canceled.
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout_seconds: f64,
 }
 
 impl Default for ServerConfig {
@@ -71,10 +75,14 @@ impl Default for ServerConfig {
             push: PushConfig::default(),
             lease_ttl_seconds: default_lease_ttl(),
             async_tool_timeout_seconds: default_async_tool_timeout(),
+            drain_timeout_seconds: default_drain_timeout(),
         }
     }
 }
 
+fn default_drain_timeout() -> f64 {
+    keel_agent::DEFAULT_DRAIN_TIMEOUT.as_secs_f64()
+}
 fn default_host() -> String {
     "127.0.0.1".into()
 }
