@@ -20,6 +20,9 @@ use crate::McpError;
 /// Lines of a stdio server's stderr kept to explain why it did not start.
 const STDERR_LINES: usize = 20;
 
+/// How long a server that failed to start has to finish writing its stderr.
+const STDERR_WAIT: Duration = Duration::from_secs(2);
+
 type Client = RunningService<RoleClient, ClientConfig>;
 
 /// One connected MCP server. Clone the `Arc` to share it between agents: they share its
@@ -196,14 +199,18 @@ impl McpServer {
                     .map_err(|err| format!("cannot run it: {err}"))?;
                 let pid = process.id();
                 self.stderr.lock().unwrap_or_else(|p| p.into_inner()).clear();
-                if let Some(stderr) = stderr {
-                    self.keep_stderr(stderr);
+                let reader = stderr.map(|stderr| self.keep_stderr(stderr));
+                match info.serve(process).await {
+                    Ok(client) => Ok(Running { client, pid }),
+                    Err(err) => {
+                        // The failed transport was dropped, which kills the process: its
+                        // stderr ends soon, and what it said explains the failure.
+                        if let Some(reader) = reader {
+                            let _ = tokio::time::timeout(STDERR_WAIT, reader).await;
+                        }
+                        Err(err.to_string())
+                    }
                 }
-                let client = info
-                    .serve(process)
-                    .await
-                    .map_err(|err| err.to_string())?;
-                Ok(Running { client, pid })
             }
             TransportSpec::Http { url, headers } => {
                 let mut custom = HashMap::new();
@@ -231,7 +238,7 @@ impl McpServer {
 
     /// Keep the last lines a stdio server writes on stderr (and drain the pipe, so a chatty
     /// server never blocks on it).
-    fn keep_stderr(&self, stderr: tokio::process::ChildStderr) {
+    fn keep_stderr(&self, stderr: tokio::process::ChildStderr) -> tokio::task::JoinHandle<()> {
         let tail = self.stderr.clone();
         let server = self.spec.name.clone();
         tokio::spawn(async move {
@@ -244,7 +251,7 @@ impl McpServer {
                 }
                 tail.push_back(line);
             }
-        });
+        })
     }
 
     fn not_started(&self, reason: String) -> McpError {
