@@ -19,6 +19,7 @@
 
 mod build;
 mod error;
+mod mcp;
 mod secret;
 mod types;
 
@@ -27,6 +28,7 @@ use std::path::{Path, PathBuf};
 
 pub use build::{AgentSet, AgentSetBuilder, ConfiguredAgent};
 pub use error::{ConfigError, ConfigProblem};
+pub use mcp::MCP_TIMEOUT_SECONDS;
 pub use secret::{EnvString, MASK};
 pub use types::*;
 
@@ -369,6 +371,7 @@ impl Config {
                 }
             }
         }
+        mcp::check(self, text, path)?;
         if let Some(cycle) = self.subagent_cycle() {
             return Err(ConfigError::whole(
                 path,
