@@ -11,11 +11,11 @@ use serde_json::Value;
 // xtask's own code, included rather than copied: the tests find the servers where
 // `cargo xtask mcp` installs them.
 #[allow(dead_code)]
-#[path = "../xtask/src/py_sdk.rs"]
-mod py_sdk;
-#[allow(dead_code)]
 #[path = "../xtask/src/mcp.rs"]
 mod mcp_servers;
+#[allow(dead_code)]
+#[path = "../xtask/src/py_sdk.rs"]
+mod py_sdk;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -37,10 +37,12 @@ fn path_with_everything() -> OsString {
             )
         }),
     };
-    let dir = command.parent().expect("the command's directory").to_owned();
+    let dir = command
+        .parent()
+        .expect("the command's directory")
+        .to_owned();
     let rest = std::env::var_os("PATH").unwrap_or_default();
-    std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(&rest)))
-        .expect("a PATH")
+    std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(&rest))).expect("a PATH")
 }
 
 /// `keel ARGS` at the workspace root, quiet logs.
@@ -61,7 +63,11 @@ fn keel_tools_lists_the_everything_servers_tools_with_schemas_and_flags() {
         .args(["tools", "--config", "examples/mcp.toml", "--json"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(listed[0]["agent"], "mcp-demo");
     let tools = listed[0]["tools"].as_array().unwrap();
@@ -74,7 +80,10 @@ fn keel_tools_lists_the_everything_servers_tools_with_schemas_and_flags() {
     assert_eq!(echo["mcp_name"], "echo");
     assert_eq!(echo["read_only"], true);
     assert_eq!(echo["idempotent"], true);
-    assert_eq!(echo["parameters"]["required"], serde_json::json!(["message"]));
+    assert_eq!(
+        echo["parameters"]["required"],
+        serde_json::json!(["message"])
+    );
     // The file's deny list keeps the tools that need a human or a model on the other side.
     assert!(!tools
         .iter()
@@ -132,7 +141,11 @@ fn keel_check_starts_the_servers_and_lists_them() {
         .args(["check", "examples/mcp.toml"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("  mcp server: everything (mcp-server-everything)"),

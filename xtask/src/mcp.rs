@@ -59,9 +59,15 @@ pub fn ensure_everything() -> Result<PathBuf, String> {
         .map_err(|e| format!("could not write {}: {e}", dir.display()))?;
     eprintln!("installing {EVERYTHING_PACKAGE} into {}", dir.display());
     let mut npm = Command::new("npm");
-    npm.args(["install", "--no-audit", "--no-fund", "--silent", "--save-exact"])
-        .arg(EVERYTHING_PACKAGE)
-        .current_dir(&dir);
+    npm.args([
+        "install",
+        "--no-audit",
+        "--no-fund",
+        "--silent",
+        "--save-exact",
+    ])
+    .arg(EVERYTHING_PACKAGE)
+    .current_dir(&dir);
     run(&mut npm)?;
     if !bin.is_file() {
         return Err(format!("npm installed no {}", bin.display()));

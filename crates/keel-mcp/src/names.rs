@@ -32,7 +32,10 @@ pub fn tool_name(server: &str, tool: &str, taken: &mut HashSet<String>) -> Strin
         taken.insert(plain.clone());
         return plain;
     }
-    let mut hash = fnv1a(server.as_bytes(), fnv1a(&[0], fnv1a(tool.as_bytes(), FNV_OFFSET)));
+    let mut hash = fnv1a(
+        server.as_bytes(),
+        fnv1a(&[0], fnv1a(tool.as_bytes(), FNV_OFFSET)),
+    );
     loop {
         let keep = MAX_TOOL_NAME - HASH_CHARS - 1;
         let head: String = plain.chars().take(keep).collect();

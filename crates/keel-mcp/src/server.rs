@@ -80,17 +80,22 @@ impl McpServer {
     /// Every tool the server lists (all pages), before the allow and deny lists.
     pub async fn list_tools(&self) -> Result<Vec<rmcp::model::Tool>, McpError> {
         let peer = self.peer().await?;
-        peer.list_all_tools().await.map_err(|err| McpError::Request {
-            server: self.spec.name.clone(),
-            reason: describe(&err),
-        })
+        peer.list_all_tools()
+            .await
+            .map_err(|err| McpError::Request {
+                server: self.spec.name.clone(),
+                reason: describe(&err),
+            })
     }
 
     /// Close the connection (a stdio server's process is asked to exit, then killed).
     pub async fn shutdown(&self) {
         let running = self.client.lock().await.take();
         if let Some(mut running) = running {
-            let _ = running.client.close_with_timeout(Duration::from_secs(5)).await;
+            let _ = running
+                .client
+                .close_with_timeout(Duration::from_secs(5))
+                .await;
         }
     }
 
@@ -128,7 +133,8 @@ impl McpServer {
                 () = cancel.cancelled() => return Err(CallError::Canceled),
                 peer = self.peer() => peer.map_err(CallError::Failed)?,
             };
-            let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments.clone());
+            let params =
+                CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments.clone());
             let call = tokio::time::timeout(self.spec.call_timeout, peer.call_tool(params));
             let outcome = tokio::select! {
                 () = cancel.cancelled() => return Err(CallError::Canceled),
@@ -198,7 +204,10 @@ impl McpServer {
                     .spawn()
                     .map_err(|err| format!("cannot run it: {err}"))?;
                 let pid = process.id();
-                self.stderr.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                self.stderr
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clear();
                 let reader = stderr.map(|stderr| self.keep_stderr(stderr));
                 match info.serve(process).await {
                     Ok(client) => Ok(Running { client, pid }),
@@ -227,10 +236,7 @@ impl McpServer {
                     .custom_headers(custom);
                 ensure_crypto_provider();
                 let transport = StreamableHttpClientTransport::from_config(config);
-                let client = info
-                    .serve(transport)
-                    .await
-                    .map_err(|err| err.to_string())?;
+                let client = info.serve(transport).await.map_err(|err| err.to_string())?;
                 Ok(Running { client, pid: None })
             }
         }

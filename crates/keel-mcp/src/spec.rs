@@ -39,7 +39,11 @@ pub struct ServerSpec {
 impl ServerSpec {
     /// A server named `name` reached through `transport`, every tool offered, default
     /// timeouts; `shown` is the masked command line or URL.
-    pub fn new(name: impl Into<String>, transport: TransportSpec, shown: impl Into<String>) -> Self {
+    pub fn new(
+        name: impl Into<String>,
+        transport: TransportSpec,
+        shown: impl Into<String>,
+    ) -> Self {
         Self {
             name: name.into(),
             transport,

@@ -51,7 +51,12 @@ impl McpTool {
             );
             let mut capabilities = vec![
                 format!("mcp.{}.{}", spec.name, tool.name),
-                if flags.read_only { "mcp.read" } else { "mcp.write" }.to_owned(),
+                if flags.read_only {
+                    "mcp.read"
+                } else {
+                    "mcp.write"
+                }
+                .to_owned(),
             ];
             if flags.destructive {
                 capabilities.push("mcp.destructive".to_owned());
@@ -62,7 +67,12 @@ impl McpTool {
                 .as_deref()
                 .or(tool.title.as_deref())
                 .map_or_else(
-                    || format!("The tool `{}` of the MCP server `{}`.", tool.name, spec.name),
+                    || {
+                        format!(
+                            "The tool `{}` of the MCP server `{}`.",
+                            tool.name, spec.name
+                        )
+                    },
                     str::to_owned,
                 );
             tools.push(McpTool {
@@ -117,14 +127,17 @@ impl Tool for McpTool {
             Value::Object(map) => map,
             Value::Null => serde_json::Map::new(),
             other => {
-                return Err(self.failed(format!(
-                    "the arguments must be a JSON object, not {other}"
-                )))
+                return Err(self.failed(format!("the arguments must be a JSON object, not {other}")))
             }
         };
         let result = self
             .server
-            .call(&self.mcp_name, arguments, self.flags.idempotent, &ctx.cancel)
+            .call(
+                &self.mcp_name,
+                arguments,
+                self.flags.idempotent,
+                &ctx.cancel,
+            )
             .await;
         match result {
             Ok(result) => output(result).map_err(|message| self.failed(message)),
@@ -211,25 +224,25 @@ fn base64_len(data: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rmcp::model::{Content, ImageContent};
+    use rmcp::model::ImageContent;
 
     #[test]
     fn structured_content_wins_over_its_text() {
-        let mut result = CallToolResult::success(vec![Content::text("{\"t\":1}")]);
+        let mut result = CallToolResult::success(vec![ContentBlock::text("{\"t\":1}")]);
         result.structured_content = Some(serde_json::json!({"t": 1}));
         assert_eq!(output(result), Ok(serde_json::json!({"t": 1})));
     }
 
     #[test]
     fn an_error_result_is_an_error_with_its_text() {
-        let result = CallToolResult::error(vec![Content::text("no such file")]);
+        let result = CallToolResult::error(vec![ContentBlock::text("no such file")]);
         assert_eq!(output(result), Err("no such file".to_owned()));
     }
 
     #[test]
     fn images_become_a_described_line() {
         let image = ContentBlock::Image(ImageContent::new("aGVsbG8=", "image/png"));
-        let result = CallToolResult::success(vec![Content::text("here:"), image]);
+        let result = CallToolResult::success(vec![ContentBlock::text("here:"), image]);
         assert_eq!(
             output(result),
             Ok(Value::String(

@@ -16,7 +16,7 @@ use support::{everything_spec, executor, tools_of};
 #[tokio::test]
 async fn the_model_sees_each_tool_prefixed_with_its_schema_description_and_flags() {
     let server = McpServer::start(everything_spec()).await.unwrap();
-    let tools = tools_of(&[server.clone()]).await;
+    let tools = tools_of(&server).await;
     let mut agent = Agent::builder(AgentCard::new("a", "A.", "http://127.0.0.1/"));
     for tool in &tools {
         agent = agent.tool_shared(tool.clone() as Arc<dyn Tool>);
@@ -43,7 +43,10 @@ async fn the_model_sees_each_tool_prefixed_with_its_schema_description_and_flags
     assert_eq!(echo.description, "Echoes back the input string");
     assert_eq!(echo.parameters["properties"]["message"]["type"], "string");
     assert_eq!(echo.parameters["required"], json!(["message"]));
-    let echo_tool = tools.iter().find(|t| t.name() == "everything_echo").unwrap();
+    let echo_tool = tools
+        .iter()
+        .find(|t| t.name() == "everything_echo")
+        .unwrap();
     assert_eq!(echo_tool.mcp_name(), "echo");
     // Its annotations: read-only, not destructive, idempotent.
     assert_eq!(
@@ -68,7 +71,7 @@ async fn the_allow_and_deny_lists_choose_the_tools() {
     spec.allow = vec!["echo".into(), "get-sum".into()];
     spec.deny = vec!["get-sum".into()];
     let server = McpServer::start(spec).await.unwrap();
-    let tools = tools_of(&[server.clone()]).await;
+    let tools = tools_of(&server).await;
     let names: Vec<&str> = tools.iter().map(|t| t.name()).collect();
     assert_eq!(names, ["everything_echo"]);
     server.shutdown().await;
@@ -77,7 +80,7 @@ async fn the_allow_and_deny_lists_choose_the_tools() {
 #[tokio::test]
 async fn a_model_call_is_a_normal_tool_call_with_policy_events_and_result() {
     let server = McpServer::start(everything_spec()).await.unwrap();
-    let tools = tools_of(&[server.clone()]).await;
+    let tools = tools_of(&server).await;
     let exec = executor(&tools, |b| b);
     let sink = Arc::new(InMemoryEventSink::new());
     exec.add_event_sink(sink.clone());
@@ -117,7 +120,7 @@ async fn a_model_call_is_a_normal_tool_call_with_policy_events_and_result() {
 #[tokio::test]
 async fn policy_judges_mcp_calls_by_their_capabilities() {
     let server = McpServer::start(everything_spec()).await.unwrap();
-    let tools = tools_of(&[server.clone()]).await;
+    let tools = tools_of(&server).await;
     let exec = executor(&tools, |b| {
         b.policy(
             keel_policy::CapabilityPolicy::new()
@@ -145,7 +148,7 @@ async fn policy_judges_mcp_calls_by_their_capabilities() {
 #[tokio::test]
 async fn structured_content_is_the_json_result() {
     let server = McpServer::start(everything_spec()).await.unwrap();
-    let exec = executor(&tools_of(&[server.clone()]).await, |b| b);
+    let exec = executor(&tools_of(&server).await, |b| b);
     let auth = exec.runtime().auth_service().auth_context();
     let output = exec
         .call_tool_in_context(
@@ -167,7 +170,7 @@ async fn structured_content_is_the_json_result() {
 #[tokio::test]
 async fn an_image_becomes_a_line_describing_it_between_the_texts() {
     let server = McpServer::start(everything_spec()).await.unwrap();
-    let exec = executor(&tools_of(&[server.clone()]).await, |b| b);
+    let exec = executor(&tools_of(&server).await, |b| b);
     let auth = exec.runtime().auth_service().auth_context();
     let output = exec
         .call_tool_in_context(
@@ -195,7 +198,7 @@ async fn an_image_becomes_a_line_describing_it_between_the_texts() {
 #[tokio::test]
 async fn a_killed_server_is_started_again_by_the_next_call() {
     let server = McpServer::start(everything_spec()).await.unwrap();
-    let exec = executor(&tools_of(&[server.clone()]).await, |b| b);
+    let exec = executor(&tools_of(&server).await, |b| b);
     let auth = exec.runtime().auth_service().auth_context();
     let echo = |text: &'static str| {
         let exec = exec.clone();

@@ -86,10 +86,15 @@ impl HttpFixture {
 async fn a_call_over_http_with_a_bearer_token_returns_the_result() {
     let fixture = HttpFixture::start();
     let server = McpServer::start(fixture.spec(TOKEN)).await.unwrap();
-    let tools = tools_of(&[server.clone()]).await;
+    let tools = tools_of(&server).await;
     let names: Vec<&str> = tools.iter().map(|t| t.name()).collect();
     // `weird.name` is offered as a name every provider accepts.
-    for expected in ["fixture_add", "fixture_fail", "fixture_slow", "fixture_weird_name"] {
+    for expected in [
+        "fixture_add",
+        "fixture_fail",
+        "fixture_slow",
+        "fixture_weird_name",
+    ] {
         assert!(names.contains(&expected), "{expected} not in {names:?}");
     }
     let exec = executor(&tools, |b| b);
@@ -122,7 +127,10 @@ async fn a_wrong_token_is_a_start_error_naming_the_server_without_the_secret() {
     assert_eq!(server, "fixture");
     assert!(shown.contains(&fixture.url), "{shown}");
     let text = err.to_string();
-    assert!(text.starts_with("MCP server `fixture` (http://127.0.0.1:"), "{text}");
+    assert!(
+        text.starts_with("MCP server `fixture` (http://127.0.0.1:"),
+        "{text}"
+    );
     assert!(!text.contains("wrong-token"), "{text}");
 }
 
@@ -130,7 +138,7 @@ async fn a_wrong_token_is_a_start_error_naming_the_server_without_the_secret() {
 async fn an_is_error_result_is_a_tool_error_the_model_reads_and_the_run_goes_on() {
     let fixture = HttpFixture::start();
     let server = McpServer::start(fixture.spec(TOKEN)).await.unwrap();
-    let exec = executor(&tools_of(&[server.clone()]).await, |b| b);
+    let exec = executor(&tools_of(&server).await, |b| b);
     let auth = exec.runtime().auth_service().auth_context();
     let err = exec
         .call_tool_in_context(
@@ -166,7 +174,7 @@ async fn an_is_error_result_is_a_tool_error_the_model_reads_and_the_run_goes_on(
 async fn canceling_the_task_cancels_the_mcp_request_on_the_server() {
     let fixture = HttpFixture::start();
     let server = McpServer::start(fixture.spec(TOKEN)).await.unwrap();
-    let exec = executor(&tools_of(&[server.clone()]).await, |b| b);
+    let exec = executor(&tools_of(&server).await, |b| b);
     let auth = exec.runtime().auth_service().auth_context();
     let task = exec
         .send_message(
@@ -206,7 +214,7 @@ async fn a_call_past_its_timeout_fails_and_the_server_sees_it_cancelled() {
     let mut spec = fixture.spec(TOKEN);
     spec.call_timeout = Duration::from_millis(1500);
     let server = McpServer::start(spec).await.unwrap();
-    let exec = executor(&tools_of(&[server.clone()]).await, |b| b);
+    let exec = executor(&tools_of(&server).await, |b| b);
     let auth = exec.runtime().auth_service().auth_context();
     let err = exec
         .call_tool_in_context(
@@ -255,7 +263,7 @@ fn stdio_spec(markers: &Path) -> ServerSpec {
 async fn a_stdio_server_killed_during_a_call_fails_that_call_and_the_next_call_restarts_it() {
     let markers = tempfile::tempdir().unwrap();
     let server = McpServer::start(stdio_spec(markers.path())).await.unwrap();
-    let tools = tools_of(&[server.clone()]).await;
+    let tools = tools_of(&server).await;
     let slow = tools.iter().find(|t| t.name() == "fixture_slow").unwrap();
     // `slow` has no annotations: not idempotent, so it is not retried.
     assert!(!slow.idempotent());
@@ -366,7 +374,7 @@ async fn env_reaches_a_stdio_server() {
         env.push(("KEEL_MCP_TEST_VALUE".into(), "from-keel".into()));
     }
     let server = McpServer::start(spec).await.unwrap();
-    let exec = executor(&tools_of(&[server.clone()]).await, |b| b);
+    let exec = executor(&tools_of(&server).await, |b| b);
     let auth = exec.runtime().auth_service().auth_context();
     let output = exec
         .call_tool_in_context(
@@ -392,7 +400,7 @@ async fn a_stdio_server_runs_in_its_working_directory() {
         *cwd = Some(dir.path().to_owned());
     }
     let server = McpServer::start(spec).await.unwrap();
-    let exec = executor(&tools_of(&[server.clone()]).await, |b| b);
+    let exec = executor(&tools_of(&server).await, |b| b);
     let auth = exec.runtime().auth_service().auth_context();
     let output = exec
         .call_tool_in_context(

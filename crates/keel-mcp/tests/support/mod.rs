@@ -60,15 +60,12 @@ pub fn everything_spec() -> ServerSpec {
     )
 }
 
-/// The tools of `servers`, in order, named without clashes.
-pub async fn tools_of(servers: &[Arc<McpServer>]) -> Vec<Arc<McpTool>> {
-    let mut taken = HashSet::new();
-    let mut tools = Vec::new();
-    for server in servers {
-        let listed = McpTool::list(server, &mut taken).await.expect("tools listed");
-        tools.extend(listed.into_iter().map(Arc::new));
-    }
-    tools
+/// The tools of `server`, named as an agent with only it would have them.
+pub async fn tools_of(server: &Arc<McpServer>) -> Vec<Arc<McpTool>> {
+    let listed = McpTool::list(server, &mut HashSet::new())
+        .await
+        .expect("tools listed");
+    listed.into_iter().map(Arc::new).collect()
 }
 
 /// An agent on the offline model (which calls `/TOOL {json}`) with `tools`, on an in-memory

@@ -242,7 +242,10 @@ pub(crate) fn spec(name: &str, server: &McpServerConfig, base: &Path) -> ServerS
             cwd: server.cwd.as_ref().map(|cwd| base.join(cwd)),
         },
         (None, url) => TransportSpec::Http {
-            url: url.as_ref().map(|u| u.value().to_owned()).unwrap_or_default(),
+            url: url
+                .as_ref()
+                .map(|u| u.value().to_owned())
+                .unwrap_or_default(),
             headers: server
                 .headers
                 .iter()
@@ -355,7 +358,11 @@ mod tests {
         ))
         .unwrap_err();
         assert_eq!(both.field, "mcp.s");
-        assert!(both.message.starts_with("give `command`"), "{}", both.message);
+        assert!(
+            both.message.starts_with("give `command`"),
+            "{}",
+            both.message
+        );
         let neither = parse(&format!("{AGENTS}[agents.mcp.s]\nallow_tools = []\n")).unwrap_err();
         assert_eq!(neither.field, "agents[1].mcp.s");
         let headers = parse(&format!(
