@@ -7,11 +7,11 @@ mod support;
 use std::sync::Arc;
 
 use keel_agent::{Agent, SendOptions, Tool};
-use keel_core::{AgentCard, Message, RunContext, TaskState, ThreadId};
+use keel_core::{AgentCard, Message, TaskState};
 use keel_events::InMemoryEventSink;
 use keel_mcp::{McpServer, ToolFlags};
 use serde_json::json;
-use support::{everything_spec, executor, tools_of};
+use support::{call, everything_spec, executor, tools_of};
 
 #[tokio::test]
 async fn the_model_sees_each_tool_prefixed_with_its_schema_description_and_flags() {
@@ -127,15 +127,7 @@ async fn policy_judges_mcp_calls_by_their_capabilities() {
                 .with_rule("mcp.everything.echo", keel_policy::CapabilityRule::Deny),
         )
     });
-    let auth = exec.runtime().auth_service().auth_context();
-    let err = exec
-        .call_tool_in_context(
-            &auth,
-            ThreadId::new(),
-            "everything_echo",
-            json!({"message": "x"}),
-            RunContext::new(),
-        )
+    let err = call(&exec, "everything_echo", json!({"message": "x"}))
         .await
         .unwrap_err();
     assert!(
@@ -149,17 +141,13 @@ async fn policy_judges_mcp_calls_by_their_capabilities() {
 async fn structured_content_is_the_json_result() {
     let server = McpServer::start(everything_spec()).await.unwrap();
     let exec = executor(&tools_of(&server).await, |b| b);
-    let auth = exec.runtime().auth_service().auth_context();
-    let output = exec
-        .call_tool_in_context(
-            &auth,
-            ThreadId::new(),
-            "everything_get-structured-content",
-            json!({"location": "Chicago"}),
-            RunContext::new(),
-        )
-        .await
-        .unwrap();
+    let output = call(
+        &exec,
+        "everything_get-structured-content",
+        json!({"location": "Chicago"}),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         output,
         json!({"temperature": 36, "conditions": "Light rain / drizzle", "humidity": 82})
@@ -171,15 +159,7 @@ async fn structured_content_is_the_json_result() {
 async fn an_image_becomes_a_line_describing_it_between_the_texts() {
     let server = McpServer::start(everything_spec()).await.unwrap();
     let exec = executor(&tools_of(&server).await, |b| b);
-    let auth = exec.runtime().auth_service().auth_context();
-    let output = exec
-        .call_tool_in_context(
-            &auth,
-            ThreadId::new(),
-            "everything_get-tiny-image",
-            json!({}),
-            RunContext::new(),
-        )
+    let output = call(&exec, "everything_get-tiny-image", json!({}))
         .await
         .unwrap();
     let text = output.as_str().unwrap();
@@ -199,21 +179,7 @@ async fn an_image_becomes_a_line_describing_it_between_the_texts() {
 async fn a_killed_server_is_started_again_by_the_next_call() {
     let server = McpServer::start(everything_spec()).await.unwrap();
     let exec = executor(&tools_of(&server).await, |b| b);
-    let auth = exec.runtime().auth_service().auth_context();
-    let echo = |text: &'static str| {
-        let exec = exec.clone();
-        let auth = auth.clone();
-        async move {
-            exec.call_tool_in_context(
-                &auth,
-                ThreadId::new(),
-                "everything_echo",
-                json!({"message": text}),
-                RunContext::new(),
-            )
-            .await
-        }
-    };
+    let echo = |text: &'static str| call(&exec, "everything_echo", json!({"message": text}));
     assert_eq!(echo("one").await.unwrap(), "Echo: one");
     let first = server.process_id().await.expect("a stdio server has a pid");
     support::kill(first);

@@ -10,11 +10,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use keel_agent::{SendOptions, Tool};
-use keel_core::{AgentError, Message, RunContext, TaskState, ThreadId};
+use keel_core::{AgentError, Message, TaskState};
 use keel_mcp::{Header, McpError, McpServer, ServerSpec, TransportSpec};
 use keel_runtime::testing::eventually;
 use serde_json::json;
-use support::{executor, tools_of};
+use support::{call, executor, tools_of};
 
 const TOKEN: &str = "fixture-token";
 
@@ -98,15 +98,7 @@ async fn a_call_over_http_with_a_bearer_token_returns_the_result() {
         assert!(names.contains(&expected), "{expected} not in {names:?}");
     }
     let exec = executor(&tools, |b| b);
-    let auth = exec.runtime().auth_service().auth_context();
-    let output = exec
-        .call_tool_in_context(
-            &auth,
-            ThreadId::new(),
-            "fixture_add",
-            json!({"a": 2, "b": 3}),
-            RunContext::new(),
-        )
+    let output = call(&exec, "fixture_add", json!({"a": 2, "b": 3}))
         .await
         .unwrap();
     // FastMCP gives an int result as structured content.
@@ -140,14 +132,7 @@ async fn an_is_error_result_is_a_tool_error_the_model_reads_and_the_run_goes_on(
     let server = McpServer::start(fixture.spec(TOKEN)).await.unwrap();
     let exec = executor(&tools_of(&server).await, |b| b);
     let auth = exec.runtime().auth_service().auth_context();
-    let err = exec
-        .call_tool_in_context(
-            &auth,
-            ThreadId::new(),
-            "fixture_fail",
-            json!({"reason": "because"}),
-            RunContext::new(),
-        )
+    let err = call(&exec, "fixture_fail", json!({"reason": "because"}))
         .await
         .unwrap_err();
     let AgentError::ToolFailed { tool, message } = &err else {
@@ -215,15 +200,7 @@ async fn a_call_past_its_timeout_fails_and_the_server_sees_it_cancelled() {
     spec.call_timeout = Duration::from_millis(1500);
     let server = McpServer::start(spec).await.unwrap();
     let exec = executor(&tools_of(&server).await, |b| b);
-    let auth = exec.runtime().auth_service().auth_context();
-    let err = exec
-        .call_tool_in_context(
-            &auth,
-            ThreadId::new(),
-            "fixture_slow",
-            json!({"seconds": 60}),
-            RunContext::new(),
-        )
+    let err = call(&exec, "fixture_slow", json!({"seconds": 60}))
         .await
         .unwrap_err();
     let AgentError::ToolFailed { message, .. } = &err else {
@@ -268,20 +245,10 @@ async fn a_stdio_server_killed_during_a_call_fails_that_call_and_the_next_call_r
     // `slow` has no annotations: not idempotent, so it is not retried.
     assert!(!slow.idempotent());
     let exec = executor(&tools, |b| b);
-    let auth = exec.runtime().auth_service().auth_context();
     let first = server.process_id().await.unwrap();
-    let call = tokio::spawn({
-        let (exec, auth) = (exec.clone(), auth.clone());
-        async move {
-            exec.call_tool_in_context(
-                &auth,
-                ThreadId::new(),
-                "fixture_slow",
-                json!({"seconds": 60}),
-                RunContext::new(),
-            )
-            .await
-        }
+    let slow_call = tokio::spawn({
+        let exec = exec.clone();
+        async move { call(&exec, "fixture_slow", json!({"seconds": 60})).await }
     });
     let started = markers.path().join("started");
     eventually("the call reached the server", || {
@@ -290,7 +257,7 @@ async fn a_stdio_server_killed_during_a_call_fails_that_call_and_the_next_call_r
     })
     .await;
     support::kill(first);
-    let err = tokio::time::timeout(Duration::from_secs(20), call)
+    let err = tokio::time::timeout(Duration::from_secs(20), slow_call)
         .await
         .expect("the call ends when the server dies")
         .unwrap()
@@ -303,14 +270,7 @@ async fn a_stdio_server_killed_during_a_call_fails_that_call_and_the_next_call_r
         "tool `fixture_slow` failed: MCP server `fixture` stopped during the call of `slow`; it \
          is started again on the next call"
     );
-    let output = exec
-        .call_tool_in_context(
-            &auth,
-            ThreadId::new(),
-            "fixture_add",
-            json!({"a": 1, "b": 1}),
-            RunContext::new(),
-        )
+    let output = call(&exec, "fixture_add", json!({"a": 1, "b": 1}))
         .await
         .unwrap();
     assert_eq!(output, json!({"result": 2}));
@@ -375,17 +335,7 @@ async fn env_reaches_a_stdio_server() {
     }
     let server = McpServer::start(spec).await.unwrap();
     let exec = executor(&tools_of(&server).await, |b| b);
-    let auth = exec.runtime().auth_service().auth_context();
-    let output = exec
-        .call_tool_in_context(
-            &auth,
-            ThreadId::new(),
-            "everything_get-env",
-            json!({}),
-            RunContext::new(),
-        )
-        .await
-        .unwrap();
+    let output = call(&exec, "everything_get-env", json!({})).await.unwrap();
     let env: serde_json::Value = serde_json::from_str(output.as_str().unwrap()).unwrap();
     assert_eq!(env["KEEL_MCP_TEST_VALUE"], "from-keel");
     server.shutdown().await;
@@ -401,15 +351,7 @@ async fn a_stdio_server_runs_in_its_working_directory() {
     }
     let server = McpServer::start(spec).await.unwrap();
     let exec = executor(&tools_of(&server).await, |b| b);
-    let auth = exec.runtime().auth_service().auth_context();
-    let output = exec
-        .call_tool_in_context(
-            &auth,
-            ThreadId::new(),
-            "fixture_slow",
-            json!({"seconds": 0}),
-            RunContext::new(),
-        )
+    let output = call(&exec, "fixture_slow", json!({"seconds": 0}))
         .await
         .unwrap();
     assert_eq!(output, json!({"result": "slept"}));

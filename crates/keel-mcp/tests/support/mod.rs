@@ -96,3 +96,21 @@ pub fn kill(pid: u32) {
         .expect("kill runs");
     assert!(status.success(), "kill -9 {pid}");
 }
+
+/// Call `tool` of `exec`'s agent directly, with no model, through policy, budget and events
+/// as a model's call goes (`AgentExecutor::call_tool_in_context`), in a new thread.
+pub async fn call(
+    exec: &AgentExecutor,
+    tool: &str,
+    arguments: serde_json::Value,
+) -> keel_core::AgentResult<serde_json::Value> {
+    let auth = exec.runtime().auth_service().auth_context();
+    exec.call_tool_in_context(
+        &auth,
+        keel_core::ThreadId::new(),
+        tool,
+        arguments,
+        keel_core::RunContext::new(),
+    )
+    .await
+}
