@@ -193,3 +193,49 @@ async fn a_killed_server_is_started_again_by_the_next_call() {
     assert_ne!(first, second);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_call_that_needs_approval_waits_and_runs_once_approved() {
+    let server = McpServer::start(everything_spec()).await.unwrap();
+    let exec = executor(&tools_of(&server).await, |b| {
+        b.policy(keel_policy::CapabilityPolicy::new().with_rule(
+            "mcp.everything.*",
+            keel_policy::CapabilityRule::RequireApproval,
+        ))
+    });
+    let auth = exec.runtime().auth_service().auth_context();
+    let task = exec
+        .send_message(
+            &auth,
+            Message::user(r#"/everything_echo {"message": "approved call"}"#),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::InputRequired);
+    let pending: keel_core::ApprovalRequest =
+        serde_json::from_value(task.metadata["pending_approval"].clone()).unwrap();
+    assert_eq!(pending.action.name, "everything_echo");
+    assert_eq!(pending.action.payload, json!({"message": "approved call"}));
+    exec.decide_approval(
+        &auth,
+        &task.id,
+        keel_policy::approve_request(&pending, "ops"),
+    )
+    .await
+    .unwrap();
+    let task = keel_runtime::testing::eventually("the approved run completes", || {
+        let (exec, auth, id) = (exec.clone(), auth.clone(), task.id.clone());
+        async move {
+            let task = exec.get_task(&auth, &id, None).await.unwrap();
+            (task.state() == TaskState::Completed).then_some(task)
+        }
+    })
+    .await;
+    let answer = task.status().message.as_ref().unwrap().text();
+    assert!(
+        answer.contains("everything_echo: Echo: approved call"),
+        "{answer}"
+    );
+    server.shutdown().await;
+}
