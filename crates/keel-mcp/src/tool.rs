@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use keel_agent::{Tool, ToolContext};
+use keel_core::conversation::ToolSpec;
 use keel_core::{AgentError, AgentResult};
 use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};
 use serde_json::Value;
@@ -18,12 +19,10 @@ use crate::McpError;
 /// A tool of an MCP server.
 pub struct McpTool {
     server: Arc<McpServer>,
-    /// The name the model calls it by (`{server}_{tool}`, sanitized).
-    name: String,
+    /// What the model sees: `{server}_{tool}` sanitized, the server's description and schema.
+    offered: ToolSpec,
     /// Its MCP name, as the server knows it.
     mcp_name: String,
-    description: String,
-    parameters: Value,
     flags: ToolFlags,
     capabilities: Vec<String>,
 }
@@ -77,10 +76,12 @@ impl McpTool {
                 );
             tools.push(McpTool {
                 server: server.clone(),
-                name: tool_name(&spec.name, &tool.name, taken),
+                offered: ToolSpec {
+                    name: tool_name(&spec.name, &tool.name, taken),
+                    description,
+                    parameters: Value::Object(tool.input_schema.as_ref().clone()),
+                },
                 mcp_name: tool.name.to_string(),
-                description,
-                parameters: Value::Object(tool.input_schema.as_ref().clone()),
                 flags,
                 capabilities,
             });
@@ -107,13 +108,13 @@ impl McpTool {
 #[async_trait]
 impl Tool for McpTool {
     fn name(&self) -> &str {
-        &self.name
+        &self.offered.name
     }
     fn description(&self) -> &str {
-        &self.description
+        &self.offered.description
     }
     fn parameters(&self) -> Value {
-        self.parameters.clone()
+        self.offered.parameters.clone()
     }
     fn idempotent(&self) -> bool {
         self.flags.idempotent
@@ -152,7 +153,7 @@ impl Tool for McpTool {
 impl McpTool {
     fn failed(&self, message: String) -> AgentError {
         AgentError::ToolFailed {
-            tool: self.name.clone(),
+            tool: self.offered.name.clone(),
             message,
         }
     }

@@ -89,14 +89,15 @@ async fn a_call_over_http_with_a_bearer_token_returns_the_result() {
     let tools = tools_of(&server).await;
     let names: Vec<&str> = tools.iter().map(|t| t.name()).collect();
     // `weird.name` is offered as a name every provider accepts.
-    for expected in [
-        "fixture_add",
-        "fixture_fail",
-        "fixture_slow",
-        "fixture_weird_name",
-    ] {
-        assert!(names.contains(&expected), "{expected} not in {names:?}");
-    }
+    support::assert_offered(
+        &names,
+        &[
+            "fixture_add",
+            "fixture_fail",
+            "fixture_slow",
+            "fixture_weird_name",
+        ],
+    );
     let exec = executor(&tools, |b| b);
     let output = call(&exec, "fixture_add", json!({"a": 2, "b": 3}))
         .await
@@ -109,10 +110,10 @@ async fn a_call_over_http_with_a_bearer_token_returns_the_result() {
 #[tokio::test]
 async fn a_wrong_token_is_a_start_error_naming_the_server_without_the_secret() {
     let fixture = HttpFixture::start();
-    let err = match McpServer::start(fixture.spec("wrong-token")).await {
-        Err(err) => err,
-        Ok(_) => panic!("a wrong token was accepted"),
-    };
+    let err = McpServer::start(fixture.spec("wrong-token"))
+        .await
+        .err()
+        .expect("a wrong token was accepted");
     let McpError::NotStarted { server, shown, .. } = &err else {
         panic!("expected NotStarted, got {err:?}");
     };
@@ -217,22 +218,27 @@ async fn a_call_past_its_timeout_fails_and_the_server_sees_it_cancelled() {
     server.shutdown().await;
 }
 
+/// A stdio server `name` running `command` with `args`, shown as `shown`.
+fn stdio(name: &str, command: &str, args: &[&str], shown: &str) -> ServerSpec {
+    let transport = TransportSpec::Stdio {
+        command: command.to_owned(),
+        args: args.iter().map(|a| (*a).to_owned()).collect(),
+        env: Vec::new(),
+        cwd: None,
+    };
+    ServerSpec::new(name, transport, shown)
+}
+
 /// The fixture over stdio.
 fn stdio_spec(markers: &Path) -> ServerSpec {
     let python = support::python().display().to_string();
-    ServerSpec::new(
+    let script = fixture().display().to_string();
+    let markers = markers.display().to_string();
+    stdio(
         "fixture",
-        TransportSpec::Stdio {
-            command: python.clone(),
-            args: vec![
-                fixture().display().to_string(),
-                "stdio".into(),
-                markers.display().to_string(),
-            ],
-            env: Vec::new(),
-            cwd: None,
-        },
-        format!("{python} fastmcp_server.py stdio"),
+        &python,
+        &[&script, "stdio", &markers],
+        &format!("{python} fastmcp_server.py stdio"),
     )
 }
 
@@ -280,20 +286,16 @@ async fn a_stdio_server_killed_during_a_call_fails_that_call_and_the_next_call_r
 
 #[tokio::test]
 async fn a_command_that_cannot_run_is_a_start_error_naming_server_and_command() {
-    let spec = ServerSpec::new(
+    let spec = stdio(
         "ghost",
-        TransportSpec::Stdio {
-            command: "keel-no-such-mcp-server".into(),
-            args: Vec::new(),
-            env: Vec::new(),
-            cwd: None,
-        },
+        "keel-no-such-mcp-server",
+        &[],
         "keel-no-such-mcp-server --flag",
     );
-    let err = match McpServer::start(spec).await {
-        Err(err) => err,
-        Ok(_) => panic!("a missing command started"),
-    };
+    let err = McpServer::start(spec)
+        .await
+        .err()
+        .expect("a missing command started");
     assert!(matches!(err, McpError::NotStarted { .. }), "{err:?}");
     let text = err.to_string();
     assert!(
@@ -306,20 +308,16 @@ async fn a_command_that_cannot_run_is_a_start_error_naming_server_and_command() 
 
 #[tokio::test]
 async fn a_server_that_exits_at_once_is_a_start_error_with_what_it_printed() {
-    let spec = ServerSpec::new(
+    let spec = stdio(
         "quitter",
-        TransportSpec::Stdio {
-            command: "sh".into(),
-            args: vec!["-c".into(), "echo 'missing API key' >&2; exit 3".into()],
-            env: Vec::new(),
-            cwd: None,
-        },
+        "sh",
+        &["-c", "echo 'missing API key' >&2; exit 3"],
         "sh -c …",
     );
-    let err = match McpServer::start(spec).await {
-        Err(err) => err,
-        Ok(_) => panic!("a server that exits started"),
-    };
+    let err = McpServer::start(spec)
+        .await
+        .err()
+        .expect("a server that exits started");
     let McpError::NotStarted { server, stderr, .. } = &err else {
         panic!("expected NotStarted, got {err:?}");
     };

@@ -114,3 +114,10 @@ pub async fn call(
     )
     .await
 }
+
+/// Every one of `expected` is among the tool `names`.
+pub fn assert_offered(names: &[&str], expected: &[&str]) {
+    for name in expected {
+        assert!(names.contains(name), "{name} not in {names:?}");
+    }
+}

@@ -112,11 +112,7 @@ pub(super) fn check(config: &Config, text: &str, path: &Path) -> Result<(), Conf
         let whole = |rest: &str, message: String| {
             ConfigError::whole(path, format!("{field}{rest}"), message)
         };
-        let valid = !name.is_empty()
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        if !valid {
+        if !super::is_plain_name(name) {
             return Err(whole(
                 "",
                 format!("`{name}` must be letters, digits, `-` or `_` (it prefixes tool names)"),
@@ -348,6 +344,11 @@ mod tests {
         Config::parse(text, "/srv/app/keel.toml")
     }
 
+    /// The field the error of `text` names.
+    fn field_of(text: &str) -> String {
+        parse(text).unwrap_err().field.clone()
+    }
+
     const AGENTS: &str = "[[agents]]\nname = \"a\"\ndescription = \"A.\"\n\
                           [[agents]]\nname = \"b\"\ndescription = \"B.\"\n";
 
@@ -363,27 +364,36 @@ mod tests {
             "{}",
             both.message
         );
-        let neither = parse(&format!("{AGENTS}[agents.mcp.s]\nallow_tools = []\n")).unwrap_err();
-        assert_eq!(neither.field, "agents[1].mcp.s");
-        let headers = parse(&format!(
-            "[mcp.s]\ncommand = \"x\"\nheaders = {{ A = \"b\" }}\n{AGENTS}"
-        ))
-        .unwrap_err();
-        assert_eq!(headers.field, "mcp.s.headers");
-        let args = parse(&format!(
-            "[mcp.s]\nurl = \"http://h/mcp\"\nargs = [\"-v\"]\n{AGENTS}"
-        ))
-        .unwrap_err();
-        assert_eq!(args.field, "mcp.s.args");
-        let scheme = parse(&format!("[mcp.s]\nurl = \"ftp://h/mcp\"\n{AGENTS}")).unwrap_err();
-        assert_eq!(scheme.field, "mcp.s.url");
-        let name = parse(&format!("[mcp.\"a b\"]\ncommand = \"x\"\n{AGENTS}")).unwrap_err();
-        assert_eq!(name.field, "mcp.a b");
-        let timeout = parse(&format!(
-            "[mcp.s]\ncommand = \"x\"\ntimeout_seconds = 0\n{AGENTS}"
-        ))
-        .unwrap_err();
-        assert_eq!(timeout.field, "mcp.s.timeout_seconds");
+        assert_eq!(
+            field_of(&format!("{AGENTS}[agents.mcp.s]\nallow_tools = []\n")),
+            "agents[1].mcp.s"
+        );
+        assert_eq!(
+            field_of(&format!(
+                "[mcp.s]\ncommand = \"x\"\nheaders = {{ A = \"b\" }}\n{AGENTS}"
+            )),
+            "mcp.s.headers"
+        );
+        assert_eq!(
+            field_of(&format!(
+                "[mcp.s]\nurl = \"http://h/mcp\"\nargs = [\"-v\"]\n{AGENTS}"
+            )),
+            "mcp.s.args"
+        );
+        assert_eq!(
+            field_of(&format!("[mcp.s]\nurl = \"ftp://h/mcp\"\n{AGENTS}")),
+            "mcp.s.url"
+        );
+        assert_eq!(
+            field_of(&format!("[mcp.\"a b\"]\ncommand = \"x\"\n{AGENTS}")),
+            "mcp.a b"
+        );
+        assert_eq!(
+            field_of(&format!(
+                "[mcp.s]\ncommand = \"x\"\ntimeout_seconds = 0\n{AGENTS}"
+            )),
+            "mcp.s.timeout_seconds"
+        );
     }
 
     #[test]
@@ -410,16 +420,18 @@ mod tests {
         .unwrap_err();
         assert_eq!(unknown.field, "mcp.s.agents");
         assert_eq!(unknown.suggestion.as_deref(), Some("b"));
-        let own_agents = parse(&format!(
-            "{AGENTS}[agents.mcp.s]\ncommand = \"x\"\nagents = [\"a\"]\n"
-        ))
-        .unwrap_err();
-        assert_eq!(own_agents.field, "agents[1].mcp.s.agents");
-        let twice = parse(&format!(
-            "[mcp.s]\ncommand = \"x\"\n{AGENTS}[agents.mcp.s]\ncommand = \"y\"\n"
-        ))
-        .unwrap_err();
-        assert_eq!(twice.field, "agents[1].mcp.s");
+        assert_eq!(
+            field_of(&format!(
+                "{AGENTS}[agents.mcp.s]\ncommand = \"x\"\nagents = [\"a\"]\n"
+            )),
+            "agents[1].mcp.s.agents"
+        );
+        assert_eq!(
+            field_of(&format!(
+                "[mcp.s]\ncommand = \"x\"\n{AGENTS}[agents.mcp.s]\ncommand = \"y\"\n"
+            )),
+            "agents[1].mcp.s"
+        );
     }
 
     #[test]
@@ -478,10 +490,11 @@ mod tests {
     fn build_refuses_a_file_whose_servers_were_not_started() {
         let config = parse(&format!("[mcp.s]\ncommand = \"x\"\n{AGENTS}")).unwrap();
         let runtime = Arc::new(crate::DefaultRuntime::offline());
-        let err = match config.agents().build(runtime) {
-            Err(err) => err,
-            Ok(_) => panic!("built without starting the MCP server"),
-        };
+        let err = config
+            .agents()
+            .build(runtime)
+            .err()
+            .expect("built without starting the MCP server");
         assert_eq!(err.field, "mcp");
         assert!(err.message.contains("`connect`"), "{}", err.message);
     }
@@ -493,10 +506,12 @@ mod tests {
         ))
         .unwrap();
         let runtime = Arc::new(crate::DefaultRuntime::offline());
-        let err = match config.agents().connect(runtime).await {
-            Err(err) => err,
-            Ok(_) => panic!("a missing command started"),
-        };
+        let err = config
+            .agents()
+            .connect(runtime)
+            .await
+            .err()
+            .expect("a missing command started");
         assert_eq!(err.field, "agents.b.mcp.ghost");
         assert!(
             err.message.starts_with(
