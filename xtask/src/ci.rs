@@ -129,6 +129,7 @@ fn steps(r: &mut Runner, redis: &mut Option<crate::redis::Redis>) -> Result<(), 
             }
         })?;
     }
+    r.step("MCP test servers", || crate::mcp::ci_step(&mut test_env))?;
     r.step("redis", || {
         *redis = crate::redis::ensure();
         match redis {

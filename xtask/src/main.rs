@@ -5,6 +5,7 @@ mod ci;
 mod fuzz;
 mod instructions;
 mod layers;
+mod mcp;
 mod py_sdk;
 mod redis;
 mod tidy;
@@ -35,6 +36,8 @@ commands:
   fuzz [SECONDS]   run each fuzz target of fuzz/ for SECONDS (default 60; needs nightly and cargo-fuzz)
   py-sdk           create/refresh the cached Python A2A SDK venvs (1.x, 0.3.x) and print
                    KEEL_PYTHON=... and KEEL_PYTHON_V03=... lines
+  mcp              install the MCP test servers (npm's server-everything, a FastMCP venv) under
+                   target/ and print KEEL_MCP_EVERYTHING=... and KEEL_MCP_PYTHON=... lines
   help             print this message";
 
 /// Parses the subcommand and dispatches; every task returns its exit code.
@@ -70,6 +73,18 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        Some("mcp") if args.len() == 1 => match mcp::ensure_all() {
+            Ok(found) => {
+                for (var, path) in found {
+                    println!("{var}={}", path.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("xtask mcp: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Some("help" | "-h" | "--help") => {
             println!("{USAGE}");
             ExitCode::SUCCESS

@@ -16,6 +16,8 @@ pub struct SdkVenv {
     pub requirements: &'static [&'static str],
     /// The environment variable that hands its python to the tests.
     pub env_var: &'static str,
+    /// The modules an install must make importable (`python -c "import …"`).
+    pub imports: &'static str,
 }
 
 /// The A2A 1.x SDK (`KEEL_PYTHON`).
@@ -23,6 +25,7 @@ pub const V1: SdkVenv = SdkVenv {
     dir_name: "py-a2a-sdk",
     requirements: &["a2a-sdk[grpc]>=1.0,<2", "httpx"],
     env_var: "KEEL_PYTHON",
+    imports: "a2a.client, a2a.types",
 };
 
 /// The A2A 0.3.x SDK, a v0.3 client (`KEEL_PYTHON_V03`).
@@ -30,6 +33,7 @@ pub const V03: SdkVenv = SdkVenv {
     dir_name: "py-a2a-sdk-v03",
     requirements: &["a2a-sdk>=0.3,<0.4", "httpx"],
     env_var: "KEEL_PYTHON_V03",
+    imports: "a2a.client, a2a.types",
 };
 
 /// Marker file inside the venv recording the requirements of the last successful install.
@@ -96,7 +100,7 @@ impl SdkVenv {
         .args(self.requirements);
         run(&mut cmd)?;
         let mut check = Command::new(&python);
-        check.args(["-c", "import a2a.client, a2a.types"]);
+        check.arg("-c").arg(format!("import {}", self.imports));
         run(&mut check)?;
         // Written last: an interrupted install leaves no marker and is redone next time.
         std::fs::write(&marker, wanted)
@@ -106,7 +110,7 @@ impl SdkVenv {
 }
 
 /// Runs `cmd` to its end; `Err` names the command and carries what it printed on stderr.
-fn run(cmd: &mut Command) -> Result<(), String> {
+pub fn run(cmd: &mut Command) -> Result<(), String> {
     let shown = std::iter::once(cmd.get_program())
         .chain(cmd.get_args())
         .map(|a| a.to_string_lossy().into_owned())

@@ -283,6 +283,13 @@ impl Agent {
         specs
     }
 
+    /// The tools it was built with, declared and built-in (the lifecycle and hand-off tools
+    /// the engine answers itself are in [`Agent::tool_specs`] only), in order: what
+    /// `keel tools` lists with their flags.
+    pub fn tools(&self) -> impl Iterator<Item = &Arc<dyn Tool>> {
+        self.tools.iter().map(|registered| &registered.tool)
+    }
+
     pub(crate) fn tool(&self, name: &str) -> Option<&RegisteredTool> {
         self.tool_index.get(name).map(|&i| &self.tools[i])
     }

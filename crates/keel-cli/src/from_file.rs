@@ -42,19 +42,21 @@ pub(crate) fn config_path(named: Option<PathBuf>) -> PathBuf {
 }
 
 /// Load and check a file: its syntax and fields, then its agents built as `keel serve`
-/// would build them (on an offline in-memory runtime: no store is opened).
-pub(crate) fn load(path: &Path) -> Result<LoadedConfig, String> {
+/// would build them (on an offline in-memory runtime: no store is opened), its MCP servers
+/// started (and so checked) too.
+pub(crate) async fn load(path: &Path) -> Result<LoadedConfig, String> {
     let loaded = Config::from_path(path).map_err(|err| err.to_string())?;
     loaded
         .agents()
-        .build(Arc::new(DefaultRuntime::offline()))
+        .connect(Arc::new(DefaultRuntime::offline()))
+        .await
         .map_err(|err| err.to_string())?;
     Ok(loaded)
 }
 
 /// `keel check [FILE]`.
-pub(crate) fn check(path: &Path) -> Result<(), String> {
-    let loaded = load(path)?;
+pub(crate) async fn check(path: &Path) -> Result<(), String> {
+    let loaded = load(path).await?;
     print!("{}", summary(&loaded, None));
     Ok(())
 }
@@ -189,6 +191,9 @@ fn summary(loaded: &LoadedConfig, served: Option<Served<'_>>) -> String {
                 remote.url
             );
         }
+        for (name, server) in loaded.mcp_servers_of(agent) {
+            let _ = writeln!(out, "  mcp server: {name} ({})", server.shown());
+        }
     }
     out
 }
@@ -306,7 +311,8 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
             }
             config
         })
-        .build(Arc::new(runtime))
+        .connect(Arc::new(runtime))
+        .await
         .map_err(|err| err.to_string())?;
     let allow_private = overrides.allow_private_push_targets || server.push.allow_private_targets;
     let push_targets = overrides

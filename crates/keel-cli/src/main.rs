@@ -5,6 +5,7 @@ mod remote;
 mod render;
 mod run;
 mod runs;
+mod tools;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -99,6 +100,19 @@ enum Command {
     /// A conversation with an agent in this process, on one thread: each line is a message,
     /// each turn shown as `keel run` shows it. `/exit` or the end of the input ends it.
     Chat(ChatArgs),
+    /// List the tools each agent's model sees (built-in, HTTP, remote agents, MCP servers),
+    /// with their schemas and flags; MCP servers are started to list theirs.
+    Tools {
+        /// Only this agent of the file.
+        #[arg(long)]
+        agent: Option<String>,
+        /// The `keel.toml` (default: ./keel.toml when it exists, else the demo agent).
+        #[arg(long, env = "KEEL_CONFIG")]
+        config: Option<PathBuf>,
+        /// As JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a shell completion script: `keel completions bash > /etc/bash_completion.d/keel`.
     Completions {
         /// The shell.
@@ -534,7 +548,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // rmcp logs every MCP handshake and notification at info.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn")),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -559,9 +574,16 @@ fn main() -> ExitCode {
                 .map(|()| ExitCode::SUCCESS)
         }
         Command::Init(args) => from_file::init(args.dir, args.force).map(|()| ExitCode::SUCCESS),
-        Command::Check(args) => {
-            from_file::check(&from_file::config_path(args.file)).map(|()| ExitCode::SUCCESS)
-        }
+        Command::Check(args) => runtime
+            .block_on(from_file::check(&from_file::config_path(args.file)))
+            .map(|()| ExitCode::SUCCESS),
+        Command::Tools {
+            agent,
+            config,
+            json,
+        } => runtime
+            .block_on(tools::list(config, agent, json))
+            .map(|()| ExitCode::SUCCESS),
         Command::RunOnce(args) => runtime.block_on(run_once(args)).map(|()| ExitCode::SUCCESS),
         Command::Run(RunArgs {
             url: Some(url),

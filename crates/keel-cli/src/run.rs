@@ -121,7 +121,8 @@ impl Source {
                 callbacks: Some(callbacks_of(agent)),
                 ..ExecutorConfig::default()
             })
-            .build(Arc::new(runtime))
+            .connect(Arc::new(runtime))
+            .await
             .map_err(|err| err.to_string())?;
         serve_callbacks(
             listener,

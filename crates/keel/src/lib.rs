@@ -30,6 +30,7 @@ pub use keel_agent as agent;
 pub use keel_core as core;
 pub use keel_events as events;
 pub use keel_llm as llm;
+pub use keel_mcp as mcp;
 pub use keel_policy as policy;
 pub use keel_runtime as services;
 /// Sandboxed code execution (feature `sandbox`).

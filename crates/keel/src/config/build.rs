@@ -20,6 +20,7 @@ use super::types::{AgentConfig, BuiltinTool, ModelConfig, Negotiate, RuleConfig}
 use super::LoadedConfig;
 use crate::delegation::RemoteAgentTool;
 use crate::http_tool::HttpTool;
+use keel_mcp::McpTool;
 
 type ExecutorConfigFn = dyn Fn(&str) -> ExecutorConfig + Send + Sync;
 
@@ -46,6 +47,8 @@ pub struct AgentSetBuilder<'a> {
     config: &'a LoadedConfig,
     tools: HashMap<String, Vec<Arc<dyn Tool>>>,
     executor_config: Option<Box<ExecutorConfigFn>>,
+    /// Each agent's MCP tools, once [`AgentSetBuilder::connect`] started the servers.
+    mcp_tools: Option<HashMap<String, Vec<Arc<McpTool>>>>,
 }
 
 /// One agent of the file, running.
@@ -55,6 +58,8 @@ pub struct ConfiguredAgent {
     pub name: String,
     /// Its executor.
     pub executor: AgentExecutor,
+    /// The tools its MCP servers gave it (also among the executor's agent's tools).
+    pub mcp_tools: Vec<Arc<McpTool>>,
 }
 
 /// The agents of a file, in the file's order, and which one is the default.
@@ -88,6 +93,7 @@ impl LoadedConfig {
             config: self,
             tools: HashMap::new(),
             executor_config: None,
+            mcp_tools: None,
         }
     }
 }
@@ -114,10 +120,29 @@ impl AgentSetBuilder<'_> {
         self
     }
 
-    /// Build every agent on `runtime` (subagents before the agents that use them).
+    /// Start the MCP servers the file declares (every one some agent gets, once, all at
+    /// once), then build every agent on `runtime` as [`AgentSetBuilder::build`] does, with
+    /// its servers' tools. A server that does not start is an error naming the server, its
+    /// field and its command or URL. A file without MCP servers starts nothing.
+    pub async fn connect(mut self, runtime: Arc<dyn Runtime>) -> Result<AgentSet, ConfigError> {
+        self.mcp_tools = Some(super::mcp::connect(self.config).await?);
+        self.build(runtime)
+    }
+
+    /// Build every agent on `runtime` (subagents before the agents that use them). A file
+    /// whose agents get MCP servers needs them started: use [`AgentSetBuilder::connect`].
     pub fn build(self, runtime: Arc<dyn Runtime>) -> Result<AgentSet, ConfigError> {
         let config = self.config;
         let path = &config.path;
+        if self.mcp_tools.is_none() && config.uses_mcp() {
+            return Err(ConfigError::whole(
+                path,
+                "mcp",
+                "the file declares MCP servers, which must be started: build its agents with \
+                 `connect` instead of `build`",
+            ));
+        }
+        let mcp_tools = self.mcp_tools.unwrap_or_default();
         if let Some(unknown) = self.tools.keys().find(|name| config.agent(name).is_none()) {
             return Err(ConfigError::whole(
                 path,
@@ -127,7 +152,10 @@ impl AgentSetBuilder<'_> {
         }
         let mut built: HashMap<String, AgentExecutor> = HashMap::new();
         for agent in build_order(config) {
-            let extra = self.tools.get(agent.name()).cloned().unwrap_or_default();
+            let mut extra = self.tools.get(agent.name()).cloned().unwrap_or_default();
+            if let Some(tools) = mcp_tools.get(agent.name()) {
+                extra.extend(tools.iter().map(|t| t.clone() as Arc<dyn Tool>));
+            }
             let built_agent = build_agent(config, agent, &built, extra).map_err(|err| {
                 ConfigError::whole(path, format!("agents.{}", agent.name()), err.to_string())
             })?;
@@ -153,6 +181,7 @@ impl AgentSetBuilder<'_> {
             .map(|a| ConfiguredAgent {
                 name: a.name().to_owned(),
                 executor: built[a.name()].clone(),
+                mcp_tools: mcp_tools.get(a.name()).cloned().unwrap_or_default(),
             })
             .collect();
         let default = agents

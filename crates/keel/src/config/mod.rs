@@ -19,6 +19,7 @@
 
 mod build;
 mod error;
+mod mcp;
 mod secret;
 mod types;
 
@@ -27,6 +28,7 @@ use std::path::{Path, PathBuf};
 
 pub use build::{AgentSet, AgentSetBuilder, ConfiguredAgent};
 pub use error::{ConfigError, ConfigProblem};
+pub use mcp::MCP_TIMEOUT_SECONDS;
 pub use secret::{EnvString, MASK};
 pub use types::*;
 
@@ -216,11 +218,7 @@ impl Config {
         let mut seen = HashSet::new();
         for (i, agent) in self.agents.iter().enumerate() {
             let name = agent.name.get_ref();
-            let valid = !name.is_empty()
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-            if !valid {
+            if !is_plain_name(name) {
                 return Err(at(
                     agent.name.span(),
                     format!("agents[{i}].name"),
@@ -379,6 +377,7 @@ impl Config {
                 }
             }
         }
+        mcp::check(self, text, path)?;
         if let Some(cycle) = self.subagent_cycle() {
             return Err(ConfigError::whole(
                 path,
@@ -420,6 +419,15 @@ impl Config {
             .iter()
             .find_map(|a| visit(self, a.name.get_ref(), &mut Vec::new(), &mut done))
     }
+}
+
+/// Whether `name` is letters, digits, `-` and `_` only, and not empty: what an agent's name
+/// (a URL path) and an MCP server's (a tool-name prefix) may be.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 impl AgentConfig {

@@ -248,7 +248,12 @@ async fn a_denied_capability_never_runs() {
 /// tables the template leaves commented) gets an unknown key, and the loader's error lists
 /// the fields it expected there.
 fn fields_from_types() -> BTreeSet<String> {
-    let full = format!("{TEMPLATE}\n[[server.api_keys]]\nkey = \"k\"\ntenant = \"a/b\"\n");
+    // The optional tables the template leaves out; `NAME` and `TOOL` stand for the names the
+    // docs write that way.
+    let full = format!(
+        "{TEMPLATE}\n[[server.api_keys]]\nkey = \"k\"\ntenant = \"a/b\"\n\
+         [mcp.NAME]\ncommand = \"server\"\n[mcp.NAME.tools.TOOL]\n"
+    );
     let document: toml::Table = toml::from_str(&full).unwrap();
     let mut tables = Vec::new();
     collect_tables(&document, &mut Vec::new(), &mut tables);

@@ -19,6 +19,9 @@ pub struct Config {
     /// The agents, at least one; the first is the default unless `server.default_agent` says
     /// otherwise.
     pub agents: Vec<AgentConfig>,
+    /// `[mcp.NAME]`: MCP servers shared by agents (one process or session for all of them).
+    #[serde(default)]
+    pub mcp: BTreeMap<String, McpServerConfig>,
 }
 
 /// `[server]`: where and how the agents are served.
@@ -172,6 +175,9 @@ pub struct AgentConfig {
     /// Remote A2A agents the model may delegate to.
     #[serde(default)]
     pub remote_agents: Vec<RemoteAgentConfig>,
+    /// `[agents.mcp.NAME]`: MCP servers of this agent alone.
+    #[serde(default)]
+    pub mcp: BTreeMap<String, McpServerConfig>,
     /// Which actions may run.
     #[serde(default)]
     pub policy: PolicyConfig,
@@ -333,6 +339,83 @@ fn default_method() -> Spanned<String> {
 
 fn default_parameters() -> Spanned<Value> {
     Spanned::new(0..0, serde_json::json!({"type": "object"}))
+}
+
+/// `[mcp.NAME]` or `[agents.mcp.NAME]`: an MCP server whose tools an agent gets, named
+/// `{NAME}_{tool}`. Give `command` (a stdio server) or `url` (streamable HTTP).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// The program of a stdio server.
+    #[serde(default)]
+    pub command: Option<Spanned<String>>,
+    /// Its arguments; values may use `${VAR}`.
+    #[serde(default)]
+    pub args: Vec<EnvString>,
+    /// Environment variables set for it; values may use `${VAR}`.
+    #[serde(default)]
+    pub env: BTreeMap<String, EnvString>,
+    /// Its working directory, relative to `keel.toml` (default: Keel's).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// The endpoint of a streamable HTTP server.
+    #[serde(default)]
+    pub url: Option<EnvString>,
+    /// Headers sent to an HTTP server; values may use `${VAR}` (`Bearer ${TOKEN}`).
+    #[serde(default)]
+    pub headers: BTreeMap<String, EnvString>,
+    /// When given, only these tools (their MCP names) are offered.
+    #[serde(default)]
+    pub allow_tools: Vec<String>,
+    /// These tools (their MCP names) are never offered.
+    #[serde(default)]
+    pub deny_tools: Vec<String>,
+    /// Seconds one call may take (default 60).
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+    /// Seconds starting the server and its handshake may take (default 60).
+    #[serde(default)]
+    pub startup_timeout_seconds: Option<f64>,
+    /// Capabilities every call to its tools needs, besides `mcp.NAME.TOOL`, `mcp.read` or
+    /// `mcp.write`, and `mcp.destructive`.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    /// Flags of single tools (by MCP name) over what the server's annotations say.
+    #[serde(default)]
+    pub tools: BTreeMap<String, McpToolConfig>,
+    /// For a shared server (`[mcp.NAME]`): the agents that get its tools (default: every
+    /// agent).
+    #[serde(default)]
+    pub agents: Option<Vec<Spanned<String>>>,
+}
+
+/// `[mcp.NAME.tools.TOOL]`: one tool's flags, over the server's annotations.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolConfig {
+    /// It changes nothing.
+    #[serde(default)]
+    pub read_only: Option<bool>,
+    /// It may destroy or overwrite data.
+    #[serde(default)]
+    pub destructive: Option<bool>,
+    /// Calling it twice with the same arguments is harmless.
+    #[serde(default)]
+    pub idempotent: Option<bool>,
+}
+
+impl McpServerConfig {
+    /// How the server is shown (its command line or URL), every `${VAR}` masked.
+    pub fn shown(&self) -> String {
+        match (&self.command, &self.url) {
+            (Some(command), _) => std::iter::once(command.get_ref().clone())
+                .chain(self.args.iter().map(ToString::to_string))
+                .collect::<Vec<_>>()
+                .join(" "),
+            (None, Some(url)) => url.to_string(),
+            (None, None) => String::new(),
+        }
+    }
 }
 
 /// `[[agents.subagents]]`: another agent of the file as a kind of subagent.

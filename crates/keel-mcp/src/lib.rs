@@ -1,0 +1,98 @@
+//! Keel's MCP client: the tools of Model Context Protocol servers (a stdio process, or a
+//! streamable HTTP endpoint) as Keel [`keel_agent::Tool`]s, through the official Rust SDK,
+//! `rmcp`.
+//!
+//! [`McpServer::start`] starts a server from its [`ServerSpec`] and runs the MCP handshake;
+//! [`McpTool::list`] makes its tools (named `{server}_{tool}`, flags from their annotations
+//! and the spec's overrides), which an agent takes like any tool. A call is a normal tool
+//! call of the engine; it has a timeout, is canceled with its run (rmcp then sends
+//! `notifications/cancelled`), and finds a server that went away started again.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), keel_mcp::McpError> {
+//! use keel_mcp::{McpServer, McpTool, ServerSpec, TransportSpec};
+//! let spec = ServerSpec::new(
+//!     "everything",
+//!     TransportSpec::Stdio {
+//!         command: "mcp-server-everything".into(),
+//!         args: Vec::new(),
+//!         env: Vec::new(),
+//!         cwd: None,
+//!     },
+//!     "mcp-server-everything",
+//! );
+//! let server = McpServer::start(spec).await?;
+//! let tools = McpTool::list(&server, &mut Default::default()).await?;
+//! # let _ = tools;
+//! # Ok(())
+//! # }
+//! ```
+
+mod names;
+mod server;
+mod spec;
+mod tool;
+
+use std::time::Duration;
+
+pub use names::{sanitize, tool_name, MAX_TOOL_NAME};
+pub use server::McpServer;
+pub use spec::{
+    FlagOverrides, Header, ServerSpec, ToolFlags, TransportSpec, DEFAULT_CALL_TIMEOUT,
+    DEFAULT_STARTUP_TIMEOUT,
+};
+pub use tool::{output, McpTool};
+
+/// What goes wrong with an MCP server.
+#[derive(Debug, thiserror::Error)]
+pub enum McpError {
+    /// The server could not be started or did not complete the handshake.
+    #[error("MCP server `{server}` ({shown}) did not start: {reason}{}", stderr_text(.stderr))]
+    NotStarted {
+        /// The server's name.
+        server: String,
+        /// Its command line or URL, secrets masked.
+        shown: String,
+        /// Why.
+        reason: String,
+        /// The last lines it wrote on stderr (a stdio server), or empty.
+        stderr: String,
+    },
+    /// A request failed (an MCP error answer, or the transport).
+    #[error("MCP server `{server}`: {reason}")]
+    Request {
+        /// The server's name.
+        server: String,
+        /// Why.
+        reason: String,
+    },
+    /// A call took longer than the server's call timeout.
+    #[error("MCP server `{server}`: `{tool}` gave no result within {}s", .after.as_secs_f64())]
+    Timeout {
+        /// The server's name.
+        server: String,
+        /// The MCP tool.
+        tool: String,
+        /// The timeout.
+        after: Duration,
+    },
+    /// The server went away during a call that is not retried (a tool that is not
+    /// idempotent); the next call starts it again.
+    #[error(
+        "MCP server `{server}` stopped during the call of `{tool}`; it is started again on the next call"
+    )]
+    Stopped {
+        /// The server's name.
+        server: String,
+        /// The MCP tool.
+        tool: String,
+    },
+}
+
+fn stderr_text(stderr: &str) -> String {
+    if stderr.is_empty() {
+        String::new()
+    } else {
+        format!("; it printed:\n{stderr}")
+    }
+}

@@ -1,0 +1,242 @@
+//! Keel's MCP client against the reference "everything" server from npm, over stdio: the
+//! tools as the model sees them, calls through the engine (text, structured content, an
+//! image), and a killed server started again by the next call.
+
+mod support;
+
+use std::sync::Arc;
+
+use keel_agent::{Agent, SendOptions, Tool};
+use keel_core::{AgentCard, Message, TaskState};
+use keel_events::InMemoryEventSink;
+use keel_mcp::{McpServer, ToolFlags};
+use serde_json::json;
+use support::{call, everything_spec, executor, tools_of};
+
+#[tokio::test]
+async fn the_model_sees_each_tool_prefixed_with_its_schema_description_and_flags() {
+    let server = McpServer::start(everything_spec()).await.unwrap();
+    let tools = tools_of(&server).await;
+    let mut agent = Agent::builder(AgentCard::new("a", "A.", "http://127.0.0.1/"));
+    for tool in &tools {
+        agent = agent.tool_shared(tool.clone() as Arc<dyn Tool>);
+    }
+    let specs = agent.build().unwrap().tool_specs();
+    let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    support::assert_offered(
+        &names,
+        &[
+            "everything_echo",
+            "everything_get-structured-content",
+            "everything_get-tiny-image",
+            "everything_get-sum",
+        ],
+    );
+    for name in &names {
+        assert!(name.len() <= 64, "{name}");
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'),
+            "{name}"
+        );
+    }
+    let echo = specs.iter().find(|s| s.name == "everything_echo").unwrap();
+    assert_eq!(echo.description, "Echoes back the input string");
+    assert_eq!(echo.parameters["properties"]["message"]["type"], "string");
+    assert_eq!(echo.parameters["required"], json!(["message"]));
+    let echo_tool = tools
+        .iter()
+        .find(|t| t.name() == "everything_echo")
+        .unwrap();
+    assert_eq!(echo_tool.mcp_name(), "echo");
+    // Its annotations: read-only, not destructive, idempotent.
+    assert_eq!(
+        echo_tool.flags(),
+        ToolFlags {
+            read_only: true,
+            destructive: false,
+            idempotent: true
+        }
+    );
+    assert!(echo_tool.idempotent());
+    assert_eq!(
+        echo_tool.capabilities(),
+        vec!["mcp.everything.echo".to_owned(), "mcp.read".to_owned()]
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_allow_and_deny_lists_choose_the_tools() {
+    let mut spec = everything_spec();
+    spec.allow = vec!["echo".into(), "get-sum".into()];
+    spec.deny = vec!["get-sum".into()];
+    let server = McpServer::start(spec).await.unwrap();
+    let tools = tools_of(&server).await;
+    let names: Vec<&str> = tools.iter().map(|t| t.name()).collect();
+    assert_eq!(names, ["everything_echo"]);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_model_call_is_a_normal_tool_call_with_policy_events_and_result() {
+    let server = McpServer::start(everything_spec()).await.unwrap();
+    let tools = tools_of(&server).await;
+    let exec = executor(&tools, |b| b);
+    let sink = Arc::new(InMemoryEventSink::new());
+    exec.add_event_sink(sink.clone());
+    let auth = exec.runtime().auth_service().auth_context();
+    let task = exec
+        .send_message(
+            &auth,
+            Message::user(r#"/everything_echo {"message": "hello over stdio"}"#),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    let answer = task.status().message.as_ref().unwrap().text();
+    assert!(
+        answer.contains("everything_echo: Echo: hello over stdio"),
+        "{answer}"
+    );
+    let events = sink.events();
+    let requested = events
+        .iter()
+        .find(|e| e.event_type.as_str() == "action.requested")
+        .expect("the call was prepared as an action");
+    assert_eq!(requested.payload["action"]["name"], "everything_echo");
+    assert_eq!(
+        requested.payload["action"]["capabilities"],
+        json!(["mcp.everything.echo", "mcp.read"])
+    );
+    let completed = events
+        .iter()
+        .find(|e| e.event_type.as_str() == "action.completed")
+        .expect("the call completed");
+    assert_eq!(completed.payload["output"], "Echo: hello over stdio");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn policy_judges_mcp_calls_by_their_capabilities() {
+    let server = McpServer::start(everything_spec()).await.unwrap();
+    let tools = tools_of(&server).await;
+    let exec = executor(&tools, |b| {
+        b.policy(
+            keel_policy::CapabilityPolicy::new()
+                .with_rule("mcp.everything.echo", keel_policy::CapabilityRule::Deny),
+        )
+    });
+    let err = call(&exec, "everything_echo", json!({"message": "x"}))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, keel_core::AgentError::ActionDenied { .. }),
+        "{err:?}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn structured_content_is_the_json_result() {
+    let server = McpServer::start(everything_spec()).await.unwrap();
+    let exec = executor(&tools_of(&server).await, |b| b);
+    let output = call(
+        &exec,
+        "everything_get-structured-content",
+        json!({"location": "Chicago"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        output,
+        json!({"temperature": 36, "conditions": "Light rain / drizzle", "humidity": 82})
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_image_becomes_a_line_describing_it_between_the_texts() {
+    let server = McpServer::start(everything_spec()).await.unwrap();
+    let exec = executor(&tools_of(&server).await, |b| b);
+    let output = call(&exec, "everything_get-tiny-image", json!({}))
+        .await
+        .unwrap();
+    let text = output.as_str().unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[0], "Here's the image you requested:");
+    assert!(
+        lines[1].starts_with("[image: image/png, ") && lines[1].contains(" bytes, not shown"),
+        "{}",
+        lines[1]
+    );
+    assert_eq!(lines[2], "The image above is the MCP logo.");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_killed_server_is_started_again_by_the_next_call() {
+    let server = McpServer::start(everything_spec()).await.unwrap();
+    let exec = executor(&tools_of(&server).await, |b| b);
+    let echo = |text: &'static str| call(&exec, "everything_echo", json!({"message": text}));
+    assert_eq!(echo("one").await.unwrap(), "Echo: one");
+    let first = server.process_id().await.expect("a stdio server has a pid");
+    support::kill(first);
+    keel_runtime::testing::eventually("the server's exit is noticed", || {
+        let server = server.clone();
+        async move { server.process_id().await.is_none() }
+    })
+    .await;
+    assert_eq!(echo("two").await.unwrap(), "Echo: two");
+    let second = server.process_id().await.expect("started again");
+    assert_ne!(first, second);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_call_that_needs_approval_waits_and_runs_once_approved() {
+    let server = McpServer::start(everything_spec()).await.unwrap();
+    let exec = executor(&tools_of(&server).await, |b| {
+        b.policy(keel_policy::CapabilityPolicy::new().with_rule(
+            "mcp.everything.*",
+            keel_policy::CapabilityRule::RequireApproval,
+        ))
+    });
+    let auth = exec.runtime().auth_service().auth_context();
+    let task = exec
+        .send_message(
+            &auth,
+            Message::user(r#"/everything_echo {"message": "approved call"}"#),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::InputRequired);
+    let pending: keel_core::ApprovalRequest =
+        serde_json::from_value(task.metadata["pending_approval"].clone()).unwrap();
+    assert_eq!(pending.action.name, "everything_echo");
+    assert_eq!(pending.action.payload, json!({"message": "approved call"}));
+    exec.decide_approval(
+        &auth,
+        &task.id,
+        keel_policy::approve_request(&pending, "ops"),
+    )
+    .await
+    .unwrap();
+    let task = keel_runtime::testing::eventually("the approved run completes", || {
+        let (exec, auth, id) = (exec.clone(), auth.clone(), task.id.clone());
+        async move {
+            let task = exec.get_task(&auth, &id, None).await.unwrap();
+            (task.state() == TaskState::Completed).then_some(task)
+        }
+    })
+    .await;
+    let answer = task.status().message.as_ref().unwrap().text();
+    assert!(
+        answer.contains("everything_echo: Echo: approved call"),
+        "{answer}"
+    );
+    server.shutdown().await;
+}
