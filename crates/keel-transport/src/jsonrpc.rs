@@ -187,20 +187,21 @@ pub struct RpcError {
 }
 
 impl RpcError {
-    /// An error with this code and message.
+    /// An error with this code and message (every word longer than [`MAX_ECHOED_CHARS`]
+    /// cut short, see [`bounded`]).
     pub fn new(code: i32, message: impl Into<String>) -> Self {
         Self {
             code,
-            message: message.into(),
+            message: bounded(message.into()),
             metadata: Map::new(),
         }
     }
 
-    /// Add a string entry to the `ErrorInfo` metadata.
+    /// Add a string entry to the `ErrorInfo` metadata (cut short as the message is).
     #[must_use]
     pub fn with(mut self, key: &str, value: impl Into<String>) -> Self {
         self.metadata
-            .insert(key.into(), Value::String(value.into()));
+            .insert(key.into(), Value::String(bounded(value.into())));
         self
     }
 
@@ -277,6 +278,32 @@ impl RpcError {
         }
         json!({"code": self.code, "message": self.message, "data": [info]})
     }
+}
+
+/// The most characters of one word (a run without spaces: an id, a value quoted back) that an
+/// error echoes.
+pub const MAX_ECHOED_CHARS: usize = 128;
+
+/// `text` with every word longer than [`MAX_ECHOED_CHARS`] cut to that many characters and
+/// `…`: errors echo what the caller sent (a task id, a message id, a value), and a 1 MB id must
+/// not make a 2 MB error, nor gRPC trailers larger than a client accepts. Words are cut rather
+/// than the whole text, so that what the error says around the id survives.
+pub fn bounded(text: String) -> String {
+    if text.len() <= MAX_ECHOED_CHARS
+        || !text
+            .split(' ')
+            .any(|word| word.chars().nth(MAX_ECHOED_CHARS).is_some())
+    {
+        return text;
+    }
+    let words: Vec<String> = text
+        .split(' ')
+        .map(|word| match word.char_indices().nth(MAX_ECHOED_CHARS) {
+            Some((cut, _)) => format!("{}…", &word[..cut]),
+            None => word.to_owned(),
+        })
+        .collect();
+    words.join(" ")
 }
 
 /// How long a caller is asked to wait after a store was found unavailable.
