@@ -202,7 +202,7 @@ async fn a_tenant_with_too_many_requests_in_progress_is_told_to_retry_later() {
     assert_eq!(answer["error"]["code"], -32051, "{answer}");
     let info = &answer["error"]["data"][0];
     assert_eq!(info["reason"], "RESOURCE_EXHAUSTED");
-    assert_eq!(info["metadata"]["max"], "2");
+    assert_eq!(info["metadata"]["max"], "1");
     assert!(
         info["metadata"]["retryAfterSeconds"].is_string(),
         "{answer}"
@@ -285,7 +285,7 @@ async fn send_on(server: &TestServer, key: &str, text: &str, context_id: &str) -
 #[tokio::test]
 async fn a_full_thread_queue_or_tenant_queue_refuses_new_tasks_with_retry_later() {
     let config = ExecutorConfig {
-        max_queued_per_thread: 2,
+        max_queued_per_thread: 1,
         max_queued_per_tenant: 3,
         ..ExecutorConfig::default()
     };
