@@ -410,9 +410,14 @@ impl Handlers {
             // the message.
             Err(error) => match continues {
                 Some(task_id)
-                    if idempotency::holds_message(&self.reads, auth, &task_id, message_id.as_str())
-                        .await
-                        .unwrap_or(false) =>
+                    if idempotency::holds_message(
+                        &self.reads,
+                        auth,
+                        &task_id,
+                        message_id.as_str(),
+                    )
+                    .await
+                    .unwrap_or(false) =>
                 {
                     Ok(Accepted::Before(task_id))
                 }

@@ -14,8 +14,8 @@ use keel_agent::{Agent, AgentExecutor, FnTool};
 use keel_core::{AgentCard, AgentError, AgentResult, Task, TaskEvent, TaskId};
 use keel_llm::{Llm, MockLlm};
 use keel_runtime::{
-    AsyncCallStore, AuthContext, AuthService, ListTasksFilter, LoggingService, MemoryService,
-    Page, RunStore, Runtime, Services, StepStore, TaskManager, ThreadStore, ThreadTimers,
+    AsyncCallStore, AuthContext, AuthService, ListTasksFilter, LoggingService, MemoryService, Page,
+    RunStore, Runtime, Services, StepStore, TaskManager, ThreadStore, ThreadTimers,
 };
 use keel_transport::Security;
 use serde_json::{json, Value};
@@ -86,11 +86,7 @@ async fn total_tasks(server: &TestServer, key: &str) -> u64 {
 #[tokio::test]
 async fn a_repeated_send_on_every_binding_answers_the_first_task_and_runs_nothing_again() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let server = counting_server(
-        support::two_tenant_runtime(MockLlm::new()),
-        runs.clone(),
-    )
-    .await;
+    let server = counting_server(support::two_tenant_runtime(MockLlm::new()), runs.clone()).await;
     let first = send(&server, ALICE, "retry-1", false).await;
     let task = &first["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{first}");
@@ -126,8 +122,10 @@ async fn a_repeated_send_on_every_binding_answers_the_first_task_and_runs_nothin
         .post(format!("{}/", server.base))
         .header("A2A-Version", "1.0")
         .header("X-API-Key", ALICE)
-        .json(&json!({"jsonrpc": "2.0", "id": 2, "method": "SendStreamingMessage",
-            "params": {"message": message("retry-1")}}))
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "SendStreamingMessage",
+            "params": {"message": message("retry-1")}}),
+        )
         .send()
         .await
         .unwrap();
@@ -149,19 +147,17 @@ async fn a_repeated_send_on_every_binding_answers_the_first_task_and_runs_nothin
 #[tokio::test]
 async fn a_repeated_streaming_send_follows_the_first_task() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let server = counting_server(
-        support::two_tenant_runtime(MockLlm::new()),
-        runs.clone(),
-    )
-    .await;
+    let server = counting_server(support::two_tenant_runtime(MockLlm::new()), runs.clone()).await;
     let stream = |id: u64| {
         server
             .http
             .post(format!("{}/", server.base))
             .header("A2A-Version", "1.0")
             .header("X-API-Key", ALICE)
-            .json(&json!({"jsonrpc": "2.0", "id": id, "method": "SendStreamingMessage",
-                "params": {"message": message("stream-1")}}))
+            .json(
+                &json!({"jsonrpc": "2.0", "id": id, "method": "SendStreamingMessage",
+                "params": {"message": message("stream-1")}}),
+            )
             .send()
     };
     let first = sse_events(stream(1).await.unwrap()).await;
@@ -183,11 +179,7 @@ async fn a_repeated_streaming_send_follows_the_first_task() {
 #[tokio::test]
 async fn another_tenants_same_message_id_is_another_message() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let server = counting_server(
-        support::two_tenant_runtime(MockLlm::new()),
-        runs.clone(),
-    )
-    .await;
+    let server = counting_server(support::two_tenant_runtime(MockLlm::new()), runs.clone()).await;
     let alice = send(&server, ALICE, "shared-id", false).await;
     let bob = send(&server, BOB, "shared-id", false).await;
     let (alice, bob) = (&alice["result"]["task"], &bob["result"]["task"]);
@@ -336,12 +328,20 @@ async fn a_store_failure_after_the_task_was_made_names_it_and_the_retry_answers_
 
     // The retry, as the error tells: the same task, done, and nothing ran again.
     let retried = send(&server, ALICE, "fragile-1", false).await;
-    assert_eq!(retried["result"]["task"]["id"], task_id.as_str(), "{retried}");
+    assert_eq!(
+        retried["result"]["task"]["id"],
+        task_id.as_str(),
+        "{retried}"
+    );
     assert_eq!(
         retried["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
         "{retried}"
     );
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the retry ran the tool again");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the retry ran the tool again"
+    );
     assert_eq!(total_tasks(&server, ALICE).await, 1);
     server.stop().await;
 }
@@ -354,11 +354,7 @@ async fn a_repeated_grpc_send_answers_the_first_task() {
     use keel_transport::grpc::{from_json, proto, to_json};
 
     let runs = Arc::new(AtomicUsize::new(0));
-    let server = counting_server(
-        support::two_tenant_runtime(MockLlm::new()),
-        runs.clone(),
-    )
-    .await;
+    let server = counting_server(support::two_tenant_runtime(MockLlm::new()), runs.clone()).await;
     let mut client = A2aServiceClient::connect(server.base.clone())
         .await
         .unwrap();

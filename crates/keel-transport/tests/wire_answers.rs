@@ -50,7 +50,11 @@ async fn send_on(server: &TestServer, text: &str, thread: &str) -> reqwest::Resp
 
 /// Start a long task on `thread` and wait until it runs.
 async fn run_long_task(server: &TestServer, thread: &str) {
-    let sent: Value = send_on(server, SLEEP_LONG, thread).await.json().await.unwrap();
+    let sent: Value = send_on(server, SLEEP_LONG, thread)
+        .await
+        .json()
+        .await
+        .unwrap();
     let task_id = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
     let auth = keel_runtime::AuthContext::new("acme", "alice");
     let reads = server.executor.reads();
@@ -272,13 +276,11 @@ mod grpc {
     #[tokio::test]
     async fn a_grpc_error_echoes_a_huge_id_cut_short() {
         let server = TestServer::start().await;
-        let mut client =
-            proto::a2a_service_client::A2aServiceClient::connect(server.base.clone())
-                .await
-                .unwrap();
+        let mut client = proto::a2a_service_client::A2aServiceClient::connect(server.base.clone())
+            .await
+            .unwrap();
         let id = "i".repeat(512 * 1024);
-        let request: proto::GetTaskRequest =
-            from_json(&json!({"id": id}).to_string()).unwrap();
+        let request: proto::GetTaskRequest = from_json(&json!({"id": id}).to_string()).unwrap();
         let status = client.get_task(request).await.unwrap_err();
         assert_eq!(status.code(), Code::NotFound, "{status:?}");
         assert!(status.message().len() < 1024, "{}", status.message().len());
