@@ -8,8 +8,8 @@
 //! | `InvalidInput` | [`INVALID_PARAMS`] -32602 |
 //! | `InvalidTransition` | [`INVALID_PARAMS`] -32602 (see [`error_code`]) |
 //! | `Unsupported` | [`UNSUPPORTED_OPERATION`] -32004 |
-//! | `Unavailable` (`StoreUnavailable`) | [`STORE_UNAVAILABLE`] -32050 (HTTP+JSON: 503) |
-//! | `Overloaded` | [`OVERLOADED`] -32051 (HTTP+JSON: 429 with `Retry-After`) |
+//! | `Unavailable` (`StoreUnavailable`) | [`STORE_UNAVAILABLE`] -32050 (HTTP+JSON: 503; both with `Retry-After`) |
+//! | `Overloaded` | [`OVERLOADED`] -32051 (HTTP+JSON: 429; both with `Retry-After`) |
 //! | `CancelPending` | [`CANCEL_PENDING`] -32052 (HTTP+JSON: 409) |
 //! | `ThreadNotFound` | [`THREAD_NOT_FOUND`] -32053 (HTTP+JSON: 404) |
 //! | anything else | [`INTERNAL_ERROR`] -32603, message `internal error` |
@@ -53,8 +53,9 @@ pub const EXTENDED_CARD_NOT_CONFIGURED: i32 = -32007;
 /// A2A: the `A2A-Version` the client asked for is not spoken here.
 pub const VERSION_NOT_SUPPORTED: i32 = -32009;
 
-/// Keel: a store cannot be reached for now; nothing was done, and the request may be
-/// repeated later. A2A has no such code; JSON-RPC leaves -32000 to -32099 to servers, and
+/// Keel: a store cannot be reached for now; the request may be repeated later. Nothing was
+/// done, unless the `ErrorInfo` metadata names a `taskId`: a SendMessage whose task was (or
+/// may have been) created, which a repeat with the same `messageId` answers with. A2A has no such code; JSON-RPC leaves -32000 to -32099 to servers, and
 /// Keel's codes sit above A2A's -32001 to -32009.
 pub const STORE_UNAVAILABLE: i32 = -32050;
 /// Keel: a limit that protects the server refused the request; the `ErrorInfo` metadata

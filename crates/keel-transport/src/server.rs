@@ -385,7 +385,8 @@ impl A2aServer {
         }
     }
 
-    /// Serve on `listener` until `shutdown` completes.
+    /// Serve on `listener` until `shutdown` completes, under the connection deadlines and
+    /// cap of [`A2aServer::with_connection_limits`].
     ///
     /// The public URL is [`A2aServer::with_public_url`]'s, or `http://<listener address>`.
     /// When `shutdown` fires, running tasks are canceled (so blocked `SendMessage` calls
