@@ -161,11 +161,15 @@ async fn serve_connection<I>(
             }
         })
     };
-    let mut builder = Builder::new(TokioExecutor::new());
+    // gRPC is HTTP/2; without it, HTTP/1 only, as `axum::serve` served before.
     #[cfg(feature = "grpc")]
-    builder.http2().enable_connect_protocol();
+    let builder = {
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder.http2().enable_connect_protocol();
+        builder
+    };
     #[cfg(not(feature = "grpc"))]
-    let builder = builder.http1_only();
+    let builder = Builder::new(TokioExecutor::new()).http1_only();
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     let mut conn = std::pin::pin!(conn);
     let mut stalled = std::pin::pin!(watchdog(activity, limits));
