@@ -12,11 +12,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use keel_agent::{Agent, AgentExecutor, FnTool};
 use keel_core::{AgentCard, AgentError, AgentResult, Task, TaskEvent, TaskId};
-use keel_llm::{Llm, MockLlm};
-use keel_runtime::{
-    AsyncCallStore, AuthContext, AuthService, ListTasksFilter, LoggingService, MemoryService, Page,
-    RunStore, Runtime, Services, StepStore, TaskManager, ThreadStore, ThreadTimers,
-};
+use keel_llm::MockLlm;
+use keel_runtime::{AuthContext, ListTasksFilter, Page, Runtime, Services, TaskManager};
 use keel_transport::Security;
 use serde_json::{json, Value};
 use support::{sse_events, TestServer, ALICE, BOB};
@@ -257,55 +254,16 @@ impl TaskManager for FailOnce {
     }
 }
 
-/// The two tenants' in-memory services with [`FailOnce`] as the task store.
-struct Faulty {
-    inner: Arc<Services>,
-    tasks: Arc<FailOnce>,
-}
-
-impl Runtime for Faulty {
-    fn auth_service(&self) -> Arc<dyn AuthService> {
-        self.inner.auth_service()
-    }
-    fn task_manager(&self) -> Arc<dyn TaskManager> {
-        self.tasks.clone()
-    }
-    fn memory_service(&self) -> Arc<dyn MemoryService> {
-        self.inner.memory_service()
-    }
-    fn logging_service(&self) -> Arc<dyn LoggingService> {
-        self.inner.logging_service()
-    }
-    fn default_llm(&self) -> Arc<dyn Llm> {
-        self.inner.default_llm()
-    }
-    fn thread_store(&self) -> Arc<dyn ThreadStore> {
-        self.inner.thread_store()
-    }
-    fn run_store(&self) -> Arc<dyn RunStore> {
-        self.inner.run_store()
-    }
-    fn step_store(&self) -> Option<Arc<dyn StepStore>> {
-        self.inner.step_store()
-    }
-    fn thread_timers(&self) -> Option<Arc<dyn ThreadTimers>> {
-        self.inner.thread_timers()
-    }
-    fn async_call_store(&self) -> Arc<dyn AsyncCallStore> {
-        self.inner.async_call_store()
-    }
-}
-
 #[tokio::test]
 async fn a_store_failure_after_the_task_was_made_names_it_and_the_retry_answers_it() {
-    let inner = support::two_tenant_runtime(MockLlm::new());
+    let services = Services::in_memory(Arc::new(MockLlm::new())).with_auth(support::two_tenants());
     let tasks = Arc::new(FailOnce {
-        inner: inner.task_manager(),
+        inner: services.tasks.clone(),
         armed: AtomicBool::new(true),
     });
-    let runtime = Arc::new(Faulty {
-        inner,
+    let runtime = Arc::new(Services {
         tasks: tasks.clone(),
+        ..services
     });
     let runs = Arc::new(AtomicUsize::new(0));
     let server = counting_server(runtime, runs.clone()).await;
