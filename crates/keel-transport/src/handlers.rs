@@ -405,7 +405,13 @@ impl Handlers {
             }
         };
         match accepted {
-            Ok(outcome) => Ok(Accepted::Now(outcome)),
+            Ok(outcome) => {
+                if let (SendOutcome::Message(_), Some(_)) = (&outcome, &reserved) {
+                    // No task, nothing to return to a repeat: it is answered anew at once.
+                    self.release_claim(auth, &message_id).await;
+                }
+                Ok(Accepted::Now(outcome))
+            }
             // A repeated answer to a waiting task: the task has moved on, and its log holds
             // the message.
             Err(error) => match continues {
@@ -421,7 +427,9 @@ impl Handlers {
                 {
                     Ok(Accepted::Before(task_id))
                 }
-                _ => Err(self.name_created_task(auth, error, reserved).await),
+                _ => Err(self
+                    .name_created_task(auth, error, reserved, &message_id)
+                    .await),
             },
         }
     }
@@ -434,6 +442,7 @@ impl Handlers {
         auth: &AuthContext,
         error: RpcError,
         reserved: Option<TaskId>,
+        message_id: &keel_core::MessageId,
     ) -> RpcError {
         let Some(task_id) = reserved else {
             return error;
@@ -445,7 +454,13 @@ impl Handlers {
         };
         let unavailable = error.code == jsonrpc::STORE_UNAVAILABLE;
         let mut named = match created {
-            Some(false) => return error,
+            Some(false) => {
+                // Refused before anything was stored (a full queue, an invalid message): a
+                // repeat is a new attempt, answered at once rather than after the claim's
+                // grace for a request still creating its task.
+                self.release_claim(auth, message_id).await;
+                return error;
+            }
             Some(true) if unavailable => RpcError {
                 message: format!(
                     "store unavailable: task {task_id} was created, but the answer could not be made; send the same messageId again (or GetTask {task_id}) for its state"
@@ -462,6 +477,17 @@ impl Handlers {
         };
         named.message = jsonrpc::bounded(named.message);
         named.with("taskId", task_id.as_str())
+    }
+
+    /// Drop this agent's claim of `message_id` (see `idempotency`); a failure only leaves a
+    /// repeat to wait out the claim's grace.
+    async fn release_claim(&self, auth: &AuthContext, message_id: &keel_core::MessageId) {
+        let agent = &self.executor.agent().card().name;
+        if let Err(error) =
+            idempotency::release(&self.reads, auth, agent, message_id.as_str()).await
+        {
+            tracing::debug!(%error, "a message id's claim could not be released");
+        }
     }
 
     /// Accept a message (without waiting for its run) and register its push config, which

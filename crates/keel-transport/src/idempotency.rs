@@ -90,6 +90,18 @@ pub(crate) async fn claim(
     }
 }
 
+/// Drop the claim of `message_id`: its message made no task (refused before anything was
+/// stored, or answered with a message), so a repeat is a new attempt.
+pub(crate) async fn release(
+    reads: &Reads,
+    auth: &AuthContext,
+    agent: &str,
+    message_id: &str,
+) -> AgentResult<()> {
+    reads.values().delete(auth, &key(agent, message_id)).await?;
+    Ok(())
+}
+
 /// Whether the task exists and its log holds the message `message_id`: the message was
 /// accepted (a task's first message is saved with the task, in one write).
 pub(crate) async fn holds_message(
@@ -109,7 +121,31 @@ pub(crate) async fn holds_message(
 
 #[cfg(test)]
 mod tests {
-    use super::key;
+    use std::sync::Arc;
+
+    use keel_agent::reads::Reads;
+    use keel_llm::MockLlm;
+    use keel_runtime::{AuthContext, Services};
+
+    use super::{claim, key, release, Claim};
+
+    #[tokio::test]
+    async fn a_released_claim_is_fresh_again_at_once_and_tenants_claim_apart() {
+        let reads = Reads::new(Arc::new(Services::in_memory(Arc::new(MockLlm::new()))));
+        let (alice, bob) = (AuthContext::new("a", "alice"), AuthContext::new("b", "bob"));
+        let Claim::Fresh(first) = claim(&reads, &alice, "echo", "m-1").await.unwrap() else {
+            panic!("a new message id is fresh");
+        };
+        let Claim::Fresh(other) = claim(&reads, &bob, "echo", "m-1").await.unwrap() else {
+            panic!("another tenant's message id is its own");
+        };
+        assert_ne!(first, other);
+        release(&reads, &alice, "echo", "m-1").await.unwrap();
+        // Released: a new claim with a new id (a kept claim would answer the old one, after
+        // the creation grace).
+        let again = claim(&reads, &alice, "echo", "m-1").await.unwrap();
+        assert!(matches!(&again, Claim::Fresh(id) if *id != first), "{again:?}");
+    }
 
     #[test]
     fn keys_are_short_and_differ_by_agent_and_message() {
