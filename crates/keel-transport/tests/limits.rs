@@ -202,7 +202,7 @@ async fn a_tenant_with_too_many_requests_in_progress_is_told_to_retry_later() {
     assert_eq!(answer["error"]["code"], -32051, "{answer}");
     let info = &answer["error"]["data"][0];
     assert_eq!(info["reason"], "RESOURCE_EXHAUSTED");
-    assert_eq!(info["metadata"]["max"], "1");
+    assert_eq!(info["metadata"]["max"], "2");
     assert!(
         info["metadata"]["retryAfterSeconds"].is_string(),
         "{answer}"
@@ -300,7 +300,7 @@ async fn a_full_thread_queue_or_tenant_queue_refuses_new_tasks_with_retry_later(
     assert_eq!(refused["error"]["code"], -32051, "{refused}");
     let info = &refused["error"]["data"][0];
     assert_eq!(info["reason"], "RESOURCE_EXHAUSTED");
-    assert_eq!(info["metadata"]["max"], "2");
+    assert_eq!(info["metadata"]["max"], "1");
     assert!(
         info["metadata"]["limit"]
             .as_str()
