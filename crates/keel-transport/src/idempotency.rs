@@ -144,7 +144,10 @@ mod tests {
         // Released: a new claim with a new id (a kept claim would answer the old one, after
         // the creation grace).
         let again = claim(&reads, &alice, "echo", "m-1").await.unwrap();
-        assert!(matches!(&again, Claim::Fresh(id) if *id != first), "{again:?}");
+        assert!(
+            matches!(&again, Claim::Fresh(id) if *id != first),
+            "{again:?}"
+        );
     }
 
     #[test]
