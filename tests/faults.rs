@@ -1269,7 +1269,7 @@ async fn a_restart_under_the_same_instance_id_resumes_its_threads_without_waitin
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread")]
 async fn keel_serve_refuses_a_new_task_on_a_full_thread_queue_with_retry_later() {
-    let server = KeelServer::start(&["--max-queued-per-thread", "2"]);
+    let server = KeelServer::start(&["--max-queued-per-thread", "1"]);
     let rpc = Rpc::new(&server);
     let thread = format!("flood-{}", uuid_like());
     // A long task runs (its queue item stays until it ends) and one more waits behind it.
@@ -1289,7 +1289,7 @@ async fn keel_serve_refuses_a_new_task_on_a_full_thread_queue_with_retry_later()
         .await;
     assert_eq!(refused["error"]["code"], -32051, "{refused}");
     assert_eq!(
-        refused["error"]["data"][0]["metadata"]["max"], "2",
+        refused["error"]["data"][0]["metadata"]["max"], "1",
         "{refused}"
     );
     // Another thread is not held back by this one's queue.

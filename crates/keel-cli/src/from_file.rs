@@ -219,6 +219,8 @@ pub(crate) struct ServerOverrides {
     pub max_threads_per_tenant: usize,
     pub max_queued_per_thread: usize,
     pub max_queued_per_tenant: usize,
+    /// The connection deadlines and cap: the file's, with the flags given over them.
+    pub connections: keel::transport::ConnectionLimits,
 }
 
 /// `keel serve` with a file: every agent under `/agents/{name}/`, the default also at `/`.
@@ -320,7 +322,8 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
         .unwrap_or_else(|| server.push.targets());
     let mut served = AgentsServer::new()
         .with_default(agents.default_agent().name.clone())
-        .with_public_url(url.clone());
+        .with_public_url(url.clone())
+        .with_connection_limits(overrides.connections);
     for agent in agents.iter() {
         // Work a dead process left behind resumes now; each executor takes its own agent's.
         let resumed = agent

@@ -17,7 +17,7 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand}
 use keel::agent::{AgentExecutor, ExecutorConfig};
 use keel::services::{ApiKeyAuthService, AuthContext};
 use keel::transport::callbacks::HttpCallbacks;
-use keel::transport::{A2aServer, Limits, PushTarget, Security};
+use keel::transport::{A2aServer, ConnectionLimits, Limits, PushTarget, Security};
 use keel::{DefaultRuntime, StoreConfig};
 
 /// Keel: an agent runtime. `keel serve` runs the demo agent over A2A; with the default
@@ -529,14 +529,77 @@ struct ServeArgs {
     /// Most of those one tenant may hold, so that other tenants are still served.
     #[arg(long, default_value_t = ExecutorConfig::default().max_threads_per_tenant, env = "KEEL_MAX_THREADS_PER_TENANT")]
     max_threads_per_tenant: usize,
-    /// Most items waiting in one thread's queue when a message starts a new task there; more
-    /// are answered HTTP 429 (JSON-RPC -32051) with `Retry-After`. Counted in the store.
+    /// Most items waiting in one thread's queue, besides the running task, when a message
+    /// starts a new task there; more are answered HTTP 429 (JSON-RPC -32051) with
+    /// `Retry-After`. Counted in the store.
     #[arg(long, default_value_t = ExecutorConfig::default().max_queued_per_thread, env = "KEEL_MAX_QUEUED_PER_THREAD")]
     max_queued_per_thread: usize,
     /// Most items waiting in all of one tenant's thread queues when a message starts a new
     /// task; as for --max-queued-per-thread.
     #[arg(long, default_value_t = ExecutorConfig::default().max_queued_per_tenant, env = "KEEL_MAX_QUEUED_PER_TENANT")]
     max_queued_per_tenant: usize,
+    /// Seconds a connection may take to send a request's headers (from its opening, or its
+    /// first byte after an idle spell); then it is closed. Over the file's `[server]`.
+    #[arg(long, default_value_t = ConnectionLimits::DEFAULT_HEADER_TIMEOUT.as_secs_f64(), env = "KEEL_HEADER_TIMEOUT")]
+    header_timeout: f64,
+    /// Seconds a request's body may take to arrive once its headers did; a body still
+    /// arriving then is answered HTTP 408 and its connection closed.
+    #[arg(long, default_value_t = ConnectionLimits::DEFAULT_BODY_TIMEOUT.as_secs_f64(), env = "KEEL_BODY_TIMEOUT")]
+    body_timeout: f64,
+    /// Seconds a keep-alive connection stays open with no request in progress.
+    #[arg(long, default_value_t = ConnectionLimits::DEFAULT_IDLE_TIMEOUT.as_secs_f64(), env = "KEEL_IDLE_TIMEOUT")]
+    idle_timeout: f64,
+    /// Most connections open at once; further ones wait to be accepted until one closes,
+    /// while open ones are served.
+    #[arg(long, default_value_t = ConnectionLimits::DEFAULT_MAX_CONNECTIONS, env = "KEEL_MAX_CONNECTIONS")]
+    max_connections: usize,
+}
+
+impl ServeArgs {
+    /// The connection deadlines and cap the flags set, checked; with `given`, only those
+    /// given on the command line (or by their variables) over `file`'s.
+    fn connection_limits(
+        &self,
+        file: ConnectionLimits,
+        given: impl Fn(&str) -> bool,
+    ) -> Result<ConnectionLimits, String> {
+        let seconds = |id: &str, flag: &str, value: f64, from_file: Duration| {
+            if !given(id) {
+                return Ok(from_file);
+            }
+            keel::config::CONNECTION_TIMEOUT_SECONDS
+                .check(value)
+                .map_err(|range| format!("--{flag} {value} is out of range: {range}"))
+        };
+        if given("max_connections") && self.max_connections == 0 {
+            return Err("--max-connections must be at least 1".into());
+        }
+        Ok(ConnectionLimits {
+            header_timeout: seconds(
+                "header_timeout",
+                "header-timeout",
+                self.header_timeout,
+                file.header_timeout,
+            )?,
+            body_timeout: seconds(
+                "body_timeout",
+                "body-timeout",
+                self.body_timeout,
+                file.body_timeout,
+            )?,
+            idle_timeout: seconds(
+                "idle_timeout",
+                "idle-timeout",
+                self.idle_timeout,
+                file.idle_timeout,
+            )?,
+            max_connections: if given("max_connections") {
+                self.max_connections
+            } else {
+                file.max_connections
+            },
+        })
+    }
 }
 
 /// The engine allocates for every event and message it persists; mimalloc serves those
@@ -846,6 +909,7 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
             max_threads_per_tenant: args.max_threads_per_tenant,
             max_queued_per_thread: args.max_queued_per_thread,
             max_queued_per_tenant: args.max_queued_per_tenant,
+            connections: args.connection_limits(loaded.server.connection_limits(), set)?,
         };
         return from_file::serve(loaded, overrides).await;
     }
@@ -853,6 +917,7 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     let store = args.engine.store_config()?;
     let llm = args.engine.llm()?;
     let drain = drain_timeout(args.drain_timeout)?;
+    let connections = args.connection_limits(ConnectionLimits::default(), |_| true)?;
     let host = &args.host;
     let addr: SocketAddr = format!("{host}:{}", args.port)
         .parse()
@@ -920,7 +985,8 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
             max_batch_requests: args.max_batch_requests,
             max_message_parts: args.max_message_parts,
             max_requests_per_tenant: args.max_requests_per_tenant,
-        });
+        })
+        .with_connection_limits(connections);
     if !args.api_keys.is_empty() {
         server = server.with_security(Security::api_key_and_bearer());
     }

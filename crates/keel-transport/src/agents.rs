@@ -58,6 +58,7 @@ pub struct AgentsServer {
     agents: Vec<(String, A2aServer)>,
     default: Option<String>,
     public_url: Option<String>,
+    connections: crate::ConnectionLimits,
 }
 
 impl AgentsServer {
@@ -84,6 +85,15 @@ impl AgentsServer {
     #[must_use]
     pub fn with_public_url(mut self, url: impl Into<String>) -> Self {
         self.public_url = Some(url.into());
+        self
+    }
+
+    /// The connection deadlines and cap that [`AgentsServer::serve`] applies (see
+    /// [`A2aServer::with_connection_limits`]; the agents' own settings do not apply here,
+    /// since their connections are this server's).
+    #[must_use]
+    pub fn with_connection_limits(mut self, limits: crate::ConnectionLimits) -> Self {
+        self.connections = limits;
         self
     }
 
@@ -167,9 +177,7 @@ impl AgentsServer {
             // Small answers go out at once (see `A2aServer::serve`).
             let _ = stream.set_nodelay(true);
         });
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(signal)
-            .await;
+        let served = crate::conn::serve(listener, router, self.connections, signal).await;
         futures::future::join_all(executors.iter().map(|e| e.shutdown())).await;
         let _ = stop_push.send(true);
         served

@@ -39,6 +39,12 @@ pub(crate) enum Outcome {
     Silent,
     /// A response object, as JSON text.
     Answer(Encoded),
+    /// An error response object, as JSON text, and when to try again (seconds) when the error
+    /// says so: HTTP answers it with `Retry-After`, as the other bindings do.
+    Failed {
+        answer: Encoded,
+        retry_after: Option<u64>,
+    },
     /// A stream of results for request `id`.
     Stream {
         id: Value,
@@ -58,8 +64,10 @@ pub(crate) async fn call(
     request: Value,
     in_batch: bool,
 ) -> Outcome {
-    let failure =
-        |id: Value, error: RpcError| Outcome::Answer(encode(&jsonrpc::failure(id, &error)));
+    let failure = |id: Value, error: RpcError| Outcome::Failed {
+        answer: encode(&jsonrpc::failure(id, &error)),
+        retry_after: error.retry_after_seconds(),
+    };
     let Value::Object(mut request) = request else {
         return failure(
             Value::Null,

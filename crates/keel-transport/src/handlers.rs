@@ -20,6 +20,7 @@ use keel_runtime::{AuthContext, TaskOrder};
 use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::idempotency::{self, Claim};
 use crate::jsonrpc::{self, encode, Encoded, RpcError, UNSUPPORTED_OPERATION};
 use crate::limits::{Admission, Limits};
 use crate::push::Push;
@@ -78,6 +79,14 @@ pub(crate) enum Reply {
     Unary(Encoded),
     /// A stream of events.
     Stream(ReplyStream),
+}
+
+/// How a message was accepted.
+enum Accepted {
+    /// Now, by this request: what the engine answered.
+    Now(SendOutcome),
+    /// Before, by a request with the same `messageId`: the task it made or continued.
+    Before(TaskId),
 }
 
 /// A stream of typed events; an error ends it.
@@ -316,44 +325,169 @@ impl Handlers {
     }
 
     /// `SendMessage`: blocking unless `return_immediately`. The answer is the task, or the
-    /// agent's message when it answered without one.
+    /// agent's message when it answered without one. A repeat of a message already accepted
+    /// (same `messageId`, see `idempotency`) answers with the task it made, in its current
+    /// state (blocking: once the turn it started rests), and starts nothing.
     pub(crate) async fn send_message(
         &self,
         auth: &AuthContext,
         call: SendMessageCall,
     ) -> Result<SendOutcome, RpcError> {
-        let Some(push_config) = call.push_config.clone() else {
-            let mut call = call;
-            let options = SendOptions {
-                return_immediately: call.return_immediately,
-                history_length: call.history_length,
-                run_context: self.take_run_context(&mut call.message)?,
-            };
-            return self
-                .executor
-                .send(auth, call.message, options)
-                .await
-                .map_err(rpc);
-        };
-        // With a push config: accept the message, register the config from this turn's
-        // message on, then (when blocking) wait for the turn to end as a stream would.
-        self.push.check_url(&push_config.url).await?;
         let message_id = call.message.message_id.clone();
         let history_length = call.history_length;
         let blocking = !call.return_immediately;
-        let task = match self.accept_with_push(auth, call, push_config).await? {
-            SendOutcome::Task(task) if blocking => task,
-            outcome => return Ok(outcome),
+        let with_push = call.push_config.is_some();
+        let task_id = match self.accept(auth, call, !blocking || with_push).await? {
+            // With a push config the message was accepted without waiting: wait as a stream
+            // would, from this turn on.
+            Accepted::Now(SendOutcome::Task(task)) if blocking && with_push => task.id,
+            Accepted::Now(outcome) => return Ok(outcome),
+            Accepted::Before(task_id) if blocking => task_id,
+            Accepted::Before(task_id) => {
+                let task = self.get_task(auth, &task_id, history_length).await;
+                return Ok(SendOutcome::Task(Box::new(task.map_err(rpc)?)));
+            }
         };
-        let mut turn = self.follow(auth.clone(), task.id.clone(), None, Start::Turn(message_id));
+        let mut turn = self.follow(auth.clone(), task_id.clone(), None, Start::Turn(message_id));
         while let Some(event) = turn.next().await {
             event.map_err(rpc)?;
         }
         let task = self
-            .get_task(auth, &task.id, history_length)
+            .get_task(auth, &task_id, history_length)
             .await
             .map_err(rpc)?;
         Ok(SendOutcome::Task(Box::new(task)))
+    }
+
+    /// Accept a message once per `messageId`: hand it to the engine (waiting for its run
+    /// unless `return_immediately`; with a push config, never), or find the task an earlier
+    /// request with the same id made. An error after the new task was created names it.
+    async fn accept(
+        &self,
+        auth: &AuthContext,
+        mut call: SendMessageCall,
+        return_immediately: bool,
+    ) -> Result<Accepted, RpcError> {
+        let message_id = call.message.message_id.clone();
+        let continues = call.message.task_id.clone();
+        let reserved = if continues.is_none() && !message_id.as_str().is_empty() {
+            let agent = &self.executor.agent().card().name;
+            match idempotency::claim(&self.reads, auth, agent, message_id.as_str())
+                .await
+                .map_err(rpc)?
+            {
+                Claim::Seen(task_id) => {
+                    tracing::debug!(%task_id, "a repeated message id answered with its task");
+                    return Ok(Accepted::Before(task_id));
+                }
+                Claim::Fresh(task_id) => Some(task_id),
+            }
+        } else {
+            None
+        };
+        let accepted = match call.push_config.take() {
+            Some(push_config) => {
+                self.push.check_url(&push_config.url).await?;
+                self.accept_with_push(auth, call, push_config, reserved.clone())
+                    .await
+            }
+            None => {
+                let options = SendOptions {
+                    return_immediately,
+                    history_length: call.history_length,
+                    run_context: self.take_run_context(&mut call.message)?,
+                    task_id: reserved.clone(),
+                };
+                self.executor
+                    .send(auth, call.message, options)
+                    .await
+                    .map_err(rpc)
+            }
+        };
+        match accepted {
+            Ok(outcome) => {
+                if let (SendOutcome::Message(_), Some(_)) = (&outcome, &reserved) {
+                    // No task, nothing to return to a repeat: it is answered anew at once.
+                    self.release_claim(auth, &message_id).await;
+                }
+                Ok(Accepted::Now(outcome))
+            }
+            // A repeated answer to a waiting task: the task has moved on, and its log holds
+            // the message.
+            Err(error) => match continues {
+                Some(task_id)
+                    if idempotency::holds_message(
+                        &self.reads,
+                        auth,
+                        &task_id,
+                        message_id.as_str(),
+                    )
+                    .await
+                    .unwrap_or(false) =>
+                {
+                    Ok(Accepted::Before(task_id))
+                }
+                _ => Err(self
+                    .name_created_task(auth, error, reserved, &message_id)
+                    .await),
+            },
+        }
+    }
+
+    /// `error`, which ended a send whose new task was to take the id `reserved`, naming that
+    /// task when it was created (or may have been: the store could not say), so that the
+    /// caller neither believes nothing was done nor repeats a side effect by sending anew.
+    async fn name_created_task(
+        &self,
+        auth: &AuthContext,
+        error: RpcError,
+        reserved: Option<TaskId>,
+        message_id: &keel_core::MessageId,
+    ) -> RpcError {
+        let Some(task_id) = reserved else {
+            return error;
+        };
+        let created = match self.reads.task(auth, &task_id).await {
+            Ok(_) => Some(true),
+            Err(AgentError::TaskNotFound { .. }) => Some(false),
+            Err(_) => None,
+        };
+        let unavailable = error.code == jsonrpc::STORE_UNAVAILABLE;
+        let mut named = match created {
+            Some(false) => {
+                // Refused before anything was stored (a full queue, an invalid message): a
+                // repeat is a new attempt, answered at once rather than after the claim's
+                // grace for a request still creating its task.
+                self.release_claim(auth, message_id).await;
+                return error;
+            }
+            Some(true) if unavailable => RpcError {
+                message: format!(
+                    "store unavailable: task {task_id} was created, but the answer could not be made; send the same messageId again (or GetTask {task_id}) for its state"
+                ),
+                ..error
+            },
+            None if unavailable => RpcError {
+                message: format!(
+                    "store unavailable: task {task_id} may have been created; send the same messageId again to get it (it never runs twice)"
+                ),
+                ..error
+            },
+            _ => error,
+        };
+        named.message = jsonrpc::bounded(named.message);
+        named.with("taskId", task_id.as_str())
+    }
+
+    /// Drop this agent's claim of `message_id` (see `idempotency`); a failure only leaves a
+    /// repeat to wait out the claim's grace.
+    async fn release_claim(&self, auth: &AuthContext, message_id: &keel_core::MessageId) {
+        let agent = &self.executor.agent().card().name;
+        if let Err(error) =
+            idempotency::release(&self.reads, auth, agent, message_id.as_str()).await
+        {
+            tracing::debug!(%error, "a message id's claim could not be released");
+        }
     }
 
     /// Accept a message (without waiting for its run) and register its push config, which
@@ -364,12 +498,14 @@ impl Handlers {
         auth: &AuthContext,
         mut call: SendMessageCall,
         mut push_config: crate::push_config::PushConfig,
+        task_id: Option<TaskId>,
     ) -> Result<SendOutcome, RpcError> {
         let message_id = call.message.message_id.clone();
         let options = SendOptions {
             return_immediately: true,
             history_length: call.history_length,
             run_context: self.take_run_context(&mut call.message)?,
+            task_id,
         };
         let task = match self
             .executor
@@ -471,42 +607,28 @@ impl Handlers {
 
     /// `SendStreamingMessage`: accept the message (the run goes on in the engine) and follow
     /// the task from this turn on; an agent that answers without a task streams its message
-    /// as the one event.
+    /// as the one event. A repeat of a message already accepted follows the task it made,
+    /// from that message's turn.
     pub(crate) async fn send_streaming_message(
         &self,
         auth: &AuthContext,
-        call: SendMessageCall,
+        mut call: SendMessageCall,
     ) -> Result<EventStream, RpcError> {
         let auth = auth.clone();
         let message_id = call.message.message_id.clone();
         let history_length = call.history_length;
-        let outcome = match call.push_config.clone() {
-            Some(push_config) => {
-                self.push.check_url(&push_config.url).await?;
-                self.accept_with_push(&auth, call, push_config).await?
-            }
-            None => {
-                let mut call = call;
-                let options = SendOptions {
-                    return_immediately: true,
-                    history_length: None,
-                    run_context: self.take_run_context(&mut call.message)?,
-                };
-                self.executor
-                    .send(&auth, call.message, options)
-                    .await
-                    .map_err(rpc)?
-            }
-        };
-        let task = match outcome {
-            SendOutcome::Task(task) => task,
-            SendOutcome::Message(message) => {
+        // The stream carries the history: the engine's answer needs none.
+        call.history_length = None;
+        let task_id = match self.accept(&auth, call, true).await? {
+            Accepted::Now(SendOutcome::Task(task)) => task.id,
+            Accepted::Now(SendOutcome::Message(message)) => {
                 tracing::debug!(message_id = %message.message_id, "SendStreamingMessage answered without a task");
                 return Ok(stream::iter([Ok(StreamEvent::Message(message))]).boxed());
             }
+            Accepted::Before(task_id) => task_id,
         };
-        tracing::debug!(task_id = %task.id, "SendStreamingMessage accepted");
-        Ok(self.follow(auth, task.id, history_length, Start::Turn(message_id)))
+        tracing::debug!(%task_id, "SendStreamingMessage accepted");
+        Ok(self.follow(auth, task_id, history_length, Start::Turn(message_id)))
     }
 
     /// `SubscribeToTask`: a terminal task is UnsupportedOperationError (A2A v1.0, 3.1.6).

@@ -8,8 +8,8 @@
 //! | `InvalidInput` | [`INVALID_PARAMS`] -32602 |
 //! | `InvalidTransition` | [`INVALID_PARAMS`] -32602 (see [`error_code`]) |
 //! | `Unsupported` | [`UNSUPPORTED_OPERATION`] -32004 |
-//! | `Unavailable` (`StoreUnavailable`) | [`STORE_UNAVAILABLE`] -32050 (HTTP+JSON: 503) |
-//! | `Overloaded` | [`OVERLOADED`] -32051 (HTTP+JSON: 429 with `Retry-After`) |
+//! | `Unavailable` (`StoreUnavailable`) | [`STORE_UNAVAILABLE`] -32050 (HTTP+JSON: 503; both with `Retry-After`) |
+//! | `Overloaded` | [`OVERLOADED`] -32051 (HTTP+JSON: 429; both with `Retry-After`) |
 //! | `CancelPending` | [`CANCEL_PENDING`] -32052 (HTTP+JSON: 409) |
 //! | `ThreadNotFound` | [`THREAD_NOT_FOUND`] -32053 (HTTP+JSON: 404) |
 //! | anything else | [`INTERNAL_ERROR`] -32603, message `internal error` |
@@ -53,8 +53,9 @@ pub const EXTENDED_CARD_NOT_CONFIGURED: i32 = -32007;
 /// A2A: the `A2A-Version` the client asked for is not spoken here.
 pub const VERSION_NOT_SUPPORTED: i32 = -32009;
 
-/// Keel: a store cannot be reached for now; nothing was done, and the request may be
-/// repeated later. A2A has no such code; JSON-RPC leaves -32000 to -32099 to servers, and
+/// Keel: a store cannot be reached for now; the request may be repeated later. Nothing was
+/// done, unless the `ErrorInfo` metadata names a `taskId`: a SendMessage whose task was (or
+/// may have been) created, which a repeat with the same `messageId` answers with. A2A has no such code; JSON-RPC leaves -32000 to -32099 to servers, and
 /// Keel's codes sit above A2A's -32001 to -32009.
 pub const STORE_UNAVAILABLE: i32 = -32050;
 /// Keel: a limit that protects the server refused the request; the `ErrorInfo` metadata
@@ -187,20 +188,21 @@ pub struct RpcError {
 }
 
 impl RpcError {
-    /// An error with this code and message.
+    /// An error with this code and message (every word longer than [`MAX_ECHOED_CHARS`]
+    /// cut short, see [`bounded`]).
     pub fn new(code: i32, message: impl Into<String>) -> Self {
         Self {
             code,
-            message: message.into(),
+            message: bounded(message.into()),
             metadata: Map::new(),
         }
     }
 
-    /// Add a string entry to the `ErrorInfo` metadata.
+    /// Add a string entry to the `ErrorInfo` metadata (cut short as the message is).
     #[must_use]
     pub fn with(mut self, key: &str, value: impl Into<String>) -> Self {
         self.metadata
-            .insert(key.into(), Value::String(value.into()));
+            .insert(key.into(), Value::String(bounded(value.into())));
         self
     }
 
@@ -277,6 +279,32 @@ impl RpcError {
         }
         json!({"code": self.code, "message": self.message, "data": [info]})
     }
+}
+
+/// The most characters of one word (a run without spaces: an id, a value quoted back) that an
+/// error echoes.
+pub const MAX_ECHOED_CHARS: usize = 128;
+
+/// `text` with every word longer than [`MAX_ECHOED_CHARS`] cut to that many characters and
+/// `…`: errors echo what the caller sent (a task id, a message id, a value), and a 1 MB id must
+/// not make a 2 MB error, nor gRPC trailers larger than a client accepts. Words are cut rather
+/// than the whole text, so that what the error says around the id survives.
+pub fn bounded(text: String) -> String {
+    if text.len() <= MAX_ECHOED_CHARS
+        || !text
+            .split(' ')
+            .any(|word| word.chars().nth(MAX_ECHOED_CHARS).is_some())
+    {
+        return text;
+    }
+    let words: Vec<String> = text
+        .split(' ')
+        .map(|word| match word.char_indices().nth(MAX_ECHOED_CHARS) {
+            Some((cut, _)) => format!("{}…", &word[..cut]),
+            None => word.to_owned(),
+        })
+        .collect();
+    words.join(" ")
 }
 
 /// How long a caller is asked to wait after a store was found unavailable.

@@ -38,11 +38,13 @@ mod agents;
 pub mod callbacks;
 mod client;
 mod compat_v03;
+mod conn;
 mod dispatch;
 mod endpoint;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 mod handlers;
+mod idempotency;
 pub mod jsonrpc;
 mod limits;
 mod push;
@@ -65,6 +67,7 @@ pub use client::{
     A2aClient, A2aWsClient, Binding, BlockingClient, HttpBinding, InProcessBinding,
     InProcessClient, WsBinding,
 };
+pub use conn::ConnectionLimits;
 pub use endpoint::{
     EndpointContent, EndpointRequest, EndpointSpec, HttpMethod, RequestSource, COMPACT_THREAD_PATH,
     ENDPOINTS_PATH,

@@ -20,6 +20,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::compat_v03;
+use crate::conn::ConnectionLimits;
 use crate::dispatch::{call, stream_envelope, Outcome};
 use crate::handlers::Handlers;
 use crate::jsonrpc::{self, RpcError, INVALID_REQUEST, PARSE_ERROR};
@@ -93,6 +94,7 @@ pub struct A2aServer {
     push_targets: TargetPolicy,
     push_retry: RetryPolicy,
     limits: Limits,
+    connections: ConnectionLimits,
     endpoints: Vec<crate::EndpointSpec>,
 }
 
@@ -141,6 +143,7 @@ impl A2aServer {
             push_targets: TargetPolicy::default(),
             push_retry: RetryPolicy::default(),
             limits: Limits::default(),
+            connections: ConnectionLimits::default(),
             endpoints: Vec::new(),
         }
     }
@@ -160,6 +163,20 @@ impl A2aServer {
     pub fn with_limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
         self
+    }
+
+    /// The deadlines of a connection's headers, body and idle spells, and the cap on open
+    /// connections, that [`A2aServer::serve`] applies ([`ConnectionLimits::default`] unless
+    /// set: 10 s, 30 s, 60 s and 10,000).
+    #[must_use]
+    pub fn with_connection_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.connections = limits;
+        self
+    }
+
+    /// The connection limits [`A2aServer::serve`] applies.
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        self.connections
     }
 
     /// Whether push notification webhooks may be loopback, private or link-local addresses
@@ -368,7 +385,8 @@ impl A2aServer {
         }
     }
 
-    /// Serve on `listener` until `shutdown` completes.
+    /// Serve on `listener` until `shutdown` completes, under the connection deadlines and
+    /// cap of [`A2aServer::with_connection_limits`].
     ///
     /// The public URL is [`A2aServer::with_public_url`]'s, or `http://<listener address>`.
     /// When `shutdown` fires, the server stops accepting connections and hands its work on
@@ -413,9 +431,7 @@ impl A2aServer {
             // A socket that refuses the option still serves, only slower.
             let _ = stream.set_nodelay(true);
         });
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(signal)
-            .await;
+        let served = crate::conn::serve(listener, router, self.connections, signal).await;
         // Runs started by requests that raced the signal are handed on too.
         executor.shutdown().await;
         // Push deliveries stop where they are; their cursors are persisted, and the next
@@ -507,6 +523,18 @@ fn answer(body: impl serde::Serialize) -> Response {
     (StatusCode::OK, Json(body)).into_response()
 }
 
+/// `response` with `Retry-After` when an error said when to try again: JSON-RPC errors are
+/// HTTP 200, so the header is how an HTTP client or proxy learns to back off, as a 429 or 503
+/// of the HTTP+JSON binding tells it.
+fn with_retry_after(mut response: Response, seconds: Option<u64>) -> Response {
+    if let Some(seconds) = seconds {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    response
+}
+
 fn answer_error(id: Value, error: &RpcError) -> Response {
     answer(jsonrpc::failure(id, error))
 }
@@ -578,18 +606,26 @@ async fn json_rpc(
             let calls = requests
                 .into_iter()
                 .map(|request| call(&state.handlers, &headers, &query, &auth, request, true));
+            let mut retry_after = None;
             let answers: Vec<_> = futures::future::join_all(calls)
                 .await
                 .into_iter()
                 .filter_map(|outcome| match outcome {
                     Outcome::Answer(answer) => Some(answer),
+                    Outcome::Failed {
+                        answer,
+                        retry_after: after,
+                    } => {
+                        retry_after = retry_after.max(after);
+                        Some(answer)
+                    }
                     Outcome::Silent | Outcome::Stream { .. } => None,
                 })
                 .collect();
             if answers.is_empty() {
                 StatusCode::NO_CONTENT.into_response()
             } else {
-                answer(answers)
+                with_retry_after(answer(answers), retry_after)
             }
         }
         request => {
@@ -605,6 +641,10 @@ async fn json_rpc(
             match call(&state.handlers, &headers, &query, &auth, request, false).await {
                 Outcome::Silent => StatusCode::NO_CONTENT.into_response(),
                 Outcome::Answer(body) => answer(body),
+                Outcome::Failed {
+                    answer: body,
+                    retry_after,
+                } => with_retry_after(answer(body), retry_after),
                 Outcome::Stream {
                     id,
                     protocol,

@@ -190,7 +190,10 @@ async fn answer(connection: &Connection, text: &str, outbox: &mpsc::Sender<Messa
     .await;
     match outcome {
         Outcome::Silent => {}
-        Outcome::Answer(response) => {
+        Outcome::Answer(response)
+        | Outcome::Failed {
+            answer: response, ..
+        } => {
             let _ = send(outbox, &response).await;
         }
         Outcome::Stream {

@@ -447,7 +447,7 @@ async fn a_message_over_the_body_limit_is_refused() {
         ))
         .await
         .unwrap_err();
-    assert_eq!(refused.code(), Code::OutOfRange, "{refused:?}");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
     let fits = grpc
         .send_message(message::<proto::SendMessageRequest>(
             json!({"message": user_message("small")}),

@@ -256,7 +256,7 @@ async fn send_on(server: &TestServer, key: &str, text: &str, context_id: &str) -
 #[tokio::test]
 async fn a_full_thread_queue_or_tenant_queue_refuses_new_tasks_with_retry_later() {
     let config = ExecutorConfig {
-        max_queued_per_thread: 2,
+        max_queued_per_thread: 1,
         max_queued_per_tenant: 3,
         ..ExecutorConfig::default()
     };
@@ -271,7 +271,7 @@ async fn a_full_thread_queue_or_tenant_queue_refuses_new_tasks_with_retry_later(
     assert_eq!(refused["error"]["code"], -32051, "{refused}");
     let info = &refused["error"]["data"][0];
     assert_eq!(info["reason"], "RESOURCE_EXHAUSTED");
-    assert_eq!(info["metadata"]["max"], "2");
+    assert_eq!(info["metadata"]["max"], "1");
     assert!(
         info["metadata"]["limit"]
             .as_str()

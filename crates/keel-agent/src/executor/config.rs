@@ -16,6 +16,10 @@ pub struct SendOptions {
     pub history_length: Option<usize>,
     /// The run context to attach (otherwise one is created, or upgraded from legacy keys).
     pub run_context: Option<RunContext>,
+    /// The id a new task takes (otherwise a fresh one): a front door that must name the task
+    /// before it exists (an idempotent retry, an error after creation) chooses it first.
+    /// Ignored when the message continues a task.
+    pub task_id: Option<keel_core::TaskId>,
 }
 
 /// The default of [`ExecutorConfig::drain_timeout`]: long enough for a step's model call or
@@ -35,7 +39,7 @@ pub struct ExecutorConfig {
     /// `max_concurrent_threads`); its further threads wait for one of its own to finish, so
     /// that other tenants are still served. Three quarters of the slots by default.
     pub max_threads_per_tenant: usize,
-    /// How many items may wait in one thread's queue (the running task's among them) when a
+    /// How many items may wait in one thread's queue besides the running task's when a
     /// message starts a new task there; past it the message is refused with
     /// [`AgentError::Overloaded`](keel_core::AgentError::Overloaded) and nothing is stored.
     /// Counted in the store, so the bound holds across the processes sharing it.

@@ -73,7 +73,8 @@ impl Inner {
             retry_after: QUEUE_FULL_RETRY_AFTER,
         };
         let max = self.config.max_queued_per_thread;
-        if thread? >= max {
+        // The running task's item stays queued until it ends: `max` may wait besides it.
+        if thread? > max {
             return Err(overloaded("tasks queued on this thread", max));
         }
         let max = self.config.max_queued_per_tenant;

@@ -280,7 +280,10 @@ impl AgentExecutor {
                 }
                 task
             }
-            None => Task::new(message.thread_id.clone().unwrap_or_default()),
+            None => Task::with_id(
+                options.task_id.clone().unwrap_or_default(),
+                message.thread_id.clone().unwrap_or_default(),
+            ),
         };
         self.thread(auth, task.thread_id.clone())
             .ensure_open()

@@ -52,12 +52,13 @@ struct GrpcBinding {
 }
 
 /// The routes of the gRPC service, to merge into the server's router. Request messages
-/// larger than `body_limit` are refused (tonic answers OUT_OF_RANGE), as larger bodies are
-/// on the HTTP bindings.
+/// larger than `body_limit` are refused with RESOURCE_EXHAUSTED, as larger bodies are on the
+/// HTTP bindings, and undecodable ones with INVALID_ARGUMENT (see [`status::request_status`]).
 pub(crate) fn router(handlers: Handlers, body_limit: usize) -> Router {
     let service = A2aServiceServer::new(GrpcBinding { handlers })
         .max_decoding_message_size(body_limit)
         .map_request(|request: Request<Body>| request.map(tonic::body::Body::new))
+        .map_response(status::request_status)
         .map_err(|never: Infallible| match never {});
     Router::new().route_service(&format!("/{SERVICE_NAME}/{{*method}}"), service)
 }

@@ -48,6 +48,38 @@ pub(crate) fn status(error: &RpcError) -> Status {
     Status::with_error_details(code(name), error.message.clone(), details)
 }
 
+/// tonic's message for a request message over the size limit (it answers OUT_OF_RANGE).
+const TOO_LARGE: &str = "Error, decoded message length too large";
+/// prost's message for bytes that are not the request message, or nest too deep (tonic
+/// answers INTERNAL).
+const UNDECODABLE: &str = "failed to decode Protobuf message";
+
+/// A response of the generated service with the request's faults named as the caller's:
+/// tonic answers an undecodable or too deeply nested request message with INTERNAL and an
+/// oversized one with OUT_OF_RANGE, before any handler runs. The caller sent a bad request:
+/// INVALID_ARGUMENT, and RESOURCE_EXHAUSTED for a message over the limit (as gRPC's own
+/// servers answer it), so that a client does not retry a request that can never succeed as
+/// if the server had failed.
+pub(crate) fn request_status<B>(mut response: axum::http::Response<B>) -> axum::http::Response<B> {
+    let headers = response.headers();
+    let Some(message) = headers
+        .get("grpc-message")
+        .and_then(|value| value.to_str().ok())
+        .map(|value| percent_encoding::percent_decode_str(value).decode_utf8_lossy())
+    else {
+        return response;
+    };
+    let code = match headers.get("grpc-status").map(|value| value.as_bytes()) {
+        Some(b"13") if message.starts_with(UNDECODABLE) => Code::InvalidArgument,
+        Some(b"11") if message.starts_with(TOO_LARGE) => Code::ResourceExhausted,
+        _ => return response,
+    };
+    response
+        .headers_mut()
+        .insert("grpc-status", axum::http::HeaderValue::from(code as i32));
+    response
+}
+
 /// The status for a request without acceptable credentials.
 pub(crate) fn unauthenticated(reason: &str) -> Status {
     Status::unauthenticated(format!("authentication required: {reason}"))

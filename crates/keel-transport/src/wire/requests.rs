@@ -37,6 +37,7 @@ pub(crate) fn decode_send_message(params: Value) -> AgentResult<SendMessageCall>
         Some(Value::Object(_)) => {}
         Some(_) => return Err(invalid("message", "must be an object")),
     }
+    check_single_contents(&params)?;
     let request: a2a::SendMessageRequest = decode(params)?;
     if request.message.parts.is_empty() {
         return Err(invalid("message.parts", "must contain at least one part"));
@@ -57,6 +58,38 @@ pub(crate) fn decode_send_message(params: Value) -> AgentResult<SendMessageCall>
             .task_push_notification_config
             .map(push_config_from_wire),
     })
+}
+
+/// The content fields of an A2A part, of which a part holds exactly one (a proto `oneof`).
+const PART_CONTENTS: [&str; 4] = ["text", "raw", "url", "data"];
+
+/// Refuse a message part that holds several contents (`text` and `url`, ...): decoding would
+/// keep one and silently drop the others, so the caller would never learn that the agent saw
+/// only part of what was sent.
+fn check_single_contents(params: &Value) -> AgentResult<()> {
+    let Some(parts) = params["message"]["parts"].as_array() else {
+        return Ok(());
+    };
+    for (index, part) in parts.iter().enumerate() {
+        let present: Vec<&str> = PART_CONTENTS
+            .into_iter()
+            .filter(|field| part.get(*field).is_some_and(|v| !v.is_null()))
+            .collect();
+        if present.len() > 1 {
+            return Err(invalid(
+                format!("message.parts[{index}]"),
+                format!(
+                    "holds several contents ({}); a part holds exactly one of `text`, `raw`, `url` or `data`",
+                    present
+                        .iter()
+                        .map(|field| format!("`{field}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Decode `GetTask` params: the task id and the history length.

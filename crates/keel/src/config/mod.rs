@@ -62,6 +62,13 @@ pub const DRAIN_TIMEOUT_SECONDS: SecondsRange = SecondsRange {
     max: 3_600.0,
 };
 
+/// The connection deadlines Keel accepts (`[server] header_timeout_seconds`,
+/// `body_timeout_seconds`, `idle_timeout_seconds`; `keel serve --header-timeout`, ...).
+pub const CONNECTION_TIMEOUT_SECONDS: SecondsRange = SecondsRange {
+    min: 0.001,
+    max: 86_400.0,
+};
+
 /// The seconds a duration setting accepts, the file's and the command line's alike.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SecondsRange {
@@ -181,6 +188,25 @@ impl Config {
         DRAIN_TIMEOUT_SECONDS
             .check(server.drain_timeout_seconds)
             .map_err(|range| ConfigError::whole(path, "server.drain_timeout_seconds", range))?;
+        for (field, seconds) in [
+            (
+                "server.header_timeout_seconds",
+                server.header_timeout_seconds,
+            ),
+            ("server.body_timeout_seconds", server.body_timeout_seconds),
+            ("server.idle_timeout_seconds", server.idle_timeout_seconds),
+        ] {
+            CONNECTION_TIMEOUT_SECONDS
+                .check(seconds)
+                .map_err(|range| ConfigError::whole(path, field, range))?;
+        }
+        if server.max_connections == 0 {
+            return Err(ConfigError::whole(
+                path,
+                "server.max_connections",
+                "use at least 1",
+            ));
+        }
         for (i, key) in server.api_keys.iter().enumerate() {
             let tenant = key.tenant.get_ref();
             let valid = tenant

@@ -63,6 +63,30 @@ pub struct ServerConfig {
     /// where they are; either way they are handed on, not canceled.
     #[serde(default = "default_drain_timeout")]
     pub drain_timeout_seconds: f64,
+    /// Seconds a connection may take to send a request's headers.
+    #[serde(default = "default_header_timeout")]
+    pub header_timeout_seconds: f64,
+    /// Seconds a request's body may take to arrive once its headers did.
+    #[serde(default = "default_body_timeout")]
+    pub body_timeout_seconds: f64,
+    /// Seconds a keep-alive connection may stay open with no request in progress.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_seconds: f64,
+    /// Most connections open at once; more wait to be accepted.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+}
+
+impl ServerConfig {
+    /// The connection deadlines and cap of this table (checked when the file was loaded).
+    pub fn connection_limits(&self) -> keel_transport::ConnectionLimits {
+        keel_transport::ConnectionLimits {
+            header_timeout: std::time::Duration::from_secs_f64(self.header_timeout_seconds),
+            body_timeout: std::time::Duration::from_secs_f64(self.body_timeout_seconds),
+            idle_timeout: std::time::Duration::from_secs_f64(self.idle_timeout_seconds),
+            max_connections: self.max_connections,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -79,6 +103,10 @@ impl Default for ServerConfig {
             lease_ttl_seconds: default_lease_ttl(),
             async_tool_timeout_seconds: default_async_tool_timeout(),
             drain_timeout_seconds: default_drain_timeout(),
+            header_timeout_seconds: default_header_timeout(),
+            body_timeout_seconds: default_body_timeout(),
+            idle_timeout_seconds: default_idle_timeout(),
+            max_connections: default_max_connections(),
         }
     }
 }
@@ -103,6 +131,18 @@ fn default_lease_ttl() -> f64 {
 }
 fn default_async_tool_timeout() -> f64 {
     3600.0
+}
+fn default_header_timeout() -> f64 {
+    keel_transport::ConnectionLimits::DEFAULT_HEADER_TIMEOUT.as_secs_f64()
+}
+fn default_body_timeout() -> f64 {
+    keel_transport::ConnectionLimits::DEFAULT_BODY_TIMEOUT.as_secs_f64()
+}
+fn default_idle_timeout() -> f64 {
+    keel_transport::ConnectionLimits::DEFAULT_IDLE_TIMEOUT.as_secs_f64()
+}
+fn default_max_connections() -> usize {
+    keel_transport::ConnectionLimits::DEFAULT_MAX_CONNECTIONS
 }
 
 /// `[[server.api_keys]]`: one API key and its tenant.
