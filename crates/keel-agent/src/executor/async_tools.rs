@@ -491,7 +491,12 @@ impl AgentExecutor {
             .await?;
         inner.notices.task_changed();
         if let Some(context) = RunContext::from_task(&task).map_err(CallbackError::Agent)? {
-            let obs = inner.run_obs(&context, &task.id);
+            // The report is the run's one sequence (decision 141): the report saved at the
+            // pause is continued, and saved again with this event, so the resumed run finds it.
+            let obs = inner
+                .resumed_run_obs(&call.auth, &context, &task.id)
+                .await
+                .map_err(CallbackError::Agent)?;
             obs.emit(RunEvent::tool_async_progress(ToolAsyncProgressPayload {
                 call_id: call_id.to_owned(),
                 tool_call_id: record.tool_call_id.clone(),
@@ -499,6 +504,7 @@ impl AgentExecutor {
                 progress,
             }))
             .await;
+            inner.save_records(&call.auth, &obs, &task).await;
         }
         Ok(crate::AcceptedCallback {
             auth: call.auth,

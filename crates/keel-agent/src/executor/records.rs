@@ -231,7 +231,7 @@ impl Inner {
 
     /// The run report (redacted) and a task snapshot go to the run store. A failure here is
     /// logged: the task itself is already persisted.
-    async fn save_records(&self, auth: &AuthContext, obs: &RunObs, task: &Task) {
+    pub(super) async fn save_records(&self, auth: &AuthContext, obs: &RunObs, task: &Task) {
         let runs = self.runtime.run_store();
         let agent_name = Some(self.agent.card().name.as_str());
         let result = async {

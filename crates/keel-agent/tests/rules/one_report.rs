@@ -109,6 +109,10 @@ async fn a_run_paused_for_an_asynchronous_tool_keeps_one_report_when_its_result_
     .await;
     assert_eq!(paused.state(), TaskState::Working);
     let secret = &invocation.callback_secret;
+    // A progress report comes while no run holds the task: it joins the same sequence.
+    exec.deliver_tool_progress(&invocation.call_id, secret, json!({"done": "half"}))
+        .await
+        .unwrap();
     exec.deliver_tool_result(&invocation.call_id, secret, json!("x moved"), false)
         .await
         .unwrap();
@@ -124,7 +128,11 @@ async fn a_run_paused_for_an_asynchronous_tool_keeps_one_report_when_its_result_
     let report = stored_report(&exec, &auth, &done).await;
     assert_eq!(sequences(&report.events), sequences(&live));
     assert_eq!(report.model.calls, 2, "the call before the wait and after it");
-    for kind in ["tool.async.dispatched", "tool.async.result"] {
+    for kind in [
+        "tool.async.dispatched",
+        "tool.async.progress",
+        "tool.async.result",
+    ] {
         let found = count(&report.events, keel_events::EventType::from(kind));
         assert_eq!(found, 1, "{kind} in the report");
     }
