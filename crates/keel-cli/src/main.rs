@@ -1,6 +1,7 @@
 //! `keel`: run Keel agents here or serve them over A2A, inspect their runs, and talk to any A2A agent.
 
 mod from_file;
+mod mcp;
 mod remote;
 mod render;
 mod run;
@@ -112,6 +113,15 @@ enum Command {
         /// As JSON on stdout.
         #[arg(long)]
         json: bool,
+    },
+    /// Serve agents as an MCP server over stdio, one tool per agent (`{message, thread?}`
+    /// in, the answer out): every agent of the file, or only `--agent`.
+    Mcp {
+        /// Only this agent of the file.
+        #[arg(long)]
+        agent: Option<String>,
+        #[command(flatten)]
+        source: SourceArgs,
     },
     /// Print a shell completion script: `keel completions bash > /etc/bash_completion.d/keel`.
     Completions {
@@ -647,6 +657,7 @@ fn main() -> ExitCode {
         } => runtime
             .block_on(tools::list(config, agent, json))
             .map(|()| ExitCode::SUCCESS),
+        Command::Mcp { agent, source } => runtime.block_on(mcp::serve(source.source(), agent)),
         Command::RunOnce(args) => runtime.block_on(run_once(args)).map(|()| ExitCode::SUCCESS),
         Command::Run(RunArgs {
             url: Some(url),

@@ -80,6 +80,17 @@ impl Source {
     /// route (`/agents/{name}/callbacks/{call_id}`, one per agent of the file) while the
     /// process lives, and tools are given callback URLs there.
     pub(crate) async fn executor(&self, name: Option<&str>) -> Result<AgentExecutor, String> {
+        let mut chosen = self.executors(name, false).await?;
+        Ok(chosen.remove(0))
+    }
+
+    /// The executors of agent `name`, else (`all`) of every agent of the file, else of its
+    /// default agent; never empty. Served callbacks as [`Self::executor`] says.
+    pub(crate) async fn executors(
+        &self,
+        name: Option<&str>,
+        all: bool,
+    ) -> Result<Vec<AgentExecutor>, String> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|err| format!("cannot listen for tool callbacks: {err}"))?;
@@ -107,7 +118,7 @@ impl Source {
                 },
             );
             serve_callbacks(listener, [(agent_name, executor.clone())]);
-            return Ok(executor);
+            return Ok(vec![executor]);
         };
         let loaded = keel::Config::from_path(&path).map_err(|err| err.to_string())?;
         let runtime = crate::open_runtime(&self.store(Some(&loaded))?, None, Vec::new()).await?;
@@ -128,6 +139,9 @@ impl Source {
             listener,
             agents.iter().map(|a| (a.name.clone(), a.executor.clone())),
         );
+        if all && name.is_none() {
+            return Ok(agents.iter().map(|a| a.executor.clone()).collect());
+        }
         let agent = match name {
             Some(name) => agents.get(name).ok_or_else(|| {
                 let known: Vec<String> = agents.iter().map(|a| format!("`{}`", a.name)).collect();
@@ -139,7 +153,7 @@ impl Source {
             })?,
             None => agents.default_agent(),
         };
-        Ok(agent.executor.clone())
+        Ok(vec![agent.executor.clone()])
     }
 }
 

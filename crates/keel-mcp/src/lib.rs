@@ -1,6 +1,6 @@
 //! Keel's MCP client: the tools of Model Context Protocol servers (a stdio process, or a
 //! streamable HTTP endpoint) as Keel [`keel_agent::Tool`]s, through the official Rust SDK,
-//! `rmcp`.
+//! `rmcp`; and its MCP server, [`AgentServer`], which offers Keel agents as tools.
 //!
 //! [`McpServer::start`] starts a server from its [`ServerSpec`] and runs the MCP handshake;
 //! [`McpTool::list`] makes its tools (named `{server}_{tool}`, flags from their annotations
@@ -29,6 +29,7 @@
 //! ```
 
 mod names;
+mod serve;
 mod server;
 mod spec;
 mod tool;
@@ -36,6 +37,7 @@ mod tool;
 use std::time::Duration;
 
 pub use names::{sanitize, tool_name, MAX_TOOL_NAME};
+pub use serve::{AgentServer, META_TASK, META_THREAD};
 pub use server::McpServer;
 pub use spec::{
     FlagOverrides, Header, ServerSpec, ToolFlags, TransportSpec, DEFAULT_CALL_TIMEOUT,

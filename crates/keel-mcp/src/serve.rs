@@ -1,0 +1,241 @@
+//! [`AgentServer`]: Keel agents offered as the tools of an MCP server, so that an MCP client
+//! (an IDE, another agent framework) calls a Keel agent as a tool. Each call is one message
+//! sent to the agent's [`AgentExecutor`], the same engine path `keel run` and `keel serve`
+//! use, so the agent's policy and budgets are in force.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use keel_agent::{AgentExecutor, SendOptions};
+use keel_core::{Message, Task, TaskState};
+use keel_runtime::AuthContext;
+use rmcp::handler::server::ServerHandler;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
+    Implementation, InitializeResult, JsonObject, ListToolsResult, MetaObject,
+    PaginatedRequestParams,
+    ServerCapabilities, Tool,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::ServiceExt as _;
+use serde_json::{json, Value};
+
+use crate::{sanitize, McpError, MAX_TOOL_NAME};
+
+/// The name this server gives itself in the MCP handshake.
+const SERVER_NAME: &str = "keel";
+
+/// The `_meta` key of a result that names the task the call ran as.
+pub const META_TASK: &str = "keel/task";
+
+/// The `_meta` key of a result that names the task's thread: pass it as `thread` to continue.
+pub const META_THREAD: &str = "keel/thread";
+
+/// How many of a thread's pending approvals are read to find the one of a task: a thread
+/// rarely has more than one task waiting.
+const PENDING_PAGE: u32 = 100;
+
+/// An MCP server with one tool per agent: `{message, thread?}` in, the agent's answer out,
+/// with the task's and thread's ids in the result's `_meta` ([`META_TASK`], [`META_THREAD`]).
+#[derive(Clone)]
+pub struct AgentServer {
+    tools: Arc<Vec<(Tool, AgentExecutor)>>,
+    auth: AuthContext,
+}
+
+impl AgentServer {
+    /// A server offering `agents`, run for the tenant `auth`. A tool is named after its
+    /// agent, sanitized as the client side names tools (`[A-Za-z0-9_-]`); two agents whose
+    /// names sanitize alike, or a name longer than [`MAX_TOOL_NAME`], are refused.
+    pub fn new(agents: Vec<AgentExecutor>, auth: AuthContext) -> Result<Self, McpError> {
+        let mut taken = HashSet::new();
+        let mut tools = Vec::with_capacity(agents.len());
+        for executor in agents {
+            let card = executor.agent().card();
+            let name = sanitize(&card.name);
+            if name.len() > MAX_TOOL_NAME || !taken.insert(name.clone()) {
+                return Err(McpError::Request {
+                    server: SERVER_NAME.into(),
+                    reason: format!(
+                        "agent `{}` cannot be the MCP tool `{name}`: {}",
+                        card.name,
+                        if name.len() > MAX_TOOL_NAME {
+                            format!("tool names have at most {MAX_TOOL_NAME} characters")
+                        } else {
+                            "another agent's name gives the same tool name".to_owned()
+                        }
+                    ),
+                });
+            }
+            let tool = Tool::new(name, card.description.clone(), input_schema());
+            tools.push((tool, executor));
+        }
+        Ok(Self {
+            tools: Arc::new(tools),
+            auth,
+        })
+    }
+
+    /// Serve over this process's stdin and stdout until the client closes stdin. Nothing
+    /// else may write to stdout meanwhile: it carries the protocol.
+    pub async fn serve_stdio(self) -> Result<(), McpError> {
+        let failed = |reason: String| McpError::Request {
+            server: SERVER_NAME.into(),
+            reason,
+        };
+        let running = self
+            .serve(rmcp::transport::stdio_pipes())
+            .await
+            .map_err(|err| failed(err.to_string()))?;
+        running
+            .waiting()
+            .await
+            .map_err(|err| failed(err.to_string()))?;
+        Ok(())
+    }
+
+    /// One call: the agent's answer, or an `isError` result saying why there is none.
+    async fn call(&self, executor: &AgentExecutor, args: Option<JsonObject>) -> CallToolResult {
+        let args = args.unwrap_or_default();
+        let mut message = Message::user(
+            args.get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+        );
+        message.thread_id = args
+            .get("thread")
+            .and_then(Value::as_str)
+            .map(Into::into);
+        let task = match executor
+            .send_message(&self.auth, message, SendOptions::default())
+            .await
+        {
+            Ok(task) => task,
+            Err(err) => return error_result(err.to_string()),
+        };
+        let answer = task.status().text().unwrap_or_default();
+        let mut result = match task.state() {
+            TaskState::Completed => CallToolResult::success(vec![ContentBlock::text(answer)]),
+            TaskState::InputRequired => error_result(self.waiting(executor, &task).await),
+            state => error_result(format!(
+                "task {} of agent `{}` ended {state}{}",
+                task.id,
+                executor.agent().card().name,
+                if answer.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {answer}")
+                }
+            )),
+        };
+        // The ids a client needs to continue the thread, or to find the task over A2A.
+        let mut meta = JsonObject::new();
+        meta.insert(META_TASK.into(), json!(task.id));
+        meta.insert(META_THREAD.into(), json!(task.thread_id));
+        result.meta = Some(MetaObject(meta));
+        result
+    }
+
+    /// What a task that waits says: the action it waits to have approved, and how to answer
+    /// (an MCP tool call cannot: the action is not taken unchecked).
+    async fn waiting(&self, executor: &AgentExecutor, task: &Task) -> String {
+        let pending = executor
+            .reads()
+            .pending_approvals(&self.auth, Some(&task.thread_id), Some(PENDING_PAGE), None)
+            .await
+            .ok()
+            .and_then(|page| page.items.into_iter().find(|p| p.task_id == task.id));
+        match pending {
+            Some(pending) => format!(
+                "task {} (thread {}) waits for approval of `{}` ({}): approve or deny it over \
+                 A2A, with `keel serve` on this store and `keel tasks approve {}`",
+                task.id,
+                task.thread_id,
+                pending.request.action.name,
+                pending.request.reason,
+                task.id
+            ),
+            None => format!(
+                "task {} (thread {}) waits for input: {}",
+                task.id,
+                task.thread_id,
+                task.status().text().unwrap_or_default()
+            ),
+        }
+    }
+}
+
+/// The input schema of every agent's tool.
+fn input_schema() -> JsonObject {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "message": {"type": "string", "description": "The message to the agent."},
+            "thread": {
+                "type": "string",
+                "description": "The thread to continue (a new one when absent)."
+            }
+        },
+        "required": ["message"]
+    });
+    match schema {
+        Value::Object(object) => object,
+        _ => unreachable!("a JSON object literal"),
+    }
+}
+
+/// A tool result that is an error, for the calling model to read.
+fn error_result(text: String) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+/// Arguments that do not fit the schema: an MCP invalid-params error naming the field.
+fn check_args(args: Option<&JsonObject>) -> Result<(), ErrorData> {
+    let invalid = |what: &str| Err(ErrorData::invalid_params(what.to_owned(), None));
+    let Some(args) = args else {
+        return invalid("arguments: `message` (a string) is required");
+    };
+    match args.get("message") {
+        Some(Value::String(text)) if !text.trim().is_empty() => {}
+        Some(Value::String(_)) => return invalid("arguments.message: must not be empty"),
+        Some(_) => return invalid("arguments.message: must be a string"),
+        None => return invalid("arguments: `message` (a string) is required"),
+    }
+    match args.get("thread") {
+        None | Some(Value::String(_)) | Some(Value::Null) => Ok(()),
+        Some(_) => invalid("arguments.thread: must be a string"),
+    }
+}
+
+impl ServerHandler for AgentServer {
+    fn get_info(&self) -> InitializeResult {
+        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(
+            self.tools.iter().map(|(tool, _)| tool.clone()).collect(),
+        ))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let Some((_, executor)) = self.tools.iter().find(|(tool, _)| tool.name == request.name)
+        else {
+            return Err(ErrorData::invalid_params(
+                format!("no tool `{}`", request.name),
+                None,
+            ));
+        };
+        check_args(request.arguments.as_ref())?;
+        Ok(self.call(executor, request.arguments).await.into())
+    }
+}
