@@ -148,7 +148,7 @@ impl AgentServer {
         match pending {
             Some(pending) => format!(
                 "task {} (thread {}) waits for approval of `{}` ({}): approve or deny it over \
-                 A2A, with `keel serve` on this store and `keel tasks approve {}`",
+                 A2A, with `keel serve` on the same store and `keel tasks approve {}`",
                 task.id,
                 task.thread_id,
                 pending.request.action.name,
