@@ -5,19 +5,8 @@
 
 mod support;
 
-use std::path::PathBuf;
-
 use serde_json::json;
-use support::PythonSteps;
-
-// xtask's own code, included rather than copied: the test finds the Python MCP SDK where
-// `cargo xtask mcp` installs it.
-#[allow(dead_code)]
-#[path = "../xtask/src/mcp.rs"]
-mod mcp_servers;
-#[allow(dead_code)]
-#[path = "../xtask/src/py_sdk.rs"]
-mod py_sdk;
+use support::{mcp_python, PythonSteps};
 
 /// Three offline agents: one that answers, one whose every action waits for approval, and
 /// one whose budget no answer fits.
@@ -50,21 +39,6 @@ max_output_tokens = 1
 /// JSON-RPC's "invalid params".
 const INVALID_PARAMS: i64 = -32602;
 
-/// The venv's python with the MCP SDK: `KEEL_MCP_PYTHON`, else the install of
-/// `cargo xtask mcp` (made now if missing).
-fn python() -> PathBuf {
-    if let Some(found) = std::env::var_os(mcp_servers::PYTHON.env_var) {
-        return PathBuf::from(found);
-    }
-    mcp_servers::PYTHON.ensure().unwrap_or_else(|error| {
-        panic!(
-            "this test needs a venv with the Python MCP SDK (`{}` installs it under target/): \
-             {error}",
-            mcp_servers::INSTALL_COMMAND
-        )
-    })
-}
-
 /// The client script's steps against `keel mcp --config FILE EXTRA`.
 fn session(extra: &[&str]) -> PythonSteps {
     let dir = tempfile::tempdir().unwrap();
@@ -77,7 +51,7 @@ fn session(extra: &[&str]) -> PythonSteps {
         file.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    PythonSteps::run(python(), "mcp_agent_client.py", &args)
+    PythonSteps::run(mcp_python(), "mcp_agent_client.py", &args)
 }
 
 fn tool_names(steps: &PythonSteps) -> Vec<String> {

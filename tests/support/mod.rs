@@ -13,6 +13,8 @@ use std::time::Duration;
 
 // xtask's own code for these, included rather than copied, so that `cargo xtask` and the
 // tests make and find the venvs and the Redis the same way.
+#[path = "../../xtask/src/mcp.rs"]
+mod mcp_servers;
 #[path = "../../xtask/src/py_sdk.rs"]
 mod py_sdk;
 #[path = "../../xtask/src/redis.rs"]
@@ -183,6 +185,12 @@ pub fn sdk_python_v03() -> PathBuf {
     venv_python(&py_sdk::V03)
 }
 
+/// The Python interpreter of the MCP SDK venv: `KEEL_MCP_PYTHON` (set by `cargo xtask ci`),
+/// else the venv `cargo xtask mcp` keeps under `target/`, created on first use.
+pub fn mcp_python() -> PathBuf {
+    venv_python(&mcp_servers::PYTHON)
+}
+
 /// What a Python check script (`tests/python/*.py`) reported: one JSON object per line of
 /// its stdout, each naming its `step` (and, for scripts that try both, its `binding`).
 pub struct PythonSteps {
@@ -239,7 +247,7 @@ fn venv_python(venv: &py_sdk::SdkVenv) -> PathBuf {
     }
     venv.ensure().unwrap_or_else(|error| {
         panic!(
-            "this test needs the official Python A2A SDK ({}) in a venv at {}, made on first \
+            "this test needs the official Python SDK ({}) in a venv at {}, made on first \
              use with python3's venv module and pip, which needs PyPI. It could not be made: \
              {error}\nInstall python3 with venv and pip and allow access to PyPI, or set {} \
              to a python that has the SDK.",

@@ -13,8 +13,7 @@ use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
     Implementation, InitializeResult, JsonObject, ListToolsResult, MetaObject,
-    PaginatedRequestParams,
-    ServerCapabilities, Tool,
+    PaginatedRequestParams, ServerCapabilities, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::ServiceExt as _;
@@ -102,10 +101,7 @@ impl AgentServer {
                 .and_then(Value::as_str)
                 .unwrap_or_default(),
         );
-        message.thread_id = args
-            .get("thread")
-            .and_then(Value::as_str)
-            .map(Into::into);
+        message.thread_id = args.get("thread").and_then(Value::as_str).map(Into::into);
         let task = match executor
             .send_message(&self.auth, message, SendOptions::default())
             .await
@@ -228,7 +224,10 @@ impl ServerHandler for AgentServer {
         request: CallToolRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let Some((_, executor)) = self.tools.iter().find(|(tool, _)| tool.name == request.name)
+        let Some((_, executor)) = self
+            .tools
+            .iter()
+            .find(|(tool, _)| tool.name == request.name)
         else {
             return Err(ErrorData::invalid_params(
                 format!("no tool `{}`", request.name),
