@@ -238,3 +238,59 @@ impl ServerHandler for AgentServer {
         Ok(self.call(executor, request.arguments).await.into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use keel_agent::Agent;
+    use keel_core::AgentCard;
+
+    use super::*;
+
+    fn executor(name: &str) -> AgentExecutor {
+        let llm = Arc::new(keel_llm::MockLlm::new());
+        let agent = Agent::builder(AgentCard::new(name, "an agent", "http://localhost/"))
+            .llm_shared(llm.clone())
+            .build()
+            .unwrap();
+        AgentExecutor::new(agent, Arc::new(keel_runtime::Services::in_memory(llm)))
+    }
+
+    fn refusal(names: &[&str]) -> String {
+        let agents = names.iter().map(|name| executor(name)).collect();
+        match AgentServer::new(agents, AuthContext::new("app", "user")) {
+            Err(McpError::Request { server, reason }) => {
+                assert_eq!(server, SERVER_NAME);
+                reason
+            }
+            Err(other) => panic!("another error: {other}"),
+            Ok(_) => panic!("{names:?} were accepted"),
+        }
+    }
+
+    #[tokio::test]
+    async fn agents_whose_tool_names_clash_or_are_too_long_are_refused() {
+        assert_eq!(
+            refusal(&["a.b", "a_b"]),
+            "agent `a_b` cannot be the MCP tool `a_b`: another agent's name gives the same \
+             tool name"
+        );
+        let long = "x".repeat(MAX_TOOL_NAME + 1);
+        assert_eq!(
+            refusal(&[long.as_str()]),
+            format!(
+                "agent `{long}` cannot be the MCP tool `{long}`: tool names have at most \
+                 {MAX_TOOL_NAME} characters"
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_tool_is_the_agents_sanitized_name_with_the_message_schema() {
+        let server =
+            AgentServer::new(vec![executor("a.b")], AuthContext::new("app", "user")).unwrap();
+        let (tool, _) = &server.tools[0];
+        assert_eq!(tool.name, "a_b");
+        assert_eq!(tool.description.as_deref(), Some("an agent"));
+        assert_eq!(tool.input_schema["required"], json!(["message"]));
+    }
+}
