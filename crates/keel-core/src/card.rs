@@ -112,6 +112,7 @@ impl AgentCapabilities {
 }
 
 /// Something the agent can do, advertised to callers.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentSkill {
     /// Unique, human-readable id.
@@ -123,10 +124,8 @@ pub struct AgentSkill {
     #[serde(default)]
     pub description: String,
     /// JSON schema of accepted input.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_schema: Option<Value>,
     /// JSON schema of produced output.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<Value>,
     /// Categories.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

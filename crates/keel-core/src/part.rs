@@ -18,33 +18,29 @@ pub struct Part {
 }
 
 /// A file, by reference or inline.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FileContent {
     /// The file name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Its MIME type.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub media_type: Option<String>,
     /// Where it can be fetched.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uri: Option<String>,
     /// Its bytes, base64-encoded (standard alphabet, padded).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<String>,
 }
 
 /// A structured routing or decision outcome (used by [`PartContent::Route`] and
 /// [`PartContent::Decision`]).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RouteDecision {
     /// The chosen route key.
     pub route: String,
     /// Why it was chosen.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// How confident the chooser is, 0.0 to 1.0.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confidence: Option<f64>,
     /// Extra data.
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]
