@@ -48,6 +48,7 @@ pub struct RouteDecision {
 }
 
 /// What a [`Part`] holds.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
@@ -92,13 +93,10 @@ pub enum PartContent {
     /// A request for a model inference.
     Infer {
         /// The prompt.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         prompt: Option<String>,
         /// The user the inference is for.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         user: Option<String>,
         /// JSON schema the output must follow.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         output_schema: Option<Value>,
     },
     /// The result of an inference.
@@ -116,10 +114,8 @@ pub enum PartContent {
         /// What went wrong.
         message: String,
         /// A machine-readable code.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         code: Option<String>,
         /// Extra detail.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         details: Option<Value>,
     },
     /// A status signal, e.g. asking for more input.
@@ -127,7 +123,6 @@ pub enum PartContent {
         /// The state the sender asks for or reports.
         state: TaskState,
         /// Explanation.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
     },
     /// A flow routing decision.

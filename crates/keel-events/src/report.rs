@@ -171,31 +171,25 @@ pub struct BudgetReport {
 /// the payloads themselves), and reading a report rebuilds them from there.
 // `remote = "Self"`: the derived code becomes `RunReport::serialize`/`deserialize`, wrapped by
 // the trait impls below, which check the version and rebuild the fields left out.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct RunReport {
     /// Report shape version ([`RUN_REPORT_VERSION`]).
     pub version: u32,
     /// The run (absent only for a report of no events).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<RunId>,
     /// The task.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<TaskId>,
     /// The thread.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thread_id: Option<ThreadId>,
     /// The agent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_name: Option<String>,
     /// The first event's time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<DateTime<Utc>>,
     /// The final event's time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<DateTime<Utc>>,
     /// The last task state seen.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_state: Option<TaskState>,
     /// The last serialized task carried by a status event (rebuilt from `events` on reading).
     #[serde(skip)]
