@@ -85,11 +85,6 @@ mod redis {
     use std::sync::OnceLock;
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-    use keel_llm::Llm;
-    use keel_runtime::{
-        AsyncCallStore, AuthService, LoggingService, MemoryService, RunStore, StepStore,
-        TaskManager, ThreadStore, ThreadTimers,
-    };
     use keel_store_redis::RedisStore;
 
     /// What every test prefix starts with; the sweep below only ever touches such keys.
@@ -254,38 +249,7 @@ mod redis {
         }
     }
 
-    impl Runtime for PrefixedRuntime {
-        fn auth_service(&self) -> Arc<dyn AuthService> {
-            self.services.auth_service()
-        }
-        fn task_manager(&self) -> Arc<dyn TaskManager> {
-            self.services.task_manager()
-        }
-        fn memory_service(&self) -> Arc<dyn MemoryService> {
-            self.services.memory_service()
-        }
-        fn logging_service(&self) -> Arc<dyn LoggingService> {
-            self.services.logging_service()
-        }
-        fn default_llm(&self) -> Arc<dyn Llm> {
-            self.services.default_llm()
-        }
-        fn thread_store(&self) -> Arc<dyn ThreadStore> {
-            self.services.thread_store()
-        }
-        fn run_store(&self) -> Arc<dyn RunStore> {
-            self.services.run_store()
-        }
-        fn step_store(&self) -> Option<Arc<dyn StepStore>> {
-            self.services.step_store()
-        }
-        fn thread_timers(&self) -> Option<Arc<dyn ThreadTimers>> {
-            self.services.thread_timers()
-        }
-        fn async_call_store(&self) -> Arc<dyn AsyncCallStore> {
-            self.services.async_call_store()
-        }
-    }
+    keel_runtime::runtime_from_field!(PrefixedRuntime => services);
 
     rules!();
 }
