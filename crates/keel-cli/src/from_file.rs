@@ -214,6 +214,8 @@ pub(crate) struct ServerOverrides {
     pub max_threads_per_tenant: usize,
     pub max_queued_per_thread: usize,
     pub max_queued_per_tenant: usize,
+    /// `/metrics`, when `--metrics` asked for it.
+    pub metrics: Option<keel::transport::MetricsRoute>,
 }
 
 /// `keel serve` with a file: every agent under `/agents/{name}/`, the default also at `/`.
@@ -314,6 +316,9 @@ pub(crate) async fn serve(
     let mut served = AgentsServer::new()
         .with_default(agents.default_agent().name.clone())
         .with_public_url(url.clone());
+    if let Some(route) = overrides.metrics {
+        served = served.with_metrics(route);
+    }
     for agent in agents.iter() {
         // Work a dead process left behind resumes now; each executor takes its own agent's.
         let resumed = agent

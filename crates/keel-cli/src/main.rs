@@ -5,6 +5,7 @@ mod remote;
 mod render;
 mod run;
 mod runs;
+mod telemetry;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -477,6 +478,13 @@ struct ServeArgs {
     /// task; as for --max-queued-per-thread.
     #[arg(long, default_value_t = ExecutorConfig::default().max_queued_per_tenant, env = "KEEL_MAX_QUEUED_PER_TENANT")]
     max_queued_per_tenant: usize,
+    /// Serve Prometheus metrics at `/metrics` (off by default; with KEEL_METRICS_TOKEN set,
+    /// the route requires it as a bearer token). See docs/observability.md.
+    #[arg(long, env = "KEEL_METRICS")]
+    metrics: bool,
+    /// How log lines are written to stderr: `text`, or `json` (one object per line).
+    #[arg(long, value_enum, default_value_t = telemetry::LogFormat::Text, env = "KEEL_LOG_FORMAT")]
+    log_format: telemetry::LogFormat,
 }
 
 /// The engine allocates for every event and message it persists; mimalloc serves those
@@ -485,19 +493,15 @@ struct ServeArgs {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(err) => err.exit(),
     };
+    telemetry::init_logs(match &cli.command {
+        Command::Serve(args) => args.log_format,
+        _ => telemetry::LogFormat::Text,
+    });
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -799,6 +803,7 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
             max_threads_per_tenant: args.max_threads_per_tenant,
             max_queued_per_thread: args.max_queued_per_thread,
             max_queued_per_tenant: args.max_queued_per_tenant,
+            metrics: args.metrics.then(telemetry::metrics_route).transpose()?,
         };
         return from_file::serve(loaded, overrides, shutdown_signal()).await;
     }
@@ -873,6 +878,9 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     }
     if args.agent == BuiltinAgent::Conformance {
         server = keel::conformance::with_extended_card(server);
+    }
+    if args.metrics {
+        server = server.with_metrics(telemetry::metrics_route()?);
     }
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     println!("keel: serving agent `{agent_name}` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");

@@ -58,6 +58,7 @@ pub struct AgentsServer {
     agents: Vec<(String, A2aServer)>,
     default: Option<String>,
     public_url: Option<String>,
+    metrics: Option<crate::MetricsRoute>,
 }
 
 impl AgentsServer {
@@ -84,6 +85,14 @@ impl AgentsServer {
     #[must_use]
     pub fn with_public_url(mut self, url: impl Into<String>) -> Self {
         self.public_url = Some(url.into());
+        self
+    }
+
+    /// Serve the process's metrics at `/metrics` ([`crate::MetricsRoute`]); [`Self::serve`]
+    /// counts and logs every request either way.
+    #[must_use]
+    pub fn with_metrics(mut self, route: crate::MetricsRoute) -> Self {
+        self.metrics = Some(route);
         self
     }
 
@@ -145,6 +154,7 @@ impl AgentsServer {
         let (closing, closed) = watch::channel(false);
         let (stop_push, push_stopped) = watch::channel(false);
         let router = self.router_with(&base_url, closed, push_stopped);
+        let router = crate::observability::observed(router, self.metrics.as_ref());
         let executors: Vec<_> = self
             .agents
             .iter()

@@ -94,6 +94,7 @@ pub struct A2aServer {
     push_retry: RetryPolicy,
     limits: Limits,
     endpoints: Vec<crate::EndpointSpec>,
+    metrics: Option<crate::MetricsRoute>,
 }
 
 struct ServerState {
@@ -142,7 +143,16 @@ impl A2aServer {
             push_retry: RetryPolicy::default(),
             limits: Limits::default(),
             endpoints: Vec::new(),
+            metrics: None,
         }
+    }
+
+    /// Serve the process's metrics at `/metrics` ([`crate::MetricsRoute`]); [`Self::serve`]
+    /// counts and logs every request either way.
+    #[must_use]
+    pub fn with_metrics(mut self, route: crate::MetricsRoute) -> Self {
+        self.metrics = Some(route);
+        self
     }
 
     /// Serve a custom endpoint beside A2A, at `/x/{path}` and `/{tenant}/x/{path}` (see
@@ -389,6 +399,7 @@ impl A2aServer {
         let (closing, closed) = watch::channel(false);
         let (stop_push, push_stopped) = watch::channel(false);
         let router = self.router_with(&base_url, closed, push_stopped);
+        let router = crate::observability::observed(router, self.metrics.as_ref());
         let executor = self.executor.clone();
         let signal = {
             let executor = executor.clone();
