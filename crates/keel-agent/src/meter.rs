@@ -13,7 +13,6 @@ use chrono::{DateTime, Utc};
 use keel_core::{AgentResult, TaskState};
 use keel_events::payload::{LlmCallCompletedPayload, RunStoppedPayload};
 use keel_events::{EventSink, EventType, RunEvent};
-use serde::de::DeserializeOwned;
 
 /// Runs that emitted their first event (a run resumed after a pause is not started again).
 pub const RUNS_STARTED: &str = "keel_runs_started_total";
@@ -83,13 +82,13 @@ impl RunMeter {
         if *kind == EventType::STOP_EVALUATED {
             metrics::counter!(STEPS, "agent" => agent).increment(1);
         } else if *kind == EventType::RUN_STOPPED {
-            if let Some(stopped) = payload::<RunStoppedPayload>(event) {
+            if let Some(stopped) = event.payload_as::<RunStoppedPayload>().ok() {
                 self.run_stopped(event, &agent, &stopped);
             }
         } else if *kind == EventType::LLM_CALL_STARTED {
             self.pending().model_call = Some(event.timestamp);
         } else if *kind == EventType::LLM_CALL_COMPLETED {
-            if let Some(call) = payload::<LlmCallCompletedPayload>(event) {
+            if let Some(call) = event.payload_as::<LlmCallCompletedPayload>().ok() {
                 let started = self.pending().model_call.take();
                 model_call(event, &call, started);
             }
@@ -282,8 +281,106 @@ fn text<'a>(event: &'a RunEvent, pointer: &str) -> Option<&'a str> {
     event.payload.pointer(pointer).and_then(|v| v.as_str())
 }
 
-/// An event's payload as its type; `None` for a payload of another shape (an event this
-/// crate did not build), which is then not counted.
-fn payload<T: DeserializeOwned>(event: &RunEvent) -> Option<T> {
-    T::deserialize(&event.payload).ok()
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use keel_core::{ApprovalDecision, ApprovalOutcome, ApprovalRequest, RunAction, RunContext};
+    use keel_events::payload::ActionPolicyPayload;
+    use keel_events::{EventEmitter, InMemoryEventSink, RunEventBuilder};
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    use serde_json::json;
+
+    use super::*;
+
+    /// The value of `name` with `labels` in Prometheus text, as a scraper parses it.
+    fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let scrape =
+            prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap();
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+                _ => panic!("{name} is not a number"),
+            })
+    }
+
+    /// The events of an action that policy sends to an approver, and the request.
+    fn asked(action: &RunAction) -> (ApprovalRequest, Vec<RunEventBuilder>) {
+        let request = ApprovalRequest {
+            request_id: format!("r-{}", action.id),
+            action: action.clone(),
+            reason: "deploys are reviewed".into(),
+            run_id: None,
+            requested_at: Utc::now(),
+        };
+        let policy = RunEvent::action_policy(ActionPolicyPayload {
+            action_id: action.id.clone(),
+            decision: "require_approval".into(),
+            reason: None,
+            capability: None,
+        });
+        let events = vec![
+            RunEvent::action_requested(action),
+            policy,
+            RunEvent::approval_required(&request),
+        ];
+        (request, events)
+    }
+
+    #[test]
+    fn approvals_wait_until_decided_or_their_run_ends_and_denied_calls_take_no_time() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let emitter = EventEmitter::new(&RunContext::new(), Arc::new(InMemoryEventSink::new()));
+        let meter = RunMeter::default();
+        let observe = |events: Vec<RunEventBuilder>| {
+            metrics::with_local_recorder(&recorder, || {
+                for event in events {
+                    meter.observe(&emitter.create(event));
+                }
+            });
+        };
+        let waiting = || value(&handle.render(), APPROVALS_WAITING, &[]);
+
+        let deploy = RunAction::tool_call("deploy", json!({"token": "not for metrics"}));
+        let (request, events) = asked(&deploy);
+        observe(events);
+        assert_eq!(waiting(), Some(1.0));
+        let decision = ApprovalDecision {
+            request_id: request.request_id.clone(),
+            outcome: ApprovalOutcome::Denied,
+            reason: None,
+            decided_by: Some("ops".into()),
+            decided_at: Utc::now(),
+        };
+        observe(vec![
+            RunEvent::approval_decided(&request, &decision),
+            RunEvent::action_denied(deploy.id.clone(), "the approver said no"),
+        ]);
+        assert_eq!(waiting(), Some(0.0));
+        let text = handle.render();
+        let denied = [("tool", "deploy"), ("outcome", "denied")];
+        assert_eq!(value(&text, TOOL_CALLS, &denied), Some(1.0));
+        let require = [("decision", "require_approval")];
+        assert_eq!(value(&text, POLICY_DECISIONS, &require), Some(1.0));
+        assert!(!text.contains(TOOL_CALL_SECONDS), "a denied call never ran: {text}");
+
+        // A run canceled while an approval waits takes its approval off the gauge.
+        let (_, events) = asked(&RunAction::tool_call("deploy", json!({})));
+        observe(events);
+        assert_eq!(waiting(), Some(1.0));
+        observe(vec![RunEvent::run_stopped(RunStoppedPayload {
+            reason: "canceled".into(),
+            call_id: None,
+            state: TaskState::Canceled,
+        })]);
+        assert_eq!(waiting(), Some(0.0));
+        let text = handle.render();
+        assert_eq!(value(&text, RUNS_STARTED, &[]), Some(1.0));
+        let canceled = [("outcome", "canceled")];
+        assert_eq!(value(&text, RUNS_ENDED, &canceled), Some(1.0));
+    }
 }
