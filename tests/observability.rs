@@ -56,7 +56,11 @@ fn report(store: &str, task_id: &str) -> serde_json::Value {
         .args(["runs", "export", task_id, "--store", store])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -99,7 +103,11 @@ async fn metrics_move_by_exactly_what_a_run_with_a_tool_call_did() {
     let mock = [("provider", "mock"), ("model", "mock")];
     assert_eq!(total(&after, "keel_model_calls_total", &mock), model_calls);
     for (direction, field) in [("input", "input_tokens"), ("output", "output_tokens")] {
-        let labels = [("provider", "mock"), ("model", "mock"), ("direction", direction)];
+        let labels = [
+            ("provider", "mock"),
+            ("model", "mock"),
+            ("direction", direction),
+        ];
         assert_eq!(
             total(&after, "keel_model_tokens_total", &labels),
             tokens(field),
@@ -115,7 +123,11 @@ async fn metrics_move_by_exactly_what_a_run_with_a_tool_call_did() {
         tool_calls
     );
     assert_eq!(
-        total(&after, "keel_policy_decisions_total", &[("decision", "allow")]),
+        total(
+            &after,
+            "keel_policy_decisions_total",
+            &[("decision", "allow")]
+        ),
         1.0
     );
     assert_eq!(total(&after, "keel_approvals_waiting", &[]), 0.0);
@@ -266,5 +278,8 @@ async fn json_logs_carry_each_request_and_the_runs_milestones() {
         (&json!("word_count"), &json!("completed"), &json!(task_id))
     );
     let ended = find("run ended");
-    assert_eq!((&ended["state"], &ended["task_id"]), (&json!("completed"), &json!(task_id)));
+    assert_eq!(
+        (&ended["state"], &ended["task_id"]),
+        (&json!("completed"), &json!(task_id))
+    );
 }

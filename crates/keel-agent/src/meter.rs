@@ -82,22 +82,20 @@ impl RunMeter {
         if *kind == EventType::STOP_EVALUATED {
             metrics::counter!(STEPS, "agent" => agent).increment(1);
         } else if *kind == EventType::RUN_STOPPED {
-            if let Some(stopped) = event.payload_as::<RunStoppedPayload>().ok() {
+            if let Ok(stopped) = event.payload_as::<RunStoppedPayload>() {
                 self.run_stopped(event, &agent, &stopped);
             }
         } else if *kind == EventType::LLM_CALL_STARTED {
             self.pending().model_call = Some(event.timestamp);
         } else if *kind == EventType::LLM_CALL_COMPLETED {
-            if let Some(call) = event.payload_as::<LlmCallCompletedPayload>().ok() {
+            if let Ok(call) = event.payload_as::<LlmCallCompletedPayload>() {
                 let started = self.pending().model_call.take();
                 model_call(event, &call, started);
             }
         } else if *kind == EventType::ACTION_REQUESTED || *kind == EventType::ACTION_STARTED {
             // The action's arguments are not read (nor copied): only its id and name.
-            if let (Some(id), Some(name)) = (
-                text(event, "/action/id"),
-                text(event, "/action/name"),
-            ) {
+            if let (Some(id), Some(name)) = (text(event, "/action/id"), text(event, "/action/name"))
+            {
                 self.pending()
                     .actions
                     .insert(id.to_owned(), (name.to_owned(), event.timestamp));
@@ -109,8 +107,7 @@ impl RunMeter {
             }
         } else if *kind == EventType::ACTION_POLICY {
             if let Some(decision) = text(event, "/decision") {
-                metrics::counter!(POLICY_DECISIONS, "decision" => decision.to_owned())
-                    .increment(1);
+                metrics::counter!(POLICY_DECISIONS, "decision" => decision.to_owned()).increment(1);
             }
         } else if *kind == EventType::APPROVAL_REQUIRED {
             if let (Some(id), Some(action)) = (
@@ -366,7 +363,10 @@ mod tests {
         assert_eq!(value(&text, TOOL_CALLS, &denied), Some(1.0));
         let require = [("decision", "require_approval")];
         assert_eq!(value(&text, POLICY_DECISIONS, &require), Some(1.0));
-        assert!(!text.contains(TOOL_CALL_SECONDS), "a denied call never ran: {text}");
+        assert!(
+            !text.contains(TOOL_CALL_SECONDS),
+            "a denied call never ran: {text}"
+        );
 
         // A run canceled while an approval waits takes its approval off the gauge.
         let (_, events) = asked(&RunAction::tool_call("deploy", json!({})));

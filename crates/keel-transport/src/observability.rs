@@ -70,7 +70,10 @@ impl MetricsRoute {
             }
         }
         (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
             (self.render)(),
         )
             .into_response()
@@ -229,13 +232,19 @@ mod tests {
             "/agents/support/message:send"
         );
         assert_eq!(route_of("/", ok), "/");
-        assert_eq!(route_of("/anything/at/all", StatusCode::NOT_FOUND), "unmatched");
+        assert_eq!(
+            route_of("/anything/at/all", StatusCode::NOT_FOUND),
+            "unmatched"
+        );
     }
 
     #[test]
     fn a_rest_path_names_its_task() {
         assert_eq!(task_in_path("/tasks/t-1:cancel"), Some("t-1"));
-        assert_eq!(task_in_path("/agents/a/tasks/t-2/pushNotificationConfigs"), Some("t-2"));
+        assert_eq!(
+            task_in_path("/agents/a/tasks/t-2/pushNotificationConfigs"),
+            Some("t-2")
+        );
         assert_eq!(task_in_path("/message:send"), None);
     }
 
