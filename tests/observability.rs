@@ -283,3 +283,39 @@ async fn json_logs_carry_each_request_and_the_runs_milestones() {
         (&json!("completed"), &json!(task_id))
     );
 }
+
+#[tokio::test]
+async fn a_keel_toml_turns_metrics_and_json_logs_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keel.toml");
+    std::fs::write(
+        &config,
+        "[server]\nstore = \"memory\"\nmetrics = true\nlog_format = \"json\"\n\n\
+         [[agents]]\nname = \"echo\"\ndescription = \"Echoes.\"\n",
+    )
+    .unwrap();
+    let path = dir.path().join("serve.log");
+    let logs = std::fs::File::create(&path).unwrap();
+    let server = KeelServer::start_logging(
+        0,
+        &["--config", config.to_str().unwrap()],
+        &[("RUST_LOG", "info")],
+        logs,
+    );
+    // `/metrics` is served at the root (the URL printed), beside the agents.
+    let scraped = scrape(&server.url).await;
+    assert_eq!(total(&scraped, "keel_runs_started_total", &[]), 0.0);
+    let line: serde_json::Value = eventually("the scrape's JSON log line", || {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let line = text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find(|l| l["message"] == "request" && l["route"] == "/metrics");
+        async move { line }
+    })
+    .await;
+    assert_eq!(
+        (&line["method"], &line["status"]),
+        (&json!("GET"), &json!(200))
+    );
+}

@@ -316,7 +316,12 @@ pub(crate) async fn serve(
     let mut served = AgentsServer::new()
         .with_default(agents.default_agent().name.clone())
         .with_public_url(url.clone());
-    if let Some(route) = overrides.metrics {
+    let metrics = match overrides.metrics {
+        Some(route) => Some(route),
+        None if server.metrics => Some(crate::telemetry::metrics_route()?),
+        None => None,
+    };
+    if let Some(route) = metrics {
         served = served.with_metrics(route);
     }
     for agent in agents.iter() {

@@ -478,11 +478,13 @@ struct ServeArgs {
     /// task; as for --max-queued-per-thread.
     #[arg(long, default_value_t = ExecutorConfig::default().max_queued_per_tenant, env = "KEEL_MAX_QUEUED_PER_TENANT")]
     max_queued_per_tenant: usize,
-    /// Serve Prometheus metrics at `/metrics` (off by default; with KEEL_METRICS_TOKEN set,
-    /// the route requires it as a bearer token). See docs/observability.md.
+    /// Serve Prometheus metrics at `/metrics` (off by default, or the file's `[server]
+    /// metrics`; with KEEL_METRICS_TOKEN set, the route requires it as a bearer token). See
+    /// docs/observability.md.
     #[arg(long, env = "KEEL_METRICS")]
     metrics: bool,
-    /// How log lines are written to stderr: `text`, or `json` (one object per line).
+    /// How log lines are written to stderr: `text`, or `json` (one object per line); over
+    /// the file's `[server] log_format`.
     #[arg(long, value_enum, default_value_t = telemetry::LogFormat::Text, env = "KEEL_LOG_FORMAT")]
     log_format: telemetry::LogFormat,
 }
@@ -499,7 +501,13 @@ fn main() -> ExitCode {
         Err(err) => err.exit(),
     };
     telemetry::init_logs(match &cli.command {
-        Command::Serve(args) => args.log_format,
+        Command::Serve(args) => telemetry::serve_log_format(
+            args.log_format,
+            matches
+                .subcommand_matches("serve")
+                .is_some_and(|m| given(m, "log_format")),
+            args.config.clone(),
+        ),
         _ => telemetry::LogFormat::Text,
     });
     let runtime = match tokio::runtime::Runtime::new() {

@@ -3,6 +3,8 @@
 //! libraries only log through `tracing` and count through the `metrics` macros; the process
 //! chooses where both go, here (docs/observability.md).
 
+use std::path::PathBuf;
+
 use clap::ValueEnum;
 use keel::transport::MetricsRoute;
 use metrics_exporter_prometheus::PrometheusBuilder;
@@ -25,6 +27,23 @@ pub(crate) enum LogFormat {
     Text,
     /// One JSON object per line, the event's fields at its top level.
     Json,
+}
+
+/// The log format of `keel serve`: the flag's (or its variable's) when `given`, else the
+/// `[server] log_format` of the file it will serve, if there is one that loads (a file that
+/// does not is reported by `keel serve` itself, after logging starts).
+pub(crate) fn serve_log_format(flag: LogFormat, given: bool, config: Option<PathBuf>) -> LogFormat {
+    if given {
+        return flag;
+    }
+    let path = crate::from_file::config_path(config);
+    match keel::Config::from_path(&path) {
+        Ok(loaded) => match loaded.server.log_format {
+            keel::config::LogFormat::Text => LogFormat::Text,
+            keel::config::LogFormat::Json => LogFormat::Json,
+        },
+        Err(_) => flag,
+    }
 }
 
 /// Send log lines to stderr in `format`, filtered by `RUST_LOG` (default `info`).

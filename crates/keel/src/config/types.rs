@@ -56,6 +56,23 @@ pub struct ServerConfig {
     /// Seconds an asynchronous tool call waits for its callback.
     #[serde(default = "default_async_tool_timeout")]
     pub async_tool_timeout_seconds: f64,
+    /// Serve Prometheus metrics at `/metrics` (docs/observability.md).
+    #[serde(default)]
+    pub metrics: bool,
+    /// How `keel serve` writes its log lines.
+    #[serde(default)]
+    pub log_format: LogFormat,
+}
+
+/// `[server] log_format`: how `keel serve` writes its log lines to stderr.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable text.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 impl Default for ServerConfig {
@@ -71,6 +88,8 @@ impl Default for ServerConfig {
             push: PushConfig::default(),
             lease_ttl_seconds: default_lease_ttl(),
             async_tool_timeout_seconds: default_async_tool_timeout(),
+            metrics: false,
+            log_format: LogFormat::Text,
         }
     }
 }
