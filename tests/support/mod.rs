@@ -49,13 +49,24 @@ impl KeelServer {
     /// Start `keel serve` on `port` (0 picks a free one) with these arguments and
     /// environment variables.
     pub fn start_on(port: u16, extra: &[&str], env: &[(&str, &str)]) -> KeelServer {
+        Self::start_logging(port, extra, env, Stdio::inherit())
+    }
+
+    /// [`Self::start_on`] with its log lines (stderr) going to `logs`; `env` may set
+    /// `RUST_LOG` (default `warn`).
+    pub fn start_logging(
+        port: u16,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        logs: impl Into<Stdio>,
+    ) -> KeelServer {
         let child = Command::new(env!("CARGO_BIN_EXE_keel"))
             .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
             .args(extra)
-            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(logs)
             .spawn()
             .expect("start keel serve");
         Self::serving(child)

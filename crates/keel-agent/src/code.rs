@@ -10,18 +10,16 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// What to run.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CodeRequest {
     /// The module's source.
     pub source: String,
     /// `typescript` (the default) or `javascript`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
     /// The module's file name, for error positions.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filename: Option<String>,
     /// The memory limit, when not the runner's default.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_limit_bytes: Option<usize>,
 }
 

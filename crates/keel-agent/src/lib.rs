@@ -40,6 +40,7 @@ mod executor;
 mod hooks;
 mod infer;
 mod lifecycle;
+pub mod meter;
 mod negotiator;
 mod observe;
 pub mod reads;

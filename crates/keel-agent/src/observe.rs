@@ -47,7 +47,8 @@ impl RunObs {
         // one of the sinks: `emit_reported` records every event in it after the sinks saw it,
         // so a failing sink never leaves the report short.
         let report = ReportWriter::new().redacting(RedactionPolicy::default());
-        let mut fan_out = MultiSink::new();
+        // The run's metrics and log lines come first, so that no failing sink hides an event.
+        let mut fan_out = MultiSink::new().with(Arc::new(crate::meter::RunMeter::default()));
         for sink in sinks {
             fan_out = fan_out.with(sink.clone());
         }

@@ -9,28 +9,29 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 /// The engine's part of a task's metadata.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub(crate) struct EngineMeta {
     /// Why the last run stopped (`response`, `max_steps`, `awaiting_tool`, ...).
-    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    #[serde(deserialize_with = "lenient")]
     pub(crate) stop_reason: Option<String>,
     /// The asynchronous call the task waits for.
-    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    #[serde(deserialize_with = "lenient")]
     pub(crate) awaiting_tool_call: Option<String>,
     /// An action waiting for approval (stored redacted).
-    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    #[serde(deserialize_with = "lenient")]
     pub(crate) pending_approval: Option<ApprovalRequest>,
     /// The decision about it, until a run applies it.
-    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    #[serde(deserialize_with = "lenient")]
     pub(crate) approval_decision: Option<ApprovalDecision>,
     /// The skill the negotiator accepted the task for.
-    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    #[serde(deserialize_with = "lenient")]
     pub(crate) skill: Option<String>,
     /// The agent the task was sent to: on a thread two agents share, only that agent's
     /// executor runs it. Kept in the snapshot every new task writes anyway, rather than in a
     /// key of its own (a write more per task).
-    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    #[serde(deserialize_with = "lenient")]
     pub(crate) agent: Option<String>,
 }
 

@@ -221,6 +221,8 @@ pub(crate) struct ServerOverrides {
     pub max_queued_per_tenant: usize,
     /// The connection deadlines and cap: the file's, with the flags given over them.
     pub connections: keel::transport::ConnectionLimits,
+    /// `/metrics`, when `--metrics` asked for it.
+    pub metrics: Option<keel::transport::MetricsRoute>,
 }
 
 /// `keel serve` with a file: every agent under `/agents/{name}/`, the default also at `/`.
@@ -324,6 +326,14 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
         .with_default(agents.default_agent().name.clone())
         .with_public_url(url.clone())
         .with_connection_limits(overrides.connections);
+    let metrics = match overrides.metrics {
+        Some(route) => Some(route),
+        None if server.metrics => Some(crate::telemetry::metrics_route()?),
+        None => None,
+    };
+    if let Some(route) = metrics {
+        served = served.with_metrics(route);
+    }
     for agent in agents.iter() {
         // Work a dead process left behind resumes now; each executor takes its own agent's.
         let resumed = agent

@@ -6,6 +6,7 @@ mod remote;
 mod render;
 mod run;
 mod runs;
+mod telemetry;
 mod tools;
 
 use std::net::SocketAddr;
@@ -563,6 +564,15 @@ struct ServeArgs {
     /// while open ones are served.
     #[arg(long, default_value_t = ConnectionLimits::DEFAULT_MAX_CONNECTIONS, env = "KEEL_MAX_CONNECTIONS")]
     max_connections: usize,
+    /// Serve Prometheus metrics at `/metrics` (off by default, or the file's `[server]
+    /// metrics`; with KEEL_METRICS_TOKEN set, the route requires it as a bearer token). See
+    /// docs/observability.md.
+    #[arg(long, env = "KEEL_METRICS")]
+    metrics: bool,
+    /// How log lines are written to stderr: `text`, or `json` (one object per line); over
+    /// the file's `[server] log_format`.
+    #[arg(long, value_enum, default_value_t = telemetry::LogFormat::Text, env = "KEEL_LOG_FORMAT")]
+    log_format: telemetry::LogFormat,
 }
 
 impl ServeArgs {
@@ -618,20 +628,21 @@ impl ServeArgs {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                // rmcp logs every MCP handshake and notification at info.
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(err) => err.exit(),
     };
+    telemetry::init_logs(match &cli.command {
+        Command::Serve(args) => telemetry::serve_log_format(
+            args.log_format,
+            matches
+                .subcommand_matches("serve")
+                .is_some_and(|m| given(m, "log_format")),
+            args.config.clone(),
+        ),
+        _ => telemetry::LogFormat::Text,
+    });
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -921,6 +932,7 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
             max_queued_per_thread: args.max_queued_per_thread,
             max_queued_per_tenant: args.max_queued_per_tenant,
             connections: args.connection_limits(loaded.server.connection_limits(), set)?,
+            metrics: args.metrics.then(telemetry::metrics_route).transpose()?,
         };
         return from_file::serve(loaded, overrides).await;
     }
@@ -1005,6 +1017,9 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
         server = keel::conformance::with_extended_card(server);
     }
     let shutdown = shutdown_signal(drain);
+    if args.metrics {
+        server = server.with_metrics(telemetry::metrics_route()?);
+    }
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     println!("keel: serving agent `{agent_name}` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
     server

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::{ActionId, ArtifactId, Metadata, Part};
 
 /// A structured output or preview: a result, a resource, a diagnostic, an action preview.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Artifact {
     /// The artifact's id.
@@ -13,19 +14,14 @@ pub struct Artifact {
     /// Extensible category; `result` by default.
     pub kind: String,
     /// Display or resource name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Human description.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// URI of the represented resource.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uri: Option<String>,
     /// MIME type.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub media_type: Option<String>,
     /// The runtime action it belongs to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action_id: Option<ActionId>,
     /// Content.
     #[serde(default)]

@@ -112,6 +112,7 @@ impl AgentCapabilities {
 }
 
 /// Something the agent can do, advertised to callers.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentSkill {
     /// Unique, human-readable id.
@@ -123,10 +124,8 @@ pub struct AgentSkill {
     #[serde(default)]
     pub description: String,
     /// JSON schema of accepted input.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_schema: Option<Value>,
     /// JSON schema of produced output.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<Value>,
     /// Categories.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -181,6 +180,7 @@ impl AgentSkill {
 }
 
 /// How callers authenticate.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum SecurityScheme {
@@ -191,7 +191,6 @@ pub enum SecurityScheme {
         /// The header, parameter or cookie name.
         name: String,
         /// Explanation for callers.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         description: Option<String>,
     },
     /// HTTP authentication (`bearer`, `basic`).
@@ -199,10 +198,8 @@ pub enum SecurityScheme {
         /// The scheme name.
         scheme: String,
         /// Hint at the token format (`JWT`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         bearer_format: Option<String>,
         /// Explanation for callers.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         description: Option<String>,
     },
     /// OAuth 2.0 with its flows, as A2A describes them.
@@ -211,7 +208,6 @@ pub enum SecurityScheme {
         /// The flows object.
         flows: Value,
         /// Explanation for callers.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         description: Option<String>,
     },
     /// OpenID Connect discovery.
@@ -219,14 +215,12 @@ pub enum SecurityScheme {
         /// The discovery URL.
         open_id_connect_url: String,
         /// Explanation for callers.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         description: Option<String>,
     },
     /// Mutual TLS.
     #[serde(rename = "mutualTLS")]
     MutualTls {
         /// Explanation for callers.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         description: Option<String>,
     },
 }

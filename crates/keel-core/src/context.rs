@@ -9,26 +9,21 @@ use crate::{AgentError, AgentResult, Metadata, RunId, Task, ThreadId, TraceId};
 pub const RUN_CONTEXT_KEY: &str = "run_context";
 
 /// Execution limits of a run. `None` means unlimited.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RunBudget {
     /// Model steps (one model call plus its tool calls).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u32>,
     /// Model calls.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_llm_calls: Option<u32>,
     /// Tool calls.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tool_calls: Option<u32>,
     /// Input tokens, estimated before each call.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_input_tokens: Option<u64>,
     /// Output tokens, from provider usage.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u64>,
     /// Wall-clock seconds.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_runtime_seconds: Option<f64>,
 }
 
@@ -67,20 +62,19 @@ impl RunBudget {
 /// assert_eq!(child.agent_chain, vec!["gateway", "worker"]);
 /// # Ok::<(), keel_core::AgentError>(())
 /// ```
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunContext {
     /// One logical execution run.
     pub run_id: RunId,
     /// The thread (conversation) shared across runs; `session_id` is read as an alias.
-    #[serde(default, skip_serializing_if = "Option::is_none", alias = "session_id")]
+    #[serde(alias = "session_id")]
     pub thread_id: Option<ThreadId>,
     /// Observability trace.
     pub trace_id: TraceId,
     /// Run boundary: a folder, dataset, account.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_uri: Option<String>,
     /// The parent run, for nested execution.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_run_id: Option<RunId>,
     /// Agents that have handled the run, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -95,7 +89,6 @@ pub struct RunContext {
     #[serde(default)]
     pub canceled: bool,
     /// Why, when canceled.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_reason: Option<String>,
     /// Application metadata that travels with the run.
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]

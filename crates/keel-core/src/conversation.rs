@@ -63,6 +63,7 @@ impl ToolCall {
 }
 
 /// One message of a model conversation.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LlmMessage {
     /// The message's id.
@@ -72,16 +73,13 @@ pub struct LlmMessage {
     /// The text.
     pub content: String,
     /// Speaker name, when a provider wants one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Tool calls requested by an assistant message.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
     /// For a tool message: the call it answers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
     /// For a tool message: the tool's name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_name: Option<String>,
     /// Files attached to the message (images, documents), kept as they arrived; a provider
     /// sends them as multimodal content where the model reads them.

@@ -19,6 +19,7 @@ pub enum Role {
 }
 
 /// A message: a role, one or more parts, and the ids that place it.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     /// The message's id.
@@ -28,10 +29,9 @@ pub struct Message {
     /// Its content.
     pub parts: Vec<Part>,
     /// The task it belongs to, once known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<TaskId>,
     /// The thread it belongs to, once known.
-    #[serde(default, skip_serializing_if = "Option::is_none", alias = "session_id")]
+    #[serde(alias = "session_id")]
     pub thread_id: Option<ThreadId>,
     /// Ids of other tasks this message refers to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -18,33 +18,29 @@ pub struct Part {
 }
 
 /// A file, by reference or inline.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FileContent {
     /// The file name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Its MIME type.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub media_type: Option<String>,
     /// Where it can be fetched.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uri: Option<String>,
     /// Its bytes, base64-encoded (standard alphabet, padded).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<String>,
 }
 
 /// A structured routing or decision outcome (used by [`PartContent::Route`] and
 /// [`PartContent::Decision`]).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RouteDecision {
     /// The chosen route key.
     pub route: String,
     /// Why it was chosen.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// How confident the chooser is, 0.0 to 1.0.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confidence: Option<f64>,
     /// Extra data.
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]
@@ -52,6 +48,7 @@ pub struct RouteDecision {
 }
 
 /// What a [`Part`] holds.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
@@ -96,13 +93,10 @@ pub enum PartContent {
     /// A request for a model inference.
     Infer {
         /// The prompt.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         prompt: Option<String>,
         /// The user the inference is for.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         user: Option<String>,
         /// JSON schema the output must follow.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         output_schema: Option<Value>,
     },
     /// The result of an inference.
@@ -120,10 +114,8 @@ pub enum PartContent {
         /// What went wrong.
         message: String,
         /// A machine-readable code.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         code: Option<String>,
         /// Extra detail.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         details: Option<Value>,
     },
     /// A status signal, e.g. asking for more input.
@@ -131,7 +123,6 @@ pub enum PartContent {
         /// The state the sender asks for or reports.
         state: TaskState,
         /// Explanation.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
     },
     /// A flow routing decision.

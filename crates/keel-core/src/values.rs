@@ -18,22 +18,19 @@ pub struct ContextItem {
 }
 
 /// An estimate of what is about to enter a model, prepared before every call.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ContextManifest {
     /// The run.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<RunId>,
     /// The thread.
-    #[serde(default, skip_serializing_if = "Option::is_none", alias = "session_id")]
+    #[serde(alias = "session_id")]
     pub thread_id: Option<ThreadId>,
     /// The agent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_name: Option<String>,
     /// Model provider.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
     /// Model name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// System instructions.
     pub system_tokens: u64,
@@ -46,7 +43,6 @@ pub struct ContextManifest {
     /// Sum of the sections; what input-token budgets check.
     pub total_estimated_tokens: u64,
     /// The model's context window, when known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u64>,
     /// Per-section records.
     #[serde(default)]
@@ -54,6 +50,7 @@ pub struct ContextManifest {
 }
 
 /// One concrete side-effecting operation, prepared for policy before it runs.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunAction {
     /// Stable id, correlating events, approvals and artifacts.
@@ -64,7 +61,6 @@ pub struct RunAction {
     pub name: String,
     /// What the action does, in words an approver reads (a tool call's defaults to the
     /// tool's description).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// The complete input.
     #[serde(default)]
@@ -83,10 +79,8 @@ pub struct RunAction {
     )]
     pub previews: Vec<Artifact>,
     /// What the action produced.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Artifact>,
     /// The action this one is part of.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_action_id: Option<ActionId>,
     /// Application metadata.
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]
@@ -156,6 +150,7 @@ pub enum ApprovalOutcome {
 }
 
 /// An approver's answer to an [`ApprovalRequest`].
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApprovalDecision {
     /// The request answered.
@@ -163,10 +158,8 @@ pub struct ApprovalDecision {
     /// The outcome.
     pub outcome: ApprovalOutcome,
     /// Why.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Who decided.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,
     /// When.
     pub decided_at: DateTime<Utc>,

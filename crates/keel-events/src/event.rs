@@ -187,6 +187,7 @@ impl Severity {
 /// event: it starts at 1 and grows by one per event of the run, and every sink sees the
 /// same number (decision 10 of the design brief). The `payload` shape depends on the type;
 /// see [`crate::payload`].
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunEvent {
     /// Envelope version ([`RUN_EVENT_VERSION`]).
@@ -197,33 +198,24 @@ pub struct RunEvent {
     /// The run.
     pub run_id: RunId,
     /// The task the run executes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<TaskId>,
     /// The thread the task belongs to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thread_id: Option<ThreadId>,
     /// The agent that emitted or handled the event.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_name: Option<String>,
     /// Position in the run's event sequence, from 1.
     pub sequence: u64,
     /// The step (model call plus its tool calls), from 1, when the event belongs to one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
     /// Causal span, for UI trees.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub span_id: Option<String>,
     /// The enclosing span.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_span_id: Option<String>,
     /// The action the event is about.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action_id: Option<ActionId>,
     /// The action that action is part of.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_action_id: Option<ActionId>,
     /// The delegated-agent operation.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delegation_id: Option<String>,
     /// How to treat it (left out of the JSON when it is `info`, as most events are).
     #[serde(default, skip_serializing_if = "Severity::is_info")]

@@ -57,15 +57,14 @@ pub use subagents::{
 };
 
 /// `task.status`: the task's new state.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskStatusPayload {
     /// The new state.
     pub state: TaskState,
     /// The status message's text, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     /// The serialized task (Keel JSON), carried by the final status.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<Value>,
 }
 
@@ -90,13 +89,12 @@ pub struct ContextPreparedPayload {
 }
 
 /// `llm.call.started`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LlmCallStartedPayload {
     /// Model provider.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
     /// Model name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// The manifest's `total_estimated_tokens`.
     #[serde(default)]
@@ -104,13 +102,12 @@ pub struct LlmCallStartedPayload {
 }
 
 /// `llm.call.completed`: usage and latency of one call.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LlmCallCompletedPayload {
     /// Model provider.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
     /// Model name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// Input tokens (provider usage, or a local estimate).
     #[serde(default)]
@@ -119,10 +116,8 @@ pub struct LlmCallCompletedPayload {
     #[serde(default)]
     pub output_tokens: u64,
     /// Wall-clock latency of the call.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<u64>,
     /// Why the model stopped (`stop`, `tool_calls`, `length`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<String>,
 }
 
@@ -157,6 +152,7 @@ pub struct ActionPayload {
 /// `action.policy`: the combined policy decision. `decision` is `allow`, `deny` or
 /// `require_approval` — the serde form of `keel_policy::PolicyDecision` flattened next to
 /// the action id, so a policy decision serialized into this payload reads back as-is.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ActionPolicyPayload {
     /// The action judged.
@@ -164,10 +160,8 @@ pub struct ActionPolicyPayload {
     /// `allow`, `deny` or `require_approval`.
     pub decision: String,
     /// Why (deny and require approval).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The capability that caused it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capability: Option<String>,
 }
 

@@ -63,48 +63,41 @@ pub enum ActionStatus {
 }
 
 /// The policy decision recorded for an action.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyRecord {
     /// `allow`, `deny` or `require_approval`.
     pub decision: String,
     /// Why.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The capability that caused it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capability: Option<String>,
 }
 
 /// One action's story: what it was, what policy and the approver said, how it ended.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ActionRecord {
     /// The action's id.
     pub action_id: ActionId,
     /// The action, from `action.requested` (or `action.started` when no request was seen).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<RunAction>,
     /// The policy decision.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyRecord>,
     /// The approval request, when one was made.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_request: Option<ApprovalRequest>,
     /// The approver's decision.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalDecision>,
     /// Where it got to.
     pub status: ActionStatus,
     /// What it returned.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<Value>,
     /// What it produced.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<Artifact>,
     /// The denial reason or the failure.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// How long it ran.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
 }
 
@@ -178,31 +171,25 @@ pub struct BudgetReport {
 /// the payloads themselves), and reading a report rebuilds them from there.
 // `remote = "Self"`: the derived code becomes `RunReport::serialize`/`deserialize`, wrapped by
 // the trait impls below, which check the version and rebuild the fields left out.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct RunReport {
     /// Report shape version ([`RUN_REPORT_VERSION`]).
     pub version: u32,
     /// The run (absent only for a report of no events).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<RunId>,
     /// The task.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<TaskId>,
     /// The thread.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thread_id: Option<ThreadId>,
     /// The agent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_name: Option<String>,
     /// The first event's time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<DateTime<Utc>>,
     /// The final event's time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<DateTime<Utc>>,
     /// The last task state seen.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_state: Option<TaskState>,
     /// The last serialized task carried by a status event (rebuilt from `events` on reading).
     #[serde(skip)]

@@ -32,6 +32,7 @@ pub enum CompactionStrategy {
 }
 
 /// What compaction to run. Transport-neutral: not a task part, never shown to the model.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct HistoryCompactionRequest {
@@ -47,10 +48,9 @@ pub struct HistoryCompactionRequest {
     /// Longest summary, in tokens.
     pub summary_max_tokens: u64,
     /// The thread whose history this is; `session_id` is read as an alias.
-    #[serde(alias = "session_id", skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "session_id")]
     pub thread_id: Option<ThreadId>,
     /// Application metadata.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
 }
 

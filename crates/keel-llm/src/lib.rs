@@ -64,6 +64,7 @@ pub struct Usage {
 }
 
 /// One completion request: the conversation so far and the tools the model may call.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LlmRequest {
     /// The conversation, system prompt first. Shared rather than owned: the thread engine
@@ -77,14 +78,11 @@ pub struct LlmRequest {
     pub tools: Arc<Vec<ToolSpec>>,
     /// A JSON schema the text answer must match (structured output), where the provider
     /// offers it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<Value>,
     /// The most tokens the model may produce; providers that require a figure fall back to
     /// the model profile's `max_output_tokens`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u64>,
     /// Sampling temperature; the provider's default when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
 }
 

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// What is known about a model. Figures are `None` where unknown rather than guessed.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelProfile {
     /// The provider (`openai`, `anthropic`, `gemini`, `openai-compatible`, `mock`).
@@ -11,10 +12,8 @@ pub struct ModelProfile {
     /// The model's name as the provider knows it.
     pub model: String,
     /// How many tokens the model reads at most (prompt plus answer).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u64>,
     /// How many tokens the model writes at most in one answer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u64>,
     /// Whether the model reads images.
     #[serde(default)]

@@ -101,3 +101,64 @@ pub trait Runtime: keel_core::MaybeSend + keel_core::MaybeSync {
     /// Pending asynchronous tool calls, found by id alone when their callback arrives.
     fn async_call_store(&self) -> Arc<dyn AsyncCallStore>;
 }
+
+/// Implements [`Runtime`] for a type that wraps another runtime (usually [`Services`]) in a
+/// field and adds something of its own (a builder, cleanup on drop): every service is the
+/// field's, and the list of services is written here once instead of in each wrapper.
+///
+/// ```
+/// use std::sync::Arc;
+/// use keel_runtime::{Runtime, Services};
+///
+/// struct Named {
+///     services: Services,
+///     name: String,
+/// }
+/// keel_runtime::runtime_from_field!(Named => services);
+///
+/// let named = Named {
+///     services: Services::in_memory(Arc::new(keel_llm::MockLlm::new())),
+///     name: "tests".into(),
+/// };
+/// assert!(named.thread_timers().is_some());
+/// # let _ = named.name;
+/// ```
+#[macro_export]
+macro_rules! runtime_from_field {
+    ($ty:ty => $field:ident) => {
+        impl $crate::Runtime for $ty {
+            fn auth_service(&self) -> ::std::sync::Arc<dyn $crate::AuthService> {
+                $crate::Runtime::auth_service(&self.$field)
+            }
+            fn task_manager(&self) -> ::std::sync::Arc<dyn $crate::TaskManager> {
+                $crate::Runtime::task_manager(&self.$field)
+            }
+            fn memory_service(&self) -> ::std::sync::Arc<dyn $crate::MemoryService> {
+                $crate::Runtime::memory_service(&self.$field)
+            }
+            fn logging_service(&self) -> ::std::sync::Arc<dyn $crate::LoggingService> {
+                $crate::Runtime::logging_service(&self.$field)
+            }
+            fn default_llm(&self) -> ::std::sync::Arc<dyn $crate::Llm> {
+                $crate::Runtime::default_llm(&self.$field)
+            }
+            fn thread_store(&self) -> ::std::sync::Arc<dyn $crate::ThreadStore> {
+                $crate::Runtime::thread_store(&self.$field)
+            }
+            fn run_store(&self) -> ::std::sync::Arc<dyn $crate::RunStore> {
+                $crate::Runtime::run_store(&self.$field)
+            }
+            fn step_store(&self) -> ::std::option::Option<::std::sync::Arc<dyn $crate::StepStore>> {
+                $crate::Runtime::step_store(&self.$field)
+            }
+            fn thread_timers(
+                &self,
+            ) -> ::std::option::Option<::std::sync::Arc<dyn $crate::ThreadTimers>> {
+                $crate::Runtime::thread_timers(&self.$field)
+            }
+            fn async_call_store(&self) -> ::std::sync::Arc<dyn $crate::AsyncCallStore> {
+                $crate::Runtime::async_call_store(&self.$field)
+            }
+        }
+    };
+}

@@ -36,6 +36,7 @@ impl ExecutionStatus {
 }
 
 /// An error surfaced by an execution.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ExecutionError {
     /// The error's name (`TypeError`, `SyntaxError`, `SerializationError`, ...).
@@ -43,13 +44,10 @@ pub struct ExecutionError {
     /// The error's message.
     pub message: String,
     /// 1-based line in the caller's source (or in `file`), where known.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub line: Option<u32>,
     /// 1-based column in the caller's source (or in `file`), where known.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub column: Option<u32>,
     /// The file `line` and `column` refer to: the request's filename or a module's path.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
 }
 

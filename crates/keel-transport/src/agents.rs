@@ -59,6 +59,7 @@ pub struct AgentsServer {
     default: Option<String>,
     public_url: Option<String>,
     connections: crate::ConnectionLimits,
+    metrics: Option<crate::MetricsRoute>,
 }
 
 impl AgentsServer {
@@ -94,6 +95,14 @@ impl AgentsServer {
     #[must_use]
     pub fn with_connection_limits(mut self, limits: crate::ConnectionLimits) -> Self {
         self.connections = limits;
+        self
+    }
+
+    /// Serve the process's metrics at `/metrics` ([`crate::MetricsRoute`]); [`Self::serve`]
+    /// counts and logs every request either way.
+    #[must_use]
+    pub fn with_metrics(mut self, route: crate::MetricsRoute) -> Self {
+        self.metrics = Some(route);
         self
     }
 
@@ -156,6 +165,7 @@ impl AgentsServer {
         let (closing, closed) = watch::channel(false);
         let (stop_push, push_stopped) = watch::channel(false);
         let router = self.router_with(&base_url, closed, push_stopped);
+        let router = crate::observability::observed(router, self.metrics.as_ref());
         let executors: Vec<_> = self
             .agents
             .iter()

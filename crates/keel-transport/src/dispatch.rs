@@ -144,6 +144,7 @@ pub(crate) async fn call(
         };
     }
     let params = request.remove("params").unwrap_or(Value::Null);
+    crate::observability::note_call(&method, &params);
     let params = match protocol {
         Version::V1 => Ok(params),
         Version::V03 => compat_v03::params_to_v1(operation, params),

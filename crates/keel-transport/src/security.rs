@@ -150,7 +150,10 @@ pub(crate) fn authenticate(
         return Err(Denied::Unauthenticated("credentials are required"));
     }
     let prove = |credentials: &Credentials| match reads.authenticate(credentials) {
-        Ok(Some(context)) => Ok(context),
+        Ok(Some(context)) => {
+            crate::observability::note_tenant(&context);
+            Ok(context)
+        }
         Ok(None) => Err(Denied::Unauthenticated("the credentials were not accepted")),
         Err(err) => Err(Denied::Failed(RpcError::from_agent_error(&err))),
     };

@@ -96,6 +96,7 @@ pub struct A2aServer {
     limits: Limits,
     connections: ConnectionLimits,
     endpoints: Vec<crate::EndpointSpec>,
+    metrics: Option<crate::MetricsRoute>,
 }
 
 struct ServerState {
@@ -145,7 +146,16 @@ impl A2aServer {
             limits: Limits::default(),
             connections: ConnectionLimits::default(),
             endpoints: Vec::new(),
+            metrics: None,
         }
+    }
+
+    /// Serve the process's metrics at `/metrics` ([`crate::MetricsRoute`]); [`Self::serve`]
+    /// counts and logs every request either way.
+    #[must_use]
+    pub fn with_metrics(mut self, route: crate::MetricsRoute) -> Self {
+        self.metrics = Some(route);
+        self
     }
 
     /// Serve a custom endpoint beside A2A, at `/x/{path}` and `/{tenant}/x/{path}` (see
@@ -410,6 +420,7 @@ impl A2aServer {
         let (closing, closed) = watch::channel(false);
         let (stop_push, push_stopped) = watch::channel(false);
         let router = self.router_with(&base_url, closed, push_stopped);
+        let router = crate::observability::observed(router, self.metrics.as_ref());
         let executor = self.executor.clone();
         let signal = {
             let executor = executor.clone();

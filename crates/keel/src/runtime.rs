@@ -10,10 +10,7 @@ use std::sync::Arc;
 use keel_agent::{Agent, AgentExecutor, ExecutorConfig};
 use keel_core::{AgentError, AgentResult};
 use keel_llm::{Llm, MockLlm};
-use keel_runtime::{
-    AsyncCallStore, AuthService, LoggingService, MemoryService, RunStore, Runtime, Services,
-    StepStore, TaskManager, ThreadStore, ThreadTimers,
-};
+use keel_runtime::{AuthService, LoggingService, Runtime, Services};
 use keel_transport::callbacks::HttpCallbacks;
 use keel_transport::{A2aServer, AgentsServer};
 
@@ -113,38 +110,7 @@ impl DefaultRuntime {
     }
 }
 
-impl Runtime for DefaultRuntime {
-    fn auth_service(&self) -> Arc<dyn AuthService> {
-        self.services.auth_service()
-    }
-    fn task_manager(&self) -> Arc<dyn TaskManager> {
-        self.services.task_manager()
-    }
-    fn memory_service(&self) -> Arc<dyn MemoryService> {
-        self.services.memory_service()
-    }
-    fn logging_service(&self) -> Arc<dyn LoggingService> {
-        self.services.logging_service()
-    }
-    fn default_llm(&self) -> Arc<dyn Llm> {
-        self.services.default_llm()
-    }
-    fn thread_store(&self) -> Arc<dyn ThreadStore> {
-        self.services.thread_store()
-    }
-    fn run_store(&self) -> Arc<dyn RunStore> {
-        self.services.run_store()
-    }
-    fn step_store(&self) -> Option<Arc<dyn StepStore>> {
-        self.services.step_store()
-    }
-    fn thread_timers(&self) -> Option<Arc<dyn ThreadTimers>> {
-        self.services.thread_timers()
-    }
-    fn async_call_store(&self) -> Arc<dyn AsyncCallStore> {
-        self.services.async_call_store()
-    }
-}
+keel_runtime::runtime_from_field!(DefaultRuntime => services);
 
 /// Builds a [`DefaultRuntime`], and with [`agents`](Self::agents) serves them in one call
 /// ([`serve`](Self::serve)).

@@ -75,6 +75,23 @@ pub struct ServerConfig {
     /// Most connections open at once; more wait to be accepted.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Serve Prometheus metrics at `/metrics` (docs/observability.md).
+    #[serde(default)]
+    pub metrics: bool,
+    /// How `keel serve` writes its log lines.
+    #[serde(default)]
+    pub log_format: LogFormat,
+}
+
+/// `[server] log_format`: how `keel serve` writes its log lines to stderr.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable text.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 impl ServerConfig {
@@ -107,6 +124,8 @@ impl Default for ServerConfig {
             body_timeout_seconds: default_body_timeout(),
             idle_timeout_seconds: default_idle_timeout(),
             max_connections: default_max_connections(),
+            metrics: false,
+            log_format: LogFormat::Text,
         }
     }
 }

@@ -1,0 +1,85 @@
+//! What `keel serve` tells its operator: log lines as text or one JSON object per line
+//! (`--log-format`), and, with `--metrics`, the Prometheus recorder behind `/metrics`. The
+//! libraries only log through `tracing` and count through the `metrics` macros; the process
+//! chooses where both go, here (docs/observability.md).
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+use keel::transport::MetricsRoute;
+use metrics_exporter_prometheus::PrometheusBuilder;
+use tracing_subscriber::EnvFilter;
+
+/// The environment variable whose value, when set, `/metrics` requires as a bearer token.
+pub(crate) const METRICS_TOKEN_VAR: &str = "KEEL_METRICS_TOKEN";
+
+/// The histogram buckets of every duration (seconds): from a fast HTTP answer (5 ms) to a
+/// long model call or tool run (2 minutes).
+const SECONDS_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable text (colored on a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line, the event's fields at its top level.
+    Json,
+}
+
+/// The log format of `keel serve`: the flag's (or its variable's) when `given`, else the
+/// `[server] log_format` of the file it will serve, if there is one that loads (a file that
+/// does not is reported by `keel serve` itself, after logging starts).
+pub(crate) fn serve_log_format(flag: LogFormat, given: bool, config: Option<PathBuf>) -> LogFormat {
+    if given {
+        return flag;
+    }
+    let path = crate::from_file::config_path(config);
+    match keel::Config::from_path(&path) {
+        Ok(loaded) => match loaded.server.log_format {
+            keel::config::LogFormat::Text => LogFormat::Text,
+            keel::config::LogFormat::Json => LogFormat::Json,
+        },
+        Err(_) => flag,
+    }
+}
+
+/// Send log lines to stderr in `format`, filtered by `RUST_LOG` (default `info`).
+pub(crate) fn init_logs(format: LogFormat) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
+/// Install the process's Prometheus recorder and the route that renders it, behind a bearer
+/// token when [`METRICS_TOKEN_VAR`] is set. Call it once per process.
+pub(crate) fn metrics_route() -> Result<MetricsRoute, String> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets(&SECONDS_BUCKETS)
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(|err| format!("cannot install the metrics recorder: {err}"))?;
+    let route = MetricsRoute::new(move || {
+        // Histograms are folded into their buckets here, when someone looks.
+        handle.run_upkeep();
+        handle.render()
+    });
+    Ok(match std::env::var(METRICS_TOKEN_VAR) {
+        Ok(token) if !token.is_empty() => route.with_bearer_token(token),
+        _ => route,
+    })
+}

@@ -1,0 +1,321 @@
+//! What `keel serve` tells its operator (docs/observability.md): `/metrics` scraped and
+//! parsed as Prometheus does, its counters moved by exactly what a run did, and log lines that
+//! are JSON objects carrying each request's fields.
+
+mod support;
+
+use std::process::Command;
+
+use keel_runtime::testing::eventually;
+use prometheus_parse::{Scrape, Value};
+use serde_json::json;
+use support::KeelServer;
+
+/// The demo agent's offline model calls `word_count` for this message, then answers.
+const TOOL_MESSAGE: &str = r#"/word_count {"text": "one two three"}"#;
+
+/// Send `text` to the server and return the finished task's id.
+async fn run_task(url: &str, text: &str) -> String {
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": text}]}}
+    });
+    let answer = support::post_rpc(url, &body).await;
+    assert_eq!(
+        answer["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{answer}"
+    );
+    answer["result"]["task"]["id"].as_str().unwrap().to_owned()
+}
+
+/// GET `/metrics`, parsed by a Prometheus text parser.
+async fn scrape(url: &str) -> Scrape {
+    let response = reqwest::get(format!("{url}metrics")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    Scrape::parse(text.lines().map(|line| Ok(line.to_owned()))).unwrap()
+}
+
+/// The sum of the samples of `name` whose labels include `labels` (0 when there is none).
+fn total(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match &s.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => *v,
+            Value::Histogram(_) | Value::Summary(_) => panic!("{name} is not a number"),
+        })
+        .sum()
+}
+
+/// The run report of `task_id`, as `keel runs export` prints it from the server's store.
+fn report(store: &str, task_id: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["runs", "export", task_id, "--store", store])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn metrics_move_by_exactly_what_a_run_with_a_tool_call_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("keel.db").display());
+    let server = KeelServer::start_with(&["--store", &store, "--metrics"]);
+    let before = scrape(&server.url).await;
+    assert_eq!(total(&before, "keel_runs_started_total", &[]), 0.0);
+
+    let task_id = run_task(&server.url, TOOL_MESSAGE).await;
+    let after = scrape(&server.url).await;
+
+    // What the run did, from its own report.
+    let report = report(&store, &task_id);
+    let events = report["events"].as_array().unwrap();
+    let of = |kind: &'static str| events.iter().filter(move |e| e["type"] == kind);
+    let model_calls = of("llm.call.completed").count() as f64;
+    let tokens = |field: &str| -> f64 {
+        of("llm.call.completed")
+            .map(|e| e["payload"][field].as_u64().unwrap() as f64)
+            .sum()
+    };
+    let tool_calls = of("action.completed").count() as f64;
+    assert_eq!((model_calls, tool_calls), (2.0, 1.0), "{report}");
+    assert!(tokens("input_tokens") > 0.0 && tokens("output_tokens") > 0.0);
+
+    let agent = [("agent", "keel-demo")];
+    assert_eq!(total(&after, "keel_runs_started_total", &agent), 1.0);
+    assert_eq!(
+        total(
+            &after,
+            "keel_runs_ended_total",
+            &[("agent", "keel-demo"), ("outcome", "completed")]
+        ),
+        1.0
+    );
+    assert_eq!(total(&after, "keel_steps_total", &agent), 2.0);
+    let mock = [("provider", "mock"), ("model", "mock")];
+    assert_eq!(total(&after, "keel_model_calls_total", &mock), model_calls);
+    for (direction, field) in [("input", "input_tokens"), ("output", "output_tokens")] {
+        let labels = [
+            ("provider", "mock"),
+            ("model", "mock"),
+            ("direction", direction),
+        ];
+        assert_eq!(
+            total(&after, "keel_model_tokens_total", &labels),
+            tokens(field),
+            "{direction} tokens"
+        );
+    }
+    assert_eq!(
+        total(
+            &after,
+            "keel_tool_calls_total",
+            &[("tool", "word_count"), ("outcome", "completed")]
+        ),
+        tool_calls
+    );
+    assert_eq!(
+        total(
+            &after,
+            "keel_policy_decisions_total",
+            &[("decision", "allow")]
+        ),
+        1.0
+    );
+    assert_eq!(total(&after, "keel_approvals_waiting", &[]), 0.0);
+    // Histograms count every call they time.
+    let counted = |name: &str, labels: &[(&str, &str)]| -> u64 {
+        after
+            .samples
+            .iter()
+            .filter(|s| s.metric == name)
+            .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .map(|s| match &s.value {
+                Value::Histogram(buckets) => buckets.last().unwrap().count as u64,
+                _ => panic!("{name} is not a histogram"),
+            })
+            .sum()
+    };
+    assert_eq!(counted("keel_model_call_duration_seconds", &mock), 2);
+    assert_eq!(
+        counted("keel_tool_call_duration_seconds", &[("tool", "word_count")]),
+        1
+    );
+    // The HTTP layer: the first scrape and the SendMessage, by route and status.
+    assert_eq!(
+        total(
+            &after,
+            "keel_http_requests_total",
+            &[("method", "POST"), ("route", "/"), ("status", "200")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        total(
+            &after,
+            "keel_http_requests_total",
+            &[("method", "GET"), ("route", "/metrics"), ("status", "200")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        counted(
+            "keel_http_request_duration_seconds",
+            &[("method", "POST"), ("route", "/")]
+        ),
+        1
+    );
+}
+
+#[tokio::test]
+async fn metrics_are_off_unless_asked_and_answer_only_the_token_when_one_is_set() {
+    let plain = KeelServer::start(&[]);
+    let response = reqwest::get(format!("{}metrics", plain.url)).await.unwrap();
+    assert_eq!(response.status(), 404);
+
+    let guarded = KeelServer::start_with_env(
+        &["--store", "memory", "--metrics"],
+        &[("KEEL_METRICS_TOKEN", "scrape-secret")],
+    );
+    let client = reqwest::Client::new();
+    let url = format!("{}metrics", guarded.url);
+    let refused = client.get(&url).send().await.unwrap();
+    assert_eq!(refused.status(), 401);
+    assert_eq!(refused.headers()["www-authenticate"], "Bearer");
+    let wrong = client
+        .get(&url)
+        .bearer_auth("scrape-secreT")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let answered = client
+        .get(&url)
+        .bearer_auth("scrape-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answered.status(), 200);
+    assert!(answered
+        .headers()
+        .get("content-type")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain; version=0.0.4"));
+}
+
+#[tokio::test]
+async fn json_logs_carry_each_request_and_the_runs_milestones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("serve.log");
+    let logs = std::fs::File::create(&path).unwrap();
+    let server = KeelServer::start_logging(
+        0,
+        &["--store", "memory", "--log-format", "json"],
+        &[("RUST_LOG", "info")],
+        logs,
+    );
+    let task_id = run_task(&server.url, TOOL_MESSAGE).await;
+    let status = reqwest::Client::new()
+        .get(format!("{}tasks/{task_id}", server.url))
+        .header("A2A-Version", "1.0")
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+
+    let lines: Vec<serde_json::Value> = eventually("the GetTask request's log line", || {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+            .collect();
+        let done = lines
+            .iter()
+            .any(|l| l["message"] == "request" && l["method"] == "GET");
+        async move { done.then_some(lines) }
+    })
+    .await;
+    let find = |message: &str| {
+        lines
+            .iter()
+            .find(|l| l["message"] == message)
+            .unwrap_or_else(|| panic!("no `{message}` line in {lines:?}"))
+    };
+    let send = lines
+        .iter()
+        .find(|l| l["message"] == "request" && l["method"] == "POST")
+        .unwrap();
+    assert_eq!(send["target"], "keel::http");
+    assert_eq!(send["level"], "INFO");
+    assert_eq!(send["route"], "/");
+    assert_eq!(send["status"], 200);
+    assert_eq!(send["operation"], "SendMessage");
+    assert_eq!(send["tenant"], "default-app/default-user");
+    assert!(send["duration_ms"].as_f64().unwrap() > 0.0, "{send}");
+    let get = lines
+        .iter()
+        .find(|l| l["message"] == "request" && l["method"] == "GET")
+        .unwrap();
+    assert_eq!(get["route"], "/tasks/{id}");
+    assert_eq!(get["task_id"], task_id.as_str());
+    assert_eq!(get["status"], 200);
+
+    assert_eq!(find("run started")["task_id"], task_id.as_str());
+    let tool = find("tool call");
+    assert_eq!(
+        (&tool["tool"], &tool["outcome"], &tool["task_id"]),
+        (&json!("word_count"), &json!("completed"), &json!(task_id))
+    );
+    let ended = find("run ended");
+    assert_eq!(
+        (&ended["state"], &ended["task_id"]),
+        (&json!("completed"), &json!(task_id))
+    );
+}
+
+#[tokio::test]
+async fn a_keel_toml_turns_metrics_and_json_logs_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keel.toml");
+    std::fs::write(
+        &config,
+        "[server]\nstore = \"memory\"\nmetrics = true\nlog_format = \"json\"\n\n\
+         [[agents]]\nname = \"echo\"\ndescription = \"Echoes.\"\n",
+    )
+    .unwrap();
+    let path = dir.path().join("serve.log");
+    let logs = std::fs::File::create(&path).unwrap();
+    let server = KeelServer::start_logging(
+        0,
+        &["--config", config.to_str().unwrap()],
+        &[("RUST_LOG", "info")],
+        logs,
+    );
+    // `/metrics` is served at the root (the URL printed), beside the agents.
+    let scraped = scrape(&server.url).await;
+    assert_eq!(total(&scraped, "keel_runs_started_total", &[]), 0.0);
+    let line: serde_json::Value = eventually("the scrape's JSON log line", || {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let line = text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find(|l| l["message"] == "request" && l["route"] == "/metrics");
+        async move { line }
+    })
+    .await;
+    assert_eq!(
+        (&line["method"], &line["status"]),
+        (&json!("GET"), &json!(200))
+    );
+}
