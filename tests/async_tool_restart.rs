@@ -401,9 +401,7 @@ async fn a_pending_call_times_out_in_a_fresh_process(store: String, extra: &[&st
     // A fresh process picks the task up (still pending) and ends the call at its deadline.
     let second = KeelServer::start_with_env(&args, &env);
     let done = support::Rpc::new(&second)
-        .wait_for(&id, Duration::from_secs(30), |s| {
-            s == "TASK_STATE_COMPLETED" || s == "TASK_STATE_FAILED"
-        })
+        .wait_for_end(&id, Duration::from_secs(30))
         .await;
     assert_eq!(done["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
     let answer = done["status"]["message"]["parts"][0]["text"]

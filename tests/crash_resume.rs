@@ -89,11 +89,7 @@ async fn a_run_killed_mid_way_finishes_after_restart_with_each_tool_call_done_on
 
     let server = KeelServer::start_with_env(&args, &env);
     let rpc = Rpc::new(&server);
-    let done = rpc
-        .wait_for(&id, Duration::from_secs(30), |s| {
-            s == "TASK_STATE_COMPLETED" || s == "TASK_STATE_FAILED"
-        })
-        .await;
+    let done = rpc.wait_for_end(&id, Duration::from_secs(30)).await;
     assert_eq!(done["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
     assert_eq!(
         done["status"]["message"]["parts"][0]["text"],

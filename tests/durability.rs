@@ -58,11 +58,7 @@ async fn a_task_acknowledged_before_sigkill_is_answered_after_restart() {
 
     // The interrupted run resumes; its `sleep` call is not idempotent, so it is answered with
     // an "interrupted" tool error instead of being run again, and the task completes.
-    let resumed = rpc
-        .wait_for(&pending_id, Duration::from_secs(30), |s| {
-            s == "TASK_STATE_COMPLETED" || s == "TASK_STATE_FAILED"
-        })
-        .await;
+    let resumed = rpc.wait_for_end(&pending_id, Duration::from_secs(30)).await;
     assert_eq!(
         resumed["status"]["state"], "TASK_STATE_COMPLETED",
         "{resumed}"

@@ -216,9 +216,7 @@ async fn sigterm_hands_the_task_on(store: StoreConfig, store_args: &[&str]) {
     // stopped one released its thread.
     let server = KeelServer::start_with(&args);
     let done = Rpc::new(&server)
-        .wait_for(&task_id, Duration::from_secs(10), |s| {
-            s == "TASK_STATE_COMPLETED" || s == "TASK_STATE_FAILED" || s == "TASK_STATE_CANCELED"
-        })
+        .wait_for_end(&task_id, Duration::from_secs(10))
         .await;
     assert_eq!(done["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
     assert_eq!(
@@ -288,9 +286,7 @@ async fn a_tool_call_that_outlasts_the_drain_is_cut_off_and_never_run_again() {
     // charge again.
     let server = KeelServer::start_with(&args);
     let done = Rpc::new(&server)
-        .wait_for(&task_id, Duration::from_secs(10), |s| {
-            s == "TASK_STATE_COMPLETED" || s == "TASK_STATE_FAILED" || s == "TASK_STATE_CANCELED"
-        })
+        .wait_for_end(&task_id, Duration::from_secs(10))
         .await;
     assert_eq!(done["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
     assert!(
@@ -325,9 +321,7 @@ async fn a_sqlite_server_killed_with_sigkill_resumes_its_task_at_once_on_restart
     let restarted = Instant::now();
     let server = KeelServer::start_logging_to(&args, &log);
     let done = Rpc::new(&server)
-        .wait_for(&task_id, Duration::from_secs(5), |s| {
-            s == "TASK_STATE_COMPLETED" || s == "TASK_STATE_FAILED" || s == "TASK_STATE_CANCELED"
-        })
+        .wait_for_end(&task_id, Duration::from_secs(5))
         .await;
     assert_eq!(done["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
     assert!(

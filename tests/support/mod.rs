@@ -394,6 +394,20 @@ impl Rpc {
         )
         .await
     }
+
+    /// GetTask until the task is in a terminal state (at most `within`); answers the task.
+    pub async fn wait_for_end(&self, task_id: &str, within: Duration) -> serde_json::Value {
+        self.wait_for(task_id, within, |s| {
+            matches!(
+                s,
+                "TASK_STATE_COMPLETED"
+                    | "TASK_STATE_FAILED"
+                    | "TASK_STATE_CANCELED"
+                    | "TASK_STATE_REJECTED"
+            )
+        })
+        .await
+    }
 }
 
 /// The agent card served under `url` (which ends in `/`), as a v1.0 caller reads it.
