@@ -1,0 +1,152 @@
+//! Conversions between Keel values and PostgreSQL columns: the versioned JSON envelope for
+//! Keel's records, plain JSON text for callers' values, timestamps as `BIGINT` nanoseconds,
+//! and the shapes of every statement (prepared once per pooled connection).
+
+use chrono::{DateTime, Utc};
+use keel_core::{AgentError, AgentResult};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use deadpool_postgres::GenericClient;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+use crate::error::{doing, BACKEND};
+
+/// A Keel record (task snapshot, event, message, ...) as stored-JSON envelope text.
+pub(crate) fn encode_record<T: Serialize>(value: &T) -> AgentResult<String> {
+    keel_runtime::encode_record(value)
+}
+
+/// Decode an envelope read from a column; `what` names the record in the error.
+pub(crate) fn decode_record<T: DeserializeOwned>(text: &str, what: &str) -> AgentResult<T> {
+    keel_runtime::decode_record(BACKEND, &format!("reading stored {what}"), text)
+}
+
+/// Every record of `records`, encoded.
+pub(crate) fn encode_all<T: Serialize>(records: &[T]) -> AgentResult<Vec<String>> {
+    records.iter().map(encode_record).collect()
+}
+
+/// A caller's JSON value (memory, key-value store, queue payload) as text, stored as given.
+pub(crate) fn encode_value(value: &Value) -> AgentResult<String> {
+    serde_json::to_string(value).map_err(AgentError::internal)
+}
+
+/// Parse a caller's JSON value read from a column.
+pub(crate) fn decode_value(text: &str, what: &str) -> AgentResult<Value> {
+    serde_json::from_str(text)
+        .map_err(|e| AgentError::storage_source(BACKEND, format!("reading stored {what}"), e))
+}
+
+/// A timestamp as stored: nanoseconds since the Unix epoch, UTC, saturating outside
+/// 1677–2262 (which keeps the order). Nanoseconds keep chrono's precision, so comparisons in
+/// SQL agree with the in-memory store's.
+pub(crate) fn to_nanos(at: DateTime<Utc>) -> i64 {
+    at.timestamp_nanos_opt().unwrap_or(if at.timestamp() < 0 {
+        i64::MIN
+    } else {
+        i64::MAX
+    })
+}
+
+/// The timestamp stored as `nanos` by [`to_nanos`].
+pub(crate) fn from_nanos(nanos: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_nanos(nanos)
+}
+
+/// A seq, token or count from `u64`/`usize` to `BIGINT`, saturating (larger values are never
+/// issued, so saturating keeps comparisons right).
+pub(crate) fn to_sql_int(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
+/// A stored seq, token or count back to `u64`; a negative value is corrupt data.
+pub(crate) fn from_sql_int(n: i64, what: &str) -> AgentResult<u64> {
+    u64::try_from(n).map_err(|_| AgentError::storage(format!("stored {what} is negative ({n})")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nanosecond_timestamps_round_trip_exactly() {
+        let now = Utc::now();
+        assert_eq!(from_nanos(to_nanos(now)), now);
+    }
+
+    #[test]
+    fn counts_past_bigint_saturate() {
+        assert_eq!(to_sql_int(u64::MAX), i64::MAX);
+        assert_eq!(to_sql_int(7usize), 7);
+        assert!(from_sql_int(-1, "seq").is_err());
+    }
+}
+
+/// One argument of a statement built at run time (a listing with optional filters).
+pub(crate) enum Arg {
+    /// A `TEXT` argument.
+    Text(String),
+    /// A `BIGINT` argument.
+    Int(i64),
+}
+
+impl Arg {
+    /// The argument as a statement parameter.
+    pub(crate) fn sql(&self) -> &(dyn ToSql + Sync) {
+        match self {
+            Arg::Text(text) => text,
+            Arg::Int(n) => n,
+        }
+    }
+}
+
+/// The parameters of a statement.
+pub(crate) type Params<'a> = [&'a (dyn ToSql + Sync)];
+
+/// Every row `sql` (prepared once per connection) selects with `params`; `op` says what was
+/// being done, for the error.
+pub(crate) async fn query<C: GenericClient + Sync>(
+    db: &C,
+    sql: &str,
+    params: &Params<'_>,
+    op: &'static str,
+) -> AgentResult<Vec<Row>> {
+    let stmt = db.prepare_cached(sql).await.map_err(doing(op))?;
+    db.query(&stmt, params).await.map_err(doing(op))
+}
+
+/// The one row `sql` selects, or `None`.
+pub(crate) async fn query_opt<C: GenericClient + Sync>(
+    db: &C,
+    sql: &str,
+    params: &Params<'_>,
+    op: &'static str,
+) -> AgentResult<Option<Row>> {
+    let stmt = db.prepare_cached(sql).await.map_err(doing(op))?;
+    db.query_opt(&stmt, params).await.map_err(doing(op))
+}
+
+/// The one row `sql` always yields (an aggregate, a `RETURNING` of an upsert).
+pub(crate) async fn query_one<C: GenericClient + Sync>(
+    db: &C,
+    sql: &str,
+    params: &Params<'_>,
+    op: &'static str,
+) -> AgentResult<Row> {
+    let stmt = db.prepare_cached(sql).await.map_err(doing(op))?;
+    db.query_one(&stmt, params).await.map_err(doing(op))
+}
+
+/// Run `sql`; how many rows it changed.
+pub(crate) async fn execute<C: GenericClient + Sync>(
+    db: &C,
+    sql: &str,
+    params: &Params<'_>,
+    op: &'static str,
+) -> AgentResult<u64> {
+    let stmt = db.prepare_cached(sql).await.map_err(doing(op))?;
+    db.execute(&stmt, params).await.map_err(doing(op))
+}

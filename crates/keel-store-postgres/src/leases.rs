@@ -1,0 +1,153 @@
+//! [`ThreadLeases`] over PostgreSQL, and the fence every lease-holder write checks.
+//!
+//! Taking a lease locks the thread's row in `threads` first, so "look at the current lease,
+//! decide ([`keel_runtime::lease_blocks`]), write" is one transaction that no other process
+//! interleaves with. Writes under a lease read the lease row `FOR SHARE` in the statement
+//! that writes (`fence!`), so a takeover waits for them and a stale holder writes nothing.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use keel_core::{AgentResult, ThreadId};
+use keel_runtime::{lease_blocks, lease_ttl, AuthContext, Lease, ThreadLeases};
+
+use crate::codec::{execute, from_nanos, from_sql_int, query_one, query_opt, to_nanos, to_sql_int};
+use crate::error::doing;
+use crate::PostgresStore;
+
+/// The `WITH` entry every fenced write starts with: one row when the lease (`$1` tenant, `$2`
+/// thread, `$3` token) is the thread's current one and unexpired at `$4`, locked until the
+/// write commits. The check of [`Lease::check_fence`], in SQL so that it and the write are
+/// one statement (a macro, so that statements can `concat!` it).
+macro_rules! fence {
+    () => {
+        "lease AS (
+    SELECT 1 FROM leases
+    WHERE tenant = $1 AND thread_id = $2 AND token = $3 AND expires_at > $4
+    FOR SHARE
+)"
+    };
+}
+pub(crate) use fence;
+
+/// The four fence parameters of `lease` at `now`.
+pub(crate) fn fence_args(auth: &AuthContext, lease: &Lease) -> (String, String, i64, i64) {
+    (
+        auth.namespace(),
+        lease.thread_id.as_str().to_owned(),
+        to_sql_int(lease.token),
+        to_nanos(Utc::now()),
+    )
+}
+
+/// Create the thread's counter row if need be and lock it until the transaction ends.
+const LOCK_THREAD: &str = "\
+INSERT INTO threads (tenant, thread_id) VALUES ($1, $2)
+ON CONFLICT (tenant, thread_id) DO UPDATE SET last_lease_token = threads.last_lease_token";
+const CURRENT_LEASE: &str =
+    "SELECT holder, expires_at FROM leases WHERE tenant = $1 AND thread_id = $2";
+/// Issue the next token and make it the thread's lease.
+const WRITE_LEASE: &str = "\
+WITH counter AS (
+    UPDATE threads SET last_lease_token = last_lease_token + 1
+    WHERE tenant = $1 AND thread_id = $2 RETURNING last_lease_token
+)
+INSERT INTO leases (tenant, thread_id, holder, token, expires_at)
+SELECT $1, $2, $3, last_lease_token, $4 FROM counter
+ON CONFLICT (tenant, thread_id) DO UPDATE SET
+    holder = excluded.holder, token = excluded.token, expires_at = excluded.expires_at
+RETURNING token";
+const RENEW: &str = "UPDATE leases SET expires_at = $5 \
+     WHERE tenant = $1 AND thread_id = $2 AND token = $3 AND expires_at > $4";
+const RELEASE: &str = "DELETE FROM leases WHERE tenant = $1 AND thread_id = $2 AND token = $3";
+
+#[async_trait]
+impl ThreadLeases for PostgresStore {
+    async fn take_lease(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+        reclaim: bool,
+    ) -> AgentResult<Option<Lease>> {
+        let ttl = lease_ttl(ttl)?;
+        let (tenant, thread) = (auth.namespace(), thread_id.as_str());
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(doing("taking a lease"))?;
+        execute(&tx, LOCK_THREAD, &[&tenant, &thread], "taking a lease").await?;
+        let now = Utc::now();
+        let held = query_opt(&tx, CURRENT_LEASE, &[&tenant, &thread], "taking a lease").await?;
+        let held = held.map(|row| (row.get::<_, String>(0), from_nanos(row.get(1))));
+        let current = held
+            .as_ref()
+            .map(|(current, expires_at)| (current.as_str(), *expires_at));
+        if lease_blocks(current, holder, reclaim, now) {
+            // Dropping the transaction rolls it back and frees the thread's row.
+            return Ok(None);
+        }
+        let expires_at = now + ttl;
+        let row = query_one(
+            &tx,
+            WRITE_LEASE,
+            &[&tenant, &thread, &holder, &to_nanos(expires_at)],
+            "taking a lease",
+        )
+        .await?;
+        tx.commit().await.map_err(doing("taking a lease"))?;
+        Ok(Some(Lease {
+            thread_id: thread_id.clone(),
+            holder: holder.to_owned(),
+            token: from_sql_int(row.get(0), "lease token")?,
+            expires_at,
+        }))
+    }
+
+    async fn renew_lease(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> AgentResult<Lease> {
+        let ttl = lease_ttl(ttl)?;
+        let (tenant, thread, token, now) = fence_args(auth, lease);
+        let expires_at = from_nanos(now) + ttl;
+        let client = self.client().await?;
+        let renewed = execute(
+            &client,
+            RENEW,
+            &[&tenant, &thread, &token, &now, &to_nanos(expires_at)],
+            "renewing a lease",
+        )
+        .await?;
+        if renewed == 0 {
+            return Err(lease.lost());
+        }
+        Ok(Lease {
+            expires_at,
+            ..lease.clone()
+        })
+    }
+
+    async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {
+        // Only the current holder's lease goes: releasing a stale lease must not free the
+        // thread under its new holder.
+        let client = self.client().await?;
+        execute(
+            &client,
+            RELEASE,
+            &[
+                &auth.namespace(),
+                &lease.thread_id.as_str(),
+                &to_sql_int(lease.token),
+            ],
+            "releasing a lease",
+        )
+        .await?;
+        Ok(())
+    }
+}

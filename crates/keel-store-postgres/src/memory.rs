@@ -1,0 +1,137 @@
+//! [`MemoryService`] over PostgreSQL: the `memory` table, with optional expiry.
+//!
+//! Expiry is checked on every read, so an expired value is never returned; writes of
+//! expiring values also sweep expired rows (through a partial index), so TTL values do not
+//! pile up.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use keel_core::AgentResult;
+use keel_runtime::{AuthContext, MemoryService};
+use serde_json::Value;
+
+use crate::codec::{decode_value, encode_value, execute, query_opt, to_nanos};
+use crate::PostgresStore;
+
+const SAVE: &str = "\
+INSERT INTO memory (tenant, key, value, expires_at) VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant, key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at";
+/// Store unless a live value is there (an expired one is replaced); 1 row when stored.
+const SAVE_IF_ABSENT: &str = "\
+INSERT INTO memory (tenant, key, value, expires_at) VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant, key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at
+WHERE memory.expires_at IS NOT NULL AND memory.expires_at <= $5";
+const SWEEP: &str = "DELETE FROM memory WHERE expires_at IS NOT NULL AND expires_at <= $1";
+const LOAD: &str = "SELECT value FROM memory WHERE tenant = $1 AND key = $2 \
+     AND (expires_at IS NULL OR expires_at > $3)";
+/// Delete the key; whether it held a live value.
+const DELETE: &str = "DELETE FROM memory WHERE tenant = $1 AND key = $2 \
+     RETURNING expires_at IS NULL OR expires_at > $3";
+
+/// When a value saved at `now` (ns) with `ttl` expires; a TTL too long to represent never
+/// does, as in the in-memory store.
+fn expiry(now: i64, ttl: Option<Duration>) -> Option<i64> {
+    ttl.and_then(|ttl| i64::try_from(ttl.as_nanos()).ok())
+        .and_then(|ttl| now.checked_add(ttl))
+}
+
+impl PostgresStore {
+    async fn save_memory(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: &Value,
+        ttl: Option<Duration>,
+    ) -> AgentResult<()> {
+        let text = encode_value(value)?;
+        let now = to_nanos(Utc::now());
+        let client = self.client().await?;
+        if ttl.is_some() {
+            execute(&client, SWEEP, &[&now], "removing expired memory values").await?;
+        }
+        execute(
+            &client,
+            SAVE,
+            &[&auth.namespace(), &key, &text, &expiry(now, ttl)],
+            "saving a memory value",
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl MemoryService for PostgresStore {
+    async fn save_serialized(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: Value,
+    ) -> AgentResult<()> {
+        self.save_memory(auth, key, &value, None).await
+    }
+
+    async fn save_serialized_with_ttl(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: Value,
+        ttl: Duration,
+    ) -> AgentResult<()> {
+        self.save_memory(auth, key, &value, Some(ttl)).await
+    }
+
+    async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>> {
+        let client = self.client().await?;
+        let row = query_opt(
+            &client,
+            LOAD,
+            &[&auth.namespace(), &key, &to_nanos(Utc::now())],
+            "reading a memory value",
+        )
+        .await?;
+        row.map(|row| decode_value(row.get(0), &format!("memory value `{key}`")))
+            .transpose()
+    }
+
+    async fn save_if_absent(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: Value,
+        ttl: Duration,
+    ) -> AgentResult<bool> {
+        let text = encode_value(&value)?;
+        let now = to_nanos(Utc::now());
+        let client = self.client().await?;
+        // One statement: the check and the write are atomic under concurrent claimers.
+        let stored = execute(
+            &client,
+            SAVE_IF_ABSENT,
+            &[
+                &auth.namespace(),
+                &key,
+                &text,
+                &expiry(now, Some(ttl)),
+                &now,
+            ],
+            "claiming a memory key",
+        )
+        .await?;
+        Ok(stored > 0)
+    }
+
+    async fn delete(&self, auth: &AuthContext, key: &str) -> AgentResult<bool> {
+        let client = self.client().await?;
+        let row = query_opt(
+            &client,
+            DELETE,
+            &[&auth.namespace(), &key, &to_nanos(Utc::now())],
+            "deleting a memory value",
+        )
+        .await?;
+        Ok(row.is_some_and(|row| row.get::<_, bool>(0)))
+    }
+}

@@ -1,0 +1,202 @@
+//! [`RunStore`] over PostgreSQL: task records in `task_records`, run reports in
+//! `run_records`, each found through the index of the [`RunQuery`]'s fields.
+
+use async_trait::async_trait;
+use keel_core::{AgentResult, RunId};
+use keel_runtime::{AuthContext, IndexedRecord, RunQuery, RunRecord, RunStore, TaskRecord};
+use serde::de::DeserializeOwned;
+use tokio_postgres::types::ToSql;
+
+use crate::codec::{decode_record, encode_record, execute, query, to_nanos, to_sql_int, Arg};
+use crate::PostgresStore;
+
+const SAVE_TASK_RECORD: &str = "\
+INSERT INTO task_records (tenant, task_id, thread_id, state, run_id, trace_id, agent_name,
+    recorded_at, body)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+/// A replaced report takes a new `id`, so it is the newest of reports of equal time.
+const SAVE_RUN_REPORT: &str = "\
+INSERT INTO run_records (tenant, run_id, task_id, thread_id, trace_id, agent_name,
+    recorded_at, body)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (tenant, run_id) DO UPDATE SET id = DEFAULT, task_id = excluded.task_id,
+    thread_id = excluded.thread_id, trace_id = excluded.trace_id,
+    agent_name = excluded.agent_name, recorded_at = excluded.recorded_at, body = excluded.body";
+const GET_RUN_REPORT: &str = "SELECT body FROM run_records WHERE tenant = $1 AND run_id = $2";
+
+/// The `WHERE` clause and its arguments for `query`. `contains` is `strpos`, not `LIKE`: a
+/// `%` or `_` in the needle is plain text and the match is case-sensitive, on the record's
+/// stored JSON, which is the text `RunQuery` documents `contains` as searching.
+fn where_clause(tenant: String, query: &RunQuery) -> (String, Vec<Arg>) {
+    let mut clauses = vec!["tenant = $1".to_owned()];
+    let mut args = vec![Arg::Text(tenant)];
+    let mut add = |clause: &str, arg: Option<Arg>| {
+        if let Some(arg) = arg {
+            args.push(arg);
+            clauses.push(clause.replace('?', &format!("${}", args.len())));
+        }
+    };
+    let text = |value: Option<&str>| value.map(|v| Arg::Text(v.to_owned()));
+    add(
+        "task_id = ?",
+        text(query.task_id.as_ref().map(|v| v.as_str())),
+    );
+    add(
+        "run_id = ?",
+        text(query.run_id.as_ref().map(|v| v.as_str())),
+    );
+    add(
+        "thread_id = ?",
+        text(query.thread_id.as_ref().map(|v| v.as_str())),
+    );
+    add(
+        "trace_id = ?",
+        text(query.trace_id.as_ref().map(|v| v.as_str())),
+    );
+    add("agent_name = ?", text(query.agent_name.as_deref()));
+    add("strpos(body, ?) > 0", text(query.contains.as_deref()));
+    add(
+        "recorded_at >= ?",
+        query.since.map(|t| Arg::Int(to_nanos(t))),
+    );
+    add(
+        "recorded_at < ?",
+        query.until.map(|t| Arg::Int(to_nanos(t))),
+    );
+    (clauses.join(" AND "), args)
+}
+
+/// The nullable index columns of a record, as parameters.
+fn index_args(record: &impl IndexedRecord) -> [Option<String>; 5] {
+    let index = record.index();
+    [
+        index.task_id.map(|v| v.as_str().to_owned()),
+        index.run_id.map(|v| v.as_str().to_owned()),
+        index.thread_id.map(|v| v.as_str().to_owned()),
+        index.trace_id.map(|v| v.as_str().to_owned()),
+        index.agent_name.map(str::to_owned),
+    ]
+}
+
+impl PostgresStore {
+    /// Run a record query on `table`, in `order`.
+    async fn find_records<T: DeserializeOwned>(
+        &self,
+        auth: &AuthContext,
+        run_query: &RunQuery,
+        table: &str,
+        order: &str,
+        what: &'static str,
+    ) -> AgentResult<Vec<T>> {
+        let limit = run_query.effective_limit()?;
+        let (filter, mut args) = where_clause(auth.namespace(), run_query);
+        args.push(Arg::Int(to_sql_int(limit)));
+        let sql = format!(
+            "SELECT id, body FROM {table} WHERE {filter} ORDER BY {order} LIMIT ${}",
+            args.len()
+        );
+        let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(Arg::sql).collect();
+        let client = self.client().await?;
+        let rows = query(&client, &sql, &params, "searching records").await?;
+        rows.iter()
+            .map(|row| {
+                let id: i64 = row.get(0);
+                decode_record(row.get(1), &format!("{what} (row {id})"))
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl RunStore for PostgresStore {
+    async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()> {
+        let body = encode_record(record)?;
+        let [task_id, run_id, thread_id, trace_id, agent_name] = index_args(record);
+        let client = self.client().await?;
+        execute(
+            &client,
+            SAVE_TASK_RECORD,
+            &[
+                &auth.namespace(),
+                &task_id,
+                &thread_id,
+                &record.state.as_str(),
+                &run_id,
+                &trace_id,
+                &agent_name,
+                &to_nanos(record.recorded_at),
+                &body,
+            ],
+            "saving a task record",
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn find_task_records(
+        &self,
+        auth: &AuthContext,
+        query: &RunQuery,
+    ) -> AgentResult<Vec<TaskRecord>> {
+        // Newest first means most recently saved, as in the in-memory store.
+        self.find_records(auth, query, "task_records", "id DESC", "task record")
+            .await
+    }
+
+    async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
+        let body = encode_record(record)?;
+        let [task_id, run_id, thread_id, trace_id, agent_name] = index_args(record);
+        let client = self.client().await?;
+        execute(
+            &client,
+            SAVE_RUN_REPORT,
+            &[
+                &auth.namespace(),
+                &run_id,
+                &task_id,
+                &thread_id,
+                &trace_id,
+                &agent_name,
+                &to_nanos(record.recorded_at),
+                &body,
+            ],
+            "saving a run report",
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn get_run_report(
+        &self,
+        auth: &AuthContext,
+        run_id: &RunId,
+    ) -> AgentResult<Option<RunRecord>> {
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            GET_RUN_REPORT,
+            &[&auth.namespace(), &run_id.as_str()],
+            "reading a run report",
+        )
+        .await?;
+        rows.first()
+            .map(|row| decode_record(row.get(0), &format!("run report {run_id}")))
+            .transpose()
+    }
+
+    async fn find_run_reports(
+        &self,
+        auth: &AuthContext,
+        query: &RunQuery,
+    ) -> AgentResult<Vec<RunRecord>> {
+        // Newest first by the report's own time, as in the in-memory store.
+        self.find_records(
+            auth,
+            query,
+            "run_records",
+            "recorded_at DESC, id DESC",
+            "run report",
+        )
+        .await
+    }
+}

@@ -1,0 +1,267 @@
+//! [`TaskManager`] over PostgreSQL: snapshots in `tasks`, their event logs in `task_events`.
+//!
+//! A snapshot and its events are one statement (a data-modifying `WITH`), so they commit
+//! together; appending to a log takes the task row's lock through `last_event`, which numbers
+//! the log, so concurrent appenders from several processes never collide.
+
+use async_trait::async_trait;
+use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
+use keel_runtime::{
+    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
+};
+use tokio_postgres::types::ToSql;
+
+use crate::codec::{decode_record, encode_all, encode_record, query, query_one, to_sql_int, Arg};
+use crate::PostgresStore;
+
+/// Insert or replace a snapshot (keeping its creation `seq`) and append `$7` to its log.
+const SAVE_WITH_EVENTS: &str = "\
+WITH task AS (
+    INSERT INTO tasks (tenant, task_id, thread_id, state, updated_at, body, last_event)
+    VALUES ($1, $2, $3, $4, $5, $6, cardinality($7::text[]))
+    ON CONFLICT (tenant, task_id) DO UPDATE SET
+        thread_id = excluded.thread_id, state = excluded.state,
+        updated_at = excluded.updated_at, body = excluded.body,
+        last_event = tasks.last_event + cardinality($7::text[])
+    RETURNING last_event
+)
+INSERT INTO task_events (tenant, task_id, seq, body)
+SELECT $1, $2, task.last_event - cardinality($7::text[]) + e.ord, e.body
+FROM task, unnest($7::text[]) WITH ORDINALITY AS e(body, ord)";
+
+/// Append `$3` to an existing task's log; the count of tasks found (0 or 1).
+pub(crate) const APPEND_EVENTS: &str = "\
+WITH task AS (
+    UPDATE tasks SET last_event = last_event + cardinality($3::text[])
+    WHERE tenant = $1 AND task_id = $2
+    RETURNING last_event
+), appended AS (
+    INSERT INTO task_events (tenant, task_id, seq, body)
+    SELECT $1, $2, task.last_event - cardinality($3::text[]) + e.ord, e.body
+    FROM task, unnest($3::text[]) WITH ORDINALITY AS e(body, ord)
+)
+SELECT count(*) FROM task";
+
+const GET_TASK: &str = "SELECT body FROM tasks WHERE tenant = $1 AND task_id = $2";
+/// The log of a task, or no row at all when the task is unknown (`seq` NULL for a task
+/// without events).
+const GET_EVENTS: &str = "\
+SELECT e.seq, e.body FROM tasks t
+LEFT JOIN task_events e ON e.tenant = t.tenant AND e.task_id = t.task_id
+WHERE t.tenant = $1 AND t.task_id = $2 ORDER BY e.seq";
+const TENANTS: &str = "SELECT DISTINCT tenant FROM tasks";
+
+/// The `WHERE` clauses and arguments for the tenant and the filter's thread and state: only
+/// the filters that are set become SQL, so each listing uses its index.
+fn filter_clauses(auth: &AuthContext, filter: &ListTasksFilter) -> (Vec<String>, Vec<Arg>) {
+    let mut clauses = vec!["tenant = $1".to_owned()];
+    let mut args = vec![Arg::Text(auth.namespace())];
+    if let Some(thread_id) = &filter.thread_id {
+        args.push(Arg::Text(thread_id.as_str().to_owned()));
+        clauses.push(format!("thread_id = ${}", args.len()));
+    }
+    if let Some(state) = filter.state {
+        args.push(Arg::Text(state.as_str().to_owned()));
+        clauses.push(format!("state = ${}", args.len()));
+    }
+    (clauses, args)
+}
+
+impl PostgresStore {
+    /// One page of a listing: the count of `filter_sql` and the page `page_sql` (its own
+    /// arguments after the filter's), sent together on one connection.
+    async fn page_rows(
+        &self,
+        filter_sql: &str,
+        page_sql: &str,
+        args: &[Arg],
+        filter_args: usize,
+    ) -> AgentResult<(usize, Vec<tokio_postgres::Row>)> {
+        let client = self.client().await?;
+        let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(Arg::sql).collect();
+        let count_sql = format!("SELECT count(*) FROM tasks WHERE {filter_sql}");
+        let (total, rows) = futures::try_join!(
+            query_one(
+                &client,
+                &count_sql,
+                &params[..filter_args],
+                "counting tasks"
+            ),
+            query(&client, page_sql, &params, "listing tasks"),
+        )?;
+        let total: i64 = total.get(0);
+        Ok((usize::try_from(total).unwrap_or(0), rows))
+    }
+}
+
+#[async_trait]
+impl TaskManager for PostgresStore {
+    async fn tenants(&self) -> AgentResult<Vec<AuthContext>> {
+        let client = self.client().await?;
+        let rows = query(&client, TENANTS, &[], "listing tenants").await?;
+        let names: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+        AuthContext::from_stored_namespaces(&names, "the tasks table")
+    }
+
+    async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            GET_TASK,
+            &[&auth.namespace(), &task_id.as_str()],
+            "reading a task",
+        )
+        .await?;
+        rows.first()
+            .map(|row| decode_record(row.get(0), &format!("task {task_id}")))
+            .transpose()
+    }
+
+    async fn list_tasks(
+        &self,
+        auth: &AuthContext,
+        filter: &ListTasksFilter,
+    ) -> AgentResult<Page<Task>> {
+        let (page_size, start) = filter.page_start()?;
+        let (mut clauses, mut args) = filter_clauses(auth, filter);
+        // One row more than the page tells whether another page follows.
+        let limit = to_sql_int(page_size).saturating_add(1);
+        match start {
+            TaskPageStart::Created { after } => {
+                let filter_sql = clauses.join(" AND ");
+                let filter_args = args.len();
+                args.push(Arg::Int(to_sql_int(after)));
+                args.push(Arg::Int(limit));
+                let page_sql = format!(
+                    "SELECT seq, body FROM tasks WHERE {filter_sql} AND seq > ${} \
+                     ORDER BY seq LIMIT ${}",
+                    filter_args + 1,
+                    filter_args + 2
+                );
+                let (total, rows) = self
+                    .page_rows(&filter_sql, &page_sql, &args, filter_args)
+                    .await?;
+                Page::from_rows(rows, page_size, total, |row| {
+                    let seq: i64 = row.get(0);
+                    Ok((
+                        decode_record(row.get(1), &format!("task (row {seq})"))?,
+                        seq,
+                    ))
+                })
+            }
+            TaskPageStart::RecentlyUpdated { since, after } => {
+                if let Some(since) = since {
+                    args.push(Arg::Int(since));
+                    clauses.push(format!("updated_at >= ${}", args.len()));
+                }
+                let filter_sql = clauses.join(" AND ");
+                let filter_args = args.len();
+                let mut page_sql =
+                    format!("SELECT updated_at, task_id, body FROM tasks WHERE {filter_sql}");
+                if let Some(after) = &after {
+                    args.push(Arg::Int(after.micros));
+                    args.push(Arg::Text(after.task_id.as_str().to_owned()));
+                    page_sql.push_str(&format!(
+                        " AND (updated_at, task_id) < (${}, ${})",
+                        args.len() - 1,
+                        args.len()
+                    ));
+                }
+                args.push(Arg::Int(limit));
+                page_sql.push_str(&format!(
+                    " ORDER BY updated_at DESC, task_id DESC LIMIT ${}",
+                    args.len()
+                ));
+                let (total, rows) = self
+                    .page_rows(&filter_sql, &page_sql, &args, filter_args)
+                    .await?;
+                Page::from_rows(rows, page_size, total, |row| {
+                    let (micros, task_id): (i64, String) = (row.get(0), row.get(1));
+                    let task = decode_record(row.get(2), &format!("task {task_id}"))?;
+                    let task_id = TaskId::from(task_id);
+                    Ok((task, UpdatedCursor { micros, task_id }))
+                })
+            }
+        }
+    }
+
+    async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
+        self.save_task_with_events(auth, task, &[]).await
+    }
+
+    async fn save_task_with_events(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: &[TaskEvent],
+    ) -> AgentResult<()> {
+        // Everything is encoded first, so an encoding error writes nothing; snapshots never
+        // carry the history (it is rebuilt from the log).
+        let body = encode_record(&task.clone_without_history())?;
+        let events = encode_all(events)?;
+        let client = self.client().await?;
+        query(
+            &client,
+            SAVE_WITH_EVENTS,
+            &[
+                &auth.namespace(),
+                &task.id.as_str(),
+                &task.thread_id.as_str(),
+                &task.state().as_str(),
+                &updated_micros(task),
+                &body,
+                &events,
+            ],
+            "saving a task",
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn add_task_event(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+        event: &TaskEvent,
+    ) -> AgentResult<()> {
+        let events = vec![encode_record(event)?];
+        let client = self.client().await?;
+        let found = query_one(
+            &client,
+            APPEND_EVENTS,
+            &[&auth.namespace(), &task_id.as_str(), &events],
+            "appending a task event",
+        )
+        .await?;
+        if found.get::<_, i64>(0) == 0 {
+            return Err(AgentError::TaskNotFound {
+                task_id: task_id.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn get_task_events(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<Vec<TaskEvent>> {
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            GET_EVENTS,
+            &[&auth.namespace(), &task_id.as_str()],
+            "reading task events",
+        )
+        .await?;
+        if rows.is_empty() {
+            return Err(AgentError::TaskNotFound {
+                task_id: task_id.clone(),
+            });
+        }
+        rows.iter()
+            .filter_map(|row| Some((row.get::<_, Option<i64>>(0)?, row.get::<_, String>(1))))
+            .map(|(seq, body)| decode_record(&body, &format!("event {seq} of task {task_id}")))
+            .collect()
+    }
+}

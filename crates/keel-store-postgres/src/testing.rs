@@ -1,0 +1,74 @@
+//! A fresh schema per test on the PostgreSQL server named by `KEEL_POSTGRES_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test?sslmode=disable`): what Keel's own Postgres tests share, so that
+//! tests running at once never see each other's rows.
+
+use keel_core::{AgentError, AgentResult};
+
+use crate::PostgresStore;
+
+/// The environment variable naming the test server.
+pub const URL_VAR: &str = "KEEL_POSTGRES_URL";
+/// The server used when [`URL_VAR`] is unset.
+pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable";
+
+/// The test server's URL.
+pub fn server_url() -> String {
+    std::env::var(URL_VAR).unwrap_or_else(|_| DEFAULT_URL.to_owned())
+}
+
+/// A schema of its own on the test server, for one test. Drop it with
+/// [`TestSchema::drop_schema`] at the end (a test that fails leaves it behind, to look at).
+#[derive(Debug, Clone)]
+pub struct TestSchema {
+    /// The schema's name (`t_<random>`).
+    pub name: String,
+    /// A URL whose connections use the schema (`search_path`).
+    pub url: String,
+}
+
+impl TestSchema {
+    /// Create a fresh schema. A server that does not answer fails with a message saying how
+    /// to provide one: CI always does, so a silent skip would hide a broken setup.
+    pub async fn new() -> AgentResult<TestSchema> {
+        let base = server_url();
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        admin(&base, &format!("CREATE SCHEMA {name}")).await?;
+        let separator = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{separator}options=-c%20search_path%3D{name}");
+        Ok(TestSchema { name, url })
+    }
+
+    /// A store on the schema.
+    pub async fn store(&self) -> AgentResult<PostgresStore> {
+        PostgresStore::connect_with_pool_size(&self.url, 4).await
+    }
+
+    /// Drop the schema and everything in it.
+    pub async fn drop_schema(self) -> AgentResult<()> {
+        admin(
+            &server_url(),
+            &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
+        )
+        .await
+    }
+}
+
+/// Run `sql` on a connection of its own to `url`.
+async fn admin(url: &str, sql: &str) -> AgentResult<()> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| {
+            AgentError::storage(format!(
+                "the PostgreSQL tests need a server at {URL_VAR} ({url}), and it did not \
+                 answer: {e}; start one (`cargo xtask ci` does) or point {URL_VAR} at one"
+            ))
+        })?;
+    let driver = tokio::spawn(connection);
+    let result = client
+        .batch_execute(sql)
+        .await
+        .map_err(crate::error::doing("preparing a test schema"));
+    drop(client);
+    let _ = driver.await;
+    result
+}

@@ -1,0 +1,465 @@
+//! Thread storage over PostgreSQL: history ([`ThreadHistory`]), the durable FIFO queue
+//! ([`ThreadQueue`]), the per-thread key-value store ([`ThreadKv`]) and the subagent registry
+//! ([`SubagentRegistry`]).
+
+use async_trait::async_trait;
+use chrono::Utc;
+use keel_core::conversation::LlmMessage;
+use keel_core::{AgentResult, ThreadId};
+use keel_runtime::{
+    AuthContext, ChildThread, HistoryEntry, Lease, QueuedItem, SubagentRegistry, ThreadHistory,
+    ThreadKv, ThreadQueue,
+};
+use serde_json::Value;
+
+use crate::codec::{
+    decode_record, decode_value, encode_all, encode_record, encode_value, execute, from_nanos,
+    from_sql_int, query, query_one, query_opt, to_nanos, to_sql_int,
+};
+use crate::error::doing;
+use crate::leases::{fence, fence_args};
+use crate::PostgresStore;
+
+/// The `INSERT` of `$history` (a `text[]`) after the thread's last entry, for a fenced `WITH`
+/// whose thread is `$2`; `$from` is what must hold for anything to be written.
+macro_rules! append_history {
+    ($history:literal, $from:literal) => {
+        concat!(
+            "INSERT INTO thread_history (tenant, thread_id, seq, body)
+    SELECT $1, $2, (SELECT COALESCE(MAX(seq), 0) FROM thread_history
+                    WHERE tenant = $1 AND thread_id = $2) + h.ord, h.body
+    FROM ",
+            $from,
+            ", unnest(",
+            $history,
+            "::text[]) WITH ORDINALITY AS h(body, ord)"
+        )
+    };
+}
+pub(crate) use append_history;
+
+/// Append `$5` to the thread's history under the fence; whether the fence held, and the seq
+/// of the last entry.
+const APPEND_HISTORY: &str = concat!(
+    "WITH ",
+    fence!(),
+    ", last AS (
+    SELECT COALESCE(MAX(seq), 0) AS seq FROM thread_history WHERE tenant = $1 AND thread_id = $2
+), appended AS (",
+    append_history!("$5", "lease"),
+    ")
+SELECT EXISTS (SELECT 1 FROM lease), (SELECT seq FROM last) + cardinality($5::text[])"
+);
+const READ_HISTORY: &str = "SELECT seq, body FROM thread_history \
+     WHERE tenant = $1 AND thread_id = $2 AND seq > $3 ORDER BY seq LIMIT $4";
+
+/// Number the item with the thread's queue counter (which survives acks, so seqs only grow)
+/// and queue it, in one statement.
+const PUSH: &str = "\
+WITH counter AS (
+    INSERT INTO threads (tenant, thread_id, last_queue_seq) VALUES ($1, $2, 1)
+    ON CONFLICT (tenant, thread_id) DO UPDATE SET last_queue_seq = threads.last_queue_seq + 1
+    RETURNING last_queue_seq
+)
+INSERT INTO thread_queue (tenant, thread_id, seq, id, payload, enqueued_at)
+SELECT $1, $2, last_queue_seq, $3, $4, $5 FROM counter RETURNING seq";
+const PEEK: &str = "SELECT id, seq, payload, enqueued_at FROM thread_queue \
+     WHERE tenant = $1 AND thread_id = $2 ORDER BY seq LIMIT $3";
+/// Remove the items `$5` under the fence; whether it held.
+const ACK: &str = concat!(
+    "WITH ",
+    fence!(),
+    ", acked AS (
+    DELETE FROM thread_queue
+    WHERE tenant = $1 AND thread_id = $2 AND id = ANY($5::text[]) AND EXISTS (SELECT 1 FROM lease)
+)
+SELECT EXISTS (SELECT 1 FROM lease)"
+);
+const QUEUE_LEN: &str = "SELECT count(*) FROM thread_queue WHERE tenant = $1 AND thread_id = $2";
+const TENANT_QUEUE_LEN: &str = "SELECT count(*) FROM thread_queue WHERE tenant = $1";
+const QUEUED_THREADS: &str = "SELECT DISTINCT thread_id FROM thread_queue WHERE tenant = $1";
+
+const KV_GET: &str =
+    "SELECT value FROM thread_kv WHERE tenant = $1 AND thread_id = $2 AND key = $3";
+const KV_DELETE: &str = "DELETE FROM thread_kv WHERE tenant = $1 AND thread_id = $2 AND key = $3";
+/// Lock the thread's counter row, so the key count below is not raced by another writer.
+const KV_LOCK: &str = "\
+INSERT INTO threads (tenant, thread_id) VALUES ($1, $2)
+ON CONFLICT (tenant, thread_id) DO UPDATE SET last_queue_seq = threads.last_queue_seq";
+/// Write a key if it exists or the thread holds fewer than `$5` keys; 0 rows when refused.
+const KV_SET: &str = "\
+INSERT INTO thread_kv (tenant, thread_id, key, value)
+SELECT $1, $2, $3, $4
+WHERE EXISTS (SELECT 1 FROM thread_kv WHERE tenant = $1 AND thread_id = $2 AND key = $3)
+   OR (SELECT count(*) FROM thread_kv WHERE tenant = $1 AND thread_id = $2) < $5
+ON CONFLICT (tenant, thread_id, key) DO UPDATE SET value = excluded.value";
+const KV_KEYS: &str = "SELECT key FROM thread_kv WHERE tenant = $1 AND thread_id = $2 ORDER BY key";
+
+const REGISTER_CHILD: &str = "\
+INSERT INTO subagents (tenant, thread_id, parent_thread_id, created_at, body)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (tenant, thread_id) DO UPDATE SET
+    parent_thread_id = excluded.parent_thread_id, created_at = excluded.created_at,
+    body = excluded.body";
+const CHILDREN: &str = "SELECT thread_id, body FROM subagents \
+     WHERE tenant = $1 AND parent_thread_id = $2 ORDER BY created_at, thread_id";
+const CHILD: &str = "SELECT body FROM subagents WHERE tenant = $1 AND thread_id = $2";
+const CHILD_FOR_UPDATE: &str =
+    "SELECT body FROM subagents WHERE tenant = $1 AND thread_id = $2 FOR UPDATE";
+const SET_CHILD: &str = "UPDATE subagents SET body = $3 WHERE tenant = $1 AND thread_id = $2";
+
+#[async_trait]
+impl ThreadHistory for PostgresStore {
+    async fn append_history(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        messages: &[LlmMessage],
+    ) -> AgentResult<u64> {
+        let bodies = encode_all(messages)?;
+        let (tenant, thread, token, now) = fence_args(auth, lease);
+        let client = self.client().await?;
+        let row = query_one(
+            &client,
+            APPEND_HISTORY,
+            &[&tenant, &thread, &token, &now, &bodies],
+            "appending to a thread's history",
+        )
+        .await?;
+        if !row.get::<_, bool>(0) {
+            return Err(lease.lost());
+        }
+        from_sql_int(row.get(1), "history seq")
+    }
+
+    async fn read_history(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        after_seq: u64,
+        limit: usize,
+    ) -> AgentResult<Vec<HistoryEntry>> {
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            READ_HISTORY,
+            &[
+                &auth.namespace(),
+                &thread_id.as_str(),
+                &to_sql_int(after_seq),
+                &to_sql_int(limit),
+            ],
+            "reading a thread's history",
+        )
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.get(0);
+                Ok(HistoryEntry {
+                    seq: from_sql_int(seq, "history seq")?,
+                    message: decode_record(
+                        row.get(1),
+                        &format!("history entry {seq} of thread {thread_id}"),
+                    )?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The count in the first column of `row`.
+fn count(row: &tokio_postgres::Row) -> usize {
+    usize::try_from(row.get::<_, i64>(0)).unwrap_or(0)
+}
+
+#[async_trait]
+impl ThreadQueue for PostgresStore {
+    async fn push_queue(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        payload: Value,
+    ) -> AgentResult<QueuedItem> {
+        let text = encode_value(&payload)?;
+        let id = uuid::Uuid::now_v7().to_string();
+        let enqueued_at = Utc::now();
+        let client = self.client().await?;
+        let row = query_one(
+            &client,
+            PUSH,
+            &[
+                &auth.namespace(),
+                &thread_id.as_str(),
+                &id,
+                &text,
+                &to_nanos(enqueued_at),
+            ],
+            "queueing an item",
+        )
+        .await?;
+        Ok(QueuedItem {
+            id,
+            seq: from_sql_int(row.get(0), "queue seq")?,
+            payload,
+            enqueued_at,
+        })
+    }
+
+    async fn peek_queue(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        limit: usize,
+    ) -> AgentResult<Vec<QueuedItem>> {
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            PEEK,
+            &[&auth.namespace(), &thread_id.as_str(), &to_sql_int(limit)],
+            "reading a thread's queue",
+        )
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let id: String = row.get(0);
+                Ok(QueuedItem {
+                    payload: decode_value(row.get(2), &format!("queued item {id}"))?,
+                    seq: from_sql_int(row.get(1), "queue seq")?,
+                    enqueued_at: from_nanos(row.get(3)),
+                    id,
+                })
+            })
+            .collect()
+    }
+
+    async fn ack_queue(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ids: &[String],
+    ) -> AgentResult<()> {
+        let (tenant, thread, token, now) = fence_args(auth, lease);
+        let client = self.client().await?;
+        let row = query_one(
+            &client,
+            ACK,
+            &[&tenant, &thread, &token, &now, &ids],
+            "acknowledging queued items",
+        )
+        .await?;
+        if !row.get::<_, bool>(0) {
+            return Err(lease.lost());
+        }
+        Ok(())
+    }
+
+    async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
+        let client = self.client().await?;
+        let row = query_one(
+            &client,
+            QUEUE_LEN,
+            &[&auth.namespace(), &thread_id.as_str()],
+            "counting a thread's queue",
+        )
+        .await?;
+        Ok(count(&row))
+    }
+
+    async fn tenant_queue_len(&self, auth: &AuthContext) -> AgentResult<usize> {
+        let client = self.client().await?;
+        let row = query_one(
+            &client,
+            TENANT_QUEUE_LEN,
+            &[&auth.namespace()],
+            "counting a tenant's queued work",
+        )
+        .await?;
+        Ok(count(&row))
+    }
+
+    async fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>> {
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            QUEUED_THREADS,
+            &[&auth.namespace()],
+            "listing the threads with queued work",
+        )
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|row| ThreadId::from(row.get::<_, String>(0)))
+            .collect())
+    }
+}
+
+#[async_trait]
+impl ThreadKv for PostgresStore {
+    async fn kv_get(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        key: &str,
+    ) -> AgentResult<Option<Value>> {
+        let client = self.client().await?;
+        let row = query_opt(
+            &client,
+            KV_GET,
+            &[&auth.namespace(), &thread_id.as_str(), &key],
+            "reading a thread key",
+        )
+        .await?;
+        row.map(|row| decode_value(row.get(0), &format!("key `{key}` of thread {thread_id}")))
+            .transpose()
+    }
+
+    async fn kv_set(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        key: &str,
+        value: Value,
+    ) -> AgentResult<()> {
+        let (tenant, thread) = (auth.namespace(), thread_id.as_str());
+        let mut client = self.client().await?;
+        if value.is_null() {
+            execute(
+                &client,
+                KV_DELETE,
+                &[&tenant, &thread, &key],
+                "deleting a thread key",
+            )
+            .await?;
+            return Ok(());
+        }
+        // Size caps are checked by `keel_runtime::Validated`; the key count needs the lock.
+        let text = encode_value(&value)?;
+        let limits = self.kv_limits();
+        let tx = client
+            .transaction()
+            .await
+            .map_err(doing("writing a thread key"))?;
+        execute(&tx, KV_LOCK, &[&tenant, &thread], "writing a thread key").await?;
+        let written = execute(
+            &tx,
+            KV_SET,
+            &[&tenant, &thread, &key, &text, &to_sql_int(limits.max_keys)],
+            "writing a thread key",
+        )
+        .await?;
+        if written == 0 {
+            return Err(limits.too_many_keys());
+        }
+        tx.commit().await.map_err(doing("writing a thread key"))
+    }
+
+    async fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>> {
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            KV_KEYS,
+            &[&auth.namespace(), &thread_id.as_str()],
+            "listing a thread's keys",
+        )
+        .await?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+}
+
+#[async_trait]
+impl SubagentRegistry for PostgresStore {
+    async fn register_child(&self, auth: &AuthContext, child: &ChildThread) -> AgentResult<()> {
+        let body = encode_record(child)?;
+        let client = self.client().await?;
+        execute(
+            &client,
+            REGISTER_CHILD,
+            &[
+                &auth.namespace(),
+                &child.thread_id.as_str(),
+                &child.parent_thread_id.as_str(),
+                &to_nanos(child.created_at),
+                &body,
+            ],
+            "registering a subagent",
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn children(
+        &self,
+        auth: &AuthContext,
+        parent: &ThreadId,
+    ) -> AgentResult<Vec<ChildThread>> {
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            CHILDREN,
+            &[&auth.namespace(), &parent.as_str()],
+            "listing subagents",
+        )
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let thread_id: &str = row.get(0);
+                decode_record(row.get(1), &format!("subagent {thread_id}"))
+            })
+            .collect()
+    }
+
+    async fn child(
+        &self,
+        auth: &AuthContext,
+        child: &ThreadId,
+    ) -> AgentResult<Option<ChildThread>> {
+        let client = self.client().await?;
+        let row = query_opt(
+            &client,
+            CHILD,
+            &[&auth.namespace(), &child.as_str()],
+            "reading a subagent",
+        )
+        .await?;
+        row.map(|row| decode_record(row.get(0), &format!("subagent {child}")))
+            .transpose()
+    }
+
+    async fn set_child_status(
+        &self,
+        auth: &AuthContext,
+        child: &ThreadId,
+        status: &str,
+    ) -> AgentResult<()> {
+        let (tenant, thread) = (auth.namespace(), child.as_str());
+        let mut client = self.client().await?;
+        // Read, change and write back under the row's lock, so no concurrent update is lost.
+        let tx = client
+            .transaction()
+            .await
+            .map_err(doing("updating a subagent's status"))?;
+        let row = query_opt(
+            &tx,
+            CHILD_FOR_UPDATE,
+            &[&tenant, &thread],
+            "updating a subagent's status",
+        )
+        .await?;
+        let Some(row) = row else {
+            return Err(ChildThread::not_registered(child));
+        };
+        let mut entry: ChildThread = decode_record(row.get(0), &format!("subagent {child}"))?;
+        entry.status = status.to_owned();
+        let body = encode_record(&entry)?;
+        execute(
+            &tx,
+            SET_CHILD,
+            &[&tenant, &thread, &body],
+            "updating a subagent's status",
+        )
+        .await?;
+        tx.commit()
+            .await
+            .map_err(doing("updating a subagent's status"))
+    }
+}
