@@ -303,7 +303,7 @@ struct SourceArgs {
     #[arg(long, env = "KEEL_CONFIG")]
     config: Option<PathBuf>,
     /// Where tasks and runs are kept, over the file's `[server] store`: `sqlite:PATH`,
-    /// `redis://HOST:PORT` or `memory`.
+    /// `redis://HOST:PORT`, `postgres://HOST/DATABASE` or `memory`.
     #[arg(long, env = "KEEL_STORE")]
     store: Option<String>,
     /// Prefix of every Redis key, over the file's.
@@ -404,8 +404,9 @@ struct RunOnceArgs {
 /// their own (`keel serve`, `keel run-once`).
 #[derive(Debug, Args)]
 struct EngineArgs {
-    /// Where tasks and threads are kept: `sqlite:PATH`, `redis://HOST:PORT` (shared by several
-    /// processes) or `memory` (forgets everything at exit).
+    /// Where tasks and threads are kept: `sqlite:PATH`, `redis://HOST:PORT` or
+    /// `postgres://HOST/DATABASE` (shared by several processes) or `memory` (forgets
+    /// everything at exit).
     #[arg(long, default_value = "sqlite:./keel.db", env = "KEEL_STORE")]
     store: String,
     /// Prefix of every Redis key, to keep deployments sharing one Redis apart.

@@ -36,6 +36,9 @@ pub use keel_runtime as services;
 /// Sandboxed code execution (feature `sandbox`).
 #[cfg(feature = "sandbox")]
 pub use keel_sandbox as sandbox;
+/// The PostgreSQL store (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use keel_store_postgres as postgres;
 /// The Redis store (feature `redis`).
 #[cfg(feature = "redis")]
 pub use keel_store_redis as redis;

@@ -20,7 +20,11 @@ use keel_transport::{A2aServer, AgentsServer};
 /// use keel::StoreConfig;
 /// assert_eq!(StoreConfig::parse("memory")?, StoreConfig::Memory);
 /// assert_eq!(StoreConfig::parse("sqlite:./keel.db")?, StoreConfig::Sqlite("./keel.db".into()));
-/// assert!(StoreConfig::parse("postgres://x").is_err());
+/// assert_eq!(
+///     StoreConfig::parse("postgres://db/keel")?,
+///     StoreConfig::Postgres { url: "postgres://db/keel".into() }
+/// );
+/// assert!(StoreConfig::parse("mysql://x").is_err());
 /// # Ok::<(), keel::core::AgentError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +41,11 @@ pub enum StoreConfig {
         /// Prefix of every key (`keel:` by default).
         prefix: String,
     },
+    /// A PostgreSQL database shared by several processes (feature `postgres`).
+    Postgres {
+        /// `postgres://[user[:password]@]host[:port]/database[?sslmode=...]`.
+        url: String,
+    },
 }
 
 impl StoreConfig {
@@ -45,7 +54,8 @@ impl StoreConfig {
         StoreConfig::Sqlite(PathBuf::from("./keel.db"))
     }
 
-    /// Parse `memory`, `sqlite:PATH` or `redis://…` / `rediss://…`.
+    /// Parse `memory`, `sqlite:PATH`, `redis://…` / `rediss://…` or `postgres://…` /
+    /// `postgresql://…`.
     pub fn parse(spec: &str) -> AgentResult<Self> {
         if spec == "memory" {
             Ok(StoreConfig::Memory)
@@ -62,10 +72,17 @@ impl StoreConfig {
                 url: spec.to_owned(),
                 prefix: "keel:".into(),
             })
+        } else if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+            Ok(StoreConfig::Postgres {
+                url: spec.to_owned(),
+            })
         } else {
             Err(AgentError::invalid_input(
                 "store",
-                format!("`{spec}` is not a store; use memory, sqlite:PATH or redis://HOST:PORT"),
+                format!(
+                    "`{spec}` is not a store; use memory, sqlite:PATH, redis://HOST:PORT or \
+                     postgres://HOST/DATABASE"
+                ),
             ))
         }
     }
@@ -290,11 +307,15 @@ impl DefaultRuntimeBuilder {
                 .await?
                 .with_prefix(prefix)
                 .services(llm),
+            #[cfg(feature = "postgres")]
+            StoreConfig::Postgres { url } => keel_store_postgres::PostgresStore::connect(&url)
+                .await?
+                .services(llm),
             #[allow(unreachable_patterns)] // reachable exactly when a store feature is off
             other => {
                 return Err(AgentError::Unsupported {
                     what: format!(
-                    "store {other:?}: this build of Keel lacks its Cargo feature (sqlite / redis)"
+                    "store {other:?}: this build of Keel lacks its Cargo feature (sqlite / redis / postgres)"
                 ),
                 })
             }

@@ -37,7 +37,8 @@ pub struct ServerConfig {
     /// The URL clients use, when it differs from the listening address (behind a proxy).
     #[serde(default)]
     pub public_url: Option<EnvString>,
-    /// Where tasks and threads are kept: `sqlite:PATH`, `redis://HOST:PORT` or `memory`.
+    /// Where tasks and threads are kept: `sqlite:PATH`, `redis://HOST:PORT`,
+    /// `postgres://HOST/DATABASE` or `memory`.
     #[serde(default = "default_store")]
     pub store: EnvString,
     /// Prefix of every Redis key.
