@@ -1,7 +1,9 @@
 //! The engine's rules, proven on every backend the engine can run on: the same tests run
-//! against the in-memory store, against SQLite (a real file) and against Redis (the server at
-//! `REDIS_URL`, default `redis://127.0.0.1:6379`, each test under its own key prefix). The
-//! cross-process rules are also proven on Redis by keel-cli's multi-process tests.
+//! against the in-memory store, against SQLite (a real file), against Redis (the server at
+//! `REDIS_URL`, default `redis://127.0.0.1:6379`, each test under its own key prefix) and
+//! against PostgreSQL (the server at `KEEL_POSTGRES_URL`, each test in its own schema). The
+//! cross-process rules are also proven on Redis and PostgreSQL by keel-cli's multi-process
+//! tests.
 
 use std::sync::Arc;
 
@@ -214,6 +216,91 @@ mod redis {
                 // Not a rule failure, and a panic here could abort the runtime's shutdown;
                 // the next run's sweep deletes them once they are stale.
                 eprintln!("could not delete the test's keys under {}", self.prefix);
+            }
+        }
+    }
+
+    rules!();
+}
+
+mod postgres {
+    //! PostgreSQL: the server at `KEEL_POSTGRES_URL`, which CI always provides (`cargo xtask
+    //! ci` starts one when none answers); without one every test here fails naming it.
+
+    use super::*;
+
+    use std::sync::OnceLock;
+
+    use keel_core::AgentResult;
+    use keel_runtime::{AuthContext, AuthService, Credentials};
+    use keel_store_postgres::testing::TestSchema;
+
+    /// A runtime of its own that outlives every test: the rule tests each build their own
+    /// tokio runtime, while `runtime()` is synchronous, so schemas are made and dropped here.
+    fn driver() -> &'static tokio::runtime::Runtime {
+        static DRIVER: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+        DRIVER.get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("a tokio runtime for the PostgreSQL schemas")
+        })
+    }
+
+    /// Run `work` on the driver, from inside a test's runtime (where `block_on` is refused).
+    fn on_driver<T: Send + 'static>(
+        work: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> T {
+        let driver = driver().handle().clone();
+        std::thread::spawn(move || driver.block_on(work))
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    }
+
+    /// A runtime wired as `DefaultRuntime` wires PostgreSQL, in a fresh schema that is
+    /// dropped when the last handle on the runtime goes.
+    pub(crate) fn runtime() -> Arc<dyn Runtime> {
+        let (schema, store) = on_driver(async {
+            let schema = TestSchema::new().await?;
+            let store = schema.store().await?;
+            AgentResult::Ok((schema, store))
+        })
+        .unwrap_or_else(|err| {
+            panic!("the engine's PostgreSQL rule tests need a server at KEEL_POSTGRES_URL: {err}")
+        });
+        let mut services = store.services(Arc::new(MockLlm::new()));
+        services.auth = Arc::new(SchemaCleanup {
+            auth: services.auth,
+            schema: Some(schema),
+        });
+        Arc::new(services)
+    }
+
+    /// The services' caller, which also drops the test's schema when it goes (with the last
+    /// handle on the runtime).
+    struct SchemaCleanup {
+        auth: Arc<dyn AuthService>,
+        schema: Option<TestSchema>,
+    }
+
+    impl AuthService for SchemaCleanup {
+        fn auth_context(&self) -> AuthContext {
+            self.auth.auth_context()
+        }
+        fn authenticate(&self, credentials: &Credentials) -> AgentResult<Option<AuthContext>> {
+            self.auth.authenticate(credentials)
+        }
+    }
+
+    impl Drop for SchemaCleanup {
+        fn drop(&mut self) {
+            if let Some(schema) = self.schema.take() {
+                let name = schema.name.clone();
+                if on_driver(schema.drop_schema()).is_err() {
+                    // Not a rule failure; a panic here could abort the runtime's shutdown.
+                    eprintln!("could not drop the test schema {name}");
+                }
             }
         }
     }

@@ -41,6 +41,48 @@ pub(crate) fn fence_args(auth: &AuthContext, lease: &Lease) -> (String, String, 
     )
 }
 
+/// How many stripes [`WriteOrder`] has: enough that unrelated threads rarely share one.
+const STRIPES: usize = 256;
+
+/// Keeps the order in which this process sends a thread's lease operations around a release.
+///
+/// The engine acknowledges a thread's last queued item and releases its lease together,
+/// sent in that order (one pipeline on Redis, one writer thread on SQLite). A pool runs the
+/// two on different connections, where the release could commit first and the fenced
+/// acknowledgement then be refused. So every other lease operation (taking, renewing, a
+/// fenced write) holds a shared guard of its thread's stripe while it runs and a release
+/// takes it exclusively. Tokio's lock queues them fairly: a release waits for the operations
+/// sent before it, and those sent after it (a write, which is then refused as a write after a
+/// release must be; a take, which then finds the thread free) wait for it.
+pub(crate) struct WriteOrder(Box<[tokio::sync::RwLock<()>]>);
+
+impl WriteOrder {
+    pub(crate) fn new() -> Self {
+        Self((0..STRIPES).map(|_| tokio::sync::RwLock::new(())).collect())
+    }
+
+    fn stripe(&self, tenant: &str, thread: &str) -> &tokio::sync::RwLock<()> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (tenant, thread).hash(&mut hasher);
+        &self.0[(hasher.finish() % STRIPES as u64) as usize]
+    }
+
+    /// The guard a lease operation other than a release holds while it runs.
+    pub(crate) async fn shared(
+        &self,
+        tenant: &str,
+        thread: &str,
+    ) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.stripe(tenant, thread).read().await
+    }
+
+    /// The guard a release of the thread's lease holds while it runs.
+    async fn exclusive(&self, tenant: &str, thread: &str) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.stripe(tenant, thread).write().await
+    }
+}
+
 /// Create the thread's counter row if need be and lock it until the transaction ends.
 const LOCK_THREAD: &str = "\
 INSERT INTO threads (tenant, thread_id) VALUES ($1, $2)
@@ -74,6 +116,7 @@ impl ThreadLeases for PostgresStore {
     ) -> AgentResult<Option<Lease>> {
         let ttl = lease_ttl(ttl)?;
         let (tenant, thread) = (auth.namespace(), thread_id.as_str());
+        let _in_order = self.order.shared(&tenant, thread).await;
         let mut client = self.client().await?;
         let tx = client
             .transaction()
@@ -116,6 +159,7 @@ impl ThreadLeases for PostgresStore {
         let ttl = lease_ttl(ttl)?;
         let (tenant, thread, token, now) = fence_args(auth, lease);
         let expires_at = from_nanos(now) + ttl;
+        let _in_order = self.order.shared(&tenant, &thread).await;
         let client = self.client().await?;
         let renewed = execute(
             &client,
@@ -136,15 +180,13 @@ impl ThreadLeases for PostgresStore {
     async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {
         // Only the current holder's lease goes: releasing a stale lease must not free the
         // thread under its new holder.
+        let (tenant, thread) = (auth.namespace(), lease.thread_id.as_str());
+        let _after_writes = self.order.exclusive(&tenant, thread).await;
         let client = self.client().await?;
         execute(
             &client,
             RELEASE,
-            &[
-                &auth.namespace(),
-                &lease.thread_id.as_str(),
-                &to_sql_int(lease.token),
-            ],
+            &[&tenant, &thread, &to_sql_int(lease.token)],
             "releasing a lease",
         )
         .await?;

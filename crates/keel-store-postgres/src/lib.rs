@@ -39,6 +39,9 @@
 //!   was taken over gets [`AgentError::LeaseLost`](keel_core::AgentError::LeaseLost) and
 //!   writes nothing, and a takeover waits for the write in flight.
 //! - A persisted step (history entries and task events) is one transaction.
+//! - Within a process, a lease's release waits for the fenced writes sent before it (the
+//!   engine acknowledges a thread's last item and releases its lease together, in that
+//!   order, and a pool would otherwise run them on two connections in either order).
 //! - Taking a lease locks the thread's counter row, so two processes never both see a thread
 //!   free; the fencing token only grows.
 //! - Due timers are claimed with `FOR UPDATE SKIP LOCKED`: concurrent schedulers claim
@@ -106,6 +109,8 @@ pub struct PostgresStore {
     kv_limits: KvLimits,
     /// `host:port/db`, for logs (never the password).
     server: Arc<str>,
+    /// The order of each lease's writes and release within this process.
+    order: Arc<leases::WriteOrder>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -159,6 +164,7 @@ impl PostgresStore {
             pool,
             kv_limits: KvLimits::DEFAULT,
             server: Arc::from(server),
+            order: Arc::new(leases::WriteOrder::new()),
         };
         let mut client = store.client().await?;
         schema::migrate(&mut client).await?;

@@ -46,6 +46,7 @@ impl StepStore for PostgresStore {
         let history = encode_all(history)?;
         let events = encode_all(events)?;
         let (tenant, thread, token, now) = fence_args(auth, lease);
+        let _in_order = self.order.shared(&tenant, &thread).await;
         let client = self.client().await?;
         let row = query_one(
             &client,

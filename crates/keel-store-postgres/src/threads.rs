@@ -118,6 +118,7 @@ impl ThreadHistory for PostgresStore {
     ) -> AgentResult<u64> {
         let bodies = encode_all(messages)?;
         let (tenant, thread, token, now) = fence_args(auth, lease);
+        let _in_order = self.order.shared(&tenant, &thread).await;
         let client = self.client().await?;
         let row = query_one(
             &client,
@@ -239,6 +240,7 @@ impl ThreadQueue for PostgresStore {
         ids: &[String],
     ) -> AgentResult<()> {
         let (tenant, thread, token, now) = fence_args(auth, lease);
+        let _in_order = self.order.shared(&tenant, &thread).await;
         let client = self.client().await?;
         let row = query_one(
             &client,
