@@ -1,8 +1,8 @@
 //! Scheduled effects and recovery across restarts and processes: a timer scheduled by one
 //! executor fires in the next one built on the same SQLite file; two executors sharing one
-//! Redis fire each due timer exactly once; `recover_all` resumes a tenant other than the
-//! default one; a message a stopped process left in an idle thread's queue runs in the next
-//! process (SQLite and Redis) through its wake.
+//! Redis or PostgreSQL fire each due timer exactly once; `recover_all` resumes a tenant other
+//! than the default one; a message a stopped process left in an idle thread's queue runs in
+//! the next process (SQLite, Redis and PostgreSQL) through its wake.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -15,6 +15,7 @@ use keel_core::{AgentCard, Message, Task, TaskState, ThreadId};
 use keel_llm::MockLlm;
 use keel_runtime::testing::eventually;
 use keel_runtime::{AuthContext, Runtime};
+use keel_store_postgres::testing::TestSchema;
 use serde_json::{json, Value};
 
 fn card() -> AgentCard {
@@ -230,8 +231,38 @@ async fn clean_up(prefix: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn two_executors_on_one_redis_fire_each_due_effect_exactly_once() {
     let prefix = format!("keel-test-{}:", uuid::Uuid::new_v4().simple());
-    let counts = Counts::default();
     let (a_runtime, b_runtime) = (redis_runtime(&prefix).await, redis_runtime(&prefix).await);
+    two_executors_fire_each_due_effect_exactly_once(a_runtime, b_runtime).await;
+    clean_up(&prefix).await;
+}
+
+/// A runtime on the test PostgreSQL server's `schema`.
+async fn postgres_runtime(schema: &TestSchema) -> Arc<dyn Runtime> {
+    let store = schema
+        .store()
+        .await
+        .expect("the PostgreSQL tests need a server");
+    Arc::new(store.services(Arc::new(MockLlm::new())))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_executors_on_one_postgres_fire_each_due_effect_exactly_once() {
+    let schema = TestSchema::new().await.unwrap();
+    let (a_runtime, b_runtime) = (
+        postgres_runtime(&schema).await,
+        postgres_runtime(&schema).await,
+    );
+    two_executors_fire_each_due_effect_exactly_once(a_runtime, b_runtime).await;
+    schema.drop_schema().await.unwrap();
+}
+
+/// Two executors (two processes) on one store, each scheduling half of a dozen effects due
+/// at once: every effect fires exactly once.
+async fn two_executors_fire_each_due_effect_exactly_once(
+    a_runtime: Arc<dyn Runtime>,
+    b_runtime: Arc<dyn Runtime>,
+) {
+    let counts = Counts::default();
     let a = AgentExecutor::new(agent(counts.clone()), a_runtime.clone());
     let b = AgentExecutor::new(agent(counts.clone()), b_runtime);
     a.start_effects().unwrap();
@@ -292,7 +323,6 @@ async fn two_executors_on_one_redis_fire_each_due_effect_exactly_once() {
     );
     a.shutdown().await;
     b.shutdown().await;
-    clean_up(&prefix).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -363,6 +393,17 @@ async fn a_message_left_by_one_redis_process_runs_in_another() {
     )
     .await;
     clean_up(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_left_by_one_postgres_process_runs_in_another() {
+    let schema = TestSchema::new().await.unwrap();
+    left_behind_message_runs_in_the_next_process(
+        postgres_runtime(&schema).await,
+        postgres_runtime(&schema).await,
+    )
+    .await;
+    schema.drop_schema().await.unwrap();
 }
 
 /// A message queued on an idle thread by a process that stops before running it is run by
