@@ -68,11 +68,13 @@ pub fn run() -> ExitCode {
         started: Instant::now(),
         done: Vec::new(),
     };
-    // `redis` lives until the end of this function, so a server we started is
+    // `redis` and `postgres` live until the end of this function, so a server we started is
     // killed on success and on failure alike.
     let mut redis = None;
-    let result = steps(&mut runner, &mut redis);
+    let mut postgres = None;
+    let result = steps(&mut runner, &mut redis, &mut postgres);
     drop(redis);
+    drop(postgres);
     runner.summary();
     match result {
         Ok(()) => {
@@ -87,7 +89,11 @@ pub fn run() -> ExitCode {
 }
 
 /// The steps, in order.
-fn steps(r: &mut Runner, redis: &mut Option<crate::redis::Redis>) -> Result<(), String> {
+fn steps(
+    r: &mut Runner,
+    redis: &mut Option<crate::redis::Redis>,
+    postgres: &mut Option<crate::postgres::Postgres>,
+) -> Result<(), String> {
     r.step("cargo fmt --check", || {
         exec(cargo(&[]).args(["fmt", "--all", "--", "--check"]))
     })?;
@@ -139,6 +145,12 @@ fn steps(r: &mut Runner, redis: &mut Option<crate::redis::Redis>) -> Result<(), 
             }
             None => Ok(Some("no Redis available".to_owned())),
         }
+    })?;
+    r.step("postgres", || {
+        let found = crate::postgres::ensure()?;
+        test_env.push((crate::postgres::URL_VAR, found.url.clone().into()));
+        *postgres = Some(found);
+        Ok(None)
     })?;
 
     r.step("cargo test (workspace, all features)", || {

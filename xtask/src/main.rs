@@ -6,6 +6,7 @@ mod fuzz;
 mod instructions;
 mod layers;
 mod mcp;
+mod postgres;
 mod py_sdk;
 mod redis;
 mod tidy;
@@ -141,6 +142,15 @@ fn bench(args: &[String]) -> ExitCode {
         .map(|r| ("REDIS_URL", r.url.clone().into()))
         .into_iter()
         .collect();
+    // The stores bench measures PostgreSQL too when one answers or can be started.
+    let postgres = postgres::ensure()
+        .inspect_err(|e| println!("WARNING: {e}; no PostgreSQL rows"))
+        .ok();
+    env.extend(
+        postgres
+            .as_ref()
+            .map(|p| (postgres::URL_VAR, p.url.clone().into())),
+    );
     // The A2A bench runs binaries (servers, wrk) rather than linking what it measures.
     let prepare = match named.map(|b| b.name) {
         Some("a2a") => Some(a2a::prepare as fn() -> Result<_, String>),
@@ -173,6 +183,7 @@ fn bench(args: &[String]) -> ExitCode {
         outcome = instructions::engine_per_step();
     }
     drop(redis);
+    drop(postgres);
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
