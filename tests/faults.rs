@@ -603,6 +603,17 @@ impl Store {
         }
     }
 
+    /// A fresh schema of the PostgreSQL at `KEEL_POSTGRES_URL` (left behind at the end, in
+    /// the throwaway test database).
+    async fn postgres() -> Store {
+        let (schema, args) = support::postgres_store().await;
+        Store {
+            args,
+            config: StoreConfig::Postgres { url: schema.url },
+            _dir: None,
+        }
+    }
+
     async fn open(&self) -> DefaultRuntime {
         DefaultRuntime::builder()
             .store(self.config.clone())
@@ -956,6 +967,13 @@ async fn kills_under_load_on_redis_lose_and_repeat_nothing() {
     kill_under_load_and_recover(Store::redis(), seed).await;
 }
 
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn kills_under_load_on_postgres_lose_and_repeat_nothing() {
+    let seed = seed("postgres kill under load");
+    kill_under_load_and_recover(Store::postgres().await, seed).await;
+}
+
 // ---------------------------------------------------------------------------------------
 // The store restarted under load
 
@@ -1115,11 +1133,23 @@ async fn a_redis_restart_under_load_loses_no_acknowledged_task_and_runs_no_tool_
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread")]
 async fn a_live_replica_takes_over_a_killed_replicas_running_and_queued_tasks() {
+    a_live_replica_takes_over(Store::redis()).await;
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgres_a_live_replica_takes_over_a_killed_replicas_running_and_queued_tasks() {
+    a_live_replica_takes_over(Store::postgres().await).await;
+}
+
+/// Two replicas on `store`; the one that accepted every task is killed mid-run and the other
+/// finishes each task with each tool call run once.
+#[cfg(unix)]
+async fn a_live_replica_takes_over(store: Store) {
     let seed = seed("replica takeover");
     let mut rng = fastrand::Rng::with_seed(seed);
     let dir = tempfile::tempdir().unwrap();
     let journal = dir.path().join("journal.txt");
-    let store = Store::redis();
     let model = ScriptedModel::start(STEPS).await;
     model.hold.send_replace(true);
     let a = serve(&store, &model, &journal, &[]);

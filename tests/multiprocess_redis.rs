@@ -3,8 +3,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use keel::core::ThreadId;
 use keel::services::{AuthContext, ThreadHistory};
 use support::{redis_url, uuid_like, KeelServer, Rpc};
@@ -19,37 +17,7 @@ fn two_servers(prefix: &str) -> (KeelServer, KeelServer) {
 async fn a_task_accepted_by_one_process_is_read_and_canceled_through_the_other() {
     let prefix = format!("keel-test-{}:", uuid_like());
     let (a, b) = two_servers(&prefix);
-    let (rpc_a, rpc_b) = (Rpc::new(&a), Rpc::new(&b));
-    let task = rpc_a.send(r#"/sleep {"seconds": 300}"#, None, true).await;
-    let id = task["id"].as_str().unwrap().to_owned();
-    let seen = rpc_b.get(&id).await;
-    assert_eq!(
-        seen["id"],
-        id.as_str(),
-        "process B reads the task process A accepted: {seen}"
-    );
-    // Wait until A is running it, then cancel through B: A's run must stop.
-    rpc_b
-        .wait_for(&id, Duration::from_secs(10), |s| s == "TASK_STATE_WORKING")
-        .await;
-    let canceled = rpc_b
-        .call(
-            "CancelTask",
-            serde_json::json!({"id": id, "metadata": {"reason": "from B"}}),
-        )
-        .await;
-    assert_eq!(
-        canceled["result"]["status"]["state"], "TASK_STATE_CANCELED",
-        "{canceled}"
-    );
-    let on_a = rpc_a.get(&id).await;
-    assert_eq!(on_a["status"]["state"], "TASK_STATE_CANCELED");
-    assert_eq!(on_a["metadata"]["keel"]["cancelReason"], "from B");
-    // Exactly one final status: a second cancel is refused.
-    let again = rpc_a
-        .call("CancelTask", serde_json::json!({"id": id}))
-        .await;
-    assert_eq!(again["error"]["code"], -32002, "{again}");
+    support::accepted_by_one_canceled_through_the_other(&a, &b).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,4 +1,4 @@
-//! Two `keel serve` processes on one Redis: a client subscribes (SSE `SubscribeToTask`) on one
+//! Two `keel serve` processes on one Redis (and on one PostgreSQL): a client subscribes (SSE `SubscribeToTask`) on one
 //! process to a task running on the other, cancels it through the first, and sees exactly one
 //! final `canceled` status before the stream ends.
 
@@ -31,8 +31,24 @@ async fn subscribing_on_one_process_to_a_task_on_the_other_and_canceling_ends_wi
 ) {
     let prefix = format!("keel-test-{}:", uuid_like());
     let url = redis_url();
-    let args = ["--store", url.as_str(), "--redis-prefix", prefix.as_str()];
-    let (runner, watcher) = (KeelServer::start_with(&args), KeelServer::start_with(&args));
+    subscribe_on_one_and_cancel(&["--store", url.as_str(), "--redis-prefix", prefix.as_str()])
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgres_subscribing_on_one_process_to_a_task_on_the_other_and_canceling_ends_with_one_canceled_event(
+) {
+    let (schema, args) = support::postgres_store().await;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    subscribe_on_one_and_cancel(&args).await;
+    schema.drop_schema().await.unwrap();
+}
+
+/// Two `keel serve` processes with `args` (one store): a task runs on one, a client
+/// subscribes on the other and cancels through it, and sees exactly one final `canceled`
+/// status before the stream ends.
+async fn subscribe_on_one_and_cancel(args: &[&str]) {
+    let (runner, watcher) = (KeelServer::start_with(args), KeelServer::start_with(args));
     let (rpc_runner, rpc_watcher) = (Rpc::new(&runner), Rpc::new(&watcher));
 
     // The task runs on `runner`.

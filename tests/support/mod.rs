@@ -20,6 +20,52 @@ mod py_sdk;
 #[path = "../../xtask/src/redis.rs"]
 mod redis;
 
+/// A fresh schema on the PostgreSQL at `KEEL_POSTGRES_URL` (which CI always provides) and the
+/// `--store` arguments of `keel serve` processes sharing it.
+pub async fn postgres_store() -> (keel_store_postgres::testing::TestSchema, Vec<String>) {
+    let schema = keel_store_postgres::testing::TestSchema::new()
+        .await
+        .unwrap_or_else(|err| panic!("{err}"));
+    let args = vec!["--store".to_owned(), schema.url.clone()];
+    (schema, args)
+}
+
+/// Through two processes on one store: a task accepted by `a` is read through `b`, and a
+/// cancel through `b` stops `a`'s run, leaving exactly one final status.
+pub async fn accepted_by_one_canceled_through_the_other(a: &KeelServer, b: &KeelServer) {
+    let (rpc_a, rpc_b) = (Rpc::new(a), Rpc::new(b));
+    let task = rpc_a.send(r#"/sleep {"seconds": 300}"#, None, true).await;
+    let id = task["id"].as_str().unwrap().to_owned();
+    let seen = rpc_b.get(&id).await;
+    assert_eq!(
+        seen["id"],
+        id.as_str(),
+        "process B reads the task process A accepted: {seen}"
+    );
+    // Wait until A is running it, then cancel through B: A's run must stop.
+    rpc_b
+        .wait_for(&id, Duration::from_secs(10), |s| s == "TASK_STATE_WORKING")
+        .await;
+    let canceled = rpc_b
+        .call(
+            "CancelTask",
+            serde_json::json!({"id": id, "metadata": {"reason": "from B"}}),
+        )
+        .await;
+    assert_eq!(
+        canceled["result"]["status"]["state"], "TASK_STATE_CANCELED",
+        "{canceled}"
+    );
+    let on_a = rpc_a.get(&id).await;
+    assert_eq!(on_a["status"]["state"], "TASK_STATE_CANCELED");
+    assert_eq!(on_a["metadata"]["keel"]["cancelReason"], "from B");
+    // Exactly one final status: a second cancel is refused.
+    let again = rpc_a
+        .call("CancelTask", serde_json::json!({"id": id}))
+        .await;
+    assert_eq!(again["error"]["code"], -32002, "{again}");
+}
+
 /// A running `keel serve`, killed when dropped.
 pub struct KeelServer {
     child: Child,
