@@ -105,7 +105,16 @@ pub(crate) async fn after_call(
             input_tokens: response.usage.input_tokens,
             output_tokens,
             latency_ms: Some(called.elapsed().as_millis() as u64),
-            finish_reason: None,
+            // Why the model stopped, as the answer shows it (providers' own reasons are not
+            // carried by `LlmResponse`): it asked for tools, or it answered.
+            finish_reason: Some(
+                if response.tool_calls.is_empty() {
+                    "stop"
+                } else {
+                    "tool_calls"
+                }
+                .to_owned(),
+            ),
         })
         .step(site.step),
     )

@@ -78,8 +78,16 @@ impl RunObs {
                 report.record(event);
             }
         }
+        if let Some(step) = earlier.iter().filter_map(|e| e.step).max() {
+            self.emitter.spans().resume_at_step(step);
+        }
         self.emitter = self.emitter.continuing_after(last);
         self
+    }
+
+    /// The run's span ids.
+    pub(crate) fn spans(&self) -> &keel_events::RunSpans {
+        self.emitter.spans()
     }
 
     /// Note an artifact update already in the task's log.

@@ -32,9 +32,47 @@ pub struct ToolContext {
     /// Whether `task_id` is a stored task whose log takes artifacts (a run's), rather than
     /// the id of a direct call that has no task.
     pub(crate) in_task: bool,
+    /// The tool call being made with this context, when there is one: its span in the
+    /// run's trace and its action's id (a delegation it makes hangs under both).
+    pub(crate) call: Option<(keel_core::SpanId, keel_core::ActionId)>,
 }
 
 impl ToolContext {
+    /// The context for one tool call: this one, knowing the call's span and action.
+    pub(crate) fn for_call(&self, span: keel_core::SpanId, action: keel_core::ActionId) -> Self {
+        Self {
+            call: Some((span, action)),
+            ..self.clone()
+        }
+    }
+
+    /// The run context for work this tool call delegates to `agent` (a remote agent, a
+    /// subagent): a child of the calling run ([`RunContext::child`]) whose run span hangs
+    /// under this call's span in the same trace, with the call's action id as its
+    /// `delegation_id`. Outside a tool call, the plain child.
+    pub fn delegated_run(&self, agent: impl Into<String>) -> RunContext {
+        let child = self.run.child(agent);
+        match &self.call {
+            Some((span, action)) => child.delegated_from(span.to_hex(), action.as_str()),
+            None => child,
+        }
+    }
+
+    /// The W3C `traceparent` for an outgoing request this call makes (an HTTP tool, a
+    /// delegation): the run's trace, under this call's span (the run's span outside one).
+    pub fn traceparent(&self) -> keel_core::TraceParent {
+        let trace_id = keel_core::W3cTraceId::of(&self.run.trace_id);
+        let span_id = match &self.call {
+            Some((span, _)) => *span,
+            None => keel_events::RunSpans::of(&self.run).run_span(),
+        };
+        keel_core::TraceParent {
+            trace_id,
+            span_id,
+            sampled: true,
+        }
+    }
+
     /// Add an event to the calling run's normalized stream (numbered like every other event
     /// of the run); a call made outside a run has no stream and the event is dropped.
     pub async fn emit(&self, event: keel_events::RunEventBuilder) {

@@ -334,7 +334,11 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
     if let Some(route) = metrics {
         served = served.with_metrics(route);
     }
+    let traces = crate::telemetry::traces(Some(&loaded.telemetry))?;
     for agent in agents.iter() {
+        if let Some(traces) = &traces {
+            agent.executor.add_event_sink(traces.sink());
+        }
         // Work a dead process left behind resumes now; each executor takes its own agent's.
         let resumed = agent
             .executor
@@ -376,10 +380,12 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
         allow_private,
     };
     eprint!("{}", summary(&loaded, Some(served_at)));
-    served
+    let result = served
         .serve(listener, shutdown)
         .await
-        .map_err(|err| format!("server error: {err}"))?;
+        .map_err(|err| format!("server error: {err}"));
+    crate::telemetry::flush_traces(traces).await;
+    result?;
     eprintln!("keel: stopped");
     Ok(())
 }

@@ -987,6 +987,10 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
         config.holder = id;
     }
     let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);
+    let traces = telemetry::traces(None)?;
+    if let Some(traces) = &traces {
+        executor.add_event_sink(traces.sink());
+    }
     // Work a dead process left behind (queued or mid-run tasks) resumes now, for every tenant.
     let resumed = executor
         .recover_all()
@@ -1023,10 +1027,12 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     }
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     println!("keel: serving agent `{agent_name}` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
-    server
+    let served = server
         .serve(listener, shutdown)
         .await
-        .map_err(|err| format!("server error: {err}"))?;
+        .map_err(|err| format!("server error: {err}"));
+    telemetry::flush_traces(traces).await;
+    served?;
     eprintln!("keel: stopped");
     Ok(())
 }

@@ -83,3 +83,28 @@ pub(crate) fn metrics_route() -> Result<MetricsRoute, String> {
         _ => route,
     })
 }
+
+/// The trace export the file's `[telemetry]` (when serving one) and the standard `OTEL_*`
+/// variables ask for: `None` when neither names an endpoint, and then no span sink is
+/// installed at all (docs/observability.md#traces).
+pub(crate) fn traces(
+    file: Option<&keel::config::TelemetryConfig>,
+) -> Result<Option<keel::telemetry::Telemetry>, String> {
+    let config = file.map(|f| f.exporter()).unwrap_or_default();
+    let installed = keel::telemetry::Telemetry::install(&config)?;
+    if installed.is_some() {
+        tracing::info!(
+            conventions = keel::telemetry::semconv::GENAI_CONVENTIONS,
+            "exporting traces over OTLP/HTTP"
+        );
+    }
+    Ok(installed)
+}
+
+/// Export the spans still pending before the process ends (the batch processor's thread
+/// sends them; this waits for it off the async runtime's threads).
+pub(crate) async fn flush_traces(traces: Option<keel::telemetry::Telemetry>) {
+    if let Some(traces) = traces {
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+    }
+}

@@ -70,8 +70,18 @@ pub struct RunContext {
     /// The thread (conversation) shared across runs; `session_id` is read as an alias.
     #[serde(alias = "session_id")]
     pub thread_id: Option<ThreadId>,
-    /// Observability trace.
+    /// Observability trace. A new context's is a W3C trace id (32 hex digits); a request
+    /// with a `traceparent` sets the caller's.
     pub trace_id: TraceId,
+    /// The span the run's own span hangs under, as 16 hex digits: the caller's span from a
+    /// `traceparent`, or the tool call of the parent run that delegated this one. `None`:
+    /// the run's span is the trace's root.
+    pub parent_span_id: Option<String>,
+    /// The caller's W3C `tracestate`, passed along unchanged on the run's outgoing requests.
+    pub trace_state: Option<String>,
+    /// The delegation this run serves (the delegating tool call's action id), stamped on
+    /// every event of the run.
+    pub delegation_id: Option<String>,
     /// Run boundary: a folder, dataset, account.
     pub workspace_uri: Option<String>,
     /// The parent run, for nested execution.
@@ -107,7 +117,10 @@ impl RunContext {
         Self {
             run_id: RunId::new(),
             thread_id: None,
-            trace_id: TraceId::new(),
+            trace_id: TraceId::w3c(),
+            parent_span_id: None,
+            trace_state: None,
+            delegation_id: None,
             workspace_uri: None,
             parent_run_id: None,
             agent_chain: Vec::new(),
@@ -149,7 +162,35 @@ impl RunContext {
         child.agent_chain.push(agent.into());
         child.canceled = false;
         child.cancel_reason = None;
+        // Which span the child hangs under is the delegating call's to say
+        // ([`Self::delegated_from`]); it is not the parent run's parent.
+        child.parent_span_id = None;
+        child.delegation_id = None;
         child
+    }
+
+    /// Place this (child) run under the tool call `span_id` of the run that delegated it,
+    /// as the delegation `delegation_id`: the child's run span is that call's child in the
+    /// trace, and its events carry the delegation.
+    #[must_use]
+    pub fn delegated_from(
+        mut self,
+        span_id: impl Into<String>,
+        delegation_id: impl Into<String>,
+    ) -> Self {
+        self.parent_span_id = Some(span_id.into());
+        self.delegation_id = Some(delegation_id.into());
+        self
+    }
+
+    /// Continue the caller's trace: the run joins `parent`'s trace under its span, and
+    /// carries `state` (the caller's `tracestate`) on.
+    #[must_use]
+    pub fn continuing_trace(mut self, parent: &crate::TraceParent, state: Option<String>) -> Self {
+        self.trace_id = TraceId::from(parent.trace_id.to_hex());
+        self.parent_span_id = Some(parent.span_id.to_hex());
+        self.trace_state = state;
+        self
     }
 
     /// A canceled snapshot of this context.

@@ -31,6 +31,7 @@ mod mime;
 mod part;
 pub mod stored;
 mod task;
+mod trace;
 mod values;
 
 pub use artifact::Artifact;
@@ -47,6 +48,7 @@ pub use message::{Message, Role, StatusKind, STATUS_KIND_KEY};
 pub use mime::MimeType;
 pub use part::{FileContent, Part, PartContent, RouteDecision};
 pub use task::{StateTransition, Task, TaskItem, TaskState, TaskStatus};
+pub use trace::{SpanId, TraceParent, W3cTraceId};
 pub use values::{
     ApprovalDecision, ApprovalOutcome, ApprovalRequest, BudgetLimit, BudgetUsage, ContextItem,
     ContextManifest, RunAction,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use chrono::Utc;
 use keel_core::{AgentResult, RunContext, RunId, TaskId, ThreadId};
 
-use crate::{EventSink, RunEvent, RunEventBuilder, RUN_EVENT_VERSION};
+use crate::{EventSink, RunEvent, RunEventBuilder, RunSpans, RUN_EVENT_VERSION};
 
 /// Makes the events of one run: stamps run, thread, task and agent, assigns the sequence
 /// (1, 2, 3, ... — once, at creation) and the timestamp, and delivers to one sink (use a
@@ -40,6 +40,8 @@ pub struct EventEmitter {
     sink: Arc<dyn EventSink>,
     /// Held across numbering and delivery so sinks see events in sequence order.
     delivery: futures::lock::Mutex<()>,
+    /// Which span of the run's trace each event belongs to.
+    spans: RunSpans,
 }
 
 impl std::fmt::Debug for EventEmitter {
@@ -63,6 +65,7 @@ impl EventEmitter {
             last: AtomicU64::new(0),
             sink,
             delivery: futures::lock::Mutex::new(()),
+            spans: RunSpans::of(context),
         }
     }
 
@@ -92,14 +95,21 @@ impl EventEmitter {
         &self.run_id
     }
 
+    /// The run's spans: the ids its events carry.
+    pub fn spans(&self) -> &RunSpans {
+        &self.spans
+    }
+
     /// The last sequence number assigned (0 before the first event).
     pub fn last_sequence(&self) -> u64 {
         self.last.load(Ordering::SeqCst)
     }
 
     /// Number and stamp an event without delivering it (for a caller that writes the
-    /// durable log itself). The number is spent either way.
-    pub fn create(&self, builder: RunEventBuilder) -> RunEvent {
+    /// durable log itself). The number is spent either way. The event gets the run's trace
+    /// id and, unless the builder names its own, the span it belongs to ([`RunSpans`]).
+    pub fn create(&self, mut builder: RunEventBuilder) -> RunEvent {
+        self.spans.stamp(&mut builder);
         let sequence = self.last.fetch_add(1, Ordering::SeqCst) + 1;
         RunEvent {
             version: RUN_EVENT_VERSION,
@@ -107,6 +117,7 @@ impl EventEmitter {
             run_id: self.run_id.clone(),
             task_id: builder.task_id.or_else(|| self.task_id.clone()),
             thread_id: self.thread_id.clone(),
+            trace_id: Some(self.spans.trace_hex().to_owned()),
             agent_name: self.agent_name.clone(),
             sequence,
             step: builder.step,

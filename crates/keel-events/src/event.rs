@@ -201,21 +201,26 @@ pub struct RunEvent {
     pub task_id: Option<TaskId>,
     /// The thread the task belongs to.
     pub thread_id: Option<ThreadId>,
+    /// The run's W3C trace id (32 hex digits): the trace its spans are exported in.
+    pub trace_id: Option<String>,
     /// The agent that emitted or handled the event.
     pub agent_name: Option<String>,
     /// Position in the run's event sequence, from 1.
     pub sequence: u64,
     /// The step (model call plus its tool calls), from 1, when the event belongs to one.
     pub step: Option<u32>,
-    /// Causal span, for UI trees.
+    /// The span the event belongs to (16 hex digits): the run's, a step's, a model call's
+    /// or a tool call's ([`RunSpans`](crate::RunSpans)); the same id as the exported span.
     pub span_id: Option<String>,
-    /// The enclosing span.
+    /// That span's parent: the run's for a step, a step's for a model or tool call, and for
+    /// the run's own span the caller's (a `traceparent`) or the delegating tool call's.
     pub parent_span_id: Option<String>,
     /// The action the event is about.
     pub action_id: Option<ActionId>,
     /// The action that action is part of.
     pub parent_action_id: Option<ActionId>,
-    /// The delegated-agent operation.
+    /// The delegation a delegated run serves (the delegating tool call's action id), on
+    /// every event of that run.
     pub delegation_id: Option<String>,
     /// How to treat it (left out of the JSON when it is `info`, as most events are).
     #[serde(default, skip_serializing_if = "Severity::is_info")]
@@ -504,6 +509,7 @@ mod tests {
             run_id: RunId::from("run-1"),
             task_id: Some(TaskId::from("task-1")),
             thread_id: None,
+            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
             agent_name: Some("clerk".into()),
             sequence: 7,
             step: Some(2),

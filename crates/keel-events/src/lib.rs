@@ -42,6 +42,7 @@ mod redact;
 mod replay;
 mod report;
 mod sink;
+mod spans;
 
 pub use assertions::{assert_budget_under, assert_no_denied_actions, assert_run_events, Match};
 pub use emitter::EventEmitter;
@@ -55,3 +56,4 @@ pub use report::{
     RunReport, RUN_REPORT_VERSION,
 };
 pub use sink::{BroadcastEventSink, EventSink, InMemoryEventSink, MultiSink};
+pub use spans::{RunSpans, SpanKind};

@@ -293,7 +293,28 @@ impl Handlers {
     /// (`message.metadata.run_context.budget.max_steps`). Permissions only narrow: they combine
     /// with this agent's policy by the most restrictive result (decision 13), and the engine
     /// refuses a context that would change a continuing task's permissions.
+    ///
+    /// A caller's W3C `traceparent` (any binding) puts the run of a new task in the caller's
+    /// trace, under the caller's span; a carried context that names its parent span already
+    /// (a Keel agent's delegation) keeps it.
     fn take_run_context(&self, message: &mut Message) -> Result<Option<RunContext>, RpcError> {
+        let carried = self.carried_run_context(message)?;
+        let caller = crate::observability::caller_trace();
+        Ok(match (carried, caller) {
+            (Some(ctx), Some((parent, state))) if ctx.parent_span_id.is_none() => {
+                Some(ctx.continuing_trace(&parent, state))
+            }
+            (None, Some((parent, state))) if message.task_id.is_none() => Some(
+                RunContext::new()
+                    .with_agent(self.executor.agent().card().name.clone())
+                    .continuing_trace(&parent, state),
+            ),
+            (carried, _) => carried,
+        })
+    }
+
+    /// The run context a delegating Keel agent put in the message, adopted for this agent.
+    fn carried_run_context(&self, message: &mut Message) -> Result<Option<RunContext>, RpcError> {
         let Some(value) = message.metadata.remove(RUN_CONTEXT_KEY) else {
             return Ok(None);
         };

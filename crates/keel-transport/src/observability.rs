@@ -13,6 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use keel_core::TraceParent;
 use keel_runtime::AuthContext;
 use serde_json::Value;
 
@@ -106,6 +107,8 @@ struct Facts {
     tenant: Option<String>,
     task_id: Option<String>,
     operation: Option<String>,
+    /// The caller's W3C trace (`traceparent`, `tracestate`), when it sent a valid one.
+    caller_trace: Option<(TraceParent, Option<String>)>,
 }
 
 tokio::task_local! {
@@ -116,6 +119,22 @@ tokio::task_local! {
 fn note(change: impl FnOnce(&mut Facts)) {
     // Outside a request (a handler called directly, as tests do) there is nothing to note.
     let _ = FACTS.try_with(|facts| change(&mut facts.lock().unwrap_or_else(|p| p.into_inner())));
+}
+
+/// The trace the caller of the request being handled sent (its `traceparent` and
+/// `tracestate` headers, gRPC metadata included: they are HTTP/2 headers), if any: the run a
+/// new task starts joins it.
+pub(crate) fn caller_trace() -> Option<(TraceParent, Option<String>)> {
+    FACTS
+        .try_with(|facts| {
+            facts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .caller_trace
+                .clone()
+        })
+        .ok()
+        .flatten()
 }
 
 /// The request was authenticated as `auth`.
@@ -148,8 +167,11 @@ async fn observe(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
+    // An invalid `traceparent` is ignored, as W3C Trace Context says: the run starts a trace.
+    let caller_trace = caller_trace_of(request.headers());
     let facts = Arc::new(Mutex::new(Facts {
         task_id: task_in_path(&path).map(str::to_owned),
+        caller_trace,
         ..Facts::default()
     }));
     let response = FACTS.scope(facts.clone(), next.run(request)).await;
@@ -178,6 +200,13 @@ async fn observe(request: Request, next: Next) -> Response {
         "request"
     );
     response
+}
+
+/// The W3C trace a request's headers carry, if its `traceparent` is valid.
+fn caller_trace_of(headers: &HeaderMap) -> Option<(TraceParent, Option<String>)> {
+    let read = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let parent = TraceParent::parse(read(TraceParent::HEADER)?)?;
+    Some((parent, read(TraceParent::STATE_HEADER).map(str::to_owned)))
 }
 
 /// The route label of a request: its path with each segment that looks like an id (it has a

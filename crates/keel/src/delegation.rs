@@ -177,7 +177,7 @@ impl Tool for RemoteAgentTool {
         if text.trim().is_empty() {
             return Err(AgentError::invalid_input("message", "must not be empty"));
         }
-        let child = ctx.run.child(self.name.clone());
+        let child = ctx.delegated_run(self.name.clone());
         let mut message = Message::user(text);
         message.metadata.insert(
             RUN_CONTEXT_KEY.into(),

@@ -192,6 +192,21 @@ impl Tool for HttpTool {
             .client
             .request(self.method.clone(), &url)
             .timeout(self.timeout);
+        // The call's trace goes with it (W3C `traceparent`, under the tool call's span), so
+        // the service's own spans join the run's trace; a header the tool sets wins.
+        if !self
+            .headers
+            .iter()
+            .any(|(name, _)| name == keel_core::TraceParent::HEADER)
+        {
+            request = request.header(
+                keel_core::TraceParent::HEADER,
+                ctx.traceparent().to_string(),
+            );
+            if let Some(state) = &ctx.run.trace_state {
+                request = request.header(keel_core::TraceParent::STATE_HEADER, state);
+            }
+        }
         for (name, value) in &self.headers {
             request = request.header(name, value);
         }

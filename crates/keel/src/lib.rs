@@ -45,6 +45,8 @@ pub use keel_store_redis as redis;
 /// The SQLite store (feature `sqlite`).
 #[cfg(feature = "sqlite")]
 pub use keel_store_sqlite as sqlite;
+#[cfg(feature = "otel")]
+pub use keel_telemetry as telemetry;
 pub use keel_transport as transport;
 pub use runtime::{DefaultRuntime, DefaultRuntimeBuilder, StoreConfig};
 

@@ -173,6 +173,7 @@ impl<'a> RunLoop<'a> {
             runtime: inner.runtime.clone(),
             events: Some(obs.clone()),
             in_task: true,
+            call: None,
         };
         let mut run = RunLoop {
             inner,

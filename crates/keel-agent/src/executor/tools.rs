@@ -129,12 +129,17 @@ impl RunLoop<'_> {
         }
         let started = Instant::now();
         let span = tracing::info_span!("tool", name = %call.name, call_id = %call.id);
+        // The tool sees its own call's span, so what it delegates or requests joins the trace
+        // under it.
+        let ctx = self
+            .ctx
+            .for_call(obs.spans().tool_call_span(&action.id), action.id.clone());
         // The call runs in this task: a spawned task would cost a cross-thread hand-off per
         // tool call for nothing, since the run waits for it anyway. Canceling drops the
         // future (the same as aborting a spawned one); a panic is caught and becomes the
         // tool's error, as a spawned task's would have.
         let call_future =
-            std::panic::AssertUnwindSafe(registered.tool.call(call.arguments.clone(), &self.ctx))
+            std::panic::AssertUnwindSafe(registered.tool.call(call.arguments.clone(), &ctx))
                 .catch_unwind()
                 .instrument(span);
         let (output, is_error) = tokio::select! {
@@ -192,7 +197,9 @@ impl AgentExecutor {
             runtime: inner.runtime.clone(),
             events: Some(obs.clone()),
             in_task: false,
+            call: None,
         };
+        let ctx = ctx.for_call(obs.spans().tool_call_span(&action.id), action.id.clone());
         let started = Instant::now();
         match registered.tool.call(call.arguments.clone(), &ctx).await {
             Ok(output) => {

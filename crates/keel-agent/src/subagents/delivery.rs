@@ -72,6 +72,8 @@ pub(super) struct Origin {
     pub(super) parent: ThreadState,
     pub(super) cancel: CancellationToken,
     pub(super) events: Option<Arc<RunObs>>,
+    /// The tool call that delivers, whose span the child's run hangs under.
+    pub(super) call: Option<(keel_core::SpanId, keel_core::ActionId)>,
 }
 
 impl Origin {
@@ -82,6 +84,7 @@ impl Origin {
             parent: ctx.thread.clone(),
             cancel: ctx.cancel.clone(),
             events: ctx.events.clone(),
+            call: ctx.call.clone(),
         }
     }
 
@@ -503,6 +506,9 @@ pub(super) async fn deliver(
 ) -> AgentResult<Value> {
     let child_exec = spec.executor.clone();
     let mut run = origin.run.child(child.agent.clone());
+    if let Some((span, action)) = &origin.call {
+        run = run.delegated_from(span.to_hex(), action.as_str());
+    }
     run.thread_id = Some(child.thread_id.clone());
     // A delivery marker is this child's alone, never inherited by its own children.
     run.metadata.remove(META_DELIVERY);

@@ -189,6 +189,7 @@ pub(crate) async fn provide_variables(
         parent,
         cancel: CancellationToken::new(),
         events: None,
+        call: None,
     };
     let (child, _) = start_child(
         spec,

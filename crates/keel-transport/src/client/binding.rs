@@ -3,7 +3,7 @@
 //! over this trait; HTTP, the WebSocket and the in-process transport each implement it.
 
 use async_trait::async_trait;
-use keel_core::{AgentCard, AgentError, AgentResult, Message, Task, TaskId};
+use keel_core::{AgentCard, AgentError, AgentResult, Message, Task, TaskId, TraceParent};
 use serde_json::Value;
 
 use crate::task_list::{TaskList, TaskListQuery};
@@ -84,6 +84,15 @@ impl Request {
         }
     }
 
+    /// The W3C trace to send with the request: a message carrying a delegated run's context
+    /// names the trace and the delegating tool call's span.
+    pub fn trace(&self) -> Option<(TraceParent, Option<String>)> {
+        match self {
+            Request::SendMessage { message, .. } => trace_of(message),
+            _ => None,
+        }
+    }
+
     /// The v1.0 params of the request.
     pub fn params(&self) -> Value {
         match self {
@@ -140,6 +149,14 @@ impl StreamRequest {
         match self {
             StreamRequest::SendStreamingMessage(message) => message.task_id.as_ref(),
             StreamRequest::Subscribe(task_id) => Some(task_id),
+        }
+    }
+
+    /// The W3C trace to send with the request (see [`Request::trace`]).
+    pub fn trace(&self) -> Option<(TraceParent, Option<String>)> {
+        match self {
+            StreamRequest::SendStreamingMessage(message) => trace_of(message),
+            StreamRequest::Subscribe(_) => None,
         }
     }
 
@@ -227,4 +244,22 @@ pub trait ClientBinding: Send + Sync {
 
     /// Open a stream; an error before the stream starts is the call's.
     async fn open_stream(&self, request: StreamRequest) -> AgentResult<TaskEventStream>;
+}
+
+/// The `traceparent` (and `tracestate`) of a message that carries a run context naming its
+/// parent span: the trace a delegated run joins, under the delegating call's span.
+fn trace_of(message: &Message) -> Option<(TraceParent, Option<String>)> {
+    let context = message.metadata.get(keel_core::RUN_CONTEXT_KEY)?;
+    let trace = context.get("trace_id")?.as_str()?;
+    let span_id = keel_core::SpanId::parse(context.get("parent_span_id")?.as_str()?)?;
+    let parent = TraceParent {
+        trace_id: keel_core::W3cTraceId::of(&keel_core::TraceId::from(trace)),
+        span_id,
+        sampled: true,
+    };
+    let state = context
+        .get("trace_state")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    Some((parent, state))
 }

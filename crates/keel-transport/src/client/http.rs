@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use eventsource_stream::Eventsource;
 use futures::stream::{self, StreamExt};
-use keel_core::{AgentCard, AgentError, AgentResult, TaskId};
+use keel_core::{AgentCard, AgentError, AgentResult, TaskId, TraceParent};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::{json, Map, Value};
 use tokio::sync::OnceCell;
@@ -123,6 +123,7 @@ impl HttpBinding {
         &self,
         call: Call,
         params: Value,
+        trace: Option<(TraceParent, Option<String>)>,
     ) -> Result<(reqwest::RequestBuilder, String), Failure> {
         let endpoint = self.endpoint().await?;
         let builder = match self.binding {
@@ -178,10 +179,14 @@ impl HttpBinding {
                 (builder, url)
             }
         };
-        Ok((
-            builder.0.header(VERSION_HEADER, wire::PROTOCOL_VERSION),
-            builder.1,
-        ))
+        let mut http = builder.0.header(VERSION_HEADER, wire::PROTOCOL_VERSION);
+        if let Some((parent, state)) = trace {
+            http = http.header(TraceParent::HEADER, parent.to_string());
+            if let Some(state) = state {
+                http = http.header(TraceParent::STATE_HEADER, state);
+            }
+        }
+        Ok((http, builder.1))
     }
 
     /// The error in an answer, as a JSON-RPC error object (`code`, `message`, `data`).
@@ -204,7 +209,9 @@ impl ClientBinding for HttpBinding {
         let call = request.call();
         let method = call.method();
         let task_id = request.task_id();
-        let (http_request, url) = self.request(call, request.params()).await?;
+        let (http_request, url) = self
+            .request(call, request.params(), request.trace())
+            .await?;
         let span = tracing::debug_span!("a2a.call", method, url = %url);
         let result = async {
             let response = http_request
@@ -246,7 +253,7 @@ impl ClientBinding for HttpBinding {
         let call = request.call();
         let method = call.method();
         let (http_request, url) = self
-            .request(call, request.params())
+            .request(call, request.params(), request.trace())
             .await
             .map_err(Failure::into_error)?;
         let response = http_request

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use keel_core::{AgentError, AgentResult, TaskEvent, TaskId};
+use keel_core::{AgentError, AgentResult, RunContext, TaskEvent, TaskId, TraceParent, W3cTraceId};
 use keel_runtime::AuthContext;
 use serde_json::{json, Value};
 
@@ -140,6 +140,19 @@ impl Push {
         if configs.is_empty() {
             return Ok(Progress::Finished);
         }
+        // The posts carry the task's trace (W3C `traceparent`), under its run's span, so a
+        // webhook's own spans join the run's trace.
+        let trace = match self.inner.reads.task(auth, task_id).await {
+            Ok(task) => RunContext::from_task(&task)
+                .ok()
+                .flatten()
+                .map(|context| TraceParent {
+                    trace_id: W3cTraceId::of(&context.trace_id),
+                    span_id: keel_events::RunSpans::of(&context).run_span(),
+                    sampled: true,
+                }),
+            Err(_) => None,
+        };
         while cursor < events.len() {
             let index = cursor;
             if let Some(event) = StreamEvent::of_log(events[index].clone()) {
@@ -162,7 +175,7 @@ impl Push {
                             return Ok(Progress::Waiting);
                         }
                     }
-                    let Some(outcome) = self.deliver(config, &body).await else {
+                    let Some(outcome) = self.deliver(config, &body, trace).await else {
                         // Stopped mid-delivery: let the claim go, so another process (or the
                         // next server) delivers this event without waiting for it to lapse.
                         let _ = values
@@ -240,13 +253,18 @@ impl Push {
     }
 
     /// POST `body` to the config's webhook with retries; `None` when the server stopped first.
-    async fn deliver(&self, config: &PushConfig, body: &Value) -> Option<Outcome> {
+    async fn deliver(
+        &self,
+        config: &PushConfig,
+        body: &Value,
+        trace: Option<TraceParent>,
+    ) -> Option<Outcome> {
         let mut waits = self.inner.retry.backoff();
         let mut stopped = self.inner.stopped.clone();
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let result = self.post(config, body).await;
+            let result = self.post(config, body, trace).await;
             let (retryable, outcome) = match result {
                 Ok(status) if (200..300).contains(&status) => (
                     false,
@@ -299,7 +317,12 @@ impl Push {
         }
     }
 
-    async fn post(&self, config: &PushConfig, body: &Value) -> Result<u16, Attempt> {
+    async fn post(
+        &self,
+        config: &PushConfig,
+        body: &Value,
+        trace: Option<TraceParent>,
+    ) -> Result<u16, Attempt> {
         let (url, pinned) = check_target(&config.url, &self.inner.targets)
             .await
             .map_err(Attempt::Refused)?;
@@ -320,6 +343,9 @@ impl Push {
             .body(body.to_string());
         if let Some(token) = &config.token {
             request = request.header(NOTIFICATION_TOKEN_HEADER, token);
+        }
+        if let Some(trace) = trace {
+            request = request.header(TraceParent::HEADER, trace.to_string());
         }
         if let Some(auth) = &config.authentication {
             let value = match &auth.credentials {

@@ -22,6 +22,38 @@ pub struct Config {
     /// `[mcp.NAME]`: MCP servers shared by agents (one process or session for all of them).
     #[serde(default)]
     pub mcp: BTreeMap<String, McpServerConfig>,
+    /// `[telemetry]`: where `keel serve` exports its traces.
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+}
+
+/// `[telemetry]`: the OTLP export of the runs' spans (docs/observability.md). The standard
+/// `OTEL_*` environment variables win over it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The OTLP/HTTP base URL (`http://127.0.0.1:4318`); none: no export unless
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` names one.
+    #[serde(default)]
+    pub otlp_endpoint: Option<EnvString>,
+    /// The `service.name` of the spans (`OTEL_SERVICE_NAME` wins; default `keel`).
+    #[serde(default)]
+    pub service_name: Option<String>,
+    /// Put prompt and completion content on the spans, redacted.
+    #[serde(default)]
+    pub capture_content: bool,
+}
+
+#[cfg(feature = "otel")]
+impl TelemetryConfig {
+    /// What the exporter is given (the environment is read when it is installed).
+    pub fn exporter(&self) -> keel_telemetry::TelemetryConfig {
+        keel_telemetry::TelemetryConfig {
+            endpoint: self.otlp_endpoint.as_ref().map(|e| e.value().to_owned()),
+            service_name: self.service_name.clone(),
+            capture_content: self.capture_content,
+        }
+    }
 }
 
 /// `[server]`: where and how the agents are served.

@@ -1,0 +1,186 @@
+//! [`RunSpans`]: which span of a run's trace each of its events belongs to, so that a run's
+//! events and its OpenTelemetry spans are one tree (decision 180).
+//!
+//! A run is a tree of spans: the run, its steps, each step's model call and each tool call
+//! (an action). The ids are W3C-sized and derived from the run's id (the run span) and from
+//! the step number or action id (the spans under it), so a run resumed in another process
+//! after a pause or a crash gives its later events the same spans, without storing them.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use keel_core::{ActionId, RunContext, SpanId, W3cTraceId};
+
+use crate::{EventType, RunEventBuilder};
+
+/// The kind of span an event belongs to (by the event's step, action and type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SpanKind {
+    /// The run itself: `invoke_agent {agent}`.
+    Run,
+    /// One step: a model call and the tool calls it returned.
+    Step,
+    /// A step's model call: `chat {model}`.
+    ModelCall,
+    /// A tool call (an action): `execute_tool {tool}`.
+    ToolCall,
+}
+
+/// The span ids of one run: its trace, its own span and the span it hangs under, and the
+/// ids of its steps', model calls' and tool calls' spans.
+///
+/// ```
+/// use keel_core::RunContext;
+/// use keel_events::{EventEmitter, InMemoryEventSink, RunEvent};
+/// let context = RunContext::new();
+/// let emitter = EventEmitter::new(&context, std::sync::Arc::new(InMemoryEventSink::new()));
+/// let start = emitter.create(RunEvent::builder("task.status", "working"));
+/// let step = emitter.create(RunEvent::builder("queue.drained", "").step(1));
+/// assert_eq!(start.trace_id.as_deref(), Some(context.trace_id.as_str()));
+/// assert_eq!(step.parent_span_id, start.span_id);
+/// ```
+#[derive(Debug)]
+pub struct RunSpans {
+    trace_id: W3cTraceId,
+    trace_hex: String,
+    run_span: SpanId,
+    run_hex: String,
+    parent: Option<String>,
+    delegation_id: Option<String>,
+    /// The step the run is in (0 before its first): a tool call's span is under it.
+    step: AtomicU32,
+}
+
+impl RunSpans {
+    /// The spans of the run `context` describes: its trace id, the run span derived from
+    /// its run id, under `context.parent_span_id`.
+    pub fn of(context: &RunContext) -> Self {
+        let trace_id = W3cTraceId::of(&context.trace_id);
+        let run_span = SpanId::derive(&[b"run", context.run_id.as_str().as_bytes()]);
+        Self {
+            trace_hex: trace_id.to_hex(),
+            trace_id,
+            run_hex: run_span.to_hex(),
+            run_span,
+            parent: context.parent_span_id.clone(),
+            delegation_id: context.delegation_id.clone(),
+            step: AtomicU32::new(0),
+        }
+    }
+
+    /// The trace.
+    pub fn trace_id(&self) -> W3cTraceId {
+        self.trace_id
+    }
+
+    /// The run's own span.
+    pub fn run_span(&self) -> SpanId {
+        self.run_span
+    }
+
+    /// The span the run's span hangs under, as 16 hex digits.
+    pub fn parent(&self) -> Option<&str> {
+        self.parent.as_deref()
+    }
+
+    /// The span of step `step`.
+    pub fn step_span(&self, step: u32) -> SpanId {
+        SpanId::derive(&[&self.run_span.0, b"step", &step.to_be_bytes()])
+    }
+
+    /// The span of step `step`'s model call.
+    pub fn model_call_span(&self, step: u32) -> SpanId {
+        SpanId::derive(&[&self.run_span.0, b"chat", &step.to_be_bytes()])
+    }
+
+    /// The span of the tool call `action`.
+    pub fn tool_call_span(&self, action: &ActionId) -> SpanId {
+        SpanId::derive(&[&self.run_span.0, b"tool", action.as_str().as_bytes()])
+    }
+
+    /// The step the run is in now (0 before its first step).
+    pub fn current_step(&self) -> u32 {
+        self.step.load(Ordering::Relaxed)
+    }
+
+    /// Go on from step `step` (a resumed run, whose earlier events reached `step`).
+    pub fn resume_at_step(&self, step: u32) {
+        self.step.fetch_max(step, Ordering::Relaxed);
+    }
+
+    /// Which kind of span an event with this type, step and action belongs to.
+    pub fn kind_of(
+        event_type: &EventType,
+        step: Option<u32>,
+        action: Option<&ActionId>,
+    ) -> SpanKind {
+        if action.is_some() {
+            SpanKind::ToolCall
+        } else if step.is_none() {
+            SpanKind::Run
+        } else if *event_type == EventType::LLM_CALL_STARTED
+            || *event_type == EventType::LLM_CALL_COMPLETED
+            || *event_type == EventType::LLM_STREAM
+            || *event_type == EventType::CONTEXT_PREPARED
+        {
+            SpanKind::ModelCall
+        } else {
+            SpanKind::Step
+        }
+    }
+
+    /// Fill in the builder's trace, span, parent span and delegation, unless it names its
+    /// own span.
+    pub(crate) fn stamp(&self, builder: &mut RunEventBuilder) {
+        if builder.delegation_id.is_none() {
+            builder.delegation_id.clone_from(&self.delegation_id);
+        }
+        if builder.span_id.is_some() {
+            return;
+        }
+        if let Some(step) = builder.step {
+            self.step.fetch_max(step, Ordering::Relaxed);
+        }
+        let kind = Self::kind_of(
+            &builder.event_type,
+            builder.step,
+            builder.action_id.as_ref(),
+        );
+        let (span, parent) = match kind {
+            SpanKind::Run => (self.run_hex.clone(), self.parent.clone()),
+            SpanKind::Step => {
+                let step = builder.step.unwrap_or_default();
+                (self.step_span(step).to_hex(), Some(self.run_hex.clone()))
+            }
+            SpanKind::ModelCall => {
+                let step = builder.step.unwrap_or_default();
+                (
+                    self.model_call_span(step).to_hex(),
+                    Some(self.step_span(step).to_hex()),
+                )
+            }
+            SpanKind::ToolCall => {
+                let action = builder.action_id.as_ref().map(|a| self.tool_call_span(a));
+                (
+                    action.unwrap_or(self.run_span).to_hex(),
+                    Some(self.tool_parent().to_hex()),
+                )
+            }
+        };
+        builder.span_id = Some(span);
+        builder.parent_span_id = parent;
+    }
+
+    /// A tool call's parent: the step it was returned in, or the run when it ran without
+    /// a model (a direct call).
+    fn tool_parent(&self) -> SpanId {
+        match self.current_step() {
+            0 => self.run_span,
+            step => self.step_span(step),
+        }
+    }
+
+    /// The trace id as 32 hex digits, as events carry it.
+    pub(crate) fn trace_hex(&self) -> &str {
+        &self.trace_hex
+    }
+}

@@ -1,0 +1,400 @@
+//! Traces of `keel serve` (docs/observability.md#traces): spans by the OpenTelemetry GenAI
+//! conventions, exported over OTLP/HTTP to a receiver in the test that decodes them with the
+//! `opentelemetry-proto` types, and the same span ids in the run's report.
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::routing::post;
+use keel_runtime::testing::eventually;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message as _;
+use serde_json::json;
+use support::KeelServer;
+
+/// The demo agent's offline model calls `word_count` for this message, then answers.
+const TOOL_MESSAGE: &str = r#"/word_count {"text": "one two three"}"#;
+
+/// A span as received, with its process's `service.name`.
+#[derive(Debug, Clone)]
+struct Received {
+    service: String,
+    span: Span,
+}
+
+impl Received {
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+    fn trace_id(&self) -> String {
+        Self::hex(&self.span.trace_id)
+    }
+    fn span_id(&self) -> String {
+        Self::hex(&self.span.span_id)
+    }
+    fn parent_id(&self) -> Option<String> {
+        (!self.span.parent_span_id.is_empty()).then(|| Self::hex(&self.span.parent_span_id))
+    }
+    fn attribute(&self, key: &str) -> Option<String> {
+        let value = self
+            .span
+            .attributes
+            .iter()
+            .find(|kv| kv.key == key)?
+            .value
+            .as_ref()?
+            .value
+            .as_ref()?;
+        Some(match value {
+            AnyValue::StringValue(s) => s.clone(),
+            AnyValue::IntValue(i) => i.to_string(),
+            AnyValue::BoolValue(b) => b.to_string(),
+            AnyValue::DoubleValue(d) => d.to_string(),
+            AnyValue::ArrayValue(a) => format!(
+                "{:?}",
+                a.values
+                    .iter()
+                    .filter_map(|v| match &v.value {
+                        Some(AnyValue::StringValue(s)) => Some(s.clone()),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>()
+            ),
+            other => format!("{other:?}"),
+        })
+    }
+}
+
+/// An OTLP/HTTP receiver on 127.0.0.1: every span posted to `/v1/traces`.
+#[derive(Clone, Default)]
+struct Receiver(Arc<Mutex<Vec<Received>>>);
+
+impl Receiver {
+    async fn start() -> (Receiver, String) {
+        let receiver = Receiver::default();
+        let app = axum::Router::new()
+            .route("/v1/traces", post(receive))
+            .with_state(receiver.clone());
+        let base = support::serve(app).await;
+        (receiver, base)
+    }
+
+    fn spans(&self) -> Vec<Received> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// The spans of `trace`, once its run span (named `invoke_agent ...`) of `service`
+    /// has arrived.
+    async fn trace_of(&self, service: &str) -> Vec<Received> {
+        eventually("the run's span is exported", || async {
+            let spans = self.spans();
+            let run = spans
+                .iter()
+                .find(|s| s.service == service && s.span.name.starts_with("invoke_agent "))?;
+            let trace = run.trace_id();
+            Some(
+                spans
+                    .into_iter()
+                    .filter(|s| s.trace_id() == trace)
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .await
+    }
+}
+
+async fn receive(State(receiver): State<Receiver>, body: Bytes) -> Vec<u8> {
+    let request = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
+    let mut received = receiver.0.lock().unwrap();
+    for resource in request.resource_spans {
+        let service = resource
+            .resource
+            .iter()
+            .flat_map(|r| r.attributes.iter())
+            .find(|kv| kv.key == "service.name")
+            .and_then(|kv| kv.value.as_ref()?.value.as_ref().cloned())
+            .map(|v| match v {
+                AnyValue::StringValue(s) => s,
+                other => format!("{other:?}"),
+            })
+            .unwrap_or_default();
+        for scope in resource.scope_spans {
+            for span in scope.spans {
+                received.push(Received {
+                    service: service.clone(),
+                    span,
+                });
+            }
+        }
+    }
+    ExportTraceServiceResponse::default().encode_to_vec()
+}
+
+/// The run report of `task_id`, as `keel runs export` prints it from the server's store.
+fn report(store: &str, task_id: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["runs", "export", task_id, "--store", store])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Send `text` (with `traceparent`, when given) and return the finished task's id.
+async fn run_task(url: &str, text: &str, traceparent: Option<&str>) -> String {
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": {"messageId": support::uuid_like(), "role": "ROLE_USER", "parts": [{"text": text}]}}
+    });
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("A2A-Version", "1.0")
+        .json(&body);
+    if let Some(traceparent) = traceparent {
+        request = request.header("traceparent", traceparent);
+    }
+    let answer: serde_json::Value = request.send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        answer["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{answer}"
+    );
+    answer["result"]["task"]["id"].as_str().unwrap().to_owned()
+}
+
+fn otlp_env(endpoint: &str, service: &'static str) -> Vec<(&'static str, String)> {
+    vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.to_owned()),
+        ("OTEL_SERVICE_NAME", service.to_owned()),
+        // Sent within 50 ms of ending rather than the default 5 s.
+        ("OTEL_BSP_SCHEDULE_DELAY", "50".to_owned()),
+    ]
+}
+
+fn start(store: &str, env: &[(&'static str, String)]) -> KeelServer {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    KeelServer::start_with_env(&["--store", store], &env)
+}
+
+#[tokio::test]
+async fn a_run_is_exported_as_genai_spans_whose_ids_its_events_carry() {
+    let (receiver, endpoint) = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("keel.db").display());
+    let server = start(&store, &otlp_env(&endpoint, "keel-traces-test"));
+    let task_id = run_task(&server.url, TOOL_MESSAGE, None).await;
+    let spans = receiver.trace_of("keel-traces-test").await;
+
+    let named =
+        |name: &str| -> Vec<&Received> { spans.iter().filter(|s| s.span.name == name).collect() };
+    let run = named("invoke_agent keel-demo");
+    assert_eq!(run.len(), 1, "{spans:#?}");
+    let run = run[0];
+    assert_eq!(
+        run.parent_id(),
+        None,
+        "no caller: the run is the trace's root"
+    );
+    assert_eq!(
+        run.attribute("gen_ai.operation.name").as_deref(),
+        Some("invoke_agent")
+    );
+    assert_eq!(
+        run.attribute("gen_ai.agent.name").as_deref(),
+        Some("keel-demo")
+    );
+    assert_eq!(
+        run.attribute("keel.task.id").as_deref(),
+        Some(task_id.as_str())
+    );
+    assert!(run.attribute("keel.run.id").is_some());
+    assert!(run.attribute("gen_ai.conversation.id").is_some());
+
+    let chats = named("chat mock");
+    assert_eq!(chats.len(), 2, "{spans:#?}");
+    for chat in &chats {
+        assert_eq!(
+            chat.attribute("gen_ai.operation.name").as_deref(),
+            Some("chat")
+        );
+        assert_eq!(
+            chat.attribute("gen_ai.provider.name").as_deref(),
+            Some("mock")
+        );
+        assert_eq!(
+            chat.attribute("gen_ai.request.model").as_deref(),
+            Some("mock")
+        );
+        assert_eq!(
+            chat.attribute("gen_ai.response.model").as_deref(),
+            Some("mock")
+        );
+        assert!(chat.attribute("gen_ai.usage.input_tokens").is_some());
+        assert!(chat.attribute("gen_ai.usage.output_tokens").is_some());
+        assert!(chat.attribute("gen_ai.response.finish_reasons").is_some());
+    }
+    let tools = named("execute_tool word_count");
+    assert_eq!(tools.len(), 1, "{spans:#?}");
+    let tool = tools[0];
+    assert_eq!(
+        tool.attribute("gen_ai.tool.name").as_deref(),
+        Some("word_count")
+    );
+    assert!(tool.attribute("gen_ai.tool.call.id").is_some());
+    assert!(
+        tool.attribute("gen_ai.tool.call.arguments").is_none(),
+        "content is opt-in"
+    );
+    let steps: HashMap<String, &Received> = spans
+        .iter()
+        .filter(|s| s.span.name.starts_with("step "))
+        .map(|s| (s.span_id(), s))
+        .collect();
+    assert_eq!(steps.len(), 2);
+    for step in steps.values() {
+        assert_eq!(step.parent_id(), Some(run.span_id()));
+    }
+    // The tool call and the model calls hang under a step of the run.
+    for call in chats.iter().chain(&tools) {
+        assert!(steps.contains_key(&call.parent_id().unwrap()), "{call:?}");
+    }
+    let policy = tool
+        .span
+        .events
+        .iter()
+        .map(|e| e.name.as_str())
+        .collect::<Vec<_>>();
+    assert_eq!(policy, ["keel.policy.decision"]);
+
+    // The report's events name exactly these spans, under the same parents.
+    let report = report(&store, &task_id);
+    let mut from_events: HashMap<String, Option<String>> = HashMap::new();
+    for event in report["events"].as_array().unwrap() {
+        assert_eq!(event["trace_id"].as_str(), Some(run.trace_id().as_str()));
+        from_events.insert(
+            event["span_id"].as_str().unwrap().to_owned(),
+            event["parent_span_id"].as_str().map(str::to_owned),
+        );
+    }
+    let exported: HashMap<String, Option<String>> =
+        spans.iter().map(|s| (s.span_id(), s.parent_id())).collect();
+    assert_eq!(exported, from_events);
+}
+
+#[tokio::test]
+async fn without_an_endpoint_nothing_is_exported() {
+    let (receiver, endpoint) = Receiver::start().await;
+    // Only the service name and the schedule: no endpoint names the receiver.
+    let env: Vec<(&'static str, String)> = otlp_env(&endpoint, "keel-no-export")
+        .into_iter()
+        .filter(|(k, _)| *k != "OTEL_EXPORTER_OTLP_ENDPOINT")
+        .collect();
+    let server = start("memory", &env);
+    run_task(&server.url, TOOL_MESSAGE, None).await;
+    // A second server that does export shows the receiver works and the first sent nothing.
+    let exporting = start("memory", &otlp_env(&endpoint, "keel-exporting"));
+    run_task(&exporting.url, TOOL_MESSAGE, None).await;
+    receiver.trace_of("keel-exporting").await;
+    assert!(receiver
+        .spans()
+        .iter()
+        .all(|s| s.service == "keel-exporting"));
+}
+
+#[tokio::test]
+async fn a_callers_traceparent_puts_the_run_in_its_trace_under_its_span() {
+    let (receiver, endpoint) = Receiver::start().await;
+    let server = start("memory", &otlp_env(&endpoint, "keel-traceparent"));
+    let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller_span = "00f067aa0ba902b7";
+    run_task(
+        &server.url,
+        TOOL_MESSAGE,
+        Some(&format!("00-{caller_trace}-{caller_span}-01")),
+    )
+    .await;
+    let spans = receiver.trace_of("keel-traceparent").await;
+    let run = spans
+        .iter()
+        .find(|s| s.span.name.starts_with("invoke_agent "))
+        .unwrap();
+    assert_eq!(run.trace_id(), caller_trace);
+    assert_eq!(run.parent_id().as_deref(), Some(caller_span));
+    assert!(spans.iter().all(|s| s.trace_id() == caller_trace));
+
+    // A malformed header is ignored: the run starts a trace of its own.
+    run_task(&server.url, TOOL_MESSAGE, Some("00-not-a-trace-01")).await;
+    let roots = eventually("the second run's span is exported", || async {
+        let roots: Vec<Received> = receiver
+            .spans()
+            .into_iter()
+            .filter(|s| s.span.name.starts_with("invoke_agent "))
+            .collect();
+        (roots.len() == 2).then_some(roots)
+    })
+    .await;
+    let own = roots.iter().find(|s| s.trace_id() != caller_trace).unwrap();
+    assert_eq!(own.parent_id(), None);
+}
+
+#[tokio::test]
+async fn a_delegation_from_a_to_b_over_a2a_is_one_trace_with_bs_run_under_as_tool_call() {
+    let (receiver, endpoint) = Receiver::start().await;
+    let b = start("memory", &otlp_env(&endpoint, "keel-b"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keel.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nstore = \"memory\"\n\n[[agents]]\nname = \"a\"\ndescription = \"Delegates to b.\"\n\n\
+             [[agents.remote_agents]]\nname = \"delegate\"\ndescription = \"Ask b.\"\nurl = \"{}\"\n",
+            b.url
+        ),
+    )
+    .unwrap();
+    let env = otlp_env(&endpoint, "keel-a");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = KeelServer::start_with_env(&["--config", config.to_str().unwrap()], &env);
+    run_task(&a.url, r#"/delegate {"message": "hello b"}"#, None).await;
+
+    let a_spans = receiver.trace_of("keel-a").await;
+    let trace = a_spans[0].trace_id();
+    let b_run = eventually("b's run span is exported", || async {
+        receiver
+            .spans()
+            .into_iter()
+            .find(|s| s.service == "keel-b" && s.span.name == "invoke_agent keel-demo")
+    })
+    .await;
+    let call = a_spans
+        .iter()
+        .find(|s| s.span.name == "execute_tool delegate")
+        .expect("a's tool call span");
+    assert_eq!(
+        b_run.trace_id(),
+        trace,
+        "one trace across the two processes"
+    );
+    assert_eq!(
+        b_run.parent_id(),
+        Some(call.span_id()),
+        "b's run under a's tool call"
+    );
+    assert_eq!(
+        b_run.attribute("keel.delegation.id"),
+        call.attribute("keel.action.id"),
+        "b's run names the delegation: a's tool call"
+    );
+}
