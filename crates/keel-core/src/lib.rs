@@ -49,7 +49,7 @@ pub use part::{FileContent, Part, PartContent, RouteDecision};
 pub use task::{StateTransition, Task, TaskItem, TaskState, TaskStatus};
 pub use values::{
     ApprovalDecision, ApprovalOutcome, ApprovalRequest, BudgetLimit, BudgetUsage, ContextItem,
-    ContextManifest, RunAction,
+    ContextManifest, ModelPrice, RunAction,
 };
 
 /// A JSON object: the shape of every `metadata` field in Keel.
