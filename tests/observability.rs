@@ -5,6 +5,7 @@
 mod support;
 
 use std::process::Command;
+use std::sync::Arc;
 
 use keel_runtime::testing::eventually;
 use prometheus_parse::{Scrape, Value};
@@ -318,4 +319,103 @@ async fn a_keel_toml_turns_metrics_and_json_logs_on() {
         (&line["method"], &line["status"]),
         (&json!("GET"), &json!(200))
     );
+}
+
+#[tokio::test]
+async fn a_priced_model_s_cost_is_in_the_report_and_the_metrics_and_tenant_labels_are_opt_in() {
+    // A tool that answers only when the test lets it: a stream of its task stays open.
+    let release = Arc::new(tokio::sync::Notify::new());
+    let held = release.clone();
+    let tool = support::serve(axum::Router::new().route(
+        "/slow",
+        axum::routing::post(move || {
+            let held = held.clone();
+            async move {
+                held.notified().await;
+                axum::Json(json!({"done": true}))
+            }
+        }),
+    ))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("keel.db").display());
+    let config = dir.path().join("keel.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nstore = \"{store}\"\nmetrics = true\nmetrics_tenant_labels = true\n\n\
+             [prices.mock]\ninput = 2.5\noutput = 10.0\n\n\
+             [[agents]]\nname = \"priced\"\ndescription = \"Costs.\"\n\n\
+             [[agents.tools.http]]\nname = \"slow\"\ndescription = \"Slow.\"\nurl = \"{tool}/slow\"\n"
+        ),
+    )
+    .unwrap();
+    let server = KeelServer::start_with(&["--config", config.to_str().unwrap()]);
+    let tenant = ("tenant", "default-app/default-user");
+
+    // A run that answers: its calls' costs add up to the report's and to the counter.
+    let task_id = run_task(&server.url, "hello").await;
+    let report = report(&store, &task_id);
+    let events = report["events"].as_array().unwrap();
+    let cost: u64 = events
+        .iter()
+        .filter(|e| e["type"] == "llm.call.completed")
+        .map(|e| {
+            e["payload"]["cost_micros"]
+                .as_u64()
+                .expect("a priced call's cost")
+        })
+        .sum();
+    assert!(cost > 0, "{report}");
+    assert_eq!(report["model"]["cost_micros"].as_u64(), Some(cost));
+    assert_eq!(
+        report["budget"]["usage"]["cost_micros"].as_u64(),
+        Some(cost)
+    );
+    let after = scrape(&server.url).await;
+    let mock = [("provider", "mock"), ("model", "mock"), tenant];
+    assert_eq!(
+        total(&after, "keel_model_cost_micros_total", &mock),
+        cost as f64
+    );
+    assert_eq!(
+        total(
+            &after,
+            "keel_task_states_total",
+            &[("state", "completed"), tenant]
+        ),
+        1.0
+    );
+    // The HTTP metrics never carry the tenant.
+    assert!(after
+        .samples
+        .iter()
+        .filter(|s| s.metric == "keel_http_requests_total")
+        .all(|s| s.labels.get("tenant").is_none()));
+
+    // A streamed send is an open subscriber until its stream ends.
+    let body = json!({
+        "jsonrpc": "2.0", "id": 2, "method": "SendStreamingMessage",
+        "params": {"message": {"messageId": "m2", "role": "ROLE_USER", "parts": [{"text": "/slow {}"}]}}
+    });
+    let stream = reqwest::Client::new()
+        .post(&server.url)
+        .header("A2A-Version", "1.0")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let open = |n: f64| {
+        let url = server.url.clone();
+        async move {
+            let scraped = scrape(&url).await;
+            (total(&scraped, "keel_sse_subscribers", &[]) == n).then_some(())
+        }
+    };
+    eventually("one open subscriber", || open(1.0)).await;
+    release.notify_one();
+    let streamed = stream.text().await.unwrap();
+    assert!(streamed.contains("TASK_STATE_COMPLETED"), "{streamed}");
+    eventually("no open subscriber", || open(0.0)).await;
 }
