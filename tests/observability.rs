@@ -324,18 +324,38 @@ async fn a_keel_toml_turns_metrics_and_json_logs_on() {
 #[tokio::test]
 async fn a_priced_model_s_cost_is_in_the_report_and_the_metrics_and_tenant_labels_are_opt_in() {
     // A tool that answers only when the test lets it: a stream of its task stays open.
+    // Beside it, webhooks that take push notifications (`/hook`) or refuse them (`/broken`).
     let release = Arc::new(tokio::sync::Notify::new());
     let held = release.clone();
-    let tool = support::serve(axum::Router::new().route(
-        "/slow",
-        axum::routing::post(move || {
-            let held = held.clone();
-            async move {
-                held.notified().await;
-                axum::Json(json!({"done": true}))
-            }
-        }),
-    ))
+    let hooks = Arc::new(std::sync::Mutex::new(Vec::<&'static str>::new()));
+    let (took, refused) = (hooks.clone(), hooks.clone());
+    let tool = support::serve(
+        axum::Router::new()
+            .route(
+                "/slow",
+                axum::routing::post(move || {
+                    let held = held.clone();
+                    async move {
+                        held.notified().await;
+                        axum::Json(json!({"done": true}))
+                    }
+                }),
+            )
+            .route(
+                "/hook",
+                axum::routing::post(move || {
+                    took.lock().unwrap().push("delivered");
+                    async { "ok" }
+                }),
+            )
+            .route(
+                "/broken",
+                axum::routing::post(move || {
+                    refused.lock().unwrap().push("failed");
+                    async { (axum::http::StatusCode::BAD_REQUEST, "no") }
+                }),
+            ),
+    )
     .await;
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite:{}", dir.path().join("keel.db").display());
@@ -343,14 +363,17 @@ async fn a_priced_model_s_cost_is_in_the_report_and_the_metrics_and_tenant_label
     std::fs::write(
         &config,
         format!(
-            "[server]\nstore = \"{store}\"\nmetrics = true\nmetrics_tenant_labels = true\n\n\
+            "[server]\nstore = \"{store}\"\nmetrics = true\nmetrics_tenant_labels = true\n\
+             [server.push]\nallow_private_targets = true\n\n\
              [prices.mock]\ninput = 2.5\noutput = 10.0\n\n\
              [[agents]]\nname = \"priced\"\ndescription = \"Costs.\"\n\n\
              [[agents.tools.http]]\nname = \"slow\"\ndescription = \"Slow.\"\nurl = \"{tool}/slow\"\n"
         ),
     )
     .unwrap();
-    let server = KeelServer::start_with(&["--config", config.to_str().unwrap()]);
+    // One thread at a time: a second thread waits for the slot the slow one holds.
+    let server =
+        KeelServer::start_with(&["--config", config.to_str().unwrap(), "--max-threads", "1"]);
     let tenant = ("tenant", "default-app/default-user");
 
     // A run that answers: its calls' costs add up to the report's and to the counter.
@@ -414,8 +437,63 @@ async fn a_priced_model_s_cost_is_in_the_report_and_the_metrics_and_tenant_label
         }
     };
     eventually("one open subscriber", || open(1.0)).await;
+    let queued = |n: f64| {
+        let url = server.url.clone();
+        async move {
+            let scraped = scrape(&url).await;
+            (total(&scraped, "keel_queue_depth", &[tenant]) == n).then_some(())
+        }
+    };
+    // Two more tasks, each asking for push notifications, wait behind the slow one.
+    let sends: Vec<_> = ["hook", "broken"]
+        .into_iter()
+        .map(|path| {
+            let (url, webhook) = (server.url.clone(), format!("{tool}/{path}"));
+            tokio::spawn(async move {
+                let body = json!({
+                    "jsonrpc": "2.0", "id": 3, "method": "SendMessage",
+                    "params": {
+                        "message": {"messageId": support::uuid_like(), "role": "ROLE_USER", "parts": [{"text": "hello"}]},
+                        "configuration": {"taskPushNotificationConfig": {"url": webhook}}
+                    }
+                });
+                support::post_rpc(&url, &body).await
+            })
+        })
+        .collect();
+    eventually("two threads waiting for the slot", || queued(2.0)).await;
     release.notify_one();
     let streamed = stream.text().await.unwrap();
     assert!(streamed.contains("TASK_STATE_COMPLETED"), "{streamed}");
     eventually("no open subscriber", || open(0.0)).await;
+    for send in sends {
+        let answer = send.await.unwrap();
+        assert_eq!(
+            answer["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+            "{answer}"
+        );
+    }
+    eventually("no thread waiting", || queued(0.0)).await;
+
+    // Every push notification counted by how it ended, as the webhooks saw them.
+    let pushed = |outcome: &'static str| {
+        let (url, hooks) = (server.url.clone(), hooks.clone());
+        async move {
+            let seen = hooks
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|o| **o == outcome)
+                .count();
+            let scraped = scrape(&url).await;
+            let counted = total(
+                &scraped,
+                "keel_push_deliveries_total",
+                &[("outcome", outcome)],
+            );
+            (seen > 0 && counted == seen as f64).then_some(())
+        }
+    };
+    eventually("delivered pushes counted", || pushed("delivered")).await;
+    eventually("failed pushes counted", || pushed("failed")).await;
 }
