@@ -497,3 +497,41 @@ async fn a_priced_model_s_cost_is_in_the_report_and_the_metrics_and_tenant_label
     eventually("delivered pushes counted", || pushed("delivered")).await;
     eventually("failed pushes counted", || pushed("failed")).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thread_taken_over_from_a_killed_process_is_counted_by_the_survivor() {
+    let prefix = format!("keel-test-{}:", support::uuid_like());
+    let redis = support::redis_url();
+    let args = [
+        "--store",
+        redis.as_str(),
+        "--redis-prefix",
+        prefix.as_str(),
+        "--lease-ttl",
+        "1",
+        "--metrics",
+    ];
+    let a = KeelServer::start_with(&args);
+    let b = KeelServer::start_with(&args);
+    let rpc_a = support::Rpc::new(&a);
+    let task = rpc_a.send(r#"/sleep {"seconds": 300}"#, None, true).await;
+    let id = task["id"].as_str().unwrap().to_owned();
+    rpc_a
+        .wait_for(&id, std::time::Duration::from_secs(10), |s| {
+            s == "TASK_STATE_WORKING"
+        })
+        .await;
+    assert_eq!(
+        total(&scrape(&b.url).await, "keel_takeovers_total", &[]),
+        0.0
+    );
+    a.kill_hard();
+    eventually("the survivor's takeover, counted", || {
+        let url = b.url.clone();
+        async move {
+            let scraped = scrape(&url).await;
+            (total(&scraped, "keel_takeovers_total", &[]) == 1.0).then_some(())
+        }
+    })
+    .await;
+}
