@@ -5,6 +5,7 @@
 mod support;
 
 use std::process::Command;
+use std::sync::Arc;
 
 use keel_runtime::testing::eventually;
 use prometheus_parse::{Scrape, Value};
@@ -318,4 +319,219 @@ async fn a_keel_toml_turns_metrics_and_json_logs_on() {
         (&line["method"], &line["status"]),
         (&json!("GET"), &json!(200))
     );
+}
+
+#[tokio::test]
+async fn a_priced_model_s_cost_is_in_the_report_and_the_metrics_and_tenant_labels_are_opt_in() {
+    // A tool that answers only when the test lets it: a stream of its task stays open.
+    // Beside it, webhooks that take push notifications (`/hook`) or refuse them (`/broken`).
+    let release = Arc::new(tokio::sync::Notify::new());
+    let held = release.clone();
+    let hooks = Arc::new(std::sync::Mutex::new(Vec::<&'static str>::new()));
+    let (took, refused) = (hooks.clone(), hooks.clone());
+    let tool = support::serve(
+        axum::Router::new()
+            .route(
+                "/slow",
+                axum::routing::post(move || {
+                    let held = held.clone();
+                    async move {
+                        held.notified().await;
+                        axum::Json(json!({"done": true}))
+                    }
+                }),
+            )
+            .route(
+                "/hook",
+                axum::routing::post(move || {
+                    took.lock().unwrap().push("delivered");
+                    async { "ok" }
+                }),
+            )
+            .route(
+                "/broken",
+                axum::routing::post(move || {
+                    refused.lock().unwrap().push("failed");
+                    async { (axum::http::StatusCode::BAD_REQUEST, "no") }
+                }),
+            ),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("keel.db").display());
+    let config = dir.path().join("keel.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nstore = \"{store}\"\nmetrics = true\nmetrics_tenant_labels = true\n\
+             [server.push]\nallow_private_targets = true\n\n\
+             [prices.mock]\ninput = 2.5\noutput = 10.0\n\n\
+             [[agents]]\nname = \"priced\"\ndescription = \"Costs.\"\n\n\
+             [[agents.tools.http]]\nname = \"slow\"\ndescription = \"Slow.\"\nurl = \"{tool}/slow\"\n"
+        ),
+    )
+    .unwrap();
+    // One thread at a time: a second thread waits for the slot the slow one holds.
+    let server =
+        KeelServer::start_with(&["--config", config.to_str().unwrap(), "--max-threads", "1"]);
+    let tenant = ("tenant", "default-app/default-user");
+
+    // A run that answers: its calls' costs add up to the report's and to the counter.
+    let task_id = run_task(&server.url, "hello").await;
+    let report = report(&store, &task_id);
+    let events = report["events"].as_array().unwrap();
+    let cost: u64 = events
+        .iter()
+        .filter(|e| e["type"] == "llm.call.completed")
+        .map(|e| {
+            e["payload"]["cost_micros"]
+                .as_u64()
+                .expect("a priced call's cost")
+        })
+        .sum();
+    assert!(cost > 0, "{report}");
+    assert_eq!(report["model"]["cost_micros"].as_u64(), Some(cost));
+    assert_eq!(
+        report["budget"]["usage"]["cost_micros"].as_u64(),
+        Some(cost)
+    );
+    let after = scrape(&server.url).await;
+    let mock = [("provider", "mock"), ("model", "mock"), tenant];
+    assert_eq!(
+        total(&after, "keel_model_cost_micros_total", &mock),
+        cost as f64
+    );
+    assert_eq!(
+        total(
+            &after,
+            "keel_task_states_total",
+            &[("state", "completed"), tenant]
+        ),
+        1.0
+    );
+    // The HTTP metrics never carry the tenant.
+    assert!(after
+        .samples
+        .iter()
+        .filter(|s| s.metric == "keel_http_requests_total")
+        .all(|s| s.labels.get("tenant").is_none()));
+
+    // A streamed send is an open subscriber until its stream ends.
+    let body = json!({
+        "jsonrpc": "2.0", "id": 2, "method": "SendStreamingMessage",
+        "params": {"message": {"messageId": "m2", "role": "ROLE_USER", "parts": [{"text": "/slow {}"}]}}
+    });
+    let stream = reqwest::Client::new()
+        .post(&server.url)
+        .header("A2A-Version", "1.0")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let open = |n: f64| {
+        let url = server.url.clone();
+        async move {
+            let scraped = scrape(&url).await;
+            (total(&scraped, "keel_sse_subscribers", &[]) == n).then_some(())
+        }
+    };
+    eventually("one open subscriber", || open(1.0)).await;
+    let queued = |n: f64| {
+        let url = server.url.clone();
+        async move {
+            let scraped = scrape(&url).await;
+            (total(&scraped, "keel_queue_depth", &[tenant]) == n).then_some(())
+        }
+    };
+    // Two more tasks, each asking for push notifications, wait behind the slow one.
+    let sends: Vec<_> = ["hook", "broken"]
+        .into_iter()
+        .map(|path| {
+            let (url, webhook) = (server.url.clone(), format!("{tool}/{path}"));
+            tokio::spawn(async move {
+                let body = json!({
+                    "jsonrpc": "2.0", "id": 3, "method": "SendMessage",
+                    "params": {
+                        "message": {"messageId": support::uuid_like(), "role": "ROLE_USER", "parts": [{"text": "hello"}]},
+                        "configuration": {"taskPushNotificationConfig": {"url": webhook}}
+                    }
+                });
+                support::post_rpc(&url, &body).await
+            })
+        })
+        .collect();
+    eventually("two threads waiting for the slot", || queued(2.0)).await;
+    release.notify_one();
+    let streamed = stream.text().await.unwrap();
+    assert!(streamed.contains("TASK_STATE_COMPLETED"), "{streamed}");
+    eventually("no open subscriber", || open(0.0)).await;
+    for send in sends {
+        let answer = send.await.unwrap();
+        assert_eq!(
+            answer["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+            "{answer}"
+        );
+    }
+    eventually("no thread waiting", || queued(0.0)).await;
+
+    // Every push notification counted by how it ended, as the webhooks saw them.
+    let pushed = |outcome: &'static str| {
+        let (url, hooks) = (server.url.clone(), hooks.clone());
+        async move {
+            let seen = hooks
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|o| **o == outcome)
+                .count();
+            let scraped = scrape(&url).await;
+            let counted = total(
+                &scraped,
+                "keel_push_deliveries_total",
+                &[("outcome", outcome)],
+            );
+            (seen > 0 && counted == seen as f64).then_some(())
+        }
+    };
+    eventually("delivered pushes counted", || pushed("delivered")).await;
+    eventually("failed pushes counted", || pushed("failed")).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thread_taken_over_from_a_killed_process_is_counted_by_the_survivor() {
+    let prefix = format!("keel-test-{}:", support::uuid_like());
+    let redis = support::redis_url();
+    let args = [
+        "--store",
+        redis.as_str(),
+        "--redis-prefix",
+        prefix.as_str(),
+        "--lease-ttl",
+        "1",
+        "--metrics",
+    ];
+    let a = KeelServer::start_with(&args);
+    let b = KeelServer::start_with(&args);
+    let rpc_a = support::Rpc::new(&a);
+    let task = rpc_a.send(r#"/sleep {"seconds": 300}"#, None, true).await;
+    let id = task["id"].as_str().unwrap().to_owned();
+    rpc_a
+        .wait_for(&id, std::time::Duration::from_secs(10), |s| {
+            s == "TASK_STATE_WORKING"
+        })
+        .await;
+    assert_eq!(
+        total(&scrape(&b.url).await, "keel_takeovers_total", &[]),
+        0.0
+    );
+    a.kill_hard();
+    eventually("the survivor's takeover, counted", || {
+        let url = b.url.clone();
+        async move {
+            let scraped = scrape(&url).await;
+            (total(&scraped, "keel_takeovers_total", &[]) == 1.0).then_some(())
+        }
+    })
+    .await;
 }

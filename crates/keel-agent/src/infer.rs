@@ -42,16 +42,34 @@ pub(crate) async fn output_checkpoint(obs: &RunObs) -> AgentResult<()> {
     obs.budget(|b| b.check_output_tokens()).await
 }
 
-/// Before the call: `context.prepared`, the budget's model-call check (an exceeded budget
-/// is the error, after its `budget.exceeded` event), then `llm.call.started`.
+/// Before the call: `context.prepared`, the budget's model-call checks (an exceeded budget
+/// is the error, after its `budget.exceeded` event), then `llm.call.started`. A priced model's
+/// call is first checked for cost: its context's estimated tokens at the input price and
+/// its output limit (the request's, else the model's) at the output price (decision 186).
 pub(crate) async fn before_call(
     obs: &RunObs,
     site: &CallSite<'_>,
     manifest: &ContextManifest,
+    request: &LlmRequest,
 ) -> AgentResult<()> {
     obs.emit(RunEvent::context_prepared(manifest).step(site.step))
         .await;
-    obs.budget(|b| b.check_llm_call(manifest)).await?;
+    let estimate = site.profile.price.map(|price| {
+        let output = request
+            .max_output_tokens
+            .or(site.profile.max_output_tokens)
+            .unwrap_or(0);
+        price.cost_micros(manifest.total_estimated_tokens, output)
+    });
+    obs.budget(|b| {
+        let mut warnings = match estimate {
+            Some(estimate) => b.check_llm_cost(estimate)?,
+            None => Vec::new(),
+        };
+        warnings.extend(b.check_llm_call(manifest)?);
+        Ok(warnings)
+    })
+    .await?;
     obs.emit(
         RunEvent::llm_call_started(LlmCallStartedPayload {
             provider: Some(site.profile.provider.clone()),
@@ -98,6 +116,14 @@ pub(crate) async fn after_call(
 ) {
     let output_tokens = response.output_tokens();
     obs.record_llm_usage(response.usage.input_tokens, output_tokens);
+    // The cost of the tokens the event reports, so that the events add up to the usage.
+    let cost_micros = site
+        .profile
+        .price
+        .map(|price| price.cost_micros(response.usage.input_tokens, output_tokens));
+    if let Some(cost) = cost_micros {
+        obs.record_llm_cost(cost);
+    }
     obs.emit(
         RunEvent::llm_call_completed(LlmCallCompletedPayload {
             provider: Some(site.profile.provider.clone()),
@@ -115,6 +141,7 @@ pub(crate) async fn after_call(
                 }
                 .to_owned(),
             ),
+            cost_micros,
         })
         .step(site.step),
     )
@@ -209,7 +236,7 @@ impl Inference {
         // Each call is a step of the run, as each of the engine's steps is one model call.
         step_checkpoint(&self.obs).await?;
         let manifest = prepare_manifest(&request, &self.profile, self.ids.clone());
-        before_call(&self.obs, &site, &manifest).await?;
+        before_call(&self.obs, &site, &manifest, &request).await?;
         let called = Instant::now();
         let response = stream_response(&self.obs, &site, request).await?;
         after_call(&self.obs, &site, &response, called).await;

@@ -1,11 +1,13 @@
 //! Metrics and log lines of a run, read off its event stream: every fact a run's metrics
 //! count (a run started or ended, a step, a model call with its usage, a tool call with its
 //! outcome, a policy decision, an approval) is already an event, so one sink counts them all
-//! here, and no checkpoint of the engine counts anything itself. The `metrics` macros cost
-//! nothing when no recorder is installed (a library user's process); `keel serve` installs
-//! one (docs/observability.md lists every metric).
+//! here, and no checkpoint of the engine counts anything itself. Nothing is counted (no
+//! label is built) until the process says it installed a recorder ([`enable`]), and a run
+//! gets no meter at all when it would neither count nor log (a library user's process);
+//! `keel serve --metrics` turns it on (docs/observability.md lists every metric).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use async_trait::async_trait;
@@ -13,6 +15,7 @@ use chrono::{DateTime, Utc};
 use keel_core::{AgentResult, TaskState};
 use keel_events::payload::{LlmCallCompletedPayload, RunStoppedPayload};
 use keel_events::{EventSink, EventType, RunEvent};
+use metrics::Label;
 
 /// Runs that emitted their first event (a run resumed after a pause is not started again).
 pub const RUNS_STARTED: &str = "keel_runs_started_total";
@@ -26,6 +29,8 @@ pub const MODEL_CALLS: &str = "keel_model_calls_total";
 pub const MODEL_CALL_SECONDS: &str = "keel_model_call_duration_seconds";
 /// Tokens of model calls, by `provider`, `model` and `direction` (`input`, `output`).
 pub const MODEL_TOKENS: &str = "keel_model_tokens_total";
+/// What priced model calls cost, in micro-dollars, by `provider` and `model` (decision 185).
+pub const MODEL_COST: &str = "keel_model_cost_micros_total";
 /// Tool calls (actions) that ended, by `tool` and `outcome` (`completed`, `failed`,
 /// `denied`).
 pub const TOOL_CALLS: &str = "keel_tool_calls_total";
@@ -36,6 +41,97 @@ pub const POLICY_DECISIONS: &str = "keel_policy_decisions_total";
 /// Approvals asked in this process and not yet decided.
 pub const APPROVALS_WAITING: &str = "keel_approvals_waiting";
 
+/// Tasks that came to rest in a state (their `task.status` event), by `state`.
+pub const TASK_STATES: &str = "keel_task_states_total";
+/// Thread leases this process lost while working or waiting to work a thread (another
+/// process took it, or the store was out for a lease's time).
+pub const LEASE_LOSSES: &str = "keel_lease_losses_total";
+/// Threads this process took over from another that stopped working them (takeover sweep).
+pub const TAKEOVERS: &str = "keel_takeovers_total";
+/// Threads of this process waiting for a work slot (`max_threads`, per tenant too).
+pub const QUEUE_DEPTH: &str = "keel_queue_depth";
+
+/// Whether the process installed a recorder and wants runs counted ([`enable`]).
+static COUNTING: AtomicBool = AtomicBool::new(false);
+/// Whether run metrics carry a `tenant` label ([`enable_tenant_labels`]).
+static TENANT_LABELS: AtomicBool = AtomicBool::new(false);
+
+/// Count every run's metrics from now on: the process installed a `metrics` recorder. Until
+/// this is called, the meter builds no label and calls no `metrics` macro, so that a
+/// process without a recorder pays nothing per event for them.
+pub fn enable() {
+    COUNTING.store(true, Ordering::Relaxed);
+}
+
+/// Whether runs are counted ([`enable`] was called).
+pub fn enabled() -> bool {
+    COUNTING.load(Ordering::Relaxed)
+}
+
+/// Label run metrics and the work-slot queue with the `tenant` (`app/user`) from now on.
+/// Off by default: each tenant makes its own series of every such metric (decision 188).
+pub fn enable_tenant_labels() {
+    TENANT_LABELS.store(true, Ordering::Relaxed);
+}
+
+/// The `tenant` label value of `auth` when tenant labels are on and runs are counted.
+pub(crate) fn tenant_label(auth: &keel_runtime::AuthContext) -> Option<String> {
+    (enabled() && TENANT_LABELS.load(Ordering::Relaxed))
+        .then(|| format!("{}/{}", auth.app_name, auth.user_name))
+}
+
+/// A thread lease was lost.
+pub(crate) fn lease_lost() {
+    if enabled() {
+        metrics::counter!(LEASE_LOSSES).increment(1);
+    }
+}
+
+/// The takeover sweep took `threads` threads.
+pub(crate) fn took_over(threads: usize) {
+    if enabled() && threads > 0 {
+        metrics::counter!(TAKEOVERS).increment(threads as u64);
+    }
+}
+
+/// A thread waiting for a work slot: counted in [`QUEUE_DEPTH`] while it lives.
+pub(crate) struct Queued(Option<Vec<Label>>);
+
+impl Queued {
+    /// A thread of `auth` starts waiting.
+    pub(crate) fn enter(auth: &keel_runtime::AuthContext) -> Self {
+        if !enabled() {
+            return Self(None);
+        }
+        let labels = with_tenant(Vec::new(), tenant_label(auth));
+        metrics::gauge!(QUEUE_DEPTH, labels.clone()).increment(1.0);
+        Self(Some(labels))
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        if let Some(labels) = self.0.take() {
+            metrics::gauge!(QUEUE_DEPTH, labels).decrement(1.0);
+        }
+    }
+}
+
+/// `labels` with a `tenant` label added when there is one.
+fn with_tenant(mut labels: Vec<Label>, tenant: Option<String>) -> Vec<Label> {
+    if let Some(tenant) = tenant {
+        labels.push(Label::new("tenant", tenant));
+    }
+    labels
+}
+
+/// Whether a run needs a meter: it counts, or its milestones would be logged (a subscriber
+/// takes `info` lines of `keel::run`). Asked once per run, so a run that would do neither
+/// has no meter among its sinks.
+pub(crate) fn wanted() -> bool {
+    enabled() || tracing::enabled!(target: "keel::run", tracing::Level::INFO)
+}
+
 /// The approvals this process saw asked and not yet decided, by run and action: the gauge is
 /// their number, so that a decision this process never saw asked (asked before a restart)
 /// does not take it below zero, and a run that ends while one waits (canceled) drops it.
@@ -45,6 +141,8 @@ static WAITING: LazyLock<Mutex<HashSet<(String, String)>>> = LazyLock::new(Mutex
 #[derive(Default)]
 pub(crate) struct RunMeter {
     state: Mutex<Pending>,
+    /// The run's tenant, when tenant labels are on.
+    tenant: Option<String>,
 }
 
 /// What a later event of the run needs from an earlier one.
@@ -65,13 +163,33 @@ impl EventSink for RunMeter {
 }
 
 impl RunMeter {
+    /// The meter of a run of `tenant` (`Some` only when tenant labels are on).
+    pub(crate) fn new(tenant: Option<String>) -> Self {
+        Self {
+            state: Mutex::default(),
+            tenant,
+        }
+    }
+
+    /// `pairs` as labels, with the run's tenant when it has one.
+    fn labels(&self, pairs: &[(&'static str, &str)]) -> Vec<Label> {
+        let labels = pairs
+            .iter()
+            .map(|(key, value)| Label::new(*key, (*value).to_owned()))
+            .collect();
+        with_tenant(labels, self.tenant.clone())
+    }
+
     /// Note what `event` says happened.
     pub(crate) fn observe(&self, event: &RunEvent) {
         // Borrowed: most events count nothing, and an event costs the engine no copy here.
         let agent = event.agent_name.as_deref().unwrap_or_default();
         let kind = &event.event_type;
+        let counting = enabled();
         if event.sequence == 1 {
-            metrics::counter!(RUNS_STARTED, "agent" => agent.to_owned()).increment(1);
+            if counting {
+                metrics::counter!(RUNS_STARTED, self.labels(&[("agent", agent)])).increment(1);
+            }
             tracing::info!(
                 target: "keel::run",
                 run_id = %event.run_id,
@@ -81,17 +199,25 @@ impl RunMeter {
             );
         }
         if *kind == EventType::STOP_EVALUATED {
-            metrics::counter!(STEPS, "agent" => agent.to_owned()).increment(1);
+            if counting {
+                metrics::counter!(STEPS, self.labels(&[("agent", agent)])).increment(1);
+            }
         } else if *kind == EventType::RUN_STOPPED {
             if let Ok(stopped) = event.payload_as::<RunStoppedPayload>() {
                 self.run_stopped(event, agent, &stopped);
             }
+        } else if *kind == EventType::TASK_STATUS {
+            if let Some(state) = text(event, "/state").filter(|_| counting) {
+                metrics::counter!(TASK_STATES, self.labels(&[("state", state)])).increment(1);
+            }
         } else if *kind == EventType::LLM_CALL_STARTED {
             self.pending().model_call = Some(event.timestamp);
         } else if *kind == EventType::LLM_CALL_COMPLETED {
-            if let Ok(call) = event.payload_as::<LlmCallCompletedPayload>() {
-                let started = self.pending().model_call.take();
-                model_call(event, &call, started);
+            let started = self.pending().model_call.take();
+            if counting {
+                if let Ok(call) = event.payload_as::<LlmCallCompletedPayload>() {
+                    self.model_call(event, &call, started);
+                }
             }
         } else if *kind == EventType::ACTION_REQUESTED || *kind == EventType::ACTION_STARTED {
             // The action's arguments are not read (nor copied): only its id and name.
@@ -104,11 +230,12 @@ impl RunMeter {
         } else if let Some(outcome) = action_outcome(kind) {
             if let Some(id) = text(event, "/action_id") {
                 let duration_ms = event.payload.get("duration_ms").and_then(|d| d.as_u64());
-                self.tool_call(event, id, outcome, duration_ms);
+                self.tool_call(event, id, outcome, duration_ms, counting);
             }
         } else if *kind == EventType::ACTION_POLICY {
-            if let Some(decision) = text(event, "/decision") {
-                metrics::counter!(POLICY_DECISIONS, "decision" => decision.to_owned()).increment(1);
+            if let Some(decision) = text(event, "/decision").filter(|_| counting) {
+                metrics::counter!(POLICY_DECISIONS, self.labels(&[("decision", decision)]))
+                    .increment(1);
             }
         } else if *kind == EventType::APPROVAL_REQUIRED {
             if let (Some(id), Some(action)) = (
@@ -153,8 +280,10 @@ impl RunMeter {
     fn run_stopped(&self, event: &RunEvent, agent: &str, stopped: &RunStoppedPayload) {
         let ended = stopped.state.is_terminal();
         if ended {
-            metrics::counter!(RUNS_ENDED, "agent" => agent.to_owned(), "outcome" => stopped.state.as_str())
-                .increment(1);
+            if enabled() {
+                let labels = self.labels(&[("agent", agent), ("outcome", stopped.state.as_str())]);
+                metrics::counter!(RUNS_ENDED, labels).increment(1);
+            }
             // Approvals of a run that ended (canceled while one waited) wait no more.
             let run = event.run_id.to_string();
             waiting(|set| set.retain(|(waiting_run, _)| *waiting_run != run));
@@ -177,13 +306,14 @@ impl RunMeter {
         );
     }
 
-    /// An action ended with `outcome`; `ran` says whether it ran (and so took time).
+    /// An action ended with `outcome`: counted when `counting`, and logged.
     fn tool_call(
         &self,
         event: &RunEvent,
         action_id: &str,
         outcome: &'static str,
         duration_ms: Option<u64>,
+        counting: bool,
     ) {
         // A denied action never ran, so it took no time.
         let ran = outcome != "denied";
@@ -192,11 +322,18 @@ impl RunMeter {
             Some((tool, started)) => (tool, Some(started)),
             None => (String::new(), None),
         };
-        metrics::counter!(TOOL_CALLS, "tool" => tool.clone(), "outcome" => outcome).increment(1);
         let seconds = seconds(duration_ms, started, event.timestamp);
-        if ran {
+        if counting {
+            metrics::counter!(
+                TOOL_CALLS,
+                self.labels(&[("tool", &tool), ("outcome", outcome)])
+            )
+            .increment(1);
+        }
+        if ran && counting {
             if let Some(seconds) = seconds {
-                metrics::histogram!(TOOL_CALL_SECONDS, "tool" => tool.clone()).record(seconds);
+                metrics::histogram!(TOOL_CALL_SECONDS, self.labels(&[("tool", &tool)]))
+                    .record(seconds);
             }
         }
         tracing::info!(
@@ -212,24 +349,30 @@ impl RunMeter {
     }
 }
 
-/// A model call returned: its count, latency and tokens.
-fn model_call(event: &RunEvent, call: &LlmCallCompletedPayload, started: Option<DateTime<Utc>>) {
-    let provider = call.provider.clone().unwrap_or_default();
-    let model = call.model.clone().unwrap_or_default();
-    metrics::counter!(MODEL_CALLS, "provider" => provider.clone(), "model" => model.clone())
-        .increment(1);
-    if let Some(seconds) = seconds(call.latency_ms, started, event.timestamp) {
-        metrics::histogram!(MODEL_CALL_SECONDS, "provider" => provider.clone(), "model" => model.clone())
-            .record(seconds);
-    }
-    for (direction, tokens) in [("input", call.input_tokens), ("output", call.output_tokens)] {
-        metrics::counter!(
-            MODEL_TOKENS,
-            "provider" => provider.clone(),
-            "model" => model.clone(),
-            "direction" => direction
-        )
-        .increment(tokens);
+/// Reads of a model call's payload for the meter.
+impl RunMeter {
+    /// A model call returned: its count, latency, tokens and cost.
+    fn model_call(
+        &self,
+        event: &RunEvent,
+        call: &LlmCallCompletedPayload,
+        started: Option<DateTime<Utc>>,
+    ) {
+        let provider = call.provider.as_deref().unwrap_or_default();
+        let model = call.model.as_deref().unwrap_or_default();
+        let labels = self.labels(&[("provider", provider), ("model", model)]);
+        metrics::counter!(MODEL_CALLS, labels.clone()).increment(1);
+        if let Some(seconds) = seconds(call.latency_ms, started, event.timestamp) {
+            metrics::histogram!(MODEL_CALL_SECONDS, labels.clone()).record(seconds);
+        }
+        for (direction, tokens) in [("input", call.input_tokens), ("output", call.output_tokens)] {
+            let mut labels = labels.clone();
+            labels.push(Label::from_static_parts("direction", direction));
+            metrics::counter!(MODEL_TOKENS, labels).increment(tokens);
+        }
+        if let Some(cost) = call.cost_micros {
+            metrics::counter!(MODEL_COST, labels).increment(cost);
+        }
     }
 }
 
@@ -253,7 +396,9 @@ fn seconds(
 fn waiting(change: impl FnOnce(&mut HashSet<(String, String)>)) {
     let mut set = WAITING.lock().unwrap_or_else(|p| p.into_inner());
     change(&mut set);
-    metrics::gauge!(APPROVALS_WAITING).set(set.len() as f64);
+    if enabled() {
+        metrics::gauge!(APPROVALS_WAITING).set(set.len() as f64);
+    }
 }
 
 /// The outcome label of an action's end event, `None` for other events.
@@ -330,10 +475,11 @@ mod tests {
 
     #[test]
     fn approvals_wait_until_decided_or_their_run_ends_and_denied_calls_take_no_time() {
+        enable();
         let recorder = PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         let emitter = EventEmitter::new(&RunContext::new(), Arc::new(InMemoryEventSink::new()));
-        let meter = RunMeter::default();
+        let meter = RunMeter::new(None);
         let observe = |events: Vec<RunEventBuilder>| {
             metrics::with_local_recorder(&recorder, || {
                 for event in events {

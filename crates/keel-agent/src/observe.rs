@@ -34,6 +34,8 @@ pub(crate) struct RunObs {
 }
 
 impl RunObs {
+    /// The plane of a run of `task_id`: its events go to `sinks`, in order (the engine puts
+    /// the run's meter first).
     pub(crate) fn new(
         sinks: &[Arc<dyn EventSink>],
         context: &RunContext,
@@ -47,8 +49,7 @@ impl RunObs {
         // one of the sinks: `emit_reported` records every event in it after the sinks saw it,
         // so a failing sink never leaves the report short.
         let report = ReportWriter::new().redacting(RedactionPolicy::default());
-        // The run's metrics and log lines come first, so that no failing sink hides an event.
-        let mut fan_out = MultiSink::new().with(Arc::new(crate::meter::RunMeter::default()));
+        let mut fan_out = MultiSink::new();
         for sink in sinks {
             fan_out = fan_out.with(sink.clone());
         }
@@ -197,6 +198,14 @@ impl RunObs {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .record_llm_usage(input, output);
+    }
+
+    /// Record what a priced model call cost, in micro-dollars.
+    pub(crate) fn record_llm_cost(&self, cost_micros: u64) {
+        self.budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record_llm_cost(cost_micros);
     }
 
     /// Judge an action with the agent's policy narrowed by the run's permissions, emitting

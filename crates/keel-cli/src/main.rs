@@ -570,6 +570,10 @@ struct ServeArgs {
     /// docs/observability.md.
     #[arg(long, env = "KEEL_METRICS")]
     metrics: bool,
+    /// Label the run metrics with the tenant (`app/user`): one series per tenant (or the
+    /// file's `[server] metrics_tenant_labels`).
+    #[arg(long, env = "KEEL_METRICS_TENANT_LABELS")]
+    metrics_tenant_labels: bool,
     /// How log lines are written to stderr: `text`, or `json` (one object per line); over
     /// the file's `[server] log_format`.
     #[arg(long, value_enum, default_value_t = telemetry::LogFormat::Text, env = "KEEL_LOG_FORMAT")]
@@ -884,8 +888,14 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
         Some(path) => Some(path.clone()),
         None => Some(PathBuf::from(keel::config::DEFAULT_CONFIG_FILE)).filter(|p| p.exists()),
     };
+    if args.metrics_tenant_labels {
+        keel::agent::meter::enable_tenant_labels();
+    }
     if let Some(path) = file {
         let loaded = keel::Config::from_path(&path).map_err(|err| err.to_string())?;
+        if loaded.server.metrics_tenant_labels {
+            keel::agent::meter::enable_tenant_labels();
+        }
         let matches = matches.unwrap_or_default();
         if matches.value_source("llm") == Some(clap::parser::ValueSource::CommandLine) {
             return Err(

@@ -73,6 +73,8 @@ pub(crate) fn metrics_route() -> Result<MetricsRoute, String> {
         .set_buckets(&SECONDS_BUCKETS)
         .and_then(PrometheusBuilder::install_recorder)
         .map_err(|err| format!("cannot install the metrics recorder: {err}"))?;
+    // Runs are counted only from here: without a recorder the meter builds no labels.
+    keel::agent::meter::enable();
     let route = MetricsRoute::new(move || {
         // Histograms are folded into their buckets here, when someone looks.
         handle.run_upkeep();

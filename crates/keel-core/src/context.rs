@@ -25,6 +25,9 @@ pub struct RunBudget {
     pub max_output_tokens: Option<u64>,
     /// Wall-clock seconds.
     pub max_runtime_seconds: Option<f64>,
+    /// Micro-dollars of priced model calls, estimated before each call from its context and
+    /// output limit (decision 186).
+    pub max_cost_micros: Option<u64>,
 }
 
 impl RunBudget {
@@ -44,6 +47,7 @@ impl RunBudget {
             max_input_tokens: min(self.max_input_tokens, other.max_input_tokens),
             max_output_tokens: min(self.max_output_tokens, other.max_output_tokens),
             max_runtime_seconds: min(self.max_runtime_seconds, other.max_runtime_seconds),
+            max_cost_micros: min(self.max_cost_micros, other.max_cost_micros),
         }
     }
 }

@@ -51,7 +51,7 @@ pub use task::{StateTransition, Task, TaskItem, TaskState, TaskStatus};
 pub use trace::{SpanId, TraceParent, W3cTraceId};
 pub use values::{
     ApprovalDecision, ApprovalOutcome, ApprovalRequest, BudgetLimit, BudgetUsage, ContextItem,
-    ContextManifest, RunAction,
+    ContextManifest, ModelPrice, RunAction,
 };
 
 /// A JSON object: the shape of every `metadata` field in Keel.

@@ -181,6 +181,8 @@ pub enum BudgetLimit {
     MaxOutputTokens,
     /// `max_runtime_seconds`.
     MaxRuntimeSeconds,
+    /// `max_cost_micros`.
+    MaxCostMicros,
 }
 
 impl BudgetLimit {
@@ -193,6 +195,7 @@ impl BudgetLimit {
             BudgetLimit::MaxInputTokens => "max_input_tokens",
             BudgetLimit::MaxOutputTokens => "max_output_tokens",
             BudgetLimit::MaxRuntimeSeconds => "max_runtime_seconds",
+            BudgetLimit::MaxCostMicros => "max_cost_micros",
         }
     }
 }
@@ -212,6 +215,56 @@ pub struct BudgetUsage {
     pub output_tokens: u64,
     /// Seconds elapsed.
     pub runtime_seconds: f64,
+    /// What the priced model calls cost, in micro-dollars (millionths of the prices'
+    /// currency; decision 185). Absent from JSON when nothing was priced.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cost_micros: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// What a model's tokens cost, in micro-dollars per million tokens: an integer, so that
+/// the cost of a run adds up exactly (decision 185). `keel.toml` gives the price in dollars
+/// per million tokens (`input = 2.5` is 2_500_000 here, 2.5 micro-dollars a token).
+///
+/// ```
+/// use keel_core::ModelPrice;
+/// let price = ModelPrice::per_million(2.5, 10.0).unwrap();
+/// // 1000 input tokens at $2.50/M and 200 output tokens at $10/M: $0.0025 + $0.002.
+/// assert_eq!(price.cost_micros(1000, 200), 4500);
+/// assert!(ModelPrice::per_million(-1.0, 1.0).is_none());
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ModelPrice {
+    /// Micro-dollars per million input tokens.
+    pub input_micros_per_million: u64,
+    /// Micro-dollars per million output tokens.
+    pub output_micros_per_million: u64,
+}
+
+impl ModelPrice {
+    /// The price of `input` and `output` dollars per million tokens; `None` when either is
+    /// negative or not finite. Prices are kept to the micro-dollar per million tokens.
+    pub fn per_million(input: f64, output: f64) -> Option<Self> {
+        let micros = |dollars: f64| {
+            (dollars.is_finite() && dollars >= 0.0 && dollars * 1e6 <= u64::MAX as f64)
+                .then(|| (dollars * 1e6).round() as u64)
+        };
+        Some(Self {
+            input_micros_per_million: micros(input)?,
+            output_micros_per_million: micros(output)?,
+        })
+    }
+
+    /// What `input` and `output` tokens cost, in micro-dollars, rounded up to the next whole
+    /// micro-dollar (a call is never counted as cheaper than it was; saturating).
+    pub fn cost_micros(&self, input: u64, output: u64) -> u64 {
+        let total = u128::from(input) * u128::from(self.input_micros_per_million)
+            + u128::from(output) * u128::from(self.output_micros_per_million);
+        u64::try_from(total.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    }
 }
 
 #[cfg(test)]

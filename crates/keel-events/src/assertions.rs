@@ -99,6 +99,7 @@ pub fn assert_budget_under<S: EventSource + ?Sized>(source: &S, limit: BudgetLim
         BudgetLimit::MaxInputTokens => usage.input_tokens as f64,
         BudgetLimit::MaxOutputTokens => usage.output_tokens as f64,
         BudgetLimit::MaxRuntimeSeconds => usage.runtime_seconds,
+        BudgetLimit::MaxCostMicros => usage.cost_micros as f64,
         // BudgetLimit may grow; an unknown limit cannot be checked, which is a test bug.
         #[allow(unreachable_patterns)]
         _ => panic!(

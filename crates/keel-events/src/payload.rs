@@ -119,6 +119,9 @@ pub struct LlmCallCompletedPayload {
     pub latency_ms: Option<u64>,
     /// Why the model stopped (`stop`, `tool_calls`, `length`).
     pub finish_reason: Option<String>,
+    /// What the call cost in micro-dollars, its tokens at the model's price (absent when the
+    /// model has no price; decision 185).
+    pub cost_micros: Option<u64>,
 }
 
 /// `llm.stream`: a chunk of model output.
@@ -558,6 +561,7 @@ pub(crate) mod tests {
             output_tokens: 3,
             latency_ms: None,
             finish_reason: None,
+            cost_micros: None,
         };
         let policy = |reason: Option<&str>| ActionPolicyPayload {
             action_id: action.id.clone(),

@@ -10,7 +10,7 @@
 //! | `task.artifact` | `artifacts` (`artifact`; `append` extends the earlier one's parts) |
 //! | `context.prepared` | `context_manifests` (`manifest`) |
 //! | `llm.call.started` | `model.started_calls` |
-//! | `llm.call.completed` | `model` (`input_tokens`, `output_tokens`, `latency_ms`, `model`) |
+//! | `llm.call.completed` | `model` (`input_tokens`, `output_tokens`, `latency_ms`, `model`, `cost_micros`), `budget.usage.cost_micros` |
 //! | `budget.warning` / `budget.exceeded` | `budget.warnings` / `budget.exceeded` |
 //! | `action.requested` | a new [`ActionRecord`] (`action`) |
 //! | `action.policy` | its `policy` |
@@ -141,9 +141,17 @@ pub struct ModelMetrics {
     pub output_tokens: u64,
     /// Sum of reported latencies (calls without one add nothing).
     pub latency_ms: u64,
+    /// Sum of the calls' costs in micro-dollars (unpriced calls add nothing; absent from
+    /// JSON when none was priced).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cost_micros: u64,
     /// Models seen, in first-use order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Budget facts of the run.
@@ -500,6 +508,7 @@ impl ReportBuilder {
                 m.input_tokens += p.input_tokens;
                 m.output_tokens += p.output_tokens;
                 m.latency_ms += p.latency_ms.unwrap_or(0);
+                m.cost_micros = m.cost_micros.saturating_add(p.cost_micros.unwrap_or(0));
                 if let Some(model) = p.model {
                     if !m.models.contains(&model) {
                         m.models.push(model);
@@ -610,6 +619,7 @@ impl ReportBuilder {
             input_tokens,
             output_tokens: r.model.output_tokens,
             runtime_seconds: runtime,
+            cost_micros: r.model.cost_micros,
         };
         self.report
     }

@@ -1,6 +1,7 @@
 //! [`ModelProfile`]: what is known about a model (provider, context window, capabilities),
 //! used to size context manifests and to fill provider defaults.
 
+use keel_core::ModelPrice;
 use serde::{Deserialize, Serialize};
 
 /// What is known about a model. Figures are `None` where unknown rather than guessed.
@@ -21,6 +22,10 @@ pub struct ModelProfile {
     /// Whether the model calls tools.
     #[serde(default = "default_true")]
     pub supports_tools: bool,
+    /// What its tokens cost, when the deployment says (`keel.toml`'s `[prices]`): the
+    /// engine records each call's cost and checks `max_cost_micros` with it.
+    #[serde(default)]
+    pub price: Option<ModelPrice>,
 }
 
 fn default_true() -> bool {
@@ -43,7 +48,23 @@ impl ModelProfile {
             max_output_tokens: None,
             supports_vision: false,
             supports_tools: true,
+            price: None,
         }
+    }
+
+    /// Set the price of the model's tokens.
+    ///
+    /// ```
+    /// use keel_core::ModelPrice;
+    /// use keel_llm::ModelProfile;
+    /// let price = ModelPrice::per_million(3.0, 15.0).unwrap();
+    /// let profile = ModelProfile::new("anthropic", "claude-sonnet-4").with_price(price);
+    /// assert_eq!(profile.price, Some(price));
+    /// ```
+    #[must_use]
+    pub fn with_price(mut self, price: ModelPrice) -> Self {
+        self.price = Some(price);
+        self
     }
 
     /// Set the context window.

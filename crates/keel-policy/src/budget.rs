@@ -9,6 +9,7 @@
 //! | `max_output_tokens` | [`check_output_tokens`](BudgetEnforcer::check_output_tokens) after [`record_llm_usage`](BudgetEnforcer::record_llm_usage); and before the next model call | once the call's output is known (the provider's usage, or the engine's local estimate of the answer when the provider reports none: `LlmResponse::output_tokens`) |
 //! | `max_tool_calls` | [`check_tool_call`](BudgetEnforcer::check_tool_call) | before a tool executes |
 //! | `max_runtime_seconds` | every check (and [`check_runtime`](BudgetEnforcer::check_runtime)) | always |
+//! | `max_cost_micros` | [`check_llm_cost`](BudgetEnforcer::check_llm_cost), then [`record_llm_cost`](BudgetEnforcer::record_llm_cost) | before a priced model call, with its estimated cost (the context's tokens and the call's output limit at the model's price); the call's cost is counted once known |
 //!
 //! Counting: a check that passes also counts the operation it protects, so the check before
 //! the (n+1)th operation fails when n == max; a failed check counts nothing. Token limits
@@ -316,6 +317,33 @@ impl BudgetEnforcer {
         Ok(warnings)
     }
 
+    /// Before a priced model call (made just before [`check_llm_call`](Self::check_llm_call)):
+    /// fails when the run's cost so far plus `estimate_micros` (the call's context at the
+    /// input price and its output limit at the output price) would pass `max_cost_micros`.
+    /// Counts nothing: the call's cost is counted by [`record_llm_cost`](Self::record_llm_cost)
+    /// once it is known. A model with no price is never checked (decision 186).
+    pub fn check_llm_cost(&mut self, estimate_micros: u64) -> AgentResult<Vec<BudgetWarning>> {
+        let mut warnings = Vec::new();
+        exceeded_by(
+            BudgetLimit::MaxCostMicros,
+            self.usage.cost_micros,
+            estimate_micros,
+            self.budget.max_cost_micros,
+        )?;
+        self.warn_count(
+            BudgetLimit::MaxCostMicros,
+            self.usage.cost_micros.saturating_add(estimate_micros),
+            self.budget.max_cost_micros,
+            &mut warnings,
+        );
+        Ok(warnings)
+    }
+
+    /// After a priced model call: what it cost, from its usage at the model's price.
+    pub fn record_llm_cost(&mut self, cost_micros: u64) {
+        self.usage.cost_micros = self.usage.cost_micros.saturating_add(cost_micros);
+    }
+
     /// Before a tool executes: runtime and `max_tool_calls`. Counts the call when it may run.
     pub fn check_tool_call(&mut self) -> AgentResult<Vec<BudgetWarning>> {
         let mut warnings = Vec::new();
@@ -432,6 +460,17 @@ pub trait BudgetPolicy: Send {
     fn check_output_tokens(&mut self) -> AgentResult<Vec<BudgetWarning>>;
     /// Before a tool executes.
     fn check_tool_call(&mut self) -> AgentResult<Vec<BudgetWarning>>;
+    /// Before a model call whose model has a price, ahead of
+    /// [`check_llm_call`](Self::check_llm_call): its estimated cost in micro-dollars. The
+    /// default allows every call (a policy of its own that counts cost overrides it).
+    fn check_llm_cost(&mut self, estimate_micros: u64) -> AgentResult<Vec<BudgetWarning>> {
+        let _ = estimate_micros;
+        Ok(Vec::new())
+    }
+    /// After a priced model call: what it cost, in micro-dollars. The default ignores it.
+    fn record_llm_cost(&mut self, cost_micros: u64) {
+        let _ = cost_micros;
+    }
 }
 
 impl BudgetPolicy for BudgetEnforcer {
@@ -452,6 +491,12 @@ impl BudgetPolicy for BudgetEnforcer {
     }
     fn check_tool_call(&mut self) -> AgentResult<Vec<BudgetWarning>> {
         BudgetEnforcer::check_tool_call(self)
+    }
+    fn check_llm_cost(&mut self, estimate_micros: u64) -> AgentResult<Vec<BudgetWarning>> {
+        BudgetEnforcer::check_llm_cost(self, estimate_micros)
+    }
+    fn record_llm_cost(&mut self, cost_micros: u64) {
+        BudgetEnforcer::record_llm_cost(self, cost_micros);
     }
 }
 
@@ -614,6 +659,29 @@ mod tests {
         assert_eq!(
             limit_of(&b.check_tool_call().unwrap_err()),
             ("max_tool_calls", 1, 1)
+        );
+    }
+
+    #[test]
+    fn max_cost_refuses_a_call_whose_estimate_would_pass_it_and_counts_what_calls_cost() {
+        let mut b = BudgetEnforcer::new(RunBudget {
+            max_cost_micros: Some(1000),
+            ..Default::default()
+        });
+        // An estimate alone over the limit is refused before anything is spent.
+        assert_eq!(
+            limit_of(&b.check_llm_cost(1001).unwrap_err()),
+            ("max_cost_micros", 0, 1000)
+        );
+        b.check_llm_cost(600).unwrap();
+        // The check counts nothing: the call's real cost does.
+        assert_eq!(b.usage().cost_micros, 0);
+        b.record_llm_cost(700);
+        assert_eq!(b.usage().cost_micros, 700);
+        b.check_llm_cost(300).unwrap(); // exactly 1000: allowed
+        assert_eq!(
+            limit_of(&b.check_llm_cost(301).unwrap_err()),
+            ("max_cost_micros", 700, 1000)
         );
     }
 

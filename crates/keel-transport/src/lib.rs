@@ -74,7 +74,10 @@ pub use endpoint::{
     ENDPOINTS_PATH,
 };
 pub use limits::Limits;
-pub use observability::{MetricsRoute, HTTP_REQUESTS, HTTP_REQUEST_SECONDS, METRICS_PATH};
+pub use observability::{
+    MetricsRoute, HTTP_REQUESTS, HTTP_REQUEST_SECONDS, METRICS_PATH, PUSH_DELIVERIES,
+    SSE_SUBSCRIBERS,
+};
 pub use push::{PushTarget, DELIVERY_LOG_LIMIT, NOTIFICATION_TOKEN_HEADER};
 pub use security::{Security, API_KEY_HEADER};
 pub use server::{A2aServer, AGENT_CARD_PATH, DEFAULT_BODY_LIMIT, DEFAULT_CARD_MAX_AGE};

@@ -21,6 +21,43 @@ use serde_json::Value;
 pub const HTTP_REQUESTS: &str = "keel_http_requests_total";
 /// How long requests took until their response's head, by `method` and `route`.
 pub const HTTP_REQUEST_SECONDS: &str = "keel_http_request_duration_seconds";
+/// Push notifications that ended, by `outcome`: `delivered`, or `failed` (every attempt
+/// failed or the webhook refused it).
+pub const PUSH_DELIVERIES: &str = "keel_push_deliveries_total";
+/// Server-Sent Events streams open now (`message:stream`, `tasks/resubscribe`, ...).
+pub const SSE_SUBSCRIBERS: &str = "keel_sse_subscribers";
+
+/// A push notification ended, `delivered` or not.
+pub(crate) fn push_delivered(delivered: bool) {
+    if keel_agent::meter::enabled() {
+        let outcome = if delivered { "delivered" } else { "failed" };
+        metrics::counter!(PUSH_DELIVERIES, "outcome" => outcome).increment(1);
+    }
+}
+
+/// An open SSE stream, counted in [`SSE_SUBSCRIBERS`] until it is dropped (its client went
+/// away or it ended).
+pub(crate) struct SseSubscriber(bool);
+
+impl SseSubscriber {
+    /// A stream opens.
+    pub(crate) fn open() -> Self {
+        let counted = keel_agent::meter::enabled();
+        if counted {
+            metrics::gauge!(SSE_SUBSCRIBERS).increment(1.0);
+        }
+        Self(counted)
+    }
+}
+
+impl Drop for SseSubscriber {
+    fn drop(&mut self) {
+        if self.0 {
+            metrics::gauge!(SSE_SUBSCRIBERS).decrement(1.0);
+        }
+    }
+}
+
 /// The path the metrics route is served at.
 pub const METRICS_PATH: &str = "/metrics";
 

@@ -9,9 +9,14 @@ use serde_json::Value;
 
 /// A Server-Sent Events response, one `data:` line of JSON per item.
 pub(crate) fn sse(events: impl Stream<Item = Event> + Send + 'static) -> Response {
-    Sse::new(events.map(Ok::<_, Infallible>))
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    // Counted as an open subscriber for as long as the body (and so this stream) lives.
+    let subscriber = crate::observability::SseSubscriber::open();
+    Sse::new(events.map(move |event| {
+        let _open = &subscriber;
+        Ok::<_, Infallible>(event)
+    }))
+    .keep_alive(KeepAlive::default())
+    .into_response()
 }
 
 /// An SSE event carrying one JSON value.

@@ -210,6 +210,8 @@ impl Inner {
     async fn wait_for_slot(&self, auth: &AuthContext, mut lease: Lease) -> SlotWait {
         let store = self.runtime.thread_store();
         let ttl = self.config.lease_ttl;
+        // Counted in the queue depth while it waits, whichever way the wait ends.
+        let _queued = crate::meter::Queued::enter(auth);
         let acquire = self.driver.slots.acquire(auth);
         tokio::pin!(acquire);
         loop {
@@ -228,6 +230,7 @@ impl Inner {
                                 LogLevel::Warn,
                                 &format!("thread lease lost while waiting for a work slot: {err}"),
                             );
+                            crate::meter::lease_lost();
                             return SlotWait::LeaseLost;
                         }
                     }
@@ -397,6 +400,7 @@ impl Inner {
                                 LogLevel::Warn,
                                 &format!("thread lease lost; stopping the flow: {err}"),
                             );
+                            crate::meter::lease_lost();
                             lost.cancel();
                             return;
                         }

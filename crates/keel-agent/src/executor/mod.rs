@@ -565,11 +565,12 @@ impl AgentExecutor {
                     () = tokio::time::sleep(pause) => {}
                 }
                 let Some(inner) = me.upgrade() else { return };
-                if let Err(err) = inner.sweep_abandoned().await {
-                    inner.log(
+                match inner.sweep_abandoned().await {
+                    Ok(taken) => crate::meter::took_over(taken),
+                    Err(err) => inner.log(
                         keel_runtime::LogLevel::Warn,
                         &format!("cannot look for abandoned threads: {err}"),
-                    );
+                    ),
                 }
             }
         });

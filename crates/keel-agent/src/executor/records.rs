@@ -3,13 +3,15 @@
 //! snapshot in the run store. Also the writes of a task's status that every part shares,
 //! and the making of a run's events, report and budget (`run_obs`).
 
+use std::sync::Arc;
+
 use chrono::Utc;
 use keel_core::{
     AgentError, AgentResult, Artifact, Message, Part, Role, RunContext, Task, TaskEvent, TaskId,
     TaskState, ThreadId,
 };
 use keel_events::payload::{RunStoppedPayload, ThreadTerminatedPayload};
-use keel_events::{RedactionPolicy, RunEvent, RunReport};
+use keel_events::{EventSink, RedactionPolicy, RunEvent, RunReport};
 use keel_llm::LlmMessage;
 use keel_runtime::{AuthContext, LogLevel};
 use keel_runtime::{RunRecord, TaskRecord};
@@ -372,7 +374,7 @@ impl Inner {
         context: &RunContext,
         task_id: &TaskId,
     ) -> AgentResult<RunObs> {
-        let obs = self.run_obs(context, task_id);
+        let obs = self.run_obs(auth, context, task_id);
         let stored = match self
             .runtime
             .run_store()
@@ -404,11 +406,24 @@ impl Inner {
         }
     }
 
-    /// The events, budget and policy of a run of `task_id` under `context`, reported to the
-    /// executor's sinks.
-    pub(super) fn run_obs(&self, context: &RunContext, task_id: &TaskId) -> RunObs {
+    /// The events, budget and policy of a run of `task_id` of `auth` under `context`,
+    /// reported to the executor's sinks.
+    pub(super) fn run_obs(
+        &self,
+        auth: &AuthContext,
+        context: &RunContext,
+        task_id: &TaskId,
+    ) -> RunObs {
+        // The run's metrics and log lines come first, so that no failing sink hides an event;
+        // a run that would neither count nor log has no meter (decision 187).
+        let mut sinks: Vec<Arc<dyn EventSink>> = Vec::new();
+        if crate::meter::wanted() {
+            let tenant = crate::meter::tenant_label(auth);
+            sinks.push(Arc::new(crate::meter::RunMeter::new(tenant)));
+        }
+        sinks.extend(self.notices.sinks());
         RunObs::new(
-            &self.notices.sinks(),
+            &sinks,
             context,
             task_id,
             &self.agent.card().name,

@@ -158,7 +158,7 @@ impl<'a> RunLoop<'a> {
         // A task that ran before (paused for input, an approval or a tool, or stopped by a
         // restart) goes on with the same run: one sequence of events, one report.
         let obs = if task.state() == TaskState::Submitted {
-            inner.run_obs(&run_context, &task.id)
+            inner.run_obs(auth, &run_context, &task.id)
         } else {
             inner.resumed_run_obs(auth, &run_context, &task.id).await?
         };

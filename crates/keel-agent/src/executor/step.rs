@@ -319,7 +319,7 @@ impl RunLoop<'_> {
         request: LlmRequest,
     ) -> Result<LlmResponse, Outcome> {
         let (obs, run) = (&self.obs, &self.active);
-        before_call(obs, site, manifest)
+        before_call(obs, site, manifest, &request)
             .await
             .map_err(budget_failure)?;
         self.inner

@@ -185,7 +185,7 @@ impl AgentExecutor {
         registered.validate(&arguments)?;
         let call = ToolCall::new(name, arguments);
         let task_id = TaskId::new();
-        let obs = Arc::new(inner.run_obs(&context, &task_id));
+        let obs = Arc::new(inner.run_obs(auth, &context, &task_id));
         let action = admit(&obs, registered.tool.as_ref(), &call, false).await?;
         let ctx = ToolContext {
             auth: auth.clone(),

@@ -129,6 +129,81 @@ async fn infer_parts_under_the_budget_count_as_steps_and_complete() {
     assert!(exceeded.is_empty(), "{exceeded:?}");
 }
 
+/// A model at $1 per million input tokens and $10 per million output tokens that reports
+/// 1000 input and 100 output tokens a call (2000 micro-dollars) and writes at most 100
+/// tokens an answer: a call is estimated at its context's tokens plus 1000 micro-dollars.
+fn priced(responses: Vec<MockResponse>) -> MockLlm {
+    let price = keel_core::ModelPrice::per_million(1.0, 10.0).unwrap();
+    MockLlm::scripted(responses)
+        .with_profile(
+            keel_llm::ModelProfile::new("mock", "priced")
+                .with_max_output_tokens(100)
+                .with_price(price),
+        )
+        .with_usage(Usage {
+            input_tokens: 1000,
+            output_tokens: 100,
+        })
+}
+
+/// Run `llm` on a message under `budget` with every event kept.
+async fn send_priced(llm: MockLlm, budget: RunBudget) -> (Task, Vec<RunEvent>) {
+    let echo = FnTool::new("echo", "Echo", json!({"type": "object"}), |args, _| async move {
+        Ok(args)
+    });
+    let agent = Agent::builder(card()).llm(llm).tool(echo).build().unwrap();
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let exec = AgentExecutor::new(agent, runtime);
+    let sink = Arc::new(InMemoryEventSink::new());
+    exec.add_event_sink(sink.clone());
+    let options = SendOptions {
+        run_context: Some(RunContext::new().with_budget(budget)),
+        ..Default::default()
+    };
+    let task = exec
+        .send_message(&auth, Message::user("go"), options)
+        .await
+        .unwrap();
+    (task, sink.events())
+}
+
+#[tokio::test]
+async fn max_cost_stops_the_run_before_a_call_whose_estimate_would_pass_it() {
+    // The first call (estimated near 1000, cost 2000) fits under 2500; the second, estimated
+    // near 1000 more, would pass it: it is never made.
+    let budget = limited("max_cost_micros", 2500);
+    let llm = priced(call_then_answer("echo", json!({"x": 1}), "done"));
+    let (task, events) = send_priced(llm, budget).await;
+    let of = |kind: &str| events.iter().filter(|e| e.is(kind)).collect::<Vec<_>>();
+    assert_eq!(task.state(), TaskState::Failed, "{task:?}");
+    assert_eq!(task.metadata["stop_reason"], "max_cost_micros");
+    assert_eq!(of("llm.call.started").len(), 1, "the second call is not made");
+    let completed = of("llm.call.completed");
+    assert_eq!(completed[0].payload["cost_micros"], 2000);
+    let exceeded = of("budget.exceeded");
+    assert_eq!(exceeded.len(), 1);
+    let payload = &exceeded[0].payload;
+    assert_eq!(payload["limit"], "max_cost_micros");
+    assert_eq!((payload["used"].as_u64(), payload["max"].as_u64()), (Some(2000), Some(2500)));
+    assert_eq!(payload["usage"]["cost_micros"], 2000);
+}
+
+#[tokio::test]
+async fn a_priced_run_under_max_cost_records_each_call_s_cost_and_completes() {
+    let budget = limited("max_cost_micros", 10_000);
+    let llm = priced(call_then_answer("echo", json!({"x": 1}), "done"));
+    let (task, events) = send_priced(llm, budget).await;
+    assert_eq!(task.state(), TaskState::Completed, "{task:?}");
+    let costs: Vec<_> = events
+        .iter()
+        .filter(|e| e.is("llm.call.completed"))
+        .map(|e| e.payload["cost_micros"].as_u64())
+        .collect();
+    assert_eq!(costs, [Some(2000), Some(2000)]);
+    assert!(!events.iter().any(|e| e.is("budget.exceeded")));
+}
+
 /// An asynchronous tool that hands each invocation to the test instead of an endpoint.
 pub(crate) struct Watch(pub(crate) tokio::sync::mpsc::UnboundedSender<keel_agent::AsyncInvocation>);
 

@@ -305,6 +305,7 @@ impl Push {
             };
             // The waits run out with the attempts.
             let Some(wait) = waits.next().filter(|_| retryable) else {
+                crate::observability::push_delivered(outcome.delivered);
                 if !outcome.delivered {
                     tracing::warn!(config_id = %config.id, attempts, error = ?outcome.error, "push notification not delivered");
                 }

@@ -10,7 +10,7 @@ use keel_agent::{
     AcceptAll, Agent, AgentExecutor, AsyncHttpTool, ExecutorConfig, LlmNegotiator,
     SessionStatusTool, StopRules, SubagentSpec, Tool,
 };
-use keel_core::{AgentCard, AgentResult, AgentSkill, RunBudget};
+use keel_core::{AgentCard, AgentResult, AgentSkill, ModelPrice, RunBudget};
 use keel_llm::{Llm, LlmRequest, LlmResponse, LlmStream, ModelProfile};
 use keel_policy::{CapabilityPolicy, CapabilityRule};
 use keel_runtime::Runtime;
@@ -233,7 +233,11 @@ fn build_agent(
         }
         card = card.with_skill(card_skill);
     }
-    let llm = model(&agent.model)?;
+    let price = config
+        .prices
+        .get(agent.model.id.get_ref())
+        .and_then(|price| keel_core::ModelPrice::per_million(price.input, price.output));
+    let llm = model(&agent.model, price)?;
     let mut builder = Agent::builder(card)
         .instructions(config.instructions_of(agent))
         .llm_shared(llm.clone())
@@ -245,6 +249,7 @@ fn build_agent(
             max_input_tokens: agent.budget.max_input_tokens,
             max_output_tokens: agent.budget.max_output_tokens,
             max_runtime_seconds: agent.budget.max_runtime_seconds,
+            max_cost_micros: agent.budget.max_cost_micros(),
         })
         .stop_rules(StopRules {
             lifecycle_tools: agent.tools.builtin.contains(&BuiltinTool::Lifecycle),
@@ -360,17 +365,22 @@ fn policy(agent: &AgentConfig) -> CapabilityPolicy {
     policy
 }
 
-/// The model an agent declares, with its request settings and profile.
-fn model(declared: &ModelConfig) -> AgentResult<Arc<dyn Llm>> {
+/// The model an agent declares, with its request settings, profile and `price` (from
+/// `[prices]`).
+fn model(declared: &ModelConfig, price: Option<ModelPrice>) -> AgentResult<Arc<dyn Llm>> {
     let api_key = declared.api_key.as_ref().map(|key| key.value());
     let llm = keel_llm::llm_from_spec_with_key(declared.id.get_ref(), api_key)?;
     if declared.temperature.is_none()
         && declared.max_output_tokens.is_none()
         && declared.context_window.is_none()
+        && price.is_none()
     {
         return Ok(llm);
     }
     let mut profile = llm.profile();
+    if let Some(price) = price {
+        profile = profile.with_price(price);
+    }
     if let Some(window) = declared.context_window {
         profile = profile.with_context_window(window);
     }

@@ -207,6 +207,34 @@ impl Config {
                 "use at least 1",
             ));
         }
+        for (model, price) in &self.prices {
+            if keel_core::ModelPrice::per_million(price.input, price.output).is_none() {
+                return Err(ConfigError::whole(
+                    path,
+                    format!("prices.\"{model}\""),
+                    "give `input` and `output` as dollars per million tokens, 0 or more",
+                ));
+            }
+        }
+        for (i, agent) in self.agents.iter().enumerate() {
+            let Some(max) = agent.budget.max_cost else {
+                continue;
+            };
+            let field = format!("agents[{i}].budget.max_cost");
+            if !(max.is_finite() && (0.0..=1e12).contains(&max)) {
+                return Err(ConfigError::whole(path, field, "use dollars, 0 or more"));
+            }
+            // A cost limit on a model with no price could never be enforced: refused here
+            // rather than left to let every call through (decision 186).
+            let model = agent.model.id.get_ref();
+            if !self.prices.contains_key(model) {
+                return Err(ConfigError::whole(
+                    path,
+                    field,
+                    format!("`{model}` has no price: add [prices.\"{model}\"] with `input` and `output`"),
+                ));
+            }
+        }
         for (i, key) in server.api_keys.iter().enumerate() {
             let tenant = key.tenant.get_ref();
             let valid = tenant

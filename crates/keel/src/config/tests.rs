@@ -229,6 +229,35 @@ async fn the_agent_budget_bounds_every_run() {
     assert_eq!(task.state(), TaskState::Failed, "{task:?}");
 }
 
+#[test]
+fn a_cost_limit_needs_a_priced_model_and_prices_are_dollars_zero_or_more() {
+    let text = format!("{MINIMAL}[agents.budget]\nmax_cost = 0.5\n");
+    let error = parse(&text).unwrap_err();
+    assert_eq!(error.field, "agents[0].budget.max_cost", "{error}");
+    assert!(error.message.contains("`mock` has no price"), "{error}");
+    let text = format!("[prices.mock]\ninput = -1\noutput = 1\n{MINIMAL}");
+    assert_eq!(parse(&text).unwrap_err().field, "prices.\"mock\"");
+    let text = format!(
+        "[prices.mock]\ninput = 1\noutput = 1\n{MINIMAL}[agents.budget]\nmax_cost = -0.5\n"
+    );
+    assert_eq!(parse(&text).unwrap_err().field, "agents[0].budget.max_cost");
+}
+
+#[tokio::test]
+async fn the_agent_s_max_cost_stops_a_run_at_its_model_s_price() {
+    // One micro-dollar: the first call's estimate alone passes it.
+    let text = format!(
+        "[prices.mock]\ninput = 1.0\noutput = 2.0\n{MINIMAL}[agents.budget]\nmax_cost = 0.000001\n"
+    );
+    let config = parse(&text).unwrap();
+    let shout = object_tool("shout", |_args, _ctx| async {
+        Ok(serde_json::json!("HEY"))
+    });
+    let (_, task) = ask_default_agent(&config, "a", shout, "/shout {}").await;
+    assert_eq!(task.state(), TaskState::Failed, "{task:?}");
+    assert_eq!(task.metadata["stop_reason"], "max_cost_micros");
+}
+
 #[tokio::test]
 async fn a_denied_capability_never_runs() {
     let text = format!("{MINIMAL}[agents.policy]\ndeny = [\"net.*\"]\n");
@@ -252,7 +281,8 @@ fn fields_from_types() -> BTreeSet<String> {
     // docs write that way.
     let full = format!(
         "{TEMPLATE}\n[[server.api_keys]]\nkey = \"k\"\ntenant = \"a/b\"\n\
-         [mcp.NAME]\ncommand = \"server\"\n[mcp.NAME.tools.TOOL]\n"
+         [mcp.NAME]\ncommand = \"server\"\n[mcp.NAME.tools.TOOL]\n\
+         [prices.MODEL]\ninput = 1\noutput = 1\n"
     );
     let document: toml::Table = toml::from_str(&full).unwrap();
     let mut tables = Vec::new();

@@ -25,6 +25,10 @@ pub struct Config {
     /// `[telemetry]`: where `keel serve` exports its traces.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    /// `[prices."MODEL"]`: what a model's tokens cost, by the model's id as agents write it
+    /// (`openai:gpt-4o`); calls to a priced model record their cost (decision 185).
+    #[serde(default)]
+    pub prices: BTreeMap<String, PriceConfig>,
 }
 
 /// `[telemetry]`: the OTLP export of the runs' spans (docs/observability.md). The standard
@@ -54,6 +58,17 @@ impl TelemetryConfig {
             capture_content: self.capture_content,
         }
     }
+}
+
+/// `[prices."MODEL"]`: a model's price in dollars (or the deployment's currency) per
+/// million tokens.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceConfig {
+    /// Per million input (prompt) tokens.
+    pub input: f64,
+    /// Per million output (answer) tokens.
+    pub output: f64,
 }
 
 /// `[server]`: where and how the agents are served.
@@ -111,6 +126,9 @@ pub struct ServerConfig {
     /// Serve Prometheus metrics at `/metrics` (docs/observability.md).
     #[serde(default)]
     pub metrics: bool,
+    /// Label run metrics with the tenant (`app/user`): a series per tenant (decision 188).
+    #[serde(default)]
+    pub metrics_tenant_labels: bool,
     /// How `keel serve` writes its log lines.
     #[serde(default)]
     pub log_format: LogFormat,
@@ -158,6 +176,7 @@ impl Default for ServerConfig {
             idle_timeout_seconds: default_idle_timeout(),
             max_connections: default_max_connections(),
             metrics: false,
+            metrics_tenant_labels: false,
             log_format: LogFormat::Text,
         }
     }
@@ -609,6 +628,16 @@ pub struct BudgetConfig {
     /// Wall-clock seconds.
     #[serde(default)]
     pub max_runtime_seconds: Option<f64>,
+    /// Dollars (the `[prices]` currency) of model calls; the agent's model needs a price.
+    #[serde(default)]
+    pub max_cost: Option<f64>,
+}
+
+impl BudgetConfig {
+    /// `max_cost` in micro-dollars (the file was checked: it is finite and not negative).
+    pub fn max_cost_micros(&self) -> Option<u64> {
+        self.max_cost.map(|dollars| (dollars * 1e6).round() as u64)
+    }
 }
 
 /// `[agents.stop]`: when a run stops, besides a final answer.
