@@ -191,6 +191,50 @@ async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
 }
 
 #[tokio::test]
+async fn subscribe_to_a_task_waiting_for_input_stays_open_until_it_is_terminal() {
+    let server = TestServer::start().await;
+    let mut grpc = client(&server).await;
+    let task = sent_task(
+        &mut grpc,
+        message::<proto::SendMessageRequest>(json!({
+            "message": user_message("/ask_human {\"question\": \"which city?\"}")
+        })),
+    )
+    .await;
+    assert_eq!(
+        task.status.as_ref().unwrap().state,
+        proto::TaskState::InputRequired as i32
+    );
+    let mut stream = grpc
+        .subscribe_to_task(proto::SubscribeToTaskRequest {
+            id: task.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = to_json(&stream.message().await.unwrap().unwrap()).unwrap();
+    assert_eq!(
+        first["task"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{first}"
+    );
+    let mut answer = user_message("Athens");
+    answer["taskId"] = json!(task.id);
+    sent_task(
+        &mut grpc,
+        message::<proto::SendMessageRequest>(json!({"message": answer})),
+    )
+    .await;
+    let events = drain(stream).await;
+    assert_eq!(
+        events.last().unwrap()["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED",
+        "{events:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
     let server = TestServer::start().await;
     let mut grpc = client(&server).await;
