@@ -263,7 +263,25 @@ async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
         })
         .await
         .unwrap_err();
-    assert_status(&subscribe, Code::Unimplemented, "UNSUPPORTED_OPERATION");
+    assert_status(
+        &subscribe,
+        Code::FailedPrecondition,
+        "UNSUPPORTED_OPERATION",
+    );
+    // So is a message to it (A2A v1.0.1, 5.4: FAILED_PRECONDITION, not UNIMPLEMENTED).
+    let mut follow_up = user_message("more");
+    follow_up["taskId"] = json!(done.id);
+    let follow_up = grpc
+        .send_message(message::<proto::SendMessageRequest>(
+            json!({"message": follow_up}),
+        ))
+        .await
+        .unwrap_err();
+    assert_status(
+        &follow_up,
+        Code::FailedPrecondition,
+        "UNSUPPORTED_OPERATION",
+    );
 
     let cancel = grpc
         .cancel_task(proto::CancelTaskRequest {
@@ -290,14 +308,14 @@ async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
     old.metadata_mut()
         .insert("a2a-version", "0.3".parse().unwrap());
     let old = grpc.get_task(old).await.unwrap_err();
-    assert_status(&old, Code::Unimplemented, "VERSION_NOT_SUPPORTED");
+    assert_status(&old, Code::FailedPrecondition, "VERSION_NOT_SUPPORTED");
 
     let card = grpc
         .get_extended_agent_card(proto::GetExtendedAgentCardRequest::default())
         .await
         .unwrap_err();
     // As over JSON-RPC: a server without an extended card does not offer the operation.
-    assert_status(&card, Code::Unimplemented, "UNSUPPORTED_OPERATION");
+    assert_status(&card, Code::FailedPrecondition, "UNSUPPORTED_OPERATION");
     server.stop().await;
 }
 
