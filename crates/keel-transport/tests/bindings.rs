@@ -719,3 +719,45 @@ async fn an_unavailable_store_is_503_with_retry_after_and_a_clear_json_rpc_error
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn rest_answers_application_a2a_json_when_the_request_asks_for_it() {
+    let server = TestServer::start().await;
+    let content_type = |response: &reqwest::Response| {
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    let body = json!({"message": user_message("typed")}).to_string();
+    let send = |content_type: &str| {
+        server
+            .http
+            .post(format!("{}/message:send", server.base))
+            .header("A2A-Version", "1.0")
+            .header("content-type", content_type.to_owned())
+            .body(body.clone())
+    };
+    let asked = send("application/a2a+json").send().await.unwrap();
+    assert_eq!(asked.status(), 200);
+    assert_eq!(content_type(&asked), "application/a2a+json");
+    let task: Value = asked.json().await.unwrap();
+    let id = task["task"]["id"].as_str().unwrap();
+
+    let plain = send("application/json").send().await.unwrap();
+    assert_eq!(content_type(&plain), "application/json");
+
+    // Accept alone asks for it too, on answers and on errors.
+    for path in [format!("/tasks/{id}"), "/tasks/nope".to_owned()] {
+        let read = server
+            .http
+            .get(format!("{}{path}", server.base))
+            .header("A2A-Version", "1.0")
+            .header("accept", "application/a2a+json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(content_type(&read), "application/a2a+json", "{path}");
+    }
+    server.stop().await;
+}
