@@ -151,8 +151,9 @@ pub(crate) fn code_from_reason(reason: &str) -> Option<i32> {
 }
 
 /// Refuse a request body whose `Content-Type` is not JSON (`application/json` or
-/// `application/a2a+json`, any parameters) with [`CONTENT_TYPE_NOT_SUPPORTED`] (HTTP 415).
-/// A request without the header is read as JSON. Both bindings check bodies through this.
+/// `application/a2a+json`, any parameters) with [`CONTENT_TYPE_NOT_SUPPORTED`] (HTTP+JSON:
+/// 400, A2A v1.0.1, 5.4; JSON-RPC answers it with HTTP 415). A request without the header is
+/// read as JSON. Both bindings check bodies through this.
 pub(crate) fn require_json_body(headers: &axum::http::HeaderMap) -> Result<(), RpcError> {
     let Some(content_type) = headers.get(axum::http::header::CONTENT_TYPE) else {
         return Ok(());
@@ -316,22 +317,24 @@ fn retry_after_seconds(delay: std::time::Duration) -> u64 {
 }
 
 /// The HTTP status and `google.rpc.Code` name of an A2A error code on the HTTP+JSON binding
-/// (A2A v1.0, section 5.4; the JSON-RPC standard errors as `google.rpc` maps them).
+/// (A2A v1.0.1, section 5.4; the JSON-RPC standard errors as `google.rpc` maps them). The
+/// name's own HTTP mapping is the status, so a body's `status` agrees with its code.
 ///
 /// ```
 /// use keel_transport::jsonrpc::{rest_status, TASK_NOT_CANCELABLE, TASK_NOT_FOUND};
 /// assert_eq!(rest_status(TASK_NOT_FOUND), (404, "NOT_FOUND"));
-/// assert_eq!(rest_status(TASK_NOT_CANCELABLE), (409, "FAILED_PRECONDITION"));
+/// assert_eq!(rest_status(TASK_NOT_CANCELABLE), (400, "FAILED_PRECONDITION"));
 /// ```
 pub fn rest_status(code: i32) -> (u16, &'static str) {
     match code {
         TASK_NOT_FOUND | THREAD_NOT_FOUND => (404, "NOT_FOUND"),
-        TASK_NOT_CANCELABLE => (409, "FAILED_PRECONDITION"),
-        PUSH_NOTIFICATION_NOT_SUPPORTED | UNSUPPORTED_OPERATION | VERSION_NOT_SUPPORTED => {
-            (400, "UNIMPLEMENTED")
-        }
-        EXTENDED_CARD_NOT_CONFIGURED => (400, "FAILED_PRECONDITION"),
-        CONTENT_TYPE_NOT_SUPPORTED => (415, "INVALID_ARGUMENT"),
+        // A2A v1.0.1, 5.4: the state of the task or of the server does not allow the call.
+        TASK_NOT_CANCELABLE
+        | PUSH_NOTIFICATION_NOT_SUPPORTED
+        | UNSUPPORTED_OPERATION
+        | VERSION_NOT_SUPPORTED
+        | EXTENDED_CARD_NOT_CONFIGURED => (400, "FAILED_PRECONDITION"),
+        CONTENT_TYPE_NOT_SUPPORTED => (400, "INVALID_ARGUMENT"),
         PARSE_ERROR | INVALID_REQUEST | INVALID_PARAMS => (400, "INVALID_ARGUMENT"),
         METHOD_NOT_FOUND => (404, "NOT_FOUND"),
         STORE_UNAVAILABLE => (503, "UNAVAILABLE"),

@@ -15,7 +15,8 @@
 //! Request bodies are `application/a2a+json` or `application/json` (a body without a content
 //! type is read as JSON); query parameters use the camelCase JSON names (snake_case is
 //! accepted), states by their enum names (`TASK_STATE_WORKING`) or short forms (`working`).
-//! Answers are the response message's JSON; streams are SSE whose `data:` is a
+//! Answers are the response message's JSON (`application/a2a+json` when the request names that
+//! type in `Content-Type` or `Accept`, else `application/json`); streams are SSE whose `data:` is a
 //! `StreamResponse`. Errors are `google.rpc.Status` JSON (AIP-193,
 //! [`RpcError::to_rest_json`]) with the HTTP status of [`rest_status`]; an error after a
 //! stream has started is an SSE event named `error` carrying the same object. The tenant is
@@ -231,12 +232,42 @@ pub(crate) fn error_response(error: &RpcError) -> Response {
     response
 }
 
-/// Answer one REST request.
+/// A2A's media type for its JSON (v1.0.1, 11.1).
+const A2A_JSON: &str = "application/a2a+json";
+
+/// Answer one REST request. A JSON answer is `application/a2a+json` when the request asked
+/// for it (its `Content-Type` or `Accept` names it), as A2A v1.0.1, 11.1 says, and plain
+/// `application/json` otherwise, which every JSON client reads.
 pub(crate) async fn handle(handlers: &Handlers, request: RestRequest) -> Response {
-    match answer(handlers, request).await {
+    let a2a_json = [header::CONTENT_TYPE, header::ACCEPT].iter().any(|name| {
+        request
+            .headers
+            .get_all(name)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .any(|media| {
+                media
+                    .split(';')
+                    .next()
+                    .is_some_and(|essence| essence.trim().eq_ignore_ascii_case(A2A_JSON))
+            })
+    });
+    let mut response = match answer(handlers, request).await {
         Ok(response) => response,
         Err(error) => error_response(&error),
+    };
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes() == b"application/json");
+    if a2a_json && is_json {
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static(A2A_JSON),
+        );
     }
+    response
 }
 
 async fn answer(handlers: &Handlers, request: RestRequest) -> Result<Response, RpcError> {

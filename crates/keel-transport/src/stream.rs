@@ -7,10 +7,12 @@
 //!    latest status the log holds).
 //! 2. Then, in log order, one `StatusUpdate` per status change and one `ArtifactUpdate` per
 //!    artifact (or chunk, with `append` / `last_chunk`) recorded after that point.
-//! 3. The stream ends after the first status that is terminal (completed, failed, canceled,
-//!    rejected) or interrupted (input-required, auth-required), as A2A v1.0 says. When the
-//!    `Task` event itself already holds such a status (for `SendStreamingMessage`: one reached
-//!    by this turn), the stream ends right after it.
+//! 3. A `SendStreamingMessage` stream ends after the first status that is terminal
+//!    (completed, failed, canceled, rejected) or interrupted (input-required, auth-required),
+//!    as A2A v1.0 says. When the `Task` event itself already holds such a status (one reached
+//!    by this turn), the stream ends right after it. A `SubscribeToTask` stream ends only at a
+//!    terminal status: a subscription to a task waiting for input stays open through the
+//!    follow-up that completes it (as A2A's reference server does), until the client closes it.
 //! 4. When the server shuts down first, the stream ends with one more `StatusUpdate` that is
 //!    not stored: the task's state unchanged (not terminal, so not `final` for v0.3), with an
 //!    agent message marked `status_kind: server_going_away` saying that the task goes on
@@ -99,6 +101,17 @@ impl StreamEvent {
             StreamEvent::Task(task) => ends_stream(task.state()),
             StreamEvent::Message(_) => true,
             StreamEvent::StatusUpdate { status, .. } => ends_stream(status.state),
+            StreamEvent::ArtifactUpdate { .. } => false,
+        }
+    }
+
+    /// Whether a `SubscribeToTask` stream ends after this event: a bare message, or a task or
+    /// status that is terminal (an interrupted task goes on after its follow-up).
+    pub(crate) fn ends_subscription(&self) -> bool {
+        match self {
+            StreamEvent::Task(task) => task.state().is_terminal(),
+            StreamEvent::Message(_) => true,
+            StreamEvent::StatusUpdate { status, .. } => status.state.is_terminal(),
             StreamEvent::ArtifactUpdate { .. } => false,
         }
     }
@@ -239,8 +252,8 @@ pub(crate) enum Start {
     /// After `SendStreamingMessage`: the turn began with this (persisted) user message; only a
     /// status recorded after it ends the stream.
     Turn(MessageId),
-    /// `SubscribeToTask`: any terminal or interrupted status ends the stream, including the
-    /// one the task holds when the stream starts.
+    /// `SubscribeToTask`: a terminal status ends the stream, including the one the task holds
+    /// when the stream starts; an interrupted one does not (the follow-up goes on).
     Subscription,
 }
 
@@ -360,7 +373,7 @@ impl Follower {
         self.thread_id = Some(task.thread_id.clone());
         let ends = match self.start {
             Start::Turn(_) => turn_ended && ends_stream(task.state()),
-            Start::Subscription => ends_stream(task.state()),
+            Start::Subscription => task.state().is_terminal(),
         };
         self.pending.push_back(StreamEvent::Task(Box::new(task)));
         self.phase = if ends { Phase::Done } else { Phase::Follow };
@@ -422,7 +435,11 @@ impl Follower {
                 return;
             }
             self.last_status = Some(status.clone());
-            if ends_stream(status.state) {
+            let ends = match self.start {
+                Start::Turn(_) => ends_stream(status.state),
+                Start::Subscription => status.state.is_terminal(),
+            };
+            if ends {
                 self.phase = Phase::Done;
             }
         }

@@ -209,7 +209,6 @@ async fn call(
             let reason = error["details"][0]["reason"].as_str().unwrap().to_owned();
             let expected = match reason.as_str() {
                 "TASK_NOT_FOUND" => 404,
-                "TASK_NOT_CANCELABLE" => 409,
                 _ => 400,
             };
             assert_eq!(status.as_u16(), expected, "{body}");
@@ -312,11 +311,22 @@ async fn rest_errors_are_status_objects_with_the_a2a_http_status() {
     let server = TestServer::start().await;
     let http = &server.http;
     let base = &server.base;
+    let done = server
+        .rpc("SendMessage", json!({"message": user_message("done")}))
+        .await["result"]["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let cases = [
         (
             http.get(format!("{base}/tasks/nope")),
             404,
             "TASK_NOT_FOUND",
+        ),
+        (
+            http.post(format!("{base}/tasks/{done}:cancel")),
+            400,
+            "TASK_NOT_CANCELABLE",
         ),
         (http.get(format!("{base}/nowhere")), 404, "METHOD_NOT_FOUND"),
         (
@@ -338,7 +348,7 @@ async fn rest_errors_are_status_objects_with_the_a2a_http_status() {
             http.post(format!("{base}/message:send"))
                 .header("content-type", "text/plain")
                 .body("hi"),
-            415,
+            400,
             "CONTENT_TYPE_NOT_SUPPORTED",
         ),
         (
@@ -361,6 +371,17 @@ async fn rest_errors_are_status_objects_with_the_a2a_http_status() {
         let body: Value = response.json().await.unwrap();
         assert_eq!(body["error"]["code"], status, "{body}");
         assert_eq!(body["error"]["details"][0]["reason"], reason, "{body}");
+        // The body's `status` is the google.rpc.Code whose HTTP mapping is the answer's.
+        let code_status = match body["error"]["status"].as_str().unwrap() {
+            "INVALID_ARGUMENT" | "FAILED_PRECONDITION" | "OUT_OF_RANGE" => 400,
+            "NOT_FOUND" => 404,
+            "ABORTED" | "ALREADY_EXISTS" => 409,
+            "RESOURCE_EXHAUSTED" => 429,
+            "UNIMPLEMENTED" => 501,
+            "UNAVAILABLE" => 503,
+            other => panic!("{reason}: status {other}"),
+        };
+        assert_eq!(code_status, status, "{body}");
         assert_eq!(body["error"]["details"][0]["domain"], "a2a-protocol.org");
         assert!(body["error"]["message"].is_string());
     }
@@ -695,6 +716,48 @@ async fn an_unavailable_store_is_503_with_retry_after_and_a_clear_json_rpc_error
         assert!(!message.contains("db.internal"), "{message}");
         assert_eq!(error["data"][0]["reason"], "UNAVAILABLE");
         assert_eq!(error["data"][0]["metadata"]["backend"], "redis");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn rest_answers_application_a2a_json_when_the_request_asks_for_it() {
+    let server = TestServer::start().await;
+    let content_type = |response: &reqwest::Response| {
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    let body = json!({"message": user_message("typed")}).to_string();
+    let send = |content_type: &str| {
+        server
+            .http
+            .post(format!("{}/message:send", server.base))
+            .header("A2A-Version", "1.0")
+            .header("content-type", content_type.to_owned())
+            .body(body.clone())
+    };
+    let asked = send("application/a2a+json").send().await.unwrap();
+    assert_eq!(asked.status(), 200);
+    assert_eq!(content_type(&asked), "application/a2a+json");
+    let task: Value = asked.json().await.unwrap();
+    let id = task["task"]["id"].as_str().unwrap();
+
+    let plain = send("application/json").send().await.unwrap();
+    assert_eq!(content_type(&plain), "application/json");
+
+    // Accept alone asks for it too, on answers and on errors.
+    for path in [format!("/tasks/{id}"), "/tasks/nope".to_owned()] {
+        let read = server
+            .http
+            .get(format!("{}{path}", server.base))
+            .header("A2A-Version", "1.0")
+            .header("accept", "application/a2a+json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(content_type(&read), "application/a2a+json", "{path}");
     }
     server.stop().await;
 }

@@ -191,6 +191,50 @@ async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
 }
 
 #[tokio::test]
+async fn subscribe_to_a_task_waiting_for_input_stays_open_until_it_is_terminal() {
+    let server = TestServer::start().await;
+    let mut grpc = client(&server).await;
+    let task = sent_task(
+        &mut grpc,
+        message::<proto::SendMessageRequest>(json!({
+            "message": user_message("/ask_human {\"question\": \"which city?\"}")
+        })),
+    )
+    .await;
+    assert_eq!(
+        task.status.as_ref().unwrap().state,
+        proto::TaskState::InputRequired as i32
+    );
+    let mut stream = grpc
+        .subscribe_to_task(proto::SubscribeToTaskRequest {
+            id: task.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = to_json(&stream.message().await.unwrap().unwrap()).unwrap();
+    assert_eq!(
+        first["task"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{first}"
+    );
+    let mut answer = user_message("Athens");
+    answer["taskId"] = json!(task.id);
+    sent_task(
+        &mut grpc,
+        message::<proto::SendMessageRequest>(json!({"message": answer})),
+    )
+    .await;
+    let events = drain(stream).await;
+    assert_eq!(
+        events.last().unwrap()["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED",
+        "{events:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
     let server = TestServer::start().await;
     let mut grpc = client(&server).await;
@@ -219,7 +263,25 @@ async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
         })
         .await
         .unwrap_err();
-    assert_status(&subscribe, Code::Unimplemented, "UNSUPPORTED_OPERATION");
+    assert_status(
+        &subscribe,
+        Code::FailedPrecondition,
+        "UNSUPPORTED_OPERATION",
+    );
+    // So is a message to it (A2A v1.0.1, 5.4: FAILED_PRECONDITION, not UNIMPLEMENTED).
+    let mut follow_up = user_message("more");
+    follow_up["taskId"] = json!(done.id);
+    let follow_up = grpc
+        .send_message(message::<proto::SendMessageRequest>(
+            json!({"message": follow_up}),
+        ))
+        .await
+        .unwrap_err();
+    assert_status(
+        &follow_up,
+        Code::FailedPrecondition,
+        "UNSUPPORTED_OPERATION",
+    );
 
     let cancel = grpc
         .cancel_task(proto::CancelTaskRequest {
@@ -246,14 +308,14 @@ async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
     old.metadata_mut()
         .insert("a2a-version", "0.3".parse().unwrap());
     let old = grpc.get_task(old).await.unwrap_err();
-    assert_status(&old, Code::Unimplemented, "VERSION_NOT_SUPPORTED");
+    assert_status(&old, Code::FailedPrecondition, "VERSION_NOT_SUPPORTED");
 
     let card = grpc
         .get_extended_agent_card(proto::GetExtendedAgentCardRequest::default())
         .await
         .unwrap_err();
     // As over JSON-RPC: a server without an extended card does not offer the operation.
-    assert_status(&card, Code::Unimplemented, "UNSUPPORTED_OPERATION");
+    assert_status(&card, Code::FailedPrecondition, "UNSUPPORTED_OPERATION");
     server.stop().await;
 }
 

@@ -142,6 +142,43 @@ async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
 }
 
 #[tokio::test]
+async fn subscribe_to_a_task_waiting_for_input_stays_open_until_it_is_terminal() {
+    let server = TestServer::start().await;
+    for binding in [Binding::JsonRpc, Binding::HttpJson] {
+        let client = A2aClient::new(server.base.clone()).with_binding(binding);
+        let asked = drain(
+            client
+                .send_streaming_message(Message::user("/ask_human {\"question\": \"which city?\"}"))
+                .await
+                .unwrap(),
+        )
+        .await;
+        let Some(StreamEvent::Task(task)) = asked.first() else {
+            panic!("{binding:?}: the first event is the task: {asked:?}");
+        };
+        let mut events = client.subscribe(&task.id).await.unwrap();
+        let Some(Ok(StreamEvent::Task(first))) = events.next().await else {
+            panic!("{binding:?}: the subscription starts with the task");
+        };
+        assert_eq!(first.state(), TaskState::InputRequired, "{binding:?}");
+
+        let mut answer = Message::user("Athens");
+        answer.task_id = Some(task.id.clone());
+        client
+            .send_message(answer, Default::default())
+            .await
+            .unwrap();
+        let states = status_states(&drain(events).await);
+        assert_eq!(
+            states.last(),
+            Some(&TaskState::Completed),
+            "{binding:?}: the subscription carries the follow-up to the end: {states:?}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn subscribe_to_a_terminal_task_is_unsupported_operation_before_any_stream() {
     let server = TestServer::start().await;
     let done = server

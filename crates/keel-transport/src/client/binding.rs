@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use keel_core::{AgentCard, AgentError, AgentResult, Message, Task, TaskId, TraceParent};
 use serde_json::Value;
 
+use crate::stream::StreamEvent;
 use crate::task_list::{TaskList, TaskListQuery};
 use crate::transport::{SendMessageOptions, TaskEventStream};
 use crate::wire;
@@ -157,6 +158,15 @@ impl StreamRequest {
         match self {
             StreamRequest::SendStreamingMessage(message) => trace_of(message),
             StreamRequest::Subscribe(_) => None,
+        }
+    }
+
+    /// Whether the stream ends after `event`: a message's stream at the first terminal or
+    /// interrupted status, a subscription only at a terminal one (A2A v1.0, 3.1.6).
+    pub fn ends_at(&self, event: &StreamEvent) -> bool {
+        match self {
+            StreamRequest::SendStreamingMessage(_) => event.is_final(),
+            StreamRequest::Subscribe(_) => event.ends_subscription(),
         }
     }
 

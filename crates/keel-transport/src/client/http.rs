@@ -283,10 +283,12 @@ impl ClientBinding for HttpBinding {
             });
         }
         let binding = self.binding;
+        let request = std::sync::Arc::new(request);
         let events = response.bytes_stream().eventsource();
         let state = (events.boxed(), false);
         Ok(stream::unfold(state, move |(mut events, done)| {
             let task_id = task_id.clone();
+            let request = request.clone();
             async move {
                 if done {
                     return None;
@@ -304,7 +306,7 @@ impl ClientBinding for HttpBinding {
                         continue;
                     }
                     let item = decode_sse(binding, &event.event, &event.data, task_id.as_ref());
-                    let done = item.as_ref().map_or(true, StreamEvent::is_final);
+                    let done = item.as_ref().map_or(true, |event| request.ends_at(event));
                     return Some((item, (events, done)));
                 }
             }

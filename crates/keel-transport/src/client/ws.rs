@@ -269,12 +269,10 @@ impl WsBinding {
         result_of(answer, task_id)
     }
 
-    async fn follow(
-        &self,
-        method: &str,
-        params: Value,
-        task_id: Option<&TaskId>,
-    ) -> AgentResult<TaskEventStream> {
+    async fn follow(&self, request: StreamRequest) -> AgentResult<TaskEventStream> {
+        let method = request.call().method();
+        let params = request.params();
+        let task_id = request.task_id();
         let socket = self.socket(&self.data).await?;
         let (mut answers, registration) = socket.request(self.next_id(), method, params).await?;
         // The first frame says whether the stream started (an error before it is the call's).
@@ -283,10 +281,10 @@ impl WsBinding {
         })?;
         let task_id = task_id.cloned();
         let first = decode_event(first, task_id.as_ref())?;
-        let done = first.is_final();
+        let done = request.ends_at(&first);
         let rest = stream::unfold(
-            (answers, registration, task_id, done),
-            |(mut answers, registration, task_id, done)| async move {
+            (answers, registration, task_id, done, request),
+            |(mut answers, registration, task_id, done, request)| async move {
                 if done {
                     return None;
                 }
@@ -296,8 +294,8 @@ impl WsBinding {
                         "the WebSocket closed before the stream's final status",
                     )),
                 };
-                let done = item.as_ref().map_or(true, StreamEvent::is_final);
-                Some((item, (answers, registration, task_id, done)))
+                let done = item.as_ref().map_or(true, |event| request.ends_at(event));
+                Some((item, (answers, registration, task_id, done, request)))
             },
         );
         Ok(stream::once(async move { Ok(first) }).chain(rest).boxed())
@@ -358,8 +356,7 @@ impl ClientBinding for WsBinding {
     }
 
     async fn open_stream(&self, request: StreamRequest) -> AgentResult<TaskEventStream> {
-        self.follow(request.call().method(), request.params(), request.task_id())
-            .await
+        self.follow(request).await
     }
 }
 

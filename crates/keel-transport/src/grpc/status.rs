@@ -98,8 +98,8 @@ mod tests {
         for (error, expected) in [
             (TASK_NOT_FOUND, Code::NotFound),
             (TASK_NOT_CANCELABLE, Code::FailedPrecondition),
-            (UNSUPPORTED_OPERATION, Code::Unimplemented),
-            (VERSION_NOT_SUPPORTED, Code::Unimplemented),
+            (UNSUPPORTED_OPERATION, Code::FailedPrecondition),
+            (VERSION_NOT_SUPPORTED, Code::FailedPrecondition),
             (INVALID_PARAMS, Code::InvalidArgument),
             (OVERLOADED, Code::ResourceExhausted),
             (INTERNAL_ERROR, Code::Internal),
