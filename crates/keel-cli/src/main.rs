@@ -638,13 +638,18 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => err.exit(),
     };
+    // `keel serve` reads its file once, before logging starts: the file says how to log.
+    let serve_file = match &cli.command {
+        Command::Serve(args) => serve_config(args.config.clone()),
+        _ => None,
+    };
     telemetry::init_logs(match &cli.command {
         Command::Serve(args) => telemetry::serve_log_format(
             args.log_format,
             matches
                 .subcommand_matches("serve")
                 .is_some_and(|m| given(m, "log_format")),
-            args.config.clone(),
+            serve_file.as_ref().and_then(|loaded| loaded.as_ref().ok()),
         ),
         _ => telemetry::LogFormat::Text,
     });
@@ -659,7 +664,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => {
             let explicit = matches.subcommand_matches("serve").cloned();
             runtime
-                .block_on(serve(args, explicit))
+                .block_on(serve(args, explicit, serve_file))
                 .map(|()| ExitCode::SUCCESS)
         }
         Command::Init(args) => from_file::init(args.dir, args.force).map(|()| ExitCode::SUCCESS),
@@ -876,7 +881,21 @@ fn given(matches: &ArgMatches, id: &str) -> bool {
     )
 }
 
-async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), String> {
+/// The file `keel serve` serves, loaded: the one named, else `./keel.toml` when it exists;
+/// `None` (the demo agent) when neither.
+fn serve_config(named: Option<PathBuf>) -> Option<Result<keel::config::LoadedConfig, String>> {
+    let path = named.or_else(|| {
+        Some(PathBuf::from(keel::config::DEFAULT_CONFIG_FILE)).filter(|p| p.exists())
+    })?;
+    Some(keel::Config::from_path(&path).map_err(|err| err.to_string()))
+}
+
+/// `keel serve`: the agents of `file` (as [`serve_config`] loaded it), else the demo agent.
+async fn serve(
+    args: ServeArgs,
+    matches: Option<ArgMatches>,
+    file: Option<Result<keel::config::LoadedConfig, String>>,
+) -> Result<(), String> {
     if args
         .instance_id
         .as_ref()
@@ -884,15 +903,11 @@ async fn serve(args: ServeArgs, matches: Option<ArgMatches>) -> Result<(), Strin
     {
         return Err("--instance-id must not be empty".into());
     }
-    let file = match &args.config {
-        Some(path) => Some(path.clone()),
-        None => Some(PathBuf::from(keel::config::DEFAULT_CONFIG_FILE)).filter(|p| p.exists()),
-    };
     if args.metrics_tenant_labels {
         keel::agent::meter::enable_tenant_labels();
     }
-    if let Some(path) = file {
-        let loaded = keel::Config::from_path(&path).map_err(|err| err.to_string())?;
+    if let Some(loaded) = file {
+        let loaded = loaded?;
         if loaded.server.metrics_tenant_labels {
             keel::agent::meter::enable_tenant_labels();
         }

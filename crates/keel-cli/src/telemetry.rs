@@ -3,8 +3,6 @@
 //! libraries only log through `tracing` and count through the `metrics` macros; the process
 //! chooses where both go, here (docs/observability.md).
 
-use std::path::PathBuf;
-
 use clap::ValueEnum;
 use keel::transport::MetricsRoute;
 use metrics_exporter_prometheus::PrometheusBuilder;
@@ -32,17 +30,17 @@ pub(crate) enum LogFormat {
 /// The log format of `keel serve`: the flag's (or its variable's) when `given`, else the
 /// `[server] log_format` of the file it will serve, if there is one that loads (a file that
 /// does not is reported by `keel serve` itself, after logging starts).
-pub(crate) fn serve_log_format(flag: LogFormat, given: bool, config: Option<PathBuf>) -> LogFormat {
-    if given {
-        return flag;
-    }
-    let path = crate::from_file::config_path(config);
-    match keel::Config::from_path(&path) {
-        Ok(loaded) => match loaded.server.log_format {
+pub(crate) fn serve_log_format(
+    flag: LogFormat,
+    given: bool,
+    file: Option<&keel::config::LoadedConfig>,
+) -> LogFormat {
+    match file {
+        Some(loaded) if !given => match loaded.server.log_format {
             keel::config::LogFormat::Text => LogFormat::Text,
             keel::config::LogFormat::Json => LogFormat::Json,
         },
-        Err(_) => flag,
+        _ => flag,
     }
 }
 
@@ -108,5 +106,31 @@ pub(crate) fn traces(
 pub(crate) async fn flush_traces(traces: Option<keel::telemetry::Telemetry>) {
     if let Some(traces) = traces {
         let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_logs_as_the_loaded_file_says_unless_the_flag_is_given() {
+        let file = keel::Config::parse(
+            "[server]\nlog_format = \"json\"\n\n[[agents]]\nname = \"a\"\ndescription = \"A.\"\n",
+            "keel.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            serve_log_format(LogFormat::Text, false, Some(&file)),
+            LogFormat::Json
+        );
+        assert_eq!(
+            serve_log_format(LogFormat::Text, true, Some(&file)),
+            LogFormat::Text
+        );
+        assert_eq!(
+            serve_log_format(LogFormat::Json, false, None),
+            LogFormat::Json
+        );
     }
 }

@@ -55,8 +55,8 @@ pub use services::Services;
 pub use step::StepStore;
 pub use stored_text::{decode_record, encode_record};
 pub use task_manager::{
-    attach_history, load_task_with_history, updated_micros, InMemoryTaskManager, ListTasksFilter,
-    Page, TaskManager, TaskOrder, TaskPageStart, UpdatedCursor,
+    attach_history, list_all_tasks, load_task_with_history, updated_micros, InMemoryTaskManager,
+    ListTasksFilter, Page, TaskManager, TaskOrder, TaskPageStart, UpdatedCursor,
 };
 pub use thread::check_ttl as check_lease_ttl;
 pub use thread::{
@@ -160,5 +160,156 @@ macro_rules! runtime_from_field {
                 $crate::Runtime::async_call_store(&self.$field)
             }
         }
+    };
+}
+
+/// What [`task_manager_from_field!`] names in the code it writes, so that a crate using the
+/// macro needs none of these as its own dependencies.
+#[doc(hidden)]
+pub mod __macro_support {
+    pub use async_trait::async_trait;
+    pub use keel_core::{AgentResult, Task, TaskEvent, TaskId};
+}
+
+/// Implements [`TaskManager`] for a type that wraps another task manager in a field (a test
+/// double, a store that counts or fails on cue): the methods written inside the macro are the
+/// type's own, and every other method forwards to the field. A wrapper restates only what it
+/// changes, and a method added to the trait reaches every wrapper from here.
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use keel_core::{AgentResult, Task};
+/// use keel_runtime::{AuthContext, InMemoryTaskManager, TaskManager};
+///
+/// struct CountingSaves {
+///     inner: InMemoryTaskManager,
+///     saves: AtomicUsize,
+/// }
+/// keel_runtime::task_manager_from_field! {
+///     CountingSaves => inner;
+///     async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
+///         self.saves.fetch_add(1, Ordering::Relaxed);
+///         self.inner.save_task(auth, task).await
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! task_manager_from_field {
+    (
+        $ty:ty => $field:ident;
+        $($(#[$meta:meta])* async fn $name:ident ($($args:tt)*) -> $ret:ty $body:block)*
+    ) => {
+        $crate::task_manager_from_field!(@next $ty, $field,
+            [$($(#[$meta])* async fn $name($($args)*) -> $ret $body)*],
+            own [$($name),*],
+            todo [get_task, list_tasks, save_task, add_task_event, save_task_with_events,
+                get_task_events, tenants]);
+    };
+    // Every method is either the type's own or forwarded: write the impl.
+    (@next $ty:ty, $f:ident, [$($acc:tt)*], own [$($own:ident),*], todo []) => {
+        #[$crate::__macro_support::async_trait]
+        impl $crate::TaskManager for $ty {
+            $($acc)*
+        }
+    };
+    (@next $ty:ty, $f:ident, $acc:tt, own [$($own:ident),*], todo [$name:ident $(, $todo:ident)*]) => {
+        $crate::task_manager_from_field!(@scan $name, $ty, $f, $acc, own [$($own),*],
+            scan [$($own),*], todo [$($todo),*]);
+    };
+    // `$name` is one of the type's own methods: nothing to forward.
+    (@scan get_task, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [get_task $(, $s:ident)*], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
+    };
+    (@scan list_tasks, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [list_tasks $(, $s:ident)*], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
+    };
+    (@scan save_task, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [save_task $(, $s:ident)*], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
+    };
+    (@scan add_task_event, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [add_task_event $(, $s:ident)*], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
+    };
+    (@scan save_task_with_events, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [save_task_with_events $(, $s:ident)*], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
+    };
+    (@scan get_task_events, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [get_task_events $(, $s:ident)*], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
+    };
+    (@scan tenants, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [tenants $(, $s:ident)*], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
+    };
+    (@scan $name:ident, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [$other:ident $(, $s:ident)*], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@scan $name, $ty, $f, $acc, own $own, scan [$($s),*], todo $todo);
+    };
+    // Not the type's own: forward it to the field.
+    (@scan get_task, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
+            async fn get_task(&self, auth: &$crate::AuthContext, task_id: &$crate::__macro_support::TaskId) -> $crate::__macro_support::AgentResult<::std::option::Option<$crate::__macro_support::Task>> {
+                {
+                    use $crate::TaskManager as _;
+                    self.$f.get_task(auth, task_id).await
+                }
+            }
+        ], own $own, todo $todo);
+    };
+    (@scan list_tasks, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
+            async fn list_tasks(&self, auth: &$crate::AuthContext, filter: &$crate::ListTasksFilter) -> $crate::__macro_support::AgentResult<$crate::Page<$crate::__macro_support::Task>> {
+                {
+                    use $crate::TaskManager as _;
+                    self.$f.list_tasks(auth, filter).await
+                }
+            }
+        ], own $own, todo $todo);
+    };
+    (@scan save_task, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
+            async fn save_task(&self, auth: &$crate::AuthContext, task: &$crate::__macro_support::Task) -> $crate::__macro_support::AgentResult<()> {
+                {
+                    use $crate::TaskManager as _;
+                    self.$f.save_task(auth, task).await
+                }
+            }
+        ], own $own, todo $todo);
+    };
+    (@scan add_task_event, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
+            async fn add_task_event(&self, auth: &$crate::AuthContext, task_id: &$crate::__macro_support::TaskId, event: &$crate::__macro_support::TaskEvent) -> $crate::__macro_support::AgentResult<()> {
+                {
+                    use $crate::TaskManager as _;
+                    self.$f.add_task_event(auth, task_id, event).await
+                }
+            }
+        ], own $own, todo $todo);
+    };
+    (@scan save_task_with_events, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
+            async fn save_task_with_events(&self, auth: &$crate::AuthContext, task: &$crate::__macro_support::Task, events: &[$crate::__macro_support::TaskEvent]) -> $crate::__macro_support::AgentResult<()> {
+                {
+                    use $crate::TaskManager as _;
+                    self.$f.save_task_with_events(auth, task, events).await
+                }
+            }
+        ], own $own, todo $todo);
+    };
+    (@scan get_task_events, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
+            async fn get_task_events(&self, auth: &$crate::AuthContext, task_id: &$crate::__macro_support::TaskId) -> $crate::__macro_support::AgentResult<::std::vec::Vec<$crate::__macro_support::TaskEvent>> {
+                {
+                    use $crate::TaskManager as _;
+                    self.$f.get_task_events(auth, task_id).await
+                }
+            }
+        ], own $own, todo $todo);
+    };
+    (@scan tenants, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
+            async fn tenants(&self) -> $crate::__macro_support::AgentResult<::std::vec::Vec<$crate::AuthContext>> {
+                {
+                    use $crate::TaskManager as _;
+                    self.$f.tenants().await
+                }
+            }
+        ], own $own, todo $todo);
     };
 }

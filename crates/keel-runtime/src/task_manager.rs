@@ -324,6 +324,24 @@ pub trait TaskManager: keel_core::MaybeSend + keel_core::MaybeSync {
     }
 }
 
+/// Every task `filter` matches, read page after page (each of `filter`'s `page_size`) in
+/// the listing's order: for the engine's sweeps and recovery, which must see every match.
+pub async fn list_all_tasks(
+    tasks: &dyn TaskManager,
+    auth: &AuthContext,
+    mut filter: ListTasksFilter,
+) -> AgentResult<Vec<Task>> {
+    let mut all = Vec::new();
+    loop {
+        let page = tasks.list_tasks(auth, &filter).await?;
+        all.extend(page.items);
+        match page.next_page_token {
+            Some(token) => filter.page_token = Some(token),
+            None => return Ok(all),
+        }
+    }
+}
+
 /// The task with its history rebuilt from the event log, keeping only the last
 /// `history_length` messages when given. `Ok(None)` when the task is unknown.
 pub async fn load_task_with_history(

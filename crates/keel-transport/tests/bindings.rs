@@ -572,15 +572,8 @@ struct CountingTasks {
     listed: Arc<AtomicUsize>,
 }
 
-#[async_trait::async_trait]
-impl keel_runtime::TaskManager for CountingTasks {
-    async fn get_task(
-        &self,
-        auth: &AuthContext,
-        task_id: &TaskId,
-    ) -> AgentResult<Option<keel_core::Task>> {
-        self.inner.get_task(auth, task_id).await
-    }
+keel_runtime::task_manager_from_field! {
+    CountingTasks => inner;
     async fn list_tasks(
         &self,
         auth: &AuthContext,
@@ -589,35 +582,6 @@ impl keel_runtime::TaskManager for CountingTasks {
         let page = self.inner.list_tasks(auth, filter).await?;
         self.listed.fetch_add(page.items.len(), Ordering::Relaxed);
         Ok(page)
-    }
-    async fn save_task(&self, auth: &AuthContext, task: &keel_core::Task) -> AgentResult<()> {
-        self.inner.save_task(auth, task).await
-    }
-    async fn save_task_with_events(
-        &self,
-        auth: &AuthContext,
-        task: &keel_core::Task,
-        events: &[TaskEvent],
-    ) -> AgentResult<()> {
-        self.inner.save_task_with_events(auth, task, events).await
-    }
-    async fn add_task_event(
-        &self,
-        auth: &AuthContext,
-        task_id: &TaskId,
-        event: &TaskEvent,
-    ) -> AgentResult<()> {
-        self.inner.add_task_event(auth, task_id, event).await
-    }
-    async fn get_task_events(
-        &self,
-        auth: &AuthContext,
-        task_id: &TaskId,
-    ) -> AgentResult<Vec<TaskEvent>> {
-        self.inner.get_task_events(auth, task_id).await
-    }
-    async fn tenants(&self) -> AgentResult<Vec<AuthContext>> {
-        self.inner.tenants().await
     }
 }
 

@@ -9,11 +9,10 @@ mod support;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use keel_agent::{Agent, AgentExecutor, FnTool};
-use keel_core::{AgentCard, AgentError, AgentResult, Task, TaskEvent, TaskId};
+use keel_core::{AgentCard, AgentError, AgentResult, TaskEvent, TaskId};
 use keel_llm::MockLlm;
-use keel_runtime::{AuthContext, ListTasksFilter, Page, Runtime, Services, TaskManager};
+use keel_runtime::{AuthContext, Runtime, Services, TaskManager};
 use keel_transport::Security;
 use serde_json::{json, Value};
 use support::{sse_events, TestServer, ALICE, BOB};
@@ -199,37 +198,8 @@ struct FailOnce {
     armed: AtomicBool,
 }
 
-#[async_trait]
-impl TaskManager for FailOnce {
-    async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
-        self.inner.get_task(auth, task_id).await
-    }
-    async fn list_tasks(
-        &self,
-        auth: &AuthContext,
-        filter: &ListTasksFilter,
-    ) -> AgentResult<Page<Task>> {
-        self.inner.list_tasks(auth, filter).await
-    }
-    async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
-        self.inner.save_task(auth, task).await
-    }
-    async fn add_task_event(
-        &self,
-        auth: &AuthContext,
-        task_id: &TaskId,
-        event: &TaskEvent,
-    ) -> AgentResult<()> {
-        self.inner.add_task_event(auth, task_id, event).await
-    }
-    async fn save_task_with_events(
-        &self,
-        auth: &AuthContext,
-        task: &Task,
-        events: &[TaskEvent],
-    ) -> AgentResult<()> {
-        self.inner.save_task_with_events(auth, task, events).await
-    }
+keel_runtime::task_manager_from_field! {
+    FailOnce => inner;
     async fn get_task_events(
         &self,
         auth: &AuthContext,
@@ -248,9 +218,6 @@ impl TaskManager for FailOnce {
             ));
         }
         self.inner.get_task_events(auth, task_id).await
-    }
-    async fn tenants(&self) -> AgentResult<Vec<AuthContext>> {
-        self.inner.tenants().await
     }
 }
 

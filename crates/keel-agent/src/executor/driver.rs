@@ -6,16 +6,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use keel_core::{
-    AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, TaskState,
-    ThreadId,
+    AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, ThreadId,
 };
-use keel_runtime::{AuthContext, Lease, ListTasksFilter, LogLevel};
+use keel_runtime::{AuthContext, Lease, LogLevel};
 use serde::Deserialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::state::*;
+use super::unfinished_tasks;
 use crate::task_meta::EngineMeta;
 use crate::thread_state::ThreadHost;
 
@@ -267,36 +267,22 @@ impl Inner {
         let mut taken = 0;
         for auth in &tenants {
             let mut seen = HashSet::new();
-            for state in [TaskState::Working, TaskState::Submitted] {
-                let mut filter = ListTasksFilter {
-                    state: Some(state),
-                    page_size: Some(100),
-                    ..Default::default()
-                };
-                loop {
-                    let page = tasks.list_tasks(auth, &filter).await?;
-                    for task in &page.items {
-                        let key = (auth.namespace(), task.thread_id.clone());
-                        // Another agent's task is its executor's to take.
-                        let theirs = EngineMeta::of(&task.metadata)
-                            .agent
-                            .is_some_and(|agent| agent != self.agent.card().name);
-                        if self.driver.shutting_down.is_cancelled()
-                            || theirs
-                            || !seen.insert(task.thread_id.clone())
-                            || self.driver.workers.contains_key(&key)
-                            || threads.queue_len(auth, &task.thread_id).await? == 0
-                        {
-                            continue;
-                        }
-                        if self.drive_if_free(auth, &task.thread_id).await? {
-                            taken += 1;
-                        }
-                    }
-                    match page.next_page_token {
-                        Some(token) => filter.page_token = Some(token),
-                        None => break,
-                    }
+            for task in &unfinished_tasks(tasks.as_ref(), auth).await? {
+                let key = (auth.namespace(), task.thread_id.clone());
+                // Another agent's task is its executor's to take.
+                let theirs = EngineMeta::of(&task.metadata)
+                    .agent
+                    .is_some_and(|agent| agent != self.agent.card().name);
+                if self.driver.shutting_down.is_cancelled()
+                    || theirs
+                    || !seen.insert(task.thread_id.clone())
+                    || self.driver.workers.contains_key(&key)
+                    || threads.queue_len(auth, &task.thread_id).await? == 0
+                {
+                    continue;
+                }
+                if self.drive_if_free(auth, &task.thread_id).await? {
+                    taken += 1;
                 }
             }
             // Threads with queued work but no unfinished task: a message or tool queued on an

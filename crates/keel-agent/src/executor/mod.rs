@@ -476,51 +476,37 @@ impl AgentExecutor {
         let tasks = self.inner.runtime.task_manager();
         let threads = self.inner.runtime.thread_store();
         let mut resumed = 0;
-        for state in [TaskState::Working, TaskState::Submitted] {
-            let mut filter = ListTasksFilter {
-                state: Some(state),
-                page_size: Some(100),
-                ..Default::default()
-            };
-            loop {
-                let page = tasks.list_tasks(auth, &filter).await?;
-                for task in &page.items {
-                    let queued = threads
-                        .peek_queue(auth, &task.thread_id, usize::MAX)
-                        .await?;
-                    let in_queue = queued.iter().any(|item| {
-                        matches!(serde_json::from_value(item.payload.clone()), Ok(QueuedWork::Task { task_id }) if task_id == task.id)
-                    });
-                    if !in_queue {
-                        let payload = serde_json::to_value(QueuedWork::Task {
-                            task_id: task.id.clone(),
-                        })
-                        .map_err(AgentError::internal)?;
-                        threads.push_queue(auth, &task.thread_id, payload).await?;
-                    }
-                    self.inner.log(
-                        keel_runtime::LogLevel::Info,
-                        &format!(
-                            "resuming task {} ({}) on thread {}",
-                            task.id,
-                            task.state(),
-                            task.thread_id
-                        ),
-                    );
-                    // A lease still held under this process's holder name was this
-                    // process's before it restarted: taken back at once.
-                    self.inner
-                        .driver
-                        .reclaim
-                        .insert((auth.namespace(), task.thread_id.clone()));
-                    self.inner.schedule(auth, &task.thread_id);
-                    resumed += 1;
-                }
-                match page.next_page_token {
-                    Some(token) => filter.page_token = Some(token),
-                    None => break,
-                }
+        for task in &unfinished_tasks(tasks.as_ref(), auth).await? {
+            let queued = threads
+                .peek_queue(auth, &task.thread_id, usize::MAX)
+                .await?;
+            let in_queue = queued.iter().any(|item| {
+                matches!(serde_json::from_value(item.payload.clone()), Ok(QueuedWork::Task { task_id }) if task_id == task.id)
+            });
+            if !in_queue {
+                let payload = serde_json::to_value(QueuedWork::Task {
+                    task_id: task.id.clone(),
+                })
+                .map_err(AgentError::internal)?;
+                threads.push_queue(auth, &task.thread_id, payload).await?;
             }
+            self.inner.log(
+                keel_runtime::LogLevel::Info,
+                &format!(
+                    "resuming task {} ({}) on thread {}",
+                    task.id,
+                    task.state(),
+                    task.thread_id
+                ),
+            );
+            // A lease still held under this process's holder name was this
+            // process's before it restarted: taken back at once.
+            self.inner
+                .driver
+                .reclaim
+                .insert((auth.namespace(), task.thread_id.clone()));
+            self.inner.schedule(auth, &task.thread_id);
+            resumed += 1;
         }
         Ok(resumed)
     }
@@ -668,6 +654,24 @@ fn ids(tasks: &[TaskId]) -> String {
         text.push_str(&format!(" and {} more", tasks.len() - SHOWN));
     }
     text
+}
+
+/// The tenant's unfinished tasks (working, then submitted), every page: what recovery and
+/// the takeover sweep walk.
+pub(super) async fn unfinished_tasks(
+    tasks: &dyn keel_runtime::TaskManager,
+    auth: &AuthContext,
+) -> AgentResult<Vec<keel_core::Task>> {
+    let mut unfinished = Vec::new();
+    for state in [TaskState::Working, TaskState::Submitted] {
+        let filter = ListTasksFilter {
+            state: Some(state),
+            page_size: Some(100),
+            ..Default::default()
+        };
+        unfinished.extend(keel_runtime::list_all_tasks(tasks, auth, filter).await?);
+    }
+    Ok(unfinished)
 }
 
 #[cfg(test)]

@@ -428,25 +428,17 @@ impl Reads {
         skip: &HashSet<TaskId>,
     ) -> AgentResult<Vec<TaskId>> {
         let tasks = self.runtime.task_manager();
-        let mut filter = ListTasksFilter {
+        let filter = ListTasksFilter {
             thread_id: Some(thread_id.clone()),
             page_size: Some(ListTasksFilter::MAX_PAGE_SIZE),
             ..ListTasksFilter::default()
         };
-        let mut out = Vec::new();
-        loop {
-            let page = tasks.list_tasks(auth, &filter).await?;
-            out.extend(
-                page.items
-                    .into_iter()
-                    .filter(|t| !skip.contains(&t.id))
-                    .map(|t| t.id),
-            );
-            match page.next_page_token {
-                Some(token) => filter.page_token = Some(token),
-                None => return Ok(out),
-            }
-        }
+        let all = keel_runtime::list_all_tasks(tasks.as_ref(), auth, filter).await?;
+        Ok(all
+            .into_iter()
+            .filter(|t| !skip.contains(&t.id))
+            .map(|t| t.id)
+            .collect())
     }
 }
 
