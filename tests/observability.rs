@@ -498,8 +498,26 @@ async fn a_priced_model_s_cost_is_in_the_report_and_the_metrics_and_tenant_label
     eventually("failed pushes counted", || pushed("failed")).await;
 }
 
+/// Stop or continue a process (`-STOP`, `-CONT`).
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// Wait until `name` (all its series summed) reads `n` at `url`'s `/metrics`.
+async fn reads(url: &str, name: &'static str, n: f64) {
+    eventually(name, || {
+        let url = url.to_owned();
+        async move { (total(&scrape(&url).await, name, &[]) == n).then_some(()) }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn a_thread_taken_over_from_a_killed_process_is_counted_by_the_survivor() {
+async fn a_stalled_process_loses_its_lease_and_the_other_counts_the_takeover() {
     let prefix = format!("keel-test-{}:", support::uuid_like());
     let redis = support::redis_url();
     let args = [
@@ -525,13 +543,10 @@ async fn a_thread_taken_over_from_a_killed_process_is_counted_by_the_survivor() 
         total(&scrape(&b.url).await, "keel_takeovers_total", &[]),
         0.0
     );
+    // A stalls past its lease: B takes the thread over; A, woken, finds its lease gone.
+    signal(a.pid(), "-STOP");
+    reads(&b.url, "keel_takeovers_total", 1.0).await;
+    signal(a.pid(), "-CONT");
+    reads(&a.url, "keel_lease_losses_total", 1.0).await;
     a.kill_hard();
-    eventually("the survivor's takeover, counted", || {
-        let url = b.url.clone();
-        async move {
-            let scraped = scrape(&url).await;
-            (total(&scraped, "keel_takeovers_total", &[]) == 1.0).then_some(())
-        }
-    })
-    .await;
 }
