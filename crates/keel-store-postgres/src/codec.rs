@@ -67,24 +67,6 @@ pub(crate) fn from_sql_int(n: i64, what: &str) -> AgentResult<u64> {
     u64::try_from(n).map_err(|_| AgentError::storage(format!("stored {what} is negative ({n})")))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nanosecond_timestamps_round_trip_exactly() {
-        let now = Utc::now();
-        assert_eq!(from_nanos(to_nanos(now)), now);
-    }
-
-    #[test]
-    fn counts_past_bigint_saturate() {
-        assert_eq!(to_sql_int(u64::MAX), i64::MAX);
-        assert_eq!(to_sql_int(7usize), 7);
-        assert!(from_sql_int(-1, "seq").is_err());
-    }
-}
-
 /// One argument of a statement built at run time (a listing with optional filters).
 pub(crate) enum Arg {
     /// A `TEXT` argument.
@@ -149,4 +131,22 @@ pub(crate) async fn execute<C: GenericClient + Sync>(
 ) -> AgentResult<u64> {
     let stmt = db.prepare_cached(sql).await.map_err(doing(op))?;
     db.execute(&stmt, params).await.map_err(doing(op))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nanosecond_timestamps_round_trip_exactly() {
+        let now = Utc::now();
+        assert_eq!(from_nanos(to_nanos(now)), now);
+    }
+
+    #[test]
+    fn counts_past_bigint_saturate() {
+        assert_eq!(to_sql_int(u64::MAX), i64::MAX);
+        assert_eq!(to_sql_int(7usize), 7);
+        assert!(from_sql_int(-1, "seq").is_err());
+    }
 }

@@ -151,7 +151,13 @@ async fn no_store_method_reaches_another_tenants_rows() {
             .await
             .unwrap_err(),
         store
-            .persist_step(&mallory, &lease, &[], &task.id, &[event.clone()])
+            .persist_step(
+                &mallory,
+                &lease,
+                &[],
+                &task.id,
+                std::slice::from_ref(&event),
+            )
             .await
             .unwrap_err(),
         store.renew_lease(&mallory, &lease, TTL).await.unwrap_err(),
@@ -165,7 +171,13 @@ async fn no_store_method_reaches_another_tenants_rows() {
         .unwrap()
         .expect("the same thread id is another thread in another tenant");
     let err = store
-        .persist_step(&mallory, &theirs, &[], &task.id, &[event.clone()])
+        .persist_step(
+            &mallory,
+            &theirs,
+            &[],
+            &task.id,
+            std::slice::from_ref(&event),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, AgentError::TaskNotFound { .. }), "{err:?}");
