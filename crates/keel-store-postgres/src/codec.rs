@@ -85,6 +85,24 @@ impl Arg {
     }
 }
 
+/// Statements sent by every Postgres store of this process (see
+/// [`PostgresStore::statements_sent`](crate::PostgresStore::statements_sent)).
+pub(crate) static STATEMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Count `n` statements sent.
+fn sent(n: u64) {
+    STATEMENTS.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A transaction on `client` (its `BEGIN` and `COMMIT` counted as statements).
+pub(crate) async fn transaction<'a>(
+    client: &'a mut deadpool_postgres::Object,
+    op: &'static str,
+) -> AgentResult<deadpool_postgres::Transaction<'a>> {
+    sent(2);
+    client.transaction().await.map_err(doing(op))
+}
+
 /// The parameters of a statement.
 pub(crate) type Params<'a> = [&'a (dyn ToSql + Sync)];
 
@@ -97,6 +115,7 @@ pub(crate) async fn query<C: GenericClient + Sync>(
     op: &'static str,
 ) -> AgentResult<Vec<Row>> {
     let stmt = db.prepare_cached(sql).await.map_err(doing(op))?;
+    sent(1);
     db.query(&stmt, params).await.map_err(doing(op))
 }
 
@@ -108,6 +127,7 @@ pub(crate) async fn query_opt<C: GenericClient + Sync>(
     op: &'static str,
 ) -> AgentResult<Option<Row>> {
     let stmt = db.prepare_cached(sql).await.map_err(doing(op))?;
+    sent(1);
     db.query_opt(&stmt, params).await.map_err(doing(op))
 }
 
@@ -119,6 +139,7 @@ pub(crate) async fn query_one<C: GenericClient + Sync>(
     op: &'static str,
 ) -> AgentResult<Row> {
     let stmt = db.prepare_cached(sql).await.map_err(doing(op))?;
+    sent(1);
     db.query_one(&stmt, params).await.map_err(doing(op))
 }
 
@@ -130,6 +151,7 @@ pub(crate) async fn execute<C: GenericClient + Sync>(
     op: &'static str,
 ) -> AgentResult<u64> {
     let stmt = db.prepare_cached(sql).await.map_err(doing(op))?;
+    sent(1);
     db.execute(&stmt, params).await.map_err(doing(op))
 }
 
