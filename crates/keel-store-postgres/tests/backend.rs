@@ -390,3 +390,14 @@ async fn connections_the_server_drops_are_replaced_and_a_step_commits_whole_or_n
     assert_eq!((history.len(), events.len()), (committed, committed));
     schema.drop_schema().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tls_failure_is_a_storage_error_that_names_sslmode() {
+    // The test server either offers TLS with a certificate this machine does not trust
+    // (Debian's default) or no TLS at all: `sslmode=require` fails the handshake either way.
+    let url =
+        keel_store_postgres::testing::server_url().replace("sslmode=disable", "sslmode=require");
+    let err = PostgresStore::connect(&url).await.unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    assert!(err.to_string().contains("sslmode=disable"), "{err}");
+}
