@@ -7,7 +7,7 @@
 //!
 //! Settings: `KEEL_BENCH_SECS` (seconds per figure, default 2), `KEEL_BENCH_STEPS` (steps per
 //! task, default 10), `KEEL_BENCH_BACKENDS` (a comma-separated subset of
-//! `memory,sqlite,redis`, default all) and `KEEL_BENCH_THREADS` (the concurrencies, default
+//! `memory,sqlite,redis,postgres`, default all) and `KEEL_BENCH_THREADS` (the concurrencies, default
 //! `1,64`): the last two pick one row to run under a profiler. With the memory backend and a
 //! concurrency of 1, it first prints the engine's overhead alone: one task at a time on one
 //! tokio thread, tasks of `KEEL_BENCH_STEPS` steps against tasks of one step, which separates
@@ -16,7 +16,8 @@
 //! needs (the same build's single readings differ by a third there). `KEEL_BENCH_REPORT=path`
 //! writes one task's run report there and prints its size; `KEEL_BENCH_WORKERS=1` runs the
 //! table on one tokio thread too (a current-thread runtime), leaving out cross-thread
-//! wake-ups. `REDIS_URL`.
+//! wake-ups. `REDIS_URL`, `KEEL_POSTGRES_URL` (PostgreSQL: statements per step and per
+//! `SendMessage` printed beside its row).
 
 /// The allocator `keel serve` runs on, so the figures are the server's (feature `mimalloc`,
 /// on by default; `--no-default-features` measures the system allocator).
@@ -213,6 +214,55 @@ async fn run_for(
     steps
 }
 
+/// The Postgres row at `threads`: in a fresh schema of the server at `KEEL_POSTGRES_URL`
+/// (dropped after), beside single-row commits on as many connections as the store's pool
+/// holds, with the statements the store sent per step and per `SendMessage`.
+async fn postgres_row(threads: usize, duration: Duration, row: &impl Fn(&str, usize, f64, String)) {
+    use keel_store_postgres::{testing::TestSchema, PostgresStore};
+    const POOL: usize = 16;
+    let schema = match TestSchema::new().await {
+        Ok(schema) => schema,
+        Err(e) => {
+            println!("postgres {threads:>8} skipped ({e})");
+            return;
+        }
+    };
+    match PostgresStore::connect_with_pool_size(&schema.url, POOL).await {
+        Ok(store) => {
+            let (statements, steps_run) = (
+                PostgresStore::statements_sent(),
+                STEPS_RUN.load(Ordering::Relaxed),
+            );
+            let steps = measure(Arc::new(store.services(loop_llm())), threads, duration, 0).await;
+            let statements = PostgresStore::statements_sent() - statements;
+            let steps_run = (STEPS_RUN.load(Ordering::Relaxed) - steps_run).max(1);
+            let connections = threads.min(POOL);
+            let ceiling =
+                match store_bench::ceiling::postgres_commits(&schema.url, connections, duration)
+                    .await
+                {
+                    Ok(rate) => format!(
+                        "{:.0} single-row commits/s ({connections} conn.)",
+                        rate.per_sec()
+                    ),
+                    Err(e) => format!("PostgreSQL ceiling failed: {e}"),
+                };
+            let per_step = statements as f64 / steps_run as f64;
+            row(
+                "postgres",
+                threads,
+                steps,
+                format!(
+                    "{ceiling}; {per_step:.1} statements/step, {:.0} per SendMessage",
+                    per_step * steps_per_task() as f64
+                ),
+            );
+        }
+        Err(e) => println!("postgres {threads:>8} skipped ({e})"),
+    }
+    let _ = schema.drop_schema().await;
+}
+
 /// How many finished tasks, threads and run records the in-memory stores keep in the bench
 /// (the defaults keep 10,000 of each): the warm-up runs past it, so what is measured is a
 /// heap that has stopped growing (recycling evicted records), not the kernel zeroing the
@@ -406,6 +456,9 @@ fn main() -> ExitCode {
                 }
                 Err(_) => println!("redis    {threads:>8} skipped (no Redis at {redis_url})"),
             }
+        }
+        for threads in concurrencies.iter().copied().filter(|_| wanted("postgres")) {
+            postgres_row(threads, duration, &row).await;
         }
         if !one_worker {
             println!("(the table's runtime has a worker thread per core: one task alone also pays for hand-offs between them, which the engine overhead above leaves out)");

@@ -4,7 +4,8 @@
 //!
 //! Settings (environment): `KEEL_BENCH_SECS` (seconds per measurement, default 2),
 //! `KEEL_BENCH_DIR` (where the SQLite files go, default the system temp dir), `REDIS_URL`
-//! (default `redis://127.0.0.1:6379`; without a server the Redis rows say "skipped").
+//! (default `redis://127.0.0.1:6379`; without a server the Redis rows say "skipped"),
+//! `KEEL_POSTGRES_URL` (likewise for the PostgreSQL rows).
 
 use std::process::ExitCode;
 

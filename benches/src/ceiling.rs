@@ -87,6 +87,52 @@ pub async fn redis_sets(
     })
 }
 
+/// Single-row commits with `synchronous_commit = on` (each waits for its WAL flush):
+/// `connections` connections to `url` (whose `search_path` names a fresh schema), each
+/// inserting one row per transaction in a loop, as the Postgres store's pool does.
+pub async fn postgres_commits(
+    url: &str,
+    connections: usize,
+    duration: Duration,
+) -> Result<Rate, tokio_postgres::Error> {
+    let body: Arc<str> = payload().into();
+    let start = Arc::new(Barrier::new(connections + 1));
+    let mut workers = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        client
+            .batch_execute(
+                "SET synchronous_commit = on; \
+                 CREATE TABLE IF NOT EXISTS raw (id BIGSERIAL PRIMARY KEY, body TEXT NOT NULL)",
+            )
+            .await?;
+        let (body, start) = (body.clone(), start.clone());
+        workers.push(tokio::spawn(async move {
+            let insert = client.prepare("INSERT INTO raw (body) VALUES ($1)").await?;
+            start.wait().await;
+            let deadline = Instant::now() + duration;
+            let mut ops = 0u64;
+            while Instant::now() < deadline {
+                client.execute(&insert, &[&&*body]).await?;
+                ops += 1;
+            }
+            Ok::<_, tokio_postgres::Error>(ops)
+        }));
+    }
+    start.wait().await;
+    let began = Instant::now();
+    let mut ops = 0;
+    for worker in workers {
+        // A worker that panicked counts nothing; its error, if any, is the figure's.
+        ops += worker.await.unwrap_or(Ok(0))?;
+    }
+    Ok(Rate {
+        ops,
+        elapsed: began.elapsed(),
+    })
+}
+
 /// Delete every key under `prefix` (SCAN + DEL, never FLUSH); answers how many.
 pub async fn delete_keys(url: &str, prefix: &str) -> redis::RedisResult<u64> {
     let mut con = redis::Client::open(url)?

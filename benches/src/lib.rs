@@ -5,11 +5,13 @@
 //! What is measured is what the engine persists per step ([`steps`]): with the thread's lease
 //! taken once, each step appends two history messages (the assistant's tool call and the
 //! tool's result) under the lease, adds one task event and saves the task snapshot. That is
-//! run on each backend (memory, a SQLite file, Redis) by 1 and by 64 concurrent threads, and
+//! run on each backend (memory, a SQLite file, Redis, PostgreSQL) by 1 and by 64 concurrent
+//! threads, and
 //! printed beside the raw ceiling of the medium measured in the same run ([`ceiling`]): for
 //! SQLite, one commit per `INSERT` with the store's pragmas (WAL, `synchronous=FULL`) through
 //! rusqlite directly; for Redis, `SET` through the same client and connection type the store
-//! uses, at the same concurrency. Each ceiling is measured right before the figure it is
+//! uses, at the same concurrency; for PostgreSQL, single-row commits with
+//! `synchronous_commit = on` on as many connections as the store's pool. Each ceiling is measured right before the figure it is
 //! printed beside: fsync latency on a shared disk drifts by an order of magnitude within
 //! minutes, so a ceiling taken once per run would compare different disks.
 //!
@@ -155,6 +157,7 @@ pub async fn run(settings: &Settings) -> Result<Report, String> {
     let sqlite_location = describe_location(dir.path());
     rows.extend(sqlite_rows(settings, dir.path()).await);
     rows.extend(redis_rows(settings).await);
+    rows.extend(postgres_rows(settings).await);
     Ok(Report {
         settings: settings.clone(),
         sqlite_location,
@@ -284,6 +287,66 @@ async fn redis_rows(settings: &Settings) -> Vec<Row> {
     rows
 }
 
+/// The Postgres rows, in a fresh schema of the server at `KEEL_POSTGRES_URL` (dropped after):
+/// each beside single-row commits on as many connections as the store's pool holds.
+async fn postgres_rows(settings: &Settings) -> Vec<Row> {
+    use keel_store_postgres::testing::TestSchema;
+    let skipped = |why: String| {
+        eprintln!("PostgreSQL: {why}");
+        CONCURRENCY
+            .iter()
+            .map(|&threads| Row {
+                backend: "postgres",
+                threads,
+                steps: Err(format!("skipped ({why})")),
+                ceiling: None,
+                note: String::new(),
+            })
+            .collect()
+    };
+    let schema = match TestSchema::new().await {
+        Ok(schema) => schema,
+        Err(e) => return skipped(e.to_string()),
+    };
+    let store = match keel_store_postgres::PostgresStore::connect_with_pool_size(
+        &schema.url,
+        POSTGRES_POOL,
+    )
+    .await
+    {
+        Ok(store) => store,
+        Err(e) => return skipped(e.to_string()),
+    };
+    let tasks: Arc<dyn TaskManager> = Arc::new(store.clone());
+    let threads: Arc<dyn ThreadStore> = Arc::new(store);
+    let mut rows = Vec::new();
+    for concurrency in CONCURRENCY {
+        let connections = concurrency.min(POSTGRES_POOL);
+        let label = format!("INSERT, 1 commit each, {connections} conn.");
+        let ceiling = async {
+            ceiling::postgres_commits(&schema.url, connections, settings.warm_up()).await?;
+            ceiling::postgres_commits(&schema.url, connections, settings.duration).await
+        }
+        .await
+        .map_err(|e| e.to_string());
+        rows.push(Row {
+            backend: "postgres",
+            threads: concurrency,
+            steps: measure_steps(settings, &tasks, &threads, concurrency).await,
+            ceiling: Some((label, ceiling)),
+            note: "3 statements/step (1 each)".to_owned(),
+        });
+    }
+    drop((tasks, threads));
+    if let Err(e) = schema.drop_schema().await {
+        eprintln!("PostgreSQL: could not drop the bench schema: {e}");
+    }
+    rows
+}
+
+/// The Postgres store's pool size in the bench (its default).
+const POSTGRES_POOL: usize = 16;
+
 /// `path (fstype)`, from the longest matching mount point in `/proc/mounts` (Linux), with a
 /// warning on a RAM-backed file system, where fsync costs nothing and the figures mislead.
 fn describe_location(path: &Path) -> String {
@@ -334,10 +397,11 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "{} s per figure; SQLite in {}; Redis at {}\n",
+            "{} s per figure; SQLite in {}; Redis at {}; PostgreSQL at {}\n",
             self.settings.duration.as_secs_f64(),
             self.sqlite_location,
-            self.settings.redis_url
+            self.settings.redis_url,
+            keel_store_postgres::testing::server_url()
         )?;
         writeln!(
             f,

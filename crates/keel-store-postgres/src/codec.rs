@@ -67,24 +67,6 @@ pub(crate) fn from_sql_int(n: i64, what: &str) -> AgentResult<u64> {
     u64::try_from(n).map_err(|_| AgentError::storage(format!("stored {what} is negative ({n})")))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nanosecond_timestamps_round_trip_exactly() {
-        let now = Utc::now();
-        assert_eq!(from_nanos(to_nanos(now)), now);
-    }
-
-    #[test]
-    fn counts_past_bigint_saturate() {
-        assert_eq!(to_sql_int(u64::MAX), i64::MAX);
-        assert_eq!(to_sql_int(7usize), 7);
-        assert!(from_sql_int(-1, "seq").is_err());
-    }
-}
-
 /// One argument of a statement built at run time (a listing with optional filters).
 pub(crate) enum Arg {
     /// A `TEXT` argument.
@@ -103,6 +85,24 @@ impl Arg {
     }
 }
 
+/// Statements sent by every Postgres store of this process (see
+/// [`PostgresStore::statements_sent`](crate::PostgresStore::statements_sent)).
+pub(crate) static STATEMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Count `n` statements sent.
+fn sent(n: u64) {
+    STATEMENTS.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A transaction on `client` (its `BEGIN` and `COMMIT` counted as statements).
+pub(crate) async fn transaction<'a>(
+    client: &'a mut deadpool_postgres::Object,
+    op: &'static str,
+) -> AgentResult<deadpool_postgres::Transaction<'a>> {
+    sent(2);
+    client.transaction().await.map_err(doing(op))
+}
+
 /// The parameters of a statement.
 pub(crate) type Params<'a> = [&'a (dyn ToSql + Sync)];
 
@@ -115,6 +115,7 @@ pub(crate) async fn query<C: GenericClient + Sync>(
     op: &'static str,
 ) -> AgentResult<Vec<Row>> {
     let stmt = db.prepare_cached(sql).await.map_err(doing(op))?;
+    sent(1);
     db.query(&stmt, params).await.map_err(doing(op))
 }
 
@@ -126,6 +127,7 @@ pub(crate) async fn query_opt<C: GenericClient + Sync>(
     op: &'static str,
 ) -> AgentResult<Option<Row>> {
     let stmt = db.prepare_cached(sql).await.map_err(doing(op))?;
+    sent(1);
     db.query_opt(&stmt, params).await.map_err(doing(op))
 }
 
@@ -137,6 +139,7 @@ pub(crate) async fn query_one<C: GenericClient + Sync>(
     op: &'static str,
 ) -> AgentResult<Row> {
     let stmt = db.prepare_cached(sql).await.map_err(doing(op))?;
+    sent(1);
     db.query_one(&stmt, params).await.map_err(doing(op))
 }
 
@@ -148,5 +151,18 @@ pub(crate) async fn execute<C: GenericClient + Sync>(
     op: &'static str,
 ) -> AgentResult<u64> {
     let stmt = db.prepare_cached(sql).await.map_err(doing(op))?;
+    sent(1);
     db.execute(&stmt, params).await.map_err(doing(op))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_past_bigint_saturate() {
+        assert_eq!(to_sql_int(u64::MAX), i64::MAX);
+        assert_eq!(to_sql_int(7usize), 7);
+        assert!(from_sql_int(-1, "seq").is_err());
+    }
 }

@@ -11,6 +11,22 @@ pub(crate) const BACKEND: &str = "postgres";
 /// succeed once it is back; anything else [`AgentError::Storage`]. tokio-postgres never puts
 /// the password in its messages, so they are kept as they are.
 pub(crate) fn fail(op: &str, err: tokio_postgres::Error) -> AgentError {
+    // tokio-postgres says which kind of failure only in its text: a TLS failure (an untrusted
+    // certificate, a server without TLS under `sslmode=require`) is a setting to change, not
+    // an outage, and the usual case (Debian's packages turn TLS on with a self-signed
+    // certificate, which `sslmode=prefer` then tries) needs the hint.
+    let text = err.to_string();
+    if text.starts_with("error performing TLS handshake") {
+        return AgentError::Storage {
+            backend: BACKEND,
+            operation: op.to_owned(),
+            source: keel_core::ErrorSource::message(format!(
+                "{text}: Keel verifies the server's certificate against this machine's trusted \
+                 roots; give the server a certificate they trust, or add `sslmode=disable` to \
+                 the URL on a network you trust"
+            )),
+        };
+    }
     if unreachable(&err) {
         AgentError::store_unavailable(BACKEND, op, err)
     } else {

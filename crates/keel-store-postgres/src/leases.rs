@@ -12,7 +12,9 @@ use chrono::Utc;
 use keel_core::{AgentResult, ThreadId};
 use keel_runtime::{lease_blocks, lease_ttl, AuthContext, Lease, ThreadLeases};
 
-use crate::codec::{execute, from_nanos, from_sql_int, query_one, query_opt, to_nanos, to_sql_int};
+use crate::codec::{
+    execute, from_nanos, from_sql_int, query_one, query_opt, to_nanos, to_sql_int, transaction,
+};
 use crate::error::doing;
 use crate::PostgresStore;
 
@@ -118,10 +120,7 @@ impl ThreadLeases for PostgresStore {
         let (tenant, thread) = (auth.namespace(), thread_id.as_str());
         let _in_order = self.order.shared(&tenant, thread).await;
         let mut client = self.client().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(doing("taking a lease"))?;
+        let tx = transaction(&mut client, "taking a lease").await?;
         execute(&tx, LOCK_THREAD, &[&tenant, &thread], "taking a lease").await?;
         let now = Utc::now();
         let held = query_opt(&tx, CURRENT_LEASE, &[&tenant, &thread], "taking a lease").await?;

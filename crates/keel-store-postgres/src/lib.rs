@@ -191,6 +191,13 @@ impl PostgresStore {
         Services::from_store(self.clone(), self.kv_limits, llm).with_steps(self.clone())
     }
 
+    /// How many statements every Postgres store of this process has sent so far (a
+    /// transaction's `BEGIN` and `COMMIT` included): what benchmarks divide by the work done,
+    /// to show what one step or one message costs the database.
+    pub fn statements_sent() -> u64 {
+        codec::STATEMENTS.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// A pooled connection.
     async fn client(&self) -> AgentResult<Object> {
         self.pool.get().await.map_err(error::pool)

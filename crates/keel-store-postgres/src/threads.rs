@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::codec::{
     decode_record, decode_value, encode_all, encode_record, encode_value, execute, from_nanos,
-    from_sql_int, query, query_one, query_opt, to_nanos, to_sql_int,
+    from_sql_int, query, query_one, query_opt, to_nanos, to_sql_int, transaction,
 };
 use crate::error::doing;
 use crate::leases::{fence, fence_args};
@@ -337,10 +337,7 @@ impl ThreadKv for PostgresStore {
         // Size caps are checked by `keel_runtime::Validated`; the key count needs the lock.
         let text = encode_value(&value)?;
         let limits = self.kv_limits();
-        let tx = client
-            .transaction()
-            .await
-            .map_err(doing("writing a thread key"))?;
+        let tx = transaction(&mut client, "writing a thread key").await?;
         execute(&tx, KV_LOCK, &[&tenant, &thread], "writing a thread key").await?;
         let written = execute(
             &tx,
@@ -436,10 +433,7 @@ impl SubagentRegistry for PostgresStore {
         let (tenant, thread) = (auth.namespace(), child.as_str());
         let mut client = self.client().await?;
         // Read, change and write back under the row's lock, so no concurrent update is lost.
-        let tx = client
-            .transaction()
-            .await
-            .map_err(doing("updating a subagent's status"))?;
+        let tx = transaction(&mut client, "updating a subagent's status").await?;
         let row = query_opt(
             &tx,
             CHILD_FOR_UPDATE,

@@ -1,7 +1,7 @@
-//! Tenants apart on PostgreSQL: one tenant's rows are out of reach of another's through
-//! every store method, for tenants whose names run together (`ab`/`c` and `a`/`bc`) and ids
-//! that are the same. Also: two pools (two processes) on one schema, and a schema newer than
-//! this code.
+//! PostgreSQL-specific behaviour: one tenant's rows are out of reach of another's through
+//! every store method (tenants whose names run together, `ab`/`c` and `a`/`bc`, and the same
+//! ids); two pools (two processes) on one schema; migrations at once and a schema newer than
+//! this code; connections the server drops.
 
 use std::time::Duration;
 
@@ -151,7 +151,13 @@ async fn no_store_method_reaches_another_tenants_rows() {
             .await
             .unwrap_err(),
         store
-            .persist_step(&mallory, &lease, &[], &task.id, &[event.clone()])
+            .persist_step(
+                &mallory,
+                &lease,
+                &[],
+                &task.id,
+                std::slice::from_ref(&event),
+            )
             .await
             .unwrap_err(),
         store.renew_lease(&mallory, &lease, TTL).await.unwrap_err(),
@@ -165,7 +171,13 @@ async fn no_store_method_reaches_another_tenants_rows() {
         .unwrap()
         .expect("the same thread id is another thread in another tenant");
     let err = store
-        .persist_step(&mallory, &theirs, &[], &task.id, &[event.clone()])
+        .persist_step(
+            &mallory,
+            &theirs,
+            &[],
+            &task.id,
+            std::slice::from_ref(&event),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, AgentError::TaskNotFound { .. }), "{err:?}");
@@ -311,4 +323,81 @@ async fn a_closed_port_is_store_unavailable() {
         matches!(err, AgentError::StoreUnavailable { .. }),
         "{err:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_the_server_drops_are_replaced_and_a_step_commits_whole_or_not_at_all() {
+    let schema = TestSchema::new().await.unwrap();
+    let name = format!("keel_{}", uuid::Uuid::new_v4().simple());
+    let url = format!("{}&application_name={name}", schema.url);
+    let store = PostgresStore::connect_with_pool_size(&url, 2)
+        .await
+        .unwrap();
+    let auth = AuthContext::new("acme", "ops");
+    let task = Task::create(Message::user("hi"));
+    store.save_task(&auth, &task).await.unwrap();
+    let lease = store
+        .acquire_lease(&auth, &task.thread_id, "a", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let (admin, connection) = tokio_postgres::connect(&schema.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let mut committed = 0;
+    for round in 0..5 {
+        // The server drops every connection of the store's pool, as a restart does.
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = $1",
+                &[&name],
+            )
+            .await
+            .unwrap();
+        let event = TaskEvent::Message {
+            message: Message::user(format!("step {round}")),
+        };
+        let history = [LlmMessage::user(format!("step {round}"))];
+        // A call on a dropped connection fails as unavailable; the pool then connects anew.
+        let written = keel_runtime::testing::eventually("a step commits", || async {
+            match store
+                .persist_step(
+                    &auth,
+                    &lease,
+                    &history,
+                    &task.id,
+                    std::slice::from_ref(&event),
+                )
+                .await
+            {
+                Ok(()) => Some(()),
+                Err(AgentError::StoreUnavailable { .. }) => None,
+                Err(other) => panic!("{other:?}"),
+            }
+        })
+        .await;
+        let () = written;
+        committed += 1;
+    }
+    // Each step's rows are there once: none half-written, none twice.
+    let history = store
+        .read_history(&auth, &task.thread_id, 0, 100)
+        .await
+        .unwrap();
+    let events = store.get_task_events(&auth, &task.id).await.unwrap();
+    assert_eq!((history.len(), events.len()), (committed, committed));
+    schema.drop_schema().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tls_failure_is_a_storage_error_that_names_sslmode() {
+    // The test server either offers TLS with a certificate this machine does not trust
+    // (Debian's default) or no TLS at all: `sslmode=require` fails the handshake either way.
+    let url =
+        keel_store_postgres::testing::server_url().replace("sslmode=disable", "sslmode=require");
+    let err = PostgresStore::connect(&url).await.unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    assert!(err.to_string().contains("sslmode=disable"), "{err}");
 }
