@@ -306,7 +306,10 @@ async fn otel_traces_exporter_none_turns_the_export_off() {
     run_task(&exporting.url, TOOL_MESSAGE, None).await;
     receiver.trace_of("keel-exporting").await;
     drop(server);
-    assert!(receiver.spans().iter().all(|s| s.service == "keel-exporting"));
+    assert!(receiver
+        .spans()
+        .iter()
+        .all(|s| s.service == "keel-exporting"));
 }
 
 #[tokio::test]
@@ -392,5 +395,55 @@ async fn a_delegation_from_a_to_b_over_a2a_is_one_trace_with_bs_run_under_as_too
         b_run.attribute("keel.delegation.id"),
         call.attribute("keel.action.id"),
         "b's run names the delegation: a's tool call"
+    );
+}
+
+#[tokio::test]
+async fn an_http_tool_sends_its_calls_span_as_traceparent() {
+    let (receiver, endpoint) = Receiver::start().await;
+    // The service the tool calls: it keeps the traceparent it was sent.
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let app =
+        axum::Router::new()
+            .route(
+                "/ping",
+                axum::routing::get(
+                    |State(seen): State<Arc<Mutex<Vec<String>>>>,
+                     headers: axum::http::HeaderMap| async move {
+                        if let Some(value) =
+                            headers.get("traceparent").and_then(|v| v.to_str().ok())
+                        {
+                            seen.lock().unwrap().push(value.to_owned());
+                        }
+                        "pong"
+                    },
+                ),
+            )
+            .with_state(seen.clone());
+    let target = support::serve(app).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keel.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nstore = \"memory\"\n\n[[agents]]\nname = \"pinger\"\ndescription = \"Pings.\"\n\n\
+             [[agents.tools.http]]\nname = \"ping\"\ndescription = \"Ping.\"\nmethod = \"GET\"\n\
+             url = \"{target}/ping\"\nidempotent = true\n"
+        ),
+    )
+    .unwrap();
+    let env = otlp_env(&endpoint, "keel-http-tool");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let server = KeelServer::start_with_env(&["--config", config.to_str().unwrap()], &env);
+    run_task(&server.url, "/ping {}", None).await;
+    let spans = receiver.trace_of("keel-http-tool").await;
+    let call = spans
+        .iter()
+        .find(|s| s.span.name == "execute_tool ping")
+        .expect("the tool call's span");
+    let sent = seen.lock().unwrap().clone();
+    assert_eq!(
+        sent,
+        [format!("00-{}-{}-01", call.trace_id(), call.span_id())]
     );
 }
