@@ -447,3 +447,30 @@ async fn an_http_tool_sends_its_calls_span_as_traceparent() {
         [format!("00-{}-{}-01", call.trace_id(), call.span_id())]
     );
 }
+
+#[test]
+fn a_protocol_other_than_http_protobuf_is_refused_at_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--store",
+            "memory",
+        ])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc: Keel exports traces over http/protobuf only"
+        ),
+        "{stderr}"
+    );
+}
