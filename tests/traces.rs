@@ -294,19 +294,18 @@ async fn a_run_is_exported_as_genai_spans_whose_ids_its_events_carry() {
 }
 
 #[tokio::test]
-async fn without_an_endpoint_nothing_is_exported() {
+async fn otel_traces_exporter_none_turns_the_export_off() {
     let (receiver, endpoint) = Receiver::start().await;
-    // Only the service name and the schedule: no endpoint names the receiver.
-    let env: Vec<(&'static str, String)> = otlp_env(&endpoint, "keel-no-export")
-        .into_iter()
-        .filter(|(k, _)| *k != "OTEL_EXPORTER_OTLP_ENDPOINT")
-        .collect();
+    let mut env = otlp_env(&endpoint, "keel-no-export");
+    env.push(("OTEL_TRACES_EXPORTER", "none".to_owned()));
     let server = start("memory", &env);
     run_task(&server.url, TOOL_MESSAGE, None).await;
-    // A second server that does export shows the receiver works and the first sent nothing.
+    // A second server that does export shows the receiver works and the first sent nothing
+    // (each sends its spans as soon as its batch delay passes).
     let exporting = start("memory", &otlp_env(&endpoint, "keel-exporting"));
     run_task(&exporting.url, TOOL_MESSAGE, None).await;
     receiver.trace_of("keel-exporting").await;
+    drop(server);
     assert!(receiver
         .spans()
         .iter()
@@ -396,5 +395,82 @@ async fn a_delegation_from_a_to_b_over_a2a_is_one_trace_with_bs_run_under_as_too
         b_run.attribute("keel.delegation.id"),
         call.attribute("keel.action.id"),
         "b's run names the delegation: a's tool call"
+    );
+}
+
+#[tokio::test]
+async fn an_http_tool_sends_its_calls_span_as_traceparent() {
+    let (receiver, endpoint) = Receiver::start().await;
+    // The service the tool calls: it keeps the traceparent it was sent.
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let app =
+        axum::Router::new()
+            .route(
+                "/ping",
+                axum::routing::get(
+                    |State(seen): State<Arc<Mutex<Vec<String>>>>,
+                     headers: axum::http::HeaderMap| async move {
+                        if let Some(value) =
+                            headers.get("traceparent").and_then(|v| v.to_str().ok())
+                        {
+                            seen.lock().unwrap().push(value.to_owned());
+                        }
+                        "pong"
+                    },
+                ),
+            )
+            .with_state(seen.clone());
+    let target = support::serve(app).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keel.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nstore = \"memory\"\n\n[[agents]]\nname = \"pinger\"\ndescription = \"Pings.\"\n\n\
+             [[agents.tools.http]]\nname = \"ping\"\ndescription = \"Ping.\"\nmethod = \"GET\"\n\
+             url = \"{target}/ping\"\nidempotent = true\n"
+        ),
+    )
+    .unwrap();
+    let env = otlp_env(&endpoint, "keel-http-tool");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let server = KeelServer::start_with_env(&["--config", config.to_str().unwrap()], &env);
+    run_task(&server.url, "/ping {}", None).await;
+    let spans = receiver.trace_of("keel-http-tool").await;
+    let call = spans
+        .iter()
+        .find(|s| s.span.name == "execute_tool ping")
+        .expect("the tool call's span");
+    let sent = seen.lock().unwrap().clone();
+    assert_eq!(
+        sent,
+        [format!("00-{}-{}-01", call.trace_id(), call.span_id())]
+    );
+}
+
+#[test]
+fn a_protocol_other_than_http_protobuf_is_refused_at_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--store",
+            "memory",
+        ])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc: Keel exports traces over http/protobuf only"
+        ),
+        "{stderr}"
     );
 }

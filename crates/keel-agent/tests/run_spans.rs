@@ -249,3 +249,56 @@ async fn a_delegated_run_hangs_under_the_delegating_tool_call() {
         "run\n  step 1\n    chat 1\n    tool\n      run\n        step 1\n          chat 1\n  step 2\n    chat 2\n"
     );
 }
+
+#[tokio::test]
+async fn a_run_resumed_after_an_approval_continues_its_trace_and_spans() {
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("echo", json!({"text": "a"}))]),
+        MockResponse::Text("done".into()),
+    ]));
+    let agent = Agent::builder(card("spans"))
+        .llm_shared(llm)
+        .tool(echo_tool().with_capabilities(["echo"]))
+        .policy(
+            keel_policy::CapabilityPolicy::new()
+                .with_rule("echo", keel_policy::CapabilityRule::RequireApproval),
+        )
+        .build()
+        .unwrap();
+    let (exec, auth, sink) = executor(agent);
+    let task = exec
+        .send_message(&auth, Message::user("go"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::InputRequired);
+    let before = sink.events().len();
+    let pending: keel_core::ApprovalRequest =
+        serde_json::from_value(task.metadata["pending_approval"].clone()).unwrap();
+    let done = exec
+        .decide_approval(
+            &auth,
+            &task.id,
+            keel_policy::approve_request(&pending, "ops"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.state(), TaskState::Completed);
+    let events = sink.events();
+    let (first, resumed) = events.split_at(before);
+    assert!(!resumed.is_empty());
+    // The resumed part is the same trace, under the same run span, and its model call of
+    // step 2 hangs under step 2 of the same run: the whole run draws one tree.
+    let run_span = first[0].span_id.clone();
+    for event in resumed {
+        assert_eq!(event.trace_id, first[0].trace_id);
+        if event.step.is_none() && event.action_id.is_none() {
+            assert_eq!(event.span_id, run_span, "{event:?}");
+        }
+    }
+    let tree = draw(&events);
+    assert!(
+        tree.starts_with("run\n  step 1\n    chat 1\n    tool\n"),
+        "{tree}"
+    );
+    assert_eq!(tree.matches("run").count(), 1, "{tree}");
+}

@@ -276,6 +276,19 @@ async fn updates_are_pushed_with_token_and_authentication_and_failures_are_retri
     assert!(hook.attempts.load(Ordering::SeqCst) > hook.bodies().len());
 
     let auth = runtime.auth_service().auth_context();
+    // The post carries the task's trace, under its run's span (W3C `traceparent`).
+    let task = runtime
+        .task_manager()
+        .get_task(&auth, &keel_core::TaskId::from(task_id.as_str()))
+        .await
+        .unwrap()
+        .unwrap();
+    let context = keel_core::RunContext::from_task(&task).unwrap().unwrap();
+    let run_span = keel_events::RunSpans::of(&context).run_span();
+    assert_eq!(
+        headers["traceparent"],
+        format!("00-{}-{run_span}-01", context.trace_id).as_str()
+    );
     let log = runtime
         .memory_service()
         .load_serialized(&auth, &format!("keel:push-log:{task_id}"))
