@@ -297,7 +297,7 @@ impl Inner {
         task: &Task,
         mut events: Vec<TaskEvent>,
     ) -> AgentResult<()> {
-        events.push(TaskEvent::status_of(&task, task.state().is_terminal()));
+        events.push(TaskEvent::status_of(task, task.state().is_terminal()));
         self.runtime
             .task_manager()
             .save_task_with_events(auth, task, &events)
