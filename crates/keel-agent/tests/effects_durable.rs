@@ -139,10 +139,7 @@ async fn recover_all_resumes_a_task_of_a_non_default_tenant() {
             .send_message(
                 &tenant,
                 Message::user("hello").in_thread(thread.clone()),
-                SendOptions {
-                    return_immediately: true,
-                    ..Default::default()
-                },
+                SendOptions::in_background(),
             )
             .await
             .unwrap();

@@ -476,6 +476,18 @@ async fn max_output_tokens_is_enforced_from_an_estimate_when_the_model_reports_n
     );
 }
 
+/// The error of calling tool `name` directly (no model) on a new thread.
+async fn direct_call_error(
+    exec: &AgentExecutor,
+    auth: &AuthContext,
+    name: &str,
+    arguments: Value,
+) -> AgentError {
+    exec.call_tool_in_context(auth, ThreadId::new(), name, arguments, RunContext::new())
+        .await
+        .unwrap_err()
+}
+
 #[tokio::test]
 async fn the_deterministic_call_path_goes_through_the_same_policy() {
     let writes = Arc::new(AtomicUsize::new(0));
@@ -485,31 +497,13 @@ async fn the_deterministic_call_path_goes_through_the_same_policy() {
         .build()
         .unwrap();
     let (exec, auth, sink) = executor(agent);
-    let err = exec
-        .call_tool_in_context(
-            &auth,
-            ThreadId::new(),
-            "write_record",
-            json!({"id": "x"}),
-            RunContext::new(),
-        )
-        .await
-        .unwrap_err();
+    let err = direct_call_error(&exec, &auth, "write_record", json!({"id": "x"})).await;
     let AgentError::ApprovalRequired { request } = err else {
         panic!("expected ApprovalRequired")
     };
     assert_eq!(request.action.name, "write_record");
     assert_eq!(writes.load(Ordering::SeqCst), 0);
-    let err = exec
-        .call_tool_in_context(
-            &auth,
-            ThreadId::new(),
-            "write_record",
-            json!({"id": 3}),
-            RunContext::new(),
-        )
-        .await
-        .unwrap_err();
+    let err = direct_call_error(&exec, &auth, "write_record", json!({"id": 3})).await;
     assert!(
         matches!(err, AgentError::InvalidInput { .. }),
         "arguments are validated first"
@@ -702,4 +696,34 @@ async fn an_agents_budget_policy_decides_at_the_limit_instead_of_the_enforcer() 
         let warning = events.iter().find(|e| e.is("budget.warning")).unwrap();
         assert_eq!(warning.payload["usage"]["llm_calls"], 1);
     }
+}
+
+/// A tool whose own error already names it, as the HTTP and MCP tools' errors do.
+fn failing_fetch() -> FnTool {
+    FnTool::new(
+        "fetch",
+        "Fetch a page",
+        json!({"type": "object", "properties": {}}),
+        |_args, _ctx| async {
+            Err(AgentError::ToolFailed {
+                tool: "fetch".into(),
+                message: "HTTP 500".into(),
+            })
+        },
+    )
+}
+
+#[tokio::test]
+async fn a_failed_tool_is_named_once_in_its_error_and_its_event() {
+    let agent = Agent::builder(card())
+        .tool(failing_fetch())
+        .build()
+        .unwrap();
+    let (exec, auth, sink) = executor(agent);
+    let err = direct_call_error(&exec, &auth, "fetch", json!({})).await;
+    assert!(matches!(err, AgentError::ToolFailed { .. }), "{err:?}");
+    assert_eq!(err.to_string(), "tool `fetch` failed: HTTP 500");
+    let events = sink.events();
+    let failed = events.iter().find(|e| e.is("action.failed")).unwrap();
+    assert_eq!(failed.payload["error"], "HTTP 500", "{}", failed.payload);
 }

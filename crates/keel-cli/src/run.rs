@@ -312,14 +312,7 @@ pub(crate) async fn turn(
 ) -> Result<Task, String> {
     let auth = local_tenant();
     let task = executor
-        .send_message(
-            &auth,
-            message,
-            SendOptions {
-                return_immediately: true,
-                ..SendOptions::default()
-            },
-        )
+        .send_message(&auth, message, SendOptions::in_background())
         .await
         .map_err(|err| err.to_string())?;
     let id = task.id.clone();

@@ -324,6 +324,38 @@ pub enum ErrorKind {
 }
 
 impl AgentError {
+    /// This error as the failure of the tool `tool`: a [`AgentError::ToolFailed`] stays as it
+    /// is (its `Display` names the tool, once), any other error becomes one with its text as
+    /// the message. The one place a tool's error is given the tool's name.
+    ///
+    /// ```
+    /// use keel_core::AgentError;
+    /// let failed = AgentError::ToolFailed { tool: "fetch".into(), message: "HTTP 500".into() };
+    /// assert_eq!(failed.into_tool_failure("fetch").to_string(), "tool `fetch` failed: HTTP 500");
+    /// let other = AgentError::invalid_input("id", "missing").into_tool_failure("fetch");
+    /// assert_eq!(other.to_string(), "tool `fetch` failed: invalid id: missing");
+    /// ```
+    #[must_use]
+    pub fn into_tool_failure(self, tool: &str) -> AgentError {
+        match self {
+            failed @ AgentError::ToolFailed { .. } => failed,
+            other => AgentError::ToolFailed {
+                tool: tool.to_owned(),
+                message: other.to_string(),
+            },
+        }
+    }
+
+    /// What a failed tool says, as its error result reads to the model: the message of a
+    /// [`AgentError::ToolFailed`] (the result is already the tool's, so no prefix names it),
+    /// the text of any other error.
+    pub fn tool_message(&self) -> String {
+        match self {
+            AgentError::ToolFailed { message, .. } => message.clone(),
+            other => other.to_string(),
+        }
+    }
+
     /// The coarse class of this error.
     ///
     /// ```

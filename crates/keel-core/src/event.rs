@@ -50,6 +50,17 @@ impl TaskEvent {
             _ => None,
         }
     }
+
+    /// The status update that reports `task`'s current status: the one constructor of what
+    /// the engine, the stores' tests and the stream write whenever a task's status changes.
+    pub fn status_of(task: &crate::Task, is_final: bool) -> Self {
+        TaskEvent::StatusUpdate {
+            task_id: task.id.clone(),
+            thread_id: task.thread_id.clone(),
+            status: task.status().clone(),
+            is_final,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -65,12 +76,7 @@ mod tests {
             TaskEvent::Message {
                 message: task.history[0].clone(),
             },
-            TaskEvent::StatusUpdate {
-                task_id: task.id.clone(),
-                thread_id: task.thread_id.clone(),
-                status: task.status().clone(),
-                is_final: true,
-            },
+            TaskEvent::status_of(&task, true),
             TaskEvent::ArtifactUpdate {
                 task_id: task.id.clone(),
                 thread_id: task.thread_id.clone(),

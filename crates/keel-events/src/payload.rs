@@ -762,12 +762,7 @@ pub(crate) mod tests {
         assert_eq!(event.run_context().unwrap(), None);
 
         task.begin().unwrap();
-        let working = TaskEvent::StatusUpdate {
-            task_id: task.id.clone(),
-            thread_id: task.thread_id.clone(),
-            status: task.status().clone(),
-            is_final: false,
-        };
+        let working = TaskEvent::status_of(&task, false);
         let event = emitter
             .emit_task_event(&working, None)
             .await
@@ -777,12 +772,7 @@ pub(crate) mod tests {
         assert_eq!(event.run_context().unwrap(), None, "no task rides on it");
 
         task.complete("done").unwrap();
-        let done = TaskEvent::StatusUpdate {
-            task_id: task.id.clone(),
-            thread_id: task.thread_id.clone(),
-            status: task.status().clone(),
-            is_final: true,
-        };
+        let done = TaskEvent::status_of(&task, true);
         let event = emitter
             .emit_task_event(&done, Some(&task))
             .await

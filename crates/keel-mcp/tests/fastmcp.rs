@@ -166,10 +166,7 @@ async fn canceling_the_task_cancels_the_mcp_request_on_the_server() {
         .send_message(
             &auth,
             Message::user(r#"/fixture_slow {"seconds": 60}"#),
-            SendOptions {
-                return_immediately: true,
-                ..SendOptions::default()
-            },
+            SendOptions::in_background(),
         )
         .await
         .unwrap();
@@ -204,12 +201,11 @@ async fn a_call_past_its_timeout_fails_and_the_server_sees_it_cancelled() {
     let err = call(&exec, "fixture_slow", json!({"seconds": 60}))
         .await
         .unwrap_err();
-    let AgentError::ToolFailed { message, .. } = &err else {
-        panic!("expected ToolFailed, got {err:?}");
-    };
+    assert!(matches!(err, AgentError::ToolFailed { .. }), "{err:?}");
     assert_eq!(
-        message,
-        "tool `fixture_slow` failed: MCP server `fixture`: `slow` gave no result within 1.5s"
+        err.to_string(),
+        "tool `fixture_slow` failed: MCP server `fixture`: `slow` gave no result within 1.5s",
+        "the tool is named once"
     );
     eventually("the server saw the cancellation", || async {
         fixture.marker("cancelled")
@@ -268,11 +264,9 @@ async fn a_stdio_server_killed_during_a_call_fails_that_call_and_the_next_call_r
         .expect("the call ends when the server dies")
         .unwrap()
         .unwrap_err();
-    let AgentError::ToolFailed { message, .. } = &err else {
-        panic!("expected ToolFailed, got {err:?}");
-    };
+    assert!(matches!(err, AgentError::ToolFailed { .. }), "{err:?}");
     assert_eq!(
-        message,
+        err.to_string(),
         "tool `fixture_slow` failed: MCP server `fixture` stopped during the call of `slow`; it \
          is started again on the next call"
     );

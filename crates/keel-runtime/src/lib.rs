@@ -202,113 +202,65 @@ macro_rules! task_manager_from_field {
         $crate::task_manager_from_field!(@next $ty, $field,
             [$($(#[$meta])* async fn $name($($args)*) -> $ret $body)*],
             own [$($name),*],
-            todo [get_task, list_tasks, save_task, add_task_event, save_task_with_events,
-                get_task_events, tenants]);
+            // Every method of the trait, with its parameters.
+            todo [
+                [get_task(auth: &$crate::AuthContext, task_id: &$crate::__macro_support::TaskId)
+                    -> $crate::__macro_support::AgentResult<::std::option::Option<$crate::__macro_support::Task>>]
+                [list_tasks(auth: &$crate::AuthContext, filter: &$crate::ListTasksFilter)
+                    -> $crate::__macro_support::AgentResult<$crate::Page<$crate::__macro_support::Task>>]
+                [save_task(auth: &$crate::AuthContext, task: &$crate::__macro_support::Task)
+                    -> $crate::__macro_support::AgentResult<()>]
+                [add_task_event(auth: &$crate::AuthContext, task_id: &$crate::__macro_support::TaskId,
+                    event: &$crate::__macro_support::TaskEvent) -> $crate::__macro_support::AgentResult<()>]
+                [save_task_with_events(auth: &$crate::AuthContext, task: &$crate::__macro_support::Task,
+                    events: &[$crate::__macro_support::TaskEvent]) -> $crate::__macro_support::AgentResult<()>]
+                [get_task_events(auth: &$crate::AuthContext, task_id: &$crate::__macro_support::TaskId)
+                    -> $crate::__macro_support::AgentResult<::std::vec::Vec<$crate::__macro_support::TaskEvent>>]
+                [tenants() -> $crate::__macro_support::AgentResult<::std::vec::Vec<$crate::AuthContext>>]
+            ]);
     };
     // Every method is either the type's own or forwarded: write the impl.
-    (@next $ty:ty, $f:ident, [$($acc:tt)*], own [$($own:ident),*], todo []) => {
+    (@next $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, todo []) => {
         #[$crate::__macro_support::async_trait]
         impl $crate::TaskManager for $ty {
             $($acc)*
         }
     };
-    (@next $ty:ty, $f:ident, $acc:tt, own [$($own:ident),*], todo [$name:ident $(, $todo:ident)*]) => {
-        $crate::task_manager_from_field!(@scan $name, $ty, $f, $acc, own [$($own),*],
-            scan [$($own),*], todo [$($todo),*]);
+    (@next $ty:ty, $f:ident, $acc:tt, own [$($own:ident),*], todo [$method:tt $($todo:tt)*]) => {
+        $crate::task_manager_from_field!(@scan $method, $ty, $f, $acc, own [$($own),*],
+            scan [$($own),*], todo [$($todo)*]);
     };
-    // `$name` is one of the type's own methods: nothing to forward.
-    (@scan get_task, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [get_task $(, $s:ident)*], todo $todo:tt) => {
+    // The method is one of the type's own (macro_rules compares names only as literals).
+    (@scan [get_task $($sig:tt)*], $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [get_task $(, $s:ident)*], todo $todo:tt) => {
         $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
     };
-    (@scan list_tasks, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [list_tasks $(, $s:ident)*], todo $todo:tt) => {
+    (@scan [list_tasks $($sig:tt)*], $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [list_tasks $(, $s:ident)*], todo $todo:tt) => {
         $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
     };
-    (@scan save_task, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [save_task $(, $s:ident)*], todo $todo:tt) => {
+    (@scan [save_task $($sig:tt)*], $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [save_task $(, $s:ident)*], todo $todo:tt) => {
         $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
     };
-    (@scan add_task_event, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [add_task_event $(, $s:ident)*], todo $todo:tt) => {
+    (@scan [add_task_event $($sig:tt)*], $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [add_task_event $(, $s:ident)*], todo $todo:tt) => {
         $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
     };
-    (@scan save_task_with_events, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [save_task_with_events $(, $s:ident)*], todo $todo:tt) => {
+    (@scan [save_task_with_events $($sig:tt)*], $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [save_task_with_events $(, $s:ident)*], todo $todo:tt) => {
         $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
     };
-    (@scan get_task_events, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [get_task_events $(, $s:ident)*], todo $todo:tt) => {
+    (@scan [get_task_events $($sig:tt)*], $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [get_task_events $(, $s:ident)*], todo $todo:tt) => {
         $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
     };
-    (@scan tenants, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [tenants $(, $s:ident)*], todo $todo:tt) => {
+    (@scan [tenants $($sig:tt)*], $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [tenants $(, $s:ident)*], todo $todo:tt) => {
         $crate::task_manager_from_field!(@next $ty, $f, $acc, own $own, todo $todo);
     };
-    (@scan $name:ident, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [$other:ident $(, $s:ident)*], todo $todo:tt) => {
-        $crate::task_manager_from_field!(@scan $name, $ty, $f, $acc, own $own, scan [$($s),*], todo $todo);
+    (@scan $method:tt, $ty:ty, $f:ident, $acc:tt, own $own:tt, scan [$other:ident $(, $s:ident)*], todo $todo:tt) => {
+        $crate::task_manager_from_field!(@scan $method, $ty, $f, $acc, own $own, scan [$($s),*], todo $todo);
     };
     // Not the type's own: forward it to the field.
-    (@scan get_task, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
+    (@scan [$name:ident ($($p:ident: $pt:ty),*) -> $ret:ty], $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
         $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
-            async fn get_task(&self, auth: &$crate::AuthContext, task_id: &$crate::__macro_support::TaskId) -> $crate::__macro_support::AgentResult<::std::option::Option<$crate::__macro_support::Task>> {
-                {
-                    use $crate::TaskManager as _;
-                    self.$f.get_task(auth, task_id).await
-                }
-            }
-        ], own $own, todo $todo);
-    };
-    (@scan list_tasks, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
-        $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
-            async fn list_tasks(&self, auth: &$crate::AuthContext, filter: &$crate::ListTasksFilter) -> $crate::__macro_support::AgentResult<$crate::Page<$crate::__macro_support::Task>> {
-                {
-                    use $crate::TaskManager as _;
-                    self.$f.list_tasks(auth, filter).await
-                }
-            }
-        ], own $own, todo $todo);
-    };
-    (@scan save_task, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
-        $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
-            async fn save_task(&self, auth: &$crate::AuthContext, task: &$crate::__macro_support::Task) -> $crate::__macro_support::AgentResult<()> {
-                {
-                    use $crate::TaskManager as _;
-                    self.$f.save_task(auth, task).await
-                }
-            }
-        ], own $own, todo $todo);
-    };
-    (@scan add_task_event, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
-        $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
-            async fn add_task_event(&self, auth: &$crate::AuthContext, task_id: &$crate::__macro_support::TaskId, event: &$crate::__macro_support::TaskEvent) -> $crate::__macro_support::AgentResult<()> {
-                {
-                    use $crate::TaskManager as _;
-                    self.$f.add_task_event(auth, task_id, event).await
-                }
-            }
-        ], own $own, todo $todo);
-    };
-    (@scan save_task_with_events, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
-        $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
-            async fn save_task_with_events(&self, auth: &$crate::AuthContext, task: &$crate::__macro_support::Task, events: &[$crate::__macro_support::TaskEvent]) -> $crate::__macro_support::AgentResult<()> {
-                {
-                    use $crate::TaskManager as _;
-                    self.$f.save_task_with_events(auth, task, events).await
-                }
-            }
-        ], own $own, todo $todo);
-    };
-    (@scan get_task_events, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
-        $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
-            async fn get_task_events(&self, auth: &$crate::AuthContext, task_id: &$crate::__macro_support::TaskId) -> $crate::__macro_support::AgentResult<::std::vec::Vec<$crate::__macro_support::TaskEvent>> {
-                {
-                    use $crate::TaskManager as _;
-                    self.$f.get_task_events(auth, task_id).await
-                }
-            }
-        ], own $own, todo $todo);
-    };
-    (@scan tenants, $ty:ty, $f:ident, [$($acc:tt)*], own $own:tt, scan [], todo $todo:tt) => {
-        $crate::task_manager_from_field!(@next $ty, $f, [$($acc)*
-            async fn tenants(&self) -> $crate::__macro_support::AgentResult<::std::vec::Vec<$crate::AuthContext>> {
-                {
-                    use $crate::TaskManager as _;
-                    self.$f.tenants().await
-                }
+            async fn $name(&self $(, $p: $pt)*) -> $ret {
+                use $crate::TaskManager as _;
+                self.$f.$name($($p),*).await
             }
         ], own $own, todo $todo);
     };

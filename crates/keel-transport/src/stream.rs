@@ -143,12 +143,7 @@ impl StreamEvent {
     pub fn run_event(&self) -> Option<keel_events::RunEventBuilder> {
         let task_event = match self {
             StreamEvent::Task(task) => {
-                let update = TaskEvent::StatusUpdate {
-                    task_id: task.id.clone(),
-                    thread_id: task.thread_id.clone(),
-                    status: task.status().clone(),
-                    is_final: self.is_final(),
-                };
+                let update = TaskEvent::status_of(task, self.is_final());
                 return keel_events::RunEvent::from_task_event(&update, Some(task));
             }
             StreamEvent::Message(_) => return None,

@@ -72,10 +72,7 @@ async fn a_post_marked_subscription_wakes_the_model_and_a_progress_post_does_not
     };
     let executor = AgentExecutor::with_config(agent, runtime, config);
     let server = support::TestServer::start_with_executor(executor.clone(), |s| s).await;
-    let options = SendOptions {
-        return_immediately: true,
-        ..Default::default()
-    };
+    let options = SendOptions::in_background();
     executor
         .send_message(&auth, Message::user("watch the price"), options)
         .await

@@ -155,10 +155,7 @@ async fn a_threads_state_messages_and_queue_are_served_to_its_tenant_only() {
         .send_message(
             &alice,
             Message::user("/gate").in_thread(thread.clone()),
-            SendOptions {
-                return_immediately: true,
-                ..Default::default()
-            },
+            SendOptions::in_background(),
         )
         .await
         .unwrap();

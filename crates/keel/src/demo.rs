@@ -238,10 +238,7 @@ mod tests {
             .send_message(
                 &auth,
                 Message::user(r#"/sleep {"seconds": 300}"#),
-                SendOptions {
-                    return_immediately: true,
-                    ..Default::default()
-                },
+                SendOptions::in_background(),
             )
             .await
             .unwrap();

@@ -166,10 +166,7 @@ pub async fn process(
         } => {
             let mut message = Message::user(text).in_thread(thread_id);
             message.task_id = task_id;
-            let options = SendOptions {
-                return_immediately: true,
-                ..Default::default()
-            };
+            let options = SendOptions::in_background();
             let task = executor.send_message(auth, message, options).await?;
             (task.id, task.thread_id)
         }

@@ -22,6 +22,17 @@ pub struct SendOptions {
     pub task_id: Option<keel_core::TaskId>,
 }
 
+impl SendOptions {
+    /// Return the submitted task at once ([`SendOptions::return_immediately`]), everything
+    /// else as by default.
+    pub fn in_background() -> Self {
+        SendOptions {
+            return_immediately: true,
+            ..SendOptions::default()
+        }
+    }
+}
+
 /// The default of [`ExecutorConfig::drain_timeout`]: long enough for a step's model call or
 /// an ordinary tool call to finish, and well inside the 30 s a container orchestrator
 /// usually waits between SIGTERM and SIGKILL.

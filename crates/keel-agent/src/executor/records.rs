@@ -299,12 +299,7 @@ impl Inner {
         task: &Task,
         mut events: Vec<TaskEvent>,
     ) -> AgentResult<()> {
-        events.push(TaskEvent::StatusUpdate {
-            task_id: task.id.clone(),
-            thread_id: task.thread_id.clone(),
-            status: task.status().clone(),
-            is_final: task.state().is_terminal(),
-        });
+        events.push(TaskEvent::status_of(task, task.state().is_terminal()));
         self.runtime
             .task_manager()
             .save_task_with_events(auth, task, &events)

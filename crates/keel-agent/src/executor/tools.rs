@@ -147,7 +147,7 @@ impl RunLoop<'_> {
             () = run.token.cancelled() => return ToolRun::Canceled,
             joined = call_future => match joined {
                 Ok(Ok(value)) => (value, false),
-                Ok(Err(err)) => (json!(err.to_string()), true),
+                Ok(Err(err)) => (json!(err.tool_message()), true),
                 Err(panic) => (
                     json!(format!("tool `{}` panicked: {}", call.name, panic_message(&*panic))),
                     true,
@@ -207,11 +207,8 @@ impl AgentExecutor {
                 Ok(output)
             }
             Err(err) => {
-                action_ended(&obs, &action, Err(err.to_string()), started).await;
-                Err(AgentError::ToolFailed {
-                    tool: name.to_owned(),
-                    message: err.to_string(),
-                })
+                action_ended(&obs, &action, Err(err.tool_message()), started).await;
+                Err(err.into_tool_failure(name))
             }
         }
     }

@@ -77,10 +77,7 @@ async fn start(exec: &AgentExecutor, auth: &AuthContext) -> Task {
     exec.send_message(
         auth,
         Message::user("go"),
-        SendOptions {
-            return_immediately: true,
-            ..Default::default()
-        },
+        SendOptions::in_background(),
     )
     .await
     .unwrap()

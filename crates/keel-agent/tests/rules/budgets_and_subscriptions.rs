@@ -263,10 +263,7 @@ async fn watching(
         ..keel_agent::ExecutorConfig::default()
     };
     let exec = AgentExecutor::with_config(agent, runtime, config);
-    let options = SendOptions {
-        return_immediately: true,
-        ..Default::default()
-    };
+    let options = SendOptions::in_background();
     let task = exec
         .send_message(&auth, Message::user("watch the price"), options)
         .await

@@ -70,10 +70,7 @@ pub(crate) async fn start(exec: &AgentExecutor, auth: &AuthContext, message: Mes
     exec.send_message(
         auth,
         message,
-        SendOptions {
-            return_immediately: true,
-            ..Default::default()
-        },
+        SendOptions::in_background(),
     )
     .await
     .unwrap()

@@ -117,10 +117,7 @@ async fn a_thread_waiting_for_a_work_slot_keeps_its_lease() {
         ..Default::default()
     };
     let exec = AgentExecutor::with_config(agent, runtime.clone(), config);
-    let background = || SendOptions {
-        return_immediately: true,
-        ..Default::default()
-    };
+    let background = || SendOptions::in_background();
     // The only work slot is busy...
     exec.send_message(&auth, Message::user("/gate"), background())
         .await

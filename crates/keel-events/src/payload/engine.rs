@@ -165,39 +165,44 @@ pub struct StopEvaluatedPayload {
     pub stop: Option<String>,
 }
 
+/// The start of an asynchronous tool's event: its summary names the tool and what happened
+/// to the call ("asynchronous tool `fetch` dispatched"), the same wording for every step.
+fn tool_async(kind: EventType, tool: &str, what: &str) -> RunEventBuilder {
+    RunEvent::builder(kind, format!("asynchronous tool `{tool}` {what}"))
+}
+
 impl RunEvent {
     /// `tool.async.dispatched`.
     pub fn tool_async_dispatched(payload: ToolAsyncDeadlinePayload) -> RunEventBuilder {
-        RunEvent::builder(
+        tool_async(
             EventType::TOOL_ASYNC_DISPATCHED,
-            format!("asynchronous tool `{}` dispatched", payload.tool),
+            &payload.tool,
+            "dispatched",
         )
         .payload_from(payload)
     }
 
     /// `tool.async.acknowledged`.
     pub fn tool_async_acknowledged(payload: ToolAsyncAcknowledgedPayload) -> RunEventBuilder {
-        RunEvent::builder(
+        tool_async(
             EventType::TOOL_ASYNC_ACKNOWLEDGED,
-            format!("asynchronous tool `{}` acknowledged", payload.tool),
+            &payload.tool,
+            "acknowledged",
         )
         .payload_from(payload)
     }
 
     /// `tool.async.result`.
     pub fn tool_async_result(payload: ToolAsyncResultPayload) -> RunEventBuilder {
-        RunEvent::builder(
-            EventType::TOOL_ASYNC_RESULT,
-            format!("asynchronous tool `{}` called back", payload.tool),
-        )
-        .payload_from(payload)
+        tool_async(EventType::TOOL_ASYNC_RESULT, &payload.tool, "called back").payload_from(payload)
     }
 
     /// `tool.async.progress`.
     pub fn tool_async_progress(payload: ToolAsyncProgressPayload) -> RunEventBuilder {
-        RunEvent::builder(
+        tool_async(
             EventType::TOOL_ASYNC_PROGRESS,
-            format!("asynchronous tool `{}` reported progress", payload.tool),
+            &payload.tool,
+            "reported progress",
         )
         .payload_from(payload)
     }
@@ -214,11 +219,8 @@ impl RunEvent {
 
     /// `tool.async.timed_out`.
     pub fn tool_async_timed_out(payload: ToolAsyncDeadlinePayload) -> RunEventBuilder {
-        RunEvent::builder(
-            EventType::TOOL_ASYNC_TIMED_OUT,
-            format!("asynchronous tool `{}` timed out", payload.tool),
-        )
-        .payload_from(payload)
+        tool_async(EventType::TOOL_ASYNC_TIMED_OUT, &payload.tool, "timed out")
+            .payload_from(payload)
     }
 
     /// `queue.injected`.

@@ -61,12 +61,7 @@ pub async fn task_manager_events_in_order(tasks: &dyn TaskManager) {
     let mut expected = Vec::new();
     for i in 0..40 {
         let event = if i % 3 == 0 {
-            TaskEvent::StatusUpdate {
-                task_id: task.id.clone(),
-                thread_id: task.thread_id.clone(),
-                status: task.status().clone(),
-                is_final: false,
-            }
+            TaskEvent::status_of(&task, false)
         } else {
             TaskEvent::Message {
                 message: Message::agent(format!("m{i}")),
@@ -142,12 +137,7 @@ pub async fn task_manager_save_with_events(tasks: &dyn TaskManager) {
     );
 
     task.begin().unwrap();
-    let working = TaskEvent::StatusUpdate {
-        task_id: task.id.clone(),
-        thread_id: task.thread_id.clone(),
-        status: task.status().clone(),
-        is_final: false,
-    };
+    let working = TaskEvent::status_of(&task, false);
     let reply = TaskEvent::Message {
         message: Message::agent("a"),
     };
