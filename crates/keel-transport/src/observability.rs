@@ -181,13 +181,26 @@ pub(crate) fn note_tenant(auth: &AuthContext) {
 
 /// A JSON-RPC call of `method` with `params`: the operation, and the task it names if any.
 pub(crate) fn note_call(method: &str, params: &Value) {
-    let task_id = ["/id", "/taskId", "/message/taskId", "/message/task_id"]
-        .iter()
-        .find_map(|pointer| params.pointer(pointer).and_then(Value::as_str));
+    let task_id = task_named(params);
     note(|facts| {
         facts.operation = Some(method.to_owned());
         facts.task_id = task_id.map(str::to_owned);
     });
+}
+
+/// The task a JSON-RPC call's params name: `id` (GetTask, CancelTask), `taskId`, or the
+/// message's `taskId` (`task_id` as proto3 JSON also allows). The fields are looked up
+/// directly: a JSON pointer splits and unescapes its path, allocating, on every request.
+fn task_named(params: &Value) -> Option<&str> {
+    let message = params.get("message");
+    [
+        params.get("id"),
+        params.get("taskId"),
+        message.and_then(|m| m.get("taskId")),
+        message.and_then(|m| m.get("task_id")),
+    ]
+    .into_iter()
+    .find_map(|field| field.and_then(Value::as_str))
 }
 
 /// `router` with every request counted, timed and logged, and `/metrics` when `metrics` is
@@ -312,6 +325,28 @@ mod tests {
             Some("t-2")
         );
         assert_eq!(task_in_path("/message:send"), None);
+    }
+
+    #[test]
+    fn a_call_names_its_task_by_id_task_id_or_its_message() {
+        use serde_json::json;
+        assert_eq!(task_named(&json!({"id": "t-1"})), Some("t-1"));
+        assert_eq!(task_named(&json!({"taskId": "t-2"})), Some("t-2"));
+        assert_eq!(
+            task_named(&json!({"message": {"taskId": "t-3", "messageId": "m"}})),
+            Some("t-3")
+        );
+        assert_eq!(
+            task_named(&json!({"message": {"task_id": "t-4"}})),
+            Some("t-4")
+        );
+        assert_eq!(
+            task_named(&json!({"id": "t-5", "taskId": "t-6"})),
+            Some("t-5")
+        );
+        assert_eq!(task_named(&json!({"message": {"messageId": "m"}})), None);
+        assert_eq!(task_named(&json!({"id": 7})), None);
+        assert_eq!(task_named(&json!(["t-8"])), None);
     }
 
     #[test]
