@@ -166,28 +166,13 @@ args = ["{fixture}", "stdio", "{markers}"]
 timeout_seconds = 600
 "#;
 
-/// A2A `GetTask` of `task` with `key`: the JSON-RPC answer.
-async fn get_task(url: &str, key: &str, task: &str) -> Value {
+/// The A2A JSON-RPC answer to `method` with `params`, sent to the agent at `url` with `key`.
+async fn a2a(url: &str, key: &str, method: &str, params: Value) -> Value {
     reqwest::Client::new()
         .post(url)
         .header("A2A-Version", "1.0")
         .header("X-API-Key", key)
-        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-/// A2A `ListTasks` of the agent at `url` with `key`: the JSON-RPC answer.
-async fn list_tasks(url: &str, key: &str) -> Value {
-    reqwest::Client::new()
-        .post(url)
-        .header("A2A-Version", "1.0")
-        .header("X-API-Key", key)
-        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {}}))
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
         .send()
         .await
         .unwrap()
@@ -234,12 +219,12 @@ async fn keel_serve_offers_its_agents_at_mcp_behind_its_credentials() {
 
     // The task is the caller's: alice reads it over A2A, bob is told there is none.
     let task = answer["meta"]["keel/task"].as_str().unwrap();
-    let mine = get_task(&server.url, ALICE, task).await;
+    let mine = a2a(&server.url, ALICE, "GetTask", json!({"id": task})).await;
     assert_eq!(
         mine["result"]["status"]["state"], "TASK_STATE_COMPLETED",
         "{mine}"
     );
-    let theirs = get_task(&server.url, BOB, task).await;
+    let theirs = a2a(&server.url, BOB, "GetTask", json!({"id": task})).await;
     assert_eq!(theirs["error"]["code"], -32001, "{theirs}");
 
     // The canceled call's task ended canceled, and the cancel reached the MCP tool it ran.
@@ -248,7 +233,7 @@ async fn keel_serve_offers_its_agents_at_mcp_behind_its_credentials() {
     keel_runtime::testing::eventually("the canceled call's task is canceled", || {
         let slow = slow.clone();
         async move {
-            let listed = list_tasks(&slow, ALICE).await;
+            let listed = a2a(&slow, ALICE, "ListTasks", json!({})).await;
             let tasks = listed["result"]["tasks"]
                 .as_array()
                 .cloned()
