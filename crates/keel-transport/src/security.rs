@@ -201,32 +201,6 @@ pub(crate) fn unauthorized(security: Option<&Security>, reason: &str, json_rpc: 
     response
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn credentials_come_from_the_api_key_header_and_the_bearer_token() {
-        let mut headers = HeaderMap::new();
-        headers.insert(API_KEY_HEADER, "k1".parse().unwrap());
-        headers.insert(header::AUTHORIZATION, "bearer  t1".parse().unwrap());
-        let all = credentials(&headers, None, Some("acme".into()));
-        assert_eq!(all.api_key.as_deref(), Some("k1"));
-        assert_eq!(all.bearer.as_deref(), Some("t1"));
-        assert_eq!(all.tenant.as_deref(), Some("acme"));
-        let only_bearer = Security {
-            api_key: false,
-            bearer: true,
-        };
-        assert_eq!(
-            credentials(&headers, Some(&only_bearer), None).api_key,
-            None
-        );
-        headers.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
-        assert_eq!(credentials(&headers, None, None).bearer, None);
-    }
-}
-
 /// `service` behind the credentials the A2A routes ask for: a request that proves no tenant
 /// is answered 401 (a JSON-RPC error body, with `WWW-Authenticate`) as a JSON-RPC request to
 /// the agent is, and one that does reaches `service` with the caller's [`AuthContext`] in
@@ -256,4 +230,30 @@ pub(crate) fn behind_credentials(
         }
     };
     service.layer(axum::middleware::from_fn(check))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_come_from_the_api_key_header_and_the_bearer_token() {
+        let mut headers = HeaderMap::new();
+        headers.insert(API_KEY_HEADER, "k1".parse().unwrap());
+        headers.insert(header::AUTHORIZATION, "bearer  t1".parse().unwrap());
+        let all = credentials(&headers, None, Some("acme".into()));
+        assert_eq!(all.api_key.as_deref(), Some("k1"));
+        assert_eq!(all.bearer.as_deref(), Some("t1"));
+        assert_eq!(all.tenant.as_deref(), Some("acme"));
+        let only_bearer = Security {
+            api_key: false,
+            bearer: true,
+        };
+        assert_eq!(
+            credentials(&headers, Some(&only_bearer), None).api_key,
+            None
+        );
+        headers.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(credentials(&headers, None, None).bearer, None);
+    }
 }
