@@ -126,6 +126,46 @@ impl ToolContext {
     }
 }
 
+impl ToolContext {
+    /// Report the progress of this call (`tool` names it): appended to the task's log as a
+    /// `working` status update whose message is `progress` as a data part, with
+    /// `metadata.status_kind = tool_progress` and `metadata.tool`, as an asynchronous tool's
+    /// progress report is ([`crate::AgentExecutor::deliver_tool_progress`]), so the task's
+    /// stream and push subscribers see it while the call goes on. It changes nothing the
+    /// model sees. A call outside a task (a direct tool call) has no stream: nothing is sent.
+    pub async fn report_progress(&self, tool: &str, progress: Value) -> AgentResult<()> {
+        if !self.in_task {
+            return Ok(());
+        }
+        let mut message = keel_core::Message::new(
+            keel_core::Role::Agent,
+            vec![keel_core::Part::data(progress)],
+        )
+        .with_status_kind(keel_core::StatusKind::ToolProgress);
+        message.task_id = Some(self.task_id.clone());
+        message.thread_id = Some(self.thread_id.clone());
+        message
+            .metadata
+            .insert("tool".into(), Value::String(tool.to_owned()));
+        let update = keel_core::TaskEvent::StatusUpdate {
+            task_id: self.task_id.clone(),
+            thread_id: self.thread_id.clone(),
+            status: keel_core::TaskStatus {
+                state: keel_core::TaskState::Working,
+                message: Some(message),
+                timestamp: chrono::Utc::now(),
+            },
+            is_final: false,
+        };
+        self.runtime
+            .task_manager()
+            .add_task_event(&self.auth, &self.task_id, &update)
+            .await?;
+        self.thread.host.task_changed();
+        Ok(())
+    }
+}
+
 /// How an artifact update relates to earlier ones of the same artifact id (A2A
 /// `TaskArtifactUpdateEvent.append` / `lastChunk`). The default is a whole artifact: not
 /// appended, and its last chunk.

@@ -335,6 +335,7 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
         served = served.with_metrics(route);
     }
     let traces = crate::telemetry::traces(Some(&loaded.telemetry))?;
+    let mcp_stop = tokio_util::sync::CancellationToken::new();
     for agent in agents.iter() {
         if let Some(traces) = &traces {
             agent.executor.add_event_sink(traces.sink());
@@ -361,9 +362,18 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
         if secured {
             server = server.with_security(Security::api_key_and_bearer());
         }
+        // `/mcp` goes to the default agent's routes, which offer every agent there.
+        if agent.name == agents.default_agent().name {
+            let executors = agents.iter().map(|a| a.executor.clone()).collect();
+            server = crate::mcp::mount(server, executors, &url, mcp_stop.clone())?;
+        }
         served = served.with_agent(agent.name.clone(), server);
     }
     let shutdown = crate::shutdown_signal(drain);
+    let shutdown = async move {
+        shutdown.await;
+        mcp_stop.cancel();
+    };
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     let names: Vec<String> = agents.iter().map(|a| format!("`{}`", a.name)).collect();
     println!(

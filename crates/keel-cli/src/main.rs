@@ -1030,7 +1030,8 @@ async fn serve(
     executor
         .start_effects()
         .map_err(|err| format!("cannot start the effect scheduler: {err}"))?;
-    let mut server = A2aServer::new(executor)
+    let mcp_stop = tokio_util::sync::CancellationToken::new();
+    let mut server = A2aServer::new(executor.clone())
         .with_public_url(url.clone())
         .allow_private_push_targets(args.allow_private_push_targets)
         .allow_push_targets(parse_push_targets(&args.push_targets)?)
@@ -1046,7 +1047,12 @@ async fn serve(
     if args.agent == BuiltinAgent::Conformance {
         server = keel::conformance::with_extended_card(server);
     }
+    server = mcp::mount(server, vec![executor], &url, mcp_stop.clone())?;
     let shutdown = shutdown_signal(drain);
+    let shutdown = async move {
+        shutdown.await;
+        mcp_stop.cancel();
+    };
     if args.metrics {
         server = server.with_metrics(telemetry::metrics_route()?);
     }

@@ -37,7 +37,7 @@ mod tool;
 use std::time::Duration;
 
 pub use names::{sanitize, tool_name, MAX_TOOL_NAME};
-pub use serve::{AgentServer, META_TASK, META_THREAD};
+pub use serve::{AgentServer, HttpService, CANCELED_BY_CLIENT, META_TASK, META_THREAD};
 pub use server::McpServer;
 pub use spec::{
     FlagOverrides, Header, ServerSpec, ToolFlags, TransportSpec, DEFAULT_CALL_TIMEOUT,

@@ -2,12 +2,18 @@
 //! (an IDE, another agent framework) calls a Keel agent as a tool. Each call is one message
 //! sent to the agent's [`AgentExecutor`], the same engine path `keel run` and `keel serve`
 //! use, so the agent's policy and budgets are in force.
+//!
+//! It is served over stdio ([`AgentServer::serve_stdio`], `keel mcp`) or as a streamable HTTP
+//! service ([`AgentServer::http_service`]) that `keel serve` mounts at `/mcp` behind the same
+//! authentication as its A2A routes: the caller's tenant is the [`AuthContext`] the
+//! authentication put in the HTTP request's extensions. A client's `notifications/cancelled`
+//! for a call cancels the call's task.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use keel_agent::{AgentExecutor, SendOptions};
-use keel_core::{Message, Task, TaskState};
+use keel_core::{AgentError, Message, Task, TaskId, TaskState};
 use keel_runtime::AuthContext;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
@@ -16,8 +22,11 @@ use rmcp::model::{
     PaginatedRequestParams, ServerCapabilities, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt as _;
 use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
 
 use crate::{sanitize, McpError, MAX_TOOL_NAME};
 
@@ -34,6 +43,12 @@ pub const META_THREAD: &str = "keel/thread";
 /// rarely has more than one task waiting.
 const PENDING_PAGE: u32 = 100;
 
+/// The reason a task canceled by its MCP client ends with.
+pub const CANCELED_BY_CLIENT: &str = "canceled by the MCP client";
+
+/// The streamable HTTP service of an [`AgentServer`] (an axum or tower service).
+pub type HttpService = StreamableHttpService<AgentServer, LocalSessionManager>;
+
 /// An MCP server with one tool per agent: `{message, thread?}` in, the agent's answer out,
 /// with the task's and thread's ids in the result's `_meta` ([`META_TASK`], [`META_THREAD`]).
 #[derive(Clone)]
@@ -43,7 +58,8 @@ pub struct AgentServer {
 }
 
 impl AgentServer {
-    /// A server offering `agents`, run for the tenant `auth`. A tool is named after its
+    /// A server offering `agents`, run for the tenant `auth` (over HTTP: for a request whose
+    /// extensions carry no [`AuthContext`] of their own). A tool is named after its
     /// agent, sanitized as the client side names tools (`[A-Za-z0-9_-]`); two agents whose
     /// names sanitize alike, or a name longer than [`MAX_TOOL_NAME`], are refused.
     pub fn new(agents: Vec<AgentExecutor>, auth: AuthContext) -> Result<Self, McpError> {
@@ -93,8 +109,35 @@ impl AgentServer {
         Ok(())
     }
 
-    /// One call: the agent's answer, or an `isError` result saying why there is none.
-    async fn call(&self, executor: &AgentExecutor, args: Option<JsonObject>) -> CallToolResult {
+    /// The streamable HTTP service of this server, one session per client, each of its
+    /// requests run for the [`AuthContext`] found in the request's extensions (put there by
+    /// the authentication in front of it). `allowed_hosts` are the `Host` header values
+    /// accepted besides loopback ones (DNS rebinding protection); open sessions and their
+    /// streams end when `stop` fires.
+    pub fn http_service(
+        self,
+        allowed_hosts: impl IntoIterator<Item = String>,
+        stop: CancellationToken,
+    ) -> HttpService {
+        let mut config = StreamableHttpServerConfig::default();
+        config.cancellation_token = stop;
+        config.allowed_hosts.extend(allowed_hosts);
+        StreamableHttpService::new(
+            move || Ok(self.clone()),
+            Arc::new(LocalSessionManager::default()),
+            config,
+        )
+    }
+
+    /// One call: the agent's answer, or an `isError` result saying why there is none. When
+    /// `canceled` fires first (the client's `notifications/cancelled`), the task is canceled.
+    async fn call(
+        &self,
+        auth: &AuthContext,
+        executor: &AgentExecutor,
+        args: Option<JsonObject>,
+        canceled: &CancellationToken,
+    ) -> CallToolResult {
         let args = args.unwrap_or_default();
         let mut message = Message::user(
             args.get("message")
@@ -102,17 +145,26 @@ impl AgentServer {
                 .unwrap_or_default(),
         );
         message.thread_id = args.get("thread").and_then(Value::as_str).map(Into::into);
-        let task = match executor
-            .send_message(&self.auth, message, SendOptions::default())
-            .await
-        {
+        // The task's id is chosen here so that a cancel can name it while the run goes on.
+        let task_id = TaskId::new();
+        let options = SendOptions {
+            task_id: Some(task_id.clone()),
+            ..SendOptions::default()
+        };
+        let sent = tokio::select! {
+            sent = executor.send_message(auth, message, options) => sent,
+            () = canceled.cancelled() => {
+                cancel(executor, auth, &task_id).await
+            }
+        };
+        let task = match sent {
             Ok(task) => task,
             Err(err) => return error_result(err.to_string()),
         };
         let answer = task.status().text().unwrap_or_default();
         let mut result = match task.state() {
             TaskState::Completed => CallToolResult::success(vec![ContentBlock::text(answer)]),
-            TaskState::InputRequired => error_result(self.waiting(executor, &task).await),
+            TaskState::InputRequired => error_result(waiting(auth, executor, &task).await),
             state => error_result(format!(
                 "task {} of agent `{}` ended {state}{}",
                 task.id,
@@ -132,32 +184,57 @@ impl AgentServer {
         result
     }
 
-    /// What a task that waits says: the action it waits to have approved, and how to answer
-    /// (an MCP tool call cannot: the action is not taken unchecked).
-    async fn waiting(&self, executor: &AgentExecutor, task: &Task) -> String {
-        let pending = executor
-            .reads()
-            .pending_approvals(&self.auth, Some(&task.thread_id), Some(PENDING_PAGE), None)
-            .await
-            .ok()
-            .and_then(|page| page.items.into_iter().find(|p| p.task_id == task.id));
-        match pending {
-            Some(pending) => format!(
-                "task {} (thread {}) waits for approval of `{}` ({}): approve or deny it over \
+    /// The tenant a request runs for: the one its HTTP request's extensions carry, else this
+    /// server's.
+    fn tenant(&self, context: &RequestContext<RoleServer>) -> AuthContext {
+        context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<AuthContext>())
+            .unwrap_or(&self.auth)
+            .clone()
+    }
+}
+
+/// Cancel the task `task_id` a client gave up on: the canceled task, or why it is not.
+async fn cancel(
+    executor: &AgentExecutor,
+    auth: &AuthContext,
+    task_id: &TaskId,
+) -> Result<Task, AgentError> {
+    tracing::info!(task = %task_id, "the MCP client canceled its call; canceling the task");
+    match executor
+        .cancel_task(auth, task_id, Some(CANCELED_BY_CLIENT.to_owned()))
+        .await
+    {
+        Ok(task) => Ok(task),
+        // It ended meanwhile: its end stands.
+        Err(AgentError::TaskNotCancelable { .. }) => executor.get_task(auth, task_id, None).await,
+        Err(err) => Err(err),
+    }
+}
+
+/// What a task that waits says: the action it waits to have approved, and how to answer (an
+/// MCP tool call cannot: the action is not taken unchecked).
+async fn waiting(auth: &AuthContext, executor: &AgentExecutor, task: &Task) -> String {
+    let pending = executor
+        .reads()
+        .pending_approvals(auth, Some(&task.thread_id), Some(PENDING_PAGE), None)
+        .await
+        .ok()
+        .and_then(|page| page.items.into_iter().find(|p| p.task_id == task.id));
+    match pending {
+        Some(pending) => format!(
+            "task {} (thread {}) waits for approval of `{}` ({}): approve or deny it over \
                  A2A, with `keel serve` on the same store and `keel tasks approve {}`",
-                task.id,
-                task.thread_id,
-                pending.request.action.name,
-                pending.request.reason,
-                task.id
-            ),
-            None => format!(
-                "task {} (thread {}) waits for input: {}",
-                task.id,
-                task.thread_id,
-                task.status().text().unwrap_or_default()
-            ),
-        }
+            task.id, task.thread_id, pending.request.action.name, pending.request.reason, task.id
+        ),
+        None => format!(
+            "task {} (thread {}) waits for input: {}",
+            task.id,
+            task.thread_id,
+            task.status().text().unwrap_or_default()
+        ),
     }
 }
 
@@ -222,7 +299,7 @@ impl ServerHandler for AgentServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let Some((_, executor)) = self
             .tools
@@ -235,7 +312,11 @@ impl ServerHandler for AgentServer {
             ));
         };
         check_args(request.arguments.as_ref())?;
-        Ok(self.call(executor, request.arguments).await.into())
+        let auth = self.tenant(&context);
+        Ok(self
+            .call(&auth, executor, request.arguments, &context.ct)
+            .await
+            .into())
     }
 }
 

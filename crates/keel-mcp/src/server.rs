@@ -2,11 +2,16 @@
 //! server went away (a stdio process that exited, an HTTP session that broke).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig, Implementation};
-use rmcp::service::{RoleClient, RunningService, ServiceError};
+use rmcp::handler::client::ClientHandler;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientConfig, Implementation, NumberOrString,
+    ProgressNotificationParam, ProgressToken, RequestParamsMeta as _,
+};
+use rmcp::service::{NotificationContext, RoleClient, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::ServiceExt as _;
@@ -23,7 +28,55 @@ const STDERR_LINES: usize = 20;
 /// How long a server that failed to start has to finish writing its stderr.
 const STDERR_WAIT: Duration = Duration::from_secs(2);
 
-type Client = RunningService<RoleClient, ClientConfig>;
+type Client = RunningService<RoleClient, Handler>;
+
+/// Where a call's progress notifications go: the sender its caller gave, by the call's
+/// progress token.
+type ProgressRoutes = Arc<StdMutex<HashMap<ProgressToken, ProgressSender>>>;
+
+/// The receiving end of a call's progress notifications.
+pub(crate) type ProgressSender = tokio::sync::mpsc::UnboundedSender<ProgressNotificationParam>;
+
+/// Keel's side of a connection: who it says it is, and where the server's progress
+/// notifications go.
+#[derive(Clone)]
+struct Handler {
+    info: ClientConfig,
+    progress: ProgressRoutes,
+}
+
+impl ClientHandler for Handler {
+    fn get_info(&self) -> ClientConfig {
+        self.info.clone()
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let routes = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        // A report for a call that has ended (or was never ours) goes nowhere.
+        if let Some(sender) = routes.get(&params.progress_token) {
+            let _ = sender.send(params);
+        }
+    }
+}
+
+/// Removes a call's progress route when the call ends, however it ends.
+struct Route<'a> {
+    routes: &'a ProgressRoutes,
+    token: ProgressToken,
+}
+
+impl Drop for Route<'_> {
+    fn drop(&mut self) {
+        self.routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.token);
+    }
+}
 
 /// One connected MCP server. Clone the `Arc` to share it between agents: they share its
 /// process (or HTTP session).
@@ -32,6 +85,10 @@ pub struct McpServer {
     client: Mutex<Option<Running>>,
     /// The tail of the current process's stderr.
     stderr: Arc<StdMutex<VecDeque<String>>>,
+    /// The calls waiting for progress, kept across restarts of the connection.
+    progress: ProgressRoutes,
+    /// The number in the next call's progress token.
+    next_token: AtomicU64,
 }
 
 /// The live connection and, for a stdio server, its process id.
@@ -56,6 +113,8 @@ impl McpServer {
             spec,
             client: Mutex::new(None),
             stderr: Arc::default(),
+            progress: Arc::default(),
+            next_token: AtomicU64::new(1),
         });
         {
             let mut slot = server.client.lock().await;
@@ -118,14 +177,27 @@ impl McpServer {
     /// the request (timeout, cancel) makes rmcp send `notifications/cancelled` for it. A
     /// connection lost during the call is started again and the call retried once when
     /// `retry` (an idempotent tool); otherwise the error says the server stopped, and the next
-    /// call starts it again.
+    /// call starts it again. The call carries a progress token: the server's progress
+    /// notifications for it go to `progress`.
     pub(crate) async fn call(
         &self,
         tool: &str,
         arguments: serde_json::Map<String, serde_json::Value>,
         retry: bool,
         cancel: &CancellationToken,
+        progress: ProgressSender,
     ) -> Result<CallToolResult, CallError> {
+        let token = ProgressToken(NumberOrString::Number(
+            self.next_token.fetch_add(1, Ordering::Relaxed) as i64,
+        ));
+        self.progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(token.clone(), progress);
+        let _route = Route {
+            routes: &self.progress,
+            token: token.clone(),
+        };
         let mut attempts = if retry { 2 } else { 1 };
         loop {
             attempts -= 1;
@@ -133,8 +205,9 @@ impl McpServer {
                 () = cancel.cancelled() => return Err(CallError::Canceled),
                 peer = self.peer() => peer.map_err(CallError::Failed)?,
             };
-            let params =
+            let mut params =
                 CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments.clone());
+            params.set_progress_token(token.clone());
             let call = tokio::time::timeout(self.spec.call_timeout, peer.call_tool(params));
             let outcome = tokio::select! {
                 () = cancel.cancelled() => return Err(CallError::Canceled),
@@ -186,7 +259,10 @@ impl McpServer {
     }
 
     async fn handshake(&self) -> Result<Running, String> {
-        let info = client_info();
+        let info = Handler {
+            info: client_info(),
+            progress: self.progress.clone(),
+        };
         match &self.spec.transport {
             TransportSpec::Stdio {
                 command,

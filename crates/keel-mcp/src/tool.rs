@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use keel_agent::{Tool, ToolContext};
 use keel_core::conversation::ToolSpec;
 use keel_core::{AgentError, AgentResult};
-use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};
+use rmcp::model::{CallToolResult, ContentBlock, ProgressNotificationParam, ResourceContents};
 use serde_json::Value;
 
 use crate::names::tool_name;
@@ -131,15 +131,26 @@ impl Tool for McpTool {
                 return Err(self.failed(format!("the arguments must be a JSON object, not {other}")))
             }
         };
-        let result = self
-            .server
-            .call(
-                &self.mcp_name,
-                arguments,
-                self.flags.idempotent,
-                &ctx.cancel,
-            )
-            .await;
+        let (progress, mut reports) = tokio::sync::mpsc::unbounded_channel();
+        let call = self.server.call(
+            &self.mcp_name,
+            arguments,
+            self.flags.idempotent,
+            &ctx.cancel,
+            progress,
+        );
+        tokio::pin!(call);
+        // The server's progress reports reach the task's stream while the call goes on.
+        let result = loop {
+            tokio::select! {
+                result = &mut call => break result,
+                Some(report) = reports.recv() => {
+                    if let Err(err) = ctx.report_progress(self.name(), progress_value(&report)).await {
+                        tracing::warn!(tool = self.name(), error = %err, "an MCP progress report was not recorded");
+                    }
+                }
+            }
+        };
         match result {
             Ok(result) => output(result).map_err(|message| self.failed(message)),
             Err(CallError::Canceled) => Err(AgentError::Canceled {
@@ -177,6 +188,20 @@ pub fn output(result: CallToolResult) -> Result<Value, String> {
         return Ok(structured);
     }
     Ok(Value::String(text))
+}
+
+/// An MCP progress notification as the progress Keel records: its `progress`, and its `total`
+/// and `message` when the server gave them.
+fn progress_value(report: &ProgressNotificationParam) -> Value {
+    let mut progress = serde_json::Map::new();
+    progress.insert("progress".into(), serde_json::json!(report.progress));
+    if let Some(total) = report.total {
+        progress.insert("total".into(), serde_json::json!(total));
+    }
+    if let Some(message) = &report.message {
+        progress.insert("message".into(), Value::String(message.clone()));
+    }
+    Value::Object(progress)
 }
 
 /// One content block as text.

@@ -240,3 +240,54 @@ async fn a_call_that_needs_approval_waits_and_runs_once_approved() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_long_calls_progress_reaches_the_tasks_stream() {
+    let server = McpServer::start(everything_spec()).await.unwrap();
+    let exec = executor(&tools_of(&server).await, |b| b);
+    let auth = exec.runtime().auth_service().auth_context();
+    let task = exec
+        .send_message(
+            &auth,
+            Message::user(
+                r#"/everything_trigger-long-running-operation {"duration": 0.3, "steps": 3}"#,
+            ),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    let events = exec
+        .runtime()
+        .task_manager()
+        .get_task_events(&auth, &task.id)
+        .await
+        .unwrap();
+    // Each of the server's progress notifications is a `working` status update of the task,
+    // marked as a tool's progress, as an asynchronous tool's report is.
+    let reports: Vec<serde_json::Value> = events
+        .iter()
+        .filter_map(|event| match event {
+            keel_core::TaskEvent::StatusUpdate { status, .. } => status.message.as_ref(),
+            _ => None,
+        })
+        .filter(|message| message.status_kind() == Some(keel_core::StatusKind::ToolProgress))
+        .map(|message| {
+            assert_eq!(
+                message.metadata["tool"],
+                "everything_trigger-long-running-operation"
+            );
+            serde_json::to_value(&message.parts[0]).unwrap()
+        })
+        .collect();
+    assert_eq!(reports.len(), 3, "{reports:?}");
+    for (step, report) in reports.iter().enumerate() {
+        assert_eq!(
+            report["data"]["progress"].as_f64(),
+            Some((step + 1) as f64),
+            "{report}"
+        );
+        assert_eq!(report["data"]["total"].as_f64(), Some(3.0), "{report}");
+    }
+    server.shutdown().await;
+}

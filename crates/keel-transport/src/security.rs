@@ -201,6 +201,37 @@ pub(crate) fn unauthorized(security: Option<&Security>, reason: &str, json_rpc: 
     response
 }
 
+/// `service` behind the credentials the A2A routes ask for: a request that proves no tenant
+/// is answered 401 (a JSON-RPC error body, with `WWW-Authenticate`) as a JSON-RPC request to
+/// the agent is, and one that does reaches `service` with the caller's [`AuthContext`] in
+/// its extensions.
+pub(crate) fn behind_credentials(
+    service: axum::Router,
+    reads: Reads,
+    security: Option<Security>,
+) -> axum::Router {
+    let check = move |mut request: axum::extract::Request, next: axum::middleware::Next| {
+        let reads = reads.clone();
+        async move {
+            let found = credentials(request.headers(), security.as_ref(), None);
+            match authenticate(&reads, security.as_ref(), &found) {
+                Ok(auth) => {
+                    request.extensions_mut().insert(auth);
+                    next.run(request).await
+                }
+                Err(Denied::Unauthenticated(reason)) => {
+                    tracing::debug!(reason, "request not authenticated");
+                    unauthorized(security.as_ref(), reason, true)
+                }
+                Err(Denied::Failed(error)) => {
+                    (StatusCode::OK, Json(jsonrpc::failure(Value::Null, &error))).into_response()
+                }
+            }
+        }
+    };
+    service.layer(axum::middleware::from_fn(check))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,6 +97,8 @@ pub struct A2aServer {
     connections: ConnectionLimits,
     endpoints: Vec<crate::EndpointSpec>,
     metrics: Option<crate::MetricsRoute>,
+    /// Services mounted beside A2A behind its credentials, by path.
+    mounted: Vec<(String, Router)>,
 }
 
 struct ServerState {
@@ -147,7 +149,19 @@ impl A2aServer {
             connections: ConnectionLimits::default(),
             endpoints: Vec::new(),
             metrics: None,
+            mounted: Vec::new(),
         }
+    }
+
+    /// Serve `service` at `path` and below it (such as `/mcp`, where `keel serve` mounts its
+    /// MCP server), behind the same credentials as the A2A routes: a request without valid
+    /// ones is answered 401 as a JSON-RPC request is, and one with them reaches `service`
+    /// with the caller's [`AuthContext`](keel_runtime::AuthContext) in its extensions, the
+    /// tenant the service works for.
+    #[must_use]
+    pub fn with_authenticated(mut self, path: impl Into<String>, service: Router) -> Self {
+        self.mounted.push((path.into(), service));
+        self
     }
 
     /// Serve the process's metrics at `/metrics` ([`crate::MetricsRoute`]); [`Self::serve`]
@@ -384,6 +398,14 @@ impl A2aServer {
                 self.security,
             ))
             .merge(crate::threads::router(self.executor.clone(), self.security));
+        let router = self.mounted.iter().fold(router, |router, (path, service)| {
+            let service = crate::security::behind_credentials(
+                service.clone(),
+                self.executor.reads(),
+                self.security,
+            );
+            router.nest_service(path, service)
+        });
         match crate::endpoint::router(
             self.executor.clone(),
             self.security,
