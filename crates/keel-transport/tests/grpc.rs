@@ -11,19 +11,15 @@ use keel_agent::AgentExecutor;
 use keel_core::AgentCard;
 use keel_llm::MockLlm;
 use keel_runtime::Services;
-use keel_transport::grpc::proto::a2a_service_client::A2aServiceClient;
-use keel_transport::grpc::tonic::transport::Channel;
 use keel_transport::grpc::tonic::{Code, Request, Status, Streaming};
 use keel_transport::grpc::tonic_types::StatusExt;
 use keel_transport::grpc::{from_json, proto, to_json, ProtoJson};
 use keel_transport::{A2aServer, AgentsServer, Security};
 use serde_json::{json, Value};
-use support::{user_message, SendJson, TestServer, ALICE, BOB, SLEEP_30};
+use support::{user_message, GrpcClient, SendJson, TestServer, ALICE, BOB, SLEEP_30};
 
-async fn client(server: &TestServer) -> A2aServiceClient<Channel> {
-    A2aServiceClient::connect(server.base.clone())
-        .await
-        .unwrap()
+async fn client(server: &TestServer) -> GrpcClient {
+    support::grpc_client(&server.base).await
 }
 
 /// A request message from its A2A JSON.
@@ -50,7 +46,7 @@ async fn drain(mut stream: Streaming<proto::StreamResponse>) -> Vec<Value> {
 }
 
 /// Send [`SLEEP_30`] without waiting: the task, running.
-async fn start_sleeping(grpc: &mut A2aServiceClient<Channel>) -> proto::Task {
+async fn start_sleeping(grpc: &mut GrpcClient) -> proto::Task {
     let request = message::<proto::SendMessageRequest>(json!({
         "message": user_message(SLEEP_30),
         "configuration": {"returnImmediately": true}
@@ -60,7 +56,7 @@ async fn start_sleeping(grpc: &mut A2aServiceClient<Channel>) -> proto::Task {
 
 /// Send `request`; the task SendMessage answers with.
 async fn sent_task(
-    grpc: &mut A2aServiceClient<Channel>,
+    grpc: &mut GrpcClient,
     request: impl keel_transport::grpc::tonic::IntoRequest<proto::SendMessageRequest>,
 ) -> proto::Task {
     let sent = grpc.send_message(request).await.unwrap().into_inner();
@@ -309,6 +305,21 @@ async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
         .insert("a2a-version", "0.3".parse().unwrap());
     let old = grpc.get_task(old).await.unwrap_err();
     assert_status(&old, Code::FailedPrecondition, "VERSION_NOT_SUPPORTED");
+    // A call that names no version is A2A 0.3 (v1.0.1, 3.6.2): the same answer.
+    let mut unversioned =
+        keel_transport::grpc::proto::a2a_service_client::A2aServiceClient::connect(
+            server.base.clone(),
+        )
+        .await
+        .unwrap();
+    let unnamed = unversioned
+        .get_task(proto::GetTaskRequest {
+            id: done.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_status(&unnamed, Code::FailedPrecondition, "VERSION_NOT_SUPPORTED");
 
     let card = grpc
         .get_extended_agent_card(proto::GetExtendedAgentCardRequest::default())

@@ -58,6 +58,7 @@ async fn rest_as(
         .http
         .request(method, format!("{}{path}", server.base))
         .header("X-API-Key", key)
+        .header("A2A-Version", "1.0")
         .header("content-type", "application/json")
         .body("{}")
         .send()
@@ -140,7 +141,10 @@ async fn missing_or_wrong_credentials_are_401_with_www_authenticate_on_both_bind
             .unwrap()
             .contains("authentication"));
 
-        let mut request = server.http.get(format!("{}/tasks", server.base));
+        let mut request = server
+            .http
+            .get(format!("{}/tasks", server.base))
+            .header("A2A-Version", "1.0");
         if let Some(key) = key {
             request = request.header("X-API-Key", key);
         }
@@ -163,6 +167,7 @@ async fn missing_or_wrong_credentials_are_401_with_www_authenticate_on_both_bind
     let response = server
         .http
         .get(format!("{}/tasks", server.base))
+        .header("A2A-Version", "1.0")
         .bearer_auth(ALICE)
         .send()
         .await
@@ -360,6 +365,7 @@ async fn a_wrong_api_key_beside_a_valid_bearer_token_is_refused() {
     let response = server
         .http
         .get(format!("{}/tasks", server.base))
+        .header("A2A-Version", "1.0")
         .header("X-API-Key", "wrong")
         .bearer_auth(ALICE)
         .send()
