@@ -106,8 +106,8 @@ async fn the_card_is_public_and_declares_api_key_and_bearer_schemes() {
     assert!(requirements.contains(&json!({"schemes": {"bearer": {"list": []}}})));
     assert_eq!(card["capabilities"]["extendedAgentCard"], false);
 
-    // A v0.3 caller (no A2A-Version) sees the same schemes in v0.3's shape.
-    let card: Value = server.get_json_as(None, support::CARD_PATH).await;
+    // A v0.3 caller sees the same schemes in v0.3's shape.
+    let card: Value = server.get_json_as(Some("0.3"), support::CARD_PATH).await;
     let schemes = &card["securitySchemes"];
     assert_eq!(schemes["apiKey"]["type"], "apiKey", "{card}");
     assert_eq!(schemes["apiKey"]["in"], "header");
