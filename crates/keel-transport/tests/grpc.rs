@@ -16,7 +16,7 @@ use keel_transport::grpc::tonic_types::StatusExt;
 use keel_transport::grpc::{from_json, proto, to_json, ProtoJson};
 use keel_transport::{A2aServer, AgentsServer, Security};
 use serde_json::{json, Value};
-use support::{user_message, GrpcClient, SendJson, TestServer, ALICE, BOB, SLEEP_30};
+use support::{sse_events, user_message, GrpcClient, SendJson, TestServer, ALICE, BOB, SLEEP_30};
 
 async fn client(server: &TestServer) -> GrpcClient {
     support::grpc_client(&server.base).await
@@ -227,6 +227,89 @@ async fn subscribe_to_a_task_waiting_for_input_stays_open_until_it_is_terminal()
         "TASK_STATE_COMPLETED",
         "{events:?}"
     );
+    server.stop().await;
+}
+
+/// The kind of each stream event, with its state: `task <state>`, `status <state>`,
+/// `artifact`, `message`.
+fn shape(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|event| {
+            if let Some(task) = event.get("task") {
+                format!("task {}", task["status"]["state"].as_str().unwrap_or(""))
+            } else if let Some(update) = event.get("statusUpdate") {
+                format!(
+                    "status {}",
+                    update["status"]["state"].as_str().unwrap_or("")
+                )
+            } else if event.get("artifactUpdate").is_some() {
+                "artifact".to_owned()
+            } else {
+                "message".to_owned()
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_fast_task_streams_the_same_events_on_every_binding() {
+    let server = TestServer::start().await;
+    let mut grpc = client(&server).await;
+    let mut shapes = Vec::new();
+    for binding in ["JSONRPC", "HTTP+JSON", "GRPC"] {
+        // The fastest task: finished before its stream is read. The message is sent, and then
+        // streamed again with the same id, which follows the task it made from its turn.
+        let fast = user_message("fast");
+        let sent = server.rpc("SendMessage", json!({"message": fast})).await;
+        assert_eq!(
+            sent["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+            "{sent}"
+        );
+        let request = json!({"message": fast});
+        let events: Vec<Value> = match binding {
+            "JSONRPC" => server
+                .rpc_stream("SendStreamingMessage", request)
+                .await
+                .into_iter()
+                .map(|(_, envelope)| envelope["result"].clone())
+                .collect(),
+            "HTTP+JSON" => {
+                let response = server
+                    .http
+                    .post(format!("{}/message:stream", server.base))
+                    .header("A2A-Version", "1.0")
+                    .json(&request)
+                    .send()
+                    .await
+                    .unwrap();
+                sse_events(response)
+                    .await
+                    .into_iter()
+                    .map(|(_, event)| event)
+                    .collect()
+            }
+            _ => {
+                drain(
+                    grpc.send_streaming_message(message::<proto::SendMessageRequest>(request))
+                        .await
+                        .unwrap()
+                        .into_inner(),
+                )
+                .await
+            }
+        };
+        shapes.push((binding, shape(&events)));
+    }
+    let (_, first) = &shapes[0];
+    assert!(first[0].starts_with("task "), "{shapes:?}");
+    assert!(first.len() >= 3, "the task, then its updates: {shapes:?}");
+    assert_eq!(
+        first.last().map(String::as_str),
+        Some("status TASK_STATE_COMPLETED"),
+        "{shapes:?}"
+    );
+    assert!(shapes.iter().all(|(_, shape)| shape == first), "{shapes:?}");
     server.stop().await;
 }
 
