@@ -377,7 +377,7 @@ impl Follower {
         match (turn_start, log_status) {
             // The task as the turn found it: its last status before the turn, or submitted.
             (Some(_), status) => {
-                let status = status.unwrap_or_else(|| TaskStatus {
+                let status = status.unwrap_or(TaskStatus {
                     state: TaskState::Submitted,
                     message: None,
                     timestamp: task.created_at,
