@@ -735,3 +735,13 @@ fn help_names_the_tasks_commands_as_they_are_spelled() {
         .unwrap();
     assert!(text(&approve.stdout).contains("--request"));
 }
+
+#[test]
+fn runs_list_without_a_store_names_the_one_it_looked_at_and_creates_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = keel(dir.path()).args(["runs", "list"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("keel.db"), "{err}");
+    assert!(!dir.path().join("keel.db").exists());
+}
