@@ -720,3 +720,28 @@ async fn tasks_approve_sends_the_decision_as_a_data_part_to_the_task() {
         );
     }
 }
+
+#[test]
+fn help_names_the_tasks_commands_as_they_are_spelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let help = keel(dir.path()).arg("--help").output().unwrap();
+    let help = text(&help.stdout);
+    assert!(help.contains("subscribe"), "{help}");
+    assert!(!help.contains("follow"), "{help}");
+    // The approval request is named by `--request`, as docs/approvals.md shows it.
+    let approve = keel(dir.path())
+        .args(["tasks", "approve", "--help"])
+        .output()
+        .unwrap();
+    assert!(text(&approve.stdout).contains("--request"));
+}
+
+#[test]
+fn runs_list_without_a_store_names_the_one_it_looked_at_and_creates_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = keel(dir.path()).args(["runs", "list"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("keel.db"), "{err}");
+    assert!(!dir.path().join("keel.db").exists());
+}

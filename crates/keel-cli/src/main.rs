@@ -96,7 +96,7 @@ enum Command {
         #[command(flatten)]
         remote: RemoteArgs,
     },
-    /// The tasks of an A2A agent: list, get, cancel, follow, approve.
+    /// The tasks of an A2A agent: list, get, cancel, subscribe, approve.
     #[command(subcommand)]
     Tasks(TasksCommand),
     /// A conversation with an agent in this process, on one thread: each line is a message,

@@ -64,13 +64,24 @@ impl Source {
         Ok(store)
     }
 
-    /// The runtime on the configured store, without any agent (for `keel runs`).
+    /// The runtime on the configured store, without any agent (for `keel runs`). A SQLite
+    /// file that does not exist is not created: reading finds nothing there, and the error
+    /// names the file it looked at.
     pub(crate) async fn runtime(&self) -> Result<DefaultRuntime, String> {
         let loaded = self
             .file()
             .map(|path| keel::Config::from_path(&path).map_err(|err| err.to_string()))
             .transpose()?;
-        crate::open_runtime(&self.store(loaded.as_ref())?, None, Vec::new()).await
+        let store = self.store(loaded.as_ref())?;
+        if let StoreConfig::Sqlite(path) = &store {
+            if !path.exists() {
+                return Err(format!(
+                    "no store at {}: nothing has run here yet (pass --store or --config to read another)",
+                    path.display()
+                ));
+            }
+        }
+        crate::open_runtime(&store, None, Vec::new()).await
     }
 
     /// The executor of agent `name` (default: the file's default agent, or the demo agent).

@@ -80,7 +80,9 @@ pub use observability::{
 };
 pub use push::{PushTarget, DELIVERY_LOG_LIMIT, NOTIFICATION_TOKEN_HEADER};
 pub use security::{Security, API_KEY_HEADER};
-pub use server::{A2aServer, AGENT_CARD_PATH, DEFAULT_BODY_LIMIT, DEFAULT_CARD_MAX_AGE};
+pub use server::{
+    A2aServer, AGENT_CARD_PATH, DEFAULT_BODY_LIMIT, DEFAULT_CARD_MAX_AGE, LEGACY_AGENT_CARD_PATH,
+};
 pub use stream::{StreamEvent, POLL_INTERVAL};
 pub use task_list::{TaskList, TaskListQuery};
 pub use threads::{THREAD_MESSAGES_PATH, THREAD_PATH, THREAD_QUEUE_PATH};

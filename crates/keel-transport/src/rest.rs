@@ -22,7 +22,8 @@
 //! stream has started is an SSE event named `error` carrying the same object. The tenant is
 //! routed and passed to the runtime's auth service as a hint beside the request's credentials;
 //! the auth service alone decides whose data the request sees. This binding speaks A2A 1.0 only: an
-//! `A2A-Version: 0.3` request is VersionNotSupported.
+//! `A2A-Version: 0.3` request is VersionNotSupported, and so is a request without
+//! `A2A-Version` (A2A 0.3 by v1.0.1, 3.6.2).
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
@@ -35,11 +36,9 @@ use serde_json::{Map, Value};
 use tracing::Instrument;
 
 use crate::handlers::{Handlers, Operation, Reply};
-use crate::jsonrpc::{
-    rest_status, RpcError, INVALID_PARAMS, METHOD_NOT_FOUND, PARSE_ERROR, VERSION_NOT_SUPPORTED,
-};
+use crate::jsonrpc::{rest_status, RpcError, INVALID_PARAMS, METHOD_NOT_FOUND, PARSE_ERROR};
 use crate::sse::{sse, sse_json};
-use crate::version::{requested_version, Version};
+use crate::version::{requested_version, v1_only, Version};
 
 /// A request that reached the REST binding.
 pub(crate) struct RestRequest {
@@ -275,14 +274,9 @@ async fn answer(handlers: &Handlers, request: RestRequest) -> Result<Response, R
         .query
         .map_err(|rejection| invalid("query", rejection))?;
     match requested_version(&request.headers, &query)? {
-        None | Some(Version::V1) => {}
-        Some(Version::V03) => {
-            return Err(RpcError::new(
-                VERSION_NOT_SUPPORTED,
-                "the HTTP+JSON binding speaks A2A 1.0; use JSON-RPC for 0.3",
-            )
-            .with("supportedVersions", "1.0"))
-        }
+        Some(Version::V1) => {}
+        Some(Version::V03) => return Err(v1_only("HTTP+JSON", true)),
+        None => return Err(v1_only("HTTP+JSON", false)),
     }
     let Some(route) = route(&request.method, &request.path) else {
         return Err(RpcError::new(

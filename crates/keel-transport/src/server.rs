@@ -35,12 +35,16 @@ use crate::wire::{self, Binding, Interface};
 /// The path of the public agent card.
 pub const AGENT_CARD_PATH: &str = "/.well-known/agent-card.json";
 
+/// Where A2A 0.3 clients of old look for the card (`agent.json`): it serves the v0.3 form.
+pub const LEGACY_AGENT_CARD_PATH: &str = "/.well-known/agent.json";
+
 /// The default request body limit: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
 /// Serves one agent over A2A: v1.0 on the JSON-RPC and HTTP+JSON bindings, and v0.3 JSON-RPC.
 ///
-/// Routes: `GET /.well-known/agent-card.json` (the card), `POST /` (JSON-RPC: every v1.0
+/// Routes: `GET /.well-known/agent-card.json` (the v1.0 card; the v0.3 form for a caller that
+/// names 0.3, and at `/.well-known/agent.json`), `POST /` (JSON-RPC: every v1.0
 /// method, and the v0.3 `message/send`, `message/stream`, `tasks/get`, `tasks/cancel`,
 /// `tasks/resubscribe`), and the HTTP+JSON routes of A2A's proto (`POST /message:send`,
 /// `GET /tasks/{id}`, ..., each also under `/{tenant}/`), and `GET /ws` (JSON-RPC over a
@@ -386,6 +390,7 @@ impl A2aServer {
         });
         let router = Router::new()
             .route(AGENT_CARD_PATH, get(agent_card))
+            .route(LEGACY_AGENT_CARD_PATH, get(legacy_agent_card))
             .route("/", post(json_rpc))
             .fallback(rest_binding)
             .layer(DefaultBodyLimit::max(self.body_limit))
@@ -501,20 +506,42 @@ fn grpc_interface(_base: &str) -> Option<Interface> {
     None
 }
 
-/// The public card, with `Cache-Control`, `Last-Modified` and an `ETag`; `If-None-Match` naming the current
-/// tag (or `*`) is answered 304 with no body. A caller that names A2A 1.0 (header or query
-/// parameter, as for `POST /`) gets the v1.0 card; any other caller the card with the v0.3
-/// fields added, since a v0.3 client sends no version (`Vary: A2A-Version`).
+/// The public card at [`AGENT_CARD_PATH`]: the v1.0 card, with nothing but the proto's
+/// fields (so strict protobuf JSON parsing reads it); a caller that names A2A 0.3 (header or
+/// query parameter, as for `POST /`) gets the v0.3 form ([`compat_v03::card_from_v1`]).
 async fn agent_card(
-    State(state): State<Arc<ServerState>>,
+    state: State<Arc<ServerState>>,
     headers: HeaderMap,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Response {
+    serve_card(state, headers, query, false)
+}
+
+/// The card at [`LEGACY_AGENT_CARD_PATH`]: the v0.3 form, unless the caller names A2A 1.0.
+async fn legacy_agent_card(
+    state: State<Arc<ServerState>>,
+    headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Response {
+    serve_card(state, headers, query, true)
+}
+
+/// A card with `Cache-Control`, `Last-Modified` and an `ETag`; `If-None-Match` naming the
+/// current tag (or `*`) is answered 304 with no body. The form follows the version the caller
+/// names (`Vary: A2A-Version`), else the path (`legacy`: v0.3).
+fn serve_card(
+    State(state): State<Arc<ServerState>>,
+    headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+    legacy: bool,
+) -> Response {
     let query = query.map(|Query(q)| q).unwrap_or_default();
-    let card = match requested_version(&headers, &query) {
-        Ok(Some(Version::V1)) => &state.card,
-        _ => &state.card_v03,
+    let v03 = match requested_version(&headers, &query) {
+        Ok(Some(Version::V1)) => false,
+        Ok(Some(Version::V03)) => true,
+        Ok(None) | Err(_) => legacy,
     };
+    let card = if v03 { &state.card_v03 } else { &state.card };
     let fresh = headers
         .get_all(header::IF_NONE_MATCH)
         .iter()

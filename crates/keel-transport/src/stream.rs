@@ -35,7 +35,7 @@
 
 use std::collections::VecDeque;
 
-use keel_agent::reads::{Reads, TaskChange, TaskWatch};
+use keel_agent::reads::{Reads, TaskWatch};
 use keel_core::{
     AgentResult, Artifact, Message, MessageId, StatusKind, Task, TaskEvent, TaskId, TaskState,
     TaskStatus, ThreadId,
@@ -318,32 +318,40 @@ impl Follower {
         }
     }
 
-    /// Read the snapshot and the log, queue the `Task` event.
+    /// Read the snapshot and the log, queue the `Task` event. A message's stream
+    /// (`Start::Turn`) shows the task as it stood when the turn began, then what the turn has
+    /// logged since as status and artifact updates: the same sequence however far the run
+    /// got before the stream was first read (a fast task's stream is not one finished task).
     async fn begin(&mut self) -> AgentResult<()> {
         // Snapshot first, then the log: everything the snapshot shows is then either in the
         // log prefix read below or (a status saved before its event) skipped by timestamp.
         let mut task = self.reads.task(&self.auth, &self.task_id).await?;
-        let events = self.reads.task_events(&self.auth, &self.task_id).await?;
+        let mut events = self.reads.task_events(&self.auth, &self.task_id).await?;
+        let seen = u64::try_from(events.len()).unwrap_or(u64::MAX);
         let turn_start = match &self.start {
             Start::Turn(message_id) => events
                 .iter()
                 .position(|e| matches!(e, TaskEvent::Message { message } if &message.message_id == message_id))
                 .map(|i| i + 1),
-            Start::Subscription => Some(0),
+            Start::Subscription => None,
         };
+        // The turn's own events follow the `Task` event; the task shows what came before.
+        let mut turn = turn_start.map_or_else(Vec::new, |start| events.split_off(start));
         let mut history = Vec::new();
-        let mut turn_ended = false;
         let mut log_status: Option<TaskStatus> = None;
+        let turn_artifacts: Vec<_> = turn
+            .iter()
+            .filter_map(|e| match e {
+                TaskEvent::ArtifactUpdate { artifact, .. } => Some(artifact.id.clone()),
+                _ => None,
+            })
+            .collect();
+        task.artifacts.retain(|a| !turn_artifacts.contains(&a.id));
         let known: Vec<_> = task.artifacts.iter().map(|a| a.id.clone()).collect();
-        for (index, event) in events.iter().enumerate() {
+        for event in &events {
             match event {
                 TaskEvent::Message { message } => history.push(message.clone()),
-                TaskEvent::StatusUpdate { status, .. } => {
-                    if turn_start.is_some_and(|start| index >= start) && ends_stream(status.state) {
-                        turn_ended = true;
-                    }
-                    log_status = Some(status.clone());
-                }
+                TaskEvent::StatusUpdate { status, .. } => log_status = Some(status.clone()),
                 TaskEvent::ArtifactUpdate {
                     artifact, append, ..
                 } => {
@@ -353,25 +361,45 @@ impl Follower {
                 }
             }
         }
-        if let Some(status) = log_status {
-            if status.timestamp > task.status().timestamp {
+        // An answer to a waiting task is logged with the status that resumes it (working):
+        // the task the turn's stream starts with is that one, not the wait it ended.
+        if turn_start.is_some() && log_status.as_ref().is_some_and(|s| ends_stream(s.state)) {
+            if let Some(TaskEvent::StatusUpdate { status, .. }) = turn.first() {
+                log_status = Some(status.clone());
+                turn.remove(0);
+            }
+        }
+        match (turn_start, log_status) {
+            // The task as the turn found it: its last status before the turn, or submitted.
+            (Some(_), status) => {
+                let status = status.unwrap_or(TaskStatus {
+                    state: TaskState::Submitted,
+                    message: None,
+                    timestamp: task.created_at,
+                });
                 task = with_status(task, status);
             }
+            (None, Some(status)) if status.timestamp > task.status().timestamp => {
+                task = with_status(task, status);
+            }
+            (None, _) => {}
         }
         if let Some(keep) = self.history_length {
             history.drain(..history.len().saturating_sub(keep));
         }
         task.history = history;
-        let seen = u64::try_from(events.len()).unwrap_or(u64::MAX);
         self.watch = Some(self.reads.watch_task(&self.auth, &self.task_id, seen));
         self.last_status = Some(task.status().clone());
         self.thread_id = Some(task.thread_id.clone());
         let ends = match self.start {
-            Start::Turn(_) => turn_ended && ends_stream(task.state()),
+            Start::Turn(_) => false,
             Start::Subscription => task.state().is_terminal(),
         };
         self.pending.push_back(StreamEvent::Task(Box::new(task)));
         self.phase = if ends { Phase::Done } else { Phase::Follow };
+        for event in turn {
+            self.accept(event);
+        }
         Ok(())
     }
 
@@ -389,7 +417,7 @@ impl Follower {
             // event says.
             let changes = watch.ready().await?;
             for change in changes {
-                self.accept(change);
+                self.accept(change.event);
             }
             if !matches!(self.phase, Phase::Done) {
                 if let (Some(thread_id), Some(status)) = (&self.thread_id, &self.last_status) {
@@ -403,7 +431,7 @@ impl Follower {
         let closing = &mut self.closing;
         tokio::select! {
             change = watch.next() => match change {
-                Some(change) => self.accept(change?),
+                Some(change) => self.accept(change?.event),
                 // The log ended with a terminal status the stream had already sent.
                 None => self.phase = Phase::Done,
             },
@@ -414,11 +442,11 @@ impl Follower {
 
     /// Queue the stream event of one log change (none for a message, or for a status not
     /// newer than the one sent); a status that ends the stream ends it.
-    fn accept(&mut self, change: TaskChange) {
+    fn accept(&mut self, event: TaskEvent) {
         if matches!(self.phase, Phase::Done) {
             return;
         }
-        let Some(event) = StreamEvent::of_log(change.event) else {
+        let Some(event) = StreamEvent::of_log(event) else {
             return;
         };
         if let StreamEvent::StatusUpdate { status, .. } = &event {

@@ -57,6 +57,24 @@ pub(crate) fn requested_version(
     }
 }
 
+/// The VersionNotSupported error of a binding that speaks A2A 1.0 only (HTTP+JSON, gRPC) for
+/// a request that asks for 0.3, by naming it or by naming no version: a request without
+/// `A2A-Version` is A2A 0.3 (v1.0.1, 3.6.2), on every binding, as JSON-RPC reads it too.
+pub(crate) fn v1_only(binding: &str, named: bool) -> RpcError {
+    let asked = if named {
+        "asks for A2A 0.3"
+    } else {
+        "names no A2A-Version, which is A2A 0.3"
+    };
+    RpcError::new(
+        VERSION_NOT_SUPPORTED,
+        format!(
+            "the request {asked}; the {binding} binding speaks A2A 1.0: send `A2A-Version: 1.0` (JSON-RPC speaks 0.3 too)"
+        ),
+    )
+    .with("supportedVersions", "1.0")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

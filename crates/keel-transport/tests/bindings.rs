@@ -121,9 +121,7 @@ async fn grpc_call(
 ) -> Result<Value, String> {
     use keel_transport::grpc::tonic_types::StatusExt;
     use keel_transport::grpc::{from_json, proto, to_json, tonic};
-    let mut client = proto::a2a_service_client::A2aServiceClient::connect(server.base.clone())
-        .await
-        .unwrap();
+    let mut client = support::grpc_client(&server.base).await;
     params["tenant"] = json!("tenant-x");
     let params = params.to_string();
     let answer = match operation {
@@ -364,9 +362,29 @@ async fn rest_errors_are_status_objects_with_the_a2a_http_status() {
             400,
             "VERSION_NOT_SUPPORTED",
         ),
+        (
+            http.get(format!("{base}/tasks"))
+                .header("A2A-Version", "0.3"),
+            400,
+            "VERSION_NOT_SUPPORTED",
+        ),
+        // No version is 0.3 (v1.0.1, 3.6.2), which this binding does not speak: the same answer.
+        (
+            http.get(format!("{base}/tasks")),
+            400,
+            "VERSION_NOT_SUPPORTED",
+        ),
     ];
     for (request, status, reason) in cases {
-        let response = request.send().await.unwrap();
+        // Every case but the version's own names A2A 1.0.
+        let (client, request) = request.build_split();
+        let mut request = request.unwrap();
+        if reason != "VERSION_NOT_SUPPORTED" {
+            request
+                .headers_mut()
+                .insert("A2A-Version", "1.0".parse().unwrap());
+        }
+        let response = client.execute(request).await.unwrap();
         assert_eq!(response.status().as_u16(), status, "{reason}");
         let body: Value = response.json().await.unwrap();
         assert_eq!(body["error"]["code"], status, "{body}");
@@ -389,6 +407,7 @@ async fn rest_errors_are_status_objects_with_the_a2a_http_status() {
     let response = http
         .post(format!("{base}/message:send"))
         .header("content-type", "application/json")
+        .header("A2A-Version", "1.0")
         .body(json!({"message": user_message("still here")}).to_string())
         .send()
         .await
@@ -660,6 +679,7 @@ async fn an_unavailable_store_is_503_with_retry_after_and_a_clear_json_rpc_error
     let response = server
         .http
         .get(format!("{}/tasks/t-1", server.base))
+        .header("A2A-Version", "1.0")
         .send()
         .await
         .unwrap();

@@ -11,19 +11,15 @@ use keel_agent::AgentExecutor;
 use keel_core::AgentCard;
 use keel_llm::MockLlm;
 use keel_runtime::Services;
-use keel_transport::grpc::proto::a2a_service_client::A2aServiceClient;
-use keel_transport::grpc::tonic::transport::Channel;
 use keel_transport::grpc::tonic::{Code, Request, Status, Streaming};
 use keel_transport::grpc::tonic_types::StatusExt;
 use keel_transport::grpc::{from_json, proto, to_json, ProtoJson};
 use keel_transport::{A2aServer, AgentsServer, Security};
 use serde_json::{json, Value};
-use support::{user_message, SendJson, TestServer, ALICE, BOB, SLEEP_30};
+use support::{sse_events, user_message, GrpcClient, SendJson, TestServer, ALICE, BOB, SLEEP_30};
 
-async fn client(server: &TestServer) -> A2aServiceClient<Channel> {
-    A2aServiceClient::connect(server.base.clone())
-        .await
-        .unwrap()
+async fn client(server: &TestServer) -> GrpcClient {
+    support::grpc_client(&server.base).await
 }
 
 /// A request message from its A2A JSON.
@@ -50,7 +46,7 @@ async fn drain(mut stream: Streaming<proto::StreamResponse>) -> Vec<Value> {
 }
 
 /// Send [`SLEEP_30`] without waiting: the task, running.
-async fn start_sleeping(grpc: &mut A2aServiceClient<Channel>) -> proto::Task {
+async fn start_sleeping(grpc: &mut GrpcClient) -> proto::Task {
     let request = message::<proto::SendMessageRequest>(json!({
         "message": user_message(SLEEP_30),
         "configuration": {"returnImmediately": true}
@@ -60,7 +56,7 @@ async fn start_sleeping(grpc: &mut A2aServiceClient<Channel>) -> proto::Task {
 
 /// Send `request`; the task SendMessage answers with.
 async fn sent_task(
-    grpc: &mut A2aServiceClient<Channel>,
+    grpc: &mut GrpcClient,
     request: impl keel_transport::grpc::tonic::IntoRequest<proto::SendMessageRequest>,
 ) -> proto::Task {
     let sent = grpc.send_message(request).await.unwrap().into_inner();
@@ -234,6 +230,89 @@ async fn subscribe_to_a_task_waiting_for_input_stays_open_until_it_is_terminal()
     server.stop().await;
 }
 
+/// The kind of each stream event, with its state: `task <state>`, `status <state>`,
+/// `artifact`, `message`.
+fn shape(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|event| {
+            if let Some(task) = event.get("task") {
+                format!("task {}", task["status"]["state"].as_str().unwrap_or(""))
+            } else if let Some(update) = event.get("statusUpdate") {
+                format!(
+                    "status {}",
+                    update["status"]["state"].as_str().unwrap_or("")
+                )
+            } else if event.get("artifactUpdate").is_some() {
+                "artifact".to_owned()
+            } else {
+                "message".to_owned()
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_fast_task_streams_the_same_events_on_every_binding() {
+    let server = TestServer::start().await;
+    let mut grpc = client(&server).await;
+    let mut shapes = Vec::new();
+    for binding in ["JSONRPC", "HTTP+JSON", "GRPC"] {
+        // The fastest task: finished before its stream is read. The message is sent, and then
+        // streamed again with the same id, which follows the task it made from its turn.
+        let fast = user_message("fast");
+        let sent = server.rpc("SendMessage", json!({"message": fast})).await;
+        assert_eq!(
+            sent["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+            "{sent}"
+        );
+        let request = json!({"message": fast});
+        let events: Vec<Value> = match binding {
+            "JSONRPC" => server
+                .rpc_stream("SendStreamingMessage", request)
+                .await
+                .into_iter()
+                .map(|(_, envelope)| envelope["result"].clone())
+                .collect(),
+            "HTTP+JSON" => {
+                let response = server
+                    .http
+                    .post(format!("{}/message:stream", server.base))
+                    .header("A2A-Version", "1.0")
+                    .json(&request)
+                    .send()
+                    .await
+                    .unwrap();
+                sse_events(response)
+                    .await
+                    .into_iter()
+                    .map(|(_, event)| event)
+                    .collect()
+            }
+            _ => {
+                drain(
+                    grpc.send_streaming_message(message::<proto::SendMessageRequest>(request))
+                        .await
+                        .unwrap()
+                        .into_inner(),
+                )
+                .await
+            }
+        };
+        shapes.push((binding, shape(&events)));
+    }
+    let (_, first) = &shapes[0];
+    assert!(first[0].starts_with("task "), "{shapes:?}");
+    assert!(first.len() >= 3, "the task, then its updates: {shapes:?}");
+    assert_eq!(
+        first.last().map(String::as_str),
+        Some("status TASK_STATE_COMPLETED"),
+        "{shapes:?}"
+    );
+    assert!(shapes.iter().all(|(_, shape)| shape == first), "{shapes:?}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
     let server = TestServer::start().await;
@@ -309,6 +388,21 @@ async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
         .insert("a2a-version", "0.3".parse().unwrap());
     let old = grpc.get_task(old).await.unwrap_err();
     assert_status(&old, Code::FailedPrecondition, "VERSION_NOT_SUPPORTED");
+    // A call that names no version is A2A 0.3 (v1.0.1, 3.6.2): the same answer.
+    let mut unversioned =
+        keel_transport::grpc::proto::a2a_service_client::A2aServiceClient::connect(
+            server.base.clone(),
+        )
+        .await
+        .unwrap();
+    let unnamed = unversioned
+        .get_task(proto::GetTaskRequest {
+            id: done.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_status(&unnamed, Code::FailedPrecondition, "VERSION_NOT_SUPPORTED");
 
     let card = grpc
         .get_extended_agent_card(proto::GetExtendedAgentCardRequest::default())

@@ -274,15 +274,12 @@ async fn a_store_failure_after_the_task_was_made_names_it_and_the_retry_answers_
 #[cfg(feature = "grpc")]
 #[tokio::test]
 async fn a_repeated_grpc_send_answers_the_first_task() {
-    use keel_transport::grpc::proto::a2a_service_client::A2aServiceClient;
     use keel_transport::grpc::tonic::Request;
     use keel_transport::grpc::{from_json, proto, to_json};
 
     let runs = Arc::new(AtomicUsize::new(0));
     let server = counting_server(support::two_tenant_runtime(MockLlm::new()), runs.clone()).await;
-    let mut client = A2aServiceClient::connect(server.base.clone())
-        .await
-        .unwrap();
+    let mut client = support::grpc_client(&server.base).await;
     let mut ids = Vec::new();
     for _ in 0..2 {
         let request: proto::SendMessageRequest =

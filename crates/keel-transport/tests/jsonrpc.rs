@@ -151,13 +151,37 @@ async fn agent_card_declares_jsonrpc_and_rest_1_0_and_jsonrpc_0_3_and_streaming(
 }
 
 #[tokio::test]
-async fn a_caller_without_a2a_version_gets_the_card_with_the_v0_3_fields() {
+async fn the_card_is_v1_0_without_a_version_and_v0_3_at_the_legacy_path_or_when_asked() {
     let server = TestServer::start().await;
     let url = format!("{}/.well-known/agent-card.json", server.base);
     let response = server.http.get(&url).send().await.unwrap();
     assert_eq!(response.headers()["vary"], "A2A-Version");
-    let v03_etag = response.headers()["etag"].to_str().unwrap().to_owned();
+    let v1_etag = response.headers()["etag"].to_str().unwrap().to_owned();
     let card: Value = response.json().await.unwrap();
+    // The v1.0 card, with nothing a strict protobuf JSON parser would refuse.
+    for v03_field in [
+        "url",
+        "protocolVersion",
+        "preferredTransport",
+        "additionalInterfaces",
+        "supportsAuthenticatedExtendedCard",
+    ] {
+        assert!(card.get(v03_field).is_none(), "{v03_field} in {card}");
+    }
+    #[cfg(feature = "grpc")]
+    keel_transport::grpc::from_json::<keel_transport::grpc::proto::AgentCard>(&card.to_string())
+        .expect("the card parses as the proto's AgentCard");
+
+    // Where a v0.3 client looks: its legacy path, or the card asked for with 0.3.
+    let legacy = server
+        .http
+        .get(format!("{}/.well-known/agent.json", server.base))
+        .send()
+        .await
+        .unwrap();
+    let v03_etag = legacy.headers()["etag"].to_str().unwrap().to_owned();
+    assert_ne!(v03_etag, v1_etag);
+    let card: Value = legacy.json().await.unwrap();
     // What a v0.3 client reads to reach the agent: the JSON-RPC 0.3 endpoint.
     assert_eq!(card["protocolVersion"], "0.3.0");
     assert_eq!(card["url"], format!("{}/", server.base));
@@ -178,15 +202,6 @@ async fn a_caller_without_a2a_version_gets_the_card_with_the_v0_3_fields() {
     assert!(versions[..v1_interfaces].iter().all(|v| *v == "1.0"));
     assert_eq!(versions[v1_interfaces], "0.3");
 
-    // Each variant has its own tag.
-    let v1 = server
-        .http
-        .get(&url)
-        .header("A2A-Version", "1.0")
-        .send()
-        .await
-        .unwrap();
-    assert_ne!(v1.headers()["etag"].to_str().unwrap(), v03_etag);
     let explicit = server
         .http
         .get(&url)
@@ -195,6 +210,14 @@ async fn a_caller_without_a2a_version_gets_the_card_with_the_v0_3_fields() {
         .await
         .unwrap();
     assert_eq!(explicit.headers()["etag"].to_str().unwrap(), v03_etag);
+    let v1 = server
+        .http
+        .get(&url)
+        .header("A2A-Version", "1.0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(v1.headers()["etag"].to_str().unwrap(), v1_etag);
     server.stop().await;
 }
 

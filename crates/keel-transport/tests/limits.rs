@@ -156,6 +156,7 @@ async fn a_tenant_with_too_many_requests_in_progress_is_told_to_retry_later() {
         let response = server
             .http
             .get(format!("{}/tasks", server.base))
+            .header("A2A-Version", "1.0")
             .header("X-API-Key", ALICE)
             .send()
             .await

@@ -140,6 +140,7 @@ async fn the_four_config_operations_work_on_both_bindings() {
     let c2: Value = server
         .http
         .post(configs(""))
+        .header("A2A-Version", "1.0")
         .header("content-type", "application/a2a+json")
         .body(json!({"url": url}).to_string())
         .json_with_status(reqwest::StatusCode::OK)
@@ -157,15 +158,27 @@ async fn the_four_config_operations_work_on_both_bindings() {
     let got: Value = server
         .http
         .get(configs(&format!("/{c2_id}")))
+        .header("A2A-Version", "1.0")
         .json_body()
         .await;
     assert_eq!(got["url"], url.as_str());
 
-    let list: Value = server.http.get(configs("")).json_body().await;
+    let list: Value = server
+        .http
+        .get(configs(""))
+        .header("A2A-Version", "1.0")
+        .json_body()
+        .await;
     assert_eq!(list["configs"].as_array().unwrap().len(), 2, "{list}");
 
     let delete_c1_over_rest = || async {
-        let deleted = server.http.delete(configs("/c1")).send().await.unwrap();
+        let deleted = server
+            .http
+            .delete(configs("/c1"))
+            .header("A2A-Version", "1.0")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(deleted.status(), 200);
     };
     delete_c1_over_rest().await;

@@ -58,6 +58,7 @@ async fn rest_as(
         .http
         .request(method, format!("{}{path}", server.base))
         .header("X-API-Key", key)
+        .header("A2A-Version", "1.0")
         .header("content-type", "application/json")
         .body("{}")
         .send()
@@ -105,8 +106,8 @@ async fn the_card_is_public_and_declares_api_key_and_bearer_schemes() {
     assert!(requirements.contains(&json!({"schemes": {"bearer": {"list": []}}})));
     assert_eq!(card["capabilities"]["extendedAgentCard"], false);
 
-    // A v0.3 caller (no A2A-Version) sees the same schemes in v0.3's shape.
-    let card: Value = server.get_json_as(None, support::CARD_PATH).await;
+    // A v0.3 caller sees the same schemes in v0.3's shape.
+    let card: Value = server.get_json_as(Some("0.3"), support::CARD_PATH).await;
     let schemes = &card["securitySchemes"];
     assert_eq!(schemes["apiKey"]["type"], "apiKey", "{card}");
     assert_eq!(schemes["apiKey"]["in"], "header");
@@ -140,7 +141,10 @@ async fn missing_or_wrong_credentials_are_401_with_www_authenticate_on_both_bind
             .unwrap()
             .contains("authentication"));
 
-        let mut request = server.http.get(format!("{}/tasks", server.base));
+        let mut request = server
+            .http
+            .get(format!("{}/tasks", server.base))
+            .header("A2A-Version", "1.0");
         if let Some(key) = key {
             request = request.header("X-API-Key", key);
         }
@@ -163,6 +167,7 @@ async fn missing_or_wrong_credentials_are_401_with_www_authenticate_on_both_bind
     let response = server
         .http
         .get(format!("{}/tasks", server.base))
+        .header("A2A-Version", "1.0")
         .bearer_auth(ALICE)
         .send()
         .await
@@ -360,6 +365,7 @@ async fn a_wrong_api_key_beside_a_valid_bearer_token_is_refused() {
     let response = server
         .http
         .get(format!("{}/tasks", server.base))
+        .header("A2A-Version", "1.0")
         .header("X-API-Key", "wrong")
         .bearer_auth(ALICE)
         .send()

@@ -209,6 +209,7 @@ async fn subscribe_to_a_terminal_task_is_unsupported_operation_before_any_stream
             server.base,
             done["id"].as_str().unwrap()
         ))
+        .header("A2A-Version", "1.0")
         .json_with_status(reqwest::StatusCode::BAD_REQUEST)
         .await;
     assert_eq!(
@@ -255,6 +256,7 @@ async fn rest_stream_events_are_bare_stream_responses() {
     let response = server
         .http
         .post(format!("{}/message:stream", server.base))
+        .header("A2A-Version", "1.0")
         .header("content-type", "application/a2a+json")
         .body(json!({"message": user_message("hi")}).to_string())
         .send()

@@ -276,9 +276,7 @@ mod grpc {
     #[tokio::test]
     async fn a_grpc_error_echoes_a_huge_id_cut_short() {
         let server = TestServer::start().await;
-        let mut client = proto::a2a_service_client::A2aServiceClient::connect(server.base.clone())
-            .await
-            .unwrap();
+        let mut client = crate::support::grpc_client(&server.base).await;
         let id = "i".repeat(512 * 1024);
         let request: proto::GetTaskRequest = from_json(&json!({"id": id}).to_string()).unwrap();
         let status = client.get_task(request).await.unwrap_err();

@@ -190,6 +190,7 @@ pub fn agent_with_delay(delay: Duration) -> AgentResult<Agent> {
         .instructions("Follow the TCK scenario named by the messageId prefix.")
         .llm(ScenarioModel { delay })
         .negotiator(ScenarioNegotiator)
+        .human_handoff(true)
         .tool(wait)
         .tool(artifact)
         .build()
@@ -304,6 +305,28 @@ impl Llm for ScenarioModel {
                 ..LlmResponse::default()
             })
         };
+        // A task opened by `tck-input-required` asks again while the follow-up asks for input
+        // (its id has that prefix too), as the TCK's own agents do; any other follow-up ends it.
+        let opening = request
+            .messages
+            .iter()
+            .find(|m| m.role == LlmRole::User)
+            .and_then(|m| m.metadata.get(MESSAGE_ID_META))
+            .and_then(|id| id.as_str())
+            .unwrap_or_default();
+        if scenario(opening) == Some(Scenario::InputRequired) {
+            return if scenario(message_id) == Some(Scenario::InputRequired) && !waited {
+                Ok(LlmResponse {
+                    tool_calls: vec![ToolCall::new(
+                        keel_agent::ASK_HUMAN_TOOL,
+                        json!({ "question": INPUT_QUESTION }),
+                    )],
+                    ..LlmResponse::default()
+                })
+            } else {
+                Ok(LlmResponse::text(INPUT_RECEIVED_TEXT))
+            };
+        }
         match scenario(message_id) {
             Some(Scenario::ArtifactFile) if !waited => add("file"),
             Some(Scenario::ArtifactFileUrl) if !waited => add("file-url"),

@@ -462,8 +462,14 @@ over_every_binding!(
     |server, binding| {
         let task = server.scenario(binding, "tck-input-required").await;
         assert_state(&task, "TASK_STATE_INPUT_REQUIRED", binding);
+        // A follow-up that asks for input again keeps the task waiting (as the TCK's agents do).
+        let again = server
+            .send(binding, follow_up("tck-input-required", &task), json!({}))
+            .await;
+        assert_eq!(again["id"], task["id"]);
+        assert_state(&again, "TASK_STATE_INPUT_REQUIRED", binding);
         server
-            .assert_follow_up_completes(binding, "tck-input-required", &task, INPUT_RECEIVED_TEXT)
+            .assert_follow_up_completes(binding, "tck-complete-task", &task, INPUT_RECEIVED_TEXT)
             .await;
     }
 );

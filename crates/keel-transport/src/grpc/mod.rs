@@ -28,9 +28,9 @@ use tower::ServiceExt;
 use tracing::Instrument;
 
 use crate::handlers::{Handlers, Operation, Reply};
-use crate::jsonrpc::{RpcError, INTERNAL_ERROR, VERSION_NOT_SUPPORTED};
+use crate::jsonrpc::{RpcError, INTERNAL_ERROR};
 use crate::security::Denied;
-use crate::version::{requested_version, Version};
+use crate::version::{requested_version, v1_only, Version};
 use codec::{answer_message, request_json, stream_message};
 pub use codec::{from_json, to_json, ProtoJson};
 use proto::a2a_service_server::{A2aService, A2aServiceServer, SERVICE_NAME};
@@ -76,14 +76,11 @@ impl GrpcBinding {
     ) -> Result<Reply, Status> {
         let (metadata, _, message) = request.into_parts();
         let headers = metadata.into_headers();
-        // The binding is A2A 1.0 only, as HTTP+JSON is.
-        if let Some(Version::V03) =
-            requested_version(&headers, &[]).map_err(|e| status::status(&e))?
-        {
-            return Err(status::status(
-                &RpcError::new(VERSION_NOT_SUPPORTED, "the gRPC binding speaks A2A 1.0")
-                    .with("supportedVersions", "1.0"),
-            ));
+        // The binding is A2A 1.0 only, as HTTP+JSON is; no version is 0.3 (v1.0.1, 3.6.2).
+        match requested_version(&headers, &[]).map_err(|e| status::status(&e))? {
+            Some(Version::V1) => {}
+            Some(Version::V03) => return Err(status::status(&v1_only("gRPC", true))),
+            None => return Err(status::status(&v1_only("gRPC", false))),
         }
         let params = request_json(&message).map_err(|e| status::status(&e))?;
         let tenant = params

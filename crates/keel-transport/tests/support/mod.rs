@@ -349,3 +349,39 @@ pub async fn sse_events(response: reqwest::Response) -> Vec<(String, Value)> {
         })
         .collect()
 }
+
+/// A gRPC client that names A2A 1.0 on every call that names no version, as A2A's SDKs do
+/// (a call without `a2a-version` is A2A 0.3, which the gRPC binding does not speak).
+#[cfg(feature = "grpc")]
+pub type GrpcClient = keel_transport::grpc::proto::a2a_service_client::A2aServiceClient<
+    keel_transport::grpc::tonic::service::interceptor::InterceptedService<
+        keel_transport::grpc::tonic::transport::Channel,
+        fn(
+            keel_transport::grpc::tonic::Request<()>,
+        )
+            -> Result<keel_transport::grpc::tonic::Request<()>, keel_transport::grpc::tonic::Status>,
+    >,
+>;
+
+/// A [`GrpcClient`] of the server at `base`.
+#[cfg(feature = "grpc")]
+pub async fn grpc_client(base: &str) -> GrpcClient {
+    use keel_transport::grpc::tonic::{transport::Channel, Request, Status};
+    fn v1(mut request: Request<()>) -> Result<Request<()>, Status> {
+        if !request.metadata().contains_key("a2a-version") {
+            request
+                .metadata_mut()
+                .insert("a2a-version", "1.0".parse().unwrap());
+        }
+        Ok(request)
+    }
+    let channel = Channel::from_shared(base.to_owned())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    keel_transport::grpc::proto::a2a_service_client::A2aServiceClient::with_interceptor(
+        channel,
+        v1 as fn(Request<()>) -> Result<Request<()>, Status>,
+    )
+}
