@@ -273,17 +273,18 @@ async fn answer(handlers: &Handlers, request: RestRequest) -> Result<Response, R
     let query = request
         .query
         .map_err(|rejection| invalid("query", rejection))?;
-    match requested_version(&request.headers, &query)? {
-        Some(Version::V1) => {}
-        Some(Version::V03) => return Err(v1_only("HTTP+JSON", true)),
-        None => return Err(v1_only("HTTP+JSON", false)),
-    }
+    // A path that names no operation is not found whatever version the request names.
     let Some(route) = route(&request.method, &request.path) else {
         return Err(RpcError::new(
             METHOD_NOT_FOUND,
             format!("no A2A operation at {} {}", request.method, request.path),
         ));
     };
+    match requested_version(&request.headers, &query)? {
+        Some(Version::V1) => {}
+        Some(Version::V03) => return Err(v1_only("HTTP+JSON", true)),
+        None => return Err(v1_only("HTTP+JSON", false)),
+    }
     let mut params = match route.operation {
         Operation::SendMessage
         | Operation::SendStreamingMessage
