@@ -383,6 +383,7 @@ impl A2aServer {
                 self.executor.clone(),
                 self.security,
             ))
+            .merge(crate::operator::router(&self.executor, self.security))
             .merge(crate::threads::router(self.executor.clone(), self.security));
         match crate::endpoint::router(
             self.executor.clone(),
