@@ -1,7 +1,9 @@
 //! The operator API beside A2A, under `/api/v1`: what an operator reads to watch runs.
 //! `GET /api/v1/tasks` lists tasks (`thread_id`, `state`, `agent`, `page_size`,
 //! `page_token`, paged by the engine), `GET /api/v1/approvals` the actions waiting for a
-//! decision, `GET /api/v1/runs/{run_id}` one run's report, redacted as persisted.
+//! decision, `GET /api/v1/runs/{run_id}` one run's report, redacted as persisted, and
+//! `POST /api/v1/tasks/{task_id}/cancel` (body optional: `{"reason": "..."}`) cancels a
+//! task (`409` once it is finished).
 //!
 //! The caller's tenant comes from its credentials, as on every other route (see
 //! `threads.rs`); another tenant's run answers `404`, the same as one that never existed.
@@ -10,11 +12,11 @@
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use keel_agent::reads::{Reads, TaskQuery};
 use keel_agent::AgentExecutor;
-use keel_core::{AgentError, RunId, TaskState, ThreadId};
+use keel_core::{AgentError, RunId, TaskId, TaskState, ThreadId};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -25,6 +27,13 @@ use crate::variables::{caller_of, internal, refuse};
 struct OperatorState {
     reads: Reads,
     security: Option<Security>,
+    executor: AgentExecutor,
+}
+
+/// The optional body of `POST /api/v1/tasks/{task_id}/cancel`.
+#[derive(Debug, Deserialize)]
+struct CancelBody {
+    reason: Option<String>,
 }
 
 /// The query of `GET /api/v1/tasks` and `GET /api/v1/approvals`.
@@ -43,9 +52,11 @@ pub(crate) fn router(executor: &AgentExecutor, security: Option<Security>) -> Ro
         .route("/api/v1/tasks", get(tasks))
         .route("/api/v1/approvals", get(approvals))
         .route("/api/v1/runs/{run_id}", get(run))
+        .route("/api/v1/tasks/{task_id}/cancel", post(cancel))
         .with_state(OperatorState {
             reads: executor.reads(),
             security,
+            executor: executor.clone(),
         })
 }
 
@@ -53,6 +64,12 @@ fn failure(err: &AgentError) -> Response {
     match err {
         AgentError::InvalidInput { .. } => {
             refuse(StatusCode::BAD_REQUEST, "invalid_input", err.to_string())
+        }
+        AgentError::TaskNotFound { .. } => {
+            refuse(StatusCode::NOT_FOUND, "task_not_found", err.to_string())
+        }
+        AgentError::TaskNotCancelable { .. } => {
+            refuse(StatusCode::CONFLICT, "task_not_cancelable", err.to_string())
         }
         _ => internal(err, "operator"),
     }
@@ -162,6 +179,27 @@ async fn run(
     match state.reads.run(&auth, &RunId::from(run_id)).await {
         Ok(Some(record)) => Json(record).into_response(),
         Ok(None) => refuse(StatusCode::NOT_FOUND, "run_not_found", "no such run"),
+        Err(err) => failure(&err),
+    }
+}
+
+async fn cancel(
+    State(state): State<OperatorState>,
+    Path(task_id): Path<String>,
+    headers: HeaderMap,
+    body: Option<Json<CancelBody>>,
+) -> Response {
+    let auth = match caller_of(&state.reads, state.security.as_ref(), &headers, None) {
+        Ok(auth) => auth,
+        Err(response) => return *response,
+    };
+    let reason = body.and_then(|Json(body)| body.reason);
+    match state
+        .executor
+        .cancel_task(&auth, &TaskId::from(task_id), reason)
+        .await
+    {
+        Ok(task) => Json(task).into_response(),
         Err(err) => failure(&err),
     }
 }

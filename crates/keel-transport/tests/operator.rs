@@ -84,4 +84,21 @@ async fn tasks_approvals_and_runs_are_served_to_their_tenant_only() {
     assert_eq!(refused["error"]["code"], "run_not_found");
     let (status, _) = get(&http, &format!("{base}/runs/no-such-run"), Some(ALICE)).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // Cancel: another tenant's task is 404; a finished task is 409 for its owner.
+    let cancel_url = format!("{base}/tasks/{}/cancel", task.id);
+    let answer = |key: &'static str| {
+        http.post(&cancel_url)
+            .header("X-API-Key", key)
+            .json(&serde_json::json!({"reason": "operator"}))
+            .send()
+    };
+    let refused = answer(BOB).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::NOT_FOUND);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "task_not_found");
+    let finished = answer(ALICE).await.unwrap();
+    assert_eq!(finished.status(), StatusCode::CONFLICT);
+    let body: Value = finished.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "task_not_cancelable");
 }
