@@ -75,21 +75,32 @@ fn failure(err: &AgentError) -> Response {
     }
 }
 
+/// Who asks, and what a list route was asked: the caller's tenant and the query, or the
+/// answer (`401`, or `400 invalid_query`).
+fn open_list(
+    state: &OperatorState,
+    headers: &HeaderMap,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<(keel_runtime::AuthContext, ListQuery), Box<Response>> {
+    let auth = caller_of(&state.reads, state.security.as_ref(), headers, None)?;
+    let Ok(Query(query)) = query else {
+        return Err(Box::new(refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            "the query is malformed",
+        )));
+    };
+    Ok((auth, query))
+}
+
 async fn tasks(
     State(state): State<OperatorState>,
     headers: HeaderMap,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let auth = match caller_of(&state.reads, state.security.as_ref(), &headers, None) {
-        Ok(auth) => auth,
+    let (auth, query) = match open_list(&state, &headers, query) {
+        Ok(opened) => opened,
         Err(response) => return *response,
-    };
-    let Ok(Query(query)) = query else {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            "invalid_query",
-            "the query is malformed",
-        );
     };
     let task_state = match query.state.as_deref().map(str::parse::<TaskState>) {
         None => None,
@@ -126,16 +137,9 @@ async fn approvals(
     headers: HeaderMap,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let auth = match caller_of(&state.reads, state.security.as_ref(), &headers, None) {
-        Ok(auth) => auth,
+    let (auth, query) = match open_list(&state, &headers, query) {
+        Ok(opened) => opened,
         Err(response) => return *response,
-    };
-    let Ok(Query(query)) = query else {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            "invalid_query",
-            "the query is malformed",
-        );
     };
     let thread_id = query.thread_id.map(ThreadId::from);
     match state
