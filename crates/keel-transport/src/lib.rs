@@ -48,6 +48,7 @@ mod idempotency;
 pub mod jsonrpc;
 mod limits;
 mod observability;
+mod operator;
 mod push;
 mod push_config;
 mod rest;

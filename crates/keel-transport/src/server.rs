@@ -402,6 +402,7 @@ impl A2aServer {
                 self.executor.clone(),
                 self.security,
             ))
+            .merge(crate::operator::router(&self.executor, self.security))
             .merge(crate::threads::router(self.executor.clone(), self.security));
         let router = self.mounted.iter().fold(router, |router, (path, service)| {
             let service = crate::security::behind_credentials(
