@@ -474,3 +474,52 @@ fn a_protocol_other_than_http_protobuf_is_refused_at_start() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn json_log_lines_carry_the_trace_and_span_ids_of_the_exported_spans() {
+    let (receiver, endpoint) = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("serve.log");
+    let mut env: Vec<(&str, String)> = otlp_env(&endpoint, "keel-log-join");
+    env.push(("RUST_LOG", "info".to_owned()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let server = KeelServer::start_logging(
+        0,
+        &["--store", "memory", "--log-format", "json"],
+        &env,
+        std::fs::File::create(&path).unwrap(),
+    );
+    let task_id = run_task(&server.url, TOOL_MESSAGE, None).await;
+    let spans = receiver.trace_of("keel-log-join").await;
+    let span = |prefix: &str| {
+        spans
+            .iter()
+            .find(|s| s.span.name.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` span"))
+    };
+    let (run, tool) = (span("invoke_agent "), span("execute_tool "));
+
+    let lines: Vec<serde_json::Value> = eventually("the run's end is logged", || {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .filter(|l: &serde_json::Value| l["task_id"] == task_id.as_str())
+            .collect();
+        let ended = lines.iter().any(|l| l["message"] == "run ended");
+        async move { ended.then_some(lines) }
+    })
+    .await;
+    let line = |message: &str| {
+        lines
+            .iter()
+            .find(|l| l["message"] == message)
+            .unwrap_or_else(|| panic!("no `{message}` line in {lines:?}"))
+    };
+    for message in ["run started", "run ended"] {
+        assert_eq!(line(message)["trace_id"], run.trace_id(), "{message}");
+        assert_eq!(line(message)["span_id"], run.span_id(), "{message}");
+    }
+    assert_eq!(line("tool call")["trace_id"], tool.trace_id());
+    assert_eq!(line("tool call")["span_id"], tool.span_id());
+}

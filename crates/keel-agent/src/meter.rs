@@ -194,6 +194,8 @@ impl RunMeter {
                 target: "keel::run",
                 run_id = %event.run_id,
                 task_id = task_id(event),
+                trace_id = event.trace_id.as_deref(),
+                span_id = event.span_id.as_deref(),
                 agent = %agent,
                 "run started"
             );
@@ -246,6 +248,8 @@ impl RunMeter {
                     target: "keel::run",
                     run_id = %event.run_id,
                     task_id = task_id(event),
+                    trace_id = event.trace_id.as_deref(),
+                    span_id = event.span_id.as_deref(),
                     action,
                     action_id = id,
                     "approval required"
@@ -260,6 +264,8 @@ impl RunMeter {
                     target: "keel::run",
                     run_id = %event.run_id,
                     task_id = task_id(event),
+                    trace_id = event.trace_id.as_deref(),
+                    span_id = event.span_id.as_deref(),
                     action_id = id,
                     outcome = text(event, "/decision/outcome"),
                     "approval decided"
@@ -292,6 +298,8 @@ impl RunMeter {
             target: "keel::run",
             run_id = %event.run_id,
             task_id = task_id(event),
+            trace_id = event.trace_id.as_deref(),
+            span_id = event.span_id.as_deref(),
             agent = %agent,
             state = stopped.state.as_str(),
             reason = %stopped.reason,
@@ -340,6 +348,8 @@ impl RunMeter {
             target: "keel::run",
             run_id = %event.run_id,
             task_id = task_id(event),
+            trace_id = event.trace_id.as_deref(),
+            span_id = event.span_id.as_deref(),
             tool = %tool,
             action_id = %action_id,
             outcome,
