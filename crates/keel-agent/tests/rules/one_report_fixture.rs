@@ -64,10 +64,22 @@ pub(crate) async fn approve(exec: &AgentExecutor, auth: &AuthContext, task: &Tas
 }
 
 /// The task's run, as the run store keeps its report.
-pub(crate) async fn stored_report(exec: &AgentExecutor, auth: &AuthContext, task: &Task) -> RunReport {
+/// The stored report of `task`'s run once it holds `events` events: a run saves its task's
+/// state first and its report after it, so a report read as the task ends may be the earlier
+/// one of a pause.
+pub(crate) async fn stored_report(
+    exec: &AgentExecutor,
+    auth: &AuthContext,
+    task: &Task,
+    events: u64,
+) -> RunReport {
     let run_id = RunContext::from_task(task).unwrap().unwrap().run_id;
-    let record = exec.reads().run(auth, &run_id).await.unwrap().expect("a stored report");
-    RunReport::from_value(record.report).unwrap()
+    keel_runtime::testing::eventually("the run's report to hold its events", || async {
+        let record = exec.reads().run(auth, &run_id).await.unwrap()?;
+        let report = RunReport::from_value(record.report).unwrap();
+        (report.event_count == events).then_some(report)
+    })
+    .await
 }
 
 pub(crate) fn sequences(events: &[RunEvent]) -> Vec<u64> {
@@ -126,9 +138,9 @@ pub(crate) async fn one_report_across_a_restart(
 
     let (earlier, later) = (before_sink.events(), after_sink.events());
     assert_eq!(later[0].sequence, earlier.len() as u64 + 1, "numbering goes on");
-    let report = stored_report(&after, &auth, &done).await;
-    assert_one_run(&report);
     let all: Vec<RunEvent> = earlier.into_iter().chain(later).collect();
+    let report = stored_report(&after, &auth, &done, all.len() as u64).await;
+    assert_one_run(&report);
     assert_eq!(sequences(&report.events), sequences(&all));
     assert_eq!(report.model, RunReport::from_events(&all).model, "the live totals");
 }
