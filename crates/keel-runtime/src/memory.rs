@@ -17,9 +17,24 @@ use crate::AuthContext;
 /// JSON values by key, namespaced by tenant, optionally expiring.
 #[async_trait]
 pub trait MemoryService: keel_core::MaybeSend + keel_core::MaybeSync {
+    /// Store `value` under `key` for this tenant, replacing what was there; it expires after
+    /// `ttl` when one is given. The one write every backend implements.
+    async fn save_value(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: Value,
+        ttl: Option<Duration>,
+    ) -> AgentResult<()>;
     /// Store `value` under `key` for this tenant, replacing what was there.
-    async fn save_serialized(&self, auth: &AuthContext, key: &str, value: Value)
-        -> AgentResult<()>;
+    async fn save_serialized(
+        &self,
+        auth: &AuthContext,
+        key: &str,
+        value: Value,
+    ) -> AgentResult<()> {
+        self.save_value(auth, key, value, None).await
+    }
     /// Like [`MemoryService::save_serialized`], but the value expires after `ttl`.
     async fn save_serialized_with_ttl(
         &self,
@@ -27,7 +42,9 @@ pub trait MemoryService: keel_core::MaybeSend + keel_core::MaybeSync {
         key: &str,
         value: Value,
         ttl: Duration,
-    ) -> AgentResult<()>;
+    ) -> AgentResult<()> {
+        self.save_value(auth, key, value, Some(ttl)).await
+    }
     /// The value under `key` for this tenant, if any and not expired.
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>>;
     /// Remove `key`; answers whether it existed.
@@ -169,28 +186,19 @@ impl InMemoryMemoryService {
 
 #[async_trait]
 impl MemoryService for InMemoryMemoryService {
-    async fn save_serialized(
+    async fn save_value(
         &self,
         auth: &AuthContext,
         key: &str,
         value: Value,
+        ttl: Option<Duration>,
     ) -> AgentResult<()> {
-        self.values
-            .insert(Scoped::new(auth, key.to_owned()), (value, None));
-        Ok(())
-    }
-
-    async fn save_serialized_with_ttl(
-        &self,
-        auth: &AuthContext,
-        key: &str,
-        value: Value,
-        ttl: Duration,
-    ) -> AgentResult<()> {
-        let expires = Instant::now().checked_add(ttl);
+        let expires = ttl.and_then(|ttl| Instant::now().checked_add(ttl));
         self.values
             .insert(Scoped::new(auth, key.to_owned()), (value, expires));
-        self.after_expiring_write();
+        if ttl.is_some() {
+            self.after_expiring_write();
+        }
         Ok(())
     }
 

@@ -64,23 +64,14 @@ impl PostgresStore {
 
 #[async_trait]
 impl MemoryService for PostgresStore {
-    async fn save_serialized(
+    async fn save_value(
         &self,
         auth: &AuthContext,
         key: &str,
         value: Value,
+        ttl: Option<Duration>,
     ) -> AgentResult<()> {
-        self.save_memory(auth, key, &value, None).await
-    }
-
-    async fn save_serialized_with_ttl(
-        &self,
-        auth: &AuthContext,
-        key: &str,
-        value: Value,
-        ttl: Duration,
-    ) -> AgentResult<()> {
-        self.save_memory(auth, key, &value, Some(ttl)).await
+        self.save_memory(auth, key, &value, ttl).await
     }
 
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>> {

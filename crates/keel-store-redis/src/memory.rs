@@ -18,48 +18,35 @@ const LONGEST_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 #[async_trait]
 impl MemoryService for RedisStore {
-    async fn save_serialized(
+    async fn save_value(
         &self,
         auth: &AuthContext,
         key: &str,
         value: Value,
+        ttl: Option<Duration>,
     ) -> AgentResult<()> {
         let key = self.keys(auth).of(kind::MEMORY, key);
-        redis::cmd("SET")
-            .arg(&key)
-            .arg(encode(&value)?)
-            .query_async::<()>(&mut self.con())
-            .await
-            .map_err(|e| self.fail("SET memory", &e))
-    }
-
-    async fn save_serialized_with_ttl(
-        &self,
-        auth: &AuthContext,
-        key: &str,
-        value: Value,
-        ttl: Duration,
-    ) -> AgentResult<()> {
-        if ttl > LONGEST_TTL {
-            return self.save_serialized(auth, key, value).await;
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg(encode(&value)?);
+        match ttl {
+            None => {}
+            // Too long for Redis to represent: kept, as a value without expiry is.
+            Some(ttl) if ttl > LONGEST_TTL => {}
+            Some(ttl) if ttl.is_zero() => {
+                // Already expired: what was there is replaced by nothing.
+                return redis::cmd("DEL")
+                    .arg(&key)
+                    .query_async::<()>(&mut self.con())
+                    .await
+                    .map_err(|e| self.fail("DEL memory", &e));
+            }
+            Some(ttl) => {
+                // Redis counts in whole milliseconds; round up so a value never expires early.
+                let millis = ttl.as_nanos().div_ceil(1_000_000);
+                set.arg("PX").arg(u64::try_from(millis).unwrap_or(u64::MAX));
+            }
         }
-        let key = self.keys(auth).of(kind::MEMORY, key);
-        if ttl.is_zero() {
-            // Already expired: what was there is replaced by nothing.
-            return redis::cmd("DEL")
-                .arg(&key)
-                .query_async::<()>(&mut self.con())
-                .await
-                .map_err(|e| self.fail("DEL memory", &e));
-        }
-        // Redis counts in whole milliseconds; round up so a value never expires early.
-        let millis = ttl.as_nanos().div_ceil(1_000_000);
-        redis::cmd("SET")
-            .arg(&key)
-            .arg(encode(&value)?)
-            .arg("PX")
-            .arg(u64::try_from(millis).unwrap_or(u64::MAX))
-            .query_async::<()>(&mut self.con())
+        set.query_async::<()>(&mut self.con())
             .await
             .map_err(|e| self.fail("SET memory", &e))
     }
