@@ -110,28 +110,79 @@ impl RemoteAgentTool {
 }
 
 /// Sends `CancelTask` for the remote task when dropped while armed: the engine aborts a
-/// canceled run's tool, so the cancel must not depend on the tool's future running on.
+/// canceled run's tool, so the cancel must not depend on the tool's future running on. Armed
+/// from the moment the message is sent: a call dropped while the send is in flight lets the
+/// send finish, off the call, and cancels the task it created (the request may have reached
+/// the remote agent already).
 struct CancelOnDrop {
     client: Arc<A2aClient>,
-    task_id: Option<TaskId>,
+    child: Child,
+}
+
+/// The remote task as far as the delegating call knows it.
+enum Child {
+    /// Nothing to cancel: the send failed, or the call has its answer.
+    Disarmed,
+    /// The message is on its way; the task it creates is not known yet.
+    Sending(tokio::task::JoinHandle<AgentResult<Task>>),
+    /// The remote task the message created.
+    Created(TaskId),
 }
 
 impl CancelOnDrop {
+    /// Send `message` (on a task of its own, so that dropping the call does not drop it).
+    fn send(client: &Arc<A2aClient>, message: Message, options: SendMessageOptions) -> Self {
+        let sender = client.clone();
+        CancelOnDrop {
+            client: client.clone(),
+            child: Child::Sending(tokio::spawn(async move {
+                sender.send_message(message, options).await
+            })),
+        }
+    }
+
+    /// The task the message created, once the remote agent answers the send.
+    async fn sent(&mut self) -> AgentResult<Task> {
+        let Child::Sending(handle) = &mut self.child else {
+            return Err(AgentError::internal(
+                "the delegated message was already sent",
+            ));
+        };
+        let sent = handle
+            .await
+            .map_err(AgentError::internal)
+            .and_then(|sent| sent);
+        self.child = match &sent {
+            Ok(task) => Child::Created(task.id.clone()),
+            Err(_) => Child::Disarmed,
+        };
+        sent
+    }
+
     fn disarm(&mut self) {
-        self.task_id = None;
+        self.child = Child::Disarmed;
     }
 }
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        let Some(task_id) = self.task_id.take() else {
+        let child = std::mem::replace(&mut self.child, Child::Disarmed);
+        if matches!(child, Child::Disarmed) {
             return;
-        };
+        }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let client = self.client.clone();
         handle.spawn(async move {
+            let task_id = match child {
+                Child::Created(task_id) => task_id,
+                Child::Sending(sending) => match sending.await {
+                    Ok(Ok(task)) => task.id,
+                    _ => return,
+                },
+                Child::Disarmed => return,
+            };
             match client
                 .cancel_task(&task_id, Some(PARENT_CANCELED_REASON.into()))
                 .await
@@ -187,18 +238,16 @@ impl Tool for RemoteAgentTool {
             return_immediately: true,
             history_length: Some(0),
         };
-        let sent = tokio::select! {
+        let mut guard = CancelOnDrop::send(&self.client, message, options);
+        let mut task = tokio::select! {
             biased;
             () = ctx.cancel.cancelled() => {
+                // Dropping the armed guard cancels the child the send creates.
+                drop(guard);
                 return Err(AgentError::Canceled { reason: PARENT_CANCELED_REASON.into() });
             }
-            sent = self.client.send_message(message, options) => sent?,
+            sent = guard.sent() => sent?,
         };
-        let mut guard = CancelOnDrop {
-            client: self.client.clone(),
-            task_id: Some(sent.id.clone()),
-        };
-        let mut task = sent;
         while !is_resting(&task) {
             tokio::select! {
                 biased;
