@@ -97,6 +97,21 @@ pub(crate) fn took_over(threads: usize) {
 /// A thread waiting for a work slot: counted in [`QUEUE_DEPTH`] while it lives.
 pub(crate) struct Queued(Option<Vec<Label>>);
 
+/// A log line of a run at `info` (target `keel::run`): the run, task, trace and span of
+/// `event` first, then the line's own fields and message.
+macro_rules! run_line {
+    ($event:expr, $($rest:tt)+) => {
+        tracing::info!(
+            target: "keel::run",
+            run_id = %$event.run_id,
+            task_id = task_id($event),
+            trace_id = $event.trace_id.as_deref(),
+            span_id = $event.span_id.as_deref(),
+            $($rest)+
+        )
+    };
+}
+
 impl Queued {
     /// A thread of `auth` starts waiting.
     pub(crate) fn enter(auth: &keel_runtime::AuthContext) -> Self {
@@ -190,12 +205,8 @@ impl RunMeter {
             if counting {
                 metrics::counter!(RUNS_STARTED, self.labels(&[("agent", agent)])).increment(1);
             }
-            tracing::info!(
-                target: "keel::run",
-                run_id = %event.run_id,
-                task_id = task_id(event),
-                trace_id = event.trace_id.as_deref(),
-                span_id = event.span_id.as_deref(),
+            run_line!(
+                event,
                 agent = %agent,
                 "run started"
             );
@@ -244,28 +255,15 @@ impl RunMeter {
                 text(event, "/request/action/id"),
                 text(event, "/request/action/name"),
             ) {
-                tracing::info!(
-                    target: "keel::run",
-                    run_id = %event.run_id,
-                    task_id = task_id(event),
-                    trace_id = event.trace_id.as_deref(),
-                    span_id = event.span_id.as_deref(),
-                    action,
-                    action_id = id,
-                    "approval required"
-                );
+                run_line!(event, action, action_id = id, "approval required");
                 waiting(|set| {
                     set.insert((event.run_id.to_string(), id.to_owned()));
                 });
             }
         } else if *kind == EventType::APPROVAL_DECIDED {
             if let Some(id) = text(event, "/action_id") {
-                tracing::info!(
-                    target: "keel::run",
-                    run_id = %event.run_id,
-                    task_id = task_id(event),
-                    trace_id = event.trace_id.as_deref(),
-                    span_id = event.span_id.as_deref(),
+                run_line!(
+                    event,
                     action_id = id,
                     outcome = text(event, "/decision/outcome"),
                     "approval decided"
@@ -294,12 +292,8 @@ impl RunMeter {
             let run = event.run_id.to_string();
             waiting(|set| set.retain(|(waiting_run, _)| *waiting_run != run));
         }
-        tracing::info!(
-            target: "keel::run",
-            run_id = %event.run_id,
-            task_id = task_id(event),
-            trace_id = event.trace_id.as_deref(),
-            span_id = event.span_id.as_deref(),
+        run_line!(
+            event,
             agent = %agent,
             state = stopped.state.as_str(),
             reason = %stopped.reason,
@@ -344,12 +338,8 @@ impl RunMeter {
                     .record(seconds);
             }
         }
-        tracing::info!(
-            target: "keel::run",
-            run_id = %event.run_id,
-            task_id = task_id(event),
-            trace_id = event.trace_id.as_deref(),
-            span_id = event.span_id.as_deref(),
+        run_line!(
+            event,
             tool = %tool,
             action_id = %action_id,
             outcome,
