@@ -9,7 +9,7 @@ mod runs;
 mod telemetry;
 mod tools;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -574,6 +574,15 @@ struct ServeArgs {
     /// file's `[server] metrics_tenant_labels`).
     #[arg(long, env = "KEEL_METRICS_TENANT_LABELS")]
     metrics_tenant_labels: bool,
+    /// Serve the web console at `/console` (docs/console.md). It is on by default when
+    /// listening on a loopback address; this turns it on elsewhere, over the file's `[server]
+    /// console`.
+    #[arg(long, overrides_with = "no_console")]
+    console: bool,
+    /// Do not serve the web console, even on a loopback address (over the file's `[server]
+    /// console`).
+    #[arg(long, overrides_with = "console")]
+    no_console: bool,
     /// How log lines are written to stderr: `text`, or `json` (one object per line); over
     /// the file's `[server] log_format`.
     #[arg(long, value_enum, default_value_t = telemetry::LogFormat::Text, env = "KEEL_LOG_FORMAT")]
@@ -581,6 +590,15 @@ struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// Whether `--console` or `--no-console` was given, and which.
+    fn console(&self) -> Option<bool> {
+        match (self.console, self.no_console) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
+
     /// The connection deadlines and cap the flags set, checked; with `given`, only those
     /// given on the command line (or by their variables) over `file`'s.
     fn connection_limits(
@@ -959,6 +977,7 @@ async fn serve(
             max_queued_per_tenant: args.max_queued_per_tenant,
             connections: args.connection_limits(loaded.server.connection_limits(), set)?,
             metrics: args.metrics.then(telemetry::metrics_route).transpose()?,
+            console: args.console(),
         };
         return from_file::serve(loaded, overrides).await;
     }
@@ -990,6 +1009,7 @@ async fn serve(
     let agent_name = agent.card().name.clone();
     let keys = parse_api_keys(&args.api_keys)?;
     let runtime = open_runtime(&store, Some(llm), keys).await?;
+    let console = console_served(args.console(), None, local.ip());
     let mut url = args
         .public_url
         .unwrap_or_else(|| format!("http://{local}/"));
@@ -1056,8 +1076,14 @@ async fn serve(
     if args.metrics {
         server = server.with_metrics(telemetry::metrics_route()?);
     }
+    if console {
+        server = server.with_console(keel::console::router());
+    }
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     println!("keel: serving agent `{agent_name}` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
+    if console {
+        eprintln!("keel: console at {url}console/");
+    }
     let served = server
         .serve(listener, shutdown)
         .await
@@ -1066,6 +1092,13 @@ async fn serve(
     served?;
     eprintln!("keel: stopped");
     Ok(())
+}
+
+/// Whether `keel serve` serves the web console: as the flag says, else as the file's
+/// `[server] console` says, else only when it listens on a loopback address (where nobody
+/// else reaches it unasked).
+pub(crate) fn console_served(flag: Option<bool>, file: Option<bool>, listening: IpAddr) -> bool {
+    flag.or(file).unwrap_or(listening.is_loopback())
 }
 
 /// `KEY=APP/USER` pairs, each key once.
@@ -1171,5 +1204,31 @@ pub(crate) fn shutdown_signal(drain: Duration) -> impl std::future::Future<Outpu
              step, then they are handed on (not canceled) to the next process",
             drain.as_secs_f64()
         );
+    }
+}
+
+#[cfg(test)]
+mod console_tests {
+    use super::console_served;
+    use std::net::IpAddr;
+
+    #[test]
+    fn the_console_is_on_by_default_on_loopback_only() {
+        let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+        let v6_loopback: IpAddr = "::1".parse().unwrap();
+        let anywhere: IpAddr = "0.0.0.0".parse().unwrap();
+        assert!(console_served(None, None, loopback));
+        assert!(console_served(None, None, v6_loopback));
+        assert!(!console_served(None, None, anywhere));
+    }
+
+    #[test]
+    fn the_flag_wins_over_the_file_which_wins_over_the_address() {
+        let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+        let anywhere: IpAddr = "0.0.0.0".parse().unwrap();
+        assert!(console_served(None, Some(true), anywhere));
+        assert!(!console_served(None, Some(false), loopback));
+        assert!(console_served(Some(true), Some(false), anywhere));
+        assert!(!console_served(Some(false), Some(true), loopback));
     }
 }

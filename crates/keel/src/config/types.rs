@@ -129,6 +129,10 @@ pub struct ServerConfig {
     /// Label run metrics with the tenant (`app/user`): a series per tenant (decision 188).
     #[serde(default)]
     pub metrics_tenant_labels: bool,
+    /// Serve the web console at `/console` (docs/console.md); unset, it is served when the
+    /// server listens on a loopback address only.
+    #[serde(default)]
+    pub console: Option<bool>,
     /// How `keel serve` writes its log lines.
     #[serde(default)]
     pub log_format: LogFormat,
@@ -177,6 +181,7 @@ impl Default for ServerConfig {
             max_connections: default_max_connections(),
             metrics: false,
             metrics_tenant_labels: false,
+            console: None,
             log_format: LogFormat::Text,
         }
     }
