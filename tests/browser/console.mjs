@@ -8,7 +8,7 @@
 //                                     chat on A's console, watch the same run on B's console
 //
 // Environment: KEEL_CHROMIUM (the browser, default /usr/bin/chromium), KEEL_SCREENSHOTS (the
-// directory for screenshots). Prints one JSON line of what it saw; exits non-zero, saying
+// directory for screenshots), KEEL_API_KEY (typed into the console's key field when set). Prints one JSON line of what it saw; exits non-zero, saying
 // which step failed, when a step does not happen (a screenshot of that moment is saved).
 
 import { chromium } from 'playwright-core';
@@ -45,6 +45,11 @@ async function shot(name, target = page) {
 async function openConsole(base) {
   await page.goto(base);
   await page.waitForURL(/\/console\/(#.*)?$/, { timeout: WAIT });
+  if (process.env.KEEL_API_KEY) {
+    // The server needs a key: typed in once, the console sends it with every call.
+    await page.fill('#api-key', process.env.KEEL_API_KEY);
+    await page.click('#key-form button[type="submit"]');
+  }
 }
 
 /** Send `text` from the chat box and wait for its task's page. */
@@ -89,7 +94,8 @@ try {
     seen.task = await step('send a message from the chat box', () => chat('/sleep {"seconds": 300}'));
     await step('see the long tool running', async () => {
       await stateIs('working');
-      await page.waitForSelector('tr.tool.pending[data-tool="sleep"]', { timeout: WAIT });
+      // The model's call of the tool, persisted before the tool runs.
+      await page.waitForSelector('.message.assistant .call code:text-is("sleep")', { timeout: WAIT });
     });
     await shot('working');
     await step('cancel it', () => page.click('section.task button.cancel'));

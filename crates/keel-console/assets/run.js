@@ -109,8 +109,10 @@ export function analyze(events, now) {
   usage.steps = steps.size;
   const start = sorted.length ? ms(sorted[0]) : now;
   const last = sorted.length ? ms(sorted[sorted.length - 1]) : now;
-  const open = finished === null && !['input-required', 'auth-required'].includes(state);
-  const end = finished ?? (open ? Math.max(now, last) : last);
+  // Until the run's final status, it is open: a run waiting for an approval or for input
+  // keeps growing too, so the wait shows for as long as it lasts.
+  const open = finished === null;
+  const end = finished ?? Math.max(now, last);
   const seen = new Set();
   return {
     events: sorted,
