@@ -370,6 +370,22 @@ impl A2aServer {
         closing: watch::Receiver<bool>,
         stopped: watch::Receiver<bool>,
     ) -> Router {
+        let handlers = self.handlers(public_base_url, closing, stopped);
+        let agents = vec![crate::operator::OperatorAgent::new(
+            self.executor.agent().card().name.clone(),
+            handlers.clone(),
+        )];
+        self.router_from(public_base_url, handlers, agents)
+    }
+
+    /// The A2A operations over this server's executor (and its push deliverer, which takes
+    /// up the deliveries a previous process left pending).
+    pub(crate) fn handlers(
+        &self,
+        public_base_url: &str,
+        closing: watch::Receiver<bool>,
+        stopped: watch::Receiver<bool>,
+    ) -> Handlers {
         let push = Push::new(
             self.executor.clone(),
             self.push_targets.clone(),
@@ -378,19 +394,29 @@ impl A2aServer {
         );
         // Deliveries that a previous process left pending go on from their cursors.
         push.resume();
-        let card = self.served_card(public_base_url);
         let extended_card = self
             .extended_card
             .clone()
             .map(|extended| self.serve_card(extended, public_base_url));
-        let handlers = Handlers::new(
+        Handlers::new(
             self.executor.clone(),
             closing,
             self.security,
             extended_card,
             push,
             Arc::new(Admission::new(self.limits)),
-        );
+        )
+    }
+
+    /// The router over `handlers`; the operator API lists `operator_agents` (the default
+    /// first) and sends messages to them.
+    pub(crate) fn router_from(
+        &self,
+        public_base_url: &str,
+        handlers: Handlers,
+        operator_agents: Vec<crate::operator::OperatorAgent>,
+    ) -> Router {
+        let card = self.served_card(public_base_url);
         let socket = crate::ws::router(handlers.clone(), self.body_limit);
         #[cfg(feature = "grpc")]
         let grpc_routes = crate::grpc::router(handlers.clone(), self.body_limit);
@@ -423,7 +449,11 @@ impl A2aServer {
                 self.executor.clone(),
                 self.security,
             ))
-            .merge(crate::operator::router(&self.executor, self.security))
+            .merge(crate::operator::router(
+                &self.executor,
+                self.security,
+                operator_agents,
+            ))
             .merge(crate::threads::router(self.executor.clone(), self.security))
             .merge(self.console.clone().unwrap_or_default());
         let router = self.mounted.iter().fold(router, |router, (path, service)| {
