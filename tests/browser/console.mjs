@@ -94,8 +94,10 @@ try {
     seen.task = await step('send a message from the chat box', () => chat('/sleep {"seconds": 300}'));
     await step('see the long tool running', async () => {
       await stateIs('working');
-      // The model's call of the tool, persisted before the tool runs.
+      // The model's call of the tool, persisted before the tool runs, and its open bar.
       await page.waitForSelector('.message.assistant .call code:text-is("sleep")', { timeout: WAIT });
+      await page.waitForSelector('tr.tool.pending[data-tool="sleep"]', { timeout: WAIT });
+      await page.waitForSelector('svg.timeline g.row.tool', { timeout: WAIT });
     });
     await shot('working');
     await step('cancel it', () => page.click('section.task button.cancel'));

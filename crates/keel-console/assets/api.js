@@ -77,16 +77,30 @@ export async function a2a(agentPath, method, params) {
   return answer.result;
 }
 
-function messageId() {
-  return crypto.randomUUID ? crypto.randomUUID() : `m-${Date.now()}-${Math.random()}`;
+/** A fresh id for a message or a thread (`crypto.randomUUID` needs a secure context, which
+ * a console on a plain-HTTP, non-loopback address is not). */
+function newId() {
+  if (crypto.randomUUID) return crypto.randomUUID();
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return [...bytes].map((b) => b.toString(16).padStart(2, '0')).join('');
 }
 
-/** Send `text` to an agent, on `threadId` when given (a new thread otherwise), without
- * waiting for the run: answers the task as the server accepted it (Keel's ids). */
-export async function sendMessage(agentPath, text, threadId) {
-  const message = { messageId: messageId(), role: 'ROLE_USER', parts: [{ text }] };
-  if (threadId) message.contextId = threadId;
-  const result = await a2a(agentPath, 'SendMessage', {
+/** Send `text` to the agent `agent` (the default one when not given) on `threadId`, or on a
+ * new thread, without waiting for the run: answers the task's and thread's ids. */
+export async function sendMessage(agent, text, threadId) {
+  const thread = threadId || newId();
+  try {
+    const task = await api(`/api/v1/threads/${encodeURIComponent(thread)}/messages`, {
+      method: 'POST',
+      body: { text, agent: agent || undefined, return_immediately: true },
+    });
+    return { taskId: task.id, threadId: task.thread_id };
+  } catch (err) {
+    if (!(err instanceof ApiError) || !err.routeMissing) throw err;
+  }
+  // A server without the operator's message route: A2A's SendMessage.
+  const message = { messageId: newId(), role: 'ROLE_USER', parts: [{ text }], contextId: thread };
+  const result = await a2a((agent && agentPaths.get(agent)) || '/', 'SendMessage', {
     message,
     configuration: { returnImmediately: true },
   });
@@ -106,7 +120,7 @@ export async function decide(task, requestId, decision, reason) {
   const approval = { requestId, decision };
   if (reason) approval.reason = reason;
   return a2a(agentPathOf(task), 'SendMessage', {
-    message: { messageId: messageId(), role: 'ROLE_USER', taskId: task.id, parts: [{ data: { approval } }] },
+    message: { messageId: newId(), role: 'ROLE_USER', taskId: task.id, parts: [{ data: { approval } }] },
     configuration: { returnImmediately: true },
   });
 }

@@ -131,6 +131,31 @@ export function analyze(events, now) {
   };
 }
 
+/** What a task's live event (`GET /api/v1/tasks/{id}/events`: `{seq, event}`) tells of its
+ * run, in the shape of the run's own events, so that the timeline grows while the run goes on
+ * (the run's report, with every step, is read when the run rests). Tool calls and results
+ * are matched by their call id, as the report's actions are. */
+export function fromTaskEvent(seq, event) {
+  const sequence = 1e9 + seq;
+  if (event.type === 'status_update') {
+    const status = event.status || {};
+    return [{ type: 'task.status', sequence, timestamp: status.timestamp, final: event.final, payload: { state: status.state } }];
+  }
+  if (event.type !== 'message' || !event.message) return [];
+  const m = event.message;
+  return (m.parts || []).flatMap((p, i) => {
+    const base = { sequence: sequence + i / 100, timestamp: m.timestamp, action_id: p.call_id };
+    if (p.type === 'tool_call') {
+      const action = { name: p.tool_name, payload: p.args, metadata: { call_id: p.call_id } };
+      return [{ ...base, type: 'action.started', payload: { action } }];
+    }
+    if (p.type === 'tool_output') {
+      return [{ ...base, type: p.is_error ? 'action.failed' : 'action.completed', payload: p.is_error ? { error: p.output } : { output: p.output } }];
+    }
+    return [];
+  });
+}
+
 /** The timeline's rows: the run, then each step with its model calls, approvals and tools. */
 export function rows(run) {
   const out = [{ label: 'run', kind: 'run', start: run.start, end: run.end, open: run.open }];
@@ -150,6 +175,10 @@ export function rows(run) {
     }
     inner.sort((a, b) => a.start - b.start);
     out.push(...inner.map((r) => ({ ...r, indent: true })));
+  }
+  // Calls known only from the task's live events, before the run's report names their step.
+  for (const t of run.tools.filter((t) => !t.step && t.start !== undefined)) {
+    out.push({ label: `tool ${t.name}`, kind: t.outcome === 'failed' ? 'failed' : 'tool', start: t.start, end: t.end ?? run.end, open: t.end === undefined, title: `${t.name} ${t.outcome || 'running'}` });
   }
   return out;
 }

@@ -3,7 +3,7 @@
 
 import { agentPaths, api, ApiError, cancel, decide, follow, sendMessage } from './api.js';
 import { h, json, when } from './dom.js';
-import { analyze, renderRun } from './run.js';
+import { analyze, fromTaskEvent, renderRun } from './run.js';
 
 const TERMINAL = ['completed', 'failed', 'canceled', 'rejected'];
 
@@ -51,7 +51,7 @@ export async function agents() {
   try {
     const answer = await api('/api/v1/agents');
     const list = Array.isArray(answer) ? answer : answer.agents || [];
-    for (const a of list) agentPaths.set(a.name, a.path || a.a2a_path || (a.default ? '/' : `/agents/${a.name}/`));
+    for (const a of list) agentPaths.set(a.name, a.default ? '/' : `/agents/${encodeURIComponent(a.name)}/`);
     return list;
   } catch (err) {
     if (!(err instanceof ApiError) || !err.routeMissing) throw err;
@@ -138,10 +138,9 @@ export function chatBox({ agent, threadId, agentNames }) {
   form.addEventListener('submit', async (event) => {
     event.preventDefault();
     const name = pick ? pick.value : agent;
-    const path = (name && agentPaths.get(name)) || '/';
     status.textContent = 'sending…';
     try {
-      const sent = await sendMessage(path, text.value, threadId);
+      const sent = await sendMessage(name, text.value, threadId);
       text.value = '';
       status.textContent = '';
       location.hash = `#/thread/${encodeURIComponent(sent.threadId)}/task/${encodeURIComponent(sent.taskId)}`;
@@ -212,7 +211,7 @@ function approvalCard(task, onDone) {
   const act = (decision) => async () => {
     status.textContent = `${decision === 'approve' ? 'approving' : 'denying'}…`;
     try {
-      await decide(task, pending.request_id, decision, reason.value);
+      await decide(task, pending.request_id || pending.id, decision, reason.value);
       status.textContent = decision === 'approve' ? 'approved' : 'denied';
       onDone();
     } catch (err) {
@@ -249,7 +248,9 @@ export function taskView(threadId, taskId) {
   let task = null;
   let runId = null;
   let report = null;
+  // The run's events from its report, and what the task's live events tell of it since.
   const events = new Map();
+  const live = new Map();
   let stopped = false;
   let stopFollow = () => {};
   let timer = null;
@@ -269,8 +270,15 @@ export function taskView(threadId, taskId) {
     approval.replaceChildren(...[approvalCard(task, refresh)].filter(Boolean));
     const list = task.artifacts || [];
     artifacts.replaceChildren(...(list.length ? [h('h3', {}, 'Artifacts'), ...list.map((a) => h('div', { class: 'artifact', 'data-artifact': a.name || a.id }, [h('h4', {}, a.name || a.id), ...partsOf(a.parts)]))] : []));
-    const all = [...events.values()].filter((e) => !runId || e.run_id === runId || !e.run_id);
-    const run = analyze(all, Date.now());
+    const reported = [...events.values()].filter((e) => !runId || e.run_id === runId || !e.run_id);
+    const since = reported.reduce((latest, e) => Math.max(latest, Date.parse(e.timestamp)), 0);
+    const newer = [...live.values()].flat().filter((e) => Date.parse(e.timestamp) > since);
+    const pending = task.metadata && task.metadata.pending_approval;
+    if (pending && !reported.some((e) => e.type === 'approval.required')) {
+      const callId = pending.action && pending.action.metadata && pending.action.metadata.call_id;
+      newer.push({ type: 'approval.required', sequence: 2e9, timestamp: pending.requested_at, action_id: callId, payload: { request: pending } });
+    }
+    const run = analyze([...reported, ...newer], Date.now());
     const limits = task.metadata && task.metadata.run_context && task.metadata.run_context.budget;
     runBox.replaceChildren(renderRun(run, { runId, report, limits }));
   };
@@ -326,18 +334,12 @@ export function taskView(threadId, taskId) {
   };
   let refreshing = null;
   const onEvent = (data) => {
-    const e = data && data.type && data.sequence !== undefined ? data : data && data.event;
-    if (!e) return;
-    if (e.run_id && runId && e.run_id !== runId) {
-      runId = e.run_id;
-      events.clear();
-    }
-    events.set(e.sequence, e);
-    if (['task.status', 'approval.required', 'approval.decided', 'task.artifact', 'message.persisted', 'tool.result.persisted'].includes(e.type)) {
-      // State, approval, messages and artifacts are the task's: read them once things settle.
-      clearTimeout(refreshing);
-      refreshing = setTimeout(refresh, 100);
-    }
+    if (!data || !data.event || data.seq === undefined) return;
+    live.set(data.seq, fromTaskEvent(data.seq, data.event));
+    // The task's state, approval, messages and artifacts, and the run's report when it rests:
+    // read them again once a burst of events settles.
+    clearTimeout(refreshing);
+    refreshing = setTimeout(refresh, 100);
     redraw();
   };
   refresh().then(() => {
