@@ -25,13 +25,17 @@ fn no_redirects() -> reqwest::Client {
         .unwrap()
 }
 
+/// `GET path` of `server`, redirects not followed, with `accept` when given.
+async fn get_path(server: &TestServer, path: &str, accept: Option<&str>) -> reqwest::Response {
+    let mut request = no_redirects().get(format!("{}{path}", server.base));
+    if let Some(accept) = accept {
+        request = request.header(header::ACCEPT, accept);
+    }
+    request.send().await.unwrap()
+}
+
 async fn root(server: &TestServer, accept: &str) -> reqwest::Response {
-    no_redirects()
-        .get(format!("{}/", server.base))
-        .header(header::ACCEPT, accept)
-        .send()
-        .await
-        .unwrap()
+    get_path(server, "/", Some(accept)).await
 }
 
 #[tokio::test]
@@ -41,11 +45,7 @@ async fn a_browser_opening_the_server_is_sent_to_the_console() {
     let answer = root(&server, "text/html,application/xhtml+xml,*/*;q=0.8").await;
     assert_eq!(answer.status(), StatusCode::SEE_OTHER);
     assert_eq!(answer.headers()[header::LOCATION], "console/");
-    let page = no_redirects()
-        .get(format!("{}/console/", server.base))
-        .send()
-        .await
-        .unwrap();
+    let page = get_path(&server, "/console/", None).await;
     assert_eq!(page.status(), StatusCode::OK);
     assert_eq!(page.text().await.unwrap(), "the console page");
 }
@@ -73,16 +73,8 @@ async fn the_console_is_served_without_credentials_while_the_api_needs_them() {
             .with_console(console())
     })
     .await;
-    let page = no_redirects()
-        .get(format!("{}/console/", server.base))
-        .send()
-        .await
-        .unwrap();
+    let page = get_path(&server, "/console/", None).await;
     assert_eq!(page.status(), StatusCode::OK);
-    let tasks = no_redirects()
-        .get(format!("{}/api/v1/tasks", server.base))
-        .send()
-        .await
-        .unwrap();
+    let tasks = get_path(&server, "/api/v1/tasks", None).await;
     assert_eq!(tasks.status(), StatusCode::UNAUTHORIZED);
 }
