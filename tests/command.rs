@@ -745,3 +745,107 @@ fn runs_list_without_a_store_names_the_one_it_looked_at_and_creates_none() {
     assert!(err.contains("keel.db"), "{err}");
     assert!(!dir.path().join("keel.db").exists());
 }
+
+#[test]
+fn a_task_waiting_for_approval_shows_its_request_and_is_approved_by_its_id_alone() {
+    let weather = WeatherService::start();
+    let dir = project(&weather);
+    let server = support::KeelServer::start_in(dir.path(), &["--store", "memory"]);
+    let keel_at = |args: &[&str]| {
+        let output = keel(dir.path())
+            .args(args)
+            .args(["--url", &server.url])
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            text(&output.stdout),
+            text(&output.stderr),
+        )
+    };
+
+    let (code, out, err) = keel_at(&["send", ASK_WEATHER]);
+    assert_eq!(code, Some(3), "stdout: {out}\nstderr: {err}");
+    let task = err
+        .split_whitespace()
+        .skip_while(|word| *word != "task")
+        .nth(1)
+        .expect("the task's id")
+        .to_owned();
+    for shown in [
+        "approval needed: weather",
+        "Oslo",
+        "request ",
+        "keel tasks approve",
+    ] {
+        assert!(err.contains(shown), "`{shown}` not shown:\n{err}");
+    }
+    // `tasks get` says the same, with the same exit status as `send`.
+    let (code, _, err) = keel_at(&["tasks", "get", &task]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("approval needed: weather"), "{err}");
+    assert_eq!(weather.calls(), 0);
+
+    // The one request the task waits for is the one approved.
+    let (code, out, err) = keel_at(&["tasks", "approve", &task]);
+    assert_eq!(code, Some(0), "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("clear-7c2e"), "{out}");
+    assert_eq!(weather.calls(), 1);
+    let (code, _, err) = keel_at(&["tasks", "approve", &task]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("waits for no approval (it is completed)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn client_commands_say_what_the_user_got_wrong_not_internal_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let send = |url: &str| {
+        let output = keel(dir.path())
+            .args(["send", "--url", url, "hi"])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        let err = text(&output.stderr);
+        assert!(!err.contains("internal error"), "{err}");
+        err
+    };
+
+    // Nothing listens: the URL that refused is named.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let err = send(&format!("http://127.0.0.1:{port}"));
+    assert!(
+        err.contains(&format!("cannot use http://127.0.0.1:{port}/")),
+        "{err}"
+    );
+    assert!(err.to_lowercase().contains("refused"), "{err}");
+
+    // No scheme.
+    let err = send(&format!("127.0.0.1:{port}"));
+    assert!(
+        err.contains("names no scheme") && err.contains("http://127.0.0.1:"),
+        "{err}"
+    );
+
+    // An agent path the server does not have: the agents it has are named.
+    let weather = WeatherService::start();
+    let project = project(&weather);
+    let served = support::KeelServer::start_in(project.path(), &["--store", "memory"]);
+    let err = send(&format!("{}/agents/nope", served.url.trim_end_matches('/')));
+    assert!(err.contains("no agent is named `nope`"), "{err}");
+    assert!(err.contains("`assistant` (/agents/assistant/)"), "{err}");
+
+    // One agent served at `/` only: its card names it.
+    let demo = support::KeelServer::start(&[]);
+    let err = send(&format!("{}/agents/nope", demo.url.trim_end_matches('/')));
+    assert!(
+        err.contains("HTTP 404") && err.contains("serves the agent `keel-demo`"),
+        "{err}"
+    );
+}

@@ -238,9 +238,10 @@ enum TasksCommand {
     Approve {
         /// The task.
         id: String,
-        /// The approval request's id (the task's `metadata.keel.pendingApproval.requestId` on the wire).
+        /// The approval request's id (the task's `metadata.keel.pendingApproval.requestId` on
+        /// the wire); by default the one request the task waits for.
         #[arg(long)]
-        request: String,
+        request: Option<String>,
         /// Deny instead.
         #[arg(long)]
         deny: bool,

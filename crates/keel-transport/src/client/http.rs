@@ -77,15 +77,13 @@ impl HttpBinding {
             .await
             .map_err(|e| connection_failure(&url, e))?;
         let status = response.status();
-        if !status.is_success() {
-            return Err(Failure::Answer(AgentError::internal(format!(
-                "GET {url} answered HTTP {status}"
-            ))));
-        }
         let body = response
             .bytes()
             .await
             .map_err(|e| connection_failure(&url, e))?;
+        if !status.is_success() {
+            return Err(Failure::Answer(super::status_error(&url, status, &body)));
+        }
         let card: Value = serde_json::from_slice(&body).map_err(|e| {
             Failure::Answer(AgentError::internal(format!(
                 "GET {url} answered a card that is not JSON: {e}"
@@ -260,7 +258,7 @@ impl ClientBinding for HttpBinding {
             .header("accept", "text/event-stream")
             .send()
             .await
-            .map_err(|e| transport_error(&url, e))?;
+            .map_err(|e| super::request_error(&url, &e))?;
         let status = response.status();
         let is_sse = response
             .headers()
@@ -273,7 +271,7 @@ impl ClientBinding for HttpBinding {
             let body = response
                 .bytes()
                 .await
-                .map_err(|e| transport_error(&url, e))?;
+                .map_err(|e| super::request_error(&url, &e))?;
             let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             return Err(match self.error_of(&body) {
                 Some(error) => jsonrpc::agent_error_from_rpc(&error, task_id.as_ref()),
@@ -373,14 +371,10 @@ fn percent_encode(segment: &str) -> String {
 /// loop) is final.
 fn connection_failure(url: &str, err: reqwest::Error) -> Failure {
     let lost = err.is_connect() || err.is_request() || err.is_body() || err.is_timeout();
-    let err = transport_error(url, err);
+    let err = super::request_error(url, &err);
     if lost {
         Failure::Connection(err)
     } else {
         Failure::Answer(err)
     }
-}
-
-fn transport_error(url: &str, err: reqwest::Error) -> AgentError {
-    AgentError::internal(format!("request to {url} failed: {err}"))
 }
