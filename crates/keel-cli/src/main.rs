@@ -365,6 +365,9 @@ struct InitArgs {
 struct CheckArgs {
     /// The file to check (default: ./keel.toml).
     file: Option<PathBuf>,
+    /// The file to check, named as every other command names it (the positional FILE wins).
+    #[arg(long, env = "KEEL_CONFIG")]
+    config: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -670,7 +673,9 @@ fn main() -> ExitCode {
         }
         Command::Init(args) => from_file::init(args.dir, args.force).map(|()| ExitCode::SUCCESS),
         Command::Check(args) => runtime
-            .block_on(from_file::check(&from_file::config_path(args.file)))
+            .block_on(from_file::check(&from_file::config_path(
+                args.file.or(args.config),
+            )))
             .map(|()| ExitCode::SUCCESS),
         Command::Tools {
             agent,

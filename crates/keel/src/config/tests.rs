@@ -108,6 +108,26 @@ fn a_misspelt_rule_value_is_suggested() {
 }
 
 #[test]
+fn every_missing_environment_variable_is_named_at_once() {
+    let text = format!(
+        "[[server.api_keys]]\nkey = \"${{KEEL_TEST_UNSET_ONE}}\"\ntenant = \"a/b\"\n\n\
+         [[server.api_keys]]\nkey = \"${{KEEL_TEST_UNSET_TWO}}-${{KEEL_TEST_UNSET_THREE}}\"\ntenant = \"c/d\"\n\n{MINIMAL}"
+    );
+    let error = parse(&text).unwrap_err();
+    assert_eq!((error.line, error.column), (Some(2), Some(7)), "{error}");
+    assert!(
+        error.message.contains("`KEEL_TEST_UNSET_ONE` is not set"),
+        "{error}"
+    );
+    assert!(
+        error.message.contains(
+            "also not set: `KEEL_TEST_UNSET_TWO` (server.api_keys[1].key), `KEEL_TEST_UNSET_THREE` (server.api_keys[1].key)"
+        ),
+        "{error}"
+    );
+}
+
+#[test]
 fn a_missing_environment_variable_is_an_error_at_its_value() {
     let text = format!(
         "[[server.api_keys]]\nkey = \"${{KEEL_TEST_SURELY_UNSET_VAR}}\"\ntenant = \"a/b\"\n\n{MINIMAL}"
