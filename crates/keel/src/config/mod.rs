@@ -233,6 +233,23 @@ impl Config {
             }
         }
         for (i, agent) in self.agents.iter().enumerate() {
+            let Some(compaction) = &agent.compaction else {
+                continue;
+            };
+            for (name, ratio) in [
+                ("trigger_ratio", compaction.trigger_ratio),
+                ("target_ratio", compaction.target_ratio),
+            ] {
+                if ratio.is_some_and(|ratio| !(ratio > 0.0 && ratio <= 1.0)) {
+                    return Err(ConfigError::whole(
+                        path,
+                        format!("agents[{i}].compaction.{name}"),
+                        "use a fraction of the context window, above 0 and at most 1",
+                    ));
+                }
+            }
+        }
+        for (i, agent) in self.agents.iter().enumerate() {
             let Some(max) = agent.budget.max_cost else {
                 continue;
             };

@@ -449,3 +449,54 @@ fn tool_names_and_schemas_are_checked_where_they_are_written() {
     assert_eq!((error.line, error.column), (Some(8), Some(14)), "{error}");
     assert!(error.message.contains("not a valid JSON schema"), "{error}");
 }
+
+#[test]
+fn an_agent_compacts_automatically_as_its_file_says() {
+    let text = format!(
+        "{MINIMAL}[agents.compaction]\nstrategy = \"recent\"\nmax_messages = 8\ncontext_window = 4000\n"
+    );
+    let config = parse(&text).unwrap();
+    let agents = config
+        .agents()
+        .build(Arc::new(DefaultRuntime::offline()))
+        .unwrap();
+    let compaction = agents
+        .default_agent()
+        .executor
+        .agent()
+        .compaction()
+        .cloned()
+        .expect("the agent compacts");
+    let engine_default = keel_agent::AutoCompaction::new(keel_llm::CompactionStrategy::Recent);
+    assert_eq!(
+        compaction,
+        keel_agent::AutoCompaction {
+            max_messages: 8,
+            context_window: Some(4000),
+            ..engine_default
+        }
+    );
+    // Without the table nothing is compacted.
+    let plain = parse(MINIMAL).unwrap();
+    let plain = plain
+        .agents()
+        .build(Arc::new(DefaultRuntime::offline()))
+        .unwrap();
+    assert!(plain
+        .default_agent()
+        .executor
+        .agent()
+        .compaction()
+        .is_none());
+
+    let error = parse(&format!(
+        "{MINIMAL}[agents.compaction]\nstrategy = \"tokens\"\ntarget_ratio = 1.5\n"
+    ))
+    .unwrap_err();
+    assert_eq!(error.field, "agents[0].compaction.target_ratio", "{error}");
+    let error = parse(&format!(
+        "{MINIMAL}[agents.compaction]\nstrategy = \"shrink\"\n"
+    ))
+    .unwrap_err();
+    assert!(error.message.contains("recent"), "{error}");
+}
