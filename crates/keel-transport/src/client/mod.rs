@@ -385,10 +385,7 @@ impl<B: ClientBinding> AgentTransport for A2aClient<B> {
 /// requested is the caller's input; anything else (refused, unresolved, timed out, cut off)
 /// names the URL and the innermost cause, which is what says what happened.
 pub(crate) fn request_error(url: &str, err: &reqwest::Error) -> AgentError {
-    let mut cause: &dyn std::error::Error = err;
-    while let Some(inner) = cause.source() {
-        cause = inner;
-    }
+    let cause = keel_core::ErrorSource::innermost(err);
     if err.is_builder() {
         return AgentError::invalid_input(
             "url",
@@ -398,7 +395,7 @@ pub(crate) fn request_error(url: &str, err: &reqwest::Error) -> AgentError {
     let cause = if err.is_timeout() {
         "no answer in time".to_owned()
     } else {
-        cause.to_string()
+        cause
     };
     AgentError::Unreachable {
         url: url.to_owned(),

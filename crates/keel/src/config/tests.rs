@@ -500,3 +500,61 @@ fn an_agent_compacts_automatically_as_its_file_says() {
     .unwrap_err();
     assert!(error.message.contains("recent"), "{error}");
 }
+
+#[tokio::test]
+async fn an_http_tools_failure_names_the_url_it_called_and_why() {
+    let refused = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let unavailable = axum::Router::new().route(
+        "/weather/{city}",
+        axum::routing::get(|| async {
+            (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "down for maintenance",
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let down = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, unavailable).await });
+    for (port, said) in [
+        (
+            refused,
+            format!("GET http://127.0.0.1:{refused}/weather/Oslo: "),
+        ),
+        (
+            down,
+            format!(
+                "GET http://127.0.0.1:{down}/weather/Oslo answered HTTP 503: down for maintenance"
+            ),
+        ),
+    ] {
+        let text = format!(
+            "{MINIMAL}[[agents.tools.http]]\nname = \"weather\"\ndescription = \"W.\"\nmethod = \"GET\"\n\
+             url = \"http://127.0.0.1:{port}/weather/{{city}}\"\n\
+             parameters = {{ type = \"object\", properties = {{ city = {{ type = \"string\" }} }} }}\n"
+        );
+        let config = parse(&text).unwrap();
+        let runtime: Arc<dyn Runtime> = Arc::new(DefaultRuntime::offline());
+        let agents = config.agents().build(runtime.clone()).unwrap();
+        let auth = runtime.auth_service().auth_context();
+        let executor = &agents.default_agent().executor;
+        let task = executor
+            .send_message(
+                &auth,
+                Message::user(r#"/weather {"city": "Oslo"}"#),
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        let history = executor.get_task(&auth, &task.id, None).await.unwrap();
+        let shown = serde_json::to_string(&history).unwrap();
+        assert!(shown.contains(&said), "`{said}` not in {shown}");
+        if port == refused {
+            assert!(shown.to_lowercase().contains("refused"), "{shown}");
+        }
+    }
+}
