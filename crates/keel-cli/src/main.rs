@@ -29,6 +29,10 @@ use keel::{DefaultRuntime, StoreConfig};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log more on stderr: `-v` info, `-vv` debug (client commands log only warnings by
+    /// default, `keel serve` logs info). `RUST_LOG` (e.g. `RUST_LOG=keel=debug`) overrides it.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
 }
 
 #[derive(Debug, Subcommand)]
@@ -647,16 +651,23 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve_config(args.config.clone()),
         _ => None,
     };
-    telemetry::init_logs(match &cli.command {
-        Command::Serve(args) => telemetry::serve_log_format(
-            args.log_format,
-            matches
-                .subcommand_matches("serve")
-                .is_some_and(|m| given(m, "log_format")),
-            serve_file.as_ref().and_then(|loaded| loaded.as_ref().ok()),
-        ),
-        _ => telemetry::LogFormat::Text,
-    });
+    telemetry::init_logs(
+        match &cli.command {
+            Command::Serve(args) => telemetry::serve_log_format(
+                args.log_format,
+                matches
+                    .subcommand_matches("serve")
+                    .is_some_and(|m| given(m, "log_format")),
+                serve_file.as_ref().and_then(|loaded| loaded.as_ref().ok()),
+            ),
+            _ => telemetry::LogFormat::Text,
+        },
+        match (&cli.command, cli.verbose) {
+            (_, 2..) => "debug,rmcp=warn",
+            (Command::Serve(_), _) | (_, 1) => "info,rmcp=warn",
+            _ => "warn",
+        },
+    );
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
