@@ -850,3 +850,45 @@ fn client_commands_say_what_the_user_got_wrong_not_internal_error() {
         "{err}"
     );
 }
+
+#[test]
+fn threads_compact_shrinks_what_the_model_sees_of_a_served_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = support::KeelServer::start(&[]);
+    for turn in 1..=4 {
+        keel(dir.path())
+            .args(["send", "--url", &server.url, "--thread", "th-long"])
+            .arg(format!("turn {turn}"))
+            .assert()
+            .success();
+    }
+    let compacted = keel(dir.path())
+        .args([
+            "threads",
+            "compact",
+            "th-long",
+            "--max-messages",
+            "3",
+            "--json",
+        ])
+        .args(["--url", &server.url])
+        .output()
+        .unwrap();
+    assert!(compacted.status.success(), "{}", text(&compacted.stderr));
+    let result: Value = serde_json::from_slice(&compacted.stdout).unwrap();
+    assert_eq!(result["strategy"], "recent", "{result}");
+    assert_eq!(result["after_messages"], 3, "{result}");
+    assert!(result["before_messages"].as_u64().unwrap() > 3, "{result}");
+    // The thread goes on after it.
+    keel(dir.path())
+        .args([
+            "send",
+            "--url",
+            &server.url,
+            "--thread",
+            "th-long",
+            "turn 5",
+        ])
+        .assert()
+        .success();
+}

@@ -1,5 +1,7 @@
 //! `keel`: run Keel agents here or serve them over A2A, inspect their runs, and talk to any A2A agent.
 
+#[cfg(test)]
+mod doc_commands;
 mod from_file;
 mod mcp;
 mod remote;
@@ -103,6 +105,9 @@ enum Command {
     /// The tasks of an A2A agent: list, get, cancel, subscribe, approve.
     #[command(subcommand)]
     Tasks(TasksCommand),
+    /// The threads of a Keel agent: compact one's history.
+    #[command(subcommand)]
+    Threads(ThreadsCommand),
     /// A conversation with an agent in this process, on one thread: each line is a message,
     /// each turn shown as `keel run` shows it. `/exit` or the end of the input ends it.
     Chat(ChatArgs),
@@ -184,6 +189,42 @@ impl RemoteArgs {
             api_key: self.api_key,
         }
     }
+}
+
+#[derive(Debug, Subcommand)]
+enum ThreadsCommand {
+    /// Compact what the model sees of a thread's history, as automatic compaction would
+    /// (the log stays whole; see docs/compaction.md). The thread must be idle.
+    Compact {
+        /// The thread.
+        thread: String,
+        /// `recent` keeps the newest messages, `tokens` the newest within --max-tokens,
+        /// `summary` has the agent's model summarise the rest.
+        #[arg(long, value_enum, default_value_t = Strategy::Recent)]
+        strategy: Strategy,
+        /// Most messages kept (`recent`).
+        #[arg(long)]
+        max_messages: Option<usize>,
+        /// Most estimated tokens kept (`tokens`).
+        #[arg(long)]
+        max_tokens: Option<u64>,
+        /// Newest messages kept word for word (`summary`).
+        #[arg(long)]
+        preserve_recent: Option<usize>,
+        /// The result as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+}
+
+/// A compaction strategy, as the command line names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Strategy {
+    Recent,
+    Tokens,
+    Summary,
 }
 
 #[derive(Debug, Subcommand)]
@@ -764,6 +805,30 @@ fn main() -> ExitCode {
             render::out(String::from_utf8_lossy(&script).trim_end());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Threads(ThreadsCommand::Compact {
+            thread,
+            strategy,
+            max_messages,
+            max_tokens,
+            preserve_recent,
+            json,
+            remote,
+        }) => {
+            let default = keel::llm::HistoryCompactionRequest::default();
+            let request = keel::llm::HistoryCompactionRequest {
+                strategy: match strategy {
+                    Strategy::Recent => keel::llm::CompactionStrategy::Recent,
+                    Strategy::Tokens => keel::llm::CompactionStrategy::Tokens,
+                    Strategy::Summary => keel::llm::CompactionStrategy::Summary,
+                },
+                max_messages: max_messages.unwrap_or(default.max_messages),
+                max_tokens: max_tokens.unwrap_or(default.max_tokens),
+                preserve_recent: preserve_recent.unwrap_or(default.preserve_recent),
+                thread_id: Some(thread.into()),
+                ..default
+            };
+            runtime.block_on(remote::compact(remote.remote(), request, json))
+        }
         Command::Tasks(command) => runtime.block_on(async {
             match command {
                 TasksCommand::List {
@@ -1057,7 +1122,8 @@ async fn serve(
             max_message_parts: args.max_message_parts,
             max_requests_per_tenant: args.max_requests_per_tenant,
         })
-        .with_connection_limits(connections);
+        .with_connection_limits(connections)
+        .with_endpoint(keel::transport::EndpointSpec::compact_thread());
     if !args.api_keys.is_empty() {
         server = server.with_security(Security::api_key_and_bearer());
     }

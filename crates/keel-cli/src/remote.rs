@@ -251,6 +251,35 @@ pub(crate) async fn approve(
     Ok(exit_status(task.state()))
 }
 
+/// `keel threads compact`: the thread's history compacted on the agent's server.
+pub(crate) async fn compact(
+    remote: Remote,
+    request: keel::llm::HistoryCompactionRequest,
+    json: bool,
+) -> Result<ExitCode, String> {
+    let thread = request.thread_id.clone().unwrap_or_default();
+    let result = remote
+        .call(remote.client()?.compact_thread(&request))
+        .await?;
+    if json {
+        out(serde_json::to_value(result).unwrap_or_default());
+    } else {
+        let summary = if result.summary_created {
+            ", a summary written"
+        } else {
+            ""
+        };
+        out(format!(
+            "thread {thread}: {} -> {} messages, {} -> {} tokens{summary}",
+            result.before_messages,
+            result.after_messages,
+            result.before_tokens,
+            result.after_tokens
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `keel tasks subscribe`: follow a task until its final status.
 pub(crate) async fn subscribe(remote: Remote, id: String, json: bool) -> Result<ExitCode, String> {
     let stream = remote

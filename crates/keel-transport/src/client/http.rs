@@ -52,6 +52,46 @@ impl HttpBinding {
         }
     }
 
+    /// POST `body` to the agent's custom endpoint at `path` (under
+    /// [`ENDPOINTS_PATH`](crate::ENDPOINTS_PATH)) and read its JSON answer. Its errors are
+    /// `{"error": {"code", "message"}}` with the HTTP status saying which.
+    pub(crate) async fn post_endpoint(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> AgentResult<Value> {
+        let url = format!("{}{}{path}", self.base_url, crate::ENDPOINTS_PATH);
+        let response = self
+            .http
+            .post(&url)
+            .header(VERSION_HEADER, wire::PROTOCOL_VERSION)
+            .json(body)
+            .send()
+            .await
+            .map_err(|err| super::request_error(&url, &err))?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|err| super::request_error(&url, &err))?;
+        if status.is_success() {
+            return serde_json::from_slice(&body).map_err(|err| {
+                AgentError::internal(format!("{url} answered JSON that does not parse: {err}"))
+            });
+        }
+        // An endpoint's errors are A2A's REST errors; a 404 without one is no endpoint at all.
+        let error = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|body| Some(rest_error_as_rpc(body.get("error")?)));
+        Err(match error {
+            Some(error) => jsonrpc::agent_error_from_rpc(&error, None),
+            None if status == reqwest::StatusCode::NOT_FOUND => AgentError::Unsupported {
+                what: format!("{url} (the server offers no such endpoint)"),
+            },
+            None => super::status_error(&url, status, &body),
+        })
+    }
+
     pub(crate) fn with_http_client(self, http: reqwest::Client) -> Self {
         Self { http, ..self }
     }

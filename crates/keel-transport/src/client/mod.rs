@@ -190,6 +190,24 @@ impl A2aClient<HttpBinding> {
     pub fn with_endpoint(self, endpoint: impl Into<String>) -> Self {
         Self::over(self.binding.with_endpoint(endpoint), self.retry)
     }
+
+    /// Compact a thread's history on the agent's server, as the agent's automatic compaction
+    /// would (`POST /x/threads/compact`, which `keel serve` offers on every agent): `request`
+    /// names the thread and the strategy. A thread a run holds is
+    /// [`AgentError::Overloaded`]; a server without the endpoint answers
+    /// [`AgentError::Unsupported`].
+    pub async fn compact_thread(
+        &self,
+        request: &keel_llm::HistoryCompactionRequest,
+    ) -> AgentResult<keel_llm::HistoryCompactionResult> {
+        let answer = self
+            .binding
+            .post_endpoint(crate::endpoint::COMPACT_THREAD_PATH, request)
+            .await?;
+        serde_json::from_value(answer).map_err(|err| {
+            AgentError::internal(format!("the compaction answer does not parse: {err}"))
+        })
+    }
 }
 
 impl A2aClient<WsBinding> {
