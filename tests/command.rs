@@ -892,3 +892,28 @@ fn threads_compact_shrinks_what_the_model_sees_of_a_served_thread() {
         .assert()
         .success();
 }
+
+/// Issue 43, item 15: on a terminal, after an approval prompt is answered (by either key),
+/// the first Ctrl-D at `you>` ends the chat.
+#[cfg(unix)]
+#[test]
+fn chat_on_a_terminal_ends_on_the_first_ctrl_d_after_an_approval_prompt() {
+    let weather = WeatherService::start();
+    let dir = project(&weather);
+    let script = support::workspace_root().join("tests/python/chat_on_a_terminal.py");
+    for key in ["y", "n"] {
+        let run = std::process::Command::new("python3")
+            .current_dir(dir.path())
+            .env("RUST_LOG", "warn")
+            .arg(&script)
+            .args([env!("CARGO_BIN_EXE_keel"), key])
+            .output()
+            .expect("python3 runs the terminal script");
+        let seen: Value = serde_json::from_slice(&run.stdout)
+            .unwrap_or_else(|_| panic!("{}\n{}", text(&run.stdout), text(&run.stderr)));
+        assert_eq!(seen["prompted"], true, "{seen}");
+        assert_eq!(seen["answered"], true, "{seen}");
+        assert_eq!(seen["ended_on_first_ctrl_d"], true, "{seen}");
+    }
+    assert_eq!(weather.calls(), 1, "approved once, denied once");
+}
