@@ -11,7 +11,7 @@ use keel::agent::ExecutorConfig;
 use keel::config::{LoadedConfig, DEFAULT_CONFIG_FILE, TEMPLATE};
 use keel::services::AuthContext;
 use keel::transport::callbacks::HttpCallbacks;
-use keel::transport::{A2aServer, AgentsServer, Limits, PushTarget, Security};
+use keel::transport::{A2aServer, AgentsServer, EndpointSpec, Limits, PushTarget, Security};
 use keel::{Config, DefaultRuntime, StoreConfig};
 
 /// `keel init [DIR]`: write the commented example, never over an existing file unless asked.
@@ -361,7 +361,8 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
         let mut server = A2aServer::new(agent.executor.clone())
             .allow_private_push_targets(allow_private)
             .allow_push_targets(push_targets.iter().cloned())
-            .with_limits(overrides.limits);
+            .with_limits(overrides.limits)
+            .with_endpoint(EndpointSpec::compact_thread());
         if secured {
             server = server.with_security(Security::api_key_and_bearer());
         }
