@@ -229,9 +229,20 @@ async fn route(
     if let Some(rest) = path.strip_prefix(AGENTS_PATH) {
         let (name, inner) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         let Some(router) = routers.get(name) else {
+            // Agents' cards are public, so their names are too: say which there are.
+            let mut names: Vec<&str> = routers.keys().map(String::as_str).collect();
+            names.sort_unstable();
+            let error = format!(
+                "no agent is named `{name}`; this server has {}",
+                names
+                    .iter()
+                    .map(|name| format!("`{name}` ({AGENTS_PATH}{name}/)"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
             return (
                 StatusCode::NOT_FOUND,
-                axum::Json(serde_json::json!({"error": format!("no agent is named `{name}`")})),
+                axum::Json(serde_json::json!({ "error": error })),
             )
                 .into_response();
         };
