@@ -78,15 +78,11 @@ async fn a_task_running_on_one_replica_streams_its_events_from_the_other() {
     let http = reqwest::Client::new();
 
     // The task is sent to, and runs on, `runner`.
-    let task: Value = http
-        .post(format!("{}api/v1/threads/shared/messages", runner.url))
-        .json(&json!({"text": r#"/sleep {"seconds": 300}"#, "return_immediately": true}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let task = support::post_rpc(
+        &format!("{}api/v1/threads/shared/messages", runner.url),
+        &json!({"text": r#"/sleep {"seconds": 300}"#, "return_immediately": true}),
+    )
+    .await;
     let id = task["id"].as_str().expect("a task").to_owned();
     let events_url = format!("{}api/v1/tasks/{id}/events", watcher.url);
 
