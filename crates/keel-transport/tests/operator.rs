@@ -14,7 +14,7 @@ use keel_transport::{A2aServer, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use support::operator::{Operator, WRITE};
-use support::{ALICE, BOB};
+use support::{SendJson, ALICE, BOB};
 
 async fn get(http: &reqwest::Client, url: &str, key: Option<&str>) -> (StatusCode, Value) {
     let mut request = http.get(url);
@@ -518,12 +518,8 @@ async fn several_agents_are_listed_and_a_message_goes_to_the_one_it_names() {
         .post(format!("{base}/api/v1/threads/two/messages"))
         .header("X-API-Key", ALICE)
         .json(&json!({"text": "hi", "agent": "echo"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .json_with_status(StatusCode::OK)
+        .await;
     assert_eq!(task["status"]["state"], "completed", "{task}");
     let (_, threads) = get(&http, &format!("{base}/api/v1/threads"), Some(ALICE)).await;
     assert_eq!(threads["threads"][0]["agent"], "echo", "{threads}");
