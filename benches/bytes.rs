@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use keel_agent::{Agent, AgentExecutor, SendOptions};
 use keel_core::{AgentCard, AgentResult, Message, ThreadId};
 use keel_llm::{Llm, LlmRequest, LlmResponse};
+use store_bench::count_from_env;
 
 /// A model that answers every request with the same short text: the echo turn of issue 41.
 struct EchoLlm;
@@ -29,15 +30,6 @@ impl Llm for EchoLlm {
     async fn complete(&self, _request: LlmRequest) -> AgentResult<LlmResponse> {
         Ok(LlmResponse::text("hello back"))
     }
-}
-
-/// A positive count from the environment variable `name`, else `default`.
-fn count_from_env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(default)
 }
 
 /// Live payload bytes per table or index of the SQLite file at `path`, read through a second
