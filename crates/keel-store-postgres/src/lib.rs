@@ -63,6 +63,7 @@
 //! [`AuthContext::namespace`]: keel_runtime::AuthContext::namespace
 
 mod async_calls;
+mod changes;
 mod codec;
 mod error;
 mod leases;
@@ -90,6 +91,7 @@ use keel_runtime::{
     AsyncCallStore, MemoryService, RunStore, StepStore, TaskManager, ThreadStore, ThreadTimers,
 };
 
+pub use changes::{Changes, StoreChange};
 pub use schema::SCHEMA_VERSION;
 
 /// How long to wait for a new connection, and for a free one from the pool.
@@ -111,6 +113,8 @@ pub struct PostgresStore {
     server: Arc<str>,
     /// The order of each lease's writes and release within this process.
     order: Arc<leases::WriteOrder>,
+    /// The LISTEN connection behind [`PostgresStore::changes`], started on first use.
+    listener: Arc<changes::Listener>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -146,6 +150,7 @@ impl PostgresStore {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         let server = server_name(&config);
+        let listener = Arc::new(changes::Listener::new(config.clone()));
         let manager = Manager::from_config(
             config,
             tls()?,
@@ -165,6 +170,7 @@ impl PostgresStore {
             kv_limits: KvLimits::DEFAULT,
             server: Arc::from(server),
             order: Arc::new(leases::WriteOrder::new()),
+            listener,
         };
         let mut client = store.client().await?;
         schema::migrate(&mut client).await?;
@@ -196,6 +202,21 @@ impl PostgresStore {
     /// to show what one step or one message costs the database.
     pub fn statements_sent() -> u64 {
         codec::STATEMENTS.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Every change committed to this store's schema from now on, by any process: task
+    /// events appended and memory values saved (cancel requests among them), heard through
+    /// LISTEN/NOTIFY on one connection of its own (opened by the first call, shared by every
+    /// clone, closed with the last). Returns once that connection listens; a server that does
+    /// not answer is [`AgentError::StoreUnavailable`].
+    ///
+    /// A hint to read sooner, never the record: a lost connection is opened again and
+    /// announced as [`StoreChange::Missed`] (changes in between went unheard), so a follower
+    /// re-reads what it follows then, and keeps a slow poll besides.
+    pub async fn changes(&self) -> AgentResult<Changes> {
+        self.listener
+            .subscribe(self.server.clone(), CONNECT_TIMEOUT * 2)
+            .await
     }
 
     /// A pooled connection.
