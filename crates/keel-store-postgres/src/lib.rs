@@ -48,7 +48,12 @@
 //!   disjoint timers without waiting on each other.
 //!
 //! Live events and cancels reach other processes as on every shared store: the engine reads
-//! the task's event log by sequence and the cancel flag in memory, so nothing is lost.
+//! the task's event log by sequence and the cancel flag in memory, so nothing is lost. On
+//! top of that, [`PostgresStore::changes`] hears at once, through LISTEN/NOTIFY, what any
+//! process commits: every write that appends to a task's log or saves a memory value (a
+//! cancel request is one) calls `pg_notify` in its own statement, so the notification goes
+//! out exactly when the write commits. It is a hint to read sooner, never the record: a
+//! listener that lost its connection opens it again and reports [`StoreChange::Missed`].
 //!
 //! Timestamps are `BIGINT` nanoseconds since the Unix epoch (UTC) from the writing process's
 //! clock, as in the SQLite store: processes sharing a database need synchronised clocks
