@@ -159,27 +159,14 @@ async fn stores_in_other_schemas_are_not_heard() {
 async fn the_listener_comes_back_after_the_server_drops_it_and_says_changes_were_missed() {
     let schema = TestSchema::new().await.unwrap();
     let name = format!("keel_{}", uuid::Uuid::new_v4().simple());
-    let url = format!("{}&application_name={name}", schema.url);
-    let listener = PostgresStore::connect_with_pool_size(&url, 2)
+    let listener = PostgresStore::connect_with_pool_size(&schema.url_named(&name), 2)
         .await
         .unwrap();
     let writer = schema.store().await.unwrap();
     let mut changes = listener.changes().await.unwrap();
     // Its first LISTEN is announced too (what came before it was not heard).
     assert_eq!(changes.recv().await, Some(StoreChange::Missed));
-    let (admin, connection) = tokio_postgres::connect(&schema.url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    let dropped = admin
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE application_name = $1",
-            &[&name],
-        )
-        .await
-        .unwrap();
-    assert!(dropped >= 1, "the listener's connection was there to drop");
+    schema.end_connections(&name).await.unwrap();
     // Listening again, it says so before anything else.
     let again = tokio::time::timeout(AT_MOST, changes.recv()).await.unwrap();
     assert_eq!(again, Some(StoreChange::Missed));
