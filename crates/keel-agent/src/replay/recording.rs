@@ -128,22 +128,19 @@ impl Recording {
                     });
                 }
                 requested.insert(action.id.to_string(), (action.name, action.payload));
-            } else if *kind == EventType::ACTION_COMPLETED {
-                let p: ActionCompletedPayload = payload(event)?;
-                if let Some((tool, arguments)) = requested.get(p.action_id.as_ref()) {
+            } else if *kind == EventType::ACTION_COMPLETED || *kind == EventType::ACTION_FAILED {
+                let (action_id, outcome) = if *kind == EventType::ACTION_COMPLETED {
+                    let p: ActionCompletedPayload = payload(event)?;
+                    (p.action_id, Ok(p.output))
+                } else {
+                    let p: ActionFailedPayload = payload(event)?;
+                    (p.action_id, Err(p.error))
+                };
+                if let Some((tool, arguments)) = requested.get(action_id.as_ref()) {
                     tool_calls.push(RecordedToolCall {
                         tool: tool.clone(),
                         arguments: arguments.clone(),
-                        outcome: Ok(p.output),
-                    });
-                }
-            } else if *kind == EventType::ACTION_FAILED {
-                let p: ActionFailedPayload = payload(event)?;
-                if let Some((tool, arguments)) = requested.get(p.action_id.as_ref()) {
-                    tool_calls.push(RecordedToolCall {
-                        tool: tool.clone(),
-                        arguments: arguments.clone(),
-                        outcome: Err(p.error),
+                        outcome,
                     });
                 }
             } else if *kind == EventType::APPROVAL_DECIDED {
