@@ -61,9 +61,18 @@ fn script() -> Arc<MockLlm> {
 
 /// Record one run of the agent on `runtime` and read it back through `reads`.
 async fn record(runtime: Arc<dyn Runtime>) -> Recording {
+    record_as(runtime, |agent| agent, 1).await
+}
+
+/// Record one run of the agent as `configure` leaves it, which runs the tool `writes` times.
+async fn record_as(
+    runtime: Arc<dyn Runtime>,
+    configure: impl FnOnce(AgentBuilder) -> AgentBuilder,
+    expected_writes: usize,
+) -> Recording {
     let writes = Arc::new(AtomicUsize::new(0));
     let exec = AgentExecutor::new(
-        agent(writes.clone(), INSTRUCTIONS, schema())
+        configure(agent(writes.clone(), INSTRUCTIONS, schema()))
             .llm_shared(script())
             .build()
             .unwrap(),
@@ -75,7 +84,7 @@ async fn record(runtime: Arc<dyn Runtime>) -> Recording {
         .await
         .unwrap();
     assert_eq!(task.state(), TaskState::Completed);
-    assert_eq!(writes.load(Ordering::SeqCst), 1);
+    assert_eq!(writes.load(Ordering::SeqCst), expected_writes);
     let record = exec
         .reads()
         .latest_run(&auth, &task.id)
@@ -229,4 +238,28 @@ async fn a_report_of_an_older_format_says_why_it_cannot_be_replayed() {
     let error = Recording::from_json(&json).unwrap_err();
     assert_eq!(error.kind(), ErrorKind::InvalidInput);
     assert!(error.to_string().contains("report format 6"), "{error}");
+}
+
+#[tokio::test]
+async fn a_tool_call_the_recording_never_made_is_reported_not_run() {
+    let deny = |agent: AgentBuilder| {
+        agent.policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::Deny))
+    };
+    let recording = record_as(memory(), deny, 0).await;
+    assert!(recording.tool_calls.is_empty());
+    let writes = Arc::new(AtomicUsize::new(0));
+    let allowed = agent(writes.clone(), INSTRUCTIONS, schema())
+        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::Allow));
+    let outcome = Replay::new(recording)
+        .run(allowed, Message::user("write r1"))
+        .await
+        .unwrap();
+    assert_eq!(outcome.unrecorded_tools, vec!["write_record".to_owned()]);
+    assert_eq!(writes.load(Ordering::SeqCst), 0, "the tool did not run");
+    assert!(!outcome.passed());
+    let found = outcome.divergence.expect("the allowed call differs");
+    assert_eq!(
+        (found.step, found.event.as_str()),
+        (Some(1), "action.policy")
+    );
 }
