@@ -263,3 +263,27 @@ async fn a_tool_call_the_recording_never_made_is_reported_not_run() {
         (Some(1), "action.policy")
     );
 }
+
+#[tokio::test]
+async fn a_folder_of_exported_runs_replays_each_one() {
+    let recording = record(memory()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut export = serde_json::to_value(&recording.report).unwrap();
+    export["input"] = serde_json::to_value(Message::user("write r1")).unwrap();
+    let exported = export.to_string();
+    std::fs::write(dir.path().join("a_write.json"), &exported).unwrap();
+    let mut old: Value = serde_json::from_str(&exported).unwrap();
+    old["version"] = json!(6);
+    std::fs::write(dir.path().join("b_old.json"), old.to_string()).unwrap();
+    let writes = Arc::new(AtomicUsize::new(0));
+    let outcomes = keel_agent::replay::replay_dir(dir.path(), || {
+        agent(writes.clone(), INSTRUCTIONS, schema())
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcomes.len(), 2);
+    assert!(outcomes[0].1.as_ref().unwrap().passed());
+    let error = outcomes[1].1.as_ref().unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidInput);
+    assert_eq!(writes.load(Ordering::SeqCst), 0);
+}

@@ -210,13 +210,22 @@ impl Replay {
         self
     }
 
-    /// The user message the recorded run answered, when its final task carries it.
+    /// The user message the recorded run answered, when the recording carries it
+    /// ([`Recording::input`]).
     pub fn recorded_input(&self) -> Option<Message> {
-        let event = self.recording.events().iter().rev().find(|e| e.is_final)?;
-        let task: Task = serde_json::from_value(event.payload.get("task")?.clone()).ok()?;
-        task.history
-            .into_iter()
-            .find(|m| m.role == keel_core::Role::User)
+        self.recording.input.clone()
+    }
+
+    /// Run `agent` on the input the recording answered ([`Replay::recorded_input`]); a
+    /// recording that does not carry it is [`AgentError::InvalidInput`].
+    pub async fn run_recorded(&self, agent: AgentBuilder) -> AgentResult<ReplayOutcome> {
+        let input = self.recorded_input().ok_or_else(|| {
+            AgentError::invalid_input(
+                "recording.input",
+                "the export does not carry the user's message under `input`",
+            )
+        })?;
+        self.run(agent, input).await
     }
 
     /// Run `agent` (the current definition) on `input` over an in-memory runtime of its own,
@@ -327,4 +336,34 @@ fn recorded_decision(
     };
     decision.request_id = request.request_id.clone();
     Ok(decision)
+}
+
+/// Replay every exported run (`*.json`) in `dir`, in name order, through the agent `agent`
+/// builds: what `cargo test` runs to keep a project's important runs as regression tests.
+/// Each file gives its outcome, or why it could not be replayed.
+pub async fn replay_dir(
+    dir: &std::path::Path,
+    agent: impl Fn() -> AgentBuilder,
+) -> AgentResult<Vec<(std::path::PathBuf, AgentResult<ReplayOutcome>)>> {
+    let io = |e: std::io::Error| AgentError::invalid_input("replay.dir", e.to_string());
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map_err(io)?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
+        .collect();
+    files.sort();
+    let mut outcomes = Vec::with_capacity(files.len());
+    for path in files {
+        let outcome = async {
+            let text = std::fs::read_to_string(&path).map_err(io)?;
+            let json: Value = serde_json::from_str(&text)
+                .map_err(|e| AgentError::invalid_input("replay.file", e.to_string()))?;
+            Replay::new(Recording::from_json(&json)?)
+                .run_recorded(agent())
+                .await
+        }
+        .await;
+        outcomes.push((path, outcome));
+    }
+    Ok(outcomes)
 }

@@ -50,6 +50,9 @@ pub struct Recording {
     pub tool_calls: Vec<RecordedToolCall>,
     /// The approval decisions, in order.
     pub approvals: Vec<ApprovalDecision>,
+    /// The user's message the run answered, when the export carries it (under `input`
+    /// beside the report's fields: a report's task snapshots carry no history).
+    pub input: Option<keel_core::Message>,
 }
 
 fn payload<T: DeserializeOwned>(event: &RunEvent) -> AgentResult<T> {
@@ -80,7 +83,15 @@ impl Recording {
                 ));
             }
         }
-        Self::from_report(RunReport::from_value(json.clone())?)
+        let mut recording = Self::from_report(RunReport::from_value(json.clone())?)?;
+        recording.input = match json.get("input") {
+            Some(input) => Some(
+                serde_json::from_value(input.clone())
+                    .map_err(|e| AgentError::invalid_input("recording.input", e.to_string()))?,
+            ),
+            None => None,
+        };
+        Ok(recording)
     }
 
     /// Read a recording from a report.
@@ -162,6 +173,7 @@ impl Recording {
             steps,
             tool_calls,
             approvals,
+            input: None,
         })
     }
 
