@@ -1165,7 +1165,7 @@ async fn serve(
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     println!("keel: serving agent `{agent_name}` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
     if console {
-        eprintln!("keel: console at {url}console/");
+        println!("keel: console at {url}console/");
     }
     let served = server
         .serve(listener, shutdown)
