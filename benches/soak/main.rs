@@ -118,6 +118,9 @@ fn run() -> Result<(), String> {
         Store::Memory => None,
         Store::Sqlite => Some(dir.path().join("soak.db").display().to_string()),
         Store::Redis => Some(format!("keel-soak-{tag}:")),
+        Store::Postgres => {
+            return Err("the soak runs on memory, sqlite or redis (not postgres yet)".into())
+        }
     };
     let server = Server::start(&bins, Kind::Keel(store), place)?;
     let rss_start = server.rss_kib();
