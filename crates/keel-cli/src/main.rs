@@ -958,7 +958,7 @@ async fn serve(
             max_queued_per_thread: args.max_queued_per_thread,
             max_queued_per_tenant: args.max_queued_per_tenant,
             connections: args.connection_limits(loaded.server.connection_limits(), set)?,
-            metrics: args.metrics.then(telemetry::metrics_route).transpose()?,
+            metrics: args.metrics,
         };
         return from_file::serve(loaded, overrides).await;
     }
@@ -1012,7 +1012,8 @@ async fn serve(
         config.holder = id;
     }
     let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);
-    let traces = telemetry::traces(None)?;
+    let observed = telemetry::observe(None, args.metrics)?;
+    let traces = observed.traces;
     if let Some(traces) = &traces {
         executor.add_event_sink(traces.sink());
     }
@@ -1053,8 +1054,8 @@ async fn serve(
         shutdown.await;
         mcp_stop.cancel();
     };
-    if args.metrics {
-        server = server.with_metrics(telemetry::metrics_route()?);
+    if let Some(route) = observed.metrics {
+        server = server.with_metrics(route);
     }
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     println!("keel: serving agent `{agent_name}` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
