@@ -545,7 +545,8 @@ async fn the_a2a_commands_send_list_get_follow_and_cancel_tasks_of_a_served_agen
     assert!(rest.contains("TASK_STATE_CANCELED"), "{rest}");
     assert_eq!(follow.wait().unwrap().code(), Some(130));
 
-    let got = a2a(&["tasks", "get", &id, "--json"]).assert().success();
+    // `tasks get` exits as `send` does for the same state: 130 for canceled.
+    let got = a2a(&["tasks", "get", &id, "--json"]).assert().code(130);
     assert_eq!(
         a2a_task(&got.get_output().stdout)["status"]["state"],
         "TASK_STATE_CANCELED"
@@ -744,4 +745,175 @@ fn runs_list_without_a_store_names_the_one_it_looked_at_and_creates_none() {
     let err = text(&out.stderr);
     assert!(err.contains("keel.db"), "{err}");
     assert!(!dir.path().join("keel.db").exists());
+}
+
+#[test]
+fn a_task_waiting_for_approval_shows_its_request_and_is_approved_by_its_id_alone() {
+    let weather = WeatherService::start();
+    let dir = project(&weather);
+    let server = support::KeelServer::start_in(dir.path(), &["--store", "memory"]);
+    let keel_at = |args: &[&str]| {
+        let output = keel(dir.path())
+            .args(args)
+            .args(["--url", &server.url])
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            text(&output.stdout),
+            text(&output.stderr),
+        )
+    };
+
+    let (code, out, err) = keel_at(&["send", ASK_WEATHER]);
+    assert_eq!(code, Some(3), "stdout: {out}\nstderr: {err}");
+    let task = err
+        .split_whitespace()
+        .skip_while(|word| *word != "task")
+        .nth(1)
+        .expect("the task's id")
+        .to_owned();
+    for shown in [
+        "approval needed: weather",
+        "Oslo",
+        "request ",
+        "keel tasks approve",
+    ] {
+        assert!(err.contains(shown), "`{shown}` not shown:\n{err}");
+    }
+    // `tasks get` says the same, with the same exit status as `send`.
+    let (code, _, err) = keel_at(&["tasks", "get", &task]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("approval needed: weather"), "{err}");
+    assert_eq!(weather.calls(), 0);
+
+    // The one request the task waits for is the one approved.
+    let (code, out, err) = keel_at(&["tasks", "approve", &task]);
+    assert_eq!(code, Some(0), "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("clear-7c2e"), "{out}");
+    assert_eq!(weather.calls(), 1);
+    let (code, _, err) = keel_at(&["tasks", "approve", &task]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("waits for no approval (it is completed)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn client_commands_say_what_the_user_got_wrong_not_internal_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let send = |url: &str| {
+        let output = keel(dir.path())
+            .args(["send", "--url", url, "hi"])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        let err = text(&output.stderr);
+        assert!(!err.contains("internal error"), "{err}");
+        err
+    };
+
+    // Nothing listens: the URL that refused is named.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let err = send(&format!("http://127.0.0.1:{port}"));
+    assert!(
+        err.contains(&format!("cannot use http://127.0.0.1:{port}/")),
+        "{err}"
+    );
+    assert!(err.to_lowercase().contains("refused"), "{err}");
+
+    // No scheme.
+    let err = send(&format!("127.0.0.1:{port}"));
+    assert!(
+        err.contains("names no scheme") && err.contains("http://127.0.0.1:"),
+        "{err}"
+    );
+
+    // An agent path the server does not have: the agents it has are named.
+    let weather = WeatherService::start();
+    let project = project(&weather);
+    let served = support::KeelServer::start_in(project.path(), &["--store", "memory"]);
+    let err = send(&format!("{}/agents/nope", served.url.trim_end_matches('/')));
+    assert!(err.contains("no agent is named `nope`"), "{err}");
+    assert!(err.contains("`assistant` (/agents/assistant/)"), "{err}");
+
+    // One agent served at `/` only: its card names it.
+    let demo = support::KeelServer::start(&[]);
+    let err = send(&format!("{}/agents/nope", demo.url.trim_end_matches('/')));
+    assert!(
+        err.contains("HTTP 404") && err.contains("serves the agent `keel-demo`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn threads_compact_shrinks_what_the_model_sees_of_a_served_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = support::KeelServer::start(&[]);
+    for turn in 1..=4 {
+        keel(dir.path())
+            .args(["send", "--url", &server.url, "--thread", "th-long"])
+            .arg(format!("turn {turn}"))
+            .assert()
+            .success();
+    }
+    let compacted = keel(dir.path())
+        .args([
+            "threads",
+            "compact",
+            "th-long",
+            "--max-messages",
+            "3",
+            "--json",
+        ])
+        .args(["--url", &server.url])
+        .output()
+        .unwrap();
+    assert!(compacted.status.success(), "{}", text(&compacted.stderr));
+    let result: Value = serde_json::from_slice(&compacted.stdout).unwrap();
+    assert_eq!(result["strategy"], "recent", "{result}");
+    assert_eq!(result["after_messages"], 3, "{result}");
+    assert!(result["before_messages"].as_u64().unwrap() > 3, "{result}");
+    // The thread goes on after it.
+    keel(dir.path())
+        .args([
+            "send",
+            "--url",
+            &server.url,
+            "--thread",
+            "th-long",
+            "turn 5",
+        ])
+        .assert()
+        .success();
+}
+
+/// Issue 43, item 15: on a terminal, after an approval prompt is answered (by either key),
+/// the first Ctrl-D at `you>` ends the chat.
+#[cfg(unix)]
+#[test]
+fn chat_on_a_terminal_ends_on_the_first_ctrl_d_after_an_approval_prompt() {
+    let weather = WeatherService::start();
+    let dir = project(&weather);
+    let script = support::workspace_root().join("tests/python/chat_on_a_terminal.py");
+    for key in ["y", "n"] {
+        let run = std::process::Command::new("python3")
+            .current_dir(dir.path())
+            .env("RUST_LOG", "warn")
+            .arg(&script)
+            .args([env!("CARGO_BIN_EXE_keel"), key])
+            .output()
+            .expect("python3 runs the terminal script");
+        let seen: Value = serde_json::from_slice(&run.stdout)
+            .unwrap_or_else(|_| panic!("{}\n{}", text(&run.stdout), text(&run.stderr)));
+        assert_eq!(seen["prompted"], true, "{seen}");
+        assert_eq!(seen["answered"], true, "{seen}");
+        assert_eq!(seen["ended_on_first_ctrl_d"], true, "{seen}");
+    }
+    assert_eq!(weather.calls(), 1, "approved once, denied once");
 }

@@ -62,6 +62,14 @@ async fn init_then_check_then_serve_two_agents_each_with_its_own_card_and_endpoi
 
     let check = keel(&["check", file_arg], &[]);
     assert!(check.status.success(), "{}", text(&check.stderr));
+    // `--config` names the file as it does for `serve`, `run`, `chat` and `tools`.
+    let by_flag = keel(&["check", "--config", file_arg], &[]);
+    assert_eq!(
+        text(&by_flag.stdout),
+        text(&check.stdout),
+        "{}",
+        text(&by_flag.stderr)
+    );
     let shown = text(&check.stdout);
     for expected in [
         ": ok",

@@ -19,17 +19,19 @@
 //!
 //! Printed: one table (req/s, p50, p99, and Keel's req/s over each peer's), the median of
 //! `KEEL_BENCH_RUNS` interleaved runs, each metric's median taken on its own; the servers'
-//! RSS idle and after N and 2N SendMessage; Keel's cold start on an existing SQLite file.
-//! Asserts nothing.
+//! RSS idle and after N and 2N SendMessage; Keel's cold start on an existing SQLite file;
+//! the capacity figure (see `capacity.rs`). Asserts nothing.
 //!
 //! Settings: `KEEL_BENCH_SECS` (per figure, default 10), `KEEL_BENCH_RUNS` (default 3),
 //! `KEEL_BENCH_BACKENDS` (of memory,sqlite,redis), `KEEL_BENCH_SCENARIOS` (of
 //! send,send-async,get,stream), `KEEL_BENCH_SENDS` (N of the memory figures, default 100000;
-//! 0 skips them), `REDIS_URL`. `KEEL_BENCH_KEEL_BIN` and `KEEL_BENCH_PEERS_DIR` (set by xtask)
+//! 0 skips them), `KEEL_BENCH_CAPACITY` (the capacity figure's connection levels, default
+//! 64,256,1024,2048; 0 skips it), `REDIS_URL`. `KEEL_BENCH_KEEL_BIN` and `KEEL_BENCH_PEERS_DIR` (set by xtask)
 //! say where the binaries are. `KEEL_BENCH_BASE_BIN`, when set, names a second `keel` binary
 //! (say, a release build of the commit before a change) that runs beside the current one on
 //! each store, as `keel-base`, with Keel's req/s over it in the `keel/base` column.
 
+mod capacity;
 mod http;
 mod sends;
 mod servers;
@@ -118,6 +120,8 @@ struct Settings {
     stores: Vec<Store>,
     scenarios: Vec<Scenario>,
     sends: u64,
+    /// The capacity figure's connection levels (none: skipped).
+    capacity: Vec<u32>,
     redis_url: String,
     keel_bin: PathBuf,
     base_bin: Option<PathBuf>,
@@ -135,6 +139,7 @@ impl Settings {
             stores: pick("KEEL_BENCH_BACKENDS", &Store::ALL, |s| s.name())?,
             scenarios: pick("KEEL_BENCH_SCENARIOS", &Scenario::ALL, |s| s.name())?,
             sends: number("KEEL_BENCH_SENDS", 100_000)?,
+            capacity: levels("KEEL_BENCH_CAPACITY", &[64, 256, 1024, 2048])?,
             redis_url: std::env::var("REDIS_URL")
                 .unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
             keel_bin: path("KEEL_BENCH_KEEL_BIN", target.join("release/keel")),
@@ -161,6 +166,19 @@ impl Settings {
 }
 
 /// A whole number from the environment, `default` when unset.
+/// A comma-separated list of connection counts; `0` is none.
+fn levels(name: &str, default: &[u32]) -> Result<Vec<u32>, String> {
+    let Ok(text) = std::env::var(name) else {
+        return Ok(default.to_vec());
+    };
+    let levels = text
+        .split(',')
+        .map(|level| level.trim().parse::<u32>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{name}: `{text}` is not a list of connection counts: {e}"))?;
+    Ok(levels.into_iter().filter(|&level| level > 0).collect())
+}
+
 fn number(name: &str, default: u64) -> Result<u64, String> {
     match std::env::var(name) {
         Ok(s) => s
@@ -590,7 +608,9 @@ fn run() -> Result<(), String> {
     };
     let outcome = throughput(&mut bench).and_then(|sqlite| {
         memory(&mut bench)?;
-        cold_start(&bench, sqlite)
+        cold_start(&bench, sqlite)?;
+        let levels = bench.settings.capacity.clone();
+        capacity::capacity(&mut bench, &levels)
     });
     if bench.settings.stores.contains(&Store::Redis) {
         if let Err(e) = clean_redis(&bench.settings.redis_url) {

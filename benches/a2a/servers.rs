@@ -85,6 +85,16 @@ impl Server {
     /// Starts `kind` on a free port (Keel on `place`: a SQLite path or a Redis key prefix) and
     /// waits until it answers.
     pub fn start(bins: &Binaries, kind: Kind, place: Option<String>) -> Result<Server, String> {
+        Self::start_with(bins, kind, place, &[])
+    }
+
+    /// [`Server::start`] with more arguments for Keel's `keel serve` (say, `--llm`).
+    pub fn start_with(
+        bins: &Binaries,
+        kind: Kind,
+        place: Option<String>,
+        extra: &[&str],
+    ) -> Result<Server, String> {
         let port = free_port()?;
         let log = bins
             .dir
@@ -106,6 +116,7 @@ impl Server {
                     ]),
                     _ => return Err(format!("keel on {} needs a place", store.name())),
                 }
+                args.extend(extra.iter().map(|arg| (*arg).to_owned()));
                 match kind {
                     Kind::Base(_) => bins.base.clone().ok_or("no baseline binary")?,
                     _ => bins.keel.clone(),

@@ -136,6 +136,21 @@ fn steps(
         })?;
     }
     r.step("MCP test servers", || crate::mcp::ci_step(&mut test_env))?;
+    // The console's browser test fails, saying so, without these: install them here.
+    r.step(
+        "chromium and playwright-core (console browser test)",
+        || {
+            let chromium = crate::browser::ensure_chromium()?;
+            crate::browser::ensure_node_modules()?;
+            println!(
+                "    {}={}",
+                crate::browser::CHROMIUM_ENV,
+                chromium.display()
+            );
+            test_env.push((crate::browser::CHROMIUM_ENV, chromium.into_os_string()));
+            Ok(None)
+        },
+    )?;
     r.step("redis", || {
         *redis = crate::redis::ensure();
         match redis {

@@ -1,6 +1,7 @@
 //! `cargo xtask`: Keel's project tasks (CI gate, benchmarks, Python A2A SDK venv).
 
 mod a2a;
+mod browser;
 mod ci;
 mod fuzz;
 mod instructions;

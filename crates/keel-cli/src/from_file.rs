@@ -11,7 +11,7 @@ use keel::agent::ExecutorConfig;
 use keel::config::{LoadedConfig, DEFAULT_CONFIG_FILE, TEMPLATE};
 use keel::services::AuthContext;
 use keel::transport::callbacks::HttpCallbacks;
-use keel::transport::{A2aServer, AgentsServer, Limits, PushTarget, Security};
+use keel::transport::{A2aServer, AgentsServer, EndpointSpec, Limits, PushTarget, Security};
 use keel::{Config, DefaultRuntime, StoreConfig};
 
 /// `keel init [DIR]`: write the commented example, never over an existing file unless asked.
@@ -223,6 +223,8 @@ pub(crate) struct ServerOverrides {
     pub connections: keel::transport::ConnectionLimits,
     /// Whether `--metrics` asked for `/metrics` (the file's `[server] metrics` may too).
     pub metrics: bool,
+    /// `--console` / `--no-console`, over the file's `[server] console`.
+    pub console: Option<bool>,
 }
 
 /// `keel serve` with a file: every agent under `/agents/{name}/`, the default also at `/`.
@@ -331,6 +333,7 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
     if let Some(route) = observed.metrics {
         served = served.with_metrics(route);
     }
+    let console = crate::console_served(overrides.console, server.console, local.ip());
     let traces = observed.traces;
     let mcp_stop = tokio_util::sync::CancellationToken::new();
     for agent in agents.iter() {
@@ -355,7 +358,8 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
         let mut server = A2aServer::new(agent.executor.clone())
             .allow_private_push_targets(allow_private)
             .allow_push_targets(push_targets.iter().cloned())
-            .with_limits(overrides.limits);
+            .with_limits(overrides.limits)
+            .with_endpoint(EndpointSpec::compact_thread());
         if secured {
             server = server.with_security(Security::api_key_and_bearer());
         }
@@ -363,6 +367,10 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
         if agent.name == agents.default_agent().name {
             let executors = agents.iter().map(|a| a.executor.clone()).collect();
             server = crate::mcp::mount(server, executors, &url, mcp_stop.clone())?;
+            // The console reads every agent through the default one's operator routes.
+            if console {
+                server = server.with_console(keel::console::router());
+            }
         }
         served = served.with_agent(agent.name.clone(), server);
     }
@@ -387,6 +395,9 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
         allow_private,
     };
     eprint!("{}", summary(&loaded, Some(served_at)));
+    if console {
+        eprintln!("console: {shown}console/");
+    }
     let result = served
         .serve(listener, shutdown)
         .await

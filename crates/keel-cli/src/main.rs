@@ -1,5 +1,7 @@
 //! `keel`: run Keel agents here or serve them over A2A, inspect their runs, and talk to any A2A agent.
 
+#[cfg(test)]
+mod doc_commands;
 mod from_file;
 mod mcp;
 mod remote;
@@ -9,7 +11,7 @@ mod runs;
 mod telemetry;
 mod tools;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -29,6 +31,10 @@ use keel::{DefaultRuntime, StoreConfig};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log more on stderr: `-v` info, `-vv` debug (client commands log only warnings by
+    /// default, `keel serve` logs info). `RUST_LOG` (e.g. `RUST_LOG=keel=debug`) overrides it.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
 }
 
 #[derive(Debug, Subcommand)]
@@ -99,6 +105,9 @@ enum Command {
     /// The tasks of an A2A agent: list, get, cancel, subscribe, approve.
     #[command(subcommand)]
     Tasks(TasksCommand),
+    /// The threads of a Keel agent: compact one's history.
+    #[command(subcommand)]
+    Threads(ThreadsCommand),
     /// A conversation with an agent in this process, on one thread: each line is a message,
     /// each turn shown as `keel run` shows it. `/exit` or the end of the input ends it.
     Chat(ChatArgs),
@@ -183,6 +192,42 @@ impl RemoteArgs {
 }
 
 #[derive(Debug, Subcommand)]
+enum ThreadsCommand {
+    /// Compact what the model sees of a thread's history, as automatic compaction would
+    /// (the log stays whole; see docs/compaction.md). The thread must be idle.
+    Compact {
+        /// The thread.
+        thread: String,
+        /// `recent` keeps the newest messages, `tokens` the newest within --max-tokens,
+        /// `summary` has the agent's model summarise the rest.
+        #[arg(long, value_enum, default_value_t = Strategy::Recent)]
+        strategy: Strategy,
+        /// Most messages kept (`recent`).
+        #[arg(long)]
+        max_messages: Option<usize>,
+        /// Most estimated tokens kept (`tokens`).
+        #[arg(long)]
+        max_tokens: Option<u64>,
+        /// Newest messages kept word for word (`summary`).
+        #[arg(long)]
+        preserve_recent: Option<usize>,
+        /// The result as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+}
+
+/// A compaction strategy, as the command line names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Strategy {
+    Recent,
+    Tokens,
+    Summary,
+}
+
+#[derive(Debug, Subcommand)]
 enum TasksCommand {
     /// The agent's tasks, most recently updated first.
     List {
@@ -238,9 +283,10 @@ enum TasksCommand {
     Approve {
         /// The task.
         id: String,
-        /// The approval request's id (the task's `metadata.keel.pendingApproval.requestId` on the wire).
+        /// The approval request's id (the task's `metadata.keel.pendingApproval.requestId` on
+        /// the wire); by default the one request the task waits for.
         #[arg(long)]
-        request: String,
+        request: Option<String>,
         /// Deny instead.
         #[arg(long)]
         deny: bool,
@@ -364,6 +410,9 @@ struct InitArgs {
 struct CheckArgs {
     /// The file to check (default: ./keel.toml).
     file: Option<PathBuf>,
+    /// The file to check, named as every other command names it (the positional FILE wins).
+    #[arg(long, env = "KEEL_CONFIG")]
+    config: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -574,6 +623,15 @@ struct ServeArgs {
     /// file's `[server] metrics_tenant_labels`).
     #[arg(long, env = "KEEL_METRICS_TENANT_LABELS")]
     metrics_tenant_labels: bool,
+    /// Serve the web console at `/console` (docs/console.md). It is on by default when
+    /// listening on a loopback address; this turns it on elsewhere, over the file's `[server]
+    /// console`.
+    #[arg(long, overrides_with = "no_console")]
+    console: bool,
+    /// Do not serve the web console, even on a loopback address (over the file's `[server]
+    /// console`).
+    #[arg(long, overrides_with = "console")]
+    no_console: bool,
     /// How log lines are written to stderr: `text`, or `json` (one object per line); over
     /// the file's `[server] log_format`.
     #[arg(long, value_enum, default_value_t = telemetry::LogFormat::Text, env = "KEEL_LOG_FORMAT")]
@@ -581,6 +639,15 @@ struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// Whether `--console` or `--no-console` was given, and which.
+    fn console(&self) -> Option<bool> {
+        match (self.console, self.no_console) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
+
     /// The connection deadlines and cap the flags set, checked; with `given`, only those
     /// given on the command line (or by their variables) over `file`'s.
     fn connection_limits(
@@ -643,16 +710,23 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve_config(args.config.clone()),
         _ => None,
     };
-    telemetry::init_logs(match &cli.command {
-        Command::Serve(args) => telemetry::serve_log_format(
-            args.log_format,
-            matches
-                .subcommand_matches("serve")
-                .is_some_and(|m| given(m, "log_format")),
-            serve_file.as_ref().and_then(|loaded| loaded.as_ref().ok()),
-        ),
-        _ => telemetry::LogFormat::Text,
-    });
+    telemetry::init_logs(
+        match &cli.command {
+            Command::Serve(args) => telemetry::serve_log_format(
+                args.log_format,
+                matches
+                    .subcommand_matches("serve")
+                    .is_some_and(|m| given(m, "log_format")),
+                serve_file.as_ref().and_then(|loaded| loaded.as_ref().ok()),
+            ),
+            _ => telemetry::LogFormat::Text,
+        },
+        match (&cli.command, cli.verbose) {
+            (_, 2..) => "debug,rmcp=warn",
+            (Command::Serve(_), _) | (_, 1) => "info,rmcp=warn",
+            _ => "warn",
+        },
+    );
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -669,7 +743,9 @@ fn main() -> ExitCode {
         }
         Command::Init(args) => from_file::init(args.dir, args.force).map(|()| ExitCode::SUCCESS),
         Command::Check(args) => runtime
-            .block_on(from_file::check(&from_file::config_path(args.file)))
+            .block_on(from_file::check(&from_file::config_path(
+                args.file.or(args.config),
+            )))
             .map(|()| ExitCode::SUCCESS),
         Command::Tools {
             agent,
@@ -746,6 +822,30 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut Cli::command(), "keel", &mut script);
             render::out(String::from_utf8_lossy(&script).trim_end());
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Threads(ThreadsCommand::Compact {
+            thread,
+            strategy,
+            max_messages,
+            max_tokens,
+            preserve_recent,
+            json,
+            remote,
+        }) => {
+            let default = keel::llm::HistoryCompactionRequest::default();
+            let request = keel::llm::HistoryCompactionRequest {
+                strategy: match strategy {
+                    Strategy::Recent => keel::llm::CompactionStrategy::Recent,
+                    Strategy::Tokens => keel::llm::CompactionStrategy::Tokens,
+                    Strategy::Summary => keel::llm::CompactionStrategy::Summary,
+                },
+                max_messages: max_messages.unwrap_or(default.max_messages),
+                max_tokens: max_tokens.unwrap_or(default.max_tokens),
+                preserve_recent: preserve_recent.unwrap_or(default.preserve_recent),
+                thread_id: Some(thread.into()),
+                ..default
+            };
+            runtime.block_on(remote::compact(remote.remote(), request, json))
         }
         Command::Tasks(command) => runtime.block_on(async {
             match command {
@@ -959,6 +1059,7 @@ async fn serve(
             max_queued_per_tenant: args.max_queued_per_tenant,
             connections: args.connection_limits(loaded.server.connection_limits(), set)?,
             metrics: args.metrics,
+            console: args.console(),
         };
         return from_file::serve(loaded, overrides).await;
     }
@@ -990,6 +1091,7 @@ async fn serve(
     let agent_name = agent.card().name.clone();
     let keys = parse_api_keys(&args.api_keys)?;
     let runtime = open_runtime(&store, Some(llm), keys).await?;
+    let console = console_served(args.console(), None, local.ip());
     let mut url = args
         .public_url
         .unwrap_or_else(|| format!("http://{local}/"));
@@ -1041,7 +1143,8 @@ async fn serve(
             max_message_parts: args.max_message_parts,
             max_requests_per_tenant: args.max_requests_per_tenant,
         })
-        .with_connection_limits(connections);
+        .with_connection_limits(connections)
+        .with_endpoint(keel::transport::EndpointSpec::compact_thread());
     if !args.api_keys.is_empty() {
         server = server.with_security(Security::api_key_and_bearer());
     }
@@ -1057,8 +1160,14 @@ async fn serve(
     if let Some(route) = observed.metrics {
         server = server.with_metrics(route);
     }
+    if console {
+        server = server.with_console(keel::console::router());
+    }
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     println!("keel: serving agent `{agent_name}` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
+    if console {
+        eprintln!("keel: console at {url}console/");
+    }
     let served = server
         .serve(listener, shutdown)
         .await
@@ -1067,6 +1176,13 @@ async fn serve(
     served?;
     eprintln!("keel: stopped");
     Ok(())
+}
+
+/// Whether `keel serve` serves the web console: as the flag says, else as the file's
+/// `[server] console` says, else only when it listens on a loopback address (where nobody
+/// else reaches it unasked).
+pub(crate) fn console_served(flag: Option<bool>, file: Option<bool>, listening: IpAddr) -> bool {
+    flag.or(file).unwrap_or(listening.is_loopback())
 }
 
 /// `KEY=APP/USER` pairs, each key once.
@@ -1172,5 +1288,31 @@ pub(crate) fn shutdown_signal(drain: Duration) -> impl std::future::Future<Outpu
              step, then they are handed on (not canceled) to the next process",
             drain.as_secs_f64()
         );
+    }
+}
+
+#[cfg(test)]
+mod console_tests {
+    use super::console_served;
+    use std::net::IpAddr;
+
+    #[test]
+    fn the_console_is_on_by_default_on_loopback_only() {
+        let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+        let v6_loopback: IpAddr = "::1".parse().unwrap();
+        let anywhere: IpAddr = "0.0.0.0".parse().unwrap();
+        assert!(console_served(None, None, loopback));
+        assert!(console_served(None, None, v6_loopback));
+        assert!(!console_served(None, None, anywhere));
+    }
+
+    #[test]
+    fn the_flag_wins_over_the_file_which_wins_over_the_address() {
+        let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+        let anywhere: IpAddr = "0.0.0.0".parse().unwrap();
+        assert!(console_served(None, Some(true), anywhere));
+        assert!(!console_served(None, Some(false), loopback));
+        assert!(console_served(Some(true), Some(false), anywhere));
+        assert!(!console_served(Some(false), Some(true), loopback));
     }
 }

@@ -1,10 +1,11 @@
 //! The A2A command line against any agent: `keel send`, `keel tasks list|get|cancel|
 //! subscribe|approve` and `keel run --url`, through Keel's own A2A client.
 
+use std::future::Future;
 use std::process::ExitCode;
 
 use futures::StreamExt;
-use keel::core::{Message, Part, Task, TaskId, TaskState};
+use keel::core::{AgentError, AgentResult, Message, Part, Task, TaskId, TaskState};
 use keel::transport::{
     stream_event_json, task_json, A2aClient, SendMessageOptions, StreamEvent, TaskEventStream,
     TaskListQuery, API_KEY_HEADER,
@@ -27,6 +28,12 @@ pub(crate) struct Remote {
 
 impl Remote {
     fn client(&self) -> Result<A2aClient, String> {
+        if !self.url.contains("://") {
+            return Err(format!(
+                "--url `{}` names no scheme; write http://{} (or https://)",
+                self.url, self.url
+            ));
+        }
         let client = A2aClient::new(self.url.clone());
         let Some(key) = &self.api_key else {
             return Ok(client);
@@ -42,6 +49,34 @@ impl Remote {
             .build()
             .map_err(|err| format!("cannot make an HTTP client: {err}"))?;
         Ok(client.with_http_client(http))
+    }
+
+    /// Await a client call, its error said so a user can act on it.
+    async fn call<T>(&self, call: impl Future<Output = AgentResult<T>>) -> Result<T, String> {
+        match call.await {
+            Ok(answer) => Ok(answer),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// An error as the user reads it. When no agent answers at the URL, the server's own
+    /// card (at its origin) names the agent it does serve, if it serves one there.
+    async fn explain(&self, err: AgentError) -> String {
+        let said = err.to_string();
+        let AgentError::InvalidInput { field, .. } = &err else {
+            return said;
+        };
+        let origin = reqwest::Url::parse(&self.url)
+            .ok()
+            .filter(|url| url.path() != "/")
+            .map(|url| url.origin().ascii_serialization());
+        let (Some(origin), true) = (origin, field == "url") else {
+            return said;
+        };
+        match A2aClient::new(origin.clone()).get_card().await {
+            Ok(card) => format!("{said}; {origin}/ serves the agent `{}`", card.name),
+            Err(_) => said,
+        }
     }
 }
 
@@ -74,6 +109,14 @@ fn print_task(task: &Task, json: bool) {
         task.thread_id,
         task.state()
     );
+    if let Some(request) = pending_approval(task) {
+        eprintln!(
+            "{}\nkeel: request {}; answer with `keel tasks approve {}` (or `--deny`)",
+            approval_text(&request),
+            request.request_id,
+            task.id
+        );
+    }
 }
 
 /// `keel send`: one message, answered when the task rests (or at once, when asked).
@@ -93,10 +136,8 @@ pub(crate) async fn send(
         ..SendMessageOptions::default()
     };
     let task = remote
-        .client()?
-        .send_message(message, options)
-        .await
-        .map_err(|err| err.to_string())?;
+        .call(remote.client()?.send_message(message, options))
+        .await?;
     print_task(&task, json);
     if return_immediately {
         return Ok(ExitCode::SUCCESS);
@@ -124,11 +165,7 @@ pub(crate) async fn list(
         page_size: Some(limit),
         ..TaskListQuery::default()
     };
-    let page = remote
-        .client()?
-        .list_tasks(&query)
-        .await
-        .map_err(|err| err.to_string())?;
+    let page = remote.call(remote.client()?.list_tasks(&query)).await?;
     if json {
         let tasks: Vec<Value> = page.tasks.iter().map(task_json).collect();
         out(json!({
@@ -149,12 +186,10 @@ pub(crate) async fn list(
 /// `keel tasks get`.
 pub(crate) async fn get(remote: Remote, id: String, json: bool) -> Result<ExitCode, String> {
     let task = remote
-        .client()?
-        .get_task(&TaskId::from(id), None)
-        .await
-        .map_err(|err| err.to_string())?;
+        .call(remote.client()?.get_task(&TaskId::from(id), None))
+        .await?;
     print_task(&task, json);
-    Ok(ExitCode::SUCCESS)
+    Ok(exit_status(task.state()))
 }
 
 /// `keel tasks cancel`.
@@ -165,10 +200,8 @@ pub(crate) async fn cancel(
     json: bool,
 ) -> Result<ExitCode, String> {
     let task = remote
-        .client()?
-        .cancel_task(&TaskId::from(id), reason)
-        .await
-        .map_err(|err| err.to_string())?;
+        .call(remote.client()?.cancel_task(&TaskId::from(id), reason))
+        .await?;
     print_task(&task, json);
     Ok(ExitCode::SUCCESS)
 }
@@ -178,11 +211,29 @@ pub(crate) async fn cancel(
 pub(crate) async fn approve(
     remote: Remote,
     id: String,
-    request_id: String,
+    request_id: Option<String>,
     deny: bool,
     reason: Option<String>,
     json: bool,
 ) -> Result<ExitCode, String> {
+    let client = remote.client()?;
+    let task_id = TaskId::from(id);
+    let request_id = match request_id {
+        Some(request_id) => request_id,
+        // A task waits for one approval at a time: that one is meant.
+        None => {
+            let task = remote.call(client.get_task(&task_id, Some(0))).await?;
+            pending_approval(&task)
+                .ok_or_else(|| {
+                    format!(
+                        "task {} waits for no approval (it is {})",
+                        task.id,
+                        task.state()
+                    )
+                })?
+                .request_id
+        }
+    };
     let mut approval = json!({
         "requestId": request_id,
         "decision": if deny { "deny" } else { "approve" },
@@ -192,23 +243,48 @@ pub(crate) async fn approve(
     }
     let mut message = Message::user("");
     message.parts = vec![Part::data(json!({ "approval": approval }))];
-    message.task_id = Some(TaskId::from(id));
+    message.task_id = Some(task_id);
     let task = remote
-        .client()?
-        .send_message(message, SendMessageOptions::default())
-        .await
-        .map_err(|err| err.to_string())?;
+        .call(client.send_message(message, SendMessageOptions::default()))
+        .await?;
     print_task(&task, json);
     Ok(exit_status(task.state()))
+}
+
+/// `keel threads compact`: the thread's history compacted on the agent's server.
+pub(crate) async fn compact(
+    remote: Remote,
+    request: keel::llm::HistoryCompactionRequest,
+    json: bool,
+) -> Result<ExitCode, String> {
+    let thread = request.thread_id.clone().unwrap_or_default();
+    let result = remote
+        .call(remote.client()?.compact_thread(&request))
+        .await?;
+    if json {
+        out(serde_json::to_value(result).unwrap_or_default());
+    } else {
+        let summary = if result.summary_created {
+            ", a summary written"
+        } else {
+            ""
+        };
+        out(format!(
+            "thread {thread}: {} -> {} messages, {} -> {} tokens{summary}",
+            result.before_messages,
+            result.after_messages,
+            result.before_tokens,
+            result.after_tokens
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `keel tasks subscribe`: follow a task until its final status.
 pub(crate) async fn subscribe(remote: Remote, id: String, json: bool) -> Result<ExitCode, String> {
     let stream = remote
-        .client()?
-        .subscribe(&TaskId::from(id))
-        .await
-        .map_err(|err| err.to_string())?;
+        .call(remote.client()?.subscribe(&TaskId::from(id)))
+        .await?;
     follow(stream, json).await
 }
 
@@ -227,19 +303,13 @@ pub(crate) async fn run(
     let mut message = Message::user(prompt);
     message.thread_id = thread.map(Into::into);
     loop {
-        let stream = client
-            .send_streaming_message(message)
-            .await
-            .map_err(|err| err.to_string())?;
+        let stream = remote.call(client.send_streaming_message(message)).await?;
         let seen = follow_stream(stream, json).await?;
         let (Some(TaskState::InputRequired), Some(task_id)) = (seen.state, &seen.task_id) else {
             return finish(seen, json);
         };
         // Status updates carry no task metadata: the pending request is on the task.
-        let task = client
-            .get_task(task_id, Some(0))
-            .await
-            .map_err(|err| err.to_string())?;
+        let task = remote.call(client.get_task(task_id, Some(0))).await?;
         let Some(request) = pending_approval(&task) else {
             return finish(seen, json);
         };

@@ -91,6 +91,8 @@ struct State {
     spinner: Option<ProgressBar>,
     /// Whether streamed text left the cursor mid-line.
     mid_line: bool,
+    /// Whether model text was streamed since the last answer was printed.
+    streamed: bool,
     usage: Usage,
 }
 
@@ -112,6 +114,11 @@ impl Renderer {
     /// What the run used since the last call (a chat shows each turn's own figures).
     pub(crate) fn take_usage(&self) -> Usage {
         std::mem::take(&mut self.lock().usage)
+    }
+
+    /// Whether model text was streamed since the last call (which starts the count anew).
+    pub(crate) fn take_streamed(&self) -> bool {
+        std::mem::take(&mut self.lock().streamed)
     }
 
     /// Stop the spinner, if one turns (before prompting or printing the answer).
@@ -175,6 +182,7 @@ impl Renderer {
                 eprint!("{}", s.dim.apply_to(&p.delta));
                 let _ = std::io::stderr().flush();
                 state.mid_line = !p.delta.ends_with('\n');
+                state.streamed = true;
             }
         } else if *t == EventType::LLM_CALL_COMPLETED {
             if let Some(spinner) = state.spinner.take() {

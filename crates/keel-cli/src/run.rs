@@ -374,7 +374,14 @@ pub(crate) fn finish(renderer: &Renderer, task: &Task, json: bool) {
     }
     let s = renderer.styles();
     let answer = task.status().text().unwrap_or_default();
-    if !answer.is_empty() {
+    let streamed = renderer.take_streamed();
+    if !answer.is_empty()
+        && print_answer(
+            std::io::stdout().is_terminal(),
+            std::io::stderr().is_terminal(),
+            streamed,
+        )
+    {
         out(answer);
     }
     let used = renderer.take_usage();
@@ -395,6 +402,12 @@ pub(crate) fn finish(renderer: &Renderer, task: &Task, json: bool) {
         task.id,
         task.thread_id,
     );
+}
+
+/// Whether the answer goes to stdout at the end. A script reading stdout always gets it; a
+/// person watching one terminal already saw it streamed on stderr, so it is not shown twice.
+fn print_answer(stdout_is_terminal: bool, stderr_is_terminal: bool, streamed: bool) -> bool {
+    !(stdout_is_terminal && stderr_is_terminal && streamed)
 }
 
 /// `keel run`.
@@ -476,4 +489,20 @@ pub(crate) async fn chat(
     }
     executor.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::print_answer;
+
+    #[test]
+    fn the_answer_is_shown_once_on_a_terminal_and_always_to_a_pipe() {
+        assert!(
+            !print_answer(true, true, true),
+            "streamed on the same terminal"
+        );
+        assert!(print_answer(true, true, false), "nothing was streamed");
+        assert!(print_answer(false, true, true), "stdout is piped");
+        assert!(print_answer(true, false, true), "the stream went elsewhere");
+    }
 }

@@ -45,10 +45,9 @@ pub(crate) fn serve_log_format(
     }
 }
 
-/// Send log lines to stderr in `format`, filtered by `RUST_LOG` (default `info`).
-pub(crate) fn init_logs(format: LogFormat) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+/// Send log lines to stderr in `format`, filtered by `RUST_LOG`, else by `default`.
+pub(crate) fn init_logs(format: LogFormat, default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -178,6 +178,17 @@ pub enum AgentError {
         /// How long the caller should wait before trying again.
         retry_after: Duration,
     },
+    /// Another server (a remote agent, an endpoint) could not be reached, or answered with no
+    /// usable answer: refused, unresolved, timed out, or an HTTP error that carries no error
+    /// of its protocol. Like [`AgentError::StoreUnavailable`], the same request may succeed
+    /// once that server is back; the message names the URL tried, so a user can check it.
+    #[error("cannot use {url}: {cause}")]
+    Unreachable {
+        /// The URL that was requested.
+        url: String,
+        /// What happened (`connection refused`, `answered HTTP 503`, ...).
+        cause: String,
+    },
     /// A bug or an unexpected condition inside Keel.
     #[error("internal error: {source}")]
     Internal {
@@ -380,7 +391,7 @@ impl AgentError {
             Self::Llm { .. } => ErrorKind::Upstream,
             Self::LeaseLost { .. } => ErrorKind::Conflict,
             Self::Storage { .. } => ErrorKind::Storage,
-            Self::StoreUnavailable { .. } => ErrorKind::Unavailable,
+            Self::StoreUnavailable { .. } | Self::Unreachable { .. } => ErrorKind::Unavailable,
             Self::Overloaded { .. } => ErrorKind::Overloaded,
             Self::Internal { .. } => ErrorKind::Internal,
         }

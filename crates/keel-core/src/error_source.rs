@@ -20,6 +20,17 @@ use std::sync::Arc;
 pub struct ErrorSource(Arc<dyn Error + Send + Sync>);
 
 impl ErrorSource {
+    /// What `error` says at the end of its chain of sources: where a client library's error
+    /// reads "error sending request", its innermost cause says "Connection refused", which
+    /// is what a user can act on.
+    pub fn innermost(error: &(dyn Error + 'static)) -> String {
+        let mut cause = error;
+        while let Some(inner) = cause.source() {
+            cause = inner;
+        }
+        cause.to_string()
+    }
+
     /// Keep `error` as the cause.
     pub fn new(error: impl Error + Send + Sync + 'static) -> Self {
         Self(Arc::new(error))

@@ -12,6 +12,7 @@ use crate::{Llm, MockLlm};
 /// | spec | model |
 /// |---|---|
 /// | `mock` | [`MockLlm::new`] |
+/// | `mock:LATENCY` | [`MockLlm::new`] answering after `LATENCY` (`200ms`, `2s`): a stand-in for a real model's wait, for capacity tests |
 /// | `openai:MODEL` | OpenAI; key from `OPENAI_API_KEY` (feature `openai`) |
 /// | `anthropic:MODEL` | Anthropic; key from `ANTHROPIC_API_KEY` (feature `anthropic`) |
 /// | `gemini:MODEL` | Gemini; key from `GEMINI_API_KEY` or `GOOGLE_API_KEY` (feature `gemini`) |
@@ -28,6 +29,8 @@ use crate::{Llm, MockLlm};
 /// ```
 /// use keel_llm::llm_from_spec;
 /// assert_eq!(llm_from_spec("mock").unwrap().model_name(), "mock");
+/// assert_eq!(llm_from_spec("mock:200ms").unwrap().model_name(), "mock");
+/// assert!(llm_from_spec("mock:soon").is_err());
 /// assert!(llm_from_spec("parrot:polly").is_err());
 /// ```
 pub fn llm_from_spec(spec: &str) -> AgentResult<Arc<dyn Llm>> {
@@ -47,6 +50,16 @@ pub fn llm_from_spec_with_key(spec: &str, api_key: Option<&str>) -> AgentResult<
     let spec = spec.trim();
     if spec == "mock" {
         return Ok(Arc::new(MockLlm::new().keep_requests(0)));
+    }
+    if let Some(latency) = spec.strip_prefix("mock:") {
+        let latency = parse_latency(latency).ok_or_else(|| {
+            invalid(format!(
+                "`{spec}`: `mock:LATENCY` takes a time such as `200ms` or `2s`"
+            ))
+        })?;
+        return Ok(Arc::new(
+            MockLlm::new().keep_requests(0).with_latency(latency),
+        ));
     }
     if let Some(rest) = spec.strip_prefix("openai-compatible:") {
         let (url, model) = split_url_and_model(rest).ok_or_else(|| {
@@ -72,6 +85,16 @@ pub fn llm_from_spec_with_key(spec: &str, api_key: Option<&str>) -> AgentResult<
              openai-compatible"
         ))),
     }
+}
+
+/// `200ms`, `1.5s`: a whole or fractional number of milliseconds or seconds.
+fn parse_latency(text: &str) -> Option<std::time::Duration> {
+    let (number, unit) = match text.strip_suffix("ms") {
+        Some(number) => (number, 1e-3),
+        None => (text.strip_suffix('s')?, 1.0),
+    };
+    let seconds = number.trim().parse::<f64>().ok()? * unit;
+    std::time::Duration::try_from_secs_f64(seconds).ok()
 }
 
 fn invalid(reason: String) -> AgentError {
@@ -173,6 +196,17 @@ fn openai_compatible(
 mod tests {
     use super::*;
     use keel_core::ErrorKind;
+
+    #[test]
+    fn a_mock_latency_is_milliseconds_or_seconds() {
+        use std::time::Duration;
+        assert_eq!(parse_latency("200ms"), Some(Duration::from_millis(200)));
+        assert_eq!(parse_latency("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_latency("soon"), None);
+        assert_eq!(parse_latency("-1s"), None);
+        let err = llm_from_spec("mock:soon").err().expect("refused");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    }
 
     #[test]
     fn url_and_model_split_past_scheme_and_port_colons() {

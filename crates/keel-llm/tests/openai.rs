@@ -190,7 +190,9 @@ async fn a_connection_refused_is_a_transport_error_after_retries() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
-    call_fails(&llm(&url), LlmErrorKind::Transport).await;
+    let err = call_fails(&llm(&url), LlmErrorKind::Transport).await;
+    // The endpoint it tried is named, so a wrong base URL is seen at once.
+    assert!(err.to_string().contains(&format!(" at {url}/")), "{err}");
 }
 
 fn chunk(delta: Value, finish: Option<&str>) -> (Option<&'static str>, Value) {

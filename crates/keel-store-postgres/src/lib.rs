@@ -94,6 +94,8 @@ pub use schema::SCHEMA_VERSION;
 
 /// How long to wait for a new connection, and for a free one from the pool.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the server lets one of the store's transactions sit idle before ending it.
+const IDLE_IN_TRANSACTION_MS: u64 = 60_000;
 const POOL_WAIT: Duration = Duration::from_secs(10);
 /// Connections kept by default: enough for a busy server's concurrent steps, few enough that
 /// several replicas fit PostgreSQL's default `max_connections` (100).
@@ -144,6 +146,16 @@ impl PostgresStore {
         })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        let options = config.get_options().unwrap_or_default();
+        if !options.contains("idle_in_transaction_session_timeout") {
+            // Keel's transactions are a few statements long. One left open (its process
+            // stalled between two statements) would hold its rows' locks, a thread's lease
+            // row among them, until the connection died; the server ends it instead.
+            let options = format!(
+                "{options} -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"
+            );
+            config.options(options.trim_start());
         }
         let server = server_name(&config);
         let manager = Manager::from_config(

@@ -44,12 +44,30 @@ impl TestSchema {
     }
 
     /// Drop the schema and everything in it.
+    ///
+    /// The test is over, so a connection still holding a lock in the schema is ended first:
+    /// a store whose connections live on a runtime that is blocked waiting for this drop (a
+    /// test's runtime dropping its last handle) would otherwise never commit, and the drop
+    /// would wait on its lock forever. A lock taken between the two statements fails the drop
+    /// after `lock_timeout` instead of hanging, and the drop is tried again.
     pub async fn drop_schema(self) -> AgentResult<()> {
-        admin(
-            &server_url(),
-            &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
-        )
-        .await
+        let name = &self.name;
+        let sql = format!(
+            "SET lock_timeout = '2s';
+             SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+                 JOIN pg_class c ON c.oid = l.relation
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = '{name}' AND l.pid <> pg_backend_pid();
+             DROP SCHEMA IF EXISTS {name} CASCADE"
+        );
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match admin(&server_url(), &sql).await {
+                Err(_) if tries < 5 => continue,
+                result => return result,
+            }
+        }
     }
 }
 

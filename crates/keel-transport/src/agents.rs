@@ -13,6 +13,8 @@ use axum::Router;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
+use crate::handlers::Handlers;
+use crate::operator::OperatorAgent;
 use crate::A2aServer;
 
 /// The path under which each agent is served: `/agents/{name}/`.
@@ -127,20 +129,42 @@ impl AgentsServer {
         closing: watch::Receiver<bool>,
         stopped: watch::Receiver<bool>,
     ) -> Router {
-        let routers: HashMap<String, Router> = self
+        let default_name = self
+            .default
+            .clone()
+            .or_else(|| self.agents.first().map(|(name, _)| name.clone()));
+        let handlers: Vec<Handlers> = self
             .agents
             .iter()
             .map(|(name, server)| {
                 let base = Self::agent_url(public_base_url, name);
-                let router = server.router_with(&base, closing.clone(), stopped.clone());
+                server.handlers(&base, closing.clone(), stopped.clone())
+            })
+            .collect();
+        // The operator API of every agent's router lists them all, the default first.
+        let mut operator_agents: Vec<OperatorAgent> = self
+            .agents
+            .iter()
+            .zip(&handlers)
+            .map(|((name, _), handlers)| OperatorAgent::new(name.clone(), handlers.clone()))
+            .collect();
+        if let Some(at) = operator_agents
+            .iter()
+            .position(|a| Some(a.name()) == default_name.as_deref())
+        {
+            operator_agents[..=at].rotate_right(1);
+        }
+        let routers: HashMap<String, Router> = self
+            .agents
+            .iter()
+            .zip(handlers)
+            .map(|((name, server), handlers)| {
+                let base = Self::agent_url(public_base_url, name);
+                let router = server.router_from(&base, handlers, operator_agents.clone());
                 (name.clone(), router)
             })
             .collect();
-        let default = self
-            .default
-            .clone()
-            .or_else(|| self.agents.first().map(|(name, _)| name.clone()))
-            .and_then(|name| routers.get(&name).cloned());
+        let default = default_name.and_then(|name| routers.get(&name).cloned());
         let routers = Arc::new(routers);
         Router::new().fallback(move |request: axum::extract::Request| {
             let routers = routers.clone();
@@ -205,9 +229,20 @@ async fn route(
     if let Some(rest) = path.strip_prefix(AGENTS_PATH) {
         let (name, inner) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         let Some(router) = routers.get(name) else {
+            // Agents' cards are public, so their names are too: say which there are.
+            let mut names: Vec<&str> = routers.keys().map(String::as_str).collect();
+            names.sort_unstable();
+            let error = format!(
+                "no agent is named `{name}`; this server has {}",
+                names
+                    .iter()
+                    .map(|name| format!("`{name}` ({AGENTS_PATH}{name}/)"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
             return (
                 StatusCode::NOT_FOUND,
-                axum::Json(serde_json::json!({"error": format!("no agent is named `{name}`")})),
+                axum::Json(serde_json::json!({ "error": error })),
             )
                 .into_response();
         };

@@ -135,6 +135,22 @@ impl Handlers {
         }
     }
 
+    /// The executor these operations run on.
+    pub(crate) fn executor(&self) -> &AgentExecutor {
+        &self.executor
+    }
+
+    /// `SendMessage` from a front door beside A2A (the operator API): counted against the
+    /// tenant's limit of requests in progress as [`Handlers::handle`] counts it.
+    pub(crate) async fn send_admitted(
+        &self,
+        auth: &AuthContext,
+        call: SendMessageCall,
+    ) -> Result<SendOutcome, RpcError> {
+        let _admitted = self.admission.admit(auth).map_err(rpc)?;
+        self.send_message(auth, call).await
+    }
+
     /// The limits on one caller's requests.
     pub(crate) fn limits(&self) -> &Limits {
         self.admission.limits()

@@ -89,6 +89,9 @@ pub fn error_code(err: &AgentError) -> i32 {
     match err {
         AgentError::CancelPending { .. } => return CANCEL_PENDING,
         AgentError::ThreadNotFound { .. } => return THREAD_NOT_FOUND,
+        // A server this one could not reach is this server's business: its caller learns
+        // nothing of the URLs behind it (they stay in the log).
+        AgentError::Unreachable { .. } => return INTERNAL_ERROR,
         _ => {}
     }
     match err.kind() {
@@ -546,6 +549,13 @@ mod tests {
                 CANCEL_PENDING,
             ),
             (AgentError::session_not_found("th-1"), THREAD_NOT_FOUND),
+            (
+                AgentError::Unreachable {
+                    url: "http://10.0.0.7/var/x".into(),
+                    cause: "connection refused".into(),
+                },
+                INTERNAL_ERROR,
+            ),
             (
                 AgentError::BudgetExceeded {
                     limit: "max_steps".into(),

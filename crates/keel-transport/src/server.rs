@@ -103,6 +103,8 @@ pub struct A2aServer {
     metrics: Option<crate::MetricsRoute>,
     /// Services mounted beside A2A behind its credentials, by path.
     mounted: Vec<(String, Router)>,
+    /// The web console's routes (public: the page asks for credentials itself), when served.
+    console: Option<Router>,
 }
 
 struct ServerState {
@@ -154,7 +156,22 @@ impl A2aServer {
             endpoints: Vec::new(),
             metrics: None,
             mounted: Vec::new(),
+            console: None,
         }
+    }
+
+    /// Serve the web console's routes (`keel_console::router`, under `/console`) beside A2A,
+    /// and lead a browser that opens the server's URL there: `GET /` asking for HTML is
+    /// answered `303 See Other` to `console/`, while other callers of `GET /` keep the
+    /// answer they had (`405`, `Allow: POST`: `/` is the JSON-RPC binding).
+    ///
+    /// The routes are not behind the server's credentials: the page and its modules hold no
+    /// data, and every call the console makes goes to the operator API and the A2A routes
+    /// with the credentials the operator gives it, as any other client's would.
+    #[must_use]
+    pub fn with_console(mut self, routes: Router) -> Self {
+        self.console = Some(routes);
+        self
     }
 
     /// Serve `service` at `path` and below it (such as `/mcp`, where `keel serve` mounts its
@@ -353,6 +370,22 @@ impl A2aServer {
         closing: watch::Receiver<bool>,
         stopped: watch::Receiver<bool>,
     ) -> Router {
+        let handlers = self.handlers(public_base_url, closing, stopped);
+        let agents = vec![crate::operator::OperatorAgent::new(
+            self.executor.agent().card().name.clone(),
+            handlers.clone(),
+        )];
+        self.router_from(public_base_url, handlers, agents)
+    }
+
+    /// The A2A operations over this server's executor (and its push deliverer, which takes
+    /// up the deliveries a previous process left pending).
+    pub(crate) fn handlers(
+        &self,
+        public_base_url: &str,
+        closing: watch::Receiver<bool>,
+        stopped: watch::Receiver<bool>,
+    ) -> Handlers {
         let push = Push::new(
             self.executor.clone(),
             self.push_targets.clone(),
@@ -361,19 +394,29 @@ impl A2aServer {
         );
         // Deliveries that a previous process left pending go on from their cursors.
         push.resume();
-        let card = self.served_card(public_base_url);
         let extended_card = self
             .extended_card
             .clone()
             .map(|extended| self.serve_card(extended, public_base_url));
-        let handlers = Handlers::new(
+        Handlers::new(
             self.executor.clone(),
             closing,
             self.security,
             extended_card,
             push,
             Arc::new(Admission::new(self.limits)),
-        );
+        )
+    }
+
+    /// The router over `handlers`; the operator API lists `operator_agents` (the default
+    /// first) and sends messages to them.
+    pub(crate) fn router_from(
+        &self,
+        public_base_url: &str,
+        handlers: Handlers,
+        operator_agents: Vec<crate::operator::OperatorAgent>,
+    ) -> Router {
+        let card = self.served_card(public_base_url);
         let socket = crate::ws::router(handlers.clone(), self.body_limit);
         #[cfg(feature = "grpc")]
         let grpc_routes = crate::grpc::router(handlers.clone(), self.body_limit);
@@ -388,10 +431,14 @@ impl A2aServer {
                 .format("%a, %d %b %Y %H:%M:%S GMT")
                 .to_string(),
         });
+        let root = match self.console {
+            Some(_) => post(json_rpc).get(to_console),
+            None => post(json_rpc),
+        };
         let router = Router::new()
             .route(AGENT_CARD_PATH, get(agent_card))
             .route(LEGACY_AGENT_CARD_PATH, get(legacy_agent_card))
-            .route("/", post(json_rpc))
+            .route("/", root)
             .fallback(rest_binding)
             .layer(DefaultBodyLimit::max(self.body_limit))
             .with_state(state)
@@ -402,8 +449,13 @@ impl A2aServer {
                 self.executor.clone(),
                 self.security,
             ))
-            .merge(crate::operator::router(&self.executor, self.security))
-            .merge(crate::threads::router(self.executor.clone(), self.security));
+            .merge(crate::operator::router(
+                &self.executor,
+                self.security,
+                operator_agents,
+            ))
+            .merge(crate::threads::router(self.executor.clone(), self.security))
+            .merge(self.console.clone().unwrap_or_default());
         let router = self.mounted.iter().fold(router, |router, (path, service)| {
             let service = crate::security::behind_credentials(
                 service.clone(),
@@ -598,6 +650,29 @@ fn with_retry_after(mut response: Response, seconds: Option<u64>) -> Response {
 
 fn answer_error(id: Value, error: &RpcError) -> Response {
     answer(jsonrpc::failure(id, error))
+}
+
+/// `GET /` with a console: a browser (it asks for `text/html`) is sent to the console; any
+/// other caller gets the `405` that `/`, the JSON-RPC binding, answers every `GET`.
+async fn to_console(headers: HeaderMap) -> Response {
+    let wants_html = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .any(|accept| accept.contains("text/html"));
+    if wants_html {
+        // Relative, so that a proxy's path prefix stays in the browser's URL.
+        return (
+            StatusCode::SEE_OTHER,
+            [(header::LOCATION, HeaderValue::from_static("console/"))],
+        )
+            .into_response();
+    }
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::ALLOW, HeaderValue::from_static("POST"))],
+    )
+        .into_response()
 }
 
 async fn json_rpc(

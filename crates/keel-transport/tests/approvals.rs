@@ -8,10 +8,8 @@ mod support;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use keel_agent::{Agent, FnTool};
-use keel_core::{AgentCard, RunContext, TaskId};
+use keel_core::{RunContext, TaskId};
 use keel_llm::MockLlm;
-use keel_policy::{CapabilityPolicy, CapabilityRule};
 use keel_runtime::AuthContext;
 use keel_transport::{Security, KEEL_APPROVAL_EXTENSION_URI};
 use serde_json::{json, Value};
@@ -38,31 +36,7 @@ impl std::ops::Deref for ApprovalServer {
 impl ApprovalServer {
     async fn start() -> Self {
         let writes = Arc::new(AtomicUsize::new(0));
-        let counter = writes.clone();
-        let tool = FnTool::new(
-            "write_record",
-            "Write a record",
-            json!({"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}),
-            move |args, _ctx| {
-                let counter = counter.clone();
-                async move {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    Ok(json!(format!(
-                        "wrote {}",
-                        args["id"].as_str().unwrap_or_default()
-                    )))
-                }
-            },
-        )
-        .with_capabilities(["records.write"]);
-        let agent = Agent::builder(AgentCard::new("records", "keeps records", "http://unused"))
-            .tool(tool)
-            .human_handoff(true)
-            .policy(
-                CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval),
-            )
-            .build()
-            .unwrap();
+        let agent = support::records_agent(writes.clone());
         let runtime = support::two_tenant_runtime(MockLlm::new());
         let executor = keel_agent::AgentExecutor::new(agent, runtime);
         let server = TestServer::start_with_executor(executor, |server| {

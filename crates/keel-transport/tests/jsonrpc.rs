@@ -702,7 +702,11 @@ async fn client_with_an_explicit_endpoint_skips_discovery() {
 async fn client_reports_an_unreachable_agent_as_an_error_not_a_panic() {
     let client = A2aClient::new("http://127.0.0.1:9");
     let err = client.get_card().await.unwrap_err();
-    assert!(matches!(err, AgentError::Internal { .. }), "{err:?}");
+    assert!(
+        matches!(&err, AgentError::Unreachable { url, .. } if url.starts_with("http://127.0.0.1:9/")),
+        "{err:?}"
+    );
+    assert_eq!(err.kind(), keel_core::ErrorKind::Unavailable);
 }
 
 #[tokio::test]

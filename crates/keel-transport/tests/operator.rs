@@ -1,5 +1,7 @@
-//! The operator API over real HTTP beside A2A: tasks, pending approvals and a run's report,
-//! served to the caller's tenant only, with clear errors for bad input.
+//! The operator API over real HTTP beside A2A: its reads (agents, threads, tasks, pending
+//! approvals, runs), served to the caller's tenant only and paged on the server, the same
+//! `404` for another tenant's ids on every route, named `400`s for bad input, and the OpenAPI
+//! document that lists every route. Acting and live events: `operator_live.rs`.
 
 mod support;
 
@@ -10,7 +12,8 @@ use keel_llm::MockLlm;
 use keel_runtime::{AuthContext, Runtime};
 use keel_transport::{A2aServer, Security};
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{json, Value};
+use support::operator::{Operator, WRITE};
 use support::{ALICE, BOB};
 
 async fn get(http: &reqwest::Client, url: &str, key: Option<&str>) -> (StatusCode, Value) {
@@ -101,4 +104,378 @@ async fn tasks_approvals_and_runs_are_served_to_their_tenant_only() {
     assert_eq!(finished.status(), StatusCode::CONFLICT);
     let body: Value = finished.json().await.unwrap();
     assert_eq!(body["error"]["code"], "task_not_cancelable");
+}
+
+#[tokio::test]
+async fn the_openapi_document_lists_every_operator_route() {
+    let op = Operator::start().await;
+    let (status, doc) = op.get(None, "/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{doc}");
+    let routes = [
+        ("get", "/api/v1/agents"),
+        ("get", "/api/v1/threads"),
+        ("get", "/api/v1/threads/{thread_id}"),
+        ("get", "/api/v1/tasks"),
+        ("get", "/api/v1/tasks/{task_id}"),
+        ("get", "/api/v1/approvals"),
+        ("get", "/api/v1/runs"),
+        ("get", "/api/v1/runs/{run_id}"),
+        ("post", "/api/v1/tasks/{task_id}/cancel"),
+        ("post", "/api/v1/tasks/{task_id}/approvals/{request_id}"),
+        ("post", "/api/v1/threads/{thread_id}/messages"),
+        ("post", "/api/v1/threads/{thread_id}/compact"),
+        ("get", "/api/v1/tasks/{task_id}/events"),
+        ("get", "/api/v1/threads/{thread_id}/events"),
+        ("get", "/api/v1/openapi.json"),
+    ];
+    for (method, path) in routes {
+        assert!(
+            doc["paths"][path][method].is_object(),
+            "{method} {path} missing"
+        );
+    }
+    assert_eq!(doc["paths"].as_object().unwrap().len(), routes.len());
+    let decision = &doc["components"]["schemas"]["DecisionBody"];
+    assert_eq!(decision["required"], json!(["decision"]), "{decision}");
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn agents_list_their_card_and_tools() {
+    let op = Operator::start().await;
+    let (status, answer) = op.get(Some(BOB), "/agents").await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let agent = &answer["agents"][0];
+    assert_eq!(agent["name"], "records");
+    assert_eq!(agent["description"], "keeps records");
+    assert_eq!(agent["default"], true);
+    let tools = agent["tools"].as_array().unwrap();
+    let write = tools
+        .iter()
+        .find(|t| t["name"] == "write_record")
+        .expect("{tools:?}");
+    assert_eq!(write["input_schema"]["required"], json!(["id"]));
+    assert_eq!(op.get(None, "/agents").await.0, StatusCode::UNAUTHORIZED);
+    op.stop().await;
+}
+
+/// Every page of a list route, following `next_page_token`: the items under `key`.
+async fn all_pages(op: &Operator, path: &str, key: &str, size: u32) -> Vec<Value> {
+    let mut items = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let mut url = format!("{path}{sep}page_size={size}");
+        if let Some(token) = &token {
+            url.push_str(&format!("&page_token={}", percent(token)));
+        }
+        let (status, page) = op.get(Some(ALICE), &url).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let got = page[key].as_array().unwrap();
+        assert!(got.len() <= size as usize, "{page}");
+        items.extend(got.iter().cloned());
+        match page["next_page_token"].as_str() {
+            Some(next) => token = Some(next.to_owned()),
+            None => return items,
+        }
+    }
+}
+
+fn percent(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn threads_runs_and_tasks_page_on_the_server_without_gap_or_repeat() {
+    let op = Operator::start().await;
+    // Five threads; the first holds three tasks.
+    for thread in ["t-0", "t-1", "t-2", "t-3", "t-4"] {
+        op.send(thread, "hello").await;
+    }
+    op.send("t-0", "again").await;
+    op.send("t-0", "and again").await;
+
+    let threads = all_pages(&op, "/threads", "threads", 2).await;
+    let ids: Vec<&str> = threads
+        .iter()
+        .map(|t| t["thread_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["t-0", "t-1", "t-2", "t-3", "t-4"], "{threads:?}");
+    assert_eq!(threads[0]["agent"], "records");
+
+    let runs = all_pages(&op, "/runs", "runs", 2).await;
+    let mut run_ids: Vec<&str> = runs.iter().map(|r| r["run_id"].as_str().unwrap()).collect();
+    assert_eq!(run_ids.len(), 7, "{runs:?}");
+    run_ids.sort_unstable();
+    run_ids.dedup();
+    assert_eq!(run_ids.len(), 7, "a run was listed twice");
+    let of_thread = all_pages(&op, "/runs?thread_id=t-0", "runs", 1).await;
+    assert_eq!(of_thread.len(), 3);
+    assert!(of_thread.iter().all(|r| r["thread_id"] == "t-0"));
+    let task_id = of_thread[0]["task_id"].as_str().unwrap();
+    let of_task = all_pages(&op, &format!("/runs?task_id={task_id}"), "runs", 5).await;
+    assert_eq!(of_task.len(), 1);
+    assert_eq!(
+        all_pages(&op, "/runs?agent=records", "runs", 3).await.len(),
+        7
+    );
+    assert!(all_pages(&op, "/runs?agent=other", "runs", 3)
+        .await
+        .is_empty());
+
+    let tasks = all_pages(&op, "/tasks?thread_id=t-0", "tasks", 2).await;
+    assert_eq!(tasks.len(), 3);
+
+    // One thread: its state and its recent tasks, newest first.
+    let (status, thread) = op.get(Some(ALICE), "/threads/t-0").await;
+    assert_eq!(status, StatusCode::OK, "{thread}");
+    assert_eq!(thread["queued"], 0);
+    assert_eq!(thread["recent_tasks"].as_array().unwrap().len(), 3);
+    assert_eq!(thread["recent_tasks"][0]["id"], tasks[2]["id"], "{thread}");
+
+    // Bad paging is a named 400.
+    for path in [
+        "/threads?page_size=0",
+        "/runs?page_size=0",
+        "/runs?page_token=nope",
+    ] {
+        let (status, bad) = op.get(Some(ALICE), path).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(bad["error"]["code"], "invalid_input", "{path}: {bad}");
+    }
+    for path in [
+        "/threads?page_size=x",
+        "/runs?page_size=-1",
+        "/tasks/x?history_length=y",
+    ] {
+        let (status, bad) = op.get(Some(ALICE), path).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(bad["error"]["code"], "invalid_query", "{path}: {bad}");
+    }
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn every_route_answers_another_tenants_ids_as_unknown_ones() {
+    let op = Operator::start().await;
+    let done = op.send("alice-thread", "hello").await;
+    let waiting = op.send("alice-waits", WRITE).await;
+    assert_eq!(waiting["status"]["state"], "input-required", "{waiting}");
+    let (_, approvals) = op.get(Some(ALICE), "/approvals").await;
+    let request_id = approvals["approvals"][0]["request"]["request_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, runs) = op.get(Some(ALICE), "/runs?thread_id=alice-thread").await;
+    let run_id = runs["runs"][0]["run_id"].as_str().unwrap().to_owned();
+    let task = done["id"].as_str().unwrap();
+    let waits = waiting["id"].as_str().unwrap();
+
+    // (method, path, body, code): Bob is told exactly what an unknown id tells Alice.
+    let routes: Vec<(&str, String, Option<Value>, &str)> = vec![
+        (
+            "get",
+            "/threads/alice-thread".into(),
+            None,
+            "thread_not_found",
+        ),
+        ("get", format!("/tasks/{task}"), None, "task_not_found"),
+        ("get", format!("/runs/{run_id}"), None, "run_not_found"),
+        (
+            "post",
+            format!("/tasks/{waits}/cancel"),
+            None,
+            "task_not_found",
+        ),
+        (
+            "post",
+            format!("/tasks/{waits}/approvals/{request_id}"),
+            Some(json!({"decision": "approve"})),
+            "task_not_found",
+        ),
+        (
+            "post",
+            "/threads/alice-thread/compact".into(),
+            None,
+            "thread_not_found",
+        ),
+        (
+            "get",
+            format!("/tasks/{task}/events"),
+            None,
+            "task_not_found",
+        ),
+        (
+            "get",
+            "/threads/alice-thread/events".into(),
+            None,
+            "thread_not_found",
+        ),
+    ];
+    let unknown = |path: &str| {
+        path.replace(task, "no-such-task")
+            .replace(waits, "no-such-task")
+            .replace(&run_id, "no-such-run")
+            .replace("alice-thread", "no-such-thread")
+    };
+    for (method, path, body, code) in &routes {
+        for (key, path) in [(BOB, path.clone()), (ALICE, unknown(path))] {
+            let (status, refused) = match *method {
+                "get" => op.get(Some(key), &path).await,
+                _ => op.post(Some(key), &path, body.clone()).await,
+            };
+            assert_eq!(
+                status,
+                StatusCode::NOT_FOUND,
+                "{key} {method} {path}: {refused}"
+            );
+            assert_eq!(refused["error"]["code"], *code, "{key} {method} {path}");
+        }
+        // Without credentials: 401 before anything is looked up.
+        let status = match *method {
+            "get" => op.get(None, path).await.0,
+            _ => op.post(None, path, body.clone()).await.0,
+        };
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path}");
+    }
+    // Lists: Bob sees none of Alice's threads, tasks, approvals or runs.
+    for (path, key) in [
+        ("/threads", "threads"),
+        ("/tasks", "tasks"),
+        ("/approvals", "approvals"),
+        ("/runs", "runs"),
+    ] {
+        let (status, page) = op.get(Some(BOB), path).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert_eq!(page[key], json!([]), "{path}: {page}");
+        assert_eq!(
+            op.get(None, path).await.0,
+            StatusCode::UNAUTHORIZED,
+            "{path}"
+        );
+    }
+    // A message to Alice's thread id as Bob starts Bob's own thread: Alice's is untouched.
+    let (status, bobs) = op
+        .post(
+            Some(BOB),
+            "/threads/alice-thread/messages",
+            Some(json!({"text": "hi"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{bobs}");
+    let (_, alices) = op.get(Some(ALICE), "/threads/alice-thread").await;
+    assert_eq!(
+        alices["recent_tasks"].as_array().unwrap().len(),
+        1,
+        "{alices}"
+    );
+    assert_eq!(
+        op.post(
+            None,
+            "/threads/alice-thread/messages",
+            Some(json!({"text": "hi"}))
+        )
+        .await
+        .0,
+        StatusCode::UNAUTHORIZED
+    );
+    // Alice's task still waits: nothing Bob sent reached it.
+    let (_, still) = op.get(Some(ALICE), &format!("/tasks/{waits}")).await;
+    assert_eq!(still["status"]["state"], "input-required");
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn bad_ids_and_bodies_are_named_400s() {
+    let op = Operator::start().await;
+    let long = "x".repeat(300);
+    for path in [
+        format!("/threads/{long}"),
+        format!("/tasks/{long}"),
+        format!("/runs/{long}"),
+        "/tasks/%20/events".to_owned(),
+        "/threads/a%01b/events".to_owned(),
+    ] {
+        let (status, bad) = op.get(Some(ALICE), &path).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(bad["error"]["code"], "invalid_id", "{path}: {bad}");
+    }
+    let task = op.send("bodies", "hello").await;
+    let task_id = task["id"].as_str().unwrap();
+    let decide = format!("/tasks/{task_id}/approvals/r-1");
+    let bodies: Vec<(String, Value, &str)> = vec![
+        (decide.clone(), json!({"decision": "maybe"}), "invalid_body"),
+        (
+            decide.clone(),
+            json!({"reason": "no decision"}),
+            "invalid_body",
+        ),
+        (
+            decide,
+            json!({"decision": "approve", "extra": 1}),
+            "invalid_body",
+        ),
+        (
+            "/threads/bodies/messages".into(),
+            json!({"text": "  "}),
+            "invalid_body",
+        ),
+        (
+            "/threads/bodies/messages".into(),
+            json!({"txt": "hi"}),
+            "invalid_body",
+        ),
+        (
+            "/threads/bodies/messages".into(),
+            json!({"text": "hi", "agent": "nobody"}),
+            "unknown_agent",
+        ),
+        (
+            "/threads/bodies/compact".into(),
+            json!({"strategy": "shred"}),
+            "invalid_body",
+        ),
+        (
+            format!("/tasks/{task_id}/cancel"),
+            json!({"reason": 5}),
+            "invalid_body",
+        ),
+    ];
+    for (path, body, code) in bodies {
+        let (status, bad) = op.post(Some(ALICE), &path, Some(body.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path} {body}: {bad}");
+        assert_eq!(bad["error"]["code"], code, "{path} {body}: {bad}");
+    }
+    // A resume point this server did not issue.
+    for (path, id) in [
+        (format!("/tasks/{task_id}/events"), "x"),
+        ("/threads/bodies/events".to_owned(), "not a position"),
+    ] {
+        let response = op
+            .server
+            .http
+            .get(op.url(&path))
+            .header("X-API-Key", ALICE)
+            .header("Last-Event-ID", id)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{path}");
+        let bad: Value = response.json().await.unwrap();
+        assert_eq!(bad["error"]["code"], "invalid_position", "{path}: {bad}");
+    }
+    let (status, bad) = op
+        .get(Some(ALICE), &format!("/tasks/{task_id}/events?after=-1"))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(bad["error"]["code"], "invalid_position", "{bad}");
+    op.stop().await;
 }

@@ -169,7 +169,7 @@ async fn retries_give_up_after_their_attempts() {
         .get_task(&"t-1".into(), None)
         .await
         .expect_err("every connection is dropped");
-    assert!(matches!(err, AgentError::Internal { .. }), "{err:?}");
+    assert!(matches!(err, AgentError::Unreachable { .. }), "{err:?}");
     assert_eq!(proxy.accepted(), 3, "three attempts, no more");
     server.stop().await;
 }
@@ -182,7 +182,7 @@ async fn send_message_is_never_retried() {
         .send_message(Message::user("once"), SendMessageOptions::default())
         .await
         .expect_err("the only connection is dropped");
-    assert!(matches!(err, AgentError::Internal { .. }), "{err:?}");
+    assert!(matches!(err, AgentError::Unreachable { .. }), "{err:?}");
     assert_eq!(proxy.accepted(), 1, "SendMessage got one attempt");
     assert_eq!(stored_tasks(&server).await, 0, "the message never arrived");
     server.stop().await;

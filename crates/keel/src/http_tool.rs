@@ -225,26 +225,41 @@ impl Tool for HttpTool {
         } else {
             request = request.json(&Value::Object(rest));
         }
-        // A URL from the environment may hold a secret: errors name the tool, never the URL.
+        // Errors name the URL called, its placeholders filled, so a user sees which call
+        // failed; a URL from the environment may hold a secret and is named masked.
+        let called = if self.url.is_secret() {
+            self.url.to_string()
+        } else {
+            url.clone()
+        };
         let response = tokio::select! {
             () = ctx.cancel.cancelled() => {
                 return Err(AgentError::Canceled { reason: "task canceled".into() });
             }
             response = request.send() => response.map_err(|err| {
-                let kind = if err.is_timeout() { "timed out" } else if err.is_connect() { "cannot connect" } else { "request failed" };
-                self.failed(format!("{} {}: {kind}", self.method, self.url))
+                let cause = if err.is_timeout() {
+                    format!("no answer within {}s", self.timeout.as_secs_f64())
+                } else {
+                    keel_core::ErrorSource::innermost(&err)
+                };
+                self.failed(format!("{} {called}: {cause}", self.method))
             })?,
         };
         let status = response.status();
-        let body = response.text().await.map_err(|_| {
+        let body = response.text().await.map_err(|err| {
             self.failed(format!(
-                "{} {}: the answer broke off",
-                self.method, self.url
+                "{} {called}: the answer broke off ({})",
+                self.method,
+                keel_core::ErrorSource::innermost(&err)
             ))
         })?;
         if !status.is_success() {
             let start: String = body.chars().take(500).collect();
-            return Err(self.failed(format!("HTTP {}: {start}", status.as_u16())));
+            return Err(self.failed(format!(
+                "{} {called} answered HTTP {}: {start}",
+                self.method,
+                status.as_u16()
+            )));
         }
         Ok(serde_json::from_str(&body).unwrap_or(Value::String(body)))
     }

@@ -27,6 +27,9 @@ mod runtime;
 
 pub use config::Config;
 pub use keel_agent as agent;
+/// The web console: its embedded page and routes (feature `console`).
+#[cfg(feature = "console")]
+pub use keel_console as console;
 pub use keel_core as core;
 pub use keel_events as events;
 pub use keel_llm as llm;

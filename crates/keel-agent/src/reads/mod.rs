@@ -14,6 +14,7 @@
 //! [`POLL_INTERVAL`]. So a watch opened on any process sees the events of a task run by
 //! another, with no gap and no duplicate.
 
+mod pages;
 mod values;
 mod watch;
 
@@ -33,6 +34,7 @@ use tokio::sync::watch as signal;
 use crate::task_meta::EngineMeta;
 use crate::{AgentExecutor, TERMINATED_AT_KEY};
 
+pub use pages::{ListPage, RunPageQuery, ThreadListing};
 pub use values::TenantValues;
 pub use watch::{TaskChange, TaskWatch, ThreadPosition, ThreadWatch, POLL_INTERVAL};
 

@@ -182,7 +182,12 @@ impl CallSite<'_> {
 
     /// A connection failure: `what` failed (`request failed`, `stream broke`).
     fn transport(&self, error: reqwest::Error, what: &str) -> LlmError {
-        // `without_url`: a URL may carry a query parameter a provider treats as secret.
+        // The endpoint tried is named without its query: a URL may carry a query parameter
+        // a provider treats as secret (`without_url` keeps it out of the message).
+        let endpoint = error
+            .url()
+            .map(|url| format!(" at {}{}", url.origin().ascii_serialization(), url.path()))
+            .unwrap_or_default();
         let timeout = error.is_timeout();
         let error = error.without_url();
         let mut message = error.to_string();
@@ -197,7 +202,10 @@ impl CallSite<'_> {
         } else {
             LlmErrorKind::Transport
         };
-        self.error(kind, format!("{} {what}: {message}", self.provider))
+        self.error(
+            kind,
+            format!("{} {what}{endpoint}: {message}", self.provider),
+        )
     }
 
     /// A failure reading an event stream: the connection, or events that do not parse.

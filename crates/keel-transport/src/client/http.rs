@@ -52,6 +52,46 @@ impl HttpBinding {
         }
     }
 
+    /// POST `body` to the agent's custom endpoint at `path` (under
+    /// [`ENDPOINTS_PATH`](crate::ENDPOINTS_PATH)) and read its JSON answer. Its errors are
+    /// `{"error": {"code", "message"}}` with the HTTP status saying which.
+    pub(crate) async fn post_endpoint(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> AgentResult<Value> {
+        let url = format!("{}{}{path}", self.base_url, crate::ENDPOINTS_PATH);
+        let response = self
+            .http
+            .post(&url)
+            .header(VERSION_HEADER, wire::PROTOCOL_VERSION)
+            .json(body)
+            .send()
+            .await
+            .map_err(|err| super::request_error(&url, &err))?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|err| super::request_error(&url, &err))?;
+        if status.is_success() {
+            return serde_json::from_slice(&body).map_err(|err| {
+                AgentError::internal(format!("{url} answered JSON that does not parse: {err}"))
+            });
+        }
+        // An endpoint's errors are A2A's REST errors; a 404 without one is no endpoint at all.
+        let error = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|body| Some(rest_error_as_rpc(body.get("error")?)));
+        Err(match error {
+            Some(error) => jsonrpc::agent_error_from_rpc(&error, None),
+            None if status == reqwest::StatusCode::NOT_FOUND => AgentError::Unsupported {
+                what: format!("{url} (the server offers no such endpoint)"),
+            },
+            None => super::status_error(&url, status, &body),
+        })
+    }
+
     pub(crate) fn with_http_client(self, http: reqwest::Client) -> Self {
         Self { http, ..self }
     }
@@ -77,15 +117,13 @@ impl HttpBinding {
             .await
             .map_err(|e| connection_failure(&url, e))?;
         let status = response.status();
-        if !status.is_success() {
-            return Err(Failure::Answer(AgentError::internal(format!(
-                "GET {url} answered HTTP {status}"
-            ))));
-        }
         let body = response
             .bytes()
             .await
             .map_err(|e| connection_failure(&url, e))?;
+        if !status.is_success() {
+            return Err(Failure::Answer(super::status_error(&url, status, &body)));
+        }
         let card: Value = serde_json::from_slice(&body).map_err(|e| {
             Failure::Answer(AgentError::internal(format!(
                 "GET {url} answered a card that is not JSON: {e}"
@@ -260,7 +298,7 @@ impl ClientBinding for HttpBinding {
             .header("accept", "text/event-stream")
             .send()
             .await
-            .map_err(|e| transport_error(&url, e))?;
+            .map_err(|e| super::request_error(&url, &e))?;
         let status = response.status();
         let is_sse = response
             .headers()
@@ -273,7 +311,7 @@ impl ClientBinding for HttpBinding {
             let body = response
                 .bytes()
                 .await
-                .map_err(|e| transport_error(&url, e))?;
+                .map_err(|e| super::request_error(&url, &e))?;
             let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             return Err(match self.error_of(&body) {
                 Some(error) => jsonrpc::agent_error_from_rpc(&error, task_id.as_ref()),
@@ -373,14 +411,10 @@ fn percent_encode(segment: &str) -> String {
 /// loop) is final.
 fn connection_failure(url: &str, err: reqwest::Error) -> Failure {
     let lost = err.is_connect() || err.is_request() || err.is_body() || err.is_timeout();
-    let err = transport_error(url, err);
+    let err = super::request_error(url, &err);
     if lost {
         Failure::Connection(err)
     } else {
         Failure::Answer(err)
     }
-}
-
-fn transport_error(url: &str, err: reqwest::Error) -> AgentError {
-    AgentError::internal(format!("request to {url} failed: {err}"))
 }

@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use keel_agent::AgentExecutor;
-use keel_core::{AgentCard, AgentResult, Message, Task, TaskId};
+use keel_core::{AgentCard, AgentError, AgentResult, Message, Task, TaskId};
 use keel_runtime::AuthContext;
+use serde_json::Value;
 
 // Public because it bounds `A2aClient`'s methods, but not exported: the bindings are the
 // crate's own.
@@ -188,6 +189,24 @@ impl A2aClient<HttpBinding> {
     #[must_use]
     pub fn with_endpoint(self, endpoint: impl Into<String>) -> Self {
         Self::over(self.binding.with_endpoint(endpoint), self.retry)
+    }
+
+    /// Compact a thread's history on the agent's server, as the agent's automatic compaction
+    /// would (`POST /x/threads/compact`, which `keel serve` offers on every agent): `request`
+    /// names the thread and the strategy. A thread a run holds is
+    /// [`AgentError::Overloaded`]; a server without the endpoint answers
+    /// [`AgentError::Unsupported`].
+    pub async fn compact_thread(
+        &self,
+        request: &keel_llm::HistoryCompactionRequest,
+    ) -> AgentResult<keel_llm::HistoryCompactionResult> {
+        let answer = self
+            .binding
+            .post_endpoint(crate::endpoint::COMPACT_THREAD_PATH, request)
+            .await?;
+        serde_json::from_value(answer).map_err(|err| {
+            AgentError::internal(format!("the compaction answer does not parse: {err}"))
+        })
     }
 }
 
@@ -377,6 +396,52 @@ impl<B: ClientBinding> AgentTransport for A2aClient<B> {
 
     async fn subscribe(&self, task_id: &TaskId) -> AgentResult<TaskEventStream> {
         A2aClient::subscribe(self, task_id).await
+    }
+}
+
+/// A request that got no answer, as the error a user can act on: a URL that cannot be
+/// requested is the caller's input; anything else (refused, unresolved, timed out, cut off)
+/// names the URL and the innermost cause, which is what says what happened.
+pub(crate) fn request_error(url: &str, err: &reqwest::Error) -> AgentError {
+    let cause = keel_core::ErrorSource::innermost(err);
+    if err.is_builder() {
+        return AgentError::invalid_input(
+            "url",
+            format!("`{url}` cannot be requested ({cause}); write it as http://host:port/..."),
+        );
+    }
+    let cause = if err.is_timeout() {
+        "no answer in time".to_owned()
+    } else {
+        cause
+    };
+    AgentError::Unreachable {
+        url: url.to_owned(),
+        cause,
+    }
+}
+
+/// An HTTP error answer that carries no A2A error. `404` means no agent is there, which is
+/// the caller's URL to fix; any other status is the server's. The server's own words (`error`
+/// as text, or `error.message`) are kept: they may say which agents it has.
+pub(crate) fn status_error(url: &str, status: reqwest::StatusCode, body: &[u8]) -> AgentError {
+    let said = serde_json::from_slice::<Value>(body).ok().and_then(|body| {
+        let error = body.get("error")?;
+        error
+            .as_str()
+            .or_else(|| error.get("message")?.as_str())
+            .map(str::to_owned)
+    });
+    let said = said.map(|said| format!(": {said}")).unwrap_or_default();
+    if status == reqwest::StatusCode::NOT_FOUND {
+        return AgentError::invalid_input(
+            "url",
+            format!("no A2A agent answers at {url} (HTTP 404{said})"),
+        );
+    }
+    AgentError::Unreachable {
+        url: url.to_owned(),
+        cause: format!("answered HTTP {status}{said}"),
     }
 }
 

@@ -98,9 +98,10 @@ impl Socket {
                         )),
                     }
                 }
-                other => {
-                    AgentError::internal(format!("WebSocket connect to {url} failed: {other}"))
-                }
+                other => AgentError::Unreachable {
+                    url: url.to_string(),
+                    cause: other.to_string(),
+                },
             })?;
         let (mut sink, mut source) = socket.split();
         let (outbox, mut outgoing) = mpsc::channel::<Frame>(OUTBOX);
@@ -324,15 +325,12 @@ impl ClientBinding for WsBinding {
                 for (name, value) in &self.headers {
                     request = request.header(name.as_str(), value.as_bytes());
                 }
-                let failed = |e: reqwest::Error| {
-                    AgentError::internal(format!("request to {url} failed: {e}"))
-                };
+                let failed = |e: reqwest::Error| super::request_error(&url, &e);
                 let response = request.send().await.map_err(failed)?;
                 let status = response.status();
                 if !status.is_success() {
-                    return Err(AgentError::internal(format!(
-                        "GET {url} answered HTTP {status}"
-                    )));
+                    let body = response.bytes().await.map_err(failed)?;
+                    return Err(super::status_error(&url, status, &body));
                 }
                 let card: Value = response.json().await.map_err(failed)?;
                 Ok(wire::decode_card(card)?.0)

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test file uses a different subset
 
+pub mod operator;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,6 +68,36 @@ pub fn agent() -> Agent {
         .human_handoff(true)
         .build()
         .expect("the test agent builds")
+}
+
+/// An agent whose `write_record` tool needs approval (capability `records.write`); each
+/// run of the tool counts in `writes`.
+pub fn records_agent(writes: Arc<std::sync::atomic::AtomicUsize>) -> Agent {
+    let tool = FnTool::new(
+        "write_record",
+        "Write a record",
+        json!({"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}),
+        move |args, _ctx| {
+            let writes = writes.clone();
+            async move {
+                writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(json!(format!(
+                    "wrote {}",
+                    args["id"].as_str().unwrap_or_default()
+                )))
+            }
+        },
+    )
+    .with_capabilities(["records.write"]);
+    Agent::builder(AgentCard::new("records", "keeps records", "http://unused"))
+        .tool(tool)
+        .human_handoff(true)
+        .policy(keel_policy::CapabilityPolicy::new().with_rule(
+            "records.write",
+            keel_policy::CapabilityRule::RequireApproval,
+        ))
+        .build()
+        .unwrap()
 }
 
 pub struct TestServer {

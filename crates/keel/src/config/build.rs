@@ -260,6 +260,9 @@ fn build_agent(
             max_invalid_repeats: agent.stop.max_invalid_repeats,
         })
         .human_handoff(agent.tools.builtin.contains(&BuiltinTool::AskHuman));
+    if let Some(compaction) = &agent.compaction {
+        builder = builder.compaction(compaction.auto());
+    }
     builder = match agent.negotiate {
         Negotiate::Accept => builder.negotiator(AcceptAll),
         Negotiate::Model => builder.negotiator(LlmNegotiator::new(llm)),

@@ -135,11 +135,27 @@ impl Config {
     /// instruction files are looked up).
     pub fn parse(text: &str, path: impl AsRef<Path>) -> Result<LoadedConfig, ConfigError> {
         let path = path.as_ref();
+        // The typed parse stops at the first unset `${VAR}`, with its place; the others are
+        // named with it, so a file is fixed in one go.
+        let missing = text
+            .parse::<toml::Table>()
+            .map(|document| secret::missing_variables(&document, |name| std::env::var(name).ok()))
+            .unwrap_or_default();
+        let also_missing = |mut error: ConfigError| {
+            if missing.len() > 1 && error.message.contains("is not set") {
+                let others: Vec<String> = missing[1..]
+                    .iter()
+                    .map(|(name, field)| format!("`{name}` ({field})"))
+                    .collect();
+                error.message = format!("{}; also not set: {}", error.message, others.join(", "));
+            }
+            error
+        };
         let deserializer = toml::de::Deserializer::parse(text)
             .map_err(|err| toml_error(path, text, err, String::new()))?;
         let config: Config = serde_path_to_error::deserialize(deserializer).map_err(|err| {
             let field = err.path().to_string();
-            toml_error(path, text, err.into_inner(), field)
+            also_missing(toml_error(path, text, err.into_inner(), field))
         })?;
         let instructions = config.check(text, path)?;
         Ok(LoadedConfig {
@@ -214,6 +230,23 @@ impl Config {
                     format!("prices.\"{model}\""),
                     "give `input` and `output` as dollars per million tokens, 0 or more",
                 ));
+            }
+        }
+        for (i, agent) in self.agents.iter().enumerate() {
+            let Some(compaction) = &agent.compaction else {
+                continue;
+            };
+            for (name, ratio) in [
+                ("trigger_ratio", compaction.trigger_ratio),
+                ("target_ratio", compaction.target_ratio),
+            ] {
+                if ratio.is_some_and(|ratio| !(ratio > 0.0 && ratio <= 1.0)) {
+                    return Err(ConfigError::whole(
+                        path,
+                        format!("agents[{i}].compaction.{name}"),
+                        "use a fraction of the context window, above 0 and at most 1",
+                    ));
+                }
             }
         }
         for (i, agent) in self.agents.iter().enumerate() {

@@ -118,6 +118,61 @@ fn is_variable_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// Every `${VAR}` of the string values of a TOML document whose variable `lookup` does not
+/// know, with the dotted path of the value that names it, in document order: so that a file
+/// needing several variables names them all at once, not one per try.
+pub(crate) fn missing_variables(
+    document: &toml::Table,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Vec<(String, String)> {
+    fn walk(
+        value: &toml::Value,
+        path: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        missing: &mut Vec<(String, String)>,
+    ) {
+        match value {
+            toml::Value::String(template) => {
+                let unknown = std::cell::RefCell::new(Vec::new());
+                // Malformed references are the typed parse's to report, with their place.
+                let _ = EnvString::expand(template, |name| {
+                    lookup(name).or_else(|| {
+                        unknown.borrow_mut().push(name.to_owned());
+                        Some(String::new())
+                    })
+                });
+                missing.extend(
+                    unknown
+                        .into_inner()
+                        .into_iter()
+                        .map(|name| (name, path.to_owned())),
+                );
+            }
+            toml::Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    walk(item, &format!("{path}[{i}]"), lookup, missing);
+                }
+            }
+            toml::Value::Table(table) => {
+                for (key, item) in table {
+                    let path = if path.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{path}.{key}")
+                    };
+                    walk(item, &path, lookup, missing);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut missing = Vec::new();
+    for (key, value) in document {
+        walk(value, key, &lookup, &mut missing);
+    }
+    missing
+}
+
 impl fmt::Display for EnvString {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.masked())

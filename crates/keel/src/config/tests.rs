@@ -108,6 +108,26 @@ fn a_misspelt_rule_value_is_suggested() {
 }
 
 #[test]
+fn every_missing_environment_variable_is_named_at_once() {
+    let text = format!(
+        "[[server.api_keys]]\nkey = \"${{KEEL_TEST_UNSET_ONE}}\"\ntenant = \"a/b\"\n\n\
+         [[server.api_keys]]\nkey = \"${{KEEL_TEST_UNSET_TWO}}-${{KEEL_TEST_UNSET_THREE}}\"\ntenant = \"c/d\"\n\n{MINIMAL}"
+    );
+    let error = parse(&text).unwrap_err();
+    assert_eq!((error.line, error.column), (Some(2), Some(7)), "{error}");
+    assert!(
+        error.message.contains("`KEEL_TEST_UNSET_ONE` is not set"),
+        "{error}"
+    );
+    assert!(
+        error.message.contains(
+            "also not set: `KEEL_TEST_UNSET_TWO` (server.api_keys[1].key), `KEEL_TEST_UNSET_THREE` (server.api_keys[1].key)"
+        ),
+        "{error}"
+    );
+}
+
+#[test]
 fn a_missing_environment_variable_is_an_error_at_its_value() {
     let text = format!(
         "[[server.api_keys]]\nkey = \"${{KEEL_TEST_SURELY_UNSET_VAR}}\"\ntenant = \"a/b\"\n\n{MINIMAL}"
@@ -428,4 +448,113 @@ fn tool_names_and_schemas_are_checked_where_they_are_written() {
     let error = parse(&bad_schema).unwrap_err();
     assert_eq!((error.line, error.column), (Some(8), Some(14)), "{error}");
     assert!(error.message.contains("not a valid JSON schema"), "{error}");
+}
+
+#[test]
+fn an_agent_compacts_automatically_as_its_file_says() {
+    let text = format!(
+        "{MINIMAL}[agents.compaction]\nstrategy = \"recent\"\nmax_messages = 8\ncontext_window = 4000\n"
+    );
+    let config = parse(&text).unwrap();
+    let agents = config
+        .agents()
+        .build(Arc::new(DefaultRuntime::offline()))
+        .unwrap();
+    let compaction = agents
+        .default_agent()
+        .executor
+        .agent()
+        .compaction()
+        .cloned()
+        .expect("the agent compacts");
+    let engine_default = keel_agent::AutoCompaction::new(keel_llm::CompactionStrategy::Recent);
+    assert_eq!(
+        compaction,
+        keel_agent::AutoCompaction {
+            max_messages: 8,
+            context_window: Some(4000),
+            ..engine_default
+        }
+    );
+    // Without the table nothing is compacted.
+    let plain = parse(MINIMAL).unwrap();
+    let plain = plain
+        .agents()
+        .build(Arc::new(DefaultRuntime::offline()))
+        .unwrap();
+    assert!(plain
+        .default_agent()
+        .executor
+        .agent()
+        .compaction()
+        .is_none());
+
+    let error = parse(&format!(
+        "{MINIMAL}[agents.compaction]\nstrategy = \"tokens\"\ntarget_ratio = 1.5\n"
+    ))
+    .unwrap_err();
+    assert_eq!(error.field, "agents[0].compaction.target_ratio", "{error}");
+    let error = parse(&format!(
+        "{MINIMAL}[agents.compaction]\nstrategy = \"shrink\"\n"
+    ))
+    .unwrap_err();
+    assert!(error.message.contains("recent"), "{error}");
+}
+
+#[tokio::test]
+async fn an_http_tools_failure_names_the_url_it_called_and_why() {
+    let refused = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let unavailable = axum::Router::new().route(
+        "/weather/{city}",
+        axum::routing::get(|| async {
+            (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "down for maintenance",
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let down = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, unavailable).await });
+    for (port, said) in [
+        (
+            refused,
+            format!("GET http://127.0.0.1:{refused}/weather/Oslo: "),
+        ),
+        (
+            down,
+            format!(
+                "GET http://127.0.0.1:{down}/weather/Oslo answered HTTP 503: down for maintenance"
+            ),
+        ),
+    ] {
+        let text = format!(
+            "{MINIMAL}[[agents.tools.http]]\nname = \"weather\"\ndescription = \"W.\"\nmethod = \"GET\"\n\
+             url = \"http://127.0.0.1:{port}/weather/{{city}}\"\n\
+             parameters = {{ type = \"object\", properties = {{ city = {{ type = \"string\" }} }} }}\n"
+        );
+        let config = parse(&text).unwrap();
+        let runtime: Arc<dyn Runtime> = Arc::new(DefaultRuntime::offline());
+        let agents = config.agents().build(runtime.clone()).unwrap();
+        let auth = runtime.auth_service().auth_context();
+        let executor = &agents.default_agent().executor;
+        let task = executor
+            .send_message(
+                &auth,
+                Message::user(r#"/weather {"city": "Oslo"}"#),
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        let history = executor.get_task(&auth, &task.id, None).await.unwrap();
+        let shown = serde_json::to_string(&history).unwrap();
+        assert!(shown.contains(&said), "`{said}` not in {shown}");
+        if port == refused {
+            assert!(shown.to_lowercase().contains("refused"), "{shown}");
+        }
+    }
 }

@@ -129,6 +129,10 @@ pub struct ServerConfig {
     /// Label run metrics with the tenant (`app/user`): a series per tenant (decision 188).
     #[serde(default)]
     pub metrics_tenant_labels: bool,
+    /// Serve the web console at `/console` (docs/console.md); unset, it is served when the
+    /// server listens on a loopback address only.
+    #[serde(default)]
+    pub console: Option<bool>,
     /// How `keel serve` writes its log lines.
     #[serde(default)]
     pub log_format: LogFormat,
@@ -177,6 +181,7 @@ impl Default for ServerConfig {
             max_connections: default_max_connections(),
             metrics: false,
             metrics_tenant_labels: false,
+            console: None,
             log_format: LogFormat::Text,
         }
     }
@@ -298,6 +303,55 @@ pub struct AgentConfig {
     /// When a run stops.
     #[serde(default)]
     pub stop: StopConfig,
+    /// Compact the thread's history before a model call that would not fit; none when
+    /// absent.
+    #[serde(default)]
+    pub compaction: Option<CompactionConfig>,
+}
+
+/// `[agents.compaction]`: automatic compaction of what the model sees of a thread
+/// (docs/compaction.md); every field but `strategy` has the engine's default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionConfig {
+    /// `recent`, `tokens` or `summary`.
+    pub strategy: keel_llm::CompactionStrategy,
+    /// Compact when the estimated request exceeds this fraction of the context window.
+    #[serde(default)]
+    pub trigger_ratio: Option<f64>,
+    /// The fraction of the window the compacted context aims for.
+    #[serde(default)]
+    pub target_ratio: Option<f64>,
+    /// Most history messages `recent` keeps.
+    #[serde(default)]
+    pub max_messages: Option<usize>,
+    /// Newest messages `summary` keeps verbatim.
+    #[serde(default)]
+    pub preserve_recent: Option<usize>,
+    /// Longest summary, in tokens.
+    #[serde(default)]
+    pub summary_max_tokens: Option<u64>,
+    /// The window to keep within, over the model profile's.
+    #[serde(default)]
+    pub context_window: Option<u64>,
+}
+
+impl CompactionConfig {
+    /// The engine's setting: the engine's defaults, overridden by what the file says.
+    pub fn auto(&self) -> keel_agent::AutoCompaction {
+        let default = keel_agent::AutoCompaction::new(self.strategy);
+        keel_agent::AutoCompaction {
+            strategy: self.strategy,
+            trigger_ratio: self.trigger_ratio.unwrap_or(default.trigger_ratio),
+            target_ratio: self.target_ratio.unwrap_or(default.target_ratio),
+            max_messages: self.max_messages.unwrap_or(default.max_messages),
+            preserve_recent: self.preserve_recent.unwrap_or(default.preserve_recent),
+            summary_max_tokens: self
+                .summary_max_tokens
+                .unwrap_or(default.summary_max_tokens),
+            context_window: self.context_window.or(default.context_window),
+        }
+    }
 }
 
 /// `agents[].negotiate`: how an agent takes on a new task (decision 137).

@@ -1,0 +1,75 @@
+// The console's entry: the API key form, the page for the location's hash, and the count of
+// pending approvals in the header.
+
+import { api, apiKey, setApiKey } from './api.js';
+import { h } from './dom.js';
+import { agentsView, approvalsView, chatView, taskView, threadsView, threadView } from './views.js';
+
+const view = document.getElementById('view');
+const notice = document.getElementById('notice');
+let stopCurrent = () => {};
+
+function show(message) {
+  notice.textContent = message;
+  notice.hidden = !message;
+}
+
+/** The page for `#/...`: agents, threads, a thread, a task, approvals or the chat box. */
+async function route() {
+  stopCurrent();
+  stopCurrent = () => {};
+  const parts = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
+  const [page = 'agents'] = parts;
+  for (const link of document.querySelectorAll('[data-nav]')) {
+    link.classList.toggle('active', link.dataset.nav === page || (page === 'thread' && link.dataset.nav === 'threads'));
+  }
+  show('');
+  try {
+    let node;
+    if (page === 'thread' && parts[2] === 'task' && parts[3]) {
+      const opened = taskView(parts[1], parts[3]);
+      stopCurrent = opened.stop;
+      node = opened.node;
+    } else if (page === 'thread' && parts[1]) {
+      node = threadView(parts[1]);
+    } else if (page === 'threads') {
+      node = threadsView();
+    } else if (page === 'approvals') {
+      node = approvalsView();
+    } else if (page === 'chat') {
+      node = await chatView(parts[1]);
+    } else {
+      node = await agentsView();
+    }
+    view.replaceChildren(node);
+  } catch (err) {
+    view.replaceChildren(h('p', { class: 'error' }, err.status === 401 ? 'This server needs an API key: type it in at the top right.' : err.message));
+  }
+}
+
+async function countApprovals() {
+  const badge = document.getElementById('approval-count');
+  try {
+    const page = await api('/api/v1/approvals', { query: { page_size: 1 } });
+    const count = page.total_size ?? (page.approvals || []).length;
+    badge.textContent = String(count);
+    badge.hidden = !count;
+  } catch {
+    badge.hidden = true;
+  }
+}
+
+const form = document.getElementById('key-form');
+const keyInput = document.getElementById('api-key');
+keyInput.value = apiKey();
+form.addEventListener('submit', (event) => {
+  event.preventDefault();
+  setApiKey(keyInput.value.trim());
+  route();
+  countApprovals();
+});
+
+window.addEventListener('hashchange', route);
+route();
+countApprovals();
+setInterval(countApprovals, 5000);

@@ -1,0 +1,314 @@
+//! The operator API beside A2A, under `/api/v1`: what an operator reads to watch runs and
+//! what it does to steer them (docs/operator-api.md lists every route). Lists (agents,
+//! threads, tasks, approvals, runs) and one thread, task or run are in `lists`; approving,
+//! canceling, sending a message and compacting a thread in `act`; a task's or a thread's
+//! live events over SSE in `events`; the bodies and answers as types, from which the OpenAPI
+//! document at `/api/v1/openapi.json` is derived, in `schema`.
+//!
+//! The caller's tenant comes from its credentials, as on every other route (see
+//! `threads.rs`); another tenant's ids answer `404`, the same as ids that never existed.
+//! Everything is read through the engine's read-and-watch API ([`Reads`]) and done through
+//! the executor, never a store. Errors carry `{"error": {"code", "message"}}`.
+
+mod act;
+mod events;
+mod lists;
+mod schema;
+
+use std::sync::Arc;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Json, Query};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, MethodRouter};
+use axum::Router;
+use keel_agent::reads::Reads;
+use keel_agent::AgentExecutor;
+use keel_core::AgentError;
+use keel_runtime::AuthContext;
+use utoipa::OpenApi;
+
+use crate::handlers::Handlers;
+use crate::security::Security;
+use crate::variables::{caller_of, internal, refuse};
+
+/// The longest id a route takes.
+const MAX_ID_BYTES: usize = 256;
+
+/// An agent the operator API lists and sends messages to: its name on the server and the
+/// A2A operations over its executor.
+#[derive(Clone)]
+pub(crate) struct OperatorAgent {
+    name: String,
+    handlers: Handlers,
+}
+
+impl OperatorAgent {
+    /// The agent served as `name` through `handlers`.
+    pub(crate) fn new(name: impl Into<String>, handlers: Handlers) -> Self {
+        Self {
+            name: name.into(),
+            handlers,
+        }
+    }
+
+    /// Its name on the server.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+#[derive(Clone)]
+struct OperatorState {
+    reads: Reads,
+    security: Option<Security>,
+    executor: AgentExecutor,
+    /// The server's agents, the default first.
+    agents: Arc<Vec<OperatorAgent>>,
+}
+
+impl OperatorState {
+    /// The caller's tenant, or the `401` answer.
+    fn caller(&self, headers: &HeaderMap) -> Result<AuthContext, Box<Response>> {
+        caller_of(&self.reads, self.security.as_ref(), headers, None)
+    }
+}
+
+/// The OpenAPI document of the operator routes, derived from the handlers' annotations.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Keel operator API",
+        description = "Watch and steer a Keel server's runs: see docs/operator-api.md."
+    ),
+    paths(
+        lists::agents,
+        lists::threads,
+        lists::thread,
+        lists::tasks,
+        lists::task,
+        lists::approvals,
+        lists::runs,
+        lists::run,
+        act::cancel,
+        act::decide,
+        act::message,
+        act::compact,
+        events::task_events,
+        events::thread_events,
+        openapi,
+    ),
+    components(schemas(schema::ErrorBody, schema::EventView))
+)]
+struct OperatorDoc;
+
+/// One route: its method, its path (OpenAPI's syntax is axum's) and its handler.
+struct Route {
+    // Read by the test that checks the document: the router takes it from the handler.
+    #[cfg_attr(not(test), allow(dead_code))]
+    method: Method,
+    path: &'static str,
+    handler: MethodRouter<OperatorState>,
+}
+
+fn route(method: Method, path: &'static str, handler: MethodRouter<OperatorState>) -> Route {
+    Route {
+        method,
+        path,
+        handler,
+    }
+}
+
+/// Every operator route: the router is built from this list only, so the test that finds
+/// each of them in [`OperatorDoc`] covers the router.
+fn routes() -> Vec<Route> {
+    vec![
+        route(Method::GET, "/api/v1/agents", get(lists::agents)),
+        route(Method::GET, "/api/v1/threads", get(lists::threads)),
+        route(
+            Method::GET,
+            "/api/v1/threads/{thread_id}",
+            get(lists::thread),
+        ),
+        route(Method::GET, "/api/v1/tasks", get(lists::tasks)),
+        route(Method::GET, "/api/v1/tasks/{task_id}", get(lists::task)),
+        route(Method::GET, "/api/v1/approvals", get(lists::approvals)),
+        route(Method::GET, "/api/v1/runs", get(lists::runs)),
+        route(Method::GET, "/api/v1/runs/{run_id}", get(lists::run)),
+        route(
+            Method::POST,
+            "/api/v1/tasks/{task_id}/cancel",
+            post(act::cancel),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/tasks/{task_id}/approvals/{request_id}",
+            post(act::decide),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/threads/{thread_id}/messages",
+            post(act::message),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/threads/{thread_id}/compact",
+            post(act::compact),
+        ),
+        route(
+            Method::GET,
+            "/api/v1/tasks/{task_id}/events",
+            get(events::task_events),
+        ),
+        route(
+            Method::GET,
+            "/api/v1/threads/{thread_id}/events",
+            get(events::thread_events),
+        ),
+        route(Method::GET, "/api/v1/openapi.json", get(openapi)),
+    ]
+}
+
+/// The operator routes over `executor`'s stores; `agents` are the server's agents, the
+/// default (`executor`'s) first; `security` as the rest of the server.
+pub(crate) fn router(
+    executor: &AgentExecutor,
+    security: Option<Security>,
+    agents: Vec<OperatorAgent>,
+) -> Router {
+    let state = OperatorState {
+        reads: executor.reads(),
+        security,
+        executor: executor.clone(),
+        agents: Arc::new(agents),
+    };
+    routes()
+        .into_iter()
+        .fold(Router::new(), |router, r| router.route(r.path, r.handler))
+        .with_state(state)
+}
+
+/// The OpenAPI document of the operator API.
+#[utoipa::path(get, path = "/api/v1/openapi.json", tag = "operator",
+    responses((status = 200, description = "The OpenAPI 3.1 document", body = Object)))]
+async fn openapi() -> Response {
+    Json(OperatorDoc::openapi()).into_response()
+}
+
+/// The answer to an engine error.
+fn failure(err: &AgentError) -> Response {
+    match err {
+        AgentError::InvalidInput { .. } => {
+            refuse(StatusCode::BAD_REQUEST, "invalid_input", err.to_string())
+        }
+        AgentError::TaskNotFound { .. } => {
+            refuse(StatusCode::NOT_FOUND, "task_not_found", err.to_string())
+        }
+        AgentError::ThreadNotFound { .. } => {
+            refuse(StatusCode::NOT_FOUND, "thread_not_found", err.to_string())
+        }
+        AgentError::TaskNotCancelable { .. } => {
+            refuse(StatusCode::CONFLICT, "task_not_cancelable", err.to_string())
+        }
+        AgentError::Overloaded { .. } => {
+            refuse(StatusCode::CONFLICT, "thread_busy", err.to_string())
+        }
+        _ => internal(err, "operator"),
+    }
+}
+
+/// `Ok` for an id a route takes: not blank, at most [`MAX_ID_BYTES`], no control characters;
+/// else `400 invalid_id` naming which id.
+fn check_id(which: &str, id: &str) -> Result<(), Box<Response>> {
+    if id.trim().is_empty() || id.len() > MAX_ID_BYTES || id.chars().any(char::is_control) {
+        return Err(Box::new(refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+            format!("`{which}` must be 1 to {MAX_ID_BYTES} bytes without control characters"),
+        )));
+    }
+    Ok(())
+}
+
+/// The query, or `400 invalid_query`.
+fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Box<Response>> {
+    query.map(|Query(q)| q).map_err(|rejection| {
+        Box::new(refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            format!("the query is malformed: {}", rejection.body_text()),
+        ))
+    })
+}
+
+/// The JSON body, or `400 invalid_body` saying why.
+fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, Box<Response>> {
+    body.map(|Json(b)| b).map_err(|rejection| {
+        Box::new(refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            rejection.body_text(),
+        ))
+    })
+}
+
+/// An optional JSON body: `None` when empty, else the value or `400 invalid_body`.
+fn optional_body<T: serde::de::DeserializeOwned>(
+    bytes: &axum::body::Bytes,
+) -> Result<Option<T>, Box<Response>> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    serde_json::from_slice(bytes).map(Some).map_err(|err| {
+        Box::new(refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            format!("the body is not the JSON this route takes: {err}"),
+        ))
+    })
+}
+
+/// Unwraps a step's answer, returning the refusal from the handler.
+macro_rules! tri {
+    ($e:expr) => {
+        match $e {
+            Ok(value) => value,
+            Err(response) => return *response,
+        }
+    };
+}
+pub(crate) use tri;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_of_the_router_is_in_the_openapi_document() {
+        let doc = OperatorDoc::openapi();
+        for r in routes() {
+            let item = doc
+                .paths
+                .paths
+                .get(r.path)
+                .unwrap_or_else(|| panic!("{} is not in the document", r.path));
+            let operation = match r.method {
+                Method::GET => item.get.as_ref(),
+                Method::POST => item.post.as_ref(),
+                _ => None,
+            };
+            assert!(
+                operation.is_some(),
+                "{} {} is not documented",
+                r.method,
+                r.path
+            );
+        }
+        assert_eq!(
+            doc.paths.paths.len(),
+            routes().len(),
+            "no documented route is unserved"
+        );
+    }
+}
