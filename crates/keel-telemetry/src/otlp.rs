@@ -72,6 +72,16 @@ impl TelemetryConfig {
         !var("OTEL_METRICS_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none"))
     }
 
+    /// The URL of `signal`'s export (`{endpoint}/v1/{signal}`) the file names, when none of
+    /// `vars` does (the exporter reads those itself).
+    fn file_endpoint(&self, vars: &[&str], signal: &str) -> Option<String> {
+        if vars.iter().any(|name| var(name).is_some()) {
+            return None;
+        }
+        let endpoint = self.endpoint.as_ref()?;
+        Some(format!("{}/v1/{signal}", endpoint.trim_end_matches('/')))
+    }
+
     fn captures_content(&self) -> bool {
         self.capture_content
             || var(semconv::CAPTURE_CONTENT_VAR).is_some_and(|v| v.eq_ignore_ascii_case("true"))
@@ -119,11 +129,8 @@ impl Telemetry {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_http();
-        if !ENDPOINT_VARS.iter().any(|name| var(name).is_some()) {
-            if let Some(endpoint) = &config.endpoint {
-                exporter =
-                    exporter.with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')));
-            }
+        if let Some(endpoint) = config.file_endpoint(&ENDPOINT_VARS, "traces") {
+            exporter = exporter.with_endpoint(endpoint);
         }
         let exporter = exporter
             .build()
@@ -180,11 +187,8 @@ fn meter_provider(
     resource: Resource,
 ) -> Result<SdkMeterProvider, String> {
     let mut exporter = opentelemetry_otlp::MetricExporter::builder().with_http();
-    if !METRICS_ENDPOINT_VARS.iter().any(|name| var(name).is_some()) {
-        if let Some(endpoint) = &config.endpoint {
-            exporter =
-                exporter.with_endpoint(format!("{}/v1/metrics", endpoint.trim_end_matches('/')));
-        }
+    if let Some(endpoint) = config.file_endpoint(&METRICS_ENDPOINT_VARS, "metrics") {
+        exporter = exporter.with_endpoint(endpoint);
     }
     let exporter = exporter
         .build()
