@@ -43,6 +43,7 @@ use keel_core::{AgentCard, AgentResult, Message, ThreadId};
 use keel_llm::{Llm, LlmRequest, LlmResponse, LlmRole, ToolCall};
 use keel_runtime::{Runtime, Services};
 use serde_json::{json, Value};
+use store_bench::count_from_env;
 
 /// Steps per task: each step is one model call that asks for the `noop` tool. Set once from
 /// `KEEL_BENCH_STEPS` (default 10): comparing 1 with 10 separates what a task costs once from
@@ -51,15 +52,6 @@ static STEPS_PER_TASK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
 fn steps_per_task() -> usize {
     *STEPS_PER_TASK.get_or_init(|| count_from_env("KEEL_BENCH_STEPS", 10))
-}
-
-/// A positive count from the environment variable `name`, else `default`.
-fn count_from_env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(default)
 }
 
 /// A model that asks for `noop` until the task has had `steps` steps, then answers.

@@ -272,7 +272,13 @@ async fn json_logs_carry_each_request_and_the_runs_milestones() {
     assert_eq!(get["task_id"], task_id.as_str());
     assert_eq!(get["status"], 200);
 
-    assert_eq!(find("run started")["task_id"], task_id.as_str());
+    // One line per run at `info`, when it stops: its start is a `debug` line.
+    let of_run: Vec<_> = lines
+        .iter()
+        .filter(|l| l["target"] == "keel::run" && l["task_id"] == task_id.as_str())
+        .map(|l| l["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(of_run, ["tool call", "run ended"]);
     let tool = find("tool call");
     assert_eq!(
         (&tool["tool"], &tool["outcome"], &tool["task_id"]),

@@ -33,7 +33,7 @@ pub fn capacity(bench: &mut Bench, levels: &[u32]) -> Result<(), String> {
         "{:>6} {:>9} {:>10} {:>10} {:>10} {:>11} {:>13} {:>7}",
         "C", "req/s", "p50", "p99", "p99-wait", "peak RSS", "RSS/in-flight", "errors"
     );
-    let place = bench.place(Kind::Keel(Store::Memory));
+    let place = bench.place(Kind::Keel(Store::Memory))?;
     let server = Server::start_with(
         &bench.bins,
         Kind::Keel(Store::Memory),

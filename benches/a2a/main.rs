@@ -4,7 +4,8 @@
 //!
 //! - **keel**: the release `keel serve` (its demo agent on the offline model) on each store:
 //!   memory, SQLite (a file in a temporary directory), Redis (`REDIS_URL`, a fresh key prefix;
-//!   skipped with a note when nothing answers there).
+//!   skipped with a note when nothing answers there), PostgreSQL (`KEEL_POSTGRES_URL`, a fresh
+//!   schema per server, dropped at the end; skipped likewise).
 //! - **bare-axum**: an axum handler that parses the JSON-RPC envelope and answers a fixed
 //!   result for every method: what HTTP and JSON cost alone.
 //! - **a2a-sdk**: an echo agent on the official Rust A2A SDK's server (`a2a-server-lf`).
@@ -23,7 +24,7 @@
 //! the capacity figure (see `capacity.rs`). Asserts nothing.
 //!
 //! Settings: `KEEL_BENCH_SECS` (per figure, default 10), `KEEL_BENCH_RUNS` (default 3),
-//! `KEEL_BENCH_BACKENDS` (of memory,sqlite,redis), `KEEL_BENCH_SCENARIOS` (of
+//! `KEEL_BENCH_BACKENDS` (of memory,sqlite,redis,postgres), `KEEL_BENCH_SCENARIOS` (of
 //! send,send-async,get,stream), `KEEL_BENCH_SENDS` (N of the memory figures, default 100000;
 //! 0 skips them), `KEEL_BENCH_CAPACITY` (the capacity figure's connection levels, default
 //! 64,256,1024,2048; 0 skips it), `REDIS_URL`. `KEEL_BENCH_KEEL_BIN` and `KEEL_BENCH_PEERS_DIR` (set by xtask)
@@ -224,6 +225,20 @@ struct Bench {
     script: PathBuf,
     /// Makes every wrk run's messageIds and every Keel store's place distinct.
     counter: u64,
+    /// The PostgreSQL schemas of this run's Keel servers, dropped at the end.
+    schemas: Vec<keel_store_postgres::testing::TestSchema>,
+}
+
+/// Runs one PostgreSQL chore (a schema made or dropped) to its end.
+fn postgres<T>(
+    chore: impl std::future::Future<Output = keel_core::AgentResult<T>>,
+) -> Result<T, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?
+        .block_on(chore)
+        .map_err(|e| e.to_string())
 }
 
 impl Bench {
@@ -232,10 +247,17 @@ impl Bench {
         self.counter
     }
 
-    /// A fresh place for a Keel server: a new SQLite file or a new Redis key prefix.
-    fn place(&mut self, kind: Kind) -> Option<String> {
+    /// A fresh place for a Keel server: a new SQLite file, a new Redis key prefix or a new
+    /// PostgreSQL schema (dropped at the end).
+    fn place(&mut self, kind: Kind) -> Result<Option<String>, String> {
         let n = self.next();
-        match kind {
+        Ok(match kind {
+            Kind::Keel(Store::Postgres) | Kind::Base(Store::Postgres) => {
+                let schema = postgres(keel_store_postgres::testing::TestSchema::new())?;
+                let url = schema.url.clone();
+                self.schemas.push(schema);
+                Some(url)
+            }
             Kind::Keel(Store::Sqlite) | Kind::Base(Store::Sqlite) => Some(
                 self.bins
                     .dir
@@ -247,11 +269,11 @@ impl Bench {
                 Some(format!("{}{n}:", redis_root()))
             }
             _ => None,
-        }
+        })
     }
 
     fn start(&mut self, kind: Kind) -> Result<Server, String> {
-        let place = self.place(kind);
+        let place = self.place(kind)?;
         Server::start(&self.bins, kind, place)
     }
 
@@ -582,6 +604,14 @@ fn run() -> Result<(), String> {
         );
         settings.stores.retain(|s| *s != Store::Redis);
     }
+    if settings.stores.contains(&Store::Postgres) {
+        let probe = postgres(keel_store_postgres::testing::TestSchema::new())
+            .and_then(|schema| postgres(schema.drop_schema()));
+        if let Err(e) = probe {
+            println!("note: no PostgreSQL for the bench ({e}): the postgres backend is skipped");
+            settings.stores.retain(|s| *s != Store::Postgres);
+        }
+    }
     let dir = tempfile::Builder::new()
         .prefix("keel-a2a-bench")
         .tempdir()
@@ -605,6 +635,7 @@ fn run() -> Result<(), String> {
         bins,
         script,
         counter: 0,
+        schemas: Vec::new(),
     };
     let outcome = throughput(&mut bench).and_then(|sqlite| {
         memory(&mut bench)?;
@@ -618,6 +649,12 @@ fn run() -> Result<(), String> {
                 "note: could not delete the bench's Redis keys ({}*): {e}",
                 redis_root()
             );
+        }
+    }
+    for schema in std::mem::take(&mut bench.schemas) {
+        let name = schema.name.clone();
+        if let Err(e) = postgres(schema.drop_schema()) {
+            println!("note: could not drop the bench's PostgreSQL schema {name}: {e}");
         }
     }
     outcome

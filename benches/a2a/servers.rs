@@ -14,16 +14,19 @@ pub enum Store {
     Memory,
     Sqlite,
     Redis,
+    /// A fresh schema of the server at `KEEL_POSTGRES_URL`.
+    Postgres,
 }
 
 impl Store {
-    pub const ALL: [Store; 3] = [Store::Memory, Store::Sqlite, Store::Redis];
+    pub const ALL: [Store; 4] = [Store::Memory, Store::Sqlite, Store::Redis, Store::Postgres];
 
     pub fn name(self) -> &'static str {
         match self {
             Store::Memory => "memory",
             Store::Sqlite => "sqlite",
             Store::Redis => "redis",
+            Store::Postgres => "postgres",
         }
     }
 }
@@ -82,7 +85,8 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `kind` on a free port (Keel on `place`: a SQLite path or a Redis key prefix) and
+    /// Starts `kind` on a free port (Keel on `place`: a SQLite path, a Redis key prefix or a
+    /// PostgreSQL URL naming a fresh schema) and
     /// waits until it answers.
     pub fn start(bins: &Binaries, kind: Kind, place: Option<String>) -> Result<Server, String> {
         Self::start_with(bins, kind, place, &[])
@@ -114,6 +118,7 @@ impl Server {
                         "--redis-prefix".into(),
                         prefix.clone(),
                     ]),
+                    (Store::Postgres, Some(url)) => args.extend(["--store".into(), url.clone()]),
                     _ => return Err(format!("keel on {} needs a place", store.name())),
                 }
                 args.extend(extra.iter().map(|arg| (*arg).to_owned()));

@@ -445,3 +445,12 @@ impl fmt::Display for Report {
         )
     }
 }
+
+/// A positive count from the environment variable `name`, else `default`.
+pub fn count_from_env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(default)
+}

@@ -30,6 +30,7 @@ commands:
                    CPU 0, loaded by wrk on CPU 1; req/s, p50, p99, RSS over sends, cold start
                    (KEEL_BENCH_SECS, KEEL_BENCH_RUNS, KEEL_BENCH_BACKENDS, KEEL_BENCH_SCENARIOS,
                    KEEL_BENCH_SENDS, REDIS_URL; installs wrk with apt-get when missing)
+  bench bytes      stored bytes per one-message echo turn on SQLite, early and late on one thread
   bench soak       50 clients for 60 s against the release `keel serve`: error rate, p50/p99 per
                    operation, RSS at start and end (KEEL_SOAK_CLIENTS, KEEL_SOAK_SECS,
                    KEEL_SOAK_STORE of memory|sqlite|redis, REDIS_URL); not part of CI
@@ -114,6 +115,11 @@ const BENCHES: &[NamedBench] = &[
         name: "a2a",
         package: "store-bench",
         target: "a2a",
+    },
+    NamedBench {
+        name: "bytes",
+        package: "store-bench",
+        target: "bytes",
     },
     NamedBench {
         name: "soak",

@@ -502,6 +502,13 @@ impl AgentBuilder {
         self
     }
 
+    /// Replace every tool by what `wrap` makes of it (the replayer answers calls from a
+    /// recording while the current definitions still declare name, schema and capabilities).
+    pub(crate) fn map_tools(mut self, wrap: impl Fn(Arc<dyn Tool>) -> Arc<dyn Tool>) -> Self {
+        self.tools = self.tools.into_iter().map(wrap).collect();
+        self
+    }
+
     /// Check and build. A tool with an invalid JSON schema, a duplicate tool name or a zero
     /// step limit is [`AgentError::InvalidInput`].
     pub fn build(self) -> AgentResult<Agent> {

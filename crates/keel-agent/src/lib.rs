@@ -44,6 +44,7 @@ pub mod meter;
 mod negotiator;
 mod observe;
 pub mod reads;
+pub mod replay;
 mod rest;
 mod subagents;
 mod task_meta;

@@ -53,8 +53,12 @@ fn draw(events: &[RunEvent]) -> String {
     let mut label: HashMap<String, String> = HashMap::new();
     let mut order: Vec<String> = Vec::new();
     for event in events {
-        let span = event.span_id.clone().expect("every event names its span");
-        let parent = event.parent_span_id.clone();
+        let span = event
+            .span_id
+            .as_deref()
+            .expect("every event names its span")
+            .to_owned();
+        let parent = event.parent_span_id.as_deref().map(str::to_owned);
         match parent_of.get(&span) {
             Some(known) => assert_eq!(
                 known, &parent,
@@ -122,9 +126,9 @@ async fn a_runs_events_draw_the_tree_of_its_spans() {
     let events = sink.events();
     for event in events.iter() {
         assert_eq!(event.trace_id.as_deref(), Some(context.trace_id.as_str()));
-        assert_eq!(event.trace_id.as_ref().map(String::len), Some(32));
+        assert_eq!(event.trace_id.as_deref().map(str::len), Some(32));
         assert_eq!(
-            event.span_id.as_ref().map(String::len),
+            event.span_id.as_deref().map(str::len),
             Some(16),
             "{event:?}"
         );

@@ -1166,7 +1166,9 @@ async fn serve(
     // The first stdout line is the contract for scripts and tests that start `keel serve`.
     println!("keel: serving agent `{agent_name}` at {url} (A2A v1.0 JSON-RPC; card at {url}.well-known/agent-card.json)");
     if console {
-        eprintln!("keel: console at {url}console/");
+        // A log line, not a print: stdout may be closed after its first line (scripts read
+        // that line and go), and stderr holds only JSON lines under `--log-format json`.
+        tracing::info!(url = %format!("{url}console/"), "console served");
     }
     let served = server
         .serve(listener, shutdown)

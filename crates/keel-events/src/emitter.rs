@@ -117,7 +117,7 @@ impl EventEmitter {
             run_id: self.run_id.clone(),
             task_id: builder.task_id.or_else(|| self.task_id.clone()),
             thread_id: self.thread_id.clone(),
-            trace_id: Some(self.spans.trace_hex().to_owned()),
+            trace_id: Some(self.spans.trace_hex().clone()),
             agent_name: self.agent_name.clone(),
             sequence,
             step: builder.step,

@@ -2,6 +2,7 @@
 //! [`EventEmitter`](crate::EventEmitter) makes numbered events.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use keel_core::{ActionId, RunId, TaskId, ThreadId};
@@ -201,8 +202,9 @@ pub struct RunEvent {
     pub task_id: Option<TaskId>,
     /// The thread the task belongs to.
     pub thread_id: Option<ThreadId>,
-    /// The run's W3C trace id (32 hex digits): the trace its spans are exported in.
-    pub trace_id: Option<String>,
+    /// The run's W3C trace id (32 hex digits): the trace its spans are exported in. Shared:
+    /// every event of a run holds the run's one copy (so does each id below, per span).
+    pub trace_id: Option<Arc<str>>,
     /// The agent that emitted or handled the event.
     pub agent_name: Option<String>,
     /// Position in the run's event sequence, from 1.
@@ -211,10 +213,10 @@ pub struct RunEvent {
     pub step: Option<u32>,
     /// The span the event belongs to (16 hex digits): the run's, a step's, a model call's
     /// or a tool call's ([`RunSpans`](crate::RunSpans)); the same id as the exported span.
-    pub span_id: Option<String>,
+    pub span_id: Option<Arc<str>>,
     /// That span's parent: the run's for a step, a step's for a model or tool call, and for
     /// the run's own span the caller's (a `traceparent`) or the delegating tool call's.
-    pub parent_span_id: Option<String>,
+    pub parent_span_id: Option<Arc<str>>,
     /// The action the event is about.
     pub action_id: Option<ActionId>,
     /// The action that action is part of.
@@ -312,8 +314,8 @@ pub struct RunEventBuilder {
     pub(crate) payload: Value,
     pub(crate) task_id: Option<TaskId>,
     pub(crate) step: Option<u32>,
-    pub(crate) span_id: Option<String>,
-    pub(crate) parent_span_id: Option<String>,
+    pub(crate) span_id: Option<Arc<str>>,
+    pub(crate) parent_span_id: Option<Arc<str>>,
     pub(crate) action_id: Option<ActionId>,
     pub(crate) parent_action_id: Option<ActionId>,
     pub(crate) delegation_id: Option<String>,
@@ -400,8 +402,8 @@ impl RunEventBuilder {
     /// Set the span and its parent.
     #[must_use]
     pub fn span(mut self, span_id: impl Into<String>, parent_span_id: Option<String>) -> Self {
-        self.span_id = Some(span_id.into());
-        self.parent_span_id = parent_span_id;
+        self.span_id = Some(Arc::from(span_id.into()));
+        self.parent_span_id = parent_span_id.map(Arc::from);
         self
     }
 

@@ -4,7 +4,7 @@
 
 use keel_core::{AgentError, AgentResult, ApprovalRequest};
 use std::borrow::Cow;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use aho_corasick::{AhoCorasick, AhoCorasickKind};
 
@@ -289,12 +289,20 @@ impl RedactionPolicy {
         mask(verdicts.summary, &mut event.summary);
         for (sensitive_name, field) in [
             (verdicts.agent_name, &mut event.agent_name),
-            (verdicts.span_id, &mut event.span_id),
-            (verdicts.parent_span_id, &mut event.parent_span_id),
             (verdicts.delegation_id, &mut event.delegation_id),
         ] {
             if let Some(text) = field {
                 mask(sensitive_name, text);
+            }
+        }
+        for (sensitive_name, field) in [
+            (verdicts.span_id, &mut event.span_id),
+            (verdicts.parent_span_id, &mut event.parent_span_id),
+        ] {
+            if let Some(text) = field {
+                if sensitive_name || self.value_is_sensitive(text) {
+                    *text = Arc::from(REDACTED);
+                }
             }
         }
         if verdicts.payload && !event.payload.is_null() {

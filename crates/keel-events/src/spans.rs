@@ -7,6 +7,7 @@
 //! after a pause or a crash gives its later events the same spans, without storing them.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use keel_core::{ActionId, RunContext, SpanId, W3cTraceId};
 
@@ -41,13 +42,24 @@ pub enum SpanKind {
 #[derive(Debug)]
 pub struct RunSpans {
     trace_id: W3cTraceId,
-    trace_hex: String,
+    trace_hex: Arc<str>,
     run_span: SpanId,
-    run_hex: String,
-    parent: Option<String>,
+    run_hex: Arc<str>,
+    parent: Option<Arc<str>>,
     delegation_id: Option<String>,
     /// The step the run is in (0 before its first): a tool call's span is under it.
     step: AtomicU32,
+    /// The ids of the last step an event named, written once and shared by its events (a
+    /// step's events outnumber its steps several times over).
+    step_ids: Mutex<Option<StepIds>>,
+}
+
+/// A step's span id and its model call's, as events carry them.
+#[derive(Debug, Clone)]
+struct StepIds {
+    step: u32,
+    span: Arc<str>,
+    model_call: Arc<str>,
 }
 
 impl RunSpans {
@@ -57,13 +69,14 @@ impl RunSpans {
         let trace_id = W3cTraceId::of(&context.trace_id);
         let run_span = SpanId::derive(&[b"run", context.run_id.as_str().as_bytes()]);
         Self {
-            trace_hex: trace_id.to_hex(),
+            trace_hex: trace_id.to_hex().into(),
             trace_id,
-            run_hex: run_span.to_hex(),
+            run_hex: run_span.to_hex().into(),
             run_span,
-            parent: context.parent_span_id.clone(),
+            parent: context.parent_span_id.as_deref().map(Arc::from),
             delegation_id: context.delegation_id.clone(),
             step: AtomicU32::new(0),
+            step_ids: Mutex::new(None),
         }
     }
 
@@ -148,39 +161,49 @@ impl RunSpans {
         let (span, parent) = match kind {
             SpanKind::Run => (self.run_hex.clone(), self.parent.clone()),
             SpanKind::Step => {
-                let step = builder.step.unwrap_or_default();
-                (self.step_span(step).to_hex(), Some(self.run_hex.clone()))
+                let ids = self.step_ids(builder.step.unwrap_or_default());
+                (ids.span, Some(self.run_hex.clone()))
             }
             SpanKind::ModelCall => {
-                let step = builder.step.unwrap_or_default();
-                (
-                    self.model_call_span(step).to_hex(),
-                    Some(self.step_span(step).to_hex()),
-                )
+                let ids = self.step_ids(builder.step.unwrap_or_default());
+                (ids.model_call, Some(ids.span))
             }
             SpanKind::ToolCall => {
-                let action = builder.action_id.as_ref().map(|a| self.tool_call_span(a));
-                (
-                    action.unwrap_or(self.run_span).to_hex(),
-                    Some(self.tool_parent().to_hex()),
-                )
+                let span = match builder.action_id.as_ref() {
+                    Some(action) => self.tool_call_span(action).to_hex().into(),
+                    None => self.run_hex.clone(),
+                };
+                let parent = match self.current_step() {
+                    0 => self.run_hex.clone(),
+                    step => self.step_ids(step).span,
+                };
+                (span, Some(parent))
             }
         };
         builder.span_id = Some(span);
         builder.parent_span_id = parent;
     }
 
-    /// A tool call's parent: the step it was returned in, or the run when it ran without
-    /// a model (a direct call).
-    fn tool_parent(&self) -> SpanId {
-        match self.current_step() {
-            0 => self.run_span,
-            step => self.step_span(step),
+    /// The ids of step `step`'s span and its model call's span (a tool call's parent is
+    /// the step it was returned in, or the run when it ran without a model, a direct call).
+    fn step_ids(&self, step: u32) -> StepIds {
+        let mut cached = self.step_ids.lock().unwrap_or_else(|p| p.into_inner());
+        match &*cached {
+            Some(ids) if ids.step == step => ids.clone(),
+            _ => {
+                let ids = StepIds {
+                    step,
+                    span: self.step_span(step).to_hex().into(),
+                    model_call: self.model_call_span(step).to_hex().into(),
+                };
+                *cached = Some(ids.clone());
+                ids
+            }
         }
     }
 
-    /// The trace id as 32 hex digits, as events carry it.
-    pub(crate) fn trace_hex(&self) -> &str {
+    /// The trace id as 32 hex digits, as events carry it (shared).
+    pub(crate) fn trace_hex(&self) -> &Arc<str> {
         &self.trace_hex
     }
 }

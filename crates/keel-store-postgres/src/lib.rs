@@ -48,7 +48,12 @@
 //!   disjoint timers without waiting on each other.
 //!
 //! Live events and cancels reach other processes as on every shared store: the engine reads
-//! the task's event log by sequence and the cancel flag in memory, so nothing is lost.
+//! the task's event log by sequence and the cancel flag in memory, so nothing is lost. On
+//! top of that, [`PostgresStore::changes`] hears at once, through LISTEN/NOTIFY, what any
+//! process commits: every write that appends to a task's log or saves a memory value (a
+//! cancel request is one) calls `pg_notify` in its own statement, so the notification goes
+//! out exactly when the write commits. It is a hint to read sooner, never the record: a
+//! listener that lost its connection opens it again and reports [`StoreChange::Missed`].
 //!
 //! Timestamps are `BIGINT` nanoseconds since the Unix epoch (UTC) from the writing process's
 //! clock, as in the SQLite store: processes sharing a database need synchronised clocks
@@ -63,6 +68,7 @@
 //! [`AuthContext::namespace`]: keel_runtime::AuthContext::namespace
 
 mod async_calls;
+mod changes;
 mod codec;
 mod error;
 mod leases;
@@ -90,6 +96,7 @@ use keel_runtime::{
     AsyncCallStore, MemoryService, RunStore, StepStore, TaskManager, ThreadStore, ThreadTimers,
 };
 
+pub use changes::{Changes, StoreChange};
 pub use schema::SCHEMA_VERSION;
 
 /// How long to wait for a new connection, and for a free one from the pool.
@@ -113,6 +120,8 @@ pub struct PostgresStore {
     server: Arc<str>,
     /// The order of each lease's writes and release within this process.
     order: Arc<leases::WriteOrder>,
+    /// The LISTEN connection behind [`PostgresStore::changes`], started on first use.
+    listener: Arc<changes::Listener>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -158,6 +167,7 @@ impl PostgresStore {
             config.options(options.trim_start());
         }
         let server = server_name(&config);
+        let listener = Arc::new(changes::Listener::new(config.clone()));
         let manager = Manager::from_config(
             config,
             tls()?,
@@ -177,6 +187,7 @@ impl PostgresStore {
             kv_limits: KvLimits::DEFAULT,
             server: Arc::from(server),
             order: Arc::new(leases::WriteOrder::new()),
+            listener,
         };
         let mut client = store.client().await?;
         schema::migrate(&mut client).await?;
@@ -208,6 +219,21 @@ impl PostgresStore {
     /// to show what one step or one message costs the database.
     pub fn statements_sent() -> u64 {
         codec::STATEMENTS.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Every change committed to this store's schema from now on, by any process: task
+    /// events appended and memory values saved (cancel requests among them), heard through
+    /// LISTEN/NOTIFY on one connection of its own (opened by the first call, shared by every
+    /// clone, closed with the last). Returns once that connection listens; a server that does
+    /// not answer is [`AgentError::StoreUnavailable`].
+    ///
+    /// A hint to read sooner, never the record: a lost connection is opened again and
+    /// announced as [`StoreChange::Missed`] (changes in between went unheard), so a follower
+    /// re-reads what it follows then, and keeps a slow poll besides.
+    pub async fn changes(&self) -> AgentResult<Changes> {
+        self.listener
+            .subscribe(self.server.clone(), CONNECT_TIMEOUT * 2)
+            .await
     }
 
     /// A pooled connection.

@@ -6,6 +6,7 @@ use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, AgentResult, TaskEvent, TaskId};
 use keel_runtime::{AuthContext, Lease, StepStore};
 
+use crate::changes::notify;
 use crate::codec::{encode_all, query_one};
 use crate::leases::{fence, fence_args};
 use crate::threads::append_history;
@@ -14,7 +15,7 @@ use crate::PostgresStore;
 /// Under the fence, number `$7` in task `$5`'s log (its row lock orders appenders) and append
 /// `$6` to the thread's history; whether the fence held and whether the task exists. Nothing
 /// is written unless both do: the log entries and history rows come from the `task` row,
-/// which exists only past the fence.
+/// which exists only past the fence. Listeners hear of the log's growth ([`notify!`]).
 const PERSIST_STEP: &str = concat!(
     "WITH ",
     fence!(),
@@ -28,8 +29,11 @@ const PERSIST_STEP: &str = concat!(
     FROM task, unnest($7::text[]) WITH ORDINALITY AS e(body, ord)
 ), history AS (",
     append_history!("$6", "task"),
-    ")
-SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM task)"
+    "), notified AS (SELECT ",
+    notify!("t", "$1", "$5"),
+    " FROM task WHERE cardinality($7::text[]) > 0)
+SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM task),
+    (SELECT count(*) FROM notified)"
 );
 
 #[async_trait]

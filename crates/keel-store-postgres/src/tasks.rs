@@ -11,12 +11,14 @@ use keel_runtime::{
 };
 use tokio_postgres::types::ToSql;
 
+use crate::changes::notify;
 use crate::codec::{decode_record, encode_all, encode_record, query, query_one, to_sql_int, Arg};
 use crate::PostgresStore;
 
-/// Insert or replace a snapshot (keeping its creation `seq`) and append `$7` to its log.
-const SAVE_WITH_EVENTS: &str = "\
-WITH task AS (
+/// Insert or replace a snapshot (keeping its creation `seq`) and append `$7` to its log,
+/// notifying listeners of the log's growth when it grew ([`notify!`]).
+const SAVE_WITH_EVENTS: &str = concat!(
+    "WITH task AS (
     INSERT INTO tasks (tenant, task_id, thread_id, state, updated_at, body, last_event)
     VALUES ($1, $2, $3, $4, $5, $6, cardinality($7::text[]))
     ON CONFLICT (tenant, task_id) DO UPDATE SET
@@ -24,14 +26,22 @@ WITH task AS (
         updated_at = excluded.updated_at, body = excluded.body,
         last_event = tasks.last_event + cardinality($7::text[])
     RETURNING last_event
+), events AS (
+    INSERT INTO task_events (tenant, task_id, seq, body)
+    SELECT $1, $2, task.last_event - cardinality($7::text[]) + e.ord, e.body
+    FROM task, unnest($7::text[]) WITH ORDINALITY AS e(body, ord)
+), notified AS (
+    SELECT ",
+    notify!("t", "$1", "$2"),
+    " FROM task WHERE cardinality($7::text[]) > 0
 )
-INSERT INTO task_events (tenant, task_id, seq, body)
-SELECT $1, $2, task.last_event - cardinality($7::text[]) + e.ord, e.body
-FROM task, unnest($7::text[]) WITH ORDINALITY AS e(body, ord)";
+SELECT count(*) FROM notified"
+);
 
-/// Append `$3` to an existing task's log; the count of tasks found (0 or 1).
-pub(crate) const APPEND_EVENTS: &str = "\
-WITH task AS (
+/// Append `$3` to an existing task's log and notify listeners; the count of tasks found (0
+/// or 1).
+pub(crate) const APPEND_EVENTS: &str = concat!(
+    "WITH task AS (
     UPDATE tasks SET last_event = last_event + cardinality($3::text[])
     WHERE tenant = $1 AND task_id = $2
     RETURNING last_event
@@ -39,8 +49,13 @@ WITH task AS (
     INSERT INTO task_events (tenant, task_id, seq, body)
     SELECT $1, $2, task.last_event - cardinality($3::text[]) + e.ord, e.body
     FROM task, unnest($3::text[]) WITH ORDINALITY AS e(body, ord)
+), notified AS (
+    SELECT ",
+    notify!("t", "$1", "$2"),
+    " FROM task
 )
-SELECT count(*) FROM task";
+SELECT count(*) FROM notified"
+);
 
 const GET_TASK: &str = "SELECT body FROM tasks WHERE tenant = $1 AND task_id = $2";
 /// The log of a task, or no row at all when the task is unknown (`seq` NULL for a task

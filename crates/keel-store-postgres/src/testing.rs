@@ -43,6 +43,26 @@ impl TestSchema {
         PostgresStore::connect_with_pool_size(&self.url, 4).await
     }
 
+    /// A URL of the schema whose connections are named `name` (`application_name`), for
+    /// [`TestSchema::end_connections`] to find.
+    pub fn url_named(&self, name: &str) -> String {
+        format!("{}&application_name={name}", self.url)
+    }
+
+    /// End every connection named `name` (see [`TestSchema::url_named`]), as a server
+    /// restart does: pooled ones and a store's change listener alike.
+    pub async fn end_connections(&self, name: &str) -> AgentResult<()> {
+        admin(
+            &server_url(),
+            &format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = '{}'",
+                name.replace('\'', "''")
+            ),
+        )
+        .await
+    }
+
     /// Drop the schema and everything in it.
     ///
     /// The test is over, so a connection still holding a lock in the schema is ended first:

@@ -329,8 +329,7 @@ async fn a_closed_port_is_store_unavailable() {
 async fn connections_the_server_drops_are_replaced_and_a_step_commits_whole_or_not_at_all() {
     let schema = TestSchema::new().await.unwrap();
     let name = format!("keel_{}", uuid::Uuid::new_v4().simple());
-    let url = format!("{}&application_name={name}", schema.url);
-    let store = PostgresStore::connect_with_pool_size(&url, 2)
+    let store = PostgresStore::connect_with_pool_size(&schema.url_named(&name), 2)
         .await
         .unwrap();
     let auth = AuthContext::new("acme", "ops");
@@ -341,21 +340,10 @@ async fn connections_the_server_drops_are_replaced_and_a_step_commits_whole_or_n
         .await
         .unwrap()
         .unwrap();
-    let (admin, connection) = tokio_postgres::connect(&schema.url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
     let mut committed = 0;
     for round in 0..5 {
         // The server drops every connection of the store's pool, as a restart does.
-        admin
-            .execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                 WHERE application_name = $1",
-                &[&name],
-            )
-            .await
-            .unwrap();
+        schema.end_connections(&name).await.unwrap();
         let event = TaskEvent::Message {
             message: Message::user(format!("step {round}")),
         };

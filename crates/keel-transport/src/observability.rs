@@ -228,15 +228,19 @@ async fn observe(request: Request, next: Next) -> Response {
     let elapsed = started.elapsed();
     let status = response.status();
     let route = route_of(&path, status);
-    metrics::counter!(
-        HTTP_REQUESTS,
-        "method" => method.to_string(),
-        "route" => route.clone(),
-        "status" => status.as_str().to_owned()
-    )
-    .increment(1);
-    metrics::histogram!(HTTP_REQUEST_SECONDS, "method" => method.to_string(), "route" => route.clone())
-        .record(elapsed.as_secs_f64());
+    // Labels are built only for a recorder the process installed (`keel serve --metrics`):
+    // without one, `metrics` drops them after they cost a request a handful of strings.
+    if keel_agent::meter::enabled() {
+        metrics::counter!(
+            HTTP_REQUESTS,
+            "method" => method.to_string(),
+            "route" => route.clone(),
+            "status" => status.as_str().to_owned()
+        )
+        .increment(1);
+        metrics::histogram!(HTTP_REQUEST_SECONDS, "method" => method.to_string(), "route" => route.clone())
+            .record(elapsed.as_secs_f64());
+    }
     let facts = facts.lock().unwrap_or_else(|p| p.into_inner());
     tracing::info!(
         target: "keel::http",
@@ -265,6 +269,10 @@ fn caller_trace_of(headers: &HeaderMap) -> Option<(TraceParent, Option<String>)>
 fn route_of(path: &str, status: StatusCode) -> String {
     if status == StatusCode::NOT_FOUND || status == StatusCode::METHOD_NOT_ALLOWED {
         return "unmatched".to_owned();
+    }
+    if path == "/" {
+        // JSON-RPC, every call of it: no segment to look at.
+        return path.to_owned();
     }
     let segments: Vec<String> = path
         .split('/')

@@ -14,7 +14,7 @@ use keel_transport::{A2aServer, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use support::operator::{Operator, WRITE};
-use support::{ALICE, BOB};
+use support::{SendJson, ALICE, BOB};
 
 async fn get(http: &reqwest::Client, url: &str, key: Option<&str>) -> (StatusCode, Value) {
     let mut request = http.get(url);
@@ -478,4 +478,49 @@ async fn bad_ids_and_bodies_are_named_400s() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(bad["error"]["code"], "invalid_position", "{bad}");
     op.stop().await;
+}
+
+#[tokio::test]
+async fn several_agents_are_listed_and_a_message_goes_to_the_one_it_names() {
+    let runtime: Arc<dyn Runtime> = support::two_tenant_runtime(MockLlm::new());
+    let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let echo = AgentExecutor::new(support::agent(), runtime.clone());
+    let records = AgentExecutor::new(support::records_agent(writes), runtime);
+    let agents = keel_transport::AgentsServer::new()
+        .with_agent(
+            "echo",
+            A2aServer::new(echo).with_security(Security::api_key_and_bearer()),
+        )
+        .with_agent(
+            "records",
+            A2aServer::new(records).with_security(Security::api_key_and_bearer()),
+        )
+        .with_default("records");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let router = agents.router(&base);
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let http = reqwest::Client::new();
+
+    let (status, listed) = get(&http, &format!("{base}/api/v1/agents"), Some(ALICE)).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    let names: Vec<&str> = listed["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["records", "echo"], "the default first");
+    assert_eq!(listed["agents"][0]["default"], true);
+    assert_eq!(listed["agents"][1]["default"], false);
+
+    let task: Value = http
+        .post(format!("{base}/api/v1/threads/two/messages"))
+        .header("X-API-Key", ALICE)
+        .json(&json!({"text": "hi", "agent": "echo"}))
+        .json_with_status(StatusCode::OK)
+        .await;
+    assert_eq!(task["status"]["state"], "completed", "{task}");
+    let (_, threads) = get(&http, &format!("{base}/api/v1/threads"), Some(ALICE)).await;
+    assert_eq!(threads["threads"][0]["agent"], "echo", "{threads}");
 }

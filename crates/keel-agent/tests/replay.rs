@@ -1,0 +1,289 @@
+//! Replay as a regression test (issue 42): a recorded run re-driven through the current
+//! agent definition, with no model call and no side effect, and its first divergence.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use keel_agent::replay::{Recording, Replay};
+use keel_agent::{Agent, AgentBuilder, AgentExecutor, FnTool, SendOptions};
+use keel_core::{AgentCard, ErrorKind, Message, RunBudget, TaskState};
+use keel_llm::{MockLlm, MockResponse, ToolCall};
+use keel_policy::{approve_request, ApprovalFn, CapabilityPolicy, CapabilityRule};
+use keel_runtime::{Runtime, Services};
+use serde_json::{json, Value};
+
+const INSTRUCTIONS: &str = "You keep records.";
+
+fn schema() -> Value {
+    json!({"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]})
+}
+
+fn write_tool(writes: Arc<AtomicUsize>, schema: Value) -> FnTool {
+    FnTool::new(
+        "write_record",
+        "Write a record",
+        schema,
+        move |args, _ctx| {
+            let writes = writes.clone();
+            async move {
+                writes.fetch_add(1, Ordering::SeqCst);
+                Ok(json!(format!(
+                    "wrote {}",
+                    args["id"].as_str().unwrap_or_default()
+                )))
+            }
+        },
+    )
+    .with_capabilities(["records.write"])
+}
+
+/// The records agent: asks approval before a write, which its handler gives.
+fn agent(writes: Arc<AtomicUsize>, instructions: &str, schema: Value) -> AgentBuilder {
+    Agent::builder(AgentCard::new(
+        "records",
+        "keeps records",
+        "http://127.0.0.1:0",
+    ))
+    .instructions(instructions)
+    .tool(write_tool(writes, schema))
+    .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
+    .approval_handler(ApprovalFn::new(|request, _| async move {
+        Ok(approve_request(&request, "reviewer"))
+    }))
+}
+
+fn script() -> Arc<MockLlm> {
+    Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("write_record", json!({"id": "r1"}))]),
+        MockResponse::Text("done".into()),
+    ]))
+}
+
+/// Record one run of the agent on `runtime` and read it back through `reads`.
+async fn record(runtime: Arc<dyn Runtime>) -> Recording {
+    record_as(runtime, |agent| agent, 1).await
+}
+
+/// Record one run of the agent as `configure` leaves it, which runs the tool `writes` times.
+async fn record_as(
+    runtime: Arc<dyn Runtime>,
+    configure: impl FnOnce(AgentBuilder) -> AgentBuilder,
+    expected_writes: usize,
+) -> Recording {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let exec = AgentExecutor::new(
+        configure(agent(writes.clone(), INSTRUCTIONS, schema()))
+            .llm_shared(script())
+            .build()
+            .unwrap(),
+        runtime.clone(),
+    );
+    let auth = runtime.auth_service().auth_context();
+    let task = exec
+        .send_message(&auth, Message::user("write r1"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    assert_eq!(writes.load(Ordering::SeqCst), expected_writes);
+    let record = exec
+        .reads()
+        .latest_run(&auth, &task.id)
+        .await
+        .unwrap()
+        .expect("the run was recorded");
+    Recording::from_json(&record.report).unwrap()
+}
+
+fn memory() -> Arc<dyn Runtime> {
+    Arc::new(Services::in_memory(Arc::new(MockLlm::new())))
+}
+
+fn sqlite() -> Arc<dyn Runtime> {
+    let dir = Box::leak(Box::new(tempfile::tempdir().expect("a temp dir")));
+    let store =
+        keel_store_sqlite::SqliteStore::open(dir.path().join("keel.db")).expect("open SQLite");
+    Arc::new(store.services(Arc::new(MockLlm::new())))
+}
+
+async fn replay_unchanged(runtime: Arc<dyn Runtime>) {
+    let recording = record(runtime).await;
+    assert_eq!(recording.steps.len(), 2);
+    assert_eq!(recording.tool_calls.len(), 1);
+    assert_eq!(recording.approvals.len(), 1);
+    let writes = Arc::new(AtomicUsize::new(0));
+    let outcome = Replay::new(recording)
+        .run(
+            agent(writes.clone(), INSTRUCTIONS, schema()),
+            Message::user("write r1"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.divergence, None, "{:?}", outcome.divergence);
+    assert!(outcome.passed());
+    assert_eq!(outcome.task.state(), TaskState::Completed);
+    assert_eq!(writes.load(Ordering::SeqCst), 0, "a replay runs no tool");
+    assert_eq!(outcome.model_inputs.len(), 2);
+}
+
+#[tokio::test]
+async fn an_unchanged_agent_replays_without_divergence_in_memory() {
+    replay_unchanged(memory()).await;
+}
+
+#[tokio::test]
+async fn an_unchanged_agent_replays_without_divergence_on_sqlite() {
+    replay_unchanged(sqlite()).await;
+}
+
+/// Replay the recording through `changed` and return the first divergence.
+async fn divergence_of(changed: AgentBuilder) -> keel_agent::replay::Divergence {
+    let recording = record(memory()).await;
+    let outcome = Replay::new(recording)
+        .run(changed, Message::user("write r1"))
+        .await
+        .unwrap();
+    let found = outcome.divergence.expect("the change shows");
+    println!("{found}");
+    found
+}
+
+#[tokio::test]
+async fn changed_instructions_show_as_a_different_model_input_at_step_1() {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let found = divergence_of(agent(
+        writes,
+        "You keep records. Never write twice.",
+        schema(),
+    ))
+    .await;
+    assert_eq!(found.step, Some(1));
+    assert_eq!(found.event, "context.prepared");
+    assert_eq!(found.field, "payload.manifest.context_items.0.tokens");
+}
+
+#[tokio::test]
+async fn a_changed_tool_schema_shows_in_the_tool_declarations_at_step_1() {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let wider = json!({"type": "object", "properties": {"id": {"type": "string"},
+        "note": {"type": "string", "description": "why the record is written"}}, "required": ["id"]});
+    let found = divergence_of(agent(writes, INSTRUCTIONS, wider)).await;
+    assert_eq!(
+        (found.step, found.event.as_str()),
+        (Some(1), "context.prepared")
+    );
+    assert_eq!(found.field, "payload.manifest.context_items.1.tokens");
+}
+
+#[tokio::test]
+async fn a_tightened_policy_shows_as_a_different_decision() {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let found = divergence_of(
+        agent(writes, INSTRUCTIONS, schema())
+            .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::Deny)),
+    )
+    .await;
+    assert_eq!(
+        (found.step, found.event.as_str()),
+        (Some(1), "action.policy")
+    );
+    assert_eq!(found.field, "payload.decision");
+    assert_eq!(found.now, json!("deny"));
+}
+
+#[tokio::test]
+async fn a_lower_budget_shows_as_a_budget_stop() {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let found = divergence_of(agent(writes, INSTRUCTIONS, schema()).budget(RunBudget {
+        max_llm_calls: Some(1),
+        ..RunBudget::default()
+    }))
+    .await;
+    // One model call allowed: the budget warns before the first one, where none warned.
+    assert_eq!(found.step, Some(1));
+    assert_eq!(found.now, json!("budget.warning"), "{found}");
+}
+
+#[tokio::test]
+async fn a_fork_at_step_2_continues_with_the_live_model() {
+    let recording = record(memory()).await;
+    let writes = Arc::new(AtomicUsize::new(0));
+    let live = Arc::new(MockLlm::scripted(vec![MockResponse::Text(
+        "forked answer".into(),
+    )]));
+    let outcome = Replay::new(recording)
+        .fork_at(2, live)
+        .run(
+            agent(writes.clone(), INSTRUCTIONS, schema()),
+            Message::user("write r1"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.task.state(), TaskState::Completed);
+    assert_eq!(
+        writes.load(Ordering::SeqCst),
+        0,
+        "step 1's call came from the recording"
+    );
+    let answer = serde_json::to_string(&outcome.task).unwrap();
+    assert!(answer.contains("forked answer"), "{answer}");
+    let found = outcome.divergence.expect("the live answer differs");
+    assert_eq!(found.step, Some(2));
+}
+
+#[tokio::test]
+async fn a_report_of_an_older_format_says_why_it_cannot_be_replayed() {
+    let recording = record(memory()).await;
+    let mut json = serde_json::to_value(&recording.report).unwrap();
+    json["version"] = json!(6);
+    let error = Recording::from_json(&json).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidInput);
+    assert!(error.to_string().contains("report format 6"), "{error}");
+}
+
+#[tokio::test]
+async fn a_tool_call_the_recording_never_made_is_reported_not_run() {
+    let deny = |agent: AgentBuilder| {
+        agent.policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::Deny))
+    };
+    let recording = record_as(memory(), deny, 0).await;
+    assert!(recording.tool_calls.is_empty());
+    let writes = Arc::new(AtomicUsize::new(0));
+    let allowed = agent(writes.clone(), INSTRUCTIONS, schema())
+        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::Allow));
+    let outcome = Replay::new(recording)
+        .run(allowed, Message::user("write r1"))
+        .await
+        .unwrap();
+    assert_eq!(outcome.unrecorded_tools, vec!["write_record".to_owned()]);
+    assert_eq!(writes.load(Ordering::SeqCst), 0, "the tool did not run");
+    assert!(!outcome.passed());
+    let found = outcome.divergence.expect("the allowed call differs");
+    assert_eq!(
+        (found.step, found.event.as_str()),
+        (Some(1), "action.policy")
+    );
+}
+
+#[tokio::test]
+async fn a_folder_of_exported_runs_replays_each_one() {
+    let recording = record(memory()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut export = serde_json::to_value(&recording.report).unwrap();
+    export["input"] = serde_json::to_value(Message::user("write r1")).unwrap();
+    let exported = export.to_string();
+    std::fs::write(dir.path().join("a_write.json"), &exported).unwrap();
+    let mut old: Value = serde_json::from_str(&exported).unwrap();
+    old["version"] = json!(6);
+    std::fs::write(dir.path().join("b_old.json"), old.to_string()).unwrap();
+    let writes = Arc::new(AtomicUsize::new(0));
+    let outcomes = keel_agent::replay::replay_dir(dir.path(), || {
+        agent(writes.clone(), INSTRUCTIONS, schema())
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcomes.len(), 2);
+    assert!(outcomes[0].1.as_ref().unwrap().passed());
+    let error = outcomes[1].1.as_ref().unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidInput);
+    assert_eq!(writes.load(Ordering::SeqCst), 0);
+}

@@ -1,0 +1,310 @@
+//! What the database's writers committed, heard at once: PostgreSQL's LISTEN/NOTIFY on one
+//! connection of its own per store, so that a process learns of another's task events and
+//! cancel flags without waiting for its next poll.
+//!
+//! A write that appends to a task's log, or saves a memory value (a cancel flag is one),
+//! calls `pg_notify` in its own statement, so the notification is sent exactly when the write
+//! commits and never for one that rolled back. Notifications are a hint, never the record:
+//! followers still read the log by sequence, and a notification that was lost (the listening
+//! connection dropped, a receiver lagged) is reported as [`StoreChange::Missed`] so that they
+//! read everything they follow again.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_core::TaskId;
+use keel_core::{AgentError, AgentResult};
+use keel_runtime::AuthContext;
+use tokio::sync::{broadcast, oneshot, watch};
+use tokio_postgres::AsyncMessage;
+
+use crate::error::BACKEND;
+
+/// The `pg_notify` call of a statement: the channel is named after the connection's schema
+/// (so stores in separate schemas of one database do not hear each other), `$kind` is `t`
+/// (task events) or `m` (a memory value), then the tenant and the task id or key. A payload
+/// past PostgreSQL's limit (8000 bytes) would fail the write, so it shrinks to `["?"]`, which
+/// listeners take as "something changed".
+macro_rules! notify {
+    ($kind:literal, $tenant:literal, $id:literal) => {
+        concat!(
+            "pg_notify(left('keel.' || current_schema(), 63), CASE WHEN octet_length(",
+            $tenant,
+            ") + octet_length(",
+            $id,
+            ") < 7900 THEN json_build_array('",
+            $kind,
+            "', ",
+            $tenant,
+            "::text, ",
+            $id,
+            "::text)::text ELSE '[\"?\"]' END)"
+        )
+    };
+}
+pub(crate) use notify;
+
+/// How many changes a slow receiver may fall behind before it is told it missed some.
+const BUFFER: usize = 1024;
+/// The longest wait between two attempts to connect the listener again.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// A change committed to the store's database, by this process or another, as the store's
+/// listener heard it ([`PostgresStore::changes`](crate::PostgresStore::changes)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreChange {
+    /// Events were appended to the log of `task_id` (or its snapshot was saved).
+    TaskEvents {
+        /// The task's tenant.
+        auth: AuthContext,
+        /// The task.
+        task_id: TaskId,
+    },
+    /// The memory value `key` was saved (a cancel request is one).
+    Memory {
+        /// The value's tenant.
+        auth: AuthContext,
+        /// Its key.
+        key: String,
+    },
+    /// Changes may have gone unheard (the listening connection was lost and is back, or this
+    /// receiver fell behind): read again whatever is followed.
+    Missed,
+}
+
+impl StoreChange {
+    /// The change a notification's payload names; one this code does not know is
+    /// [`StoreChange::Missed`], which makes listeners look at everything.
+    fn parse(payload: &str) -> StoreChange {
+        let parsed: Option<(String, String, String)> = serde_json::from_str(payload).ok();
+        let Some((kind, tenant, id)) = parsed else {
+            return StoreChange::Missed;
+        };
+        let Some(auth) = AuthContext::from_namespace(&tenant) else {
+            return StoreChange::Missed;
+        };
+        match kind.as_str() {
+            "t" => StoreChange::TaskEvents {
+                auth,
+                task_id: TaskId::from(id),
+            },
+            "m" => StoreChange::Memory { auth, key: id },
+            _ => StoreChange::Missed,
+        }
+    }
+}
+
+/// A receiver of a store's changes: [`Changes::recv`] turns a lag into
+/// [`StoreChange::Missed`], so a slow receiver is told rather than silently skipped.
+#[derive(Debug)]
+pub struct Changes {
+    receiver: broadcast::Receiver<StoreChange>,
+}
+
+impl Changes {
+    /// The next change, waiting for it; `None` once the store (every clone of it) is gone.
+    pub async fn recv(&mut self) -> Option<StoreChange> {
+        match self.receiver.recv().await {
+            Ok(change) => Some(change),
+            Err(broadcast::error::RecvError::Lagged(_)) => Some(StoreChange::Missed),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+}
+
+/// The store's listener: started by the first [`Listener::subscribe`], stopped when the last
+/// clone of the store is dropped.
+pub(crate) struct Listener {
+    config: tokio_postgres::Config,
+    sender: broadcast::Sender<StoreChange>,
+    /// Whether the listening connection is in place now.
+    listening: watch::Sender<bool>,
+    /// Taken by the task the first subscription starts; the sender half is dropped with the
+    /// listener, which ends that task.
+    stop: Mutex<Option<oneshot::Receiver<()>>>,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Listener {
+    pub(crate) fn new(config: tokio_postgres::Config) -> Self {
+        let (stop_tx, stop_rx) = oneshot::channel();
+        Self {
+            config,
+            sender: broadcast::channel(BUFFER).0,
+            listening: watch::channel(false).0,
+            stop: Mutex::new(Some(stop_rx)),
+            _stop: stop_tx,
+        }
+    }
+
+    /// A receiver of every change heard from now on, once the listening connection is in
+    /// place (the task keeping it is spawned on the current tokio runtime the first time).
+    /// Waits at most `timeout` for it: a server that does not answer is
+    /// [`AgentError::StoreUnavailable`].
+    pub(crate) async fn subscribe(
+        &self,
+        server: Arc<str>,
+        timeout: Duration,
+    ) -> AgentResult<Changes> {
+        let receiver = self.sender.subscribe();
+        let stop = self.stop.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(stop) = stop {
+            let task = Session {
+                config: self.config.clone(),
+                sender: self.sender.clone(),
+                listening: self.listening.clone(),
+                server,
+            };
+            tokio::spawn(task.run(stop));
+        }
+        let mut listening = self.listening.subscribe();
+        let up = tokio::time::timeout(timeout, listening.wait_for(|up| *up))
+            .await
+            .is_ok_and(|up| up.is_ok());
+        if up {
+            Ok(Changes { receiver })
+        } else {
+            Err(AgentError::store_unavailable(
+                BACKEND,
+                "listening for changes",
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the notification listener did not connect in time",
+                ),
+            ))
+        }
+    }
+}
+
+/// What the listening task holds.
+struct Session {
+    config: tokio_postgres::Config,
+    sender: broadcast::Sender<StoreChange>,
+    listening: watch::Sender<bool>,
+    server: Arc<str>,
+}
+
+impl Session {
+    /// Keep a connection that LISTENs to the schema's channel, forwarding what it hears,
+    /// until `stop` fires (the store is gone); a lost connection is opened again, with
+    /// backoff. Every LISTEN put in place is announced as [`StoreChange::Missed`]: what was
+    /// committed while no connection listened was not heard.
+    async fn run(self, mut stop: oneshot::Receiver<()>) {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let ended = tokio::select! {
+                _ = &mut stop => return,
+                ended = self.hear() => ended,
+            };
+            self.listening.send_replace(false);
+            if ended.listened {
+                backoff = Duration::from_millis(50);
+            }
+            tracing::warn!(server = %self.server, error = %ended.error,
+                "the PostgreSQL notification listener is down; changes are found by polling until it is back");
+            tokio::select! {
+                _ = &mut stop => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// One listening session: connect, LISTEN, forward notifications until the connection
+    /// ends (it always does, in the end).
+    async fn hear(&self) -> Ended {
+        let mut config = self.config.clone();
+        if config.get_application_name().is_none() {
+            config.application_name("keel-listener");
+        }
+        let tls = match crate::tls() {
+            Ok(tls) => tls,
+            Err(e) => return Ended::before_listening(e),
+        };
+        let (client, mut connection) = match config.connect(tls).await {
+            Ok(connected) => connected,
+            Err(e) => return Ended::before_listening(e),
+        };
+        // Notifications arrive on the connection, which its own task drives; it ends when
+        // the server closes it or `client` is dropped.
+        let (heard_tx, mut heard_rx) = tokio::sync::mpsc::unbounded_channel();
+        let driver = tokio::spawn(async move {
+            loop {
+                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                    Some(Ok(AsyncMessage::Notification(note))) => {
+                        let _ = heard_tx.send(StoreChange::parse(note.payload()));
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return e.to_string(),
+                    None => return "the server closed the connection".to_owned(),
+                }
+            }
+        });
+        let listen = async {
+            let channel: String = client
+                .query_one("SELECT left('keel.' || current_schema(), 63)", &[])
+                .await?
+                .get(0);
+            client
+                .batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "\"\"")))
+                .await
+        };
+        if let Err(e) = listen.await {
+            driver.abort();
+            return Ended::before_listening(e);
+        }
+        let _ = self.sender.send(StoreChange::Missed);
+        self.listening.send_replace(true);
+        while let Some(change) = heard_rx.recv().await {
+            let _ = self.sender.send(change);
+        }
+        drop(client);
+        Ended {
+            listened: true,
+            error: driver.await.unwrap_or_else(|e| e.to_string()),
+        }
+    }
+}
+
+/// Why a listening session ended, and whether it had been listening.
+struct Ended {
+    listened: bool,
+    error: String,
+}
+
+impl Ended {
+    fn before_listening(error: impl ToString) -> Self {
+        Self {
+            listened: false,
+            error: error.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_name_their_change() {
+        let auth = AuthContext::new("app", "user");
+        let ns = auth.namespace();
+        assert_eq!(
+            StoreChange::parse(&serde_json::json!(["t", ns, "task-1"]).to_string()),
+            StoreChange::TaskEvents {
+                auth: auth.clone(),
+                task_id: TaskId::from("task-1")
+            }
+        );
+        assert_eq!(
+            StoreChange::parse(&serde_json::json!(["m", ns, "k"]).to_string()),
+            StoreChange::Memory {
+                auth,
+                key: "k".into()
+            }
+        );
+        assert_eq!(StoreChange::parse("[\"?\"]"), StoreChange::Missed);
+        assert_eq!(StoreChange::parse("not json"), StoreChange::Missed);
+    }
+}
