@@ -123,7 +123,10 @@ async fn a_run_is_exported_as_genai_spans_with_its_events_ids() {
     let trace = context.trace_id.as_str();
     let mut named: HashMap<String, Option<String>> = HashMap::new();
     for event in &events {
-        named.insert(event.span_id.clone().unwrap(), event.parent_span_id.clone());
+        named.insert(
+            event.span_id.as_deref().unwrap().to_owned(),
+            event.parent_span_id.as_deref().map(str::to_owned),
+        );
     }
     assert_eq!(named.len(), spans.len());
     for span in &spans {
