@@ -12,10 +12,16 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
 use keel_runtime::testing::eventually;
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use opentelemetry_proto::tonic::metrics::v1::{metric::Data, number_data_point, Metric};
+use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
 use serde_json::json;
@@ -45,51 +51,56 @@ impl Received {
         (!self.span.parent_span_id.is_empty()).then(|| Self::hex(&self.span.parent_span_id))
     }
     fn attribute(&self, key: &str) -> Option<String> {
-        let value = self
-            .span
-            .attributes
-            .iter()
-            .find(|kv| kv.key == key)?
-            .value
-            .as_ref()?
-            .value
-            .as_ref()?;
-        Some(match value {
-            AnyValue::StringValue(s) => s.clone(),
-            AnyValue::IntValue(i) => i.to_string(),
-            AnyValue::BoolValue(b) => b.to_string(),
-            AnyValue::DoubleValue(d) => d.to_string(),
-            AnyValue::ArrayValue(a) => format!(
-                "{:?}",
-                a.values
-                    .iter()
-                    .filter_map(|v| match &v.value {
-                        Some(AnyValue::StringValue(s)) => Some(s.clone()),
-                        _ => None,
-                    })
-                    .collect::<Vec<_>>()
-            ),
-            other => format!("{other:?}"),
-        })
+        string_of(&self.span.attributes, key)
     }
 }
 
-/// An OTLP/HTTP receiver on 127.0.0.1: every span posted to `/v1/traces`.
+/// An OTLP/HTTP receiver on 127.0.0.1: every span posted to `/v1/traces`, and every
+/// metric posted to `/v1/metrics` with its process's `service.name`.
 #[derive(Clone, Default)]
-struct Receiver(Arc<Mutex<Vec<Received>>>);
+struct Receiver {
+    spans: Arc<Mutex<Vec<Received>>>,
+    metrics: Arc<Mutex<Vec<(String, Metric)>>>,
+}
 
 impl Receiver {
     async fn start() -> (Receiver, String) {
         let receiver = Receiver::default();
         let app = axum::Router::new()
             .route("/v1/traces", post(receive))
+            .route("/v1/metrics", post(receive_metrics))
             .with_state(receiver.clone());
         let base = support::serve(app).await;
         (receiver, base)
     }
 
     fn spans(&self) -> Vec<Received> {
-        self.0.lock().unwrap().clone()
+        self.spans.lock().unwrap().clone()
+    }
+
+    /// The value of the sum `name` of `service` at its latest export, for the data point
+    /// whose attributes include `labels`; `None` until one is received.
+    fn sum(&self, service: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let metrics = self.metrics.lock().unwrap();
+        let (_, metric) = metrics
+            .iter()
+            .rev()
+            .find(|(s, m)| s == service && m.name == name)?;
+        let Some(Data::Sum(sum)) = &metric.data else {
+            panic!("{name} is not a sum: {metric:?}")
+        };
+        sum.data_points
+            .iter()
+            .find(|point| {
+                labels
+                    .iter()
+                    .all(|(k, v)| string_of(&point.attributes, k).as_deref() == Some(*v))
+            })
+            .map(|point| match point.value {
+                Some(number_data_point::Value::AsInt(v)) => v as f64,
+                Some(number_data_point::Value::AsDouble(v)) => v,
+                None => 0.0,
+            })
     }
 
     /// The spans of `trace`, once its run span (named `invoke_agent ...`) of `service`
@@ -112,21 +123,61 @@ impl Receiver {
     }
 }
 
+/// The value of the attribute `key` among `attributes`, as a string (an array's strings in
+/// `Debug` form).
+fn string_of(attributes: &[KeyValue], key: &str) -> Option<String> {
+    let value = attributes
+        .iter()
+        .find(|kv| kv.key == key)?
+        .value
+        .as_ref()?
+        .value
+        .as_ref()?;
+    Some(match value {
+        AnyValue::StringValue(s) => s.clone(),
+        AnyValue::IntValue(i) => i.to_string(),
+        AnyValue::BoolValue(b) => b.to_string(),
+        AnyValue::DoubleValue(d) => d.to_string(),
+        AnyValue::ArrayValue(a) => format!(
+            "{:?}",
+            a.values
+                .iter()
+                .filter_map(|v| match &v.value {
+                    Some(AnyValue::StringValue(s)) => Some(s.clone()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        ),
+        other => format!("{other:?}"),
+    })
+}
+
+/// The `service.name` of an export's `resource`.
+fn service_of(resource: Option<&Resource>) -> String {
+    resource
+        .and_then(|r| string_of(&r.attributes, "service.name"))
+        .unwrap_or_default()
+}
+
+async fn receive_metrics(State(receiver): State<Receiver>, body: Bytes) -> Vec<u8> {
+    let request = ExportMetricsServiceRequest::decode(body).expect("OTLP protobuf");
+    let mut received = receiver.metrics.lock().unwrap();
+    for resource in request.resource_metrics {
+        let service = service_of(resource.resource.as_ref());
+        for scope in resource.scope_metrics {
+            for metric in scope.metrics {
+                received.push((service.clone(), metric));
+            }
+        }
+    }
+    ExportMetricsServiceResponse::default().encode_to_vec()
+}
+
 async fn receive(State(receiver): State<Receiver>, body: Bytes) -> Vec<u8> {
     let request = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
-    let mut received = receiver.0.lock().unwrap();
+    let mut received = receiver.spans.lock().unwrap();
     for resource in request.resource_spans {
-        let service = resource
-            .resource
-            .iter()
-            .flat_map(|r| r.attributes.iter())
-            .find(|kv| kv.key == "service.name")
-            .and_then(|kv| kv.value.as_ref()?.value.as_ref().cloned())
-            .map(|v| match v {
-                AnyValue::StringValue(s) => s,
-                other => format!("{other:?}"),
-            })
-            .unwrap_or_default();
+        let service = service_of(resource.resource.as_ref());
         for scope in resource.scope_spans {
             for span in scope.spans {
                 received.push(Received {
@@ -313,6 +364,61 @@ async fn otel_traces_exporter_none_turns_the_export_off() {
 }
 
 #[tokio::test]
+async fn the_metrics_prometheus_shows_are_exported_over_otlp_too() {
+    let (receiver, endpoint) = Receiver::start().await;
+    let mut env = otlp_env(&endpoint, "keel-metrics");
+    // Read and sent every 100 ms rather than the default minute.
+    env.push(("OTEL_METRIC_EXPORT_INTERVAL", "100".to_owned()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let server = KeelServer::start_with_env(&["--store", "memory", "--metrics"], &env);
+    run_task(&server.url, TOOL_MESSAGE, None).await;
+
+    let tool = [("tool", "word_count"), ("outcome", "completed")];
+    // Each counter reaches 1 in some export (the run's end is counted as its answer leaves).
+    eventually("the run's metrics are exported", || async {
+        let started = receiver.sum("keel-metrics", "keel_runs_started_total", &[])?;
+        let tools = receiver.sum("keel-metrics", "keel_tool_calls_total", &tool)?;
+        let ended = receiver.sum(
+            "keel-metrics",
+            "keel_runs_ended_total",
+            &[("outcome", "completed")],
+        )?;
+        (started == 1.0 && tools == 1.0 && ended == 1.0).then_some(())
+    })
+    .await;
+    // `/metrics` still shows the same counts: both recorders got every call (fan-out).
+    let text = reqwest::get(format!("{}metrics", server.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l == r#"keel_runs_started_total{agent="keel-demo"} 1"#),
+        "{text}"
+    );
+}
+
+/// Wait for the run span of `service` and check it, and every span of its trace, is in
+/// the caller's trace `caller_trace`, under the caller's span `caller_span`.
+async fn assert_run_joined(
+    receiver: &Receiver,
+    service: &str,
+    caller_trace: &str,
+    caller_span: &str,
+) {
+    let spans = receiver.trace_of(service).await;
+    let run = spans
+        .iter()
+        .find(|s| s.span.name.starts_with("invoke_agent "))
+        .unwrap();
+    assert_eq!(run.trace_id(), caller_trace);
+    assert_eq!(run.parent_id().as_deref(), Some(caller_span));
+    assert!(spans.iter().all(|s| s.trace_id() == caller_trace));
+}
+
+#[tokio::test]
 async fn a_callers_traceparent_puts_the_run_in_its_trace_under_its_span() {
     let (receiver, endpoint) = Receiver::start().await;
     let server = start("memory", &otlp_env(&endpoint, "keel-traceparent"));
@@ -324,14 +430,7 @@ async fn a_callers_traceparent_puts_the_run_in_its_trace_under_its_span() {
         Some(&format!("00-{caller_trace}-{caller_span}-01")),
     )
     .await;
-    let spans = receiver.trace_of("keel-traceparent").await;
-    let run = spans
-        .iter()
-        .find(|s| s.span.name.starts_with("invoke_agent "))
-        .unwrap();
-    assert_eq!(run.trace_id(), caller_trace);
-    assert_eq!(run.parent_id().as_deref(), Some(caller_span));
-    assert!(spans.iter().all(|s| s.trace_id() == caller_trace));
+    assert_run_joined(&receiver, "keel-traceparent", caller_trace, caller_span).await;
 
     // A malformed header is ignored: the run starts a trace of its own.
     run_task(&server.url, TOOL_MESSAGE, Some("00-not-a-trace-01")).await;
@@ -346,6 +445,44 @@ async fn a_callers_traceparent_puts_the_run_in_its_trace_under_its_span() {
     .await;
     let own = roots.iter().find(|s| s.trace_id() != caller_trace).unwrap();
     assert_eq!(own.parent_id(), None);
+}
+
+#[tokio::test]
+async fn a_grpc_callers_traceparent_metadata_puts_the_run_in_its_trace() {
+    use keel::transport::grpc::{from_json, proto, tonic};
+    let (receiver, endpoint) = Receiver::start().await;
+    let server = start("memory", &otlp_env(&endpoint, "keel-grpc-traceparent"));
+    let caller_trace = "0af7651916cd43dd8448eb211c80319c";
+    let caller_span = "b7ad6b7169203331";
+    let channel = tonic::transport::Channel::from_shared(server.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = proto::a2a_service_client::A2aServiceClient::new(channel);
+    let message: proto::SendMessageRequest = from_json(
+        &json!({"message": {"messageId": support::uuid_like(), "role": "ROLE_USER",
+            "parts": [{"text": TOOL_MESSAGE}]}})
+        .to_string(),
+    )
+    .unwrap();
+    let mut request = tonic::Request::new(message);
+    let metadata = request.metadata_mut();
+    metadata.insert("a2a-version", "1.0".parse().unwrap());
+    metadata.insert(
+        "traceparent",
+        format!("00-{caller_trace}-{caller_span}-01")
+            .parse()
+            .unwrap(),
+    );
+    grpc.send_message(request).await.unwrap();
+    assert_run_joined(
+        &receiver,
+        "keel-grpc-traceparent",
+        caller_trace,
+        caller_span,
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -221,8 +221,8 @@ pub(crate) struct ServerOverrides {
     pub max_queued_per_tenant: usize,
     /// The connection deadlines and cap: the file's, with the flags given over them.
     pub connections: keel::transport::ConnectionLimits,
-    /// `/metrics`, when `--metrics` asked for it.
-    pub metrics: Option<keel::transport::MetricsRoute>,
+    /// Whether `--metrics` asked for `/metrics` (the file's `[server] metrics` may too).
+    pub metrics: bool,
     /// `--console` / `--no-console`, over the file's `[server] console`.
     pub console: Option<bool>,
 }
@@ -328,16 +328,13 @@ pub(crate) async fn serve(loaded: LoadedConfig, overrides: ServerOverrides) -> R
         .with_default(agents.default_agent().name.clone())
         .with_public_url(url.clone())
         .with_connection_limits(overrides.connections);
-    let metrics = match overrides.metrics {
-        Some(route) => Some(route),
-        None if server.metrics => Some(crate::telemetry::metrics_route()?),
-        None => None,
-    };
-    if let Some(route) = metrics {
+    let observed =
+        crate::telemetry::observe(Some(&loaded.telemetry), overrides.metrics || server.metrics)?;
+    if let Some(route) = observed.metrics {
         served = served.with_metrics(route);
     }
     let console = crate::console_served(overrides.console, server.console, local.ip());
-    let traces = crate::telemetry::traces(Some(&loaded.telemetry))?;
+    let traces = observed.traces;
     let mcp_stop = tokio_util::sync::CancellationToken::new();
     for agent in agents.iter() {
         if let Some(traces) = &traces {

@@ -1058,7 +1058,7 @@ async fn serve(
             max_queued_per_thread: args.max_queued_per_thread,
             max_queued_per_tenant: args.max_queued_per_tenant,
             connections: args.connection_limits(loaded.server.connection_limits(), set)?,
-            metrics: args.metrics.then(telemetry::metrics_route).transpose()?,
+            metrics: args.metrics,
             console: args.console(),
         };
         return from_file::serve(loaded, overrides).await;
@@ -1114,7 +1114,8 @@ async fn serve(
         config.holder = id;
     }
     let executor = AgentExecutor::with_config(agent, Arc::new(runtime), config);
-    let traces = telemetry::traces(None)?;
+    let observed = telemetry::observe(None, args.metrics)?;
+    let traces = observed.traces;
     if let Some(traces) = &traces {
         executor.add_event_sink(traces.sink());
     }
@@ -1156,8 +1157,8 @@ async fn serve(
         shutdown.await;
         mcp_stop.cancel();
     };
-    if args.metrics {
-        server = server.with_metrics(telemetry::metrics_route()?);
+    if let Some(route) = observed.metrics {
+        server = server.with_metrics(route);
     }
     if console {
         server = server.with_console(keel::console::router());

@@ -1,11 +1,12 @@
 //! What `keel serve` tells its operator: log lines as text or one JSON object per line
-//! (`--log-format`), and, with `--metrics`, the Prometheus recorder behind `/metrics`. The
+//! (`--log-format`), with `--metrics` the Prometheus recorder behind `/metrics`, and over OTLP
+//! the traces and the same metrics (`[telemetry]`, `OTEL_*`). The
 //! libraries only log through `tracing` and count through the `metrics` macros; the process
 //! chooses where both go, here (docs/observability.md).
 
 use clap::ValueEnum;
 use keel::transport::MetricsRoute;
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 /// The environment variable whose value, when set, `/metrics` requires as a bearer token.
@@ -63,41 +64,79 @@ pub(crate) fn init_logs(format: LogFormat, default: &str) {
     }
 }
 
-/// Install the process's Prometheus recorder and the route that renders it, behind a bearer
-/// token when [`METRICS_TOKEN_VAR`] is set. Call it once per process.
-pub(crate) fn metrics_route() -> Result<MetricsRoute, String> {
-    let handle = PrometheusBuilder::new()
-        .set_buckets(&SECONDS_BUCKETS)
-        .and_then(PrometheusBuilder::install_recorder)
-        .map_err(|err| format!("cannot install the metrics recorder: {err}"))?;
-    // Runs are counted only from here: without a recorder the meter builds no labels.
-    keel::agent::meter::enable();
+/// What a serving process exports: its traces (and metrics) over OTLP, and `/metrics`.
+pub(crate) struct Observed {
+    /// The OTLP export, when the file's `[telemetry]` or an `OTEL_*` variable names an
+    /// endpoint (docs/observability.md#traces).
+    pub(crate) traces: Option<keel::telemetry::Telemetry>,
+    /// The `/metrics` route, when asked for.
+    pub(crate) metrics: Option<MetricsRoute>,
+}
+
+/// Install what the file's `[telemetry]` (when serving one), the standard `OTEL_*` variables
+/// and `prometheus` (`--metrics` or `[server] metrics`) ask for: the OTLP span export, and
+/// one `metrics` recorder that feeds `/metrics` (behind a bearer token when
+/// [`METRICS_TOKEN_VAR`] is set), the OTLP metrics export, or both through a fan-out, so
+/// both show the same metrics (decision 233). Call it once per process.
+pub(crate) fn observe(
+    file: Option<&keel::config::TelemetryConfig>,
+    prometheus: bool,
+) -> Result<Observed, String> {
+    let config = file.map(|f| f.exporter()).unwrap_or_default();
+    let traces = keel::telemetry::Telemetry::install(&config)?;
+    if traces.is_some() {
+        tracing::info!(
+            conventions = keel::telemetry::semconv::GENAI_CONVENTIONS,
+            "exporting traces and metrics over OTLP/HTTP"
+        );
+    }
+    let otlp = traces
+        .as_ref()
+        .and_then(keel::telemetry::Telemetry::recorder)
+        .map(|recorder| recorder.with_seconds_buckets(&SECONDS_BUCKETS));
+    let (prometheus, metrics) = if prometheus {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets(&SECONDS_BUCKETS)
+            .map_err(|err| format!("cannot build the metrics recorder: {err}"))?
+            .build_recorder();
+        let route = metrics_route(recorder.handle());
+        (Some(recorder), Some(route))
+    } else {
+        (None, None)
+    };
+    let installed = match (prometheus, otlp) {
+        (Some(prometheus), Some(otlp)) => metrics::set_global_recorder(
+            metrics_util::layers::FanoutBuilder::default()
+                .add_recorder(prometheus)
+                .add_recorder(otlp)
+                .build(),
+        )
+        .is_ok(),
+        (Some(prometheus), None) => metrics::set_global_recorder(prometheus).is_ok(),
+        (None, Some(otlp)) => metrics::set_global_recorder(otlp).is_ok(),
+        (None, None) => false,
+    };
+    if installed {
+        // Runs are counted only from here: without a recorder the meter builds no labels.
+        keel::agent::meter::enable();
+    } else if metrics.is_some() {
+        return Err("cannot install the metrics recorder: one is installed already".into());
+    }
+    Ok(Observed { traces, metrics })
+}
+
+/// The route that renders the Prometheus recorder of `handle`, behind a bearer token when
+/// [`METRICS_TOKEN_VAR`] is set.
+fn metrics_route(handle: PrometheusHandle) -> MetricsRoute {
     let route = MetricsRoute::new(move || {
         // Histograms are folded into their buckets here, when someone looks.
         handle.run_upkeep();
         handle.render()
     });
-    Ok(match std::env::var(METRICS_TOKEN_VAR) {
+    match std::env::var(METRICS_TOKEN_VAR) {
         Ok(token) if !token.is_empty() => route.with_bearer_token(token),
         _ => route,
-    })
-}
-
-/// The trace export the file's `[telemetry]` (when serving one) and the standard `OTEL_*`
-/// variables ask for: `None` when neither names an endpoint, and then no span sink is
-/// installed at all (docs/observability.md#traces).
-pub(crate) fn traces(
-    file: Option<&keel::config::TelemetryConfig>,
-) -> Result<Option<keel::telemetry::Telemetry>, String> {
-    let config = file.map(|f| f.exporter()).unwrap_or_default();
-    let installed = keel::telemetry::Telemetry::install(&config)?;
-    if installed.is_some() {
-        tracing::info!(
-            conventions = keel::telemetry::semconv::GENAI_CONVENTIONS,
-            "exporting traces over OTLP/HTTP"
-        );
     }
-    Ok(installed)
 }
 
 /// Export the spans still pending before the process ends (the batch processor's thread

@@ -1,19 +1,27 @@
-//! The OTLP exporter of a process's spans: configured by the standard `OTEL_*` environment
-//! variables and by `keel.toml`'s `[telemetry]`, over HTTP/protobuf (decision 182).
+//! The OTLP exporter of a process's spans and metrics: configured by the standard `OTEL_*`
+//! environment variables and by `keel.toml`'s `[telemetry]`, over HTTP/protobuf (decisions
+//! 182 and 233).
 
 use std::sync::Arc;
 
 use keel_events::RedactionPolicy;
 use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
 use crate::semconv;
-use crate::SpanSink;
+use crate::{OtlpRecorder, SpanSink};
 
 /// The variables that name an OTLP endpoint for traces, the signal's own first.
 const ENDPOINT_VARS: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+];
+
+/// The variables that name an OTLP endpoint for metrics, the signal's own first.
+const METRICS_ENDPOINT_VARS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 ];
 
@@ -33,11 +41,14 @@ pub struct TelemetryConfig {
     pub capture_content: bool,
 }
 
-/// A process's trace export: the span sink every engine run's events go through, over a
-/// batch processor and the OTLP/HTTP exporter.
+/// A process's OTLP export: the span sink every engine run's events go through, over a
+/// batch processor and the OTLP/HTTP exporter; and the meter provider its metrics recorder
+/// ([`Telemetry::recorder`]) records onto, read periodically
+/// (`OTEL_METRIC_EXPORT_INTERVAL`, 60 s by default) and at shutdown.
 #[derive(Debug, Clone)]
 pub struct Telemetry {
     sink: Arc<SpanSink>,
+    meters: Option<SdkMeterProvider>,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -56,6 +67,21 @@ impl TelemetryConfig {
         self.endpoint.is_some() || ENDPOINT_VARS.iter().any(|name| var(name).is_some())
     }
 
+    /// Whether metrics are exported too: `OTEL_METRICS_EXPORTER=none` says no.
+    fn exports_metrics(&self) -> bool {
+        !var("OTEL_METRICS_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none"))
+    }
+
+    /// The URL of `signal`'s export (`{endpoint}/v1/{signal}`) the file names, when none of
+    /// `vars` does (the exporter reads those itself).
+    fn file_endpoint(&self, vars: &[&str], signal: &str) -> Option<String> {
+        if vars.iter().any(|name| var(name).is_some()) {
+            return None;
+        }
+        let endpoint = self.endpoint.as_ref()?;
+        Some(format!("{}/v1/{signal}", endpoint.trim_end_matches('/')))
+    }
+
     fn captures_content(&self) -> bool {
         self.capture_content
             || var(semconv::CAPTURE_CONTENT_VAR).is_some_and(|v| v.eq_ignore_ascii_case("true"))
@@ -70,17 +96,30 @@ impl Telemetry {
         if !config.enabled() {
             return Ok(None);
         }
-        for name in [
-            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        for (signal, names) in [
+            (
+                "traces",
+                [
+                    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                    "OTEL_EXPORTER_OTLP_PROTOCOL",
+                ],
+            ),
+            (
+                "metrics",
+                [
+                    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+                    "OTEL_EXPORTER_OTLP_PROTOCOL",
+                ],
+            ),
         ] {
-            if let Some(protocol) = var(name) {
+            if let Some((name, protocol)) =
+                names.iter().find_map(|name| var(name).map(|p| (name, p)))
+            {
                 if protocol != "http/protobuf" {
                     return Err(format!(
-                        "{name}={protocol}: Keel exports traces over http/protobuf only"
+                        "{name}={protocol}: Keel exports {signal} over http/protobuf only"
                     ));
                 }
-                break;
             }
         }
         // The exporter's HTTP client is reqwest's over rustls, which is given ring here (as
@@ -90,11 +129,8 @@ impl Telemetry {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_http();
-        if !ENDPOINT_VARS.iter().any(|name| var(name).is_some()) {
-            if let Some(endpoint) = &config.endpoint {
-                exporter =
-                    exporter.with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')));
-            }
+        if let Some(endpoint) = config.file_endpoint(&ENDPOINT_VARS, "traces") {
+            exporter = exporter.with_endpoint(endpoint);
         }
         let exporter = exporter
             .build()
@@ -104,15 +140,29 @@ impl Telemetry {
             resource = resource
                 .with_service_name(config.service_name.clone().unwrap_or_else(|| "keel".into()));
         }
+        let resource = resource.build();
         let mut processor = BatchSpanProcessor::builder(exporter).build();
-        processor.set_resource(&resource.build());
+        processor.set_resource(&resource);
         let mut sink = SpanSink::new(processor);
         if config.captures_content() {
             sink = sink.with_content(RedactionPolicy::default());
         }
+        let meters = if config.exports_metrics() {
+            Some(meter_provider(config, resource)?)
+        } else {
+            None
+        };
         Ok(Some(Self {
             sink: Arc::new(sink),
+            meters,
         }))
+    }
+
+    /// The `metrics` recorder whose counts are exported over OTLP, or `None` when metrics
+    /// are not (`OTEL_METRICS_EXPORTER=none`). The process installs it (beside its
+    /// Prometheus recorder, if it has one) and turns the engine's meter on.
+    pub fn recorder(&self) -> Option<OtlpRecorder> {
+        self.meters.as_ref().map(OtlpRecorder::new)
     }
 
     /// The sink to add to every executor's event sinks.
@@ -120,8 +170,31 @@ impl Telemetry {
         self.sink.clone()
     }
 
-    /// Export what is pending and stop (at the process's end).
+    /// Export what is pending (spans, and the metrics' last values) and stop (at the
+    /// process's end).
     pub fn shutdown(&self) {
         self.sink.shutdown();
+        if let Some(meters) = &self.meters {
+            let _ = meters.shutdown();
+        }
     }
+}
+
+/// The meter provider over the OTLP/HTTP metrics exporter, to `config`'s endpoint's
+/// `/v1/metrics` unless a variable names one.
+fn meter_provider(
+    config: &TelemetryConfig,
+    resource: Resource,
+) -> Result<SdkMeterProvider, String> {
+    let mut exporter = opentelemetry_otlp::MetricExporter::builder().with_http();
+    if let Some(endpoint) = config.file_endpoint(&METRICS_ENDPOINT_VARS, "metrics") {
+        exporter = exporter.with_endpoint(endpoint);
+    }
+    let exporter = exporter
+        .build()
+        .map_err(|err| format!("cannot build the OTLP metrics exporter: {err}"))?;
+    Ok(SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter).build())
+        .with_resource(resource)
+        .build())
 }
