@@ -45,6 +45,27 @@ async fn drain(mut stream: Streaming<proto::StreamResponse>) -> Vec<Value> {
     events
 }
 
+/// SubscribeToTask for the task `id`: its stream, or the status refusing it.
+async fn subscribe(
+    grpc: &mut GrpcClient,
+    id: &str,
+) -> Result<Streaming<proto::StreamResponse>, Status> {
+    let request = proto::SubscribeToTaskRequest {
+        id: id.to_owned(),
+        ..Default::default()
+    };
+    Ok(grpc.subscribe_to_task(request).await?.into_inner())
+}
+
+/// CancelTask for the task `id`: the task as canceled, or the status refusing it.
+async fn cancel(grpc: &mut GrpcClient, id: &str) -> Result<proto::Task, Status> {
+    let request = proto::CancelTaskRequest {
+        id: id.to_owned(),
+        ..Default::default()
+    };
+    Ok(grpc.cancel_task(request).await?.into_inner())
+}
+
 /// Send [`SLEEP_30`] without waiting: the task, running.
 async fn start_sleeping(grpc: &mut GrpcClient) -> proto::Task {
     let request = message::<proto::SendMessageRequest>(json!({
@@ -148,26 +169,12 @@ async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
     let server = TestServer::start().await;
     let mut grpc = client(&server).await;
     let task = start_sleeping(&mut grpc).await;
-    let mut stream = grpc
-        .subscribe_to_task(proto::SubscribeToTaskRequest {
-            id: task.id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = subscribe(&mut grpc, &task.id).await.unwrap();
     // The first event is the task as it is: waiting on it is waiting for the stream to exist.
     let first = to_json(&stream.message().await.unwrap().unwrap()).unwrap();
     assert_eq!(first["task"]["id"], task.id.as_str(), "{first}");
 
-    let canceled = grpc
-        .cancel_task(proto::CancelTaskRequest {
-            id: task.id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let canceled = cancel(&mut grpc, &task.id).await.unwrap();
     assert_eq!(
         canceled.status.unwrap().state,
         proto::TaskState::Canceled as i32
@@ -201,14 +208,7 @@ async fn subscribe_to_a_task_waiting_for_input_stays_open_until_it_is_terminal()
         task.status.as_ref().unwrap().state,
         proto::TaskState::InputRequired as i32
     );
-    let mut stream = grpc
-        .subscribe_to_task(proto::SubscribeToTaskRequest {
-            id: task.id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = subscribe(&mut grpc, &task.id).await.unwrap();
     let first = to_json(&stream.message().await.unwrap().unwrap()).unwrap();
     assert_eq!(
         first["task"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
@@ -335,13 +335,7 @@ async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
     let done = message::<proto::SendMessageRequest>(json!({"message": user_message("done")}));
     let done = sent_task(&mut grpc, done).await;
     // A terminal task has nothing to follow: UnsupportedOperation before any stream.
-    let subscribe = grpc
-        .subscribe_to_task(proto::SubscribeToTaskRequest {
-            id: done.id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let subscribe = subscribe(&mut grpc, &done.id).await.unwrap_err();
     assert_status(
         &subscribe,
         Code::FailedPrecondition,
@@ -362,13 +356,7 @@ async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
         "UNSUPPORTED_OPERATION",
     );
 
-    let cancel = grpc
-        .cancel_task(proto::CancelTaskRequest {
-            id: done.id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let cancel = cancel(&mut grpc, &done.id).await.unwrap_err();
     assert_status(&cancel, Code::FailedPrecondition, "TASK_NOT_CANCELABLE");
 
     let no_parts = grpc
@@ -535,12 +523,7 @@ async fn push_config_operations_create_get_list_and_delete() {
         .unwrap_err();
     assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
 
-    grpc.cancel_task(proto::CancelTaskRequest {
-        id: task.id.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    cancel(&mut grpc, &task.id).await.unwrap();
     server.stop().await;
 }
 
