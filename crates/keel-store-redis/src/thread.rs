@@ -32,6 +32,16 @@ fn list_index(position: u64) -> i64 {
     i64::try_from(position).unwrap_or(i64::MAX)
 }
 
+/// A registered child as stored under `key`: its record, with the status kept beside it
+/// (updated without rewriting the record) taking precedence when present.
+fn child_of(key: &str, record: &str, status: Option<String>) -> AgentResult<ChildThread> {
+    let mut child: ChildThread = decode(key, record)?;
+    if let Some(status) = status {
+        child.status = status;
+    }
+    Ok(child)
+}
+
 #[async_trait]
 impl ThreadHistory for RedisStore {
     async fn append_history(
@@ -322,11 +332,7 @@ impl SubagentRegistry for RedisStore {
                      under Keel's prefix deleted by hand?"
                 )));
             };
-            let mut child: ChildThread = decode(&key, &record)?;
-            if let Some(status) = status {
-                child.status = status;
-            }
-            children.push(child);
+            children.push(child_of(&key, &record, status)?);
         }
         // The score orders by microseconds; this restores the exact (created_at, id) order.
         ChildThread::sort_oldest_first(&mut children);
@@ -349,11 +355,7 @@ impl SubagentRegistry for RedisStore {
         let Some(record) = record else {
             return Ok(None);
         };
-        let mut child: ChildThread = decode(&key, &record)?;
-        if let Some(status) = status {
-            child.status = status;
-        }
-        Ok(Some(child))
+        child_of(&key, &record, status).map(Some)
     }
 
     async fn set_child_status(
