@@ -58,6 +58,24 @@ fn error_event(err: &AgentError) -> Event {
     Event::default().event("error").data(body.to_string())
 }
 
+/// `events` until the server shuts down: a stream that never ends by itself must not hold
+/// the server's shutdown up (the client resumes elsewhere from its last id).
+fn until_closing<S>(state: &OperatorState, events: S) -> impl futures::Stream<Item = Event> + Send
+where
+    S: futures::Stream<Item = Event> + Send,
+{
+    let closing = state.agents.first().map(|agent| agent.handlers.closing());
+    events.take_until(async move {
+        let Some(mut closing) = closing else {
+            return std::future::pending().await;
+        };
+        if closing.wait_for(|closed| *closed).await.is_err() {
+            // A server that never closes (its sender is gone): the stream is the client's.
+            std::future::pending::<()>().await;
+        }
+    })
+}
+
 /// A task's events, then live ones, until its terminal status.
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/events", tag = "operator",
     params(
@@ -105,12 +123,13 @@ pub(super) async fn task_events(
         }
     }
     let watch = state.reads.watch_task(&auth, &task_id, after);
-    sse(watch.into_stream().map(|item| match item {
+    let events = watch.into_stream().map(|item| match item {
         Ok(change) => Event::default()
             .id(change.seq.to_string())
             .data(data(&change)),
         Err(err) => error_event(&err),
-    }))
+    });
+    sse(until_closing(&state, events))
 }
 
 /// Every task's events of a thread, then live ones; the stream does not end by itself.
@@ -167,5 +186,5 @@ pub(super) async fn thread_events(
             }
             Err(err) => error_event(&err),
         });
-    sse(events)
+    sse(until_closing(&state, events))
 }
