@@ -158,7 +158,8 @@ export function chatBox({ agent, threadId, agentNames }) {
       const sent = await sendMessage(name, text.value, threadId);
       text.value = '';
       status.textContent = '';
-      location.hash = `#/thread/${encodeURIComponent(sent.threadId)}/task/${encodeURIComponent(sent.taskId)}`;
+      const thread = `#/thread/${encodeURIComponent(sent.threadId)}`;
+      location.hash = sent.taskId ? `${thread}/task/${encodeURIComponent(sent.taskId)}` : thread;
     } catch (err) {
       status.textContent = err.message;
     }
@@ -336,6 +337,8 @@ export function taskView(threadId, taskId, chosenRun) {
         events.clear();
       }
       await Promise.all([loadRun(), loadConversation(), loadRuns()]);
+      // A finished task's stream has ended: stop asking for it again.
+      if (TERMINAL.includes(task.status && task.status.state)) stopFollow();
       redraw();
     } catch (err) {
       header.replaceChildren(errorBox(err));
@@ -369,7 +372,7 @@ export function taskView(threadId, taskId, chosenRun) {
     redraw();
   };
   refresh().then(() => {
-    if (stopped) return;
+    if (stopped || (task && TERMINAL.includes(task.status && task.status.state))) return;
     stopFollow = follow(`/api/v1/tasks/${encodeURIComponent(taskId)}/events`, onEvent, (err) => {
       if (err.routeMissing) poll();
       else header.append(errorBox(err));
