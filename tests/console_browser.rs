@@ -69,10 +69,11 @@ fn drive(scenario: &str, urls: &[&str], key: Option<&str>) -> Value {
             browser::CHROMIUM_ENV
         )
     });
-    let dir = browser::ensure_node_modules().unwrap_or_else(|err| panic!("{err}"));
+    // One at a time, from the install on: two `npm ci` in one directory break each other.
     let _one_at_a_time = BROWSER
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let dir = browser::ensure_node_modules().unwrap_or_else(|err| panic!("{err}"));
     let mut node = Command::new("node");
     node.arg("console.mjs")
         .arg(scenario)
