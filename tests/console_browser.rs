@@ -6,7 +6,9 @@
 //!
 //! Needs Chromium (`apt-get install -y chromium`, or `KEEL_CHROMIUM`) and node with npm: the
 //! test installs `tests/browser`'s locked packages itself, and fails saying what is missing
-//! (`cargo xtask ci` installs both). Screenshots go to `target/console-screenshots/`.
+//! (`cargo xtask ci` installs both). Screenshots go to `target/console-screenshots/`. Also:
+//! which `keel serve` serves the console (on loopback by default, `--no-console`,
+//! `[server] console`, the flag over the file).
 
 // xtask's own code, included rather than copied: `cargo xtask ci` installs what it finds.
 #[path = "../xtask/src/browser.rs"]
@@ -168,4 +170,47 @@ fn a_run_started_through_one_replica_is_watched_on_the_other() {
         seen["result"].as_str().unwrap().contains('1'),
         "the sleep's answer is in B's timeline: {seen}"
     );
+}
+
+/// `GET path` of `server` as a browser asks (`Accept: text/html`), redirects not followed:
+/// the status and the `Location`.
+async fn browser_get(server: &KeelServer, path: &str) -> (u16, Option<String>) {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let answer = client
+        .get(format!("{}{path}", server.url))
+        .header("Accept", "text/html,*/*;q=0.8")
+        .send()
+        .await
+        .unwrap();
+    let location = answer
+        .headers()
+        .get("location")
+        .map(|l| l.to_str().unwrap().to_owned());
+    (answer.status().as_u16(), location)
+}
+
+#[tokio::test]
+async fn the_console_is_served_on_loopback_unless_turned_off() {
+    let on = KeelServer::start(&[]);
+    assert_eq!(browser_get(&on, "").await, (303, Some("console/".into())));
+    assert_eq!(browser_get(&on, "console/").await.0, 200);
+
+    let off = KeelServer::start(&["--no-console"]);
+    assert_eq!(browser_get(&off, "").await, (405, None));
+    assert_eq!(browser_get(&off, "console/").await.0, 404);
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keel.toml");
+    let config = CAREFUL.replacen("[server]", "[server]\nconsole = false", 1);
+    std::fs::write(&file, config).unwrap();
+    let env = [("KEEL_TEST_CONSOLE_KEY", KEY)];
+    let from_file = KeelServer::start_with_env(&["--config", file.to_str().unwrap()], &env);
+    assert_eq!(browser_get(&from_file, "console/").await.0, 404);
+    // The flag wins over the file.
+    let forced =
+        KeelServer::start_with_env(&["--config", file.to_str().unwrap(), "--console"], &env);
+    assert_eq!(browser_get(&forced, "console/").await.0, 200);
 }

@@ -94,7 +94,8 @@ export async function sendMessage(agent, text, threadId) {
       method: 'POST',
       body: { text, agent: agent || undefined, return_immediately: true },
     });
-    return { taskId: task.id, threadId: task.thread_id };
+    // An agent may answer with a message and start no task: then the thread is what to open.
+    return { taskId: task && task.id, threadId: (task && task.thread_id) || thread };
   } catch (err) {
     if (!(err instanceof ApiError) || !err.routeMissing) throw err;
   }
@@ -174,10 +175,11 @@ export function follow(path, onEvent, onError) {
           throw new ApiError(response.status, error.code, error.message);
         }
         delay = 250;
-        await readStream(response.body, (data, id) => {
+        const refused = await readStream(response.body, (data, id) => {
           if (id !== null) lastId = id;
           onEvent(data, id);
         });
+        if (refused) throw new ApiError(500, refused.code, refused.message);
       } catch (err) {
         if (stopped || controller.signal.aborted) return;
         if (err instanceof ApiError) {
@@ -197,22 +199,26 @@ export function follow(path, onEvent, onError) {
   };
 }
 
+/** Reads SSE blocks from `body`, handing each `data:` (JSON) and `id:` to `deliver`, until
+ * the stream ends (answers nothing) or sends an `event: error` (answers its `error`). */
 async function readStream(body, deliver) {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = '';
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) return;
+    if (done) return null;
     buffer += value;
     let end;
     while ((end = buffer.search(/\r?\n\r?\n/)) >= 0) {
       const block = buffer.slice(0, end);
       buffer = buffer.slice(end).replace(/^\r?\n\r?\n/, '');
-      let data = [];
+      const data = [];
       let id = null;
+      let name = 'message';
       for (const line of block.split(/\r?\n/)) {
         if (line.startsWith('data:')) data.push(line.slice(5).replace(/^ /, ''));
         else if (line.startsWith('id:')) id = line.slice(3).trim();
+        else if (line.startsWith('event:')) name = line.slice(6).trim();
       }
       if (data.length === 0) continue;
       let parsed;
@@ -221,6 +227,7 @@ async function readStream(body, deliver) {
       } catch {
         continue;
       }
+      if (name === 'error') return (parsed && parsed.error) || { message: 'the event stream failed' };
       deliver(parsed, id);
     }
   }

@@ -14,7 +14,8 @@ function show(message) {
   notice.hidden = !message;
 }
 
-/** The page for `#/...`: agents, threads, a thread, a task, approvals or the chat box. */
+/** The page for `#/...`: agents, threads, a thread, a task (and one of its runs:
+ * `#/thread/T/task/K/run/R`), approvals or the chat box. */
 async function route() {
   stopCurrent();
   stopCurrent = () => {};
@@ -27,7 +28,7 @@ async function route() {
   try {
     let node;
     if (page === 'thread' && parts[2] === 'task' && parts[3]) {
-      const opened = taskView(parts[1], parts[3]);
+      const opened = taskView(parts[1], parts[3], parts[4] === 'run' ? parts[5] : undefined);
       stopCurrent = opened.stop;
       node = opened.node;
     } else if (page === 'thread' && parts[1]) {

@@ -11,7 +11,7 @@ function stateBadge(state) {
   return h('span', { class: `state ${state || ''}`, 'data-state': state || '' }, state || '?');
 }
 
-function when_(ts) {
+function localTime(ts) {
   return ts ? new Date(ts).toLocaleString() : '';
 }
 
@@ -94,7 +94,7 @@ export function threadsView() {
     const id = t.thread_id || t.id;
     return h('a', { class: 'item', href: `#/thread/${encodeURIComponent(id)}`, 'data-thread': id }, [
       h('code', {}, id),
-      h('span', { class: 'muted' }, [t.agent || '', ' ', when_(t.updated_at || t.created_at)]),
+      h('span', { class: 'muted' }, [t.agent || '', ' ', localTime(t.updated_at || t.created_at)]),
       when(t.task_count !== undefined, () => h('span', { class: 'muted' }, `${t.task_count} tasks`)),
     ]);
   };
@@ -105,7 +105,7 @@ function taskRow(t) {
   return h('a', { class: 'item', href: `#/thread/${encodeURIComponent(t.thread_id)}/task/${encodeURIComponent(t.id)}`, 'data-task': t.id }, [
     stateBadge(t.status && t.status.state),
     h('code', {}, t.id),
-    h('span', { class: 'muted' }, [(t.metadata && t.metadata.agent) || '', ' ', when_(t.created_at)]),
+    h('span', { class: 'muted' }, [(t.metadata && t.metadata.agent) || '', ' ', localTime(t.created_at)]),
   ]);
 }
 
@@ -114,8 +114,23 @@ export function threadView(threadId) {
     const page = await api('/api/v1/tasks', { query: { thread_id: threadId, page_size: 20, page_token: token } });
     return { items: page.tasks, next: page.next_page_token };
   };
+  // Its family and queue: the parent that started it as a subagent, its subagents' threads.
+  const family = h('div', { class: 'family' });
+  api(`/api/v1/threads/${encodeURIComponent(threadId)}`).then((detail) => {
+    const link = (id, text) => h('a', { href: `#/thread/${encodeURIComponent(id)}` }, text || id);
+    family.replaceChildren(...[
+      when(detail.parent_thread_id, () => h('p', {}, ['Subagent of thread ', link(detail.parent_thread_id)])),
+      when(detail.terminated_at, () => h('p', { class: 'muted' }, `Terminated ${localTime(detail.terminated_at)}`)),
+      when(detail.queued, () => h('p', { class: 'muted' }, `${detail.queued} queued`)),
+      when((detail.children || []).length, () => h('div', { class: 'children' }, [
+        h('h4', {}, 'Subagents'),
+        h('ul', {}, detail.children.map((c) => h('li', {}, [link(c.thread_id, c.name), ` ${c.agent} · ${c.status}`]))),
+      ])),
+    ].filter(Boolean));
+  }).catch(() => {});
   return h('section', {}, [
     h('h2', {}, ['Thread ', h('code', {}, threadId)]),
+    family,
     chatBox({ threadId }),
     h('h3', {}, 'Tasks'),
     pager(load, taskRow, 'No tasks on this thread.'),
@@ -143,7 +158,8 @@ export function chatBox({ agent, threadId, agentNames }) {
       const sent = await sendMessage(name, text.value, threadId);
       text.value = '';
       status.textContent = '';
-      location.hash = `#/thread/${encodeURIComponent(sent.threadId)}/task/${encodeURIComponent(sent.taskId)}`;
+      const thread = `#/thread/${encodeURIComponent(sent.threadId)}`;
+      location.hash = sent.taskId ? `${thread}/task/${encodeURIComponent(sent.taskId)}` : thread;
     } catch (err) {
       status.textContent = err.message;
     }
@@ -234,16 +250,17 @@ function approvalCard(task, onDone) {
 
 /** One task, live: its state, approval, conversation, artifacts and its run's timeline.
  * Answers the element and a function that stops following it. */
-export function taskView(threadId, taskId) {
+export function taskView(threadId, taskId, chosenRun) {
   const root = h('section', { class: 'task', 'data-task': taskId });
   const header = h('div', { class: 'task-head' });
   const approval = h('div');
   const talk = h('div');
   const artifacts = h('div');
   const runBox = h('div');
+  const runsBox = h('p', { class: 'runs muted' });
   root.append(
     h('p', {}, h('a', { href: `#/thread/${encodeURIComponent(threadId)}` }, '← thread')),
-    header, approval, runBox, h('h3', {}, 'Conversation'), talk, artifacts, chatBox({ threadId }),
+    header, approval, runsBox, runBox, h('h3', {}, 'Conversation'), talk, artifacts, chatBox({ threadId }),
   );
   let task = null;
   let runId = null;
@@ -263,7 +280,7 @@ export function taskView(threadId, taskId) {
     root.dataset.state = state || '';
     header.replaceChildren(...[
       h('h2', {}, ['Task ', h('code', {}, task.id), ' ', stateBadge(state)]),
-      h('p', { class: 'muted' }, [(task.metadata && task.metadata.agent) || '', ' · created ', when_(task.created_at)]),
+      h('p', { class: 'muted' }, [(task.metadata && task.metadata.agent) || '', ' · created ', localTime(task.created_at)]),
       when(!TERMINAL.includes(state), () => h('button', { type: 'button', class: 'cancel', onclick: onCancel }, 'Cancel')),
       when(task.status && task.status.message, () => h('div', { class: 'status-message' }, partsOf(task.status.message.parts))),
     ].filter(Boolean));
@@ -272,8 +289,9 @@ export function taskView(threadId, taskId) {
     artifacts.replaceChildren(...(list.length ? [h('h3', {}, 'Artifacts'), ...list.map((a) => h('div', { class: 'artifact', 'data-artifact': a.name || a.id }, [h('h4', {}, a.name || a.id), ...partsOf(a.parts)]))] : []));
     const reported = [...events.values()].filter((e) => !runId || e.run_id === runId || !e.run_id);
     const since = reported.reduce((latest, e) => Math.max(latest, Date.parse(e.timestamp)), 0);
-    const newer = [...live.values()].flat().filter((e) => Date.parse(e.timestamp) > since);
-    const pending = task.metadata && task.metadata.pending_approval;
+    // The task's live events belong to its latest run, not to an earlier one chosen.
+    const newer = chosenRun ? [] : [...live.values()].flat().filter((e) => Date.parse(e.timestamp) > since);
+    const pending = !chosenRun && task.metadata && task.metadata.pending_approval;
     if (pending && !reported.some((e) => e.type === 'approval.required')) {
       const callId = pending.action && pending.action.metadata && pending.action.metadata.call_id;
       newer.push({ type: 'approval.required', sequence: 2e9, timestamp: pending.requested_at, action_id: callId, payload: { request: pending } });
@@ -290,6 +308,15 @@ export function taskView(threadId, taskId) {
     const mine = (answer.messages || []).filter((e) => (e.message.metadata || {})['keel.task_id'] === taskId);
     talk.replaceChildren(conversation(mine));
   };
+  const loadRuns = async () => {
+    // A task resumed by another process, or after a restart, has several runs: link them all.
+    const page = await api('/api/v1/runs', { query: { task_id: taskId, page_size: 20 } }).catch(() => null);
+    const runs = (page && page.runs) || [];
+    runsBox.replaceChildren(...(runs.length > 1 ? ['Runs: ', ...runs.flatMap((r, i) => [
+      i ? ', ' : '',
+      h('a', { href: `#/thread/${encodeURIComponent(threadId)}/task/${encodeURIComponent(taskId)}/run/${encodeURIComponent(r.run_id)}`, class: r.run_id === runId ? 'current' : '' }, h('code', {}, r.run_id.slice(-8))),
+    ])] : []));
+  };
   const loadRun = async () => {
     if (!runId) return;
     try {
@@ -304,12 +331,14 @@ export function taskView(threadId, taskId) {
   async function refresh() {
     try {
       task = await loadTask(threadId, taskId);
-      const current = (task.metadata && ((task.metadata.run_context || {}).run_id || task.metadata.run_id)) || null;
+      const current = chosenRun || (task.metadata && ((task.metadata.run_context || {}).run_id || task.metadata.run_id)) || null;
       if (current !== runId) {
         runId = current;
         events.clear();
       }
-      await Promise.all([loadRun(), loadConversation()]);
+      await Promise.all([loadRun(), loadConversation(), loadRuns()]);
+      // A finished task's stream has ended: stop asking for it again.
+      if (TERMINAL.includes(task.status && task.status.state)) stopFollow();
       redraw();
     } catch (err) {
       header.replaceChildren(errorBox(err));
@@ -343,7 +372,7 @@ export function taskView(threadId, taskId) {
     redraw();
   };
   refresh().then(() => {
-    if (stopped) return;
+    if (stopped || (task && TERMINAL.includes(task.status && task.status.state))) return;
     stopFollow = follow(`/api/v1/tasks/${encodeURIComponent(taskId)}/events`, onEvent, (err) => {
       if (err.routeMissing) poll();
       else header.append(errorBox(err));
