@@ -917,3 +917,25 @@ fn chat_on_a_terminal_ends_on_the_first_ctrl_d_after_an_approval_prompt() {
     }
     assert_eq!(weather.calls(), 1, "approved once, denied once");
 }
+
+#[test]
+fn a_model_failure_goes_to_stderr_with_the_endpoint_it_tried() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let llm = format!("openai-compatible:http://127.0.0.1:{port}/v1:m");
+    let run = keel(dir.path())
+        .args(["run", "--store", "memory", "--llm", &llm, "hi"])
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(1));
+    assert_eq!(text(&run.stdout), "", "a failure is no answer");
+    let err = text(&run.stderr);
+    assert!(
+        err.contains(&format!("at http://127.0.0.1:{port}/v1/chat/completions")),
+        "{err}"
+    );
+}

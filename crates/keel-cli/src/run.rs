@@ -375,7 +375,14 @@ pub(crate) fn finish(renderer: &Renderer, task: &Task, json: bool) {
     let s = renderer.styles();
     let answer = task.status().text().unwrap_or_default();
     let streamed = renderer.take_streamed();
-    if !answer.is_empty()
+    let state = task.state();
+    if matches!(state, TaskState::Failed | TaskState::Rejected) {
+        // What went wrong (a model's failure names the endpoint it tried) is no answer: it
+        // goes to stderr, and stdout stays empty for a script.
+        if !answer.is_empty() {
+            eprintln!("{}", renderer.styles().bad.apply_to(&answer));
+        }
+    } else if !answer.is_empty()
         && print_answer(
             std::io::stdout().is_terminal(),
             std::io::stderr().is_terminal(),
@@ -385,7 +392,6 @@ pub(crate) fn finish(renderer: &Renderer, task: &Task, json: bool) {
         out(answer);
     }
     let used = renderer.take_usage();
-    let state = task.state();
     let style = match state {
         TaskState::Completed => &s.good,
         TaskState::Canceled | TaskState::InputRequired | TaskState::AuthRequired => &s.warn,
