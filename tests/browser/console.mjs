@@ -37,7 +37,10 @@ async function step(name, action) {
   return action();
 }
 
-async function shot(name, target = page) {
+/** Screenshot the page, or one part of it named by a selector. A selector, not an element
+ * handle: the console re-renders as events arrive, and a locator finds the part again. */
+async function shot(name, selector) {
+  const target = selector ? page.locator(selector).first() : page;
   await target.screenshot({ path: join(shots, `${scenario}-${name}.png`) });
 }
 
@@ -83,12 +86,14 @@ try {
       await page.waitForSelector('tr.tool.completed[data-tool="run_code"] td.result', { timeout: WAIT });
       await page.waitForSelector('svg.timeline g.row.tool', { timeout: WAIT });
     });
+    current = 'read the finished task';
     seen.result = await page.$eval('tr.tool.completed[data-tool="run_code"] td.result', (el) => el.textContent.trim());
     seen.approval = await page.$eval('tr.tool[data-tool="run_code"] td:nth-child(5)', (el) => el.textContent.trim());
     seen.state = await page.$eval('section.task', (el) => el.dataset.state);
     seen.timeline_rows = await page.$$eval('svg.timeline g.row', (rows) => rows.map((r) => r.dataset.kind));
+    current = 'take the screenshots';
     await shot('completed');
-    await shot('timeline', await page.$('section.run'));
+    await shot('timeline', 'section.run');
   } else if (scenario === 'cancel') {
     await step('open the console at /', () => openConsole(url));
     seen.task = await step('send a message from the chat box', () => chat('/sleep {"seconds": 300}'));
