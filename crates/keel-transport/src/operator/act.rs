@@ -1,10 +1,8 @@
 //! The operator API's actions: cancel a task, approve or deny its pending action, send a
 //! message to a thread (through the A2A send path) and compact a thread's history.
 
-use axum::body::Bytes;
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use keel_agent::SendOutcome;
@@ -12,7 +10,7 @@ use keel_core::{AgentError, ApprovalDecision, ApprovalOutcome, Message, TaskId, 
 use keel_llm::HistoryCompactionRequest;
 
 use super::schema::{CancelBody, Decision, DecisionBody, ErrorBody, MessageBody};
-use super::{body, check_id, failure, optional_body, tri, OperatorState};
+use super::{answer, check_id, failure, tri, Body, Caller, OperatorState, OptionalBody};
 use crate::variables::refuse;
 use crate::wire::SendMessageCall;
 
@@ -29,21 +27,13 @@ use crate::wire::SendMessageCall;
     ))]
 pub(super) async fn cancel(
     State(state): State<OperatorState>,
+    Caller(auth): Caller,
     Path(task_id): Path<String>,
-    headers: HeaderMap,
-    asked: Bytes,
+    OptionalBody(asked): OptionalBody<CancelBody>,
 ) -> Response {
-    let auth = tri!(state.caller(&headers));
-    tri!(check_id("task_id", &task_id));
-    let reason = tri!(optional_body::<CancelBody>(&asked)).and_then(|b| b.reason);
-    match state
-        .executor
-        .cancel_task(&auth, &TaskId::from(task_id), reason)
-        .await
-    {
-        Ok(task) => Json(task).into_response(),
-        Err(err) => failure(&err),
-    }
+    let task_id: TaskId = tri!(check_id("task_id", task_id));
+    let reason = asked.and_then(|b| b.reason);
+    answer(state.executor.cancel_task(&auth, &task_id, reason).await)
 }
 
 /// Approve or deny the action a task waits on; answers the task once it rests again.
@@ -62,14 +52,12 @@ pub(super) async fn cancel(
     ))]
 pub(super) async fn decide(
     State(state): State<OperatorState>,
+    Caller(auth): Caller,
     Path((task_id, request_id)): Path<(String, String)>,
-    headers: HeaderMap,
-    asked: Result<Json<DecisionBody>, JsonRejection>,
+    Body(asked): Body<DecisionBody>,
 ) -> Response {
-    let auth = tri!(state.caller(&headers));
-    tri!(check_id("task_id", &task_id));
-    tri!(check_id("request_id", &request_id));
-    let asked = tri!(body(asked));
+    let task_id: TaskId = tri!(check_id("task_id", task_id));
+    let request_id = tri!(check_id("request_id", request_id));
     let decision = ApprovalDecision {
         request_id,
         outcome: match asked.decision {
@@ -82,7 +70,7 @@ pub(super) async fn decide(
     };
     match state
         .executor
-        .decide_approval(&auth, &TaskId::from(task_id), decision)
+        .decide_approval(&auth, &task_id, decision)
         .await
     {
         Ok(task) => Json(task).into_response(),
@@ -111,13 +99,11 @@ pub(super) async fn decide(
     ))]
 pub(super) async fn message(
     State(state): State<OperatorState>,
+    Caller(auth): Caller,
     Path(thread_id): Path<String>,
-    headers: HeaderMap,
-    asked: Result<Json<MessageBody>, JsonRejection>,
+    Body(asked): Body<MessageBody>,
 ) -> Response {
-    let auth = tri!(state.caller(&headers));
-    tri!(check_id("thread_id", &thread_id));
-    let asked = tri!(body(asked));
+    let thread_id: ThreadId = tri!(check_id("thread_id", thread_id));
     if asked.text.trim().is_empty() {
         return refuse(
             StatusCode::BAD_REQUEST,
@@ -140,7 +126,7 @@ pub(super) async fn message(
         );
     };
     let mut message = Message::user(asked.text);
-    message.thread_id = Some(ThreadId::from(thread_id));
+    message.thread_id = Some(thread_id);
     let call = SendMessageCall {
         message,
         return_immediately: asked.return_immediately,
@@ -177,14 +163,12 @@ pub(super) async fn message(
     ))]
 pub(super) async fn compact(
     State(state): State<OperatorState>,
+    Caller(auth): Caller,
     Path(thread_id): Path<String>,
-    headers: HeaderMap,
-    asked: Bytes,
+    OptionalBody(asked): OptionalBody<HistoryCompactionRequest>,
 ) -> Response {
-    let auth = tri!(state.caller(&headers));
-    tri!(check_id("thread_id", &thread_id));
-    let request: HistoryCompactionRequest = tri!(optional_body(&asked)).unwrap_or_default();
-    let thread_id = ThreadId::from(thread_id);
+    let thread_id: ThreadId = tri!(check_id("thread_id", thread_id));
+    let request = asked.unwrap_or_default();
     let compacted = async {
         // Compaction of a thread the tenant has nothing of would answer "nothing removed":
         // it is unknown to this caller, as on every other route.
@@ -194,8 +178,5 @@ pub(super) async fn compact(
             .compact_thread(&auth, &thread_id, &request)
             .await
     };
-    match compacted.await {
-        Ok(result) => Json(result).into_response(),
-        Err(err) => failure(&err),
-    }
+    answer(compacted.await)
 }

@@ -8,8 +8,7 @@
 //! task's stream its sequence number, on a thread's the thread position (the last sequence
 //! number seen of each task), so a resumed stream misses and repeats nothing.
 
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::Event;
 use axum::response::Response;
@@ -19,19 +18,34 @@ use keel_core::{AgentError, TaskId, ThreadId};
 use serde_json::json;
 
 use super::schema::{ErrorBody, EventView, EventsQuery};
-use super::{check_id, failure, query, tri, OperatorState};
+use super::{check_id, failure, tri, Asked, Caller, OperatorState};
 use crate::sse::sse;
 use crate::variables::refuse;
 
-/// The resume point a request names: `Last-Event-ID` wins over `?after=`.
-fn resume_point(headers: &HeaderMap, asked: EventsQuery) -> Result<Option<String>, Box<Response>> {
-    match headers.get("last-event-id") {
+/// The position a request resumes after (`Last-Event-ID` wins over `?after=`; blank is the
+/// start), read by `parse`; else `400 invalid_position` saying it is no event id of `what`.
+fn resume_point<P>(
+    headers: &HeaderMap,
+    asked: EventsQuery,
+    what: &str,
+    parse: impl FnOnce(&str) -> Option<P>,
+) -> Result<Option<P>, Box<Response>> {
+    let point = match headers.get("last-event-id") {
         Some(value) => value
             .to_str()
-            .map(|v| Some(v.trim().to_owned()))
-            .map_err(|_| Box::new(bad_position("`Last-Event-ID` is not text"))),
-        None => Ok(asked.after),
+            .map_err(|_| Box::new(bad_position("`Last-Event-ID` is not text")))?
+            .trim()
+            .to_owned(),
+        None => asked.after.unwrap_or_default(),
+    };
+    if point.is_empty() {
+        return Ok(None);
     }
+    parse(&point).map(Some).ok_or_else(|| {
+        Box::new(bad_position(format!(
+            "`{point}` is not an event id of {what} stream"
+        )))
+    })
 }
 
 fn bad_position(message: impl Into<String>) -> Response {
@@ -92,23 +106,16 @@ where
     ))]
 pub(super) async fn task_events(
     State(state): State<OperatorState>,
+    Caller(auth): Caller,
     Path(task_id): Path<String>,
+    Asked(asked): Asked<EventsQuery>,
     headers: HeaderMap,
-    asked: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Response {
-    let auth = tri!(state.caller(&headers));
-    tri!(check_id("task_id", &task_id));
-    let asked = tri!(query(asked));
-    let after = match tri!(resume_point(&headers, asked)) {
-        None => 0,
-        Some(point) => match point.parse::<u64>() {
-            Ok(after) => after,
-            Err(_) => {
-                return bad_position(format!("`{point}` is not an event id of a task's stream"))
-            }
-        },
-    };
-    let task_id = TaskId::from(task_id);
+    let task_id: TaskId = tri!(check_id("task_id", task_id));
+    let after = tri!(resume_point(&headers, asked, "a task's", |p| p
+        .parse()
+        .ok()));
+    let after = after.unwrap_or(0);
     // Unknown (or another tenant's) tasks answer 404 before a stream opens.
     let task = match state.reads.task(&auth, &task_id).await {
         Ok(task) => task,
@@ -148,23 +155,16 @@ pub(super) async fn task_events(
     ))]
 pub(super) async fn thread_events(
     State(state): State<OperatorState>,
+    Caller(auth): Caller,
     Path(thread_id): Path<String>,
+    Asked(asked): Asked<EventsQuery>,
     headers: HeaderMap,
-    asked: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Response {
-    let auth = tri!(state.caller(&headers));
-    tri!(check_id("thread_id", &thread_id));
-    let asked = tri!(query(asked));
-    let from = match tri!(resume_point(&headers, asked)).filter(|p| !p.is_empty()) {
-        None => ThreadPosition::default(),
-        Some(point) => match ThreadPosition::parse(&point) {
-            Ok(position) => position,
-            Err(_) => {
-                return bad_position(format!("`{point}` is not an event id of a thread's stream"))
-            }
-        },
-    };
-    let thread_id = ThreadId::from(thread_id);
+    let thread_id: ThreadId = tri!(check_id("thread_id", thread_id));
+    let from = tri!(resume_point(&headers, asked, "a thread's", |p| {
+        ThreadPosition::parse(p).ok()
+    }));
+    let from = from.unwrap_or_default();
     if let Err(err) = state.reads.thread(&auth, &thread_id).await {
         return failure(&err);
     }

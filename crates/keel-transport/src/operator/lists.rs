@@ -1,9 +1,8 @@
 //! The operator API's reads: agents, threads, tasks, pending approvals and runs, each list
 //! paged on the server, each read scoped to the caller's tenant.
 
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use keel_agent::reads::{RunPageQuery, TaskQuery};
@@ -16,7 +15,7 @@ use super::schema::{
     RunsQuery, TaskQueryParams, TasksAnswer, ThreadDetail, ThreadListingView, ThreadsAnswer,
     ToolView,
 };
-use super::{check_id, failure, query, tri, OperatorState};
+use super::{answer, check_id, failure, tri, Asked, Caller, OperatorState};
 use crate::variables::refuse;
 
 /// How many queued items a thread's detail shows.
@@ -34,8 +33,7 @@ fn to_json(value: impl serde::Serialize) -> Value {
         (status = 200, body = AgentsAnswer),
         (status = 401, body = ErrorBody),
     ))]
-pub(super) async fn agents(State(state): State<OperatorState>, headers: HeaderMap) -> Response {
-    tri!(state.caller(&headers));
+pub(super) async fn agents(State(state): State<OperatorState>, _: Caller) -> Response {
     let agents = state
         .agents
         .iter()
@@ -77,17 +75,15 @@ pub(super) async fn agents(State(state): State<OperatorState>, headers: HeaderMa
     ))]
 pub(super) async fn threads(
     State(state): State<OperatorState>,
-    headers: HeaderMap,
-    asked: Result<Query<ListQuery>, QueryRejection>,
+    Caller(auth): Caller,
+    Asked(asked): Asked<ListQuery>,
 ) -> Response {
-    let auth = tri!(state.caller(&headers));
-    let asked = tri!(query(asked));
-    match state
+    let page = state
         .reads
         .threads(&auth, asked.page_size, asked.page_token)
-        .await
-    {
-        Ok(page) => Json(ThreadsAnswer {
+        .await;
+    answer(page.map(|page| {
+        ThreadsAnswer {
             threads: page
                 .items
                 .into_iter()
@@ -98,10 +94,8 @@ pub(super) async fn threads(
                 })
                 .collect(),
             next_page_token: page.next_page_token,
-        })
-        .into_response(),
-        Err(err) => failure(&err),
-    }
+        }
+    }))
 }
 
 /// One thread: its state, its queue and its recent tasks.
@@ -115,12 +109,10 @@ pub(super) async fn threads(
     ))]
 pub(super) async fn thread(
     State(state): State<OperatorState>,
+    Caller(auth): Caller,
     Path(thread_id): Path<String>,
-    headers: HeaderMap,
 ) -> Response {
-    let auth = tri!(state.caller(&headers));
-    tri!(check_id("thread_id", &thread_id));
-    let thread_id = ThreadId::from(thread_id);
+    let thread_id: ThreadId = tri!(check_id("thread_id", thread_id));
     let detail = async {
         let summary = state.reads.thread(&auth, &thread_id).await?;
         let queue = state
@@ -149,10 +141,7 @@ pub(super) async fn thread(
             recent_tasks: to_json(&recent.items),
         })
     };
-    match detail.await {
-        Ok(detail) => Json(detail).into_response(),
-        Err(err) => failure(&err),
-    }
+    answer(detail.await)
 }
 
 /// The tenant's tasks, filtered and paged.
@@ -166,11 +155,9 @@ pub(super) async fn thread(
     ))]
 pub(super) async fn tasks(
     State(state): State<OperatorState>,
-    headers: HeaderMap,
-    asked: Result<Query<ListQuery>, QueryRejection>,
+    Caller(auth): Caller,
+    Asked(asked): Asked<ListQuery>,
 ) -> Response {
-    let auth = tri!(state.caller(&headers));
-    let asked = tri!(query(asked));
     let task_state = match asked.state.as_deref().map(str::parse::<TaskState>) {
         None => None,
         Some(Ok(parsed)) => Some(parsed),
@@ -190,15 +177,12 @@ pub(super) async fn tasks(
         page_token: asked.page_token,
         ..TaskQuery::default()
     };
-    match state.reads.tasks(&auth, &task_query).await {
-        Ok(page) => Json(TasksAnswer {
-            tasks: to_json(&page.items),
-            next_page_token: page.next_page_token,
-            total_size: page.total_size,
-        })
-        .into_response(),
-        Err(err) => failure(&err),
-    }
+    let page = state.reads.tasks(&auth, &task_query).await;
+    answer(page.map(|page| TasksAnswer {
+        tasks: to_json(&page.items),
+        next_page_token: page.next_page_token,
+        total_size: page.total_size,
+    }))
 }
 
 /// One task, with its history.
@@ -212,21 +196,17 @@ pub(super) async fn tasks(
     ))]
 pub(super) async fn task(
     State(state): State<OperatorState>,
+    Caller(auth): Caller,
     Path(task_id): Path<String>,
-    headers: HeaderMap,
-    asked: Result<Query<TaskQueryParams>, QueryRejection>,
+    Asked(asked): Asked<TaskQueryParams>,
 ) -> Response {
-    let auth = tri!(state.caller(&headers));
-    tri!(check_id("task_id", &task_id));
-    let asked = tri!(query(asked));
-    match state
-        .reads
-        .task_with_history(&auth, &TaskId::from(task_id), asked.history_length)
-        .await
-    {
-        Ok(task) => Json(task).into_response(),
-        Err(err) => failure(&err),
-    }
+    let task_id: TaskId = tri!(check_id("task_id", task_id));
+    answer(
+        state
+            .reads
+            .task_with_history(&auth, &task_id, asked.history_length)
+            .await,
+    )
 }
 
 /// The actions waiting for a decision.
@@ -239,18 +219,16 @@ pub(super) async fn task(
     ))]
 pub(super) async fn approvals(
     State(state): State<OperatorState>,
-    headers: HeaderMap,
-    asked: Result<Query<ListQuery>, QueryRejection>,
+    Caller(auth): Caller,
+    Asked(asked): Asked<ListQuery>,
 ) -> Response {
-    let auth = tri!(state.caller(&headers));
-    let asked = tri!(query(asked));
     let thread_id = asked.thread_id.map(ThreadId::from);
-    match state
+    let page = state
         .reads
         .pending_approvals(&auth, thread_id.as_ref(), asked.page_size, asked.page_token)
-        .await
-    {
-        Ok(page) => Json(ApprovalsAnswer {
+        .await;
+    answer(page.map(|page| {
+        ApprovalsAnswer {
             approvals: page
                 .items
                 .into_iter()
@@ -262,10 +240,8 @@ pub(super) async fn approvals(
                 .collect(),
             next_page_token: page.next_page_token,
             total_size: page.total_size,
-        })
-        .into_response(),
-        Err(err) => failure(&err),
-    }
+        }
+    }))
 }
 
 /// Run records, newest first, by thread, task or agent.
@@ -278,11 +254,9 @@ pub(super) async fn approvals(
     ))]
 pub(super) async fn runs(
     State(state): State<OperatorState>,
-    headers: HeaderMap,
-    asked: Result<Query<RunsQuery>, QueryRejection>,
+    Caller(auth): Caller,
+    Asked(asked): Asked<RunsQuery>,
 ) -> Response {
-    let auth = tri!(state.caller(&headers));
-    let asked = tri!(query(asked));
     let run_query = RunPageQuery {
         thread_id: asked.thread_id.map(ThreadId::from),
         task_id: asked.task_id.map(TaskId::from),
@@ -290,14 +264,11 @@ pub(super) async fn runs(
         page_size: asked.page_size,
         page_token: asked.page_token,
     };
-    match state.reads.runs_page(&auth, &run_query).await {
-        Ok(page) => Json(RunsAnswer {
-            runs: to_json(&page.items),
-            next_page_token: page.next_page_token,
-        })
-        .into_response(),
-        Err(err) => failure(&err),
-    }
+    let page = state.reads.runs_page(&auth, &run_query).await;
+    answer(page.map(|page| RunsAnswer {
+        runs: to_json(&page.items),
+        next_page_token: page.next_page_token,
+    }))
 }
 
 /// One run's report, redacted as persisted.
@@ -311,12 +282,11 @@ pub(super) async fn runs(
     ))]
 pub(super) async fn run(
     State(state): State<OperatorState>,
+    Caller(auth): Caller,
     Path(run_id): Path<String>,
-    headers: HeaderMap,
 ) -> Response {
-    let auth = tri!(state.caller(&headers));
-    tri!(check_id("run_id", &run_id));
-    match state.reads.run(&auth, &RunId::from(run_id)).await {
+    let run_id: RunId = tri!(check_id("run_id", run_id));
+    match state.reads.run(&auth, &run_id).await {
         Ok(Some(record)) => Json(record).into_response(),
         Ok(None) => refuse(StatusCode::NOT_FOUND, "run_not_found", "no such run"),
         Err(err) => failure(&err),

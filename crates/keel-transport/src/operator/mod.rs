@@ -17,8 +17,10 @@ mod schema;
 
 use std::sync::Arc;
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Json, Query};
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Json, Query, Request};
+use axum::handler::Handler;
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
@@ -27,6 +29,8 @@ use keel_agent::reads::Reads;
 use keel_agent::AgentExecutor;
 use keel_core::AgentError;
 use keel_runtime::AuthContext;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use utoipa::OpenApi;
 
 use crate::handlers::Handlers;
@@ -112,11 +116,19 @@ struct Route {
     handler: MethodRouter<OperatorState>,
 }
 
-fn route(method: Method, path: &'static str, handler: MethodRouter<OperatorState>) -> Route {
+fn reading<H: Handler<T, OperatorState>, T: 'static>(path: &'static str, handler: H) -> Route {
     Route {
-        method,
+        method: Method::GET,
         path,
-        handler,
+        handler: get(handler),
+    }
+}
+
+fn acting<H: Handler<T, OperatorState>, T: 'static>(path: &'static str, handler: H) -> Route {
+    Route {
+        method: Method::POST,
+        path,
+        handler: post(handler),
     }
 }
 
@@ -124,49 +136,24 @@ fn route(method: Method, path: &'static str, handler: MethodRouter<OperatorState
 /// each of them in [`OperatorDoc`] covers the router.
 fn routes() -> Vec<Route> {
     vec![
-        route(Method::GET, "/api/v1/agents", get(lists::agents)),
-        route(Method::GET, "/api/v1/threads", get(lists::threads)),
-        route(
-            Method::GET,
-            "/api/v1/threads/{thread_id}",
-            get(lists::thread),
-        ),
-        route(Method::GET, "/api/v1/tasks", get(lists::tasks)),
-        route(Method::GET, "/api/v1/tasks/{task_id}", get(lists::task)),
-        route(Method::GET, "/api/v1/approvals", get(lists::approvals)),
-        route(Method::GET, "/api/v1/runs", get(lists::runs)),
-        route(Method::GET, "/api/v1/runs/{run_id}", get(lists::run)),
-        route(
-            Method::POST,
-            "/api/v1/tasks/{task_id}/cancel",
-            post(act::cancel),
-        ),
-        route(
-            Method::POST,
+        reading("/api/v1/agents", lists::agents),
+        reading("/api/v1/threads", lists::threads),
+        reading("/api/v1/threads/{thread_id}", lists::thread),
+        reading("/api/v1/tasks", lists::tasks),
+        reading("/api/v1/tasks/{task_id}", lists::task),
+        reading("/api/v1/approvals", lists::approvals),
+        reading("/api/v1/runs", lists::runs),
+        reading("/api/v1/runs/{run_id}", lists::run),
+        acting("/api/v1/tasks/{task_id}/cancel", act::cancel),
+        acting(
             "/api/v1/tasks/{task_id}/approvals/{request_id}",
-            post(act::decide),
+            act::decide,
         ),
-        route(
-            Method::POST,
-            "/api/v1/threads/{thread_id}/messages",
-            post(act::message),
-        ),
-        route(
-            Method::POST,
-            "/api/v1/threads/{thread_id}/compact",
-            post(act::compact),
-        ),
-        route(
-            Method::GET,
-            "/api/v1/tasks/{task_id}/events",
-            get(events::task_events),
-        ),
-        route(
-            Method::GET,
-            "/api/v1/threads/{thread_id}/events",
-            get(events::thread_events),
-        ),
-        route(Method::GET, "/api/v1/openapi.json", get(openapi)),
+        acting("/api/v1/threads/{thread_id}/messages", act::message),
+        acting("/api/v1/threads/{thread_id}/compact", act::compact),
+        reading("/api/v1/tasks/{task_id}/events", events::task_events),
+        reading("/api/v1/threads/{thread_id}/events", events::thread_events),
+        reading("/api/v1/openapi.json", openapi),
     ]
 }
 
@@ -218,9 +205,9 @@ fn failure(err: &AgentError) -> Response {
     }
 }
 
-/// `Ok` for an id a route takes: not blank, at most [`MAX_ID_BYTES`], no control characters;
-/// else `400 invalid_id` naming which id.
-fn check_id(which: &str, id: &str) -> Result<(), Box<Response>> {
+/// The typed id a route takes when it is not blank, at most [`MAX_ID_BYTES`] and free of
+/// control characters; else `400 invalid_id` naming which id.
+fn check_id<Id: From<String>>(which: &str, id: String) -> Result<Id, Box<Response>> {
     if id.trim().is_empty() || id.len() > MAX_ID_BYTES || id.chars().any(char::is_control) {
         return Err(Box::new(refuse(
             StatusCode::BAD_REQUEST,
@@ -228,45 +215,90 @@ fn check_id(which: &str, id: &str) -> Result<(), Box<Response>> {
             format!("`{which}` must be 1 to {MAX_ID_BYTES} bytes without control characters"),
         )));
     }
-    Ok(())
+    Ok(Id::from(id))
 }
 
-/// The query, or `400 invalid_query`.
-fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Box<Response>> {
-    query.map(|Query(q)| q).map_err(|rejection| {
-        Box::new(refuse(
-            StatusCode::BAD_REQUEST,
-            "invalid_query",
-            format!("the query is malformed: {}", rejection.body_text()),
-        ))
-    })
-}
+/// The caller's tenant, from its credentials: the first extractor of every handler, so a
+/// request without valid ones answers `401` before anything else is looked at.
+struct Caller(AuthContext);
 
-/// The JSON body, or `400 invalid_body` saying why.
-fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, Box<Response>> {
-    body.map(|Json(b)| b).map_err(|rejection| {
-        Box::new(refuse(
-            StatusCode::BAD_REQUEST,
-            "invalid_body",
-            rejection.body_text(),
-        ))
-    })
-}
+impl FromRequestParts<OperatorState> for Caller {
+    type Rejection = Response;
 
-/// An optional JSON body: `None` when empty, else the value or `400 invalid_body`.
-fn optional_body<T: serde::de::DeserializeOwned>(
-    bytes: &axum::body::Bytes,
-) -> Result<Option<T>, Box<Response>> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &OperatorState,
+    ) -> Result<Self, Response> {
+        state.caller(&parts.headers).map(Caller).map_err(|r| *r)
     }
-    serde_json::from_slice(bytes).map(Some).map_err(|err| {
-        Box::new(refuse(
+}
+
+/// The query string as `T`, or `400 invalid_query` saying why.
+struct Asked<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Asked<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(asked)) => Ok(Asked(asked)),
+            Err(rejection) => Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                format!("the query is malformed: {}", rejection.body_text()),
+            )),
+        }
+    }
+}
+
+/// The JSON body as `T`, or `400 invalid_body` saying why.
+struct Body<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+        parse_body(&body_bytes(request, state).await?).map(Body)
+    }
+}
+
+/// An optional JSON body: `None` when empty, else `T` or `400 invalid_body`.
+struct OptionalBody<T>(Option<T>);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for OptionalBody<T> {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+        let bytes = body_bytes(request, state).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalBody(None));
+        }
+        parse_body(&bytes).map(|body| OptionalBody(Some(body)))
+    }
+}
+
+async fn body_bytes<S: Send + Sync>(request: Request, state: &S) -> Result<Bytes, Response> {
+    Bytes::from_request(request, state)
+        .await
+        .map_err(IntoResponse::into_response)
+}
+
+fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Response> {
+    serde_json::from_slice(bytes).map_err(|err| {
+        refuse(
             StatusCode::BAD_REQUEST,
             "invalid_body",
             format!("the body is not the JSON this route takes: {err}"),
-        ))
+        )
     })
+}
+
+/// An engine answer as JSON, or its error's answer.
+fn answer<T: Serialize>(result: Result<T, AgentError>) -> Response {
+    match result {
+        Ok(value) => Json(value).into_response(),
+        Err(err) => failure(&err),
+    }
 }
 
 /// Unwraps a step's answer, returning the refusal from the handler.
