@@ -306,4 +306,9 @@ mod postgres {
     }
 
     rules!();
+
+    /// Only a store that announces its commits hears another process at once.
+    mod heard {
+        include!("rules/heard.rs");
+    }
 }

@@ -23,6 +23,7 @@
 
 mod async_calls;
 mod auth;
+mod changes;
 mod lease;
 mod logging;
 mod memory;
@@ -43,6 +44,7 @@ use std::sync::Arc;
 
 pub use async_calls::{AsyncCall, AsyncCallState, AsyncCallStore, InMemoryAsyncCallStore};
 pub use auth::{ApiKeyAuthService, AuthContext, AuthService, Credentials, StaticAuthService};
+pub use changes::{ChangeFeed, StoreChange};
 /// The model trait, re-exported because [`Runtime::default_llm`] names it.
 pub use keel_llm::Llm;
 pub use lease::{lease_blocks, lease_ttl, Lease, ThreadLeases};
@@ -100,6 +102,11 @@ pub trait Runtime: keel_core::MaybeSend + keel_core::MaybeSync {
     }
     /// Pending asynchronous tool calls, found by id alone when their callback arrives.
     fn async_call_store(&self) -> Arc<dyn AsyncCallStore>;
+    /// The store's announcements of what every process sharing it commits, when it makes
+    /// them; `None` leaves the engine to its polls.
+    fn change_feed(&self) -> Option<Arc<dyn ChangeFeed>> {
+        None
+    }
 }
 
 /// Implements [`Runtime`] for a type that wraps another runtime (usually [`Services`]) in a
@@ -158,6 +165,11 @@ macro_rules! runtime_from_field {
             }
             fn async_call_store(&self) -> ::std::sync::Arc<dyn $crate::AsyncCallStore> {
                 $crate::Runtime::async_call_store(&self.$field)
+            }
+            fn change_feed(
+                &self,
+            ) -> ::std::option::Option<::std::sync::Arc<dyn $crate::ChangeFeed>> {
+                $crate::Runtime::change_feed(&self.$field)
             }
         }
     };

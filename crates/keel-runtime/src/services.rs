@@ -5,10 +5,10 @@ use std::sync::Arc;
 use keel_llm::Llm;
 
 use crate::{
-    AsyncCallStore, AuthService, InMemoryAsyncCallStore, InMemoryMemoryService, InMemoryRunStore,
-    InMemoryTaskManager, InMemoryThreadStore, InMemoryThreadTimers, KvLimits, LoggingService,
-    MemoryService, RunStore, Runtime, StaticAuthService, StepStore, TaskManager, ThreadStore,
-    ThreadTimers, TracingLoggingService, Validated,
+    AsyncCallStore, AuthService, ChangeFeed, InMemoryAsyncCallStore, InMemoryMemoryService,
+    InMemoryRunStore, InMemoryTaskManager, InMemoryThreadStore, InMemoryThreadTimers, KvLimits,
+    LoggingService, MemoryService, RunStore, Runtime, StaticAuthService, StepStore, TaskManager,
+    ThreadStore, ThreadTimers, TracingLoggingService, Validated,
 };
 
 /// Every service an agent run needs, as plain fields: a [`Runtime`] without any logic of its
@@ -51,6 +51,8 @@ pub struct Services {
     pub timers: Option<Arc<dyn ThreadTimers>>,
     /// Pending asynchronous tool calls.
     pub async_calls: Arc<dyn AsyncCallStore>,
+    /// The store's announcements of its commits, when it makes them.
+    pub changes: Option<Arc<dyn ChangeFeed>>,
 }
 
 impl Services {
@@ -74,6 +76,7 @@ impl Services {
                 KvLimits::DEFAULT,
             ))),
             async_calls: Arc::new(InMemoryAsyncCallStore::new()),
+            changes: None,
         }
     }
 
@@ -104,6 +107,7 @@ impl Services {
             steps: None,
             timers: Some(Arc::new(Validated::new(store.clone(), kv_limits))),
             async_calls: Arc::new(store),
+            changes: None,
         }
     }
 
@@ -120,6 +124,7 @@ impl Services {
             steps: runtime.step_store(),
             timers: runtime.thread_timers(),
             async_calls: runtime.async_call_store(),
+            changes: runtime.change_feed(),
         }
     }
 }
@@ -165,6 +170,8 @@ with_service! {
     with_timers(timers: ThreadTimers);
     /// Replace the store of pending asynchronous tool calls.
     with_async_calls(async_calls: AsyncCallStore);
+    /// Wake the engine on the given store's announcements of its commits.
+    with_changes(changes: ChangeFeed);
 }
 
 impl Runtime for Services {
@@ -197,5 +204,8 @@ impl Runtime for Services {
     }
     fn async_call_store(&self) -> Arc<dyn AsyncCallStore> {
         self.async_calls.clone()
+    }
+    fn change_feed(&self) -> Option<Arc<dyn ChangeFeed>> {
+        self.changes.clone()
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use keel_core::TaskId;
 use keel_core::{AgentError, AgentResult};
-use keel_runtime::AuthContext;
+use keel_runtime::{AuthContext, StoreChange};
 use tokio::sync::{broadcast, oneshot, watch};
 use tokio_postgres::AsyncMessage;
 
@@ -49,49 +49,23 @@ const BUFFER: usize = 1024;
 /// The longest wait between two attempts to connect the listener again.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// A change committed to the store's database, by this process or another, as the store's
-/// listener heard it ([`PostgresStore::changes`](crate::PostgresStore::changes)).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoreChange {
-    /// Events were appended to the log of `task_id` (or its snapshot was saved).
-    TaskEvents {
-        /// The task's tenant.
-        auth: AuthContext,
-        /// The task.
-        task_id: TaskId,
-    },
-    /// The memory value `key` was saved (a cancel request is one).
-    Memory {
-        /// The value's tenant.
-        auth: AuthContext,
-        /// Its key.
-        key: String,
-    },
-    /// Changes may have gone unheard (the listening connection was lost and is back, or this
-    /// receiver fell behind): read again whatever is followed.
-    Missed,
-}
-
-impl StoreChange {
-    /// The change a notification's payload names; one this code does not know is
-    /// [`StoreChange::Missed`], which makes listeners look at everything.
-    fn parse(payload: &str) -> StoreChange {
-        let parsed: Option<(String, String, String)> = serde_json::from_str(payload).ok();
-        let Some((kind, tenant, id)) = parsed else {
-            return StoreChange::Missed;
-        };
-        let Some(auth) = AuthContext::from_namespace(&tenant) else {
-            return StoreChange::Missed;
-        };
-        match kind.as_str() {
-            "t" => StoreChange::TaskEvents {
-                auth,
-                task_id: TaskId::from(id),
-            },
-            "m" => StoreChange::Memory { auth, key: id },
-            _ => StoreChange::Missed,
-        }
+/// The change a notification's payload names; one this code does not know is
+/// [`StoreChange::Missed`], which makes listeners look at everything.
+fn parse(payload: &str) -> StoreChange {
+    let parsed: Option<(String, String, String)> = serde_json::from_str(payload).ok();
+    let Some((kind, tenant, id)) = parsed else {
+        return StoreChange::Missed;
+    };
+    let Some(auth) = AuthContext::from_namespace(&tenant) else {
+        return StoreChange::Missed;
+    };
+    match kind.as_str() {
+        "t" => StoreChange::TaskEvents {
+            auth,
+            task_id: TaskId::from(id),
+        },
+        "m" => StoreChange::Memory { auth, key: id },
+        _ => StoreChange::Missed,
     }
 }
 
@@ -110,6 +84,13 @@ impl Changes {
             Err(broadcast::error::RecvError::Lagged(_)) => Some(StoreChange::Missed),
             Err(broadcast::error::RecvError::Closed) => None,
         }
+    }
+
+    /// These changes as a stream, ending with the store.
+    pub fn into_stream(self) -> futures::stream::BoxStream<'static, StoreChange> {
+        Box::pin(futures::stream::unfold(self, |mut changes| async move {
+            changes.recv().await.map(|change| (change, changes))
+        }))
     }
 }
 
@@ -233,7 +214,7 @@ impl Session {
             loop {
                 match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                     Some(Ok(AsyncMessage::Notification(note))) => {
-                        let _ = heard_tx.send(StoreChange::parse(note.payload()));
+                        let _ = heard_tx.send(parse(note.payload()));
                     }
                     Some(Ok(_)) => {}
                     Some(Err(e)) => return e.to_string(),
@@ -291,20 +272,20 @@ mod tests {
         let auth = AuthContext::new("app", "user");
         let ns = auth.namespace();
         assert_eq!(
-            StoreChange::parse(&serde_json::json!(["t", ns, "task-1"]).to_string()),
+            parse(&serde_json::json!(["t", ns, "task-1"]).to_string()),
             StoreChange::TaskEvents {
                 auth: auth.clone(),
                 task_id: TaskId::from("task-1")
             }
         );
         assert_eq!(
-            StoreChange::parse(&serde_json::json!(["m", ns, "k"]).to_string()),
+            parse(&serde_json::json!(["m", ns, "k"]).to_string()),
             StoreChange::Memory {
                 auth,
                 key: "k".into()
             }
         );
-        assert_eq!(StoreChange::parse("[\"?\"]"), StoreChange::Missed);
-        assert_eq!(StoreChange::parse("not json"), StoreChange::Missed);
+        assert_eq!(parse("[\"?\"]"), StoreChange::Missed);
+        assert_eq!(parse("not json"), StoreChange::Missed);
     }
 }

@@ -96,7 +96,8 @@ use keel_runtime::{
     AsyncCallStore, MemoryService, RunStore, StepStore, TaskManager, ThreadStore, ThreadTimers,
 };
 
-pub use changes::{Changes, StoreChange};
+pub use changes::Changes;
+pub use keel_runtime::StoreChange;
 pub use schema::SCHEMA_VERSION;
 
 /// How long to wait for a new connection, and for a free one from the pool.
@@ -208,10 +209,12 @@ impl PostgresStore {
     }
 
     /// Every service of a runtime over this database (tasks, memory, threads, one-transaction
-    /// step writes, runs, timers, asynchronous calls), with a static tenant, `tracing` logs
-    /// and `llm` as the default model.
+    /// step writes, runs, timers, asynchronous calls, and the announcements of what every
+    /// process commits), with a static tenant, `tracing` logs and `llm` as the default model.
     pub fn services(&self, llm: Arc<dyn Llm>) -> Services {
-        Services::from_store(self.clone(), self.kv_limits, llm).with_steps(self.clone())
+        Services::from_store(self.clone(), self.kv_limits, llm)
+            .with_steps(self.clone())
+            .with_changes(self.clone())
     }
 
     /// How many statements every Postgres store of this process has sent so far (a
@@ -273,4 +276,11 @@ fn tls() -> AgentResult<tokio_postgres_rustls::MakeRustlsConnect> {
     .with_root_certificates(roots)
     .with_no_client_auth();
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+#[async_trait::async_trait]
+impl keel_runtime::ChangeFeed for PostgresStore {
+    async fn follow(&self) -> AgentResult<futures::stream::BoxStream<'static, StoreChange>> {
+        Ok(self.changes().await?.into_stream())
+    }
 }

@@ -17,6 +17,7 @@ mod context;
 mod direct;
 mod driver;
 mod features;
+mod heard;
 mod host;
 mod notices;
 mod records;
@@ -538,8 +539,12 @@ impl AgentExecutor {
     /// [`AgentExecutor::recover_all`] does at start; so are the other threads with queued
     /// work and no runner (a message queued on an idle thread by a process that died, a
     /// wake that was lost), where the store can list them. The thread's fenced lease keeps
-    /// each thread to one runner across processes. Needs a tokio runtime.
+    /// each thread to one runner across processes. Where the store announces what every
+    /// process commits ([`Runtime::change_feed`]), this process also hears at once of other
+    /// processes' task events (its watchers wake) and cancel requests (the run stops).
+    /// Needs a tokio runtime.
     pub fn start_takeover(&self) {
+        self.hear_store_changes();
         let me = Arc::downgrade(&self.inner);
         let stop = self.inner.driver.shutting_down.clone();
         let ttl = self.inner.config.lease_ttl;

@@ -258,7 +258,9 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
     type Rejection = Response;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
-        parse_body(&body_bytes(request, state).await?).map(Body)
+        parse_body(&body_bytes(request, state).await?)
+            .map(Body)
+            .map_err(|r| *r)
     }
 }
 
@@ -273,7 +275,9 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for OptionalBody<T> {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(OptionalBody(None));
         }
-        parse_body(&bytes).map(|body| OptionalBody(Some(body)))
+        parse_body(&bytes)
+            .map(|body| OptionalBody(Some(body)))
+            .map_err(|r| *r)
     }
 }
 
@@ -283,13 +287,13 @@ async fn body_bytes<S: Send + Sync>(request: Request, state: &S) -> Result<Bytes
         .map_err(IntoResponse::into_response)
 }
 
-fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Response> {
+fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Box<Response>> {
     serde_json::from_slice(bytes).map_err(|err| {
-        refuse(
+        Box::new(refuse(
             StatusCode::BAD_REQUEST,
             "invalid_body",
             format!("the body is not the JSON this route takes: {err}"),
-        )
+        ))
     })
 }
 
