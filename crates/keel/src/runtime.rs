@@ -24,6 +24,8 @@ use keel_transport::{A2aServer, AgentsServer};
 ///     StoreConfig::parse("postgres://db/keel")?,
 ///     StoreConfig::Postgres { url: "postgres://db/keel".into() }
 /// );
+/// assert_eq!(StoreConfig::parse("sqlite://./keel.db")?, StoreConfig::Sqlite("./keel.db".into()));
+/// assert_eq!(StoreConfig::parse("sqlite:///var/keel.db")?, StoreConfig::Sqlite("/var/keel.db".into()));
 /// assert!(StoreConfig::parse("mysql://x").is_err());
 /// # Ok::<(), keel::core::AgentError>(())
 /// ```
@@ -55,11 +57,16 @@ impl StoreConfig {
     }
 
     /// Parse `memory`, `sqlite:PATH`, `redis://…` / `rediss://…` or `postgres://…` /
-    /// `postgresql://…`.
+    /// `postgresql://…`. `sqlite://PATH` is read as other tools read it (`sqlite://./keel.db`
+    /// is `./keel.db`, `sqlite:///var/keel.db` is `/var/keel.db`), not as a path that starts
+    /// with `//`.
     pub fn parse(spec: &str) -> AgentResult<Self> {
         if spec == "memory" {
             Ok(StoreConfig::Memory)
-        } else if let Some(path) = spec.strip_prefix("sqlite:") {
+        } else if let Some(path) = spec
+            .strip_prefix("sqlite://")
+            .or_else(|| spec.strip_prefix("sqlite:"))
+        {
             if path.is_empty() {
                 return Err(AgentError::invalid_input(
                     "store",
