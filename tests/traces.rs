@@ -658,3 +658,137 @@ async fn json_log_lines_carry_the_trace_and_span_ids_of_the_exported_spans() {
     assert_eq!(line("tool call")["trace_id"], tool.trace_id());
     assert_eq!(line("tool call")["span_id"], tool.span_id());
 }
+
+/// An agent whose every action waits for approval, with the sandboxed `run_code` tool.
+const CAREFUL: &str = r#"
+[[agents]]
+name = "careful"
+description = "Asks before it acts"
+
+[agents.tools]
+run_code = true
+
+[agents.policy]
+default = "require_approval"
+"#;
+
+#[tokio::test]
+async fn a_run_approved_in_another_process_continues_its_trace_linked_to_the_earlier_spans() {
+    let (receiver, endpoint) = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keel.toml");
+    std::fs::write(&config, CAREFUL).unwrap();
+    let store = format!("sqlite:{}", dir.path().join("keel.db").display());
+    let args = ["--config", config.to_str().unwrap(), "--store", &store];
+    let with_env = |service: &'static str| {
+        let env = otlp_env(&endpoint, service);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        KeelServer::start_with_env(&args, &env)
+    };
+
+    // Process A: the run asks for approval and rests; A stops.
+    let a = with_env("keel-resume-a");
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": {"messageId": support::uuid_like(), "role": "ROLE_USER",
+            "parts": [{"text": r#"/run_code {"source": "console.log(6 * 7)"}"#}]}}
+    });
+    let answer = support::post_rpc(&a.url, &body).await;
+    let task = &answer["result"]["task"];
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{answer}"
+    );
+    let task_id = task["id"].as_str().unwrap().to_owned();
+    let before = receiver.trace_of("keel-resume-a").await;
+    let run = before
+        .iter()
+        .find(|s| s.span.name == "invoke_agent careful")
+        .unwrap();
+    let waiting = before
+        .iter()
+        .find(|s| s.span.name == "execute_tool run_code")
+        .unwrap();
+    assert_eq!(
+        run.attribute("keel.run.state").as_deref(),
+        Some("input-required")
+    );
+    assert!(a.terminate().success());
+
+    // Process B: the approval resumes the run there.
+    let b = with_env("keel-resume-b");
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["tasks", "approve", &task_id, "--url", &b.url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after: Vec<Received> = eventually("B's run span is exported", || async {
+        let spans: Vec<Received> = receiver
+            .spans()
+            .into_iter()
+            .filter(|s| s.service == "keel-resume-b")
+            .collect();
+        spans
+            .iter()
+            .any(|s| s.span.name == "invoke_agent careful")
+            .then_some(spans)
+    })
+    .await;
+
+    // One trace, and no span id exported twice.
+    let trace = run.trace_id();
+    assert!(after.iter().all(|s| s.trace_id() == trace), "{after:#?}");
+    let mut ids: Vec<String> = before.iter().chain(&after).map(Received::span_id).collect();
+    let exported = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), exported, "a span id was exported twice");
+
+    // The run's and the waiting call's later parts link to their earlier parts, where they
+    // stand in the tree (the run a root, the call under step 1); what B does next hangs
+    // under A's spans by their ids.
+    let linked = |name: &str, earlier: &Received| {
+        let part = after
+            .iter()
+            .find(|s| {
+                s.span.name == name
+                    && s.attribute("keel.resumes").as_deref() == Some(earlier.span_id().as_str())
+            })
+            .unwrap_or_else(|| panic!("no later part of {name} in {after:#?}"));
+        assert_eq!(part.span.links.len(), 1);
+        let link = &part.span.links[0];
+        assert_eq!(Received::hex(&link.trace_id), trace);
+        assert_eq!(Received::hex(&link.span_id), earlier.span_id());
+        assert_eq!(
+            string_of(&link.attributes, "keel.link.type").as_deref(),
+            Some("resumes")
+        );
+        assert_eq!(part.parent_id(), earlier.parent_id());
+        part.clone()
+    };
+    let resumed = linked("invoke_agent careful", run);
+    assert_eq!(resumed.parent_id(), None);
+    assert_eq!(
+        resumed.attribute("keel.run.state").as_deref(),
+        Some("completed")
+    );
+    let decided = linked("execute_tool", waiting);
+    let events: Vec<&str> = decided
+        .span
+        .events
+        .iter()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(events, ["keel.approval.decided"]);
+    let approved = after
+        .iter()
+        .find(|s| s.span.name == "execute_tool run_code")
+        .unwrap();
+    assert_eq!(approved.parent_id(), waiting.parent_id());
+    let step = after.iter().find(|s| s.span.name == "step 2").unwrap();
+    assert_eq!(step.parent_id(), Some(run.span_id()));
+}

@@ -28,6 +28,7 @@
 //! # }
 //! ```
 
+mod http_client;
 mod names;
 mod serve;
 mod server;

@@ -19,6 +19,7 @@ use tokio::io::AsyncBufReadExt as _;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use crate::http_client::TracingClient;
 use crate::spec::{ServerSpec, TransportSpec};
 use crate::McpError;
 
@@ -95,6 +96,14 @@ pub struct McpServer {
 struct Running {
     client: Client,
     pid: Option<u32>,
+}
+
+/// The W3C trace context a call carries: the caller's `traceparent` and `tracestate`.
+pub(crate) struct Trace {
+    /// The `traceparent` value.
+    pub(crate) parent: String,
+    /// The `tracestate` value, passed along unchanged when the run has one.
+    pub(crate) state: Option<String>,
 }
 
 /// How a call ended, short of a result.
@@ -178,7 +187,9 @@ impl McpServer {
     /// connection lost during the call is started again and the call retried once when
     /// `retry` (an idempotent tool); otherwise the error says the server stopped, and the next
     /// call starts it again. The call carries a progress token: the server's progress
-    /// notifications for it go to `progress`.
+    /// notifications for it go to `progress`; and `trace` in its `params._meta`
+    /// (`traceparent`, `tracestate`: the propagation of the OpenTelemetry MCP conventions,
+    /// on every transport), which an HTTP server also gets as headers ([`TracingClient`]).
     pub(crate) async fn call(
         &self,
         tool: &str,
@@ -186,6 +197,7 @@ impl McpServer {
         retry: bool,
         cancel: &CancellationToken,
         progress: ProgressSender,
+        trace: &Trace,
     ) -> Result<CallToolResult, CallError> {
         let token = ProgressToken(NumberOrString::Number(
             self.next_token.fetch_add(1, Ordering::Relaxed) as i64,
@@ -208,6 +220,10 @@ impl McpServer {
             let mut params =
                 CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments.clone());
             params.set_progress_token(token.clone());
+            params.set_traceparent(&trace.parent);
+            if let Some(state) = &trace.state {
+                params.set_tracestate(state);
+            }
             let call = tokio::time::timeout(self.spec.call_timeout, peer.call_tool(params));
             let outcome = tokio::select! {
                 () = cancel.cancelled() => return Err(CallError::Canceled),
@@ -311,7 +327,8 @@ impl McpServer {
                 let config = StreamableHttpClientTransportConfig::with_uri(url.clone())
                     .custom_headers(custom);
                 ensure_crypto_provider();
-                let transport = StreamableHttpClientTransport::from_config(config);
+                let transport =
+                    StreamableHttpClientTransport::with_client(TracingClient::new()?, config);
                 let client = info.serve(transport).await.map_err(|err| err.to_string())?;
                 Ok(Running { client, pid: None })
             }

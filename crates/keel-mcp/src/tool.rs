@@ -12,7 +12,7 @@ use rmcp::model::{CallToolResult, ContentBlock, ProgressNotificationParam, Resou
 use serde_json::Value;
 
 use crate::names::tool_name;
-use crate::server::{CallError, McpServer};
+use crate::server::{CallError, McpServer, Trace};
 use crate::spec::ToolFlags;
 use crate::McpError;
 
@@ -132,12 +132,19 @@ impl Tool for McpTool {
             }
         };
         let (progress, mut reports) = tokio::sync::mpsc::unbounded_channel();
+        // The call's trace goes with it, under the tool call's span, so the server's spans
+        // join the run's trace.
+        let trace = Trace {
+            parent: ctx.traceparent().to_string(),
+            state: ctx.run.trace_state.clone(),
+        };
         let call = self.server.call(
             &self.mcp_name,
             arguments,
             self.flags.idempotent,
             &ctx.cancel,
             progress,
+            &trace,
         );
         tokio::pin!(call);
         // The server's progress reports reach the task's stream while the call goes on.

@@ -1,16 +1,20 @@
 //! Keel's MCP client against a server built with the Python SDK's FastMCP: over streamable
 //! HTTP behind a bearer token (calls, `isError`, cancellation and timeouts that reach the
-//! server), over stdio (a server killed during a call), and servers that never start.
+//! server, the run's trace context in `_meta` and headers), over stdio (a server killed
+//! during a call, the trace context in `_meta`), and servers that never start.
 
 mod support;
 
 use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use keel_agent::{SendOptions, Tool};
-use keel_core::{AgentError, Message, TaskState};
+use keel_core::{AgentError, Message, RunContext, TaskState, TraceParent};
+use keel_events::payload::ActionCompletedPayload;
+use keel_events::{InMemoryEventSink, RunEvent};
 use keel_mcp::{Header, McpError, McpServer, ServerSpec, TransportSpec};
 use keel_runtime::testing::eventually;
 use serde_json::json;
@@ -104,6 +108,62 @@ async fn a_call_over_http_with_a_bearer_token_returns_the_result() {
         .unwrap();
     // FastMCP gives an int result as structured content.
     assert_eq!(output, json!({"result": 5}));
+    server.shutdown().await;
+}
+
+/// A caller's trace context, which a run given it continues.
+const CALLER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const CALLER_STATE: &str = "keel=test";
+
+/// The `action.completed` event of the run's only tool call.
+fn completed_call(events: &[RunEvent]) -> RunEvent {
+    let completed: Vec<&RunEvent> = events.iter().filter(|e| e.is("action.completed")).collect();
+    assert_eq!(completed.len(), 1, "{events:#?}");
+    completed[0].clone()
+}
+
+/// The `traceparent` a tool call of the caller's trace sends: the caller's trace, under the
+/// span of the tool call `event` belongs to (the id its exported span has, decision 181).
+fn expected_traceparent(event: &RunEvent) -> String {
+    let trace = TraceParent::parse(CALLER).unwrap().trace_id.to_hex();
+    assert_eq!(event.trace_id.as_deref(), Some(trace.as_str()));
+    let span = event.span_id.as_deref().unwrap();
+    format!("00-{trace}-{span}-01")
+}
+
+#[tokio::test]
+async fn a_runs_tool_call_sends_its_trace_context_in_meta_and_http_headers() {
+    let fixture = HttpFixture::start();
+    let server = McpServer::start(fixture.spec(TOKEN)).await.unwrap();
+    let exec = executor(&tools_of(&server).await, |b| b);
+    let events = Arc::new(InMemoryEventSink::new());
+    exec.add_event_sink(events.clone());
+    let auth = exec.runtime().auth_service().auth_context();
+    let context = RunContext::new().continuing_trace(
+        &TraceParent::parse(CALLER).unwrap(),
+        Some(CALLER_STATE.into()),
+    );
+    let options = SendOptions {
+        run_context: Some(context),
+        ..SendOptions::default()
+    };
+    let task = exec
+        .send_message(&auth, Message::user("/fixture_trace {}"), options)
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    let call = completed_call(&events.events());
+    let seen = call.payload_as::<ActionCompletedPayload>().unwrap().output;
+    let traceparent = expected_traceparent(&call);
+    assert_eq!(
+        seen,
+        json!({
+            "meta_traceparent": traceparent,
+            "meta_tracestate": CALLER_STATE,
+            "header_traceparent": traceparent,
+            "header_tracestate": CALLER_STATE,
+        })
+    );
     server.shutdown().await;
 }
 
@@ -275,6 +335,38 @@ async fn a_stdio_server_killed_during_a_call_fails_that_call_and_the_next_call_r
         .unwrap();
     assert_eq!(output, json!({"result": 2}));
     assert_ne!(server.process_id().await.unwrap(), first);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_tool_call_over_stdio_sends_its_trace_context_in_meta() {
+    let markers = tempfile::tempdir().unwrap();
+    let server = McpServer::start(stdio_spec(markers.path())).await.unwrap();
+    let exec = executor(&tools_of(&server).await, |b| b);
+    let events = Arc::new(InMemoryEventSink::new());
+    exec.add_event_sink(events.clone());
+    let auth = exec.runtime().auth_service().auth_context();
+    let context = RunContext::new().continuing_trace(&TraceParent::parse(CALLER).unwrap(), None);
+    let seen = exec
+        .call_tool_in_context(
+            &auth,
+            keel_core::ThreadId::new(),
+            "fixture_trace",
+            json!({}),
+            context,
+        )
+        .await
+        .unwrap();
+    let call = completed_call(&events.events());
+    assert_eq!(
+        seen,
+        json!({
+            "meta_traceparent": expected_traceparent(&call),
+            "meta_tracestate": null,
+            "header_traceparent": null,
+            "header_tracestate": null,
+        })
+    );
     server.shutdown().await;
 }
 

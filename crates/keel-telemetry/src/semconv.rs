@@ -65,6 +65,11 @@ pub const KEEL_DELEGATION_ID: &str = "keel.delegation.id";
 pub const KEEL_RUN_STATE: &str = "keel.run.state";
 /// `keel.stop.reason`: why the run stopped.
 pub const KEEL_STOP_REASON: &str = "keel.stop.reason";
+/// `keel.resumes`: on a span that goes on from an earlier one (a run or a tool call resumed
+/// after a rest or a crash), the earlier span's id, which its link names too (decision 239).
+pub const KEEL_RESUMES: &str = "keel.resumes";
+/// `keel.link.type`: on that link, what the linked span is to this one (`resumes`).
+pub const KEEL_LINK_TYPE: &str = "keel.link.type";
 
 /// The span event of a policy decision on a tool call (`action.policy`).
 pub const EVENT_POLICY: &str = "keel.policy.decision";

@@ -6,6 +6,10 @@
 //! step at `stop.evaluated`, and the run (with whatever it left open) at its final status or
 //! a `run.stopped` that leaves it working (a hand-over, a wait for a tool's callback). The
 //! finished span goes to the span processor (batched there, exported off the run's task).
+//!
+//! A span that a run's later part opens again (the run after a rest or a crash, a tool call
+//! whose approval came after the run rested) is exported as a span of its own, linked to the
+//! earlier one (decision 239): one id is never exported twice.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -13,6 +17,7 @@ use std::sync::Mutex;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
+use keel_core::ApprovalOutcome;
 use keel_core::{AgentResult, SpanId, TaskState, W3cTraceId};
 use keel_events::payload::{
     ActionCompletedPayload, ActionFailedPayload, ActionPayload, ActionPolicyPayload,
@@ -21,7 +26,7 @@ use keel_events::payload::{
 };
 use keel_events::{EventSink, EventType, RedactionPolicy, RunEvent, SpanKind};
 use opentelemetry::trace::{
-    Event, SpanContext, SpanKind as OtelKind, Status, TraceFlags, TraceState,
+    Event, Link, SpanContext, SpanKind as OtelKind, Status, TraceFlags, TraceState,
 };
 use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue, Value};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks, SpanProcessor};
@@ -52,8 +57,11 @@ struct Open {
     kind: SpanKind,
     run_id: keel_core::RunId,
     trace_id: W3cTraceId,
+    /// The id it is exported with: the events' span id, or its own for a later part.
     span_id: SpanId,
     parent: Option<SpanId>,
+    /// The span (the events' id) this one goes on from, when it is a later part of it.
+    resumes: Option<SpanId>,
     start: SystemTime,
     agent: String,
     model: Option<String>,
@@ -126,6 +134,13 @@ impl SpanSink {
                 event.is(EventType::ACTION_COMPLETED.as_str())
                     || event.is(EventType::ACTION_FAILED.as_str())
                     || event.is(EventType::ACTION_DENIED.as_str())
+                    // A call approved after its run rested runs as a new call (a span of its
+                    // own): the approval was all the resumed part of this one waited for.
+                    || (entry.resumes.is_some()
+                        && event.is(EventType::APPROVAL_DECIDED.as_str())
+                        && event
+                            .payload_as::<ApprovalDecidedPayload>()
+                            .is_ok_and(|p| p.decision.outcome == ApprovalOutcome::Approved))
             }
             SpanKind::ModelCall => event.is(EventType::LLM_CALL_COMPLETED.as_str()),
             SpanKind::Step => event.is(EventType::STOP_EVALUATED.as_str()),
@@ -206,11 +221,29 @@ impl Open {
         if let Some(action) = &event.action_id {
             attributes.push(KeyValue::new(sc::KEEL_ACTION_ID, action.to_string()));
         }
+        // A run's span opens at its first event and a tool call's at its request: opened at
+        // a later event, the span goes on from an earlier part that was exported when the
+        // run rested (or died with a process that crashed). This part gets an id of its own,
+        // derived from the span's and the event's number (so every process derives the
+        // same), and a link to the earlier part.
+        let resumed = match kind {
+            SpanKind::Run => event.sequence > 1,
+            SpanKind::ToolCall => !event.is(EventType::ACTION_REQUESTED.as_str()),
+            SpanKind::Step | SpanKind::ModelCall => false,
+        };
+        let (span_id, resumes) = if resumed {
+            attributes.push(KeyValue::new(sc::KEEL_RESUMES, span_id.to_hex()));
+            let part = SpanId::derive(&[&span_id.0, b"resumed", &event.sequence.to_be_bytes()]);
+            (part, Some(span_id))
+        } else {
+            (span_id, None)
+        };
         Self {
             kind,
             run_id: event.run_id.clone(),
             trace_id,
             span_id,
+            resumes,
             parent: event.parent_span_id.as_deref().and_then(SpanId::parse),
             start: SystemTime::from(event.timestamp),
             agent,
@@ -415,6 +448,20 @@ impl Open {
         let trace_id = opentelemetry::TraceId::from_bytes(self.trace_id.0);
         let mut events = SpanEvents::default();
         events.events = self.events;
+        let mut links = SpanLinks::default();
+        if let Some(earlier) = self.resumes {
+            links.links.push(Link::new(
+                SpanContext::new(
+                    trace_id,
+                    opentelemetry::SpanId::from_bytes(earlier.0),
+                    TraceFlags::SAMPLED,
+                    false,
+                    TraceState::NONE,
+                ),
+                vec![KeyValue::new(sc::KEEL_LINK_TYPE, "resumes")],
+                0,
+            ));
+        }
         SpanData {
             span_context: SpanContext::new(
                 trace_id,
@@ -437,7 +484,7 @@ impl Open {
             attributes: self.attributes,
             dropped_attributes_count: 0,
             events,
-            links: SpanLinks::default(),
+            links,
             status: self.status,
             instrumentation_scope: scope,
         }
