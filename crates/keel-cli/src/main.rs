@@ -332,10 +332,14 @@ enum RunsCommand {
         #[command(flatten)]
         source: SourceArgs,
     },
-    /// The run report as JSON (see docs/run-report.md).
+    /// The run report as JSON (see docs/run-report.md), with the user's message that started
+    /// it under `input`: what `keel replay` and `keel test` read (see docs/replay.md).
     Export {
         /// The run (or task).
         id: String,
+        /// Write it to this file instead of stdout.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
         #[command(flatten)]
         source: SourceArgs,
     },
@@ -792,7 +796,9 @@ fn main() -> ExitCode {
                     RunsCommand::Show { id, json, source } => {
                         runs::show(source.source(), id, json).await
                     }
-                    RunsCommand::Export { id, source } => runs::export(source.source(), id).await,
+                    RunsCommand::Export { id, output, source } => {
+                        runs::export(source.source(), id, output).await
+                    }
                 }
             })
             .map(|()| ExitCode::SUCCESS),
