@@ -288,9 +288,12 @@ pub(crate) async fn test_dir(
                 Err(message) => out(format!("ERROR    {given}\n    cannot replay: {message}")),
             }
         }
+        let runs = match results.len() {
+            1 => "1 run".to_owned(),
+            n => format!("{n} runs"),
+        };
         out(format!(
-            "{} runs: {passed} passed, {diverged} diverged, {failed} not replayed",
-            results.len()
+            "{runs}: {passed} passed, {diverged} diverged, {failed} not replayed"
         ));
     }
     ExitCode::from(if passed == results.len() {
