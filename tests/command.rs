@@ -70,14 +70,24 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// `keel init` in a temp dir, then the file's weather tool pointed at `weather` and made to
-/// need approval; `keel check` accepts it.
-fn project(weather: &WeatherService) -> tempfile::TempDir {
+/// `keel init` in a temp dir, then the file's weather tool pointed at `weather`.
+fn plain_project(weather: &WeatherService) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     keel(dir.path()).arg("init").assert().success();
     let path = dir.path().join("keel.toml");
     let file = std::fs::read_to_string(&path).unwrap();
-    let file = file.replace("http://127.0.0.1:9000", &weather.url).replace(
+    let file = file.replace("http://127.0.0.1:9000", &weather.url);
+    assert!(file.contains(&weather.url));
+    std::fs::write(&path, file).unwrap();
+    dir
+}
+
+/// [`plain_project`] with the weather tool made to need approval; `keel check` accepts it.
+fn project(weather: &WeatherService) -> tempfile::TempDir {
+    let dir = plain_project(weather);
+    let path = dir.path().join("keel.toml");
+    let file = std::fs::read_to_string(&path).unwrap();
+    let file = file.replace(
         r#"require_approval = ["email.send"]"#,
         r#"require_approval = ["weather.*"]"#,
     );
@@ -938,4 +948,226 @@ fn a_model_failure_goes_to_stderr_with_the_endpoint_it_tried() {
         err.contains(&format!("at http://127.0.0.1:{port}/v1/chat/completions")),
         "{err}"
     );
+}
+
+/// The instructions `keel init` writes, and a longer version of them: 44 characters (11
+/// estimated tokens) against 65 (17).
+const INSTRUCTIONS: &str = "You are a helpful assistant. Answer briefly.";
+const CHANGED_INSTRUCTIONS: &str =
+    "You are a helpful assistant. Answer briefly and politely, always.";
+
+/// A copy of the project's `keel.toml` at `changed.toml` with the assistant's instructions
+/// changed.
+fn changed_config(dir: &Path) -> std::path::PathBuf {
+    let file = std::fs::read_to_string(dir.join("keel.toml")).unwrap();
+    assert!(
+        file.contains(INSTRUCTIONS),
+        "the template's instructions moved"
+    );
+    let changed = dir.join("changed.toml");
+    std::fs::write(&changed, file.replace(INSTRUCTIONS, CHANGED_INSTRUCTIONS)).unwrap();
+    changed
+}
+
+/// `keel run` of the weather question (with `config` when given), exported to `file`; the
+/// run's id.
+fn record_weather_run(dir: &Path, config: Option<&Path>, file: &Path) -> String {
+    let with_config = |command: &mut Command| {
+        if let Some(config) = config {
+            command.arg("--config").arg(config);
+        }
+    };
+    let mut run = keel(dir);
+    run.args(["run", ASK_WEATHER]);
+    with_config(&mut run);
+    run.assert().success();
+    let mut list = keel(dir);
+    list.args(["runs", "list", "--limit", "1", "--json"]);
+    with_config(&mut list);
+    let listed: Value =
+        serde_json::from_slice(&list.assert().success().get_output().stdout).unwrap();
+    let run_id = listed["runs"][0]["run_id"].as_str().unwrap().to_owned();
+    let mut export = keel(dir);
+    export.args(["runs", "export", &run_id, "-o"]).arg(file);
+    with_config(&mut export);
+    export.assert().success();
+    run_id
+}
+
+#[test]
+fn replay_finds_no_divergence_in_an_exported_run_and_a_changed_prompt_at_step_1() {
+    let weather = WeatherService::start();
+    let dir = plain_project(&weather);
+    let file = dir.path().join("run.json");
+    let run_id = record_weather_run(dir.path(), None, &file);
+    assert_eq!(weather.calls(), 1);
+
+    // The export is the report with the user's message that started the run.
+    let exported: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(exported["run_id"], run_id.as_str());
+    assert_eq!(exported["final_state"], "completed");
+    assert_eq!(exported["input"]["role"], "user");
+    assert_eq!(exported["input"]["parts"][0]["text"], ASK_WEATHER);
+    assert!(
+        exported["input"].get("task_id").is_none(),
+        "{}",
+        exported["input"]
+    );
+
+    // Unchanged: no divergence, from the file and from the store, and the tool is not called.
+    for target in [file.to_str().unwrap(), run_id.as_str()] {
+        let same = keel(dir.path()).args(["replay", target]).assert().code(0);
+        let out = text(&same.get_output().stdout);
+        assert_eq!(
+            out.trim(),
+            format!(
+                "no divergence: run {run_id} through agent `assistant` (2 model calls, final \
+                 state completed)"
+            ),
+        );
+    }
+    let verdict = keel(dir.path())
+        .args(["replay", "--json"])
+        .arg(&file)
+        .assert()
+        .code(0);
+    let verdict: Value = serde_json::from_slice(&verdict.get_output().stdout).unwrap();
+    assert_eq!(verdict["passed"], true, "{verdict}");
+    assert_eq!(verdict["divergence"], Value::Null, "{verdict}");
+    assert_eq!(verdict["run_id"], run_id.as_str());
+    assert_eq!(weather.calls(), 1, "a replay called the tool");
+
+    // Changed instructions: the model is sent something else at step 1.
+    let changed = changed_config(dir.path());
+    let diverged = keel(dir.path())
+        .arg("replay")
+        .arg(&file)
+        .arg("--config")
+        .arg(&changed)
+        .assert()
+        .code(1);
+    let out = text(&diverged.get_output().stdout);
+    for shown in [
+        format!("diverged: run {run_id} through agent `assistant`"),
+        "first divergence at step 1, event #3 `context.prepared`, field \
+         `payload.manifest.context_items.0.tokens`:"
+            .to_owned(),
+        "- recorded: 11".to_owned(),
+        "+ now:      17".to_owned(),
+        "its `system` section, the instructions".to_owned(),
+    ] {
+        assert!(out.contains(&shown), "`{shown}` not in:\n{out}");
+    }
+    let verdict = keel(dir.path())
+        .args(["replay", "--json", "--config"])
+        .arg(&changed)
+        .arg(&file)
+        .assert()
+        .code(1);
+    let verdict: Value = serde_json::from_slice(&verdict.get_output().stdout).unwrap();
+    assert_eq!(verdict["passed"], false);
+    assert_eq!(
+        verdict["divergence"],
+        json!({
+            "step": 1,
+            "sequence": 3,
+            "event": "context.prepared",
+            "field": "payload.manifest.context_items.0.tokens",
+            "recorded": 11,
+            "now": 17,
+        })
+    );
+    assert_eq!(verdict["model_input_section"], "system");
+    assert_eq!(weather.calls(), 1, "a replay called the tool");
+
+    // What cannot be replayed exits 2, saying why.
+    let missing = keel(dir.path()).args(["replay", "nope"]).assert().code(2);
+    let err = text(&missing.get_output().stderr);
+    assert!(err.contains("cannot replay `nope`: no run `nope`"), "{err}");
+}
+
+#[test]
+fn test_replays_a_folder_of_exported_runs_and_counts_passed_and_diverged() {
+    let weather = WeatherService::start();
+    let dir = plain_project(&weather);
+    let runs = dir.path().join("runs");
+    std::fs::create_dir(&runs).unwrap();
+    // One run recorded before the instructions changed, one after.
+    record_weather_run(dir.path(), None, &runs.join("1-before.json"));
+    let changed = changed_config(dir.path());
+    record_weather_run(dir.path(), Some(&changed), &runs.join("2-after.json"));
+    assert_eq!(weather.calls(), 2);
+
+    let tested = keel(dir.path())
+        .args(["test", "runs", "--config"])
+        .arg(&changed)
+        .assert()
+        .code(1);
+    let out = text(&tested.get_output().stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("DIVERGED ") && lines[0].ends_with("1-before.json"),
+        "{out}"
+    );
+    assert!(
+        out.contains("first divergence at step 1, event #3 `context.prepared`"),
+        "{out}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("ok ") && l.ends_with("2-after.json")),
+        "{out}"
+    );
+    assert_eq!(
+        lines.last().copied(),
+        Some("2 runs: 1 passed, 1 diverged, 0 not replayed"),
+        "{out}"
+    );
+
+    // A run of an older report format is not replayed, and says why.
+    let mut old: Value =
+        serde_json::from_str(&std::fs::read_to_string(runs.join("2-after.json")).unwrap()).unwrap();
+    old["version"] = json!(6);
+    std::fs::write(runs.join("3-old.json"), old.to_string()).unwrap();
+    let tested = keel(dir.path())
+        .args(["test", "runs", "--json", "--config"])
+        .arg(&changed)
+        .assert()
+        .code(1);
+    let summary: Value = serde_json::from_slice(&tested.get_output().stdout).unwrap();
+    assert_eq!(
+        (
+            &summary["passed"],
+            &summary["diverged"],
+            &summary["not_replayed"]
+        ),
+        (&json!(1), &json!(1), &json!(1)),
+        "{summary}"
+    );
+    let verdicts = summary["runs"].as_array().unwrap();
+    assert_eq!(verdicts.len(), 3, "{summary}");
+    assert_eq!(verdicts[0]["divergence"]["step"], 1, "{summary}");
+    assert_eq!(verdicts[1]["passed"], true, "{summary}");
+    let error = verdicts[2]["error"].as_str().unwrap();
+    assert!(
+        error.contains("a run recorded in report format 6 cannot be replayed"),
+        "{error}"
+    );
+
+    // Only the runs that agree: exit 0.
+    std::fs::remove_file(runs.join("1-before.json")).unwrap();
+    std::fs::remove_file(runs.join("3-old.json")).unwrap();
+    let passed = keel(dir.path())
+        .args(["test", "runs", "--config"])
+        .arg(&changed)
+        .assert()
+        .code(0);
+    let out = text(&passed.get_output().stdout);
+    assert_eq!(
+        out.lines().last(),
+        Some("1 run: 1 passed, 0 diverged, 0 not replayed"),
+        "{out}"
+    );
+    assert_eq!(weather.calls(), 2, "a replay called the tool");
 }

@@ -502,6 +502,11 @@ impl AgentBuilder {
         self
     }
 
+    /// The agent's own model, if it has one (the replayer keeps its profile).
+    pub(crate) fn model(&self) -> Option<&Arc<dyn Llm>> {
+        self.llm.as_ref()
+    }
+
     /// Replace every tool by what `wrap` makes of it (the replayer answers calls from a
     /// recording while the current definitions still declare name, schema and capabilities).
     pub(crate) fn map_tools(mut self, wrap: impl Fn(Arc<dyn Tool>) -> Arc<dyn Tool>) -> Self {

@@ -135,6 +135,46 @@ async fn an_unchanged_agent_replays_without_divergence_on_sqlite() {
     replay_unchanged(sqlite()).await;
 }
 
+#[tokio::test]
+async fn an_answer_streamed_in_chunks_is_replayed_in_the_same_chunks() {
+    let runtime = memory();
+    let exec = AgentExecutor::new(
+        agent(Arc::new(AtomicUsize::new(0)), INSTRUCTIONS, schema())
+            .llm(MockLlm::scripted(vec![MockResponse::Text(
+                "all three records are written".into(),
+            )]))
+            .build()
+            .unwrap(),
+        runtime.clone(),
+    );
+    let auth = runtime.auth_service().auth_context();
+    let task = exec
+        .send_message(&auth, Message::user("write"), SendOptions::default())
+        .await
+        .unwrap();
+    let record = exec
+        .reads()
+        .latest_run(&auth, &task.id)
+        .await
+        .unwrap()
+        .unwrap();
+    let recording = Recording::from_json(&record.report).unwrap();
+    let chunks = &recording.steps[0].chunks;
+    assert!(
+        chunks.len() > 1,
+        "the offline model streams word by word: {chunks:?}"
+    );
+    assert_eq!(chunks.concat(), "all three records are written");
+    let outcome = Replay::new(recording)
+        .run(
+            agent(Arc::new(AtomicUsize::new(0)), INSTRUCTIONS, schema()),
+            Message::user("write"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.divergence, None, "{:?}", outcome.divergence);
+}
+
 /// Replay the recording through `changed` and return the first divergence.
 async fn divergence_of(changed: AgentBuilder) -> keel_agent::replay::Divergence {
     let recording = record(memory()).await;

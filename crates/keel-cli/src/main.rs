@@ -6,6 +6,7 @@ mod from_file;
 mod mcp;
 mod remote;
 mod render;
+mod replay;
 mod run;
 mod runs;
 mod telemetry;
@@ -83,6 +84,20 @@ enum Command {
     /// report as JSON.
     #[command(subcommand)]
     Runs(RunsCommand),
+    /// Replay a recorded run through the agent as it is defined now: the recorded model
+    /// answers and tool results stand in for the model and the tools (nothing runs, no model
+    /// is called), and the first divergence from the recording is printed (step, event,
+    /// field, recorded vs now). See docs/replay.md.
+    ///
+    /// Exit status: 0 no divergence, 1 diverged (or called a tool the recording never
+    /// called), 2 the run could not be replayed.
+    Replay(ReplayArgs),
+    /// Replay every exported run (`*.json`, from `keel runs export RUN -o FILE`) in a folder
+    /// as `keel replay` does, and print a summary: the runs kept as regression tests.
+    ///
+    /// Exit status: 0 every run replayed without divergence, 1 one diverged or could not be
+    /// replayed, 2 the folder or the agents could not be read.
+    Test(TestArgs),
     /// Send one message to an A2A agent and print its answer when the task rests.
     Send {
         /// The text.
@@ -138,6 +153,37 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, Args)]
+struct ReplayArgs {
+    /// An exported run's file (`keel runs export RUN -o FILE`), or a run id (or task id) of
+    /// the store.
+    run: String,
+    /// Replay through this agent of the file (default: the agent that made the recording
+    /// when the file declares it, else the file's default agent).
+    #[arg(long)]
+    agent: Option<String>,
+    /// The verdict as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    source: SourceArgs,
+}
+
+#[derive(Debug, Args)]
+struct TestArgs {
+    /// The folder of exported runs.
+    dir: PathBuf,
+    /// Replay through this agent of the file (default: each recording's agent when the file
+    /// declares it, else the file's default agent).
+    #[arg(long)]
+    agent: Option<String>,
+    /// The summary and each run's verdict as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    source: SourceArgs,
 }
 
 #[derive(Debug, Args)]
@@ -332,10 +378,14 @@ enum RunsCommand {
         #[command(flatten)]
         source: SourceArgs,
     },
-    /// The run report as JSON (see docs/run-report.md).
+    /// The run report as JSON (see docs/run-report.md), with the user's message that started
+    /// it under `input`: what `keel replay` and `keel test` read (see docs/replay.md).
     Export {
         /// The run (or task).
         id: String,
+        /// Write it to this file instead of stdout.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
         #[command(flatten)]
         source: SourceArgs,
     },
@@ -792,10 +842,24 @@ fn main() -> ExitCode {
                     RunsCommand::Show { id, json, source } => {
                         runs::show(source.source(), id, json).await
                     }
-                    RunsCommand::Export { id, source } => runs::export(source.source(), id).await,
+                    RunsCommand::Export { id, output, source } => {
+                        runs::export(source.source(), id, output).await
+                    }
                 }
             })
             .map(|()| ExitCode::SUCCESS),
+        Command::Replay(args) => Ok(runtime.block_on(replay::replay_one(
+            args.source.source(),
+            args.run,
+            args.agent,
+            args.json,
+        ))),
+        Command::Test(args) => Ok(runtime.block_on(replay::test_dir(
+            args.source.source(),
+            args.dir,
+            args.agent,
+            args.json,
+        ))),
         Command::Send {
             text,
             thread,

@@ -46,6 +46,13 @@ impl Source {
         }
     }
 
+    /// The file, loaded, if there is one (else the demo agent is meant).
+    pub(crate) fn loaded(&self) -> Result<Option<keel::config::LoadedConfig>, String> {
+        self.file()
+            .map(|path| keel::Config::from_path(&path).map_err(|err| err.to_string()))
+            .transpose()
+    }
+
     /// The store: the flag's, else the file's, else `sqlite:./keel.db`.
     fn store(&self, file: Option<&keel::config::LoadedConfig>) -> Result<StoreConfig, String> {
         let spec = match (&self.store, file) {
@@ -68,10 +75,7 @@ impl Source {
     /// file that does not exist is not created: reading finds nothing there, and the error
     /// names the file it looked at.
     pub(crate) async fn runtime(&self) -> Result<DefaultRuntime, String> {
-        let loaded = self
-            .file()
-            .map(|path| keel::Config::from_path(&path).map_err(|err| err.to_string()))
-            .transpose()?;
+        let loaded = self.loaded()?;
         let store = self.store(loaded.as_ref())?;
         if let StoreConfig::Sqlite(path) = &store {
             if !path.exists() {

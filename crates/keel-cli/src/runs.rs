@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use keel::agent::reads::Reads;
-use keel::core::{RunId, TaskId, TaskState};
-use keel::events::{EventType, RunReport};
+use keel::core::{Role, RunId, TaskId, TaskState};
+use keel::events::{EventType, RedactionPolicy, RunReport};
 use keel::services::{RunQuery, RunRecord};
 use serde_json::{json, Value};
 
@@ -124,12 +124,53 @@ async fn find(source: &Source, id: &str) -> Result<RunRecord, String> {
         .ok_or_else(|| format!("no run `{id}` in the store (`keel runs list` shows them)"))
 }
 
-/// `keel runs export ID`: the run report as JSON on stdout.
-pub(crate) async fn export(source: Source, id: String) -> Result<(), String> {
-    let record = find(&source, &id).await?;
-    let text = serde_json::to_string_pretty(&record.report).map_err(|err| err.to_string())?;
-    out(text);
+/// `keel runs export ID [-o FILE]`: the run as [`exported`] makes it, on stdout or in `FILE`.
+pub(crate) async fn export(
+    source: Source,
+    id: String,
+    output: Option<std::path::PathBuf>,
+) -> Result<(), String> {
+    let exported = exported(&source, &id).await?;
+    let text = serde_json::to_string_pretty(&exported).map_err(|err| err.to_string())?;
+    match output {
+        Some(path) => {
+            std::fs::write(&path, text + "\n")
+                .map_err(|err| format!("cannot write `{}`: {err}", path.display()))?;
+            eprintln!("keel: wrote run {id} to {}", path.display());
+        }
+        None => out(text),
+    }
     Ok(())
+}
+
+/// Run `id` (a run id, or a task id: its newest run) as a replay reads it: the run report,
+/// redacted as the store keeps it, and under `input` the user's message that started the
+/// run's task (a report's task snapshots carry no history, decision 4), masked by the same
+/// redaction policy and without its task id (a replay starts a task of its own).
+pub(crate) async fn exported(source: &Source, id: &str) -> Result<Value, String> {
+    let record = find(source, id).await?;
+    let mut exported = record.report;
+    let Some(task_id) = record.task_id else {
+        return Ok(exported);
+    };
+    let task = reads(source)
+        .await?
+        .task_with_history(&local_tenant(), &task_id, None)
+        .await
+        .map_err(|err| err.to_string())?;
+    if let Some(mut input) = task.history.into_iter().find(|m| m.role == Role::User) {
+        input.task_id = None;
+        let input = RedactionPolicy::default()
+            .redact_serializable(&input)
+            .map_err(|err| err.to_string())?;
+        if let Value::Object(fields) = &mut exported {
+            fields.insert(
+                "input".to_owned(),
+                serde_json::to_value(input).map_err(|err| err.to_string())?,
+            );
+        }
+    }
+    Ok(exported)
 }
 
 /// `keel runs show ID`: the run as a timeline (`--json`: the report's summary and events).

@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use keel_agent::{Agent, FnTool};
+use keel_agent::{Agent, AgentBuilder, FnTool};
 use keel_core::{AgentCard, AgentError, AgentResult, AgentSkill};
 use serde_json::{json, Value};
 
@@ -57,6 +57,11 @@ pub fn card() -> AgentCard {
 /// # Ok::<(), keel::core::AgentError>(())
 /// ```
 pub fn agent() -> AgentResult<Agent> {
+    builder().build()
+}
+
+/// The demo agent's definition, not yet built (what `keel replay` re-drives).
+pub fn builder() -> AgentBuilder {
     let clock = FnTool::new(
         "clock",
         "The current UTC time.",
@@ -101,7 +106,7 @@ pub fn agent() -> AgentResult<Agent> {
             builder = builder.tool(background_job_tool(endpoint.trim()));
         }
     }
-    builder.build()
+    builder
 }
 
 /// A tool that waits `{"seconds": N}` (`seconds` is the schema of N), or until its task is

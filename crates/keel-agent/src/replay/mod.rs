@@ -17,9 +17,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use futures::stream::{self, StreamExt};
 use keel_core::{AgentError, AgentResult, ApprovalDecision, Message, Task};
 use keel_events::{InMemoryEventSink, RunEvent};
-use keel_llm::{Llm, LlmRequest, LlmResponse, MockLlm, ModelProfile};
+use keel_llm::{Llm, LlmRequest, LlmResponse, LlmStream, LlmStreamEvent, MockLlm, ModelProfile};
 use keel_policy::ApprovalFn;
 use keel_runtime::{Runtime, Services};
 use serde_json::Value;
@@ -60,6 +61,44 @@ impl Llm for ReplayLlm {
     }
 
     async fn complete(&self, request: LlmRequest) -> AgentResult<LlmResponse> {
+        self.answer(request).await.map(|(response, _)| response)
+    }
+
+    /// The recorded answer streamed as it was recorded: the same text chunks (so the same
+    /// `llm.stream` events), then its tool calls, usage and the whole answer.
+    fn stream(&self, request: LlmRequest) -> LlmStream<'_> {
+        stream::once(self.answer(request))
+            .flat_map(|answer| {
+                let events: Vec<AgentResult<LlmStreamEvent>> = match answer {
+                    Ok((response, chunks)) => {
+                        let mut events: Vec<LlmStreamEvent> = chunks
+                            .into_iter()
+                            .map(|text| LlmStreamEvent::TextDelta { text })
+                            .collect();
+                        events.extend(
+                            response
+                                .tool_calls
+                                .iter()
+                                .map(|call| LlmStreamEvent::ToolCall { call: call.clone() }),
+                        );
+                        events.push(LlmStreamEvent::Usage {
+                            usage: response.usage,
+                        });
+                        events.push(LlmStreamEvent::Done { response });
+                        events.into_iter().map(Ok).collect()
+                    }
+                    Err(error) => vec![Err(error)],
+                };
+                stream::iter(events)
+            })
+            .boxed()
+    }
+}
+
+impl ReplayLlm {
+    /// The next answer and the text chunks it streams in: the recorded ones, or after the
+    /// fork step the live model's answer, its text in one chunk.
+    async fn answer(&self, request: LlmRequest) -> AgentResult<(LlmResponse, Vec<String>)> {
         let index = self.cursor.next_step.fetch_add(1, Ordering::SeqCst);
         self.cursor
             .requests
@@ -69,11 +108,13 @@ impl Llm for ReplayLlm {
         if let Some((from, live)) = &self.fork {
             if index >= *from {
                 self.cursor.live.store(true, Ordering::SeqCst);
-                return live.complete(request).await;
+                let response = live.complete(request).await?;
+                let chunks = response.content.iter().cloned().collect();
+                return Ok((response, chunks));
             }
         }
         match self.cursor.recording.steps.get(index) {
-            Some(step) => Ok(step.response.clone()),
+            Some(step) => Ok((step.response.clone(), step.chunks.clone())),
             None => Err(AgentError::llm(
                 self.profile.model.clone(),
                 format!(
@@ -254,10 +295,18 @@ impl Replay {
             requests: Mutex::new(Vec::with_capacity(steps)),
         });
         let first = self.recording.steps.first();
-        let profile = ModelProfile::new(
-            first.and_then(|s| s.provider.clone()).unwrap_or_default(),
-            first.and_then(|s| s.model.clone()).unwrap_or_default(),
-        );
+        let provider = first.and_then(|s| s.provider.clone()).unwrap_or_default();
+        let model = first.and_then(|s| s.model.clone()).unwrap_or_default();
+        // The current model's profile (context window, output cap, price: what the engine
+        // budgets and compacts by), under the recorded model's name.
+        let profile = match agent.model() {
+            Some(current) => ModelProfile {
+                provider,
+                model,
+                ..current.profile()
+            },
+            None => ModelProfile::new(provider, model),
+        };
         let llm = ReplayLlm {
             cursor: cursor.clone(),
             profile,
@@ -338,6 +387,21 @@ fn recorded_decision(
     Ok(decision)
 }
 
+/// The exported runs (`*.json`) in `dir`, in name order: what [`replay_dir`] (and `keel
+/// test`) replay.
+pub fn exported_runs(dir: &std::path::Path) -> AgentResult<Vec<std::path::PathBuf>> {
+    let io = |e: std::io::Error| {
+        AgentError::invalid_input("replay.dir", format!("{}: {e}", dir.display()))
+    };
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map_err(io)?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.is_file() && path.extension().is_some_and(|ext| ext == "json"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
 /// Replay every exported run (`*.json`) in `dir`, in name order, through the agent `agent`
 /// builds: what `cargo test` runs to keep a project's important runs as regression tests.
 /// Each file gives its outcome, or why it could not be replayed.
@@ -345,20 +409,11 @@ pub async fn replay_dir(
     dir: &std::path::Path,
     agent: impl Fn() -> AgentBuilder,
 ) -> AgentResult<Vec<(std::path::PathBuf, AgentResult<ReplayOutcome>)>> {
-    let io = |e: std::io::Error| AgentError::invalid_input("replay.dir", e.to_string());
-    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
-        .map_err(io)?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
-        .collect();
-    files.sort();
+    let files = exported_runs(dir)?;
     let mut outcomes = Vec::with_capacity(files.len());
     for path in files {
         let outcome = async {
-            let text = std::fs::read_to_string(&path).map_err(io)?;
-            let json: Value = serde_json::from_str(&text)
-                .map_err(|e| AgentError::invalid_input("replay.file", e.to_string()))?;
-            Replay::new(Recording::from_json(&json)?)
+            Replay::new(Recording::read(&path)?)
                 .run_recorded(agent())
                 .await
         }

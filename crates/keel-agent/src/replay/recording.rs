@@ -25,6 +25,8 @@ pub struct RecordedStep {
     /// The answer: its text (the `llm.stream` deltas) and tool calls (the step's
     /// `action.requested` events that answer a model call), with the recorded usage.
     pub response: LlmResponse,
+    /// The text chunks the answer streamed in (its `llm.stream` events), in order.
+    pub chunks: Vec<String>,
 }
 
 /// One tool call's recorded outcome.
@@ -94,12 +96,28 @@ impl Recording {
         Ok(recording)
     }
 
+    /// Read a recording from an exported run's file (`keel runs export RUN -o FILE`), as
+    /// [`Recording::from_json`] reads its JSON; a file that cannot be read or is not JSON is
+    /// [`AgentError::InvalidInput`] naming it.
+    pub fn read(path: &std::path::Path) -> AgentResult<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            AgentError::invalid_input("replay.file", format!("{}: {e}", path.display()))
+        })?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| {
+            AgentError::invalid_input(
+                "replay.file",
+                format!("{} is not JSON: {e}", path.display()),
+            )
+        })?;
+        Self::from_json(&json)
+    }
+
     /// Read a recording from a report.
     pub fn from_report(report: RunReport) -> AgentResult<Self> {
         let mut steps: Vec<RecordedStep> = Vec::new();
         // A model call's text streams before its `llm.call.completed`; its tool calls are
         // requested after it (an `action.requested` carries no step of its own).
-        let mut text: Option<String> = None;
+        let mut chunks: Vec<String> = Vec::new();
         let mut requested: BTreeMap<String, (String, Value)> = BTreeMap::new();
         let mut tool_calls = Vec::new();
         let mut approvals = Vec::new();
@@ -113,17 +131,18 @@ impl Recording {
                     provider: p.provider,
                     model: p.model,
                     response: LlmResponse {
-                        content: text.take(),
+                        content: (!chunks.is_empty()).then(|| chunks.concat()),
                         usage: Usage {
                             input_tokens: p.input_tokens,
                             output_tokens: p.output_tokens,
                         },
                         ..LlmResponse::default()
                     },
+                    chunks: std::mem::take(&mut chunks),
                 });
             } else if *kind == EventType::LLM_STREAM {
                 let p: LlmStreamPayload = payload(event)?;
-                text.get_or_insert_with(String::new).push_str(&p.delta);
+                chunks.push(p.delta);
             } else if *kind == EventType::ACTION_REQUESTED {
                 let p: ActionPayload = payload(event)?;
                 let action = p.action;

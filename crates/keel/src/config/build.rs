@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use keel_agent::{
-    AcceptAll, Agent, AgentExecutor, AsyncHttpTool, ExecutorConfig, LlmNegotiator,
+    AcceptAll, Agent, AgentBuilder, AgentExecutor, AsyncHttpTool, ExecutorConfig, LlmNegotiator,
     SessionStatusTool, StopRules, SubagentSpec, Tool,
 };
 use keel_core::{AgentCard, AgentResult, AgentSkill, ModelPrice, RunBudget};
@@ -124,14 +124,78 @@ impl AgentSetBuilder<'_> {
     /// once), then build every agent on `runtime` as [`AgentSetBuilder::build`] does, with
     /// its servers' tools. A server that does not start is an error naming the server, its
     /// field and its command or URL. A file without MCP servers starts nothing.
-    pub async fn connect(mut self, runtime: Arc<dyn Runtime>) -> Result<AgentSet, ConfigError> {
+    pub async fn connect(self, runtime: Arc<dyn Runtime>) -> Result<AgentSet, ConfigError> {
+        self.connected().await?.build(runtime)
+    }
+
+    /// Start the MCP servers the file declares, as [`AgentSetBuilder::connect`] does, and
+    /// keep their tools for [`AgentSetBuilder::build`] and
+    /// [`AgentSetBuilder::agent_builder`].
+    pub async fn connected(mut self) -> Result<Self, ConfigError> {
         self.mcp_tools = Some(super::mcp::connect(self.config).await?);
-        self.build(runtime)
+        Ok(self)
     }
 
     /// Build every agent on `runtime` (subagents before the agents that use them). A file
     /// whose agents get MCP servers needs them started: use [`AgentSetBuilder::connect`].
     pub fn build(self, runtime: Arc<dyn Runtime>) -> Result<AgentSet, ConfigError> {
+        let config = self.config;
+        let (built, _) = self.build_until(&runtime, None)?;
+        let default_name = config.default_agent().name().to_owned();
+        let mcp_tools = self.mcp_tools.unwrap_or_default();
+        let agents: Vec<ConfiguredAgent> = config
+            .agents
+            .iter()
+            .map(|a| ConfiguredAgent {
+                name: a.name().to_owned(),
+                executor: built[a.name()].clone(),
+                mcp_tools: mcp_tools.get(a.name()).cloned().unwrap_or_default(),
+            })
+            .collect();
+        let default = agents
+            .iter()
+            .position(|a| a.name == default_name)
+            .unwrap_or(0);
+        Ok(AgentSet { agents, default })
+    }
+
+    /// The definition of agent `name` (the file's default agent when `None`) as
+    /// [`AgentSetBuilder::build`] makes it, not yet built: what a replay re-drives with
+    /// recorded answers in place of its model and tools. The subagents it uses are built
+    /// on `runtime`. A file whose agents get MCP servers needs them started first
+    /// ([`AgentSetBuilder::connected`]).
+    pub fn agent_builder(
+        &self,
+        name: Option<&str>,
+        runtime: Arc<dyn Runtime>,
+    ) -> Result<AgentBuilder, ConfigError> {
+        let config = self.config;
+        let name = name.unwrap_or_else(|| config.default_agent().name());
+        if config.agent(name).is_none() {
+            let known: Vec<String> = config
+                .agents
+                .iter()
+                .map(|a| format!("`{}`", a.name()))
+                .collect();
+            return Err(ConfigError::whole(
+                &config.path,
+                "agents",
+                format!("no agent `{name}` (the file has {})", known.join(", ")),
+            ));
+        }
+        let (_, builder) = self.build_until(&runtime, Some(name))?;
+        builder
+            .ok_or_else(|| ConfigError::whole(&config.path, "agents", format!("no agent `{name}`")))
+    }
+
+    /// Build the agents in [`build_order`] on `runtime`, up to agent `until` when given:
+    /// that one's definition is handed back unbuilt (every subagent it uses is built by
+    /// then).
+    fn build_until(
+        &self,
+        runtime: &Arc<dyn Runtime>,
+        until: Option<&str>,
+    ) -> Result<(HashMap<String, AgentExecutor>, Option<AgentBuilder>), ConfigError> {
         let config = self.config;
         let path = &config.path;
         if self.mcp_tools.is_none() && config.uses_mcp() {
@@ -142,7 +206,8 @@ impl AgentSetBuilder<'_> {
                  `connect` instead of `build`",
             ));
         }
-        let mcp_tools = self.mcp_tools.unwrap_or_default();
+        let no_mcp = HashMap::new();
+        let mcp_tools = self.mcp_tools.as_ref().unwrap_or(&no_mcp);
         if let Some(unknown) = self.tools.keys().find(|name| config.agent(name).is_none()) {
             return Err(ConfigError::whole(
                 path,
@@ -156,9 +221,14 @@ impl AgentSetBuilder<'_> {
             if let Some(tools) = mcp_tools.get(agent.name()) {
                 extra.extend(tools.iter().map(|t| t.clone() as Arc<dyn Tool>));
             }
-            let built_agent = build_agent(config, agent, &built, extra).map_err(|err| {
+            let in_agent = |err: keel_core::AgentError| {
                 ConfigError::whole(path, format!("agents.{}", agent.name()), err.to_string())
-            })?;
+            };
+            let builder = agent_builder(config, agent, &built, extra).map_err(in_agent)?;
+            if until == Some(agent.name()) {
+                return Ok((built, Some(builder)));
+            }
+            let built_agent = builder.build().map_err(in_agent)?;
             let executor_config = match &self.executor_config {
                 Some(make) => make(agent.name()),
                 None => ExecutorConfig {
@@ -174,21 +244,7 @@ impl AgentSetBuilder<'_> {
                 AgentExecutor::with_config(built_agent, runtime.clone(), executor_config);
             built.insert(agent.name().to_owned(), executor);
         }
-        let default_name = config.default_agent().name().to_owned();
-        let agents: Vec<ConfiguredAgent> = config
-            .agents
-            .iter()
-            .map(|a| ConfiguredAgent {
-                name: a.name().to_owned(),
-                executor: built[a.name()].clone(),
-                mcp_tools: mcp_tools.get(a.name()).cloned().unwrap_or_default(),
-            })
-            .collect();
-        let default = agents
-            .iter()
-            .position(|a| a.name == default_name)
-            .unwrap_or(0);
-        Ok(AgentSet { agents, default })
+        Ok((built, None))
     }
 }
 
@@ -213,12 +269,14 @@ fn build_order(config: &LoadedConfig) -> Vec<&AgentConfig> {
     out
 }
 
-fn build_agent(
+/// The definition of `agent`, with the executors of the subagents it uses (`built`) and the
+/// tools a program or MCP servers add (`extra`).
+fn agent_builder(
     config: &LoadedConfig,
     agent: &AgentConfig,
     built: &HashMap<String, AgentExecutor>,
     extra: Vec<Arc<dyn Tool>>,
-) -> AgentResult<Agent> {
+) -> AgentResult<AgentBuilder> {
     let mut card = AgentCard::new(agent.name(), &agent.description, "http://127.0.0.1/");
     card.version.clone_from(&agent.version);
     card.capabilities.has_llm = true;
@@ -332,16 +390,16 @@ fn build_agent(
     for tool in extra {
         builder = builder.tool_shared(tool);
     }
-    builder.build()
+    Ok(builder)
 }
 
 #[cfg(feature = "sandbox")]
-fn with_run_code(builder: keel_agent::AgentBuilder) -> AgentResult<keel_agent::AgentBuilder> {
+fn with_run_code(builder: AgentBuilder) -> AgentResult<AgentBuilder> {
     Ok(crate::code::with_run_code(builder))
 }
 
 #[cfg(not(feature = "sandbox"))]
-fn with_run_code(_builder: keel_agent::AgentBuilder) -> AgentResult<keel_agent::AgentBuilder> {
+fn with_run_code(_builder: AgentBuilder) -> AgentResult<AgentBuilder> {
     Err(keel_core::AgentError::invalid_input(
         "tools.run_code",
         "this build has no code sandbox (the `keel` crate's `sandbox` feature)",
