@@ -34,8 +34,17 @@ impl McpTool {
         server: &Arc<McpServer>,
         taken: &mut HashSet<String>,
     ) -> Result<Vec<McpTool>, McpError> {
-        let spec = server.spec();
         let listed = server.list_tools().await?;
+        Ok(Self::of_listed(server, listed, taken))
+    }
+
+    /// [`McpTool::list`] of a list `server` gave already.
+    pub(crate) fn of_listed(
+        server: &Arc<McpServer>,
+        listed: Vec<rmcp::model::Tool>,
+        taken: &mut HashSet<String>,
+    ) -> Vec<McpTool> {
+        let spec = server.spec();
         let mut tools = Vec::new();
         for tool in listed {
             if !spec.offers(&tool.name) {
@@ -86,7 +95,7 @@ impl McpTool {
                 capabilities,
             });
         }
-        Ok(tools)
+        tools
     }
 
     /// Its MCP name, as the server knows it.

@@ -179,6 +179,7 @@ impl AgentExecutor {
         context: RunContext,
     ) -> AgentResult<Value> {
         let inner = &self.inner;
+        inner.agent.refresh_tools().await;
         let registered = inner.agent.tool(name).ok_or_else(|| {
             AgentError::invalid_input("tool", format!("the agent has no tool `{name}`"))
         })?;
