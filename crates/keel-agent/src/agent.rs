@@ -1,8 +1,8 @@
 //! Agent definitions: a card, instructions, a model, tools and limits.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use keel_core::{AgentCard, AgentError, AgentResult};
 use keel_llm::{Llm, ToolSpec};
@@ -12,7 +12,8 @@ use crate::effects::effect_fn;
 use crate::hooks::RunHooks;
 use crate::subagents::{builtin_tools, enabled_specs, Specs, SubagentHooks};
 use crate::thread_state::EffectFn;
-use crate::Tool;
+use crate::tool_source::{ToolTable, WrapFn};
+use crate::{Tool, ToolSource};
 
 pub(crate) struct RegisteredTool {
     pub(crate) tool: Arc<dyn Tool>,
@@ -20,6 +21,18 @@ pub(crate) struct RegisteredTool {
 }
 
 impl RegisteredTool {
+    /// The tool with its schema compiled; a schema that does not compile is
+    /// [`AgentError::InvalidInput`].
+    pub(crate) fn new(tool: Arc<dyn Tool>) -> AgentResult<Self> {
+        let validator = jsonschema::validator_for(&tool.parameters()).map_err(|e| {
+            AgentError::invalid_input(
+                format!("parameters of tool `{}`", tool.name()),
+                e.to_string(),
+            )
+        })?;
+        Ok(Self { tool, validator })
+    }
+
     /// Check arguments against the tool's schema; the error lists every violation.
     pub(crate) fn validate(&self, args: &Value) -> AgentResult<()> {
         let problems: Vec<String> = self
@@ -91,8 +104,16 @@ pub struct Agent {
     card: AgentCard,
     instructions: String,
     llm: Option<Arc<dyn Llm>>,
-    tools: Vec<RegisteredTool>,
-    tool_index: HashMap<String, usize>,
+    /// The tools it was built with, checked.
+    fixed: Vec<Arc<RegisteredTool>>,
+    /// The tools whose list may change while it runs (see [`ToolSource`]).
+    sources: Vec<Arc<dyn ToolSource>>,
+    /// How replay wraps each tool, applied to the sources' tools too.
+    wrap: Option<Arc<WrapFn>>,
+    /// Its tools now: the fixed ones and the sources' at their last refresh.
+    table: RwLock<Arc<ToolTable>>,
+    /// Held while the sources refresh, so that concurrent runs fetch once.
+    refreshing: tokio::sync::Mutex<()>,
     stop: StopRules,
     budget: keel_core::RunBudget,
     budget_policy: Arc<dyn keel_policy::BudgetPolicyFactory>,
@@ -117,7 +138,15 @@ impl fmt::Debug for Agent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Agent")
             .field("name", &self.card.name)
-            .field("tools", &self.tool_index.keys().collect::<Vec<_>>())
+            .field(
+                "tools",
+                &self
+                    .table()
+                    .specs
+                    .iter()
+                    .map(|t| &t.name)
+                    .collect::<Vec<_>>(),
+            )
             .field("stop", &self.stop)
             .finish_non_exhaustive()
     }
@@ -134,6 +163,8 @@ impl Agent {
             instructions: String::new(),
             llm: None,
             tools: Vec::new(),
+            sources: Vec::new(),
+            wrap: None,
             stop: StopRules::default(),
             budget: keel_core::RunBudget::default(),
             budget_policy: None,
@@ -238,61 +269,117 @@ impl Agent {
         &self.authorizer
     }
 
-    /// The tools as offered to a model, built-in ones included.
+    /// The tools as offered to a model, built-in ones included: those of its
+    /// [`ToolSource`]s as of their last refresh ([`Agent::refresh_tools`]).
     pub fn tool_specs(&self) -> Vec<ToolSpec> {
-        let mut specs: Vec<ToolSpec> = self
-            .tools
-            .iter()
-            .map(|t| ToolSpec {
-                name: t.tool.name().to_owned(),
-                description: t.tool.description().to_owned(),
-                parameters: t.tool.parameters(),
-            })
-            .collect();
-        if self.stop.lifecycle_tools {
-            specs.push(ToolSpec {
-                name: SESSION_STOP_TOOL.into(),
-                description: "Finish the task successfully with a final result.".into(),
-                parameters: serde_json::json!({
-                    "type": "object",
-                    "properties": {"result": {"type": "string"}},
-                    "required": ["result"]
-                }),
-            });
-            specs.push(ToolSpec {
-                name: SESSION_FAIL_TOOL.into(),
-                description: "Give up on the task, explaining why.".into(),
-                parameters: serde_json::json!({
-                    "type": "object",
-                    "properties": {"error": {"type": "string"}},
-                    "required": ["error"]
-                }),
-            });
+        self.table().specs.as_ref().clone()
+    }
+
+    /// The specs offered to a model, shared with the table they come from.
+    pub(crate) fn shared_tool_specs(&self) -> Arc<Vec<ToolSpec>> {
+        self.table().specs.clone()
+    }
+
+    /// Ask the agent's [`ToolSource`]s whether their tools changed and take the new ones:
+    /// what [`Agent::tool_specs`] offers and what a call finds from then on. The engine calls
+    /// it before each step and before a direct tool call; cheap when nothing changed.
+    pub async fn refresh_tools(&self) {
+        if self.sources.is_empty() {
+            return;
         }
-        if self.human_handoff {
-            specs.push(ToolSpec {
-                name: ASK_HUMAN_TOOL.into(),
-                description: "Ask the human a question and wait for the answer.".into(),
-                parameters: serde_json::json!({
-                    "type": "object",
-                    "properties": {"question": {"type": "string"}},
-                    "required": ["question"]
-                }),
-            });
+        let _refreshing = self.refreshing.lock().await;
+        let mut changed = false;
+        for source in &self.sources {
+            changed |= source.refresh().await;
         }
-        specs
+        if !changed {
+            return;
+        }
+        let table = ToolTable::new(
+            &self.fixed,
+            self.sourced_tools(),
+            &self.builtin_specs(),
+            false,
+        )
+        .expect("a table built leniently has no error");
+        *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(table);
+    }
+
+    /// The sources' tools now, wrapped as the fixed ones were.
+    fn sourced_tools(&self) -> Vec<Arc<dyn Tool>> {
+        sourced_tools(&self.sources, self.wrap.as_deref())
+    }
+
+    fn table(&self) -> Arc<ToolTable> {
+        self.table.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The specs of the tools the engine answers itself, as the stop rules and hand-off
+    /// setting offer them.
+    fn builtin_specs(&self) -> Vec<ToolSpec> {
+        builtin_specs(&self.stop, self.human_handoff)
     }
 
     /// The tools it was built with, declared and built-in (the lifecycle and hand-off tools
     /// the engine answers itself are in [`Agent::tool_specs`] only), in order: what
     /// `keel tools` lists with their flags.
-    pub fn tools(&self) -> impl Iterator<Item = &Arc<dyn Tool>> {
-        self.tools.iter().map(|registered| &registered.tool)
+    /// Those of its [`ToolSource`]s come after, as of their last refresh.
+    pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        self.table().tools.iter().map(|t| t.tool.clone()).collect()
     }
 
-    pub(crate) fn tool(&self, name: &str) -> Option<&RegisteredTool> {
-        self.tool_index.get(name).map(|&i| &self.tools[i])
+    pub(crate) fn tool(&self, name: &str) -> Option<Arc<RegisteredTool>> {
+        self.table().get(name).cloned()
     }
+}
+
+/// The tools of `sources` now, each wrapped by `wrap` when given.
+fn sourced_tools(sources: &[Arc<dyn ToolSource>], wrap: Option<&WrapFn>) -> Vec<Arc<dyn Tool>> {
+    sources
+        .iter()
+        .flat_map(|source| source.tools())
+        .map(|tool| match wrap {
+            Some(wrap) => wrap(tool),
+            None => tool,
+        })
+        .collect()
+}
+
+/// The specs of the tools the engine answers itself: the lifecycle tools and `ask_human`.
+fn builtin_specs(stop: &StopRules, human_handoff: bool) -> Vec<ToolSpec> {
+    let mut specs = Vec::new();
+    if stop.lifecycle_tools {
+        specs.push(ToolSpec {
+            name: SESSION_STOP_TOOL.into(),
+            description: "Finish the task successfully with a final result.".into(),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {"result": {"type": "string"}},
+                "required": ["result"]
+            }),
+        });
+        specs.push(ToolSpec {
+            name: SESSION_FAIL_TOOL.into(),
+            description: "Give up on the task, explaining why.".into(),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {"error": {"type": "string"}},
+                "required": ["error"]
+            }),
+        });
+    }
+    if human_handoff {
+        specs.push(ToolSpec {
+            name: ASK_HUMAN_TOOL.into(),
+            description: "Ask the human a question and wait for the answer.".into(),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {"question": {"type": "string"}},
+                "required": ["question"]
+            }),
+        });
+    }
+    specs
 }
 
 /// Builds an [`Agent`]; [`AgentBuilder::build`] checks the tools.
@@ -302,6 +389,8 @@ pub struct AgentBuilder {
     instructions: String,
     llm: Option<Arc<dyn Llm>>,
     tools: Vec<Arc<dyn Tool>>,
+    sources: Vec<Arc<dyn ToolSource>>,
+    wrap: Option<Arc<WrapFn>>,
     stop: StopRules,
     budget: keel_core::RunBudget,
     budget_policy: Option<Arc<dyn keel_policy::BudgetPolicyFactory>>,
@@ -403,6 +492,15 @@ impl AgentBuilder {
     /// Add a shared tool.
     pub fn tool_shared(mut self, tool: Arc<dyn Tool>) -> Self {
         self.tools.push(tool);
+        self
+    }
+
+    /// Add tools whose list may change while the agent runs (an MCP server's): the agent
+    /// offers the source's tools as of its last refresh, which the engine asks for before
+    /// each step. Their names must differ from every other tool's when the agent is built;
+    /// a name that collides later is left out with a warning.
+    pub fn tool_source(mut self, source: Arc<dyn ToolSource>) -> Self {
+        self.sources.push(source);
         self
     }
 
@@ -509,8 +607,12 @@ impl AgentBuilder {
 
     /// Replace every tool by what `wrap` makes of it (the replayer answers calls from a
     /// recording while the current definitions still declare name, schema and capabilities).
-    pub(crate) fn map_tools(mut self, wrap: impl Fn(Arc<dyn Tool>) -> Arc<dyn Tool>) -> Self {
-        self.tools = self.tools.into_iter().map(wrap).collect();
+    pub(crate) fn map_tools(
+        mut self,
+        wrap: impl Fn(Arc<dyn Tool>) -> Arc<dyn Tool> + Send + Sync + 'static,
+    ) -> Self {
+        self.tools = self.tools.into_iter().map(&wrap).collect();
+        self.wrap = Some(Arc::new(wrap));
         self
     }
 
@@ -542,7 +644,7 @@ impl AgentBuilder {
             crate::SUBAGENT_MESSAGE_TOOL,
         ];
         let mut tools = Vec::with_capacity(self.tools.len());
-        let mut tool_index = HashMap::new();
+        let mut tool_index = HashSet::new();
         // Subagents: the built-in lifecycle tools join the checked tools below.
         let subagents = Arc::new(enabled_specs(self.subagents, &self.environment));
         let builtin = builtin_tools(&subagents)?;
@@ -559,19 +661,24 @@ impl AgentBuilder {
                     format!("`{name}` is reserved for a built-in tool"),
                 ));
             }
-            let validator = jsonschema::validator_for(&tool.parameters()).map_err(|e| {
-                AgentError::invalid_input(format!("parameters of tool `{name}`"), e.to_string())
-            })?;
-            if tool_index.insert(name.clone(), tools.len()).is_some() {
+            let registered = RegisteredTool::new(tool)?;
+            if !tool_index.insert(name.clone()) {
                 return Err(AgentError::invalid_input(
                     "tool.name",
                     format!("`{name}` is declared twice"),
                 ));
             }
-            tools.push(RegisteredTool { tool, validator });
+            tools.push(Arc::new(registered));
         }
+        // The sources' tools as they are now: checked as strictly as the declared ones.
+        let table = ToolTable::new(
+            &tools,
+            sourced_tools(&self.sources, self.wrap.as_deref()),
+            &builtin_specs(&self.stop, self.human_handoff),
+            true,
+        )?;
         if let Some(stop_tool) = &self.stop.stop_tool {
-            if !tool_index.contains_key(stop_tool) {
+            if table.get(stop_tool).is_none() {
                 return Err(AgentError::invalid_input(
                     "stop_tool",
                     format!("`{stop_tool}` is not one of the agent's tools"),
@@ -579,7 +686,7 @@ impl AgentBuilder {
             }
         }
         let mut card = self.card;
-        card.capabilities.tool_calling |= !tools.is_empty();
+        card.capabilities.tool_calling |= !table.tools.is_empty() || !self.sources.is_empty();
         // Without skills there is nothing to choose between: accept without asking a model.
         let negotiator = self.negotiator.or_else(|| {
             card.skills
@@ -590,8 +697,11 @@ impl AgentBuilder {
             card,
             instructions: self.instructions,
             llm: self.llm,
-            tools,
-            tool_index,
+            fixed: tools,
+            sources: self.sources,
+            wrap: self.wrap,
+            table: RwLock::new(Arc::new(table)),
+            refreshing: tokio::sync::Mutex::new(()),
             stop: self.stop,
             budget: self.budget,
             budget_policy: self

@@ -50,6 +50,7 @@ mod subagents;
 mod task_meta;
 mod thread_state;
 mod tool;
+mod tool_source;
 mod work;
 
 pub use agent::{
@@ -79,3 +80,4 @@ pub use subagents::{
 };
 pub use thread_state::{ThreadState, RESERVED_KEY_PREFIX, TERMINATED_AT_KEY};
 pub use tool::{ArtifactChunk, FnTool, PromptTool, Tool, ToolContext};
+pub use tool_source::ToolSource;

@@ -35,6 +35,8 @@ pub struct ToolContext {
     /// The tool call being made with this context, when there is one: its span in the
     /// run's trace and its action's id (a delegation it makes hangs under both).
     pub(crate) call: Option<(keel_core::SpanId, keel_core::ActionId)>,
+    /// The files attached to the result of the call being made, when there is one.
+    pub(crate) attached: Option<Arc<std::sync::Mutex<Vec<keel_core::FileContent>>>>,
 }
 
 impl ToolContext {
@@ -42,8 +44,37 @@ impl ToolContext {
     pub(crate) fn for_call(&self, span: keel_core::SpanId, action: keel_core::ActionId) -> Self {
         Self {
             call: Some((span, action)),
+            attached: Some(Arc::default()),
             ..self.clone()
         }
+    }
+
+    /// Attach a file to the result of this call (an image the tool produced): the tool
+    /// result the model reads carries it, and a provider that takes images with a tool
+    /// result (Anthropic, Gemini) sends the image; the others get a line naming it. Store the
+    /// bytes first ([`ThreadState::put_attachment`](crate::ThreadState::put_attachment)) and
+    /// attach the file part that answers: the history and the events then hold its
+    /// `keel-attachment://` reference, never the bytes, which are loaded for each request.
+    /// A call whose result is an error, or a direct call
+    /// ([`AgentExecutor::call_tool_in_context`](crate::AgentExecutor::call_tool_in_context)),
+    /// returns its output alone.
+    pub fn attach_to_result(&self, file: keel_core::FileContent) {
+        if let Some(attached) = &self.attached {
+            attached
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(file);
+        }
+    }
+
+    /// The files attached to this call's result so far, taken.
+    pub(crate) fn take_attached(&self) -> Vec<keel_core::FileContent> {
+        self.attached
+            .as_ref()
+            .map(|attached| {
+                std::mem::take(&mut *attached.lock().unwrap_or_else(|p| p.into_inner()))
+            })
+            .unwrap_or_default()
     }
 
     /// The run context for work this tool call delegates to `agent` (a remote agent, a

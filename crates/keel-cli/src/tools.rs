@@ -55,7 +55,7 @@ pub(crate) async fn list(
                     agent_tools(
                         configured.executor.agent(),
                         loaded.agent(&configured.name).map(|a| (&loaded, a)),
-                        &configured.mcp_tools,
+                        &configured.mcp_tools(),
                     )
                 })
                 .collect()
@@ -79,6 +79,7 @@ fn agent_tools(
 ) -> Value {
     let mut tools: Vec<Value> = agent
         .tools()
+        .iter()
         .map(|tool| {
             let name = tool.name();
             let mut entry = json!({

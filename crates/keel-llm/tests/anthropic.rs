@@ -230,3 +230,23 @@ async fn images_travel_as_base64_and_url_image_blocks_before_the_text() {
         ]}])
     );
 }
+
+#[tokio::test]
+async fn an_image_a_tool_returned_travels_in_its_tool_result() {
+    let server = serve(vec![Reply::ok(says("A cat."))]).await;
+    llm(&server.url)
+        .complete(tool_result_with_image())
+        .await
+        .unwrap();
+    assert_eq!(
+        server.requests()[0].body["messages"][2],
+        json!({"role": "user", "content": [{
+            "type": "tool_result",
+            "tool_use_id": "call_1",
+            "content": [
+                {"type": "text", "text": "here:\n[file `report.pdf` (application/pdf, 8 bytes) attached; its contents are not shown to the model]"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}},
+            ],
+        }]})
+    );
+}

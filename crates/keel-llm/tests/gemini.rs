@@ -192,3 +192,19 @@ async fn images_travel_as_inline_data_and_file_data_parts_before_the_text() {
         ]}])
     );
 }
+
+#[tokio::test]
+async fn an_image_a_tool_returned_follows_its_function_response() {
+    let server = serve(vec![Reply::ok(says("A cat."))]).await;
+    llm(&server.url)
+        .complete(tool_result_with_image())
+        .await
+        .unwrap();
+    assert_eq!(
+        server.requests()[0].body["contents"][2],
+        json!({"role": "user", "parts": [
+            {"functionResponse": {"name": "snap", "response": {"result": "here:\n[file `report.pdf` (application/pdf, 8 bytes) attached; its contents are not shown to the model]"}}},
+            {"inlineData": {"mimeType": "image/png", "data": PNG_B64}},
+        ]})
+    );
+}

@@ -409,3 +409,20 @@ fn a_compatible_server_reads_images_only_when_configured() {
         .unwrap();
     assert!(openai.profile().supports_vision);
 }
+
+#[tokio::test]
+async fn an_image_a_tool_returned_is_named_in_its_text_only_tool_message() {
+    let server = serve(vec![Reply::ok(says("A cat."))]).await;
+    llm(&server.url)
+        .complete(tool_result_with_image())
+        .await
+        .unwrap();
+    assert_eq!(
+        server.requests()[0].body["messages"][2],
+        json!({
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "content": "here:\n[image `cat.png` attached; not shown: this turn cannot carry images]\n[file `report.pdf` (application/pdf, 8 bytes) attached; its contents are not shown to the model]",
+        })
+    );
+}

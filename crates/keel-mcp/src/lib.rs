@@ -4,7 +4,9 @@
 //!
 //! [`McpServer::start`] starts a server from its [`ServerSpec`] and runs the MCP handshake;
 //! [`McpTool::list`] makes its tools (named `{server}_{tool}`, flags from their annotations
-//! and the spec's overrides), which an agent takes like any tool. A call is a normal tool
+//! and the spec's overrides), which an agent takes like any tool; an [`McpToolSet`] holds an
+//! agent's tools of all its servers and follows their `notifications/tools/list_changed`,
+//! so that the agent's next step offers the new list. A call is a normal tool
 //! call of the engine; it has a timeout, is canceled with its run (rmcp then sends
 //! `notifications/cancelled`), and finds a server that went away started again.
 //!
@@ -34,6 +36,7 @@ mod serve;
 mod server;
 mod spec;
 mod tool;
+mod toolset;
 
 use std::time::Duration;
 
@@ -45,6 +48,7 @@ pub use spec::{
     DEFAULT_STARTUP_TIMEOUT,
 };
 pub use tool::{output, McpTool};
+pub use toolset::McpToolSet;
 
 /// What goes wrong with an MCP server.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +94,18 @@ pub enum McpError {
         /// The MCP tool.
         tool: String,
     },
+}
+
+impl McpError {
+    /// The name of the server it is about.
+    pub fn server(&self) -> &str {
+        match self {
+            Self::NotStarted { server, .. }
+            | Self::Request { server, .. }
+            | Self::Timeout { server, .. }
+            | Self::Stopped { server, .. } => server,
+        }
+    }
 }
 
 fn stderr_text(stderr: &str) -> String {

@@ -38,12 +38,13 @@ type ProgressRoutes = Arc<StdMutex<HashMap<ProgressToken, ProgressSender>>>;
 /// The receiving end of a call's progress notifications.
 pub(crate) type ProgressSender = tokio::sync::mpsc::UnboundedSender<ProgressNotificationParam>;
 
-/// Keel's side of a connection: who it says it is, and where the server's progress
-/// notifications go.
+/// Keel's side of a connection: who it says it is, where the server's progress
+/// notifications go, and what its `tools/list_changed` notifications advance.
 #[derive(Clone)]
 struct Handler {
     info: ClientConfig,
     progress: ProgressRoutes,
+    tools_generation: Arc<AtomicU64>,
 }
 
 impl ClientHandler for Handler {
@@ -61,6 +62,11 @@ impl ClientHandler for Handler {
         if let Some(sender) = routes.get(&params.progress_token) {
             let _ = sender.send(params);
         }
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        // Whoever made tools of the list sees the number move and lists them again.
+        self.tools_generation.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -90,6 +96,9 @@ pub struct McpServer {
     progress: ProgressRoutes,
     /// The number in the next call's progress token.
     next_token: AtomicU64,
+    /// Moves when the server's tool list may have changed: it said so
+    /// (`notifications/tools/list_changed`), or it was started again.
+    tools_generation: Arc<AtomicU64>,
 }
 
 /// The live connection and, for a stdio server, its process id.
@@ -124,6 +133,7 @@ impl McpServer {
             stderr: Arc::default(),
             progress: Arc::default(),
             next_token: AtomicU64::new(1),
+            tools_generation: Arc::default(),
         });
         {
             let mut slot = server.client.lock().await;
@@ -143,6 +153,13 @@ impl McpServer {
         slot.as_ref()
             .filter(|running| !running.client.peer().is_transport_closed())
             .and_then(|running| running.pid)
+    }
+
+    /// A number that moves whenever the server's tool list may have changed since: the
+    /// server sent `notifications/tools/list_changed`, or it was started again. Read it
+    /// before [`McpServer::list_tools`]; a list made then is stale once the number moved.
+    pub fn tools_generation(&self) -> u64 {
+        self.tools_generation.load(Ordering::SeqCst)
     }
 
     /// Every tool the server lists (all pages), before the allow and deny lists.
@@ -177,6 +194,10 @@ impl McpServer {
             tracing::warn!(server = %self.spec.name, "MCP server went away; starting it again");
         }
         let running = self.connect().await?;
+        if slot.is_some() {
+            // A server started again may list other tools than before.
+            self.tools_generation.fetch_add(1, Ordering::SeqCst);
+        }
         let peer = running.client.peer().clone();
         *slot = Some(running);
         Ok(peer)
@@ -278,6 +299,7 @@ impl McpServer {
         let info = Handler {
             info: client_info(),
             progress: self.progress.clone(),
+            tools_generation: self.tools_generation.clone(),
         };
         match &self.spec.transport {
             TransportSpec::Stdio {

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use base64::Engine as _;
 use keel_agent::{Tool, ToolContext};
 use keel_core::conversation::ToolSpec;
 use keel_core::{AgentError, AgentResult};
@@ -34,8 +35,17 @@ impl McpTool {
         server: &Arc<McpServer>,
         taken: &mut HashSet<String>,
     ) -> Result<Vec<McpTool>, McpError> {
-        let spec = server.spec();
         let listed = server.list_tools().await?;
+        Ok(Self::of_listed(server, listed, taken))
+    }
+
+    /// [`McpTool::list`] of a list `server` gave already.
+    pub(crate) fn of_listed(
+        server: &Arc<McpServer>,
+        listed: Vec<rmcp::model::Tool>,
+        taken: &mut HashSet<String>,
+    ) -> Vec<McpTool> {
+        let spec = server.spec();
         let mut tools = Vec::new();
         for tool in listed {
             if !spec.offers(&tool.name) {
@@ -86,7 +96,7 @@ impl McpTool {
                 capabilities,
             });
         }
-        Ok(tools)
+        tools
     }
 
     /// Its MCP name, as the server knows it.
@@ -159,7 +169,12 @@ impl Tool for McpTool {
             }
         };
         match result {
-            Ok(result) => output(result).map_err(|message| self.failed(message)),
+            Ok(result) => {
+                if result.is_error != Some(true) {
+                    self.attach_images(&result, ctx).await;
+                }
+                output(result).map_err(|message| self.failed(message))
+            }
             Err(CallError::Canceled) => Err(AgentError::Canceled {
                 reason: "task canceled".into(),
             }),
@@ -175,12 +190,46 @@ impl McpTool {
             message,
         }
     }
+
+    /// Store each image of `result` in the thread's attachment store and attach it to the
+    /// call's result, so that the model sees it where its provider takes images with a tool
+    /// result; the output keeps a line describing it. An image that cannot be decoded or
+    /// stored stays that line alone (a warning says why).
+    async fn attach_images(&self, result: &CallToolResult, ctx: &ToolContext) {
+        let images = result.content.iter().filter_map(|block| match block {
+            ContentBlock::Image(image) => Some(image),
+            _ => None,
+        });
+        for (i, image) in images.enumerate() {
+            let extension = image
+                .mime_type
+                .strip_prefix("image/")
+                .map(|subtype| subtype.split(['+', ';']).next().unwrap_or(subtype))
+                .unwrap_or("bin");
+            let name = format!("{}-{}.{extension}", self.mcp_name, i + 1);
+            let stored = match base64::engine::general_purpose::STANDARD.decode(image.data.trim()) {
+                Ok(bytes) => {
+                    ctx.thread
+                        .put_attachment(&name, Some(&image.mime_type), &bytes)
+                        .await
+                }
+                Err(err) => Err(AgentError::invalid_input("image", err.to_string())),
+            };
+            match stored {
+                Ok(file) => ctx.attach_to_result(file),
+                Err(err) => {
+                    tracing::warn!(tool = self.name(), error = %err, "an MCP image result was not attached");
+                }
+            }
+        }
+    }
 }
 
 /// A tool result as Keel's tool output: its `structuredContent` when it has one, else its
 /// content as text (one block's text, or the blocks' texts one per line). `isError` makes it
-/// the message of a tool error, which the model reads like any tool's error. Keel's tool
-/// results carry no files, so an image or audio block becomes a line describing it.
+/// the message of a tool error, which the model reads like any tool's error. An image or
+/// audio block becomes a line describing it (a call also attaches each image to its result,
+/// see [`ToolContext::attach_to_result`]).
 pub fn output(result: CallToolResult) -> Result<Value, String> {
     let texts: Vec<String> = result.content.iter().map(block_text).collect();
     let text = texts.join("\n");
@@ -216,12 +265,12 @@ fn block_text(block: &ContentBlock) -> String {
     match block {
         ContentBlock::Text(text) => text.text.clone(),
         ContentBlock::Image(image) => format!(
-            "[image: {}, {} bytes, not shown: Keel tool results carry text only]",
+            "[image: {}, {} bytes]",
             image.mime_type,
             base64_len(&image.data)
         ),
         ContentBlock::Audio(audio) => format!(
-            "[audio: {}, {} bytes, not shown: Keel tool results carry text only]",
+            "[audio: {}, {} bytes, not shown: Keel sends no audio to models]",
             audio.mime_type,
             base64_len(&audio.data)
         ),
@@ -278,10 +327,7 @@ mod tests {
         let result = CallToolResult::success(vec![ContentBlock::text("here:"), image]);
         assert_eq!(
             output(result),
-            Ok(Value::String(
-                "here:\n[image: image/png, 5 bytes, not shown: Keel tool results carry text only]"
-                    .into()
-            ))
+            Ok(Value::String("here:\n[image: image/png, 5 bytes]".into()))
         );
     }
 }

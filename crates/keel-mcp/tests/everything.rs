@@ -1,15 +1,23 @@
 //! Keel's MCP client against the reference "everything" server from npm, over stdio: the
 //! tools as the model sees them, calls through the engine (text, structured content, an
-//! image), and a killed server started again by the next call.
+//! image attached to its result and sent to Anthropic and Gemini), and a killed server
+//! started again by the next call.
 
 mod support;
 
+#[path = "../../keel-llm/tests/support/mod.rs"]
+mod llm_support;
+
 use std::sync::Arc;
 
-use keel_agent::{Agent, SendOptions, Tool};
-use keel_core::{AgentCard, Message, TaskState};
+use base64::Engine as _;
+use keel_agent::{attachment_uri, Agent, SendOptions, Tool};
+use keel_core::{AgentCard, FileContent, Message, PartContent, TaskState};
 use keel_events::InMemoryEventSink;
+use keel_llm::providers::{AnthropicLlm, GeminiLlm};
+use keel_llm::{Llm, MockLlm, MockResponse, ModelProfile, ToolCall};
 use keel_mcp::{McpServer, ToolFlags};
+use llm_support::{scripted, serve, Reply};
 use serde_json::json;
 use support::{call, everything_spec, executor, tools_of};
 
@@ -168,11 +176,133 @@ async fn an_image_becomes_a_line_describing_it_between_the_texts() {
     assert_eq!(lines.len(), 3, "{text}");
     assert_eq!(lines[0], "Here's the image you requested:");
     assert!(
-        lines[1].starts_with("[image: image/png, ") && lines[1].contains(" bytes, not shown"),
+        lines[1].starts_with("[image: image/png, ") && lines[1].ends_with(" bytes]"),
         "{}",
         lines[1]
     );
     assert_eq!(lines[2], "The image above is the MCP logo.");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_image_result_is_attached_and_reaches_anthropic_and_gemini_as_an_image() {
+    let server = McpServer::start(everything_spec()).await.unwrap();
+    let llm = Arc::new(
+        MockLlm::scripted(vec![
+            MockResponse::ToolCalls(vec![ToolCall::new("everything_get-tiny-image", json!({}))]),
+            MockResponse::Text("The MCP logo.".into()),
+        ])
+        .with_profile(ModelProfile::new("mock", "mock").with_vision(true)),
+    );
+    let exec = executor(&tools_of(&server).await, |b| b.llm_shared(llm.clone()));
+    let sink = Arc::new(InMemoryEventSink::new());
+    exec.add_event_sink(sink.clone());
+    let auth = exec.runtime().auth_service().auth_context();
+    let task = exec
+        .send_message(&auth, Message::user("Show me."), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    // The tool result carries the image as a file of the thread's store, by reference.
+    let stored = FileContent {
+        name: Some("get-tiny-image-1.png".into()),
+        media_type: Some("image/png".into()),
+        uri: Some(attachment_uri(&task.thread_id, "get-tiny-image-1.png")),
+        bytes: None,
+    };
+    let result = task
+        .history
+        .iter()
+        .find(|m| {
+            m.parts
+                .iter()
+                .any(|p| matches!(p.content, PartContent::ToolOutput { .. }))
+        })
+        .expect("the tool result is in the task's history");
+    let files: Vec<&FileContent> = result
+        .parts
+        .iter()
+        .filter_map(|p| match &p.content {
+            PartContent::File { file } => Some(file),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(files, [&stored]);
+    // The model's next request has it with its bytes, loaded from the store: a PNG.
+    let request = llm.requests()[1].clone();
+    let tool_result = request.messages.last().unwrap();
+    assert_eq!(
+        tool_result.tool_name.as_deref(),
+        Some("everything_get-tiny-image")
+    );
+    let [attached] = tool_result.attachments.as_slice() else {
+        panic!("one attachment: {:?}", tool_result.attachments);
+    };
+    assert_eq!(attached.uri, stored.uri);
+    let data = attached
+        .bytes
+        .clone()
+        .expect("the bytes are loaded for the model");
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(&data)
+        .unwrap();
+    assert_eq!(png[..8], *b"\x89PNG\r\n\x1a\n");
+    // The run's events name the image; they never carry its bytes.
+    let events = serde_json::to_string(&sink.events()).unwrap();
+    assert!(
+        !events.contains(&data),
+        "an event carries the image's base64"
+    );
+
+    // Anthropic: an `image` block inside the `tool_result`.
+    let anthropic = serve(vec![Reply::ok(json!({
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+        "content": [{"type": "text", "text": "A logo."}], "stop_reason": "end_turn",
+        "usage": {"input_tokens": 1, "output_tokens": 1}
+    }))])
+    .await;
+    let claude = scripted(
+        AnthropicLlm::builder("claude-sonnet-4-5"),
+        anthropic.url.clone(),
+        "k",
+    );
+    claude
+        .build()
+        .unwrap()
+        .complete(request.clone())
+        .await
+        .unwrap();
+    let body = &anthropic.requests()[0].body;
+    let turn = body["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(turn["role"], "user");
+    assert_eq!(turn["content"][0]["type"], "tool_result");
+    assert_eq!(
+        turn["content"][0]["content"][1],
+        json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}})
+    );
+
+    // Gemini: an `inlineData` part after the `functionResponse`.
+    let google = serve(vec![Reply::ok(json!({
+        "candidates": [{"content": {"role": "model", "parts": [{"text": "A logo."}]}, "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1, "totalTokenCount": 2}
+    }))])
+    .await;
+    let gemini = scripted(
+        GeminiLlm::builder("gemini-2.5-flash"),
+        format!("{}/v1beta", google.url),
+        "k",
+    );
+    gemini.build().unwrap().complete(request).await.unwrap();
+    let body = &google.requests()[0].body;
+    let turn = body["contents"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        turn["parts"][0]["functionResponse"]["name"],
+        "everything_get-tiny-image"
+    );
+    assert_eq!(
+        turn["parts"][1],
+        json!({"inlineData": {"mimeType": "image/png", "data": data}})
+    );
     server.shutdown().await;
 }
 

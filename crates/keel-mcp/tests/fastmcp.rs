@@ -11,11 +11,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_agent::{SendOptions, Tool};
+use keel_agent::{SendOptions, Tool, ToolSource};
 use keel_core::{AgentError, Message, RunContext, TaskState, TraceParent};
 use keel_events::payload::ActionCompletedPayload;
 use keel_events::{InMemoryEventSink, RunEvent};
-use keel_mcp::{Header, McpError, McpServer, ServerSpec, TransportSpec};
+use keel_llm::{MockLlm, MockResponse, ToolCall};
+use keel_mcp::{Header, McpError, McpServer, McpToolSet, ServerSpec, TransportSpec};
 use keel_runtime::testing::eventually;
 use serde_json::json;
 use support::{call, executor, tools_of};
@@ -271,6 +272,72 @@ async fn a_call_past_its_timeout_fails_and_the_server_sees_it_cancelled() {
         fixture.marker("cancelled")
     })
     .await;
+    server.shutdown().await;
+}
+
+/// The names of the tools a model request offered, sorted.
+fn offered(request: &keel_llm::LlmRequest) -> Vec<String> {
+    let mut names: Vec<String> = request.tools.iter().map(|t| t.name.clone()).collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn a_tool_list_change_is_offered_at_the_next_step() {
+    let fixture = HttpFixture::start();
+    let server = McpServer::start(fixture.spec(TOKEN)).await.unwrap();
+    let set = Arc::new(McpToolSet::connect(vec![server.clone()]).await.unwrap());
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![ToolCall::new("fixture_change_tools", json!({}))]),
+        MockResponse::ToolCalls(vec![ToolCall::new(
+            "fixture_multiply",
+            json!({"a": 6, "b": 7}),
+        )]),
+        MockResponse::Text("done".into()),
+    ]));
+    let exec = executor(&[], |b| {
+        b.llm_shared(llm.clone())
+            .tool_source(set.clone() as Arc<dyn ToolSource>)
+    });
+    let auth = exec.runtime().auth_service().auth_context();
+    let task = exec
+        .send_message(&auth, Message::user("change them"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(
+        offered(&requests[0]),
+        [
+            "fixture_add",
+            "fixture_change_tools",
+            "fixture_fail",
+            "fixture_slow",
+            "fixture_weird_name"
+        ]
+    );
+    // The step after the change offers `multiply` and no longer `weird.name`.
+    let changed = [
+        "fixture_add",
+        "fixture_change_tools",
+        "fixture_fail",
+        "fixture_multiply",
+        "fixture_slow",
+    ];
+    assert_eq!(offered(&requests[1]), changed);
+    assert_eq!(offered(&requests[2]), changed);
+    // The new tool was called on the server, and its result is what the model read.
+    let result = requests[2].messages.last().unwrap();
+    assert_eq!(result.tool_name.as_deref(), Some("fixture_multiply"));
+    assert_eq!(result.content, r#"{"result":42}"#);
+    let names: Vec<String> = exec
+        .agent()
+        .tool_specs()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert!(names.contains(&"fixture_multiply".to_owned()), "{names:?}");
     server.shutdown().await;
 }
 

@@ -107,8 +107,18 @@ impl RunLoop<'_> {
         if is_error {
             result.metadata.insert(META_IS_ERROR.into(), json!(true));
         }
-        let part = Part::tool_output(&call.id, &call.name, output, is_error);
-        self.persist_point(vec![result], vec![part]).await
+        let mut parts = vec![Part::tool_output(&call.id, &call.name, output, is_error)];
+        // Files the tool attached: references into the thread's store, beside the output.
+        if let Some(files) = self
+            .attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&call.id)
+        {
+            parts.extend(files.iter().cloned().map(Part::file));
+            result.attachments = files;
+        }
+        self.persist_point(vec![result], parts).await
     }
 
     /// One persist point of a step: history entries under the lease and the matching agent

@@ -5,7 +5,7 @@
 //! calls in `tools.rs`, its persist points in `context.rs`, explicit parts in `direct.rs`,
 //! and its ending in `records.rs`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use keel_core::ApprovalOutcome;
@@ -41,6 +41,9 @@ pub(super) struct RunLoop<'a> {
     pub(super) ctx: ToolContext,
     /// The run's events, report, budget and authorizer.
     pub(super) obs: Arc<RunObs>,
+    /// The files tools attached to their results ([`ToolContext::attach_to_result`]), by
+    /// call id, until the result is persisted.
+    pub(super) attached: std::sync::Mutex<HashMap<String, Vec<keel_core::FileContent>>>,
 }
 
 impl Inner {
@@ -174,6 +177,7 @@ impl<'a> RunLoop<'a> {
             events: Some(obs.clone()),
             in_task: true,
             call: None,
+            attached: None,
         };
         let mut run = RunLoop {
             inner,
@@ -183,6 +187,7 @@ impl<'a> RunLoop<'a> {
             history: Vec::new(),
             ctx,
             obs,
+            attached: Default::default(),
         };
         let outcome = run.work().await?;
         run.finish(outcome).await

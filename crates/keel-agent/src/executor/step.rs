@@ -30,7 +30,6 @@ impl RunLoop<'_> {
         let agent = &inner.agent;
         let llm = inner.model();
         let profile = llm.profile();
-        let tools = Arc::new(agent.tool_specs());
         let rules = agent.stop_rules().clone();
         let mut invalid_calls: HashMap<String, u32> = HashMap::new();
         // The model's view of the thread and its token estimates, carried from one step to
@@ -47,6 +46,10 @@ impl RunLoop<'_> {
                 return Ok(outcome);
             }
             self.obs.emit(RunEvent::queue_drained().step(step)).await;
+            // A tool source that changed (an MCP server's `tools/list_changed`) is offered as
+            // it is now: new tools from this step on, removed ones gone.
+            agent.refresh_tools().await;
+            let tools = agent.shared_tool_specs();
             let system = self.system_prompt().await;
             // Kept only when the agent compacts automatically: a compaction assembles the
             // view again, prompt first.

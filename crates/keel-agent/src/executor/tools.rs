@@ -160,6 +160,13 @@ impl RunLoop<'_> {
             Ok(&output)
         };
         action_ended(obs, &action, reported, started).await;
+        let files = ctx.take_attached();
+        if !is_error && !files.is_empty() {
+            self.attached
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(call.id.clone(), files);
+        }
         ToolRun::Done { output, is_error }
     }
 }
@@ -179,6 +186,7 @@ impl AgentExecutor {
         context: RunContext,
     ) -> AgentResult<Value> {
         let inner = &self.inner;
+        inner.agent.refresh_tools().await;
         let registered = inner.agent.tool(name).ok_or_else(|| {
             AgentError::invalid_input("tool", format!("the agent has no tool `{name}`"))
         })?;
@@ -198,6 +206,7 @@ impl AgentExecutor {
             events: Some(obs.clone()),
             in_task: false,
             call: None,
+            attached: None,
         };
         let ctx = ctx.for_call(obs.spans().tool_call_span(&action.id), action.id.clone());
         let started = Instant::now();

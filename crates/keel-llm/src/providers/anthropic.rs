@@ -6,7 +6,7 @@ use keel_core::AgentResult;
 use serde_json::{json, Map, Value};
 
 use super::assembler::{tool_call, ResponseAssembler};
-use super::attachments::{text_with_attachments, Attachment};
+use super::attachments::{tool_result_parts, Attachment};
 use super::builder::ProviderBuilder;
 use super::http::{join_url, str_at, u64_at};
 use super::turns::{system_texts, turns, TurnFormat};
@@ -174,14 +174,29 @@ const TURNS: TurnFormat = TurnFormat {
     image_formats: IMAGE_FORMATS,
     part: block,
     tool_call: |call| json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}),
-    tool_result: |message| {
-        json!({
-            "type": "tool_result",
-            "tool_use_id": message.tool_call_id.as_deref().unwrap_or_default(),
-            "content": text_with_attachments(message),
-        })
-    },
+    tool_result,
 };
+
+/// A `tool_result` block: its text, or with images the tool returned a list of a text block
+/// and `image` blocks (the Messages API takes images in tool results).
+fn tool_result(message: &crate::LlmMessage) -> Vec<Value> {
+    let (text, images) = tool_result_parts(message, IMAGE_FORMATS);
+    let content = if images.is_empty() {
+        json!(text)
+    } else {
+        let text = (!text.is_empty()).then(|| block(Attachment::Text(text)));
+        Value::Array(
+            text.into_iter()
+                .chain(images.into_iter().map(block))
+                .collect(),
+        )
+    };
+    vec![json!({
+        "type": "tool_result",
+        "tool_use_id": message.tool_call_id.as_deref().unwrap_or_default(),
+        "content": content,
+    })]
+}
 
 /// One content block: an `image` block, or text (the API rejects empty text blocks, which
 /// [`turns`] leaves out).

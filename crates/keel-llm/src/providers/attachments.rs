@@ -92,11 +92,40 @@ pub(crate) fn user_parts<T>(
     files.chain(text).map(part).collect()
 }
 
+/// A tool result for APIs that take images with it (Anthropic's `tool_result` blocks,
+/// Gemini's parts beside a `functionResponse`): its text, with every attachment that does
+/// not go as an image in text form, and the images in the formats `accepted`.
+pub(crate) fn tool_result_parts<'a>(
+    message: &'a LlmMessage,
+    accepted: &[&str],
+) -> (String, Vec<Attachment<'a>>) {
+    let mut text = message.content.clone();
+    let mut images = Vec::new();
+    for file in &message.attachments {
+        let note = if is_image(file) {
+            match attachment(file, accepted) {
+                Attachment::Text(note) => note,
+                image => {
+                    images.push(image);
+                    continue;
+                }
+            }
+        } else {
+            attachment_as_text(file)
+        };
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&note);
+    }
+    (text, images)
+}
+
 /// `file` as text only, for turns that carry no images (tool results, assistant turns).
 pub(crate) fn attachment_as_text(file: &FileContent) -> String {
     if is_image(file) {
         return format!(
-            "[image `{}` attached; images are sent to the model in user turns only]",
+            "[image `{}` attached; not shown: this turn cannot carry images]",
             display_name(file)
         );
     }

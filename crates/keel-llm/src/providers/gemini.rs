@@ -6,7 +6,7 @@ use keel_core::AgentResult;
 use serde_json::{json, Map, Value};
 
 use super::assembler::{tool_call, ResponseAssembler};
-use super::attachments::{text_with_attachments, Attachment};
+use super::attachments::{tool_result_parts, Attachment};
 use super::builder::ProviderBuilder;
 use super::http::{array_at, join_url, str_at, u64_at};
 use super::turns::{system_texts, turns, TurnFormat};
@@ -177,15 +177,21 @@ const TURNS: TurnFormat = TurnFormat {
     tool_result: function_response,
 };
 
-/// A tool's result; `response` must be an object, so a plain result is wrapped.
-fn function_response(message: &crate::LlmMessage) -> Value {
-    let content = text_with_attachments(message);
+/// A tool's result; `response` must be an object, so a plain result is wrapped. Images the
+/// tool returned follow it as `inlineData` (or `fileData`) parts of the same turn, which
+/// every Gemini model with vision reads (a `functionResponse` holding media parts itself is
+/// for Gemini 3 models only).
+fn function_response(message: &crate::LlmMessage) -> Vec<Value> {
+    let (content, images) = tool_result_parts(message, IMAGE_FORMATS);
     let response = match serde_json::from_str::<Value>(&content) {
         Ok(Value::Object(object)) => Value::Object(object),
         _ => json!({"result": content}),
     };
     let name = message.tool_name.as_deref().unwrap_or_default();
-    json!({"functionResponse": {"name": name, "response": response}})
+    let call = json!({"functionResponse": {"name": name, "response": response}});
+    std::iter::once(call)
+        .chain(images.into_iter().map(part))
+        .collect()
 }
 
 /// One part: `inlineData`, `fileData` or text.

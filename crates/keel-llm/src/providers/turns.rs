@@ -19,8 +19,9 @@ pub(crate) struct TurnFormat {
     pub(crate) part: fn(Attachment<'_>) -> Value,
     /// A tool call the model made.
     pub(crate) tool_call: fn(&ToolCall) -> Value,
-    /// A tool's result, which travels in a user turn.
-    pub(crate) tool_result: fn(&LlmMessage) -> Value,
+    /// A tool's result, which travels in a user turn: its pieces (with the images it
+    /// carries, for an API that takes them there).
+    pub(crate) tool_result: fn(&LlmMessage) -> Vec<Value>,
 }
 
 /// The system messages' texts, in order, for APIs that take instructions apart from the
@@ -53,7 +54,7 @@ pub(crate) fn turns(messages: &[LlmMessage], format: &TurnFormat) -> Vec<Value> 
                 let calls = message.tool_calls.iter().map(format.tool_call);
                 (format.model_role, text.into_iter().chain(calls).collect())
             }
-            LlmRole::Tool => ("user", vec![(format.tool_result)(message)]),
+            LlmRole::Tool => ("user", (format.tool_result)(message)),
         };
         if pieces.is_empty() {
             continue;
@@ -82,7 +83,7 @@ mod tests {
             _ => json!("file"),
         },
         tool_call: |call| json!(call.name),
-        tool_result: |message| json!(message.content),
+        tool_result: |message| vec![json!(message.content)],
     };
 
     #[test]

@@ -310,3 +310,18 @@ pub fn photo_url() -> FileContent {
         ..Default::default()
     }
 }
+
+/// A request whose last message is the result of the tool `snap` (call `call_1`): the text
+/// "here:" with an image (its bytes) and a PDF attached.
+pub fn tool_result_with_image() -> LlmRequest {
+    let mut call = keel_llm::ToolCall::new("snap", json!({}));
+    call.id = "call_1".into();
+    let report = file("report.pdf", "application/pdf", "JVBERi0xLjc="); // "%PDF-1.7"
+    LlmRequest::new(vec![
+        LlmMessage::user("Take a picture."),
+        LlmMessage::assistant("", vec![call.clone()]),
+        LlmMessage::tool_result(&call, "here:")
+            .with_attachment(photo_bytes())
+            .with_attachment(report),
+    ])
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use keel_agent::{
     AcceptAll, Agent, AgentBuilder, AgentExecutor, AsyncHttpTool, ExecutorConfig, LlmNegotiator,
-    SessionStatusTool, StopRules, SubagentSpec, Tool,
+    SessionStatusTool, StopRules, SubagentSpec, Tool, ToolSource,
 };
 use keel_core::{AgentCard, AgentResult, AgentSkill, ModelPrice, RunBudget};
 use keel_llm::{Llm, LlmRequest, LlmResponse, LlmStream, ModelProfile};
@@ -20,7 +20,7 @@ use super::types::{AgentConfig, BuiltinTool, ModelConfig, Negotiate, RuleConfig}
 use super::LoadedConfig;
 use crate::delegation::RemoteAgentTool;
 use crate::http_tool::HttpTool;
-use keel_mcp::McpTool;
+use keel_mcp::{McpTool, McpToolSet};
 
 type ExecutorConfigFn = dyn Fn(&str) -> ExecutorConfig + Send + Sync;
 
@@ -48,7 +48,7 @@ pub struct AgentSetBuilder<'a> {
     tools: HashMap<String, Vec<Arc<dyn Tool>>>,
     executor_config: Option<Box<ExecutorConfigFn>>,
     /// Each agent's MCP tools, once [`AgentSetBuilder::connect`] started the servers.
-    mcp_tools: Option<HashMap<String, Vec<Arc<McpTool>>>>,
+    mcp_tools: Option<HashMap<String, Arc<McpToolSet>>>,
 }
 
 /// One agent of the file, running.
@@ -58,8 +58,19 @@ pub struct ConfiguredAgent {
     pub name: String,
     /// Its executor.
     pub executor: AgentExecutor,
-    /// The tools its MCP servers gave it (also among the executor's agent's tools).
-    pub mcp_tools: Vec<Arc<McpTool>>,
+    /// The tools its MCP servers give it (a tool source of the executor's agent), when it
+    /// has servers.
+    pub mcp: Option<Arc<McpToolSet>>,
+}
+
+impl ConfiguredAgent {
+    /// The tools its MCP servers give it now (none without servers).
+    pub fn mcp_tools(&self) -> Vec<Arc<McpTool>> {
+        self.mcp
+            .as_ref()
+            .map(|set| set.mcp_tools())
+            .unwrap_or_default()
+    }
 }
 
 /// The agents of a file, in the file's order, and which one is the default.
@@ -149,7 +160,7 @@ impl AgentSetBuilder<'_> {
             .map(|a| ConfiguredAgent {
                 name: a.name().to_owned(),
                 executor: built[a.name()].clone(),
-                mcp_tools: mcp_tools.get(a.name()).cloned().unwrap_or_default(),
+                mcp: mcp_tools.get(a.name()).cloned(),
             })
             .collect();
         let default = agents
@@ -217,14 +228,14 @@ impl AgentSetBuilder<'_> {
         }
         let mut built: HashMap<String, AgentExecutor> = HashMap::new();
         for agent in build_order(config) {
-            let mut extra = self.tools.get(agent.name()).cloned().unwrap_or_default();
-            if let Some(tools) = mcp_tools.get(agent.name()) {
-                extra.extend(tools.iter().map(|t| t.clone() as Arc<dyn Tool>));
-            }
+            let extra = self.tools.get(agent.name()).cloned().unwrap_or_default();
+            let source = mcp_tools
+                .get(agent.name())
+                .map(|set| set.clone() as Arc<dyn ToolSource>);
             let in_agent = |err: keel_core::AgentError| {
                 ConfigError::whole(path, format!("agents.{}", agent.name()), err.to_string())
             };
-            let builder = agent_builder(config, agent, &built, extra).map_err(in_agent)?;
+            let builder = agent_builder(config, agent, &built, extra, source).map_err(in_agent)?;
             if until == Some(agent.name()) {
                 return Ok((built, Some(builder)));
             }
@@ -276,6 +287,7 @@ fn agent_builder(
     agent: &AgentConfig,
     built: &HashMap<String, AgentExecutor>,
     extra: Vec<Arc<dyn Tool>>,
+    source: Option<Arc<dyn ToolSource>>,
 ) -> AgentResult<AgentBuilder> {
     let mut card = AgentCard::new(agent.name(), &agent.description, "http://127.0.0.1/");
     card.version.clone_from(&agent.version);
@@ -389,6 +401,9 @@ fn agent_builder(
     }
     for tool in extra {
         builder = builder.tool_shared(tool);
+    }
+    if let Some(source) = source {
+        builder = builder.tool_source(source);
     }
     Ok(builder)
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_mcp::{FlagOverrides, Header, McpServer, McpTool, ServerSpec, TransportSpec};
+use keel_mcp::{FlagOverrides, Header, McpServer, McpToolSet, ServerSpec, TransportSpec};
 
 use super::error::ConfigError;
 use super::types::{AgentConfig, Config, McpServerConfig};
@@ -279,11 +279,11 @@ pub(crate) fn spec(name: &str, server: &McpServerConfig, base: &Path) -> ServerS
 }
 
 /// Start every server some agent of the file gets (all at once), and make each agent's MCP
-/// tools: `{server}_{tool}`, unique within the agent. A server that does not start is an
-/// error naming it, its field and its command or URL.
+/// tools: `{server}_{tool}`, unique within the agent, following the servers' list changes.
+/// A server that does not start is an error naming it, its field and its command or URL.
 pub(crate) async fn connect(
     config: &super::LoadedConfig,
-) -> Result<HashMap<String, Vec<Arc<McpTool>>>, ConfigError> {
+) -> Result<HashMap<String, Arc<McpToolSet>>, ConfigError> {
     let path = &config.path;
     let base = path.parent().unwrap_or_else(|| Path::new(".")).to_owned();
     let users = config.mcp_users();
@@ -316,21 +316,25 @@ pub(crate) async fn connect(
         }
         return Err(ConfigError::whole(path, key.field(), err.to_string()));
     }
-    let mut tools: HashMap<String, Vec<Arc<McpTool>>> = HashMap::new();
+    let mut tools = HashMap::new();
     for agent in &config.agents {
-        let mut taken = HashSet::new();
-        for (key, server) in &started {
-            if !users[key].contains(&agent.name()) {
-                continue;
-            }
-            let listed = McpTool::list(server, &mut taken)
-                .await
-                .map_err(|err| ConfigError::whole(path, key.field(), err.to_string()))?;
-            tools
-                .entry(agent.name().to_owned())
-                .or_default()
-                .extend(listed.into_iter().map(Arc::new));
+        let mine: Vec<_> = started
+            .iter()
+            .filter(|(key, _)| users[*key].contains(&agent.name()))
+            .collect();
+        if mine.is_empty() {
+            continue;
         }
+        let servers = mine.iter().map(|(_, server)| Arc::clone(server)).collect();
+        let set = McpToolSet::connect(servers).await.map_err(|err| {
+            // The error names the server that could not list its tools: so does its field.
+            let field = mine
+                .iter()
+                .find(|(_, server)| server.spec().name == err.server())
+                .map_or_else(|| "mcp".to_owned(), |(key, _)| key.field());
+            ConfigError::whole(path, field, err.to_string())
+        })?;
+        tools.insert(agent.name().to_owned(), Arc::new(set));
     }
     Ok(tools)
 }
@@ -527,6 +531,8 @@ mod tests {
         let config = parse(AGENTS).unwrap();
         let runtime = Arc::new(crate::DefaultRuntime::offline());
         let agents = config.agents().connect(runtime).await.unwrap();
-        assert!(agents.iter().all(|a| a.mcp_tools.is_empty()));
+        assert!(agents
+            .iter()
+            .all(|a| a.mcp.is_none() && a.mcp_tools().is_empty()));
     }
 }
