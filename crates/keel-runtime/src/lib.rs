@@ -65,8 +65,8 @@ pub use thread::{
 };
 pub use thread_memory::InMemoryThreadStore;
 pub use timers::{
-    claim_expiry as timer_claim_expiry, new_timer_id, timer_claimable_by, ClaimedTimer,
-    InMemoryThreadTimers, ThreadTimers, TimerRecord,
+    timer_claimable_by, ClaimedTimer, InMemoryThreadTimers, ThreadTimers, TimerClaimRound,
+    TimerRecord,
 };
 pub use validated::Validated;
 

@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::{
     check_lease_ttl, AuthContext, ChildThread, ClaimedTimer, HistoryEntry, KvLimits, Lease,
     QueuedItem, SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue, ThreadTimers,
-    TimerRecord,
+    TimerClaimRound, TimerRecord,
 };
 
 /// A backend's thread store and timers behind the input checks every backend shares: a
@@ -105,11 +105,12 @@ validated_impl! {
 
 validated_impl! {
     impl ThreadTimers {
-        fn schedule_timer(&self, auth: &AuthContext, thread_id: &ThreadId, agent: &str, name: &str, payload: Value, due_at: DateTime<Utc>) -> AgentResult<TimerRecord>;
+        fn insert_timer(&self, timer: &TimerRecord) -> AgentResult<()>;
         fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool>;
         fn thread_timers(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<TimerRecord>>;
         fn claim_due_timers(&self, agent: &str, now: DateTime<Utc>, limit: usize, claim_ttl: Duration) -> AgentResult<Vec<ClaimedTimer>>
             => check_lease_ttl(claim_ttl);
+        fn claim_timers(&self, round: TimerClaimRound<'_>) -> AgentResult<Vec<ClaimedTimer>>;
         fn complete_timer(&self, claim: &ClaimedTimer) -> AgentResult<bool>;
         fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>>;
     }
