@@ -45,7 +45,7 @@ pub use async_calls::{AsyncCall, AsyncCallState, AsyncCallStore, InMemoryAsyncCa
 pub use auth::{ApiKeyAuthService, AuthContext, AuthService, Credentials, StaticAuthService};
 /// The model trait, re-exported because [`Runtime::default_llm`] names it.
 pub use keel_llm::Llm;
-pub use lease::{lease_blocks, lease_ttl, Lease, ThreadLeases};
+pub use lease::{lease_blocks, lease_ttl, Lease, LeaseAsk, ThreadLeases};
 pub use logging::{ConsoleLoggingService, LogLevel, LoggingService, TracingLoggingService};
 pub use memory::{InMemoryMemoryService, MemoryService, MemoryServiceExt};
 pub use run_store::{

@@ -13,8 +13,8 @@ use keel_core::{AgentResult, ThreadId};
 use serde_json::Value;
 
 use crate::{
-    lease_blocks, lease_ttl, AuthContext, ChildThread, HistoryEntry, KvLimits, Lease, QueuedItem,
-    SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
+    lease_blocks, lease_ttl, AuthContext, ChildThread, HistoryEntry, KvLimits, Lease, LeaseAsk,
+    QueuedItem, SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
 };
 
 #[derive(Default)]
@@ -396,34 +396,22 @@ impl SubagentRegistry for InMemoryThreadStore {
 
 #[async_trait]
 impl ThreadLeases for InMemoryThreadStore {
-    async fn take_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-        reclaim: bool,
-    ) -> AgentResult<Option<Lease>> {
-        let ttl = lease_ttl(ttl)?;
-        let mut thread = self.thread_entry(auth, thread_id);
+    async fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>> {
+        let ttl = lease_ttl(ask.ttl)?;
+        let mut thread = self.thread_entry(auth, ask.thread_id);
         let now = Utc::now();
         let current = thread
             .lease
             .as_ref()
             .map(|l| (l.holder.as_str(), l.expires_at));
-        if lease_blocks(current, holder, reclaim, now) {
+        if lease_blocks(current, ask.holder, ask.reclaim, now) {
             return Ok(None);
         }
         let token = self
             .next_token
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        let lease = Lease {
-            thread_id: thread_id.clone(),
-            holder: holder.to_owned(),
-            token,
-            expires_at: now + ttl,
-        };
+        let lease = ask.granted(token, now + ttl);
         thread.lease = Some(lease.clone());
         Ok(Some(lease))
     }

@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use crate::{
     check_lease_ttl, AuthContext, ChildThread, ClaimedTimer, HistoryEntry, KvLimits, Lease,
-    QueuedItem, SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue, ThreadTimers,
-    TimerClaimRound, TimerRecord,
+    LeaseAsk, QueuedItem, SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
+    ThreadTimers, TimerClaimRound, TimerRecord,
 };
 
 /// A backend's thread store and timers behind the input checks every backend shares: a
@@ -95,8 +95,8 @@ validated_impl! {
 
 validated_impl! {
     impl ThreadLeases {
-        fn take_lease(&self, auth: &AuthContext, thread_id: &ThreadId, holder: &str, ttl: Duration, reclaim: bool) -> AgentResult<Option<Lease>>
-            => check_lease_ttl(ttl);
+        fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>>
+            => check_lease_ttl(ask.ttl);
         fn renew_lease(&self, auth: &AuthContext, lease: &Lease, ttl: Duration) -> AgentResult<Lease>
             => check_lease_ttl(ttl);
         fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()>;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use keel_core::{AgentError, AgentResult, ThreadId};
-use keel_runtime::{AuthContext, Lease, ThreadLeases};
+use keel_core::{AgentError, AgentResult};
+use keel_runtime::{AuthContext, Lease, LeaseAsk, ThreadLeases};
 
 use crate::keys::kind;
 use crate::scripts;
@@ -32,34 +32,20 @@ fn expiry(millis: i64) -> AgentResult<DateTime<Utc>> {
 
 #[async_trait]
 impl ThreadLeases for RedisStore {
-    async fn take_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-        reclaim: bool,
-    ) -> AgentResult<Option<Lease>> {
-        let ttl_ms = ttl_millis(ttl)?;
+    async fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>> {
+        let ttl_ms = ttl_millis(ask.ttl)?;
         let keys = self.keys(auth);
         let granted: Option<(u64, i64)> = scripts::TAKE_LEASE
-            .key(keys.of(kind::LEASE, thread_id.as_str()))
-            .key(keys.of(kind::LEASE_TOKEN, thread_id.as_str()))
-            .arg(holder)
+            .key(keys.of(kind::LEASE, ask.thread_id.as_str()))
+            .key(keys.of(kind::LEASE_TOKEN, ask.thread_id.as_str()))
+            .arg(ask.holder)
             .arg(ttl_ms)
-            .arg(u8::from(reclaim))
+            .arg(u8::from(ask.reclaim))
             .invoke_async(&mut self.con())
             .await
             .map_err(|e| self.fail("acquire lease", &e))?;
         granted
-            .map(|(token, expires_ms)| {
-                Ok(Lease {
-                    thread_id: thread_id.clone(),
-                    holder: holder.to_owned(),
-                    token,
-                    expires_at: expiry(expires_ms)?,
-                })
-            })
+            .map(|(token, expires_ms)| Ok(ask.granted(token, expiry(expires_ms)?)))
             .transpose()
     }
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
-use keel_core::{AgentResult, ThreadId};
-use keel_runtime::{lease_blocks, lease_ttl, AuthContext, Lease, ThreadLeases};
+use keel_core::AgentResult;
+use keel_runtime::{lease_blocks, lease_ttl, AuthContext, Lease, LeaseAsk, ThreadLeases};
 use rusqlite::{params, Connection};
 
 use crate::codec::{from_nanos, from_sql_int, select_row, to_nanos, SqlContext};
@@ -34,17 +34,11 @@ pub(crate) fn check_fence(conn: &Connection, tenant: &str, lease: &Lease) -> Age
 
 #[async_trait]
 impl ThreadLeases for SqliteStore {
-    async fn take_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-        reclaim: bool,
-    ) -> AgentResult<Option<Lease>> {
-        let ttl = lease_ttl(ttl)?;
-        let (tenant, thread_id, holder) = (auth.namespace(), thread_id.clone(), holder.to_owned());
-        self.write(move |conn| {
+    async fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>> {
+        let ttl = lease_ttl(ask.ttl)?;
+        let (tenant, thread_id) = (auth.namespace(), ask.thread_id.clone());
+        let (holder, reclaim) = (ask.holder.to_owned(), ask.reclaim);
+        let granted = self.write(move |conn| {
             let now = Utc::now();
             let held: Option<(i64, String)> = select_row(
                 conn,
@@ -79,14 +73,10 @@ impl ThreadLeases for SqliteStore {
                 ])
             })
             .context("writing a lease")?;
-            Ok(Some(Lease {
-                thread_id,
-                holder,
-                token: from_sql_int(token, "lease token")?,
-                expires_at,
-            }))
+            Ok(Some((from_sql_int(token, "lease token")?, expires_at)))
         })
-        .await
+        .await?;
+        Ok(granted.map(|(token, expires_at)| ask.granted(token, expires_at)))
     }
 
     async fn renew_lease(
