@@ -41,7 +41,9 @@ mod validated;
 
 use std::sync::Arc;
 
-pub use async_calls::{AsyncCall, AsyncCallState, AsyncCallStore, InMemoryAsyncCallStore};
+pub use async_calls::{
+    AsyncCall, AsyncCallMove, AsyncCallState, AsyncCallStore, InMemoryAsyncCallStore,
+};
 pub use auth::{ApiKeyAuthService, AuthContext, AuthService, Credentials, StaticAuthService};
 /// The model trait, re-exported because [`Runtime::default_llm`] names it.
 pub use keel_llm::Llm;
