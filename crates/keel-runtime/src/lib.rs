@@ -49,7 +49,9 @@ pub use auth::{ApiKeyAuthService, AuthContext, AuthService, Credentials, StaticA
 pub use keel_llm::Llm;
 pub use lease::{lease_blocks, lease_ttl, Lease, LeaseAsk, ThreadLeases};
 pub use logging::{ConsoleLoggingService, LogLevel, LoggingService, TracingLoggingService};
-pub use memory::{InMemoryMemoryService, MemoryService, MemoryServiceExt};
+pub use memory::{
+    memory_expiry_nanos, InMemoryMemoryService, MemoryService, MemoryServiceExt, MemoryWrite,
+};
 pub use run_store::{
     InMemoryRunStore, IndexedRecord, RecordIndex, RunQuery, RunRecord, RunStore, TaskRecord,
 };
