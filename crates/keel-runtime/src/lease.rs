@@ -102,6 +102,25 @@ impl LeaseAsk<'_> {
     }
 }
 
+/// What [`ThreadLeases::renew_lease`] is asked: `lease` extended to `ttl` from now.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseRenewal<'a> {
+    /// The held lease.
+    pub lease: &'a Lease,
+    /// How long from now it lives unless renewed again.
+    pub ttl: Duration,
+}
+
+impl LeaseRenewal<'_> {
+    /// The renewed lease: the same lease (its token kept), lapsing at `expires_at`.
+    pub fn renewed(&self, expires_at: DateTime<Utc>) -> Lease {
+        Lease {
+            expires_at,
+            ..self.lease.clone()
+        }
+    }
+}
+
 /// Acquire, renew and release thread leases.
 #[async_trait]
 pub trait ThreadLeases: Send + Sync {
@@ -164,7 +183,12 @@ pub trait ThreadLeases: Send + Sync {
         auth: &AuthContext,
         lease: &Lease,
         ttl: Duration,
-    ) -> AgentResult<Lease>;
+    ) -> AgentResult<Lease> {
+        self.extend_lease(auth, &LeaseRenewal { lease, ttl }).await
+    }
+
+    /// Carry out [`ThreadLeases::renew_lease`]: what a backend implements.
+    async fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease>;
 
     /// Give the lease up. Releasing a lease that was already lost is not an error. After a
     /// release the lease is dead like an expired one: writing or renewing with it is

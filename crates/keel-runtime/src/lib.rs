@@ -47,7 +47,7 @@ pub use async_calls::{
 pub use auth::{ApiKeyAuthService, AuthContext, AuthService, Credentials, StaticAuthService};
 /// The model trait, re-exported because [`Runtime::default_llm`] names it.
 pub use keel_llm::Llm;
-pub use lease::{lease_blocks, lease_ttl, Lease, LeaseAsk, ThreadLeases};
+pub use lease::{lease_blocks, lease_ttl, Lease, LeaseAsk, LeaseRenewal, ThreadLeases};
 pub use logging::{ConsoleLoggingService, LogLevel, LoggingService, TracingLoggingService};
 pub use memory::{
     memory_expiry_nanos, InMemoryMemoryService, MemoryService, MemoryServiceExt, MemoryWrite,

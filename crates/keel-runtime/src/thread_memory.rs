@@ -1,7 +1,6 @@
 //! In-memory thread storage: history, queue, key-value store, subagent registry and leases.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
@@ -14,7 +13,7 @@ use serde_json::Value;
 
 use crate::{
     lease_blocks, lease_ttl, AuthContext, ChildThread, HistoryEntry, KvLimits, Lease, LeaseAsk,
-    QueuedItem, SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
+    LeaseRenewal, QueuedItem, SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
 };
 
 #[derive(Default)]
@@ -416,18 +415,10 @@ impl ThreadLeases for InMemoryThreadStore {
         Ok(Some(lease))
     }
 
-    async fn renew_lease(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        ttl: Duration,
-    ) -> AgentResult<Lease> {
-        let ttl = lease_ttl(ttl)?;
-        let mut thread = self.fenced(auth, lease)?;
-        let renewed = Lease {
-            expires_at: Utc::now() + ttl,
-            ..lease.clone()
-        };
+    async fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease> {
+        let ttl = lease_ttl(renewal.ttl)?;
+        let mut thread = self.fenced(auth, renewal.lease)?;
+        let renewed = renewal.renewed(Utc::now() + ttl);
         thread.lease = Some(renewed.clone());
         Ok(renewed)
     }
@@ -453,6 +444,7 @@ impl ThreadLeases for InMemoryThreadStore {
 mod tests {
     use super::*;
     use keel_core::AgentError;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn writes_with_a_made_up_lease_create_no_thread() {
@@ -486,6 +478,7 @@ mod tests {
 mod retention_tests {
     use super::*;
     use crate::{ThreadKv, ThreadLeases};
+    use std::time::Duration;
 
     #[tokio::test]
     async fn idle_threads_are_evicted_past_the_cap_and_busy_ones_are_kept() {

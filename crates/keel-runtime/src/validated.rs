@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use crate::{
     check_lease_ttl, AuthContext, ChildThread, ClaimedTimer, HistoryEntry, KvLimits, Lease,
-    LeaseAsk, QueuedItem, SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
-    ThreadTimers, TimerClaimRound, TimerRecord,
+    LeaseAsk, LeaseRenewal, QueuedItem, SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases,
+    ThreadQueue, ThreadTimers, TimerClaimRound, TimerRecord,
 };
 
 /// A backend's thread store and timers behind the input checks every backend shares: a
@@ -97,8 +97,8 @@ validated_impl! {
     impl ThreadLeases {
         fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>>
             => check_lease_ttl(ask.ttl);
-        fn renew_lease(&self, auth: &AuthContext, lease: &Lease, ttl: Duration) -> AgentResult<Lease>
-            => check_lease_ttl(ttl);
+        fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease>
+            => check_lease_ttl(renewal.ttl);
         fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()>;
     }
 }

@@ -5,12 +5,12 @@
 //! interleaves with. Writes under a lease read the lease row `FOR SHARE` in the statement
 //! that writes (`fence!`), so a takeover waits for them and a stale holder writes nothing.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use chrono::Utc;
 use keel_core::AgentResult;
-use keel_runtime::{lease_blocks, lease_ttl, AuthContext, Lease, LeaseAsk, ThreadLeases};
+use keel_runtime::{
+    lease_blocks, lease_ttl, AuthContext, Lease, LeaseAsk, LeaseRenewal, ThreadLeases,
+};
 
 use crate::codec::{
     execute, from_nanos, from_sql_int, query_one, query_opt, to_nanos, to_sql_int, transaction,
@@ -138,13 +138,9 @@ impl ThreadLeases for PostgresStore {
         Ok(Some(ask.granted(token, expires_at)))
     }
 
-    async fn renew_lease(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        ttl: Duration,
-    ) -> AgentResult<Lease> {
-        let ttl = lease_ttl(ttl)?;
+    async fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease> {
+        let lease = renewal.lease;
+        let ttl = lease_ttl(renewal.ttl)?;
         let (tenant, thread, token, now) = fence_args(auth, lease);
         let expires_at = from_nanos(now) + ttl;
         let _in_order = self.order.shared(&tenant, &thread).await;
@@ -159,10 +155,7 @@ impl ThreadLeases for PostgresStore {
         if renewed == 0 {
             return Err(lease.lost());
         }
-        Ok(Lease {
-            expires_at,
-            ..lease.clone()
-        })
+        Ok(renewal.renewed(expires_at))
     }
 
     async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult};
-use keel_runtime::{AuthContext, Lease, LeaseAsk, ThreadLeases};
+use keel_runtime::{AuthContext, Lease, LeaseAsk, LeaseRenewal, ThreadLeases};
 
 use crate::keys::kind;
 use crate::scripts;
@@ -49,13 +49,9 @@ impl ThreadLeases for RedisStore {
             .transpose()
     }
 
-    async fn renew_lease(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        ttl: Duration,
-    ) -> AgentResult<Lease> {
-        let ttl_ms = ttl_millis(ttl)?;
+    async fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease> {
+        let lease = renewal.lease;
+        let ttl_ms = ttl_millis(renewal.ttl)?;
         let expires_ms: i64 = scripts::RENEW_LEASE
             .key(self.keys(auth).of(kind::LEASE, lease.thread_id.as_str()))
             .arg(lease.token)
@@ -66,10 +62,7 @@ impl ThreadLeases for RedisStore {
         if expires_ms < 0 {
             return Err(lease.lost());
         }
-        Ok(Lease {
-            expires_at: expiry(expires_ms)?,
-            ..lease.clone()
-        })
+        Ok(renewal.renewed(expiry(expires_ms)?))
     }
 
     async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {

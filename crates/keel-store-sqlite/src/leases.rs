@@ -4,12 +4,12 @@
 //! decide, write" happens inside one transaction: two racers (in this process or, through
 //! SQLite's write lock, in another) can never both see the thread free.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use chrono::Utc;
 use keel_core::AgentResult;
-use keel_runtime::{lease_blocks, lease_ttl, AuthContext, Lease, LeaseAsk, ThreadLeases};
+use keel_runtime::{
+    lease_blocks, lease_ttl, AuthContext, Lease, LeaseAsk, LeaseRenewal, ThreadLeases,
+};
 use rusqlite::{params, Connection};
 
 use crate::codec::{from_nanos, from_sql_int, select_row, to_nanos, SqlContext};
@@ -79,34 +79,28 @@ impl ThreadLeases for SqliteStore {
         Ok(granted.map(|(token, expires_at)| ask.granted(token, expires_at)))
     }
 
-    async fn renew_lease(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        ttl: Duration,
-    ) -> AgentResult<Lease> {
-        let ttl = lease_ttl(ttl)?;
-        let (tenant, lease) = (auth.namespace(), lease.clone());
-        self.write(move |conn| {
-            check_fence(conn, &tenant, &lease)?;
-            let expires_at = Utc::now() + ttl;
-            conn.prepare_cached(
-                "UPDATE leases SET expires_at = ?3 WHERE tenant = ?1 AND thread_id = ?2",
-            )
-            .and_then(|mut stmt| {
-                stmt.execute(params![
-                    tenant,
-                    lease.thread_id.as_str(),
-                    to_nanos(expires_at)
-                ])
+    async fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease> {
+        let ttl = lease_ttl(renewal.ttl)?;
+        let (tenant, lease) = (auth.namespace(), renewal.lease.clone());
+        let expires_at = self
+            .write(move |conn| {
+                check_fence(conn, &tenant, &lease)?;
+                let expires_at = Utc::now() + ttl;
+                conn.prepare_cached(
+                    "UPDATE leases SET expires_at = ?3 WHERE tenant = ?1 AND thread_id = ?2",
+                )
+                .and_then(|mut stmt| {
+                    stmt.execute(params![
+                        tenant,
+                        lease.thread_id.as_str(),
+                        to_nanos(expires_at)
+                    ])
+                })
+                .context("renewing a lease")?;
+                Ok(expires_at)
             })
-            .context("renewing a lease")?;
-            Ok(Lease {
-                expires_at,
-                ..lease
-            })
-        })
-        .await
+            .await?;
+        Ok(renewal.renewed(expires_at))
     }
 
     async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {
