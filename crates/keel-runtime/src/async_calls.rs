@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use dashmap::DashMap;
-use keel_core::{AgentResult, ThreadId};
+use keel_core::{AgentError, AgentResult, ThreadId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -29,6 +29,19 @@ impl AsyncCallState {
             AsyncCallState::Pending => "pending",
             AsyncCallState::Delivered => "delivered",
             AsyncCallState::Expired => "expired",
+        }
+    }
+
+    /// The state stored as `name` (see [`AsyncCallState::as_str`]); any other name is
+    /// [`AgentError::Storage`] saying that `what` (the call or where it is kept) holds it.
+    pub fn from_stored(name: &str, what: &str) -> AgentResult<Self> {
+        match name {
+            "pending" => Ok(AsyncCallState::Pending),
+            "delivered" => Ok(AsyncCallState::Delivered),
+            "expired" => Ok(AsyncCallState::Expired),
+            other => Err(AgentError::storage(format!(
+                "{what} holds the unknown asynchronous-call state `{other}`"
+            ))),
         }
     }
 }
@@ -95,7 +108,36 @@ pub trait AsyncCallStore: Send + Sync {
         from: AsyncCallState,
         to: AsyncCallState,
         record: Value,
-    ) -> AgentResult<bool>;
+    ) -> AgentResult<bool> {
+        let step = AsyncCallMove {
+            auth,
+            call_id,
+            from,
+            to,
+            record,
+        };
+        self.move_call(step).await
+    }
+
+    /// Carry out [`AsyncCallStore::transition_async_call`] as one atomic step: what a
+    /// backend implements.
+    async fn move_call(&self, step: AsyncCallMove<'_>) -> AgentResult<bool>;
+}
+
+/// One move of [`AsyncCallStore::transition_async_call`]: `auth`'s call `call_id` goes from
+/// `from` to `to` with `record` as its new record, or nothing changes.
+#[derive(Debug, Clone)]
+pub struct AsyncCallMove<'a> {
+    /// The tenant that must own the call.
+    pub auth: &'a AuthContext,
+    /// The call.
+    pub call_id: &'a str,
+    /// The state it must be in.
+    pub from: AsyncCallState,
+    /// The state it moves to.
+    pub to: AsyncCallState,
+    /// Its new record.
+    pub record: Value,
 }
 
 /// An [`AsyncCallStore`] over a concurrent hash map.
@@ -122,23 +164,16 @@ impl AsyncCallStore for InMemoryAsyncCallStore {
         Ok(self.calls.get(call_id).map(|c| c.clone()))
     }
 
-    async fn transition_async_call(
-        &self,
-        auth: &AuthContext,
-        call_id: &str,
-        from: AsyncCallState,
-        to: AsyncCallState,
-        record: Value,
-    ) -> AgentResult<bool> {
+    async fn move_call(&self, step: AsyncCallMove<'_>) -> AgentResult<bool> {
         // The entry's shard lock makes the check and the write one step.
-        let Some(mut call) = self.calls.get_mut(call_id) else {
+        let Some(mut call) = self.calls.get_mut(step.call_id) else {
             return Ok(false);
         };
-        if call.auth != *auth || call.state != from {
+        if call.auth != *step.auth || call.state != step.from {
             return Ok(false);
         }
-        call.state = to;
-        call.record = record;
+        call.state = step.to;
+        call.record = step.record;
         Ok(true)
     }
 }

@@ -76,6 +76,51 @@ pub fn lease_ttl(ttl: Duration) -> AgentResult<chrono::Duration> {
     chrono::Duration::from_std(ttl).map_err(AgentError::internal)
 }
 
+/// What [`ThreadLeases::take_lease`] is asked: `holder` wants `thread_id`'s lease for `ttl`,
+/// and with `reclaim` also when it holds a live one itself.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseAsk<'a> {
+    /// The thread.
+    pub thread_id: &'a ThreadId,
+    /// Who asks.
+    pub holder: &'a str,
+    /// How long the lease lives unless renewed.
+    pub ttl: Duration,
+    /// Whether `holder`'s own live lease is taken over (see [`ThreadLeases::reclaim_lease`]).
+    pub reclaim: bool,
+}
+
+impl LeaseAsk<'_> {
+    /// The lease this ask is granted: fencing token `token`, lapsing at `expires_at`.
+    pub fn granted(&self, token: u64, expires_at: DateTime<Utc>) -> Lease {
+        Lease {
+            thread_id: self.thread_id.clone(),
+            holder: self.holder.to_owned(),
+            token,
+            expires_at,
+        }
+    }
+}
+
+/// What [`ThreadLeases::renew_lease`] is asked: `lease` extended to `ttl` from now.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseRenewal<'a> {
+    /// The held lease.
+    pub lease: &'a Lease,
+    /// How long from now it lives unless renewed again.
+    pub ttl: Duration,
+}
+
+impl LeaseRenewal<'_> {
+    /// The renewed lease: the same lease (its token kept), lapsing at `expires_at`.
+    pub fn renewed(&self, expires_at: DateTime<Utc>) -> Lease {
+        Lease {
+            expires_at,
+            ..self.lease.clone()
+        }
+    }
+}
+
 /// Acquire, renew and release thread leases.
 #[async_trait]
 pub trait ThreadLeases: Send + Sync {
@@ -86,14 +131,7 @@ pub trait ThreadLeases: Send + Sync {
     /// [`ThreadLeases::acquire_lease`] or [`ThreadLeases::reclaim_lease`]. A backend that
     /// cannot tell its holders apart may take `reclaim` as `false`: a restarted process then
     /// waits for its old leases to lapse.
-    async fn take_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-        reclaim: bool,
-    ) -> AgentResult<Option<Lease>>;
+    async fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>>;
 
     /// Take the thread's lease for `ttl`, or `Ok(None)` when someone else holds a live one.
     /// Behind [`Validated`](crate::Validated) (as every [`Services`](crate::Services)
@@ -106,7 +144,13 @@ pub trait ThreadLeases: Send + Sync {
         holder: &str,
         ttl: Duration,
     ) -> AgentResult<Option<Lease>> {
-        self.take_lease(auth, thread_id, holder, ttl, false).await
+        let ask = LeaseAsk {
+            thread_id,
+            holder,
+            ttl,
+            reclaim: false,
+        };
+        self.take_lease(auth, &ask).await
     }
 
     /// [`ThreadLeases::acquire_lease`] that also takes a live lease `holder` itself holds: a
@@ -122,7 +166,13 @@ pub trait ThreadLeases: Send + Sync {
         holder: &str,
         ttl: Duration,
     ) -> AgentResult<Option<Lease>> {
-        self.take_lease(auth, thread_id, holder, ttl, true).await
+        let ask = LeaseAsk {
+            thread_id,
+            holder,
+            ttl,
+            reclaim: true,
+        };
+        self.take_lease(auth, &ask).await
     }
 
     /// Extend a held lease by `ttl` from now, keeping its token. An expired, released or
@@ -133,7 +183,12 @@ pub trait ThreadLeases: Send + Sync {
         auth: &AuthContext,
         lease: &Lease,
         ttl: Duration,
-    ) -> AgentResult<Lease>;
+    ) -> AgentResult<Lease> {
+        self.extend_lease(auth, &LeaseRenewal { lease, ttl }).await
+    }
+
+    /// Carry out [`ThreadLeases::renew_lease`]: what a backend implements.
+    async fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease>;
 
     /// Give the lease up. Releasing a lease that was already lost is not an error. After a
     /// release the lease is dead like an expired one: writing or renewing with it is

@@ -42,14 +42,18 @@ mod validated;
 
 use std::sync::Arc;
 
-pub use async_calls::{AsyncCall, AsyncCallState, AsyncCallStore, InMemoryAsyncCallStore};
+pub use async_calls::{
+    AsyncCall, AsyncCallMove, AsyncCallState, AsyncCallStore, InMemoryAsyncCallStore,
+};
 pub use auth::{ApiKeyAuthService, AuthContext, AuthService, Credentials, StaticAuthService};
 pub use changes::{ChangeFeed, StoreChange};
 /// The model trait, re-exported because [`Runtime::default_llm`] names it.
 pub use keel_llm::Llm;
-pub use lease::{lease_blocks, lease_ttl, Lease, ThreadLeases};
+pub use lease::{lease_blocks, lease_ttl, Lease, LeaseAsk, LeaseRenewal, ThreadLeases};
 pub use logging::{ConsoleLoggingService, LogLevel, LoggingService, TracingLoggingService};
-pub use memory::{InMemoryMemoryService, MemoryService, MemoryServiceExt};
+pub use memory::{
+    memory_expiry_nanos, InMemoryMemoryService, MemoryService, MemoryServiceExt, MemoryWrite,
+};
 pub use run_store::{
     InMemoryRunStore, IndexedRecord, RecordIndex, RunQuery, RunRecord, RunStore, TaskRecord,
 };
@@ -67,8 +71,8 @@ pub use thread::{
 };
 pub use thread_memory::InMemoryThreadStore;
 pub use timers::{
-    claim_expiry as timer_claim_expiry, new_timer_id, timer_claimable_by, ClaimedTimer,
-    InMemoryThreadTimers, ThreadTimers, TimerRecord,
+    timer_claimable_by, ClaimedTimer, InMemoryThreadTimers, ThreadTimers, TimerClaimRound,
+    TimerRecord,
 };
 pub use validated::Validated;
 

@@ -17,15 +17,10 @@ use crate::AuthContext;
 /// JSON values by key, namespaced by tenant, optionally expiring.
 #[async_trait]
 pub trait MemoryService: keel_core::MaybeSend + keel_core::MaybeSync {
-    /// Store `value` under `key` for this tenant, replacing what was there; it expires after
-    /// `ttl` when one is given. The one write every backend implements.
-    async fn save_value(
-        &self,
-        auth: &AuthContext,
-        key: &str,
-        value: Value,
-        ttl: Option<Duration>,
-    ) -> AgentResult<()>;
+    /// Carry out one write (see [`MemoryWrite`]): the one write every backend implements, in
+    /// one atomic step. Answers whether the value was stored: always, unless `if_absent`
+    /// found a live value.
+    async fn write_value(&self, auth: &AuthContext, write: MemoryWrite<'_>) -> AgentResult<bool>;
     /// Store `value` under `key` for this tenant, replacing what was there.
     async fn save_serialized(
         &self,
@@ -33,7 +28,8 @@ pub trait MemoryService: keel_core::MaybeSend + keel_core::MaybeSync {
         key: &str,
         value: Value,
     ) -> AgentResult<()> {
-        self.save_value(auth, key, value, None).await
+        let write = MemoryWrite::new(key, value, None);
+        self.write_value(auth, write).await.map(drop)
     }
     /// Like [`MemoryService::save_serialized`], but the value expires after `ttl`.
     async fn save_serialized_with_ttl(
@@ -43,7 +39,8 @@ pub trait MemoryService: keel_core::MaybeSend + keel_core::MaybeSync {
         value: Value,
         ttl: Duration,
     ) -> AgentResult<()> {
-        self.save_value(auth, key, value, Some(ttl)).await
+        let write = MemoryWrite::new(key, value, Some(ttl));
+        self.write_value(auth, write).await.map(drop)
     }
     /// The value under `key` for this tenant, if any and not expired.
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>>;
@@ -53,8 +50,7 @@ pub trait MemoryService: keel_core::MaybeSend + keel_core::MaybeSync {
     /// Store `value` under `key`, expiring after `ttl`, only if the key holds no live value;
     /// answers whether it was stored. This is a claim: of several callers (in any process
     /// on the store) racing for one key, exactly one gets `true` until the value expires or
-    /// is deleted. The default reads then writes, which is atomic only within one process
-    /// that serializes its calls; every shared backend overrides it with one atomic step.
+    /// is deleted.
     async fn save_if_absent(
         &self,
         auth: &AuthContext,
@@ -62,11 +58,44 @@ pub trait MemoryService: keel_core::MaybeSend + keel_core::MaybeSync {
         value: Value,
         ttl: Duration,
     ) -> AgentResult<bool> {
-        if self.load_serialized(auth, key).await?.is_some() {
-            return Ok(false);
+        let write = MemoryWrite {
+            if_absent: true,
+            ..MemoryWrite::new(key, value, Some(ttl))
+        };
+        self.write_value(auth, write).await
+    }
+}
+
+/// When a value written at `now` with `ttl` expires, both in nanoseconds since the epoch (the
+/// unit of the SQL backends' columns): `None` without a TTL or with one too long to
+/// represent, which never expires, as in the in-memory store.
+pub fn memory_expiry_nanos(now: i64, ttl: Option<Duration>) -> Option<i64> {
+    ttl.and_then(|ttl| i64::try_from(ttl.as_nanos()).ok())
+        .and_then(|ttl| now.checked_add(ttl))
+}
+
+/// One write of a [`MemoryService`] value, as a backend carries it out.
+#[derive(Debug, Clone)]
+pub struct MemoryWrite<'a> {
+    /// The key, in the caller's tenant.
+    pub key: &'a str,
+    /// The value.
+    pub value: Value,
+    /// When given, the value expires this long after the write.
+    pub ttl: Option<Duration>,
+    /// Store only when the key holds no live value (a claim); otherwise replace what is there.
+    pub if_absent: bool,
+}
+
+impl<'a> MemoryWrite<'a> {
+    /// A write that replaces what `key` holds.
+    pub fn new(key: &'a str, value: Value, ttl: Option<Duration>) -> Self {
+        Self {
+            key,
+            value,
+            ttl,
+            if_absent: false,
         }
-        self.save_serialized_with_ttl(auth, key, value, ttl).await?;
-        Ok(true)
     }
 }
 
@@ -186,20 +215,28 @@ impl InMemoryMemoryService {
 
 #[async_trait]
 impl MemoryService for InMemoryMemoryService {
-    async fn save_value(
-        &self,
-        auth: &AuthContext,
-        key: &str,
-        value: Value,
-        ttl: Option<Duration>,
-    ) -> AgentResult<()> {
-        let expires = ttl.and_then(|ttl| Instant::now().checked_add(ttl));
-        self.values
-            .insert(Scoped::new(auth, key.to_owned()), (value, expires));
-        if ttl.is_some() {
+    async fn write_value(&self, auth: &AuthContext, write: MemoryWrite<'_>) -> AgentResult<bool> {
+        let now = Instant::now();
+        let entry = (write.value, write.ttl.and_then(|ttl| now.checked_add(ttl)));
+        // The entry's shard lock makes the check and the write one step.
+        let stored = match self.values.entry(Scoped::new(auth, write.key.to_owned())) {
+            dashmap::Entry::Occupied(mut held) => {
+                let free = !write.if_absent || held.get().1.is_some_and(|e| e <= now);
+                if free {
+                    held.insert(entry);
+                }
+                free
+            }
+            dashmap::Entry::Vacant(free) => {
+                free.insert(entry);
+                true
+            }
+        };
+        // Outside the entry's lock: the sweep takes every shard's.
+        if stored && write.ttl.is_some() {
             self.after_expiring_write();
         }
-        Ok(())
+        Ok(stored)
     }
 
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>> {
@@ -230,37 +267,6 @@ impl MemoryService for InMemoryMemoryService {
             .values
             .remove(&scoped(auth, key) as &dyn ScopedParts<str>)
             .is_some_and(|(_, (_, expires))| expires.is_none_or(|e| e > now)))
-    }
-
-    async fn save_if_absent(
-        &self,
-        auth: &AuthContext,
-        key: &str,
-        value: Value,
-        ttl: Duration,
-    ) -> AgentResult<bool> {
-        let now = Instant::now();
-        let expires = now.checked_add(ttl);
-        // The entry's shard lock makes the check and the write one step.
-        let stored = match self.values.entry(Scoped::new(auth, key.to_owned())) {
-            dashmap::Entry::Occupied(mut held) => {
-                if held.get().1.is_some_and(|e| e <= now) {
-                    held.insert((value, expires));
-                    true
-                } else {
-                    false
-                }
-            }
-            dashmap::Entry::Vacant(free) => {
-                free.insert((value, expires));
-                true
-            }
-        };
-        // Outside the entry's lock: the sweep takes every shard's.
-        if stored {
-            self.after_expiring_write();
-        }
-        Ok(stored)
     }
 }
 

@@ -1,7 +1,6 @@
 //! In-memory thread storage: history, queue, key-value store, subagent registry and leases.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
@@ -13,8 +12,8 @@ use keel_core::{AgentResult, ThreadId};
 use serde_json::Value;
 
 use crate::{
-    lease_blocks, lease_ttl, AuthContext, ChildThread, HistoryEntry, KvLimits, Lease, QueuedItem,
-    SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
+    lease_blocks, lease_ttl, AuthContext, ChildThread, HistoryEntry, KvLimits, Lease, LeaseAsk,
+    LeaseRenewal, QueuedItem, SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
 };
 
 #[derive(Default)]
@@ -396,50 +395,30 @@ impl SubagentRegistry for InMemoryThreadStore {
 
 #[async_trait]
 impl ThreadLeases for InMemoryThreadStore {
-    async fn take_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-        reclaim: bool,
-    ) -> AgentResult<Option<Lease>> {
-        let ttl = lease_ttl(ttl)?;
-        let mut thread = self.thread_entry(auth, thread_id);
+    async fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>> {
+        let ttl = lease_ttl(ask.ttl)?;
+        let mut thread = self.thread_entry(auth, ask.thread_id);
         let now = Utc::now();
         let current = thread
             .lease
             .as_ref()
             .map(|l| (l.holder.as_str(), l.expires_at));
-        if lease_blocks(current, holder, reclaim, now) {
+        if lease_blocks(current, ask.holder, ask.reclaim, now) {
             return Ok(None);
         }
         let token = self
             .next_token
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        let lease = Lease {
-            thread_id: thread_id.clone(),
-            holder: holder.to_owned(),
-            token,
-            expires_at: now + ttl,
-        };
+        let lease = ask.granted(token, now + ttl);
         thread.lease = Some(lease.clone());
         Ok(Some(lease))
     }
 
-    async fn renew_lease(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        ttl: Duration,
-    ) -> AgentResult<Lease> {
-        let ttl = lease_ttl(ttl)?;
-        let mut thread = self.fenced(auth, lease)?;
-        let renewed = Lease {
-            expires_at: Utc::now() + ttl,
-            ..lease.clone()
-        };
+    async fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease> {
+        let ttl = lease_ttl(renewal.ttl)?;
+        let mut thread = self.fenced(auth, renewal.lease)?;
+        let renewed = renewal.renewed(Utc::now() + ttl);
         thread.lease = Some(renewed.clone());
         Ok(renewed)
     }
@@ -465,6 +444,7 @@ impl ThreadLeases for InMemoryThreadStore {
 mod tests {
     use super::*;
     use keel_core::AgentError;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn writes_with_a_made_up_lease_create_no_thread() {
@@ -498,6 +478,7 @@ mod tests {
 mod retention_tests {
     use super::*;
     use crate::{ThreadKv, ThreadLeases};
+    use std::time::Duration;
 
     #[tokio::test]
     async fn idle_threads_are_evicted_past_the_cap_and_busy_ones_are_kept() {

@@ -17,7 +17,7 @@ use crate::AuthContext;
 /// One scheduled timer: fire effect `name` with `payload` on a thread at `due_at`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TimerRecord {
-    /// The timer's id (a UUID v7 string, given by the store).
+    /// The timer's id (a UUID v7 string, given by [`ThreadTimers::schedule_timer`]).
     pub id: String,
     /// The tenant that owns the thread; claims across tenants carry it to the firing.
     pub auth: AuthContext,
@@ -40,31 +40,6 @@ pub struct TimerRecord {
     /// claimer died before completing it and the timer is fired again.
     #[serde(default)]
     pub attempts: u32,
-}
-
-impl TimerRecord {
-    /// A new, never claimed timer with a fresh id, as a store records it when
-    /// [`ThreadTimers::schedule_timer`] is called.
-    pub fn new(
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        agent: &str,
-        name: &str,
-        payload: Value,
-        due_at: DateTime<Utc>,
-    ) -> Self {
-        Self {
-            id: new_timer_id(),
-            auth: auth.clone(),
-            thread_id: thread_id.clone(),
-            agent: agent.to_owned(),
-            name: name.to_owned(),
-            payload,
-            due_at,
-            created_at: Utc::now(),
-            attempts: 0,
-        }
-    }
 }
 
 /// A timer claimed by [`ThreadTimers::claim_due_timers`]: nobody else can claim it until
@@ -93,7 +68,8 @@ pub struct ClaimedTimer {
 #[async_trait]
 pub trait ThreadTimers: Send + Sync {
     /// Store a timer for `thread_id`, fired by `agent`'s scheduler, due at `due_at` (a time in
-    /// the past is due at once) and return it with its new id.
+    /// the past is due at once) and return it with its new id. Builds the record and hands it
+    /// to [`ThreadTimers::insert_timer`].
     async fn schedule_timer(
         &self,
         auth: &AuthContext,
@@ -102,7 +78,26 @@ pub trait ThreadTimers: Send + Sync {
         name: &str,
         payload: Value,
         due_at: DateTime<Utc>,
-    ) -> AgentResult<TimerRecord>;
+    ) -> AgentResult<TimerRecord> {
+        let timer = TimerRecord {
+            // UUID v7, so ids sort by creation time (decision 5).
+            id: uuid::Uuid::now_v7().to_string(),
+            auth: auth.clone(),
+            thread_id: thread_id.clone(),
+            agent: agent.to_owned(),
+            name: name.to_owned(),
+            payload,
+            due_at,
+            created_at: Utc::now(),
+            attempts: 0,
+        };
+        self.insert_timer(&timer).await?;
+        Ok(timer)
+    }
+
+    /// Store a new, never claimed timer, claimable from its `due_at`: what a backend
+    /// implements behind [`ThreadTimers::schedule_timer`].
+    async fn insert_timer(&self, timer: &TimerRecord) -> AgentResult<()>;
 
     /// Remove the tenant's timer `id`, claimed or not; `false` when this tenant has no such
     /// timer (unknown, already fired, or another tenant's).
@@ -119,14 +114,31 @@ pub trait ThreadTimers: Send + Sync {
     /// [`TimerRecord::agent`]) of any tenant that are due at `now` and not under a live claim,
     /// soonest first, each for `claim_ttl`. Behind [`Validated`](crate::Validated), a
     /// `claim_ttl` outside 1 ms ..= 24 h is
-    /// [`AgentError::InvalidInput`](keel_core::AgentError::InvalidInput) naming `ttl`.
+    /// [`AgentError::InvalidInput`](keel_core::AgentError::InvalidInput) naming `ttl`. Runs
+    /// [`ThreadTimers::claim_timers`] with the claim's expiry.
     async fn claim_due_timers(
         &self,
         agent: &str,
         now: DateTime<Utc>,
         limit: usize,
         claim_ttl: Duration,
-    ) -> AgentResult<Vec<ClaimedTimer>>;
+    ) -> AgentResult<Vec<ClaimedTimer>> {
+        let expires_at = now + crate::lease_ttl(claim_ttl)?;
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let round = TimerClaimRound {
+            agent,
+            now,
+            limit,
+            expires_at,
+        };
+        self.claim_timers(round).await
+    }
+
+    /// Claim the timers of `round` (at least one), soonest first: what a backend implements
+    /// behind [`ThreadTimers::claim_due_timers`].
+    async fn claim_timers(&self, round: TimerClaimRound<'_>) -> AgentResult<Vec<ClaimedTimer>>;
 
     /// Remove a timer that was fired under `claim`. `false` (and nothing changes) when the
     /// claim is no longer the timer's (it lapsed and was claimed again) or the timer is gone.
@@ -138,20 +150,34 @@ pub trait ThreadTimers: Send + Sync {
     async fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>>;
 }
 
-/// A fresh timer id: UUID v7, so ids sort by creation time (decision 5).
-pub fn new_timer_id() -> String {
-    uuid::Uuid::now_v7().to_string()
+/// One claim of due timers as a backend runs it: up to `limit` of `agent`'s timers (and
+/// ownerless ones) that are claimable at `now`, each claimed until `expires_at`.
+#[derive(Debug, Clone, Copy)]
+pub struct TimerClaimRound<'a> {
+    /// The agent whose scheduler claims.
+    pub agent: &'a str,
+    /// The time a timer must be claimable by.
+    pub now: DateTime<Utc>,
+    /// The most timers to claim (at least 1).
+    pub limit: usize,
+    /// When each claim lapses.
+    pub expires_at: DateTime<Utc>,
+}
+
+impl TimerClaimRound<'_> {
+    /// `timer` (with `attempts` counting this claim) claimed in this round under `claim`.
+    pub fn claimed(&self, timer: TimerRecord, claim: String) -> ClaimedTimer {
+        ClaimedTimer {
+            timer,
+            claim,
+            claim_expires_at: self.expires_at,
+        }
+    }
 }
 
 /// Whether `agent`'s scheduler claims `timer`: its own, or an ownerless one.
 pub fn timer_claimable_by(timer: &TimerRecord, agent: &str) -> bool {
     timer.agent == agent || timer.agent.is_empty()
-}
-
-/// When a claim taken at `now` for `claim_ttl` lapses (its bounds are checked by
-/// [`Validated`](crate::Validated)).
-pub fn claim_expiry(now: DateTime<Utc>, claim_ttl: Duration) -> AgentResult<DateTime<Utc>> {
-    Ok(now + crate::lease_ttl(claim_ttl)?)
 }
 
 struct MemoryTimer {
@@ -181,26 +207,17 @@ impl InMemoryThreadTimers {
 
 #[async_trait]
 impl ThreadTimers for InMemoryThreadTimers {
-    async fn schedule_timer(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        agent: &str,
-        name: &str,
-        payload: Value,
-        due_at: DateTime<Utc>,
-    ) -> AgentResult<TimerRecord> {
-        let record = TimerRecord::new(auth, thread_id, agent, name, payload, due_at);
+    async fn insert_timer(&self, timer: &TimerRecord) -> AgentResult<()> {
         self.lock().insert(
-            record.id.clone(),
+            timer.id.clone(),
             MemoryTimer {
-                namespace: auth.namespace(),
-                record: record.clone(),
-                ready_at: due_at,
+                namespace: timer.auth.namespace(),
+                record: timer.clone(),
+                ready_at: timer.due_at,
                 claim: None,
             },
         );
-        Ok(record)
+        Ok(())
     }
 
     async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool> {
@@ -230,35 +247,24 @@ impl ThreadTimers for InMemoryThreadTimers {
         Ok(found)
     }
 
-    async fn claim_due_timers(
-        &self,
-        agent: &str,
-        now: DateTime<Utc>,
-        limit: usize,
-        claim_ttl: Duration,
-    ) -> AgentResult<Vec<ClaimedTimer>> {
-        let expires = claim_expiry(now, claim_ttl)?;
+    async fn claim_timers(&self, round: TimerClaimRound<'_>) -> AgentResult<Vec<ClaimedTimer>> {
         let mut timers = self.lock();
         let mut due: Vec<(DateTime<Utc>, String)> = timers
             .values()
-            .filter(|t| t.ready_at <= now && timer_claimable_by(&t.record, agent))
+            .filter(|t| t.ready_at <= round.now && timer_claimable_by(&t.record, round.agent))
             .map(|t| (t.ready_at, t.record.id.clone()))
             .collect();
         due.sort();
         let mut claimed = Vec::new();
-        for (_, id) in due.into_iter().take(limit) {
+        for (_, id) in due.into_iter().take(round.limit) {
             let Some(timer) = timers.get_mut(&id) else {
                 continue;
             };
             let claim = uuid::Uuid::new_v4().simple().to_string();
-            timer.ready_at = expires;
+            timer.ready_at = round.expires_at;
             timer.claim = Some(claim.clone());
             timer.record.attempts += 1;
-            claimed.push(ClaimedTimer {
-                timer: timer.record.clone(),
-                claim,
-                claim_expires_at: expires,
-            });
+            claimed.push(round.claimed(timer.record.clone(), claim));
         }
         Ok(claimed)
     }

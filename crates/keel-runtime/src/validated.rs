@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use crate::{
     check_lease_ttl, AuthContext, ChildThread, ClaimedTimer, HistoryEntry, KvLimits, Lease,
-    QueuedItem, SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue, ThreadTimers,
-    TimerRecord,
+    LeaseAsk, LeaseRenewal, QueuedItem, SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases,
+    ThreadQueue, ThreadTimers, TimerClaimRound, TimerRecord,
 };
 
 /// A backend's thread store and timers behind the input checks every backend shares: a
@@ -95,21 +95,22 @@ validated_impl! {
 
 validated_impl! {
     impl ThreadLeases {
-        fn take_lease(&self, auth: &AuthContext, thread_id: &ThreadId, holder: &str, ttl: Duration, reclaim: bool) -> AgentResult<Option<Lease>>
-            => check_lease_ttl(ttl);
-        fn renew_lease(&self, auth: &AuthContext, lease: &Lease, ttl: Duration) -> AgentResult<Lease>
-            => check_lease_ttl(ttl);
+        fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>>
+            => check_lease_ttl(ask.ttl);
+        fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease>
+            => check_lease_ttl(renewal.ttl);
         fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()>;
     }
 }
 
 validated_impl! {
     impl ThreadTimers {
-        fn schedule_timer(&self, auth: &AuthContext, thread_id: &ThreadId, agent: &str, name: &str, payload: Value, due_at: DateTime<Utc>) -> AgentResult<TimerRecord>;
+        fn insert_timer(&self, timer: &TimerRecord) -> AgentResult<()>;
         fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool>;
         fn thread_timers(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<TimerRecord>>;
         fn claim_due_timers(&self, agent: &str, now: DateTime<Utc>, limit: usize, claim_ttl: Duration) -> AgentResult<Vec<ClaimedTimer>>
             => check_lease_ttl(claim_ttl);
+        fn claim_timers(&self, round: TimerClaimRound<'_>) -> AgentResult<Vec<ClaimedTimer>>;
         fn complete_timer(&self, claim: &ClaimedTimer) -> AgentResult<bool>;
         fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>>;
     }

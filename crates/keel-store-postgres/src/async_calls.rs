@@ -3,9 +3,8 @@
 //! the tenant and the state in the statement that writes.
 
 use async_trait::async_trait;
-use keel_core::{AgentError, AgentResult, ThreadId};
-use keel_runtime::{AsyncCall, AsyncCallState, AsyncCallStore, AuthContext};
-use serde_json::Value;
+use keel_core::{AgentResult, ThreadId};
+use keel_runtime::{AsyncCall, AsyncCallMove, AsyncCallState, AsyncCallStore, AuthContext};
 
 use crate::codec::{decode_value, encode_value, execute, query_opt};
 use crate::PostgresStore;
@@ -20,17 +19,6 @@ const FIND: &str = "SELECT app_name, user_name, thread_id, state, record \
      FROM async_calls WHERE call_id = $1";
 const TRANSITION: &str = "UPDATE async_calls SET state = $1, record = $2 \
      WHERE call_id = $3 AND tenant = $4 AND state = $5";
-
-fn parse_state(name: &str, call_id: &str) -> AgentResult<AsyncCallState> {
-    match name {
-        "pending" => Ok(AsyncCallState::Pending),
-        "delivered" => Ok(AsyncCallState::Delivered),
-        "expired" => Ok(AsyncCallState::Expired),
-        other => Err(AgentError::storage(format!(
-            "asynchronous call `{call_id}` has the unknown state `{other}`"
-        ))),
-    }
-}
 
 #[async_trait]
 impl AsyncCallStore for PostgresStore {
@@ -63,7 +51,10 @@ impl AsyncCallStore for PostgresStore {
             return Ok(None);
         };
         Ok(Some(AsyncCall {
-            state: parse_state(row.get(3), call_id)?,
+            state: AsyncCallState::from_stored(
+                row.get(3),
+                &format!("asynchronous call `{call_id}`"),
+            )?,
             record: decode_value(row.get(4), &format!("asynchronous call `{call_id}`"))?,
             auth: AuthContext::new(row.get::<_, String>(0), row.get::<_, String>(1)),
             thread_id: ThreadId::from(row.get::<_, String>(2)),
@@ -71,25 +62,18 @@ impl AsyncCallStore for PostgresStore {
         }))
     }
 
-    async fn transition_async_call(
-        &self,
-        auth: &AuthContext,
-        call_id: &str,
-        from: AsyncCallState,
-        to: AsyncCallState,
-        record: Value,
-    ) -> AgentResult<bool> {
-        let record = encode_value(&record)?;
+    async fn move_call(&self, step: AsyncCallMove<'_>) -> AgentResult<bool> {
+        let record = encode_value(&step.record)?;
         let client = self.client().await?;
         let changed = execute(
             &client,
             TRANSITION,
             &[
-                &to.as_str(),
+                &step.to.as_str(),
                 &record,
-                &call_id,
-                &auth.namespace(),
-                &from.as_str(),
+                &step.call_id,
+                &step.auth.namespace(),
+                &step.from.as_str(),
             ],
             "moving an asynchronous call",
         )

@@ -5,12 +5,12 @@
 //! interleaves with. Writes under a lease read the lease row `FOR SHARE` in the statement
 //! that writes (`fence!`), so a takeover waits for them and a stale holder writes nothing.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use chrono::Utc;
-use keel_core::{AgentResult, ThreadId};
-use keel_runtime::{lease_blocks, lease_ttl, AuthContext, Lease, ThreadLeases};
+use keel_core::AgentResult;
+use keel_runtime::{
+    lease_blocks, lease_ttl, AuthContext, Lease, LeaseAsk, LeaseRenewal, ThreadLeases,
+};
 
 use crate::codec::{
     execute, from_nanos, from_sql_int, query_one, query_opt, to_nanos, to_sql_int, transaction,
@@ -108,16 +108,9 @@ const RELEASE: &str = "DELETE FROM leases WHERE tenant = $1 AND thread_id = $2 A
 
 #[async_trait]
 impl ThreadLeases for PostgresStore {
-    async fn take_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-        reclaim: bool,
-    ) -> AgentResult<Option<Lease>> {
-        let ttl = lease_ttl(ttl)?;
-        let (tenant, thread) = (auth.namespace(), thread_id.as_str());
+    async fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>> {
+        let ttl = lease_ttl(ask.ttl)?;
+        let (tenant, thread) = (auth.namespace(), ask.thread_id.as_str());
         let _in_order = self.order.shared(&tenant, thread).await;
         let mut client = self.client().await?;
         let tx = transaction(&mut client, "taking a lease").await?;
@@ -128,7 +121,7 @@ impl ThreadLeases for PostgresStore {
         let current = held
             .as_ref()
             .map(|(current, expires_at)| (current.as_str(), *expires_at));
-        if lease_blocks(current, holder, reclaim, now) {
+        if lease_blocks(current, ask.holder, ask.reclaim, now) {
             // Dropping the transaction rolls it back and frees the thread's row.
             return Ok(None);
         }
@@ -136,26 +129,18 @@ impl ThreadLeases for PostgresStore {
         let row = query_one(
             &tx,
             WRITE_LEASE,
-            &[&tenant, &thread, &holder, &to_nanos(expires_at)],
+            &[&tenant, &thread, &ask.holder, &to_nanos(expires_at)],
             "taking a lease",
         )
         .await?;
         tx.commit().await.map_err(doing("taking a lease"))?;
-        Ok(Some(Lease {
-            thread_id: thread_id.clone(),
-            holder: holder.to_owned(),
-            token: from_sql_int(row.get(0), "lease token")?,
-            expires_at,
-        }))
+        let token = from_sql_int(row.get(0), "lease token")?;
+        Ok(Some(ask.granted(token, expires_at)))
     }
 
-    async fn renew_lease(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        ttl: Duration,
-    ) -> AgentResult<Lease> {
-        let ttl = lease_ttl(ttl)?;
+    async fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease> {
+        let lease = renewal.lease;
+        let ttl = lease_ttl(renewal.ttl)?;
         let (tenant, thread, token, now) = fence_args(auth, lease);
         let expires_at = from_nanos(now) + ttl;
         let _in_order = self.order.shared(&tenant, &thread).await;
@@ -170,10 +155,7 @@ impl ThreadLeases for PostgresStore {
         if renewed == 0 {
             return Err(lease.lost());
         }
-        Ok(Lease {
-            expires_at,
-            ..lease.clone()
-        })
+        Ok(renewal.renewed(expires_at))
     }
 
     async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {

@@ -4,12 +4,10 @@
 //! expiring values also sweep expired rows (through a partial index), so TTL values do not
 //! pile up.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use chrono::Utc;
 use keel_core::AgentResult;
-use keel_runtime::{AuthContext, MemoryService};
+use keel_runtime::{memory_expiry_nanos, AuthContext, MemoryService, MemoryWrite};
 use serde_json::Value;
 
 use crate::changes::notify;
@@ -47,48 +45,36 @@ const LOAD: &str = "SELECT value FROM memory WHERE tenant = $1 AND key = $2 \
 const DELETE: &str = "DELETE FROM memory WHERE tenant = $1 AND key = $2 \
      RETURNING expires_at IS NULL OR expires_at > $3";
 
-/// When a value saved at `now` (ns) with `ttl` expires; a TTL too long to represent never
-/// does, as in the in-memory store.
-fn expiry(now: i64, ttl: Option<Duration>) -> Option<i64> {
-    ttl.and_then(|ttl| i64::try_from(ttl.as_nanos()).ok())
-        .and_then(|ttl| now.checked_add(ttl))
-}
-
-impl PostgresStore {
-    async fn save_memory(
-        &self,
-        auth: &AuthContext,
-        key: &str,
-        value: &Value,
-        ttl: Option<Duration>,
-    ) -> AgentResult<()> {
-        let text = encode_value(value)?;
+#[async_trait]
+impl MemoryService for PostgresStore {
+    async fn write_value(&self, auth: &AuthContext, write: MemoryWrite<'_>) -> AgentResult<bool> {
+        let text = encode_value(&write.value)?;
         let now = to_nanos(Utc::now());
+        let (tenant, key) = (auth.namespace(), write.key);
+        let expires_at = memory_expiry_nanos(now, write.ttl);
         let client = self.client().await?;
-        if ttl.is_some() {
+        if write.if_absent {
+            // One statement: the check and the write are atomic under concurrent claimers.
+            let stored = execute(
+                &client,
+                SAVE_IF_ABSENT,
+                &[&tenant, &key, &text, &expires_at, &now],
+                "claiming a memory key",
+            )
+            .await?;
+            return Ok(stored > 0);
+        }
+        if write.ttl.is_some() {
             execute(&client, SWEEP, &[&now], "removing expired memory values").await?;
         }
         execute(
             &client,
             SAVE,
-            &[&auth.namespace(), &key, &text, &expiry(now, ttl)],
+            &[&tenant, &key, &text, &expires_at],
             "saving a memory value",
         )
         .await?;
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl MemoryService for PostgresStore {
-    async fn save_value(
-        &self,
-        auth: &AuthContext,
-        key: &str,
-        value: Value,
-        ttl: Option<Duration>,
-    ) -> AgentResult<()> {
-        self.save_memory(auth, key, &value, ttl).await
+        Ok(true)
     }
 
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>> {
@@ -102,33 +88,6 @@ impl MemoryService for PostgresStore {
         .await?;
         row.map(|row| decode_value(row.get(0), &format!("memory value `{key}`")))
             .transpose()
-    }
-
-    async fn save_if_absent(
-        &self,
-        auth: &AuthContext,
-        key: &str,
-        value: Value,
-        ttl: Duration,
-    ) -> AgentResult<bool> {
-        let text = encode_value(&value)?;
-        let now = to_nanos(Utc::now());
-        let client = self.client().await?;
-        // One statement: the check and the write are atomic under concurrent claimers.
-        let stored = execute(
-            &client,
-            SAVE_IF_ABSENT,
-            &[
-                &auth.namespace(),
-                &key,
-                &text,
-                &expiry(now, Some(ttl)),
-                &now,
-            ],
-            "claiming a memory key",
-        )
-        .await?;
-        Ok(stored > 0)
     }
 
     async fn delete(&self, auth: &AuthContext, key: &str) -> AgentResult<bool> {

@@ -2,13 +2,10 @@
 //! schedulers, claimed with `FOR UPDATE SKIP LOCKED` so that concurrent schedulers (in this
 //! process or others) take disjoint timers without waiting on each other.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::{AgentResult, ThreadId};
-use keel_runtime::{timer_claim_expiry, AuthContext, ClaimedTimer, ThreadTimers, TimerRecord};
-use serde_json::Value;
+use keel_runtime::{AuthContext, ClaimedTimer, ThreadTimers, TimerClaimRound, TimerRecord};
 
 use crate::codec::{
     decode_record, encode_record, execute, from_nanos, query, query_one, to_nanos, to_sql_int,
@@ -46,33 +43,24 @@ fn timer_of(body: &str, attempts: i32, id: &str) -> AgentResult<TimerRecord> {
 
 #[async_trait]
 impl ThreadTimers for PostgresStore {
-    async fn schedule_timer(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        agent: &str,
-        name: &str,
-        payload: Value,
-        due_at: DateTime<Utc>,
-    ) -> AgentResult<TimerRecord> {
-        let timer = TimerRecord::new(auth, thread_id, agent, name, payload, due_at);
-        let body = encode_record(&timer)?;
+    async fn insert_timer(&self, timer: &TimerRecord) -> AgentResult<()> {
+        let body = encode_record(timer)?;
         let client = self.client().await?;
         execute(
             &client,
             SCHEDULE,
             &[
                 &timer.id,
-                &auth.namespace(),
-                &thread_id.as_str(),
-                &agent,
-                &to_nanos(due_at),
+                &timer.auth.namespace(),
+                &timer.thread_id.as_str(),
+                &timer.agent,
+                &to_nanos(timer.due_at),
                 &body,
             ],
             "scheduling a timer",
         )
         .await?;
-        Ok(timer)
+        Ok(())
     }
 
     async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool> {
@@ -105,24 +93,17 @@ impl ThreadTimers for PostgresStore {
             .collect()
     }
 
-    async fn claim_due_timers(
-        &self,
-        agent: &str,
-        now: DateTime<Utc>,
-        limit: usize,
-        claim_ttl: Duration,
-    ) -> AgentResult<Vec<ClaimedTimer>> {
-        let expires = timer_claim_expiry(now, claim_ttl)?;
+    async fn claim_timers(&self, round: TimerClaimRound<'_>) -> AgentResult<Vec<ClaimedTimer>> {
         let batch = uuid::Uuid::new_v4().simple().to_string();
         let client = self.client().await?;
         let rows = query(
             &client,
             CLAIM,
             &[
-                &to_nanos(now),
-                &to_nanos(expires),
-                &to_sql_int(limit),
-                &agent,
+                &to_nanos(round.now),
+                &to_nanos(round.expires_at),
+                &to_sql_int(round.limit),
+                &round.agent,
                 &batch,
             ],
             "claiming due timers",
@@ -134,11 +115,7 @@ impl ThreadTimers for PostgresStore {
             .map(|row| {
                 let id: &str = row.get(0);
                 let ready_at: i64 = row.get(4);
-                let claim = ClaimedTimer {
-                    timer: timer_of(row.get(1), row.get(2), id)?,
-                    claim: row.get(3),
-                    claim_expires_at: expires,
-                };
+                let claim = round.claimed(timer_of(row.get(1), row.get(2), id)?, row.get(3));
                 Ok(((ready_at, id.to_owned()), claim))
             })
             .collect::<AgentResult<Vec<_>>>()?;

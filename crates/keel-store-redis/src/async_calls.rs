@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use keel_core::{AgentError, AgentResult, ThreadId};
-use keel_runtime::{AsyncCall, AsyncCallState, AsyncCallStore, AuthContext};
+use keel_runtime::{AsyncCall, AsyncCallMove, AsyncCallState, AsyncCallStore, AuthContext};
 use redis::Script;
 use serde_json::Value;
 
@@ -27,17 +27,6 @@ return 1
 ",
     )
 });
-
-fn parse_state(name: &str, key: &str) -> AgentResult<AsyncCallState> {
-    match name {
-        "pending" => Ok(AsyncCallState::Pending),
-        "delivered" => Ok(AsyncCallState::Delivered),
-        "expired" => Ok(AsyncCallState::Expired),
-        other => Err(AgentError::storage(format!(
-            "Redis key `{key}` holds the unknown asynchronous-call state `{other}`"
-        ))),
-    }
-}
 
 impl RedisStore {
     /// The key of a call. Tenant keys are `<prefix>{…}:`; this one has no brace after the
@@ -97,25 +86,18 @@ impl AsyncCallStore for RedisStore {
             call_id: call_id.to_owned(),
             auth: AuthContext::new(app_name, user_name),
             thread_id: ThreadId::from(thread_id),
-            state: parse_state(&state, &key)?,
+            state: AsyncCallState::from_stored(&state, &format!("Redis key `{key}`"))?,
             record,
         }))
     }
 
-    async fn transition_async_call(
-        &self,
-        auth: &AuthContext,
-        call_id: &str,
-        from: AsyncCallState,
-        to: AsyncCallState,
-        record: Value,
-    ) -> AgentResult<bool> {
-        let record = serde_json::to_string(&record).map_err(AgentError::internal)?;
+    async fn move_call(&self, step: AsyncCallMove<'_>) -> AgentResult<bool> {
+        let record = serde_json::to_string(&step.record).map_err(AgentError::internal)?;
         let moved: i64 = TRANSITION
-            .key(self.async_call_key(call_id))
-            .arg(auth.namespace())
-            .arg(from.as_str())
-            .arg(to.as_str())
+            .key(self.async_call_key(step.call_id))
+            .arg(step.auth.namespace())
+            .arg(step.from.as_str())
+            .arg(step.to.as_str())
             .arg(record)
             .invoke_async(&mut self.con())
             .await

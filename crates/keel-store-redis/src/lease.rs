@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use keel_core::{AgentError, AgentResult, ThreadId};
-use keel_runtime::{AuthContext, Lease, ThreadLeases};
+use keel_core::{AgentError, AgentResult};
+use keel_runtime::{AuthContext, Lease, LeaseAsk, LeaseRenewal, ThreadLeases};
 
 use crate::keys::kind;
 use crate::scripts;
@@ -32,44 +32,26 @@ fn expiry(millis: i64) -> AgentResult<DateTime<Utc>> {
 
 #[async_trait]
 impl ThreadLeases for RedisStore {
-    async fn take_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-        reclaim: bool,
-    ) -> AgentResult<Option<Lease>> {
-        let ttl_ms = ttl_millis(ttl)?;
+    async fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>> {
+        let ttl_ms = ttl_millis(ask.ttl)?;
         let keys = self.keys(auth);
         let granted: Option<(u64, i64)> = scripts::TAKE_LEASE
-            .key(keys.of(kind::LEASE, thread_id.as_str()))
-            .key(keys.of(kind::LEASE_TOKEN, thread_id.as_str()))
-            .arg(holder)
+            .key(keys.of(kind::LEASE, ask.thread_id.as_str()))
+            .key(keys.of(kind::LEASE_TOKEN, ask.thread_id.as_str()))
+            .arg(ask.holder)
             .arg(ttl_ms)
-            .arg(u8::from(reclaim))
+            .arg(u8::from(ask.reclaim))
             .invoke_async(&mut self.con())
             .await
             .map_err(|e| self.fail("acquire lease", &e))?;
         granted
-            .map(|(token, expires_ms)| {
-                Ok(Lease {
-                    thread_id: thread_id.clone(),
-                    holder: holder.to_owned(),
-                    token,
-                    expires_at: expiry(expires_ms)?,
-                })
-            })
+            .map(|(token, expires_ms)| Ok(ask.granted(token, expiry(expires_ms)?)))
             .transpose()
     }
 
-    async fn renew_lease(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        ttl: Duration,
-    ) -> AgentResult<Lease> {
-        let ttl_ms = ttl_millis(ttl)?;
+    async fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease> {
+        let lease = renewal.lease;
+        let ttl_ms = ttl_millis(renewal.ttl)?;
         let expires_ms: i64 = scripts::RENEW_LEASE
             .key(self.keys(auth).of(kind::LEASE, lease.thread_id.as_str()))
             .arg(lease.token)
@@ -80,10 +62,7 @@ impl ThreadLeases for RedisStore {
         if expires_ms < 0 {
             return Err(lease.lost());
         }
-        Ok(Lease {
-            expires_at: expiry(expires_ms)?,
-            ..lease.clone()
-        })
+        Ok(renewal.renewed(expiry(expires_ms)?))
     }
 
     async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {

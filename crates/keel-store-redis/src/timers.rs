@@ -4,13 +4,10 @@
 //! its claim's expiry); a Lua script claims atomically, so processes sharing the server never
 //! get the same timer while a claim lives.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::{AgentResult, ThreadId};
-use keel_runtime::{timer_claim_expiry, AuthContext, ClaimedTimer, ThreadTimers, TimerRecord};
-use serde_json::Value;
+use keel_runtime::{AuthContext, ClaimedTimer, ThreadTimers, TimerClaimRound, TimerRecord};
 
 use crate::encoding::{decode, encode, micros};
 use crate::keys::system;
@@ -106,30 +103,21 @@ impl RedisStore {
 
 #[async_trait]
 impl ThreadTimers for RedisStore {
-    async fn schedule_timer(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        agent: &str,
-        name: &str,
-        payload: Value,
-        due_at: DateTime<Utc>,
-    ) -> AgentResult<TimerRecord> {
-        let timer = TimerRecord::new(auth, thread_id, agent, name, payload, due_at);
+    async fn insert_timer(&self, timer: &TimerRecord) -> AgentResult<()> {
         scripts::SCHEDULE_TIMER
-            .key(self.due_key(agent))
+            .key(self.due_key(&timer.agent))
             .key(self.timer_key(&timer.id))
-            .key(self.thread_timers_key(auth, thread_id))
+            .key(self.thread_timers_key(&timer.auth, &timer.thread_id))
             .arg(&timer.id)
-            .arg(micros(due_at))
-            .arg(auth.namespace())
-            .arg(thread_id.as_str())
-            .arg(encode(&timer)?)
-            .arg(agent)
+            .arg(micros(timer.due_at))
+            .arg(timer.auth.namespace())
+            .arg(timer.thread_id.as_str())
+            .arg(encode(timer)?)
+            .arg(&timer.agent)
             .invoke_async::<i64>(&mut self.con())
             .await
             .map_err(|e| self.fail("schedule timer", &e))?;
-        Ok(timer)
+        Ok(())
     }
 
     async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool> {
@@ -152,24 +140,14 @@ impl ThreadTimers for RedisStore {
             .collect()
     }
 
-    async fn claim_due_timers(
-        &self,
-        agent: &str,
-        now: DateTime<Utc>,
-        limit: usize,
-        claim_ttl: Duration,
-    ) -> AgentResult<Vec<ClaimedTimer>> {
-        let expires = timer_claim_expiry(now, claim_ttl)?;
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
+    async fn claim_timers(&self, round: TimerClaimRound<'_>) -> AgentResult<Vec<ClaimedTimer>> {
         let prefix = uuid::Uuid::new_v4().simple().to_string();
         let rows: Vec<(String, String, i64, String)> = scripts::CLAIM_TIMERS
-            .key(self.due_key(agent))
+            .key(self.due_key(round.agent))
             .key(self.due_key(""))
-            .arg(micros(now))
-            .arg(limit)
-            .arg(micros(expires))
+            .arg(micros(round.now))
+            .arg(round.limit)
+            .arg(micros(round.expires_at))
             .arg(self.system_base())
             .arg(&prefix)
             .invoke_async(&mut self.con())
@@ -177,11 +155,7 @@ impl ThreadTimers for RedisStore {
             .map_err(|e| self.fail("claim timers", &e))?;
         rows.into_iter()
             .map(|(id, body, attempts, claim)| {
-                Ok(ClaimedTimer {
-                    timer: self.timer_of(&id, &body, attempts)?,
-                    claim,
-                    claim_expires_at: expires,
-                })
+                Ok(round.claimed(self.timer_of(&id, &body, attempts)?, claim))
             })
             .collect()
     }

@@ -4,24 +4,12 @@
 //! across processes, so of two concurrent deliveries exactly one changes the row.
 
 use async_trait::async_trait;
-use keel_core::{AgentError, AgentResult, ThreadId};
-use keel_runtime::{AsyncCall, AsyncCallState, AsyncCallStore, AuthContext};
+use keel_core::{AgentResult, ThreadId};
+use keel_runtime::{AsyncCall, AsyncCallMove, AsyncCallState, AsyncCallStore, AuthContext};
 use rusqlite::params;
-use serde_json::Value;
 
 use crate::codec::{decode_value, encode_value, select_row, SqlContext};
 use crate::SqliteStore;
-
-fn parse_state(name: &str, call_id: &str) -> AgentResult<AsyncCallState> {
-    match name {
-        "pending" => Ok(AsyncCallState::Pending),
-        "delivered" => Ok(AsyncCallState::Delivered),
-        "expired" => Ok(AsyncCallState::Expired),
-        other => Err(AgentError::storage(format!(
-            "asynchronous call `{call_id}` has the unknown state `{other}`"
-        ))),
-    }
-}
 
 #[async_trait]
 impl AsyncCallStore for SqliteStore {
@@ -78,7 +66,10 @@ impl AsyncCallStore for SqliteStore {
                 return Ok(None);
             };
             Ok(Some(AsyncCall {
-                state: parse_state(&state, &call_id)?,
+                state: AsyncCallState::from_stored(
+                    &state,
+                    &format!("asynchronous call `{call_id}`"),
+                )?,
                 record: decode_value(&record, &format!("asynchronous call `{call_id}`"))?,
                 auth: AuthContext::new(app_name, user_name),
                 thread_id: ThreadId::from(thread_id),
@@ -88,16 +79,10 @@ impl AsyncCallStore for SqliteStore {
         .await
     }
 
-    async fn transition_async_call(
-        &self,
-        auth: &AuthContext,
-        call_id: &str,
-        from: AsyncCallState,
-        to: AsyncCallState,
-        record: Value,
-    ) -> AgentResult<bool> {
-        let record = encode_value(&record)?;
-        let (tenant, call_id) = (auth.namespace(), call_id.to_owned());
+    async fn move_call(&self, step: AsyncCallMove<'_>) -> AgentResult<bool> {
+        let record = encode_value(&step.record)?;
+        let (tenant, call_id) = (step.auth.namespace(), step.call_id.to_owned());
+        let (from, to) = (step.from, step.to);
         self.write(move |conn| {
             let changed = conn
                 .prepare_cached(

@@ -4,12 +4,12 @@
 //! decide, write" happens inside one transaction: two racers (in this process or, through
 //! SQLite's write lock, in another) can never both see the thread free.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use chrono::Utc;
-use keel_core::{AgentResult, ThreadId};
-use keel_runtime::{lease_blocks, lease_ttl, AuthContext, Lease, ThreadLeases};
+use keel_core::AgentResult;
+use keel_runtime::{
+    lease_blocks, lease_ttl, AuthContext, Lease, LeaseAsk, LeaseRenewal, ThreadLeases,
+};
 use rusqlite::{params, Connection};
 
 use crate::codec::{from_nanos, from_sql_int, select_row, to_nanos, SqlContext};
@@ -34,17 +34,11 @@ pub(crate) fn check_fence(conn: &Connection, tenant: &str, lease: &Lease) -> Age
 
 #[async_trait]
 impl ThreadLeases for SqliteStore {
-    async fn take_lease(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-        reclaim: bool,
-    ) -> AgentResult<Option<Lease>> {
-        let ttl = lease_ttl(ttl)?;
-        let (tenant, thread_id, holder) = (auth.namespace(), thread_id.clone(), holder.to_owned());
-        self.write(move |conn| {
+    async fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>> {
+        let ttl = lease_ttl(ask.ttl)?;
+        let (tenant, thread_id) = (auth.namespace(), ask.thread_id.clone());
+        let (holder, reclaim) = (ask.holder.to_owned(), ask.reclaim);
+        let granted = self.write(move |conn| {
             let now = Utc::now();
             let held: Option<(i64, String)> = select_row(
                 conn,
@@ -79,44 +73,34 @@ impl ThreadLeases for SqliteStore {
                 ])
             })
             .context("writing a lease")?;
-            Ok(Some(Lease {
-                thread_id,
-                holder,
-                token: from_sql_int(token, "lease token")?,
-                expires_at,
-            }))
+            Ok(Some((from_sql_int(token, "lease token")?, expires_at)))
         })
-        .await
+        .await?;
+        Ok(granted.map(|(token, expires_at)| ask.granted(token, expires_at)))
     }
 
-    async fn renew_lease(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        ttl: Duration,
-    ) -> AgentResult<Lease> {
-        let ttl = lease_ttl(ttl)?;
-        let (tenant, lease) = (auth.namespace(), lease.clone());
-        self.write(move |conn| {
-            check_fence(conn, &tenant, &lease)?;
-            let expires_at = Utc::now() + ttl;
-            conn.prepare_cached(
-                "UPDATE leases SET expires_at = ?3 WHERE tenant = ?1 AND thread_id = ?2",
-            )
-            .and_then(|mut stmt| {
-                stmt.execute(params![
-                    tenant,
-                    lease.thread_id.as_str(),
-                    to_nanos(expires_at)
-                ])
+    async fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease> {
+        let ttl = lease_ttl(renewal.ttl)?;
+        let (tenant, lease) = (auth.namespace(), renewal.lease.clone());
+        let expires_at = self
+            .write(move |conn| {
+                check_fence(conn, &tenant, &lease)?;
+                let expires_at = Utc::now() + ttl;
+                conn.prepare_cached(
+                    "UPDATE leases SET expires_at = ?3 WHERE tenant = ?1 AND thread_id = ?2",
+                )
+                .and_then(|mut stmt| {
+                    stmt.execute(params![
+                        tenant,
+                        lease.thread_id.as_str(),
+                        to_nanos(expires_at)
+                    ])
+                })
+                .context("renewing a lease")?;
+                Ok(expires_at)
             })
-            .context("renewing a lease")?;
-            Ok(Lease {
-                expires_at,
-                ..lease
-            })
-        })
-        .await
+            .await?;
+        Ok(renewal.renewed(expires_at))
     }
 
     async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {

@@ -4,49 +4,23 @@
 //! waits to be removed; writes also sweep expired rows (through a partial index on
 //! `expires_at`), so TTL values do not pile up on disk.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use chrono::Utc;
 use keel_core::AgentResult;
-use keel_runtime::{AuthContext, MemoryService};
+use keel_runtime::{memory_expiry_nanos, AuthContext, MemoryService, MemoryWrite};
 use rusqlite::{params, Connection};
 use serde_json::Value;
 
 use crate::codec::{decode_value, encode_value, select_text, to_nanos, SqlContext};
 use crate::SqliteStore;
 
-impl SqliteStore {
-    async fn save_memory(
-        &self,
-        auth: &AuthContext,
-        key: &str,
-        value: &Value,
-        ttl: Option<Duration>,
-    ) -> AgentResult<()> {
-        let text = encode_value(value)?;
-        let (tenant, key) = (auth.namespace(), key.to_owned());
-        self.write(move |conn| {
-            let now = to_nanos(Utc::now());
-            // A TTL too long to represent never expires, as in the in-memory store.
-            let expires_at = ttl.and_then(|ttl| {
-                i64::try_from(ttl.as_nanos())
-                    .ok()
-                    .and_then(|ttl| now.checked_add(ttl))
-            });
-            sweep_expired(conn, now)?;
-            conn.prepare_cached(
-                "INSERT INTO memory (tenant, key, value, expires_at) VALUES (?1, ?2, ?3, ?4) \
-                 ON CONFLICT (tenant, key) DO UPDATE SET \
-                 value = excluded.value, expires_at = excluded.expires_at",
-            )
-            .and_then(|mut stmt| stmt.execute(params![tenant, key, text, expires_at]))
-            .context("saving a memory value")?;
-            Ok(())
-        })
-        .await
-    }
-}
+/// Store a value, replacing what the key holds.
+const SAVE: &str = "INSERT INTO memory (tenant, key, value, expires_at) VALUES (?1, ?2, ?3, ?4) \
+     ON CONFLICT (tenant, key) DO UPDATE SET \
+     value = excluded.value, expires_at = excluded.expires_at";
+/// Store a value unless the key holds one (run after the sweep, so a live one).
+const CLAIM: &str = "INSERT INTO memory (tenant, key, value, expires_at) VALUES (?1, ?2, ?3, ?4) \
+     ON CONFLICT (tenant, key) DO NOTHING";
 
 /// Remove every expired value (of every tenant).
 fn sweep_expired(conn: &Connection, now: i64) -> AgentResult<()> {
@@ -58,14 +32,27 @@ fn sweep_expired(conn: &Connection, now: i64) -> AgentResult<()> {
 
 #[async_trait]
 impl MemoryService for SqliteStore {
-    async fn save_value(
-        &self,
-        auth: &AuthContext,
-        key: &str,
-        value: Value,
-        ttl: Option<Duration>,
-    ) -> AgentResult<()> {
-        self.save_memory(auth, key, &value, ttl).await
+    async fn write_value(&self, auth: &AuthContext, write: MemoryWrite<'_>) -> AgentResult<bool> {
+        let text = encode_value(&write.value)?;
+        let (tenant, key, ttl) = (auth.namespace(), write.key.to_owned(), write.ttl);
+        let (sql, doing) = if write.if_absent {
+            (CLAIM, "claiming a memory key")
+        } else {
+            (SAVE, "saving a memory value")
+        };
+        // The one writer thread runs the sweep and the insert back to back: an expired value
+        // is gone before the insert, and a live one makes a claim do nothing.
+        self.write(move |conn| {
+            let now = to_nanos(Utc::now());
+            sweep_expired(conn, now)?;
+            let expires_at = memory_expiry_nanos(now, ttl);
+            let stored = conn
+                .prepare_cached(sql)
+                .and_then(|mut stmt| stmt.execute(params![tenant, key, text, expires_at]))
+                .context(doing)?;
+            Ok(stored > 0)
+        })
+        .await
     }
 
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>> {
@@ -81,35 +68,6 @@ impl MemoryService for SqliteStore {
             )?;
             text.map(|text| decode_value(&text, &format!("memory value `{key}`")))
                 .transpose()
-        })
-        .await
-    }
-
-    async fn save_if_absent(
-        &self,
-        auth: &AuthContext,
-        key: &str,
-        value: Value,
-        ttl: Duration,
-    ) -> AgentResult<bool> {
-        let text = encode_value(&value)?;
-        let (tenant, key) = (auth.namespace(), key.to_owned());
-        // The one writer thread runs the sweep and the insert back to back: an expired value
-        // is gone before the insert, and a live one makes it do nothing.
-        self.write(move |conn| {
-            let now = to_nanos(Utc::now());
-            let expires_at = i64::try_from(ttl.as_nanos())
-                .ok()
-                .and_then(|ttl| now.checked_add(ttl));
-            sweep_expired(conn, now)?;
-            let inserted = conn
-                .prepare_cached(
-                    "INSERT INTO memory (tenant, key, value, expires_at) VALUES (?1, ?2, ?3, ?4) \
-                     ON CONFLICT (tenant, key) DO NOTHING",
-                )
-                .and_then(|mut stmt| stmt.execute(params![tenant, key, text, expires_at]))
-                .context("claiming a memory key")?;
-            Ok(inserted > 0)
         })
         .await
     }

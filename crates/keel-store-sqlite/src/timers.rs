@@ -2,14 +2,11 @@
 //! transaction (and under SQLite's write lock across processes), so two claimers never get
 //! the same timer while its claim lives.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::{AgentResult, ThreadId};
-use keel_runtime::{timer_claim_expiry, AuthContext, ClaimedTimer, ThreadTimers, TimerRecord};
+use keel_runtime::{AuthContext, ClaimedTimer, ThreadTimers, TimerClaimRound, TimerRecord};
 use rusqlite::params;
-use serde_json::Value;
 
 use crate::codec::{
     decode_record, encode_record, from_nanos, select_row, select_rows, to_nanos, usize_to_sql,
@@ -26,24 +23,15 @@ fn timer_of(body: &str, attempts: i64, id: &str) -> AgentResult<TimerRecord> {
 
 #[async_trait]
 impl ThreadTimers for SqliteStore {
-    async fn schedule_timer(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        agent: &str,
-        name: &str,
-        payload: Value,
-        due_at: DateTime<Utc>,
-    ) -> AgentResult<TimerRecord> {
-        let timer = TimerRecord::new(auth, thread_id, agent, name, payload, due_at);
-        let body = encode_record(&timer)?;
+    async fn insert_timer(&self, timer: &TimerRecord) -> AgentResult<()> {
+        let body = encode_record(timer)?;
         let (id, tenant, thread, agent) = (
             timer.id.clone(),
-            auth.namespace(),
-            thread_id.as_str().to_owned(),
-            agent.to_owned(),
+            timer.auth.namespace(),
+            timer.thread_id.as_str().to_owned(),
+            timer.agent.clone(),
         );
-        let due = to_nanos(due_at);
+        let due = to_nanos(timer.due_at);
         self.write(move |conn| {
             conn.prepare_cached(
                 "INSERT INTO thread_timers (id, tenant, thread_id, due_at, ready_at, body, agent) \
@@ -53,8 +41,7 @@ impl ThreadTimers for SqliteStore {
             .context("scheduling a timer")?;
             Ok(())
         })
-        .await?;
-        Ok(timer)
+        .await
     }
 
     async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool> {
@@ -91,16 +78,11 @@ impl ThreadTimers for SqliteStore {
         .await
     }
 
-    async fn claim_due_timers(
-        &self,
-        agent: &str,
-        now: DateTime<Utc>,
-        limit: usize,
-        claim_ttl: Duration,
-    ) -> AgentResult<Vec<ClaimedTimer>> {
-        let expires = timer_claim_expiry(now, claim_ttl)?;
-        let (now_n, expires_n, limit) = (to_nanos(now), to_nanos(expires), usize_to_sql(limit));
-        let agent = agent.to_owned();
+    async fn claim_timers(&self, round: TimerClaimRound<'_>) -> AgentResult<Vec<ClaimedTimer>> {
+        let (now_n, expires_n) = (to_nanos(round.now), to_nanos(round.expires_at));
+        let (limit, agent) = (usize_to_sql(round.limit), round.agent.to_owned());
+        // The writer needs the round without its borrowed agent (copied above).
+        let round = TimerClaimRound { agent: "", ..round };
         self.write(move |conn| {
             // '' marks a timer stored before timers had owners: any agent claims it.
             let rows: Vec<(String, String, i64)> = select_rows(
@@ -121,11 +103,7 @@ impl ThreadTimers for SqliteStore {
                 )
                 .and_then(|mut stmt| stmt.execute(params![id, expires_n, claim]))
                 .context("claiming a timer")?;
-                claimed.push(ClaimedTimer {
-                    timer: timer_of(&body, attempts + 1, &id)?,
-                    claim,
-                    claim_expires_at: expires,
-                });
+                claimed.push(round.claimed(timer_of(&body, attempts + 1, &id)?, claim));
             }
             Ok(claimed)
         })

@@ -13,7 +13,7 @@ use keel_llm::{LlmRole, MockLlm};
 use keel_runtime::testing::eventually;
 use keel_runtime::{
     AuthContext, ClaimedTimer, RunQuery, Runtime, Services, ThreadTimers,
-    TimerRecord,
+    TimerClaimRound, TimerRecord,
 };
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -256,18 +256,8 @@ struct WatchedTimers {
 
 #[async_trait::async_trait]
 impl ThreadTimers for WatchedTimers {
-    async fn schedule_timer(
-        &self,
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        agent: &str,
-        name: &str,
-        payload: Value,
-        due_at: chrono::DateTime<chrono::Utc>,
-    ) -> keel_core::AgentResult<TimerRecord> {
-        self.inner
-            .schedule_timer(auth, thread_id, agent, name, payload, due_at)
-            .await
+    async fn insert_timer(&self, timer: &TimerRecord) -> keel_core::AgentResult<()> {
+        self.inner.insert_timer(timer).await
     }
     async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> keel_core::AgentResult<bool> {
         self.inner.cancel_timer(auth, id).await
@@ -279,14 +269,11 @@ impl ThreadTimers for WatchedTimers {
     ) -> keel_core::AgentResult<Vec<TimerRecord>> {
         self.inner.thread_timers(auth, thread_id).await
     }
-    async fn claim_due_timers(
+    async fn claim_timers(
         &self,
-        agent: &str,
-        now: chrono::DateTime<chrono::Utc>,
-        limit: usize,
-        claim_ttl: Duration,
+        round: TimerClaimRound<'_>,
     ) -> keel_core::AgentResult<Vec<ClaimedTimer>> {
-        self.inner.claim_due_timers(agent, now, limit, claim_ttl).await
+        self.inner.claim_timers(round).await
     }
     async fn complete_timer(&self, claim: &ClaimedTimer) -> keel_core::AgentResult<bool> {
         self.inner.complete_timer(claim).await
