@@ -30,24 +30,17 @@ const KEY: &str = "console-test-key";
 
 /// An agent whose every action needs approval, with the sandboxed `run_code` tool, behind
 /// an API key.
-const CAREFUL: &str = r#"
+const CAREFUL: &str = concat!(
+    r#"
 [server]
 store = "memory"
 
 [[server.api_keys]]
 key = "${KEEL_TEST_CONSOLE_KEY}"
 tenant = "acme/alice"
-
-[[agents]]
-name = "careful"
-description = "Asks before it acts"
-
-[agents.tools]
-run_code = true
-
-[agents.policy]
-default = "require_approval"
-"#;
+"#,
+    support::careful_agent!()
+);
 
 fn screenshots() -> PathBuf {
     browser::test_dir()

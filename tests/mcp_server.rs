@@ -12,31 +12,25 @@ use support::{mcp_python, workspace_root, KeelServer, PythonSteps};
 
 /// Three offline agents: one that answers, one whose every action waits for approval, and
 /// one whose budget no answer fits.
-const CONFIG: &str = r#"
+const CONFIG: &str = concat!(
+    r#"
 [server]
 store = "memory"
 
 [[agents]]
 name = "helper"
 description = "Answers with the offline model"
-
-[[agents]]
-name = "careful"
-description = "Asks before it acts"
-
-[agents.tools]
-run_code = true
-
-[agents.policy]
-default = "require_approval"
-
+"#,
+    support::careful_agent!(),
+    r#"
 [[agents]]
 name = "thrifty"
 description = "Has almost no budget"
 
 [agents.budget]
 max_output_tokens = 1
-"#;
+"#
+);
 
 /// JSON-RPC's "invalid params".
 const INVALID_PARAMS: i64 = -32602;

@@ -13,7 +13,8 @@ const BOB: &str = "approvals-bob-key";
 
 /// An agent whose every action needs approval, with the sandboxed `run_code` tool, and two
 /// tenants.
-const CONFIG: &str = r#"
+const CONFIG: &str = concat!(
+    r#"
 [server]
 store = "memory"
 
@@ -24,17 +25,9 @@ tenant = "acme/alice"
 [[server.api_keys]]
 key = "${KEEL_TEST_BOB_KEY}"
 tenant = "globex/bob"
-
-[[agents]]
-name = "careful"
-description = "Asks before it acts"
-
-[agents.tools]
-run_code = true
-
-[agents.policy]
-default = "require_approval"
-"#;
+"#,
+    support::careful_agent!()
+);
 
 #[test]
 fn python_a2a_sdk_approves_and_denies_a_waiting_action() {

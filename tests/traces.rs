@@ -660,17 +660,7 @@ async fn json_log_lines_carry_the_trace_and_span_ids_of_the_exported_spans() {
 }
 
 /// An agent whose every action waits for approval, with the sandboxed `run_code` tool.
-const CAREFUL: &str = r#"
-[[agents]]
-name = "careful"
-description = "Asks before it acts"
-
-[agents.tools]
-run_code = true
-
-[agents.policy]
-default = "require_approval"
-"#;
+const CAREFUL: &str = support::careful_agent!();
 
 #[tokio::test]
 async fn a_run_approved_in_another_process_continues_its_trace_linked_to_the_earlier_spans() {

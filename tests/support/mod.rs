@@ -617,3 +617,24 @@ impl RunOnce {
             .unwrap_or_else(|err| panic!("run-once printed no JSON ({err}): {:?}", out.stdout))
     }
 }
+
+/// The `careful` agent of the tests' keel.toml files, as a literal for `concat!`: every
+/// action waits for approval, with the sandboxed `run_code` tool.
+#[allow(unused_macros)] // each test file uses a different subset
+macro_rules! careful_agent {
+    () => {
+        r#"
+[[agents]]
+name = "careful"
+description = "Asks before it acts"
+
+[agents.tools]
+run_code = true
+
+[agents.policy]
+default = "require_approval"
+"#
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use careful_agent;
