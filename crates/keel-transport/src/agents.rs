@@ -146,7 +146,10 @@ impl AgentsServer {
             .agents
             .iter()
             .zip(&handlers)
-            .map(|((name, _), handlers)| OperatorAgent::new(name.clone(), handlers.clone()))
+            .map(|((name, _), handlers)| {
+                let url = Self::agent_url(public_base_url, name);
+                OperatorAgent::new(name.clone(), url, handlers.clone())
+            })
             .collect();
         if let Some(at) = operator_agents
             .iter()

@@ -373,6 +373,7 @@ impl A2aServer {
         let handlers = self.handlers(public_base_url, closing, stopped);
         let agents = vec![crate::operator::OperatorAgent::new(
             self.executor.agent().card().name.clone(),
+            format!("{}/", public_base_url.trim_end_matches('/')),
             handlers.clone(),
         )];
         self.router_from(public_base_url, handlers, agents)

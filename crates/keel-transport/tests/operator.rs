@@ -513,6 +513,12 @@ async fn several_agents_are_listed_and_a_message_goes_to_the_one_it_names() {
     assert_eq!(names, ["records", "echo"], "the default first");
     assert_eq!(listed["agents"][0]["default"], true);
     assert_eq!(listed["agents"][1]["default"], false);
+    // Where each is served, as its served card says, not the URL its definition carries.
+    assert_eq!(
+        listed["agents"][0]["url"],
+        format!("{base}/agents/records/")
+    );
+    assert_eq!(listed["agents"][1]["url"], format!("{base}/agents/echo/"));
 
     let task: Value = http
         .post(format!("{base}/api/v1/threads/two/messages"))

@@ -45,7 +45,7 @@ pub(super) async fn agents(State(state): State<OperatorState>, _: Caller) -> Res
                 name: agent.name.clone(),
                 description: card.description.clone(),
                 version: card.version.clone(),
-                url: card.url.clone(),
+                url: agent.url.clone(),
                 skills: to_json(&card.skills),
                 capabilities: to_json(&card.capabilities),
                 default: i == 0,

@@ -40,19 +40,21 @@ use crate::variables::{caller_of, internal, refuse};
 /// The longest id a route takes.
 const MAX_ID_BYTES: usize = 256;
 
-/// An agent the operator API lists and sends messages to: its name on the server and the
-/// A2A operations over its executor.
+/// An agent the operator API lists and sends messages to: its name on the server, the URL
+/// it is served at and the A2A operations over its executor.
 #[derive(Clone)]
 pub(crate) struct OperatorAgent {
     name: String,
+    url: String,
     handlers: Handlers,
 }
 
 impl OperatorAgent {
-    /// The agent served as `name` through `handlers`.
-    pub(crate) fn new(name: impl Into<String>, handlers: Handlers) -> Self {
+    /// The agent served as `name` at `url` through `handlers`.
+    pub(crate) fn new(name: impl Into<String>, url: impl Into<String>, handlers: Handlers) -> Self {
         Self {
             name: name.into(),
+            url: url.into(),
             handlers,
         }
     }

@@ -43,7 +43,7 @@ pub(crate) struct AgentView {
     pub description: String,
     /// The card's version.
     pub version: String,
-    /// The card's URL.
+    /// The URL it is served at (its JSON-RPC endpoint, as its served card gives it).
     pub url: String,
     /// The card's skills.
     #[schema(value_type = Vec<Object>)]
