@@ -314,6 +314,7 @@ async fn a_tool_list_change_is_offered_at_the_next_step() {
             "fixture_change_tools",
             "fixture_fail",
             "fixture_slow",
+            "fixture_trace",
             "fixture_weird_name"
         ]
     );
@@ -324,6 +325,7 @@ async fn a_tool_list_change_is_offered_at_the_next_step() {
         "fixture_fail",
         "fixture_multiply",
         "fixture_slow",
+        "fixture_trace",
     ];
     assert_eq!(offered(&requests[1]), changed);
     assert_eq!(offered(&requests[2]), changed);
