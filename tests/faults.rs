@@ -1,5 +1,6 @@
 //! Fault injection: a process stopped dead at a step boundary, or killed, under concurrent
-//! load, on SQLite and Redis; the Redis store itself killed and restarted under load; a live
+//! load, on SQLite and Redis; the Redis store killed and the PostgreSQL server restarted
+//! under load; a live
 //! replica taking over a killed one's threads; a cancel answered while the thread is being
 //! taken over; a flood that fills a thread's queue refused with a retry-later. After each fault, no acknowledged task is
 //! lost, no model call whose answer was persisted is made again, the non-idempotent tool
@@ -1057,16 +1058,12 @@ impl Drop for PrivateRedis {
     }
 }
 
-/// `keel serve` on a private Redis, under load (jobs on their own threads, one model call
-/// chosen by the seed held); the Redis is killed and restarted there, then the held call
-/// goes on. Every acknowledged task is still there and completes (runs the outage cut off
-/// resume from their last persisted step instead of failing), and the journal tool ran at
-/// most once per call (exactly once for each call with a saved result).
+/// `keel serve` on a private Redis, under load; the Redis is killed and restarted there (see
+/// [`restart_under_load`]).
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread")]
 async fn a_redis_restart_under_load_loses_no_acknowledged_task_and_runs_no_tool_twice() {
     let seed = seed("redis restart under load");
-    let mut rng = fastrand::Rng::with_seed(seed);
     let mut redis = PrivateRedis::start().await;
     let store = Store {
         args: vec!["--store".into(), redis.url()],
@@ -1076,14 +1073,51 @@ async fn a_redis_restart_under_load_loses_no_acknowledged_task_and_runs_no_tool_
         },
         _dir: None,
     };
+    restart_under_load(&store, seed, async || {
+        redis.kill();
+        redis.spawn().await;
+    })
+    .await;
+}
+
+/// `keel serve` on a private PostgreSQL (never the one other tests share), under load; the
+/// database restarts there with a fast shutdown, dropping every connection of the pool and
+/// the change listener (see [`restart_under_load`]).
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_restart_under_load_loses_no_acknowledged_task_and_runs_no_tool_twice() {
+    let seed = seed("postgres restart under load");
+    let Some(postgres) = keel_store_postgres::testing::PrivateServer::start() else {
+        panic!("no PostgreSQL is installed (/usr/lib/postgresql/*/bin) to start a private one");
+    };
+    let store = Store {
+        args: vec!["--store".into(), postgres.url()],
+        config: StoreConfig::Postgres {
+            url: postgres.url(),
+        },
+        _dir: None,
+    };
+    restart_under_load(&store, seed, async || {
+        tokio::task::block_in_place(|| postgres.restart());
+    })
+    .await;
+}
+
+/// `keel serve` on `store`, under load (jobs on their own threads, one model call chosen by
+/// the seed held); `restart` restarts the store there, then the held call goes on. Every
+/// acknowledged task is still there and completes (runs the outage cut off resume from their
+/// last persisted step instead of failing), and the journal tool ran at most once per call
+/// (exactly once for each call with a saved result).
+async fn restart_under_load(store: &Store, seed: u64, restart: impl AsyncFnOnce()) {
+    let mut rng = fastrand::Rng::with_seed(seed);
     let dir = tempfile::tempdir().unwrap();
     let journal = dir.path().join("journal.txt");
     let model = ScriptedModel::start(STEPS).await;
     let call = rng.usize(1..=JOBS * (STEPS + 1));
-    println!("restarting Redis at model call {call}");
+    println!("restarting the store at model call {call}");
     model.hold_call.store(call, Ordering::SeqCst);
     model.hold.send_replace(true);
-    let server = serve(&store, &model, &journal, &[]);
+    let server = serve(store, &model, &journal, &[]);
     let rpc = Rpc::new(&server);
     let run = uuid_like();
     let mut sent = Vec::new();
@@ -1099,8 +1133,7 @@ async fn a_redis_restart_under_load_loses_no_acknowledged_task_and_runs_no_tool_
         |held| *held >= 1,
     )
     .await;
-    redis.kill();
-    redis.spawn().await;
+    restart().await;
     model.hold_call.store(0, Ordering::SeqCst);
     model.hold.send_replace(false);
     for (_, task_id) in &sent {

@@ -3,8 +3,6 @@
 //! server restarts; a write refused meanwhile is `StoreUnavailable`, every acknowledged write
 //! is there afterwards, the pool and the change listener come back.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,120 +10,8 @@ use std::time::Duration;
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent};
 use keel_runtime::{AuthContext, StepStore, TaskManager, ThreadHistory, ThreadLeases};
+use keel_store_postgres::testing::PrivateServer;
 use keel_store_postgres::{PostgresStore, StoreChange};
-
-/// A PostgreSQL of this test's own: a data directory in a temp dir, a free port.
-struct PrivateServer {
-    bin: PathBuf,
-    data: PathBuf,
-    port: u16,
-    root: bool,
-    _dir: tempfile::TempDir,
-}
-
-impl PrivateServer {
-    /// `None` when no PostgreSQL is installed to start one.
-    fn start() -> Option<PrivateServer> {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .ok()?
-            .filter_map(Result::ok)
-            .map(|e| e.path().join("bin"))
-            .find(|bin| bin.join("initdb").exists())?;
-        let root = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
-        let dir = tempfile::tempdir().unwrap();
-        if root {
-            assert!(Command::new("chown")
-                .args(["-R", "postgres:"])
-                .arg(dir.path())
-                .status()
-                .unwrap()
-                .success());
-        }
-        let data = dir.path().join("data");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let server = PrivateServer {
-            bin,
-            data,
-            port,
-            root,
-            _dir: dir,
-        };
-        assert!(server
-            .run("initdb")
-            .arg("-D")
-            .arg(&server.data)
-            .args(["-U", "postgres", "--auth=trust", "--no-sync"])
-            .stdout(Stdio::null())
-            .status()
-            .unwrap()
-            .success());
-        server.pg_ctl("start");
-        Some(server)
-    }
-
-    fn run(&self, program: &str) -> Command {
-        let program = self.bin.join(program);
-        if self.root {
-            let mut cmd = Command::new("runuser");
-            cmd.args(["-u", "postgres", "--"]).arg(program);
-            cmd
-        } else {
-            Command::new(program)
-        }
-    }
-
-    /// `pg_ctl <action>` (start, restart, stop), waiting for it to finish.
-    fn pg_ctl(&self, action: &str) {
-        let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
-            self.port,
-            socket_dir(&self.data).display()
-        );
-        let status = self
-            .run("pg_ctl")
-            .arg(action)
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-m", "fast", "-w", "-o", &options, "-l"])
-            .arg(self.data.parent().unwrap().join("log"))
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(status.success(), "pg_ctl {action}");
-    }
-
-    fn url(&self) -> String {
-        format!(
-            "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
-            self.port
-        )
-    }
-}
-
-fn socket_dir(data: &Path) -> PathBuf {
-    data.parent().unwrap().to_owned()
-}
-
-impl Drop for PrivateServer {
-    fn drop(&mut self) {
-        let _ = self
-            .run("pg_ctl")
-            .arg("stop")
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-m", "immediate"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_under_load_loses_no_acknowledged_step_and_the_store_comes_back() {
@@ -184,7 +70,7 @@ async fn a_restart_under_load_loses_no_acknowledged_step_and_the_store_comes_bac
         writing.recv().await.unwrap();
     }
     // Under load, the server restarts (a fast shutdown: clients' connections are dropped).
-    tokio::task::block_in_place(|| server.pg_ctl("restart"));
+    tokio::task::block_in_place(|| server.restart());
     stop.store(true, Ordering::Relaxed);
     let mut refused_in_all = 0;
     for writer in writers {
