@@ -1086,6 +1086,90 @@ fn replay_finds_no_divergence_in_an_exported_run_and_a_changed_prompt_at_step_1(
     assert!(err.contains("cannot replay `nope`: no run `nope`"), "{err}");
 }
 
+/// The run of the store `keel runs list --json` lists first (the newest).
+fn newest_run(dir: &Path) -> Value {
+    let listed = keel(dir)
+        .args(["runs", "list", "--limit", "1", "--json"])
+        .assert()
+        .success();
+    let listed: Value = serde_json::from_slice(&listed.get_output().stdout).unwrap();
+    listed["runs"][0].clone()
+}
+
+#[test]
+fn replay_fork_at_goes_on_live_from_that_model_call_as_a_new_run_linked_to_its_source() {
+    let weather = WeatherService::start();
+    let dir = plain_project(&weather);
+    let file = dir.path().join("run.json");
+    let run_id = record_weather_run(dir.path(), None, &file);
+    assert_eq!(weather.calls(), 1);
+
+    // At model call 2: call 1 and its tool result come from the recording (the tool does not
+    // run again), call 2 is the agent's own model, live.
+    let forked = keel(dir.path())
+        .args(["replay", &run_id, "--fork-at", "2", "--json"])
+        .assert()
+        .code(0);
+    let forked: Value = serde_json::from_slice(&forked.get_output().stdout).unwrap();
+    assert_eq!(
+        forked["forked_from"],
+        json!({ "run_id": run_id, "step": 2 }),
+        "{forked}"
+    );
+    assert_eq!(forked["final_state"], "completed", "{forked}");
+    assert_eq!(forked["agent"], "assistant");
+    assert_eq!(weather.calls(), 1, "the recorded tool result stood in");
+    let fork_id = forked["run_id"].as_str().unwrap().to_owned();
+    assert_ne!(fork_id, run_id);
+
+    // The fork is a run of the store, and says where it came from.
+    let newest = newest_run(dir.path());
+    assert_eq!(newest["run_id"], fork_id.as_str(), "{newest}");
+    assert_eq!(
+        newest["forked_from"],
+        json!({ "run_id": run_id, "step": 2 })
+    );
+    let recorded: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_ne!(
+        newest["thread_id"], recorded["thread_id"],
+        "a fork writes into a thread of its own, not the recorded conversation"
+    );
+    let table = keel(dir.path()).args(["runs", "list"]).assert().success();
+    let table = text(&table.get_output().stdout);
+    assert!(table.contains("FORKED FROM"), "{table}");
+    let fork_line = table.lines().find(|l| l.starts_with(&fork_id)).unwrap();
+    assert!(fork_line.ends_with(&format!("{run_id}@2")), "{fork_line}");
+    let source_line = table.lines().find(|l| l.starts_with(&run_id)).unwrap();
+    assert!(source_line.ends_with(" -"), "{source_line}");
+
+    // At model call 1 from the exported file: everything is live, the tool runs for real.
+    let forked = keel(dir.path())
+        .args(["replay", "--fork-at", "1"])
+        .arg(&file)
+        .assert()
+        .code(0);
+    let out = text(&forked.get_output().stdout);
+    assert!(
+        out.starts_with("forked run ")
+            && out.contains(&format!("from run {run_id} at model call 1, through agent `assistant`: final state completed")),
+        "{out}"
+    );
+    assert_eq!(weather.calls(), 2, "the fork's live step called the tool");
+
+    // A step that does not exist is a clear refusal.
+    let zero = keel(dir.path())
+        .args(["replay", &run_id, "--fork-at", "0"])
+        .assert()
+        .code(2);
+    let err = text(&zero.get_output().stderr);
+    assert!(
+        err.contains(&format!(
+            "cannot fork `{run_id}`: --fork-at counts model calls from 1"
+        )),
+        "{err}"
+    );
+}
+
 #[test]
 fn test_replays_a_folder_of_exported_runs_and_counts_passed_and_diverged() {
     let weather = WeatherService::start();

@@ -600,8 +600,9 @@ impl AgentBuilder {
         self
     }
 
-    /// The agent's own model, if it has one (the replayer keeps its profile).
-    pub(crate) fn model(&self) -> Option<&Arc<dyn Llm>> {
+    /// The agent's own model, if it has one (else the runtime's default model answers); the
+    /// replayer keeps its profile, and a fork goes on with it.
+    pub fn model(&self) -> Option<&Arc<dyn Llm>> {
         self.llm.as_ref()
     }
 

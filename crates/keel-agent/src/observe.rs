@@ -48,7 +48,14 @@ impl RunObs {
         // The report is persisted redacted: each event is masked as it is recorded. It is not
         // one of the sinks: `emit_reported` records every event in it after the sinks saw it,
         // so a failing sink never leaves the report short.
-        let report = ReportWriter::new().redacting(RedactionPolicy::default());
+        let mut report = ReportWriter::new().redacting(RedactionPolicy::default());
+        // A fork says in its report where it came from (`keel runs` shows it); the rest of the
+        // context's metadata stays out of every report.
+        if let Some(source) = context.metadata.get(crate::replay::FORKED_FROM) {
+            let mut metadata = keel_core::Metadata::new();
+            metadata.insert(crate::replay::FORKED_FROM.to_owned(), source.clone());
+            report = report.with_metadata(metadata);
+        }
         let mut fan_out = MultiSink::new();
         for sink in sinks {
             fan_out = fan_out.with(sink.clone());

@@ -164,6 +164,12 @@ struct ReplayArgs {
     /// when the file declares it, else the file's default agent).
     #[arg(long)]
     agent: Option<String>,
+    /// Fork instead of comparing: serve the recorded answers before model call N (from 1),
+    /// then go on live with the agent's own model (the demo agent's: `--llm`) and its real
+    /// tools, as a new run of the store linked to the recorded one (`keel runs list` shows
+    /// it under FORKED FROM).
+    #[arg(long, value_name = "N")]
+    fork_at: Option<u32>,
     /// The verdict as one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -848,12 +854,21 @@ fn main() -> ExitCode {
                 }
             })
             .map(|()| ExitCode::SUCCESS),
-        Command::Replay(args) => Ok(runtime.block_on(replay::replay_one(
-            args.source.source(),
-            args.run,
-            args.agent,
-            args.json,
-        ))),
+        Command::Replay(args) => Ok(match args.fork_at {
+            Some(step) => runtime.block_on(replay::fork(
+                args.source.source(),
+                args.run,
+                args.agent,
+                step,
+                args.json,
+            )),
+            None => runtime.block_on(replay::replay_one(
+                args.source.source(),
+                args.run,
+                args.agent,
+                args.json,
+            )),
+        }),
         Command::Test(args) => Ok(runtime.block_on(replay::test_dir(
             args.source.source(),
             args.dir,

@@ -53,6 +53,16 @@ impl<'a> Definitions<'a> {
         named: Option<&str>,
         recording: &Recording,
     ) -> Result<(String, AgentBuilder), String> {
+        self.agent_on(named, recording, Arc::new(DefaultRuntime::offline()))
+    }
+
+    /// As [`Definitions::agent`], its subagents built on `runtime`.
+    fn agent_on(
+        &self,
+        named: Option<&str>,
+        recording: &Recording,
+        runtime: Arc<dyn keel::services::Runtime>,
+    ) -> Result<(String, AgentBuilder), String> {
         let Some((loaded, agents)) = &self.file else {
             if let Some(name) = named.filter(|n| *n != keel::demo::card().name) {
                 return Err(format!(
@@ -66,7 +76,7 @@ impl<'a> Definitions<'a> {
             .or(recorded.filter(|name| loaded.agent(name).is_some()))
             .unwrap_or_else(|| loaded.default_agent().name());
         let builder = agents
-            .agent_builder(Some(name), Arc::new(DefaultRuntime::offline()))
+            .agent_builder(Some(name), runtime)
             .map_err(|err| err.to_string())?;
         Ok((name.to_owned(), builder))
     }
@@ -181,6 +191,17 @@ async fn replay(
     })
 }
 
+/// The recording `target` names: an exported file when there is one by that name, else a run
+/// (or task) of the store.
+async fn recording_of(source: &Source, target: &str) -> Result<Recording, String> {
+    if Path::new(target).is_file() {
+        Recording::read(Path::new(target))
+    } else {
+        Recording::from_json(&crate::runs::exported(source, target).await?)
+    }
+    .map_err(|err| err.to_string())
+}
+
 /// `keel replay RUN|FILE`: an exported file when `target` names one, else a run (or task) of
 /// the store. Exit status 0 no divergence, 1 diverged, 2 not replayed.
 pub(crate) async fn replay_one(
@@ -190,12 +211,7 @@ pub(crate) async fn replay_one(
     json: bool,
 ) -> ExitCode {
     let verdict = async {
-        let recording = if Path::new(&target).is_file() {
-            Recording::read(Path::new(&target))
-        } else {
-            Recording::from_json(&crate::runs::exported(&source, &target).await?)
-        }
-        .map_err(|err| err.to_string())?;
+        let recording = recording_of(&source, &target).await?;
         let loaded = source.loaded()?;
         let definitions = Definitions::new(loaded.as_ref()).await?;
         replay(&definitions, agent.as_deref(), target.clone(), recording).await
@@ -308,4 +324,90 @@ fn indent(text: &str) -> String {
         .map(|line| format!("    {line}"))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// `keel replay RUN|FILE --fork-at N`: the recorded answers before model call `step`, then the
+/// agent goes on live (its own model; the demo agent's is `--llm`) with its real tools, as a
+/// new run of the store whose report names the run and step it forked from (`keel runs`
+/// shows it). Exit status 0 when the fork ran, 2 when it could not.
+pub(crate) async fn fork(
+    source: Source,
+    target: String,
+    agent: Option<String>,
+    step: u32,
+    json: bool,
+) -> ExitCode {
+    let forked = async {
+        if step == 0 {
+            return Err("--fork-at counts model calls from 1".to_owned());
+        }
+        let recording = recording_of(&source, &target).await?;
+        let loaded = source.loaded()?;
+        let demo_llm = match &loaded {
+            Some(_) => None,
+            None => Some(keel::llm::llm_from_spec(&source.llm).map_err(|err| err.to_string())?),
+        };
+        let store = source.store(loaded.as_ref())?;
+        let runtime = Arc::new(crate::open_runtime(&store, demo_llm.clone(), Vec::new()).await?);
+        let definitions = Definitions::new(loaded.as_ref()).await?;
+        let (agent, builder) =
+            definitions.agent_on(agent.as_deref(), &recording, runtime.clone())?;
+        let live = builder
+            .model()
+            .cloned()
+            .or(demo_llm)
+            .ok_or_else(|| format!("agent `{agent}` names no model to go on with"))?;
+        let input = Replay::new(recording.clone())
+            .recorded_input()
+            .ok_or("the export does not carry the user's message under `input`")?;
+        let outcome = Replay::new(recording)
+            .fork_at(step, live)
+            .run_on(runtime, builder, input)
+            .await
+            .map_err(|err| err.to_string())?;
+        Ok::<_, String>((agent, outcome))
+    }
+    .await;
+    match forked {
+        Ok((agent, outcome)) => {
+            let run_id = outcome
+                .events
+                .first()
+                .map(|e| e.run_id.to_string())
+                .unwrap_or_default();
+            let answer = outcome
+                .task
+                .status()
+                .message
+                .as_ref()
+                .map(keel::core::Message::text)
+                .unwrap_or_default();
+            if json {
+                out(json!({
+                    "given": target,
+                    "forked_from": { "run_id": outcome.source_run_id, "step": step },
+                    "run_id": run_id,
+                    "task_id": outcome.task.id,
+                    "agent": agent,
+                    "final_state": outcome.task.state(),
+                    "answer": answer,
+                }));
+            } else {
+                out(format!(
+                    "forked run {run_id} from run {} at model call {step}, through agent \
+                     `{agent}`: final state {}\n{answer}",
+                    outcome.source_run_id,
+                    outcome.task.state()
+                ));
+            }
+            ExitCode::from(PASSED)
+        }
+        Err(message) => {
+            if json {
+                out(json!({ "given": target, "error": message }));
+            }
+            eprintln!("keel: cannot fork `{target}`: {message}");
+            ExitCode::from(NOT_REPLAYED)
+        }
+    }
 }

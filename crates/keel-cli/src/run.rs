@@ -54,7 +54,10 @@ impl Source {
     }
 
     /// The store: the flag's, else the file's, else `sqlite:./keel.db`.
-    fn store(&self, file: Option<&keel::config::LoadedConfig>) -> Result<StoreConfig, String> {
+    pub(crate) fn store(
+        &self,
+        file: Option<&keel::config::LoadedConfig>,
+    ) -> Result<StoreConfig, String> {
         let spec = match (&self.store, file) {
             (Some(spec), _) => spec.clone(),
             (None, Some(loaded)) => loaded.server.store.value().to_owned(),

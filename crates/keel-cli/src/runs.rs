@@ -65,13 +65,13 @@ pub(crate) async fn list(
         return Ok(());
     }
     out(format!(
-        "{:<38} {:<15} {:<14} {:>6} {:>9} {:>9}  RECORDED",
-        "RUN", "STATE", "AGENT", "STEPS", "TOK IN", "TOK OUT"
+        "{:<38} {:<15} {:<14} {:>6} {:>9} {:>9}  {:<32}  FORKED FROM",
+        "RUN", "STATE", "AGENT", "STEPS", "TOK IN", "TOK OUT", "RECORDED"
     ));
     for r in &rows {
         let text = |key: &str| r[key].as_str().unwrap_or("-").to_owned();
         out(format!(
-            "{:<38} {:<15} {:<14} {:>6} {:>9} {:>9}  {}",
+            "{:<38} {:<15} {:<14} {:>6} {:>9} {:>9}  {:<32}  {}",
             text("run_id"),
             text("final_state"),
             text("agent_name"),
@@ -79,6 +79,7 @@ pub(crate) async fn list(
             r["input_tokens"].to_string(),
             r["output_tokens"].to_string(),
             text("recorded_at"),
+            forked_from(r),
         ));
     }
     Ok(())
@@ -98,7 +99,22 @@ fn row(record: &RunRecord) -> Value {
         "model_calls": report.pointer("/model/calls").cloned().unwrap_or(json!(0)),
         "input_tokens": report.pointer("/model/input_tokens").cloned().unwrap_or(json!(0)),
         "output_tokens": report.pointer("/model/output_tokens").cloned().unwrap_or(json!(0)),
+        "forked_from": report
+            .get("metadata")
+            .and_then(|m| m.get(keel::agent::replay::FORKED_FROM))
+            .cloned(),
     })
+}
+
+/// The FORKED FROM column: `RUN@N` (forked from run RUN at model call N), else `-`.
+fn forked_from(row: &Value) -> String {
+    match (
+        row["forked_from"]["run_id"].as_str(),
+        row["forked_from"]["step"].as_u64(),
+    ) {
+        (Some(run), Some(step)) => format!("{run}@{step}"),
+        _ => "-".to_owned(),
+    }
 }
 
 /// The engine's reads over the configured store (no agent runs here).

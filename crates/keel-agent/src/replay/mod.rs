@@ -8,7 +8,8 @@
 //! approvals are answered as recorded. A tool the recording never called fails with a
 //! "not in the recording" error the model sees, and is listed in
 //! [`ReplayOutcome::unrecorded_tools`]. With [`Replay::fork_at`] the answers from that step on
-//! come from a live model and the tools run for real.
+//! come from a live model and the tools run for real; the fork's run report names the run
+//! and step it forked from under [`FORKED_FROM`].
 
 mod divergence;
 mod recording;
@@ -29,6 +30,10 @@ pub use divergence::{first_divergence, Divergence};
 pub use recording::{RecordedStep, RecordedToolCall, Recording};
 
 use crate::{AgentBuilder, AgentExecutor, SendOptions, Tool, ToolContext};
+
+/// The run-context metadata key (and run-report metadata key) of a fork: `{"run_id": the
+/// source run, "step": the first live model call}`. `keel runs` shows it.
+pub const FORKED_FROM: &str = "keel.forked_from";
 
 /// What a replay shares between its model, its tools and its approvals: the recording, the
 /// next answer's index, and whether the run has gone live (a fork).
@@ -277,13 +282,17 @@ impl Replay {
     }
 
     /// As [`Replay::run`], on `runtime`: a fork run this way is an ordinary run of that
-    /// runtime, listed by `keel runs`.
+    /// runtime, on a new task and thread, listed by `keel runs`.
     pub async fn run_on(
         &self,
         runtime: Arc<dyn Runtime>,
         agent: AgentBuilder,
-        input: Message,
+        mut input: Message,
     ) -> AgentResult<ReplayOutcome> {
+        // A task and a thread of the replay's own: on a shared store, a fork must not write
+        // into the recorded conversation (nor see what came after it).
+        input.task_id = None;
+        input.thread_id = None;
         let steps = self.recording.steps.len();
         let cursor = Arc::new(Cursor {
             next_call: Mutex::new(vec![false; self.recording.tool_calls.len()]),
@@ -336,9 +345,18 @@ impl Replay {
         let sink = Arc::new(InMemoryEventSink::new());
         exec.add_event_sink(sink.clone());
         let auth = runtime.auth_service().auth_context();
-        let task = exec
-            .send_message(&auth, input, SendOptions::default())
-            .await?;
+        let options = SendOptions {
+            run_context: self.fork.as_ref().map(|(step, _)| {
+                let mut context = keel_core::RunContext::new();
+                context.metadata.insert(
+                    FORKED_FROM.to_owned(),
+                    serde_json::json!({ "run_id": self.recording.report.run_id, "step": step }),
+                );
+                context
+            }),
+            ..SendOptions::default()
+        };
+        let task = exec.send_message(&auth, input, options).await?;
         let events: Vec<RunEvent> = sink
             .events()
             .into_iter()
