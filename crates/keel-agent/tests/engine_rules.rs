@@ -53,6 +53,12 @@ macro_rules! rules {
         mod shutdown {
             include!("rules/shutdown.rs");
         }
+        mod replay_fixture {
+            include!("rules/replay_fixture.rs");
+        }
+        mod replay {
+            include!("rules/replay.rs");
+        }
     };
 }
 

@@ -5,134 +5,22 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use keel_agent::replay::{Recording, Replay};
-use keel_agent::{Agent, AgentBuilder, AgentExecutor, FnTool, SendOptions};
-use keel_core::{AgentCard, ErrorKind, Message, RunBudget, TaskState};
-use keel_llm::{MockLlm, MockResponse, ToolCall};
-use keel_policy::{approve_request, ApprovalFn, CapabilityPolicy, CapabilityRule};
+use keel_agent::{AgentBuilder, AgentExecutor, SendOptions};
+use keel_core::{ErrorKind, Message, RunBudget, TaskState};
+use keel_llm::{MockLlm, MockResponse};
+use keel_policy::{CapabilityPolicy, CapabilityRule};
 use keel_runtime::{Runtime, Services};
 use serde_json::{json, Value};
 
-const INSTRUCTIONS: &str = "You keep records.";
+// Its unchanged replay runs on every backend in the rules harness (engine_rules.rs).
+#[allow(dead_code)]
+#[path = "rules/replay_fixture.rs"]
+mod replay_fixture;
 
-fn schema() -> Value {
-    json!({"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]})
-}
-
-fn write_tool(writes: Arc<AtomicUsize>, schema: Value) -> FnTool {
-    FnTool::new(
-        "write_record",
-        "Write a record",
-        schema,
-        move |args, _ctx| {
-            let writes = writes.clone();
-            async move {
-                writes.fetch_add(1, Ordering::SeqCst);
-                Ok(json!(format!(
-                    "wrote {}",
-                    args["id"].as_str().unwrap_or_default()
-                )))
-            }
-        },
-    )
-    .with_capabilities(["records.write"])
-}
-
-/// The records agent: asks approval before a write, which its handler gives.
-fn agent(writes: Arc<AtomicUsize>, instructions: &str, schema: Value) -> AgentBuilder {
-    Agent::builder(AgentCard::new(
-        "records",
-        "keeps records",
-        "http://127.0.0.1:0",
-    ))
-    .instructions(instructions)
-    .tool(write_tool(writes, schema))
-    .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
-    .approval_handler(ApprovalFn::new(|request, _| async move {
-        Ok(approve_request(&request, "reviewer"))
-    }))
-}
-
-fn script() -> Arc<MockLlm> {
-    Arc::new(MockLlm::scripted(vec![
-        MockResponse::ToolCalls(vec![ToolCall::new("write_record", json!({"id": "r1"}))]),
-        MockResponse::Text("done".into()),
-    ]))
-}
-
-/// Record one run of the agent on `runtime` and read it back through `reads`.
-async fn record(runtime: Arc<dyn Runtime>) -> Recording {
-    record_as(runtime, |agent| agent, 1).await
-}
-
-/// Record one run of the agent as `configure` leaves it, which runs the tool `writes` times.
-async fn record_as(
-    runtime: Arc<dyn Runtime>,
-    configure: impl FnOnce(AgentBuilder) -> AgentBuilder,
-    expected_writes: usize,
-) -> Recording {
-    let writes = Arc::new(AtomicUsize::new(0));
-    let exec = AgentExecutor::new(
-        configure(agent(writes.clone(), INSTRUCTIONS, schema()))
-            .llm_shared(script())
-            .build()
-            .unwrap(),
-        runtime.clone(),
-    );
-    let auth = runtime.auth_service().auth_context();
-    let task = exec
-        .send_message(&auth, Message::user("write r1"), SendOptions::default())
-        .await
-        .unwrap();
-    assert_eq!(task.state(), TaskState::Completed);
-    assert_eq!(writes.load(Ordering::SeqCst), expected_writes);
-    let record = exec
-        .reads()
-        .latest_run(&auth, &task.id)
-        .await
-        .unwrap()
-        .expect("the run was recorded");
-    Recording::from_json(&record.report).unwrap()
-}
+use replay_fixture::*;
 
 fn memory() -> Arc<dyn Runtime> {
     Arc::new(Services::in_memory(Arc::new(MockLlm::new())))
-}
-
-fn sqlite() -> Arc<dyn Runtime> {
-    let dir = Box::leak(Box::new(tempfile::tempdir().expect("a temp dir")));
-    let store =
-        keel_store_sqlite::SqliteStore::open(dir.path().join("keel.db")).expect("open SQLite");
-    Arc::new(store.services(Arc::new(MockLlm::new())))
-}
-
-async fn replay_unchanged(runtime: Arc<dyn Runtime>) {
-    let recording = record(runtime).await;
-    assert_eq!(recording.steps.len(), 2);
-    assert_eq!(recording.tool_calls.len(), 1);
-    assert_eq!(recording.approvals.len(), 1);
-    let writes = Arc::new(AtomicUsize::new(0));
-    let outcome = Replay::new(recording)
-        .run(
-            agent(writes.clone(), INSTRUCTIONS, schema()),
-            Message::user("write r1"),
-        )
-        .await
-        .unwrap();
-    assert_eq!(outcome.divergence, None, "{:?}", outcome.divergence);
-    assert!(outcome.passed());
-    assert_eq!(outcome.task.state(), TaskState::Completed);
-    assert_eq!(writes.load(Ordering::SeqCst), 0, "a replay runs no tool");
-    assert_eq!(outcome.model_inputs.len(), 2);
-}
-
-#[tokio::test]
-async fn an_unchanged_agent_replays_without_divergence_in_memory() {
-    replay_unchanged(memory()).await;
-}
-
-#[tokio::test]
-async fn an_unchanged_agent_replays_without_divergence_on_sqlite() {
-    replay_unchanged(sqlite()).await;
 }
 
 #[tokio::test]
