@@ -606,8 +606,9 @@ impl AgentBuilder {
         self.llm.as_ref()
     }
 
-    /// Replace every tool by what `wrap` makes of it (the replayer answers calls from a
-    /// recording while the current definitions still declare name, schema and capabilities).
+    /// Replace every tool, the subagent tools and the sources' tools included, by what `wrap`
+    /// makes of it (the replayer answers calls from a recording while the current definitions
+    /// still declare name, schema and capabilities).
     pub(crate) fn map_tools(
         mut self,
         wrap: impl Fn(Arc<dyn Tool>) -> Arc<dyn Tool> + Send + Sync + 'static,
@@ -648,7 +649,11 @@ impl AgentBuilder {
         let mut tool_index = HashSet::new();
         // Subagents: the built-in lifecycle tools join the checked tools below.
         let subagents = Arc::new(enabled_specs(self.subagents, &self.environment));
-        let builtin = builtin_tools(&subagents)?;
+        let mut builtin = builtin_tools(&subagents)?;
+        // A replay answers the subagent tools from its recording too: no child runs.
+        if let Some(wrap) = &self.wrap {
+            builtin = builtin.into_iter().map(|tool| wrap(tool)).collect();
+        }
         let declared = self.tools.len();
         for (i, tool) in self.tools.into_iter().chain(builtin).enumerate() {
             let is_builtin = i >= declared;

@@ -45,7 +45,12 @@ impl fmt::Display for Divergence {
 /// The first divergence between `recorded` and `now`, or `None` when they agree once
 /// normalized. Events are compared in order; inside an event the type comes first, then the
 /// payload, then the other fields. A recorded value that redaction replaced matches any value.
+///
+/// A child's life (`subagent.*` events) is left out on both sides: a replay answers the
+/// subagent tools from the recording and starts no child, so only the parent's calls and the
+/// results it was given are compared.
 pub fn first_divergence(recorded: &[RunEvent], now: &[RunEvent]) -> Option<Divergence> {
+    let (recorded, now) = (&compared(recorded)[..], &compared(now)[..]);
     let old = as_items(normalize(recorded));
     let new = as_items(normalize(now));
     for index in 0..old.len().max(new.len()) {
@@ -57,7 +62,11 @@ pub fn first_divergence(recorded: &[RunEvent], now: &[RunEvent]) -> Option<Diver
             now
         };
         let step = step_at(side, index);
-        let sequence = index as u64 + 1;
+        // The recorded event's own number; past the recording's end, counted on from its last.
+        let sequence = match recorded.get(index) {
+            Some(event) => event.sequence,
+            None => recorded.last().map_or(0, |e| e.sequence) + (index - recorded.len()) as u64 + 1,
+        };
         let event = source.map_or_else(String::new, |e| e.event_type.to_string());
         match (a, b) {
             (Some(a), Some(b)) => {
@@ -87,6 +96,15 @@ pub fn first_divergence(recorded: &[RunEvent], now: &[RunEvent]) -> Option<Diver
     None
 }
 
+/// The events a replay is compared on: all but a child's life.
+fn compared(events: &[RunEvent]) -> Vec<RunEvent> {
+    events
+        .iter()
+        .filter(|e| !e.event_type.as_str().starts_with("subagent."))
+        .cloned()
+        .collect()
+}
+
 /// The step an event belongs to: its own, or the last one an earlier event named (an
 /// action's events carry none of their own).
 fn step_at(events: &[RunEvent], index: usize) -> Option<u32> {
@@ -96,9 +114,18 @@ fn step_at(events: &[RunEvent], index: usize) -> Option<u32> {
         .find_map(|e| e.step)
 }
 
+/// The normalized events, without their sequence numbers: they are compared by position, and
+/// the numbers shift by the events left out (a child's life).
 fn as_items(value: Value) -> Vec<Value> {
     match value {
-        Value::Array(items) => items,
+        Value::Array(mut items) => {
+            for item in &mut items {
+                if let Value::Object(fields) = item {
+                    fields.remove("sequence");
+                }
+            }
+            items
+        }
         _ => Vec::new(),
     }
 }
