@@ -292,3 +292,76 @@ async fn a_run_that_asked_a_subagent_replays_without_divergence_or_a_child_run()
     );
     assert!(replay_child.requests().is_empty(), "a replay runs no child");
 }
+
+/// A run that paused for an approval and was approved later (as `keel tasks approve` does)
+/// replays unchanged: the replay pauses at the same point and is given the recorded decision.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_approved_after_a_pause_replays_without_divergence() {
+    // The records agent without its handler: the write waits for a person.
+    let unattended = |writes: Arc<AtomicUsize>| {
+        keel_agent::Agent::builder(keel_core::AgentCard::new(
+            "records",
+            "keeps records",
+            "http://127.0.0.1:0",
+        ))
+        .instructions(INSTRUCTIONS)
+        .tool(write_tool(writes, schema()))
+        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
+    };
+    let runtime = memory();
+    let writes = Arc::new(AtomicUsize::new(0));
+    let exec = AgentExecutor::new(
+        unattended(writes.clone())
+            .llm_shared(script())
+            .build()
+            .unwrap(),
+        runtime.clone(),
+    );
+    let auth = runtime.auth_service().auth_context();
+    let paused = exec
+        .send_message(&auth, Message::user("write r1"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(paused.state(), TaskState::InputRequired);
+    let pending = exec
+        .reads()
+        .pending_approvals(&auth, None, None, None)
+        .await
+        .unwrap();
+    let decision = keel_policy::approve_request(&pending.items[0].request, "reviewer");
+    let done = exec
+        .decide_approval(&auth, &paused.id, decision)
+        .await
+        .unwrap();
+    assert_eq!(done.state(), TaskState::Completed);
+    assert_eq!(writes.load(Ordering::SeqCst), 1);
+    let record = exec
+        .reads()
+        .latest_run(&auth, &done.id)
+        .await
+        .unwrap()
+        .unwrap();
+    let recording = Recording::from_json(&record.report).unwrap();
+    assert!(recording.paused_for_approval());
+    assert_eq!(
+        recording.steps[0].response.tool_calls.len(),
+        1,
+        "one call, requested twice"
+    );
+
+    let replayed_writes = Arc::new(AtomicUsize::new(0));
+    let outcome = Replay::new(recording)
+        .run(
+            unattended(replayed_writes.clone()),
+            Message::user("write r1"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.divergence, None, "{:?}", outcome.divergence);
+    assert_eq!(outcome.task.state(), TaskState::Completed);
+    assert_eq!(
+        replayed_writes.load(Ordering::SeqCst),
+        0,
+        "a replay runs no tool"
+    );
+}

@@ -326,21 +326,27 @@ impl Replay {
         };
         let tools_cursor = cursor.clone();
         let approvals = cursor.clone();
-        let agent = agent
-            .llm(llm)
-            .map_tools(move |tool| {
-                Arc::new(ReplayedTool {
-                    tool,
-                    cursor: tools_cursor.clone(),
-                }) as Arc<dyn Tool>
-            })
-            .approval_handler(ApprovalFn::new(
+        let agent = agent.llm(llm).map_tools(move |tool| {
+            Arc::new(ReplayedTool {
+                tool,
+                cursor: tools_cursor.clone(),
+            }) as Arc<dyn Tool>
+        });
+        // A run that paused for a person's decision pauses again here, and is given the
+        // recorded decision as the person gave it (below); one decided at once by a handler
+        // is decided by the recording's handler, at once.
+        let paused = self.recording.paused_for_approval();
+        let agent = if paused {
+            agent
+        } else {
+            agent.approval_handler(ApprovalFn::new(
                 move |request: keel_core::ApprovalRequest, _| {
                     let approvals = approvals.clone();
                     async move { recorded_decision(&approvals, &request) }
                 },
             ))
-            .build()?;
+        }
+        .build()?;
         let exec = AgentExecutor::new(agent, runtime.clone());
         let sink = Arc::new(InMemoryEventSink::new());
         exec.add_event_sink(sink.clone());
@@ -356,7 +362,15 @@ impl Replay {
             }),
             ..SendOptions::default()
         };
-        let task = exec.send_message(&auth, input, options).await?;
+        let mut task = exec.send_message(&auth, input, options).await?;
+        while paused && task.state() == keel_core::TaskState::InputRequired {
+            let Some(request) = crate::task_meta::EngineMeta::of(&task.metadata).pending_approval
+            else {
+                break;
+            };
+            let decision = recorded_decision(&cursor, &request)?;
+            task = exec.decide_approval(&auth, &task.id, decision).await?;
+        }
         let events: Vec<RunEvent> = sink
             .events()
             .into_iter()

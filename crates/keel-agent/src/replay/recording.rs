@@ -146,11 +146,16 @@ impl Recording {
             } else if *kind == EventType::ACTION_REQUESTED {
                 let p: ActionPayload = payload(event)?;
                 let action = p.action;
-                // Only a model's tool call carries the call id it answers.
+                // Only a model's tool call carries the call id it answers. A run resumed after
+                // a pause requests its waiting call again: one call of the model's still.
                 let call_id = action.metadata.get("call_id").and_then(Value::as_str);
                 if let (Some(call_id), Some(step), None) =
                     (call_id, steps.last_mut(), &action.parent_action_id)
                 {
+                    if step.response.tool_calls.iter().any(|c| c.id == call_id) {
+                        requested.insert(action.id.to_string(), (action.name, action.payload));
+                        continue;
+                    }
                     step.response.tool_calls.push(ToolCall {
                         id: call_id.to_owned(),
                         name: action.name.clone(),
@@ -199,5 +204,14 @@ impl Recording {
     /// The recorded events, the reference a replay is compared against.
     pub fn events(&self) -> &[RunEvent] {
         &self.report.events
+    }
+
+    /// Whether the run paused for a person's decision (an approval it waited for in
+    /// `input-required`, decided later) rather than having it decided at once by a handler.
+    pub fn paused_for_approval(&self) -> bool {
+        let waiting = serde_json::json!(keel_core::TaskState::InputRequired);
+        self.events().iter().any(|e| {
+            e.event_type.as_str() == "task.status" && e.payload.get("state") == Some(&waiting)
+        }) && !self.approvals.is_empty()
     }
 }
