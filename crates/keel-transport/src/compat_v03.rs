@@ -259,8 +259,9 @@ pub(crate) fn result_from_v1(operation: Operation, result: Value) -> Value {
 /// `supportsAuthenticatedExtendedCard`, `security`, each skill's `security` and `tags`, and
 /// the security schemes in v0.3's `type`-tagged shape. The v1.0 fields stay
 /// (`supportedInterfaces` lists every interface with its `protocolVersion`), so a v1.0 client
-/// that fetches the card without `A2A-Version` still finds its interfaces: the v1.0 SDKs
-/// read v0.3-shaped schemes (decision 40).
+/// that reads the legacy path leniently still finds its interfaces. Served at the legacy
+/// card path and to a caller naming 0.3 only: the added fields are not in the v1.0 proto,
+/// so a strict protobuf JSON parser refuses this form (decision 200).
 pub(crate) fn card_from_v1(card: Value) -> Value {
     let Value::Object(mut card) = card else {
         return card;
