@@ -2,6 +2,7 @@
 //! subscribe|approve` and `keel run --url`, through Keel's own A2A client.
 
 use std::future::Future;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use futures::StreamExt;
@@ -15,7 +16,7 @@ use serde_json::{json, Value};
 use keel::agent::approval_part;
 
 use crate::render::{approval_text, colour_stderr, out, Styles};
-use crate::run::{exit_status, pending_approval, Approver};
+use crate::run::{exit_status, pending_approval, print_answer, Approver};
 
 /// Where the agent is and how to be let in.
 #[derive(Debug, Clone)]
@@ -258,9 +259,11 @@ pub(crate) async fn compact(
     json: bool,
 ) -> Result<ExitCode, String> {
     let thread = request.thread_id.clone().unwrap_or_default();
-    let result = remote
-        .call(remote.client()?.compact_thread(&request))
-        .await?;
+    let client = remote.client()?;
+    // The card first, as every other command reads it: a URL where no agent answers is told
+    // as such (with the agents the server has), not as the endpoint's bare 404.
+    remote.call(client.get_card()).await?;
+    let result = remote.call(client.compact_thread(&request)).await?;
     if json {
         out(serde_json::to_value(result).unwrap_or_default());
     } else {
@@ -329,6 +332,8 @@ struct Seen {
     state: Option<TaskState>,
     task_id: Option<TaskId>,
     answer: String,
+    /// The artifacts' text shown on stderr as they came.
+    shown: String,
 }
 
 /// Print a task's stream as it comes (A2A `StreamResponse` JSON lines with `json`), then
@@ -341,7 +346,15 @@ async fn follow(stream: TaskEventStream, json: bool) -> Result<ExitCode, String>
 /// The answer on stdout and the state on stderr (with `json`, the events said it all); the
 /// exit status of the last state.
 fn finish(seen: Seen, json: bool) -> Result<ExitCode, String> {
-    if !json && !seen.answer.is_empty() {
+    let shown = seen.shown.contains(seen.answer.as_str());
+    if !json
+        && !seen.answer.is_empty()
+        && print_answer(
+            std::io::stdout().is_terminal(),
+            std::io::stderr().is_terminal(),
+            shown,
+        )
+    {
         out(seen.answer);
     }
     let state = seen
@@ -359,6 +372,7 @@ async fn follow_stream(mut stream: TaskEventStream, json: bool) -> Result<Seen, 
     let mut state = None;
     let mut task_id = None;
     let mut answer = String::new();
+    let mut shown = String::new();
     while let Some(event) = stream.next().await {
         let event = event.map_err(|err| err.to_string())?;
         if json {
@@ -398,6 +412,7 @@ async fn follow_stream(mut stream: TaskEventStream, json: bool) -> Result<Seen, 
                         .collect::<Vec<_>>()
                         .join("");
                     eprintln!("{}", s.tool.apply_to(format!("· artifact: {text}")));
+                    shown.push_str(&text);
                 }
             }
             StreamEvent::Message(message) => {
@@ -410,5 +425,6 @@ async fn follow_stream(mut stream: TaskEventStream, json: bool) -> Result<Seen, 
         state,
         task_id,
         answer,
+        shown,
     })
 }

@@ -415,9 +415,14 @@ pub(crate) fn finish(renderer: &Renderer, task: &Task, json: bool) {
 }
 
 /// Whether the answer goes to stdout at the end. A script reading stdout always gets it; a
-/// person watching one terminal already saw it streamed on stderr, so it is not shown twice.
-fn print_answer(stdout_is_terminal: bool, stderr_is_terminal: bool, streamed: bool) -> bool {
-    !(stdout_is_terminal && stderr_is_terminal && streamed)
+/// person watching one terminal already saw it on stderr when it was `shown` there (streamed,
+/// or as a remote task's artifact), so it is not shown twice. `keel run` and `keel run --url`.
+pub(crate) fn print_answer(
+    stdout_is_terminal: bool,
+    stderr_is_terminal: bool,
+    shown: bool,
+) -> bool {
+    !(stdout_is_terminal && stderr_is_terminal && shown)
 }
 
 /// `keel run`.
