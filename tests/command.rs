@@ -1000,6 +1000,45 @@ fn client_commands_log_info_lines_only_when_asked() {
     );
 }
 
+/// Issue 43, item 16: without `--url`, `keel threads compact` compacts a thread of the local
+/// store (the one `keel run` wrote), and refuses a store that does not exist without making it.
+#[test]
+fn threads_compact_without_a_url_compacts_a_thread_of_the_local_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("keel.db").display());
+    for turn in 1..=4 {
+        keel(dir.path())
+            .args(["run", "--store", &store, "--thread", "th-local"])
+            .arg(format!("turn {turn}"))
+            .assert()
+            .success();
+    }
+    let compacted = keel(dir.path())
+        .args(["threads", "compact", "th-local", "--max-messages", "3"])
+        .args(["--json", "--store", &store])
+        .output()
+        .unwrap();
+    assert!(compacted.status.success(), "{}", text(&compacted.stderr));
+    let result: Value = serde_json::from_slice(&compacted.stdout).unwrap();
+    assert_eq!(result["strategy"], "recent", "{result}");
+    assert_eq!(result["after_messages"], 3, "{result}");
+    assert!(result["before_messages"].as_u64().unwrap() > 3, "{result}");
+    keel(dir.path())
+        .args(["run", "--store", &store, "--thread", "th-local", "turn 5"])
+        .assert()
+        .success();
+
+    let elsewhere = tempfile::tempdir().unwrap();
+    let missing = keel(elsewhere.path())
+        .args(["threads", "compact", "th-local"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    let err = text(&missing.stderr);
+    assert!(err.contains("no store at ./keel.db"), "{err}");
+    assert!(!elsewhere.path().join("keel.db").exists());
+}
+
 /// Issue 43, item 15: on a terminal, after an approval prompt is answered (by either key),
 /// the first Ctrl-D at `you>` ends the chat.
 #[cfg(unix)]

@@ -241,6 +241,9 @@ impl RemoteArgs {
 enum ThreadsCommand {
     /// Compact what the model sees of a thread's history, as automatic compaction would
     /// (the log stays whole; see docs/compaction.md). The thread must be idle.
+    ///
+    /// With `--url`, on that agent's server (any `keel serve`); without it, in this process on
+    /// the configured store (`--config`, `--store`), as `keel run` and `keel chat` keep it.
     Compact {
         /// The thread.
         thread: String,
@@ -260,8 +263,18 @@ enum ThreadsCommand {
         /// The result as JSON on stdout.
         #[arg(long)]
         json: bool,
+        /// Compact on this A2A agent's server (its base URL) instead of in this process.
+        #[arg(long, env = "KEEL_URL")]
+        url: Option<String>,
+        /// With `--url`: sent as the `X-API-Key` header.
+        #[arg(long, requires = "url", env = "KEEL_API_KEY")]
+        api_key: Option<String>,
+        /// Without `--url`: the agent of the file whose model summarises (`summary`; default:
+        /// the file's default agent).
+        #[arg(long, conflicts_with = "url")]
+        agent: Option<String>,
         #[command(flatten)]
-        remote: RemoteArgs,
+        source: SourceArgs,
     },
 }
 
@@ -894,7 +907,10 @@ fn main() -> ExitCode {
             max_tokens,
             preserve_recent,
             json,
-            remote,
+            url,
+            api_key,
+            agent,
+            source,
         }) => {
             let default = keel::llm::HistoryCompactionRequest::default();
             let request = keel::llm::HistoryCompactionRequest {
@@ -909,7 +925,14 @@ fn main() -> ExitCode {
                 thread_id: Some(thread.into()),
                 ..default
             };
-            runtime.block_on(remote::compact(remote.remote(), request, json))
+            match url {
+                Some(url) => runtime.block_on(remote::compact(
+                    remote::Remote { url, api_key },
+                    request,
+                    json,
+                )),
+                None => runtime.block_on(run::compact(source.source(), agent, request, json)),
+            }
         }
         Command::Tasks(command) => runtime.block_on(async {
             match command {

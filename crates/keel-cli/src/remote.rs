@@ -264,6 +264,16 @@ pub(crate) async fn compact(
     // as such (with the agents the server has), not as the endpoint's bare 404.
     remote.call(client.get_card()).await?;
     let result = remote.call(client.compact_thread(&request)).await?;
+    print_compaction(&thread, &result, json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A compaction's result: JSON with `json`, else one line of what it kept.
+pub(crate) fn print_compaction(
+    thread: &keel::core::ThreadId,
+    result: &keel::llm::HistoryCompactionResult,
+    json: bool,
+) {
     if json {
         out(serde_json::to_value(result).unwrap_or_default());
     } else {
@@ -280,7 +290,6 @@ pub(crate) async fn compact(
             result.after_tokens
         ));
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// `keel tasks subscribe`: follow a task until its final status.

@@ -75,8 +75,15 @@ impl Source {
     /// file that does not exist is not created: reading finds nothing there, and the error
     /// names the file it looked at.
     pub(crate) async fn runtime(&self) -> Result<DefaultRuntime, String> {
-        let loaded = self.loaded()?;
-        let store = self.store(loaded.as_ref())?;
+        let store = self.existing_store()?;
+        crate::open_runtime(&store, None, Vec::new()).await
+    }
+
+    /// The configured store, for a command that only reads or rewrites what is there (`keel
+    /// runs`, `keel threads compact`): a SQLite file that does not exist is refused, not
+    /// created, and the error names the file it looked at.
+    pub(crate) fn existing_store(&self) -> Result<StoreConfig, String> {
+        let store = self.store(self.loaded()?.as_ref())?;
         if let StoreConfig::Sqlite(path) = &store {
             if !path.exists() {
                 return Err(format!(
@@ -85,7 +92,7 @@ impl Source {
                 ));
             }
         }
-        crate::open_runtime(&store, None, Vec::new()).await
+        Ok(store)
     }
 
     /// The executor of agent `name` (default: the file's default agent, or the demo agent).
@@ -503,6 +510,26 @@ pub(crate) async fn chat(
         }
     }
     executor.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `keel threads compact` without `--url`: the thread compacted in this process, on the
+/// configured store, by the agent whose model would summarise it (`summary`).
+pub(crate) async fn compact(
+    source: Source,
+    agent: Option<String>,
+    request: keel::llm::HistoryCompactionRequest,
+    json: bool,
+) -> Result<ExitCode, String> {
+    source.existing_store()?;
+    let thread = request.thread_id.clone().unwrap_or_default();
+    let executor = source.executor(agent.as_deref()).await?;
+    let result = executor
+        .compact_thread(&local_tenant(), &thread, &request)
+        .await
+        .map_err(|err| format!("cannot compact thread {thread}: {err}"));
+    executor.shutdown().await;
+    crate::remote::print_compaction(&thread, &result?, json);
     Ok(ExitCode::SUCCESS)
 }
 
