@@ -1073,17 +1073,22 @@ fn a_model_failure_goes_to_stderr_with_the_endpoint_it_tried() {
         .unwrap()
         .port();
     let llm = format!("openai-compatible:http://127.0.0.1:{port}/v1:m");
-    let run = keel(dir.path())
-        .args(["run", "--store", "memory", "--llm", &llm, "hi"])
-        .output()
-        .unwrap();
-    assert_eq!(run.status.code(), Some(1));
-    assert_eq!(text(&run.stdout), "", "a failure is no answer");
-    let err = text(&run.stderr);
-    assert!(
-        err.contains(&format!("at http://127.0.0.1:{port}/v1/chat/completions")),
-        "{err}"
-    );
+    // In process, and through a server whose model fails (`send`, `run --url`): the same.
+    let server = support::KeelServer::start(&["--llm", &llm]);
+    for args in [
+        &["run", "--store", "memory", "--llm", &llm, "hi"][..],
+        &["send", "--url", &server.url, "hi"][..],
+        &["run", "--url", &server.url, "hi"][..],
+    ] {
+        let run = keel(dir.path()).args(args).output().unwrap();
+        assert_eq!(run.status.code(), Some(1), "{args:?}");
+        assert_eq!(text(&run.stdout), "", "{args:?}: a failure is no answer");
+        let err = text(&run.stderr);
+        assert!(
+            err.contains(&format!("at http://127.0.0.1:{port}/v1/chat/completions")),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 /// The instructions `keel init` writes, and a longer version of them: 44 characters (11

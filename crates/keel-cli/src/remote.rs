@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use keel::agent::approval_part;
 
 use crate::render::{approval_text, colour_stderr, out, Styles};
-use crate::run::{exit_status, pending_approval, print_answer, Approver};
+use crate::run::{exit_status, pending_approval, print_answer, says_what_went_wrong, Approver};
 
 /// Where the agent is and how to be let in.
 #[derive(Debug, Clone)]
@@ -99,8 +99,10 @@ fn print_task(task: &Task, json: bool) {
         out(task_json(task));
         return;
     }
-    if let Some(text) = task.status().text() {
-        if !text.is_empty() {
+    if let Some(text) = task.status().text().filter(|text| !text.is_empty()) {
+        if says_what_went_wrong(task.state()) {
+            eprintln!("{}", Styles::new(colour_stderr()).bad.apply_to(text));
+        } else {
             out(text);
         }
     }
@@ -356,7 +358,11 @@ async fn follow(stream: TaskEventStream, json: bool) -> Result<ExitCode, String>
 /// exit status of the last state.
 fn finish(seen: Seen, json: bool) -> Result<ExitCode, String> {
     let shown = seen.shown.contains(seen.answer.as_str());
-    if !json
+    let failed = seen.state.is_some_and(says_what_went_wrong);
+    if !json && failed && !seen.answer.is_empty() {
+        let s = Styles::new(colour_stderr());
+        eprintln!("{}", s.bad.apply_to(&seen.answer));
+    } else if !json
         && !seen.answer.is_empty()
         && print_answer(
             std::io::stdout().is_terminal(),

@@ -387,9 +387,7 @@ pub(crate) fn finish(renderer: &Renderer, task: &Task, json: bool) {
     let answer = task.status().text().unwrap_or_default();
     let streamed = renderer.take_streamed();
     let state = task.state();
-    if matches!(state, TaskState::Failed | TaskState::Rejected) {
-        // What went wrong (a model's failure names the endpoint it tried) is no answer: it
-        // goes to stderr, and stdout stays empty for a script.
+    if says_what_went_wrong(state) {
         if !answer.is_empty() {
             eprintln!("{}", renderer.styles().bad.apply_to(&answer));
         }
@@ -419,6 +417,13 @@ pub(crate) fn finish(renderer: &Renderer, task: &Task, json: bool) {
         task.id,
         task.thread_id,
     );
+}
+
+/// Whether a task in `state` has in its status what went wrong rather than an answer (a
+/// model's failure names the endpoint it tried): that goes to stderr, and stdout stays empty
+/// for a script. `keel run`, `keel run --url`, `keel send` and `keel tasks`.
+pub(crate) fn says_what_went_wrong(state: TaskState) -> bool {
+    matches!(state, TaskState::Failed | TaskState::Rejected)
 }
 
 /// Whether the answer goes to stdout at the end. A script reading stdout always gets it; a
