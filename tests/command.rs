@@ -791,10 +791,21 @@ fn a_task_waiting_for_approval_shows_its_request_and_is_approved_by_its_id_alone
     ] {
         assert!(err.contains(shown), "`{shown}` not shown:\n{err}");
     }
+    // The request's id, as shown (`request ID; answer with ...`).
+    let request_of = |err: &str| {
+        err.split("keel: request ")
+            .nth(1)
+            .and_then(|rest| rest.split(';').next())
+            .unwrap_or_else(|| panic!("no request id in {err}"))
+            .to_owned()
+    };
+    let request = request_of(&err);
     // `tasks get` says the same, with the same exit status as `send`.
     let (code, _, err) = keel_at(&["tasks", "get", &task]);
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("approval needed: weather"), "{err}");
+    assert!(err.contains("Oslo"), "{err}");
+    assert_eq!(request_of(&err), request, "{err}");
     assert_eq!(weather.calls(), 0);
 
     // The one request the task waits for is the one approved.
