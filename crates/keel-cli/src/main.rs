@@ -1405,3 +1405,49 @@ mod console_tests {
         assert!(!console_served(Some(false), Some(true), loopback));
     }
 }
+
+#[cfg(test)]
+mod config_flag_tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Issue 43, item 13: every command that reads a `keel.toml` takes it as `--config FILE`
+    /// (and `KEEL_CONFIG`), `keel check` too; only `keel init` (which writes one) and the
+    /// commands that read none are without it.
+    #[test]
+    fn every_command_that_reads_a_keel_toml_takes_config() {
+        let cli = Cli::command();
+        let reading: &[&[&str]] = &[
+            &["serve"],
+            &["check"],
+            &["run"],
+            &["chat"],
+            &["runs", "list"],
+            &["runs", "show"],
+            &["runs", "export"],
+            &["replay"],
+            &["test"],
+            &["tools"],
+            &["mcp"],
+            &["threads", "compact"],
+        ];
+        for path in reading {
+            let command = path.iter().fold(&cli, |command, name| {
+                command
+                    .find_subcommand(name)
+                    .unwrap_or_else(|| panic!("keel {path:?}"))
+            });
+            let config = command
+                .get_arguments()
+                .find(|arg| arg.get_long() == Some("config"));
+            let env = config.and_then(|arg| arg.get_env());
+            assert_eq!(
+                env.and_then(|env| env.to_str()),
+                Some("KEEL_CONFIG"),
+                "keel {} takes no --config (KEEL_CONFIG)",
+                path.join(" ")
+            );
+        }
+    }
+}
