@@ -1039,6 +1039,18 @@ fn threads_compact_without_a_url_compacts_a_thread_of_the_local_store() {
         .assert()
         .success();
 
+    // A thread the store does not have is named as unknown, not "compacted".
+    let unknown = keel(dir.path())
+        .args(["threads", "compact", "th-misspelt", "--store", &store])
+        .output()
+        .unwrap();
+    assert_eq!(unknown.status.code(), Some(1));
+    let err = text(&unknown.stderr);
+    assert!(
+        err.contains("cannot compact thread th-misspelt: thread not found"),
+        "{err}"
+    );
+
     let elsewhere = tempfile::tempdir().unwrap();
     let missing = keel(elsewhere.path())
         .args(["threads", "compact", "th-local"])

@@ -529,10 +529,15 @@ pub(crate) async fn compact(
     source.existing_store()?;
     let thread = request.thread_id.clone().unwrap_or_default();
     let executor = source.executor(agent.as_deref()).await?;
-    let result = executor
-        .compact_thread(&local_tenant(), &thread, &request)
-        .await
-        .map_err(|err| format!("cannot compact thread {thread}: {err}"));
+    let auth = local_tenant();
+    // A thread the store has nothing of is unknown (a misspelt id), as the operator API says,
+    // not a compaction that removed nothing.
+    let reads = keel::agent::reads::Reads::new(executor.runtime().clone());
+    let result = match reads.thread(&auth, &thread).await {
+        Ok(_) => executor.compact_thread(&auth, &thread, &request).await,
+        Err(err) => Err(err),
+    }
+    .map_err(|err| format!("cannot compact thread {thread}: {err}"));
     executor.shutdown().await;
     crate::remote::print_compaction(&thread, &result?, json);
     Ok(ExitCode::SUCCESS)
