@@ -791,10 +791,21 @@ fn a_task_waiting_for_approval_shows_its_request_and_is_approved_by_its_id_alone
     ] {
         assert!(err.contains(shown), "`{shown}` not shown:\n{err}");
     }
+    // The request's id, as shown (`request ID; answer with ...`).
+    let request_of = |err: &str| {
+        err.split("keel: request ")
+            .nth(1)
+            .and_then(|rest| rest.split(';').next())
+            .unwrap_or_else(|| panic!("no request id in {err}"))
+            .to_owned()
+    };
+    let request = request_of(&err);
     // `tasks get` says the same, with the same exit status as `send`.
     let (code, _, err) = keel_at(&["tasks", "get", &task]);
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("approval needed: weather"), "{err}");
+    assert!(err.contains("Oslo"), "{err}");
+    assert_eq!(request_of(&err), request, "{err}");
     assert_eq!(weather.calls(), 0);
 
     // The one request the task waits for is the one approved.
@@ -810,18 +821,37 @@ fn a_task_waiting_for_approval_shows_its_request_and_is_approved_by_its_id_alone
     );
 }
 
+/// Every client command: what follows `keel` before `--url URL`.
+const CLIENT_COMMANDS: [&[&str]; 8] = [
+    &["send", "hi"],
+    &["tasks", "list"],
+    &["tasks", "get", "t-1"],
+    &["tasks", "cancel", "t-1"],
+    &["tasks", "subscribe", "t-1"],
+    &["tasks", "approve", "t-1"],
+    &["run", "hi"],
+    &["threads", "compact", "th-1"],
+];
+
 #[test]
 fn client_commands_say_what_the_user_got_wrong_not_internal_error() {
     let dir = tempfile::tempdir().unwrap();
-    let send = |url: &str| {
-        let output = keel(dir.path())
-            .args(["send", "--url", url, "hi"])
-            .output()
-            .unwrap();
-        assert_eq!(output.status.code(), Some(1));
-        let err = text(&output.stderr);
-        assert!(!err.contains("internal error"), "{err}");
-        err
+    // Each client command at `url`: it fails (exit 1) and says so in the user's terms.
+    let each = |url: &str| -> Vec<String> {
+        CLIENT_COMMANDS
+            .iter()
+            .map(|command| {
+                let output = keel(dir.path())
+                    .args(*command)
+                    .args(["--url", url])
+                    .output()
+                    .unwrap();
+                let err = text(&output.stderr);
+                assert_eq!(output.status.code(), Some(1), "{command:?}: {err}");
+                assert!(!err.contains("internal error"), "{command:?}: {err}");
+                err
+            })
+            .collect()
     };
 
     // Nothing listens: the URL that refused is named.
@@ -830,35 +860,39 @@ fn client_commands_say_what_the_user_got_wrong_not_internal_error() {
         .local_addr()
         .unwrap()
         .port();
-    let err = send(&format!("http://127.0.0.1:{port}"));
-    assert!(
-        err.contains(&format!("cannot use http://127.0.0.1:{port}/")),
-        "{err}"
-    );
-    assert!(err.to_lowercase().contains("refused"), "{err}");
+    for err in each(&format!("http://127.0.0.1:{port}")) {
+        assert!(
+            err.contains(&format!("cannot use http://127.0.0.1:{port}/")),
+            "{err}"
+        );
+        assert!(err.to_lowercase().contains("refused"), "{err}");
+    }
 
     // No scheme.
-    let err = send(&format!("127.0.0.1:{port}"));
-    assert!(
-        err.contains("names no scheme") && err.contains("http://127.0.0.1:"),
-        "{err}"
-    );
+    for err in each(&format!("127.0.0.1:{port}")) {
+        assert!(
+            err.contains("names no scheme") && err.contains("http://127.0.0.1:"),
+            "{err}"
+        );
+    }
 
     // An agent path the server does not have: the agents it has are named.
     let weather = WeatherService::start();
     let project = project(&weather);
     let served = support::KeelServer::start_in(project.path(), &["--store", "memory"]);
-    let err = send(&format!("{}/agents/nope", served.url.trim_end_matches('/')));
-    assert!(err.contains("no agent is named `nope`"), "{err}");
-    assert!(err.contains("`assistant` (/agents/assistant/)"), "{err}");
+    for err in each(&format!("{}/agents/nope", served.url.trim_end_matches('/'))) {
+        assert!(err.contains("no agent is named `nope`"), "{err}");
+        assert!(err.contains("`assistant` (/agents/assistant/)"), "{err}");
+    }
 
     // One agent served at `/` only: its card names it.
     let demo = support::KeelServer::start(&[]);
-    let err = send(&format!("{}/agents/nope", demo.url.trim_end_matches('/')));
-    assert!(
-        err.contains("HTTP 404") && err.contains("serves the agent `keel-demo`"),
-        "{err}"
-    );
+    for err in each(&format!("{}/agents/nope", demo.url.trim_end_matches('/'))) {
+        assert!(
+            err.contains("HTTP 404") && err.contains("serves the agent `keel-demo`"),
+            "{err}"
+        );
+    }
 }
 
 #[test]
@@ -903,6 +937,131 @@ fn threads_compact_shrinks_what_the_model_sees_of_a_served_thread() {
         .success();
 }
 
+/// `keel ARGS` on a pseudo-terminal (tests/python/on_a_terminal.py), in `dir`: its exit
+/// status and what the terminal showed (stdout and stderr together).
+#[cfg(unix)]
+fn on_a_terminal(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let script = support::workspace_root().join("tests/python/on_a_terminal.py");
+    let run = std::process::Command::new("python3")
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .arg(&script)
+        .arg(env!("CARGO_BIN_EXE_keel"))
+        .args(args)
+        .output()
+        .expect("python3 runs the terminal script");
+    let seen: Value = serde_json::from_slice(&run.stdout)
+        .unwrap_or_else(|_| panic!("{}\n{}", text(&run.stdout), text(&run.stderr)));
+    let status = seen["status"].as_i64().map(|code| code as i32);
+    // Colours and cursor moves (`ESC [ ... letter`) dropped: the text as a person reads it.
+    let mut shown = String::new();
+    let mut chars = seen["output"].as_str().unwrap_or_default().chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().skip(1).find(char::is_ascii_alphabetic);
+        } else {
+            shown.push(c);
+        }
+    }
+    (status, shown)
+}
+
+/// Issue 43, item 12: on a terminal the answer is shown once, by `keel run` here and by
+/// `keel run --url` against a server (which shows it as the task's artifact); to a pipe it
+/// is still printed on stdout.
+#[cfg(unix)]
+#[test]
+fn on_a_terminal_the_answer_is_shown_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = support::KeelServer::start(&[]);
+    let answer = "You said: hello there";
+    for args in [
+        &["run", "--store", "memory", "hello there"][..],
+        &["run", "--url", &server.url, "hello there"][..],
+    ] {
+        let (status, shown) = on_a_terminal(dir.path(), args);
+        assert_eq!(status, Some(0), "{args:?}: {shown}");
+        assert_eq!(shown.matches(answer).count(), 1, "{args:?}:\n{shown}");
+        let piped = keel(dir.path()).args(args).output().unwrap();
+        assert_eq!(text(&piped.stdout).trim_end(), answer, "{args:?}");
+    }
+}
+
+/// Issue 43, item 12: client commands log no `INFO` lines unless `-v` asks (with no
+/// `RUST_LOG` set; it is documented to override both).
+#[test]
+fn client_commands_log_info_lines_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |verbose: &[&str]| {
+        let output = keel(dir.path())
+            .env_remove("RUST_LOG")
+            .args(verbose)
+            .args(["run", "--store", "memory", r#"/word_count {"text": "a b"}"#])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        text(&output.stderr)
+    };
+    let quiet = run(&[]);
+    assert!(!quiet.contains("INFO"), "{quiet}");
+    let told = run(&["-v"]);
+    assert!(
+        told.contains(" INFO ") && told.contains("run ended"),
+        "{told}"
+    );
+}
+
+/// Issue 43, item 16: without `--url`, `keel threads compact` compacts a thread of the local
+/// store (the one `keel run` wrote), and refuses a store that does not exist without making it.
+#[test]
+fn threads_compact_without_a_url_compacts_a_thread_of_the_local_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("keel.db").display());
+    for turn in 1..=4 {
+        keel(dir.path())
+            .args(["run", "--store", &store, "--thread", "th-local"])
+            .arg(format!("turn {turn}"))
+            .assert()
+            .success();
+    }
+    let compacted = keel(dir.path())
+        .args(["threads", "compact", "th-local", "--max-messages", "3"])
+        .args(["--json", "--store", &store])
+        .output()
+        .unwrap();
+    assert!(compacted.status.success(), "{}", text(&compacted.stderr));
+    let result: Value = serde_json::from_slice(&compacted.stdout).unwrap();
+    assert_eq!(result["strategy"], "recent", "{result}");
+    assert_eq!(result["after_messages"], 3, "{result}");
+    assert!(result["before_messages"].as_u64().unwrap() > 3, "{result}");
+    keel(dir.path())
+        .args(["run", "--store", &store, "--thread", "th-local", "turn 5"])
+        .assert()
+        .success();
+
+    // A thread the store does not have is named as unknown, not "compacted".
+    let unknown = keel(dir.path())
+        .args(["threads", "compact", "th-misspelt", "--store", &store])
+        .output()
+        .unwrap();
+    assert_eq!(unknown.status.code(), Some(1));
+    let err = text(&unknown.stderr);
+    assert!(
+        err.contains("cannot compact thread th-misspelt: thread not found"),
+        "{err}"
+    );
+
+    let elsewhere = tempfile::tempdir().unwrap();
+    let missing = keel(elsewhere.path())
+        .args(["threads", "compact", "th-local"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    let err = text(&missing.stderr);
+    assert!(err.contains("no store at ./keel.db"), "{err}");
+    assert!(!elsewhere.path().join("keel.db").exists());
+}
+
 /// Issue 43, item 15: on a terminal, after an approval prompt is answered (by either key),
 /// the first Ctrl-D at `you>` ends the chat.
 #[cfg(unix)]
@@ -937,17 +1096,22 @@ fn a_model_failure_goes_to_stderr_with_the_endpoint_it_tried() {
         .unwrap()
         .port();
     let llm = format!("openai-compatible:http://127.0.0.1:{port}/v1:m");
-    let run = keel(dir.path())
-        .args(["run", "--store", "memory", "--llm", &llm, "hi"])
-        .output()
-        .unwrap();
-    assert_eq!(run.status.code(), Some(1));
-    assert_eq!(text(&run.stdout), "", "a failure is no answer");
-    let err = text(&run.stderr);
-    assert!(
-        err.contains(&format!("at http://127.0.0.1:{port}/v1/chat/completions")),
-        "{err}"
-    );
+    // In process, and through a server whose model fails (`send`, `run --url`): the same.
+    let server = support::KeelServer::start(&["--llm", &llm]);
+    for args in [
+        &["run", "--store", "memory", "--llm", &llm, "hi"][..],
+        &["send", "--url", &server.url, "hi"][..],
+        &["run", "--url", &server.url, "hi"][..],
+    ] {
+        let run = keel(dir.path()).args(args).output().unwrap();
+        assert_eq!(run.status.code(), Some(1), "{args:?}");
+        assert_eq!(text(&run.stdout), "", "{args:?}: a failure is no answer");
+        let err = text(&run.stderr);
+        assert!(
+            err.contains(&format!("at http://127.0.0.1:{port}/v1/chat/completions")),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 /// The instructions `keel init` writes, and a longer version of them: 44 characters (11

@@ -228,6 +228,56 @@ fn write(dir: &Path, contents: &str) -> String {
     file.to_str().unwrap().to_owned()
 }
 
+/// Issue 43, item 13: `keel check` names every environment variable to set at once: the
+/// file's `${VAR}`s and the provider keys its models read (OPENAI_API_KEY, ...), whichever
+/// comes first in the file.
+#[test]
+fn check_names_every_missing_variable_and_provider_key_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = |name: &str, model: &str| {
+        format!("[[agents]]\nname = \"{name}\"\ndescription = \"A.\"\n\n[agents.model]\nid = \"{model}\"\n\n")
+    };
+    let keys = format!(
+        "{}{}",
+        agent("a", "openai:gpt-4o"),
+        agent("b", "anthropic:claude-x")
+    );
+    let secret = "[[server.api_keys]]\nkey = \"${KEEL_TEST_UNSET_KEY}\"\ntenant = \"a/b\"\n\n";
+    let check = |contents: &str| {
+        let file = write(dir.path(), contents);
+        let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(["check", "--config", &file])
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("KEEL_TEST_UNSET_KEY")
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        text(&out.stderr)
+    };
+    // The two models' keys.
+    let error = check(&keys);
+    assert!(error.contains("agents[0].model.id: "), "{error}");
+    assert!(error.contains("OPENAI_API_KEY"), "{error}");
+    assert!(
+        error.contains("; also: agents[1].model.id: ") && error.contains("ANTHROPIC_API_KEY"),
+        "{error}"
+    );
+    // A `${VAR}` first, then both keys.
+    let error = check(&format!("{secret}{keys}"));
+    assert!(
+        error.contains(
+            "server.api_keys[0].key: the environment variable `KEEL_TEST_UNSET_KEY` is not set"
+        ),
+        "{error}"
+    );
+    assert!(
+        error.contains("OPENAI_API_KEY") && error.contains("ANTHROPIC_API_KEY"),
+        "{error}"
+    );
+}
+
 #[test]
 fn a_bad_file_is_refused_with_its_line_column_field_and_a_suggestion() {
     let dir = tempfile::tempdir().unwrap();

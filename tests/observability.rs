@@ -260,6 +260,7 @@ async fn json_logs_carry_each_request_and_the_runs_milestones() {
     assert_eq!(send["target"], "keel::http");
     assert_eq!(send["level"], "INFO");
     assert_eq!(send["route"], "/");
+    assert_eq!(send["path"], "/");
     assert_eq!(send["status"], 200);
     assert_eq!(send["operation"], "SendMessage");
     assert_eq!(send["tenant"], "default-app/default-user");
@@ -269,6 +270,7 @@ async fn json_logs_carry_each_request_and_the_runs_milestones() {
         .find(|l| l["message"] == "request" && l["method"] == "GET")
         .unwrap();
     assert_eq!(get["route"], "/tasks/{id}");
+    assert_eq!(get["path"], format!("/tasks/{task_id}"));
     assert_eq!(get["task_id"], task_id.as_str());
     assert_eq!(get["status"], 200);
 
@@ -286,9 +288,55 @@ async fn json_logs_carry_each_request_and_the_runs_milestones() {
     );
     let ended = find("run ended");
     assert_eq!(
-        (&ended["state"], &ended["task_id"]),
-        (&json!("completed"), &json!(task_id))
+        (&ended["state"], &ended["task_id"], &ended["agent"]),
+        (&json!("completed"), &json!(task_id), &json!("keel-demo"))
     );
+    // The tool call's step and the answer's.
+    assert_eq!(ended["steps"], 2, "{ended}");
+    assert!(ended["duration_ms"].is_u64(), "{ended}");
+    assert!(ended["run_id"].is_string(), "{ended}");
+}
+
+/// Issue 43, item 12: in the default text format each request and each run is one line of
+/// `key=value` fields an operator can grep.
+#[tokio::test]
+async fn text_logs_give_a_line_per_request_and_per_run_as_key_value_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("serve.log");
+    let logs = std::fs::File::create(&path).unwrap();
+    let server =
+        KeelServer::start_logging(0, &["--store", "memory"], &[("RUST_LOG", "info")], logs);
+    let task_id = run_task(&server.url, TOOL_MESSAGE).await;
+    let text = eventually("the run's and the request's log lines", || {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let done = text.contains(" run ended ") && text.contains("request method=POST");
+        async move { done.then_some(text) }
+    })
+    .await;
+    let line = |needle: &str| {
+        text.lines()
+            .find(|line| line.contains(needle))
+            .unwrap_or_else(|| panic!("no line with `{needle}` in:\n{text}"))
+            .to_owned()
+    };
+    let request = line("request method=POST");
+    assert!(request.contains(" INFO keel::http: "), "{request}");
+    assert!(
+        request.contains("request method=POST path=/ route=/ status=200 duration_ms="),
+        "{request}"
+    );
+    let ended = line(" run ended ");
+    assert!(ended.contains(" INFO "), "{ended}");
+    for field in [
+        format!("task_id=\"{task_id}\""),
+        "agent=keel-demo".to_owned(),
+        "state=\"completed\"".to_owned(),
+        "steps=2".to_owned(),
+        "duration_ms=".to_owned(),
+        "run_id=".to_owned(),
+    ] {
+        assert!(ended.contains(&field), "`{field}` not in {ended}");
+    }
 }
 
 #[tokio::test]

@@ -157,7 +157,8 @@ pub(crate) fn wanted() -> bool {
 static WAITING: LazyLock<Mutex<HashSet<(String, String)>>> = LazyLock::new(Mutex::default);
 
 /// Counts one run's events and logs its milestones (target `keel::run`): at `info` one line
-/// when the run stops, and its tool calls and approvals.
+/// when the run stops (its agent, state, reason, steps and duration), and its tool calls and
+/// approvals.
 #[derive(Default)]
 pub(crate) struct RunMeter {
     state: Mutex<Pending>,
@@ -172,6 +173,10 @@ struct Pending {
     actions: HashMap<String, (String, DateTime<Utc>)>,
     /// When the model call under way started, for providers that report no latency.
     model_call: Option<DateTime<Utc>>,
+    /// When the run started (its first event), for the duration its stop line gives.
+    started: Option<DateTime<Utc>>,
+    /// The steps the run has taken so far, for its stop line.
+    steps: u32,
 }
 
 #[async_trait]
@@ -207,6 +212,7 @@ impl RunMeter {
         let kind = &event.event_type;
         let counting = enabled();
         if event.sequence == 1 {
+            self.pending().started = Some(event.timestamp);
             if counting {
                 metrics::counter!(RUNS_STARTED, self.labels(&[("agent", agent)])).increment(1);
             }
@@ -220,6 +226,7 @@ impl RunMeter {
             );
         }
         if *kind == EventType::STOP_EVALUATED {
+            self.pending().steps += 1;
             if counting {
                 metrics::counter!(STEPS, self.labels(&[("agent", agent)])).increment(1);
             }
@@ -300,11 +307,18 @@ impl RunMeter {
             let run = event.run_id.to_string();
             waiting(|set| set.retain(|(waiting_run, _)| *waiting_run != run));
         }
+        let (steps, duration_ms) = {
+            let pending = self.pending();
+            let took = pending.started.map(|started| event.timestamp - started);
+            (pending.steps, took.map(|took| took.num_milliseconds()))
+        };
         run_line!(
             event,
             agent = %agent,
             state = stopped.state.as_str(),
             reason = %stopped.reason,
+            steps,
+            duration_ms,
             "{}",
             if stopped.state == TaskState::Canceled {
                 "run canceled"

@@ -1,6 +1,7 @@
-//! Every `keel` command line the README and `docs/` show is one the command takes: shell
-//! blocks are parsed whole, and a command quoted in prose must name real subcommands and
-//! flags. A renamed command or flag fails here until the docs say it the new way.
+//! Every `keel` command line the README, `docs/` and `keel --help` (each command's help,
+//! every flag's) show is one the command takes: shell blocks are parsed whole, and a command
+//! quoted in prose must name real subcommands and flags. A renamed command or flag fails here
+//! until the docs and the help say it the new way.
 
 use std::path::{Path, PathBuf};
 
@@ -129,6 +130,98 @@ fn every_command_line_the_docs_show_is_one_keel_takes() {
     );
 }
 
+/// The help texts of `command` and of everything under it, each with the command it belongs
+/// to: each command's about (short and long) and each of its arguments' help, as `keel ...
+/// --help` prints them.
+fn help_texts(command: &clap::Command) -> Vec<(&clap::Command, String)> {
+    let abouts = [command.get_about(), command.get_long_about()];
+    let args = command
+        .get_arguments()
+        .flat_map(|arg| [arg.get_help(), arg.get_long_help()]);
+    let mut texts: Vec<_> = abouts
+        .into_iter()
+        .chain(args)
+        .flatten()
+        .map(|text| (command, text.to_string()))
+        .collect();
+    // `keel help ...` (clap's own, made by `build`) repeats the abouts without the flags.
+    for sub in command
+        .get_subcommands()
+        .filter(|sub| sub.get_name() != "help")
+    {
+        texts.extend(help_texts(sub));
+    }
+    texts
+}
+
+/// The `--flags` a help text names outside the `keel ...` command lines it quotes (those name
+/// another command's flags and are checked whole).
+fn flags_named(text: &str) -> Vec<String> {
+    let prose: String = text
+        .split('`')
+        .enumerate()
+        .filter(|(i, span)| i % 2 == 0 || !span.starts_with("keel "))
+        .map(|(_, span)| format!("{span} "))
+        .collect();
+    prose
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter_map(|word| word.strip_prefix("--"))
+        .filter(|flag| flag.starts_with(|c: char| c.is_ascii_lowercase()))
+        .map(|flag| flag.trim_end_matches('-').to_owned())
+        .collect()
+}
+
+#[test]
+fn every_command_line_and_flag_the_help_shows_is_one_keel_takes() {
+    let mut cli = Cli::command();
+    // Global flags (`--verbose`) reach every subcommand, as they do on the command line.
+    cli.build();
+    let mut wrong = Vec::new();
+    let mut seen = 0;
+    for (command, text) in help_texts(&cli) {
+        let name = command.get_name();
+        for span in quoted_commands(&text) {
+            seen += 1;
+            let words: Vec<String> = span.split_whitespace().skip(1).map(str::to_owned).collect();
+            if let Err(err) = check_names(&cli, &words) {
+                wrong.push(format!("help of `{name}`: `{span}`: {err}"));
+            }
+        }
+        for flag in flags_named(&text) {
+            seen += 1;
+            let known = command
+                .get_arguments()
+                .any(|arg| arg.get_long() == Some(flag.as_str()));
+            if !known {
+                wrong.push(format!(
+                    "help of `{name}` names --{flag}, a flag it does not have"
+                ));
+            }
+        }
+    }
+    // The top-level help names the tasks commands as they are spelled (it once advertised a
+    // `tasks follow` that was `subscribe`).
+    let top = cli.clone().render_long_help().to_string();
+    let tasks = cli.find_subcommand("tasks").expect("keel tasks");
+    for word in ["list", "get", "cancel", "subscribe", "approve"] {
+        assert!(tasks.find_subcommand(word).is_some(), "keel tasks {word}");
+        assert!(
+            top.contains(word),
+            "`keel --help` should name `tasks {word}`:\n{top}"
+        );
+    }
+    assert!(!top.contains("follow"), "{top}");
+    assert!(
+        seen > 40,
+        "the help shows {seen} command lines and flags: is the extraction broken?"
+    );
+    assert!(
+        wrong.is_empty(),
+        "command lines and flags the help shows that keel does not take:\n{}",
+        wrong.join("\n")
+    );
+}
+
 #[test]
 fn a_misspelled_command_or_flag_is_caught() {
     let cli = Cli::command();
@@ -143,5 +236,9 @@ fn a_misspelled_command_or_flag_is_caught() {
     assert_eq!(
         shell_commands("```sh\n$ keel init && keel check   # ok\n```\n"),
         ["keel init", "keel check"]
+    );
+    assert_eq!(
+        flags_named("over --max-tokens (or `--deny`, not `keel run --url`); --1"),
+        ["max-tokens", "deny"]
     );
 }

@@ -247,6 +247,9 @@ impl RemoteArgs {
 enum ThreadsCommand {
     /// Compact what the model sees of a thread's history, as automatic compaction would
     /// (the log stays whole; see docs/compaction.md). The thread must be idle.
+    ///
+    /// With `--url`, on that agent's server (any `keel serve`); without it, in this process on
+    /// the configured store (`--config`, `--store`), as `keel run` and `keel chat` keep it.
     Compact {
         /// The thread.
         thread: String,
@@ -266,8 +269,18 @@ enum ThreadsCommand {
         /// The result as JSON on stdout.
         #[arg(long)]
         json: bool,
+        /// Compact on this A2A agent's server (its base URL) instead of in this process.
+        #[arg(long, env = "KEEL_URL")]
+        url: Option<String>,
+        /// With `--url`: sent as the `X-API-Key` header.
+        #[arg(long, requires = "url", env = "KEEL_API_KEY")]
+        api_key: Option<String>,
+        /// Without `--url`: the agent of the file whose model summarises (`summary`; default:
+        /// the file's default agent).
+        #[arg(long, conflicts_with = "url")]
+        agent: Option<String>,
         #[command(flatten)]
-        remote: RemoteArgs,
+        source: SourceArgs,
     },
 }
 
@@ -909,7 +922,10 @@ fn main() -> ExitCode {
             max_tokens,
             preserve_recent,
             json,
-            remote,
+            url,
+            api_key,
+            agent,
+            source,
         }) => {
             let default = keel::llm::HistoryCompactionRequest::default();
             let request = keel::llm::HistoryCompactionRequest {
@@ -924,7 +940,14 @@ fn main() -> ExitCode {
                 thread_id: Some(thread.into()),
                 ..default
             };
-            runtime.block_on(remote::compact(remote.remote(), request, json))
+            match url {
+                Some(url) => runtime.block_on(remote::compact(
+                    remote::Remote { url, api_key },
+                    request,
+                    json,
+                )),
+                None => runtime.block_on(run::compact(source.source(), agent, request, json)),
+            }
         }
         Command::Tasks(command) => runtime.block_on(async {
             match command {
@@ -1395,5 +1418,51 @@ mod console_tests {
         assert!(!console_served(None, Some(false), loopback));
         assert!(console_served(Some(true), Some(false), anywhere));
         assert!(!console_served(Some(false), Some(true), loopback));
+    }
+}
+
+#[cfg(test)]
+mod config_flag_tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Issue 43, item 13: every command that reads a `keel.toml` takes it as `--config FILE`
+    /// (and `KEEL_CONFIG`), `keel check` too; only `keel init` (which writes one) and the
+    /// commands that read none are without it.
+    #[test]
+    fn every_command_that_reads_a_keel_toml_takes_config() {
+        let cli = Cli::command();
+        let reading: &[&[&str]] = &[
+            &["serve"],
+            &["check"],
+            &["run"],
+            &["chat"],
+            &["runs", "list"],
+            &["runs", "show"],
+            &["runs", "export"],
+            &["replay"],
+            &["test"],
+            &["tools"],
+            &["mcp"],
+            &["threads", "compact"],
+        ];
+        for path in reading {
+            let command = path.iter().fold(&cli, |command, name| {
+                command
+                    .find_subcommand(name)
+                    .unwrap_or_else(|| panic!("keel {path:?}"))
+            });
+            let config = command
+                .get_arguments()
+                .find(|arg| arg.get_long() == Some("config"));
+            let env = config.and_then(|arg| arg.get_env());
+            assert_eq!(
+                env.and_then(|env| env.to_str()),
+                Some("KEEL_CONFIG"),
+                "keel {} takes no --config (KEEL_CONFIG)",
+                path.join(" ")
+            );
+        }
     }
 }

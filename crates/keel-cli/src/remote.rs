@@ -2,6 +2,7 @@
 //! subscribe|approve` and `keel run --url`, through Keel's own A2A client.
 
 use std::future::Future;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use futures::StreamExt;
@@ -15,7 +16,7 @@ use serde_json::{json, Value};
 use keel::agent::approval_part;
 
 use crate::render::{approval_text, colour_stderr, out, Styles};
-use crate::run::{exit_status, pending_approval, Approver};
+use crate::run::{exit_status, pending_approval, print_answer, says_what_went_wrong, Approver};
 
 /// Where the agent is and how to be let in.
 #[derive(Debug, Clone)]
@@ -98,8 +99,10 @@ fn print_task(task: &Task, json: bool) {
         out(task_json(task));
         return;
     }
-    if let Some(text) = task.status().text() {
-        if !text.is_empty() {
+    if let Some(text) = task.status().text().filter(|text| !text.is_empty()) {
+        if says_what_went_wrong(task.state()) {
+            eprintln!("{}", Styles::new(colour_stderr()).bad.apply_to(text));
+        } else {
             out(text);
         }
     }
@@ -258,9 +261,21 @@ pub(crate) async fn compact(
     json: bool,
 ) -> Result<ExitCode, String> {
     let thread = request.thread_id.clone().unwrap_or_default();
-    let result = remote
-        .call(remote.client()?.compact_thread(&request))
-        .await?;
+    let client = remote.client()?;
+    // The card first, as every other command reads it: a URL where no agent answers is told
+    // as such (with the agents the server has), not as the endpoint's bare 404.
+    remote.call(client.get_card()).await?;
+    let result = remote.call(client.compact_thread(&request)).await?;
+    print_compaction(&thread, &result, json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A compaction's result: JSON with `json`, else one line of what it kept.
+pub(crate) fn print_compaction(
+    thread: &keel::core::ThreadId,
+    result: &keel::llm::HistoryCompactionResult,
+    json: bool,
+) {
     if json {
         out(serde_json::to_value(result).unwrap_or_default());
     } else {
@@ -277,7 +292,6 @@ pub(crate) async fn compact(
             result.after_tokens
         ));
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// `keel tasks subscribe`: follow a task until its final status.
@@ -329,6 +343,8 @@ struct Seen {
     state: Option<TaskState>,
     task_id: Option<TaskId>,
     answer: String,
+    /// The artifacts' text shown on stderr as they came.
+    shown: String,
 }
 
 /// Print a task's stream as it comes (A2A `StreamResponse` JSON lines with `json`), then
@@ -341,7 +357,19 @@ async fn follow(stream: TaskEventStream, json: bool) -> Result<ExitCode, String>
 /// The answer on stdout and the state on stderr (with `json`, the events said it all); the
 /// exit status of the last state.
 fn finish(seen: Seen, json: bool) -> Result<ExitCode, String> {
-    if !json && !seen.answer.is_empty() {
+    let shown = seen.shown.contains(seen.answer.as_str());
+    let failed = seen.state.is_some_and(says_what_went_wrong);
+    if !json && failed && !seen.answer.is_empty() {
+        let s = Styles::new(colour_stderr());
+        eprintln!("{}", s.bad.apply_to(&seen.answer));
+    } else if !json
+        && !seen.answer.is_empty()
+        && print_answer(
+            std::io::stdout().is_terminal(),
+            std::io::stderr().is_terminal(),
+            shown,
+        )
+    {
         out(seen.answer);
     }
     let state = seen
@@ -359,6 +387,7 @@ async fn follow_stream(mut stream: TaskEventStream, json: bool) -> Result<Seen, 
     let mut state = None;
     let mut task_id = None;
     let mut answer = String::new();
+    let mut shown = String::new();
     while let Some(event) = stream.next().await {
         let event = event.map_err(|err| err.to_string())?;
         if json {
@@ -398,6 +427,7 @@ async fn follow_stream(mut stream: TaskEventStream, json: bool) -> Result<Seen, 
                         .collect::<Vec<_>>()
                         .join("");
                     eprintln!("{}", s.tool.apply_to(format!("· artifact: {text}")));
+                    shown.push_str(&text);
                 }
             }
             StreamEvent::Message(message) => {
@@ -410,5 +440,6 @@ async fn follow_stream(mut stream: TaskEventStream, json: bool) -> Result<Seen, 
         state,
         task_id,
         answer,
+        shown,
     })
 }

@@ -78,8 +78,15 @@ impl Source {
     /// file that does not exist is not created: reading finds nothing there, and the error
     /// names the file it looked at.
     pub(crate) async fn runtime(&self) -> Result<DefaultRuntime, String> {
-        let loaded = self.loaded()?;
-        let store = self.store(loaded.as_ref())?;
+        let store = self.existing_store()?;
+        crate::open_runtime(&store, None, Vec::new()).await
+    }
+
+    /// The configured store, for a command that only reads or rewrites what is there (`keel
+    /// runs`, `keel threads compact`): a SQLite file that does not exist is refused, not
+    /// created, and the error names the file it looked at.
+    pub(crate) fn existing_store(&self) -> Result<StoreConfig, String> {
+        let store = self.store(self.loaded()?.as_ref())?;
         if let StoreConfig::Sqlite(path) = &store {
             if !path.exists() {
                 return Err(format!(
@@ -88,7 +95,7 @@ impl Source {
                 ));
             }
         }
-        crate::open_runtime(&store, None, Vec::new()).await
+        Ok(store)
     }
 
     /// The executor of agent `name` (default: the file's default agent, or the demo agent).
@@ -383,9 +390,7 @@ pub(crate) fn finish(renderer: &Renderer, task: &Task, json: bool) {
     let answer = task.status().text().unwrap_or_default();
     let streamed = renderer.take_streamed();
     let state = task.state();
-    if matches!(state, TaskState::Failed | TaskState::Rejected) {
-        // What went wrong (a model's failure names the endpoint it tried) is no answer: it
-        // goes to stderr, and stdout stays empty for a script.
+    if says_what_went_wrong(state) {
         if !answer.is_empty() {
             eprintln!("{}", renderer.styles().bad.apply_to(&answer));
         }
@@ -417,10 +422,22 @@ pub(crate) fn finish(renderer: &Renderer, task: &Task, json: bool) {
     );
 }
 
+/// Whether a task in `state` has in its status what went wrong rather than an answer (a
+/// model's failure names the endpoint it tried): that goes to stderr, and stdout stays empty
+/// for a script. `keel run`, `keel run --url`, `keel send` and `keel tasks`.
+pub(crate) fn says_what_went_wrong(state: TaskState) -> bool {
+    matches!(state, TaskState::Failed | TaskState::Rejected)
+}
+
 /// Whether the answer goes to stdout at the end. A script reading stdout always gets it; a
-/// person watching one terminal already saw it streamed on stderr, so it is not shown twice.
-fn print_answer(stdout_is_terminal: bool, stderr_is_terminal: bool, streamed: bool) -> bool {
-    !(stdout_is_terminal && stderr_is_terminal && streamed)
+/// person watching one terminal already saw it on stderr when it was `shown` there (streamed,
+/// or as a remote task's artifact), so it is not shown twice. `keel run` and `keel run --url`.
+pub(crate) fn print_answer(
+    stdout_is_terminal: bool,
+    stderr_is_terminal: bool,
+    shown: bool,
+) -> bool {
+    !(stdout_is_terminal && stderr_is_terminal && shown)
 }
 
 /// `keel run`.
@@ -501,6 +518,31 @@ pub(crate) async fn chat(
         }
     }
     executor.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `keel threads compact` without `--url`: the thread compacted in this process, on the
+/// configured store, by the agent whose model would summarise it (`summary`).
+pub(crate) async fn compact(
+    source: Source,
+    agent: Option<String>,
+    request: keel::llm::HistoryCompactionRequest,
+    json: bool,
+) -> Result<ExitCode, String> {
+    source.existing_store()?;
+    let thread = request.thread_id.clone().unwrap_or_default();
+    let executor = source.executor(agent.as_deref()).await?;
+    let auth = local_tenant();
+    // A thread the store has nothing of is unknown (a misspelt id), as the operator API says,
+    // not a compaction that removed nothing.
+    let reads = keel::agent::reads::Reads::new(executor.runtime().clone());
+    let result = match reads.thread(&auth, &thread).await {
+        Ok(_) => executor.compact_thread(&auth, &thread, &request).await,
+        Err(err) => Err(err),
+    }
+    .map_err(|err| format!("cannot compact thread {thread}: {err}"));
+    executor.shutdown().await;
+    crate::remote::print_compaction(&thread, &result?, json);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -242,12 +242,15 @@ async fn observe(request: Request, next: Next) -> Response {
             .record(elapsed.as_secs_f64());
     }
     let facts = facts.lock().unwrap_or_else(|p| p.into_inner());
+    // One line per request: the path asked (a 404's route is only `unmatched`), and the
+    // duration to the microsecond (a float's last digits are noise to a reader).
     tracing::info!(
         target: "keel::http",
         method = %method,
+        path = %path,
         route = %route,
         status = status.as_u16(),
-        duration_ms = elapsed.as_secs_f64() * 1000.0,
+        duration_ms = (elapsed.as_secs_f64() * 1_000_000.0).round() / 1000.0,
         operation = facts.operation.as_deref(),
         tenant = facts.tenant.as_deref(),
         task_id = facts.task_id.as_deref(),

@@ -225,18 +225,26 @@ impl Tool for HttpTool {
         } else {
             request = request.json(&Value::Object(rest));
         }
-        // Errors name the URL called, its placeholders filled, so a user sees which call
-        // failed; a URL from the environment may hold a secret and is named masked.
+        let request = request.build().map_err(|err| {
+            self.failed(format!(
+                "{} {url}: {}",
+                self.method,
+                keel_core::ErrorSource::innermost(&err)
+            ))
+        })?;
+        // Errors name the URL called, its placeholders filled and its query as sent, so a user
+        // sees which call failed; a URL from the environment may hold a secret and is named
+        // masked.
         let called = if self.url.is_secret() {
             self.url.to_string()
         } else {
-            url.clone()
+            request.url().to_string()
         };
         let response = tokio::select! {
             () = ctx.cancel.cancelled() => {
                 return Err(AgentError::Canceled { reason: "task canceled".into() });
             }
-            response = request.send() => response.map_err(|err| {
+            response = self.client.execute(request) => response.map_err(|err| {
                 let cause = if err.is_timeout() {
                     format!("no answer within {}s", self.timeout.as_secs_f64())
                 } else {

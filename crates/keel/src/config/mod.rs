@@ -141,13 +141,23 @@ impl Config {
             .parse::<toml::Table>()
             .map(|document| secret::missing_variables(&document, |name| std::env::var(name).ok()))
             .unwrap_or_default();
+        // So are the provider keys (OPENAI_API_KEY, ...) of the models that take theirs from
+        // the environment: variables to set as much as a `${VAR}` is.
+        let models = text
+            .parse::<toml::Table>()
+            .map(|document| model_failures(raw_models(&document)))
+            .unwrap_or_default();
         let also_missing = |mut error: ConfigError| {
-            if missing.len() > 1 && error.message.contains("is not set") {
-                let others: Vec<String> = missing[1..]
-                    .iter()
-                    .map(|(name, field)| format!("`{name}` ({field})"))
-                    .collect();
-                error.message = format!("{}; also not set: {}", error.message, others.join(", "));
+            if error.message.contains("is not set") {
+                if missing.len() > 1 {
+                    let others: Vec<String> = missing[1..]
+                        .iter()
+                        .map(|(name, field)| format!("`{name}` ({field})"))
+                        .collect();
+                    error.message =
+                        format!("{}; also not set: {}", error.message, others.join(", "));
+                }
+                error.message.push_str(&also(&models));
             }
             error
         };
@@ -366,13 +376,15 @@ impl Config {
                 }
             }
             let api_key = model.api_key.as_ref().map(EnvString::value);
-            keel_llm::llm_from_spec_with_key(model.id.get_ref(), api_key).map_err(|err| {
-                let reason = match &err {
-                    keel_core::AgentError::InvalidInput { reason, .. } => reason.clone(),
-                    other => other.to_string(),
-                };
-                at(model.id.span(), field("model.id"), reason)
-            })?;
+            if let Err(err) = keel_llm::llm_from_spec_with_key(model.id.get_ref(), api_key) {
+                // The later agents' models are named with it: every key to set, at once.
+                let later = self.agents.iter().enumerate().skip(i + 1).map(|(j, a)| {
+                    let key = a.model.api_key.as_ref().map(EnvString::value);
+                    (j, a.model.id.get_ref().as_str(), key)
+                });
+                let reason = model_failure(&err) + &also(&model_failures(later));
+                return Err(at(model.id.span(), field("model.id"), reason));
+            }
             if let Some(temperature) = model.temperature {
                 if !(0.0..=2.0).contains(&temperature) {
                     return Err(ConfigError::whole(
@@ -544,6 +556,58 @@ impl LoadedConfig {
             .or_else(|| agent.instructions.clone())
             .unwrap_or_default()
     }
+}
+
+/// Why a model could not be built, as a file's reader is told.
+fn model_failure(err: &keel_core::AgentError) -> String {
+    match err {
+        keel_core::AgentError::InvalidInput { reason, .. } => reason.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The agents' models of `models` (index, model id, API key) that cannot be built, each with
+/// its field and why (a provider key not set, most often).
+fn model_failures<'a>(
+    models: impl IntoIterator<Item = (usize, &'a str, Option<&'a str>)>,
+) -> Vec<(String, String)> {
+    models
+        .into_iter()
+        .filter_map(|(i, id, key)| {
+            let err = keel_llm::llm_from_spec_with_key(id, key).err()?;
+            Some((format!("agents[{i}].model.id"), model_failure(&err)))
+        })
+        .collect()
+}
+
+/// The models of a file not yet typed (`[[agents]]` tables' `model.id`) that take their key
+/// from the provider's variable: one given as `model.api_key` is a `${VAR}`, named as such.
+fn raw_models(document: &toml::Table) -> Vec<(usize, &str, Option<&str>)> {
+    let agents = document.get("agents").and_then(toml::Value::as_array);
+    agents
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, agent)| {
+            let model = agent.get("model")?.as_table()?;
+            if model.contains_key("api_key") {
+                return None;
+            }
+            Some((i, model.get("id")?.as_str()?, None))
+        })
+        .collect()
+}
+
+/// `; also: FIELD: WHY; ...` for `failures` (field, why), or nothing when there are none.
+fn also(failures: &[(String, String)]) -> String {
+    if failures.is_empty() {
+        return String::new();
+    }
+    let said: Vec<String> = failures
+        .iter()
+        .map(|(field, why)| format!("{field}: {why}"))
+        .collect();
+    format!("; also: {}", said.join("; "))
 }
 
 #[cfg(test)]

@@ -523,12 +523,12 @@ async fn an_http_tools_failure_names_the_url_it_called_and_why() {
     for (port, said) in [
         (
             refused,
-            format!("GET http://127.0.0.1:{refused}/weather/Oslo: "),
+            format!("GET http://127.0.0.1:{refused}/weather/Oslo?units=metric: "),
         ),
         (
             down,
             format!(
-                "GET http://127.0.0.1:{down}/weather/Oslo answered HTTP 503: down for maintenance"
+                "GET http://127.0.0.1:{down}/weather/Oslo?units=metric answered HTTP 503: down for maintenance"
             ),
         ),
     ] {
@@ -545,7 +545,8 @@ async fn an_http_tools_failure_names_the_url_it_called_and_why() {
         let task = executor
             .send_message(
                 &auth,
-                Message::user(r#"/weather {"city": "Oslo"}"#),
+                // `units` fills no placeholder: it goes in the query, and the error shows it.
+                Message::user(r#"/weather {"city": "Oslo", "units": "metric"}"#),
                 Default::default(),
             )
             .await
