@@ -207,3 +207,47 @@ async fn the_console_is_served_on_loopback_unless_turned_off() {
         KeelServer::start_with_env(&["--config", file.to_str().unwrap(), "--console"], &env);
     assert_eq!(browser_get(&forced, "console/").await.0, 200);
 }
+
+/// A fork made by `keel replay RUN --fork-at 1` on the server's store: its run page in the
+/// console names the run and the model call it forked from.
+#[test]
+fn a_forked_run_names_its_source_in_the_console() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("keel.db").display());
+    let keel = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(args)
+            .args(["--store", &store])
+            .current_dir(dir.path())
+            .env("RUST_LOG", "warn")
+            .env_remove("KEEL_CONFIG")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "keel {args:?}: {output:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    keel(&["run", "hello there"]);
+    let listed: Value = serde_json::from_str(&keel(&["runs", "list", "--json"])).unwrap();
+    let source = listed["runs"][0]["run_id"].as_str().unwrap().to_owned();
+    let fork: Value =
+        serde_json::from_str(&keel(&["replay", &source, "--fork-at", "1", "--json"])).unwrap();
+    let listed: Value = serde_json::from_str(&keel(&["runs", "list", "--json"])).unwrap();
+    let forked = &listed["runs"][0];
+    assert_eq!(forked["run_id"], fork["run_id"], "{listed}");
+    let route = format!(
+        "#/thread/{}/task/{}/run/{}",
+        forked["thread_id"].as_str().unwrap(),
+        forked["task_id"].as_str().unwrap(),
+        forked["run_id"].as_str().unwrap()
+    );
+    let server = KeelServer::start(&["--store", &store]);
+    let seen = drive("fork", &[server.url.as_str(), route.as_str()], None);
+    assert_eq!(seen["forked_from"], source.as_str(), "{seen}");
+    assert!(
+        seen["text"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("Forked from run {source} at model call 1")),
+        "{seen}"
+    );
+}

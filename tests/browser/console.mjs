@@ -6,6 +6,8 @@
 //   node console.mjs cancel URL       chat box -> a long tool runs -> Cancel -> canceled
 //   node console.mjs replica URL_A URL_B
 //                                     chat on A's console, watch the same run on B's console
+//   node console.mjs fork URL ROUTE   a forked run's page (ROUTE: `#/thread/T/task/K/run/R`)
+//                                     names the run and model call it forked from
 //
 // Environment: KEEL_CHROMIUM (the browser, default /usr/bin/chromium), KEEL_SCREENSHOTS (the
 // directory for screenshots), KEEL_API_KEY (typed into the console's key field when set). Prints one JSON line of what it saw; exits non-zero, saying
@@ -126,6 +128,15 @@ try {
     seen.result = await page.$eval('tr.tool.completed[data-tool="sleep"] td.result', (el) => el.textContent.trim());
     seen.served_by = new URL(page.url()).origin;
     await shot('on-b');
+  } else if (scenario === 'fork') {
+    await step('open the console', () => openConsole(url));
+    await step('open the forked run', async () => {
+      await page.goto(`${url}/console/${otherUrl}`);
+      await page.waitForSelector('p.forked', { timeout: WAIT });
+    });
+    seen.forked_from = await page.$eval('p.forked', (el) => el.dataset.forkedFrom);
+    seen.text = await page.$eval('p.forked', (el) => el.textContent.trim());
+    await shot('forked', 'section.run');
   } else {
     throw new Error(`unknown scenario ${scenario}`);
   }

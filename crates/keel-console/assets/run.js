@@ -204,6 +204,15 @@ function budget(used, limits) {
   }));
 }
 
+/** Where a fork (`keel replay RUN --fork-at N`) came from, as its report's metadata says. */
+function forkedFrom(report) {
+  const source = report && report.metadata && report.metadata['keel.forked_from'];
+  if (!source || !source.run_id) return null;
+  return h('p', { class: 'forked', 'data-forked-from': source.run_id }, [
+    'Forked from run ', h('code', {}, source.run_id), ` at model call ${source.step}: the calls before it were served from that run's recording.`,
+  ]);
+}
+
 /** The run view: figures, budget, the timeline, token use, tool and model calls, events. */
 export function renderRun(run, { runId, report, limits }) {
   const used = { ...run.usage, ...((report && report.budget && report.budget.usage) || {}) };
@@ -229,6 +238,7 @@ export function renderRun(run, { runId, report, limits }) {
     ]));
   return h('section', { class: 'run', 'data-run': runId, 'data-state': run.state || '' }, [
     h('h3', {}, ['Run ', h('code', {}, runId || ''), ' ', h('span', { class: `state ${run.state || ''}` }, run.state || '…')]),
+    forkedFrom(report),
     h('p', { class: 'figures' }, `${duration(run.end - run.start)} · ${run.steps.length} steps · ${used.llm_calls} model calls · ${used.input_tokens} in / ${used.output_tokens} out tokens · ${used.tool_calls} tool calls`),
     budget(used, limits),
     h('div', { class: 'pictures' }, [
