@@ -304,9 +304,10 @@ export function taskView(threadId, taskId, chosenRun) {
     if (frame === null) frame = requestAnimationFrame(draw);
   };
   const loadConversation = async () => {
-    const answer = await api(`/threads/${encodeURIComponent(threadId)}/messages`, { query: { limit: 1000 } });
-    const mine = (answer.messages || []).filter((e) => (e.message.metadata || {})['keel.task_id'] === taskId);
-    talk.replaceChildren(conversation(mine));
+    // The task's own entries, read on the server back from the thread's end: on a long
+    // thread a page or two, not the thread's first messages.
+    const answer = await api(`/api/v1/tasks/${encodeURIComponent(taskId)}/messages`);
+    talk.replaceChildren(conversation(answer.messages || []));
   };
   const loadRuns = async () => {
     // A task resumed by another process, or after a restart, has several runs: link them all.

@@ -113,8 +113,34 @@ pub(super) async fn history_window(
     thread_id: &keel_core::ThreadId,
     first_message: Option<&str>,
 ) -> AgentResult<Vec<LlmMessage>> {
+    let (mut checkpoint, mut found) = (false, first_message.is_none());
+    let entries = read_back(store, auth, thread_id, |page| {
+        checkpoint |= page
+            .iter()
+            .any(|e| keel_llm::is_compaction_checkpoint(&e.message));
+        found |= page.iter().any(|e| is_input(&e.message, first_message));
+        checkpoint && found
+    })
+    .await?;
+    Ok(entries.into_iter().map(|entry| entry.message).collect())
+}
+
+/// Whether `entry` is the history entry of the user message `message_id`.
+pub(crate) fn is_input(entry: &LlmMessage, message_id: Option<&str>) -> bool {
+    message_id.is_some() && entry.metadata.get(META_MESSAGE).and_then(Value::as_str) == message_id
+}
+
+/// A thread's history read backward from its end, [`HISTORY_PAGE`] entries at a time,
+/// until `enough` says so of the page just read (it sees every page, newest first) or the
+/// start is reached; answered oldest first.
+pub(crate) async fn read_back(
+    store: &dyn keel_runtime::ThreadStore,
+    auth: &keel_runtime::AuthContext,
+    thread_id: &keel_core::ThreadId,
+    mut enough: impl FnMut(&[keel_runtime::HistoryEntry]) -> bool,
+) -> AgentResult<Vec<keel_runtime::HistoryEntry>> {
     let mut pages = Vec::new();
-    let (mut before, mut checkpoint, mut found) = (u64::MAX, false, first_message.is_none());
+    let mut before = u64::MAX;
     loop {
         let page = store
             .read_history_before(auth, thread_id, before, HISTORY_PAGE)
@@ -124,23 +150,13 @@ pub(super) async fn history_window(
         };
         before = oldest.seq;
         let whole = page.len() < HISTORY_PAGE || before <= 1;
-        checkpoint |= page
-            .iter()
-            .any(|e| keel_llm::is_compaction_checkpoint(&e.message));
-        found |= page
-            .iter()
-            .any(|e| e.message.metadata.get(META_MESSAGE).and_then(Value::as_str) == first_message);
+        let done = enough(&page);
         pages.push(page);
-        if whole || (checkpoint && found) {
+        if whole || done {
             break;
         }
     }
-    Ok(pages
-        .into_iter()
-        .rev()
-        .flatten()
-        .map(|entry| entry.message)
-        .collect())
+    Ok(pages.into_iter().rev().flatten().collect())
 }
 
 impl RunLoop<'_> {

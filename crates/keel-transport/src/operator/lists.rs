@@ -209,6 +209,29 @@ pub(super) async fn task(
     )
 }
 
+/// A task's conversation: its own entries of its thread's history (input, answers, tool
+/// calls and results), oldest first, read back from the thread's end (decision 251).
+#[utoipa::path(get, path = "/api/v1/tasks/{task_id}/messages", tag = "operator",
+    params(("task_id" = String, Path, description = "The task")),
+    responses(
+        (status = 200, body = Object,
+            description = "`task_id`, `thread_id` and `messages`: history entries `{seq, message}`"),
+        (status = 400, body = ErrorBody, description = "`invalid_id`"),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody, description = "`task_not_found`"),
+    ))]
+pub(super) async fn task_messages(
+    State(state): State<OperatorState>,
+    Caller(auth): Caller,
+    Path(task_id): Path<String>,
+) -> Response {
+    let task_id: TaskId = tri!(check_id("task_id", task_id));
+    let read = state.reads.task_messages(&auth, &task_id).await;
+    answer(read.map(|(thread_id, messages)| {
+        serde_json::json!({"task_id": task_id, "thread_id": thread_id, "messages": messages})
+    }))
+}
+
 /// The actions waiting for a decision.
 #[utoipa::path(get, path = "/api/v1/approvals", tag = "operator",
     params(ListQuery),
