@@ -143,7 +143,7 @@ async fn the_openapi_document_lists_every_operator_route() {
 }
 
 #[tokio::test]
-async fn agents_list_their_card_and_tools() {
+async fn agents_list_their_card_tools_and_budget() {
     let op = Operator::start().await;
     let (status, answer) = op.get(Some(BOB), "/agents").await;
     assert_eq!(status, StatusCode::OK, "{answer}");
@@ -157,6 +157,11 @@ async fn agents_list_their_card_and_tools() {
         .find(|t| t["name"] == "write_record")
         .expect("{tools:?}");
     assert_eq!(write["input_schema"]["required"], json!(["id"]));
+    assert_eq!(
+        agent["budget"],
+        json!({"max_steps": 12, "max_input_tokens": 500_000, "max_runtime_seconds": 600.0}),
+        "{agent}"
+    );
     assert_eq!(op.get(None, "/agents").await.0, StatusCode::UNAUTHORIZED);
     op.stop().await;
 }

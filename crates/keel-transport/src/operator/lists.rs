@@ -27,7 +27,7 @@ fn to_json(value: impl serde::Serialize) -> Value {
     serde_json::to_value(value).unwrap_or(Value::Null)
 }
 
-/// The server's agents: their cards' fields and their tools.
+/// The server's agents: their cards' fields, their tools and their runs' limits.
 #[utoipa::path(get, path = "/api/v1/agents", tag = "operator",
     responses(
         (status = 200, body = AgentsAnswer),
@@ -41,6 +41,10 @@ pub(super) async fn agents(State(state): State<OperatorState>, _: Caller) -> Res
         .map(|(i, agent)| {
             let executor = agent.handlers.executor();
             let card = executor.agent().card();
+            // The stop rules' step limit always holds; the budget's may be tighter.
+            let mut budget = executor.agent().budget().clone();
+            let steps = executor.agent().max_steps();
+            budget.max_steps = Some(budget.max_steps.map_or(steps, |max| max.min(steps)));
             AgentView {
                 name: agent.name.clone(),
                 description: card.description.clone(),
@@ -59,6 +63,7 @@ pub(super) async fn agents(State(state): State<OperatorState>, _: Caller) -> Res
                         input_schema: spec.parameters,
                     })
                     .collect(),
+                budget: to_json(&budget),
             }
         })
         .collect();
