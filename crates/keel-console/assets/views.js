@@ -271,6 +271,9 @@ export function taskView(threadId, taskId, chosenRun) {
   // The run's events from its report, and what the task's live events tell of it since.
   const events = new Map();
   const live = new Map();
+  // The run's model calls as they happen (`event: run` on the task's stream, from the
+  // process that runs it), until its report has them.
+  const liveRun = new Map();
   let stopped = false;
   let stopFollow = () => {};
   let timer = null;
@@ -299,7 +302,8 @@ export function taskView(threadId, taskId, chosenRun) {
       const callId = pending.action && pending.action.metadata && pending.action.metadata.call_id;
       newer.push({ type: 'approval.required', sequence: 2e9, timestamp: pending.requested_at, action_id: callId, payload: { request: pending } });
     }
-    const run = analyze([...reported, ...newer], Date.now());
+    const calls = chosenRun ? [] : [...liveRun.values()].filter((e) => (!runId || e.run_id === runId) && !events.has(e.sequence));
+    const run = analyze([...reported, ...newer, ...calls], Date.now());
     const limits = narrowBudget(task.metadata && task.metadata.run_context && task.metadata.run_context.budget, agentBudget);
     runBox.replaceChildren(renderRun(run, { runId, report, limits }));
   };
@@ -374,6 +378,13 @@ export function taskView(threadId, taskId, chosenRun) {
   };
   let refreshing = null;
   const onEvent = (data) => {
+    if (data && data.run_event) {
+      // A model call's start or end: drawn at once, nothing to read again.
+      const e = data.run_event;
+      liveRun.set(`${e.run_id}:${e.sequence}`, e);
+      redraw();
+      return;
+    }
     if (!data || !data.event || data.seq === undefined) return;
     live.set(data.seq, fromTaskEvent(data.seq, data.event));
     // The task's state, approval, messages and artifacts, and the run's report when it rests:

@@ -72,6 +72,8 @@ struct OperatorState {
     executor: AgentExecutor,
     /// The server's agents, the default first.
     agents: Arc<Vec<OperatorAgent>>,
+    /// Their runs' model calls, for the task streams.
+    live: events::LiveRunEvents,
 }
 
 impl OperatorState {
@@ -168,11 +170,23 @@ pub(crate) fn router(
     security: Option<Security>,
     agents: Vec<OperatorAgent>,
 ) -> Router {
+    let live = events::LiveRunEvents::new();
+    // The default agent is the first of `agents`; a server that lists none serves `executor`.
+    if agents.is_empty() {
+        executor.add_event_sink(Arc::new(live.clone()));
+    }
+    for agent in &agents {
+        agent
+            .handlers
+            .executor()
+            .add_event_sink(Arc::new(live.clone()));
+    }
     let state = OperatorState {
         reads: executor.reads(),
         security,
         executor: executor.clone(),
         agents: Arc::new(agents),
+        live,
     };
     routes()
         .into_iter()
