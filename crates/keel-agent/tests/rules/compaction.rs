@@ -417,3 +417,74 @@ async fn a_runs_history_reads_do_not_grow_with_the_thread() {
     }
     assert_eq!(reads[0], reads[1], "a run reads as much on the longer thread");
 }
+
+/// Decision 250: a task that waited while its thread grew and was compacted resumes with
+/// its own entries, read back past the checkpoint to its first input: that input is not
+/// taken in again, and its question is answered.
+#[tokio::test]
+async fn a_task_resumed_after_its_thread_grew_and_was_compacted_reads_back_to_its_input() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let thread = ThreadId::new();
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![keel_llm::ToolCall::new(
+            "ask_human",
+            serde_json::json!({"question": "Which city?"}),
+        )]),
+        MockResponse::Text("Booked in Lisbon.".into()),
+    ]));
+    let handoff = Agent::builder(AgentCard::new("talker", "talks", "http://127.0.0.1:0"))
+        .instructions("Answer briefly.")
+        .llm_shared(llm.clone())
+        .human_handoff(true)
+        .build()
+        .unwrap();
+    let exec = AgentExecutor::new(handoff, runtime.clone());
+    let asked = exec
+        .send_message(
+            &auth,
+            Message::user("book a hotel").in_thread(thread.clone()),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(asked.state(), TaskState::InputRequired, "{asked:?}");
+
+    // Meanwhile the thread grows by 600 entries and is compacted, once the run let go of it.
+    let store = runtime.thread_store();
+    let lease = keel_runtime::testing::eventually("the run to release the thread", || async {
+        store
+            .acquire_lease(&auth, &thread, "builder", std::time::Duration::from_secs(60))
+            .await
+            .unwrap()
+    })
+    .await;
+    let filler: Vec<LlmMessage> = (0..300)
+        .flat_map(|i| {
+            [
+                LlmMessage::user(format!("q{i}")),
+                LlmMessage::assistant(format!("a{i}"), vec![]),
+            ]
+        })
+        .collect();
+    store.append_history(&auth, &lease, &filler).await.unwrap();
+    store.release_lease(&auth, &lease).await.unwrap();
+    let request = HistoryCompactionRequest {
+        max_messages: 3,
+        ..HistoryCompactionRequest::new(CompactionStrategy::Recent)
+    };
+    exec.compact_thread(&auth, &thread, &request).await.unwrap();
+
+    let mut answer = Message::user("Lisbon");
+    answer.task_id = Some(asked.id.clone());
+    let done = exec
+        .send_message(&auth, answer.in_thread(thread.clone()), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(done.state(), TaskState::Completed, "{done:?}");
+    let stored = log(&runtime, &auth, &thread).await;
+    let taken = |text: &str| stored.iter().filter(|m| m.content == text).count();
+    assert_eq!(taken("book a hotel"), 1, "the first input is taken in once");
+    assert_eq!(taken("Lisbon"), 1);
+    assert_eq!(taken("Booked in Lisbon."), 1);
+}
