@@ -602,7 +602,13 @@ async fn a_thread_of_ten_thousand_tasks_lists_and_shows_its_last_task() {
     store.release_lease(&auth, &lease).await.unwrap();
     println!("{TASKS} tasks written in {:?}", started.elapsed());
 
-    // The thread's tasks, a page at a time.
+    // The thread's page: its state and its 20 most recent tasks, then its tasks a page at a
+    // time.
+    let started = std::time::Instant::now();
+    let (status, detail) = op.get(Some(ALICE), "/threads/long").await;
+    assert_eq!(status, StatusCode::OK, "{detail}");
+    assert_eq!(detail["recent_tasks"].as_array().unwrap().len(), 20);
+    println!("the thread's detail in {:?}", started.elapsed());
     let started = std::time::Instant::now();
     let (status, page) = op
         .get(Some(ALICE), "/tasks?thread_id=long&page_size=100")
