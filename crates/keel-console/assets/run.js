@@ -183,6 +183,18 @@ export function rows(run) {
   return out;
 }
 
+/**
+ * The limits a run works under: its caller's budget (`run_context.budget`) narrowed by its
+ * agent's (`GET /api/v1/agents`), limit by limit, as the engine narrows them.
+ */
+export function narrowBudget(caller, agent) {
+  const out = { ...(agent || {}) };
+  for (const [k, v] of Object.entries(caller || {})) {
+    if (v !== null && v !== undefined) out[k] = out[k] === undefined || out[k] === null ? v : Math.min(out[k], v);
+  }
+  return out;
+}
+
 /** The figures of a budget: what the run used against its limits (`max_*`), as meters. */
 function budget(used, limits) {
   const pairs = [
@@ -191,10 +203,14 @@ function budget(used, limits) {
     ['tool_calls', 'max_tool_calls'],
     ['input_tokens', 'max_input_tokens'],
     ['output_tokens', 'max_output_tokens'],
-  ];
+    // Time and cost show only against a limit.
+    ['runtime_seconds', 'max_runtime_seconds', true],
+    ['cost_micros', 'max_cost_micros', true],
+  ].filter(([, max, limitedOnly]) => !limitedOnly || (limits && limits[max]));
   return h('div', { class: 'budget' }, pairs.map(([k, max]) => {
     const limit = limits && limits[max];
-    const value = used[k] ?? 0;
+    const raw = used[k] ?? 0;
+    const value = k === 'runtime_seconds' ? Math.round(raw * 10) / 10 : raw;
     const meter = limit ? h('meter', { min: 0, max: limit, value, high: limit * 0.8, optimum: 0 }) : null;
     return h('div', { class: 'figure', 'data-figure': k }, [
       h('span', { class: 'name' }, k.replace('_', ' ')),

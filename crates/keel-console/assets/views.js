@@ -3,7 +3,7 @@
 
 import { agentPaths, api, ApiError, cancel, decide, follow, sendMessage } from './api.js';
 import { h, json, when } from './dom.js';
-import { analyze, fromTaskEvent, renderRun } from './run.js';
+import { analyze, fromTaskEvent, narrowBudget, renderRun } from './run.js';
 
 const TERMINAL = ['completed', 'failed', 'canceled', 'rejected'];
 
@@ -71,6 +71,7 @@ export async function agentsView() {
       when(a.version, () => h('p', { class: 'muted' }, `version ${a.version}`)),
       when((a.skills || []).length, () => h('div', {}, [h('h4', {}, 'Skills'), h('ul', {}, a.skills.map((s) => h('li', {}, [h('strong', {}, s.name || s.id), ' ', s.description || ''])))])),
       when((a.tools || []).length, () => h('div', {}, [h('h4', {}, 'Tools'), h('ul', { class: 'tools-list' }, a.tools.map((t) => h('li', {}, [h('code', {}, t.name || t), ' ', t.description || ''])))])),
+      when(Object.keys(a.budget || {}).length, () => h('div', { class: 'limits' }, [h('h4', {}, 'Run limits'), h('ul', {}, Object.entries(a.budget).map(([k, v]) => h('li', { 'data-limit': k }, [h('code', {}, k), ' ', String(v)])))])),
       h('a', { class: 'button', href: `#/chat/${encodeURIComponent(a.name)}` }, 'Chat'),
     ]))),
   ]);
@@ -265,9 +266,14 @@ export function taskView(threadId, taskId, chosenRun) {
   let task = null;
   let runId = null;
   let report = null;
+  // The limits of the task's agent, read once: a run's figures are shown against them.
+  let agentBudget = null;
   // The run's events from its report, and what the task's live events tell of it since.
   const events = new Map();
   const live = new Map();
+  // The run's model calls as they happen (`event: run` on the task's stream, from the
+  // process that runs it), until its report has them.
+  const liveRun = new Map();
   let stopped = false;
   let stopFollow = () => {};
   let timer = null;
@@ -296,17 +302,26 @@ export function taskView(threadId, taskId, chosenRun) {
       const callId = pending.action && pending.action.metadata && pending.action.metadata.call_id;
       newer.push({ type: 'approval.required', sequence: 2e9, timestamp: pending.requested_at, action_id: callId, payload: { request: pending } });
     }
-    const run = analyze([...reported, ...newer], Date.now());
-    const limits = task.metadata && task.metadata.run_context && task.metadata.run_context.budget;
+    const calls = chosenRun ? [] : [...liveRun.values()].filter((e) => (!runId || e.run_id === runId) && !events.has(e.sequence));
+    const run = analyze([...reported, ...newer, ...calls], Date.now());
+    const limits = narrowBudget(task.metadata && task.metadata.run_context && task.metadata.run_context.budget, agentBudget);
     runBox.replaceChildren(renderRun(run, { runId, report, limits }));
   };
   const redraw = () => {
     if (frame === null) frame = requestAnimationFrame(draw);
   };
   const loadConversation = async () => {
-    const answer = await api(`/threads/${encodeURIComponent(threadId)}/messages`, { query: { limit: 1000 } });
-    const mine = (answer.messages || []).filter((e) => (e.message.metadata || {})['keel.task_id'] === taskId);
-    talk.replaceChildren(conversation(mine));
+    // The task's own entries, read on the server back from the thread's end: on a long
+    // thread a page or two, not the thread's first messages.
+    const answer = await api(`/api/v1/tasks/${encodeURIComponent(taskId)}/messages`);
+    talk.replaceChildren(conversation(answer.messages || []));
+  };
+  const loadAgentBudget = async () => {
+    if (agentBudget !== null) return;
+    const name = task.metadata && task.metadata.agent;
+    const list = await agents().catch(() => []);
+    const agent = list.find((a) => a.name === name) || list.find((a) => a.default);
+    agentBudget = (agent && agent.budget) || {};
   };
   const loadRuns = async () => {
     // A task resumed by another process, or after a restart, has several runs: link them all.
@@ -336,7 +351,7 @@ export function taskView(threadId, taskId, chosenRun) {
         runId = current;
         events.clear();
       }
-      await Promise.all([loadRun(), loadConversation(), loadRuns()]);
+      await Promise.all([loadRun(), loadConversation(), loadRuns(), loadAgentBudget()]);
       // A finished task's stream has ended: stop asking for it again.
       if (TERMINAL.includes(task.status && task.status.state)) stopFollow();
       redraw();
@@ -363,6 +378,13 @@ export function taskView(threadId, taskId, chosenRun) {
   };
   let refreshing = null;
   const onEvent = (data) => {
+    if (data && data.run_event) {
+      // A model call's start or end: drawn at once, nothing to read again.
+      const e = data.run_event;
+      liveRun.set(`${e.run_id}:${e.sequence}`, e);
+      redraw();
+      return;
+    }
     if (!data || !data.event || data.seq === undefined) return;
     live.set(data.seq, fromTaskEvent(data.seq, data.event));
     // The task's state, approval, messages and artifacts, and the run's report when it rests:

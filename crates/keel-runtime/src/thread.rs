@@ -42,6 +42,25 @@ pub trait ThreadHistory: Send + Sync {
         after_seq: u64,
         limit: usize,
     ) -> AgentResult<Vec<HistoryEntry>>;
+
+    /// The newest `limit` entries with `seq < before_seq`, in order (oldest first):
+    /// `before_seq` [`u64::MAX`] reads the tail. What the engine pages a thread with from
+    /// the end, back to its newest compaction checkpoint, so that a run's cost does not
+    /// grow with the thread's length (decision 250). The default reads the history from
+    /// the start; a backend overrides it with a read of the wanted range only.
+    async fn read_history_before(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        before_seq: u64,
+        limit: usize,
+    ) -> AgentResult<Vec<HistoryEntry>> {
+        let mut entries = self.read_history(auth, thread_id, 0, usize::MAX).await?;
+        entries.retain(|entry| entry.seq < before_seq);
+        let start = entries.len().saturating_sub(limit);
+        entries.drain(..start);
+        Ok(entries)
+    }
 }
 
 /// Work waiting for a thread: a user message, a tool call, a callback.

@@ -208,6 +208,34 @@ impl ThreadHistory for InMemoryThreadStore {
             })
             .collect())
     }
+
+    async fn read_history_before(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        before_seq: u64,
+        limit: usize,
+    ) -> AgentResult<Vec<HistoryEntry>> {
+        let Some(thread) = self
+            .threads
+            .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
+        else {
+            return Ok(Vec::new());
+        };
+        // Entry seq n sits at index n - 1: `seq < before_seq` ends before index before_seq - 1.
+        let end = usize::try_from(before_seq.saturating_sub(1))
+            .unwrap_or(usize::MAX)
+            .min(thread.history.len());
+        let start = end.saturating_sub(limit);
+        Ok(thread.history[start..end]
+            .iter()
+            .enumerate()
+            .map(|(i, message)| HistoryEntry {
+                seq: (start + i + 1) as u64,
+                message: message.clone(),
+            })
+            .collect())
+    }
 }
 
 #[async_trait]

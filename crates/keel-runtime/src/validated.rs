@@ -61,6 +61,7 @@ validated_impl! {
     impl ThreadHistory {
         fn append_history(&self, auth: &AuthContext, lease: &Lease, messages: &[LlmMessage]) -> AgentResult<u64>;
         fn read_history(&self, auth: &AuthContext, thread_id: &ThreadId, after_seq: u64, limit: usize) -> AgentResult<Vec<HistoryEntry>>;
+        fn read_history_before(&self, auth: &AuthContext, thread_id: &ThreadId, before_seq: u64, limit: usize) -> AgentResult<Vec<HistoryEntry>>;
     }
 }
 

@@ -53,6 +53,10 @@ SELECT EXISTS (SELECT 1 FROM lease), (SELECT seq FROM last) + cardinality($5::te
 const READ_HISTORY: &str = "SELECT seq, body FROM thread_history \
      WHERE tenant = $1 AND thread_id = $2 AND seq > $3 ORDER BY seq LIMIT $4";
 
+/// The newest entries before a seq, newest first (answered oldest first).
+const READ_HISTORY_BEFORE: &str = "SELECT seq, body FROM thread_history \
+     WHERE tenant = $1 AND thread_id = $2 AND seq < $3 ORDER BY seq DESC LIMIT $4";
+
 /// Number the item with the thread's queue counter (which survives acks, so seqs only grow)
 /// and queue it, in one statement.
 const PUSH: &str = "\
@@ -153,19 +157,51 @@ impl ThreadHistory for PostgresStore {
             "reading a thread's history",
         )
         .await?;
-        rows.iter()
-            .map(|row| {
-                let seq: i64 = row.get(0);
-                Ok(HistoryEntry {
-                    seq: from_sql_int(seq, "history seq")?,
-                    message: decode_record(
-                        row.get(1),
-                        &format!("history entry {seq} of thread {thread_id}"),
-                    )?,
-                })
-            })
-            .collect()
+        history_entries(&rows, thread_id)
     }
+
+    async fn read_history_before(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        before_seq: u64,
+        limit: usize,
+    ) -> AgentResult<Vec<HistoryEntry>> {
+        let client = self.client().await?;
+        let mut rows = query(
+            &client,
+            READ_HISTORY_BEFORE,
+            &[
+                &auth.namespace(),
+                &thread_id.as_str(),
+                &to_sql_int(before_seq),
+                &to_sql_int(limit),
+            ],
+            "reading a thread's history",
+        )
+        .await?;
+        rows.reverse();
+        history_entries(&rows, thread_id)
+    }
+}
+
+/// History rows (seq, body) as entries.
+fn history_entries(
+    rows: &[tokio_postgres::Row],
+    thread_id: &ThreadId,
+) -> AgentResult<Vec<HistoryEntry>> {
+    rows.iter()
+        .map(|row| {
+            let seq: i64 = row.get(0);
+            Ok(HistoryEntry {
+                seq: from_sql_int(seq, "history seq")?,
+                message: decode_record(
+                    row.get(1),
+                    &format!("history entry {seq} of thread {thread_id}"),
+                )?,
+            })
+        })
+        .collect()
 }
 
 /// The count in the first column of `row`.

@@ -78,6 +78,24 @@ return redis.call('LLEN', KEYS[2])
     )
 });
 
+/// The newest entries of a thread's history before a seq (see
+/// [`ThreadHistory::read_history_before`](keel_runtime::ThreadHistory::read_history_before)):
+/// the list's length and the range read in one atomic step, so that the seqs answered are
+/// the entries'.
+///
+/// KEYS: history list. ARGV: before_seq (at most `i64::MAX`), limit. Returns the seq
+/// before the first entry answered, then the entries.
+pub(crate) static READ_HISTORY_BEFORE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local last = math.min(tonumber(ARGV[1]) - 1, redis.call('LLEN', KEYS[1]))
+local first = math.max(last - tonumber(ARGV[2]), 0)
+if last <= first then return {first, {}} end
+return {first, redis.call('LRANGE', KEYS[1], first, last - 1)}
+",
+    )
+});
+
 /// One persist point of an engine step: history entries under the lease and the task's log
 /// entries, in one round trip and atomically.
 ///

@@ -99,6 +99,37 @@ impl ThreadHistory for RedisStore {
             })
             .collect()
     }
+
+    async fn read_history_before(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        before_seq: u64,
+        limit: usize,
+    ) -> AgentResult<Vec<HistoryEntry>> {
+        if limit == 0 || before_seq <= 1 {
+            return Ok(Vec::new());
+        }
+        let key = self.keys(auth).of(kind::HISTORY, thread_id.as_str());
+        let (first, texts): (i64, Vec<String>) = scripts::READ_HISTORY_BEFORE
+            .key(&key)
+            .arg(before_seq.min(i64::MAX as u64))
+            .arg(limit.min(i64::MAX as usize))
+            .invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail("read history", &e))?;
+        let first = u64::try_from(first).unwrap_or_default();
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                Ok(HistoryEntry {
+                    seq: first + i as u64 + 1,
+                    message: decode(&key, text)?,
+                })
+            })
+            .collect()
+    }
 }
 
 #[async_trait]

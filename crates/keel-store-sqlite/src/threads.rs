@@ -138,20 +138,56 @@ impl ThreadHistory for SqliteStore {
                 |row| Ok((row.get(0)?, row.get(1)?)),
                 "reading a thread's history",
             )?;
-            rows.into_iter()
-                .map(|(seq, body)| {
-                    Ok(HistoryEntry {
-                        seq: from_sql_int(seq, "history seq")?,
-                        message: decode_record(
-                            &body,
-                            &format!("history entry {seq} of thread {thread_id}"),
-                        )?,
-                    })
-                })
-                .collect()
+            history_entries(rows, &thread_id)
         })
         .await
     }
+
+    async fn read_history_before(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        before_seq: u64,
+        limit: usize,
+    ) -> AgentResult<Vec<HistoryEntry>> {
+        let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
+        self.read(move |conn| {
+            let mut rows: Vec<(i64, String)> = select_rows(
+                conn,
+                "SELECT seq, body FROM thread_history \
+                 WHERE tenant = ?1 AND thread_id = ?2 AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
+                params![
+                    tenant,
+                    thread_id.as_str(),
+                    to_sql_int(before_seq),
+                    usize_to_sql(limit)
+                ],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+                "reading a thread's history",
+            )?;
+            rows.reverse();
+            history_entries(rows, &thread_id)
+        })
+        .await
+    }
+}
+
+/// History rows (seq, body) as entries.
+fn history_entries(
+    rows: Vec<(i64, String)>,
+    thread_id: &ThreadId,
+) -> AgentResult<Vec<HistoryEntry>> {
+    rows.into_iter()
+        .map(|(seq, body)| {
+            Ok(HistoryEntry {
+                seq: from_sql_int(seq, "history seq")?,
+                message: decode_record(
+                    &body,
+                    &format!("history entry {seq} of thread {thread_id}"),
+                )?,
+            })
+        })
+        .collect()
 }
 
 #[async_trait]

@@ -118,6 +118,7 @@ async fn the_openapi_document_lists_every_operator_route() {
         ("get", "/api/v1/threads/{thread_id}"),
         ("get", "/api/v1/tasks"),
         ("get", "/api/v1/tasks/{task_id}"),
+        ("get", "/api/v1/tasks/{task_id}/messages"),
         ("get", "/api/v1/approvals"),
         ("get", "/api/v1/runs"),
         ("get", "/api/v1/runs/{run_id}"),
@@ -142,7 +143,7 @@ async fn the_openapi_document_lists_every_operator_route() {
 }
 
 #[tokio::test]
-async fn agents_list_their_card_and_tools() {
+async fn agents_list_their_card_tools_and_budget() {
     let op = Operator::start().await;
     let (status, answer) = op.get(Some(BOB), "/agents").await;
     assert_eq!(status, StatusCode::OK, "{answer}");
@@ -156,6 +157,11 @@ async fn agents_list_their_card_and_tools() {
         .find(|t| t["name"] == "write_record")
         .expect("{tools:?}");
     assert_eq!(write["input_schema"]["required"], json!(["id"]));
+    assert_eq!(
+        agent["budget"],
+        json!({"max_steps": 12, "max_input_tokens": 500_000, "max_runtime_seconds": 600.0}),
+        "{agent}"
+    );
     assert_eq!(op.get(None, "/agents").await.0, StatusCode::UNAUTHORIZED);
     op.stop().await;
 }
@@ -288,6 +294,12 @@ async fn every_route_answers_another_tenants_ids_as_unknown_ones() {
             "thread_not_found",
         ),
         ("get", format!("/tasks/{task}"), None, "task_not_found"),
+        (
+            "get",
+            format!("/tasks/{task}/messages"),
+            None,
+            "task_not_found",
+        ),
         ("get", format!("/runs/{run_id}"), None, "run_not_found"),
         (
             "post",
@@ -529,4 +541,144 @@ async fn several_agents_are_listed_and_a_message_goes_to_the_one_it_names() {
     assert_eq!(task["status"]["state"], "completed", "{task}");
     let (_, threads) = get(&http, &format!("{base}/api/v1/threads"), Some(ALICE)).await;
     assert_eq!(threads["threads"][0]["agent"], "echo", "{threads}");
+}
+
+/// Issue 40: "a thread of 10,000 tasks opens in under a second". The thread's tasks (written
+/// straight to the stores, with two history entries each) page on the server, and the last
+/// task's conversation is its own two entries, read back from the thread's end rather than
+/// from its first messages. Times are printed, not asserted.
+#[tokio::test]
+async fn a_thread_of_ten_thousand_tasks_lists_and_shows_its_last_task() {
+    use keel_core::{Message, Task, TaskEvent, ThreadId};
+    use keel_llm::LlmMessage;
+
+    const TASKS: usize = 10_000;
+    let op = Operator::start().await;
+    let first = op.send("long", "hello").await;
+    let runtime = op.server.executor.runtime().clone();
+    let auth = AuthContext::new("acme", "alice");
+    let tasks = runtime.task_manager();
+    let template = tasks
+        .get_task(&auth, &first["id"].as_str().unwrap().into())
+        .await
+        .unwrap()
+        .unwrap();
+    let thread = ThreadId::from("long");
+    let store = runtime.thread_store();
+    let lease = store
+        .acquire_lease(
+            &auth,
+            &thread,
+            "builder",
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut last = String::new();
+    let mut entries = Vec::new();
+    for i in 1..TASKS {
+        let mut task = template.clone();
+        task.id = Task::new(thread.clone()).id;
+        let input = Message::user(format!("question {i}")).in_thread(thread.clone());
+        let mut user = LlmMessage::user(format!("question {i}"));
+        let mut answer = LlmMessage::assistant(format!("answer {i}"), vec![]);
+        for entry in [&mut user, &mut answer] {
+            entry
+                .metadata
+                .insert("keel.task_id".into(), json!(task.id.as_str()));
+        }
+        user.metadata
+            .insert("keel.message_id".into(), json!(input.message_id.as_str()));
+        entries.extend([user, answer]);
+        tasks
+            .save_task_with_events(&auth, &task, &[TaskEvent::Message { message: input }])
+            .await
+            .unwrap();
+        last = task.id.to_string();
+    }
+    store.append_history(&auth, &lease, &entries).await.unwrap();
+    store.release_lease(&auth, &lease).await.unwrap();
+    println!("{TASKS} tasks written in {:?}", started.elapsed());
+
+    // The thread's page: its state and its 20 most recent tasks, then its tasks a page at a
+    // time.
+    let started = std::time::Instant::now();
+    let (status, detail) = op.get(Some(ALICE), "/threads/long").await;
+    assert_eq!(status, StatusCode::OK, "{detail}");
+    assert_eq!(detail["recent_tasks"].as_array().unwrap().len(), 20);
+    println!("the thread's detail in {:?}", started.elapsed());
+    let started = std::time::Instant::now();
+    let (status, page) = op
+        .get(Some(ALICE), "/tasks?thread_id=long&page_size=100")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 100);
+    assert_eq!(page["total_size"], TASKS, "{}", page["total_size"]);
+    let token = page["next_page_token"].as_str().unwrap();
+    let (status, next) = op
+        .get(
+            Some(ALICE),
+            &format!(
+                "/tasks?thread_id=long&page_size=100&page_token={}",
+                percent(token)
+            ),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{next}");
+    let (one, two): (Vec<&Value>, Vec<&Value>) = (
+        page["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| &t["id"])
+            .collect(),
+        next["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| &t["id"])
+            .collect(),
+    );
+    assert!(
+        one.iter().all(|id| !two.contains(id)),
+        "pages repeat a task"
+    );
+    println!("two pages of the thread's tasks in {:?}", started.elapsed());
+
+    // The last task's conversation: its own two entries.
+    let started = std::time::Instant::now();
+    let (status, talk) = op
+        .get(Some(ALICE), &format!("/tasks/{last}/messages"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{talk}");
+    println!("the last task's conversation in {:?}", started.elapsed());
+    assert_eq!(talk["thread_id"], "long");
+    let said: Vec<&str> = talk["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"]["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        said,
+        [
+            format!("question {}", TASKS - 1),
+            format!("answer {}", TASKS - 1)
+        ]
+    );
+    assert_eq!(talk["messages"][1]["seq"], 2 * TASKS, "{talk}");
+
+    // The first task, which a real run answered, shows its own exchange too.
+    let (status, talk) = op
+        .get(
+            Some(ALICE),
+            &format!("/tasks/{}/messages", first["id"].as_str().unwrap()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{talk}");
+    assert_eq!(talk["messages"][0]["message"]["content"], "hello", "{talk}");
+    assert_eq!(talk["messages"][0]["seq"], 1, "{talk}");
+    op.stop().await;
 }

@@ -65,6 +65,25 @@ async fn an_approved_action_runs_and_the_task_stream_shows_it_live_and_resumes_e
     // The stream went on from the log to the live events and ended with the terminal status.
     let mut events = before;
     events.extend(live.rest().await);
+    // Beside the log, live: the model call of the run the approval resumed, with no `id:`
+    // (the log's positions stay the only resume points).
+    let (model_calls, events): (Vec<SseEvent>, Vec<SseEvent>) =
+        events.into_iter().partition(|e| e.name == "run");
+    let kinds: Vec<&str> = model_calls
+        .iter()
+        .map(|e| e.data["run_event"]["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"llm.call.started"), "{model_calls:?}");
+    println!("live model-call events: {kinds:?}");
+    assert!(
+        kinds
+            .iter()
+            .all(|k| ["llm.call.started", "llm.call.completed"].contains(k)),
+        "{kinds:?}"
+    );
+    assert!(model_calls
+        .iter()
+        .all(|e| e.id.is_none() && e.data["run_event"]["task_id"] == task_id.as_str()));
     let all = seqs(&events);
     assert_eq!(
         all,

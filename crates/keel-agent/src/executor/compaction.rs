@@ -146,12 +146,8 @@ impl AgentExecutor {
                 retry_after: inner.config.lease_ttl,
             })?;
         let compacted = async {
-            let log: Vec<LlmMessage> = store
-                .read_history(auth, thread_id, 0, usize::MAX)
-                .await?
-                .into_iter()
-                .map(|entry| entry.message)
-                .collect();
+            // What the model sees starts at the newest checkpoint: read back to it only.
+            let log = super::context::history_window(store.as_ref(), auth, thread_id, None).await?;
             let llm = inner.model();
             let mut request = request.clone();
             request.thread_id = Some(thread_id.clone());

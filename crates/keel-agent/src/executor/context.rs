@@ -11,16 +11,28 @@ use serde_json::{json, Value};
 use super::run::RunLoop;
 use super::state::*;
 
+/// How many history entries one backward read of a thread takes.
+const HISTORY_PAGE: usize = 256;
+
 impl Inner {
-    pub(super) async fn read_history(&self, flow: &Flow) -> AgentResult<Vec<LlmMessage>> {
-        Ok(self
-            .runtime
-            .thread_store()
-            .read_history(&flow.auth, &flow.thread_id, 0, usize::MAX)
-            .await?
-            .into_iter()
-            .map(|entry| entry.message)
-            .collect())
+    /// The part of the thread's history a run works on (decision 250): see
+    /// [`history_window`]. The whole history when the agent's `max_session_turns` counts
+    /// the thread's turns.
+    pub(super) async fn read_history(
+        &self,
+        flow: &Flow,
+        first_message: Option<&str>,
+    ) -> AgentResult<Vec<LlmMessage>> {
+        let store = self.runtime.thread_store();
+        if self.agent.stop_rules().max_session_turns.is_some() {
+            return Ok(store
+                .read_history(&flow.auth, &flow.thread_id, 0, usize::MAX)
+                .await?
+                .into_iter()
+                .map(|entry| entry.message)
+                .collect());
+        }
+        history_window(store.as_ref(), &flow.auth, &flow.thread_id, first_message).await
     }
 
     /// Persist to the thread history under the lease; answers the entries as written
@@ -86,6 +98,65 @@ impl Inner {
         self.notices.task_changed();
         Ok(())
     }
+}
+
+/// The newest part of a thread's history, read backward from its end a page at a time
+/// (decision 250): back to the newest compaction checkpoint, before which the model sees
+/// nothing ([`keel_llm::compacted_view`]), and, when `first_message` names a task's first
+/// user message, back to that message's entry too, so that all of the task's own entries
+/// (its steps, tool calls and results, its input) are there. A thread without a checkpoint
+/// is read whole: the model is sent all of it. So a run's reads grow with what the model is
+/// sent and the task's own length, not with the thread's.
+pub(super) async fn history_window(
+    store: &dyn keel_runtime::ThreadStore,
+    auth: &keel_runtime::AuthContext,
+    thread_id: &keel_core::ThreadId,
+    first_message: Option<&str>,
+) -> AgentResult<Vec<LlmMessage>> {
+    let (mut checkpoint, mut found) = (false, first_message.is_none());
+    let entries = read_back(store, auth, thread_id, |page| {
+        checkpoint |= page
+            .iter()
+            .any(|e| keel_llm::is_compaction_checkpoint(&e.message));
+        found |= page.iter().any(|e| is_input(&e.message, first_message));
+        checkpoint && found
+    })
+    .await?;
+    Ok(entries.into_iter().map(|entry| entry.message).collect())
+}
+
+/// Whether `entry` is the history entry of the user message `message_id`.
+pub(crate) fn is_input(entry: &LlmMessage, message_id: Option<&str>) -> bool {
+    message_id.is_some() && entry.metadata.get(META_MESSAGE).and_then(Value::as_str) == message_id
+}
+
+/// A thread's history read backward from its end, [`HISTORY_PAGE`] entries at a time,
+/// until `enough` says so of the page just read (it sees every page, newest first) or the
+/// start is reached; answered oldest first.
+pub(crate) async fn read_back(
+    store: &dyn keel_runtime::ThreadStore,
+    auth: &keel_runtime::AuthContext,
+    thread_id: &keel_core::ThreadId,
+    mut enough: impl FnMut(&[keel_runtime::HistoryEntry]) -> bool,
+) -> AgentResult<Vec<keel_runtime::HistoryEntry>> {
+    let mut pages = Vec::new();
+    let mut before = u64::MAX;
+    loop {
+        let page = store
+            .read_history_before(auth, thread_id, before, HISTORY_PAGE)
+            .await?;
+        let Some(oldest) = page.first() else {
+            break;
+        };
+        before = oldest.seq;
+        let whole = page.len() < HISTORY_PAGE || before <= 1;
+        let done = enough(&page);
+        pages.push(page);
+        if whole || done {
+            break;
+        }
+    }
+    Ok(pages.into_iter().rev().flatten().collect())
 }
 
 impl RunLoop<'_> {

@@ -30,6 +30,8 @@ mod waiting;
 
 pub use compaction::AutoCompaction;
 pub use config::{ExecutorConfig, SendOptions, DEFAULT_DRAIN_TIMEOUT};
+pub(crate) use context::{is_input, read_back};
+pub(crate) use state::is_tagged;
 pub use state::{AgentExecutor, META_MESSAGE as MESSAGE_ID_META};
 
 use std::sync::{Arc, RwLock, Weak};

@@ -123,13 +123,14 @@ impl Inner {
         ) {
             return Ok(false);
         }
-        let history = self.read_history(flow).await?;
-        let seen = tag_values(&history, META_MESSAGE);
         let events = self
             .runtime
             .task_manager()
             .get_task_events(&flow.auth, &task.id)
             .await?;
+        let first = user_messages(&events).next().map(|m| m.message_id.as_str());
+        let history = self.read_history(flow, first).await?;
+        let seen = tag_values(&history, META_MESSAGE);
         let unseen = user_messages(&events).any(|m| !seen.contains(m.message_id.as_str()));
         Ok(unseen)
     }
@@ -202,6 +203,7 @@ impl<'a> RunLoop<'a> {
         }
         let inner = self.inner;
         // The working status is written below, together with the run's new input.
+        let fresh = self.task.state() == TaskState::Submitted;
         let began = self.task.state() != TaskState::Working;
         if began {
             self.task.begin()?;
@@ -210,11 +212,18 @@ impl<'a> RunLoop<'a> {
         // The task's user messages join the thread history once each (a resumed run finds
         // them there already).
         let task_manager = inner.runtime.task_manager();
-        let (history, events) = tokio::join!(
-            inner.read_history(self.flow),
-            task_manager.get_task_events(&self.flow.auth, &self.task.id)
-        );
-        let (history, events) = (history?, events?);
+        let events = task_manager.get_task_events(&self.flow.auth, &self.task.id);
+        let (history, events) = if fresh {
+            // A task that never ran has no entries of its own before the history's newest
+            // checkpoint: its history and its events are read together.
+            let (history, events) = tokio::join!(inner.read_history(self.flow, None), events);
+            (history?, events?)
+        } else {
+            // A resumed one is read back to its first input.
+            let events = events.await?;
+            let first = user_messages(&events).next().map(|m| m.message_id.as_str());
+            (inner.read_history(self.flow, first).await?, events)
+        };
         self.history = history;
         let seen = tag_values(&self.history, META_MESSAGE);
         let mut new_input = Vec::new();

@@ -273,7 +273,7 @@ pub(super) fn tag(message: &mut LlmMessage, task_id: &TaskId) {
         .insert(META_TASK.into(), json!(task_id.as_str()));
 }
 
-pub(super) fn is_tagged(message: &LlmMessage, task_id: &TaskId) -> bool {
+pub(crate) fn is_tagged(message: &LlmMessage, task_id: &TaskId) -> bool {
     message.metadata.get(META_TASK).and_then(Value::as_str) == Some(task_id.as_str())
 }
 

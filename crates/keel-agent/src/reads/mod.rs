@@ -344,6 +344,37 @@ impl Reads {
         Ok(entries)
     }
 
+    /// A task's own entries of its thread's history (its input, its model's answers, its
+    /// tool calls and results), oldest first, with the thread's id: the task's conversation.
+    /// Read back from the thread's end to the task's first input (decision 251), so a recent
+    /// task on a long thread costs a page or two whatever the thread's length; a task that
+    /// never ran, one page. [`AgentError::TaskNotFound`] when this tenant has no such task.
+    pub async fn task_messages(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> AgentResult<(ThreadId, Vec<HistoryEntry>)> {
+        let task = self.task(auth, task_id).await?;
+        let fresh = task.state() == TaskState::Submitted;
+        let events = self.task_events(auth, task_id).await?;
+        let first = events
+            .iter()
+            .filter_map(TaskEvent::as_message)
+            .find(|m| m.role == keel_core::Role::User)
+            .map(|m| m.message_id.as_str().to_owned());
+        let store = self.runtime.thread_store();
+        let mut entries =
+            crate::executor::read_back(store.as_ref(), auth, &task.thread_id, |page| {
+                fresh
+                    || page
+                        .iter()
+                        .any(|e| crate::executor::is_input(&e.message, first.as_deref()))
+            })
+            .await?;
+        entries.retain(|e| crate::executor::is_tagged(&e.message, task_id));
+        Ok((task.thread_id, entries))
+    }
+
     /// The first `limit` items of the thread's queue, oldest first. An empty queue of a
     /// thread the tenant holds nothing of is [`AgentError::ThreadNotFound`].
     pub async fn thread_queue(

@@ -190,3 +190,301 @@ async fn a_run_over_its_context_window_compacts_the_history_and_says_so() {
     let sent = llm.requests().last().unwrap().messages.clone();
     assert!(!sent.iter().any(|m| m.content.starts_with("0 word")));
 }
+
+/// A thread store that counts the history entries read through it: how a test sees what a
+/// run's reads cost without timing them.
+struct Counting {
+    inner: Arc<dyn keel_runtime::ThreadStore>,
+    read: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Counting {
+    fn counted(&self, entries: &[keel_runtime::HistoryEntry]) {
+        self.read
+            .fetch_add(entries.len(), std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Each method goes to the wrapped store; the history reads are counted.
+mod counting {
+    use super::Counting;
+    use async_trait::async_trait;
+    use keel_core::{AgentResult, ThreadId};
+    use keel_llm::LlmMessage;
+    use keel_runtime::{
+        AuthContext, ChildThread, HistoryEntry, Lease, LeaseAsk, LeaseRenewal, QueuedItem,
+        SubagentRegistry, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue,
+    };
+    use serde_json::Value;
+
+    #[async_trait]
+    impl ThreadHistory for Counting {
+        async fn append_history(&self, auth: &AuthContext, lease: &Lease, messages: &[LlmMessage]) -> AgentResult<u64> {
+            self.inner.append_history(auth, lease, messages).await
+        }
+        async fn read_history(&self, auth: &AuthContext, thread_id: &ThreadId, after_seq: u64, limit: usize) -> AgentResult<Vec<HistoryEntry>> {
+            let entries = self.inner.read_history(auth, thread_id, after_seq, limit).await?;
+            self.counted(&entries);
+            Ok(entries)
+        }
+        async fn read_history_before(&self, auth: &AuthContext, thread_id: &ThreadId, before_seq: u64, limit: usize) -> AgentResult<Vec<HistoryEntry>> {
+            let entries = self.inner.read_history_before(auth, thread_id, before_seq, limit).await?;
+            self.counted(&entries);
+            Ok(entries)
+        }
+    }
+
+    #[async_trait]
+    impl ThreadQueue for Counting {
+        async fn push_queue(&self, auth: &AuthContext, thread_id: &ThreadId, payload: Value) -> AgentResult<QueuedItem> {
+            self.inner.push_queue(auth, thread_id, payload).await
+        }
+        async fn peek_queue(&self, auth: &AuthContext, thread_id: &ThreadId, limit: usize) -> AgentResult<Vec<QueuedItem>> {
+            self.inner.peek_queue(auth, thread_id, limit).await
+        }
+        async fn ack_queue(&self, auth: &AuthContext, lease: &Lease, ids: &[String]) -> AgentResult<()> {
+            self.inner.ack_queue(auth, lease, ids).await
+        }
+        async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
+            self.inner.queue_len(auth, thread_id).await
+        }
+        async fn tenant_queue_len(&self, auth: &AuthContext) -> AgentResult<usize> {
+            self.inner.tenant_queue_len(auth).await
+        }
+        async fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>> {
+            self.inner.queued_threads(auth).await
+        }
+    }
+
+    #[async_trait]
+    impl ThreadKv for Counting {
+        async fn kv_get(&self, auth: &AuthContext, thread_id: &ThreadId, key: &str) -> AgentResult<Option<Value>> {
+            self.inner.kv_get(auth, thread_id, key).await
+        }
+        async fn kv_set(&self, auth: &AuthContext, thread_id: &ThreadId, key: &str, value: Value) -> AgentResult<()> {
+            self.inner.kv_set(auth, thread_id, key, value).await
+        }
+        async fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>> {
+            self.inner.kv_keys(auth, thread_id).await
+        }
+    }
+
+    #[async_trait]
+    impl SubagentRegistry for Counting {
+        async fn register_child(&self, auth: &AuthContext, child: &ChildThread) -> AgentResult<()> {
+            self.inner.register_child(auth, child).await
+        }
+        async fn children(&self, auth: &AuthContext, parent: &ThreadId) -> AgentResult<Vec<ChildThread>> {
+            self.inner.children(auth, parent).await
+        }
+        async fn child(&self, auth: &AuthContext, child: &ThreadId) -> AgentResult<Option<ChildThread>> {
+            self.inner.child(auth, child).await
+        }
+        async fn set_child_status(&self, auth: &AuthContext, child: &ThreadId, status: &str) -> AgentResult<()> {
+            self.inner.set_child_status(auth, child, status).await
+        }
+    }
+
+    #[async_trait]
+    impl ThreadLeases for Counting {
+        async fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>> {
+            self.inner.take_lease(auth, ask).await
+        }
+        async fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease> {
+            self.inner.extend_lease(auth, renewal).await
+        }
+        async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {
+            self.inner.release_lease(auth, lease).await
+        }
+    }
+}
+
+/// Decision 250: a run on a long thread reads its history back to the newest compaction
+/// checkpoint only, and the model is sent what it was sent when the whole log was read.
+#[tokio::test]
+async fn a_run_on_a_long_compacted_thread_reads_back_to_the_checkpoint_only() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let thread = ThreadId::new();
+    let store = runtime.thread_store();
+    // 3,000 entries written straight to the store (a long-lived thread), then compacted.
+    let lease = store
+        .acquire_lease(&auth, &thread, "builder", std::time::Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    let old: Vec<LlmMessage> = (0..1_500)
+        .flat_map(|i| [LlmMessage::user(format!("q{i}")), LlmMessage::assistant(format!("a{i}"), vec![])])
+        .collect();
+    store.append_history(&auth, &lease, &old).await.unwrap();
+    store.release_lease(&auth, &lease).await.unwrap();
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::Text("b1".into()),
+        MockResponse::Text("b2".into()),
+    ]));
+    let exec = AgentExecutor::new(agent(llm.clone(), None), runtime.clone());
+    let request = HistoryCompactionRequest {
+        max_messages: 3,
+        ..HistoryCompactionRequest::new(CompactionStrategy::Recent)
+    };
+    exec.compact_thread(&auth, &thread, &request).await.unwrap();
+
+    // The same store, its history reads counted.
+    let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Counting {
+        inner: store.clone(),
+        read: read.clone(),
+    };
+    let counted: Arc<dyn Runtime> =
+        Arc::new(keel_runtime::Services::of(runtime.as_ref()).with_threads(counted));
+    let exec = AgentExecutor::new(agent(llm.clone(), None), counted);
+    say(&exec, &auth, &thread, "r1").await;
+    say(&exec, &auth, &thread, "r2").await;
+    let sent = llm.requests().last().unwrap().messages.clone();
+    assert_eq!(
+        contents(&sent),
+        ["Answer briefly.", "q1499", "a1499", "r1", "b1", "r2"]
+    );
+    let read = read.load(std::sync::atomic::Ordering::Relaxed);
+    // Two runs, each a page back from the end (at most 256 entries): not the 3,000.
+    assert!(read <= 2 * 256, "two runs read {read} history entries");
+    println!("two runs on a thread of 3,000 entries read {read} of them");
+}
+
+/// Decision 250's figures: on threads of 1,000 and 10,000 entries compacted near their end, a
+/// run reads the same bounded number of entries, where reading the whole history (what
+/// every run did before) grows with the thread. Times are printed, not asserted.
+#[tokio::test]
+async fn a_runs_history_reads_do_not_grow_with_the_thread() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let store = runtime.thread_store();
+    let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted: Arc<dyn Runtime> = Arc::new(
+        keel_runtime::Services::of(runtime.as_ref()).with_threads(Counting {
+            inner: store.clone(),
+            read: read.clone(),
+        }),
+    );
+    let mut reads = Vec::new();
+    for pairs in [500, 5_000] {
+        let thread = ThreadId::new();
+        let lease = store
+            .acquire_lease(&auth, &thread, "builder", std::time::Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+        let old: Vec<LlmMessage> = (0..pairs)
+            .flat_map(|i| {
+                [
+                    LlmMessage::user(format!("q{i}")),
+                    LlmMessage::assistant(format!("a{i}"), vec![]),
+                ]
+            })
+            .collect();
+        for chunk in old.chunks(1_000) {
+            store.append_history(&auth, &lease, chunk).await.unwrap();
+        }
+        store.release_lease(&auth, &lease).await.unwrap();
+        let llm = Arc::new(MockLlm::scripted(
+            (0..3).map(|i| MockResponse::Text(format!("b{i}"))).collect(),
+        ));
+        let plain = AgentExecutor::new(agent(llm.clone(), None), runtime.clone());
+        let request = HistoryCompactionRequest {
+            max_messages: 20,
+            ..HistoryCompactionRequest::new(CompactionStrategy::Recent)
+        };
+        plain.compact_thread(&auth, &thread, &request).await.unwrap();
+
+        let exec = AgentExecutor::new(agent(llm.clone(), None), counted.clone());
+        read.store(0, std::sync::atomic::Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        for turn in 0..3 {
+            say(&exec, &auth, &thread, &format!("r{turn}")).await;
+        }
+        let per_run = started.elapsed() / 3;
+        let entries = read.load(std::sync::atomic::Ordering::Relaxed) / 3;
+        let started = std::time::Instant::now();
+        let whole = store.read_history(&auth, &thread, 0, usize::MAX).await.unwrap();
+        println!(
+            "{}: thread of {} entries: a run took {per_run:?} reading {entries} entries; \
+             reading the whole history (each run's read before decision 250) took {:?}",
+            module_path!(),
+            whole.len(),
+            started.elapsed()
+        );
+        reads.push(entries);
+    }
+    assert_eq!(reads[0], reads[1], "a run reads as much on the longer thread");
+}
+
+/// Decision 250: a task that waited while its thread grew and was compacted resumes with
+/// its own entries, read back past the checkpoint to its first input: that input is not
+/// taken in again, and its question is answered.
+#[tokio::test]
+async fn a_task_resumed_after_its_thread_grew_and_was_compacted_reads_back_to_its_input() {
+    let runtime = super::runtime();
+    let auth = runtime.auth_service().auth_context();
+    let thread = ThreadId::new();
+    let llm = Arc::new(MockLlm::scripted(vec![
+        MockResponse::ToolCalls(vec![keel_llm::ToolCall::new(
+            "ask_human",
+            serde_json::json!({"question": "Which city?"}),
+        )]),
+        MockResponse::Text("Booked in Lisbon.".into()),
+    ]));
+    let handoff = Agent::builder(AgentCard::new("talker", "talks", "http://127.0.0.1:0"))
+        .instructions("Answer briefly.")
+        .llm_shared(llm.clone())
+        .human_handoff(true)
+        .build()
+        .unwrap();
+    let exec = AgentExecutor::new(handoff, runtime.clone());
+    let asked = exec
+        .send_message(
+            &auth,
+            Message::user("book a hotel").in_thread(thread.clone()),
+            SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(asked.state(), TaskState::InputRequired, "{asked:?}");
+
+    // Meanwhile the thread grows by 600 entries and is compacted, once the run let go of it.
+    let store = runtime.thread_store();
+    let lease = keel_runtime::testing::eventually("the run to release the thread", || async {
+        store
+            .acquire_lease(&auth, &thread, "builder", std::time::Duration::from_secs(60))
+            .await
+            .unwrap()
+    })
+    .await;
+    let filler: Vec<LlmMessage> = (0..300)
+        .flat_map(|i| {
+            [
+                LlmMessage::user(format!("q{i}")),
+                LlmMessage::assistant(format!("a{i}"), vec![]),
+            ]
+        })
+        .collect();
+    store.append_history(&auth, &lease, &filler).await.unwrap();
+    store.release_lease(&auth, &lease).await.unwrap();
+    let request = HistoryCompactionRequest {
+        max_messages: 3,
+        ..HistoryCompactionRequest::new(CompactionStrategy::Recent)
+    };
+    exec.compact_thread(&auth, &thread, &request).await.unwrap();
+
+    let mut answer = Message::user("Lisbon");
+    answer.task_id = Some(asked.id.clone());
+    let done = exec
+        .send_message(&auth, answer.in_thread(thread.clone()), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(done.state(), TaskState::Completed, "{done:?}");
+    let stored = log(&runtime, &auth, &thread).await;
+    let taken = |text: &str| stored.iter().filter(|m| m.content == text).count();
+    assert_eq!(taken("book a hotel"), 1, "the first input is taken in once");
+    assert_eq!(taken("Lisbon"), 1);
+    assert_eq!(taken("Booked in Lisbon."), 1);
+}

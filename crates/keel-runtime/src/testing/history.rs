@@ -10,6 +10,48 @@ use serde_json::json;
 use super::{concurrently, fresh_tenant, fresh_thread, leased, try_lease};
 use crate::ThreadStore;
 
+/// The newest entries before a seq read back in order with their seqs: the tail, a page
+/// before a seq, a page that reaches the start, a limit of zero, another tenant's nothing.
+pub async fn history_read_before(threads: &dyn ThreadStore) {
+    let auth = fresh_tenant();
+    let thread = fresh_thread();
+    let lease = try_lease(threads, &auth, &thread, "w1").await.unwrap();
+    let batch: Vec<LlmMessage> = (1..=7).map(|i| LlmMessage::user(format!("m{i}"))).collect();
+    threads.append_history(&auth, &lease, &batch).await.unwrap();
+    let read = |before: u64, limit: usize| {
+        let (auth, thread) = (auth.clone(), thread.clone());
+        async move {
+            threads
+                .read_history_before(&auth, &thread, before, limit)
+                .await
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    assert_eq!(e.message.content, format!("m{}", e.seq), "seq {}", e.seq);
+                    e.seq
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(read(u64::MAX, 3).await, [5, 6, 7], "the tail");
+    assert_eq!(read(5, 3).await, [2, 3, 4], "a page before seq 5");
+    assert_eq!(read(3, 10).await, [1, 2], "a page that reaches the start");
+    assert_eq!(read(100, 2).await, [6, 7], "a bound past the end");
+    assert!(
+        read(1, 10).await.is_empty(),
+        "nothing before the first entry"
+    );
+    assert!(read(u64::MAX, 0).await.is_empty(), "limit 0");
+    assert!(
+        threads
+            .read_history_before(&fresh_tenant(), &thread, u64::MAX, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "tenant isolation"
+    );
+}
+
 /// History entries get contiguous seqs from 1 and read back in order, by range.
 pub async fn history_append_and_read(threads: &dyn ThreadStore) {
     let auth = fresh_tenant();

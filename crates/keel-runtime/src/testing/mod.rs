@@ -165,6 +165,7 @@ pub async fn run_all(
     memory_delete_of_expired_key_is_false(memory).await;
     memory_save_if_absent_claims_once(memory).await;
     history_append_and_read(threads.as_ref()).await;
+    history_read_before(threads.as_ref()).await;
     history_and_queue_limit_zero_is_empty(threads.as_ref()).await;
     lease_exclusive_under_contention(threads.clone()).await;
     lease_fencing(threads.as_ref()).await;

@@ -7,20 +7,86 @@
 //! Each event's SSE `id:` is where to resume after it (`Last-Event-ID`, or `?after=`): on a
 //! task's stream its sequence number, on a thread's the thread position (the last sequence
 //! number seen of each task), so a resumed stream misses and repeats nothing.
+//!
+//! A task's stream also carries, live, the model calls of its run in this process
+//! (`event: run`, `data: {"run_event": RunEvent}`, no `id:`): the task's log does not hold
+//! them, and they reach the store only with the run's report when the run rests. They are
+//! a preview: a replica that does not run the task sends none, and the report has them all.
 
+use std::sync::Arc;
+
+use async_trait::async_trait;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::Event;
 use axum::response::Response;
 use futures::StreamExt;
 use keel_agent::reads::{TaskChange, ThreadPosition};
-use keel_core::{AgentError, TaskId, ThreadId};
+use keel_core::{AgentError, AgentResult, TaskId, ThreadId};
+use keel_events::{EventSink, RunEvent};
 use serde_json::json;
+use tokio::sync::broadcast;
 
 use super::schema::{ErrorBody, EventView, EventsQuery};
 use super::{check_id, failure, tri, Asked, Caller, OperatorState};
 use crate::sse::sse;
 use crate::variables::refuse;
+
+/// The run events a task's stream carries live beside its log.
+const LIVE_RUN_EVENTS: [&str; 2] = ["llm.call.started", "llm.call.completed"];
+
+/// How many live run events wait for a slow stream before it misses some (the run's
+/// report has them all).
+const LIVE_BACKLOG: usize = 1024;
+
+/// The model-call events of this process's runs, handed to the task streams open here: an
+/// event sink on each served agent's executor.
+#[derive(Clone)]
+pub(super) struct LiveRunEvents(broadcast::Sender<Arc<RunEvent>>);
+
+impl LiveRunEvents {
+    pub(super) fn new() -> Self {
+        Self(broadcast::channel(LIVE_BACKLOG).0)
+    }
+
+    /// From now on, the events of `task_id` (on `thread_id`), as `event: run` SSE events.
+    fn of_task(
+        &self,
+        task_id: TaskId,
+        thread_id: ThreadId,
+    ) -> impl futures::Stream<Item = Event> + Send {
+        futures::stream::unfold(self.0.subscribe(), |mut events| async move {
+            loop {
+                match events.recv().await {
+                    Ok(event) => return Some((event, events)),
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+        .filter(move |event| {
+            let ours = event.task_id.as_ref() == Some(&task_id)
+                && event.thread_id.as_ref() == Some(&thread_id);
+            futures::future::ready(ours)
+        })
+        .map(|event| {
+            Event::default()
+                .event("run")
+                .data(json!({ "run_event": &*event }).to_string())
+        })
+    }
+}
+
+#[async_trait]
+impl EventSink for LiveRunEvents {
+    async fn emit(&self, event: &RunEvent) -> AgentResult<()> {
+        if LIVE_RUN_EVENTS.contains(&event.event_type.as_str()) {
+            // No stream open is no error: nobody is watching.
+            let _ = self.0.send(Arc::new(event.clone()));
+        }
+        Ok(())
+    }
+}
 
 /// The position a request resumes after (`Last-Event-ID` wins over `?after=`; blank is the
 /// start), read by `parse`; else `400 invalid_position` saying it is no event id of `what`.
@@ -90,7 +156,8 @@ where
     })
 }
 
-/// A task's events, then live ones, until its terminal status.
+/// A task's events, then live ones, until its terminal status; with them, live, its run's
+/// model calls in this process.
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/events", tag = "operator",
     params(
         ("task_id" = String, Path, description = "The task"),
@@ -99,7 +166,7 @@ where
     ),
     responses(
         (status = 200, content_type = "text/event-stream", body = EventView,
-            description = "SSE: each `data:` an EventView, each `id:` its `seq`"),
+            description = "SSE: each `data:` an EventView, each `id:` its `seq`; `event: run` (no `id:`): `{\"run_event\": RunEvent}`, a model call's start or end, live"),
         (status = 400, body = ErrorBody, description = "`invalid_id`, `invalid_position`"),
         (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody, description = "`task_not_found`"),
@@ -129,13 +196,24 @@ pub(super) async fn task_events(
             Err(err) => return failure(&err),
         }
     }
+    // Subscribed before the log is read, so that no model call falls in between.
+    let live = state.live.of_task(task_id.clone(), task.thread_id.clone());
     let watch = state.reads.watch_task(&auth, &task_id, after);
-    let events = watch.into_stream().map(|item| match item {
+    let logged = watch.into_stream().map(|item| match item {
         Ok(change) => Event::default()
             .id(change.seq.to_string())
             .data(data(&change)),
         Err(err) => error_event(&err),
     });
+    // The log's end (`None`) ends the stream, live events or not.
+    let events = futures::stream::select(
+        logged
+            .map(Some)
+            .chain(futures::stream::once(futures::future::ready(None))),
+        live.map(Some),
+    )
+    .take_while(|event| futures::future::ready(event.is_some()))
+    .filter_map(futures::future::ready);
     sse(until_closing(&state, events))
 }
 

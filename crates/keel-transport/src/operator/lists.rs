@@ -27,7 +27,7 @@ fn to_json(value: impl serde::Serialize) -> Value {
     serde_json::to_value(value).unwrap_or(Value::Null)
 }
 
-/// The server's agents: their cards' fields and their tools.
+/// The server's agents: their cards' fields, their tools and their runs' limits.
 #[utoipa::path(get, path = "/api/v1/agents", tag = "operator",
     responses(
         (status = 200, body = AgentsAnswer),
@@ -41,6 +41,10 @@ pub(super) async fn agents(State(state): State<OperatorState>, _: Caller) -> Res
         .map(|(i, agent)| {
             let executor = agent.handlers.executor();
             let card = executor.agent().card();
+            // The stop rules' step limit always holds; the budget's may be tighter.
+            let mut budget = executor.agent().budget().clone();
+            let steps = executor.agent().max_steps();
+            budget.max_steps = Some(budget.max_steps.map_or(steps, |max| max.min(steps)));
             AgentView {
                 name: agent.name.clone(),
                 description: card.description.clone(),
@@ -59,6 +63,7 @@ pub(super) async fn agents(State(state): State<OperatorState>, _: Caller) -> Res
                         input_schema: spec.parameters,
                     })
                     .collect(),
+                budget: to_json(&budget),
             }
         })
         .collect();
@@ -207,6 +212,29 @@ pub(super) async fn task(
             .task_with_history(&auth, &task_id, asked.history_length)
             .await,
     )
+}
+
+/// A task's conversation: its own entries of its thread's history (input, answers, tool
+/// calls and results), oldest first, read back from the thread's end (decision 251).
+#[utoipa::path(get, path = "/api/v1/tasks/{task_id}/messages", tag = "operator",
+    params(("task_id" = String, Path, description = "The task")),
+    responses(
+        (status = 200, body = Object,
+            description = "`task_id`, `thread_id` and `messages`: history entries `{seq, message}`"),
+        (status = 400, body = ErrorBody, description = "`invalid_id`"),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody, description = "`task_not_found`"),
+    ))]
+pub(super) async fn task_messages(
+    State(state): State<OperatorState>,
+    Caller(auth): Caller,
+    Path(task_id): Path<String>,
+) -> Response {
+    let task_id: TaskId = tri!(check_id("task_id", task_id));
+    let read = state.reads.task_messages(&auth, &task_id).await;
+    answer(read.map(|(thread_id, messages)| {
+        serde_json::json!({"task_id": task_id, "thread_id": thread_id, "messages": messages})
+    }))
 }
 
 /// The actions waiting for a decision.

@@ -72,6 +72,8 @@ struct OperatorState {
     executor: AgentExecutor,
     /// The server's agents, the default first.
     agents: Arc<Vec<OperatorAgent>>,
+    /// Their runs' model calls, for the task streams.
+    live: events::LiveRunEvents,
 }
 
 impl OperatorState {
@@ -94,6 +96,7 @@ impl OperatorState {
         lists::thread,
         lists::tasks,
         lists::task,
+        lists::task_messages,
         lists::approvals,
         lists::runs,
         lists::run,
@@ -143,6 +146,7 @@ fn routes() -> Vec<Route> {
         reading("/api/v1/threads/{thread_id}", lists::thread),
         reading("/api/v1/tasks", lists::tasks),
         reading("/api/v1/tasks/{task_id}", lists::task),
+        reading("/api/v1/tasks/{task_id}/messages", lists::task_messages),
         reading("/api/v1/approvals", lists::approvals),
         reading("/api/v1/runs", lists::runs),
         reading("/api/v1/runs/{run_id}", lists::run),
@@ -166,11 +170,23 @@ pub(crate) fn router(
     security: Option<Security>,
     agents: Vec<OperatorAgent>,
 ) -> Router {
+    let live = events::LiveRunEvents::new();
+    // The default agent is the first of `agents`; a server that lists none serves `executor`.
+    if agents.is_empty() {
+        executor.add_event_sink(Arc::new(live.clone()));
+    }
+    for agent in &agents {
+        agent
+            .handlers
+            .executor()
+            .add_event_sink(Arc::new(live.clone()));
+    }
     let state = OperatorState {
         reads: executor.reads(),
         security,
         executor: executor.clone(),
         agents: Arc::new(agents),
+        live,
     };
     routes()
         .into_iter()

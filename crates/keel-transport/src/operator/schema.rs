@@ -55,6 +55,13 @@ pub(crate) struct AgentView {
     pub default: bool,
     /// Every tool it offers its model, built-in ones included.
     pub tools: Vec<ToolView>,
+    /// The limits of each of its runs, as a run context's budget names them (`max_steps`,
+    /// `max_llm_calls`, `max_tool_calls`, `max_input_tokens`, `max_output_tokens`,
+    /// `max_runtime_seconds`, `max_cost_micros`): its budget, with `max_steps` the tighter of
+    /// it and its stop rules' step limit; a limit it does not set is absent. A caller's run
+    /// context can only narrow them.
+    #[schema(value_type = Object)]
+    pub budget: Value,
 }
 
 /// `GET /api/v1/agents`.

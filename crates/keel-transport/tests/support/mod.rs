@@ -92,6 +92,15 @@ pub fn records_agent(writes: Arc<std::sync::atomic::AtomicUsize>) -> Agent {
     Agent::builder(AgentCard::new("records", "keeps records", "http://unused"))
         .tool(tool)
         .human_handoff(true)
+        // Limits no test reaches, which the operator API lists: the stop rules' step
+        // limit is the tighter one.
+        .max_steps(12)
+        .budget(keel_core::RunBudget {
+            max_steps: Some(30),
+            max_input_tokens: Some(500_000),
+            max_runtime_seconds: Some(600.0),
+            ..keel_core::RunBudget::default()
+        })
         .policy(keel_policy::CapabilityPolicy::new().with_rule(
             "records.write",
             keel_policy::CapabilityRule::RequireApproval,
