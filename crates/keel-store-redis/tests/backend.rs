@@ -389,16 +389,7 @@ async fn a_child_registered_under_a_new_parent_leaves_the_old_one() {
     let store = support::store(&prefix).await;
     let auth = tenant("children");
     let (first, second) = (fresh_thread(), fresh_thread());
-    let mut child = ChildThread {
-        thread_id: fresh_thread(),
-        parent_thread_id: first.clone(),
-        name: "helper".into(),
-        agent: "helper".into(),
-        status: "running".into(),
-        resumable: true,
-        created_at: chrono::Utc::now(),
-        metadata: Default::default(),
-    };
+    let mut child = ChildThread::running(fresh_thread(), first.clone(), "helper", "helper");
     store.register_child(&auth, &child).await.unwrap();
     child.parent_thread_id = second.clone();
     store.register_child(&auth, &child).await.unwrap();

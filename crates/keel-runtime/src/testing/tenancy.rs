@@ -101,16 +101,7 @@ pub async fn no_store_method_reaches_another_tenants_rows(services: &Services) {
         lease,
         item,
     } = &rows;
-    let child = ChildThread {
-        thread_id: thread.clone(),
-        parent_thread_id: thread.clone(),
-        name: "helper".into(),
-        agent: "helper".into(),
-        status: "running".into(),
-        resumable: true,
-        created_at: chrono::Utc::now(),
-        metadata: Default::default(),
-    };
+    let child = ChildThread::running(thread.clone(), thread.clone(), "helper", "helper");
     threads.register_child(&alice, &child).await.unwrap();
     let timer = match &services.timers {
         Some(timers) => Some(
