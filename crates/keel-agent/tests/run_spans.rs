@@ -8,10 +8,11 @@ mod support;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use keel_agent::{Agent, FnTool, SendOptions};
-use keel_core::{AgentCard, Message, RunContext, TaskState, TraceParent};
+use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
+use keel_core::{AgentCard, Message, RunContext, Task, TaskState, TraceParent};
 use keel_events::RunEvent;
 use keel_llm::{MockLlm, MockResponse, ToolCall};
+use keel_runtime::AuthContext;
 use serde_json::json;
 use support::executor;
 
@@ -23,6 +24,13 @@ fn card(name: &str) -> AgentCard {
 fn answering(name: &str, text: &str) -> Agent {
     let llm = MockLlm::scripted(vec![MockResponse::Text(text.into())]);
     Agent::builder(card(name)).llm(llm).build().unwrap()
+}
+
+/// Send "go" to `exec` as `auth` and wait for the task's answer.
+async fn go(exec: &AgentExecutor, auth: &AuthContext) -> Task {
+    exec.send_message(auth, Message::user("go"), SendOptions::default())
+        .await
+        .unwrap()
 }
 
 fn echo_tool() -> FnTool {
@@ -116,10 +124,7 @@ async fn a_runs_events_draw_the_tree_of_its_spans() {
         .build()
         .unwrap();
     let (exec, auth, sink) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = go(&exec, &auth).await;
     assert_eq!(task.state(), TaskState::Completed);
     let context = RunContext::from_task(&task).unwrap().unwrap();
     let events = sink.events();
@@ -257,10 +262,7 @@ async fn a_run_resumed_after_an_approval_continues_its_trace_and_spans() {
         .build()
         .unwrap();
     let (exec, auth, sink) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = go(&exec, &auth).await;
     assert_eq!(task.state(), TaskState::InputRequired);
     let before = sink.events().len();
     let pending: keel_core::ApprovalRequest =
