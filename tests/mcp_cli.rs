@@ -59,15 +59,12 @@ fn keel() -> Command {
 
 #[test]
 fn keel_tools_lists_the_everything_servers_tools_with_schemas_and_flags() {
-    let out = keel()
+    // assert_cmd's success check shows the stderr of a failure.
+    let run = keel()
         .args(["tools", "--config", "examples/mcp.toml", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .assert()
+        .success();
+    let out = run.get_output();
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(listed[0]["agent"], "mcp-demo");
     let tools = listed[0]["tools"].as_array().unwrap();
@@ -137,15 +134,11 @@ fn keel_check_names_a_server_that_does_not_start() {
 
 #[test]
 fn keel_check_starts_the_servers_and_lists_them() {
-    let out = keel()
+    let run = keel()
         .args(["check", "examples/mcp.toml"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .assert()
+        .success();
+    let out = run.get_output();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("  mcp server: everything (mcp-server-everything)"),

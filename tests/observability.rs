@@ -51,20 +51,6 @@ fn total(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
-/// The run report of `task_id`, as `keel runs export` prints it from the server's store.
-fn report(store: &str, task_id: &str) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["runs", "export", task_id, "--store", store])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 #[tokio::test]
 async fn metrics_move_by_exactly_what_a_run_with_a_tool_call_did() {
     let dir = tempfile::tempdir().unwrap();
@@ -77,7 +63,7 @@ async fn metrics_move_by_exactly_what_a_run_with_a_tool_call_did() {
     let after = scrape(&server.url).await;
 
     // What the run did, from its own report.
-    let report = report(&store, &task_id);
+    let report = support::run_report(&store, &task_id);
     let events = report["events"].as_array().unwrap();
     let of = |kind: &'static str| events.iter().filter(move |e| e["type"] == kind);
     let model_calls = of("llm.call.completed").count() as f64;
@@ -432,7 +418,7 @@ async fn a_priced_model_s_cost_is_in_the_report_and_the_metrics_and_tenant_label
 
     // A run that answers: its calls' costs add up to the report's and to the counter.
     let task_id = run_task(&server.url, "hello").await;
-    let report = report(&store, &task_id);
+    let report = support::run_report(&store, &task_id);
     let events = report["events"].as_array().unwrap();
     let cost: u64 = events
         .iter()

@@ -190,20 +190,6 @@ async fn receive(State(receiver): State<Receiver>, body: Bytes) -> Vec<u8> {
     ExportTraceServiceResponse::default().encode_to_vec()
 }
 
-/// The run report of `task_id`, as `keel runs export` prints it from the server's store.
-fn report(store: &str, task_id: &str) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["runs", "export", task_id, "--store", store])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// Send `text` (with `traceparent`, when given) and return the finished task's id.
 async fn run_task(url: &str, text: &str, traceparent: Option<&str>) -> String {
     let body = json!({
@@ -225,18 +211,27 @@ async fn run_task(url: &str, text: &str, traceparent: Option<&str>) -> String {
     answer["result"]["task"]["id"].as_str().unwrap().to_owned()
 }
 
-fn otlp_env(endpoint: &str, service: &'static str) -> Vec<(&'static str, String)> {
+/// The environment that has a server export to the receiver at `endpoint` as `service`;
+/// tests push what else they set.
+fn otlp_env<'a>(endpoint: &'a str, service: &'a str) -> Vec<(&'static str, &'a str)> {
     vec![
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.to_owned()),
-        ("OTEL_SERVICE_NAME", service.to_owned()),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+        ("OTEL_SERVICE_NAME", service),
         // Sent within 50 ms of ending rather than the default 5 s.
-        ("OTEL_BSP_SCHEDULE_DELAY", "50".to_owned()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
     ]
 }
 
-fn start(store: &str, env: &[(&'static str, String)]) -> KeelServer {
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    KeelServer::start_with_env(&["--store", store], &env)
+/// A server on `store` with this environment.
+fn start(store: &str, env: &[(&str, &str)]) -> KeelServer {
+    KeelServer::start_with_env(&["--store", store], env)
+}
+
+/// A `keel.toml` holding `toml` in `dir`: its path, as `--config` takes it.
+fn config_in(dir: &tempfile::TempDir, toml: &str) -> String {
+    let config = dir.path().join("keel.toml");
+    std::fs::write(&config, toml).unwrap();
+    config.to_str().unwrap().to_owned()
 }
 
 #[tokio::test]
@@ -330,7 +325,7 @@ async fn a_run_is_exported_as_genai_spans_whose_ids_its_events_carry() {
     assert_eq!(policy, ["keel.policy.decision"]);
 
     // The report's events name exactly these spans, under the same parents.
-    let report = report(&store, &task_id);
+    let report = support::run_report(&store, &task_id);
     let mut from_events: HashMap<String, Option<String>> = HashMap::new();
     for event in report["events"].as_array().unwrap() {
         assert_eq!(event["trace_id"].as_str(), Some(run.trace_id().as_str()));
@@ -348,7 +343,7 @@ async fn a_run_is_exported_as_genai_spans_whose_ids_its_events_carry() {
 async fn otel_traces_exporter_none_turns_the_export_off() {
     let (receiver, endpoint) = Receiver::start().await;
     let mut env = otlp_env(&endpoint, "keel-no-export");
-    env.push(("OTEL_TRACES_EXPORTER", "none".to_owned()));
+    env.push(("OTEL_TRACES_EXPORTER", "none"));
     let server = start("memory", &env);
     run_task(&server.url, TOOL_MESSAGE, None).await;
     // A second server that does export shows the receiver works and the first sent nothing
@@ -368,8 +363,7 @@ async fn the_metrics_prometheus_shows_are_exported_over_otlp_too() {
     let (receiver, endpoint) = Receiver::start().await;
     let mut env = otlp_env(&endpoint, "keel-metrics");
     // Read and sent every 100 ms rather than the default minute.
-    env.push(("OTEL_METRIC_EXPORT_INTERVAL", "100".to_owned()));
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.push(("OTEL_METRIC_EXPORT_INTERVAL", "100"));
     let server = KeelServer::start_with_env(&["--store", "memory", "--metrics"], &env);
     run_task(&server.url, TOOL_MESSAGE, None).await;
 
@@ -490,19 +484,15 @@ async fn a_delegation_from_a_to_b_over_a2a_is_one_trace_with_bs_run_under_as_too
     let (receiver, endpoint) = Receiver::start().await;
     let b = start("memory", &otlp_env(&endpoint, "keel-b"));
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("keel.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = config_in(
+        &dir,
+        &format!(
             "[server]\nstore = \"memory\"\n\n[[agents]]\nname = \"a\"\ndescription = \"Delegates to b.\"\n\n\
              [[agents.remote_agents]]\nname = \"delegate\"\ndescription = \"Ask b.\"\nurl = \"{}\"\n",
             b.url
         ),
-    )
-    .unwrap();
-    let env = otlp_env(&endpoint, "keel-a");
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let a = KeelServer::start_with_env(&["--config", config.to_str().unwrap()], &env);
+    );
+    let a = KeelServer::start_with_env(&["--config", &config], &otlp_env(&endpoint, "keel-a"));
     run_task(&a.url, r#"/delegate {"message": "hello b"}"#, None).await;
 
     let a_spans = receiver.trace_of("keel-a").await;
@@ -559,19 +549,16 @@ async fn an_http_tool_sends_its_calls_span_as_traceparent() {
             .with_state(seen.clone());
     let target = support::serve(app).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("keel.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = config_in(
+        &dir,
+        &format!(
             "[server]\nstore = \"memory\"\n\n[[agents]]\nname = \"pinger\"\ndescription = \"Pings.\"\n\n\
              [[agents.tools.http]]\nname = \"ping\"\ndescription = \"Ping.\"\nmethod = \"GET\"\n\
              url = \"{target}/ping\"\nidempotent = true\n"
         ),
-    )
-    .unwrap();
+    );
     let env = otlp_env(&endpoint, "keel-http-tool");
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let server = KeelServer::start_with_env(&["--config", config.to_str().unwrap()], &env);
+    let server = KeelServer::start_with_env(&["--config", &config], &env);
     run_task(&server.url, "/ping {}", None).await;
     let spans = receiver.trace_of("keel-http-tool").await;
     let call = spans
@@ -617,9 +604,8 @@ async fn json_log_lines_carry_the_trace_and_span_ids_of_the_exported_spans() {
     let (receiver, endpoint) = Receiver::start().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("serve.log");
-    let mut env: Vec<(&str, String)> = otlp_env(&endpoint, "keel-log-join");
-    env.push(("RUST_LOG", "info".to_owned()));
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut env = otlp_env(&endpoint, "keel-log-join");
+    env.push(("RUST_LOG", "info"));
     let server = KeelServer::start_logging(
         0,
         &["--store", "memory", "--log-format", "json"],
@@ -666,15 +652,11 @@ const CAREFUL: &str = support::careful_agent!();
 async fn a_run_approved_in_another_process_continues_its_trace_linked_to_the_earlier_spans() {
     let (receiver, endpoint) = Receiver::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("keel.toml");
-    std::fs::write(&config, CAREFUL).unwrap();
+    let config = config_in(&dir, CAREFUL);
     let store = format!("sqlite:{}", dir.path().join("keel.db").display());
-    let args = ["--config", config.to_str().unwrap(), "--store", &store];
-    let with_env = |service: &'static str| {
-        let env = otlp_env(&endpoint, service);
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        KeelServer::start_with_env(&args, &env)
-    };
+    let args = ["--config", &config, "--store", &store];
+    let with_env =
+        |service: &'static str| KeelServer::start_with_env(&args, &otlp_env(&endpoint, service));
 
     // Process A: the run asks for approval and rests; A stops.
     let a = with_env("keel-resume-a");
@@ -707,14 +689,9 @@ async fn a_run_approved_in_another_process_continues_its_trace_linked_to_the_ear
 
     // Process B: the approval resumes the run there.
     let b = with_env("keel-resume-b");
-    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["tasks", "approve", &task_id, "--url", &b.url])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    support::succeeds(
+        Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(["tasks", "approve", &task_id, "--url", &b.url]),
     );
     let after: Vec<Received> = eventually("B's run span is exported", || async {
         let spans: Vec<Received> = receiver

@@ -20,6 +20,27 @@ mod py_sdk;
 #[path = "../../xtask/src/redis.rs"]
 mod redis;
 
+/// Run `command` to its end, which must be a success (the failure shows its stderr): what
+/// it printed.
+pub fn succeeds(command: &mut Command) -> std::process::Output {
+    let out = command.output().expect("run the command");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The run report of `task_id`, as `keel runs export` prints it from `store`.
+pub fn run_report(store: &str, task_id: &str) -> serde_json::Value {
+    let out = succeeds(
+        Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(["runs", "export", task_id, "--store", store]),
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// A fresh schema on the PostgreSQL at `KEEL_POSTGRES_URL` (which CI always provides) and the
 /// `--store` arguments of `keel serve` processes sharing it.
 pub async fn postgres_store() -> (keel_store_postgres::testing::TestSchema, Vec<String>) {
@@ -106,49 +127,41 @@ impl KeelServer {
         env: &[(&str, &str)],
         logs: impl Into<Stdio>,
     ) -> KeelServer {
-        let child = Command::new(env!("CARGO_BIN_EXE_keel"))
-            .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(logs)
-            .spawn()
-            .expect("start keel serve");
-        Self::serving(child)
+        let mut command = Self::command(port, extra);
+        command.envs(env.iter().copied()).stderr(logs);
+        Self::serving(command)
     }
 
     /// Start `keel serve --port 0` with these arguments, its log (`RUST_LOG=info`, stderr)
     /// written to `log`.
     pub fn start_logging_to(extra: &[&str], log: &std::path::Path) -> KeelServer {
         let log = std::fs::File::create(log).expect("create the log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_keel"))
-            .args(["serve", "--host", "127.0.0.1", "--port", "0"])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("start keel serve");
-        Self::serving(child)
+        Self::start_logging(0, extra, &[("RUST_LOG", "info")], log)
     }
 
     /// Start `keel serve --port 0` in `dir` (where it looks for `keel.toml`).
     pub fn start_in(dir: &std::path::Path, extra: &[&str]) -> KeelServer {
-        let child = Command::new(env!("CARGO_BIN_EXE_keel"))
-            .args(["serve", "--host", "127.0.0.1", "--port", "0"])
-            .args(extra)
-            .current_dir(dir)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start keel serve");
-        Self::serving(child)
+        let mut command = Self::command(0, extra);
+        command.current_dir(dir);
+        Self::serving(command)
     }
 
-    /// Wait for the started server's line naming its URL.
-    fn serving(mut child: Child) -> KeelServer {
+    /// `keel serve` on 127.0.0.1 and `port` with these arguments, logging at `warn` to the
+    /// test's stderr unless the caller says otherwise, its stdout piped for [`Self::serving`].
+    fn command(port: u16, extra: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        command
+            .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        command
+    }
+
+    /// Spawn `command` and wait for the started server's line naming its URL.
+    fn serving(mut command: Command) -> KeelServer {
+        let mut child = command.spawn().expect("start keel serve");
         let stdout = child.stdout.take().expect("piped stdout");
         let mut line = String::new();
         BufReader::new(stdout)

@@ -7,8 +7,9 @@
 
 use std::sync::Arc;
 
+use keel_core::AgentResult;
 use keel_llm::MockLlm;
-use keel_runtime::{Runtime, Services};
+use keel_runtime::{AuthContext, AuthService, Credentials, Runtime, Services};
 
 /// Every rule file, as a module of the backend module it is invoked in: each rule test calls
 /// that backend's `runtime()` through `super::runtime()`.
@@ -67,6 +68,69 @@ macro_rules! rules {
 #[path = "../../keel-store-redis/tests/support/mod.rs"]
 mod redis_support;
 
+/// A runtime of its own that outlives every test, for the backends whose data (a Redis
+/// connection, PostgreSQL schemas) is set up and cleaned up outside any one test: the rule
+/// tests each build their own tokio runtime (and drop it at the end), while `runtime()` is
+/// synchronous.
+fn driver() -> &'static tokio::runtime::Runtime {
+    static DRIVER: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    DRIVER.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime for the backends' setup and cleanup")
+    })
+}
+
+/// Run `work` on the driver, from inside a test's runtime (where `block_on` is refused).
+fn on_driver<T: Send + 'static>(work: impl std::future::Future<Output = T> + Send + 'static) -> T {
+    let driver = driver().handle().clone();
+    std::thread::spawn(move || driver.block_on(work))
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// `services` as a runtime whose caller also runs `cleanup` (deleting the test's keys or
+/// schema) when it goes: the runtime holds its caller to its end, so the test's data goes
+/// with the last handle on the runtime (or just after, when a part of the engine still held
+/// the caller).
+fn cleaned_up(
+    mut services: Services,
+    cleanup: impl FnOnce() + Send + Sync + 'static,
+) -> Arc<dyn Runtime> {
+    services.auth = Arc::new(CleanupOnDrop {
+        auth: services.auth,
+        cleanup: Some(Box::new(cleanup)),
+    });
+    Arc::new(services)
+}
+
+/// A caller that runs its cleanup when dropped; see [`cleaned_up`].
+struct CleanupOnDrop {
+    auth: Arc<dyn AuthService>,
+    cleanup: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl AuthService for CleanupOnDrop {
+    fn auth_context(&self) -> AuthContext {
+        self.auth.auth_context()
+    }
+    fn authenticate(&self, credentials: &Credentials) -> AgentResult<Option<AuthContext>> {
+        self.auth.authenticate(credentials)
+    }
+}
+
+impl Drop for CleanupOnDrop {
+    fn drop(&mut self) {
+        if let Some(cleanup) = self.cleanup.take() {
+            // Not a rule failure when it fails, and a panic here could abort the runtime's
+            // shutdown: each cleanup reports what it left instead.
+            cleanup();
+        }
+    }
+}
+
 mod memory {
     use super::*;
 
@@ -102,8 +166,6 @@ mod redis {
     use std::sync::OnceLock;
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-    use keel_core::AgentResult;
-    use keel_runtime::{AuthContext, AuthService, Credentials};
     use keel_store_redis::RedisStore;
 
     /// What every test prefix starts with; the sweep below only ever touches such keys.
@@ -111,28 +173,15 @@ mod redis {
     /// Keys of a prefix older than this are a crashed run's leftovers and are deleted.
     const STALE_AFTER: Duration = Duration::from_secs(3600);
 
-    /// The connected store and the runtime driving its connection. The rule tests each build
-    /// their own tokio runtime (and drop it at the end), while `runtime()` is synchronous; the
-    /// connection therefore lives on a runtime of its own that outlives every test, and each
-    /// test shares it under a prefix of its own, as one process's services share one store.
-    struct Shared {
-        driver: tokio::runtime::Runtime,
-        store: RedisStore,
-    }
-
-    fn shared() -> &'static Shared {
-        static SHARED: OnceLock<Shared> = OnceLock::new();
-        // Set up on a thread of its own: a test calls this from inside its tokio runtime,
-        // where `block_on` is refused.
+    /// The connected store, its connection driven by the [`driver`] so that it outlives
+    /// every test; each test shares it under a prefix of its own, as one process's services
+    /// share one store.
+    fn shared() -> &'static RedisStore {
+        static SHARED: OnceLock<RedisStore> = OnceLock::new();
         SHARED.get_or_init(|| {
-            std::thread::spawn(|| {
-                let driver = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .enable_all()
-                    .build()
-                    .expect("a tokio runtime for the Redis connection");
+            on_driver(async {
                 let url = redis_support::redis_url();
-                let store = match driver.block_on(RedisStore::connect(&url)) {
+                let store = match RedisStore::connect(&url).await {
                     Ok(store) => store,
                     Err(err) => panic!(
                         "the engine's Redis rule tests need a server at REDIS_URL ({url}), and \
@@ -140,11 +189,9 @@ mod redis {
                          yes`), point REDIS_URL at one, or run `cargo xtask ci`, which starts one"
                     ),
                 };
-                driver.block_on(sweep_stale_prefixes());
-                Shared { driver, store }
+                sweep_stale_prefixes().await;
+                store
             })
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         })
     }
 
@@ -179,51 +226,20 @@ mod redis {
             .unwrap()
             .as_secs();
         let prefix = format!("{PREFIX_ROOT}{made}-{}:", uuid::Uuid::new_v4().simple());
-        let mut services = shared()
-            .store
+        let services = shared()
             .clone()
             .with_prefix(prefix.clone())
             .services(Arc::new(MockLlm::new()));
-        services.auth = Arc::new(KeyCleanup {
-            auth: services.auth,
-            prefix,
-        });
-        Arc::new(services)
-    }
-
-    /// The services' caller, which also deletes the test's keys when it goes: the runtime
-    /// holds it to its end, so the keys go with the last handle on the runtime (or just after,
-    /// when a part of the engine still held the caller).
-    struct KeyCleanup {
-        auth: Arc<dyn AuthService>,
-        prefix: String,
-    }
-
-    impl AuthService for KeyCleanup {
-        fn auth_context(&self) -> AuthContext {
-            self.auth.auth_context()
-        }
-        fn authenticate(&self, credentials: &Credentials) -> AgentResult<Option<AuthContext>> {
-            self.auth.authenticate(credentials)
-        }
-    }
-
-    impl Drop for KeyCleanup {
-        fn drop(&mut self) {
-            let prefix = self.prefix.clone();
-            let driver = shared().driver.handle().clone();
-            // Dropped inside the test's runtime (often as it shuts down): block a thread of
-            // our own on the driver instead.
-            let cleaned = std::thread::spawn(move || {
-                driver.block_on(async move { redis_support::clean_up(&prefix).await })
-            })
-            .join();
+        cleaned_up(services, move || {
+            let cleaned = std::panic::catch_unwind(|| {
+                let prefix = prefix.clone();
+                on_driver(async move { redis_support::clean_up(&prefix).await })
+            });
             if cleaned.is_err() {
-                // Not a rule failure, and a panic here could abort the runtime's shutdown;
-                // the next run's sweep deletes them once they are stale.
-                eprintln!("could not delete the test's keys under {}", self.prefix);
+                // The next run's sweep deletes them once they are stale.
+                eprintln!("could not delete the test's keys under {prefix}");
             }
-        }
+        })
     }
 
     rules!();
@@ -235,34 +251,7 @@ mod postgres {
 
     use super::*;
 
-    use std::sync::OnceLock;
-
-    use keel_core::AgentResult;
-    use keel_runtime::{AuthContext, AuthService, Credentials};
     use keel_store_postgres::testing::TestSchema;
-
-    /// A runtime of its own that outlives every test: the rule tests each build their own
-    /// tokio runtime, while `runtime()` is synchronous, so schemas are made and dropped here.
-    fn driver() -> &'static tokio::runtime::Runtime {
-        static DRIVER: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-        DRIVER.get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .expect("a tokio runtime for the PostgreSQL schemas")
-        })
-    }
-
-    /// Run `work` on the driver, from inside a test's runtime (where `block_on` is refused).
-    fn on_driver<T: Send + 'static>(
-        work: impl std::future::Future<Output = T> + Send + 'static,
-    ) -> T {
-        let driver = driver().handle().clone();
-        std::thread::spawn(move || driver.block_on(work))
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    }
 
     /// A runtime wired as `DefaultRuntime` wires PostgreSQL, in a fresh schema that is
     /// dropped when the last handle on the runtime goes.
@@ -275,40 +264,12 @@ mod postgres {
         .unwrap_or_else(|err| {
             panic!("the engine's PostgreSQL rule tests need a server at KEEL_POSTGRES_URL: {err}")
         });
-        let mut services = store.services(Arc::new(MockLlm::new()));
-        services.auth = Arc::new(SchemaCleanup {
-            auth: services.auth,
-            schema: Some(schema),
-        });
-        Arc::new(services)
-    }
-
-    /// The services' caller, which also drops the test's schema when it goes (with the last
-    /// handle on the runtime).
-    struct SchemaCleanup {
-        auth: Arc<dyn AuthService>,
-        schema: Option<TestSchema>,
-    }
-
-    impl AuthService for SchemaCleanup {
-        fn auth_context(&self) -> AuthContext {
-            self.auth.auth_context()
-        }
-        fn authenticate(&self, credentials: &Credentials) -> AgentResult<Option<AuthContext>> {
-            self.auth.authenticate(credentials)
-        }
-    }
-
-    impl Drop for SchemaCleanup {
-        fn drop(&mut self) {
-            if let Some(schema) = self.schema.take() {
-                let name = schema.name.clone();
-                if on_driver(schema.drop_schema()).is_err() {
-                    // Not a rule failure; a panic here could abort the runtime's shutdown.
-                    eprintln!("could not drop the test schema {name}");
-                }
+        cleaned_up(store.services(Arc::new(MockLlm::new())), move || {
+            let name = schema.name.clone();
+            if on_driver(schema.drop_schema()).is_err() {
+                eprintln!("could not drop the test schema {name}");
             }
-        }
+        })
     }
 
     rules!();

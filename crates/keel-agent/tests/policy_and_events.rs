@@ -1,6 +1,8 @@
 //! Every side effect is prepared, judged and recorded: the engine's wiring of policy,
 //! approvals, budgets and the normalized event stream.
 
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -14,8 +16,9 @@ use keel_events::{
 };
 use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_policy::{approve_request, deny_request, ApprovalFn, CapabilityPolicy, CapabilityRule};
-use keel_runtime::{AuthContext, RunQuery, Runtime, Services};
+use keel_runtime::{AuthContext, RunQuery};
 use serde_json::{json, Value};
+use support::executor;
 
 fn card() -> AgentCard {
     AgentCard::new("records", "keeps records", "http://127.0.0.1:0")
@@ -49,15 +52,6 @@ fn script(calls: usize) -> Arc<MockLlm> {
         .collect();
     responses.push(MockResponse::Text("done".into()));
     Arc::new(MockLlm::scripted(responses))
-}
-
-fn executor(agent: Agent) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>) {
-    let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
-    let auth = runtime.auth_service().auth_context();
-    let exec = AgentExecutor::new(agent, runtime);
-    let sink = Arc::new(InMemoryEventSink::new());
-    exec.add_event_sink(sink.clone());
-    (exec, auth, sink)
 }
 
 /// The records agent with `write_record` on an in-memory runtime, its events collected: what

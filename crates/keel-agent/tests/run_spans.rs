@@ -3,18 +3,34 @@
 //! under the delegating tool call's (decision 180). The tests draw a report's events as the
 //! tree their spans make.
 
+mod support;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
-use keel_core::{AgentCard, Message, RunContext, TaskState, TraceParent};
-use keel_events::{InMemoryEventSink, RunEvent};
+use keel_core::{AgentCard, Message, RunContext, Task, TaskState, TraceParent};
+use keel_events::RunEvent;
 use keel_llm::{MockLlm, MockResponse, ToolCall};
-use keel_runtime::{AuthContext, Runtime, Services};
+use keel_runtime::AuthContext;
 use serde_json::json;
+use support::executor;
 
 fn card(name: &str) -> AgentCard {
     AgentCard::new(name, "spans", "http://127.0.0.1:0")
+}
+
+/// An agent of `card(name)` whose model answers `text`.
+fn answering(name: &str, text: &str) -> Agent {
+    let llm = MockLlm::scripted(vec![MockResponse::Text(text.into())]);
+    Agent::builder(card(name)).llm(llm).build().unwrap()
+}
+
+/// Send "go" to `exec` as `auth` and wait for the task's answer.
+async fn go(exec: &AgentExecutor, auth: &AuthContext) -> Task {
+    exec.send_message(auth, Message::user("go"), SendOptions::default())
+        .await
+        .unwrap()
 }
 
 fn echo_tool() -> FnTool {
@@ -24,15 +40,6 @@ fn echo_tool() -> FnTool {
         json!({"type": "object", "properties": {"text": {"type": "string"}}}),
         |args, _ctx| async move { Ok(args["text"].clone()) },
     )
-}
-
-fn executor(agent: Agent) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>) {
-    let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
-    let auth = runtime.auth_service().auth_context();
-    let exec = AgentExecutor::new(agent, runtime);
-    let sink = Arc::new(InMemoryEventSink::new());
-    exec.add_event_sink(sink.clone());
-    (exec, auth, sink)
 }
 
 /// The model calls `echo` twice in one step, then answers.
@@ -117,10 +124,7 @@ async fn a_runs_events_draw_the_tree_of_its_spans() {
         .build()
         .unwrap();
     let (exec, auth, sink) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = go(&exec, &auth).await;
     assert_eq!(task.state(), TaskState::Completed);
     let context = RunContext::from_task(&task).unwrap().unwrap();
     let events = sink.events();
@@ -154,13 +158,7 @@ async fn a_runs_events_draw_the_tree_of_its_spans() {
 
 #[tokio::test]
 async fn a_run_under_a_callers_traceparent_joins_its_trace() {
-    let agent = Agent::builder(card("spans"))
-        .llm_shared(Arc::new(MockLlm::scripted(vec![MockResponse::Text(
-            "hi".into(),
-        )])))
-        .build()
-        .unwrap();
-    let (exec, auth, sink) = executor(agent);
+    let (exec, auth, sink) = executor(answering("spans", "hi"));
     let caller =
         TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
     let options = SendOptions {
@@ -186,13 +184,7 @@ async fn a_run_under_a_callers_traceparent_joins_its_trace() {
 #[tokio::test]
 async fn a_delegated_run_hangs_under_the_delegating_tool_call() {
     // The child agent, run by the parent's `ask` tool under the call's delegated context.
-    let child_agent = Agent::builder(card("child"))
-        .llm_shared(Arc::new(MockLlm::scripted(vec![MockResponse::Text(
-            "ok".into(),
-        )])))
-        .build()
-        .unwrap();
-    let (child, child_auth, child_sink) = executor(child_agent);
+    let (child, child_auth, child_sink) = executor(answering("child", "ok"));
     let child = Arc::new(child);
     let ask = {
         let child = child.clone();
@@ -270,10 +262,7 @@ async fn a_run_resumed_after_an_approval_continues_its_trace_and_spans() {
         .build()
         .unwrap();
     let (exec, auth, sink) = executor(agent);
-    let task = exec
-        .send_message(&auth, Message::user("go"), SendOptions::default())
-        .await
-        .unwrap();
+    let task = go(&exec, &auth).await;
     assert_eq!(task.state(), TaskState::InputRequired);
     let before = sink.events().len();
     let pending: keel_core::ApprovalRequest =

@@ -449,10 +449,7 @@ mod tests {
             .await;
         let deltas: Vec<&str> = events
             .iter()
-            .filter_map(|e| match e {
-                LlmStreamEvent::TextDelta { text } => Some(text.as_str()),
-                _ => None,
-            })
+            .filter_map(LlmStreamEvent::text_delta)
             .collect();
         assert_eq!(deltas, ["the", " quick", " brown", " fox"]);
         assert!(
@@ -476,12 +473,7 @@ mod tests {
             .await;
         let fragments: String = events
             .iter()
-            .filter_map(|e| match e {
-                LlmStreamEvent::ToolCallDelta {
-                    arguments_delta, ..
-                } => Some(arguments_delta.as_str()),
-                _ => None,
-            })
+            .filter_map(LlmStreamEvent::arguments_delta)
             .collect();
         assert_eq!(
             serde_json::from_str::<Value>(&fragments).unwrap(),

@@ -57,6 +57,32 @@ pub enum LlmStreamEvent {
     },
 }
 
+impl LlmStreamEvent {
+    /// The answer text this event adds, if it is a [`TextDelta`](Self::TextDelta).
+    ///
+    /// ```
+    /// use keel_llm::LlmStreamEvent;
+    /// let delta = LlmStreamEvent::TextDelta { text: "Hel".into() };
+    /// assert_eq!(delta.text_delta(), Some("Hel"));
+    /// ```
+    pub fn text_delta(&self) -> Option<&str> {
+        match self {
+            Self::TextDelta { text } => Some(text),
+            _ => None,
+        }
+    }
+
+    /// The arguments text this event adds, if it is a [`ToolCallDelta`](Self::ToolCallDelta).
+    pub fn arguments_delta(&self) -> Option<&str> {
+        match self {
+            Self::ToolCallDelta {
+                arguments_delta, ..
+            } => Some(arguments_delta),
+            _ => None,
+        }
+    }
+}
+
 /// Drain a stream into its final response, failing on the first error or if the stream ends
 /// without [`LlmStreamEvent::Done`].
 pub async fn collect_stream(mut events: LlmStream<'_>) -> AgentResult<LlmResponse> {

@@ -216,12 +216,11 @@ async fn a_mid_stream_error_event_is_typed() {
 
 #[tokio::test]
 async fn images_travel_as_base64_and_url_image_blocks_before_the_text() {
-    let server = serve(vec![Reply::ok(says("Two pets."))]).await;
     let bitmap = file("scan.bmp", "image/bmp", "Qk0=");
     let request = ask_with("What are these?", [photo_bytes(), photo_url(), bitmap]);
-    llm(&server.url).complete(request).await.unwrap();
+    let body = body_sent(llm, says("Two pets."), request).await;
     assert_eq!(
-        server.requests()[0].body["messages"],
+        body["messages"],
         json!([{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}},
             {"type": "image", "source": {"type": "url", "url": "https://example.com/dog.jpg"}},
@@ -233,13 +232,9 @@ async fn images_travel_as_base64_and_url_image_blocks_before_the_text() {
 
 #[tokio::test]
 async fn an_image_a_tool_returned_travels_in_its_tool_result() {
-    let server = serve(vec![Reply::ok(says("A cat."))]).await;
-    llm(&server.url)
-        .complete(tool_result_with_image())
-        .await
-        .unwrap();
+    let body = body_sent(llm, says("A cat."), tool_result_with_image()).await;
     assert_eq!(
-        server.requests()[0].body["messages"][2],
+        body["messages"][2],
         json!({"role": "user", "content": [{
             "type": "tool_result",
             "tool_use_id": "call_1",

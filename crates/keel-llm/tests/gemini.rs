@@ -174,7 +174,6 @@ async fn a_stream_cut_before_the_finish_reason_is_a_transport_error() {
 
 #[tokio::test]
 async fn images_travel_as_inline_data_and_file_data_parts_before_the_text() {
-    let server = serve(vec![Reply::ok(says("Two pets."))]).await;
     let linked = keel_core::FileContent {
         name: Some("dog".into()),
         media_type: Some("image/jpeg".into()),
@@ -182,9 +181,9 @@ async fn images_travel_as_inline_data_and_file_data_parts_before_the_text() {
         ..Default::default()
     };
     let request = ask_with("What are these?", [photo_bytes(), linked]);
-    llm(&server.url).complete(request).await.unwrap();
+    let body = body_sent(llm, says("Two pets."), request).await;
     assert_eq!(
-        server.requests()[0].body["contents"],
+        body["contents"],
         json!([{"role": "user", "parts": [
             {"inlineData": {"mimeType": "image/png", "data": PNG_B64}},
             {"fileData": {"mimeType": "image/jpeg", "fileUri": "https://example.com/dog"}},
@@ -195,13 +194,9 @@ async fn images_travel_as_inline_data_and_file_data_parts_before_the_text() {
 
 #[tokio::test]
 async fn an_image_a_tool_returned_follows_its_function_response() {
-    let server = serve(vec![Reply::ok(says("A cat."))]).await;
-    llm(&server.url)
-        .complete(tool_result_with_image())
-        .await
-        .unwrap();
+    let body = body_sent(llm, says("A cat."), tool_result_with_image()).await;
     assert_eq!(
-        server.requests()[0].body["contents"][2],
+        body["contents"][2],
         json!({"role": "user", "parts": [
             {"functionResponse": {"name": "snap", "response": {"result": "here:\n[file `report.pdf` (application/pdf, 8 bytes) attached; its contents are not shown to the model]"}}},
             {"inlineData": {"mimeType": "image/png", "data": PNG_B64}},

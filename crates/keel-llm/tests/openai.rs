@@ -250,20 +250,12 @@ async fn stream_reassembles_split_frames_text_and_tool_call_argument_deltas() {
 
     let text: String = events
         .iter()
-        .filter_map(|e| match e {
-            LlmStreamEvent::TextDelta { text } => Some(text.as_str()),
-            _ => None,
-        })
+        .filter_map(LlmStreamEvent::text_delta)
         .collect();
     assert_eq!(text, "Let me check.");
     let fragments: Vec<&str> = events
         .iter()
-        .filter_map(|e| match e {
-            LlmStreamEvent::ToolCallDelta {
-                arguments_delta, ..
-            } => Some(arguments_delta.as_str()),
-            _ => None,
-        })
+        .filter_map(LlmStreamEvent::arguments_delta)
         .collect();
     assert_eq!(fragments, ["", "{\"ci", "ty\": \"Par", "is\"}"]);
     assert_eq!(response.tool_calls.len(), 1);
@@ -363,7 +355,6 @@ fn spec_builds_an_openai_compatible_model() {
 
 #[tokio::test]
 async fn images_travel_as_image_url_parts_and_other_files_as_text() {
-    let server = serve(vec![Reply::ok(says("Two pets."))]).await;
     let notes = file("notes.txt", "text/plain", "aGVsbG8="); // "hello"
     let report = file("report.pdf", "application/pdf", "JVBERi0xLjc="); // "%PDF-1.7"
     let request = LlmRequest::new(vec![
@@ -375,9 +366,9 @@ async fn images_travel_as_image_url_parts_and_other_files_as_text() {
         LlmMessage::assistant("Two pets.", vec![]),
         LlmMessage::user("Thanks"),
     ]);
-    llm(&server.url).complete(request).await.unwrap();
+    let body = body_sent(llm, says("Two pets."), request).await;
     assert_eq!(
-        server.requests()[0].body["messages"],
+        body["messages"],
         json!([
             {"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{PNG_B64}")}},
@@ -412,13 +403,9 @@ fn a_compatible_server_reads_images_only_when_configured() {
 
 #[tokio::test]
 async fn an_image_a_tool_returned_is_named_in_its_text_only_tool_message() {
-    let server = serve(vec![Reply::ok(says("A cat."))]).await;
-    llm(&server.url)
-        .complete(tool_result_with_image())
-        .await
-        .unwrap();
+    let body = body_sent(llm, says("A cat."), tool_result_with_image()).await;
     assert_eq!(
-        server.requests()[0].body["messages"][2],
+        body["messages"][2],
         json!({
             "role": "tool",
             "tool_call_id": "call_1",

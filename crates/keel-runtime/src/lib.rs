@@ -32,6 +32,7 @@ mod scoped;
 mod services;
 mod step;
 mod stored_text;
+pub mod stored_time;
 mod task_manager;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -264,6 +264,34 @@ pub struct ChildThread {
 }
 
 impl ChildThread {
+    /// A child `thread_id` of `parent_thread_id`, named `name` and run by `agent`, as a
+    /// parent registers it when it starts one: `running`, resumable, registered now, with no
+    /// metadata.
+    ///
+    /// ```
+    /// use keel_core::ThreadId;
+    /// use keel_runtime::ChildThread;
+    /// let child = ChildThread::running(ThreadId::new(), ThreadId::new(), "helper", "researcher");
+    /// assert_eq!((child.status.as_str(), child.resumable), ("running", true));
+    /// ```
+    pub fn running(
+        thread_id: ThreadId,
+        parent_thread_id: ThreadId,
+        name: impl Into<String>,
+        agent: impl Into<String>,
+    ) -> Self {
+        Self {
+            thread_id,
+            parent_thread_id,
+            name: name.into(),
+            agent: agent.into(),
+            status: "running".into(),
+            resumable: true,
+            created_at: Utc::now(),
+            metadata: Metadata::default(),
+        }
+    }
+
     /// Put `children` in the registry's order: oldest first, ties broken by thread id (what
     /// [`SubagentRegistry::children`] returns on every backend).
     pub fn sort_oldest_first(children: &mut [ChildThread]) {

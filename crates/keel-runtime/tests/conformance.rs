@@ -43,3 +43,9 @@ async fn in_memory_timers_and_tenants_pass_the_conformance_suite() {
 async fn in_memory_async_call_store_passes_the_conformance_suite() {
     testing::async_call_store_all(Arc::new(keel_runtime::InMemoryAsyncCallStore::new())).await;
 }
+
+#[tokio::test]
+async fn in_memory_stores_keep_every_tenants_rows_apart() {
+    let services = keel_runtime::Services::in_memory(Arc::new(keel_llm::MockLlm::new()));
+    testing::no_store_method_reaches_another_tenants_rows(&services).await;
+}

@@ -2,7 +2,6 @@
 //! Keel's records, plain JSON text for callers' values, timestamps as `BIGINT` nanoseconds,
 //! and the shapes of every statement (prepared once per pooled connection).
 
-use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -40,21 +39,8 @@ pub(crate) fn decode_value(text: &str, what: &str) -> AgentResult<Value> {
         .map_err(|e| AgentError::storage_source(BACKEND, format!("reading stored {what}"), e))
 }
 
-/// A timestamp as stored: nanoseconds since the Unix epoch, UTC, saturating outside
-/// 1677–2262 (which keeps the order). Nanoseconds keep chrono's precision, so comparisons in
-/// SQL agree with the in-memory store's.
-pub(crate) fn to_nanos(at: DateTime<Utc>) -> i64 {
-    at.timestamp_nanos_opt().unwrap_or(if at.timestamp() < 0 {
-        i64::MIN
-    } else {
-        i64::MAX
-    })
-}
-
-/// The timestamp stored as `nanos` by [`to_nanos`].
-pub(crate) fn from_nanos(nanos: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_nanos(nanos)
-}
+/// Timestamps are stored as every SQL backend stores them (nanoseconds since the epoch).
+pub(crate) use keel_runtime::stored_time::{from_nanos, to_nanos};
 
 /// A seq, token or count from `u64`/`usize` to `BIGINT`, saturating (larger values are never
 /// issued, so saturating keeps comparisons right).

@@ -1,20 +1,17 @@
 //! PostgreSQL-specific behaviour: one tenant's rows are out of reach of another's through
-//! every store method (tenants whose names run together, `ab`/`c` and `a`/`bc`, and the same
-//! ids); two pools (two processes) on one schema; migrations at once and a schema newer than
-//! this code; connections the server drops.
+//! every store method (the conformance suite's tenancy check, on Postgres's own wiring); two
+//! pools (two processes) on one schema; migrations at once and a schema newer than this
+//! code; connections the server drops.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, Message, RunId, Task, TaskEvent};
-use keel_runtime::{
-    AsyncCall, AsyncCallState, AsyncCallStore, AuthContext, ChildThread, ListTasksFilter,
-    MemoryService, RunQuery, RunRecord, RunStore, StepStore, SubagentRegistry, TaskManager,
-    TaskRecord, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue, ThreadTimers,
-};
+use keel_core::{AgentError, Message, Task, TaskEvent};
+use keel_llm::MockLlm;
+use keel_runtime::{AuthContext, StepStore, TaskManager, ThreadHistory, ThreadLeases};
 use keel_store_postgres::testing::TestSchema;
 use keel_store_postgres::PostgresStore;
-use serde_json::json;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -22,224 +19,8 @@ const TTL: Duration = Duration::from_secs(30);
 async fn no_store_method_reaches_another_tenants_rows() {
     let schema = TestSchema::new().await.unwrap();
     let store = schema.store().await.unwrap();
-    let (alice, mallory) = (AuthContext::new("ab", "c"), AuthContext::new("a", "bc"));
-
-    // Alice's rows, one of each kind.
-    let task = Task::create(Message::user("private"));
-    let thread = task.thread_id.clone();
-    let event = TaskEvent::Message {
-        message: Message::user("private"),
-    };
-    store
-        .save_task_with_events(&alice, &task, std::slice::from_ref(&event))
-        .await
-        .unwrap();
-    store
-        .save_serialized(&alice, "secret", json!("alice's"))
-        .await
-        .unwrap();
-    store
-        .kv_set(&alice, &thread, "secret", json!(1))
-        .await
-        .unwrap();
-    let lease = store
-        .acquire_lease(&alice, &thread, "alice", TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    store
-        .append_history(&alice, &lease, &[LlmMessage::user("private")])
-        .await
-        .unwrap();
-    let item = store.push_queue(&alice, &thread, json!(1)).await.unwrap();
-    let child = ChildThread {
-        thread_id: thread.clone(),
-        parent_thread_id: thread.clone(),
-        name: "helper".into(),
-        agent: "helper".into(),
-        status: "running".into(),
-        resumable: true,
-        created_at: chrono::Utc::now(),
-        metadata: Default::default(),
-    };
-    store.register_child(&alice, &child).await.unwrap();
-    let timer = store
-        .schedule_timer(&alice, &thread, "agent", "t", json!(1), chrono::Utc::now())
-        .await
-        .unwrap();
-    let call = AsyncCall {
-        call_id: "call-1".into(),
-        auth: alice.clone(),
-        thread_id: thread.clone(),
-        state: AsyncCallState::Pending,
-        record: json!({}),
-    };
-    store.put_async_call(&call).await.unwrap();
-    store
-        .save_task_record(&alice, &TaskRecord::of(&task, Some("agent")).unwrap())
-        .await
-        .unwrap();
-    let run_id = RunId::new();
-    let report = RunRecord {
-        run_id: run_id.clone(),
-        task_id: Some(task.id.clone()),
-        thread_id: Some(thread.clone()),
-        trace_id: None,
-        agent_name: Some("agent".into()),
-        recorded_at: chrono::Utc::now(),
-        report: json!({}),
-    };
-    store.save_run_report(&alice, &report).await.unwrap();
-
-    // Tasks.
-    assert_eq!(store.get_task(&mallory, &task.id).await.unwrap(), None);
-    let not_found = |err: AgentError| matches!(err, AgentError::TaskNotFound { .. });
-    assert!(not_found(
-        store.get_task_events(&mallory, &task.id).await.unwrap_err()
-    ));
-    assert!(not_found(
-        store
-            .add_task_event(&mallory, &task.id, &event)
-            .await
-            .unwrap_err()
-    ));
-    let listed = store
-        .list_tasks(&mallory, &ListTasksFilter::default())
-        .await
-        .unwrap();
-    assert_eq!((listed.items.len(), listed.total_size), (0, 0));
-    // Memory.
-    assert_eq!(
-        store.load_serialized(&mallory, "secret").await.unwrap(),
-        None
-    );
-    assert!(!store.delete(&mallory, "secret").await.unwrap());
-    // Threads: history, queue, key-value store, subagents.
-    assert!(store
-        .read_history(&mallory, &thread, 0, 10)
-        .await
-        .unwrap()
-        .is_empty());
-    assert_eq!(store.queue_len(&mallory, &thread).await.unwrap(), 0);
-    assert_eq!(store.tenant_queue_len(&mallory).await.unwrap(), 0);
-    assert!(store.queued_threads(&mallory).await.unwrap().is_empty());
-    assert!(store
-        .peek_queue(&mallory, &thread, 10)
-        .await
-        .unwrap()
-        .is_empty());
-    assert_eq!(
-        store.kv_get(&mallory, &thread, "secret").await.unwrap(),
-        None
-    );
-    assert!(store.kv_keys(&mallory, &thread).await.unwrap().is_empty());
-    assert_eq!(store.child(&mallory, &thread).await.unwrap(), None);
-    assert!(store.children(&mallory, &thread).await.unwrap().is_empty());
-    let err = store
-        .set_child_status(&mallory, &thread, "done")
-        .await
-        .unwrap_err();
-    assert!(matches!(err, AgentError::InvalidInput { .. }), "{err:?}");
-    // Alice's lease fences nothing of Mallory's, and Mallory's nothing of Alice's.
-    for err in [
-        store
-            .append_history(&mallory, &lease, &[LlmMessage::user("forged")])
-            .await
-            .unwrap_err(),
-        store
-            .ack_queue(&mallory, &lease, std::slice::from_ref(&item.id))
-            .await
-            .unwrap_err(),
-        store
-            .persist_step(
-                &mallory,
-                &lease,
-                &[],
-                &task.id,
-                std::slice::from_ref(&event),
-            )
-            .await
-            .unwrap_err(),
-        store.renew_lease(&mallory, &lease, TTL).await.unwrap_err(),
-    ] {
-        assert!(matches!(err, AgentError::LeaseLost { .. }), "{err:?}");
-    }
-    store.release_lease(&mallory, &lease).await.unwrap();
-    let theirs = store
-        .acquire_lease(&mallory, &thread, "mallory", TTL)
-        .await
-        .unwrap()
-        .expect("the same thread id is another thread in another tenant");
-    let err = store
-        .persist_step(
-            &mallory,
-            &theirs,
-            &[],
-            &task.id,
-            std::slice::from_ref(&event),
-        )
-        .await
-        .unwrap_err();
-    assert!(matches!(err, AgentError::TaskNotFound { .. }), "{err:?}");
-    store
-        .ack_queue(&mallory, &theirs, std::slice::from_ref(&item.id))
-        .await
-        .unwrap();
-    // Timers, asynchronous calls, runs.
-    assert!(!store.cancel_timer(&mallory, &timer.id).await.unwrap());
-    assert!(store
-        .thread_timers(&mallory, &thread)
-        .await
-        .unwrap()
-        .is_empty());
-    assert!(!store
-        .transition_async_call(
-            &mallory,
-            "call-1",
-            AsyncCallState::Pending,
-            AsyncCallState::Delivered,
-            json!({"forged": true}),
-        )
-        .await
-        .unwrap());
-    assert_eq!(store.get_run_report(&mallory, &run_id).await.unwrap(), None);
-    let everything = RunQuery::default();
-    assert!(store
-        .find_task_records(&mallory, &everything)
-        .await
-        .unwrap()
-        .is_empty());
-    assert!(store
-        .find_run_reports(&mallory, &everything)
-        .await
-        .unwrap()
-        .is_empty());
-
-    // Alice still has all of it, untouched.
-    assert_eq!(
-        store.get_task_events(&alice, &task.id).await.unwrap(),
-        [event]
-    );
-    assert_eq!(store.queue_len(&alice, &thread).await.unwrap(), 1);
-    assert_eq!(
-        store
-            .read_history(&alice, &thread, 0, 10)
-            .await
-            .unwrap()
-            .len(),
-        1
-    );
-    assert_eq!(store.thread_timers(&alice, &thread).await.unwrap().len(), 1);
-    assert_eq!(
-        store
-            .find_async_call("call-1")
-            .await
-            .unwrap()
-            .unwrap()
-            .state,
-        AsyncCallState::Pending
-    );
-    assert_eq!(store.child(&alice, &thread).await.unwrap(), Some(child));
+    let services = store.services(Arc::new(MockLlm::new()));
+    keel_runtime::testing::no_store_method_reaches_another_tenants_rows(&services).await;
     schema.drop_schema().await.unwrap();
 }
 

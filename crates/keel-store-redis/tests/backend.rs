@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent, TaskId, TaskState, ThreadId};
+use keel_llm::MockLlm;
 use keel_runtime::{
-    AuthContext, ChildThread, KvLimits, ListTasksFilter, MemoryService, SubagentRegistry,
+    testing, AuthContext, ChildThread, KvLimits, ListTasksFilter, MemoryService, SubagentRegistry,
     TaskManager, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue, ThreadStore,
 };
 use keel_store_redis::RedisStore;
@@ -262,51 +263,11 @@ async fn malformed_stored_data_is_a_storage_error() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tenant_cannot_read_anothers_keys() {
     let prefix = support::fresh_prefix();
-    let store = support::store(&prefix).await;
-    let (alice, mallory) = (tenant("alice"), tenant("mallory"));
-    let thread = fresh_thread();
-    let task = Task::new(thread.clone());
-    store.save_task(&alice, &task).await.unwrap();
-    store
-        .save_serialized(&alice, "secret", json!("alice's"))
+    let services = support::store(&prefix)
         .await
-        .unwrap();
-    store
-        .kv_set(&alice, &thread, "secret", json!(1))
-        .await
-        .unwrap();
-    let lease = store
-        .acquire_lease(&alice, &thread, "alice", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
-    store
-        .append_history(&alice, &lease, &[LlmMessage::user("private")])
-        .await
-        .unwrap();
-    store.push_queue(&alice, &thread, json!(1)).await.unwrap();
-
-    assert_eq!(store.get_task(&mallory, &task.id).await.unwrap(), None);
-    assert_eq!(
-        store.load_serialized(&mallory, "secret").await.unwrap(),
-        None
-    );
-    assert_eq!(
-        store.kv_get(&mallory, &thread, "secret").await.unwrap(),
-        None
-    );
-    assert!(store
-        .read_history(&mallory, &thread, 0, 10)
-        .await
-        .unwrap()
-        .is_empty());
-    assert_eq!(store.queue_len(&mallory, &thread).await.unwrap(), 0);
-    // Alice's lease does not fence Mallory's thread of the same id, nor the reverse.
-    let err = store
-        .append_history(&mallory, &lease, &[LlmMessage::user("forged")])
-        .await
-        .unwrap_err();
-    assert!(matches!(err, AgentError::LeaseLost { .. }), "{err:?}");
+        .services(Arc::new(MockLlm::new()));
+    let alice = tenant("alice");
+    testing::write_tenant_rows(&services, &alice).await;
 
     // Every key Alice's data produced sits under her namespace; the only system-level key
     // is the set of tenant names (for recovery), which holds no data.
@@ -320,6 +281,8 @@ async fn a_tenant_cannot_read_anothers_keys() {
             "{key} is outside {namespace}"
         );
     }
+    // And no store method reaches another tenant's keys.
+    testing::no_store_method_reaches_another_tenants_rows(&services).await;
     support::clean_up(&prefix).await;
 }
 
@@ -426,16 +389,7 @@ async fn a_child_registered_under_a_new_parent_leaves_the_old_one() {
     let store = support::store(&prefix).await;
     let auth = tenant("children");
     let (first, second) = (fresh_thread(), fresh_thread());
-    let mut child = ChildThread {
-        thread_id: fresh_thread(),
-        parent_thread_id: first.clone(),
-        name: "helper".into(),
-        agent: "helper".into(),
-        status: "running".into(),
-        resumable: true,
-        created_at: chrono::Utc::now(),
-        metadata: Default::default(),
-    };
+    let mut child = ChildThread::running(fresh_thread(), first.clone(), "helper", "helper");
     store.register_child(&auth, &child).await.unwrap();
     child.parent_thread_id = second.clone();
     store.register_child(&auth, &child).await.unwrap();

@@ -2,7 +2,6 @@
 //! own records, plain JSON text for callers' values, timestamps as integers, and SQLite
 //! errors as [`AgentError::Storage`] with context.
 
-use chrono::{DateTime, Utc};
 use keel_core::{AgentError, AgentResult};
 use rusqlite::{Connection, OptionalExtension, Params, Row};
 use serde::{de::DeserializeOwned, Serialize};
@@ -106,23 +105,8 @@ pub(crate) fn decode_value(text: &str, what: &str) -> AgentResult<Value> {
         .map_err(|e| AgentError::storage_source("sqlite", format!("reading stored {what}"), e))
 }
 
-/// A timestamp as the integer stored in columns: nanoseconds since the Unix epoch, UTC.
-///
-/// Nanoseconds keep chrono's full precision, so comparisons in SQL (lease expiry, time
-/// windows, ordering of children) agree exactly with comparisons of the `DateTime`s the
-/// in-memory store makes. Times outside 1677–2262 saturate, which keeps the order.
-pub(crate) fn to_nanos(at: DateTime<Utc>) -> i64 {
-    at.timestamp_nanos_opt().unwrap_or(if at.timestamp() < 0 {
-        i64::MIN
-    } else {
-        i64::MAX
-    })
-}
-
-/// The timestamp stored as `nanos` by [`to_nanos`].
-pub(crate) fn from_nanos(nanos: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_nanos(nanos)
-}
+/// Timestamps are stored as every SQL backend stores them (nanoseconds since the epoch).
+pub(crate) use keel_runtime::stored_time::{from_nanos, to_nanos};
 
 /// A sequence number or token from Keel's `u64` to SQLite's `i64`, saturating: values past
 /// `i64::MAX` are never issued, so saturating keeps comparisons right.
@@ -144,18 +128,6 @@ pub(crate) fn from_sql_int(n: i64, what: &str) -> AgentResult<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nanosecond_timestamps_round_trip_exactly() {
-        let now = Utc::now();
-        assert_eq!(from_nanos(to_nanos(now)), now);
-    }
-
-    #[test]
-    fn out_of_range_timestamps_saturate_in_order() {
-        assert_eq!(to_nanos(DateTime::<Utc>::MIN_UTC), i64::MIN);
-        assert_eq!(to_nanos(DateTime::<Utc>::MAX_UTC), i64::MAX);
-    }
 
     #[test]
     fn malformed_record_is_a_storage_error_naming_it() {

@@ -116,3 +116,10 @@ async fn timers_are_claimed_once_by_two_stores_on_one_file() {
     let other = SqliteStore::open(dir.path().join("keel.db")).expect("open the file again");
     testing::timers_are_claimed_once_by_two_claimers(&store, &other).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_store_method_reaches_another_tenants_rows() {
+    let (_dir, store) = file_store();
+    let services = store.services(Arc::new(MockLlm::new()));
+    testing::no_store_method_reaches_another_tenants_rows(&services).await;
+}

@@ -189,14 +189,14 @@ pub(super) async fn start_child(
         json!(spec.parent_communication.as_str()),
     );
     let entry = ChildThread {
-        thread_id: child_thread.clone(),
-        parent_thread_id: origin.parent.thread_id.clone(),
-        name: name.to_owned(),
-        agent: spec.child().agent_card().name.clone(),
-        status: "running".into(),
         resumable: spec.resumable,
-        created_at: Utc::now(),
         metadata,
+        ..ChildThread::running(
+            child_thread.clone(),
+            origin.parent.thread_id.clone(),
+            name,
+            spec.child().agent_card().name.clone(),
+        )
     };
     origin
         .runtime()

@@ -946,16 +946,7 @@ async fn a_forged_delivery_marker_queues_nothing_on_another_thread() {
         .thread_store()
         .register_child(
             &auth,
-            &ChildThread {
-                thread_id: child_thread.clone(),
-                parent_thread_id: real_parent.clone(),
-                name: "alpha".into(),
-                agent: "researcher".into(),
-                status: "running".into(),
-                resumable: true,
-                created_at: chrono::Utc::now(),
-                metadata: Default::default(),
-            },
+            &ChildThread::running(child_thread.clone(), real_parent.clone(), "alpha", "researcher"),
         )
         .await
         .unwrap();

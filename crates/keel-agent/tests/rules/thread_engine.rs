@@ -561,16 +561,7 @@ async fn a_terminated_thread_refuses_work_and_updates_its_parent_registry() {
         .thread_store()
         .register_child(
             &auth,
-            &ChildThread {
-                thread_id: child.clone(),
-                parent_thread_id: parent.clone(),
-                name: "helper".into(),
-                agent: "threads".into(),
-                status: "running".into(),
-                resumable: true,
-                created_at: chrono_now(),
-                metadata: Default::default(),
-            },
+            &ChildThread::running(child.clone(), parent.clone(), "helper", "threads"),
         )
         .await
         .unwrap();
@@ -695,10 +686,6 @@ async fn each_step_sends_the_whole_history_and_the_prompt_as_it_is_now() {
     assert_eq!(last[1].1, "move me");
     assert_eq!(last[6].1, "settled");
     assert_eq!(last[7].1, "and now?");
-}
-
-fn chrono_now() -> chrono::DateTime<chrono::Utc> {
-    chrono::Utc::now()
 }
 
 struct NoSpam;

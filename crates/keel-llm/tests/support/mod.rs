@@ -325,3 +325,16 @@ pub fn tool_result_with_image() -> LlmRequest {
             .with_attachment(report),
     ])
 }
+
+/// The JSON body `llm` (made for a scripted server's URL) sends for `request`, the server
+/// answering `answer` (a 200 body); the call must succeed. How the request-mapping tests
+/// see what a provider writes.
+pub async fn body_sent<L: Llm>(
+    llm: impl FnOnce(&str) -> L,
+    answer: Value,
+    request: LlmRequest,
+) -> Value {
+    let server = serve(vec![Reply::ok(answer)]).await;
+    llm(&server.url).complete(request).await.unwrap();
+    server.requests().remove(0).body
+}

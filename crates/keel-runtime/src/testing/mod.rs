@@ -22,8 +22,9 @@
 //! [`AgentError::Storage`].
 //!
 //! The checks live in one module per contract: tasks, memory, thread history and queue,
-//! leases, key-value, subagent registry, runs, steps, timers and async calls. All of them
-//! are re-exported here, so each is `keel_runtime::testing::<check>`.
+//! leases, key-value, subagent registry, runs, steps, timers and async calls, and one across
+//! them all: tenancy. All of them are re-exported here, so each is
+//! `keel_runtime::testing::<check>`.
 
 mod async_calls;
 mod history;
@@ -34,6 +35,7 @@ mod runs;
 mod steps;
 mod subagents;
 mod tasks;
+mod tenancy;
 mod timers;
 mod wait;
 
@@ -46,6 +48,7 @@ pub use runs::*;
 pub use steps::*;
 pub use subagents::*;
 pub use tasks::*;
+pub use tenancy::*;
 pub use timers::*;
 pub use wait::{eventually, eventually_within, Reached, WAIT_DEADLINE};
 

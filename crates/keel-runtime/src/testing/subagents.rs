@@ -14,14 +14,14 @@ pub async fn subagent_registry(threads: &dyn ThreadStore) {
     let mut children = Vec::new();
     for i in 0..3 {
         let child = ChildThread {
-            thread_id: fresh_thread(),
-            parent_thread_id: parent.clone(),
-            name: format!("researcher {i}"),
-            agent: "researcher".into(),
-            status: "running".into(),
             resumable: i == 0,
             created_at: Utc::now() + chrono::Duration::milliseconds(i),
-            metadata: Default::default(),
+            ..ChildThread::running(
+                fresh_thread(),
+                parent.clone(),
+                format!("researcher {i}"),
+                "researcher",
+            )
         };
         threads.register_child(&auth, &child).await.unwrap();
         children.push(child);
@@ -74,16 +74,7 @@ pub async fn subagent_registry(threads: &dyn ThreadStore) {
 pub async fn subagent_reparenting_leaves_the_old_parent(threads: &dyn ThreadStore) {
     let auth = fresh_tenant();
     let (old_parent, new_parent) = (fresh_thread(), fresh_thread());
-    let sibling = ChildThread {
-        thread_id: fresh_thread(),
-        parent_thread_id: old_parent.clone(),
-        name: "stays".into(),
-        agent: "researcher".into(),
-        status: "running".into(),
-        resumable: true,
-        created_at: Utc::now(),
-        metadata: Default::default(),
-    };
+    let sibling = ChildThread::running(fresh_thread(), old_parent.clone(), "stays", "researcher");
     let mut child = ChildThread {
         thread_id: fresh_thread(),
         name: "moves".into(),
