@@ -240,7 +240,7 @@ fn a_forked_run_names_its_source_in_the_console() {
         forked["task_id"].as_str().unwrap(),
         forked["run_id"].as_str().unwrap()
     );
-    let server = KeelServer::start(&["--store", &store]);
+    let server = KeelServer::start_with(&["--store", &store]);
     let seen = drive("fork", &[server.url.as_str(), route.as_str()], None);
     assert_eq!(seen["forked_from"], source.as_str(), "{seen}");
     assert!(

@@ -131,7 +131,7 @@ try {
   } else if (scenario === 'fork') {
     await step('open the console', () => openConsole(url));
     await step('open the forked run', async () => {
-      await page.goto(`${url}/console/${otherUrl}`);
+      await page.goto(new URL(`console/${otherUrl}`, url).href);
       await page.waitForSelector('p.forked', { timeout: WAIT });
     });
     seen.forked_from = await page.$eval('p.forked', (el) => el.dataset.forkedFrom);

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use keel_agent::replay::{Recording, Replay};
-use keel_agent::{AgentBuilder, AgentExecutor, SendOptions};
+use keel_agent::{AgentBuilder, AgentExecutor};
 use keel_core::{ErrorKind, Message, RunBudget, TaskState};
 use keel_llm::{MockLlm, MockResponse};
 use keel_policy::{CapabilityPolicy, CapabilityRule};
@@ -25,28 +25,12 @@ fn memory() -> Arc<dyn Runtime> {
 
 #[tokio::test]
 async fn an_answer_streamed_in_chunks_is_replayed_in_the_same_chunks() {
-    let runtime = memory();
-    let exec = AgentExecutor::new(
-        agent(Arc::new(AtomicUsize::new(0)), INSTRUCTIONS, schema())
-            .llm(MockLlm::scripted(vec![MockResponse::Text(
-                "all three records are written".into(),
-            )]))
-            .build()
-            .unwrap(),
-        runtime.clone(),
-    );
-    let auth = runtime.auth_service().auth_context();
-    let task = exec
-        .send_message(&auth, Message::user("write"), SendOptions::default())
-        .await
-        .unwrap();
-    let record = exec
-        .reads()
-        .latest_run(&auth, &task.id)
-        .await
-        .unwrap()
-        .unwrap();
-    let recording = Recording::from_json(&record.report).unwrap();
+    let built =
+        agent(Arc::new(AtomicUsize::new(0)), INSTRUCTIONS, schema()).llm(MockLlm::scripted(vec![
+            MockResponse::Text("all three records are written".into()),
+        ]));
+    let (exec, auth, task) = send_write(memory(), built).await;
+    let recording = recording_of(&exec, &auth, &task).await;
     let chunks = &recording.steps[0].chunks;
     assert!(
         chunks.len() > 1,
@@ -56,7 +40,7 @@ async fn an_answer_streamed_in_chunks_is_replayed_in_the_same_chunks() {
     let outcome = Replay::new(recording)
         .run(
             agent(Arc::new(AtomicUsize::new(0)), INSTRUCTIONS, schema()),
-            Message::user("write"),
+            Message::user("write r1"),
         )
         .await
         .unwrap();
@@ -245,28 +229,13 @@ async fn a_run_that_asked_a_subagent_replays_without_divergence_or_a_child_run()
     ]));
     let runtime = memory();
     let writes = Arc::new(AtomicUsize::new(0));
-    let exec = AgentExecutor::new(
-        agent(writes.clone(), INSTRUCTIONS, schema())
-            .subagent(with_researcher(&runtime, child_model.clone()))
-            .llm_shared(script)
-            .build()
-            .unwrap(),
-        runtime.clone(),
-    );
-    let auth = runtime.auth_service().auth_context();
-    let task = exec
-        .send_message(&auth, Message::user("write r1"), SendOptions::default())
-        .await
-        .unwrap();
+    let built = agent(writes.clone(), INSTRUCTIONS, schema())
+        .subagent(with_researcher(&runtime, child_model.clone()))
+        .llm_shared(script);
+    let (exec, auth, task) = send_write(runtime, built).await;
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(child_model.requests().len(), 1, "the child answered once");
-    let record = exec
-        .reads()
-        .latest_run(&auth, &task.id)
-        .await
-        .unwrap()
-        .unwrap();
-    let recording = Recording::from_json(&record.report).unwrap();
+    let recording = recording_of(&exec, &auth, &task).await;
     assert_eq!(recording.steps.len(), 3);
 
     // The replay's definition has the subagent too, over a runtime of its own.
@@ -297,31 +266,9 @@ async fn a_run_that_asked_a_subagent_replays_without_divergence_or_a_child_run()
 /// replays unchanged: the replay pauses at the same point and is given the recorded decision.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_approved_after_a_pause_replays_without_divergence() {
-    // The records agent without its handler: the write waits for a person.
-    let unattended = |writes: Arc<AtomicUsize>| {
-        keel_agent::Agent::builder(keel_core::AgentCard::new(
-            "records",
-            "keeps records",
-            "http://127.0.0.1:0",
-        ))
-        .instructions(INSTRUCTIONS)
-        .tool(write_tool(writes, schema()))
-        .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
-    };
-    let runtime = memory();
     let writes = Arc::new(AtomicUsize::new(0));
-    let exec = AgentExecutor::new(
-        unattended(writes.clone())
-            .llm_shared(script())
-            .build()
-            .unwrap(),
-        runtime.clone(),
-    );
-    let auth = runtime.auth_service().auth_context();
-    let paused = exec
-        .send_message(&auth, Message::user("write r1"), SendOptions::default())
-        .await
-        .unwrap();
+    let built = unattended(writes.clone(), INSTRUCTIONS, schema()).llm_shared(script());
+    let (exec, auth, paused) = send_write(memory(), built).await;
     assert_eq!(paused.state(), TaskState::InputRequired);
     let pending = exec
         .reads()
@@ -335,13 +282,7 @@ async fn a_run_approved_after_a_pause_replays_without_divergence() {
         .unwrap();
     assert_eq!(done.state(), TaskState::Completed);
     assert_eq!(writes.load(Ordering::SeqCst), 1);
-    let record = exec
-        .reads()
-        .latest_run(&auth, &done.id)
-        .await
-        .unwrap()
-        .unwrap();
-    let recording = Recording::from_json(&record.report).unwrap();
+    let recording = recording_of(&exec, &auth, &done).await;
     assert!(recording.paused_for_approval());
     assert_eq!(
         recording.steps[0].response.tool_calls.len(),
@@ -352,7 +293,7 @@ async fn a_run_approved_after_a_pause_replays_without_divergence() {
     let replayed_writes = Arc::new(AtomicUsize::new(0));
     let outcome = Replay::new(recording)
         .run(
-            unattended(replayed_writes.clone()),
+            unattended(replayed_writes.clone(), INSTRUCTIONS, schema()),
             Message::user("write r1"),
         )
         .await

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use keel_agent::replay::{Recording, Replay};
 use keel_agent::{Agent, AgentBuilder, AgentExecutor, FnTool, SendOptions};
-use keel_core::{AgentCard, Message, TaskState};
+use keel_core::{AgentCard, Message, Task, TaskState};
 use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_policy::{approve_request, ApprovalFn, CapabilityPolicy, CapabilityRule};
-use keel_runtime::Runtime;
+use keel_runtime::{AuthContext, Runtime};
 use serde_json::{json, Value};
 
 pub(crate) const INSTRUCTIONS: &str = "You keep records.";
@@ -38,8 +38,12 @@ pub(crate) fn write_tool(writes: Arc<AtomicUsize>, schema: Value) -> FnTool {
     .with_capabilities(["records.write"])
 }
 
-/// The records agent: asks approval before a write, which its handler gives.
-pub(crate) fn agent(writes: Arc<AtomicUsize>, instructions: &str, schema: Value) -> AgentBuilder {
+/// The records agent without an approval handler: a write waits for a person's decision.
+pub(crate) fn unattended(
+    writes: Arc<AtomicUsize>,
+    instructions: &str,
+    schema: Value,
+) -> AgentBuilder {
     Agent::builder(AgentCard::new(
         "records",
         "keeps records",
@@ -48,9 +52,13 @@ pub(crate) fn agent(writes: Arc<AtomicUsize>, instructions: &str, schema: Value)
     .instructions(instructions)
     .tool(write_tool(writes, schema))
     .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
-    .approval_handler(ApprovalFn::new(|request, _| async move {
-        Ok(approve_request(&request, "reviewer"))
-    }))
+}
+
+/// The records agent: asks approval before a write, which its handler gives.
+pub(crate) fn agent(writes: Arc<AtomicUsize>, instructions: &str, schema: Value) -> AgentBuilder {
+    unattended(writes, instructions, schema).approval_handler(ApprovalFn::new(
+        |request, _| async move { Ok(approve_request(&request, "reviewer")) },
+    ))
 }
 
 pub(crate) fn script() -> Arc<MockLlm> {
@@ -72,23 +80,36 @@ pub(crate) async fn record_as(
     expected_writes: usize,
 ) -> Recording {
     let writes = Arc::new(AtomicUsize::new(0));
-    let exec = AgentExecutor::new(
-        configure(agent(writes.clone(), INSTRUCTIONS, schema()))
-            .llm_shared(script())
-            .build()
-            .unwrap(),
-        runtime.clone(),
-    );
+    let built = configure(agent(writes.clone(), INSTRUCTIONS, schema())).llm_shared(script());
+    let (exec, auth, task) = send_write(runtime, built).await;
+    assert_eq!(task.state(), TaskState::Completed);
+    assert_eq!(writes.load(Ordering::SeqCst), expected_writes);
+    recording_of(&exec, &auth, &task).await
+}
+
+/// An executor of `agent` on `runtime`, its caller, and the task of "write r1" sent to it.
+pub(crate) async fn send_write(
+    runtime: Arc<dyn Runtime>,
+    agent: AgentBuilder,
+) -> (AgentExecutor, AuthContext, Task) {
+    let exec = AgentExecutor::new(agent.build().unwrap(), runtime.clone());
     let auth = runtime.auth_service().auth_context();
     let task = exec
         .send_message(&auth, Message::user("write r1"), SendOptions::default())
         .await
         .unwrap();
-    assert_eq!(task.state(), TaskState::Completed);
-    assert_eq!(writes.load(Ordering::SeqCst), expected_writes);
+    (exec, auth, task)
+}
+
+/// The recording of `task`'s latest run.
+pub(crate) async fn recording_of(
+    exec: &AgentExecutor,
+    auth: &AuthContext,
+    task: &Task,
+) -> Recording {
     let record = exec
         .reads()
-        .latest_run(&auth, &task.id)
+        .latest_run(auth, &task.id)
         .await
         .unwrap()
         .expect("the run was recorded");
