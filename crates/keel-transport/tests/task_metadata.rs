@@ -28,6 +28,11 @@ fn keys_outside_free_form(value: &Value, out: &mut Vec<String>) {
     }
 }
 
+/// The engine's keys that stay inside Keel (decision 253), by their engine and wire names.
+const BOOKKEEPING: [&str; 4] = ["agent", "skill", "awaiting_tool_call", "approval_decision"];
+const BOOKKEEPING_ON_THE_WIRE: [&str; 4] =
+    ["agent", "skill", "awaitingToolCall", "approvalDecision"];
+
 /// A message that sends a run context with a budget and the application's own metadata.
 fn with_run_context(text: &str) -> Value {
     let mut message = user_message(text);
@@ -170,12 +175,68 @@ async fn keels_client_reads_the_block_back_into_the_engines_keys() {
         .get_task(&id, None)
         .await
         .unwrap();
-    assert_eq!(fetched.metadata, stored.metadata);
+    let mut sent = stored.metadata.clone();
+    for key in BOOKKEEPING {
+        sent.remove(key);
+    }
+    assert_eq!(fetched.metadata, sent);
     assert_eq!(fetched.state_history, stored.state_history);
     assert_eq!(fetched.created_at, stored.created_at);
     let ctx = RunContext::from_task(&fetched).unwrap().unwrap();
     assert_eq!(ctx.budget.max_steps, Some(5));
     assert!(fetched.metadata.contains_key(RUN_CONTEXT_KEY));
     assert!(!fetched.metadata.contains_key(KEEL_METADATA_KEY));
+    server.stop().await;
+}
+
+/// A SendMessage answer is what the caller asked for: `historyLength` messages of history
+/// (none for 0), none of the engine's bookkeeping, and the caller's own metadata back.
+#[tokio::test]
+async fn a_send_message_answer_respects_history_length_and_carries_no_bookkeeping() {
+    let server = TestServer::start().await;
+    let mine = |text: &str| {
+        let mut message = user_message(text);
+        message["metadata"] = json!({"clientKey": "mine"});
+        message
+    };
+    let lean = |task: &Value, asked: Option<usize>| {
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+        let block = &task["metadata"][KEEL_METADATA_KEY];
+        for key in BOOKKEEPING_ON_THE_WIRE {
+            assert!(block.get(key).is_none(), "{key} went out: {block}");
+        }
+        let history = task.get("history").and_then(Value::as_array);
+        match asked {
+            Some(0) => assert!(task.get("history").is_none(), "{task}"),
+            Some(n) => assert_eq!(history.map(Vec::len), Some(n), "{task}"),
+            None => {
+                let history = history.expect("the whole history");
+                assert_eq!(history[0]["metadata"]["clientKey"], "mine", "{task}");
+            }
+        }
+    };
+    for asked in [None, Some(0), Some(1)] {
+        let mut params = json!({"message": mine("hello")});
+        if let Some(n) = asked {
+            params["configuration"] = json!({"historyLength": n});
+        }
+        // JSON-RPC.
+        let answer = server.rpc("SendMessage", params.clone()).await;
+        println!(
+            "JSON-RPC historyLength {asked:?}: {} bytes",
+            answer.to_string().len()
+        );
+        lean(&answer["result"]["task"], asked);
+        // HTTP+JSON.
+        params["message"] = mine("over rest");
+        let sent: Value = server
+            .http
+            .post(format!("{}/message:send", server.base))
+            .header("A2A-Version", "1.0")
+            .json(&params)
+            .json_body()
+            .await;
+        lean(&sent["task"], asked);
+    }
     server.stop().await;
 }

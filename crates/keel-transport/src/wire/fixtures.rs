@@ -180,6 +180,14 @@ pub(super) fn waiting_for_approval() -> Task {
     task
 }
 
+/// `task` as a caller reads it back from the wire: without the engine's bookkeeping keys.
+pub(super) fn as_sent(mut task: Task) -> Task {
+    for key in super::task_meta::INTERNAL_KEYS {
+        task.metadata.remove(key);
+    }
+    task
+}
+
 pub(super) fn full_card() -> AgentCard {
     let mut card = AgentCard::new("weather", "Weather service", "http://127.0.0.1:9/")
         .with_skill(

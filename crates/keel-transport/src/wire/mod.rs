@@ -15,7 +15,7 @@
 //! | `Message.timestamp`, `Artifact.timestamp` | `metadata["keel.timestamp"]` |
 //! | a message's approval-decision mark, `keel.approval_decision` | `metadata["keel.approvalDecision"]` |
 //! | `Artifact.kind` (when not `result`), `uri`, `action_id`, `media_type` | `metadata["keel.kind"]`, `["keel.uri"]`, `["keel.actionId"]`, `["keel.mediaType"]` |
-//! | `Task.state_history`, `Task.created_at`, and Keel's keys in `Task.metadata` (`run_context`, `stop_reason`, `pending_approval`, `cancel_reason`, `error`, ...) | one object `metadata["keel"]` ([`KEEL_METADATA_KEY`]) in camelCase, states by wire name (`task_meta`); the caller's own keys beside it, as they are |
+//! | `Task.state_history`, `Task.created_at`, and Keel's keys in `Task.metadata` (`run_context`, `stop_reason`, `pending_approval`, `cancel_reason`, `error`, ...) | one object `metadata["keel"]` ([`KEEL_METADATA_KEY`]) in camelCase, states by wire name (`task_meta`); the caller's own keys beside it, as they are; the engine's bookkeeping (`agent`, `skill`, `awaiting_tool_call`, `approval_decision`) stays inside (decision 253) |
 //! | card role, tags, transport, capability flags, skill schemas | params of the [`KEEL_CARD_EXTENSION_URI`] extension in `capabilities.extensions` |
 //! | approval decisions by message | declared by the [`KEEL_APPROVAL_EXTENSION_URI`] extension in `capabilities.extensions` |
 //!

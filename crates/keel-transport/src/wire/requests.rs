@@ -373,7 +373,7 @@ mod tests {
                 serde_json::from_str(encode_send_message_result(&task).get()).unwrap()
             )
             .unwrap(),
-            task
+            crate::wire::fixtures::as_sent(task)
         );
         let reply = json!({"message": {"messageId": "m", "role": "ROLE_AGENT", "parts": [{"text": "hello"}], "contextId": "c"}});
         let task = decode_send_message_result(reply).unwrap();

@@ -238,7 +238,7 @@ pub(super) fn task_from_wire(task: a2a::Task) -> AgentResult<Task> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::fixtures::{full_artifact, full_message, tasks, through_wire_json};
+    use crate::wire::fixtures::{as_sent, full_artifact, full_message, tasks, through_wire_json};
     use crate::wire::{encode_send_message_result, encode_task};
     use keel_core::AgentError;
     use serde_json::json;
@@ -300,7 +300,7 @@ mod tests {
     fn task_round_trips_through_the_wire() {
         for task in tasks() {
             let wire = through_wire_json(task_to_wire(&task));
-            assert_eq!(task_from_wire(wire).unwrap(), task);
+            assert_eq!(task_from_wire(wire).unwrap(), as_sent(task));
         }
     }
 

@@ -13,8 +13,9 @@
 //! | `Task.state_history` (`previous_state: "working"`) | `stateHistory` (`previousState: "TASK_STATE_WORKING"`) |
 //! | `run_context.run_id`, `.thread_id`, `.trace_id` | `runId`, `threadId`, `traceId`: always (seed 000's mirror of the common ids) |
 //! | `run_context` | `runContext`, camelCase: only when it holds more than those ids (see below) |
-//! | `stop_reason`, `awaiting_tool_call`, `skill`, `agent`, `cancel_reason`, `error` | `stopReason`, `awaitingToolCall`, `skill`, `agent`, `cancelReason`, `error` |
-//! | `pending_approval`, `approval_decision` | `pendingApproval`, `approvalDecision`, camelCase; previews as A2A artifacts |
+//! | `stop_reason`, `cancel_reason`, `error` | `stopReason`, `cancelReason`, `error` |
+//! | `pending_approval` | `pendingApproval`, camelCase; previews as A2A artifacts |
+//! | `agent`, `skill`, `awaiting_tool_call`, `approval_decision` | not sent: the engine's own bookkeeping ([`INTERNAL_KEYS`], decision 253) |
 //!
 //! Free-form values keep their keys as they were written: an action's `payload` and
 //! `metadata`, a run context's `permissions` (capability names) and `metadata` (the
@@ -51,7 +52,16 @@ use super::task::{artifact_from_wire, artifact_to_wire, state_from_name, state_n
 /// ```
 pub const KEEL_METADATA_KEY: &str = "keel";
 
-/// Keel's task metadata keys whose values travel unchanged, with their wire names.
+/// The engine's task metadata keys that never go out: its own bookkeeping (the agent that
+/// runs the task, the negotiated skill, the asynchronous call it waits for, an approval
+/// decision until a run applies it), which no caller sent and no document promises. The one
+/// place the wire's answer is trimmed, so every binding sends the same lean task (decision
+/// 253). A task from an older server that sent them still reads back ([`PLAIN_KEYS`]).
+pub(crate) const INTERNAL_KEYS: [&str; 4] =
+    ["agent", "skill", "awaiting_tool_call", "approval_decision"];
+
+/// Keel's task metadata keys whose values travel unchanged, with their wire names (read
+/// back from any server; written only when not in [`INTERNAL_KEYS`]).
 const PLAIN_KEYS: [(&str, &str); 6] = [
     ("stop_reason", "stopReason"),
     ("awaiting_tool_call", "awaitingToolCall"),
@@ -104,6 +114,9 @@ pub(crate) struct TaskMetadata {
 /// [`KEEL_METADATA_KEY`] in camelCase.
 pub(crate) fn metadata_to_wire(task: &Task) -> Metadata {
     let mut metadata = task.metadata.clone();
+    for key in INTERNAL_KEYS {
+        metadata.remove(key);
+    }
     // A `keel` object already in the metadata holds fields an older or newer peer sent that
     // this version does not know: they stay in the block. A `keel` value that is no object is
     // an application's own: rather than drop it, the task goes out as it is stored.
@@ -156,16 +169,6 @@ pub(crate) fn metadata_to_wire(task: &Task) -> Metadata {
     {
         metadata.remove(PENDING_APPROVAL.0);
         block.insert(PENDING_APPROVAL.1.into(), value);
-    }
-    if let Some(decision) = metadata
-        .get(APPROVAL_DECISION.0)
-        .and_then(|v| ApprovalDecision::deserialize(v).ok())
-    {
-        metadata.remove(APPROVAL_DECISION.0);
-        block.insert(
-            APPROVAL_DECISION.1.into(),
-            camel_keys(to_json(&decision), &[]),
-        );
     }
     metadata.insert(KEEL_METADATA_KEY.into(), Value::Object(block));
     metadata
@@ -380,7 +383,7 @@ fn snake_case(camel: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::fixtures::{tasks, waiting_for_approval};
+    use crate::wire::fixtures::{as_sent, tasks, waiting_for_approval};
     use keel_core::{Message, TaskState};
     use serde_json::json;
 
@@ -421,6 +424,12 @@ mod tests {
             let wire = metadata_to_wire(&task);
             for key in ENGINE_KEYS {
                 assert!(!wire.contains_key(key), "{key} at the top level: {wire:?}");
+            }
+            for key in INTERNAL_KEYS {
+                assert!(
+                    wire[KEEL_METADATA_KEY].get(lower_camel(key)).is_none(),
+                    "{key} went out: {wire:?}"
+                );
             }
             for (key, value) in &task.metadata {
                 if !ENGINE_KEYS.contains(&key.as_str()) {
@@ -498,15 +507,27 @@ mod tests {
         let preview = &pending["action"]["previews"][0];
         assert!(preview["artifactId"].is_string(), "{preview}");
         assert_eq!(preview["parts"][0]["text"], "the row");
-        assert_eq!(block["approvalDecision"]["outcome"], "approved");
-        assert_eq!(block["approvalDecision"]["decidedBy"], "default-user");
         assert_eq!(block["stopReason"], "approval_required");
-        assert_eq!(block["awaitingToolCall"], "acall-1");
-        // The engine's own keys come back from the wire as it wrote them.
+        // The engine's keys that go out come back from the wire as it wrote them.
         let back = metadata_from_wire(metadata_to_wire(&task));
-        assert_eq!(back.metadata, task.metadata);
+        assert_eq!(back.metadata, as_sent(task.clone()).metadata);
         assert_eq!(back.state_history, task.state_history);
         assert_eq!(back.created_at, Some(task.created_at));
+    }
+
+    #[test]
+    fn an_older_servers_bookkeeping_keys_still_read_back() {
+        let block = json!({"agent": "writer", "skill": "records", "awaitingToolCall": "acall-1",
+            "approvalDecision": {"requestId": "req-1", "outcome": "approved",
+                                 "decidedAt": "2026-01-01T00:00:00Z"}});
+        let mut wire = Metadata::new();
+        wire.insert(KEEL_METADATA_KEY.into(), block);
+        let back = metadata_from_wire(wire).metadata;
+        assert_eq!(back["agent"], "writer");
+        assert_eq!(back["skill"], "records");
+        assert_eq!(back["awaiting_tool_call"], "acall-1");
+        assert_eq!(back["approval_decision"]["request_id"], "req-1");
+        assert!(!back.contains_key(KEEL_METADATA_KEY), "{back:?}");
     }
 
     #[test]
