@@ -88,12 +88,16 @@ fn keel_tools_lists_the_everything_servers_tools_with_schemas_and_flags() {
 }
 
 #[test]
-fn keel_run_calls_an_mcp_tool_with_the_offline_model() {
+fn keel_run_calls_an_mcp_tool_with_the_offline_model_and_the_run_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("keel.db").display());
     let out = keel()
         .args([
             "run",
             "--config",
             "examples/mcp.toml",
+            "--store",
+            &store,
             r#"/everything_echo {"message": "from the command line"}"#,
         ])
         .output()
@@ -107,6 +111,29 @@ fn keel_run_calls_an_mcp_tool_with_the_offline_model() {
     assert!(
         stdout.contains("everything_echo: Echo: from the command line"),
         "{stdout}"
+    );
+
+    // The run replays through the file's agent with the MCP tool's recorded result.
+    let listed = keel()
+        .args(["runs", "list", "--json", "--store", &store])
+        .output()
+        .unwrap();
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let run_id = listed["runs"][0]["run_id"].as_str().unwrap().to_owned();
+    let replay = keel()
+        .args(["replay", &run_id, "--json", "--config", "examples/mcp.toml"])
+        .args(["--store", &store])
+        .output()
+        .unwrap();
+    let verdict: Value = serde_json::from_slice(&replay.stdout).unwrap_or_else(|_| {
+        panic!("{}", String::from_utf8_lossy(&replay.stderr));
+    });
+    assert_eq!(replay.status.code(), Some(0), "{verdict}");
+    assert_eq!(verdict["passed"], true, "{verdict}");
+    assert_eq!(
+        verdict["unrecorded_tools"],
+        serde_json::json!([]),
+        "{verdict}"
     );
 }
 
