@@ -357,8 +357,9 @@ pub(crate) async fn fork(
             .cloned()
             .or(demo_llm)
             .ok_or_else(|| format!("agent `{agent}` names no model to go on with"))?;
-        let input = Replay::new(recording.clone())
-            .recorded_input()
+        let input = recording
+            .input
+            .clone()
             .ok_or("the export does not carry the user's message under `input`")?;
         let outcome = Replay::new(recording)
             .fork_at(step, live)
