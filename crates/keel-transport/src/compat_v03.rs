@@ -473,11 +473,13 @@ fn keel_block_from_v1(block: &mut Map<String, Value>) {
     }
 }
 
-fn parts_from_v1(parts: Option<Value>) -> Value {
-    match parts {
-        Some(Value::Array(parts)) => Value::Array(parts.into_iter().map(part_from_v1).collect()),
-        _ => Value::Array(Vec::new()),
-    }
+/// The `parts` of a message or an artifact in v0.3's shape (always an array).
+fn parts_from_v1(holder: &mut Map<String, Value>) {
+    let parts = match holder.remove("parts") {
+        Some(Value::Array(parts)) => parts.into_iter().map(part_from_v1).collect(),
+        _ => Vec::new(),
+    };
+    holder.insert("parts".into(), Value::Array(parts));
 }
 
 fn message_from_v1(message: Value) -> Value {
@@ -492,8 +494,7 @@ fn message_from_v1(message: Value) -> Value {
         };
         message.insert("role".into(), json!(role));
     }
-    let parts = parts_from_v1(message.remove("parts"));
-    message.insert("parts".into(), parts);
+    parts_from_v1(&mut message);
     Value::Object(message)
 }
 
@@ -501,8 +502,7 @@ fn artifact_from_v1(artifact: Value) -> Value {
     let Value::Object(mut artifact) = artifact else {
         return artifact;
     };
-    let parts = parts_from_v1(artifact.remove("parts"));
-    artifact.insert("parts".into(), parts);
+    parts_from_v1(&mut artifact);
     Value::Object(artifact)
 }
 

@@ -13,9 +13,7 @@ use axum::Json;
 use futures::stream::{self, BoxStream, StreamExt};
 use keel_agent::reads::{Reads, TaskQuery};
 use keel_agent::{AgentExecutor, SendOptions, SendOutcome};
-use keel_core::{
-    AgentError, AgentResult, Message, RunContext, Task, TaskEvent, TaskId, RUN_CONTEXT_KEY,
-};
+use keel_core::{AgentError, AgentResult, Message, RunContext, TaskEvent, TaskId, RUN_CONTEXT_KEY};
 use keel_runtime::{AuthContext, TaskOrder};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -234,6 +232,7 @@ impl Handlers {
             Operation::GetTask => {
                 let (task_id, history_length) = wire::decode_get_task(params).map_err(rpc)?;
                 let task = self
+                    .executor
                     .get_task(auth, &task_id, history_length)
                     .await
                     .map_err(rpc)?;
@@ -247,6 +246,7 @@ impl Handlers {
             Operation::CancelTask => {
                 let (task_id, reason) = wire::decode_cancel_task(params).map_err(rpc)?;
                 let task = self
+                    .executor
                     .cancel_task(auth, &task_id, reason)
                     .await
                     .map_err(rpc)?;
@@ -381,7 +381,7 @@ impl Handlers {
             Accepted::Now(outcome) => return Ok(outcome),
             Accepted::Before(task_id) if blocking => task_id,
             Accepted::Before(task_id) => {
-                let task = self.get_task(auth, &task_id, history_length).await;
+                let task = self.executor.get_task(auth, &task_id, history_length).await;
                 return Ok(SendOutcome::Task(Box::new(task.map_err(rpc)?)));
             }
         };
@@ -390,6 +390,7 @@ impl Handlers {
             event.map_err(rpc)?;
         }
         let task = self
+            .executor
             .get_task(auth, &task_id, history_length)
             .await
             .map_err(rpc)?;
@@ -560,26 +561,6 @@ impl Handlers {
         push_config.task_id = task.id.clone();
         self.push.create(auth, push_config, from).await?;
         Ok(SendOutcome::Task(task))
-    }
-
-    /// `GetTask`.
-    pub(crate) async fn get_task(
-        &self,
-        auth: &AuthContext,
-        task_id: &TaskId,
-        history_length: Option<usize>,
-    ) -> AgentResult<Task> {
-        self.executor.get_task(auth, task_id, history_length).await
-    }
-
-    /// `CancelTask`.
-    pub(crate) async fn cancel_task(
-        &self,
-        auth: &AuthContext,
-        task_id: &TaskId,
-        reason: Option<String>,
-    ) -> AgentResult<Task> {
-        self.executor.cancel_task(auth, task_id, reason).await
     }
 
     /// `ListTasks`: most recently updated first (by status timestamp), as A2A requires.

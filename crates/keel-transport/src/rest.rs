@@ -39,6 +39,7 @@ use crate::handlers::{Handlers, Operation, Reply};
 use crate::jsonrpc::{rest_status, RpcError, INVALID_PARAMS, METHOD_NOT_FOUND, PARSE_ERROR};
 use crate::sse::{sse, sse_json};
 use crate::version::{requested_version, v1_only, Version};
+use crate::wire::lower_camel;
 
 /// A request that reached the REST binding.
 pub(crate) struct RestRequest {
@@ -139,23 +140,6 @@ fn invalid(field: &str, reason: impl std::fmt::Display) -> RpcError {
         .with("description", reason.to_string())
 }
 
-/// The camelCase JSON name of a query parameter given in snake_case.
-fn camel_case(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    let mut upper = false;
-    for c in key.chars() {
-        if c == '_' {
-            upper = true;
-        } else if upper {
-            out.extend(c.to_uppercase());
-            upper = false;
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// A state given as `working` or `input-required`, as its enum name.
 fn state_name(value: &str) -> String {
     if value.starts_with("TASK_STATE_") {
@@ -172,7 +156,7 @@ fn state_name(value: &str) -> String {
 fn query_params(query: &[(String, String)]) -> Result<Map<String, Value>, RpcError> {
     let mut params = Map::new();
     for (key, value) in query {
-        let key = camel_case(key);
+        let key = lower_camel(key);
         let value = match key.as_str() {
             "historyLength" | "pageSize" => Value::Number(
                 value

@@ -13,8 +13,9 @@
 //! `{"error": {"code", "message"}}`. History entries and queued items are Keel's own JSON
 //! (`HistoryEntry`, `QueuedItem`), not A2A.
 
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -102,20 +103,34 @@ struct ThreadPath {
     thread_id: String,
 }
 
-/// Who asks, and whether the thread is theirs: the caller's tenant, or the answer.
-async fn open(
-    state: &ThreadsState,
-    headers: &HeaderMap,
-    tenant: Option<String>,
-    thread_id: &ThreadId,
-) -> Result<AuthContext, Box<Response>> {
-    let auth = caller_of(&state.reads, state.security.as_ref(), headers, tenant)?;
-    match state.reads.thread_exists(&auth, thread_id).await {
-        Ok(true) => Ok(auth),
-        Ok(false) => Err(Box::new(failure(&AgentError::ThreadNotFound {
-            thread_id: thread_id.clone(),
-        }))),
-        Err(err) => Err(Box::new(failure(&err))),
+/// Who asks, and the thread the path names once it is known to be theirs: the extractor
+/// of every thread route, which answers for it otherwise. It runs before a handler's body
+/// is read, so credentials and the thread are checked before the body is looked at.
+struct Opened {
+    auth: AuthContext,
+    thread_id: ThreadId,
+}
+
+impl FromRequestParts<ThreadsState> for Opened {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ThreadsState) -> Result<Self, Response> {
+        let Path(path) = Path::<ThreadPath>::from_request_parts(parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let thread_id = ThreadId::from(path.thread_id);
+        let auth = caller_of(
+            &state.reads,
+            state.security.as_ref(),
+            &parts.headers,
+            path.tenant,
+        )
+        .map_err(|r| *r)?;
+        match state.reads.thread_exists(&auth, &thread_id).await {
+            Ok(true) => Ok(Self { auth, thread_id }),
+            Ok(false) => Err(failure(&AgentError::ThreadNotFound { thread_id })),
+            Err(err) => Err(failure(&err)),
+        }
     }
 }
 
@@ -136,14 +151,8 @@ fn failure(err: &AgentError) -> Response {
 
 async fn thread_state(
     State(state): State<ThreadsState>,
-    Path(path): Path<ThreadPath>,
-    headers: HeaderMap,
+    Opened { auth, thread_id }: Opened,
 ) -> Response {
-    let thread_id = ThreadId::from(path.thread_id);
-    let auth = match open(&state, &headers, path.tenant, &thread_id).await {
-        Ok(auth) => auth,
-        Err(response) => return *response,
-    };
     let read = async {
         let thread = state.reads.thread(&auth, &thread_id).await?;
         let children: Vec<_> = thread
@@ -173,12 +182,11 @@ async fn thread_state(
 
 async fn messages(
     State(state): State<ThreadsState>,
-    Path(path): Path<ThreadPath>,
     Query(page): Query<Page>,
-    headers: HeaderMap,
+    Opened { auth, thread_id }: Opened,
 ) -> Response {
-    let (auth, thread_id, limit) = match open_page(&state, &headers, path, &page).await {
-        Ok(opened) => opened,
+    let limit = match page.limit() {
+        Ok(limit) => limit,
         Err(response) => return *response,
     };
     let entries = state
@@ -190,16 +198,9 @@ async fn messages(
 
 async fn queue(
     State(state): State<ThreadsState>,
-    Path(path): Path<ThreadPath>,
-    headers: HeaderMap,
+    Opened { auth, thread_id }: Opened,
     body: Option<Json<QueueBody>>,
 ) -> Response {
-    // Credentials and the thread are checked before the body is looked at.
-    let thread_id = ThreadId::from(path.thread_id);
-    let auth = match open(&state, &headers, path.tenant, &thread_id).await {
-        Ok(auth) => auth,
-        Err(response) => return *response,
-    };
     let Some(Json(body)) = body.filter(|Json(b)| !b.text.trim().is_empty()) else {
         return refuse(
             StatusCode::BAD_REQUEST,
@@ -220,28 +221,15 @@ async fn queue(
 
 async fn queue_list(
     State(state): State<ThreadsState>,
-    Path(path): Path<ThreadPath>,
     Query(page): Query<Page>,
-    headers: HeaderMap,
+    Opened { auth, thread_id }: Opened,
 ) -> Response {
-    let (auth, thread_id, limit) = match open_page(&state, &headers, path, &page).await {
-        Ok(opened) => opened,
+    let limit = match page.limit() {
+        Ok(limit) => limit,
         Err(response) => return *response,
     };
     let items = state.reads.thread_queue(&auth, &thread_id, limit).await;
     answer(items.map(|items| json!({"thread_id": thread_id, "items": items})))
-}
-
-/// [`open`] for a paged read: the caller, the thread, and how many entries to return.
-async fn open_page(
-    state: &ThreadsState,
-    headers: &HeaderMap,
-    path: ThreadPath,
-    page: &Page,
-) -> Result<(AuthContext, ThreadId, usize), Box<Response>> {
-    let thread_id = ThreadId::from(path.thread_id);
-    let auth = open(state, headers, path.tenant, &thread_id).await?;
-    Ok((auth, thread_id, page.limit()?))
 }
 
 /// A read's answer: `200` with its JSON, or the error's.

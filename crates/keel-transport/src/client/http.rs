@@ -109,18 +109,11 @@ impl HttpBinding {
 
     async fn fetch_card(&self) -> Result<(AgentCard, wire::Endpoints), Failure> {
         let url = format!("{}{AGENT_CARD_PATH}", self.base_url);
-        let response = self
+        let request = self
             .http
             .get(&url)
-            .header(VERSION_HEADER, wire::PROTOCOL_VERSION)
-            .send()
-            .await
-            .map_err(|e| connection_failure(&url, e))?;
-        let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| connection_failure(&url, e))?;
+            .header(VERSION_HEADER, wire::PROTOCOL_VERSION);
+        let (status, body) = exchange(request, &url).await?;
         if !status.is_success() {
             return Err(Failure::Answer(super::status_error(&url, status, &body)));
         }
@@ -252,15 +245,7 @@ impl ClientBinding for HttpBinding {
             .await?;
         let span = tracing::debug_span!("a2a.call", method, url = %url);
         let result = async {
-            let response = http_request
-                .send()
-                .await
-                .map_err(|e| connection_failure(&url, e))?;
-            let status = response.status();
-            let body = response
-                .bytes()
-                .await
-                .map_err(|e| connection_failure(&url, e))?;
+            let (status, body) = exchange(http_request, &url).await?;
             let Ok(mut body) = serde_json::from_slice::<Value>(&body) else {
                 return Err(Failure::Answer(AgentError::internal(format!(
                     "{method} to {url} answered HTTP {status} without JSON"
@@ -409,6 +394,24 @@ fn percent_encode(segment: &str) -> String {
 /// A failed request: a connection that could not be made or was lost (or timed out) before
 /// the whole answer arrived is a connection failure; anything else (a bad URL, a redirect
 /// loop) is final.
+/// Send `request` to `url` and read its whole answer: its status and body. A failure on the
+/// way either way is the connection's.
+async fn exchange(
+    request: reqwest::RequestBuilder,
+    url: &str,
+) -> Result<(reqwest::StatusCode, axum::body::Bytes), Failure> {
+    let response = request
+        .send()
+        .await
+        .map_err(|e| connection_failure(url, e))?;
+    let status = response.status();
+    let body = response
+        .bytes()
+        .await
+        .map_err(|e| connection_failure(url, e))?;
+    Ok((status, body))
+}
+
 fn connection_failure(url: &str, err: reqwest::Error) -> Failure {
     let lost = err.is_connect() || err.is_request() || err.is_body() || err.is_timeout();
     let err = super::request_error(url, &err);

@@ -132,6 +132,7 @@ impl ClientBinding for InProcessBinding {
                 history_length,
             } => Reply::Task(Box::new(
                 handlers
+                    .executor()
                     .get_task(auth, &task_id, history_length)
                     .await
                     .map_err(|e| retyped(&e, Some(&task_id)))?,
@@ -144,6 +145,7 @@ impl ClientBinding for InProcessBinding {
             ),
             Request::CancelTask { task_id, reason } => Reply::Task(Box::new(
                 handlers
+                    .executor()
                     .cancel_task(auth, &task_id, reason)
                     .await
                     .map_err(|e| retyped(&e, Some(&task_id)))?,

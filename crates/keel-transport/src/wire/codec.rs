@@ -83,8 +83,9 @@ fn json_field_names(value: &mut Value) {
     }
 }
 
-/// `task_id` → `taskId`, as protobuf derives a field's JSON name.
-pub(super) fn lower_camel(proto: &str) -> String {
+/// `task_id` → `taskId`, as protobuf derives a field's JSON name (and as the HTTP+JSON
+/// binding reads a query parameter given in snake_case).
+pub(crate) fn lower_camel(proto: &str) -> String {
     let mut json = String::with_capacity(proto.len());
     let mut upper = false;
     for c in proto.chars() {
@@ -98,6 +99,20 @@ pub(super) fn lower_camel(proto: &str) -> String {
         }
     }
     json
+}
+
+/// Each of `items` read by `from_wire`, which names the one at index `i` `{field}[i]` in
+/// its errors.
+pub(super) fn each_from_wire<W, T>(
+    items: Vec<W>,
+    field: &str,
+    from_wire: impl Fn(W, &str) -> AgentResult<T>,
+) -> AgentResult<Vec<T>> {
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| from_wire(item, &format!("{field}[{i}]")))
+        .collect()
 }
 
 pub(super) fn history_length(value: Option<i32>, field: &str) -> AgentResult<Option<usize>> {

@@ -43,6 +43,7 @@ pub(crate) use card::{
     decode_card, encode_card_with, Binding, Endpoints, Interface, JSONRPC_BINDING,
 };
 pub use card::{KEEL_APPROVAL_EXTENSION_URI, KEEL_CARD_EXTENSION_URI};
+pub(crate) use codec::lower_camel;
 pub(crate) use push::{
     decode_create_push_config, decode_list_push_configs, decode_push_config_ref,
     encode_list_push_configs, encode_push_config,

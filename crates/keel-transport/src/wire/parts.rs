@@ -6,7 +6,7 @@ use base64::Engine as _;
 use keel_core::{AgentResult, FileContent, Metadata, Part, PartContent};
 use serde_json::Value;
 
-use super::codec::{invalid, keel_metadata, to_json, wire_metadata};
+use super::codec::{each_from_wire, invalid, keel_metadata, to_json, wire_metadata};
 
 const PART_TYPE_KEY: &str = "keel.partType";
 
@@ -148,11 +148,7 @@ fn part_from_wire(part: a2a::Part, field: &str) -> AgentResult<Part> {
 }
 
 pub(super) fn parts_from_wire(parts: Vec<a2a::Part>, field: &str) -> AgentResult<Vec<Part>> {
-    parts
-        .into_iter()
-        .enumerate()
-        .map(|(i, part)| part_from_wire(part, &format!("{field}.parts[{i}]")))
-        .collect()
+    each_from_wire(parts, &format!("{field}.parts"), part_from_wire)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use keel_core::{AgentResult, Artifact, Message, Role, Task, TaskState, TaskStatus};
 use serde_json::Value;
 
-use super::codec::{invalid, keel_metadata, take, to_json, wire_metadata};
+use super::codec::{each_from_wire, invalid, keel_metadata, take, to_json, wire_metadata};
 use super::parts::{part_to_wire, parts_from_wire};
 use super::task_meta::{metadata_from_wire, metadata_to_wire};
 
@@ -212,20 +212,16 @@ pub(super) fn status_from_wire(status: a2a::TaskStatus, field: &str) -> AgentRes
 pub(super) fn task_from_wire(task: a2a::Task) -> AgentResult<Task> {
     let status = status_from_wire(task.status, "task.status")?;
     let mut out = Task::from_parts(task.id.into(), task.context_id.into(), status);
-    out.history = task
-        .history
-        .unwrap_or_default()
-        .into_iter()
-        .enumerate()
-        .map(|(i, m)| message_from_wire(m, &format!("task.history[{i}]")))
-        .collect::<AgentResult<_>>()?;
-    out.artifacts = task
-        .artifacts
-        .unwrap_or_default()
-        .into_iter()
-        .enumerate()
-        .map(|(i, a)| artifact_from_wire(a, &format!("task.artifacts[{i}]")))
-        .collect::<AgentResult<_>>()?;
+    out.history = each_from_wire(
+        task.history.unwrap_or_default(),
+        "task.history",
+        message_from_wire,
+    )?;
+    out.artifacts = each_from_wire(
+        task.artifacts.unwrap_or_default(),
+        "task.artifacts",
+        artifact_from_wire,
+    )?;
     let metadata = metadata_from_wire(keel_metadata(task.metadata));
     out.state_history = metadata.state_history;
     if let Some(created_at) = metadata.created_at {
