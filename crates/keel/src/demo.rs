@@ -204,31 +204,43 @@ mod tests {
 
     use crate::DefaultRuntime;
 
-    fn executor() -> (AgentExecutor, keel_runtime::AuthContext) {
-        let runtime = Arc::new(DefaultRuntime::offline());
-        let auth = runtime.auth_service().auth_context();
-        (AgentExecutor::new(super::agent().unwrap(), runtime), auth)
+    /// The demo agent on an offline runtime, and its caller.
+    struct Demo {
+        exec: AgentExecutor,
+        auth: keel_runtime::AuthContext,
+    }
+
+    impl Demo {
+        fn new() -> Self {
+            let runtime = Arc::new(DefaultRuntime::offline());
+            let auth = runtime.auth_service().auth_context();
+            let exec = AgentExecutor::new(super::agent().unwrap(), runtime);
+            Self { exec, auth }
+        }
+
+        /// The task of `text` sent with `options`.
+        async fn send(&self, text: &str, options: SendOptions) -> keel_core::Task {
+            self.exec
+                .send_message(&self.auth, Message::user(text), options)
+                .await
+                .unwrap()
+        }
     }
 
     #[tokio::test]
     async fn demo_agent_echoes_and_counts_words_offline() {
-        let (exec, auth) = executor();
-        let task = exec
-            .send_message(&auth, Message::user("hello"), SendOptions::default())
-            .await
-            .unwrap();
+        let demo = Demo::new();
+        let task = demo.send("hello", SendOptions::default()).await;
         assert_eq!(
             task.status().message.as_ref().unwrap().text(),
             "You said: hello"
         );
-        let task = exec
-            .send_message(
-                &auth,
-                Message::user(r#"/word_count {"text": "one two three"}"#),
+        let task = demo
+            .send(
+                r#"/word_count {"text": "one two three"}"#,
                 SendOptions::default(),
             )
-            .await
-            .unwrap();
+            .await;
         assert_eq!(task.state(), TaskState::Completed);
         assert_eq!(
             task.status().message.as_ref().unwrap().text(),
@@ -238,30 +250,24 @@ mod tests {
 
     #[tokio::test]
     async fn demo_sleep_stops_when_the_task_is_canceled() {
-        let (exec, auth) = executor();
-        let task = exec
-            .send_message(
-                &auth,
-                Message::user(r#"/sleep {"seconds": 300}"#),
-                SendOptions::in_background(),
-            )
+        let demo = Demo::new();
+        let task = demo
+            .send(r#"/sleep {"seconds": 300}"#, SendOptions::in_background())
+            .await;
+        let canceled = demo
+            .exec
+            .cancel_task(&demo.auth, &task.id, None)
             .await
             .unwrap();
-        let canceled = exec.cancel_task(&auth, &task.id, None).await.unwrap();
         assert_eq!(canceled.state(), TaskState::Canceled);
     }
 
     #[tokio::test]
     async fn demo_sleep_refuses_more_than_the_cap() {
-        let (exec, auth) = executor();
-        let task = exec
-            .send_message(
-                &auth,
-                Message::user(r#"/sleep {"seconds": 100000}"#),
-                SendOptions::default(),
-            )
-            .await
-            .unwrap();
+        let demo = Demo::new();
+        let task = demo
+            .send(r#"/sleep {"seconds": 100000}"#, SendOptions::default())
+            .await;
         let answer = task.status().message.as_ref().unwrap().text();
         assert!(answer.contains("arguments of `sleep`"), "{answer}");
     }

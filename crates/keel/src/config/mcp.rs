@@ -14,10 +14,7 @@ use super::types::{AgentConfig, Config, McpServerConfig};
 use super::SecondsRange;
 
 /// The timeouts an MCP server's calls and start accept.
-pub const MCP_TIMEOUT_SECONDS: SecondsRange = SecondsRange {
-    min: 0.001,
-    max: 86_400.0,
-};
+pub const MCP_TIMEOUT_SECONDS: SecondsRange = SecondsRange::new(0.001, 86_400.0);
 
 /// Which declaration of a server: a shared `[mcp.NAME]`, or an agent's own.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

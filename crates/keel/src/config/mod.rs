@@ -43,31 +43,19 @@ const RESERVED_TOOL_NAMES: [&str; 6] = [
 ];
 
 /// The lease TTLs Keel accepts (`[server] lease_ttl_seconds`, `keel serve --lease-ttl`).
-pub const LEASE_TTL_SECONDS: SecondsRange = SecondsRange {
-    min: 0.1,
-    max: 86_400.0,
-};
+pub const LEASE_TTL_SECONDS: SecondsRange = SecondsRange::new(0.1, 86_400.0);
 
 /// The asynchronous tool timeouts Keel accepts (`[server] async_tool_timeout_seconds`,
 /// `--async-tool-timeout`).
-pub const ASYNC_TOOL_TIMEOUT_SECONDS: SecondsRange = SecondsRange {
-    min: 0.001,
-    max: 31_536_000.0,
-};
+pub const ASYNC_TOOL_TIMEOUT_SECONDS: SecondsRange = SecondsRange::new(0.001, 31_536_000.0);
 
 /// The drain timeouts Keel accepts (`[server] drain_timeout_seconds`, `--drain-timeout`): 0
 /// stops running tasks at once (still handing them on), an hour at most.
-pub const DRAIN_TIMEOUT_SECONDS: SecondsRange = SecondsRange {
-    min: 0.0,
-    max: 3_600.0,
-};
+pub const DRAIN_TIMEOUT_SECONDS: SecondsRange = SecondsRange::new(0.0, 3_600.0);
 
 /// The connection deadlines Keel accepts (`[server] header_timeout_seconds`,
 /// `body_timeout_seconds`, `idle_timeout_seconds`; `keel serve --header-timeout`, ...).
-pub const CONNECTION_TIMEOUT_SECONDS: SecondsRange = SecondsRange {
-    min: 0.001,
-    max: 86_400.0,
-};
+pub const CONNECTION_TIMEOUT_SECONDS: SecondsRange = SecondsRange::new(0.001, 86_400.0);
 
 /// The seconds a duration setting accepts, the file's and the command line's alike.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -79,6 +67,11 @@ pub struct SecondsRange {
 }
 
 impl SecondsRange {
+    /// From `min` to `max` seconds, both included.
+    pub const fn new(min: f64, max: f64) -> Self {
+        Self { min, max }
+    }
+
     /// `seconds` as a duration when in range; otherwise what the range is.
     ///
     /// ```

@@ -13,6 +13,17 @@ fn parse(text: &str) -> Result<LoadedConfig, ConfigError> {
     Config::parse(text, "keel.toml")
 }
 
+/// The error `text` is refused with, which must point at `line` and `column`.
+fn error_at(text: &str, line: usize, column: usize) -> ConfigError {
+    let error = parse(text).unwrap_err();
+    assert_eq!(
+        (error.line, error.column),
+        (Some(line), Some(column)),
+        "{error}"
+    );
+    error
+}
+
 const MINIMAL: &str = "[[agents]]\nname = \"a\"\ndescription = \"A.\"\n";
 
 /// A tool `name` that takes any object and answers what `answer` answers.
@@ -64,8 +75,7 @@ fn the_template_loads_and_declares_two_agents() {
 #[test]
 fn an_unknown_key_names_its_line_column_field_and_the_key_meant() {
     let text = "[[agents]]\nname = \"a\"\ndescription = \"A.\"\n\n[agents.model]\nid = \"mock\"\ntemprature = 0.5\n";
-    let error = parse(text).unwrap_err();
-    assert_eq!((error.line, error.column), (Some(7), Some(1)), "{error}");
+    let error = error_at(text, 7, 1);
     assert_eq!(error.field, "agents[0].model.temprature");
     assert!(
         error.message.contains("unknown field `temprature`"),
@@ -83,8 +93,7 @@ fn an_unknown_key_names_its_line_column_field_and_the_key_meant() {
 #[test]
 fn a_value_of_the_wrong_type_names_the_field_and_what_was_expected() {
     let text = format!("[server]\nport = \"eighty\"\n\n{MINIMAL}");
-    let error = parse(&text).unwrap_err();
-    assert_eq!((error.line, error.column), (Some(2), Some(8)), "{error}");
+    let error = error_at(&text, 2, 8);
     assert_eq!(error.field, "server.port");
     assert!(error.message.contains("expected u16"), "{error}");
 }
@@ -113,8 +122,7 @@ fn every_missing_environment_variable_is_named_at_once() {
         "[[server.api_keys]]\nkey = \"${{KEEL_TEST_UNSET_ONE}}\"\ntenant = \"a/b\"\n\n\
          [[server.api_keys]]\nkey = \"${{KEEL_TEST_UNSET_TWO}}-${{KEEL_TEST_UNSET_THREE}}\"\ntenant = \"c/d\"\n\n{MINIMAL}"
     );
-    let error = parse(&text).unwrap_err();
-    assert_eq!((error.line, error.column), (Some(2), Some(7)), "{error}");
+    let error = error_at(&text, 2, 7);
     assert!(
         error.message.contains("`KEEL_TEST_UNSET_ONE` is not set"),
         "{error}"
@@ -132,8 +140,7 @@ fn a_missing_environment_variable_is_an_error_at_its_value() {
     let text = format!(
         "[[server.api_keys]]\nkey = \"${{KEEL_TEST_SURELY_UNSET_VAR}}\"\ntenant = \"a/b\"\n\n{MINIMAL}"
     );
-    let error = parse(&text).unwrap_err();
-    assert_eq!((error.line, error.column), (Some(2), Some(7)), "{error}");
+    let error = error_at(&text, 2, 7);
     assert!(
         error
             .message
@@ -145,8 +152,7 @@ fn a_missing_environment_variable_is_an_error_at_its_value() {
 #[test]
 fn references_between_agents_are_checked_with_suggestions() {
     let text = "[[agents]]\nname = \"boss\"\ndescription = \"B.\"\n[[agents.subagents]]\nagent = \"helpr\"\n\n[[agents]]\nname = \"helper\"\ndescription = \"H.\"\n";
-    let error = parse(text).unwrap_err();
-    assert_eq!((error.line, error.column), (Some(5), Some(9)), "{error}");
+    let error = error_at(text, 5, 9);
     assert_eq!(error.field, "agents[0].subagents[0].agent");
     assert_eq!(error.suggestion.as_deref(), Some("helper"));
 
@@ -172,8 +178,7 @@ fn references_between_agents_are_checked_with_suggestions() {
 #[test]
 fn a_bad_model_id_is_an_error_at_the_id() {
     let text = format!("{MINIMAL}[agents.model]\nid = \"parrot:polly\"\n");
-    let error = parse(&text).unwrap_err();
-    assert_eq!((error.line, error.column), (Some(5), Some(6)), "{error}");
+    let error = error_at(&text, 5, 6);
     assert!(error.message.contains("unknown model kind"), "{error}");
 }
 
@@ -436,8 +441,7 @@ fn tool_names_and_schemas_are_checked_where_they_are_written() {
         format!("[[agents.tools.http]]\nname = \"{name}\"\ndescription = \"T.\"\nurl = \"http://127.0.0.1:9/\"\nparameters = {parameters}\n")
     };
     let twice = format!("{MINIMAL}{}{}", tool("t", "{}"), tool("t", "{}"));
-    let error = parse(&twice).unwrap_err();
-    assert_eq!((error.line, error.column), (Some(10), Some(8)), "{error}");
+    let error = error_at(&twice, 10, 8);
     assert_eq!(error.field, "agents[0].tools.http[1].name");
     let reserved = format!("{MINIMAL}{}", tool("ask_human", "{}"));
     assert!(parse(&reserved)
@@ -445,8 +449,7 @@ fn tool_names_and_schemas_are_checked_where_they_are_written() {
         .message
         .contains("already has a tool"));
     let bad_schema = format!("{MINIMAL}{}", tool("t", "{ type = \"thing\" }"));
-    let error = parse(&bad_schema).unwrap_err();
-    assert_eq!((error.line, error.column), (Some(8), Some(14)), "{error}");
+    let error = error_at(&bad_schema, 8, 14);
     assert!(error.message.contains("not a valid JSON schema"), "{error}");
 }
 
