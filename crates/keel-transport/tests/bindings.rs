@@ -120,27 +120,23 @@ async fn grpc_call(
     mut params: Value,
 ) -> Result<Value, String> {
     use keel_transport::grpc::tonic_types::StatusExt;
-    use keel_transport::grpc::{from_json, proto, to_json, tonic};
+    use keel_transport::grpc::{from_json, to_json, tonic, ProtoJson};
     let mut client = support::grpc_client(&server.base).await;
     params["tenant"] = json!("tenant-x");
+    fn json_of<M: ProtoJson>(
+        reply: Result<tonic::Response<M>, tonic::Status>,
+    ) -> Result<Value, tonic::Status> {
+        reply.map(|r| to_json(r.get_ref()).unwrap())
+    }
+    fn request<M: ProtoJson>(params: &str) -> tonic::Request<M> {
+        tonic::Request::new(from_json(params).unwrap())
+    }
     let params = params.to_string();
     let answer = match operation {
-        "SendMessage" => client
-            .send_message(from_json::<proto::SendMessageRequest>(&params).unwrap())
-            .await
-            .map(|r| to_json(r.get_ref()).unwrap()),
-        "GetTask" => client
-            .get_task(from_json::<proto::GetTaskRequest>(&params).unwrap())
-            .await
-            .map(|r| to_json(r.get_ref()).unwrap()),
-        "ListTasks" => client
-            .list_tasks(from_json::<proto::ListTasksRequest>(&params).unwrap())
-            .await
-            .map(|r| to_json(r.get_ref()).unwrap()),
-        "CancelTask" => client
-            .cancel_task(from_json::<proto::CancelTaskRequest>(&params).unwrap())
-            .await
-            .map(|r| to_json(r.get_ref()).unwrap()),
+        "SendMessage" => json_of(client.send_message(request(&params)).await),
+        "GetTask" => json_of(client.get_task(request(&params)).await),
+        "ListTasks" => json_of(client.list_tasks(request(&params)).await),
+        "CancelTask" => json_of(client.cancel_task(request(&params)).await),
         other => panic!("{other}"),
     };
     answer.map_err(|status| {

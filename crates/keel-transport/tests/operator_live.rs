@@ -51,14 +51,12 @@ async fn an_approved_action_runs_and_the_task_stream_shows_it_live_and_resumes_e
     let before = live.take(1).await;
     assert_eq!(before[0].id.as_deref(), Some("1"));
     let decide = format!("/tasks/{task_id}/approvals/{request_id}");
-    let (status, task) = op
-        .post(
-            Some(ALICE),
+    let task = op
+        .post_ok(
             &decide,
-            Some(json!({"decision": "approve", "reason": "looks right"})),
+            json!({"decision": "approve", "reason": "looks right"}),
         )
         .await;
-    assert_eq!(status, StatusCode::OK, "{task}");
     assert_eq!(task["status"]["state"], "completed", "{task}");
     assert_eq!(op.writes.load(Ordering::SeqCst), 1);
 
@@ -156,14 +154,9 @@ async fn a_denied_action_does_not_run_and_a_wrong_request_id_is_not_found() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
-    let (status, task) = op
-        .post(
-            Some(ALICE),
-            &decide,
-            Some(json!({"decision": "deny", "reason": "not today"})),
-        )
+    let task = op
+        .post_ok(&decide, json!({"decision": "deny", "reason": "not today"}))
         .await;
-    assert_eq!(status, StatusCode::OK, "{task}");
     assert_ne!(task["status"]["state"], "input-required", "{task}");
     assert_eq!(
         op.writes.load(Ordering::SeqCst),
@@ -191,14 +184,12 @@ async fn messages_go_to_a_thread_and_its_history_compacts() {
         assert_eq!(task["thread_id"], "chat");
     }
     // Named agent, and an answer at once.
-    let (status, task) = op
-        .post(
-            Some(ALICE),
+    let task = op
+        .post_ok(
             "/threads/chat/messages",
-            Some(json!({"text": "four", "agent": "records", "return_immediately": true})),
+            json!({"text": "four", "agent": "records", "return_immediately": true}),
         )
         .await;
-    assert_eq!(status, StatusCode::OK, "{task}");
     let task_id = task["id"].as_str().unwrap();
     let rest = op
         .events(ALICE, &format!("/tasks/{task_id}/events"), None)
@@ -207,14 +198,12 @@ async fn messages_go_to_a_thread_and_its_history_compacts() {
         .await;
     assert_eq!(final_state(&rest), "completed");
 
-    let (status, compacted) = op
-        .post(
-            Some(ALICE),
+    let compacted = op
+        .post_ok(
             "/threads/chat/compact",
-            Some(json!({"strategy": "recent", "max_messages": 2})),
+            json!({"strategy": "recent", "max_messages": 2}),
         )
         .await;
-    assert_eq!(status, StatusCode::OK, "{compacted}");
     assert!(
         compacted["removed_messages"].as_u64().unwrap() > 0,
         "{compacted}"

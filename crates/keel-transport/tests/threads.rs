@@ -13,7 +13,7 @@ use keel_runtime::{ApiKeyAuthService, AuthContext, Runtime, Services};
 use keel_transport::{A2aServer, AgentsServer, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use support::{ALICE, BOB};
+use support::{get_as as get, status_and_json, ALICE, BOB};
 use tokio::sync::Notify;
 
 /// A tool that announces it started, then waits for `release`: it keeps the thread busy so
@@ -34,26 +34,8 @@ fn gate_tool(started: Arc<Notify>, release: Arc<Notify>) -> FnTool {
     )
 }
 
-async fn get(http: &reqwest::Client, url: &str, key: Option<&str>) -> (StatusCode, Value) {
-    let mut request = http.get(url);
-    if let Some(key) = key {
-        request = request.header("X-API-Key", key);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 async fn post(http: &reqwest::Client, url: &str, key: &str, body: Value) -> (StatusCode, Value) {
-    let response = http
-        .post(url)
-        .header("X-API-Key", key)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status();
-    (status, response.json().await.unwrap_or(Value::Null))
+    status_and_json(http.post(url).header("X-API-Key", key).json(&body)).await
 }
 
 async fn serve(router: axum::Router) -> String {

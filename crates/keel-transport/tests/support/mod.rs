@@ -226,6 +226,26 @@ impl TestServer {
     }
 }
 
+/// Send `request`: the answer's status and JSON body (`null` when it has none).
+pub async fn status_and_json(request: reqwest::RequestBuilder) -> (reqwest::StatusCode, Value) {
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// GET `url` as the tenant of the API key `key` (none: no credentials).
+pub async fn get_as(
+    http: &reqwest::Client,
+    url: &str,
+    key: Option<&str>,
+) -> (reqwest::StatusCode, Value) {
+    let mut request = http.get(url);
+    if let Some(key) = key {
+        request = request.header("X-API-Key", key);
+    }
+    status_and_json(request).await
+}
+
 /// The typed errors a Keel client reads back: canceling `completed` (a task that has
 /// completed) is `TaskNotCancelable`, and reading a task that does not exist `TaskNotFound`.
 pub async fn assert_typed_errors(

@@ -42,11 +42,7 @@ impl Operator {
 
     /// GET `path` as the tenant of `key` (none: no credentials).
     pub async fn get(&self, key: Option<&str>, path: &str) -> (StatusCode, Value) {
-        let mut request = self.server.http.get(self.url(path));
-        if let Some(key) = key {
-            request = request.header("X-API-Key", key);
-        }
-        answer(request).await
+        super::get_as(&self.server.http, &self.url(path), key).await
     }
 
     /// POST `body` (none: no body) to `path` as the tenant of `key`.
@@ -63,7 +59,7 @@ impl Operator {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        answer(request).await
+        super::status_and_json(request).await
     }
 
     /// Open the event stream at `path` as `key`, resuming after `last_event_id` when given.
@@ -84,28 +80,23 @@ impl Operator {
         }
     }
 
+    /// POST `body` to `path` as Alice, which must be answered `200`; the answer.
+    pub async fn post_ok(&self, path: &str, body: Value) -> Value {
+        let (status, answer) = self.post(Some(super::ALICE), path, Some(body)).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        answer
+    }
+
     /// Send `text` to `thread` as Alice (blocking); the task.
     pub async fn send(&self, thread: &str, text: &str) -> Value {
-        let (status, task) = self
-            .post(
-                Some(super::ALICE),
-                &format!("/threads/{thread}/messages"),
-                Some(serde_json::json!({ "text": text })),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{task}");
-        task
+        let path = format!("/threads/{thread}/messages");
+        self.post_ok(&path, serde_json::json!({ "text": text }))
+            .await
     }
 
     pub async fn stop(self) {
         self.server.stop().await;
     }
-}
-
-async fn answer(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
-    let response = request.send().await.unwrap();
-    let status = response.status();
-    (status, response.json().await.unwrap_or(Value::Null))
 }
 
 /// One SSE event: its `id:`, its `event:` name and its `data:` as JSON.
