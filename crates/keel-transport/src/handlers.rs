@@ -231,12 +231,8 @@ impl Handlers {
             }
             Operation::GetTask => {
                 let (task_id, history_length) = wire::decode_get_task(params).map_err(rpc)?;
-                let task = self
-                    .executor
-                    .get_task(auth, &task_id, history_length)
-                    .await
-                    .map_err(rpc)?;
-                Ok(Reply::Unary(wire::encode_task(&task)))
+                let task = self.executor.get_task(auth, &task_id, history_length).await;
+                Ok(Reply::Unary(wire::encode_task(&task.map_err(rpc)?)))
             }
             Operation::ListTasks => {
                 let query = wire::decode_list_tasks(params).map_err(rpc)?;
@@ -245,12 +241,8 @@ impl Handlers {
             }
             Operation::CancelTask => {
                 let (task_id, reason) = wire::decode_cancel_task(params).map_err(rpc)?;
-                let task = self
-                    .executor
-                    .cancel_task(auth, &task_id, reason)
-                    .await
-                    .map_err(rpc)?;
-                Ok(Reply::Unary(wire::encode_task(&task)))
+                let task = self.executor.cancel_task(auth, &task_id, reason).await;
+                Ok(Reply::Unary(wire::encode_task(&task.map_err(rpc)?)))
             }
             Operation::SendStreamingMessage => {
                 let call = wire::decode_send_message(params).map_err(rpc)?;

@@ -26,6 +26,7 @@ use keel_runtime::AuthContext;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::operator::tri;
 use crate::security::Security;
 use crate::variables::{caller_of, internal, refuse};
 
@@ -185,10 +186,7 @@ async fn messages(
     Query(page): Query<Page>,
     Opened { auth, thread_id }: Opened,
 ) -> Response {
-    let limit = match page.limit() {
-        Ok(limit) => limit,
-        Err(response) => return *response,
-    };
+    let limit = tri!(page.limit());
     let entries = state
         .reads
         .thread_messages(&auth, &thread_id, page.after, limit)
@@ -224,10 +222,7 @@ async fn queue_list(
     Query(page): Query<Page>,
     Opened { auth, thread_id }: Opened,
 ) -> Response {
-    let limit = match page.limit() {
-        Ok(limit) => limit,
-        Err(response) => return *response,
-    };
+    let limit = tri!(page.limit());
     let items = state.reads.thread_queue(&auth, &thread_id, limit).await;
     answer(items.map(|items| json!({"thread_id": thread_id, "items": items})))
 }
