@@ -39,6 +39,13 @@ async fn connect(server: &TestServer) -> TcpStream {
         .unwrap()
 }
 
+/// A server with [`LIMITS`], and one raw connection to it.
+async fn connected() -> (TestServer, TcpStream) {
+    let server = server(LIMITS).await;
+    let stream = connect(&server).await;
+    (server, stream)
+}
+
 /// Read until the server closes the connection; what it sent. Panics after [`SLACK`].
 async fn read_until_closed(stream: &mut TcpStream) -> String {
     let mut received = Vec::new();
@@ -92,8 +99,7 @@ async fn get_card(stream: &mut TcpStream) -> String {
 
 #[tokio::test]
 async fn a_client_that_sends_nothing_is_closed_after_the_header_deadline() {
-    let server = server(LIMITS).await;
-    let mut silent = connect(&server).await;
+    let (server, mut silent) = connected().await;
     let opened = Instant::now();
     let received = read_until_closed(&mut silent).await;
     assert!(received.is_empty(), "{received}");
@@ -103,8 +109,7 @@ async fn a_client_that_sends_nothing_is_closed_after_the_header_deadline() {
 
 #[tokio::test]
 async fn a_trickled_header_is_closed_after_the_header_deadline() {
-    let server = server(LIMITS).await;
-    let mut trickling = connect(&server).await;
+    let (server, mut trickling) = connected().await;
     let (mut reader, mut writer) = trickling.split();
     let opened = Instant::now();
     let trickle = async {
@@ -138,8 +143,7 @@ async fn a_trickled_header_is_closed_after_the_header_deadline() {
 
 #[tokio::test]
 async fn a_body_that_stops_arriving_is_answered_408() {
-    let server = server(LIMITS).await;
-    let mut stalled = connect(&server).await;
+    let (server, mut stalled) = connected().await;
     stalled
         .write_all(
             b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\nContent-Length: 52428800\r\n\r\n{\"jsonrpc\"",
@@ -156,8 +160,7 @@ async fn a_body_that_stops_arriving_is_answered_408() {
 
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_after_the_idle_deadline_not_the_header_one() {
-    let server = server(LIMITS).await;
-    let mut client = connect(&server).await;
+    let (server, mut client) = connected().await;
     let answer = get_card(&mut client).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let idle_since = Instant::now();

@@ -18,8 +18,11 @@ use keel_transport::{A2aServer, AgentsServer, Security};
 use serde_json::{json, Value};
 use support::{sse_events, user_message, GrpcClient, SendJson, TestServer, ALICE, BOB, SLEEP_30};
 
-async fn client(server: &TestServer) -> GrpcClient {
-    support::grpc_client(&server.base).await
+/// The echo agent's server, and a gRPC client of it.
+async fn serve() -> (TestServer, GrpcClient) {
+    let server = TestServer::start().await;
+    let grpc = support::grpc_client(&server.base).await;
+    (server, grpc)
 }
 
 /// A request message from its A2A JSON.
@@ -139,8 +142,7 @@ async fn the_card_lists_jsonrpc_http_json_and_grpc_on_the_one_listener() {
 
 #[tokio::test]
 async fn send_streaming_message_streams_the_task_then_its_updates_to_completed() {
-    let server = TestServer::start().await;
-    let mut grpc = client(&server).await;
+    let (server, mut grpc) = serve().await;
     let stream = grpc
         .send_streaming_message(message::<proto::SendMessageRequest>(
             json!({"message": user_message("hello over grpc")}),
@@ -166,8 +168,7 @@ async fn send_streaming_message_streams_the_task_then_its_updates_to_completed()
 
 #[tokio::test]
 async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
-    let server = TestServer::start().await;
-    let mut grpc = client(&server).await;
+    let (server, mut grpc) = serve().await;
     let task = start_sleeping(&mut grpc).await;
     let mut stream = subscribe(&mut grpc, &task.id).await.unwrap();
     // The first event is the task as it is: waiting on it is waiting for the stream to exist.
@@ -195,8 +196,7 @@ async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
 
 #[tokio::test]
 async fn subscribe_to_a_task_waiting_for_input_stays_open_until_it_is_terminal() {
-    let server = TestServer::start().await;
-    let mut grpc = client(&server).await;
+    let (server, mut grpc) = serve().await;
     let task = sent_task(
         &mut grpc,
         message::<proto::SendMessageRequest>(json!({
@@ -254,8 +254,7 @@ fn shape(events: &[Value]) -> Vec<String> {
 
 #[tokio::test]
 async fn a_fast_task_streams_the_same_events_on_every_binding() {
-    let server = TestServer::start().await;
-    let mut grpc = client(&server).await;
+    let (server, mut grpc) = serve().await;
     let mut shapes = Vec::new();
     for binding in ["JSONRPC", "HTTP+JSON", "GRPC"] {
         // The fastest task: finished before its stream is read. The message is sent, and then
@@ -315,8 +314,7 @@ async fn a_fast_task_streams_the_same_events_on_every_binding() {
 
 #[tokio::test]
 async fn errors_are_statuses_with_the_a2a_code_and_error_info() {
-    let server = TestServer::start().await;
-    let mut grpc = client(&server).await;
+    let (server, mut grpc) = serve().await;
 
     let missing = grpc
         .get_task(proto::GetTaskRequest {
@@ -409,7 +407,7 @@ async fn credentials_travel_as_metadata_and_tenants_never_meet() {
             .with_extended_card(extended)
     })
     .await;
-    let mut grpc = client(&server).await;
+    let mut grpc = support::grpc_client(&server.base).await;
 
     let anonymous = grpc
         .get_extended_agent_card(proto::GetExtendedAgentCardRequest::default())
@@ -474,7 +472,7 @@ async fn push_config_operations_create_get_list_and_delete() {
         |s| s.allow_private_push_targets(true),
     )
     .await;
-    let mut grpc = client(&server).await;
+    let mut grpc = support::grpc_client(&server.base).await;
     let task = start_sleeping(&mut grpc).await;
     let created = grpc
         .create_task_push_notification_config(message::<proto::TaskPushNotificationConfig>(
@@ -553,8 +551,7 @@ async fn agents_under_a_path_list_no_grpc_interface() {
 
 #[tokio::test]
 async fn shutdown_ends_an_open_grpc_stream_with_a_going_away_status() {
-    let server = TestServer::start().await;
-    let mut grpc = client(&server).await;
+    let (server, mut grpc) = serve().await;
     let mut stream = grpc
         .send_streaming_message(message::<proto::SendMessageRequest>(
             json!({"message": user_message(SLEEP_30)}),
@@ -579,7 +576,7 @@ async fn shutdown_ends_an_open_grpc_stream_with_a_going_away_status() {
 async fn a_message_over_the_body_limit_is_refused() {
     let runtime = Arc::new(Services::in_memory(Arc::new(MockLlm::new())));
     let server = TestServer::start_with(runtime, |s| s.with_body_limit(4096)).await;
-    let mut grpc = client(&server).await;
+    let mut grpc = support::grpc_client(&server.base).await;
     let refused = grpc
         .send_message(message::<proto::SendMessageRequest>(
             json!({"message": user_message(&"x".repeat(8192))}),

@@ -37,13 +37,21 @@ fn counting_agent(runs: Arc<AtomicUsize>) -> Agent {
         .expect("the counting agent builds")
 }
 
-/// A server of the counting agent for the two tenants of `support`, on `runtime`.
-async fn counting_server(runtime: Arc<dyn Runtime>, runs: Arc<AtomicUsize>) -> TestServer {
-    let executor = AgentExecutor::new(counting_agent(runs), runtime);
-    TestServer::start_with_executor(executor, |server| {
+/// A server of the counting agent for the two tenants of `support`, on `runtime`, and the
+/// count of its tool's runs.
+async fn counting_server(runtime: Arc<dyn Runtime>) -> (TestServer, Arc<AtomicUsize>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let executor = AgentExecutor::new(counting_agent(runs.clone()), runtime);
+    let server = TestServer::start_with_executor(executor, |server| {
         server.with_security(Security::api_key_and_bearer())
     })
-    .await
+    .await;
+    (server, runs)
+}
+
+/// [`counting_server`] on in-memory stores.
+async fn counting_in_memory() -> (TestServer, Arc<AtomicUsize>) {
+    counting_server(support::two_tenant_runtime(MockLlm::new())).await
 }
 
 fn message(message_id: &str) -> Value {
@@ -81,8 +89,7 @@ async fn total_tasks(server: &TestServer, key: &str) -> u64 {
 
 #[tokio::test]
 async fn a_repeated_send_on_every_binding_answers_the_first_task_and_runs_nothing_again() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let server = counting_server(support::two_tenant_runtime(MockLlm::new()), runs.clone()).await;
+    let (server, runs) = counting_in_memory().await;
     let first = send(&server, ALICE, "retry-1", false).await;
     let task = &first["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{first}");
@@ -142,8 +149,7 @@ async fn a_repeated_send_on_every_binding_answers_the_first_task_and_runs_nothin
 
 #[tokio::test]
 async fn a_repeated_streaming_send_follows_the_first_task() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let server = counting_server(support::two_tenant_runtime(MockLlm::new()), runs.clone()).await;
+    let (server, runs) = counting_in_memory().await;
     let stream = |id: u64| {
         server
             .http
@@ -174,8 +180,7 @@ async fn a_repeated_streaming_send_follows_the_first_task() {
 
 #[tokio::test]
 async fn another_tenants_same_message_id_is_another_message() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let server = counting_server(support::two_tenant_runtime(MockLlm::new()), runs.clone()).await;
+    let (server, runs) = counting_in_memory().await;
     let alice = send(&server, ALICE, "shared-id", false).await;
     let bob = send(&server, BOB, "shared-id", false).await;
     let (alice, bob) = (&alice["result"]["task"], &bob["result"]["task"]);
@@ -232,8 +237,7 @@ async fn a_store_failure_after_the_task_was_made_names_it_and_the_retry_answers_
         tasks: tasks.clone(),
         ..services
     });
-    let runs = Arc::new(AtomicUsize::new(0));
-    let server = counting_server(runtime, runs.clone()).await;
+    let (server, runs) = counting_server(runtime).await;
 
     let failed = send(&server, ALICE, "fragile-1", false).await;
     assert!(!tasks.armed.load(Ordering::SeqCst), "the fault never fired");
@@ -277,8 +281,7 @@ async fn a_repeated_grpc_send_answers_the_first_task() {
     use keel_transport::grpc::tonic::Request;
     use keel_transport::grpc::{from_json, proto, to_json};
 
-    let runs = Arc::new(AtomicUsize::new(0));
-    let server = counting_server(support::two_tenant_runtime(MockLlm::new()), runs.clone()).await;
+    let (server, runs) = counting_in_memory().await;
     let mut client = support::grpc_client(&server.base).await;
     let mut ids = Vec::new();
     for _ in 0..2 {

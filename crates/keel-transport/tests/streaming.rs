@@ -5,7 +5,7 @@ mod support;
 
 use futures::StreamExt;
 use keel_core::{AgentError, Message, TaskState};
-use keel_transport::{A2aClient, Binding, StreamEvent};
+use keel_transport::{A2aClient, StreamEvent};
 use serde_json::{json, Value};
 use support::{sse_events, user_message, SendJson, TestServer, SLEEP_30};
 
@@ -121,8 +121,7 @@ async fn stream_ends_at_an_interrupted_state_and_continues_on_the_next_turn() {
 #[tokio::test]
 async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
     let server = TestServer::start().await;
-    for binding in [Binding::JsonRpc, Binding::HttpJson] {
-        let client = A2aClient::new(server.base.clone()).with_binding(binding);
+    for (binding, client) in server.http_clients() {
         let running = support::start_sleeping(&client).await;
         let mut events = client.subscribe(&running.id).await.unwrap();
         let Some(Ok(StreamEvent::Task(first))) = events.next().await else {
@@ -144,8 +143,7 @@ async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
 #[tokio::test]
 async fn subscribe_to_a_task_waiting_for_input_stays_open_until_it_is_terminal() {
     let server = TestServer::start().await;
-    for binding in [Binding::JsonRpc, Binding::HttpJson] {
-        let client = A2aClient::new(server.base.clone()).with_binding(binding);
+    for (binding, client) in server.http_clients() {
         let asked = drain(
             client
                 .send_streaming_message(Message::user("/ask_human {\"question\": \"which city?\"}"))

@@ -12,7 +12,7 @@ use keel_agent::{Agent, AgentExecutor, ExecutorConfig, FnTool};
 use keel_core::{AgentCard, AgentSkill};
 use keel_llm::MockLlm;
 use keel_runtime::{ApiKeyAuthService, AuthContext, Services};
-use keel_transport::A2aServer;
+use keel_transport::{A2aClient, A2aServer, Binding};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -167,6 +167,12 @@ impl TestServer {
         if let Some(serving) = self.serving.take() {
             serving.await.unwrap().unwrap();
         }
+    }
+
+    /// A Keel client of this server on each HTTP binding, with the binding it speaks.
+    pub fn http_clients(&self) -> [(Binding, A2aClient); 2] {
+        [Binding::JsonRpc, Binding::HttpJson]
+            .map(|binding| (binding, A2aClient::new(&self.base).with_binding(binding)))
     }
 
     /// GET `path` with `A2A-Version: 1.0`; the JSON body.
