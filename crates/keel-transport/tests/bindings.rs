@@ -24,9 +24,7 @@ async fn list_tasks_filters_pages_and_puts_the_most_recent_first() {
     let server = TestServer::start().await;
     let mut ids = Vec::new();
     for text in ["one", "two", "three"] {
-        let answer = server
-            .rpc("SendMessage", json!({"message": in_thread(text, "th-a")}))
-            .await;
+        let answer = server.send_message(in_thread(text, "th-a")).await;
         ids.push(answer["result"]["task"]["id"].clone());
     }
     server
@@ -305,9 +303,7 @@ async fn rest_errors_are_status_objects_with_the_a2a_http_status() {
     let server = TestServer::start().await;
     let http = &server.http;
     let base = &server.base;
-    let done = server
-        .rpc("SendMessage", json!({"message": user_message("done")}))
-        .await["result"]["task"]["id"]
+    let done = server.send_message(user_message("done")).await["result"]["task"]["id"]
         .as_str()
         .unwrap()
         .to_owned();

@@ -260,7 +260,7 @@ async fn a_fast_task_streams_the_same_events_on_every_binding() {
         // The fastest task: finished before its stream is read. The message is sent, and then
         // streamed again with the same id, which follows the task it made from its turn.
         let fast = user_message("fast");
-        let sent = server.rpc("SendMessage", json!({"message": fast})).await;
+        let sent = server.send_message(fast.clone()).await;
         assert_eq!(
             sent["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
             "{sent}"

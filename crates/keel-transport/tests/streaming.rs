@@ -179,10 +179,7 @@ async fn subscribe_to_a_task_waiting_for_input_stays_open_until_it_is_terminal()
 #[tokio::test]
 async fn subscribe_to_a_terminal_task_is_unsupported_operation_before_any_stream() {
     let server = TestServer::start().await;
-    let done = server
-        .rpc("SendMessage", json!({"message": user_message("hi")}))
-        .await["result"]["task"]
-        .clone();
+    let done = server.send_message(user_message("hi")).await["result"]["task"].clone();
     let response = server
         .rpc_with(Some("1.0"), "SubscribeToTask", json!({"id": done["id"]}))
         .await;

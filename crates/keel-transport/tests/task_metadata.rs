@@ -96,7 +96,7 @@ async fn tasks_over_json_rpc_rest_and_streams_carry_keels_fields_in_one_camel_ca
         } else {
             user_message("hello")
         };
-        let answer = server.rpc("SendMessage", json!({"message": message})).await;
+        let answer = server.send_message(message).await;
         let task = &answer["result"]["task"];
         assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{answer}");
         assert_callers_metadata(task, sent_context);
@@ -162,9 +162,7 @@ async fn v0_3_tasks_carry_the_same_block_with_v0_3_state_names() {
 #[tokio::test]
 async fn keels_client_reads_the_block_back_into_the_engines_keys() {
     let server = TestServer::start().await;
-    let answer = server
-        .rpc("SendMessage", json!({"message": with_run_context("hello")}))
-        .await;
+    let answer = server.send_message(with_run_context("hello")).await;
     let id = TaskId::from(answer["result"]["task"]["id"].as_str().unwrap());
     let stored = server
         .executor

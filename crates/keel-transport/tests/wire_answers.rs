@@ -123,9 +123,7 @@ async fn a_part_with_several_contents_is_refused_not_trimmed() {
         {"text": "fine"},
         {"text": "hi", "url": "https://example.com/a.png", "data": {"k": 1}},
     ]});
-    let rpc = server
-        .rpc("SendMessage", json!({"message": message.clone()}))
-        .await;
+    let rpc = server.send_message(message.clone()).await;
     assert_eq!(rpc["error"]["code"], -32602, "{rpc}");
     let info = &rpc["error"]["data"][0]["metadata"];
     assert_eq!(info["field"], "message.parts[1]", "{rpc}");

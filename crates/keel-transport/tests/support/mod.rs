@@ -230,6 +230,11 @@ impl TestServer {
     pub async fn rpc(&self, method: &str, params: Value) -> Value {
         self.rpc_as(Some("1.0"), method, params).await
     }
+
+    /// `SendMessage` of `message` (A2A JSON) over JSON-RPC v1.0; the whole response.
+    pub async fn send_message(&self, message: Value) -> Value {
+        self.rpc("SendMessage", json!({ "message": message })).await
+    }
 }
 
 /// Send `request`: the answer's status and JSON body (`null` when it has none).
