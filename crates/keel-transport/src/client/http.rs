@@ -61,19 +61,12 @@ impl HttpBinding {
         body: &impl serde::Serialize,
     ) -> AgentResult<Value> {
         let url = format!("{}{}{path}", self.base_url, crate::ENDPOINTS_PATH);
-        let response = self
+        let request = self
             .http
             .post(&url)
             .header(VERSION_HEADER, wire::PROTOCOL_VERSION)
-            .json(body)
-            .send()
-            .await
-            .map_err(|err| super::request_error(&url, &err))?;
-        let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|err| super::request_error(&url, &err))?;
+            .json(body);
+        let (status, body) = exchange(request, &url).await.map_err(Failure::into_error)?;
         if status.is_success() {
             return serde_json::from_slice(&body).map_err(|err| {
                 AgentError::internal(format!("{url} answered JSON that does not parse: {err}"))

@@ -101,6 +101,14 @@ pub(crate) fn lower_camel(proto: &str) -> String {
     json
 }
 
+/// The value of the field `field` when it is not empty; else `invalid(field, reason)`.
+pub(super) fn non_empty(value: String, field: &str, reason: &str) -> AgentResult<String> {
+    if value.is_empty() {
+        return Err(invalid(field, reason));
+    }
+    Ok(value)
+}
+
 /// Each of `items` read by `from_wire`, which names the one at index `i` `{field}[i]` in
 /// its errors.
 pub(super) fn each_from_wire<W, T>(

@@ -4,7 +4,7 @@
 use keel_core::{AgentResult, TaskId};
 use serde_json::Value;
 
-use super::codec::{decode, invalid, params_object, to_json};
+use super::codec::{decode, invalid, non_empty, params_object, to_json};
 use crate::push_config::{PushAuthentication, PushConfig};
 
 pub(super) fn push_config_from_wire(config: a2a::TaskPushNotificationConfig) -> PushConfig {
@@ -59,23 +59,16 @@ pub(crate) fn decode_create_push_config(params: Value) -> AgentResult<PushConfig
 /// task id and the config id.
 pub(crate) fn decode_push_config_ref(params: Value) -> AgentResult<(TaskId, String)> {
     let request: a2a::GetTaskPushNotificationConfigRequest = decode(params_object(params)?)?;
-    if request.task_id.is_empty() {
-        return Err(invalid("taskId", "is required"));
-    }
-    if request.id.is_empty() {
-        return Err(invalid("id", "is required"));
-    }
-    Ok((request.task_id.into(), request.id))
+    let task_id = non_empty(request.task_id, "taskId", "is required")?;
+    let id = non_empty(request.id, "id", "is required")?;
+    Ok((task_id.into(), id))
 }
 
 /// Decode `ListTaskPushNotificationConfigs` params: the task id (all configs of a task fit
 /// one page, so the page size and token are accepted and ignored).
 pub(crate) fn decode_list_push_configs(params: Value) -> AgentResult<TaskId> {
     let request: a2a::ListTaskPushNotificationConfigsRequest = decode(params_object(params)?)?;
-    if request.task_id.is_empty() {
-        return Err(invalid("taskId", "is required"));
-    }
-    Ok(request.task_id.into())
+    Ok(non_empty(request.task_id, "taskId", "is required")?.into())
 }
 
 /// A `TaskPushNotificationConfig`.

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use keel_core::{AgentResult, Message, Task, TaskId, TaskState, TaskStatus};
 use serde_json::Value;
 
-use super::codec::{bad_answer, decode, history_length, invalid, params_object, to_json};
+use super::codec::{
+    bad_answer, decode, history_length, invalid, non_empty, params_object, to_json,
+};
 use super::push::push_config_from_wire;
 use super::task::{
     message_from_wire, message_to_wire, state_from_wire, state_to_wire, task_from_wire,
@@ -95,11 +97,9 @@ fn check_single_contents(params: &Value) -> AgentResult<()> {
 /// Decode `GetTask` params: the task id and the history length.
 pub(crate) fn decode_get_task(params: Value) -> AgentResult<(TaskId, Option<usize>)> {
     let request: a2a::GetTaskRequest = decode(params_object(params)?)?;
-    if request.id.is_empty() {
-        return Err(invalid("id", "must not be empty"));
-    }
+    let id = non_empty(request.id, "id", "must not be empty")?;
     Ok((
-        request.id.into(),
+        id.into(),
         history_length(request.history_length, "historyLength")?,
     ))
 }
@@ -107,13 +107,11 @@ pub(crate) fn decode_get_task(params: Value) -> AgentResult<(TaskId, Option<usiz
 /// Decode `CancelTask` params: the task id and the reason (`metadata.reason`, when a string).
 pub(crate) fn decode_cancel_task(params: Value) -> AgentResult<(TaskId, Option<String>)> {
     let request: a2a::CancelTaskRequest = decode(params_object(params)?)?;
-    if request.id.is_empty() {
-        return Err(invalid("id", "must not be empty"));
-    }
+    let id = non_empty(request.id, "id", "must not be empty")?;
     let reason = request
         .metadata
         .and_then(|m| m.get("reason").and_then(Value::as_str).map(str::to_owned));
-    Ok((request.id.into(), reason))
+    Ok((id.into(), reason))
 }
 
 /// A task as the wire `Task` object.

@@ -3,7 +3,7 @@
 use keel_core::{AgentError, AgentResult, TaskId};
 use serde_json::Value;
 
-use super::codec::{bad_answer, decode, invalid, params_object, to_json};
+use super::codec::{bad_answer, decode, non_empty, params_object, to_json};
 use super::task::{
     artifact_from_wire, artifact_to_wire, message_from_wire, message_to_wire, status_from_wire,
     status_to_wire, task_from_wire, task_to_wire,
@@ -13,10 +13,7 @@ use crate::stream::StreamEvent;
 /// Decode `SubscribeToTask` params: the task id.
 pub(crate) fn decode_subscribe(params: Value) -> AgentResult<TaskId> {
     let request: a2a::SubscribeToTaskRequest = decode(params_object(params)?)?;
-    if request.id.is_empty() {
-        return Err(invalid("id", "must not be empty"));
-    }
-    Ok(request.id.into())
+    Ok(non_empty(request.id, "id", "must not be empty")?.into())
 }
 
 /// `SubscribeToTask` params.
