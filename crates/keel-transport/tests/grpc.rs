@@ -484,12 +484,13 @@ async fn push_config_operations_create_get_list_and_delete() {
     assert_eq!(created.id, "hook-1");
     assert_eq!(created.task_id, task.id);
 
+    let hook_1 = || proto::GetTaskPushNotificationConfigRequest {
+        task_id: task.id.clone(),
+        id: "hook-1".into(),
+        ..Default::default()
+    };
     let got = grpc
-        .get_task_push_notification_config(proto::GetTaskPushNotificationConfigRequest {
-            task_id: task.id.clone(),
-            id: "hook-1".into(),
-            ..Default::default()
-        })
+        .get_task_push_notification_config(hook_1())
         .await
         .unwrap()
         .into_inner();
@@ -512,11 +513,7 @@ async fn push_config_operations_create_get_list_and_delete() {
     .await
     .unwrap();
     let gone = grpc
-        .get_task_push_notification_config(proto::GetTaskPushNotificationConfigRequest {
-            task_id: task.id.clone(),
-            id: "hook-1".into(),
-            ..Default::default()
-        })
+        .get_task_push_notification_config(hook_1())
         .await
         .unwrap_err();
     assert_eq!(gone.code(), Code::NotFound, "{gone:?}");

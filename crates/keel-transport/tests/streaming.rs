@@ -5,9 +5,17 @@ mod support;
 
 use futures::StreamExt;
 use keel_core::{AgentError, Message, TaskState};
-use keel_transport::{A2aClient, StreamEvent};
+use keel_transport::{A2aClient, StreamEvent, TaskEventStream};
 use serde_json::{json, Value};
 use support::{sse_events, user_message, SendJson, TestServer, SLEEP_30};
+
+/// The stream of `text` sent through `client`, as `SendStreamingMessage` opens it.
+async fn stream_of(client: &A2aClient, text: &str) -> TaskEventStream {
+    client
+        .send_streaming_message(Message::user(text))
+        .await
+        .unwrap()
+}
 
 /// Every event of a Keel client's stream, read to its end (an error fails the test).
 async fn drain(
@@ -89,10 +97,7 @@ async fn jsonrpc_stream_starts_with_the_task_carries_updates_and_ends_after_comp
 async fn stream_ends_at_an_interrupted_state_and_continues_on_the_next_turn() {
     let server = TestServer::start().await;
     let client = A2aClient::new(server.base.clone());
-    let asking = client
-        .send_streaming_message(Message::user("/ask_human {\"question\": \"which city?\"}"))
-        .await
-        .unwrap();
+    let asking = stream_of(&client, "/ask_human {\"question\": \"which city?\"}").await;
     let events = drain(asking).await;
     let task_id = events.iter().find_map(|event| match event {
         StreamEvent::Task(task) => Some(task.id.clone()),
@@ -144,13 +149,8 @@ async fn subscribe_follows_a_running_task_and_ends_with_one_canceled_event() {
 async fn subscribe_to_a_task_waiting_for_input_stays_open_until_it_is_terminal() {
     let server = TestServer::start().await;
     for (binding, client) in server.http_clients() {
-        let asked = drain(
-            client
-                .send_streaming_message(Message::user("/ask_human {\"question\": \"which city?\"}"))
-                .await
-                .unwrap(),
-        )
-        .await;
+        let asked =
+            drain(stream_of(&client, "/ask_human {\"question\": \"which city?\"}").await).await;
         let Some(StreamEvent::Task(task)) = asked.first() else {
             panic!("{binding:?}: the first event is the task: {asked:?}");
         };
@@ -226,10 +226,7 @@ async fn subscribe_to_a_terminal_task_is_unsupported_operation_before_any_stream
 async fn a_client_going_away_never_cancels_the_task() {
     let server = TestServer::start().await;
     let client = A2aClient::new(server.base.clone());
-    let mut events = client
-        .send_streaming_message(Message::user("/sleep {\"seconds\": 0.5}"))
-        .await
-        .unwrap();
+    let mut events = stream_of(&client, "/sleep {\"seconds\": 0.5}").await;
     let Some(Ok(StreamEvent::Task(task))) = events.next().await else {
         panic!("the first event is the task");
     };
@@ -271,10 +268,7 @@ async fn rest_stream_events_are_bare_stream_responses() {
 async fn shutdown_ends_open_streams_with_a_going_away_status_and_leaves_the_task_working() {
     let server = TestServer::start().await;
     let client = A2aClient::new(server.base.clone());
-    let mut events = client
-        .send_streaming_message(Message::user(SLEEP_30))
-        .await
-        .unwrap();
+    let mut events = stream_of(&client, SLEEP_30).await;
     assert!(matches!(
         events.next().await,
         Some(Ok(StreamEvent::Task(_)))
