@@ -103,6 +103,18 @@ fn bearer_config(task_id: &str, url: &str) -> Value {
            "authentication": {"scheme": "Bearer", "credentials": "secret"}})
 }
 
+/// `CreateTaskPushNotificationConfig` with `params`; the whole answer.
+async fn create_config(server: &TestServer, params: Value) -> Value {
+    server.rpc("CreateTaskPushNotificationConfig", params).await
+}
+
+/// `method` (a Get or a Delete) on the config `c1` of `task_id`; the whole answer.
+async fn on_c1(server: &TestServer, method: &str, task_id: &str) -> Value {
+    server
+        .rpc(method, json!({"taskId": task_id, "id": "c1"}))
+        .await
+}
+
 async fn sleeping_task(server: &TestServer) -> String {
     let sent = server
         .rpc(
@@ -126,12 +138,7 @@ async fn the_four_config_operations_work_on_both_bindings() {
         )
     };
 
-    let created = server
-        .rpc(
-            "CreateTaskPushNotificationConfig",
-            bearer_config(&task_id, &url),
-        )
-        .await;
+    let created = create_config(&server, bearer_config(&task_id, &url)).await;
     assert_eq!(
         created["result"],
         bearer_config(&task_id, &url),
@@ -148,12 +155,7 @@ async fn the_four_config_operations_work_on_both_bindings() {
     let c2_id = c2["id"].as_str().expect("a generated id").to_owned();
     assert_eq!(c2["taskId"], task_id.as_str());
 
-    let got = server
-        .rpc(
-            "GetTaskPushNotificationConfig",
-            json!({"taskId": task_id, "id": "c1"}),
-        )
-        .await;
+    let got = on_c1(&server, "GetTaskPushNotificationConfig", &task_id).await;
     assert_eq!(got["result"]["token"], "tok", "{got}");
     let got: Value = server
         .http
@@ -193,28 +195,13 @@ async fn the_four_config_operations_work_on_both_bindings() {
         1,
         "{list}"
     );
-    let gone = server
-        .rpc(
-            "GetTaskPushNotificationConfig",
-            json!({"taskId": task_id, "id": "c1"}),
-        )
-        .await;
+    let gone = on_c1(&server, "GetTaskPushNotificationConfig", &task_id).await;
     assert_eq!(code(&gone), -32001, "{gone}");
     // Deleting again is idempotent (A2A §3.1.10), over both bindings; an unknown task is not.
-    let deleted = server
-        .rpc(
-            "DeleteTaskPushNotificationConfig",
-            json!({"taskId": task_id, "id": "c1"}),
-        )
-        .await;
+    let deleted = on_c1(&server, "DeleteTaskPushNotificationConfig", &task_id).await;
     assert!(deleted.get("error").is_none(), "{deleted}");
     delete_c1_over_rest().await;
-    let unknown_task = server
-        .rpc(
-            "DeleteTaskPushNotificationConfig",
-            json!({"taskId": "nope", "id": "c1"}),
-        )
-        .await;
+    let unknown_task = on_c1(&server, "DeleteTaskPushNotificationConfig", "nope").await;
     assert_eq!(code(&unknown_task), -32001, "{unknown_task}");
     let unknown_task = server
         .rpc("ListTaskPushNotificationConfigs", json!({"taskId": "nope"}))
@@ -234,12 +221,7 @@ async fn private_targets_are_refused_unless_the_operator_allows_them() {
         "http://10.0.0.1/",
         "http://[::1]/",
     ] {
-        let answer = server
-            .rpc(
-                "CreateTaskPushNotificationConfig",
-                json!({"taskId": task_id, "url": target}),
-            )
-            .await;
+        let answer = create_config(&server, json!({"taskId": task_id, "url": target})).await;
         assert_eq!(code(&answer), -32602, "{target}: {answer}");
     }
     let rest = server
@@ -254,12 +236,11 @@ async fn private_targets_are_refused_unless_the_operator_allows_them() {
         .unwrap();
     assert_eq!(rest.status(), 400);
     // A host that does not resolve yet is stored; each delivery resolves and checks it.
-    let later = server
-        .rpc(
-            "CreateTaskPushNotificationConfig",
-            json!({"taskId": task_id, "url": "https://hooks.example.invalid/a2a"}),
-        )
-        .await;
+    let later = create_config(
+        &server,
+        json!({"taskId": task_id, "url": "https://hooks.example.invalid/a2a"}),
+    )
+    .await;
     assert!(later.get("result").is_some(), "{later}");
     server.stop().await;
 }
@@ -271,12 +252,7 @@ async fn updates_are_pushed_with_token_and_authentication_and_failures_are_retri
     let server = server_allowing_loopback(runtime.clone()).await;
     let task_id = sleeping_task(&server).await;
     hook.fail_next.store(1, Ordering::SeqCst);
-    let created = server
-        .rpc(
-            "CreateTaskPushNotificationConfig",
-            bearer_config(&task_id, &url),
-        )
-        .await;
+    let created = create_config(&server, bearer_config(&task_id, &url)).await;
     assert!(created.get("result").is_some(), "{created}");
     let canceled = server.rpc("CancelTask", json!({"id": task_id})).await;
     assert_eq!(canceled["result"]["status"]["state"], "TASK_STATE_CANCELED");
@@ -364,12 +340,7 @@ async fn pending_deliveries_resume_after_a_restart() {
     })
     .await;
     let task_id = sleeping_task(&first).await;
-    let created = first
-        .rpc(
-            "CreateTaskPushNotificationConfig",
-            json!({"taskId": task_id, "url": url}),
-        )
-        .await;
+    let created = create_config(&first, json!({"taskId": task_id, "url": url})).await;
     assert!(created.get("result").is_some(), "{created}");
     // The task is canceled; the canceled status cannot be delivered before the stop.
     let canceled = first.rpc("CancelTask", json!({"id": task_id})).await;
