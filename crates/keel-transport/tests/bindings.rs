@@ -668,13 +668,7 @@ async fn an_unavailable_store_is_503_with_retry_after_and_a_clear_json_rpc_error
         Services::in_memory(Arc::new(keel_llm::MockLlm::new())).with_tasks(UnreachableTasks),
     );
     let server = TestServer::start_with(runtime, |s| s).await;
-    let response = server
-        .http
-        .get(format!("{}/tasks/t-1", server.base))
-        .header("A2A-Version", "1.0")
-        .send()
-        .await
-        .unwrap();
+    let response = server.get_v1("/tasks/t-1").send().await.unwrap();
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["retry-after"], "1");
     let body: Value = response.json().await.unwrap();
@@ -726,9 +720,7 @@ async fn rest_answers_application_a2a_json_when_the_request_asks_for_it() {
     // Accept alone asks for it too, on answers and on errors.
     for path in [format!("/tasks/{id}"), "/tasks/nope".to_owned()] {
         let read = server
-            .http
-            .get(format!("{}{path}", server.base))
-            .header("A2A-Version", "1.0")
+            .get_v1(&path)
             .header("accept", "application/a2a+json")
             .send()
             .await

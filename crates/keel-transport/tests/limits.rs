@@ -154,9 +154,7 @@ async fn a_tenant_with_too_many_requests_in_progress_is_told_to_retry_later() {
     // and `Retry-After`...
     let refused = eventually_within("Alice's requests to be refused", GENEROUS, || async {
         let response = server
-            .http
-            .get(format!("{}/tasks", server.base))
-            .header("A2A-Version", "1.0")
+            .get_v1("/tasks")
             .header("X-API-Key", ALICE)
             .send()
             .await

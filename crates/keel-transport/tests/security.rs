@@ -141,10 +141,7 @@ async fn missing_or_wrong_credentials_are_401_with_www_authenticate_on_both_bind
             .unwrap()
             .contains("authentication"));
 
-        let mut request = server
-            .http
-            .get(format!("{}/tasks", server.base))
-            .header("A2A-Version", "1.0");
+        let mut request = server.get_v1("/tasks");
         if let Some(key) = key {
             request = request.header("X-API-Key", key);
         }
@@ -165,9 +162,7 @@ async fn missing_or_wrong_credentials_are_401_with_www_authenticate_on_both_bind
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     // A bearer token works as well as the API key header.
     let response = server
-        .http
-        .get(format!("{}/tasks", server.base))
-        .header("A2A-Version", "1.0")
+        .get_v1("/tasks")
         .bearer_auth(ALICE)
         .send()
         .await
@@ -363,9 +358,7 @@ async fn a_wrong_api_key_beside_a_valid_bearer_token_is_refused() {
     }
     // Over HTTP+JSON too.
     let response = server
-        .http
-        .get(format!("{}/tasks", server.base))
-        .header("A2A-Version", "1.0")
+        .get_v1("/tasks")
         .header("X-API-Key", "wrong")
         .bearer_auth(ALICE)
         .send()

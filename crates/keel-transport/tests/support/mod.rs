@@ -175,6 +175,13 @@ impl TestServer {
             .map(|binding| (binding, A2aClient::new(&self.base).with_binding(binding)))
     }
 
+    /// A GET of `path` as an A2A v1.0 caller, for the test to finish and send.
+    pub fn get_v1(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .header("A2A-Version", "1.0")
+    }
+
     /// GET `path` with `A2A-Version: 1.0`; the JSON body.
     pub async fn get_json(&self, path: &str) -> Value {
         self.get_json_as(Some("1.0"), path).await
