@@ -212,10 +212,7 @@ async fn jsonrpc_approval_runs_the_action_and_the_run_records_who_decided() {
 #[tokio::test]
 async fn rest_denial_refuses_the_action_and_the_task_goes_on() {
     let (server, task_id, request_id) = ApprovalServer::with_waiting_task().await;
-    let answer: Value = server
-        .http
-        .post(format!("{}/message:send", server.base))
-        .header("A2A-Version", "1.0")
+    let answer: Value = server.post_v1("/message:send")
         .header("X-API-Key", ALICE)
         .json(&json!({"message": message(vec![approval(&request_id, "deny", Some("not today"))], Some(&task_id))}))
         .json_with_status(reqwest::StatusCode::OK)

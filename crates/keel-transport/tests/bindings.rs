@@ -702,9 +702,7 @@ async fn rest_answers_application_a2a_json_when_the_request_asks_for_it() {
     let body = json!({"message": user_message("typed")}).to_string();
     let send = |content_type: &str| {
         server
-            .http
-            .post(format!("{}/message:send", server.base))
-            .header("A2A-Version", "1.0")
+            .post_v1("/message:send")
             .header("content-type", content_type.to_owned())
             .body(body.clone())
     };

@@ -275,9 +275,7 @@ async fn a_fast_task_streams_the_same_events_on_every_binding() {
                 .collect(),
             "HTTP+JSON" => {
                 let response = server
-                    .http
-                    .post(format!("{}/message:stream", server.base))
-                    .header("A2A-Version", "1.0")
+                    .post_v1("/message:stream")
                     .json(&request)
                     .send()
                     .await

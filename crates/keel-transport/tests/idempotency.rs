@@ -61,9 +61,7 @@ fn message(message_id: &str) -> Value {
 /// A JSON-RPC call as `key`; the response body.
 async fn rpc(server: &TestServer, key: &str, method: &str, params: Value) -> Value {
     server
-        .http
-        .post(format!("{}/", server.base))
-        .header("A2A-Version", "1.0")
+        .post_v1("/")
         .header("X-API-Key", key)
         .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
         .send()
@@ -107,9 +105,7 @@ async fn a_repeated_send_on_every_binding_answers_the_first_task_and_runs_nothin
     }
     // HTTP+JSON.
     let rest: Value = server
-        .http
-        .post(format!("{}/message:send", server.base))
-        .header("A2A-Version", "1.0")
+        .post_v1("/message:send")
         .header("X-API-Key", ALICE)
         .json(&json!({"message": message("retry-1")}))
         .send()
@@ -121,9 +117,7 @@ async fn a_repeated_send_on_every_binding_answers_the_first_task_and_runs_nothin
     assert_eq!(rest["task"]["id"], task_id.as_str(), "{rest}");
     // A stream: the same task's events, from the message's turn.
     let streamed = server
-        .http
-        .post(format!("{}/", server.base))
-        .header("A2A-Version", "1.0")
+        .post_v1("/")
         .header("X-API-Key", ALICE)
         .json(
             &json!({"jsonrpc": "2.0", "id": 2, "method": "SendStreamingMessage",
@@ -152,9 +146,7 @@ async fn a_repeated_streaming_send_follows_the_first_task() {
     let (server, runs) = counting_in_memory().await;
     let stream = |id: u64| {
         server
-            .http
-            .post(format!("{}/", server.base))
-            .header("A2A-Version", "1.0")
+            .post_v1("/")
             .header("X-API-Key", ALICE)
             .json(
                 &json!({"jsonrpc": "2.0", "id": id, "method": "SendStreamingMessage",

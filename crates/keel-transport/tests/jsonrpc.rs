@@ -867,10 +867,8 @@ async fn a_json_rpc_body_that_is_not_json_by_its_content_type_is_refused_415() {
     let server = TestServer::start().await;
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "t"}});
     let answer: Value = server
-        .http
-        .post(format!("{}/", server.base))
+        .post_v1("/")
         .header("content-type", "text/plain")
-        .header("A2A-Version", "1.0")
         .body(body.to_string())
         .json_with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE)
         .await;

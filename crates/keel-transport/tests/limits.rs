@@ -46,12 +46,7 @@ fn call(id: usize, method: &str, params: Value) -> Value {
 
 /// A JSON-RPC POST of `body` as the tenant of `key`.
 fn request(server: &TestServer, key: &str, body: &Value) -> reqwest::RequestBuilder {
-    server
-        .http
-        .post(format!("{}/", server.base))
-        .header("A2A-Version", "1.0")
-        .header("X-API-Key", key)
-        .json(body)
+    server.post_v1("/").header("X-API-Key", key).json(body)
 }
 
 /// The JSON answer to [`request`].
@@ -285,9 +280,7 @@ async fn a_full_thread_queue_or_tenant_queue_refuses_new_tasks_with_retry_later(
     let mut message = user_message("one more");
     message["contextId"] = json!("t");
     let response = server
-        .http
-        .post(format!("{}/message:send", server.base))
-        .header("A2A-Version", "1.0")
+        .post_v1("/message:send")
         .header("X-API-Key", ALICE)
         .json(&json!({"message": message, "configuration": {"returnImmediately": true}}))
         .send()

@@ -33,9 +33,7 @@ async fn rpc_as(
     params: Value,
 ) -> (StatusCode, Value, reqwest::header::HeaderMap) {
     let mut request = server
-        .http
-        .post(format!("{}/", server.base))
-        .header("A2A-Version", "1.0")
+        .post_v1("/")
         .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}));
     if let Some(key) = key {
         request = request.header("X-API-Key", key);
@@ -339,9 +337,7 @@ async fn a_wrong_api_key_beside_a_valid_bearer_token_is_refused() {
         TestServer::start_with(runtime, |s| s.with_security(Security::api_key_and_bearer())).await;
     let list = |key: &'static str, token: &'static str| {
         server
-            .http
-            .post(format!("{}/", server.base))
-            .header("A2A-Version", "1.0")
+            .post_v1("/")
             .header("X-API-Key", key)
             .bearer_auth(token)
             .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {}}))

@@ -246,9 +246,7 @@ async fn a_client_going_away_never_cancels_the_task() {
 async fn rest_stream_events_are_bare_stream_responses() {
     let server = TestServer::start().await;
     let response = server
-        .http
-        .post(format!("{}/message:stream", server.base))
-        .header("A2A-Version", "1.0")
+        .post_v1("/message:stream")
         .header("content-type", "application/a2a+json")
         .body(json!({"message": user_message("hi")}).to_string())
         .send()

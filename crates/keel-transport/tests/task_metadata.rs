@@ -114,9 +114,7 @@ async fn tasks_over_json_rpc_rest_and_streams_carry_keels_fields_in_one_camel_ca
 
     // HTTP+JSON.
     let sent: Value = server
-        .http
-        .post(format!("{}/message:send", server.base))
-        .header("A2A-Version", "1.0")
+        .post_v1("/message:send")
         .json(&json!({"message": with_run_context("over rest")}))
         .json_body()
         .await;
@@ -228,9 +226,7 @@ async fn a_send_message_answer_respects_history_length_and_carries_no_bookkeepin
         // HTTP+JSON.
         params["message"] = mine("over rest");
         let sent: Value = server
-            .http
-            .post(format!("{}/message:send", server.base))
-            .header("A2A-Version", "1.0")
+            .post_v1("/message:send")
             .json(&params)
             .json_body()
             .await;

@@ -37,9 +37,7 @@ async fn send_on(server: &TestServer, text: &str, thread: &str) -> reqwest::Resp
     let mut message = user_message(text);
     message["contextId"] = json!(thread);
     server
-        .http
-        .post(format!("{}/", server.base))
-        .header("A2A-Version", "1.0")
+        .post_v1("/")
         .header("X-API-Key", ALICE)
         .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
             "params": {"message": message, "configuration": {"returnImmediately": true}}}))
@@ -134,9 +132,7 @@ async fn a_part_with_several_contents_is_refused_not_trimmed() {
         "{rpc}"
     );
     let rest = server
-        .http
-        .post(format!("{}/message:send", server.base))
-        .header("A2A-Version", "1.0")
+        .post_v1("/message:send")
         .json(&json!({"message": message}))
         .send()
         .await

@@ -175,6 +175,13 @@ impl TestServer {
             .map(|binding| (binding, A2aClient::new(&self.base).with_binding(binding)))
     }
 
+    /// A POST to `path` as an A2A v1.0 caller, for the test to finish and send.
+    pub fn post_v1(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .post(format!("{}{path}", self.base))
+            .header("A2A-Version", "1.0")
+    }
+
     /// A GET of `path` as an A2A v1.0 caller, for the test to finish and send.
     pub fn get_v1(&self, path: &str) -> reqwest::RequestBuilder {
         self.http
