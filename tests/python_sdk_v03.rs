@@ -1,6 +1,8 @@
 //! A v0.3 client can talk to Keel: the official Python `a2a-sdk` 0.3.x, in its own venv,
-//! fetches the card of a real `keel serve` (validating it as a v0.3 card), sends a message,
-//! gets the task and cancels a working task, speaking v0.3 JSON-RPC with no `A2A-Version`.
+//! fetches the card of a real `keel serve` where it looks by default
+//! (`/.well-known/agent-card.json`, no `A2A-Version`: the v0.3 form, decision 266) and at the
+//! legacy path, validating it as a v0.3 card, sends a message, gets the task and cancels a
+//! working task, speaking v0.3 JSON-RPC with no `A2A-Version`.
 
 mod support;
 

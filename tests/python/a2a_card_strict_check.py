@@ -1,4 +1,4 @@
-"""Interop check: is every card a server hands a v1.0 client valid protobuf JSON of A2A's AgentCard?
+"""Interop check: which of the cards a server hands out are valid protobuf JSON of A2A's AgentCard?
 
 Usage: python a2a_card_strict_check.py <base-url>
 

@@ -92,13 +92,15 @@ async def send(client, text: str, blocking: bool) -> Task:
 async def check(base_url: str) -> None:
     """Runs every step against the agent at base_url."""
     async with httpx.AsyncClient(timeout=TIMEOUT_SECONDS) as http:
-        # a) the card, parsed by the 0.3 SDK's pydantic AgentCard (a missing `url`,
-        #    `capabilities` or a 1.0-shaped field it validates would fail here), read
-        #    from the v0.3 form's path: /.well-known/agent-card.json is the v1.0 card
-        #    unless the caller names A2A-Version 0.3
-        card = await A2ACardResolver(
+        # a) the card where the 0.3 SDK looks by default (/.well-known/agent-card.json, no
+        #    A2A-Version), parsed by its pydantic AgentCard (a missing `url`,
+        #    `capabilities` or a 1.0-shaped field it validates would fail here); the
+        #    legacy path /.well-known/agent.json serves the same v0.3 form
+        card = await A2ACardResolver(http, base_url).get_agent_card()
+        legacy = await A2ACardResolver(
             http, base_url, agent_card_path="/.well-known/agent.json"
         ).get_agent_card()
+        expect(legacy == card, f"the legacy path serves another card: {legacy} != {card}")
         emit(
             "card",
             name=card.name,

@@ -259,9 +259,9 @@ pub(crate) fn result_from_v1(operation: Operation, result: Value) -> Value {
 /// `supportsAuthenticatedExtendedCard`, `security`, each skill's `security` and `tags`, and
 /// the security schemes in v0.3's `type`-tagged shape. The v1.0 fields stay
 /// (`supportedInterfaces` lists every interface with its `protocolVersion`), so a v1.0 client
-/// that reads the legacy path leniently still finds its interfaces. Served at the legacy
-/// card path and to a caller naming 0.3 only: the added fields are not in the v1.0 proto,
-/// so a strict protobuf JSON parser refuses this form (decision 200).
+/// that reads it leniently still finds its interfaces. Served to a caller that names 0.3 or
+/// no version, at either card path, and not to one naming 1.0: the added fields are not in
+/// the v1.0 proto, so a strict protobuf JSON parser refuses this form (decisions 200, 266).
 pub(crate) fn card_from_v1(card: Value) -> Value {
     let Value::Object(mut card) = card else {
         return card;

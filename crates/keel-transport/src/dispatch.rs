@@ -117,7 +117,7 @@ pub(crate) async fn call(
                     reply_id,
                     RpcError::new(
                         VERSION_NOT_SUPPORTED,
-                        format!("{method} is an A2A 1.0 method, and a request without an A2A-Version header is A2A 0.3; send `A2A-Version: 1.0`"),
+                        format!("{method} is an A2A 1.0 method, and a request that names no A2A-Version (or an empty one) is A2A 0.3; send `A2A-Version: 1.0`"),
                     )
                     .with("supportedVersions", "1.0, 0.3"),
                 )

@@ -43,8 +43,9 @@ pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
 /// Serves one agent over A2A: v1.0 on the JSON-RPC and HTTP+JSON bindings, and v0.3 JSON-RPC.
 ///
-/// Routes: `GET /.well-known/agent-card.json` (the v1.0 card; the v0.3 form for a caller that
-/// names 0.3, and at `/.well-known/agent.json`), `POST /` (JSON-RPC: every v1.0
+/// Routes: `GET /.well-known/agent-card.json` (the v1.0 card for a caller that names 1.0; the
+/// v0.3 form for one that names 0.3 or no version, and at `/.well-known/agent.json`), `POST /`
+/// (JSON-RPC: every v1.0
 /// method, and the v0.3 `message/send`, `message/stream`, `tasks/get`, `tasks/cancel`,
 /// `tasks/resubscribe`), and the HTTP+JSON routes of A2A's proto (`POST /message:send`,
 /// `GET /tasks/{id}`, ..., each also under `/{tenant}/`), and `GET /ws` (JSON-RPC over a
@@ -560,9 +561,12 @@ fn grpc_interface(_base: &str) -> Option<Interface> {
     None
 }
 
-/// The public card at [`AGENT_CARD_PATH`]: the v1.0 card, with nothing but the proto's
-/// fields (so strict protobuf JSON parsing reads it); a caller that names A2A 0.3 (header or
-/// query parameter, as for `POST /`) gets the v0.3 form ([`compat_v03::card_from_v1`]).
+/// The public card at [`AGENT_CARD_PATH`]: to a caller that names A2A 1.0 (header or query
+/// parameter, as for `POST /`), the v1.0 card with nothing but the proto's fields (so strict
+/// protobuf JSON parsing reads it); to one that names 0.3 or no version (0.3 by v1.0.1,
+/// 3.6.2, as on every binding), the v0.3 form ([`compat_v03::card_from_v1`]), which A2A 0.3
+/// clients need and lenient v1.0 readers read too; a version this server does not speak gets
+/// the v1.0 card.
 async fn agent_card(
     state: State<Arc<ServerState>>,
     headers: HeaderMap,
@@ -582,7 +586,8 @@ async fn legacy_agent_card(
 
 /// A card with `Cache-Control`, `Last-Modified` and an `ETag`; `If-None-Match` naming the
 /// current tag (or `*`) is answered 304 with no body. The form follows the version the caller
-/// names (`Vary: A2A-Version`), else the path (`legacy`: v0.3).
+/// names (`Vary: A2A-Version`): 1.0 the v1.0 card, 0.3 or none the v0.3 form, one this server
+/// does not speak the path's own (`legacy`: v0.3).
 fn serve_card(
     State(state): State<Arc<ServerState>>,
     headers: HeaderMap,
@@ -592,8 +597,8 @@ fn serve_card(
     let query = query.map(|Query(q)| q).unwrap_or_default();
     let v03 = match requested_version(&headers, &query) {
         Ok(Some(Version::V1)) => false,
-        Ok(Some(Version::V03)) => true,
-        Ok(None) | Err(_) => legacy,
+        Ok(Some(Version::V03) | None) => true,
+        Err(_) => legacy,
     };
     let card = if v03 { &state.card_v03 } else { &state.card };
     let fresh = headers

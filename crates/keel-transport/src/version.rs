@@ -30,8 +30,9 @@ fn is_version(version: &str, major: &str, minor: &str) -> bool {
 }
 
 /// The version named by the `A2A-Version` header, or else by the query parameter of that
-/// name; `Ok(None)` when neither is given, `Err` (VersionNotSupported) for anything but 1.0
-/// and 0.3.
+/// name; `Ok(None)` when neither is given or the one given is empty (v1.0.1, 3.6.2: "Agents
+/// MUST interpret empty value as 0.3 version", as an absent one), `Err` (VersionNotSupported)
+/// for anything but 1.0 and 0.3.
 pub(crate) fn requested_version(
     headers: &HeaderMap,
     query: &[(String, String)],
@@ -47,6 +48,7 @@ pub(crate) fn requested_version(
         });
     match named {
         None => Ok(None),
+        Some(v) if v.trim().is_empty() => Ok(None),
         Some(v) if version_supported(&v) => Ok(Some(Version::V1)),
         Some(v) if is_version(&v, "0", "3") => Ok(Some(Version::V03)),
         Some(v) => Err(RpcError::new(
@@ -97,6 +99,12 @@ mod tests {
         assert_eq!(requested_version(&headers, &query), Ok(Some(Version::V03)));
         headers.insert(VERSION_HEADER, "1.0".parse().unwrap());
         assert_eq!(requested_version(&headers, &query), Ok(Some(Version::V1)));
+        // An empty value is no version, whichever way it comes (0.3 by the spec).
+        headers.insert(VERSION_HEADER, "".parse().unwrap());
+        assert_eq!(requested_version(&headers, &query), Ok(None));
+        headers.remove(VERSION_HEADER);
+        let empty = vec![("a2a-version".to_owned(), " ".to_owned())];
+        assert_eq!(requested_version(&headers, &empty), Ok(None));
         headers.insert(VERSION_HEADER, "0.2".parse().unwrap());
         assert_eq!(
             requested_version(&headers, &[]).unwrap_err().code,

@@ -566,6 +566,22 @@ async fn version_header_selects_the_protocol_and_unknown_versions_are_refused() 
             "{version:?} {method}: {answer}"
         );
     }
+    // An empty `A2A-Version` is 0.3, as none is (v1.0.1, 3.6.2): a v0.3 method is served, a
+    // v1.0 name is a version the request did not name.
+    let answer: Value = server
+        .rpc_as(Some(""), "message/send", json!({"message": message}))
+        .await;
+    assert_eq!(answer["result"]["kind"], "task", "{answer}");
+    assert_eq!(answer["result"]["status"]["state"], "completed", "{answer}");
+    let answer: Value = server
+        .rpc_as(Some(" "), "SendMessage", json!({"message": message}))
+        .await;
+    assert_eq!(answer["error"]["code"], -32009, "{answer}");
+    let why = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        why.contains("names no A2A-Version (or an empty one) is A2A 0.3"),
+        "{why}"
+    );
     // The version may also come as a query parameter.
     let answer: Value = server
         .http

@@ -150,11 +150,22 @@ async fn agent_card_declares_jsonrpc_and_rest_1_0_and_jsonrpc_0_3_and_streaming(
     server.stop().await;
 }
 
+/// A card request names its version as any request does (decision 266): 1.0 gets the v1.0
+/// card, clean for strict protobuf JSON; 0.3 or none (0.3 by v1.0.1, 3.6.2) gets the v0.3
+/// form, at the well-known path as at the legacy one, since A2A 0.3's SDKs read
+/// `agent-card.json` without a version and need its `url`.
 #[tokio::test]
-async fn the_card_is_v1_0_without_a_version_and_v0_3_at_the_legacy_path_or_when_asked() {
+async fn the_card_is_v1_0_when_asked_for_1_0_and_v0_3_without_a_version_or_with_0_3() {
     let server = TestServer::start().await;
     let url = format!("{}/.well-known/agent-card.json", server.base);
-    let response = server.http.get(&url).send().await.unwrap();
+    let get = |url: String, version: Option<&'static str>| {
+        let mut request = server.http.get(url);
+        if let Some(version) = version {
+            request = request.header("A2A-Version", version);
+        }
+        request.send()
+    };
+    let response = get(url.clone(), Some("1.0")).await.unwrap();
     assert_eq!(response.headers()["vary"], "A2A-Version");
     let v1_etag = response.headers()["etag"].to_str().unwrap().to_owned();
     let card: Value = response.json().await.unwrap();
@@ -172,16 +183,12 @@ async fn the_card_is_v1_0_without_a_version_and_v0_3_at_the_legacy_path_or_when_
     keel_transport::grpc::from_json::<keel_transport::grpc::proto::AgentCard>(&card.to_string())
         .expect("the card parses as the proto's AgentCard");
 
-    // Where a v0.3 client looks: its legacy path, or the card asked for with 0.3.
-    let legacy = server
-        .http
-        .get(format!("{}/.well-known/agent.json", server.base))
-        .send()
-        .await
-        .unwrap();
-    let v03_etag = legacy.headers()["etag"].to_str().unwrap().to_owned();
+    // No version is 0.3: the v0.3 form, where a v0.3 client looks by default.
+    let unnamed = get(url.clone(), None).await.unwrap();
+    assert_eq!(unnamed.headers()["vary"], "A2A-Version");
+    let v03_etag = unnamed.headers()["etag"].to_str().unwrap().to_owned();
     assert_ne!(v03_etag, v1_etag);
-    let card: Value = legacy.json().await.unwrap();
+    let card: Value = unnamed.json().await.unwrap();
     // What a v0.3 client reads to reach the agent: the JSON-RPC 0.3 endpoint.
     assert_eq!(card["protocolVersion"], "0.3.0");
     assert_eq!(card["url"], format!("{}/", server.base));
@@ -202,22 +209,23 @@ async fn the_card_is_v1_0_without_a_version_and_v0_3_at_the_legacy_path_or_when_
     assert!(versions[..v1_interfaces].iter().all(|v| *v == "1.0"));
     assert_eq!(versions[v1_interfaces], "0.3");
 
-    let explicit = server
-        .http
-        .get(&url)
-        .header("A2A-Version", "0.3")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(explicit.headers()["etag"].to_str().unwrap(), v03_etag);
-    let v1 = server
-        .http
-        .get(&url)
-        .header("A2A-Version", "1.0")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(v1.headers()["etag"].to_str().unwrap(), v1_etag);
+    let legacy = format!("{}/.well-known/agent.json", server.base);
+    for (url, version, etag) in [
+        (&url, Some("0.3"), &v03_etag),
+        (&url, Some(""), &v03_etag),
+        (&url, Some("9.9"), &v1_etag),
+        (&legacy, None, &v03_etag),
+        (&legacy, Some("0.3"), &v03_etag),
+        (&legacy, Some("1.0"), &v1_etag),
+        (&legacy, Some("9.9"), &v03_etag),
+    ] {
+        let response = get(url.clone(), version).await.unwrap();
+        assert_eq!(
+            response.headers()["etag"].to_str().unwrap(),
+            etag.as_str(),
+            "{url} {version:?}"
+        );
+    }
     server.stop().await;
 }
 
