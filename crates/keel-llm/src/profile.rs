@@ -170,46 +170,53 @@ mod tests {
 
     #[test]
     fn vision_is_reported_per_model_family() {
-        let vision =
-            |provider: &str, model: &str| ModelProfile::known(provider, model).supports_vision;
-        for model in [
-            "gpt-4o-mini",
-            "gpt-4.1-nano",
-            "gpt-5",
-            "o1",
-            "o3",
-            "o4-mini",
-        ] {
-            assert!(vision("openai", model), "{model}");
+        // Each family: the models that read images, then those that do not. A compatible
+        // server's model is text-only until the deployment says otherwise.
+        let families: [(&str, &[&str], &[&str]); 4] = [
+            (
+                "openai",
+                &[
+                    "gpt-4o-mini",
+                    "gpt-4.1-nano",
+                    "gpt-5",
+                    "o1",
+                    "o3",
+                    "o4-mini",
+                ],
+                &[
+                    "o1-mini",
+                    "o3-mini",
+                    "gpt-3.5-turbo",
+                    "text-embedding-3-small",
+                ],
+            ),
+            (
+                "anthropic",
+                &[
+                    "claude-3-haiku-20240307",
+                    "claude-sonnet-4-5",
+                    "claude-opus-4-1",
+                ],
+                &["claude-2.1", "claude-instant-1.2"],
+            ),
+            (
+                "gemini",
+                &[
+                    "gemini-2.5-flash",
+                    "models/gemini-1.5-pro",
+                    "gemini-2.0-flash-lite",
+                ],
+                &["gemini-1.0-pro"],
+            ),
+            ("openai-compatible", &[], &["gpt-4o", "llava"]),
+        ];
+        for (provider, reading, blind) in families {
+            for (models, reads) in [(reading, true), (blind, false)] {
+                for model in models {
+                    let profile = ModelProfile::known(provider, model);
+                    assert_eq!(profile.supports_vision, reads, "{provider} {model}");
+                }
+            }
         }
-        for model in [
-            "o1-mini",
-            "o3-mini",
-            "gpt-3.5-turbo",
-            "text-embedding-3-small",
-        ] {
-            assert!(!vision("openai", model), "{model}");
-        }
-        for model in [
-            "claude-3-haiku-20240307",
-            "claude-sonnet-4-5",
-            "claude-opus-4-1",
-        ] {
-            assert!(vision("anthropic", model), "{model}");
-        }
-        for model in ["claude-2.1", "claude-instant-1.2"] {
-            assert!(!vision("anthropic", model), "{model}");
-        }
-        for model in [
-            "gemini-2.5-flash",
-            "models/gemini-1.5-pro",
-            "gemini-2.0-flash-lite",
-        ] {
-            assert!(vision("gemini", model), "{model}");
-        }
-        assert!(!vision("gemini", "gemini-1.0-pro"));
-        // A compatible server's model is text-only until the deployment says otherwise.
-        assert!(!vision("openai-compatible", "gpt-4o"));
-        assert!(!vision("openai-compatible", "llava"));
     }
 }
