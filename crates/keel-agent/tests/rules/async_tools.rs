@@ -343,6 +343,10 @@ async fn dispatch_acknowledgement_callback_and_timeout_are_in_the_event_stream()
             .filter(|t| t.starts_with("tool.async."))
             .collect()
     };
+    let payload = |sink: &InMemoryEventSink, kind: &str| {
+        let event = sink.events().into_iter().find(|e| e.event_type.as_str() == kind);
+        event.expect("the event was emitted").payload
+    };
     let (endpoint, mut invocations) = tool_server(StatusCode::ACCEPTED).await;
     let (exec, auth) = executor(&endpoint, None, script());
     let sink = Arc::new(InMemoryEventSink::new());
@@ -351,13 +355,9 @@ async fn dispatch_acknowledgement_callback_and_timeout_are_in_the_event_stream()
     let inv = invocations.recv().await.unwrap();
     wait_for(&exec, &auth, &task, awaiting_tool).await;
     assert_eq!(kinds(&sink), ["tool.async.dispatched", "tool.async.acknowledged"]);
-    let dispatched = sink
-        .events()
-        .into_iter()
-        .find(|e| e.event_type.as_str() == "tool.async.dispatched")
-        .unwrap();
-    assert_eq!(dispatched.payload["call_id"], json!(inv.call_id));
-    assert_eq!(dispatched.payload["tool"], json!("render"));
+    let dispatched = payload(&sink, "tool.async.dispatched");
+    assert_eq!(dispatched["call_id"], json!(inv.call_id));
+    assert_eq!(dispatched["tool"], json!("render"));
     deliver(&exec, &inv, json!("ok")).await
         .unwrap();
     wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
@@ -365,13 +365,9 @@ async fn dispatch_acknowledgement_callback_and_timeout_are_in_the_event_stream()
         kinds(&sink),
         ["tool.async.dispatched", "tool.async.acknowledged", "tool.async.result"]
     );
-    let result = sink
-        .events()
-        .into_iter()
-        .find(|e| e.event_type.as_str() == "tool.async.result")
-        .unwrap();
-    assert_eq!(result.payload["call_id"], json!(inv.call_id));
-    assert_eq!(result.payload["is_error"], json!(false));
+    let result = payload(&sink, "tool.async.result");
+    assert_eq!(result["call_id"], json!(inv.call_id));
+    assert_eq!(result["is_error"], json!(false));
 
     // A call whose deadline passes: the timeout is an event too.
     let (endpoint, _invocations) = tool_server(StatusCode::ACCEPTED).await;
