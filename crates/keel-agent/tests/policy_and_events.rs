@@ -18,7 +18,7 @@ use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_policy::{approve_request, deny_request, ApprovalFn, CapabilityPolicy, CapabilityRule};
 use keel_runtime::{AuthContext, RunQuery};
 use serde_json::{json, Value};
-use support::executor;
+use support::{executor, stored_report};
 
 fn card() -> AgentCard {
     AgentCard::new("records", "keeps records", "http://127.0.0.1:0")
@@ -184,13 +184,7 @@ async fn an_allowed_tool_call_emits_the_normalized_sequence_and_a_persisted_repo
 
     // The report is persisted through the run store, redacted.
     let ctx = RunContext::from_task(&task).unwrap().unwrap();
-    let stored = exec
-        .runtime()
-        .run_store()
-        .get_run_report(&auth, &ctx.run_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = stored_report(&exec, &auth, &ctx.run_id).await;
     let text = stored.report.to_string();
     assert!(
         !text.contains("sk-secret"),

@@ -14,7 +14,7 @@ use keel_events::RunEvent;
 use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_runtime::AuthContext;
 use serde_json::json;
-use support::executor;
+use support::{executor, stored_report};
 
 fn card(name: &str) -> AgentCard {
     AgentCard::new(name, "spans", "http://127.0.0.1:0")
@@ -145,13 +145,7 @@ async fn a_runs_events_draw_the_tree_of_its_spans() {
         "run\n  step 1\n    chat 1\n    tool\n    tool\n  step 2\n    chat 2\n"
     );
     // The stored report carries the same ids.
-    let report = exec
-        .runtime()
-        .run_store()
-        .get_run_report(&auth, &context.run_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let report = stored_report(&exec, &auth, &context.run_id).await;
     let stored: Vec<RunEvent> = serde_json::from_value(report.report["events"].clone()).unwrap();
     assert_eq!(draw(&stored), draw(&events));
 }

@@ -208,13 +208,19 @@ mod tests {
         assert_eq!(contents(&history), ["rules"]);
     }
 
-    #[test]
-    fn truncate_drops_tool_results_whose_call_was_cut() {
+    /// A history that asked the time and holds the clock tool's call and result.
+    fn asked_the_clock() -> ConversationHistory {
         let call = ToolCall::new("clock", json!({}));
         let mut history = ConversationHistory::new(Some("rules"));
         history.add_user("time?");
         history.add_assistant_tool_calls("", vec![call.clone()]);
         history.add_tool_result(&call, "12:00");
+        history
+    }
+
+    #[test]
+    fn truncate_drops_tool_results_whose_call_was_cut() {
+        let mut history = asked_the_clock();
         history.add_assistant("it is noon");
         history.truncate(3);
         assert_eq!(contents(&history), ["rules", "it is noon"]);
@@ -222,11 +228,7 @@ mod tests {
 
     #[test]
     fn serde_round_trip_is_the_message_list() {
-        let call = ToolCall::new("clock", json!({}));
-        let mut history = ConversationHistory::new(Some("rules"));
-        history.add_user("time?");
-        history.add_assistant_tool_calls("", vec![call.clone()]);
-        history.add_tool_result(&call, "12:00");
+        let history = asked_the_clock();
         let json = serde_json::to_value(&history).unwrap();
         assert!(json.is_array());
         let back: ConversationHistory = serde_json::from_value(json).unwrap();

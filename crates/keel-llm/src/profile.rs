@@ -170,46 +170,33 @@ mod tests {
 
     #[test]
     fn vision_is_reported_per_model_family() {
-        let vision =
-            |provider: &str, model: &str| ModelProfile::known(provider, model).supports_vision;
-        for model in [
-            "gpt-4o-mini",
-            "gpt-4.1-nano",
-            "gpt-5",
-            "o1",
-            "o3",
-            "o4-mini",
-        ] {
-            assert!(vision("openai", model), "{model}");
-        }
-        for model in [
-            "o1-mini",
-            "o3-mini",
-            "gpt-3.5-turbo",
-            "text-embedding-3-small",
-        ] {
-            assert!(!vision("openai", model), "{model}");
-        }
-        for model in [
-            "claude-3-haiku-20240307",
-            "claude-sonnet-4-5",
-            "claude-opus-4-1",
-        ] {
-            assert!(vision("anthropic", model), "{model}");
-        }
-        for model in ["claude-2.1", "claude-instant-1.2"] {
-            assert!(!vision("anthropic", model), "{model}");
-        }
-        for model in [
-            "gemini-2.5-flash",
-            "models/gemini-1.5-pro",
-            "gemini-2.0-flash-lite",
-        ] {
-            assert!(vision("gemini", model), "{model}");
-        }
-        assert!(!vision("gemini", "gemini-1.0-pro"));
         // A compatible server's model is text-only until the deployment says otherwise.
-        assert!(!vision("openai-compatible", "gpt-4o"));
-        assert!(!vision("openai-compatible", "llava"));
+        let expected = [
+            ("openai", "gpt-4o-mini", true),
+            ("openai", "gpt-4.1-nano", true),
+            ("openai", "gpt-5", true),
+            ("openai", "o1", true),
+            ("openai", "o3", true),
+            ("openai", "o4-mini", true),
+            ("openai", "o1-mini", false),
+            ("openai", "o3-mini", false),
+            ("openai", "gpt-3.5-turbo", false),
+            ("openai", "text-embedding-3-small", false),
+            ("anthropic", "claude-3-haiku-20240307", true),
+            ("anthropic", "claude-sonnet-4-5", true),
+            ("anthropic", "claude-opus-4-1", true),
+            ("anthropic", "claude-2.1", false),
+            ("anthropic", "claude-instant-1.2", false),
+            ("gemini", "gemini-2.5-flash", true),
+            ("gemini", "models/gemini-1.5-pro", true),
+            ("gemini", "gemini-2.0-flash-lite", true),
+            ("gemini", "gemini-1.0-pro", false),
+            ("openai-compatible", "gpt-4o", false),
+            ("openai-compatible", "llava", false),
+        ];
+        for (provider, model, reads) in expected {
+            let profile = ModelProfile::known(provider, model);
+            assert_eq!(profile.supports_vision, reads, "{provider} {model}");
+        }
     }
 }

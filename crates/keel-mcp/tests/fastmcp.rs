@@ -168,15 +168,22 @@ async fn a_runs_tool_call_sends_its_trace_context_in_meta_and_http_headers() {
     server.shutdown().await;
 }
 
+/// The error starting `spec` fails with, which must be [`McpError::NotStarted`].
+async fn not_started(spec: ServerSpec) -> McpError {
+    let err = McpServer::start(spec)
+        .await
+        .err()
+        .expect("the server started");
+    assert!(matches!(err, McpError::NotStarted { .. }), "{err:?}");
+    err
+}
+
 #[tokio::test]
 async fn a_wrong_token_is_a_start_error_naming_the_server_without_the_secret() {
     let fixture = HttpFixture::start();
-    let err = McpServer::start(fixture.spec("wrong-token"))
-        .await
-        .err()
-        .expect("a wrong token was accepted");
+    let err = not_started(fixture.spec("wrong-token")).await;
     let McpError::NotStarted { server, shown, .. } = &err else {
-        panic!("expected NotStarted, got {err:?}");
+        unreachable!()
     };
     assert_eq!(server, "fixture");
     assert!(shown.contains(&fixture.url), "{shown}");
@@ -447,11 +454,7 @@ async fn a_command_that_cannot_run_is_a_start_error_naming_server_and_command() 
         &[],
         "keel-no-such-mcp-server --flag",
     );
-    let err = McpServer::start(spec)
-        .await
-        .err()
-        .expect("a missing command started");
-    assert!(matches!(err, McpError::NotStarted { .. }), "{err:?}");
+    let err = not_started(spec).await;
     let text = err.to_string();
     assert!(
         text.starts_with(
@@ -469,12 +472,9 @@ async fn a_server_that_exits_at_once_is_a_start_error_with_what_it_printed() {
         &["-c", "echo 'missing API key' >&2; exit 3"],
         "sh -c …",
     );
-    let err = McpServer::start(spec)
-        .await
-        .err()
-        .expect("a server that exits started");
+    let err = not_started(spec).await;
     let McpError::NotStarted { server, stderr, .. } = &err else {
-        panic!("expected NotStarted, got {err:?}");
+        unreachable!()
     };
     assert_eq!(server, "quitter");
     assert_eq!(stderr, "missing API key");

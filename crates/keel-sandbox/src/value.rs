@@ -195,39 +195,33 @@ impl SandboxValue {
 
 fn typed_numbers(kind: TypedArrayKind, bytes: &[u8]) -> Vec<serde_json::Value> {
     use serde_json::Value as J;
-    fn chunks<const N: usize>(bytes: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
-        bytes.chunks_exact(N).filter_map(|c| c.try_into().ok())
+    /// Each native-endian element of `N` bytes, read by `read` and made JSON by `json`.
+    fn each<const N: usize, T>(
+        bytes: &[u8],
+        read: fn([u8; N]) -> T,
+        json: impl Fn(T) -> J,
+    ) -> Vec<J> {
+        bytes
+            .chunks_exact(N)
+            .filter_map(|c| c.try_into().ok())
+            .map(|c| json(read(c)))
+            .collect()
     }
     let num = |n: f64| serde_json::Number::from_f64(n).map_or(J::Null, J::Number);
     match kind {
-        TypedArrayKind::Int8 => bytes.iter().map(|b| J::from(*b as i8)).collect(),
+        TypedArrayKind::Int8 => each(bytes, i8::from_ne_bytes, J::from),
         TypedArrayKind::Uint8 | TypedArrayKind::Uint8Clamped => {
-            bytes.iter().map(|b| J::from(*b)).collect()
+            each(bytes, u8::from_ne_bytes, J::from)
         }
-        TypedArrayKind::Int16 => chunks::<2>(bytes)
-            .map(|c| J::from(i16::from_ne_bytes(c)))
-            .collect(),
-        TypedArrayKind::Uint16 => chunks::<2>(bytes)
-            .map(|c| J::from(u16::from_ne_bytes(c)))
-            .collect(),
-        TypedArrayKind::Int32 => chunks::<4>(bytes)
-            .map(|c| J::from(i32::from_ne_bytes(c)))
-            .collect(),
-        TypedArrayKind::Uint32 => chunks::<4>(bytes)
-            .map(|c| J::from(u32::from_ne_bytes(c)))
-            .collect(),
-        TypedArrayKind::Float32 => chunks::<4>(bytes)
-            .map(|c| num(f64::from(f32::from_ne_bytes(c))))
-            .collect(),
-        TypedArrayKind::Float64 => chunks::<8>(bytes)
-            .map(|c| num(f64::from_ne_bytes(c)))
-            .collect(),
-        TypedArrayKind::BigInt64 => chunks::<8>(bytes)
-            .map(|c| J::String(i64::from_ne_bytes(c).to_string()))
-            .collect(),
-        TypedArrayKind::BigUint64 => chunks::<8>(bytes)
-            .map(|c| J::String(u64::from_ne_bytes(c).to_string()))
-            .collect(),
+        TypedArrayKind::Int16 => each(bytes, i16::from_ne_bytes, J::from),
+        TypedArrayKind::Uint16 => each(bytes, u16::from_ne_bytes, J::from),
+        TypedArrayKind::Int32 => each(bytes, i32::from_ne_bytes, J::from),
+        TypedArrayKind::Uint32 => each(bytes, u32::from_ne_bytes, J::from),
+        TypedArrayKind::Float32 => each(bytes, f32::from_ne_bytes, |n| num(f64::from(n))),
+        TypedArrayKind::Float64 => each(bytes, f64::from_ne_bytes, num),
+        // 64-bit integers exceed what a JSON number holds exactly: they travel as strings.
+        TypedArrayKind::BigInt64 => each(bytes, i64::from_ne_bytes, |n| J::String(n.to_string())),
+        TypedArrayKind::BigUint64 => each(bytes, u64::from_ne_bytes, |n| J::String(n.to_string())),
     }
 }
 

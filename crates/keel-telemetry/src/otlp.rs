@@ -72,14 +72,15 @@ impl TelemetryConfig {
         !var("OTEL_METRICS_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none"))
     }
 
-    /// The URL of `signal`'s export (`{endpoint}/v1/{signal}`) the file names, when none of
-    /// `vars` does (the exporter reads those itself).
-    fn file_endpoint(&self, vars: &[&str], signal: &str) -> Option<String> {
-        if vars.iter().any(|name| var(name).is_some()) {
-            return None;
+    /// `exporter` sent to the URL of `signal`'s export (`{endpoint}/v1/{signal}`) the file
+    /// names, unless one of `vars` names one (the exporter reads those itself).
+    fn aim<B: WithExportConfig>(&self, exporter: B, vars: &[&str], signal: &str) -> B {
+        match &self.endpoint {
+            Some(endpoint) if !vars.iter().any(|name| var(name).is_some()) => {
+                exporter.with_endpoint(format!("{}/v1/{signal}", endpoint.trim_end_matches('/')))
+            }
+            _ => exporter,
         }
-        let endpoint = self.endpoint.as_ref()?;
-        Some(format!("{}/v1/{signal}", endpoint.trim_end_matches('/')))
     }
 
     fn captures_content(&self) -> bool {
@@ -128,11 +129,9 @@ impl Telemetry {
             // Another thread may have installed it meanwhile: either way there is one.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_http();
-        if let Some(endpoint) = config.file_endpoint(&ENDPOINT_VARS, "traces") {
-            exporter = exporter.with_endpoint(endpoint);
-        }
-        let exporter = exporter
+        let exporter = opentelemetry_otlp::SpanExporter::builder().with_http();
+        let exporter = config
+            .aim(exporter, &ENDPOINT_VARS, "traces")
             .build()
             .map_err(|err| format!("cannot build the OTLP exporter: {err}"))?;
         let mut resource = Resource::builder();
@@ -186,11 +185,9 @@ fn meter_provider(
     config: &TelemetryConfig,
     resource: Resource,
 ) -> Result<SdkMeterProvider, String> {
-    let mut exporter = opentelemetry_otlp::MetricExporter::builder().with_http();
-    if let Some(endpoint) = config.file_endpoint(&METRICS_ENDPOINT_VARS, "metrics") {
-        exporter = exporter.with_endpoint(endpoint);
-    }
-    let exporter = exporter
+    let exporter = opentelemetry_otlp::MetricExporter::builder().with_http();
+    let exporter = config
+        .aim(exporter, &METRICS_ENDPOINT_VARS, "metrics")
         .build()
         .map_err(|err| format!("cannot build the OTLP metrics exporter: {err}"))?;
     Ok(SdkMeterProvider::builder()

@@ -34,6 +34,7 @@ use tokio::sync::watch as signal;
 use crate::task_meta::EngineMeta;
 use crate::{AgentExecutor, TERMINATED_AT_KEY};
 
+use pages::StorePages;
 pub use pages::{ListPage, RunPageQuery, ThreadListing};
 pub use values::TenantValues;
 pub use watch::{TaskChange, TaskWatch, ThreadPosition, ThreadWatch, POLL_INTERVAL};
@@ -258,34 +259,21 @@ impl Reads {
         .await
     }
 
-    /// A page of what `keep` makes of the store's matches of `filter`, reading the store's
-    /// pages in turn until the page is full or the list ends. Each store page is consumed
-    /// whole, so its token is exactly where the next page starts.
+    /// A page of what `keep` makes of the store's matches of `filter`, read through
+    /// [`StorePages`] at the filter's page size.
     async fn filtered_tasks<T>(
         &self,
         auth: &AuthContext,
-        mut filter: ListTasksFilter,
+        filter: ListTasksFilter,
         mut keep: impl FnMut(Task) -> Option<T>,
     ) -> AgentResult<Page<T>> {
         let size = filter.effective_page_size()?;
-        let tasks = self.runtime.task_manager();
+        let mut pages = StorePages::new(filter, size);
         let mut items = Vec::new();
-        let mut total_size = None;
-        loop {
-            filter.page_size = Some(u32::try_from(size - items.len()).unwrap_or(u32::MAX));
-            let page = tasks.list_tasks(auth, &filter).await?;
-            total_size.get_or_insert(page.total_size);
-            items.extend(page.items.into_iter().filter_map(&mut keep));
-            filter.page_token = page.next_page_token;
-            if filter.page_token.is_none() || items.len() >= size {
-                break;
-            }
+        while let Some(tasks) = pages.next(self, auth, items.len()).await? {
+            items.extend(tasks.into_iter().filter_map(&mut keep));
         }
-        Ok(Page {
-            items,
-            next_page_token: filter.page_token,
-            total_size: total_size.unwrap_or_default(),
-        })
+        Ok(pages.page(items))
     }
 
     // Threads.

@@ -10,7 +10,7 @@ use keel_core::{AgentError, AgentResult, RunId, Task, TaskId, ThreadId};
 use keel_runtime::{AuthContext, ListTasksFilter, RunQuery, RunRecord, TaskOrder};
 use serde::{Deserialize, Serialize};
 
-use super::Reads;
+use super::{Page, Reads};
 use crate::task_meta::EngineMeta;
 
 /// One thread as [`Reads::threads`] lists it.
@@ -69,6 +69,59 @@ fn page_size(size: Option<u32>) -> AgentResult<usize> {
     }
 }
 
+/// The task store's pages of a filter, read in turn for a page of `size` items the caller
+/// keeps of them. No store page asks for more than still fits and each is consumed whole, so
+/// the store's token is exactly where the next page starts.
+pub(super) struct StorePages {
+    filter: ListTasksFilter,
+    size: usize,
+    total_size: Option<usize>,
+    ended: bool,
+}
+
+impl StorePages {
+    pub(super) fn new(filter: ListTasksFilter, size: usize) -> Self {
+        Self {
+            filter,
+            size,
+            total_size: None,
+            ended: false,
+        }
+    }
+
+    /// The next store page's tasks, the caller having kept `kept` items; `None` once the
+    /// page is full or the list has ended.
+    pub(super) async fn next(
+        &mut self,
+        reads: &Reads,
+        auth: &AuthContext,
+        kept: usize,
+    ) -> AgentResult<Option<Vec<Task>>> {
+        if self.ended || kept >= self.size {
+            return Ok(None);
+        }
+        self.filter.page_size = Some(u32::try_from(self.size - kept).unwrap_or(u32::MAX));
+        let page = reads
+            .runtime
+            .task_manager()
+            .list_tasks(auth, &self.filter)
+            .await?;
+        self.total_size.get_or_insert(page.total_size);
+        self.filter.page_token = page.next_page_token;
+        self.ended = self.filter.page_token.is_none();
+        Ok(Some(page.items))
+    }
+
+    /// The page of `items`: the token where the next starts, the store's count of matches.
+    pub(super) fn page<T>(self, items: Vec<T>) -> Page<T> {
+        Page {
+            items,
+            next_page_token: self.filter.page_token,
+            total_size: self.total_size.unwrap_or_default(),
+        }
+    }
+}
+
 fn bad_token(token: &str) -> AgentError {
     AgentError::invalid_input(
         "page_token",
@@ -102,22 +155,17 @@ impl Reads {
         page_token: Option<String>,
     ) -> AgentResult<ListPage<ThreadListing>> {
         let size = page_size(page_size_asked)?;
-        let tasks = self.runtime.task_manager();
-        let mut filter = ListTasksFilter {
-            page_size: Some(ListTasksFilter::MAX_PAGE_SIZE),
+        let filter = ListTasksFilter {
             page_token: page_token.filter(|t| !t.is_empty()),
             order: TaskOrder::Created,
             ..ListTasksFilter::default()
         };
         // Each thread's first task, read once per call.
         let mut firsts: HashMap<ThreadId, Option<TaskId>> = HashMap::new();
+        let mut pages = StorePages::new(filter, size);
         let mut items = Vec::new();
-        loop {
-            // Never more than fit the page: the store's token then marks exactly where the
-            // next page starts.
-            filter.page_size = Some(u32::try_from(size - items.len()).unwrap_or(u32::MAX));
-            let page = tasks.list_tasks(auth, &filter).await?;
-            for task in page.items {
+        while let Some(tasks) = pages.next(self, auth, items.len()).await? {
+            for task in tasks {
                 if !firsts.contains_key(&task.thread_id) {
                     let first = self.first_task(auth, &task.thread_id).await?;
                     firsts.insert(task.thread_id.clone(), first);
@@ -126,14 +174,11 @@ impl Reads {
                     items.push(listing(task));
                 }
             }
-            filter.page_token = page.next_page_token;
-            if filter.page_token.is_none() || items.len() >= size {
-                break;
-            }
         }
+        let page = pages.page(items);
         Ok(ListPage {
-            items,
-            next_page_token: filter.page_token,
+            items: page.items,
+            next_page_token: page.next_page_token,
         })
     }
 

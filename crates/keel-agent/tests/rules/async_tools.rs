@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use keel_agent::{
-    Agent, AgentExecutor, AsyncHttpTool, AsyncInvocation, CallbackError, ExecutorConfig, FnTool,
+    Agent, AgentExecutor, AsyncHttpTool, AsyncInvocation, CallbackError, ExecutorConfig,
     SendOptions,
 };
 use keel_core::{AgentCard, AgentError, Message, Task, TaskState};
@@ -15,6 +15,7 @@ use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
 use keel_runtime::{AuthContext, Runtime};
 use serde_json::json;
 use tokio::sync::mpsc;
+use super::fixture::{echo_tool, send_in};
 
 /// A tool server that answers every invocation with `status` and hands it to the test.
 async fn tool_server(status: StatusCode) -> (String, mpsc::UnboundedReceiver<AsyncInvocation>) {
@@ -35,9 +36,19 @@ async fn tool_server(status: StatusCode) -> (String, mpsc::UnboundedReceiver<Asy
     (url, rx)
 }
 
+/// An executor on this backend's runtime of the async-tools agent (see [`executor_on`]) whose
+/// model follows `script`, and the runtime's caller.
 fn executor(endpoint: &str, timeout: Option<Duration>, script: Vec<MockResponse>) -> (AgentExecutor, AuthContext) {
     let runtime: Arc<dyn Runtime> = super::runtime();
     let auth = runtime.auth_service().auth_context();
+    let llm = Arc::new(MockLlm::scripted(script));
+    (executor_on(runtime, endpoint, timeout, llm), auth)
+}
+
+/// An executor on `runtime` of the async-tools agent: `render` is POSTed to `endpoint` (and
+/// times out after `timeout`), `echo` answers at once, `llm` is the model, and callbacks are
+/// addressed under `http://127.0.0.1:9/keel`.
+fn executor_on(runtime: Arc<dyn Runtime>, endpoint: &str, timeout: Option<Duration>, llm: Arc<MockLlm>) -> AgentExecutor {
     let mut render = AsyncHttpTool::new(
         "render",
         "Render something; the result arrives later.",
@@ -47,20 +58,17 @@ fn executor(endpoint: &str, timeout: Option<Duration>, script: Vec<MockResponse>
     if let Some(timeout) = timeout {
         render = render.with_timeout(timeout);
     }
-    let echo = FnTool::new("echo", "Echo", json!({"type": "object"}), |a, _| async move {
-        Ok(a)
-    });
     let agent = Agent::builder(AgentCard::new("rap", "async tools", "http://127.0.0.1:0"))
-        .llm(MockLlm::scripted(script))
+        .llm_shared(llm)
         .tool(render)
-        .tool(echo)
+        .tool(echo_tool())
         .build()
         .unwrap();
     let config = ExecutorConfig {
         callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared("http://127.0.0.1:9/keel")),
         ..ExecutorConfig::default()
     };
-    (AgentExecutor::with_config(agent, runtime, config), auth)
+    AgentExecutor::with_config(agent, runtime, config)
 }
 
 fn script() -> Vec<MockResponse> {
@@ -207,17 +215,7 @@ async fn a_callback_is_handled_by_a_fresh_executor_after_the_first_one_stopped()
     let runtime: Arc<dyn Runtime> = super::runtime();
     let auth = runtime.auth_service().auth_context();
     let build = |script: Vec<MockResponse>| {
-        let render = AsyncHttpTool::new("render", "Render", json!({"type": "object"}), &endpoint);
-        let agent = Agent::builder(AgentCard::new("rap", "async tools", "http://127.0.0.1:0"))
-            .llm(MockLlm::scripted(script))
-            .tool(render)
-            .build()
-            .unwrap();
-        let config = ExecutorConfig {
-            callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared("http://127.0.0.1:9")),
-            ..ExecutorConfig::default()
-        };
-        AgentExecutor::with_config(agent, runtime.clone(), config)
+        executor_on(runtime.clone(), &endpoint, None, Arc::new(MockLlm::scripted(script)))
     };
     let first = build(vec![MockResponse::ToolCalls(vec![ToolCall::new(
         "render",
@@ -345,6 +343,10 @@ async fn dispatch_acknowledgement_callback_and_timeout_are_in_the_event_stream()
             .filter(|t| t.starts_with("tool.async."))
             .collect()
     };
+    let payload = |sink: &InMemoryEventSink, kind: &str| {
+        let event = sink.events().into_iter().find(|e| e.event_type.as_str() == kind);
+        event.expect("the event was emitted").payload
+    };
     let (endpoint, mut invocations) = tool_server(StatusCode::ACCEPTED).await;
     let (exec, auth) = executor(&endpoint, None, script());
     let sink = Arc::new(InMemoryEventSink::new());
@@ -353,13 +355,9 @@ async fn dispatch_acknowledgement_callback_and_timeout_are_in_the_event_stream()
     let inv = invocations.recv().await.unwrap();
     wait_for(&exec, &auth, &task, awaiting_tool).await;
     assert_eq!(kinds(&sink), ["tool.async.dispatched", "tool.async.acknowledged"]);
-    let dispatched = sink
-        .events()
-        .into_iter()
-        .find(|e| e.event_type.as_str() == "tool.async.dispatched")
-        .unwrap();
-    assert_eq!(dispatched.payload["call_id"], json!(inv.call_id));
-    assert_eq!(dispatched.payload["tool"], json!("render"));
+    let dispatched = payload(&sink, "tool.async.dispatched");
+    assert_eq!(dispatched["call_id"], json!(inv.call_id));
+    assert_eq!(dispatched["tool"], json!("render"));
     deliver(&exec, &inv, json!("ok")).await
         .unwrap();
     wait_for(&exec, &auth, &task, |t| t.state().is_terminal()).await;
@@ -367,13 +365,9 @@ async fn dispatch_acknowledgement_callback_and_timeout_are_in_the_event_stream()
         kinds(&sink),
         ["tool.async.dispatched", "tool.async.acknowledged", "tool.async.result"]
     );
-    let result = sink
-        .events()
-        .into_iter()
-        .find(|e| e.event_type.as_str() == "tool.async.result")
-        .unwrap();
-    assert_eq!(result.payload["call_id"], json!(inv.call_id));
-    assert_eq!(result.payload["is_error"], json!(false));
+    let result = payload(&sink, "tool.async.result");
+    assert_eq!(result["call_id"], json!(inv.call_id));
+    assert_eq!(result["is_error"], json!(false));
 
     // A call whose deadline passes: the timeout is an event too.
     let (endpoint, _invocations) = tool_server(StatusCode::ACCEPTED).await;
@@ -398,29 +392,13 @@ async fn a_user_message_while_a_result_is_pending_is_answered_and_the_model_sees
         MockResponse::Text("still rendering; noted".into()),
         MockResponse::Text("rendered, and you asked meanwhile".into()),
     ]));
-    let agent = Agent::builder(AgentCard::new("rap", "async tools", "http://127.0.0.1:0"))
-        .llm_shared(llm.clone())
-        .tool(AsyncHttpTool::new("render", "Render", json!({"type": "object"}), &endpoint))
-        .build()
-        .unwrap();
-    let config = ExecutorConfig {
-        callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared("http://127.0.0.1:9")),
-        ..ExecutorConfig::default()
-    };
-    let exec = AgentExecutor::with_config(agent, runtime, config);
+    let exec = executor_on(runtime, &endpoint, None, llm.clone());
     let first = start(&exec, &auth).await;
     let inv = invocations.recv().await.unwrap();
     wait_for(&exec, &auth, &first, awaiting_tool).await;
 
     // The user writes while the result is pending: answered at once, in the same thread.
-    let meanwhile = exec
-        .send_message(
-            &auth,
-            Message::user("are you there?").in_thread(first.thread_id.clone()),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
+    let meanwhile = send_in(&exec, &auth, &first.thread_id, "are you there?").await;
     let meanwhile = wait_for(&exec, &auth, &meanwhile, |t| t.state().is_terminal()).await;
     assert_eq!(meanwhile.state(), TaskState::Completed);
     assert_eq!(

@@ -5,25 +5,22 @@
 
 use std::sync::Arc;
 
-use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
+use keel_agent::{Agent, AgentExecutor, SendOptions};
 use keel_core::{AgentCard, Message, Part, RunBudget, RunContext, Role, Task, TaskState};
 use keel_events::{InMemoryEventSink, RunEvent};
 use keel_llm::{MockLlm, MockResponse, ToolCall, Usage};
 use keel_runtime::AuthContext;
 use serde_json::json;
-use super::fixture::call_then_answer;
+use super::fixture::{call_then_answer, echo_tool};
 
 fn card() -> AgentCard {
     AgentCard::new("budgeted", "keeps to its budget", "http://127.0.0.1:0")
 }
 
 fn executor(llm: MockLlm) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>) {
-    let echo = FnTool::new("echo", "Echo", json!({"type": "object"}), |args, _| async move {
-        Ok(args)
-    });
     let agent = Agent::builder(card())
         .llm(llm.with_usage(Usage::default()))
-        .tool(echo)
+        .tool(echo_tool())
         .build()
         .unwrap();
     let runtime = super::runtime();
@@ -148,10 +145,7 @@ fn priced(responses: Vec<MockResponse>) -> MockLlm {
 
 /// Run `llm` on a message under `budget` with every event kept.
 async fn send_priced(llm: MockLlm, budget: RunBudget) -> (Task, Vec<RunEvent>) {
-    let echo = FnTool::new("echo", "Echo", json!({"type": "object"}), |args, _| async move {
-        Ok(args)
-    });
-    let agent = Agent::builder(card()).llm(llm).tool(echo).build().unwrap();
+    let agent = Agent::builder(card()).llm(llm).tool(echo_tool()).build().unwrap();
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
     let exec = AgentExecutor::new(agent, runtime);

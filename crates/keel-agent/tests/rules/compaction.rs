@@ -13,6 +13,7 @@ use keel_llm::{
     LlmMessage, LlmRole, MockLlm, MockResponse,
 };
 use keel_runtime::{AuthContext, Runtime};
+use super::fixture::send_in;
 
 fn agent(llm: Arc<MockLlm>, compaction: Option<AutoCompaction>) -> Agent {
     let mut builder = Agent::builder(AgentCard::new("talker", "talks", "http://127.0.0.1:0"))
@@ -25,14 +26,7 @@ fn agent(llm: Arc<MockLlm>, compaction: Option<AutoCompaction>) -> Agent {
 }
 
 async fn say(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId, text: &str) {
-    let task = exec
-        .send_message(
-            auth,
-            Message::user(text).in_thread(thread.clone()),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
+    let task = send_in(exec, auth, thread, text).await;
     assert_eq!(task.state(), TaskState::Completed, "{task:?}");
 }
 
@@ -440,14 +434,7 @@ async fn a_task_resumed_after_its_thread_grew_and_was_compacted_reads_back_to_it
         .build()
         .unwrap();
     let exec = AgentExecutor::new(handoff, runtime.clone());
-    let asked = exec
-        .send_message(
-            &auth,
-            Message::user("book a hotel").in_thread(thread.clone()),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
+    let asked = send_in(&exec, &auth, &thread, "book a hotel").await;
     assert_eq!(asked.state(), TaskState::InputRequired, "{asked:?}");
 
     // Meanwhile the thread grows by 600 entries and is compacted, once the run let go of it.

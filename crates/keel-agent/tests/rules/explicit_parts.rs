@@ -4,21 +4,18 @@
 
 use std::sync::Arc;
 
-use keel_agent::{Agent, AgentExecutor, FnTool};
+use keel_agent::{Agent, AgentExecutor};
 use keel_core::{AgentCard, Message, Part, PartContent, Role, Task, TaskState};
 use keel_llm::{MockLlm, MockResponse};
 use keel_runtime::AuthContext;
 use serde_json::json;
-use super::fixture::{send};
+use super::fixture::{echo_tool, send};
 
 fn executor(llm: Arc<MockLlm>) -> (AgentExecutor, AuthContext) {
-    let echo = FnTool::new("echo", "Echo", json!({"type": "object"}), |args, _| async move {
-        Ok(args)
-    });
     let agent = Agent::builder(AgentCard::new("inferrer", "infers", "http://127.0.0.1:0"))
         .instructions("Be exact.")
         .llm_shared(llm)
-        .tool(echo)
+        .tool(echo_tool())
         .build()
         .unwrap();
     let runtime = super::runtime();

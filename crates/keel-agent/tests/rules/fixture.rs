@@ -40,6 +40,16 @@ pub(crate) fn call_then_answer(tool: &str, args: serde_json::Value, text: &str) 
     ]
 }
 
+/// A tool (`echo`) that answers with its arguments.
+pub(crate) fn echo_tool() -> FnTool {
+    FnTool::new(
+        "echo",
+        "Echo the input",
+        serde_json::json!({"type": "object"}),
+        |args, _| async move { Ok(args) },
+    )
+}
+
 /// A tool (`gate`) that announces it started, then waits for `release` (a run canceled while
 /// it waits ends the wait).
 pub(crate) fn gate_tool(started: Arc<Notify>, release: Arc<Notify>) -> FnTool {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_agent::{Agent, AgentExecutor, FnTool, ParentCommunication, SendOptions, SubagentSpec};
+use keel_agent::{Agent, AgentBuilder, AgentExecutor, FnTool, ParentCommunication, SendOptions, SubagentSpec};
 use keel_core::{AgentCard, AgentError, Message, RunContext, Task, TaskState, ThreadId};
 use keel_llm::{LlmMessage, LlmRole, MockLlm, MockResponse, ToolCall};
 use keel_runtime::testing::eventually;
@@ -20,21 +20,21 @@ fn card(name: &str) -> AgentCard {
 
 /// A child agent answering with the runtime's default offline model ("You said: ...").
 fn child_executor(runtime: &Arc<dyn Runtime>) -> AgentExecutor {
-    let agent = Agent::builder(card("researcher")).build().unwrap();
-    AgentExecutor::new(agent, runtime.clone())
+    on(runtime, Agent::builder(card("researcher")))
 }
 
+/// An executor on `runtime` of the agent `agent` builds.
+fn on(runtime: &Arc<dyn Runtime>, agent: AgentBuilder) -> AgentExecutor {
+    AgentExecutor::new(agent.build().unwrap(), runtime.clone())
+}
+
+/// A `lead` parent on `runtime` with the subagent kind `spec`, its model following `script`.
 fn parent(
     runtime: &Arc<dyn Runtime>,
     spec: SubagentSpec,
     script: Vec<MockResponse>,
 ) -> AgentExecutor {
-    let agent = Agent::builder(card("lead"))
-        .llm(MockLlm::scripted(script))
-        .subagent(spec)
-        .build()
-        .unwrap();
-    AgentExecutor::new(agent, runtime.clone())
+    on(runtime, Agent::builder(card("lead")).llm(MockLlm::scripted(script)).subagent(spec))
 }
 
 /// A `lead` parent on a fresh runtime of this backend whose model follows `script`, with the
@@ -332,10 +332,8 @@ async fn canceling_the_parent_cancels_the_child_it_waits_for() {
         .llm(MockLlm::scripted(vec![MockResponse::ToolCalls(vec![
             ToolCall::new("gate", json!({})),
         ])]))
-        .tool(gate)
-        .build()
-        .unwrap();
-    let spec = SubagentSpec::new("researcher", AgentExecutor::new(child, runtime.clone()));
+        .tool(gate);
+    let spec = SubagentSpec::new("researcher", on(&runtime, child));
     let exec = parent(&runtime, spec, vec![create("alpha", "block")]);
     let task = start(&exec, &auth, Message::user("go")).await;
     started.notified().await;
@@ -482,10 +480,8 @@ fn reporting_child(runtime: &Arc<dyn Runtime>, responses: usize) -> AgentExecuto
     let agent = Agent::builder(card("researcher"))
         .llm(MockLlm::scripted(script))
         .tool(write)
-        .stop_tool("write_report")
-        .build()
-        .unwrap();
-    AgentExecutor::new(agent, runtime.clone())
+        .stop_tool("write_report");
+    on(runtime, agent)
 }
 
 #[tokio::test]
@@ -565,25 +561,21 @@ async fn optional_kinds_exist_only_when_their_flag_is_true_one_or_yes() {
 async fn immediate_kinds_run_before_the_first_model_step_recursively_and_once_per_thread() {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
-    let grandchild = AgentExecutor::new(Agent::builder(card("scout")).build().unwrap(), runtime.clone());
-    let child = AgentExecutor::new(
+    let grandchild = on(&runtime, Agent::builder(card("scout")));
+    let child = on(
+        &runtime,
         Agent::builder(card("researcher"))
-            .subagent(SubagentSpec::new("scout", grandchild.clone()).immediate(true))
-            .build()
-            .unwrap(),
-        runtime.clone(),
+            .subagent(SubagentSpec::new("scout", grandchild.clone()).immediate(true)),
     );
     let model = Arc::new(MockLlm::scripted(vec![
         MockResponse::Text("done".into()),
         MockResponse::Text("again".into()),
     ]));
-    let exec = AgentExecutor::new(
+    let exec = on(
+        &runtime,
         Agent::builder(card("lead"))
             .llm_shared(model.clone())
-            .subagent(SubagentSpec::new("researcher", child.clone()).immediate(true))
-            .build()
-            .unwrap(),
-        runtime.clone(),
+            .subagent(SubagentSpec::new("researcher", child.clone()).immediate(true)),
     );
     let sink = sink_of(&exec);
     let thread = ThreadId::new();
@@ -626,17 +618,16 @@ async fn scoped_variables_reach_the_child_sealed_and_never_a_prompt() {
         .with_var("SCOUT_TOKEN", secret);
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let child_model = Arc::new(MockLlm::scripted(call_then_answer("check_token", json!({}), "surveyed")));
-    let child = AgentExecutor::new(
+    let child = on(
+        &runtime,
         Agent::builder(card("researcher"))
             .environment(env.clone())
             .llm_shared(child_model.clone())
-            .tool(scoped_reader("SCOUT_TOKEN", seen.clone()))
-            .build()
-            .unwrap(),
-        runtime.clone(),
+            .tool(scoped_reader("SCOUT_TOKEN", seen.clone())),
     );
     let parent_model = Arc::new(MockLlm::scripted(vec![MockResponse::Text("done".into())]));
-    let exec = AgentExecutor::new(
+    let exec = on(
+        &runtime,
         Agent::builder(card("lead"))
             .environment(env)
             .llm_shared(parent_model.clone())
@@ -647,10 +638,7 @@ async fn scoped_variables_reach_the_child_sealed_and_never_a_prompt() {
                         .description_env("SCOUT_TASK")
                         .scoped_env(["SCOUT_TOKEN"]),
                 ),
-            )
-            .build()
-            .unwrap(),
-        runtime.clone(),
+            ),
     );
     let task = ask(&exec, &auth, "go").await;
     assert_eq!(task.state(), TaskState::Completed);
@@ -687,16 +675,15 @@ async fn missing_scoped_variables_defer_the_subagent_until_they_are_provided() {
     let auth = runtime.auth_service().auth_context();
     let env = keel_agent::Environment::isolated().with_var(keel_agent::SECRETS_KEY_VAR, SECRETS_KEY);
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let child = AgentExecutor::new(
+    let child = on(
+        &runtime,
         Agent::builder(card("researcher"))
             .environment(env.clone())
             .llm(MockLlm::scripted(call_then_answer("check_token", json!({}), "found A")))
-            .tool(scoped_reader("API_TOKEN", seen.clone()))
-            .build()
-            .unwrap(),
-        runtime.clone(),
+            .tool(scoped_reader("API_TOKEN", seen.clone())),
     );
-    let exec = AgentExecutor::new(
+    let exec = on(
+        &runtime,
         Agent::builder(card("lead"))
             .environment(env)
             .llm(MockLlm::scripted(vec![
@@ -704,10 +691,7 @@ async fn missing_scoped_variables_defer_the_subagent_until_they_are_provided() {
                 MockResponse::Text("waiting".into()),
                 MockResponse::Text("got it".into()),
             ]))
-            .subagent(SubagentSpec::new("researcher", child.clone()).scoped_env(["API_TOKEN"]))
-            .build()
-            .unwrap(),
-        runtime.clone(),
+            .subagent(SubagentSpec::new("researcher", child.clone()).scoped_env(["API_TOKEN"])),
     );
     let sink = sink_of(&exec);
     let task = ask(&exec, &auth, "go").await;
@@ -762,7 +746,8 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
     let auth = runtime.auth_service().auth_context();
     let release = Arc::new(Notify::new());
     let gate = gate_tool(Arc::new(Notify::new()), release.clone());
-    let child = AgentExecutor::new(
+    let child = on(
+        &runtime,
         Agent::builder(card("researcher"))
             .llm(MockLlm::scripted(vec![
                 MockResponse::ToolCalls(vec![ToolCall::new("session_status", json!({"status": "halfway"}))]),
@@ -770,10 +755,7 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
                 MockResponse::Text("finished".into()),
             ]))
             .tool(keel_agent::SessionStatusTool)
-            .tool(gate)
-            .build()
-            .unwrap(),
-        runtime.clone(),
+            .tool(gate),
     );
     let child_sink = sink_of(&child);
     let spec = SubagentSpec::new("researcher", child.clone()).resumable(true);
@@ -799,13 +781,11 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
 async fn session_status_outside_a_subagent_is_a_tool_error() {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
-    let exec = AgentExecutor::new(
+    let exec = on(
+        &runtime,
         Agent::builder(card("solo"))
             .llm(MockLlm::scripted(call_then_answer("session_status", json!({"status": "x"}), "ok")))
-            .tool(keel_agent::SessionStatusTool)
-            .build()
-            .unwrap(),
-        runtime.clone(),
+            .tool(keel_agent::SessionStatusTool),
     );
     let task = ask(&exec, &auth, "go").await;
     assert_eq!(task.state(), TaskState::Completed);
@@ -817,17 +797,15 @@ async fn session_status_outside_a_subagent_is_a_tool_error() {
 async fn subagent_lifecycle_markers_appear_in_the_parents_event_stream() {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
-    let child = AgentExecutor::new(
+    let child = on(
+        &runtime,
         Agent::builder(card("researcher"))
             .llm(MockLlm::scripted(vec![
                 MockResponse::Text("fine".into()),
                 MockResponse::Text("again".into()),
                 MockResponse::ToolCalls(vec![ToolCall::new("session_fail", json!({"error": "no luck"}))]),
             ]))
-            .lifecycle_tools(true)
-            .build()
-            .unwrap(),
-        runtime.clone(),
+            .lifecycle_tools(true),
     );
     let spec = SubagentSpec::new("researcher", child).resumable(true);
     let exec = parent(
@@ -867,14 +845,7 @@ async fn a_background_childs_result_reaches_the_parent_after_the_spawning_proces
     let auth = runtime.auth_service().auth_context();
     let build = |script: Vec<MockResponse>| {
         let child = child_executor(&runtime);
-        let parent = AgentExecutor::new(
-            Agent::builder(card("lead"))
-                .llm(MockLlm::scripted(script))
-                .subagent(SubagentSpec::new("researcher", child.clone()))
-                .build()
-                .unwrap(),
-            runtime.clone(),
-        );
+        let parent = parent(&runtime, SubagentSpec::new("researcher", child.clone()), script);
         (parent, child)
     };
     // Process one: its child executor takes no work any more, so the child's task is only
@@ -912,13 +883,11 @@ async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
         ctx.thread.notify_parent("progress: 50%").await?;
         Ok(json!("told"))
     });
-    let child = AgentExecutor::new(
+    let child = on(
+        &runtime,
         Agent::builder(card("researcher"))
             .llm(MockLlm::scripted(call_then_answer("notify", json!({}), "child done")))
-            .tool(notify)
-            .build()
-            .unwrap(),
-        runtime.clone(),
+            .tool(notify),
     );
     let spec = SubagentSpec::new("researcher", child).parent_communication(ParentCommunication::Explicit);
     let exec = parent(
@@ -1005,14 +974,7 @@ async fn a_background_childs_result_wakes_a_parent_executor_in_another_process()
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
     let parent_of = |script: Vec<MockResponse>, child: AgentExecutor| {
-        AgentExecutor::new(
-            Agent::builder(card("lead"))
-                .llm(MockLlm::scripted(script))
-                .subagent(SubagentSpec::new("researcher", child))
-                .build()
-                .unwrap(),
-            runtime.clone(),
-        )
+        parent(&runtime, SubagentSpec::new("researcher", child), script)
     };
     // Process one creates the background child and goes away before the child ran.
     let first_child = child_executor(&runtime);

@@ -9,19 +9,10 @@ use keel_llm::{LlmRole, MockLlm, MockResponse, ModelProfile, ToolCall};
 use keel_runtime::ChildThread;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
-use super::fixture::{call_then_answer, executor, gate_tool, scripted, send, start, stored_history};
+use super::fixture::{call_then_answer, echo_tool, executor, gate_tool, scripted, send, start, stored_history};
 
 fn card() -> AgentCard {
     AgentCard::new("threads", "thread engine tests", "http://127.0.0.1:0")
-}
-
-fn echo_tool() -> FnTool {
-    FnTool::new(
-        "echo",
-        "Echo the input",
-        json!({"type": "object"}),
-        |args, _| async move { Ok(args) },
-    )
 }
 
 /// A tool that queues "a note queued mid-run" on its own thread.
