@@ -30,7 +30,7 @@ pub const RUN_EVENT_VERSION: u32 = 1;
 pub struct EventType(Cow<'static, str>);
 
 impl EventType {
-    /// A task's status changed (the final one carries the serialized task).
+    /// A task's status changed: the task, its state and its status message.
     pub const TASK_STATUS: EventType = EventType::known("task.status");
     /// An artifact was produced or extended.
     pub const TASK_ARTIFACT: EventType = EventType::known("task.artifact");

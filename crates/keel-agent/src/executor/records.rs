@@ -187,7 +187,9 @@ impl RunLoop<'_> {
             }))
             .await;
         }
-        obs.emit(RunEvent::task_status_of(task)).await;
+        // The task's id, state and status message, not the task: whoever needs the task
+        // reads it where it lives (decision 255).
+        obs.emit(RunEvent::task_state_of(task)).await;
         // Subagents: a background child's result goes to its parent from here, durably.
         inner.agent.hooks.on_rest(inner, auth, task).await;
         // The records and the status are independent writes, sent together so that they
