@@ -152,7 +152,9 @@ async fn a_runs_events_draw_the_tree_of_its_spans() {
         .await
         .unwrap()
         .unwrap();
-    let stored: Vec<RunEvent> = serde_json::from_value(report.report["events"].clone()).unwrap();
+    let stored = keel_events::RunReport::from_value(report.report)
+        .unwrap()
+        .events;
     assert_eq!(draw(&stored), draw(&events));
 }
 

@@ -246,7 +246,10 @@ pub struct RunEvent {
 /// needed), but handed to the serializer as one string: chrono's `Display` writes a time in
 /// a dozen pieces, and `serde_json` escapes each piece on its own, which made writing the
 /// timestamps a tenth of the cost of an engine step.
-fn rfc3339<S: serde::Serializer>(time: &DateTime<Utc>, serializer: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn rfc3339<S: serde::Serializer>(
+    time: &DateTime<Utc>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(&time.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
 }
 
