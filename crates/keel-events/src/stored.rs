@@ -6,12 +6,23 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use keel_core::{ActionId, BudgetUsage, Metadata, RunId, TaskId, TaskState, ThreadId};
+use keel_core::{ActionId, BudgetUsage, Metadata, RunContext, RunId, TaskId, TaskState, ThreadId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::event::rfc3339;
-use crate::{EventType, RunEvent, RunReport, Severity, RUN_EVENT_VERSION};
+
+/// [`rfc3339`] of a time that may be absent (skipped then, see `StoredEvent`).
+fn rfc3339_opt<S: serde::Serializer>(
+    time: &Option<DateTime<Utc>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match time {
+        Some(time) => rfc3339(time, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+use crate::{EventType, RunEvent, RunReport, RunSpans, Severity, RUN_EVENT_VERSION};
 
 /// The version of the stored form of a run, which `RunStore` rows written by
 /// [`ReportWriter`](crate::ReportWriter) carry. Reading one renders the [`RunReport`] of
@@ -29,6 +40,12 @@ pub(crate) struct StoredRun {
     pub(crate) thread_id: Option<ThreadId>,
     pub(crate) trace_id: Option<Arc<str>>,
     pub(crate) agent_name: Option<String>,
+    /// The span the run's span hangs under, when its events' spans are left out.
+    parent_span_id: Option<Arc<str>>,
+    /// Whether every event's span and parent span are the ones [`RunSpans`] derives from
+    /// the run (as the run's emitter gave them), and so left out of the events.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    derived_spans: bool,
     pub(crate) started_at: Option<DateTime<Utc>>,
     pub(crate) finished_at: Option<DateTime<Utc>>,
     pub(crate) final_state: Option<TaskState>,
@@ -43,7 +60,8 @@ pub(crate) struct StoredRun {
 }
 
 /// One event as stored: a [`RunEvent`] without its envelope version (when it is
-/// [`RUN_EVENT_VERSION`]) and without its run, task, thread, trace and agent when every
+/// [`RUN_EVENT_VERSION`]), its sequence number (when it follows the one before), its span
+/// ids (when the run's are derived) and its run, task, thread, trace and agent when every
 /// event of the run names the stored run's (a field some event does not share stays in
 /// every event, as decision 93 has it, so that an event without one reads back without).
 #[serde_with::skip_serializing_none]
@@ -57,7 +75,7 @@ pub(crate) struct StoredEvent {
     thread_id: Option<ThreadId>,
     trace_id: Option<Arc<str>>,
     agent_name: Option<String>,
-    sequence: u64,
+    sequence: Option<u64>,
     step: Option<u32>,
     span_id: Option<Arc<str>>,
     parent_span_id: Option<Arc<str>>,
@@ -72,8 +90,13 @@ pub(crate) struct StoredEvent {
     payload: Value,
     #[serde(rename = "final", default, skip_serializing_if = "std::ops::Not::not")]
     is_final: bool,
-    #[serde(serialize_with = "rfc3339")]
-    timestamp: DateTime<Utc>,
+    /// When it was created, in nanoseconds after the run's `started_at` (absent: at it): a
+    /// number of a few digits where a time takes thirty characters.
+    elapsed_ns: Option<i64>,
+    /// When it was created, for a run that has no `started_at` or an offset too large for
+    /// nanoseconds (centuries).
+    #[serde(default, serialize_with = "rfc3339_opt")]
+    timestamp: Option<DateTime<Utc>>,
 }
 
 impl StoredRun {
@@ -82,6 +105,21 @@ impl StoredRun {
         events.sort_by_key(|e| e.sequence);
         let summary = RunReport::stored_summary(&events);
         let trace_id = events.first().and_then(|e| e.trace_id.clone());
+        // The run span's parent, as the run's own events name it.
+        let parent_span_id = events
+            .iter()
+            .find(|e| e.step.is_none() && e.action_id.is_none())
+            .and_then(|e| e.parent_span_id.clone());
+        let derived_spans = match &summary.run_id {
+            Some(run_id) => {
+                let spans = spans_of(run_id, parent_span_id.as_deref());
+                events.iter().all(|e| {
+                    let (span, parent) = spans.span_of(&e.event_type, e.step, e.action_id.as_ref());
+                    e.span_id.as_ref() == Some(&span) && e.parent_span_id == parent
+                })
+            }
+            None => false,
+        };
         let mut run = StoredRun {
             version: STORED_RUN_VERSION,
             run_id: summary.run_id,
@@ -89,6 +127,8 @@ impl StoredRun {
             thread_id: summary.thread_id,
             trace_id,
             agent_name: summary.agent_name,
+            parent_span_id: parent_span_id.filter(|_| derived_spans),
+            derived_spans,
             started_at: summary.started_at,
             finished_at: summary.finished_at,
             final_state: summary.final_state,
@@ -111,7 +151,17 @@ impl StoredRun {
             !shared(&events, &run.trace_id, |e| e.trace_id.as_ref()),
             !shared(&events, &run.agent_name, |e| e.agent_name.as_ref()),
         ];
+        let mut previous = 0;
         for event in events {
+            let follows = event.sequence == previous + 1;
+            let elapsed = run
+                .started_at
+                .and_then(|start| (event.timestamp - start).num_nanoseconds());
+            previous = event.sequence;
+            let (span_id, parent_span_id) = match derived_spans {
+                true => (None, None),
+                false => (event.span_id, event.parent_span_id),
+            };
             run.events.push(StoredEvent {
                 version: (event.version != RUN_EVENT_VERSION).then_some(event.version),
                 event_type: event.event_type,
@@ -120,10 +170,10 @@ impl StoredRun {
                 thread_id: event.thread_id.filter(|_| keep[2]),
                 trace_id: event.trace_id.filter(|_| keep[3]),
                 agent_name: event.agent_name.filter(|_| keep[4]),
-                sequence: event.sequence,
+                sequence: (!follows).then_some(event.sequence),
                 step: event.step,
-                span_id: event.span_id,
-                parent_span_id: event.parent_span_id,
+                span_id,
+                parent_span_id,
                 action_id: event.action_id,
                 parent_action_id: event.parent_action_id,
                 delegation_id: event.delegation_id,
@@ -131,7 +181,8 @@ impl StoredRun {
                 summary: event.summary,
                 payload: event.payload,
                 is_final: event.is_final,
-                timestamp: event.timestamp,
+                elapsed_ns: elapsed.filter(|n| *n != 0),
+                timestamp: elapsed.is_none().then_some(event.timestamp),
             });
         }
         run
@@ -145,10 +196,18 @@ impl StoredRun {
             thread_id,
             trace_id,
             agent_name,
+            parent_span_id,
+            derived_spans,
+            started_at,
             metadata,
             events,
             ..
         } = self;
+        let spans = match (&run_id, derived_spans) {
+            (Some(run_id), true) => Some(spans_of(run_id, parent_span_id.as_deref())),
+            _ => None,
+        };
+        let mut previous = 0;
         // A field no event holds was shared: each event has the run's.
         fn fill<T: Clone>(
             events: &[StoredEvent],
@@ -164,29 +223,56 @@ impl StoredRun {
         let agent_name = fill(&events, agent_name, |e| e.agent_name.is_some());
         let events = events
             .into_iter()
-            .map(|e| RunEvent {
-                version: e.version.unwrap_or(RUN_EVENT_VERSION),
-                event_type: e.event_type,
-                // Written from `Some`, or left out as the run's.
-                run_id: e.run_id.or_else(|| run_id.clone()).unwrap_or_default(),
-                task_id: e.task_id.or_else(|| task_id.clone()),
-                thread_id: e.thread_id.or_else(|| thread_id.clone()),
-                trace_id: e.trace_id.or_else(|| trace_id.clone()),
-                agent_name: e.agent_name.or_else(|| agent_name.clone()),
-                sequence: e.sequence,
-                step: e.step,
-                span_id: e.span_id,
-                parent_span_id: e.parent_span_id,
-                action_id: e.action_id,
-                parent_action_id: e.parent_action_id,
-                delegation_id: e.delegation_id,
-                severity: e.severity,
-                summary: e.summary,
-                payload: e.payload,
-                is_final: e.is_final,
-                timestamp: e.timestamp,
+            .map(|e| {
+                let sequence = e.sequence.unwrap_or(previous + 1);
+                previous = sequence;
+                let (span_id, parent_span_id) = match &spans {
+                    Some(spans) => {
+                        let (span, parent) =
+                            spans.span_of(&e.event_type, e.step, e.action_id.as_ref());
+                        (Some(span), parent)
+                    }
+                    None => (e.span_id, e.parent_span_id),
+                };
+                RunEvent {
+                    version: e.version.unwrap_or(RUN_EVENT_VERSION),
+                    event_type: e.event_type,
+                    // Written from `Some`, or left out as the run's.
+                    run_id: e.run_id.or_else(|| run_id.clone()).unwrap_or_default(),
+                    task_id: e.task_id.or_else(|| task_id.clone()),
+                    thread_id: e.thread_id.or_else(|| thread_id.clone()),
+                    trace_id: e.trace_id.or_else(|| trace_id.clone()),
+                    agent_name: e.agent_name.or_else(|| agent_name.clone()),
+                    sequence,
+                    step: e.step,
+                    span_id,
+                    parent_span_id,
+                    action_id: e.action_id,
+                    parent_action_id: e.parent_action_id,
+                    delegation_id: e.delegation_id,
+                    severity: e.severity,
+                    summary: e.summary,
+                    payload: e.payload,
+                    is_final: e.is_final,
+                    // Written with one or the other; a row that has neither reads as the epoch
+                    // rather than not at all.
+                    timestamp: e
+                        .timestamp
+                        .or(started_at.map(|start| {
+                            start + chrono::Duration::nanoseconds(e.elapsed_ns.unwrap_or(0))
+                        }))
+                        .unwrap_or_default(),
+                }
             })
             .collect();
         (events, metadata)
     }
+}
+
+/// The spans of run `run_id` under `parent`, as its emitter derived them.
+fn spans_of(run_id: &RunId, parent: Option<&str>) -> RunSpans {
+    let mut context = RunContext::new();
+    context.run_id = run_id.clone();
+    context.parent_span_id = parent.map(str::to_owned);
+    RunSpans::of(&context)
 }

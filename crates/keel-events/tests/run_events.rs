@@ -944,11 +944,31 @@ async fn stored_events_leave_out_only_the_ids_all_of_them_share() {
             "task_id",
             "thread_id",
             "agent_name",
+            "sequence",
+            "span_id",
+            "parent_span_id",
+            "timestamp",
         ] {
             assert!(event.get(field).is_none(), "{field} in {event}");
         }
     }
+    assert_eq!(json["derived_spans"], true);
     assert_eq!(read(&json), report);
+    // An event whose span is not the one its run derives keeps its own, and so do the
+    // others; a gap in the numbering is written where it is.
+    let mut odd = events.clone();
+    odd[1].span_id = Some("00000000000000aa".into());
+    let last = odd.len() - 1;
+    odd[last].sequence += 5;
+    let odd_report = RunReport::from_events(&odd);
+    let odd_recorder = recorder_of(&odd).await;
+    let odd_json: serde_json::Value =
+        serde_json::from_str(odd_recorder.take_report_json().unwrap().as_str()).unwrap();
+    assert!(odd_json.get("derived_spans").is_none(), "{odd_json}");
+    assert!(odd_json["events"][0].get("span_id").is_some());
+    assert!(odd_json["events"][1].get("sequence").is_none());
+    assert_eq!(odd_json["events"][last]["sequence"], odd[last].sequence);
+    assert_eq!(read(&odd_json), odd_report);
     // Rendered, it is the documented report of this version, each event whole.
     let rendered = RunReport::render(json).unwrap();
     assert_eq!(rendered["version"], RUN_REPORT_VERSION);
