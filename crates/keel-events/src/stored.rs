@@ -11,17 +11,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::event::rfc3339;
-
-/// [`rfc3339`] of a time that may be absent (skipped then, see `StoredEvent`).
-fn rfc3339_opt<S: serde::Serializer>(
-    time: &Option<DateTime<Utc>>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    match time {
-        Some(time) => rfc3339(time, serializer),
-        None => serializer.serialize_none(),
-    }
-}
 use crate::{EventType, RunEvent, RunReport, RunSpans, Severity, RUN_EVENT_VERSION};
 
 /// The version of the stored form of a run, which `RunStore` rows written by
@@ -275,4 +264,15 @@ fn spans_of(run_id: &RunId, parent: Option<&str>) -> RunSpans {
     context.run_id = run_id.clone();
     context.parent_span_id = parent.map(str::to_owned);
     RunSpans::of(&context)
+}
+
+/// [`rfc3339`] of a time that may be absent (skipped then, see `StoredEvent`).
+fn rfc3339_opt<S: serde::Serializer>(
+    time: &Option<DateTime<Utc>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match time {
+        Some(time) => rfc3339(time, serializer),
+        None => serializer.serialize_none(),
+    }
 }
