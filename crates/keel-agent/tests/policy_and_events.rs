@@ -191,23 +191,17 @@ async fn an_allowed_tool_call_emits_the_normalized_sequence_and_a_persisted_repo
         "the api_key must be redacted in the persisted report"
     );
     assert!(text.contains("write_record"));
+    // The run's record is its report: the engine writes no task snapshot beside it, the task
+    // store being the task's one home (decision 258).
     let records = exec
         .runtime()
         .run_store()
-        .find_task_records(
-            &auth,
-            &RunQuery {
-                task_id: Some(task.id.clone()),
-                ..Default::default()
-            },
-        )
+        .find_task_records(&auth, &RunQuery::default())
         .await
         .unwrap();
-    assert_eq!(records[0].state, TaskState::Completed);
-    // Both records are indexed by the run's context and name the agent.
-    assert_eq!(records[0].run_id.as_ref(), Some(&ctx.run_id));
-    assert_eq!(records[0].trace_id.as_ref(), Some(&ctx.trace_id));
-    assert_eq!(records[0].agent_name.as_deref(), Some("records"));
+    assert!(records.is_empty(), "{records:?}");
+    // The report is indexed by the run's context and names the agent.
+    assert_eq!(stored.run_id, ctx.run_id);
     assert_eq!(stored.task_id.as_ref(), Some(&task.id));
     assert_eq!(stored.thread_id.as_ref(), Some(&task.thread_id));
     assert_eq!(stored.trace_id.as_ref(), Some(&ctx.trace_id));
@@ -565,8 +559,10 @@ async fn the_tools_declared_capabilities_are_merged_into_a_custom_action() {
     );
 }
 
+/// Decision 255: the run's final status names the task, its state and its status message,
+/// and carries no copy of the task; the task and its run context are read from the store.
 #[tokio::test]
-async fn the_runs_final_status_event_recovers_the_tasks_run_context() {
+async fn the_runs_final_status_event_names_the_task_and_the_store_holds_its_run_context() {
     let agent = Agent::builder(card())
         .llm_shared(Arc::new(MockLlm::scripted(vec![MockResponse::Text(
             "done".into(),
@@ -590,20 +586,18 @@ async fn the_runs_final_status_event_recovers_the_tasks_run_context() {
     let events = sink.events();
     let last = events.last().unwrap();
     assert!(last.is("task.status") && last.is_final);
-    let recovered = last
-        .run_context()
-        .unwrap()
-        .expect("the final status carries the task");
+    assert_eq!(last.task_id.as_ref(), Some(&task.id));
+    assert_eq!(last.payload["state"], "completed");
+    assert_eq!(last.payload["message"], "done");
+    assert!(last.payload.get("task").is_none(), "{:?}", last.payload);
+    assert_eq!(last.run_context().unwrap(), None);
+    let stored = exec.reads().task(&auth, &task.id).await.unwrap();
+    let recovered = RunContext::from_task(&stored).unwrap().unwrap();
     assert_eq!(recovered.run_id, ctx.run_id);
     assert_eq!(
         recovered.workspace_uri.as_deref(),
         Some("file:///workspace")
     );
-    assert_eq!(Some(recovered), RunContext::from_task(&task).unwrap());
-    // Earlier statuses carry no task, so no context.
-    let first = events.iter().find(|e| e.is("task.status")).unwrap();
-    assert!(!first.is_final);
-    assert_eq!(first.run_context().unwrap(), None);
     // The answer's artifact event comes from the task event the log keeps: it names the task.
     let artifact = events.iter().find(|e| e.is("task.artifact")).unwrap();
     assert_eq!(artifact.task_id.as_ref(), Some(&task.id));

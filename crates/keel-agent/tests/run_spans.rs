@@ -146,7 +146,9 @@ async fn a_runs_events_draw_the_tree_of_its_spans() {
     );
     // The stored report carries the same ids.
     let report = stored_report(&exec, &auth, &context.run_id).await;
-    let stored: Vec<RunEvent> = serde_json::from_value(report.report["events"].clone()).unwrap();
+    let stored = keel_events::RunReport::from_value(report.report)
+        .unwrap()
+        .events;
     assert_eq!(draw(&stored), draw(&events));
 }
 

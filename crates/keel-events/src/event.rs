@@ -30,7 +30,7 @@ pub const RUN_EVENT_VERSION: u32 = 1;
 pub struct EventType(Cow<'static, str>);
 
 impl EventType {
-    /// A task's status changed (the final one carries the serialized task).
+    /// A task's status changed: the task, its state and its status message.
     pub const TASK_STATUS: EventType = EventType::known("task.status");
     /// An artifact was produced or extended.
     pub const TASK_ARTIFACT: EventType = EventType::known("task.artifact");
@@ -246,7 +246,10 @@ pub struct RunEvent {
 /// needed), but handed to the serializer as one string: chrono's `Display` writes a time in
 /// a dozen pieces, and `serde_json` escapes each piece on its own, which made writing the
 /// timestamps a tenth of the cost of an engine step.
-fn rfc3339<S: serde::Serializer>(time: &DateTime<Utc>, serializer: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn rfc3339<S: serde::Serializer>(
+    time: &DateTime<Utc>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(&time.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
 }
 

@@ -43,6 +43,7 @@ mod replay;
 mod report;
 mod sink;
 mod spans;
+mod stored;
 
 pub use assertions::{assert_budget_under, assert_no_denied_actions, assert_run_events, Match};
 pub use emitter::EventEmitter;
@@ -57,3 +58,4 @@ pub use report::{
 };
 pub use sink::{BroadcastEventSink, EventSink, InMemoryEventSink, MultiSink};
 pub use spans::{RunSpans, SpanKind};
+pub use stored::STORED_RUN_VERSION;

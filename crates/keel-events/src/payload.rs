@@ -64,7 +64,8 @@ pub struct TaskStatusPayload {
     pub state: TaskState,
     /// The status message's text, if any.
     pub message: Option<String>,
-    /// The serialized task (Keel JSON), carried by the final status.
+    /// The serialized task (Keel JSON), when the event was built with it
+    /// ([`RunEvent::task_status_of`]); the engine's statuses name the task instead.
     pub task: Option<Value>,
 }
 
@@ -319,15 +320,17 @@ impl RunEvent {
         }
     }
 
-    /// `task.status` for a task's current state, carrying the serialized task: the run's last
-    /// status. Built by [`RunEvent::from_task_event`] from the task's status update.
+    /// `task.status` for a task's current state, carrying the serialized task: for a reader
+    /// with no store to read the task from (an application recording a stream it follows).
+    /// Built by [`RunEvent::from_task_event`] from the task's status update.
     pub fn task_status_of(task: &Task) -> RunEventBuilder {
         status_event(&task.id, task.status(), ends_turn(task.state()), Some(task))
     }
 
-    /// `task.status` for a task's current state without the serialized task: for a status
-    /// that is not the run's last (the task starting to work), where a copy of the whole
-    /// task would be written into the run's report only to be superseded.
+    /// `task.status` for a task's current state, naming the task, its state and its status
+    /// message but not carrying the task: what the engine emits, a run's final status
+    /// included (decision 255). The task lives in the task store; a copy in every run's
+    /// report and stream would be written only to be superseded.
     pub fn task_state_of(task: &Task) -> RunEventBuilder {
         status_event(&task.id, task.status(), ends_turn(task.state()), None)
     }

@@ -9,6 +9,7 @@ use keel_core::stored::JsonText;
 use keel_core::{AgentResult, Metadata};
 use serde_json::Value;
 
+use crate::stored::StoredRun;
 use crate::{EventSink, RedactionPolicy, RunEvent, RunReport};
 
 /// An [`EventSink`] that keeps a run's events and builds its [`RunReport`] on demand.
@@ -70,20 +71,22 @@ impl RunRecorder {
         self.report_of(self.take_events())
     }
 
-    /// [`take_report`](Self::take_report) as JSON text, ready to persist, in the stored form
-    /// ([`RunReport::stored_of`]): a redacting recorder's events are already masked, and its
-    /// metadata is masked here.
+    /// The run recorded so far as JSON text in the form a run is stored (its events and a
+    /// small summary, [`STORED_RUN_VERSION`](crate::STORED_RUN_VERSION), decision 257),
+    /// leaving the recorder empty; [`RunReport::from_value`] renders the report from it. A
+    /// redacting recorder's events are already masked, and its metadata is masked here.
     pub fn take_report_json(&self) -> AgentResult<JsonText> {
-        let mut report = RunReport::stored_of(self.take_events());
         let mut metadata = Value::Object(self.metadata.clone());
         if let Some(policy) = &self.redaction {
             policy.redact_value(&mut metadata);
         }
-        if let Value::Object(metadata) = metadata {
-            report.metadata = metadata;
-        }
-        // A recorded event takes about a third of a kilobyte of JSON.
-        JsonText::of_sized(&report, 384 * report.events.len() + 1024)
+        let metadata = match metadata {
+            Value::Object(metadata) => metadata,
+            _ => Metadata::new(),
+        };
+        let run = StoredRun::of(self.take_events(), metadata);
+        // A stored event takes about a quarter of a kilobyte of JSON.
+        JsonText::of_sized(&run, 256 * run.events.len() + 512)
     }
 
     fn take_events(&self) -> Vec<RunEvent> {
@@ -190,7 +193,8 @@ impl ReportWriter {
         self.recorder.record(event);
     }
 
-    /// The report of the events recorded so far, as JSON text, leaving the writer empty.
+    /// The run recorded so far as JSON text in its stored form
+    /// ([`RunRecorder::take_report_json`]), leaving the writer empty.
     pub fn take_json(&self) -> AgentResult<JsonText> {
         self.recorder.take_report_json()
     }

@@ -19,10 +19,9 @@
 //! | `action.started` / `completed` / `denied` / `failed` | the action's `status`, `output`, `artifacts`, `error`; `budget.usage.tool_calls` counts `action.started` |
 //!
 //! Other types are kept in `events` and otherwise ignored. A payload that does not read
-//! is noted in `problems`, never a panic. A report written to be stored
-//! ([`RunRecorder::take_report_json`](crate::RunRecorder::take_report_json)) reads only the
-//! payloads its JSON needs; `final_task`, `context_manifests`, `actions` and `problems` are
-//! built when it is read.
+//! is noted in `problems`, never a panic. A run is stored in a form of its own (its events
+//! and a small summary, `crate::stored`, decision 257) from which [`RunReport::from_value`]
+//! renders the report when it is read.
 
 use std::collections::HashMap;
 
@@ -39,10 +38,12 @@ use crate::payload::{
     ActionPolicyPayload, ApprovalDecidedPayload, ApprovalRequiredPayload, BudgetPayload,
     ContextPreparedPayload, LlmCallCompletedPayload, TaskArtifactPayload, TaskStatusPayload,
 };
+use crate::stored::StoredRun;
 use crate::{EventType, RedactionPolicy, RunEvent};
 
-/// The version of the [`RunReport`] JSON form, the only one this crate writes and reads.
-/// A stored report of any other version is refused with an error naming both.
+/// The version of the [`RunReport`] JSON form. A report of any other version (but the stored
+/// form of a run, [`STORED_RUN_VERSION`](crate::STORED_RUN_VERSION)) is refused with an
+/// error naming the versions.
 pub const RUN_REPORT_VERSION: u32 = 7;
 
 /// Where an action got to.
@@ -246,16 +247,29 @@ impl<'de> Deserialize<'de> for RunReport {
 }
 
 impl RunReport {
-    /// Read a stored report. A report of another version than [`RUN_REPORT_VERSION`] (or
-    /// none) is [`AgentError::InvalidInput`] naming the version found and the one expected;
-    /// JSON that is not a report is [`AgentError::InvalidInput`] too.
+    /// Read a report: the documented JSON of version [`RUN_REPORT_VERSION`] (a rendered
+    /// report, or one stored by an earlier Keel), or a run as the engine stores it, of version
+    /// [`STORED_RUN_VERSION`](crate::STORED_RUN_VERSION), which is rendered here from its
+    /// events (decision 257). Any other version (or none) is [`AgentError::InvalidInput`]
+    /// naming the version found and the ones read; JSON that is not a report is
+    /// [`AgentError::InvalidInput`] too.
     pub fn from_value(value: Value) -> AgentResult<RunReport> {
         let found = value.get("version").cloned().unwrap_or(Value::Null);
+        if found.as_u64() == Some(u64::from(crate::STORED_RUN_VERSION)) {
+            let stored = StoredRun::deserialize(value)
+                .map_err(|e| AgentError::invalid_input("run_report", e.to_string()))?;
+            let (events, metadata) = stored.into_events();
+            let mut report = RunReport::of_events(events, Parts::All);
+            report.metadata = metadata;
+            return Ok(report);
+        }
         if found.as_u64() != Some(u64::from(RUN_REPORT_VERSION)) {
             return Err(AgentError::invalid_input(
                 "run_report.version",
                 format!(
-                    "a run report of version {found} cannot be read: this Keel reads version {RUN_REPORT_VERSION}"
+                    "a run report of version {found} cannot be read: this Keel reads version \
+                     {RUN_REPORT_VERSION} (and version {}, the form it stores)",
+                    crate::STORED_RUN_VERSION
                 ),
             ));
         }
@@ -270,27 +284,15 @@ impl RunReport {
         Ok(report)
     }
 
-    /// Leave out of the events the task, thread and agent they all share with the report, as
-    /// the engine stores a report: every event of a run names the same ones, and writing
-    /// them once is a third less JSON to write and store. A field some event does not
-    /// share stays in every event. Reading fills them in again (see `fill_shared_ids`).
-    fn strip_shared_ids(&mut self) {
-        fn strip<T: PartialEq>(
-            events: &mut [RunEvent],
-            shared: &Option<T>,
-            field: fn(&mut RunEvent) -> &mut Option<T>,
-        ) {
-            if shared.is_some() && events.iter_mut().all(|e| &*field(e) == shared) {
-                events.iter_mut().for_each(|e| *field(e) = None);
-            }
-        }
-        strip(&mut self.events, &self.task_id, |e| &mut e.task_id);
-        strip(&mut self.events, &self.thread_id, |e| &mut e.thread_id);
-        strip(&mut self.events, &self.agent_name, |e| &mut e.agent_name);
+    /// The report read from `value` ([`from_value`](Self::from_value)) as its documented
+    /// JSON: what a reader of a stored run is shown (decision 257).
+    pub fn render(value: Value) -> AgentResult<Value> {
+        serde_json::to_value(RunReport::from_value(value)?).map_err(AgentError::internal)
     }
 
     /// When no event names a task (thread, agent) but the report does, they were left out
-    /// as shared ([`strip_shared_ids`](Self::strip_shared_ids)): every event has the report's.
+    /// as shared (as Keel stored reports of version 7, decision 93): every event has the
+    /// report's.
     fn fill_shared_ids(&mut self) {
         fn fill<T: Clone>(
             events: &mut [RunEvent],
@@ -316,13 +318,10 @@ impl RunReport {
         RunReport::of_events(events, Parts::All)
     }
 
-    /// The report of `events` as it is stored: without the parts its JSON leaves out, which
-    /// reading rebuilds (`final_task`, `context_manifests`, `actions`, `problems`), and with
-    /// the ids every event shares with the report written once (`strip_shared_ids`).
-    pub(crate) fn stored_of(events: Vec<RunEvent>) -> RunReport {
-        let mut report = RunReport::of_events(events, Parts::Stored);
-        report.strip_shared_ids();
-        report
+    /// What the stored form of a run keeps of its report besides the events: its ids, final
+    /// state, times and usage (`Parts::Stored` reads only the payloads those need).
+    pub(crate) fn stored_summary(events: &[RunEvent]) -> RunReport {
+        RunReport::summary_of(events, Parts::Stored)
     }
 
     fn of_events(mut events: Vec<RunEvent>, parts: Parts) -> RunReport {

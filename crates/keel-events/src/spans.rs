@@ -150,26 +150,39 @@ impl RunSpans {
         if builder.span_id.is_some() {
             return;
         }
-        if let Some(step) = builder.step {
-            self.step.fetch_max(step, Ordering::Relaxed);
-        }
-        let kind = Self::kind_of(
+        let (span, parent) = self.span_of(
             &builder.event_type,
             builder.step,
             builder.action_id.as_ref(),
         );
-        let (span, parent) = match kind {
+        builder.span_id = Some(span);
+        builder.parent_span_id = parent;
+    }
+
+    /// The span and parent span of the run's next event, of this type, step and action: what
+    /// [`stamp`](Self::stamp) gives it, and what a stored run's reader derives again
+    /// (decision 257). A step moves the run on to it.
+    pub(crate) fn span_of(
+        &self,
+        event_type: &EventType,
+        step: Option<u32>,
+        action: Option<&ActionId>,
+    ) -> (Arc<str>, Option<Arc<str>>) {
+        if let Some(step) = step {
+            self.step.fetch_max(step, Ordering::Relaxed);
+        }
+        match Self::kind_of(event_type, step, action) {
             SpanKind::Run => (self.run_hex.clone(), self.parent.clone()),
             SpanKind::Step => {
-                let ids = self.step_ids(builder.step.unwrap_or_default());
+                let ids = self.step_ids(step.unwrap_or_default());
                 (ids.span, Some(self.run_hex.clone()))
             }
             SpanKind::ModelCall => {
-                let ids = self.step_ids(builder.step.unwrap_or_default());
+                let ids = self.step_ids(step.unwrap_or_default());
                 (ids.model_call, Some(ids.span))
             }
             SpanKind::ToolCall => {
-                let span = match builder.action_id.as_ref() {
+                let span = match action {
                     Some(action) => self.tool_call_span(action).to_hex().into(),
                     None => self.run_hex.clone(),
                 };
@@ -179,9 +192,7 @@ impl RunSpans {
                 };
                 (span, Some(parent))
             }
-        };
-        builder.span_id = Some(span);
-        builder.parent_span_id = parent;
+        }
     }
 
     /// The ids of step `step`'s span and its model call's span (a tool call's parent is

@@ -18,7 +18,7 @@ use keel_events::{
     assert_budget_under, assert_no_denied_actions, assert_run_events, normalize, ActionStatus,
     BroadcastEventSink, EventEmitter, EventSink, EventType, InMemoryEventSink, Match, MultiSink,
     RedactionPolicy, ReportWriter, RunEvent, RunEventBuilder, RunRecorder, RunReplay, RunReport,
-    REDACTED, RUN_REPORT_VERSION,
+    REDACTED, RUN_REPORT_VERSION, STORED_RUN_VERSION,
 };
 use serde_json::json;
 
@@ -619,7 +619,7 @@ async fn a_report_of_another_version_is_an_error_naming_both_versions() {
     let expected = format!("this Keel reads version {RUN_REPORT_VERSION}");
     for found in [
         json!(5),
-        json!(RUN_REPORT_VERSION + 1),
+        json!(STORED_RUN_VERSION + 1),
         json!("6"),
         json!(null),
     ] {
@@ -720,7 +720,7 @@ async fn report_json_leaves_actions_out_and_reading_rebuilds_them() {
     assert_eq!(report.actions.len(), 2);
     let text = recorder.take_report_json().unwrap().into_string();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(json["version"], RUN_REPORT_VERSION);
+    assert_eq!(json["version"], STORED_RUN_VERSION);
     assert!(json.get("actions").is_none());
     let back: RunReport = serde_json::from_str(&text).unwrap();
     assert_eq!(back.actions, report.actions);
@@ -914,18 +914,65 @@ async fn stored_events_leave_out_only_the_ids_all_of_them_share() {
     let report = recorder.report();
     let json: serde_json::Value =
         serde_json::from_str(recorder.take_report_json().unwrap().as_str()).unwrap();
-    for left_out in ["actions", "context_manifests", "final_task", "problems"] {
+    // Decision 257: a run is stored as its events and a small summary; what the events
+    // say is rendered from them on reading.
+    assert_eq!(json["version"], STORED_RUN_VERSION);
+    for left_out in [
+        "actions",
+        "context_manifests",
+        "final_task",
+        "problems",
+        "approvals",
+        "artifacts",
+        "model",
+        "budget",
+        "event_count",
+    ] {
         assert!(
             json.get(left_out).is_none(),
             "{left_out} is rebuilt on reading"
         );
     }
+    assert_eq!(json["usage"]["llm_calls"], report.budget.usage.llm_calls);
+    assert_eq!(json["final_state"], json!(report.final_state));
+    assert_eq!(json["trace_id"], json!(events[0].trace_id));
     for event in json["events"].as_array().unwrap() {
-        for field in ["task_id", "thread_id", "agent_name"] {
+        for field in [
+            "version",
+            "run_id",
+            "trace_id",
+            "task_id",
+            "thread_id",
+            "agent_name",
+            "sequence",
+            "span_id",
+            "parent_span_id",
+            "timestamp",
+        ] {
             assert!(event.get(field).is_none(), "{field} in {event}");
         }
     }
+    assert_eq!(json["derived_spans"], true);
     assert_eq!(read(&json), report);
+    // An event whose span is not the one its run derives keeps its own, and so do the
+    // others; a gap in the numbering is written where it is.
+    let mut odd = events.clone();
+    odd[1].span_id = Some("00000000000000aa".into());
+    let last = odd.len() - 1;
+    odd[last].sequence += 5;
+    let odd_report = RunReport::from_events(&odd);
+    let odd_recorder = recorder_of(&odd).await;
+    let odd_json: serde_json::Value =
+        serde_json::from_str(odd_recorder.take_report_json().unwrap().as_str()).unwrap();
+    assert!(odd_json.get("derived_spans").is_none(), "{odd_json}");
+    assert!(odd_json["events"][0].get("span_id").is_some());
+    assert!(odd_json["events"][1].get("sequence").is_none());
+    assert_eq!(odd_json["events"][last]["sequence"], odd[last].sequence);
+    assert_eq!(read(&odd_json), odd_report);
+    // Rendered, it is the documented report of this version, each event whole.
+    let rendered = RunReport::render(json).unwrap();
+    assert_eq!(rendered["version"], RUN_REPORT_VERSION);
+    assert_eq!(rendered, serde_json::to_value(&report).unwrap());
 
     let mut mixed = events.clone();
     mixed[1].agent_name = Some("helper".into());

@@ -61,7 +61,8 @@ impl TaskRecord {
     }
 }
 
-/// A run report (its JSON form, as `keel-events` defines it) with the fields it is indexed by.
+/// A run as stored (the JSON `keel-events` writes at a run's end, from which it renders the
+/// run's report when read; decision 257) with the fields it is indexed by.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
     /// The run.
@@ -76,7 +77,8 @@ pub struct RunRecord {
     pub agent_name: Option<String>,
     /// When the report was written.
     pub recorded_at: DateTime<Utc>,
-    /// The report.
+    /// The run's JSON: as stored, from the store; rendered into the documented report by
+    /// `keel_agent::reads` and `keel_events::RunReport::from_value`.
     pub report: Value,
 }
 

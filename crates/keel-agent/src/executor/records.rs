@@ -1,6 +1,6 @@
 //! Run records: how a run ends is written down. The task's final (or resting) state, its
-//! answer, artifact and stop reason; the `run.stopped` event; the run's report and task
-//! snapshot in the run store. Also the writes of a task's status that every part shares,
+//! answer, artifact and stop reason; the `run.stopped` event; the run's report in the run
+//! store. Also the writes of a task's status that every part shares,
 //! and the making of a run's events, report and budget (`run_obs`).
 
 use std::sync::Arc;
@@ -13,8 +13,8 @@ use keel_core::{
 use keel_events::payload::{RunStoppedPayload, ThreadTerminatedPayload};
 use keel_events::{EventSink, RedactionPolicy, RunEvent, RunReport};
 use keel_llm::LlmMessage;
+use keel_runtime::RunRecord;
 use keel_runtime::{AuthContext, LogLevel};
-use keel_runtime::{RunRecord, TaskRecord};
 use serde_json::{json, Value};
 
 use super::run::RunLoop;
@@ -26,7 +26,7 @@ use crate::Negotiation;
 
 impl RunLoop<'_> {
     /// Write how the run ended: the task's final (or resting) state, its answer, artifact and
-    /// stop reason, then the run's report and task record.
+    /// stop reason, then the run's report.
     pub(super) async fn finish(&mut self, outcome: Outcome) -> AgentResult<()> {
         let (inner, flow) = (self.inner, self.flow);
         let auth = &flow.auth;
@@ -187,12 +187,14 @@ impl RunLoop<'_> {
             }))
             .await;
         }
-        obs.emit(RunEvent::task_status_of(task)).await;
+        // The task's id, state and status message, not the task: whoever needs the task
+        // reads it where it lives (decision 255).
+        obs.emit(RunEvent::task_state_of(task)).await;
         // Subagents: a background child's result goes to its parent from here, durably.
         inner.agent.hooks.on_rest(inner, auth, task).await;
-        // The records and the status are independent writes, sent together so that they
+        // The report and the status are independent writes, sent together so that they
         // share a round trip (one SQLite batch, one Redis pipeline) instead of queueing one
-        // behind the other; the records are sent first. Waiters are woken once both are
+        // behind the other; the report is sent first. Waiters are woken once both are
         // done: whoever waits for the task must find the run fully reported.
         let ((), saved) = tokio::join!(
             self.save_records(),
@@ -203,8 +205,8 @@ impl RunLoop<'_> {
         Ok(())
     }
 
-    /// The run report (redacted) and a task snapshot go to the run store. A failure here is
-    /// logged: the task itself is already persisted.
+    /// The run's report (redacted) goes to the run store. A failure here is logged: the task
+    /// itself is already persisted.
     async fn save_records(&self) {
         self.inner
             .save_records(&self.flow.auth, &self.obs, &self.task)
@@ -231,40 +233,34 @@ impl Inner {
         .await;
     }
 
-    /// The run report (redacted) and a task snapshot go to the run store. A failure here is
-    /// logged: the task itself is already persisted.
+    /// The run's report (redacted) goes to the run store. A failure here is logged: the task
+    /// itself is already persisted.
     pub(super) async fn save_records(&self, auth: &AuthContext, obs: &RunObs, task: &Task) {
         let runs = self.runtime.run_store();
         let agent_name = Some(self.agent.card().name.as_str());
         let result = async {
-            // Read once: it indexes both records.
-            let ctx = RunContext::from_task(task)?;
-            let record = TaskRecord::with_context(task, ctx.as_ref(), agent_name);
-            let report = async {
-                let Some(ctx) = ctx else {
-                    return Ok(());
-                };
-                // Masked event by event while the run went (the run's report writer) and
-                // serialized once here; the in-memory store keeps that text as it is.
-                let report = obs.take_report_json()?;
-                runs.save_run_report_json(
-                    auth,
-                    RunRecord {
-                        run_id: ctx.run_id,
-                        task_id: Some(task.id.clone()),
-                        thread_id: Some(task.thread_id.clone()),
-                        trace_id: Some(ctx.trace_id),
-                        agent_name: agent_name.map(str::to_owned),
-                        recorded_at: Utc::now(),
-                        report: Value::Null,
-                    },
-                    report,
-                )
-                .await
+            // The run's record is its report; the task's home is the task store, so no
+            // snapshot of it is written here (decision 258).
+            let Some(ctx) = RunContext::from_task(task)? else {
+                return Ok(());
             };
-            // Two independent writes, sent together (see `finish`).
-            let (saved, reported) = tokio::join!(runs.save_task_record(auth, &record), report);
-            saved.and(reported)
+            // Masked event by event while the run went (the run's report writer) and
+            // serialized once here; the in-memory store keeps that text as it is.
+            let report = obs.take_report_json()?;
+            runs.save_run_report_json(
+                auth,
+                RunRecord {
+                    run_id: ctx.run_id,
+                    task_id: Some(task.id.clone()),
+                    thread_id: Some(task.thread_id.clone()),
+                    trace_id: Some(ctx.trace_id),
+                    agent_name: agent_name.map(str::to_owned),
+                    recorded_at: Utc::now(),
+                    report: Value::Null,
+                },
+                report,
+            )
+            .await
         }
         .await;
         if let Err(err) = result {

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use keel_core::{
     AgentError, AgentResult, ApprovalRequest, RunId, Task, TaskEvent, TaskId, TaskState, ThreadId,
 };
+use keel_events::RunReport;
 use keel_runtime::{
     load_task_with_history, AuthContext, ChildThread, Credentials, HistoryEntry, ListTasksFilter,
     Page, QueuedItem, RunQuery, RunRecord, Runtime, TaskOrder,
@@ -394,14 +395,38 @@ impl Reads {
 
     // Runs.
 
-    /// Run records (their reports, redacted as persisted) matching `query`, newest first.
+    /// Run records matching `query`, newest first, each with its report rendered from the
+    /// stored run (redacted as persisted; decision 257). A record whose report cannot be
+    /// read (a version this Keel does not read) keeps its stored JSON, so that one old row
+    /// does not hide the others; [`run`](Self::run) names the version it refuses.
     pub async fn runs(&self, auth: &AuthContext, query: &RunQuery) -> AgentResult<Vec<RunRecord>> {
-        self.runtime.run_store().find_run_reports(auth, query).await
+        let mut records = self
+            .runtime
+            .run_store()
+            .find_run_reports(auth, query)
+            .await?;
+        for record in &mut records {
+            if let Ok(rendered) = RunReport::render(record.report.clone()) {
+                record.report = rendered;
+            }
+        }
+        Ok(records)
     }
 
-    /// The record of one run, if this tenant recorded it.
+    /// The record of one run, if this tenant recorded it, with its report rendered from the
+    /// stored run (decision 257); a report of a version this Keel does not read is
+    /// [`AgentError::InvalidInput`] naming the version.
     pub async fn run(&self, auth: &AuthContext, run_id: &RunId) -> AgentResult<Option<RunRecord>> {
-        self.runtime.run_store().get_run_report(auth, run_id).await
+        let Some(mut record) = self
+            .runtime
+            .run_store()
+            .get_run_report(auth, run_id)
+            .await?
+        else {
+            return Ok(None);
+        };
+        record.report = RunReport::render(std::mem::take(&mut record.report))?;
+        Ok(Some(record))
     }
 
     /// The record of the task's newest run, if one was recorded.

@@ -405,3 +405,95 @@ async fn a_thread_watch_follows_every_task_of_the_thread_and_resumes_from_its_po
         other => panic!("{other:?}"),
     }
 }
+
+/// A run as the last release stored it: a report of version 7, the task, thread and agent
+/// every event shares written once on the report (decision 93), the final status carrying
+/// the task.
+fn report_of_version_7(run_id: &str) -> Value {
+    json!({
+        "version": 7, "run_id": run_id, "task_id": "old-task", "thread_id": "old-thread",
+        "agent_name": "clerk",
+        "started_at": "2026-01-02T03:04:05.100Z", "finished_at": "2026-01-02T03:04:05.400Z",
+        "final_state": "completed", "approvals": [], "artifacts": [],
+        "model": {"started_calls": 1, "calls": 1, "input_tokens": 12, "output_tokens": 3,
+                  "latency_ms": 250, "models": ["mock"]},
+        "budget": {"usage": {"steps": 1, "llm_calls": 1, "tool_calls": 0, "input_tokens": 12,
+                             "output_tokens": 3, "runtime_seconds": 0.3}},
+        "event_count": 2,
+        "events": [
+            {"version": 1, "type": "llm.call.completed", "run_id": run_id, "sequence": 1,
+             "step": 1, "summary": "mock answered: 12 in / 3 out tokens",
+             "payload": {"model": "mock", "input_tokens": 12, "output_tokens": 3,
+                         "latency_ms": 250},
+             "timestamp": "2026-01-02T03:04:05.350Z"},
+            {"version": 1, "type": "task.status", "run_id": run_id, "sequence": 2,
+             "summary": "task completed",
+             "payload": {"state": "completed", "task": {"id": "old-task"}},
+             "final": true, "timestamp": "2026-01-02T03:04:05.400Z"}
+        ]
+    })
+}
+
+/// Decision 257: runs are stored in a form of their own and rendered on read; a report
+/// stored by the last release (version 7) still reads, rendered the same, and an older one
+/// is refused naming its version, on every backend.
+#[tokio::test]
+async fn a_report_stored_by_the_last_release_reads_and_an_older_one_is_refused_by_version() {
+    let (exec, auth, runtime) = executor("alpha");
+    let store = runtime.run_store();
+    let record = |run_id: &str, report: Value| keel_runtime::RunRecord {
+        run_id: run_id.into(),
+        task_id: Some("old-task".into()),
+        thread_id: Some("old-thread".into()),
+        trace_id: None,
+        agent_name: Some("clerk".into()),
+        recorded_at: chrono::Utc::now(),
+        report,
+    };
+    store
+        .save_run_report(&auth, &record("run-v7", report_of_version_7("run-v7")))
+        .await
+        .unwrap();
+    let mut v6 = report_of_version_7("run-v6");
+    v6["version"] = json!(6);
+    store.save_run_report(&auth, &record("run-v6", v6.clone())).await.unwrap();
+    let reads = exec.reads();
+
+    let read = reads.run(&auth, &"run-v7".into()).await.unwrap().expect("the run");
+    let report = read.report;
+    assert_eq!(report["version"], 7);
+    assert_eq!(report["final_state"], "completed");
+    assert_eq!(report["model"]["input_tokens"], 12);
+    // The ids written once are every event's again.
+    let events = report["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2);
+    assert!(events.iter().all(|e| e["task_id"] == "old-task" && e["agent_name"] == "clerk"));
+    assert_eq!(events[1]["payload"]["task"]["id"], "old-task");
+
+    let err = reads.run(&auth, &"run-v6".into()).await.unwrap_err();
+    assert_eq!(err.kind(), keel_core::ErrorKind::InvalidInput, "{err}");
+    assert!(err.to_string().contains("version 6"), "{err}");
+    // A list shows the row it cannot render as it is stored, and the others rendered.
+    let listed = reads
+        .runs(&auth, &keel_runtime::RunQuery::default())
+        .await
+        .unwrap();
+    let by_id = |id: &str| listed.iter().find(|r| r.run_id.as_str() == id).unwrap();
+    assert_eq!(by_id("run-v6").report, v6);
+    assert_eq!(by_id("run-v7").report, report);
+
+    // A run of this Keel is stored in the form of version 8 and read as a report of 7.
+    let task = send_in(&exec, &auth, &ThreadId::new(), "hi").await;
+    let run = reads.latest_run(&auth, &task.id).await.unwrap().expect("a run");
+    let stored = store.get_run_report(&auth, &run.run_id).await.unwrap().unwrap();
+    assert_eq!(stored.report["version"], keel_events::STORED_RUN_VERSION);
+    assert_eq!(run.report["version"], keel_events::RUN_REPORT_VERSION);
+    let rendered = reads.run(&auth, &run.run_id).await.unwrap().unwrap().report;
+    assert_eq!(rendered, run.report);
+    assert_eq!(rendered["final_state"], "completed");
+    assert!(rendered["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["version"] == 1 && e["run_id"] == run.run_id.as_str()));
+}

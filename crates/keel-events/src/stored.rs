@@ -1,0 +1,278 @@
+//! A run as the engine stores it (decision 257): a small summary and the run's events, each
+//! written without what every event of the run shares. The documented [`RunReport`] JSON
+//! is rendered from it when it is read ([`RunReport::from_value`]); nothing of the report
+//! that the events already say is written twice.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use keel_core::{ActionId, BudgetUsage, Metadata, RunContext, RunId, TaskId, TaskState, ThreadId};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::event::rfc3339;
+use crate::{EventType, RunEvent, RunReport, RunSpans, Severity, RUN_EVENT_VERSION};
+
+/// The version of the stored form of a run, which `RunStore` rows written by
+/// [`ReportWriter`](crate::ReportWriter) carry. Reading one renders the [`RunReport`] of
+/// version [`RUN_REPORT_VERSION`](crate::RUN_REPORT_VERSION).
+pub const STORED_RUN_VERSION: u32 = 8;
+
+/// A run as stored: its ids, where it ended, what it used and when, and its events.
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct StoredRun {
+    /// [`STORED_RUN_VERSION`].
+    pub(crate) version: u32,
+    pub(crate) run_id: Option<RunId>,
+    pub(crate) task_id: Option<TaskId>,
+    pub(crate) thread_id: Option<ThreadId>,
+    pub(crate) trace_id: Option<Arc<str>>,
+    pub(crate) agent_name: Option<String>,
+    /// The span the run's span hangs under, when its events' spans are left out.
+    parent_span_id: Option<Arc<str>>,
+    /// Whether every event's span and parent span are the ones [`RunSpans`] derives from
+    /// the run (as the run's emitter gave them), and so left out of the events.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    derived_spans: bool,
+    pub(crate) started_at: Option<DateTime<Utc>>,
+    pub(crate) finished_at: Option<DateTime<Utc>>,
+    pub(crate) final_state: Option<TaskState>,
+    /// What the run used (its cost included), for a reader that lists runs without their
+    /// events; a rendered report computes it again from the events.
+    #[serde(default)]
+    pub(crate) usage: BudgetUsage,
+    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
+    pub(crate) metadata: Metadata,
+    #[serde(default)]
+    pub(crate) events: Vec<StoredEvent>,
+}
+
+/// One event as stored: a [`RunEvent`] without its envelope version (when it is
+/// [`RUN_EVENT_VERSION`]), its sequence number (when it follows the one before), its span
+/// ids (when the run's are derived) and its run, task, thread, trace and agent when every
+/// event of the run names the stored run's (a field some event does not share stays in
+/// every event, as decision 93 has it, so that an event without one reads back without).
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct StoredEvent {
+    version: Option<u32>,
+    #[serde(rename = "type")]
+    event_type: EventType,
+    run_id: Option<RunId>,
+    task_id: Option<TaskId>,
+    thread_id: Option<ThreadId>,
+    trace_id: Option<Arc<str>>,
+    agent_name: Option<String>,
+    sequence: Option<u64>,
+    step: Option<u32>,
+    span_id: Option<Arc<str>>,
+    parent_span_id: Option<Arc<str>>,
+    action_id: Option<ActionId>,
+    parent_action_id: Option<ActionId>,
+    delegation_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Severity::is_info")]
+    severity: Severity,
+    #[serde(default)]
+    summary: String,
+    #[serde(default)]
+    payload: Value,
+    #[serde(rename = "final", default, skip_serializing_if = "std::ops::Not::not")]
+    is_final: bool,
+    /// When it was created, in nanoseconds after the run's `started_at` (absent: at it): a
+    /// number of a few digits where a time takes thirty characters.
+    elapsed_ns: Option<i64>,
+    /// When it was created, for a run that has no `started_at` or an offset too large for
+    /// nanoseconds (centuries).
+    #[serde(default, serialize_with = "rfc3339_opt")]
+    timestamp: Option<DateTime<Utc>>,
+}
+
+impl StoredRun {
+    /// The stored form of `events` (in sequence order) with `metadata`.
+    pub(crate) fn of(mut events: Vec<RunEvent>, metadata: Metadata) -> StoredRun {
+        events.sort_by_key(|e| e.sequence);
+        let summary = RunReport::stored_summary(&events);
+        let trace_id = events.first().and_then(|e| e.trace_id.clone());
+        // The run span's parent, as the run's own events name it.
+        let parent_span_id = events
+            .iter()
+            .find(|e| e.step.is_none() && e.action_id.is_none())
+            .and_then(|e| e.parent_span_id.clone());
+        let derived_spans = match &summary.run_id {
+            Some(run_id) => {
+                let spans = spans_of(run_id, parent_span_id.as_deref());
+                events.iter().all(|e| {
+                    let (span, parent) = spans.span_of(&e.event_type, e.step, e.action_id.as_ref());
+                    e.span_id.as_ref() == Some(&span) && e.parent_span_id == parent
+                })
+            }
+            None => false,
+        };
+        let mut run = StoredRun {
+            version: STORED_RUN_VERSION,
+            run_id: summary.run_id,
+            task_id: summary.task_id,
+            thread_id: summary.thread_id,
+            trace_id,
+            agent_name: summary.agent_name,
+            parent_span_id: parent_span_id.filter(|_| derived_spans),
+            derived_spans,
+            started_at: summary.started_at,
+            finished_at: summary.finished_at,
+            final_state: summary.final_state,
+            usage: summary.budget.usage,
+            metadata,
+            events: Vec::with_capacity(events.len()),
+        };
+        // Whether every event names the run's value of a field.
+        fn shared<T: PartialEq>(
+            events: &[RunEvent],
+            run: &Option<T>,
+            field: impl Fn(&RunEvent) -> Option<&T>,
+        ) -> bool {
+            run.is_some() && events.iter().all(|e| field(e) == run.as_ref())
+        }
+        let keep = [
+            !shared(&events, &run.run_id, |e| Some(&e.run_id)),
+            !shared(&events, &run.task_id, |e| e.task_id.as_ref()),
+            !shared(&events, &run.thread_id, |e| e.thread_id.as_ref()),
+            !shared(&events, &run.trace_id, |e| e.trace_id.as_ref()),
+            !shared(&events, &run.agent_name, |e| e.agent_name.as_ref()),
+        ];
+        let mut previous = 0;
+        for event in events {
+            let follows = event.sequence == previous + 1;
+            let elapsed = run
+                .started_at
+                .and_then(|start| (event.timestamp - start).num_nanoseconds());
+            previous = event.sequence;
+            let (span_id, parent_span_id) = match derived_spans {
+                true => (None, None),
+                false => (event.span_id, event.parent_span_id),
+            };
+            run.events.push(StoredEvent {
+                version: (event.version != RUN_EVENT_VERSION).then_some(event.version),
+                event_type: event.event_type,
+                run_id: Some(event.run_id).filter(|_| keep[0]),
+                task_id: event.task_id.filter(|_| keep[1]),
+                thread_id: event.thread_id.filter(|_| keep[2]),
+                trace_id: event.trace_id.filter(|_| keep[3]),
+                agent_name: event.agent_name.filter(|_| keep[4]),
+                sequence: (!follows).then_some(event.sequence),
+                step: event.step,
+                span_id,
+                parent_span_id,
+                action_id: event.action_id,
+                parent_action_id: event.parent_action_id,
+                delegation_id: event.delegation_id,
+                severity: event.severity,
+                summary: event.summary,
+                payload: event.payload,
+                is_final: event.is_final,
+                elapsed_ns: elapsed.filter(|n| *n != 0),
+                timestamp: elapsed.is_none().then_some(event.timestamp),
+            });
+        }
+        run
+    }
+
+    /// The run's events, each with what it shares with the run filled in again.
+    pub(crate) fn into_events(self) -> (Vec<RunEvent>, Metadata) {
+        let StoredRun {
+            run_id,
+            task_id,
+            thread_id,
+            trace_id,
+            agent_name,
+            parent_span_id,
+            derived_spans,
+            started_at,
+            metadata,
+            events,
+            ..
+        } = self;
+        let spans = match (&run_id, derived_spans) {
+            (Some(run_id), true) => Some(spans_of(run_id, parent_span_id.as_deref())),
+            _ => None,
+        };
+        let mut previous = 0;
+        // A field no event holds was shared: each event has the run's.
+        fn fill<T: Clone>(
+            events: &[StoredEvent],
+            run: Option<T>,
+            field: impl Fn(&StoredEvent) -> bool,
+        ) -> Option<T> {
+            run.filter(|_| !events.iter().any(field))
+        }
+        let run_id = fill(&events, run_id, |e| e.run_id.is_some());
+        let task_id = fill(&events, task_id, |e| e.task_id.is_some());
+        let thread_id = fill(&events, thread_id, |e| e.thread_id.is_some());
+        let trace_id = fill(&events, trace_id, |e| e.trace_id.is_some());
+        let agent_name = fill(&events, agent_name, |e| e.agent_name.is_some());
+        let events = events
+            .into_iter()
+            .map(|e| {
+                let sequence = e.sequence.unwrap_or(previous + 1);
+                previous = sequence;
+                let (span_id, parent_span_id) = match &spans {
+                    Some(spans) => {
+                        let (span, parent) =
+                            spans.span_of(&e.event_type, e.step, e.action_id.as_ref());
+                        (Some(span), parent)
+                    }
+                    None => (e.span_id, e.parent_span_id),
+                };
+                RunEvent {
+                    version: e.version.unwrap_or(RUN_EVENT_VERSION),
+                    event_type: e.event_type,
+                    // Written from `Some`, or left out as the run's.
+                    run_id: e.run_id.or_else(|| run_id.clone()).unwrap_or_default(),
+                    task_id: e.task_id.or_else(|| task_id.clone()),
+                    thread_id: e.thread_id.or_else(|| thread_id.clone()),
+                    trace_id: e.trace_id.or_else(|| trace_id.clone()),
+                    agent_name: e.agent_name.or_else(|| agent_name.clone()),
+                    sequence,
+                    step: e.step,
+                    span_id,
+                    parent_span_id,
+                    action_id: e.action_id,
+                    parent_action_id: e.parent_action_id,
+                    delegation_id: e.delegation_id,
+                    severity: e.severity,
+                    summary: e.summary,
+                    payload: e.payload,
+                    is_final: e.is_final,
+                    // Written with one or the other; a row that has neither reads as the epoch
+                    // rather than not at all.
+                    timestamp: e
+                        .timestamp
+                        .or(started_at.map(|start| {
+                            start + chrono::Duration::nanoseconds(e.elapsed_ns.unwrap_or(0))
+                        }))
+                        .unwrap_or_default(),
+                }
+            })
+            .collect();
+        (events, metadata)
+    }
+}
+
+/// The spans of run `run_id` under `parent`, as its emitter derived them.
+fn spans_of(run_id: &RunId, parent: Option<&str>) -> RunSpans {
+    let mut context = RunContext::new();
+    context.run_id = run_id.clone();
+    context.parent_span_id = parent.map(str::to_owned);
+    RunSpans::of(&context)
+}
+
+/// [`rfc3339`] of a time that may be absent (skipped then, see `StoredEvent`).
+fn rfc3339_opt<S: serde::Serializer>(
+    time: &Option<DateTime<Utc>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match time {
+        Some(time) => rfc3339(time, serializer),
+        None => serializer.serialize_none(),
+    }
+}
