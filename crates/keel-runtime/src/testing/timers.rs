@@ -12,7 +12,7 @@ use serde_json::json;
 
 use keel_core::ThreadId;
 
-use super::{fresh_tenant, fresh_thread};
+use super::{fresh_tenant, fresh_thread, tenant_and_thread};
 use crate::AuthContext;
 
 /// The agent the timer checks schedule for (the one that claims them).
@@ -171,8 +171,7 @@ pub async fn timers_schedule_list_and_cancel(timers: &dyn crate::ThreadTimers) {
 pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
     timers: &dyn crate::ThreadTimers,
 ) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let now = Utc::now();
     let due_at = now + chrono::Duration::hours(1);
     let timer = schedule(
@@ -315,8 +314,7 @@ pub async fn timers_are_claimed_once_under_contention(timers: Arc<dyn crate::Thr
 /// A scheduler claims only its own agent's timers (and ownerless ones): two agents sharing a
 /// store each get theirs, and `next_timer_at` looks only at what the agent would claim.
 pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTimers) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let unique = uuid::Uuid::new_v4().simple().to_string();
     let (a, b, idle) = (
         format!("agent-a-{unique}"),
