@@ -44,13 +44,15 @@ impl TestSchema {
         PostgresStore::connect_with_pool_size(&self.url, 4).await
     }
 
-    /// A URL of the schema whose connections are named `name` (`application_name`), for
-    /// [`TestSchema::end_connections`] to find.
-    pub fn url_named(&self, name: &str) -> String {
-        format!("{}&application_name={name}", self.url)
+    /// A store on the schema (a pool of 2) whose connections carry a fresh name, returned
+    /// with it, for [`TestSchema::end_connections`] to end them as a server restart does.
+    pub async fn named_store(&self) -> AgentResult<(String, PostgresStore)> {
+        let name = format!("keel_{}", uuid::Uuid::new_v4().simple());
+        let url = format!("{}&application_name={name}", self.url);
+        Ok((name, PostgresStore::connect_with_pool_size(&url, 2).await?))
     }
 
-    /// End every connection named `name` (see [`TestSchema::url_named`]), as a server
+    /// End every connection named `name` (see [`TestSchema::named_store`]), as a server
     /// restart does: pooled ones and a store's change listener alike.
     pub async fn end_connections(&self, name: &str) -> AgentResult<()> {
         admin(

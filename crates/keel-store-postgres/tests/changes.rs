@@ -8,7 +8,7 @@ use keel_core::conversation::LlmMessage;
 use keel_core::{Message, Task, TaskEvent, TaskId};
 use keel_runtime::{AuthContext, MemoryService, StepStore, TaskManager, ThreadLeases};
 use keel_store_postgres::testing::TestSchema;
-use keel_store_postgres::{Changes, PostgresStore, StoreChange};
+use keel_store_postgres::{Changes, StoreChange};
 use serde_json::json;
 
 /// A bound on waiting for a change that must come, so that a broken listener fails the test
@@ -158,10 +158,7 @@ async fn stores_in_other_schemas_are_not_heard() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_listener_comes_back_after_the_server_drops_it_and_says_changes_were_missed() {
     let schema = TestSchema::new().await.unwrap();
-    let name = format!("keel_{}", uuid::Uuid::new_v4().simple());
-    let listener = PostgresStore::connect_with_pool_size(&schema.url_named(&name), 2)
-        .await
-        .unwrap();
+    let (name, listener) = schema.named_store().await.unwrap();
     let writer = schema.store().await.unwrap();
     let mut changes = listener.changes().await.unwrap();
     // Its first LISTEN is announced too (what came before it was not heard).
