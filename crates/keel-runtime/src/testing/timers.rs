@@ -54,6 +54,11 @@ fn claimed_ids(claimed: &[crate::ClaimedTimer]) -> Vec<&str> {
     claimed.iter().map(|c| c.timer.id.as_str()).collect()
 }
 
+/// When `agent`'s next timer is due, if it has one.
+async fn next_at(timers: &dyn crate::ThreadTimers, agent: &str) -> Option<chrono::DateTime<Utc>> {
+    timers.next_timer_at(agent).await.unwrap()
+}
+
 /// Schedule a timer that must be accepted.
 async fn schedule(
     timers: &dyn crate::ThreadTimers,
@@ -184,10 +189,8 @@ pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
         due_at,
     )
     .await;
-    let next = timers
-        .next_timer_at(TIMER_AGENT)
+    let next = next_at(timers, TIMER_AGENT)
         .await
-        .unwrap()
         .expect("a timer is stored");
     assert!(
         next <= due_at,
@@ -329,15 +332,11 @@ pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTi
     let far = now + chrono::Duration::hours(1);
     let ta_far = schedule(timers, &auth, &thread, &a, "later", json!("a2"), far).await;
     assert_eq!(
-        timers.next_timer_at(&idle).await.unwrap(),
+        next_at(timers, &idle).await,
         None,
         "an agent with no timers has nothing to wait for"
     );
-    let next_b = timers
-        .next_timer_at(&b)
-        .await
-        .unwrap()
-        .expect("b has a timer");
+    let next_b = next_at(timers, &b).await.expect("b has a timer");
     assert!(
         next_b <= tb.due_at,
         "next_timer_at sees the agent's own timer"
@@ -354,11 +353,7 @@ pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTi
         "agent a claims its due timer only"
     );
     assert_eq!(got_a[0].timer.agent, a, "a claimed timer names its agent");
-    let next_a = timers
-        .next_timer_at(&a)
-        .await
-        .unwrap()
-        .expect("a has timers");
+    let next_a = next_at(timers, &a).await.expect("a has timers");
     assert!(
         next_a > now,
         "next_timer_at ignores other agents' due timers (b's is due, a's are claimed or later)"
@@ -381,11 +376,7 @@ pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTi
         assert!(timers.complete_timer(claim).await.unwrap());
     }
     assert!(timers.cancel_timer(&auth, &ta_far.id).await.unwrap());
-    assert_eq!(
-        timers.next_timer_at(&b).await.unwrap(),
-        None,
-        "b's timer is gone"
-    );
+    assert_eq!(next_at(timers, &b).await, None, "b's timer is gone");
 }
 
 /// Two handles on one storage (two connections, two processes) claiming at once: a due timer
