@@ -7,12 +7,18 @@
 //! every server answers with one byte) rather than a client library.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::process::Stdio;
+use std::time::Duration;
 
 use crate::util;
+
+/// How a server is started from the installed binaries: the same file as the tests' private
+/// server (`keel_store_postgres::testing::LocalServer`), kept std only for this.
+#[path = "../../crates/keel-store-postgres/src/testing/local_server.rs"]
+mod local_server;
+
+use local_server::LocalServer;
 
 /// The environment variable the tests read.
 pub const URL_VAR: &str = "KEEL_POSTGRES_URL";
@@ -23,36 +29,7 @@ pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test?sslmode=d
 pub struct Postgres {
     /// The URL to hand to the tests as `KEEL_POSTGRES_URL`.
     pub url: String,
-    started: Option<Started>,
-}
-
-/// A server this run started: the `postgres` process (under `runuser` when we are root, so
-/// killing the child would not reach it) and how to stop it.
-struct Started {
-    child: Child,
-    bin: PathBuf,
-    data: PathBuf,
-    root: bool,
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        if let Some(started) = self.started.as_mut() {
-            // An immediate shutdown: the data is throwaway, and it stops every backend.
-            let stopped = command(&started.bin, "pg_ctl", started.root)
-                .arg("stop")
-                .arg("-D")
-                .arg(&started.data)
-                .args(["-m", "immediate"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-            if !stopped.is_ok_and(|s| s.success()) {
-                let _ = started.child.kill();
-            }
-            let _ = started.child.wait();
-        }
-    }
+    _started: Option<LocalServer>,
 }
 
 /// Finds or starts a PostgreSQL; an error says what to install or set.
@@ -60,125 +37,43 @@ pub fn ensure() -> Result<Postgres, String> {
     let url = std::env::var(URL_VAR).unwrap_or_else(|_| DEFAULT_URL.to_owned());
     if host_port(&url).is_some_and(|hp| answers(&hp)) {
         println!("PostgreSQL answers at {url}");
-        return Ok(Postgres { url, started: None });
+        return Ok(Postgres {
+            url,
+            _started: None,
+        });
     }
-    let Some(bin) = installed_bin() else {
+    let Some(postgres) = start()? else {
         return Err(format!(
             "nothing answers at {URL_VAR} ({url}) and no PostgreSQL is installed to start one \
              (looked for /usr/lib/postgresql/*/bin/initdb): install it \
              (`apt-get install postgresql`) or point {URL_VAR} at a server"
         ));
     };
-    let postgres = start(&bin)?;
     println!("started PostgreSQL for this run at {}", postgres.url);
     Ok(postgres)
 }
 
-/// The newest `/usr/lib/postgresql/<version>/bin` that has `initdb`.
-fn installed_bin() -> Option<PathBuf> {
-    let mut bins: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(Result::ok)
-        .filter_map(|entry| {
-            let version = entry.file_name().to_str()?.parse().ok()?;
-            let bin = entry.path().join("bin");
-            bin.join("initdb").exists().then_some((version, bin))
-        })
-        .collect();
-    bins.sort();
-    bins.pop().map(|(_, bin)| bin)
-}
-
-/// Run `program` of `bin`, as the `postgres` user when we are root (PostgreSQL refuses to
-/// run as root).
-fn command(bin: &Path, program: &str, as_postgres: bool) -> Command {
-    let program = bin.join(program);
-    if as_postgres {
-        let mut cmd = Command::new("runuser");
-        cmd.args(["-u", "postgres", "--"]).arg(program);
-        cmd
-    } else {
-        Command::new(program)
-    }
-}
-
-/// Whether this process runs as root.
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
-}
-
-/// Initialise (once; the directory is kept between runs) and start a server on a free port,
-/// wait until it answers and create the `test` database.
-fn start(bin: &Path) -> Result<Postgres, String> {
-    let root = is_root();
+/// Initialise (once; the directory is kept between runs under `target/`) and start a server
+/// on a free port, and create the `test` database; `None` when none is installed.
+fn start() -> Result<Option<Postgres>, String> {
     let dir = util::workspace_root().join("target").join("postgres-ci");
-    let data = dir.join("data");
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    if root {
-        util::status(Command::new("chown").args(["-R", "postgres:"]).arg(&dir))?;
-    }
-    if !data.join("PG_VERSION").exists() {
-        util::status(
-            command(bin, "initdb", root)
-                .arg("-D")
-                .arg(&data)
-                .args(["-U", "postgres", "--auth=trust", "--no-sync"])
-                .stdout(Stdio::null()),
-        )?;
-    }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free port: {e}"))?
-        .port();
-    let child = command(bin, "postgres", root)
-        .arg("-D")
-        .arg(&data)
-        .args(["-p", &port.to_string(), "-k"])
-        .arg(&dir)
-        .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting postgres: {e}"))?;
-    // Constructed before waiting so the server is stopped on every early return.
-    let mut postgres = Postgres {
-        url: format!("postgres://postgres@127.0.0.1:{port}/test?sslmode=disable"),
-        started: Some(Started {
-            child,
-            bin: bin.to_owned(),
-            data,
-            root,
-        }),
+    let Some(server) = LocalServer::new(&dir)? else {
+        return Ok(None);
     };
-    let addr = format!("127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !answers(&addr) {
-        if let Some(Ok(Some(status))) = postgres.started.as_mut().map(|s| s.child.try_wait()) {
-            return Err(format!("postgres exited early ({status})"));
-        }
-        if Instant::now() > deadline {
-            return Err("postgres did not answer within 30 s".to_owned());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    server.init()?;
+    server.pg_ctl("start")?;
     // `createdb` fails when `test` exists (a kept data directory): that is fine.
-    let _ = command(bin, "createdb", false)
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-U",
-            "postgres",
-            "test",
-        ])
+    let _ = server
+        .command("createdb")
+        .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
+        .args(["-U", "postgres", "test"])
         .stderr(Stdio::null())
         .status();
-    Ok(postgres)
+    Ok(Some(Postgres {
+        url: server.url("test"),
+        _started: Some(server),
+    }))
 }
 
 /// `host:port` out of `postgres://[user[:pass]@]host[:port][/db][?...]`.
@@ -239,8 +134,7 @@ mod tests {
     #[test]
     #[ignore]
     fn a_server_started_from_the_installed_binaries_answers() {
-        let bin = installed_bin().expect("PostgreSQL installed");
-        let started = start(&bin).unwrap();
+        let started = start().unwrap().expect("PostgreSQL installed");
         assert!(answers(&host_port(&started.url).unwrap()));
     }
 }

@@ -365,56 +365,18 @@ mod tests {
         );
     }
 
+    /// The claim rules every backend shares (once, per tenant, again after delete) are
+    /// `testing::memory_save_if_absent_claims_once`; an expired claim frees the key.
     #[tokio::test]
-    async fn values_are_isolated_per_tenant() {
+    async fn an_expired_claim_frees_the_key() {
         let store = InMemoryMemoryService::new();
         let alice = AuthContext::new("app", "alice");
-        let bob = AuthContext::new("app", "bob");
-        store
-            .save_serialized(&alice, "k", json!({"n": 1}))
-            .await
-            .unwrap();
-        assert_eq!(
-            store.load_serialized(&alice, "k").await.unwrap(),
-            Some(json!({"n": 1}))
-        );
-        assert_eq!(store.load_serialized(&bob, "k").await.unwrap(), None);
-        assert!(!store.delete(&bob, "k").await.unwrap());
-        assert!(store.delete(&alice, "k").await.unwrap());
-        assert_eq!(store.load_serialized(&alice, "k").await.unwrap(), None);
-    }
-
-    #[tokio::test]
-    async fn save_if_absent_claims_a_key_once_until_it_expires_or_is_deleted() {
-        let store = InMemoryMemoryService::new();
-        let alice = AuthContext::new("app", "alice");
-        let bob = AuthContext::new("app", "bob");
-        let long = Duration::from_secs(60);
-        assert!(store
-            .save_if_absent(&alice, "c", json!(1), long)
-            .await
-            .unwrap());
-        assert!(!store
-            .save_if_absent(&alice, "c", json!(2), long)
-            .await
-            .unwrap());
-        assert_eq!(
-            store.load_serialized(&alice, "c").await.unwrap(),
-            Some(json!(1))
-        );
-        // Another tenant's key is another key.
-        assert!(store
-            .save_if_absent(&bob, "c", json!(3), long)
-            .await
-            .unwrap());
-        assert!(store.delete(&alice, "c").await.unwrap());
         assert!(store
             .save_if_absent(&alice, "c", json!(4), Duration::ZERO)
             .await
             .unwrap());
-        // Expired at once: free to claim again.
         assert!(store
-            .save_if_absent(&alice, "c", json!(5), long)
+            .save_if_absent(&alice, "c", json!(5), Duration::from_secs(60))
             .await
             .unwrap());
         assert_eq!(

@@ -151,6 +151,31 @@ impl InMemoryThreadStore {
         Scoped::new(auth, thread_id.clone())
     }
 
+    /// The entries at the indexes `range` picks out of the thread's history length, with
+    /// their seqs (entry seq n sits at index n - 1); none for a thread never written.
+    fn history_range(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        range: impl FnOnce(usize) -> std::ops::Range<usize>,
+    ) -> Vec<HistoryEntry> {
+        let Some(thread) = self
+            .threads
+            .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
+        else {
+            return Vec::new();
+        };
+        let range = range(thread.history.len());
+        let first_seq = range.start as u64 + 1;
+        (first_seq..)
+            .zip(&thread.history[range])
+            .map(|(seq, message)| HistoryEntry {
+                seq,
+                message: message.clone(),
+            })
+            .collect()
+    }
+
     /// The thread's data, locked for writing, when `lease` is its current, unexpired lease;
     /// [`AgentError::LeaseLost`] otherwise. A thread that was never leased has no entry, and
     /// a refused write must not create one: a client sending made-up leases would otherwise
@@ -189,24 +214,10 @@ impl ThreadHistory for InMemoryThreadStore {
         after_seq: u64,
         limit: usize,
     ) -> AgentResult<Vec<HistoryEntry>> {
-        let Some(thread) = self
-            .threads
-            .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
-        else {
-            return Ok(Vec::new());
-        };
-        let start = usize::try_from(after_seq)
-            .unwrap_or(usize::MAX)
-            .min(thread.history.len());
-        Ok(thread.history[start..]
-            .iter()
-            .take(limit)
-            .enumerate()
-            .map(|(i, message)| HistoryEntry {
-                seq: (start + i + 1) as u64,
-                message: message.clone(),
-            })
-            .collect())
+        Ok(self.history_range(auth, thread_id, |len| {
+            let start = usize::try_from(after_seq).unwrap_or(usize::MAX).min(len);
+            start..start.saturating_add(limit).min(len)
+        }))
     }
 
     async fn read_history_before(
@@ -216,25 +227,13 @@ impl ThreadHistory for InMemoryThreadStore {
         before_seq: u64,
         limit: usize,
     ) -> AgentResult<Vec<HistoryEntry>> {
-        let Some(thread) = self
-            .threads
-            .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
-        else {
-            return Ok(Vec::new());
-        };
-        // Entry seq n sits at index n - 1: `seq < before_seq` ends before index before_seq - 1.
-        let end = usize::try_from(before_seq.saturating_sub(1))
-            .unwrap_or(usize::MAX)
-            .min(thread.history.len());
-        let start = end.saturating_sub(limit);
-        Ok(thread.history[start..end]
-            .iter()
-            .enumerate()
-            .map(|(i, message)| HistoryEntry {
-                seq: (start + i + 1) as u64,
-                message: message.clone(),
-            })
-            .collect())
+        Ok(self.history_range(auth, thread_id, |len| {
+            // Entry seq n sits at index n - 1: `seq < before_seq` ends before index before_seq - 1.
+            let end = usize::try_from(before_seq.saturating_sub(1))
+                .unwrap_or(usize::MAX)
+                .min(len);
+            end.saturating_sub(limit)..end
+        }))
     }
 }
 

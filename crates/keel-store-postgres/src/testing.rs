@@ -3,9 +3,6 @@
 //! tests running at once never see each other's rows; and a private server of a test's own
 //! ([`PrivateServer`]) for the tests that restart the database.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-
 use keel_core::{AgentError, AgentResult};
 
 use crate::PostgresStore;
@@ -47,13 +44,15 @@ impl TestSchema {
         PostgresStore::connect_with_pool_size(&self.url, 4).await
     }
 
-    /// A URL of the schema whose connections are named `name` (`application_name`), for
-    /// [`TestSchema::end_connections`] to find.
-    pub fn url_named(&self, name: &str) -> String {
-        format!("{}&application_name={name}", self.url)
+    /// A store on the schema (a pool of 2) whose connections carry a fresh name, returned
+    /// with it, for [`TestSchema::end_connections`] to end them as a server restart does.
+    pub async fn named_store(&self) -> AgentResult<(String, PostgresStore)> {
+        let name = format!("keel_{}", uuid::Uuid::new_v4().simple());
+        let url = format!("{}&application_name={name}", self.url);
+        Ok((name, PostgresStore::connect_with_pool_size(&url, 2).await?))
     }
 
-    /// End every connection named `name` (see [`TestSchema::url_named`]), as a server
+    /// End every connection named `name` (see [`TestSchema::named_store`]), as a server
     /// restart does: pooled ones and a store's change listener alike.
     pub async fn end_connections(&self, name: &str) -> AgentResult<()> {
         admin(
@@ -115,16 +114,18 @@ async fn admin(url: &str, sql: &str) -> AgentResult<()> {
     result
 }
 
+mod local_server;
+
+pub use local_server::LocalServer;
+
 /// A PostgreSQL of a test's own, started from the installed binaries
 /// (`/usr/lib/postgresql/*/bin`) on a data directory in a temp dir and a free port: for the
 /// tests that restart the database, which must never restart the server other tests share.
 /// Stopped (immediately) when dropped.
 #[derive(Debug)]
 pub struct PrivateServer {
-    bin: PathBuf,
-    data: PathBuf,
-    port: u16,
-    root: bool,
+    // Declared before the directory, so the server stops before its directory goes.
+    server: LocalServer,
     _dir: tempfile::TempDir,
 }
 
@@ -136,108 +137,21 @@ impl PrivateServer {
     /// When the installed binaries fail to initialize or start it (a test helper: the test
     /// cannot go on).
     pub fn start() -> Option<PrivateServer> {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .ok()?
-            .filter_map(Result::ok)
-            .map(|e| e.path().join("bin"))
-            .find(|bin| bin.join("initdb").exists())?;
-        // PostgreSQL refuses to run as root: as root, run it as the `postgres` user.
-        let root = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
         let dir = tempfile::tempdir().expect("a temp dir for the data directory");
-        if root {
-            assert!(Command::new("chown")
-                .args(["-R", "postgres:"])
-                .arg(dir.path())
-                .status()
-                .is_ok_and(|s| s.success()));
-        }
-        let data = dir.path().join("data");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let server = PrivateServer {
-            bin,
-            data,
-            port,
-            root,
-            _dir: dir,
-        };
-        assert!(server
-            .run("initdb")
-            .arg("-D")
-            .arg(&server.data)
-            .args(["-U", "postgres", "--auth=trust", "--no-sync"])
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success()));
-        server.pg_ctl("start");
-        Some(server)
+        let server = LocalServer::new(dir.path()).expect("a free port")?;
+        server.init().expect("initdb");
+        server.pg_ctl("start").expect("pg_ctl start");
+        Some(PrivateServer { server, _dir: dir })
     }
 
     /// The URL of its `postgres` database.
     pub fn url(&self) -> String {
-        format!(
-            "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
-            self.port
-        )
+        self.server.url("postgres")
     }
 
     /// Restart it with a fast shutdown (clients' connections are dropped), waiting until it
     /// answers again.
     pub fn restart(&self) {
-        self.pg_ctl("restart");
-    }
-
-    fn run(&self, program: &str) -> Command {
-        let program = self.bin.join(program);
-        if self.root {
-            let mut cmd = Command::new("runuser");
-            cmd.args(["-u", "postgres", "--"]).arg(program);
-            cmd
-        } else {
-            Command::new(program)
-        }
-    }
-
-    /// `pg_ctl <action>` (start, restart), waiting for it to finish.
-    fn pg_ctl(&self, action: &str) {
-        let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
-            self.port,
-            socket_dir(&self.data).display()
-        );
-        let status = self
-            .run("pg_ctl")
-            .arg(action)
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-m", "fast", "-w", "-o", &options, "-l"])
-            .arg(socket_dir(&self.data).join("log"))
-            .stdout(Stdio::null())
-            .status();
-        assert!(status.is_ok_and(|s| s.success()), "pg_ctl {action}");
-    }
-}
-
-/// Where the server puts its socket and log: beside its data directory.
-fn socket_dir(data: &Path) -> &Path {
-    data.parent().unwrap_or(data)
-}
-
-impl Drop for PrivateServer {
-    fn drop(&mut self) {
-        let _ = self
-            .run("pg_ctl")
-            .arg("stop")
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-m", "immediate"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        self.server.pg_ctl("restart").expect("pg_ctl restart");
     }
 }

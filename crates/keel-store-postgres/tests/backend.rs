@@ -109,10 +109,7 @@ async fn a_closed_port_is_store_unavailable() {
 #[tokio::test(flavor = "multi_thread")]
 async fn connections_the_server_drops_are_replaced_and_a_step_commits_whole_or_not_at_all() {
     let schema = TestSchema::new().await.unwrap();
-    let name = format!("keel_{}", uuid::Uuid::new_v4().simple());
-    let store = PostgresStore::connect_with_pool_size(&schema.url_named(&name), 2)
-        .await
-        .unwrap();
+    let (name, store) = schema.named_store().await.unwrap();
     let auth = AuthContext::new("acme", "ops");
     let task = Task::create(Message::user("hi"));
     store.save_task(&auth, &task).await.unwrap();

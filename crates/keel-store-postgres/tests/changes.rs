@@ -42,20 +42,39 @@ fn events_of(auth: &AuthContext, task_id: &TaskId) -> StoreChange {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn task_events_appended_through_another_pool_are_heard() {
+/// A fresh schema with two stores on it (two pools, as two processes): one listening, with
+/// its changes, and one writing.
+async fn listener_and_writer() -> (TestSchema, PostgresStore, Changes, PostgresStore) {
     let schema = TestSchema::new().await.unwrap();
     let (listener, writer) = (schema.store().await.unwrap(), schema.store().await.unwrap());
-    let mut changes = listener.changes().await.unwrap();
+    let changes = listener.changes().await.unwrap();
+    (schema, listener, changes, writer)
+}
+
+/// Save `task` with one message event `text` through `writer`, and wait until `changes`
+/// hears it.
+async fn save_and_hear(
+    writer: &PostgresStore,
+    changes: &mut Changes,
+    auth: &AuthContext,
+    task: &Task,
+    text: &str,
+) {
+    writer
+        .save_task_with_events(auth, task, &[message(text)])
+        .await
+        .unwrap();
+    assert_eq!(next_change(changes).await, events_of(auth, &task.id));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn task_events_appended_through_another_pool_are_heard() {
+    let (schema, listener, mut changes, writer) = listener_and_writer().await;
     let auth = AuthContext::new("acme", "ops");
     let task = Task::create(Message::user("hi"));
 
     // A snapshot saved with events, an event appended, a persisted step: each is heard.
-    writer
-        .save_task_with_events(&auth, &task, &[message("one")])
-        .await
-        .unwrap();
-    assert_eq!(next_change(&mut changes).await, events_of(&auth, &task.id));
+    save_and_hear(&writer, &mut changes, &auth, &task, "one").await;
     writer
         .add_task_event(&auth, &task.id, &message("two"))
         .await
@@ -92,9 +111,7 @@ async fn task_events_appended_through_another_pool_are_heard() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cancel_request_saved_through_another_pool_is_heard() {
-    let schema = TestSchema::new().await.unwrap();
-    let (listener, writer) = (schema.store().await.unwrap(), schema.store().await.unwrap());
-    let mut changes = listener.changes().await.unwrap();
+    let (schema, listener, mut changes, writer) = listener_and_writer().await;
     let auth = AuthContext::new("acme", "ops");
     let key = format!("keel:cancel:{}", TaskId::new());
     writer
@@ -145,11 +162,7 @@ async fn stores_in_other_schemas_are_not_heard() {
         .save_task_with_events(&auth, &other, &[message("theirs")])
         .await
         .unwrap();
-    writer
-        .save_task_with_events(&auth, &mine, &[message("mine")])
-        .await
-        .unwrap();
-    assert_eq!(next_change(&mut changes).await, events_of(&auth, &mine.id));
+    save_and_hear(&writer, &mut changes, &auth, &mine, "mine").await;
     drop((listener, writer, stranger));
     ours.drop_schema().await.unwrap();
     theirs.drop_schema().await.unwrap();
@@ -158,10 +171,7 @@ async fn stores_in_other_schemas_are_not_heard() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_listener_comes_back_after_the_server_drops_it_and_says_changes_were_missed() {
     let schema = TestSchema::new().await.unwrap();
-    let name = format!("keel_{}", uuid::Uuid::new_v4().simple());
-    let listener = PostgresStore::connect_with_pool_size(&schema.url_named(&name), 2)
-        .await
-        .unwrap();
+    let (name, listener) = schema.named_store().await.unwrap();
     let writer = schema.store().await.unwrap();
     let mut changes = listener.changes().await.unwrap();
     // Its first LISTEN is announced too (what came before it was not heard).
@@ -172,11 +182,7 @@ async fn the_listener_comes_back_after_the_server_drops_it_and_says_changes_were
     assert_eq!(again, Some(StoreChange::Missed));
     let auth = AuthContext::new("acme", "ops");
     let task = Task::create(Message::user("hi"));
-    writer
-        .save_task_with_events(&auth, &task, &[message("after")])
-        .await
-        .unwrap();
-    assert_eq!(next_change(&mut changes).await, events_of(&auth, &task.id));
+    save_and_hear(&writer, &mut changes, &auth, &task, "after").await;
     drop((listener, writer));
     schema.drop_schema().await.unwrap();
 }

@@ -32,6 +32,23 @@ fn list_index(position: u64) -> i64 {
     i64::try_from(position).unwrap_or(i64::MAX)
 }
 
+/// The history entries read from the list `key`, `texts` starting after seq `before_first`.
+fn history_entries(
+    key: &str,
+    before_first: u64,
+    texts: &[String],
+) -> AgentResult<Vec<HistoryEntry>> {
+    let seqs = before_first + 1..;
+    seqs.zip(texts)
+        .map(|(seq, text)| {
+            Ok(HistoryEntry {
+                seq,
+                message: decode(key, text)?,
+            })
+        })
+        .collect()
+}
+
 /// A registered child as stored under `key`: its record, with the status kept beside it
 /// (updated without rewriting the record) taking precedence when present.
 fn child_of(key: &str, record: &str, status: Option<String>) -> AgentResult<ChildThread> {
@@ -88,16 +105,7 @@ impl ThreadHistory for RedisStore {
             .query_async(&mut self.con())
             .await
             .map_err(|e| self.fail("read history", &e))?;
-        texts
-            .iter()
-            .enumerate()
-            .map(|(i, text)| {
-                Ok(HistoryEntry {
-                    seq: after_seq + i as u64 + 1,
-                    message: decode(&key, text)?,
-                })
-            })
-            .collect()
+        history_entries(&key, after_seq, &texts)
     }
 
     async fn read_history_before(
@@ -119,16 +127,7 @@ impl ThreadHistory for RedisStore {
             .await
             .map_err(|e| self.fail("read history", &e))?;
         let first = u64::try_from(first).unwrap_or_default();
-        texts
-            .iter()
-            .enumerate()
-            .map(|(i, text)| {
-                Ok(HistoryEntry {
-                    seq: first + i as u64 + 1,
-                    message: decode(&key, text)?,
-                })
-            })
-            .collect()
+        history_entries(&key, first, &texts)
     }
 }
 

@@ -51,8 +51,7 @@ where
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_task_saved_by_one_store_is_read_by_another() {
-    let prefix = support::fresh_prefix();
-    let (a, b) = support::two_stores(&prefix).await;
+    let (prefix, a, b) = support::fresh_two_stores().await;
     let auth = tenant("shared");
     let task = Task::create(Message::user("hello from a"));
     a.save_task(&auth, &task).await.unwrap();
@@ -90,11 +89,8 @@ async fn stores_with_different_prefixes_share_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn lease_contention_across_two_stores_has_exactly_one_winner() {
-    let prefix = support::fresh_prefix();
-    let stores: [Arc<dyn ThreadStore>; 2] = [
-        Arc::new(support::store(&prefix).await),
-        Arc::new(support::store(&prefix).await),
-    ];
+    let (prefix, a, b) = support::fresh_two_stores().await;
+    let stores: [Arc<dyn ThreadStore>; 2] = [Arc::new(a), Arc::new(b)];
     let (auth, thread) = (tenant("racers"), fresh_thread());
     let leases = race(&stores, 64, |store, i| {
         let (auth, thread) = (auth.clone(), thread.clone());
@@ -114,8 +110,7 @@ async fn lease_contention_across_two_stores_has_exactly_one_winner() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stale_holder_on_one_store_cannot_write_after_another_store_takes_over() {
-    let prefix = support::fresh_prefix();
-    let (a, b) = support::two_stores(&prefix).await;
+    let (prefix, a, b) = support::fresh_two_stores().await;
     let (auth, thread) = (tenant("fencing"), fresh_thread());
     let old = a
         .acquire_lease(&auth, &thread, "a", Duration::from_millis(30))
@@ -190,8 +185,7 @@ async fn the_key_count_cap_holds_under_concurrent_writers_on_two_stores() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn queue_items_pushed_through_two_stores_are_each_queued_once() {
-    let prefix = support::fresh_prefix();
-    let (a, b) = support::two_stores(&prefix).await;
+    let (prefix, a, b) = support::fresh_two_stores().await;
     let (auth, thread) = (tenant("queue"), fresh_thread());
     for i in 0..10 {
         let store = if i % 2 == 0 { &a } else { &b };
@@ -213,8 +207,7 @@ async fn queue_items_pushed_through_two_stores_are_each_queued_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn malformed_stored_data_is_a_storage_error() {
-    let prefix = support::fresh_prefix();
-    let store = support::store(&prefix).await;
+    let (prefix, store) = support::fresh_store().await;
     let auth = tenant("corrupt");
     let task = Task::create(Message::user("soon garbage"));
     store.save_task(&auth, &task).await.unwrap();
@@ -344,8 +337,7 @@ async fn count(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_resaved_task_moves_between_state_and_thread_indexes() {
-    let prefix = support::fresh_prefix();
-    let store = support::store(&prefix).await;
+    let (prefix, store) = support::fresh_store().await;
     let auth = tenant("indexes");
     let (thread, other) = (fresh_thread(), fresh_thread());
     let earlier = Task::new(thread.clone());
@@ -385,8 +377,7 @@ async fn a_resaved_task_moves_between_state_and_thread_indexes() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_child_registered_under_a_new_parent_leaves_the_old_one() {
-    let prefix = support::fresh_prefix();
-    let store = support::store(&prefix).await;
+    let (prefix, store) = support::fresh_store().await;
     let auth = tenant("children");
     let (first, second) = (fresh_thread(), fresh_thread());
     let mut child = ChildThread::running(fresh_thread(), first.clone(), "helper", "helper");
@@ -400,8 +391,7 @@ async fn a_child_registered_under_a_new_parent_leaves_the_old_one() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn save_task_with_events_writes_nothing_when_the_log_cannot_take_them() {
-    let prefix = support::fresh_prefix();
-    let store = support::store(&prefix).await;
+    let (prefix, store) = support::fresh_store().await;
     let auth = tenant("atomic");
     let task = Task::create(Message::user("q"));
     // The log's key holds a string, so its RPUSH cannot succeed: the snapshot, written by
@@ -432,8 +422,7 @@ async fn save_task_with_events_writes_nothing_when_the_log_cannot_take_them() {
 #[tokio::test(flavor = "multi_thread")]
 async fn tasks_stored_before_the_status_time_indexes_are_listed_by_update() {
     use keel_runtime::TaskOrder;
-    let prefix = support::fresh_prefix();
-    let store = support::store(&prefix).await;
+    let (prefix, store) = support::fresh_store().await;
     let auth = tenant("older");
     let thread = fresh_thread();
     let mut saved = Vec::new();

@@ -25,8 +25,7 @@ async fn redis_store_passes_the_conformance_suite() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_timers_and_tenants_pass_the_conformance_suite() {
-    let prefix = support::fresh_prefix();
-    let store = support::store(&prefix).await;
+    let (prefix, store) = support::fresh_store().await;
     let timers = store.services(Arc::new(MockLlm::new())).timers;
     testing::run_all_system(timers.expect("Redis keeps timers"), &store).await;
     support::clean_up(&prefix).await;
@@ -34,8 +33,7 @@ async fn redis_timers_and_tenants_pass_the_conformance_suite() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_connections_claim_a_due_timer_once() {
-    let prefix = support::fresh_prefix();
-    let (a, b) = (support::store(&prefix).await, support::store(&prefix).await);
+    let (prefix, a, b) = support::fresh_two_stores().await;
     testing::timers_are_claimed_once_by_two_claimers(&a, &b).await;
     support::clean_up(&prefix).await;
 }

@@ -374,14 +374,21 @@ mod tests {
         assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
     }
 
+    /// An in-memory database migrated to `version` only, as an older Keel left it.
+    fn database_at_version(version: usize) -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        for step in &MIGRATIONS[..version] {
+            conn.execute_batch(step.sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", version as i64)
+            .unwrap();
+        conn
+    }
+
     #[test]
     fn timers_stored_before_owners_become_ownerless() {
         // A version-3 database with a timer in it, as an older Keel left it.
-        let mut conn = Connection::open_in_memory().unwrap();
-        for step in &MIGRATIONS[..3] {
-            conn.execute_batch(step.sql).unwrap();
-        }
-        conn.pragma_update(None, "user_version", 3).unwrap();
+        let mut conn = database_at_version(3);
         conn.execute(
             "INSERT INTO thread_timers (id, tenant, thread_id, due_at, ready_at, body) \
              VALUES ('t1', 'ns', 'th', 1, 1, '{}')",
@@ -404,11 +411,7 @@ mod tests {
     #[test]
     fn tasks_stored_before_the_update_index_get_their_status_time() {
         // A version-4 database with a task in it, as an older Keel left it.
-        let mut conn = Connection::open_in_memory().unwrap();
-        for step in &MIGRATIONS[..4] {
-            conn.execute_batch(step.sql).unwrap();
-        }
-        conn.pragma_update(None, "user_version", 4).unwrap();
+        let mut conn = database_at_version(4);
         conn.execute(
             "INSERT INTO tasks (tenant, task_id, thread_id, state, body) VALUES ('ns', 't1', \
              'th', 'working', '{\"format\":1,\"data\":{\"status\":{\"state\":\"working\",\

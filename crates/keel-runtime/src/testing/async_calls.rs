@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::{fresh_tenant, fresh_thread};
-use crate::{AsyncCall, AsyncCallState, AsyncCallStore};
+use crate::{AsyncCall, AsyncCallState, AsyncCallStore, AuthContext};
 
 fn fresh_call(state: AsyncCallState) -> AsyncCall {
     AsyncCall {
@@ -16,6 +16,25 @@ fn fresh_call(state: AsyncCallState) -> AsyncCall {
         state,
         record: json!({"task_id": "t-1", "secret_sha256": "ab", "nested": {"ünïcode": [1, 2.5]}}),
     }
+}
+
+/// The call stored under `call_id`, if any.
+async fn stored(store: &dyn AsyncCallStore, call_id: &str) -> Option<AsyncCall> {
+    store.find_async_call(call_id).await.expect("find")
+}
+
+/// Whether the compare-and-set moves the call `call_id` from `from` to `to` for `auth`.
+async fn moves(
+    store: &dyn AsyncCallStore,
+    auth: &AuthContext,
+    call_id: &str,
+    (from, to): (AsyncCallState, AsyncCallState),
+    record: Value,
+) -> bool {
+    store
+        .transition_async_call(auth, call_id, from, to, record)
+        .await
+        .expect("transition")
 }
 
 /// Every [`AsyncCallStore`] check.
@@ -30,24 +49,18 @@ pub async fn async_call_store_all(store: Arc<dyn AsyncCallStore>) {
 pub async fn async_call_store_round_trip(store: &dyn AsyncCallStore) {
     let call = fresh_call(AsyncCallState::Pending);
     store.put_async_call(&call).await.expect("put");
-    let found = store
-        .find_async_call(&call.call_id)
+    let found = stored(store, &call.call_id)
         .await
-        .expect("find")
         .expect("a saved call is found by id");
     assert_eq!(found, call, "a call reads back as saved");
     assert!(
-        store
-            .find_async_call("no-such-call")
-            .await
-            .expect("find")
-            .is_none(),
+        stored(store, "no-such-call").await.is_none(),
         "an unknown call id is Ok(None)"
     );
     let mut replaced = call.clone();
     replaced.record = json!({"replaced": true});
     store.put_async_call(&replaced).await.expect("put again");
-    let found = store.find_async_call(&call.call_id).await.expect("find");
+    let found = stored(store, &call.call_id).await;
     assert_eq!(found, Some(replaced), "saving again replaces the call");
 }
 
@@ -57,29 +70,27 @@ pub async fn async_call_store_transition_is_compare_and_set(store: &dyn AsyncCal
     use AsyncCallState::{Delivered, Expired, Pending};
     let call = fresh_call(Pending);
     store.put_async_call(&call).await.expect("put");
-    let other = fresh_tenant();
+    let (owner, id, other) = (&call.auth, call.call_id.as_str(), fresh_tenant());
     assert!(
-        !store
-            .transition_async_call(&other, &call.call_id, Pending, Delivered, json!("x"))
-            .await
-            .expect("transition"),
+        !moves(store, &other, id, (Pending, Delivered), json!("x")).await,
         "another tenant cannot move a call"
     );
     assert!(
-        !store
-            .transition_async_call(&call.auth, &call.call_id, Delivered, Expired, json!("x"))
-            .await
-            .expect("transition"),
+        !moves(store, owner, id, (Delivered, Expired), json!("x")).await,
         "a call that is not in the `from` state does not move"
     );
     assert!(
-        !store
-            .transition_async_call(&call.auth, "no-such-call", Pending, Delivered, json!("x"))
-            .await
-            .expect("transition"),
+        !moves(
+            store,
+            owner,
+            "no-such-call",
+            (Pending, Delivered),
+            json!("x")
+        )
+        .await,
         "an unknown call does not move"
     );
-    let unchanged = store.find_async_call(&call.call_id).await.expect("find");
+    let unchanged = stored(store, &call.call_id).await;
     assert_eq!(
         unchanged,
         Some(call.clone()),
@@ -88,32 +99,16 @@ pub async fn async_call_store_transition_is_compare_and_set(store: &dyn AsyncCal
 
     let record = json!({"output": {"file": "v.mp4"}});
     assert!(
-        store
-            .transition_async_call(
-                &call.auth,
-                &call.call_id,
-                Pending,
-                Delivered,
-                record.clone()
-            )
-            .await
-            .expect("transition"),
+        moves(store, owner, id, (Pending, Delivered), record.clone()).await,
         "the owner moves a pending call"
     );
-    let moved = store
-        .find_async_call(&call.call_id)
-        .await
-        .expect("find")
-        .expect("still there");
+    let moved = stored(store, &call.call_id).await.expect("still there");
     assert_eq!(moved.state, Delivered);
     assert_eq!(moved.record, record);
     assert_eq!(moved.auth, call.auth);
     assert_eq!(moved.thread_id, call.thread_id);
     assert!(
-        !store
-            .transition_async_call(&call.auth, &call.call_id, Pending, Expired, json!("late"))
-            .await
-            .expect("transition"),
+        !moves(store, owner, id, (Pending, Expired), json!("late")).await,
         "a delivered call cannot expire"
     );
 }
@@ -151,10 +146,8 @@ pub async fn async_call_store_one_of_concurrent_transitions_wins(store: Arc<dyn 
         1,
         "exactly one concurrent transition wins: {winners:?}"
     );
-    let stored = store
-        .find_async_call(&call.call_id)
+    let winner = stored(store.as_ref(), &call.call_id)
         .await
-        .expect("find")
         .expect("still there");
-    assert_eq!(stored.record, json!({"attempt": winners[0]}));
+    assert_eq!(winner.record, json!({"attempt": winners[0]}));
 }

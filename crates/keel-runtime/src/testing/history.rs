@@ -7,14 +7,13 @@ use std::sync::Arc;
 use keel_core::conversation::LlmMessage;
 use serde_json::json;
 
-use super::{concurrently, fresh_tenant, fresh_thread, leased, try_lease};
+use super::{concurrently, fresh_tenant, fresh_thread, leased, tenant_and_thread, try_lease};
 use crate::ThreadStore;
 
 /// The newest entries before a seq read back in order with their seqs: the tail, a page
 /// before a seq, a page that reaches the start, a limit of zero, another tenant's nothing.
 pub async fn history_read_before(threads: &dyn ThreadStore) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let lease = try_lease(threads, &auth, &thread, "w1").await.unwrap();
     let batch: Vec<LlmMessage> = (1..=7).map(|i| LlmMessage::user(format!("m{i}"))).collect();
     threads.append_history(&auth, &lease, &batch).await.unwrap();
@@ -54,8 +53,7 @@ pub async fn history_read_before(threads: &dyn ThreadStore) {
 
 /// History entries get contiguous seqs from 1 and read back in order, by range.
 pub async fn history_append_and_read(threads: &dyn ThreadStore) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     assert!(
         threads
             .read_history(&auth, &thread, 0, 10)
@@ -104,8 +102,7 @@ pub async fn history_append_and_read(threads: &dyn ThreadStore) {
 /// Concurrent producers: every item is queued once, each producer's items in its order;
 /// peek does not remove; ack does (idempotently) and needs the lease.
 pub async fn queue_fifo_under_concurrent_producers(threads: Arc<dyn ThreadStore>) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     concurrently(
         &threads,
         &auth,
@@ -169,8 +166,7 @@ pub async fn queue_fifo_under_concurrent_producers(threads: Arc<dyn ThreadStore>
 
 /// A limit of 0 reads nothing, from history and queue alike.
 pub async fn history_and_queue_limit_zero_is_empty(threads: &dyn ThreadStore) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let lease = leased(threads, &auth, &thread).await;
     threads
         .append_history(
@@ -204,8 +200,7 @@ pub async fn history_and_queue_limit_zero_is_empty(threads: &dyn ThreadStore) {
 /// Queue seqs only grow: after every item is acknowledged and the queue is empty, the next
 /// item gets a larger seq than any before it.
 pub async fn queue_seqs_grow_after_the_queue_empties(threads: &dyn ThreadStore) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let lease = leased(threads, &auth, &thread).await;
     let mut last_seq = 0;
     for round in 0..3 {

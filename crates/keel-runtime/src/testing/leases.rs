@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::{
     append_one, assert_lease_lost, concurrently, eventually, fresh_tenant, fresh_thread,
-    history_len, leased, try_lease,
+    history_len, leased, tenant_and_thread, try_lease,
 };
 use crate::{AuthContext, Lease, ThreadStore};
 
@@ -41,8 +41,7 @@ async fn assert_dead(
 
 /// Many tasks racing for one thread's lease: exactly one wins; other threads are independent.
 pub async fn lease_exclusive_under_contention(threads: Arc<dyn ThreadStore>) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let won = concurrently(
         &threads,
         &auth,
@@ -66,8 +65,7 @@ pub async fn lease_exclusive_under_contention(threads: Arc<dyn ThreadStore>) {
 
 /// Tokens grow; a holder whose lease expired or was taken over cannot write, renew or ack.
 pub async fn lease_fencing(threads: &dyn ThreadStore) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let short = threads
         .acquire_lease(&auth, &thread, "slow", Duration::from_millis(40))
         .await
@@ -112,8 +110,7 @@ pub async fn lease_fencing(threads: &dyn ThreadStore) {
 /// A released lease is dead: writing, acknowledging and renewing with it are `LeaseLost`,
 /// nothing lands, and the thread can be leased again with a larger token.
 pub async fn lease_is_dead_after_release(threads: &dyn ThreadStore) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let lease = leased(threads, &auth, &thread).await;
     let item = threads
         .push_queue(&auth, &thread, json!("pending"))
@@ -152,8 +149,7 @@ pub async fn lease_is_dead_after_release(threads: &dyn ThreadStore) {
 /// `acquire_lease` never takes a live lease, its holder's included); a free thread is taken
 /// as `acquire_lease` would take it.
 pub async fn lease_reclaimed_only_by_its_holder(threads: &dyn ThreadStore) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let ttl = Duration::from_secs(30);
     let old = try_lease(threads, &auth, &thread, "instance-a")
         .await
@@ -200,8 +196,7 @@ pub async fn lease_reclaimed_only_by_its_holder(threads: &dyn ThreadStore) {
 /// Lease TTLs must lie in 1 ms ..= 24 h (see [`crate::check_lease_ttl`]); anything else is
 /// `InvalidInput` naming `ttl`, for acquire and renew alike, and changes nothing.
 pub async fn lease_ttl_bounds(threads: &dyn ThreadStore) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let bad = [
         Duration::ZERO,
         Duration::from_micros(1),

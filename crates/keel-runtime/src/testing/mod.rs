@@ -71,6 +71,11 @@ fn fresh_thread() -> ThreadId {
     ThreadId::from(format!("thread-{}", uuid::Uuid::new_v4().simple()))
 }
 
+/// A fresh thread of a fresh tenant: where most checks start.
+fn tenant_and_thread() -> (AuthContext, ThreadId) {
+    (fresh_tenant(), fresh_thread())
+}
+
 /// Try to lease `thread` for 30 s as `holder`: the lease, or `None` while another holds it.
 async fn try_lease(
     threads: &dyn ThreadStore,

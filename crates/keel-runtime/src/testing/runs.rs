@@ -5,7 +5,7 @@ use chrono::Utc;
 use keel_core::{AgentError, RunContext, RunId, Task, TaskState, ThreadId, TraceId};
 use serde_json::{json, Value};
 
-use super::{fresh_tenant, fresh_thread};
+use super::{fresh_tenant, fresh_thread, tenant_and_thread};
 use crate::{AuthContext, RunQuery, RunRecord, RunStore, TaskRecord};
 
 /// The task records `query` finds for `auth`.
@@ -42,8 +42,7 @@ fn report_of(
 
 /// Records are found by each index, by time range and by text; newest first; reports upsert.
 pub async fn run_store_index_and_search(runs: &dyn RunStore) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let trace = TraceId::new();
     let mut task = Task::new(thread.clone());
     let ctx = RunContext {
@@ -226,8 +225,7 @@ pub async fn run_store_index_and_search(runs: &dyn RunStore) {
 /// exactly `since` is, so adjacent windows never share a record. Checked for task records and
 /// run reports.
 pub async fn run_store_time_window_is_half_open(runs: &dyn RunStore) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let t0 = Utc::now();
     let t1 = t0 + chrono::Duration::milliseconds(1);
     let nanosecond = chrono::Duration::nanoseconds(1);
@@ -295,8 +293,7 @@ pub async fn run_store_time_window_is_half_open(runs: &dyn RunStore) {
 /// every backend (see [`RunQuery`]): compact, keys sorted, strings JSON-escaped, non-ASCII as
 /// is, `%` and `_` literal, the envelope included.
 pub async fn run_store_contains_searches_the_stored_json(runs: &dyn RunStore) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let notes = [
         "Grüße: 50%_off, say \"hi\" C:\\tmp",
         "grüße: 50 percent off",

@@ -9,7 +9,7 @@ use keel_core::{
 };
 use serde_json::json;
 
-use super::{fresh_tenant, fresh_thread};
+use super::{fresh_tenant, fresh_thread, tenant_and_thread};
 use crate::{load_task_with_history, AuthContext, ListTasksFilter, Page, TaskManager, TaskOrder};
 
 /// Unknown ids read as `None`; save is an upsert; snapshots round-trip (without history).
@@ -383,8 +383,7 @@ fn ids(page: &Page<Task>) -> Vec<TaskId> {
 /// token past the end (every later task left the filter) yields an empty last page with no
 /// next token, not an error.
 pub async fn task_manager_page_token_survives_changes(tasks: &dyn TaskManager) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let mut all = Vec::new();
     for _ in 0..6 {
         let task = Task::new(thread.clone());
@@ -443,8 +442,7 @@ pub async fn task_manager_page_token_survives_changes(tasks: &dyn TaskManager) {
 /// state's listing and joins the new one, with or without a thread filter, and keeps its
 /// place in unfiltered listings.
 pub async fn task_manager_state_filter_follows_saves(tasks: &dyn TaskManager) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let (mut a, b) = (Task::new(thread.clone()), Task::new(thread.clone()));
     tasks.save_task(&auth, &a).await.unwrap();
     tasks.save_task(&auth, &b).await.unwrap();

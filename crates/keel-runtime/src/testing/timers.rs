@@ -12,7 +12,7 @@ use serde_json::json;
 
 use keel_core::ThreadId;
 
-use super::{fresh_tenant, fresh_thread};
+use super::{fresh_tenant, fresh_thread, tenant_and_thread};
 use crate::AuthContext;
 
 /// The agent the timer checks schedule for (the one that claims them).
@@ -52,6 +52,11 @@ async fn timers_on(
 /// The ids of the claimed timers, in claim order.
 fn claimed_ids(claimed: &[crate::ClaimedTimer]) -> Vec<&str> {
     claimed.iter().map(|c| c.timer.id.as_str()).collect()
+}
+
+/// When `agent`'s next timer is due, if it has one.
+async fn next_at(timers: &dyn crate::ThreadTimers, agent: &str) -> Option<chrono::DateTime<Utc>> {
+    timers.next_timer_at(agent).await.unwrap()
 }
 
 /// Schedule a timer that must be accepted.
@@ -171,8 +176,7 @@ pub async fn timers_schedule_list_and_cancel(timers: &dyn crate::ThreadTimers) {
 pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
     timers: &dyn crate::ThreadTimers,
 ) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let now = Utc::now();
     let due_at = now + chrono::Duration::hours(1);
     let timer = schedule(
@@ -185,10 +189,8 @@ pub async fn timers_claim_only_what_is_due_and_reclaim_after_the_claim_lapses(
         due_at,
     )
     .await;
-    let next = timers
-        .next_timer_at(TIMER_AGENT)
+    let next = next_at(timers, TIMER_AGENT)
         .await
-        .unwrap()
         .expect("a timer is stored");
     assert!(
         next <= due_at,
@@ -315,8 +317,7 @@ pub async fn timers_are_claimed_once_under_contention(timers: Arc<dyn crate::Thr
 /// A scheduler claims only its own agent's timers (and ownerless ones): two agents sharing a
 /// store each get theirs, and `next_timer_at` looks only at what the agent would claim.
 pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTimers) {
-    let auth = fresh_tenant();
-    let thread = fresh_thread();
+    let (auth, thread) = tenant_and_thread();
     let unique = uuid::Uuid::new_v4().simple().to_string();
     let (a, b, idle) = (
         format!("agent-a-{unique}"),
@@ -331,15 +332,11 @@ pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTi
     let far = now + chrono::Duration::hours(1);
     let ta_far = schedule(timers, &auth, &thread, &a, "later", json!("a2"), far).await;
     assert_eq!(
-        timers.next_timer_at(&idle).await.unwrap(),
+        next_at(timers, &idle).await,
         None,
         "an agent with no timers has nothing to wait for"
     );
-    let next_b = timers
-        .next_timer_at(&b)
-        .await
-        .unwrap()
-        .expect("b has a timer");
+    let next_b = next_at(timers, &b).await.expect("b has a timer");
     assert!(
         next_b <= tb.due_at,
         "next_timer_at sees the agent's own timer"
@@ -356,11 +353,7 @@ pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTi
         "agent a claims its due timer only"
     );
     assert_eq!(got_a[0].timer.agent, a, "a claimed timer names its agent");
-    let next_a = timers
-        .next_timer_at(&a)
-        .await
-        .unwrap()
-        .expect("a has timers");
+    let next_a = next_at(timers, &a).await.expect("a has timers");
     assert!(
         next_a > now,
         "next_timer_at ignores other agents' due timers (b's is due, a's are claimed or later)"
@@ -383,11 +376,7 @@ pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTi
         assert!(timers.complete_timer(claim).await.unwrap());
     }
     assert!(timers.cancel_timer(&auth, &ta_far.id).await.unwrap());
-    assert_eq!(
-        timers.next_timer_at(&b).await.unwrap(),
-        None,
-        "b's timer is gone"
-    );
+    assert_eq!(next_at(timers, &b).await, None, "b's timer is gone");
 }
 
 /// Two handles on one storage (two connections, two processes) claiming at once: a due timer

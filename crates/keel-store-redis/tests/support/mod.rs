@@ -42,9 +42,19 @@ pub async fn raw() -> redis::aio::MultiplexedConnection {
         .expect("raw connection to the test Redis")
 }
 
-/// Two stores on the test server under the same `prefix`: two processes sharing one Redis.
-pub async fn two_stores(prefix: &str) -> (RedisStore, RedisStore) {
-    (store(prefix).await, store(prefix).await)
+/// A store under a fresh prefix, with the prefix (for [`clean_up`]): how most tests start.
+pub async fn fresh_store() -> (String, RedisStore) {
+    let prefix = fresh_prefix();
+    let store = store(&prefix).await;
+    (prefix, store)
+}
+
+/// Two stores on the test server under the same fresh prefix (returned first, for
+/// [`clean_up`]): two processes sharing one Redis.
+pub async fn fresh_two_stores() -> (String, RedisStore, RedisStore) {
+    let prefix = fresh_prefix();
+    let (a, b) = (store(&prefix).await, store(&prefix).await);
+    (prefix, a, b)
 }
 
 /// Run one command (its name and arguments) on `con`, behind the store's back: how a test
