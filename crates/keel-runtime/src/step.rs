@@ -2,9 +2,10 @@
 
 use async_trait::async_trait;
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentResult, TaskEvent, TaskId};
+use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
+use serde_json::Value;
 
-use crate::{AuthContext, Lease};
+use crate::{AuthContext, Lease, QueuedItem};
 
 /// Writes what the engine persists at one point of a step (the assistant's message, or a
 /// tool's result): thread history entries under the thread's lease and the matching entries
@@ -12,6 +13,10 @@ use crate::{AuthContext, Lease};
 /// script; SQLite: one write job) implements it and is handed to the engine through
 /// [`Runtime::step_store`](crate::Runtime::step_store); without one the engine makes the two
 /// writes separately.
+///
+/// The other methods fold more of a request's writes into one (decision 260); their defaults
+/// are [`AgentError::Unsupported`], and the engine then makes the writes they stand for one
+/// after the other, as it does without a step store.
 #[async_trait]
 pub trait StepStore: Send + Sync {
     /// Append `history` to the lease's thread and `events` to `task_id`'s log, atomically: a
@@ -26,4 +31,43 @@ pub trait StepStore: Send + Sync {
         task_id: &TaskId,
         events: &[TaskEvent],
     ) -> AgentResult<()>;
+
+    /// [`Self::persist_step`] that also saves `task`'s snapshot (without its history, as
+    /// [`TaskManager::save_task`](crate::TaskManager::save_task) does) before `events` are
+    /// appended to its log: a run's new status and what the run took in with it, in one
+    /// write. The task must exist already: an unknown one is
+    /// [`AgentError::TaskNotFound`](keel_core::AgentError::TaskNotFound) and a stale lease
+    /// [`AgentError::LeaseLost`](keel_core::AgentError::LeaseLost), and nothing is written.
+    async fn persist_step_with_task(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        history: &[LlmMessage],
+        task: &Task,
+        events: &[TaskEvent],
+    ) -> AgentResult<()> {
+        let _ = (auth, lease, history, task, events);
+        Err(unsupported("persist_step_with_task"))
+    }
+
+    /// Save `task` with `events` appended to its log, as
+    /// [`TaskManager::save_task_with_events`](crate::TaskManager::save_task_with_events)
+    /// does, and add `payload` at the back of its thread's queue, in one write: a task
+    /// accepted and queued for its run, so that neither is there without the other.
+    async fn save_task_and_queue(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: &[TaskEvent],
+        payload: Value,
+    ) -> AgentResult<QueuedItem> {
+        let _ = (auth, task, events, payload);
+        Err(unsupported("save_task_and_queue"))
+    }
+}
+
+fn unsupported(method: &str) -> AgentError {
+    AgentError::Unsupported {
+        what: format!("`StepStore::{method}` on this store"),
+    }
 }

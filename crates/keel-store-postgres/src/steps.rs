@@ -1,26 +1,35 @@
 //! [`StepStore`] over PostgreSQL: one persist point of an engine step as one statement, so
-//! the fence, the history entries and the task's log entries commit together or not at all.
+//! the fence, the history entries and the task's log entries (and its snapshot, or its queue
+//! item) commit together or not at all (decision 260).
 
 use async_trait::async_trait;
+use chrono::Utc;
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, AgentResult, TaskEvent, TaskId};
-use keel_runtime::{AuthContext, Lease, StepStore};
+use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
+use keel_runtime::{updated_micros, AuthContext, Lease, QueuedItem, StepStore};
+use serde_json::Value;
+use tokio_postgres::types::ToSql;
 
 use crate::changes::notify;
-use crate::codec::{encode_all, query_one};
+use crate::codec::{encode_all, encode_record, encode_value, from_sql_int, query_one, to_nanos};
 use crate::leases::{fence, fence_args};
+use crate::tasks::{save_with_events, SnapshotArgs};
 use crate::threads::append_history;
 use crate::PostgresStore;
 
 /// Under the fence, number `$7` in task `$5`'s log (its row lock orders appenders) and append
 /// `$6` to the thread's history; whether the fence held and whether the task exists. Nothing
 /// is written unless both do: the log entries and history rows come from the `task` row,
-/// which exists only past the fence. Listeners hear of the log's growth ([`notify!`]).
+/// which exists only past the fence. When `$8` (state), `$9` (`updated_at`) and `$10` (body)
+/// are given, the task's snapshot takes them in the same update. Listeners hear of the log's
+/// growth ([`notify!`]).
 const PERSIST_STEP: &str = concat!(
     "WITH ",
     fence!(),
     ", task AS (
-    UPDATE tasks SET last_event = last_event + cardinality($7::text[])
+    UPDATE tasks SET last_event = last_event + cardinality($7::text[]),
+        state = COALESCE($8, state), updated_at = COALESCE($9, updated_at),
+        body = COALESCE($10, body)
     WHERE tenant = $1 AND task_id = $5 AND EXISTS (SELECT 1 FROM lease)
     RETURNING last_event
 ), events AS (
@@ -36,14 +45,38 @@ SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM task),
     (SELECT count(*) FROM notified)"
 );
 
-#[async_trait]
-impl StepStore for PostgresStore {
-    async fn persist_step(
+/// Save task `$2` with `$7` appended to its log ([`save_with_events!`]) and add item `$8`
+/// (payload `$9`, queued at `$10`) at the back of thread `$3`'s queue; the item's seq.
+const SAVE_AND_QUEUE: &str = concat!(
+    "WITH ",
+    save_with_events!(),
+    ", counter AS (
+    INSERT INTO threads (tenant, thread_id, last_queue_seq) VALUES ($1, $3, 1)
+    ON CONFLICT (tenant, thread_id) DO UPDATE SET last_queue_seq = threads.last_queue_seq + 1
+    RETURNING last_queue_seq
+), queued AS (
+    INSERT INTO thread_queue (tenant, thread_id, seq, id, payload, enqueued_at)
+    SELECT $1, $3, last_queue_seq, $8, $9, $10 FROM counter RETURNING seq
+), notified AS (
+    SELECT ",
+    notify!("t", "$1", "$2"),
+    " FROM task WHERE cardinality($7::text[]) > 0
+)
+SELECT (SELECT seq FROM queued), (SELECT count(*) FROM notified)"
+);
+
+/// The snapshot columns [`PERSIST_STEP`] sets when it is given a task.
+type SnapshotColumns = (Option<&'static str>, Option<i64>, Option<String>);
+
+impl PostgresStore {
+    /// [`StepStore::persist_step`], setting the task's snapshot columns when given.
+    async fn write_step(
         &self,
         auth: &AuthContext,
         lease: &Lease,
         history: &[LlmMessage],
         task_id: &TaskId,
+        (state, updated_at, body): SnapshotColumns,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         // Encoded first, so an encoding error writes nothing.
@@ -63,6 +96,9 @@ impl StepStore for PostgresStore {
                 &task_id.as_str(),
                 &history,
                 &events,
+                &state,
+                &updated_at,
+                &body,
             ],
             "persisting a step",
         )
@@ -76,5 +112,68 @@ impl StepStore for PostgresStore {
             });
         }
         Ok(())
+    }
+}
+
+#[async_trait]
+impl StepStore for PostgresStore {
+    async fn persist_step(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        history: &[LlmMessage],
+        task_id: &TaskId,
+        events: &[TaskEvent],
+    ) -> AgentResult<()> {
+        self.write_step(auth, lease, history, task_id, (None, None, None), events)
+            .await
+    }
+
+    async fn persist_step_with_task(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        history: &[LlmMessage],
+        task: &Task,
+        events: &[TaskEvent],
+    ) -> AgentResult<()> {
+        // Snapshots never carry the history: it is rebuilt from the log.
+        let columns = (
+            Some(task.state().as_str()),
+            Some(updated_micros(task)),
+            Some(encode_record(&task.clone_without_history())?),
+        );
+        self.write_step(auth, lease, history, &task.id, columns, events)
+            .await
+    }
+
+    async fn save_task_and_queue(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: &[TaskEvent],
+        payload: Value,
+    ) -> AgentResult<QueuedItem> {
+        let args = SnapshotArgs::new(auth, task, events)?;
+        let text = encode_value(&payload)?;
+        let id = uuid::Uuid::now_v7().to_string();
+        let enqueued_at = Utc::now();
+        let nanos = to_nanos(enqueued_at);
+        let mut params: Vec<&(dyn ToSql + Sync)> = args.params().to_vec();
+        params.extend([&id as &(dyn ToSql + Sync), &text, &nanos]);
+        let client = self.client().await?;
+        let row = query_one(
+            &client,
+            SAVE_AND_QUEUE,
+            &params,
+            "saving and queueing a task",
+        )
+        .await?;
+        Ok(QueuedItem {
+            id,
+            seq: from_sql_int(row.get(0), "queue seq")?,
+            payload,
+            enqueued_at,
+        })
     }
 }

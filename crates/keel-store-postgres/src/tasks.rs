@@ -15,10 +15,12 @@ use crate::changes::notify;
 use crate::codec::{decode_record, encode_all, encode_record, query, query_one, to_sql_int, Arg};
 use crate::PostgresStore;
 
-/// Insert or replace a snapshot (keeping its creation `seq`) and append `$7` to its log,
-/// notifying listeners of the log's growth when it grew ([`notify!`]).
-const SAVE_WITH_EVENTS: &str = concat!(
-    "WITH task AS (
+/// The `task` and `events` parts of a data-modifying `WITH`: insert or replace the snapshot
+/// of task `$2` of tenant `$1` (thread `$3`, state `$4`, `updated_at` `$5`, body `$6`),
+/// keeping its creation `seq`, and append `$7` to its log.
+macro_rules! save_with_events {
+    () => {
+        "task AS (
     INSERT INTO tasks (tenant, task_id, thread_id, state, updated_at, body, last_event)
     VALUES ($1, $2, $3, $4, $5, $6, cardinality($7::text[]))
     ON CONFLICT (tenant, task_id) DO UPDATE SET
@@ -30,13 +32,63 @@ const SAVE_WITH_EVENTS: &str = concat!(
     INSERT INTO task_events (tenant, task_id, seq, body)
     SELECT $1, $2, task.last_event - cardinality($7::text[]) + e.ord, e.body
     FROM task, unnest($7::text[]) WITH ORDINALITY AS e(body, ord)
-), notified AS (
+)"
+    };
+}
+pub(crate) use save_with_events;
+
+/// Insert or replace a snapshot (keeping its creation `seq`) and append `$7` to its log,
+/// notifying listeners of the log's growth when it grew ([`notify!`]).
+const SAVE_WITH_EVENTS: &str = concat!(
+    "WITH ",
+    save_with_events!(),
+    ", notified AS (
     SELECT ",
     notify!("t", "$1", "$2"),
     " FROM task WHERE cardinality($7::text[]) > 0
 )
 SELECT count(*) FROM notified"
 );
+
+/// The snapshot parameters `$1`-`$7` of [`save_with_events!`]: everything encoded first, so
+/// an encoding error writes nothing; snapshots never carry the history (it is rebuilt from
+/// the log).
+pub(crate) struct SnapshotArgs {
+    tenant: String,
+    task_id: String,
+    thread_id: String,
+    state: &'static str,
+    updated_at: i64,
+    body: String,
+    events: Vec<String>,
+}
+
+impl SnapshotArgs {
+    pub(crate) fn new(auth: &AuthContext, task: &Task, events: &[TaskEvent]) -> AgentResult<Self> {
+        Ok(Self {
+            tenant: auth.namespace(),
+            task_id: task.id.as_str().to_owned(),
+            thread_id: task.thread_id.as_str().to_owned(),
+            state: task.state().as_str(),
+            updated_at: updated_micros(task),
+            body: encode_record(&task.clone_without_history())?,
+            events: encode_all(events)?,
+        })
+    }
+
+    /// The seven parameters, in order.
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 7] {
+        [
+            &self.tenant,
+            &self.task_id,
+            &self.thread_id,
+            &self.state,
+            &self.updated_at,
+            &self.body,
+            &self.events,
+        ]
+    }
+}
 
 /// Append `$3` to an existing task's log and notify listeners; the count of tasks found (0
 /// or 1).
@@ -210,26 +262,9 @@ impl TaskManager for PostgresStore {
         task: &Task,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
-        // Everything is encoded first, so an encoding error writes nothing; snapshots never
-        // carry the history (it is rebuilt from the log).
-        let body = encode_record(&task.clone_without_history())?;
-        let events = encode_all(events)?;
+        let args = SnapshotArgs::new(auth, task, events)?;
         let client = self.client().await?;
-        query(
-            &client,
-            SAVE_WITH_EVENTS,
-            &[
-                &auth.namespace(),
-                &task.id.as_str(),
-                &task.thread_id.as_str(),
-                &task.state().as_str(),
-                &updated_micros(task),
-                &body,
-                &events,
-            ],
-            "saving a task",
-        )
-        .await?;
+        query(&client, SAVE_WITH_EVENTS, &args.params(), "saving a task").await?;
         Ok(())
     }
 

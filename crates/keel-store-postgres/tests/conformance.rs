@@ -19,6 +19,8 @@ async fn postgres_store_passes_the_conformance_suite() {
     let threads = store.services(Arc::new(MockLlm::new())).threads;
     testing::run_all(&store, &store, threads, limits, &store).await;
     testing::step_store_writes_history_and_log_together(&store, &store, &store).await;
+    testing::step_store_folds_a_task_with_its_queue_item_and_its_start(&store, &store, &store)
+        .await;
     schema.drop_schema().await.unwrap();
 }
 

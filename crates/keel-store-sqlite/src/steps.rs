@@ -1,16 +1,52 @@
-//! [`StepStore`] over SQLite: one persist point of an engine step (thread history under the
-//! lease, and the task's log) in one write job.
+//! [`StepStore`] over SQLite: the writes of one persist point of an engine step (thread
+//! history under the lease, the task's log, and its snapshot or its queue item) in one write
+//! job, so one savepoint of the writer's shared transaction (decision 260).
 
 use async_trait::async_trait;
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, AgentResult, TaskEvent, TaskId};
-use keel_runtime::{AuthContext, Lease, StepStore};
+use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
+use keel_runtime::{AuthContext, Lease, QueuedItem, StepStore};
+use serde_json::Value;
 
 use crate::codec::encode_record;
 use crate::leases::check_fence;
-use crate::tasks::{append_task_events, encode_events, task_exists};
-use crate::threads::append_history_rows;
+use crate::tasks::{append_task_events, encode_events, task_exists, SnapshotRow};
+use crate::threads::{append_history_rows, QueueRow};
 use crate::SqliteStore;
+
+impl SqliteStore {
+    /// [`StepStore::persist_step`], saving `snapshot` first when there is one: every row is
+    /// encoded before the job is sent, so an encoding error writes nothing, and the fence and
+    /// the task are checked before anything is written in the job's savepoint.
+    async fn write_step(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        history: &[LlmMessage],
+        task_id: &TaskId,
+        snapshot: Option<SnapshotRow>,
+        events: &[TaskEvent],
+    ) -> AgentResult<()> {
+        let history = history
+            .iter()
+            .map(encode_record)
+            .collect::<AgentResult<Vec<_>>>()?;
+        let events = encode_events(events)?;
+        let (tenant, lease, task_id) = (auth.namespace(), lease.clone(), task_id.clone());
+        self.write(move |conn| {
+            check_fence(conn, &tenant, &lease)?;
+            if !task_exists(conn, &tenant, &task_id)? {
+                return Err(AgentError::TaskNotFound { task_id });
+            }
+            if let Some(snapshot) = &snapshot {
+                snapshot.upsert(conn)?;
+            }
+            append_history_rows(conn, &tenant, &lease.thread_id, &history)?;
+            append_task_events(conn, &tenant, &task_id, &events)
+        })
+        .await
+    }
+}
 
 #[async_trait]
 impl StepStore for SqliteStore {
@@ -22,22 +58,38 @@ impl StepStore for SqliteStore {
         task_id: &TaskId,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
-        // Encoded before the job is sent, so an encoding error writes nothing.
-        let history = history
-            .iter()
-            .map(encode_record)
-            .collect::<AgentResult<Vec<_>>>()?;
+        self.write_step(auth, lease, history, task_id, None, events)
+            .await
+    }
+
+    async fn persist_step_with_task(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        history: &[LlmMessage],
+        task: &Task,
+        events: &[TaskEvent],
+    ) -> AgentResult<()> {
+        let snapshot = SnapshotRow::new(auth, task)?;
+        self.write_step(auth, lease, history, &task.id, Some(snapshot), events)
+            .await
+    }
+
+    async fn save_task_and_queue(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: &[TaskEvent],
+        payload: Value,
+    ) -> AgentResult<QueuedItem> {
+        let snapshot = SnapshotRow::new(auth, task)?;
         let events = encode_events(events)?;
-        let (tenant, lease, task_id) = (auth.namespace(), lease.clone(), task_id.clone());
-        // One job, so one savepoint: the fence, the history and the log entries commit
-        // together, and a refusal (checked before writing) leaves nothing behind.
+        let item = QueueRow::new(auth, &task.thread_id, &payload)?;
+        // One job: the task, its log entries and its queue item commit together.
         self.write(move |conn| {
-            check_fence(conn, &tenant, &lease)?;
-            if !task_exists(conn, &tenant, &task_id)? {
-                return Err(AgentError::TaskNotFound { task_id });
-            }
-            append_history_rows(conn, &tenant, &lease.thread_id, &history)?;
-            append_task_events(conn, &tenant, &task_id, &events)
+            snapshot.upsert(conn)?;
+            append_task_events(conn, &snapshot.tenant, &snapshot.task_id, &events)?;
+            item.push(conn, payload)
         })
         .await
     }

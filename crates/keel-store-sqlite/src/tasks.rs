@@ -22,9 +22,9 @@ pub(crate) fn task_exists(conn: &Connection, tenant: &str, task_id: &TaskId) -> 
 
 /// A task snapshot ready to be written: encoded (without history) and with the columns the
 /// listings filter on.
-struct SnapshotRow {
-    tenant: String,
-    task_id: TaskId,
+pub(crate) struct SnapshotRow {
+    pub(crate) tenant: String,
+    pub(crate) task_id: TaskId,
     thread_id: String,
     state: &'static str,
     /// The status timestamp, in microseconds: the key of the most-recently-updated order.
@@ -33,7 +33,7 @@ struct SnapshotRow {
 }
 
 impl SnapshotRow {
-    fn new(auth: &AuthContext, task: &Task) -> AgentResult<Self> {
+    pub(crate) fn new(auth: &AuthContext, task: &Task) -> AgentResult<Self> {
         // Snapshots never carry the history: it is rebuilt from the event log.
         Ok(Self {
             tenant: auth.namespace(),
@@ -46,7 +46,7 @@ impl SnapshotRow {
     }
 
     /// Insert or replace the snapshot.
-    fn upsert(&self, conn: &Connection) -> AgentResult<()> {
+    pub(crate) fn upsert(&self, conn: &Connection) -> AgentResult<()> {
         // An upsert, not REPLACE: the row (and its creation `seq`) is kept, so re-saving a
         // task does not move it in listings.
         conn.prepare_cached(

@@ -190,6 +190,65 @@ fn history_entries(
         .collect()
 }
 
+/// A queue item ready to be written: encoded, with its id, before the write job is sent (so
+/// an encoding error writes nothing).
+pub(crate) struct QueueRow {
+    tenant: String,
+    thread_id: ThreadId,
+    id: String,
+    text: String,
+}
+
+impl QueueRow {
+    pub(crate) fn new(
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        payload: &Value,
+    ) -> AgentResult<Self> {
+        Ok(Self {
+            tenant: auth.namespace(),
+            thread_id: thread_id.clone(),
+            id: uuid::Uuid::now_v7().to_string(),
+            text: encode_value(payload)?,
+        })
+    }
+
+    /// Add the item at the back of its thread's queue, inside the caller's write job.
+    pub(crate) fn push(self, conn: &Connection, payload: Value) -> AgentResult<QueuedItem> {
+        let Self {
+            tenant,
+            thread_id,
+            id,
+            text,
+        } = self;
+        // The counter in `threads` survives acks, so seqs only grow even when the queue
+        // empties.
+        let seq = ThreadCounter::QueueSeq.next(conn, &tenant, &thread_id)?;
+        let enqueued_at = Utc::now();
+        conn.prepare_cached(
+            "INSERT INTO thread_queue (tenant, thread_id, seq, id, payload, enqueued_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                tenant,
+                thread_id.as_str(),
+                seq,
+                id,
+                text,
+                to_nanos(enqueued_at)
+            ])
+        })
+        .context("queueing an item")?;
+        Ok(QueuedItem {
+            id,
+            seq: from_sql_int(seq, "queue seq")?,
+            payload,
+            enqueued_at,
+        })
+    }
+}
+
 #[async_trait]
 impl ThreadQueue for SqliteStore {
     async fn push_queue(
@@ -198,37 +257,8 @@ impl ThreadQueue for SqliteStore {
         thread_id: &ThreadId,
         payload: Value,
     ) -> AgentResult<QueuedItem> {
-        let text = encode_value(&payload)?;
-        let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
-        let id = uuid::Uuid::now_v7().to_string();
-        self.write(move |conn| {
-            // The counter in `threads` survives acks, so seqs only grow even when the queue
-            // empties.
-            let seq = ThreadCounter::QueueSeq.next(conn, &tenant, &thread_id)?;
-            let enqueued_at = Utc::now();
-            conn.prepare_cached(
-                "INSERT INTO thread_queue (tenant, thread_id, seq, id, payload, enqueued_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )
-            .and_then(|mut stmt| {
-                stmt.execute(params![
-                    tenant,
-                    thread_id.as_str(),
-                    seq,
-                    id,
-                    text,
-                    to_nanos(enqueued_at)
-                ])
-            })
-            .context("queueing an item")?;
-            Ok(QueuedItem {
-                id,
-                seq: from_sql_int(seq, "queue seq")?,
-                payload,
-                enqueued_at,
-            })
-        })
-        .await
+        let row = QueueRow::new(auth, thread_id, &payload)?;
+        self.write(move |conn| row.push(conn, payload)).await
     }
 
     async fn peek_queue(

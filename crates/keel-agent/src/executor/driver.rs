@@ -52,6 +52,37 @@ impl Inner {
         self.enqueue(auth, thread_id, work).await
     }
 
+    /// Save `task` with `events` appended to its log and queue its run on its thread: one
+    /// write where the store can (decision 260), so that neither is there without the other;
+    /// otherwise the save and then the queueing (a task saved but never queued is queued by
+    /// [`AgentExecutor::recover`](super::AgentExecutor::recover)).
+    pub(super) async fn save_and_enqueue_task(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: &[TaskEvent],
+    ) -> AgentResult<()> {
+        if let Some(steps) = self.runtime.step_store() {
+            let work = QueuedWork::Task {
+                task_id: task.id.clone(),
+            };
+            let payload = serde_json::to_value(&work).map_err(AgentError::internal)?;
+            match steps.save_task_and_queue(auth, task, events, payload).await {
+                Ok(_) => {
+                    self.schedule(auth, &task.thread_id);
+                    return Ok(());
+                }
+                Err(AgentError::Unsupported { .. }) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        self.runtime
+            .task_manager()
+            .save_task_with_events(auth, task, events)
+            .await?;
+        self.enqueue_task(auth, &task.thread_id, &task.id).await
+    }
+
     /// Refuse a new task when the thread's queue, or the tenant's queues together, hold as
     /// many items as [`ExecutorConfig`](crate::ExecutorConfig) allows. Counted in the store
     /// (both counts at once), not in this process: several processes share one store, and

@@ -341,23 +341,23 @@ impl AgentExecutor {
             EngineMeta::update(&mut task, |m| m.agent = Some(agent));
         }
         let message = TaskEvent::Message { message };
+        // Taken before the task is queued, so that no wake-up of its rest comes before it.
+        let waiter =
+            (!options.return_immediately).then(|| self.inner.notices.rest_waiter(auth, &task.id));
         if continuing {
             // The answer is in: the task works again (and a blocking caller waits for the run
             // rather than finding the task still waiting for input).
             task.begin()?;
+            let status = TaskEvent::status_of(&task, false);
             self.inner
-                .persist_status_after(auth, &task, vec![message])
+                .save_and_enqueue_task(auth, &task, &[message, status])
                 .await?;
+            self.inner.notices.task_saved(auth, &task.id);
         } else {
-            tasks
-                .save_task_with_events(auth, &task, std::slice::from_ref(&message))
+            self.inner
+                .save_and_enqueue_task(auth, &task, std::slice::from_ref(&message))
                 .await?;
         }
-        let waiter =
-            (!options.return_immediately).then(|| self.inner.notices.rest_waiter(auth, &task.id));
-        self.inner
-            .enqueue_task(auth, &task.thread_id, &task.id)
-            .await?;
         let task = match waiter {
             Some(waiter) => {
                 // The snapshot the wait ended on is the answer: only its history is read.

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use keel_core::ApprovalOutcome;
 use keel_core::TaskId;
-use keel_core::{AgentError, AgentResult, Message, PartContent, RunContext, Task, TaskState};
+use keel_core::{
+    AgentError, AgentResult, Message, PartContent, RunContext, Task, TaskEvent, TaskState,
+};
 use keel_events::RunEvent;
 use keel_llm::{LlmMessage, LlmRole, ToolCall};
 use keel_runtime::LogLevel;
@@ -242,27 +244,7 @@ impl<'a> RunLoop<'a> {
             None => super::direct::explicit_parts(user_messages(&events).last()),
             Some(_) => None,
         };
-        // Two independent writes, sent together (one SQLite batch, one Redis pipeline): the
-        // task's working status and its input joining the thread history. Either may be
-        // there without the other after a crash, and a resumed run handles both.
-        let (auth, task) = (&self.flow.auth, &self.task);
-        let status = async {
-            if began {
-                inner.persist_status(auth, task).await
-            } else {
-                Ok(())
-            }
-        };
-        let input = async {
-            if new_input.is_empty() {
-                Ok(Vec::new())
-            } else {
-                inner.append_history(self.flow, new_input).await
-            }
-        };
-        let (status, input) = tokio::join!(status, input);
-        status?;
-        self.history.extend(input?);
+        self.take_in(began, new_input).await?;
         if began {
             // The whole task rides on the final status only (the payload's contract).
             self.obs.emit(RunEvent::task_state_of(&self.task)).await;
@@ -290,6 +272,52 @@ impl<'a> RunLoop<'a> {
                 },
             },
         })
+    }
+
+    /// Write the run's start: the task's working status (when the run `began` it) and its
+    /// `new_input` joining the thread history. One write where the store can (decision 260:
+    /// the status and the input commit together); otherwise two independent writes, sent
+    /// together (one SQLite batch, one Redis pipeline), either of which may be there
+    /// without the other after a crash, and a resumed run handles both.
+    async fn take_in(&mut self, began: bool, mut new_input: Vec<LlmMessage>) -> AgentResult<()> {
+        let (inner, auth, task) = (self.inner, &self.flow.auth, &self.task);
+        if began && !new_input.is_empty() {
+            if let Some(steps) = inner.runtime.step_store() {
+                inner.mark_side(&mut new_input);
+                let status = TaskEvent::status_of(task, task.state().is_terminal());
+                let lease = self.flow.lease();
+                match steps
+                    .persist_step_with_task(auth, &lease, &new_input, task, &[status])
+                    .await
+                {
+                    Ok(()) => {
+                        inner.notices.task_saved(auth, &task.id);
+                        self.history.extend(new_input);
+                        return Ok(());
+                    }
+                    Err(AgentError::Unsupported { .. }) => {}
+                    Err(err) => return Err(err),
+                }
+            }
+        }
+        let status = async {
+            if began {
+                inner.persist_status(auth, task).await
+            } else {
+                Ok(())
+            }
+        };
+        let input = async {
+            if new_input.is_empty() {
+                Ok(Vec::new())
+            } else {
+                inner.append_history(self.flow, new_input).await
+            }
+        };
+        let (status, input) = tokio::join!(status, input);
+        status?;
+        self.history.extend(input?);
+        Ok(())
     }
 
     /// The agent's `max_session_turns` stop rule: the thread's user turns so far against it.

@@ -2,7 +2,7 @@
 //! together or not at all.
 
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, Message, Task, TaskEvent, TaskId};
+use keel_core::{AgentError, Message, Task, TaskEvent, TaskId, TaskState};
 
 use super::{assert_lease_lost, fresh_tenant, history_len, leased, try_lease};
 use crate::{TaskManager, ThreadStore};
@@ -74,5 +74,100 @@ pub async fn step_store_writes_history_and_log_together(
         tasks.get_task_events(&auth, &task.id).await.unwrap().len(),
         1,
         "no log entry with a stale lease"
+    );
+}
+
+/// A [`StepStore`](crate::StepStore) that folds a run's writes (decision 260) writes each
+/// fold whole: [`save_task_and_queue`](crate::StepStore::save_task_and_queue) leaves the task,
+/// its log entries and its queue item; [`persist_step_with_task`](crate::StepStore::persist_step_with_task)
+/// the task's new snapshot, its log entries and the history, and with a stale lease or for
+/// an unknown task none of them.
+pub async fn step_store_folds_a_task_with_its_queue_item_and_its_start(
+    steps: &dyn crate::StepStore,
+    tasks: &dyn TaskManager,
+    threads: &dyn ThreadStore,
+) {
+    let auth = fresh_tenant();
+    let mut task = Task::create(Message::user("q"));
+    let message = TaskEvent::Message {
+        message: Message::user("q"),
+    };
+    let payload = serde_json::json!({"task": task.id.as_str()});
+    let item = steps
+        .save_task_and_queue(
+            &auth,
+            &task,
+            std::slice::from_ref(&message),
+            payload.clone(),
+        )
+        .await
+        .unwrap();
+    let saved = tasks.get_task(&auth, &task.id).await.unwrap().unwrap();
+    assert_eq!(saved.state(), task.state(), "the task is saved");
+    assert_eq!(
+        tasks.get_task_events(&auth, &task.id).await.unwrap(),
+        vec![message.clone()],
+        "its log entry is saved with it"
+    );
+    let queued = threads
+        .peek_queue(&auth, &task.thread_id, 10)
+        .await
+        .unwrap();
+    assert_eq!(queued.len(), 1, "one item queued");
+    assert_eq!((&queued[0].id, &queued[0].payload), (&item.id, &payload));
+
+    let lease = leased(threads, &auth, &task.thread_id).await;
+    task.begin().unwrap();
+    let status = TaskEvent::status_of(&task, false);
+    let input = [LlmMessage::user("q")];
+    steps
+        .persist_step_with_task(&auth, &lease, &input, &task, std::slice::from_ref(&status))
+        .await
+        .unwrap();
+    let saved = tasks.get_task(&auth, &task.id).await.unwrap().unwrap();
+    assert_eq!(saved.state(), TaskState::Working, "the new status is saved");
+    assert_eq!(
+        tasks.get_task_events(&auth, &task.id).await.unwrap(),
+        vec![message.clone(), status.clone()],
+        "the status event follows the message"
+    );
+    assert_eq!(history_len(threads, &auth, &task.thread_id).await, 1);
+
+    let unknown = Task::new(task.thread_id.clone());
+    let err = steps
+        .persist_step_with_task(&auth, &lease, &input, &unknown, &[])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::TaskNotFound { .. }),
+        "unknown task: {err:?}"
+    );
+    assert!(
+        tasks.get_task(&auth, &unknown.id).await.unwrap().is_none(),
+        "an unknown task is not created"
+    );
+
+    threads.release_lease(&auth, &lease).await.unwrap();
+    try_lease(threads, &auth, &task.thread_id, "w2")
+        .await
+        .expect("a released thread is free");
+    let mut later = task.clone();
+    later.fail("late").unwrap();
+    assert_lease_lost(
+        steps
+            .persist_step_with_task(&auth, &lease, &input, &later, &[])
+            .await,
+        "stale lease",
+    );
+    let saved = tasks.get_task(&auth, &task.id).await.unwrap().unwrap();
+    assert_eq!(
+        saved.state(),
+        TaskState::Working,
+        "no snapshot with a stale lease"
+    );
+    assert_eq!(
+        history_len(threads, &auth, &task.thread_id).await,
+        1,
+        "no history with a stale lease"
     );
 }
