@@ -65,7 +65,16 @@ async fn compact_thread_persists_a_shorter_history_that_a_new_executor_sends() {
         max_messages: 3,
         ..HistoryCompactionRequest::new(CompactionStrategy::Recent)
     };
-    let result = exec.compact_thread(&auth, &thread, &request).await.unwrap();
+    // A blocking send answers once its task is final; the run lets go of the thread just
+    // after, so a compaction may find it still held (`Overloaded`) for a moment.
+    let result = keel_runtime::testing::eventually("the last run to let go of the thread", || async {
+        match exec.compact_thread(&auth, &thread, &request).await {
+            Ok(result) => Some(result),
+            Err(AgentError::Overloaded { .. }) => None,
+            Err(other) => panic!("compaction failed: {other}"),
+        }
+    })
+    .await;
     assert_eq!(
         (result.before_messages, result.after_messages, result.removed_messages),
         (7, 3, 4)
@@ -138,6 +147,17 @@ async fn a_run_over_its_context_window_compacts_the_history_and_says_so() {
     }
     let grown = llm.requests().last().unwrap().messages.len();
     drop(plain);
+    // The old executor's worker lets go of the thread just after its last answer; until it
+    // has, it would take the next message from the queue itself, and run it uncompacted.
+    let store = runtime.thread_store();
+    let lease = keel_runtime::testing::eventually("the old worker to let go of the thread", || async {
+        store
+            .acquire_lease(&auth, &thread, "test", std::time::Duration::from_secs(60))
+            .await
+            .unwrap()
+    })
+    .await;
+    store.release_lease(&auth, &lease).await.unwrap();
 
     let auto = AutoCompaction::new(CompactionStrategy::Tokens).with_context_window(400);
     let exec = AgentExecutor::new(agent(llm.clone(), Some(auto)), runtime.clone());
