@@ -43,7 +43,15 @@ async function step(name, action) {
  * handle: the console re-renders as events arrive, and a locator finds the part again. */
 async function shot(name, selector) {
   const target = selector ? page.locator(selector).first() : page;
-  await target.screenshot({ path: join(shots, `${scenario}-${name}.png`) });
+  // The run's section is drawn again when a refresh lands; an element replaced while it is
+  // photographed is found again and taken anew.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await target.screenshot({ path: join(shots, `${scenario}-${name}.png`) });
+    } catch (err) {
+      if (attempt >= 5 || !/not attached/.test(err.message)) throw err;
+    }
+  }
 }
 
 /** Open the server's URL as a browser does and land on the console. */
