@@ -3,18 +3,17 @@
 //! item) commit together or not at all (decision 260).
 
 use async_trait::async_trait;
-use chrono::Utc;
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
-use keel_runtime::{updated_micros, AuthContext, Lease, QueuedItem, StepStore};
+use keel_runtime::{AuthContext, Lease, QueuedItem, StepStore};
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
 
 use crate::changes::notify;
-use crate::codec::{encode_all, encode_record, encode_value, from_sql_int, query_one, to_nanos};
+use crate::codec::{encode_all, query_one};
 use crate::leases::{fence, fence_args};
-use crate::tasks::{save_with_events, SnapshotArgs};
-use crate::threads::append_history;
+use crate::tasks::{save_with_events, snapshot_columns, SnapshotArgs};
+use crate::threads::{append_history, NewItem};
 use crate::PostgresStore;
 
 /// Under the fence, number `$7` in task `$5`'s log (its row lock orders appenders) and append
@@ -137,12 +136,8 @@ impl StepStore for PostgresStore {
         task: &Task,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
-        // Snapshots never carry the history: it is rebuilt from the log.
-        let columns = (
-            Some(task.state().as_str()),
-            Some(updated_micros(task)),
-            Some(encode_record(&task.clone_without_history())?),
-        );
+        let (state, updated_at, body) = snapshot_columns(task)?;
+        let columns = (Some(state), Some(updated_at), Some(body));
         self.write_step(auth, lease, history, &task.id, columns, events)
             .await
     }
@@ -155,12 +150,9 @@ impl StepStore for PostgresStore {
         payload: Value,
     ) -> AgentResult<QueuedItem> {
         let args = SnapshotArgs::new(auth, task, events)?;
-        let text = encode_value(&payload)?;
-        let id = uuid::Uuid::now_v7().to_string();
-        let enqueued_at = Utc::now();
-        let nanos = to_nanos(enqueued_at);
+        let item = NewItem::of(payload)?;
         let mut params: Vec<&(dyn ToSql + Sync)> = args.params().to_vec();
-        params.extend([&id as &(dyn ToSql + Sync), &text, &nanos]);
+        params.extend([&item.id as &(dyn ToSql + Sync), &item.text, &item.nanos]);
         let client = self.client().await?;
         let row = query_one(
             &client,
@@ -169,11 +161,6 @@ impl StepStore for PostgresStore {
             "saving and queueing a task",
         )
         .await?;
-        Ok(QueuedItem {
-            id,
-            seq: from_sql_int(row.get(0), "queue seq")?,
-            payload,
-            enqueued_at,
-        })
+        item.queued(&row)
     }
 }

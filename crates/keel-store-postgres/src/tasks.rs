@@ -63,15 +63,26 @@ pub(crate) struct SnapshotArgs {
     events: Vec<String>,
 }
 
+/// A task's snapshot columns: its state, its update time in microseconds and its body.
+/// Snapshots never carry the history: it is rebuilt from the log.
+pub(crate) fn snapshot_columns(task: &Task) -> AgentResult<(&'static str, i64, String)> {
+    Ok((
+        task.state().as_str(),
+        updated_micros(task),
+        encode_record(&task.clone_without_history())?,
+    ))
+}
+
 impl SnapshotArgs {
     pub(crate) fn new(auth: &AuthContext, task: &Task, events: &[TaskEvent]) -> AgentResult<Self> {
+        let (state, updated_at, body) = snapshot_columns(task)?;
         Ok(Self {
             tenant: auth.namespace(),
             task_id: task.id.as_str().to_owned(),
             thread_id: task.thread_id.as_str().to_owned(),
-            state: task.state().as_str(),
-            updated_at: updated_micros(task),
-            body: encode_record(&task.clone_without_history())?,
+            state,
+            updated_at,
+            body,
             events: encode_all(events)?,
         })
     }

@@ -209,6 +209,39 @@ fn count(row: &tokio_postgres::Row) -> usize {
     usize::try_from(row.get::<_, i64>(0)).unwrap_or(0)
 }
 
+/// A queue item about to be written: its id, payload text and time, made once for every
+/// statement that queues one (`push_queue`, and a task saved with its queue item).
+pub(crate) struct NewItem {
+    pub(crate) id: String,
+    pub(crate) text: String,
+    pub(crate) nanos: i64,
+    payload: Value,
+    enqueued_at: chrono::DateTime<Utc>,
+}
+
+impl NewItem {
+    pub(crate) fn of(payload: Value) -> AgentResult<NewItem> {
+        let enqueued_at = Utc::now();
+        Ok(NewItem {
+            id: uuid::Uuid::now_v7().to_string(),
+            text: encode_value(&payload)?,
+            nanos: to_nanos(enqueued_at),
+            payload,
+            enqueued_at,
+        })
+    }
+
+    /// The item as queued, its sequence number the statement's first column.
+    pub(crate) fn queued(self, row: &tokio_postgres::Row) -> AgentResult<QueuedItem> {
+        Ok(QueuedItem {
+            id: self.id,
+            seq: from_sql_int(row.get(0), "queue seq")?,
+            payload: self.payload,
+            enqueued_at: self.enqueued_at,
+        })
+    }
+}
+
 #[async_trait]
 impl ThreadQueue for PostgresStore {
     async fn push_queue(
@@ -217,9 +250,7 @@ impl ThreadQueue for PostgresStore {
         thread_id: &ThreadId,
         payload: Value,
     ) -> AgentResult<QueuedItem> {
-        let text = encode_value(&payload)?;
-        let id = uuid::Uuid::now_v7().to_string();
-        let enqueued_at = Utc::now();
+        let item = NewItem::of(payload)?;
         let client = self.client().await?;
         let row = query_one(
             &client,
@@ -227,19 +258,14 @@ impl ThreadQueue for PostgresStore {
             &[
                 &auth.namespace(),
                 &thread_id.as_str(),
-                &id,
-                &text,
-                &to_nanos(enqueued_at),
+                &item.id,
+                &item.text,
+                &item.nanos,
             ],
             "queueing an item",
         )
         .await?;
-        Ok(QueuedItem {
-            id,
-            seq: from_sql_int(row.get(0), "queue seq")?,
-            payload,
-            enqueued_at,
-        })
+        item.queued(&row)
     }
 
     async fn peek_queue(

@@ -23,6 +23,13 @@ use crate::thread_state::ThreadHost;
 /// model call to leave the queue.
 const QUEUE_FULL_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The queued work that runs `task_id` (its start, or its resumption).
+fn task_work(task_id: &TaskId) -> QueuedWork {
+    QueuedWork::Task {
+        task_id: task_id.clone(),
+    }
+}
+
 impl Inner {
     pub(crate) async fn enqueue(
         &self,
@@ -46,10 +53,7 @@ impl Inner {
         thread_id: &ThreadId,
         task_id: &TaskId,
     ) -> AgentResult<()> {
-        let work = QueuedWork::Task {
-            task_id: task_id.clone(),
-        };
-        self.enqueue(auth, thread_id, work).await
+        self.enqueue(auth, thread_id, task_work(task_id)).await
     }
 
     /// Save `task` with `events` appended to its log and queue its run on its thread: one
@@ -63,10 +67,8 @@ impl Inner {
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         if let Some(steps) = self.runtime.step_store() {
-            let work = QueuedWork::Task {
-                task_id: task.id.clone(),
-            };
-            let payload = serde_json::to_value(&work).map_err(AgentError::internal)?;
+            let payload =
+                serde_json::to_value(task_work(&task.id)).map_err(AgentError::internal)?;
             match steps.save_task_and_queue(auth, task, events, payload).await {
                 Ok(_) => {
                     self.schedule(auth, &task.thread_id);

@@ -348,7 +348,7 @@ impl AgentExecutor {
             // The answer is in: the task works again (and a blocking caller waits for the run
             // rather than finding the task still waiting for input).
             task.begin()?;
-            let status = TaskEvent::status_of(&task, false);
+            let status = records::status_event(&task);
             self.inner
                 .save_and_enqueue_task(auth, &task, &[message, status])
                 .await?;

@@ -295,7 +295,7 @@ impl Inner {
         task: &Task,
         mut events: Vec<TaskEvent>,
     ) -> AgentResult<()> {
-        events.push(TaskEvent::status_of(task, task.state().is_terminal()));
+        events.push(status_event(task));
         self.runtime
             .task_manager()
             .save_task_with_events(auth, task, &events)
@@ -442,6 +442,12 @@ fn failure_text(error: &AgentError) -> String {
         }
         other => other.to_string(),
     }
+}
+
+/// The log entry of `task`'s current status, final when the state is terminal: what every
+/// status write of the engine appends.
+pub(super) fn status_event(task: &Task) -> TaskEvent {
+    TaskEvent::status_of(task, task.state().is_terminal())
 }
 
 #[cfg(test)]

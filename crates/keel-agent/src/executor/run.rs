@@ -10,9 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use keel_core::ApprovalOutcome;
 use keel_core::TaskId;
-use keel_core::{
-    AgentError, AgentResult, Message, PartContent, RunContext, Task, TaskEvent, TaskState,
-};
+use keel_core::{AgentError, AgentResult, Message, PartContent, RunContext, Task, TaskState};
 use keel_events::RunEvent;
 use keel_llm::{LlmMessage, LlmRole, ToolCall};
 use keel_runtime::LogLevel;
@@ -284,7 +282,7 @@ impl<'a> RunLoop<'a> {
         if began && !new_input.is_empty() {
             if let Some(steps) = inner.runtime.step_store() {
                 inner.mark_side(&mut new_input);
-                let status = TaskEvent::status_of(task, task.state().is_terminal());
+                let status = super::records::status_event(task);
                 let lease = self.flow.lease();
                 match steps
                     .persist_step_with_task(auth, &lease, &new_input, task, &[status])
