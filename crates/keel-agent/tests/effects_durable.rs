@@ -416,7 +416,10 @@ async fn left_behind_message_runs_in_the_next_process(
         // A dead process still holds the thread, so the queued message cannot run here;
         // then this process goes away too. No task records the message: only the queue.
         let runtime = first;
-        hold_as_a_dead_process(&runtime, &auth, &thread, Duration::from_millis(300)).await;
+        // Long enough that this process is gone before it lapses even on a loaded machine
+        // (300 ms let this process's own worker take the message first); the next process
+        // waits it out.
+        hold_as_a_dead_process(&runtime, &auth, &thread, Duration::from_secs(3)).await;
         let exec =
             AgentExecutor::with_config(agent(Counts::default()), runtime.clone(), config.clone());
         exec.start_effects().unwrap();
