@@ -91,8 +91,20 @@ impl ThreadCounter {
     }
 }
 
-/// A subagent's record, by tenant and thread.
-const SUBAGENT_BODY: &str = "SELECT body FROM subagents WHERE tenant = ?1 AND thread_id = ?2";
+/// The tenant's subagent `child`, if registered: what reading a child and updating its
+/// status both look up.
+fn select_child(
+    conn: &Connection,
+    tenant: &str,
+    child: &ThreadId,
+) -> AgentResult<Option<ChildThread>> {
+    select_record(
+        conn,
+        "SELECT body FROM subagents WHERE tenant = ?1 AND thread_id = ?2",
+        params![tenant, child.as_str()],
+        &format!("subagent {child}"),
+    )
+}
 
 #[async_trait]
 impl ThreadHistory for SqliteStore {
@@ -517,15 +529,8 @@ impl SubagentRegistry for SqliteStore {
         child: &ThreadId,
     ) -> AgentResult<Option<ChildThread>> {
         let (tenant, child) = (auth.namespace(), child.clone());
-        self.read(move |conn| {
-            select_record(
-                conn,
-                SUBAGENT_BODY,
-                params![tenant, child.as_str()],
-                &format!("subagent {child}"),
-            )
-        })
-        .await
+        self.read(move |conn| select_child(conn, &tenant, &child))
+            .await
     }
 
     async fn set_child_status(
@@ -537,13 +542,7 @@ impl SubagentRegistry for SqliteStore {
         let (tenant, child, status) = (auth.namespace(), child.clone(), status.to_owned());
         self.write(move |conn| {
             // Read, change and write back in one transaction, so no concurrent update is lost.
-            let Some(mut entry) = select_record::<ChildThread>(
-                conn,
-                SUBAGENT_BODY,
-                params![tenant, child.as_str()],
-                &format!("subagent {child}"),
-            )?
-            else {
+            let Some(mut entry) = select_child(conn, &tenant, &child)? else {
                 return Err(ChildThread::not_registered(&child));
             };
             entry.status = status;
