@@ -159,21 +159,31 @@ impl InMemoryThreadStore {
         thread_id: &ThreadId,
         range: impl FnOnce(usize) -> std::ops::Range<usize>,
     ) -> Vec<HistoryEntry> {
-        let Some(thread) = self
-            .threads
+        self.read_thread(auth, thread_id, |thread| {
+            let range = range(thread.history.len());
+            let first_seq = range.start as u64 + 1;
+            (first_seq..)
+                .zip(&thread.history[range])
+                .map(|(seq, message)| HistoryEntry {
+                    seq,
+                    message: message.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// What `read` takes from the thread's data, or `None` for a thread never written: the
+    /// one lookup every read of a thread goes through.
+    fn read_thread<T>(
+        &self,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        read: impl FnOnce(&ThreadData) -> T,
+    ) -> Option<T> {
+        self.threads
             .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
-        else {
-            return Vec::new();
-        };
-        let range = range(thread.history.len());
-        let first_seq = range.start as u64 + 1;
-        (first_seq..)
-            .zip(&thread.history[range])
-            .map(|(seq, message)| HistoryEntry {
-                seq,
-                message: message.clone(),
-            })
-            .collect()
+            .map(|thread| read(&thread))
     }
 
     /// The thread's data, locked for writing, when `lease` is its current, unexpired lease;
@@ -214,9 +224,10 @@ impl ThreadHistory for InMemoryThreadStore {
         after_seq: u64,
         limit: usize,
     ) -> AgentResult<Vec<HistoryEntry>> {
+        // Entry seq n sits at index n - 1: `seq > after_seq` starts at index after_seq.
+        let start = usize::try_from(after_seq).unwrap_or(usize::MAX);
         Ok(self.history_range(auth, thread_id, |len| {
-            let start = usize::try_from(after_seq).unwrap_or(usize::MAX).min(len);
-            start..start.saturating_add(limit).min(len)
+            start.min(len)..start.saturating_add(limit).min(len)
         }))
     }
 
@@ -227,11 +238,10 @@ impl ThreadHistory for InMemoryThreadStore {
         before_seq: u64,
         limit: usize,
     ) -> AgentResult<Vec<HistoryEntry>> {
+        // Entry seq n sits at index n - 1: `seq < before_seq` ends before index before_seq - 1.
+        let end = usize::try_from(before_seq.saturating_sub(1)).unwrap_or(usize::MAX);
         Ok(self.history_range(auth, thread_id, |len| {
-            // Entry seq n sits at index n - 1: `seq < before_seq` ends before index before_seq - 1.
-            let end = usize::try_from(before_seq.saturating_sub(1))
-                .unwrap_or(usize::MAX)
-                .min(len);
+            let end = end.min(len);
             end.saturating_sub(limit)..end
         }))
     }
@@ -273,9 +283,9 @@ impl ThreadQueue for InMemoryThreadStore {
         limit: usize,
     ) -> AgentResult<Vec<QueuedItem>> {
         Ok(self
-            .threads
-            .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
-            .map(|t| t.queue.iter().take(limit).cloned().collect())
+            .read_thread(auth, thread_id, |t| {
+                t.queue.iter().take(limit).cloned().collect()
+            })
             .unwrap_or_default())
     }
 
@@ -305,9 +315,7 @@ impl ThreadQueue for InMemoryThreadStore {
 
     async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
         Ok(self
-            .threads
-            .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
-            .map(|t| t.queue.len())
+            .read_thread(auth, thread_id, |t| t.queue.len())
             .unwrap_or(0))
     }
 
@@ -337,9 +345,8 @@ impl ThreadKv for InMemoryThreadStore {
         key: &str,
     ) -> AgentResult<Option<Value>> {
         Ok(self
-            .threads
-            .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
-            .and_then(|t| t.kv.get(key).cloned()))
+            .read_thread(auth, thread_id, |t| t.kv.get(key).cloned())
+            .flatten())
     }
 
     async fn kv_set(
@@ -364,9 +371,7 @@ impl ThreadKv for InMemoryThreadStore {
 
     async fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>> {
         Ok(self
-            .threads
-            .get(&scoped(auth, thread_id) as &dyn ScopedParts<ThreadId>)
-            .map(|t| t.kv.keys().cloned().collect())
+            .read_thread(auth, thread_id, |t| t.kv.keys().cloned().collect())
             .unwrap_or_default())
     }
 }

@@ -45,6 +45,22 @@ const LOAD: &str = "SELECT value FROM memory WHERE tenant = $1 AND key = $2 \
 const DELETE: &str = "DELETE FROM memory WHERE tenant = $1 AND key = $2 \
      RETURNING expires_at IS NULL OR expires_at > $3";
 
+impl PostgresStore {
+    /// The row `sql` gives for the tenant's `key`, bound as (tenant, key, now) so that a
+    /// lapsed value counts as gone: what reading and deleting a value share.
+    async fn key_as_of_now(
+        &self,
+        sql: &str,
+        auth: &AuthContext,
+        key: &str,
+        op: &'static str,
+    ) -> AgentResult<Option<tokio_postgres::Row>> {
+        let now = to_nanos(Utc::now());
+        let client = self.client().await?;
+        query_opt(&client, sql, &[&auth.namespace(), &key, &now], op).await
+    }
+}
+
 #[async_trait]
 impl MemoryService for PostgresStore {
     async fn write_value(&self, auth: &AuthContext, write: MemoryWrite<'_>) -> AgentResult<bool> {
@@ -78,27 +94,17 @@ impl MemoryService for PostgresStore {
     }
 
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>> {
-        let client = self.client().await?;
-        let row = query_opt(
-            &client,
-            LOAD,
-            &[&auth.namespace(), &key, &to_nanos(Utc::now())],
-            "reading a memory value",
-        )
-        .await?;
+        let row = self
+            .key_as_of_now(LOAD, auth, key, "reading a memory value")
+            .await?;
         row.map(|row| decode_value(row.get(0), &format!("memory value `{key}`")))
             .transpose()
     }
 
     async fn delete(&self, auth: &AuthContext, key: &str) -> AgentResult<bool> {
-        let client = self.client().await?;
-        let row = query_opt(
-            &client,
-            DELETE,
-            &[&auth.namespace(), &key, &to_nanos(Utc::now())],
-            "deleting a memory value",
-        )
-        .await?;
+        let row = self
+            .key_as_of_now(DELETE, auth, key, "deleting a memory value")
+            .await?;
         Ok(row.is_some_and(|row| row.get::<_, bool>(0)))
     }
 }

@@ -11,7 +11,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::changes::notify;
 use crate::codec::{encode_all, query_one};
-use crate::leases::{fence, fence_args};
+use crate::leases::fence;
 use crate::tasks::{save_with_events, snapshot_columns, SnapshotArgs};
 use crate::threads::{append_history, NewItem};
 use crate::PostgresStore;
@@ -81,30 +81,22 @@ impl PostgresStore {
         // Encoded first, so an encoding error writes nothing.
         let history = encode_all(history)?;
         let events = encode_all(events)?;
-        let (tenant, thread, token, now) = fence_args(auth, lease);
-        let _in_order = self.order.shared(&tenant, &thread).await;
-        let client = self.client().await?;
-        let row = query_one(
-            &client,
-            PERSIST_STEP,
-            &[
-                &tenant,
-                &thread,
-                &token,
-                &now,
-                &task_id.as_str(),
-                &history,
-                &events,
-                &state,
-                &updated_at,
-                &body,
-            ],
-            "persisting a step",
-        )
-        .await?;
-        if !row.get::<_, bool>(0) {
-            return Err(lease.lost());
-        }
+        let row = self
+            .fenced_row(
+                auth,
+                lease,
+                PERSIST_STEP,
+                &[
+                    &task_id.as_str(),
+                    &history,
+                    &events,
+                    &state,
+                    &updated_at,
+                    &body,
+                ],
+                "persisting a step",
+            )
+            .await?;
         if !row.get::<_, bool>(1) {
             return Err(AgentError::TaskNotFound {
                 task_id: task_id.clone(),

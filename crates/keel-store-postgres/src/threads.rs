@@ -11,10 +11,11 @@ use keel_runtime::{
     ThreadKv, ThreadQueue,
 };
 use serde_json::Value;
+use tokio_postgres::types::ToSql;
 
 use crate::codec::{
     decode_record, decode_value, encode_all, encode_record, encode_value, execute, from_nanos,
-    from_sql_int, query, query_one, query_opt, to_nanos, to_sql_int, transaction,
+    from_sql_int, query, query_one, query_opt, to_nanos, to_sql_int, transaction, Params,
 };
 use crate::error::doing;
 use crate::leases::{fence, fence_args};
@@ -121,19 +122,15 @@ impl ThreadHistory for PostgresStore {
         messages: &[LlmMessage],
     ) -> AgentResult<u64> {
         let bodies = encode_all(messages)?;
-        let (tenant, thread, token, now) = fence_args(auth, lease);
-        let _in_order = self.order.shared(&tenant, &thread).await;
-        let client = self.client().await?;
-        let row = query_one(
-            &client,
-            APPEND_HISTORY,
-            &[&tenant, &thread, &token, &now, &bodies],
-            "appending to a thread's history",
-        )
-        .await?;
-        if !row.get::<_, bool>(0) {
-            return Err(lease.lost());
-        }
+        let row = self
+            .fenced_row(
+                auth,
+                lease,
+                APPEND_HISTORY,
+                &[&bodies],
+                "appending to a thread's history",
+            )
+            .await?;
         from_sql_int(row.get(1), "history seq")
     }
 
@@ -182,6 +179,31 @@ impl ThreadHistory for PostgresStore {
         .await?;
         rows.reverse();
         history_entries(&rows, thread_id)
+    }
+}
+
+impl PostgresStore {
+    /// Run `sql`, a write fenced by `lease`, in the thread's write order: bound to the fence
+    /// (tenant, thread, token, now) and then `args`. Its row, or [`Lease::lost`] when the
+    /// first column says the lease did not hold; what every fenced thread write shares.
+    pub(crate) async fn fenced_row(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        sql: &str,
+        args: &Params<'_>,
+        op: &'static str,
+    ) -> AgentResult<tokio_postgres::Row> {
+        let (tenant, thread, token, now) = fence_args(auth, lease);
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&tenant, &thread, &token, &now];
+        params.extend_from_slice(args);
+        let _in_order = self.order.shared(&tenant, &thread).await;
+        let client = self.client().await?;
+        let row = query_one(&client, sql, &params, op).await?;
+        if !row.get::<_, bool>(0) {
+            return Err(lease.lost());
+        }
+        Ok(row)
     }
 }
 
@@ -301,19 +323,8 @@ impl ThreadQueue for PostgresStore {
         lease: &Lease,
         ids: &[String],
     ) -> AgentResult<()> {
-        let (tenant, thread, token, now) = fence_args(auth, lease);
-        let _in_order = self.order.shared(&tenant, &thread).await;
-        let client = self.client().await?;
-        let row = query_one(
-            &client,
-            ACK,
-            &[&tenant, &thread, &token, &now, &ids],
-            "acknowledging queued items",
-        )
-        .await?;
-        if !row.get::<_, bool>(0) {
-            return Err(lease.lost());
-        }
+        self.fenced_row(auth, lease, ACK, &[&ids], "acknowledging queued items")
+            .await?;
         Ok(())
     }
 

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::encoding::{decode, encode, micros};
-use crate::keys::{fixed, kind};
+use crate::keys::{fixed, kind, TenantKeys};
 use crate::scripts;
 use crate::RedisStore;
 
@@ -49,6 +49,44 @@ fn history_entries(
         .collect()
 }
 
+/// A call of `script` fenced by `lease`: the lease's key first and its token the first
+/// argument, as every fenced script takes them; the caller adds the rest.
+fn fenced_call<'a>(
+    script: &'a redis::Script,
+    keys: &TenantKeys,
+    lease: &Lease,
+) -> redis::ScriptInvocation<'a> {
+    let mut call = script.prepare_invoke();
+    call.key(keys.of(kind::LEASE, lease.thread_id.as_str()))
+        .arg(lease.token);
+    call
+}
+
+/// Add each of `items`, encoded, as the call's next arguments.
+fn push_encoded<T: Serialize>(
+    call: &mut redis::ScriptInvocation<'_>,
+    items: &[T],
+) -> AgentResult<()> {
+    for item in items {
+        call.arg(encode(item)?);
+    }
+    Ok(())
+}
+
+impl RedisStore {
+    /// Run a fenced script `call` (from [`fenced_call`]): its answer, which each script
+    /// gives as a number (negative where the lease was lost).
+    async fn invoke_fenced(
+        &self,
+        call: redis::ScriptInvocation<'_>,
+        what: &str,
+    ) -> AgentResult<i64> {
+        call.invoke_async(&mut self.con())
+            .await
+            .map_err(|e| self.fail(what, &e))
+    }
+}
+
 /// A registered child as stored under `key`: its record, with the status kept beside it
 /// (updated without rewriting the record) taking precedence when present.
 fn child_of(key: &str, record: &str, status: Option<String>) -> AgentResult<ChildThread> {
@@ -68,19 +106,11 @@ impl ThreadHistory for RedisStore {
         messages: &[LlmMessage],
     ) -> AgentResult<u64> {
         let keys = self.keys(auth);
-        let thread = lease.thread_id.as_str();
-        let mut call = scripts::APPEND_HISTORY.prepare_invoke();
-        call.key(keys.of(kind::LEASE, thread))
-            .key(keys.of(kind::HISTORY, thread))
-            .arg(lease.token);
-        for message in messages {
-            call.arg(encode(message)?);
-        }
+        let mut call = fenced_call(&scripts::APPEND_HISTORY, &keys, lease);
+        call.key(keys.of(kind::HISTORY, lease.thread_id.as_str()));
+        push_encoded(&mut call, messages)?;
         // The whole step's messages go in one fenced EVALSHA: all land, or none.
-        let length: i64 = call
-            .invoke_async(&mut self.con())
-            .await
-            .map_err(|e| self.fail("append history", &e))?;
+        let length = self.invoke_fenced(call, "append history").await?;
         u64::try_from(length).map_err(|_| lease.lost())
     }
 
@@ -210,20 +240,15 @@ impl ThreadQueue for RedisStore {
     ) -> AgentResult<()> {
         let keys = self.keys(auth);
         let thread = lease.thread_id.as_str();
-        let mut call = scripts::ACK_QUEUE.prepare_invoke();
-        call.key(keys.of(kind::LEASE, thread))
-            .key(keys.of(kind::QUEUE, thread))
+        let mut call = fenced_call(&scripts::ACK_QUEUE, &keys, lease);
+        call.key(keys.of(kind::QUEUE, thread))
             .key(keys.of(kind::QUEUE_ITEMS, thread))
             .key(keys.fixed(fixed::QUEUED_THREADS))
-            .arg(lease.token)
             .arg(thread);
         for id in ids {
             call.arg(id);
         }
-        let outcome: i64 = call
-            .invoke_async(&mut self.con())
-            .await
-            .map_err(|e| self.fail("acknowledge queue items", &e))?;
+        let outcome = self.invoke_fenced(call, "acknowledge queue items").await?;
         if outcome < 0 {
             return Err(lease.lost());
         }
@@ -418,25 +443,15 @@ impl keel_runtime::StepStore for RedisStore {
         events: &[keel_core::TaskEvent],
     ) -> AgentResult<()> {
         let keys = self.keys(auth);
-        let thread = lease.thread_id.as_str();
-        let mut call = scripts::PERSIST_STEP.prepare_invoke();
-        call.key(keys.of(kind::LEASE, thread))
-            .key(keys.of(kind::HISTORY, thread))
+        let mut call = fenced_call(&scripts::PERSIST_STEP, &keys, lease);
+        call.key(keys.of(kind::HISTORY, lease.thread_id.as_str()))
             .key(keys.of(kind::TASK, task_id.as_str()))
             .key(keys.of(kind::TASK_EVENTS, task_id.as_str()))
-            .arg(lease.token)
             .arg(history.len());
-        for message in history {
-            call.arg(encode(message)?);
-        }
-        for event in events {
-            call.arg(encode(event)?);
-        }
+        push_encoded(&mut call, history)?;
+        push_encoded(&mut call, events)?;
         // History and task log of one persist point in one EVALSHA: both land, or neither.
-        let outcome: i64 = call
-            .invoke_async(&mut self.con())
-            .await
-            .map_err(|e| self.fail("persist step", &e))?;
+        let outcome = self.invoke_fenced(call, "persist step").await?;
         match outcome {
             -1 => Err(lease.lost()),
             -2 => Err(AgentError::TaskNotFound {

@@ -91,8 +91,20 @@ impl ThreadCounter {
     }
 }
 
-/// A subagent's record, by tenant and thread.
-const SUBAGENT_BODY: &str = "SELECT body FROM subagents WHERE tenant = ?1 AND thread_id = ?2";
+/// The tenant's subagent `child`, if registered: what reading a child and updating its
+/// status both look up.
+fn select_child(
+    conn: &Connection,
+    tenant: &str,
+    child: &ThreadId,
+) -> AgentResult<Option<ChildThread>> {
+    select_record(
+        conn,
+        "SELECT body FROM subagents WHERE tenant = ?1 AND thread_id = ?2",
+        params![tenant, child.as_str()],
+        &format!("subagent {child}"),
+    )
+}
 
 #[async_trait]
 impl ThreadHistory for SqliteStore {
@@ -125,20 +137,12 @@ impl ThreadHistory for SqliteStore {
     ) -> AgentResult<Vec<HistoryEntry>> {
         let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
         self.read(move |conn| {
-            let rows: Vec<(i64, String)> = select_rows(
-                conn,
-                "SELECT seq, body FROM thread_history \
-                 WHERE tenant = ?1 AND thread_id = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4",
-                params![
-                    tenant,
-                    thread_id.as_str(),
-                    to_sql_int(after_seq),
-                    usize_to_sql(limit)
-                ],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-                "reading a thread's history",
-            )?;
-            history_entries(rows, &thread_id)
+            let sql = "SELECT seq, body FROM thread_history \
+                 WHERE tenant = ?1 AND thread_id = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4";
+            history_entries(
+                history_rows(conn, sql, &tenant, &thread_id, after_seq, limit)?,
+                &thread_id,
+            )
         })
         .await
     }
@@ -152,24 +156,40 @@ impl ThreadHistory for SqliteStore {
     ) -> AgentResult<Vec<HistoryEntry>> {
         let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
         self.read(move |conn| {
-            let mut rows: Vec<(i64, String)> = select_rows(
-                conn,
-                "SELECT seq, body FROM thread_history \
-                 WHERE tenant = ?1 AND thread_id = ?2 AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
-                params![
-                    tenant,
-                    thread_id.as_str(),
-                    to_sql_int(before_seq),
-                    usize_to_sql(limit)
-                ],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-                "reading a thread's history",
-            )?;
+            // Newest first, to take the last `limit`; the page itself runs oldest first.
+            let sql = "SELECT seq, body FROM thread_history \
+                 WHERE tenant = ?1 AND thread_id = ?2 AND seq < ?3 ORDER BY seq DESC LIMIT ?4";
+            let mut rows = history_rows(conn, sql, &tenant, &thread_id, before_seq, limit)?;
             rows.reverse();
             history_entries(rows, &thread_id)
         })
         .await
     }
+}
+
+/// The (seq, body) rows `sql` selects for a thread, bound as (tenant, thread, seq bound,
+/// limit): the one query shape both history reads page with.
+fn history_rows(
+    conn: &Connection,
+    sql: &str,
+    tenant: &str,
+    thread_id: &ThreadId,
+    seq_bound: u64,
+    limit: usize,
+) -> AgentResult<Vec<(i64, String)>> {
+    let args = params![
+        tenant,
+        thread_id.as_str(),
+        to_sql_int(seq_bound),
+        usize_to_sql(limit)
+    ];
+    select_rows(
+        conn,
+        sql,
+        args,
+        |row| Ok((row.get(0)?, row.get(1)?)),
+        "reading a thread's history",
+    )
 }
 
 /// History rows (seq, body) as entries.
@@ -509,15 +529,8 @@ impl SubagentRegistry for SqliteStore {
         child: &ThreadId,
     ) -> AgentResult<Option<ChildThread>> {
         let (tenant, child) = (auth.namespace(), child.clone());
-        self.read(move |conn| {
-            select_record(
-                conn,
-                SUBAGENT_BODY,
-                params![tenant, child.as_str()],
-                &format!("subagent {child}"),
-            )
-        })
-        .await
+        self.read(move |conn| select_child(conn, &tenant, &child))
+            .await
     }
 
     async fn set_child_status(
@@ -529,13 +542,7 @@ impl SubagentRegistry for SqliteStore {
         let (tenant, child, status) = (auth.namespace(), child.clone(), status.to_owned());
         self.write(move |conn| {
             // Read, change and write back in one transaction, so no concurrent update is lost.
-            let Some(mut entry) = select_record::<ChildThread>(
-                conn,
-                SUBAGENT_BODY,
-                params![tenant, child.as_str()],
-                &format!("subagent {child}"),
-            )?
-            else {
+            let Some(mut entry) = select_child(conn, &tenant, &child)? else {
                 return Err(ChildThread::not_registered(&child));
             };
             entry.status = status;

@@ -21,6 +21,26 @@ fn timer_of(body: &str, attempts: i64, id: &str) -> AgentResult<TimerRecord> {
     Ok(timer)
 }
 
+impl SqliteStore {
+    /// Run `sql`, a timer `DELETE` bound to `args` (the id and one more condition), in a
+    /// write job: whether a timer went. What cancelling and completing a timer share.
+    async fn delete_timer(
+        &self,
+        sql: &'static str,
+        args: (String, String),
+        what: &'static str,
+    ) -> AgentResult<bool> {
+        self.write(move |conn| {
+            let removed = conn
+                .prepare_cached(sql)
+                .and_then(|mut stmt| stmt.execute(params![args.0, args.1]))
+                .context(what)?;
+            Ok(removed > 0)
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl ThreadTimers for SqliteStore {
     async fn insert_timer(&self, timer: &TimerRecord) -> AgentResult<()> {
@@ -45,15 +65,9 @@ impl ThreadTimers for SqliteStore {
     }
 
     async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool> {
-        let (tenant, id) = (auth.namespace(), id.to_owned());
-        self.write(move |conn| {
-            let removed = conn
-                .prepare_cached("DELETE FROM thread_timers WHERE id = ?1 AND tenant = ?2")
-                .and_then(|mut stmt| stmt.execute(params![id, tenant]))
-                .context("canceling a timer")?;
-            Ok(removed > 0)
-        })
-        .await
+        let sql = "DELETE FROM thread_timers WHERE id = ?1 AND tenant = ?2";
+        let args = (id.to_owned(), auth.namespace());
+        self.delete_timer(sql, args, "canceling a timer").await
     }
 
     async fn thread_timers(
@@ -111,15 +125,9 @@ impl ThreadTimers for SqliteStore {
     }
 
     async fn complete_timer(&self, claim: &ClaimedTimer) -> AgentResult<bool> {
-        let (id, token) = (claim.timer.id.clone(), claim.claim.clone());
-        self.write(move |conn| {
-            let removed = conn
-                .prepare_cached("DELETE FROM thread_timers WHERE id = ?1 AND claim = ?2")
-                .and_then(|mut stmt| stmt.execute(params![id, token]))
-                .context("completing a timer")?;
-            Ok(removed > 0)
-        })
-        .await
+        let sql = "DELETE FROM thread_timers WHERE id = ?1 AND claim = ?2";
+        let args = (claim.timer.id.clone(), claim.claim.clone());
+        self.delete_timer(sql, args, "completing a timer").await
     }
 
     async fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>> {

@@ -13,6 +13,7 @@ use super::{
     history_len, leased, tenant_and_thread, try_lease,
 };
 use crate::{AuthContext, Lease, ThreadStore};
+use keel_core::ThreadId;
 
 /// Assert that `lease` is dead (`why` says how it died): writing, acknowledging `acked` and
 /// renewing with it are all [`AgentError::LeaseLost`].
@@ -150,15 +151,12 @@ pub async fn lease_is_dead_after_release(threads: &dyn ThreadStore) {
 /// as `acquire_lease` would take it.
 pub async fn lease_reclaimed_only_by_its_holder(threads: &dyn ThreadStore) {
     let (auth, thread) = tenant_and_thread();
-    let ttl = Duration::from_secs(30);
     let old = try_lease(threads, &auth, &thread, "instance-a")
         .await
         .unwrap();
     assert!(
-        threads
-            .reclaim_lease(&auth, &thread, "instance-b", ttl)
+        try_reclaim(threads, (&auth, &thread), "instance-b")
             .await
-            .unwrap()
             .is_none(),
         "another holder's live lease is not reclaimed"
     );
@@ -168,10 +166,8 @@ pub async fn lease_reclaimed_only_by_its_holder(threads: &dyn ThreadStore) {
             .is_none(),
         "acquire never takes a live lease"
     );
-    let new = threads
-        .reclaim_lease(&auth, &thread, "instance-a", ttl)
+    let new = try_reclaim(threads, (&auth, &thread), "instance-a")
         .await
-        .unwrap()
         .expect("the holder takes its own live lease back");
     assert_eq!(new.holder, "instance-a");
     assert!(new.token > old.token, "a reclaimed lease has a new token");
@@ -184,13 +180,24 @@ pub async fn lease_reclaimed_only_by_its_holder(threads: &dyn ThreadStore) {
     assert_eq!(history.len(), 1, "only the reclaimed lease wrote");
     let free = fresh_thread();
     assert!(
-        threads
-            .reclaim_lease(&auth, &free, "instance-b", ttl)
+        try_reclaim(threads, (&auth, &free), "instance-b")
             .await
-            .unwrap()
             .is_some(),
         "a free thread is taken"
     );
+}
+
+/// Try to reclaim `thread`'s lease for 30 s as `holder`: the lease, or `None` while another
+/// holder holds it (the `reclaim_lease` twin of `try_lease`).
+async fn try_reclaim(
+    threads: &dyn ThreadStore,
+    (auth, thread): (&AuthContext, &ThreadId),
+    holder: &str,
+) -> Option<Lease> {
+    threads
+        .reclaim_lease(auth, thread, holder, Duration::from_secs(30))
+        .await
+        .unwrap()
 }
 
 /// Lease TTLs must lie in 1 ms ..= 24 h (see [`crate::check_lease_ttl`]); anything else is
