@@ -20,8 +20,10 @@
 //!
 //! Printed: one table (req/s, p50, p99, and Keel's req/s over each peer's), the median of
 //! `KEEL_BENCH_RUNS` interleaved runs, each metric's median taken on its own; the servers'
-//! RSS idle and after N and 2N SendMessage; Keel's cold start on an existing SQLite file;
-//! the capacity figure (see `capacity.rs`). Asserts nothing.
+//! RSS idle and after N and 2N SendMessage, with what those sends cost each store (see
+//! `stores.rs`); each durable store's raw ceiling beside Keel's SendMessage on it; Keel's
+//! cold start on an existing SQLite file; the capacity figure (see `capacity.rs`). Asserts
+//! nothing.
 //!
 //! Settings: `KEEL_BENCH_SECS` (per figure, default 10), `KEEL_BENCH_RUNS` (default 3),
 //! `KEEL_BENCH_BACKENDS` (of memory,sqlite,redis,postgres), `KEEL_BENCH_SCENARIOS` (of

@@ -103,7 +103,8 @@ fn block_on<T>(work: impl std::future::Future<Output = T>) -> Result<T, String> 
 
 /// A store's own counters, read before and after sends to a Keel server on it.
 pub enum Counters {
-    /// Redis: commands processed (the whole server: the bench is its only client).
+    /// Redis: commands processed, those run by scripts included (the whole server: the
+    /// bench is its only client).
     Redis(u64),
     /// PostgreSQL: transactions committed in the database, and WAL bytes of the cluster.
     Postgres { commits: i64, wal_bytes: i64 },
@@ -131,7 +132,10 @@ impl Counters {
             _ => Ok(Counters::None),
         };
         read.unwrap_or_else(|e| {
-            println!("note: cannot read the {} store's counters: {e}", kind.store());
+            println!(
+                "note: cannot read the {} store's counters: {e}",
+                kind.store()
+            );
             Counters::None
         })
     }
@@ -141,11 +145,20 @@ impl Counters {
         let per = |d: f64| d / sends.max(1) as f64;
         match (self, after) {
             (Counters::Redis(a), Counters::Redis(b)) => {
-                format!("{:.1} Redis commands", per(b.saturating_sub(*a) as f64))
+                format!(
+                    "{:.1} Redis commands (those its scripts run included)",
+                    per(b.saturating_sub(*a) as f64)
+                )
             }
             (
-                Counters::Postgres { commits: c0, wal_bytes: w0 },
-                Counters::Postgres { commits: c1, wal_bytes: w1 },
+                Counters::Postgres {
+                    commits: c0,
+                    wal_bytes: w0,
+                },
+                Counters::Postgres {
+                    commits: c1,
+                    wal_bytes: w1,
+                },
             ) => format!(
                 "{:.1} transactions, {:.0} WAL bytes",
                 per((c1 - c0) as f64),
