@@ -136,18 +136,22 @@ impl FromRequestParts<ThreadsState> for Opened {
 }
 
 fn failure(err: &AgentError) -> Response {
-    match err {
-        AgentError::InvalidInput { .. } => {
-            refuse(StatusCode::BAD_REQUEST, "invalid_input", err.to_string())
-        }
-        AgentError::ThreadNotFound { .. } => {
-            refuse(StatusCode::NOT_FOUND, "thread_not_found", err.to_string())
-        }
-        AgentError::ThreadTerminated { .. } => {
-            refuse(StatusCode::CONFLICT, "thread_terminated", err.to_string())
-        }
-        _ => internal(err, "thread"),
+    if let AgentError::ThreadTerminated { .. } = err {
+        return refuse(StatusCode::CONFLICT, "thread_terminated", err.to_string());
     }
+    input_or_thread_refusal(err).unwrap_or_else(|| internal(err, "thread"))
+}
+
+/// The answer to bad input (`400 invalid_input`) or an unknown thread (`404
+/// thread_not_found`), which the thread and operator routes give alike; `None` for any other
+/// error, which each explains itself.
+pub(crate) fn input_or_thread_refusal(err: &AgentError) -> Option<Response> {
+    let (status, code) = match err {
+        AgentError::InvalidInput { .. } => (StatusCode::BAD_REQUEST, "invalid_input"),
+        AgentError::ThreadNotFound { .. } => (StatusCode::NOT_FOUND, "thread_not_found"),
+        _ => return None,
+    };
+    Some(refuse(status, code, err.to_string()))
 }
 
 async fn thread_state(

@@ -307,65 +307,50 @@ async fn rest_errors_are_status_objects_with_the_a2a_http_status() {
         .as_str()
         .unwrap()
         .to_owned();
+    // Each case's request, by its path under the binding's base.
+    let get = |path: &str| http.get(format!("{base}{path}"));
+    let post = |path: &str| http.post(format!("{base}{path}"));
     let cases = [
+        (get("/tasks/nope"), 404, "TASK_NOT_FOUND"),
         (
-            http.get(format!("{base}/tasks/nope")),
-            404,
-            "TASK_NOT_FOUND",
-        ),
-        (
-            http.post(format!("{base}/tasks/{done}:cancel")),
+            post(&format!("/tasks/{done}:cancel")),
             400,
             "TASK_NOT_CANCELABLE",
         ),
-        (http.get(format!("{base}/nowhere")), 404, "METHOD_NOT_FOUND"),
+        (get("/nowhere"), 404, "METHOD_NOT_FOUND"),
         (
             http.delete(format!("{base}/tasks/t/pushNotificationConfigs/c")),
             404,
             "TASK_NOT_FOUND",
         ),
+        (get("/extendedAgentCard"), 400, "UNSUPPORTED_OPERATION"),
+        (get("/tasks?pageSize=abc"), 400, "INVALID_PARAMS"),
         (
-            http.get(format!("{base}/extendedAgentCard")),
-            400,
-            "UNSUPPORTED_OPERATION",
-        ),
-        (
-            http.get(format!("{base}/tasks?pageSize=abc")),
-            400,
-            "INVALID_PARAMS",
-        ),
-        (
-            http.post(format!("{base}/message:send"))
+            post("/message:send")
                 .header("content-type", "text/plain")
                 .body("hi"),
             400,
             "CONTENT_TYPE_NOT_SUPPORTED",
         ),
         (
-            http.post(format!("{base}/message:send"))
+            post("/message:send")
                 .header("content-type", "application/json")
                 .body("{oops"),
             400,
             "PARSE_ERROR",
         ),
         (
-            http.get(format!("{base}/tasks"))
-                .header("A2A-Version", "7.0"),
+            get("/tasks").header("A2A-Version", "7.0"),
             400,
             "VERSION_NOT_SUPPORTED",
         ),
         (
-            http.get(format!("{base}/tasks"))
-                .header("A2A-Version", "0.3"),
+            get("/tasks").header("A2A-Version", "0.3"),
             400,
             "VERSION_NOT_SUPPORTED",
         ),
         // No version is 0.3 (v1.0.1, 3.6.2), which this binding does not speak: the same answer.
-        (
-            http.get(format!("{base}/tasks")),
-            400,
-            "VERSION_NOT_SUPPORTED",
-        ),
+        (get("/tasks"), 400, "VERSION_NOT_SUPPORTED"),
     ];
     for (request, status, reason) in cases {
         // Every case but the version's own names A2A 1.0.

@@ -139,90 +139,66 @@ impl GrpcBinding {
     }
 }
 
-#[tonic::async_trait]
-impl A2aService for GrpcBinding {
-    async fn send_message(
-        &self,
-        request: tonic::Request<proto::SendMessageRequest>,
-    ) -> Result<Response<proto::SendMessageResponse>, Status> {
-        self.unary(Operation::SendMessage, request).await
-    }
+/// The service's methods: each is its operation run by [`GrpcBinding::unary`] or
+/// [`GrpcBinding::stream`] (the trait's methods differ only in their names and types).
+macro_rules! a2a_service {
+    (
+        unary { $($method:ident($request:ident) -> $response:ident = $operation:ident;)* }
+        streams { $($s_method:ident($s_request:ident) = $s_operation:ident, $stream:ident;)* }
+    ) => {
+        #[tonic::async_trait]
+        impl A2aService for GrpcBinding {
+            $(
+                async fn $method(
+                    &self,
+                    request: tonic::Request<proto::$request>,
+                ) -> Result<Response<proto::$response>, Status> {
+                    self.unary(Operation::$operation, request).await
+                }
+            )*
 
-    type SendStreamingMessageStream = ResponseStream;
+            $(
+                type $stream = ResponseStream;
 
-    async fn send_streaming_message(
-        &self,
-        request: tonic::Request<proto::SendMessageRequest>,
-    ) -> Result<Response<ResponseStream>, Status> {
-        self.stream(Operation::SendStreamingMessage, request).await
-    }
+                async fn $s_method(
+                    &self,
+                    request: tonic::Request<proto::$s_request>,
+                ) -> Result<Response<ResponseStream>, Status> {
+                    self.stream(Operation::$s_operation, request).await
+                }
+            )*
 
-    async fn get_task(
-        &self,
-        request: tonic::Request<proto::GetTaskRequest>,
-    ) -> Result<Response<proto::Task>, Status> {
-        self.unary(Operation::GetTask, request).await
-    }
-
-    async fn list_tasks(
-        &self,
-        request: tonic::Request<proto::ListTasksRequest>,
-    ) -> Result<Response<proto::ListTasksResponse>, Status> {
-        self.unary(Operation::ListTasks, request).await
-    }
-
-    async fn cancel_task(
-        &self,
-        request: tonic::Request<proto::CancelTaskRequest>,
-    ) -> Result<Response<proto::Task>, Status> {
-        self.unary(Operation::CancelTask, request).await
-    }
-
-    type SubscribeToTaskStream = ResponseStream;
-
-    async fn subscribe_to_task(
-        &self,
-        request: tonic::Request<proto::SubscribeToTaskRequest>,
-    ) -> Result<Response<ResponseStream>, Status> {
-        self.stream(Operation::SubscribeToTask, request).await
-    }
-
-    async fn create_task_push_notification_config(
-        &self,
-        request: tonic::Request<proto::TaskPushNotificationConfig>,
-    ) -> Result<Response<proto::TaskPushNotificationConfig>, Status> {
-        self.unary(Operation::CreatePushConfig, request).await
-    }
-
-    async fn get_task_push_notification_config(
-        &self,
-        request: tonic::Request<proto::GetTaskPushNotificationConfigRequest>,
-    ) -> Result<Response<proto::TaskPushNotificationConfig>, Status> {
-        self.unary(Operation::GetPushConfig, request).await
-    }
-
-    async fn list_task_push_notification_configs(
-        &self,
-        request: tonic::Request<proto::ListTaskPushNotificationConfigsRequest>,
-    ) -> Result<Response<proto::ListTaskPushNotificationConfigsResponse>, Status> {
-        self.unary(Operation::ListPushConfigs, request).await
-    }
-
-    async fn get_extended_agent_card(
-        &self,
-        request: tonic::Request<proto::GetExtendedAgentCardRequest>,
-    ) -> Result<Response<proto::AgentCard>, Status> {
-        self.unary(Operation::GetExtendedAgentCard, request).await
-    }
-
-    async fn delete_task_push_notification_config(
-        &self,
-        request: tonic::Request<proto::DeleteTaskPushNotificationConfigRequest>,
-    ) -> Result<Response<()>, Status> {
-        // The answer is `google.protobuf.Empty`: nothing of the handlers' JSON to carry.
-        match self.run(Operation::DeletePushConfig, request).await? {
-            Reply::Unary(_) => Ok(Response::new(())),
-            Reply::Stream(_) => Err(internal()),
+            async fn delete_task_push_notification_config(
+                &self,
+                request: tonic::Request<proto::DeleteTaskPushNotificationConfigRequest>,
+            ) -> Result<Response<()>, Status> {
+                // The answer is `google.protobuf.Empty`: nothing of the handlers' JSON to carry.
+                match self.run(Operation::DeletePushConfig, request).await? {
+                    Reply::Unary(_) => Ok(Response::new(())),
+                    Reply::Stream(_) => Err(internal()),
+                }
+            }
         }
+    };
+}
+
+a2a_service! {
+    unary {
+        send_message(SendMessageRequest) -> SendMessageResponse = SendMessage;
+        get_task(GetTaskRequest) -> Task = GetTask;
+        list_tasks(ListTasksRequest) -> ListTasksResponse = ListTasks;
+        cancel_task(CancelTaskRequest) -> Task = CancelTask;
+        create_task_push_notification_config(TaskPushNotificationConfig)
+            -> TaskPushNotificationConfig = CreatePushConfig;
+        get_task_push_notification_config(GetTaskPushNotificationConfigRequest)
+            -> TaskPushNotificationConfig = GetPushConfig;
+        list_task_push_notification_configs(ListTaskPushNotificationConfigsRequest)
+            -> ListTaskPushNotificationConfigsResponse = ListPushConfigs;
+        get_extended_agent_card(GetExtendedAgentCardRequest) -> AgentCard = GetExtendedAgentCard;
+    }
+    streams {
+        send_streaming_message(SendMessageRequest)
+            = SendStreamingMessage, SendStreamingMessageStream;
+        subscribe_to_task(SubscribeToTaskRequest) = SubscribeToTask, SubscribeToTaskStream;
     }
 }

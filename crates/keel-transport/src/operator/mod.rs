@@ -35,6 +35,7 @@ use utoipa::OpenApi;
 
 use crate::handlers::Handlers;
 use crate::security::Security;
+use crate::threads::input_or_thread_refusal;
 use crate::variables::{caller_of, internal, refuse};
 
 /// The longest id a route takes.
@@ -204,14 +205,8 @@ async fn openapi() -> Response {
 /// The answer to an engine error.
 fn failure(err: &AgentError) -> Response {
     match err {
-        AgentError::InvalidInput { .. } => {
-            refuse(StatusCode::BAD_REQUEST, "invalid_input", err.to_string())
-        }
         AgentError::TaskNotFound { .. } => {
             refuse(StatusCode::NOT_FOUND, "task_not_found", err.to_string())
-        }
-        AgentError::ThreadNotFound { .. } => {
-            refuse(StatusCode::NOT_FOUND, "thread_not_found", err.to_string())
         }
         AgentError::TaskNotCancelable { .. } => {
             refuse(StatusCode::CONFLICT, "task_not_cancelable", err.to_string())
@@ -219,7 +214,7 @@ fn failure(err: &AgentError) -> Response {
         AgentError::Overloaded { .. } => {
             refuse(StatusCode::CONFLICT, "thread_busy", err.to_string())
         }
-        _ => internal(err, "operator"),
+        _ => input_or_thread_refusal(err).unwrap_or_else(|| internal(err, "operator")),
     }
 }
 
