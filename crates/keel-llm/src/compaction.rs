@@ -401,18 +401,26 @@ mod tests {
         })
     }
 
+    /// Compacts [`long_history`] with `llm` and `request`, which must succeed: the common
+    /// first step of the strategy tests.
+    async fn compact_long_history(
+        llm: &MockLlm,
+        request: HistoryCompactionRequest,
+    ) -> (ConversationHistory, HistoryCompactionResult) {
+        let mut history = long_history();
+        let result = compact_history(llm, &mut history, &request).await.unwrap();
+        (history, result)
+    }
+
     #[tokio::test]
     async fn recent_keeps_the_newest_messages_without_splitting_tool_pairs() {
-        let mut history = long_history();
         // 1 system + 16 others. A budget of 5 messages: 4 others fit only if the cut does
         // not land between a call and its result.
         let request = HistoryCompactionRequest {
             max_messages: 5,
             ..HistoryCompactionRequest::new(CompactionStrategy::Recent)
         };
-        let result = compact_history(&MockLlm::new(), &mut history, &request)
-            .await
-            .unwrap();
+        let (history, result) = compact_long_history(&MockLlm::new(), request).await;
         assert_eq!(result.before_messages, 17);
         assert!(result.after_messages <= 5);
         assert_eq!(
@@ -432,14 +440,11 @@ mod tests {
 
     #[tokio::test]
     async fn tokens_keeps_within_the_budget_including_the_system_prompt() {
-        let mut history = long_history();
         let request = HistoryCompactionRequest {
             max_tokens: 20,
             ..HistoryCompactionRequest::new(CompactionStrategy::Tokens)
         };
-        let result = compact_history(&MockLlm::new(), &mut history, &request)
-            .await
-            .unwrap();
+        let (history, result) = compact_long_history(&MockLlm::new(), request).await;
         assert!(result.after_tokens <= 20, "{result:?}");
         assert!(result.removed_messages > 0);
         assert!(pairs_intact(&history));
@@ -451,13 +456,12 @@ mod tests {
         let llm = MockLlm::scripted(vec![MockResponse::Text(
             "The user asked four questions.".into(),
         )]);
-        let mut history = long_history();
         let request = HistoryCompactionRequest {
             max_messages: 10,
             preserve_recent: 3,
             ..HistoryCompactionRequest::new(CompactionStrategy::Summary)
         };
-        let result = compact_history(&llm, &mut history, &request).await.unwrap();
+        let (history, result) = compact_long_history(&llm, request).await;
         assert!(result.summary_created);
         let messages = history.to_list();
         assert_eq!(messages[0].content, "rules");

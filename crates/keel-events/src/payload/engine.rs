@@ -290,22 +290,37 @@ mod tests {
         "2026-01-02T03:04:05Z".parse().unwrap_or_default()
     }
 
+    /// Both events that carry a [`ToolAsyncDeadlinePayload`], checked against one payload.
     #[test]
-    fn tool_async_dispatched() {
+    fn tool_async_dispatched_and_timed_out() {
         let payload = ToolAsyncDeadlinePayload {
             call_id: "c-1".into(),
             tool_call_id: "t-1".into(),
             tool: "fetch".into(),
             deadline: deadline(),
         };
-        assert_event(
-            RunEvent::tool_async_dispatched(payload.clone()),
-            "tool.async.dispatched",
-            "asynchronous tool `fetch` dispatched",
-            json!({"call_id": "c-1", "tool_call_id": "t-1", "tool": "fetch",
-                   "deadline": "2026-01-02T03:04:05Z"}),
-            &payload,
-        );
+        let cases = [
+            (
+                RunEvent::tool_async_dispatched as fn(_) -> _,
+                "tool.async.dispatched",
+                "asynchronous tool `fetch` dispatched",
+            ),
+            (
+                RunEvent::tool_async_timed_out,
+                "tool.async.timed_out",
+                "asynchronous tool `fetch` timed out",
+            ),
+        ];
+        for (build, kind, text) in cases {
+            assert_event(
+                build(payload.clone()),
+                kind,
+                text,
+                json!({"call_id": "c-1", "tool_call_id": "t-1", "tool": "fetch",
+                       "deadline": "2026-01-02T03:04:05Z"}),
+                &payload,
+            );
+        }
     }
 
     #[test]
@@ -370,24 +385,6 @@ mod tests {
             "tool.async.result",
             "asynchronous tool `fetch` called back",
             json!({"call_id": "c-1", "tool_call_id": "t-1", "tool": "fetch", "is_error": true}),
-            &payload,
-        );
-    }
-
-    #[test]
-    fn tool_async_timed_out() {
-        let payload = ToolAsyncDeadlinePayload {
-            call_id: "c-1".into(),
-            tool_call_id: "t-1".into(),
-            tool: "fetch".into(),
-            deadline: deadline(),
-        };
-        assert_event(
-            RunEvent::tool_async_timed_out(payload.clone()),
-            "tool.async.timed_out",
-            "asynchronous tool `fetch` timed out",
-            json!({"call_id": "c-1", "tool_call_id": "t-1", "tool": "fetch",
-                   "deadline": "2026-01-02T03:04:05Z"}),
             &payload,
         );
     }
