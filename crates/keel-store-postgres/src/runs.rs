@@ -7,7 +7,9 @@ use keel_runtime::{AuthContext, IndexedRecord, RunQuery, RunRecord, RunStore, Ta
 use serde::de::DeserializeOwned;
 use tokio_postgres::types::ToSql;
 
-use crate::codec::{decode_record, encode_record, execute, query, to_nanos, to_sql_int, Arg};
+use crate::codec::{
+    decode_record, encode_record, execute, query, select_record, to_nanos, to_sql_int, Arg,
+};
 use crate::PostgresStore;
 
 const SAVE_TASK_RECORD: &str = "\
@@ -172,16 +174,14 @@ impl RunStore for PostgresStore {
         run_id: &RunId,
     ) -> AgentResult<Option<RunRecord>> {
         let client = self.client().await?;
-        let rows = query(
+        select_record(
             &client,
             GET_RUN_REPORT,
             &[&auth.namespace(), &run_id.as_str()],
             "reading a run report",
+            &format!("run report {run_id}"),
         )
-        .await?;
-        rows.first()
-            .map(|row| decode_record(row.get(0), &format!("run report {run_id}")))
-            .transpose()
+        .await
     }
 
     async fn find_run_reports(

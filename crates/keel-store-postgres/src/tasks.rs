@@ -12,7 +12,9 @@ use keel_runtime::{
 use tokio_postgres::types::ToSql;
 
 use crate::changes::notify;
-use crate::codec::{decode_record, encode_all, encode_record, query, query_one, to_sql_int, Arg};
+use crate::codec::{
+    decode_record, encode_all, encode_record, query, query_one, select_record, to_sql_int, Arg,
+};
 use crate::PostgresStore;
 
 /// The `task` and `events` parts of a data-modifying `WITH`: insert or replace the snapshot
@@ -183,16 +185,14 @@ impl TaskManager for PostgresStore {
 
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
         let client = self.client().await?;
-        let rows = query(
+        select_record(
             &client,
             GET_TASK,
             &[&auth.namespace(), &task_id.as_str()],
             "reading a task",
+            &format!("task {task_id}"),
         )
-        .await?;
-        rows.first()
-            .map(|row| decode_record(row.get(0), &format!("task {task_id}")))
-            .transpose()
+        .await
     }
 
     async fn list_tasks(

@@ -3,99 +3,67 @@
 
 use keel_runtime::AuthContext;
 
+/// Declares key-name constants and `ALL` (for the collision test) listing every one of them,
+/// so a new key name cannot be left out of that test.
+macro_rules! key_names {
+    ($($(#[$doc:meta])* $name:ident = $value:literal;)*) => {
+        $($(#[$doc])* pub(crate) const $name: &str = $value;)*
+        /// Every key name above, for the collision test.
+        #[cfg(test)]
+        pub(crate) const ALL: &[&str] = &[$($name),*];
+    };
+}
+
 /// Kinds followed by one id. None is a prefix of another, so `kind + id` never collides
 /// across kinds whatever the ids contain.
 pub(crate) mod kind {
-    pub(crate) const TASK: &str = "task:";
-    pub(crate) const TASK_META: &str = "task-meta:";
-    pub(crate) const TASK_EVENTS: &str = "task-events:";
-    pub(crate) const TASKS_BY_THREAD: &str = "tasks-by-thread:";
-    pub(crate) const TASKS_BY_STATE: &str = "tasks-by-state:";
-    /// The id is `<state>:<thread>`: states contain no `:`, so the split is unambiguous.
-    pub(crate) const TASKS_BY_THREAD_STATE: &str = "tasks-by-thread-state:";
-    /// The same three, scored by status timestamp instead of creation.
-    pub(crate) const TASKS_BY_UPDATE_THREAD: &str = "tasks-by-update-thread:";
-    pub(crate) const TASKS_BY_UPDATE_STATE: &str = "tasks-by-update-state:";
-    pub(crate) const TASKS_BY_UPDATE_THREAD_STATE: &str = "tasks-by-update-thread-state:";
-    pub(crate) const MEMORY: &str = "memory:";
-    pub(crate) const HISTORY: &str = "history:";
-    pub(crate) const QUEUE: &str = "queue:";
-    pub(crate) const QUEUE_ITEMS: &str = "queue-items:";
-    pub(crate) const QUEUE_SEQ: &str = "queue-seq:";
-    pub(crate) const KV: &str = "kv:";
-    pub(crate) const LEASE: &str = "lease:";
-    pub(crate) const LEASE_TOKEN: &str = "lease-token:";
-    pub(crate) const CHILD: &str = "child:";
-    pub(crate) const CHILDREN: &str = "children:";
-    pub(crate) const TASK_RECORDS_BY_TASK: &str = "task-records-by-task:";
-    pub(crate) const TASK_RECORDS_BY_RUN: &str = "task-records-by-run:";
-    pub(crate) const TASK_RECORDS_BY_THREAD: &str = "task-records-by-thread:";
-    pub(crate) const TASK_RECORDS_BY_TRACE: &str = "task-records-by-trace:";
-    pub(crate) const TASK_RECORDS_BY_AGENT: &str = "task-records-by-agent:";
-    pub(crate) const RUN_REPORTS_BY_TASK: &str = "run-reports-by-task:";
-    pub(crate) const RUN_REPORTS_BY_THREAD: &str = "run-reports-by-thread:";
-    pub(crate) const RUN_REPORTS_BY_TRACE: &str = "run-reports-by-trace:";
-    pub(crate) const RUN_REPORTS_BY_AGENT: &str = "run-reports-by-agent:";
-
-    /// Every kind, for the collision test.
-    #[cfg(test)]
-    pub(crate) const ALL: &[&str] = &[
-        TASK,
-        TASK_META,
-        TASK_EVENTS,
-        TASKS_BY_THREAD,
-        TASKS_BY_STATE,
-        TASKS_BY_THREAD_STATE,
-        TASKS_BY_UPDATE_THREAD,
-        TASKS_BY_UPDATE_STATE,
-        TASKS_BY_UPDATE_THREAD_STATE,
-        MEMORY,
-        HISTORY,
-        QUEUE,
-        QUEUE_ITEMS,
-        QUEUE_SEQ,
-        KV,
-        LEASE,
-        LEASE_TOKEN,
-        CHILD,
-        CHILDREN,
-        TASK_RECORDS_BY_TASK,
-        TASK_RECORDS_BY_RUN,
-        TASK_RECORDS_BY_THREAD,
-        TASK_RECORDS_BY_TRACE,
-        TASK_RECORDS_BY_AGENT,
-        RUN_REPORTS_BY_TASK,
-        RUN_REPORTS_BY_THREAD,
-        RUN_REPORTS_BY_TRACE,
-        RUN_REPORTS_BY_AGENT,
-    ];
+    key_names! {
+        TASK = "task:";
+        TASK_META = "task-meta:";
+        TASK_EVENTS = "task-events:";
+        TASKS_BY_THREAD = "tasks-by-thread:";
+        TASKS_BY_STATE = "tasks-by-state:";
+        /// The id is `<state>:<thread>`: states contain no `:`, so the split is unambiguous.
+        TASKS_BY_THREAD_STATE = "tasks-by-thread-state:";
+        /// The same three, scored by status timestamp instead of creation.
+        TASKS_BY_UPDATE_THREAD = "tasks-by-update-thread:";
+        TASKS_BY_UPDATE_STATE = "tasks-by-update-state:";
+        TASKS_BY_UPDATE_THREAD_STATE = "tasks-by-update-thread-state:";
+        MEMORY = "memory:";
+        HISTORY = "history:";
+        QUEUE = "queue:";
+        QUEUE_ITEMS = "queue-items:";
+        QUEUE_SEQ = "queue-seq:";
+        KV = "kv:";
+        LEASE = "lease:";
+        LEASE_TOKEN = "lease-token:";
+        CHILD = "child:";
+        CHILDREN = "children:";
+        TASK_RECORDS_BY_TASK = "task-records-by-task:";
+        TASK_RECORDS_BY_RUN = "task-records-by-run:";
+        TASK_RECORDS_BY_THREAD = "task-records-by-thread:";
+        TASK_RECORDS_BY_TRACE = "task-records-by-trace:";
+        TASK_RECORDS_BY_AGENT = "task-records-by-agent:";
+        RUN_REPORTS_BY_TASK = "run-reports-by-task:";
+        RUN_REPORTS_BY_THREAD = "run-reports-by-thread:";
+        RUN_REPORTS_BY_TRACE = "run-reports-by-trace:";
+        RUN_REPORTS_BY_AGENT = "run-reports-by-agent:";
+    }
 }
 
 /// Keys without an id, one per tenant. None starts with a kind above.
 pub(crate) mod fixed {
-    pub(crate) const TASK_SEQ: &str = "task-seq";
-    pub(crate) const TASKS: &str = "tasks";
-    pub(crate) const TASKS_BY_UPDATE: &str = "tasks-by-update";
-    pub(crate) const TASK_RECORDS: &str = "task-records";
-    pub(crate) const TASK_RECORD_SEQ: &str = "task-record-seq";
-    pub(crate) const TASK_RECORDS_BY_TIME: &str = "task-records-by-time";
-    pub(crate) const RUN_REPORTS: &str = "run-reports";
-    pub(crate) const RUN_REPORTS_BY_TIME: &str = "run-reports-by-time";
-    pub(crate) const QUEUED_THREADS: &str = "queued-threads";
-
-    /// Every fixed key, for the collision test.
-    #[cfg(test)]
-    pub(crate) const ALL: &[&str] = &[
-        TASK_SEQ,
-        TASKS,
-        TASKS_BY_UPDATE,
-        TASK_RECORDS,
-        TASK_RECORD_SEQ,
-        TASK_RECORDS_BY_TIME,
-        RUN_REPORTS,
-        RUN_REPORTS_BY_TIME,
-        QUEUED_THREADS,
-    ];
+    key_names! {
+        TASK_SEQ = "task-seq";
+        TASKS = "tasks";
+        TASKS_BY_UPDATE = "tasks-by-update";
+        TASK_RECORDS = "task-records";
+        TASK_RECORD_SEQ = "task-record-seq";
+        TASK_RECORDS_BY_TIME = "task-records-by-time";
+        RUN_REPORTS = "run-reports";
+        RUN_REPORTS_BY_TIME = "run-reports-by-time";
+        QUEUED_THREADS = "queued-threads";
+    }
 }
 
 /// System-level keys, shared by every tenant: thread timers (claimed across tenants by
