@@ -278,12 +278,14 @@ async fn updates_are_pushed_with_token_and_authentication_and_failures_are_retri
         headers["traceparent"],
         format!("00-{}-{run_span}-01", context.trace_id).as_str()
     );
-    let log = runtime
-        .memory_service()
-        .load_serialized(&auth, &format!("keel:push-log:{task_id}"))
-        .await
-        .unwrap()
-        .expect("a delivery log");
+    // The log is written once the delivery's answer has been read, which can be after the
+    // hook has seen the post: wait for it rather than read it once.
+    let memory = runtime.memory_service();
+    let key = format!("keel:push-log:{task_id}");
+    let log = eventually("the push delivery log", || async {
+        memory.load_serialized(&auth, &key).await.unwrap()
+    })
+    .await;
     let log = log.as_array().unwrap();
     assert!(
         log.iter()
