@@ -236,12 +236,7 @@ struct Bench {
 fn postgres<T>(
     chore: impl std::future::Future<Output = keel_core::AgentResult<T>>,
 ) -> Result<T, String> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?
-        .block_on(chore)
-        .map_err(|e| e.to_string())
+    stores::block_on(chore)?.map_err(|e| e.to_string())
 }
 
 impl Bench {
@@ -543,7 +538,7 @@ fn memory(bench: &mut Bench) -> Result<(), String> {
     kinds.push(Kind::Sdk);
     for kind in kinds {
         let server = bench.start(kind)?;
-        let before = stores::Counters::read(bench, &server);
+        let before = stores::Counters::read_place(bench, server.kind, server.place.as_deref());
         let idle = server.rss_kib();
         let first = sends::send_messages(server.port, 8, sends, &format!("s{}-", bench.next()))?;
         let after_first = server.rss_kib();

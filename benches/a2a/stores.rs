@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::servers::{Kind, Server, Store};
+use crate::servers::{Kind, Store};
 use crate::{postgres, redis_root, Bench};
 
 /// One raw ceiling line per durable store of the run, beside `keel_rate`, Keel's blocking
@@ -92,7 +92,7 @@ pub fn ceilings(
 }
 
 /// Runs one future to its end on a runtime of its own (the bench itself is synchronous).
-fn block_on<T>(work: impl std::future::Future<Output = T>) -> Result<T, String> {
+pub fn block_on<T>(work: impl std::future::Future<Output = T>) -> Result<T, String> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -116,11 +116,6 @@ pub enum Counters {
 }
 
 impl Counters {
-    /// The counters of `server`'s store now.
-    pub fn read(bench: &Bench, server: &Server) -> Counters {
-        Self::read_place(bench, server.kind, server.place.as_deref())
-    }
-
     /// The counters of the store at `place` of a `kind` server (running or stopped).
     pub fn read_place(bench: &Bench, kind: Kind, place: Option<&str>) -> Counters {
         let read = match (kind, place) {
