@@ -1,21 +1,16 @@
 //! [`ThreadLeases`] over PostgreSQL, and the fence every lease-holder write checks.
 //!
-//! Taking a lease locks the thread's row in `threads` first, so "look at the current lease,
-//! decide ([`keel_runtime::lease_blocks`]), write" is one transaction that no other process
-//! interleaves with. Writes under a lease read the lease row `FOR SHARE` in the statement
+//! Taking a lease is one statement that locks the thread's row in `threads` and decides on
+//! the latest lease row (the rule of `keel_runtime::lease_blocks`, in SQL), so no other
+//! process interleaves with it. Writes under a lease read the lease row `FOR SHARE` in the statement
 //! that writes (`fence!`), so a takeover waits for them and a stale holder writes nothing.
 
 use async_trait::async_trait;
 use chrono::Utc;
 use keel_core::AgentResult;
-use keel_runtime::{
-    lease_blocks, lease_ttl, AuthContext, Lease, LeaseAsk, LeaseRenewal, ThreadLeases,
-};
+use keel_runtime::{lease_ttl, AuthContext, Lease, LeaseAsk, LeaseRenewal, ThreadLeases};
 
-use crate::codec::{
-    execute, from_nanos, from_sql_int, query_one, query_opt, to_nanos, to_sql_int, transaction,
-};
-use crate::error::doing;
+use crate::codec::{execute, from_nanos, from_sql_int, query_opt, to_nanos, to_sql_int};
 use crate::PostgresStore;
 
 /// The `WITH` entry every fenced write starts with: one row when the lease (`$1` tenant, `$2`
@@ -85,22 +80,27 @@ impl WriteOrder {
     }
 }
 
-/// Create the thread's counter row if need be and lock it until the transaction ends.
-const LOCK_THREAD: &str = "\
-INSERT INTO threads (tenant, thread_id) VALUES ($1, $2)
-ON CONFLICT (tenant, thread_id) DO UPDATE SET last_lease_token = threads.last_lease_token";
-const CURRENT_LEASE: &str =
-    "SELECT holder, expires_at FROM leases WHERE tenant = $1 AND thread_id = $2";
-/// Issue the next token and make it the thread's lease.
-const WRITE_LEASE: &str = "\
-WITH counter AS (
-    UPDATE threads SET last_lease_token = last_lease_token + 1
-    WHERE tenant = $1 AND thread_id = $2 RETURNING last_lease_token
+/// Take the thread's lease in one statement: unless a live lease blocks the asker (the rule of
+/// `keel_runtime::lease_blocks`: `$4` now, `$6` reclaim), issue the thread's next token and make it the
+/// lease. The counter's upsert locks the thread's row, so two takers run one after the other;
+/// the lease's upsert then decides on the latest lease (its `WHERE` is that rule again, read
+/// after the wait), so the later taker is refused (it only used up a token: tokens need to
+/// grow, not to be dense). `$5` is the new expiry.
+const TAKE_LEASE: &str = "\
+WITH blocked AS (
+    SELECT 1 FROM leases
+    WHERE tenant = $1 AND thread_id = $2 AND expires_at > $4 AND NOT ($6 AND holder = $3)
+), counter AS (
+    INSERT INTO threads (tenant, thread_id, last_lease_token)
+    SELECT $1, $2, 1 WHERE NOT EXISTS (SELECT 1 FROM blocked)
+    ON CONFLICT (tenant, thread_id) DO UPDATE SET last_lease_token = threads.last_lease_token + 1
+    RETURNING last_lease_token
 )
 INSERT INTO leases (tenant, thread_id, holder, token, expires_at)
-SELECT $1, $2, $3, last_lease_token, $4 FROM counter
+SELECT $1, $2, $3, last_lease_token, $5 FROM counter
 ON CONFLICT (tenant, thread_id) DO UPDATE SET
     holder = excluded.holder, token = excluded.token, expires_at = excluded.expires_at
+WHERE leases.expires_at <= $4 OR ($6 AND leases.holder = $3)
 RETURNING token";
 const RENEW: &str = "UPDATE leases SET expires_at = $5 \
      WHERE tenant = $1 AND thread_id = $2 AND token = $3 AND expires_at > $4";
@@ -112,30 +112,30 @@ impl ThreadLeases for PostgresStore {
         let ttl = lease_ttl(ask.ttl)?;
         let (tenant, thread) = (auth.namespace(), ask.thread_id.as_str());
         let _in_order = self.order.shared(&tenant, thread).await;
-        let mut client = self.client().await?;
-        let tx = transaction(&mut client, "taking a lease").await?;
-        execute(&tx, LOCK_THREAD, &[&tenant, &thread], "taking a lease").await?;
+        let client = self.client().await?;
         let now = Utc::now();
-        let held = query_opt(&tx, CURRENT_LEASE, &[&tenant, &thread], "taking a lease").await?;
-        let held = held.map(|row| (row.get::<_, String>(0), from_nanos(row.get(1))));
-        let current = held
-            .as_ref()
-            .map(|(current, expires_at)| (current.as_str(), *expires_at));
-        if lease_blocks(current, ask.holder, ask.reclaim, now) {
-            // Dropping the transaction rolls it back and frees the thread's row.
-            return Ok(None);
-        }
         let expires_at = now + ttl;
-        let row = query_one(
-            &tx,
-            WRITE_LEASE,
-            &[&tenant, &thread, &ask.holder, &to_nanos(expires_at)],
+        let row = query_opt(
+            &client,
+            TAKE_LEASE,
+            &[
+                &tenant,
+                &thread,
+                &ask.holder,
+                &to_nanos(now),
+                &to_nanos(expires_at),
+                &ask.reclaim,
+            ],
             "taking a lease",
         )
         .await?;
-        tx.commit().await.map_err(doing("taking a lease"))?;
-        let token = from_sql_int(row.get(0), "lease token")?;
-        Ok(Some(ask.granted(token, expires_at)))
+        match row {
+            Some(row) => {
+                let token = from_sql_int(row.get(0), "lease token")?;
+                Ok(Some(ask.granted(token, expires_at)))
+            }
+            None => Ok(None),
+        }
     }
 
     async fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease> {

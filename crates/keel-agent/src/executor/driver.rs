@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
+use futures::FutureExt;
 use keel_core::{
     AgentError, AgentResult, Message, Part, Role, RunContext, Task, TaskEvent, TaskId, ThreadId,
 };
@@ -150,17 +151,23 @@ impl Inner {
         notify: Arc<Notify>,
     ) {
         let store = self.runtime.thread_store();
+        // A new driver is started for work just queued (or found queued): its first look
+        // would only count what is known to be there, and taking the lease is a look too.
+        let mut look = false;
+        let mut emptied = false;
         loop {
             if self.driver.shutting_down.is_cancelled() {
                 break;
             }
-            match store.queue_len(&auth, &thread_id).await {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(err) => self.log(
-                    LogLevel::Warn,
-                    &format!("cannot read the thread queue: {err}"),
-                ),
+            if std::mem::replace(&mut look, true) {
+                match store.queue_len(&auth, &thread_id).await {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(err) => self.log(
+                        LogLevel::Warn,
+                        &format!("cannot read the thread queue: {err}"),
+                    ),
+                }
             }
             let (holder, ttl) = (&self.config.holder, self.config.lease_ttl);
             let recovering = self.driver.reclaim.remove(&key).is_some();
@@ -207,6 +214,7 @@ impl Inner {
                     }
                     // The queue was worked until it was empty (or the lease went): the
                     // look below, after leaving the map, catches whatever came since.
+                    emptied = worked == Worked::Emptied;
                     break;
                 }
                 Ok(None) => {}
@@ -224,12 +232,18 @@ impl Inner {
         self.driver.workers.remove(&key);
         // Work queued between the last look and the removal must not be stranded, nor work
         // left while the store did not answer: a new driver looks again, every poll interval
-        // while the store stays out.
+        // while the store stays out. Work queued here since the last look has notified this
+        // driver; after a queue worked until the store said it was empty, that is all there
+        // can be to find (another process's queueing starts its own driver), so the store is
+        // asked only when the work stopped short.
+        let queued_here = notify.notified().now_or_never().is_some();
         if !self.driver.shutting_down.is_cancelled()
-            && store
-                .queue_len(&auth, &thread_id)
-                .await
-                .map_or(true, |queued| queued > 0)
+            && (queued_here
+                || (!emptied
+                    && store
+                        .queue_len(&auth, &thread_id)
+                        .await
+                        .map_or(true, |queued| queued > 0)))
         {
             self.schedule(&auth, &thread_id);
         }
@@ -447,6 +461,7 @@ impl Inner {
                 };
                 let last = items.len() < 2;
                 let Some(item) = items.into_iter().next() else {
+                    worked = Worked::Emptied;
                     break;
                 };
                 let result = match serde_json::from_value::<QueuedWork>(item.payload.clone()) {
@@ -516,6 +531,9 @@ impl Inner {
                     renewer.abort();
                     let (acked, freed) = tokio::join!(ack, store.release_lease(auth, &lease));
                     released = true;
+                    if acked.is_ok() && freed.is_ok() {
+                        worked = Worked::Emptied;
+                    }
                     if let Err(err) = acked {
                         self.log(
                             LogLevel::Warn,

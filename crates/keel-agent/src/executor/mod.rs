@@ -352,7 +352,7 @@ impl AgentExecutor {
             self.inner
                 .save_and_enqueue_task(auth, &task, &[message, status])
                 .await?;
-            self.inner.notices.task_saved(auth, &task.id);
+            self.inner.notices.task_saved_as(auth, &task);
         } else {
             self.inner
                 .save_and_enqueue_task(auth, &task, std::slice::from_ref(&message))

@@ -6,14 +6,19 @@
 use std::sync::{Arc, RwLock};
 
 use dashmap::DashMap;
-use keel_core::TaskId;
+use keel_core::{Task, TaskId};
 use keel_events::EventSink;
 use keel_runtime::AuthContext;
 use tokio::sync::watch;
 
 use super::state::TaskKey;
 
-type Waiters = DashMap<TaskKey, watch::Sender<u64>, foldhash::fast::RandomState>;
+/// What a task's waiters are told at each save: the snapshot this process has just written
+/// (without its history), or `None` when the change was heard from the store (another
+/// process wrote it), which the waiter then reads.
+pub(super) type Saved = Option<Arc<Task>>;
+
+type Waiters = DashMap<TaskKey, watch::Sender<Saved>, foldhash::fast::RandomState>;
 
 pub(super) struct Notices {
     /// Bumped whenever this process persists a task status or a message of a task, to wake
@@ -48,15 +53,39 @@ impl Notices {
         }
     }
 
-    /// Wake the task's local waiters after its record was saved (see `resting`), and event
-    /// watchers.
+    /// Wake the task's local waiters after a change they must read from the store (see
+    /// `resting`), and event watchers.
     pub(super) fn task_saved(&self, auth: &AuthContext, task_id: &TaskId) {
-        if !self.resting.is_empty() {
-            if let Some(waiters) = self.resting.get(&(auth.namespace(), task_id.clone())) {
-                waiters.send_modify(|n| *n = n.wrapping_add(1));
-            }
+        self.wake_waiters(auth, task_id, || None);
+        self.task_changed();
+    }
+
+    /// Wake the task's local waiters after this process saved `task`, handing them the
+    /// snapshot it wrote: a blocked caller then needs no read of what was just written.
+    pub(super) fn task_saved_as(&self, auth: &AuthContext, task: &Task) {
+        self.wake_waiters(auth, &task.id, || {
+            Some(Arc::new(task.clone_without_history()))
+        });
+        self.task_changed();
+    }
+
+    /// Wake the task's local waiters without telling them anything new: they keep the last
+    /// snapshot this process wrote, which is still the task as far as it knows (its run
+    /// ended here, or the store announced a write this process's own run made).
+    pub(super) fn task_touched(&self, auth: &AuthContext, task_id: &TaskId) {
+        if let Some(waiters) = self.resting.get(&(auth.namespace(), task_id.clone())) {
+            waiters.send_modify(|_| {});
         }
         self.task_changed();
+    }
+
+    /// Tell `task_id`'s waiters, if it has any, what `saved` makes (made only then).
+    fn wake_waiters(&self, auth: &AuthContext, task_id: &TaskId, saved: impl FnOnce() -> Saved) {
+        if !self.resting.is_empty() {
+            if let Some(waiters) = self.resting.get(&(auth.namespace(), task_id.clone())) {
+                waiters.send_replace(saved());
+            }
+        }
     }
 
     /// The signal [`Self::task_changed`] bumps.
@@ -89,14 +118,14 @@ impl Notices {
 pub(super) struct RestWaiter<'a> {
     waiters: &'a Waiters,
     key: TaskKey,
-    pub(super) receiver: watch::Receiver<u64>,
+    pub(super) receiver: watch::Receiver<Saved>,
 }
 
 impl<'a> RestWaiter<'a> {
     fn new(waiters: &'a Waiters, key: TaskKey) -> Self {
         let receiver = waiters
             .entry(key.clone())
-            .or_insert_with(|| watch::channel(0).0)
+            .or_insert_with(|| watch::channel(None).0)
             .subscribe();
         Self {
             waiters,

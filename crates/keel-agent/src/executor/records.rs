@@ -93,7 +93,7 @@ impl RunLoop<'_> {
                 self.save_records().await;
                 let task = &self.task;
                 inner.runtime.task_manager().save_task(auth, task).await?;
-                inner.notices.task_saved(auth, &task.id);
+                inner.notices.task_saved_as(auth, task);
                 return Ok(());
             }
             Outcome::Answer {
@@ -201,7 +201,7 @@ impl RunLoop<'_> {
             inner.write_status_after(auth, &self.task, logged)
         );
         saved?;
-        inner.notices.task_saved(auth, &self.task.id);
+        inner.notices.task_saved_as(auth, &self.task);
         Ok(())
     }
 
@@ -284,7 +284,7 @@ impl Inner {
         events: Vec<TaskEvent>,
     ) -> AgentResult<()> {
         self.write_status_after(auth, task, events).await?;
-        self.notices.task_saved(auth, &task.id);
+        self.notices.task_saved_as(auth, task);
         Ok(())
     }
 

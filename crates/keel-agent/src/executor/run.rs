@@ -88,7 +88,7 @@ impl Inner {
         let result = Box::pin(RunLoop::run(self, flow, task, run).instrument(span)).await;
         watcher.abort();
         self.driver.active.remove(&key);
-        self.notices.task_saved(auth, task_id);
+        self.notices.task_touched(auth, task_id);
         match result {
             Ok(()) => Ok(()),
             // Neither is the task's fault: it stays as the store has it, and its queue item
@@ -289,7 +289,7 @@ impl<'a> RunLoop<'a> {
                     .await
                 {
                     Ok(()) => {
-                        inner.notices.task_saved(auth, &task.id);
+                        inner.notices.task_saved_as(auth, task);
                         self.history.extend(new_input);
                         return Ok(());
                     }
@@ -463,7 +463,7 @@ impl<'a> RunLoop<'a> {
                 .task_manager()
                 .save_task(auth, &self.task)
                 .await?;
-            self.inner.notices.task_saved(auth, &self.task.id);
+            self.inner.notices.task_saved_as(auth, &self.task);
         }
         Ok(None)
     }

@@ -214,7 +214,10 @@ pub(super) fn answered(task: &Task) -> bool {
 /// How a worker left the thread's queue.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Worked {
-    /// Empty, or stopped (lease lost, shutdown, store error).
+    /// The store said the queue was empty: the last item was acknowledged with the lease's
+    /// release, or none was left.
+    Emptied,
+    /// Stopped short (lease lost, shutdown, store error).
     Done,
     /// The next item is a task of another agent sharing the thread.
     LeftForAnotherAgent,

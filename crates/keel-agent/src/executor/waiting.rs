@@ -2,10 +2,12 @@
 //! any condition holds. A local save wakes a waiter at once (`Notices`); a task run by
 //! another process is looked at every poll interval.
 
+use std::sync::Arc;
+
 use keel_core::{AgentError, AgentResult, Task, TaskId, TaskState};
 use keel_runtime::AuthContext;
 
-use super::notices::RestWaiter;
+use super::notices::{RestWaiter, Saved};
 use super::state::*;
 
 impl Inner {
@@ -120,13 +122,12 @@ impl Inner {
         auth: &AuthContext,
         task_id: &TaskId,
     ) -> AgentResult<Task> {
-        if !waiter.receiver.has_changed().unwrap_or(true) {
-            tokio::select! {
-                _ = waiter.receiver.changed() => {}
-                () = tokio::time::sleep(self.config.poll_interval) => {}
-            }
-        }
-        self.wait_with(waiter, auth, task_id, answered).await
+        let first = if waiter.receiver.has_changed().unwrap_or(true) {
+            waiter.receiver.borrow_and_update().clone()
+        } else {
+            self.next_save(&mut waiter).await
+        };
+        self.wait_from(waiter, auth, task_id, first, answered).await
     }
 
     /// Wait until the stored task satisfies `done`, and answer it. Local saves of this task
@@ -138,28 +139,42 @@ impl Inner {
         task_id: &TaskId,
         done: impl Fn(&Task) -> bool,
     ) -> AgentResult<Task> {
-        let waiter = self.notices.rest_waiter(auth, task_id);
-        self.wait_with(waiter, auth, task_id, done).await
+        let mut waiter = self.notices.rest_waiter(auth, task_id);
+        waiter.receiver.borrow_and_update();
+        self.wait_from(waiter, auth, task_id, None, done).await
     }
 
-    /// [`Self::wait_until`] with a waiter taken earlier.
-    pub(super) async fn wait_with(
+    /// The snapshot of the next local save of the waiter's task, or `None` (read the store)
+    /// when a poll interval went by first or the change was heard from another process.
+    async fn next_save(&self, waiter: &mut RestWaiter<'_>) -> Saved {
+        tokio::select! {
+            changed = waiter.receiver.changed() => match changed {
+                Ok(()) => waiter.receiver.borrow_and_update().clone(),
+                Err(_) => None,
+            },
+            () = tokio::time::sleep(self.config.poll_interval) => None,
+        }
+    }
+
+    /// [`Self::wait_until`] from `saved`, the snapshot that woke the waiter (the task as this
+    /// process has just written it), or from a read of the store when there is none.
+    async fn wait_from(
         &self,
         mut waiter: RestWaiter<'_>,
         auth: &AuthContext,
         task_id: &TaskId,
+        mut saved: Saved,
         done: impl Fn(&Task) -> bool,
     ) -> AgentResult<Task> {
         loop {
-            waiter.receiver.borrow_and_update();
-            let task = self.stored_task(auth, task_id).await?;
+            let task = match saved.take() {
+                Some(task) => Arc::unwrap_or_clone(task),
+                None => self.stored_task(auth, task_id).await?,
+            };
             if done(&task) {
                 return Ok(task);
             }
-            tokio::select! {
-                _ = waiter.receiver.changed() => {}
-                () = tokio::time::sleep(self.config.poll_interval) => {}
-            }
+            saved = self.next_save(&mut waiter).await;
         }
     }
 }

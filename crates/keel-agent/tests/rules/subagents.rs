@@ -770,6 +770,11 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
     let kid = state.children().await.unwrap()[0].clone();
     let running = child_tasks(&runtime, &auth, &kid).await;
     assert!(running.iter().all(|t| !t.state().is_terminal()), "the child goes on");
+    // The tool writes the registry, then emits its event: wait for the event too.
+    eventually("the child's subagent.status event", || async {
+        !events_named(&child_sink, "subagent.status").is_empty()
+    })
+    .await;
     let status = events_named(&child_sink, "subagent.status");
     assert_eq!(status.len(), 1);
     assert_eq!(status[0]["status"], "halfway");
