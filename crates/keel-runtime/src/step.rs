@@ -64,6 +64,23 @@ pub trait StepStore: Send + Sync {
         let _ = (auth, task, events, payload);
         Err(unsupported("save_task_and_queue"))
     }
+
+    /// Acknowledge `ids` on the lease's thread and release the lease, in one write: the
+    /// thread's last queued item is done. The acknowledgement is fenced as
+    /// [`ThreadQueue::ack_queue`](crate::ThreadQueue::ack_queue)'s is (under a stale lease it
+    /// is [`AgentError::LeaseLost`] and removes nothing); the release frees the thread only
+    /// while `lease` is its current one, as
+    /// [`ThreadLeases::release_lease`](crate::ThreadLeases::release_lease) does, and happens
+    /// either way.
+    async fn ack_and_release(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ids: &[String],
+    ) -> AgentResult<()> {
+        let _ = (auth, lease, ids);
+        Err(unsupported("ack_and_release"))
+    }
 }
 
 fn unsupported(method: &str) -> AgentError {

@@ -75,7 +75,11 @@ impl WriteOrder {
     }
 
     /// The guard a release of the thread's lease holds while it runs.
-    async fn exclusive(&self, tenant: &str, thread: &str) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+    pub(crate) async fn exclusive(
+        &self,
+        tenant: &str,
+        thread: &str,
+    ) -> tokio::sync::RwLockWriteGuard<'_, ()> {
         self.stripe(tenant, thread).write().await
     }
 }

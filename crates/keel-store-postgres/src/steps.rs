@@ -13,7 +13,7 @@ use crate::changes::notify;
 use crate::codec::{encode_all, query_one};
 use crate::leases::fence;
 use crate::tasks::{save_with_events, snapshot_columns, SnapshotArgs};
-use crate::threads::{append_history, NewItem};
+use crate::threads::{append_history, NewItem, ACK_AND_RELEASE};
 use crate::PostgresStore;
 
 /// Under the fence, number `$7` in task `$5`'s log (its row lock orders appenders) and append
@@ -154,5 +154,22 @@ impl StepStore for PostgresStore {
         )
         .await?;
         item.queued(&row)
+    }
+
+    async fn ack_and_release(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ids: &[String],
+    ) -> AgentResult<()> {
+        self.fenced_release(
+            auth,
+            lease,
+            ACK_AND_RELEASE,
+            &[&ids],
+            "acknowledging queued work and releasing its lease",
+        )
+        .await?;
+        Ok(())
     }
 }

@@ -80,6 +80,19 @@ const ACK: &str = concat!(
 )
 SELECT EXISTS (SELECT 1 FROM lease)"
 );
+/// [`ACK`], and the lease released in the same statement (whatever the fence says, as
+/// `release_lease` does: only this token's lease goes).
+pub(crate) const ACK_AND_RELEASE: &str = concat!(
+    "WITH ",
+    fence!(),
+    ", acked AS (
+    DELETE FROM thread_queue
+    WHERE tenant = $1 AND thread_id = $2 AND id = ANY($5::text[]) AND EXISTS (SELECT 1 FROM lease)
+), released AS (
+    DELETE FROM leases WHERE tenant = $1 AND thread_id = $2 AND token = $3
+)
+SELECT EXISTS (SELECT 1 FROM lease)"
+);
 const QUEUE_LEN: &str = "SELECT count(*) FROM thread_queue WHERE tenant = $1 AND thread_id = $2";
 const TENANT_QUEUE_LEN: &str = "SELECT count(*) FROM thread_queue WHERE tenant = $1";
 const QUEUED_THREADS: &str = "SELECT DISTINCT thread_id FROM thread_queue WHERE tenant = $1";
@@ -194,10 +207,40 @@ impl PostgresStore {
         args: &Params<'_>,
         op: &'static str,
     ) -> AgentResult<tokio_postgres::Row> {
+        self.fenced(auth, lease, sql, args, op, false).await
+    }
+
+    /// [`Self::fenced_row`] for a write that also releases the lease: it goes after the
+    /// thread's lease operations sent before it, as a release does ([`WriteOrder`]).
+    ///
+    /// [`WriteOrder`]: crate::leases::WriteOrder
+    pub(crate) async fn fenced_release(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        sql: &str,
+        args: &Params<'_>,
+        op: &'static str,
+    ) -> AgentResult<tokio_postgres::Row> {
+        self.fenced(auth, lease, sql, args, op, true).await
+    }
+
+    async fn fenced(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        sql: &str,
+        args: &Params<'_>,
+        op: &'static str,
+        releases: bool,
+    ) -> AgentResult<tokio_postgres::Row> {
         let (tenant, thread, token, now) = fence_args(auth, lease);
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&tenant, &thread, &token, &now];
         params.extend_from_slice(args);
-        let _in_order = self.order.shared(&tenant, &thread).await;
+        let _in_order = match releases {
+            false => (Some(self.order.shared(&tenant, &thread).await), None),
+            true => (None, Some(self.order.exclusive(&tenant, &thread).await)),
+        };
         let client = self.client().await?;
         let row = query_one(&client, sql, &params, op).await?;
         if !row.get::<_, bool>(0) {

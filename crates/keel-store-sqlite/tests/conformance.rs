@@ -41,6 +41,7 @@ async fn run_all(store: &SqliteStore) {
     testing::run_all(store, store, threads(store), LIMITS, store).await;
     testing::step_store_writes_history_and_log_together(store, store, store).await;
     testing::step_store_folds_a_task_with_its_queue_item_and_its_start(store, store, store).await;
+    testing::step_store_acks_and_releases_in_one_write(store, store).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

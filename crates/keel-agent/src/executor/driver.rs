@@ -399,6 +399,28 @@ impl Inner {
         }))
     }
 
+    /// Acknowledge the thread's last item and release its lease: one write where the step
+    /// store folds them, else the two calls sent together. Answers how each went.
+    async fn ack_and_release(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ids: &[String],
+    ) -> (AgentResult<()>, AgentResult<()>) {
+        if let Some(steps) = self.runtime.step_store() {
+            match steps.ack_and_release(auth, lease, ids).await {
+                Err(AgentError::Unsupported { .. }) => {}
+                // The release happens whatever the fence said.
+                acked => return (acked, Ok(())),
+            }
+        }
+        let store = self.runtime.thread_store();
+        tokio::join!(
+            store.ack_queue(auth, lease, ids),
+            store.release_lease(auth, lease)
+        )
+    }
+
     /// Holding the lease: process queued work in FIFO order until the queue is empty, or
     /// until the next item is a task of another agent sharing the thread.
     pub(super) async fn work_queue(&self, auth: &AuthContext, lease: Lease) -> Worked {
@@ -523,13 +545,14 @@ impl Inner {
                     break;
                 }
                 let lease = flow.lease();
-                let ack = store.ack_queue(auth, &lease, std::slice::from_ref(&item.id));
+                let ids = std::slice::from_ref(&item.id);
                 if last {
                     // Nothing was waiting behind it: acknowledge and let the thread go in one
-                    // round trip (sent in that order; both are fenced by the same lease). Work
-                    // queued meanwhile is picked up by the driver's look after the worker leaves.
+                    // write where the store can, else in one round trip (sent in that order;
+                    // both are fenced by the same lease). Work queued meanwhile is picked up
+                    // by the driver's look after the worker leaves.
                     renewer.abort();
-                    let (acked, freed) = tokio::join!(ack, store.release_lease(auth, &lease));
+                    let (acked, freed) = self.ack_and_release(auth, &lease, ids).await;
                     released = true;
                     if acked.is_ok() && freed.is_ok() {
                         worked = Worked::Emptied;
@@ -548,7 +571,7 @@ impl Inner {
                     }
                     break;
                 }
-                if let Err(err) = ack.await {
+                if let Err(err) = store.ack_queue(auth, &lease, ids).await {
                     self.log(
                         LogLevel::Warn,
                         &format!("cannot acknowledge queued work: {err}"),

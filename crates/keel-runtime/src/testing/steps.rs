@@ -4,7 +4,7 @@
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent, TaskId, TaskState};
 
-use super::{assert_lease_lost, fresh_tenant, history_len, leased, try_lease};
+use super::{assert_lease_lost, fresh_tenant, history_len, leased, tenant_and_thread, try_lease};
 use crate::{TaskManager, ThreadStore};
 
 /// A [`StepStore`](crate::StepStore) writes history and task log together: both land, and a
@@ -170,4 +170,61 @@ pub async fn step_store_folds_a_task_with_its_queue_item_and_its_start(
         1,
         "no history with a stale lease"
     );
+}
+
+/// A [`StepStore`](crate::StepStore) that folds a thread's last acknowledgement with its
+/// lease's release ([`ack_and_release`](crate::StepStore::ack_and_release)) acknowledges the
+/// item and frees the thread in one call; with a stale lease it is
+/// [`AgentError::LeaseLost`], acknowledges nothing and leaves the new holder's lease alone.
+/// A store that keeps the default ([`AgentError::Unsupported`]) passes as it is.
+pub async fn step_store_acks_and_releases_in_one_write(
+    steps: &dyn crate::StepStore,
+    threads: &dyn ThreadStore,
+) {
+    let (auth, thread) = tenant_and_thread();
+    let lease = leased(threads, &auth, &thread).await;
+    let mut ids = Vec::new();
+    for n in 0..2 {
+        let item = threads
+            .push_queue(&auth, &thread, serde_json::json!({ "n": n }))
+            .await
+            .unwrap();
+        ids.push(item.id);
+    }
+    match steps.ack_and_release(&auth, &lease, &ids[..1]).await {
+        Err(AgentError::Unsupported { .. }) => return,
+        done => done.unwrap(),
+    }
+    let left = threads.peek_queue(&auth, &thread, 10).await.unwrap();
+    assert_eq!(
+        left.iter().map(|i| &i.id).collect::<Vec<_>>(),
+        [&ids[1]],
+        "the acknowledged item goes, the other stays"
+    );
+    let next = try_lease(threads, &auth, &thread, "w2")
+        .await
+        .expect("a released thread is free");
+
+    assert_lease_lost(
+        steps.ack_and_release(&auth, &lease, &ids[1..]).await,
+        "stale lease",
+    );
+    assert_eq!(
+        threads.peek_queue(&auth, &thread, 10).await.unwrap().len(),
+        1,
+        "nothing acknowledged with a stale lease"
+    );
+    assert!(
+        try_lease(threads, &auth, &thread, "w3").await.is_none(),
+        "the new holder's lease stays"
+    );
+    steps
+        .ack_and_release(&auth, &next, &ids[1..])
+        .await
+        .unwrap();
+    assert!(threads
+        .peek_queue(&auth, &thread, 10)
+        .await
+        .unwrap()
+        .is_empty());
 }
