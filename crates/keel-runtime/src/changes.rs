@@ -19,6 +19,9 @@ pub enum StoreChange {
         auth: AuthContext,
         /// The task.
         task_id: TaskId,
+        /// Whether the hearing store wrote it itself (its own connections): the engine has
+        /// then told its waiters already, with the snapshot it saved.
+        own_write: bool,
     },
     /// The memory value `key` was saved (a cancel request is one).
     Memory {

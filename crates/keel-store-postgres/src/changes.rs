@@ -9,6 +9,7 @@
 //! connection dropped, a receiver lagged) is reported as [`StoreChange::Missed`] so that they
 //! read everything they follow again.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -49,9 +50,16 @@ const BUFFER: usize = 1024;
 /// The longest wait between two attempts to connect the listener again.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// The change a notification's payload names; one this code does not know is
-/// [`StoreChange::Missed`], which makes listeners look at everything.
-fn parse(payload: &str) -> StoreChange {
+/// The backend process ids of a store's pooled connections (PostgreSQL names the sender of
+/// each notification by it), so that the store can tell its own writes from another
+/// process's. A pid the server reuses later for another process's connection would make that
+/// connection's writes look like this store's: its waiters then find them at their next poll.
+pub(crate) type OwnSessions = Arc<Mutex<HashSet<i32>>>;
+
+/// The change a notification's payload names, `own_write` when one of this store's
+/// connections sent it; one this code does not know is [`StoreChange::Missed`], which makes
+/// listeners look at everything.
+fn parse(payload: &str, own_write: bool) -> StoreChange {
     let parsed: Option<(String, String, String)> = serde_json::from_str(payload).ok();
     let Some((kind, tenant, id)) = parsed else {
         return StoreChange::Missed;
@@ -63,6 +71,7 @@ fn parse(payload: &str) -> StoreChange {
         "t" => StoreChange::TaskEvents {
             auth,
             task_id: TaskId::from(id),
+            own_write,
         },
         "m" => StoreChange::Memory { auth, key: id },
         _ => StoreChange::Missed,
@@ -98,6 +107,8 @@ impl Changes {
 /// clone of the store is dropped.
 pub(crate) struct Listener {
     config: tokio_postgres::Config,
+    /// The store's own connections, filled as the pool opens them.
+    own: OwnSessions,
     sender: broadcast::Sender<StoreChange>,
     /// Whether the listening connection is in place now.
     listening: watch::Sender<bool>,
@@ -112,11 +123,17 @@ impl Listener {
         let (stop_tx, stop_rx) = oneshot::channel();
         Self {
             config,
+            own: OwnSessions::default(),
             sender: broadcast::channel(BUFFER).0,
             listening: watch::channel(false).0,
             stop: Mutex::new(Some(stop_rx)),
             _stop: stop_tx,
         }
+    }
+
+    /// Where the pool records the backend process id of each connection it opens.
+    pub(crate) fn own_sessions(&self) -> OwnSessions {
+        self.own.clone()
     }
 
     /// A receiver of every change heard from now on, once the listening connection is in
@@ -133,6 +150,7 @@ impl Listener {
         if let Some(stop) = stop {
             let task = Session {
                 config: self.config.clone(),
+                own: self.own.clone(),
                 sender: self.sender.clone(),
                 listening: self.listening.clone(),
                 server,
@@ -161,6 +179,7 @@ impl Listener {
 /// What the listening task holds.
 struct Session {
     config: tokio_postgres::Config,
+    own: OwnSessions,
     sender: broadcast::Sender<StoreChange>,
     listening: watch::Sender<bool>,
     server: Arc<str>,
@@ -210,11 +229,16 @@ impl Session {
         // Notifications arrive on the connection, which its own task drives; it ends when
         // the server closes it or `client` is dropped.
         let (heard_tx, mut heard_rx) = tokio::sync::mpsc::unbounded_channel();
+        let own = self.own.clone();
         let driver = tokio::spawn(async move {
             loop {
                 match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                     Some(Ok(AsyncMessage::Notification(note))) => {
-                        let _ = heard_tx.send(parse(note.payload()));
+                        let own_write = own
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .contains(&note.process_id());
+                        let _ = heard_tx.send(parse(note.payload(), own_write));
                     }
                     Some(Ok(_)) => {}
                     Some(Err(e)) => return e.to_string(),
@@ -272,20 +296,21 @@ mod tests {
         let auth = AuthContext::new("app", "user");
         let ns = auth.namespace();
         assert_eq!(
-            parse(&serde_json::json!(["t", ns, "task-1"]).to_string()),
+            parse(&serde_json::json!(["t", ns, "task-1"]).to_string(), true),
             StoreChange::TaskEvents {
                 auth: auth.clone(),
-                task_id: TaskId::from("task-1")
+                task_id: TaskId::from("task-1"),
+                own_write: true,
             }
         );
         assert_eq!(
-            parse(&serde_json::json!(["m", ns, "k"]).to_string()),
+            parse(&serde_json::json!(["m", ns, "k"]).to_string(), false),
             StoreChange::Memory {
                 auth,
                 key: "k".into()
             }
         );
-        assert_eq!(parse("[\"?\"]"), StoreChange::Missed);
-        assert_eq!(parse("not json"), StoreChange::Missed);
+        assert_eq!(parse("[\"?\"]", false), StoreChange::Missed);
+        assert_eq!(parse("not json", false), StoreChange::Missed);
     }
 }

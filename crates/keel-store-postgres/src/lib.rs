@@ -87,7 +87,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    ClientWrapper, Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
+};
 use keel_core::{AgentError, AgentResult};
 use keel_runtime::{KvLimits, Llm, Services};
 
@@ -176,7 +178,20 @@ impl PostgresStore {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        let own = listener.own_sessions();
         let pool = Pool::builder(manager)
+            .post_create(Hook::async_fn(move |client: &mut ClientWrapper, _| {
+                let own = own.clone();
+                Box::pin(async move {
+                    let pid: i32 = client
+                        .query_one("SELECT pg_backend_pid()", &[])
+                        .await
+                        .map_err(HookError::Backend)?
+                        .get(0);
+                    own.lock().unwrap_or_else(|p| p.into_inner()).insert(pid);
+                    Ok(())
+                })
+            }))
             .max_size(size.max(1))
             .runtime(Runtime::Tokio1)
             .create_timeout(Some(CONNECT_TIMEOUT))

@@ -39,6 +39,7 @@ fn events_of(auth: &AuthContext, task_id: &TaskId) -> StoreChange {
     StoreChange::TaskEvents {
         auth: auth.clone(),
         task_id: task_id.clone(),
+        own_write: false,
     }
 }
 
@@ -65,6 +66,31 @@ async fn save_and_hear(
         .await
         .unwrap();
     assert_eq!(next_change(changes).await, events_of(auth, &task.id));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_hears_its_own_writes_as_its_own_and_another_pools_as_not() {
+    let (schema, listener, mut changes, writer) = listener_and_writer().await;
+    let auth = AuthContext::new("acme", "ops");
+    let (mine, theirs) = (
+        Task::create(Message::user("mine")),
+        Task::create(Message::user("theirs")),
+    );
+    listener
+        .save_task_with_events(&auth, &mine, &[message("mine")])
+        .await
+        .unwrap();
+    assert_eq!(
+        next_change(&mut changes).await,
+        StoreChange::TaskEvents {
+            auth: auth.clone(),
+            task_id: mine.id.clone(),
+            own_write: true,
+        }
+    );
+    save_and_hear(&writer, &mut changes, &auth, &theirs, "theirs").await;
+    drop((listener, writer));
+    schema.drop_schema().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -49,19 +49,15 @@ impl AgentExecutor {
 impl Inner {
     async fn heard(&self, change: StoreChange) {
         match change {
-            // A task run here is written only by its run here, which hands its waiters each
-            // snapshot as it saves it: the store's announcement of that save (which may come
-            // after a later one) must not send them to read it back.
-            StoreChange::TaskEvents { auth, task_id } => {
-                if self
-                    .driver
-                    .active
-                    .contains_key(&(auth.namespace(), task_id.clone()))
-                {
-                    self.notices.task_touched(&auth, &task_id)
-                } else {
-                    self.notices.task_saved(&auth, &task_id)
-                }
+            // This process's own save comes back too; its waiters were handed that snapshot
+            // (or a later one) already, so it must not send them to read it back.
+            StoreChange::TaskEvents {
+                auth,
+                task_id,
+                own_write: true,
+            } => self.notices.task_touched(&auth, &task_id),
+            StoreChange::TaskEvents { auth, task_id, .. } => {
+                self.notices.task_saved(&auth, &task_id)
             }
             StoreChange::Memory { auth, key } => self.cancel_flagged(Some((&auth, &key))).await,
             // Anything may have changed: wake every watcher, look at every run's flag.
