@@ -2,9 +2,8 @@
 //! connection of its own per store, so that a process learns of another's task events and
 //! cancel flags without waiting for its next poll.
 //!
-//! A write that appends to a task's log, or saves a memory value (a cancel flag is one),
-//! calls `pg_notify` in its own statement, so the notification is sent exactly when the write
-//! commits and never for one that rolled back. Notifications are a hint, never the record:
+//! A write that appends to a task's log, or saves a memory value (a cancel flag is one), is
+//! announced by [`Announcer`] once it has committed, never for one that rolled back. Notifications are a hint, never the record:
 //! followers still read the log by sequence, and a notification that was lost (the listening
 //! connection dropped, a receiver lagged) is reported as [`StoreChange::Missed`] so that they
 //! read everything they follow again.
@@ -21,29 +20,92 @@ use tokio_postgres::AsyncMessage;
 
 use crate::error::BACKEND;
 
-/// The `pg_notify` call of a statement: the channel is named after the connection's schema
-/// (so stores in separate schemas of one database do not hear each other), `$kind` is `t`
-/// (task events) or `m` (a memory value), then the tenant and the task id or key. A payload
-/// past PostgreSQL's limit (8000 bytes) would fail the write, so it shrinks to `["?"]`, which
+/// Announce each payload of `$1` on the schema's channel (named after the connection's schema,
+/// so that stores in separate schemas of one database do not hear each other).
+const ANNOUNCE: &str =
+    "SELECT pg_notify(left('keel.' || current_schema(), 63), p) FROM unnest($1::text[]) AS p";
+/// PostgreSQL's limit on a payload is 8000 bytes; a longer one is sent as `["?"]`, which
 /// listeners take as "something changed".
-macro_rules! notify {
-    ($kind:literal, $tenant:literal, $id:literal) => {
-        concat!(
-            "pg_notify(left('keel.' || current_schema(), 63), CASE WHEN octet_length(",
-            $tenant,
-            ") + octet_length(",
-            $id,
-            ") < 7900 THEN json_build_array('",
-            $kind,
-            "', ",
-            $tenant,
-            "::text, ",
-            $id,
-            "::text)::text ELSE '[\"?\"]' END)"
-        )
-    };
+const MAX_PAYLOAD: usize = 7900;
+/// The most payloads one announcement carries.
+const MAX_BATCH: usize = 256;
+
+/// What the store's writes tell listeners, sent after the write committed, from a task of
+/// its own, on a pooled connection, in batches.
+///
+/// Why not `pg_notify` in the writing statement, which would send it exactly at the commit:
+/// PostgreSQL serializes the commits of every transaction that notified (it holds one lock
+/// per database from the notification queue's update through the commit's WAL flush), so
+/// concurrent writers that notify cannot share a flush. Sent apart, a write commits as any
+/// write does, and an announcement (a transaction that writes no WAL) holds that lock only
+/// for an instant. The price: an announcement comes a moment after its commit, and one is
+/// lost when the process dies in between; listeners read the log by sequence and poll, so
+/// notifications stay a hint.
+pub(crate) struct Announcer {
+    sender: tokio::sync::mpsc::UnboundedSender<String>,
+    /// Taken by the first announcement, which starts the sending task on its runtime.
+    receiver: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<String>>>,
 }
-pub(crate) use notify;
+
+impl Announcer {
+    pub(crate) fn new() -> Self {
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        Self {
+            sender,
+            receiver: Mutex::new(Some(receiver)),
+        }
+    }
+
+    /// Announce that task `task_id`'s log grew.
+    pub(crate) fn task_events(&self, pool: &deadpool_postgres::Pool, tenant: &str, task_id: &str) {
+        self.announce(pool, "t", tenant, task_id);
+    }
+
+    /// Announce that memory value `key` was saved.
+    pub(crate) fn memory(&self, pool: &deadpool_postgres::Pool, tenant: &str, key: &str) {
+        self.announce(pool, "m", tenant, key);
+    }
+
+    fn announce(&self, pool: &deadpool_postgres::Pool, kind: &str, tenant: &str, id: &str) {
+        let taken = self
+            .receiver
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(receiver) = taken {
+            tokio::spawn(send_announcements(pool.clone(), receiver));
+        }
+        let mut payload = serde_json::json!([kind, tenant, id]).to_string();
+        if payload.len() >= MAX_PAYLOAD {
+            payload = "[\"?\"]".to_owned();
+        }
+        // The task ends only when the store does, with this sender.
+        let _ = self.sender.send(payload);
+    }
+}
+
+/// Send what `receiver` gets, each batch what has queued since the last (duplicates once),
+/// until the store is gone. A failure is logged and the batch dropped: listeners poll.
+async fn send_announcements(
+    pool: deadpool_postgres::Pool,
+    mut receiver: tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let mut batch = Vec::new();
+    while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        batch.sort_unstable();
+        batch.dedup();
+        let sent = match pool.get().await {
+            Ok(client) => crate::codec::execute(&client, ANNOUNCE, &[&batch], "announcing")
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(error) = sent {
+            tracing::debug!(%error, "a change announcement was not sent; listeners find it by polling");
+        }
+        batch.clear();
+    }
+}
 
 /// How many changes a slow receiver may fall behind before it is told it missed some.
 const BUFFER: usize = 1024;

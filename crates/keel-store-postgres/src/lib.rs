@@ -51,8 +51,9 @@
 //! the task's event log by sequence and the cancel flag in memory, so nothing is lost. On
 //! top of that, [`PostgresStore::changes`] hears at once, through LISTEN/NOTIFY, what any
 //! process commits: every write that appends to a task's log or saves a memory value (a
-//! cancel request is one) calls `pg_notify` in its own statement, so the notification goes
-//! out exactly when the write commits. It is a hint to read sooner, never the record: a
+//! cancel request is one) is announced with `pg_notify` once it has committed (not in the
+//! writing statement, which would serialize every such commit: see `changes::Announcer`).
+//! It is a hint to read sooner, never the record: a
 //! listener that lost its connection opens it again and reports [`StoreChange::Missed`].
 //!
 //! Timestamps are `BIGINT` nanoseconds since the Unix epoch (UTC) from the writing process's
@@ -90,8 +91,8 @@ use std::time::Duration;
 use deadpool_postgres::{
     ClientWrapper, Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
 };
-use keel_core::{AgentError, AgentResult};
-use keel_runtime::{KvLimits, Llm, Services};
+use keel_core::{AgentError, AgentResult, TaskId};
+use keel_runtime::{AuthContext, KvLimits, Llm, Services};
 
 #[cfg(doc)]
 use keel_runtime::{
@@ -125,6 +126,8 @@ pub struct PostgresStore {
     order: Arc<leases::WriteOrder>,
     /// The LISTEN connection behind [`PostgresStore::changes`], started on first use.
     listener: Arc<changes::Listener>,
+    /// Sends the notifications of this store's writes.
+    announcer: Arc<changes::Announcer>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -204,6 +207,7 @@ impl PostgresStore {
             server: Arc::from(server),
             order: Arc::new(leases::WriteOrder::new()),
             listener,
+            announcer: Arc::new(changes::Announcer::new()),
         };
         let mut client = store.client().await?;
         schema::migrate(&mut client).await?;
@@ -252,6 +256,17 @@ impl PostgresStore {
         self.listener
             .subscribe(self.server.clone(), CONNECT_TIMEOUT * 2)
             .await
+    }
+
+    /// Tell listeners (this process's and others') that `task_id`'s log grew.
+    fn announce_task_events(&self, auth: &AuthContext, task_id: &TaskId) {
+        self.announcer
+            .task_events(&self.pool, &auth.namespace(), task_id.as_str());
+    }
+
+    /// Tell listeners that memory value `key` was saved.
+    fn announce_memory(&self, auth: &AuthContext, key: &str) {
+        self.announcer.memory(&self.pool, &auth.namespace(), key);
     }
 
     /// A pooled connection.

@@ -10,34 +10,18 @@ use keel_core::AgentResult;
 use keel_runtime::{memory_expiry_nanos, AuthContext, MemoryService, MemoryWrite};
 use serde_json::Value;
 
-use crate::changes::notify;
 use crate::codec::{decode_value, encode_value, execute, query_opt, to_nanos};
 use crate::PostgresStore;
 
-/// Store the value and tell listeners ([`notify!`]: a cancel request is a memory value).
-const SAVE: &str = concat!(
-    "WITH saved AS (
-    INSERT INTO memory (tenant, key, value, expires_at) VALUES ($1, $2, $3, $4)
-    ON CONFLICT (tenant, key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at
-    RETURNING 1
-)
-SELECT ",
-    notify!("m", "$1", "$2"),
-    " FROM saved"
-);
-/// Store unless a live value is there (an expired one is replaced), telling listeners; 1 row
-/// when stored.
-const SAVE_IF_ABSENT: &str = concat!(
-    "WITH saved AS (
-    INSERT INTO memory (tenant, key, value, expires_at) VALUES ($1, $2, $3, $4)
-    ON CONFLICT (tenant, key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at
-    WHERE memory.expires_at IS NOT NULL AND memory.expires_at <= $5
-    RETURNING 1
-)
-SELECT ",
-    notify!("m", "$1", "$2"),
-    " FROM saved"
-);
+/// Store the value (listeners are told after: a cancel request is a memory value).
+const SAVE: &str = "\
+INSERT INTO memory (tenant, key, value, expires_at) VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant, key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at";
+/// Store unless a live value is there (an expired one is replaced); 1 row when stored.
+const SAVE_IF_ABSENT: &str = "\
+INSERT INTO memory (tenant, key, value, expires_at) VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant, key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at
+WHERE memory.expires_at IS NOT NULL AND memory.expires_at <= $5";
 const SWEEP: &str = "DELETE FROM memory WHERE expires_at IS NOT NULL AND expires_at <= $1";
 const LOAD: &str = "SELECT value FROM memory WHERE tenant = $1 AND key = $2 \
      AND (expires_at IS NULL OR expires_at > $3)";
@@ -78,6 +62,9 @@ impl MemoryService for PostgresStore {
                 "claiming a memory key",
             )
             .await?;
+            if stored > 0 {
+                self.announce_memory(auth, key);
+            }
             return Ok(stored > 0);
         }
         if write.ttl.is_some() {
@@ -90,6 +77,7 @@ impl MemoryService for PostgresStore {
             "saving a memory value",
         )
         .await?;
+        self.announce_memory(auth, key);
         Ok(true)
     }
 

@@ -9,7 +9,6 @@ use keel_runtime::{AuthContext, Lease, QueuedItem, StepStore};
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
 
-use crate::changes::notify;
 use crate::codec::{encode_all, query_one};
 use crate::leases::fence;
 use crate::tasks::{save_with_events, snapshot_columns, SnapshotArgs};
@@ -20,8 +19,7 @@ use crate::PostgresStore;
 /// `$6` to the thread's history; whether the fence held and whether the task exists. Nothing
 /// is written unless both do: the log entries and history rows come from the `task` row,
 /// which exists only past the fence. When `$8` (state), `$9` (`updated_at`) and `$10` (body)
-/// are given, the task's snapshot takes them in the same update. Listeners hear of the log's
-/// growth ([`notify!`]).
+/// are given, the task's snapshot takes them in the same update.
 const PERSIST_STEP: &str = concat!(
     "WITH ",
     fence!(),
@@ -37,11 +35,8 @@ const PERSIST_STEP: &str = concat!(
     FROM task, unnest($7::text[]) WITH ORDINALITY AS e(body, ord)
 ), history AS (",
     append_history!("$6", "task"),
-    "), notified AS (SELECT ",
-    notify!("t", "$1", "$5"),
-    " FROM task WHERE cardinality($7::text[]) > 0)
-SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM task),
-    (SELECT count(*) FROM notified)"
+    ")
+SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM task)"
 );
 
 /// Save task `$2` with `$7` appended to its log ([`save_with_events!`]) and add item `$8`
@@ -56,12 +51,8 @@ const SAVE_AND_QUEUE: &str = concat!(
 ), queued AS (
     INSERT INTO thread_queue (tenant, thread_id, seq, id, payload, enqueued_at)
     SELECT $1, $3, last_queue_seq, $8, $9, $10 FROM counter RETURNING seq
-), notified AS (
-    SELECT ",
-    notify!("t", "$1", "$2"),
-    " FROM task WHERE cardinality($7::text[]) > 0
 )
-SELECT (SELECT seq FROM queued), (SELECT count(*) FROM notified)"
+SELECT (SELECT seq FROM queued)"
 );
 
 /// The snapshot columns [`PERSIST_STEP`] sets when it is given a task.
@@ -101,6 +92,9 @@ impl PostgresStore {
             return Err(AgentError::TaskNotFound {
                 task_id: task_id.clone(),
             });
+        }
+        if !events.is_empty() {
+            self.announce_task_events(auth, task_id);
         }
         Ok(())
     }
@@ -153,6 +147,9 @@ impl StepStore for PostgresStore {
             "saving and queueing a task",
         )
         .await?;
+        if !events.is_empty() {
+            self.announce_task_events(auth, &task.id);
+        }
         item.queued(&row)
     }
 

@@ -11,7 +11,6 @@ use keel_runtime::{
 };
 use tokio_postgres::types::ToSql;
 
-use crate::changes::notify;
 use crate::codec::{
     decode_record, encode_all, encode_record, query, query_one, select_record, to_sql_int, Arg,
 };
@@ -39,18 +38,8 @@ macro_rules! save_with_events {
 }
 pub(crate) use save_with_events;
 
-/// Insert or replace a snapshot (keeping its creation `seq`) and append `$7` to its log,
-/// notifying listeners of the log's growth when it grew ([`notify!`]).
-const SAVE_WITH_EVENTS: &str = concat!(
-    "WITH ",
-    save_with_events!(),
-    ", notified AS (
-    SELECT ",
-    notify!("t", "$1", "$2"),
-    " FROM task WHERE cardinality($7::text[]) > 0
-)
-SELECT count(*) FROM notified"
-);
+/// Insert or replace a snapshot (keeping its creation `seq`) and append `$7` to its log.
+const SAVE_WITH_EVENTS: &str = concat!("WITH ", save_with_events!(), "\nSELECT 1");
 
 /// The snapshot parameters `$1`-`$7` of [`save_with_events!`]: everything encoded first, so
 /// an encoding error writes nothing; snapshots never carry the history (it is rebuilt from
@@ -103,8 +92,7 @@ impl SnapshotArgs {
     }
 }
 
-/// Append `$3` to an existing task's log and notify listeners; the count of tasks found (0
-/// or 1).
+/// Append `$3` to an existing task's log; the count of tasks found (0 or 1).
 pub(crate) const APPEND_EVENTS: &str = concat!(
     "WITH task AS (
     UPDATE tasks SET last_event = last_event + cardinality($3::text[])
@@ -114,20 +102,21 @@ pub(crate) const APPEND_EVENTS: &str = concat!(
     INSERT INTO task_events (tenant, task_id, seq, body)
     SELECT $1, $2, task.last_event - cardinality($3::text[]) + e.ord, e.body
     FROM task, unnest($3::text[]) WITH ORDINALITY AS e(body, ord)
-), notified AS (
-    SELECT ",
-    notify!("t", "$1", "$2"),
-    " FROM task
 )
-SELECT count(*) FROM notified"
+SELECT count(*) FROM task"
 );
 
 const GET_TASK: &str = "SELECT body FROM tasks WHERE tenant = $1 AND task_id = $2";
 /// The log of a task, or no row at all when the task is unknown (`seq` NULL for a task
 /// without events).
+/// The task's log in order: one row of NULLs for a task with an empty log, none for an unknown
+/// task. The log is joined on the parameters, not on `t.task_id`: that column sorts by
+/// `COLLATE "C"` and `task_events.task_id` by the database's collation, so a join on the
+/// columns cannot use the log's key for the task id, and scanned all of the tenant's events
+/// (2.3 ms a read with 18,000 events stored, and growing with them).
 const GET_EVENTS: &str = "\
 SELECT e.seq, e.body FROM tasks t
-LEFT JOIN task_events e ON e.tenant = t.tenant AND e.task_id = t.task_id
+LEFT JOIN task_events e ON e.tenant = $1 AND e.task_id = $2
 WHERE t.tenant = $1 AND t.task_id = $2 ORDER BY e.seq";
 const TENANTS: &str = "SELECT DISTINCT tenant FROM tasks";
 
@@ -276,6 +265,9 @@ impl TaskManager for PostgresStore {
         let args = SnapshotArgs::new(auth, task, events)?;
         let client = self.client().await?;
         query(&client, SAVE_WITH_EVENTS, &args.params(), "saving a task").await?;
+        if !events.is_empty() {
+            self.announce_task_events(auth, &task.id);
+        }
         Ok(())
     }
 
@@ -299,6 +291,7 @@ impl TaskManager for PostgresStore {
                 task_id: task_id.clone(),
             });
         }
+        self.announce_task_events(auth, task_id);
         Ok(())
     }
 
