@@ -159,14 +159,9 @@ impl StepStore for PostgresStore {
         lease: &Lease,
         ids: &[String],
     ) -> AgentResult<()> {
-        self.fenced_release(
-            auth,
-            lease,
-            ACK_AND_RELEASE,
-            &[&ids],
-            "acknowledging queued work and releasing its lease",
-        )
-        .await?;
+        let op = "acknowledging queued work and releasing its lease";
+        self.fenced(auth, lease, ACK_AND_RELEASE, &[&ids], op, true)
+            .await?;
         Ok(())
     }
 }

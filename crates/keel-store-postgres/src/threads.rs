@@ -210,22 +210,10 @@ impl PostgresStore {
         self.fenced(auth, lease, sql, args, op, false).await
     }
 
-    /// [`Self::fenced_row`] for a write that also releases the lease: it goes after the
-    /// thread's lease operations sent before it, as a release does ([`WriteOrder`]).
-    ///
-    /// [`WriteOrder`]: crate::leases::WriteOrder
-    pub(crate) async fn fenced_release(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        sql: &str,
-        args: &Params<'_>,
-        op: &'static str,
-    ) -> AgentResult<tokio_postgres::Row> {
-        self.fenced(auth, lease, sql, args, op, true).await
-    }
-
-    async fn fenced(
+    /// [`Self::fenced_row`], which also releases the lease when `releases`: such a write goes
+    /// after the thread's lease operations sent before it, as a release does
+    /// ([`WriteOrder`](crate::leases::WriteOrder)).
+    pub(crate) async fn fenced(
         &self,
         auth: &AuthContext,
         lease: &Lease,
