@@ -93,8 +93,8 @@ impl SnapshotArgs {
 }
 
 /// Append `$3` to an existing task's log; the count of tasks found (0 or 1).
-pub(crate) const APPEND_EVENTS: &str = concat!(
-    "WITH task AS (
+pub(crate) const APPEND_EVENTS: &str = "\
+WITH task AS (
     UPDATE tasks SET last_event = last_event + cardinality($3::text[])
     WHERE tenant = $1 AND task_id = $2
     RETURNING last_event
@@ -103,8 +103,7 @@ pub(crate) const APPEND_EVENTS: &str = concat!(
     SELECT $1, $2, task.last_event - cardinality($3::text[]) + e.ord, e.body
     FROM task, unnest($3::text[]) WITH ORDINALITY AS e(body, ord)
 )
-SELECT count(*) FROM task"
-);
+SELECT count(*) FROM task";
 
 const GET_TASK: &str = "SELECT body FROM tasks WHERE tenant = $1 AND task_id = $2";
 /// The log of a task, or no row at all when the task is unknown (`seq` NULL for a task
