@@ -43,42 +43,49 @@ const MAX_BATCH: usize = 256;
 /// notifications stay a hint.
 pub(crate) struct Announcer {
     sender: tokio::sync::mpsc::UnboundedSender<String>,
-    /// Taken by the first announcement, which starts the sending task on its runtime.
-    receiver: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<String>>>,
+    /// The sending task's pool and queue, until the first announcement starts it on its
+    /// runtime (a store may be made outside one).
+    pending: Mutex<Option<(deadpool_postgres::Pool, AnnouncementQueue)>>,
+    started: std::sync::Once,
 }
 
+type AnnouncementQueue = tokio::sync::mpsc::UnboundedReceiver<String>;
+
 impl Announcer {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(pool: deadpool_postgres::Pool) -> Self {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         Self {
             sender,
-            receiver: Mutex::new(Some(receiver)),
+            pending: Mutex::new(Some((pool, receiver))),
+            started: std::sync::Once::new(),
         }
     }
 
     /// Announce that task `task_id`'s log grew.
-    pub(crate) fn task_events(&self, pool: &deadpool_postgres::Pool, tenant: &str, task_id: &str) {
-        self.announce(pool, "t", tenant, task_id);
+    pub(crate) fn task_events(&self, tenant: &str, task_id: &str) {
+        self.announce("t", tenant, task_id);
     }
 
     /// Announce that memory value `key` was saved.
-    pub(crate) fn memory(&self, pool: &deadpool_postgres::Pool, tenant: &str, key: &str) {
-        self.announce(pool, "m", tenant, key);
+    pub(crate) fn memory(&self, tenant: &str, key: &str) {
+        self.announce("m", tenant, key);
     }
 
-    fn announce(&self, pool: &deadpool_postgres::Pool, kind: &str, tenant: &str, id: &str) {
-        let taken = self
-            .receiver
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(receiver) = taken {
-            tokio::spawn(send_announcements(pool.clone(), receiver));
-        }
-        let mut payload = serde_json::json!([kind, tenant, id]).to_string();
-        if payload.len() >= MAX_PAYLOAD {
-            payload = "[\"?\"]".to_owned();
-        }
+    fn announce(&self, kind: &str, tenant: &str, id: &str) {
+        self.started.call_once(|| {
+            let pending = self
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some((pool, receiver)) = pending {
+                tokio::spawn(send_announcements(pool, receiver));
+            }
+        });
+        let payload = serde_json::to_string(&[kind, tenant, id])
+            .ok()
+            .filter(|payload| payload.len() < MAX_PAYLOAD)
+            .unwrap_or_else(|| "[\"?\"]".to_owned());
         // The task ends only when the store does, with this sender.
         let _ = self.sender.send(payload);
     }
@@ -86,10 +93,7 @@ impl Announcer {
 
 /// Send what `receiver` gets, each batch what has queued since the last (duplicates once),
 /// until the store is gone. A failure is logged and the batch dropped: listeners poll.
-async fn send_announcements(
-    pool: deadpool_postgres::Pool,
-    mut receiver: tokio::sync::mpsc::UnboundedReceiver<String>,
-) {
+async fn send_announcements(pool: deadpool_postgres::Pool, mut receiver: AnnouncementQueue) {
     let mut batch = Vec::new();
     while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
         batch.sort_unstable();

@@ -201,13 +201,14 @@ impl PostgresStore {
             .wait_timeout(Some(POOL_WAIT))
             .build()
             .map_err(AgentError::internal_source)?;
+        let announcer = Arc::new(changes::Announcer::new(pool.clone()));
         let store = PostgresStore {
             pool,
             kv_limits: KvLimits::DEFAULT,
             server: Arc::from(server),
             order: Arc::new(leases::WriteOrder::new()),
             listener,
-            announcer: Arc::new(changes::Announcer::new()),
+            announcer,
         };
         let mut client = store.client().await?;
         schema::migrate(&mut client).await?;
@@ -261,12 +262,12 @@ impl PostgresStore {
     /// Tell listeners (this process's and others') that `task_id`'s log grew.
     fn announce_task_events(&self, auth: &AuthContext, task_id: &TaskId) {
         self.announcer
-            .task_events(&self.pool, &auth.namespace(), task_id.as_str());
+            .task_events(&auth.namespace(), task_id.as_str());
     }
 
     /// Tell listeners that memory value `key` was saved.
     fn announce_memory(&self, auth: &AuthContext, key: &str) {
-        self.announcer.memory(&self.pool, &auth.namespace(), key);
+        self.announcer.memory(&auth.namespace(), key);
     }
 
     /// A pooled connection.

@@ -400,7 +400,9 @@ impl Inner {
     }
 
     /// Acknowledge the thread's last item and release its lease: one write where the step
-    /// store folds them, else the two calls sent together. Answers how each went.
+    /// store folds them, else the two calls sent together. Answers how each went; a folded
+    /// write has one answer, given for the acknowledgement (a fence refusal still released
+    /// this token's lease; after a store error the lease lapses by its TTL).
     async fn ack_and_release(
         &self,
         auth: &AuthContext,
@@ -410,7 +412,6 @@ impl Inner {
         if let Some(steps) = self.runtime.step_store() {
             match steps.ack_and_release(auth, lease, ids).await {
                 Err(AgentError::Unsupported { .. }) => {}
-                // The release happens whatever the fence said.
                 acked => return (acked, Ok(())),
             }
         }

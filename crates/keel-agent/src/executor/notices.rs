@@ -56,16 +56,18 @@ impl Notices {
     /// Wake the task's local waiters after a change they must read from the store (see
     /// `resting`), and event watchers.
     pub(super) fn task_saved(&self, auth: &AuthContext, task_id: &TaskId) {
-        self.wake_waiters(auth, task_id, || None);
+        if let Some(waiters) = self.waiters(auth, task_id) {
+            waiters.send_replace(None);
+        }
         self.task_changed();
     }
 
     /// Wake the task's local waiters after this process saved `task`, handing them the
     /// snapshot it wrote: a blocked caller then needs no read of what was just written.
     pub(super) fn task_saved_as(&self, auth: &AuthContext, task: &Task) {
-        self.wake_waiters(auth, &task.id, || {
-            Some(Arc::new(task.clone_without_history()))
-        });
+        if let Some(waiters) = self.waiters(auth, &task.id) {
+            waiters.send_replace(Some(Arc::new(task.clone_without_history())));
+        }
         self.task_changed();
     }
 
@@ -73,19 +75,23 @@ impl Notices {
     /// snapshot this process wrote, which is still the task as far as it knows (its run
     /// ended here, or the store announced a write this process's own run made).
     pub(super) fn task_touched(&self, auth: &AuthContext, task_id: &TaskId) {
-        if let Some(waiters) = self.resting.get(&(auth.namespace(), task_id.clone())) {
+        if let Some(waiters) = self.waiters(auth, task_id) {
             waiters.send_modify(|_| {});
         }
         self.task_changed();
     }
 
-    /// Tell `task_id`'s waiters, if it has any, what `saved` makes (made only then).
-    fn wake_waiters(&self, auth: &AuthContext, task_id: &TaskId, saved: impl FnOnce() -> Saved) {
-        if !self.resting.is_empty() {
-            if let Some(waiters) = self.resting.get(&(auth.namespace(), task_id.clone())) {
-                waiters.send_replace(saved());
-            }
+    /// The signal of `task_id`'s waiters, when it has any (most saves have none: the map is
+    /// looked into only when it is not empty).
+    fn waiters(
+        &self,
+        auth: &AuthContext,
+        task_id: &TaskId,
+    ) -> Option<dashmap::mapref::one::Ref<'_, TaskKey, watch::Sender<Saved>>> {
+        if self.resting.is_empty() {
+            return None;
         }
+        self.resting.get(&(auth.namespace(), task_id.clone()))
     }
 
     /// The signal [`Self::task_changed`] bumps.

@@ -139,8 +139,8 @@ impl Inner {
         task_id: &TaskId,
         done: impl Fn(&Task) -> bool,
     ) -> AgentResult<Task> {
-        let mut waiter = self.notices.rest_waiter(auth, task_id);
-        waiter.receiver.borrow_and_update();
+        // A new waiter has seen the signal's current value: it starts from the store.
+        let waiter = self.notices.rest_waiter(auth, task_id);
         self.wait_from(waiter, auth, task_id, None, done).await
     }
 
