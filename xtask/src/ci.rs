@@ -5,7 +5,16 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-use crate::util::{cargo, status, workspace_root};
+use crate::util::{status, workspace_root};
+
+/// A cargo command of the gate. CI builds from a cold `target/` once, so incremental
+/// compilation only costs time and disk: its caches are written and never read again (a run
+/// on a machine with little disk left stopped with "No space left on device").
+fn cargo(extra_env: &[(&str, OsString)]) -> Command {
+    let mut cmd = crate::util::cargo(extra_env);
+    cmd.env("CARGO_INCREMENTAL", "0");
+    cmd
+}
 
 /// How a step ended, for the summary.
 enum Outcome {

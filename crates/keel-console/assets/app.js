@@ -8,6 +8,9 @@ import { agentsView, approvalsView, chatView, taskView, threadsView, threadView 
 const view = document.getElementById('view');
 const notice = document.getElementById('notice');
 let stopCurrent = () => {};
+// Counts route changes: a page whose data arrives after the location moved on is dropped, so a
+// slow first page never paints over the one the user (or a link) went to meanwhile.
+let routed = 0;
 
 function show(message) {
   notice.textContent = message;
@@ -17,6 +20,7 @@ function show(message) {
 /** The page for `#/...`: agents, threads, a thread, a task (and one of its runs:
  * `#/thread/T/task/K/run/R`), approvals or the chat box. */
 async function route() {
+  const mine = ++routed;
   stopCurrent();
   stopCurrent = () => {};
   const parts = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
@@ -42,8 +46,10 @@ async function route() {
     } else {
       node = await agentsView();
     }
+    if (mine !== routed) return;
     view.replaceChildren(node);
   } catch (err) {
+    if (mine !== routed) return;
     view.replaceChildren(h('p', { class: 'error' }, err.status === 401 ? 'This server needs an API key: type it in at the top right.' : err.message));
   }
 }
