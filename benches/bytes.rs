@@ -6,7 +6,8 @@
 //! with the thread shows as a difference between the two. Asserts nothing.
 //!
 //! Settings: `KEEL_BENCH_TURNS` (turns in all, default 500), `KEEL_BENCH_STRETCH` (turns per
-//! measured stretch, default 50).
+//! measured stretch, default 50), `KEEL_BENCH_DB` (the SQLite file to write and keep, for
+//! reading what a turn stored; default a temporary file).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -74,7 +75,9 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     };
     let dir = tempfile::tempdir().expect("a temp dir");
-    let path = dir.path().join("bytes.db");
+    let path = std::env::var_os("KEEL_BENCH_DB")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| dir.path().join("bytes.db"));
     let store = match keel_store_sqlite::SqliteStore::open(&path) {
         Ok(store) => store,
         Err(e) => {
