@@ -383,12 +383,7 @@ async fn a_long_calls_progress_reaches_the_tasks_stream() {
         .await
         .unwrap();
     assert_eq!(task.state(), TaskState::Completed);
-    let events = exec
-        .runtime()
-        .task_manager()
-        .get_task_events(&auth, &task.id)
-        .await
-        .unwrap();
+    let events = exec.reads().task_events(&auth, &task.id).await.unwrap();
     // Each of the server's progress notifications is a `working` status update of the task,
     // marked as a tool's progress, as an asynchronous tool's report is.
     let reports: Vec<serde_json::Value> = events
