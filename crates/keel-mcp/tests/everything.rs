@@ -19,7 +19,7 @@ use keel_llm::{Llm, MockLlm, MockResponse, ModelProfile, ToolCall};
 use keel_mcp::{McpServer, ToolFlags};
 use llm_support::{scripted, serve, Reply};
 use serde_json::json;
-use support::{call, everything_spec, executor, tools_of};
+use support::{call, everything_spec, executor, serving, tools_of};
 
 #[tokio::test]
 async fn the_model_sees_each_tool_prefixed_with_its_schema_description_and_flags() {
@@ -148,8 +148,7 @@ async fn policy_judges_mcp_calls_by_their_capabilities() {
 
 #[tokio::test]
 async fn structured_content_is_the_json_result() {
-    let server = McpServer::start(everything_spec()).await.unwrap();
-    let exec = executor(&tools_of(&server).await, |b| b);
+    let (server, exec) = serving(everything_spec()).await;
     let output = call(
         &exec,
         "everything_get-structured-content",
@@ -166,8 +165,7 @@ async fn structured_content_is_the_json_result() {
 
 #[tokio::test]
 async fn an_image_becomes_a_line_describing_it_between_the_texts() {
-    let server = McpServer::start(everything_spec()).await.unwrap();
-    let exec = executor(&tools_of(&server).await, |b| b);
+    let (server, exec) = serving(everything_spec()).await;
     let output = call(&exec, "everything_get-tiny-image", json!({}))
         .await
         .unwrap();
@@ -308,8 +306,7 @@ async fn an_image_result_is_attached_and_reaches_anthropic_and_gemini_as_an_imag
 
 #[tokio::test]
 async fn a_killed_server_is_started_again_by_the_next_call() {
-    let server = McpServer::start(everything_spec()).await.unwrap();
-    let exec = executor(&tools_of(&server).await, |b| b);
+    let (server, exec) = serving(everything_spec()).await;
     let echo = |text: &'static str| call(&exec, "everything_echo", json!({"message": text}));
     assert_eq!(echo("one").await.unwrap(), "Echo: one");
     let first = server.process_id().await.expect("a stdio server has a pid");
@@ -373,8 +370,7 @@ async fn a_call_that_needs_approval_waits_and_runs_once_approved() {
 
 #[tokio::test]
 async fn a_long_calls_progress_reaches_the_tasks_stream() {
-    let server = McpServer::start(everything_spec()).await.unwrap();
-    let exec = executor(&tools_of(&server).await, |b| b);
+    let (server, exec) = serving(everything_spec()).await;
     let auth = exec.runtime().auth_service().auth_context();
     let task = exec
         .send_message(
@@ -387,12 +383,7 @@ async fn a_long_calls_progress_reaches_the_tasks_stream() {
         .await
         .unwrap();
     assert_eq!(task.state(), TaskState::Completed);
-    let events = exec
-        .runtime()
-        .task_manager()
-        .get_task_events(&auth, &task.id)
-        .await
-        .unwrap();
+    let events = exec.reads().task_events(&auth, &task.id).await.unwrap();
     // Each of the server's progress notifications is a `working` status update of the task,
     // marked as a tool's progress, as an asynchronous tool's report is.
     let reports: Vec<serde_json::Value> = events

@@ -19,7 +19,7 @@ use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_mcp::{Header, McpError, McpServer, McpToolSet, ServerSpec, TransportSpec};
 use keel_runtime::testing::eventually;
 use serde_json::json;
-use support::{call, executor, tools_of};
+use support::{call, executor, serving, tools_of};
 
 const TOKEN: &str = "fixture-token";
 
@@ -135,8 +135,7 @@ fn expected_traceparent(event: &RunEvent) -> String {
 #[tokio::test]
 async fn a_runs_tool_call_sends_its_trace_context_in_meta_and_http_headers() {
     let fixture = HttpFixture::start();
-    let server = McpServer::start(fixture.spec(TOKEN)).await.unwrap();
-    let exec = executor(&tools_of(&server).await, |b| b);
+    let (server, exec) = serving(fixture.spec(TOKEN)).await;
     let events = Arc::new(InMemoryEventSink::new());
     exec.add_event_sink(events.clone());
     let auth = exec.runtime().auth_service().auth_context();
@@ -198,8 +197,7 @@ async fn a_wrong_token_is_a_start_error_naming_the_server_without_the_secret() {
 #[tokio::test]
 async fn an_is_error_result_is_a_tool_error_the_model_reads_and_the_run_goes_on() {
     let fixture = HttpFixture::start();
-    let server = McpServer::start(fixture.spec(TOKEN)).await.unwrap();
-    let exec = executor(&tools_of(&server).await, |b| b);
+    let (server, exec) = serving(fixture.spec(TOKEN)).await;
     let auth = exec.runtime().auth_service().auth_context();
     let err = call(&exec, "fixture_fail", json!({"reason": "because"}))
         .await
@@ -227,8 +225,7 @@ async fn an_is_error_result_is_a_tool_error_the_model_reads_and_the_run_goes_on(
 #[tokio::test]
 async fn canceling_the_task_cancels_the_mcp_request_on_the_server() {
     let fixture = HttpFixture::start();
-    let server = McpServer::start(fixture.spec(TOKEN)).await.unwrap();
-    let exec = executor(&tools_of(&server).await, |b| b);
+    let (server, exec) = serving(fixture.spec(TOKEN)).await;
     let auth = exec.runtime().auth_service().auth_context();
     let task = exec
         .send_message(
@@ -264,8 +261,7 @@ async fn a_call_past_its_timeout_fails_and_the_server_sees_it_cancelled() {
     let fixture = HttpFixture::start();
     let mut spec = fixture.spec(TOKEN);
     spec.call_timeout = Duration::from_millis(1500);
-    let server = McpServer::start(spec).await.unwrap();
-    let exec = executor(&tools_of(&server).await, |b| b);
+    let (server, exec) = serving(spec).await;
     let err = call(&exec, "fixture_slow", json!({"seconds": 60}))
         .await
         .unwrap_err();
@@ -417,8 +413,7 @@ async fn a_stdio_server_killed_during_a_call_fails_that_call_and_the_next_call_r
 #[tokio::test]
 async fn a_tool_call_over_stdio_sends_its_trace_context_in_meta() {
     let markers = tempfile::tempdir().unwrap();
-    let server = McpServer::start(stdio_spec(markers.path())).await.unwrap();
-    let exec = executor(&tools_of(&server).await, |b| b);
+    let (server, exec) = serving(stdio_spec(markers.path())).await;
     let events = Arc::new(InMemoryEventSink::new());
     exec.add_event_sink(events.clone());
     let auth = exec.runtime().auth_service().auth_context();
@@ -486,8 +481,7 @@ async fn env_reaches_a_stdio_server() {
     if let TransportSpec::Stdio { env, .. } = &mut spec.transport {
         env.push(("KEEL_MCP_TEST_VALUE".into(), "from-keel".into()));
     }
-    let server = McpServer::start(spec).await.unwrap();
-    let exec = executor(&tools_of(&server).await, |b| b);
+    let (server, exec) = serving(spec).await;
     let output = call(&exec, "everything_get-env", json!({})).await.unwrap();
     let env: serde_json::Value = serde_json::from_str(output.as_str().unwrap()).unwrap();
     assert_eq!(env["KEEL_MCP_TEST_VALUE"], "from-keel");
@@ -502,8 +496,7 @@ async fn a_stdio_server_runs_in_its_working_directory() {
     if let TransportSpec::Stdio { cwd, .. } = &mut spec.transport {
         *cwd = Some(dir.path().to_owned());
     }
-    let server = McpServer::start(spec).await.unwrap();
-    let exec = executor(&tools_of(&server).await, |b| b);
+    let (server, exec) = serving(spec).await;
     let output = call(&exec, "fixture_slow", json!({"seconds": 0}))
         .await
         .unwrap();

@@ -564,9 +564,20 @@ mod tests {
         }
     }
 
-    fn limit_of(err: &AgentError) -> (&str, u64, u64) {
-        match err {
-            AgentError::BudgetExceeded { limit, used, max } => (limit.as_str(), *used, *max),
+    /// Asserts that `checked` is the refusal of `limit` with `used` of `max`.
+    #[track_caller]
+    fn assert_refused<T: std::fmt::Debug>(
+        checked: AgentResult<T>,
+        limit: &str,
+        used: u64,
+        max: u64,
+    ) {
+        match checked.unwrap_err() {
+            AgentError::BudgetExceeded {
+                limit: refused,
+                used: was,
+                max: of,
+            } => assert_eq!((refused.as_str(), was, of), (limit, used, max)),
             other => panic!("expected BudgetExceeded, got {other:?}"),
         }
     }
@@ -580,8 +591,7 @@ mod tests {
         for _ in 0..3 {
             b.check_step().unwrap();
         }
-        let err = b.check_step().unwrap_err();
-        assert_eq!(limit_of(&err), ("max_steps", 3, 3));
+        assert_refused(b.check_step(), "max_steps", 3, 3);
         // A refused step is not counted.
         assert_eq!(b.usage().steps, 3);
     }
@@ -594,10 +604,7 @@ mod tests {
         });
         b.check_llm_call(&manifest(1)).unwrap();
         b.check_llm_call(&manifest(1)).unwrap();
-        assert_eq!(
-            limit_of(&b.check_llm_call(&manifest(1)).unwrap_err()),
-            ("max_llm_calls", 2, 2)
-        );
+        assert_refused(b.check_llm_call(&manifest(1)), "max_llm_calls", 2, 2);
     }
 
     #[test]
@@ -607,9 +614,11 @@ mod tests {
             ..Default::default()
         });
         // A single oversized context is refused before any call is made.
-        assert_eq!(
-            limit_of(&b.check_llm_call(&manifest(1001)).unwrap_err()),
-            ("max_input_tokens", 0, 1000)
+        assert_refused(
+            b.check_llm_call(&manifest(1001)),
+            "max_input_tokens",
+            0,
+            1000,
         );
         assert_eq!(b.usage().llm_calls, 0);
         b.check_llm_call(&manifest(600)).unwrap();
@@ -617,9 +626,11 @@ mod tests {
         b.record_llm_usage(500, 10);
         assert_eq!(b.usage().input_tokens, 500);
         b.check_llm_call(&manifest(500)).unwrap(); // exactly 1000: allowed
-        assert_eq!(
-            limit_of(&b.check_llm_call(&manifest(1)).unwrap_err()),
-            ("max_input_tokens", 1000, 1000)
+        assert_refused(
+            b.check_llm_call(&manifest(1)),
+            "max_input_tokens",
+            1000,
+            1000,
         );
     }
 
@@ -633,9 +644,11 @@ mod tests {
         b.record_llm_usage(1, 100);
         b.check_output_tokens().unwrap(); // at the limit: this call is fine ...
                                           // ... but another call could only exceed it.
-        assert_eq!(
-            limit_of(&b.check_llm_call(&manifest(1)).unwrap_err()),
-            ("max_output_tokens", 100, 100)
+        assert_refused(
+            b.check_llm_call(&manifest(1)),
+            "max_output_tokens",
+            100,
+            100,
         );
         let mut b = BudgetEnforcer::new(RunBudget {
             max_output_tokens: Some(100),
@@ -643,10 +656,7 @@ mod tests {
         });
         b.check_llm_call(&manifest(1)).unwrap();
         b.record_llm_usage(1, 150);
-        assert_eq!(
-            limit_of(&b.check_output_tokens().unwrap_err()),
-            ("max_output_tokens", 150, 100)
-        );
+        assert_refused(b.check_output_tokens(), "max_output_tokens", 150, 100);
     }
 
     #[test]
@@ -656,10 +666,7 @@ mod tests {
             ..Default::default()
         });
         b.check_tool_call().unwrap();
-        assert_eq!(
-            limit_of(&b.check_tool_call().unwrap_err()),
-            ("max_tool_calls", 1, 1)
-        );
+        assert_refused(b.check_tool_call(), "max_tool_calls", 1, 1);
     }
 
     #[test]
@@ -669,20 +676,14 @@ mod tests {
             ..Default::default()
         });
         // An estimate alone over the limit is refused before anything is spent.
-        assert_eq!(
-            limit_of(&b.check_llm_cost(1001).unwrap_err()),
-            ("max_cost_micros", 0, 1000)
-        );
+        assert_refused(b.check_llm_cost(1001), "max_cost_micros", 0, 1000);
         b.check_llm_cost(600).unwrap();
         // The check counts nothing: the call's real cost does.
         assert_eq!(b.usage().cost_micros, 0);
         b.record_llm_cost(700);
         assert_eq!(b.usage().cost_micros, 700);
         b.check_llm_cost(300).unwrap(); // exactly 1000: allowed
-        assert_eq!(
-            limit_of(&b.check_llm_cost(301).unwrap_err()),
-            ("max_cost_micros", 700, 1000)
-        );
+        assert_refused(b.check_llm_cost(301), "max_cost_micros", 700, 1000);
     }
 
     #[test]
@@ -697,10 +698,7 @@ mod tests {
         );
         b.check_step().unwrap();
         clock.advance(Duration::from_secs(11));
-        assert_eq!(
-            limit_of(&b.check_step().unwrap_err()),
-            ("max_runtime_seconds", 11, 10)
-        );
+        assert_refused(b.check_step(), "max_runtime_seconds", 11, 10);
         assert!(b.check_tool_call().is_err());
         assert!(b.check_llm_call(&manifest(0)).is_err());
         assert!(b.check_output_tokens().is_err());
@@ -728,10 +726,8 @@ mod tests {
         b.check_step().unwrap();
         assert!(b.check_step().is_err());
         clock.advance(Duration::from_secs(1));
-        assert_eq!(
-            limit_of(&b.check_runtime().unwrap_err()).0,
-            "max_runtime_seconds"
-        );
+        // 10.5 seconds: used rounds up.
+        assert_refused(b.check_runtime(), "max_runtime_seconds", 11, 10);
     }
 
     #[test]

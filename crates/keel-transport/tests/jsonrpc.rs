@@ -757,9 +757,8 @@ async fn shutdown_lets_a_blocked_send_message_answer_with_the_unfinished_task() 
         let (executor, auth) = (executor.clone(), auth.clone());
         async move {
             let tasks = executor
-                .runtime()
-                .task_manager()
-                .list_tasks(&auth, &Default::default())
+                .reads()
+                .tasks(&auth, &Default::default())
                 .await
                 .unwrap();
             tasks

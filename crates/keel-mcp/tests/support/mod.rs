@@ -68,6 +68,13 @@ pub async fn tools_of(server: &Arc<McpServer>) -> Vec<Arc<McpTool>> {
     listed.into_iter().map(Arc::new).collect()
 }
 
+/// `spec`'s server, started, and an agent on all its tools (see [`executor`]).
+pub async fn serving(spec: ServerSpec) -> (Arc<McpServer>, AgentExecutor) {
+    let server = McpServer::start(spec).await.unwrap();
+    let exec = executor(&tools_of(&server).await, |b| b);
+    (server, exec)
+}
+
 /// An agent on the offline model (which calls `/TOOL {json}`) with `tools`, on an in-memory
 /// runtime; `build` adds to it (a policy).
 pub fn executor(
