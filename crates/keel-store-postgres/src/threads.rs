@@ -155,16 +155,7 @@ impl ThreadHistory for PostgresStore {
         limit: usize,
     ) -> AgentResult<Vec<HistoryEntry>> {
         let rows = self
-            .query(
-                READ_HISTORY,
-                &[
-                    &auth.namespace(),
-                    &thread_id.as_str(),
-                    &to_sql_int(after_seq),
-                    &to_sql_int(limit),
-                ],
-                "reading a thread's history",
-            )
+            .history_rows(READ_HISTORY, auth, thread_id, after_seq, limit)
             .await?;
         history_entries(&rows, thread_id)
     }
@@ -177,16 +168,7 @@ impl ThreadHistory for PostgresStore {
         limit: usize,
     ) -> AgentResult<Vec<HistoryEntry>> {
         let mut rows = self
-            .query(
-                READ_HISTORY_BEFORE,
-                &[
-                    &auth.namespace(),
-                    &thread_id.as_str(),
-                    &to_sql_int(before_seq),
-                    &to_sql_int(limit),
-                ],
-                "reading a thread's history",
-            )
+            .history_rows(READ_HISTORY_BEFORE, auth, thread_id, before_seq, limit)
             .await?;
         rows.reverse();
         history_entries(&rows, thread_id)
@@ -194,6 +176,29 @@ impl ThreadHistory for PostgresStore {
 }
 
 impl PostgresStore {
+    /// The (seq, body) rows `sql` selects for a thread, bound as (tenant, thread, seq bound,
+    /// limit): the one query shape both history reads page with.
+    async fn history_rows(
+        &self,
+        sql: &str,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        seq_bound: u64,
+        limit: usize,
+    ) -> AgentResult<Vec<tokio_postgres::Row>> {
+        self.query(
+            sql,
+            &[
+                &auth.namespace(),
+                &thread_id.as_str(),
+                &to_sql_int(seq_bound),
+                &to_sql_int(limit),
+            ],
+            "reading a thread's history",
+        )
+        .await
+    }
+
     /// Run `sql`, a write fenced by `lease`, in the thread's write order: bound to the fence
     /// (tenant, thread, token, now) and then `args`. Its row, or [`Lease::lost`] when the
     /// first column says the lease did not hold; what every fenced thread write shares.
