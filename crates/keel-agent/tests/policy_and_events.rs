@@ -220,14 +220,9 @@ async fn a_denied_action_never_runs_and_the_model_sees_the_denial() {
         TaskState::Completed,
         "a denial is a tool result, not a crash"
     );
-    let outputs: Vec<String> = task
-        .history
+    let outputs: Vec<String> = keel_runtime::testing::tool_outputs(&task)
         .iter()
-        .flat_map(|m| &m.parts)
-        .filter_map(|p| match &p.content {
-            keel_core::PartContent::ToolOutput { output, .. } => Some(output.to_string()),
-            _ => None,
-        })
+        .map(|(output, _)| output.to_string())
         .collect();
     assert!(outputs[0].contains("denied"), "{outputs:?}");
     assert!(types(&records.sink.events()).contains(&"action.denied".to_owned()));

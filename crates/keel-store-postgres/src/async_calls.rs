@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use keel_core::{AgentResult, ThreadId};
 use keel_runtime::{AsyncCall, AsyncCallMove, AsyncCallState, AsyncCallStore, AuthContext};
 
-use crate::codec::{decode_value, encode_value, execute, query_opt};
+use crate::codec::{decode_value, encode_value};
 use crate::PostgresStore;
 
 const PUT: &str = "\
@@ -24,9 +24,7 @@ const TRANSITION: &str = "UPDATE async_calls SET state = $1, record = $2 \
 impl AsyncCallStore for PostgresStore {
     async fn put_async_call(&self, call: &AsyncCall) -> AgentResult<()> {
         let record = encode_value(&call.record)?;
-        let client = self.client().await?;
-        execute(
-            &client,
+        self.execute(
             PUT,
             &[
                 &call.call_id,
@@ -44,9 +42,9 @@ impl AsyncCallStore for PostgresStore {
     }
 
     async fn find_async_call(&self, call_id: &str) -> AgentResult<Option<AsyncCall>> {
-        let client = self.client().await?;
-        let Some(row) =
-            query_opt(&client, FIND, &[&call_id], "reading an asynchronous call").await?
+        let Some(row) = self
+            .query_opt(FIND, &[&call_id], "reading an asynchronous call")
+            .await?
         else {
             return Ok(None);
         };
@@ -64,20 +62,19 @@ impl AsyncCallStore for PostgresStore {
 
     async fn move_call(&self, step: AsyncCallMove<'_>) -> AgentResult<bool> {
         let record = encode_value(&step.record)?;
-        let client = self.client().await?;
-        let changed = execute(
-            &client,
-            TRANSITION,
-            &[
-                &step.to.as_str(),
-                &record,
-                &step.call_id,
-                &step.auth.namespace(),
-                &step.from.as_str(),
-            ],
-            "moving an asynchronous call",
-        )
-        .await?;
+        let changed = self
+            .execute(
+                TRANSITION,
+                &[
+                    &step.to.as_str(),
+                    &record,
+                    &step.call_id,
+                    &step.auth.namespace(),
+                    &step.from.as_str(),
+                ],
+                "moving an asynchronous call",
+            )
+            .await?;
         Ok(changed == 1)
     }
 }

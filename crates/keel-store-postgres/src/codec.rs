@@ -156,6 +156,50 @@ pub(crate) async fn execute<C: GenericClient + Sync>(
     db.execute(&stmt, params).await.map_err(doing(op))
 }
 
+/// One statement on a pooled connection of its own: what a store method that sends a single
+/// statement (no transaction, no fence) does, so it need not check a connection out itself.
+impl crate::PostgresStore {
+    /// [`query`] on a pooled connection.
+    pub(crate) async fn query(
+        &self,
+        sql: &str,
+        params: &Params<'_>,
+        op: &'static str,
+    ) -> AgentResult<Vec<Row>> {
+        query(&self.client().await?, sql, params, op).await
+    }
+
+    /// [`query_opt`] on a pooled connection.
+    pub(crate) async fn query_opt(
+        &self,
+        sql: &str,
+        params: &Params<'_>,
+        op: &'static str,
+    ) -> AgentResult<Option<Row>> {
+        query_opt(&self.client().await?, sql, params, op).await
+    }
+
+    /// [`query_one`] on a pooled connection.
+    pub(crate) async fn query_one(
+        &self,
+        sql: &str,
+        params: &Params<'_>,
+        op: &'static str,
+    ) -> AgentResult<Row> {
+        query_one(&self.client().await?, sql, params, op).await
+    }
+
+    /// [`execute`] on a pooled connection; how many rows it changed.
+    pub(crate) async fn execute(
+        &self,
+        sql: &str,
+        params: &Params<'_>,
+        op: &'static str,
+    ) -> AgentResult<u64> {
+        execute(&self.client().await?, sql, params, op).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use chrono::Utc;
 use keel_core::AgentResult;
 use keel_runtime::{lease_ttl, AuthContext, Lease, LeaseAsk, LeaseRenewal, ThreadLeases};
 
-use crate::codec::{execute, from_nanos, from_sql_int, query_opt, to_nanos, to_sql_int};
+use crate::codec::{from_nanos, from_sql_int, query_opt, to_nanos, to_sql_int};
 use crate::PostgresStore;
 
 /// The `WITH` entry every fenced write starts with: one row when the lease (`$1` tenant, `$2`
@@ -148,14 +148,13 @@ impl ThreadLeases for PostgresStore {
         let (tenant, thread, token, now) = fence_args(auth, lease);
         let expires_at = from_nanos(now) + ttl;
         let _in_order = self.order.shared(&tenant, &thread).await;
-        let client = self.client().await?;
-        let renewed = execute(
-            &client,
-            RENEW,
-            &[&tenant, &thread, &token, &now, &to_nanos(expires_at)],
-            "renewing a lease",
-        )
-        .await?;
+        let renewed = self
+            .execute(
+                RENEW,
+                &[&tenant, &thread, &token, &now, &to_nanos(expires_at)],
+                "renewing a lease",
+            )
+            .await?;
         if renewed == 0 {
             return Err(lease.lost());
         }
@@ -167,9 +166,7 @@ impl ThreadLeases for PostgresStore {
         // thread under its new holder.
         let (tenant, thread) = (auth.namespace(), lease.thread_id.as_str());
         let _after_writes = self.order.exclusive(&tenant, thread).await;
-        let client = self.client().await?;
-        execute(
-            &client,
+        self.execute(
             RELEASE,
             &[&tenant, &thread, &to_sql_int(lease.token)],
             "releasing a lease",

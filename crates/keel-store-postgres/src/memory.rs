@@ -10,7 +10,7 @@ use keel_core::AgentResult;
 use keel_runtime::{memory_expiry_nanos, AuthContext, MemoryService, MemoryWrite};
 use serde_json::Value;
 
-use crate::codec::{decode_value, encode_value, execute, query_opt, to_nanos};
+use crate::codec::{decode_value, encode_value, execute, to_nanos};
 use crate::PostgresStore;
 
 /// Store the value (listeners are told after: a cancel request is a memory value).
@@ -40,8 +40,8 @@ impl PostgresStore {
         op: &'static str,
     ) -> AgentResult<Option<tokio_postgres::Row>> {
         let now = to_nanos(Utc::now());
-        let client = self.client().await?;
-        query_opt(&client, sql, &[&auth.namespace(), &key, &now], op).await
+        self.query_opt(sql, &[&auth.namespace(), &key, &now], op)
+            .await
     }
 }
 

@@ -7,9 +7,7 @@ use keel_runtime::{AuthContext, IndexedRecord, RunQuery, RunRecord, RunStore, Ta
 use serde::de::DeserializeOwned;
 use tokio_postgres::types::ToSql;
 
-use crate::codec::{
-    decode_record, encode_record, execute, query, select_record, to_nanos, to_sql_int, Arg,
-};
+use crate::codec::{decode_record, encode_record, select_record, to_nanos, to_sql_int, Arg};
 use crate::PostgresStore;
 
 const SAVE_TASK_RECORD: &str = "\
@@ -98,8 +96,7 @@ impl PostgresStore {
             args.len()
         );
         let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(Arg::sql).collect();
-        let client = self.client().await?;
-        let rows = query(&client, &sql, &params, "searching records").await?;
+        let rows = self.query(&sql, &params, "searching records").await?;
         rows.iter()
             .map(|row| {
                 let id: i64 = row.get(0);
@@ -114,9 +111,7 @@ impl RunStore for PostgresStore {
     async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()> {
         let body = encode_record(record)?;
         let [task_id, run_id, thread_id, trace_id, agent_name] = index_args(record);
-        let client = self.client().await?;
-        execute(
-            &client,
+        self.execute(
             SAVE_TASK_RECORD,
             &[
                 &auth.namespace(),
@@ -148,9 +143,7 @@ impl RunStore for PostgresStore {
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
         let body = encode_record(record)?;
         let [task_id, run_id, thread_id, trace_id, agent_name] = index_args(record);
-        let client = self.client().await?;
-        execute(
-            &client,
+        self.execute(
             SAVE_RUN_REPORT,
             &[
                 &auth.namespace(),

@@ -9,7 +9,7 @@ use keel_runtime::{AuthContext, Lease, QueuedItem, StepStore};
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
 
-use crate::codec::{encode_all, query_one};
+use crate::codec::encode_all;
 use crate::leases::fence;
 use crate::tasks::{save_with_events, snapshot_columns, SnapshotArgs};
 use crate::threads::{append_history, NewItem, ACK_AND_RELEASE};
@@ -139,14 +139,9 @@ impl StepStore for PostgresStore {
         let item = NewItem::of(payload)?;
         let mut params: Vec<&(dyn ToSql + Sync)> = args.params().to_vec();
         params.extend([&item.id as &(dyn ToSql + Sync), &item.text, &item.nanos]);
-        let client = self.client().await?;
-        let row = query_one(
-            &client,
-            SAVE_AND_QUEUE,
-            &params,
-            "saving and queueing a task",
-        )
-        .await?;
+        let row = self
+            .query_one(SAVE_AND_QUEUE, &params, "saving and queueing a task")
+            .await?;
         if !events.is_empty() {
             self.announce_task_events(auth, &task.id);
         }

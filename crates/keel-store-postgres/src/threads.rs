@@ -15,7 +15,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::codec::{
     decode_record, decode_value, encode_all, encode_record, encode_value, execute, from_nanos,
-    from_sql_int, query, query_one, query_opt, to_nanos, to_sql_int, transaction, Params,
+    from_sql_int, query_opt, to_nanos, to_sql_int, transaction, Params,
 };
 use crate::error::doing;
 use crate::leases::{fence, fence_args};
@@ -154,19 +154,9 @@ impl ThreadHistory for PostgresStore {
         after_seq: u64,
         limit: usize,
     ) -> AgentResult<Vec<HistoryEntry>> {
-        let client = self.client().await?;
-        let rows = query(
-            &client,
-            READ_HISTORY,
-            &[
-                &auth.namespace(),
-                &thread_id.as_str(),
-                &to_sql_int(after_seq),
-                &to_sql_int(limit),
-            ],
-            "reading a thread's history",
-        )
-        .await?;
+        let rows = self
+            .history_rows(READ_HISTORY, auth, thread_id, after_seq, limit)
+            .await?;
         history_entries(&rows, thread_id)
     }
 
@@ -177,25 +167,38 @@ impl ThreadHistory for PostgresStore {
         before_seq: u64,
         limit: usize,
     ) -> AgentResult<Vec<HistoryEntry>> {
-        let client = self.client().await?;
-        let mut rows = query(
-            &client,
-            READ_HISTORY_BEFORE,
-            &[
-                &auth.namespace(),
-                &thread_id.as_str(),
-                &to_sql_int(before_seq),
-                &to_sql_int(limit),
-            ],
-            "reading a thread's history",
-        )
-        .await?;
+        let mut rows = self
+            .history_rows(READ_HISTORY_BEFORE, auth, thread_id, before_seq, limit)
+            .await?;
         rows.reverse();
         history_entries(&rows, thread_id)
     }
 }
 
 impl PostgresStore {
+    /// The (seq, body) rows `sql` selects for a thread, bound as (tenant, thread, seq bound,
+    /// limit): the one query shape both history reads page with.
+    async fn history_rows(
+        &self,
+        sql: &str,
+        auth: &AuthContext,
+        thread_id: &ThreadId,
+        seq_bound: u64,
+        limit: usize,
+    ) -> AgentResult<Vec<tokio_postgres::Row>> {
+        self.query(
+            sql,
+            &[
+                &auth.namespace(),
+                &thread_id.as_str(),
+                &to_sql_int(seq_bound),
+                &to_sql_int(limit),
+            ],
+            "reading a thread's history",
+        )
+        .await
+    }
+
     /// Run `sql`, a write fenced by `lease`, in the thread's write order: bound to the fence
     /// (tenant, thread, token, now) and then `args`. Its row, or [`Lease::lost`] when the
     /// first column says the lease did not hold; what every fenced thread write shares.
@@ -229,8 +232,7 @@ impl PostgresStore {
             false => (Some(self.order.shared(&tenant, &thread).await), None),
             true => (None, Some(self.order.exclusive(&tenant, &thread).await)),
         };
-        let client = self.client().await?;
-        let row = query_one(&client, sql, &params, op).await?;
+        let row = self.query_one(sql, &params, op).await?;
         if !row.get::<_, bool>(0) {
             return Err(lease.lost());
         }
@@ -304,20 +306,19 @@ impl ThreadQueue for PostgresStore {
         payload: Value,
     ) -> AgentResult<QueuedItem> {
         let item = NewItem::of(payload)?;
-        let client = self.client().await?;
-        let row = query_one(
-            &client,
-            PUSH,
-            &[
-                &auth.namespace(),
-                &thread_id.as_str(),
-                &item.id,
-                &item.text,
-                &item.nanos,
-            ],
-            "queueing an item",
-        )
-        .await?;
+        let row = self
+            .query_one(
+                PUSH,
+                &[
+                    &auth.namespace(),
+                    &thread_id.as_str(),
+                    &item.id,
+                    &item.text,
+                    &item.nanos,
+                ],
+                "queueing an item",
+            )
+            .await?;
         item.queued(&row)
     }
 
@@ -327,14 +328,13 @@ impl ThreadQueue for PostgresStore {
         thread_id: &ThreadId,
         limit: usize,
     ) -> AgentResult<Vec<QueuedItem>> {
-        let client = self.client().await?;
-        let rows = query(
-            &client,
-            PEEK,
-            &[&auth.namespace(), &thread_id.as_str(), &to_sql_int(limit)],
-            "reading a thread's queue",
-        )
-        .await?;
+        let rows = self
+            .query(
+                PEEK,
+                &[&auth.namespace(), &thread_id.as_str(), &to_sql_int(limit)],
+                "reading a thread's queue",
+            )
+            .await?;
         rows.iter()
             .map(|row| {
                 let id: String = row.get(0);
@@ -360,38 +360,35 @@ impl ThreadQueue for PostgresStore {
     }
 
     async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
-        let client = self.client().await?;
-        let row = query_one(
-            &client,
-            QUEUE_LEN,
-            &[&auth.namespace(), &thread_id.as_str()],
-            "counting a thread's queue",
-        )
-        .await?;
+        let row = self
+            .query_one(
+                QUEUE_LEN,
+                &[&auth.namespace(), &thread_id.as_str()],
+                "counting a thread's queue",
+            )
+            .await?;
         Ok(count(&row))
     }
 
     async fn tenant_queue_len(&self, auth: &AuthContext) -> AgentResult<usize> {
-        let client = self.client().await?;
-        let row = query_one(
-            &client,
-            TENANT_QUEUE_LEN,
-            &[&auth.namespace()],
-            "counting a tenant's queued work",
-        )
-        .await?;
+        let row = self
+            .query_one(
+                TENANT_QUEUE_LEN,
+                &[&auth.namespace()],
+                "counting a tenant's queued work",
+            )
+            .await?;
         Ok(count(&row))
     }
 
     async fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>> {
-        let client = self.client().await?;
-        let rows = query(
-            &client,
-            QUEUED_THREADS,
-            &[&auth.namespace()],
-            "listing the threads with queued work",
-        )
-        .await?;
+        let rows = self
+            .query(
+                QUEUED_THREADS,
+                &[&auth.namespace()],
+                "listing the threads with queued work",
+            )
+            .await?;
         Ok(rows
             .iter()
             .map(|row| ThreadId::from(row.get::<_, String>(0)))
@@ -407,14 +404,13 @@ impl ThreadKv for PostgresStore {
         thread_id: &ThreadId,
         key: &str,
     ) -> AgentResult<Option<Value>> {
-        let client = self.client().await?;
-        let row = query_opt(
-            &client,
-            KV_GET,
-            &[&auth.namespace(), &thread_id.as_str(), &key],
-            "reading a thread key",
-        )
-        .await?;
+        let row = self
+            .query_opt(
+                KV_GET,
+                &[&auth.namespace(), &thread_id.as_str(), &key],
+                "reading a thread key",
+            )
+            .await?;
         row.map(|row| decode_value(row.get(0), &format!("key `{key}` of thread {thread_id}")))
             .transpose()
     }
@@ -457,14 +453,13 @@ impl ThreadKv for PostgresStore {
     }
 
     async fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>> {
-        let client = self.client().await?;
-        let rows = query(
-            &client,
-            KV_KEYS,
-            &[&auth.namespace(), &thread_id.as_str()],
-            "listing a thread's keys",
-        )
-        .await?;
+        let rows = self
+            .query(
+                KV_KEYS,
+                &[&auth.namespace(), &thread_id.as_str()],
+                "listing a thread's keys",
+            )
+            .await?;
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 }
@@ -473,9 +468,7 @@ impl ThreadKv for PostgresStore {
 impl SubagentRegistry for PostgresStore {
     async fn register_child(&self, auth: &AuthContext, child: &ChildThread) -> AgentResult<()> {
         let body = encode_record(child)?;
-        let client = self.client().await?;
-        execute(
-            &client,
+        self.execute(
             REGISTER_CHILD,
             &[
                 &auth.namespace(),
@@ -495,14 +488,13 @@ impl SubagentRegistry for PostgresStore {
         auth: &AuthContext,
         parent: &ThreadId,
     ) -> AgentResult<Vec<ChildThread>> {
-        let client = self.client().await?;
-        let rows = query(
-            &client,
-            CHILDREN,
-            &[&auth.namespace(), &parent.as_str()],
-            "listing subagents",
-        )
-        .await?;
+        let rows = self
+            .query(
+                CHILDREN,
+                &[&auth.namespace(), &parent.as_str()],
+                "listing subagents",
+            )
+            .await?;
         rows.iter()
             .map(|row| {
                 let thread_id: &str = row.get(0);
@@ -516,14 +508,13 @@ impl SubagentRegistry for PostgresStore {
         auth: &AuthContext,
         child: &ThreadId,
     ) -> AgentResult<Option<ChildThread>> {
-        let client = self.client().await?;
-        let row = query_opt(
-            &client,
-            CHILD,
-            &[&auth.namespace(), &child.as_str()],
-            "reading a subagent",
-        )
-        .await?;
+        let row = self
+            .query_opt(
+                CHILD,
+                &[&auth.namespace(), &child.as_str()],
+                "reading a subagent",
+            )
+            .await?;
         row.map(|row| decode_record(row.get(0), &format!("subagent {child}")))
             .transpose()
     }

@@ -7,9 +7,7 @@ use chrono::{DateTime, Utc};
 use keel_core::{AgentResult, ThreadId};
 use keel_runtime::{AuthContext, ClaimedTimer, ThreadTimers, TimerClaimRound, TimerRecord};
 
-use crate::codec::{
-    decode_record, encode_record, execute, from_nanos, query, query_one, to_nanos, to_sql_int,
-};
+use crate::codec::{decode_record, encode_record, from_nanos, to_nanos, to_sql_int};
 use crate::PostgresStore;
 
 const SCHEDULE: &str = "\
@@ -45,9 +43,7 @@ fn timer_of(body: &str, attempts: i32, id: &str) -> AgentResult<TimerRecord> {
 impl ThreadTimers for PostgresStore {
     async fn insert_timer(&self, timer: &TimerRecord) -> AgentResult<()> {
         let body = encode_record(timer)?;
-        let client = self.client().await?;
-        execute(
-            &client,
+        self.execute(
             SCHEDULE,
             &[
                 &timer.id,
@@ -64,14 +60,9 @@ impl ThreadTimers for PostgresStore {
     }
 
     async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool> {
-        let client = self.client().await?;
-        let removed = execute(
-            &client,
-            CANCEL,
-            &[&id, &auth.namespace()],
-            "canceling a timer",
-        )
-        .await?;
+        let removed = self
+            .execute(CANCEL, &[&id, &auth.namespace()], "canceling a timer")
+            .await?;
         Ok(removed > 0)
     }
 
@@ -80,14 +71,13 @@ impl ThreadTimers for PostgresStore {
         auth: &AuthContext,
         thread_id: &ThreadId,
     ) -> AgentResult<Vec<TimerRecord>> {
-        let client = self.client().await?;
-        let rows = query(
-            &client,
-            OF_THREAD,
-            &[&auth.namespace(), &thread_id.as_str()],
-            "listing a thread's timers",
-        )
-        .await?;
+        let rows = self
+            .query(
+                OF_THREAD,
+                &[&auth.namespace(), &thread_id.as_str()],
+                "listing a thread's timers",
+            )
+            .await?;
         rows.iter()
             .map(|row| timer_of(row.get(1), row.get(2), row.get(0)))
             .collect()
@@ -95,20 +85,19 @@ impl ThreadTimers for PostgresStore {
 
     async fn claim_timers(&self, round: TimerClaimRound<'_>) -> AgentResult<Vec<ClaimedTimer>> {
         let batch = uuid::Uuid::new_v4().simple().to_string();
-        let client = self.client().await?;
-        let rows = query(
-            &client,
-            CLAIM,
-            &[
-                &to_nanos(round.now),
-                &to_nanos(round.expires_at),
-                &to_sql_int(round.limit),
-                &round.agent,
-                &batch,
-            ],
-            "claiming due timers",
-        )
-        .await?;
+        let rows = self
+            .query(
+                CLAIM,
+                &[
+                    &to_nanos(round.now),
+                    &to_nanos(round.expires_at),
+                    &to_sql_int(round.limit),
+                    &round.agent,
+                    &batch,
+                ],
+                "claiming due timers",
+            )
+            .await?;
         // `RETURNING` follows no order: put the claims in due order, as the other stores do.
         let mut claimed = rows
             .iter()
@@ -124,20 +113,20 @@ impl ThreadTimers for PostgresStore {
     }
 
     async fn complete_timer(&self, claim: &ClaimedTimer) -> AgentResult<bool> {
-        let client = self.client().await?;
-        let removed = execute(
-            &client,
-            COMPLETE,
-            &[&claim.timer.id, &claim.claim],
-            "completing a timer",
-        )
-        .await?;
+        let removed = self
+            .execute(
+                COMPLETE,
+                &[&claim.timer.id, &claim.claim],
+                "completing a timer",
+            )
+            .await?;
         Ok(removed > 0)
     }
 
     async fn next_timer_at(&self, agent: &str) -> AgentResult<Option<DateTime<Utc>>> {
-        let client = self.client().await?;
-        let row = query_one(&client, NEXT, &[&agent], "reading the next timer").await?;
+        let row = self
+            .query_one(NEXT, &[&agent], "reading the next timer")
+            .await?;
         Ok(row.get::<_, Option<i64>>(0).map(from_nanos))
     }
 }

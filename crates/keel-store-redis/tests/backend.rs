@@ -112,19 +112,7 @@ async fn lease_contention_across_two_stores_has_exactly_one_winner() {
 async fn a_stale_holder_on_one_store_cannot_write_after_another_store_takes_over() {
     let (prefix, a, b) = support::fresh_two_stores().await;
     let (auth, thread) = (tenant("fencing"), fresh_thread());
-    let old = a
-        .acquire_lease(&auth, &thread, "a", Duration::from_millis(30))
-        .await
-        .unwrap()
-        .unwrap();
-    // Wait until the short lease has lapsed and b can take the thread.
-    let new = keel_runtime::testing::eventually("the lease to lapse", || async {
-        b.acquire_lease(&auth, &thread, "b", Duration::from_secs(30))
-            .await
-            .unwrap()
-    })
-    .await;
-    assert!(new.token > old.token, "tokens grow across stores");
+    let (old, new) = testing::lease_taken_over(&a, &b, &auth, &thread).await;
     let err = a
         .append_history(&auth, &old, &[LlmMessage::user("late")])
         .await

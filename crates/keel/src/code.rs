@@ -140,15 +140,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(task.state(), TaskState::Completed);
-        let output = task
-            .history
-            .iter()
-            .flat_map(|m| &m.parts)
-            .find_map(|p| match &p.content {
-                keel_core::PartContent::ToolOutput { output, .. } => Some(output.clone()),
-                _ => None,
-            })
-            .unwrap();
+        let (output, _) = keel_runtime::testing::tool_outputs(&task).remove(0);
         assert_eq!(output["status"], "success", "{output}");
         assert_eq!(output["result"].as_f64(), Some(6.0));
         assert_eq!(output["console"][0]["message"], "summing");

@@ -4,9 +4,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions};
-use keel_core::{AgentCard, AgentError, Message, Part, PartContent, Role, Task, TaskId, TaskState};
+use keel_core::{AgentCard, AgentError, Message, Part, Role, Task, TaskId, TaskState};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
-use keel_runtime::AuthContext;
+use keel_runtime::{testing, AuthContext};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use super::fixture::{call_then_answer, executor, scripted, send, start};
@@ -137,17 +137,7 @@ async fn a_failing_tool_becomes_a_tool_result_the_model_sees() {
     );
     let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Completed);
-    let output = task
-        .history
-        .iter()
-        .flat_map(|m| &m.parts)
-        .find_map(|p| match &p.content {
-            PartContent::ToolOutput {
-                output, is_error, ..
-            } => Some((output.clone(), *is_error)),
-            _ => None,
-        });
-    let (output, is_error) = output.unwrap();
+    let (output, is_error) = testing::tool_outputs(&task).remove(0);
     assert!(is_error);
     assert!(output.as_str().unwrap().contains("upstream 503"));
     assert!(llm.requests()[1]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_agent::{Agent, AgentExecutor, ExecutorConfig, FnTool, SendOptions};
-use keel_core::{AgentCard, Message, PartContent, TaskState};
+use keel_core::{AgentCard, Message, TaskState};
 use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_runtime::{AuthContext, Runtime};
 use serde_json::json;
@@ -140,14 +140,9 @@ async fn shutdown_lets_a_tool_call_finish_and_hands_the_task_on_uncanceled() {
     // The call's result was persisted; the next step was left for the next process.
     let stored = exec.get_task(&auth, &task.id, None).await.unwrap();
     assert_eq!(stored.state(), TaskState::Working);
-    let outputs: Vec<_> = stored
-        .history
-        .iter()
-        .flat_map(|m| &m.parts)
-        .filter_map(|p| match &p.content {
-            PartContent::ToolOutput { output, .. } => Some(output.clone()),
-            _ => None,
-        })
+    let outputs: Vec<_> = keel_runtime::testing::tool_outputs(&stored)
+        .into_iter()
+        .map(|(output, _)| output)
         .collect();
     assert_eq!(outputs, vec![json!("charged")]);
     assert_eq!(llm.requests().len(), 1, "the second step was not begun");

@@ -448,14 +448,9 @@ async fn repeating_the_same_invalid_call_past_the_cap_stops_the_run() {
     let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Failed);
     assert_eq!(stop_reason(&task), "invalid_tool_repeats");
-    let first_error = task
-        .history
-        .iter()
-        .flat_map(|m| &m.parts)
-        .find_map(|p| match &p.content {
-            keel_core::PartContent::ToolOutput { output, .. } => output.as_str().map(str::to_owned),
-            _ => None,
-        });
+    let first_error = keel_runtime::testing::tool_outputs(&task)
+        .into_iter()
+        .find_map(|(output, _)| output.as_str().map(str::to_owned));
     assert!(
         first_error
             .unwrap()

@@ -12,7 +12,7 @@ use super::{
     append_one, assert_lease_lost, concurrently, eventually, fresh_tenant, fresh_thread,
     history_len, leased, tenant_and_thread, try_lease,
 };
-use crate::{AuthContext, Lease, ThreadStore};
+use crate::{AuthContext, Lease, ThreadLeases, ThreadStore};
 use keel_core::ThreadId;
 
 /// Assert that `lease` is dead (`why` says how it died): writing, acknowledging `acked` and
@@ -38,6 +38,33 @@ async fn assert_dead(
             .await,
         &format!("renew {why}"),
     );
+}
+
+/// `a` takes a short lease on `thread` and `b`, a second store over the same data, takes the
+/// thread over once that lease lapsed: the stale lease and the new one. How a backend's own
+/// tests set up a stale holder in another process.
+pub async fn lease_taken_over(
+    a: &dyn ThreadLeases,
+    b: &dyn ThreadLeases,
+    auth: &AuthContext,
+    thread: &ThreadId,
+) -> (Lease, Lease) {
+    let old = a
+        .acquire_lease(auth, thread, "a", Duration::from_millis(30))
+        .await
+        .unwrap()
+        .expect("a fresh thread is free");
+    let new = eventually(
+        "the lease of `a` lapses and `b` takes the thread",
+        || async {
+            b.acquire_lease(auth, thread, "b", Duration::from_secs(30))
+                .await
+                .unwrap()
+        },
+    )
+    .await;
+    assert!(new.token > old.token, "tokens grow across stores");
+    (old, new)
 }
 
 /// Many tasks racing for one thread's lease: exactly one wins; other threads are independent.

@@ -67,6 +67,21 @@ pub fn fresh_tenant() -> AuthContext {
     )
 }
 
+/// Every tool result in `task`'s history, in order: what the tool returned (or its error
+/// text) and whether it failed. What a test of a run that called tools reads back.
+pub fn tool_outputs(task: &keel_core::Task) -> Vec<(serde_json::Value, bool)> {
+    task.history
+        .iter()
+        .flat_map(|m| &m.parts)
+        .filter_map(|p| match &p.content {
+            keel_core::PartContent::ToolOutput {
+                output, is_error, ..
+            } => Some((output.clone(), *is_error)),
+            _ => None,
+        })
+        .collect()
+}
+
 fn fresh_thread() -> ThreadId {
     ThreadId::from(format!("thread-{}", uuid::Uuid::new_v4().simple()))
 }
