@@ -31,6 +31,11 @@ pub struct RunBudget {
 }
 
 impl RunBudget {
+    /// Whether no limit is set.
+    pub fn is_unlimited(&self) -> bool {
+        *self == RunBudget::default()
+    }
+
     /// The tighter of two budgets, limit by limit (a child can narrow, never widen).
     pub fn narrowed_by(&self, other: &RunBudget) -> RunBudget {
         fn min<T: PartialOrd + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
@@ -96,11 +101,12 @@ pub struct RunContext {
     /// Capability rules (`allow`, `deny`, `require_approval`, or booleans) by capability.
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]
     pub permissions: Metadata,
-    /// Limits.
-    #[serde(default)]
+    /// Limits. Left out of the JSON when there are none, as `canceled` is when false: the
+    /// context rides on every stored task (decision 269).
+    #[serde(default, skip_serializing_if = "RunBudget::is_unlimited")]
     pub budget: RunBudget,
     /// Whether the run was canceled.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub canceled: bool,
     /// Why, when canceled.
     pub cancel_reason: Option<String>,

@@ -60,7 +60,9 @@ pub use run_store::{
 };
 pub use services::Services;
 pub use step::StepStore;
-pub use stored_text::{decode_record, encode_record};
+pub use stored_text::{
+    decode_record, decode_task_event, encode_record, encode_task_event, encode_task_events,
+};
 pub use task_manager::{
     attach_history, list_all_tasks, load_task_with_history, updated_micros, InMemoryTaskManager,
     ListTasksFilter, Page, TaskManager, TaskOrder, TaskPageStart, UpdatedCursor,

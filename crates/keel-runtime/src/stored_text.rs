@@ -2,8 +2,9 @@
 //! ([`keel_core::stored`]) written as a string, and read back with an error that says which
 //! backend held bad data and where, so an operator can find it.
 
-use keel_core::{stored, AgentError, AgentResult};
+use keel_core::{stored, AgentError, AgentResult, TaskEvent, TaskId, ThreadId};
 use serde::{de::DeserializeOwned, Serialize};
+use serde_json::{Map, Value};
 
 /// `record` (a task snapshot, an event, a message, ...) as stored-JSON text.
 pub fn encode_record<T: Serialize>(record: &T) -> AgentResult<String> {
@@ -28,13 +29,26 @@ pub fn decode_record<T: DeserializeOwned>(
     operation: &str,
     text: &str,
 ) -> AgentResult<T> {
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+    decode_envelope(backend, operation, parse(backend, operation, text)?)
+}
+
+/// `text` as JSON, or [`AgentError::Storage`] naming where it was read.
+fn parse(backend: &'static str, operation: &str, text: &str) -> AgentResult<Value> {
+    serde_json::from_str(text).map_err(|e| {
         AgentError::storage_source(
             backend,
             format!("{operation}, which does not hold Keel's stored JSON"),
             e,
         )
-    })?;
+    })
+}
+
+/// [`stored::decode`], its error naming `backend` and `operation`.
+fn decode_envelope<T: DeserializeOwned>(
+    backend: &'static str,
+    operation: &str,
+    value: Value,
+) -> AgentResult<T> {
     stored::decode(value).map_err(|e| match e {
         AgentError::Storage { source, .. } => AgentError::Storage {
             backend,
@@ -43,4 +57,204 @@ pub fn decode_record<T: DeserializeOwned>(
         },
         other => other,
     })
+}
+
+/// An entry of `task_id`'s log as stored-JSON text, without the ids the log already holds
+/// (decision 269): the task's id, and its thread's when the writer knows it (`thread_id`),
+/// are left out of the entry and of the message it carries wherever they are the log's. A
+/// message that names no task or thread says so with `null`, since a missing id reads back
+/// as the log's. [`decode_task_event`] fills them in again.
+///
+/// ```
+/// use keel_core::{Message, Task, TaskEvent};
+/// use keel_runtime::{decode_task_event, encode_task_event};
+/// let task = Task::create(Message::user("hi"));
+/// let event = TaskEvent::Message { message: task.history[0].clone() };
+/// let text = encode_task_event(&event, &task.id, Some(&task.thread_id))?;
+/// assert!(!text.contains(task.id.as_str()) && !text.contains(task.thread_id.as_str()));
+/// let back = decode_task_event("sqlite", "reading an event", &text, &task.id, Some(&task.thread_id))?;
+/// assert_eq!(back, event);
+/// # Ok::<(), keel_core::AgentError>(())
+/// ```
+pub fn encode_task_event(
+    event: &TaskEvent,
+    task_id: &TaskId,
+    thread_id: Option<&ThreadId>,
+) -> AgentResult<String> {
+    let mut value = stored::encode(event)?;
+    let log = [
+        ("task_id", Some(task_id.as_str())),
+        ("thread_id", thread_id.map(ThreadId::as_str)),
+    ];
+    let Some(data) = value.get_mut("data") else {
+        return Err(AgentError::internal("a stored envelope without its data"));
+    };
+    for_each_id_holder(data, |holder| {
+        for (key, id) in log {
+            match holder.get(key) {
+                Some(Value::String(own)) if Some(own.as_str()) == id => {
+                    holder.remove(key);
+                }
+                None => {
+                    holder.insert(key.to_owned(), Value::Null);
+                }
+                Some(_) => {}
+            }
+        }
+    });
+    serde_json::to_string(&value).map_err(AgentError::internal)
+}
+
+/// [`encode_task_event`] for each of `events`, in order.
+pub fn encode_task_events(
+    events: &[TaskEvent],
+    task_id: &TaskId,
+    thread_id: Option<&ThreadId>,
+) -> AgentResult<Vec<String>> {
+    events
+        .iter()
+        .map(|event| encode_task_event(event, task_id, thread_id))
+        .collect()
+}
+
+/// Decode an entry of the log of `task_id` (whose thread is `thread_id`, when the store
+/// knows it) that `backend` read while doing `operation`, filling in the ids
+/// [`encode_task_event`] left out. An entry written by an earlier Keel, with every id, reads
+/// as it was written; one that left out a thread the store does not know is
+/// [`AgentError::Storage`].
+pub fn decode_task_event(
+    backend: &'static str,
+    operation: &str,
+    text: &str,
+    task_id: &TaskId,
+    thread_id: Option<&ThreadId>,
+) -> AgentResult<TaskEvent> {
+    let mut value = parse(backend, operation, text)?;
+    // Format 1 wrote every id, and no id there means none.
+    let leaves_ids_out = value.get("format").and_then(Value::as_u64) >= Some(2);
+    if let Some(data) = value.get_mut("data").filter(|_| leaves_ids_out) {
+        for_each_id_holder(data, |holder| {
+            let log = [
+                ("task_id", Some(task_id.as_str())),
+                ("thread_id", thread_id.map(ThreadId::as_str)),
+            ];
+            for (key, id) in log {
+                if let (false, Some(id)) = (holder.contains_key(key), id) {
+                    holder.insert(key.to_owned(), Value::String(id.to_owned()));
+                }
+            }
+        });
+    }
+    decode_envelope(backend, operation, value)
+}
+
+/// Call `f` on each object of a task log entry's JSON that names its task and thread: the
+/// message it carries, its status's message, and the entry itself unless it is a message
+/// entry (whose ids are its message's).
+fn for_each_id_holder(entry: &mut Value, mut f: impl FnMut(&mut Map<String, Value>)) {
+    let Some(entry) = entry.as_object_mut() else {
+        return;
+    };
+    if let Some(Value::Object(message)) = entry.get_mut("message") {
+        f(message);
+    }
+    if let Some(Value::Object(message)) = entry
+        .get_mut("status")
+        .and_then(|status| status.get_mut("message"))
+    {
+        f(message);
+    }
+    if entry.get("type").and_then(Value::as_str) != Some("message") {
+        f(entry);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_core::{Artifact, Message, Task};
+
+    /// A completed task's log: its message, its final status (which carries the answer) and
+    /// an artifact, each as the engine writes them.
+    fn log_of(task: &Task) -> Vec<TaskEvent> {
+        vec![
+            TaskEvent::Message {
+                message: task.history[0].clone(),
+            },
+            TaskEvent::status_of(task, true),
+            TaskEvent::ArtifactUpdate {
+                task_id: task.id.clone(),
+                thread_id: task.thread_id.clone(),
+                artifact: Artifact::text("answer"),
+                append: false,
+                last_chunk: true,
+            },
+        ]
+    }
+
+    #[test]
+    fn a_log_entry_is_stored_without_its_logs_ids_and_reads_back_whole() {
+        let mut task = Task::create(Message::user("hi"));
+        task.complete("answer").unwrap();
+        let (id, thread) = (&task.id, &task.thread_id);
+        for event in log_of(&task) {
+            let text = encode_task_event(&event, id, Some(thread)).unwrap();
+            assert!(!text.contains(id.as_str()), "{text}");
+            assert!(!text.contains(thread.as_str()), "{text}");
+            assert!(text.contains(r#""format":2"#), "{text}");
+            let back = decode_task_event("sqlite", "reading", &text, id, Some(thread)).unwrap();
+            assert_eq!(back, event);
+        }
+    }
+
+    #[test]
+    fn ids_that_are_not_the_logs_are_kept_and_a_missing_one_stays_missing() {
+        let mut task = Task::create(Message::user("hi"));
+        task.complete("answer").unwrap();
+        let other = Task::create(Message::user("elsewhere"));
+        let mut unplaced = Message::agent("no ids");
+        unplaced.task_id = None;
+        unplaced.thread_id = None;
+        let events = [
+            // Another task's message, logged here.
+            TaskEvent::Message {
+                message: other.history[0].clone(),
+            },
+            TaskEvent::Message { message: unplaced },
+        ];
+        for event in events {
+            // The writer does not know the thread: only the task's id is left out.
+            let text = encode_task_event(&event, &task.id, None).unwrap();
+            let back =
+                decode_task_event("redis", "reading", &text, &task.id, Some(&task.thread_id))
+                    .unwrap();
+            assert_eq!(back, event, "{text}");
+        }
+    }
+
+    #[test]
+    fn an_entry_of_format_1_reads_as_written() {
+        let task = Task::create(Message::user("hi"));
+        let mut unplaced = Message::agent("no ids");
+        unplaced.task_id = None;
+        let event = TaskEvent::Message { message: unplaced };
+        let mut value = stored::encode(&event).unwrap();
+        value["format"] = 1.into();
+        let text = value.to_string();
+        let back =
+            decode_task_event("sqlite", "reading", &text, &task.id, Some(&task.thread_id)).unwrap();
+        assert_eq!(back, event, "no id in format 1 means none, not the log's");
+    }
+
+    #[test]
+    fn an_entry_that_left_out_a_thread_the_store_does_not_know_is_a_storage_error() {
+        let task = Task::create(Message::user("hi"));
+        let event = TaskEvent::status_of(&task, false);
+        let text = encode_task_event(&event, &task.id, Some(&task.thread_id)).unwrap();
+        let err = decode_task_event("redis", "reading key `k`", &text, &task.id, None).unwrap_err();
+        assert!(
+            matches!(&err, AgentError::Storage { backend: "redis", operation, .. } if operation == "reading key `k`"),
+            "{err:?}"
+        );
+    }
 }

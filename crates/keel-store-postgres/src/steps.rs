@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
-use keel_runtime::{AuthContext, Lease, QueuedItem, StepStore};
+use keel_runtime::{encode_task_events, AuthContext, Lease, QueuedItem, StepStore};
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
 
@@ -55,9 +55,6 @@ const SAVE_AND_QUEUE: &str = concat!(
 SELECT (SELECT seq FROM queued)"
 );
 
-/// The snapshot columns [`PERSIST_STEP`] sets when it is given a task.
-type SnapshotColumns = (Option<&'static str>, Option<i64>, Option<String>);
-
 impl PostgresStore {
     /// [`StepStore::persist_step`], setting the task's snapshot columns when given.
     async fn write_step(
@@ -66,12 +63,16 @@ impl PostgresStore {
         lease: &Lease,
         history: &[LlmMessage],
         task_id: &TaskId,
-        (state, updated_at, body): SnapshotColumns,
+        task: Option<&Task>,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         // Encoded first, so an encoding error writes nothing.
         let history = encode_all(history)?;
-        let events = encode_all(events)?;
+        let events = encode_task_events(events, task_id, task.map(|t| &t.thread_id))?;
+        let (state, updated_at, body) = match task.map(snapshot_columns).transpose()? {
+            Some((state, updated_at, body)) => (Some(state), Some(updated_at), Some(body)),
+            None => (None, None, None),
+        };
         let row = self
             .fenced_row(
                 auth,
@@ -110,7 +111,7 @@ impl StepStore for PostgresStore {
         task_id: &TaskId,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
-        self.write_step(auth, lease, history, task_id, (None, None, None), events)
+        self.write_step(auth, lease, history, task_id, None, events)
             .await
     }
 
@@ -122,9 +123,7 @@ impl StepStore for PostgresStore {
         task: &Task,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
-        let (state, updated_at, body) = snapshot_columns(task)?;
-        let columns = (Some(state), Some(updated_at), Some(body));
-        self.write_step(auth, lease, history, &task.id, columns, events)
+        self.write_step(auth, lease, history, &task.id, Some(task), events)
             .await
     }
 

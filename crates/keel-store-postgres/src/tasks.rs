@@ -5,15 +5,17 @@
 //! the log, so concurrent appenders from several processes never collide.
 
 use async_trait::async_trait;
-use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
+use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, ThreadId};
 use keel_runtime::{
-    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
+    decode_task_event, encode_task_event, encode_task_events, updated_micros, AuthContext,
+    ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
 };
 use tokio_postgres::types::ToSql;
 
 use crate::codec::{
-    decode_record, encode_all, encode_record, query, query_one, select_record, to_sql_int, Arg,
+    decode_record, encode_record, query, query_one, select_record, to_sql_int, Arg,
 };
+use crate::error::BACKEND;
 use crate::PostgresStore;
 
 /// The `task` and `events` parts of a data-modifying `WITH`: insert or replace the snapshot
@@ -74,7 +76,7 @@ impl SnapshotArgs {
             state,
             updated_at,
             body,
-            events: encode_all(events)?,
+            events: encode_task_events(events, &task.id, Some(&task.thread_id))?,
         })
     }
 
@@ -114,7 +116,7 @@ const GET_TASK: &str = "SELECT body FROM tasks WHERE tenant = $1 AND task_id = $
 /// columns cannot use the log's key for the task id, and scanned all of the tenant's events
 /// (2.3 ms a read with 18,000 events stored, and growing with them).
 const GET_EVENTS: &str = "\
-SELECT e.seq, e.body FROM tasks t
+SELECT e.seq, e.body, t.thread_id FROM tasks t
 LEFT JOIN task_events e ON e.tenant = $1 AND e.task_id = $2
 WHERE t.tenant = $1 AND t.task_id = $2 ORDER BY e.seq";
 const TENANTS: &str = "SELECT DISTINCT tenant FROM tasks";
@@ -276,7 +278,7 @@ impl TaskManager for PostgresStore {
         task_id: &TaskId,
         event: &TaskEvent,
     ) -> AgentResult<()> {
-        let events = vec![encode_record(event)?];
+        let events = vec![encode_task_event(event, task_id, None)?];
         let client = self.client().await?;
         let found = query_one(
             &client,
@@ -307,14 +309,25 @@ impl TaskManager for PostgresStore {
             "reading task events",
         )
         .await?;
-        if rows.is_empty() {
+        let Some(thread_id) = rows
+            .first()
+            .map(|row| ThreadId::from(row.get::<_, String>(2)))
+        else {
             return Err(AgentError::TaskNotFound {
                 task_id: task_id.clone(),
             });
-        }
+        };
         rows.iter()
             .filter_map(|row| Some((row.get::<_, Option<i64>>(0)?, row.get::<_, String>(1))))
-            .map(|(seq, body)| decode_record(&body, &format!("event {seq} of task {task_id}")))
+            .map(|(seq, body)| {
+                decode_task_event(
+                    BACKEND,
+                    &format!("reading stored event {seq} of task {task_id}"),
+                    &body,
+                    task_id,
+                    Some(&thread_id),
+                )
+            })
             .collect()
     }
 }

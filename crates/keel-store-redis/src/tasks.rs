@@ -6,7 +6,8 @@
 use async_trait::async_trait;
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, TaskState, ThreadId};
 use keel_runtime::{
-    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
+    decode_task_event, encode_task_event, encode_task_events, updated_micros, AuthContext,
+    ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
 };
 
 use crate::encoding::{decode, encode};
@@ -25,7 +26,7 @@ impl RedisStore {
     ) -> AgentResult<()> {
         // Encoded before anything is sent, so an encoding error writes nothing.
         let snapshot = encode(&task.clone_without_history())?;
-        let events = events.iter().map(encode).collect::<AgentResult<Vec<_>>>()?;
+        let events = encode_task_events(events, &task.id, Some(&task.thread_id))?;
         // Noted before the save, so the tenant list never misses a tenant with tasks.
         self.note_tenant(auth).await?;
         let keys = self.keys(auth);
@@ -297,7 +298,7 @@ impl TaskManager for RedisStore {
         let length: i64 = scripts::ADD_TASK_EVENT
             .key(keys.of(kind::TASK, task_id.as_str()))
             .key(keys.of(kind::TASK_EVENTS, task_id.as_str()))
-            .arg(encode(event)?)
+            .arg(encode_task_event(event, task_id, None)?)
             .invoke_async(&mut self.con())
             .await
             .map_err(|e| self.fail("append task event", &e))?;
@@ -316,9 +317,11 @@ impl TaskManager for RedisStore {
     ) -> AgentResult<Vec<TaskEvent>> {
         let keys = self.keys(auth);
         let events_key = keys.of(kind::TASK_EVENTS, task_id.as_str());
-        let (exists, events): (bool, Vec<String>) = redis::pipe()
+        // The thread, from the task's index entry: the log leaves it out (decision 269).
+        let (exists, thread, events): (bool, Option<String>, Vec<String>) = redis::pipe()
             .atomic()
             .exists(keys.of(kind::TASK, task_id.as_str()))
+            .hget(keys.of(kind::TASK_META, task_id.as_str()), "thread")
             .lrange(&events_key, 0, -1)
             .query_async(&mut self.con())
             .await
@@ -328,9 +331,13 @@ impl TaskManager for RedisStore {
                 task_id: task_id.clone(),
             });
         }
+        let thread = thread.map(ThreadId::from);
         events
             .iter()
-            .map(|event| decode(&events_key, event))
+            .map(|event| {
+                let operation = format!("reading key `{events_key}`");
+                decode_task_event("redis", &operation, event, task_id, thread.as_ref())
+            })
             .collect()
     }
 }

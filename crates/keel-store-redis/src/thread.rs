@@ -7,8 +7,8 @@ use chrono::{DateTime, Utc};
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, AgentResult, ThreadId};
 use keel_runtime::{
-    AuthContext, ChildThread, HistoryEntry, Lease, QueuedItem, SubagentRegistry, ThreadHistory,
-    ThreadKv, ThreadQueue,
+    encode_task_events, AuthContext, ChildThread, HistoryEntry, Lease, QueuedItem,
+    SubagentRegistry, ThreadHistory, ThreadKv, ThreadQueue,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -449,7 +449,9 @@ impl keel_runtime::StepStore for RedisStore {
             .key(keys.of(kind::TASK_EVENTS, task_id.as_str()))
             .arg(history.len());
         push_encoded(&mut call, history)?;
-        push_encoded(&mut call, events)?;
+        for event in encode_task_events(events, task_id, None)? {
+            call.arg(event);
+        }
         // History and task log of one persist point in one EVALSHA: both land, or neither.
         let outcome = self.invoke_fenced(call, "persist step").await?;
         match outcome {

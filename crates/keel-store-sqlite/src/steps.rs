@@ -4,13 +4,13 @@
 
 use async_trait::async_trait;
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
-use keel_runtime::{AuthContext, Lease, QueuedItem, StepStore};
+use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, ThreadId};
+use keel_runtime::{encode_task_events, AuthContext, Lease, QueuedItem, StepStore};
 use serde_json::Value;
 
 use crate::codec::encode_record;
 use crate::leases::check_fence;
-use crate::tasks::{append_task_events, encode_events, task_exists, SnapshotRow};
+use crate::tasks::{append_task_events, task_exists, SnapshotRow};
 use crate::threads::{append_history_rows, QueueRow};
 use crate::SqliteStore;
 
@@ -24,14 +24,19 @@ impl SqliteStore {
         lease: &Lease,
         history: &[LlmMessage],
         task_id: &TaskId,
-        snapshot: Option<SnapshotRow>,
+        snapshot: Option<(SnapshotRow, &ThreadId)>,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         let history = history
             .iter()
             .map(encode_record)
             .collect::<AgentResult<Vec<_>>>()?;
-        let events = encode_events(events)?;
+        let events = encode_task_events(
+            events,
+            task_id,
+            snapshot.as_ref().map(|(_, thread)| *thread),
+        )?;
+        let snapshot = snapshot.map(|(row, _)| row);
         let (tenant, lease, task_id) = (auth.namespace(), lease.clone(), task_id.clone());
         self.write(move |conn| {
             check_fence(conn, &tenant, &lease)?;
@@ -71,6 +76,7 @@ impl StepStore for SqliteStore {
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         let snapshot = SnapshotRow::new(auth, task)?;
+        let snapshot = (snapshot, &task.thread_id);
         self.write_step(auth, lease, history, &task.id, Some(snapshot), events)
             .await
     }
@@ -83,7 +89,7 @@ impl StepStore for SqliteStore {
         payload: Value,
     ) -> AgentResult<QueuedItem> {
         let snapshot = SnapshotRow::new(auth, task)?;
-        let events = encode_events(events)?;
+        let events = encode_task_events(events, &task.id, Some(&task.thread_id))?;
         let item = QueueRow::new(auth, &task.thread_id, &payload)?;
         // One job: the task, its log entries and its queue item commit together.
         self.write(move |conn| {

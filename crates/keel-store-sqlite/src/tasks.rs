@@ -1,15 +1,16 @@
 //! [`TaskManager`] over SQLite: task snapshots in `tasks`, their event logs in `task_events`.
 
 use async_trait::async_trait;
-use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
+use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, ThreadId};
 use keel_runtime::{
-    updated_micros, AuthContext, ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
+    decode_task_event, encode_task_event, encode_task_events, updated_micros, AuthContext,
+    ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
 };
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection};
 
 use crate::codec::{
-    decode_record, encode_record, select_count, select_record, select_rows, to_sql_int,
+    decode_record, encode_record, select_count, select_record, select_row, select_rows, to_sql_int,
     usize_to_sql, SqlContext,
 };
 use crate::SqliteStore;
@@ -18,6 +19,17 @@ pub(crate) fn task_exists(conn: &Connection, tenant: &str, task_id: &TaskId) -> 
     conn.prepare_cached("SELECT 1 FROM tasks WHERE tenant = ?1 AND task_id = ?2")
         .and_then(|mut stmt| stmt.exists(params![tenant, task_id.as_str()]))
         .context("looking up a task")
+}
+
+/// The thread of a task, or `None` when there is no such task.
+fn task_thread(conn: &Connection, tenant: &str, task_id: &TaskId) -> AgentResult<Option<ThreadId>> {
+    select_row(
+        conn,
+        "SELECT thread_id FROM tasks WHERE tenant = ?1 AND task_id = ?2",
+        params![tenant, task_id.as_str()],
+        |row| row.get::<_, String>(0).map(ThreadId::from),
+        "looking up a task",
+    )
 }
 
 /// A task snapshot ready to be written: encoded (without history) and with the columns the
@@ -69,11 +81,6 @@ impl SnapshotRow {
         .context("saving a task")?;
         Ok(())
     }
-}
-
-/// Encode task events for [`append_task_events`].
-pub(crate) fn encode_events(events: &[TaskEvent]) -> AgentResult<Vec<String>> {
-    events.iter().map(encode_record).collect()
 }
 
 /// Append encoded events to a task's log, after its last one. The caller checks that the
@@ -257,7 +264,7 @@ impl TaskManager for SqliteStore {
     ) -> AgentResult<()> {
         // Everything is encoded before the job is sent, so an encoding error writes nothing.
         let row = SnapshotRow::new(auth, task)?;
-        let bodies = encode_events(events)?;
+        let bodies = encode_task_events(events, &task.id, Some(&task.thread_id))?;
         // One job: one savepoint, so the snapshot and the events commit (or roll back)
         // together, and one place in the writer's queue instead of 1 + N.
         self.write(move |conn| {
@@ -273,7 +280,7 @@ impl TaskManager for SqliteStore {
         task_id: &TaskId,
         event: &TaskEvent,
     ) -> AgentResult<()> {
-        let body = encode_record(event)?;
+        let body = encode_task_event(event, task_id, None)?;
         let (tenant, task_id) = (auth.namespace(), task_id.clone());
         self.write(move |conn| {
             if !task_exists(conn, &tenant, &task_id)? {
@@ -291,9 +298,9 @@ impl TaskManager for SqliteStore {
     ) -> AgentResult<Vec<TaskEvent>> {
         let (tenant, task_id) = (auth.namespace(), task_id.clone());
         self.read(move |conn| {
-            if !task_exists(conn, &tenant, &task_id)? {
+            let Some(thread_id) = task_thread(conn, &tenant, &task_id)? else {
                 return Err(AgentError::TaskNotFound { task_id });
-            }
+            };
             let rows: Vec<(i64, String)> = select_rows(
                 conn,
                 "SELECT seq, body FROM task_events WHERE tenant = ?1 AND task_id = ?2 \
@@ -303,7 +310,15 @@ impl TaskManager for SqliteStore {
                 "reading task events",
             )?;
             rows.into_iter()
-                .map(|(seq, body)| decode_record(&body, &format!("event {seq} of task {task_id}")))
+                .map(|(seq, body)| {
+                    decode_task_event(
+                        "sqlite",
+                        &format!("reading stored event {seq} of task {task_id}"),
+                        &body,
+                        &task_id,
+                        Some(&thread_id),
+                    )
+                })
                 .collect()
         })
         .await
