@@ -11,7 +11,7 @@
 //! ```
 
 use serde::{de::DeserializeOwned, Serialize};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::{AgentError, AgentResult};
 
@@ -46,6 +46,39 @@ pub fn decode<T: DeserializeOwned>(stored: Value) -> AgentResult<T> {
     let data = map.remove("data").unwrap_or(Value::Null);
     serde_json::from_value(data)
         .map_err(|e| AgentError::storage(format!("stored record is malformed: {e}")))
+}
+
+/// Leave out of `holder` (an object of a record's stored JSON) each of `ids` (key and value)
+/// whose value is the one given, because the record says it elsewhere; write `null` for one
+/// it does not name, since a missing one reads back as the given one ([`fill_in_ids`]).
+pub fn leave_out_ids(holder: &mut Map<String, Value>, ids: &[(&str, Option<&str>)]) {
+    for &(key, id) in ids {
+        match holder.get(key) {
+            Some(Value::String(own)) if Some(own.as_str()) == id => {
+                holder.remove(key);
+            }
+            None => {
+                holder.insert(key.to_owned(), Value::Null);
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// The reverse of [`leave_out_ids`]: a missing id is the given one (when it is known), and a
+/// `null` one none (left out again, as the value was written: some holders are kept as JSON).
+pub fn fill_in_ids(holder: &mut Map<String, Value>, ids: &[(&str, Option<&str>)]) {
+    for &(key, id) in ids {
+        match (holder.get(key), id) {
+            (Some(Value::Null), _) => {
+                holder.remove(key);
+            }
+            (None, Some(id)) => {
+                holder.insert(key.to_owned(), Value::String(id.to_owned()));
+            }
+            _ => {}
+        }
+    }
 }
 
 /// JSON text that is known to be well-formed: written by serializing a value, or checked

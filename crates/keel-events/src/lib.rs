@@ -44,6 +44,7 @@ mod report;
 mod sink;
 mod spans;
 mod stored;
+mod summary;
 
 pub use assertions::{assert_budget_under, assert_no_denied_actions, assert_run_events, Match};
 pub use emitter::EventEmitter;

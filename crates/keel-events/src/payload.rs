@@ -36,7 +36,7 @@ use keel_core::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{EventType, RunEvent, RunEventBuilder, Severity};
+use crate::{summary, EventType, RunEvent, RunEventBuilder, Severity};
 
 mod effects;
 mod engine;
@@ -261,7 +261,7 @@ impl RunEvent {
             TaskState::Failed => Severity::Error,
             _ => Severity::Info,
         };
-        RunEvent::builder(EventType::TASK_STATUS, format!("task {}", state.as_str()))
+        RunEvent::builder(EventType::TASK_STATUS, summary::task_status(state))
             .payload_from(payload)
             .severity(severity)
             .final_boundary(is_final)
@@ -338,7 +338,7 @@ impl RunEvent {
     /// `task.artifact`.
     pub fn task_artifact(artifact: &Artifact, append: bool, last_chunk: bool) -> RunEventBuilder {
         let name = artifact.name.as_deref().unwrap_or(artifact.kind.as_str());
-        let mut builder = RunEvent::builder(EventType::TASK_ARTIFACT, format!("artifact {name}"))
+        let mut builder = RunEvent::builder(EventType::TASK_ARTIFACT, summary::task_artifact(name))
             .payload_from(TaskArtifactPayload {
                 artifact: artifact.clone(),
                 append,
@@ -354,10 +354,7 @@ impl RunEvent {
     pub fn context_prepared(manifest: &ContextManifest) -> RunEventBuilder {
         RunEvent::builder(
             EventType::CONTEXT_PREPARED,
-            format!(
-                "context prepared: ~{} tokens",
-                manifest.total_estimated_tokens
-            ),
+            summary::context_prepared(manifest.total_estimated_tokens),
         )
         .payload_from(ContextPreparedPayload {
             manifest: manifest.clone(),
@@ -366,27 +363,27 @@ impl RunEvent {
 
     /// `llm.call.started`.
     pub fn llm_call_started(payload: LlmCallStartedPayload) -> RunEventBuilder {
-        let model = payload.model.as_deref().unwrap_or("model");
-        RunEvent::builder(EventType::LLM_CALL_STARTED, format!("calling {model}"))
-            .payload_from(payload)
+        let summary = summary::llm_call_started(payload.model.as_deref());
+        RunEvent::builder(EventType::LLM_CALL_STARTED, summary).payload_from(payload)
     }
 
     /// `llm.call.completed`.
     pub fn llm_call_completed(payload: LlmCallCompletedPayload) -> RunEventBuilder {
-        let summary = format!(
-            "{} answered: {} in / {} out tokens",
-            payload.model.as_deref().unwrap_or("model"),
+        let summary = summary::llm_call_completed(
+            payload.model.as_deref(),
             payload.input_tokens,
-            payload.output_tokens
+            payload.output_tokens,
         );
         RunEvent::builder(EventType::LLM_CALL_COMPLETED, summary).payload_from(payload)
     }
 
     /// `llm.stream`.
     pub fn llm_stream(delta: impl Into<String>) -> RunEventBuilder {
-        RunEvent::builder(EventType::LLM_STREAM, "model output").payload_from(LlmStreamPayload {
-            delta: delta.into(),
-        })
+        RunEvent::builder(EventType::LLM_STREAM, summary::LLM_STREAM).payload_from(
+            LlmStreamPayload {
+                delta: delta.into(),
+            },
+        )
     }
 
     /// `budget.warning`.
@@ -548,6 +545,10 @@ pub(crate) mod tests {
         assert_eq!(event.summary, summary, "{name}");
         assert_eq!(event.payload, payload, "{name}");
         assert_eq!(&event.payload_as::<T>().unwrap(), typed, "{name}");
+        // Decision 270: a summary rendered from the payload is the constructor's own.
+        if let Some(rendered) = crate::summary::of(&event.event_type, &event.payload) {
+            assert_eq!(rendered, summary, "{name}");
+        }
     }
 
     #[test]

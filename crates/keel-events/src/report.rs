@@ -255,7 +255,11 @@ impl RunReport {
     /// [`AgentError::InvalidInput`] too.
     pub fn from_value(value: Value) -> AgentResult<RunReport> {
         let found = value.get("version").cloned().unwrap_or(Value::Null);
-        if found.as_u64() == Some(u64::from(crate::STORED_RUN_VERSION)) {
+        let stored_version = |v: &u32| found.as_u64() == Some(u64::from(*v));
+        if crate::stored::READ_STORED_RUN_VERSIONS
+            .iter()
+            .any(stored_version)
+        {
             let stored = StoredRun::deserialize(value)
                 .map_err(|e| AgentError::invalid_input("run_report", e.to_string()))?;
             let (events, metadata) = stored.into_events();
@@ -268,8 +272,8 @@ impl RunReport {
                 "run_report.version",
                 format!(
                     "a run report of version {found} cannot be read: this Keel reads version \
-                     {RUN_REPORT_VERSION} (and version {}, the form it stores)",
-                    crate::STORED_RUN_VERSION
+                     {RUN_REPORT_VERSION} (and versions {:?}, the forms it stores)",
+                    crate::stored::READ_STORED_RUN_VERSIONS
                 ),
             ));
         }

@@ -6,17 +6,25 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use keel_core::{ActionId, BudgetUsage, Metadata, RunContext, RunId, TaskId, TaskState, ThreadId};
+use keel_core::{
+    stored, ActionId, BudgetUsage, Metadata, RunContext, RunId, TaskId, TaskState, ThreadId,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::event::rfc3339;
-use crate::{EventType, RunEvent, RunReport, RunSpans, Severity, RUN_EVENT_VERSION};
+use crate::{summary, EventType, RunEvent, RunReport, RunSpans, Severity, RUN_EVENT_VERSION};
 
 /// The version of the stored form of a run, which `RunStore` rows written by
 /// [`ReportWriter`](crate::ReportWriter) carry. Reading one renders the [`RunReport`] of
-/// version [`RUN_REPORT_VERSION`](crate::RUN_REPORT_VERSION).
-pub const STORED_RUN_VERSION: u32 = 8;
+/// version [`RUN_REPORT_VERSION`](crate::RUN_REPORT_VERSION). Version 9 (decision 270) leaves
+/// out an event's summary when its payload gives it; version 8, which always wrote it, is
+/// read as well ([`READ_STORED_RUN_VERSIONS`]).
+pub const STORED_RUN_VERSION: u32 = 9;
+
+/// The stored run versions this Keel reads: its own and the one before, whose events differ
+/// only in always carrying their summary.
+pub const READ_STORED_RUN_VERSIONS: [u32; 2] = [8, STORED_RUN_VERSION];
 
 /// A run as stored: its ids, where it ended, what it used and when, and its events.
 #[serde_with::skip_serializing_none]
@@ -73,8 +81,8 @@ pub(crate) struct StoredEvent {
     delegation_id: Option<String>,
     #[serde(default, skip_serializing_if = "Severity::is_info")]
     severity: Severity,
-    #[serde(default)]
-    summary: String,
+    /// Left out when it is the one [`summary::of`] renders from the payload (decision 270).
+    summary: Option<String>,
     #[serde(default)]
     payload: Value,
     #[serde(rename = "final", default, skip_serializing_if = "std::ops::Not::not")]
@@ -151,6 +159,13 @@ impl StoredRun {
                 true => (None, None),
                 false => (event.span_id, event.parent_span_id),
             };
+            let mut payload = event.payload;
+            if event.event_type == EventType::CONTEXT_PREPARED {
+                leave_out_run_ids(&mut payload, &run);
+            }
+            let derived = summary::of(&event.event_type, &payload);
+            let summary =
+                (derived.as_deref() != Some(event.summary.as_str())).then_some(event.summary);
             run.events.push(StoredEvent {
                 version: (event.version != RUN_EVENT_VERSION).then_some(event.version),
                 event_type: event.event_type,
@@ -167,8 +182,8 @@ impl StoredRun {
                 parent_action_id: event.parent_action_id,
                 delegation_id: event.delegation_id,
                 severity: event.severity,
-                summary: event.summary,
-                payload: event.payload,
+                summary,
+                payload,
                 is_final: event.is_final,
                 elapsed_ns: elapsed.filter(|n| *n != 0),
                 timestamp: elapsed.is_none().then_some(event.timestamp),
@@ -179,6 +194,8 @@ impl StoredRun {
 
     /// The run's events, each with what it shares with the run filled in again.
     pub(crate) fn into_events(self) -> (Vec<RunEvent>, Metadata) {
+        // Version 8 wrote a manifest's ids whole: none there means none.
+        let manifests_leave_ids_out = self.version >= 9;
         let StoredRun {
             run_id,
             task_id,
@@ -205,6 +222,13 @@ impl StoredRun {
         ) -> Option<T> {
             run.filter(|_| !events.iter().any(field))
         }
+        // What a `context.prepared` manifest left out, before `fill` narrows them to the
+        // fields every event shares.
+        let run_ids = (
+            run_id.as_ref().map(|id| id.as_str().to_owned()),
+            thread_id.as_ref().map(|id| id.as_str().to_owned()),
+            agent_name.clone(),
+        );
         let run_id = fill(&events, run_id, |e| e.run_id.is_some());
         let task_id = fill(&events, task_id, |e| e.task_id.is_some());
         let thread_id = fill(&events, thread_id, |e| e.thread_id.is_some());
@@ -223,6 +247,15 @@ impl StoredRun {
                     }
                     None => (e.span_id, e.parent_span_id),
                 };
+                // Written when it is not the one its payload gives (version 9), or always (8).
+                let mut payload = e.payload;
+                if manifests_leave_ids_out && e.event_type == EventType::CONTEXT_PREPARED {
+                    fill_in_run_ids(&mut payload, [&run_ids.0, &run_ids.1, &run_ids.2]);
+                }
+                let summary = e
+                    .summary
+                    .or_else(|| summary::of(&e.event_type, &payload))
+                    .unwrap_or_default();
                 RunEvent {
                     version: e.version.unwrap_or(RUN_EVENT_VERSION),
                     event_type: e.event_type,
@@ -240,8 +273,8 @@ impl StoredRun {
                     parent_action_id: e.parent_action_id,
                     delegation_id: e.delegation_id,
                     severity: e.severity,
-                    summary: e.summary,
-                    payload: e.payload,
+                    summary,
+                    payload,
                     is_final: e.is_final,
                     // Written with one or the other; a row that has neither reads as the epoch
                     // rather than not at all.
@@ -275,4 +308,34 @@ fn rfc3339_opt<S: serde::Serializer>(
         Some(time) => rfc3339(time, serializer),
         None => serializer.serialize_none(),
     }
+}
+
+/// Leave out of a `context.prepared` payload's manifest each id that is the run's; one the
+/// manifest does not name is written `null`, since a missing one reads back as the run's.
+fn leave_out_run_ids(payload: &mut Value, run: &StoredRun) {
+    if let Some(manifest) = payload.get_mut("manifest").and_then(Value::as_object_mut) {
+        let run_ids = [
+            run.run_id.as_ref().map(|id| id.as_str()),
+            run.thread_id.as_ref().map(|id| id.as_str()),
+            run.agent_name.as_deref(),
+        ];
+        stored::leave_out_ids(manifest, &manifest_ids(run_ids));
+    }
+}
+
+/// The reverse of [`leave_out_run_ids`]: a missing id is the run's, a `null` one none.
+fn fill_in_run_ids(payload: &mut Value, run_ids: [&Option<String>; 3]) {
+    if let Some(manifest) = payload.get_mut("manifest").and_then(Value::as_object_mut) {
+        stored::fill_in_ids(manifest, &manifest_ids(run_ids.map(Option::as_deref)));
+    }
+}
+
+/// The ids a `context.prepared` manifest names and its run's stored form names once
+/// (decision 270), each with the run's value.
+fn manifest_ids([run, thread, agent]: [Option<&str>; 3]) -> [(&'static str, Option<&str>); 3] {
+    [
+        ("run_id", run),
+        ("thread_id", thread),
+        ("agent_name", agent),
+    ]
 }

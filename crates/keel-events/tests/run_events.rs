@@ -990,3 +990,70 @@ async fn stored_events_leave_out_only_the_ids_all_of_them_share() {
     );
     assert_eq!(read(&json), report);
 }
+
+/// Decision 270: an event's summary that its payload gives is left out of the stored run and
+/// rendered again on reading; a summary its emitter wrote by hand is kept; a run stored by
+/// the version before, with every summary, reads as it was written.
+#[tokio::test]
+async fn stored_events_leave_out_the_summaries_their_payloads_give() {
+    let (_, mut events) = recorded_run().await;
+    let status = events.iter().position(|e| e.is("task.status")).unwrap();
+    events[status].summary = "a summary of the emitter's own".into();
+    // The manifest names its run and thread, as the engine's do, but no agent.
+    let first = events[0].clone();
+    let prepared_at = events
+        .iter()
+        .position(|e| e.is("context.prepared"))
+        .unwrap();
+    let manifest = &mut events[prepared_at].payload["manifest"];
+    manifest["run_id"] = json!(first.run_id);
+    manifest["thread_id"] = json!(first.thread_id.expect("the script names its thread"));
+    manifest.as_object_mut().unwrap().remove("agent_name");
+    let recorder = recorder_of(&events).await;
+    let report = recorder.report();
+    let json: serde_json::Value =
+        serde_json::from_str(recorder.take_report_json().unwrap().as_str()).unwrap();
+    let stored = json["events"].as_array().unwrap();
+    let derived = ["llm.call.started", "llm.call.completed", "context.prepared"];
+    for kind in derived {
+        let event = stored.iter().find(|e| e["type"] == kind).unwrap();
+        assert!(event.get("summary").is_none(), "{event}");
+    }
+    assert_eq!(stored[status]["summary"], "a summary of the emitter's own");
+    let back = read(&json);
+    assert_eq!(back, report);
+    for (read_back, live) in back.events.iter().zip(&events) {
+        assert_eq!(read_back.summary, live.summary, "{}", live.event_type);
+    }
+    // The manifest names the run's ids once, in the run (and none it does not have).
+    let prepared = stored
+        .iter()
+        .find(|e| e["type"] == "context.prepared")
+        .unwrap();
+    let manifest = &prepared["payload"]["manifest"];
+    let live = events.iter().find(|e| e.is("context.prepared")).unwrap();
+    for id in ["run_id", "thread_id", "agent_name"] {
+        match live.payload["manifest"].get(id) {
+            Some(_) => assert!(manifest.get(id).is_none(), "{id} in {manifest}"),
+            None => assert_eq!(manifest[id], json!(null), "{id}: none is said"),
+        }
+    }
+    assert!(
+        live.payload["manifest"].get("run_id").is_some(),
+        "the script names its run"
+    );
+    let back_prepared = back
+        .events
+        .iter()
+        .find(|e| e.is("context.prepared"))
+        .unwrap();
+    assert_eq!(back_prepared.payload, live.payload);
+    // Version 8 always wrote the summary: such a run reads as written.
+    let mut version_8 = json.clone();
+    version_8["version"] = json!(8);
+    for event in version_8["events"].as_array_mut().unwrap() {
+        event["summary"] = json!("as stored");
+    }
+    let old = read(&version_8);
+    assert!(old.events.iter().all(|e| e.summary == "as stored"));
+}

@@ -61,7 +61,8 @@ pub use run_store::{
 pub use services::Services;
 pub use step::StepStore;
 pub use stored_text::{
-    decode_record, decode_task_event, encode_record, encode_task_event, encode_task_events,
+    decode_record, decode_task_event, decode_task_snapshot, encode_record, encode_task_event,
+    encode_task_events, encode_task_snapshot,
 };
 pub use task_manager::{
     attach_history, list_all_tasks, load_task_with_history, updated_micros, InMemoryTaskManager,

@@ -2,7 +2,7 @@
 //! ([`keel_core::stored`]) written as a string, and read back with an error that says which
 //! backend held bad data and where, so an operator can find it.
 
-use keel_core::{stored, AgentError, AgentResult, TaskEvent, TaskId, ThreadId};
+use keel_core::{stored, AgentError, AgentResult, Task, TaskEvent, TaskId, ThreadId};
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::{Map, Value};
 
@@ -89,19 +89,7 @@ pub fn encode_task_event(
     let Some(data) = value.get_mut("data") else {
         return Err(AgentError::internal("a stored envelope without its data"));
     };
-    for_each_id_holder(data, |holder| {
-        for (key, id) in log {
-            match holder.get(key) {
-                Some(Value::String(own)) if Some(own.as_str()) == id => {
-                    holder.remove(key);
-                }
-                None => {
-                    holder.insert(key.to_owned(), Value::Null);
-                }
-                Some(_) => {}
-            }
-        }
-    });
+    for_each_id_holder(data, |holder| stored::leave_out_ids(holder, &log));
     serde_json::to_string(&value).map_err(AgentError::internal)
 }
 
@@ -133,19 +121,107 @@ pub fn decode_task_event(
     // Format 1 wrote every id, and no id there means none.
     let leaves_ids_out = value.get("format").and_then(Value::as_u64) >= Some(2);
     if let Some(data) = value.get_mut("data").filter(|_| leaves_ids_out) {
-        for_each_id_holder(data, |holder| {
-            let log = [
-                ("task_id", Some(task_id.as_str())),
-                ("thread_id", thread_id.map(ThreadId::as_str)),
-            ];
-            for (key, id) in log {
-                if let (false, Some(id)) = (holder.contains_key(key), id) {
-                    holder.insert(key.to_owned(), Value::String(id.to_owned()));
-                }
-            }
-        });
+        let log = [
+            ("task_id", Some(task_id.as_str())),
+            ("thread_id", thread_id.map(ThreadId::as_str)),
+        ];
+        for_each_id_holder(data, |holder| stored::fill_in_ids(holder, &log));
     }
     decode_envelope(backend, operation, value)
+}
+
+/// A task's snapshot (without its history, which its log holds) as stored-JSON text, without
+/// what the snapshot says twice (decision 269): its status message's task and thread ids
+/// when they are the task's, its run context's thread when it is the task's, and each state
+/// transition's previous state when it is the state the transition before left (the first's:
+/// `submitted`). [`decode_task_snapshot`] puts them back.
+///
+/// ```
+/// use keel_core::{Message, RunContext, Task};
+/// use keel_runtime::{decode_task_snapshot, encode_task_snapshot};
+/// let mut task = Task::create(Message::user("hi"));
+/// RunContext::new().attach_to_task(&mut task)?;
+/// task.complete("done")?;
+/// let text = encode_task_snapshot(&task)?;
+/// assert_eq!(text.matches(task.thread_id.as_str()).count(), 1);
+/// let back = decode_task_snapshot("sqlite", "reading a task", &text)?;
+/// assert_eq!(back, task.clone_without_history());
+/// # Ok::<(), keel_core::AgentError>(())
+/// ```
+pub fn encode_task_snapshot(task: &Task) -> AgentResult<String> {
+    let mut value = stored::encode(&task.clone_without_history())?;
+    let log = [
+        ("task_id", Some(task.id.as_str())),
+        ("thread_id", Some(task.thread_id.as_str())),
+    ];
+    if let Some(data) = value.get_mut("data") {
+        for_each_snapshot_copy(data, |holder, ids| stored::leave_out_ids(holder, &log[ids]));
+        let mut before = Value::from("submitted");
+        for transition in transitions(data) {
+            let new_state = transition.get("new_state").cloned().unwrap_or(Value::Null);
+            if transition.get("previous_state") == Some(&before) {
+                transition.remove("previous_state");
+            }
+            before = new_state;
+        }
+    }
+    serde_json::to_string(&value).map_err(AgentError::internal)
+}
+
+/// Decode a task snapshot that `backend` read while doing `operation`, putting back what
+/// [`encode_task_snapshot`] left out. A snapshot of format 1 reads as it was written.
+pub fn decode_task_snapshot(
+    backend: &'static str,
+    operation: &str,
+    text: &str,
+) -> AgentResult<Task> {
+    let mut value = parse(backend, operation, text)?;
+    let leaves_out = value.get("format").and_then(Value::as_u64) >= Some(2);
+    if let Some(data) = value.get_mut("data").filter(|_| leaves_out) {
+        let id = |key: &str| data.get(key).and_then(Value::as_str).map(str::to_owned);
+        let (task_id, thread_id) = (id("id"), id("thread_id"));
+        let log = [
+            ("task_id", task_id.as_deref()),
+            ("thread_id", thread_id.as_deref()),
+        ];
+        for_each_snapshot_copy(data, |holder, ids| stored::fill_in_ids(holder, &log[ids]));
+        let mut before = Value::from("submitted");
+        for transition in transitions(data) {
+            let new_state = transition.get("new_state").cloned().unwrap_or(Value::Null);
+            transition.entry("previous_state").or_insert(before);
+            before = new_state;
+        }
+    }
+    decode_envelope(backend, operation, value)
+}
+
+/// Call `f` on each object of a snapshot's JSON that repeats the task's ids, with which of
+/// (task id, thread id) it repeats: its status message both, its run context the thread.
+fn for_each_snapshot_copy(
+    data: &mut Value,
+    mut f: impl FnMut(&mut Map<String, Value>, std::ops::Range<usize>),
+) {
+    if let Some(Value::Object(message)) = data
+        .get_mut("status")
+        .and_then(|status| status.get_mut("message"))
+    {
+        f(message, 0..2);
+    }
+    if let Some(Value::Object(context)) = data
+        .get_mut("metadata")
+        .and_then(|metadata| metadata.get_mut(keel_core::RUN_CONTEXT_KEY))
+    {
+        f(context, 1..2);
+    }
+}
+
+/// The state transitions of a snapshot's JSON, as objects.
+fn transitions(data: &mut Value) -> impl Iterator<Item = &mut Map<String, Value>> {
+    data.get_mut("state_history")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object_mut)
 }
 
 /// Call `f` on each object of a task log entry's JSON that names its task and thread: the
@@ -256,5 +332,52 @@ mod tests {
             matches!(&err, AgentError::Storage { backend: "redis", operation, .. } if operation == "reading key `k`"),
             "{err:?}"
         );
+    }
+
+    /// `task` with `message` as its status message (a field only the task's own methods set).
+    fn with_status_message(task: &Task, message: Message) -> Task {
+        let mut value = serde_json::to_value(task).unwrap();
+        value["status"]["message"] = serde_json::to_value(message).unwrap();
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_snapshot_says_each_id_and_state_once_and_reads_back_whole() {
+        let mut task = Task::create(Message::user("hi"));
+        keel_core::RunContext::new()
+            .attach_to_task(&mut task)
+            .unwrap();
+        task.complete("answer").unwrap();
+        let text = encode_task_snapshot(&task).unwrap();
+        assert_eq!(text.matches(task.id.as_str()).count(), 1, "{text}");
+        assert_eq!(text.matches(task.thread_id.as_str()).count(), 1, "{text}");
+        assert!(!text.contains("previous_state"), "{text}");
+        let back = decode_task_snapshot("sqlite", "reading", &text).unwrap();
+        assert_eq!(back, task.clone_without_history());
+
+        // What is not the task's own stays as it was: another task's message, a context
+        // with no thread, a history that does not start from `submitted`.
+        let other = Task::create(Message::user("elsewhere"));
+        let mut task = with_status_message(&task, other.history[0].clone());
+        let mut context = keel_core::RunContext::from_task(&task).unwrap().unwrap();
+        context.thread_id = None;
+        let value = serde_json::to_value(&context).unwrap();
+        task.metadata
+            .insert(keel_core::RUN_CONTEXT_KEY.into(), value);
+        task.state_history[0].previous_state = keel_core::TaskState::InputRequired;
+        let text = encode_task_snapshot(&task).unwrap();
+        let back = decode_task_snapshot("redis", "reading", &text).unwrap();
+        assert_eq!(back, task.clone_without_history());
+    }
+
+    #[test]
+    fn a_snapshot_of_format_1_reads_as_written() {
+        let mut unplaced = Message::agent("no ids");
+        unplaced.task_id = None;
+        let task = with_status_message(&Task::create(Message::user("hi")), unplaced);
+        let mut value = stored::encode(&task.clone_without_history()).unwrap();
+        value["format"] = 1.into();
+        let back = decode_task_snapshot("sqlite", "reading", &value.to_string()).unwrap();
+        assert_eq!(back, task.clone_without_history());
     }
 }

@@ -23,6 +23,11 @@ pub(crate) fn decode_record<T: DeserializeOwned>(text: &str, what: &str) -> Agen
     keel_runtime::decode_record(BACKEND, &format!("reading stored {what}"), text)
 }
 
+/// Decode a task snapshot read from a column (decision 269); `what` names it in errors.
+pub(crate) fn decode_task(text: &str, what: &str) -> AgentResult<keel_core::Task> {
+    keel_runtime::decode_task_snapshot(BACKEND, &format!("reading stored {what}"), text)
+}
+
 /// Every record of `records`, encoded.
 pub(crate) fn encode_all<T: Serialize>(records: &[T]) -> AgentResult<Vec<String>> {
     records.iter().map(encode_record).collect()

@@ -7,14 +7,12 @@
 use async_trait::async_trait;
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, ThreadId};
 use keel_runtime::{
-    decode_task_event, encode_task_event, encode_task_events, updated_micros, AuthContext,
-    ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
+    decode_task_event, encode_task_event, encode_task_events, encode_task_snapshot, updated_micros,
+    AuthContext, ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
 };
 use tokio_postgres::types::ToSql;
 
-use crate::codec::{
-    decode_record, encode_record, query, query_one, select_record, to_sql_int, Arg,
-};
+use crate::codec::{decode_task, query, query_one, to_sql_int, Arg};
 use crate::error::BACKEND;
 use crate::PostgresStore;
 
@@ -62,7 +60,7 @@ pub(crate) fn snapshot_columns(task: &Task) -> AgentResult<(&'static str, i64, S
     Ok((
         task.state().as_str(),
         updated_micros(task),
-        encode_record(&task.clone_without_history())?,
+        encode_task_snapshot(task)?,
     ))
 }
 
@@ -174,15 +172,15 @@ impl TaskManager for PostgresStore {
     }
 
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
-        let client = self.client().await?;
-        select_record(
-            &client,
-            GET_TASK,
-            &[&auth.namespace(), &task_id.as_str()],
-            "reading a task",
-            &format!("task {task_id}"),
-        )
-        .await
+        let row = self
+            .query_opt(
+                GET_TASK,
+                &[&auth.namespace(), &task_id.as_str()],
+                "reading a task",
+            )
+            .await?;
+        row.map(|row| decode_task(row.get(0), &format!("task {task_id}")))
+            .transpose()
     }
 
     async fn list_tasks(
@@ -211,10 +209,7 @@ impl TaskManager for PostgresStore {
                     .await?;
                 Page::from_rows(rows, page_size, total, |row| {
                     let seq: i64 = row.get(0);
-                    Ok((
-                        decode_record(row.get(1), &format!("task (row {seq})"))?,
-                        seq,
-                    ))
+                    Ok((decode_task(row.get(1), &format!("task (row {seq})"))?, seq))
                 })
             }
             TaskPageStart::RecentlyUpdated { since, after } => {
@@ -245,7 +240,7 @@ impl TaskManager for PostgresStore {
                     .await?;
                 Page::from_rows(rows, page_size, total, |row| {
                     let (micros, task_id): (i64, String) = (row.get(0), row.get(1));
-                    let task = decode_record(row.get(2), &format!("task {task_id}"))?;
+                    let task = decode_task(row.get(2), &format!("task {task_id}"))?;
                     let task_id = TaskId::from(task_id);
                     Ok((task, UpdatedCursor { micros, task_id }))
                 })

@@ -313,12 +313,23 @@ impl RedisStore {
         key: &str,
         field: Option<&str>,
     ) -> AgentResult<Option<T>> {
+        self.read_text(op, key, field)
+            .await?
+            .map(|text| encoding::decode(key, &text))
+            .transpose()
+    }
+
+    /// The string at `key` (or its hash `field`), as stored.
+    async fn read_text(
+        &self,
+        op: &str,
+        key: &str,
+        field: Option<&str>,
+    ) -> AgentResult<Option<String>> {
         let mut cmd = redis::cmd(if field.is_some() { "HGET" } else { "GET" });
         cmd.arg(key).arg(field);
-        let text: Option<String> = cmd
-            .query_async(&mut self.con())
+        cmd.query_async(&mut self.con())
             .await
-            .map_err(|e| self.fail(op, &e))?;
-        text.map(|text| encoding::decode(key, &text)).transpose()
+            .map_err(|e| self.fail(op, &e))
     }
 }

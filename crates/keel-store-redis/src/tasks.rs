@@ -6,11 +6,11 @@
 use async_trait::async_trait;
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, TaskState, ThreadId};
 use keel_runtime::{
-    decode_task_event, encode_task_event, encode_task_events, updated_micros, AuthContext,
-    ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
+    decode_task_event, decode_task_snapshot, encode_task_event, encode_task_events,
+    encode_task_snapshot, updated_micros, AuthContext, ListTasksFilter, Page, TaskManager,
+    TaskPageStart, UpdatedCursor,
 };
 
-use crate::encoding::{decode, encode};
 use crate::keys::{fixed, kind, TenantKeys};
 use crate::scripts;
 use crate::RedisStore;
@@ -25,7 +25,7 @@ impl RedisStore {
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         // Encoded before anything is sent, so an encoding error writes nothing.
-        let snapshot = encode(&task.clone_without_history())?;
+        let snapshot = encode_task_snapshot(task)?;
         let events = encode_task_events(events, &task.id, Some(&task.thread_id))?;
         // Noted before the save, so the tenant list never misses a tenant with tasks.
         self.note_tenant(auth).await?;
@@ -170,7 +170,12 @@ fn listed_task(
              were keys under Keel's prefix deleted by hand?"
         ))
     })?;
-    decode(&key, &snapshot)
+    decode_snapshot(&key, &snapshot)
+}
+
+/// Decode the task snapshot found at `key`.
+fn decode_snapshot(key: &str, text: &str) -> AgentResult<Task> {
+    decode_task_snapshot("redis", &format!("reading key `{key}`"), text)
 }
 
 /// The four sorted-set indexes of one task order, scored alike: the tenant's tasks, and
@@ -234,7 +239,8 @@ impl TaskIndexes {
 impl TaskManager for RedisStore {
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
         let key = self.keys(auth).of(kind::TASK, task_id.as_str());
-        self.read_record("GET task", &key, None).await
+        let text = self.read_text("GET task", &key, None).await?;
+        text.map(|text| decode_snapshot(&key, &text)).transpose()
     }
 
     async fn list_tasks(

@@ -81,6 +81,11 @@ pub(crate) fn select_record<T: DeserializeOwned>(
         .transpose()
 }
 
+/// Decode a task snapshot read from the column (decision 269); `what` names it in errors.
+pub(crate) fn decode_task(text: &str, what: &str) -> AgentResult<keel_core::Task> {
+    keel_runtime::decode_task_snapshot("sqlite", &format!("reading stored {what}"), text)
+}
+
 /// A Keel record (task snapshot, event, message, ...) as the versioned stored-JSON envelope
 /// text. Encoding happens on the caller's task, so the writer thread only runs SQL.
 pub(crate) fn encode_record<T: Serialize>(value: &T) -> AgentResult<String> {

@@ -3,15 +3,15 @@
 use async_trait::async_trait;
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, ThreadId};
 use keel_runtime::{
-    decode_task_event, encode_task_event, encode_task_events, updated_micros, AuthContext,
-    ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
+    decode_task_event, encode_task_event, encode_task_events, encode_task_snapshot, updated_micros,
+    AuthContext, ListTasksFilter, Page, TaskManager, TaskPageStart, UpdatedCursor,
 };
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection};
 
 use crate::codec::{
-    decode_record, encode_record, select_count, select_record, select_row, select_rows, to_sql_int,
-    usize_to_sql, SqlContext,
+    decode_task, select_count, select_row, select_rows, select_text, to_sql_int, usize_to_sql,
+    SqlContext,
 };
 use crate::SqliteStore;
 
@@ -53,7 +53,7 @@ impl SnapshotRow {
             thread_id: task.thread_id.as_str().to_owned(),
             state: task.state().as_str(),
             updated_at: updated_micros(task),
-            body: encode_record(&task.clone_without_history())?,
+            body: encode_task_snapshot(task)?,
         })
     }
 
@@ -173,7 +173,7 @@ impl SqliteStore {
                 "listing tasks",
             )?;
             Page::from_rows(rows, page_size, total, |(micros, task_id, body)| {
-                let task = decode_record(&body, &format!("task {task_id}"))?;
+                let task = decode_task(&body, &format!("task {task_id}"))?;
                 let task_id = TaskId::from(task_id);
                 Ok((task, UpdatedCursor { micros, task_id }))
             })
@@ -201,12 +201,15 @@ impl TaskManager for SqliteStore {
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
         let (tenant, task_id) = (auth.namespace(), task_id.clone());
         self.read(move |conn| {
-            select_record(
+            let what = format!("task {task_id}");
+            select_text(
                 conn,
                 "SELECT body FROM tasks WHERE tenant = ?1 AND task_id = ?2",
                 params![tenant, task_id.as_str()],
-                &format!("task {task_id}"),
-            )
+                &format!("reading {what}"),
+            )?
+            .map(|body| decode_task(&body, &what))
+            .transpose()
         })
         .await
     }
@@ -245,7 +248,7 @@ impl TaskManager for SqliteStore {
                 "listing tasks",
             )?;
             Page::from_rows(rows, page_size, total, |(seq, body): (i64, String)| {
-                Ok((decode_record(&body, &format!("task (row {seq})"))?, seq))
+                Ok((decode_task(&body, &format!("task (row {seq})"))?, seq))
             })
         })
         .await

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use keel_core::TaskState;
 use serde::{Deserialize, Serialize};
 
-use crate::{EventType, RunEvent, RunEventBuilder};
+use crate::{summary, EventType, RunEvent, RunEventBuilder};
 
 impl EventType {
     /// An asynchronous tool call was handed to its dispatcher.
@@ -234,29 +234,32 @@ impl RunEvent {
 
     /// `queue.drained`, with an empty payload.
     pub fn queue_drained() -> RunEventBuilder {
-        RunEvent::builder(EventType::QUEUE_DRAINED, "queue drained")
+        RunEvent::builder(EventType::QUEUE_DRAINED, summary::QUEUE_DRAINED)
     }
 
     /// `message.persisted`.
     pub fn message_persisted(payload: MessagePersistedPayload) -> RunEventBuilder {
         RunEvent::builder(
             EventType::MESSAGE_PERSISTED,
-            format!("{} message persisted", payload.role),
+            summary::message_persisted(&payload.role),
         )
         .payload_from(payload)
     }
 
     /// `tool_result.persisted`.
     pub fn tool_result_persisted(payload: ToolResultPersistedPayload) -> RunEventBuilder {
-        RunEvent::builder(EventType::TOOL_RESULT_PERSISTED, "tool result persisted")
-            .payload_from(payload)
+        RunEvent::builder(
+            EventType::TOOL_RESULT_PERSISTED,
+            summary::TOOL_RESULT_PERSISTED,
+        )
+        .payload_from(payload)
     }
 
     /// `run.stopped`.
     pub fn run_stopped(payload: RunStoppedPayload) -> RunEventBuilder {
         RunEvent::builder(
             EventType::RUN_STOPPED,
-            format!("run stopped: {}", payload.reason),
+            summary::run_stopped(&payload.reason),
         )
         .payload_from(payload)
     }
@@ -275,7 +278,7 @@ impl RunEvent {
 
     /// `stop.evaluated`.
     pub fn stop_evaluated(payload: StopEvaluatedPayload) -> RunEventBuilder {
-        RunEvent::builder(EventType::STOP_EVALUATED, "stop rules evaluated").payload_from(payload)
+        RunEvent::builder(EventType::STOP_EVALUATED, summary::STOP_EVALUATED).payload_from(payload)
     }
 }
 
