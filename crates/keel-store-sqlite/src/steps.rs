@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, ThreadId};
+use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
 use keel_runtime::{encode_task_events, AuthContext, Lease, QueuedItem, StepStore};
 use serde_json::Value;
 
@@ -24,19 +24,15 @@ impl SqliteStore {
         lease: &Lease,
         history: &[LlmMessage],
         task_id: &TaskId,
-        snapshot: Option<(SnapshotRow, &ThreadId)>,
+        snapshot: Option<SnapshotRow>,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         let history = history
             .iter()
             .map(encode_record)
             .collect::<AgentResult<Vec<_>>>()?;
-        let events = encode_task_events(
-            events,
-            task_id,
-            snapshot.as_ref().map(|(_, thread)| *thread),
-        )?;
-        let snapshot = snapshot.map(|(row, _)| row);
+        let thread = snapshot.as_ref().map(|row| &row.thread_id);
+        let events = encode_task_events(events, task_id, thread)?;
         let (tenant, lease, task_id) = (auth.namespace(), lease.clone(), task_id.clone());
         self.write(move |conn| {
             check_fence(conn, &tenant, &lease)?;
@@ -76,7 +72,6 @@ impl StepStore for SqliteStore {
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         let snapshot = SnapshotRow::new(auth, task)?;
-        let snapshot = (snapshot, &task.thread_id);
         self.write_step(auth, lease, history, &task.id, Some(snapshot), events)
             .await
     }

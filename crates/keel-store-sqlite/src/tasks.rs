@@ -37,7 +37,7 @@ fn task_thread(conn: &Connection, tenant: &str, task_id: &TaskId) -> AgentResult
 pub(crate) struct SnapshotRow {
     pub(crate) tenant: String,
     pub(crate) task_id: TaskId,
-    thread_id: String,
+    pub(crate) thread_id: ThreadId,
     state: &'static str,
     /// The status timestamp, in microseconds: the key of the most-recently-updated order.
     updated_at: i64,
@@ -50,7 +50,7 @@ impl SnapshotRow {
         Ok(Self {
             tenant: auth.namespace(),
             task_id: task.id.clone(),
-            thread_id: task.thread_id.as_str().to_owned(),
+            thread_id: task.thread_id.clone(),
             state: task.state().as_str(),
             updated_at: updated_micros(task),
             body: encode_task_snapshot(task)?,
@@ -72,7 +72,7 @@ impl SnapshotRow {
             stmt.execute(params![
                 self.tenant,
                 self.task_id.as_str(),
-                self.thread_id,
+                self.thread_id.as_str(),
                 self.state,
                 self.body,
                 self.updated_at
