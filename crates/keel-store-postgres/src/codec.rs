@@ -110,21 +110,6 @@ pub(crate) async fn query<C: GenericClient + Sync>(
     db.query(&stmt, params).await.map_err(doing(op))
 }
 
-/// The record stored as JSON in column 0 of the row `sql` selects, decoded (`what` names it
-/// in a decode error), or `None`: the one shape of every by-key read of a task or run report.
-pub(crate) async fn select_record<T: DeserializeOwned, C: GenericClient + Sync>(
-    db: &C,
-    sql: &str,
-    params: &Params<'_>,
-    op: &'static str,
-    what: &str,
-) -> AgentResult<Option<T>> {
-    let rows = query(db, sql, params, op).await?;
-    rows.first()
-        .map(|row| decode_record(row.get(0), what))
-        .transpose()
-}
-
 /// The one row `sql` selects, or `None`.
 pub(crate) async fn query_opt<C: GenericClient + Sync>(
     db: &C,
@@ -182,6 +167,20 @@ impl crate::PostgresStore {
         op: &'static str,
     ) -> AgentResult<Option<Row>> {
         query_opt(&self.client().await?, sql, params, op).await
+    }
+
+    /// The record stored as text in column 0 of the one row `sql` selects, read by `decode`
+    /// (`what` names it in a decode error), or `None`: the one shape of every by-key read.
+    pub(crate) async fn select_record<T>(
+        &self,
+        sql: &str,
+        params: &Params<'_>,
+        op: &'static str,
+        what: &str,
+        decode: fn(&str, &str) -> AgentResult<T>,
+    ) -> AgentResult<Option<T>> {
+        let row = self.query_opt(sql, params, op).await?;
+        row.map(|row| decode(row.get(0), what)).transpose()
     }
 
     /// [`query_one`] on a pooled connection.

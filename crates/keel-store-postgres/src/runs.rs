@@ -7,7 +7,7 @@ use keel_runtime::{AuthContext, IndexedRecord, RunQuery, RunRecord, RunStore, Ta
 use serde::de::DeserializeOwned;
 use tokio_postgres::types::ToSql;
 
-use crate::codec::{decode_record, encode_record, select_record, to_nanos, to_sql_int, Arg};
+use crate::codec::{decode_record, encode_record, to_nanos, to_sql_int, Arg};
 use crate::PostgresStore;
 
 const SAVE_TASK_RECORD: &str = "\
@@ -166,13 +166,12 @@ impl RunStore for PostgresStore {
         auth: &AuthContext,
         run_id: &RunId,
     ) -> AgentResult<Option<RunRecord>> {
-        let client = self.client().await?;
-        select_record(
-            &client,
+        self.select_record(
             GET_RUN_REPORT,
             &[&auth.namespace(), &run_id.as_str()],
             "reading a run report",
             &format!("run report {run_id}"),
+            decode_record,
         )
         .await
     }

@@ -172,15 +172,14 @@ impl TaskManager for PostgresStore {
     }
 
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
-        let row = self
-            .query_opt(
-                GET_TASK,
-                &[&auth.namespace(), &task_id.as_str()],
-                "reading a task",
-            )
-            .await?;
-        row.map(|row| decode_task(row.get(0), &format!("task {task_id}")))
-            .transpose()
+        self.select_record(
+            GET_TASK,
+            &[&auth.namespace(), &task_id.as_str()],
+            "reading a task",
+            &format!("task {task_id}"),
+            decode_task,
+        )
+        .await
     }
 
     async fn list_tasks(

@@ -508,15 +508,14 @@ impl SubagentRegistry for PostgresStore {
         auth: &AuthContext,
         child: &ThreadId,
     ) -> AgentResult<Option<ChildThread>> {
-        let row = self
-            .query_opt(
-                CHILD,
-                &[&auth.namespace(), &child.as_str()],
-                "reading a subagent",
-            )
-            .await?;
-        row.map(|row| decode_record(row.get(0), &format!("subagent {child}")))
-            .transpose()
+        self.select_record(
+            CHILD,
+            &[&auth.namespace(), &child.as_str()],
+            "reading a subagent",
+            &format!("subagent {child}"),
+            decode_record,
+        )
+        .await
     }
 
     async fn set_child_status(
