@@ -338,12 +338,10 @@ impl TaskManager for RedisStore {
             });
         }
         let thread = thread.map(ThreadId::from);
+        let operation = format!("reading key `{events_key}`");
         events
             .iter()
-            .map(|event| {
-                let operation = format!("reading key `{events_key}`");
-                decode_task_event("redis", &operation, event, task_id, thread.as_ref())
-            })
+            .map(|event| decode_task_event("redis", &operation, event, task_id, thread.as_ref()))
             .collect()
     }
 }
