@@ -215,25 +215,25 @@ impl StoredRun {
         };
         let mut previous = 0;
         // A field no event holds was shared: each event has the run's.
-        fn fill<T: Clone>(
+        fn fill<'a, T>(
             events: &[StoredEvent],
-            run: Option<T>,
+            run: &'a Option<T>,
             field: impl Fn(&StoredEvent) -> bool,
-        ) -> Option<T> {
-            run.filter(|_| !events.iter().any(field))
+        ) -> Option<&'a T> {
+            run.as_ref().filter(|_| !events.iter().any(field))
         }
-        // What a `context.prepared` manifest left out, before `fill` narrows them to the
-        // fields every event shares.
-        let run_ids = (
-            run_id.as_ref().map(|id| id.as_str().to_owned()),
-            thread_id.as_ref().map(|id| id.as_str().to_owned()),
-            agent_name.clone(),
-        );
-        let run_id = fill(&events, run_id, |e| e.run_id.is_some());
-        let task_id = fill(&events, task_id, |e| e.task_id.is_some());
-        let thread_id = fill(&events, thread_id, |e| e.thread_id.is_some());
-        let trace_id = fill(&events, trace_id, |e| e.trace_id.is_some());
-        let agent_name = fill(&events, agent_name, |e| e.agent_name.is_some());
+        // What a `context.prepared` manifest left out: the run's own ids, whether or not
+        // every event shares them.
+        let run_ids = [
+            run_id.as_ref().map(RunId::as_str),
+            thread_id.as_ref().map(ThreadId::as_str),
+            agent_name.as_deref(),
+        ];
+        let shared_run_id = fill(&events, &run_id, |e| e.run_id.is_some());
+        let shared_task_id = fill(&events, &task_id, |e| e.task_id.is_some());
+        let shared_thread_id = fill(&events, &thread_id, |e| e.thread_id.is_some());
+        let shared_trace_id = fill(&events, &trace_id, |e| e.trace_id.is_some());
+        let shared_agent_name = fill(&events, &agent_name, |e| e.agent_name.is_some());
         let events = events
             .into_iter()
             .map(|e| {
@@ -247,11 +247,11 @@ impl StoredRun {
                     }
                     None => (e.span_id, e.parent_span_id),
                 };
-                // Written when it is not the one its payload gives (version 9), or always (8).
                 let mut payload = e.payload;
                 if manifests_leave_ids_out && e.event_type == EventType::CONTEXT_PREPARED {
-                    fill_in_run_ids(&mut payload, [&run_ids.0, &run_ids.1, &run_ids.2]);
+                    fill_in_run_ids(&mut payload, run_ids);
                 }
+                // Written when it is not the one its payload gives (version 9), or always (8).
                 let summary = e
                     .summary
                     .or_else(|| summary::of(&e.event_type, &payload))
@@ -260,11 +260,14 @@ impl StoredRun {
                     version: e.version.unwrap_or(RUN_EVENT_VERSION),
                     event_type: e.event_type,
                     // Written from `Some`, or left out as the run's.
-                    run_id: e.run_id.or_else(|| run_id.clone()).unwrap_or_default(),
-                    task_id: e.task_id.or_else(|| task_id.clone()),
-                    thread_id: e.thread_id.or_else(|| thread_id.clone()),
-                    trace_id: e.trace_id.or_else(|| trace_id.clone()),
-                    agent_name: e.agent_name.or_else(|| agent_name.clone()),
+                    run_id: e
+                        .run_id
+                        .or_else(|| shared_run_id.cloned())
+                        .unwrap_or_default(),
+                    task_id: e.task_id.or_else(|| shared_task_id.cloned()),
+                    thread_id: e.thread_id.or_else(|| shared_thread_id.cloned()),
+                    trace_id: e.trace_id.or_else(|| shared_trace_id.cloned()),
+                    agent_name: e.agent_name.or_else(|| shared_agent_name.cloned()),
                     sequence,
                     step: e.step,
                     span_id,
@@ -324,9 +327,9 @@ fn leave_out_run_ids(payload: &mut Value, run: &StoredRun) {
 }
 
 /// The reverse of [`leave_out_run_ids`]: a missing id is the run's, a `null` one none.
-fn fill_in_run_ids(payload: &mut Value, run_ids: [&Option<String>; 3]) {
+fn fill_in_run_ids(payload: &mut Value, run_ids: [Option<&str>; 3]) {
     if let Some(manifest) = payload.get_mut("manifest").and_then(Value::as_object_mut) {
-        stored::fill_in_ids(manifest, &manifest_ids(run_ids.map(Option::as_deref)));
+        stored::fill_in_ids(manifest, &manifest_ids(run_ids));
     }
 }
 
