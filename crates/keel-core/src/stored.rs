@@ -17,10 +17,11 @@ use crate::{AgentError, AgentResult};
 
 /// The current version of Keel's stored JSON. Version 2 (decision 269): an entry of a task's
 /// log may leave out the task and thread ids its log already holds
-/// (`keel_runtime::encode_task_event`); every other record reads the same in 1 and 2, so a
-/// store written by an earlier Keel is read as it is, and an earlier Keel refuses a version 2
-/// record by name rather than misread it.
-pub const FORMAT_VERSION: u64 = 2;
+/// (`keel_runtime::encode_task_event`). Version 3 (decision 271): a run record leaves out the
+/// ids its report names (`keel_runtime::RecordText`). Every other record reads the same in
+/// 1, 2 and 3, so a store written by an earlier Keel is read as it is, and an earlier Keel
+/// refuses a newer record by its version rather than misread it.
+pub const FORMAT_VERSION: u64 = 3;
 
 /// Wrap a value as `{"format": FORMAT_VERSION, "data": ...}`.
 pub fn encode<T: Serialize>(value: &T) -> AgentResult<Value> {

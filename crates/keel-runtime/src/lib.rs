@@ -62,7 +62,7 @@ pub use services::Services;
 pub use step::StepStore;
 pub use stored_text::{
     decode_record, decode_task_event, decode_task_snapshot, encode_record, encode_task_event,
-    encode_task_events, encode_task_snapshot,
+    encode_task_events, encode_task_snapshot, RecordText,
 };
 pub use task_manager::{
     attach_history, list_all_tasks, load_task_with_history, updated_micros, InMemoryTaskManager,

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use keel_core::stored::JsonText;
 
-use crate::AuthContext;
+use crate::{AuthContext, RecordText};
 
 /// A task snapshot with the fields it is indexed by.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,9 +87,10 @@ pub struct RunRecord {
 /// # What `contains` searches
 ///
 /// `contains` is a case-sensitive substring match over the record's *stored JSON*: the text
-/// of [`keel_core::stored::encode`] applied to the [`TaskRecord`] or [`RunRecord`], i.e.
+/// [`RecordText::to_text`] writes for the [`TaskRecord`] or [`RunRecord`], i.e.
 /// `{"data":<the record>,"format":<version>}`, compact, with every object's keys in sorted
-/// order, exactly as `stored::encode(&record)?.to_string()` prints it. Every backend matches
+/// order (a task record exactly as `stored::encode(&record)?.to_string()` prints it; a run
+/// record names the ids its report names only there, decision 271). Every backend matches
 /// against that same text, so a query finds the same records everywhere. Consequences:
 ///
 /// - the needle is matched against JSON, not against the plain values: a `"` or `\` inside
@@ -343,13 +344,8 @@ impl InMemoryRunStore {
 
 /// Whether `record`'s stored JSON (see [`RunQuery`]) contains `needle`. The text is built per
 /// search rather than kept beside each record: searches are rare, memory is bounded.
-fn json_contains<T: Serialize>(record: &T, needle: Option<&str>) -> bool {
-    match needle {
-        None => true,
-        Some(needle) => {
-            keel_core::stored::encode(record).is_ok_and(|json| json.to_string().contains(needle))
-        }
-    }
+fn json_contains<T: RecordText>(record: &T, needle: Option<&str>) -> bool {
+    needle.is_none_or(|needle| record.to_text().is_ok_and(|text| text.contains(needle)))
 }
 
 #[async_trait]
@@ -376,7 +372,7 @@ impl RunStore for InMemoryRunStore {
             .rev()
             .filter(|(ns, _)| *ns == namespace)
             .map(|(_, r)| r)
-            .filter(|r| query.matches(&r.index()) && json_contains(r, query.contains.as_deref()))
+            .filter(|r| query.matches(&r.index()) && json_contains(*r, query.contains.as_deref()))
             .take(limit)
             .cloned()
             .collect())

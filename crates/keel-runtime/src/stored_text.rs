@@ -6,6 +6,8 @@ use keel_core::{stored, AgentError, AgentResult, Task, TaskEvent, TaskId, Thread
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::{Map, Value};
 
+use crate::{RunRecord, TaskRecord};
+
 /// `record` (a task snapshot, an event, a message, ...) as stored-JSON text.
 pub fn encode_record<T: Serialize>(record: &T) -> AgentResult<String> {
     serde_json::to_string(&stored::encode(record)?).map_err(AgentError::internal)
@@ -195,6 +197,76 @@ pub fn decode_task_snapshot(
     decode_envelope(backend, operation, value)
 }
 
+/// A record of the [`RunStore`](crate::RunStore) as the text a store keeps, and back. It is
+/// also the text [`RunQuery::contains`](crate::RunQuery) searches, on every backend.
+pub trait RecordText: Sized {
+    /// The record as stored-JSON text.
+    fn to_text(&self) -> AgentResult<String>;
+    /// The record in `text`, which `backend` read while doing `operation`; text that is not
+    /// a record Keel can read is [`AgentError::Storage`] naming both.
+    fn from_text(backend: &'static str, operation: &str, text: &str) -> AgentResult<Self>;
+}
+
+impl RecordText for TaskRecord {
+    fn to_text(&self) -> AgentResult<String> {
+        encode_record(self)
+    }
+
+    fn from_text(backend: &'static str, operation: &str, text: &str) -> AgentResult<Self> {
+        decode_record(backend, operation, text)
+    }
+}
+
+/// A run record names its run, task, thread, trace and agent once (decision 271): its report
+/// (the stored run `keel-events` writes) names them at its top, so the record leaves out
+/// each of its own that is the report's, and writes `null` for one it does not have that the
+/// report names. A record of format 1 or 2, with all of them, reads as it was written.
+///
+/// ```
+/// use keel_core::RunId;
+/// use keel_runtime::{RecordText, RunRecord};
+/// let report = serde_json::json!({"run_id": "r-1", "agent_name": "a", "events": []});
+/// let record = RunRecord {
+///     run_id: RunId::from("r-1"),
+///     task_id: None,
+///     thread_id: None,
+///     trace_id: None,
+///     agent_name: Some("a".into()),
+///     recorded_at: chrono::Utc::now(),
+///     report,
+/// };
+/// let text = record.to_text()?;
+/// assert_eq!(text.matches("r-1").count(), 1);
+/// assert_eq!(RunRecord::from_text("sqlite", "reading a run", &text)?, record);
+/// # Ok::<(), keel_core::AgentError>(())
+/// ```
+impl RecordText for RunRecord {
+    fn to_text(&self) -> AgentResult<String> {
+        let mut value = stored::encode(self)?;
+        if let Some(Value::Object(data)) = value.get_mut("data") {
+            stored::leave_out_ids(data, &report_ids(&self.report));
+        }
+        serde_json::to_string(&value).map_err(AgentError::internal)
+    }
+
+    fn from_text(backend: &'static str, operation: &str, text: &str) -> AgentResult<Self> {
+        let mut value = parse(backend, operation, text)?;
+        let leaves_out = value.get("format").and_then(Value::as_u64) >= Some(3);
+        if let Some(Value::Object(data)) = value.get_mut("data").filter(|_| leaves_out) {
+            let report = data.remove("report").unwrap_or(Value::Null);
+            stored::fill_in_ids(data, &report_ids(&report));
+            data.insert("report".to_owned(), report);
+        }
+        decode_envelope(backend, operation, value)
+    }
+}
+
+/// The ids a run record shares with its report, each with the report's value.
+fn report_ids(report: &Value) -> [(&'static str, Option<&str>); 5] {
+    ["run_id", "task_id", "thread_id", "trace_id", "agent_name"]
+        .map(|key| (key, report.get(key).and_then(Value::as_str)))
+}
+
 /// Call `f` on each object of a snapshot's JSON that repeats the task's ids, with which of
 /// (task id, thread id) it repeats: its status message both, its run context the thread.
 fn for_each_snapshot_copy(
@@ -277,7 +349,7 @@ mod tests {
             let text = encode_task_event(&event, id, Some(thread)).unwrap();
             assert!(!text.contains(id.as_str()), "{text}");
             assert!(!text.contains(thread.as_str()), "{text}");
-            assert!(text.contains(r#""format":2"#), "{text}");
+            assert!(text.contains(r#""format":3"#), "{text}");
             let back = decode_task_event("sqlite", "reading", &text, id, Some(thread)).unwrap();
             assert_eq!(back, event);
         }
@@ -379,5 +451,73 @@ mod tests {
         value["format"] = 1.into();
         let back = decode_task_snapshot("sqlite", "reading", &value.to_string()).unwrap();
         assert_eq!(back, task.clone_without_history());
+    }
+
+    /// A run record whose ids are `ids` (run, task, thread, trace, agent) over `report`.
+    fn run_record(ids: [Option<&str>; 5], report: Value) -> RunRecord {
+        let [run, task, thread, trace, agent] = ids;
+        RunRecord {
+            run_id: keel_core::RunId::from(run.unwrap_or("r-1")),
+            task_id: task.map(TaskId::from),
+            thread_id: thread.map(ThreadId::from),
+            trace_id: trace.map(keel_core::TraceId::from),
+            agent_name: agent.map(str::to_owned),
+            recorded_at: chrono::Utc::now(),
+            report,
+        }
+    }
+
+    #[test]
+    fn a_run_record_names_its_reports_ids_once_and_reads_back_whole() {
+        let ids = [
+            Some("r-1"),
+            Some("t-1"),
+            Some("th-1"),
+            Some("tr-1"),
+            Some("agent-a"),
+        ];
+        let report = serde_json::json!({
+            "run_id": "r-1", "task_id": "t-1", "thread_id": "th-1", "trace_id": "tr-1",
+            "agent_name": "agent-a", "events": [],
+        });
+        let record = run_record(ids, report.clone());
+        let text = record.to_text().unwrap();
+        for id in ids.into_iter().flatten() {
+            assert_eq!(
+                text.matches(&format!("\"{id}\"")).count(),
+                1,
+                "{id}: {text}"
+            );
+        }
+        assert!(text.contains(r#""format":3"#), "{text}");
+        assert_eq!(
+            RunRecord::from_text("sqlite", "reading", &text).unwrap(),
+            record
+        );
+
+        // Ids that are not the report's stay, and one the record does not have stays none.
+        let record = run_record([Some("r-1"), None, Some("th-2"), None, None], report);
+        let text = record.to_text().unwrap();
+        assert!(text.contains(r#""task_id":null"#), "{text}");
+        assert!(text.contains(r#""thread_id":"th-2""#), "{text}");
+        assert_eq!(
+            RunRecord::from_text("redis", "reading", &text).unwrap(),
+            record
+        );
+    }
+
+    #[test]
+    fn a_run_record_of_format_2_reads_as_written() {
+        let report = serde_json::json!({"run_id": "r-1", "task_id": "t-1", "events": []});
+        let record = run_record([Some("r-1"), None, None, None, None], report);
+        let mut value = stored::encode(&record).unwrap();
+        value["format"] = 2.into();
+        let back = RunRecord::from_text("sqlite", "reading", &value.to_string()).unwrap();
+        assert_eq!(back, record);
+        let err = RunRecord::from_text("postgres", "reading row 7", "{}").unwrap_err();
+        assert!(
+            matches!(&err, AgentError::Storage { backend: "postgres", operation, .. } if operation == "reading row 7"),
+            "{err:?}"
+        );
     }
 }

@@ -28,6 +28,11 @@ pub(crate) fn decode_task(text: &str, what: &str) -> AgentResult<keel_core::Task
     keel_runtime::decode_task_snapshot(BACKEND, &format!("reading stored {what}"), text)
 }
 
+/// Decode a record of the run store read from a column; `what` names it in errors.
+pub(crate) fn decode_text<T: keel_runtime::RecordText>(text: &str, what: &str) -> AgentResult<T> {
+    T::from_text(BACKEND, &format!("reading stored {what}"), text)
+}
+
 /// Every record of `records`, encoded.
 pub(crate) fn encode_all<T: Serialize>(records: &[T]) -> AgentResult<Vec<String>> {
     records.iter().map(encode_record).collect()

@@ -3,11 +3,12 @@
 
 use async_trait::async_trait;
 use keel_core::{AgentResult, RunId};
-use keel_runtime::{AuthContext, IndexedRecord, RunQuery, RunRecord, RunStore, TaskRecord};
-use serde::de::DeserializeOwned;
+use keel_runtime::{
+    AuthContext, IndexedRecord, RecordText, RunQuery, RunRecord, RunStore, TaskRecord,
+};
 use tokio_postgres::types::ToSql;
 
-use crate::codec::{decode_record, encode_record, to_nanos, to_sql_int, Arg};
+use crate::codec::{decode_text, to_nanos, to_sql_int, Arg};
 use crate::PostgresStore;
 
 const SAVE_TASK_RECORD: &str = "\
@@ -80,7 +81,7 @@ fn index_args(record: &impl IndexedRecord) -> [Option<String>; 5] {
 
 impl PostgresStore {
     /// Run a record query on `table`, in `order`.
-    async fn find_records<T: DeserializeOwned>(
+    async fn find_records<T: RecordText>(
         &self,
         auth: &AuthContext,
         run_query: &RunQuery,
@@ -100,7 +101,7 @@ impl PostgresStore {
         rows.iter()
             .map(|row| {
                 let id: i64 = row.get(0);
-                decode_record(row.get(1), &format!("{what} (row {id})"))
+                decode_text(row.get(1), &format!("{what} (row {id})"))
             })
             .collect()
     }
@@ -109,7 +110,7 @@ impl PostgresStore {
 #[async_trait]
 impl RunStore for PostgresStore {
     async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()> {
-        let body = encode_record(record)?;
+        let body = record.to_text()?;
         let [task_id, run_id, thread_id, trace_id, agent_name] = index_args(record);
         self.execute(
             SAVE_TASK_RECORD,
@@ -141,7 +142,7 @@ impl RunStore for PostgresStore {
     }
 
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
-        let body = encode_record(record)?;
+        let body = record.to_text()?;
         let [task_id, run_id, thread_id, trace_id, agent_name] = index_args(record);
         self.execute(
             SAVE_RUN_REPORT,
@@ -171,7 +172,7 @@ impl RunStore for PostgresStore {
             &[&auth.namespace(), &run_id.as_str()],
             "reading a run report",
             &format!("run report {run_id}"),
-            decode_record,
+            decode_text,
         )
         .await
     }

@@ -10,11 +10,10 @@
 use async_trait::async_trait;
 use keel_core::{AgentResult, RunId, TaskId, ThreadId, TraceId};
 use keel_runtime::{
-    AuthContext, IndexedRecord, RecordIndex, RunQuery, RunRecord, RunStore, TaskRecord,
+    AuthContext, IndexedRecord, RecordIndex, RecordText, RunQuery, RunRecord, RunStore, TaskRecord,
 };
-use serde::de::DeserializeOwned;
 
-use crate::encoding::{decode, encode, micros};
+use crate::encoding::micros;
 use crate::keys::{fixed, kind, TenantKeys};
 use crate::scripts;
 use crate::RedisStore;
@@ -94,7 +93,7 @@ impl RedisStore {
     /// Records of `family` matching `query`, newest first: walk the chosen index in batches,
     /// match `contains` on the stored text (the stored JSON `RunQuery` documents, exactly as
     /// written), decode the rest, match their index fields, stop at the limit.
-    async fn find<T: DeserializeOwned + IndexedRecord + Send>(
+    async fn find<T: RecordText + IndexedRecord + Send>(
         &self,
         auth: &AuthContext,
         family: &Family,
@@ -113,6 +112,7 @@ impl RedisStore {
             .since
             .map_or_else(|| "-inf".to_owned(), |s| micros(s).to_string());
         let batch = (limit * 2).clamp(32, 1000);
+        let operation = format!("reading key `{data}`");
         let mut found = Vec::new();
         let mut offset = 0usize;
         loop {
@@ -144,7 +144,7 @@ impl RedisStore {
                 {
                     continue;
                 }
-                let record: T = decode(&data, &text)?;
+                let record = T::from_text("redis", &operation, &text)?;
                 if query.matches(&record.index()) {
                     found.push(record);
                     if found.len() == limit {
@@ -173,7 +173,7 @@ impl RunStore for RedisStore {
         for key in &index_keys {
             call.key(key);
         }
-        call.arg(encode(record)?).arg(micros(record.recorded_at));
+        call.arg(record.to_text()?).arg(micros(record.recorded_at));
         call.invoke_async::<i64>(&mut self.con())
             .await
             .map_err(|e| self.fail("save task record", &e))?;
@@ -195,7 +195,7 @@ impl RunStore for RedisStore {
         let run = record.run_id.as_str();
         let mut pipe = redis::pipe();
         pipe.atomic()
-            .hset(keys.fixed(fixed::RUN_REPORTS), run, encode(record)?)
+            .hset(keys.fixed(fixed::RUN_REPORTS), run, record.to_text()?)
             .ignore();
         for key in &index_keys {
             pipe.zadd(key, run, score).ignore();
@@ -211,8 +211,11 @@ impl RunStore for RedisStore {
         run_id: &RunId,
     ) -> AgentResult<Option<RunRecord>> {
         let data = self.keys(auth).fixed(fixed::RUN_REPORTS);
-        self.read_record("read run report", &data, Some(run_id.as_str()))
-            .await
+        let text = self
+            .read_text("read run report", &data, Some(run_id.as_str()))
+            .await?;
+        text.map(|text| RunRecord::from_text("redis", &format!("reading key `{data}`"), &text))
+            .transpose()
     }
 
     async fn find_run_reports(

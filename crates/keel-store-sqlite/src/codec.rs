@@ -70,15 +70,21 @@ pub(crate) fn select_text(
 
 /// The Keel record stored in the one column `sql` selects with `params`, decoded, or `None`
 /// when no row matches; `what` names the record (`task t-1`) in errors.
-pub(crate) fn select_record<T: DeserializeOwned>(
+pub(crate) fn select_record<T>(
     conn: &Connection,
     sql: &str,
     params: impl Params,
     what: &str,
+    decode: fn(&str, &str) -> AgentResult<T>,
 ) -> AgentResult<Option<T>> {
     select_text(conn, sql, params, &format!("reading {what}"))?
-        .map(|body| decode_record(&body, what))
+        .map(|body| decode(&body, what))
         .transpose()
+}
+
+/// Decode a record of the run store read from the column; `what` names it in errors.
+pub(crate) fn decode_text<T: keel_runtime::RecordText>(text: &str, what: &str) -> AgentResult<T> {
+    T::from_text("sqlite", &format!("reading stored {what}"), text)
 }
 
 /// Decode a task snapshot read from the column (decision 269); `what` names it in errors.

@@ -3,14 +3,11 @@
 
 use async_trait::async_trait;
 use keel_core::{AgentResult, RunId};
-use keel_runtime::{AuthContext, RunQuery, RunRecord, RunStore, TaskRecord};
+use keel_runtime::{AuthContext, RecordText, RunQuery, RunRecord, RunStore, TaskRecord};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter};
-use serde::de::DeserializeOwned;
 
-use crate::codec::{
-    decode_record, encode_record, select_record, select_rows, to_nanos, usize_to_sql, SqlContext,
-};
+use crate::codec::{decode_text, select_record, select_rows, to_nanos, usize_to_sql, SqlContext};
 use crate::SqliteStore;
 
 /// The WHERE clause (after the tenant) and its arguments for `query`, in parameter order.
@@ -59,7 +56,7 @@ impl SqliteStore {
         what: &'static str,
     ) -> AgentResult<Vec<T>>
     where
-        T: DeserializeOwned + Send + 'static,
+        T: RecordText + Send + 'static,
     {
         let limit = query.effective_limit()?;
         let (filter, mut args) = where_clause(auth.namespace(), query);
@@ -73,7 +70,7 @@ impl SqliteStore {
                 &format!("searching {what}s"),
             )?;
             rows.into_iter()
-                .map(|(id, body)| decode_record(&body, &format!("{what} (row {id})")))
+                .map(|(id, body)| decode_text(&body, &format!("{what} (row {id})")))
                 .collect()
         })
         .await
@@ -83,7 +80,7 @@ impl SqliteStore {
 #[async_trait]
 impl RunStore for SqliteStore {
     async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()> {
-        let body = encode_record(record)?;
+        let body = record.to_text()?;
         let tenant = auth.namespace();
         let record = record.clone();
         self.write(move |conn| {
@@ -121,7 +118,7 @@ impl RunStore for SqliteStore {
     }
 
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
-        let body = encode_record(record)?;
+        let body = record.to_text()?;
         let tenant = auth.namespace();
         let record = record.clone();
         self.write(move |conn| {
@@ -162,6 +159,7 @@ impl RunStore for SqliteStore {
                 "SELECT body FROM run_records WHERE tenant = ?1 AND run_id = ?2",
                 params![tenant, run_id.as_str()],
                 &format!("run report {run_id}"),
+                decode_text,
             )
         })
         .await

@@ -10,7 +10,7 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection};
 
 use crate::codec::{
-    decode_task, select_count, select_row, select_rows, select_text, to_sql_int, usize_to_sql,
+    decode_task, select_count, select_record, select_row, select_rows, to_sql_int, usize_to_sql,
     SqlContext,
 };
 use crate::SqliteStore;
@@ -201,15 +201,13 @@ impl TaskManager for SqliteStore {
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
         let (tenant, task_id) = (auth.namespace(), task_id.clone());
         self.read(move |conn| {
-            let what = format!("task {task_id}");
-            select_text(
+            select_record(
                 conn,
                 "SELECT body FROM tasks WHERE tenant = ?1 AND task_id = ?2",
                 params![tenant, task_id.as_str()],
-                &format!("reading {what}"),
-            )?
-            .map(|body| decode_task(&body, &what))
-            .transpose()
+                &format!("task {task_id}"),
+                decode_task,
+            )
         })
         .await
     }

@@ -103,6 +103,7 @@ fn select_child(
         "SELECT body FROM subagents WHERE tenant = ?1 AND thread_id = ?2",
         params![tenant, child.as_str()],
         &format!("subagent {child}"),
+        decode_record,
     )
 }
 
