@@ -15,6 +15,7 @@ use crate::SqliteStore;
 impl AsyncCallStore for SqliteStore {
     async fn put_async_call(&self, call: &AsyncCall) -> AgentResult<()> {
         let record = encode_value(&call.record)?;
+        let tenant = self.tenant(&call.auth).await?;
         let call = call.clone();
         self.write(move |conn| {
             conn.prepare_cached(
@@ -29,7 +30,7 @@ impl AsyncCallStore for SqliteStore {
             .and_then(|mut stmt| {
                 stmt.execute(params![
                     call.call_id,
-                    call.auth.namespace(),
+                    tenant,
                     call.auth.app_name,
                     call.auth.user_name,
                     call.thread_id.as_str(),
@@ -81,7 +82,7 @@ impl AsyncCallStore for SqliteStore {
 
     async fn move_call(&self, step: AsyncCallMove<'_>) -> AgentResult<bool> {
         let record = encode_value(&step.record)?;
-        let (tenant, call_id) = (step.auth.namespace(), step.call_id.to_owned());
+        let (tenant, call_id) = (self.tenant(step.auth).await?, step.call_id.to_owned());
         let (from, to) = (step.from, step.to);
         self.write(move |conn| {
             let changed = conn

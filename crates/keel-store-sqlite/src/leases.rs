@@ -36,7 +36,7 @@ pub(crate) fn check_fence(conn: &Connection, tenant: &str, lease: &Lease) -> Age
 impl ThreadLeases for SqliteStore {
     async fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>> {
         let ttl = lease_ttl(ask.ttl)?;
-        let (tenant, thread_id) = (auth.namespace(), ask.thread_id.clone());
+        let (tenant, thread_id) = (self.tenant(auth).await?, ask.thread_id.clone());
         let (holder, reclaim) = (ask.holder.to_owned(), ask.reclaim);
         let granted = self.write(move |conn| {
             let now = Utc::now();
@@ -81,7 +81,7 @@ impl ThreadLeases for SqliteStore {
 
     async fn extend_lease(&self, auth: &AuthContext, renewal: &LeaseRenewal) -> AgentResult<Lease> {
         let ttl = lease_ttl(renewal.ttl)?;
-        let (tenant, lease) = (auth.namespace(), renewal.lease.clone());
+        let (tenant, lease) = (self.tenant(auth).await?, renewal.lease.clone());
         let expires_at = self
             .write(move |conn| {
                 check_fence(conn, &tenant, &lease)?;
@@ -108,7 +108,7 @@ impl ThreadLeases for SqliteStore {
         let Ok(token) = i64::try_from(lease.token) else {
             return Ok(());
         };
-        let (tenant, thread_id) = (auth.namespace(), lease.thread_id.clone());
+        let (tenant, thread_id) = (self.tenant(auth).await?, lease.thread_id.clone());
         self.write(move |conn| {
             // Only the current holder's lease goes: releasing a stale lease must not free the
             // thread under its new holder.

@@ -41,7 +41,8 @@
 //! Keel's records (task snapshots, events, history messages, subagent entries, task and run
 //! records) are stored in `keel_core::stored`'s versioned JSON envelope; callers' own JSON
 //! values (memory, key-value store, queue payloads) as plain JSON text. Timestamps are
-//! integer nanoseconds since the Unix epoch, UTC. The schema is versioned with
+//! integer nanoseconds since the Unix epoch, UTC. Every row names its tenant by a short key,
+//! the id of the tenant's namespace in the `tenants` table. The schema is versioned with
 //! `PRAGMA user_version` ([`SCHEMA_VERSION`]) and migrated on open.
 //!
 //! ```
@@ -87,6 +88,7 @@ mod runs;
 mod schema;
 mod steps;
 mod tasks;
+mod tenants;
 mod threads;
 mod timers;
 mod workers;
@@ -121,6 +123,8 @@ struct Inner {
     /// `None` for an in-memory database, whose only connection is the writer's.
     readers: Option<ReadPool>,
     writer: Writer,
+    /// The keys of the tenants used so far (see `tenants`).
+    tenants: tenants::TenantKeys,
 }
 
 /// What the writer and reader threads have done since the store was opened: how many writes
@@ -189,6 +193,7 @@ impl SqliteStore {
                 location,
                 readers: Some(readers),
                 writer,
+                tenants: Default::default(),
             }),
             kv_limits: KvLimits::DEFAULT,
         })
@@ -208,6 +213,7 @@ impl SqliteStore {
                 location,
                 readers: None,
                 writer,
+                tenants: Default::default(),
             }),
             kv_limits: KvLimits::DEFAULT,
         })

@@ -34,7 +34,7 @@ fn sweep_expired(conn: &Connection, now: i64) -> AgentResult<()> {
 impl MemoryService for SqliteStore {
     async fn write_value(&self, auth: &AuthContext, write: MemoryWrite<'_>) -> AgentResult<bool> {
         let text = encode_value(&write.value)?;
-        let (tenant, key, ttl) = (auth.namespace(), write.key.to_owned(), write.ttl);
+        let (tenant, key, ttl) = (self.tenant(auth).await?, write.key.to_owned(), write.ttl);
         let (sql, doing) = if write.if_absent {
             (CLAIM, "claiming a memory key")
         } else {
@@ -56,7 +56,7 @@ impl MemoryService for SqliteStore {
     }
 
     async fn load_serialized(&self, auth: &AuthContext, key: &str) -> AgentResult<Option<Value>> {
-        let (tenant, key) = (auth.namespace(), key.to_owned());
+        let (tenant, key) = (self.tenant(auth).await?, key.to_owned());
         self.read(move |conn| {
             let now = to_nanos(Utc::now());
             let text = select_text(
@@ -73,7 +73,7 @@ impl MemoryService for SqliteStore {
     }
 
     async fn delete(&self, auth: &AuthContext, key: &str) -> AgentResult<bool> {
-        let (tenant, key) = (auth.namespace(), key.to_owned());
+        let (tenant, key) = (self.tenant(auth).await?, key.to_owned());
         self.write(move |conn| {
             let now = to_nanos(Utc::now());
             // Only a live value counts as existing; an expired one is removed all the same.

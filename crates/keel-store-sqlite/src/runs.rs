@@ -59,7 +59,7 @@ impl SqliteStore {
         T: RecordText + Send + 'static,
     {
         let limit = query.effective_limit()?;
-        let (filter, mut args) = where_clause(auth.namespace(), query);
+        let (filter, mut args) = where_clause(self.tenant(auth).await?, query);
         args.push(SqlValue::Integer(usize_to_sql(limit)));
         self.read(move |conn| {
             let rows: Vec<(i64, String)> = select_rows(
@@ -81,7 +81,7 @@ impl SqliteStore {
 impl RunStore for SqliteStore {
     async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()> {
         let body = record.to_text()?;
-        let tenant = auth.namespace();
+        let tenant = self.tenant(auth).await?;
         let record = record.clone();
         self.write(move |conn| {
             conn.prepare_cached(
@@ -119,7 +119,7 @@ impl RunStore for SqliteStore {
 
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
         let body = record.to_text()?;
-        let tenant = auth.namespace();
+        let tenant = self.tenant(auth).await?;
         let record = record.clone();
         self.write(move |conn| {
             // REPLACE deletes the old row and inserts a new one (with a new `id`), so a
@@ -152,7 +152,7 @@ impl RunStore for SqliteStore {
         auth: &AuthContext,
         run_id: &RunId,
     ) -> AgentResult<Option<RunRecord>> {
-        let (tenant, run_id) = (auth.namespace(), run_id.clone());
+        let (tenant, run_id) = (self.tenant(auth).await?, run_id.clone());
         self.read(move |conn| {
             select_record(
                 conn,

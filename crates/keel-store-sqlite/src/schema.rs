@@ -49,12 +49,16 @@ const MIGRATIONS: &[Migration] = &[
         description: "tasks by status time",
         sql: TASKS_BY_UPDATE,
     },
+    Migration {
+        description: "tenants as short keys",
+        sql: TENANT_KEYS,
+    },
 ];
 
 /// The schema version this code creates and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
-/// Version 1. Every table is keyed by `tenant` (the [`AuthContext::namespace`] string) first,
+/// Version 1. Every table is keyed by `tenant` (the [`AuthContext::namespace`] string; its key since version 6) first,
 /// so no query can reach another tenant's rows without naming it. Timestamps are INTEGER
 /// nanoseconds since the Unix epoch (UTC); Keel records are TEXT in the versioned stored-JSON
 /// envelope; callers' values are plain JSON TEXT. Tables are STRICT so a type slip in the
@@ -255,6 +259,45 @@ CREATE INDEX tasks_by_thread_update ON tasks (tenant, thread_id, updated_at, tas
 CREATE INDEX tasks_by_state_update ON tasks (tenant, state, updated_at, task_id);
 "#;
 
+/// Version 6 (decision 272): every row names its tenant by a short key, the `id` of the
+/// tenant's namespace in `tenants`, written as decimal text (the columns stay `TEXT`), where
+/// it named the namespace itself: thirty bytes or more in every row and index entry. Rows
+/// stored before get their tenant's key here; a namespace is never bare digits, so no key
+/// can be mistaken for a namespace.
+const TENANT_KEYS: &str = r#"
+CREATE TABLE tenants (
+    id   INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE
+) STRICT;
+INSERT INTO tenants (name)
+SELECT tenant FROM tasks
+UNION SELECT tenant FROM task_events
+UNION SELECT tenant FROM memory
+UNION SELECT tenant FROM threads
+UNION SELECT tenant FROM thread_history
+UNION SELECT tenant FROM thread_queue
+UNION SELECT tenant FROM thread_kv
+UNION SELECT tenant FROM subagents
+UNION SELECT tenant FROM leases
+UNION SELECT tenant FROM task_records
+UNION SELECT tenant FROM run_records
+UNION SELECT tenant FROM thread_timers
+UNION SELECT tenant FROM async_calls;
+UPDATE tasks SET tenant = (SELECT id FROM tenants WHERE name = tasks.tenant);
+UPDATE task_events SET tenant = (SELECT id FROM tenants WHERE name = task_events.tenant);
+UPDATE memory SET tenant = (SELECT id FROM tenants WHERE name = memory.tenant);
+UPDATE threads SET tenant = (SELECT id FROM tenants WHERE name = threads.tenant);
+UPDATE thread_history SET tenant = (SELECT id FROM tenants WHERE name = thread_history.tenant);
+UPDATE thread_queue SET tenant = (SELECT id FROM tenants WHERE name = thread_queue.tenant);
+UPDATE thread_kv SET tenant = (SELECT id FROM tenants WHERE name = thread_kv.tenant);
+UPDATE subagents SET tenant = (SELECT id FROM tenants WHERE name = subagents.tenant);
+UPDATE leases SET tenant = (SELECT id FROM tenants WHERE name = leases.tenant);
+UPDATE task_records SET tenant = (SELECT id FROM tenants WHERE name = task_records.tenant);
+UPDATE run_records SET tenant = (SELECT id FROM tenants WHERE name = run_records.tenant);
+UPDATE thread_timers SET tenant = (SELECT id FROM tenants WHERE name = thread_timers.tenant);
+UPDATE async_calls SET tenant = (SELECT id FROM tenants WHERE name = async_calls.tenant);
+"#;
+
 /// The schema version recorded in the database.
 fn user_version(conn: &Connection) -> AgentResult<u32> {
     let version: i64 = conn
@@ -431,6 +474,43 @@ mod tests {
             .unwrap()
             .timestamp_micros();
         assert_eq!(micros, expected, "to the millisecond");
+    }
+
+    #[test]
+    fn rows_stored_before_tenant_keys_name_their_tenant_by_key() {
+        // A version-5 database with two tenants' rows, as an older Keel left it.
+        let mut conn = database_at_version(5);
+        conn.execute_batch(
+            "INSERT INTO tasks (tenant, task_id, thread_id, state, body) \
+             VALUES ('3:app/5:alice', 't1', 'th1', 'working', '{}'), \
+                    ('3:app/3:bob', 't2', 'th2', 'working', '{}'); \
+             INSERT INTO thread_history (tenant, thread_id, seq, body) \
+             VALUES ('3:app/3:bob', 'th2', 1, '{}'); \
+             INSERT INTO leases (tenant, thread_id, holder, token, expires_at) \
+             VALUES ('3:app/5:alice', 'th1', 'w', 1, 1);",
+        )
+        .unwrap();
+        prepare_writer(&mut conn, ":memory:", false).unwrap();
+        let key_of = |name: &str| -> String {
+            conn.query_row("SELECT id FROM tenants WHERE name = ?1", [name], |r| {
+                r.get::<_, i64>(0)
+            })
+            .unwrap()
+            .to_string()
+        };
+        let (alice, bob) = (key_of("3:app/5:alice"), key_of("3:app/3:bob"));
+        assert_ne!(alice, bob);
+        let tenant_of = |sql: &str| -> String { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+        assert_eq!(
+            tenant_of("SELECT tenant FROM tasks WHERE task_id = 't1'"),
+            alice
+        );
+        assert_eq!(
+            tenant_of("SELECT tenant FROM tasks WHERE task_id = 't2'"),
+            bob
+        );
+        assert_eq!(tenant_of("SELECT tenant FROM thread_history"), bob);
+        assert_eq!(tenant_of("SELECT tenant FROM leases"), alice);
     }
 
     #[test]

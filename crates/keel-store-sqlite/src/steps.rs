@@ -33,7 +33,7 @@ impl SqliteStore {
             .collect::<AgentResult<Vec<_>>>()?;
         let thread = snapshot.as_ref().map(|row| &row.thread_id);
         let events = encode_task_events(events, task_id, thread)?;
-        let (tenant, lease, task_id) = (auth.namespace(), lease.clone(), task_id.clone());
+        let (tenant, lease, task_id) = (self.tenant(auth).await?, lease.clone(), task_id.clone());
         self.write(move |conn| {
             check_fence(conn, &tenant, &lease)?;
             if !task_exists(conn, &tenant, &task_id)? {
@@ -71,7 +71,7 @@ impl StepStore for SqliteStore {
         task: &Task,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
-        let snapshot = SnapshotRow::new(auth, task)?;
+        let snapshot = SnapshotRow::new(self.tenant(auth).await?, task)?;
         self.write_step(auth, lease, history, &task.id, Some(snapshot), events)
             .await
     }
@@ -83,9 +83,9 @@ impl StepStore for SqliteStore {
         events: &[TaskEvent],
         payload: Value,
     ) -> AgentResult<QueuedItem> {
-        let snapshot = SnapshotRow::new(auth, task)?;
+        let snapshot = SnapshotRow::new(self.tenant(auth).await?, task)?;
         let events = encode_task_events(events, &task.id, Some(&task.thread_id))?;
-        let item = QueueRow::new(auth, &task.thread_id, &payload)?;
+        let item = QueueRow::new(self.tenant(auth).await?, &task.thread_id, &payload)?;
         // One job: the task, its log entries and its queue item commit together.
         self.write(move |conn| {
             snapshot.upsert(conn)?;

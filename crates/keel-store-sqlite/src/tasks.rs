@@ -45,10 +45,10 @@ pub(crate) struct SnapshotRow {
 }
 
 impl SnapshotRow {
-    pub(crate) fn new(auth: &AuthContext, task: &Task) -> AgentResult<Self> {
+    pub(crate) fn new(tenant: String, task: &Task) -> AgentResult<Self> {
         // Snapshots never carry the history: it is rebuilt from the event log.
         Ok(Self {
-            tenant: auth.namespace(),
+            tenant,
             task_id: task.id.clone(),
             thread_id: task.thread_id.clone(),
             state: task.state().as_str(),
@@ -107,12 +107,9 @@ pub(crate) fn append_task_events(
 
 /// The `WHERE` clauses and their arguments for the tenant and the filter's thread and state.
 /// Only the filters that are set become SQL, so each query can use its index.
-fn filter_clauses(
-    auth: &AuthContext,
-    filter: &ListTasksFilter,
-) -> (Vec<&'static str>, Vec<SqlValue>) {
+fn filter_clauses(tenant: String, filter: &ListTasksFilter) -> (Vec<&'static str>, Vec<SqlValue>) {
     let mut clauses = vec!["tenant = ?"];
-    let mut args = vec![SqlValue::Text(auth.namespace())];
+    let mut args = vec![SqlValue::Text(tenant)];
     if let Some(thread_id) = &filter.thread_id {
         clauses.push("thread_id = ?");
         args.push(SqlValue::Text(thread_id.as_str().to_owned()));
@@ -145,7 +142,7 @@ impl SqliteStore {
         since: Option<i64>,
         after: Option<UpdatedCursor>,
     ) -> AgentResult<Page<Task>> {
-        let (mut clauses, mut args) = filter_clauses(auth, filter);
+        let (mut clauses, mut args) = filter_clauses(self.tenant(auth).await?, filter);
         if let Some(since) = since {
             clauses.push("updated_at >= ?");
             args.push(SqlValue::Integer(since));
@@ -188,7 +185,7 @@ impl TaskManager for SqliteStore {
         self.read(|conn| {
             let namespaces: Vec<String> = select_rows(
                 conn,
-                "SELECT DISTINCT tenant FROM tasks",
+                "SELECT name FROM tenants WHERE id IN (SELECT DISTINCT tenant FROM tasks)",
                 [],
                 |row| row.get(0),
                 "listing tenants",
@@ -199,7 +196,7 @@ impl TaskManager for SqliteStore {
     }
 
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
-        let (tenant, task_id) = (auth.namespace(), task_id.clone());
+        let (tenant, task_id) = (self.tenant(auth).await?, task_id.clone());
         self.read(move |conn| {
             select_record(
                 conn,
@@ -227,7 +224,7 @@ impl TaskManager for SqliteStore {
                     .await;
             }
         };
-        let (clauses, args) = filter_clauses(auth, filter);
+        let (clauses, args) = filter_clauses(self.tenant(auth).await?, filter);
         let filter_sql = clauses.join(" AND ");
         self.read(move |conn| {
             let total = count_tasks(conn, &filter_sql, &args)?;
@@ -253,7 +250,7 @@ impl TaskManager for SqliteStore {
     }
 
     async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
-        let row = SnapshotRow::new(auth, task)?;
+        let row = SnapshotRow::new(self.tenant(auth).await?, task)?;
         self.write(move |conn| row.upsert(conn)).await
     }
 
@@ -264,7 +261,7 @@ impl TaskManager for SqliteStore {
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         // Everything is encoded before the job is sent, so an encoding error writes nothing.
-        let row = SnapshotRow::new(auth, task)?;
+        let row = SnapshotRow::new(self.tenant(auth).await?, task)?;
         let bodies = encode_task_events(events, &task.id, Some(&task.thread_id))?;
         // One job: one savepoint, so the snapshot and the events commit (or roll back)
         // together, and one place in the writer's queue instead of 1 + N.
@@ -282,7 +279,7 @@ impl TaskManager for SqliteStore {
         event: &TaskEvent,
     ) -> AgentResult<()> {
         let body = encode_task_event(event, task_id, None)?;
-        let (tenant, task_id) = (auth.namespace(), task_id.clone());
+        let (tenant, task_id) = (self.tenant(auth).await?, task_id.clone());
         self.write(move |conn| {
             if !task_exists(conn, &tenant, &task_id)? {
                 return Err(AgentError::TaskNotFound { task_id });
@@ -297,7 +294,7 @@ impl TaskManager for SqliteStore {
         auth: &AuthContext,
         task_id: &TaskId,
     ) -> AgentResult<Vec<TaskEvent>> {
-        let (tenant, task_id) = (auth.namespace(), task_id.clone());
+        let (tenant, task_id) = (self.tenant(auth).await?, task_id.clone());
         self.read(move |conn| {
             let Some(thread_id) = task_thread(conn, &tenant, &task_id)? else {
                 return Err(AgentError::TaskNotFound { task_id });

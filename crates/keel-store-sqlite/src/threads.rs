@@ -119,7 +119,7 @@ impl ThreadHistory for SqliteStore {
             .iter()
             .map(encode_record)
             .collect::<AgentResult<Vec<_>>>()?;
-        let (tenant, lease) = (auth.namespace(), lease.clone());
+        let (tenant, lease) = (self.tenant(auth).await?, lease.clone());
         self.write(move |conn| {
             // The fence and the append share the transaction: a lease that lapses or is taken
             // over can never interleave with the write.
@@ -136,7 +136,7 @@ impl ThreadHistory for SqliteStore {
         after_seq: u64,
         limit: usize,
     ) -> AgentResult<Vec<HistoryEntry>> {
-        let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
+        let (tenant, thread_id) = (self.tenant(auth).await?, thread_id.clone());
         self.read(move |conn| {
             let sql = "SELECT seq, body FROM thread_history \
                  WHERE tenant = ?1 AND thread_id = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4";
@@ -155,7 +155,7 @@ impl ThreadHistory for SqliteStore {
         before_seq: u64,
         limit: usize,
     ) -> AgentResult<Vec<HistoryEntry>> {
-        let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
+        let (tenant, thread_id) = (self.tenant(auth).await?, thread_id.clone());
         self.read(move |conn| {
             // Newest first, to take the last `limit`; the page itself runs oldest first.
             let sql = "SELECT seq, body FROM thread_history \
@@ -221,13 +221,9 @@ pub(crate) struct QueueRow {
 }
 
 impl QueueRow {
-    pub(crate) fn new(
-        auth: &AuthContext,
-        thread_id: &ThreadId,
-        payload: &Value,
-    ) -> AgentResult<Self> {
+    pub(crate) fn new(tenant: String, thread_id: &ThreadId, payload: &Value) -> AgentResult<Self> {
         Ok(Self {
-            tenant: auth.namespace(),
+            tenant,
             thread_id: thread_id.clone(),
             id: uuid::Uuid::now_v7().to_string(),
             text: encode_value(payload)?,
@@ -278,7 +274,7 @@ impl ThreadQueue for SqliteStore {
         thread_id: &ThreadId,
         payload: Value,
     ) -> AgentResult<QueuedItem> {
-        let row = QueueRow::new(auth, thread_id, &payload)?;
+        let row = QueueRow::new(self.tenant(auth).await?, thread_id, &payload)?;
         self.write(move |conn| row.push(conn, payload)).await
     }
 
@@ -288,7 +284,7 @@ impl ThreadQueue for SqliteStore {
         thread_id: &ThreadId,
         limit: usize,
     ) -> AgentResult<Vec<QueuedItem>> {
-        let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
+        let (tenant, thread_id) = (self.tenant(auth).await?, thread_id.clone());
         self.read(move |conn| {
             let rows: Vec<(String, i64, String, i64)> = select_rows(
                 conn,
@@ -318,7 +314,7 @@ impl ThreadQueue for SqliteStore {
         lease: &Lease,
         ids: &[String],
     ) -> AgentResult<()> {
-        let (tenant, lease, ids) = (auth.namespace(), lease.clone(), ids.to_vec());
+        let (tenant, lease, ids) = (self.tenant(auth).await?, lease.clone(), ids.to_vec());
         self.write(move |conn| {
             check_fence(conn, &tenant, &lease)?;
             let mut stmt = conn
@@ -336,7 +332,7 @@ impl ThreadQueue for SqliteStore {
     }
 
     async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
-        let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
+        let (tenant, thread_id) = (self.tenant(auth).await?, thread_id.clone());
         self.read(move |conn| {
             select_count(
                 conn,
@@ -351,7 +347,7 @@ impl ThreadQueue for SqliteStore {
     async fn tenant_queue_len(&self, auth: &AuthContext) -> AgentResult<usize> {
         // The primary key starts with the tenant: this walks the tenant's queued items only,
         // which the engine's per-tenant limit keeps few.
-        let tenant = auth.namespace();
+        let tenant = self.tenant(auth).await?;
         self.read(move |conn| {
             select_count(
                 conn,
@@ -364,7 +360,7 @@ impl ThreadQueue for SqliteStore {
     }
 
     async fn queued_threads(&self, auth: &AuthContext) -> AgentResult<Vec<ThreadId>> {
-        let tenant = auth.namespace();
+        let tenant = self.tenant(auth).await?;
         self.read(move |conn| {
             let rows: Vec<String> = select_rows(
                 conn,
@@ -387,7 +383,8 @@ impl ThreadKv for SqliteStore {
         thread_id: &ThreadId,
         key: &str,
     ) -> AgentResult<Option<Value>> {
-        let (tenant, thread_id, key) = (auth.namespace(), thread_id.clone(), key.to_owned());
+        let (tenant, thread_id, key) =
+            (self.tenant(auth).await?, thread_id.clone(), key.to_owned());
         self.read(move |conn| {
             let text = select_text(
                 conn,
@@ -412,7 +409,8 @@ impl ThreadKv for SqliteStore {
         // Size caps are checked by `keel_runtime::Validated`; the key count needs the
         // transaction below.
         let limits = self.kv_limits();
-        let (tenant, thread_id, key) = (auth.namespace(), thread_id.clone(), key.to_owned());
+        let (tenant, thread_id, key) =
+            (self.tenant(auth).await?, thread_id.clone(), key.to_owned());
         self.write(move |conn| {
             if value.is_null() {
                 conn.prepare_cached(
@@ -453,7 +451,7 @@ impl ThreadKv for SqliteStore {
     }
 
     async fn kv_keys(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<Vec<String>> {
-        let (tenant, thread_id) = (auth.namespace(), thread_id.clone());
+        let (tenant, thread_id) = (self.tenant(auth).await?, thread_id.clone());
         self.read(move |conn| {
             // SQLite's default BINARY collation compares UTF-8 bytes, which is Rust's order
             // for strings: the keys come back sorted as the trait promises.
@@ -474,7 +472,7 @@ impl SubagentRegistry for SqliteStore {
     async fn register_child(&self, auth: &AuthContext, child: &ChildThread) -> AgentResult<()> {
         let body = encode_record(child)?;
         let (tenant, thread_id, parent, created_at) = (
-            auth.namespace(),
+            self.tenant(auth).await?,
             child.thread_id.clone(),
             child.parent_thread_id.clone(),
             to_nanos(child.created_at),
@@ -507,7 +505,7 @@ impl SubagentRegistry for SqliteStore {
         auth: &AuthContext,
         parent: &ThreadId,
     ) -> AgentResult<Vec<ChildThread>> {
-        let (tenant, parent) = (auth.namespace(), parent.clone());
+        let (tenant, parent) = (self.tenant(auth).await?, parent.clone());
         self.read(move |conn| {
             let rows: Vec<(String, String)> = select_rows(
                 conn,
@@ -529,7 +527,7 @@ impl SubagentRegistry for SqliteStore {
         auth: &AuthContext,
         child: &ThreadId,
     ) -> AgentResult<Option<ChildThread>> {
-        let (tenant, child) = (auth.namespace(), child.clone());
+        let (tenant, child) = (self.tenant(auth).await?, child.clone());
         self.read(move |conn| select_child(conn, &tenant, &child))
             .await
     }
@@ -540,7 +538,7 @@ impl SubagentRegistry for SqliteStore {
         child: &ThreadId,
         status: &str,
     ) -> AgentResult<()> {
-        let (tenant, child, status) = (auth.namespace(), child.clone(), status.to_owned());
+        let (tenant, child, status) = (self.tenant(auth).await?, child.clone(), status.to_owned());
         self.write(move |conn| {
             // Read, change and write back in one transaction, so no concurrent update is lost.
             let Some(mut entry) = select_child(conn, &tenant, &child)? else {

@@ -47,7 +47,7 @@ impl ThreadTimers for SqliteStore {
         let body = encode_record(timer)?;
         let (id, tenant, thread, agent) = (
             timer.id.clone(),
-            timer.auth.namespace(),
+            self.tenant(&timer.auth).await?,
             timer.thread_id.as_str().to_owned(),
             timer.agent.clone(),
         );
@@ -66,7 +66,7 @@ impl ThreadTimers for SqliteStore {
 
     async fn cancel_timer(&self, auth: &AuthContext, id: &str) -> AgentResult<bool> {
         let sql = "DELETE FROM thread_timers WHERE id = ?1 AND tenant = ?2";
-        let args = (id.to_owned(), auth.namespace());
+        let args = (id.to_owned(), self.tenant(auth).await?);
         self.delete_timer(sql, args, "canceling a timer").await
     }
 
@@ -75,7 +75,7 @@ impl ThreadTimers for SqliteStore {
         auth: &AuthContext,
         thread_id: &ThreadId,
     ) -> AgentResult<Vec<TimerRecord>> {
-        let (tenant, thread) = (auth.namespace(), thread_id.as_str().to_owned());
+        let (tenant, thread) = (self.tenant(auth).await?, thread_id.as_str().to_owned());
         self.read(move |conn| {
             let rows: Vec<(String, String, i64)> = select_rows(
                 conn,

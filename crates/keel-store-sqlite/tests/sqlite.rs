@@ -34,6 +34,14 @@ fn fresh_store() -> (TempDir, SqliteStore, AuthContext) {
     (dir, store, tenant())
 }
 
+/// [`fresh_store`] whose tenant has been used once: a tenant's first use in a process makes
+/// its key (one write job, decision 272), which the tests that count write jobs leave out.
+async fn fresh_store_in_use() -> (TempDir, SqliteStore, AuthContext) {
+    let (dir, store, auth) = fresh_store();
+    store.get_task(&auth, &"none".into()).await.unwrap();
+    (dir, store, auth)
+}
+
 /// A new task, saved in `store`.
 async fn saved_task(store: &SqliteStore, auth: &AuthContext) -> Task {
     let task = Task::create(Message::user("q"));
@@ -247,7 +255,7 @@ async fn opening_a_file_that_is_not_a_database_names_the_path() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_writes_share_commits() {
-    let (dir, store, auth) = fresh_store();
+    let (dir, store, auth) = fresh_store_in_use().await;
     let store = Arc::new(store);
     let before = store.stats();
     const WRITES: u64 = 64;
@@ -437,7 +445,7 @@ fn assert_one_write_job(store: &SqliteStore, before: keel_store_sqlite::StoreSta
 
 #[tokio::test(flavor = "multi_thread")]
 async fn save_task_with_events_is_one_write_job() {
-    let (_dir, store, auth) = fresh_store();
+    let (_dir, store, auth) = fresh_store_in_use().await;
     let mut task = Task::create(Message::user("q"));
     let events: Vec<TaskEvent> = ["q", "a", "b"]
         .into_iter()
@@ -532,4 +540,50 @@ async fn services_hand_out_the_step_store() {
         keel_runtime::Runtime::step_store(&services).is_some(),
         "a SQLite runtime writes each persist point in one job"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_name_their_tenant_by_a_short_key_that_a_reopened_store_reads() {
+    let (dir, store, alice) = fresh_store();
+    let bob = tenant();
+    let alices = saved_task(&store, &alice).await;
+    let bobs = saved_task(&store, &bob).await;
+
+    let raw = Connection::open(db_path(&dir)).unwrap();
+    let column = |sql: &str| -> Vec<String> {
+        let mut stmt = raw.prepare(sql).unwrap();
+        let rows = stmt.query_map([], |row| row.get(0)).unwrap();
+        rows.map(Result::unwrap).collect()
+    };
+    assert_eq!(
+        column("SELECT name FROM tenants ORDER BY id"),
+        [alice.namespace(), bob.namespace()]
+    );
+    assert_eq!(
+        column("SELECT tenant FROM tasks ORDER BY seq"),
+        ["1", "2"],
+        "rows hold the key, not the namespace"
+    );
+    drop(store);
+
+    // Another process on the file reads the keys the first one made, without writing.
+    let store = SqliteStore::open(db_path(&dir)).unwrap();
+    let before = store.stats();
+    assert_eq!(
+        store.get_task(&bob, &bobs.id).await.unwrap().map(|t| t.id),
+        Some(bobs.id.clone())
+    );
+    assert_eq!(store.get_task(&bob, &alices.id).await.unwrap(), None);
+    assert_eq!(store.stats().writes_submitted, before.writes_submitted);
+    let mut tenants: Vec<String> = store
+        .tenants()
+        .await
+        .unwrap()
+        .iter()
+        .map(AuthContext::namespace)
+        .collect();
+    tenants.sort();
+    let mut expected = vec![alice.namespace(), bob.namespace()];
+    expected.sort();
+    assert_eq!(tenants, expected);
 }
