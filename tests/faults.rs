@@ -254,7 +254,7 @@ impl StepStore for GatedSteps {
         auth: &AuthContext,
         lease: &Lease,
         history: &[LlmMessage],
-        task_id: &TaskId,
+        task: &Task,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         let answer = history
@@ -262,7 +262,7 @@ impl StepStore for GatedSteps {
             .any(|m| m.role == keel::core::conversation::LlmRole::Assistant);
         self.gate.pass(false, answer);
         self.inner
-            .persist_step(auth, lease, history, task_id, events)
+            .persist_step(auth, lease, history, task, events)
             .await
     }
 }

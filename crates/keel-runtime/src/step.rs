@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
+use keel_core::{AgentError, AgentResult, Task, TaskEvent};
 use serde_json::Value;
 
 use crate::{AuthContext, Lease, QueuedItem};
@@ -19,16 +19,18 @@ use crate::{AuthContext, Lease, QueuedItem};
 /// after the other, as it does without a step store.
 #[async_trait]
 pub trait StepStore: Send + Sync {
-    /// Append `history` to the lease's thread and `events` to `task_id`'s log, atomically: a
+    /// Append `history` to the lease's thread and `events` to `task`'s log, atomically: a
     /// stale or expired lease is [`AgentError::LeaseLost`](keel_core::AgentError::LeaseLost)
     /// and an unknown task [`AgentError::TaskNotFound`](keel_core::AgentError::TaskNotFound),
-    /// and in both cases nothing is written.
+    /// and in both cases nothing is written. Only the task's id and thread are read (the
+    /// thread, so that the log's entries can leave it out, decision 269); its snapshot is
+    /// not saved.
     async fn persist_step(
         &self,
         auth: &AuthContext,
         lease: &Lease,
         history: &[LlmMessage],
-        task_id: &TaskId,
+        task: &Task,
         events: &[TaskEvent],
     ) -> AgentResult<()>;
 

@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
+use keel_core::{AgentError, AgentResult, Task, TaskEvent};
 use keel_runtime::{encode_task_events, AuthContext, Lease, QueuedItem, StepStore};
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
@@ -56,20 +56,22 @@ SELECT (SELECT seq FROM queued)"
 );
 
 impl PostgresStore {
-    /// [`StepStore::persist_step`], setting the task's snapshot columns when given.
+    /// [`StepStore::persist_step`], setting the task's snapshot columns when `snapshot`.
     async fn write_step(
         &self,
         auth: &AuthContext,
         lease: &Lease,
         history: &[LlmMessage],
-        task_id: &TaskId,
-        task: Option<&Task>,
+        task: &Task,
+        snapshot: bool,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         // Encoded first, so an encoding error writes nothing.
         let history = encode_all(history)?;
-        let events = encode_task_events(events, task_id, task.map(|t| &t.thread_id))?;
-        let (state, updated_at, body) = match task.map(snapshot_columns).transpose()? {
+        let task_id = &task.id;
+        let events = encode_task_events(events, task_id, Some(&task.thread_id))?;
+        let columns = Some(task).filter(|_| snapshot).map(snapshot_columns);
+        let (state, updated_at, body) = match columns.transpose()? {
             Some((state, updated_at, body)) => (Some(state), Some(updated_at), Some(body)),
             None => (None, None, None),
         };
@@ -108,10 +110,10 @@ impl StepStore for PostgresStore {
         auth: &AuthContext,
         lease: &Lease,
         history: &[LlmMessage],
-        task_id: &TaskId,
+        task: &Task,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
-        self.write_step(auth, lease, history, task_id, None, events)
+        self.write_step(auth, lease, history, task, false, events)
             .await
     }
 
@@ -123,7 +125,7 @@ impl StepStore for PostgresStore {
         task: &Task,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
-        self.write_step(auth, lease, history, &task.id, Some(task), events)
+        self.write_step(auth, lease, history, task, true, events)
             .await
     }
 

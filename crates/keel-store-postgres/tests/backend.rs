@@ -38,7 +38,7 @@ async fn a_stale_holder_in_another_pool_is_refused_and_writes_nothing() {
         message: Message::user("late"),
     };
     let err = a
-        .persist_step(&auth, &old, &[LlmMessage::user("late")], &task.id, &[event])
+        .persist_step(&auth, &old, &[LlmMessage::user("late")], &task, &[event])
         .await
         .unwrap_err();
     assert!(
@@ -120,13 +120,7 @@ async fn connections_the_server_drops_are_replaced_and_a_step_commits_whole_or_n
         // A call on a dropped connection fails as unavailable; the pool then connects anew.
         let written = keel_runtime::testing::eventually("a step commits", || async {
             match store
-                .persist_step(
-                    &auth,
-                    &lease,
-                    &history,
-                    &task.id,
-                    std::slice::from_ref(&event),
-                )
+                .persist_step(&auth, &lease, &history, &task, std::slice::from_ref(&event))
                 .await
             {
                 Ok(()) => Some(()),

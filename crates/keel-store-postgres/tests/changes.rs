@@ -116,7 +116,7 @@ async fn task_events_appended_through_another_pool_are_heard() {
             &auth,
             &lease,
             &[LlmMessage::user("three")],
-            &task.id,
+            &task,
             &[message("three")],
         )
         .await

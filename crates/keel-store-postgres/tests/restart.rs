@@ -46,7 +46,7 @@ async fn a_restart_under_load_loses_no_acknowledged_step_and_the_store_comes_bac
                     message: Message::user(text.clone()),
                 };
                 match store
-                    .persist_step(&auth, &lease, &[LlmMessage::user(text)], &task.id, &[event])
+                    .persist_step(&auth, &lease, &[LlmMessage::user(text)], &task, &[event])
                     .await
                 {
                     Ok(()) => {

@@ -439,9 +439,10 @@ impl keel_runtime::StepStore for RedisStore {
         auth: &AuthContext,
         lease: &Lease,
         history: &[LlmMessage],
-        task_id: &keel_core::TaskId,
+        task: &keel_core::Task,
         events: &[keel_core::TaskEvent],
     ) -> AgentResult<()> {
+        let task_id = &task.id;
         let keys = self.keys(auth);
         let mut call = fenced_call(&scripts::PERSIST_STEP, &keys, lease);
         call.key(keys.of(kind::HISTORY, lease.thread_id.as_str()))
@@ -449,7 +450,7 @@ impl keel_runtime::StepStore for RedisStore {
             .key(keys.of(kind::TASK_EVENTS, task_id.as_str()))
             .arg(history.len());
         push_encoded(&mut call, history)?;
-        for event in encode_task_events(events, task_id, None)? {
+        for event in encode_task_events(events, task_id, Some(&task.thread_id))? {
             call.arg(event);
         }
         // History and task log of one persist point in one EVALSHA: both land, or neither.

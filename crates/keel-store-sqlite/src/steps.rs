@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId};
+use keel_core::{AgentError, AgentResult, Task, TaskEvent};
 use keel_runtime::{encode_task_events, AuthContext, Lease, QueuedItem, StepStore};
 use serde_json::Value;
 
@@ -23,7 +23,7 @@ impl SqliteStore {
         auth: &AuthContext,
         lease: &Lease,
         history: &[LlmMessage],
-        task_id: &TaskId,
+        task: &Task,
         snapshot: Option<SnapshotRow>,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
@@ -31,9 +31,8 @@ impl SqliteStore {
             .iter()
             .map(encode_record)
             .collect::<AgentResult<Vec<_>>>()?;
-        let thread = snapshot.as_ref().map(|row| &row.thread_id);
-        let events = encode_task_events(events, task_id, thread)?;
-        let (tenant, lease, task_id) = (self.tenant(auth).await?, lease.clone(), task_id.clone());
+        let events = encode_task_events(events, &task.id, Some(&task.thread_id))?;
+        let (tenant, lease, task_id) = (self.tenant(auth).await?, lease.clone(), task.id.clone());
         self.write(move |conn| {
             check_fence(conn, &tenant, &lease)?;
             if !task_exists(conn, &tenant, &task_id)? {
@@ -56,10 +55,10 @@ impl StepStore for SqliteStore {
         auth: &AuthContext,
         lease: &Lease,
         history: &[LlmMessage],
-        task_id: &TaskId,
+        task: &Task,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
-        self.write_step(auth, lease, history, task_id, None, events)
+        self.write_step(auth, lease, history, task, None, events)
             .await
     }
 
@@ -72,7 +71,7 @@ impl StepStore for SqliteStore {
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         let snapshot = SnapshotRow::new(self.tenant(auth).await?, task)?;
-        self.write_step(auth, lease, history, &task.id, Some(snapshot), events)
+        self.write_step(auth, lease, history, task, Some(snapshot), events)
             .await
     }
 

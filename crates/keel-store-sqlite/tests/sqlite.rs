@@ -522,7 +522,7 @@ async fn persist_step_is_one_write_job() {
             &auth,
             &lease,
             &[LlmMessage::assistant("a", vec![]), LlmMessage::user("b")],
-            &task.id,
+            &task,
             &[TaskEvent::Message {
                 message: Message::agent("a"),
             }],
@@ -586,4 +586,36 @@ async fn rows_name_their_tenant_by_a_short_key_that_a_reopened_store_reads() {
     let mut expected = vec![alice.namespace(), bob.namespace()];
     expected.sort();
     assert_eq!(tenants, expected);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_steps_log_entry_leaves_out_its_tasks_thread_and_reads_back_whole() {
+    use keel_runtime::StepStore;
+    let (dir, store, auth) = fresh_store();
+    let task = saved_task(&store, &auth).await;
+    let lease = store
+        .acquire_lease(&auth, &task.thread_id, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut answer = Message::agent("a");
+    answer.task_id = Some(task.id.clone());
+    answer.thread_id = Some(task.thread_id.clone());
+    let event = TaskEvent::Message { message: answer };
+    store
+        .persist_step(&auth, &lease, &[], &task, std::slice::from_ref(&event))
+        .await
+        .unwrap();
+    let body: String = Connection::open(db_path(&dir))
+        .unwrap()
+        .query_row(
+            "SELECT body FROM task_events ORDER BY seq DESC LIMIT 1",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert!(!body.contains(task.thread_id.as_str()), "{body}");
+    assert!(!body.contains(task.id.as_str()), "{body}");
+    let log = store.get_task_events(&auth, &task.id).await.unwrap();
+    assert_eq!(log.last(), Some(&event));
 }

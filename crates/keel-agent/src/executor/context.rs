@@ -79,7 +79,7 @@ impl Inner {
                         &flow.auth,
                         &flow.lease(),
                         messages,
-                        &task.id,
+                        task,
                         std::slice::from_ref(event),
                     )
                     .await?

@@ -2,7 +2,7 @@
 //! together or not at all.
 
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, Message, Task, TaskEvent, TaskId, TaskState};
+use keel_core::{AgentError, Message, Task, TaskEvent, TaskState};
 
 use super::{assert_lease_lost, fresh_tenant, history_len, leased, tenant_and_thread, try_lease};
 use crate::{TaskManager, ThreadStore};
@@ -22,18 +22,12 @@ pub async fn step_store_writes_history_and_log_together(
         message: Message::agent("a"),
     };
     let history = [LlmMessage::assistant("a", vec![]), LlmMessage::user("b")];
-    let unknown_task = TaskId::new();
+    let unknown_task = Task::new(task.thread_id.clone());
     // The step under test, with the lease and task varied by each case.
-    let persist = |lease, task_id| {
-        steps.persist_step(
-            &auth,
-            lease,
-            &history,
-            task_id,
-            std::slice::from_ref(&event),
-        )
+    let persist = |lease, task| {
+        steps.persist_step(&auth, lease, &history, task, std::slice::from_ref(&event))
     };
-    persist(&lease, &task.id).await.unwrap();
+    persist(&lease, &task).await.unwrap();
     let stored = threads
         .read_history(&auth, &task.thread_id, 0, 10)
         .await
@@ -64,7 +58,7 @@ pub async fn step_store_writes_history_and_log_together(
     try_lease(threads, &auth, &task.thread_id, "w2")
         .await
         .expect("a released thread is free");
-    assert_lease_lost(persist(&lease, &task.id).await, "stale lease");
+    assert_lease_lost(persist(&lease, &task).await, "stale lease");
     assert_eq!(
         history_len(threads, &auth, &task.thread_id).await,
         2,
