@@ -53,29 +53,50 @@ pub fn decode<T: DeserializeOwned>(stored: Value) -> AgentResult<T> {
 /// whose value is the one given, because the record says it elsewhere; write `null` for one
 /// it does not name, since a missing one reads back as the given one ([`fill_in_ids`]).
 pub fn leave_out_ids(holder: &mut Map<String, Value>, ids: &[(&str, Option<&str>)]) {
-    for &(key, id) in ids {
-        match holder.get(key) {
-            Some(Value::String(own)) if Some(own.as_str()) == id => {
-                holder.remove(key);
+    leave_out_given(holder, ids, |own, id| own.as_str() == Some(*id));
+}
+
+/// The reverse of [`leave_out_ids`]: a missing id is the given one (when it is known), and a
+/// `null` one none (left out again, as the value was written: some holders are kept as JSON).
+pub fn fill_in_ids(holder: &mut Map<String, Value>, ids: &[(&str, Option<&str>)]) {
+    fill_in_given(holder, ids, |id| Value::String((*id).to_owned()));
+}
+
+/// [`leave_out_ids`] for a value of any kind that the record gives elsewhere: each field of
+/// `given` whose value in `holder` is the `same` as the given one is left out, and one
+/// `holder` does not have is written `null`.
+pub fn leave_out_given<T>(
+    holder: &mut Map<String, Value>,
+    given: &[(&str, Option<T>)],
+    same: impl Fn(&Value, &T) -> bool,
+) {
+    for (key, value) in given {
+        match holder.get(*key) {
+            Some(own) if value.as_ref().is_some_and(|value| same(own, value)) => {
+                holder.remove(*key);
             }
             None => {
-                holder.insert(key.to_owned(), Value::Null);
+                holder.insert((*key).to_owned(), Value::Null);
             }
             Some(_) => {}
         }
     }
 }
 
-/// The reverse of [`leave_out_ids`]: a missing id is the given one (when it is known), and a
-/// `null` one none (left out again, as the value was written: some holders are kept as JSON).
-pub fn fill_in_ids(holder: &mut Map<String, Value>, ids: &[(&str, Option<&str>)]) {
-    for &(key, id) in ids {
-        match (holder.get(key), id) {
+/// The reverse of [`leave_out_given`]: a missing field is the given value (as JSON, by
+/// `value`), and a `null` one is left out.
+pub fn fill_in_given<T>(
+    holder: &mut Map<String, Value>,
+    given: &[(&str, Option<T>)],
+    value: impl Fn(&T) -> Value,
+) {
+    for (key, given) in given {
+        match (holder.get(*key), given) {
             (Some(Value::Null), _) => {
-                holder.remove(key);
+                holder.remove(*key);
             }
-            (None, Some(id)) => {
-                holder.insert(key.to_owned(), Value::String(id.to_owned()));
+            (None, Some(given)) => {
+                holder.insert((*key).to_owned(), value(given));
             }
             _ => {}
         }

@@ -18,13 +18,15 @@ use crate::{summary, EventType, RunEvent, RunReport, RunSpans, Severity, RUN_EVE
 /// The version of the stored form of a run, which `RunStore` rows written by
 /// [`ReportWriter`](crate::ReportWriter) carry. Reading one renders the [`RunReport`] of
 /// version [`RUN_REPORT_VERSION`](crate::RUN_REPORT_VERSION). Version 9 (decision 270) leaves
-/// out an event's summary when its payload gives it; version 8, which always wrote it, is
-/// read as well ([`READ_STORED_RUN_VERSIONS`]).
-pub const STORED_RUN_VERSION: u32 = 9;
+/// out an event's summary when its payload gives it; version 10 (decision 273) a manifest's
+/// per-section items and total when its section totals give them. Versions 8, which always
+/// wrote both, and 9 are read as well ([`READ_STORED_RUN_VERSIONS`]).
+pub const STORED_RUN_VERSION: u32 = 10;
 
-/// The stored run versions this Keel reads: its own and the one before, whose events differ
-/// only in always carrying their summary.
-pub const READ_STORED_RUN_VERSIONS: [u32; 2] = [8, STORED_RUN_VERSION];
+/// The stored run versions this Keel reads: its own and the two before, whose events differ
+/// only in carrying what a later version leaves out (summaries before 9, a manifest's items
+/// and total before 10).
+pub const READ_STORED_RUN_VERSIONS: [u32; 3] = [8, 9, STORED_RUN_VERSION];
 
 /// A run as stored: its ids, where it ended, what it used and when, and its events.
 #[serde_with::skip_serializing_none]
@@ -160,12 +162,12 @@ impl StoredRun {
                 false => (event.span_id, event.parent_span_id),
             };
             let mut payload = event.payload;
-            if event.event_type == EventType::CONTEXT_PREPARED {
-                leave_out_run_ids(&mut payload, &run);
-            }
             let derived = summary::of(&event.event_type, &payload);
             let summary =
                 (derived.as_deref() != Some(event.summary.as_str())).then_some(event.summary);
+            if event.event_type == EventType::CONTEXT_PREPARED {
+                leave_out_run_ids(&mut payload, &run);
+            }
             run.events.push(StoredEvent {
                 version: (event.version != RUN_EVENT_VERSION).then_some(event.version),
                 event_type: event.event_type,
@@ -194,8 +196,9 @@ impl StoredRun {
 
     /// The run's events, each with what it shares with the run filled in again.
     pub(crate) fn into_events(self) -> (Vec<RunEvent>, Metadata) {
-        // Version 8 wrote a manifest's ids whole: none there means none.
+        // Version 8 wrote a manifest's ids whole, and 9 its tokens: none there means none.
         let manifests_leave_ids_out = self.version >= 9;
+        let manifests_leave_tokens_out = self.version >= 10;
         let StoredRun {
             run_id,
             task_id,
@@ -248,8 +251,17 @@ impl StoredRun {
                     None => (e.span_id, e.parent_span_id),
                 };
                 let mut payload = e.payload;
-                if manifests_leave_ids_out && e.event_type == EventType::CONTEXT_PREPARED {
-                    fill_in_run_ids(&mut payload, run_ids);
+                if e.event_type == EventType::CONTEXT_PREPARED {
+                    if let Some(manifest) =
+                        payload.get_mut("manifest").and_then(Value::as_object_mut)
+                    {
+                        if manifests_leave_ids_out {
+                            stored::fill_in_ids(manifest, &manifest_ids(run_ids));
+                        }
+                        if manifests_leave_tokens_out {
+                            fill_in_derived_tokens(manifest);
+                        }
+                    }
                 }
                 // Written when it is not the one its payload gives (version 9), or always (8).
                 let summary = e
@@ -313,8 +325,9 @@ fn rfc3339_opt<S: serde::Serializer>(
     }
 }
 
-/// Leave out of a `context.prepared` payload's manifest each id that is the run's; one the
-/// manifest does not name is written `null`, since a missing one reads back as the run's.
+/// Leave out of a `context.prepared` payload's manifest each id that is the run's (one the
+/// manifest does not name is written `null`, since a missing one reads back as the run's),
+/// and what its section totals give ([`leave_out_derived_tokens`]).
 fn leave_out_run_ids(payload: &mut Value, run: &StoredRun) {
     if let Some(manifest) = payload.get_mut("manifest").and_then(Value::as_object_mut) {
         let run_ids = [
@@ -323,13 +336,49 @@ fn leave_out_run_ids(payload: &mut Value, run: &StoredRun) {
             run.agent_name.as_deref(),
         ];
         stored::leave_out_ids(manifest, &manifest_ids(run_ids));
+        leave_out_derived_tokens(manifest);
     }
 }
 
-/// The reverse of [`leave_out_run_ids`]: a missing id is the run's, a `null` one none.
-fn fill_in_run_ids(payload: &mut Value, run_ids: [Option<&str>; 3]) {
-    if let Some(manifest) = payload.get_mut("manifest").and_then(Value::as_object_mut) {
-        stored::fill_in_ids(manifest, &manifest_ids(run_ids));
+/// A manifest's sections, in the order `keel-llm` writes its items, each with the field of
+/// the section's total.
+const MANIFEST_SECTIONS: [(&str, &str); 4] = [
+    ("system", "system_tokens"),
+    ("tools", "tool_prompt_tokens"),
+    ("history", "history_tokens"),
+    ("user", "user_tokens"),
+];
+
+/// What a manifest's four section totals give (decision 273): its `context_items`, one per
+/// section with the section's total, in order, and its `total_estimated_tokens`, their sum.
+/// `None` for a manifest without all four totals, which leaves out nothing.
+fn derived_tokens(
+    manifest: &serde_json::Map<String, Value>,
+) -> Option<[(&'static str, Option<Value>); 2]> {
+    let mut total = 0u64;
+    let mut items = Vec::with_capacity(MANIFEST_SECTIONS.len());
+    for (section, key) in MANIFEST_SECTIONS {
+        let tokens = manifest.get(key)?.as_u64()?;
+        total = total.checked_add(tokens)?;
+        items.push(serde_json::json!({"section": section, "tokens": tokens}));
+    }
+    Some([
+        ("context_items", Some(Value::Array(items))),
+        ("total_estimated_tokens", Some(Value::from(total))),
+    ])
+}
+
+/// Leave out of a manifest the items and total its section totals give.
+fn leave_out_derived_tokens(manifest: &mut serde_json::Map<String, Value>) {
+    if let Some(derived) = derived_tokens(manifest) {
+        stored::leave_out_given(manifest, &derived, |own, derived| own == derived);
+    }
+}
+
+/// The reverse of [`leave_out_derived_tokens`].
+fn fill_in_derived_tokens(manifest: &mut serde_json::Map<String, Value>) {
+    if let Some(derived) = derived_tokens(manifest) {
+        stored::fill_in_given(manifest, &derived, Value::clone);
     }
 }
 

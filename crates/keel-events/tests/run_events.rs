@@ -1057,3 +1057,79 @@ async fn stored_events_leave_out_the_summaries_their_payloads_give() {
     let old = read(&version_8);
     assert!(old.events.iter().all(|e| e.summary == "as stored"));
 }
+
+/// A `context.prepared` manifest leaves out the per-section items and the total that its
+/// section totals give (decision 273) and reads back whole; items or a total that say
+/// something else, and a manifest without items, are kept as they were; a run stored by
+/// version 9 reads as written.
+#[tokio::test]
+async fn stored_manifests_leave_out_the_tokens_their_sections_give() {
+    let (_, mut events) = recorded_run().await;
+    let at = events
+        .iter()
+        .position(|e| e.is("context.prepared"))
+        .unwrap();
+    let sections = [("system", 100), ("tools", 0), ("history", 0), ("user", 20)];
+    let items: Vec<_> = sections
+        .iter()
+        .map(|(section, tokens)| json!({"section": section, "tokens": tokens}))
+        .collect();
+    events[at].payload["manifest"]["context_items"] = json!(items);
+    let back_payload = |back: &RunReport| {
+        back.events
+            .iter()
+            .find(|e| e.is("context.prepared"))
+            .unwrap()
+            .payload
+            .clone()
+    };
+
+    let (json, manifest, back) = stored_manifest(&events).await;
+    assert_eq!(json["version"], STORED_RUN_VERSION);
+    assert!(manifest.get("context_items").is_none(), "{manifest}");
+    assert!(
+        manifest.get("total_estimated_tokens").is_none(),
+        "{manifest}"
+    );
+    assert_eq!(back_payload(&back), events[at].payload);
+
+    // Version 9 wrote them whole: one without them reads without them.
+    let mut version_9 = json.clone();
+    version_9["version"] = json!(9);
+    let old = back_payload(&read(&version_9));
+    assert!(old["manifest"].get("context_items").is_none(), "{old}");
+
+    // Items and a total that are not what the sections give are kept.
+    let mut other = events.clone();
+    other[at].payload["manifest"]["context_items"] = json!([{"section": "user", "tokens": 20}]);
+    other[at].payload["manifest"]["total_estimated_tokens"] = json!(999);
+    let (_, manifest, back) = stored_manifest(&other).await;
+    assert_eq!(manifest["total_estimated_tokens"], 999);
+    assert_eq!(manifest["context_items"].as_array().unwrap().len(), 1);
+    assert_eq!(back_payload(&back), other[at].payload);
+
+    // A manifest without items says so, and reads back without them.
+    let mut bare = events.clone();
+    let fields = bare[at].payload["manifest"].as_object_mut().unwrap();
+    fields.remove("context_items");
+    let (_, manifest, back) = stored_manifest(&bare).await;
+    assert_eq!(manifest["context_items"], json!(null));
+    assert_eq!(back_payload(&back), bare[at].payload);
+}
+
+/// The stored JSON of `events`' run, its `context.prepared` manifest as stored, and the
+/// report read back from it.
+async fn stored_manifest(events: &[RunEvent]) -> (serde_json::Value, serde_json::Value, RunReport) {
+    let recorder = recorder_of(events).await;
+    let json: serde_json::Value =
+        serde_json::from_str(recorder.take_report_json().unwrap().as_str()).unwrap();
+    let back = read(&json);
+    let prepared = json["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "context.prepared")
+        .unwrap()["payload"]["manifest"]
+        .clone();
+    (json, prepared, back)
+}
