@@ -75,6 +75,8 @@ pub fn leave_out_given<T>(
             Some(own) if value.as_ref().is_some_and(|value| same(own, value)) => {
                 holder.remove(*key);
             }
+            // Said even where no value is given: a reader may know one the writer did not
+            // (a task log's thread), and a missing field reads back as the reader's.
             None => {
                 holder.insert((*key).to_owned(), Value::Null);
             }

@@ -151,6 +151,7 @@ impl StoredRun {
             !shared(&events, &run.agent_name, |e| e.agent_name.as_ref()),
         ];
         let mut previous = 0;
+        let mut said = None;
         for event in events {
             let follows = event.sequence == previous + 1;
             let elapsed = run
@@ -166,7 +167,12 @@ impl StoredRun {
             let summary =
                 (derived.as_deref() != Some(event.summary.as_str())).then_some(event.summary);
             if event.event_type == EventType::CONTEXT_PREPARED {
+                said = call_context(&payload);
                 leave_out_run_ids(&mut payload, &run);
+            } else if let Some(fields) = call_fields(&event.event_type, said.as_ref()) {
+                if let Some(payload) = payload.as_object_mut() {
+                    stored::leave_out_given(payload, fields, |own, said| own == said);
+                }
             }
             run.events.push(StoredEvent {
                 version: (event.version != RUN_EVENT_VERSION).then_some(event.version),
@@ -217,6 +223,7 @@ impl StoredRun {
             _ => None,
         };
         let mut previous = 0;
+        let mut said = None;
         // A field no event holds was shared: each event has the run's.
         fn fill<'a, T>(
             events: &[StoredEvent],
@@ -261,6 +268,13 @@ impl StoredRun {
                         if manifests_leave_tokens_out {
                             fill_in_derived_tokens(manifest);
                         }
+                    }
+                    said = call_context(&payload);
+                } else if let Some(fields) =
+                    call_fields(&e.event_type, said.as_ref()).filter(|_| manifests_leave_tokens_out)
+                {
+                    if let Some(payload) = payload.as_object_mut() {
+                        stored::fill_in_given(payload, fields, Value::clone);
                     }
                 }
                 // Written when it is not the one its payload gives (version 9), or always (8).
@@ -379,6 +393,34 @@ fn leave_out_derived_tokens(manifest: &mut serde_json::Map<String, Value>) {
 fn fill_in_derived_tokens(manifest: &mut serde_json::Map<String, Value>) {
     if let Some(derived) = derived_tokens(manifest) {
         stored::fill_in_given(manifest, &derived, Value::clone);
+    }
+}
+
+/// What a `context.prepared` payload's manifest says that the model calls after it repeat
+/// (decision 273): the provider and model, and the total a started call estimates.
+fn call_context(payload: &Value) -> Option<[(&'static str, Option<Value>); 3]> {
+    let manifest = payload.get("manifest")?;
+    let field = |key: &str| manifest.get(key).filter(|v| !v.is_null()).cloned();
+    Some([
+        ("provider", field("provider")),
+        ("model", field("model")),
+        ("estimated_input_tokens", field("total_estimated_tokens")),
+    ])
+}
+
+/// The fields of a model call's payload that its step's manifest said (`said`): a started
+/// call's provider, model and estimate, a completed call's provider and model.
+fn call_fields<'a>(
+    event_type: &EventType,
+    said: Option<&'a [(&'static str, Option<Value>); 3]>,
+) -> Option<&'a [(&'static str, Option<Value>)]> {
+    let said = said?;
+    if *event_type == EventType::LLM_CALL_STARTED {
+        Some(&said[..])
+    } else if *event_type == EventType::LLM_CALL_COMPLETED {
+        Some(&said[..2])
+    } else {
+        None
     }
 }
 

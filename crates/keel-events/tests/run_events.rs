@@ -1059,9 +1059,9 @@ async fn stored_events_leave_out_the_summaries_their_payloads_give() {
 }
 
 /// A `context.prepared` manifest leaves out the per-section items and the total that its
-/// section totals give (decision 273) and reads back whole; items or a total that say
-/// something else, and a manifest without items, are kept as they were; a run stored by
-/// version 9 reads as written.
+/// section totals give, and its step's model calls the model and estimate it said (decision
+/// 273); all read back whole; items or a total that say something else, and a manifest
+/// without items, are kept as they were; a run stored by version 9 reads as written.
 #[tokio::test]
 async fn stored_manifests_leave_out_the_tokens_their_sections_give() {
     let (_, mut events) = recorded_run().await;
@@ -1084,6 +1084,8 @@ async fn stored_manifests_leave_out_the_tokens_their_sections_give() {
             .clone()
     };
 
+    events[at].payload["manifest"]["model"] = json!("mock");
+    events[at].payload["manifest"]["provider"] = json!("scripted");
     let (json, manifest, back) = stored_manifest(&events).await;
     assert_eq!(json["version"], STORED_RUN_VERSION);
     assert!(manifest.get("context_items").is_none(), "{manifest}");
@@ -1092,6 +1094,20 @@ async fn stored_manifests_leave_out_the_tokens_their_sections_give() {
         "{manifest}"
     );
     assert_eq!(back_payload(&back), events[at].payload);
+    // The step's model calls leave out the model and estimate their manifest said, and say
+    // they name no provider where their manifest names one.
+    for kind in ["llm.call.started", "llm.call.completed"] {
+        let stored = json["events"].as_array().unwrap();
+        let call = &stored.iter().find(|e| e["type"] == kind).unwrap()["payload"];
+        let fields = call.as_object().unwrap();
+        for key in ["model", "estimated_input_tokens"] {
+            assert!(!fields.contains_key(key), "{key} in {call}");
+        }
+        assert_eq!(call["provider"], json!(null), "{call}");
+        let live = events.iter().find(|e| e.is(kind)).unwrap();
+        let read_back = back.events.iter().find(|e| e.is(kind)).unwrap();
+        assert_eq!(read_back.payload, live.payload, "{kind}");
+    }
 
     // Version 9 wrote them whole: one without them reads without them.
     let mut version_9 = json.clone();

@@ -42,6 +42,17 @@ async fn fresh_store_in_use() -> (TempDir, SqliteStore, AuthContext) {
     (dir, store, auth)
 }
 
+/// A new task, saved in `store`, and a lease on its thread.
+async fn leased_task(store: &SqliteStore, auth: &AuthContext) -> (Task, keel_runtime::Lease) {
+    let task = saved_task(store, auth).await;
+    let lease = store
+        .acquire_lease(auth, &task.thread_id, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("a new thread is free");
+    (task, lease)
+}
+
 /// A new task, saved in `store`.
 async fn saved_task(store: &SqliteStore, auth: &AuthContext) -> Task {
     let task = Task::create(Message::user("q"));
@@ -510,12 +521,7 @@ async fn save_task_with_events_writes_nothing_when_an_event_fails() {
 async fn persist_step_is_one_write_job() {
     use keel_runtime::StepStore;
     let (_dir, store, auth) = fresh_store();
-    let task = saved_task(&store, &auth).await;
-    let lease = store
-        .acquire_lease(&auth, &task.thread_id, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let (task, lease) = leased_task(&store, &auth).await;
     let before = store.stats();
     store
         .persist_step(
@@ -592,12 +598,7 @@ async fn rows_name_their_tenant_by_a_short_key_that_a_reopened_store_reads() {
 async fn a_steps_log_entry_leaves_out_its_tasks_thread_and_reads_back_whole() {
     use keel_runtime::StepStore;
     let (dir, store, auth) = fresh_store();
-    let task = saved_task(&store, &auth).await;
-    let lease = store
-        .acquire_lease(&auth, &task.thread_id, "w", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let (task, lease) = leased_task(&store, &auth).await;
     let mut answer = Message::agent("a");
     answer.task_id = Some(task.id.clone());
     answer.thread_id = Some(task.thread_id.clone());
