@@ -17,8 +17,9 @@ use crate::{AgentError, AgentResult};
 
 /// The current version of Keel's stored JSON. Version 2 (decision 269): an entry of a task's
 /// log may leave out the task and thread ids its log already holds
-/// (`keel_runtime::encode_task_event`). Version 3 (decision 271): a run record leaves out the
-/// ids its report names (`keel_runtime::RecordText`). Every other record reads the same in
+/// (`keel_runtime::encode_task_event`). Version 3: a run record leaves out the ids its report
+/// names (decision 271, `keel_runtime::RecordText`), and a task snapshot the state and time of
+/// its status that its last transition says (decision 274). Every other record reads the same in
 /// 1, 2 and 3, so a store written by an earlier Keel is read as it is, and an earlier Keel
 /// refuses a newer record by its version rather than misread it.
 pub const FORMAT_VERSION: u64 = 3;

@@ -136,7 +136,8 @@ pub fn decode_task_event(
 /// what the snapshot says twice (decision 269): its status message's task and thread ids
 /// when they are the task's, its run context's thread when it is the task's, and each state
 /// transition's previous state when it is the state the transition before left (the first's:
-/// `submitted`). [`decode_task_snapshot`] puts them back.
+/// `submitted`), and its status's state and time when they are the last transition's (format
+/// 3). [`decode_task_snapshot`] puts them back.
 ///
 /// ```
 /// use keel_core::{Message, RunContext, Task};
@@ -166,6 +167,9 @@ pub fn encode_task_snapshot(task: &Task) -> AgentResult<String> {
             }
             before = new_state;
         }
+        if let Some((status, last)) = status_and_last_transition(data) {
+            stored::leave_out_given(status, &last, |own, last| own == last);
+        }
     }
     serde_json::to_string(&value).map_err(AgentError::internal)
 }
@@ -178,8 +182,8 @@ pub fn decode_task_snapshot(
     text: &str,
 ) -> AgentResult<Task> {
     let mut value = parse(backend, operation, text)?;
-    let leaves_out = value.get("format").and_then(Value::as_u64) >= Some(2);
-    if let Some(data) = value.get_mut("data").filter(|_| leaves_out) {
+    let format = value.get("format").and_then(Value::as_u64).unwrap_or(0);
+    if let Some(data) = value.get_mut("data").filter(|_| format >= 2) {
         let id = |key: &str| data.get(key).and_then(Value::as_str).map(str::to_owned);
         let (task_id, thread_id) = (id("id"), id("thread_id"));
         let log = [
@@ -192,6 +196,9 @@ pub fn decode_task_snapshot(
             let new_state = transition.get("new_state").cloned().unwrap_or(Value::Null);
             transition.entry("previous_state").or_insert(before);
             before = new_state;
+        }
+        if let Some((status, last)) = status_and_last_transition(data).filter(|_| format >= 3) {
+            stored::fill_in_given(status, &last, Value::clone);
         }
     }
     decode_envelope(backend, operation, value)
@@ -285,6 +292,22 @@ fn for_each_snapshot_copy(
     {
         f(context, 1..2);
     }
+}
+
+/// Fields of a record's JSON, each with the value another part of the record gives it.
+type Given = [(&'static str, Option<Value>); 2];
+
+/// A snapshot's status, and what its last state transition says that the status repeats
+/// (format 3): the state it entered and when. `None` for a task that never changed state.
+fn status_and_last_transition(data: &mut Value) -> Option<(&mut Map<String, Value>, Given)> {
+    let last = data.get("state_history")?.as_array()?.last()?;
+    let said = |key: &str| last.get(key).cloned();
+    let last = [
+        ("state", said("new_state")),
+        ("timestamp", said("timestamp")),
+    ];
+    let status = data.get_mut("status")?.as_object_mut()?;
+    Some((status, last))
 }
 
 /// The state transitions of a snapshot's JSON, as objects.
@@ -424,6 +447,9 @@ mod tests {
         assert_eq!(text.matches(task.id.as_str()).count(), 1, "{text}");
         assert_eq!(text.matches(task.thread_id.as_str()).count(), 1, "{text}");
         assert!(!text.contains("previous_state"), "{text}");
+        let entered = serde_json::to_string(&task.status().timestamp).unwrap();
+        assert_eq!(text.matches(&entered).count(), 1, "{entered} in {text}");
+        assert_eq!(text.matches(r#""completed""#).count(), 1, "{text}");
         let back = decode_task_snapshot("sqlite", "reading", &text).unwrap();
         assert_eq!(back, task.clone_without_history());
 
@@ -437,6 +463,9 @@ mod tests {
         task.metadata
             .insert(keel_core::RUN_CONTEXT_KEY.into(), value);
         task.state_history[0].previous_state = keel_core::TaskState::InputRequired;
+        let mut value = serde_json::to_value(&task).unwrap();
+        value["status"]["timestamp"] = serde_json::json!("2030-01-01T00:00:00Z");
+        let task: Task = serde_json::from_value(value).unwrap();
         let text = encode_task_snapshot(&task).unwrap();
         let back = decode_task_snapshot("redis", "reading", &text).unwrap();
         assert_eq!(back, task.clone_without_history());
