@@ -58,11 +58,11 @@ const MIGRATIONS: &[Migration] = &[
 /// The schema version this code creates and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
-/// Version 1. Every table is keyed by `tenant` (the [`AuthContext::namespace`] string; its key since version 6) first,
-/// so no query can reach another tenant's rows without naming it. Timestamps are INTEGER
-/// nanoseconds since the Unix epoch (UTC); Keel records are TEXT in the versioned stored-JSON
-/// envelope; callers' values are plain JSON TEXT. Tables are STRICT so a type slip in the
-/// code is an error instead of silently stored data.
+/// Version 1. Every table is keyed by `tenant` (the [`AuthContext::namespace`] string; since
+/// version 6 its key) first, so no query can reach another tenant's rows without naming it.
+/// Timestamps are INTEGER nanoseconds since the Unix epoch (UTC); Keel records are TEXT in the
+/// versioned stored-JSON envelope; callers' values are plain JSON TEXT. Tables are STRICT so
+/// a type slip in the code is an error instead of silently stored data.
 ///
 /// [`AuthContext::namespace`]: keel_runtime::AuthContext::namespace
 const V1: &str = r#"
