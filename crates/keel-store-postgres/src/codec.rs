@@ -3,6 +3,7 @@
 //! and the shapes of every statement (prepared once per pooled connection).
 
 use keel_core::{AgentError, AgentResult};
+use keel_runtime::AuthContext;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -31,6 +32,16 @@ pub(crate) fn decode_task(text: &str, what: &str) -> AgentResult<keel_core::Task
 /// Decode a record of the run store read from a column; `what` names it in errors.
 pub(crate) fn decode_text<T: keel_runtime::RecordText>(text: &str, what: &str) -> AgentResult<T> {
     T::from_text(BACKEND, &format!("reading stored {what}"), text)
+}
+
+/// A read of one stored record by its key among a tenant's rows: the statement (column 0 of
+/// the row it selects, bound as tenant and key), what it does and what it reads (for
+/// errors), and how its text is decoded.
+pub(crate) struct ByKey<T> {
+    pub(crate) sql: &'static str,
+    pub(crate) op: &'static str,
+    pub(crate) noun: &'static str,
+    pub(crate) decode: fn(&str, &str) -> AgentResult<T>,
 }
 
 /// Every record of `records`, encoded.
@@ -174,18 +185,19 @@ impl crate::PostgresStore {
         query_opt(&self.client().await?, sql, params, op).await
     }
 
-    /// The record stored as text in column 0 of the one row `sql` selects, read by `decode`
-    /// (`what` names it in a decode error), or `None`: the one shape of every by-key read.
-    pub(crate) async fn select_record<T>(
+    /// The record `read` selects by `key` among `auth`'s rows, or `None`: the one shape of
+    /// every by-key read.
+    pub(crate) async fn select_by_key<T>(
         &self,
-        sql: &str,
-        params: &Params<'_>,
-        op: &'static str,
-        what: &str,
-        decode: fn(&str, &str) -> AgentResult<T>,
+        read: &ByKey<T>,
+        auth: &AuthContext,
+        key: &str,
     ) -> AgentResult<Option<T>> {
-        let row = self.query_opt(sql, params, op).await?;
-        row.map(|row| decode(row.get(0), what)).transpose()
+        let row = self
+            .query_opt(read.sql, &[&auth.namespace(), &key], read.op)
+            .await?;
+        row.map(|row| (read.decode)(row.get(0), &format!("{} {key}", read.noun)))
+            .transpose()
     }
 
     /// [`query_one`] on a pooled connection.

@@ -8,7 +8,7 @@ use keel_runtime::{
 };
 use tokio_postgres::types::ToSql;
 
-use crate::codec::{decode_text, to_nanos, to_sql_int, Arg};
+use crate::codec::{decode_text, to_nanos, to_sql_int, Arg, ByKey};
 use crate::PostgresStore;
 
 const SAVE_TASK_RECORD: &str = "\
@@ -23,7 +23,12 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (tenant, run_id) DO UPDATE SET id = DEFAULT, task_id = excluded.task_id,
     thread_id = excluded.thread_id, trace_id = excluded.trace_id,
     agent_name = excluded.agent_name, recorded_at = excluded.recorded_at, body = excluded.body";
-const GET_RUN_REPORT: &str = "SELECT body FROM run_records WHERE tenant = $1 AND run_id = $2";
+const GET_RUN_REPORT: ByKey<RunRecord> = ByKey {
+    sql: "SELECT body FROM run_records WHERE tenant = $1 AND run_id = $2",
+    op: "reading a run report",
+    noun: "run report",
+    decode: decode_text,
+};
 
 /// The `WHERE` clause and its arguments for `query`. `contains` is `strpos`, not `LIKE`: a
 /// `%` or `_` in the needle is plain text and the match is case-sensitive, on the record's
@@ -167,14 +172,8 @@ impl RunStore for PostgresStore {
         auth: &AuthContext,
         run_id: &RunId,
     ) -> AgentResult<Option<RunRecord>> {
-        self.select_record(
-            GET_RUN_REPORT,
-            &[&auth.namespace(), &run_id.as_str()],
-            "reading a run report",
-            &format!("run report {run_id}"),
-            decode_text,
-        )
-        .await
+        self.select_by_key(&GET_RUN_REPORT, auth, run_id.as_str())
+            .await
     }
 
     async fn find_run_reports(

@@ -12,7 +12,7 @@ use keel_runtime::{
 };
 use tokio_postgres::types::ToSql;
 
-use crate::codec::{decode_task, query, query_one, to_sql_int, Arg};
+use crate::codec::{decode_task, query, query_one, to_sql_int, Arg, ByKey};
 use crate::error::BACKEND;
 use crate::PostgresStore;
 
@@ -105,7 +105,12 @@ WITH task AS (
 )
 SELECT count(*) FROM task";
 
-const GET_TASK: &str = "SELECT body FROM tasks WHERE tenant = $1 AND task_id = $2";
+const GET_TASK: ByKey<Task> = ByKey {
+    sql: "SELECT body FROM tasks WHERE tenant = $1 AND task_id = $2",
+    op: "reading a task",
+    noun: "task",
+    decode: decode_task,
+};
 /// The log of a task, or no row at all when the task is unknown (`seq` NULL for a task
 /// without events).
 /// The task's log in order: one row of NULLs for a task with an empty log, none for an unknown
@@ -172,14 +177,7 @@ impl TaskManager for PostgresStore {
     }
 
     async fn get_task(&self, auth: &AuthContext, task_id: &TaskId) -> AgentResult<Option<Task>> {
-        self.select_record(
-            GET_TASK,
-            &[&auth.namespace(), &task_id.as_str()],
-            "reading a task",
-            &format!("task {task_id}"),
-            decode_task,
-        )
-        .await
+        self.select_by_key(&GET_TASK, auth, task_id.as_str()).await
     }
 
     async fn list_tasks(

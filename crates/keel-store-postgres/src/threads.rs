@@ -15,7 +15,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::codec::{
     decode_record, decode_value, encode_all, encode_record, encode_value, execute, from_nanos,
-    from_sql_int, query_opt, to_nanos, to_sql_int, transaction, Params,
+    from_sql_int, query_opt, to_nanos, to_sql_int, transaction, ByKey, Params,
 };
 use crate::error::doing;
 use crate::leases::{fence, fence_args};
@@ -121,7 +121,12 @@ ON CONFLICT (tenant, thread_id) DO UPDATE SET
     body = excluded.body";
 const CHILDREN: &str = "SELECT thread_id, body FROM subagents \
      WHERE tenant = $1 AND parent_thread_id = $2 ORDER BY created_at, thread_id";
-const CHILD: &str = "SELECT body FROM subagents WHERE tenant = $1 AND thread_id = $2";
+const CHILD: ByKey<ChildThread> = ByKey {
+    sql: "SELECT body FROM subagents WHERE tenant = $1 AND thread_id = $2",
+    op: "reading a subagent",
+    noun: "subagent",
+    decode: decode_record,
+};
 const CHILD_FOR_UPDATE: &str =
     "SELECT body FROM subagents WHERE tenant = $1 AND thread_id = $2 FOR UPDATE";
 const SET_CHILD: &str = "UPDATE subagents SET body = $3 WHERE tenant = $1 AND thread_id = $2";
@@ -508,14 +513,7 @@ impl SubagentRegistry for PostgresStore {
         auth: &AuthContext,
         child: &ThreadId,
     ) -> AgentResult<Option<ChildThread>> {
-        self.select_record(
-            CHILD,
-            &[&auth.namespace(), &child.as_str()],
-            "reading a subagent",
-            &format!("subagent {child}"),
-            decode_record,
-        )
-        .await
+        self.select_by_key(&CHILD, auth, child.as_str()).await
     }
 
     async fn set_child_status(
