@@ -45,6 +45,11 @@ fn parse(backend: &'static str, operation: &str, text: &str) -> AgentResult<Valu
     })
 }
 
+/// The stored-JSON format of an envelope (0 when it names none, which decoding refuses).
+fn format_of(envelope: &Value) -> u64 {
+    envelope.get("format").and_then(Value::as_u64).unwrap_or(0)
+}
+
 /// [`stored::decode`], its error naming `backend` and `operation`.
 fn decode_envelope<T: DeserializeOwned>(
     backend: &'static str,
@@ -121,7 +126,7 @@ pub fn decode_task_event(
 ) -> AgentResult<TaskEvent> {
     let mut value = parse(backend, operation, text)?;
     // Format 1 wrote every id, and no id there means none.
-    let leaves_ids_out = value.get("format").and_then(Value::as_u64) >= Some(2);
+    let leaves_ids_out = format_of(&value) >= 2;
     if let Some(data) = value.get_mut("data").filter(|_| leaves_ids_out) {
         let log = [
             ("task_id", Some(task_id.as_str())),
@@ -182,7 +187,7 @@ pub fn decode_task_snapshot(
     text: &str,
 ) -> AgentResult<Task> {
     let mut value = parse(backend, operation, text)?;
-    let format = value.get("format").and_then(Value::as_u64).unwrap_or(0);
+    let format = format_of(&value);
     if let Some(data) = value.get_mut("data").filter(|_| format >= 2) {
         let id = |key: &str| data.get(key).and_then(Value::as_str).map(str::to_owned);
         let (task_id, thread_id) = (id("id"), id("thread_id"));
@@ -258,7 +263,7 @@ impl RecordText for RunRecord {
 
     fn from_text(backend: &'static str, operation: &str, text: &str) -> AgentResult<Self> {
         let mut value = parse(backend, operation, text)?;
-        let leaves_out = value.get("format").and_then(Value::as_u64) >= Some(3);
+        let leaves_out = format_of(&value) >= 3;
         if let Some(Value::Object(data)) = value.get_mut("data").filter(|_| leaves_out) {
             let report = data.remove("report").unwrap_or(Value::Null);
             stored::fill_in_ids(data, &report_ids(&report));

@@ -12,7 +12,13 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> AgentResult<String> {
 /// Decode the stored-JSON text found at `key`. Anything else is
 /// [`AgentError::Storage`](keel_core::AgentError::Storage) naming the key.
 pub(crate) fn decode<T: DeserializeOwned>(key: &str, text: &str) -> AgentResult<T> {
-    keel_runtime::decode_record("redis", &format!("reading key `{key}`"), text)
+    keel_runtime::decode_record("redis", &reading(key), text)
+}
+
+/// What a decode error says the store was doing when it read `key`, so an operator can find
+/// the key.
+pub(crate) fn reading(key: &str) -> String {
+    format!("reading key `{key}`")
 }
 
 /// A Redis score for a time: microseconds since the epoch. Exact in an `f64` until the year

@@ -13,7 +13,7 @@ use keel_runtime::{
     AuthContext, IndexedRecord, RecordIndex, RecordText, RunQuery, RunRecord, RunStore, TaskRecord,
 };
 
-use crate::encoding::micros;
+use crate::encoding::{micros, reading};
 use crate::keys::{fixed, kind, TenantKeys};
 use crate::scripts;
 use crate::RedisStore;
@@ -112,7 +112,7 @@ impl RedisStore {
             .since
             .map_or_else(|| "-inf".to_owned(), |s| micros(s).to_string());
         let batch = (limit * 2).clamp(32, 1000);
-        let operation = format!("reading key `{data}`");
+        let operation = reading(&data);
         let mut found = Vec::new();
         let mut offset = 0usize;
         loop {
@@ -214,7 +214,7 @@ impl RunStore for RedisStore {
         let text = self
             .read_text("read run report", &data, Some(run_id.as_str()))
             .await?;
-        text.map(|text| RunRecord::from_text("redis", &format!("reading key `{data}`"), &text))
+        text.map(|text| RunRecord::from_text("redis", &reading(&data), &text))
             .transpose()
     }
 

@@ -11,6 +11,7 @@ use keel_runtime::{
     TaskPageStart, UpdatedCursor,
 };
 
+use crate::encoding::reading;
 use crate::keys::{fixed, kind, TenantKeys};
 use crate::scripts;
 use crate::RedisStore;
@@ -175,7 +176,7 @@ fn listed_task(
 
 /// Decode the task snapshot found at `key`.
 fn decode_snapshot(key: &str, text: &str) -> AgentResult<Task> {
-    decode_task_snapshot("redis", &format!("reading key `{key}`"), text)
+    decode_task_snapshot("redis", &reading(key), text)
 }
 
 /// The four sorted-set indexes of one task order, scored alike: the tenant's tasks, and
@@ -338,7 +339,7 @@ impl TaskManager for RedisStore {
             });
         }
         let thread = thread.map(ThreadId::from);
-        let operation = format!("reading key `{events_key}`");
+        let operation = reading(&events_key);
         events
             .iter()
             .map(|event| decode_task_event("redis", &operation, event, task_id, thread.as_ref()))

@@ -15,24 +15,29 @@ use crate::threads::{append_history_rows, QueueRow};
 use crate::SqliteStore;
 
 impl SqliteStore {
-    /// [`StepStore::persist_step`], saving `snapshot` first when there is one: every row is
-    /// encoded before the job is sent, so an encoding error writes nothing, and the fence and
-    /// the task are checked before anything is written in the job's savepoint.
+    /// [`StepStore::persist_step`], saving the task's snapshot first when `snapshot`: every row
+    /// is encoded before the job is sent, so an encoding error writes nothing, and the fence
+    /// and the task are checked before anything is written in the job's savepoint.
     async fn write_step(
         &self,
         auth: &AuthContext,
         lease: &Lease,
         history: &[LlmMessage],
         task: &Task,
-        snapshot: Option<SnapshotRow>,
+        snapshot: bool,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
+        let tenant = self.tenant(auth).await?;
+        let snapshot = match snapshot {
+            true => Some(SnapshotRow::new(tenant.clone(), task)?),
+            false => None,
+        };
         let history = history
             .iter()
             .map(encode_record)
             .collect::<AgentResult<Vec<_>>>()?;
         let events = encode_task_events(events, &task.id, Some(&task.thread_id))?;
-        let (tenant, lease, task_id) = (self.tenant(auth).await?, lease.clone(), task.id.clone());
+        let (lease, task_id) = (lease.clone(), task.id.clone());
         self.write(move |conn| {
             check_fence(conn, &tenant, &lease)?;
             if !task_exists(conn, &tenant, &task_id)? {
@@ -58,7 +63,7 @@ impl StepStore for SqliteStore {
         task: &Task,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
-        self.write_step(auth, lease, history, task, None, events)
+        self.write_step(auth, lease, history, task, false, events)
             .await
     }
 
@@ -70,8 +75,7 @@ impl StepStore for SqliteStore {
         task: &Task,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
-        let snapshot = SnapshotRow::new(self.tenant(auth).await?, task)?;
-        self.write_step(auth, lease, history, task, Some(snapshot), events)
+        self.write_step(auth, lease, history, task, true, events)
             .await
     }
 
@@ -82,9 +86,10 @@ impl StepStore for SqliteStore {
         events: &[TaskEvent],
         payload: Value,
     ) -> AgentResult<QueuedItem> {
-        let snapshot = SnapshotRow::new(self.tenant(auth).await?, task)?;
+        let tenant = self.tenant(auth).await?;
+        let snapshot = SnapshotRow::new(tenant.clone(), task)?;
         let events = encode_task_events(events, &task.id, Some(&task.thread_id))?;
-        let item = QueueRow::new(self.tenant(auth).await?, &task.thread_id, &payload)?;
+        let item = QueueRow::new(tenant, &task.thread_id, &payload)?;
         // One job: the task, its log entries and its queue item commit together.
         self.write(move |conn| {
             snapshot.upsert(conn)?;
