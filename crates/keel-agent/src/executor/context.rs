@@ -189,26 +189,29 @@ impl RunLoop<'_> {
             parts.extend(files.iter().cloned().map(Part::file));
             result.attachments = files;
         }
-        self.persist_point(vec![result], parts).await
+        self.persist_point(vec![result], parts).await.map(drop)
     }
 
     /// One persist point of a step: history entries under the lease and the matching agent
-    /// message in the task's log, in one round trip when the runtime has a step store.
+    /// message in the task's log, in one round trip when the runtime has a step store. Gives
+    /// back the message as logged, for a final status that says it again.
     pub(super) async fn persist_point(
         &mut self,
         mut messages: Vec<LlmMessage>,
         parts: Vec<Part>,
-    ) -> AgentResult<()> {
+    ) -> AgentResult<Message> {
         self.inner.mark_side(&mut messages);
         let mut message = Message::new(Role::Agent, parts);
         message.task_id = Some(self.task.id.clone());
         message.thread_id = Some(self.task.thread_id.clone());
-        let event = TaskEvent::Message { message };
+        let event = TaskEvent::Message {
+            message: message.clone(),
+        };
         self.inner
             .write_point(self.flow, &messages, &self.task, &event)
             .await?;
         self.history.extend(messages);
-        Ok(())
+        Ok(message)
     }
 
     /// The agent's instructions with their placeholders filled: the built-in names, then

@@ -146,7 +146,7 @@ impl RunLoop<'_> {
         Ok(Outcome::Answer {
             text: outputs.join("\n"),
             reason: "explicit_parts",
-            recorded: false,
+            logged: AnswerLog::Unwritten,
         })
     }
 

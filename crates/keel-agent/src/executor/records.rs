@@ -99,27 +99,31 @@ impl RunLoop<'_> {
             Outcome::Answer {
                 text,
                 reason,
-                recorded,
+                logged: answer_log,
             } => {
-                let answer = if recorded {
-                    let mut m = Message::agent(text.clone());
-                    m.task_id = Some(task.id.clone());
-                    m
-                } else {
-                    // The answer joins the history and the task's log together, marked with
-                    // its stop reason: a run resumed after a crash right here ends from it.
-                    let mut entry = LlmMessage::assistant(text.clone(), vec![]);
-                    tag(&mut entry, &task.id);
-                    entry.metadata.insert(META_STOP.into(), json!(reason));
-                    inner.mark_side(std::slice::from_mut(&mut entry));
-                    let mut message = Message::new(Role::Agent, vec![Part::text(&text)]);
-                    message.task_id = Some(task.id.clone());
-                    message.thread_id = Some(task.thread_id.clone());
-                    let event = TaskEvent::Message {
-                        message: message.clone(),
-                    };
-                    inner.write_point(flow, &[entry], task, &event).await?;
-                    message
+                let answer = match answer_log {
+                    AnswerLog::Written(message) => message,
+                    AnswerLog::WrittenEarlier => {
+                        let mut m = Message::agent(text.clone());
+                        m.task_id = Some(task.id.clone());
+                        m
+                    }
+                    AnswerLog::Unwritten => {
+                        // The answer joins the history and the task's log together, marked with
+                        // its stop reason: a run resumed after a crash right here ends from it.
+                        let mut entry = LlmMessage::assistant(text.clone(), vec![]);
+                        tag(&mut entry, &task.id);
+                        entry.metadata.insert(META_STOP.into(), json!(reason));
+                        inner.mark_side(std::slice::from_mut(&mut entry));
+                        let mut message = Message::new(Role::Agent, vec![Part::text(&text)]);
+                        message.task_id = Some(task.id.clone());
+                        message.thread_id = Some(task.thread_id.clone());
+                        let event = TaskEvent::Message {
+                            message: message.clone(),
+                        };
+                        inner.write_point(flow, &[entry], task, &event).await?;
+                        message
+                    }
                 };
                 // A run that added its own artifacts named its outputs; otherwise the answer
                 // is the task's artifact.

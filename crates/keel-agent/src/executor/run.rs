@@ -503,7 +503,7 @@ impl<'a> RunLoop<'a> {
             return Some(Outcome::Answer {
                 text: assistant.content.clone(),
                 reason,
-                recorded: true,
+                logged: AnswerLog::WrittenEarlier,
             });
         }
         let result = |call: &ToolCall| {
@@ -527,7 +527,7 @@ impl<'a> RunLoop<'a> {
                 .map(|entry| Outcome::Answer {
                     text: entry.content.clone(),
                     reason: "stop_tool",
-                    recorded: false,
+                    logged: AnswerLog::Unwritten,
                 })
         };
         let handoff = || {
@@ -547,7 +547,7 @@ pub(super) fn session_stop(call: &ToolCall) -> Outcome {
     Outcome::Answer {
         text: call.arguments.get("result").map(render).unwrap_or_default(),
         reason: "session_stop",
-        recorded: false,
+        logged: AnswerLog::Unwritten,
     }
 }
 

@@ -159,14 +159,26 @@ impl Flow {
     }
 }
 
+/// Where a run's answer stands in the task's log when the run ends.
+pub(super) enum AnswerLog {
+    /// Not written yet: ending the run writes it with the history entry.
+    Unwritten,
+    /// Written as this message, which the final status then carries too: one answer, one
+    /// message id in the task's history and status.
+    Written(Message),
+    /// Written by a run that stopped (a restart) before it ended; the message is not at
+    /// hand, so the final status says its text under an id of its own.
+    WrittenEarlier,
+}
+
 /// How a run ended, before it is written to the task.
 pub(super) enum Outcome {
-    /// Completed with this answer; `recorded` says whether the answer message is already in
-    /// the task's log.
+    /// Completed with this answer; `logged` says where the answer message stands in the
+    /// task's log.
     Answer {
         text: String,
         reason: &'static str,
-        recorded: bool,
+        logged: AnswerLog,
     },
     Failed {
         error: AgentError,

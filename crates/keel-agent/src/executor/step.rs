@@ -124,11 +124,12 @@ impl RunLoop<'_> {
                     .iter()
                     .map(|c| Part::tool_call(&c.id, &c.name, c.arguments.clone())),
             );
-            if parts.is_empty() {
+            let logged = if parts.is_empty() {
                 self.append(vec![assistant]).await?;
+                None
             } else {
-                self.persist_point(vec![assistant], parts).await?;
-            }
+                Some(self.persist_point(vec![assistant], parts).await?)
+            };
             self.obs
                 .emit(
                     RunEvent::message_persisted(MessagePersistedPayload {
@@ -153,7 +154,7 @@ impl RunLoop<'_> {
                     return Ok(Outcome::Answer {
                         text: content,
                         reason: "response",
-                        recorded: true,
+                        logged: logged.map_or(AnswerLog::Unwritten, AnswerLog::Written),
                     });
                 }
                 step = step.saturating_add(1);
@@ -241,7 +242,7 @@ impl RunLoop<'_> {
                 return Ok(Outcome::Answer {
                     text,
                     reason: "stop_tool",
-                    recorded: false,
+                    logged: AnswerLog::Unwritten,
                 });
             }
             if let Some(tool) = repeated_invalid {

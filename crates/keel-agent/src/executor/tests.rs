@@ -215,3 +215,30 @@ async fn recovery_logs_each_task_it_resumes_and_how_long_another_holders_lease_m
     .await;
     assert!(executor.shutdown().await.is_empty());
 }
+
+/// The model's answer is logged once, as the step persists it; the final status says that
+/// same message (one id) rather than a copy under an id of its own, and the stored task
+/// reads the same way back.
+#[tokio::test]
+async fn the_final_status_carries_the_logged_answer_under_its_own_id() {
+    let (_, runtime) = recorded();
+    let auth = runtime.auth_service().auth_context();
+    let executor = AgentExecutor::new(echo_agent(), runtime.clone());
+    let task = executor
+        .send_message(&auth, Message::user("hi"), SendOptions::default())
+        .await
+        .unwrap();
+    let stored = executor.get_task(&auth, &task.id, None).await.unwrap();
+    for task in [&task, &stored] {
+        assert_eq!(task.state(), TaskState::Completed);
+        let answers: Vec<&Message> = task
+            .history
+            .iter()
+            .filter(|m| m.role == Role::Agent)
+            .collect();
+        assert_eq!(answers.len(), 1, "{:?}", task.history);
+        let status = task.status().message.as_ref().unwrap();
+        assert_eq!(status.message_id, answers[0].message_id);
+        assert_eq!(status.text(), "You said: hi");
+    }
+}

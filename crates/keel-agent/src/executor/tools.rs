@@ -85,7 +85,7 @@ impl RunLoop<'_> {
         Ok(Outcome::Answer {
             text: outputs.join("\n"),
             reason: "direct_tool_calls",
-            recorded: false,
+            logged: AnswerLog::Unwritten,
         })
     }
 
