@@ -102,7 +102,7 @@ impl RunLoop<'_> {
                 logged: answer_log,
             } => {
                 let answer = match answer_log {
-                    AnswerLog::Written(message) => message,
+                    AnswerLog::Written(message) => *message,
                     AnswerLog::WrittenEarlier => {
                         let mut m = Message::agent(text.clone());
                         m.task_id = Some(task.id.clone());

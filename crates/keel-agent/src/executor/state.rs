@@ -165,7 +165,7 @@ pub(super) enum AnswerLog {
     Unwritten,
     /// Written as this message, which the final status then carries too: one answer, one
     /// message id in the task's history and status.
-    Written(Message),
+    Written(Box<Message>),
     /// Written by a run that stopped (a restart) before it ended; the message is not at
     /// hand, so the final status says its text under an id of its own.
     WrittenEarlier,

@@ -128,7 +128,7 @@ impl RunLoop<'_> {
                 self.append(vec![assistant]).await?;
                 None
             } else {
-                Some(self.persist_point(vec![assistant], parts).await?)
+                Some(Box::new(self.persist_point(vec![assistant], parts).await?))
             };
             self.obs
                 .emit(
