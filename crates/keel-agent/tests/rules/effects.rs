@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keel_agent::reads::TaskQuery;
-use keel_agent::{Agent, AgentExecutor, FnTool};
+use keel_agent::{Agent, AgentExecutor};
 use keel_core::{AgentCard, AgentError, Message, Task, TaskState, ThreadId};
 use keel_events::{EventSink, InMemoryEventSink};
 use keel_llm::{LlmRole, MockLlm};
@@ -17,7 +17,7 @@ use keel_runtime::{
 };
 use serde_json::{json, Value};
 use tokio::sync::watch;
-use super::fixture::{call_then_answer, send};
+use super::fixture::{call_then_answer, object_tool, send};
 
 fn card() -> AgentCard {
     AgentCard::new("effects", "scheduled effect tests", "http://127.0.0.1:0")
@@ -211,7 +211,7 @@ async fn an_effect_due_while_the_thread_is_busy_is_injected_before_the_next_mode
     let store = runtime.thread_store();
     // The tool schedules an effect due at once and holds the step until it is queued on the
     // thread: the effect then fires inside the running flow.
-    let tool = FnTool::new("soon", "Schedule now", json!({"type": "object"}), move |_a, ctx| {
+    let tool = object_tool("soon", "Schedule now", move |_a, ctx| {
         let store = store.clone();
         async move {
             ctx.thread

@@ -40,32 +40,32 @@ pub(crate) fn call_then_answer(tool: &str, args: serde_json::Value, text: &str) 
     ]
 }
 
+/// A tool named `name` whose arguments are any JSON object, as most rule tests' tools take,
+/// that answers as `run` does.
+pub(crate) fn object_tool<F, Fut>(name: &str, description: &str, run: F) -> FnTool
+where
+    F: Fn(serde_json::Value, keel_agent::ToolContext) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = keel_core::AgentResult<serde_json::Value>> + Send + 'static,
+{
+    FnTool::new(name, description, serde_json::json!({"type": "object"}), run)
+}
+
 /// A tool (`echo`) that answers with its arguments.
 pub(crate) fn echo_tool() -> FnTool {
-    FnTool::new(
-        "echo",
-        "Echo the input",
-        serde_json::json!({"type": "object"}),
-        |args, _| async move { Ok(args) },
-    )
+    object_tool("echo", "Echo the input", |args, _| async move { Ok(args) })
 }
 
 /// A tool (`gate`) that announces it started, then waits for `release` (a run canceled while
 /// it waits ends the wait).
 pub(crate) fn gate_tool(started: Arc<Notify>, release: Arc<Notify>) -> FnTool {
-    FnTool::new(
-        "gate",
-        "Wait for the test",
-        serde_json::json!({"type": "object"}),
-        move |_a, _c| {
-            let (started, release) = (started.clone(), release.clone());
-            async move {
-                started.notify_one();
-                release.notified().await;
-                Ok(serde_json::json!("released"))
-            }
-        },
-    )
+    object_tool("gate", "Wait for the test", move |_a, _c| {
+        let (started, release) = (started.clone(), release.clone());
+        async move {
+            started.notify_one();
+            release.notified().await;
+            Ok(serde_json::json!("released"))
+        }
+    })
 }
 
 /// Send `message` and wait for the task's answer.

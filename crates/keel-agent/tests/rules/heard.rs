@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_agent::{Agent, AgentExecutor, ExecutorConfig, FnTool};
+use keel_agent::{Agent, AgentExecutor, ExecutorConfig};
 use keel_core::{AgentCard, Message, TaskState};
 use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_runtime::Runtime;
@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 /// An executor whose run calls `wait`, a tool that never answers (it is only ever canceled),
 /// and that looks at the store on its own only once an hour.
 fn waiting_executor(runtime: Arc<dyn Runtime>, started: Arc<Notify>) -> AgentExecutor {
-    let tool = FnTool::new("wait", "Wait for ever", json!({"type": "object"}), move |_, _| {
+    let tool = super::fixture::object_tool("wait", "Wait for ever", move |_, _| {
         let started = started.clone();
         async move {
             started.notify_one();

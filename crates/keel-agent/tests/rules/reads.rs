@@ -6,14 +6,14 @@
 use std::sync::Arc;
 
 use keel_agent::reads::{Reads, TaskChange, TaskQuery, ThreadPosition};
-use keel_agent::{Agent, AgentExecutor, FnTool};
+use keel_agent::{Agent, AgentExecutor};
 use keel_core::{AgentCard, AgentError, Message, TaskEvent, TaskId, TaskState, ThreadId};
 use keel_llm::MockLlm;
 use keel_policy::{CapabilityPolicy, CapabilityRule};
 use keel_runtime::{AuthContext, Runtime, TaskOrder};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
-use super::fixture::{call_then_answer, send_in, start};
+use super::fixture::{call_then_answer, object_tool, send_in, start};
 
 fn agent(name: &str) -> Agent {
     Agent::builder(AgentCard::new(name, "reads tests", "http://127.0.0.1:0"))
@@ -227,12 +227,7 @@ async fn another_tenants_ids_answer_the_exact_not_found_kinds() {
 
 #[tokio::test]
 async fn pending_approvals_list_the_waiting_requests_of_the_tenant() {
-    let write = FnTool::new(
-        "write_record",
-        "Write a record",
-        json!({"type": "object"}),
-        |_args, _ctx| async { Ok(json!("written")) },
-    )
+    let write = object_tool("write_record", "Write a record", |_args, _ctx| async { Ok(json!("written")) })
     .with_capabilities(["records.write"]);
     let llm = MockLlm::scripted(call_then_answer("write_record", json!({}), "done"));
     let agent = Agent::builder(AgentCard::new("gated", "reads tests", "http://127.0.0.1:0"))
@@ -274,18 +269,13 @@ async fn pending_approvals_list_the_waiting_requests_of_the_tenant() {
 
 /// An agent whose one tool waits for a permit, so a test can watch a run before it ends.
 fn gated_agent(gate: Arc<Semaphore>) -> Agent {
-    let wait = FnTool::new(
-        "wait",
-        "Wait for the gate",
-        json!({"type": "object"}),
-        move |_args: Value, _ctx| {
-            let gate = gate.clone();
-            async move {
-                gate.acquire().await.expect("the gate stays open").forget();
-                Ok(json!("through"))
-            }
-        },
-    );
+    let wait = object_tool("wait", "Wait for the gate", move |_args: Value, _ctx| {
+        let gate = gate.clone();
+        async move {
+            gate.acquire().await.expect("the gate stays open").forget();
+            Ok(json!("through"))
+        }
+    });
     let llm = MockLlm::scripted(call_then_answer("wait", json!({}), "finished"));
     Agent::builder(AgentCard::new("gated", "reads tests", "http://127.0.0.1:0"))
         .llm(llm)

@@ -12,7 +12,7 @@ use keel_runtime::testing::eventually;
 use keel_runtime::{AuthContext, ChildThread, ListTasksFilter, Runtime};
 use serde_json::json;
 use tokio::sync::Notify;
-use super::fixture::{call_then_answer, gate_tool, send_in, start};
+use super::fixture::{call_then_answer, gate_tool, object_tool, send_in, start};
 
 fn card(name: &str) -> AgentCard {
     AgentCard::new(name, "subagent tests", "http://127.0.0.1:0")
@@ -370,7 +370,7 @@ fn events_named(sink: &keel_events::InMemoryEventSink, name: &str) -> Vec<serde_
 
 /// A tool that hands the scoped variable `var` of its thread to the test.
 fn scoped_reader(var: &'static str, seen: Arc<std::sync::Mutex<Vec<Option<String>>>>) -> FnTool {
-    FnTool::new("check_token", "Checks the token", json!({"type": "object"}), move |_a, ctx| {
+    object_tool("check_token", "Checks the token", move |_a, ctx| {
         let seen = seen.clone();
         async move {
             let value = ctx.thread.scoped_variable(var).await?;
@@ -467,7 +467,7 @@ async fn an_unknown_attachment_is_a_tool_error_and_creates_nothing() {
 /// A child whose only step writes `report.txt` into its own store and ends with the file's
 /// reference as its answer (the stop tool's output).
 fn reporting_child(runtime: &Arc<dyn Runtime>, responses: usize) -> AgentExecutor {
-    let write = FnTool::new("write_report", "Writes the report", json!({"type": "object"}), |_a, ctx| async move {
+    let write = object_tool("write_report", "Writes the report", |_a, ctx| async move {
         let file = ctx
             .thread
             .put_attachment("report.txt", Some("text/plain"), b"findings: 42")
@@ -884,7 +884,7 @@ async fn a_background_childs_result_reaches_the_parent_after_the_spawning_proces
 async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
-    let notify = FnTool::new("notify", "Tells the parent", json!({"type": "object"}), |_a, ctx| async move {
+    let notify = object_tool("notify", "Tells the parent", |_a, ctx| async move {
         ctx.thread.notify_parent("progress: 50%").await?;
         Ok(json!("told"))
     });

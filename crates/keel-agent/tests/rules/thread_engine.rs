@@ -9,7 +9,9 @@ use keel_llm::{LlmRole, MockLlm, MockResponse, ModelProfile, ToolCall};
 use keel_runtime::ChildThread;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
-use super::fixture::{call_then_answer, echo_tool, executor, gate_tool, scripted, send, start, stored_history};
+use super::fixture::{
+    call_then_answer, echo_tool, executor, gate_tool, object_tool, scripted, send, start, stored_history,
+};
 
 fn card() -> AgentCard {
     AgentCard::new("threads", "thread engine tests", "http://127.0.0.1:0")
@@ -27,15 +29,10 @@ fn gated_agent() -> (Agent, Arc<Notify>, Arc<Notify>) {
 }
 
 fn note_tool() -> FnTool {
-    FnTool::new(
-        "note",
-        "Queue a note",
-        json!({"type": "object"}),
-        |_a, ctx| async move {
-            ctx.thread.queue_message("a note queued mid-run").await?;
-            Ok(json!("queued"))
-        },
-    )
+    object_tool("note", "Queue a note", |_a, ctx| async move {
+        ctx.thread.queue_message("a note queued mid-run").await?;
+        Ok(json!("queued"))
+    })
 }
 
 fn stop_reason(task: &keel_core::Task) -> &str {
@@ -493,20 +490,15 @@ async fn ask_human_waits_in_input_required_and_the_answer_resumes_the_same_task(
 
 #[tokio::test]
 async fn the_key_value_store_and_prompt_variables_are_per_thread() {
-    let remember = FnTool::new(
-        "remember",
-        "Store the city",
-        json!({"type": "object"}),
-        |args, ctx| async move {
-            ctx.thread.set_value("city", args["city"].clone()).await?;
-            let reserved = ctx.thread.set_value("keel:x", json!(1)).await;
-            assert!(
-                matches!(&reserved, Err(AgentError::InvalidInput { field, .. }) if field == "key"),
-                "keel: keys are reserved: {reserved:?}"
-            );
-            Ok(json!("ok"))
-        },
-    );
+    let remember = object_tool("remember", "Store the city", |args, ctx| async move {
+        ctx.thread.set_value("city", args["city"].clone()).await?;
+        let reserved = ctx.thread.set_value("keel:x", json!(1)).await;
+        assert!(
+            matches!(&reserved, Err(AgentError::InvalidInput { field, .. }) if field == "key"),
+            "keel: keys are reserved: {reserved:?}"
+        );
+        Ok(json!("ok"))
+    });
     let (exec, auth, llm) = scripted(
         card(),
         vec![
@@ -609,15 +601,10 @@ impl keel_llm::Llm for Noting {
 
 #[tokio::test]
 async fn each_step_sends_the_whole_history_and_the_prompt_as_it_is_now() {
-    let relocate = FnTool::new(
-        "relocate",
-        "Store the city",
-        json!({"type": "object"}),
-        |args, ctx| async move {
-            ctx.thread.set_value("city", args["city"].clone()).await?;
-            Ok(json!("moved"))
-        },
-    );
+    let relocate = object_tool("relocate", "Store the city", |args, ctx| async move {
+        ctx.thread.set_value("city", args["city"].clone()).await?;
+        Ok(json!("moved"))
+    });
     let call = |city: &str| keel_llm::LlmResponse {
         content: None,
         tool_calls: vec![ToolCall::new("relocate", json!({ "city": city }))],
@@ -1045,17 +1032,12 @@ async fn each_step_drains_assembles_calls_persists_runs_tools_in_order_then_eval
 
 #[tokio::test]
 async fn terminating_a_thread_mid_run_emits_thread_terminated_and_marks_the_status_message() {
-    let quit = FnTool::new(
-        "quit",
-        "Terminate this thread",
-        json!({"type": "object"}),
-        |_a, ctx| async move {
-            ctx.thread.terminate().await?;
-            // Held until the run is canceled, as an in-flight operation would be.
-            std::future::pending::<()>().await;
-            Ok(json!("unreachable"))
-        },
-    );
+    let quit = object_tool("quit", "Terminate this thread", |_a, ctx| async move {
+        ctx.thread.terminate().await?;
+        // Held until the run is canceled, as an in-flight operation would be.
+        std::future::pending::<()>().await;
+        Ok(json!("unreachable"))
+    });
     let (exec, auth, _) = scripted(
         card(),
         call_then_answer("quit", json!({}), "never asked"),
@@ -1170,18 +1152,13 @@ async fn lifecycle_hooks_fire_in_order_with_the_steps_data_and_a_veto_stops_the_
     let ran_forbidden = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let forbidden = {
         let ran = ran_forbidden.clone();
-        FnTool::new(
-            "forbidden",
-            "Must not run",
-            json!({"type": "object"}),
-            move |_a, _c| {
-                let ran = ran.clone();
-                async move {
-                    ran.store(true, std::sync::atomic::Ordering::SeqCst);
-                    Ok(json!("ran"))
-                }
-            },
-        )
+        object_tool("forbidden", "Must not run", move |_a, _c| {
+            let ran = ran.clone();
+            async move {
+                ran.store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok(json!("ran"))
+            }
+        })
     };
     let llm = Arc::new(MockLlm::scripted(vec![
         MockResponse::ToolCalls(vec![
@@ -1291,21 +1268,16 @@ async fn a_negotiator_reply_answers_with_a_message_and_stores_no_task() {
 }
 
 fn chunk_tool() -> FnTool {
-    FnTool::new(
-        "chunks",
-        "Adds one artifact in two chunks",
-        json!({"type": "object"}),
-        |_args, ctx| async move {
-            let first = keel_core::Artifact::text("one ").named("report");
-            let mut second = keel_core::Artifact::text("two");
-            second.id = first.id.clone();
-            ctx.add_artifact(first, keel_agent::ArtifactChunk::FIRST)
-                .await?;
-            ctx.add_artifact(second, keel_agent::ArtifactChunk::LAST)
-                .await?;
-            Ok(json!("added"))
-        },
-    )
+    object_tool("chunks", "Adds one artifact in two chunks", |_args, ctx| async move {
+        let first = keel_core::Artifact::text("one ").named("report");
+        let mut second = keel_core::Artifact::text("two");
+        second.id = first.id.clone();
+        ctx.add_artifact(first, keel_agent::ArtifactChunk::FIRST)
+            .await?;
+        ctx.add_artifact(second, keel_agent::ArtifactChunk::LAST)
+            .await?;
+        Ok(json!("added"))
+    })
 }
 
 #[tokio::test]
