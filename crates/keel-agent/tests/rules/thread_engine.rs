@@ -17,7 +17,6 @@ fn card() -> AgentCard {
     AgentCard::new("threads", "thread engine tests", "http://127.0.0.1:0")
 }
 
-/// A tool that queues "a note queued mid-run" on its own thread.
 /// The test agent with the [`gate_tool`], and the gate's two signals (started, release).
 fn gated_agent() -> (Agent, Arc<Notify>, Arc<Notify>) {
     let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
@@ -28,6 +27,34 @@ fn gated_agent() -> (Agent, Arc<Notify>, Arc<Notify>) {
     (agent, started, release)
 }
 
+/// An executor of the [`gated_agent`] whose task of `/gate` (on a thread of its own) has
+/// reached the gate; the caller, the task and the signal that releases the gate.
+async fn at_the_gate() -> (AgentExecutor, keel_runtime::AuthContext, keel_core::Task, Arc<Notify>) {
+    let (agent, started, release) = gated_agent();
+    let (exec, auth) = executor(agent);
+    let task = start(&exec, &auth, Message::user("/gate")).await;
+    started.notified().await;
+    (exec, auth, task, release)
+}
+
+/// An executor whose model calls `tool` once, without arguments, then answers `text`; the
+/// caller; and the model, to read what it was sent.
+fn calling(tool: FnTool, text: &str) -> (AgentExecutor, keel_runtime::AuthContext, Arc<MockLlm>) {
+    let name = keel_agent::Tool::name(&tool).to_owned();
+    scripted(card(), call_then_answer(&name, json!({}), text), |agent| agent.tool(tool))
+}
+
+/// Sends "go" to `agent` and checks that the run stopped its task in `state` by the stop rule
+/// `reason`; the task.
+async fn stopped(agent: Agent, state: TaskState, reason: &str) -> keel_core::Task {
+    let (exec, auth) = executor(agent);
+    let task = send(&exec, &auth, Message::user("go")).await;
+    assert_eq!(task.state(), state, "{reason}");
+    assert_eq!(stop_reason(&task), reason);
+    task
+}
+
+/// A tool that queues "a note queued mid-run" on its own thread.
 fn note_tool() -> FnTool {
     object_tool("note", "Queue a note", |_a, ctx| async move {
         ctx.thread.queue_message("a note queued mid-run").await?;
@@ -78,10 +105,7 @@ async fn a_message_to_a_busy_thread_is_queued_and_runs_after_the_current_one() {
 
 #[tokio::test]
 async fn different_threads_run_concurrently() {
-    let (agent, started, release) = gated_agent();
-    let (exec, auth) = executor(agent);
-    let blocked = start(&exec, &auth, Message::user("/gate")).await;
-    started.notified().await;
+    let (exec, auth, blocked, release) = at_the_gate().await;
     let other = send(&exec, &auth, Message::user("hello")).await;
     assert_eq!(
         other.state(),
@@ -258,11 +282,7 @@ async fn the_thread_history_carries_the_conversation_across_tasks() {
 
 #[tokio::test]
 async fn work_queued_while_active_is_injected_before_the_next_model_call() {
-    let (exec, auth, llm) = scripted(
-        card(),
-        call_then_answer("note", json!({}), "saw the note"),
-        |agent| agent.tool(note_tool()),
-    );
+    let (exec, auth, llm) = calling(note_tool(), "saw the note");
     let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Completed);
     let second_call = &llm.requests()[1];
@@ -336,10 +356,7 @@ async fn session_stop_and_session_fail_end_the_task_by_the_lifecycle_tools() {
             .lifecycle_tools(true)
             .build()
             .unwrap();
-        let (exec, auth) = executor(agent);
-        let task = send(&exec, &auth, Message::user("go")).await;
-        assert_eq!(task.state(), state, "{tool}");
-        assert_eq!(stop_reason(&task), reason);
+        stopped(agent, state, reason).await;
     }
 }
 
@@ -355,10 +372,7 @@ async fn the_stop_tool_ends_the_task_with_its_output() {
         .stop_tool("echo")
         .build()
         .unwrap();
-    let (exec, auth) = executor(agent);
-    let task = send(&exec, &auth, Message::user("go")).await;
-    assert_eq!(task.state(), TaskState::Completed);
-    assert_eq!(stop_reason(&task), "stop_tool");
+    let task = stopped(agent, TaskState::Completed, "stop_tool").await;
     assert_eq!(task.status().message.as_ref().unwrap().text(), r#"{"x":1}"#);
 }
 
@@ -375,10 +389,7 @@ async fn when_two_stop_rules_fire_at_once_the_lifecycle_tool_wins() {
         .lifecycle_tools(true)
         .build()
         .unwrap();
-    let (exec, auth) = executor(agent);
-    let task = send(&exec, &auth, Message::user("go")).await;
-    assert_eq!(task.state(), TaskState::Failed);
-    assert_eq!(stop_reason(&task), "session_fail");
+    stopped(agent, TaskState::Failed, "session_fail").await;
 }
 
 #[tokio::test]
@@ -441,10 +452,7 @@ async fn repeating_the_same_invalid_call_past_the_cap_stops_the_run() {
         })
         .build()
         .unwrap();
-    let (exec, auth) = executor(agent);
-    let task = send(&exec, &auth, Message::user("go")).await;
-    assert_eq!(task.state(), TaskState::Failed);
-    assert_eq!(stop_reason(&task), "invalid_tool_repeats");
+    let task = stopped(agent, TaskState::Failed, "invalid_tool_repeats").await;
     let first_error = keel_runtime::testing::tool_outputs(&task)
         .into_iter()
         .find_map(|(output, _)| output.as_str().map(str::to_owned));
@@ -661,6 +669,21 @@ async fn each_step_sends_the_whole_history_and_the_prompt_as_it_is_now() {
     assert_eq!(last[7].1, "and now?");
 }
 
+/// An executor of an agent behind `negotiator`; the caller; and the offline model its
+/// accepted tasks reach.
+fn negotiating(
+    negotiator: impl keel_agent::Negotiator + 'static,
+) -> (AgentExecutor, keel_runtime::AuthContext, Arc<MockLlm>) {
+    let llm = Arc::new(MockLlm::new());
+    let agent = Agent::builder(card())
+        .llm_shared(llm.clone())
+        .negotiator(negotiator)
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    (exec, auth, llm)
+}
+
 struct NoSpam;
 
 #[async_trait::async_trait]
@@ -689,13 +712,7 @@ impl keel_agent::Negotiator for NoSpam {
 
 #[tokio::test]
 async fn the_negotiator_accepts_asks_or_rejects_before_a_task_starts() {
-    let llm = Arc::new(MockLlm::new());
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .negotiator(NoSpam)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = negotiating(NoSpam);
     let rejected = send(&exec, &auth, Message::user("buy spam now")).await;
     assert_eq!(rejected.state(), TaskState::Rejected);
     assert_eq!(
@@ -832,21 +849,28 @@ async fn two_agents_on_one_thread_each_see_the_other_as_the_user_without_its_too
     assert!(stored.contains(&(LlmRole::Assistant, text("beta: hi alpha"))));
 }
 
-fn image() -> FileContent {
+/// A file named `name` of `media_type`, its content not yet said.
+fn named_file(name: &str, media_type: &str) -> FileContent {
     FileContent {
-        name: Some("cat.png".into()),
-        media_type: Some("image/png".into()),
-        bytes: Some("aGk=".into()),
+        name: Some(name.into()),
+        media_type: Some(media_type.into()),
         ..Default::default()
     }
 }
 
+/// An image sent inline.
+fn image() -> FileContent {
+    FileContent {
+        bytes: Some("aGk=".into()),
+        ..named_file("cat.png", "image/png")
+    }
+}
+
+/// A document sent by reference.
 fn document() -> FileContent {
     FileContent {
-        name: Some("notes.pdf".into()),
-        media_type: Some("application/pdf".into()),
         uri: Some("https://example.com/notes.pdf".into()),
-        ..Default::default()
+        ..named_file("notes.pdf", "application/pdf")
     }
 }
 
@@ -1038,11 +1062,7 @@ async fn terminating_a_thread_mid_run_emits_thread_terminated_and_marks_the_stat
         std::future::pending::<()>().await;
         Ok(json!("unreachable"))
     });
-    let (exec, auth, _) = scripted(
-        card(),
-        call_then_answer("quit", json!({}), "never asked"),
-        |agent| agent.tool(quit),
-    );
+    let (exec, auth, _) = calling(quit, "never asked");
     let sink = Arc::new(keel_events::InMemoryEventSink::new());
     exec.add_event_sink(sink.clone() as Arc<dyn keel_events::EventSink>);
     let task = send(&exec, &auth, Message::user("go")).await;
@@ -1072,10 +1092,7 @@ async fn terminating_a_thread_mid_run_emits_thread_terminated_and_marks_the_stat
 
 #[tokio::test]
 async fn a_canceled_run_marks_its_status_message_as_an_execution_abort() {
-    let (agent, started, _release) = gated_agent();
-    let (exec, auth) = executor(agent);
-    let task = start(&exec, &auth, Message::user("/gate")).await;
-    started.notified().await;
+    let (exec, auth, task, _release) = at_the_gate().await;
     let canceled = exec.cancel_task(&auth, &task.id, None).await.unwrap();
     assert_eq!(canceled.state(), TaskState::Canceled);
     let status = canceled.status().message.clone().unwrap();
@@ -1221,13 +1238,7 @@ impl keel_agent::Negotiator for ReplyDirectly {
 
 #[tokio::test]
 async fn a_negotiator_reply_answers_with_a_message_and_stores_no_task() {
-    let llm = Arc::new(MockLlm::new());
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .negotiator(ReplyDirectly)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = negotiating(ReplyDirectly);
     let thread = ThreadId::new();
     let mut question = Message::user("what time is it?");
     question.thread_id = Some(thread.clone());
@@ -1282,11 +1293,7 @@ fn chunk_tool() -> FnTool {
 
 #[tokio::test]
 async fn artifacts_a_tool_adds_are_logged_in_chunks_and_the_task_keeps_them_appended() {
-    let (exec, auth, _) = scripted(
-        card(),
-        call_then_answer("chunks", json!({}), "done"),
-        |agent| agent.tool(chunk_tool()),
-    );
+    let (exec, auth, _) = calling(chunk_tool(), "done");
     let task = send(&exec, &auth, Message::user("report")).await;
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(task.status().message.as_ref().unwrap().text(), "done");
