@@ -13,7 +13,7 @@ use keel_llm::{
     LlmMessage, LlmRole, MockLlm, MockResponse,
 };
 use keel_runtime::{AuthContext, Runtime};
-use super::fixture::send_in;
+use super::fixture::{backend, send_in};
 
 fn agent(llm: Arc<MockLlm>, compaction: Option<AutoCompaction>) -> Agent {
     let mut builder = Agent::builder(AgentCard::new("talker", "talks", "http://127.0.0.1:0"))
@@ -72,8 +72,7 @@ fn contents(messages: &[LlmMessage]) -> Vec<String> {
 
 #[tokio::test]
 async fn compact_thread_persists_a_shorter_history_that_a_new_executor_sends() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let thread = ThreadId::new();
     let llm = Arc::new(MockLlm::scripted(
         ["a1", "a2", "a3", "a4"]
@@ -132,8 +131,7 @@ async fn compact_thread_persists_a_shorter_history_that_a_new_executor_sends() {
 
 #[tokio::test]
 async fn compact_thread_refuses_a_thread_a_run_holds() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let thread = ThreadId::new();
     let exec = AgentExecutor::new(agent(Arc::new(MockLlm::new()), None), runtime.clone());
     let lease = runtime
@@ -156,8 +154,7 @@ async fn compact_thread_refuses_a_thread_a_run_holds() {
 
 #[tokio::test]
 async fn a_run_over_its_context_window_compacts_the_history_and_says_so() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let thread = ThreadId::new();
     let long = "word ".repeat(200);
     let llm = Arc::new(MockLlm::scripted(
@@ -336,8 +333,7 @@ mod counting {
 /// checkpoint only, and the model is sent what it was sent when the whole log was read.
 #[tokio::test]
 async fn a_run_on_a_long_compacted_thread_reads_back_to_the_checkpoint_only() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let thread = ThreadId::new();
     let store = runtime.thread_store();
     // 3,000 entries written straight to the store (a long-lived thread), then compacted.
@@ -386,8 +382,7 @@ async fn a_run_on_a_long_compacted_thread_reads_back_to_the_checkpoint_only() {
 /// every run did before) grows with the thread. Times are printed, not asserted.
 #[tokio::test]
 async fn a_runs_history_reads_do_not_grow_with_the_thread() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let store = runtime.thread_store();
     let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted: Arc<dyn Runtime> = Arc::new(
@@ -445,8 +440,7 @@ async fn a_runs_history_reads_do_not_grow_with_the_thread() {
 /// taken in again, and its question is answered.
 #[tokio::test]
 async fn a_task_resumed_after_its_thread_grew_and_was_compacted_reads_back_to_its_input() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let thread = ThreadId::new();
     let llm = Arc::new(MockLlm::scripted(vec![
         MockResponse::ToolCalls(vec![keel_llm::ToolCall::new(

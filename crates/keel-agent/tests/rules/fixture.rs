@@ -10,10 +10,16 @@ use keel_llm::{MockLlm, MockResponse};
 use keel_runtime::AuthContext;
 use tokio::sync::Notify;
 
-/// An executor for `agent` on this backend's runtime, and the runtime's default caller.
-pub(crate) fn executor(agent: Agent) -> (AgentExecutor, AuthContext) {
+/// This backend's runtime, fresh for the test, and its default caller.
+pub(crate) fn backend() -> (Arc<dyn keel_runtime::Runtime>, AuthContext) {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
+    (runtime, auth)
+}
+
+/// An executor for `agent` on this backend's runtime, and the runtime's default caller.
+pub(crate) fn executor(agent: Agent) -> (AgentExecutor, AuthContext) {
+    let (runtime, auth) = backend();
     (AgentExecutor::new(agent, runtime), auth)
 }
 
@@ -68,11 +74,18 @@ pub(crate) fn gate_tool(started: Arc<Notify>, release: Arc<Notify>) -> FnTool {
     })
 }
 
+/// Send `message` and wait for the task's answer, or the error that refused it.
+pub(crate) async fn try_send(
+    exec: &AgentExecutor,
+    auth: &AuthContext,
+    message: Message,
+) -> keel_core::AgentResult<Task> {
+    exec.send_message(auth, message, SendOptions::default()).await
+}
+
 /// Send `message` and wait for the task's answer.
 pub(crate) async fn send(exec: &AgentExecutor, auth: &AuthContext, message: Message) -> Task {
-    exec.send_message(auth, message, SendOptions::default())
-        .await
-        .unwrap()
+    try_send(exec, auth, message).await.unwrap()
 }
 
 /// Send `message` and return at once, while the task runs (or waits in its thread's queue).
@@ -107,4 +120,31 @@ pub(crate) async fn stored_history(
         .read_history(auth, thread, 0, usize::MAX)
         .await
         .unwrap()
+}
+
+/// `child` registered as `name`, a running subagent of kind `agent`, under `parent`.
+pub(crate) async fn register_running_child(
+    runtime: &dyn keel_runtime::Runtime,
+    auth: &AuthContext,
+    child: &keel_core::ThreadId,
+    parent: &keel_core::ThreadId,
+    name: &str,
+    agent: &str,
+) {
+    let child = keel_runtime::ChildThread::running(child.clone(), parent.clone(), name, agent);
+    runtime
+        .thread_store()
+        .register_child(auth, &child)
+        .await
+        .unwrap();
+}
+
+/// `bytes` attached to `state`'s thread as `name`, of `media_type` when given.
+pub(crate) async fn attach(
+    state: &keel_agent::ThreadState,
+    name: &str,
+    media_type: Option<&str>,
+    bytes: &[u8],
+) -> keel_core::FileContent {
+    state.put_attachment(name, media_type, bytes).await.unwrap()
 }

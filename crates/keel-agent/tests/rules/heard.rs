@@ -41,8 +41,7 @@ fn waiting_executor(runtime: Arc<dyn Runtime>, started: Arc<Notify>) -> AgentExe
 
 #[tokio::test]
 async fn a_cancel_stored_by_another_process_stops_a_tool_call_in_flight_at_once() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = super::fixture::backend();
     let started = Arc::new(Notify::new());
     let running = waiting_executor(runtime.clone(), started.clone());
     let other = waiting_executor(runtime, Arc::new(Notify::new()));

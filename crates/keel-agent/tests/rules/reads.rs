@@ -13,7 +13,7 @@ use keel_policy::{CapabilityPolicy, CapabilityRule};
 use keel_runtime::{AuthContext, Runtime, TaskOrder};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
-use super::fixture::{call_then_answer, object_tool, send_in, start};
+use super::fixture::{backend, call_then_answer, object_tool, send_in, start};
 
 fn agent(name: &str) -> Agent {
     Agent::builder(AgentCard::new(name, "reads tests", "http://127.0.0.1:0"))
@@ -23,8 +23,7 @@ fn agent(name: &str) -> Agent {
 
 /// An executor of agent `name` on a fresh store of this backend.
 fn executor(name: &str) -> (AgentExecutor, AuthContext, Arc<dyn Runtime>) {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     (AgentExecutor::new(agent(name), runtime.clone()), auth, runtime)
 }
 
@@ -236,8 +235,7 @@ async fn pending_approvals_list_the_waiting_requests_of_the_tenant() {
         .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
         .build()
         .unwrap();
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let exec = AgentExecutor::new(agent, runtime);
     let thread = ThreadId::from("reads-gated");
     let task = send_in(&exec, &auth, &thread, "write").await;
@@ -330,8 +328,7 @@ async fn watch_through_the_gate(reads: &Reads, auth: &AuthContext, task: &TaskId
 #[tokio::test]
 async fn a_watch_from_zero_replays_the_log_then_follows_it_live() {
     let gate = Arc::new(Semaphore::new(0));
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let exec = AgentExecutor::new(gated_agent(gate.clone()), runtime);
     let task = start_gated(&exec, &auth, &ThreadId::from("reads-live")).await;
     let reads = exec.reads();
@@ -352,8 +349,7 @@ async fn a_watch_from_n_yields_only_the_later_events() {
 #[tokio::test]
 async fn a_watch_on_a_replica_sees_the_events_of_a_task_run_by_another() {
     let gate = Arc::new(Semaphore::new(0));
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let runner = AgentExecutor::new(gated_agent(gate.clone()), runtime.clone());
     // The replica shares the store only: its local signal never hears of the runner's work.
     let replica = AgentExecutor::new(gated_agent(Arc::new(Semaphore::new(0))), runtime);

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions, StopRules};
 use keel_core::{AgentCard, AgentError, FileContent, Message, Part, TaskState, ThreadId};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ModelProfile, ToolCall};
-use keel_runtime::ChildThread;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use super::fixture::{
-    call_then_answer, echo_tool, executor, gate_tool, object_tool, scripted, send, start, stored_history,
+    attach, backend, call_then_answer, echo_tool, executor, gate_tool, object_tool, register_running_child, scripted,
+    send, start, stored_history, try_send,
 };
 
 fn card() -> AgentCard {
@@ -119,8 +119,7 @@ async fn different_threads_run_concurrently() {
 #[tokio::test]
 async fn a_thread_waiting_for_a_work_slot_keeps_its_lease() {
     let (agent, started, release) = gated_agent();
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let ttl = std::time::Duration::from_millis(900);
     let config = keel_agent::ExecutorConfig {
         lease_ttl: ttl,
@@ -208,8 +207,7 @@ async fn a_thread_waiting_for_a_work_slot_keeps_its_lease() {
 
 #[tokio::test]
 async fn the_takeover_sweep_runs_work_queued_on_an_idle_thread_with_no_runner() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let config = keel_agent::ExecutorConfig {
         lease_ttl: std::time::Duration::from_millis(300),
         ..Default::default()
@@ -543,25 +541,11 @@ async fn the_key_value_store_and_prompt_variables_are_per_thread() {
 async fn a_terminated_thread_refuses_work_and_updates_its_parent_registry() {
     let (exec, auth) = executor(Agent::builder(card()).build().unwrap());
     let (parent, child) = (ThreadId::new(), ThreadId::new());
-    exec.runtime()
-        .thread_store()
-        .register_child(
-            &auth,
-            &ChildThread::running(child.clone(), parent.clone(), "helper", "threads"),
-        )
-        .await
-        .unwrap();
+    register_running_child(exec.runtime().as_ref(), &auth, &child, &parent, "helper", "threads").await;
     let state = exec.thread(&auth, child.clone());
     state.notify_parent("halfway there").await.unwrap();
     state.terminate().await.unwrap();
-    let err = exec
-        .send_message(
-            &auth,
-            Message::user("more").in_thread(child.clone()),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap_err();
+    let err = try_send(&exec, &auth, Message::user("more").in_thread(child.clone())).await.unwrap_err();
     assert!(matches!(err, AgentError::ThreadTerminated { .. }));
     assert!(matches!(
         state.queue_message("x").await,
@@ -770,8 +754,7 @@ async fn two_agents_on_one_thread_each_see_the_other_as_the_user_without_its_too
     // dual_ai (§4): alpha and beta take turns on one thread. Each side's own turns are
     // `assistant`; the other side's text is `user`; the other side's tool calls and tool
     // results are not sent at all.
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let alpha_llm = Arc::new(MockLlm::scripted(vec![
         MockResponse::ToolCalls(vec![ToolCall::new("echo", json!({"x": 1}))]),
         MockResponse::Text("alpha: hello beta".into()),
@@ -919,18 +902,9 @@ async fn stored_attachments_reach_the_model_as_bytes_and_stay_references_in_the_
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
     let state = exec.thread(&auth, thread.clone());
-    let photo = state
-        .put_attachment("cat.png", Some("image/png"), b"png!")
-        .await
-        .unwrap();
-    let notes = state
-        .put_attachment("notes.txt", Some("text/plain"), b"hi")
-        .await
-        .unwrap();
-    let big = state
-        .put_attachment("big.log", None, &vec![b'x'; 64 * 1024])
-        .await
-        .unwrap();
+    let photo = attach(&state, "cat.png", Some("image/png"), b"png!").await;
+    let notes = attach(&state, "notes.txt", Some("text/plain"), b"hi").await;
+    let big = attach(&state, "big.log", None, &vec![b'x'; 64 * 1024]).await;
     let message = Message::user("look")
         .in_thread(thread.clone())
         .with_part(Part::file(photo.clone()))
