@@ -44,7 +44,12 @@ async fn log(runtime: &Arc<dyn Runtime>, auth: &AuthContext, thread: &ThreadId) 
 /// `pairs` questions and answers (`q0`, `a0`, `q1`, ...), as a long-lived thread's history.
 fn exchanges(pairs: usize) -> Vec<LlmMessage> {
     (0..pairs)
-        .flat_map(|i| [LlmMessage::user(format!("q{i}")), LlmMessage::assistant(format!("a{i}"), vec![])])
+        .flat_map(|i| {
+            [
+                LlmMessage::user(format!("q{i}")),
+                LlmMessage::assistant(format!("a{i}"), vec![]),
+            ]
+        })
         .collect()
 }
 

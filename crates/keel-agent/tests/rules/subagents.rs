@@ -917,7 +917,15 @@ async fn a_forged_delivery_marker_queues_nothing_on_another_thread() {
     let (runtime, auth) = backend();
     let child_exec = child_executor(&runtime);
     let (real_parent, victim, child_thread) = (ThreadId::new(), ThreadId::new(), ThreadId::new());
-    register_running_child(runtime.as_ref(), &auth, &child_thread, &real_parent, "alpha", "researcher").await;
+    register_running_child(
+        runtime.as_ref(),
+        &auth,
+        &child_thread,
+        &real_parent,
+        "alpha",
+        "researcher",
+    )
+    .await;
     // A caller's own run context claims the child's result belongs to another thread.
     let mut run = RunContext::new();
     run.metadata.insert(

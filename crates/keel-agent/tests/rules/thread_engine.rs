@@ -9,8 +9,8 @@ use keel_llm::{LlmRole, MockLlm, MockResponse, ModelProfile, ToolCall};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use super::fixture::{
-    attach, backend, call_then_answer, echo_tool, executor, gate_tool, object_tool, register_running_child, scripted,
-    send, start, stored_history, try_send,
+    attach, backend, call_then_answer, echo_tool, executor, gate_tool, object_tool,
+    register_running_child, scripted, send, start, stored_history, try_send,
 };
 
 fn card() -> AgentCard {
@@ -541,11 +541,20 @@ async fn the_key_value_store_and_prompt_variables_are_per_thread() {
 async fn a_terminated_thread_refuses_work_and_updates_its_parent_registry() {
     let (exec, auth) = executor(Agent::builder(card()).build().unwrap());
     let (parent, child) = (ThreadId::new(), ThreadId::new());
-    register_running_child(exec.runtime().as_ref(), &auth, &child, &parent, "helper", "threads").await;
+    register_running_child(
+        exec.runtime().as_ref(),
+        &auth,
+        &child,
+        &parent,
+        "helper",
+        "threads",
+    )
+    .await;
     let state = exec.thread(&auth, child.clone());
     state.notify_parent("halfway there").await.unwrap();
     state.terminate().await.unwrap();
-    let err = try_send(&exec, &auth, Message::user("more").in_thread(child.clone())).await.unwrap_err();
+    let more = Message::user("more").in_thread(child.clone());
+    let err = try_send(&exec, &auth, more).await.unwrap_err();
     assert!(matches!(err, AgentError::ThreadTerminated { .. }));
     assert!(matches!(
         state.queue_message("x").await,
