@@ -37,23 +37,18 @@ async fn an_answer_streamed_in_chunks_is_replayed_in_the_same_chunks() {
         "the offline model streams word by word: {chunks:?}"
     );
     assert_eq!(chunks.concat(), "all three records are written");
-    let outcome = Replay::new(recording)
-        .run(
-            agent(Arc::new(AtomicUsize::new(0)), INSTRUCTIONS, schema()),
-            Message::user("write r1"),
-        )
-        .await
-        .unwrap();
+    let outcome = replayed(
+        recording,
+        agent(Arc::new(AtomicUsize::new(0)), INSTRUCTIONS, schema()),
+    )
+    .await;
     assert_eq!(outcome.divergence, None, "{:?}", outcome.divergence);
 }
 
 /// Replay the recording through `changed` and return the first divergence.
 async fn divergence_of(changed: AgentBuilder) -> keel_agent::replay::Divergence {
     let recording = record(memory()).await;
-    let outcome = Replay::new(recording)
-        .run(changed, Message::user("write r1"))
-        .await
-        .unwrap();
+    let outcome = replayed(recording, changed).await;
     let found = outcome.divergence.expect("the change shows");
     println!("{found}");
     found
@@ -162,10 +157,7 @@ async fn a_tool_call_the_recording_never_made_is_reported_not_run() {
     let writes = Arc::new(AtomicUsize::new(0));
     let allowed = agent(writes.clone(), INSTRUCTIONS, schema())
         .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::Allow));
-    let outcome = Replay::new(recording)
-        .run(allowed, Message::user("write r1"))
-        .await
-        .unwrap();
+    let outcome = replayed(recording, allowed).await;
     assert_eq!(outcome.unrecorded_tools, vec!["write_record".to_owned()]);
     assert_eq!(writes.load(Ordering::SeqCst), 0, "the tool did not run");
     assert!(!outcome.passed());
@@ -229,13 +221,11 @@ async fn a_run_approved_after_a_pause_replays_without_divergence() {
     );
 
     let replayed_writes = Arc::new(AtomicUsize::new(0));
-    let outcome = Replay::new(recording)
-        .run(
-            unattended(replayed_writes.clone(), INSTRUCTIONS, schema()),
-            Message::user("write r1"),
-        )
-        .await
-        .unwrap();
+    let outcome = replayed(
+        recording,
+        unattended(replayed_writes.clone(), INSTRUCTIONS, schema()),
+    )
+    .await;
     assert_eq!(outcome.divergence, None, "{:?}", outcome.divergence);
     assert_eq!(outcome.task.state(), TaskState::Completed);
     assert_eq!(

@@ -31,13 +31,11 @@ fn message(content: Value, stop: &str) -> Value {
 
 #[tokio::test]
 async fn completion_sends_system_messages_tools_and_key_headers_and_reads_usage() {
-    let server = serve(vec![Reply::ok(says("Hello!"))]).await;
     let request = brief_hi().with_tools(vec![weather_tool()]);
-    let response = llm(&server.url).complete(request).await.unwrap();
+    let (response, sent) = exchange(llm, says("Hello!"), request).await;
     assert_eq!(response.content.as_deref(), Some("Hello!"));
     assert_eq!(response.usage, usage(25, 12));
 
-    let sent = &server.requests()[0];
     assert_eq!(sent.uri, "/v1/messages");
     assert_eq!(sent.header("x-api-key"), KEY);
     assert_eq!(sent.header("anthropic-version"), "2023-06-01");
@@ -197,8 +195,7 @@ async fn stream_reassembles_split_frames_and_tool_input_deltas() {
 
 #[tokio::test]
 async fn a_stream_cut_before_message_stop_is_a_transport_error() {
-    let before_the_end = |body: &str| body.find("event: message_delta");
-    stream_cut_at(&sse_body(), before_the_end, llm).await;
+    stream_cut_at(&sse_body(), |body| body.find("event: message_delta"), llm).await;
 }
 
 #[tokio::test]

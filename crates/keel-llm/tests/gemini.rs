@@ -37,17 +37,15 @@ fn answer(parts: Value, finish: Option<&str>) -> Value {
 
 #[tokio::test]
 async fn completion_sends_contents_system_instruction_tools_and_key_header() {
-    let server = serve(vec![Reply::ok(says("Hello!"))]).await;
     let schema = json!({"type": "object", "properties": {"greeting": {"type": "string"}}});
     let request = brief_hi()
         .with_tools(vec![weather_tool()])
         .with_output_schema(schema.clone())
         .with_max_output_tokens(64);
-    let response = llm(&server.url).complete(request).await.unwrap();
+    let (response, sent) = exchange(llm, says("Hello!"), request).await;
     assert_eq!(response.content.as_deref(), Some("Hello!"));
     assert_eq!(response.usage, usage(11, 7));
 
-    let sent = &server.requests()[0];
     assert_eq!(sent.uri, "/v1beta/models/gemini-2.5-flash:generateContent");
     assert_eq!(sent.header("x-goog-api-key"), KEY);
     assert!(!sent.uri.contains(KEY), "the key never travels in the URL");
@@ -168,8 +166,7 @@ async fn stream_uses_alt_sse_and_reassembles_split_frames() {
 
 #[tokio::test]
 async fn a_stream_cut_before_the_finish_reason_is_a_transport_error() {
-    let before_the_last_frame = |body: &str| body.rfind("data:");
-    stream_cut_at(&sse_body(), before_the_last_frame, llm).await;
+    stream_cut_at(&sse_body(), |body| body.rfind("data:"), llm).await;
 }
 
 #[tokio::test]

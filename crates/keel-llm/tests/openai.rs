@@ -35,15 +35,13 @@ fn completion(message: Value, finish: &str) -> Value {
 
 #[tokio::test]
 async fn completion_sends_model_messages_tools_and_bearer_key_and_reads_usage() {
-    let server = serve(vec![Reply::ok(says("Hello there!"))]).await;
     let request = brief_hi()
         .with_tools(vec![weather_tool()])
         .with_max_output_tokens(100);
-    let response = llm(&server.url).complete(request).await.unwrap();
+    let (response, sent) = exchange(llm, says("Hello there!"), request).await;
     assert_eq!(response.content.as_deref(), Some("Hello there!"));
     assert_eq!(response.usage, usage(19, 10));
 
-    let sent = &server.requests()[0];
     assert_eq!(sent.uri, "/v1/chat/completions");
     assert_eq!(sent.header("authorization"), format!("Bearer {KEY}"));
     assert_eq!(sent.body["model"], "gpt-4o-mini");

@@ -19,7 +19,7 @@ use keel_llm::{Llm, MockLlm, MockResponse, ModelProfile, ToolCall};
 use keel_mcp::{McpServer, ToolFlags};
 use llm_support::{scripted, serve, Reply};
 use serde_json::json;
-use support::{call, everything_spec, executor, serving, tools_of};
+use support::{call, completed, everything_spec, executor, serving, tools_of};
 
 #[tokio::test]
 async fn the_model_sees_each_tool_prefixed_with_its_schema_description_and_flags() {
@@ -93,16 +93,7 @@ async fn a_model_call_is_a_normal_tool_call_with_policy_events_and_result() {
     let exec = executor(&tools, |b| b);
     let sink = Arc::new(InMemoryEventSink::new());
     exec.add_event_sink(sink.clone());
-    let auth = exec.runtime().auth_service().auth_context();
-    let task = exec
-        .send_message(
-            &auth,
-            Message::user(r#"/everything_echo {"message": "hello over stdio"}"#),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(task.state(), TaskState::Completed);
+    let task = completed(&exec, r#"/everything_echo {"message": "hello over stdio"}"#).await;
     let answer = task.status().message.as_ref().unwrap().text();
     assert!(
         answer.contains("everything_echo: Echo: hello over stdio"),
@@ -195,12 +186,7 @@ async fn an_image_result_is_attached_and_reaches_anthropic_and_gemini_as_an_imag
     let exec = executor(&tools_of(&server).await, |b| b.llm_shared(llm.clone()));
     let sink = Arc::new(InMemoryEventSink::new());
     exec.add_event_sink(sink.clone());
-    let auth = exec.runtime().auth_service().auth_context();
-    let task = exec
-        .send_message(&auth, Message::user("Show me."), SendOptions::default())
-        .await
-        .unwrap();
-    assert_eq!(task.state(), TaskState::Completed);
+    let task = completed(&exec, "Show me.").await;
     // The tool result carries the image as a file of the thread's store, by reference.
     let stored = FileContent {
         name: Some("get-tiny-image-1.png".into()),
@@ -372,17 +358,11 @@ async fn a_call_that_needs_approval_waits_and_runs_once_approved() {
 async fn a_long_calls_progress_reaches_the_tasks_stream() {
     let (server, exec) = serving(everything_spec()).await;
     let auth = exec.runtime().auth_service().auth_context();
-    let task = exec
-        .send_message(
-            &auth,
-            Message::user(
-                r#"/everything_trigger-long-running-operation {"duration": 0.3, "steps": 3}"#,
-            ),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(task.state(), TaskState::Completed);
+    let task = completed(
+        &exec,
+        r#"/everything_trigger-long-running-operation {"duration": 0.3, "steps": 3}"#,
+    )
+    .await;
     let events = exec.reads().task_events(&auth, &task.id).await.unwrap();
     // Each of the server's progress notifications is a `working` status update of the task,
     // marked as a tool's progress, as an asynchronous tool's report is.

@@ -19,7 +19,7 @@ use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_mcp::{Header, McpError, McpServer, McpToolSet, ServerSpec, TransportSpec};
 use keel_runtime::testing::eventually;
 use serde_json::json;
-use support::{call, executor, serving, tools_of};
+use support::{call, completed, executor, serving, tools_of};
 
 const TOKEN: &str = "fixture-token";
 
@@ -198,7 +198,6 @@ async fn a_wrong_token_is_a_start_error_naming_the_server_without_the_secret() {
 async fn an_is_error_result_is_a_tool_error_the_model_reads_and_the_run_goes_on() {
     let fixture = HttpFixture::start();
     let (server, exec) = serving(fixture.spec(TOKEN)).await;
-    let auth = exec.runtime().auth_service().auth_context();
     let err = call(&exec, "fixture_fail", json!({"reason": "because"}))
         .await
         .unwrap_err();
@@ -208,15 +207,7 @@ async fn an_is_error_result_is_a_tool_error_the_model_reads_and_the_run_goes_on(
     assert_eq!(tool, "fixture_fail");
     assert!(message.contains("refused: because"), "{message}");
     // In a run, the model reads the error and answers: the task completes.
-    let task = exec
-        .send_message(
-            &auth,
-            Message::user(r#"/fixture_fail {"reason": "no"}"#),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(task.state(), TaskState::Completed);
+    let task = completed(&exec, r#"/fixture_fail {"reason": "no"}"#).await;
     let answer = task.status().message.as_ref().unwrap().text();
     assert!(answer.contains("refused: no"), "{answer}");
     server.shutdown().await;
@@ -302,12 +293,7 @@ async fn a_tool_list_change_is_offered_at_the_next_step() {
         b.llm_shared(llm.clone())
             .tool_source(set.clone() as Arc<dyn ToolSource>)
     });
-    let auth = exec.runtime().auth_service().auth_context();
-    let task = exec
-        .send_message(&auth, Message::user("change them"), SendOptions::default())
-        .await
-        .unwrap();
-    assert_eq!(task.state(), TaskState::Completed);
+    completed(&exec, "change them").await;
     let requests = llm.requests();
     assert_eq!(requests.len(), 3);
     assert_eq!(

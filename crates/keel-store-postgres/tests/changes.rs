@@ -44,12 +44,49 @@ fn events_of(auth: &AuthContext, task_id: &TaskId) -> StoreChange {
 }
 
 /// A fresh schema with two stores on it (two pools, as two processes): one listening, with
-/// its changes, and one writing.
-async fn listener_and_writer() -> (TestSchema, PostgresStore, Changes, PostgresStore) {
-    let schema = TestSchema::new().await.unwrap();
-    let (listener, writer) = (schema.store().await.unwrap(), schema.store().await.unwrap());
-    let changes = listener.changes().await.unwrap();
-    (schema, listener, changes, writer)
+/// its changes, and one writing; and the tenant the tests write as.
+struct TwoPools {
+    schema: TestSchema,
+    listener: PostgresStore,
+    changes: Changes,
+    writer: PostgresStore,
+    auth: AuthContext,
+}
+
+impl TwoPools {
+    async fn new() -> Self {
+        let schema = TestSchema::new().await.unwrap();
+        let (listener, writer) = (schema.store().await.unwrap(), schema.store().await.unwrap());
+        let changes = listener.changes().await.unwrap();
+        let auth = AuthContext::new("acme", "ops");
+        Self {
+            schema,
+            listener,
+            changes,
+            writer,
+            auth,
+        }
+    }
+
+    /// Check that the next change the listener hears, other than [`StoreChange::Missed`], is
+    /// `expected`.
+    async fn hears(&mut self, expected: StoreChange) {
+        assert_eq!(next_change(&mut self.changes).await, expected);
+    }
+
+    /// Close both pools, then drop the schema.
+    async fn drop_schema(self) {
+        let Self {
+            schema,
+            listener,
+            changes,
+            writer,
+            ..
+        } = self;
+        drop((listener, writer));
+        schema.drop_schema().await.unwrap();
+        drop(changes);
+    }
 }
 
 /// Save `task` with one message event `text` through `writer`, and wait until `changes`
@@ -70,48 +107,50 @@ async fn save_and_hear(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_store_hears_its_own_writes_as_its_own_and_another_pools_as_not() {
-    let (schema, listener, mut changes, writer) = listener_and_writer().await;
-    let auth = AuthContext::new("acme", "ops");
+    let mut pools = TwoPools::new().await;
+    let auth = pools.auth.clone();
     let (mine, theirs) = (
         Task::create(Message::user("mine")),
         Task::create(Message::user("theirs")),
     );
-    listener
+    pools
+        .listener
         .save_task_with_events(&auth, &mine, &[message("mine")])
         .await
         .unwrap();
-    assert_eq!(
-        next_change(&mut changes).await,
-        StoreChange::TaskEvents {
+    pools
+        .hears(StoreChange::TaskEvents {
             auth: auth.clone(),
             task_id: mine.id.clone(),
             own_write: true,
-        }
-    );
-    save_and_hear(&writer, &mut changes, &auth, &theirs, "theirs").await;
-    drop((listener, writer));
-    schema.drop_schema().await.unwrap();
+        })
+        .await;
+    save_and_hear(&pools.writer, &mut pools.changes, &auth, &theirs, "theirs").await;
+    pools.drop_schema().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn task_events_appended_through_another_pool_are_heard() {
-    let (schema, listener, mut changes, writer) = listener_and_writer().await;
-    let auth = AuthContext::new("acme", "ops");
+    let mut pools = TwoPools::new().await;
+    let auth = pools.auth.clone();
     let task = Task::create(Message::user("hi"));
 
     // A snapshot saved with events, an event appended, a persisted step: each is heard.
-    save_and_hear(&writer, &mut changes, &auth, &task, "one").await;
-    writer
+    save_and_hear(&pools.writer, &mut pools.changes, &auth, &task, "one").await;
+    pools
+        .writer
         .add_task_event(&auth, &task.id, &message("two"))
         .await
         .unwrap();
-    assert_eq!(next_change(&mut changes).await, events_of(&auth, &task.id));
-    let lease = writer
+    pools.hears(events_of(&auth, &task.id)).await;
+    let lease = pools
+        .writer
         .acquire_lease(&auth, &task.thread_id, "w", Duration::from_secs(30))
         .await
         .unwrap()
         .unwrap();
-    writer
+    pools
+        .writer
         .persist_step(
             &auth,
             &lease,
@@ -121,52 +160,43 @@ async fn task_events_appended_through_another_pool_are_heard() {
         )
         .await
         .unwrap();
-    assert_eq!(next_change(&mut changes).await, events_of(&auth, &task.id));
+    pools.hears(events_of(&auth, &task.id)).await;
     // What was heard is what the log holds.
-    assert_eq!(
-        listener
-            .get_task_events(&auth, &task.id)
-            .await
-            .unwrap()
-            .len(),
-        3
-    );
-    drop((listener, writer));
-    schema.drop_schema().await.unwrap();
+    let heard = pools.listener.get_task_events(&auth, &task.id).await;
+    assert_eq!(heard.unwrap().len(), 3);
+    pools.drop_schema().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cancel_request_saved_through_another_pool_is_heard() {
-    let (schema, listener, mut changes, writer) = listener_and_writer().await;
-    let auth = AuthContext::new("acme", "ops");
+    let mut pools = TwoPools::new().await;
+    let auth = pools.auth.clone();
     let key = format!("keel:cancel:{}", TaskId::new());
-    writer
+    pools
+        .writer
         .save_serialized_with_ttl(&auth, &key, json!("stop"), Duration::from_secs(60))
         .await
         .unwrap();
-    assert_eq!(
-        next_change(&mut changes).await,
-        StoreChange::Memory {
+    pools
+        .hears(StoreChange::Memory {
             auth: auth.clone(),
-            key: key.clone()
-        }
-    );
+            key: key.clone(),
+        })
+        .await;
     // A claim that stores nothing is not announced; one that stores is.
-    assert!(!writer
+    assert!(!pools
+        .writer
         .save_if_absent(&auth, &key, json!("again"), Duration::from_secs(60))
         .await
         .unwrap());
     let other = format!("{key}-2");
-    assert!(writer
+    assert!(pools
+        .writer
         .save_if_absent(&auth, &other, json!("x"), Duration::from_secs(60))
         .await
         .unwrap());
-    assert_eq!(
-        next_change(&mut changes).await,
-        StoreChange::Memory { auth, key: other }
-    );
-    drop((listener, writer));
-    schema.drop_schema().await.unwrap();
+    pools.hears(StoreChange::Memory { auth, key: other }).await;
+    pools.drop_schema().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -77,6 +77,13 @@ impl TestServer {
     }
 }
 
+/// A started server, and the task it answers `text` with, sent with `configuration`.
+async fn started_with_task(text: &str, configuration: Value) -> (TestServer, Value) {
+    let server = TestServer::start().await;
+    let task = server.send(text, configuration).await;
+    (server, task)
+}
+
 /// JSON-RPC 2.0 envelope and A2A error shape: HTTP 200, `jsonrpc: "2.0"`, the id echoed with
 /// its type, exactly one of result/error, integer code, string message, and `data` (when
 /// present) an array of objects that each carry `@type`.
@@ -103,6 +110,15 @@ fn assert_envelope(status: StatusCode, answer: &Value, expected_id: &Value) {
 
 fn code(answer: &Value) -> i64 {
     answer["error"]["code"].as_i64().unwrap_or(0)
+}
+
+/// Checks that a posted request's answer (`post_raw`'s or `post_value`'s) is a well-formed
+/// JSON-RPC error of code `expected` for the request of id `id`; `case` names the request.
+fn assert_error(posted: (StatusCode, Option<Value>), id: &Value, expected: i64, case: &str) {
+    let (status, answer) = posted;
+    let answer = answer.unwrap_or_else(|| panic!("a JSON-RPC answer to {case}"));
+    assert_envelope(status, &answer, id);
+    assert_eq!(code(&answer), expected, "{case}: {answer}");
 }
 
 #[tokio::test]
@@ -231,8 +247,7 @@ async fn the_card_is_v1_0_when_asked_for_1_0_and_v0_3_without_a_version_or_with_
 
 #[tokio::test]
 async fn blocking_send_message_completes_with_the_echo_and_an_artifact() {
-    let server = TestServer::start().await;
-    let task = server.send("hello", json!({})).await;
+    let (server, task) = started_with_task("hello", json!({})).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     let answer = &task["status"]["message"];
     assert_eq!(answer["role"], "ROLE_AGENT");
@@ -264,10 +279,7 @@ async fn missing_configuration_or_return_immediately_means_blocking() {
 
 #[tokio::test]
 async fn return_immediately_answers_at_once_and_cancel_ends_the_task_canceled() {
-    let server = TestServer::start().await;
-    let task = server
-        .send(SLEEP_30, json!({"returnImmediately": true}))
-        .await;
+    let (server, task) = started_with_task(SLEEP_30, json!({"returnImmediately": true})).await;
     let state = task["status"]["state"].as_str().unwrap();
     assert!(
         state == "TASK_STATE_SUBMITTED" || state == "TASK_STATE_WORKING",
@@ -293,8 +305,7 @@ async fn return_immediately_answers_at_once_and_cancel_ends_the_task_canceled() 
 
 #[tokio::test]
 async fn cancel_of_a_completed_task_is_not_cancelable() {
-    let server = TestServer::start().await;
-    let task = server.send("hello", json!({})).await;
+    let (server, task) = started_with_task("hello", json!({})).await;
     let answer = server.call("CancelTask", json!({"id": task["id"]})).await;
     assert_eq!(code(&answer), -32002, "{answer}");
     let info = &answer["error"]["data"][0];
@@ -320,40 +331,27 @@ async fn unknown_task_is_task_not_found_for_get_and_cancel() {
 #[tokio::test]
 async fn malformed_json_is_a_parse_error_with_null_id() {
     let server = TestServer::start().await;
-    let (status, answer) = server
+    let posted = server
         .post_raw("/", b"{not json".to_vec(), Some("1.0"))
         .await;
-    let answer = answer.unwrap();
-    assert_envelope(status, &answer, &Value::Null);
-    assert_eq!(code(&answer), -32700);
+    assert_error(posted, &Value::Null, -32700, "malformed JSON");
     server.stop().await;
 }
 
 #[tokio::test]
-async fn request_without_method_is_an_invalid_request_echoing_the_id() {
+async fn a_request_without_a_method_or_jsonrpc_2_0_is_an_invalid_request_echoing_the_id() {
     let server = TestServer::start().await;
-    let answer = server
-        .post(json!({"jsonrpc": "2.0", "id": "probe-nomethod", "params": {}}))
-        .await;
-    assert_eq!(code(&answer), -32600);
-    let answer = server
-        .post(json!({"jsonrpc": "2.0", "id": 5, "method": 7}))
-        .await;
-    assert_eq!(code(&answer), -32600);
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn jsonrpc_other_than_2_0_is_an_invalid_request() {
-    let server = TestServer::start().await;
-    let answer = server
-        .post(json!({"jsonrpc": "1.0", "id": 77, "method": "GetTask", "params": {"id": "x"}}))
-        .await;
-    assert_eq!(code(&answer), -32600);
-    let answer = server
-        .post(json!({"id": 78, "method": "GetTask", "params": {"id": "x"}}))
-        .await;
-    assert_eq!(code(&answer), -32600);
+    for body in [
+        // No method, or one that is no string.
+        json!({"jsonrpc": "2.0", "id": "probe-nomethod", "params": {}}),
+        json!({"jsonrpc": "2.0", "id": 5, "method": 7}),
+        // JSON-RPC other than 2.0, or none said.
+        json!({"jsonrpc": "1.0", "id": 77, "method": "GetTask", "params": {"id": "x"}}),
+        json!({"id": 78, "method": "GetTask", "params": {"id": "x"}}),
+    ] {
+        let answer = server.post(body.clone()).await;
+        assert_eq!(code(&answer), -32600, "{body}");
+    }
     server.stop().await;
 }
 
@@ -367,10 +365,8 @@ async fn non_object_requests_empty_batches_and_bad_ids_are_invalid_requests_with
         json!({"jsonrpc": "2.0", "id": {"x": 1}, "method": "GetTask"}),
         json!({"jsonrpc": "2.0", "id": [1], "method": "GetTask"}),
     ] {
-        let (status, answer) = server.post_value(&body).await;
-        let answer = answer.unwrap();
-        assert_envelope(status, &answer, &Value::Null);
-        assert_eq!(code(&answer), -32600, "{body}");
+        let posted = server.post_value(&body).await;
+        assert_error(posted, &Value::Null, -32600, &body.to_string());
     }
     server.stop().await;
 }
@@ -499,24 +495,18 @@ async fn unsupported_a2a_version_is_version_not_supported() {
     )
     .unwrap();
     for version in ["9.9", "2.0", "0.9", "1.1"] {
-        let (status, answer) = server.post_raw("/", body.clone(), Some(version)).await;
-        let answer = answer.unwrap();
-        assert_envelope(status, &answer, &json!("v"));
-        assert_eq!(code(&answer), -32009, "{version}");
+        let posted = server.post_raw("/", body.clone(), Some(version)).await;
+        assert_error(posted, &json!("v"), -32009, version);
     }
     // 1.0 and 1.0.x reach the handlers.
     for version in ["1.0", "1.0.2"] {
-        let (status, answer) = server.post_raw("/", body.clone(), Some(version)).await;
-        let answer = answer.unwrap();
-        assert_envelope(status, &answer, &json!("v"));
-        assert_eq!(code(&answer), -32001, "{version:?}");
+        let posted = server.post_raw("/", body.clone(), Some(version)).await;
+        assert_error(posted, &json!("v"), -32001, version);
     }
     // No header is A2A 0.3, as the spec says, which has no `GetTask`: the version this request
     // did not name is refused, as the reference server does.
-    let (status, answer) = server.post_raw("/", body.clone(), None).await;
-    let answer = answer.unwrap();
-    assert_envelope(status, &answer, &json!("v"));
-    assert_eq!(code(&answer), -32009, "{answer}");
+    let posted = server.post_raw("/", body.clone(), None).await;
+    assert_error(posted, &json!("v"), -32009, "no A2A-Version");
     server.stop().await;
 }
 
@@ -550,10 +540,8 @@ async fn oversized_body_is_answered_with_a_json_rpc_error() {
     let server = TestServer::start().await;
     let big = "x".repeat(keel_transport::DEFAULT_BODY_LIMIT + 1);
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": user_message(&big)}});
-    let (status, answer) = server.post_value(&body).await;
-    let answer = answer.unwrap();
-    assert_envelope(status, &answer, &Value::Null);
-    assert_eq!(code(&answer), -32600);
+    let posted = server.post_value(&body).await;
+    assert_error(posted, &Value::Null, -32600, "an oversized body");
     server.stop().await;
 }
 
@@ -584,8 +572,7 @@ async fn server_keeps_serving_after_every_bad_request() {
 
 #[tokio::test]
 async fn history_length_limits_the_history() {
-    let server = TestServer::start().await;
-    let full = server.send("hello", json!({})).await;
+    let (server, full) = started_with_task("hello", json!({})).await;
     let full_len = full["history"].as_array().map_or(0, Vec::len);
     assert!(full_len >= 2, "{full}");
     let one = server.send("hello", json!({"historyLength": 1})).await;
@@ -629,8 +616,7 @@ async fn endpoint_answers_with_and_without_a_trailing_slash() {
 
 #[tokio::test]
 async fn continuing_a_task_that_has_ended_is_unsupported_operation() {
-    let server = TestServer::start().await;
-    let task = server.send("hello", json!({})).await;
+    let (server, task) = started_with_task("hello", json!({})).await;
     let mut message = user_message("more");
     message["taskId"] = task["id"].clone();
     let answer = server
@@ -719,10 +705,7 @@ async fn client_reports_an_unreachable_agent_as_an_error_not_a_panic() {
 
 #[tokio::test]
 async fn shutdown_hands_running_tasks_on_without_canceling_them() {
-    let server = TestServer::start().await;
-    let task = server
-        .send(SLEEP_30, json!({"returnImmediately": true}))
-        .await;
+    let (server, task) = started_with_task(SLEEP_30, json!({"returnImmediately": true})).await;
     let task_id = TaskId::from(task["id"].as_str().unwrap());
     let executor = server.executor.clone();
     // Wait until the run is in its sleep, so that the shutdown has a run to hand on.

@@ -20,6 +20,34 @@ const SLEEP_LONG: &str = "/sleep {\"seconds\": 3600}";
 /// How long a request that must be served may take on a loaded machine.
 const GENEROUS: Duration = Duration::from_secs(60);
 
+/// Checks that `answer` is JSON-RPC's refusal of a request over a limit (`-32051`): the limit
+/// on `what` (its `limit` names it) of `max`, saying when to retry.
+fn assert_over_limit(answer: &Value, what: &str, max: &str) {
+    assert_eq!(answer["error"]["code"], -32051, "{answer}");
+    let info = &answer["error"]["data"][0];
+    assert_eq!(info["reason"], "RESOURCE_EXHAUSTED", "{answer}");
+    assert_eq!(info["metadata"]["max"], max, "{answer}");
+    assert!(
+        info["metadata"]["limit"]
+            .as_str()
+            .is_some_and(|limit| limit.contains(what)),
+        "{answer}"
+    );
+    assert!(
+        info["metadata"]["retryAfterSeconds"].is_string(),
+        "{answer}"
+    );
+}
+
+/// The seconds a `429` answer's `Retry-After` says to wait.
+fn retry_after(response: &reqwest::Response) -> u64 {
+    response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 async fn two_tenants(limits: Limits) -> TestServer {
     two_tenants_with(limits, ExecutorConfig::default()).await
 }
@@ -161,24 +189,12 @@ async fn a_tenant_with_too_many_requests_in_progress_is_told_to_retry_later() {
         None
     })
     .await;
-    let retry_after: u64 = refused.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(retry_after >= 1);
+    assert!(retry_after(&refused) >= 1);
     let body: Value = refused.json().await.unwrap();
     assert_eq!(body["error"]["status"], "RESOURCE_EXHAUSTED", "{body}");
     // ...and over JSON-RPC with -32051 naming the limit.
     let answer: Value = answer_to(&server, ALICE, &call(1, "ListTasks", json!({}))).await;
-    assert_eq!(answer["error"]["code"], -32051, "{answer}");
-    let info = &answer["error"]["data"][0];
-    assert_eq!(info["reason"], "RESOURCE_EXHAUSTED");
-    assert_eq!(info["metadata"]["max"], "2");
-    assert!(
-        info["metadata"]["retryAfterSeconds"].is_string(),
-        "{answer}"
-    );
+    assert_over_limit(&answer, "tenant", "2");
     // Bob is served meanwhile.
     let bob = tokio::time::timeout(GENEROUS, send(&server, BOB, "hello", false))
         .await
@@ -262,20 +278,7 @@ async fn a_full_thread_queue_or_tenant_queue_refuses_new_tasks_with_retry_later(
     }
     // The third is refused over JSON-RPC with -32051, naming the thread's limit...
     let refused = send_on(&server, ALICE, "one more", "t").await;
-    assert_eq!(refused["error"]["code"], -32051, "{refused}");
-    let info = &refused["error"]["data"][0];
-    assert_eq!(info["reason"], "RESOURCE_EXHAUSTED");
-    assert_eq!(info["metadata"]["max"], "1");
-    assert!(
-        info["metadata"]["limit"]
-            .as_str()
-            .is_some_and(|limit| limit.contains("thread")),
-        "{refused}"
-    );
-    assert!(
-        info["metadata"]["retryAfterSeconds"].is_string(),
-        "{refused}"
-    );
+    assert_over_limit(&refused, "thread", "1");
     // ...and over HTTP+JSON with 429 and `Retry-After`.
     let mut message = user_message("one more");
     message["contextId"] = json!("t");
@@ -287,26 +290,13 @@ async fn a_full_thread_queue_or_tenant_queue_refuses_new_tasks_with_retry_later(
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-    let retry_after: u64 = response.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(retry_after >= 1);
+    assert!(retry_after(&response) >= 1);
     // Another thread of Alice's takes the tenant's third queued item; a fourth thread is
     // refused by the tenant's limit.
     let sent = send_on(&server, ALICE, SLEEP_LONG, "u").await;
     assert!(sent["result"]["task"].is_object(), "{sent}");
     let refused = send_on(&server, ALICE, "hello", "v").await;
-    assert_eq!(refused["error"]["code"], -32051, "{refused}");
-    let info = &refused["error"]["data"][0];
-    assert_eq!(info["metadata"]["max"], "3");
-    assert!(
-        info["metadata"]["limit"]
-            .as_str()
-            .is_some_and(|limit| limit.contains("tenant")),
-        "{refused}"
-    );
+    assert_over_limit(&refused, "tenant", "3");
     // Nothing of the refused messages was stored.
     let listed: Value = answer_to(&server, ALICE, &call(1, "ListTasks", json!({}))).await;
     assert_eq!(listed["result"]["totalSize"], 3, "{listed}");

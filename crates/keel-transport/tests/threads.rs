@@ -13,25 +13,20 @@ use keel_runtime::{ApiKeyAuthService, AuthContext, Runtime, Services};
 use keel_transport::{A2aServer, AgentsServer, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use support::{get_as as get, status_and_json, ALICE, BOB};
+use support::{get_as as get, object_tool, status_and_json, ALICE, BOB};
 use tokio::sync::Notify;
 
 /// A tool that announces it started, then waits for `release`: it keeps the thread busy so
 /// that queued work stays queued.
 fn gate_tool(started: Arc<Notify>, release: Arc<Notify>) -> FnTool {
-    FnTool::new(
-        "gate",
-        "Wait for the test",
-        json!({"type": "object"}),
-        move |_a, _c| {
-            let (started, release) = (started.clone(), release.clone());
-            async move {
-                started.notify_one();
-                release.notified().await;
-                Ok(json!("released"))
-            }
-        },
-    )
+    object_tool("gate", "Wait for the test", move |_a, _c| {
+        let (started, release) = (started.clone(), release.clone());
+        async move {
+            started.notify_one();
+            release.notified().await;
+            Ok(json!("released"))
+        }
+    })
 }
 
 async fn post(http: &reqwest::Client, url: &str, key: &str, body: Value) -> (StatusCode, Value) {

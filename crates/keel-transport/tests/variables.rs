@@ -7,7 +7,7 @@ mod support;
 
 use std::sync::{Arc, Mutex};
 
-use keel_agent::{Agent, AgentExecutor, Environment, FnTool, SubagentSpec, SECRETS_KEY_VAR};
+use keel_agent::{Agent, AgentExecutor, Environment, SubagentSpec, SECRETS_KEY_VAR};
 use keel_core::{AgentCard, ThreadId};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
 use keel_runtime::testing::eventually;
@@ -15,7 +15,7 @@ use keel_runtime::{AuthContext, Runtime};
 use keel_transport::{A2aServer, Security};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use support::{SendJson, ALICE, BOB};
+use support::{object_tool, SendJson, ALICE, BOB};
 
 const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
@@ -50,19 +50,14 @@ async fn missing_scoped_variables_are_described_and_provided_over_http_in_the_ca
     let seen = Arc::new(Mutex::new(Vec::<Option<String>>::new()));
     let reader = {
         let seen = seen.clone();
-        FnTool::new(
-            "check_token",
-            "Checks the token",
-            json!({"type": "object"}),
-            move |_a, ctx| {
-                let seen = seen.clone();
-                async move {
-                    let value = ctx.thread.scoped_variable("API_TOKEN").await?;
-                    seen.lock().unwrap().push(value);
-                    Ok(json!("checked"))
-                }
-            },
-        )
+        object_tool("check_token", "Checks the token", move |_a, ctx| {
+            let seen = seen.clone();
+            async move {
+                let value = ctx.thread.scoped_variable("API_TOKEN").await?;
+                seen.lock().unwrap().push(value);
+                Ok(json!("checked"))
+            }
+        })
     };
     let child = AgentExecutor::new(
         Agent::builder(card("researcher"))

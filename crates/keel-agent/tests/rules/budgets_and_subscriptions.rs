@@ -11,7 +11,7 @@ use keel_events::{InMemoryEventSink, RunEvent};
 use keel_llm::{MockLlm, MockResponse, ToolCall, Usage};
 use keel_runtime::AuthContext;
 use serde_json::json;
-use super::fixture::{call_then_answer, echo_tool};
+use super::fixture::{backend, call_then_answer, echo_tool};
 
 fn card() -> AgentCard {
     AgentCard::new("budgeted", "keeps to its budget", "http://127.0.0.1:0")
@@ -23,8 +23,7 @@ fn executor(llm: MockLlm) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>
         .tool(echo_tool())
         .build()
         .unwrap();
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let exec = AgentExecutor::new(agent, runtime);
     let sink = Arc::new(InMemoryEventSink::new());
     exec.add_event_sink(sink.clone());
@@ -146,8 +145,7 @@ fn priced(responses: Vec<MockResponse>) -> MockLlm {
 /// Run `llm` on a message under `budget` with every event kept.
 async fn send_priced(llm: MockLlm, budget: RunBudget) -> (Task, Vec<RunEvent>) {
     let agent = Agent::builder(card()).llm(llm).tool(echo_tool()).build().unwrap();
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let exec = AgentExecutor::new(agent, runtime);
     let sink = Arc::new(InMemoryEventSink::new());
     exec.add_event_sink(sink.clone());
@@ -250,8 +248,7 @@ async fn watching(
         .tool(Watch(tx))
         .build()
         .unwrap();
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let config = keel_agent::ExecutorConfig {
         callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared("http://127.0.0.1:9")),
         ..keel_agent::ExecutorConfig::default()

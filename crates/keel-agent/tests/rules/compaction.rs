@@ -13,7 +13,7 @@ use keel_llm::{
     LlmMessage, LlmRole, MockLlm, MockResponse,
 };
 use keel_runtime::{AuthContext, Runtime};
-use super::fixture::send_in;
+use super::fixture::{backend, send_in};
 
 fn agent(llm: Arc<MockLlm>, compaction: Option<AutoCompaction>) -> Agent {
     let mut builder = Agent::builder(AgentCard::new("talker", "talks", "http://127.0.0.1:0"))
@@ -41,14 +41,43 @@ async fn log(runtime: &Arc<dyn Runtime>, auth: &AuthContext, thread: &ThreadId) 
         .collect()
 }
 
+/// `pairs` questions and answers (`q0`, `a0`, `q1`, ...), as a long-lived thread's history.
+fn exchanges(pairs: usize) -> Vec<LlmMessage> {
+    (0..pairs)
+        .flat_map(|i| {
+            [
+                LlmMessage::user(format!("q{i}")),
+                LlmMessage::assistant(format!("a{i}"), vec![]),
+            ]
+        })
+        .collect()
+}
+
+/// `thread`'s lease for `holder`, taken once the run that held it let go: a run lets go of
+/// its thread just after its answer, so the thread may still be held for a moment.
+async fn lease_once_let_go(
+    runtime: &dyn Runtime,
+    auth: &AuthContext,
+    thread: &ThreadId,
+    holder: &str,
+) -> keel_runtime::Lease {
+    let store = runtime.thread_store();
+    keel_runtime::testing::eventually("the run to let go of the thread", || async {
+        store
+            .acquire_lease(auth, thread, holder, std::time::Duration::from_secs(60))
+            .await
+            .unwrap()
+    })
+    .await
+}
+
 fn contents(messages: &[LlmMessage]) -> Vec<String> {
     messages.iter().map(|m| m.content.clone()).collect()
 }
 
 #[tokio::test]
 async fn compact_thread_persists_a_shorter_history_that_a_new_executor_sends() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let thread = ThreadId::new();
     let llm = Arc::new(MockLlm::scripted(
         ["a1", "a2", "a3", "a4"]
@@ -107,8 +136,7 @@ async fn compact_thread_persists_a_shorter_history_that_a_new_executor_sends() {
 
 #[tokio::test]
 async fn compact_thread_refuses_a_thread_a_run_holds() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let thread = ThreadId::new();
     let exec = AgentExecutor::new(agent(Arc::new(MockLlm::new()), None), runtime.clone());
     let lease = runtime
@@ -131,8 +159,7 @@ async fn compact_thread_refuses_a_thread_a_run_holds() {
 
 #[tokio::test]
 async fn a_run_over_its_context_window_compacts_the_history_and_says_so() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let thread = ThreadId::new();
     let long = "word ".repeat(200);
     let llm = Arc::new(MockLlm::scripted(
@@ -150,13 +177,7 @@ async fn a_run_over_its_context_window_compacts_the_history_and_says_so() {
     // The old executor's worker lets go of the thread just after its last answer; until it
     // has, it would take the next message from the queue itself, and run it uncompacted.
     let store = runtime.thread_store();
-    let lease = keel_runtime::testing::eventually("the old worker to let go of the thread", || async {
-        store
-            .acquire_lease(&auth, &thread, "test", std::time::Duration::from_secs(60))
-            .await
-            .unwrap()
-    })
-    .await;
+    let lease = lease_once_let_go(runtime.as_ref(), &auth, &thread, "test").await;
     store.release_lease(&auth, &lease).await.unwrap();
 
     let auto = AutoCompaction::new(CompactionStrategy::Tokens).with_context_window(400);
@@ -317,8 +338,7 @@ mod counting {
 /// checkpoint only, and the model is sent what it was sent when the whole log was read.
 #[tokio::test]
 async fn a_run_on_a_long_compacted_thread_reads_back_to_the_checkpoint_only() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let thread = ThreadId::new();
     let store = runtime.thread_store();
     // 3,000 entries written straight to the store (a long-lived thread), then compacted.
@@ -327,10 +347,7 @@ async fn a_run_on_a_long_compacted_thread_reads_back_to_the_checkpoint_only() {
         .await
         .unwrap()
         .unwrap();
-    let old: Vec<LlmMessage> = (0..1_500)
-        .flat_map(|i| [LlmMessage::user(format!("q{i}")), LlmMessage::assistant(format!("a{i}"), vec![])])
-        .collect();
-    store.append_history(&auth, &lease, &old).await.unwrap();
+    store.append_history(&auth, &lease, &exchanges(1_500)).await.unwrap();
     store.release_lease(&auth, &lease).await.unwrap();
     let llm = Arc::new(MockLlm::scripted(vec![
         MockResponse::Text("b1".into()),
@@ -370,8 +387,7 @@ async fn a_run_on_a_long_compacted_thread_reads_back_to_the_checkpoint_only() {
 /// every run did before) grows with the thread. Times are printed, not asserted.
 #[tokio::test]
 async fn a_runs_history_reads_do_not_grow_with_the_thread() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let store = runtime.thread_store();
     let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted: Arc<dyn Runtime> = Arc::new(
@@ -388,15 +404,7 @@ async fn a_runs_history_reads_do_not_grow_with_the_thread() {
             .await
             .unwrap()
             .unwrap();
-        let old: Vec<LlmMessage> = (0..pairs)
-            .flat_map(|i| {
-                [
-                    LlmMessage::user(format!("q{i}")),
-                    LlmMessage::assistant(format!("a{i}"), vec![]),
-                ]
-            })
-            .collect();
-        for chunk in old.chunks(1_000) {
+        for chunk in exchanges(pairs).chunks(1_000) {
             store.append_history(&auth, &lease, chunk).await.unwrap();
         }
         store.release_lease(&auth, &lease).await.unwrap();
@@ -437,8 +445,7 @@ async fn a_runs_history_reads_do_not_grow_with_the_thread() {
 /// taken in again, and its question is answered.
 #[tokio::test]
 async fn a_task_resumed_after_its_thread_grew_and_was_compacted_reads_back_to_its_input() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let thread = ThreadId::new();
     let llm = Arc::new(MockLlm::scripted(vec![
         MockResponse::ToolCalls(vec![keel_llm::ToolCall::new(
@@ -459,22 +466,8 @@ async fn a_task_resumed_after_its_thread_grew_and_was_compacted_reads_back_to_it
 
     // Meanwhile the thread grows by 600 entries and is compacted, once the run let go of it.
     let store = runtime.thread_store();
-    let lease = keel_runtime::testing::eventually("the run to release the thread", || async {
-        store
-            .acquire_lease(&auth, &thread, "builder", std::time::Duration::from_secs(60))
-            .await
-            .unwrap()
-    })
-    .await;
-    let filler: Vec<LlmMessage> = (0..300)
-        .flat_map(|i| {
-            [
-                LlmMessage::user(format!("q{i}")),
-                LlmMessage::assistant(format!("a{i}"), vec![]),
-            ]
-        })
-        .collect();
-    store.append_history(&auth, &lease, &filler).await.unwrap();
+    let lease = lease_once_let_go(runtime.as_ref(), &auth, &thread, "builder").await;
+    store.append_history(&auth, &lease, &exchanges(300)).await.unwrap();
     store.release_lease(&auth, &lease).await.unwrap();
     let request = HistoryCompactionRequest {
         max_messages: 3,

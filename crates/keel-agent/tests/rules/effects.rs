@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keel_agent::reads::TaskQuery;
-use keel_agent::{Agent, AgentExecutor, FnTool};
+use keel_agent::{Agent, AgentExecutor};
 use keel_core::{AgentCard, AgentError, Message, Task, TaskState, ThreadId};
 use keel_events::{EventSink, InMemoryEventSink};
 use keel_llm::{LlmRole, MockLlm};
@@ -17,7 +17,7 @@ use keel_runtime::{
 };
 use serde_json::{json, Value};
 use tokio::sync::watch;
-use super::fixture::{call_then_answer, send};
+use super::fixture::{backend, call_then_answer, object_tool, send};
 
 fn card() -> AgentCard {
     AgentCard::new("effects", "scheduled effect tests", "http://127.0.0.1:0")
@@ -44,12 +44,19 @@ fn reminding(builder: keel_agent::AgentBuilder, fired: Fired) -> Agent {
 
 /// An executor with an event sink, its scheduler not started yet.
 fn unstarted(agent: Agent) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>) {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let exec = AgentExecutor::new(agent, runtime);
     let sink = Arc::new(InMemoryEventSink::new());
     exec.add_event_sink(sink.clone() as Arc<dyn EventSink>);
     (exec, auth, sink)
+}
+
+/// An executor of the [`reminding`] agent whose scheduler is not started yet, its caller,
+/// its events and the tags its effects fired.
+fn unstarted_reminder() -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>, Fired) {
+    let fired = Fired::default();
+    let (exec, auth, sink) = unstarted(reminding(Agent::builder(card()), fired.clone()));
+    (exec, auth, sink, fired)
 }
 
 fn started(agent: Agent) -> (AgentExecutor, AuthContext, Arc<InMemoryEventSink>) {
@@ -81,10 +88,9 @@ fn event_types(sink: &InMemoryEventSink) -> Vec<String> {
 
 #[tokio::test]
 async fn a_due_effect_fires_on_its_thread_and_starts_a_turn() {
-    let fired = Fired::default();
     // The scheduler starts only after the pending timer is listed: a slow store or a busy
     // machine would otherwise let it fire before the listing.
-    let (exec, auth, sink) = unstarted(reminding(Agent::builder(card()), fired.clone()));
+    let (exec, auth, sink, fired) = unstarted_reminder();
     let thread = ThreadId::new();
     let state = exec.thread(&auth, thread.clone());
     let timer = state
@@ -117,9 +123,8 @@ async fn a_due_effect_fires_on_its_thread_and_starts_a_turn() {
 
 #[tokio::test]
 async fn a_canceled_effect_never_fires() {
-    let fired = Fired::default();
     // Scheduled and canceled before the scheduler starts, so the test does not race it.
-    let (exec, auth, sink) = unstarted(reminding(Agent::builder(card()), fired.clone()));
+    let (exec, auth, sink, fired) = unstarted_reminder();
     let thread = ThreadId::new();
     let state = exec.thread(&auth, thread.clone());
     let now = chrono::Utc::now();
@@ -154,8 +159,7 @@ async fn a_canceled_effect_never_fires() {
 
 #[tokio::test]
 async fn a_terminated_threads_effect_is_dropped_and_never_fires() {
-    let fired = Fired::default();
-    let (exec, auth, sink) = unstarted(reminding(Agent::builder(card()), fired.clone()));
+    let (exec, auth, sink, fired) = unstarted_reminder();
     let doomed = exec.thread(&auth, ThreadId::new());
     let timer = doomed
         .schedule_effect("remind", json!({"tag": "doomed"}), Duration::ZERO)
@@ -211,7 +215,7 @@ async fn an_effect_due_while_the_thread_is_busy_is_injected_before_the_next_mode
     let store = runtime.thread_store();
     // The tool schedules an effect due at once and holds the step until it is queued on the
     // thread: the effect then fires inside the running flow.
-    let tool = FnTool::new("soon", "Schedule now", json!({"type": "object"}), move |_a, ctx| {
+    let tool = object_tool("soon", "Schedule now", move |_a, ctx| {
         let store = store.clone();
         async move {
             ctx.thread
@@ -341,8 +345,7 @@ async fn two_agents_on_one_store_each_fire_only_their_own_effects() {
     // One store, two agents, the same effect name: each timer belongs to the agent that
     // scheduled it, so one agent's scheduler never takes (and drops, or runs with its own
     // handler) the other's.
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let fired = Fired::default();
     let agent = |name: &str| {
         let (fired, tag) = (fired.clone(), name.to_owned());

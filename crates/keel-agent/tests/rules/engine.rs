@@ -9,7 +9,7 @@ use keel_llm::{LlmRole, MockLlm, MockResponse, ToolCall};
 use keel_runtime::{testing, AuthContext};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
-use super::fixture::{call_then_answer, executor, scripted, send, start};
+use super::fixture::{call_then_answer, executor, object_tool, scripted, send, start, try_send};
 
 fn card() -> AgentCard {
     AgentCard::new("test", "test agent", "http://127.0.0.1:0")
@@ -38,19 +38,14 @@ fn add_tool(calls: Arc<AtomicUsize>) -> FnTool {
 
 /// A tool that announces it has started, then waits until the run is canceled.
 fn blocking_tool(started: Arc<Notify>) -> FnTool {
-    FnTool::new(
-        "wait",
-        "Wait until canceled",
-        json!({"type": "object"}),
-        move |_args, ctx| {
-            let started = started.clone();
-            async move {
-                started.notify_one();
-                ctx.cancel.cancelled().await;
-                Ok(Value::Null)
-            }
-        },
-    )
+    object_tool("wait", "Wait until canceled", move |_args, ctx| {
+        let started = started.clone();
+        async move {
+            started.notify_one();
+            ctx.cancel.cancelled().await;
+            Ok(Value::Null)
+        }
+    })
 }
 
 /// A task of an agent with the [`blocking_tool`], started on a call of it that never returns:
@@ -119,17 +114,12 @@ async fn tool_calls_run_in_order_and_every_step_is_persisted() {
 
 #[tokio::test]
 async fn a_failing_tool_becomes_a_tool_result_the_model_sees() {
-    let failing = FnTool::new(
-        "flaky",
-        "Always fails",
-        json!({"type": "object"}),
-        |_a, _c| async {
-            Err(AgentError::ToolFailed {
-                tool: "flaky".into(),
-                message: "upstream 503".into(),
-            })
-        },
-    );
+    let failing = object_tool("flaky", "Always fails", |_a, _c| async {
+        Err(AgentError::ToolFailed {
+            tool: "flaky".into(),
+            message: "upstream 503".into(),
+        })
+    });
     let (exec, auth, llm) = scripted(
         card(),
         call_then_answer("flaky", json!({}), "sorry, the service is down"),
@@ -177,17 +167,12 @@ async fn invalid_arguments_are_rejected_before_the_tool_runs() {
 
 #[tokio::test]
 async fn an_unknown_tool_and_a_panicking_tool_become_error_results() {
-    let panicky = FnTool::new(
-        "boom",
-        "Panics",
-        json!({"type": "object"}),
-        |_a, _c| async {
-            if true {
-                panic!("tool bug");
-            }
-            Ok(Value::Null)
-        },
-    );
+    let panicky = object_tool("boom", "Panics", |_a, _c| async {
+        if true {
+            panic!("tool bug");
+        }
+        Ok(Value::Null)
+    });
     let (exec, auth, llm) = scripted(
         card(),
         vec![
@@ -343,15 +328,9 @@ async fn a_direct_tool_call_runs_without_a_model_and_fails_when_the_tool_fails()
 async fn bad_messages_are_invalid_input_and_nothing_is_stored() {
     let (exec, auth) = executor(Agent::builder(card()).build().unwrap());
     let empty = Message::new(Role::User, vec![]);
-    let err = exec
-        .send_message(&auth, empty, SendOptions::default())
-        .await
-        .unwrap_err();
+    let err = try_send(&exec, &auth, empty).await.unwrap_err();
     assert!(matches!(err, AgentError::InvalidInput { ref field, .. } if field == "message.parts"));
-    let err = exec
-        .send_message(&auth, Message::agent("hi"), SendOptions::default())
-        .await
-        .unwrap_err();
+    let err = try_send(&exec, &auth, Message::agent("hi")).await.unwrap_err();
     assert!(matches!(err, AgentError::InvalidInput { ref field, .. } if field == "message.role"));
     let page = exec
         .runtime()
@@ -368,10 +347,7 @@ async fn a_message_for_a_finished_task_is_refused_and_unknown_task_is_not_found(
     let task = send(&exec, &auth, Message::user("hi")).await;
     let mut follow_up = Message::user("again");
     follow_up.task_id = Some(task.id.clone());
-    let err = exec
-        .send_message(&auth, follow_up, SendOptions::default())
-        .await
-        .unwrap_err();
+    let err = try_send(&exec, &auth, follow_up).await.unwrap_err();
     // A2A §3.1.1: UnsupportedOperation for a task in a terminal state.
     assert!(
         matches!(err, AgentError::Unsupported { ref what } if what.contains("completed")),
@@ -379,10 +355,7 @@ async fn a_message_for_a_finished_task_is_refused_and_unknown_task_is_not_found(
     );
     let mut unknown = Message::user("x");
     unknown.task_id = Some(TaskId::from("nope"));
-    let err = exec
-        .send_message(&auth, unknown, SendOptions::default())
-        .await
-        .unwrap_err();
+    let err = try_send(&exec, &auth, unknown).await.unwrap_err();
     assert!(matches!(err, AgentError::TaskNotFound { .. }));
 }
 

@@ -9,7 +9,7 @@ use keel_core::{AgentCard, Message, Part, PartContent, Role, Task, TaskState};
 use keel_llm::{MockLlm, MockResponse};
 use keel_runtime::AuthContext;
 use serde_json::json;
-use super::fixture::{echo_tool, send};
+use super::fixture::{backend, echo_tool, send};
 
 fn executor(llm: Arc<MockLlm>) -> (AgentExecutor, AuthContext) {
     let agent = Agent::builder(AgentCard::new("inferrer", "infers", "http://127.0.0.1:0"))
@@ -18,8 +18,7 @@ fn executor(llm: Arc<MockLlm>) -> (AgentExecutor, AuthContext) {
         .tool(echo_tool())
         .build()
         .unwrap();
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     (AgentExecutor::new(agent, runtime), auth)
 }
 

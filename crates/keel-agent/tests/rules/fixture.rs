@@ -10,10 +10,16 @@ use keel_llm::{MockLlm, MockResponse};
 use keel_runtime::AuthContext;
 use tokio::sync::Notify;
 
-/// An executor for `agent` on this backend's runtime, and the runtime's default caller.
-pub(crate) fn executor(agent: Agent) -> (AgentExecutor, AuthContext) {
+/// This backend's runtime, fresh for the test, and its default caller.
+pub(crate) fn backend() -> (Arc<dyn keel_runtime::Runtime>, AuthContext) {
     let runtime = super::runtime();
     let auth = runtime.auth_service().auth_context();
+    (runtime, auth)
+}
+
+/// An executor for `agent` on this backend's runtime, and the runtime's default caller.
+pub(crate) fn executor(agent: Agent) -> (AgentExecutor, AuthContext) {
+    let (runtime, auth) = backend();
     (AgentExecutor::new(agent, runtime), auth)
 }
 
@@ -40,39 +46,46 @@ pub(crate) fn call_then_answer(tool: &str, args: serde_json::Value, text: &str) 
     ]
 }
 
+/// A tool named `name` whose arguments are any JSON object, as most rule tests' tools take,
+/// that answers as `run` does.
+pub(crate) fn object_tool<F, Fut>(name: &str, description: &str, run: F) -> FnTool
+where
+    F: Fn(serde_json::Value, keel_agent::ToolContext) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = keel_core::AgentResult<serde_json::Value>> + Send + 'static,
+{
+    FnTool::new(name, description, serde_json::json!({"type": "object"}), run)
+}
+
 /// A tool (`echo`) that answers with its arguments.
 pub(crate) fn echo_tool() -> FnTool {
-    FnTool::new(
-        "echo",
-        "Echo the input",
-        serde_json::json!({"type": "object"}),
-        |args, _| async move { Ok(args) },
-    )
+    object_tool("echo", "Echo the input", |args, _| async move { Ok(args) })
 }
 
 /// A tool (`gate`) that announces it started, then waits for `release` (a run canceled while
 /// it waits ends the wait).
 pub(crate) fn gate_tool(started: Arc<Notify>, release: Arc<Notify>) -> FnTool {
-    FnTool::new(
-        "gate",
-        "Wait for the test",
-        serde_json::json!({"type": "object"}),
-        move |_a, _c| {
-            let (started, release) = (started.clone(), release.clone());
-            async move {
-                started.notify_one();
-                release.notified().await;
-                Ok(serde_json::json!("released"))
-            }
-        },
-    )
+    object_tool("gate", "Wait for the test", move |_a, _c| {
+        let (started, release) = (started.clone(), release.clone());
+        async move {
+            started.notify_one();
+            release.notified().await;
+            Ok(serde_json::json!("released"))
+        }
+    })
+}
+
+/// Send `message` and wait for the task's answer, or the error that refused it.
+pub(crate) async fn try_send(
+    exec: &AgentExecutor,
+    auth: &AuthContext,
+    message: Message,
+) -> keel_core::AgentResult<Task> {
+    exec.send_message(auth, message, SendOptions::default()).await
 }
 
 /// Send `message` and wait for the task's answer.
 pub(crate) async fn send(exec: &AgentExecutor, auth: &AuthContext, message: Message) -> Task {
-    exec.send_message(auth, message, SendOptions::default())
-        .await
-        .unwrap()
+    try_send(exec, auth, message).await.unwrap()
 }
 
 /// Send `message` and return at once, while the task runs (or waits in its thread's queue).
@@ -107,4 +120,31 @@ pub(crate) async fn stored_history(
         .read_history(auth, thread, 0, usize::MAX)
         .await
         .unwrap()
+}
+
+/// `child` registered as `name`, a running subagent of kind `agent`, under `parent`.
+pub(crate) async fn register_running_child(
+    runtime: &dyn keel_runtime::Runtime,
+    auth: &AuthContext,
+    child: &keel_core::ThreadId,
+    parent: &keel_core::ThreadId,
+    name: &str,
+    agent: &str,
+) {
+    let child = keel_runtime::ChildThread::running(child.clone(), parent.clone(), name, agent);
+    runtime
+        .thread_store()
+        .register_child(auth, &child)
+        .await
+        .unwrap();
+}
+
+/// `bytes` attached to `state`'s thread as `name`, of `media_type` when given.
+pub(crate) async fn attach(
+    state: &keel_agent::ThreadState,
+    name: &str,
+    media_type: Option<&str>,
+    bytes: &[u8],
+) -> keel_core::FileContent {
+    state.put_attachment(name, media_type, bytes).await.unwrap()
 }

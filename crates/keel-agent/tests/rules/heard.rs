@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_agent::{Agent, AgentExecutor, ExecutorConfig, FnTool};
+use keel_agent::{Agent, AgentExecutor, ExecutorConfig};
 use keel_core::{AgentCard, Message, TaskState};
 use keel_llm::{MockLlm, MockResponse, ToolCall};
 use keel_runtime::Runtime;
@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 /// An executor whose run calls `wait`, a tool that never answers (it is only ever canceled),
 /// and that looks at the store on its own only once an hour.
 fn waiting_executor(runtime: Arc<dyn Runtime>, started: Arc<Notify>) -> AgentExecutor {
-    let tool = FnTool::new("wait", "Wait for ever", json!({"type": "object"}), move |_, _| {
+    let tool = super::fixture::object_tool("wait", "Wait for ever", move |_, _| {
         let started = started.clone();
         async move {
             started.notify_one();
@@ -41,8 +41,7 @@ fn waiting_executor(runtime: Arc<dyn Runtime>, started: Arc<Notify>) -> AgentExe
 
 #[tokio::test]
 async fn a_cancel_stored_by_another_process_stops_a_tool_call_in_flight_at_once() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = super::fixture::backend();
     let started = Arc::new(Notify::new());
     let running = waiting_executor(runtime.clone(), started.clone());
     let other = waiting_executor(runtime, Arc::new(Notify::new()));

@@ -10,13 +10,12 @@ use keel_events::RunReport;
 use keel_llm::{MockLlm, MockResponse, ToolCall};
 use serde_json::json;
 
-use super::fixture::{send, start};
+use super::fixture::{backend, send, start};
 use super::one_report_fixture::*;
 
 #[tokio::test]
 async fn a_run_paused_for_an_approval_keeps_one_event_sequence_and_one_report() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let (exec, sink) = observed(gated_writer(write_then_answer()), &runtime);
     let paused = pause(&exec, &auth).await;
     let before = sink.events().len() as u64;
@@ -55,8 +54,7 @@ async fn a_run_paused_for_input_keeps_one_report_when_the_answer_comes() {
         .human_handoff(true)
         .build()
         .unwrap();
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let (exec, sink) = observed(agent, &runtime);
     let asked = send(&exec, &auth, Message::user("write a record")).await;
     assert_eq!(asked.state(), TaskState::InputRequired);
@@ -86,8 +84,7 @@ async fn a_run_paused_for_an_asynchronous_tool_keeps_one_report_when_its_result_
         .tool(super::budgets_and_subscriptions::Watch(sent))
         .build()
         .unwrap();
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let config = keel_agent::ExecutorConfig {
         callbacks: Some(keel_transport::callbacks::HttpCallbacks::shared(
             "http://127.0.0.1:9/keel",

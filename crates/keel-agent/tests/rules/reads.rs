@@ -6,14 +6,14 @@
 use std::sync::Arc;
 
 use keel_agent::reads::{Reads, TaskChange, TaskQuery, ThreadPosition};
-use keel_agent::{Agent, AgentExecutor, FnTool};
+use keel_agent::{Agent, AgentExecutor};
 use keel_core::{AgentCard, AgentError, Message, TaskEvent, TaskId, TaskState, ThreadId};
 use keel_llm::MockLlm;
 use keel_policy::{CapabilityPolicy, CapabilityRule};
 use keel_runtime::{AuthContext, Runtime, TaskOrder};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
-use super::fixture::{call_then_answer, send_in, start};
+use super::fixture::{backend, call_then_answer, object_tool, send_in, start};
 
 fn agent(name: &str) -> Agent {
     Agent::builder(AgentCard::new(name, "reads tests", "http://127.0.0.1:0"))
@@ -23,8 +23,7 @@ fn agent(name: &str) -> Agent {
 
 /// An executor of agent `name` on a fresh store of this backend.
 fn executor(name: &str) -> (AgentExecutor, AuthContext, Arc<dyn Runtime>) {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     (AgentExecutor::new(agent(name), runtime.clone()), auth, runtime)
 }
 
@@ -227,12 +226,7 @@ async fn another_tenants_ids_answer_the_exact_not_found_kinds() {
 
 #[tokio::test]
 async fn pending_approvals_list_the_waiting_requests_of_the_tenant() {
-    let write = FnTool::new(
-        "write_record",
-        "Write a record",
-        json!({"type": "object"}),
-        |_args, _ctx| async { Ok(json!("written")) },
-    )
+    let write = object_tool("write_record", "Write a record", |_args, _ctx| async { Ok(json!("written")) })
     .with_capabilities(["records.write"]);
     let llm = MockLlm::scripted(call_then_answer("write_record", json!({}), "done"));
     let agent = Agent::builder(AgentCard::new("gated", "reads tests", "http://127.0.0.1:0"))
@@ -241,8 +235,7 @@ async fn pending_approvals_list_the_waiting_requests_of_the_tenant() {
         .policy(CapabilityPolicy::new().with_rule("records.write", CapabilityRule::RequireApproval))
         .build()
         .unwrap();
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let exec = AgentExecutor::new(agent, runtime);
     let thread = ThreadId::from("reads-gated");
     let task = send_in(&exec, &auth, &thread, "write").await;
@@ -274,18 +267,13 @@ async fn pending_approvals_list_the_waiting_requests_of_the_tenant() {
 
 /// An agent whose one tool waits for a permit, so a test can watch a run before it ends.
 fn gated_agent(gate: Arc<Semaphore>) -> Agent {
-    let wait = FnTool::new(
-        "wait",
-        "Wait for the gate",
-        json!({"type": "object"}),
-        move |_args: Value, _ctx| {
-            let gate = gate.clone();
-            async move {
-                gate.acquire().await.expect("the gate stays open").forget();
-                Ok(json!("through"))
-            }
-        },
-    );
+    let wait = object_tool("wait", "Wait for the gate", move |_args: Value, _ctx| {
+        let gate = gate.clone();
+        async move {
+            gate.acquire().await.expect("the gate stays open").forget();
+            Ok(json!("through"))
+        }
+    });
     let llm = MockLlm::scripted(call_then_answer("wait", json!({}), "finished"));
     Agent::builder(AgentCard::new("gated", "reads tests", "http://127.0.0.1:0"))
         .llm(llm)
@@ -340,8 +328,7 @@ async fn watch_through_the_gate(reads: &Reads, auth: &AuthContext, task: &TaskId
 #[tokio::test]
 async fn a_watch_from_zero_replays_the_log_then_follows_it_live() {
     let gate = Arc::new(Semaphore::new(0));
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let exec = AgentExecutor::new(gated_agent(gate.clone()), runtime);
     let task = start_gated(&exec, &auth, &ThreadId::from("reads-live")).await;
     let reads = exec.reads();
@@ -362,8 +349,7 @@ async fn a_watch_from_n_yields_only_the_later_events() {
 #[tokio::test]
 async fn a_watch_on_a_replica_sees_the_events_of_a_task_run_by_another() {
     let gate = Arc::new(Semaphore::new(0));
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let runner = AgentExecutor::new(gated_agent(gate.clone()), runtime.clone());
     // The replica shares the store only: its local signal never hears of the runner's work.
     let replica = AgentExecutor::new(gated_agent(Arc::new(Semaphore::new(0))), runtime);

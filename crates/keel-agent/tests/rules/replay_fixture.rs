@@ -116,19 +116,24 @@ pub(crate) async fn recording_of(
     Recording::from_json(&record.report).unwrap()
 }
 
+/// `recording` re-driven through `agent` on the message it answered ("write r1").
+pub(crate) async fn replayed(
+    recording: Recording,
+    agent: AgentBuilder,
+) -> keel_agent::replay::ReplayOutcome {
+    Replay::new(recording)
+        .run(agent, Message::user("write r1"))
+        .await
+        .unwrap()
+}
+
 pub(crate) async fn replay_unchanged(runtime: Arc<dyn Runtime>) {
     let recording = record(runtime).await;
     assert_eq!(recording.steps.len(), 2);
     assert_eq!(recording.tool_calls.len(), 1);
     assert_eq!(recording.approvals.len(), 1);
     let writes = Arc::new(AtomicUsize::new(0));
-    let outcome = Replay::new(recording)
-        .run(
-            agent(writes.clone(), INSTRUCTIONS, schema()),
-            Message::user("write r1"),
-        )
-        .await
-        .unwrap();
+    let outcome = replayed(recording, agent(writes.clone(), INSTRUCTIONS, schema())).await;
     assert_eq!(outcome.divergence, None, "{:?}", outcome.divergence);
     assert!(outcome.passed());
     assert_eq!(outcome.task.state(), TaskState::Completed);

@@ -32,7 +32,7 @@ impl Gate {
 
     fn tool(&self) -> FnTool {
         let (calls, started, open) = (self.calls.clone(), self.started.clone(), self.open.clone());
-        FnTool::new("charge", "Charge the card once", json!({"type": "object"}), move |_, _| {
+        super::fixture::object_tool("charge", "Charge the card once", move |_, _| {
             let (calls, started, open) = (calls.clone(), started.clone(), open.clone());
             async move {
                 calls.fetch_add(1, Ordering::SeqCst);

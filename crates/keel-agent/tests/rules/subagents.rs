@@ -12,7 +12,9 @@ use keel_runtime::testing::eventually;
 use keel_runtime::{AuthContext, ChildThread, ListTasksFilter, Runtime};
 use serde_json::json;
 use tokio::sync::Notify;
-use super::fixture::{call_then_answer, gate_tool, send_in, start};
+use super::fixture::{
+    attach, backend, call_then_answer, gate_tool, object_tool, register_running_child, send_in, start,
+};
 
 fn card(name: &str) -> AgentCard {
     AgentCard::new(name, "subagent tests", "http://127.0.0.1:0")
@@ -28,13 +30,18 @@ fn on(runtime: &Arc<dyn Runtime>, agent: AgentBuilder) -> AgentExecutor {
     AgentExecutor::new(agent.build().unwrap(), runtime.clone())
 }
 
+/// An agent named `name` whose model follows `script`, to finish building.
+fn scripted_agent(name: &str, script: Vec<MockResponse>) -> AgentBuilder {
+    Agent::builder(card(name)).llm(MockLlm::scripted(script))
+}
+
 /// A `lead` parent on `runtime` with the subagent kind `spec`, its model following `script`.
 fn parent(
     runtime: &Arc<dyn Runtime>,
     spec: SubagentSpec,
     script: Vec<MockResponse>,
 ) -> AgentExecutor {
-    on(runtime, Agent::builder(card("lead")).llm(MockLlm::scripted(script)).subagent(spec))
+    on(runtime, scripted_agent("lead", script).subagent(spec))
 }
 
 /// A `lead` parent on a fresh runtime of this backend whose model follows `script`, with the
@@ -46,14 +53,23 @@ fn lead(
     lead_over(child_executor, kind, script)
 }
 
+/// [`lead`], asked to "go", and the task of that.
+async fn lead_asked(
+    kind: impl FnOnce(SubagentSpec) -> SubagentSpec,
+    script: Vec<MockResponse>,
+) -> (Arc<dyn Runtime>, AuthContext, AgentExecutor, Task) {
+    let (runtime, auth, exec) = lead(kind, script);
+    let task = ask(&exec, &auth, "go").await;
+    (runtime, auth, exec, task)
+}
+
 /// [`lead`], its researcher the executor `child` makes on the runtime.
 fn lead_over(
     child: impl FnOnce(&Arc<dyn Runtime>) -> AgentExecutor,
     kind: impl FnOnce(SubagentSpec) -> SubagentSpec,
     script: Vec<MockResponse>,
 ) -> (Arc<dyn Runtime>, AuthContext, AgentExecutor) {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let spec = kind(SubagentSpec::new("researcher", child(&runtime)));
     let exec = parent(&runtime, spec, script);
     (runtime, auth, exec)
@@ -131,6 +147,20 @@ async fn until_first_child_is(state: &keel_agent::ThreadState, status: &str) {
     .await
 }
 
+/// The one attachment `state`'s thread (`thread`) holds, stored under that thread: its URI,
+/// its description and its bytes.
+async fn only_attachment(
+    state: &keel_agent::ThreadState,
+    thread: &ThreadId,
+) -> (String, keel_core::FileContent, Vec<u8>) {
+    let files = state.attachments().await.unwrap();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let uri = files[0].uri.clone().unwrap();
+    assert!(uri.starts_with(&format!("keel-attachment://{thread}/")), "{uri}");
+    let (meta, bytes) = state.read_attachment(&uri).await.unwrap().unwrap();
+    (uri, meta, bytes)
+}
+
 async fn tool_results(exec: &AgentExecutor, auth: &AuthContext, thread: &ThreadId) -> Vec<String> {
     history(exec, auth, thread)
         .await
@@ -173,11 +203,11 @@ async fn child_tasks(runtime: &Arc<dyn Runtime>, auth: &AuthContext, child: &Chi
 
 #[tokio::test]
 async fn subagent_create_runs_a_child_thread_linked_in_the_registry() {
-    let (runtime, auth, exec) = lead(
+    let (runtime, auth, exec, task) = lead_asked(
         |kind| kind,
         vec![create("alpha", "find A"), MockResponse::Text("merged".into())],
-    );
-    let task = ask(&exec, &auth, "go").await;
+    )
+    .await;
     assert_eq!(task.state(), TaskState::Completed);
 
     let results = tool_results(&exec, &auth, &task.thread_id).await;
@@ -206,11 +236,11 @@ async fn subagent_create_runs_a_child_thread_linked_in_the_registry() {
 
 #[tokio::test]
 async fn subagent_create_needs_a_non_empty_name() {
-    let (_runtime, auth, exec) = lead(
+    let (_runtime, auth, exec, task) = lead_asked(
         |kind| kind,
         vec![create("  ", "find A"), MockResponse::Text("ok".into())],
-    );
-    let task = ask(&exec, &auth, "go").await;
+    )
+    .await;
     let results = tool_results(&exec, &auth, &task.thread_id).await;
     assert!(results[0].contains("non-empty name"), "{results:?}");
     assert!(exec.thread(&auth, task.thread_id).children().await.unwrap().is_empty());
@@ -218,15 +248,15 @@ async fn subagent_create_needs_a_non_empty_name() {
 
 #[tokio::test]
 async fn creating_past_max_instances_tells_the_model_to_message_an_existing_one() {
-    let (_runtime, auth, exec) = lead(
+    let (_runtime, auth, exec, task) = lead_asked(
         |kind| kind.max_instances(1).resumable(true),
         vec![
             create("alpha", "find A"),
             create("beta", "find B"),
             MockResponse::Text("ok".into()),
         ],
-    );
-    let task = ask(&exec, &auth, "go").await;
+    )
+    .await;
     let results = tool_results(&exec, &auth, &task.thread_id).await;
     assert!(results[1].contains("at most 1"), "{results:?}");
     assert!(results[1].contains("`alpha`"), "{results:?}");
@@ -237,8 +267,7 @@ async fn creating_past_max_instances_tells_the_model_to_message_an_existing_one(
 
 #[tokio::test]
 async fn a_resumable_child_is_messaged_again_on_its_own_thread() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let child_exec = child_executor(&runtime);
     let spec = SubagentSpec::new("researcher", child_exec.clone()).resumable(true);
     let exec = parent(
@@ -272,11 +301,11 @@ async fn a_resumable_child_is_messaged_again_on_its_own_thread() {
 
 #[tokio::test]
 async fn a_background_child_queues_its_result_to_the_parent_with_auto_communication() {
-    let (_runtime, auth, exec) = lead(
+    let (_runtime, auth, exec, task) = lead_asked(
         |kind| kind,
         background_then("alpha", "find A", "got it"),
-    );
-    let task = ask(&exec, &auth, "go").await;
+    )
+    .await;
     assert_eq!(task.state(), TaskState::Completed);
     let thread = task.thread_id.clone();
     until_history(&exec, &auth, &thread, "the child's result", |history| {
@@ -290,14 +319,14 @@ async fn a_background_child_queues_its_result_to_the_parent_with_auto_communicat
 
 #[tokio::test]
 async fn explicit_parent_communication_queues_nothing() {
-    let (runtime, auth, exec) = lead(
+    let (runtime, auth, exec, task) = lead_asked(
         |kind| kind.parent_communication(ParentCommunication::Explicit),
         vec![
             create_background("alpha", "find A"),
             MockResponse::Text("started".into()),
         ],
-    );
-    let task = ask(&exec, &auth, "go").await;
+    )
+    .await;
     let thread = task.thread_id.clone();
     let state = exec.thread(&auth, thread.clone());
     until_first_child_is(&state, "terminated").await;
@@ -310,11 +339,11 @@ async fn explicit_parent_communication_queues_nothing() {
 
 #[tokio::test]
 async fn terminating_the_parent_terminates_its_children() {
-    let (_runtime, auth, exec) = lead(
+    let (_runtime, auth, exec, task) = lead_asked(
         |kind| kind.resumable(true),
         vec![create("alpha", "find A"), MockResponse::Text("ok".into())],
-    );
-    let task = ask(&exec, &auth, "go").await;
+    )
+    .await;
     let state = exec.thread(&auth, task.thread_id.clone());
     assert_eq!(state.children().await.unwrap()[0].status, "completed");
     state.terminate().await.unwrap();
@@ -323,16 +352,14 @@ async fn terminating_the_parent_terminates_its_children() {
 
 #[tokio::test]
 async fn canceling_the_parent_cancels_the_child_it_waits_for() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     // The gate is never released: the child waits until it is canceled.
     let started = Arc::new(Notify::new());
     let gate = gate_tool(started.clone(), Arc::new(Notify::new()));
-    let child = Agent::builder(card("researcher"))
-        .llm(MockLlm::scripted(vec![MockResponse::ToolCalls(vec![
-            ToolCall::new("gate", json!({})),
-        ])]))
-        .tool(gate);
+    let child = scripted_agent("researcher", vec![MockResponse::ToolCalls(vec![
+        ToolCall::new("gate", json!({})),
+    ])])
+    .tool(gate);
     let spec = SubagentSpec::new("researcher", on(&runtime, child));
     let exec = parent(&runtime, spec, vec![create("alpha", "block")]);
     let task = start(&exec, &auth, Message::user("go")).await;
@@ -370,7 +397,7 @@ fn events_named(sink: &keel_events::InMemoryEventSink, name: &str) -> Vec<serde_
 
 /// A tool that hands the scoped variable `var` of its thread to the test.
 fn scoped_reader(var: &'static str, seen: Arc<std::sync::Mutex<Vec<Option<String>>>>) -> FnTool {
-    FnTool::new("check_token", "Checks the token", json!({"type": "object"}), move |_a, ctx| {
+    object_tool("check_token", "Checks the token", move |_a, ctx| {
         let seen = seen.clone();
         async move {
             let value = ctx.thread.scoped_variable(var).await?;
@@ -382,15 +409,11 @@ fn scoped_reader(var: &'static str, seen: Arc<std::sync::Mutex<Vec<Option<String
 
 #[tokio::test]
 async fn a_parents_attachments_are_copied_into_the_childs_own_store() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let child_exec = child_executor(&runtime);
     let thread = ThreadId::new();
     let parent_state = child_exec.thread(&auth, thread.clone());
-    let file = parent_state
-        .put_attachment("notes.txt", Some("text/plain"), b"the parent's notes")
-        .await
-        .unwrap();
+    let file = attach(&parent_state, "notes.txt", Some("text/plain"), b"the parent's notes").await;
     let parent_uri = file.uri.clone().unwrap();
     assert!(parent_uri.starts_with(&format!("keel-attachment://{thread}/")));
     let spec = SubagentSpec::new("researcher", child_exec.clone());
@@ -410,11 +433,7 @@ async fn a_parents_attachments_are_copied_into_the_childs_own_store() {
     assert_eq!(task.state(), TaskState::Completed);
     let child = exec.thread(&auth, thread.clone()).children().await.unwrap()[0].clone();
     let child_state = child_exec.thread(&auth, child.thread_id.clone());
-    let files = child_state.attachments().await.unwrap();
-    assert_eq!(files.len(), 1, "{files:?}");
-    let child_uri = files[0].uri.clone().unwrap();
-    assert!(child_uri.starts_with(&format!("keel-attachment://{}/", child.thread_id)));
-    let (meta, bytes) = child_state.read_attachment(&child_uri).await.unwrap().unwrap();
+    let (child_uri, meta, bytes) = only_attachment(&child_state, &child.thread_id).await;
     assert_eq!(bytes, b"the parent's notes");
     assert_eq!(meta.media_type.as_deref(), Some("text/plain"));
     // The parent's reference is not valid in the child's thread.
@@ -448,7 +467,7 @@ async fn a_parents_attachments_are_copied_into_the_childs_own_store() {
 
 #[tokio::test]
 async fn an_unknown_attachment_is_a_tool_error_and_creates_nothing() {
-    let (_runtime, auth, exec) = lead(
+    let (_runtime, auth, exec, task) = lead_asked(
         |kind| kind,
         vec![
             MockResponse::ToolCalls(vec![ToolCall::new(
@@ -457,8 +476,8 @@ async fn an_unknown_attachment_is_a_tool_error_and_creates_nothing() {
             )]),
             MockResponse::Text("ok".into()),
         ],
-    );
-    let task = ask(&exec, &auth, "go").await;
+    )
+    .await;
     let results = tool_results(&exec, &auth, &task.thread_id).await;
     assert!(results[0].contains("missing.txt"), "{results:?}");
     assert!(exec.thread(&auth, task.thread_id).children().await.unwrap().is_empty());
@@ -467,7 +486,7 @@ async fn an_unknown_attachment_is_a_tool_error_and_creates_nothing() {
 /// A child whose only step writes `report.txt` into its own store and ends with the file's
 /// reference as its answer (the stop tool's output).
 fn reporting_child(runtime: &Arc<dyn Runtime>, responses: usize) -> AgentExecutor {
-    let write = FnTool::new("write_report", "Writes the report", json!({"type": "object"}), |_a, ctx| async move {
+    let write = object_tool("write_report", "Writes the report", |_a, ctx| async move {
         let file = ctx
             .thread
             .put_attachment("report.txt", Some("text/plain"), b"findings: 42")
@@ -477,8 +496,7 @@ fn reporting_child(runtime: &Arc<dyn Runtime>, responses: usize) -> AgentExecuto
     let script = (0..responses)
         .map(|_| MockResponse::ToolCalls(vec![ToolCall::new("write_report", json!({}))]))
         .collect();
-    let agent = Agent::builder(card("researcher"))
-        .llm(MockLlm::scripted(script))
+    let agent = scripted_agent("researcher", script)
         .tool(write)
         .stop_tool("write_report");
     on(runtime, agent)
@@ -495,11 +513,7 @@ async fn a_childs_result_brings_its_attachments_into_the_parents_store() {
     let task = ask(&exec, &auth, "go").await;
     assert_eq!(task.state(), TaskState::Completed);
     let parent_state = exec.thread(&auth, task.thread_id.clone());
-    let files = parent_state.attachments().await.unwrap();
-    assert_eq!(files.len(), 1, "{files:?}");
-    let parent_uri = files[0].uri.clone().unwrap();
-    assert!(parent_uri.starts_with(&format!("keel-attachment://{}/", task.thread_id)));
-    let (_, bytes) = parent_state.read_attachment(&parent_uri).await.unwrap().unwrap();
+    let (parent_uri, _, bytes) = only_attachment(&parent_state, &task.thread_id).await;
     assert_eq!(bytes, b"findings: 42");
     // The tool result the parent's model sees refers to the parent's copy.
     let results = tool_results(&exec, &auth, &task.thread_id).await;
@@ -559,8 +573,7 @@ async fn optional_kinds_exist_only_when_their_flag_is_true_one_or_yes() {
 
 #[tokio::test]
 async fn immediate_kinds_run_before_the_first_model_step_recursively_and_once_per_thread() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let grandchild = on(&runtime, Agent::builder(card("scout")));
     let child = on(
         &runtime,
@@ -608,8 +621,7 @@ async fn immediate_kinds_run_before_the_first_model_step_recursively_and_once_pe
 
 #[tokio::test]
 async fn scoped_variables_reach_the_child_sealed_and_never_a_prompt() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let secret = "tok-SECRET-123";
     let env = keel_agent::Environment::isolated()
         .with_var(keel_agent::SECRETS_KEY_VAR, SECRETS_KEY)
@@ -671,8 +683,7 @@ async fn scoped_variables_reach_the_child_sealed_and_never_a_prompt() {
 
 #[tokio::test]
 async fn missing_scoped_variables_defer_the_subagent_until_they_are_provided() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let env = keel_agent::Environment::isolated().with_var(keel_agent::SECRETS_KEY_VAR, SECRETS_KEY);
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let child = on(
@@ -742,20 +753,18 @@ async fn missing_scoped_variables_defer_the_subagent_until_they_are_provided() {
 
 #[tokio::test]
 async fn session_status_updates_the_registry_without_ending_the_child() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let release = Arc::new(Notify::new());
     let gate = gate_tool(Arc::new(Notify::new()), release.clone());
     let child = on(
         &runtime,
-        Agent::builder(card("researcher"))
-            .llm(MockLlm::scripted(vec![
-                MockResponse::ToolCalls(vec![ToolCall::new("session_status", json!({"status": "halfway"}))]),
-                MockResponse::ToolCalls(vec![ToolCall::new("gate", json!({}))]),
-                MockResponse::Text("finished".into()),
-            ]))
-            .tool(keel_agent::SessionStatusTool)
-            .tool(gate),
+        scripted_agent("researcher", vec![
+            MockResponse::ToolCalls(vec![ToolCall::new("session_status", json!({"status": "halfway"}))]),
+            MockResponse::ToolCalls(vec![ToolCall::new("gate", json!({}))]),
+            MockResponse::Text("finished".into()),
+        ])
+        .tool(keel_agent::SessionStatusTool)
+        .tool(gate),
     );
     let child_sink = sink_of(&child);
     let spec = SubagentSpec::new("researcher", child.clone()).resumable(true);
@@ -784,12 +793,10 @@ async fn session_status_updates_the_registry_without_ending_the_child() {
 
 #[tokio::test]
 async fn session_status_outside_a_subagent_is_a_tool_error() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let exec = on(
         &runtime,
-        Agent::builder(card("solo"))
-            .llm(MockLlm::scripted(call_then_answer("session_status", json!({"status": "x"}), "ok")))
+        scripted_agent("solo", call_then_answer("session_status", json!({"status": "x"}), "ok"))
             .tool(keel_agent::SessionStatusTool),
     );
     let task = ask(&exec, &auth, "go").await;
@@ -800,17 +807,15 @@ async fn session_status_outside_a_subagent_is_a_tool_error() {
 
 #[tokio::test]
 async fn subagent_lifecycle_markers_appear_in_the_parents_event_stream() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let child = on(
         &runtime,
-        Agent::builder(card("researcher"))
-            .llm(MockLlm::scripted(vec![
-                MockResponse::Text("fine".into()),
-                MockResponse::Text("again".into()),
-                MockResponse::ToolCalls(vec![ToolCall::new("session_fail", json!({"error": "no luck"}))]),
-            ]))
-            .lifecycle_tools(true),
+        scripted_agent("researcher", vec![
+            MockResponse::Text("fine".into()),
+            MockResponse::Text("again".into()),
+            MockResponse::ToolCalls(vec![ToolCall::new("session_fail", json!({"error": "no luck"}))]),
+        ])
+        .lifecycle_tools(true),
     );
     let spec = SubagentSpec::new("researcher", child).resumable(true);
     let exec = parent(
@@ -846,8 +851,7 @@ async fn subagent_lifecycle_markers_appear_in_the_parents_event_stream() {
 
 #[tokio::test]
 async fn a_background_childs_result_reaches_the_parent_after_the_spawning_process_is_gone() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let build = |script: Vec<MockResponse>| {
         let child = child_executor(&runtime);
         let parent = parent(&runtime, SubagentSpec::new("researcher", child.clone()), script);
@@ -882,16 +886,14 @@ async fn a_background_childs_result_reaches_the_parent_after_the_spawning_proces
 
 #[tokio::test]
 async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
-    let notify = FnTool::new("notify", "Tells the parent", json!({"type": "object"}), |_a, ctx| async move {
+    let (runtime, auth) = backend();
+    let notify = object_tool("notify", "Tells the parent", |_a, ctx| async move {
         ctx.thread.notify_parent("progress: 50%").await?;
         Ok(json!("told"))
     });
     let child = on(
         &runtime,
-        Agent::builder(card("researcher"))
-            .llm(MockLlm::scripted(call_then_answer("notify", json!({}), "child done")))
+        scripted_agent("researcher", call_then_answer("notify", json!({}), "child done"))
             .tool(notify),
     );
     let spec = SubagentSpec::new("researcher", child).parent_communication(ParentCommunication::Explicit);
@@ -912,18 +914,18 @@ async fn notify_parent_is_run_by_the_parents_agent_not_the_childs() {
 
 #[tokio::test]
 async fn a_forged_delivery_marker_queues_nothing_on_another_thread() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let child_exec = child_executor(&runtime);
     let (real_parent, victim, child_thread) = (ThreadId::new(), ThreadId::new(), ThreadId::new());
-    runtime
-        .thread_store()
-        .register_child(
-            &auth,
-            &ChildThread::running(child_thread.clone(), real_parent.clone(), "alpha", "researcher"),
-        )
-        .await
-        .unwrap();
+    register_running_child(
+        runtime.as_ref(),
+        &auth,
+        &child_thread,
+        &real_parent,
+        "alpha",
+        "researcher",
+    )
+    .await;
     // A caller's own run context claims the child's result belongs to another thread.
     let mut run = RunContext::new();
     run.metadata.insert(
@@ -950,8 +952,7 @@ async fn a_forged_delivery_marker_queues_nothing_on_another_thread() {
 
 #[tokio::test]
 async fn a_background_child_canceled_before_it_ran_still_reports_to_its_parent() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let child = child_executor(&runtime);
     // The child's executor takes no work, so its task stays queued until it is canceled.
     child.shutdown().await;
@@ -976,8 +977,7 @@ async fn a_background_child_canceled_before_it_ran_still_reports_to_its_parent()
 
 #[tokio::test]
 async fn a_background_childs_result_wakes_a_parent_executor_in_another_process() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let parent_of = |script: Vec<MockResponse>, child: AgentExecutor| {
         parent(&runtime, SubagentSpec::new("researcher", child), script)
     };

@@ -6,16 +6,17 @@ use std::sync::Arc;
 use keel_agent::{Agent, AgentExecutor, FnTool, SendOptions, StopRules};
 use keel_core::{AgentCard, AgentError, FileContent, Message, Part, TaskState, ThreadId};
 use keel_llm::{LlmRole, MockLlm, MockResponse, ModelProfile, ToolCall};
-use keel_runtime::ChildThread;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
-use super::fixture::{call_then_answer, echo_tool, executor, gate_tool, scripted, send, start, stored_history};
+use super::fixture::{
+    attach, backend, call_then_answer, echo_tool, executor, gate_tool, object_tool,
+    register_running_child, scripted, send, start, stored_history, try_send,
+};
 
 fn card() -> AgentCard {
     AgentCard::new("threads", "thread engine tests", "http://127.0.0.1:0")
 }
 
-/// A tool that queues "a note queued mid-run" on its own thread.
 /// The test agent with the [`gate_tool`], and the gate's two signals (started, release).
 fn gated_agent() -> (Agent, Arc<Notify>, Arc<Notify>) {
     let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
@@ -26,16 +27,39 @@ fn gated_agent() -> (Agent, Arc<Notify>, Arc<Notify>) {
     (agent, started, release)
 }
 
+/// An executor of the [`gated_agent`] whose task of `/gate` (on a thread of its own) has
+/// reached the gate; the caller, the task and the signal that releases the gate.
+async fn at_the_gate() -> (AgentExecutor, keel_runtime::AuthContext, keel_core::Task, Arc<Notify>) {
+    let (agent, started, release) = gated_agent();
+    let (exec, auth) = executor(agent);
+    let task = start(&exec, &auth, Message::user("/gate")).await;
+    started.notified().await;
+    (exec, auth, task, release)
+}
+
+/// An executor whose model calls `tool` once, without arguments, then answers `text`; the
+/// caller; and the model, to read what it was sent.
+fn calling(tool: FnTool, text: &str) -> (AgentExecutor, keel_runtime::AuthContext, Arc<MockLlm>) {
+    let name = keel_agent::Tool::name(&tool).to_owned();
+    scripted(card(), call_then_answer(&name, json!({}), text), |agent| agent.tool(tool))
+}
+
+/// Sends "go" to `agent` and checks that the run stopped its task in `state` by the stop rule
+/// `reason`; the task.
+async fn stopped(agent: Agent, state: TaskState, reason: &str) -> keel_core::Task {
+    let (exec, auth) = executor(agent);
+    let task = send(&exec, &auth, Message::user("go")).await;
+    assert_eq!(task.state(), state, "{reason}");
+    assert_eq!(stop_reason(&task), reason);
+    task
+}
+
+/// A tool that queues "a note queued mid-run" on its own thread.
 fn note_tool() -> FnTool {
-    FnTool::new(
-        "note",
-        "Queue a note",
-        json!({"type": "object"}),
-        |_a, ctx| async move {
-            ctx.thread.queue_message("a note queued mid-run").await?;
-            Ok(json!("queued"))
-        },
-    )
+    object_tool("note", "Queue a note", |_a, ctx| async move {
+        ctx.thread.queue_message("a note queued mid-run").await?;
+        Ok(json!("queued"))
+    })
 }
 
 fn stop_reason(task: &keel_core::Task) -> &str {
@@ -81,10 +105,7 @@ async fn a_message_to_a_busy_thread_is_queued_and_runs_after_the_current_one() {
 
 #[tokio::test]
 async fn different_threads_run_concurrently() {
-    let (agent, started, release) = gated_agent();
-    let (exec, auth) = executor(agent);
-    let blocked = start(&exec, &auth, Message::user("/gate")).await;
-    started.notified().await;
+    let (exec, auth, blocked, release) = at_the_gate().await;
     let other = send(&exec, &auth, Message::user("hello")).await;
     assert_eq!(
         other.state(),
@@ -98,8 +119,7 @@ async fn different_threads_run_concurrently() {
 #[tokio::test]
 async fn a_thread_waiting_for_a_work_slot_keeps_its_lease() {
     let (agent, started, release) = gated_agent();
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let ttl = std::time::Duration::from_millis(900);
     let config = keel_agent::ExecutorConfig {
         lease_ttl: ttl,
@@ -187,8 +207,7 @@ async fn a_thread_waiting_for_a_work_slot_keeps_its_lease() {
 
 #[tokio::test]
 async fn the_takeover_sweep_runs_work_queued_on_an_idle_thread_with_no_runner() {
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let config = keel_agent::ExecutorConfig {
         lease_ttl: std::time::Duration::from_millis(300),
         ..Default::default()
@@ -261,11 +280,7 @@ async fn the_thread_history_carries_the_conversation_across_tasks() {
 
 #[tokio::test]
 async fn work_queued_while_active_is_injected_before_the_next_model_call() {
-    let (exec, auth, llm) = scripted(
-        card(),
-        call_then_answer("note", json!({}), "saw the note"),
-        |agent| agent.tool(note_tool()),
-    );
+    let (exec, auth, llm) = calling(note_tool(), "saw the note");
     let task = send(&exec, &auth, Message::user("go")).await;
     assert_eq!(task.state(), TaskState::Completed);
     let second_call = &llm.requests()[1];
@@ -339,10 +354,7 @@ async fn session_stop_and_session_fail_end_the_task_by_the_lifecycle_tools() {
             .lifecycle_tools(true)
             .build()
             .unwrap();
-        let (exec, auth) = executor(agent);
-        let task = send(&exec, &auth, Message::user("go")).await;
-        assert_eq!(task.state(), state, "{tool}");
-        assert_eq!(stop_reason(&task), reason);
+        stopped(agent, state, reason).await;
     }
 }
 
@@ -358,10 +370,7 @@ async fn the_stop_tool_ends_the_task_with_its_output() {
         .stop_tool("echo")
         .build()
         .unwrap();
-    let (exec, auth) = executor(agent);
-    let task = send(&exec, &auth, Message::user("go")).await;
-    assert_eq!(task.state(), TaskState::Completed);
-    assert_eq!(stop_reason(&task), "stop_tool");
+    let task = stopped(agent, TaskState::Completed, "stop_tool").await;
     assert_eq!(task.status().message.as_ref().unwrap().text(), r#"{"x":1}"#);
 }
 
@@ -378,10 +387,7 @@ async fn when_two_stop_rules_fire_at_once_the_lifecycle_tool_wins() {
         .lifecycle_tools(true)
         .build()
         .unwrap();
-    let (exec, auth) = executor(agent);
-    let task = send(&exec, &auth, Message::user("go")).await;
-    assert_eq!(task.state(), TaskState::Failed);
-    assert_eq!(stop_reason(&task), "session_fail");
+    stopped(agent, TaskState::Failed, "session_fail").await;
 }
 
 #[tokio::test]
@@ -444,10 +450,7 @@ async fn repeating_the_same_invalid_call_past_the_cap_stops_the_run() {
         })
         .build()
         .unwrap();
-    let (exec, auth) = executor(agent);
-    let task = send(&exec, &auth, Message::user("go")).await;
-    assert_eq!(task.state(), TaskState::Failed);
-    assert_eq!(stop_reason(&task), "invalid_tool_repeats");
+    let task = stopped(agent, TaskState::Failed, "invalid_tool_repeats").await;
     let first_error = keel_runtime::testing::tool_outputs(&task)
         .into_iter()
         .find_map(|(output, _)| output.as_str().map(str::to_owned));
@@ -493,20 +496,15 @@ async fn ask_human_waits_in_input_required_and_the_answer_resumes_the_same_task(
 
 #[tokio::test]
 async fn the_key_value_store_and_prompt_variables_are_per_thread() {
-    let remember = FnTool::new(
-        "remember",
-        "Store the city",
-        json!({"type": "object"}),
-        |args, ctx| async move {
-            ctx.thread.set_value("city", args["city"].clone()).await?;
-            let reserved = ctx.thread.set_value("keel:x", json!(1)).await;
-            assert!(
-                matches!(&reserved, Err(AgentError::InvalidInput { field, .. }) if field == "key"),
-                "keel: keys are reserved: {reserved:?}"
-            );
-            Ok(json!("ok"))
-        },
-    );
+    let remember = object_tool("remember", "Store the city", |args, ctx| async move {
+        ctx.thread.set_value("city", args["city"].clone()).await?;
+        let reserved = ctx.thread.set_value("keel:x", json!(1)).await;
+        assert!(
+            matches!(&reserved, Err(AgentError::InvalidInput { field, .. }) if field == "key"),
+            "keel: keys are reserved: {reserved:?}"
+        );
+        Ok(json!("ok"))
+    });
     let (exec, auth, llm) = scripted(
         card(),
         vec![
@@ -543,25 +541,20 @@ async fn the_key_value_store_and_prompt_variables_are_per_thread() {
 async fn a_terminated_thread_refuses_work_and_updates_its_parent_registry() {
     let (exec, auth) = executor(Agent::builder(card()).build().unwrap());
     let (parent, child) = (ThreadId::new(), ThreadId::new());
-    exec.runtime()
-        .thread_store()
-        .register_child(
-            &auth,
-            &ChildThread::running(child.clone(), parent.clone(), "helper", "threads"),
-        )
-        .await
-        .unwrap();
+    register_running_child(
+        exec.runtime().as_ref(),
+        &auth,
+        &child,
+        &parent,
+        "helper",
+        "threads",
+    )
+    .await;
     let state = exec.thread(&auth, child.clone());
     state.notify_parent("halfway there").await.unwrap();
     state.terminate().await.unwrap();
-    let err = exec
-        .send_message(
-            &auth,
-            Message::user("more").in_thread(child.clone()),
-            SendOptions::default(),
-        )
-        .await
-        .unwrap_err();
+    let more = Message::user("more").in_thread(child.clone());
+    let err = try_send(&exec, &auth, more).await.unwrap_err();
     assert!(matches!(err, AgentError::ThreadTerminated { .. }));
     assert!(matches!(
         state.queue_message("x").await,
@@ -609,15 +602,10 @@ impl keel_llm::Llm for Noting {
 
 #[tokio::test]
 async fn each_step_sends_the_whole_history_and_the_prompt_as_it_is_now() {
-    let relocate = FnTool::new(
-        "relocate",
-        "Store the city",
-        json!({"type": "object"}),
-        |args, ctx| async move {
-            ctx.thread.set_value("city", args["city"].clone()).await?;
-            Ok(json!("moved"))
-        },
-    );
+    let relocate = object_tool("relocate", "Store the city", |args, ctx| async move {
+        ctx.thread.set_value("city", args["city"].clone()).await?;
+        Ok(json!("moved"))
+    });
     let call = |city: &str| keel_llm::LlmResponse {
         content: None,
         tool_calls: vec![ToolCall::new("relocate", json!({ "city": city }))],
@@ -674,6 +662,21 @@ async fn each_step_sends_the_whole_history_and_the_prompt_as_it_is_now() {
     assert_eq!(last[7].1, "and now?");
 }
 
+/// An executor of an agent behind `negotiator`; the caller; and the offline model its
+/// accepted tasks reach.
+fn negotiating(
+    negotiator: impl keel_agent::Negotiator + 'static,
+) -> (AgentExecutor, keel_runtime::AuthContext, Arc<MockLlm>) {
+    let llm = Arc::new(MockLlm::new());
+    let agent = Agent::builder(card())
+        .llm_shared(llm.clone())
+        .negotiator(negotiator)
+        .build()
+        .unwrap();
+    let (exec, auth) = executor(agent);
+    (exec, auth, llm)
+}
+
 struct NoSpam;
 
 #[async_trait::async_trait]
@@ -702,13 +705,7 @@ impl keel_agent::Negotiator for NoSpam {
 
 #[tokio::test]
 async fn the_negotiator_accepts_asks_or_rejects_before_a_task_starts() {
-    let llm = Arc::new(MockLlm::new());
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .negotiator(NoSpam)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = negotiating(NoSpam);
     let rejected = send(&exec, &auth, Message::user("buy spam now")).await;
     assert_eq!(rejected.state(), TaskState::Rejected);
     assert_eq!(
@@ -766,8 +763,7 @@ async fn two_agents_on_one_thread_each_see_the_other_as_the_user_without_its_too
     // dual_ai (§4): alpha and beta take turns on one thread. Each side's own turns are
     // `assistant`; the other side's text is `user`; the other side's tool calls and tool
     // results are not sent at all.
-    let runtime = super::runtime();
-    let auth = runtime.auth_service().auth_context();
+    let (runtime, auth) = backend();
     let alpha_llm = Arc::new(MockLlm::scripted(vec![
         MockResponse::ToolCalls(vec![ToolCall::new("echo", json!({"x": 1}))]),
         MockResponse::Text("alpha: hello beta".into()),
@@ -845,21 +841,28 @@ async fn two_agents_on_one_thread_each_see_the_other_as_the_user_without_its_too
     assert!(stored.contains(&(LlmRole::Assistant, text("beta: hi alpha"))));
 }
 
-fn image() -> FileContent {
+/// A file named `name` of `media_type`, its content not yet said.
+fn named_file(name: &str, media_type: &str) -> FileContent {
     FileContent {
-        name: Some("cat.png".into()),
-        media_type: Some("image/png".into()),
-        bytes: Some("aGk=".into()),
+        name: Some(name.into()),
+        media_type: Some(media_type.into()),
         ..Default::default()
     }
 }
 
+/// An image sent inline.
+fn image() -> FileContent {
+    FileContent {
+        bytes: Some("aGk=".into()),
+        ..named_file("cat.png", "image/png")
+    }
+}
+
+/// A document sent by reference.
 fn document() -> FileContent {
     FileContent {
-        name: Some("notes.pdf".into()),
-        media_type: Some("application/pdf".into()),
         uri: Some("https://example.com/notes.pdf".into()),
-        ..Default::default()
+        ..named_file("notes.pdf", "application/pdf")
     }
 }
 
@@ -908,18 +911,9 @@ async fn stored_attachments_reach_the_model_as_bytes_and_stay_references_in_the_
     let (exec, auth) = executor(agent);
     let thread = ThreadId::new();
     let state = exec.thread(&auth, thread.clone());
-    let photo = state
-        .put_attachment("cat.png", Some("image/png"), b"png!")
-        .await
-        .unwrap();
-    let notes = state
-        .put_attachment("notes.txt", Some("text/plain"), b"hi")
-        .await
-        .unwrap();
-    let big = state
-        .put_attachment("big.log", None, &vec![b'x'; 64 * 1024])
-        .await
-        .unwrap();
+    let photo = attach(&state, "cat.png", Some("image/png"), b"png!").await;
+    let notes = attach(&state, "notes.txt", Some("text/plain"), b"hi").await;
+    let big = attach(&state, "big.log", None, &vec![b'x'; 64 * 1024]).await;
     let message = Message::user("look")
         .in_thread(thread.clone())
         .with_part(Part::file(photo.clone()))
@@ -1045,22 +1039,13 @@ async fn each_step_drains_assembles_calls_persists_runs_tools_in_order_then_eval
 
 #[tokio::test]
 async fn terminating_a_thread_mid_run_emits_thread_terminated_and_marks_the_status_message() {
-    let quit = FnTool::new(
-        "quit",
-        "Terminate this thread",
-        json!({"type": "object"}),
-        |_a, ctx| async move {
-            ctx.thread.terminate().await?;
-            // Held until the run is canceled, as an in-flight operation would be.
-            std::future::pending::<()>().await;
-            Ok(json!("unreachable"))
-        },
-    );
-    let (exec, auth, _) = scripted(
-        card(),
-        call_then_answer("quit", json!({}), "never asked"),
-        |agent| agent.tool(quit),
-    );
+    let quit = object_tool("quit", "Terminate this thread", |_a, ctx| async move {
+        ctx.thread.terminate().await?;
+        // Held until the run is canceled, as an in-flight operation would be.
+        std::future::pending::<()>().await;
+        Ok(json!("unreachable"))
+    });
+    let (exec, auth, _) = calling(quit, "never asked");
     let sink = Arc::new(keel_events::InMemoryEventSink::new());
     exec.add_event_sink(sink.clone() as Arc<dyn keel_events::EventSink>);
     let task = send(&exec, &auth, Message::user("go")).await;
@@ -1090,10 +1075,7 @@ async fn terminating_a_thread_mid_run_emits_thread_terminated_and_marks_the_stat
 
 #[tokio::test]
 async fn a_canceled_run_marks_its_status_message_as_an_execution_abort() {
-    let (agent, started, _release) = gated_agent();
-    let (exec, auth) = executor(agent);
-    let task = start(&exec, &auth, Message::user("/gate")).await;
-    started.notified().await;
+    let (exec, auth, task, _release) = at_the_gate().await;
     let canceled = exec.cancel_task(&auth, &task.id, None).await.unwrap();
     assert_eq!(canceled.state(), TaskState::Canceled);
     let status = canceled.status().message.clone().unwrap();
@@ -1170,18 +1152,13 @@ async fn lifecycle_hooks_fire_in_order_with_the_steps_data_and_a_veto_stops_the_
     let ran_forbidden = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let forbidden = {
         let ran = ran_forbidden.clone();
-        FnTool::new(
-            "forbidden",
-            "Must not run",
-            json!({"type": "object"}),
-            move |_a, _c| {
-                let ran = ran.clone();
-                async move {
-                    ran.store(true, std::sync::atomic::Ordering::SeqCst);
-                    Ok(json!("ran"))
-                }
-            },
-        )
+        object_tool("forbidden", "Must not run", move |_a, _c| {
+            let ran = ran.clone();
+            async move {
+                ran.store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok(json!("ran"))
+            }
+        })
     };
     let llm = Arc::new(MockLlm::scripted(vec![
         MockResponse::ToolCalls(vec![
@@ -1244,13 +1221,7 @@ impl keel_agent::Negotiator for ReplyDirectly {
 
 #[tokio::test]
 async fn a_negotiator_reply_answers_with_a_message_and_stores_no_task() {
-    let llm = Arc::new(MockLlm::new());
-    let agent = Agent::builder(card())
-        .llm_shared(llm.clone())
-        .negotiator(ReplyDirectly)
-        .build()
-        .unwrap();
-    let (exec, auth) = executor(agent);
+    let (exec, auth, llm) = negotiating(ReplyDirectly);
     let thread = ThreadId::new();
     let mut question = Message::user("what time is it?");
     question.thread_id = Some(thread.clone());
@@ -1291,30 +1262,21 @@ async fn a_negotiator_reply_answers_with_a_message_and_stores_no_task() {
 }
 
 fn chunk_tool() -> FnTool {
-    FnTool::new(
-        "chunks",
-        "Adds one artifact in two chunks",
-        json!({"type": "object"}),
-        |_args, ctx| async move {
-            let first = keel_core::Artifact::text("one ").named("report");
-            let mut second = keel_core::Artifact::text("two");
-            second.id = first.id.clone();
-            ctx.add_artifact(first, keel_agent::ArtifactChunk::FIRST)
-                .await?;
-            ctx.add_artifact(second, keel_agent::ArtifactChunk::LAST)
-                .await?;
-            Ok(json!("added"))
-        },
-    )
+    object_tool("chunks", "Adds one artifact in two chunks", |_args, ctx| async move {
+        let first = keel_core::Artifact::text("one ").named("report");
+        let mut second = keel_core::Artifact::text("two");
+        second.id = first.id.clone();
+        ctx.add_artifact(first, keel_agent::ArtifactChunk::FIRST)
+            .await?;
+        ctx.add_artifact(second, keel_agent::ArtifactChunk::LAST)
+            .await?;
+        Ok(json!("added"))
+    })
 }
 
 #[tokio::test]
 async fn artifacts_a_tool_adds_are_logged_in_chunks_and_the_task_keeps_them_appended() {
-    let (exec, auth, _) = scripted(
-        card(),
-        call_then_answer("chunks", json!({}), "done"),
-        |agent| agent.tool(chunk_tool()),
-    );
+    let (exec, auth, _) = calling(chunk_tool(), "done");
     let task = send(&exec, &auth, Message::user("report")).await;
     assert_eq!(task.state(), TaskState::Completed);
     assert_eq!(task.status().message.as_ref().unwrap().text(), "done");

@@ -222,6 +222,15 @@ mod tests {
         }
     }
 
+    /// A file known by `uri` (and `name`, when given) only.
+    fn linked(name: Option<&str>, uri: &str) -> FileContent {
+        FileContent {
+            name: name.map(str::to_owned),
+            uri: Some(uri.into()),
+            ..Default::default()
+        }
+    }
+
     fn b64(bytes: &[u8]) -> String {
         base64::engine::general_purpose::STANDARD.encode(bytes)
     }
@@ -241,37 +250,32 @@ mod tests {
 
     #[test]
     fn an_image_by_url_or_data_url_keeps_its_source() {
-        let by_url = FileContent {
-            uri: Some("https://example.com/a.png?size=2".into()),
-            ..Default::default()
-        };
-        assert_eq!(
-            attachment(&by_url, GEMINI_IMAGES),
-            Attachment::ImageUrl {
-                media_type: "image/png".into(),
-                url: "https://example.com/a.png?size=2"
-            }
-        );
-        let data_url = FileContent {
-            uri: Some("data:image/webp;base64,UklG".into()),
-            ..Default::default()
-        };
-        assert_eq!(
-            attachment(&data_url, ANTHROPIC_IMAGES),
-            Attachment::InlineImage {
-                media_type: "image/webp".into(),
-                data: "UklG"
-            }
-        );
+        for (uri, formats, expected) in [
+            (
+                "https://example.com/a.png?size=2",
+                GEMINI_IMAGES,
+                Attachment::ImageUrl {
+                    media_type: "image/png".into(),
+                    url: "https://example.com/a.png?size=2",
+                },
+            ),
+            (
+                "data:image/webp;base64,UklG",
+                ANTHROPIC_IMAGES,
+                Attachment::InlineImage {
+                    media_type: "image/webp".into(),
+                    data: "UklG",
+                },
+            ),
+        ] {
+            let image = linked(None, uri);
+            assert_eq!(attachment(&image, formats), expected, "{uri}");
+        }
     }
 
     #[test]
     fn an_image_the_model_cannot_read_becomes_a_note() {
-        let local = FileContent {
-            name: Some("shot.png".into()),
-            uri: Some("keel-attachment://t1/shot.png".into()),
-            ..Default::default()
-        };
+        let local = linked(Some("shot.png"), "keel-attachment://t1/shot.png");
         assert_eq!(
             attachment(&local, OPENAI_IMAGES),
             Attachment::Text(
@@ -330,13 +334,9 @@ mod tests {
                     .into()
             )
         );
-        let linked = FileContent {
-            name: Some("data.bin".into()),
-            uri: Some("https://example.com/data.bin".into()),
-            ..Default::default()
-        };
+        let remote = linked(Some("data.bin"), "https://example.com/data.bin");
         assert_eq!(
-            attachment_as_text(&linked),
+            attachment_as_text(&remote),
             "[file `data.bin` (unknown type) at https://example.com/data.bin attached; its \
              contents are not shown to the model]"
         );

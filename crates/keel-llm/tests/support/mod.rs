@@ -334,7 +334,17 @@ pub async fn body_sent<L: Llm>(
     answer: Value,
     request: LlmRequest,
 ) -> Value {
+    exchange(llm, answer, request).await.1.body
+}
+
+/// What `llm` (made for a scripted server's URL) answers for `request`, the server answering
+/// `answer` (a 200 body), and the request the server saw; the call must succeed.
+pub async fn exchange<L: Llm>(
+    llm: impl FnOnce(&str) -> L,
+    answer: Value,
+    request: LlmRequest,
+) -> (LlmResponse, Recorded) {
     let server = serve(vec![Reply::ok(answer)]).await;
-    llm(&server.url).complete(request).await.unwrap();
-    server.requests().remove(0).body
+    let response = llm(&server.url).complete(request).await.unwrap();
+    (response, server.requests().remove(0))
 }

@@ -95,6 +95,21 @@ pub fn executor(
     AgentExecutor::new(agent, Arc::new(keel_runtime::Services::in_memory(llm)))
 }
 
+/// The task of `text` sent to `exec` by its runtime's caller, which must complete.
+pub async fn completed(exec: &AgentExecutor, text: &str) -> keel_core::Task {
+    let auth = exec.runtime().auth_service().auth_context();
+    let task = exec
+        .send_message(
+            &auth,
+            keel_core::Message::user(text),
+            keel_agent::SendOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.state(), keel_core::TaskState::Completed, "{task:?}");
+    task
+}
+
 /// Kill a process at once (SIGKILL): a server that crashes.
 pub fn kill(pid: u32) {
     let status = std::process::Command::new("kill")

@@ -40,6 +40,15 @@ pub fn two_tenant_runtime(llm: MockLlm) -> Arc<Services> {
     Arc::new(Services::in_memory(Arc::new(llm)).with_auth(two_tenants()))
 }
 
+/// A tool named `name` whose arguments are any JSON object, that answers as `run` does.
+pub fn object_tool<F, Fut>(name: &str, description: &str, run: F) -> FnTool
+where
+    F: Fn(Value, keel_agent::ToolContext) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = keel_core::AgentResult<Value>> + Send + 'static,
+{
+    FnTool::new(name, description, json!({"type": "object"}), run)
+}
+
 pub fn agent() -> Agent {
     let card = AgentCard::new("echo", "Echoes what it hears", "http://unused").with_skill(
         AgentSkill::new("echo", "Repeat the message")
