@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use keel_core::conversation::LlmMessage;
 use keel_core::{Message, Task, TaskEvent, TaskId};
-use keel_runtime::{AuthContext, MemoryService, StepStore, TaskManager, ThreadLeases};
+use keel_runtime::{AuthContext, MemoryService, StepStore, TaskManager, TaskWrite, ThreadLeases};
 use keel_store_postgres::testing::TestSchema;
 use keel_store_postgres::{Changes, PostgresStore, StoreChange};
 use serde_json::json;
@@ -117,6 +117,7 @@ async fn task_events_appended_through_another_pool_are_heard() {
             &lease,
             &[LlmMessage::user("three")],
             &task,
+            TaskWrite::LogOnly,
             &[message("three")],
         )
         .await

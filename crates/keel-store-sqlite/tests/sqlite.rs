@@ -519,7 +519,7 @@ async fn save_task_with_events_writes_nothing_when_an_event_fails() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn persist_step_is_one_write_job() {
-    use keel_runtime::StepStore;
+    use keel_runtime::{StepStore, TaskWrite};
     let (_dir, store, auth) = fresh_store();
     let (task, lease) = leased_task(&store, &auth).await;
     let before = store.stats();
@@ -529,6 +529,7 @@ async fn persist_step_is_one_write_job() {
             &lease,
             &[LlmMessage::assistant("a", vec![]), LlmMessage::user("b")],
             &task,
+            TaskWrite::LogOnly,
             &[TaskEvent::Message {
                 message: Message::agent("a"),
             }],
@@ -596,7 +597,7 @@ async fn rows_name_their_tenant_by_a_short_key_that_a_reopened_store_reads() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_steps_log_entry_leaves_out_its_tasks_thread_and_reads_back_whole() {
-    use keel_runtime::StepStore;
+    use keel_runtime::{StepStore, TaskWrite};
     let (dir, store, auth) = fresh_store();
     let (task, lease) = leased_task(&store, &auth).await;
     let mut answer = Message::agent("a");
@@ -604,7 +605,14 @@ async fn a_steps_log_entry_leaves_out_its_tasks_thread_and_reads_back_whole() {
     answer.thread_id = Some(task.thread_id.clone());
     let event = TaskEvent::Message { message: answer };
     store
-        .persist_step(&auth, &lease, &[], &task, std::slice::from_ref(&event))
+        .persist_step(
+            &auth,
+            &lease,
+            &[],
+            &task,
+            TaskWrite::LogOnly,
+            std::slice::from_ref(&event),
+        )
         .await
         .unwrap();
     let body: String = Connection::open(db_path(&dir))

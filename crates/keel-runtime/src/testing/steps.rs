@@ -5,6 +5,7 @@ use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent, TaskState};
 
 use super::{assert_lease_lost, fresh_tenant, history_len, leased, tenant_and_thread, try_lease};
+use crate::TaskWrite::{LogOnly, SnapshotAndLog};
 use crate::{TaskManager, ThreadStore};
 
 /// A [`StepStore`](crate::StepStore) writes history and task log together: both land, and a
@@ -25,7 +26,14 @@ pub async fn step_store_writes_history_and_log_together(
     let unknown_task = Task::new(task.thread_id.clone());
     // The step under test, with the lease and task varied by each case.
     let persist = |lease, task| {
-        steps.persist_step(&auth, lease, &history, task, std::slice::from_ref(&event))
+        steps.persist_step(
+            &auth,
+            lease,
+            &history,
+            task,
+            LogOnly,
+            std::slice::from_ref(&event),
+        )
     };
     persist(&lease, &task).await.unwrap();
     let stored = threads
@@ -73,7 +81,7 @@ pub async fn step_store_writes_history_and_log_together(
 
 /// A [`StepStore`](crate::StepStore) that folds a run's writes (decision 260) writes each
 /// fold whole: [`save_task_and_queue`](crate::StepStore::save_task_and_queue) leaves the task,
-/// its log entries and its queue item; [`persist_step_with_task`](crate::StepStore::persist_step_with_task)
+/// its log entries and its queue item; [`persist_step`](crate::StepStore::persist_step) with [`SnapshotAndLog`]
 /// the task's new snapshot, its log entries and the history, and with a stale lease or for
 /// an unknown task none of them.
 pub async fn step_store_folds_a_task_with_its_queue_item_and_its_start(
@@ -115,7 +123,14 @@ pub async fn step_store_folds_a_task_with_its_queue_item_and_its_start(
     let status = TaskEvent::status_of(&task, false);
     let input = [LlmMessage::user("q")];
     steps
-        .persist_step_with_task(&auth, &lease, &input, &task, std::slice::from_ref(&status))
+        .persist_step(
+            &auth,
+            &lease,
+            &input,
+            &task,
+            SnapshotAndLog,
+            std::slice::from_ref(&status),
+        )
         .await
         .unwrap();
     let saved = tasks.get_task(&auth, &task.id).await.unwrap().unwrap();
@@ -129,7 +144,7 @@ pub async fn step_store_folds_a_task_with_its_queue_item_and_its_start(
 
     let unknown = Task::new(task.thread_id.clone());
     let err = steps
-        .persist_step_with_task(&auth, &lease, &input, &unknown, &[])
+        .persist_step(&auth, &lease, &input, &unknown, SnapshotAndLog, &[])
         .await
         .unwrap_err();
     assert!(
@@ -149,7 +164,7 @@ pub async fn step_store_folds_a_task_with_its_queue_item_and_its_start(
     later.fail("late").unwrap();
     assert_lease_lost(
         steps
-            .persist_step_with_task(&auth, &lease, &input, &later, &[])
+            .persist_step(&auth, &lease, &input, &later, SnapshotAndLog, &[])
             .await,
         "stale lease",
     );

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::{
     AsyncCall, AsyncCallState, AuthContext, ChildThread, Lease, ListTasksFilter, QueuedItem,
-    RunQuery, RunRecord, Services, TaskRecord,
+    RunQuery, RunRecord, Services, TaskRecord, TaskWrite,
 };
 
 const TTL: Duration = Duration::from_secs(30);
@@ -201,7 +201,7 @@ pub async fn no_store_method_reaches_another_tenants_rows(services: &Services) {
     ];
     if let Some(steps) = &services.steps {
         let events = std::slice::from_ref(event);
-        let err = steps.persist_step(&mallory, lease, &[], task, events);
+        let err = steps.persist_step(&mallory, lease, &[], task, TaskWrite::LogOnly, events);
         refused.push(err.await.unwrap_err());
     }
     for err in refused {
@@ -216,7 +216,7 @@ pub async fn no_store_method_reaches_another_tenants_rows(services: &Services) {
     if let Some(steps) = &services.steps {
         let events = std::slice::from_ref(event);
         let err = steps
-            .persist_step(&mallory, &theirs, &[], task, events)
+            .persist_step(&mallory, &theirs, &[], task, TaskWrite::LogOnly, events)
             .await
             .unwrap_err();
         assert!(matches!(err, AgentError::TaskNotFound { .. }), "{err:?}");
