@@ -45,23 +45,9 @@ fn where_clause(tenant: String, query: &RunQuery) -> (String, Vec<Arg>) {
         }
     };
     let text = |value: Option<&str>| value.map(|v| Arg::Text(v.to_owned()));
-    add(
-        "task_id = ?",
-        text(query.task_id.as_ref().map(|v| v.as_str())),
-    );
-    add(
-        "run_id = ?",
-        text(query.run_id.as_ref().map(|v| v.as_str())),
-    );
-    add(
-        "thread_id = ?",
-        text(query.thread_id.as_ref().map(|v| v.as_str())),
-    );
-    add(
-        "trace_id = ?",
-        text(query.trace_id.as_ref().map(|v| v.as_str())),
-    );
-    add("agent_name = ?", text(query.agent_name.as_deref()));
+    for (column, id) in query.ids() {
+        add(&format!("{column} = ?"), text(id));
+    }
     add("strpos(body, ?) > 0", text(query.contains.as_deref()));
     add(
         "recorded_at >= ?",
@@ -89,21 +75,10 @@ impl PostgresStore {
         let body = record.to_text()?;
         let index = record.index();
         let (tenant, recorded_at) = (auth.namespace(), to_nanos(index.recorded_at));
-        let task_id = index.task_id.map(|v| v.as_str());
-        let run_id = index.run_id.map(|v| v.as_str());
-        let thread_id = index.thread_id.map(|v| v.as_str());
-        let trace_id = index.trace_id.map(|v| v.as_str());
-        let agent_name = index.agent_name;
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![
-            &tenant,
-            &task_id,
-            &run_id,
-            &thread_id,
-            &trace_id,
-            &agent_name,
-            &recorded_at,
-            &body,
-        ];
+        let ids = index.ids();
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&tenant];
+        params.extend(ids.iter().map(|(_, id)| id as &(dyn ToSql + Sync)));
+        params.extend([&recorded_at as &(dyn ToSql + Sync), &body]);
         params.extend(state.as_ref().map(|state| state as &(dyn ToSql + Sync)));
         self.execute(sql, &params, op).await?;
         Ok(())

@@ -12,12 +12,6 @@ use rusqlite::{params, params_from_iter};
 use crate::codec::{decode_text, select_record, select_rows, to_nanos, usize_to_sql, SqlContext};
 use crate::SqliteStore;
 
-/// The WHERE clause (after the tenant) and its arguments for `query`, in parameter order.
-///
-/// `contains` is `instr(body, ?) > 0`, not LIKE: a `%` or `_` in the needle is then plain text
-/// and the match is case-sensitive. The body is the record's stored JSON (the versioned
-/// envelope, compact, object keys in sorted order), which is exactly the text `RunQuery`
-/// documents `contains` as searching, on every backend.
 /// Takes a task record's row as [`SqliteStore::save_record`] gives it, its state `?9`.
 const SAVE_TASK_RECORD: &str = "INSERT INTO task_records (tenant, task_id, run_id, thread_id, \
     trace_id, agent_name, recorded_at, body, state) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
@@ -27,32 +21,29 @@ const SAVE_TASK_RECORD: &str = "INSERT INTO task_records (tenant, task_id, run_i
 const SAVE_RUN_REPORT: &str = "INSERT OR REPLACE INTO run_records (tenant, task_id, run_id, \
     thread_id, trace_id, agent_name, recorded_at, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
 
+/// The WHERE clause (after the tenant) and its arguments for `query`, in parameter order.
+///
+/// `contains` is `instr(body, ?) > 0`, not LIKE: a `%` or `_` in the needle is then plain text
+/// and the match is case-sensitive. The body is the record's stored JSON (the versioned
+/// envelope, compact, object keys in sorted order), which is exactly the text `RunQuery`
+/// documents `contains` as searching, on every backend.
 fn where_clause(tenant: String, query: &RunQuery) -> (String, Vec<SqlValue>) {
-    let mut clauses = vec!["tenant = ?"];
+    let mut clauses = vec!["tenant = ?".to_owned()];
     let mut args = vec![SqlValue::Text(tenant)];
-    let mut text = |clause: &'static str, value: Option<&str>| {
-        if let Some(value) = value {
+    let mut add = |clause: String, arg: Option<SqlValue>| {
+        if let Some(arg) = arg {
             clauses.push(clause);
-            args.push(SqlValue::Text(value.to_owned()));
+            args.push(arg);
         }
     };
-    text("task_id = ?", query.task_id.as_ref().map(|v| v.as_str()));
-    text("run_id = ?", query.run_id.as_ref().map(|v| v.as_str()));
-    text(
-        "thread_id = ?",
-        query.thread_id.as_ref().map(|v| v.as_str()),
-    );
-    text("trace_id = ?", query.trace_id.as_ref().map(|v| v.as_str()));
-    text("agent_name = ?", query.agent_name.as_deref());
-    text("instr(body, ?) > 0", query.contains.as_deref());
-    if let Some(since) = query.since {
-        clauses.push("recorded_at >= ?");
-        args.push(SqlValue::Integer(to_nanos(since)));
+    let text = |value: Option<&str>| value.map(|v| SqlValue::Text(v.to_owned()));
+    for (column, id) in query.ids() {
+        add(format!("{column} = ?"), text(id));
     }
-    if let Some(until) = query.until {
-        clauses.push("recorded_at < ?");
-        args.push(SqlValue::Integer(to_nanos(until)));
-    }
+    add("instr(body, ?) > 0".into(), text(query.contains.as_deref()));
+    let nanos = |time| Some(SqlValue::Integer(to_nanos(time)));
+    add("recorded_at >= ?".into(), query.since.and_then(nanos));
+    add("recorded_at < ?".into(), query.until.and_then(nanos));
     (clauses.join(" AND "), args)
 }
 
@@ -71,16 +62,12 @@ impl SqliteStore {
         let body = record.to_text()?;
         let index = record.index();
         let text = |value: Option<&str>| value.map_or(SqlValue::Null, |v| SqlValue::Text(v.into()));
-        let mut args = vec![
-            SqlValue::Text(self.tenant(auth).await?),
-            text(index.task_id.map(|v| v.as_str())),
-            text(index.run_id.map(|v| v.as_str())),
-            text(index.thread_id.map(|v| v.as_str())),
-            text(index.trace_id.map(|v| v.as_str())),
-            text(index.agent_name),
+        let mut args = vec![SqlValue::Text(self.tenant(auth).await?)];
+        args.extend(index.ids().map(|(_, id)| text(id)));
+        args.extend([
             SqlValue::Integer(to_nanos(index.recorded_at)),
             SqlValue::Text(body),
-        ];
+        ]);
         args.extend(state.map(|state| SqlValue::Text(state.into())));
         self.write(move |conn| {
             conn.prepare_cached(sql)
