@@ -17,8 +17,7 @@ const TTL: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn no_store_method_reaches_another_tenants_rows() {
-    let schema = TestSchema::new().await.unwrap();
-    let store = schema.store().await.unwrap();
+    let (schema, store) = TestSchema::with_store().await.unwrap();
     let services = store.services(Arc::new(MockLlm::new()));
     keel_runtime::testing::no_store_method_reaches_another_tenants_rows(&services).await;
     schema.drop_schema().await.unwrap();

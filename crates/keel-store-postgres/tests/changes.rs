@@ -216,8 +216,7 @@ async fn the_listener_comes_back_after_the_server_drops_it_and_says_changes_were
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_listener_ends_with_the_last_clone_of_its_store() {
-    let schema = TestSchema::new().await.unwrap();
-    let store = schema.store().await.unwrap();
+    let (schema, store) = TestSchema::with_store().await.unwrap();
     let mut changes = store.clone().changes().await.unwrap();
     assert_eq!(changes.recv().await, Some(StoreChange::Missed));
     drop(store);
