@@ -4,7 +4,10 @@
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent, TaskState};
 
-use super::{assert_lease_lost, fresh_tenant, history_len, leased, tenant_and_thread, try_lease};
+use super::{
+    assert_lease_lost, assert_task_not_found, fresh_tenant, history_len, leased, tenant_and_thread,
+    try_lease,
+};
 use crate::TaskWrite::{LogOnly, SnapshotAndLog};
 use crate::{TaskManager, ThreadStore};
 
@@ -51,11 +54,7 @@ pub async fn step_store_writes_history_and_log_together(
         "the log entry lands"
     );
 
-    let err = persist(&lease, &unknown_task).await.unwrap_err();
-    assert!(
-        matches!(err, AgentError::TaskNotFound { .. }),
-        "unknown task: {err:?}"
-    );
+    assert_task_not_found(persist(&lease, &unknown_task).await, "unknown task");
     assert_eq!(
         history_len(threads, &auth, &task.thread_id).await,
         2,
@@ -143,14 +142,8 @@ pub async fn step_store_folds_a_task_with_its_queue_item_and_its_start(
     assert_eq!(history_len(threads, &auth, &task.thread_id).await, 1);
 
     let unknown = Task::new(task.thread_id.clone());
-    let err = steps
-        .persist_step(&auth, &lease, &input, &unknown, SnapshotAndLog, &[])
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::TaskNotFound { .. }),
-        "unknown task: {err:?}"
-    );
+    let persisted = steps.persist_step(&auth, &lease, &input, &unknown, SnapshotAndLog, &[]);
+    assert_task_not_found(persisted.await, "unknown task");
     assert!(
         tasks.get_task(&auth, &unknown.id).await.unwrap().is_none(),
         "an unknown task is not created"
