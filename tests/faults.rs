@@ -31,8 +31,8 @@ use keel::core::{
 use keel::llm::Llm;
 use keel::services::{
     load_task_with_history, AsyncCallStore, AuthContext, AuthService, Lease, ListTasksFilter,
-    LoggingService, MemoryService, Page, RunStore, Runtime, StepStore, TaskManager, ThreadStore,
-    ThreadTimers,
+    LoggingService, MemoryService, Page, RunStore, Runtime, StepStore, TaskManager, TaskWrite,
+    ThreadStore, ThreadTimers,
 };
 use keel::{DefaultRuntime, StoreConfig};
 use serde_json::{json, Value};
@@ -255,14 +255,22 @@ impl StepStore for GatedSteps {
         lease: &Lease,
         history: &[LlmMessage],
         task: &Task,
+        write: TaskWrite,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
+        if write == TaskWrite::SnapshotAndLog {
+            // A status goes through the gated task manager instead: the engine falls back to
+            // it on `Unsupported`, so the gate sees every snapshot saved.
+            return Err(AgentError::Unsupported {
+                what: "a step that saves a snapshot, on this gated store".into(),
+            });
+        }
         let answer = history
             .iter()
             .any(|m| m.role == keel::core::conversation::LlmRole::Assistant);
         self.gate.pass(false, answer);
         self.inner
-            .persist_step(auth, lease, history, task, events)
+            .persist_step(auth, lease, history, task, write, events)
             .await
     }
 }

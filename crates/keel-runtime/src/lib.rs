@@ -59,7 +59,7 @@ pub use run_store::{
     InMemoryRunStore, IndexedRecord, RecordIndex, RunQuery, RunRecord, RunStore, TaskRecord,
 };
 pub use services::Services;
-pub use step::StepStore;
+pub use step::{StepStore, TaskWrite};
 pub use stored_text::{
     decode_record, decode_task_event, decode_task_snapshot, encode_record, encode_task_event,
     encode_task_events, encode_task_snapshot, RecordText,

@@ -144,16 +144,28 @@ impl RunQuery {
 
     /// Whether a record with these index fields matches (the `contains` check is separate).
     pub fn matches(&self, record: &RecordIndex<'_>) -> bool {
-        fn eq<T: PartialEq + ?Sized>(want: Option<&T>, have: Option<&T>) -> bool {
-            want.is_none() || want == have
-        }
-        eq(self.task_id.as_ref(), record.task_id)
-            && eq(self.run_id.as_ref(), record.run_id)
-            && eq(self.thread_id.as_ref(), record.thread_id)
-            && eq(self.trace_id.as_ref(), record.trace_id)
-            && eq(self.agent_name.as_deref(), record.agent_name)
+        let mut ids = self.ids().into_iter().zip(record.ids());
+        ids.all(|((_, want), (_, have))| want.is_none() || want == have)
             && self.since.is_none_or(|s| record.recorded_at >= s)
             && self.until.is_none_or(|u| record.recorded_at < u)
+    }
+
+    /// The ids the query asks for, by name and in the order of [`RecordIndex::ids`]; `None`
+    /// where any is taken.
+    ///
+    /// ```
+    /// use keel_runtime::RunQuery;
+    /// let query = RunQuery { agent_name: Some("alpha".into()), ..Default::default() };
+    /// assert_eq!(query.ids()[4], ("agent_name", Some("alpha")));
+    /// ```
+    pub fn ids(&self) -> [(&'static str, Option<&str>); 5] {
+        [
+            ("task_id", self.task_id.as_ref().map(|v| v.as_str())),
+            ("run_id", self.run_id.as_ref().map(|v| v.as_str())),
+            ("thread_id", self.thread_id.as_ref().map(|v| v.as_str())),
+            ("trace_id", self.trace_id.as_ref().map(|v| v.as_str())),
+            ("agent_name", self.agent_name.as_deref()),
+        ]
     }
 }
 
@@ -173,6 +185,21 @@ pub struct RecordIndex<'a> {
     pub agent_name: Option<&'a str>,
     /// When the record was written.
     pub recorded_at: DateTime<Utc>,
+}
+
+impl RecordIndex<'_> {
+    /// The record's ids by name, in one order (task, run, thread, trace, agent), each `None`
+    /// where the record has none: what every backend indexes a record by, and the names the
+    /// SQL stores give their index columns.
+    pub fn ids(&self) -> [(&'static str, Option<&str>); 5] {
+        [
+            ("task_id", self.task_id.map(|v| v.as_str())),
+            ("run_id", self.run_id.map(|v| v.as_str())),
+            ("thread_id", self.thread_id.map(|v| v.as_str())),
+            ("trace_id", self.trace_id.map(|v| v.as_str())),
+            ("agent_name", self.agent_name),
+        ]
+    }
 }
 
 /// A record of the [`RunStore`], found by its [`RecordIndex`].

@@ -7,6 +7,21 @@ use serde_json::Value;
 
 use crate::{AuthContext, Lease, QueuedItem};
 
+/// What a persist point saves of its task besides the entries it appends to the task's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskWrite {
+    /// The log entries only: the task's id and thread are read (the thread, so that the log's
+    /// entries can leave it out, decision 269) and its snapshot is not saved. An engine
+    /// step's message or tool result.
+    LogOnly,
+    /// The task's snapshot too (without its history, as
+    /// [`TaskManager::save_task`](crate::TaskManager::save_task) does), saved before the log
+    /// entries are appended: a run's new status and what the run took in with it, in one
+    /// write. A store that cannot fold it answers [`AgentError::Unsupported`], and the engine
+    /// then makes the writes one after the other.
+    SnapshotAndLog,
+}
+
 /// Writes what the engine persists at one point of a step (the assistant's message, or a
 /// tool's result): thread history entries under the thread's lease and the matching entries
 /// of the task's log, together. A backend that can do this in one round trip (Redis: one
@@ -19,38 +34,20 @@ use crate::{AuthContext, Lease, QueuedItem};
 /// after the other, as it does without a step store.
 #[async_trait]
 pub trait StepStore: Send + Sync {
-    /// Append `history` to the lease's thread and `events` to `task`'s log, atomically: a
-    /// stale or expired lease is [`AgentError::LeaseLost`](keel_core::AgentError::LeaseLost)
-    /// and an unknown task [`AgentError::TaskNotFound`](keel_core::AgentError::TaskNotFound),
-    /// and in both cases nothing is written. Only the task's id and thread are read (the
-    /// thread, so that the log's entries can leave it out, decision 269); its snapshot is
-    /// not saved.
+    /// Append `history` to the lease's thread and `events` to `task`'s log, and save what
+    /// else `write` names of the task, atomically. The task must exist already: a stale or
+    /// expired lease is [`AgentError::LeaseLost`](keel_core::AgentError::LeaseLost) and an
+    /// unknown task [`AgentError::TaskNotFound`](keel_core::AgentError::TaskNotFound), and in
+    /// both cases nothing is written.
     async fn persist_step(
         &self,
         auth: &AuthContext,
         lease: &Lease,
         history: &[LlmMessage],
         task: &Task,
+        write: TaskWrite,
         events: &[TaskEvent],
     ) -> AgentResult<()>;
-
-    /// [`Self::persist_step`] that also saves `task`'s snapshot (without its history, as
-    /// [`TaskManager::save_task`](crate::TaskManager::save_task) does) before `events` are
-    /// appended to its log: a run's new status and what the run took in with it, in one
-    /// write. The task must exist already: an unknown one is
-    /// [`AgentError::TaskNotFound`](keel_core::AgentError::TaskNotFound) and a stale lease
-    /// [`AgentError::LeaseLost`](keel_core::AgentError::LeaseLost), and nothing is written.
-    async fn persist_step_with_task(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        history: &[LlmMessage],
-        task: &Task,
-        events: &[TaskEvent],
-    ) -> AgentResult<()> {
-        let _ = (auth, lease, history, task, events);
-        Err(unsupported("persist_step_with_task"))
-    }
 
     /// Save `task` with `events` appended to its log, as
     /// [`TaskManager::save_task_with_events`](crate::TaskManager::save_task_with_events)

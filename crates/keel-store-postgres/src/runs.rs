@@ -11,13 +11,15 @@ use tokio_postgres::types::ToSql;
 use crate::codec::{decode_text, to_nanos, to_sql_int, Arg, ByKey};
 use crate::PostgresStore;
 
+/// Takes a task record's row as [`PostgresStore::save_record`] gives it, its state `$9`.
 const SAVE_TASK_RECORD: &str = "\
-INSERT INTO task_records (tenant, task_id, thread_id, state, run_id, trace_id, agent_name,
-    recorded_at, body)
+INSERT INTO task_records (tenant, task_id, run_id, thread_id, trace_id, agent_name,
+    recorded_at, body, state)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
-/// A replaced report takes a new `id`, so it is the newest of reports of equal time.
+/// Takes a run report's row as [`PostgresStore::save_record`] gives it. A replaced report
+/// takes a new `id`, so it is the newest of reports of equal time.
 const SAVE_RUN_REPORT: &str = "\
-INSERT INTO run_records (tenant, run_id, task_id, thread_id, trace_id, agent_name,
+INSERT INTO run_records (tenant, task_id, run_id, thread_id, trace_id, agent_name,
     recorded_at, body)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (tenant, run_id) DO UPDATE SET id = DEFAULT, task_id = excluded.task_id,
@@ -43,23 +45,9 @@ fn where_clause(tenant: String, query: &RunQuery) -> (String, Vec<Arg>) {
         }
     };
     let text = |value: Option<&str>| value.map(|v| Arg::Text(v.to_owned()));
-    add(
-        "task_id = ?",
-        text(query.task_id.as_ref().map(|v| v.as_str())),
-    );
-    add(
-        "run_id = ?",
-        text(query.run_id.as_ref().map(|v| v.as_str())),
-    );
-    add(
-        "thread_id = ?",
-        text(query.thread_id.as_ref().map(|v| v.as_str())),
-    );
-    add(
-        "trace_id = ?",
-        text(query.trace_id.as_ref().map(|v| v.as_str())),
-    );
-    add("agent_name = ?", text(query.agent_name.as_deref()));
+    for (column, id) in query.ids() {
+        add(&format!("{column} = ?"), text(id));
+    }
     add("strpos(body, ?) > 0", text(query.contains.as_deref()));
     add(
         "recorded_at >= ?",
@@ -72,19 +60,30 @@ fn where_clause(tenant: String, query: &RunQuery) -> (String, Vec<Arg>) {
     (clauses.join(" AND "), args)
 }
 
-/// The nullable index columns of a record, as parameters.
-fn index_args(record: &impl IndexedRecord) -> [Option<String>; 5] {
-    let index = record.index();
-    [
-        index.task_id.map(|v| v.as_str().to_owned()),
-        index.run_id.map(|v| v.as_str().to_owned()),
-        index.thread_id.map(|v| v.as_str().to_owned()),
-        index.trace_id.map(|v| v.as_str().to_owned()),
-        index.agent_name.map(str::to_owned),
-    ]
-}
-
 impl PostgresStore {
+    /// Save `record` by `sql`, which takes the tenant, the record's index columns (task, run,
+    /// thread, trace, agent; each may be null), its time and its body as `$1` to `$8`, and
+    /// `state`, when given, as `$9`: the one row shape of task records and run reports.
+    async fn save_record<T: IndexedRecord + RecordText>(
+        &self,
+        auth: &AuthContext,
+        record: &T,
+        sql: &str,
+        state: Option<&str>,
+        op: &'static str,
+    ) -> AgentResult<()> {
+        let body = record.to_text()?;
+        let index = record.index();
+        let (tenant, recorded_at) = (auth.namespace(), to_nanos(index.recorded_at));
+        let ids = index.ids();
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&tenant];
+        params.extend(ids.iter().map(|(_, id)| id as &(dyn ToSql + Sync)));
+        params.extend([&recorded_at as &(dyn ToSql + Sync), &body]);
+        params.extend(state.as_ref().map(|state| state as &(dyn ToSql + Sync)));
+        self.execute(sql, &params, op).await?;
+        Ok(())
+    }
+
     /// Run a record query on `table`, in `order`.
     async fn find_records<T: RecordText>(
         &self,
@@ -115,25 +114,15 @@ impl PostgresStore {
 #[async_trait]
 impl RunStore for PostgresStore {
     async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()> {
-        let body = record.to_text()?;
-        let [task_id, run_id, thread_id, trace_id, agent_name] = index_args(record);
-        self.execute(
+        let state = Some(record.state.as_str());
+        self.save_record(
+            auth,
+            record,
             SAVE_TASK_RECORD,
-            &[
-                &auth.namespace(),
-                &task_id,
-                &thread_id,
-                &record.state.as_str(),
-                &run_id,
-                &trace_id,
-                &agent_name,
-                &to_nanos(record.recorded_at),
-                &body,
-            ],
+            state,
             "saving a task record",
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     async fn find_task_records(
@@ -147,24 +136,8 @@ impl RunStore for PostgresStore {
     }
 
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
-        let body = record.to_text()?;
-        let [task_id, run_id, thread_id, trace_id, agent_name] = index_args(record);
-        self.execute(
-            SAVE_RUN_REPORT,
-            &[
-                &auth.namespace(),
-                &run_id,
-                &task_id,
-                &thread_id,
-                &trace_id,
-                &agent_name,
-                &to_nanos(record.recorded_at),
-                &body,
-            ],
-            "saving a run report",
-        )
-        .await?;
-        Ok(())
+        self.save_record(auth, record, SAVE_RUN_REPORT, None, "saving a run report")
+            .await
     }
 
     async fn get_run_report(

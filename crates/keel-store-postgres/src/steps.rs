@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, AgentResult, Task, TaskEvent};
-use keel_runtime::{encode_task_events, AuthContext, Lease, QueuedItem, StepStore};
+use keel_runtime::{encode_task_events, AuthContext, Lease, QueuedItem, StepStore, TaskWrite};
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
 
@@ -55,22 +55,25 @@ const SAVE_AND_QUEUE: &str = concat!(
 SELECT (SELECT seq FROM queued)"
 );
 
-impl PostgresStore {
-    /// [`StepStore::persist_step`], setting the task's snapshot columns when `snapshot`.
-    async fn write_step(
+#[async_trait]
+impl StepStore for PostgresStore {
+    /// Sets the task's snapshot columns in the same statement when `write` names them.
+    async fn persist_step(
         &self,
         auth: &AuthContext,
         lease: &Lease,
         history: &[LlmMessage],
         task: &Task,
-        snapshot: bool,
+        write: TaskWrite,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         // Encoded first, so an encoding error writes nothing.
         let history = encode_all(history)?;
         let task_id = &task.id;
         let events = encode_task_events(events, task_id, Some(&task.thread_id))?;
-        let columns = Some(task).filter(|_| snapshot).map(snapshot_columns);
+        let columns = Some(task)
+            .filter(|_| write == TaskWrite::SnapshotAndLog)
+            .map(snapshot_columns);
         let (state, updated_at, body) = match columns.transpose()? {
             Some((state, updated_at, body)) => (Some(state), Some(updated_at), Some(body)),
             None => (None, None, None),
@@ -100,33 +103,6 @@ impl PostgresStore {
             self.announce_task_events(auth, task_id);
         }
         Ok(())
-    }
-}
-
-#[async_trait]
-impl StepStore for PostgresStore {
-    async fn persist_step(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        history: &[LlmMessage],
-        task: &Task,
-        events: &[TaskEvent],
-    ) -> AgentResult<()> {
-        self.write_step(auth, lease, history, task, false, events)
-            .await
-    }
-
-    async fn persist_step_with_task(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        history: &[LlmMessage],
-        task: &Task,
-        events: &[TaskEvent],
-    ) -> AgentResult<()> {
-        self.write_step(auth, lease, history, task, true, events)
-            .await
     }
 
     async fn save_task_and_queue(

@@ -44,6 +44,13 @@ impl TestSchema {
         PostgresStore::connect_with_pool_size(&self.url, 4).await
     }
 
+    /// A fresh schema ([`TestSchema::new`]) and a store on it: what most tests start with.
+    pub async fn with_store() -> AgentResult<(TestSchema, PostgresStore)> {
+        let schema = TestSchema::new().await?;
+        let store = schema.store().await?;
+        Ok((schema, store))
+    }
+
     /// A store on the schema (a pool of 2) whose connections carry a fresh name, returned
     /// with it, for [`TestSchema::end_connections`] to end them as a server restart does.
     pub async fn named_store(&self) -> AgentResult<(String, PostgresStore)> {

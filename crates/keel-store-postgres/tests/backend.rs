@@ -9,7 +9,7 @@ use std::time::Duration;
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent};
 use keel_llm::MockLlm;
-use keel_runtime::{AuthContext, StepStore, TaskManager, ThreadHistory, ThreadLeases};
+use keel_runtime::{AuthContext, StepStore, TaskManager, TaskWrite, ThreadHistory, ThreadLeases};
 use keel_store_postgres::testing::TestSchema;
 use keel_store_postgres::PostgresStore;
 
@@ -17,8 +17,7 @@ const TTL: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn no_store_method_reaches_another_tenants_rows() {
-    let schema = TestSchema::new().await.unwrap();
-    let store = schema.store().await.unwrap();
+    let (schema, store) = TestSchema::with_store().await.unwrap();
     let services = store.services(Arc::new(MockLlm::new()));
     keel_runtime::testing::no_store_method_reaches_another_tenants_rows(&services).await;
     schema.drop_schema().await.unwrap();
@@ -38,7 +37,14 @@ async fn a_stale_holder_in_another_pool_is_refused_and_writes_nothing() {
         message: Message::user("late"),
     };
     let err = a
-        .persist_step(&auth, &old, &[LlmMessage::user("late")], &task, &[event])
+        .persist_step(
+            &auth,
+            &old,
+            &[LlmMessage::user("late")],
+            &task,
+            TaskWrite::LogOnly,
+            &[event],
+        )
         .await
         .unwrap_err();
     assert!(
@@ -120,7 +126,14 @@ async fn connections_the_server_drops_are_replaced_and_a_step_commits_whole_or_n
         // A call on a dropped connection fails as unavailable; the pool then connects anew.
         let written = keel_runtime::testing::eventually("a step commits", || async {
             match store
-                .persist_step(&auth, &lease, &history, &task, std::slice::from_ref(&event))
+                .persist_step(
+                    &auth,
+                    &lease,
+                    &history,
+                    &task,
+                    TaskWrite::LogOnly,
+                    std::slice::from_ref(&event),
+                )
                 .await
             {
                 Ok(()) => Some(()),

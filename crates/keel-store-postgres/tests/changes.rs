@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use keel_core::conversation::LlmMessage;
 use keel_core::{Message, Task, TaskEvent, TaskId};
-use keel_runtime::{AuthContext, MemoryService, StepStore, TaskManager, ThreadLeases};
+use keel_runtime::{AuthContext, MemoryService, StepStore, TaskManager, TaskWrite, ThreadLeases};
 use keel_store_postgres::testing::TestSchema;
 use keel_store_postgres::{Changes, PostgresStore, StoreChange};
 use serde_json::json;
@@ -156,6 +156,7 @@ async fn task_events_appended_through_another_pool_are_heard() {
             &lease,
             &[LlmMessage::user("three")],
             &task,
+            TaskWrite::LogOnly,
             &[message("three")],
         )
         .await
@@ -245,8 +246,7 @@ async fn the_listener_comes_back_after_the_server_drops_it_and_says_changes_were
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_listener_ends_with_the_last_clone_of_its_store() {
-    let schema = TestSchema::new().await.unwrap();
-    let store = schema.store().await.unwrap();
+    let (schema, store) = TestSchema::with_store().await.unwrap();
     let mut changes = store.clone().changes().await.unwrap();
     assert_eq!(changes.recv().await, Some(StoreChange::Missed));
     drop(store);

@@ -9,12 +9,12 @@ use keel_store_postgres::testing::TestSchema;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_store_passes_the_conformance_suite() {
-    let schema = TestSchema::new().await.unwrap();
+    let (schema, store) = TestSchema::with_store().await.unwrap();
     let limits = KvLimits {
         max_keys: 16,
         ..KvLimits::DEFAULT
     };
-    let store = schema.store().await.unwrap().with_kv_limits(limits);
+    let store = store.with_kv_limits(limits);
     // The thread store as `PostgresStore::services` wires it: behind the shared input checks.
     let threads = store.services(Arc::new(MockLlm::new())).threads;
     testing::run_all(&store, &store, threads, limits, &store).await;
@@ -27,8 +27,7 @@ async fn postgres_store_passes_the_conformance_suite() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_timers_and_tenants_pass_the_conformance_suite() {
-    let schema = TestSchema::new().await.unwrap();
-    let store = schema.store().await.unwrap();
+    let (schema, store) = TestSchema::with_store().await.unwrap();
     let timers = store.services(Arc::new(MockLlm::new())).timers;
     testing::run_all_system(timers.expect("Postgres keeps timers"), &store).await;
     schema.drop_schema().await.unwrap();
@@ -44,8 +43,7 @@ async fn two_pools_claim_a_due_timer_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_async_call_store_passes_the_conformance_suite() {
-    let schema = TestSchema::new().await.unwrap();
-    let store = schema.store().await.unwrap();
+    let (schema, store) = TestSchema::with_store().await.unwrap();
     testing::async_call_store_all(Arc::new(store)).await;
     schema.drop_schema().await.unwrap();
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent};
-use keel_runtime::{AuthContext, StepStore, TaskManager, ThreadHistory, ThreadLeases};
+use keel_runtime::{AuthContext, StepStore, TaskManager, TaskWrite, ThreadHistory, ThreadLeases};
 use keel_store_postgres::testing::PrivateServer;
 use keel_store_postgres::{PostgresStore, StoreChange};
 
@@ -46,7 +46,14 @@ async fn a_restart_under_load_loses_no_acknowledged_step_and_the_store_comes_bac
                     message: Message::user(text.clone()),
                 };
                 match store
-                    .persist_step(&auth, &lease, &[LlmMessage::user(text)], &task, &[event])
+                    .persist_step(
+                        &auth,
+                        &lease,
+                        &[LlmMessage::user(text)],
+                        &task,
+                        TaskWrite::LogOnly,
+                        &[event],
+                    )
                     .await
                 {
                     Ok(()) => {

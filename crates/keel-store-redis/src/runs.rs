@@ -8,7 +8,7 @@
 //! `contains`, which is what the crate docs warn about.
 
 use async_trait::async_trait;
-use keel_core::{AgentResult, RunId, TaskId, ThreadId, TraceId};
+use keel_core::{AgentResult, RunId};
 use keel_runtime::{
     AuthContext, IndexedRecord, RecordIndex, RecordText, RunQuery, RunRecord, RunStore, TaskRecord,
 };
@@ -51,41 +51,33 @@ const RUN_REPORTS: Family = Family {
 };
 
 impl Family {
+    /// The index of each id, in the order of [`RecordIndex::ids`]; `None` where the id has
+    /// none.
+    fn by_id(&self) -> [Option<&'static str>; 5] {
+        [
+            Some(self.by_task),
+            self.by_run,
+            Some(self.by_thread),
+            Some(self.by_trace),
+            Some(self.by_agent),
+        ]
+    }
+
     /// Every index key a record with these fields belongs to.
     fn index_keys(&self, keys: &TenantKeys, fields: &RecordIndex<'_>) -> Vec<String> {
-        let mut out = vec![keys.fixed(self.by_time)];
-        let mut add = |kind: Option<&str>, value: Option<&str>| {
-            if let (Some(kind), Some(value)) = (kind, value) {
-                out.push(keys.of(kind, value));
-            }
-        };
-        add(Some(self.by_task), fields.task_id.map(TaskId::as_str));
-        add(self.by_run, fields.run_id.map(RunId::as_str));
-        add(Some(self.by_thread), fields.thread_id.map(ThreadId::as_str));
-        add(Some(self.by_trace), fields.trace_id.map(TraceId::as_str));
-        add(Some(self.by_agent), fields.agent_name);
-        out
+        let ids = self.by_id().into_iter().zip(fields.ids());
+        let by_id = ids.filter_map(|(kind, (_, id))| Some(keys.of(kind?, id?)));
+        std::iter::once(keys.fixed(self.by_time))
+            .chain(by_id)
+            .collect()
     }
 
     /// The narrowest index `query` names. Exact ids (task, run) beat groups (thread, trace,
-    /// agent); with none, the tenant's time index.
+    /// agent), as [`RecordIndex::ids`] orders them; with none, the tenant's time index.
     fn index_for(&self, keys: &TenantKeys, query: &RunQuery) -> String {
-        if let Some(task) = &query.task_id {
-            return keys.of(self.by_task, task.as_str());
-        }
-        if let (Some(by_run), Some(run)) = (self.by_run, &query.run_id) {
-            return keys.of(by_run, run.as_str());
-        }
-        if let Some(thread) = &query.thread_id {
-            return keys.of(self.by_thread, thread.as_str());
-        }
-        if let Some(trace) = &query.trace_id {
-            return keys.of(self.by_trace, trace.as_str());
-        }
-        if let Some(agent) = &query.agent_name {
-            return keys.of(self.by_agent, agent);
-        }
-        keys.fixed(self.by_time)
+        let mut ids = self.by_id().into_iter().zip(query.ids());
+        ids.find_map(|(kind, (_, id))| Some(keys.of(kind?, id?)))
+            .unwrap_or_else(|| keys.fixed(self.by_time))
     }
 }
 

@@ -8,7 +8,7 @@ use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, AgentResult, ThreadId};
 use keel_runtime::{
     encode_task_events, AuthContext, ChildThread, HistoryEntry, Lease, QueuedItem,
-    SubagentRegistry, ThreadHistory, ThreadKv, ThreadQueue,
+    SubagentRegistry, TaskWrite, ThreadHistory, ThreadKv, ThreadQueue,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -440,8 +440,15 @@ impl keel_runtime::StepStore for RedisStore {
         lease: &Lease,
         history: &[LlmMessage],
         task: &keel_core::Task,
+        write: TaskWrite,
         events: &[keel_core::TaskEvent],
     ) -> AgentResult<()> {
+        if write == TaskWrite::SnapshotAndLog {
+            // The step script appends only; the engine then saves the snapshot on its own.
+            return Err(AgentError::Unsupported {
+                what: "`StepStore::persist_step` saving a task's snapshot on Redis".into(),
+            });
+        }
         let task_id = &task.id;
         let keys = self.keys(auth);
         let mut call = fenced_call(&scripts::PERSIST_STEP, &keys, lease);

@@ -3,12 +3,23 @@
 
 use async_trait::async_trait;
 use keel_core::{AgentResult, RunId};
-use keel_runtime::{AuthContext, RecordText, RunQuery, RunRecord, RunStore, TaskRecord};
+use keel_runtime::{
+    AuthContext, IndexedRecord, RecordText, RunQuery, RunRecord, RunStore, TaskRecord,
+};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter};
 
 use crate::codec::{decode_text, select_record, select_rows, to_nanos, usize_to_sql, SqlContext};
 use crate::SqliteStore;
+
+/// Takes a task record's row as [`SqliteStore::save_record`] gives it, its state `?9`.
+const SAVE_TASK_RECORD: &str = "INSERT INTO task_records (tenant, task_id, run_id, thread_id, \
+    trace_id, agent_name, recorded_at, body, state) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+/// Takes a run report's row as [`SqliteStore::save_record`] gives it. REPLACE deletes the old
+/// row and inserts a new one (with a new `id`), so a replaced report counts as the newest
+/// among reports of equal time.
+const SAVE_RUN_REPORT: &str = "INSERT OR REPLACE INTO run_records (tenant, task_id, run_id, \
+    thread_id, trace_id, agent_name, recorded_at, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
 
 /// The WHERE clause (after the tenant) and its arguments for `query`, in parameter order.
 ///
@@ -17,35 +28,56 @@ use crate::SqliteStore;
 /// envelope, compact, object keys in sorted order), which is exactly the text `RunQuery`
 /// documents `contains` as searching, on every backend.
 fn where_clause(tenant: String, query: &RunQuery) -> (String, Vec<SqlValue>) {
-    let mut clauses = vec!["tenant = ?"];
+    let mut clauses = vec!["tenant = ?".to_owned()];
     let mut args = vec![SqlValue::Text(tenant)];
-    let mut text = |clause: &'static str, value: Option<&str>| {
-        if let Some(value) = value {
+    let mut add = |clause: String, arg: Option<SqlValue>| {
+        if let Some(arg) = arg {
             clauses.push(clause);
-            args.push(SqlValue::Text(value.to_owned()));
+            args.push(arg);
         }
     };
-    text("task_id = ?", query.task_id.as_ref().map(|v| v.as_str()));
-    text("run_id = ?", query.run_id.as_ref().map(|v| v.as_str()));
-    text(
-        "thread_id = ?",
-        query.thread_id.as_ref().map(|v| v.as_str()),
-    );
-    text("trace_id = ?", query.trace_id.as_ref().map(|v| v.as_str()));
-    text("agent_name = ?", query.agent_name.as_deref());
-    text("instr(body, ?) > 0", query.contains.as_deref());
-    if let Some(since) = query.since {
-        clauses.push("recorded_at >= ?");
-        args.push(SqlValue::Integer(to_nanos(since)));
+    let text = |value: Option<&str>| value.map(|v| SqlValue::Text(v.to_owned()));
+    for (column, id) in query.ids() {
+        add(format!("{column} = ?"), text(id));
     }
-    if let Some(until) = query.until {
-        clauses.push("recorded_at < ?");
-        args.push(SqlValue::Integer(to_nanos(until)));
-    }
+    add("instr(body, ?) > 0".into(), text(query.contains.as_deref()));
+    let nanos = |time| Some(SqlValue::Integer(to_nanos(time)));
+    add("recorded_at >= ?".into(), query.since.and_then(nanos));
+    add("recorded_at < ?".into(), query.until.and_then(nanos));
     (clauses.join(" AND "), args)
 }
 
 impl SqliteStore {
+    /// Save `record` by `sql`, which takes the tenant, the record's index columns (task, run,
+    /// thread, trace, agent; each may be null), its time and its body as `?1` to `?8`, and
+    /// `state`, when given, as `?9`: the one row shape of task records and run reports.
+    async fn save_record<T: IndexedRecord + RecordText>(
+        &self,
+        auth: &AuthContext,
+        record: &T,
+        sql: &'static str,
+        state: Option<&'static str>,
+        what: &'static str,
+    ) -> AgentResult<()> {
+        let body = record.to_text()?;
+        let index = record.index();
+        let text = |value: Option<&str>| value.map_or(SqlValue::Null, |v| SqlValue::Text(v.into()));
+        let mut args = vec![SqlValue::Text(self.tenant(auth).await?)];
+        args.extend(index.ids().map(|(_, id)| text(id)));
+        args.extend([
+            SqlValue::Integer(to_nanos(index.recorded_at)),
+            SqlValue::Text(body),
+        ]);
+        args.extend(state.map(|state| SqlValue::Text(state.into())));
+        self.write(move |conn| {
+            conn.prepare_cached(sql)
+                .and_then(|mut stmt| stmt.execute(params_from_iter(&args)))
+                .context(what)?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Run a record query: `select` is the statement up to `WHERE`, `order` what follows it.
     async fn find_records<T>(
         &self,
@@ -80,30 +112,14 @@ impl SqliteStore {
 #[async_trait]
 impl RunStore for SqliteStore {
     async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()> {
-        let body = record.to_text()?;
-        let tenant = self.tenant(auth).await?;
-        let record = record.clone();
-        self.write(move |conn| {
-            conn.prepare_cached(
-                "INSERT INTO task_records (tenant, task_id, thread_id, state, run_id, trace_id, \
-                 agent_name, recorded_at, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )
-            .and_then(|mut stmt| {
-                stmt.execute(params![
-                    tenant,
-                    record.task_id.as_str(),
-                    record.thread_id.as_str(),
-                    record.state.as_str(),
-                    record.run_id.as_ref().map(|v| v.as_str()),
-                    record.trace_id.as_ref().map(|v| v.as_str()),
-                    record.agent_name,
-                    to_nanos(record.recorded_at),
-                    body
-                ])
-            })
-            .context("saving a task record")?;
-            Ok(())
-        })
+        let state = Some(record.state.as_str());
+        self.save_record(
+            auth,
+            record,
+            SAVE_TASK_RECORD,
+            state,
+            "saving a task record",
+        )
         .await
     }
 
@@ -118,33 +134,8 @@ impl RunStore for SqliteStore {
     }
 
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
-        let body = record.to_text()?;
-        let tenant = self.tenant(auth).await?;
-        let record = record.clone();
-        self.write(move |conn| {
-            // REPLACE deletes the old row and inserts a new one (with a new `id`), so a
-            // replaced report counts as the newest among reports of equal time.
-            conn.prepare_cached(
-                "INSERT OR REPLACE INTO run_records (tenant, run_id, task_id, thread_id, \
-                 trace_id, agent_name, recorded_at, body) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )
-            .and_then(|mut stmt| {
-                stmt.execute(params![
-                    tenant,
-                    record.run_id.as_str(),
-                    record.task_id.as_ref().map(|v| v.as_str()),
-                    record.thread_id.as_ref().map(|v| v.as_str()),
-                    record.trace_id.as_ref().map(|v| v.as_str()),
-                    record.agent_name,
-                    to_nanos(record.recorded_at),
-                    body
-                ])
-            })
-            .context("saving a run report")?;
-            Ok(())
-        })
-        .await
+        self.save_record(auth, record, SAVE_RUN_REPORT, None, "saving a run report")
+            .await
     }
 
     async fn get_run_report(

@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, AgentResult, Task, TaskEvent};
-use keel_runtime::{encode_task_events, AuthContext, Lease, QueuedItem, StepStore};
+use keel_runtime::{encode_task_events, AuthContext, Lease, QueuedItem, StepStore, TaskWrite};
 use serde_json::Value;
 
 use crate::codec::encode_record;
@@ -14,23 +14,23 @@ use crate::tasks::{append_task_events, task_exists, SnapshotRow};
 use crate::threads::{append_history_rows, QueueRow};
 use crate::SqliteStore;
 
-impl SqliteStore {
-    /// [`StepStore::persist_step`], saving the task's snapshot first when `snapshot`: every row
-    /// is encoded before the job is sent, so an encoding error writes nothing, and the fence
-    /// and the task are checked before anything is written in the job's savepoint.
-    async fn write_step(
+#[async_trait]
+impl StepStore for SqliteStore {
+    /// Every row is encoded before the job is sent, so an encoding error writes nothing, and
+    /// the fence and the task are checked before anything is written in the job's savepoint.
+    async fn persist_step(
         &self,
         auth: &AuthContext,
         lease: &Lease,
         history: &[LlmMessage],
         task: &Task,
-        snapshot: bool,
+        write: TaskWrite,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
         let tenant = self.tenant(auth).await?;
-        let snapshot = match snapshot {
-            true => Some(SnapshotRow::new(tenant.clone(), task)?),
-            false => None,
+        let snapshot = match write {
+            TaskWrite::SnapshotAndLog => Some(SnapshotRow::new(tenant.clone(), task)?),
+            TaskWrite::LogOnly => None,
         };
         let history = history
             .iter()
@@ -50,33 +50,6 @@ impl SqliteStore {
             append_task_events(conn, &tenant, &task_id, &events)
         })
         .await
-    }
-}
-
-#[async_trait]
-impl StepStore for SqliteStore {
-    async fn persist_step(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        history: &[LlmMessage],
-        task: &Task,
-        events: &[TaskEvent],
-    ) -> AgentResult<()> {
-        self.write_step(auth, lease, history, task, false, events)
-            .await
-    }
-
-    async fn persist_step_with_task(
-        &self,
-        auth: &AuthContext,
-        lease: &Lease,
-        history: &[LlmMessage],
-        task: &Task,
-        events: &[TaskEvent],
-    ) -> AgentResult<()> {
-        self.write_step(auth, lease, history, task, true, events)
-            .await
     }
 
     async fn save_task_and_queue(

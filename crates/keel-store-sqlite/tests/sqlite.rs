@@ -42,13 +42,24 @@ async fn fresh_store_in_use() -> (TempDir, SqliteStore, AuthContext) {
     (dir, store, auth)
 }
 
+/// `holder`'s lease on `thread` for 30 s, or `None` while another holder's is live.
+async fn try_lease(
+    store: &SqliteStore,
+    auth: &AuthContext,
+    thread: &keel_core::ThreadId,
+    holder: &str,
+) -> Option<keel_runtime::Lease> {
+    store
+        .acquire_lease(auth, thread, holder, Duration::from_secs(30))
+        .await
+        .unwrap()
+}
+
 /// A new task, saved in `store`, and a lease on its thread.
 async fn leased_task(store: &SqliteStore, auth: &AuthContext) -> (Task, keel_runtime::Lease) {
     let task = saved_task(store, auth).await;
-    let lease = store
-        .acquire_lease(auth, &task.thread_id, "w", Duration::from_secs(30))
+    let lease = try_lease(store, auth, &task.thread_id, "w")
         .await
-        .unwrap()
         .expect("a new thread is free");
     (task, lease)
 }
@@ -100,11 +111,7 @@ async fn data_survives_reopening_the_file() {
             .push_queue(&auth, &thread, json!({"say": "next"}))
             .await
             .unwrap();
-        let lease = store
-            .acquire_lease(&auth, &thread, "w1", Duration::from_secs(30))
-            .await
-            .unwrap()
-            .unwrap();
+        let lease = try_lease(&store, &auth, &thread, "w1").await.unwrap();
         store
             .append_history(&auth, &lease, std::slice::from_ref(&said))
             .await
@@ -138,11 +145,7 @@ async fn data_survives_reopening_the_file() {
     let history = store.read_history(&auth, &thread, 0, 10).await.unwrap();
     assert_eq!(history.len(), 1);
     assert_eq!(history[0].message, said, "history survives");
-    let lease = store
-        .acquire_lease(&auth, &thread, "w2", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = try_lease(&store, &auth, &thread, "w2").await.unwrap();
     assert!(
         lease.token > token,
         "lease tokens keep growing across reopening"
@@ -336,11 +339,7 @@ async fn a_failing_write_in_a_batch_fails_alone() {
     let (dir, store, auth) = fresh_store();
     let store = Arc::new(store);
     let thread: keel_core::ThreadId = "contended".into();
-    let stale = store
-        .acquire_lease(&auth, &thread, "old", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let stale = try_lease(&store, &auth, &thread, "old").await.unwrap();
     store.release_lease(&auth, &stale).await.unwrap();
     let before = store.stats();
 
@@ -390,24 +389,18 @@ async fn two_stores_on_one_file_share_leases_like_two_processes() {
     let second = SqliteStore::open(db_path(&dir)).unwrap();
     let auth = tenant();
     let thread = "shared".into();
-    let lease = first
-        .acquire_lease(&auth, &thread, "process-1", Duration::from_secs(30))
+    let lease = try_lease(&first, &auth, &thread, "process-1")
         .await
-        .unwrap()
         .unwrap();
     assert!(
-        second
-            .acquire_lease(&auth, &thread, "process-2", Duration::from_secs(30))
+        try_lease(&second, &auth, &thread, "process-2")
             .await
-            .unwrap()
             .is_none(),
         "the other process sees the live lease"
     );
     first.release_lease(&auth, &lease).await.unwrap();
-    let taken = second
-        .acquire_lease(&auth, &thread, "process-2", Duration::from_secs(30))
+    let taken = try_lease(&second, &auth, &thread, "process-2")
         .await
-        .unwrap()
         .unwrap();
     assert!(taken.token > lease.token);
     let err = first
@@ -519,7 +512,7 @@ async fn save_task_with_events_writes_nothing_when_an_event_fails() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn persist_step_is_one_write_job() {
-    use keel_runtime::StepStore;
+    use keel_runtime::{StepStore, TaskWrite};
     let (_dir, store, auth) = fresh_store();
     let (task, lease) = leased_task(&store, &auth).await;
     let before = store.stats();
@@ -529,6 +522,7 @@ async fn persist_step_is_one_write_job() {
             &lease,
             &[LlmMessage::assistant("a", vec![]), LlmMessage::user("b")],
             &task,
+            TaskWrite::LogOnly,
             &[TaskEvent::Message {
                 message: Message::agent("a"),
             }],
@@ -596,7 +590,7 @@ async fn rows_name_their_tenant_by_a_short_key_that_a_reopened_store_reads() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_steps_log_entry_leaves_out_its_tasks_thread_and_reads_back_whole() {
-    use keel_runtime::StepStore;
+    use keel_runtime::{StepStore, TaskWrite};
     let (dir, store, auth) = fresh_store();
     let (task, lease) = leased_task(&store, &auth).await;
     let mut answer = Message::agent("a");
@@ -604,7 +598,14 @@ async fn a_steps_log_entry_leaves_out_its_tasks_thread_and_reads_back_whole() {
     answer.thread_id = Some(task.thread_id.clone());
     let event = TaskEvent::Message { message: answer };
     store
-        .persist_step(&auth, &lease, &[], &task, std::slice::from_ref(&event))
+        .persist_step(
+            &auth,
+            &lease,
+            &[],
+            &task,
+            TaskWrite::LogOnly,
+            std::slice::from_ref(&event),
+        )
         .await
         .unwrap();
     let body: String = Connection::open(db_path(&dir))

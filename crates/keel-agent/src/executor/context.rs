@@ -80,6 +80,7 @@ impl Inner {
                         &flow.lease(),
                         messages,
                         task,
+                        keel_runtime::TaskWrite::LogOnly,
                         std::slice::from_ref(event),
                     )
                     .await?

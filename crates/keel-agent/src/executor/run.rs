@@ -13,7 +13,7 @@ use keel_core::TaskId;
 use keel_core::{AgentError, AgentResult, Message, PartContent, RunContext, Task, TaskState};
 use keel_events::RunEvent;
 use keel_llm::{LlmMessage, LlmRole, ToolCall};
-use keel_runtime::LogLevel;
+use keel_runtime::{LogLevel, TaskWrite};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -285,7 +285,14 @@ impl<'a> RunLoop<'a> {
                 let status = super::records::status_event(task);
                 let lease = self.flow.lease();
                 match steps
-                    .persist_step_with_task(auth, &lease, &new_input, task, &[status])
+                    .persist_step(
+                        auth,
+                        &lease,
+                        &new_input,
+                        task,
+                        TaskWrite::SnapshotAndLog,
+                        &[status],
+                    )
                     .await
                 {
                     Ok(()) => {

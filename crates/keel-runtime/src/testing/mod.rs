@@ -157,6 +157,16 @@ fn assert_lease_lost<T: std::fmt::Debug>(result: AgentResult<T>, what: &str) {
     );
 }
 
+/// Assert that `result` is [`AgentError::TaskNotFound`]: what `what` (a write naming a task
+/// the tenant does not have) must answer.
+#[track_caller]
+fn assert_task_not_found<T: std::fmt::Debug>(result: AgentResult<T>, what: &str) {
+    assert!(
+        matches!(result, Err(AgentError::TaskNotFound { .. })),
+        "{what}: {result:?}"
+    );
+}
+
 /// How many entries the thread's history holds (up to 1,000, more than any check writes).
 async fn history_len(threads: &dyn ThreadStore, auth: &AuthContext, thread: &ThreadId) -> usize {
     threads

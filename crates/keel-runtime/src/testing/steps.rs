@@ -4,7 +4,11 @@
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent, TaskState};
 
-use super::{assert_lease_lost, fresh_tenant, history_len, leased, tenant_and_thread, try_lease};
+use super::{
+    assert_lease_lost, assert_task_not_found, fresh_tenant, history_len, leased, tenant_and_thread,
+    try_lease,
+};
+use crate::TaskWrite::{LogOnly, SnapshotAndLog};
 use crate::{TaskManager, ThreadStore};
 
 /// A [`StepStore`](crate::StepStore) writes history and task log together: both land, and a
@@ -25,7 +29,14 @@ pub async fn step_store_writes_history_and_log_together(
     let unknown_task = Task::new(task.thread_id.clone());
     // The step under test, with the lease and task varied by each case.
     let persist = |lease, task| {
-        steps.persist_step(&auth, lease, &history, task, std::slice::from_ref(&event))
+        steps.persist_step(
+            &auth,
+            lease,
+            &history,
+            task,
+            LogOnly,
+            std::slice::from_ref(&event),
+        )
     };
     persist(&lease, &task).await.unwrap();
     let stored = threads
@@ -43,11 +54,7 @@ pub async fn step_store_writes_history_and_log_together(
         "the log entry lands"
     );
 
-    let err = persist(&lease, &unknown_task).await.unwrap_err();
-    assert!(
-        matches!(err, AgentError::TaskNotFound { .. }),
-        "unknown task: {err:?}"
-    );
+    assert_task_not_found(persist(&lease, &unknown_task).await, "unknown task");
     assert_eq!(
         history_len(threads, &auth, &task.thread_id).await,
         2,
@@ -73,7 +80,7 @@ pub async fn step_store_writes_history_and_log_together(
 
 /// A [`StepStore`](crate::StepStore) that folds a run's writes (decision 260) writes each
 /// fold whole: [`save_task_and_queue`](crate::StepStore::save_task_and_queue) leaves the task,
-/// its log entries and its queue item; [`persist_step_with_task`](crate::StepStore::persist_step_with_task)
+/// its log entries and its queue item; [`persist_step`](crate::StepStore::persist_step) with [`SnapshotAndLog`]
 /// the task's new snapshot, its log entries and the history, and with a stale lease or for
 /// an unknown task none of them.
 pub async fn step_store_folds_a_task_with_its_queue_item_and_its_start(
@@ -115,7 +122,14 @@ pub async fn step_store_folds_a_task_with_its_queue_item_and_its_start(
     let status = TaskEvent::status_of(&task, false);
     let input = [LlmMessage::user("q")];
     steps
-        .persist_step_with_task(&auth, &lease, &input, &task, std::slice::from_ref(&status))
+        .persist_step(
+            &auth,
+            &lease,
+            &input,
+            &task,
+            SnapshotAndLog,
+            std::slice::from_ref(&status),
+        )
         .await
         .unwrap();
     let saved = tasks.get_task(&auth, &task.id).await.unwrap().unwrap();
@@ -128,14 +142,8 @@ pub async fn step_store_folds_a_task_with_its_queue_item_and_its_start(
     assert_eq!(history_len(threads, &auth, &task.thread_id).await, 1);
 
     let unknown = Task::new(task.thread_id.clone());
-    let err = steps
-        .persist_step_with_task(&auth, &lease, &input, &unknown, &[])
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AgentError::TaskNotFound { .. }),
-        "unknown task: {err:?}"
-    );
+    let persisted = steps.persist_step(&auth, &lease, &input, &unknown, SnapshotAndLog, &[]);
+    assert_task_not_found(persisted.await, "unknown task");
     assert!(
         tasks.get_task(&auth, &unknown.id).await.unwrap().is_none(),
         "an unknown task is not created"
@@ -149,7 +157,7 @@ pub async fn step_store_folds_a_task_with_its_queue_item_and_its_start(
     later.fail("late").unwrap();
     assert_lease_lost(
         steps
-            .persist_step_with_task(&auth, &lease, &input, &later, &[])
+            .persist_step(&auth, &lease, &input, &later, SnapshotAndLog, &[])
             .await,
         "stale lease",
     );

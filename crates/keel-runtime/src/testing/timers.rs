@@ -49,9 +49,11 @@ async fn timers_on(
     timers.thread_timers(auth, thread).await.unwrap()
 }
 
-/// The ids of the claimed timers, in claim order.
-fn claimed_ids(claimed: &[crate::ClaimedTimer]) -> Vec<&str> {
-    claimed.iter().map(|c| c.timer.id.as_str()).collect()
+/// Assert that `claimed` is `timer` alone; `rule` says why it should be.
+#[track_caller]
+fn assert_claimed_only(claimed: &[crate::ClaimedTimer], timer: &crate::TimerRecord, rule: &str) {
+    let ids: Vec<&str> = claimed.iter().map(|c| c.timer.id.as_str()).collect();
+    assert_eq!(ids, [timer.id.as_str()], "{rule}");
 }
 
 /// When `agent`'s next timer is due, if it has one.
@@ -156,11 +158,7 @@ pub async fn timers_schedule_list_and_cancel(timers: &dyn crate::ThreadTimers) {
             .unwrap(),
         &auth,
     );
-    assert_eq!(
-        claimed_ids(&claimed),
-        [later.id.as_str()],
-        "a canceled timer is never claimed"
-    );
+    assert_claimed_only(&claimed, &later, "a canceled timer is never claimed");
     assert!(
         timers.cancel_timer(&auth, &later.id).await.unwrap(),
         "a claimed timer can be canceled"
@@ -347,11 +345,7 @@ pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTi
         "an agent claims no other agent's timers"
     );
     let got_a = claim_for(timers, &a, now, ttl, &auth).await;
-    assert_eq!(
-        claimed_ids(&got_a),
-        [ta.id.as_str()],
-        "agent a claims its due timer only"
-    );
+    assert_claimed_only(&got_a, &ta, "agent a claims its due timer only");
     assert_eq!(got_a[0].timer.agent, a, "a claimed timer names its agent");
     let next_a = next_at(timers, &a).await.expect("a has timers");
     assert!(
@@ -359,19 +353,15 @@ pub async fn timers_are_claimed_only_by_their_agent(timers: &dyn crate::ThreadTi
         "next_timer_at ignores other agents' due timers (b's is due, a's are claimed or later)"
     );
     let got_b = claim_for(timers, &b, now, ttl, &auth).await;
-    assert_eq!(
-        claimed_ids(&got_b),
-        [tb.id.as_str()],
-        "agent b claims its own timer, untouched by a's claim"
+    assert_claimed_only(
+        &got_b,
+        &tb,
+        "agent b claims its own timer, untouched by a's claim",
     );
     // An ownerless timer (stored before timers had owners) goes to whichever agent claims.
     let legacy = schedule(timers, &auth, &thread, "", "old", json!(null), past).await;
     let got_legacy = claim_for(timers, &idle, now, ttl, &auth).await;
-    assert_eq!(
-        claimed_ids(&got_legacy),
-        [legacy.id.as_str()],
-        "any agent claims an ownerless timer"
-    );
+    assert_claimed_only(&got_legacy, &legacy, "any agent claims an ownerless timer");
     for claim in got_a.iter().chain(&got_b).chain(&got_legacy) {
         assert!(timers.complete_timer(claim).await.unwrap());
     }
@@ -395,10 +385,10 @@ pub async fn timers_are_claimed_once_by_two_claimers(
         claim_for(b, &agent, now, ttl, &auth)
     );
     let both: Vec<_> = x.into_iter().chain(y).collect();
-    assert_eq!(
-        claimed_ids(&both),
-        [timer.id.as_str()],
-        "exactly one of two claimers claims the timer"
+    assert_claimed_only(
+        &both,
+        &timer,
+        "exactly one of two claimers claims the timer",
     );
     assert!(
         b.complete_timer(&both[0]).await.unwrap(),
