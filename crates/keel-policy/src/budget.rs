@@ -557,6 +557,22 @@ fn exceeded(limit: BudgetLimit, used: u64, max: u64) -> AgentError {
 mod tests {
     use super::*;
 
+    /// An enforcer of a budget that has only the limits `set` sets.
+    fn limited(set: impl FnOnce(&mut RunBudget)) -> BudgetEnforcer {
+        let mut budget = RunBudget::default();
+        set(&mut budget);
+        BudgetEnforcer::new(budget)
+    }
+
+    /// Like [`limited`], on a clock the test moves by hand.
+    fn clocked(set: impl FnOnce(&mut RunBudget)) -> (ManualClock, BudgetEnforcer) {
+        let clock = ManualClock::new();
+        let mut budget = RunBudget::default();
+        set(&mut budget);
+        let enforcer = BudgetEnforcer::with_clock(budget, Arc::new(clock.clone()));
+        (clock, enforcer)
+    }
+
     fn manifest(tokens: u64) -> ContextManifest {
         ContextManifest {
             total_estimated_tokens: tokens,
@@ -584,10 +600,7 @@ mod tests {
 
     #[test]
     fn max_steps_stops_the_step_after_the_last_allowed() {
-        let mut b = BudgetEnforcer::new(RunBudget {
-            max_steps: Some(3),
-            ..Default::default()
-        });
+        let mut b = limited(|l| l.max_steps = Some(3));
         for _ in 0..3 {
             b.check_step().unwrap();
         }
@@ -598,10 +611,7 @@ mod tests {
 
     #[test]
     fn max_llm_calls_is_checked_before_the_call() {
-        let mut b = BudgetEnforcer::new(RunBudget {
-            max_llm_calls: Some(2),
-            ..Default::default()
-        });
+        let mut b = limited(|l| l.max_llm_calls = Some(2));
         b.check_llm_call(&manifest(1)).unwrap();
         b.check_llm_call(&manifest(1)).unwrap();
         assert_refused(b.check_llm_call(&manifest(1)), "max_llm_calls", 2, 2);
@@ -609,10 +619,7 @@ mod tests {
 
     #[test]
     fn max_input_tokens_uses_the_manifest_before_the_call() {
-        let mut b = BudgetEnforcer::new(RunBudget {
-            max_input_tokens: Some(1000),
-            ..Default::default()
-        });
+        let mut b = limited(|l| l.max_input_tokens = Some(1000));
         // A single oversized context is refused before any call is made.
         assert_refused(
             b.check_llm_call(&manifest(1001)),
@@ -636,10 +643,7 @@ mod tests {
 
     #[test]
     fn max_output_tokens_is_checked_once_usage_is_known() {
-        let mut b = BudgetEnforcer::new(RunBudget {
-            max_output_tokens: Some(100),
-            ..Default::default()
-        });
+        let mut b = limited(|l| l.max_output_tokens = Some(100));
         b.check_llm_call(&manifest(1)).unwrap();
         b.record_llm_usage(1, 100);
         b.check_output_tokens().unwrap(); // at the limit: this call is fine ...
@@ -650,10 +654,7 @@ mod tests {
             100,
             100,
         );
-        let mut b = BudgetEnforcer::new(RunBudget {
-            max_output_tokens: Some(100),
-            ..Default::default()
-        });
+        let mut b = limited(|l| l.max_output_tokens = Some(100));
         b.check_llm_call(&manifest(1)).unwrap();
         b.record_llm_usage(1, 150);
         assert_refused(b.check_output_tokens(), "max_output_tokens", 150, 100);
@@ -661,20 +662,14 @@ mod tests {
 
     #[test]
     fn max_tool_calls_is_checked_before_the_tool_runs() {
-        let mut b = BudgetEnforcer::new(RunBudget {
-            max_tool_calls: Some(1),
-            ..Default::default()
-        });
+        let mut b = limited(|l| l.max_tool_calls = Some(1));
         b.check_tool_call().unwrap();
         assert_refused(b.check_tool_call(), "max_tool_calls", 1, 1);
     }
 
     #[test]
     fn max_cost_refuses_a_call_whose_estimate_would_pass_it_and_counts_what_calls_cost() {
-        let mut b = BudgetEnforcer::new(RunBudget {
-            max_cost_micros: Some(1000),
-            ..Default::default()
-        });
+        let mut b = limited(|l| l.max_cost_micros = Some(1000));
         // An estimate alone over the limit is refused before anything is spent.
         assert_refused(b.check_llm_cost(1001), "max_cost_micros", 0, 1000);
         b.check_llm_cost(600).unwrap();
@@ -688,14 +683,7 @@ mod tests {
 
     #[test]
     fn runtime_is_checked_on_every_check() {
-        let clock = ManualClock::new();
-        let mut b = BudgetEnforcer::with_clock(
-            RunBudget {
-                max_runtime_seconds: Some(10.0),
-                ..Default::default()
-            },
-            Arc::new(clock.clone()),
-        );
+        let (clock, mut b) = clocked(|l| l.max_runtime_seconds = Some(10.0));
         b.check_step().unwrap();
         clock.advance(Duration::from_secs(11));
         assert_refused(b.check_step(), "max_runtime_seconds", 11, 10);
@@ -708,21 +696,16 @@ mod tests {
 
     #[test]
     fn resumed_run_carries_its_runtime_and_counters() {
-        let clock = ManualClock::new();
         let prior = BudgetUsage {
             steps: 2,
             runtime_seconds: 9.5,
             ..Default::default()
         };
-        let mut b = BudgetEnforcer::with_clock(
-            RunBudget {
-                max_steps: Some(3),
-                max_runtime_seconds: Some(10.0),
-                ..Default::default()
-            },
-            Arc::new(clock.clone()),
-        )
-        .resuming(prior);
+        let (clock, b) = clocked(|l| {
+            l.max_steps = Some(3);
+            l.max_runtime_seconds = Some(10.0);
+        });
+        let mut b = b.resuming(prior);
         b.check_step().unwrap();
         assert!(b.check_step().is_err());
         clock.advance(Duration::from_secs(1));
@@ -732,16 +715,11 @@ mod tests {
 
     #[test]
     fn warnings_are_raised_once_per_limit_near_the_limit() {
-        let clock = ManualClock::new();
-        let mut b = BudgetEnforcer::with_clock(
-            RunBudget {
-                max_steps: Some(5),
-                max_tool_calls: Some(10),
-                max_runtime_seconds: Some(100.0),
-                ..Default::default()
-            },
-            Arc::new(clock.clone()),
-        );
+        let (clock, mut b) = clocked(|l| {
+            l.max_steps = Some(5);
+            l.max_tool_calls = Some(10);
+            l.max_runtime_seconds = Some(100.0);
+        });
         let mut seen = Vec::new();
         for _ in 0..5 {
             seen.extend(b.check_step().unwrap());
@@ -764,11 +742,7 @@ mod tests {
 
     #[test]
     fn warning_fraction_is_configurable() {
-        let mut b = BudgetEnforcer::new(RunBudget {
-            max_tool_calls: Some(10),
-            ..Default::default()
-        })
-        .with_warning_fraction(0.5);
+        let mut b = limited(|l| l.max_tool_calls = Some(10)).with_warning_fraction(0.5);
         let counts: Vec<usize> = (0..10)
             .map(|_| b.check_tool_call().unwrap().len())
             .collect();
