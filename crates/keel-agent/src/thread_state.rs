@@ -9,7 +9,9 @@ use futures::future::BoxFuture;
 use keel_core::{AgentError, AgentResult, Message, ThreadId};
 use keel_events::EventSink;
 use keel_llm::ToolCall;
-use keel_runtime::{AuthContext, ChildThread, HistoryEntry, LogLevel, QueuedItem, Runtime};
+use keel_runtime::{
+    AuthContext, ChildThread, HistoryEntry, LogLevel, QueuedItem, Runtime, ThreadStore,
+};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -28,6 +30,19 @@ pub(crate) const TERMINATED_KEY: &str = TERMINATED_AT_KEY;
 pub const TERMINATED_AT_KEY: &str = "keel:terminated_at";
 /// The cancel reason of a run whose thread was terminated.
 pub(crate) const TERMINATED_REASON: &str = "thread terminated";
+
+/// Set `key` of `thread_id`'s key-value store to the current time (an RFC 3339 string): how
+/// Keel records that something happened to a thread once (terminated, immediate kinds
+/// activated), where only the key's presence and the time matter.
+pub(crate) async fn mark_now(
+    store: &dyn ThreadStore,
+    auth: &AuthContext,
+    thread_id: &ThreadId,
+    key: &str,
+) -> AgentResult<()> {
+    let now = json!(Utc::now().to_rfc3339());
+    store.kv_set(auth, thread_id, key, now).await
+}
 
 /// An effect handler: gets the thread and the payload, and may queue messages and tools.
 pub(crate) type EffectFn =
@@ -293,14 +308,7 @@ impl ThreadState {
     /// `terminated` in its parent's registry when it is a subagent.
     pub async fn terminate(&self) -> AgentResult<()> {
         let store = self.runtime().thread_store();
-        store
-            .kv_set(
-                &self.auth,
-                &self.thread_id,
-                TERMINATED_KEY,
-                json!(Utc::now().to_rfc3339()),
-            )
-            .await?;
+        mark_now(&*store, &self.auth, &self.thread_id, TERMINATED_KEY).await?;
         self.host
             .cancel_thread_runs(&self.auth, &self.thread_id, TERMINATED_REASON);
         if store.child(&self.auth, &self.thread_id).await?.is_some() {

@@ -20,7 +20,7 @@ use super::spec::*;
 use crate::attachments::{copy_attachment, parse_uri, references_in};
 use crate::executor::config::SendOptions;
 use crate::observe::RunObs;
-use crate::thread_state::{ThreadHost, ThreadState, TERMINATED_KEY};
+use crate::thread_state::{mark_now, ThreadHost, ThreadState, TERMINATED_KEY};
 use crate::tool::ToolContext;
 use crate::work::QueuedWork;
 
@@ -475,14 +475,7 @@ pub(super) async fn deliver_from_child(
     if !child.resumable && task.state().is_terminal() {
         // The child's only run is ending here: mark the thread terminated without canceling
         // that run (ThreadState::terminate would).
-        store
-            .kv_set(
-                auth,
-                &child.thread_id,
-                crate::thread_state::TERMINATED_KEY,
-                json!(Utc::now().to_rfc3339()),
-            )
-            .await?;
+        mark_now(&*store, auth, &child.thread_id, TERMINATED_KEY).await?;
         store
             .set_child_status(auth, &child.thread_id, "terminated")
             .await?;

@@ -17,6 +17,7 @@ use super::delivery::*;
 use super::keys::*;
 use super::scoped::*;
 use super::spec::*;
+use crate::thread_state::mark_now;
 use crate::tool::{Tool, ToolContext};
 
 /// Check the specs and build the built-in tools for them.
@@ -80,14 +81,7 @@ pub(crate) async fn activate_immediate(
         return Ok(());
     }
     // Marked first: a crash in between loses the activation rather than creating twice.
-    store
-        .kv_set(
-            &ctx.auth,
-            &ctx.thread_id,
-            IMMEDIATE_KEY,
-            json!(Utc::now().to_rfc3339()),
-        )
-        .await?;
+    mark_now(&*store, &ctx.auth, &ctx.thread_id, IMMEDIATE_KEY).await?;
     let first_message = history
         .iter()
         .find(|m| m.role == LlmRole::User)
