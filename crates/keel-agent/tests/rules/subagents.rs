@@ -235,15 +235,24 @@ async fn subagent_create_runs_a_child_thread_linked_in_the_registry() {
 }
 
 #[tokio::test]
-async fn subagent_create_needs_a_non_empty_name() {
-    let (_runtime, auth, exec, task) = lead_asked(
-        |kind| kind,
-        vec![create("  ", "find A"), MockResponse::Text("ok".into())],
-    )
-    .await;
-    let results = tool_results(&exec, &auth, &task.thread_id).await;
-    assert!(results[0].contains("non-empty name"), "{results:?}");
-    assert!(exec.thread(&auth, task.thread_id).children().await.unwrap().is_empty());
+async fn an_invalid_create_is_a_tool_error_and_creates_nothing() {
+    let cases = [
+        // A subagent needs a non-empty name.
+        (json!({"name": "  ", "message": "find A"}), "non-empty name"),
+        // An attachment the parent does not have.
+        (
+            json!({"name": "alpha", "message": "read", "attachments": ["missing.txt"]}),
+            "missing.txt",
+        ),
+    ];
+    for (args, error) in cases {
+        let call = MockResponse::ToolCalls(vec![ToolCall::new("subagent_create", args)]);
+        let (_runtime, auth, exec, task) =
+            lead_asked(|kind| kind, vec![call, MockResponse::Text("ok".into())]).await;
+        let results = tool_results(&exec, &auth, &task.thread_id).await;
+        assert!(results[0].contains(error), "{results:?}");
+        assert!(exec.thread(&auth, task.thread_id).children().await.unwrap().is_empty());
+    }
 }
 
 #[tokio::test]
@@ -463,24 +472,6 @@ async fn a_parents_attachments_are_copied_into_the_childs_own_store() {
         })
         .collect();
     assert_eq!(parts, [child_uri]);
-}
-
-#[tokio::test]
-async fn an_unknown_attachment_is_a_tool_error_and_creates_nothing() {
-    let (_runtime, auth, exec, task) = lead_asked(
-        |kind| kind,
-        vec![
-            MockResponse::ToolCalls(vec![ToolCall::new(
-                "subagent_create",
-                json!({"name": "alpha", "message": "read", "attachments": ["missing.txt"]}),
-            )]),
-            MockResponse::Text("ok".into()),
-        ],
-    )
-    .await;
-    let results = tool_results(&exec, &auth, &task.thread_id).await;
-    assert!(results[0].contains("missing.txt"), "{results:?}");
-    assert!(exec.thread(&auth, task.thread_id).children().await.unwrap().is_empty());
 }
 
 /// A child whose only step writes `report.txt` into its own store and ends with the file's
