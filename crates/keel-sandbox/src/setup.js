@@ -24,12 +24,8 @@
   const getTime = Date.prototype.getTime;
   const mapSize = getter(Map.prototype, 'size');
   const setSize = getter(Set.prototype, 'size');
-  const mapForEach = Map.prototype.forEach;
-  const setForEach = Set.prototype.forEach;
-  const mapSet = Map.prototype.set;
-  const mapGet = Map.prototype.get;
-  const mapDelete = Map.prototype.delete;
-  const setAdd = Set.prototype.add;
+  const { forEach: mapForEach, set: mapSet, get: mapGet, delete: mapDelete } = Map.prototype;
+  const { forEach: setForEach, add: setAdd } = Set.prototype;
   const TypedArrayProto = getPrototypeOf(Uint8Array.prototype);
   const taTag = getter(TypedArrayProto, Symbol.toStringTag);
   const taBuffer = getter(TypedArrayProto, 'buffer');
