@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use keel_agent::{approval_part, Agent, AgentBuilder, AgentExecutor, FnTool, SendOptions};
 use keel_core::{
-    AgentCard, AgentError, ApprovalOutcome, Message, RunBudget, RunContext, Task, TaskState,
-    ThreadId,
+    AgentCard, AgentError, AgentResult, ApprovalDecision, ApprovalOutcome, Message, RunBudget,
+    RunContext, Task, TaskState, ThreadId,
 };
 use keel_events::{
     assert_no_denied_actions, assert_run_events, normalize, InMemoryEventSink, Match, RunEvent,
@@ -100,6 +100,13 @@ impl Records {
             .send_message(&self.auth, Message::user(text), options)
             .await
             .unwrap()
+    }
+
+    /// Answer `task`'s pending approval with `decision`.
+    async fn decide(&self, task: &Task, decision: ApprovalDecision) -> AgentResult<Task> {
+        self.exec
+            .decide_approval(&self.auth, &task.id, decision)
+            .await
     }
 
     fn writes(&self) -> usize {
@@ -284,7 +291,6 @@ async fn without_a_handler_approval_fails_closed_and_waits_durably_for_a_decisio
     );
     assert_eq!(records.writes(), 0, "fail closed: nothing ran");
     let pending = pending_approval(&task);
-    let (exec, auth) = (&records.exec, &records.auth);
     assert_eq!(
         pending.action.capabilities,
         ["records.write"],
@@ -302,14 +308,11 @@ async fn without_a_handler_approval_fails_closed_and_waits_durably_for_a_decisio
     // A decision for another request is refused.
     let mut wrong = approve_request(&pending, "ops");
     wrong.request_id = "someone-else".into();
-    let err = exec
-        .decide_approval(auth, &task.id, wrong)
-        .await
-        .unwrap_err();
+    let err = records.decide(&task, wrong).await.unwrap_err();
     assert!(matches!(err, AgentError::InvalidInput { .. }));
 
-    let done = exec
-        .decide_approval(auth, &task.id, approve_request(&pending, "ops"))
+    let done = records
+        .decide(&task, approve_request(&pending, "ops"))
         .await
         .unwrap();
     assert_eq!(done.state(), TaskState::Completed, "{:?}", done.status());
@@ -322,11 +325,7 @@ async fn a_denied_approval_becomes_a_tool_error() {
     let records = Records::writing(1, |agent| agent.policy(approval_required()));
     let task = records.send("write").await;
     let denial = deny_request(&pending_approval(&task), "not today");
-    let done = records
-        .exec
-        .decide_approval(&records.auth, &task.id, denial)
-        .await
-        .unwrap();
+    let done = records.decide(&task, denial).await.unwrap();
     assert_eq!(done.state(), TaskState::Completed);
     assert_eq!(records.writes(), 0);
 }
