@@ -12,7 +12,7 @@ use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent, TaskId, TaskState, ThreadId};
 use keel_llm::MockLlm;
 use keel_runtime::{
-    testing, AuthContext, ChildThread, KvLimits, ListTasksFilter, MemoryService, SubagentRegistry,
+    testing, AuthContext, ChildThread, ListTasksFilter, MemoryService, SubagentRegistry,
     TaskManager, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue, ThreadStore,
 };
 use keel_store_redis::RedisStore;
@@ -141,13 +141,9 @@ async fn a_stale_holder_on_one_store_cannot_write_after_another_store_takes_over
 #[tokio::test(flavor = "multi_thread")]
 async fn the_key_count_cap_holds_under_concurrent_writers_on_two_stores() {
     let prefix = support::fresh_prefix();
-    let limits = KvLimits {
-        max_keys: 10,
-        ..KvLimits::DEFAULT
-    };
     let stores = [
-        support::store(&prefix).await.with_kv_limits(limits),
-        support::store(&prefix).await.with_kv_limits(limits),
+        support::capped_store(&prefix, 10).await,
+        support::capped_store(&prefix, 10).await,
     ];
     let (auth, thread) = (tenant("kv"), fresh_thread());
     let writes = race(&stores, 40, |store, i| {
