@@ -58,29 +58,13 @@ impl WriteOrder {
         Self((0..STRIPES).map(|_| tokio::sync::RwLock::new(())).collect())
     }
 
-    fn stripe(&self, tenant: &str, thread: &str) -> &tokio::sync::RwLock<()> {
+    /// The lock of the stripe that `tenant`'s `thread` falls in: a lease operation holds it
+    /// shared (`read`) while it runs, a release exclusively (`write`).
+    pub(crate) fn stripe(&self, tenant: &str, thread: &str) -> &tokio::sync::RwLock<()> {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (tenant, thread).hash(&mut hasher);
         &self.0[(hasher.finish() % STRIPES as u64) as usize]
-    }
-
-    /// The guard a lease operation other than a release holds while it runs.
-    pub(crate) async fn shared(
-        &self,
-        tenant: &str,
-        thread: &str,
-    ) -> tokio::sync::RwLockReadGuard<'_, ()> {
-        self.stripe(tenant, thread).read().await
-    }
-
-    /// The guard a release of the thread's lease holds while it runs.
-    pub(crate) async fn exclusive(
-        &self,
-        tenant: &str,
-        thread: &str,
-    ) -> tokio::sync::RwLockWriteGuard<'_, ()> {
-        self.stripe(tenant, thread).write().await
     }
 }
 
@@ -115,7 +99,7 @@ impl ThreadLeases for PostgresStore {
     async fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>> {
         let ttl = lease_ttl(ask.ttl)?;
         let (tenant, thread) = (auth.namespace(), ask.thread_id.as_str());
-        let _in_order = self.order.shared(&tenant, thread).await;
+        let _in_order = self.order.stripe(&tenant, thread).read().await;
         let client = self.client().await?;
         let now = Utc::now();
         let expires_at = now + ttl;
@@ -147,7 +131,7 @@ impl ThreadLeases for PostgresStore {
         let ttl = lease_ttl(renewal.ttl)?;
         let (tenant, thread, token, now) = fence_args(auth, lease);
         let expires_at = from_nanos(now) + ttl;
-        let _in_order = self.order.shared(&tenant, &thread).await;
+        let _in_order = self.order.stripe(&tenant, &thread).read().await;
         let renewed = self
             .execute(
                 RENEW,
@@ -165,7 +149,7 @@ impl ThreadLeases for PostgresStore {
         // Only the current holder's lease goes: releasing a stale lease must not free the
         // thread under its new holder.
         let (tenant, thread) = (auth.namespace(), lease.thread_id.as_str());
-        let _after_writes = self.order.exclusive(&tenant, thread).await;
+        let _after_writes = self.order.stripe(&tenant, thread).write().await;
         self.execute(
             RELEASE,
             &[&tenant, &thread, &to_sql_int(lease.token)],

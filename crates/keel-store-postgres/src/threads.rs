@@ -233,9 +233,10 @@ impl PostgresStore {
         let (tenant, thread, token, now) = fence_args(auth, lease);
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&tenant, &thread, &token, &now];
         params.extend_from_slice(args);
+        let stripe = self.order.stripe(&tenant, &thread);
         let _in_order = match releases {
-            false => (Some(self.order.shared(&tenant, &thread).await), None),
-            true => (None, Some(self.order.exclusive(&tenant, &thread).await)),
+            false => (Some(stripe.read().await), None),
+            true => (None, Some(stripe.write().await)),
         };
         let row = self.query_one(sql, &params, op).await?;
         if !row.get::<_, bool>(0) {

@@ -12,7 +12,7 @@ use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent, TaskId, TaskState, ThreadId};
 use keel_llm::MockLlm;
 use keel_runtime::{
-    testing, AuthContext, ChildThread, KvLimits, ListTasksFilter, MemoryService, SubagentRegistry,
+    testing, AuthContext, ChildThread, ListTasksFilter, MemoryService, SubagentRegistry,
     TaskManager, ThreadHistory, ThreadKv, ThreadLeases, ThreadQueue, ThreadStore,
 };
 use keel_store_redis::RedisStore;
@@ -24,6 +24,13 @@ fn tenant(user: &str) -> AuthContext {
 
 fn fresh_thread() -> ThreadId {
     ThreadId::from(format!("thread-{}", uuid::Uuid::new_v4().simple()))
+}
+
+/// A new task whose first message says `text`, saved in `store`.
+async fn saved_task(store: &RedisStore, auth: &AuthContext, text: &str) -> Task {
+    let task = Task::create(Message::user(text));
+    store.save_task(auth, &task).await.unwrap();
+    task
 }
 
 /// The raw key of a task snapshot, as the crate docs lay it out.
@@ -53,8 +60,7 @@ where
 async fn a_task_saved_by_one_store_is_read_by_another() {
     let (prefix, a, b) = support::fresh_two_stores().await;
     let auth = tenant("shared");
-    let task = Task::create(Message::user("hello from a"));
-    a.save_task(&auth, &task).await.unwrap();
+    let task = saved_task(&a, &auth, "hello from a").await;
     a.add_task_event(
         &auth,
         &task.id,
@@ -81,8 +87,7 @@ async fn stores_with_different_prefixes_share_nothing() {
     let (p1, p2) = (support::fresh_prefix(), support::fresh_prefix());
     let (a, b) = (support::store(&p1).await, support::store(&p2).await);
     let auth = tenant("same-tenant");
-    let task = Task::create(Message::user("only under p1"));
-    a.save_task(&auth, &task).await.unwrap();
+    let task = saved_task(&a, &auth, "only under p1").await;
     assert_eq!(b.get_task(&auth, &task.id).await.unwrap(), None);
     support::clean_up(&p1).await;
 }
@@ -141,13 +146,9 @@ async fn a_stale_holder_on_one_store_cannot_write_after_another_store_takes_over
 #[tokio::test(flavor = "multi_thread")]
 async fn the_key_count_cap_holds_under_concurrent_writers_on_two_stores() {
     let prefix = support::fresh_prefix();
-    let limits = KvLimits {
-        max_keys: 10,
-        ..KvLimits::DEFAULT
-    };
     let stores = [
-        support::store(&prefix).await.with_kv_limits(limits),
-        support::store(&prefix).await.with_kv_limits(limits),
+        support::capped_store(&prefix, 10).await,
+        support::capped_store(&prefix, 10).await,
     ];
     let (auth, thread) = (tenant("kv"), fresh_thread());
     let writes = race(&stores, 40, |store, i| {
@@ -197,8 +198,7 @@ async fn queue_items_pushed_through_two_stores_are_each_queued_once() {
 async fn malformed_stored_data_is_a_storage_error() {
     let (prefix, store) = support::fresh_store().await;
     let auth = tenant("corrupt");
-    let task = Task::create(Message::user("soon garbage"));
-    store.save_task(&auth, &task).await.unwrap();
+    let task = saved_task(&store, &auth, "soon garbage").await;
     let key = task_key(&prefix, &auth, &task.id);
     let mut raw = support::raw().await;
 

@@ -6,19 +6,15 @@ mod support;
 use std::sync::Arc;
 
 use keel_llm::MockLlm;
-use keel_runtime::{testing, KvLimits};
+use keel_runtime::testing;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_store_passes_the_conformance_suite() {
     let prefix = support::fresh_prefix();
-    let limits = KvLimits {
-        max_keys: 16,
-        ..KvLimits::DEFAULT
-    };
-    let store = support::store(&prefix).await.with_kv_limits(limits);
+    let store = support::capped_store(&prefix, 16).await;
     // The thread store as `RedisStore::services` wires it: behind the shared input checks.
     let threads = store.services(Arc::new(MockLlm::new())).threads;
-    testing::run_all(&store, &store, threads, limits, &store).await;
+    testing::run_all(&store, &store, threads, store.kv_limits(), &store).await;
     testing::step_store_writes_history_and_log_together(&store, &store, &store).await;
     support::clean_up(&prefix).await;
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_core::conversation::LlmMessage;
-use keel_core::{AgentError, Message, RunContext, Task, TaskEvent};
+use keel_core::{AgentError, AgentResult, Message, RunContext, Task, TaskEvent};
 use keel_runtime::testing::eventually;
 use keel_runtime::{
     load_task_with_history, AuthContext, ListTasksFilter, MemoryService, TaskManager,
@@ -71,6 +71,21 @@ async fn saved_task(store: &SqliteStore, auth: &AuthContext) -> Task {
     task
 }
 
+/// Append `message` to `task`'s log in `store`.
+async fn add_message(store: &SqliteStore, auth: &AuthContext, task: &Task, message: Message) {
+    store
+        .add_task_event(auth, &task.id, &TaskEvent::Message { message })
+        .await
+        .unwrap();
+}
+
+/// The error of `result`, which must be a storage error.
+fn storage_error<T: std::fmt::Debug>(result: AgentResult<T>) -> AgentError {
+    let err = result.unwrap_err();
+    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    err
+}
+
 fn hold_write_lock(path: &Path) -> Connection {
     let conn = Connection::open(path).expect("raw connection");
     conn.execute_batch("BEGIN IMMEDIATE")
@@ -89,16 +104,7 @@ async fn data_survives_reopening_the_file() {
     let (queued, token) = {
         let store = SqliteStore::open(db_path(&dir)).unwrap();
         store.save_task(&auth, &task).await.unwrap();
-        store
-            .add_task_event(
-                &auth,
-                &task.id,
-                &TaskEvent::Message {
-                    message: task.history[0].clone(),
-                },
-            )
-            .await
-            .unwrap();
+        add_message(&store, &auth, &task, task.history[0].clone()).await;
         store
             .kv_set(&auth, &thread, "plan", json!({"step": 2}))
             .await
@@ -161,16 +167,7 @@ async fn data_survives_reopening_the_file() {
 async fn corrupt_stored_json_is_a_storage_error() {
     let (dir, store, auth) = fresh_store();
     let task = saved_task(&store, &auth).await;
-    store
-        .add_task_event(
-            &auth,
-            &task.id,
-            &TaskEvent::Message {
-                message: Message::agent("a"),
-            },
-        )
-        .await
-        .unwrap();
+    add_message(&store, &auth, &task, Message::agent("a")).await;
     store
         .kv_set(&auth, &task.thread_id, "k", json!(1))
         .await
@@ -188,21 +185,14 @@ async fn corrupt_stored_json_is_a_storage_error() {
     raw.execute("UPDATE thread_kv SET value = '{'", []).unwrap();
     drop(raw);
 
-    let err = store.get_task(&auth, &task.id).await.unwrap_err();
-    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    let err = storage_error(store.get_task(&auth, &task.id).await);
     assert!(
         err.to_string().contains(task.id.as_str()),
         "the error names the record: {err}"
     );
-    let err = store
-        .list_tasks(&auth, &ListTasksFilter::default())
-        .await
-        .unwrap_err();
-    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
-    let err = store.get_task_events(&auth, &task.id).await.unwrap_err();
-    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
-    let err = store.kv_get(&auth, &task.thread_id, "k").await.unwrap_err();
-    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    storage_error(store.list_tasks(&auth, &ListTasksFilter::default()).await);
+    storage_error(store.get_task_events(&auth, &task.id).await);
+    storage_error(store.kv_get(&auth, &task.thread_id, "k").await);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -215,8 +205,7 @@ async fn a_record_of_a_newer_format_is_refused() {
         [],
     )
     .unwrap();
-    let err = store.get_task(&auth, &task.id).await.unwrap_err();
-    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    let err = storage_error(store.get_task(&auth, &task.id).await);
     assert!(err.to_string().contains("newer"), "{err}");
 }
 
@@ -228,8 +217,7 @@ async fn a_newer_schema_version_is_refused_with_a_clear_error() {
     raw.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
         .unwrap();
     drop(raw);
-    let err = SqliteStore::open(db_path(&dir)).unwrap_err();
-    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    let err = storage_error(SqliteStore::open(db_path(&dir)));
     let text = err.to_string();
     assert!(text.contains("newer"), "{text}");
     assert!(
@@ -246,8 +234,7 @@ async fn a_newer_schema_version_is_refused_with_a_clear_error() {
 async fn opening_in_a_missing_directory_names_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("no").join("such").join("keel.db");
-    let err = SqliteStore::open(&path).unwrap_err();
-    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    let err = storage_error(SqliteStore::open(&path));
     assert!(
         err.to_string().contains(&path.display().to_string()),
         "the error names the path: {err}"
@@ -259,8 +246,7 @@ async fn opening_a_file_that_is_not_a_database_names_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = db_path(&dir);
     std::fs::write(&path, vec![b'x'; 4096]).unwrap();
-    let err = SqliteStore::open(&path).unwrap_err();
-    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    let err = storage_error(SqliteStore::open(&path));
     assert!(
         err.to_string().contains(&path.display().to_string()),
         "the error names the path: {err}"
@@ -498,11 +484,7 @@ async fn save_task_with_events_writes_nothing_when_an_event_fails() {
             message: Message::agent("b"),
         },
     ];
-    let err = store
-        .save_task_with_events(&auth, &task, &events)
-        .await
-        .unwrap_err();
-    assert!(matches!(err, AgentError::Storage { .. }), "{err:?}");
+    storage_error(store.save_task_with_events(&auth, &task, &events).await);
     assert_eq!(
         store.get_task(&auth, &task.id).await.unwrap(),
         None,

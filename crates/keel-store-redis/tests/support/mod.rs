@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test file uses a different subset
 
+use keel_runtime::KvLimits;
 use keel_store_redis::RedisStore;
 
 /// The server under test: `REDIS_URL`, default `redis://127.0.0.1:6379`.
@@ -26,6 +27,16 @@ pub async fn store(prefix: &str) -> RedisStore {
             redis_url()
         ),
     }
+}
+
+/// [`store`] with a key-count cap of `max_keys` per thread (the other limits the defaults):
+/// a cap small enough for a test to reach.
+pub async fn capped_store(prefix: &str, max_keys: usize) -> RedisStore {
+    let limits = KvLimits {
+        max_keys,
+        ..KvLimits::DEFAULT
+    };
+    store(prefix).await.with_kv_limits(limits)
 }
 
 /// A raw connection, for inspecting and corrupting keys behind the store's back. Its reply
