@@ -205,13 +205,15 @@ impl RunLoop<'_> {
         let mut message = Message::new(Role::Agent, parts);
         message.task_id = Some(self.task.id.clone());
         message.thread_id = Some(self.task.thread_id.clone());
-        let event = TaskEvent::Message {
-            message: message.clone(),
-        };
+        // Moved into the event and back out, so that a large tool output is not copied.
+        let event = TaskEvent::Message { message };
         self.inner
             .write_point(self.flow, &messages, &self.task, &event)
             .await?;
         self.history.extend(messages);
+        let TaskEvent::Message { message } = event else {
+            unreachable!("built as a message above")
+        };
         Ok(message)
     }
 
