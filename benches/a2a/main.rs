@@ -29,7 +29,7 @@
 //! `KEEL_BENCH_BACKENDS` (of memory,sqlite,redis,postgres), `KEEL_BENCH_SCENARIOS` (of
 //! send,send-async,get,stream), `KEEL_BENCH_SENDS` (N of the memory figures, default 100000;
 //! 0 skips them), `KEEL_BENCH_CAPACITY` (the capacity figure's connection levels, default
-//! 64,256,1024,2048; 0 skips it), `REDIS_URL`. `KEEL_BENCH_KEEL_BIN` and `KEEL_BENCH_PEERS_DIR` (set by xtask)
+//! 64,128,256,512,768: up to the default work slots of one tenant; 0 skips it), `REDIS_URL`. `KEEL_BENCH_KEEL_BIN` and `KEEL_BENCH_PEERS_DIR` (set by xtask)
 //! say where the binaries are. `KEEL_BENCH_BASE_BIN`, when set, names a second `keel` binary
 //! (say, a release build of the commit before a change) that runs beside the current one on
 //! each store, as `keel-base`, with Keel's req/s over it in the `keel/base` column.
@@ -143,7 +143,7 @@ impl Settings {
             stores: pick("KEEL_BENCH_BACKENDS", &Store::ALL, |s| s.name())?,
             scenarios: pick("KEEL_BENCH_SCENARIOS", &Scenario::ALL, |s| s.name())?,
             sends: number("KEEL_BENCH_SENDS", 100_000)?,
-            capacity: levels("KEEL_BENCH_CAPACITY", &[64, 256, 1024, 2048])?,
+            capacity: levels("KEEL_BENCH_CAPACITY", &[64, 128, 256, 512, 768])?,
             redis_url: std::env::var("REDIS_URL")
                 .unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
             keel_bin: path("KEEL_BENCH_KEEL_BIN", target.join("release/keel")),

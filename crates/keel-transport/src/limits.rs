@@ -35,7 +35,9 @@ impl Default for Limits {
         Self {
             max_batch_requests: 32,
             max_message_parts: 128,
-            max_requests_per_tenant: 256,
+            // As many as the engine runs threads by default (decision 276): a blocking send
+            // holds its request for its whole run.
+            max_requests_per_tenant: 1024,
         }
     }
 }

@@ -38,13 +38,20 @@ impl SendOptions {
 /// usually waits between SIGTERM and SIGKILL.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The default of [`ExecutorConfig::max_concurrent_threads`] (decision 276): a thousand
+/// conversations waiting on their models at once, not a few dozen.
+const DEFAULT_MAX_THREADS: usize = 1024;
+
 /// Tuning of an [`AgentExecutor`].
 #[derive(Debug, Clone)]
 pub struct ExecutorConfig {
     /// How long a thread lease lasts without renewal; a crashed process's threads are taken
     /// over after this long.
     pub lease_ttl: Duration,
-    /// How many threads this process runs at once; more wait for a slot.
+    /// How many threads this process runs at once; more wait for a slot. A running thread
+    /// spends most of its time waiting on a model, holding memory but no core, so the
+    /// default is sized by memory (about a hundred KiB a running thread; decision 276), not
+    /// by cores.
     pub max_concurrent_threads: usize,
     /// How many of those slots one tenant may hold at once (capped at
     /// `max_concurrent_threads`); its further threads wait for one of its own to finish, so
@@ -88,8 +95,8 @@ impl Default for ExecutorConfig {
     fn default() -> Self {
         Self {
             lease_ttl: Duration::from_secs(30),
-            max_concurrent_threads: 64,
-            max_threads_per_tenant: 48,
+            max_concurrent_threads: DEFAULT_MAX_THREADS,
+            max_threads_per_tenant: DEFAULT_MAX_THREADS / 4 * 3,
             max_queued_per_thread: 100,
             max_queued_per_tenant: 1000,
             poll_interval: Duration::from_millis(200),

@@ -242,3 +242,69 @@ async fn the_final_status_carries_the_logged_answer_under_its_own_id() {
         assert_eq!(status.text(), "You said: hi");
     }
 }
+
+/// With the default tuning, hundreds of conversations wait on their tools (or models) at
+/// once: a running thread holds memory, not a core (decision 276). Under the old default of
+/// 48 slots a tenant, only 48 of these would reach the gate and the rest would queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_tuning_runs_hundreds_of_waiting_threads_at_once() {
+    const AT_ONCE: usize = 300;
+    let arrived = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (all_arrived, release) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Semaphore::new(0)),
+    );
+    let gate = {
+        let (arrived, all_arrived, release) =
+            (arrived.clone(), all_arrived.clone(), release.clone());
+        crate::FnTool::new(
+            "gate",
+            "Wait for the test",
+            json!({"type": "object"}),
+            move |_, _| {
+                let (arrived, all_arrived, release) =
+                    (arrived.clone(), all_arrived.clone(), release.clone());
+                async move {
+                    if arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == AT_ONCE {
+                        all_arrived.notify_one();
+                    }
+                    release
+                        .acquire()
+                        .await
+                        .expect("the gate stays open")
+                        .forget();
+                    Ok(json!("through"))
+                }
+            },
+        )
+    };
+    let agent = Agent::builder(keel_core::AgentCard::new("gated", "Waits", "http://x"))
+        .tool(gate)
+        .build()
+        .unwrap();
+    let (_, runtime) = recorded();
+    let auth = runtime.auth_service().auth_context();
+    let executor = Arc::new(AgentExecutor::new(agent, runtime));
+    let sends: Vec<_> = (0..AT_ONCE)
+        .map(|_| {
+            let (executor, auth) = (executor.clone(), auth.clone());
+            tokio::spawn(async move {
+                executor
+                    .send_message(&auth, Message::user("/gate"), SendOptions::default())
+                    .await
+            })
+        })
+        .collect();
+    // A bound only so that a regression fails instead of hanging; the test goes on as soon as
+    // the last thread arrives.
+    let waited = tokio::time::timeout(Duration::from_secs(120), all_arrived.notified()).await;
+    assert!(
+        waited.is_ok(),
+        "only {} of {AT_ONCE} threads reached the gate at once",
+        arrived.load(std::sync::atomic::Ordering::SeqCst)
+    );
+    release.add_permits(AT_ONCE);
+    for send in sends {
+        assert_eq!(send.await.unwrap().unwrap().state(), TaskState::Completed);
+    }
+}
