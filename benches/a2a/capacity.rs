@@ -3,7 +3,8 @@
 //! once while its p99 stays within [`OVERHEAD`] of that wait, and the memory each one takes.
 //!
 //! Each level is `C` keep-alive connections sending blocking SendMessage (each a new
-//! conversation), so `C` tasks are in flight at every moment. The server's resident memory is
+//! conversation), so `C` tasks are in flight at every moment; each connection's first send
+//! starts at a random moment within the model's wait, as conversations arrive over time. The server's resident memory is
 //! sampled through the run; its peak over the idle server, divided by `C`, is the memory of
 //! one in-flight task.
 
@@ -54,6 +55,10 @@ pub fn capacity(bench: &mut Bench, levels: &[u32]) -> Result<(), String> {
             scenario: Scenario::Send.name(),
             prefix: &prefix,
             task_id: "",
+            // Conversations arrive over the model's wait rather than at one instant: a level
+            // is the load held, and wrk opening every connection at once would otherwise be
+            // a burst of C sends whose queue alone sets the p99 of a short run.
+            ramp_ms: MODEL_WAIT.as_millis() as u64,
         };
         let (figure, peak) = std::thread::scope(|scope| {
             let running = scope.spawn(|| load.run());

@@ -1,13 +1,16 @@
 -- The wrk script of `cargo xtask bench a2a`: one JSON-RPC request per call, each message with
 -- its own messageId (a counter), and one machine-readable summary line when the run is done.
 --
--- Arguments (after `--`): SCENARIO PREFIX [TASK_ID]
+-- Arguments (after `--`): SCENARIO PREFIX [TASK_ID [RAMP_MS CONNECTIONS]]
 --   SCENARIO  send | send-async | get | stream
 --   PREFIX    makes this run's messageIds distinct from every other run's
 --   TASK_ID   the task GetTask reads
+--   RAMP_MS   the first CONNECTIONS requests (one per connection) each start at a random
+--             moment within this many milliseconds instead of all at once
 
 local counter = 0
 local body = nil
+local ramp_ms, ramped = 0, 0
 
 local headers = {
   ["Content-Type"] = "application/json",
@@ -26,6 +29,7 @@ end
 
 function init(args)
   local scenario, prefix, task_id = args[1], args[2] or "m-", args[3] or ""
+  ramp_ms, ramped = tonumber(args[4] or "0") or 0, tonumber(args[5] or "0") or 0
   if scenario == "send" then
     body = function(n) return envelope(n, "SendMessage", message_params(prefix, n, "")) end
   elseif scenario == "send-async" then
@@ -42,6 +46,14 @@ function init(args)
   else
     error("unknown scenario " .. tostring(scenario))
   end
+end
+
+function delay()
+  if ramped > 0 then
+    ramped = ramped - 1
+    return math.random(0, ramp_ms)
+  end
+  return 0
 end
 
 function request()

@@ -292,6 +292,7 @@ impl Bench {
             scenario: scenario.name(),
             prefix: &prefix,
             task_id,
+            ramp_ms: 0,
         }
         .run()
     }

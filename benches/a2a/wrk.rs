@@ -23,6 +23,9 @@ pub struct Load<'a> {
     pub scenario: &'a str,
     pub prefix: &'a str,
     pub task_id: &'a str,
+    /// Each connection's first request starts at a random moment within this many
+    /// milliseconds (0: all at once), as conversations arrive over time.
+    pub ramp_ms: u64,
 }
 
 impl Load<'_> {
@@ -38,6 +41,7 @@ impl Load<'_> {
             .arg(format!("http://127.0.0.1:{}/", self.port))
             .arg("--")
             .args([self.scenario, self.prefix, self.task_id])
+            .args([self.ramp_ms.to_string(), self.connections.to_string()])
             .output()
             .map_err(|e| format!("cannot run wrk: {e}"))?;
         let stdout = String::from_utf8_lossy(&output.stdout);
