@@ -212,9 +212,15 @@ async fn a_tenant_with_too_many_requests_in_progress_is_told_to_retry_later() {
 
 #[tokio::test]
 async fn one_tenants_flood_of_long_tasks_leaves_slots_for_another_tenant() {
-    let server = two_tenants(Limits::default()).await;
+    // Few slots, so that the flood is quick to send; the share is three quarters, as by default.
+    let (slots, share) = (16, 12);
+    let config = ExecutorConfig {
+        max_concurrent_threads: slots,
+        max_threads_per_tenant: share,
+        ..ExecutorConfig::default()
+    };
+    let server = two_tenants_with(Limits::default(), config).await;
     // As many long tasks as the process has work slots, each on its own thread.
-    let slots = keel_agent::ExecutorConfig::default().max_concurrent_threads;
     let mut flood = Vec::new();
     for _ in 0..slots {
         let sent = send(&server, ALICE, SLEEP_LONG, true).await;
@@ -224,7 +230,6 @@ async fn one_tenants_flood_of_long_tasks_leaves_slots_for_another_tenant() {
         flood.push(id.to_owned());
     }
     // Wait until Alice's share of the slots is busy with them.
-    let share = keel_agent::ExecutorConfig::default().max_threads_per_tenant;
     eventually_within("Alice's tasks to fill her share", GENEROUS, || async {
         let listed: Value = answer_to(
             &server,
