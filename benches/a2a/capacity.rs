@@ -41,27 +41,34 @@ pub fn capacity(bench: &mut Bench, levels: &[u32]) -> Result<(), String> {
         place,
         &["--llm", &wait],
     )?;
-    // Warm: connections, caches and the allocator.
-    bench.load(&server, Scenario::Send, 8, "")?;
-    let idle = server.rss_kib().unwrap_or(0);
-    let mut held = None;
-    for &connections in levels {
-        let prefix = format!("c{}-", bench.next());
-        let load = Load {
-            script: &bench.script,
+    let (script, seconds) = (bench.script.clone(), bench.settings.secs);
+    let load = |connections: u32, prefix: &str| {
+        Load {
+            script: &script,
             port: server.port,
             connections,
-            seconds: bench.settings.secs,
+            seconds,
             scenario: Scenario::Send.name(),
-            prefix: &prefix,
+            prefix,
             task_id: "",
             // Conversations arrive over the model's wait rather than at one instant: a level
             // is the load held, and wrk opening every connection at once would otherwise be
             // a burst of C sends whose queue alone sets the p99 of a short run.
             ramp_ms: MODEL_WAIT.as_millis() as u64,
-        };
+        }
+        .run()
+    };
+    // Warm at the highest level, long enough for the in-memory stores to reach their
+    // retention caps: the memory of the tasks they keep is then in `idle`, and what a level
+    // adds over it is the memory of the tasks in flight.
+    let top = levels.iter().copied().max().unwrap_or(1);
+    load(top, &format!("c{}-", bench.next()))?;
+    let idle = server.rss_kib().unwrap_or(0);
+    let mut held = None;
+    for &connections in levels {
+        let prefix = format!("c{}-", bench.next());
         let (figure, peak) = std::thread::scope(|scope| {
-            let running = scope.spawn(|| load.run());
+            let running = scope.spawn(|| load(connections, &prefix));
             let mut peak = idle;
             while !running.is_finished() {
                 peak = peak.max(server.rss_kib().unwrap_or(0));
