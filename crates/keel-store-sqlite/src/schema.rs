@@ -415,29 +415,6 @@ fn migrate(conn: &mut Connection, location: &str) -> AgentResult<()> {
 mod tests {
     use super::*;
 
-    /// Both kinds of connection keep temporary files (the writer's per-job savepoint
-    /// journals among them) in memory, and the writer commits with a full sync.
-    #[test]
-    fn connections_keep_temporary_files_in_memory() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("keel.db");
-        let mut writer = Connection::open(&path).unwrap();
-        prepare_writer(&mut writer, "keel.db", true).unwrap();
-        let reader = Connection::open(&path).unwrap();
-        configure_reader(&reader).unwrap();
-        for conn in [&writer, &reader] {
-            // 2 is MEMORY (0 the compile-time default, 1 FILE).
-            let temp_store: i64 = conn
-                .query_row("PRAGMA temp_store", [], |row| row.get(0))
-                .unwrap();
-            assert_eq!(temp_store, 2);
-        }
-        let synchronous: i64 = writer
-            .query_row("PRAGMA synchronous", [], |row| row.get(0))
-            .unwrap();
-        assert_eq!(synchronous, 2, "FULL");
-    }
-
     #[test]
     fn migrating_twice_is_a_no_op() {
         let mut conn = Connection::open_in_memory().unwrap();
@@ -551,5 +528,28 @@ mod tests {
         assert!(matches!(err, AgentError::Storage { .. }));
         assert!(err.to_string().contains("newer"), "{err}");
         assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION + 1);
+    }
+
+    /// Both kinds of connection keep temporary files (the writer's per-job savepoint
+    /// journals among them) in memory, and the writer commits with a full sync.
+    #[test]
+    fn connections_keep_temporary_files_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keel.db");
+        let mut writer = Connection::open(&path).unwrap();
+        prepare_writer(&mut writer, "keel.db", true).unwrap();
+        let reader = Connection::open(&path).unwrap();
+        configure_reader(&reader).unwrap();
+        for conn in [&writer, &reader] {
+            // 2 is MEMORY (0 the compile-time default, 1 FILE).
+            let temp_store: i64 = conn
+                .query_row("PRAGMA temp_store", [], |row| row.get(0))
+                .unwrap();
+            assert_eq!(temp_store, 2);
+        }
+        let synchronous: i64 = writer
+            .query_row("PRAGMA synchronous", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(synchronous, 2, "FULL");
     }
 }
