@@ -315,6 +315,12 @@ fn venv_python(venv: &py_sdk::SdkVenv) -> PathBuf {
     if let Some(python) = std::env::var_os(venv.env_var) {
         return PathBuf::from(python);
     }
+    // The tests of one binary run at once, and two of them making the venv together each
+    // clear what the other is installing: one makes it, the others wait and find it made.
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _making = MAKING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     venv.ensure().unwrap_or_else(|error| {
         panic!(
             "this test needs the official Python SDK ({}) in a venv at {}, made on first \
