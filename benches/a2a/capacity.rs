@@ -4,9 +4,9 @@
 //!
 //! Each level is `C` keep-alive connections sending blocking SendMessage (each a new
 //! conversation), so `C` tasks are in flight at every moment; each connection's first send
-//! starts at a random moment within the model's wait, as conversations arrive over time. The server's resident memory is
-//! sampled through the run; its peak over the idle server, divided by `C`, is the memory of
-//! one in-flight task.
+//! starts at a random moment within the model's wait, as conversations arrive over time. The
+//! server's resident memory is sampled through the run; its peak over the idle server (whose
+//! stores the warm-up filled), divided by `C`, is the memory of one in-flight task.
 
 use std::time::Duration;
 

@@ -29,8 +29,8 @@
 //! `KEEL_BENCH_BACKENDS` (of memory,sqlite,redis,postgres), `KEEL_BENCH_SCENARIOS` (of
 //! send,send-async,get,stream), `KEEL_BENCH_SENDS` (N of the memory figures, default 100000;
 //! 0 skips them), `KEEL_BENCH_CAPACITY` (the capacity figure's connection levels, default
-//! 64,128,256,512,768: up to the default work slots of one tenant; 0 skips it), `REDIS_URL`. `KEEL_BENCH_KEEL_BIN` and `KEEL_BENCH_PEERS_DIR` (set by xtask)
-//! say where the binaries are. `KEEL_BENCH_BASE_BIN`, when set, names a second `keel` binary
+//! 64,128,256,512,768, up to one tenant's default work slots; 0 skips it), `REDIS_URL`.
+//! `KEEL_BENCH_KEEL_BIN` and `KEEL_BENCH_PEERS_DIR` (set by xtask) say where the binaries are. `KEEL_BENCH_BASE_BIN`, when set, names a second `keel` binary
 //! (say, a release build of the commit before a change) that runs beside the current one on
 //! each store, as `keel-base`, with Keel's req/s over it in the `keel/base` column.
 

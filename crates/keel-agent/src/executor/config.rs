@@ -50,8 +50,7 @@ pub struct ExecutorConfig {
     pub lease_ttl: Duration,
     /// How many threads this process runs at once; more wait for a slot. A running thread
     /// spends most of its time waiting on a model, holding memory but no core, so the
-    /// default is sized by memory (about a hundred KiB a running thread; decision 276), not
-    /// by cores.
+    /// default is sized by memory (tens of KiB a running thread; decision 276), not by cores.
     pub max_concurrent_threads: usize,
     /// How many of those slots one tenant may hold at once (capped at
     /// `max_concurrent_threads`); its further threads wait for one of its own to finish, so
