@@ -61,6 +61,26 @@ impl Inner {
         }
     }
 
+    /// Write `message`, stamped with `task`'s ids, to the task's log together with the history
+    /// `entries` it shows ([`Self::write_point`]); gives it back as logged.
+    pub(super) async fn write_message(
+        &self,
+        flow: &Flow,
+        entries: &[LlmMessage],
+        task: &Task,
+        mut message: Message,
+    ) -> AgentResult<Message> {
+        message.task_id = Some(task.id.clone());
+        message.thread_id = Some(task.thread_id.clone());
+        // Moved into the event and back out, so that a large tool output is not copied.
+        let event = TaskEvent::Message { message };
+        self.write_point(flow, entries, task, &event).await?;
+        let TaskEvent::Message { message } = event else {
+            unreachable!("built as a message above")
+        };
+        Ok(message)
+    }
+
     /// Write history entries (already marked) and the task log's `event` that matches them
     /// together: one step-store write, so that a crash cannot leave one without the other
     /// (a `tool_call` without its `tool_output` in the task's A2A history, or the reverse).
@@ -202,18 +222,16 @@ impl RunLoop<'_> {
         parts: Vec<Part>,
     ) -> AgentResult<Message> {
         self.inner.mark_side(&mut messages);
-        let mut message = Message::new(Role::Agent, parts);
-        message.task_id = Some(self.task.id.clone());
-        message.thread_id = Some(self.task.thread_id.clone());
-        // Moved into the event and back out, so that a large tool output is not copied.
-        let event = TaskEvent::Message { message };
-        self.inner
-            .write_point(self.flow, &messages, &self.task, &event)
+        let message = self
+            .inner
+            .write_message(
+                self.flow,
+                &messages,
+                &self.task,
+                Message::new(Role::Agent, parts),
+            )
             .await?;
         self.history.extend(messages);
-        let TaskEvent::Message { message } = event else {
-            unreachable!("built as a message above")
-        };
         Ok(message)
     }
 

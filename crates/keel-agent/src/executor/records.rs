@@ -103,7 +103,7 @@ impl RunLoop<'_> {
             } => {
                 let answer = match answer_log {
                     AnswerLog::Written(message) => *message,
-                    AnswerLog::WrittenEarlier => {
+                    AnswerLog::InHistory => {
                         let mut m = Message::agent(text.clone());
                         m.task_id = Some(task.id.clone());
                         m
@@ -115,14 +115,8 @@ impl RunLoop<'_> {
                         tag(&mut entry, &task.id);
                         entry.metadata.insert(META_STOP.into(), json!(reason));
                         inner.mark_side(std::slice::from_mut(&mut entry));
-                        let mut message = Message::new(Role::Agent, vec![Part::text(&text)]);
-                        message.task_id = Some(task.id.clone());
-                        message.thread_id = Some(task.thread_id.clone());
-                        let event = TaskEvent::Message {
-                            message: message.clone(),
-                        };
-                        inner.write_point(flow, &[entry], task, &event).await?;
-                        message
+                        let message = Message::new(Role::Agent, vec![Part::text(&text)]);
+                        inner.write_message(flow, &[entry], task, message).await?
                     }
                 };
                 // A run that added its own artifacts named its outputs; otherwise the answer

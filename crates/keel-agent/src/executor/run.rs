@@ -510,7 +510,7 @@ impl<'a> RunLoop<'a> {
             return Some(Outcome::Answer {
                 text: assistant.content.clone(),
                 reason,
-                logged: AnswerLog::WrittenEarlier,
+                logged: AnswerLog::InHistory,
             });
         }
         let result = |call: &ToolCall| {

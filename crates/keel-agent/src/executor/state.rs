@@ -166,9 +166,10 @@ pub(super) enum AnswerLog {
     /// Written as this message, which the final status then carries too: one answer, one
     /// message id in the task's history and status.
     Written(Box<Message>),
-    /// Written by a run that stopped (a restart) before it ended; the message is not at
-    /// hand, so the final status says its text under an id of its own.
-    WrittenEarlier,
+    /// In the history already, with no logged message at hand: written by a run that
+    /// stopped (a restart) before it ended, or an empty answer, which has no part for the
+    /// task's log. The final status says its text under an id of its own.
+    InHistory,
 }
 
 /// How a run ended, before it is written to the task.

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use keel_core::{AgentError, AgentResult, Part, TaskEvent};
+use keel_core::{AgentError, AgentResult, Part};
 use keel_events::payload::{
     MessagePersistedPayload, QueueInjectedPayload, StopEvaluatedPayload, ToolResultPersistedPayload,
 };
@@ -154,7 +154,8 @@ impl RunLoop<'_> {
                     return Ok(Outcome::Answer {
                         text: content,
                         reason: "response",
-                        logged: logged.map_or(AnswerLog::Unwritten, AnswerLog::Written),
+                        // An empty answer went to the history alone (`append`).
+                        logged: logged.map_or(AnswerLog::InHistory, AnswerLog::Written),
                     });
                 }
                 step = step.saturating_add(1);
@@ -400,13 +401,9 @@ impl RunLoop<'_> {
                         entry
                             .metadata
                             .insert(META_QUEUE_ITEM.into(), json!(item.id));
-                        let mut shown = message;
-                        shown.task_id = Some(self.task.id.clone());
-                        shown.thread_id = Some(self.task.thread_id.clone());
                         // The message joins the history and the task's log together.
-                        let event = TaskEvent::Message { message: shown };
                         inner
-                            .write_point(flow, std::slice::from_ref(&entry), &self.task, &event)
+                            .write_message(flow, std::slice::from_ref(&entry), &self.task, message)
                             .await?;
                         self.history.push(entry);
                     }

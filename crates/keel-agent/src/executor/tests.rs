@@ -243,6 +243,41 @@ async fn the_final_status_carries_the_logged_answer_under_its_own_id() {
     }
 }
 
+/// A model answering with nothing is one assistant entry in the thread's history: the step
+/// wrote it (an empty answer has no part for the task's log), so the run's ending does not
+/// write it again.
+#[tokio::test]
+async fn an_empty_answer_is_written_to_the_history_once() {
+    let (_, runtime) = recorded();
+    let auth = runtime.auth_service().auth_context();
+    let agent = Agent::builder(keel_core::AgentCard::new(
+        "quiet",
+        "Says nothing",
+        "http://x",
+    ))
+    .llm(keel_llm::MockLlm::scripted(vec![
+        keel_llm::MockResponse::Text(String::new()),
+    ]))
+    .build()
+    .unwrap();
+    let executor = AgentExecutor::new(agent, runtime.clone());
+    let task = executor
+        .send_message(&auth, Message::user("hi"), SendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(task.state(), TaskState::Completed);
+    let history = runtime
+        .thread_store()
+        .read_history(&auth, &task.thread_id, 0, usize::MAX)
+        .await
+        .unwrap();
+    let assistant = history
+        .iter()
+        .filter(|entry| entry.message.role == keel_llm::LlmRole::Assistant)
+        .count();
+    assert_eq!(assistant, 1, "{history:?}");
+}
+
 /// With the default tuning, hundreds of conversations wait on their tools (or models) at
 /// once: a running thread holds memory, not a core (decision 276). Under the old default of
 /// 48 slots a tenant, only 48 of these would reach the gate and the rest would queue.
