@@ -127,6 +127,19 @@ struct Inner {
     tenants: tenants::TenantKeys,
 }
 
+/// Writes the writer thread answered (committed, or failed), counted in the process's
+/// `metrics` recorder as [`StoreStats::writes_finished`] is (`keel serve --metrics`): with
+/// [`COMMITS_METRIC`], how many writes one commit shares (docs/observability.md).
+pub const WRITES_METRIC: &str = "keel_sqlite_writes_total";
+/// Write transactions the writer thread committed, each one fsync ([`StoreStats::commits`]).
+pub const COMMITS_METRIC: &str = "keel_sqlite_commits_total";
+/// Reads the reader threads took ([`StoreStats::reads_submitted`], counted as a batch
+/// begins).
+pub const READS_METRIC: &str = "keel_sqlite_reads_total";
+/// Read transactions the reader threads began, each shared by a batch of reads
+/// ([`StoreStats::read_batches`]).
+pub const READ_TRANSACTIONS_METRIC: &str = "keel_sqlite_read_transactions_total";
+
 /// What the writer and reader threads have done since the store was opened: how many writes
 /// the writer took and in how many commits (`writes_finished / commits` is the average
 /// group-commit batch size), and how many reads the reader threads took and in how many

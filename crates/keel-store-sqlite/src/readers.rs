@@ -170,6 +170,8 @@ fn stopped() -> AgentError {
 fn serve(conn: Connection, jobs: &Mutex<Receiver>, counters: &Counters) {
     while let Some(batch) = next_batch(jobs) {
         counters.batches.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(crate::READ_TRANSACTIONS_METRIC).increment(1);
+        metrics::counter!(crate::READS_METRIC).increment(batch.len() as u64);
         serve_batch(&conn, batch);
     }
     tracing::debug!("SQLite reader thread stopping");
