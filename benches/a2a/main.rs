@@ -538,19 +538,40 @@ fn memory(bench: &mut Bench) -> Result<(), String> {
         .collect();
     kinds.push(Kind::Sdk);
     for kind in kinds {
-        let server = bench.start(kind)?;
+        // Keel on SQLite serves `/metrics`, where its store counts its writes and reads.
+        let counted = kind == Kind::Keel(Store::Sqlite);
+        let server = if counted {
+            let place = bench.place(kind)?;
+            Server::start_with(&bench.bins, kind, place, &["--metrics"])?
+        } else {
+            bench.start(kind)?
+        };
+        let work_before = counted.then(|| stores::sqlite_work(server.port));
         let before = stores::Counters::read_place(bench, server.kind, server.place.as_deref());
         let idle = server.rss_kib();
         let first = sends::send_messages(server.port, 8, sends, &format!("s{}-", bench.next()))?;
         let after_first = server.rss_kib();
         let second = sends::send_messages(server.port, 8, sends, &format!("s{}-", bench.next()))?;
         let after_second = server.rss_kib();
+        let work = match (
+            work_before,
+            counted.then(|| stores::sqlite_work(server.port)),
+        ) {
+            (Some(Ok(before)), Some(Ok(after))) => {
+                format!(
+                    "; {}",
+                    stores::sqlite_work_per_send(before, after, 2 * sends)
+                )
+            }
+            (Some(Err(e)), _) | (_, Some(Err(e))) => format!("; no store counters: {e}"),
+            _ => String::new(),
+        };
         let place = server.place.clone();
         server.stop();
         // Read once the server has stopped: its store has flushed what it counts.
         let after = stores::Counters::read_place(bench, kind, place.as_deref());
         println!(
-            "{:<10} {:<7} {:>11} {:>14} {:>14} {:>9.0} {:>7}   {}",
+            "{:<10} {:<7} {:>11} {:>14} {:>14} {:>9.0} {:>7}   {}{work}",
             kind.server(),
             kind.store(),
             mib(idle),

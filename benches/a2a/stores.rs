@@ -167,6 +167,44 @@ impl Counters {
     }
 }
 
+/// What a Keel server on SQLite asked of its store, from its `/metrics` (served with
+/// `--metrics`): writes, commits, reads and read transactions, in that order
+/// (`keel_sqlite_*_total`, docs/observability.md).
+pub fn sqlite_work(port: u16) -> Result<[f64; 4], String> {
+    let response = crate::http::get(port, "/metrics", std::time::Duration::from_secs(10))
+        .map_err(|e| format!("GET /metrics: {e}"))?;
+    if response.status != 200 {
+        return Err(format!("GET /metrics answered {}", response.status));
+    }
+    let value = |name: &str| {
+        response
+            .body
+            .lines()
+            .filter_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .filter_map(|value| value.trim().parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    Ok([
+        value("keel_sqlite_writes_total"),
+        value("keel_sqlite_commits_total"),
+        value("keel_sqlite_reads_total"),
+        value("keel_sqlite_read_transactions_total"),
+    ])
+}
+
+/// `[writes, commits, reads, read transactions]` between two [`sqlite_work`] readings, per
+/// send.
+pub fn sqlite_work_per_send(before: [f64; 4], after: [f64; 4], sends: u64) -> String {
+    let per = |i: usize| (after[i] - before[i]) / sends.max(1) as f64;
+    format!(
+        "{:.1} writes in {:.2} commits, {:.1} reads in {:.1} read transactions",
+        per(0),
+        per(1),
+        per(2),
+        per(3)
+    )
+}
+
 /// `total_commands_processed` of the Redis at `url`.
 fn redis_commands(url: &str) -> Result<u64, String> {
     let client = redis::Client::open(url).map_err(|e| e.to_string())?;
