@@ -90,8 +90,10 @@ pub struct RunRecord {
 /// [`RecordText::to_text`] writes for the [`TaskRecord`] or [`RunRecord`], i.e.
 /// `{"data":<the record>,"format":<version>}`, compact, with every object's keys in sorted
 /// order (a task record exactly as `stored::encode(&record)?.to_string()` prints it; a run
-/// record names the ids its report names only there, decision 271). Every backend matches
-/// against that same text, so a query finds the same records everywhere. Consequences:
+/// record names the ids its report names only there, decision 271, and a report the engine
+/// saved as text, [`RunStore::save_run_report_json`], keeps that text as it is:
+/// [`RunRecord::text_with_report`]). Every backend matches against that same text, so a
+/// query finds the same records everywhere. Consequences:
 ///
 /// - the needle is matched against JSON, not against the plain values: a `"` or `\` inside
 ///   a string value must be written escaped, as JSON writes it (`\"`, `\\`); non-ASCII text is
@@ -309,6 +311,16 @@ impl HeldRun {
         }
     }
 
+    /// Whether the record's stored text contains `needle`: the text the stores that keep
+    /// text write, its report's as it was given (see [`RunQuery`]).
+    fn contains(&self, needle: Option<&str>) -> bool {
+        needle.is_none_or(|needle| {
+            self.without_report
+                .text_with_report_text(&self.report)
+                .is_ok_and(|text| text.contains(needle))
+        })
+    }
+
     fn record(&self) -> RunRecord {
         let mut record = self.without_report.clone();
         // The text was written from a `Value`, so it parses back to the same one.
@@ -318,7 +330,7 @@ impl HeldRun {
 }
 
 impl RunRecord {
-    fn clone_without_report(&self) -> RunRecord {
+    pub(crate) fn clone_without_report(&self) -> RunRecord {
         RunRecord {
             run_id: self.run_id.clone(),
             task_id: self.task_id.clone(),
@@ -454,8 +466,8 @@ impl RunStore for InMemoryRunStore {
             .filter(|((ns, _), _)| *ns == namespace)
             .map(|(_, held)| held)
             .filter(|held| query.matches(&held.without_report.index()))
+            .filter(|held| held.contains(query.contains.as_deref()))
             .map(HeldRun::record)
-            .filter(|r| json_contains(r, query.contains.as_deref()))
             .collect();
         found.sort_by_key(|r| std::cmp::Reverse(r.recorded_at));
         found.truncate(limit);

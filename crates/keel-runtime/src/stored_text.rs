@@ -4,6 +4,7 @@
 
 use keel_core::{stored, AgentError, AgentResult, Task, TaskEvent, TaskId, ThreadId};
 use serde::{de::DeserializeOwned, Serialize};
+use serde_json::value::{to_raw_value, RawValue};
 use serde_json::{Map, Value};
 
 use crate::{RunRecord, TaskRecord};
@@ -273,6 +274,85 @@ impl RecordText for RunRecord {
     }
 }
 
+impl RunRecord {
+    /// What [`RecordText::to_text`] writes of this record with `report` as its report (the
+    /// record's own `report` is not read), without building the report's JSON tree to write
+    /// it out again: the report's text goes into the record's as it is, and of it only the
+    /// ids at its top are read. The run's ending saves its report this way on the stores
+    /// that keep text.
+    ///
+    /// ```
+    /// use keel_core::{stored::JsonText, RunId};
+    /// use keel_runtime::{RecordText, RunRecord};
+    /// let report = JsonText::of(&serde_json::json!({"run_id": "r-1", "events": []}))?;
+    /// let record = RunRecord {
+    ///     run_id: RunId::from("r-1"),
+    ///     task_id: None,
+    ///     thread_id: None,
+    ///     trace_id: None,
+    ///     agent_name: None,
+    ///     recorded_at: chrono::Utc::now(),
+    ///     report: serde_json::Value::Null,
+    /// };
+    /// let text = record.text_with_report(&report)?;
+    /// let read = RunRecord::from_text("sqlite", "reading a run", &text)?;
+    /// assert_eq!(read.report, report.to_value()?);
+    /// # Ok::<(), keel_core::AgentError>(())
+    /// ```
+    pub fn text_with_report(&self, report: &stored::JsonText) -> AgentResult<String> {
+        self.text_with_report_text(report.as_str())
+    }
+
+    /// [`RunRecord::text_with_report`] of a report's JSON text.
+    pub(crate) fn text_with_report_text(&self, report: &str) -> AgentResult<String> {
+        /// The ids at a report's top; serde skips the rest of its text without building it.
+        #[derive(serde::Deserialize)]
+        struct Top {
+            run_id: Option<Value>,
+            task_id: Option<Value>,
+            thread_id: Option<Value>,
+            trace_id: Option<Value>,
+            agent_name: Option<Value>,
+        }
+        /// The stored envelope with the record's fields as text (keys in the order
+        /// `to_text` writes them: a map's, sorted).
+        #[derive(Serialize)]
+        struct Envelope {
+            data: std::collections::BTreeMap<String, Box<RawValue>>,
+            format: Value,
+        }
+        let top: Top = serde_json::from_str(report).map_err(AgentError::internal)?;
+        let top = serde_json::json!({
+            "run_id": top.run_id,
+            "task_id": top.task_id,
+            "thread_id": top.thread_id,
+            "trace_id": top.trace_id,
+            "agent_name": top.agent_name,
+        });
+        let Value::Object(mut envelope) = stored::encode(&self.clone_without_report())? else {
+            return Err(AgentError::internal("a stored envelope is a JSON object"));
+        };
+        let Some(Value::Object(mut data)) = envelope.remove("data") else {
+            return Err(AgentError::internal("a run record is a JSON object"));
+        };
+        stored::leave_out_ids(&mut data, &report_ids(&top));
+        let mut fields = data
+            .into_iter()
+            .filter(|(key, _)| key != "report")
+            .map(|(key, value)| Ok((key, to_raw_value(&value).map_err(AgentError::internal)?)))
+            .collect::<AgentResult<std::collections::BTreeMap<_, _>>>()?;
+        fields.insert(
+            "report".to_owned(),
+            RawValue::from_string(report.to_owned()).map_err(AgentError::internal)?,
+        );
+        serde_json::to_string(&Envelope {
+            data: fields,
+            format: envelope.remove("format").unwrap_or(Value::Null),
+        })
+        .map_err(AgentError::internal)
+    }
+}
+
 /// The ids a run record shares with its report, each with the report's value.
 fn report_ids(report: &Value) -> [(&'static str, Option<&str>); 5] {
     ["run_id", "task_id", "thread_id", "trace_id", "agent_name"]
@@ -538,6 +618,36 @@ mod tests {
             RunRecord::from_text("redis", "reading", &text).unwrap(),
             record
         );
+    }
+
+    #[test]
+    fn a_record_written_with_its_reports_text_is_the_record_to_text_writes() {
+        let report = serde_json::json!({
+            "run_id": "r-1", "task_id": "t-1", "thread_id": "th-1", "trace_id": "tr-1",
+            "agent_name": "agent-a", "events": [{"type": "run.started", "payload": {"n": 1}}],
+        });
+        let text = stored::JsonText::of(&report).unwrap();
+        for ids in [
+            [
+                Some("r-1"),
+                Some("t-1"),
+                Some("th-1"),
+                Some("tr-1"),
+                Some("agent-a"),
+            ],
+            // Ids that are not the report's, and ids the record does not have.
+            [Some("r-1"), None, Some("th-2"), None, None],
+        ] {
+            let record = run_record(ids, report.clone());
+            let written = record.text_with_report(&text).unwrap();
+            let expected = record.to_text().unwrap();
+            let parsed = |text: &str| serde_json::from_str::<Value>(text).unwrap();
+            assert_eq!(parsed(&written), parsed(&expected), "{written}");
+            assert_eq!(
+                RunRecord::from_text("sqlite", "reading", &written).unwrap(),
+                record
+            );
+        }
     }
 
     #[test]

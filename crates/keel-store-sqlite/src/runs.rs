@@ -2,6 +2,7 @@
 //! beside the stored JSON body that `contains` searches.
 
 use async_trait::async_trait;
+use keel_core::stored::JsonText;
 use keel_core::{AgentResult, RunId};
 use keel_runtime::{
     AuthContext, IndexedRecord, RecordText, RunQuery, RunRecord, RunStore, TaskRecord,
@@ -49,17 +50,18 @@ fn where_clause(tenant: String, query: &RunQuery) -> (String, Vec<SqlValue>) {
 
 impl SqliteStore {
     /// Save `record` by `sql`, which takes the tenant, the record's index columns (task, run,
-    /// thread, trace, agent; each may be null), its time and its body as `?1` to `?8`, and
+    /// thread, trace, agent; each may be null), its time and its `body` (the record's stored
+    /// text) as `?1` to `?8`, and
     /// `state`, when given, as `?9`: the one row shape of task records and run reports.
-    async fn save_record<T: IndexedRecord + RecordText>(
+    async fn save_record<T: IndexedRecord>(
         &self,
         auth: &AuthContext,
         record: &T,
+        body: String,
         sql: &'static str,
         state: Option<&'static str>,
         what: &'static str,
     ) -> AgentResult<()> {
-        let body = record.to_text()?;
         let index = record.index();
         let text = |value: Option<&str>| value.map_or(SqlValue::Null, |v| SqlValue::Text(v.into()));
         let mut args = vec![SqlValue::Text(self.tenant(auth).await?)];
@@ -116,6 +118,7 @@ impl RunStore for SqliteStore {
         self.save_record(
             auth,
             record,
+            record.to_text()?,
             SAVE_TASK_RECORD,
             state,
             "saving a task record",
@@ -134,8 +137,35 @@ impl RunStore for SqliteStore {
     }
 
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
-        self.save_record(auth, record, SAVE_RUN_REPORT, None, "saving a run report")
-            .await
+        let body = record.to_text()?;
+        self.save_record(
+            auth,
+            record,
+            body,
+            SAVE_RUN_REPORT,
+            None,
+            "saving a run report",
+        )
+        .await
+    }
+
+    async fn save_run_report_json(
+        &self,
+        auth: &AuthContext,
+        record: RunRecord,
+        report: JsonText,
+    ) -> AgentResult<()> {
+        // The report's text goes into the row as it is, not parsed and written out again.
+        let body = record.text_with_report(&report)?;
+        self.save_record(
+            auth,
+            &record,
+            body,
+            SAVE_RUN_REPORT,
+            None,
+            "saving a run report",
+        )
+        .await
     }
 
     async fn get_run_report(
