@@ -248,21 +248,35 @@ pub trait RunStore: Send + Sync {
         auth: &AuthContext,
         query: &RunQuery,
     ) -> AgentResult<Vec<TaskRecord>>;
-    /// Record (or replace) a run report.
-    async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()>;
+    /// Record (or replace) a run report. The default saves its stored text
+    /// ([`RecordText::to_text`]) by [`save_run_text`](Self::save_run_text).
+    async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
+        self.save_run_text(auth, record, record.to_text()?).await
+    }
     /// [`save_run_report`](Self::save_run_report) with the report given as JSON text
     /// (`record.report` is ignored): the engine writes its reports straight to text, which a
     /// store that keeps text takes as it is ([`JsonText`] is well-formed by construction, so
-    /// it needs no check). The default parses the text and saves the record.
+    /// it needs no check). The default puts it into the record's stored text unparsed
+    /// ([`RunRecord::text_with_report`]) and saves that by
+    /// [`save_run_text`](Self::save_run_text).
     async fn save_run_report_json(
         &self,
         auth: &AuthContext,
-        mut record: RunRecord,
+        record: RunRecord,
         report: JsonText,
     ) -> AgentResult<()> {
-        record.report = report.to_value()?;
-        self.save_run_report(auth, &record).await
+        let text = record.text_with_report(&report)?;
+        self.save_run_text(auth, &record, text).await
     }
+    /// Record (or replace) the run report `record`, whose stored text is `text` (what
+    /// [`RecordText::to_text`] writes of it; `record.report` may be left `Null`, the report
+    /// being in the text): what the two methods above come to on a store that keeps text.
+    async fn save_run_text(
+        &self,
+        auth: &AuthContext,
+        record: &RunRecord,
+        text: String,
+    ) -> AgentResult<()>;
     /// The report of a run, if recorded.
     async fn get_run_report(
         &self,
@@ -420,6 +434,17 @@ impl RunStore for InMemoryRunStore {
     async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
         self.hold(auth, HeldRun::new(record));
         Ok(())
+    }
+
+    async fn save_run_text(
+        &self,
+        auth: &AuthContext,
+        _record: &RunRecord,
+        text: String,
+    ) -> AgentResult<()> {
+        // The two methods above hold records without this text; one given as text is read.
+        let record = RunRecord::from_text("memory", "saving a run report", &text)?;
+        self.save_run_report(auth, &record).await
     }
 
     async fn save_run_report_json(

@@ -2,7 +2,6 @@
 //! `run_records`, each found through the index of the [`RunQuery`]'s fields.
 
 use async_trait::async_trait;
-use keel_core::stored::JsonText;
 use keel_core::{AgentResult, RunId};
 use keel_runtime::{
     AuthContext, IndexedRecord, RecordText, RunQuery, RunRecord, RunStore, TaskRecord,
@@ -138,31 +137,16 @@ impl RunStore for PostgresStore {
             .await
     }
 
-    async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
-        let body = record.to_text()?;
+    async fn save_run_text(
+        &self,
+        auth: &AuthContext,
+        record: &RunRecord,
+        text: String,
+    ) -> AgentResult<()> {
         self.save_record(
             auth,
             record,
-            body,
-            SAVE_RUN_REPORT,
-            None,
-            "saving a run report",
-        )
-        .await
-    }
-
-    async fn save_run_report_json(
-        &self,
-        auth: &AuthContext,
-        record: RunRecord,
-        report: JsonText,
-    ) -> AgentResult<()> {
-        // The report's text goes into the row as it is, not parsed and written out again.
-        let body = record.text_with_report(&report)?;
-        self.save_record(
-            auth,
-            &record,
-            body,
+            text,
             SAVE_RUN_REPORT,
             None,
             "saving a run report",

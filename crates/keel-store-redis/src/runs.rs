@@ -8,7 +8,6 @@
 //! `contains`, which is what the crate docs warn about.
 
 use async_trait::async_trait;
-use keel_core::stored::JsonText;
 use keel_core::{AgentResult, RunId};
 use keel_runtime::{
     AuthContext, IndexedRecord, RecordIndex, RecordText, RunQuery, RunRecord, RunStore, TaskRecord,
@@ -83,30 +82,6 @@ impl Family {
 }
 
 impl RedisStore {
-    /// Save `record` with `text` as its stored text (what [`RecordText::to_text`] writes of
-    /// it) and index it, in one `MULTI` pipeline.
-    async fn save_run_text(
-        &self,
-        auth: &AuthContext,
-        record: &RunRecord,
-        text: String,
-    ) -> AgentResult<()> {
-        let keys = self.keys(auth);
-        let index_keys = RUN_REPORTS.index_keys(&keys, &record.index());
-        let score = micros(record.recorded_at);
-        let run = record.run_id.as_str();
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .hset(keys.fixed(fixed::RUN_REPORTS), run, text)
-            .ignore();
-        for key in &index_keys {
-            pipe.zadd(key, run, score).ignore();
-        }
-        pipe.query_async::<()>(&mut self.con())
-            .await
-            .map_err(|e| self.fail("save run report", &e))
-    }
-
     /// Records of `family` matching `query`, newest first: walk the chosen index in batches,
     /// match `contains` on the stored text (the stored JSON `RunQuery` documents, exactly as
     /// written), decode the rest, match their index fields, stop at the limit.
@@ -180,6 +155,29 @@ impl RedisStore {
 
 #[async_trait]
 impl RunStore for RedisStore {
+    // The text and its index entries in one `MULTI` pipeline.
+    async fn save_run_text(
+        &self,
+        auth: &AuthContext,
+        record: &RunRecord,
+        text: String,
+    ) -> AgentResult<()> {
+        let keys = self.keys(auth);
+        let index_keys = RUN_REPORTS.index_keys(&keys, &record.index());
+        let score = micros(record.recorded_at);
+        let run = record.run_id.as_str();
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .hset(keys.fixed(fixed::RUN_REPORTS), run, text)
+            .ignore();
+        for key in &index_keys {
+            pipe.zadd(key, run, score).ignore();
+        }
+        pipe.query_async::<()>(&mut self.con())
+            .await
+            .map_err(|e| self.fail("save run report", &e))
+    }
+
     async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()> {
         let keys = self.keys(auth);
         let index_keys = TASK_RECORDS.index_keys(&keys, &record.index());
@@ -203,21 +201,6 @@ impl RunStore for RedisStore {
         query: &RunQuery,
     ) -> AgentResult<Vec<TaskRecord>> {
         self.find(auth, &TASK_RECORDS, query).await
-    }
-
-    async fn save_run_report(&self, auth: &AuthContext, record: &RunRecord) -> AgentResult<()> {
-        self.save_run_text(auth, record, record.to_text()?).await
-    }
-
-    async fn save_run_report_json(
-        &self,
-        auth: &AuthContext,
-        record: RunRecord,
-        report: JsonText,
-    ) -> AgentResult<()> {
-        // The report's text goes into the hash as it is, not parsed and written out again.
-        let text = record.text_with_report(&report)?;
-        self.save_run_text(auth, &record, text).await
     }
 
     async fn get_run_report(
