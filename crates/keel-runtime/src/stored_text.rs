@@ -306,7 +306,8 @@ impl RunRecord {
     /// [`RunRecord::text_with_report`] of a report's JSON text.
     pub(crate) fn text_with_report_text(&self, report: &str) -> AgentResult<String> {
         /// The ids at a report's top; serde skips the rest of its text without building it.
-        #[derive(serde::Deserialize)]
+        /// A report that is not an object has none.
+        #[derive(serde::Deserialize, Default)]
         struct Top {
             run_id: Option<Value>,
             task_id: Option<Value>,
@@ -321,7 +322,7 @@ impl RunRecord {
             data: std::collections::BTreeMap<String, Box<RawValue>>,
             format: Value,
         }
-        let top: Top = serde_json::from_str(report).map_err(AgentError::internal)?;
+        let top: Top = serde_json::from_str(report).unwrap_or_default();
         let top = serde_json::json!({
             "run_id": top.run_id,
             "task_id": top.task_id,
@@ -647,6 +648,14 @@ mod tests {
                 RunRecord::from_text("sqlite", "reading", &written).unwrap(),
                 record
             );
+        }
+        // A report that is not an object names no ids, and is kept as it is all the same.
+        for report in [Value::Null, serde_json::json!(["a", 1])] {
+            let record = run_record([Some("r-1"), None, None, None, None], report.clone());
+            let text = stored::JsonText::of(&report).unwrap();
+            let written = record.text_with_report(&text).unwrap();
+            let read = RunRecord::from_text("redis", "reading", &written).unwrap();
+            assert_eq!(read, record, "{written}");
         }
     }
 
