@@ -154,6 +154,107 @@ mod sqlite {
     }
 
     rules!();
+
+    mod ending {
+        //! A run comes to rest in one write where the step store folds it: the final status
+        //! and the run's report commit together (decision 278).
+
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use async_trait::async_trait;
+        use keel_agent::{Agent, AgentExecutor, SendOptions};
+        use keel_core::conversation::LlmMessage;
+        use keel_core::stored::JsonText;
+        use keel_core::{AgentCard, Message, Task, TaskEvent, TaskState};
+        use keel_runtime::{Lease, QueuedItem, RunRecord, StepStore, TaskWrite};
+        use keel_store_sqlite::SqliteStore;
+        use serde_json::Value;
+
+        use super::*;
+
+        /// SQLite's step store, counting the run endings it is handed.
+        struct Endings {
+            store: SqliteStore,
+            endings: Arc<AtomicUsize>,
+        }
+
+        #[async_trait]
+        impl StepStore for Endings {
+            async fn persist_step(
+                &self,
+                auth: &AuthContext,
+                lease: &Lease,
+                history: &[LlmMessage],
+                task: &Task,
+                write: TaskWrite,
+                events: &[TaskEvent],
+            ) -> AgentResult<()> {
+                let store = &self.store;
+                store
+                    .persist_step(auth, lease, history, task, write, events)
+                    .await
+            }
+
+            async fn save_task_and_queue(
+                &self,
+                auth: &AuthContext,
+                task: &Task,
+                events: &[TaskEvent],
+                payload: Value,
+            ) -> AgentResult<QueuedItem> {
+                let store = &self.store;
+                store.save_task_and_queue(auth, task, events, payload).await
+            }
+
+            async fn save_task_and_run(
+                &self,
+                auth: &AuthContext,
+                task: &Task,
+                events: &[TaskEvent],
+                record: &RunRecord,
+                report: &JsonText,
+            ) -> AgentResult<()> {
+                self.endings.fetch_add(1, Ordering::SeqCst);
+                let store = &self.store;
+                store
+                    .save_task_and_run(auth, task, events, record, report)
+                    .await
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn a_run_rests_with_its_report_in_one_write() {
+            let dir = tempfile::tempdir().unwrap();
+            let store = SqliteStore::open(dir.path().join("keel.db")).unwrap();
+            let endings = Arc::new(AtomicUsize::new(0));
+            let steps = Endings {
+                store: store.clone(),
+                endings: endings.clone(),
+            };
+            let llm = Arc::new(MockLlm::new());
+            let services =
+                Services::from_store(store.clone(), Default::default(), llm).with_steps(steps);
+            let runtime: Arc<dyn Runtime> = Arc::new(services);
+            let auth = runtime.auth_service().auth_context();
+            let card = AgentCard::new("echo", "echoes", "http://127.0.0.1:0");
+            let exec = AgentExecutor::new(Agent::builder(card).build().unwrap(), runtime.clone());
+            let task = exec
+                .send_message(&auth, Message::user("hi"), SendOptions::default())
+                .await
+                .unwrap();
+            assert_eq!(task.state(), TaskState::Completed);
+            assert_eq!(endings.load(Ordering::SeqCst), 1, "one folded ending");
+            let ctx = keel_core::RunContext::from_task(&task).unwrap().unwrap();
+            let record = runtime
+                .run_store()
+                .get_run_report(&auth, &ctx.run_id)
+                .await
+                .unwrap();
+            let record = record.expect("the run's report is stored with its ending");
+            assert_eq!(record.task_id.as_ref(), Some(&task.id));
+            assert!(record.report.is_object(), "{:?}", record.report);
+        }
+    }
 }
 
 mod redis {

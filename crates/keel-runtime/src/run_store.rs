@@ -189,11 +189,11 @@ pub struct RecordIndex<'a> {
     pub recorded_at: DateTime<Utc>,
 }
 
-impl RecordIndex<'_> {
+impl<'a> RecordIndex<'a> {
     /// The record's ids by name, in one order (task, run, thread, trace, agent), each `None`
     /// where the record has none: what every backend indexes a record by, and the names the
     /// SQL stores give their index columns.
-    pub fn ids(&self) -> [(&'static str, Option<&str>); 5] {
+    pub fn ids(&self) -> [(&'static str, Option<&'a str>); 5] {
         [
             ("task_id", self.task_id.map(|v| v.as_str())),
             ("run_id", self.run_id.map(|v| v.as_str())),

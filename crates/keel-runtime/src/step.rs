@@ -2,10 +2,11 @@
 
 use async_trait::async_trait;
 use keel_core::conversation::LlmMessage;
+use keel_core::stored::JsonText;
 use keel_core::{AgentError, AgentResult, Task, TaskEvent};
 use serde_json::Value;
 
-use crate::{AuthContext, Lease, QueuedItem};
+use crate::{AuthContext, Lease, QueuedItem, RunRecord};
 
 /// What a persist point saves of its task besides the entries it appends to the task's log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +63,24 @@ pub trait StepStore: Send + Sync {
     ) -> AgentResult<QueuedItem> {
         let _ = (auth, task, events, payload);
         Err(unsupported("save_task_and_queue"))
+    }
+
+    /// Save `task` with `events` appended to its log, as
+    /// [`TaskManager::save_task_with_events`](crate::TaskManager::save_task_with_events)
+    /// does, and store `record` with `report` as its report, as
+    /// [`RunStore::save_run_report_json`](crate::RunStore::save_run_report_json) does, in one
+    /// write: a run comes to rest (its final status) with its report, so that whoever finds
+    /// the task at rest finds its run reported, and the two cost one write instead of two.
+    async fn save_task_and_run(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: &[TaskEvent],
+        record: &RunRecord,
+        report: &JsonText,
+    ) -> AgentResult<()> {
+        let _ = (auth, task, events, record, report);
+        Err(unsupported("save_task_and_run"))
     }
 
     /// Acknowledge `ids` on the lease's thread and release the lease, in one write: the

@@ -16,15 +16,34 @@ const SAVE_TASK_RECORD: &str = "\
 INSERT INTO task_records (tenant, task_id, run_id, thread_id, trace_id, agent_name,
     recorded_at, body, state)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
-/// Takes a run report's row as [`PostgresStore::save_record`] gives it. A replaced report
-/// takes a new `id`, so it is the newest of reports of equal time.
-const SAVE_RUN_REPORT: &str = "\
-INSERT INTO run_records (tenant, task_id, run_id, thread_id, trace_id, agent_name,
+/// Save a run report's row, its values `$values` (the tenant, the index columns, the time and
+/// the body, as [`record_columns`] gives them after the tenant). A replaced report takes a new
+/// `id`, so it is the newest of reports of equal time.
+macro_rules! save_run_report {
+    ($values:literal) => {
+        concat!(
+            "INSERT INTO run_records (tenant, task_id, run_id, thread_id, trace_id, agent_name,
     recorded_at, body)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+VALUES ",
+            $values,
+            "
 ON CONFLICT (tenant, run_id) DO UPDATE SET id = DEFAULT, task_id = excluded.task_id,
     thread_id = excluded.thread_id, trace_id = excluded.trace_id,
-    agent_name = excluded.agent_name, recorded_at = excluded.recorded_at, body = excluded.body";
+    agent_name = excluded.agent_name, recorded_at = excluded.recorded_at, body = excluded.body"
+        )
+    };
+}
+pub(crate) use save_run_report;
+
+/// Takes a run report's row as [`PostgresStore::save_record`] gives it.
+const SAVE_RUN_REPORT: &str = save_run_report!("($1, $2, $3, $4, $5, $6, $7, $8)");
+
+/// A record's columns after the tenant, as its statements take them: the index columns (task,
+/// run, thread, trace, agent; each may be null) and the time.
+pub(crate) fn record_columns<T: IndexedRecord>(record: &T) -> ([Option<&str>; 5], i64) {
+    let index = record.index();
+    (index.ids().map(|(_, id)| id), to_nanos(index.recorded_at))
+}
 const GET_RUN_REPORT: ByKey<RunRecord> = ByKey {
     sql: "SELECT body FROM run_records WHERE tenant = $1 AND run_id = $2",
     op: "reading a run report",
@@ -74,11 +93,9 @@ impl PostgresStore {
         state: Option<&str>,
         op: &'static str,
     ) -> AgentResult<()> {
-        let index = record.index();
-        let (tenant, recorded_at) = (auth.namespace(), to_nanos(index.recorded_at));
-        let ids = index.ids();
+        let ((ids, recorded_at), tenant) = (record_columns(record), auth.namespace());
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&tenant];
-        params.extend(ids.iter().map(|(_, id)| id as &(dyn ToSql + Sync)));
+        params.extend(ids.iter().map(|id| id as &(dyn ToSql + Sync)));
         params.extend([&recorded_at as &(dyn ToSql + Sync), &body]);
         params.extend(state.as_ref().map(|state| state as &(dyn ToSql + Sync)));
         self.execute(sql, &params, op).await?;

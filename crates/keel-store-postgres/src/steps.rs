@@ -1,16 +1,20 @@
 //! [`StepStore`] over PostgreSQL: one persist point of an engine step as one statement, so
-//! the fence, the history entries and the task's log entries (and its snapshot, or its queue
-//! item) commit together or not at all (decision 260).
+//! the fence, the history entries and the task's log entries (and its snapshot, its queue
+//! item or its run's report) commit together or not at all (decisions 260, 278).
 
 use async_trait::async_trait;
 use keel_core::conversation::LlmMessage;
+use keel_core::stored::JsonText;
 use keel_core::{AgentError, AgentResult, Task, TaskEvent};
-use keel_runtime::{encode_task_events, AuthContext, Lease, QueuedItem, StepStore, TaskWrite};
+use keel_runtime::{
+    encode_task_events, AuthContext, Lease, QueuedItem, RunRecord, StepStore, TaskWrite,
+};
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
 
 use crate::codec::encode_all;
 use crate::leases::fence;
+use crate::runs::{record_columns, save_run_report};
 use crate::tasks::{save_with_events, snapshot_columns, SnapshotArgs};
 use crate::threads::{append_history, NewItem, ACK_AND_RELEASE};
 use crate::PostgresStore;
@@ -53,6 +57,16 @@ const SAVE_AND_QUEUE: &str = concat!(
     SELECT $1, $3, last_queue_seq, $8, $9, $10 FROM counter RETURNING seq
 )
 SELECT (SELECT seq FROM queued)"
+);
+
+/// Save task `$2` with `$7` appended to its log ([`save_with_events!`]) and its run's report:
+/// the record's index columns `$8` to `$12`, its time `$13` and its text `$14`.
+const SAVE_AND_REPORT: &str = concat!(
+    "WITH ",
+    save_with_events!(),
+    ", run AS (",
+    save_run_report!("($1, $8, $9, $10, $11, $12, $13, $14)"),
+    ")\nSELECT 1"
 );
 
 #[async_trait]
@@ -123,6 +137,31 @@ impl StepStore for PostgresStore {
             self.announce_task_events(auth, &task.id);
         }
         item.queued(&row)
+    }
+
+    async fn save_task_and_run(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: &[TaskEvent],
+        record: &RunRecord,
+        report: &JsonText,
+    ) -> AgentResult<()> {
+        let args = SnapshotArgs::new(auth, task, events)?;
+        let ((ids, recorded_at), text) = (record_columns(record), record.text_with_report(report)?);
+        let mut params: Vec<&(dyn ToSql + Sync)> = args.params().to_vec();
+        params.extend(ids.iter().map(|id| id as &(dyn ToSql + Sync)));
+        params.extend([&recorded_at as &(dyn ToSql + Sync), &text]);
+        self.execute(
+            SAVE_AND_REPORT,
+            &params,
+            "saving a task at rest with its run's report",
+        )
+        .await?;
+        if !events.is_empty() {
+            self.announce_task_events(auth, &task.id);
+        }
+        Ok(())
     }
 
     async fn ack_and_release(

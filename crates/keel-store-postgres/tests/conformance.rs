@@ -22,6 +22,7 @@ async fn postgres_store_passes_the_conformance_suite() {
     testing::step_store_folds_a_task_with_its_queue_item_and_its_start(&store, &store, &store)
         .await;
     testing::step_store_acks_and_releases_in_one_write(&store, &store).await;
+    testing::step_store_saves_a_task_at_rest_with_its_run(&store, &store, &store).await;
     schema.drop_schema().await.unwrap();
 }
 

@@ -16,6 +16,8 @@ async fn redis_store_passes_the_conformance_suite() {
     let threads = store.services(Arc::new(MockLlm::new())).threads;
     testing::run_all(&store, &store, threads, store.kv_limits(), &store).await;
     testing::step_store_writes_history_and_log_together(&store, &store, &store).await;
+    testing::step_store_acks_and_releases_in_one_write(&store, &store).await;
+    testing::step_store_saves_a_task_at_rest_with_its_run(&store, &store, &store).await;
     support::clean_up(&prefix).await;
 }
 

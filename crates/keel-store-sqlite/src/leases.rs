@@ -32,6 +32,19 @@ pub(crate) fn check_fence(conn: &Connection, tenant: &str, lease: &Lease) -> Age
     lease.check_fence(current, Utc::now())
 }
 
+/// Release `lease`, only while it is the thread's current one: releasing a stale lease must not
+/// free the thread under its new holder.
+pub(crate) fn delete_lease(conn: &Connection, tenant: &str, lease: &Lease) -> AgentResult<()> {
+    // A token past i64 was never issued, so there is nothing of it to release.
+    let Ok(token) = i64::try_from(lease.token) else {
+        return Ok(());
+    };
+    conn.prepare_cached("DELETE FROM leases WHERE tenant = ?1 AND thread_id = ?2 AND token = ?3")
+        .and_then(|mut stmt| stmt.execute(params![tenant, lease.thread_id.as_str(), token]))
+        .context("releasing a lease")?;
+    Ok(())
+}
+
 #[async_trait]
 impl ThreadLeases for SqliteStore {
     async fn take_lease(&self, auth: &AuthContext, ask: &LeaseAsk) -> AgentResult<Option<Lease>> {
@@ -104,21 +117,8 @@ impl ThreadLeases for SqliteStore {
     }
 
     async fn release_lease(&self, auth: &AuthContext, lease: &Lease) -> AgentResult<()> {
-        // A token past i64 was never issued, so there is nothing of it to release.
-        let Ok(token) = i64::try_from(lease.token) else {
-            return Ok(());
-        };
-        let (tenant, thread_id) = (self.tenant(auth).await?, lease.thread_id.clone());
-        self.write(move |conn| {
-            // Only the current holder's lease goes: releasing a stale lease must not free the
-            // thread under its new holder.
-            conn.prepare_cached(
-                "DELETE FROM leases WHERE tenant = ?1 AND thread_id = ?2 AND token = ?3",
-            )
-            .and_then(|mut stmt| stmt.execute(params![tenant, thread_id.as_str(), token]))
-            .context("releasing a lease")?;
-            Ok(())
-        })
-        .await
+        let (tenant, lease) = (self.tenant(auth).await?, lease.clone());
+        self.write(move |conn| delete_lease(conn, &tenant, &lease))
+            .await
     }
 }

@@ -7,7 +7,7 @@ use keel_runtime::{
     AuthContext, IndexedRecord, RecordText, RunQuery, RunRecord, RunStore, TaskRecord,
 };
 use rusqlite::types::Value as SqlValue;
-use rusqlite::{params, params_from_iter};
+use rusqlite::{params, params_from_iter, Connection};
 
 use crate::codec::{decode_text, select_record, select_rows, to_nanos, usize_to_sql, SqlContext};
 use crate::SqliteStore;
@@ -47,38 +47,60 @@ fn where_clause(tenant: String, query: &RunQuery) -> (String, Vec<SqlValue>) {
     (clauses.join(" AND "), args)
 }
 
-impl SqliteStore {
-    /// Save `record` by `sql`, which takes the tenant, the record's index columns (task, run,
-    /// thread, trace, agent; each may be null), its time and its `body` (the record's stored
-    /// text) as `?1` to `?8`, and
-    /// `state`, when given, as `?9`: the one row shape of task records and run reports.
-    async fn save_record<T: IndexedRecord>(
-        &self,
-        auth: &AuthContext,
+/// A task record's or run report's row, encoded, ready to insert in a write job.
+pub(crate) struct RecordRow {
+    sql: &'static str,
+    args: Vec<SqlValue>,
+    what: &'static str,
+}
+
+impl RecordRow {
+    /// The row of `record` for `sql`, which takes the tenant, the record's index columns (task,
+    /// run, thread, trace, agent; each may be null), its time and its `body` (the record's
+    /// stored text) as `?1` to `?8`, and `state`, when given, as `?9`: the one row shape of
+    /// task records and run reports.
+    fn new<T: IndexedRecord>(
+        tenant: String,
         record: &T,
         body: String,
         sql: &'static str,
         state: Option<&'static str>,
         what: &'static str,
-    ) -> AgentResult<()> {
+    ) -> Self {
         let index = record.index();
         let text = |value: Option<&str>| value.map_or(SqlValue::Null, |v| SqlValue::Text(v.into()));
-        let mut args = vec![SqlValue::Text(self.tenant(auth).await?)];
+        let mut args = vec![SqlValue::Text(tenant)];
         args.extend(index.ids().map(|(_, id)| text(id)));
         args.extend([
             SqlValue::Integer(to_nanos(index.recorded_at)),
             SqlValue::Text(body),
         ]);
         args.extend(state.map(|state| SqlValue::Text(state.into())));
-        self.write(move |conn| {
-            conn.prepare_cached(sql)
-                .and_then(|mut stmt| stmt.execute(params_from_iter(&args)))
-                .context(what)?;
-            Ok(())
-        })
-        .await
+        Self { sql, args, what }
     }
 
+    /// The row of a run's report, `text` its stored text.
+    pub(crate) fn run(tenant: String, record: &RunRecord, text: String) -> Self {
+        Self::new(
+            tenant,
+            record,
+            text,
+            SAVE_RUN_REPORT,
+            None,
+            "saving a run report",
+        )
+    }
+
+    /// Insert the row (a run report's replaces the run's earlier one).
+    pub(crate) fn insert(&self, conn: &Connection) -> AgentResult<()> {
+        conn.prepare_cached(self.sql)
+            .and_then(|mut stmt| stmt.execute(params_from_iter(&self.args)))
+            .context(self.what)?;
+        Ok(())
+    }
+}
+
+impl SqliteStore {
     /// Run a record query: `select` is the statement up to `WHERE`, `order` what follows it.
     async fn find_records<T>(
         &self,
@@ -114,15 +136,15 @@ impl SqliteStore {
 impl RunStore for SqliteStore {
     async fn save_task_record(&self, auth: &AuthContext, record: &TaskRecord) -> AgentResult<()> {
         let state = Some(record.state.as_str());
-        self.save_record(
-            auth,
+        let row = RecordRow::new(
+            self.tenant(auth).await?,
             record,
             record.to_text()?,
             SAVE_TASK_RECORD,
             state,
             "saving a task record",
-        )
-        .await
+        );
+        self.write(move |conn| row.insert(conn)).await
     }
 
     async fn find_task_records(
@@ -141,15 +163,8 @@ impl RunStore for SqliteStore {
         record: &RunRecord,
         text: String,
     ) -> AgentResult<()> {
-        self.save_record(
-            auth,
-            record,
-            text,
-            SAVE_RUN_REPORT,
-            None,
-            "saving a run report",
-        )
-        .await
+        let row = RecordRow::run(self.tenant(auth).await?, record, text);
+        self.write(move |conn| row.insert(conn)).await
     }
 
     async fn get_run_report(

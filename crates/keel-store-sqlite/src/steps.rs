@@ -1,17 +1,22 @@
 //! [`StepStore`] over SQLite: the writes of one persist point of an engine step (thread
-//! history under the lease, the task's log, and its snapshot or its queue item) in one write
-//! job, so one savepoint of the writer's shared transaction (decision 260).
+//! history under the lease, the task's log, and its snapshot, its queue item or its run's
+//! report; or a thread's acknowledgement and release) in one write job, so one savepoint of
+//! the writer's shared transaction (decision 260).
 
 use async_trait::async_trait;
 use keel_core::conversation::LlmMessage;
+use keel_core::stored::JsonText;
 use keel_core::{AgentError, AgentResult, Task, TaskEvent};
-use keel_runtime::{encode_task_events, AuthContext, Lease, QueuedItem, StepStore, TaskWrite};
+use keel_runtime::{
+    encode_task_events, AuthContext, Lease, QueuedItem, RunRecord, StepStore, TaskWrite,
+};
 use serde_json::Value;
 
 use crate::codec::encode_record;
-use crate::leases::check_fence;
+use crate::leases::{check_fence, delete_lease};
+use crate::runs::RecordRow;
 use crate::tasks::{append_task_events, task_exists, SnapshotRow};
-use crate::threads::{append_history_rows, QueueRow};
+use crate::threads::{append_history_rows, delete_queued, QueueRow};
 use crate::SqliteStore;
 
 #[async_trait]
@@ -70,5 +75,46 @@ impl StepStore for SqliteStore {
             item.push(conn, payload)
         })
         .await
+    }
+
+    async fn save_task_and_run(
+        &self,
+        auth: &AuthContext,
+        task: &Task,
+        events: &[TaskEvent],
+        record: &RunRecord,
+        report: &JsonText,
+    ) -> AgentResult<()> {
+        let tenant = self.tenant(auth).await?;
+        let snapshot = SnapshotRow::new(tenant.clone(), task)?;
+        let events = encode_task_events(events, &task.id, Some(&task.thread_id))?;
+        let run = RecordRow::run(tenant, record, record.text_with_report(report)?);
+        // One job: the task at rest, its last log entries and its run's report commit together.
+        self.write(move |conn| {
+            snapshot.upsert(conn)?;
+            append_task_events(conn, &snapshot.tenant, &snapshot.task_id, &events)?;
+            run.insert(conn)
+        })
+        .await
+    }
+
+    /// The acknowledgement is fenced; the release is not, and a refused fence keeps it: the
+    /// job answers the fence's refusal without failing, so its savepoint stands.
+    async fn ack_and_release(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ids: &[String],
+    ) -> AgentResult<()> {
+        let (tenant, lease, ids) = (self.tenant(auth).await?, lease.clone(), ids.to_vec());
+        self.write(move |conn| {
+            let fenced = check_fence(conn, &tenant, &lease);
+            if fenced.is_ok() {
+                delete_queued(conn, &tenant, &lease.thread_id, &ids)?;
+            }
+            delete_lease(conn, &tenant, &lease)?;
+            Ok(fenced)
+        })
+        .await?
     }
 }

@@ -317,16 +317,7 @@ impl ThreadQueue for SqliteStore {
         let (tenant, lease, ids) = (self.tenant(auth).await?, lease.clone(), ids.to_vec());
         self.write(move |conn| {
             check_fence(conn, &tenant, &lease)?;
-            let mut stmt = conn
-                .prepare_cached(
-                    "DELETE FROM thread_queue WHERE tenant = ?1 AND thread_id = ?2 AND id = ?3",
-                )
-                .context("acknowledging queued items")?;
-            for id in &ids {
-                stmt.execute(params![tenant, lease.thread_id.as_str(), id])
-                    .context("acknowledging queued items")?;
-            }
-            Ok(())
+            delete_queued(conn, &tenant, &lease.thread_id, &ids)
         })
         .await
     }
@@ -555,4 +546,22 @@ impl SubagentRegistry for SqliteStore {
         })
         .await
     }
+}
+
+/// Remove the items `ids` from the thread's queue (acknowledged); the caller checks the fence
+/// in the same transaction.
+pub(crate) fn delete_queued(
+    conn: &Connection,
+    tenant: &str,
+    thread_id: &ThreadId,
+    ids: &[String],
+) -> AgentResult<()> {
+    let mut stmt = conn
+        .prepare_cached("DELETE FROM thread_queue WHERE tenant = ?1 AND thread_id = ?2 AND id = ?3")
+        .context("acknowledging queued items")?;
+    for id in ids {
+        stmt.execute(params![tenant, thread_id.as_str(), id])
+            .context("acknowledging queued items")?;
+    }
+    Ok(())
 }

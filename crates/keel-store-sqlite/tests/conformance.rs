@@ -42,6 +42,7 @@ async fn run_all(store: &SqliteStore) {
     testing::step_store_writes_history_and_log_together(store, store, store).await;
     testing::step_store_folds_a_task_with_its_queue_item_and_its_start(store, store, store).await;
     testing::step_store_acks_and_releases_in_one_write(store, store).await;
+    testing::step_store_saves_a_task_at_rest_with_its_run(store, store, store).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -78,6 +79,7 @@ each_check_on_its_own_file!(|store| {
     task_manager_save_with_events(&store);
     step_store_writes_history_and_log_together(&store, &store, &store);
     step_store_folds_a_task_with_its_queue_item_and_its_start(&store, &store, &store);
+    step_store_saves_a_task_at_rest_with_its_run(&store, &store, &store);
     task_manager_pagination(&store);
     task_manager_recently_updated_order(&store);
     task_manager_tenant_isolation(&store);

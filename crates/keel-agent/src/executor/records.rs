@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use chrono::Utc;
+use keel_core::stored::JsonText;
 use keel_core::{
     AgentError, AgentResult, Artifact, Message, Part, Role, RunContext, Task, TaskEvent, TaskId,
     TaskState, ThreadId,
@@ -190,17 +191,38 @@ impl RunLoop<'_> {
         obs.emit(RunEvent::task_state_of(task)).await;
         // Subagents: a background child's result goes to its parent from here, durably.
         inner.agent.hooks.on_rest(inner, auth, task).await;
-        // The report and the status are independent writes, sent together so that they
-        // share a round trip (one SQLite batch, one Redis pipeline) instead of queueing one
-        // behind the other; the report is sent first. Waiters are woken once both are
-        // done: whoever waits for the task must find the run fully reported.
-        let ((), saved) = tokio::join!(
-            self.save_records(),
-            inner.write_status_after(auth, &self.task, logged)
-        );
-        saved?;
+        self.rest_reported(logged).await?;
         inner.notices.task_saved_as(auth, &self.task);
         Ok(())
+    }
+
+    /// Write the task's final status after `events`, and the run's report: one write where
+    /// the step store folds them (a failure of it fails the ending, as the status's alone
+    /// would); otherwise two independent writes, sent together so that they share a round
+    /// trip (one SQLite batch, one Redis pipeline), the report first, whose failure is
+    /// logged, the task being persisted. Waiters are woken after this: whoever waits for the
+    /// task must find the run fully reported.
+    async fn rest_reported(&self, mut events: Vec<TaskEvent>) -> AgentResult<()> {
+        let (inner, auth, task) = (self.inner, &self.flow.auth, &self.task);
+        events.push(status_event(task));
+        let record = inner.run_record(&self.obs, task);
+        if let (Some(steps), Some((record, report))) = (inner.runtime.step_store(), &record) {
+            match steps
+                .save_task_and_run(auth, task, &events, record, report)
+                .await
+            {
+                Err(AgentError::Unsupported { .. }) => {}
+                saved => return saved,
+            }
+        }
+        let report = async {
+            if let Some((record, report)) = record {
+                inner.store_run_record(auth, record, report).await;
+            }
+        };
+        let tasks = inner.runtime.task_manager();
+        let ((), saved) = tokio::join!(report, tasks.save_task_with_events(auth, task, &events));
+        saved
     }
 
     /// The run's report (redacted) goes to the run store. A failure here is logged: the task
@@ -234,39 +256,51 @@ impl Inner {
     /// The run's report (redacted) goes to the run store. A failure here is logged: the task
     /// itself is already persisted.
     pub(super) async fn save_records(&self, auth: &AuthContext, obs: &RunObs, task: &Task) {
-        let runs = self.runtime.run_store();
-        let agent_name = Some(self.agent.card().name.as_str());
-        let result = async {
+        if let Some((record, report)) = self.run_record(obs, task) {
+            self.store_run_record(auth, record, report).await;
+        }
+    }
+
+    /// The record of the run `obs` watched over `task`, and its report (masked event by event
+    /// while the run went, serialized once here); `None` for a task that names no run, or, with
+    /// the error logged, when the report cannot be had.
+    pub(super) fn run_record(&self, obs: &RunObs, task: &Task) -> Option<(RunRecord, JsonText)> {
+        let record = || {
             // The run's record is its report; the task's home is the task store, so no
             // snapshot of it is written here (decision 258).
             let Some(ctx) = RunContext::from_task(task)? else {
-                return Ok(());
+                return Ok(None);
             };
-            // Masked event by event while the run went (the run's report writer) and
-            // serialized once here; the in-memory store keeps that text as it is.
-            let report = obs.take_report_json()?;
-            runs.save_run_report_json(
-                auth,
-                RunRecord {
-                    run_id: ctx.run_id,
-                    task_id: Some(task.id.clone()),
-                    thread_id: Some(task.thread_id.clone()),
-                    trace_id: Some(ctx.trace_id),
-                    agent_name: agent_name.map(str::to_owned),
-                    recorded_at: Utc::now(),
-                    report: Value::Null,
-                },
-                report,
-            )
-            .await
+            let record = RunRecord {
+                run_id: ctx.run_id,
+                task_id: Some(task.id.clone()),
+                thread_id: Some(task.thread_id.clone()),
+                trace_id: Some(ctx.trace_id),
+                agent_name: Some(self.agent.card().name.clone()),
+                recorded_at: Utc::now(),
+                report: Value::Null,
+            };
+            Ok(Some((record, obs.take_report_json()?)))
+        };
+        record().unwrap_or_else(|err: AgentError| {
+            self.report_unsaved(&err);
+            None
+        })
+    }
+
+    /// Store `record` with `report` in the run store; a failure is logged.
+    async fn store_run_record(&self, auth: &AuthContext, record: RunRecord, report: JsonText) {
+        let runs = self.runtime.run_store();
+        if let Err(err) = runs.save_run_report_json(auth, record, report).await {
+            self.report_unsaved(&err);
         }
-        .await;
-        if let Err(err) = result {
-            self.log(
-                LogLevel::Warn,
-                &format!("could not save the run report: {err}"),
-            );
-        }
+    }
+
+    fn report_unsaved(&self, err: &AgentError) {
+        self.log(
+            LogLevel::Warn,
+            &format!("could not save the run report: {err}"),
+        );
     }
 
     pub(super) async fn persist_status(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
@@ -279,25 +313,15 @@ impl Inner {
         &self,
         auth: &AuthContext,
         task: &Task,
-        events: Vec<TaskEvent>,
-    ) -> AgentResult<()> {
-        self.write_status_after(auth, task, events).await?;
-        self.notices.task_saved_as(auth, task);
-        Ok(())
-    }
-
-    /// [`Self::persist_status_after`] without waking the task's waiters.
-    pub(super) async fn write_status_after(
-        &self,
-        auth: &AuthContext,
-        task: &Task,
         mut events: Vec<TaskEvent>,
     ) -> AgentResult<()> {
         events.push(status_event(task));
         self.runtime
             .task_manager()
             .save_task_with_events(auth, task, &events)
-            .await
+            .await?;
+        self.notices.task_saved_as(auth, task);
+        Ok(())
     }
 
     /// A task its negotiator did not start comes to rest: rejected, or waiting for input or

@@ -23,7 +23,7 @@ fn containing(thread: &ThreadId, needle: &str) -> RunQuery {
 }
 
 /// A run report of `task` on its thread, by `agent`, recorded at `recorded_at`, with no trace.
-fn report_of(
+pub(super) fn report_of(
     task: &Task,
     agent: Option<&str>,
     recorded_at: chrono::DateTime<Utc>,

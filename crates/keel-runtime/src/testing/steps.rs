@@ -3,13 +3,17 @@
 
 use keel_core::conversation::LlmMessage;
 use keel_core::{AgentError, Message, Task, TaskEvent, TaskState};
+use serde_json::{json, Value};
 
+use keel_core::stored::JsonText;
+
+use super::runs::report_of;
 use super::{
     assert_lease_lost, assert_task_not_found, fresh_tenant, history_len, leased, tenant_and_thread,
     try_lease,
 };
 use crate::TaskWrite::{LogOnly, SnapshotAndLog};
-use crate::{TaskManager, ThreadStore};
+use crate::{RunRecord, RunStore, TaskManager, ThreadStore};
 
 /// A [`StepStore`](crate::StepStore) writes history and task log together: both land, and a
 /// stale lease or an unknown task writes neither.
@@ -229,4 +233,87 @@ pub async fn step_store_acks_and_releases_in_one_write(
         .await
         .unwrap()
         .is_empty());
+}
+
+/// A [`StepStore`](crate::StepStore) that folds a run's ending
+/// ([`save_task_and_run`](crate::StepStore::save_task_and_run)) leaves the task's final
+/// snapshot, its log entries after the earlier ones, and the run's record with the report
+/// given as text, as the run store reads it back; a second ending of the same run replaces
+/// its record. A store that keeps the default ([`AgentError::Unsupported`]) passes as it is.
+pub async fn step_store_saves_a_task_at_rest_with_its_run(
+    steps: &dyn crate::StepStore,
+    tasks: &dyn TaskManager,
+    runs: &dyn RunStore,
+) {
+    let auth = fresh_tenant();
+    let mut task = Task::create(Message::user("q"));
+    let asked = TaskEvent::Message {
+        message: Message::user("q"),
+    };
+    tasks
+        .save_task_with_events(&auth, &task, std::slice::from_ref(&asked))
+        .await
+        .unwrap();
+    task.begin().unwrap();
+    task.update_status(TaskState::Completed, Some(Message::agent("a")))
+        .unwrap();
+    let events = [
+        TaskEvent::Message {
+            message: Message::agent("a"),
+        },
+        TaskEvent::status_of(&task, true),
+    ];
+    let record = report_of(&task, Some("echo"), chrono::Utc::now(), Value::Null);
+    let report = json!({"events": [{"type": "run.stopped"}], "final": "completed"});
+    let text = JsonText::of(&report).unwrap();
+    match steps
+        .save_task_and_run(&auth, &task, &events, &record, &text)
+        .await
+    {
+        Err(AgentError::Unsupported { .. }) => return,
+        done => done.unwrap(),
+    }
+    let saved = tasks.get_task(&auth, &task.id).await.unwrap().unwrap();
+    assert_eq!(
+        saved.state(),
+        TaskState::Completed,
+        "the final status is saved"
+    );
+    let mut logged = vec![asked];
+    logged.extend(events.iter().cloned());
+    assert_eq!(
+        tasks.get_task_events(&auth, &task.id).await.unwrap(),
+        logged,
+        "the ending's entries follow the earlier ones"
+    );
+    let stored = runs
+        .get_run_report(&auth, &record.run_id)
+        .await
+        .unwrap()
+        .expect("the run's record is saved with the task");
+    assert_eq!(
+        stored,
+        RunRecord {
+            report,
+            ..record.clone()
+        },
+        "the record reads back with its report"
+    );
+
+    let again = json!({"final": "completed", "note": "replaced"});
+    steps
+        .save_task_and_run(&auth, &task, &[], &record, &JsonText::of(&again).unwrap())
+        .await
+        .unwrap();
+    let stored = runs.get_run_report(&auth, &record.run_id).await.unwrap();
+    assert_eq!(
+        stored.map(|r| r.report),
+        Some(again),
+        "a run's record is replaced"
+    );
+    assert_eq!(
+        tasks.get_task_events(&auth, &task.id).await.unwrap().len(),
+        logged.len(),
+        "no events, none appended"
+    );
 }
