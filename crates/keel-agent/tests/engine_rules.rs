@@ -161,18 +161,17 @@ mod sqlite {
 
         use std::sync::atomic::{AtomicUsize, Ordering};
 
+        use super::*;
         use async_trait::async_trait;
         use keel_agent::{Agent, AgentExecutor, SendOptions};
         use keel_core::conversation::LlmMessage;
         use keel_core::stored::JsonText;
         use keel_core::{AgentCard, Message, Task, TaskEvent, TaskState};
-        use keel_runtime::{Lease, QueuedItem, RunRecord, StepStore, TaskWrite};
+        use keel_runtime::{Lease, RunRecord, StepStore, TaskWrite};
         use keel_store_sqlite::SqliteStore;
-        use serde_json::Value;
 
-        use super::*;
-
-        /// SQLite's step store, counting the run endings it is handed.
+        /// SQLite's step store for the steps and the endings, counting the endings (the other
+        /// folds are left to their defaults, the writes one after the other).
         struct Endings {
             store: SqliteStore,
             endings: Arc<AtomicUsize>,
@@ -193,17 +192,6 @@ mod sqlite {
                 store
                     .persist_step(auth, lease, history, task, write, events)
                     .await
-            }
-
-            async fn save_task_and_queue(
-                &self,
-                auth: &AuthContext,
-                task: &Task,
-                events: &[TaskEvent],
-                payload: Value,
-            ) -> AgentResult<QueuedItem> {
-                let store = &self.store;
-                store.save_task_and_queue(auth, task, events, payload).await
             }
 
             async fn save_task_and_run(

@@ -514,6 +514,52 @@ async fn persist_step_is_one_write_job() {
     assert_one_write_job(&store, before, "a step's history and log entry");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runs_ending_and_the_last_acknowledgement_are_one_write_job_each() {
+    use keel_runtime::{RunRecord, RunStore, StepStore};
+    let (_dir, store, auth) = fresh_store();
+    let (mut task, lease) = leased_task(&store, &auth).await;
+    task.begin().unwrap();
+    task.fail("done").unwrap();
+    let record = RunRecord {
+        run_id: keel_core::RunId::new(),
+        task_id: Some(task.id.clone()),
+        thread_id: Some(task.thread_id.clone()),
+        trace_id: None,
+        agent_name: Some("echo".into()),
+        recorded_at: chrono::Utc::now(),
+        report: serde_json::Value::Null,
+    };
+    let report = keel_core::stored::JsonText::of(&json!({"final": "failed"})).unwrap();
+    let status = TaskEvent::status_of(&task, true);
+    let before = store.stats();
+    store
+        .save_task_and_run(&auth, &task, &[status], &record, &report)
+        .await
+        .unwrap();
+    assert_one_write_job(&store, before, "a run's final status with its report");
+    let stored = store.get_run_report(&auth, &record.run_id).await.unwrap();
+    assert_eq!(stored.map(|r| r.report), Some(json!({"final": "failed"})));
+
+    let item = store
+        .push_queue(&auth, &task.thread_id, json!({"n": 1}))
+        .await
+        .unwrap();
+    let before = store.stats();
+    store
+        .ack_and_release(&auth, &lease, &[item.id])
+        .await
+        .unwrap();
+    assert_one_write_job(&store, before, "the last acknowledgement with the release");
+    assert_eq!(store.queue_len(&auth, &task.thread_id).await.unwrap(), 0);
+    assert!(
+        try_lease(&store, &auth, &task.thread_id, "next")
+            .await
+            .is_some(),
+        "the thread is free"
+    );
+}
+
 #[tokio::test]
 async fn services_hand_out_the_step_store() {
     let store = SqliteStore::open_in_memory().unwrap();
