@@ -175,30 +175,72 @@ fn encode<T: Serialize + ?Sized>(key: &str, value: &T) -> AgentResult<Value> {
 }
 
 /// A [`MemoryService`] over a concurrent hash map.
-#[derive(Debug, Default)]
+///
+/// It keeps at most [`Self::DEFAULT_MAX_EXPIRING`] (or the configured number of) values
+/// with a TTL, give or take one sweep's writes: past it, the values that would expire soonest
+/// go first (decision 279). A value without a TTL is never dropped.
+#[derive(Debug)]
 pub struct InMemoryMemoryService {
     values: DashMap<Scoped<String>, (Value, Option<Instant>), foldhash::fast::RandomState>,
     /// Expiring writes since the last sweep.
     expiring_writes: AtomicU64,
+    /// The most values with a TTL kept after a sweep.
+    max_expiring: usize,
 }
 
 /// Every this many expiring writes, expired values are swept, so keys written once with a
 /// TTL and never read again (claims, cursors) do not pile up.
 const SWEEP_EVERY: u64 = 1024;
 
+impl Default for InMemoryMemoryService {
+    fn default() -> Self {
+        Self {
+            values: DashMap::default(),
+            expiring_writes: AtomicU64::new(0),
+            max_expiring: Self::DEFAULT_MAX_EXPIRING,
+        }
+    }
+}
+
 impl InMemoryMemoryService {
+    /// How many values with a TTL the store keeps by default: ten times what the in-memory
+    /// task store retains ([`InMemoryTaskManager::DEFAULT_FINISHED_CAP`]), since every
+    /// `SendMessage` claims its message id for a day (so a server under load would otherwise
+    /// grow by a claim a request for that day), and a claim outliving its task answers
+    /// nothing anyway.
+    ///
+    /// [`InMemoryTaskManager::DEFAULT_FINISHED_CAP`]: crate::InMemoryTaskManager::DEFAULT_FINISHED_CAP
+    pub const DEFAULT_MAX_EXPIRING: usize = 100_000;
+
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Count an expiring write; every [`SWEEP_EVERY`]th drops the expired values (amortized
-    /// O(1) per write).
+    /// Keep at most `max` values with a TTL (at least one sweep's worth), dropping those that
+    /// expire soonest beyond it.
+    pub fn with_max_expiring(mut self, max: usize) -> Self {
+        self.max_expiring = max.max(1);
+        self
+    }
+
+    /// Count an expiring write; every [`SWEEP_EVERY`]th drops the expired values, and the
+    /// soonest to expire of those beyond the cap (amortized O(1) per write).
     fn after_expiring_write(&self) {
         if self.expiring_writes.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
             let now = Instant::now();
+            let mut expiring: Vec<Instant> = self
+                .values
+                .iter()
+                .filter_map(|entry| entry.1.filter(|e| *e > now))
+                .collect();
+            // Past the cap, everything expiring no later than the cap's oldest goes too.
+            let cutoff = match expiring.len().checked_sub(self.max_expiring) {
+                Some(over) if over > 0 => *expiring.select_nth_unstable(over - 1).1,
+                _ => now,
+            };
             self.values
-                .retain(|_, (_, expires)| expires.is_none_or(|e| e > now));
+                .retain(|_, (_, expires)| expires.is_none_or(|e| e > cutoff.max(now)));
         }
     }
 
@@ -362,6 +404,51 @@ mod tests {
         assert_eq!(
             store.load_serialized(&auth, "kept").await.unwrap(),
             Some(json!(1))
+        );
+    }
+
+    #[tokio::test]
+    async fn past_the_cap_the_values_expiring_soonest_go_and_lasting_ones_stay() {
+        let cap = 100;
+        let store = InMemoryMemoryService::new().with_max_expiring(cap);
+        let auth = AuthContext::new("app", "alice");
+        store
+            .save_serialized(&auth, "kept", json!(1))
+            .await
+            .unwrap();
+        // Later writes expire later: the first ones written are the soonest to expire.
+        let writes = SWEEP_EVERY as usize;
+        for i in 0..writes {
+            let ttl = Duration::from_secs(3600 + i as u64);
+            store
+                .save_serialized_with_ttl(&auth, &format!("claim:{i}"), json!(i), ttl)
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            store.len(),
+            cap + 1,
+            "the cap's worth of claims and the lasting value"
+        );
+        for (key, kept) in [("kept", true), ("claim:0", false), ("claim:1023", true)] {
+            let value = store.load_serialized(&auth, key).await.unwrap();
+            assert_eq!(value.is_some(), kept, "{key}");
+        }
+        assert_eq!(
+            store
+                .load_serialized(&auth, &format!("claim:{}", writes - cap))
+                .await
+                .unwrap(),
+            Some(json!(writes - cap)),
+            "the newest `cap` claims stay"
+        );
+        assert_eq!(
+            store
+                .load_serialized(&auth, &format!("claim:{}", writes - cap - 1))
+                .await
+                .unwrap(),
+            None,
+            "the one before them went"
         );
     }
 

@@ -60,8 +60,10 @@ pub(crate) async fn claim(
     let values = reads.values();
     let task_id = loop {
         let fresh = TaskId::new();
+        // The task id alone, as a JSON string: a claim a request, kept for a day, is the
+        // smallest value that names its task.
         if values
-            .claim(auth, &key, json!({"taskId": fresh.as_str()}), KEPT_FOR)
+            .claim(auth, &key, json!(fresh.as_str()), KEPT_FOR)
             .await?
         {
             return Ok(Claim::Fresh(fresh));
@@ -71,8 +73,7 @@ pub(crate) async fn claim(
             .load(auth, &key)
             .await?
             .as_ref()
-            .and_then(|claimed| claimed.get("taskId"))
-            .and_then(Value::as_str)
+            .and_then(claimed_task)
         {
             break TaskId::from(task_id);
         }
@@ -88,6 +89,14 @@ pub(crate) async fn claim(
         }
         tokio::time::sleep(CREATION_POLL).await;
     }
+}
+
+/// The task a claim names: its value, or the `taskId` of the object that claims written
+/// before the claim was the id alone hold (kept for a day, so read for a day).
+fn claimed_task(claimed: &Value) -> Option<&str> {
+    claimed
+        .as_str()
+        .or_else(|| claimed.get("taskId").and_then(Value::as_str))
 }
 
 /// Drop the claim of `message_id`: its message made no task (refused before anything was
@@ -127,7 +136,9 @@ mod tests {
     use keel_llm::MockLlm;
     use keel_runtime::{AuthContext, Services};
 
-    use super::{claim, key, release, Claim};
+    use serde_json::json;
+
+    use super::{claim, claimed_task, key, release, Claim};
 
     #[tokio::test]
     async fn a_released_claim_is_fresh_again_at_once_and_tenants_claim_apart() {
@@ -148,6 +159,28 @@ mod tests {
             matches!(&again, Claim::Fresh(id) if *id != first),
             "{again:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_claim_is_its_task_id_and_one_written_as_an_object_still_names_its_task() {
+        let reads = Reads::new(Arc::new(Services::in_memory(Arc::new(MockLlm::new()))));
+        let auth = AuthContext::new("a", "alice");
+        let Claim::Fresh(task_id) = claim(&reads, &auth, "echo", "m-1").await.unwrap() else {
+            panic!("a new message id is fresh");
+        };
+        let stored = reads
+            .values()
+            .load(&auth, &key("echo", "m-1"))
+            .await
+            .unwrap();
+        assert_eq!(stored, Some(json!(task_id.as_str())), "the id alone");
+        for (value, named) in [
+            (json!(task_id.as_str()), Some(task_id.as_str())),
+            (json!({"taskId": task_id.as_str()}), Some(task_id.as_str())),
+            (json!({"other": 1}), None),
+        ] {
+            assert_eq!(claimed_task(&value), named, "{value}");
+        }
     }
 
     #[test]
