@@ -13,10 +13,10 @@ use keel_runtime::{
 use serde_json::Value;
 
 use crate::codec::encode_record;
-use crate::leases::{check_fence, delete_lease};
+use crate::leases::check_fence;
 use crate::runs::RecordRow;
 use crate::tasks::{append_task_events, task_exists, SnapshotRow};
-use crate::threads::{append_history_rows, delete_queued, QueueRow};
+use crate::threads::{append_history_rows, QueueRow};
 use crate::SqliteStore;
 
 #[async_trait]
@@ -98,23 +98,12 @@ impl StepStore for SqliteStore {
         .await
     }
 
-    /// The acknowledgement is fenced; the release is not, and a refused fence keeps it: the
-    /// job answers the fence's refusal without failing, so its savepoint stands.
     async fn ack_and_release(
         &self,
         auth: &AuthContext,
         lease: &Lease,
         ids: &[String],
     ) -> AgentResult<()> {
-        let (tenant, lease, ids) = (self.tenant(auth).await?, lease.clone(), ids.to_vec());
-        self.write(move |conn| {
-            let fenced = check_fence(conn, &tenant, &lease);
-            if fenced.is_ok() {
-                delete_queued(conn, &tenant, &lease.thread_id, &ids)?;
-            }
-            delete_lease(conn, &tenant, &lease)?;
-            Ok(fenced)
-        })
-        .await?
+        self.acknowledge(auth, lease, ids, true).await
     }
 }

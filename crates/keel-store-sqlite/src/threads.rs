@@ -18,7 +18,7 @@ use crate::codec::{
     select_count, select_record, select_rows, select_text, to_nanos, to_sql_int, usize_to_sql,
     SqlContext,
 };
-use crate::leases::check_fence;
+use crate::leases::{check_fence, delete_lease};
 use crate::SqliteStore;
 
 /// Append encoded messages to a thread's history, after its last entry; the seq of the last
@@ -314,12 +314,7 @@ impl ThreadQueue for SqliteStore {
         lease: &Lease,
         ids: &[String],
     ) -> AgentResult<()> {
-        let (tenant, lease, ids) = (self.tenant(auth).await?, lease.clone(), ids.to_vec());
-        self.write(move |conn| {
-            check_fence(conn, &tenant, &lease)?;
-            delete_queued(conn, &tenant, &lease.thread_id, &ids)
-        })
-        .await
+        self.acknowledge(auth, lease, ids, false).await
     }
 
     async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
@@ -548,9 +543,35 @@ impl SubagentRegistry for SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// Acknowledge `ids` on the lease's thread, fenced by the lease, and with `release` release
+    /// the lease too, unfenced, in one write job: a refused fence acknowledges nothing and is
+    /// the answer, but the job stands, so the release is made all the same.
+    pub(crate) async fn acknowledge(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ids: &[String],
+        release: bool,
+    ) -> AgentResult<()> {
+        let (tenant, lease, ids) = (self.tenant(auth).await?, lease.clone(), ids.to_vec());
+        self.write(move |conn| {
+            let fenced = check_fence(conn, &tenant, &lease);
+            if fenced.is_ok() {
+                delete_queued(conn, &tenant, &lease.thread_id, &ids)?;
+            }
+            if release {
+                delete_lease(conn, &tenant, &lease)?;
+            }
+            Ok(fenced)
+        })
+        .await?
+    }
+}
+
 /// Remove the items `ids` from the thread's queue (acknowledged); the caller checks the fence
 /// in the same transaction.
-pub(crate) fn delete_queued(
+fn delete_queued(
     conn: &Connection,
     tenant: &str,
     thread_id: &ThreadId,
