@@ -779,7 +779,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve_config(args.config.clone()),
         _ => None,
     };
-    telemetry::init_logs(
+    // Held to the end of `main`: dropping it writes the server's last buffered lines.
+    let _logs = telemetry::init_logs(
         match &cli.command {
             Command::Serve(args) => telemetry::serve_log_format(
                 args.log_format,
@@ -795,6 +796,7 @@ fn main() -> ExitCode {
             (Command::Serve(_), _) | (_, 1) => "info,rmcp=warn",
             _ => "warn",
         },
+        matches!(cli.command, Command::Serve(_)),
     );
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
