@@ -229,18 +229,21 @@ impl InMemoryMemoryService {
     fn after_expiring_write(&self) {
         if self.expiring_writes.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
             let now = Instant::now();
-            let mut expiring: Vec<Instant> = self
-                .values
-                .iter()
-                .filter_map(|entry| entry.1.filter(|e| *e > now))
-                .collect();
-            // Past the cap, everything expiring no later than the cap's oldest goes too.
-            let cutoff = match expiring.len().checked_sub(self.max_expiring) {
-                Some(over) if over > 0 => *expiring.select_nth_unstable(over - 1).1,
-                _ => now,
-            };
+            // Past the cap, everything expiring no later than the cap's oldest goes too. A
+            // store holding no more values than the cap cannot be past it: no times are read.
+            let mut cutoff = now;
+            if self.values.len() > self.max_expiring {
+                let mut expiring: Vec<Instant> = self
+                    .values
+                    .iter()
+                    .filter_map(|entry| entry.1.filter(|e| *e > now))
+                    .collect();
+                if let Some(over) = expiring.len().checked_sub(self.max_expiring + 1) {
+                    cutoff = *expiring.select_nth_unstable(over).1;
+                }
+            }
             self.values
-                .retain(|_, (_, expires)| expires.is_none_or(|e| e > cutoff.max(now)));
+                .retain(|_, (_, expires)| expires.is_none_or(|e| e > cutoff));
         }
     }
 

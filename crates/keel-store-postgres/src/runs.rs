@@ -44,6 +44,7 @@ pub(crate) fn record_columns<T: IndexedRecord>(record: &T) -> ([Option<&str>; 5]
     let index = record.index();
     (index.ids().map(|(_, id)| id), to_nanos(index.recorded_at))
 }
+
 const GET_RUN_REPORT: ByKey<RunRecord> = ByKey {
     sql: "SELECT body FROM run_records WHERE tenant = $1 AND run_id = $2",
     op: "reading a run report",

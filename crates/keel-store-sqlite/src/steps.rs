@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::codec::encode_record;
 use crate::leases::check_fence;
 use crate::runs::RecordRow;
-use crate::tasks::{append_task_events, task_exists, SnapshotRow};
+use crate::tasks::{append_task_events, task_exists, SnapshotRow, TaskRows};
 use crate::threads::{append_history_rows, QueueRow};
 use crate::SqliteStore;
 
@@ -65,13 +65,11 @@ impl StepStore for SqliteStore {
         payload: Value,
     ) -> AgentResult<QueuedItem> {
         let tenant = self.tenant(auth).await?;
-        let snapshot = SnapshotRow::new(tenant.clone(), task)?;
-        let events = encode_task_events(events, &task.id, Some(&task.thread_id))?;
+        let rows = TaskRows::new(tenant.clone(), task, events)?;
         let item = QueueRow::new(tenant, &task.thread_id, &payload)?;
         // One job: the task, its log entries and its queue item commit together.
         self.write(move |conn| {
-            snapshot.upsert(conn)?;
-            append_task_events(conn, &snapshot.tenant, &snapshot.task_id, &events)?;
+            rows.save(conn)?;
             item.push(conn, payload)
         })
         .await
@@ -86,13 +84,11 @@ impl StepStore for SqliteStore {
         report: &JsonText,
     ) -> AgentResult<()> {
         let tenant = self.tenant(auth).await?;
-        let snapshot = SnapshotRow::new(tenant.clone(), task)?;
-        let events = encode_task_events(events, &task.id, Some(&task.thread_id))?;
+        let rows = TaskRows::new(tenant.clone(), task, events)?;
         let run = RecordRow::run(tenant, record, record.text_with_report(report)?);
         // One job: the task at rest, its last log entries and its run's report commit together.
         self.write(move |conn| {
-            snapshot.upsert(conn)?;
-            append_task_events(conn, &snapshot.tenant, &snapshot.task_id, &events)?;
+            rows.save(conn)?;
             run.insert(conn)
         })
         .await

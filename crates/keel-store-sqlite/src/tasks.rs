@@ -83,6 +83,30 @@ impl SnapshotRow {
     }
 }
 
+/// A task's snapshot and the log entries saved with it, encoded before the job is sent (so an
+/// encoding error writes nothing): what `save_task_with_events` and the step store's folds
+/// write of a task, in one savepoint with whatever else the job writes.
+pub(crate) struct TaskRows {
+    snapshot: SnapshotRow,
+    events: Vec<String>,
+}
+
+impl TaskRows {
+    pub(crate) fn new(tenant: String, task: &Task, events: &[TaskEvent]) -> AgentResult<Self> {
+        Ok(Self {
+            snapshot: SnapshotRow::new(tenant, task)?,
+            events: encode_task_events(events, &task.id, Some(&task.thread_id))?,
+        })
+    }
+
+    /// Save the snapshot, then append the entries after the task's last.
+    pub(crate) fn save(&self, conn: &Connection) -> AgentResult<()> {
+        let snapshot = &self.snapshot;
+        snapshot.upsert(conn)?;
+        append_task_events(conn, &snapshot.tenant, &snapshot.task_id, &self.events)
+    }
+}
+
 /// Append encoded events to a task's log, after its last one. The caller checks that the
 /// task exists (or has just saved it) in the same transaction.
 pub(crate) fn append_task_events(
@@ -260,16 +284,10 @@ impl TaskManager for SqliteStore {
         task: &Task,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
-        // Everything is encoded before the job is sent, so an encoding error writes nothing.
-        let row = SnapshotRow::new(self.tenant(auth).await?, task)?;
-        let bodies = encode_task_events(events, &task.id, Some(&task.thread_id))?;
+        let rows = TaskRows::new(self.tenant(auth).await?, task, events)?;
         // One job: one savepoint, so the snapshot and the events commit (or roll back)
         // together, and one place in the writer's queue instead of 1 + N.
-        self.write(move |conn| {
-            row.upsert(conn)?;
-            append_task_events(conn, &row.tenant, &row.task_id, &bodies)
-        })
-        .await
+        self.write(move |conn| rows.save(conn)).await
     }
 
     async fn add_task_event(
