@@ -19,14 +19,15 @@ use crate::{summary, EventType, RunEvent, RunReport, RunSpans, Severity, RUN_EVE
 /// [`ReportWriter`](crate::ReportWriter) carry. Reading one renders the [`RunReport`] of
 /// version [`RUN_REPORT_VERSION`](crate::RUN_REPORT_VERSION). Version 9 (decision 270) leaves
 /// out an event's summary when its payload gives it; version 10 (decision 273) a manifest's
-/// per-section items and total when its section totals give them. Versions 8, which always
-/// wrote both, and 9 are read as well ([`READ_STORED_RUN_VERSIONS`]).
-pub const STORED_RUN_VERSION: u32 = 10;
+/// per-section items and total when its section totals give them; version 11 (decision 281)
+/// writes a model's streamed chunks as a list in the first one's entry, and leaves out an
+/// empty payload. Versions 8, 9 and 10 are read as well ([`READ_STORED_RUN_VERSIONS`]).
+pub const STORED_RUN_VERSION: u32 = 11;
 
-/// The stored run versions this Keel reads: its own and the two before, whose events differ
+/// The stored run versions this Keel reads: its own and the three before, whose events differ
 /// only in carrying what a later version leaves out (summaries before 9, a manifest's items
-/// and total before 10).
-pub const READ_STORED_RUN_VERSIONS: [u32; 3] = [8, 9, STORED_RUN_VERSION];
+/// and total before 10, an entry per streamed chunk and empty payloads before 11).
+pub const READ_STORED_RUN_VERSIONS: [u32; 4] = [8, 9, 10, STORED_RUN_VERSION];
 
 /// A run as stored: its ids, where it ended, what it used and when, and its events.
 #[serde_with::skip_serializing_none]
@@ -42,9 +43,10 @@ pub(crate) struct StoredRun {
     /// The span the run's span hangs under, when its events' spans are left out.
     parent_span_id: Option<Arc<str>>,
     /// Whether every event's span and parent span are the ones [`RunSpans`] derives from
-    /// the run (as the run's emitter gave them), and so left out of the events.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    derived_spans: bool,
+    /// the run (as the run's emitter gave them), and so left out of the events. Written when
+    /// they are not (decision 281): absent, it is `true` from version 11 and `false` before,
+    /// when it was written only when `true`.
+    derived_spans: Option<bool>,
     pub(crate) started_at: Option<DateTime<Utc>>,
     pub(crate) finished_at: Option<DateTime<Utc>>,
     pub(crate) final_state: Option<TaskState>,
@@ -85,7 +87,9 @@ pub(crate) struct StoredEvent {
     severity: Severity,
     /// Left out when it is the one [`summary::of`] renders from the payload (decision 270).
     summary: Option<String>,
-    #[serde(default)]
+    /// Left out when it is an empty object (decision 281), which is what a missing one reads
+    /// as; versions before 11 always wrote it.
+    #[serde(default = "empty_payload", skip_serializing_if = "is_empty_payload")]
     payload: Value,
     #[serde(rename = "final", default, skip_serializing_if = "std::ops::Not::not")]
     is_final: bool,
@@ -96,6 +100,15 @@ pub(crate) struct StoredEvent {
     /// nanoseconds (centuries).
     #[serde(default, serialize_with = "rfc3339_opt")]
     timestamp: Option<DateTime<Utc>>,
+    /// In an `llm.stream` entry, the chunks the model streamed right after this one (decision
+    /// 281), each as `[delta, elapsed_ns]`: an event each, which follows the one before in
+    /// sequence and says what this one says but its delta and time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    chunks: Vec<(String, i64)>,
+    /// In a `task.status` entry, that its payload's `message`, left out, is the text of the
+    /// run's answer: the one text part of the last `task.artifact` before it (decision 281).
+    #[serde(rename = "answer", default, skip_serializing_if = "std::ops::Not::not")]
+    message_is_answer: bool,
 }
 
 impl StoredRun {
@@ -127,7 +140,7 @@ impl StoredRun {
             trace_id,
             agent_name: summary.agent_name,
             parent_span_id: parent_span_id.filter(|_| derived_spans),
-            derived_spans,
+            derived_spans: (!derived_spans).then_some(false),
             started_at: summary.started_at,
             finished_at: summary.finished_at,
             final_state: summary.final_state,
@@ -152,6 +165,7 @@ impl StoredRun {
         ];
         let mut previous = 0;
         let mut said = None;
+        let mut answer = None;
         for event in events {
             let follows = event.sequence == previous + 1;
             let elapsed = run
@@ -166,7 +180,12 @@ impl StoredRun {
             let derived = summary::of(&event.event_type, &payload);
             let summary =
                 (derived.as_deref() != Some(event.summary.as_str())).then_some(event.summary);
-            if event.event_type == EventType::CONTEXT_PREPARED {
+            let mut message_is_answer = false;
+            if event.event_type == EventType::TASK_ARTIFACT {
+                answer = answer_text(&payload).map(str::to_owned);
+            } else if event.event_type == EventType::TASK_STATUS {
+                message_is_answer = leave_out_answer(&mut payload, answer.as_deref());
+            } else if event.event_type == EventType::CONTEXT_PREPARED {
                 said = call_context(&payload);
                 leave_out_run_ids(&mut payload, &run);
             } else if let Some(fields) = call_fields(&event.event_type, said.as_ref()) {
@@ -174,7 +193,7 @@ impl StoredRun {
                     stored::leave_out_given(payload, fields, |own, said| own == said);
                 }
             }
-            run.events.push(StoredEvent {
+            let stored = StoredEvent {
                 version: (event.version != RUN_EVENT_VERSION).then_some(event.version),
                 event_type: event.event_type,
                 run_id: Some(event.run_id).filter(|_| keep[0]),
@@ -195,7 +214,17 @@ impl StoredRun {
                 is_final: event.is_final,
                 elapsed_ns: elapsed.filter(|n| *n != 0),
                 timestamp: elapsed.is_none().then_some(event.timestamp),
-            });
+                chunks: Vec::new(),
+                message_is_answer,
+            };
+            match run.events.last_mut() {
+                Some(last) => {
+                    if let Some(stored) = last.absorb(stored) {
+                        run.events.push(stored);
+                    }
+                }
+                None => run.events.push(stored),
+            }
         }
         run
     }
@@ -205,6 +234,7 @@ impl StoredRun {
         // Version 8 wrote a manifest's ids whole, and 9 its tokens: none there means none.
         let manifests_leave_ids_out = self.version >= 9;
         let manifests_leave_tokens_out = self.version >= 10;
+        let derived_spans = self.derived_spans.unwrap_or(self.version >= 11);
         let StoredRun {
             run_id,
             task_id,
@@ -212,7 +242,6 @@ impl StoredRun {
             trace_id,
             agent_name,
             parent_span_id,
-            derived_spans,
             started_at,
             metadata,
             events,
@@ -244,80 +273,182 @@ impl StoredRun {
         let shared_thread_id = fill(&events, &thread_id, |e| e.thread_id.is_some());
         let shared_trace_id = fill(&events, &trace_id, |e| e.trace_id.is_some());
         let shared_agent_name = fill(&events, &agent_name, |e| e.agent_name.is_some());
-        let events = events
-            .into_iter()
-            .map(|e| {
-                let sequence = e.sequence.unwrap_or(previous + 1);
-                previous = sequence;
-                let (span_id, parent_span_id) = match &spans {
-                    Some(spans) => {
-                        let (span, parent) =
-                            spans.span_of(&e.event_type, e.step, e.action_id.as_ref());
-                        (Some(span), parent)
+        let at = |elapsed_ns: Option<i64>| {
+            started_at.map(|start| start + chrono::Duration::nanoseconds(elapsed_ns.unwrap_or(0)))
+        };
+        let mut answer = None;
+        let mut read = Vec::with_capacity(events.iter().map(|e| 1 + e.chunks.len()).sum());
+        for e in events {
+            let sequence = e.sequence.unwrap_or(previous + 1);
+            previous = sequence;
+            let (span_id, parent_span_id) = match &spans {
+                Some(spans) => {
+                    let (span, parent) = spans.span_of(&e.event_type, e.step, e.action_id.as_ref());
+                    (Some(span), parent)
+                }
+                None => (e.span_id, e.parent_span_id),
+            };
+            let mut payload = e.payload;
+            if e.event_type == EventType::TASK_ARTIFACT {
+                answer = answer_text(&payload).map(str::to_owned);
+            } else if e.message_is_answer {
+                if let (Some(fields), Some(answer)) = (payload.as_object_mut(), &answer) {
+                    fields.insert("message".to_owned(), Value::String(answer.clone()));
+                }
+            } else if e.event_type == EventType::CONTEXT_PREPARED {
+                if let Some(manifest) = payload.get_mut("manifest").and_then(Value::as_object_mut) {
+                    if manifests_leave_ids_out {
+                        stored::fill_in_ids(manifest, &manifest_ids(run_ids));
                     }
-                    None => (e.span_id, e.parent_span_id),
-                };
-                let mut payload = e.payload;
-                if e.event_type == EventType::CONTEXT_PREPARED {
-                    if let Some(manifest) =
-                        payload.get_mut("manifest").and_then(Value::as_object_mut)
-                    {
-                        if manifests_leave_ids_out {
-                            stored::fill_in_ids(manifest, &manifest_ids(run_ids));
-                        }
-                        if manifests_leave_tokens_out {
-                            fill_in_derived_tokens(manifest);
-                        }
-                    }
-                    said = call_context(&payload);
-                } else if let Some(fields) =
-                    call_fields(&e.event_type, said.as_ref()).filter(|_| manifests_leave_tokens_out)
-                {
-                    if let Some(payload) = payload.as_object_mut() {
-                        stored::fill_in_given(payload, fields, Value::clone);
+                    if manifests_leave_tokens_out {
+                        fill_in_derived_tokens(manifest);
                     }
                 }
-                // Written when it is not the one its payload gives (version 9), or always (8).
-                let summary = e
-                    .summary
-                    .or_else(|| summary::of(&e.event_type, &payload))
-                    .unwrap_or_default();
-                RunEvent {
-                    version: e.version.unwrap_or(RUN_EVENT_VERSION),
-                    event_type: e.event_type,
-                    // Written from `Some`, or left out as the run's.
-                    run_id: e
-                        .run_id
-                        .or_else(|| shared_run_id.cloned())
-                        .unwrap_or_default(),
-                    task_id: e.task_id.or_else(|| shared_task_id.cloned()),
-                    thread_id: e.thread_id.or_else(|| shared_thread_id.cloned()),
-                    trace_id: e.trace_id.or_else(|| shared_trace_id.cloned()),
-                    agent_name: e.agent_name.or_else(|| shared_agent_name.cloned()),
-                    sequence,
-                    step: e.step,
-                    span_id,
-                    parent_span_id,
-                    action_id: e.action_id,
-                    parent_action_id: e.parent_action_id,
-                    delegation_id: e.delegation_id,
-                    severity: e.severity,
-                    summary,
-                    payload,
-                    is_final: e.is_final,
-                    // Written with one or the other; a row that has neither reads as the epoch
-                    // rather than not at all.
-                    timestamp: e
-                        .timestamp
-                        .or(started_at.map(|start| {
-                            start + chrono::Duration::nanoseconds(e.elapsed_ns.unwrap_or(0))
-                        }))
-                        .unwrap_or_default(),
+                said = call_context(&payload);
+            } else if let Some(fields) =
+                call_fields(&e.event_type, said.as_ref()).filter(|_| manifests_leave_tokens_out)
+            {
+                if let Some(payload) = payload.as_object_mut() {
+                    stored::fill_in_given(payload, fields, Value::clone);
                 }
-            })
-            .collect();
-        (events, metadata)
+            }
+            // Written when it is not the one its payload gives (version 9), or always (8).
+            let summary = e
+                .summary
+                .or_else(|| summary::of(&e.event_type, &payload))
+                .unwrap_or_default();
+            let event = RunEvent {
+                version: e.version.unwrap_or(RUN_EVENT_VERSION),
+                event_type: e.event_type,
+                // Written from `Some`, or left out as the run's.
+                run_id: e
+                    .run_id
+                    .or_else(|| shared_run_id.cloned())
+                    .unwrap_or_default(),
+                task_id: e.task_id.or_else(|| shared_task_id.cloned()),
+                thread_id: e.thread_id.or_else(|| shared_thread_id.cloned()),
+                trace_id: e.trace_id.or_else(|| shared_trace_id.cloned()),
+                agent_name: e.agent_name.or_else(|| shared_agent_name.cloned()),
+                sequence,
+                step: e.step,
+                span_id,
+                parent_span_id,
+                action_id: e.action_id,
+                parent_action_id: e.parent_action_id,
+                delegation_id: e.delegation_id,
+                severity: e.severity,
+                summary,
+                payload,
+                is_final: e.is_final,
+                // Written with one or the other; a row that has neither reads as the epoch
+                // rather than not at all.
+                timestamp: e.timestamp.or(at(e.elapsed_ns)).unwrap_or_default(),
+            };
+            // Each chunk is the event again with its own delta, time and sequence.
+            let head = read.len();
+            read.push(event);
+            for (delta, elapsed_ns) in e.chunks {
+                previous += 1;
+                let mut chunk = read[head].clone();
+                chunk.sequence = previous;
+                chunk.payload = serde_json::json!({ "delta": delta });
+                chunk.timestamp = at(Some(elapsed_ns)).unwrap_or_default();
+                read.push(chunk);
+            }
+        }
+        (read, metadata)
     }
+}
+
+impl StoredEvent {
+    /// Take `next` into this entry as one of its [`chunks`](StoredEvent::chunks) when both
+    /// are `llm.stream` events that say nothing but a delta and a time (each its own), the
+    /// same of all else, and `next` follows this entry's last in sequence; else hand it back.
+    fn absorb(&mut self, mut next: StoredEvent) -> Option<StoredEvent> {
+        let streamed = |e: &StoredEvent| {
+            e.event_type == EventType::LLM_STREAM
+                && e.summary.is_none()
+                && !e.is_final
+                && e.timestamp.is_none()
+                && delta(&e.payload).is_some()
+        };
+        // All an event says but its sequence, payload and time.
+        fn rest(e: &StoredEvent) -> impl PartialEq + '_ {
+            (
+                (
+                    e.version,
+                    &e.run_id,
+                    &e.task_id,
+                    &e.thread_id,
+                    &e.trace_id,
+                    &e.agent_name,
+                ),
+                (e.step, &e.span_id, &e.parent_span_id, &e.action_id),
+                (&e.parent_action_id, &e.delegation_id, e.severity),
+            )
+        }
+        let joins = streamed(self)
+            && streamed(&next)
+            && next.sequence.is_none()
+            && next.chunks.is_empty()
+            && rest(self) == rest(&next);
+        if let (true, Value::Object(payload)) = (joins, &mut next.payload) {
+            // `streamed` saw the delta: it moves into the chunk, uncopied.
+            if let Some(Value::String(text)) = payload.remove("delta") {
+                self.chunks.push((text, next.elapsed_ns.unwrap_or(0)));
+                return None;
+            }
+        }
+        Some(next)
+    }
+}
+
+/// The delta of an `llm.stream` payload that says nothing else.
+fn delta(payload: &Value) -> Option<&str> {
+    match payload.as_object() {
+        Some(fields) if fields.len() == 1 => fields.get("delta")?.as_str(),
+        _ => None,
+    }
+}
+
+/// The text of a `task.artifact` payload's artifact when it is one text part: an answer, as
+/// the engine writes it.
+fn answer_text(payload: &Value) -> Option<&str> {
+    match payload
+        .get("artifact")?
+        .get("parts")?
+        .as_array()?
+        .as_slice()
+    {
+        [part] if part.get("type").and_then(Value::as_str) == Some("text") => {
+            part.get("text")?.as_str()
+        }
+        _ => None,
+    }
+}
+
+/// Leave out of a `task.status` payload its `message` when it is the run's `answer`; whether
+/// it did.
+fn leave_out_answer(payload: &mut Value, answer: Option<&str>) -> bool {
+    let Some(fields) = payload.as_object_mut() else {
+        return false;
+    };
+    let said = fields.get("message").and_then(Value::as_str);
+    let is_answer = said.is_some() && said == answer;
+    if is_answer {
+        fields.remove("message");
+    }
+    is_answer
+}
+
+/// What a stored event without a payload reads as (decision 281).
+fn empty_payload() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+/// Whether a payload is the empty object a stored event leaves out.
+fn is_empty_payload(payload: &Value) -> bool {
+    payload.as_object().is_some_and(serde_json::Map::is_empty)
 }
 
 /// The spans of run `run_id` under `parent`, as its emitter derived them.

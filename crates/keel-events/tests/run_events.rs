@@ -952,8 +952,16 @@ async fn stored_events_leave_out_only_the_ids_all_of_them_share() {
             assert!(event.get(field).is_none(), "{field} in {event}");
         }
     }
-    assert_eq!(json["derived_spans"], true);
+    // Derived spans are the rule: said only when not so (decision 281).
+    assert!(json.get("derived_spans").is_none(), "{json}");
     assert_eq!(read(&json), report);
+    // Version 10 said `true`, and its absence meant `false`.
+    let mut version_10 = json.clone();
+    version_10["version"] = json!(10);
+    version_10["derived_spans"] = json!(true);
+    assert_eq!(read(&version_10).events, report.events);
+    version_10.as_object_mut().unwrap().remove("derived_spans");
+    assert!(read(&version_10).events.iter().all(|e| e.span_id.is_none()));
     // An event whose span is not the one its run derives keeps its own, and so do the
     // others; a gap in the numbering is written where it is.
     let mut odd = events.clone();
@@ -964,7 +972,7 @@ async fn stored_events_leave_out_only_the_ids_all_of_them_share() {
     let odd_recorder = recorder_of(&odd).await;
     let odd_json: serde_json::Value =
         serde_json::from_str(odd_recorder.take_report_json().unwrap().as_str()).unwrap();
-    assert!(odd_json.get("derived_spans").is_none(), "{odd_json}");
+    assert_eq!(odd_json["derived_spans"], false, "{odd_json}");
     assert!(odd_json["events"][0].get("span_id").is_some());
     assert!(odd_json["events"][1].get("sequence").is_none());
     assert_eq!(odd_json["events"][last]["sequence"], odd[last].sequence);
@@ -1148,4 +1156,149 @@ async fn stored_manifest(events: &[RunEvent]) -> (serde_json::Value, serde_json:
         .unwrap()["payload"]["manifest"]
         .clone();
     (json, prepared, back)
+}
+
+/// Decision 281: a model's streamed chunks are stored in the first one's entry, an empty
+/// payload is left out, and the run reads back event for event as it was emitted; a chunk
+/// that says more than its delta (its own summary, another field, another step, a number
+/// that does not follow) keeps an entry of its own; a run stored by version 10, an entry a
+/// chunk, reads as written.
+#[tokio::test]
+async fn streamed_chunks_are_stored_as_a_list_and_read_back_as_their_events() {
+    let sink = Arc::new(InMemoryEventSink::new());
+    let emitter = EventEmitter::new(&RunContext::new().with_agent("writer"), sink.clone());
+    let builders = [
+        RunEvent::llm_call_started(LlmCallStartedPayload::default()).step(1),
+        RunEvent::llm_stream("You").step(1),
+        RunEvent::llm_stream(" said:").step(1),
+        RunEvent::llm_stream(" hello").step(1),
+        RunEvent::llm_stream(" (said by hand)")
+            .step(1)
+            .summary("a summary of its own"),
+        RunEvent::llm_stream(" there").step(1),
+        RunEvent::llm_stream("{")
+            .step(1)
+            .payload(json!({"delta": "{", "tool": "t"})),
+        RunEvent::llm_stream("Next").step(2),
+        RunEvent::llm_stream(" step").step(2),
+        RunEvent::builder("queue.drained", "queue drained").step(2),
+    ];
+    for builder in builders {
+        emitter.emit(builder).await.unwrap();
+    }
+    let mut events = sink.events();
+    // A gap in the numbers: the chunk after it keeps its own entry.
+    events.last_mut().unwrap().sequence += 1;
+    let recorder = recorder_of(&events).await;
+    let report = recorder.report();
+    let json: serde_json::Value =
+        serde_json::from_str(recorder.take_report_json().unwrap().as_str()).unwrap();
+    assert_eq!(json["version"], STORED_RUN_VERSION);
+    let stored = json["events"].as_array().unwrap();
+    let entries: Vec<_> = stored
+        .iter()
+        .map(|e| (e["payload"]["delta"].clone(), e.get("chunks").cloned()))
+        .collect();
+    let chunk_texts = |e: &serde_json::Value| -> Vec<String> {
+        e["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c[0].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(stored.len(), 7, "{entries:?}");
+    assert_eq!(stored[1]["payload"]["delta"], "You");
+    assert_eq!(chunk_texts(&stored[1]), [" said:", " hello"]);
+    assert_eq!(stored[2]["summary"], "a summary of its own");
+    assert!(stored[2].get("chunks").is_none(), "{}", stored[2]);
+    // A chunk after a hand-written summary starts an entry of its own.
+    assert_eq!(stored[3]["payload"]["delta"], " there");
+    assert_eq!(stored[4]["payload"]["tool"], "t");
+    assert_eq!(chunk_texts(&stored[5]), [" step"]);
+    assert_eq!(stored[5]["step"], 2);
+    // The chunk's time, as nanoseconds after the run's start.
+    let said = &events[2];
+    let elapsed = (said.timestamp - events[0].timestamp)
+        .num_nanoseconds()
+        .unwrap();
+    assert_eq!(stored[1]["chunks"][0][1], elapsed);
+    // The empty payload is left out.
+    assert!(stored[6].get("payload").is_none(), "{}", stored[6]);
+
+    let back = read(&json);
+    assert_eq!(back.events, events);
+    assert_eq!(back, report);
+
+    // Version 10 wrote an entry a chunk and every payload: such a run reads as written.
+    let mut version_10 = json.clone();
+    version_10["version"] = json!(10);
+    let flat: Vec<serde_json::Value> = back
+        .events
+        .iter()
+        .map(|e| {
+            let mut entry =
+                json!({"type": e.event_type, "payload": e.payload, "sequence": e.sequence});
+            if let Some(step) = e.step {
+                entry["step"] = json!(step);
+            }
+            entry
+        })
+        .collect();
+    version_10["events"] = json!(flat);
+    let old = read(&version_10);
+    let sequences: Vec<u64> = old.events.iter().map(|e| e.sequence).collect();
+    assert_eq!(
+        sequences,
+        events.iter().map(|e| e.sequence).collect::<Vec<_>>()
+    );
+    assert_eq!(old.events[2].payload, json!({"delta": " said:"}));
+}
+
+/// Decision 281: a status whose message is the text of the run's answer (the one text part of
+/// the last artifact before it) is stored without it and reads back with it; a message that
+/// says something else, and one after an artifact of two parts, are kept.
+#[tokio::test]
+async fn a_status_saying_the_answer_is_stored_without_its_text() {
+    use keel_core::Part;
+    use keel_events::payload::TaskStatusPayload;
+    let status = |message: &str| {
+        RunEvent::task_status(TaskStatusPayload {
+            state: TaskState::Completed,
+            message: Some(message.to_owned()),
+            task: None,
+        })
+    };
+    let two_parts = Artifact::text("two").with_part(Part::text(" parts"));
+    let builders = [
+        status("You said: hello"),
+        RunEvent::task_artifact(
+            &Artifact::text("You said: hello").named("answer"),
+            false,
+            true,
+        ),
+        status("something else"),
+        status("You said: hello"),
+        RunEvent::task_artifact(&two_parts, false, true),
+        status("two parts"),
+    ];
+    let sink = Arc::new(InMemoryEventSink::new());
+    let emitter = EventEmitter::new(&RunContext::new(), sink.clone());
+    for builder in builders {
+        emitter.emit(builder).await.unwrap();
+    }
+    let events = sink.events();
+    let recorder = recorder_of(&events).await;
+    let json: serde_json::Value =
+        serde_json::from_str(recorder.take_report_json().unwrap().as_str()).unwrap();
+    let stored = json["events"].as_array().unwrap();
+    let left_out: Vec<bool> = stored
+        .iter()
+        .filter(|e| e["type"] == "task.status")
+        .map(|e| e["payload"].get("message").is_none())
+        .collect();
+    // Before any answer, another text, the answer, after an answer of two parts.
+    assert_eq!(left_out, [false, false, true, false]);
+    assert_eq!(stored[3]["answer"], true);
+    assert_eq!(read(&json).events, events);
 }
