@@ -395,15 +395,21 @@ struct ManifestTokens {
     total_estimated_tokens: u64,
 }
 
-/// Whether only the action records read events of type `t` (`action.started` also counts
-/// tool calls).
-fn is_read_by_action_records_only(t: &EventType) -> bool {
+/// Whether the stored summary (ids, final state, times, usage) reads nothing of events of
+/// type `t`: only the parts a read report renders (action records, artifacts, approvals,
+/// budget warnings) do. `action.started` also counts tool calls, so it is read.
+fn is_unread_by_stored_summary(t: &EventType) -> bool {
     [
         EventType::ACTION_REQUESTED,
         EventType::ACTION_POLICY,
         EventType::ACTION_COMPLETED,
         EventType::ACTION_DENIED,
         EventType::ACTION_FAILED,
+        EventType::TASK_ARTIFACT,
+        EventType::APPROVAL_REQUIRED,
+        EventType::APPROVAL_DECIDED,
+        EventType::BUDGET_WARNING,
+        EventType::BUDGET_EXCEEDED,
     ]
     .contains(t)
 }
@@ -471,8 +477,8 @@ impl ReportBuilder {
 
         let t = &event.event_type;
         let all = self.parts == Parts::All;
-        if !all && is_read_by_action_records_only(t) {
-            // Stored reports hold no action records.
+        if !all && is_unread_by_stored_summary(t) {
+            // A stored run keeps none of what they give: reading renders it from them.
         } else if *t == EventType::TASK_STATUS && !all {
             if let Some(p) = self.payload::<StateOf>(event) {
                 self.report.final_state = Some(p.state);
