@@ -81,6 +81,15 @@ impl Family {
     }
 }
 
+/// Where a run's record goes: the tenant's run records hash, and each index set the record
+/// belongs to.
+pub(crate) fn run_record_keys(keys: &TenantKeys, record: &RunRecord) -> (String, Vec<String>) {
+    (
+        keys.fixed(fixed::RUN_REPORTS),
+        RUN_REPORTS.index_keys(keys, &record.index()),
+    )
+}
+
 impl RedisStore {
     /// Records of `family` matching `query`, newest first: walk the chosen index in batches,
     /// match `contains` on the stored text (the stored JSON `RunQuery` documents, exactly as
@@ -162,14 +171,11 @@ impl RunStore for RedisStore {
         record: &RunRecord,
         text: String,
     ) -> AgentResult<()> {
-        let keys = self.keys(auth);
-        let index_keys = RUN_REPORTS.index_keys(&keys, &record.index());
+        let (hash, index_keys) = run_record_keys(&self.keys(auth), record);
         let score = micros(record.recorded_at);
         let run = record.run_id.as_str();
         let mut pipe = redis::pipe();
-        pipe.atomic()
-            .hset(keys.fixed(fixed::RUN_REPORTS), run, text)
-            .ignore();
+        pipe.atomic().hset(hash, run, text).ignore();
         for key in &index_keys {
             pipe.zadd(key, run, score).ignore();
         }

@@ -121,10 +121,17 @@ return 0
 ///
 /// KEYS: lease, queue zset, items hash, queued-threads hash. ARGV: token, thread, id...
 /// Returns -1 when the lease is lost, else 0.
-pub(crate) static ACK_QUEUE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local current = redis.call('GET', KEYS[1])
+pub(crate) static ACK_QUEUE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{ACK_BODY}return 0\n")));
+
+/// [`ACK_QUEUE`], then the lease released in the same script (`StepStore::ack_and_release`:
+/// the thread's last item is done). Under a lease that is no longer the caller's it returns
+/// -1 and neither acknowledges nor releases anything, as the two calls would.
+pub(crate) static ACK_AND_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{ACK_BODY}redis.call('DEL', KEYS[1])\nreturn 0\n")));
+
+/// What [`ACK_QUEUE`] and [`ACK_AND_RELEASE`] share: the fence and the acknowledgement.
+const ACK_BODY: &str = r"local current = redis.call('GET', KEYS[1])
 if not current or string.match(current, '^%d+') ~= ARGV[1] then return -1 end
 for i = 3, #ARGV, 1000 do
   local last = math.min(i + 999, #ARGV)
@@ -137,10 +144,7 @@ if left == 0 then
 else
   redis.call('HSET', KEYS[4], ARGV[2], left)
 end
-return 0
-",
-    )
-});
+";
 
 /// Queue an item at the back, and set the thread's count in the tenant's queued-threads hash.
 ///
@@ -202,11 +206,30 @@ return 1
 /// event... Returns -1, having written nothing, when the events key holds something other
 /// than a list (a script's writes before an error reply are not undone, so this is checked
 /// first); else 1.
-pub(crate) static SAVE_TASK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static SAVE_TASK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("local last = #ARGV\n{SAVE_TASK_BODY}return 1\n")));
+
+/// [`SAVE_TASK`] and, in the same script, a run's record saved as `RunStore::save_run_text`
+/// does: a run comes to rest with its report in one write (`StepStore::save_task_and_run`).
+///
+/// KEYS: [`SAVE_TASK`]'s twelve, then the run records hash and each of the record's index
+/// sets. ARGV: [`SAVE_TASK`]'s, then the record's text, its run id and its time (µs).
+/// Returns as [`SAVE_TASK`] does; -1 writes neither.
+pub(crate) static SAVE_TASK_AND_RUN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "local last = #ARGV - 3\n{SAVE_TASK_BODY}{}",
         r"
-local id, thread, state, base, updated = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-if #ARGV > 6 then
+redis.call('HSET', KEYS[13], ARGV[last + 2], ARGV[last + 1])
+for i = 14, #KEYS do redis.call('ZADD', KEYS[i], ARGV[last + 3], ARGV[last + 2]) end
+return 1
+"
+    ))
+});
+
+/// What [`SAVE_TASK`] and [`SAVE_TASK_AND_RUN`] share: all of the task's save, its events
+/// being `ARGV[7]` to `ARGV[last]`.
+const SAVE_TASK_BODY: &str = r"local id, thread, state, base, updated = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+if last > 6 then
   local kind = redis.call('TYPE', KEYS[8]).ok
   if kind ~= 'none' and kind ~= 'list' then return -1 end
 end
@@ -233,13 +256,10 @@ redis.call('ZADD', KEYS[6], seq, id)
 redis.call('ZADD', KEYS[7], seq, id)
 for i = 9, 12 do redis.call('ZADD', KEYS[i], updated, id) end
 -- The same entries ADD_TASK_EVENT pushes, in order.
-for i = 7, #ARGV, 1000 do
-  redis.call('RPUSH', KEYS[8], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+for i = 7, last, 1000 do
+  redis.call('RPUSH', KEYS[8], unpack(ARGV, i, math.min(i + 999, last)))
 end
-return 1
-",
-    )
-});
+";
 
 /// One page of a task index with the total count, as a consistent snapshot.
 ///

@@ -7,23 +7,26 @@ use async_trait::async_trait;
 use keel_core::{AgentError, AgentResult, Task, TaskEvent, TaskId, TaskState, ThreadId};
 use keel_runtime::{
     decode_task_event, decode_task_snapshot, encode_task_event, encode_task_events,
-    encode_task_snapshot, updated_micros, AuthContext, ListTasksFilter, Page, TaskManager,
-    TaskPageStart, UpdatedCursor,
+    encode_task_snapshot, updated_micros, AuthContext, ListTasksFilter, Page, RunRecord,
+    TaskManager, TaskPageStart, UpdatedCursor,
 };
 
-use crate::encoding::reading;
+use crate::encoding::{micros, reading};
 use crate::keys::{fixed, kind, TenantKeys};
+use crate::runs::run_record_keys;
 use crate::scripts;
 use crate::RedisStore;
 
 impl RedisStore {
-    /// Save the snapshot with its indexes and append `events` to the task's log in one
-    /// script: one round trip, all or nothing (the tenant list aside, noted once per process).
-    async fn save_with_events(
+    /// Save the snapshot with its indexes and append `events` to the task's log, and with
+    /// `run` (a run's record and its stored text) save that record too, in one script: one
+    /// round trip, all or nothing (the tenant list aside, noted once per process).
+    pub(crate) async fn save_with_events(
         &self,
         auth: &AuthContext,
         task: &Task,
         events: &[TaskEvent],
+        run: Option<(&RunRecord, String)>,
     ) -> AgentResult<()> {
         // Encoded before anything is sent, so an encoding error writes nothing.
         let snapshot = encode_task_snapshot(task)?;
@@ -37,7 +40,11 @@ impl RedisStore {
             task.state().as_str(),
         );
         let events_key = keys.of(kind::TASK_EVENTS, id);
-        let mut call = scripts::SAVE_TASK.prepare_invoke();
+        let script = match run {
+            Some(_) => &*scripts::SAVE_TASK_AND_RUN,
+            None => &*scripts::SAVE_TASK,
+        };
+        let mut call = script.prepare_invoke();
         call.key(keys.of(kind::TASK, id))
             .key(keys.of(kind::TASK_META, id))
             .key(keys.fixed(fixed::TASK_SEQ));
@@ -56,6 +63,16 @@ impl RedisStore {
             .arg(updated_micros(task));
         for event in events {
             call.arg(event);
+        }
+        if let Some((record, text)) = run {
+            let (hash, index_keys) = run_record_keys(&keys, record);
+            call.key(hash);
+            for key in index_keys {
+                call.key(key);
+            }
+            call.arg(text)
+                .arg(record.run_id.as_str())
+                .arg(micros(record.recorded_at));
         }
         let outcome: i64 = call
             .invoke_async(&mut self.con())
@@ -281,7 +298,7 @@ impl TaskManager for RedisStore {
     }
 
     async fn save_task(&self, auth: &AuthContext, task: &Task) -> AgentResult<()> {
-        self.save_with_events(auth, task, &[]).await
+        self.save_with_events(auth, task, &[], None).await
     }
 
     async fn save_task_with_events(
@@ -290,7 +307,7 @@ impl TaskManager for RedisStore {
         task: &Task,
         events: &[TaskEvent],
     ) -> AgentResult<()> {
-        self.save_with_events(auth, task, events).await
+        self.save_with_events(auth, task, events, None).await
     }
 
     async fn add_task_event(

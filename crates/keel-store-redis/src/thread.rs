@@ -87,6 +87,35 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Acknowledge `ids` on the lease's thread with `script` ([`scripts::ACK_QUEUE`], or
+    /// [`scripts::ACK_AND_RELEASE`], which also releases the lease): fenced, so under a lease
+    /// that is no longer the caller's it is [`AgentError::LeaseLost`] and changes nothing.
+    async fn acknowledge(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ids: &[String],
+        script: &redis::Script,
+    ) -> AgentResult<()> {
+        let keys = self.keys(auth);
+        let thread = lease.thread_id.as_str();
+        let mut call = fenced_call(script, &keys, lease);
+        call.key(keys.of(kind::QUEUE, thread))
+            .key(keys.of(kind::QUEUE_ITEMS, thread))
+            .key(keys.fixed(fixed::QUEUED_THREADS))
+            .arg(thread);
+        for id in ids {
+            call.arg(id);
+        }
+        let outcome = self.invoke_fenced(call, "acknowledge queue items").await?;
+        if outcome < 0 {
+            return Err(lease.lost());
+        }
+        Ok(())
+    }
+}
+
 /// A registered child as stored under `key`: its record, with the status kept beside it
 /// (updated without rewriting the record) taking precedence when present.
 fn child_of(key: &str, record: &str, status: Option<String>) -> AgentResult<ChildThread> {
@@ -238,23 +267,9 @@ impl ThreadQueue for RedisStore {
         lease: &Lease,
         ids: &[String],
     ) -> AgentResult<()> {
-        let keys = self.keys(auth);
-        let thread = lease.thread_id.as_str();
-        let mut call = fenced_call(&scripts::ACK_QUEUE, &keys, lease);
-        call.key(keys.of(kind::QUEUE, thread))
-            .key(keys.of(kind::QUEUE_ITEMS, thread))
-            .key(keys.fixed(fixed::QUEUED_THREADS))
-            .arg(thread);
-        for id in ids {
-            call.arg(id);
-        }
-        let outcome = self.invoke_fenced(call, "acknowledge queue items").await?;
-        if outcome < 0 {
-            return Err(lease.lost());
-        }
-        Ok(())
+        self.acknowledge(auth, lease, ids, &scripts::ACK_QUEUE)
+            .await
     }
-
     async fn queue_len(&self, auth: &AuthContext, thread_id: &ThreadId) -> AgentResult<usize> {
         let len: u64 = redis::cmd("ZCARD")
             .arg(self.keys(auth).of(kind::QUEUE, thread_id.as_str()))
@@ -469,5 +484,30 @@ impl keel_runtime::StepStore for RedisStore {
             }),
             _ => Ok(()),
         }
+    }
+
+    // One script: the task's snapshot, its log entries and the run's record (decision 278).
+    async fn save_task_and_run(
+        &self,
+        auth: &AuthContext,
+        task: &keel_core::Task,
+        events: &[keel_core::TaskEvent],
+        record: &keel_runtime::RunRecord,
+        report: &keel_core::stored::JsonText,
+    ) -> AgentResult<()> {
+        let text = record.text_with_report(report)?;
+        self.save_with_events(auth, task, events, Some((record, text)))
+            .await
+    }
+
+    // One script: the acknowledgement, then the release under the same fence.
+    async fn ack_and_release(
+        &self,
+        auth: &AuthContext,
+        lease: &Lease,
+        ids: &[String],
+    ) -> AgentResult<()> {
+        self.acknowledge(auth, lease, ids, &scripts::ACK_AND_RELEASE)
+            .await
     }
 }

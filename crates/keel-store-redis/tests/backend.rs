@@ -448,3 +448,80 @@ async fn tasks_stored_before_the_status_time_indexes_are_listed_by_update() {
     assert_eq!(listed, saved);
     support::clean_up(&prefix).await;
 }
+
+/// Decision 278 on Redis: a run's ending (the final snapshot, its log entries and the run's
+/// record) is one script, and so is the thread's last acknowledgement with the lease's
+/// release; neither answers `Unsupported`, as the trait's default would, which would make the
+/// engine send two of each.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runs_ending_and_the_last_acknowledgement_are_one_script_each() {
+    use keel_runtime::{RunRecord, RunStore, StepStore};
+    let (prefix, store) = support::fresh_store().await;
+    let auth = tenant("ending");
+    let mut task = saved_task(&store, &auth, "q").await;
+    task.begin().unwrap();
+    task.fail("done").unwrap();
+    let record = RunRecord {
+        run_id: keel_core::RunId::new(),
+        task_id: Some(task.id.clone()),
+        thread_id: Some(task.thread_id.clone()),
+        trace_id: None,
+        agent_name: Some("echo".into()),
+        recorded_at: chrono::Utc::now(),
+        report: serde_json::Value::Null,
+    };
+    let report = keel_core::stored::JsonText::of(&json!({"final": "failed"})).unwrap();
+    let status = TaskEvent::status_of(&task, true);
+    store
+        .save_task_and_run(
+            &auth,
+            &task,
+            std::slice::from_ref(&status),
+            &record,
+            &report,
+        )
+        .await
+        .unwrap();
+    let saved = store.get_task(&auth, &task.id).await.unwrap().unwrap();
+    assert_eq!(saved.state(), TaskState::Failed);
+    assert_eq!(
+        store.get_task_events(&auth, &task.id).await.unwrap(),
+        [status]
+    );
+    let stored = store.get_run_report(&auth, &record.run_id).await.unwrap();
+    assert_eq!(stored.map(|r| r.report), Some(json!({"final": "failed"})));
+    let by_task = keel_runtime::RunQuery {
+        task_id: Some(task.id.clone()),
+        ..Default::default()
+    };
+    assert_eq!(
+        store.find_run_reports(&auth, &by_task).await.unwrap().len(),
+        1,
+        "the record is in its task's index"
+    );
+
+    let thread = task.thread_id.clone();
+    let lease = store
+        .acquire_lease(&auth, &thread, "a", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let item = store
+        .push_queue(&auth, &thread, json!({"n": 1}))
+        .await
+        .unwrap();
+    store
+        .ack_and_release(&auth, &lease, &[item.id])
+        .await
+        .unwrap();
+    assert_eq!(store.queue_len(&auth, &thread).await.unwrap(), 0);
+    assert!(
+        store
+            .acquire_lease(&auth, &thread, "b", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_some(),
+        "the thread is free"
+    );
+    support::clean_up(&prefix).await;
+}
