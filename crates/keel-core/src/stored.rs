@@ -19,10 +19,11 @@ use crate::{AgentError, AgentResult};
 /// log may leave out the task and thread ids its log already holds
 /// (`keel_runtime::encode_task_event`). Version 3: a run record leaves out the ids its report
 /// names (decision 271, `keel_runtime::RecordText`), and a task snapshot the state and time of
-/// its status that its last transition says (decision 274). Every other record reads the same in
-/// 1, 2 and 3, so a store written by an earlier Keel is read as it is, and an earlier Keel
-/// refuses a newer record by its version rather than misread it.
-pub const FORMAT_VERSION: u64 = 3;
+/// its status that its last transition says (decision 274). Version 4: a task snapshot's status
+/// message names the artifact whose parts it repeats (decision 282). Every other record reads
+/// the same in 1 to 4, so a store written by an earlier Keel is read as it is, and an earlier
+/// Keel refuses a newer record by its version rather than misread it.
+pub const FORMAT_VERSION: u64 = 4;
 
 /// Wrap a value as `{"format": FORMAT_VERSION, "data": ...}`.
 pub fn encode<T: Serialize>(value: &T) -> AgentResult<Value> {

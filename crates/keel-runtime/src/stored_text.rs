@@ -176,6 +176,7 @@ pub fn encode_task_snapshot(task: &Task) -> AgentResult<String> {
         if let Some((status, last)) = status_and_last_transition(data) {
             stored::leave_out_given(status, &last, |own, last| own == last);
         }
+        leave_out_answer_parts(data);
     }
     serde_json::to_string(&value).map_err(AgentError::internal)
 }
@@ -205,6 +206,9 @@ pub fn decode_task_snapshot(
         }
         if let Some((status, last)) = status_and_last_transition(data).filter(|_| format >= 3) {
             stored::fill_in_given(status, &last, Value::clone);
+        }
+        if format >= 4 {
+            fill_in_answer_parts(data);
         }
     }
     decode_envelope(backend, operation, value)
@@ -396,6 +400,41 @@ fn status_and_last_transition(data: &mut Value) -> Option<(&mut Map<String, Valu
     Some((status, last))
 }
 
+/// Where a snapshot's status message keeps its parts.
+const STATUS_PARTS: &str = "/status/message/parts";
+
+/// Write a snapshot's status message's parts, when they are the parts of one of its
+/// artifacts (the engine's answer is both), as that artifact's index (format 4, decision
+/// 282): an array of parts is never a number, so the index cannot be mistaken for parts.
+fn leave_out_answer_parts(data: &mut Value) {
+    let index = match (data.pointer(STATUS_PARTS), data.get("artifacts")) {
+        (Some(Value::Array(parts)), Some(Value::Array(artifacts))) if !parts.is_empty() => {
+            artifacts.iter().rposition(|artifact| {
+                artifact.get("parts").and_then(Value::as_array) == Some(parts)
+            })
+        }
+        _ => None,
+    };
+    if let (Some(index), Some(parts)) = (index, data.pointer_mut(STATUS_PARTS)) {
+        *parts = Value::from(index);
+    }
+}
+
+/// The reverse of [`leave_out_answer_parts`]: an index in place of the parts is the parts of
+/// that artifact.
+fn fill_in_answer_parts(data: &mut Value) {
+    let Some(index) = data.pointer(STATUS_PARTS).and_then(Value::as_u64) else {
+        return;
+    };
+    let parts = usize::try_from(index)
+        .ok()
+        .and_then(|index| data.get("artifacts")?.get(index)?.get("parts"))
+        .cloned();
+    if let (Some(parts), Some(slot)) = (parts, data.pointer_mut(STATUS_PARTS)) {
+        *slot = parts;
+    }
+}
+
 /// The state transitions of a snapshot's JSON, as objects.
 fn transitions(data: &mut Value) -> impl Iterator<Item = &mut Map<String, Value>> {
     data.get_mut("state_history")
@@ -458,7 +497,7 @@ mod tests {
             let text = encode_task_event(&event, id, Some(thread)).unwrap();
             assert!(!text.contains(id.as_str()), "{text}");
             assert!(!text.contains(thread.as_str()), "{text}");
-            assert!(text.contains(r#""format":3"#), "{text}");
+            assert!(text.contains(r#""format":4"#), "{text}");
             let back = decode_task_event("sqlite", "reading", &text, id, Some(thread)).unwrap();
             assert_eq!(back, event);
         }
@@ -557,6 +596,35 @@ mod tests {
         assert_eq!(back, task.clone_without_history());
     }
 
+    /// Decision 282: a status message whose parts are an artifact's names the artifact by
+    /// its index and reads back whole; one whose parts are no artifact's keeps them.
+    #[test]
+    fn a_status_message_repeating_an_artifact_names_it_and_reads_back_whole() {
+        let mut task = Task::create(Message::user("hi"));
+        task.add_artifact(keel_core::Artifact::text("notes").named("notes"));
+        task.add_artifact(keel_core::Artifact::text("the whole answer").named("answer"));
+        task.complete("the whole answer").unwrap();
+        let text = encode_task_snapshot(&task).unwrap();
+        assert_eq!(text.matches("the whole answer").count(), 1, "{text}");
+        let value: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["data"]["status"]["message"]["parts"], 1, "{text}");
+        assert!(text.contains(r#""format":4"#), "{text}");
+        let back = decode_task_snapshot("sqlite", "reading", &text).unwrap();
+        assert_eq!(back, task.clone_without_history());
+
+        let other = with_status_message(&task, Message::agent("something else"));
+        let text = encode_task_snapshot(&other).unwrap();
+        assert!(text.contains("something else"), "{text}");
+        let back = decode_task_snapshot("redis", "reading", &text).unwrap();
+        assert_eq!(back, other.clone_without_history());
+
+        // Format 3 wrote the parts: such a snapshot reads as written.
+        let mut old: Value = serde_json::from_str(&encode_task_snapshot(&other).unwrap()).unwrap();
+        old["format"] = 3.into();
+        let back = decode_task_snapshot("sqlite", "reading", &old.to_string()).unwrap();
+        assert_eq!(back, other.clone_without_history());
+    }
+
     #[test]
     fn a_snapshot_of_format_1_reads_as_written() {
         let mut unplaced = Message::agent("no ids");
@@ -604,7 +672,7 @@ mod tests {
                 "{id}: {text}"
             );
         }
-        assert!(text.contains(r#""format":3"#), "{text}");
+        assert!(text.contains(r#""format":4"#), "{text}");
         assert_eq!(
             RunRecord::from_text("sqlite", "reading", &text).unwrap(),
             record
