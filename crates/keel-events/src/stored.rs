@@ -20,13 +20,15 @@ use crate::{summary, EventType, RunEvent, RunReport, RunSpans, Severity, RUN_EVE
 /// version [`RUN_REPORT_VERSION`](crate::RUN_REPORT_VERSION). Version 9 (decision 270) leaves
 /// out an event's summary when its payload gives it; version 10 (decision 273) a manifest's
 /// per-section items and total when its section totals give them; version 11 (decision 281)
-/// writes a model's streamed chunks as a list in the first one's entry, and leaves out an
-/// empty payload. Versions 8, 9 and 10 are read as well ([`READ_STORED_RUN_VERSIONS`]).
+/// writes a model's streamed chunks as a list in the first one's entry and a status without
+/// the answer's text it repeats, and leaves out an empty payload and `derived_spans: true`.
+/// Versions 8, 9 and 10 are read as well ([`READ_STORED_RUN_VERSIONS`]).
 pub const STORED_RUN_VERSION: u32 = 11;
 
 /// The stored run versions this Keel reads: its own and the three before, whose events differ
 /// only in carrying what a later version leaves out (summaries before 9, a manifest's items
-/// and total before 10, an entry per streamed chunk and empty payloads before 11).
+/// and total before 10, an entry per streamed chunk, the answer's text twice, empty payloads
+/// and `derived_spans: true` before 11).
 pub const READ_STORED_RUN_VERSIONS: [u32; 4] = [8, 9, 10, STORED_RUN_VERSION];
 
 /// A run as stored: its ids, where it ended, what it used and when, and its events.
