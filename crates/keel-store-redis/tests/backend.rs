@@ -455,21 +455,13 @@ async fn tasks_stored_before_the_status_time_indexes_are_listed_by_update() {
 /// engine send two of each.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_runs_ending_and_the_last_acknowledgement_are_one_script_each() {
-    use keel_runtime::{RunRecord, RunStore, StepStore};
+    use keel_runtime::{RunStore, StepStore};
     let (prefix, store) = support::fresh_store().await;
     let auth = tenant("ending");
     let mut task = saved_task(&store, &auth, "q").await;
     task.begin().unwrap();
     task.fail("done").unwrap();
-    let record = RunRecord {
-        run_id: keel_core::RunId::new(),
-        task_id: Some(task.id.clone()),
-        thread_id: Some(task.thread_id.clone()),
-        trace_id: None,
-        agent_name: Some("echo".into()),
-        recorded_at: chrono::Utc::now(),
-        report: serde_json::Value::Null,
-    };
+    let record = testing::report_of(&task, Some("echo"), chrono::Utc::now(), json!(null));
     let report = keel_core::stored::JsonText::of(&json!({"final": "failed"})).unwrap();
     let status = TaskEvent::status_of(&task, true);
     store

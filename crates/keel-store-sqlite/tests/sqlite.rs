@@ -516,20 +516,13 @@ async fn persist_step_is_one_write_job() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_runs_ending_and_the_last_acknowledgement_are_one_write_job_each() {
-    use keel_runtime::{RunRecord, RunStore, StepStore};
+    use keel_runtime::{RunStore, StepStore};
     let (_dir, store, auth) = fresh_store();
     let (mut task, lease) = leased_task(&store, &auth).await;
     task.begin().unwrap();
     task.fail("done").unwrap();
-    let record = RunRecord {
-        run_id: keel_core::RunId::new(),
-        task_id: Some(task.id.clone()),
-        thread_id: Some(task.thread_id.clone()),
-        trace_id: None,
-        agent_name: Some("echo".into()),
-        recorded_at: chrono::Utc::now(),
-        report: serde_json::Value::Null,
-    };
+    let record =
+        keel_runtime::testing::report_of(&task, Some("echo"), chrono::Utc::now(), json!(null));
     let report = keel_core::stored::JsonText::of(&json!({"final": "failed"})).unwrap();
     let status = TaskEvent::status_of(&task, true);
     let before = store.stats();

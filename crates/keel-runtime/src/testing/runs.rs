@@ -22,8 +22,9 @@ fn containing(thread: &ThreadId, needle: &str) -> RunQuery {
     }
 }
 
-/// A run report of `task` on its thread, by `agent`, recorded at `recorded_at`, with no trace.
-pub(super) fn report_of(
+/// A run report of `task` on its thread, by `agent`, recorded at `recorded_at`, with no trace:
+/// the record a store's own tests save beside the conformance suite's.
+pub fn report_of(
     task: &Task,
     agent: Option<&str>,
     recorded_at: chrono::DateTime<Utc>,
