@@ -107,10 +107,6 @@ pub(crate) struct StoredEvent {
     /// sequence and says what this one says but its delta and time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     chunks: Vec<(String, i64)>,
-    /// In a `task.status` entry, that its payload's `message`, left out, is the text of the
-    /// run's answer: the one text part of the last `task.artifact` before it (decision 281).
-    #[serde(rename = "answer", default, skip_serializing_if = "std::ops::Not::not")]
-    message_is_answer: bool,
 }
 
 impl StoredRun {
@@ -182,11 +178,14 @@ impl StoredRun {
             let derived = summary::of(&event.event_type, &payload);
             let summary =
                 (derived.as_deref() != Some(event.summary.as_str())).then_some(event.summary);
-            let mut message_is_answer = false;
             if event.event_type == EventType::TASK_ARTIFACT {
                 answer = answer_text(&payload).map(str::to_owned);
-            } else if event.event_type == EventType::TASK_STATUS {
-                message_is_answer = leave_out_answer(&mut payload, answer.as_deref());
+            } else if let (Some(fields), Some(answer)) =
+                (status_fields(&event.event_type, &mut payload), &answer)
+            {
+                stored::leave_out_given(fields, &answer_given(answer), |own, answer| {
+                    own.as_str() == Some(*answer)
+                });
             } else if event.event_type == EventType::CONTEXT_PREPARED {
                 said = call_context(&payload);
                 leave_out_run_ids(&mut payload, &run);
@@ -217,7 +216,6 @@ impl StoredRun {
                 elapsed_ns: elapsed.filter(|n| *n != 0),
                 timestamp: elapsed.is_none().then_some(event.timestamp),
                 chunks: Vec::new(),
-                message_is_answer,
             };
             match run.events.last_mut() {
                 Some(last) => {
@@ -293,10 +291,10 @@ impl StoredRun {
             let mut payload = e.payload;
             if e.event_type == EventType::TASK_ARTIFACT {
                 answer = answer_text(&payload).map(str::to_owned);
-            } else if e.message_is_answer {
-                if let (Some(fields), Some(answer)) = (payload.as_object_mut(), &answer) {
-                    fields.insert("message".to_owned(), Value::String(answer.clone()));
-                }
+            } else if let (Some(fields), Some(answer)) =
+                (status_fields(&e.event_type, &mut payload), &answer)
+            {
+                stored::fill_in_given(fields, &answer_given(answer), |answer| Value::from(*answer));
             } else if e.event_type == EventType::CONTEXT_PREPARED {
                 if let Some(manifest) = payload.get_mut("manifest").and_then(Value::as_object_mut) {
                     if manifests_leave_ids_out {
@@ -429,18 +427,21 @@ fn answer_text(payload: &Value) -> Option<&str> {
     }
 }
 
-/// Leave out of a `task.status` payload its `message` when it is the run's `answer`; whether
-/// it did.
-fn leave_out_answer(payload: &mut Value, answer: Option<&str>) -> bool {
-    let Some(fields) = payload.as_object_mut() else {
-        return false;
-    };
-    let said = fields.get("message").and_then(Value::as_str);
-    let is_answer = said.is_some() && said == answer;
-    if is_answer {
-        fields.remove("message");
-    }
-    is_answer
+/// A `task.status` payload's fields, which may repeat the run's answer (decision 281).
+fn status_fields<'a>(
+    event_type: &EventType,
+    payload: &'a mut Value,
+) -> Option<&'a mut serde_json::Map<String, Value>> {
+    (*event_type == EventType::TASK_STATUS)
+        .then(|| payload.as_object_mut())
+        .flatten()
+}
+
+/// What a status after the run's `answer` is stored without when it says it (its `message`,
+/// left out), as [`stored::leave_out_given`] takes it: a status without a message then says
+/// so with `null`.
+fn answer_given(answer: &str) -> [(&'static str, Option<&str>); 1] {
+    [("message", Some(answer))]
 }
 
 /// What a stored event without a payload reads as (decision 281).

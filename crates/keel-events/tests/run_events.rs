@@ -1257,7 +1257,8 @@ async fn streamed_chunks_are_stored_as_a_list_and_read_back_as_their_events() {
 
 /// Decision 281: a status whose message is the text of the run's answer (the one text part of
 /// the last artifact before it) is stored without it and reads back with it; a message that
-/// says something else, and one after an artifact of two parts, are kept.
+/// says something else, and one after an artifact of two parts, are kept; a status without a
+/// message after the answer says so with `null`.
 #[tokio::test]
 async fn a_status_saying_the_answer_is_stored_without_its_text() {
     use keel_core::Part;
@@ -1279,6 +1280,11 @@ async fn a_status_saying_the_answer_is_stored_without_its_text() {
         ),
         status("something else"),
         status("You said: hello"),
+        RunEvent::task_status(TaskStatusPayload {
+            state: TaskState::Working,
+            message: None,
+            task: None,
+        }),
         RunEvent::task_artifact(&two_parts, false, true),
         status("two parts"),
     ];
@@ -1297,8 +1303,13 @@ async fn a_status_saying_the_answer_is_stored_without_its_text() {
         .filter(|e| e["type"] == "task.status")
         .map(|e| e["payload"].get("message").is_none())
         .collect();
-    // Before any answer, another text, the answer, after an answer of two parts.
-    assert_eq!(left_out, [false, false, true, false]);
-    assert_eq!(stored[3]["answer"], true);
+    // Before any answer, another text, the answer, none, after an answer of two parts.
+    assert_eq!(left_out, [false, false, true, false, false]);
+    assert_eq!(
+        stored[4]["payload"]["message"],
+        json!(null),
+        "{}",
+        stored[4]
+    );
     assert_eq!(read(&json).events, events);
 }
