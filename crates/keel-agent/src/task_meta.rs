@@ -4,92 +4,84 @@
 //! `pending_approval`, `approval_decision`, `skill`); other keys are left alone.
 
 use keel_core::{ApprovalDecision, ApprovalRequest, Metadata, Task};
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Deserializer, Serialize};
-use serde_json::Value;
-
-/// The engine's part of a task's metadata.
-#[serde_with::skip_serializing_none]
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub(crate) struct EngineMeta {
-    /// Why the last run stopped (`response`, `max_steps`, `awaiting_tool`, ...).
-    #[serde(deserialize_with = "lenient")]
-    pub(crate) stop_reason: Option<String>,
-    /// The asynchronous call the task waits for.
-    #[serde(deserialize_with = "lenient")]
-    pub(crate) awaiting_tool_call: Option<String>,
-    /// An action waiting for approval (stored redacted).
-    #[serde(deserialize_with = "lenient")]
-    pub(crate) pending_approval: Option<ApprovalRequest>,
-    /// The decision about it, until a run applies it.
-    #[serde(deserialize_with = "lenient")]
-    pub(crate) approval_decision: Option<ApprovalDecision>,
-    /// The skill the negotiator accepted the task for.
-    #[serde(deserialize_with = "lenient")]
-    pub(crate) skill: Option<String>,
-    /// The agent the task was sent to: on a thread two agents share, only that agent's
-    /// executor runs it. Kept in the snapshot every new task writes anyway, rather than in a
-    /// key of its own (a write more per task).
-    #[serde(deserialize_with = "lenient")]
-    pub(crate) agent: Option<String>,
-}
+use serde::{Deserialize, Serialize};
 
 /// Task metadata key of an action waiting for approval.
 pub(crate) const PENDING_APPROVAL: &str = "pending_approval";
 /// Task metadata key of the decision about it.
 pub(crate) const APPROVAL_DECISION: &str = "approval_decision";
 
-/// The keys [`EngineMeta`] owns (checked against its fields by a test).
-const KEYS: [&str; 6] = [
-    "stop_reason",
-    "awaiting_tool_call",
-    PENDING_APPROVAL,
-    APPROVAL_DECISION,
-    "skill",
-    "agent",
-];
+/// Declares [`EngineMeta`] from one list of its fields and their keys, so that reading and
+/// updating a task's metadata go through each key once and no list of keys is kept apart
+/// from the fields.
+macro_rules! engine_meta {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty = $key:expr;)*) => {
+        /// The engine's part of a task's metadata.
+        #[derive(Debug, Clone, Default, PartialEq)]
+        pub(crate) struct EngineMeta {
+            $($(#[$doc])* pub(crate) $field: Option<$ty>,)*
+        }
 
-/// A value that does not parse reads as absent, as each key was read before it was typed.
-fn lenient<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: DeserializeOwned,
-{
-    Ok(Option::<Value>::deserialize(deserializer)?.and_then(|v| serde_json::from_value(v).ok()))
+        impl EngineMeta {
+            /// The keys the engine owns, in the order of the fields.
+            #[cfg(test)]
+            const KEYS: &'static [&'static str] = &[$($key),*];
+
+            /// The engine's part of `metadata`, each key read where it is (no copy of the
+            /// map or of its values is made to read it).
+            pub(crate) fn of(metadata: &Metadata) -> Self {
+                Self { $($field: read(metadata, $key),)* }
+            }
+
+            /// Change the engine's part of `task`'s metadata with `change`: a field it sets
+            /// is written, a field it clears is removed, and every other key stays as it is.
+            pub(crate) fn update(task: &mut Task, change: impl FnOnce(&mut EngineMeta)) {
+                let before = Self::of(&task.metadata);
+                let mut after = before.clone();
+                change(&mut after);
+                $(
+                    if after.$field != before.$field {
+                        write(&mut task.metadata, $key, after.$field.as_ref());
+                    }
+                )*
+            }
+        }
+    };
 }
 
-impl EngineMeta {
-    /// The engine's part of `metadata`.
-    pub(crate) fn of(metadata: &Metadata) -> Self {
-        let mine: Metadata = KEYS
-            .iter()
-            .filter_map(|key| Some(((*key).to_owned(), metadata.get(*key)?.clone())))
-            .collect();
-        serde_json::from_value(Value::Object(mine)).unwrap_or_default()
-    }
+engine_meta! {
+    /// Why the last run stopped (`response`, `max_steps`, `awaiting_tool`, ...).
+    stop_reason: String = "stop_reason";
+    /// The asynchronous call the task waits for.
+    awaiting_tool_call: String = "awaiting_tool_call";
+    /// An action waiting for approval (stored redacted).
+    pending_approval: ApprovalRequest = PENDING_APPROVAL;
+    /// The decision about it, until a run applies it.
+    approval_decision: ApprovalDecision = APPROVAL_DECISION;
+    /// The skill the negotiator accepted the task for.
+    skill: String = "skill";
+    /// The agent the task was sent to: on a thread two agents share, only that agent's
+    /// executor runs it. Kept in the snapshot every new task writes anyway, rather than in a
+    /// key of its own (a write more per task).
+    agent: String = "agent";
+}
 
-    /// Change the engine's part of `task`'s metadata with `change`: a field it sets is
-    /// written, a field it clears is removed, and every other key stays as it is.
-    pub(crate) fn update(task: &mut Task, change: impl FnOnce(&mut EngineMeta)) {
-        let before = Self::of(&task.metadata);
-        let mut after = before.clone();
-        change(&mut after);
-        let (Ok(Value::Object(before)), Ok(Value::Object(after))) =
-            (serde_json::to_value(&before), serde_json::to_value(&after))
-        else {
-            return;
-        };
-        for key in KEYS {
-            match (before.get(key), after.get(key)) {
-                (old, Some(new)) if old != Some(new) => {
-                    task.metadata.insert(key.to_owned(), new.clone());
-                }
-                (Some(_), None) => {
-                    task.metadata.remove(key);
-                }
-                _ => {}
-            }
+/// The value of `key`, read in place. A value that does not parse reads as absent, as each
+/// key was read before it was typed.
+fn read<T: for<'de> Deserialize<'de>>(metadata: &Metadata, key: &str) -> Option<T> {
+    T::deserialize(metadata.get(key)?).ok()
+}
+
+/// Write `value` under `key`, or remove the key when it is `None`. A value that cannot be
+/// written as JSON leaves the key as it was.
+fn write<T: Serialize>(metadata: &mut Metadata, key: &str, value: Option<&T>) {
+    match value.map(serde_json::to_value) {
+        Some(Ok(value)) => {
+            metadata.insert(key.to_owned(), value);
+        }
+        Some(Err(_)) => {}
+        None => {
+            metadata.remove(key);
         }
     }
 }
@@ -107,7 +99,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn the_keys_are_the_fields() {
+    fn each_field_reads_and_writes_its_key() {
         let full = EngineMeta {
             stop_reason: Some("response".into()),
             awaiting_tool_call: Some("acall-1".into()),
@@ -116,13 +108,14 @@ mod tests {
             skill: Some("s".into()),
             agent: Some("a".into()),
         };
-        let Value::Object(written) = serde_json::to_value(&full).unwrap() else {
-            panic!("not an object");
-        };
-        for key in written.keys() {
-            assert!(KEYS.contains(&key.as_str()), "{key} is not in KEYS");
+        let mut task = Task::create(keel_core::Message::user("hi"));
+        EngineMeta::update(&mut task, |m| *m = full.clone());
+        let written: Vec<&str> = task.metadata.keys().map(String::as_str).collect();
+        assert_eq!(written, ["agent", "awaiting_tool_call", "skill", "stop_reason"]);
+        for key in written {
+            assert!(EngineMeta::KEYS.contains(&key), "{key} is not a field's key");
         }
-        assert_eq!(EngineMeta::of(&written), full);
+        assert_eq!(EngineMeta::of(&task.metadata), full);
     }
 
     #[test]
