@@ -142,6 +142,39 @@ impl RunContext {
         }
     }
 
+    /// Whether the context holds nothing but its run, thread and trace ids: what the engine
+    /// makes for a task nobody gave a context. Anything else in it came from a caller.
+    pub fn holds_only_ids(&self) -> bool {
+        // Destructured in full, so a field added to contexts cannot be left out here.
+        let RunContext {
+            run_id: _,
+            thread_id: _,
+            trace_id: _,
+            parent_span_id,
+            trace_state,
+            delegation_id,
+            workspace_uri,
+            parent_run_id,
+            agent_chain,
+            permissions,
+            budget,
+            canceled,
+            cancel_reason,
+            metadata,
+        } = self;
+        parent_span_id.is_none()
+            && trace_state.is_none()
+            && delegation_id.is_none()
+            && workspace_uri.is_none()
+            && parent_run_id.is_none()
+            && agent_chain.is_empty()
+            && permissions.is_empty()
+            && budget.is_unlimited()
+            && !canceled
+            && cancel_reason.is_none()
+            && metadata.is_empty()
+    }
+
     /// Set the thread.
     #[must_use]
     pub fn with_thread(mut self, thread_id: ThreadId) -> Self {
@@ -265,6 +298,25 @@ impl RunContext {
 mod tests {
     use super::*;
     use crate::Message;
+
+    #[test]
+    fn a_context_holds_only_ids_until_anything_else_is_set() {
+        let ids = RunContext::new().with_thread(ThreadId::from("t-1"));
+        assert!(ids.holds_only_ids());
+        let changes: [fn(&mut RunContext); 4] = [
+            |c| c.budget.max_steps = Some(3),
+            |c| c.agent_chain.push("a".into()),
+            |c| c.canceled = true,
+            |c| {
+                c.metadata.insert("k".into(), serde_json::json!(1));
+            },
+        ];
+        for change in changes {
+            let mut ctx = ids.clone();
+            change(&mut ctx);
+            assert!(!ctx.holds_only_ids(), "{ctx:?}");
+        }
+    }
 
     #[test]
     fn child_preserves_thread_trace_and_budget() {

@@ -151,7 +151,7 @@ pub(crate) fn metadata_to_wire(task: &Task) -> Metadata {
             block.insert(THREAD_ID.into(), Value::String(thread.to_string()));
         }
         block.insert(TRACE_ID.into(), Value::String(ctx.trace_id.to_string()));
-        if ctx != ids_only(&ctx) {
+        if !ctx.holds_only_ids() {
             block.insert(
                 RUN_CONTEXT.into(),
                 camel_keys(to_json(&ctx), RUN_CONTEXT_FREE_FORM),
@@ -232,16 +232,6 @@ pub(crate) fn metadata_from_wire(mut metadata: Metadata) -> TaskMetadata {
     }
     out.metadata = metadata;
     out
-}
-
-/// The context the engine creates for a task nobody gave one: only `ctx`'s ids.
-fn ids_only(ctx: &RunContext) -> RunContext {
-    RunContext {
-        run_id: ctx.run_id.clone(),
-        thread_id: ctx.thread_id.clone(),
-        trace_id: ctx.trace_id.clone(),
-        ..RunContext::new()
-    }
 }
 
 /// The run context of a wire block: `runContext` when sent, else the one its ids make.
