@@ -111,9 +111,15 @@ mod tests {
         let mut task = Task::create(keel_core::Message::user("hi"));
         EngineMeta::update(&mut task, |m| *m = full.clone());
         let written: Vec<&str> = task.metadata.keys().map(String::as_str).collect();
-        assert_eq!(written, ["agent", "awaiting_tool_call", "skill", "stop_reason"]);
+        assert_eq!(
+            written,
+            ["agent", "awaiting_tool_call", "skill", "stop_reason"]
+        );
         for key in written {
-            assert!(EngineMeta::KEYS.contains(&key), "{key} is not a field's key");
+            assert!(
+                EngineMeta::KEYS.contains(&key),
+                "{key} is not a field's key"
+            );
         }
         assert_eq!(EngineMeta::of(&task.metadata), full);
     }
